@@ -1,0 +1,89 @@
+//! Request bodies: a size-limited read, and JSON with errors that name the offending field.
+
+use actix_web::dev::Payload;
+use actix_web::http::header;
+use actix_web::{FromRequest, HttpRequest, web};
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// Largest JSON body accepted by the API's JSON endpoints.
+pub const JSON_LIMIT: usize = 1024 * 1024;
+
+/// Reads a whole body, refusing (413) as soon as it exceeds `limit` bytes.
+pub async fn read_limited<S>(mut payload: S, limit: usize) -> Result<web::Bytes, ApiError>
+where
+    S: futures_util::Stream<Item = Result<web::Bytes, actix_web::error::PayloadError>> + Unpin,
+{
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| match e {
+            actix_web::error::PayloadError::Overflow => ApiError::payload_too_large(limit),
+            other => ApiError::invalid_request(format!("could not read the request body: {other}")),
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::payload_too_large(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// Checks the request's media type (parameters such as `charset` are allowed).
+pub fn require_content_type(req: &HttpRequest, expected: &str) -> Result<(), ApiError> {
+    let given = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = given.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case(expected) {
+        Ok(())
+    } else if given.is_empty() {
+        Err(ApiError::invalid_request(format!(
+            "Content-Type must be {expected}"
+        )))
+    } else {
+        Err(ApiError::invalid_request(format!(
+            "Content-Type must be {expected}, not {given}"
+        )))
+    }
+}
+
+/// Parses JSON text into `T`; a failure names the member path (`issueNumber: invalid type…`).
+pub fn parse_json<T: DeserializeOwned>(text: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid_request(format!("the body is not valid JSON: {inner}"))
+        } else if path == "." {
+            ApiError::invalid_request(format!(
+                "the body does not have the expected shape: {inner}"
+            ))
+        } else {
+            ApiError::invalid_parameter(&path, inner)
+        }
+    })
+}
+
+/// A JSON request body: `Content-Type: application/json`, at most [`JSON_LIMIT`] bytes,
+/// deserialised with field-naming errors.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
+    type Error = ApiError;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let content_type = require_content_type(req, "application/json");
+        let payload = payload.take();
+        Box::pin(async move {
+            content_type?;
+            let bytes = read_limited(payload, JSON_LIMIT).await?;
+            parse_json(&bytes).map(JsonBody)
+        })
+    }
+}

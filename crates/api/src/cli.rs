@@ -1,0 +1,152 @@
+//! The `agentry` command line (SPEC §1).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use agentry_domain::Role;
+use agentry_persistence::tokens;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::auth::{generate_token, hash_token};
+use crate::config::Config;
+use crate::server::{StartError, open_database};
+
+#[derive(Parser)]
+#[command(
+    name = "agentry",
+    version,
+    about = "Runs AI coding agents on tasks and accounts for every dollar they spend."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply migrations, then serve the HTTP API until SIGTERM/SIGINT.
+    Serve,
+    /// Apply pending migrations and exit.
+    Migrate,
+    /// Manage API tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Import historical task records from a JSON Lines file (all or nothing).
+    Import {
+        /// The file, one JSON task record per line.
+        file: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token and print it once (only its hash is stored).
+    Create {
+        /// What the token may do.
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// A name to recognise it by.
+        #[arg(long, default_value = "cli")]
+        name: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RoleArg {
+    Admin,
+    Member,
+    Viewer,
+}
+
+impl From<RoleArg> for Role {
+    fn from(r: RoleArg) -> Role {
+        match r {
+            RoleArg::Admin => Role::Admin,
+            RoleArg::Member => Role::Member,
+            RoleArg::Viewer => Role::Viewer,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error(transparent)]
+    Db(#[from] agentry_persistence::DbError),
+    #[error(transparent)]
+    Import(#[from] crate::import::ImportError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Runs the command line; the binary's `main` is this function.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentry: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    let config = Config::from_env()?;
+    crate::logging::init(config.log_format);
+    match cli.command {
+        Command::Serve => actix_web::rt::System::new().block_on(crate::server::serve(config))?,
+        Command::Migrate => {
+            let db = open_database(&config)?;
+            let pending = agentry_persistence::meta::pending_migrations(&mut *db.conn()?)?;
+            println!("database is up to date ({} pending)", pending.len());
+        }
+        Command::Token {
+            command: TokenCommand::Create { role, name },
+        } => {
+            let name = name.trim();
+            if name.is_empty() || name.chars().count() > 100 {
+                return Err(CliError::Other("--name must be 1 to 100 characters".into()));
+            }
+            let db = open_database(&config)?;
+            let token = generate_token().map_err(|e| CliError::Other(e.to_string()))?;
+            let record = tokens::create_token(
+                &mut *db.conn()?,
+                name,
+                role.into(),
+                &hash_token(&token),
+                agentry_persistence::now(),
+            )?;
+            eprintln!(
+                "created {} token {:?} ({}); it is shown only once:",
+                record.role, record.name, record.id
+            );
+            println!("{token}");
+        }
+        Command::Import { file } => {
+            let started = Instant::now();
+            let body = std::fs::read(&file)
+                .map_err(|e| CliError::Other(format!("cannot read {}: {e}", file.display())))?;
+            let db = open_database(&config)?;
+            let outcome = crate::import::import(&mut *db.conn()?, &body)?;
+            eprintln!(
+                "imported {} and skipped {} records from {} in {:.1} s",
+                outcome.imported,
+                outcome.skipped,
+                file.display(),
+                started.elapsed().as_secs_f64()
+            );
+            println!(
+                r#"{{"imported": {}, "skipped": {}}}"#,
+                outcome.imported, outcome.skipped
+            );
+        }
+    }
+    Ok(())
+}

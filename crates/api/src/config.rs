@@ -1,0 +1,171 @@
+//! Configuration from environment variables; every one has a default (SPEC §1).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The service's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `AGENTRY_DATA_DIR`: SQLite database, admin token file, later workspaces and logs.
+    pub data_dir: PathBuf,
+    /// `AGENTRY_DATABASE_URL`: `sqlite://PATH` or `postgres://…`.
+    pub database_url: String,
+    /// `AGENTRY_BIND`: listen address.
+    pub bind: SocketAddr,
+    /// `AGENTRY_CORS_ORIGINS`: origins of the separately deployed frontend.
+    pub cors_origins: Vec<String>,
+    /// `AGENTRY_LOG_FORMAT`: `pretty` or `json`.
+    pub log_format: LogFormat,
+}
+
+/// A configuration variable with a value the service cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("{name}: {message}")]
+pub struct ConfigError {
+    /// The variable.
+    pub name: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads configuration through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let data_dir =
+            PathBuf::from(get("AGENTRY_DATA_DIR").unwrap_or_else(|| "./agentry-data".into()));
+        let database_url = get("AGENTRY_DATABASE_URL")
+            .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("agentry.db").display()));
+        agentry_persistence::DatabaseUrl::parse(&database_url).map_err(|e| ConfigError {
+            name: "AGENTRY_DATABASE_URL",
+            message: e.to_string(),
+        })?;
+        let bind = get("AGENTRY_BIND")
+            .unwrap_or_else(|| "127.0.0.1:8080".into())
+            .parse()
+            .map_err(|e| ConfigError {
+                name: "AGENTRY_BIND",
+                message: format!("{e} (expected HOST:PORT)"),
+            })?;
+        let cors_origins = get("AGENTRY_CORS_ORIGINS")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|o| !o.is_empty())
+                    .map(|o| {
+                        let u = url::Url::parse(o).map_err(|e| ConfigError {
+                            name: "AGENTRY_CORS_ORIGINS",
+                            message: format!("{o:?}: {e}"),
+                        })?;
+                        if u.path() != "/"
+                            || u.query().is_some()
+                            || !matches!(u.scheme(), "http" | "https")
+                        {
+                            return Err(ConfigError {
+                                name: "AGENTRY_CORS_ORIGINS",
+                                message: format!(
+                                    "{o:?} is not an origin like https://app.example.com"
+                                ),
+                            });
+                        }
+                        Ok(o.trim_end_matches('/').to_owned())
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default();
+        let log_format = match get("AGENTRY_LOG_FORMAT").as_deref() {
+            None | Some("pretty") => LogFormat::Pretty,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(ConfigError {
+                    name: "AGENTRY_LOG_FORMAT",
+                    message: format!("{other:?}; expected pretty or json"),
+                });
+            }
+        };
+        Ok(Config {
+            data_dir,
+            database_url,
+            bind,
+            cors_origins,
+            log_format,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_run_on_a_fresh_machine() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("./agentry-data"));
+        assert_eq!(c.database_url, "sqlite://./agentry-data/agentry.db");
+        assert_eq!(c.bind.to_string(), "127.0.0.1:8080");
+        assert!(c.cors_origins.is_empty());
+        assert_eq!(c.log_format, LogFormat::Pretty);
+    }
+
+    #[test]
+    fn the_database_follows_the_data_dir_and_bad_values_are_named() {
+        assert_eq!(
+            cfg(&[("AGENTRY_DATA_DIR", "/srv/a")]).unwrap().database_url,
+            "sqlite:///srv/a/agentry.db"
+        );
+        assert_eq!(
+            cfg(&[("AGENTRY_BIND", "nope")]).unwrap_err().name,
+            "AGENTRY_BIND"
+        );
+        assert_eq!(
+            cfg(&[("AGENTRY_DATABASE_URL", "mysql://x")])
+                .unwrap_err()
+                .name,
+            "AGENTRY_DATABASE_URL"
+        );
+        assert_eq!(
+            cfg(&[("AGENTRY_LOG_FORMAT", "xml")]).unwrap_err().name,
+            "AGENTRY_LOG_FORMAT"
+        );
+        assert_eq!(
+            cfg(&[("AGENTRY_CORS_ORIGINS", "https://a.example/path")])
+                .unwrap_err()
+                .name,
+            "AGENTRY_CORS_ORIGINS"
+        );
+        let c = cfg(&[(
+            "AGENTRY_CORS_ORIGINS",
+            "https://a.example, http://localhost:5173/",
+        )])
+        .unwrap();
+        assert_eq!(
+            c.cors_origins,
+            ["https://a.example", "http://localhost:5173"]
+        );
+    }
+}

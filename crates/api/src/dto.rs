@@ -1,0 +1,227 @@
+//! The JSON shapes of the API (camelCase), converted from domain and storage types.
+
+use agentry_domain::Task;
+use agentry_persistence::tasks::{Run, TaskEvent};
+use serde::Serialize;
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// A task (SPEC §2.1).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskDto {
+    /// Task id.
+    pub id: Uuid,
+    /// Title (the issue title for issue tasks).
+    pub title: String,
+    /// The prompt given to the agent.
+    pub prompt: String,
+    /// The repository; null only for imported history of a repository not connected.
+    pub repo_id: Option<Uuid>,
+    /// Normalised repository URL.
+    pub repo_url: String,
+    /// `coding` or `review`.
+    #[schema(example = "coding")]
+    pub task_type: String,
+    /// `queued`, `provisioning`, `running`, `pr_opened`, `completed`, `failed` or `cancelled`.
+    #[schema(example = "queued")]
+    pub state: String,
+    /// `claude-code` or `codex`.
+    #[schema(example = "claude-code")]
+    pub agent_type: String,
+    /// The model the agent reported (or was launched with).
+    pub model_used: Option<String>,
+    /// Sum of the costs of the task's runs, exact decimal USD; null until a run reports one.
+    #[schema(example = "0.123456")]
+    pub cost_usd: Option<String>,
+    /// Input tokens over all runs (cache reads and writes included).
+    pub input_tokens: i64,
+    /// Output tokens over all runs.
+    pub output_tokens: i64,
+    /// The pull request opened for the task.
+    pub pr_url: Option<String>,
+    /// Its number.
+    pub pr_number: Option<i64>,
+    /// The linked issue's number.
+    pub issue_number: Option<i64>,
+    /// The coding task a review task reviews.
+    pub parent_task_id: Option<Uuid>,
+    /// 1 for the first run, +1 per retry or recovery.
+    pub attempt: i32,
+    /// Why the task failed.
+    pub error_message: Option<String>,
+    /// Creation time (RFC 3339 UTC).
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Last change.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    /// When the latest attempt started.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub started_at: Option<OffsetDateTime>,
+    /// When the task finished.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
+}
+
+impl From<Task> for TaskDto {
+    fn from(t: Task) -> Self {
+        TaskDto {
+            id: t.id,
+            title: t.title,
+            prompt: t.prompt,
+            repo_id: t.repo_id,
+            repo_url: t.repo_url.to_string(),
+            task_type: t.task_type.to_string(),
+            state: t.state.to_string(),
+            agent_type: t.agent_type.to_string(),
+            model_used: t.model_used,
+            cost_usd: t.cost_usd.map(|c| c.to_string()),
+            input_tokens: t.input_tokens,
+            output_tokens: t.output_tokens,
+            pr_url: t.pr_url,
+            pr_number: t.pr_number,
+            issue_number: t.issue_number,
+            parent_task_id: t.parent_task_id,
+            attempt: t.attempt,
+            error_message: t.error_message,
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+            started_at: t.started_at,
+            finished_at: t.finished_at,
+        }
+    }
+}
+
+/// One page of tasks.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskListDto {
+    /// Tasks, newest first.
+    pub tasks: Vec<TaskDto>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One agent run of a task.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunDto {
+    /// Run id.
+    pub id: Uuid,
+    /// The task's attempt during this run.
+    pub attempt: i32,
+    /// The agent.
+    pub agent_type: String,
+    /// The model.
+    pub model: Option<String>,
+    /// Exact decimal USD, or null when the agent reported no cost.
+    pub cost_usd: Option<String>,
+    /// Uncached input tokens.
+    pub input_tokens: i64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_tokens: i64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write_tokens: i64,
+    /// Output tokens.
+    pub output_tokens: i64,
+    /// Agent turns.
+    pub turns: Option<i32>,
+    /// `succeeded`, `failed`, `cancelled`, `timed_out` or `lost`.
+    pub outcome: String,
+    /// The agent process's exit code.
+    pub exit_code: Option<i32>,
+    /// What went wrong.
+    pub error_message: Option<String>,
+    /// Start.
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    /// End.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
+}
+
+impl From<Run> for RunDto {
+    fn from(r: Run) -> Self {
+        RunDto {
+            id: r.id,
+            attempt: r.attempt,
+            agent_type: r.agent_type.to_string(),
+            model: r.model,
+            cost_usd: r.cost_usd.map(|c| c.to_string()),
+            input_tokens: r.input_tokens,
+            cache_read_tokens: r.cache_read_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            output_tokens: r.output_tokens,
+            turns: r.turns,
+            outcome: r.outcome.as_str().to_owned(),
+            exit_code: r.exit_code,
+            error_message: r.error_message,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+        }
+    }
+}
+
+/// One state change.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventDto {
+    /// State before; null for the creation event.
+    pub from: Option<String>,
+    /// State after.
+    pub to: String,
+    /// Why.
+    pub reason: String,
+    /// When.
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+}
+
+impl From<TaskEvent> for EventDto {
+    fn from(e: TaskEvent) -> Self {
+        EventDto {
+            from: e.from.map(|s| s.to_string()),
+            to: e.to.to_string(),
+            reason: e.reason,
+            at: e.at,
+        }
+    }
+}
+
+/// The issue a task is linked to.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssueRefDto {
+    /// Issue number.
+    pub number: i64,
+    /// Its page on the code host.
+    pub html_url: String,
+}
+
+/// A task with everything a dashboard row opens: runs, state history, issue and reviews.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskDetailDto {
+    /// The task.
+    #[serde(flatten)]
+    pub task: TaskDto,
+    /// Its agent runs, oldest first.
+    pub runs: Vec<RunDto>,
+    /// Its state history, oldest first.
+    pub events: Vec<EventDto>,
+    /// The linked issue.
+    pub issue: Option<IssueRefDto>,
+    /// Its review subtasks.
+    pub reviews: Vec<TaskDto>,
+}
+
+/// Result of an import.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ImportResultDto {
+    /// Records written.
+    pub imported: u64,
+    /// Records skipped because their id already existed.
+    pub skipped: u64,
+}

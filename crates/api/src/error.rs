@@ -1,0 +1,205 @@
+//! The one error type of the HTTP API and its JSON envelope (SPEC §3.2):
+//! `{"error": {"code": "<snake_case>", "message": "<human sentence>"}}`.
+
+use actix_web::body::MessageBody;
+use actix_web::dev::ServiceResponse;
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::middleware::ErrorHandlerResponse;
+use actix_web::{HttpResponse, ResponseError};
+use agentry_domain::FieldError;
+use agentry_persistence::DbError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The body of every error response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code, e.g. `invalid_parameter`.
+    pub code: String,
+    /// A sentence for humans; names the offending field for validation errors.
+    pub message: String,
+}
+
+/// An error answered to an API caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 `invalid_request`: the request as a whole is malformed (bad JSON, wrong type).
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// 400 `invalid_parameter`: one named field or parameter is wrong.
+    pub fn invalid_parameter(field: &str, message: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_parameter",
+            format!("{field}: {message}"),
+        )
+    }
+
+    /// 401 `unauthenticated`.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
+    }
+
+    /// 403 `forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 409 `conflict`.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    /// 413 `payload_too_large`.
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the request body is larger than the limit of {limit} bytes"),
+        )
+    }
+
+    /// 503 `unavailable`: the database cannot be reached right now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+
+    /// 500 `internal`. The cause is logged, never sent.
+    pub fn internal(cause: &dyn std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "an internal error occurred; it has been logged",
+        )
+    }
+
+    /// The envelope for a bare status produced outside our handlers (actix's own 404, 405,
+    /// 413, …), so that every error a client sees has the same shape.
+    pub fn from_status(status: StatusCode) -> Self {
+        match status {
+            StatusCode::NOT_FOUND => Self::not_found("no such route"),
+            StatusCode::METHOD_NOT_ALLOWED => Self::new(
+                status,
+                "method_not_allowed",
+                "this route does not take that method",
+            ),
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                Self::new(status, "payload_too_large", "the request body is too large")
+            }
+            StatusCode::UNAUTHORIZED => Self::unauthenticated("authentication required"),
+            StatusCode::FORBIDDEN => Self::forbidden("not allowed"),
+            s if s.is_client_error() => Self::invalid_request("the request is malformed"),
+            s if s == StatusCode::SERVICE_UNAVAILABLE => Self::unavailable("service unavailable"),
+            _ => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "an internal error occurred; it has been logged",
+            ),
+        }
+    }
+
+    /// The machine-readable code.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// The human message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message.clone(),
+            },
+        })
+    }
+}
+
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        ApiError::invalid_parameter(&e.field, e.message)
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::NotFound => ApiError::not_found("not found"),
+            DbError::InvalidTransition(t) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_transition", t.to_string())
+            }
+            DbError::Conflict(message) => ApiError::conflict(message),
+            DbError::Pool(_) | DbError::Connect(_) => {
+                tracing::warn!(error = %e, "database unavailable");
+                ApiError::unavailable("the database is unavailable; try again shortly")
+            }
+            other => ApiError::internal(&other),
+        }
+    }
+}
+
+impl From<actix_web::error::BlockingError> for ApiError {
+    fn from(e: actix_web::error::BlockingError) -> Self {
+        ApiError::internal(&e)
+    }
+}
+
+/// `ErrorHandlers` default handler: rewrites any error response that is not already a JSON
+/// envelope (actix's router, payload limits, panics caught by actix) into one.
+pub fn envelope_fallback<B: MessageBody + 'static>(
+    res: ServiceResponse<B>,
+) -> actix_web::Result<ErrorHandlerResponse<B>> {
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v == HeaderValue::from_static("application/json"));
+    if is_json {
+        return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
+    }
+    let status = res.status();
+    let (req, _) = res.into_parts();
+    let response = ApiError::from_status(status).error_response();
+    Ok(ErrorHandlerResponse::Response(
+        ServiceResponse::new(req, response).map_into_right_body::<B>(),
+    ))
+}

@@ -1,0 +1,279 @@
+//! Import of historical task records (SPEC §3.9), shared by `agentry import` and
+//! `POST /api/tasks/import`: JSON Lines, every line validated before anything is written.
+
+use agentry_domain::{AgentType, RepoUrl, TaskState, TaskType, Usd};
+use agentry_persistence::tasks::{ImportOutcome, ImportTask, import_tasks};
+use agentry_persistence::{AnyConnection, DbError};
+use serde::Deserialize;
+use time::format_description::well_known::Rfc3339;
+use time::{OffsetDateTime, UtcOffset};
+use uuid::Uuid;
+
+/// Longest title accepted.
+const MAX_TITLE_CHARS: usize = 1_000;
+/// Longest model name accepted.
+const MAX_MODEL_CHARS: usize = 100;
+/// How many bad lines are counted before validation stops.
+const MAX_REPORTED: usize = 1_000;
+
+/// Why an import was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// A line is not a valid record; nothing was written.
+    #[error("line {line}: {message}{}", more_note(*.more))]
+    BadLine {
+        /// 1-based line number of the first bad line.
+        line: usize,
+        /// What is wrong with it, naming the field.
+        message: String,
+        /// How many further lines are bad too (counted up to a limit).
+        more: usize,
+    },
+    /// The database refused the write; nothing was written.
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+fn more_note(more: usize) -> String {
+    match more {
+        0 => String::new(),
+        1 => " (and 1 more bad line)".to_owned(),
+        n => format!(" (and {n} more bad lines)"),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Line {
+    title: String,
+    repo_url: String,
+    task_type: String,
+    state: String,
+    #[serde(default)]
+    agent_type: Option<String>,
+    #[serde(default)]
+    model_used: Option<String>,
+    #[serde(default)]
+    cost_usd: Option<String>,
+    input_tokens: i64,
+    output_tokens: i64,
+    created_at: String,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    pr_url: Option<String>,
+    #[serde(default)]
+    issue_number: Option<i64>,
+}
+
+fn field<T, E: std::fmt::Display>(name: &str, r: Result<T, E>) -> Result<T, String> {
+    r.map_err(|e| format!("{name}: {e}"))
+}
+
+/// Validates one line into a record. Lines without an `id` get a fresh one.
+fn parse_line(text: &str) -> Result<ImportTask, String> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let line: Line = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            format!("not valid JSON: {inner}")
+        } else if path == "." {
+            format!("not a task record: {inner}")
+        } else {
+            format!("{path}: {inner}")
+        }
+    })?;
+    let title = line.title.trim();
+    if title.is_empty() || title.chars().count() > MAX_TITLE_CHARS {
+        return Err(format!("title: must be 1 to {MAX_TITLE_CHARS} characters"));
+    }
+    let model_used = match line.model_used {
+        Some(m) if m.trim().is_empty() || m.chars().count() > MAX_MODEL_CHARS => {
+            return Err(format!(
+                "modelUsed: must be 1 to {MAX_MODEL_CHARS} characters or null"
+            ));
+        }
+        other => other,
+    };
+    if line.input_tokens < 0 {
+        return Err("inputTokens: must not be negative".into());
+    }
+    if line.output_tokens < 0 {
+        return Err("outputTokens: must not be negative".into());
+    }
+    let created_at = field(
+        "createdAt",
+        OffsetDateTime::parse(&line.created_at, &Rfc3339),
+    )?
+    .to_offset(UtcOffset::UTC);
+    let (pr_url, pr_number) = match line.pr_url {
+        None => (None, None),
+        Some(u) => {
+            let parsed = field("prUrl", url::Url::parse(&u))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err("prUrl: must be an http(s) URL".into());
+            }
+            let number = parsed
+                .path_segments()
+                .and_then(|mut s| s.next_back())
+                .and_then(|last| last.parse::<i64>().ok())
+                .filter(|n| *n > 0 && parsed.path().contains("/pull/"));
+            (Some(u), number)
+        }
+    };
+    if line.issue_number.is_some_and(|n| n < 1) {
+        return Err("issueNumber: must be an integer of at least 1".into());
+    }
+    Ok(ImportTask {
+        id: match line.id {
+            Some(id) => field("id", Uuid::parse_str(&id))?,
+            None => Uuid::new_v4(),
+        },
+        title: title.to_owned(),
+        repo_url: field("repoUrl", RepoUrl::parse(&line.repo_url))?,
+        task_type: field("taskType", line.task_type.parse::<TaskType>())?,
+        state: field("state", line.state.parse::<TaskState>())?,
+        agent_type: match line.agent_type {
+            Some(a) => field("agentType", a.parse::<AgentType>())?,
+            None => AgentType::default(),
+        },
+        model_used,
+        cost_usd: line
+            .cost_usd
+            .map(|c| field("costUsd", Usd::parse(&c)))
+            .transpose()?,
+        input_tokens: line.input_tokens,
+        output_tokens: line.output_tokens,
+        created_at,
+        pr_url,
+        pr_number,
+        issue_number: line.issue_number,
+    })
+}
+
+/// The records of a JSON Lines body with their 1-based line numbers. Blank lines are not
+/// records and are passed over; a trailing `\r` (CRLF files) is ignored.
+fn records(body: &[u8]) -> impl Iterator<Item = (usize, Result<ImportTask, String>)> + '_ {
+    body.split(|b| *b == b'\n')
+        .enumerate()
+        .filter_map(|(i, raw)| {
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+            if raw.iter().all(u8::is_ascii_whitespace) {
+                return None;
+            }
+            let parsed = std::str::from_utf8(raw)
+                .map_err(|_| "not valid UTF-8".to_owned())
+                .and_then(parse_line);
+            Some((i + 1, parsed))
+        })
+}
+
+/// Checks every line; returns the number of records, or the first bad line.
+pub fn validate(body: &[u8]) -> Result<u64, ImportError> {
+    let mut count = 0u64;
+    let mut first: Option<(usize, String)> = None;
+    let mut more = 0usize;
+    for (line, parsed) in records(body) {
+        match parsed {
+            Ok(_) => count += 1,
+            Err(message) if first.is_none() => first = Some((line, message)),
+            Err(_) => {
+                more += 1;
+                if more >= MAX_REPORTED {
+                    break;
+                }
+            }
+        }
+    }
+    match first {
+        Some((line, message)) => Err(ImportError::BadLine {
+            line,
+            message,
+            more,
+        }),
+        None => Ok(count),
+    }
+}
+
+/// Validates the whole body, then writes it in one transaction (SPEC §3.9): a bad line
+/// anywhere means nothing is written; records whose id exists already are skipped.
+pub fn import(conn: &mut AnyConnection, body: &[u8]) -> Result<ImportOutcome, ImportError> {
+    validate(body)?;
+    import_tasks(
+        conn,
+        records(body).map(|(line, parsed)| {
+            parsed.map_err(|message| ImportError::BadLine {
+                line,
+                message,
+                more: 0,
+            })
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const GOOD: &str = r#"{"title":"Fix it","repoUrl":"https://github.com/Org/Repo.git","taskType":"coding","state":"completed","costUsd":"0.123456","inputTokens":10,"outputTokens":5,"createdAt":"2026-11-01T10:00:00Z","prUrl":"https://github.com/org/repo/pull/7","issueNumber":3}"#;
+
+    #[test]
+    fn a_good_line_is_normalised() {
+        let t = parse_line(GOOD).unwrap();
+        assert_eq!(t.repo_url.as_str(), "https://github.com/org/repo");
+        assert_eq!(t.cost_usd.unwrap().to_string(), "0.123456");
+        assert_eq!(t.pr_number, Some(7));
+        assert_eq!(t.agent_type, AgentType::ClaudeCode);
+    }
+
+    #[test]
+    fn bad_lines_name_the_field() {
+        let cases = [
+            (r#"{"title":"x"}"#, "repoUrl"),
+            (&GOOD.replace("0.123456", "-1"), "costUsd"),
+            (&GOOD.replace("\"0.123456\"", "0.5"), "costUsd"),
+            (&GOOD.replace("coding", "chat"), "taskType"),
+            (&GOOD.replace("completed", "done"), "state"),
+            (
+                &GOOD.replace("2026-11-01T10:00:00Z", "yesterday"),
+                "createdAt",
+            ),
+            (
+                &GOOD.replace("\"inputTokens\":10", "\"inputTokens\":-1"),
+                "inputTokens",
+            ),
+            (
+                &GOOD.replace("\"issueNumber\":3", "\"issueNumber\":0"),
+                "issueNumber",
+            ),
+            (&GOOD.replace("\"title\"", "\"titel\""), "titel"),
+            (&GOOD.replace("Fix it", "  "), "title"),
+        ];
+        for (line, field) in cases {
+            let e = parse_line(line).unwrap_err();
+            assert!(e.contains(field), "{line} -> {e}");
+        }
+        assert!(
+            parse_line("{not json")
+                .unwrap_err()
+                .starts_with("not valid JSON")
+        );
+        assert!(parse_line("[1,2]").is_err());
+    }
+
+    #[test]
+    fn validation_reports_the_first_bad_line_and_counts_the_rest() {
+        let body = format!("{GOOD}\n\n{GOOD}\nnope\n{GOOD}\r\nbad too\n");
+        match validate(body.as_bytes()) {
+            Err(ImportError::BadLine { line, more, .. }) => assert_eq!((line, more), (4, 1)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            validate(format!("{GOOD}\r\n{GOOD}\n").as_bytes()).unwrap(),
+            2
+        );
+        assert_eq!(validate(b"").unwrap(), 0);
+    }
+}

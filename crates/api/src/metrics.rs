@@ -1,0 +1,102 @@
+//! Prometheus metrics: request counts and latencies per route, rendered at `/metrics`.
+
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::web;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+use crate::state::AppState;
+
+/// The service's metric registry.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+}
+
+impl Metrics {
+    /// Creates the registry with the HTTP metrics registered.
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new_custom(Some("agentry".into()), None)?;
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "http_requests_total",
+                "HTTP requests answered, by route and status.",
+            ),
+            &["method", "route", "status"],
+        )?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "http_request_duration_seconds",
+                "HTTP request latency, by route.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
+            ]),
+            &["method", "route"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        Ok(Metrics {
+            registry,
+            requests,
+            latency,
+        })
+    }
+
+    /// Records one answered request.
+    pub fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        self.requests
+            .with_label_values(&[method, route, &status.to_string()])
+            .inc();
+        self.latency
+            .with_label_values(&[method, route])
+            .observe(seconds);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> Result<String, prometheus::Error> {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+}
+
+/// Middleware: times each request, counts it by route pattern (never by raw path, so ids do
+/// not explode the label set) and logs one line.
+pub async fn track(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let start = Instant::now();
+    let method = req.method().to_string();
+    let path = req.path().to_owned();
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let res = next.call(req).await?;
+    let elapsed = start.elapsed();
+    let route = res
+        .request()
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let status = res.status().as_u16();
+    if let Some(state) = state {
+        state
+            .metrics
+            .observe(&method, &route, status, elapsed.as_secs_f64());
+    }
+    tracing::info!(
+        target: "agentry::http",
+        method = %method,
+        path = %path,
+        status,
+        micros = elapsed.as_micros() as u64,
+        "request"
+    );
+    Ok(res)
+}

@@ -1,0 +1,58 @@
+//! Liveness, readiness, metrics and the OpenAPI document (no token needed).
+
+use actix_web::{HttpResponse, get, web};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ErrorBody};
+use crate::state::AppState;
+
+/// Health status.
+#[derive(Serialize, ToSchema)]
+pub struct Status {
+    /// `ok` or `ready`.
+    pub status: &'static str,
+}
+
+/// The process is up.
+#[utoipa::path(tag = "operations", responses((status = 200, body = Status)))]
+#[get("/healthz")]
+pub async fn healthz() -> web::Json<Status> {
+    web::Json(Status { status: "ok" })
+}
+
+/// The database answers.
+#[utoipa::path(
+    tag = "operations",
+    responses((status = 200, body = Status), (status = 503, body = ErrorBody))
+)]
+#[get("/readyz")]
+pub async fn readyz(state: web::Data<AppState>) -> Result<web::Json<Status>, ApiError> {
+    state.db(|_conn| Ok(())).await?;
+    Ok(web::Json(Status { status: "ready" }))
+}
+
+/// Prometheus metrics in the text exposition format.
+#[utoipa::path(
+    tag = "operations",
+    responses((status = 200, content_type = "text/plain; version=0.0.4", body = String))
+)]
+#[get("/metrics")]
+pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let text = state.metrics.render().map_err(|e| ApiError::internal(&e))?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(text))
+}
+
+/// This API's OpenAPI 3 document.
+#[utoipa::path(
+    tag = "operations",
+    responses((status = 200, content_type = "application/json", body = Object))
+)]
+#[get("/openapi.json")]
+pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(state.openapi_json.clone())
+}

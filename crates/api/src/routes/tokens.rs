@@ -1,0 +1,174 @@
+//! `POST /api/tokens`, `GET /api/tokens`, `DELETE /api/tokens/{id}` (admin).
+
+use actix_web::{HttpResponse, delete, get, post, web};
+use agentry_domain::Role;
+use agentry_persistence::tokens::{self, ApiToken};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::auth::{Caller, generate_token, hash_token};
+use crate::body::JsonBody;
+use crate::error::{ApiError, ErrorBody};
+use crate::routes::path_uuid;
+use crate::state::AppState;
+
+/// Longest token name.
+const MAX_NAME_CHARS: usize = 100;
+
+/// A token to create.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// What the token is for (1 to 100 characters).
+    pub name: String,
+    /// `viewer`, `member` or `admin`.
+    #[schema(value_type = String, example = "member")]
+    pub role: Role,
+}
+
+/// A stored token (never the token itself).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenDto {
+    /// Token id.
+    pub id: Uuid,
+    /// Name.
+    pub name: String,
+    /// Role.
+    #[schema(value_type = String)]
+    pub role: Role,
+    /// Creation time.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+impl From<ApiToken> for TokenDto {
+    fn from(t: ApiToken) -> Self {
+        TokenDto {
+            id: t.id,
+            name: t.name,
+            role: t.role,
+            created_at: t.created_at,
+        }
+    }
+}
+
+/// A newly created token: the only time the token is shown.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedTokenDto {
+    /// The stored token.
+    #[serde(flatten)]
+    pub record: TokenDto,
+    /// The bearer token. Store it now; only its hash is kept.
+    pub token: String,
+}
+
+/// The list of active tokens.
+#[derive(Serialize, ToSchema)]
+pub struct TokenListDto {
+    /// Active tokens, oldest first.
+    pub tokens: Vec<TokenDto>,
+}
+
+/// Creates an API token and returns it once.
+#[utoipa::path(
+    tag = "tokens",
+    request_body = CreateToken,
+    responses(
+        (status = 201, body = CreatedTokenDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/tokens")]
+pub async fn create_token(
+    caller: Caller,
+    state: web::Data<AppState>,
+    body: JsonBody<CreateToken>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require(Role::Admin)?;
+    let JsonBody(CreateToken { name, role }) = body;
+    let name = name.trim().to_owned();
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return Err(ApiError::invalid_parameter(
+            "name",
+            format!("must be 1 to {MAX_NAME_CHARS} characters"),
+        ));
+    }
+    let token = generate_token().map_err(|e| ApiError::internal(&e))?;
+    let hash = hash_token(&token);
+    let record = state
+        .db(move |conn| {
+            Ok(tokens::create_token(
+                conn,
+                &name,
+                role,
+                &hash,
+                agentry_persistence::now(),
+            )?)
+        })
+        .await?;
+    tracing::info!(token_id = %record.id, role = %record.role, by = %caller.token_id, "API token created");
+    Ok(HttpResponse::Created().json(CreatedTokenDto {
+        record: record.into(),
+        token,
+    }))
+}
+
+/// Lists the active API tokens.
+#[utoipa::path(
+    tag = "tokens",
+    responses(
+        (status = 200, body = TokenListDto),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/tokens")]
+pub async fn list_tokens(
+    caller: Caller,
+    state: web::Data<AppState>,
+) -> Result<web::Json<TokenListDto>, ApiError> {
+    caller.require(Role::Admin)?;
+    let list = state.db(|conn| Ok(tokens::list_active(conn)?)).await?;
+    Ok(web::Json(TokenListDto {
+        tokens: list.into_iter().map(TokenDto::from).collect(),
+    }))
+}
+
+/// Revokes an API token.
+#[utoipa::path(
+    tag = "tokens",
+    params(("id" = Uuid, Path, description = "Token id")),
+    responses(
+        (status = 204),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[delete("/tokens/{id}")]
+pub async fn revoke_token(
+    caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require(Role::Admin)?;
+    let id = path_uuid("id", &path)?;
+    let revoked = state
+        .db(move |conn| Ok(tokens::revoke(conn, id, agentry_persistence::now())?))
+        .await?;
+    if !revoked {
+        return Err(ApiError::not_found(format!("token {id} not found")));
+    }
+    tracing::info!(token_id = %id, by = %caller.token_id, "API token revoked");
+    Ok(HttpResponse::NoContent().finish())
+}

@@ -1,0 +1,122 @@
+//! `agentry serve`: migrate, issue the first admin token if needed, serve until a signal.
+
+use std::io::Write;
+use std::path::Path;
+
+use actix_web::{HttpServer, web};
+use agentry_persistence::{Backend, Db, tokens};
+
+use crate::auth::{generate_token, hash_token};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::state::AppState;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database could not be opened or migrated.
+    #[error(transparent)]
+    Db(#[from] agentry_persistence::DbError),
+    /// A file or socket operation failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+fn io(context: &str, e: impl std::fmt::Display) -> StartError {
+    StartError::Io(format!("{context}: {e}"))
+}
+
+/// Creates the data directory (mode 0700: it holds the database and secrets).
+pub fn ensure_data_dir(dir: &Path) -> Result<(), StartError> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| {
+        io(
+            &format!("cannot create data directory {}", dir.display()),
+            e,
+        )
+    })
+}
+
+/// Opens the database of `config` and applies pending migrations.
+pub fn open_database(config: &Config) -> Result<Db, StartError> {
+    ensure_data_dir(&config.data_dir)?;
+    let pool_size = match agentry_persistence::DatabaseUrl::parse(&config.database_url)?.backend() {
+        Backend::Sqlite => 8,
+        Backend::Postgres => 16,
+    };
+    let db = Db::connect(&config.database_url, pool_size)?;
+    let applied = db.migrate()?;
+    if !applied.is_empty() {
+        tracing::info!(migrations = ?applied, "applied migrations");
+    }
+    Ok(db)
+}
+
+/// Writes `contents` to `path` readable by the owner only (0600), replacing any old file.
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    #[cfg(unix)]
+    std::os::unix::fs::PermissionsExt::set_mode(&mut file.metadata()?.permissions(), 0o600);
+    #[cfg(unix)]
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()
+}
+
+/// On an installation without any API token, creates an admin token, prints it once on
+/// stdout and writes it to `$AGENTRY_DATA_DIR/admin-token` (mode 0600).
+pub fn bootstrap_admin_token(db: &Db, data_dir: &Path) -> Result<(), StartError> {
+    let token = generate_token().map_err(|e| io("no randomness for the admin token", e))?;
+    let mut conn = db.conn()?;
+    let created = tokens::bootstrap_admin(
+        &mut conn,
+        "initial admin",
+        &hash_token(&token),
+        agentry_persistence::now(),
+    )?;
+    if created.is_some() {
+        let path = data_dir.join("admin-token");
+        write_private(&path, &format!("{token}\n"))
+            .map_err(|e| io(&format!("cannot write {}", path.display()), e))?;
+        println!(
+            "agentry: first start: created an admin API token (shown once; also saved to {}):",
+            path.display()
+        );
+        println!("{token}");
+        let _ = std::io::stdout().flush();
+    }
+    Ok(())
+}
+
+/// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets
+/// in-flight requests finish (up to 30 s).
+pub async fn serve(config: Config) -> Result<(), StartError> {
+    let db = open_database(&config)?;
+    bootstrap_admin_token(&db, &config.data_dir)?;
+    let openapi_json = serde_json::to_string(&crate::app::openapi())
+        .map_err(|e| io("cannot render the OpenAPI document", e))?;
+    let metrics = Metrics::new().map_err(|e| io("cannot create metrics", e))?;
+    let state = web::Data::new(AppState {
+        db,
+        metrics,
+        openapi_json,
+    });
+    let cors = config.cors_origins.clone();
+    let server = HttpServer::new(move || crate::app::build_app(state.clone(), cors.clone()))
+        .shutdown_timeout(30)
+        .bind(config.bind)
+        .map_err(|e| io(&format!("cannot listen on {}", config.bind), e))?;
+    for addr in server.addrs() {
+        tracing::info!(%addr, "agentry listening on http://{addr}");
+    }
+    server.run().await.map_err(|e| io("server stopped", e))?;
+    tracing::info!("agentry stopped");
+    Ok(())
+}

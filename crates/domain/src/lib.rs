@@ -1,0 +1,42 @@
+//! # agentry-domain
+//!
+//! The pure domain model of agentry, the service that runs AI coding agents
+//! on tasks, records the exact USD cost of every run and integrates with
+//! GitHub.
+//!
+//! Every other agentry crate (persistence, code host, runner, analytics,
+//! API) speaks in the types defined here:
+//!
+//! - [`task`]: the [`Task`] record, its [`TaskState`], [`TaskType`] and
+//!   [`AgentType`], and the task state machine, [`transition`], a single
+//!   pure function from `(state, trigger, task type, attempt)` to the next
+//!   state.
+//! - [`money`]: [`Usd`], an exact, non-negative dollar amount with nano-dollar
+//!   precision, its strict and lenient parsers, and [`format_decimal`] for
+//!   fixed-decimal display of summaries.
+//! - [`repo_url`]: [`RepoUrl`], a normalised `https://HOST/OWNER/REPO`
+//!   repository URL parsed from the many ways people write one.
+//! - [`settings`]: [`RepoSettings`], per-repository settings with bounds and
+//!   JSON merge-patch style updates.
+//! - [`error`]: [`FieldError`], a validation error naming the offending JSON
+//!   member.
+//!
+//! The crate performs no I/O at all, and money never passes through
+//! floating point.
+
+pub mod error;
+pub mod money;
+pub mod repo_url;
+pub mod role;
+pub mod settings;
+pub mod task;
+
+pub use error::FieldError;
+pub use money::{MoneyError, Usd, format_decimal};
+pub use repo_url::{RepoUrl, RepoUrlError};
+pub use role::Role;
+pub use settings::RepoSettings;
+pub use task::{
+    AgentType, MAX_ATTEMPTS, Task, TaskState, TaskType, Transition, TransitionError, Trigger,
+    UnknownValue, transition,
+};

@@ -1,0 +1,549 @@
+//! Per-repository settings.
+//!
+//! [`RepoSettings`] holds the knobs a user can set for a repository: which
+//! models and agent to use, turn limits, automatic review and a cost cap.
+//! Updates arrive as JSON merge-patch style objects and are applied with
+//! [`RepoSettings::apply_patch`], which validates every member and names the
+//! offending one in its [`FieldError`].
+//!
+//! Stored settings can be loaded with validation the same way:
+//! `RepoSettings::default().apply_patch(&stored_json)`.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::FieldError;
+use crate::money::Usd;
+use crate::task::AgentType;
+
+/// The smallest allowed turn limit.
+const MIN_TURNS: i64 = 1;
+/// The largest allowed turn limit.
+const MAX_TURNS: i64 = 1000;
+/// The longest allowed model name, in characters.
+const MAX_MODEL_CHARS: usize = 100;
+
+/// The JSON member names, in declaration order.
+const MEMBERS: [&str; 7] = [
+    CODING_MODEL,
+    REVIEW_MODEL,
+    MAX_TURNS_CODING,
+    MAX_TURNS_REVIEW,
+    AGENT_TYPE,
+    AUTO_REVIEW,
+    MAX_COST_PER_TASK_USD,
+];
+const CODING_MODEL: &str = "codingModel";
+const REVIEW_MODEL: &str = "reviewModel";
+const MAX_TURNS_CODING: &str = "maxTurnsCoding";
+const MAX_TURNS_REVIEW: &str = "maxTurnsReview";
+const AGENT_TYPE: &str = "agentType";
+const AUTO_REVIEW: &str = "autoReview";
+const MAX_COST_PER_TASK_USD: &str = "maxCostPerTaskUsd";
+
+const MODEL_RULE: &str = "must be a non-blank string of at most 100 characters";
+const TURNS_RULE: &str = "must be an integer from 1 to 1000";
+const NULLABLE_TURNS_RULE: &str = "must be an integer from 1 to 1000, or null";
+const AGENT_RULE: &str = "must be one of: claude-code, codex";
+const BOOL_RULE: &str = "must be true or false";
+const COST_RULE: &str = "must be a decimal string greater than 0, such as \"5.00\", or null";
+
+/// Settings of one repository.
+///
+/// Serialised with camelCase member names; `maxTurnsCoding` is an integer
+/// or `null`, `maxCostPerTaskUsd` a decimal string or `null`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepoSettings {
+    /// The model for coding tasks (non-blank, at most 100 characters).
+    /// Default `"sonnet"`.
+    pub coding_model: String,
+    /// The model for review tasks (non-blank, at most 100 characters).
+    /// Default `"haiku"`.
+    pub review_model: String,
+    /// The agent's turn limit for coding tasks, 1–1000, or `None` for no
+    /// limit. Default 100.
+    pub max_turns_coding: Option<i32>,
+    /// The agent's turn limit for review tasks, 1–1000. Default 30.
+    pub max_turns_review: i32,
+    /// The agent that runs tasks. Default Claude Code.
+    pub agent_type: AgentType,
+    /// Whether a review task is created automatically for each pull request
+    /// a coding task opens. Default `true`.
+    pub auto_review: bool,
+    /// The most a single task may cost, greater than zero, or `None` for no
+    /// cap. Default `None`.
+    pub max_cost_per_task_usd: Option<Usd>,
+}
+
+impl Default for RepoSettings {
+    fn default() -> Self {
+        Self {
+            coding_model: "sonnet".to_owned(),
+            review_model: "haiku".to_owned(),
+            max_turns_coding: Some(100),
+            max_turns_review: 30,
+            agent_type: AgentType::ClaudeCode,
+            auto_review: true,
+            max_cost_per_task_usd: None,
+        }
+    }
+}
+
+impl RepoSettings {
+    /// Checks every field against its bounds, naming the first offending
+    /// field (by its JSON member name) in the error.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        check_model(CODING_MODEL, &self.coding_model)?;
+        check_model(REVIEW_MODEL, &self.review_model)?;
+        if let Some(turns) = self.max_turns_coding {
+            check_turns(MAX_TURNS_CODING, i64::from(turns), NULLABLE_TURNS_RULE)?;
+        }
+        check_turns(
+            MAX_TURNS_REVIEW,
+            i64::from(self.max_turns_review),
+            TURNS_RULE,
+        )?;
+        if let Some(cost) = self.max_cost_per_task_usd {
+            check_cost(cost)?;
+        }
+        Ok(())
+    }
+
+    /// Applies a PATCH body and returns the resulting settings, leaving
+    /// `self` unchanged.
+    ///
+    /// `patch` must be a JSON object (else the error names the field
+    /// `"body"`) whose members are any subset of the camelCase member names
+    /// of [`RepoSettings`]. Each member is checked strictly: integers must be
+    /// JSON integers (not `5.0` or `"5"`), `null` is accepted only for
+    /// `maxTurnsCoding` and `maxCostPerTaskUsd` (clearing them), and
+    /// `maxCostPerTaskUsd` must be a decimal string accepted by
+    /// [`Usd::parse`]. The patch is all-or-nothing: an unknown member or any
+    /// bad value gives an error naming that member, and nothing is applied.
+    pub fn apply_patch(&self, patch: &Value) -> Result<RepoSettings, FieldError> {
+        let members = patch
+            .as_object()
+            .ok_or_else(|| FieldError::new("body", "must be a JSON object of settings"))?;
+        let mut next = self.clone();
+        for (member, value) in members {
+            match member.as_str() {
+                CODING_MODEL => next.coding_model = model_value(CODING_MODEL, value)?,
+                REVIEW_MODEL => next.review_model = model_value(REVIEW_MODEL, value)?,
+                MAX_TURNS_CODING => {
+                    next.max_turns_coding = match value {
+                        Value::Null => None,
+                        _ => Some(turns_value(MAX_TURNS_CODING, value, NULLABLE_TURNS_RULE)?),
+                    }
+                }
+                MAX_TURNS_REVIEW => {
+                    next.max_turns_review = turns_value(MAX_TURNS_REVIEW, value, TURNS_RULE)?;
+                }
+                AGENT_TYPE => {
+                    next.agent_type = value
+                        .as_str()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| FieldError::new(AGENT_TYPE, AGENT_RULE))?;
+                }
+                AUTO_REVIEW => {
+                    next.auto_review = value
+                        .as_bool()
+                        .ok_or_else(|| FieldError::new(AUTO_REVIEW, BOOL_RULE))?;
+                }
+                MAX_COST_PER_TASK_USD => {
+                    next.max_cost_per_task_usd = match value {
+                        Value::Null => None,
+                        _ => Some(cost_value(value)?),
+                    }
+                }
+                unknown => {
+                    return Err(FieldError::new(
+                        unknown,
+                        format!("unknown setting; expected one of: {}", MEMBERS.join(", ")),
+                    ));
+                }
+            }
+        }
+        Ok(next)
+    }
+}
+
+/// Checks a model name.
+fn check_model(field: &str, model: &str) -> Result<(), FieldError> {
+    if model.trim().is_empty() || model.chars().count() > MAX_MODEL_CHARS {
+        return Err(FieldError::new(field, MODEL_RULE));
+    }
+    Ok(())
+}
+
+/// Checks a turn limit.
+fn check_turns(field: &str, turns: i64, rule: &str) -> Result<(), FieldError> {
+    if !(MIN_TURNS..=MAX_TURNS).contains(&turns) {
+        return Err(FieldError::new(field, rule));
+    }
+    Ok(())
+}
+
+/// Checks a cost cap.
+fn check_cost(cost: Usd) -> Result<(), FieldError> {
+    if cost == Usd::ZERO {
+        return Err(FieldError::new(MAX_COST_PER_TASK_USD, COST_RULE));
+    }
+    Ok(())
+}
+
+/// Reads a model name from a patch member.
+fn model_value(field: &str, value: &Value) -> Result<String, FieldError> {
+    let model = value
+        .as_str()
+        .ok_or_else(|| FieldError::new(field, MODEL_RULE))?;
+    check_model(field, model)?;
+    Ok(model.to_owned())
+}
+
+/// Reads a (non-null) turn limit from a patch member.
+fn turns_value(field: &str, value: &Value, rule: &str) -> Result<i32, FieldError> {
+    // `as_i64` is `None` for floats such as 5.0 and for integers beyond i64.
+    let turns = value.as_i64().ok_or_else(|| FieldError::new(field, rule))?;
+    check_turns(field, turns, rule)?;
+    i32::try_from(turns).map_err(|_| FieldError::new(field, rule))
+}
+
+/// Reads a (non-null) cost cap from a patch member.
+fn cost_value(value: &Value) -> Result<Usd, FieldError> {
+    let text = value
+        .as_str()
+        .ok_or_else(|| FieldError::new(MAX_COST_PER_TASK_USD, COST_RULE))?;
+    let cost = Usd::parse(text).map_err(|e| {
+        use crate::money::MoneyError;
+        match e {
+            MoneyError::Invalid(_) => FieldError::new(MAX_COST_PER_TASK_USD, COST_RULE),
+            MoneyError::Negative | MoneyError::TooPrecise | MoneyError::TooLarge => {
+                FieldError::new(MAX_COST_PER_TASK_USD, e.to_string())
+            }
+        }
+    })?;
+    check_cost(cost)?;
+    Ok(cost)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    fn patch(value: Value) -> Result<RepoSettings, FieldError> {
+        RepoSettings::default().apply_patch(&value)
+    }
+
+    /// Asserts that patching `member` with `value` fails naming `member`.
+    fn refused(member: &str, value: Value) -> FieldError {
+        let err = patch(json!({ member: value.clone() })).unwrap_err();
+        assert_eq!(err.field, member, "{member} = {value}");
+        err
+    }
+
+    #[test]
+    fn defaults() {
+        let d = RepoSettings::default();
+        assert_eq!(d.coding_model, "sonnet");
+        assert_eq!(d.review_model, "haiku");
+        assert_eq!(d.max_turns_coding, Some(100));
+        assert_eq!(d.max_turns_review, 30);
+        assert_eq!(d.agent_type, AgentType::ClaudeCode);
+        assert!(d.auto_review);
+        assert_eq!(d.max_cost_per_task_usd, None);
+        assert_eq!(d.validate(), Ok(()));
+    }
+
+    #[test]
+    fn serialization_shape() {
+        assert_eq!(
+            serde_json::to_string(&RepoSettings::default()).unwrap(),
+            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null}"#
+        );
+        let s = patch(json!({"maxTurnsCoding": null, "maxCostPerTaskUsd": "2.50"})).unwrap();
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["maxTurnsCoding"], Value::Null);
+        assert_eq!(v["maxCostPerTaskUsd"], json!("2.5"));
+    }
+
+    #[test]
+    fn empty_patch_changes_nothing() {
+        assert_eq!(patch(json!({})).unwrap(), RepoSettings::default());
+    }
+
+    #[test]
+    fn patch_is_pure() {
+        let base = RepoSettings::default();
+        let next = base.apply_patch(&json!({"autoReview": false})).unwrap();
+        assert!(!next.auto_review);
+        assert!(base.auto_review);
+    }
+
+    #[test]
+    fn full_patch() {
+        let s = patch(json!({
+            "codingModel": "opus",
+            "reviewModel": "sonnet",
+            "maxTurnsCoding": 1000,
+            "maxTurnsReview": 1,
+            "agentType": "codex",
+            "autoReview": false,
+            "maxCostPerTaskUsd": "0.01",
+        }))
+        .unwrap();
+        assert_eq!(
+            s,
+            RepoSettings {
+                coding_model: "opus".into(),
+                review_model: "sonnet".into(),
+                max_turns_coding: Some(1000),
+                max_turns_review: 1,
+                agent_type: AgentType::Codex,
+                auto_review: false,
+                max_cost_per_task_usd: Some(Usd::parse("0.01").unwrap()),
+            }
+        );
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn turn_bounds() {
+        for member in [MAX_TURNS_CODING, MAX_TURNS_REVIEW] {
+            for ok in [1, 2, 999, 1000] {
+                let s = patch(json!({ member: ok })).unwrap();
+                let got = if member == MAX_TURNS_CODING {
+                    s.max_turns_coding
+                } else {
+                    Some(s.max_turns_review)
+                };
+                assert_eq!(got, Some(ok));
+            }
+            for bad in [
+                json!(0),
+                json!(1001),
+                json!(-1),
+                json!(2_147_483_648_i64),
+                json!(-2_147_483_649_i64),
+                json!(u64::MAX),
+                json!(1.5),
+                json!(5.0),
+                json!("5"),
+                json!(true),
+                json!([5]),
+                json!({"value": 5}),
+            ] {
+                refused(member, bad);
+            }
+        }
+        assert_eq!(
+            refused(MAX_TURNS_REVIEW, json!(0)).message,
+            "must be an integer from 1 to 1000"
+        );
+        assert_eq!(
+            refused(MAX_TURNS_CODING, json!(0)).message,
+            "must be an integer from 1 to 1000, or null"
+        );
+        // null clears the coding limit but is refused for the review limit.
+        assert_eq!(
+            patch(json!({"maxTurnsCoding": null}))
+                .unwrap()
+                .max_turns_coding,
+            None
+        );
+        refused(MAX_TURNS_REVIEW, Value::Null);
+    }
+
+    #[test]
+    fn model_bounds() {
+        for member in [CODING_MODEL, REVIEW_MODEL] {
+            let hundred = "m".repeat(100);
+            let hundred_multibyte = "é".repeat(100);
+            for ok in [
+                "x",
+                "claude-opus-4",
+                hundred.as_str(),
+                hundred_multibyte.as_str(),
+            ] {
+                let s = patch(json!({ member: ok })).unwrap();
+                let got = if member == CODING_MODEL {
+                    s.coding_model
+                } else {
+                    s.review_model
+                };
+                assert_eq!(got, ok);
+            }
+            for bad in [
+                json!(""),
+                json!(" "),
+                json!("\t\n"),
+                json!("m".repeat(101)),
+                json!("é".repeat(101)),
+                json!(null),
+                json!(5),
+                json!(true),
+            ] {
+                let err = refused(member, bad);
+                assert_eq!(err.message, MODEL_RULE);
+            }
+        }
+    }
+
+    #[test]
+    fn agent_type_values() {
+        assert_eq!(
+            patch(json!({"agentType": "codex"})).unwrap().agent_type,
+            AgentType::Codex
+        );
+        assert_eq!(
+            patch(json!({"agentType": "claude-code"}))
+                .unwrap()
+                .agent_type,
+            AgentType::ClaudeCode
+        );
+        for bad in [
+            json!("claude_code"),
+            json!("Codex"),
+            json!(""),
+            json!(null),
+            json!(1),
+        ] {
+            assert_eq!(refused(AGENT_TYPE, bad).message, AGENT_RULE);
+        }
+    }
+
+    #[test]
+    fn auto_review_values() {
+        assert!(!patch(json!({"autoReview": false})).unwrap().auto_review);
+        assert!(patch(json!({"autoReview": true})).unwrap().auto_review);
+        for bad in [json!("true"), json!(1), json!(null)] {
+            assert_eq!(refused(AUTO_REVIEW, bad).message, BOOL_RULE);
+        }
+    }
+
+    #[test]
+    fn cost_cap_values() {
+        assert_eq!(
+            patch(json!({"maxCostPerTaskUsd": "0.01"}))
+                .unwrap()
+                .max_cost_per_task_usd,
+            Some(Usd::parse("0.01").unwrap())
+        );
+        let with_cap = patch(json!({"maxCostPerTaskUsd": "5"})).unwrap();
+        assert_eq!(
+            with_cap
+                .apply_patch(&json!({"maxCostPerTaskUsd": null}))
+                .unwrap()
+                .max_cost_per_task_usd,
+            None
+        );
+        assert_eq!(
+            refused(MAX_COST_PER_TASK_USD, json!("0")).message,
+            COST_RULE
+        );
+        assert_eq!(
+            refused(MAX_COST_PER_TASK_USD, json!("-1")).message,
+            "must not be negative"
+        );
+        assert_eq!(
+            refused(MAX_COST_PER_TASK_USD, json!("0.0000000001")).message,
+            "must have at most 9 decimal places"
+        );
+        for bad in [
+            json!("1e3"),
+            json!(5),
+            json!(0.5),
+            json!(""),
+            json!(" 1"),
+            json!(true),
+        ] {
+            assert_eq!(refused(MAX_COST_PER_TASK_USD, bad).message, COST_RULE);
+        }
+    }
+
+    #[test]
+    fn unknown_member() {
+        let err = refused("maxTurns", json!(5));
+        assert!(err.message.starts_with("unknown setting"), "{err}");
+        assert!(err.message.contains("maxTurnsCoding"), "{err}");
+        // Member names are case-sensitive camelCase.
+        refused("coding_model", json!("opus"));
+    }
+
+    #[test]
+    fn non_object_bodies() {
+        for body in [
+            json!(null),
+            json!([]),
+            json!("x"),
+            json!(1),
+            json!(true),
+            json!([{"autoReview": false}]),
+        ] {
+            let err = patch(body).unwrap_err();
+            assert_eq!(err.field, "body");
+        }
+    }
+
+    #[test]
+    fn patch_is_all_or_nothing() {
+        let err = patch(json!({"autoReview": false, "maxTurnsReview": 0})).unwrap_err();
+        assert_eq!(err.field, MAX_TURNS_REVIEW);
+        let err = patch(json!({"zzz": 1, "codingModel": "opus"})).unwrap_err();
+        assert_eq!(err.field, "zzz");
+    }
+
+    #[test]
+    fn validate_checks_bounds() {
+        let ok = RepoSettings::default();
+        let cases = [
+            (
+                RepoSettings {
+                    coding_model: " ".into(),
+                    ..ok.clone()
+                },
+                CODING_MODEL,
+            ),
+            (
+                RepoSettings {
+                    review_model: "r".repeat(101),
+                    ..ok.clone()
+                },
+                REVIEW_MODEL,
+            ),
+            (
+                RepoSettings {
+                    max_turns_coding: Some(0),
+                    ..ok.clone()
+                },
+                MAX_TURNS_CODING,
+            ),
+            (
+                RepoSettings {
+                    max_turns_review: 1001,
+                    ..ok.clone()
+                },
+                MAX_TURNS_REVIEW,
+            ),
+            (
+                RepoSettings {
+                    max_cost_per_task_usd: Some(Usd::ZERO),
+                    ..ok.clone()
+                },
+                MAX_COST_PER_TASK_USD,
+            ),
+        ];
+        for (settings, field) in cases {
+            assert_eq!(settings.validate().unwrap_err().field, field);
+        }
+        let unlimited = RepoSettings {
+            max_turns_coding: None,
+            max_cost_per_task_usd: Some(Usd::parse("100").unwrap()),
+            ..ok
+        };
+        assert_eq!(unlimited.validate(), Ok(()));
+    }
+}

@@ -1,0 +1,56 @@
+//! Conversions between stored column values and domain values.
+
+use std::str::FromStr;
+
+use agentry_domain::Usd;
+use time::{OffsetDateTime, PrimitiveDateTime, UtcOffset};
+use uuid::Uuid;
+
+use crate::DbError;
+
+/// The current UTC time at the precision the database keeps (microseconds), so that a value
+/// written and read back compares equal on both backends.
+pub fn now() -> OffsetDateTime {
+    truncate(OffsetDateTime::now_utc())
+}
+
+fn truncate(t: OffsetDateTime) -> OffsetDateTime {
+    let micros = t.microsecond();
+    t.replace_nanosecond(micros * 1_000).unwrap_or(t)
+}
+
+pub(crate) fn to_db(t: OffsetDateTime) -> PrimitiveDateTime {
+    let t = truncate(t.to_offset(UtcOffset::UTC));
+    PrimitiveDateTime::new(t.date(), t.time())
+}
+
+pub(crate) fn opt_to_db(t: Option<OffsetDateTime>) -> Option<PrimitiveDateTime> {
+    t.map(to_db)
+}
+
+pub(crate) fn from_db(t: PrimitiveDateTime) -> OffsetDateTime {
+    t.assume_utc()
+}
+
+pub(crate) fn opt_from_db(t: Option<PrimitiveDateTime>) -> Option<OffsetDateTime> {
+    t.map(from_db)
+}
+
+pub(crate) fn uuid(s: &str) -> Result<Uuid, DbError> {
+    Uuid::parse_str(s).map_err(|_| DbError::Corrupt(format!("not a UUID: {s:?}")))
+}
+
+pub(crate) fn opt_uuid(s: Option<&str>) -> Result<Option<Uuid>, DbError> {
+    s.map(uuid).transpose()
+}
+
+pub(crate) fn parse<T: FromStr>(what: &str, s: &str) -> Result<T, DbError> {
+    s.parse()
+        .map_err(|_| DbError::Corrupt(format!("invalid {what}: {s:?}")))
+}
+
+pub(crate) fn usd(nanos: Option<i64>) -> Result<Option<Usd>, DbError> {
+    nanos
+        .map(|n| Usd::from_nanos(n).map_err(|e| DbError::Corrupt(format!("cost {n}: {e}"))))
+        .transpose()
+}

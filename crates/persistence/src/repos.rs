@@ -1,0 +1,188 @@
+//! Connected repositories with their settings.
+
+use agentry_domain::{AgentType, RepoSettings, RepoUrl, Usd};
+use diesel::prelude::*;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::schema::repositories;
+use crate::{AnyConnection, DbError, write_tx};
+
+/// A repository known to the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repository {
+    /// Repository id.
+    pub id: Uuid,
+    /// Normalised URL.
+    pub url: RepoUrl,
+    /// Default branch on the code host.
+    pub default_branch: String,
+    /// The clone URL the code host reports.
+    pub clone_url: String,
+    /// The code host's numeric id of the repository, if known.
+    pub codehost_id: Option<i64>,
+    /// Agent settings.
+    pub settings: RepoSettings,
+    /// When it was (last) connected.
+    pub connected_at: OffsetDateTime,
+    /// When it was disconnected; `None` while connected.
+    pub disconnected_at: Option<OffsetDateTime>,
+    /// Creation time.
+    pub created_at: OffsetDateTime,
+    /// Last change.
+    pub updated_at: OffsetDateTime,
+}
+
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = repositories)]
+struct RepoRow {
+    id: String,
+    url: String,
+    default_branch: String,
+    clone_url: String,
+    codehost_id: Option<i64>,
+    coding_model: String,
+    review_model: String,
+    max_turns_coding: Option<i32>,
+    max_turns_review: i32,
+    agent_type: String,
+    auto_review: bool,
+    max_cost_per_task_nanos: Option<i64>,
+    connected_at: PrimitiveDateTime,
+    disconnected_at: Option<PrimitiveDateTime>,
+    created_at: PrimitiveDateTime,
+    updated_at: PrimitiveDateTime,
+}
+
+impl TryFrom<RepoRow> for Repository {
+    type Error = DbError;
+    fn try_from(r: RepoRow) -> Result<Repository, DbError> {
+        Ok(Repository {
+            id: convert::uuid(&r.id)?,
+            url: convert::parse("repository URL", &r.url)?,
+            default_branch: r.default_branch,
+            clone_url: r.clone_url,
+            codehost_id: r.codehost_id,
+            settings: RepoSettings {
+                coding_model: r.coding_model,
+                review_model: r.review_model,
+                max_turns_coding: r.max_turns_coding,
+                max_turns_review: r.max_turns_review,
+                agent_type: convert::parse::<AgentType>("agent type", &r.agent_type)?,
+                auto_review: r.auto_review,
+                max_cost_per_task_usd: convert::usd(r.max_cost_per_task_nanos)?,
+            },
+            connected_at: from_db(r.connected_at),
+            disconnected_at: opt_from_db(r.disconnected_at),
+            created_at: from_db(r.created_at),
+            updated_at: from_db(r.updated_at),
+        })
+    }
+}
+
+/// A repository to connect, as the code host describes it.
+#[derive(Debug, Clone)]
+pub struct NewRepository {
+    /// Normalised URL.
+    pub url: RepoUrl,
+    /// Default branch.
+    pub default_branch: String,
+    /// Clone URL.
+    pub clone_url: String,
+    /// The code host's numeric id.
+    pub codehost_id: Option<i64>,
+}
+
+/// Connects a repository with default settings, or returns the one already stored for that
+/// URL (reconnecting it if it was disconnected). The boolean says whether it was created.
+pub fn connect_repository(
+    conn: &mut AnyConnection,
+    new: &NewRepository,
+    now: OffsetDateTime,
+) -> Result<(Repository, bool), DbError> {
+    let result = write_tx::<_, DbError, _>(conn, |conn| {
+        if let Some(existing) = find_by_url(conn, &new.url)? {
+            if existing.disconnected_at.is_some() {
+                diesel::update(repositories::table.find(existing.id.to_string()))
+                    .set((
+                        repositories::disconnected_at.eq(None::<PrimitiveDateTime>),
+                        repositories::connected_at.eq(to_db(now)),
+                        repositories::default_branch.eq(&new.default_branch),
+                        repositories::clone_url.eq(&new.clone_url),
+                        repositories::updated_at.eq(to_db(now)),
+                    ))
+                    .execute(conn)?;
+                return Ok((get_repository(conn, existing.id)?, false));
+            }
+            return Ok((existing, false));
+        }
+        let id = Uuid::new_v4();
+        let s = RepoSettings::default();
+        diesel::insert_into(repositories::table)
+            .values((
+                repositories::id.eq(id.to_string()),
+                repositories::url.eq(new.url.as_str()),
+                repositories::owner.eq(new.url.owner()),
+                repositories::name.eq(new.url.name()),
+                repositories::default_branch.eq(&new.default_branch),
+                repositories::clone_url.eq(&new.clone_url),
+                repositories::codehost_id.eq(new.codehost_id),
+                repositories::coding_model.eq(&s.coding_model),
+                repositories::review_model.eq(&s.review_model),
+                repositories::max_turns_coding.eq(s.max_turns_coding),
+                repositories::max_turns_review.eq(s.max_turns_review),
+                repositories::agent_type.eq(s.agent_type.as_str()),
+                repositories::auto_review.eq(s.auto_review),
+                repositories::max_cost_per_task_nanos
+                    .eq(s.max_cost_per_task_usd.map(Usd::to_nanos)),
+                repositories::connected_at.eq(to_db(now)),
+                repositories::created_at.eq(to_db(now)),
+                repositories::updated_at.eq(to_db(now)),
+            ))
+            .execute(conn)?;
+        Ok((get_repository(conn, id)?, true))
+    });
+    match result {
+        // Two replicas connecting the same URL at once: the second returns the first's row.
+        Err(e) if e.is_unique_violation() => {
+            let existing = find_by_url(conn, &new.url)?.ok_or(e)?;
+            Ok((existing, false))
+        }
+        other => other,
+    }
+}
+
+/// One repository by id (connected or not).
+pub fn get_repository(conn: &mut AnyConnection, id: Uuid) -> Result<Repository, DbError> {
+    repositories::table
+        .find(id.to_string())
+        .select(RepoRow::as_select())
+        .first(conn)
+        .optional()?
+        .ok_or(DbError::NotFound)
+        .and_then(Repository::try_from)
+}
+
+/// The repository stored for a normalised URL, if any.
+pub fn find_by_url(conn: &mut AnyConnection, url: &RepoUrl) -> Result<Option<Repository>, DbError> {
+    repositories::table
+        .filter(repositories::url.eq(url.as_str()))
+        .select(RepoRow::as_select())
+        .first(conn)
+        .optional()?
+        .map(Repository::try_from)
+        .transpose()
+}
+
+/// Connected repositories, by URL.
+pub fn list_connected(conn: &mut AnyConnection) -> Result<Vec<Repository>, DbError> {
+    repositories::table
+        .filter(repositories::disconnected_at.is_null())
+        .order(repositories::url.asc())
+        .select(RepoRow::as_select())
+        .load(conn)?
+        .into_iter()
+        .map(Repository::try_from)
+        .collect()
+}

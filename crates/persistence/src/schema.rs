@@ -1,0 +1,188 @@
+//! The diesel table definitions, written to match `migrations/` exactly.
+#![allow(missing_docs)]
+
+diesel::table! {
+    repositories (id) {
+        id -> Text,
+        url -> Text,
+        owner -> Text,
+        name -> Text,
+        default_branch -> Text,
+        clone_url -> Text,
+        codehost_id -> Nullable<BigInt>,
+        coding_model -> Text,
+        review_model -> Text,
+        max_turns_coding -> Nullable<Integer>,
+        max_turns_review -> Integer,
+        agent_type -> Text,
+        auto_review -> Bool,
+        max_cost_per_task_nanos -> Nullable<BigInt>,
+        issues_etag -> Nullable<Text>,
+        issues_synced_at -> Nullable<Timestamp>,
+        issues_sync_error -> Nullable<Text>,
+        pulls_etag -> Nullable<Text>,
+        pulls_watermark -> Nullable<Timestamp>,
+        connected_at -> Timestamp,
+        disconnected_at -> Nullable<Timestamp>,
+        created_at -> Timestamp,
+        updated_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    tasks (id) {
+        id -> Text,
+        title -> Text,
+        prompt -> Text,
+        repo_id -> Nullable<Text>,
+        repo_url -> Text,
+        task_type -> Text,
+        state -> Text,
+        agent_type -> Text,
+        model_used -> Nullable<Text>,
+        cost_nanos -> Nullable<BigInt>,
+        input_tokens -> BigInt,
+        output_tokens -> BigInt,
+        pr_url -> Nullable<Text>,
+        pr_number -> Nullable<BigInt>,
+        issue_number -> Nullable<BigInt>,
+        parent_task_id -> Nullable<Text>,
+        attempt -> Integer,
+        error_message -> Nullable<Text>,
+        lease_owner -> Nullable<Text>,
+        lease_expires_at -> Nullable<Timestamp>,
+        created_at -> Timestamp,
+        updated_at -> Timestamp,
+        started_at -> Nullable<Timestamp>,
+        finished_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    issue_links (repo_id, issue_number) {
+        repo_id -> Text,
+        issue_number -> BigInt,
+        task_id -> Text,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    task_runs (id) {
+        id -> Text,
+        task_id -> Text,
+        attempt -> Integer,
+        agent_type -> Text,
+        model -> Nullable<Text>,
+        cost_nanos -> Nullable<BigInt>,
+        input_tokens -> BigInt,
+        cache_read_tokens -> BigInt,
+        cache_write_tokens -> BigInt,
+        output_tokens -> BigInt,
+        turns -> Nullable<Integer>,
+        outcome -> Text,
+        exit_code -> Nullable<Integer>,
+        error_message -> Nullable<Text>,
+        started_at -> Timestamp,
+        finished_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    task_events (id) {
+        id -> Text,
+        task_id -> Text,
+        from_state -> Nullable<Text>,
+        to_state -> Text,
+        reason -> Text,
+        at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    secrets (name) {
+        name -> Text,
+        ciphertext -> Text,
+        created_at -> Timestamp,
+        updated_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    api_tokens (id) {
+        id -> Text,
+        name -> Text,
+        role -> Text,
+        token_hash -> Text,
+        created_at -> Timestamp,
+        revoked_at -> Nullable<Timestamp>,
+    }
+}
+
+diesel::table! {
+    synced_issues (repo_id, number) {
+        repo_id -> Text,
+        number -> BigInt,
+        title -> Text,
+        body -> Text,
+        html_url -> Text,
+        author -> Text,
+        labels -> Text,
+        state -> Text,
+        created_at -> Timestamp,
+        updated_at -> Timestamp,
+        synced_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    webhook_deliveries (delivery_id) {
+        delivery_id -> Text,
+        event -> Text,
+        action -> Nullable<Text>,
+        received_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    outbox (id) {
+        id -> Text,
+        task_id -> Nullable<Text>,
+        repo_id -> Text,
+        kind -> Text,
+        payload -> Text,
+        attempts -> Integer,
+        next_attempt_at -> Timestamp,
+        delivered_at -> Nullable<Timestamp>,
+        last_error -> Nullable<Text>,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    service_meta (key) {
+        key -> Text,
+        value -> Text,
+        updated_at -> Timestamp,
+    }
+}
+
+diesel::joinable!(tasks -> repositories (repo_id));
+diesel::joinable!(issue_links -> tasks (task_id));
+diesel::joinable!(task_runs -> tasks (task_id));
+diesel::joinable!(task_events -> tasks (task_id));
+diesel::joinable!(synced_issues -> repositories (repo_id));
+
+diesel::allow_tables_to_appear_in_same_query!(
+    repositories,
+    tasks,
+    issue_links,
+    task_runs,
+    task_events,
+    secrets,
+    api_tokens,
+    synced_issues,
+    webhook_deliveries,
+    outbox,
+    service_meta,
+);

@@ -1,0 +1,864 @@
+//! Tasks: creation (with the issue link), compare-and-set transitions with their events, the
+//! run ledger, listing with a keyset cursor, and bulk import.
+
+use agentry_domain::{
+    AgentType, RepoUrl, Task, TaskState, TaskType, Transition, Trigger, Usd, transition,
+};
+use diesel::prelude::*;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, from_db, opt_from_db, opt_to_db, to_db};
+use crate::schema::{issue_links, task_events, task_runs, tasks};
+use crate::{AnyConnection, DbError, write_tx};
+
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = tasks)]
+struct TaskRow {
+    id: String,
+    title: String,
+    prompt: String,
+    repo_id: Option<String>,
+    repo_url: String,
+    task_type: String,
+    state: String,
+    agent_type: String,
+    model_used: Option<String>,
+    cost_nanos: Option<i64>,
+    input_tokens: i64,
+    output_tokens: i64,
+    pr_url: Option<String>,
+    pr_number: Option<i64>,
+    issue_number: Option<i64>,
+    parent_task_id: Option<String>,
+    attempt: i32,
+    error_message: Option<String>,
+    created_at: PrimitiveDateTime,
+    updated_at: PrimitiveDateTime,
+    started_at: Option<PrimitiveDateTime>,
+    finished_at: Option<PrimitiveDateTime>,
+}
+
+impl TryFrom<TaskRow> for Task {
+    type Error = DbError;
+
+    fn try_from(r: TaskRow) -> Result<Task, DbError> {
+        Ok(Task {
+            id: convert::uuid(&r.id)?,
+            title: r.title,
+            prompt: r.prompt,
+            repo_id: convert::opt_uuid(r.repo_id.as_deref())?,
+            repo_url: convert::parse::<RepoUrl>("repository URL", &r.repo_url)?,
+            task_type: convert::parse("task type", &r.task_type)?,
+            state: convert::parse("task state", &r.state)?,
+            agent_type: convert::parse("agent type", &r.agent_type)?,
+            model_used: r.model_used,
+            cost_usd: convert::usd(r.cost_nanos)?,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            pr_url: r.pr_url,
+            pr_number: r.pr_number,
+            issue_number: r.issue_number,
+            parent_task_id: convert::opt_uuid(r.parent_task_id.as_deref())?,
+            attempt: r.attempt,
+            error_message: r.error_message,
+            created_at: from_db(r.created_at),
+            updated_at: from_db(r.updated_at),
+            started_at: opt_from_db(r.started_at),
+            finished_at: opt_from_db(r.finished_at),
+        })
+    }
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = tasks, treat_none_as_default_value = false)]
+struct TaskInsert {
+    id: String,
+    title: String,
+    prompt: String,
+    repo_id: Option<String>,
+    repo_url: String,
+    task_type: &'static str,
+    state: &'static str,
+    agent_type: &'static str,
+    model_used: Option<String>,
+    cost_nanos: Option<i64>,
+    input_tokens: i64,
+    output_tokens: i64,
+    pr_url: Option<String>,
+    pr_number: Option<i64>,
+    issue_number: Option<i64>,
+    parent_task_id: Option<String>,
+    attempt: i32,
+    created_at: PrimitiveDateTime,
+    updated_at: PrimitiveDateTime,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = task_events, treat_none_as_default_value = false)]
+struct EventInsert {
+    id: String,
+    task_id: String,
+    from_state: Option<&'static str>,
+    to_state: &'static str,
+    reason: String,
+    at: PrimitiveDateTime,
+}
+
+impl EventInsert {
+    fn new(
+        task_id: Uuid,
+        from: Option<TaskState>,
+        to: TaskState,
+        reason: &str,
+        at: OffsetDateTime,
+    ) -> Self {
+        EventInsert {
+            id: Uuid::now_v7().to_string(),
+            task_id: task_id.to_string(),
+            from_state: from.map(TaskState::as_str),
+            to_state: to.as_str(),
+            reason: reason.to_owned(),
+            at: to_db(at),
+        }
+    }
+}
+
+/// A task to create in `queued`.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// Its id (chosen by the caller, so a retried request can be idempotent).
+    pub id: Uuid,
+    /// Title (the issue title for issue tasks).
+    pub title: String,
+    /// Prompt given to the agent (the issue body for issue tasks).
+    pub prompt: String,
+    /// The repository it works on; `None` only for history whose repository is not connected.
+    pub repo_id: Option<Uuid>,
+    /// The repository's normalised URL.
+    pub repo_url: RepoUrl,
+    /// Coding or review.
+    pub task_type: TaskType,
+    /// The agent that will run it.
+    pub agent_type: AgentType,
+    /// The linked issue, for issue tasks.
+    pub issue_number: Option<i64>,
+    /// The coding task a review task reviews.
+    pub parent_task_id: Option<Uuid>,
+    /// Creation time.
+    pub created_at: OffsetDateTime,
+}
+
+fn insert_new(conn: &mut AnyConnection, new: &NewTask, reason: &str) -> Result<(), DbError> {
+    let at = to_db(new.created_at);
+    diesel::insert_into(tasks::table)
+        .values(TaskInsert {
+            id: new.id.to_string(),
+            title: new.title.clone(),
+            prompt: new.prompt.clone(),
+            repo_id: new.repo_id.map(|id| id.to_string()),
+            repo_url: new.repo_url.to_string(),
+            task_type: new.task_type.as_str(),
+            state: TaskState::Queued.as_str(),
+            agent_type: new.agent_type.as_str(),
+            model_used: None,
+            cost_nanos: None,
+            input_tokens: 0,
+            output_tokens: 0,
+            pr_url: None,
+            pr_number: None,
+            issue_number: new.issue_number,
+            parent_task_id: new.parent_task_id.map(|id| id.to_string()),
+            attempt: 1,
+            created_at: at,
+            updated_at: at,
+        })
+        .execute(conn)?;
+    diesel::insert_into(task_events::table)
+        .values(EventInsert::new(
+            new.id,
+            None,
+            TaskState::Queued,
+            reason,
+            new.created_at,
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// Creates a task in `queued` with its creation event `{from: null, to: queued}`.
+pub fn create_task(conn: &mut AnyConnection, new: &NewTask, reason: &str) -> Result<Task, DbError> {
+    write_tx(conn, |conn| {
+        insert_new(conn, new, reason)?;
+        get_task(conn, new.id)
+    })
+}
+
+/// Creates the coding task of an issue unless the issue is already linked to one.
+///
+/// Returns the linked task and whether it was created now. The link's primary key on
+/// (repository, issue number) guarantees one task per issue even under concurrent calls on
+/// several replicas: the loser of the race rolls back and returns the winner's task.
+/// `in_tx` runs inside the creating transaction (for the effects that must commit with it).
+pub fn create_issue_task<F>(
+    conn: &mut AnyConnection,
+    new: &NewTask,
+    in_tx: F,
+) -> Result<(Task, bool), DbError>
+where
+    F: FnOnce(&mut AnyConnection, &Task) -> Result<(), DbError>,
+{
+    let (Some(repo_id), Some(issue_number)) = (new.repo_id, new.issue_number) else {
+        return Err(DbError::Conflict(
+            "an issue task needs a repository and an issue number".into(),
+        ));
+    };
+    let created = write_tx::<_, DbError, _>(conn, |conn| {
+        if let Some(task) = linked_task(conn, repo_id, issue_number)? {
+            return Ok((task, false));
+        }
+        insert_new(conn, new, "issue assigned")?;
+        diesel::insert_into(issue_links::table)
+            .values((
+                issue_links::repo_id.eq(repo_id.to_string()),
+                issue_links::issue_number.eq(issue_number),
+                issue_links::task_id.eq(new.id.to_string()),
+                issue_links::created_at.eq(to_db(new.created_at)),
+            ))
+            .execute(conn)?;
+        let task = get_task(conn, new.id)?;
+        in_tx(conn, &task)?;
+        Ok((task, true))
+    });
+    match created {
+        Err(e) if e.is_unique_violation() => {
+            let task = linked_task(conn, repo_id, issue_number)?.ok_or(e)?;
+            Ok((task, false))
+        }
+        other => other,
+    }
+}
+
+/// The task linked to an issue, if any.
+pub fn linked_task(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    issue_number: i64,
+) -> Result<Option<Task>, DbError> {
+    let row = tasks::table
+        .inner_join(issue_links::table.on(issue_links::task_id.eq(tasks::id)))
+        .filter(issue_links::repo_id.eq(repo_id.to_string()))
+        .filter(issue_links::issue_number.eq(issue_number))
+        .select(TaskRow::as_select())
+        .first(conn)
+        .optional()?;
+    row.map(Task::try_from).transpose()
+}
+
+/// One task by id.
+pub fn get_task(conn: &mut AnyConnection, id: Uuid) -> Result<Task, DbError> {
+    find_task(conn, id)?.ok_or(DbError::NotFound)
+}
+
+/// One task by id, or `None`.
+pub fn find_task(conn: &mut AnyConnection, id: Uuid) -> Result<Option<Task>, DbError> {
+    tasks::table
+        .find(id.to_string())
+        .select(TaskRow::as_select())
+        .first(conn)
+        .optional()?
+        .map(Task::try_from)
+        .transpose()
+}
+
+/// What a transition records beside the new state.
+#[derive(Debug, Clone, Default)]
+pub struct TransitionDetails {
+    /// The event's reason; the trigger's name when `None`.
+    pub reason: Option<String>,
+    /// Why the task failed (for transitions into `failed`).
+    pub error_message: Option<String>,
+    /// The pull request opened (for `PullRequestOpened`): its URL and number.
+    pub pull_request: Option<(String, i64)>,
+}
+
+#[derive(AsChangeset)]
+#[diesel(table_name = tasks)]
+struct TransitionChanges<'a> {
+    state: &'static str,
+    attempt: i32,
+    updated_at: PrimitiveDateTime,
+    started_at: Option<Option<PrimitiveDateTime>>,
+    finished_at: Option<Option<PrimitiveDateTime>>,
+    error_message: Option<Option<&'a str>>,
+    pr_url: Option<Option<&'a str>>,
+    pr_number: Option<Option<i64>>,
+    lease_owner: Option<Option<&'a str>>,
+    lease_expires_at: Option<Option<PrimitiveDateTime>>,
+}
+
+/// Applies `trigger` to a task as a compare-and-set on its current state and attempt, and
+/// records the task event in the same transaction.
+///
+/// Of two actors applying a transition to the same task at once (the poller and a webhook,
+/// two replicas) exactly one succeeds; the other re-reads the task and gets
+/// [`DbError::InvalidTransition`] when the new state no longer allows the trigger.
+pub fn transition_task(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    trigger: Trigger,
+    details: &TransitionDetails,
+    now: OffsetDateTime,
+) -> Result<(Task, Transition), DbError> {
+    write_tx(conn, |conn| {
+        // On PostgreSQL (READ COMMITTED) another transaction may commit between the read and
+        // the conditional update; then the update matches no row and we decide again on the
+        // fresh state. SQLite's immediate transaction makes the first pass final.
+        for _ in 0..8 {
+            let current = get_task(conn, id)?;
+            let t = transition(current.state, trigger, current.task_type, current.attempt)?;
+            let at = to_db(now);
+            let leaving_work =
+                matches!(current.state, TaskState::Provisioning | TaskState::Running);
+            let changes = TransitionChanges {
+                state: t.to.as_str(),
+                attempt: t.attempt,
+                updated_at: at,
+                started_at: (t.to == TaskState::Provisioning).then_some(Some(at)),
+                finished_at: match t.to {
+                    TaskState::Completed | TaskState::Failed | TaskState::Cancelled => {
+                        Some(Some(at))
+                    }
+                    TaskState::Queued => Some(None),
+                    _ => None,
+                },
+                error_message: match t.to {
+                    TaskState::Failed => Some(Some(
+                        details
+                            .error_message
+                            .as_deref()
+                            .unwrap_or("the task failed"),
+                    )),
+                    TaskState::Queued => Some(None),
+                    _ => None,
+                },
+                pr_url: details
+                    .pull_request
+                    .as_ref()
+                    .map(|(url, _)| Some(url.as_str())),
+                pr_number: details.pull_request.as_ref().map(|(_, n)| Some(*n)),
+                lease_owner: leaving_work.then_some(None),
+                lease_expires_at: leaving_work.then_some(None),
+            };
+            let updated = diesel::update(
+                tasks::table
+                    .filter(tasks::id.eq(id.to_string()))
+                    .filter(tasks::state.eq(current.state.as_str()))
+                    .filter(tasks::attempt.eq(current.attempt)),
+            )
+            .set(&changes)
+            .execute(conn)?;
+            if updated == 0 {
+                continue;
+            }
+            let reason = details.reason.as_deref().unwrap_or(trigger.as_str());
+            diesel::insert_into(task_events::table)
+                .values(EventInsert::new(id, Some(t.from), t.to, reason, now))
+                .execute(conn)?;
+            return Ok((get_task(conn, id)?, t));
+        }
+        Err(DbError::Conflict(format!(
+            "task {id} kept changing; try again"
+        )))
+    })
+}
+
+/// One recorded state change of a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskEvent {
+    /// The state before; `None` for the creation event.
+    pub from: Option<TaskState>,
+    /// The state after.
+    pub to: TaskState,
+    /// Why it happened.
+    pub reason: String,
+    /// When it happened.
+    pub at: OffsetDateTime,
+}
+
+/// The state history of a task, oldest first.
+pub fn task_events(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<TaskEvent>, DbError> {
+    let rows: Vec<(Option<String>, String, String, PrimitiveDateTime)> = task_events::table
+        .filter(task_events::task_id.eq(task_id.to_string()))
+        .order((task_events::at.asc(), task_events::id.asc()))
+        .select((
+            task_events::from_state,
+            task_events::to_state,
+            task_events::reason,
+            task_events::at,
+        ))
+        .load(conn)?;
+    rows.into_iter()
+        .map(|(from, to, reason, at)| {
+            Ok(TaskEvent {
+                from: from
+                    .as_deref()
+                    .map(|s| convert::parse("task state", s))
+                    .transpose()?,
+                to: convert::parse("task state", &to)?,
+                reason,
+                at: from_db(at),
+            })
+        })
+        .collect()
+}
+
+/// How an agent run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// The agent finished and reported success.
+    Succeeded,
+    /// The agent failed, or its output could not be used.
+    Failed,
+    /// The task was cancelled while the agent ran.
+    Cancelled,
+    /// The run hit its wall-time limit.
+    TimedOut,
+    /// The runner died; the run was found by lease recovery.
+    Lost,
+}
+
+impl RunOutcome {
+    /// Stored and serialised name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Succeeded => "succeeded",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::TimedOut => "timed_out",
+            RunOutcome::Lost => "lost",
+        }
+    }
+}
+
+impl std::str::FromStr for RunOutcome {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        Ok(match s {
+            "succeeded" => RunOutcome::Succeeded,
+            "failed" => RunOutcome::Failed,
+            "cancelled" => RunOutcome::Cancelled,
+            "timed_out" => RunOutcome::TimedOut,
+            "lost" => RunOutcome::Lost,
+            _ => return Err(()),
+        })
+    }
+}
+
+/// One agent run, as recorded in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// Run id.
+    pub id: Uuid,
+    /// The task it ran for.
+    pub task_id: Uuid,
+    /// The task's attempt number during the run.
+    pub attempt: i32,
+    /// The agent that ran.
+    pub agent_type: AgentType,
+    /// The model reported by the agent (or launched with).
+    pub model: Option<String>,
+    /// Its cost; `None` when the agent reported none (e.g. an unpriced model).
+    pub cost_usd: Option<Usd>,
+    /// Uncached input tokens.
+    pub input_tokens: i64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_tokens: i64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write_tokens: i64,
+    /// Output tokens.
+    pub output_tokens: i64,
+    /// Agent turns, when reported.
+    pub turns: Option<i32>,
+    /// How it ended.
+    pub outcome: RunOutcome,
+    /// The agent process's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// What went wrong, for runs that did not succeed.
+    pub error_message: Option<String>,
+    /// Start time.
+    pub started_at: OffsetDateTime,
+    /// End time.
+    pub finished_at: Option<OffsetDateTime>,
+}
+
+#[derive(Queryable, Selectable, Insertable)]
+#[diesel(table_name = task_runs)]
+struct RunRow {
+    id: String,
+    task_id: String,
+    attempt: i32,
+    agent_type: String,
+    model: Option<String>,
+    cost_nanos: Option<i64>,
+    input_tokens: i64,
+    cache_read_tokens: i64,
+    cache_write_tokens: i64,
+    output_tokens: i64,
+    turns: Option<i32>,
+    outcome: String,
+    exit_code: Option<i32>,
+    error_message: Option<String>,
+    started_at: PrimitiveDateTime,
+    finished_at: Option<PrimitiveDateTime>,
+}
+
+impl TryFrom<RunRow> for Run {
+    type Error = DbError;
+    fn try_from(r: RunRow) -> Result<Run, DbError> {
+        Ok(Run {
+            id: convert::uuid(&r.id)?,
+            task_id: convert::uuid(&r.task_id)?,
+            attempt: r.attempt,
+            agent_type: convert::parse("agent type", &r.agent_type)?,
+            model: r.model,
+            cost_usd: convert::usd(r.cost_nanos)?,
+            input_tokens: r.input_tokens,
+            cache_read_tokens: r.cache_read_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            output_tokens: r.output_tokens,
+            turns: r.turns,
+            outcome: convert::parse("run outcome", &r.outcome)?,
+            exit_code: r.exit_code,
+            error_message: r.error_message,
+            started_at: from_db(r.started_at),
+            finished_at: opt_from_db(r.finished_at),
+        })
+    }
+}
+
+fn non_negative(what: &str, n: i64) -> Result<i64, DbError> {
+    if n < 0 {
+        return Err(DbError::Conflict(format!("{what} must not be negative")));
+    }
+    Ok(n)
+}
+
+/// Records a finished agent run in the ledger and adds its cost and tokens to the task's
+/// totals, in the caller's transaction (call it inside [`write_tx`] together with the
+/// transition the run ends in). Retries add; nothing is ever overwritten.
+pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
+    let task = get_task(conn, run.task_id)?;
+    let input = non_negative("input tokens", run.input_tokens)?
+        .checked_add(non_negative("cache read tokens", run.cache_read_tokens)?)
+        .and_then(|n| n.checked_add(run.cache_write_tokens.max(0)))
+        .ok_or_else(|| DbError::Conflict("token count overflow".into()))?;
+    let output = non_negative("output tokens", run.output_tokens)?;
+    let cost = match (task.cost_usd, run.cost_usd) {
+        (Some(a), Some(b)) => Some(
+            a.checked_add(b)
+                .ok_or_else(|| DbError::Conflict("task cost overflow".into()))?,
+        ),
+        (a, b) => a.or(b),
+    };
+    diesel::insert_into(task_runs::table)
+        .values(RunRow {
+            id: run.id.to_string(),
+            task_id: run.task_id.to_string(),
+            attempt: run.attempt,
+            agent_type: run.agent_type.as_str().to_owned(),
+            model: run.model.clone(),
+            cost_nanos: run.cost_usd.map(Usd::to_nanos),
+            input_tokens: run.input_tokens,
+            cache_read_tokens: run.cache_read_tokens,
+            cache_write_tokens: run.cache_write_tokens,
+            output_tokens: run.output_tokens,
+            turns: run.turns,
+            outcome: run.outcome.as_str().to_owned(),
+            exit_code: run.exit_code,
+            error_message: run.error_message.clone(),
+            started_at: to_db(run.started_at),
+            finished_at: opt_to_db(run.finished_at),
+        })
+        .execute(conn)?;
+    let model = run.model.clone().or(task.model_used);
+    diesel::update(tasks::table.find(run.task_id.to_string()))
+        .set((
+            tasks::cost_nanos.eq(cost.map(Usd::to_nanos)),
+            tasks::input_tokens.eq(tasks::input_tokens + input),
+            tasks::output_tokens.eq(tasks::output_tokens + output),
+            tasks::model_used.eq(model),
+            tasks::updated_at.eq(to_db(run.finished_at.unwrap_or(run.started_at))),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The runs of a task, oldest first.
+pub fn task_runs(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<Run>, DbError> {
+    task_runs::table
+        .filter(task_runs::task_id.eq(task_id.to_string()))
+        .order((task_runs::started_at.asc(), task_runs::id.asc()))
+        .select(RunRow::as_select())
+        .load(conn)?
+        .into_iter()
+        .map(Run::try_from)
+        .collect()
+}
+
+/// The review subtasks of a coding task, oldest first.
+pub fn review_tasks(conn: &mut AnyConnection, parent_id: Uuid) -> Result<Vec<Task>, DbError> {
+    tasks::table
+        .filter(tasks::parent_task_id.eq(parent_id.to_string()))
+        .order((tasks::created_at.asc(), tasks::id.asc()))
+        .select(TaskRow::as_select())
+        .load(conn)?
+        .into_iter()
+        .map(Task::try_from)
+        .collect()
+}
+
+/// Filters of the task list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Only tasks of this repository.
+    pub repo_id: Option<Uuid>,
+    /// Only tasks of this type.
+    pub task_type: Option<TaskType>,
+}
+
+/// Position in the newest-first task list: the last task of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskCursor {
+    /// `createdAt` of the last task returned.
+    pub created_at: OffsetDateTime,
+    /// `id` of the last task returned (breaks ties of equal creation times).
+    pub id: Uuid,
+}
+
+/// One page of the task list.
+#[derive(Debug, Clone)]
+pub struct TaskPage {
+    /// The tasks, newest first.
+    pub tasks: Vec<Task>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<TaskCursor>,
+}
+
+/// Lists tasks newest first (`createdAt` desc, then `id` desc), `limit` at a time, starting
+/// after `after`. Keyset pagination: a page costs the same however deep it is.
+pub fn list_tasks(
+    conn: &mut AnyConnection,
+    filter: &TaskFilter,
+    limit: i64,
+    after: Option<&TaskCursor>,
+) -> Result<TaskPage, DbError> {
+    let mut query = tasks::table.select(TaskRow::as_select()).into_boxed();
+    if let Some(state) = filter.state {
+        query = query.filter(tasks::state.eq(state.as_str()));
+    }
+    if let Some(repo_id) = filter.repo_id {
+        query = query.filter(tasks::repo_id.eq(repo_id.to_string()));
+    }
+    if let Some(task_type) = filter.task_type {
+        query = query.filter(tasks::task_type.eq(task_type.as_str()));
+    }
+    if let Some(c) = after {
+        let at = to_db(c.created_at);
+        query = query.filter(
+            tasks::created_at
+                .lt(at)
+                .or(tasks::created_at.eq(at).and(tasks::id.lt(c.id.to_string()))),
+        );
+    }
+    let mut rows: Vec<TaskRow> = query
+        .order((tasks::created_at.desc(), tasks::id.desc()))
+        .limit(limit.saturating_add(1))
+        .load(conn)?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(usize::try_from(limit).unwrap_or(0));
+    let tasks: Vec<Task> = rows
+        .into_iter()
+        .map(Task::try_from)
+        .collect::<Result<_, _>>()?;
+    let next = if more {
+        tasks.last().map(|t| TaskCursor {
+            created_at: t.created_at,
+            id: t.id,
+        })
+    } else {
+        None
+    };
+    Ok(TaskPage { tasks, next })
+}
+
+/// A historical task record to import (already validated).
+#[derive(Debug, Clone)]
+pub struct ImportTask {
+    /// Its id; a record whose id already exists is skipped.
+    pub id: Uuid,
+    /// Title.
+    pub title: String,
+    /// Normalised repository URL; linked to the connected repository of that URL if any.
+    pub repo_url: RepoUrl,
+    /// Coding or review.
+    pub task_type: TaskType,
+    /// Its state.
+    pub state: TaskState,
+    /// The agent that ran it.
+    pub agent_type: AgentType,
+    /// The model used, if known.
+    pub model_used: Option<String>,
+    /// Its total cost, if recorded.
+    pub cost_usd: Option<Usd>,
+    /// Input tokens (cache included).
+    pub input_tokens: i64,
+    /// Output tokens.
+    pub output_tokens: i64,
+    /// Creation time.
+    pub created_at: OffsetDateTime,
+    /// The pull request opened, if any.
+    pub pr_url: Option<String>,
+    /// Its number, if known.
+    pub pr_number: Option<i64>,
+    /// The issue it worked on, if any (stored on the task; imports create no issue link).
+    pub issue_number: Option<i64>,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImportOutcome {
+    /// Records written.
+    pub imported: u64,
+    /// Records skipped because their id already existed.
+    pub skipped: u64,
+}
+
+/// Rows per multi-row INSERT (24 columns × 1,000 stays under both backends' bind limits).
+const IMPORT_BATCH: usize = 1_000;
+
+/// Imports task records in one transaction: all of them or, if `records` yields an error
+/// or a write fails, none. Each imported task gets one event `{from: null, to: <state>,
+/// reason: "imported"}` at its creation time.
+pub fn import_tasks<E, I>(conn: &mut AnyConnection, records: I) -> Result<ImportOutcome, E>
+where
+    I: IntoIterator<Item = Result<ImportTask, E>>,
+    E: From<DbError>,
+{
+    /// The transaction fails either because a record was bad or because a write failed.
+    enum Failure<E> {
+        Record(E),
+        Db(DbError),
+    }
+    impl<E> From<diesel::result::Error> for Failure<E> {
+        fn from(e: diesel::result::Error) -> Self {
+            Failure::Db(e.into())
+        }
+    }
+    impl<E> From<DbError> for Failure<E> {
+        fn from(e: DbError) -> Self {
+            Failure::Db(e)
+        }
+    }
+    let result = write_tx(conn, |conn| {
+        let repos: std::collections::HashMap<String, String> = crate::schema::repositories::table
+            .select((
+                crate::schema::repositories::url,
+                crate::schema::repositories::id,
+            ))
+            .load::<(String, String)>(conn)?
+            .into_iter()
+            .collect();
+        let mut outcome = ImportOutcome::default();
+        let mut batch = Vec::with_capacity(IMPORT_BATCH);
+        for record in records {
+            batch.push(record.map_err(Failure::Record)?);
+            if batch.len() == IMPORT_BATCH {
+                import_batch(conn, &repos, &mut batch, &mut outcome)?;
+            }
+        }
+        import_batch(conn, &repos, &mut batch, &mut outcome)?;
+        Ok(outcome)
+    });
+    result.map_err(|f| match f {
+        Failure::Record(e) => e,
+        Failure::Db(e) => E::from(e),
+    })
+}
+
+fn import_batch(
+    conn: &mut AnyConnection,
+    repos: &std::collections::HashMap<String, String>,
+    batch: &mut Vec<ImportTask>,
+    outcome: &mut ImportOutcome,
+) -> Result<(), DbError> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = batch.iter().map(|t| t.id.to_string()).collect();
+    let mut existing: std::collections::HashSet<String> = tasks::table
+        .filter(tasks::id.eq_any(&ids))
+        .select(tasks::id)
+        .load::<String>(conn)?
+        .into_iter()
+        .collect();
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut events = Vec::with_capacity(batch.len());
+    for (t, id) in batch.drain(..).zip(ids) {
+        // `existing` also collects this batch's ids, so a repeated id inside it is skipped too.
+        if !existing.insert(id.clone()) {
+            outcome.skipped += 1;
+            continue;
+        }
+        let at = to_db(t.created_at);
+        events.push(EventInsert::new(
+            t.id,
+            None,
+            t.state,
+            "imported",
+            t.created_at,
+        ));
+        rows.push(TaskInsert {
+            id,
+            title: t.title,
+            prompt: String::new(),
+            repo_id: repos.get(t.repo_url.as_str()).cloned(),
+            repo_url: t.repo_url.to_string(),
+            task_type: t.task_type.as_str(),
+            state: t.state.as_str(),
+            agent_type: t.agent_type.as_str(),
+            model_used: t.model_used,
+            cost_nanos: t.cost_usd.map(Usd::to_nanos),
+            input_tokens: t.input_tokens,
+            output_tokens: t.output_tokens,
+            pr_url: t.pr_url,
+            pr_number: t.pr_number,
+            issue_number: t.issue_number,
+            parent_task_id: None,
+            attempt: 1,
+            created_at: at,
+            updated_at: at,
+        });
+    }
+    if !rows.is_empty() {
+        // diesel's MultiBackend has no multi-row INSERT; build it per backend.
+        let task_insert = diesel::insert_into(tasks::table).values(&rows);
+        let event_insert = diesel::insert_into(task_events::table).values(&events);
+        let inserted = match conn {
+            AnyConnection::Sqlite(c) => {
+                let n = task_insert.execute(c)?;
+                event_insert.execute(c)?;
+                n
+            }
+            AnyConnection::Postgresql(c) => {
+                let n = task_insert.execute(c)?;
+                event_insert.execute(c)?;
+                n
+            }
+        };
+        outcome.imported += inserted as u64;
+    }
+    Ok(())
+}

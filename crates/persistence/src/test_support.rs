@@ -1,0 +1,161 @@
+//! Databases for tests: a fresh SQLite file, or a fresh database on the PostgreSQL server
+//! named by `AGENTRY_TEST_PG_URL` (e.g. `postgres://postgres@127.0.0.1:55432/postgres`).
+//!
+//! When `AGENTRY_TEST_REQUIRE_PG=1` (CI sets it), a missing or unreachable server fails the
+//! test instead of skipping it, so the PostgreSQL suite can never silently not run.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use diesel::prelude::*;
+use uuid::Uuid;
+
+use crate::{Backend, Db};
+
+/// Names the server the PostgreSQL variants of the tests run on.
+pub const PG_URL_VAR: &str = "AGENTRY_TEST_PG_URL";
+/// When set to `1`, the PostgreSQL variants fail instead of skipping without a server.
+pub const REQUIRE_PG_VAR: &str = "AGENTRY_TEST_REQUIRE_PG";
+
+/// A migrated, empty database that is deleted when dropped.
+pub struct TestDb {
+    /// The pool to use in the test.
+    pub db: Db,
+    /// The URL of this database (to start a binary on it).
+    pub url: String,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Sqlite(#[allow(dead_code)] tempfile::TempDir),
+    Postgres { server_url: String, name: String },
+}
+
+impl TestDb {
+    /// A fresh SQLite database file in a temporary directory.
+    pub fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("agentry.db").display());
+        let db = Db::connect(&url, 8).expect("open SQLite");
+        db.migrate().expect("migrate SQLite");
+        TestDb {
+            db,
+            url,
+            cleanup: Cleanup::Sqlite(dir),
+        }
+    }
+
+    /// A fresh database on the test PostgreSQL server, or `None` (with a note on stderr)
+    /// when no server is configured and none is required.
+    pub fn postgres() -> Option<TestDb> {
+        let server_url = match std::env::var(PG_URL_VAR) {
+            Ok(url) if !url.is_empty() => url,
+            _ => {
+                if pg_required() {
+                    panic!("{REQUIRE_PG_VAR}=1 but {PG_URL_VAR} is not set");
+                }
+                eprintln!("note: {PG_URL_VAR} not set; skipping the PostgreSQL variant");
+                return None;
+            }
+        };
+        let name = format!("agentry_test_{}", Uuid::new_v4().simple());
+        let mut admin = PgConnection::establish(&server_url)
+            .unwrap_or_else(|e| panic!("cannot reach the test PostgreSQL server: {e}"));
+        diesel::sql_query(format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .expect("create test database");
+        let url = database_url(&server_url, &name);
+        let db = Db::connect(&url, 8).expect("connect to the test database");
+        db.migrate().expect("migrate PostgreSQL");
+        assert_eq!(db.backend(), Backend::Postgres);
+        Some(TestDb {
+            db,
+            url,
+            cleanup: Cleanup::Postgres { server_url, name },
+        })
+    }
+
+    /// The backends to run a test on: SQLite always, PostgreSQL when configured.
+    pub fn all() -> Vec<TestDb> {
+        let mut dbs = vec![TestDb::sqlite()];
+        dbs.extend(TestDb::postgres());
+        dbs
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Cleanup::Postgres { server_url, name } = &self.cleanup {
+            // Connections of the pool may still be open; FORCE ends them (PostgreSQL 13+).
+            if let Ok(mut admin) = PgConnection::establish(server_url) {
+                let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut admin);
+            }
+        }
+    }
+}
+
+fn pg_required() -> bool {
+    std::env::var(REQUIRE_PG_VAR).is_ok_and(|v| v == "1")
+}
+
+/// `server_url` with its database name replaced by `name`.
+pub fn database_url(server_url: &str, name: &str) -> String {
+    let (base, query) = match server_url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (server_url, None),
+    };
+    let authority_end = base
+        .find("://")
+        .map(|i| i + 3)
+        .and_then(|start| base[start..].find('/').map(|j| start + j))
+        .unwrap_or(base.len());
+    let mut url = format!("{}/{}", &base[..authority_end], name);
+    if let Some(q) = query {
+        url.push('?');
+        url.push_str(q);
+    }
+    url
+}
+
+/// Defines each test once per backend: `mod sqlite { #[test] fn name() }` and
+/// `mod postgres { #[test] fn name() }`. The body gets `db: &Db`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($( $(#[$meta:meta])* fn $name:ident($db:ident) $body:block )*) => {
+        mod sqlite {
+            #[allow(unused_imports)]
+            use super::*;
+            $( $(#[$meta])* #[test] fn $name() {
+                let test_db = $crate::test_support::TestDb::sqlite();
+                let $db: &$crate::Db = &test_db.db;
+                $body
+            } )*
+        }
+        mod postgres {
+            #[allow(unused_imports)]
+            use super::*;
+            $( $(#[$meta])* #[test] fn $name() {
+                let Some(test_db) = $crate::test_support::TestDb::postgres() else { return };
+                let $db: &$crate::Db = &test_db.db;
+                $body
+            } )*
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::database_url;
+
+    #[test]
+    fn database_url_replaces_only_the_name() {
+        assert_eq!(
+            database_url("postgres://postgres@127.0.0.1:55432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:55432/x"
+        );
+        assert_eq!(
+            database_url("postgres://u:p@h/db?sslmode=require", "y"),
+            "postgres://u:p@h/y?sslmode=require"
+        );
+        assert_eq!(database_url("postgres://h", "z"), "postgres://h/z");
+    }
+}

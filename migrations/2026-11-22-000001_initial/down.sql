@@ -1,0 +1,11 @@
+DROP TABLE service_meta;
+DROP TABLE outbox;
+DROP TABLE webhook_deliveries;
+DROP TABLE synced_issues;
+DROP TABLE api_tokens;
+DROP TABLE secrets;
+DROP TABLE task_events;
+DROP TABLE task_runs;
+DROP TABLE issue_links;
+DROP TABLE tasks;
+DROP TABLE repositories;
