@@ -13,6 +13,10 @@ use crate::DbError;
 /// The migrations of `migrations/` at the workspace root, compiled into the binary.
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations");
 
+/// SQLite page cache per connection, in KiB (SQLite's default is 2 MiB). Memory is taken
+/// only as pages are read, so an idle service stays small.
+pub const SQLITE_CACHE_KIB: i64 = 32 * 1024;
+
 /// Key of the PostgreSQL advisory lock held while migrations run, so that replicas starting
 /// together do not apply the same migration twice.
 const MIGRATION_LOCK_KEY: i64 = 0x6167_656e_7472_7901;
@@ -94,11 +98,13 @@ impl DatabaseUrl {
                 let mut conn = diesel::SqliteConnection::establish(path)
                     .map_err(|e| DbError::Connect(e.to_string()))?;
                 // WAL lets readers proceed beside the single writer; busy_timeout makes a
-                // second writer wait instead of failing; foreign keys are off by default.
-                conn.batch_execute(
-                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                     PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON;",
-                )
+                // second writer wait instead of failing; foreign keys are off by default;
+                // temp_store keeps statement journals of multi-row INSERTs off the disk.
+                conn.batch_execute(&format!(
+                    "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+                     PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; \
+                     PRAGMA cache_size = -{SQLITE_CACHE_KIB};"
+                ))
                 .map_err(|e| DbError::Connect(e.to_string()))?;
                 Ok(AnyConnection::Sqlite(conn))
             }
@@ -213,11 +219,20 @@ pub fn run_migrations(conn: &mut AnyConnection) -> Result<Vec<String>, DbError> 
 /// (waiting up to the busy timeout), so a read-then-write transaction can never fail half way
 /// with `SQLITE_BUSY` because another writer slipped in. On PostgreSQL it is a plain
 /// `BEGIN` (READ COMMITTED); writers there rely on compare-and-set updates and unique keys.
+/// Called inside another `write_tx`, it runs as a savepoint of the outer transaction.
 pub fn write_tx<T, E, F>(conn: &mut AnyConnection, f: F) -> Result<T, E>
 where
     F: FnOnce(&mut AnyConnection) -> Result<T, E>,
     E: From<diesel::result::Error>,
 {
+    // Inside an open transaction (a query function called from a caller's `write_tx`), the
+    // work becomes a savepoint of the outer transaction: it commits with it, or not at all.
+    let depth =
+        <AnyConnection as Connection>::TransactionManager::transaction_manager_status_mut(conn)
+            .transaction_depth()?;
+    if depth.is_some() {
+        return conn.transaction(f);
+    }
     match conn {
         AnyConnection::Sqlite(c) => {
             AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE")?;

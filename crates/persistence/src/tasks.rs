@@ -548,12 +548,30 @@ fn non_negative(what: &str, n: i64) -> Result<i64, DbError> {
 /// totals, in the caller's transaction (call it inside [`write_tx`] together with the
 /// transition the run ends in). Retries add; nothing is ever overwritten.
 pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
-    let task = get_task(conn, run.task_id)?;
+    let overflow = || DbError::Conflict("token count overflow".into());
+    let cache_read = non_negative("cache read tokens", run.cache_read_tokens)?;
+    let cache_write = non_negative("cache write tokens", run.cache_write_tokens)?;
     let input = non_negative("input tokens", run.input_tokens)?
-        .checked_add(non_negative("cache read tokens", run.cache_read_tokens)?)
-        .and_then(|n| n.checked_add(run.cache_write_tokens.max(0)))
-        .ok_or_else(|| DbError::Conflict("token count overflow".into()))?;
+        .checked_add(cache_read)
+        .and_then(|n| n.checked_add(cache_write))
+        .ok_or_else(overflow)?;
     let output = non_negative("output tokens", run.output_tokens)?;
+    // Lock the task's row before reading its totals: on PostgreSQL (READ COMMITTED) two runs
+    // recorded at once would otherwise both add to the same old total and one would be lost.
+    let locked = diesel::update(tasks::table.find(run.task_id.to_string()))
+        .set(tasks::updated_at.eq(tasks::updated_at))
+        .execute(conn)?;
+    if locked == 0 {
+        return Err(DbError::NotFound);
+    }
+    let task = get_task(conn, run.task_id)?;
+    // Summed here with overflow checks (SQLite would silently turn an overflowing sum into
+    // a float).
+    let input_total = task.input_tokens.checked_add(input).ok_or_else(overflow)?;
+    let output_total = task
+        .output_tokens
+        .checked_add(output)
+        .ok_or_else(overflow)?;
     let cost = match (task.cost_usd, run.cost_usd) {
         (Some(a), Some(b)) => Some(
             a.checked_add(b)
@@ -585,8 +603,8 @@ pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
     diesel::update(tasks::table.find(run.task_id.to_string()))
         .set((
             tasks::cost_nanos.eq(cost.map(Usd::to_nanos)),
-            tasks::input_tokens.eq(tasks::input_tokens + input),
-            tasks::output_tokens.eq(tasks::output_tokens + output),
+            tasks::input_tokens.eq(input_total),
+            tasks::output_tokens.eq(output_total),
             tasks::model_used.eq(model),
             tasks::updated_at.eq(to_db(run.finished_at.unwrap_or(run.started_at))),
         ))
@@ -736,6 +754,9 @@ pub struct ImportOutcome {
     pub skipped: u64,
 }
 
+/// SQLite page cache during an import, in KiB.
+const IMPORT_CACHE_KIB: i64 = 1024 * 1024;
+
 /// Rows per multi-row INSERT (24 columns × 1,000 stays under both backends' bind limits).
 const IMPORT_BATCH: usize = 1_000;
 
@@ -762,8 +783,18 @@ where
             Failure::Db(e)
         }
     }
+    // A bulk insert into tables keyed by random UUIDs touches index pages all over the
+    // file; SQLite's default 2 MB page cache turns that into a storm of reads. Give this
+    // connection a large cache for the import (memory is only taken as pages are used).
+    let sqlite = matches!(conn, AnyConnection::Sqlite(_));
+    if sqlite {
+        diesel::sql_query(format!("PRAGMA cache_size = -{IMPORT_CACHE_KIB}"))
+            .execute(conn)
+            .map_err(DbError::from)?;
+    }
     let result = write_tx(conn, |conn| {
         let repos: std::collections::HashMap<String, String> = crate::schema::repositories::table
+            .filter(crate::schema::repositories::disconnected_at.is_null())
             .select((
                 crate::schema::repositories::url,
                 crate::schema::repositories::id,
@@ -782,6 +813,14 @@ where
         import_batch(conn, &repos, &mut batch, &mut outcome)?;
         Ok(outcome)
     });
+    if sqlite {
+        diesel::sql_query(format!(
+            "PRAGMA cache_size = -{}",
+            crate::connection::SQLITE_CACHE_KIB
+        ))
+        .execute(conn)
+        .map_err(DbError::from)?;
+    }
     result.map_err(|f| match f {
         Failure::Record(e) => e,
         Failure::Db(e) => E::from(e),

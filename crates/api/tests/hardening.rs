@@ -1,0 +1,98 @@
+//! Randomised input against the real application: no query string, path, header or body may
+//! produce a 5xx, a non-envelope error, or a write (SPEC §3.2, §7).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use actix_web::test::TestRequest;
+use common::*;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config, TestRunner};
+
+const CASES: usize = 400;
+
+fn sample<S: Strategy>(runner: &mut TestRunner, strategy: &S) -> S::Value {
+    strategy.new_tree(runner).expect("value").current()
+}
+
+fn check(code: u16, body: &serde_json::Value, what: &str) {
+    assert!(code < 500, "{what} -> {code} {body}");
+    if code >= 400 {
+        assert!(
+            body["error"]["code"].is_string() && body["error"]["message"].is_string(),
+            "{what} -> {body}"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn random_query_strings_and_paths_never_fail_the_server() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let mut runner = TestRunner::new(Config::default());
+    let query = proptest::string::string_regex(
+        "((state|repoId|taskType|limit|cursor|days|x)=([a-zA-Z0-9%._~-]|%[0-9A-F]{2}){0,40}&?){0,5}",
+    )
+    .unwrap();
+    let segment = proptest::string::string_regex("([a-zA-Z0-9._~-]|%[0-9A-F]{2}){0,40}").unwrap();
+    for _ in 0..CASES {
+        let q = sample(&mut runner, &query);
+        let (code, body) = call(&app, get(&format!("/api/tasks?{q}"), &t.viewer)).await;
+        check(code, &body, &q);
+        let s = sample(&mut runner, &segment);
+        for path in [
+            format!("/api/tasks/{s}"),
+            format!("/api/{s}"),
+            format!("/api/tokens/{s}"),
+        ] {
+            let (code, body) = call(&app, get(&path, &t.viewer)).await;
+            check(code, &body, &path);
+        }
+    }
+    assert_eq!(task_count(&db.db), 0);
+}
+
+#[actix_web::test]
+async fn random_bodies_never_fail_the_server_or_write() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let mut runner = TestRunner::new(Config::default());
+    // Mostly JSON-looking text with the real member names, plus arbitrary bytes.
+    let jsonish = proptest::string::string_regex(
+        r#"[{}\[\]",:0-9.eE+ -]{0,10}("(title|repoUrl|taskType|state|costUsd|inputTokens|createdAt|name|role)"[:,]?[ "a-z0-9.{}\[\]-]{0,12}){0,8}[}\]]?"#,
+    )
+    .unwrap();
+    let bytes = proptest::collection::vec(proptest::num::u8::ANY, 0..200);
+    for i in 0..CASES {
+        let body: Vec<u8> = if i % 3 == 0 {
+            sample(&mut runner, &bytes)
+        } else {
+            sample(&mut runner, &jsonish).into_bytes()
+        };
+        let import = TestRequest::post()
+            .uri("/api/tasks/import")
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .insert_header(("Content-Type", "application/x-ndjson"))
+            .set_payload(body.clone())
+            .to_request();
+        let (code, reply) = call(&app, import).await;
+        check(code, &reply, &String::from_utf8_lossy(&body));
+        let token = TestRequest::post()
+            .uri("/api/tokens")
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .insert_header(("Content-Type", "application/json"))
+            .set_payload(body.clone())
+            .to_request();
+        let (code, reply) = call(&app, token).await;
+        check(code, &reply, &String::from_utf8_lossy(&body));
+        assert_ne!(
+            code,
+            201,
+            "a random body created a token: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    assert_eq!(task_count(&db.db), 0);
+}

@@ -1,0 +1,810 @@
+//! The HTTP API end to end, in process: authentication and roles, the error envelope for
+//! every kind of bad input (with nothing written), task listing and detail, import, tokens,
+//! health, metrics and the OpenAPI document.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use actix_web::test::TestRequest;
+use agentry_domain::{AgentType, TaskState, TaskType, Trigger, Usd};
+use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
+use agentry_persistence::write_tx;
+use common::*;
+use serde_json::{Value, json};
+use time::{Duration, OffsetDateTime};
+use uuid::Uuid;
+
+const GOOD_LINE: &str = r#"{"title":"Old task","repoUrl":"git@github.com:Acme/Widgets.git","taskType":"coding","state":"completed","modelUsed":"claude-sonnet-4-5","costUsd":"0.123456","inputTokens":1000,"outputTokens":200,"createdAt":"2026-10-01T12:00:00Z"}"#;
+
+fn import_req(token: &str, body: impl Into<String>) -> actix_http::Request {
+    TestRequest::post()
+        .uri("/api/tasks/import")
+        .insert_header(("Authorization", format!("Bearer {token}")))
+        .insert_header(("Content-Type", "application/x-ndjson"))
+        .set_payload(body.into())
+        .to_request()
+}
+
+#[actix_web::test]
+async fn health_and_readiness_need_no_token() {
+    let db = sqlite();
+    let app = service(&db.db).await;
+    for (path, status) in [("/healthz", "ok"), ("/readyz", "ready")] {
+        let (code, body) = call(&app, TestRequest::get().uri(path).to_request()).await;
+        assert_eq!((code, body), (200, json!({ "status": status })));
+    }
+}
+
+#[actix_web::test]
+async fn every_api_route_needs_a_valid_token() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let cases: [(&str, Option<String>, &str); 6] = [
+        ("missing", None, "missing Authorization"),
+        (
+            "scheme",
+            Some(format!("Basic {}", t.admin)),
+            "expected Authorization: Bearer",
+        ),
+        (
+            "empty",
+            Some("Bearer ".into()),
+            "expected Authorization: Bearer",
+        ),
+        (
+            "unknown",
+            Some("Bearer agt_nope".into()),
+            "invalid or revoked",
+        ),
+        (
+            "huge",
+            Some(format!("Bearer {}", "a".repeat(5000))),
+            "expected Authorization: Bearer",
+        ),
+        (
+            "no space",
+            Some("Bearer".into()),
+            "expected Authorization: Bearer",
+        ),
+    ];
+    for (name, header, expected) in cases {
+        for path in [
+            "/api/tasks",
+            "/api/tokens",
+            &format!("/api/tasks/{}", Uuid::new_v4()),
+        ] {
+            let mut req = TestRequest::get().uri(path);
+            if let Some(h) = &header {
+                req = req.insert_header(("Authorization", h.as_str()));
+            }
+            let (code, body) = call(&app, req.to_request()).await;
+            assert_eq!(code, 401, "{name} {path}");
+            assert!(
+                envelope(&body, "unauthenticated").contains(expected),
+                "{name}: {body}"
+            );
+        }
+    }
+    // The bearer scheme is case-insensitive (RFC 7235).
+    let req = TestRequest::get()
+        .uri("/api/tasks")
+        .insert_header(("Authorization", format!("bearer {}", t.viewer)));
+    assert_eq!(call(&app, req.to_request()).await.0, 200);
+}
+
+#[actix_web::test]
+async fn roles_gate_writes() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    for token in [&t.viewer, &t.member, &t.admin] {
+        assert_eq!(call(&app, get("/api/tasks", token)).await.0, 200);
+    }
+    for token in [&t.viewer, &t.member] {
+        let (code, body) = call(&app, import_req(token, GOOD_LINE)).await;
+        assert_eq!(code, 403);
+        assert!(envelope(&body, "forbidden").contains("admin"));
+        let (code, _) = call(&app, get("/api/tokens", token)).await;
+        assert_eq!(code, 403);
+    }
+    assert_eq!(task_count(&db.db), 0);
+    assert_eq!(call(&app, import_req(&t.admin, GOOD_LINE)).await.0, 200);
+}
+
+#[actix_web::test]
+async fn unknown_routes_and_methods_answer_the_envelope() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    for (method, path) in [
+        ("GET", "/api/nope"),
+        ("GET", "/api"),
+        ("GET", "/api/tasks/1/2/3"),
+        ("DELETE", "/api/tasks"),
+        ("PUT", "/api/tasks/import"),
+        ("GET", "/nothing-here"),
+    ] {
+        let req = TestRequest::default()
+            .method(method.parse().unwrap())
+            .uri(path)
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .to_request();
+        let (code, body) = call(&app, req).await;
+        assert!(code == 404 || code == 405, "{method} {path} -> {code}");
+        assert!(body["error"]["code"].is_string(), "{method} {path}: {body}");
+    }
+}
+
+#[actix_web::test]
+async fn task_list_pages_newest_first_with_filters() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let base = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap() - Duration::days(1);
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let task_type = if i % 3 == 0 {
+            TaskType::Review
+        } else {
+            TaskType::Coding
+        };
+        // Pairs of equal creation times exercise the id tie-break of the cursor.
+        let task = create(
+            &db.db,
+            &new_task(
+                "https://github.com/o/r",
+                task_type,
+                base + Duration::seconds(i / 2),
+            ),
+        );
+        ids.push((task.created_at, task.id));
+    }
+    ids.sort_by(|a, b| b.cmp(a));
+    let expected: Vec<String> = ids.iter().map(|(_, id)| id.to_string()).collect();
+    let app = service(&db.db).await;
+
+    let mut seen = Vec::new();
+    let mut uri = "/api/tasks?limit=3".to_owned();
+    loop {
+        let (code, body) = call(&app, get(&uri, &t.viewer)).await;
+        assert_eq!(code, 200, "{body}");
+        seen.extend(
+            body["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_owned()),
+        );
+        match body["nextCursor"].as_str() {
+            Some(c) => uri = format!("/api/tasks?limit=3&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, expected);
+
+    let (_, body) = call(&app, get("/api/tasks?taskType=review", &t.viewer)).await;
+    assert_eq!(body["tasks"].as_array().unwrap().len(), 3);
+    let (_, body) = call(
+        &app,
+        get("/api/tasks?state=queued&taskType=coding", &t.viewer),
+    )
+    .await;
+    assert_eq!(body["tasks"].as_array().unwrap().len(), 4);
+    let (_, body) = call(&app, get("/api/tasks?state=completed", &t.viewer)).await;
+    assert_eq!(body, json!({ "tasks": [], "nextCursor": null }));
+    let (_, body) = call(
+        &app,
+        get(&format!("/api/tasks?repoId={}", Uuid::new_v4()), &t.viewer),
+    )
+    .await;
+    assert_eq!(body["tasks"], json!([]));
+    let task = &call(&app, get("/api/tasks?limit=1", &t.viewer)).await.1["tasks"][0];
+    for member in [
+        "id",
+        "title",
+        "prompt",
+        "repoId",
+        "repoUrl",
+        "taskType",
+        "state",
+        "agentType",
+        "modelUsed",
+        "costUsd",
+        "inputTokens",
+        "outputTokens",
+        "prUrl",
+        "prNumber",
+        "issueNumber",
+        "parentTaskId",
+        "attempt",
+        "errorMessage",
+        "createdAt",
+        "updatedAt",
+        "startedAt",
+        "finishedAt",
+    ] {
+        assert!(task.get(member).is_some(), "task lacks {member}: {task}");
+    }
+    assert!(task["createdAt"].as_str().unwrap().ends_with('Z'));
+}
+
+#[actix_web::test]
+async fn bad_list_parameters_are_refused_naming_the_parameter() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=201", "limit"),
+        ("limit=500", "limit"),
+        ("limit=abc", "limit"),
+        ("limit=7.5", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=", "limit"),
+        ("limit=5&limit=6", "limit"),
+        ("state=done", "state"),
+        ("state=QUEUED", "state"),
+        ("taskType=chat", "taskType"),
+        ("repoId=not-a-uuid", "repoId"),
+        ("cursor=garbage", "cursor"),
+        ("cursor=", "cursor"),
+        ("sort=asc", "sort"),
+        ("limit=10&x%00=1", "x\0"),
+    ] {
+        let (code, body) = call(&app, get(&format!("/api/tasks?{query}"), &t.viewer)).await;
+        assert_eq!(code, 400, "{query}");
+        let message = envelope(&body, "invalid_parameter");
+        assert!(
+            message.starts_with(&format!("{field}:")),
+            "{query}: {message}"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn task_detail_has_runs_events_issue_and_reviews() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let now = agentry_persistence::now();
+    let mut coding = new_task("https://github.com/o/r", TaskType::Coding, now);
+    coding.issue_number = Some(42);
+    let coding = create(&db.db, &coding);
+    let mut review = new_task(
+        "https://github.com/o/r",
+        TaskType::Review,
+        now + Duration::seconds(1),
+    );
+    review.parent_task_id = Some(coding.id);
+    let review = create(&db.db, &review);
+    {
+        let mut conn = db.db.conn().unwrap();
+        for trigger in [Trigger::Claim, Trigger::AgentStarted] {
+            tasks::transition_task(
+                &mut conn,
+                coding.id,
+                trigger,
+                &TransitionDetails::default(),
+                now,
+            )
+            .unwrap();
+        }
+        write_tx::<_, agentry_persistence::DbError, _>(&mut conn, |conn| {
+            tasks::record_run(
+                conn,
+                &Run {
+                    id: Uuid::new_v4(),
+                    task_id: coding.id,
+                    attempt: 1,
+                    agent_type: AgentType::ClaudeCode,
+                    model: Some("claude-sonnet-4-5".into()),
+                    cost_usd: Some(Usd::parse("0.123456").unwrap()),
+                    input_tokens: 10,
+                    cache_read_tokens: 20,
+                    cache_write_tokens: 30,
+                    output_tokens: 40,
+                    turns: Some(7),
+                    outcome: RunOutcome::Succeeded,
+                    exit_code: Some(0),
+                    error_message: None,
+                    started_at: now,
+                    finished_at: Some(now),
+                },
+            )?;
+            tasks::transition_task(
+                conn,
+                coding.id,
+                Trigger::PullRequestOpened,
+                &TransitionDetails {
+                    pull_request: Some(("https://github.com/o/r/pull/9".into(), 9)),
+                    ..Default::default()
+                },
+                now,
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    }
+    let app = service(&db.db).await;
+    let (code, body) = call(&app, get(&format!("/api/tasks/{}", coding.id), &t.viewer)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["state"], "pr_opened");
+    assert_eq!(body["costUsd"], "0.123456");
+    assert_eq!(
+        (body["inputTokens"].as_i64(), body["outputTokens"].as_i64()),
+        (Some(60), Some(40))
+    );
+    assert_eq!(body["modelUsed"], "claude-sonnet-4-5");
+    assert_eq!(
+        (body["prUrl"].as_str(), body["prNumber"].as_i64()),
+        (Some("https://github.com/o/r/pull/9"), Some(9))
+    );
+    assert_eq!(
+        body["issue"],
+        json!({ "number": 42, "htmlUrl": "https://github.com/o/r/issues/42" })
+    );
+    let run = &body["runs"][0];
+    assert_eq!(run["costUsd"], "0.123456");
+    assert_eq!(
+        (
+            run["cacheReadTokens"].as_i64(),
+            run["turns"].as_i64(),
+            run["outcome"].as_str()
+        ),
+        (Some(20), Some(7), Some("succeeded"))
+    );
+    let transitions: Vec<(Value, Value)> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["from"].clone(), e["to"].clone()))
+        .collect();
+    assert_eq!(
+        transitions,
+        vec![
+            (Value::Null, json!("queued")),
+            (json!("queued"), json!("provisioning")),
+            (json!("provisioning"), json!("running")),
+            (json!("running"), json!("pr_opened")),
+        ]
+    );
+    assert_eq!(body["reviews"].as_array().unwrap().len(), 1);
+    assert_eq!(body["reviews"][0]["id"], review.id.to_string());
+
+    let (code, body) = call(
+        &app,
+        get(&format!("/api/tasks/{}", Uuid::new_v4()), &t.viewer),
+    )
+    .await;
+    assert_eq!(code, 404);
+    envelope(&body, "not_found");
+    for bad in ["not-a-uuid", "123", "%00"] {
+        let (code, body) = call(&app, get(&format!("/api/tasks/{bad}"), &t.viewer)).await;
+        assert_eq!(code, 400, "{bad}");
+        assert!(envelope(&body, "invalid_parameter").starts_with("id:"));
+    }
+}
+
+#[actix_web::test]
+async fn import_writes_all_or_nothing_and_skips_known_ids() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let id = Uuid::new_v4();
+    let with_id = GOOD_LINE.replacen('{', &format!(r#"{{"id":"{id}","#), 1);
+    let body = format!("{GOOD_LINE}\n{with_id}\n\n{GOOD_LINE}\r\n");
+    let (code, reply) = call(&app, import_req(&t.admin, body.clone())).await;
+    assert_eq!((code, reply), (200, json!({ "imported": 3, "skipped": 0 })));
+    let (code, detail) = call(&app, get(&format!("/api/tasks/{id}"), &t.viewer)).await;
+    assert_eq!(code, 200);
+    assert_eq!(detail["repoUrl"], "https://github.com/acme/widgets");
+    assert_eq!(detail["costUsd"], "0.123456");
+    assert_eq!(detail["repoId"], Value::Null);
+    assert_eq!(
+        detail["events"],
+        json!([{ "from": null, "to": "completed", "reason": "imported", "at": "2026-10-01T12:00:00Z" }])
+    );
+
+    let (code, reply) = call(&app, import_req(&t.admin, with_id.clone())).await;
+    assert_eq!((code, reply), (200, json!({ "imported": 0, "skipped": 1 })));
+    assert_eq!(task_count(&db.db), 3);
+
+    let bad = format!(
+        "{GOOD_LINE}\n{GOOD_LINE}\n{}\n{GOOD_LINE}\n",
+        GOOD_LINE.replace("\"0.123456\"", "\"-5\"")
+    );
+    let (code, reply) = call(&app, import_req(&t.admin, bad)).await;
+    assert_eq!(code, 400);
+    let message = envelope(&reply, "invalid_request");
+    assert!(message.starts_with("line 3: costUsd:"), "{message}");
+    assert_eq!(task_count(&db.db), 3, "a rejected import writes nothing");
+
+    let (code, reply) = call(&app, import_req(&t.admin, "")).await;
+    assert_eq!((code, reply), (200, json!({ "imported": 0, "skipped": 0 })));
+}
+
+#[actix_web::test]
+async fn import_refuses_bad_bodies_and_writes_nothing() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let bad_lines = [
+        ("{\"title\":", "line 1: not valid JSON"),
+        ("[]", "line 1: not a task record"),
+        ("\"text\"", "line 1: not a task record"),
+        ("null", "line 1: not a task record"),
+        (&GOOD_LINE.replace("coding", "Coding"), "line 1: taskType:"),
+        (
+            &GOOD_LINE.replace("git@github.com:Acme/Widgets.git", "not a url"),
+            "line 1: repoUrl:",
+        ),
+        (
+            &GOOD_LINE.replace("\"inputTokens\":1000", "\"inputTokens\":1.5"),
+            "line 1: inputTokens:",
+        ),
+        (
+            &GOOD_LINE.replace("\"inputTokens\":1000", "\"inputTokens\":\"1000\""),
+            "line 1: inputTokens:",
+        ),
+        (
+            &GOOD_LINE.replace("\"inputTokens\":1000,", ""),
+            "line 1: not a task record: missing field `inputTokens`",
+        ),
+        (
+            &GOOD_LINE.replace("0.123456", "0.1234567891"),
+            "line 1: costUsd:",
+        ),
+        (&GOOD_LINE.replace("0.123456", "1e-3"), "line 1: costUsd:"),
+        (
+            &GOOD_LINE.replace("2026-10-01T12:00:00Z", "2026-10-01"),
+            "line 1: createdAt:",
+        ),
+        (
+            &GOOD_LINE.replacen('{', r#"{"id":"nope","#, 1),
+            "line 1: id:",
+        ),
+        (
+            &GOOD_LINE.replacen('{', r#"{"extra":1,"#, 1),
+            "line 1: extra:",
+        ),
+    ];
+    for (line, expected) in bad_lines {
+        let (code, reply) = call(&app, import_req(&t.admin, format!("{line}\n{GOOD_LINE}"))).await;
+        assert_eq!(code, 400, "{line}");
+        let message = envelope(&reply, "invalid_request");
+        assert!(message.starts_with(expected), "{line}: {message}");
+    }
+    let invalid_utf8 = TestRequest::post()
+        .uri("/api/tasks/import")
+        .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+        .insert_header(("Content-Type", "application/x-ndjson"))
+        .set_payload(vec![0xff, 0xfe, b'\n'])
+        .to_request();
+    let (code, reply) = call(&app, invalid_utf8).await;
+    assert_eq!(code, 400);
+    assert!(envelope(&reply, "invalid_request").contains("UTF-8"));
+    for content_type in [None, Some("application/json"), Some("text/plain")] {
+        let mut req = TestRequest::post()
+            .uri("/api/tasks/import")
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .set_payload(GOOD_LINE);
+        if let Some(ct) = content_type {
+            req = req.insert_header(("Content-Type", ct));
+        }
+        let (code, reply) = call(&app, req.to_request()).await;
+        assert_eq!(code, 400, "{content_type:?}");
+        assert!(envelope(&reply, "invalid_request").contains("application/x-ndjson"));
+    }
+    assert_eq!(task_count(&db.db), 0);
+}
+
+fn token_req(
+    token: &str,
+    content_type: Option<&str>,
+    body: impl Into<actix_web::web::Bytes>,
+) -> actix_http::Request {
+    let mut req = TestRequest::post()
+        .uri("/api/tokens")
+        .insert_header(("Authorization", format!("Bearer {token}")))
+        .set_payload(body.into());
+    if let Some(ct) = content_type {
+        req = req.insert_header(("Content-Type", ct));
+    }
+    req.to_request()
+}
+
+#[actix_web::test]
+async fn tokens_are_created_listed_used_and_revoked() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let (code, created) = call(
+        &app,
+        token_req(
+            &t.admin,
+            Some("application/json"),
+            r#"{"name":" dashboard ","role":"viewer"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(
+        (created["name"].as_str(), created["role"].as_str()),
+        (Some("dashboard"), Some("viewer"))
+    );
+    let new_token = created["token"].as_str().unwrap().to_owned();
+    assert_eq!(call(&app, get("/api/tasks", &new_token)).await.0, 200);
+    let (_, list) = call(&app, get("/api/tokens", &t.admin)).await;
+    assert_eq!(list["tokens"].as_array().unwrap().len(), 4);
+    assert!(
+        list.to_string().find(&new_token).is_none(),
+        "the list never shows a token"
+    );
+
+    let id = created["id"].as_str().unwrap();
+    let revoke = |id: &str| {
+        TestRequest::delete()
+            .uri(&format!("/api/tokens/{id}"))
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .to_request()
+    };
+    assert_eq!(call(&app, revoke(id)).await.0, 204);
+    let (code, body) = call(&app, get("/api/tasks", &new_token)).await;
+    assert_eq!(code, 401);
+    envelope(&body, "unauthenticated");
+    let (code, body) = call(&app, revoke(id)).await;
+    assert_eq!(code, 404);
+    envelope(&body, "not_found");
+    let (code, body) = call(&app, revoke("nope")).await;
+    assert_eq!(code, 400);
+    envelope(&body, "invalid_parameter");
+}
+
+#[actix_web::test]
+async fn bad_json_bodies_are_refused_and_nothing_is_written() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let json = Some("application/json");
+    // (content type, body, status, code, message fragment)
+    type Case<'a> = (Option<&'a str>, Vec<u8>, u16, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            json,
+            br#"{"name":"x","#.to_vec(),
+            400,
+            "invalid_request",
+            "not valid JSON",
+        ),
+        (json, b"".to_vec(), 400, "invalid_request", "not valid JSON"),
+        (
+            json,
+            b"[]".to_vec(),
+            400,
+            "invalid_request",
+            "expected shape",
+        ),
+        (
+            json,
+            br#"{"name":5,"role":"viewer"}"#.to_vec(),
+            400,
+            "invalid_parameter",
+            "name:",
+        ),
+        (
+            json,
+            br#"{"name":"x","role":"root"}"#.to_vec(),
+            400,
+            "invalid_parameter",
+            "role:",
+        ),
+        (
+            json,
+            br#"{"name":"x"}"#.to_vec(),
+            400,
+            "invalid_request",
+            "missing field `role`",
+        ),
+        (
+            json,
+            br#"{"name":"x","role":"viewer","admin":true}"#.to_vec(),
+            400,
+            "invalid_parameter",
+            "admin:",
+        ),
+        (
+            json,
+            br#"{"name":"   ","role":"viewer"}"#.to_vec(),
+            400,
+            "invalid_parameter",
+            "name:",
+        ),
+        (
+            json,
+            format!(r#"{{"name":"{}","role":"viewer"}}"#, "n".repeat(101)).into_bytes(),
+            400,
+            "invalid_parameter",
+            "name:",
+        ),
+        (
+            None,
+            br#"{"name":"x","role":"viewer"}"#.to_vec(),
+            400,
+            "invalid_request",
+            "Content-Type must be application/json",
+        ),
+        (
+            Some("text/plain"),
+            br#"{"name":"x","role":"viewer"}"#.to_vec(),
+            400,
+            "invalid_request",
+            "Content-Type",
+        ),
+        (
+            json,
+            vec![b' '; 1024 * 1024 + 1],
+            413,
+            "payload_too_large",
+            "larger than the limit",
+        ),
+    ];
+    for (content_type, body, status, code, fragment) in cases {
+        let (got, reply) = call(&app, token_req(&t.admin, content_type, body.clone())).await;
+        assert_eq!(
+            got,
+            status,
+            "{}",
+            String::from_utf8_lossy(&body[..body.len().min(60)])
+        );
+        let message = envelope(&reply, code);
+        assert!(message.contains(fragment), "{message}");
+    }
+    let (_, list) = call(&app, get("/api/tokens", &t.admin)).await;
+    assert_eq!(
+        list["tokens"].as_array().unwrap().len(),
+        3,
+        "no token was created"
+    );
+}
+
+/// Every route the application registers is in the OpenAPI document, and every operation
+/// the document lists is served (never the unknown-route answer).
+#[actix_web::test]
+async fn the_openapi_document_lists_exactly_the_served_routes() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let (code, doc) = call(
+        &app,
+        TestRequest::get().uri("/api/openapi.json").to_request(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let mut operations: Vec<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.to_uppercase(), path.clone()))
+        })
+        .collect();
+    operations.sort();
+    let mut expected: Vec<(String, String)> = [
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/api/openapi.json"),
+        ("GET", "/api/tasks"),
+        ("GET", "/api/tasks/{id}"),
+        ("POST", "/api/tasks/import"),
+        ("GET", "/api/tokens"),
+        ("POST", "/api/tokens"),
+        ("DELETE", "/api/tokens/{id}"),
+    ]
+    .iter()
+    .map(|(m, p)| (m.to_string(), p.to_string()))
+    .collect();
+    expected.sort();
+    assert_eq!(operations, expected);
+    for (method, path) in &operations {
+        let uri = path.replace("{id}", &Uuid::new_v4().to_string());
+        let req = TestRequest::default()
+            .method(method.parse().unwrap())
+            .uri(&uri)
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .to_request();
+        let (_, body) = call(&app, req).await;
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            !message.starts_with("no route"),
+            "{method} {path} is documented but not served"
+        );
+    }
+    assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    assert!(doc["components"]["schemas"]["TaskDto"].is_object());
+}
+
+#[actix_web::test]
+async fn metrics_count_requests_by_route_pattern() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    for _ in 0..3 {
+        call(
+            &app,
+            get(&format!("/api/tasks/{}", Uuid::new_v4()), &t.viewer),
+        )
+        .await;
+    }
+    let res =
+        actix_web::test::call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
+    assert_eq!(res.status(), 200);
+    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    assert!(
+        text.contains(
+            r#"agentry_http_requests_total{method="GET",route="/api/tasks/{id}",status="404"} 3"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains("agentry_http_request_duration_seconds_bucket"));
+}
+
+#[actix_web::test]
+async fn cors_answers_the_configured_origin_only() {
+    let db = sqlite();
+    let app = service(&db.db).await;
+    let preflight = |origin: &str| {
+        TestRequest::default()
+            .method(actix_web::http::Method::OPTIONS)
+            .uri("/api/tasks")
+            .insert_header(("Origin", origin))
+            .insert_header(("Access-Control-Request-Method", "GET"))
+            .to_request()
+    };
+    let res = actix_web::test::call_service(&app, preflight("https://app.example")).await;
+    assert_eq!(
+        res.headers().get("access-control-allow-origin").unwrap(),
+        "https://app.example"
+    );
+    let res = actix_web::test::call_service(&app, preflight("https://evil.example")).await;
+    assert!(res.headers().get("access-control-allow-origin").is_none());
+}
+
+/// The same API on PostgreSQL when the suite has a server: listing, detail and import.
+#[actix_web::test]
+async fn the_api_works_on_postgresql_too() {
+    let Some(db) = agentry_persistence::test_support::TestDb::postgres() else {
+        return;
+    };
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let (code, reply) = call(
+        &app,
+        import_req(&t.admin, format!("{GOOD_LINE}\n{GOOD_LINE}")),
+    )
+    .await;
+    assert_eq!((code, reply), (200, json!({ "imported": 2, "skipped": 0 })));
+    let (code, list) = call(&app, get("/api/tasks?limit=1", &t.viewer)).await;
+    assert_eq!(code, 200);
+    let id = list["tasks"][0]["id"].as_str().unwrap().to_owned();
+    let next = list["nextCursor"].as_str().unwrap().to_owned();
+    let (_, page2) = call(
+        &app,
+        get(&format!("/api/tasks?limit=1&cursor={next}"), &t.viewer),
+    )
+    .await;
+    assert_eq!(page2["tasks"].as_array().unwrap().len(), 1);
+    assert_ne!(page2["tasks"][0]["id"], list["tasks"][0]["id"]);
+    assert_eq!(page2["nextCursor"], Value::Null);
+    let (code, detail) = call(&app, get(&format!("/api/tasks/{id}"), &t.viewer)).await;
+    assert_eq!(code, 200);
+    assert_eq!(detail["costUsd"], "0.123456");
+    let bad = format!("{GOOD_LINE}\n{{oops");
+    let (code, _) = call(&app, import_req(&t.admin, bad)).await;
+    assert_eq!(code, 400);
+    assert_eq!(task_count(&db.db), 2);
+    assert_eq!(TaskState::Completed.as_str(), detail["state"]);
+}

@@ -1,0 +1,161 @@
+//! Helpers shared by the persistence integration tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use agentry_domain::{AgentType, RepoUrl, TaskType, Usd};
+use agentry_persistence::repos::{self, NewRepository, Repository};
+use agentry_persistence::tasks::{self, NewTask};
+use agentry_persistence::test_support::{PG_URL_VAR, database_url};
+use agentry_persistence::{AnyConnection, Db};
+use diesel::prelude::*;
+use diesel::sql_types::{Integer, Text};
+use time::{Duration, OffsetDateTime, macros::datetime};
+use uuid::Uuid;
+
+/// A fixed instant with a non-zero microsecond part, so that precision loss would show.
+pub const T0: OffsetDateTime = datetime!(2026-01-15 10:20:30.123456 UTC);
+
+/// `T0` plus `secs` seconds.
+pub fn at(secs: i64) -> OffsetDateTime {
+    T0 + Duration::seconds(secs)
+}
+
+/// Parses a dollar amount.
+pub fn usd(text: &str) -> Usd {
+    Usd::parse(text).unwrap()
+}
+
+/// A repository description for `https://github.com/{owner}/{name}`.
+pub fn new_repo(owner: &str, name: &str) -> NewRepository {
+    NewRepository {
+        url: RepoUrl::parse(&format!("https://github.com/{owner}/{name}")).unwrap(),
+        default_branch: "main".into(),
+        clone_url: format!("https://github.com/{owner}/{name}.git"),
+        codehost_id: Some(42),
+    }
+}
+
+/// Connects `https://github.com/o/r`.
+pub fn repo(db: &Db) -> Repository {
+    connect(db, "o", "r")
+}
+
+/// Connects `https://github.com/{owner}/{name}`.
+pub fn connect(db: &Db, owner: &str, name: &str) -> Repository {
+    let mut conn = db.conn().unwrap();
+    repos::connect_repository(&mut conn, &new_repo(owner, name), T0)
+        .unwrap()
+        .0
+}
+
+/// A coding task on `repo`, created at `created_at`.
+pub fn new_task(repo: &Repository, created_at: OffsetDateTime) -> NewTask {
+    NewTask {
+        id: Uuid::new_v4(),
+        title: "Fix the flaky test".into(),
+        prompt: "It fails one run in ten.".into(),
+        repo_id: Some(repo.id),
+        repo_url: repo.url.clone(),
+        task_type: TaskType::Coding,
+        agent_type: AgentType::ClaudeCode,
+        issue_number: None,
+        parent_task_id: None,
+        created_at,
+    }
+}
+
+/// The coding task of issue `issue_number` of `repo`.
+pub fn issue_task(repo: &Repository, issue_number: i64) -> NewTask {
+    NewTask {
+        issue_number: Some(issue_number),
+        ..new_task(repo, T0)
+    }
+}
+
+/// Creates a coding task on `repo`.
+pub fn create(db: &Db, repo: &Repository, created_at: OffsetDateTime) -> agentry_domain::Task {
+    let mut conn = db.conn().unwrap();
+    tasks::create_task(&mut conn, &new_task(repo, created_at), "created").unwrap()
+}
+
+/// Number of rows in `tasks`.
+pub fn task_count(db: &Db) -> i64 {
+    agentry_persistence::meta::task_count(&mut db.conn().unwrap()).unwrap()
+}
+
+/// Number of rows in a table (for "nothing was written" checks).
+pub fn row_count(db: &Db, table: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut conn = db.conn().unwrap();
+    let sql = format!("SELECT COUNT(*) AS n FROM {table}");
+    let rows: Vec<Count> = match &mut *conn {
+        AnyConnection::Sqlite(c) => diesel::sql_query(sql).load(c).unwrap(),
+        AnyConnection::Postgresql(c) => diesel::sql_query(sql).load(c).unwrap(),
+    };
+    rows[0].n
+}
+
+/// A second pool of up to `size` connections on the same database as `db`, so that many
+/// threads can hold a connection at the same moment (the test pool has only 8).
+pub fn wide_pool(db: &Db, size: u32) -> Db {
+    #[derive(QueryableByName)]
+    struct DbFile {
+        #[diesel(sql_type = Integer)]
+        #[allow(dead_code)]
+        seq: i32,
+        #[diesel(sql_type = Text)]
+        name: String,
+        #[diesel(sql_type = Text)]
+        file: String,
+    }
+    #[derive(QueryableByName)]
+    struct DbName {
+        #[diesel(sql_type = Text)]
+        name: String,
+    }
+    let url = {
+        let mut conn = db.conn().unwrap();
+        match &mut *conn {
+            AnyConnection::Sqlite(c) => {
+                let files: Vec<DbFile> = diesel::sql_query("PRAGMA database_list").load(c).unwrap();
+                let main = files.into_iter().find(|f| f.name == "main").unwrap();
+                format!("sqlite://{}", main.file)
+            }
+            AnyConnection::Postgresql(c) => {
+                let names: Vec<DbName> = diesel::sql_query("SELECT current_database() AS name")
+                    .load(c)
+                    .unwrap();
+                let server = std::env::var(PG_URL_VAR).unwrap();
+                database_url(&server, &names[0].name)
+            }
+        }
+    };
+    Db::connect(&url, size).unwrap()
+}
+
+/// Runs `f(i)` on `n` threads that each first take their own connection from `db` and then
+/// wait for all the others, so that the calls really overlap. Returns the results in
+/// thread order.
+pub fn race<T: Send>(
+    db: &Db,
+    n: usize,
+    f: impl Fn(usize, &mut AnyConnection) -> T + Sync,
+) -> Vec<T> {
+    let barrier = std::sync::Barrier::new(n);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (barrier, f) = (&barrier, &f);
+                s.spawn(move || {
+                    let mut conn = db.conn().unwrap();
+                    barrier.wait();
+                    f(i, &mut conn)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}

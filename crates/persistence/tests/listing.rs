@@ -1,0 +1,333 @@
+//! The task list (SPEC §3.8): newest first, keyset cursor, filters.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashSet;
+
+use agentry_domain::{Task, TaskState, TaskType, Trigger};
+use agentry_persistence::Db;
+use agentry_persistence::repos::Repository;
+use agentry_persistence::tasks::{self, NewTask, TaskCursor, TaskFilter, TransitionDetails};
+use common::*;
+use uuid::Uuid;
+
+/// Pages through the whole list with `limit`, following the cursors.
+fn all_pages(db: &Db, filter: &TaskFilter, limit: i64) -> Vec<Vec<Task>> {
+    let mut conn = db.conn().unwrap();
+    let mut pages = vec![];
+    let mut cursor: Option<TaskCursor> = None;
+    loop {
+        let page = tasks::list_tasks(&mut conn, filter, limit, cursor.as_ref()).unwrap();
+        assert!(page.tasks.len() as i64 <= limit);
+        match page.next {
+            Some(next) => {
+                // The cursor is the last task of the page, and the page is full.
+                let last = page.tasks.last().unwrap();
+                assert_eq!((next.created_at, next.id), (last.created_at, last.id));
+                assert_eq!(page.tasks.len() as i64, limit);
+            }
+            None => {
+                pages.push(page.tasks);
+                return pages;
+            }
+        }
+        cursor = page.next;
+        pages.push(page.tasks);
+        assert!(pages.len() < 1000, "the cursor does not advance");
+    }
+}
+
+/// The ids of `tasks` sorted the way the list must return them: created_at desc, id desc.
+fn expected_order<'a>(tasks: impl IntoIterator<Item = &'a Task>) -> Vec<Uuid> {
+    let mut tasks: Vec<&Task> = tasks.into_iter().collect();
+    tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+    tasks.iter().map(|t| t.id).collect()
+}
+
+/// 25 tasks over two repositories, types and states, with groups of identical creation
+/// times (so that the id tie-break matters).
+fn seed(db: &Db) -> (Repository, Repository, Vec<Task>) {
+    let (a, b) = (repo(db), connect(db, "o", "b"));
+    let mut conn = db.conn().unwrap();
+    let mut all = vec![];
+    for i in 0..25_i64 {
+        let repo = if i % 3 == 0 { &b } else { &a };
+        let new = NewTask {
+            task_type: if i % 4 == 0 {
+                TaskType::Review
+            } else {
+                TaskType::Coding
+            },
+            // Five tasks share each creation time.
+            ..new_task(repo, at(i / 5))
+        };
+        tasks::create_task(&mut conn, &new, "created").unwrap();
+        if i % 2 == 0 {
+            tasks::transition_task(
+                &mut conn,
+                new.id,
+                Trigger::Claim,
+                &TransitionDetails::default(),
+                at(100),
+            )
+            .unwrap();
+        }
+        all.push(tasks::get_task(&mut conn, new.id).unwrap());
+    }
+    (a, b, all)
+}
+
+agentry_persistence::backend_tests! {
+    // Pages of 10 following the cursor visit every task exactly once, in (created_at desc,
+    // id desc) order, ties on created_at included.
+    fn cursor_pages_visit_every_task_once_in_order(db) {
+        let (_, _, all) = seed(db);
+        let pages = all_pages(db, &TaskFilter::default(), 10);
+        let sizes: Vec<_> = pages.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [10, 10, 5]);
+        let listed: Vec<Uuid> = pages.iter().flatten().map(|t| t.id).collect();
+        assert_eq!(
+            listed.iter().collect::<HashSet<_>>().len(),
+            25,
+            "no task twice"
+        );
+        assert_eq!(listed, expected_order(&all));
+        // The listed tasks are complete task records.
+        let by_id: std::collections::HashMap<_, _> = all.iter().map(|t| (t.id, t)).collect();
+        for t in pages.iter().flatten() {
+            assert_eq!(&t, by_id.get(&t.id).unwrap());
+        }
+        // Any page size gives the same sequence.
+        for limit in [1, 3, 5, 7, 24, 25, 26, 200] {
+            let listed: Vec<Uuid> = all_pages(db, &TaskFilter::default(), limit)
+                .iter()
+                .flatten()
+                .map(|t| t.id)
+                .collect();
+            assert_eq!(listed, expected_order(&all), "limit {limit}");
+        }
+    }
+
+    // Filters by state, repository and type, each alone and combined, through every page.
+    fn filters_alone_and_combined(db) {
+        let (a, b, all) = seed(db);
+        let filters = [
+            TaskFilter {
+                state: Some(TaskState::Queued),
+                ..Default::default()
+            },
+            TaskFilter {
+                state: Some(TaskState::Provisioning),
+                ..Default::default()
+            },
+            TaskFilter {
+                state: Some(TaskState::Completed),
+                ..Default::default()
+            },
+            TaskFilter {
+                repo_id: Some(a.id),
+                ..Default::default()
+            },
+            TaskFilter {
+                repo_id: Some(b.id),
+                ..Default::default()
+            },
+            TaskFilter {
+                repo_id: Some(Uuid::new_v4()),
+                ..Default::default()
+            },
+            TaskFilter {
+                task_type: Some(TaskType::Review),
+                ..Default::default()
+            },
+            TaskFilter {
+                task_type: Some(TaskType::Coding),
+                ..Default::default()
+            },
+            TaskFilter {
+                state: Some(TaskState::Provisioning),
+                repo_id: Some(b.id),
+                ..Default::default()
+            },
+            TaskFilter {
+                state: Some(TaskState::Queued),
+                task_type: Some(TaskType::Coding),
+                ..Default::default()
+            },
+            TaskFilter {
+                repo_id: Some(a.id),
+                task_type: Some(TaskType::Review),
+                ..Default::default()
+            },
+            TaskFilter {
+                state: Some(TaskState::Provisioning),
+                repo_id: Some(a.id),
+                task_type: Some(TaskType::Review),
+            },
+        ];
+        for filter in filters {
+            let matching: Vec<&Task> = all
+                .iter()
+                .filter(|t| {
+                    filter.state.is_none_or(|s| t.state == s)
+                        && filter.repo_id.is_none_or(|r| t.repo_id == Some(r))
+                        && filter.task_type.is_none_or(|ty| t.task_type == ty)
+                })
+                .collect();
+            let listed: Vec<Uuid> = all_pages(db, &filter, 4)
+                .iter()
+                .flatten()
+                .map(|t| t.id)
+                .collect();
+            assert_eq!(listed, expected_order(matching), "{filter:?}");
+        }
+        // Sanity: the seed really has mixed groups.
+        let count = |f: TaskFilter| all_pages(db, &f, 100).concat().len();
+        assert_eq!(
+            count(TaskFilter {
+                state: Some(TaskState::Queued),
+                ..Default::default()
+            }),
+            12
+        );
+        assert_eq!(
+            count(TaskFilter {
+                repo_id: Some(b.id),
+                ..Default::default()
+            }),
+            9
+        );
+        assert_eq!(
+            count(TaskFilter {
+                task_type: Some(TaskType::Review),
+                ..Default::default()
+            }),
+            7
+        );
+    }
+
+    // limit 1 returns the newest task with a cursor; a cursor past the end (or before the
+    // oldest task) gives an empty last page.
+    fn limit_one_and_cursor_past_the_end(db) {
+        let (_, _, all) = seed(db);
+        let order = expected_order(&all);
+        let mut conn = db.conn().unwrap();
+        let page = tasks::list_tasks(&mut conn, &TaskFilter::default(), 1, None).unwrap();
+        assert_eq!(
+            page.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+            vec![order[0]]
+        );
+        assert!(page.next.is_some());
+
+        // The cursor of the oldest task: nothing after it.
+        let oldest = all.iter().find(|t| t.id == order[24]).unwrap();
+        let end = TaskCursor {
+            created_at: oldest.created_at,
+            id: oldest.id,
+        };
+        let page = tasks::list_tasks(&mut conn, &TaskFilter::default(), 10, Some(&end)).unwrap();
+        assert!(page.tasks.is_empty());
+        assert_eq!(page.next, None);
+
+        // A cursor older than everything.
+        let before_all = TaskCursor {
+            created_at: at(-3600),
+            id: Uuid::max(),
+        };
+        let page =
+            tasks::list_tasks(&mut conn, &TaskFilter::default(), 1, Some(&before_all)).unwrap();
+        assert!(page.tasks.is_empty());
+        assert_eq!(page.next, None);
+
+        // An exactly full last page has no next cursor.
+        let second_oldest = all.iter().find(|t| t.id == order[23]).unwrap();
+        let cursor = TaskCursor {
+            created_at: second_oldest.created_at,
+            id: second_oldest.id,
+        };
+        let page = tasks::list_tasks(&mut conn, &TaskFilter::default(), 1, Some(&cursor)).unwrap();
+        assert_eq!(
+            page.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+            vec![order[24]]
+        );
+        assert_eq!(page.next, None);
+
+        // A cursor newer than everything starts at the beginning.
+        let after_all = TaskCursor {
+            created_at: at(3600),
+            id: Uuid::nil(),
+        };
+        let page =
+            tasks::list_tasks(&mut conn, &TaskFilter::default(), 25, Some(&after_all)).unwrap();
+        assert_eq!(page.tasks.iter().map(|t| t.id).collect::<Vec<_>>(), order);
+        assert_eq!(page.next, None);
+    }
+
+    // A cursor in the middle of a group of equal creation times continues by id.
+    fn cursor_inside_a_tie_continues_by_id(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        let mut ids: Vec<Uuid> = (0..6)
+            .map(|_| {
+                let new = new_task(&repo, T0);
+                tasks::create_task(&mut conn, &new, "created").unwrap();
+                new.id
+            })
+            .collect();
+        ids.sort_by_key(|id| std::cmp::Reverse(*id));
+        let cursor = TaskCursor {
+            created_at: T0,
+            id: ids[2],
+        };
+        let page = tasks::list_tasks(&mut conn, &TaskFilter::default(), 10, Some(&cursor)).unwrap();
+        assert_eq!(
+            page.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+            ids[3..].to_vec()
+        );
+    }
+
+    // An empty database lists nothing.
+    fn empty_list(db) {
+        let mut conn = db.conn().unwrap();
+        let page = tasks::list_tasks(&mut conn, &TaskFilter::default(), 10, None).unwrap();
+        assert!(page.tasks.is_empty());
+        assert_eq!(page.next, None);
+    }
+
+    // Creation times differing only below the second (down to one microsecond, with and
+    // without a fractional part) sort and page correctly: the stored form compares as time,
+    // not as arbitrary text.
+    fn sub_second_creation_times_order_correctly(db) {
+        use time::macros::datetime;
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        let times = [
+            datetime!(2026-05-05 12:00:00 UTC),
+            datetime!(2026-05-05 12:00:00.000001 UTC),
+            datetime!(2026-05-05 12:00:00.00001 UTC),
+            datetime!(2026-05-05 12:00:00.1 UTC),
+            datetime!(2026-05-05 12:00:00.123456 UTC),
+            datetime!(2026-05-05 12:00:00.5 UTC),
+            datetime!(2026-05-05 12:00:00.999999 UTC),
+            datetime!(2026-05-05 12:00:01 UTC),
+            datetime!(2026-05-05 11:59:59.999999 UTC),
+            datetime!(2026-05-06 00:00:00 UTC),
+            datetime!(2025-12-31 23:59:59.9 UTC),
+        ];
+        let mut all = vec![];
+        for t in times {
+            let new = new_task(&repo, t);
+            all.push(tasks::create_task(&mut conn, &new, "created").unwrap());
+        }
+        drop(conn);
+        for limit in [1, 2, 3] {
+            let listed: Vec<Uuid> = all_pages(db, &TaskFilter::default(), limit)
+                .iter()
+                .flatten()
+                .map(|t| t.id)
+                .collect();
+            assert_eq!(listed, expected_order(&all), "limit {limit}");
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Migrations, database URLs and connecting.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use agentry_persistence::{Backend, DatabaseUrl, Db, DbError, meta};
+
+agentry_persistence::backend_tests! {
+    // The test database is already migrated: migrating again applies nothing, and the
+    // database reports no pending migration.
+    fn migrate_twice_applies_nothing(db) {
+        assert_eq!(db.migrate().unwrap(), Vec::<String>::new());
+        let mut conn = db.conn().unwrap();
+        assert_eq!(
+            meta::pending_migrations(&mut conn).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(meta::task_count(&mut conn).unwrap(), 0);
+        db.ping().unwrap();
+    }
+
+    // Replicas starting together migrate one at a time (PostgreSQL advisory lock): several
+    // concurrent `migrate` calls on an up-to-date database all succeed and apply nothing.
+    fn concurrent_migrate_calls_are_harmless(db) {
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4).map(|_| s.spawn(|| db.migrate())).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            assert_eq!(r.unwrap(), Vec::<String>::new());
+        }
+    }
+}
+
+// A fresh SQLite file gets the embedded migrations applied exactly once.
+#[test]
+fn fresh_sqlite_database_is_migrated_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("fresh.db").display());
+    let db = Db::connect(&url, 2).unwrap();
+    assert_eq!(db.backend(), Backend::Sqlite);
+    let mut conn = db.conn().unwrap();
+    assert!(!meta::pending_migrations(&mut conn).unwrap().is_empty());
+    drop(conn);
+    let applied = db.migrate().unwrap();
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert!(
+        applied[0].replace('-', "").starts_with("20261122000001"),
+        "{applied:?}"
+    );
+    assert!(db.migrate().unwrap().is_empty());
+    assert!(
+        meta::pending_migrations(&mut db.conn().unwrap())
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn database_url_accepts_sqlite_and_postgres_schemes() {
+    assert_eq!(
+        DatabaseUrl::parse("sqlite:///var/lib/agentry/agentry.db").unwrap(),
+        DatabaseUrl::Sqlite("/var/lib/agentry/agentry.db".into())
+    );
+    assert_eq!(
+        DatabaseUrl::parse("sqlite://agentry.db").unwrap(),
+        DatabaseUrl::Sqlite("agentry.db".into())
+    );
+    for url in [
+        "postgres://u:p@db.example:5432/agentry",
+        "postgresql://u@localhost/agentry?sslmode=require",
+    ] {
+        // Passed to libpq unchanged.
+        assert_eq!(
+            DatabaseUrl::parse(url).unwrap(),
+            DatabaseUrl::Postgres(url.into())
+        );
+        assert_eq!(
+            DatabaseUrl::parse(url).unwrap().backend(),
+            Backend::Postgres
+        );
+    }
+    assert_eq!(
+        DatabaseUrl::parse("sqlite://x.db").unwrap().backend(),
+        Backend::Sqlite
+    );
+}
+
+#[test]
+fn database_url_refuses_everything_else() {
+    for url in [
+        "mysql://u@h/db",
+        "host=x dbname=y",
+        "sqlite://",
+        "",
+        "agentry.db",
+        "sqlite:agentry.db",
+        "postgres:/h/db",
+        "SQLITE://x.db",
+        "http://h/db",
+    ] {
+        assert!(
+            matches!(DatabaseUrl::parse(url), Err(DbError::InvalidUrl(_))),
+            "{url:?} must be refused"
+        );
+        assert!(
+            matches!(Db::connect(url, 1), Err(DbError::InvalidUrl(_))),
+            "Db::connect({url:?}) must refuse the URL"
+        );
+    }
+}
+
+// An unreachable PostgreSQL server is reported at once as a connection error: no hang, and no
+// fallback that would create an SQLite file named like the URL.
+#[test]
+fn connect_to_unreachable_postgres_fails_fast() {
+    let cwd_before = cwd_entries();
+    let started = Instant::now();
+    let result = Db::connect("postgres://postgres@127.0.0.1:1/agentry", 4);
+    let elapsed = started.elapsed();
+    assert!(matches!(result, Err(DbError::Connect(_))), "{result:?}");
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    assert_eq!(cwd_before, cwd_entries(), "connect must not create files");
+    assert!(!std::path::Path::new("postgres:").exists());
+}
+
+fn cwd_entries() -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = std::fs::read_dir(".")
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    names
+}
+
+// A SQLite path in a directory that does not exist is a connection error too.
+#[test]
+fn connect_to_impossible_sqlite_path_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}",
+        dir.path().join("missing-dir").join("x.db").display()
+    );
+    let result = Db::connect(&url, 1);
+    assert!(matches!(result, Err(DbError::Connect(_))), "{result:?}");
+    assert!(!dir.path().join("missing-dir").exists());
+}

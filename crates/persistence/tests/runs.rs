@@ -1,0 +1,452 @@
+//! The run ledger (SPEC §2.1, §2.3): exact costs, token sums, retries add.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use agentry_domain::{AgentType, Task, Trigger, Usd};
+use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
+use agentry_persistence::{AnyConnection, DbError, write_tx};
+use common::*;
+use uuid::Uuid;
+
+/// A succeeded run of `task` started at `at(secs)`, with the given cost.
+fn run(task: &Task, secs: i64, cost: Option<&str>) -> Run {
+    Run {
+        id: Uuid::new_v4(),
+        task_id: task.id,
+        attempt: task.attempt,
+        agent_type: AgentType::ClaudeCode,
+        model: Some("claude-sonnet-4".into()),
+        cost_usd: cost.map(usd),
+        input_tokens: 0,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
+        output_tokens: 0,
+        turns: Some(3),
+        outcome: RunOutcome::Succeeded,
+        exit_code: Some(0),
+        error_message: None,
+        started_at: at(secs),
+        finished_at: Some(at(secs + 1)),
+    }
+}
+
+/// Records `run` in its own write transaction.
+fn record(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
+    write_tx(conn, |conn| tasks::record_run(conn, run))
+}
+
+agentry_persistence::backend_tests! {
+    // Costs add exactly in nano-dollars: 0.123456789 + 0.000000001 + 1.1 = 1.22345679,
+    // displayed normalised; every run keeps its own exact cost.
+    fn run_costs_sum_exactly(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let costs = ["0.123456789", "0.000000001", "1.1"];
+        for (i, cost) in costs.iter().enumerate() {
+            record(&mut conn, &run(&task, i as i64 * 10, Some(cost))).unwrap();
+        }
+        let stored = tasks::get_task(&mut conn, task.id).unwrap();
+        let total = stored.cost_usd.unwrap();
+        assert_eq!(total, usd("1.223456790"));
+        assert_eq!(total.to_nanos(), 1_223_456_790);
+        assert_eq!(total.to_string(), "1.22345679");
+        let runs = tasks::task_runs(&mut conn, task.id).unwrap();
+        let run_costs: Vec<_> = runs
+            .iter()
+            .map(|r| r.cost_usd.unwrap().to_string())
+            .collect();
+        assert_eq!(run_costs, ["0.123456789", "0.000000001", "1.1"]);
+    }
+
+    // A run without a cost leaves the task's cost as it was: None stays None until a run
+    // reports one, and Some + None = Some.
+    fn runs_without_cost_do_not_change_the_total(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        record(&mut conn, &run(&task, 0, None)).unwrap();
+        assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().cost_usd, None);
+        record(&mut conn, &run(&task, 10, Some("0"))).unwrap();
+        assert_eq!(
+            tasks::get_task(&mut conn, task.id).unwrap().cost_usd,
+            Some(Usd::ZERO)
+        );
+        assert_eq!(
+            tasks::get_task(&mut conn, task.id)
+                .unwrap()
+                .cost_usd
+                .unwrap()
+                .to_string(),
+            "0"
+        );
+        record(&mut conn, &run(&task, 20, Some("0.25"))).unwrap();
+        record(&mut conn, &run(&task, 30, None)).unwrap();
+        let stored = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!(stored.cost_usd, Some(usd("0.25")));
+        let runs = tasks::task_runs(&mut conn, task.id).unwrap();
+        let run_costs: Vec<_> = runs.iter().map(|r| r.cost_usd).collect();
+        assert_eq!(run_costs, [None, Some(Usd::ZERO), Some(usd("0.25")), None]);
+    }
+
+    // Task input tokens = Σ(input + cache read + cache write), output summed; the ledger keeps
+    // the split; the task's model is the latest run's (kept when a run reports none).
+    fn tokens_sum_and_model_follows_the_runs(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let first = Run {
+            input_tokens: 100,
+            cache_read_tokens: 2_000,
+            cache_write_tokens: 30_000,
+            output_tokens: 400,
+            model: Some("claude-sonnet-4".into()),
+            ..run(&task, 0, Some("0.5"))
+        };
+        let second = Run {
+            input_tokens: 5,
+            cache_read_tokens: 60,
+            cache_write_tokens: 700,
+            output_tokens: 8_000,
+            model: Some("claude-opus-4".into()),
+            ..run(&task, 10, Some("0.5"))
+        };
+        let third = Run {
+            model: None,
+            output_tokens: 1,
+            ..run(&task, 20, None)
+        };
+        record(&mut conn, &first).unwrap();
+        let t = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!((t.input_tokens, t.output_tokens), (32_100, 400));
+        assert_eq!(t.model_used.as_deref(), Some("claude-sonnet-4"));
+        assert_eq!(t.updated_at, at(1), "updated at the run's end");
+        record(&mut conn, &second).unwrap();
+        let t = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!((t.input_tokens, t.output_tokens), (32_865, 8_400));
+        assert_eq!(t.model_used.as_deref(), Some("claude-opus-4"));
+        record(&mut conn, &third).unwrap();
+        let t = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!((t.input_tokens, t.output_tokens), (32_865, 8_401));
+        assert_eq!(
+            t.model_used.as_deref(),
+            Some("claude-opus-4"),
+            "kept when a run reports none"
+        );
+        assert_eq!(t.cost_usd, Some(usd("1")));
+
+        // The ledger keeps each run as recorded, oldest first.
+        assert_eq!(
+            tasks::task_runs(&mut conn, task.id).unwrap(),
+            vec![first, second, third]
+        );
+    }
+
+    // Every field of a run round-trips, including a failed run without a finish time.
+    fn run_fields_round_trip(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let lost = Run {
+            agent_type: AgentType::Codex,
+            model: None,
+            cost_usd: Some(usd("0.000123")),
+            input_tokens: 1,
+            cache_read_tokens: 2,
+            cache_write_tokens: 3,
+            output_tokens: 4,
+            turns: None,
+            outcome: RunOutcome::Lost,
+            exit_code: None,
+            error_message: Some("the runner died".into()),
+            finished_at: None,
+            started_at: time::macros::datetime!(2026-01-15 10:20:30.999999 UTC),
+            ..run(&task, 0, None)
+        };
+        record(&mut conn, &lost).unwrap();
+        let timed_out = Run {
+            outcome: RunOutcome::TimedOut,
+            exit_code: Some(137),
+            error_message: Some("time limit".into()),
+            ..run(&task, 100, Some("2"))
+        };
+        record(&mut conn, &timed_out).unwrap();
+        assert_eq!(
+            tasks::task_runs(&mut conn, task.id).unwrap(),
+            vec![lost.clone(), timed_out]
+        );
+        // Without a finish time the task's updated_at is the run's start.
+        record(
+            &mut conn,
+            &Run {
+                started_at: at(500),
+                finished_at: None,
+                ..run(&task, 0, None)
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            tasks::get_task(&mut conn, task.id).unwrap().updated_at,
+            at(500)
+        );
+        assert_eq!(tasks::task_runs(&mut conn, Uuid::new_v4()).unwrap(), vec![]);
+    }
+
+    // A retried task's runs add to the totals of the first attempt; nothing is overwritten.
+    // The run is recorded in the same transaction as the transition it ends in.
+    fn retries_add_to_the_totals(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let no_details = TransitionDetails::default();
+        tasks::transition_task(&mut conn, task.id, Trigger::Claim, &no_details, at(1)).unwrap();
+        tasks::transition_task(
+            &mut conn,
+            task.id,
+            Trigger::AgentStarted,
+            &no_details,
+            at(2),
+        )
+        .unwrap();
+        let attempt1 = Run {
+            outcome: RunOutcome::Failed,
+            input_tokens: 10,
+            output_tokens: 20,
+            model: Some("sonnet".into()),
+            ..run(&task, 2, Some("0.3"))
+        };
+        write_tx::<_, DbError, _>(&mut conn, |conn| {
+            tasks::record_run(conn, &attempt1)?;
+            tasks::transition_task(conn, task.id, Trigger::Fail, &no_details, at(3))
+        })
+        .unwrap();
+        let t = tasks::transition_task(&mut conn, task.id, Trigger::Retry, &no_details, at(4))
+            .unwrap()
+            .0;
+        assert_eq!(t.attempt, 2);
+        assert_eq!(
+            t.cost_usd,
+            Some(usd("0.3")),
+            "retry keeps the cost of attempt 1"
+        );
+        tasks::transition_task(&mut conn, task.id, Trigger::Claim, &no_details, at(5)).unwrap();
+        let attempt2 = Run {
+            attempt: 2,
+            input_tokens: 1,
+            output_tokens: 2,
+            model: Some("opus".into()),
+            ..run(&task, 6, Some("0.7"))
+        };
+        write_tx::<_, DbError, _>(&mut conn, |conn| tasks::record_run(conn, &attempt2)).unwrap();
+        let t = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!(t.cost_usd, Some(usd("1")));
+        assert_eq!(t.cost_usd.unwrap().to_string(), "1");
+        assert_eq!((t.input_tokens, t.output_tokens), (11, 22));
+        assert_eq!(t.model_used.as_deref(), Some("opus"));
+        let attempts: Vec<_> = tasks::task_runs(&mut conn, task.id)
+            .unwrap()
+            .iter()
+            .map(|r| r.attempt)
+            .collect();
+        assert_eq!(attempts, [1, 2]);
+    }
+
+    // Recording a run and a transition in one write_tx: if the transition is refused, the
+    // run is rolled back with it (the cost is not counted).
+    fn run_rolls_back_with_a_refused_transition(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let result = write_tx::<_, DbError, _>(&mut conn, |conn| {
+            tasks::record_run(conn, &run(&task, 0, Some("5")))?;
+            // Merged is refused on a queued task.
+            tasks::transition_task(
+                conn,
+                task.id,
+                Trigger::PullRequestMerged,
+                &TransitionDetails::default(),
+                at(1),
+            )
+        });
+        assert!(
+            matches!(result, Err(DbError::InvalidTransition(_))),
+            "{result:?}"
+        );
+        assert_eq!(tasks::get_task(&mut conn, task.id).unwrap(), task);
+        assert_eq!(row_count(db, "task_runs"), 0);
+    }
+
+    // Amounts near the top of the nano-dollar range (9e18 nanos = 9,000,000,000 USD) and the
+    // largest storable amount round-trip exactly: no floating point on the way.
+    fn huge_costs_round_trip_exactly(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        let big = create(db, &repo, T0);
+        let nine_billion = Usd::from_nanos(9_000_000_000_000_000_000).unwrap();
+        record(&mut conn, &run(&big, 0, Some("9000000000"))).unwrap();
+        let t = tasks::get_task(&mut conn, big.id).unwrap();
+        assert_eq!(t.cost_usd, Some(nine_billion));
+        assert_eq!(t.cost_usd.unwrap().to_nanos(), 9_000_000_000_000_000_000);
+        // One nano-dollar more is still exact (f64 would lose it: 2^53 < 9e18).
+        record(&mut conn, &run(&big, 10, Some("0.000000001"))).unwrap();
+        let t = tasks::get_task(&mut conn, big.id).unwrap();
+        assert_eq!(t.cost_usd.unwrap().to_nanos(), 9_000_000_000_000_000_001);
+        assert_eq!(t.cost_usd.unwrap().to_string(), "9000000000.000000001");
+
+        // i64::MAX nano-dollars, the largest amount there is.
+        let max = create(db, &repo, T0);
+        record(&mut conn, &run(&max, 0, Some("9223372036.854775807"))).unwrap();
+        let t = tasks::get_task(&mut conn, max.id).unwrap();
+        assert_eq!(t.cost_usd.unwrap().to_nanos(), i64::MAX);
+        let runs = tasks::task_runs(&mut conn, max.id).unwrap();
+        assert_eq!(
+            runs[0].cost_usd.unwrap().to_string(),
+            "9223372036.854775807"
+        );
+        // Beyond it the total would overflow: refused, nothing written.
+        let result = record(&mut conn, &run(&max, 10, Some("0.000000001")));
+        assert!(result.is_err(), "{result:?}");
+        assert_eq!(tasks::get_task(&mut conn, max.id).unwrap(), t);
+        assert_eq!(tasks::task_runs(&mut conn, max.id).unwrap().len(), 1);
+    }
+
+    // Negative token counts of any kind are refused and nothing is written (no run row, no
+    // change to the task's totals).
+    fn negative_token_counts_are_refused(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        record(
+            &mut conn,
+            &Run {
+                input_tokens: 10,
+                output_tokens: 10,
+                ..run(&task, 0, Some("1"))
+            },
+        )
+        .unwrap();
+        let before = tasks::get_task(&mut conn, task.id).unwrap();
+        let base = run(&task, 10, Some("1"));
+        for bad in [
+            Run {
+                input_tokens: -1,
+                ..base.clone()
+            },
+            Run {
+                cache_read_tokens: -5,
+                ..base.clone()
+            },
+            Run {
+                cache_write_tokens: -7,
+                ..base.clone()
+            },
+            Run {
+                output_tokens: -1,
+                ..base.clone()
+            },
+            Run {
+                input_tokens: i64::MIN,
+                cache_read_tokens: 1,
+                ..base.clone()
+            },
+        ] {
+            let result = record(&mut conn, &bad);
+            assert!(result.is_err(), "{bad:?} must be refused");
+            assert_eq!(
+                tasks::get_task(&mut conn, task.id).unwrap(),
+                before,
+                "{bad:?}"
+            );
+            assert_eq!(
+                tasks::task_runs(&mut conn, task.id).unwrap().len(),
+                1,
+                "{bad:?}"
+            );
+        }
+    }
+
+    // A run of an unknown task is NotFound and writes nothing.
+    fn run_of_unknown_task_is_not_found(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let orphan = Run {
+            task_id: Uuid::new_v4(),
+            ..run(&task, 0, Some("1"))
+        };
+        assert!(matches!(record(&mut conn, &orphan), Err(DbError::NotFound)));
+        assert_eq!(row_count(db, "task_runs"), 0);
+    }
+
+    // Token totals that would overflow are refused and nothing is written (on SQLite an
+    // overflowing integer sum would silently become a float).
+    fn token_total_overflow_is_refused(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        record(
+            &mut conn,
+            &Run {
+                input_tokens: 10,
+                output_tokens: 10,
+                ..run(&task, 0, None)
+            },
+        )
+        .unwrap();
+        let before = tasks::get_task(&mut conn, task.id).unwrap();
+        let base = run(&task, 10, None);
+        for bad in [
+            Run {
+                input_tokens: i64::MAX - 5,
+                ..base.clone()
+            },
+            Run {
+                output_tokens: i64::MAX - 5,
+                ..base.clone()
+            },
+            Run {
+                input_tokens: i64::MAX,
+                cache_write_tokens: 1,
+                ..base.clone()
+            },
+        ] {
+            let result = record(&mut conn, &bad);
+            assert!(result.is_err(), "{bad:?} must be refused");
+            assert_eq!(
+                tasks::get_task(&mut conn, task.id).unwrap(),
+                before,
+                "{bad:?}"
+            );
+            assert_eq!(
+                tasks::task_runs(&mut conn, task.id).unwrap().len(),
+                1,
+                "{bad:?}"
+            );
+        }
+    }
+
+    // Runs of one task recorded concurrently (each in its own transaction on its own
+    // connection) all count: the total cost, tokens and run count are exact sums, no lost
+    // update.
+    fn concurrent_runs_all_count(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let wide = wide_pool(db, 16);
+        let results = race(&wide, 16, |i, conn| {
+            let r = Run {
+                input_tokens: 1,
+                cache_read_tokens: 10,
+                output_tokens: 100,
+                ..run(&task, i as i64, Some("0.000000001"))
+            };
+            record(conn, &r)
+        });
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let mut conn = db.conn().unwrap();
+        let t = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!(tasks::task_runs(&mut conn, task.id).unwrap().len(), 16);
+        assert_eq!(t.cost_usd.map(Usd::to_nanos), Some(16));
+        assert_eq!((t.input_tokens, t.output_tokens), (16 * 11, 1600));
+    }
+}

@@ -1,0 +1,344 @@
+//! Black-box tests of the `agentry` binary: `serve` on a fresh data directory (first-start
+//! admin token, health, JSON logs, graceful shutdown on SIGTERM/SIGINT), `token create`,
+//! `migrate` and `import`, on SQLite and (when the suite has a server) PostgreSQL.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use agentry_persistence::test_support::TestDb;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentry");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn agentry(data_dir: &Path, database_url: Option<&str>) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("AGENTRY_DATA_DIR", data_dir)
+        .env("RUST_LOG", "info");
+    if let Some(url) = database_url {
+        cmd.env("AGENTRY_DATABASE_URL", url);
+    }
+    cmd
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    stdout: Vec<String>,
+}
+
+impl Server {
+    /// Starts `agentry serve` and waits until `/healthz` answers; collects what stdout printed
+    /// before that (the first-start token, if any).
+    fn start(data_dir: &Path, database_url: Option<&str>, json_logs: bool) -> Server {
+        let port = free_port();
+        let mut cmd = agentry(data_dir, database_url);
+        cmd.arg("serve")
+            .env("AGENTRY_BIND", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if json_logs {
+            cmd.env("AGENTRY_LOG_FORMAT", "json");
+        }
+        let child = cmd.spawn().expect("start agentry serve");
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = reqwest::blocking::Client::new();
+        loop {
+            if client
+                .get(format!("{base}/healthz"))
+                .send()
+                .is_ok_and(|r| r.status() == 200)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentry serve did not become healthy"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server {
+            child,
+            base,
+            stdout: Vec::new(),
+        }
+    }
+
+    fn read_token(&mut self) -> String {
+        let stdout = self.child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next().unwrap().unwrap();
+        let token = lines.next().unwrap().unwrap();
+        self.stdout = vec![first, token.clone()];
+        token
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit; returns its exit status and everything on stderr.
+    fn wait(mut self, within: Duration) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let mut stderr = String::new();
+                self.child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut stderr)
+                    .unwrap();
+                return (status, stderr);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("agentry did not exit within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn get(base: &str, path: &str, token: &str) -> (u16, Value) {
+    let res = reqwest::blocking::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().unwrap_or(Value::Null))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run agentry")
+}
+
+#[test]
+fn first_start_prints_an_admin_token_once_and_serves_until_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A data directory that does not exist yet: the service creates it, private.
+    let dir = tmp.path().join("data");
+    let dir = dir.as_path();
+    let mut server = Server::start(dir, None, true);
+    let token = server.read_token();
+    assert!(
+        server.stdout[0].contains("admin API token"),
+        "{:?}",
+        server.stdout
+    );
+    assert!(token.starts_with("agt_"), "{token}");
+
+    let file = dir.join("admin-token");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::metadata(dir).unwrap().permissions().mode() & 0o077,
+            0,
+            "data dir is private"
+        );
+    }
+    let (status, body) = get(&server.base, "/api/tasks", &token);
+    assert_eq!(
+        (status, body),
+        (200, serde_json::json!({ "tasks": [], "nextCursor": null }))
+    );
+    let (status, _) = get(&server.base, "/readyz", "");
+    assert_eq!(status, 200);
+
+    server.signal("TERM");
+    let (status, stderr) = server.wait(Duration::from_secs(10));
+    assert!(status.success(), "exit {status:?}: {stderr}");
+    // AGENTRY_LOG_FORMAT=json: every log line is one JSON object.
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() >= 3, "{stderr}");
+    for line in &lines {
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(
+        stderr.contains("\"route\"") || stderr.contains("\"path\":\"/api/tasks\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(&token), "the token must never be logged");
+
+    // A second start finds the token and prints nothing on stdout.
+    let mut again = Server::start(dir, None, false);
+    let mut out = String::new();
+    again.signal("INT");
+    let stdout = again.child.stdout.take().unwrap();
+    let (status, _) = again.wait(Duration::from_secs(10));
+    BufReader::new(stdout).read_to_string(&mut out).unwrap();
+    assert!(status.success());
+    assert_eq!(out, "", "no second admin token");
+}
+
+#[test]
+fn token_create_gives_a_working_token_of_that_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let out =
+        run(agentry(dir.path(), None)
+            .args(["token", "create", "--role", "viewer", "--name", "dash"]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let viewer = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(viewer.starts_with("agt_"));
+    // A token exists now, so serve issues no admin token.
+    let server = Server::start(dir.path(), None, false);
+    assert_eq!(get(&server.base, "/api/tasks", &viewer).0, 200);
+    let res = reqwest::blocking::Client::new()
+        .post(format!("{}/api/tasks/import", server.base))
+        .bearer_auth(&viewer)
+        .header("Content-Type", "application/x-ndjson")
+        .body("")
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 403);
+    assert!(!dir.path().join("admin-token").exists());
+
+    let bad = run(agentry(dir.path(), None).args(["token", "create", "--role", "root"]));
+    assert!(!bad.status.success());
+}
+
+fn line(i: usize, cost: &str) -> String {
+    format!(
+        r#"{{"title":"T{i}","repoUrl":"https://github.com/acme/r{}","taskType":"coding","state":"completed","costUsd":{cost},"inputTokens":1,"outputTokens":2,"createdAt":"2026-11-0{}T10:00:00Z"}}"#,
+        i % 3,
+        1 + i % 9
+    )
+}
+
+fn import_then_check(database_url: Option<&str>) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tasks.jsonl");
+    let good: Vec<String> = (0..500).map(|i| line(i, "\"0.5\"")).collect();
+    std::fs::write(&file, good.join("\n")).unwrap();
+    let out = run(agentry(dir.path(), database_url).arg("import").arg(&file));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"{"imported": 500, "skipped": 0}"#
+    );
+
+    // One bad line (line 300) rejects the whole file, names the line, and writes nothing.
+    let mut bad = good.clone();
+    bad[299] = line(299, "\"-1\"");
+    bad.push(line(1000, "null"));
+    std::fs::write(&file, bad.join("\n")).unwrap();
+    let out = run(agentry(dir.path(), database_url).arg("import").arg(&file));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 300: costUsd"), "{stderr}");
+
+    // Re-importing the first file writes nothing new (no ids: new tasks would be created,
+    // so count through the API instead of re-importing).
+    let out = run(agentry(dir.path(), database_url).args(["token", "create", "--role", "viewer"]));
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let server = Server::start(dir.path(), database_url, false);
+    let (_, page) = get(&server.base, "/api/tasks?limit=200&state=completed", &token);
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 200);
+    let mut total = 0;
+    let mut cursor = String::new();
+    loop {
+        let (_, page) = get(
+            &server.base,
+            &format!("/api/tasks?limit=200{cursor}"),
+            &token,
+        );
+        total += page["tasks"].as_array().unwrap().len();
+        match page["nextCursor"].as_str() {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(total, 500, "the rejected import wrote nothing");
+
+    let out = run(agentry(dir.path(), database_url)
+        .arg("import")
+        .arg(dir.path().join("missing.jsonl")));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+#[test]
+fn import_is_all_or_nothing_on_sqlite() {
+    import_then_check(None);
+}
+
+#[test]
+fn import_and_serve_work_on_postgresql() {
+    let Some(db) = TestDb::postgres() else { return };
+    import_then_check(Some(&db.url));
+}
+
+#[test]
+fn migrate_is_idempotent_and_bad_configuration_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..2 {
+        let out = run(agentry(dir.path(), None).arg("migrate"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"));
+    }
+    let out = run(agentry(dir.path(), Some("mysql://nope")).arg("migrate"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AGENTRY_DATABASE_URL"));
+    let out = run(agentry(dir.path(), Some("postgres://nobody@127.0.0.1:1/none")).arg("migrate"));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("could not connect"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(agentry(dir.path(), None)
+        .arg("serve")
+        .env("AGENTRY_BIND", "not-an-address"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AGENTRY_BIND"));
+}
