@@ -14,6 +14,7 @@ mod convert;
 mod error;
 pub mod meta;
 pub mod repos;
+pub mod rollups;
 pub mod schema;
 pub mod tasks;
 #[cfg(any(test, feature = "test-support"))]

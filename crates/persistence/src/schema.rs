@@ -185,4 +185,31 @@ diesel::allow_tables_to_appear_in_same_query!(
     webhook_deliveries,
     outbox,
     service_meta,
+    cost_daily,
+    cost_cumulative,
 );
+
+diesel::table! {
+    cost_daily (day, repo_url) {
+        day -> Text,
+        repo_url -> Text,
+        tasks -> BigInt,
+        costed -> BigInt,
+        cost_nanos -> BigInt,
+    }
+}
+
+diesel::table! {
+    cost_cumulative (repo_url, task_type, model, day) {
+        repo_url -> Text,
+        task_type -> Text,
+        model -> Text,
+        day -> Text,
+        tasks -> BigInt,
+        costed -> BigInt,
+        cost_nanos -> BigInt,
+        succeeded -> BigInt,
+        input_tokens -> BigInt,
+        output_tokens -> BigInt,
+    }
+}

@@ -9,6 +9,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, from_db, opt_from_db, opt_to_db, to_db};
+use crate::rollups::{self, Contribution, Deltas, Sums};
 use crate::schema::{issue_links, task_events, task_runs, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -190,7 +191,9 @@ fn insert_new(conn: &mut AnyConnection, new: &NewTask, reason: &str) -> Result<(
 pub fn create_task(conn: &mut AnyConnection, new: &NewTask, reason: &str) -> Result<Task, DbError> {
     write_tx(conn, |conn| {
         insert_new(conn, new, reason)?;
-        get_task(conn, new.id)
+        let task = get_task(conn, new.id)?;
+        rollups::apply(conn, Deltas::change(None, Some(&task))?)?;
+        Ok(task)
     })
 }
 
@@ -227,6 +230,7 @@ where
             ))
             .execute(conn)?;
         let task = get_task(conn, new.id)?;
+        rollups::apply(conn, Deltas::change(None, Some(&task))?)?;
         in_tx(conn, &task)?;
         Ok((task, true))
     });
@@ -365,7 +369,9 @@ pub fn transition_task(
             diesel::insert_into(task_events::table)
                 .values(EventInsert::new(id, Some(t.from), t.to, reason, now))
                 .execute(conn)?;
-            return Ok((get_task(conn, id)?, t));
+            let after = get_task(conn, id)?;
+            rollups::apply(conn, Deltas::change(Some(&current), Some(&after))?)?;
+            return Ok((after, t));
         }
         Err(DbError::Conflict(format!(
             "task {id} kept changing; try again"
@@ -599,7 +605,7 @@ pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             finished_at: opt_to_db(run.finished_at),
         })
         .execute(conn)?;
-    let model = run.model.clone().or(task.model_used);
+    let model = run.model.clone().or_else(|| task.model_used.clone());
     diesel::update(tasks::table.find(run.task_id.to_string()))
         .set((
             tasks::cost_nanos.eq(cost.map(Usd::to_nanos)),
@@ -609,6 +615,8 @@ pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             tasks::updated_at.eq(to_db(run.finished_at.unwrap_or(run.started_at))),
         ))
         .execute(conn)?;
+    let after = get_task(conn, run.task_id)?;
+    rollups::apply(conn, Deltas::change(Some(&task), Some(&after))?)?;
     Ok(())
 }
 
@@ -803,14 +811,16 @@ where
             .into_iter()
             .collect();
         let mut outcome = ImportOutcome::default();
+        let mut deltas = Deltas::default();
         let mut batch = Vec::with_capacity(IMPORT_BATCH);
         for record in records {
             batch.push(record.map_err(Failure::Record)?);
             if batch.len() == IMPORT_BATCH {
-                import_batch(conn, &repos, &mut batch, &mut outcome)?;
+                import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
             }
         }
-        import_batch(conn, &repos, &mut batch, &mut outcome)?;
+        import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
+        rollups::apply(conn, deltas)?;
         Ok(outcome)
     });
     if sqlite {
@@ -832,6 +842,7 @@ fn import_batch(
     repos: &std::collections::HashMap<String, String>,
     batch: &mut Vec<ImportTask>,
     outcome: &mut ImportOutcome,
+    deltas: &mut Deltas,
 ) -> Result<(), DbError> {
     if batch.is_empty() {
         return Ok(());
@@ -852,6 +863,16 @@ fn import_batch(
             continue;
         }
         let at = to_db(t.created_at);
+        deltas.add_parts(
+            Contribution {
+                created_at: t.created_at,
+                repo_url: t.repo_url.as_str(),
+                task_type: t.task_type,
+                model: t.model_used.as_deref(),
+                sums: Sums::from_parts(t.cost_usd, t.state, t.input_tokens, t.output_tokens),
+            },
+            1,
+        )?;
         events.push(EventInsert::new(
             t.id,
             None,

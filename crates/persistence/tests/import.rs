@@ -72,8 +72,10 @@ agentry_persistence::backend_tests! {
     fn import_writes_every_record_exactly(db) {
         let repo = repo(db);
         let mut records: Vec<ImportTask> = (0..2_500).map(record).collect();
-        // The largest amount there is, and one that f64 cannot hold exactly.
-        records[1].cost_usd = Some(Usd::from_nanos(i64::MAX).unwrap());
+        // Amounts that f64 cannot hold exactly (2^62 + 1 and 9e18 + 1 nano-dollars); the
+        // largest single amount is covered by the run tests, since the cost rollups must
+        // also hold the sum of every task of a day.
+        records[1].cost_usd = Some(Usd::from_nanos(4_611_686_018_427_387_905).unwrap());
         records[2].cost_usd = Some(Usd::from_nanos(9_000_000_000_000_000_001).unwrap());
         let outcome = import(db, &records);
         assert_eq!(
@@ -135,7 +137,7 @@ agentry_persistence::backend_tests! {
         // Spot-check exact costs as text.
         let cost = |i: usize| stored[&records[i].id].cost_usd.unwrap().to_string();
         assert_eq!(cost(2_498), "249.800002498");
-        assert_eq!(cost(1), "9223372036.854775807");
+        assert_eq!(cost(1), "4611686018.427387905");
         assert_eq!(cost(2), "9000000000.000000001");
         // Half of the records belong to the connected repository.
         let page = tasks::list_tasks(
@@ -294,5 +296,24 @@ agentry_persistence::backend_tests! {
         assert_eq!(pos[&live.id], 5);
         assert_eq!(ids[0], records[9].id);
         assert_eq!(ids[10], records[0].id);
+    }
+
+    // Sums beyond the nano-dollar range cannot be accounted: such an import is refused as a
+    // whole and writes nothing (no task, no event, no rollup row).
+    fn an_import_whose_totals_overflow_is_refused_whole(db) {
+        let mut records: Vec<ImportTask> = (0..3).map(record).collect();
+        for r in &mut records {
+            r.repo_url = RepoUrl::parse("https://github.com/o/r").unwrap();
+            r.created_at = at(0);
+            r.cost_usd = Some(Usd::from_nanos(i64::MAX / 2 + 1).unwrap());
+        }
+        let mut conn = db.conn().unwrap();
+        let result = tasks::import_tasks::<DbError, _>(&mut conn, records.into_iter().map(Ok));
+        assert!(matches!(result, Err(DbError::Conflict(_))), "{result:?}");
+        drop(conn);
+        assert_eq!(task_count(db), 0);
+        assert_eq!(row_count(db, "task_events"), 0);
+        assert_eq!(row_count(db, "cost_daily"), 0);
+        assert_eq!(row_count(db, "cost_cumulative"), 0);
     }
 }

@@ -40,10 +40,11 @@ fn fresh_sqlite_database_is_migrated_once() {
     let db = Db::connect(&url, 2).unwrap();
     assert_eq!(db.backend(), Backend::Sqlite);
     let mut conn = db.conn().unwrap();
-    assert!(!meta::pending_migrations(&mut conn).unwrap().is_empty());
+    let pending = meta::pending_migrations(&mut conn).unwrap();
+    assert!(!pending.is_empty());
     drop(conn);
     let applied = db.migrate().unwrap();
-    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(applied.len(), pending.len(), "{applied:?}");
     assert!(
         applied[0].replace('-', "").starts_with("20261122000001"),
         "{applied:?}"

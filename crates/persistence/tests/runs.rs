@@ -294,8 +294,10 @@ agentry_persistence::backend_tests! {
         assert_eq!(t.cost_usd.unwrap().to_nanos(), 9_000_000_000_000_000_001);
         assert_eq!(t.cost_usd.unwrap().to_string(), "9000000000.000000001");
 
-        // i64::MAX nano-dollars, the largest amount there is.
-        let max = create(db, &repo, T0);
+        // i64::MAX nano-dollars, the largest amount there is (in a repository of its own:
+        // the cost rollups hold per-repository sums, which must fit too).
+        let other = connect(db, "big", "spender");
+        let max = create(db, &other, T0);
         record(&mut conn, &run(&max, 0, Some("9223372036.854775807"))).unwrap();
         let t = tasks::get_task(&mut conn, max.id).unwrap();
         assert_eq!(t.cost_usd.unwrap().to_nanos(), i64::MAX);

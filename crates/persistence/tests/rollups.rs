@@ -1,0 +1,351 @@
+//! The cost rollups are maintained exactly: after any mix of creations, runs, transitions
+//! and imports, the incrementally maintained tables equal a rebuild from the task table, and
+//! the sums of any window read from them equal the same sums computed from the tasks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Trigger, Usd};
+use agentry_persistence::rollups::{self, Sums};
+use agentry_persistence::tasks::{
+    self, ImportTask, Run, RunOutcome, TaskCursor, TaskFilter, TransitionDetails,
+};
+use agentry_persistence::{AnyConnection, Db, DbError, backend_tests, write_tx};
+use common::*;
+use diesel::prelude::*;
+use time::{Date, Duration};
+use uuid::Uuid;
+
+/// Deterministic pseudo-random numbers (SplitMix64), so a failure is reproducible.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn all_tasks(conn: &mut AnyConnection) -> Vec<Task> {
+    let mut out = Vec::new();
+    let mut after: Option<TaskCursor> = None;
+    loop {
+        let page = tasks::list_tasks(conn, &TaskFilter::default(), 200, after.as_ref()).unwrap();
+        out.extend(page.tasks);
+        match page.next {
+            Some(c) => after = Some(c),
+            None => return out,
+        }
+    }
+}
+
+type Snapshot = (
+    Vec<(String, String, i64, i64, i64)>,
+    Vec<(String, String, String, String, Vec<i64>)>,
+);
+
+fn snapshot(conn: &mut AnyConnection) -> Snapshot {
+    use agentry_persistence::schema::{cost_cumulative as cc, cost_daily as cd};
+    let daily = cd::table
+        .order((cd::day, cd::repo_url))
+        .select((cd::day, cd::repo_url, cd::tasks, cd::costed, cd::cost_nanos))
+        .load(conn)
+        .unwrap();
+    type Row = (String, String, String, String, i64, i64, i64, i64, i64, i64);
+    let cum: Vec<Row> = cc::table
+        .order((cc::repo_url, cc::task_type, cc::model, cc::day))
+        .select((
+            cc::repo_url,
+            cc::task_type,
+            cc::model,
+            cc::day,
+            cc::tasks,
+            cc::costed,
+            cc::cost_nanos,
+            cc::succeeded,
+            cc::input_tokens,
+            cc::output_tokens,
+        ))
+        .load(conn)
+        .unwrap();
+    // A combination whose tasks all moved elsewhere (a model set by a run) keeps rows of
+    // zeros; they read as zero, so the comparison ignores them.
+    let cum = cum
+        .into_iter()
+        .map(|r| (r.0, r.1, r.2, r.3, vec![r.4, r.5, r.6, r.7, r.8, r.9]))
+        .filter(|r| r.4.iter().any(|v| *v != 0))
+        .collect();
+    let daily = daily
+        .into_iter()
+        .filter(|r: &(String, String, i64, i64, i64)| r.2 != 0 || r.3 != 0 || r.4 != 0)
+        .collect();
+    (daily, cum)
+}
+
+fn brute_sums(tasks: &[Task], through: Date) -> BTreeMap<(String, String, String), Sums> {
+    let mut m: BTreeMap<(String, String, String), Sums> = BTreeMap::new();
+    for t in tasks
+        .iter()
+        .filter(|t| rollups::utc_day(t.created_at) <= through)
+    {
+        let costed = t.cost_usd.is_some();
+        let s = m
+            .entry((
+                t.repo_url.to_string(),
+                t.task_type.as_str().to_owned(),
+                t.model_used.clone().unwrap_or_default(),
+            ))
+            .or_default();
+        s.tasks += 1;
+        if costed {
+            s.costed += 1;
+            s.cost_nanos += t.cost_usd.unwrap().to_nanos();
+            s.succeeded += i64::from(matches!(
+                t.state,
+                TaskState::PrOpened | TaskState::Completed
+            ));
+            s.input_tokens += t.input_tokens;
+            s.output_tokens += t.output_tokens;
+        }
+    }
+    m.retain(|_, s| s.tasks > 0);
+    m
+}
+
+fn run_of(task: &Task, rng: &mut Rng) -> Run {
+    const MODELS: [Option<&str>; 4] = [None, Some("sonnet"), Some("haiku"), Some("gpt-5")];
+    Run {
+        id: Uuid::new_v4(),
+        task_id: task.id,
+        attempt: task.attempt,
+        agent_type: AgentType::ClaudeCode,
+        model: MODELS[rng.below(4) as usize].map(str::to_owned),
+        cost_usd: match rng.below(5) {
+            0 => None,
+            1 => Some(Usd::ZERO),
+            _ => Some(Usd::from_nanos(rng.below(5_000_000_000) as i64 + 1).unwrap()),
+        },
+        input_tokens: rng.below(1000) as i64,
+        cache_read_tokens: rng.below(100) as i64,
+        cache_write_tokens: rng.below(100) as i64,
+        output_tokens: rng.below(500) as i64,
+        turns: Some(3),
+        outcome: RunOutcome::Succeeded,
+        exit_code: Some(0),
+        error_message: None,
+        started_at: task.created_at,
+        finished_at: Some(task.created_at),
+    }
+}
+
+/// Applies a random workload and checks the invariants.
+fn workload(db: &Db, seed: u64) {
+    let mut rng = Rng(seed);
+    let repos = [
+        connect(db, "acme", "web"),
+        connect(db, "acme", "api"),
+        connect(db, "o", "r"),
+    ];
+    let mut conn = db.conn().unwrap();
+    let mut created: Vec<Uuid> = Vec::new();
+    for step in 0..160 {
+        match rng.below(10) {
+            0..=3 => {
+                let repo = &repos[rng.below(3) as usize];
+                // Days out of order, including days before and after earlier ones.
+                let mut new = new_task(repo, T0 + Duration::hours(rng.below(24 * 12) as i64));
+                if rng.below(3) == 0 {
+                    new.task_type = TaskType::Review;
+                }
+                created.push(tasks::create_task(&mut conn, &new, "test").unwrap().id);
+            }
+            4..=5 if !created.is_empty() => {
+                let id = created[rng.below(created.len() as u64) as usize];
+                let task = tasks::get_task(&mut conn, id).unwrap();
+                let run = run_of(&task, &mut rng);
+                write_tx::<_, DbError, _>(&mut conn, |c| tasks::record_run(c, &run)).unwrap();
+            }
+            6..=8 if !created.is_empty() => {
+                let id = created[rng.below(created.len() as u64) as usize];
+                let trigger = Trigger::ALL[rng.below(Trigger::ALL.len() as u64) as usize];
+                let details = TransitionDetails {
+                    pull_request: Some(("https://github.com/o/r/pull/1".into(), 1)),
+                    ..Default::default()
+                };
+                // Refused transitions are part of the workload: they must change nothing.
+                let _ = tasks::transition_task(&mut conn, id, trigger, &details, at(step));
+            }
+            _ => {
+                let records: Vec<Result<ImportTask, DbError>> = (0..rng.below(30))
+                    .map(|i| {
+                        Ok(ImportTask {
+                            id: Uuid::new_v4(),
+                            title: format!("imported {i}"),
+                            repo_url: RepoUrl::parse(
+                                ["https://github.com/acme/web", "https://github.com/x/y"]
+                                    [(i % 2) as usize],
+                            )
+                            .unwrap(),
+                            task_type: if i % 3 == 0 {
+                                TaskType::Review
+                            } else {
+                                TaskType::Coding
+                            },
+                            state: TaskState::ALL[(i % 7) as usize],
+                            agent_type: AgentType::Codex,
+                            model_used: [None, Some("gpt-5".to_owned())][(i % 2) as usize].clone(),
+                            cost_usd: if i % 4 == 0 {
+                                None
+                            } else {
+                                Some(Usd::from_nanos(i as i64 * 1_234_567).unwrap())
+                            },
+                            input_tokens: i as i64,
+                            output_tokens: 2 * i as i64,
+                            created_at: T0 - Duration::days(5) + Duration::hours(7 * i as i64),
+                            pr_url: None,
+                            pr_number: None,
+                            issue_number: None,
+                        })
+                    })
+                    .collect();
+                tasks::import_tasks(&mut conn, records).unwrap();
+            }
+        }
+    }
+
+    let tasks = all_tasks(&mut conn);
+    let incremental = snapshot(&mut conn);
+
+    // Dense: every combination has a row for every day from its first through the latest.
+    let latest = rollups::latest_day(&mut conn).unwrap().unwrap();
+    let mut per_combo: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+    for (repo, tt, model, day, _) in &incremental.1 {
+        per_combo
+            .entry((repo.clone(), tt.clone(), model.clone()))
+            .or_default()
+            .push(day.clone());
+    }
+    for (combo, days) in &per_combo {
+        assert_eq!(
+            days.last().unwrap(),
+            &latest.to_string(),
+            "{combo:?} does not reach the latest day"
+        );
+        for pair in days.windows(2) {
+            let a: Date = Date::parse(
+                &pair[0],
+                time::macros::format_description!("[year]-[month]-[day]"),
+            )
+            .unwrap();
+            let b: Date = Date::parse(
+                &pair[1],
+                time::macros::format_description!("[year]-[month]-[day]"),
+            )
+            .unwrap();
+            assert_eq!(a.next_day(), Some(b), "{combo:?} has a gap");
+        }
+    }
+
+    // Window sums equal brute force at every day (before, inside and after the data).
+    let first = tasks
+        .iter()
+        .map(|t| rollups::utc_day(t.created_at))
+        .min()
+        .unwrap();
+    let mut day = first - Duration::days(2);
+    while day <= latest + Duration::days(2) {
+        let mut read: BTreeMap<(String, String, String), Sums> = BTreeMap::new();
+        for (_, combo, sums) in rollups::cumulative_at(&mut conn, &[day]).unwrap() {
+            if sums.tasks > 0 {
+                read.insert(combo, sums);
+            }
+        }
+        assert_eq!(read, brute_sums(&tasks, day), "cumulative sums at {day}");
+        day = day.next_day().unwrap();
+    }
+    let daily = rollups::daily_between(
+        &mut conn,
+        first,
+        latest,
+        Some("https://github.com/acme/web"),
+    )
+    .unwrap();
+    for (day, s) in daily {
+        let on_day: Vec<&Task> = tasks
+            .iter()
+            .filter(|t| {
+                rollups::utc_day(t.created_at) == day
+                    && t.repo_url.as_str() == "https://github.com/acme/web"
+            })
+            .collect();
+        assert_eq!(s.tasks, on_day.len() as i64);
+        assert_eq!(
+            s.costed,
+            on_day.iter().filter(|t| t.cost_usd.is_some()).count() as i64
+        );
+        assert_eq!(
+            s.cost_nanos,
+            on_day
+                .iter()
+                .filter_map(|t| t.cost_usd)
+                .map(Usd::to_nanos)
+                .sum::<i64>()
+        );
+    }
+
+    // The incremental tables equal a rebuild from the task table.
+    write_tx::<_, DbError, _>(&mut conn, rollups::rebuild).unwrap();
+    let rebuilt = snapshot(&mut conn);
+    let only_incremental: Vec<_> = incremental
+        .1
+        .iter()
+        .filter(|r| !rebuilt.1.contains(r))
+        .take(5)
+        .collect();
+    let only_rebuilt: Vec<_> = rebuilt
+        .1
+        .iter()
+        .filter(|r| !incremental.1.contains(r))
+        .take(5)
+        .collect();
+    assert!(
+        only_incremental.is_empty() && only_rebuilt.is_empty(),
+        "cumulative differs: {only_incremental:?} vs {only_rebuilt:?}"
+    );
+    assert!(incremental.0 == rebuilt.0, "daily differs");
+}
+
+backend_tests! {
+    fn rollups_follow_every_write_exactly(db) {
+        for seed in [1_u64, 2, 3] {
+            workload(db, seed);
+            let mut conn = db.conn().unwrap();
+            // Start the next seed from empty tables of the same database.
+            diesel::sql_query("DELETE FROM cost_cumulative").execute(&mut conn).unwrap();
+            diesel::sql_query("DELETE FROM cost_daily").execute(&mut conn).unwrap();
+            diesel::sql_query("DELETE FROM task_runs").execute(&mut conn).unwrap();
+            diesel::sql_query("DELETE FROM task_events").execute(&mut conn).unwrap();
+            diesel::sql_query("DELETE FROM tasks").execute(&mut conn).unwrap();
+            diesel::sql_query("DELETE FROM repositories").execute(&mut conn).unwrap();
+        }
+    }
+
+    fn a_refused_write_leaves_the_rollups_unchanged(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let before = snapshot(&mut conn);
+        let refused = tasks::transition_task(&mut conn, task.id, Trigger::PullRequestMerged, &TransitionDetails::default(), T0);
+        assert!(matches!(refused, Err(DbError::InvalidTransition(_))));
+        let bad_run = Run { input_tokens: -1, ..run_of(&task, &mut Rng(7)) };
+        assert!(write_tx::<_, DbError, _>(&mut conn, |c| tasks::record_run(c, &bad_run)).is_err());
+        assert_eq!(snapshot(&mut conn), before);
+    }
+}
