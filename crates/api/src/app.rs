@@ -11,7 +11,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::{AppExt, scope};
 
 use crate::error::{ErrorBody, envelope_fallback};
-use crate::routes::{self, health, tasks, tokens};
+use crate::routes::{self, analytics, health, tasks, tokens};
 use crate::state::AppState;
 
 struct BearerAuth;
@@ -55,6 +55,7 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(tokens::create_token)
                 .service(tokens::list_tokens)
                 .service(tokens::revoke_token)
+                .service(analytics::cost_report)
                 .default_service(web::to(routes::unknown_route)),
         );
 }

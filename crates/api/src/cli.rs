@@ -39,6 +39,18 @@ enum Command {
         /// The file, one JSON task record per line.
         file: PathBuf,
     },
+    /// Print the cost report (the API's /api/analytics/costs) straight from the database.
+    Costs {
+        /// Period length in days, ending today (UTC).
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=365))]
+        days: u32,
+        /// Only this repository.
+        #[arg(long)]
+        repo: Option<String>,
+        /// Print the API's JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -146,6 +158,25 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 r#"{{"imported": {}, "skipped": {}}}"#,
                 outcome.imported, outcome.skipped
             );
+        }
+        Command::Costs { days, repo, json } => {
+            let repo = repo
+                .map(|r| agentry_domain::RepoUrl::parse(&r))
+                .transpose()
+                .map_err(|e| CliError::Other(format!("--repo: {e}")))?;
+            let window = crate::costs::window_ending_now(days)
+                .map_err(|e| CliError::Other(e.to_string()))?;
+            let db = open_database(&config)?;
+            let report = crate::costs::cost_report(&mut *db.conn()?, window, repo.as_ref())?;
+            let value =
+                serde_json::to_value(&report).map_err(|e| CliError::Other(e.to_string()))?;
+            if json {
+                let text = serde_json::to_string_pretty(&value)
+                    .map_err(|e| CliError::Other(e.to_string()))?;
+                println!("{text}");
+            } else {
+                print!("{}", crate::costs_table::render(&value, repo.as_ref()));
+            }
         }
     }
     Ok(())

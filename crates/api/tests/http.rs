@@ -703,6 +703,7 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         ("GET", "/api/tokens"),
         ("POST", "/api/tokens"),
         ("DELETE", "/api/tokens/{id}"),
+        ("GET", "/api/analytics/costs"),
     ]
     .iter()
     .map(|(m, p)| (m.to_string(), p.to_string()))

@@ -96,6 +96,11 @@ impl Sums {
         })
     }
 
+    /// `self + other`, checked.
+    pub fn plus(self, other: Sums) -> Result<Sums, DbError> {
+        self.combine(other, 1)
+    }
+
     /// `self − other`, checked.
     pub fn minus(self, other: Sums) -> Result<Sums, DbError> {
         self.combine(other, -1)

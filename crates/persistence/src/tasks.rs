@@ -930,3 +930,35 @@ fn import_batch(
     }
     Ok(())
 }
+
+/// Costed tasks created in `[from, to)` costing at least `min_cost_nanos`, costliest first
+/// (cost desc, then creation desc, then id), at most `limit` when given. Reads the cost
+/// indexes, not the period's rows: the report's top tasks and anomaly candidates.
+pub fn costliest_in_window(
+    conn: &mut AnyConnection,
+    from: OffsetDateTime,
+    to: OffsetDateTime,
+    repo_url: Option<&str>,
+    min_cost_nanos: i64,
+    limit: Option<i64>,
+) -> Result<Vec<Task>, DbError> {
+    let mut q = tasks::table
+        .filter(tasks::cost_nanos.is_not_null())
+        .filter(tasks::cost_nanos.ge(min_cost_nanos))
+        .filter(tasks::created_at.ge(to_db(from)))
+        .filter(tasks::created_at.lt(to_db(to)))
+        .select(TaskRow::as_select())
+        .order((
+            tasks::cost_nanos.desc(),
+            tasks::created_at.desc(),
+            tasks::id.asc(),
+        ))
+        .into_boxed();
+    if let Some(repo) = repo_url {
+        q = q.filter(tasks::repo_url.eq(repo.to_owned()));
+    }
+    if let Some(n) = limit {
+        q = q.limit(n);
+    }
+    q.load(conn)?.into_iter().map(Task::try_from).collect()
+}

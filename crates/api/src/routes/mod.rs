@@ -1,6 +1,7 @@
 //! HTTP handlers, one module per resource. Every handler is annotated for OpenAPI and
 //! registered through `utoipa_actix_web`, so registering a route documents it.
 
+pub mod analytics;
 pub mod health;
 pub mod tasks;
 pub mod tokens;

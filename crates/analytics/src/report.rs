@@ -1,0 +1,592 @@
+//! The cost report (SPEC §4): [`report`] and the [`CostReport`] it returns.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashSet};
+
+use agentry_domain::{TaskState, TaskType, Usd, format_decimal};
+use rust_decimal::Decimal;
+use serde::Serialize;
+use time::{Date, OffsetDateTime, UtcOffset};
+use uuid::Uuid;
+
+use crate::exact::{cmp_fractions, cmp_products, count, div_round, mul, quotient};
+use crate::inputs::{ReportInputs, TaskFact, Totals};
+use crate::wire;
+
+/// The most anomalies a report lists.
+const MAX_ANOMALIES: usize = 20;
+/// The most model suggestions a report lists.
+const MAX_SUGGESTIONS: usize = 10;
+/// The most top tasks a report lists.
+const MAX_TOP_TASKS: usize = 10;
+/// A repository needs this many costed tasks in the period to have anomalies.
+const MIN_ANOMALY_REPO_TASKS: i64 = 3;
+/// A task costing at least this many times the average of the others is an anomaly.
+const ANOMALY_FACTOR: i64 = 3;
+/// A (repository, model) needs this many costed coding tasks to get a suggestion.
+const MIN_SUGGESTION_CURRENT_TASKS: i64 = 3;
+/// A suggested model needs this many costed coding tasks over all repositories.
+const MIN_SUGGESTION_CANDIDATE_TASKS: i64 = 5;
+/// The `model` of tasks whose model is unknown.
+const UNKNOWN_MODEL: &str = "unknown";
+
+/// The cost report of SPEC §4: exactly the members of the seed's section 2.1.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CostReport {
+    /// The summary cards.
+    pub summary: Summary,
+    /// The month forecast.
+    pub forecast: Forecast,
+    /// One entry per day of the period, oldest first, zero-filled.
+    pub daily_costs: Vec<DailyCost>,
+    /// Costs per repository, highest first.
+    pub cost_by_repo: Vec<RepoCost>,
+    /// Costs per task type, highest first.
+    pub cost_by_type: Vec<TypeCost>,
+    /// Costs per model, highest first.
+    pub cost_by_model: Vec<ModelCost>,
+    /// Tasks costing at least three times the average of their repository's other tasks.
+    pub anomalies: Vec<Anomaly>,
+    /// Cheaper models with proven results, per repository and current model.
+    pub model_suggestions: Vec<ModelSuggestion>,
+    /// The ten costliest tasks of the period.
+    pub top_tasks: Vec<TopTask>,
+}
+
+/// The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
+/// from zero once from the exact value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// Sum of the costs of the costed tasks of the period.
+    pub total_cost: String,
+    /// All tasks created in the period, costed or not.
+    pub task_count: i64,
+    /// Costed tasks of the period.
+    pub tasks_with_cost: i64,
+    /// `totalCost / tasksWithCost`; `"0.0000"` when no task is costed.
+    pub avg_cost: String,
+    /// `(total − prev) / prev × 100` with 1 decimal (`"25.0"`, `"-33.3"`); `"0.0"` when the
+    /// previous period cost nothing.
+    pub cost_trend: String,
+    /// The same sum as `totalCost` over the previous period.
+    pub prev_period_cost: String,
+    /// The number of days of the period.
+    pub days: u32,
+}
+
+/// The month forecast. Money is a decimal string with exactly 4 decimals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Forecast {
+    /// `totalCost / days` (idle days count as zero).
+    pub daily_avg_cost: String,
+    /// Costs of the tasks created in the current UTC month (repository filter applies, `days`
+    /// does not).
+    pub month_cost_so_far: String,
+    /// `monthCostSoFar + (totalCost / days) × daysRemaining`, from the exact quotient, rounded
+    /// once.
+    pub forecasted_month_total: String,
+    /// Days of the current UTC month after today (0 on its last day).
+    pub days_remaining: u32,
+}
+
+/// One day of the period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DailyCost {
+    /// The UTC day, `YYYY-MM-DD` on the wire.
+    #[serde(serialize_with = "wire::date")]
+    pub date: Date,
+    /// Sum of the costs of the day's costed tasks (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub cost: Decimal,
+    /// The day's costed tasks.
+    pub task_count: i64,
+}
+
+/// Costs of one repository in the period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepoCost {
+    /// The normalised repository URL.
+    pub repo_url: String,
+    /// Sum of the costs of its costed tasks (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub total_cost: Decimal,
+    /// Its costed tasks.
+    pub task_count: i64,
+}
+
+/// Costs of one task type in the period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TypeCost {
+    /// `coding` or `review`.
+    pub task_type: TaskType,
+    /// Sum of the costs of its costed tasks (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub total_cost: Decimal,
+    /// Its costed tasks.
+    pub task_count: i64,
+}
+
+/// Costs of one model in the period (all task types).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCost {
+    /// The model as stored, or `"unknown"`.
+    pub model: String,
+    /// Sum of the costs of its costed tasks (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub total_cost: Decimal,
+    /// Its costed tasks.
+    pub task_count: i64,
+    /// Percent of its costed tasks in `pr_opened` or `completed`, rounded half away from
+    /// zero to 1 decimal (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub success_rate: Decimal,
+    /// `totalCost / taskCount` (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub avg_cost: Decimal,
+    /// Input tokens of its costed tasks.
+    pub total_input_tokens: i64,
+    /// Output tokens of its costed tasks.
+    pub total_output_tokens: i64,
+}
+
+/// A task costing at least three times the average of the other costed tasks of its
+/// repository in the period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Anomaly {
+    /// The task's id.
+    pub id: Uuid,
+    /// The task's title.
+    pub title: String,
+    /// The task's repository.
+    pub repo_url: String,
+    /// The task's type.
+    pub task_type: TaskType,
+    /// The task's state.
+    pub state: TaskState,
+    /// The task's exact cost, a plain decimal string.
+    pub cost_usd: Usd,
+    /// The model used, or null.
+    pub model_used: Option<String>,
+    /// The leave-one-out average: the average cost of the repository's other costed tasks
+    /// in the period (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub repo_avg_cost: Decimal,
+    /// `costUsd / repoAvgCost` (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub cost_ratio: Decimal,
+    /// When the task was created, RFC 3339 UTC.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// A cheaper model with proven results for a repository's current coding model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSuggestion {
+    /// The repository.
+    pub repo_url: String,
+    /// The model its coding tasks use.
+    pub current_model: String,
+    /// The costed coding tasks of this repository and model in the period.
+    pub task_count: i64,
+    /// Their average cost (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub avg_cost: Decimal,
+    /// The suggested model's average cost over the coding tasks of all repositories (a JSON
+    /// number).
+    #[serde(serialize_with = "wire::number")]
+    pub cheaper_model_avg_cost: Decimal,
+    /// The suggested model.
+    pub suggested_model: String,
+    /// `taskCount × (avgCost − cheaperModelAvgCost)` (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    pub estimated_savings: Decimal,
+}
+
+/// One of the costliest tasks of the period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopTask {
+    /// The task's id.
+    pub id: Uuid,
+    /// The task's title.
+    pub title: String,
+    /// The task's repository.
+    pub repo_url: String,
+    /// The task's type.
+    pub task_type: TaskType,
+    /// The task's state.
+    pub state: TaskState,
+    /// The task's exact cost, a plain decimal string.
+    pub cost_usd: Usd,
+    /// The task's input tokens.
+    pub input_tokens: i64,
+    /// The task's output tokens.
+    pub output_tokens: i64,
+    /// The model used, or null.
+    pub model_used: Option<String>,
+    /// When the task was created, RFC 3339 UTC.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// Computes the cost report (SPEC §4) from its inputs.
+///
+/// Pure and total: it never panics, whatever the inputs (sums saturate, divisions by zero
+/// are avoided by the rules themselves).
+///
+/// Interpretations where SPEC §4 leaves room:
+///
+/// - The summary is computed from `daily` (entries outside the period are ignored);
+///   `costByRepo`, `costByType` and `costByModel` from `by_repo`, `by_type` and `by_model`.
+///   Repeated keys in any list of the inputs are added together.
+/// - Rounding: every string figure (summary, forecast) and `successRate` is the exact
+///   rational value rounded half away from zero exactly once (no intermediate 28-digit
+///   quotient is rounded again). The other array quotients (`avgCost`, `repoAvgCost`,
+///   `costRatio`, `cheaperModelAvgCost`, `estimatedSavings`) are the exact rational values
+///   (`costRatio = c·(n−1)/(S−c)`, `estimatedSavings = (cost·m − n·cost_m)/m`) divided once
+///   to [`Decimal`]'s 28 significant digits before the conversion to a JSON number. Every
+///   ordering and threshold compares the exact rationals, never rounded quotients or floats.
+/// - `costByModel` groups by the displayed name: a model literally named `unknown` shares the
+///   row of the unknown model (`None`).
+/// - A model-suggestion candidate needs ≥ 5 *costed* coding tasks with that model in the
+///   period over all repositories; every success rate of the report (current model,
+///   candidates, `successRate`) is over costed tasks, because [`Totals::succeeded`] counts
+///   costed tasks only.
+/// - Anomaly and top-task candidates are deduplicated by id (the first entry that is a
+///   costed task of the period wins); anomaly candidates of a repository without a `by_repo`
+///   entry are ignored.
+pub fn report(inputs: &ReportInputs) -> CostReport {
+    let window = inputs.window;
+    let mut daily: BTreeMap<Date, Totals> = BTreeMap::new();
+    for (day, totals) in &inputs.daily {
+        if window.contains(*day) {
+            *daily.entry(*day).or_default() += totals;
+        }
+    }
+    let period: Totals = daily.values().sum();
+
+    CostReport {
+        summary: summary(&period, &inputs.previous, window.days()),
+        forecast: forecast(
+            &period,
+            &inputs.month_to_date,
+            window.days(),
+            window.days_remaining_in_month(),
+        ),
+        daily_costs: window
+            .period_days()
+            .map(|date| {
+                let totals = daily.get(&date).copied().unwrap_or_default();
+                DailyCost {
+                    date,
+                    cost: totals.cost,
+                    task_count: totals.costed,
+                }
+            })
+            .collect(),
+        cost_by_repo: cost_groups(inputs.by_repo.iter().map(|(repo, t)| (repo.clone(), t)))
+            .into_iter()
+            .map(|(repo_url, t)| RepoCost {
+                repo_url,
+                total_cost: t.cost,
+                task_count: t.costed,
+            })
+            .collect(),
+        // Keyed by (wire name, type) so that ties order by the name.
+        cost_by_type: cost_groups(inputs.by_type.iter().map(|(ty, t)| ((ty.as_str(), *ty), t)))
+            .into_iter()
+            .map(|((_, task_type), t)| TypeCost {
+                task_type,
+                total_cost: t.cost,
+                task_count: t.costed,
+            })
+            .collect(),
+        cost_by_model: cost_groups(
+            inputs
+                .by_model
+                .iter()
+                .map(|(model, t)| (model.as_deref().unwrap_or(UNKNOWN_MODEL), t)),
+        )
+        .into_iter()
+        .map(|(model, t)| ModelCost {
+            model: model.to_owned(),
+            total_cost: t.cost,
+            task_count: t.costed,
+            success_rate: div_round(
+                mul(count(t.succeeded), Decimal::ONE_HUNDRED),
+                count(t.costed),
+                1,
+            ),
+            avg_cost: quotient(t.cost, count(t.costed)),
+            total_input_tokens: t.input_tokens,
+            total_output_tokens: t.output_tokens,
+        })
+        .collect(),
+        anomalies: anomalies(inputs),
+        model_suggestions: model_suggestions(inputs),
+        top_tasks: top_tasks(inputs),
+    }
+}
+
+/// The summary cards from the period's and the previous period's totals.
+fn summary(period: &Totals, previous: &Totals, days: u32) -> Summary {
+    let total = period.cost;
+    let prev = previous.cost;
+    let avg = if period.costed > 0 {
+        div_round(total, count(period.costed), 4)
+    } else {
+        Decimal::ZERO
+    };
+    let trend = if prev.is_zero() {
+        Decimal::ZERO
+    } else {
+        div_round(
+            mul(total.saturating_sub(prev), Decimal::ONE_HUNDRED),
+            prev,
+            1,
+        )
+    };
+    Summary {
+        total_cost: format_decimal(total, 4),
+        task_count: period.tasks,
+        tasks_with_cost: period.costed,
+        avg_cost: format_decimal(avg, 4),
+        cost_trend: format_decimal(trend, 1),
+        prev_period_cost: format_decimal(prev, 4),
+        days,
+    }
+}
+
+/// The month forecast.
+fn forecast(period: &Totals, month: &Totals, days: u32, days_remaining: u32) -> Forecast {
+    let days_d = Decimal::from(days);
+    // monthCostSoFar + total / days × remaining = (month × days + total × remaining) / days.
+    let forecast_numerator =
+        mul(month.cost, days_d).saturating_add(mul(period.cost, Decimal::from(days_remaining)));
+    Forecast {
+        daily_avg_cost: format_decimal(div_round(period.cost, days_d, 4), 4),
+        month_cost_so_far: format_decimal(month.cost, 4),
+        forecasted_month_total: format_decimal(div_round(forecast_numerator, days_d, 4), 4),
+        days_remaining,
+    }
+}
+
+/// Merges `(key, totals)` entries by key, keeps the groups with costed tasks and orders them
+/// by cost desc, costed tasks desc, then key asc.
+fn cost_groups<'a, K: Ord>(entries: impl Iterator<Item = (K, &'a Totals)>) -> Vec<(K, Totals)> {
+    let mut groups: BTreeMap<K, Totals> = BTreeMap::new();
+    for (key, totals) in entries {
+        *groups.entry(key).or_default() += totals;
+    }
+    let mut rows: Vec<(K, Totals)> = groups.into_iter().filter(|(_, t)| t.costed > 0).collect();
+    rows.sort_by(|(ka, a), (kb, b)| {
+        b.cost
+            .cmp(&a.cost)
+            .then_with(|| b.costed.cmp(&a.costed))
+            .then_with(|| ka.cmp(kb))
+    });
+    rows
+}
+
+/// Whether `task` is a costed task of the period; returns its cost.
+fn period_cost(inputs: &ReportInputs, task: &TaskFact) -> Option<Usd> {
+    task.cost.filter(|_| inputs.window.contains(task.day()))
+}
+
+/// `created_at` in UTC.
+fn utc(at: OffsetDateTime) -> OffsetDateTime {
+    at.checked_to_offset(UtcOffset::UTC).unwrap_or(at)
+}
+
+/// The anomalies: costed tasks of the period costing at least 3 × the average of the other
+/// costed tasks of their repository (leave-one-out, from `by_repo`).
+fn anomalies(inputs: &ReportInputs) -> Vec<Anomaly> {
+    let mut repos: BTreeMap<&str, Totals> = BTreeMap::new();
+    for (repo, totals) in &inputs.by_repo {
+        *repos.entry(repo.as_str()).or_default() += totals;
+    }
+
+    /// An anomaly with its exact figures: cost `c`, `n − 1` and `S − c`.
+    struct Found<'a> {
+        task: &'a TaskFact,
+        cost: Usd,
+        others_count: Decimal,
+        others_cost: Decimal,
+    }
+
+    let mut seen = HashSet::new();
+    let mut found = Vec::new();
+    for task in &inputs.anomaly_candidates {
+        let Some(cost) = period_cost(inputs, task) else {
+            continue;
+        };
+        let Some(repo) = repos.get(task.repo_url.as_str()) else {
+            continue;
+        };
+        if repo.costed < MIN_ANOMALY_REPO_TASKS || !seen.insert(task.id) {
+            continue;
+        }
+        let c = cost.as_decimal();
+        let others_cost = repo.cost.saturating_sub(c);
+        // The average of the others must be positive (n − 1 ≥ 2 > 0).
+        if others_cost <= Decimal::ZERO {
+            continue;
+        }
+        let others_count = count(repo.costed - 1);
+        // c ≥ 3 × (S − c) / (n − 1)  ⇔  c × (n − 1) ≥ 3 × (S − c)
+        if cmp_products(&[c, others_count], &[count(ANOMALY_FACTOR), others_cost]) == Ordering::Less
+        {
+            continue;
+        }
+        found.push(Found {
+            task,
+            cost,
+            others_count,
+            others_cost,
+        });
+    }
+
+    // costRatio = c × (n − 1) / (S − c), compared exactly.
+    found.sort_by(|a, b| {
+        cmp_products(
+            &[b.cost.as_decimal(), b.others_count, a.others_cost],
+            &[a.cost.as_decimal(), a.others_count, b.others_cost],
+        )
+        .then_with(|| b.cost.cmp(&a.cost))
+        .then_with(|| a.task.id.cmp(&b.task.id))
+    });
+    found.truncate(MAX_ANOMALIES);
+    found
+        .into_iter()
+        .map(|f| Anomaly {
+            id: f.task.id,
+            title: f.task.title.clone(),
+            repo_url: f.task.repo_url.clone(),
+            task_type: f.task.task_type,
+            state: f.task.state,
+            cost_usd: f.cost,
+            model_used: f.task.model_used.clone(),
+            repo_avg_cost: quotient(f.others_cost, f.others_count),
+            cost_ratio: quotient(mul(f.cost.as_decimal(), f.others_count), f.others_cost),
+            created_at: utc(f.task.created_at),
+        })
+        .collect()
+}
+
+/// The model suggestions (see the module docs and SPEC §4).
+fn model_suggestions(inputs: &ReportInputs) -> Vec<ModelSuggestion> {
+    let mut candidates: BTreeMap<&str, Totals> = BTreeMap::new();
+    for (model, totals) in &inputs.coding_by_model_all_repos {
+        *candidates.entry(model.as_str()).or_default() += totals;
+    }
+    candidates.retain(|_, t| t.costed >= MIN_SUGGESTION_CANDIDATE_TASKS);
+    let mut current: BTreeMap<(&str, &str), Totals> = BTreeMap::new();
+    for (repo, model, totals) in &inputs.coding_by_repo_model {
+        *current.entry((repo.as_str(), model.as_str())).or_default() += totals;
+    }
+
+    /// A suggestion with the exact savings `numerator / denominator`.
+    struct Found {
+        row: ModelSuggestion,
+        numerator: Decimal,
+        denominator: Decimal,
+    }
+
+    let mut found = Vec::new();
+    for ((repo, model), cur) in current {
+        if cur.costed < MIN_SUGGESTION_CURRENT_TASKS {
+            continue;
+        }
+        let n = count(cur.costed);
+        let mut best: Option<(&str, &Totals)> = None;
+        // Ascending names: on equal averages the first (lowest) name stays.
+        for (name, cand) in &candidates {
+            if *name == model {
+                continue;
+            }
+            let m = count(cand.costed);
+            // succeeded_cand / m ≥ succeeded_cur / n, exactly.
+            let as_successful = i128::from(cand.succeeded) * i128::from(cur.costed)
+                >= i128::from(cur.succeeded) * i128::from(cand.costed);
+            // cost_cand / m < cost_cur / n, exactly.
+            let cheaper = cmp_fractions(cand.cost, m, cur.cost, n) == Ordering::Less;
+            if !(as_successful && cheaper) {
+                continue;
+            }
+            let cheapest = best.is_none_or(|(_, b)| {
+                cmp_fractions(cand.cost, m, b.cost, count(b.costed)) == Ordering::Less
+            });
+            if cheapest {
+                best = Some((name, cand));
+            }
+        }
+        let Some((suggested, cand)) = best else {
+            continue;
+        };
+        let m = count(cand.costed);
+        // n × (cost/n − cost_m/m) = (cost × m − n × cost_m) / m
+        let numerator = mul(cur.cost, m).saturating_sub(mul(n, cand.cost));
+        found.push(Found {
+            row: ModelSuggestion {
+                repo_url: repo.to_owned(),
+                current_model: model.to_owned(),
+                task_count: cur.costed,
+                avg_cost: quotient(cur.cost, n),
+                cheaper_model_avg_cost: quotient(cand.cost, m),
+                suggested_model: suggested.to_owned(),
+                estimated_savings: quotient(numerator, m),
+            },
+            numerator,
+            denominator: m,
+        });
+    }
+
+    found.sort_by(|a, b| {
+        cmp_fractions(b.numerator, b.denominator, a.numerator, a.denominator)
+            .then_with(|| a.row.repo_url.cmp(&b.row.repo_url))
+            .then_with(|| a.row.current_model.cmp(&b.row.current_model))
+    });
+    found.truncate(MAX_SUGGESTIONS);
+    found.into_iter().map(|f| f.row).collect()
+}
+
+/// The costliest costed tasks of the period: cost desc, then `createdAt` desc, then id.
+fn top_tasks(inputs: &ReportInputs) -> Vec<TopTask> {
+    let mut seen = HashSet::new();
+    let mut tasks: Vec<(&TaskFact, Usd)> = inputs
+        .top_candidates
+        .iter()
+        .filter_map(|task| period_cost(inputs, task).map(|cost| (task, cost)))
+        .filter(|(task, _)| seen.insert(task.id))
+        .collect();
+    tasks.sort_by(|(a, ca), (b, cb)| {
+        cb.cmp(ca)
+            .then_with(|| b.created_at.cmp(&a.created_at))
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    tasks.truncate(MAX_TOP_TASKS);
+    tasks
+        .into_iter()
+        .map(|(task, cost)| TopTask {
+            id: task.id,
+            title: task.title.clone(),
+            repo_url: task.repo_url.clone(),
+            task_type: task.task_type,
+            state: task.state,
+            cost_usd: cost,
+            input_tokens: task.input_tokens,
+            output_tokens: task.output_tokens,
+            model_used: task.model_used.clone(),
+            created_at: utc(task.created_at),
+        })
+        .collect()
+}

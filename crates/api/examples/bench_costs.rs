@@ -1,0 +1,355 @@
+//! Benchmark of `GET /api/analytics/costs` (SPEC §9; docs/benchmarks.md).
+//!
+//! For each size (default 10,000 / 100,000 / 1,000,000 tasks over 90 days, 50 repositories,
+//! 6 models) and each backend, it imports the generated data with the real importer into a
+//! fresh database, serves the real application on 127.0.0.1, and measures the median latency
+//! of the endpoint over HTTP for `days=90` and `days=7`; beside it, on the same database, a
+//! straightforward baseline: plain GROUP BY queries over the raw task table (the way a first
+//! version would compute the report), timed as a function call (no HTTP, so the comparison
+//! favours the baseline).
+//!
+//! ```text
+//! cargo run --release -p agentry-api --example bench_costs -- \
+//!     [--sizes 10000,100000,1000000] [--requests 50] [--pg postgres://USER@127.0.0.1:PORT/postgres]
+//! ```
+//! Without `--pg` only SQLite is measured.
+
+use std::time::{Duration, Instant};
+
+use actix_web::{HttpServer, web};
+use agentry_analytics::{ReportInputs, Totals, Window, report};
+use agentry_api::auth::{generate_token, hash_token};
+use agentry_api::metrics::Metrics;
+use agentry_api::state::AppState;
+use agentry_domain::{Role, TaskState, TaskType};
+use agentry_persistence::tasks::costliest_in_window;
+use agentry_persistence::{AnyConnection, Db};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text, Timestamp};
+use time::{OffsetDateTime, PrimitiveDateTime, Time};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+struct Args {
+    sizes: Vec<u64>,
+    requests: usize,
+    pg: Option<String>,
+}
+
+fn args() -> Result<Args, Error> {
+    let mut a = Args {
+        sizes: vec![10_000, 100_000, 1_000_000],
+        requests: 50,
+        pg: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--sizes" => a.sizes = value.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--requests" => a.requests = value.parse()?,
+            "--pg" => a.pg = Some(value),
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    Ok(a)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1_000.0
+}
+
+/// A fresh database for one measurement.
+fn fresh(
+    backend: &str,
+    pg: Option<&str>,
+    size: u64,
+    dir: &std::path::Path,
+) -> Result<String, Error> {
+    match backend {
+        "sqlite" => Ok(format!(
+            "sqlite://{}",
+            dir.join(format!("bench-{size}.db")).display()
+        )),
+        _ => {
+            let server = pg.ok_or("no PostgreSQL URL")?;
+            let name = format!("agentry_bench_{size}");
+            let mut admin = diesel::PgConnection::establish(server)?;
+            diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut admin)?;
+            diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin)?;
+            Ok(agentry_persistence::test_support::database_url(
+                server, &name,
+            ))
+        }
+    }
+}
+
+#[derive(QueryableByName)]
+struct Group {
+    #[diesel(sql_type = Text)]
+    day: String,
+    #[diesel(sql_type = Text)]
+    repo_url: String,
+    #[diesel(sql_type = Text)]
+    task_type: String,
+    #[diesel(sql_type = Text)]
+    model: String,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = BigInt)]
+    tasks: i64,
+    #[diesel(sql_type = BigInt)]
+    costed: i64,
+    #[diesel(sql_type = BigInt)]
+    cost: i64,
+    #[diesel(sql_type = BigInt)]
+    input_tokens: i64,
+    #[diesel(sql_type = BigInt)]
+    output_tokens: i64,
+}
+
+fn midnight(d: time::Date) -> PrimitiveDateTime {
+    PrimitiveDateTime::new(d, Time::MIDNIGHT)
+}
+
+/// The first-version way: GROUP BY over the raw task table for the whole span the report
+/// needs, folded into the same inputs, then the same report.
+fn baseline(
+    conn: &mut AnyConnection,
+    window: Window,
+) -> Result<agentry_analytics::CostReport, Error> {
+    let from = window.previous_start().min(window.month_start());
+    let to = window.today().next_day().ok_or("date overflow")?;
+    let select = |day: &str, p1: &str, p2: &str| {
+        format!(
+            "SELECT {day} AS day, repo_url, task_type, COALESCE(model_used, '') AS model, state, \
+             COUNT(*) AS tasks, COUNT(cost_nanos) AS costed, \
+             CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS cost, \
+             CAST(COALESCE(SUM(CASE WHEN cost_nanos IS NOT NULL THEN input_tokens ELSE 0 END), 0) AS BIGINT) AS input_tokens, \
+             CAST(COALESCE(SUM(CASE WHEN cost_nanos IS NOT NULL THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS output_tokens \
+             FROM tasks WHERE created_at >= {p1} AND created_at < {p2} GROUP BY 1, 2, 3, 4, 5"
+        )
+    };
+    let groups: Vec<Group> = match conn {
+        AnyConnection::Sqlite(c) => {
+            diesel::sql_query(select("substr(created_at, 1, 10)", "?", "?"))
+                .bind::<Timestamp, _>(midnight(from))
+                .bind::<Timestamp, _>(midnight(to))
+                .load(c)?
+        }
+        AnyConnection::Postgresql(c) => {
+            diesel::sql_query(select("to_char(created_at, 'YYYY-MM-DD')", "$1", "$2"))
+                .bind::<Timestamp, _>(midnight(from))
+                .bind::<Timestamp, _>(midnight(to))
+                .load(c)?
+        }
+    };
+    let mut inputs = ReportInputs::from_tasks(window, None, &[]);
+    let mut by_repo = std::collections::BTreeMap::<String, Totals>::new();
+    let mut by_type = std::collections::BTreeMap::<TaskType, Totals>::new();
+    let mut by_model = std::collections::BTreeMap::<Option<String>, Totals>::new();
+    let mut by_repo_model = std::collections::BTreeMap::<(String, String), Totals>::new();
+    let mut by_model_all = std::collections::BTreeMap::<String, Totals>::new();
+    let mut daily = std::collections::BTreeMap::<time::Date, Totals>::new();
+    let fmt = time::macros::format_description!("[year]-[month]-[day]");
+    for g in groups {
+        let day = time::Date::parse(&g.day, fmt)?;
+        let state: TaskState = g.state.parse()?;
+        let task_type: TaskType = g.task_type.parse()?;
+        let t = Totals {
+            tasks: g.tasks,
+            costed: g.costed,
+            cost: rust_decimal::Decimal::from_i128_with_scale(i128::from(g.cost), 9),
+            succeeded: if matches!(state, TaskState::PrOpened | TaskState::Completed) {
+                g.costed
+            } else {
+                0
+            },
+            input_tokens: g.input_tokens,
+            output_tokens: g.output_tokens,
+        };
+        if window.in_previous(day) {
+            inputs.previous.add(&t);
+        }
+        if window.in_month_to_date(day) {
+            inputs.month_to_date.add(&t);
+        }
+        if !window.contains(day) {
+            continue;
+        }
+        daily.entry(day).or_default().add(&t);
+        by_repo.entry(g.repo_url.clone()).or_default().add(&t);
+        by_type.entry(task_type).or_default().add(&t);
+        let model = (!g.model.is_empty()).then(|| g.model.clone());
+        by_model.entry(model).or_default().add(&t);
+        if task_type == TaskType::Coding && !g.model.is_empty() {
+            by_repo_model
+                .entry((g.repo_url.clone(), g.model.clone()))
+                .or_default()
+                .add(&t);
+            by_model_all.entry(g.model.clone()).or_default().add(&t);
+        }
+    }
+    inputs.daily = daily.into_iter().collect();
+    inputs.by_repo = by_repo.into_iter().collect();
+    inputs.by_type = by_type.into_iter().collect();
+    inputs.by_model = by_model.into_iter().collect();
+    inputs.coding_by_repo_model = by_repo_model
+        .into_iter()
+        .map(|((r, m), t)| (r, m, t))
+        .collect();
+    inputs.coding_by_model_all_repos = by_model_all.into_iter().collect();
+    let start = window.start().with_time(Time::MIDNIGHT).assume_utc();
+    let end = to.with_time(Time::MIDNIGHT).assume_utc();
+    let fact = |t: agentry_domain::Task| agentry_analytics::TaskFact {
+        id: t.id,
+        title: t.title,
+        repo_url: t.repo_url.to_string(),
+        task_type: t.task_type,
+        state: t.state,
+        model_used: t.model_used,
+        cost: t.cost_usd,
+        input_tokens: t.input_tokens,
+        output_tokens: t.output_tokens,
+        created_at: t.created_at,
+    };
+    inputs.top_candidates = costliest_in_window(conn, start, end, None, 0, Some(10))?
+        .into_iter()
+        .map(fact)
+        .collect();
+    let threshold = inputs
+        .by_repo
+        .iter()
+        .filter_map(|(_, t)| {
+            let nanos = (t.cost * rust_decimal::Decimal::from(1_000_000_000)).normalize();
+            agentry_analytics::anomaly_threshold_nanos(t.costed, nanos.to_string().parse().ok()?)
+        })
+        .min();
+    if let Some(min) = threshold {
+        inputs.anomaly_candidates = costliest_in_window(conn, start, end, None, min, None)?
+            .into_iter()
+            .map(fact)
+            .collect();
+    }
+    Ok(report(&inputs))
+}
+
+fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), Error> {
+    let db = Db::connect(url, 8)?;
+    db.migrate()?;
+    let mut body = Vec::new();
+    agentry_api::demo::write_tasks(&mut body, size, 90, OffsetDateTime::now_utc())?;
+    let started = Instant::now();
+    let imported = agentry_api::import::import(&mut *db.conn()?, &body)?;
+    let import_time = started.elapsed();
+    drop(body);
+    let token = generate_token().map_err(|e| e.to_string())?;
+    agentry_persistence::tokens::create_token(
+        &mut *db.conn()?,
+        "bench",
+        Role::Viewer,
+        &hash_token(&token),
+        agentry_persistence::now(),
+    )?;
+
+    let state = web::Data::new(AppState {
+        db: db.clone(),
+        metrics: Metrics::new()?,
+        openapi_json: String::new(),
+    });
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server_thread = std::thread::spawn(move || -> std::io::Result<()> {
+        actix_web::rt::System::new().block_on(async move {
+            let server =
+                HttpServer::new(move || agentry_api::app::build_app(state.clone(), Vec::new()))
+                    .workers(2)
+                    .listen(listener)?
+                    .run();
+            let _ = tx.send(server.handle());
+            server.await
+        })
+    });
+    let handle = rx.recv()?;
+    let client = reqwest::blocking::Client::new();
+    let mut line = format!(
+        "{backend:8} {size:>9} tasks (import {:.1} s)",
+        import_time.as_secs_f64()
+    );
+    let window90 = Window::new(OffsetDateTime::now_utc().date(), 90)?;
+    for days in [90, 7] {
+        let uri = format!("http://{addr}/api/analytics/costs?days={days}");
+        let mut times = Vec::with_capacity(requests);
+        for i in 0..requests + 5 {
+            let t = Instant::now();
+            let res = client.get(&uri).bearer_auth(&token).send()?;
+            let status = res.status();
+            let bytes = res.bytes()?;
+            let elapsed = t.elapsed();
+            if !status.is_success() {
+                return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)).into());
+            }
+            if i >= 5 {
+                times.push(elapsed);
+            }
+        }
+        line.push_str(&format!("  days={days}: {:.2} ms", ms(median(times))));
+    }
+    // The baseline on the same database; it must agree with the endpoint.
+    let mut conn = db.conn()?;
+    let mut times = Vec::new();
+    let mut baseline_report = None;
+    for _ in 0..5 {
+        let t = Instant::now();
+        baseline_report = Some(baseline(&mut conn, window90)?);
+        times.push(t.elapsed());
+    }
+    let served: serde_json::Value = serde_json::from_slice(
+        &client
+            .get(format!("http://{addr}/api/analytics/costs?days=90"))
+            .bearer_auth(&token)
+            .send()?
+            .bytes()?,
+    )?;
+    if serde_json::to_value(baseline_report)? != served {
+        return Err("the baseline and the endpoint disagree".into());
+    }
+    line.push_str(&format!(
+        "  baseline days=90: {:.1} ms  ({} imported)",
+        ms(median(times)),
+        imported.imported
+    ));
+    println!("{line}");
+    actix_web::rt::System::new().block_on(handle.stop(true));
+    server_thread
+        .join()
+        .map_err(|_| "server thread panicked")??;
+    Ok(())
+}
+
+fn main() -> Result<(), Error> {
+    let args = args()?;
+    let dir = tempfile::tempdir()?;
+    let mut backends = vec!["sqlite"];
+    if args.pg.is_some() {
+        backends.push("postgres");
+    }
+    println!(
+        "median latency of GET /api/analytics/costs over HTTP ({} requests each)",
+        args.requests
+    );
+    for backend in backends {
+        for &size in &args.sizes {
+            let url = fresh(backend, args.pg.as_deref(), size, dir.path())?;
+            measure(backend, &url, size, args.requests)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! The cost report (SPEC §4) from storage: reads the rollups and two index-backed task
+//! queries, assembles [`ReportInputs`], and lets `agentry-analytics` compute the report.
+//! Shared by `GET /api/analytics/costs` and `agentry costs`.
+
+use std::collections::BTreeMap;
+
+use agentry_analytics::{
+    CostReport, ReportInputs, TaskFact, Totals, Window, anomaly_threshold_nanos, report,
+};
+use agentry_domain::{RepoUrl, Task, TaskType};
+use agentry_persistence::rollups::{self, Combo, Sums};
+use agentry_persistence::tasks::costliest_in_window;
+use agentry_persistence::{AnyConnection, DbError};
+use rust_decimal::Decimal;
+use time::{Date, OffsetDateTime, Time};
+
+/// How many tasks `topTasks` lists.
+const TOP: i64 = 10;
+
+fn totals(s: Sums) -> Totals {
+    Totals {
+        tasks: s.tasks,
+        costed: s.costed,
+        cost: Decimal::from_i128_with_scale(i128::from(s.cost_nanos), 9),
+        succeeded: s.succeeded,
+        input_tokens: s.input_tokens,
+        output_tokens: s.output_tokens,
+    }
+}
+
+fn fact(t: Task) -> TaskFact {
+    TaskFact {
+        id: t.id,
+        title: t.title,
+        repo_url: t.repo_url.to_string(),
+        task_type: t.task_type,
+        state: t.state,
+        model_used: t.model_used,
+        cost: t.cost_usd,
+        input_tokens: t.input_tokens,
+        output_tokens: t.output_tokens,
+        created_at: t.created_at,
+    }
+}
+
+fn midnight(d: Date) -> OffsetDateTime {
+    d.with_time(Time::MIDNIGHT).assume_utc()
+}
+
+/// The window of `days` days ending today (UTC).
+pub fn window_ending_now(days: u32) -> Result<Window, agentry_analytics::WindowError> {
+    Window::new(OffsetDateTime::now_utc().date(), days)
+}
+
+/// Reads everything the report needs for `window`, optionally for one repository.
+pub fn load_inputs(
+    conn: &mut AnyConnection,
+    window: Window,
+    repo: Option<&RepoUrl>,
+) -> Result<ReportInputs, DbError> {
+    let repo = repo.map(RepoUrl::as_str);
+    let end = window.today();
+    let before_start = rollups::day_before(window.start());
+    let before_previous = rollups::day_before(window.previous_start());
+    let before_month = rollups::day_before(window.month_start());
+    let points = [end, before_start, before_previous, before_month];
+
+    // Cumulative sums of every combination at the four points.
+    let mut at: BTreeMap<Combo, [Sums; 4]> = BTreeMap::new();
+    for (day, combo, sums) in rollups::cumulative_at(conn, &points)? {
+        let slots = at.entry(combo).or_default();
+        for (i, p) in points.iter().enumerate() {
+            if *p == day {
+                slots[i] = sums;
+            }
+        }
+    }
+
+    let mut previous = Totals::default();
+    let mut month_to_date = Totals::default();
+    let mut by_repo: BTreeMap<String, Sums> = BTreeMap::new();
+    let mut by_type: BTreeMap<TaskType, Totals> = BTreeMap::new();
+    let mut by_model: BTreeMap<Option<String>, Totals> = BTreeMap::new();
+    let mut coding_by_repo_model: BTreeMap<(String, String), Totals> = BTreeMap::new();
+    let mut coding_by_model_all_repos: BTreeMap<String, Totals> = BTreeMap::new();
+    for ((repo_url, task_type, model), s) in &at {
+        let period_sums = s[0].minus(s[1])?;
+        let period = totals(period_sums);
+        let task_type: TaskType = task_type
+            .parse()
+            .map_err(|_| DbError::Corrupt(format!("rollup task type {task_type:?}")))?;
+        let coding = task_type == TaskType::Coding && !model.is_empty();
+        if coding {
+            coding_by_model_all_repos
+                .entry(model.clone())
+                .or_default()
+                .add(&period);
+        }
+        if repo.is_some_and(|r| r != repo_url) {
+            continue;
+        }
+        previous.add(&totals(s[1].minus(s[2])?));
+        month_to_date.add(&totals(s[0].minus(s[3])?));
+        let r = by_repo.entry(repo_url.clone()).or_default();
+        *r = r.plus(period_sums)?;
+        by_type.entry(task_type).or_default().add(&period);
+        let model_key = (!model.is_empty()).then(|| model.clone());
+        by_model.entry(model_key).or_default().add(&period);
+        if coding {
+            coding_by_repo_model
+                .entry((repo_url.clone(), model.clone()))
+                .or_default()
+                .add(&period);
+        }
+    }
+
+    let daily = rollups::daily_between(conn, window.start(), end, repo)?
+        .into_iter()
+        .map(|(day, s)| (day, totals(s)))
+        .collect();
+
+    let from = midnight(window.start());
+    let to = midnight(end) + time::Duration::days(1);
+    // Anomaly candidates: the period's tasks at or above the lowest repository threshold.
+    let threshold = by_repo
+        .values()
+        .filter_map(|s| anomaly_threshold_nanos(s.costed, s.cost_nanos))
+        .min();
+    let anomaly_candidates = match threshold {
+        Some(min) => costliest_in_window(conn, from, to, repo, min, None)?
+            .into_iter()
+            .map(fact)
+            .collect(),
+        None => Vec::new(),
+    };
+    let top_candidates = costliest_in_window(conn, from, to, repo, 0, Some(TOP))?
+        .into_iter()
+        .map(fact)
+        .collect();
+
+    Ok(ReportInputs {
+        window,
+        daily,
+        previous,
+        month_to_date,
+        by_repo: by_repo.into_iter().map(|(r, s)| (r, totals(s))).collect(),
+        by_type: by_type.into_iter().collect(),
+        by_model: by_model.into_iter().collect(),
+        coding_by_repo_model: coding_by_repo_model
+            .into_iter()
+            .map(|((r, m), t)| (r, m, t))
+            .collect(),
+        coding_by_model_all_repos: coding_by_model_all_repos.into_iter().collect(),
+        anomaly_candidates,
+        top_candidates,
+    })
+}
+
+/// The cost report for `window` and an optional repository.
+pub fn cost_report(
+    conn: &mut AnyConnection,
+    window: Window,
+    repo: Option<&RepoUrl>,
+) -> Result<CostReport, DbError> {
+    Ok(report(&load_inputs(conn, window, repo)?))
+}

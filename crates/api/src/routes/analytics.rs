@@ -1,0 +1,48 @@
+//! `GET /api/analytics/costs` (SPEC §4).
+
+use actix_web::{HttpRequest, HttpResponse, get, web};
+use agentry_domain::RepoUrl;
+
+use crate::auth::Caller;
+use crate::costs;
+use crate::error::{ApiError, ErrorBody};
+use crate::query::Query;
+use crate::state::AppState;
+
+/// Default report period in days.
+pub const DEFAULT_DAYS: i64 = 30;
+
+/// The cost report: summary cards, forecast, daily series, breakdowns by repository, task
+/// type and model, anomalies, model suggestions and the costliest tasks.
+#[utoipa::path(
+    tag = "analytics",
+    params(
+        ("days" = Option<u32>, Query, description = "Period length in days, 1 to 365 (default 30)"),
+        ("repoUrl" = Option<String>, Query, description = "Only this repository (any accepted URL form)"),
+    ),
+    responses(
+        (status = 200, description = "The cost report (SPEC §4)", content_type = "application/json", body = Object),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/analytics/costs")]
+pub async fn cost_report(
+    _caller: Caller,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let q = Query::parse(req.query_string(), &["days", "repoUrl"])?;
+    let days = q.int_in("days", 1, 365)?.unwrap_or(DEFAULT_DAYS);
+    let repo = q
+        .get("repoUrl")
+        .map(|v| RepoUrl::parse(v).map_err(|e| ApiError::invalid_parameter("repoUrl", e)))
+        .transpose()?;
+    let window = costs::window_ending_now(u32::try_from(days).unwrap_or(30))
+        .map_err(|e| ApiError::invalid_parameter("days", e))?;
+    let report = state
+        .db(move |conn| Ok(costs::cost_report(conn, window, repo.as_ref())?))
+        .await?;
+    Ok(HttpResponse::Ok().json(report))
+}
