@@ -31,6 +31,7 @@ CREATE TABLE cost_cumulative (
 );
 CREATE INDEX cost_cumulative_day ON cost_cumulative (day);
 
--- The costliest tasks of a period (topTasks) and the anomaly candidates above a threshold.
-CREATE INDEX tasks_cost ON tasks (cost_nanos, created_at) WHERE cost_nanos IS NOT NULL;
-CREATE INDEX tasks_repo_cost ON tasks (repo_url, cost_nanos, created_at) WHERE cost_nanos IS NOT NULL;
+-- The costliest tasks (topTasks) and anomaly candidates, read top-down in exactly the
+-- report's order (cost desc, created_at desc, id), so no query sorts a period's rows.
+CREATE INDEX tasks_cost ON tasks (cost_nanos DESC, created_at DESC, id) WHERE cost_nanos IS NOT NULL;
+CREATE INDEX tasks_repo_cost ON tasks (repo_url, cost_nanos DESC, created_at DESC, id) WHERE cost_nanos IS NOT NULL;

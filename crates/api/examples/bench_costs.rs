@@ -223,19 +223,17 @@ fn baseline(
         .into_iter()
         .map(fact)
         .collect();
-    let threshold = inputs
-        .by_repo
-        .iter()
-        .filter_map(|(_, t)| {
-            let nanos = (t.cost * rust_decimal::Decimal::from(1_000_000_000)).normalize();
-            agentry_analytics::anomaly_threshold_nanos(t.costed, nanos.to_string().parse().ok()?)
-        })
-        .min();
-    if let Some(min) = threshold {
-        inputs.anomaly_candidates = costliest_in_window(conn, start, end, None, min, None)?
-            .into_iter()
-            .map(fact)
-            .collect();
+    for (repo_url, t) in &inputs.by_repo {
+        let nanos = (t.cost * rust_decimal::Decimal::from(1_000_000_000)).normalize();
+        let Some(min) =
+            agentry_analytics::anomaly_threshold_nanos(t.costed, nanos.to_string().parse()?)
+        else {
+            continue;
+        };
+        let found = costliest_in_window(conn, start, end, Some(repo_url), min, None)?;
+        inputs
+            .anomaly_candidates
+            .extend(found.into_iter().map(fact));
     }
     Ok(report(&inputs))
 }

@@ -15,7 +15,7 @@ use rust_decimal::Decimal;
 use time::{Date, OffsetDateTime, Time};
 
 /// How many tasks `topTasks` lists.
-const TOP: i64 = 10;
+const TOP: usize = 10;
 
 fn totals(s: Sums) -> Totals {
     Totals {
@@ -121,18 +121,14 @@ pub fn load_inputs(
 
     let from = midnight(window.start());
     let to = midnight(end) + time::Duration::days(1);
-    // Anomaly candidates: the period's tasks at or above the lowest repository threshold.
-    let threshold = by_repo
-        .values()
-        .filter_map(|s| anomaly_threshold_nanos(s.costed, s.cost_nanos))
-        .min();
-    let anomaly_candidates = match threshold {
-        Some(min) => costliest_in_window(conn, from, to, repo, min, None)?
-            .into_iter()
-            .map(fact)
-            .collect(),
-        None => Vec::new(),
-    };
+    // Anomaly candidates: per repository, its period's tasks at or above its threshold.
+    let mut anomaly_candidates = Vec::new();
+    for (repo_url, sums) in &by_repo {
+        if let Some(threshold) = anomaly_threshold_nanos(sums.costed, sums.cost_nanos) {
+            let found = costliest_in_window(conn, from, to, Some(repo_url), threshold, None)?;
+            anomaly_candidates.extend(found.into_iter().map(fact));
+        }
+    }
     let top_candidates = costliest_in_window(conn, from, to, repo, 0, Some(TOP))?
         .into_iter()
         .map(fact)
