@@ -342,3 +342,68 @@ fn migrate_is_idempotent_and_bad_configuration_is_reported() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("AGENTRY_BIND"));
 }
+
+#[test]
+fn costs_prints_tables_and_the_api_json_from_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tasks.jsonl");
+    let today = time::OffsetDateTime::now_utc().date();
+    let lines: Vec<String> = (0..6)
+        .map(|i| {
+            format!(
+                r#"{{"title":"Task {i}","repoUrl":"https://github.com/acme/web","taskType":"coding","state":"completed","modelUsed":"sonnet","costUsd":"{}","inputTokens":10,"outputTokens":2,"createdAt":"{today}T08:00:0{i}Z"}}"#,
+                if i == 5 { "40.5" } else { "1.25" }
+            )
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    assert!(
+        run(agentry(dir.path(), None).arg("import").arg(&file))
+            .status
+            .success()
+    );
+
+    let out = run(agentry(dir.path(), None).args(["costs", "--days", "7"]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains("Costs over the last 7 days, all repositories"),
+        "{table}"
+    );
+    assert!(table.contains("46.7500"), "total cost card: {table}");
+    assert!(
+        table.contains("Costliest tasks") && table.contains("Task 5"),
+        "{table}"
+    );
+    // 40.5 is 32.4 times the average of the other five (1.25): an anomaly.
+    assert!(
+        table.contains("Anomalies") && table.contains("32.4"),
+        "{table}"
+    );
+
+    let out = run(agentry(dir.path(), None).args([
+        "costs",
+        "--json",
+        "--repo",
+        "git@github.com:Acme/Web.git",
+    ]));
+    assert!(out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["summary"]["totalCost"], "46.7500");
+    assert_eq!(report["summary"]["days"], 30);
+    assert_eq!(report["dailyCosts"].as_array().unwrap().len(), 30);
+    assert_eq!(report["anomalies"][0]["costUsd"], "40.5");
+
+    for bad in [
+        ["costs", "--days", "0"],
+        ["costs", "--days", "366"],
+        ["costs", "--repo", "nope"],
+    ] {
+        let out = run(agentry(dir.path(), None).args(bad));
+        assert!(!out.status.success(), "{bad:?}");
+    }
+}
