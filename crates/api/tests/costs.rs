@@ -330,3 +330,23 @@ async fn a_filter_that_matches_nothing_gives_zeros_and_thirty_zero_days() {
     assert_eq!(body["dailyCosts"].as_array().unwrap().len(), 30);
     let _: Value = body;
 }
+
+#[actix_web::test]
+async fn an_empty_database_gives_an_all_zero_report() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    for days in [1, 30, 365] {
+        let (code, body) = call(
+            &app,
+            get(&format!("/api/analytics/costs?days={days}"), &t.viewer),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body["summary"]["totalCost"], "0.0000");
+        assert_eq!(body["summary"]["taskCount"], 0);
+        assert_eq!(body["forecast"]["forecastedMonthTotal"], "0.0000");
+        assert_eq!(body["dailyCosts"].as_array().unwrap().len(), days);
+        assert_eq!(body["topTasks"], json!([]));
+    }
+}

@@ -195,6 +195,31 @@ impl Deltas {
 
 type CumRow = (String, String, String, String, i64, i64, i64, i64, i64, i64);
 
+/// The columns of a [`CumRow`], in order.
+const CUM_COLUMNS: (
+    cc::repo_url,
+    cc::task_type,
+    cc::model,
+    cc::day,
+    cc::tasks,
+    cc::costed,
+    cc::cost_nanos,
+    cc::succeeded,
+    cc::input_tokens,
+    cc::output_tokens,
+) = (
+    cc::repo_url,
+    cc::task_type,
+    cc::model,
+    cc::day,
+    cc::tasks,
+    cc::costed,
+    cc::cost_nanos,
+    cc::succeeded,
+    cc::input_tokens,
+    cc::output_tokens,
+);
+
 fn sums_of(r: &CumRow) -> Sums {
     Sums {
         tasks: r.4,
@@ -273,18 +298,7 @@ pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError
 fn carry_forward(conn: &mut AnyConnection, from: Date, to: Date) -> Result<(), DbError> {
     let rows: Vec<CumRow> = cc::table
         .filter(cc::day.eq(day_text(from)))
-        .select((
-            cc::repo_url,
-            cc::task_type,
-            cc::model,
-            cc::day,
-            cc::tasks,
-            cc::costed,
-            cc::cost_nanos,
-            cc::succeeded,
-            cc::input_tokens,
-            cc::output_tokens,
-        ))
+        .select(CUM_COLUMNS)
         .load(conn)?;
     let day = day_text(to);
     let inserts: Vec<CumInsert> = rows
@@ -340,18 +354,7 @@ fn rewrite_combo(
         .filter(cc::model.eq(model))
         .filter(cc::day.lt(day_text(first)))
         .order(cc::day.desc())
-        .select((
-            cc::repo_url,
-            cc::task_type,
-            cc::model,
-            cc::day,
-            cc::tasks,
-            cc::costed,
-            cc::cost_nanos,
-            cc::succeeded,
-            cc::input_tokens,
-            cc::output_tokens,
-        ))
+        .select(CUM_COLUMNS)
         .first(conn)
         .optional()?;
     let existing: Vec<CumRow> = cc::table
@@ -360,18 +363,7 @@ fn rewrite_combo(
         .filter(cc::model.eq(model))
         .filter(cc::day.ge(day_text(first)))
         .order(cc::day.asc())
-        .select((
-            cc::repo_url,
-            cc::task_type,
-            cc::model,
-            cc::day,
-            cc::tasks,
-            cc::costed,
-            cc::cost_nanos,
-            cc::succeeded,
-            cc::input_tokens,
-            cc::output_tokens,
-        ))
+        .select(CUM_COLUMNS)
         .load(conn)?;
     let mut old: BTreeMap<Date, Sums> = BTreeMap::new();
     for r in &existing {
@@ -470,18 +462,7 @@ pub fn cumulative_at(
     let clamped: Vec<String> = days.iter().map(|d| day_text((*d).min(latest))).collect();
     let rows: Vec<CumRow> = cc::table
         .filter(cc::day.eq_any(&clamped))
-        .select((
-            cc::repo_url,
-            cc::task_type,
-            cc::model,
-            cc::day,
-            cc::tasks,
-            cc::costed,
-            cc::cost_nanos,
-            cc::succeeded,
-            cc::input_tokens,
-            cc::output_tokens,
-        ))
+        .select(CUM_COLUMNS)
         .load(conn)?;
     let mut out = Vec::with_capacity(rows.len() * days.len());
     for r in &rows {
