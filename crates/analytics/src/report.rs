@@ -32,6 +32,7 @@ const UNKNOWN_MODEL: &str = "unknown";
 
 /// The cost report of SPEC §4: exactly the members of the seed's section 2.1.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CostReport {
     /// The summary cards.
@@ -57,6 +58,7 @@ pub struct CostReport {
 /// The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
 /// from zero once from the exact value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
     /// Sum of the costs of the costed tasks of the period.
@@ -78,6 +80,7 @@ pub struct Summary {
 
 /// The month forecast. Money is a decimal string with exactly 4 decimals.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Forecast {
     /// `totalCost / days` (idle days count as zero).
@@ -94,13 +97,16 @@ pub struct Forecast {
 
 /// One day of the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DailyCost {
     /// The UTC day, `YYYY-MM-DD` on the wire.
     #[serde(serialize_with = "wire::date")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = Date))]
     pub date: Date,
     /// Sum of the costs of the day's costed tasks (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub cost: Decimal,
     /// The day's costed tasks.
     pub task_count: i64,
@@ -108,12 +114,14 @@ pub struct DailyCost {
 
 /// Costs of one repository in the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RepoCost {
     /// The normalised repository URL.
     pub repo_url: String,
     /// Sum of the costs of its costed tasks (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub total_cost: Decimal,
     /// Its costed tasks.
     pub task_count: i64,
@@ -121,12 +129,15 @@ pub struct RepoCost {
 
 /// Costs of one task type in the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TypeCost {
     /// `coding` or `review`.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "coding"))]
     pub task_type: TaskType,
     /// Sum of the costs of its costed tasks (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub total_cost: Decimal,
     /// Its costed tasks.
     pub task_count: i64,
@@ -134,21 +145,25 @@ pub struct TypeCost {
 
 /// Costs of one model in the period (all task types).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelCost {
     /// The model as stored, or `"unknown"`.
     pub model: String,
     /// Sum of the costs of its costed tasks (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub total_cost: Decimal,
     /// Its costed tasks.
     pub task_count: i64,
     /// Percent of its costed tasks in `pr_opened` or `completed`, rounded half away from
     /// zero to 1 decimal (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub success_rate: Decimal,
     /// `totalCost / taskCount` (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub avg_cost: Decimal,
     /// Input tokens of its costed tasks.
     pub total_input_tokens: i64,
@@ -159,6 +174,7 @@ pub struct ModelCost {
 /// A task costing at least three times the average of the other costed tasks of its
 /// repository in the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Anomaly {
     /// The task's id.
@@ -168,27 +184,34 @@ pub struct Anomaly {
     /// The task's repository.
     pub repo_url: String,
     /// The task's type.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "coding"))]
     pub task_type: TaskType,
     /// The task's state.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "completed"))]
     pub state: TaskState,
     /// The task's exact cost, a plain decimal string.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "0.123456"))]
     pub cost_usd: Usd,
     /// The model used, or null.
     pub model_used: Option<String>,
     /// The leave-one-out average: the average cost of the repository's other costed tasks
     /// in the period (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub repo_avg_cost: Decimal,
     /// `costUsd / repoAvgCost` (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub cost_ratio: Decimal,
     /// When the task was created, RFC 3339 UTC.
     #[serde(with = "time::serde::rfc3339")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     pub created_at: OffsetDateTime,
 }
 
 /// A cheaper model with proven results for a repository's current coding model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSuggestion {
     /// The repository.
@@ -199,20 +222,24 @@ pub struct ModelSuggestion {
     pub task_count: i64,
     /// Their average cost (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub avg_cost: Decimal,
     /// The suggested model's average cost over the coding tasks of all repositories (a JSON
     /// number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub cheaper_model_avg_cost: Decimal,
     /// The suggested model.
     pub suggested_model: String,
     /// `taskCount × (avgCost − cheaperModelAvgCost)` (a JSON number).
     #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub estimated_savings: Decimal,
 }
 
 /// One of the costliest tasks of the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TopTask {
     /// The task's id.
@@ -222,10 +249,13 @@ pub struct TopTask {
     /// The task's repository.
     pub repo_url: String,
     /// The task's type.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "coding"))]
     pub task_type: TaskType,
     /// The task's state.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "completed"))]
     pub state: TaskState,
     /// The task's exact cost, a plain decimal string.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "0.123456"))]
     pub cost_usd: Usd,
     /// The task's input tokens.
     pub input_tokens: i64,
@@ -235,6 +265,7 @@ pub struct TopTask {
     pub model_used: Option<String>,
     /// When the task was created, RFC 3339 UTC.
     #[serde(with = "time::serde::rfc3339")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     pub created_at: OffsetDateTime,
 }
 

@@ -809,3 +809,63 @@ async fn the_api_works_on_postgresql_too() {
     assert_eq!(task_count(&db.db), 2);
     assert_eq!(TaskState::Completed.as_str(), detail["state"]);
 }
+
+/// The cost report's schema is generated from its Rust types: every member of SPEC §4.
+#[actix_web::test]
+async fn the_cost_report_schema_has_every_member() {
+    let doc = serde_json::to_value(agentry_api::app::openapi()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let members = |name: &str| -> Vec<String> {
+        let mut m: Vec<String> = schemas[name]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{name}"))
+            .keys()
+            .cloned()
+            .collect();
+        m.sort();
+        m
+    };
+    assert_eq!(
+        members("CostReport"),
+        [
+            "anomalies",
+            "costByModel",
+            "costByRepo",
+            "costByType",
+            "dailyCosts",
+            "forecast",
+            "modelSuggestions",
+            "summary",
+            "topTasks"
+        ]
+    );
+    assert_eq!(
+        members("Summary"),
+        [
+            "avgCost",
+            "costTrend",
+            "days",
+            "prevPeriodCost",
+            "taskCount",
+            "tasksWithCost",
+            "totalCost"
+        ]
+    );
+    assert_eq!(
+        members("Forecast"),
+        [
+            "dailyAvgCost",
+            "daysRemaining",
+            "forecastedMonthTotal",
+            "monthCostSoFar"
+        ]
+    );
+    assert_eq!(schemas["DailyCost"]["properties"]["cost"]["type"], "number");
+    assert_eq!(
+        schemas["TopTask"]["properties"]["costUsd"]["type"],
+        "string"
+    );
+    let op = &doc["paths"]["/api/analytics/costs"]["get"]["responses"]["200"]["content"]["application/json"]
+        ["schema"];
+    assert_eq!(op["$ref"], "#/components/schemas/CostReport");
+}

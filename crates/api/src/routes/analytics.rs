@@ -21,7 +21,7 @@ pub const DEFAULT_DAYS: i64 = 30;
         ("repoUrl" = Option<String>, Query, description = "Only this repository (any accepted URL form)"),
     ),
     responses(
-        (status = 200, description = "The cost report (SPEC §4)", content_type = "application/json", body = Object),
+        (status = 200, description = "The cost report (SPEC §4)", body = agentry_analytics::CostReport),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
     ),
