@@ -16,6 +16,7 @@ pub mod meta;
 pub mod repos;
 pub mod rollups;
 pub mod schema;
+pub mod secrets;
 pub mod tasks;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
