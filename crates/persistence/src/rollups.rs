@@ -268,15 +268,10 @@ pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError
     // Extend every combination through the newest day of this change (carry forward).
     let newest = deltas.cumulative.keys().map(|(_, d)| *d).max();
     let mut latest = latest_day(conn)?;
-    if let (Some(from), Some(to)) = (latest, newest) {
-        let mut day = from;
-        while day < to {
-            let next = day
-                .next_day()
-                .ok_or_else(|| DbError::Conflict("date overflow".into()))?;
-            carry_forward(conn, day, next)?;
-            day = next;
-        }
+    if let (Some(from), Some(to)) = (latest, newest)
+        && to > from
+    {
+        carry_forward(conn, from, to)?;
     }
     latest = match (latest, newest) {
         (Some(a), Some(b)) => Some(a.max(b)),
@@ -295,31 +290,39 @@ pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError
     Ok(())
 }
 
+/// Copies every combination's row of day `from` to each day after it through `to`.
 fn carry_forward(conn: &mut AnyConnection, from: Date, to: Date) -> Result<(), DbError> {
     let rows: Vec<CumRow> = cc::table
         .filter(cc::day.eq(day_text(from)))
         .select(CUM_COLUMNS)
         .load(conn)?;
-    let day = day_text(to);
-    let inserts: Vec<CumInsert> = rows
-        .iter()
-        .map(|r| {
-            let s = sums_of(r);
-            CumInsert {
-                repo_url: &r.0,
-                task_type: &r.1,
-                model: &r.2,
-                day: day.clone(),
-                tasks: s.tasks,
-                costed: s.costed,
-                cost_nanos: s.cost_nanos,
-                succeeded: s.succeeded,
-                input_tokens: s.input_tokens,
-                output_tokens: s.output_tokens,
-            }
-        })
-        .collect();
-    insert_cumulative(conn, &inserts)
+    let mut day = from;
+    while day < to {
+        day = day
+            .next_day()
+            .ok_or_else(|| DbError::Conflict("date overflow".into()))?;
+        let text = day_text(day);
+        let inserts: Vec<CumInsert> = rows
+            .iter()
+            .map(|r| {
+                let s = sums_of(r);
+                CumInsert {
+                    repo_url: &r.0,
+                    task_type: &r.1,
+                    model: &r.2,
+                    day: text.clone(),
+                    tasks: s.tasks,
+                    costed: s.costed,
+                    cost_nanos: s.cost_nanos,
+                    succeeded: s.succeeded,
+                    input_tokens: s.input_tokens,
+                    output_tokens: s.output_tokens,
+                }
+            })
+            .collect();
+        insert_cumulative(conn, &inserts)?;
+    }
+    Ok(())
 }
 
 fn insert_cumulative(conn: &mut AnyConnection, rows: &[CumInsert]) -> Result<(), DbError> {
