@@ -1,0 +1,208 @@
+//! Small helpers of the fake GitHub: encodings, time formatting, a deterministic RNG.
+
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+/// Hex of the SHA-256 of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// A strong ETag (quoted hex SHA-256) of a response body.
+pub(crate) fn etag_of(body: &[u8]) -> String {
+    format!("\"{}\"", sha256_hex(body))
+}
+
+/// Standard base64 with padding.
+pub(crate) fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b0 = chunk.first().copied().unwrap_or(0);
+        let b1 = chunk.get(1).copied().unwrap_or(0);
+        let b2 = chunk.get(2).copied().unwrap_or(0);
+        let n = (u32::from(b0) << 16) | (u32::from(b1) << 8) | u32::from(b2);
+        let sextet = |shift: u32| char::from(ALPHABET[((n >> shift) & 0x3f) as usize]);
+        out.push(sextet(18));
+        out.push(sextet(12));
+        out.push(if chunk.len() > 1 { sextet(6) } else { '=' });
+        out.push(if chunk.len() > 2 { sextet(0) } else { '=' });
+    }
+    out
+}
+
+/// A legacy GitHub global node id, e.g. `MDQ6VXNlcjE=` for `04:User1`.
+pub(crate) fn node_id(kind: &str, id: u64) -> String {
+    base64(format!("0{}:{}{}", kind.len(), kind, id).as_bytes())
+}
+
+/// GitHub's timestamp format: RFC 3339, UTC, whole seconds, `Z`.
+pub(crate) fn format_time(unix: i64) -> String {
+    let t = OffsetDateTime::from_unix_timestamp(unix).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+/// Parses an ISO 8601 / RFC 3339 timestamp (or a bare `YYYY-MM-DD` date) into unix seconds.
+pub(crate) fn parse_time(s: &str) -> Option<i64> {
+    if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
+        return Some(t.unix_timestamp());
+    }
+    OffsetDateTime::parse(&format!("{s}T00:00:00Z"), &Rfc3339)
+        .ok()
+        .map(OffsetDateTime::unix_timestamp)
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Decodes `%XX` escapes of a path segment; `None` on a bad escape or invalid UTF-8.
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let hi = hex_value(*bytes.get(i + 1)?)?;
+            let lo = hex_value(*bytes.get(i + 2)?)?;
+            out.push(hi << 4 | lo);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+pub(crate) fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Decodes an `application/x-www-form-urlencoded` query string into pairs, in order.
+pub(crate) fn parse_query(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let (k, v) = part.split_once('=').unwrap_or((part, ""));
+            let decode = |s: &str| {
+                let s = s.replace('+', " ");
+                percent_decode(&s).unwrap_or(s)
+            };
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// SplitMix64: a tiny deterministic RNG for fault injection.
+#[derive(Debug, Clone)]
+pub(crate) struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform draw in `[0, 1)`.
+    pub(crate) fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_match_githubs_legacy_format() {
+        assert_eq!(node_id("User", 21031067), "MDQ6VXNlcjIxMDMxMDY3");
+        assert_eq!(
+            node_id("Repository", 186853002),
+            "MDEwOlJlcG9zaXRvcnkxODY4NTMwMDI="
+        );
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(base64(b"a"), "YQ==");
+    }
+
+    #[test]
+    fn times_round_trip() {
+        let s = format_time(1_557_933_618);
+        assert_eq!(s, "2019-05-15T15:20:18Z");
+        assert_eq!(parse_time(&s), Some(1_557_933_618));
+        assert_eq!(parse_time("2019-05-15"), Some(1_557_878_400));
+        assert_eq!(parse_time("yesterday"), None);
+    }
+
+    #[test]
+    fn percent_codec() {
+        assert_eq!(
+            percent_decode("good%20first%20issue").as_deref(),
+            Some("good first issue")
+        );
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%"), None);
+        assert_eq!(percent_encode("a b:c"), "a%20b%3Ac");
+        assert_eq!(
+            parse_query("state=open&labels=a%2Cb&x"),
+            vec![
+                ("state".to_owned(), "open".to_owned()),
+                ("labels".to_owned(), "a,b".to_owned()),
+                ("x".to_owned(), String::new())
+            ]
+        );
+    }
+
+    #[test]
+    fn rng_is_deterministic() {
+        let mut a = SplitMix64::new(7);
+        let mut b = SplitMix64::new(7);
+        for _ in 0..10 {
+            let x = a.next_f64();
+            assert_eq!(x, b.next_f64());
+            assert!((0.0..1.0).contains(&x));
+        }
+    }
+}
