@@ -539,8 +539,3 @@ pub fn rebuild(conn: &mut AnyConnection) -> Result<(), DbError> {
 pub fn day_before(d: Date) -> Date {
     d.checked_sub(Duration::days(1)).unwrap_or(d)
 }
-
-/// Whether a task type string is the coding type (helper for callers grouping rows).
-pub fn is_coding(task_type: &str) -> bool {
-    task_type == TaskType::Coding.as_str()
-}

@@ -842,6 +842,29 @@ fn pull_of<'s>(state: &'s State, key: &str, n: u64) -> Result<(&'s Repo, &'s Ite
     Ok((repo, item))
 }
 
+/// Applies a PATCH's `title` and `body` to an issue or pull request; whether anything changed.
+fn set_title_and_body(item: &mut Item, title: Option<String>, body: Field) -> bool {
+    let mut changed = false;
+    if let Some(title) = title
+        && item.title != title
+    {
+        item.title = title;
+        changed = true;
+    }
+    let new_body = match body {
+        Field::Absent => None,
+        Field::Null => Some(None),
+        Field::Str(s) => Some(Some(s)),
+    };
+    if let Some(new_body) = new_body
+        && item.body != new_body
+    {
+        item.body = new_body;
+        changed = true;
+    }
+    changed
+}
+
 fn sort_items(items: &mut [&Item], sort: &str, descending: bool) {
     match sort {
         "updated" => items.sort_by_key(|i| (i.updated_at, i.updated_seq)),
@@ -1012,23 +1035,7 @@ fn update_issue(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
         .get_mut(ctx.key)
         .and_then(|r| r.items.get_mut(&n))
     {
-        if let Some(title) = title
-            && item.title != title
-        {
-            item.title = title;
-            changed = true;
-        }
-        let new_body = match body {
-            Field::Absent => None,
-            Field::Null => Some(None),
-            Field::Str(s) => Some(Some(s)),
-        };
-        if let Some(new_body) = new_body
-            && item.body != new_body
-        {
-            item.body = new_body;
-            changed = true;
-        }
+        changed |= set_title_and_body(item, title, body);
     }
     if let Some(labels) = labels {
         let mut canonical = Vec::with_capacity(labels.len());
@@ -1389,23 +1396,7 @@ fn update_pull(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
         .get_mut(ctx.key)
         .and_then(|r| r.items.get_mut(&n))
     {
-        if let Some(title) = title
-            && item.title != title
-        {
-            item.title = title;
-            changed = true;
-        }
-        let new_body = match body {
-            Field::Absent => None,
-            Field::Null => Some(None),
-            Field::Str(s) => Some(Some(s)),
-        };
-        if let Some(new_body) = new_body
-            && item.body != new_body
-        {
-            item.body = new_body;
-            changed = true;
-        }
+        changed |= set_title_and_body(item, title, body);
         if let (Some(base), Some(pull)) = (base, item.pull.as_mut())
             && pull.base_ref != base
         {
