@@ -124,23 +124,25 @@ impl MasterKey {
                 let mut bytes = [0u8; 32];
                 getrandom::fill(&mut bytes).map_err(|e| SecretError::Random(e.to_string()))?;
                 let text = B64.encode(bytes);
-                let mut options = std::fs::OpenOptions::new();
-                // create_new: two processes starting at once cannot both write a key.
-                options.write(true).create_new(true);
-                #[cfg(unix)]
-                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-                match options.open(path) {
-                    Ok(mut file) => {
-                        use std::io::Write;
-                        file.write_all(format!("{text}\n").as_bytes())
-                            .map_err(file_error)?;
-                        file.sync_all().map_err(file_error)?;
-                        MasterKey::from_base64(&text)
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // The key is written whole to a private (0600) temporary file beside the
+                // target and then linked into place without replacing anything: a process
+                // starting at the same moment sees either no file or the complete key, and
+                // only one key is ever published.
+                let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+                let mut file = tempfile::NamedTempFile::new_in(dir.unwrap_or(Path::new(".")))
+                    .map_err(file_error)?;
+                {
+                    use std::io::Write;
+                    file.write_all(format!("{text}\n").as_bytes())
+                        .map_err(file_error)?;
+                    file.as_file().sync_all().map_err(file_error)?;
+                }
+                match file.persist_noclobber(path) {
+                    Ok(_) => MasterKey::from_base64(&text),
+                    Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
                         MasterKey::from_base64(&std::fs::read_to_string(path).map_err(file_error)?)
                     }
-                    Err(e) => Err(file_error(e)),
+                    Err(e) => Err(file_error(e.error)),
                 }
             }
             Err(e) => Err(file_error(e)),

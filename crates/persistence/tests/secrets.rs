@@ -91,17 +91,22 @@ fn the_key_file_is_generated_once_private_and_reused() {
     // A configured key wins over the file.
     let configured = MasterKey::load_or_create(Some(KEY), &path).unwrap();
     assert!(configured.open("X", &sealed).is_err());
-    // Processes starting together end up with one key.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("master.key");
-    let keys: Vec<MasterKey> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|_| s.spawn(|| MasterKey::load_or_create(None, &path).unwrap()))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let sealed = keys[0].seal("X", &SecretValue::new("same")).unwrap();
-    assert!(keys.iter().all(|k| k.open("X", &sealed).is_ok()));
+    // Processes starting together end up with one key, and none reads a half-written file
+    // (repeated, since the window is small).
+    for _ in 0..50 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.key");
+        let keys: Vec<MasterKey> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| MasterKey::load_or_create(None, &path).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let sealed = keys[0].seal("X", &SecretValue::new("same")).unwrap();
+        assert!(keys.iter().all(|k| k.open("X", &sealed).is_ok()));
+        // Only the key file is left: no temporary file stays behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 }
 
 backend_tests! {
