@@ -2,9 +2,14 @@
 //! service runs, written once for SQLite (the embedded default) and PostgreSQL (production).
 //!
 //! The backend is chosen at run time by the database URL ([`Db::connect`]); all queries take an
-//! [`AnyConnection`]. Writes go through [`write_tx`], so a state change, its task event and
-//! its cost commit together or not at all. Domain types ([`agentry_domain`]) come in and go
-//! out; diesel rows stay inside this crate.
+//! [`AnyConnection`]. Writes go through [`write_tx`], so a state change, its task event, its
+//! cost and the code-host effects it causes (the [`outbox`]) commit together or not at all.
+//! Domain types ([`agentry_domain`]) come in and go out; diesel rows stay inside this crate.
+//!
+//! Modules by resource: [`tasks`] (creation, transitions, runs, listing, import), [`repos`]
+//! (connected repositories, settings, issue-sync state), [`issues`] (the synced copy of open
+//! code-host issues behind the issues view), [`outbox`] (code-host side effects),
+//! [`rollups`] (cost rollups), [`tokens`], [`secrets`] and [`meta`].
 //!
 //! Storage conventions (shared by both backends): ids are UUID text, times are UTC
 //! `TIMESTAMP`s at microsecond precision, money is `BIGINT` nano-dollars.
@@ -12,7 +17,9 @@
 pub mod connection;
 mod convert;
 mod error;
+pub mod issues;
 pub mod meta;
+pub mod outbox;
 pub mod repos;
 pub mod rollups;
 pub mod schema;

@@ -186,3 +186,156 @@ pub fn list_connected(conn: &mut AnyConnection) -> Result<Vec<Repository>, DbErr
         .map(Repository::try_from)
         .collect()
 }
+
+/// Marks a connected repository disconnected. Its row, tasks, costs and synced issues stay;
+/// it leaves the list of connected repositories, the issues view and the sync loop.
+/// Idempotent: disconnecting it again changes nothing (the first time is kept).
+/// [`DbError::NotFound`] if no repository has this id.
+pub fn disconnect_repository(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    now: OffsetDateTime,
+) -> Result<Repository, DbError> {
+    write_tx(conn, |conn| {
+        // The condition makes a concurrent second disconnect a no-op instead of moving the time.
+        diesel::update(
+            repositories::table
+                .find(id.to_string())
+                .filter(repositories::disconnected_at.is_null()),
+        )
+        .set((
+            repositories::disconnected_at.eq(Some(to_db(now))),
+            repositories::updated_at.eq(to_db(now)),
+        ))
+        .execute(conn)?;
+        get_repository(conn, id)
+    })
+}
+
+/// Stores a repository's settings (already validated: [`RepoSettings`] values are always
+/// within bounds) and returns the repository. [`DbError::NotFound`] if no repository has this id.
+pub fn update_settings(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    settings: &RepoSettings,
+    now: OffsetDateTime,
+) -> Result<Repository, DbError> {
+    write_tx(conn, |conn| {
+        let updated = diesel::update(repositories::table.find(id.to_string()))
+            .set((
+                repositories::coding_model.eq(&settings.coding_model),
+                repositories::review_model.eq(&settings.review_model),
+                repositories::max_turns_coding.eq(settings.max_turns_coding),
+                repositories::max_turns_review.eq(settings.max_turns_review),
+                repositories::agent_type.eq(settings.agent_type.as_str()),
+                repositories::auto_review.eq(settings.auto_review),
+                repositories::max_cost_per_task_nanos
+                    .eq(settings.max_cost_per_task_usd.map(Usd::to_nanos)),
+                repositories::updated_at.eq(to_db(now)),
+            ))
+            .execute(conn)?;
+        if updated == 0 {
+            return Err(DbError::NotFound);
+        }
+        get_repository(conn, id)
+    })
+}
+
+/// Changes a repository's settings as one read-modify-write (a PATCH): in one write
+/// transaction, reads the current settings, passes them to `change`, and stores what it
+/// returns. When `change` refuses (`Err(e)`), nothing is written and the result is
+/// `Ok(Err(e))`. [`DbError::NotFound`] if no repository has this id.
+///
+/// The row is locked before it is read (on PostgreSQL by updating it first; SQLite's
+/// immediate transaction already excludes other writers), so two concurrent patches of
+/// different settings both take effect instead of one overwriting the other.
+pub fn patch_settings<E, F>(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    now: OffsetDateTime,
+    change: F,
+) -> Result<Result<Repository, E>, DbError>
+where
+    F: FnOnce(&RepoSettings) -> Result<RepoSettings, E>,
+{
+    /// Why the transaction is rolled back.
+    enum Failure<E> {
+        Refused(E),
+        Db(DbError),
+    }
+    impl<E> From<diesel::result::Error> for Failure<E> {
+        fn from(e: diesel::result::Error) -> Self {
+            Failure::Db(e.into())
+        }
+    }
+    impl<E> From<DbError> for Failure<E> {
+        fn from(e: DbError) -> Self {
+            Failure::Db(e)
+        }
+    }
+    let result = write_tx(conn, |conn| {
+        let locked = diesel::update(repositories::table.find(id.to_string()))
+            .set(repositories::updated_at.eq(to_db(now)))
+            .execute(conn)?;
+        if locked == 0 {
+            return Err(Failure::Db(DbError::NotFound));
+        }
+        let current = get_repository(conn, id)?;
+        let settings = change(&current.settings).map_err(Failure::Refused)?;
+        Ok(update_settings(conn, id, &settings, now)?)
+    });
+    match result {
+        Ok(repo) => Ok(Ok(repo)),
+        Err(Failure::Refused(e)) => Ok(Err(e)),
+        Err(Failure::Db(e)) => Err(e),
+    }
+}
+
+/// Where a repository's issue sync stands (SPEC §5.3).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IssueSyncState {
+    /// The ETag of the last issue list stored (sent as `If-None-Match` on the next sync).
+    pub etag: Option<String>,
+    /// When the synced copy was last confirmed current (a 200 stored or a 304); `None`
+    /// before the first successful sync.
+    pub synced_at: Option<OffsetDateTime>,
+    /// The message of the last sync if it failed; cleared by the next successful one.
+    pub error: Option<String>,
+}
+
+/// A repository with its `issues_etag`, `issues_synced_at` and `issues_sync_error`.
+type SyncStateRow = (
+    RepoRow,
+    Option<String>,
+    Option<PrimitiveDateTime>,
+    Option<String>,
+);
+
+/// The sync state of every connected repository, by URL (for the issues view's `syncedAt`
+/// and `errors`, and for the sync loop).
+pub fn issue_sync_states(
+    conn: &mut AnyConnection,
+) -> Result<Vec<(Repository, IssueSyncState)>, DbError> {
+    let rows: Vec<SyncStateRow> = repositories::table
+        .filter(repositories::disconnected_at.is_null())
+        .order(repositories::url.asc())
+        .select((
+            RepoRow::as_select(),
+            repositories::issues_etag,
+            repositories::issues_synced_at,
+            repositories::issues_sync_error,
+        ))
+        .load(conn)?;
+    rows.into_iter()
+        .map(|(row, etag, synced_at, error)| {
+            Ok((
+                Repository::try_from(row)?,
+                IssueSyncState {
+                    etag,
+                    synced_at: opt_from_db(synced_at),
+                    error,
+                },
+            ))
+        })
+        .collect()
+}

@@ -108,6 +108,13 @@ impl MasterKey {
         Ok(MasterKey { cipher })
     }
 
+    /// A new random key (tests, and tools that need a throwaway key).
+    pub fn generate() -> Result<MasterKey, SecretError> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| SecretError::Random(e.to_string()))?;
+        MasterKey::from_base64(&B64.encode(bytes))
+    }
+
     /// The key from `configured` (the environment's value) if given; otherwise from the key
     /// file at `path`, generating it (32 random bytes, base64, mode 0600) on first use.
     pub fn load_or_create(configured: Option<&str>, path: &Path) -> Result<MasterKey, SecretError> {

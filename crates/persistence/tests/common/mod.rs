@@ -159,3 +159,38 @@ pub fn race<T: Send>(
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
 }
+
+/// An open issue numbered `number`, created at `T0` and updated `updated` seconds after it,
+/// carrying labels with the given names (colour `ededed`).
+pub fn synced_issue(
+    number: i64,
+    updated: i64,
+    labels: &[&str],
+) -> agentry_persistence::issues::SyncedIssue {
+    agentry_persistence::issues::SyncedIssue {
+        number,
+        title: format!("Issue {number}"),
+        body: format!("Body of issue {number}"),
+        html_url: format!("https://github.com/o/r/issues/{number}"),
+        author: "octocat".into(),
+        labels: labels
+            .iter()
+            .map(|name| agentry_persistence::issues::IssueLabel {
+                name: (*name).to_owned(),
+                color: "ededed".into(),
+            })
+            .collect(),
+        created_at: T0,
+        updated_at: at(updated),
+    }
+}
+
+/// Creates the coding task linked to issue `issue_number` of `repo` (no effects).
+pub fn link_issue(db: &Db, repo: &Repository, issue_number: i64) -> agentry_domain::Task {
+    let mut conn = db.conn().unwrap();
+    let (task, created) =
+        tasks::create_issue_task(&mut conn, &issue_task(repo, issue_number), |_, _| Ok(()))
+            .unwrap();
+    assert!(created);
+    task
+}

@@ -1,0 +1,377 @@
+//! The service's synced copy of open code-host issues (SPEC §3.6, §5.3).
+//!
+//! The issues view reads only this copy, so it never waits on the code host. A sync stores
+//! a repository's complete list of open issues in one transaction ([`replace_open_issues`]),
+//! records that nothing changed ([`mark_issues_unchanged`]) or records its failure
+//! ([`mark_issues_sync_failed`]); the repository row carries the ETag and the sync state.
+
+use std::collections::{BTreeMap, HashMap};
+
+use agentry_domain::{RepoUrl, TaskState};
+use diesel::prelude::*;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, from_db, to_db};
+use crate::schema::{issue_links, repositories, synced_issues, tasks};
+use crate::{AnyConnection, DbError, write_tx};
+
+/// The value of `synced_issues.state` for the open issues this module stores (closed issues
+/// are deleted from the copy, so it is the only value written).
+const OPEN: &str = "open";
+
+/// A label of an issue, as the code host shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IssueLabel {
+    /// The label's name.
+    pub name: String,
+    /// Its colour: six hex digits without `#`, as the code host gives it.
+    pub color: String,
+}
+
+/// An open issue as read from the code host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncedIssue {
+    /// The issue number in its repository.
+    pub number: i64,
+    /// Title.
+    pub title: String,
+    /// Body (empty when the issue has none).
+    pub body: String,
+    /// The issue's page on the code host.
+    pub html_url: String,
+    /// The login of the author.
+    pub author: String,
+    /// The labels it carries now, in the code host's order.
+    pub labels: Vec<IssueLabel>,
+    /// When it was opened.
+    pub created_at: OffsetDateTime,
+    /// When it last changed on the code host.
+    pub updated_at: OffsetDateTime,
+}
+
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = synced_issues)]
+struct IssueRow {
+    number: i64,
+    title: String,
+    body: String,
+    html_url: String,
+    author: String,
+    labels: String,
+    created_at: PrimitiveDateTime,
+    updated_at: PrimitiveDateTime,
+}
+
+impl TryFrom<IssueRow> for SyncedIssue {
+    type Error = DbError;
+
+    fn try_from(r: IssueRow) -> Result<SyncedIssue, DbError> {
+        Ok(SyncedIssue {
+            number: r.number,
+            labels: decode_labels(&r.labels)?,
+            title: r.title,
+            body: r.body,
+            html_url: r.html_url,
+            author: r.author,
+            created_at: from_db(r.created_at),
+            updated_at: from_db(r.updated_at),
+        })
+    }
+}
+
+fn encode_labels(labels: &[IssueLabel]) -> Result<String, DbError> {
+    serde_json::to_string(labels).map_err(|e| DbError::Corrupt(format!("issue labels: {e}")))
+}
+
+fn decode_labels(text: &str) -> Result<Vec<IssueLabel>, DbError> {
+    serde_json::from_str(text).map_err(|e| DbError::Corrupt(format!("issue labels {text:?}: {e}")))
+}
+
+/// Stores the result of a sync that got the list (a 200 from the code host).
+///
+/// In one transaction: inserts or updates each of these open issues of the repository
+/// (issues whose stored copy is already identical are left alone), deletes the repository's
+/// synced issues that are not in the list (closed on the code host, so they leave the view),
+/// and sets the repository's `issues_etag = etag`, `issues_synced_at = now`,
+/// `issues_sync_error = NULL`. If `issues` holds the same number twice (pagination can
+/// shift while a list is read), the copy with the later `updated_at` is kept.
+///
+/// Concurrent calls for one repository are serialised by the update of its row, which
+/// comes first. [`DbError::NotFound`] if no repository has this id.
+pub fn replace_open_issues(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    issues: &[SyncedIssue],
+    etag: Option<&str>,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    let repo = repo_id.to_string();
+    let at = to_db(now);
+    // One entry per number: the latest copy wins.
+    let mut wanted: BTreeMap<i64, &SyncedIssue> = BTreeMap::new();
+    for issue in issues {
+        let keep = wanted
+            .get(&issue.number)
+            .is_none_or(|known| issue.updated_at >= known.updated_at);
+        if keep {
+            wanted.insert(issue.number, issue);
+        }
+    }
+    write_tx(conn, |conn| {
+        // First, so that a second sync of the same repository waits for this one (on
+        // PostgreSQL the row lock; on SQLite the immediate transaction already serialises).
+        let updated = diesel::update(repositories::table.find(&repo))
+            .set((
+                repositories::issues_etag.eq(etag),
+                repositories::issues_synced_at.eq(Some(at)),
+                repositories::issues_sync_error.eq(None::<String>),
+            ))
+            .execute(conn)?;
+        if updated == 0 {
+            return Err(DbError::NotFound);
+        }
+        let stored: HashMap<i64, IssueRow> = synced_issues::table
+            .filter(synced_issues::repo_id.eq(&repo))
+            .select(IssueRow::as_select())
+            .load(conn)?
+            .into_iter()
+            .map(|row| (row.number, row))
+            .collect();
+        let gone: Vec<i64> = stored
+            .keys()
+            .filter(|n| !wanted.contains_key(n))
+            .copied()
+            .collect();
+        // In chunks, well under both backends' limits on bound parameters.
+        for chunk in gone.chunks(500) {
+            diesel::delete(
+                synced_issues::table
+                    .filter(synced_issues::repo_id.eq(&repo))
+                    .filter(synced_issues::number.eq_any(chunk)),
+            )
+            .execute(conn)?;
+        }
+        for (number, issue) in wanted {
+            let labels = encode_labels(&issue.labels)?;
+            let created_at = to_db(issue.created_at);
+            let updated_at = to_db(issue.updated_at);
+            match stored.get(&number) {
+                Some(row)
+                    if row.title == issue.title
+                        && row.body == issue.body
+                        && row.html_url == issue.html_url
+                        && row.author == issue.author
+                        && row.labels == labels
+                        && row.created_at == created_at
+                        && row.updated_at == updated_at => {}
+                Some(_) => {
+                    diesel::update(synced_issues::table.find((&repo, number)))
+                        .set((
+                            synced_issues::title.eq(&issue.title),
+                            synced_issues::body.eq(&issue.body),
+                            synced_issues::html_url.eq(&issue.html_url),
+                            synced_issues::author.eq(&issue.author),
+                            synced_issues::labels.eq(&labels),
+                            synced_issues::state.eq(OPEN),
+                            synced_issues::created_at.eq(created_at),
+                            synced_issues::updated_at.eq(updated_at),
+                            synced_issues::synced_at.eq(at),
+                        ))
+                        .execute(conn)?;
+                }
+                None => {
+                    diesel::insert_into(synced_issues::table)
+                        .values((
+                            synced_issues::repo_id.eq(&repo),
+                            synced_issues::number.eq(number),
+                            synced_issues::title.eq(&issue.title),
+                            synced_issues::body.eq(&issue.body),
+                            synced_issues::html_url.eq(&issue.html_url),
+                            synced_issues::author.eq(&issue.author),
+                            synced_issues::labels.eq(&labels),
+                            synced_issues::state.eq(OPEN),
+                            synced_issues::created_at.eq(created_at),
+                            synced_issues::updated_at.eq(updated_at),
+                            synced_issues::synced_at.eq(at),
+                        ))
+                        .execute(conn)?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Stores the result of a sync the code host answered with 304 Not Modified:
+/// `issues_synced_at = now` and `issues_sync_error = NULL`; the copy and the ETag stay.
+/// [`DbError::NotFound`] if no repository has this id.
+pub fn mark_issues_unchanged(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    let updated = write_tx::<_, DbError, _>(conn, |conn| {
+        Ok(
+            diesel::update(repositories::table.find(repo_id.to_string()))
+                .set((
+                    repositories::issues_synced_at.eq(Some(to_db(now))),
+                    repositories::issues_sync_error.eq(None::<String>),
+                ))
+                .execute(conn)?,
+        )
+    })?;
+    if updated == 0 {
+        return Err(DbError::NotFound);
+    }
+    Ok(())
+}
+
+/// Records that a sync of the repository failed: `issues_sync_error = message`. The synced
+/// copy, the ETag and `issues_synced_at` stay as they were, so the view keeps showing the
+/// last good copy beside the error. [`DbError::NotFound`] if no repository has this id.
+pub fn mark_issues_sync_failed(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    message: &str,
+) -> Result<(), DbError> {
+    let updated = write_tx::<_, DbError, _>(conn, |conn| {
+        Ok(
+            diesel::update(repositories::table.find(repo_id.to_string()))
+                .set(repositories::issues_sync_error.eq(Some(message)))
+                .execute(conn)?,
+        )
+    })?;
+    if updated == 0 {
+        return Err(DbError::NotFound);
+    }
+    Ok(())
+}
+
+/// The task linked to an issue, as the issues view shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkedTaskRef {
+    /// The task's id.
+    pub id: Uuid,
+    /// Its current state.
+    pub state: TaskState,
+    /// The pull request it opened, if any.
+    pub pr_url: Option<String>,
+}
+
+/// One entry of the issues view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueView {
+    /// The repository of the issue.
+    pub repo_id: Uuid,
+    /// Its normalised URL.
+    pub repo_url: RepoUrl,
+    /// The issue.
+    pub issue: SyncedIssue,
+    /// The task linked to the issue, if it was assigned.
+    pub task: Option<LinkedTaskRef>,
+}
+
+type ViewRow = (
+    String,
+    String,
+    IssueRow,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+/// The open synced issues of every connected repository, or of the repository `repo_id`
+/// (nothing if it is disconnected), each with its linked task.
+///
+/// Ordered as the issues view (SPEC §3.6): issues with no linked task first, then
+/// `updated_at` descending, then repository URL ascending, then number ascending. The order
+/// is applied in Rust so that it is the same on both backends (string collation of
+/// PostgreSQL depends on the database's locale).
+pub fn open_issues(
+    conn: &mut AnyConnection,
+    repo_id: Option<Uuid>,
+) -> Result<Vec<IssueView>, DbError> {
+    let mut query = synced_issues::table
+        .inner_join(repositories::table)
+        .left_join(
+            issue_links::table.on(issue_links::repo_id
+                .eq(synced_issues::repo_id)
+                .and(issue_links::issue_number.eq(synced_issues::number))),
+        )
+        .left_join(tasks::table.on(tasks::id.eq(issue_links::task_id)))
+        .filter(repositories::disconnected_at.is_null())
+        .filter(synced_issues::state.eq(OPEN))
+        .select((
+            repositories::id,
+            repositories::url,
+            IssueRow::as_select(),
+            tasks::id.nullable(),
+            tasks::state.nullable(),
+            tasks::pr_url.nullable(),
+        ))
+        .into_boxed();
+    if let Some(id) = repo_id {
+        query = query.filter(synced_issues::repo_id.eq(id.to_string()));
+    }
+    let rows: Vec<ViewRow> = query.load(conn)?;
+    let mut views = rows
+        .into_iter()
+        .map(|(repo_id, repo_url, issue, task_id, task_state, pr_url)| {
+            let task = match (task_id, task_state) {
+                (Some(id), Some(state)) => Some(LinkedTaskRef {
+                    id: convert::uuid(&id)?,
+                    state: convert::parse("task state", &state)?,
+                    pr_url,
+                }),
+                _ => None,
+            };
+            Ok(IssueView {
+                repo_id: convert::uuid(&repo_id)?,
+                repo_url: convert::parse("repository URL", &repo_url)?,
+                issue: SyncedIssue::try_from(issue)?,
+                task,
+            })
+        })
+        .collect::<Result<Vec<_>, DbError>>()?;
+    views.sort_by(|a, b| {
+        a.task
+            .is_some()
+            .cmp(&b.task.is_some())
+            .then_with(|| b.issue.updated_at.cmp(&a.issue.updated_at))
+            .then_with(|| a.repo_url.as_str().cmp(b.repo_url.as_str()))
+            .then_with(|| a.issue.number.cmp(&b.issue.number))
+    });
+    Ok(views)
+}
+
+/// The open synced issues of one repository that carry the label `label` (exact,
+/// case-sensitive name) and have no linked task, by number: the issues the sync turns into
+/// tasks (SPEC §5.3).
+pub fn unlinked_with_label(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    label: &str,
+) -> Result<Vec<SyncedIssue>, DbError> {
+    let rows: Vec<IssueRow> = synced_issues::table
+        .left_join(
+            issue_links::table.on(issue_links::repo_id
+                .eq(synced_issues::repo_id)
+                .and(issue_links::issue_number.eq(synced_issues::number))),
+        )
+        .filter(synced_issues::repo_id.eq(repo_id.to_string()))
+        .filter(synced_issues::state.eq(OPEN))
+        .filter(issue_links::task_id.is_null())
+        .order(synced_issues::number.asc())
+        .select(IssueRow::as_select())
+        .load(conn)?;
+    // Labels are JSON text: decode and match here rather than pattern-match the JSON in SQL.
+    let mut found = Vec::new();
+    for row in rows {
+        let issue = SyncedIssue::try_from(row)?;
+        if issue.labels.iter().any(|l| l.name == label) {
+            found.push(issue);
+        }
+    }
+    Ok(found)
+}

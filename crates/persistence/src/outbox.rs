@@ -1,0 +1,331 @@
+//! The outbox: side effects on the code host (SPEC §5.4), written in the transaction of the
+//! change that causes them and delivered after commit by a worker.
+//!
+//! An effect is written with [`enqueue`] inside the caller's transaction, so it exists if
+//! and only if the change committed. A worker takes due effects with [`claim_due`], which
+//! leases them (moves `next_attempt_at` forward with a compare-and-set), performs them, and
+//! reports [`mark_delivered`] or [`mark_failed`] (which schedules the retry). A worker that
+//! dies leaves its effects to become due again when the lease runs out. At most one effect
+//! of each kind exists per task (the unique index on `(task_id, kind)`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use diesel::prelude::*;
+use time::{Duration, OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::schema::outbox;
+use crate::{AnyConnection, DbError, write_tx};
+
+/// What an effect does on the code host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EffectKind {
+    /// Create the service's label in the repository if missing and add it to the issue.
+    AddLabel,
+    /// Post the one comment the service writes on an issue.
+    Comment,
+    /// Close the linked issue (its pull request was merged).
+    CloseIssue,
+}
+
+impl EffectKind {
+    /// Every kind.
+    pub const ALL: [EffectKind; 3] = [
+        EffectKind::AddLabel,
+        EffectKind::Comment,
+        EffectKind::CloseIssue,
+    ];
+
+    /// The stored name: `add_label`, `comment` or `close_issue`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EffectKind::AddLabel => "add_label",
+            EffectKind::Comment => "comment",
+            EffectKind::CloseIssue => "close_issue",
+        }
+    }
+}
+
+impl fmt::Display for EffectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that names no [`EffectKind`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown effect kind {0:?} (expected add_label, comment or close_issue)")]
+pub struct UnknownEffectKind(pub String);
+
+impl FromStr for EffectKind {
+    type Err = UnknownEffectKind;
+
+    /// Parses an exact stored name.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EffectKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownEffectKind(s.to_owned()))
+    }
+}
+
+/// An effect to write into the outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEffect {
+    /// The task that causes it. Effects of a task are unique per kind; effects without a
+    /// task are not de-duplicated.
+    pub task_id: Option<Uuid>,
+    /// The repository it acts on.
+    pub repo_id: Uuid,
+    /// What it does.
+    pub kind: EffectKind,
+    /// What the worker needs to perform it (issue number, comment body, …).
+    pub payload: serde_json::Value,
+}
+
+/// An effect in the outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effect {
+    /// Its id (UUID v7, time-ordered).
+    pub id: Uuid,
+    /// The task that caused it.
+    pub task_id: Option<Uuid>,
+    /// The repository it acts on.
+    pub repo_id: Uuid,
+    /// What it does.
+    pub kind: EffectKind,
+    /// What the worker needs to perform it.
+    pub payload: serde_json::Value,
+    /// Failed delivery attempts so far.
+    pub attempts: i32,
+    /// When it is due next: the retry time after a failure, the end of the lease while a
+    /// worker holds it.
+    pub next_attempt_at: OffsetDateTime,
+    /// When it was delivered; `None` while pending.
+    pub delivered_at: Option<OffsetDateTime>,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// When it was written.
+    pub created_at: OffsetDateTime,
+}
+
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = outbox)]
+struct EffectRow {
+    id: String,
+    task_id: Option<String>,
+    repo_id: String,
+    kind: String,
+    payload: String,
+    attempts: i32,
+    next_attempt_at: PrimitiveDateTime,
+    delivered_at: Option<PrimitiveDateTime>,
+    last_error: Option<String>,
+    created_at: PrimitiveDateTime,
+}
+
+impl TryFrom<EffectRow> for Effect {
+    type Error = DbError;
+
+    fn try_from(r: EffectRow) -> Result<Effect, DbError> {
+        Ok(Effect {
+            id: convert::uuid(&r.id)?,
+            task_id: convert::opt_uuid(r.task_id.as_deref())?,
+            repo_id: convert::uuid(&r.repo_id)?,
+            kind: convert::parse("effect kind", &r.kind)?,
+            payload: serde_json::from_str(&r.payload)
+                .map_err(|e| DbError::Corrupt(format!("effect payload {:?}: {e}", r.payload)))?,
+            attempts: r.attempts,
+            next_attempt_at: from_db(r.next_attempt_at),
+            delivered_at: opt_from_db(r.delivered_at),
+            last_error: r.last_error,
+            created_at: from_db(r.created_at),
+        })
+    }
+}
+
+/// Writes an effect, due at once (`next_attempt_at = now`). Meant to run inside the
+/// transaction of the change that causes it (it goes through [`write_tx`], so it nests as a
+/// savepoint and commits or rolls back with the caller).
+///
+/// At most one effect per (task, kind): if the task already has an effect of this kind,
+/// nothing is written and the result is `false`. The existing row is looked for first, and
+/// the insert runs in its own savepoint, so even a concurrent insert of the same effect (a
+/// unique violation) leaves the caller's transaction usable and yields `false`.
+pub fn enqueue(
+    conn: &mut AnyConnection,
+    effect: &NewEffect,
+    now: OffsetDateTime,
+) -> Result<bool, DbError> {
+    let task_id = effect.task_id.map(|id| id.to_string());
+    let kind = effect.kind.as_str();
+    write_tx(conn, |conn| {
+        if let Some(task_id) = &task_id {
+            let existing = outbox::table
+                .filter(outbox::task_id.eq(task_id))
+                .filter(outbox::kind.eq(kind))
+                .select(outbox::id)
+                .first::<String>(conn)
+                .optional()?;
+            if existing.is_some() {
+                return Ok(false);
+            }
+        }
+        let at = to_db(now);
+        let inserted = write_tx::<_, DbError, _>(conn, |conn| {
+            diesel::insert_into(outbox::table)
+                .values((
+                    outbox::id.eq(Uuid::now_v7().to_string()),
+                    outbox::task_id.eq(&task_id),
+                    outbox::repo_id.eq(effect.repo_id.to_string()),
+                    outbox::kind.eq(kind),
+                    outbox::payload.eq(effect.payload.to_string()),
+                    outbox::attempts.eq(0),
+                    outbox::next_attempt_at.eq(at),
+                    outbox::delivered_at.eq(None::<PrimitiveDateTime>),
+                    outbox::last_error.eq(None::<String>),
+                    outbox::created_at.eq(at),
+                ))
+                .execute(conn)?;
+            Ok(())
+        });
+        match inserted {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_unique_violation() => Ok(false),
+            Err(e) => Err(e),
+        }
+    })
+}
+
+/// Claims up to `limit` undelivered effects that are due (`next_attempt_at <= now`), oldest
+/// written first, for one worker.
+///
+/// Each is claimed by moving its `next_attempt_at` to `now + lease` with a compare-and-set on
+/// the value just read, so of two workers (or replicas) claiming at once only one gets a
+/// given effect, and an effect is not due again before the lease ends. If the worker dies
+/// before reporting, the effect becomes due again when the lease runs out. The returned
+/// effects carry the new `next_attempt_at`. A lease shorter than a microsecond counts as one.
+pub fn claim_due(
+    conn: &mut AnyConnection,
+    now: OffsetDateTime,
+    lease: Duration,
+    limit: i64,
+) -> Result<Vec<Effect>, DbError> {
+    if limit <= 0 {
+        return Ok(Vec::new());
+    }
+    let due = to_db(now);
+    // Strictly later than any due value, so the compare-and-set of a competitor can't match.
+    let until = to_db(now + lease.max(Duration::microseconds(1)));
+    write_tx(conn, |conn| {
+        let candidates: Vec<EffectRow> = outbox::table
+            .filter(outbox::delivered_at.is_null())
+            .filter(outbox::next_attempt_at.le(due))
+            .order((outbox::created_at.asc(), outbox::id.asc()))
+            .limit(limit)
+            .select(EffectRow::as_select())
+            .load(conn)?;
+        let mut claimed = Vec::with_capacity(candidates.len());
+        for mut row in candidates {
+            let won = diesel::update(
+                outbox::table
+                    .find(&row.id)
+                    .filter(outbox::delivered_at.is_null())
+                    .filter(outbox::next_attempt_at.eq(row.next_attempt_at)),
+            )
+            .set(outbox::next_attempt_at.eq(until))
+            .execute(conn)?;
+            if won == 1 {
+                row.next_attempt_at = until;
+                claimed.push(Effect::try_from(row)?);
+            }
+        }
+        Ok(claimed)
+    })
+}
+
+/// Records that an effect was delivered: `delivered_at = now`. Idempotent: an effect
+/// already delivered keeps its first delivery time. [`DbError::NotFound`] for an unknown id.
+pub fn mark_delivered(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    write_tx(conn, |conn| {
+        let updated = diesel::update(
+            outbox::table
+                .find(id.to_string())
+                .filter(outbox::delivered_at.is_null()),
+        )
+        .set(outbox::delivered_at.eq(Some(to_db(now))))
+        .execute(conn)?;
+        if updated == 0 {
+            ensure_exists(conn, id)?;
+        }
+        Ok(())
+    })
+}
+
+/// Records a failed delivery attempt: `attempts + 1`, `last_error = error`,
+/// `next_attempt_at = retry_at`. Does nothing to an effect already delivered (a worker whose
+/// lease ran out while another delivered it). [`DbError::NotFound`] for an unknown id.
+pub fn mark_failed(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    error: &str,
+    retry_at: OffsetDateTime,
+) -> Result<(), DbError> {
+    write_tx(conn, |conn| {
+        let updated = diesel::update(
+            outbox::table
+                .find(id.to_string())
+                .filter(outbox::delivered_at.is_null()),
+        )
+        .set((
+            outbox::attempts.eq(outbox::attempts + 1),
+            outbox::last_error.eq(Some(error)),
+            outbox::next_attempt_at.eq(to_db(retry_at)),
+        ))
+        .execute(conn)?;
+        if updated == 0 {
+            ensure_exists(conn, id)?;
+        }
+        Ok(())
+    })
+}
+
+fn ensure_exists(conn: &mut AnyConnection, id: Uuid) -> Result<(), DbError> {
+    outbox::table
+        .find(id.to_string())
+        .select(outbox::id)
+        .first::<String>(conn)
+        .optional()?
+        .map(|_| ())
+        .ok_or(DbError::NotFound)
+}
+
+/// When the next undelivered effect is due (possibly already past), or `None` when nothing
+/// is pending: lets the worker sleep exactly until there is work.
+pub fn next_due(conn: &mut AnyConnection) -> Result<Option<OffsetDateTime>, DbError> {
+    Ok(outbox::table
+        .filter(outbox::delivered_at.is_null())
+        .order(outbox::next_attempt_at.asc())
+        .select(outbox::next_attempt_at)
+        .first::<PrimitiveDateTime>(conn)
+        .optional()?
+        .map(from_db))
+}
+
+/// All effects of a task, oldest written first (tests and task detail).
+pub fn effects_of_task(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<Effect>, DbError> {
+    outbox::table
+        .filter(outbox::task_id.eq(task_id.to_string()))
+        .order((outbox::created_at.asc(), outbox::id.asc()))
+        .select(EffectRow::as_select())
+        .load(conn)?
+        .into_iter()
+        .map(Effect::try_from)
+        .collect()
+}
