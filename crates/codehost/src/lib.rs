@@ -1,12 +1,34 @@
-//! agentry's code-host integration: the one GitHub REST client (rate limits, retries,
-//! conditional requests), webhook signature checks and event parsing, and a fake GitHub for
-//! tests.
+//! agentry's code-host integration: the one GitHub REST client, and a fake GitHub for tests.
 //!
-//! So far it holds the fake: [`fake::FakeGitHub`] (feature `test-support`), a stateful GitHub
-//! REST v3 server on 127.0.0.1 with GitHub's JSON shapes, pagination, ETags and 304s,
-//! per-route request counters and fault injection (5xx, timeouts, rate limits). The client
-//! and the webhook code arrive with the code-host capability; nothing in the service depends
-//! on this crate yet.
+//! * [`GitHub`] (built from a [`ClientConfig`] and a token) is the only way the service talks
+//!   to GitHub (SPEC §5.1–5.2). Every request carries the token as `Authorization: Bearer`,
+//!   a `User-Agent`, `Accept: application/vnd.github+json` and `X-GitHub-Api-Version`; 5xx
+//!   answers, timeouts and connection errors are retried with capped exponential backoff and
+//!   full jitter; rate limits (`Retry-After`, `X-RateLimit-Remaining`/`Reset`) are waited
+//!   out instead of hammered, up to [`ClientConfig::max_rate_limit_wait`]; periodic reads
+//!   are conditional (`If-None-Match`), and a 304 is [`Conditional::NotModified`]; lists
+//!   follow every `Link: rel="next"` page. See [`client`] for the details.
+//! * The values it returns ([`Issue`], [`PullRequest`], …) are small owned structs with
+//!   `time` timestamps in UTC; GitHub's JSON is read into private serde structs with only the
+//!   members used, so octocrab's models (and chrono) never cross this crate's boundary.
+//! * Failures are one [`CodeHostError`]; [`CodeHostError::is_transient`] says whether trying
+//!   again later may help. No message ever contains the token.
+//! * `fake::FakeGitHub` (feature `test-support`) is a stateful GitHub REST v3 server on
+//!   127.0.0.1 with GitHub's JSON shapes, pagination, ETags and 304s, per-route request
+//!   counters and fault injection (5xx, timeouts, rate limits), for the tests of this crate
+//!   and of the service.
+//!
+//! Webhook signature checks and event parsing arrive with the webhook capability.
+
+pub mod client;
+pub mod error;
+mod policy;
+pub mod types;
+mod wire;
 
 #[cfg(feature = "test-support")]
 pub mod fake;
+
+pub use client::{ClientConfig, GitHub};
+pub use error::CodeHostError;
+pub use types::{Comment, Conditional, Issue, Label, PullRequest, RepoInfo, User};

@@ -1,0 +1,136 @@
+//! The values the client returns: small, owned, `time`-based views of GitHub's objects with
+//! only the members agentry uses.
+
+use time::OffsetDateTime;
+
+/// The answer to a conditional request (`If-None-Match`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conditional<T> {
+    /// `304 Not Modified`: the data is what the given ETag names. It cost one request and no
+    /// rate limit.
+    NotModified,
+    /// New data, with the ETag to send next time (`None` if GitHub sent none).
+    Modified {
+        /// The data.
+        value: T,
+        /// The `ETag` of the (first page of the) answer.
+        etag: Option<String>,
+    },
+}
+
+impl<T> Conditional<T> {
+    /// The new value, or `None` when not modified.
+    pub fn modified(self) -> Option<T> {
+        match self {
+            Conditional::NotModified => None,
+            Conditional::Modified { value, .. } => Some(value),
+        }
+    }
+
+    /// Whether the answer was `304 Not Modified`.
+    pub fn is_not_modified(&self) -> bool {
+        matches!(self, Conditional::NotModified)
+    }
+}
+
+/// The authenticated user (`GET /user`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// Login name.
+    pub login: String,
+    /// Numeric user id.
+    pub id: u64,
+}
+
+/// A repository (`GET /repos/{owner}/{repo}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepoInfo {
+    /// Numeric repository id.
+    pub id: u64,
+    /// Login of the owner.
+    pub owner: String,
+    /// Repository name.
+    pub name: String,
+    /// `owner/name`.
+    pub full_name: String,
+    /// The default branch, e.g. `main`.
+    pub default_branch: String,
+    /// The HTTPS clone URL.
+    pub clone_url: String,
+    /// The web page of the repository.
+    pub html_url: String,
+    /// Whether the repository is private.
+    pub private: bool,
+}
+
+/// A label on an issue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label {
+    /// Label name.
+    pub name: String,
+    /// Colour, six hex digits without `#` (empty when GitHub gave none).
+    pub color: String,
+}
+
+/// An issue (never a pull request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Issue {
+    /// Issue number.
+    pub number: u64,
+    /// Title.
+    pub title: String,
+    /// Markdown body (`""` when GitHub has none).
+    pub body: String,
+    /// Web page of the issue.
+    pub html_url: String,
+    /// `open` or `closed`.
+    pub state: String,
+    /// Login of the author (`ghost` for a deleted account).
+    pub author: String,
+    /// Labels, in GitHub's order.
+    pub labels: Vec<Label>,
+    /// Creation time (UTC).
+    pub created_at: OffsetDateTime,
+    /// Last update time (UTC).
+    pub updated_at: OffsetDateTime,
+    /// When it was closed (UTC), if it is.
+    pub closed_at: Option<OffsetDateTime>,
+}
+
+/// A comment on an issue or pull request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Comment {
+    /// Comment id.
+    pub id: u64,
+    /// Markdown body.
+    pub body: String,
+    /// Login of the author (`ghost` for a deleted account).
+    pub author: String,
+    /// Creation time (UTC).
+    pub created_at: OffsetDateTime,
+}
+
+/// A pull request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequest {
+    /// Number (shared with issues).
+    pub number: u64,
+    /// Title.
+    pub title: String,
+    /// Markdown body (`""` when GitHub has none).
+    pub body: String,
+    /// Web page of the pull request.
+    pub html_url: String,
+    /// `open` or `closed` (a merged pull request is `closed` with `merged_at` set).
+    pub state: String,
+    /// When it was merged (UTC), if it was.
+    pub merged_at: Option<OffsetDateTime>,
+    /// When it was closed (UTC), merged or not.
+    pub closed_at: Option<OffsetDateTime>,
+    /// Last update time (UTC).
+    pub updated_at: OffsetDateTime,
+    /// Head branch name (`ref`, without an `owner:` prefix).
+    pub head_ref: String,
+    /// Base branch name.
+    pub base_ref: String,
+}
