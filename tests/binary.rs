@@ -1,6 +1,8 @@
 //! Black-box tests of the `agentry` binary: `serve` on a fresh data directory (first-start
 //! admin token, health, JSON logs, graceful shutdown on SIGTERM/SIGINT), `token create`,
-//! `migrate` and `import`, on SQLite and (when the suite has a server) PostgreSQL.
+//! `migrate` and `import`, on SQLite and (when the suite has a server) PostgreSQL; and the
+//! code-host loops of `serve` against the fake GitHub (issue sync, outbox), with no secret in
+//! any log line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -44,8 +46,19 @@ impl Server {
     /// Starts `agentry serve` and waits until `/healthz` answers; collects what stdout printed
     /// before that (the first-start token, if any).
     fn start(data_dir: &Path, database_url: Option<&str>, json_logs: bool) -> Server {
+        Server::start_with(data_dir, database_url, json_logs, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables.
+    fn start_with(
+        data_dir: &Path,
+        database_url: Option<&str>,
+        json_logs: bool,
+        env: &[(&str, &str)],
+    ) -> Server {
         let port = free_port();
         let mut cmd = agentry(data_dir, database_url);
+        cmd.envs(env.iter().copied());
         cmd.arg("serve")
             .env("AGENTRY_BIND", format!("127.0.0.1:{port}"))
             .stdout(Stdio::piped())
@@ -406,4 +419,104 @@ fn costs_prints_tables_and_the_api_json_from_the_database() {
         let out = run(agentry(dir.path(), None).args(bad));
         assert!(!out.status.success(), "{bad:?}");
     }
+}
+
+/// Polls `check` every 50 ms until it holds or `within` passes.
+fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn serve_syncs_labelled_issues_posts_once_and_never_logs_a_secret() {
+    use agentry_codehost::fake::FakeGitHub;
+    const GOOD: &str = "ghp_GoodTokenValue0123456789abcdefXYZ";
+    const BAD: &str = "github_pat_RefusedTokenValue0123456789";
+    let fake = FakeGitHub::start();
+    fake.add_token(GOOD, "agentry-bot");
+    fake.add_repo("acme", "web", "main");
+    let number = fake.add_issue(
+        "acme",
+        "web",
+        "Add dark mode",
+        Some("Please."),
+        &["agentry"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let api = fake.base_url();
+    let mut server = Server::start_with(
+        dir.path(),
+        None,
+        true,
+        &[
+            ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+            ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "1"),
+            ("RUST_LOG", "debug"),
+        ],
+    );
+    let admin = server.read_token();
+    let client = reqwest::blocking::Client::new();
+    let put = |value: &str| {
+        client
+            .put(format!("{}/api/secrets/CODEHOST_TOKEN", server.base))
+            .bearer_auth(&admin)
+            .json(&serde_json::json!({ "value": value }))
+            .send()
+            .unwrap()
+    };
+    assert_eq!(put(BAD).status(), 422);
+    assert_eq!(put(GOOD).status(), 200);
+    let connected = client
+        .post(format!("{}/api/repos", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap();
+    assert_eq!(connected.status(), 201);
+
+    // The loops of `serve` do the rest: the sync turns the labelled issue into a task, and
+    // the outbox posts the one comment.
+    eventually(Duration::from_secs(20), "the comment", || {
+        fake.issue("acme", "web", number).unwrap().comments.len() == 1
+    });
+    let tasks: Value = client
+        .get(format!("{}/api/tasks", server.base))
+        .bearer_auth(&admin)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(tasks["tasks"].as_array().unwrap().len(), 1, "{tasks}");
+    assert_eq!(tasks["tasks"][0]["issueNumber"], number);
+    // A few more sync rounds change nothing.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(fake.issue("acme", "web", number).unwrap().comments.len(), 1);
+    assert!(fake.count_status(304) >= 1, "later syncs are conditional");
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("master.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    server.signal("TERM");
+    let stdout = server.stdout.join("\n");
+    let (status, stderr) = server.wait(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("code-host token accepted"), "{stderr}");
+    for secret in [GOOD, BAD] {
+        assert!(!stderr.contains(secret), "a secret reached the log");
+        assert!(!stdout.contains(secret));
+    }
+    let key = std::fs::read_to_string(dir.path().join("master.key")).unwrap();
+    assert!(
+        !stderr.contains(key.trim()),
+        "the master key reached the log"
+    );
 }

@@ -260,6 +260,15 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
         db: db.clone(),
         metrics: Metrics::new()?,
         openapi_json: String::new(),
+        // The cost report never calls the code host; nothing listens on port 9.
+        codehost: agentry_api::codehost::CodeHost::new(
+            agentry_persistence::secrets::MasterKey::generate()?,
+            agentry_codehost::ClientConfig {
+                api_url: "http://127.0.0.1:9".into(),
+                ..agentry_codehost::ClientConfig::default()
+            },
+            agentry_api::codehost::OutboxTiming::default(),
+        ),
     });
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;

@@ -11,7 +11,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::{AppExt, scope};
 
 use crate::error::{ErrorBody, envelope_fallback};
-use crate::routes::{self, analytics, health, tasks, tokens};
+use crate::routes::{self, analytics, health, issues, repos, secrets, tasks, tokens};
 use crate::state::AppState;
 
 struct BearerAuth;
@@ -56,6 +56,18 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(tokens::list_tokens)
                 .service(tokens::revoke_token)
                 .service(analytics::cost_report)
+                .service(secrets::put_secret)
+                .service(secrets::list_secrets)
+                .service(secrets::delete_secret)
+                .service(repos::connect_repo)
+                .service(repos::list_repos)
+                .service(repos::get_repo)
+                .service(repos::disconnect_repo)
+                .service(repos::get_settings)
+                .service(repos::patch_settings)
+                .service(issues::list_issues)
+                .service(issues::sync_issues)
+                .service(issues::assign_issue)
                 .default_service(web::to(routes::unknown_route)),
         );
 }

@@ -2,6 +2,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use agentry_persistence::secrets::SecretValue;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +28,17 @@ pub struct Config {
     pub cors_origins: Vec<String>,
     /// `AGENTRY_LOG_FORMAT`: `pretty` or `json`.
     pub log_format: LogFormat,
+    /// `AGENTRY_CODEHOST_API_URL`: the code host's REST base URL (no trailing `/`).
+    pub codehost_api_url: String,
+    /// `AGENTRY_MASTER_KEY`: base64 of 32 bytes; `None` means the generated key file
+    /// `$AGENTRY_DATA_DIR/master.key`. Redacted in `Debug`.
+    pub master_key: Option<SecretValue>,
+    /// `AGENTRY_ISSUE_SYNC_INTERVAL_SECS`: time between two issue syncs (default 60 s).
+    pub issue_sync_interval: Duration,
 }
+
+/// The longest interval accepted for the periodic loops (one day).
+const MAX_INTERVAL_SECS: u64 = 86_400;
 
 /// A configuration variable with a value the service cannot use.
 #[derive(Debug, thiserror::Error)]
@@ -98,13 +111,54 @@ impl Config {
                 });
             }
         };
+        let codehost_api_url =
+            get("AGENTRY_CODEHOST_API_URL").unwrap_or_else(|| "https://api.github.com".into());
+        let parsed = url::Url::parse(&codehost_api_url).map_err(|e| ConfigError {
+            name: "AGENTRY_CODEHOST_API_URL",
+            message: format!("{codehost_api_url:?}: {e}"),
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https")
+            || parsed.query().is_some()
+            || parsed.host_str().is_none()
+        {
+            return Err(ConfigError {
+                name: "AGENTRY_CODEHOST_API_URL",
+                message: format!(
+                    "{codehost_api_url:?} is not an http(s) base URL such as https://api.github.com"
+                ),
+            });
+        }
+        let codehost_api_url = codehost_api_url.trim_end_matches('/').to_owned();
+        let master_key = get("AGENTRY_MASTER_KEY").map(SecretValue::new);
+        let issue_sync_interval = interval(&get, "AGENTRY_ISSUE_SYNC_INTERVAL_SECS", 60)?;
         Ok(Config {
             data_dir,
             database_url,
             bind,
             cors_origins,
             log_format,
+            codehost_api_url,
+            master_key,
+            issue_sync_interval,
         })
+    }
+}
+
+/// A loop interval in whole seconds, 1 to one day.
+fn interval(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default_secs: u64,
+) -> Result<Duration, ConfigError> {
+    let Some(text) = get(name) else {
+        return Ok(Duration::from_secs(default_secs));
+    };
+    match text.trim().parse::<u64>() {
+        Ok(secs) if (1..=MAX_INTERVAL_SECS).contains(&secs) => Ok(Duration::from_secs(secs)),
+        _ => Err(ConfigError {
+            name,
+            message: format!("{text:?}; expected whole seconds from 1 to {MAX_INTERVAL_SECS}"),
+        }),
     }
 }
 
@@ -130,6 +184,31 @@ mod tests {
         assert_eq!(c.bind.to_string(), "127.0.0.1:8080");
         assert!(c.cors_origins.is_empty());
         assert_eq!(c.log_format, LogFormat::Pretty);
+        assert_eq!(c.codehost_api_url, "https://api.github.com");
+        assert_eq!(c.master_key, None);
+        assert_eq!(c.issue_sync_interval, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn code_host_settings_are_checked_and_the_master_key_is_never_shown() {
+        let c = cfg(&[
+            ("AGENTRY_CODEHOST_API_URL", "https://ghe.example/api/v3/"),
+            ("AGENTRY_MASTER_KEY", "c2VjcmV0LWtleS1tYXRlcmlhbA=="),
+            ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "5"),
+        ])
+        .unwrap();
+        assert_eq!(c.codehost_api_url, "https://ghe.example/api/v3");
+        assert_eq!(c.issue_sync_interval, Duration::from_secs(5));
+        assert!(!format!("{c:?}").contains("c2VjcmV0"));
+        for (name, value) in [
+            ("AGENTRY_CODEHOST_API_URL", "ftp://x.example"),
+            ("AGENTRY_CODEHOST_API_URL", "not a url"),
+            ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "0"),
+            ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "1.5"),
+            ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "86401"),
+        ] {
+            assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
+        }
     }
 
     #[test]

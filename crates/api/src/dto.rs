@@ -7,6 +7,13 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+/// A time as RFC 3339 UTC text (`2026-11-22T10:00:00Z`), for places serde attributes cannot
+/// reach (map values).
+pub fn rfc3339(at: OffsetDateTime) -> String {
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| at.to_string())
+}
+
 /// A task (SPEC §2.1).
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

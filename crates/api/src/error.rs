@@ -7,8 +7,10 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{HttpResponse, ResponseError};
+use agentry_codehost::CodeHostError;
 use agentry_domain::FieldError;
 use agentry_persistence::DbError;
+use agentry_persistence::secrets::SecretError;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -86,6 +88,35 @@ impl ApiError {
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
             format!("the request body is larger than the limit of {limit} bytes"),
+        )
+    }
+
+    /// 412 `codehost_token_missing`: a code-host call is needed and no `CODEHOST_TOKEN` is
+    /// stored.
+    pub fn codehost_token_missing() -> Self {
+        Self::new(
+            StatusCode::PRECONDITION_FAILED,
+            "codehost_token_missing",
+            "no code-host token is stored; PUT /api/secrets/CODEHOST_TOKEN first",
+        )
+    }
+
+    /// 422 `codehost_rejected`: the code host refused (bad token, no access, unknown
+    /// repository).
+    pub fn codehost_rejected(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "codehost_rejected",
+            message,
+        )
+    }
+
+    /// 503 `codehost_unavailable`: the code host failed or rate-limited us past our retries.
+    pub fn codehost_unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "codehost_unavailable",
+            message,
         )
     }
 
@@ -174,6 +205,37 @@ impl From<DbError> for ApiError {
                 ApiError::unavailable("the database is unavailable; try again shortly")
             }
             other => ApiError::internal(&other),
+        }
+    }
+}
+
+impl From<SecretError> for ApiError {
+    fn from(e: SecretError) -> Self {
+        match e {
+            SecretError::Db(db) => db.into(),
+            other => ApiError::internal(&other),
+        }
+    }
+}
+
+impl From<CodeHostError> for ApiError {
+    fn from(e: CodeHostError) -> Self {
+        match e {
+            CodeHostError::Unauthorized(_) => {
+                ApiError::codehost_rejected(format!("the code host refused the token: {e}"))
+            }
+            CodeHostError::Forbidden(_)
+            | CodeHostError::NotFound(_)
+            | CodeHostError::Rejected { .. } => {
+                ApiError::codehost_rejected(format!("the code host refused: {e}"))
+            }
+            CodeHostError::RateLimited { .. }
+            | CodeHostError::Unavailable(_)
+            | CodeHostError::InvalidResponse(_) => {
+                tracing::warn!(error = %e, "code host unavailable");
+                ApiError::codehost_unavailable(format!("the code host is unavailable: {e}"))
+            }
+            CodeHostError::Config(_) => ApiError::internal(&e),
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod app;
 pub mod auth;
 pub mod body;
 pub mod cli;
+pub mod codehost;
 pub mod config;
 pub mod costs;
 pub mod costs_table;

@@ -4,9 +4,12 @@ use std::io::Write;
 use std::path::Path;
 
 use actix_web::{HttpServer, web};
+use agentry_codehost::ClientConfig;
+use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{Backend, Db, tokens};
 
 use crate::auth::{generate_token, hash_token};
+use crate::codehost::{self, CodeHost, OutboxTiming};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::state::AppState;
@@ -95,6 +98,22 @@ pub fn bootstrap_admin_token(db: &Db, data_dir: &Path) -> Result<(), StartError>
     Ok(())
 }
 
+/// The code-host integration of `config`: the master key (`AGENTRY_MASTER_KEY`, or the key
+/// file `$AGENTRY_DATA_DIR/master.key`, generated on first start) and the client settings.
+pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
+    let master_key = MasterKey::load_or_create(
+        config.master_key.as_ref().map(SecretValue::expose),
+        &config.data_dir.join("master.key"),
+    )
+    .map_err(|e| io("cannot load the master key", e))?;
+    let client = ClientConfig {
+        api_url: config.codehost_api_url.clone(),
+        user_agent: format!("agentry/{}", env!("CARGO_PKG_VERSION")),
+        ..ClientConfig::default()
+    };
+    Ok(CodeHost::new(master_key, client, OutboxTiming::default()))
+}
+
 /// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets
 /// in-flight requests finish (up to 30 s).
 pub async fn serve(config: Config) -> Result<(), StartError> {
@@ -107,16 +126,31 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
         db,
         metrics,
         openapi_json,
+        codehost: code_host(&config)?,
     });
     let cors = config.cors_origins.clone();
-    let server = HttpServer::new(move || crate::app::build_app(state.clone(), cors.clone()))
+    let app_state = state.clone();
+    let server = HttpServer::new(move || crate::app::build_app(app_state.clone(), cors.clone()))
         .shutdown_timeout(30)
         .bind(config.bind)
         .map_err(|e| io(&format!("cannot listen on {}", config.bind), e))?;
     for addr in server.addrs() {
         tracing::info!(%addr, "agentry listening on http://{addr}");
     }
-    server.run().await.map_err(|e| io("server stopped", e))?;
+    let workers = [
+        actix_web::rt::spawn(codehost::issue_sync_loop(
+            state.clone(),
+            config.issue_sync_interval,
+        )),
+        actix_web::rt::spawn(codehost::outbox_loop(state.clone())),
+    ];
+    let served = server.run().await;
+    // Every effect and sync is recorded in the database as it happens, so stopping the
+    // loops mid-way loses nothing: the next start picks up where they were.
+    for worker in workers {
+        worker.abort();
+    }
+    served.map_err(|e| io("server stopped", e))?;
     tracing::info!("agentry stopped");
     Ok(())
 }

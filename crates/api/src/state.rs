@@ -3,6 +3,7 @@
 use actix_web::web;
 use agentry_persistence::{AnyConnection, Db};
 
+use crate::codehost::CodeHost;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -14,6 +15,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The OpenAPI document, rendered once at start.
     pub openapi_json: String,
+    /// The code-host integration: secrets key, client, outbox.
+    pub codehost: CodeHost,
 }
 
 impl AppState {

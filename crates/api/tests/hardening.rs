@@ -96,3 +96,65 @@ async fn random_bodies_never_fail_the_server_or_write() {
     }
     assert_eq!(task_count(&db.db), 0);
 }
+
+#[actix_web::test]
+async fn random_input_on_the_code_host_endpoints_never_fails_or_writes_when_refused() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let repo = agentry_persistence::repos::connect_repository(
+        &mut db.db.conn().unwrap(),
+        &agentry_persistence::repos::NewRepository {
+            url: agentry_domain::RepoUrl::parse("https://github.com/acme/web").unwrap(),
+            default_branch: "main".into(),
+            clone_url: "https://github.com/acme/web.git".into(),
+            codehost_id: None,
+        },
+        agentry_persistence::now(),
+    )
+    .unwrap()
+    .0;
+    let rows = || {
+        let mut conn = db.db.conn().unwrap();
+        (
+            agentry_persistence::secrets::list(&mut conn).unwrap().len(),
+            agentry_persistence::repos::get_repository(&mut conn, repo.id).unwrap(),
+            task_count(&db.db),
+        )
+    };
+    let mut runner = TestRunner::new(Config::default());
+    let jsonish = proptest::string::string_regex(
+        r#"[{}\[\]",:0-9.eE+ -]{0,10}("(value|repoUrl|issueNumber|repoId|title|body|agentType|codingModel|maxTurnsCoding|maxTurnsReview|autoReview|maxCostPerTaskUsd)"[:,]?[ "a-z0-9.{}\[\]-]{0,12}){0,8}[}\]]?"#,
+    )
+    .unwrap();
+    let query =
+        proptest::string::string_regex("((repoId|x)=([a-zA-Z0-9%._~-]|%[0-9A-F]{2}){0,40}&?){0,3}")
+            .unwrap();
+    let targets = [
+        ("PUT", "/api/secrets/OTHER_KEY".to_owned()),
+        ("POST", "/api/repos".to_owned()),
+        ("PATCH", format!("/api/repos/{}/settings", repo.id)),
+        ("POST", "/api/issues/assign".to_owned()),
+    ];
+    for _ in 0..CASES {
+        let body = sample(&mut runner, &jsonish);
+        for (method, path) in &targets {
+            let before = rows();
+            let req = TestRequest::default()
+                .method(method.parse().unwrap())
+                .uri(path)
+                .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+                .insert_header(("Content-Type", "application/json"))
+                .set_payload(body.clone())
+                .to_request();
+            let (code, reply) = call(&app, req).await;
+            check(code, &reply, &format!("{method} {path} {body}"));
+            if code >= 400 {
+                assert_eq!(rows(), before, "{method} {path} {body} wrote on {code}");
+            }
+        }
+        let q = sample(&mut runner, &query);
+        let (code, reply) = call(&app, get(&format!("/api/issues?{q}"), &t.viewer)).await;
+        check(code, &reply, &q);
+    }
+}

@@ -704,6 +704,18 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         ("POST", "/api/tokens"),
         ("DELETE", "/api/tokens/{id}"),
         ("GET", "/api/analytics/costs"),
+        ("GET", "/api/secrets"),
+        ("PUT", "/api/secrets/{name}"),
+        ("DELETE", "/api/secrets/{name}"),
+        ("GET", "/api/repos"),
+        ("POST", "/api/repos"),
+        ("GET", "/api/repos/{id}"),
+        ("DELETE", "/api/repos/{id}"),
+        ("GET", "/api/repos/{id}/settings"),
+        ("PATCH", "/api/repos/{id}/settings"),
+        ("GET", "/api/issues"),
+        ("POST", "/api/issues/sync"),
+        ("POST", "/api/issues/assign"),
     ]
     .iter()
     .map(|(m, p)| (m.to_string(), p.to_string()))
@@ -711,7 +723,9 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
     expected.sort();
     assert_eq!(operations, expected);
     for (method, path) in &operations {
-        let uri = path.replace("{id}", &Uuid::new_v4().to_string());
+        let uri = path
+            .replace("{id}", &Uuid::new_v4().to_string())
+            .replace("{name}", "SOME_SECRET");
         let req = TestRequest::default()
             .method(method.parse().unwrap())
             .uri(&uri)

@@ -3,6 +3,9 @@
 
 pub mod analytics;
 pub mod health;
+pub mod issues;
+pub mod repos;
+pub mod secrets;
 pub mod tasks;
 pub mod tokens;
 

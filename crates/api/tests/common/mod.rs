@@ -6,11 +6,16 @@ use actix_http::Request;
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::test;
 use actix_web::web;
+use std::time::Duration;
+
 use agentry_api::auth::{generate_token, hash_token};
+use agentry_api::codehost::{CodeHost, OutboxTiming};
 use agentry_api::metrics::Metrics;
 use agentry_api::state::AppState;
+use agentry_codehost::ClientConfig;
 use agentry_domain::{AgentType, RepoUrl, Role, TaskType};
 use agentry_persistence::Db;
+use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::TestDb;
 use serde_json::Value;
@@ -44,12 +49,48 @@ pub fn tokens(db: &Db) -> Tokens {
     }
 }
 
-pub fn state(db: &Db) -> web::Data<AppState> {
+/// A code-host integration pointed at `api_url` with `key` and fast timings (retry delays
+/// are long enough that a test decides when time passes, see `codehost::deliver_due`).
+pub fn code_host(api_url: &str, key: MasterKey) -> CodeHost {
+    CodeHost::new(
+        key,
+        ClientConfig {
+            api_url: api_url.into(),
+            request_timeout: Duration::from_secs(5),
+            max_retries: 2,
+            backoff_base: Duration::from_millis(5),
+            backoff_max: Duration::from_millis(50),
+            max_rate_limit_wait: Duration::from_secs(5),
+            ..ClientConfig::default()
+        },
+        OutboxTiming {
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(10),
+            lease: Duration::from_secs(60),
+            idle: Duration::from_millis(200),
+        },
+    )
+}
+
+/// Application state over `db` whose code host is `api_url`, with a fresh master key.
+pub fn state_with(db: &Db, api_url: &str) -> web::Data<AppState> {
+    state_with_key(db, api_url, MasterKey::generate().unwrap())
+}
+
+/// Application state over `db` whose code host is `api_url` and master key `key` (a
+/// "restarted process" reuses the key of the first).
+pub fn state_with_key(db: &Db, api_url: &str, key: MasterKey) -> web::Data<AppState> {
     web::Data::new(AppState {
         db: db.clone(),
         metrics: Metrics::new().unwrap(),
         openapi_json: serde_json::to_string(&agentry_api::app::openapi()).unwrap(),
+        codehost: code_host(api_url, key),
     })
+}
+
+/// Application state over `db` with no reachable code host (port 9 refuses connections).
+pub fn state(db: &Db) -> web::Data<AppState> {
+    state_with(db, "http://127.0.0.1:9")
 }
 
 pub async fn service(
@@ -59,8 +100,19 @@ pub async fn service(
     Response = ServiceResponse<impl actix_web::body::MessageBody>,
     Error = actix_web::Error,
 > {
+    service_with(state(db)).await
+}
+
+/// The application over `state`.
+pub async fn service_with(
+    state: web::Data<AppState>,
+) -> impl Service<
+    Request,
+    Response = ServiceResponse<impl actix_web::body::MessageBody>,
+    Error = actix_web::Error,
+> {
     test::init_service(agentry_api::app::build_app(
-        state(db),
+        state,
         vec!["https://app.example".into()],
     ))
     .await

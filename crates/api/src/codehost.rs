@@ -1,0 +1,542 @@
+//! The service side of the code-host integration (SPEC §3.3–3.7, §5.1–5.4): the stored
+//! token and the one client built from it, assignment of an issue (the task and its outbox
+//! effects in one transaction), issue sync, and delivery of the outbox.
+//!
+//! Decisions live in plain functions ([`assign`], [`comment_body`], [`retry_delay`]); the
+//! async functions around them read, call the code host through [`GitHub`], and write.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue};
+use agentry_domain::{AgentType, Task, TaskType};
+use agentry_persistence::issues::{self, IssueLabel, SyncedIssue};
+use agentry_persistence::outbox::{self, Effect, EffectKind, NewEffect};
+use agentry_persistence::repos::{self, IssueSyncState, Repository};
+use agentry_persistence::secrets::{self, MasterKey, SecretValue};
+use agentry_persistence::tasks::{self, NewTask};
+use agentry_persistence::{AnyConnection, DbError};
+use futures_util::StreamExt;
+use serde_json::json;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The secret holding the code-host token.
+pub const TOKEN_SECRET: &str = "CODEHOST_TOKEN";
+/// The service's label on the code host.
+pub const SERVICE_LABEL: &str = "agentry";
+/// The colour the service's label is created with (purple).
+pub const SERVICE_LABEL_COLOR: &str = "6f42c1";
+/// Repositories synced at once.
+const SYNC_CONCURRENCY: usize = 4;
+/// Effects claimed per round of the outbox worker.
+const OUTBOX_BATCH: i64 = 20;
+
+/// Timing of the outbox worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxTiming {
+    /// Delay before the first retry of a failed effect; doubles per attempt.
+    pub retry_base: Duration,
+    /// Longest delay between two attempts.
+    pub retry_max: Duration,
+    /// How long a claimed effect stays reserved for its worker (a dead worker's effects
+    /// become due again after it).
+    pub lease: Duration,
+    /// Longest sleep of the worker when nothing is due (it also wakes when told to).
+    pub idle: Duration,
+}
+
+impl Default for OutboxTiming {
+    fn default() -> Self {
+        OutboxTiming {
+            retry_base: Duration::from_secs(5),
+            retry_max: Duration::from_secs(600),
+            lease: Duration::from_secs(120),
+            idle: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The code-host side of the application state.
+pub struct CodeHost {
+    master_key: MasterKey,
+    client_config: ClientConfig,
+    timing: OutboxTiming,
+    /// The client of the stored token, rebuilt when the token changes.
+    cached: Mutex<Option<(SecretValue, GitHub)>>,
+    outbox_wake: tokio::sync::Notify,
+    /// One issue sync at a time in this process.
+    sync_lock: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for CodeHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CodeHost")
+            .field("api_url", &self.client_config.api_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CodeHost {
+    /// The code-host integration with its master key, client settings and outbox timing.
+    pub fn new(master_key: MasterKey, client_config: ClientConfig, timing: OutboxTiming) -> Self {
+        CodeHost {
+            master_key,
+            client_config,
+            timing,
+            cached: Mutex::new(None),
+            outbox_wake: tokio::sync::Notify::new(),
+            sync_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The code host's REST base URL.
+    pub fn api_url(&self) -> &str {
+        &self.client_config.api_url
+    }
+
+    /// The key that encrypts stored secrets.
+    pub fn master_key(&self) -> &MasterKey {
+        &self.master_key
+    }
+
+    /// A client for `token` (used to check a token before it is stored).
+    pub fn client_for(&self, token: &SecretValue) -> Result<GitHub, ApiError> {
+        GitHub::new(&self.client_config, token.expose()).map_err(ApiError::from)
+    }
+
+    /// The client of the stored token, reusing the previous one while the token is unchanged.
+    fn client_of(&self, token: SecretValue) -> Result<GitHub, ApiError> {
+        let mut cached = self
+            .cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((known, client)) = cached.as_ref()
+            && *known == token
+        {
+            return Ok(client.clone());
+        }
+        let client = self.client_for(&token)?;
+        *cached = Some((token, client.clone()));
+        Ok(client)
+    }
+
+    /// Tells the outbox worker that new effects are waiting.
+    pub fn wake_outbox(&self) {
+        self.outbox_wake.notify_one();
+    }
+}
+
+impl AppState {
+    /// The client of the stored `CODEHOST_TOKEN`; 412 `codehost_token_missing` without one.
+    pub async fn github(&self) -> Result<GitHub, ApiError> {
+        let key = self.codehost.master_key().clone();
+        let token = self
+            .db(move |conn| Ok(secrets::get(conn, &key, TOKEN_SECRET)?))
+            .await?
+            .ok_or_else(ApiError::codehost_token_missing)?;
+        self.codehost.client_of(token)
+    }
+}
+
+/// The one comment agentry writes on an assigned issue. The HTML comment is the marker by
+/// which a retried delivery recognises a comment already posted for this task.
+pub fn comment_body(task_id: Uuid) -> String {
+    format!(
+        "agentry is working on this issue (task `{task_id}`). A pull request will follow.\n\n{}",
+        comment_marker(task_id)
+    )
+}
+
+/// The marker [`comment_body`] ends with.
+pub fn comment_marker(task_id: Uuid) -> String {
+    format!("<!-- agentry:task:{task_id} -->")
+}
+
+/// Creates the coding task of an issue with its label and comment effects, in one
+/// transaction, unless the issue already has a task (SPEC §3.7, §5.4): the task and whether
+/// it was created now. The same path serves `POST /api/issues/assign` and label sync.
+pub fn assign(
+    conn: &mut AnyConnection,
+    repo: &Repository,
+    issue_number: i64,
+    title: &str,
+    body: &str,
+    agent_type: AgentType,
+    now: OffsetDateTime,
+) -> Result<(Task, bool), DbError> {
+    if let Some(task) = tasks::linked_task(conn, repo.id, issue_number)? {
+        return Ok((task, false));
+    }
+    let new = NewTask {
+        id: Uuid::new_v4(),
+        title: title.to_owned(),
+        prompt: body.to_owned(),
+        repo_id: Some(repo.id),
+        repo_url: repo.url.clone(),
+        task_type: TaskType::Coding,
+        agent_type,
+        issue_number: Some(issue_number),
+        parent_task_id: None,
+        created_at: now,
+    };
+    tasks::create_issue_task(conn, &new, |conn, task| {
+        let effect = |kind, payload| NewEffect {
+            task_id: Some(task.id),
+            repo_id: repo.id,
+            kind,
+            payload,
+        };
+        outbox::enqueue(
+            conn,
+            &effect(
+                EffectKind::AddLabel,
+                json!({ "issueNumber": issue_number, "label": SERVICE_LABEL }),
+            ),
+            now,
+        )?;
+        outbox::enqueue(
+            conn,
+            &effect(
+                EffectKind::Comment,
+                json!({ "issueNumber": issue_number, "body": comment_body(task.id) }),
+            ),
+            now,
+        )?;
+        Ok(())
+    })
+}
+
+fn synced(issue: Issue) -> Result<SyncedIssue, CodeHostError> {
+    Ok(SyncedIssue {
+        number: i64::try_from(issue.number)
+            .map_err(|_| CodeHostError::InvalidResponse("issue number out of range".into()))?,
+        title: issue.title,
+        body: issue.body,
+        html_url: issue.html_url,
+        author: issue.author,
+        labels: issue
+            .labels
+            .into_iter()
+            .map(|l| IssueLabel {
+                name: l.name,
+                color: l.color,
+            })
+            .collect(),
+        created_at: issue.created_at,
+        updated_at: issue.updated_at,
+    })
+}
+
+/// What one repository's sync did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RepoSyncOutcome {
+    /// The code host answered 304: nothing changed.
+    pub unchanged: bool,
+    /// Tasks created for labelled issues.
+    pub created: usize,
+    /// Why the sync failed (also stored and shown in the issues view).
+    pub error: Option<String>,
+}
+
+/// Syncs the open issues of every connected repository (or of `only`), then turns each open
+/// issue carrying the service's label and no task into a task (SPEC §5.3). One repository's
+/// failure is recorded for it and does not stop the others. 412 without a token.
+pub async fn sync_issues(
+    state: &AppState,
+    only: Option<Uuid>,
+) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ApiError> {
+    let github = state.github().await?;
+    let _one_at_a_time = state.codehost.sync_lock.lock().await;
+    let repos: Vec<(Repository, IssueSyncState)> = state
+        .db(|conn| Ok(repos::issue_sync_states(conn)?))
+        .await?
+        .into_iter()
+        .filter(|(r, _)| only.is_none_or(|id| r.id == id))
+        .collect();
+    let outcomes: Vec<(Uuid, RepoSyncOutcome)> = futures_util::stream::iter(repos)
+        .map(|(repo, sync_state)| {
+            let github = github.clone();
+            async move {
+                let id = repo.id;
+                (id, sync_repository(state, &github, repo, sync_state).await)
+            }
+        })
+        .buffer_unordered(SYNC_CONCURRENCY)
+        .collect()
+        .await;
+    if outcomes.iter().any(|(_, o)| o.created > 0) {
+        state.codehost.wake_outbox();
+    }
+    Ok(outcomes)
+}
+
+async fn sync_repository(
+    state: &AppState,
+    github: &GitHub,
+    repo: Repository,
+    sync_state: IssueSyncState,
+) -> RepoSyncOutcome {
+    let mut outcome = RepoSyncOutcome::default();
+    let fetched = github
+        .open_issues(
+            repo.url.owner(),
+            repo.url.name(),
+            sync_state.etag.as_deref(),
+        )
+        .await
+        .and_then(|answer| match answer {
+            Conditional::NotModified => Ok(None),
+            Conditional::Modified { value, etag } => Ok(Some((
+                value
+                    .into_iter()
+                    .map(synced)
+                    .collect::<Result<Vec<_>, _>>()?,
+                etag,
+            ))),
+        });
+    let repo_id = repo.id;
+    let stored = match fetched {
+        Ok(None) => {
+            outcome.unchanged = true;
+            state
+                .db(move |conn| Ok(issues::mark_issues_unchanged(conn, repo_id, now())?))
+                .await
+        }
+        Ok(Some((list, etag))) => {
+            state
+                .db(move |conn| {
+                    Ok(issues::replace_open_issues(
+                        conn,
+                        repo_id,
+                        &list,
+                        etag.as_deref(),
+                        now(),
+                    )?)
+                })
+                .await
+        }
+        Err(e) => {
+            let message = format!("syncing {}: {e}", repo.url);
+            tracing::warn!(repo = %repo.url, error = %e, "issue sync failed");
+            outcome.error = Some(message.clone());
+            state
+                .db(move |conn| Ok(issues::mark_issues_sync_failed(conn, repo_id, &message)?))
+                .await
+        }
+    };
+    if let Err(e) = stored {
+        tracing::error!(repo = %repo.url, error = %e, "cannot store the issue sync");
+        outcome.error.get_or_insert_with(|| e.to_string());
+    }
+    // Labelled issues become tasks even when the list did not change: an earlier attempt
+    // may have failed after the sync was stored.
+    let assigned = state
+        .db(move |conn| {
+            let mut created = 0;
+            for issue in issues::unlinked_with_label(conn, repo.id, SERVICE_LABEL)? {
+                let agent = repo.settings.agent_type;
+                let (_, new) = assign(
+                    conn,
+                    &repo,
+                    issue.number,
+                    &issue.title,
+                    &issue.body,
+                    agent,
+                    now(),
+                )?;
+                created += usize::from(new);
+            }
+            Ok(created)
+        })
+        .await;
+    match assigned {
+        Ok(n) => outcome.created = n,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot create tasks for labelled issues");
+            outcome.error.get_or_insert_with(|| e.to_string());
+        }
+    }
+    outcome
+}
+
+/// The periodic issue sync: every `interval`, while the process runs. Without a stored token
+/// it waits for one.
+pub async fn issue_sync_loop(state: actix_web::web::Data<AppState>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match sync_issues(&state, None).await {
+            Ok(outcomes) => {
+                let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
+                tracing::debug!(repositories = outcomes.len(), failed, "issue sync done");
+            }
+            Err(e) => tracing::debug!(error = %e, "issue sync skipped"),
+        }
+    }
+}
+
+/// The delay before attempt `attempts + 1` of a failed effect: doubling from `base`, at most
+/// `max`.
+pub fn retry_delay(attempts: i32, base: Duration, max: Duration) -> Duration {
+    let exponent = u32::try_from(attempts.clamp(0, 20)).unwrap_or(20);
+    base.saturating_mul(2u32.saturating_pow(exponent)).min(max)
+}
+
+fn issue_number(effect: &Effect) -> Result<u64, CodeHostError> {
+    effect
+        .payload
+        .get("issueNumber")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| CodeHostError::InvalidResponse("the effect names no issue number".into()))
+}
+
+/// Carries out one effect on the code host. Each kind is safe to repeat: adding a label the
+/// issue has changes nothing, a comment whose marker is already on the issue is not posted
+/// again, and an issue already closed is left alone.
+pub async fn deliver(
+    github: &GitHub,
+    repo: &Repository,
+    effect: &Effect,
+) -> Result<(), CodeHostError> {
+    let (owner, name) = (repo.url.owner(), repo.url.name());
+    let number = issue_number(effect)?;
+    match effect.kind {
+        EffectKind::AddLabel => {
+            github
+                .ensure_label(owner, name, SERVICE_LABEL, SERVICE_LABEL_COLOR)
+                .await?;
+            github
+                .add_labels(owner, name, number, &[SERVICE_LABEL])
+                .await
+        }
+        EffectKind::Comment => {
+            let task_id = effect.task_id.ok_or_else(|| {
+                CodeHostError::InvalidResponse("a comment effect without a task".into())
+            })?;
+            let marker = comment_marker(task_id);
+            let posted = github.issue_comments(owner, name, number).await?;
+            if posted.iter().any(|c| c.body.contains(&marker)) {
+                return Ok(());
+            }
+            let body = effect
+                .payload
+                .get("body")
+                .and_then(serde_json::Value::as_str)
+                .map_or_else(|| comment_body(task_id), str::to_owned);
+            github
+                .create_comment(owner, name, number, &body)
+                .await
+                .map(drop)
+        }
+        EffectKind::CloseIssue => {
+            if github.issue(owner, name, number).await?.state == "open" {
+                github.close_issue(owner, name, number).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Claims the effects due at `at` and delivers them; returns how many were delivered.
+/// Without a stored token nothing is claimed.
+pub async fn deliver_due(state: &AppState, at: OffsetDateTime) -> Result<usize, ApiError> {
+    let github = state.github().await?;
+    let timing = state.codehost.timing;
+    let lease = time::Duration::try_from(timing.lease).unwrap_or(time::Duration::MINUTE);
+    let claimed = state
+        .db(move |conn| {
+            let effects = outbox::claim_due(conn, at, lease, OUTBOX_BATCH)?;
+            effects
+                .into_iter()
+                .map(|e| Ok((repos::get_repository(conn, e.repo_id)?, e)))
+                .collect::<Result<Vec<_>, DbError>>()
+                .map_err(ApiError::from)
+        })
+        .await?;
+    let mut delivered = 0;
+    for (repo, effect) in claimed {
+        let result = deliver(&github, &repo, &effect).await;
+        let id = effect.id;
+        match result {
+            Ok(()) => {
+                state
+                    .db(move |conn| Ok(outbox::mark_delivered(conn, id, now())?))
+                    .await?;
+                delivered += 1;
+            }
+            Err(e) => {
+                let delay = retry_delay(effect.attempts, timing.retry_base, timing.retry_max);
+                tracing::warn!(
+                    effect = %id, kind = effect.kind.as_str(), repo = %repo.url,
+                    attempts = effect.attempts + 1, retry_in = ?delay, error = %e,
+                    "code-host effect failed; will retry"
+                );
+                let message = e.to_string();
+                let retry_at = now() + delay;
+                state
+                    .db(move |conn| Ok(outbox::mark_failed(conn, id, &message, retry_at)?))
+                    .await?;
+            }
+        }
+    }
+    Ok(delivered)
+}
+
+/// The outbox worker: delivers due effects, then sleeps until the next one is due, it is
+/// woken ([`CodeHost::wake_outbox`]), or `idle` passes.
+pub async fn outbox_loop(state: actix_web::web::Data<AppState>) {
+    let idle = state.codehost.timing.idle;
+    loop {
+        if let Err(e) = deliver_due(&state, now()).await {
+            tracing::debug!(error = %e, "outbox round skipped");
+        }
+        let next = state
+            .db(|conn| Ok(outbox::next_due(conn)?))
+            .await
+            .ok()
+            .flatten();
+        let sleep = next.map_or(idle, |due| {
+            Duration::try_from(due - now())
+                .unwrap_or(Duration::ZERO)
+                .min(idle)
+        });
+        tokio::select! {
+            () = tokio::time::sleep(sleep.max(Duration::from_millis(10))) => {}
+            () = state.codehost.outbox_wake.notified() => {}
+        }
+    }
+}
+
+fn now() -> OffsetDateTime {
+    agentry_persistence::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_by_doubling_up_to_the_cap() {
+        let (base, max) = (Duration::from_secs(5), Duration::from_secs(600));
+        let delays: Vec<u64> = (0..9)
+            .map(|a| retry_delay(a, base, max).as_secs())
+            .collect();
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 320, 600, 600]);
+        assert_eq!(retry_delay(-3, base, max), base);
+        assert_eq!(retry_delay(i32::MAX, base, max), max);
+    }
+
+    #[test]
+    fn the_comment_carries_the_task_id_and_its_marker() {
+        let id = Uuid::new_v4();
+        let body = comment_body(id);
+        assert!(body.contains(&id.to_string()));
+        assert!(body.ends_with(&comment_marker(id)));
+        assert_ne!(comment_marker(id), comment_marker(Uuid::new_v4()));
+    }
+}

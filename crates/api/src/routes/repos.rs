@@ -1,0 +1,343 @@
+//! `POST /api/repos`, `GET /api/repos`, `GET|DELETE /api/repos/{id}` and
+//! `GET|PATCH /api/repos/{id}/settings` (SPEC §3.4–3.5).
+
+use actix_web::{HttpResponse, delete, get, patch, post, web};
+use agentry_domain::{RepoSettings, RepoUrl, Role};
+use agentry_persistence::DbError;
+use agentry_persistence::repos::{self, NewRepository, Repository};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::codehost;
+use crate::error::{ApiError, ErrorBody};
+use crate::routes::path_uuid;
+use crate::state::AppState;
+
+/// A repository to connect.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConnectRepo {
+    /// Any accepted form: `https://github.com/org/repo`, `git@github.com:org/repo.git`, …
+    pub repo_url: String,
+}
+
+/// A repository known to the service.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepoDto {
+    /// Repository id.
+    pub id: Uuid,
+    /// Normalised URL.
+    pub repo_url: String,
+    /// Owner (lower case).
+    pub owner: String,
+    /// Name (lower case).
+    pub name: String,
+    /// The default branch on the code host.
+    pub default_branch: String,
+    /// The clone URL the code host reports.
+    pub clone_url: String,
+    /// Agent settings (SPEC §3.5).
+    #[schema(value_type = Object)]
+    pub settings: RepoSettings,
+    /// When it was (last) connected.
+    #[serde(with = "time::serde::rfc3339")]
+    pub connected_at: OffsetDateTime,
+    /// When it was disconnected; null while connected.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub disconnected_at: Option<OffsetDateTime>,
+    /// First connection.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Last change.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+impl From<Repository> for RepoDto {
+    fn from(r: Repository) -> Self {
+        RepoDto {
+            id: r.id,
+            repo_url: r.url.to_string(),
+            owner: r.url.owner().to_owned(),
+            name: r.url.name().to_owned(),
+            default_branch: r.default_branch,
+            clone_url: r.clone_url,
+            settings: r.settings,
+            connected_at: r.connected_at,
+            disconnected_at: r.disconnected_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// The connected repositories.
+#[derive(Serialize, ToSchema)]
+pub struct RepoListDto {
+    /// By URL.
+    pub repos: Vec<RepoDto>,
+}
+
+/// The web host whose repositories the code-host API at `api_url` serves, when it can be
+/// told: `github.com` for `api.github.com`, `HOST` for GitHub Enterprise's
+/// `https://HOST/api/v3`. Any other base (a proxy, a local fake) serves any host.
+pub fn web_host_of(api_url: &str) -> Option<String> {
+    let url = url::Url::parse(api_url).ok()?;
+    let host = url.host_str()?.to_ascii_lowercase();
+    if host == "api.github.com" {
+        Some("github.com".into())
+    } else if url.path().trim_end_matches('/') == "/api/v3" {
+        Some(host)
+    } else {
+        None
+    }
+}
+
+/// Connects a repository: looks it up on the code host (default branch, clone URL) and
+/// stores it with default settings. Connecting one already connected returns it (200).
+#[utoipa::path(
+    tag = "repos",
+    request_body = ConnectRepo,
+    responses(
+        (status = 201, description = "Connected now", body = RepoDto),
+        (status = 200, description = "Already connected", body = RepoDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
+        (status = 422, description = "Unknown or inaccessible on the code host", body = ErrorBody),
+        (status = 503, description = "The code host could not be reached", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/repos")]
+pub async fn connect_repo(
+    caller: Caller,
+    state: web::Data<AppState>,
+    body: JsonBody<ConnectRepo>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require(Role::Admin)?;
+    let url =
+        RepoUrl::parse(&body.0.repo_url).map_err(|e| ApiError::invalid_parameter("repoUrl", e))?;
+    if let Some(host) = web_host_of(state.codehost.api_url())
+        && url.host() != host
+    {
+        return Err(ApiError::invalid_parameter(
+            "repoUrl",
+            format!(
+                "the configured code host serves repositories on {host}, not {}",
+                url.host()
+            ),
+        ));
+    }
+    let github = state.github().await?;
+    let lookup = url.clone();
+    let known = state
+        .db(move |conn| Ok(repos::find_by_url(conn, &lookup)?))
+        .await?;
+    if let Some(repo) = known.filter(|r| r.disconnected_at.is_none()) {
+        return Ok(HttpResponse::Ok().json(RepoDto::from(repo)));
+    }
+    let info = github.repository(url.owner(), url.name()).await?;
+    let new = NewRepository {
+        url,
+        default_branch: info.default_branch,
+        clone_url: info.clone_url,
+        codehost_id: i64::try_from(info.id).ok(),
+    };
+    let (repo, created) = state
+        .db(move |conn| {
+            Ok(repos::connect_repository(
+                conn,
+                &new,
+                agentry_persistence::now(),
+            )?)
+        })
+        .await?;
+    tracing::info!(repo = %repo.url, id = %repo.id, by = %caller.token_id, "repository connected");
+    // Its issues appear without waiting for the next periodic sync.
+    let sync_state = state.clone();
+    let repo_id = repo.id;
+    actix_web::rt::spawn(async move {
+        if let Err(e) = codehost::sync_issues(&sync_state, Some(repo_id)).await {
+            tracing::warn!(error = %e, "first issue sync of a new repository failed");
+        }
+    });
+    let dto = RepoDto::from(repo);
+    Ok(if created {
+        HttpResponse::Created().json(dto)
+    } else {
+        HttpResponse::Ok().json(dto)
+    })
+}
+
+/// Lists the connected repositories.
+#[utoipa::path(
+    tag = "repos",
+    responses(
+        (status = 200, body = RepoListDto),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/repos")]
+pub async fn list_repos(
+    _caller: Caller,
+    state: web::Data<AppState>,
+) -> Result<web::Json<RepoListDto>, ApiError> {
+    let list = state.db(|conn| Ok(repos::list_connected(conn)?)).await?;
+    Ok(web::Json(RepoListDto {
+        repos: list.into_iter().map(RepoDto::from).collect(),
+    }))
+}
+
+/// A storage error about repository `id` as an API error (404 naming it).
+fn repo_error(id: Uuid) -> impl Fn(DbError) -> ApiError {
+    move |e| match e {
+        DbError::NotFound => ApiError::not_found(format!("repository {id} not found")),
+        other => other.into(),
+    }
+}
+
+async fn load(state: &AppState, id: Uuid) -> Result<Repository, ApiError> {
+    state
+        .db(move |conn| repos::get_repository(conn, id).map_err(repo_error(id)))
+        .await
+}
+
+/// One repository (also a disconnected one, with `disconnectedAt`).
+#[utoipa::path(
+    tag = "repos",
+    params(("id" = Uuid, Path, description = "Repository id")),
+    responses(
+        (status = 200, body = RepoDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/repos/{id}")]
+pub async fn get_repo(
+    _caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<web::Json<RepoDto>, ApiError> {
+    let id = path_uuid("id", &path)?;
+    Ok(web::Json(load(&state, id).await?.into()))
+}
+
+/// Disconnects a repository: no more syncs or runs; its tasks and costs stay.
+#[utoipa::path(
+    tag = "repos",
+    params(("id" = Uuid, Path, description = "Repository id")),
+    responses(
+        (status = 200, body = RepoDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[delete("/repos/{id}")]
+pub async fn disconnect_repo(
+    caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<web::Json<RepoDto>, ApiError> {
+    caller.require(Role::Admin)?;
+    let id = path_uuid("id", &path)?;
+    let repo = state
+        .db(move |conn| {
+            repos::disconnect_repository(conn, id, agentry_persistence::now())
+                .map_err(repo_error(id))
+        })
+        .await?;
+    tracing::info!(repo = %repo.url, by = %caller.token_id, "repository disconnected");
+    Ok(web::Json(repo.into()))
+}
+
+/// A repository's settings.
+#[utoipa::path(
+    tag = "repos",
+    params(("id" = Uuid, Path, description = "Repository id")),
+    responses(
+        (status = 200, description = "The settings (SPEC §3.5)", body = Object),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/repos/{id}/settings")]
+pub async fn get_settings(
+    _caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<web::Json<RepoSettings>, ApiError> {
+    let id = path_uuid("id", &path)?;
+    Ok(web::Json(load(&state, id).await?.settings))
+}
+
+/// Changes any subset of a repository's settings. An unknown member or any bad value is a
+/// 400 naming it, and nothing changes.
+#[utoipa::path(
+    tag = "repos",
+    params(("id" = Uuid, Path, description = "Repository id")),
+    request_body(content = Object, description = "Any subset of codingModel, reviewModel, \
+        maxTurnsCoding, maxTurnsReview, agentType, autoReview, maxCostPerTaskUsd"),
+    responses(
+        (status = 200, description = "The settings after the change", body = Object),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[patch("/repos/{id}/settings")]
+pub async fn patch_settings(
+    caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+    body: JsonBody<serde_json::Value>,
+) -> Result<web::Json<RepoSettings>, ApiError> {
+    caller.require(Role::Admin)?;
+    let id = path_uuid("id", &path)?;
+    let patch = body.0;
+    let repo = state
+        .db(move |conn| {
+            repos::patch_settings(conn, id, agentry_persistence::now(), |current| {
+                current.apply_patch(&patch)
+            })
+            .map_err(repo_error(id))?
+            .map_err(ApiError::from)
+        })
+        .await?;
+    tracing::info!(repo = %repo.url, by = %caller.token_id, "repository settings changed");
+    Ok(web::Json(repo.settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::web_host_of;
+
+    #[test]
+    fn the_api_url_tells_which_web_host_it_serves() {
+        assert_eq!(
+            web_host_of("https://api.github.com").as_deref(),
+            Some("github.com")
+        );
+        assert_eq!(
+            web_host_of("https://ghe.example.com/api/v3").as_deref(),
+            Some("ghe.example.com")
+        );
+        assert_eq!(web_host_of("http://127.0.0.1:4000"), None);
+    }
+}

@@ -1,0 +1,223 @@
+//! `PUT /api/secrets/{name}`, `GET /api/secrets`, `DELETE /api/secrets/{name}` (admin,
+//! SPEC §3.3). Values are encrypted at rest and never returned or logged.
+
+use actix_web::{HttpResponse, delete, get, put, web};
+use agentry_domain::Role;
+use agentry_persistence::secrets::{self, SecretInfo, SecretValue};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::codehost::TOKEN_SECRET;
+use crate::error::{ApiError, ErrorBody};
+use crate::state::AppState;
+
+/// Longest secret name.
+const MAX_NAME_CHARS: usize = 64;
+/// Largest secret value, in bytes.
+const MAX_VALUE_BYTES: usize = 16 * 1024;
+
+/// A secret's new value.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutSecret {
+    /// The value (1 to 16 KiB). Never returned.
+    pub value: String,
+}
+
+/// A stored secret (never its value).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretDto {
+    /// Name, e.g. `CODEHOST_TOKEN`.
+    pub name: String,
+    /// When it was first stored.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When its value last changed.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+impl From<SecretInfo> for SecretDto {
+    fn from(s: SecretInfo) -> Self {
+        SecretDto {
+            name: s.name,
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+        }
+    }
+}
+
+/// The stored secrets.
+#[derive(Serialize, ToSchema)]
+pub struct SecretListDto {
+    /// By name.
+    pub secrets: Vec<SecretDto>,
+}
+
+/// Checks a secret name: an upper-case letter, then upper-case letters, digits and `_`.
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let mut chars = name.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_uppercase())
+        && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        && name.len() <= MAX_NAME_CHARS;
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_parameter(
+            "name",
+            format!(
+                "must be an upper-case letter followed by upper-case letters, digits or _, at \
+                 most {MAX_NAME_CHARS} characters (e.g. CODEHOST_TOKEN)"
+            ),
+        ))
+    }
+}
+
+/// Stores a secret, replacing any earlier value. `CODEHOST_TOKEN` is first checked against
+/// the code host (`GET /user`); a token it refuses is not stored (422).
+#[utoipa::path(
+    tag = "secrets",
+    params(("name" = String, Path, description = "Secret name, e.g. CODEHOST_TOKEN")),
+    request_body = PutSecret,
+    responses(
+        (status = 200, body = SecretDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 422, description = "The code host refused the token", body = ErrorBody),
+        (status = 503, description = "The code host could not be reached", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[put("/secrets/{name}")]
+pub async fn put_secret(
+    caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+    body: JsonBody<PutSecret>,
+) -> Result<web::Json<SecretDto>, ApiError> {
+    caller.require(Role::Admin)?;
+    let name = path.into_inner();
+    check_name(&name)?;
+    let value = SecretValue::new(body.0.value);
+    if value.expose().trim().is_empty() || value.expose().len() > MAX_VALUE_BYTES {
+        return Err(ApiError::invalid_parameter(
+            "value",
+            format!("must be a non-blank string of at most {MAX_VALUE_BYTES} bytes"),
+        ));
+    }
+    if name == TOKEN_SECRET {
+        if value.expose().trim() != value.expose() {
+            return Err(ApiError::invalid_parameter(
+                "value",
+                "a token must not start or end with white space",
+            ));
+        }
+        let user = state
+            .codehost
+            .client_for(&value)?
+            .current_user()
+            .await
+            .map_err(ApiError::from)?;
+        tracing::info!(login = %user.login, "code-host token accepted");
+    }
+    let key = state.codehost.master_key().clone();
+    let stored_name = name.clone();
+    let info = state
+        .db(move |conn| {
+            Ok(secrets::put(
+                conn,
+                &key,
+                &stored_name,
+                &value,
+                agentry_persistence::now(),
+            )?)
+        })
+        .await?;
+    tracing::info!(secret = %name, by = %caller.token_id, "secret stored");
+    Ok(web::Json(info.into()))
+}
+
+/// Lists the stored secrets: names and times, never values.
+#[utoipa::path(
+    tag = "secrets",
+    responses(
+        (status = 200, body = SecretListDto),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/secrets")]
+pub async fn list_secrets(
+    caller: Caller,
+    state: web::Data<AppState>,
+) -> Result<web::Json<SecretListDto>, ApiError> {
+    caller.require(Role::Admin)?;
+    let list = state.db(|conn| Ok(secrets::list(conn)?)).await?;
+    Ok(web::Json(SecretListDto {
+        secrets: list.into_iter().map(SecretDto::from).collect(),
+    }))
+}
+
+/// Deletes a secret.
+#[utoipa::path(
+    tag = "secrets",
+    params(("name" = String, Path, description = "Secret name")),
+    responses(
+        (status = 204),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[delete("/secrets/{name}")]
+pub async fn delete_secret(
+    caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require(Role::Admin)?;
+    let name = path.into_inner();
+    check_name(&name)?;
+    let stored_name = name.clone();
+    let deleted = state
+        .db(move |conn| Ok(secrets::delete(conn, &stored_name)?))
+        .await?;
+    if !deleted {
+        return Err(ApiError::not_found(format!("secret {name} not found")));
+    }
+    tracing::info!(secret = %name, by = %caller.token_id, "secret deleted");
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_name;
+
+    #[test]
+    fn secret_names_are_upper_snake_case() {
+        for good in ["CODEHOST_TOKEN", "A", "ANTHROPIC_API_KEY", "K2"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        let long = "A".repeat(65);
+        for bad in [
+            "",
+            "codehost_token",
+            "_X",
+            "1X",
+            "A-B",
+            "A B",
+            "É",
+            long.as_str(),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,974 @@
+//! The code-host capability end to end, in process, against the fake GitHub over HTTP on
+//! 127.0.0.1: secrets, repositories and settings, the issues view and its sync, assignment,
+//! and the outbox's exactly-once label and comment (SPEC §3.3–3.7, §5.1–5.4).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use actix_http::Request;
+use actix_web::test::TestRequest;
+use actix_web::web;
+use agentry_api::codehost;
+use agentry_api::state::AppState;
+use agentry_codehost::fake::{FakeGitHub, Fault};
+use agentry_persistence::outbox::{self, EffectKind};
+use agentry_persistence::repos::{self, NewRepository};
+use agentry_persistence::test_support::TestDb;
+use agentry_persistence::{Db, secrets};
+use common::*;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const GH_TOKEN: &str = "ghp_0123456789abcdefFAKEtokenForTests";
+const COMMENTS: &str = "/repos/{o}/{r}/issues/{n}/comments";
+const ISSUE_LABELS: &str = "/repos/{o}/{r}/issues/{n}/labels";
+
+struct Env {
+    fake: FakeGitHub,
+    db: TestDb,
+    t: Tokens,
+    state: web::Data<AppState>,
+}
+
+impl Env {
+    fn new(db: TestDb) -> Env {
+        let fake = FakeGitHub::start();
+        fake.add_token(GH_TOKEN, "agentry-bot");
+        fake.add_repo("acme", "web", "main");
+        let t = tokens(&db.db);
+        let state = state_with(&db.db, &fake.base_url());
+        Env { fake, db, t, state }
+    }
+
+    fn db(&self) -> &Db {
+        &self.db.db
+    }
+
+    /// Stores the token straight in the database (no code-host call).
+    fn store_token(&self) {
+        secrets::put(
+            &mut self.db().conn().unwrap(),
+            self.state.codehost.master_key(),
+            codehost::TOKEN_SECRET,
+            &secrets::SecretValue::new(GH_TOKEN),
+            agentry_persistence::now(),
+        )
+        .unwrap();
+    }
+
+    /// Connects `owner/name` straight in the database (no code-host call, no first sync).
+    fn connect(&self, owner: &str, name: &str) -> Uuid {
+        let new = NewRepository {
+            url: agentry_domain::RepoUrl::parse(&format!("https://github.com/{owner}/{name}"))
+                .unwrap(),
+            default_branch: "main".into(),
+            clone_url: format!("https://github.com/{owner}/{name}.git"),
+            codehost_id: None,
+        };
+        repos::connect_repository(
+            &mut self.db().conn().unwrap(),
+            &new,
+            agentry_persistence::now(),
+        )
+        .unwrap()
+        .0
+        .id
+    }
+
+    /// Delivers every pending effect as if `ahead` seconds had passed (retry delays and
+    /// leases run out); returns how many were delivered.
+    async fn deliver(&self, ahead: i64) -> usize {
+        let at = agentry_persistence::now() + time::Duration::seconds(ahead);
+        codehost::deliver_due(&self.state, at).await.unwrap()
+    }
+
+    fn count(&self, table: &str) -> i64 {
+        use diesel::RunQueryDsl;
+        #[derive(diesel::QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(format!("SELECT COUNT(*) AS n FROM {table}"))
+            .get_result::<N>(&mut *self.db().conn().unwrap())
+            .unwrap()
+            .n
+    }
+
+    /// Row counts of every table a code-host endpoint can write.
+    fn written(&self) -> [i64; 6] {
+        [
+            self.count("secrets"),
+            self.count("repositories"),
+            self.count("tasks"),
+            self.count("outbox"),
+            self.count("synced_issues"),
+            self.count("issue_links"),
+        ]
+    }
+}
+
+fn json_req(method: &str, path: &str, token: &str, body: &Value) -> Request {
+    TestRequest::default()
+        .method(method.parse().unwrap())
+        .uri(path)
+        .insert_header(("Authorization", format!("Bearer {token}")))
+        .set_json(body)
+        .to_request()
+}
+
+fn bare(method: &str, path: &str, token: &str) -> Request {
+    TestRequest::default()
+        .method(method.parse().unwrap())
+        .uri(path)
+        .insert_header(("Authorization", format!("Bearer {token}")))
+        .to_request()
+}
+
+fn assign_body(repo: Uuid, number: u64) -> Value {
+    json!({ "issueNumber": number, "repoId": repo, "title": "Fix the login redirect", "body": "It loops." })
+}
+
+fn comments_of(fake: &FakeGitHub, number: u64) -> Vec<String> {
+    fake.issue("acme", "web", number)
+        .unwrap()
+        .comments
+        .into_iter()
+        .map(|c| c.body)
+        .collect()
+}
+
+#[actix_web::test]
+async fn secrets_are_checked_encrypted_and_never_returned() {
+    let env = Env::new(sqlite());
+    let app = service_with(env.state.clone()).await;
+    let put = |value: &str| {
+        json_req(
+            "PUT",
+            "/api/secrets/CODEHOST_TOKEN",
+            &env.t.admin,
+            &json!({ "value": value }),
+        )
+    };
+
+    // A token the code host refuses is not stored.
+    let (status, body) = call(&app, put("ghp_unknown")).await;
+    assert_eq!(status, 422, "{body}");
+    envelope(&body, "codehost_rejected");
+    assert_eq!(env.count("secrets"), 0);
+
+    // A good one is checked with GET /user and stored encrypted.
+    let (status, body) = call(&app, put(GH_TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["name"], "CODEHOST_TOKEN");
+    assert!(!body.to_string().contains(GH_TOKEN));
+    assert_eq!(env.fake.count("GET", "/user"), 2);
+    let (status, body) = call(&app, get("/api/secrets", &env.t.admin)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["secrets"].as_array().unwrap().len(), 1);
+    assert_eq!(body["secrets"][0].as_object().unwrap().len(), 3, "{body}");
+    assert!(!body.to_string().contains(GH_TOKEN));
+
+    // Other secrets are stored without a code-host call; names are checked.
+    let (status, _) = call(
+        &app,
+        json_req(
+            "PUT",
+            "/api/secrets/ANTHROPIC_API_KEY",
+            &env.t.admin,
+            &json!({ "value": "sk-ant-x" }),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(env.fake.count("GET", "/user"), 2);
+
+    // The code host down: 503, nothing stored or replaced.
+    env.fake
+        .fail_next(Some(("GET", "/user")), 10, Fault::Status(502));
+    let (status, body) = call(&app, put("ghp_other")).await;
+    assert_eq!(status, 503, "{body}");
+    envelope(&body, "codehost_unavailable");
+    env.fake.clear_faults();
+    let stored = secrets::get(
+        &mut env.db().conn().unwrap(),
+        env.state.codehost.master_key(),
+        "CODEHOST_TOKEN",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(stored.expose(), GH_TOKEN);
+
+    let (status, _) = call(
+        &app,
+        bare("DELETE", "/api/secrets/ANTHROPIC_API_KEY", &env.t.admin),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, body) = call(
+        &app,
+        bare("DELETE", "/api/secrets/ANTHROPIC_API_KEY", &env.t.admin),
+    )
+    .await;
+    assert_eq!(status, 404);
+    envelope(&body, "not_found");
+}
+
+#[actix_web::test]
+async fn repositories_connect_once_and_settings_change_all_or_nothing() {
+    let env = Env::new(sqlite());
+    let app = service_with(env.state.clone()).await;
+    let connect = |url: &str| {
+        json_req(
+            "POST",
+            "/api/repos",
+            &env.t.admin,
+            &json!({ "repoUrl": url }),
+        )
+    };
+
+    // No token yet: 412, nothing written.
+    let (status, body) = call(&app, connect("https://github.com/acme/web")).await;
+    assert_eq!(status, 412);
+    envelope(&body, "codehost_token_missing");
+    env.store_token();
+
+    let (status, body) = call(&app, connect("https://github.com/acme/missing")).await;
+    assert_eq!(status, 422, "{body}");
+    envelope(&body, "codehost_rejected");
+    assert_eq!(env.count("repositories"), 0);
+
+    env.fake.set_default_branch("acme", "web", "trunk");
+    let (status, first) = call(&app, connect("git@github.com:Acme/Web.git")).await;
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["repoUrl"], "https://github.com/acme/web");
+    assert_eq!(first["defaultBranch"], "trunk");
+    assert_eq!(first["cloneUrl"], "https://github.com/acme/web.git");
+    assert_eq!(first["settings"]["codingModel"], "sonnet");
+    let (status, again) = call(&app, connect("https://github.com/acme/web/")).await;
+    assert_eq!((status, &again["id"]), (200, &first["id"]));
+    assert_eq!(env.count("repositories"), 1);
+
+    let id = first["id"].as_str().unwrap().to_owned();
+    let (status, list) = call(&app, get("/api/repos", &env.t.viewer)).await;
+    assert_eq!((status, list["repos"].as_array().unwrap().len()), (200, 1));
+    let (status, one) = call(&app, get(&format!("/api/repos/{id}"), &env.t.viewer)).await;
+    assert_eq!((status, &one["id"]), (200, &first["id"]));
+
+    // Settings: a valid subset changes; any bad member changes nothing.
+    let settings_path = format!("/api/repos/{id}/settings");
+    let (status, s) = call(&app, json_req("PATCH", &settings_path, &env.t.admin, &json!({ "reviewModel": "haiku-4-5", "maxTurnsCoding": null, "maxCostPerTaskUsd": "2.50" }))).await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(
+        (
+            s["reviewModel"].as_str(),
+            s["maxTurnsCoding"].is_null(),
+            s["maxCostPerTaskUsd"].as_str()
+        ),
+        (Some("haiku-4-5"), true, Some("2.5"))
+    );
+    for (bad, field) in [
+        (json!({ "codingModel": "" }), "codingModel"),
+        (json!({ "maxTurnsReview": 0 }), "maxTurnsReview"),
+        (json!({ "maxTurnsReview": 1001 }), "maxTurnsReview"),
+        (json!({ "maxTurnsCoding": 5.5 }), "maxTurnsCoding"),
+        (json!({ "agentType": "gpt" }), "agentType"),
+        (json!({ "autoReview": "yes" }), "autoReview"),
+        (json!({ "maxCostPerTaskUsd": "0" }), "maxCostPerTaskUsd"),
+        (json!({ "maxCostPerTaskUsd": 5 }), "maxCostPerTaskUsd"),
+        (json!({ "codingModel": "opus", "color": "red" }), "color"),
+        (json!(["codingModel"]), "body"),
+    ] {
+        let (status, body) =
+            call(&app, json_req("PATCH", &settings_path, &env.t.admin, &bad)).await;
+        assert_eq!(status, 400, "{bad}");
+        assert!(
+            envelope(&body, "invalid_parameter").starts_with(field),
+            "{body}"
+        );
+    }
+    let (_, unchanged) = call(&app, get(&settings_path, &env.t.viewer)).await;
+    assert_eq!(unchanged, s);
+    let (status, _) = call(
+        &app,
+        json_req(
+            "PATCH",
+            &settings_path,
+            &env.t.member,
+            &json!({ "autoReview": false }),
+        ),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    // Disconnecting keeps the row; the list no longer shows it; connecting again revives it.
+    let del = bare("DELETE", &format!("/api/repos/{id}"), &env.t.admin);
+    let (status, gone) = call(&app, del).await;
+    assert_eq!(status, 200);
+    assert!(gone["disconnectedAt"].is_string());
+    let (_, list) = call(&app, get("/api/repos", &env.t.viewer)).await;
+    assert_eq!(list["repos"].as_array().unwrap().len(), 0);
+    let (status, back) = call(&app, connect("https://github.com/acme/web")).await;
+    assert_eq!((status, &back["id"]), (200, &first["id"]));
+    assert!(back["disconnectedAt"].is_null());
+    assert_eq!(back["settings"]["reviewModel"], "haiku-4-5");
+}
+
+#[actix_web::test]
+async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        let repo = env.connect("acme", "web");
+        let number = env.fake.add_issue(
+            "acme",
+            "web",
+            "Fix the login redirect",
+            Some("It loops."),
+            &[],
+        );
+        let app = service_with(env.state.clone()).await;
+
+        let answers = futures_util::future::join_all((0..50).map(|_| {
+            call(
+                &app,
+                json_req(
+                    "POST",
+                    "/api/issues/assign",
+                    &env.t.member,
+                    &assign_body(repo, number),
+                ),
+            )
+        }))
+        .await;
+        let created: Vec<&Value> = answers
+            .iter()
+            .filter(|(s, _)| *s == 201)
+            .map(|(_, b)| b)
+            .collect();
+        assert_eq!(created.len(), 1, "{answers:?}");
+        assert!(
+            answers
+                .iter()
+                .all(|(s, b)| (*s == 200 && b["created"] == false) || *s == 201),
+            "{answers:?}"
+        );
+        let task_id = created[0]["task"]["id"].clone();
+        assert!(answers.iter().all(|(_, b)| b["task"]["id"] == task_id));
+        assert_eq!(created[0]["task"]["state"], "queued");
+        assert_eq!(created[0]["task"]["issueNumber"], number);
+        assert_eq!(created[0]["task"]["prompt"], "It loops.");
+        assert_eq!(env.written()[2..], [1, 2, 0, 1]);
+
+        // Nothing reaches the code host before the outbox runs; then exactly once each.
+        assert_eq!(env.fake.count("POST", COMMENTS), 0);
+        assert_eq!(env.deliver(0).await, 2);
+        let issue = env.fake.issue("acme", "web", number).unwrap();
+        assert_eq!(issue.labels, [("agentry".to_owned(), "6f42c1".to_owned())]);
+        assert_eq!(
+            env.fake.labels("acme", "web"),
+            [("agentry".to_owned(), "6f42c1".to_owned())]
+        );
+        let comments = comments_of(&env.fake, number);
+        assert_eq!(comments.len(), 1);
+        assert!(comments[0].contains(task_id.as_str().unwrap()));
+        assert_eq!(env.fake.count("POST", ISSUE_LABELS), 1);
+        assert_eq!(env.fake.count("POST", COMMENTS), 1);
+
+        // Re-assignment: 200, nothing created, nothing posted.
+        let (status, body) = call(
+            &app,
+            json_req(
+                "POST",
+                "/api/issues/assign",
+                &env.t.member,
+                &assign_body(repo, number),
+            ),
+        )
+        .await;
+        assert_eq!(
+            (status, &body["created"], &body["task"]["id"]),
+            (200, &json!(false), &task_id)
+        );
+        assert_eq!(env.deliver(3600).await, 0);
+        assert_eq!(env.fake.count("POST", COMMENTS), 1);
+        assert_eq!(env.written()[2..], [1, 2, 0, 1]);
+    }
+}
+
+#[actix_web::test]
+async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    let repo = env.connect("acme", "web");
+    let number = env.fake.add_issue("acme", "web", "Flaky", None, &[]);
+    let app = service_with(env.state.clone()).await;
+    let (status, _) = call(
+        &app,
+        json_req(
+            "POST",
+            "/api/issues/assign",
+            &env.t.member,
+            &assign_body(repo, number),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201);
+
+    // The next 5 label and comment calls fail. The client retries a label call twice
+    // itself; a comment it never sends again after a failure (GitHub may have stored it), so
+    // the outbox retries it, looking for its marker first.
+    env.fake
+        .fail_next(Some(("POST", ISSUE_LABELS)), 5, Fault::Status(500));
+    env.fake
+        .fail_next(Some(("POST", COMMENTS)), 5, Fault::Status(502));
+    assert_eq!(env.deliver(0).await, 0);
+    let task_id = Uuid::parse_str(&env.fake_task_id()).unwrap();
+    let failed = outbox::effects_of_task(&mut env.db().conn().unwrap(), task_id).unwrap();
+    assert!(
+        failed
+            .iter()
+            .all(|e| e.attempts == 1 && e.delivered_at.is_none() && e.last_error.is_some()),
+        "{failed:?}"
+    );
+    // Not due again before its retry delay.
+    assert_eq!(env.deliver(0).await, 0);
+    assert_eq!(env.fake.count("POST", COMMENTS), 1);
+    // Time passes, the code host recovers.
+    let mut delivered = 0;
+    let mut rounds = 1;
+    while delivered < 2 {
+        rounds += 1;
+        assert!(rounds <= 6, "still not delivered after {rounds} rounds");
+        delivered += env.deliver(3600 * rounds).await;
+    }
+    assert_eq!(rounds, 6, "the comment needed five failed rounds");
+    assert_eq!(comments_of(&env.fake, number).len(), 1);
+    assert_eq!(env.fake.count("POST", COMMENTS), 6);
+    assert_eq!(
+        env.fake.issue("acme", "web", number).unwrap().labels.len(),
+        1
+    );
+    let done = outbox::effects_of_task(&mut env.db().conn().unwrap(), task_id).unwrap();
+    let attempts: Vec<(EffectKind, i32)> = done.iter().map(|e| (e.kind, e.attempts)).collect();
+    assert!(
+        attempts.contains(&(EffectKind::AddLabel, 1)),
+        "{attempts:?}"
+    );
+    assert!(attempts.contains(&(EffectKind::Comment, 5)), "{attempts:?}");
+    assert_eq!(env.deliver(3600 * 10).await, 0);
+    assert_eq!(comments_of(&env.fake, number).len(), 1);
+}
+
+impl Env {
+    fn fake_task_id(&self) -> String {
+        use diesel::RunQueryDsl;
+        #[derive(diesel::QueryableByName)]
+        struct Id {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            task_id: String,
+        }
+        diesel::sql_query("SELECT task_id FROM issue_links")
+            .get_result::<Id>(&mut *self.db().conn().unwrap())
+            .unwrap()
+            .task_id
+    }
+}
+
+#[actix_web::test]
+async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        let repo_id = env.connect("acme", "web");
+        let number = env.fake.add_issue("acme", "web", "Crash me", None, &[]);
+        let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
+        let (task, created) = codehost::assign(
+            &mut env.db().conn().unwrap(),
+            &repo,
+            i64::try_from(number).unwrap(),
+            "Crash me",
+            "",
+            agentry_domain::AgentType::ClaudeCode,
+            agentry_persistence::now(),
+        )
+        .unwrap();
+        assert!(created);
+
+        // A worker claims the effects and posts the comment, then dies before marking it.
+        let claimed = outbox::claim_due(
+            &mut env.db().conn().unwrap(),
+            agentry_persistence::now(),
+            time::Duration::minutes(2),
+            10,
+        )
+        .unwrap();
+        let comment = claimed
+            .iter()
+            .find(|e| e.kind == EffectKind::Comment)
+            .unwrap();
+        let github = env.state.github().await.unwrap();
+        codehost::deliver(&github, &repo, comment).await.unwrap();
+        assert_eq!(comments_of(&env.fake, number).len(), 1);
+        drop(github);
+
+        // A new process on the same database: nothing is due while the lease runs…
+        let restarted = state_with_key(
+            env.db(),
+            &env.fake.base_url(),
+            env.state.codehost.master_key().clone(),
+        );
+        let at = agentry_persistence::now();
+        assert_eq!(codehost::deliver_due(&restarted, at).await.unwrap(), 0);
+        // …then both effects are delivered, and the comment is recognised by its marker.
+        let later = at + time::Duration::minutes(3);
+        assert_eq!(codehost::deliver_due(&restarted, later).await.unwrap(), 2);
+        assert_eq!(comments_of(&env.fake, number).len(), 1);
+        assert_eq!(env.fake.count("POST", COMMENTS), 1);
+        let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task.id).unwrap();
+        assert!(
+            effects.iter().all(|e| e.delivered_at.is_some()),
+            "{effects:?}"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        let repo = env.connect("acme", "web");
+        let plain = env
+            .fake
+            .add_issue("acme", "web", "Not for agents", None, &["bug"]);
+        let labelled = env
+            .fake
+            .add_issue("acme", "web", "Add dark mode", Some("Please."), &[]);
+        let app = service_with(env.state.clone()).await;
+        let sync = || bare("POST", "/api/issues/sync", &env.t.member);
+
+        let (status, view) = call(&app, sync()).await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(view["issues"].as_array().unwrap().len(), 2);
+        assert_eq!(env.count("tasks"), 0);
+
+        env.fake.add_label("acme", "web", labelled, "agentry");
+        let (_, view) = call(&app, sync()).await;
+        assert_eq!(env.count("tasks"), 1);
+        let linked: Vec<&Value> = view["issues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| !i["task"].is_null())
+            .collect();
+        assert_eq!(linked.len(), 1);
+        assert_eq!(linked[0]["number"], labelled);
+        assert_eq!(linked[0]["task"]["state"], "queued");
+        // Issues without a task come first.
+        assert_eq!(view["issues"][0]["number"], plain);
+        assert!(view["syncedAt"][repo.to_string()].is_string());
+        assert_eq!(view["errors"], json!([]));
+
+        // Syncing again (changed or not) makes no second task; the comment is posted once.
+        call(&app, sync()).await;
+        env.fake.add_issue("acme", "web", "Another", None, &[]);
+        call(&app, sync()).await;
+        assert_eq!(env.count("tasks"), 1);
+        assert_eq!(env.deliver(0).await, 2);
+        assert_eq!(comments_of(&env.fake, labelled).len(), 1);
+
+        // An issue closed on the code host leaves the view.
+        env.fake.close_issue("acme", "web", plain);
+        let (_, view) = call(&app, get("/api/issues", &env.t.viewer)).await;
+        assert_eq!(
+            view["issues"].as_array().unwrap().len(),
+            3,
+            "the view reads the synced copy"
+        );
+        let (_, view) = call(&app, sync()).await;
+        let numbers: Vec<&Value> = view["issues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| &i["number"])
+            .collect();
+        assert!(!numbers.contains(&&json!(plain)), "{view}");
+        assert_eq!(numbers.len(), 2);
+    }
+}
+
+#[actix_web::test]
+async fn one_repository_failing_does_not_stop_the_others() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    env.fake.add_repo("acme", "api", "main");
+    let good = env.connect("acme", "web");
+    let bad = env.connect("acme", "api");
+    env.fake.add_issue("acme", "web", "Works", None, &[]);
+    env.fake.fail_next(
+        Some(("GET", "/repos/acme/api/issues")),
+        100,
+        Fault::Status(500),
+    );
+    let app = service_with(env.state.clone()).await;
+    let (status, view) = call(&app, bare("POST", "/api/issues/sync", &env.t.admin)).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["issues"].as_array().unwrap().len(), 1);
+    assert_eq!(view["errors"].as_array().unwrap().len(), 1, "{view}");
+    assert_eq!(view["errors"][0]["repoId"], bad.to_string());
+    assert!(view["syncedAt"][good.to_string()].is_string());
+    assert!(view["syncedAt"].get(bad.to_string()).is_none());
+    // Filtered to one repository.
+    let (status, one) = call(
+        &app,
+        get(&format!("/api/issues?repoId={good}"), &env.t.viewer),
+    )
+    .await;
+    assert_eq!((status, one["errors"].as_array().unwrap().len()), (200, 0));
+    // Once it recovers, the error clears.
+    env.fake.clear_faults();
+    let (_, view) = call(&app, bare("POST", "/api/issues/sync", &env.t.admin)).await;
+    assert_eq!(view["errors"], json!([]));
+}
+
+#[actix_web::test]
+async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    for i in 0..20 {
+        let name = format!("repo{i:02}");
+        env.fake.add_repo("acme", &name, "main");
+        for n in 0..3 {
+            env.fake
+                .add_issue("acme", &name, &format!("Issue {n}"), None, &[]);
+        }
+        env.connect("acme", &name);
+    }
+    let before = env.fake.rate_limit_remaining();
+    codehost::sync_issues(&env.state, None).await.unwrap();
+    assert_eq!(env.count("synced_issues"), 60);
+    env.fake.reset_counts();
+    let outcomes = codehost::sync_issues(&env.state, None).await.unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|(_, o)| o.unchanged && o.error.is_none())
+    );
+    let requests = env.fake.requests();
+    assert_eq!(requests.len(), 20, "{requests:?}");
+    assert!(requests.iter().all(|r| r.status == 304 && r.if_none_match));
+    // 304s cost no rate limit: only the first sync's 20 requests were counted.
+    assert_eq!(before - env.fake.rate_limit_remaining(), 20);
+}
+
+#[actix_web::test]
+async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_nothing() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    let repo = env.connect("acme", "web");
+    let app = service_with(env.state.clone()).await;
+    let before = env.written();
+    let missing = Uuid::new_v4();
+    let (a, m, v) = (&env.t.admin, &env.t.member, &env.t.viewer);
+    let cases: Vec<(&str, String, &String, Value, u16, &str)> = vec![
+        (
+            "PUT",
+            "/api/secrets/CODEHOST_TOKEN".into(),
+            m,
+            json!({ "value": GH_TOKEN }),
+            403,
+            "forbidden",
+        ),
+        (
+            "PUT",
+            "/api/secrets/lower_case".into(),
+            a,
+            json!({ "value": "x" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "PUT",
+            "/api/secrets/X".into(),
+            a,
+            json!({ "value": "" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "PUT",
+            "/api/secrets/X".into(),
+            a,
+            json!({ "value": 5 }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "PUT",
+            "/api/secrets/X".into(),
+            a,
+            json!({ "val": "x" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "PUT",
+            "/api/secrets/X".into(),
+            a,
+            json!({ "value": "x".repeat(20_000) }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "GET",
+            "/api/secrets".into(),
+            m,
+            Value::Null,
+            403,
+            "forbidden",
+        ),
+        (
+            "DELETE",
+            "/api/secrets/bad-name".into(),
+            a,
+            Value::Null,
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/repos".into(),
+            m,
+            json!({ "repoUrl": "https://github.com/acme/web" }),
+            403,
+            "forbidden",
+        ),
+        (
+            "POST",
+            "/api/repos".into(),
+            a,
+            json!({ "repoUrl": "not a url" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/repos".into(),
+            a,
+            json!({}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/api/repos".into(),
+            a,
+            json!({ "repoUrl": 7 }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "GET",
+            "/api/repos/nope".into(),
+            v,
+            Value::Null,
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "GET",
+            format!("/api/repos/{missing}"),
+            v,
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            "DELETE",
+            format!("/api/repos/{missing}"),
+            a,
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            "DELETE",
+            format!("/api/repos/{repo}"),
+            m,
+            Value::Null,
+            403,
+            "forbidden",
+        ),
+        (
+            "GET",
+            format!("/api/repos/{missing}/settings"),
+            v,
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            "PATCH",
+            format!("/api/repos/{missing}/settings"),
+            a,
+            json!({ "autoReview": false }),
+            404,
+            "not_found",
+        ),
+        (
+            "GET",
+            "/api/issues?repoId=abc".into(),
+            v,
+            Value::Null,
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "GET",
+            "/api/issues?page=2".into(),
+            v,
+            Value::Null,
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "GET",
+            format!("/api/issues?repoId={missing}"),
+            v,
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            "/api/issues/sync".into(),
+            v,
+            Value::Null,
+            403,
+            "forbidden",
+        ),
+        (
+            "POST",
+            format!("/api/issues/sync?repoId={missing}"),
+            m,
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            v,
+            assign_body(repo, 1),
+            403,
+            "forbidden",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": 0, "repoId": repo, "title": "t" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": -3, "repoId": repo, "title": "t" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": 1.5, "repoId": repo, "title": "t" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": "1", "repoId": repo, "title": "t" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": 1, "repoId": "x", "title": "t" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": 1, "repoId": repo, "title": "  " }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": 1, "repoId": repo }),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": 1, "repoId": repo, "title": "t", "agentType": "gpt" }),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "POST",
+            "/api/issues/assign".into(),
+            m,
+            json!({ "issueNumber": 1, "repoId": missing, "title": "t" }),
+            404,
+            "not_found",
+        ),
+    ];
+    for (method, path, token, body, status, code) in cases {
+        let mut req = TestRequest::default()
+            .method(method.parse().unwrap())
+            .uri(&path)
+            .insert_header(("Authorization", format!("Bearer {token}")));
+        if !body.is_null() {
+            req = req.set_json(&body);
+        }
+        let (got, answer) = call(&app, req.to_request()).await;
+        assert_eq!(got, status, "{method} {path} {body}: {answer}");
+        envelope(&answer, code);
+        assert_eq!(env.written(), before, "{method} {path} wrote something");
+    }
+    // Malformed JSON and a wrong media type on each JSON endpoint.
+    for (method, path) in [
+        ("PUT", "/api/secrets/X".to_owned()),
+        ("POST", "/api/repos".into()),
+        ("PATCH", format!("/api/repos/{repo}/settings")),
+        ("POST", "/api/issues/assign".into()),
+    ] {
+        for (content_type, payload) in [("application/json", "{not json"), ("text/plain", "{}")] {
+            let req = TestRequest::default()
+                .method(method.parse().unwrap())
+                .uri(&path)
+                .insert_header(("Authorization", format!("Bearer {a}")))
+                .insert_header(("Content-Type", content_type))
+                .set_payload(payload)
+                .to_request();
+            let (got, answer) = call(&app, req).await;
+            assert_eq!(got, 400, "{method} {path} {content_type}: {answer}");
+            envelope(&answer, "invalid_request");
+        }
+    }
+    assert_eq!(env.written(), before);
+}
