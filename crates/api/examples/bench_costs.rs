@@ -267,7 +267,7 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
                 api_url: "http://127.0.0.1:9".into(),
                 ..agentry_codehost::ClientConfig::default()
             },
-            agentry_api::codehost::OutboxTiming::default(),
+            agentry_api::codehost::Timing::default(),
         ),
     });
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;

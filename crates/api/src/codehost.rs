@@ -5,8 +5,9 @@
 //! Decisions live in plain functions ([`assign`], [`comment_body`], [`retry_delay`]); the
 //! async functions around them read, call the code host through [`GitHub`], and write.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue};
 use agentry_domain::{AgentType, Task, TaskType};
@@ -35,9 +36,13 @@ const SYNC_CONCURRENCY: usize = 4;
 /// Effects claimed per round of the outbox worker.
 const OUTBOX_BATCH: i64 = 20;
 
-/// Timing of the outbox worker.
+/// Timing of the issue sync and the outbox worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutboxTiming {
+pub struct Timing {
+    /// How often a repository's issues are read without `If-None-Match`. Only the first page
+    /// of the list is conditional, and an issue closed on a later page leaves that page
+    /// unchanged, so a full read at this period is what removes it from the view.
+    pub full_sync_every: Duration,
     /// Delay before the first retry of a failed effect; doubles per attempt.
     pub retry_base: Duration,
     /// Longest delay between two attempts.
@@ -49,9 +54,10 @@ pub struct OutboxTiming {
     pub idle: Duration,
 }
 
-impl Default for OutboxTiming {
+impl Default for Timing {
     fn default() -> Self {
-        OutboxTiming {
+        Timing {
+            full_sync_every: Duration::from_secs(15 * 60),
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(600),
             lease: Duration::from_secs(120),
@@ -64,12 +70,14 @@ impl Default for OutboxTiming {
 pub struct CodeHost {
     master_key: MasterKey,
     client_config: ClientConfig,
-    timing: OutboxTiming,
+    timing: Timing,
     /// The client of the stored token, rebuilt when the token changes.
     cached: Mutex<Option<(SecretValue, GitHub)>>,
     outbox_wake: tokio::sync::Notify,
     /// One issue sync at a time in this process.
     sync_lock: tokio::sync::Mutex<()>,
+    /// When each repository's issues were last read in full (see [`Timing::full_sync_every`]).
+    full_syncs: Mutex<HashMap<Uuid, Instant>>,
 }
 
 impl std::fmt::Debug for CodeHost {
@@ -82,7 +90,7 @@ impl std::fmt::Debug for CodeHost {
 
 impl CodeHost {
     /// The code-host integration with its master key, client settings and outbox timing.
-    pub fn new(master_key: MasterKey, client_config: ClientConfig, timing: OutboxTiming) -> Self {
+    pub fn new(master_key: MasterKey, client_config: ClientConfig, timing: Timing) -> Self {
         CodeHost {
             master_key,
             client_config,
@@ -90,6 +98,7 @@ impl CodeHost {
             cached: Mutex::new(None),
             outbox_wake: tokio::sync::Notify::new(),
             sync_lock: tokio::sync::Mutex::new(()),
+            full_syncs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -110,10 +119,7 @@ impl CodeHost {
 
     /// The client of the stored token, reusing the previous one while the token is unchanged.
     fn client_of(&self, token: SecretValue) -> Result<GitHub, ApiError> {
-        let mut cached = self
-            .cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cached = lock(&self.cached);
         if let Some((known, client)) = cached.as_ref()
             && *known == token
         {
@@ -281,12 +287,14 @@ async fn sync_repository(
     sync_state: IssueSyncState,
 ) -> RepoSyncOutcome {
     let mut outcome = RepoSyncOutcome::default();
+    let full_every = state.codehost.timing.full_sync_every;
+    let conditional = lock(&state.codehost.full_syncs)
+        .get(&repo.id)
+        .is_some_and(|at| at.elapsed() < full_every);
+    let etag = sync_state.etag.as_deref().filter(|_| conditional);
+    let started = Instant::now();
     let fetched = github
-        .open_issues(
-            repo.url.owner(),
-            repo.url.name(),
-            sync_state.etag.as_deref(),
-        )
+        .open_issues(repo.url.owner(), repo.url.name(), etag)
         .await
         .and_then(|answer| match answer {
             Conditional::NotModified => Ok(None),
@@ -307,6 +315,7 @@ async fn sync_repository(
                 .await
         }
         Ok(Some((list, etag))) => {
+            lock(&state.codehost.full_syncs).insert(repo_id, started);
             state
                 .db(move |conn| {
                     Ok(issues::replace_open_issues(
@@ -514,6 +523,12 @@ pub async fn outbox_loop(state: actix_web::web::Data<AppState>) {
 
 fn now() -> OffsetDateTime {
     agentry_persistence::now()
+}
+
+/// Locks a mutex; a poisoned one (a panicked holder) is still usable: the data it guards
+/// (a cache, timestamps) is valid at every point.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{Backend, Db, tokens};
 
 use crate::auth::{generate_token, hash_token};
-use crate::codehost::{self, CodeHost, OutboxTiming};
+use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::state::AppState;
@@ -111,7 +111,7 @@ pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
         user_agent: format!("agentry/{}", env!("CARGO_PKG_VERSION")),
         ..ClientConfig::default()
     };
-    Ok(CodeHost::new(master_key, client, OutboxTiming::default()))
+    Ok(CodeHost::new(master_key, client, Timing::default()))
 }
 
 /// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets

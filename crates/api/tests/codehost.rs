@@ -663,6 +663,50 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
 }
 
 #[actix_web::test]
+async fn an_issue_closed_beyond_the_first_page_leaves_the_view_at_the_next_full_read() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    let repo = env.connect("acme", "web");
+    let state = state_from(
+        env.db(),
+        code_host_with(
+            &env.fake.base_url(),
+            env.state.codehost.master_key().clone(),
+            codehost::Timing {
+                full_sync_every: std::time::Duration::from_millis(400),
+                ..test_timing()
+            },
+        ),
+    );
+    for n in 1..=150 {
+        env.fake
+            .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
+    }
+    codehost::sync_issues(&state, None).await.unwrap();
+    assert_eq!(env.count("synced_issues"), 150);
+    // Issue 1 is the least recently updated: on page 2, which is not conditional. Page 1 is
+    // unchanged by its closing, so the conditional read answers 304…
+    env.fake.close_issue("acme", "web", 1);
+    let outcomes = codehost::sync_issues(&state, None).await.unwrap();
+    assert_eq!(
+        outcomes,
+        [(
+            repo,
+            codehost::RepoSyncOutcome {
+                unchanged: true,
+                ..Default::default()
+            }
+        )]
+    );
+    assert_eq!(env.count("synced_issues"), 150);
+    // …and the next full read removes it.
+    std::thread::sleep(std::time::Duration::from_millis(450));
+    let outcomes = codehost::sync_issues(&state, None).await.unwrap();
+    assert!(!outcomes[0].1.unchanged);
+    assert_eq!(env.count("synced_issues"), 149);
+}
+
+#[actix_web::test]
 async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_nothing() {
     let env = Env::new(sqlite());
     env.store_token();

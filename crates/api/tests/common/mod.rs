@@ -9,7 +9,7 @@ use actix_web::web;
 use std::time::Duration;
 
 use agentry_api::auth::{generate_token, hash_token};
-use agentry_api::codehost::{CodeHost, OutboxTiming};
+use agentry_api::codehost::{CodeHost, Timing};
 use agentry_api::metrics::Metrics;
 use agentry_api::state::AppState;
 use agentry_codehost::ClientConfig;
@@ -49,9 +49,21 @@ pub fn tokens(db: &Db) -> Tokens {
     }
 }
 
-/// A code-host integration pointed at `api_url` with `key` and fast timings (retry delays
-/// are long enough that a test decides when time passes, see `codehost::deliver_due`).
-pub fn code_host(api_url: &str, key: MasterKey) -> CodeHost {
+/// Timings for tests: retry delays long enough that a test decides when time passes (see
+/// `codehost::deliver_due`), and no full issue read within a test.
+pub fn test_timing() -> Timing {
+    Timing {
+        full_sync_every: Duration::from_secs(3600),
+        retry_base: Duration::from_secs(1),
+        retry_max: Duration::from_secs(10),
+        lease: Duration::from_secs(60),
+        idle: Duration::from_millis(200),
+    }
+}
+
+/// A code-host integration pointed at `api_url` with `key`, fast client retries and
+/// `timing`.
+pub fn code_host_with(api_url: &str, key: MasterKey, timing: Timing) -> CodeHost {
     CodeHost::new(
         key,
         ClientConfig {
@@ -63,13 +75,18 @@ pub fn code_host(api_url: &str, key: MasterKey) -> CodeHost {
             max_rate_limit_wait: Duration::from_secs(5),
             ..ClientConfig::default()
         },
-        OutboxTiming {
-            retry_base: Duration::from_secs(1),
-            retry_max: Duration::from_secs(10),
-            lease: Duration::from_secs(60),
-            idle: Duration::from_millis(200),
-        },
+        timing,
     )
+}
+
+/// Application state over `db` with the code-host integration `codehost`.
+pub fn state_from(db: &Db, codehost: CodeHost) -> web::Data<AppState> {
+    web::Data::new(AppState {
+        db: db.clone(),
+        metrics: Metrics::new().unwrap(),
+        openapi_json: serde_json::to_string(&agentry_api::app::openapi()).unwrap(),
+        codehost,
+    })
 }
 
 /// Application state over `db` whose code host is `api_url`, with a fresh master key.
@@ -80,12 +97,7 @@ pub fn state_with(db: &Db, api_url: &str) -> web::Data<AppState> {
 /// Application state over `db` whose code host is `api_url` and master key `key` (a
 /// "restarted process" reuses the key of the first).
 pub fn state_with_key(db: &Db, api_url: &str, key: MasterKey) -> web::Data<AppState> {
-    web::Data::new(AppState {
-        db: db.clone(),
-        metrics: Metrics::new().unwrap(),
-        openapi_json: serde_json::to_string(&agentry_api::app::openapi()).unwrap(),
-        codehost: code_host(api_url, key),
-    })
+    state_from(db, code_host_with(api_url, key, test_timing()))
 }
 
 /// Application state over `db` with no reachable code host (port 9 refuses connections).
