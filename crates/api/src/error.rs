@@ -221,19 +221,15 @@ impl From<SecretError> for ApiError {
 impl From<CodeHostError> for ApiError {
     fn from(e: CodeHostError) -> Self {
         match e {
-            CodeHostError::Unauthorized(_) => {
-                ApiError::codehost_rejected(format!("the code host refused the token: {e}"))
-            }
-            CodeHostError::Forbidden(_)
+            CodeHostError::Unauthorized(_)
+            | CodeHostError::Forbidden(_)
             | CodeHostError::NotFound(_)
-            | CodeHostError::Rejected { .. } => {
-                ApiError::codehost_rejected(format!("the code host refused: {e}"))
-            }
+            | CodeHostError::Rejected { .. } => ApiError::codehost_rejected(e.to_string()),
             CodeHostError::RateLimited { .. }
             | CodeHostError::Unavailable(_)
             | CodeHostError::InvalidResponse(_) => {
                 tracing::warn!(error = %e, "code host unavailable");
-                ApiError::codehost_unavailable(format!("the code host is unavailable: {e}"))
+                ApiError::codehost_unavailable(e.to_string())
             }
             CodeHostError::Config(_) => ApiError::internal(&e),
         }
