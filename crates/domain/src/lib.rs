@@ -16,6 +16,8 @@
 //!   fixed-decimal display of summaries.
 //! - [`repo_url`]: [`RepoUrl`], a normalised `https://HOST/OWNER/REPO`
 //!   repository URL parsed from the many ways people write one.
+//! - [`pull_request`]: [`pull_request_trigger`], what a pull request's state on
+//!   the code host means for the task that opened it.
 //! - [`settings`]: [`RepoSettings`], per-repository settings with bounds and
 //!   JSON merge-patch style updates.
 //! - [`error`]: [`FieldError`], a validation error naming the offending JSON
@@ -26,6 +28,7 @@
 
 pub mod error;
 pub mod money;
+pub mod pull_request;
 pub mod repo_url;
 pub mod role;
 pub mod settings;
@@ -33,6 +36,7 @@ pub mod task;
 
 pub use error::FieldError;
 pub use money::{MoneyError, Usd, format_decimal};
+pub use pull_request::{PullRequestState, pull_request_trigger};
 pub use repo_url::{RepoUrl, RepoUrlError};
 pub use role::Role;
 pub use settings::RepoSettings;
