@@ -15,115 +15,13 @@ use agentry_persistence::outbox::{self, EffectKind};
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::test_support::TestDb;
 use agentry_persistence::{Db, secrets};
+use common::env::*;
 use common::*;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-const GH_TOKEN: &str = "ghp_0123456789abcdefFAKEtokenForTests";
 const COMMENTS: &str = "/repos/{o}/{r}/issues/{n}/comments";
 const ISSUE_LABELS: &str = "/repos/{o}/{r}/issues/{n}/labels";
-
-struct Env {
-    fake: FakeGitHub,
-    db: TestDb,
-    t: Tokens,
-    state: web::Data<AppState>,
-}
-
-impl Env {
-    fn new(db: TestDb) -> Env {
-        let fake = FakeGitHub::start();
-        fake.add_token(GH_TOKEN, "agentry-bot");
-        fake.add_repo("acme", "web", "main");
-        let t = tokens(&db.db);
-        let state = state_with(&db.db, &fake.base_url());
-        Env { fake, db, t, state }
-    }
-
-    fn db(&self) -> &Db {
-        &self.db.db
-    }
-
-    /// Stores the token straight in the database (no code-host call).
-    fn store_token(&self) {
-        secrets::put(
-            &mut self.db().conn().unwrap(),
-            self.state.codehost.master_key(),
-            codehost::TOKEN_SECRET,
-            &secrets::SecretValue::new(GH_TOKEN),
-            agentry_persistence::now(),
-        )
-        .unwrap();
-    }
-
-    /// Connects `owner/name` straight in the database (no code-host call, no first sync).
-    fn connect(&self, owner: &str, name: &str) -> Uuid {
-        let new = NewRepository {
-            url: agentry_domain::RepoUrl::parse(&format!("https://github.com/{owner}/{name}"))
-                .unwrap(),
-            default_branch: "main".into(),
-            clone_url: format!("https://github.com/{owner}/{name}.git"),
-            codehost_id: None,
-        };
-        repos::connect_repository(
-            &mut self.db().conn().unwrap(),
-            &new,
-            agentry_persistence::now(),
-        )
-        .unwrap()
-        .0
-        .id
-    }
-
-    /// Delivers every pending effect as if `ahead` seconds had passed (retry delays and
-    /// leases run out); returns how many were delivered.
-    async fn deliver(&self, ahead: i64) -> usize {
-        let at = agentry_persistence::now() + time::Duration::seconds(ahead);
-        codehost::deliver_due(&self.state, at).await.unwrap()
-    }
-
-    fn count(&self, table: &str) -> i64 {
-        use diesel::RunQueryDsl;
-        #[derive(diesel::QueryableByName)]
-        struct N {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        diesel::sql_query(format!("SELECT COUNT(*) AS n FROM {table}"))
-            .get_result::<N>(&mut *self.db().conn().unwrap())
-            .unwrap()
-            .n
-    }
-
-    /// Row counts of every table a code-host endpoint can write.
-    fn written(&self) -> [i64; 6] {
-        [
-            self.count("secrets"),
-            self.count("repositories"),
-            self.count("tasks"),
-            self.count("outbox"),
-            self.count("synced_issues"),
-            self.count("issue_links"),
-        ]
-    }
-}
-
-fn json_req(method: &str, path: &str, token: &str, body: &Value) -> Request {
-    TestRequest::default()
-        .method(method.parse().unwrap())
-        .uri(path)
-        .insert_header(("Authorization", format!("Bearer {token}")))
-        .set_json(body)
-        .to_request()
-}
-
-fn bare(method: &str, path: &str, token: &str) -> Request {
-    TestRequest::default()
-        .method(method.parse().unwrap())
-        .uri(path)
-        .insert_header(("Authorization", format!("Bearer {token}")))
-        .to_request()
-}
 
 fn assign_body(repo: Uuid, number: u64) -> Value {
     json!({ "issueNumber": number, "repoId": repo, "title": "Fix the login redirect", "body": "It loops." })
@@ -460,20 +358,6 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     assert_eq!(comments_of(&env.fake, number).len(), 1);
 }
 
-impl Env {
-    fn fake_task_id(&self) -> String {
-        use diesel::RunQueryDsl;
-        #[derive(diesel::QueryableByName)]
-        struct Id {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            task_id: String,
-        }
-        diesel::sql_query("SELECT task_id FROM issue_links")
-            .get_result::<Id>(&mut *self.db().conn().unwrap())
-            .unwrap()
-            .task_id
-    }
-}
 
 #[actix_web::test]
 async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment() {
@@ -659,7 +543,14 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
     assert_eq!(requests.len(), 20, "{requests:?}");
     assert!(requests.iter().all(|r| r.status == 304 && r.if_none_match));
     // 304s cost no rate limit: only the first sync's 20 requests were counted.
-    assert_eq!(before - env.fake.rate_limit_remaining(), 20);
+    let used = before - env.fake.rate_limit_remaining();
+    assert_eq!(used, 20);
+    eprintln!(
+        "unchanged sync of 20 repositories: {} requests, {} answered 304; rate-limit units \
+         used by both syncs: {used}",
+        requests.len(),
+        requests.iter().filter(|r| r.status == 304).count()
+    );
 }
 
 #[actix_web::test]

@@ -2,6 +2,8 @@
 //! of each role.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod env;
+
 use actix_http::Request;
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::test;
