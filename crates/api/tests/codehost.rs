@@ -358,7 +358,6 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     assert_eq!(comments_of(&env.fake, number).len(), 1);
 }
 
-
 #[actix_web::test]
 async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment() {
     for db in TestDb::all() {

@@ -104,8 +104,6 @@ impl Env {
     }
 }
 
-
-
 impl Env {
     pub fn fake_task_id(&self) -> String {
         use diesel::RunQueryDsl;
