@@ -13,6 +13,7 @@ use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::test_support::TestDb;
 use agentry_persistence::{Db, secrets};
 use serde_json::Value;
+use uuid::Uuid;
 
 use super::{Tokens, state_with, tokens};
 
