@@ -9,7 +9,9 @@
 //! Modules by resource: [`tasks`] (creation, transitions, runs, listing, import), [`repos`]
 //! (connected repositories, settings, issue-sync state), [`issues`] (the synced copy of open
 //! code-host issues behind the issues view), [`outbox`] (code-host side effects),
-//! [`rollups`] (cost rollups), [`tokens`], [`secrets`] and [`meta`].
+//! [`pulls`] (pull-request tracking: what the poller visits, applying a pull request's fate),
+//! [`webhooks`] (delivery de-duplication), [`leader`] (an exclusive role among replicas, such
+//! as the poller), [`rollups`] (cost rollups), [`tokens`], [`secrets`] and [`meta`].
 //!
 //! Storage conventions (shared by both backends): ids are UUID text, times are UTC
 //! `TIMESTAMP`s at microsecond precision, money is `BIGINT` nano-dollars.
@@ -18,8 +20,10 @@ pub mod connection;
 mod convert;
 mod error;
 pub mod issues;
+pub mod leader;
 pub mod meta;
 pub mod outbox;
+pub mod pulls;
 pub mod repos;
 pub mod rollups;
 pub mod schema;
@@ -28,6 +32,7 @@ pub mod tasks;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 pub mod tokens;
+pub mod webhooks;
 
 pub use connection::{AnyConnection, Backend, DatabaseUrl, Db, PooledConnection, write_tx};
 pub use convert::now;

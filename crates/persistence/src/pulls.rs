@@ -1,0 +1,200 @@
+//! Pull-request tracking (SPEC §5.5–5.6): which repositories the poller visits and where each
+//! poll stands, the task of a pull request, and the one write that applies a pull request's
+//! fate to its task.
+//!
+//! [`apply_pull_outcome`] is what both the poller and the webhook call: a compare-and-set
+//! transition (through [`crate::tasks::transition_task`]) plus, for a merge, the outbox effect that
+//! closes the linked issue, in one transaction. Of two actors that see the same merge (the
+//! poller and a webhook, two replicas) exactly one applies it, so the issue is closed once.
+
+use agentry_domain::{Task, TaskState, TaskType, Trigger};
+use diesel::dsl::exists;
+use diesel::prelude::*;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, opt_from_db, opt_to_db};
+use crate::outbox::{self, EffectKind, NewEffect};
+use crate::repos::{self, Repository};
+use crate::schema::{repositories, tasks};
+use crate::tasks::TransitionDetails;
+use crate::{AnyConnection, DbError, write_tx};
+
+/// The error message of a task whose pull request was closed without being merged, when the
+/// caller gives none.
+pub const CLOSED_WITHOUT_MERGE: &str = "the pull request was closed without being merged";
+
+/// Where a repository's pull-request poll stands (`repositories.pulls_etag` and
+/// `repositories.pulls_watermark`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PullPollState {
+    /// The ETag of the first page of the last successful poll, sent as `If-None-Match`.
+    pub etag: Option<String>,
+    /// The newest `updated_at` among the pull requests seen by the last successful poll:
+    /// the next poll reads pages only until it reaches pull requests not updated since.
+    /// `None` before the first successful poll.
+    pub watermark: Option<OffsetDateTime>,
+}
+
+/// Connected repositories with at least one task in `pr_opened`, by URL, with their poll
+/// state. Disconnected repositories are never polled, whatever their tasks.
+pub fn repos_to_poll(
+    conn: &mut AnyConnection,
+) -> Result<Vec<(Repository, PullPollState)>, DbError> {
+    let waiting: Vec<(String, Option<String>, Option<PrimitiveDateTime>)> = repositories::table
+        .filter(repositories::disconnected_at.is_null())
+        .filter(exists(
+            tasks::table
+                .filter(tasks::repo_id.eq(repositories::id.nullable()))
+                .filter(tasks::state.eq(TaskState::PrOpened.as_str())),
+        ))
+        .select((
+            repositories::id,
+            repositories::pulls_etag,
+            repositories::pulls_watermark,
+        ))
+        .load(conn)?;
+    if waiting.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut states = std::collections::HashMap::with_capacity(waiting.len());
+    for (id, etag, watermark) in waiting {
+        states.insert(
+            convert::uuid(&id)?,
+            PullPollState {
+                etag,
+                watermark: opt_from_db(watermark),
+            },
+        );
+    }
+    // The repository rows themselves come from `repos` (ordered by URL); one disconnected
+    // between the two reads is simply left out.
+    Ok(repos::list_connected(conn)?
+        .into_iter()
+        .filter_map(|repo| states.remove(&repo.id).map(|state| (repo, state)))
+        .collect())
+}
+
+/// The poll state of one repository (connected or not). [`DbError::NotFound`] for an
+/// unknown id.
+pub fn pull_poll_state(conn: &mut AnyConnection, repo_id: Uuid) -> Result<PullPollState, DbError> {
+    let (etag, watermark) = repositories::table
+        .find(repo_id.to_string())
+        .select((repositories::pulls_etag, repositories::pulls_watermark))
+        .first::<(Option<String>, Option<PrimitiveDateTime>)>(conn)
+        .optional()?
+        .ok_or(DbError::NotFound)?;
+    Ok(PullPollState {
+        etag,
+        watermark: opt_from_db(watermark),
+    })
+}
+
+/// Stores a repository's poll state: the first page's ETag and the new watermark, exactly as
+/// given (`None` clears). Call it only after a successful poll whose outcomes are stored, so
+/// a failed poll leaves the watermark where it was and the next one reads the same pull
+/// requests again. [`DbError::NotFound`] for an unknown id.
+pub fn record_pull_poll(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    etag: Option<&str>,
+    watermark: Option<OffsetDateTime>,
+) -> Result<(), DbError> {
+    write_tx(conn, |conn| {
+        let updated = diesel::update(repositories::table.find(repo_id.to_string()))
+            .set((
+                repositories::pulls_etag.eq(etag),
+                repositories::pulls_watermark.eq(opt_to_db(watermark)),
+            ))
+            .execute(conn)?;
+        if updated == 0 {
+            return Err(DbError::NotFound);
+        }
+        Ok(())
+    })
+}
+
+/// The coding task that opened pull request `pr_number` in the repository (`tasks.pr_number`,
+/// served by the partial index `tasks_pull_request`), if any. Should several coding tasks
+/// carry the number (imported history, a retried task), the one in `pr_opened` wins, then the
+/// newest.
+pub fn task_of_pull(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    pr_number: i64,
+) -> Result<Option<Task>, DbError> {
+    let candidates: Vec<(String, String)> = tasks::table
+        .filter(tasks::repo_id.eq(repo_id.to_string()))
+        .filter(tasks::pr_number.eq(pr_number))
+        .filter(tasks::task_type.eq(TaskType::Coding.as_str()))
+        .order((tasks::created_at.desc(), tasks::id.desc()))
+        .select((tasks::id, tasks::state))
+        .load(conn)?;
+    let chosen = candidates
+        .iter()
+        .find(|(_, state)| state == TaskState::PrOpened.as_str())
+        .or_else(|| candidates.first());
+    match chosen {
+        Some((id, _)) => crate::tasks::find_task(conn, convert::uuid(id)?),
+        None => Ok(None),
+    }
+}
+
+/// Applies a pull request's fate to its task, in one transaction (nested as a savepoint when
+/// the caller has one open):
+///
+/// - `trigger` ([`Trigger::PullRequestMerged`] or [`Trigger::PullRequestClosed`]) is applied
+///   as [`tasks::transition_task`](crate::tasks::transition_task) does: compare-and-set on
+///   the task's state and attempt, the task event with `reason`, the cost rollups;
+///   `error_message` (for a close; [`CLOSED_WITHOUT_MERGE`] when `None`) becomes the task's;
+/// - for a merge of a task with an issue number and a repository, the outbox effect
+///   [`EffectKind::CloseIssue`] with payload `{"issueNumber": n}` is enqueued.
+///
+/// Returns `Ok(Some(task after))` when this call applied it, and `Ok(None)` when the task is
+/// not in `pr_opened` (typically another actor, the poller or a webhook on this or another
+/// replica, applied it first); nothing is written then. [`DbError::NotFound`] for an unknown
+/// task; [`DbError::Conflict`] for any other trigger.
+pub fn apply_pull_outcome(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    trigger: Trigger,
+    reason: &str,
+    error_message: Option<&str>,
+    now: OffsetDateTime,
+) -> Result<Option<Task>, DbError> {
+    let error_message = match trigger {
+        Trigger::PullRequestMerged => None,
+        Trigger::PullRequestClosed => Some(error_message.unwrap_or(CLOSED_WITHOUT_MERGE)),
+        other => {
+            return Err(DbError::Conflict(format!(
+                "{} is not the outcome of a pull request",
+                other.as_str()
+            )));
+        }
+    };
+    let details = TransitionDetails {
+        reason: Some(reason.to_owned()),
+        error_message: error_message.map(str::to_owned),
+        pull_request: None,
+    };
+    let applied = write_tx(conn, |conn| {
+        let (task, _) = crate::tasks::transition_task(conn, task_id, trigger, &details, now)?;
+        if trigger == Trigger::PullRequestMerged
+            && let (Some(repo_id), Some(issue_number)) = (task.repo_id, task.issue_number)
+        {
+            let effect = NewEffect {
+                task_id: Some(task.id),
+                repo_id,
+                kind: EffectKind::CloseIssue,
+                payload: serde_json::json!({ "issueNumber": issue_number }),
+            };
+            outbox::enqueue(conn, &effect, now)?;
+        }
+        Ok(task)
+    });
+    match applied {
+        Ok(task) => Ok(Some(task)),
+        Err(DbError::InvalidTransition(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
