@@ -5,16 +5,13 @@
 
 mod common;
 
-use actix_http::Request;
 use actix_web::test::TestRequest;
-use actix_web::web;
 use agentry_api::codehost;
-use agentry_api::state::AppState;
 use agentry_codehost::fake::{FakeGitHub, Fault};
 use agentry_persistence::outbox::{self, EffectKind};
-use agentry_persistence::repos::{self, NewRepository};
+use agentry_persistence::repos;
 use agentry_persistence::test_support::TestDb;
-use agentry_persistence::{Db, secrets};
+use agentry_persistence::secrets;
 use common::env::*;
 use common::*;
 use serde_json::{Value, json};
