@@ -1,4 +1,5 @@
-//! agentry's code-host integration: the one GitHub REST client, and a fake GitHub for tests.
+//! agentry's code-host integration: the one GitHub REST client, webhook verification and
+//! parsing, and a fake GitHub for tests.
 //!
 //! * [`GitHub`] (built from a [`ClientConfig`] and a token) is the only way the service talks
 //!   to GitHub (SPEC §5.1–5.2). Every request carries the token as `Authorization: Bearer`,
@@ -13,17 +14,19 @@
 //!   members used, so octocrab's models (and chrono) never cross this crate's boundary.
 //! * Failures are one [`CodeHostError`]; [`CodeHostError::is_transient`] says whether trying
 //!   again later may help. No message ever contains the token.
+//! * [`webhook`] (SPEC §5.6) checks a delivery's `X-Hub-Signature-256` in constant time
+//!   ([`webhook::verify_signature`]) and reads a verified body into a [`WebhookEvent`]
+//!   ([`webhook::parse_event`]); pure functions, the HTTP endpoint lives in `agentry-api`.
 //! * `fake::FakeGitHub` (feature `test-support`) is a stateful GitHub REST v3 server on
 //!   127.0.0.1 with GitHub's JSON shapes, pagination, ETags and 304s, per-route request
 //!   counters and fault injection (5xx, timeouts, rate limits), for the tests of this crate
 //!   and of the service.
-//!
-//! Webhook signature checks and event parsing arrive with the webhook capability.
 
 pub mod client;
 pub mod error;
 mod policy;
 pub mod types;
+pub mod webhook;
 mod wire;
 
 #[cfg(feature = "test-support")]
@@ -32,3 +35,4 @@ pub mod fake;
 pub use client::{ClientConfig, GitHub};
 pub use error::CodeHostError;
 pub use types::{Comment, Conditional, Issue, Label, PullRequest, RepoInfo, User};
+pub use webhook::{RepoRef, SignatureError, WebhookEvent, WebhookParseError};
