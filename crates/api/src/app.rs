@@ -11,7 +11,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::{AppExt, scope};
 
 use crate::error::{ErrorBody, envelope_fallback};
-use crate::routes::{self, analytics, health, issues, repos, secrets, tasks, tokens};
+use crate::routes::{self, analytics, health, issues, repos, secrets, tasks, tokens, webhooks};
 use crate::state::AppState;
 
 struct BearerAuth;
@@ -68,6 +68,7 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(issues::list_issues)
                 .service(issues::sync_issues)
                 .service(issues::assign_issue)
+                .service(webhooks::codehost_webhook)
                 .default_service(web::to(routes::unknown_route)),
         );
 }

@@ -76,6 +76,8 @@ pub struct CodeHost {
     outbox_wake: tokio::sync::Notify,
     /// One issue sync at a time in this process.
     sync_lock: tokio::sync::Mutex<()>,
+    /// `CODEHOST_WEBHOOK_SECRET`; the webhook is disabled without it.
+    webhook_secret: Option<SecretValue>,
     /// When each repository's issues were last read in full (see [`Timing::full_sync_every`]).
     full_syncs: Mutex<HashMap<Uuid, Instant>>,
 }
@@ -98,8 +100,20 @@ impl CodeHost {
             cached: Mutex::new(None),
             outbox_wake: tokio::sync::Notify::new(),
             sync_lock: tokio::sync::Mutex::new(()),
+            webhook_secret: None,
             full_syncs: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same integration with the webhook's shared secret (`None`: webhook disabled).
+    pub fn with_webhook_secret(mut self, secret: Option<SecretValue>) -> Self {
+        self.webhook_secret = secret;
+        self
+    }
+
+    /// The webhook's shared secret, if the webhook is enabled.
+    pub fn webhook_secret(&self) -> Option<&SecretValue> {
+        self.webhook_secret.as_ref()
     }
 
     /// The code host's REST base URL.

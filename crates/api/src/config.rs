@@ -35,6 +35,11 @@ pub struct Config {
     pub master_key: Option<SecretValue>,
     /// `AGENTRY_ISSUE_SYNC_INTERVAL_SECS`: time between two issue syncs (default 60 s).
     pub issue_sync_interval: Duration,
+    /// `AGENTRY_POLL_INTERVAL_SECS`: time between two pull-request polls (default 30 s).
+    pub poll_interval: Duration,
+    /// `CODEHOST_WEBHOOK_SECRET`: the webhook's shared secret; `None` disables the webhook
+    /// endpoint (404 `webhook_disabled`). Redacted in `Debug`.
+    pub webhook_secret: Option<SecretValue>,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -131,6 +136,8 @@ impl Config {
         let codehost_api_url = codehost_api_url.trim_end_matches('/').to_owned();
         let master_key = get("AGENTRY_MASTER_KEY").map(SecretValue::new);
         let issue_sync_interval = interval(&get, "AGENTRY_ISSUE_SYNC_INTERVAL_SECS", 60)?;
+        let poll_interval = interval(&get, "AGENTRY_POLL_INTERVAL_SECS", 30)?;
+        let webhook_secret = get("CODEHOST_WEBHOOK_SECRET").map(SecretValue::new);
         Ok(Config {
             data_dir,
             database_url,
@@ -140,6 +147,8 @@ impl Config {
             codehost_api_url,
             master_key,
             issue_sync_interval,
+            poll_interval,
+            webhook_secret,
         })
     }
 }
@@ -187,6 +196,8 @@ mod tests {
         assert_eq!(c.codehost_api_url, "https://api.github.com");
         assert_eq!(c.master_key, None);
         assert_eq!(c.issue_sync_interval, Duration::from_secs(60));
+        assert_eq!(c.poll_interval, Duration::from_secs(30));
+        assert_eq!(c.webhook_secret, None);
     }
 
     #[test]
@@ -195,8 +206,12 @@ mod tests {
             ("AGENTRY_CODEHOST_API_URL", "https://ghe.example/api/v3/"),
             ("AGENTRY_MASTER_KEY", "c2VjcmV0LWtleS1tYXRlcmlhbA=="),
             ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "5"),
+            ("AGENTRY_POLL_INTERVAL_SECS", "7"),
+            ("CODEHOST_WEBHOOK_SECRET", "whsec-shared-secret"),
         ])
         .unwrap();
+        assert_eq!(c.poll_interval, Duration::from_secs(7));
+        assert!(!format!("{c:?}").contains("whsec"));
         assert_eq!(c.codehost_api_url, "https://ghe.example/api/v3");
         assert_eq!(c.issue_sync_interval, Duration::from_secs(5));
         assert!(!format!("{c:?}").contains("c2VjcmV0"));
@@ -206,6 +221,7 @@ mod tests {
             ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "0"),
             ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "1.5"),
             ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "86401"),
+            ("AGENTRY_POLL_INTERVAL_SECS", "-1"),
         ] {
             assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
         }

@@ -120,6 +120,15 @@ impl ApiError {
         )
     }
 
+    /// 404 `webhook_disabled`: no `CODEHOST_WEBHOOK_SECRET` is configured.
+    pub fn webhook_disabled() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "webhook_disabled",
+            "the webhook is disabled: set CODEHOST_WEBHOOK_SECRET to enable it",
+        )
+    }
+
     /// 503 `unavailable`: the database cannot be reached right now.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)

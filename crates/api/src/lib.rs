@@ -23,3 +23,4 @@ pub mod query;
 pub mod routes;
 pub mod server;
 pub mod state;
+pub mod tracking;

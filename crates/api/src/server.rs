@@ -111,7 +111,8 @@ pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
         user_agent: format!("agentry/{}", env!("CARGO_PKG_VERSION")),
         ..ClientConfig::default()
     };
-    Ok(CodeHost::new(master_key, client, Timing::default()))
+    Ok(CodeHost::new(master_key, client, Timing::default())
+        .with_webhook_secret(config.webhook_secret.clone()))
 }
 
 /// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets
@@ -143,6 +144,11 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
             config.issue_sync_interval,
         )),
         actix_web::rt::spawn(codehost::outbox_loop(state.clone())),
+        actix_web::rt::spawn(crate::tracking::poll_loop(
+            state.clone(),
+            config.poll_interval,
+            config.database_url.clone(),
+        )),
     ];
     let served = server.run().await;
     // Every effect and sync is recorded in the database as it happens, so stopping the

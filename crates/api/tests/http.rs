@@ -716,6 +716,7 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         ("GET", "/api/issues"),
         ("POST", "/api/issues/sync"),
         ("POST", "/api/issues/assign"),
+        ("POST", "/api/webhooks/codehost"),
     ]
     .iter()
     .map(|(m, p)| (m.to_string(), p.to_string()))

@@ -8,6 +8,7 @@ pub mod repos;
 pub mod secrets;
 pub mod tasks;
 pub mod tokens;
+pub mod webhooks;
 
 use actix_web::HttpResponse;
 use actix_web::ResponseError;

@@ -1,0 +1,333 @@
+//! Pull-request tracking (SPEC §5.5–5.6): the poller, and what a webhook delivery does.
+//!
+//! Both ask one pure question, [`pull_request_trigger`], and apply the answer with
+//! [`pulls::apply_pull_outcome`], a compare-and-set transition that also enqueues the closing
+//! of the linked issue in the same transaction: when the poller and a webhook see the same
+//! merge, exactly one applies it and the issue is closed once.
+
+use std::time::Duration;
+
+use agentry_codehost::webhook::WebhookEvent;
+use agentry_codehost::{Conditional, GitHub, PullRequest};
+use agentry_domain::{PullRequestState, RepoUrl, Trigger, pull_request_trigger};
+use agentry_persistence::leader::LeaderLock;
+use agentry_persistence::pulls::{self, PullPollState};
+use agentry_persistence::repos::{self, Repository};
+use agentry_persistence::{AnyConnection, DbError, webhooks, write_tx};
+use futures_util::StreamExt;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::codehost::{self, SERVICE_LABEL};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The advisory-lock key of the poller role ("agentry" and 2; the migration lock is 1).
+pub const POLLER_LOCK_KEY: i64 = 0x6167_656e_7472_7902;
+/// Repositories polled at once.
+const POLL_CONCURRENCY: usize = 4;
+
+/// The reason recorded on a task event, by who saw the pull request's fate.
+fn reason(trigger: Trigger, source: &str) -> String {
+    match trigger {
+        Trigger::PullRequestMerged => format!("pull request merged (seen by {source})"),
+        _ => format!("pull request closed without merge (seen by {source})"),
+    }
+}
+
+/// Applies what `pr_state` means to the task of pull request `number` in `repo`, if that
+/// task is waiting on it. Returns whether this call moved the task. Runs inside `conn`'s
+/// transaction when called from one.
+pub fn apply_pull_state(
+    conn: &mut AnyConnection,
+    repo: &Repository,
+    number: u64,
+    pr_state: PullRequestState,
+    source: &str,
+    now: OffsetDateTime,
+) -> Result<bool, DbError> {
+    let Ok(number) = i64::try_from(number) else {
+        return Ok(false);
+    };
+    let Some(task) = pulls::task_of_pull(conn, repo.id, number)? else {
+        return Ok(false);
+    };
+    let Some(trigger) = pull_request_trigger(task.state, pr_state) else {
+        return Ok(false);
+    };
+    let error = (trigger == Trigger::PullRequestClosed)
+        .then(|| format!("pull request #{number} was closed without being merged"));
+    let applied = pulls::apply_pull_outcome(
+        conn,
+        task.id,
+        trigger,
+        &reason(trigger, source),
+        error.as_deref(),
+        now,
+    )?;
+    Ok(applied.is_some())
+}
+
+/// What one repository's poll did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RepoPollOutcome {
+    /// The first page answered 304.
+    pub unchanged: bool,
+    /// Tasks moved to `completed` or `failed`.
+    pub applied: usize,
+    /// Why the poll failed (the watermark did not move).
+    pub error: Option<String>,
+}
+
+/// The newest `updated_at` of `prs`, or `old` when there is none newer.
+fn next_watermark(prs: &[PullRequest], old: Option<OffsetDateTime>) -> Option<OffsetDateTime> {
+    prs.iter().map(|p| p.updated_at).chain(old).max()
+}
+
+async fn poll_repository(
+    state: &AppState,
+    github: &GitHub,
+    repo: Repository,
+    poll: PullPollState,
+) -> RepoPollOutcome {
+    let mut outcome = RepoPollOutcome::default();
+    let answer = github
+        .pulls_updated_since(
+            repo.url.owner(),
+            repo.url.name(),
+            poll.etag.as_deref(),
+            poll.watermark,
+        )
+        .await;
+    let (prs, etag) = match answer {
+        Ok(Conditional::NotModified) => {
+            outcome.unchanged = true;
+            return outcome;
+        }
+        Ok(Conditional::Modified { value, etag }) => (value, etag),
+        Err(e) => {
+            tracing::warn!(repo = %repo.url, error = %e, "pull-request poll failed; will retry");
+            outcome.error = Some(e.to_string());
+            return outcome;
+        }
+    };
+    let url = repo.url.clone();
+    let stored = state
+        .db(move |conn| {
+            let watermark = next_watermark(&prs, poll.watermark);
+            let mut applied = 0;
+            for pr in prs
+                .iter()
+                .filter(|p| poll.watermark.is_none_or(|w| p.updated_at >= w))
+            {
+                let pr_state = PullRequestState::from_codehost(&pr.state, pr.merged_at.is_some());
+                if pr_state != PullRequestState::Open
+                    && apply_pull_state(conn, &repo, pr.number, pr_state, "the poller", now())?
+                {
+                    applied += 1;
+                }
+            }
+            // Only now, after every outcome is stored, does the watermark move.
+            pulls::record_pull_poll(conn, repo.id, etag.as_deref(), watermark)?;
+            Ok(applied)
+        })
+        .await;
+    match stored {
+        Ok(n) => outcome.applied = n,
+        Err(e) => {
+            tracing::error!(repo = %url, error = %e, "cannot store a pull-request poll");
+            outcome.error = Some(e.to_string());
+        }
+    }
+    outcome
+}
+
+/// One poll of every repository with tasks in `pr_opened`: one conditional request each,
+/// more pages only while they hold pull requests updated since the last successful poll.
+/// A failure leaves that repository's watermark where it was. 412 without a token.
+pub async fn poll_pull_requests(
+    state: &AppState,
+) -> Result<Vec<(Uuid, RepoPollOutcome)>, ApiError> {
+    let github = state.github().await?;
+    let repos = state.db(|conn| Ok(pulls::repos_to_poll(conn)?)).await?;
+    let outcomes: Vec<(Uuid, RepoPollOutcome)> = futures_util::stream::iter(repos)
+        .map(|(repo, poll)| {
+            let github = github.clone();
+            async move {
+                let id = repo.id;
+                (id, poll_repository(state, &github, repo, poll).await)
+            }
+        })
+        .buffer_unordered(POLL_CONCURRENCY)
+        .collect()
+        .await;
+    if outcomes.iter().any(|(_, o)| o.applied > 0) {
+        state.codehost.wake_outbox();
+    }
+    Ok(outcomes)
+}
+
+/// The poller: every `interval`, if this process holds the poller role (on PostgreSQL an
+/// advisory lock, so of several replicas one polls; on SQLite always), polls once.
+pub async fn poll_loop(
+    state: actix_web::web::Data<AppState>,
+    interval: Duration,
+    database_url: String,
+) {
+    let lock = match LeaderLock::new(&database_url, POLLER_LOCK_KEY) {
+        Ok(lock) => std::sync::Arc::new(std::sync::Mutex::new(lock)),
+        Err(e) => {
+            tracing::error!(error = %e, "the pull-request poller cannot start");
+            return;
+        }
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let held = {
+            let lock = lock.clone();
+            tokio::task::spawn_blocking(move || {
+                lock.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .try_hold()
+            })
+            .await
+        };
+        match held {
+            Ok(Ok(true)) => match poll_pull_requests(&state).await {
+                Ok(outcomes) => {
+                    let applied: usize = outcomes.iter().map(|(_, o)| o.applied).sum();
+                    tracing::debug!(
+                        repositories = outcomes.len(),
+                        applied,
+                        "pull-request poll done"
+                    );
+                }
+                Err(e) => tracing::debug!(error = %e, "pull-request poll skipped"),
+            },
+            Ok(Ok(false)) => tracing::debug!("another replica polls pull requests"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot take the poller role"),
+            Err(e) => tracing::error!(error = %e, "the poller's lock task failed"),
+        }
+    }
+}
+
+/// What a verified webhook delivery asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookOutcome {
+    /// A delivery id seen before: nothing done again.
+    Duplicate,
+    /// `ping`, or an event that was acted on.
+    Handled,
+    /// An event agentry does not act on (or about something it does not track).
+    Ignored,
+}
+
+/// Records the delivery and acts on `event`, in one transaction: a redelivery of the same
+/// id changes nothing, and a pull request's fate is stored before the answer. A labelled
+/// issue returns the repository to sync (done after answering, never waited on).
+pub fn handle_webhook(
+    conn: &mut AnyConnection,
+    delivery_id: &str,
+    event_name: &str,
+    event: &WebhookEvent,
+    now: OffsetDateTime,
+) -> Result<(WebhookOutcome, Option<Uuid>), DbError> {
+    write_tx(conn, |conn| {
+        let action = match event {
+            WebhookEvent::Ping { .. } => None,
+            WebhookEvent::IssueLabeled { .. } => Some("labeled"),
+            WebhookEvent::PullRequestClosed { .. } => Some("closed"),
+            WebhookEvent::Other { action, .. } => action.as_deref(),
+        };
+        if !webhooks::record_delivery(conn, delivery_id, event_name, action, now)? {
+            return Ok((WebhookOutcome::Duplicate, None));
+        }
+        let connected = |conn: &mut AnyConnection, html_url: &str| -> Result<_, DbError> {
+            let Ok(url) = RepoUrl::parse(html_url) else {
+                return Ok(None);
+            };
+            Ok(repos::find_by_url(conn, &url)?.filter(|r| r.disconnected_at.is_none()))
+        };
+        match event {
+            WebhookEvent::Ping { .. } => Ok((WebhookOutcome::Handled, None)),
+            WebhookEvent::IssueLabeled { repo, label, .. } if label == SERVICE_LABEL => {
+                match connected(conn, &repo.html_url)? {
+                    Some(r) => Ok((WebhookOutcome::Handled, Some(r.id))),
+                    None => Ok((WebhookOutcome::Ignored, None)),
+                }
+            }
+            WebhookEvent::PullRequestClosed {
+                repo,
+                number,
+                merged,
+                ..
+            } => {
+                let Some(r) = connected(conn, &repo.html_url)? else {
+                    return Ok((WebhookOutcome::Ignored, None));
+                };
+                let pr_state = PullRequestState::from_codehost("closed", *merged);
+                if apply_pull_state(conn, &r, *number, pr_state, "a webhook", now)? {
+                    Ok((WebhookOutcome::Handled, None))
+                } else {
+                    Ok((WebhookOutcome::Ignored, None))
+                }
+            }
+            WebhookEvent::IssueLabeled { .. } | WebhookEvent::Other { .. } => {
+                Ok((WebhookOutcome::Ignored, None))
+            }
+        }
+    })
+}
+
+/// Syncs one repository's issues after a webhook said one was labelled; failures are logged
+/// (the periodic sync catches up).
+pub async fn sync_after_webhook(state: actix_web::web::Data<AppState>, repo_id: Uuid) {
+    if let Err(e) = codehost::sync_issues(&state, Some(repo_id)).await {
+        tracing::warn!(repo = %repo_id, error = %e, "issue sync after a webhook failed");
+    }
+}
+
+fn now() -> OffsetDateTime {
+    agentry_persistence::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pr(number: u64, updated: i64) -> PullRequest {
+        PullRequest {
+            number,
+            title: String::new(),
+            body: String::new(),
+            html_url: String::new(),
+            state: "open".into(),
+            merged_at: None,
+            closed_at: None,
+            updated_at: OffsetDateTime::from_unix_timestamp(updated)
+                .unwrap_or(OffsetDateTime::UNIX_EPOCH),
+            head_ref: String::new(),
+            base_ref: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_watermark_only_moves_forward() {
+        let t = |s| OffsetDateTime::from_unix_timestamp(s).ok();
+        assert_eq!(next_watermark(&[], None), None);
+        assert_eq!(next_watermark(&[], t(50)), t(50));
+        assert_eq!(next_watermark(&[pr(1, 10), pr(2, 70)], t(50)), t(70));
+        assert_eq!(next_watermark(&[pr(1, 10)], t(50)), t(50));
+    }
+
+    #[test]
+    fn event_reasons_name_the_source() {
+        assert_eq!(
+            reason(Trigger::PullRequestMerged, "a webhook"),
+            "pull request merged (seen by a webhook)"
+        );
+        assert!(reason(Trigger::PullRequestClosed, "the poller").contains("without merge"));
+    }
+}

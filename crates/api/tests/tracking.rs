@@ -1,0 +1,558 @@
+//! Pull-request tracking end to end, in process, against the fake GitHub on 127.0.0.1: the
+//! poller (one conditional request per repository, watermark only after success), the signed
+//! webhook with GitHub's real payloads, the race between them, and the poller role among
+//! replicas on PostgreSQL (SPEC §5.5–5.6, §2.2).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use actix_http::Request;
+use actix_web::test::TestRequest;
+use agentry_api::codehost;
+use agentry_api::tracking;
+use agentry_codehost::fake::Fault;
+use agentry_codehost::webhook::sign;
+use agentry_domain::{AgentType, Task, TaskState, Trigger};
+use agentry_persistence::outbox::{self, EffectKind};
+use agentry_persistence::repos::{self, Repository};
+use agentry_persistence::secrets::SecretValue;
+use agentry_persistence::tasks::{self, TransitionDetails};
+use agentry_persistence::test_support::TestDb;
+use common::env::*;
+use common::*;
+use serde_json::json;
+use uuid::Uuid;
+
+const SECRET: &str = "whsec-test-shared-secret";
+const PULLS: &str = "/repos/{o}/{r}/pulls";
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/../codehost/tests/fixtures/github-webhooks/{name}.payload.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// The fixture's close made a merge, as GitHub sends it.
+fn merged_fixture() -> Vec<u8> {
+    let text = String::from_utf8(fixture("pull_request.closed")).unwrap();
+    assert!(text.contains("\"merged\": false") && text.contains("\"merged_at\": null"));
+    text.replace("\"merged\": false", "\"merged\": true")
+        .replace(
+            "\"merged_at\": null",
+            "\"merged_at\": \"2026-11-22T10:00:00Z\"",
+        )
+        .into_bytes()
+}
+
+/// A webhook delivery signed with `secret`.
+fn delivery(event: &str, id: &str, body: &[u8], secret: Option<&str>) -> Request {
+    let mut req = TestRequest::post()
+        .uri("/api/webhooks/codehost")
+        .insert_header(("X-GitHub-Event", event))
+        .insert_header(("X-GitHub-Delivery", id))
+        .insert_header(("Content-Type", "application/json"));
+    if let Some(secret) = secret {
+        req = req.insert_header(("X-Hub-Signature-256", sign(secret.as_bytes(), body)));
+    }
+    req.set_payload(body.to_vec()).to_request()
+}
+
+impl Env {
+    /// The same environment with the webhook enabled (same database and master key).
+    fn with_webhook(mut self) -> Env {
+        let key = self.state.codehost.master_key().clone();
+        self.state = state_from(
+            self.db(),
+            code_host_with(&self.fake.base_url(), key, test_timing())
+                .with_webhook_secret(Some(SecretValue::new(SECRET))),
+        );
+        self
+    }
+
+    fn repo(&self, id: Uuid) -> Repository {
+        repos::get_repository(&mut self.db().conn().unwrap(), id).unwrap()
+    }
+
+    /// An assigned issue whose task ran and opened pull request `pr`.
+    fn task_with_pull(&self, repo: &Repository, issue: u64, pr: u64) -> Task {
+        let mut conn = self.db().conn().unwrap();
+        let now = agentry_persistence::now();
+        let (task, _) = codehost::assign(
+            &mut conn,
+            repo,
+            i64::try_from(issue).unwrap(),
+            "Fix it",
+            "",
+            AgentType::ClaudeCode,
+            now,
+        )
+        .unwrap();
+        for trigger in [Trigger::Claim, Trigger::AgentStarted] {
+            tasks::transition_task(
+                &mut conn,
+                task.id,
+                trigger,
+                &TransitionDetails::default(),
+                now,
+            )
+            .unwrap();
+        }
+        let details = TransitionDetails {
+            pull_request: Some((
+                format!("{}/pull/{pr}", repo.url),
+                i64::try_from(pr).unwrap(),
+            )),
+            ..TransitionDetails::default()
+        };
+        tasks::transition_task(
+            &mut conn,
+            task.id,
+            Trigger::PullRequestOpened,
+            &details,
+            now,
+        )
+        .unwrap()
+        .0
+    }
+
+    fn task(&self, id: Uuid) -> Task {
+        tasks::get_task(&mut self.db().conn().unwrap(), id).unwrap()
+    }
+
+    fn close_effects(&self, id: Uuid) -> usize {
+        outbox::effects_of_task(&mut self.db().conn().unwrap(), id)
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == EffectKind::CloseIssue)
+            .count()
+    }
+
+    fn events(&self, id: Uuid) -> Vec<(Option<TaskState>, TaskState, String)> {
+        tasks::task_events(&mut self.db().conn().unwrap(), id)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.from, e.to, e.reason))
+            .collect()
+    }
+}
+
+#[actix_web::test]
+async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        let repo = env.repo(env.connect("acme", "web"));
+        let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
+        let issue_b = env.fake.add_issue("acme", "web", "B", None, &[]);
+        let pr_a = env
+            .fake
+            .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
+        let pr_b = env
+            .fake
+            .add_pull("acme", "web", "Fix B", "agentry/task-b", "main");
+        let a = env.task_with_pull(&repo, issue_a, pr_a);
+        let b = env.task_with_pull(&repo, issue_b, pr_b);
+
+        // Open pull requests: nothing happens; then an unchanged poll is one 304.
+        let first = tracking::poll_pull_requests(&env.state).await.unwrap();
+        assert_eq!(first[0].1.applied, 0);
+        env.fake.reset_counts();
+        let again = tracking::poll_pull_requests(&env.state).await.unwrap();
+        assert!(again[0].1.unchanged);
+        assert_eq!(env.fake.requests().len(), 1);
+        assert_eq!(env.fake.count_status(304), 1);
+
+        env.fake.advance_clock(Duration::from_secs(60));
+        env.fake.merge_pull("acme", "web", pr_a);
+        env.fake.close_pull("acme", "web", pr_b);
+        let polled = tracking::poll_pull_requests(&env.state).await.unwrap();
+        assert_eq!(polled[0].1.applied, 2, "{polled:?}");
+        let (a, b) = (env.task(a.id), env.task(b.id));
+        assert_eq!(
+            (a.state, b.state),
+            (TaskState::Completed, TaskState::Failed)
+        );
+        assert!(a.finished_at.is_some());
+        assert!(
+            b.error_message
+                .unwrap()
+                .contains("closed without being merged")
+        );
+        assert_eq!(
+            env.events(a.id).last().unwrap().2,
+            "pull request merged (seen by the poller)"
+        );
+        assert_eq!((env.close_effects(a.id), env.close_effects(b.id)), (1, 0));
+
+        // The outbox closes the merged task's issue, once; the other stays open.
+        env.deliver(0).await;
+        assert_eq!(
+            env.fake.issue("acme", "web", issue_a).unwrap().state,
+            "closed"
+        );
+        assert_eq!(
+            env.fake.issue("acme", "web", issue_b).unwrap().state,
+            "open"
+        );
+        assert_eq!(env.fake.count("PATCH", "/repos/{o}/{r}/issues/{n}"), 1);
+
+        // No task is left in pr_opened: the repository is no longer polled.
+        env.fake.reset_counts();
+        let idle = tracking::poll_pull_requests(&env.state).await.unwrap();
+        assert!(idle.is_empty());
+        assert_eq!(env.fake.requests().len(), 0);
+    }
+}
+
+#[actix_web::test]
+async fn a_failed_poll_does_not_move_the_watermark_and_the_merge_is_seen_later() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    let repo = env.repo(env.connect("acme", "web"));
+    let issue = env.fake.add_issue("acme", "web", "A", None, &[]);
+    let pr = env
+        .fake
+        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
+    let task = env.task_with_pull(&repo, issue, pr);
+    tracking::poll_pull_requests(&env.state).await.unwrap();
+
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake.merge_pull("acme", "web", pr);
+    env.fake
+        .fail_next(Some(("GET", PULLS)), 10, Fault::Status(502));
+    let failed = tracking::poll_pull_requests(&env.state).await.unwrap();
+    assert!(failed[0].1.error.is_some());
+    assert_eq!(env.task(task.id).state, TaskState::PrOpened);
+    // Later polls, once the code host is back: the merge is not lost.
+    env.fake.clear_faults();
+    env.fake.advance_clock(Duration::from_secs(60));
+    let polled = tracking::poll_pull_requests(&env.state).await.unwrap();
+    assert_eq!(polled[0].1.applied, 1);
+    assert_eq!(env.task(task.id).state, TaskState::Completed);
+}
+
+#[actix_web::test]
+async fn the_webhook_verifies_then_acts_once_per_delivery() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        env.fake.add_repo("Codertocat", "Hello-World", "main");
+        let repo = env.repo(env.connect("codertocat", "hello-world"));
+        // The fixtures are about pull request #2 of Codertocat/Hello-World.
+        let merged = env.task_with_pull(&repo, 7, 2);
+
+        // Without a secret the endpoint is disabled.
+        let app = service_with(env.state.clone()).await;
+        let (status, body) = call(
+            &app,
+            delivery("ping", "d-0", &fixture("ping"), Some(SECRET)),
+        )
+        .await;
+        assert_eq!(status, 404);
+        envelope(&body, "webhook_disabled");
+
+        let env = env.with_webhook();
+        let app = service_with(env.state.clone()).await;
+        let before = env.count("webhook_deliveries");
+        assert_eq!(before, 0);
+        // Refused before anything is parsed or recorded.
+        let body = merged_fixture();
+        let mut altered = body.clone();
+        let at = altered.len() / 2;
+        altered[at] = b' ';
+        for (name, req) in [
+            ("no signature", delivery("pull_request", "d-1", &body, None)),
+            (
+                "another secret",
+                delivery("pull_request", "d-1", &body, Some("other-secret")),
+            ),
+            ("altered after signing", {
+                let mut r = TestRequest::post()
+                    .uri("/api/webhooks/codehost")
+                    .insert_header(("X-GitHub-Event", "pull_request"))
+                    .insert_header(("X-GitHub-Delivery", "d-1"))
+                    .insert_header(("X-Hub-Signature-256", sign(SECRET.as_bytes(), &body)));
+                r = r.set_payload(altered.clone());
+                r.to_request()
+            }),
+            ("empty body, signature of another", {
+                TestRequest::post()
+                    .uri("/api/webhooks/codehost")
+                    .insert_header(("X-GitHub-Event", "pull_request"))
+                    .insert_header(("X-GitHub-Delivery", "d-1"))
+                    .insert_header(("X-Hub-Signature-256", sign(SECRET.as_bytes(), &body)))
+                    .to_request()
+            }),
+        ] {
+            let (status, reply) = call(&app, req).await;
+            assert_eq!(status, 401, "{name}: {reply}");
+            envelope(&reply, "unauthenticated");
+        }
+        // A correctly signed empty body is not a payload.
+        let (status, reply) = call(&app, delivery("pull_request", "d-1", b"", Some(SECRET))).await;
+        assert_eq!(status, 400, "{reply}");
+        envelope(&reply, "invalid_request");
+        assert_eq!(env.count("webhook_deliveries"), 0);
+        assert_eq!(env.task(merged.id).state, TaskState::PrOpened);
+
+        let (status, reply) = call(
+            &app,
+            delivery("ping", "d-2", &fixture("ping"), Some(SECRET)),
+        )
+        .await;
+        assert_eq!((status, reply), (200, json!({ "ok": true })));
+
+        // The merge moves the task at once and queues the issue's closing, once.
+        let (status, reply) =
+            call(&app, delivery("pull_request", "d-3", &body, Some(SECRET))).await;
+        assert_eq!((status, reply), (200, json!({ "ok": true })));
+        assert_eq!(env.task(merged.id).state, TaskState::Completed);
+        assert_eq!(
+            env.events(merged.id).last().unwrap().2,
+            "pull request merged (seen by a webhook)"
+        );
+        assert_eq!(env.close_effects(merged.id), 1);
+        // A redelivery of the same id: acknowledged, nothing done again.
+        let (status, reply) =
+            call(&app, delivery("pull_request", "d-3", &body, Some(SECRET))).await;
+        assert_eq!(
+            (status, reply),
+            (200, json!({ "ok": true, "duplicate": true }))
+        );
+        // Another delivery of the same merge: nothing to do any more.
+        let (status, reply) =
+            call(&app, delivery("pull_request", "d-4", &body, Some(SECRET))).await;
+        assert_eq!(
+            (status, reply),
+            (200, json!({ "ok": true, "ignored": true }))
+        );
+        assert_eq!(
+            env.events(merged.id).len(),
+            5,
+            "created, claimed, started, pr_opened, completed"
+        );
+        assert_eq!(env.close_effects(merged.id), 1);
+
+        // A close without merge fails its task.
+        let closed_task = env.task_with_pull(&repo, 8, 3);
+        let closed = String::from_utf8(fixture("pull_request.closed"))
+            .unwrap()
+            .replace("\"number\": 2,", "\"number\": 3,");
+        let (status, _) = call(
+            &app,
+            delivery("pull_request", "d-5", closed.as_bytes(), Some(SECRET)),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let closed_task = env.task(closed_task.id);
+        assert_eq!(closed_task.state, TaskState::Failed);
+        assert!(closed_task.error_message.unwrap().contains("#3"));
+        assert_eq!(env.close_effects(closed_task.id), 0);
+
+        // Everything else is acknowledged and ignored.
+        for (event, name) in [
+            ("issues", "issues.opened"),
+            ("issues", "issues.labeled"),
+            ("pull_request", "pull_request.opened"),
+            ("pull_request", "pull_request.reopened"),
+            ("pull_request", "pull_request.labeled"),
+            ("deployment", "ping"),
+        ] {
+            let id = format!("d-{name}-{event}");
+            let (status, reply) =
+                call(&app, delivery(event, &id, &fixture(name), Some(SECRET))).await;
+            assert_eq!(
+                (status, &reply),
+                (200, &json!({ "ok": true, "ignored": true })),
+                "{name}"
+            );
+        }
+        assert_eq!(env.count("webhook_deliveries"), 10);
+    }
+}
+
+#[actix_web::test]
+async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
+    let env = Env::new(sqlite()).with_webhook();
+    env.store_token();
+    env.fake.add_repo("Codertocat", "Hello-World", "main");
+    let repo = env.connect("codertocat", "hello-world");
+    let number = env
+        .fake
+        .add_issue("Codertocat", "Hello-World", "Spelling", None, &[]);
+    env.fake
+        .add_label("Codertocat", "Hello-World", number, "agentry");
+    let body = String::from_utf8(fixture("issues.labeled"))
+        .unwrap()
+        .replace("\"name\": \"bug\"", "\"name\": \"agentry\"");
+    let app = service_with(env.state.clone()).await;
+    let (status, reply) = call(
+        &app,
+        delivery("issues", "l-1", body.as_bytes(), Some(SECRET)),
+    )
+    .await;
+    assert_eq!((status, reply), (200, json!({ "ok": true })));
+    // The sync runs after the answer.
+    let mut waited = 0;
+    while env.count("tasks") == 0 {
+        assert!(waited < 100, "no task after the webhook");
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    let view = agentry_persistence::issues::open_issues(&mut env.db().conn().unwrap(), Some(repo))
+        .unwrap();
+    assert_eq!(view.len(), 1);
+    assert!(view[0].task.is_some());
+}
+
+#[actix_web::test]
+async fn poller_and_webhook_racing_on_one_merge_apply_it_once() {
+    for db in TestDb::all() {
+        let env = Env::new(db).with_webhook();
+        env.store_token();
+        env.fake.add_repo("Codertocat", "Hello-World", "main");
+        let repo = env.repo(env.connect("codertocat", "hello-world"));
+        let issue = env
+            .fake
+            .add_issue("Codertocat", "Hello-World", "Typo", None, &[]);
+        // Make the fake's pull request #2 exist and merged, like the webhook says.
+        let mut pr = 0;
+        while pr < 2 {
+            pr = env
+                .fake
+                .add_pull("Codertocat", "Hello-World", "Fix", "agentry/x", "main");
+        }
+        assert_eq!(pr, 2);
+        let task = env.task_with_pull(&repo, issue, 2);
+        tracking::poll_pull_requests(&env.state).await.unwrap();
+        env.fake.advance_clock(Duration::from_secs(60));
+        env.fake.merge_pull("Codertocat", "Hello-World", 2);
+
+        let app = service_with(env.state.clone()).await;
+        let body = merged_fixture();
+        let (polled, (status, _)) = futures_util::join!(
+            tracking::poll_pull_requests(&env.state),
+            call(
+                &app,
+                delivery("pull_request", "race-1", &body, Some(SECRET))
+            )
+        );
+        assert_eq!(status, 200);
+        // Whichever came first applied it (the poller may even find nothing left to poll).
+        let applied: usize = polled.unwrap().iter().map(|(_, o)| o.applied).sum();
+        assert!(applied <= 1);
+        let events = env.events(task.id);
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.1 == TaskState::Completed)
+                .count(),
+            1,
+            "{events:?}"
+        );
+        assert_eq!(env.close_effects(task.id), 1);
+        env.deliver(0).await;
+        assert_eq!(
+            env.fake
+                .issue("Codertocat", "Hello-World", issue)
+                .unwrap()
+                .state,
+            "closed"
+        );
+        assert_eq!(env.fake.count("PATCH", "/repos/{o}/{r}/issues/{n}"), 1);
+    }
+}
+
+#[actix_web::test]
+async fn bodies_over_25_mib_are_refused() {
+    let env = Env::new(sqlite()).with_webhook();
+    let app = service_with(env.state.clone()).await;
+    let big = vec![b' '; 25 * 1024 * 1024 + 1];
+    let (status, reply) = call(&app, delivery("ping", "big", &big, Some(SECRET))).await;
+    assert_eq!(status, 413);
+    envelope(&reply, "payload_too_large");
+    assert_eq!(env.count("webhook_deliveries"), 0);
+}
+
+#[actix_web::test]
+async fn of_two_pollers_on_one_postgresql_only_one_polls() {
+    let Some(db) = TestDb::postgres() else {
+        return;
+    };
+    let env = Env::new(db);
+    env.store_token();
+    let repo = env.repo(env.connect("acme", "web"));
+    let issue = env.fake.add_issue("acme", "web", "A", None, &[]);
+    let pr = env
+        .fake
+        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
+    env.task_with_pull(&repo, issue, pr);
+    let key = env.state.codehost.master_key().clone();
+    let replicas = [
+        state_with_key(env.db(), &env.fake.base_url(), key.clone()),
+        state_with_key(env.db(), &env.fake.base_url(), key),
+    ];
+    let loops: Vec<_> = replicas
+        .iter()
+        .map(|state| {
+            actix_web::rt::spawn(tracking::poll_loop(
+                state.clone(),
+                Duration::from_millis(100),
+                env.db.url.clone(),
+            ))
+        })
+        .collect();
+    actix_web::rt::time::sleep(Duration::from_millis(1200)).await;
+    for l in loops {
+        l.abort();
+    }
+    let mut sent = Vec::new();
+    for state in &replicas {
+        sent.push(state.github().await.unwrap().requests_sent());
+    }
+    sent.sort_unstable();
+    assert_eq!(sent[0], 0, "both replicas polled: {sent:?}");
+    assert!(sent[1] >= 5, "the leader polled every cycle: {sent:?}");
+    assert!(sent[1] <= 14, "one request per cycle: {sent:?}");
+    assert_eq!(env.fake.count("GET", PULLS) as u64, sent[1]);
+}
+
+#[actix_web::test]
+async fn random_signed_bodies_never_fail_the_webhook() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, TestRunner};
+    let env = Env::new(sqlite()).with_webhook();
+    let app = service_with(env.state.clone()).await;
+    let mut runner = TestRunner::new(Config::default());
+    let mut accepted = 0;
+    let jsonish = proptest::string::string_regex(
+        r#"[{}\[\]",:0-9 -]{0,6}("(action|number|merged|merged_at|pull_request|repository|html_url|owner|login|name|label|issue|head|ref|zen|hook_id)"[:,]?[ "a-z0-9.:/{}\[\]-]{0,14}){0,10}[}\]]?"#,
+    )
+    .unwrap();
+    for i in 0..300 {
+        let body = jsonish
+            .new_tree(&mut runner)
+            .unwrap()
+            .current()
+            .into_bytes();
+        let event = ["ping", "issues", "pull_request", "push"][i % 4];
+        let (status, reply) = call(
+            &app,
+            delivery(event, &format!("fuzz-{i}"), &body, Some(SECRET)),
+        )
+        .await;
+        assert!(status == 200 || status == 400, "{status} {reply}");
+        if status == 400 {
+            envelope(&reply, "invalid_request");
+        } else {
+            accepted += 1;
+        }
+    }
+    // Only deliveries that were accepted are recorded.
+    assert_eq!(env.count("webhook_deliveries"), accepted);
+    assert_eq!(env.count("tasks"), 0);
+}
