@@ -25,10 +25,10 @@ use agentry_api::state::AppState;
 use agentry_api::tracking;
 use agentry_codehost::fake::FakeGitHub;
 use agentry_codehost::{ClientConfig, GitHub};
-use agentry_domain::{AgentType, RepoUrl, TaskState, Trigger};
+use agentry_domain::{AgentType, RepoUrl, TaskState};
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
-use agentry_persistence::tasks::{self, TaskFilter, TransitionDetails};
+use agentry_persistence::tasks::{self, TaskFilter};
 use agentry_persistence::{AnyConnection, Db};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -97,14 +97,7 @@ fn task_with_pull(
 ) -> Result<(), Error> {
     let now = agentry_persistence::now();
     let (task, _) = codehost::assign(conn, repo, issue, "Fix", "", AgentType::ClaudeCode, now)?;
-    for trigger in [Trigger::Claim, Trigger::AgentStarted] {
-        tasks::transition_task(conn, task.id, trigger, &TransitionDetails::default(), now)?;
-    }
-    let details = TransitionDetails {
-        pull_request: Some((format!("{}/pull/{pr}", repo.url), pr)),
-        ..TransitionDetails::default()
-    };
-    tasks::transition_task(conn, task.id, Trigger::PullRequestOpened, &details, now)?;
+    agentry_persistence::test_support::open_pull_request(conn, task.id, pr, now)?;
     Ok(())
 }
 

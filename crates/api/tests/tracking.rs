@@ -14,11 +14,11 @@ use agentry_api::codehost;
 use agentry_api::tracking;
 use agentry_codehost::fake::Fault;
 use agentry_codehost::webhook::sign;
-use agentry_domain::{AgentType, Task, TaskState, Trigger};
+use agentry_domain::{AgentType, Task, TaskState};
 use agentry_persistence::outbox::{self, EffectKind};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::SecretValue;
-use agentry_persistence::tasks::{self, TransitionDetails};
+use agentry_persistence::tasks;
 use agentry_persistence::test_support::TestDb;
 use common::env::*;
 use common::*;
@@ -91,32 +91,13 @@ impl Env {
             now,
         )
         .unwrap();
-        for trigger in [Trigger::Claim, Trigger::AgentStarted] {
-            tasks::transition_task(
-                &mut conn,
-                task.id,
-                trigger,
-                &TransitionDetails::default(),
-                now,
-            )
-            .unwrap();
-        }
-        let details = TransitionDetails {
-            pull_request: Some((
-                format!("{}/pull/{pr}", repo.url),
-                i64::try_from(pr).unwrap(),
-            )),
-            ..TransitionDetails::default()
-        };
-        tasks::transition_task(
+        agentry_persistence::test_support::open_pull_request(
             &mut conn,
             task.id,
-            Trigger::PullRequestOpened,
-            &details,
+            i64::try_from(pr).unwrap(),
             now,
         )
         .unwrap()
-        .0
     }
 
     fn task(&self, id: Uuid) -> Task {

@@ -142,6 +142,28 @@ macro_rules! backend_tests {
     };
 }
 
+/// Takes a queued task through a run that opened pull request `number` (claim, agent
+/// started, pull request opened, all at `now`), as the runner would; returns the task in
+/// `pr_opened`. For tests and benchmarks of pull-request tracking.
+pub fn open_pull_request(
+    conn: &mut crate::AnyConnection,
+    task_id: Uuid,
+    number: i64,
+    now: time::OffsetDateTime,
+) -> Result<agentry_domain::Task, crate::DbError> {
+    use crate::tasks::{TransitionDetails, get_task, transition_task};
+    use agentry_domain::Trigger;
+    let none = TransitionDetails::default();
+    transition_task(conn, task_id, Trigger::Claim, &none, now)?;
+    transition_task(conn, task_id, Trigger::AgentStarted, &none, now)?;
+    let url = format!("{}/pull/{number}", get_task(conn, task_id)?.repo_url);
+    let details = TransitionDetails {
+        pull_request: Some((url, number)),
+        ..TransitionDetails::default()
+    };
+    Ok(transition_task(conn, task_id, Trigger::PullRequestOpened, &details, now)?.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::database_url;

@@ -198,17 +198,11 @@ pub fn link_issue(db: &Db, repo: &Repository, issue_number: i64) -> agentry_doma
 /// Takes `task` through claim, start and `PullRequestOpened` (pull request `pr_number` of
 /// its repository, opened at `at(3)`), so that it waits in `pr_opened`.
 pub fn open_pull(db: &Db, task: &agentry_domain::Task, pr_number: i64) -> agentry_domain::Task {
-    use agentry_domain::Trigger;
-    use agentry_persistence::tasks::TransitionDetails;
-    let mut conn = db.conn().unwrap();
-    let none = TransitionDetails::default();
-    tasks::transition_task(&mut conn, task.id, Trigger::Claim, &none, at(1)).unwrap();
-    tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &none, at(2)).unwrap();
-    let pr = TransitionDetails {
-        pull_request: Some((format!("{}/pull/{pr_number}", task.repo_url), pr_number)),
-        ..Default::default()
-    };
-    tasks::transition_task(&mut conn, task.id, Trigger::PullRequestOpened, &pr, at(3))
-        .unwrap()
-        .0
+    agentry_persistence::test_support::open_pull_request(
+        &mut db.conn().unwrap(),
+        task.id,
+        pr_number,
+        at(3),
+    )
+    .unwrap()
 }
