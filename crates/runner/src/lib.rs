@@ -1,3 +1,144 @@
-//! agentry's agent runner: claiming queued tasks, git workspaces, the Claude Code and Codex
-//! adapters with exact cost capture, and process control. Built by the agent-run capability;
-//! this crate has no code yet, and nothing in the workspace depends on it.
+//! agentry's agent runner.
+//!
+//! What exists now is the pure, text-only part: the parsers of the two agent CLIs' output
+//! (SPEC §6.2) and the price table used to cost Codex runs. No processes, git or database
+//! here yet; claiming tasks, workspaces and process control come later.
+//!
+//! - [`claude::parse_claude`] reads `claude -p --output-format stream-json --verbose`
+//!   output (one JSON event per line) and takes cost, tokens, turns, model and outcome from
+//!   the final `result` event. The cost is read exactly from the JSON text.
+//! - [`codex::parse_codex`] reads `codex exec --json` output (JSON Lines events), sums the
+//!   tokens of every `turn.completed` event and prices them with a [`PriceTable`].
+//! - [`prices::PriceTable`]: per-million-token prices as exact decimals, a built-in table
+//!   and a JSON override format (`AGENTRY_PRICES_FILE`).
+//!
+//! Both parsers return a [`RunReport`]; they never panic and never fail: whatever could not
+//! be understood becomes an [`AgentOutcome::Unparseable`] outcome or a warning.
+
+pub mod claude;
+pub mod codex;
+pub mod prices;
+
+use agentry_domain::money::Usd;
+
+pub use claude::parse_claude;
+pub use codex::parse_codex;
+pub use prices::{ModelPrice, PriceError, PriceTable};
+
+/// What one agent run reported, as read from its output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunReport {
+    /// The model that did (most of) the work, if known.
+    pub model: Option<String>,
+    /// The exact cost of the run, if known. `None` means unknown, never zero.
+    pub cost_usd: Option<Usd>,
+    /// All input tokens: uncached input plus cache reads plus cache writes.
+    pub input_tokens: i64,
+    /// The part of [`RunReport::input_tokens`] read from the prompt cache.
+    pub cache_read_tokens: i64,
+    /// The part of [`RunReport::input_tokens`] written to the prompt cache (Claude only;
+    /// always 0 for Codex, which does not report it).
+    pub cache_write_tokens: i64,
+    /// Output tokens.
+    pub output_tokens: i64,
+    /// The number of turns, if reported.
+    pub turns: Option<i32>,
+    /// How the run ended.
+    pub outcome: AgentOutcome,
+    /// The agent's final message, if any.
+    pub final_text: Option<String>,
+    /// Things that were odd in the output but did not stop the parse (skipped lines,
+    /// unparseable figures, an unpriced model…), one sentence each.
+    pub warnings: Vec<String>,
+}
+
+impl RunReport {
+    /// An empty report with the given outcome: no model, no cost, zero tokens.
+    fn empty(outcome: AgentOutcome) -> Self {
+        RunReport {
+            model: None,
+            cost_usd: None,
+            input_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 0,
+            turns: None,
+            outcome,
+            final_text: None,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// How an agent run ended, according to its output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentOutcome {
+    /// The agent finished its work.
+    Success,
+    /// The agent stopped because it reached its turn limit.
+    MaxTurns,
+    /// The agent stopped because it reached its spending limit.
+    MaxBudget,
+    /// The agent reported an error; holds its message.
+    Error(String),
+    /// The output could not be understood (e.g. it was cut off before the final event);
+    /// holds a sentence saying why.
+    Unparseable(String),
+}
+
+impl AgentOutcome {
+    /// Whether the run succeeded.
+    pub fn is_success(&self) -> bool {
+        matches!(self, AgentOutcome::Success)
+    }
+}
+
+/// The longest excerpt of agent text quoted in a warning or message.
+const MAX_QUOTED_CHARS: usize = 200;
+
+/// At most [`MAX_QUOTED_CHARS`] characters of `text`, with `…` if cut.
+fn excerpt(text: &str) -> String {
+    let mut out: String = text.chars().take(MAX_QUOTED_CHARS).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// The most warnings kept in a report; further ones are counted in a last warning.
+const MAX_WARNINGS: usize = 50;
+
+/// Collects warnings up to [`MAX_WARNINGS`], counting the rest.
+#[derive(Debug, Default)]
+struct Warnings {
+    kept: Vec<String>,
+    dropped: usize,
+}
+
+impl Warnings {
+    /// Records one warning.
+    fn push(&mut self, warning: String) {
+        if self.kept.len() < MAX_WARNINGS {
+            self.kept.push(warning);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// The warnings, with a final count of dropped ones if any.
+    fn finish(mut self) -> Vec<String> {
+        if self.dropped > 0 {
+            self.kept
+                .push(format!("{} more warnings not shown", self.dropped));
+        }
+        self.kept
+    }
+}
+
+/// A JSON integer as a non-negative token count, or `None` (absent, negative, fractional,
+/// too large, not a number).
+fn token_count(value: Option<&serde_json::Value>) -> Option<i64> {
+    value
+        .and_then(serde_json::Value::as_i64)
+        .filter(|n| *n >= 0)
+}

@@ -1,0 +1,282 @@
+//! The parser of Claude Code's `claude -p --output-format stream-json --verbose` output.
+//!
+//! The output is one JSON object per line: a `system`/`init` event (with the `model`), then
+//! `assistant` and `user` events, and last a `result` event:
+//!
+//! ```json
+//! {"type":"result","subtype":"success","is_error":false,"num_turns":3,"result":"Done.",
+//!  "total_cost_usd":0.123456,"usage":{…},
+//!  "modelUsage":{"claude-sonnet-4-5-20250929":{"inputTokens":12,"outputTokens":845,
+//!    "cacheReadInputTokens":40100,"cacheCreationInputTokens":9200,"costUSD":0.118…}}}
+//! ```
+//!
+//! `subtype` is `success`, `error_max_turns`, `error_max_budget_usd` or
+//! `error_during_execution`. Cost and tokens exist only in the `result` event: output cut
+//! off before it reports no cost at all.
+
+use std::collections::BTreeMap;
+
+use agentry_domain::money::Usd;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::{AgentOutcome, RunReport, Warnings, excerpt, token_count};
+
+/// The fields of the final `result` event that agentry reads. Money fields stay raw JSON
+/// text so they are parsed exactly by [`Usd::from_json_number`].
+#[derive(Debug, Deserialize)]
+struct ResultEvent {
+    subtype: Option<String>,
+    is_error: Option<bool>,
+    num_turns: Option<serde_json::Value>,
+    result: Option<serde_json::Value>,
+    total_cost_usd: Option<Box<RawValue>>,
+    #[serde(rename = "modelUsage")]
+    model_usage: Option<BTreeMap<String, ModelUsage>>,
+    errors: Option<serde_json::Value>,
+}
+
+/// One model's entry of `modelUsage`.
+#[derive(Debug, Deserialize)]
+struct ModelUsage {
+    #[serde(rename = "inputTokens")]
+    input_tokens: Option<serde_json::Value>,
+    #[serde(rename = "outputTokens")]
+    output_tokens: Option<serde_json::Value>,
+    #[serde(rename = "cacheReadInputTokens")]
+    cache_read_input_tokens: Option<serde_json::Value>,
+    #[serde(rename = "cacheCreationInputTokens")]
+    cache_creation_input_tokens: Option<serde_json::Value>,
+    #[serde(rename = "costUSD")]
+    cost_usd: Option<Box<RawValue>>,
+}
+
+/// Parses the whole stdout of a Claude Code run.
+///
+/// - Lines that are not JSON objects (stderr noise) are skipped with a warning.
+/// - The model of the `system`/`init` event is remembered as a fallback.
+/// - The last `result` event gives: cost = `total_cost_usd` exactly; tokens summed over
+///   `modelUsage` (input = `inputTokens` + `cacheReadInputTokens` +
+///   `cacheCreationInputTokens`, the two cache parts also reported separately; output =
+///   `outputTokens`); model = the `modelUsage` key with the largest `costUSD` (compared
+///   exactly; ties go to the first name in sorted order), else the init model;
+///   turns = `num_turns`; final text = `result`; outcome from `subtype`/`is_error`.
+/// - No `result` event → [`AgentOutcome::Unparseable`], no cost and zero tokens (Claude
+///   Code reports neither before that event), the init model if seen.
+///
+/// Never panics.
+pub fn parse_claude(output: &str) -> RunReport {
+    let mut warnings = Warnings::default();
+    let mut init_model: Option<String> = None;
+    let mut last_result: Option<(usize, &str)> = None;
+    let mut results_seen = 0_usize;
+
+    for (index, line) in output.lines().enumerate() {
+        let line_no = index + 1;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let value: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(_) => {
+                warnings.push(format!(
+                    "line {line_no}: not JSON, skipped: {}",
+                    excerpt(line)
+                ));
+                continue;
+            }
+        };
+        let Some(object) = value.as_object() else {
+            warnings.push(format!("line {line_no}: not a JSON object, skipped"));
+            continue;
+        };
+        match object.get("type").and_then(serde_json::Value::as_str) {
+            Some("system") => {
+                if object.get("subtype").and_then(serde_json::Value::as_str) == Some("init")
+                    && let Some(model) = object.get("model").and_then(serde_json::Value::as_str)
+                {
+                    init_model = Some(model.to_owned());
+                }
+            }
+            Some("result") => {
+                results_seen += 1;
+                last_result = Some((line_no, line));
+            }
+            _ => {}
+        }
+    }
+
+    if results_seen > 1 {
+        warnings.push(format!(
+            "{results_seen} result events; the last one is used"
+        ));
+    }
+
+    let Some((line_no, line)) = last_result else {
+        let mut report = RunReport::empty(AgentOutcome::Unparseable(
+            "the output ended without a result event (cut off?); Claude Code reports cost and \
+             tokens only in that event, so none are known"
+                .into(),
+        ));
+        report.model = init_model;
+        report.warnings = warnings.finish();
+        return report;
+    };
+
+    let event: ResultEvent = match serde_json::from_str(line) {
+        Ok(e) => e,
+        Err(e) => {
+            let mut report = RunReport::empty(AgentOutcome::Unparseable(format!(
+                "line {line_no}: the result event has an unexpected shape: {}",
+                excerpt(&e.to_string())
+            )));
+            report.model = init_model;
+            report.warnings = warnings.finish();
+            return report;
+        }
+    };
+
+    let mut report = RunReport::empty(AgentOutcome::Success);
+
+    // Cost, exactly from the JSON text.
+    report.cost_usd = match &event.total_cost_usd {
+        None => {
+            warnings.push("the result event has no total_cost_usd".into());
+            None
+        }
+        Some(raw) => match Usd::from_json_number(raw.get()) {
+            Ok(cost) => Some(cost),
+            Err(e) => {
+                warnings.push(format!(
+                    "total_cost_usd {} is not a valid amount: {e}",
+                    excerpt(raw.get())
+                ));
+                None
+            }
+        },
+    };
+
+    // Tokens and the costliest model.
+    let mut costliest: Option<(&str, Usd)> = None;
+    for (model, usage) in event.model_usage.iter().flatten() {
+        let mut count = |field: &str, value: Option<&serde_json::Value>| -> i64 {
+            match (value, token_count(value)) {
+                (_, Some(n)) => n,
+                (None, None) => 0,
+                (Some(v), None) => {
+                    warnings.push(format!(
+                        "modelUsage {:?}: {field} {} is not a token count, counted as 0",
+                        excerpt(model),
+                        excerpt(&v.to_string())
+                    ));
+                    0
+                }
+            }
+        };
+        let input = count("inputTokens", usage.input_tokens.as_ref());
+        let read = count(
+            "cacheReadInputTokens",
+            usage.cache_read_input_tokens.as_ref(),
+        );
+        let write = count(
+            "cacheCreationInputTokens",
+            usage.cache_creation_input_tokens.as_ref(),
+        );
+        let output = count("outputTokens", usage.output_tokens.as_ref());
+        report.input_tokens = report
+            .input_tokens
+            .saturating_add(input)
+            .saturating_add(read)
+            .saturating_add(write);
+        report.cache_read_tokens = report.cache_read_tokens.saturating_add(read);
+        report.cache_write_tokens = report.cache_write_tokens.saturating_add(write);
+        report.output_tokens = report.output_tokens.saturating_add(output);
+
+        if let Some(raw) = &usage.cost_usd {
+            match Usd::from_json_number(raw.get()) {
+                Ok(cost) => {
+                    if costliest.is_none_or(|(_, best)| cost > best) {
+                        costliest = Some((model, cost));
+                    }
+                }
+                Err(e) => warnings.push(format!(
+                    "modelUsage {:?}: costUSD {} is not a valid amount: {e}",
+                    excerpt(model),
+                    excerpt(raw.get())
+                )),
+            }
+        }
+    }
+    if event.model_usage.is_none() {
+        warnings.push("the result event has no modelUsage; token counts are unknown".into());
+    }
+    report.model = costliest.map(|(m, _)| m.to_owned()).or(init_model);
+
+    report.turns = match &event.num_turns {
+        None => None,
+        Some(v) => match v
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .filter(|n| *n >= 0)
+        {
+            Some(n) => Some(n),
+            None => {
+                warnings.push(format!(
+                    "num_turns {} is not a turn count",
+                    excerpt(&v.to_string())
+                ));
+                None
+            }
+        },
+    };
+
+    report.final_text = match &event.result {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+
+    report.outcome = outcome(&event, report.final_text.as_deref());
+    report.warnings = warnings.finish();
+    report
+}
+
+/// The outcome of a `result` event.
+fn outcome(event: &ResultEvent, final_text: Option<&str>) -> AgentOutcome {
+    let is_error = event.is_error.unwrap_or(false);
+    match event.subtype.as_deref() {
+        Some("success") | None if !is_error => AgentOutcome::Success,
+        Some("error_max_turns") => AgentOutcome::MaxTurns,
+        Some("error_max_budget_usd") => AgentOutcome::MaxBudget,
+        subtype => {
+            let detail = error_detail(event.errors.as_ref())
+                .or_else(|| final_text.filter(|t| !t.trim().is_empty()).map(excerpt));
+            let subtype = subtype.map_or_else(|| "error".to_owned(), excerpt);
+            AgentOutcome::Error(match detail {
+                Some(detail) => format!("{subtype}: {detail}"),
+                None => format!("{subtype}: the agent reported an error"),
+            })
+        }
+    }
+}
+
+/// The `errors` array of a result event as one sentence, if it has any text.
+fn error_detail(errors: Option<&serde_json::Value>) -> Option<String> {
+    let items = errors?.as_array()?;
+    let texts: Vec<String> = items
+        .iter()
+        .filter_map(|e| match e {
+            serde_json::Value::String(s) => Some(s.clone()),
+            other => other
+                .get("message")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
+        })
+        .filter(|s| !s.trim().is_empty())
+        .collect();
+    if texts.is_empty() {
+        None
+    } else {
+        Some(excerpt(&texts.join("; ")))
+    }
+}

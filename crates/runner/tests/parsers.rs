@@ -1,0 +1,425 @@
+//! The parsers over recorded samples of each CLI's output, the price table, and
+//! never-panic properties.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use agentry_domain::money::Usd;
+use agentry_runner::{AgentOutcome, PriceError, PriceTable, RunReport, parse_claude, parse_codex};
+use proptest::prelude::*;
+
+fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn usd(text: &str) -> Usd {
+    Usd::parse(text).unwrap()
+}
+
+fn cost(report: &RunReport) -> Option<String> {
+    report.cost_usd.map(|c| c.to_string())
+}
+
+// ---------------------------------------------------------------- Claude Code
+
+#[test]
+fn claude_success() {
+    let r = parse_claude(&fixture("claude_success.jsonl"));
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_eq!(cost(&r).as_deref(), Some("0.123456"));
+    // The costlier of the two models, not the first nor the init one by accident.
+    assert_eq!(r.model.as_deref(), Some("claude-sonnet-4-5-20250929"));
+    // haiku 1203 + sonnet (26 + 74989 read + 9624 write).
+    assert_eq!(r.input_tokens, 1203 + 26 + 74_989 + 9_624);
+    assert_eq!(r.cache_read_tokens, 74_989);
+    assert_eq!(r.cache_write_tokens, 9_624);
+    assert_eq!(r.output_tokens, 61 + 1562);
+    assert_eq!(r.turns, Some(7));
+    assert_eq!(
+        r.final_text.as_deref(),
+        Some("Fixed the panic in `parse` by returning a `Result`; all tests pass.")
+    );
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert!(r.outcome.is_success());
+}
+
+#[test]
+fn claude_max_turns_rounds_float_noise() {
+    let r = parse_claude(&fixture("claude_max_turns.jsonl"));
+    assert_eq!(r.outcome, AgentOutcome::MaxTurns);
+    // 0.10837215000000001 in the JSON text, rounded to nano-dollars.
+    assert_eq!(cost(&r).as_deref(), Some("0.10837215"));
+    assert_eq!(r.model.as_deref(), Some("claude-opus-4-1-20250805"));
+    assert_eq!(r.input_tokens, 61 + 210_455 + 31_077);
+    assert_eq!(r.cache_read_tokens, 210_455);
+    assert_eq!(r.cache_write_tokens, 31_077);
+    assert_eq!(r.output_tokens, 2208);
+    assert_eq!(r.turns, Some(11));
+    assert_eq!(r.final_text, None);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn claude_max_budget_with_exponent_cost() {
+    let r = parse_claude(&fixture("claude_max_budget.jsonl"));
+    assert_eq!(r.outcome, AgentOutcome::MaxBudget);
+    assert_eq!(r.cost_usd, Some(usd("0.000012")));
+    assert_eq!(r.turns, Some(23));
+    assert_eq!((r.input_tokens, r.output_tokens), (5, 1));
+}
+
+#[test]
+fn claude_error_during_execution() {
+    let r = parse_claude(&fixture("claude_error_during_execution.jsonl"));
+    let AgentOutcome::Error(message) = &r.outcome else {
+        panic!("{:?}", r.outcome);
+    };
+    assert!(
+        message.starts_with("error_during_execution: API Error: 529"),
+        "{message}"
+    );
+    assert!(message.contains("Overloaded"), "{message}");
+    assert_eq!(cost(&r).as_deref(), Some("0.0311535"));
+    assert_eq!(r.input_tokens, 8003);
+    assert_eq!(r.turns, Some(2));
+    // The stderr noise on line 2 is skipped with a warning naming the line.
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    assert!(
+        r.warnings[0].starts_with("line 2: not JSON"),
+        "{:?}",
+        r.warnings
+    );
+}
+
+#[test]
+fn claude_truncated_is_unparseable_without_cost() {
+    let r = parse_claude(&fixture("claude_truncated.jsonl"));
+    let AgentOutcome::Unparseable(message) = &r.outcome else {
+        panic!("{:?}", r.outcome);
+    };
+    assert!(message.contains("without a result event"), "{message}");
+    assert!(message.contains("none are known"), "{message}");
+    assert_eq!(r.cost_usd, None);
+    assert_eq!((r.input_tokens, r.output_tokens), (0, 0));
+    assert_eq!(r.turns, None);
+    // The init event's model is still reported.
+    assert_eq!(r.model.as_deref(), Some("claude-haiku-4-5-20251001"));
+    assert!(r.warnings.iter().any(|w| w.starts_with("line 3: not JSON")));
+}
+
+#[test]
+fn claude_model_choice_compares_costs_exactly() {
+    // As f64 both costs are equal (1e-17 apart); exactly, "b" is costlier by less than a
+    // nano-dollar, so after rounding they tie and the first name in sorted order wins.
+    let tie = r#"{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"ok","total_cost_usd":0.3,"modelUsage":{"b":{"costUSD":0.15000000000000002},"a":{"costUSD":0.15}}}"#;
+    assert_eq!(parse_claude(tie).model.as_deref(), Some("a"));
+    let larger = r#"{"type":"result","subtype":"success","num_turns":1,"total_cost_usd":0.3,"modelUsage":{"a":{"costUSD":0.1},"b":{"costUSD":0.100000001}}}"#;
+    assert_eq!(parse_claude(larger).model.as_deref(), Some("b"));
+    // No modelUsage costs → the init model.
+    let init = "{\"type\":\"system\",\"subtype\":\"init\",\"model\":\"m-init\"}\n\
+                {\"type\":\"result\",\"subtype\":\"success\",\"total_cost_usd\":0,\"modelUsage\":{}}";
+    let r = parse_claude(init);
+    assert_eq!(r.model.as_deref(), Some("m-init"));
+    assert_eq!(r.cost_usd, Some(Usd::ZERO));
+}
+
+#[test]
+fn claude_bad_figures_are_warnings_never_fake_numbers() {
+    let text = r#"{"type":"result","subtype":"success","num_turns":-3,"total_cost_usd":-0.5,"modelUsage":{"x":{"inputTokens":1.5,"outputTokens":7,"costUSD":"0.1"}}}"#;
+    let r = parse_claude(text);
+    assert_eq!(r.cost_usd, None);
+    assert_eq!(r.turns, None);
+    assert_eq!((r.input_tokens, r.output_tokens), (0, 7));
+    assert_eq!(r.model, None);
+    assert_eq!(r.warnings.len(), 4, "{:?}", r.warnings);
+    assert!(r.warnings.iter().any(|w| w.contains("total_cost_usd")));
+    // A result event of the wrong shape is unparseable, not a crash.
+    let r = parse_claude(r#"{"type":"result","subtype":7}"#);
+    assert!(
+        matches!(r.outcome, AgentOutcome::Unparseable(_)),
+        "{:?}",
+        r.outcome
+    );
+    // Two result events: the last counts.
+    let two = "{\"type\":\"result\",\"subtype\":\"error_max_turns\",\"total_cost_usd\":1}\n\
+               {\"type\":\"result\",\"subtype\":\"success\",\"total_cost_usd\":2}";
+    let r = parse_claude(two);
+    assert_eq!(
+        (r.outcome.clone(), r.cost_usd),
+        (AgentOutcome::Success, Some(usd("2")))
+    );
+    assert!(r.warnings.iter().any(|w| w.contains("2 result events")));
+    // Empty output.
+    assert!(matches!(
+        parse_claude("").outcome,
+        AgentOutcome::Unparseable(_)
+    ));
+}
+
+#[test]
+fn claude_success_subtype_with_is_error_is_an_error() {
+    let text = r#"{"type":"result","subtype":"success","is_error":true,"result":"Invalid API key · Please run /login","total_cost_usd":0}"#;
+    assert_eq!(
+        parse_claude(text).outcome,
+        AgentOutcome::Error("success: Invalid API key · Please run /login".into())
+    );
+}
+
+// ---------------------------------------------------------------------- Codex
+
+#[test]
+fn codex_success_prices_tokens_exactly() {
+    let r = parse_codex(
+        &fixture("codex_success.jsonl"),
+        "gpt-5-codex",
+        &PriceTable::builtin(),
+    );
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_eq!(r.input_tokens, 24_763 + 1_000_000);
+    assert_eq!(r.cache_read_tokens, 24_448 + 500_000);
+    assert_eq!(r.cache_write_tokens, 0);
+    assert_eq!(r.output_tokens, 122 + 100_000);
+    assert_eq!(r.turns, Some(2));
+    assert_eq!(r.model.as_deref(), Some("gpt-5-codex"));
+    assert_eq!(
+        r.final_text.as_deref(),
+        Some("Fixed the off-by-one in `split_at`; all 13 tests pass.")
+    );
+    // (500315·1.25 + 524448·0.125 + 100122·10) / 10⁶ = 1.69216975
+    assert_eq!(cost(&r).as_deref(), Some("1.69216975"));
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn codex_unpriced_model_has_no_cost_and_a_warning() {
+    let r = parse_codex(
+        &fixture("codex_success.jsonl"),
+        "gpt-9-turbo",
+        &PriceTable::builtin(),
+    );
+    assert_eq!(r.cost_usd, None);
+    assert_eq!(r.output_tokens, 100_122);
+    assert_eq!(r.warnings.len(), 1);
+    assert!(
+        r.warnings[0].contains("\"gpt-9-turbo\""),
+        "{:?}",
+        r.warnings
+    );
+}
+
+#[test]
+fn codex_turn_failed() {
+    let r = parse_codex(
+        &fixture("codex_turn_failed.jsonl"),
+        "gpt-5-codex",
+        &PriceTable::builtin(),
+    );
+    assert_eq!(
+        r.outcome,
+        AgentOutcome::Error(
+            "turn failed: stream disconnected before completion: Rate limit reached for gpt-5-codex"
+                .into()
+        )
+    );
+    assert_eq!(
+        (r.input_tokens, r.output_tokens, r.turns),
+        (5000, 300, Some(1))
+    );
+    // The completed turn's tokens are still priced: (5000·1.25 + 300·10) / 10⁶.
+    assert_eq!(cost(&r).as_deref(), Some("0.00925"));
+    assert_eq!(r.final_text.as_deref(), Some("Starting on the migration."));
+}
+
+#[test]
+fn codex_error_then_completed_turn_is_a_warning() {
+    let text = "{\"type\":\"error\",\"message\":\"Reconnecting... 1/5\"}\n\
+                {\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":10,\"cached_input_tokens\":0,\"output_tokens\":1}}";
+    let r = parse_codex(text, "gpt-5", &PriceTable::builtin());
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("Reconnecting")),
+        "{:?}",
+        r.warnings
+    );
+}
+
+#[test]
+fn codex_truncated_is_unparseable() {
+    let r = parse_codex(
+        &fixture("codex_truncated.jsonl"),
+        "gpt-5",
+        &PriceTable::builtin(),
+    );
+    assert!(
+        matches!(r.outcome, AgentOutcome::Unparseable(_)),
+        "{:?}",
+        r.outcome
+    );
+    assert_eq!(r.cost_usd, None);
+    assert_eq!(r.turns, Some(0));
+    assert!(
+        r.warnings.iter().any(|w| w.starts_with("line 4: not JSON")),
+        "{:?}",
+        r.warnings
+    );
+}
+
+// ---------------------------------------------------------------- Price table
+
+#[test]
+fn builtin_prices() {
+    let table = PriceTable::builtin();
+    let p = table.get("gpt-5").unwrap();
+    assert_eq!(p.input.to_string(), "1.25");
+    assert_eq!(p.cached_input.to_string(), "0.125");
+    assert_eq!(p.output.to_string(), "10");
+    assert!(table.get("gpt-5-mini").is_some());
+    assert!(table.get("GPT-5").is_none());
+    assert!(table.models().count() >= 5);
+}
+
+#[test]
+fn cost_rounds_half_away_from_zero_to_nanos() {
+    let table = PriceTable::from_json(
+        r#"{"tiny": {"input": "0.0005", "cachedInput": "0", "output": "0.00049"}}"#,
+    )
+    .unwrap();
+    let p = table.get("tiny").unwrap();
+    // 1 token at $0.0005/M = 5e-10 → rounds up to one nano-dollar.
+    assert_eq!(p.cost(1, 0, 0), Some(usd("0.000000001")));
+    // 1 token at $0.00049/M = 4.9e-10 → rounds to zero.
+    assert_eq!(p.cost(0, 0, 1), Some(Usd::ZERO));
+    // Cached above input is clamped; negative counts refused.
+    assert_eq!(p.cost(2, 5, 0), Some(Usd::ZERO));
+    assert_eq!(p.cost(-1, 0, 0), None);
+    // Huge counts do not panic.
+    let _ = PriceTable::builtin()
+        .get("gpt-5")
+        .unwrap()
+        .cost(i64::MAX, 0, i64::MAX);
+}
+
+#[test]
+fn price_override_file() {
+    let text = r#"{"gpt-5": {"input": "2", "cachedInput": "0.2", "output": "20"},
+                   "local-model": {"input": "0", "cachedInput": "0", "output": "0"}}"#;
+    let overrides = PriceTable::from_json(text).unwrap();
+    let merged = PriceTable::builtin().merged_with(overrides);
+    assert_eq!(merged.get("gpt-5").unwrap().output.to_string(), "20");
+    assert_eq!(merged.get("local-model").unwrap().input.to_string(), "0");
+    assert!(merged.get("gpt-5-mini").is_some());
+    let r = parse_codex(
+        "{\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":1000000,\"cached_input_tokens\":0,\"output_tokens\":0}}",
+        "gpt-5",
+        &merged,
+    );
+    assert_eq!(r.cost_usd, Some(usd("2")));
+}
+
+#[test]
+fn bad_price_files_name_the_entry() {
+    let entry_error = |text: &str| match PriceTable::from_json(text) {
+        Err(PriceError::Entry { model, reason }) => (model, reason),
+        other => panic!("{text}: {other:?}"),
+    };
+    let (model, reason) = entry_error(
+        r#"{"ok": {"input": "1", "cachedInput": "0.1", "output": "2"}, "bad-model": {"input": 1.25, "cachedInput": "0.1", "output": "2"}}"#,
+    );
+    assert_eq!(model, "bad-model");
+    assert!(reason.starts_with("input:"), "{reason}");
+    let (model, reason) =
+        entry_error(r#"{"m": {"input": "1", "cachedInput": "-0.1", "output": "2"}}"#);
+    assert_eq!(model, "m");
+    assert!(reason.starts_with("cachedInput:"), "{reason}");
+    let (_, reason) = entry_error(r#"{"m": {"input": "1", "cachedInput": "1e-3", "output": "2"}}"#);
+    assert!(reason.starts_with("cachedInput:"), "{reason}");
+    let (_, reason) = entry_error(r#"{"m": {"input": "1", "cachedInput": "1"}}"#);
+    assert_eq!(reason, "output: missing");
+    let (_, reason) =
+        entry_error(r#"{"m": {"input": "1", "cachedInput": "1", "output": "1", "outptu": "1"}}"#);
+    assert!(reason.contains("outptu"), "{reason}");
+    let (_, reason) = entry_error(r#"{"m": "1.25"}"#);
+    assert!(reason.contains("must be an object"), "{reason}");
+    let err = PriceTable::from_json(r#"{"m": {"input": "1", "cachedInput": "1", "output": "x"}}"#)
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("price entry \"m\": output:"),
+        "{err}"
+    );
+    assert!(matches!(
+        PriceTable::from_json("[]"),
+        Err(PriceError::NotAnObject)
+    ));
+    assert!(matches!(
+        PriceTable::from_json("{"),
+        Err(PriceError::Json(_))
+    ));
+}
+
+// ------------------------------------------------------------------ Proptests
+
+const FIXTURES: &[&str] = &[
+    "claude_success.jsonl",
+    "claude_max_turns.jsonl",
+    "claude_max_budget.jsonl",
+    "claude_error_during_execution.jsonl",
+    "claude_truncated.jsonl",
+    "codex_success.jsonl",
+    "codex_turn_failed.jsonl",
+    "codex_truncated.jsonl",
+];
+
+/// Applies byte edits (position, new byte or deletion) to `text`, lossily back to UTF-8.
+fn mutate(text: &str, edits: &[(usize, Option<u8>)]) -> String {
+    let mut bytes = text.as_bytes().to_vec();
+    for &(pos, byte) in edits {
+        if bytes.is_empty() {
+            break;
+        }
+        let pos = pos % bytes.len();
+        match byte {
+            Some(b) => bytes[pos] = b,
+            None => {
+                bytes.remove(pos);
+            }
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn both(text: &str) {
+    let _ = parse_claude(text);
+    let _ = parse_codex(text, "gpt-5", &PriceTable::builtin());
+    let _ = PriceTable::from_json(text);
+}
+
+proptest! {
+    #[test]
+    fn never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2000)) {
+        both(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn never_panics_on_json_like_lines(lines in proptest::collection::vec(
+        r#"\{"type":"(result|system|turn\.completed|turn\.failed|error|item\.completed)"(,"[a-zA-Z_]{1,20}":([0-9eE.+-]{1,12}|"[^"\\]{0,10}"|null|true|\{\}|\[\]))*\}"#,
+        0..20,
+    )) {
+        both(&lines.join("\n"));
+    }
+
+    #[test]
+    fn never_panics_on_mutated_fixtures(
+        index in 0..FIXTURES.len(),
+        edits in proptest::collection::vec((any::<usize>(), proptest::option::of(any::<u8>())), 1..20),
+    ) {
+        both(&mutate(&fixture(FIXTURES[index]), &edits));
+    }
+
+    #[test]
+    fn claude_cost_is_exact(int in 0_u32..1000, frac in "[0-9]{1,9}") {
+        let text = format!(
+            r#"{{"type":"result","subtype":"success","total_cost_usd":{int}.{frac},"modelUsage":{{}}}}"#
+        );
+        let r = parse_claude(&text);
+        prop_assert_eq!(r.cost_usd, Some(usd(&format!("{int}.{frac}"))));
+    }
+}
