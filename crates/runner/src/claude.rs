@@ -20,7 +20,7 @@ use agentry_domain::money::Usd;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::{AgentOutcome, RunReport, Warnings, excerpt, token_count};
+use crate::{AgentOutcome, RunReport, Warnings, excerpt, json_objects, token_count};
 
 /// The fields of the final `result` event that agentry reads. Money fields stay raw JSON
 /// text so they are parsed exactly by [`Usd::from_json_number`].
@@ -71,26 +71,8 @@ pub fn parse_claude(output: &str) -> RunReport {
     let mut last_result: Option<(usize, &str)> = None;
     let mut results_seen = 0_usize;
 
-    for (index, line) in output.lines().enumerate() {
-        let line_no = index + 1;
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let value: serde_json::Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(_) => {
-                warnings.push(format!(
-                    "line {line_no}: not JSON, skipped: {}",
-                    excerpt(line)
-                ));
-                continue;
-            }
-        };
-        let Some(object) = value.as_object() else {
-            warnings.push(format!("line {line_no}: not a JSON object, skipped"));
-            continue;
-        };
+    for (line_no, line, object) in json_objects(output, &mut warnings) {
+        let object = &object;
         match object.get("type").and_then(serde_json::Value::as_str) {
             Some("system") => {
                 if object.get("subtype").and_then(serde_json::Value::as_str) == Some("init")

@@ -10,7 +10,7 @@
 //! Codex reports no money: the cost is computed from the tokens with a [`PriceTable`].
 
 use crate::prices::PriceTable;
-use crate::{AgentOutcome, RunReport, Warnings, excerpt, token_count};
+use crate::{AgentOutcome, RunReport, Warnings, excerpt, json_objects, token_count};
 
 /// Parses the whole stdout of a Codex run launched with `model`, pricing it with `prices`.
 ///
@@ -34,26 +34,8 @@ pub fn parse_codex(output: &str, model: &str, prices: &PriceTable) -> RunReport 
     let mut turns: i64 = 0;
     let mut pending_error: Option<String> = None;
 
-    for (index, line) in output.lines().enumerate() {
-        let line_no = index + 1;
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let value: serde_json::Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(_) => {
-                warnings.push(format!(
-                    "line {line_no}: not JSON, skipped: {}",
-                    excerpt(line)
-                ));
-                continue;
-            }
-        };
-        let Some(object) = value.as_object() else {
-            warnings.push(format!("line {line_no}: not a JSON object, skipped"));
-            continue;
-        };
+    for (line_no, _, object) in json_objects(output, &mut warnings) {
+        let object = &object;
         match object.get("type").and_then(serde_json::Value::as_str) {
             Some("turn.completed") => {
                 turns += 1;
