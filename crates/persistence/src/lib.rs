@@ -11,7 +11,7 @@
 //! code-host issues behind the issues view), [`outbox`] (code-host side effects),
 //! [`pulls`] (pull-request tracking: what the poller visits, applying a pull request's fate),
 //! [`webhooks`] (delivery de-duplication), [`leader`] (an exclusive role among replicas, such
-//! as the poller), [`rollups`] (cost rollups), [`tokens`], [`secrets`] and [`meta`].
+//! as the poller), [`runner`] (task claims and leases, run logs), [`rollups`] (cost rollups), [`tokens`], [`secrets`] and [`meta`].
 //!
 //! Storage conventions (shared by both backends): ids are UUID text, times are UTC
 //! `TIMESTAMP`s at microsecond precision, money is `BIGINT` nano-dollars.
@@ -26,6 +26,7 @@ pub mod outbox;
 pub mod pulls;
 pub mod repos;
 pub mod rollups;
+pub mod runner;
 pub mod schema;
 pub mod secrets;
 pub mod tasks;

@@ -89,6 +89,16 @@ diesel::table! {
 }
 
 diesel::table! {
+    run_logs (run_id) {
+        run_id -> Text,
+        task_id -> Text,
+        content -> Text,
+        truncated -> Bool,
+        created_at -> Timestamp,
+    }
+}
+
+diesel::table! {
     task_events (id) {
         id -> Text,
         task_id -> Text,
@@ -171,6 +181,7 @@ diesel::joinable!(tasks -> repositories (repo_id));
 diesel::joinable!(issue_links -> tasks (task_id));
 diesel::joinable!(task_runs -> tasks (task_id));
 diesel::joinable!(task_events -> tasks (task_id));
+diesel::joinable!(run_logs -> task_runs (run_id));
 diesel::joinable!(synced_issues -> repositories (repo_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
@@ -178,6 +189,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     tasks,
     issue_links,
     task_runs,
+    run_logs,
     task_events,
     secrets,
     api_tokens,

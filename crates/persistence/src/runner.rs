@@ -1,0 +1,301 @@
+//! What the agent runner needs from storage (SPEC §2.2, §6.1): claiming the oldest queued
+//! task under a lease, renewing the lease while the run goes on, finding and recovering
+//! tasks whose lease expired (their runner died), and the output log of each recorded run.
+//!
+//! A lease is the pair (`lease_owner`, `lease_expires_at`) on the task row. The owner is an
+//! id the claiming process chose for itself; the expiry is pushed forward by
+//! [`renew_lease`]. Every transition out of `provisioning`/`running` clears it
+//! ([`crate::tasks::transition_task`]).
+//!
+//! Claiming is safe among several replicas: on PostgreSQL the candidate row is read with
+//! `FOR UPDATE SKIP LOCKED` (a competitor skips it instead of waiting), and the update is a
+//! compare-and-set on `state = 'queued'` in any case; SQLite's immediate transaction
+//! serialises claimers.
+
+use agentry_domain::{Task, TaskState, Transition, Trigger};
+use diesel::prelude::*;
+use time::{Duration, OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, from_db, to_db};
+use crate::rollups::{self, Deltas};
+use crate::schema::{run_logs, task_events, task_runs, tasks};
+use crate::tasks::{self as task_store, Run, TransitionDetails};
+use crate::{AnyConnection, DbError, write_tx};
+
+/// The most bytes of agent output stored per run; beyond it the head is dropped (the end,
+/// which holds the agent's final result, is kept).
+pub const MAX_LOG_BYTES: usize = 8 * 1024 * 1024;
+
+/// Claims the oldest `queued` task for `owner` with a lease until `now + lease`: moves it to
+/// `provisioning` (event `claim`, `startedAt` set) and returns it, or `None` when nothing is
+/// queued.
+pub fn claim_next(
+    conn: &mut AnyConnection,
+    owner: &str,
+    now: OffsetDateTime,
+    lease: Duration,
+) -> Result<Option<Task>, DbError> {
+    let at = to_db(now);
+    let until = to_db(now + lease);
+    write_tx(conn, |conn| {
+        // A few candidates in case another claimer wins the compare-and-set on one of them
+        // (possible on PostgreSQL between our read and our update only without the row lock,
+        // i.e. never with SKIP LOCKED; kept as a guard).
+        for _ in 0..4 {
+            let Some(id) = oldest_queued(conn)? else {
+                return Ok(None);
+            };
+            let before = task_store::get_task(conn, convert::uuid(&id)?)?;
+            let updated = diesel::update(
+                tasks::table
+                    .filter(tasks::id.eq(&id))
+                    .filter(tasks::state.eq(TaskState::Queued.as_str())),
+            )
+            .set((
+                tasks::state.eq(TaskState::Provisioning.as_str()),
+                tasks::lease_owner.eq(owner),
+                tasks::lease_expires_at.eq(until),
+                tasks::started_at.eq(at),
+                tasks::updated_at.eq(at),
+            ))
+            .execute(conn)?;
+            if updated == 0 {
+                continue;
+            }
+            diesel::insert_into(task_events::table)
+                .values((
+                    task_events::id.eq(Uuid::now_v7().to_string()),
+                    task_events::task_id.eq(&id),
+                    task_events::from_state.eq(Some(TaskState::Queued.as_str())),
+                    task_events::to_state.eq(TaskState::Provisioning.as_str()),
+                    task_events::reason.eq(Trigger::Claim.as_str()),
+                    task_events::at.eq(at),
+                ))
+                .execute(conn)?;
+            let after = task_store::get_task(conn, before.id)?;
+            rollups::apply(conn, Deltas::change(Some(&before), Some(&after))?)?;
+            return Ok(Some(after));
+        }
+        Ok(None)
+    })
+}
+
+/// The id of the oldest queued task, locked for this transaction on PostgreSQL (skipping
+/// rows other claimers hold).
+fn oldest_queued(conn: &mut AnyConnection) -> Result<Option<String>, DbError> {
+    let query = tasks::table
+        .filter(tasks::state.eq(TaskState::Queued.as_str()))
+        .order((tasks::created_at.asc(), tasks::id.asc()))
+        .select(tasks::id)
+        .limit(1);
+    let id = match conn {
+        AnyConnection::Postgresql(pg) => query
+            .for_update()
+            .skip_locked()
+            .first::<String>(pg)
+            .optional()?,
+        AnyConnection::Sqlite(lite) => query.first::<String>(lite).optional()?,
+    };
+    Ok(id)
+}
+
+/// Pushes the lease of a task `owner` holds to `until`. Returns `false` when the lease is no
+/// longer this owner's: the task left `provisioning`/`running` (it was cancelled, or its
+/// lease expired and another runner recovered it). The runner must then stop its run.
+pub fn renew_lease(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    owner: &str,
+    until: OffsetDateTime,
+) -> Result<bool, DbError> {
+    let updated = diesel::update(
+        tasks::table
+            .filter(tasks::id.eq(id.to_string()))
+            .filter(tasks::lease_owner.eq(owner))
+            .filter(tasks::state.eq_any([
+                TaskState::Provisioning.as_str(),
+                TaskState::Running.as_str(),
+            ])),
+    )
+    .set(tasks::lease_expires_at.eq(to_db(until)))
+    .execute(conn)?;
+    Ok(updated == 1)
+}
+
+/// A task whose runner's lease ran out.
+#[derive(Debug, Clone)]
+pub struct ExpiredLease {
+    /// The task, still in `provisioning` or `running`.
+    pub task: Task,
+    /// Who held the lease.
+    pub owner: String,
+    /// When it expired.
+    pub expired_at: OffsetDateTime,
+}
+
+/// Tasks in `provisioning`/`running` whose lease expired before `before`, oldest expiry
+/// first, at most `limit`. Tasks without a lease (imported history) are never returned.
+pub fn expired_leases(
+    conn: &mut AnyConnection,
+    before: OffsetDateTime,
+    limit: i64,
+) -> Result<Vec<ExpiredLease>, DbError> {
+    let rows: Vec<(String, Option<String>, Option<PrimitiveDateTime>)> = tasks::table
+        .filter(tasks::state.eq_any([
+            TaskState::Provisioning.as_str(),
+            TaskState::Running.as_str(),
+        ]))
+        .filter(tasks::lease_expires_at.lt(to_db(before)))
+        .order((tasks::lease_expires_at.asc(), tasks::id.asc()))
+        .select((tasks::id, tasks::lease_owner, tasks::lease_expires_at))
+        .limit(limit)
+        .load(conn)?;
+    rows.into_iter()
+        .filter_map(|(id, owner, expires)| Some((id, owner?, expires?)))
+        .map(|(id, owner, expires)| {
+            Ok(ExpiredLease {
+                task: task_store::get_task(conn, convert::uuid(&id)?)?,
+                owner,
+                expired_at: from_db(expires),
+            })
+        })
+        .collect()
+}
+
+/// Recovers a task whose lease (held by `owner`) expired before `before`, in one
+/// transaction: records `lost_run` (the dead runner's run, with whatever its output showed)
+/// and its log, and applies [`Trigger::LeaseExpired`]: back to `queued` with the attempt
+/// + 1, or `failed` after the last attempt. Returns `None` when the lease is no longer
+/// expired or no longer `owner`'s (it was renewed, or someone else recovered it).
+pub fn recover_expired(
+    conn: &mut AnyConnection,
+    expired: &ExpiredLease,
+    before: OffsetDateTime,
+    lost_run: Option<(&Run, Option<&RunLog>)>,
+    now: OffsetDateTime,
+) -> Result<Option<(Task, Transition)>, DbError> {
+    write_tx(conn, |conn| {
+        // Take the lease away first: this row update is the compare-and-set that makes one
+        // recoverer win, and it locks the row for the rest of the transaction.
+        let taken = diesel::update(
+            tasks::table
+                .filter(tasks::id.eq(expired.task.id.to_string()))
+                .filter(tasks::lease_owner.eq(&expired.owner))
+                .filter(tasks::lease_expires_at.lt(to_db(before)))
+                .filter(tasks::attempt.eq(expired.task.attempt))
+                .filter(tasks::state.eq_any([
+                    TaskState::Provisioning.as_str(),
+                    TaskState::Running.as_str(),
+                ])),
+        )
+        .set(tasks::lease_owner.eq(None::<String>))
+        .execute(conn)?;
+        if taken == 0 {
+            return Ok(None);
+        }
+        if let Some((run, log)) = lost_run {
+            task_store::record_run(conn, run)?;
+            if let Some(log) = log {
+                save_run_log(conn, run.id, run.task_id, log, now)?;
+            }
+        }
+        let attempt = expired.task.attempt;
+        let details = TransitionDetails {
+            reason: Some(format!(
+                "the runner of attempt {attempt} stopped renewing its lease"
+            )),
+            error_message: Some(format!(
+                "the runner died during each of {attempt} attempts; not retried again"
+            )),
+            pull_request: None,
+        };
+        let (task, t) = task_store::transition_task(
+            conn,
+            expired.task.id,
+            Trigger::LeaseExpired,
+            &details,
+            now,
+        )?;
+        Ok(Some((task, t)))
+    })
+}
+
+/// The output of one run, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunLog {
+    /// The agent's output (at most [`MAX_LOG_BYTES`]).
+    pub content: String,
+    /// Whether the head of the output was dropped to fit.
+    pub truncated: bool,
+}
+
+impl RunLog {
+    /// The log of `output`: NUL characters removed (PostgreSQL text cannot hold them), and
+    /// cut to its last [`MAX_LOG_BYTES`] bytes at a character boundary.
+    pub fn of(output: &str) -> RunLog {
+        let clean: std::borrow::Cow<'_, str> = if output.contains('\0') {
+            output.replace('\0', "").into()
+        } else {
+            output.into()
+        };
+        if clean.len() <= MAX_LOG_BYTES {
+            return RunLog {
+                content: clean.into_owned(),
+                truncated: false,
+            };
+        }
+        let mut start = clean.len() - MAX_LOG_BYTES;
+        while !clean.is_char_boundary(start) {
+            start += 1;
+        }
+        RunLog {
+            content: clean[start..].to_owned(),
+            truncated: true,
+        }
+    }
+}
+
+/// Stores the log of a recorded run (call in the transaction that records the run).
+pub fn save_run_log(
+    conn: &mut AnyConnection,
+    run_id: Uuid,
+    task_id: Uuid,
+    log: &RunLog,
+    at: OffsetDateTime,
+) -> Result<(), DbError> {
+    diesel::insert_into(run_logs::table)
+        .values((
+            run_logs::run_id.eq(run_id.to_string()),
+            run_logs::task_id.eq(task_id.to_string()),
+            run_logs::content.eq(&log.content),
+            run_logs::truncated.eq(log.truncated),
+            run_logs::created_at.eq(to_db(at)),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The log of the task's latest recorded run (by start time) that has one, with the run's
+/// id and attempt.
+pub fn latest_run_log(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+) -> Result<Option<(Uuid, i32, RunLog)>, DbError> {
+    let row: Option<(String, i32, String, bool)> = run_logs::table
+        .inner_join(task_runs::table)
+        .filter(run_logs::task_id.eq(task_id.to_string()))
+        .order((task_runs::started_at.desc(), task_runs::id.desc()))
+        .select((
+            run_logs::run_id,
+            task_runs::attempt,
+            run_logs::content,
+            run_logs::truncated,
+        ))
+        .first(conn)
+        .optional()?;
+    row.map(|(id, attempt, content, truncated)| {
+        Ok((convert::uuid(&id)?, attempt, RunLog { content, truncated }))
+    })
+    .transpose()
+}

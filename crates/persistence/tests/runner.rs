@@ -1,0 +1,173 @@
+//! Claims, leases, lease recovery and run logs (SPEC §2.2, §6.1), on both backends.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use agentry_domain::{AgentType, TaskState, Trigger};
+use agentry_persistence::runner::{self, MAX_LOG_BYTES, RunLog};
+use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
+use common::*;
+use time::Duration;
+use uuid::Uuid;
+
+const LEASE: Duration = Duration::seconds(60);
+
+fn lost_run(task: &agentry_domain::Task, cost: Option<&str>) -> Run {
+    Run {
+        id: Uuid::new_v4(),
+        task_id: task.id,
+        attempt: task.attempt,
+        agent_type: AgentType::ClaudeCode,
+        model: None,
+        cost_usd: cost.map(usd),
+        input_tokens: 10,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
+        output_tokens: 5,
+        turns: None,
+        outcome: RunOutcome::Lost,
+        exit_code: None,
+        error_message: Some("the runner died".into()),
+        started_at: at(1),
+        finished_at: None,
+    }
+}
+
+agentry_persistence::backend_tests! {
+    // Oldest queued first; the claim moves it to provisioning with the lease, a `claim`
+    // event and startedAt; nothing queued → None.
+    fn claims_oldest_queued_first(db) {
+        let repo = repo(db);
+        let newer = create(db, &repo, at(20));
+        let older = create(db, &repo, at(10));
+        let mut conn = db.conn().unwrap();
+        let first = runner::claim_next(&mut conn, "me", at(100), LEASE).unwrap().unwrap();
+        assert_eq!(first.id, older.id);
+        assert_eq!(first.state, TaskState::Provisioning);
+        assert_eq!(first.started_at, Some(at(100)));
+        let events = tasks::task_events(&mut conn, older.id).unwrap();
+        assert_eq!(events.last().unwrap().reason, "claim");
+        assert_eq!(events.last().unwrap().from, Some(TaskState::Queued));
+        let second = runner::claim_next(&mut conn, "me", at(101), LEASE).unwrap().unwrap();
+        assert_eq!(second.id, newer.id);
+        assert!(runner::claim_next(&mut conn, "me", at(102), LEASE).unwrap().is_none());
+    }
+
+    // Eight claimers racing over 20 queued tasks: every task is claimed exactly once.
+    fn concurrent_claims_never_share_a_task(db) {
+        let repo = repo(db);
+        for i in 0..20 {
+            create(db, &repo, at(i));
+        }
+        let pool = wide_pool(db, 8);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        std::thread::scope(|s| {
+            for w in 0..8 {
+                let pool = pool.clone();
+                let seen = seen.clone();
+                s.spawn(move || {
+                    let mut conn = pool.conn().unwrap();
+                    while let Some(t) =
+                        runner::claim_next(&mut conn, &format!("w{w}"), at(100), LEASE).unwrap()
+                    {
+                        seen.lock().unwrap().push(t.id);
+                    }
+                });
+            }
+        });
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 20);
+        assert_eq!(seen.iter().collect::<HashSet<_>>().len(), 20);
+    }
+
+    // Renewal works for the owner while the task is being worked on, and stops working once
+    // the task was cancelled or the lease belongs to someone else.
+    fn renewal_is_the_owners_and_stops_on_cancel(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().unwrap();
+        assert!(runner::renew_lease(&mut conn, task.id, "me", at(200)).unwrap());
+        assert!(!runner::renew_lease(&mut conn, task.id, "other", at(200)).unwrap());
+        // Not expired at 150 any more: the renewal moved it to 200.
+        assert!(runner::expired_leases(&mut conn, at(150), 10).unwrap().is_empty());
+        tasks::transition_task(&mut conn, task.id, Trigger::Cancel, &TransitionDetails::default(), at(20)).unwrap();
+        assert!(!runner::renew_lease(&mut conn, task.id, "me", at(300)).unwrap());
+    }
+
+    // An expired lease is recovered once: the lost run (with the cost its output showed) and
+    // its log are recorded with the transition back to queued (attempt 2); a second
+    // recoverer gets None.
+    fn expired_lease_is_recovered_once_with_its_cost(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        runner::claim_next(&mut conn, "dead", at(10), LEASE).unwrap().unwrap();
+        assert!(runner::expired_leases(&mut conn, at(69), 10).unwrap().is_empty());
+        let expired = runner::expired_leases(&mut conn, at(71), 10).unwrap();
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].owner, "dead");
+        let run = lost_run(&expired[0].task, Some("0.25"));
+        let log = RunLog::of("partial output\n");
+        let (after, t) = runner::recover_expired(&mut conn, &expired[0], at(71), Some((&run, Some(&log))), at(72))
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.to, TaskState::Queued);
+        assert_eq!(after.attempt, 2);
+        assert_eq!(after.cost_usd.unwrap().to_string(), "0.25");
+        assert_eq!(after.input_tokens, 10);
+        let (run_id, attempt, stored) = runner::latest_run_log(&mut conn, task.id).unwrap().unwrap();
+        assert_eq!((run_id, attempt), (run.id, 1));
+        assert_eq!(stored, log);
+        assert!(runner::recover_expired(&mut conn, &expired[0], at(71), None, at(73)).unwrap().is_none());
+        // The old owner can no longer renew.
+        assert!(!runner::renew_lease(&mut conn, task.id, "dead", at(500)).unwrap());
+    }
+
+    // After the third attempt dies the task fails with a message instead of looping.
+    fn third_lost_attempt_fails_the_task(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        for round in 0..3 {
+            let base = round * 1000;
+            runner::claim_next(&mut conn, "dead", at(base), LEASE).unwrap().unwrap();
+            let expired = runner::expired_leases(&mut conn, at(base + 61), 10).unwrap();
+            runner::recover_expired(&mut conn, &expired[0], at(base + 61), None, at(base + 62)).unwrap().unwrap();
+        }
+        let task = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!(task.state, TaskState::Failed);
+        assert_eq!(task.attempt, 3);
+        assert!(task.error_message.unwrap().contains("3 attempts"));
+    }
+
+    // Logs keep the end of oversized output and lose NULs; the latest run's log is served.
+    fn run_logs_keep_the_end(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        assert!(runner::latest_run_log(&mut conn, task.id).unwrap().is_none());
+        let big = format!("{}é{}", "x".repeat(MAX_LOG_BYTES), "THE END");
+        let log = RunLog::of(&big);
+        assert!(log.truncated);
+        assert!(log.content.len() <= MAX_LOG_BYTES);
+        assert!(log.content.ends_with("éTHE END"));
+        assert_eq!(RunLog::of("a\0b").content, "ab");
+        let first = lost_run(&task, None);
+        let mut second = lost_run(&task, None);
+        second.started_at = at(5);
+        agentry_persistence::write_tx(&mut conn, |conn| {
+            tasks::record_run(conn, &first)?;
+            runner::save_run_log(conn, first.id, task.id, &RunLog::of("first"), at(2))?;
+            tasks::record_run(conn, &second)?;
+            runner::save_run_log(conn, second.id, task.id, &log, at(6))
+        })
+        .unwrap();
+        let (id, _, stored) = runner::latest_run_log(&mut conn, task.id).unwrap().unwrap();
+        assert_eq!(id, second.id);
+        assert_eq!(stored, log);
+    }
+}

@@ -1,0 +1,2 @@
+DROP INDEX tasks_lease;
+DROP TABLE run_logs;
