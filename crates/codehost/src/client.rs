@@ -53,7 +53,7 @@ use crate::policy::{
     Jitter, backoff_delay, encode_segment, link_target, next_link, parse_retry_after, until_epoch,
 };
 use crate::types::{Comment, Conditional, Issue, PullRequest, RepoInfo, User};
-use crate::wire::{CommentJson, ErrorJson, IssueJson, PullJson, RepoJson, UserJson};
+use crate::wire::{CommentJson, ErrorJson, IssueJson, PullJson, RepoJson, ReviewJson, UserJson};
 
 /// Which failed requests are sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,7 +525,28 @@ impl GitHub {
         Ok(pull.into())
     }
 
-    /// Posts a review with the event `COMMENT` and this body on a pull request.
+    /// The open pull request whose head is `branch` of this repository, if any (one page of
+    /// `GET /pulls?state=open&head=owner:branch`). Used after an uncertain
+    /// [`create_pull`](Self::create_pull) to find the pull request it may have opened.
+    pub async fn open_pull_for_branch(
+        &self,
+        owner: &str,
+        name: &str,
+        branch: &str,
+    ) -> Result<Option<PullRequest>, CodeHostError> {
+        let path = format!(
+            "{}?state=open&head={}&per_page={PER_PAGE}",
+            repo_path(owner, name, "/pulls"),
+            encode_segment(&format!("{owner}:{branch}"))
+        );
+        let pulls: Vec<PullJson> = self.get_json(path).await?;
+        Ok(pulls.into_iter().next().map(PullRequest::from))
+    }
+
+    /// Posts a review with the event `COMMENT` and this body on a pull request. Like
+    /// [`create_comment`](Self::create_comment) it is **not sent again after a 5xx, a
+    /// timeout or a broken connection**: the caller looks for its review first
+    /// ([`review_bodies`](Self::review_bodies)) and decides.
     pub async fn create_review(
         &self,
         owner: &str,
@@ -534,13 +555,45 @@ impl GitHub {
         body: &str,
     ) -> Result<(), CodeHostError> {
         let path = repo_path(owner, name, &format!("/pulls/{number}/reviews"));
-        self.send_expect(
-            Method::POST,
-            path,
-            &json!({"body": body, "event": "COMMENT"}),
-        )
-        .await
-        .map(drop)
+        let target = self.route(&path);
+        let reply = self
+            .send_with(
+                &Method::POST,
+                &target,
+                Some(json!({"body": body, "event": "COMMENT"}).to_string()),
+                None,
+                Resend::OnlyRefused,
+            )
+            .await?;
+        if !reply.status.is_success() {
+            return Err(self.error_of(&Method::POST, &target, &reply));
+        }
+        Ok(())
+    }
+
+    /// The bodies of every review of a pull request, oldest first, every page.
+    pub async fn review_bodies(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+    ) -> Result<Vec<String>, CodeHostError> {
+        let first = format!(
+            "{}?per_page={PER_PAGE}",
+            repo_path(owner, name, &format!("/pulls/{number}/reviews"))
+        );
+        let pages = self
+            .get_pages::<ReviewJson>(first, None, |_: &[ReviewJson]| true)
+            .await?;
+        match pages {
+            Conditional::Modified { value, .. } => Ok(value
+                .into_iter()
+                .map(|r| r.body.unwrap_or_default())
+                .collect()),
+            Conditional::NotModified => Err(CodeHostError::InvalidResponse(
+                "304 to a request without If-None-Match".into(),
+            )),
+        }
     }
 
     // ----- request helpers -----

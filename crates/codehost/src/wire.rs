@@ -176,6 +176,13 @@ pub(crate) struct BranchJson {
     pub ref_name: String,
 }
 
+/// A review of a pull request (only its body is read).
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReviewJson {
+    #[serde(default)]
+    pub body: Option<String>,
+}
+
 /// A pull request, list (`pull-request-simple`) or full shape.
 #[derive(Debug, Deserialize)]
 pub(crate) struct PullJson {

@@ -373,6 +373,39 @@ async fn create_pull_pull_and_create_review() {
         fake.reviews(OWNER, REPO, pr.number),
         ["Looks fine; one nit."]
     );
+    assert_eq!(
+        gh.review_bodies(OWNER, REPO, pr.number).await.unwrap(),
+        ["Looks fine; one nit."]
+    );
+    // The open pull request of a branch is found by its head; other branches have none.
+    let found = gh
+        .open_pull_for_branch(OWNER, REPO, "agentry/fix-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.number, pr.number);
+    assert!(
+        gh.open_pull_for_branch(OWNER, REPO, "agentry/other")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A review is not sent again after a 5xx (GitHub may have stored it).
+    fake.fail_next(
+        Some(("POST", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews")),
+        1,
+        Fault::Status(502),
+    );
+    fake.reset_counts();
+    let err = gh
+        .create_review(OWNER, REPO, pr.number, "second")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CodeHostError::Unavailable(_)), "{err:?}");
+    assert_eq!(
+        fake.count("POST", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews"),
+        1
+    );
 
     // A second pull request for the same head is GitHub's 422.
     let err = gh
