@@ -1,9 +1,17 @@
-//! agentry's agent runner.
+//! agentry's agent runner: everything that happens on the machine that runs an agent
+//! (SPEC §6), and nothing of the database or the code-host API.
 //!
-//! What exists now is the pure, text-only part: the parsers of the two agent CLIs' output
-//! (SPEC §6.2) and the price table used to cost Codex runs. No processes, git or database
-//! here yet; claiming tasks, workspaces and process control come later.
-//!
+//! - [`job`]: the seam. A [`Job`] (task, repository, agent, prompt, limits) goes into a
+//!   [`Runner`], an [`Execution`] (verdict, parsed report, output) comes out. The service
+//!   claims tasks, opens pull requests and records runs; a runner prepares the workspace,
+//!   runs the agent and pushes. [`LocalRunner`] ([`local`]) runs jobs as local processes;
+//!   a Kubernetes Job runner would be another implementation.
+//! - [`workspace`]: git with the real `git` executable: a bare mirror per repository, a
+//!   worktree per task, commit and push with the token in git's environment only.
+//! - [`process`]: the agent process in its own process group, with a minimal environment,
+//!   a wall-time limit and cancellation that kills the whole group; output streamed to a
+//!   log file.
+//! - [`agent`]: the two CLIs' command lines and API-key variables.
 //! - [`claude::parse_claude`] reads `claude -p --output-format stream-json --verbose`
 //!   output (one JSON event per line) and takes cost, tokens, turns, model and outcome from
 //!   the final `result` event. The cost is read exactly from the JSON text.
@@ -15,14 +23,22 @@
 //! Both parsers return a [`RunReport`]; they never panic and never fail: whatever could not
 //! be understood becomes an [`AgentOutcome::Unparseable`] outcome or a warning.
 
+pub mod agent;
 pub mod claude;
 pub mod codex;
+pub mod job;
+pub mod local;
 pub mod prices;
+pub mod process;
+pub mod workspace;
 
 use agentry_domain::money::Usd;
 
+pub use agent::AgentSpec;
 pub use claude::parse_claude;
 pub use codex::parse_codex;
+pub use job::{Control, Execution, Job, JobKind, Runner, Verdict};
+pub use local::{LocalConfig, LocalRunner};
 pub use prices::{ModelPrice, PriceError, PriceTable};
 
 /// What one agent run reported, as read from its output.

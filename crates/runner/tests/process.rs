@@ -1,0 +1,566 @@
+//! `run_process`: output capture and log files, stdin, the exact environment, exit
+//! statuses, wall time, cancellation, killing the whole process group, large output; and
+//! `agent_env`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentry_runner::process::{
+    AgentCommand, Ended, Limits, ProcessError, ProcessOutcome, STDERR_TAIL_BYTES,
+    STDOUT_MEMORY_CAP, agent_env, run_process, stderr_log_path,
+};
+use tokio::sync::watch;
+
+const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// `sh -c script` in `dir`, with only `PATH` and `HOME` set.
+fn sh(dir: &Path, script: &str) -> AgentCommand {
+    AgentCommand {
+        program: PathBuf::from("sh"),
+        args: vec!["-c".into(), script.into()],
+        stdin: String::new(),
+        cwd: dir.to_owned(),
+        env: vec![
+            ("PATH".into(), PATH.into()),
+            ("HOME".into(), dir.display().to_string()),
+        ],
+    }
+}
+
+fn limits(wall_secs: f64) -> Limits {
+    Limits {
+        wall_time: Duration::from_secs_f64(wall_secs),
+        kill_grace: Duration::from_millis(500),
+    }
+}
+
+/// Runs `cmd` with a cancel channel nobody uses, logging to `dir/logs/run.log`.
+async fn run(cmd: AgentCommand, dir: &Path, limits: Limits) -> ProcessOutcome {
+    let (_tx, rx) = watch::channel(false);
+    run_process(cmd, &dir.join("logs/run.log"), limits, rx, |_| {})
+        .await
+        .unwrap()
+}
+
+/// Whether `pid` is gone: no such process, or a zombie nobody reaped yet (in a container
+/// pid 1 may not reap orphans).
+fn gone(pid: i32) -> bool {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Err(nix::errno::Errno::ESRCH) => true,
+        _ => std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| {
+                // "pid (comm) S …": the state follows the last ')'.
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+            })
+            .unwrap_or(true),
+    }
+}
+
+/// Waits up to 5 s for `pid` to be gone.
+fn eventually_gone(pid: i32) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if gone(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn output_is_captured_and_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut started = None;
+    let (_tx, rx) = watch::channel(false);
+    let log = dir.path().join("deep/er/run.log");
+    let out = run_process(
+        sh(dir.path(), "echo one; echo two; echo oops >&2; exit 0"),
+        &log,
+        limits(30.0),
+        rx,
+        |pid| started = Some(pid),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        out.ended,
+        Ended::Exited {
+            code: Some(0),
+            signal: None
+        }
+    );
+    assert_eq!(out.stdout, "one\ntwo\n");
+    assert!(!out.stdout_truncated);
+    assert_eq!(out.stdout_bytes, 8);
+    assert_eq!(out.stderr_tail, "oops\n");
+    assert_eq!(started, Some(out.pid));
+    assert!(out.pid > 0);
+    assert_eq!(out.log_error, None);
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "one\ntwo\n");
+    assert_eq!(
+        std::fs::read_to_string(stderr_log_path(&log)).unwrap(),
+        "oops\n"
+    );
+    assert_eq!(
+        stderr_log_path(&log),
+        dir.path().join("deep/er/run.log.stderr")
+    );
+}
+
+#[tokio::test]
+async fn log_file_is_truncated_and_written_while_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.log");
+    std::fs::write(&log, "old content that must go\n").unwrap();
+    let (_tx, rx) = watch::channel(false);
+    let log2 = log.clone();
+    let task = tokio::spawn(async move {
+        run_process(
+            sh(&std::env::temp_dir(), "echo early; sleep 2; echo late"),
+            &log2,
+            limits(30.0),
+            rx,
+            |_| {},
+        )
+        .await
+    });
+    // The first line is on disk long before the process ends.
+    let start = Instant::now();
+    loop {
+        if std::fs::read_to_string(&log).unwrap_or_default() == "early\n" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_millis(1500),
+            "the log did not show the first line while the process ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = task.await.unwrap().unwrap();
+    assert_eq!(out.stdout, "early\nlate\n");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "early\nlate\n");
+}
+
+#[tokio::test]
+async fn prompt_arrives_on_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = sh(dir.path(), "cat; echo; echo \"cwd=$(pwd)\"");
+    cmd.stdin = "line \"one\"\nline \\two\n".into();
+    let out = run(cmd, dir.path(), limits(30.0)).await;
+    let cwd = dir.path().canonicalize().unwrap();
+    assert_eq!(
+        out.stdout,
+        format!("line \"one\"\nline \\two\n\ncwd={}\n", cwd.display())
+    );
+}
+
+#[tokio::test]
+async fn a_process_that_does_not_read_stdin_is_fine() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = sh(dir.path(), "echo ignored");
+    cmd.stdin = "x".repeat(1024 * 1024);
+    let out = run(cmd, dir.path(), limits(30.0)).await;
+    assert_eq!(out.stdout, "ignored\n");
+}
+
+#[tokio::test]
+async fn environment_is_exactly_the_given_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = sh(dir.path(), "env");
+    cmd.env
+        .push(("AGENTRY_TEST_KEY".into(), "s3cret value".into()));
+    let out = run(cmd, dir.path(), limits(30.0)).await;
+    let mut seen = BTreeSet::new();
+    for line in out.stdout.lines() {
+        let (name, value) = line.split_once('=').unwrap();
+        match name {
+            "PATH" => assert_eq!(value, PATH),
+            "HOME" => assert_eq!(value, dir.path().display().to_string()),
+            "AGENTRY_TEST_KEY" => assert_eq!(value, "s3cret value"),
+            // Set by sh itself.
+            "PWD" | "SHLVL" | "_" => {}
+            other => panic!("unexpected variable {other} in {}", out.stdout),
+        }
+        seen.insert(name.to_owned());
+    }
+    for name in ["PATH", "HOME", "AGENTRY_TEST_KEY"] {
+        assert!(seen.contains(name), "{name} missing from {}", out.stdout);
+    }
+}
+
+#[tokio::test]
+async fn exit_code_and_signal_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(sh(dir.path(), "echo bye; exit 3"), dir.path(), limits(30.0)).await;
+    assert_eq!(
+        out.ended,
+        Ended::Exited {
+            code: Some(3),
+            signal: None
+        }
+    );
+    assert_eq!(out.stdout, "bye\n");
+
+    let out = run(sh(dir.path(), "kill -KILL $$"), dir.path(), limits(30.0)).await;
+    assert_eq!(
+        out.ended,
+        Ended::Exited {
+            code: None,
+            signal: Some(9)
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_missing_program_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = sh(dir.path(), "true");
+    cmd.program = PathBuf::from("agentry-no-such-agent-cli");
+    let (_tx, rx) = watch::channel(false);
+    let mut called = false;
+    let err = run_process(cmd, &dir.path().join("run.log"), limits(30.0), rx, |_| {
+        called = true
+    })
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ProcessError::Spawn { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("agentry-no-such-agent-cli"),
+        "{err}"
+    );
+    assert!(!called);
+
+    let mut cmd = sh(dir.path(), "true");
+    cmd.program = dir.path().join("absent/claude");
+    let (_tx, rx) = watch::channel(false);
+    let err = run_process(cmd, &dir.path().join("run.log"), limits(30.0), rx, |_| {})
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("absent/claude"), "{err}");
+}
+
+#[tokio::test]
+async fn an_uncreatable_log_is_an_error_and_nothing_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), "").unwrap();
+    let marker = dir.path().join("ran");
+    let cmd = sh(dir.path(), &format!("touch '{}'", marker.display()));
+    let (_tx, rx) = watch::channel(false);
+    let err = run_process(
+        cmd,
+        &dir.path().join("file/run.log"),
+        limits(30.0),
+        rx,
+        |_| {},
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ProcessError::Log { .. }), "{err:?}");
+    assert!(!marker.exists());
+}
+
+#[tokio::test]
+async fn wall_time_stops_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = run(
+        sh(dir.path(), "echo started; sleep 30"),
+        dir.path(),
+        limits(0.3),
+    )
+    .await;
+    assert_eq!(out.ended, Ended::TimedOut);
+    assert_eq!(out.stdout, "started\n");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(start.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn cancel_stops_the_process_and_its_grandchildren() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pidfile");
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; echo waiting; wait",
+        pidfile.display()
+    );
+    let (tx, rx) = watch::channel(false);
+    let log = dir.path().join("run.log");
+    let cmd = sh(dir.path(), &script);
+    let task = tokio::spawn(async move { run_process(cmd, &log, limits(300.0), rx, |_| {}).await });
+    let start = Instant::now();
+    while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grandchild = read_pid(&pidfile);
+    assert!(!gone(grandchild));
+    tx.send(true).unwrap();
+    let out = task.await.unwrap().unwrap();
+    assert_eq!(out.ended, Ended::Cancelled);
+    assert_eq!(out.stdout, "waiting\n");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(eventually_gone(grandchild), "grandchild {grandchild} lives");
+    // The direct child was reaped: not even a zombie is left.
+    assert!(
+        matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(out.pid as i32), None),
+            Err(nix::errno::Errno::ESRCH)
+        ),
+        "process {} not reaped",
+        out.pid
+    );
+}
+
+#[tokio::test]
+async fn cancel_before_start_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tx, rx) = watch::channel(true);
+    let start = Instant::now();
+    let out = run_process(
+        sh(dir.path(), "sleep 30"),
+        &dir.path().join("run.log"),
+        limits(300.0),
+        rx,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.ended, Ended::Cancelled);
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_dropped_cancel_sender_does_not_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = watch::channel(false);
+    drop(tx);
+    let out = run_process(
+        sh(dir.path(), "sleep 0.3; echo finished"),
+        &dir.path().join("run.log"),
+        limits(30.0),
+        rx,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        out.ended,
+        Ended::Exited {
+            code: Some(0),
+            signal: None
+        }
+    );
+    assert_eq!(out.stdout, "finished\n");
+}
+
+#[tokio::test]
+async fn grandchildren_left_after_a_normal_exit_are_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pidfile");
+    // The background sleep keeps stdout open: run_process must not wait for it.
+    let script = format!("sleep 300 & echo $! > '{}'; echo done", pidfile.display());
+    let start = Instant::now();
+    let out = run(sh(dir.path(), &script), dir.path(), limits(300.0)).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        out.ended,
+        Ended::Exited {
+            code: Some(0),
+            signal: None
+        }
+    );
+    assert_eq!(out.stdout, "done\n");
+    let grandchild = read_pid(&pidfile);
+    assert!(eventually_gone(grandchild), "grandchild {grandchild} lives");
+}
+
+#[tokio::test]
+async fn a_process_escaping_its_group_does_not_hold_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let Ok(setsid) = which("setsid") else {
+        eprintln!("no setsid; skipped");
+        return;
+    };
+    let pidfile = dir.path().join("pidfile");
+    // A new session keeps the pipe open beyond the group kill.
+    let script = format!(
+        "{} sleep 30 & echo $! > '{}'; echo done",
+        setsid.display(),
+        pidfile.display()
+    );
+    let start = Instant::now();
+    let out = run(sh(dir.path(), &script), dir.path(), limits(300.0)).await;
+    let elapsed = start.elapsed();
+    assert_eq!(out.stdout, "done\n");
+    assert!(elapsed < Duration::from_secs(8), "{elapsed:?}");
+    // Clean up the escaped process.
+    if let Ok(text) = std::fs::read_to_string(&pidfile)
+        && let Ok(pid) = text.trim().parse::<i32>()
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+fn which(name: &str) -> Result<PathBuf, ()> {
+    PATH.split(':')
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
+
+#[tokio::test]
+async fn a_process_ignoring_sigterm_is_killed_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = run(
+        sh(dir.path(), "trap '' TERM; echo stubborn; sleep 300"),
+        dir.path(),
+        Limits {
+            wall_time: Duration::from_millis(300),
+            kill_grace: Duration::from_millis(700),
+        },
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert_eq!(out.ended, Ended::TimedOut);
+    assert_eq!(out.stdout, "stubborn\n");
+    assert!(elapsed >= Duration::from_millis(1000), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn large_output_does_not_deadlock_and_is_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2 MB of stderr written at the same time as 20 MB of stdout.
+    let script = "(head -c 2000000 /dev/zero | tr '\\0' e >&2) & \
+                  head -c 20000000 /dev/zero | tr '\\0' o; wait";
+    let out = run(sh(dir.path(), script), dir.path(), limits(120.0)).await;
+    assert_eq!(
+        out.ended,
+        Ended::Exited {
+            code: Some(0),
+            signal: None
+        }
+    );
+    assert_eq!(out.stdout.len(), 20_000_000);
+    assert!(out.stdout.bytes().all(|b| b == b'o'));
+    assert!(!out.stdout_truncated);
+    assert_eq!(out.stdout_bytes, 20_000_000);
+    assert_eq!(out.stderr_tail.len(), STDERR_TAIL_BYTES);
+    assert!(out.stderr_tail.bytes().all(|b| b == b'e'));
+    let log = dir.path().join("logs/run.log");
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), 20_000_000);
+    assert_eq!(
+        std::fs::metadata(stderr_log_path(&log)).unwrap().len(),
+        2_000_000
+    );
+}
+
+#[tokio::test]
+async fn stdout_beyond_the_memory_cap_is_truncated_but_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let total = STDOUT_MEMORY_CAP + 1000;
+    let script = format!("head -c {total} /dev/zero | tr '\\0' x");
+    let out = run(sh(dir.path(), &script), dir.path(), limits(120.0)).await;
+    assert!(out.stdout_truncated);
+    assert_eq!(out.stdout.len(), STDOUT_MEMORY_CAP);
+    assert_eq!(out.stdout_bytes, total as u64);
+    assert_eq!(
+        std::fs::metadata(dir.path().join("logs/run.log"))
+            .unwrap()
+            .len(),
+        total as u64
+    );
+}
+
+#[tokio::test]
+async fn a_cut_stderr_tail_starts_on_a_character() {
+    let dir = tempfile::tempdir().unwrap();
+    // "é" is two bytes; 10001 of them cut at 16 KiB from the end leaves whole ones only
+    // after dropping a dangling continuation byte, if any.
+    let script = "i=0; s=''; while [ $i -lt 100 ]; do s=\"${s}é\"; i=$((i+1)); done; \
+                  j=0; while [ $j -lt 100 ]; do printf '%s' \"$s\" >&2; j=$((j+1)); done; \
+                  printf 'x' >&2";
+    let out = run(sh(dir.path(), script), dir.path(), limits(60.0)).await;
+    assert!(!out.stderr_tail.contains('\u{FFFD}'), "replacement char");
+    assert!(out.stderr_tail.ends_with("éx"));
+    assert!(out.stderr_tail.len() <= STDERR_TAIL_BYTES);
+}
+
+// ---------------------------------------------------------------- agent_env
+
+#[test]
+fn agent_env_is_minimal() {
+    let lookup = |name: &str| match name {
+        "PATH" => Some("/opt/bin:/usr/bin".to_owned()),
+        "ANTHROPIC_API_KEY" => Some("sk-ant".to_owned()),
+        "OPENAI_API_KEY" => Some(String::new()),
+        "USER" => Some("operator".to_owned()),
+        _ => None,
+    };
+    let env = agent_env(
+        Path::new("/var/agentry/runs/7/home"),
+        &["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "CODEX_API_KEY"],
+        lookup,
+    );
+    assert_eq!(
+        env,
+        vec![
+            ("PATH".to_owned(), "/opt/bin:/usr/bin".to_owned()),
+            ("HOME".to_owned(), "/var/agentry/runs/7/home".to_owned()),
+            ("ANTHROPIC_API_KEY".to_owned(), "sk-ant".to_owned()),
+        ]
+    );
+}
+
+#[test]
+fn agent_env_has_a_default_path() {
+    let env = agent_env(Path::new("/h"), &[], |_| None);
+    assert_eq!(
+        env,
+        vec![
+            ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
+            ("HOME".to_owned(), "/h".to_owned()),
+        ]
+    );
+    let env = agent_env(Path::new("/h"), &[], |_| Some(String::new()));
+    assert_eq!(env[0].1, "/usr/local/bin:/usr/bin:/bin");
+}
+
+#[test]
+fn agent_env_never_overrides_path_or_home() {
+    let env = agent_env(Path::new("/h"), &["HOME", "PATH", "KEY"], |name| {
+        Some(format!("from-{name}"))
+    });
+    assert_eq!(
+        env,
+        vec![
+            ("PATH".to_owned(), "from-PATH".to_owned()),
+            ("HOME".to_owned(), "/h".to_owned()),
+            ("KEY".to_owned(), "from-KEY".to_owned()),
+        ]
+    );
+}
