@@ -51,7 +51,11 @@ fn routes(cfg: &mut ServiceConfig) {
                 // `/tasks/import` before `/tasks/{id}`: the first matching path wins.
                 .service(tasks::import_tasks)
                 .service(tasks::list_tasks)
+                .service(tasks::create_task)
                 .service(tasks::get_task)
+                .service(tasks::cancel_task)
+                .service(tasks::retry_task)
+                .service(tasks::task_log)
                 .service(tokens::create_token)
                 .service(tokens::list_tokens)
                 .service(tokens::revoke_token)

@@ -290,6 +290,7 @@ pub async fn sync_issues(
         .await;
     if outcomes.iter().any(|(_, o)| o.created > 0) {
         state.codehost.wake_outbox();
+        state.runs.wake();
     }
     Ok(outcomes)
 }

@@ -40,6 +40,20 @@ pub struct Config {
     /// `CODEHOST_WEBHOOK_SECRET`: the webhook's shared secret; `None` disables the webhook
     /// endpoint (404 `webhook_disabled`). Redacted in `Debug`.
     pub webhook_secret: Option<SecretValue>,
+    /// `AGENTRY_MAX_CONCURRENT_RUNS`: agent runs at once in this process (default 2, 0–64;
+    /// 0 runs no agents, e.g. for an API-only replica).
+    pub max_concurrent_runs: usize,
+    /// `AGENTRY_CLAUDE_BIN`: the Claude Code executable (default `claude`, found on `PATH`).
+    pub claude_bin: PathBuf,
+    /// `AGENTRY_CODEX_BIN`: the Codex executable (default `codex`).
+    pub codex_bin: PathBuf,
+    /// `AGENTRY_PRICES_FILE`: a JSON price table merged over the built-in one.
+    pub prices_file: Option<PathBuf>,
+    /// `AGENTRY_RUN_TIME_LIMIT_SECS`: wall-time limit of one agent run (default 3600 s).
+    pub run_time_limit: Duration,
+    /// `AGENTRY_RUN_LEASE_SECS`: how long a claimed task stays this process's without a
+    /// renewal (default 60 s); a dead process's tasks are recovered after it.
+    pub run_lease: Duration,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -138,6 +152,41 @@ impl Config {
         let issue_sync_interval = interval(&get, "AGENTRY_ISSUE_SYNC_INTERVAL_SECS", 60)?;
         let poll_interval = interval(&get, "AGENTRY_POLL_INTERVAL_SECS", 30)?;
         let webhook_secret = get("CODEHOST_WEBHOOK_SECRET").map(SecretValue::new);
+        let max_concurrent_runs = match get("AGENTRY_MAX_CONCURRENT_RUNS") {
+            None => 2,
+            Some(text) => match text.trim().parse::<usize>() {
+                Ok(n) if n <= 64 => n,
+                _ => {
+                    return Err(ConfigError {
+                        name: "AGENTRY_MAX_CONCURRENT_RUNS",
+                        message: format!("{text:?}; expected a whole number from 0 to 64"),
+                    });
+                }
+            },
+        };
+        let program = |name: &'static str, default: &str| -> Result<PathBuf, ConfigError> {
+            match get(name) {
+                None => Ok(PathBuf::from(default)),
+                Some(text) if text.trim().is_empty() => Err(ConfigError {
+                    name,
+                    message: "empty; expected an executable name or path".into(),
+                }),
+                Some(text) => Ok(PathBuf::from(text)),
+            }
+        };
+        let claude_bin = program("AGENTRY_CLAUDE_BIN", "claude")?;
+        let codex_bin = program("AGENTRY_CODEX_BIN", "codex")?;
+        let prices_file = get("AGENTRY_PRICES_FILE")
+            .filter(|p| !p.trim().is_empty())
+            .map(PathBuf::from);
+        let run_time_limit = interval(&get, "AGENTRY_RUN_TIME_LIMIT_SECS", 3600)?;
+        let run_lease = interval(&get, "AGENTRY_RUN_LEASE_SECS", 60)?;
+        if run_lease < Duration::from_secs(3) {
+            return Err(ConfigError {
+                name: "AGENTRY_RUN_LEASE_SECS",
+                message: "at least 3 seconds (the lease is renewed every third of it)".into(),
+            });
+        }
         Ok(Config {
             data_dir,
             database_url,
@@ -149,6 +198,12 @@ impl Config {
             issue_sync_interval,
             poll_interval,
             webhook_secret,
+            max_concurrent_runs,
+            claude_bin,
+            codex_bin,
+            prices_file,
+            run_time_limit,
+            run_lease,
         })
     }
 }
@@ -198,6 +253,12 @@ mod tests {
         assert_eq!(c.issue_sync_interval, Duration::from_secs(60));
         assert_eq!(c.poll_interval, Duration::from_secs(30));
         assert_eq!(c.webhook_secret, None);
+        assert_eq!(c.max_concurrent_runs, 2);
+        assert_eq!(c.claude_bin, PathBuf::from("claude"));
+        assert_eq!(c.codex_bin, PathBuf::from("codex"));
+        assert_eq!(c.prices_file, None);
+        assert_eq!(c.run_time_limit, Duration::from_secs(3600));
+        assert_eq!(c.run_lease, Duration::from_secs(60));
     }
 
     #[test]
@@ -262,5 +323,37 @@ mod tests {
             c.cors_origins,
             ["https://a.example", "http://localhost:5173"]
         );
+    }
+
+    #[test]
+    fn runner_settings_are_read_and_checked() {
+        let c = cfg(&[
+            ("AGENTRY_MAX_CONCURRENT_RUNS", "5"),
+            ("AGENTRY_CLAUDE_BIN", "/opt/claude/bin/claude"),
+            ("AGENTRY_CODEX_BIN", "codex-nightly"),
+            ("AGENTRY_PRICES_FILE", "/etc/agentry/prices.json"),
+            ("AGENTRY_RUN_TIME_LIMIT_SECS", "900"),
+            ("AGENTRY_RUN_LEASE_SECS", "20"),
+        ])
+        .unwrap();
+        assert_eq!(c.max_concurrent_runs, 5);
+        assert_eq!(c.claude_bin, PathBuf::from("/opt/claude/bin/claude"));
+        assert_eq!(c.codex_bin, PathBuf::from("codex-nightly"));
+        assert_eq!(
+            c.prices_file,
+            Some(PathBuf::from("/etc/agentry/prices.json"))
+        );
+        assert_eq!(c.run_time_limit, Duration::from_secs(900));
+        assert_eq!(c.run_lease, Duration::from_secs(20));
+        for (name, value) in [
+            ("AGENTRY_MAX_CONCURRENT_RUNS", "65"),
+            ("AGENTRY_MAX_CONCURRENT_RUNS", "-1"),
+            ("AGENTRY_MAX_CONCURRENT_RUNS", "two"),
+            ("AGENTRY_CLAUDE_BIN", " "),
+            ("AGENTRY_RUN_TIME_LIMIT_SECS", "0"),
+            ("AGENTRY_RUN_LEASE_SECS", "2"),
+        ] {
+            assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
+        }
     }
 }

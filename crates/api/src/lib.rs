@@ -21,6 +21,7 @@ pub mod logging;
 pub mod metrics;
 pub mod query;
 pub mod routes;
+pub mod runs;
 pub mod server;
 pub mod state;
 pub mod tracking;

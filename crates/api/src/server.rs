@@ -2,16 +2,19 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 
 use actix_web::{HttpServer, web};
 use agentry_codehost::ClientConfig;
 use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{Backend, Db, tokens};
+use agentry_runner::{LocalConfig, LocalRunner, PriceTable};
 
 use crate::auth::{generate_token, hash_token};
 use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::runs::{RunSettings, Runs};
 use crate::state::AppState;
 
 /// Why the service could not start.
@@ -115,6 +118,42 @@ pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
         .with_webhook_secret(config.webhook_secret.clone()))
 }
 
+/// The agent-run orchestrator of `config`: a [`LocalRunner`] under the data directory with
+/// the configured executables and price table (the built-in one, with
+/// `AGENTRY_PRICES_FILE` merged over it).
+pub fn runs(config: &Config) -> Result<Runs, StartError> {
+    let mut prices = PriceTable::builtin();
+    if let Some(path) = &config.prices_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            io(
+                &format!("cannot read AGENTRY_PRICES_FILE {}", path.display()),
+                e,
+            )
+        })?;
+        let overrides = PriceTable::from_json(&text)
+            .map_err(|e| io(&format!("AGENTRY_PRICES_FILE {}", path.display()), e))?;
+        prices = prices.merged_with(overrides);
+    }
+    let runner = LocalRunner::new(LocalConfig {
+        root: config.data_dir.clone(),
+        claude_bin: config.claude_bin.clone(),
+        codex_bin: config.codex_bin.clone(),
+        prices: prices.clone(),
+        inherited_env: LocalConfig::inherit(|name| std::env::var(name).ok()),
+        kill_grace: std::time::Duration::from_secs(10),
+    });
+    Ok(Runs::new(
+        Arc::new(runner),
+        prices,
+        RunSettings {
+            max_concurrent: config.max_concurrent_runs,
+            lease: config.run_lease,
+            wall_time: config.run_time_limit,
+            ..RunSettings::default()
+        },
+    ))
+}
+
 /// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets
 /// in-flight requests finish (up to 30 s).
 pub async fn serve(config: Config) -> Result<(), StartError> {
@@ -128,6 +167,7 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
         metrics,
         openapi_json,
         codehost: code_host(&config)?,
+        runs: runs(&config)?,
     });
     let cors = config.cors_origins.clone();
     let app_state = state.clone();
@@ -138,7 +178,11 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
     for addr in server.addrs() {
         tracing::info!(%addr, "agentry listening on http://{addr}");
     }
+    let backend = state.db.backend();
+    crate::runs::recover_at_start(&state, backend).await;
     let workers = [
+        actix_web::rt::spawn(crate::runs::runner_loop(state.clone())),
+        actix_web::rt::spawn(crate::runs::recovery_loop(state.clone())),
         actix_web::rt::spawn(codehost::issue_sync_loop(
             state.clone(),
             config.issue_sync_interval,
@@ -151,6 +195,12 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
         )),
     ];
     let served = server.run().await;
+    // Agents still running are stopped; their tasks stay leased and are recovered (with
+    // the cost their output shows) when the service starts again.
+    state
+        .runs
+        .shut_down(std::time::Duration::from_secs(15))
+        .await;
     // Every effect and sync is recorded in the database as it happens, so stopping the
     // loops mid-way loses nothing: the next start picks up where they were.
     for worker in workers {

@@ -6,6 +6,7 @@ use agentry_persistence::{AnyConnection, Db};
 use crate::codehost::CodeHost;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::runs::Runs;
 
 /// Shared application state (one per process, behind `web::Data`).
 pub struct AppState {
@@ -17,6 +18,8 @@ pub struct AppState {
     pub openapi_json: String,
     /// The code-host integration: secrets key, client, outbox.
     pub codehost: CodeHost,
+    /// The agent-run orchestrator.
+    pub runs: Runs,
 }
 
 impl AppState {

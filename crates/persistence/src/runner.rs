@@ -165,8 +165,8 @@ pub fn expired_leases(
 
 /// Recovers a task whose lease (held by `owner`) expired before `before`, in one
 /// transaction: records `lost_run` (the dead runner's run, with whatever its output showed)
-/// and its log, and applies [`Trigger::LeaseExpired`]: back to `queued` with the attempt
-/// + 1, or `failed` after the last attempt. Returns `None` when the lease is no longer
+/// and its log, and applies [`Trigger::LeaseExpired`]: back to `queued` with the next
+/// attempt, or `failed` after the last attempt. Returns `None` when the lease is no longer
 /// expired or no longer `owner`'s (it was renewed, or someone else recovered it).
 pub fn recover_expired(
     conn: &mut AnyConnection,

@@ -314,6 +314,7 @@ pub async fn assign_issue(
     if created {
         tracing::info!(task = %task.id, issue = issue_number, by = %caller.token_id, "issue assigned");
         state.codehost.wake_outbox();
+        state.runs.wake();
     }
     let dto = AssignedDto {
         task: task.into(),

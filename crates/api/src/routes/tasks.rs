@@ -1,14 +1,19 @@
-//! `GET /api/tasks`, `GET /api/tasks/{id}`, `POST /api/tasks/import`.
+//! `GET /api/tasks`, `GET /api/tasks/{id}`, `POST /api/tasks`, `POST /api/tasks/import`,
+//! `POST /api/tasks/{id}/cancel`, `POST /api/tasks/{id}/retry`, `GET /api/tasks/{id}/log`.
 
-use actix_web::{HttpRequest, get, post, web};
-use agentry_domain::{Role, TaskState, TaskType};
-use agentry_persistence::tasks::{self, TaskCursor, TaskFilter};
+use actix_web::{HttpRequest, HttpResponse, get, post, web};
+use agentry_domain::{AgentType, Role, TaskState, TaskType, Trigger};
+use agentry_persistence::repos;
+use agentry_persistence::runner as claims;
+use agentry_persistence::tasks::{self, NewTask, TaskCursor, TaskFilter, TransitionDetails};
 use base64::Engine;
+use serde::Deserialize;
 use time::OffsetDateTime;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::auth::Caller;
-use crate::body::{read_limited, require_content_type};
+use crate::body::{JsonBody, read_limited, require_content_type};
 use crate::dto::{
     EventDto, ImportResultDto, IssueRefDto, RunDto, TaskDetailDto, TaskDto, TaskListDto,
 };
@@ -134,6 +139,229 @@ pub async fn get_task(
         issue,
         reviews: reviews.into_iter().map(TaskDto::from).collect(),
     }))
+}
+
+/// The longest task title accepted.
+pub const MAX_TITLE_CHARS: usize = 500;
+/// The longest task prompt accepted (bytes).
+pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
+
+/// A manual coding task. Unknown members are ignored.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateTask {
+    /// A connected repository.
+    pub repo_id: Uuid,
+    /// The task's title (non-blank, at most 500 characters).
+    pub title: String,
+    /// The instructions for the agent (at most 256 KiB; default empty).
+    #[serde(default)]
+    pub prompt: String,
+    /// `claude-code` or `codex` (default: the repository's).
+    #[schema(value_type = Option<String>, example = "claude-code")]
+    pub agent_type: Option<AgentType>,
+}
+
+/// Creates a manual coding task in `queued` (member).
+#[utoipa::path(
+    tag = "tasks",
+    request_body = CreateTask,
+    responses(
+        (status = 201, body = TaskDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/tasks")]
+pub async fn create_task(
+    caller: Caller,
+    state: web::Data<AppState>,
+    body: JsonBody<CreateTask>,
+) -> Result<HttpResponse, ApiError> {
+    caller.require(Role::Member)?;
+    let CreateTask {
+        repo_id,
+        title,
+        prompt,
+        agent_type,
+    } = body.0;
+    let title = title.trim().to_owned();
+    if title.is_empty() {
+        return Err(ApiError::invalid_parameter("title", "must not be blank"));
+    }
+    if title.chars().count() > MAX_TITLE_CHARS {
+        return Err(ApiError::invalid_parameter(
+            "title",
+            format!("must be at most {MAX_TITLE_CHARS} characters"),
+        ));
+    }
+    if prompt.len() > MAX_PROMPT_BYTES {
+        return Err(ApiError::invalid_parameter(
+            "prompt",
+            format!("must be at most {MAX_PROMPT_BYTES} bytes"),
+        ));
+    }
+    let task = state
+        .db(move |conn| {
+            let not_connected =
+                || ApiError::not_found(format!("repository {repo_id} is not connected"));
+            let repo = match repos::get_repository(conn, repo_id) {
+                Ok(repo) if repo.disconnected_at.is_none() => repo,
+                Ok(_) | Err(agentry_persistence::DbError::NotFound) => return Err(not_connected()),
+                Err(other) => return Err(other.into()),
+            };
+            let new = NewTask {
+                id: Uuid::new_v4(),
+                title,
+                prompt,
+                repo_id: Some(repo.id),
+                repo_url: repo.url.clone(),
+                task_type: TaskType::Coding,
+                agent_type: agent_type.unwrap_or(repo.settings.agent_type),
+                issue_number: None,
+                parent_task_id: None,
+                created_at: agentry_persistence::now(),
+            };
+            Ok(tasks::create_task(conn, &new, "created")?)
+        })
+        .await?;
+    tracing::info!(task = %task.id, by = %caller.token_id, "task created");
+    state.runs.wake();
+    Ok(HttpResponse::Created().json(TaskDto::from(task)))
+}
+
+/// Applies a user's trigger (cancel, retry) to a task.
+async fn user_transition(
+    state: &web::Data<AppState>,
+    id: Uuid,
+    trigger: Trigger,
+    reason: String,
+) -> Result<agentry_domain::Task, ApiError> {
+    let details = TransitionDetails {
+        reason: Some(reason),
+        error_message: None,
+        pull_request: None,
+    };
+    state
+        .db(move |conn| {
+            if tasks::find_task(conn, id)?.is_none() {
+                return Err(ApiError::not_found(format!("task {id} not found")));
+            }
+            let (task, _) =
+                tasks::transition_task(conn, id, trigger, &details, agentry_persistence::now())?;
+            Ok(task)
+        })
+        .await
+}
+
+/// Cancels a queued, provisioning or running task (member); a running agent's process group
+/// is killed. Any other state → 409 `invalid_transition`.
+#[utoipa::path(
+    tag = "tasks",
+    params(("id" = Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, body = TaskDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/tasks/{id}/cancel")]
+pub async fn cancel_task(
+    caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<web::Json<TaskDto>, ApiError> {
+    caller.require(Role::Member)?;
+    let id = path_uuid("id", &path)?;
+    let reason = format!("cancelled by token {}", caller.token_id);
+    let task = user_transition(&state, id, Trigger::Cancel, reason).await?;
+    state.runs.stop_local(id);
+    tracing::info!(task = %id, by = %caller.token_id, "task cancelled");
+    Ok(web::Json(task.into()))
+}
+
+/// Queues a failed or cancelled task again with its attempt + 1 (member). Its earlier runs'
+/// costs stay: the new run's cost adds to them.
+#[utoipa::path(
+    tag = "tasks",
+    params(("id" = Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, body = TaskDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/tasks/{id}/retry")]
+pub async fn retry_task(
+    caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<web::Json<TaskDto>, ApiError> {
+    caller.require(Role::Member)?;
+    let id = path_uuid("id", &path)?;
+    let reason = format!("retried by token {}", caller.token_id);
+    let task = user_transition(&state, id, Trigger::Retry, reason).await?;
+    state.runs.wake();
+    tracing::info!(task = %id, attempt = task.attempt, by = %caller.token_id, "task retried");
+    Ok(web::Json(task.into()))
+}
+
+/// The agent output of the task's latest run as text: the live output while a run is in
+/// progress on this replica, else the stored log of the last recorded run. The header
+/// `X-Agentry-Log-Truncated: true` says the head of an oversized output was dropped.
+#[utoipa::path(
+    tag = "tasks",
+    params(("id" = Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, content_type = "text/plain", body = String),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/tasks/{id}/log")]
+pub async fn task_log(
+    _caller: Caller,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path_uuid("id", &path)?;
+    let (task, stored) = state
+        .db(move |conn| {
+            let task = tasks::find_task(conn, id)?
+                .ok_or_else(|| ApiError::not_found(format!("task {id} not found")))?;
+            let stored = claims::latest_run_log(conn, id)?;
+            Ok((task, stored))
+        })
+        .await?;
+    let live = if crate::runs::is_running(task.state) {
+        state.runs.runner().live_output(id, task.attempt)
+    } else {
+        None
+    };
+    let (text, truncated) = match (live, stored) {
+        (Some(live), _) => (live, false),
+        (None, Some((_, _, log))) => (log.content, log.truncated),
+        (None, None) => {
+            return Err(ApiError::not_found(format!("task {id} has no run log yet")));
+        }
+    };
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .insert_header(("X-Agentry-Log-Truncated", truncated.to_string()))
+        .body(text))
 }
 
 impl From<ImportError> for ApiError {

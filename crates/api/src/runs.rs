@@ -1,0 +1,915 @@
+//! The agent-run orchestrator (SPEC §2.2, §6): claims queued tasks, hands each to the
+//! [`Runner`], keeps its lease alive, and settles the outcome: the pull request opened (or
+//! the review posted) and the run recorded with the state change in one transaction.
+//!
+//! - [`runner_loop`] fills up to `AGENTRY_MAX_CONCURRENT_RUNS` slots with claimed tasks,
+//!   oldest queued first; it is woken when tasks are queued and looks again every few
+//!   seconds for tasks queued by other replicas.
+//! - While a run goes on, its lease is renewed every third of the lease. A renewal that
+//!   fails (the task was cancelled, possibly on another replica, or recovered by someone
+//!   else) stops the agent: its process group is killed.
+//! - [`recovery_loop`] recovers tasks whose lease expired: the dead runner's output is
+//!   salvaged if reachable (its cost is recorded as a `lost` run) and the task goes back to
+//!   `queued` with the attempt + 1, or `failed` after the third attempt. On SQLite (one
+//!   process by design) every lease found at start belongs to a dead process and is
+//!   recovered at once.
+//! - Publishing: a pushed coding run opens the pull request (title = task title, body with
+//!   `Closes #N`, the task id and the run's cost); an uncertain creation (timeout, 5xx) is
+//!   resolved by looking up the branch's open pull request, so none is ever opened twice.
+//!   A review run posts its text as a review carrying a marker, looked for before posting,
+//!   so a review is never posted twice either.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::web;
+use agentry_codehost::{CodeHostError, GitHub};
+use agentry_domain::money::Usd;
+use agentry_domain::{Task, TaskState, TaskType, Trigger};
+use agentry_persistence::repos::{self, Repository};
+use agentry_persistence::runner::{self as claims, ExpiredLease, RunLog};
+use agentry_persistence::tasks::{self, NewTask, Run, RunOutcome, TransitionDetails};
+use agentry_persistence::{AnyConnection, Backend, DbError, secrets, write_tx};
+use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
+use agentry_runner::{
+    AgentSpec, Control, Execution, Job, JobKind, PriceTable, RunReport, Runner, Verdict,
+};
+use time::OffsetDateTime;
+use tokio::sync::{Notify, Semaphore, oneshot, watch};
+use uuid::Uuid;
+
+use crate::codehost::TOKEN_SECRET;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// How the orchestrator behaves.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Agent runs at once in this process (`AGENTRY_MAX_CONCURRENT_RUNS`); 0 runs none.
+    pub max_concurrent: usize,
+    /// How long a claim lasts without renewal (`AGENTRY_RUN_LEASE_SECS`).
+    pub lease: Duration,
+    /// Wall-time limit of one run (`AGENTRY_RUN_TIME_LIMIT_SECS`).
+    pub wall_time: Duration,
+    /// How often an idle runner looks for queued tasks it was not woken for.
+    pub idle: Duration,
+    /// Keep run directories after the run is recorded (for tests that inspect them).
+    pub keep_run_dirs: bool,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        RunSettings {
+            max_concurrent: 2,
+            lease: Duration::from_secs(60),
+            wall_time: Duration::from_secs(3600),
+            idle: Duration::from_secs(2),
+            keep_run_dirs: false,
+        }
+    }
+}
+
+/// The orchestrator's state (one per process, in [`AppState`]).
+pub struct Runs {
+    runner: Arc<dyn Runner>,
+    prices: PriceTable,
+    settings: RunSettings,
+    /// This process's lease owner id.
+    owner: String,
+    wake: Notify,
+    slots: Arc<Semaphore>,
+    /// Cancel switches of the runs in progress here.
+    active: Mutex<HashMap<Uuid, watch::Sender<bool>>>,
+    stopping: AtomicBool,
+}
+
+impl std::fmt::Debug for Runs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runs")
+            .field("owner", &self.owner)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runs {
+    /// The orchestrator over `runner`; `prices` cost the output salvaged from dead runs.
+    pub fn new(runner: Arc<dyn Runner>, prices: PriceTable, settings: RunSettings) -> Self {
+        Runs {
+            runner,
+            prices,
+            slots: Arc::new(Semaphore::new(settings.max_concurrent)),
+            settings,
+            owner: format!("agentry-{}", Uuid::new_v4()),
+            wake: Notify::new(),
+            active: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    /// The orchestrator over a [`LocalRunner`](agentry_runner::LocalRunner) working under
+    /// `root`, launching the agents `claude_bin` and `codex_bin` with the built-in prices
+    /// and this process's `PATH` and API-key variables.
+    pub fn local(
+        root: std::path::PathBuf,
+        claude_bin: std::path::PathBuf,
+        codex_bin: std::path::PathBuf,
+        settings: RunSettings,
+    ) -> Self {
+        let prices = PriceTable::builtin();
+        let runner = agentry_runner::LocalRunner::new(agentry_runner::LocalConfig {
+            root,
+            claude_bin,
+            codex_bin,
+            prices: prices.clone(),
+            inherited_env: agentry_runner::LocalConfig::inherit(|name| std::env::var(name).ok()),
+            kill_grace: Duration::from_secs(5),
+        });
+        Runs::new(Arc::new(runner), prices, settings)
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &RunSettings {
+        &self.settings
+    }
+
+    /// The runner.
+    pub fn runner(&self) -> &dyn Runner {
+        self.runner.as_ref()
+    }
+
+    /// Tells the runner loop that tasks were queued.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Stops the agent of `task_id` if it runs in this process (after the task was moved to
+    /// `cancelled`). Other replicas notice at their next lease renewal.
+    pub fn stop_local(&self, task_id: Uuid) {
+        if let Some(cancel) = lock(&self.active).get(&task_id) {
+            let _ = cancel.send(true);
+        }
+    }
+
+    /// How many runs are in progress in this process.
+    pub fn active(&self) -> usize {
+        lock(&self.active).len()
+    }
+
+    /// Stops every agent of this process without settling its task: the tasks stay leased
+    /// and are recovered after the restart (with the cost their output shows). Waits up to
+    /// `wait` for the runs to end.
+    pub async fn shut_down(&self, wait: Duration) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for cancel in lock(&self.active).values() {
+            let _ = cancel.send(true);
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        while self.active() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now() -> OffsetDateTime {
+    agentry_persistence::now()
+}
+
+fn lease_of(settings: &RunSettings) -> time::Duration {
+    time::Duration::try_from(settings.lease).unwrap_or(time::Duration::MINUTE)
+}
+
+/// The runner loop (see the module docs). Returns at once when runs are disabled.
+pub async fn runner_loop(state: web::Data<AppState>) {
+    let runs = &state.runs;
+    if runs.settings.max_concurrent == 0 {
+        return;
+    }
+    loop {
+        let Ok(slot) = runs.slots.clone().acquire_owned().await else {
+            return;
+        };
+        if runs.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        match claim(&state).await {
+            Ok(Some(task)) => {
+                let state = state.clone();
+                actix_web::rt::spawn(async move {
+                    run_task(&state, task).await;
+                    drop(slot);
+                    state.runs.wake();
+                });
+                continue;
+            }
+            Ok(None) => drop(slot),
+            Err(e) => {
+                drop(slot);
+                tracing::warn!(error = %e, "could not claim a task");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(runs.settings.idle) => {}
+            () = runs.wake.notified() => {}
+        }
+    }
+}
+
+async fn claim(state: &web::Data<AppState>) -> Result<Option<Task>, ApiError> {
+    let owner = state.runs.owner.clone();
+    let lease = lease_of(&state.runs.settings);
+    state
+        .db(move |conn| Ok(claims::claim_next(conn, &owner, now(), lease)?))
+        .await
+}
+
+/// Claims the oldest queued task and runs it to its end; returns its id, or `None` when
+/// nothing was queued. (The loop does the same with several slots; tests use this.)
+pub async fn run_next(state: &web::Data<AppState>) -> Result<Option<Uuid>, ApiError> {
+    let Some(task) = claim(state).await? else {
+        return Ok(None);
+    };
+    let id = task.id;
+    run_task(state, task).await;
+    Ok(Some(id))
+}
+
+/// What a run needs besides the job.
+struct Prepared {
+    job: Job,
+    repo: Repository,
+    /// A review task's coding task (with its pull request).
+    parent: Option<Task>,
+    token: secrets::SecretValue,
+}
+
+/// Runs one claimed task to its end. Never fails: problems become the task's failure.
+async fn run_task(state: &web::Data<AppState>, task: Task) {
+    let id = task.id;
+    let attempt = task.attempt;
+    tracing::info!(task = %id, attempt, kind = task.task_type.as_str(), "run started");
+    let prepared = {
+        let key = state.codehost.master_key().clone();
+        let task = task.clone();
+        let settings = state.runs.settings.clone();
+        state
+            .db(move |conn| prepare(conn, &key, &task, &settings))
+            .await
+    };
+    let prepared = match prepared {
+        Ok(Ok(p)) => p,
+        Ok(Err(refusal)) => {
+            settle_without_run(state, &task, &refusal).await;
+            return;
+        }
+        Err(e) => {
+            // The database is unreachable: leave the lease to expire; recovery requeues.
+            tracing::error!(task = %id, error = %e, "could not prepare a run");
+            return;
+        }
+    };
+    let (cancel, cancelled) = watch::channel(false);
+    lock(&state.runs.active).insert(id, cancel.clone());
+    let (started, on_start) = oneshot::channel();
+    let renewer = actix_web::rt::spawn(renew_lease(state.clone(), id, cancel.clone()));
+    let running = {
+        let state = state.clone();
+        let cancel = cancel.clone();
+        actix_web::rt::spawn(async move {
+            if on_start.await.is_err() {
+                return;
+            }
+            let moved = state
+                .db(move |conn| {
+                    Ok(tasks::transition_task(
+                        conn,
+                        id,
+                        Trigger::AgentStarted,
+                        &TransitionDetails::default(),
+                        now(),
+                    )?)
+                })
+                .await;
+            if let Err(e) = moved {
+                tracing::info!(task = %id, error = %e, "the task left provisioning; stopping the agent");
+                let _ = cancel.send(true);
+            }
+        })
+    };
+    let control = Control {
+        cancel: cancelled,
+        started: Some(started),
+    };
+    let execution = state
+        .runs
+        .runner
+        .execute(prepared.job.clone(), control)
+        .await;
+    renewer.abort();
+    let _ = running.await;
+    if state.runs.stopping.load(Ordering::SeqCst) {
+        // Shutting down: the task stays leased and is recovered after the restart, with
+        // the cost its output shows.
+        lock(&state.runs.active).remove(&id);
+        return;
+    }
+    let settled = settle(state, &task, &prepared, execution).await;
+    lock(&state.runs.active).remove(&id);
+    match settled {
+        Ok(()) => {
+            if !state.runs.settings.keep_run_dirs {
+                state.runs.runner.discard(id, attempt);
+            }
+        }
+        Err(e) => {
+            tracing::error!(task = %id, error = %e, "could not record a run; it is recovered when its lease expires");
+        }
+    }
+}
+
+/// Reads what the job needs; `Err` is why the task cannot run at all.
+fn prepare(
+    conn: &mut AnyConnection,
+    key: &secrets::MasterKey,
+    task: &Task,
+    settings: &RunSettings,
+) -> Result<Result<Prepared, String>, ApiError> {
+    let Some(repo_id) = task.repo_id else {
+        return Ok(Err("the task's repository is not connected".into()));
+    };
+    let repo = repos::get_repository(conn, repo_id)?;
+    if repo.disconnected_at.is_some() {
+        return Ok(Err(format!("the repository {} was disconnected", repo.url)));
+    }
+    let Some(token) = secrets::get(conn, key, TOKEN_SECRET).map_err(ApiError::from)? else {
+        return Ok(Err(format!(
+            "no code-host token is stored (PUT /api/secrets/{TOKEN_SECRET})"
+        )));
+    };
+    let s = &repo.settings;
+    let budget = match s.max_cost_per_task_usd {
+        None => None,
+        Some(cap) => {
+            let spent = task.cost_usd.map_or(0, Usd::to_nanos);
+            let left = cap.to_nanos().saturating_sub(spent);
+            if left <= 0 {
+                return Ok(Err(format!(
+                    "the task has spent its cost limit of {cap} USD (maxCostPerTaskUsd)"
+                )));
+            }
+            Usd::from_nanos(left).ok()
+        }
+    };
+    let (kind, agent, prompt, parent) = match task.task_type {
+        TaskType::Coding => (
+            JobKind::Coding {
+                commit_message: format!("{}\n\nagentry task {}", task.title, task.id),
+            },
+            AgentSpec {
+                agent_type: task.agent_type,
+                model: s.coding_model.clone(),
+                max_turns: s.max_turns_coding,
+                max_budget_usd: budget,
+            },
+            coding_prompt(task),
+            None,
+        ),
+        TaskType::Review => {
+            let Some(parent_id) = task.parent_task_id else {
+                return Ok(Err("a review task without its coding task".into()));
+            };
+            let parent = tasks::get_task(conn, parent_id)?;
+            let Some(number) = parent.pr_number else {
+                return Ok(Err("the reviewed task has no pull request".into()));
+            };
+            (
+                JobKind::Review {
+                    branch: branch_name(parent.id),
+                },
+                AgentSpec {
+                    agent_type: task.agent_type,
+                    model: s.review_model.clone(),
+                    max_turns: Some(s.max_turns_review),
+                    max_budget_usd: budget,
+                },
+                review_prompt(&repo, &parent, number),
+                Some(parent),
+            )
+        }
+    };
+    let job = Job {
+        task_id: task.id,
+        attempt: task.attempt,
+        kind,
+        repo: RepoSpec {
+            key: repo.id.to_string(),
+            clone_url: repo.clone_url.clone(),
+            default_branch: repo.default_branch.clone(),
+        },
+        agent,
+        prompt,
+        auth: GitAuth::token(token.expose()),
+        wall_time: settings.wall_time,
+    };
+    Ok(Ok(Prepared {
+        job,
+        repo,
+        parent,
+        token,
+    }))
+}
+
+/// The coding agent's instructions: the task's title, then its prompt (the issue body).
+fn coding_prompt(task: &Task) -> String {
+    if task.prompt.trim().is_empty() {
+        task.title.clone()
+    } else {
+        format!("{}\n\n{}", task.title, task.prompt)
+    }
+}
+
+/// The review agent's instructions.
+fn review_prompt(repo: &Repository, parent: &Task, number: i64) -> String {
+    format!(
+        "Review pull request #{number} of {url}: \"{title}\".\n\
+         The pull request's branch is checked out here; see its changes with \
+         `git diff origin/{base}...HEAD`.\n\n\
+         The task it implements:\n{prompt}\n\n\
+         Write a concise code review: correctness problems first, then risks and missing \
+         tests. Do not change any file. Your final message is posted on the pull request as \
+         the review.",
+        url = repo.url,
+        title = parent.title,
+        base = repo.default_branch,
+        prompt = coding_prompt(parent),
+    )
+}
+
+/// Renews the lease every third of its length; a refused renewal stops the agent.
+async fn renew_lease(state: web::Data<AppState>, id: Uuid, cancel: watch::Sender<bool>) {
+    let every = state.runs.settings.lease / 3;
+    let lease = lease_of(&state.runs.settings);
+    loop {
+        tokio::time::sleep(every).await;
+        let owner = state.runs.owner.clone();
+        let renewed = state
+            .db(move |conn| Ok(claims::renew_lease(conn, id, &owner, now() + lease)?))
+            .await;
+        match renewed {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(task = %id, "the task is no longer this runner's (cancelled or recovered); stopping the agent");
+                let _ = cancel.send(true);
+                return;
+            }
+            Err(e) => tracing::warn!(task = %id, error = %e, "could not renew a lease"),
+        }
+    }
+}
+
+/// Fails a task that could not run at all (no agent ran, so no run is recorded).
+async fn settle_without_run(state: &web::Data<AppState>, task: &Task, message: &str) {
+    let id = task.id;
+    let details = TransitionDetails {
+        reason: Some(message.to_owned()),
+        error_message: Some(message.to_owned()),
+        pull_request: None,
+    };
+    let failed = state
+        .db(move |conn| {
+            Ok(tasks::transition_task(
+                conn,
+                id,
+                Trigger::Fail,
+                &details,
+                now(),
+            )?)
+        })
+        .await;
+    match failed {
+        Ok(_) => tracing::warn!(task = %id, reason = message, "task failed before its agent ran"),
+        Err(e) => tracing::info!(task = %id, error = %e, "could not fail a task"),
+    }
+}
+
+/// The ledger row of an execution.
+fn run_record(task: &Task, job: &Job, execution: &Execution, outcome: RunOutcome) -> Run {
+    let report = execution.report.as_ref();
+    let error_message = match &execution.verdict {
+        Verdict::Failed(m) | Verdict::TimedOut(m) => Some(m.clone()),
+        Verdict::NoChanges => Some("the agent made no changes".to_owned()),
+        Verdict::Cancelled => Some("the run was cancelled".to_owned()),
+        Verdict::Pushed { .. } | Verdict::Reviewed { .. } => None,
+    };
+    run_from_report(
+        task,
+        job.agent.model.clone(),
+        execution,
+        report,
+        outcome,
+        error_message,
+    )
+}
+
+fn run_from_report(
+    task: &Task,
+    launched_model: String,
+    execution: &Execution,
+    report: Option<&RunReport>,
+    outcome: RunOutcome,
+    error_message: Option<String>,
+) -> Run {
+    let cache_read = report.map_or(0, |r| r.cache_read_tokens);
+    let cache_write = report.map_or(0, |r| r.cache_write_tokens);
+    let all_input = report.map_or(0, |r| r.input_tokens);
+    Run {
+        id: Uuid::new_v4(),
+        task_id: task.id,
+        attempt: task.attempt,
+        agent_type: execution.agent_type,
+        model: report
+            .and_then(|r| r.model.clone())
+            .or(Some(launched_model)),
+        cost_usd: report.and_then(|r| r.cost_usd),
+        // The ledger keeps uncached input apart; the task's input total adds the cache.
+        input_tokens: all_input
+            .saturating_sub(cache_read)
+            .saturating_sub(cache_write)
+            .max(0),
+        cache_read_tokens: cache_read,
+        cache_write_tokens: cache_write,
+        output_tokens: report.map_or(0, |r| r.output_tokens),
+        turns: report.and_then(|r| r.turns),
+        outcome,
+        exit_code: execution.exit_code(),
+        error_message,
+        started_at: execution.started_at,
+        finished_at: Some(execution.finished_at),
+    }
+}
+
+/// What the settling transaction does besides recording the run.
+struct Settlement {
+    trigger: Option<(Trigger, TransitionDetails)>,
+    review: Option<NewTask>,
+}
+
+fn fail_with(message: String) -> Settlement {
+    Settlement {
+        trigger: Some((
+            Trigger::Fail,
+            TransitionDetails {
+                reason: Some(message.clone()),
+                error_message: Some(message),
+                pull_request: None,
+            },
+        )),
+        review: None,
+    }
+}
+
+/// Publishes what the run produced, then records the run with the state change.
+async fn settle(
+    state: &web::Data<AppState>,
+    task: &Task,
+    prepared: &Prepared,
+    execution: Execution,
+) -> Result<(), ApiError> {
+    let outcome = match &execution.verdict {
+        Verdict::Pushed { .. } | Verdict::Reviewed { .. } | Verdict::NoChanges => {
+            RunOutcome::Succeeded
+        }
+        Verdict::Failed(_) => RunOutcome::Failed,
+        Verdict::Cancelled => RunOutcome::Cancelled,
+        Verdict::TimedOut(_) => RunOutcome::TimedOut,
+    };
+    let run = run_record(task, &prepared.job, &execution, outcome);
+    let settlement = match &execution.verdict {
+        Verdict::Pushed { branch, .. } => {
+            match open_pull_request(state, prepared, task, branch, run.cost_usd).await {
+                Ok((url, number)) => Settlement {
+                    trigger: Some((
+                        Trigger::PullRequestOpened,
+                        TransitionDetails {
+                            reason: Some(format!("pull request #{number} opened")),
+                            error_message: None,
+                            pull_request: Some((url, number)),
+                        },
+                    )),
+                    review: prepared
+                        .repo
+                        .settings
+                        .auto_review
+                        .then(|| review_task(task, &prepared.repo)),
+                },
+                Err(message) => fail_with(message),
+            }
+        }
+        Verdict::Reviewed { text } => match post_review(state, prepared, task, text, run.cost_usd)
+            .await
+        {
+            Ok(pull_request) => Settlement {
+                trigger: Some((
+                    Trigger::ReviewPosted,
+                    TransitionDetails {
+                        reason: Some(format!("review posted on pull request #{}", pull_request.1)),
+                        error_message: None,
+                        pull_request: Some(pull_request),
+                    },
+                )),
+                review: None,
+            },
+            Err(message) => fail_with(message),
+        },
+        Verdict::NoChanges => fail_with("the agent made no changes".into()),
+        Verdict::Failed(m) | Verdict::TimedOut(m) => fail_with(m.clone()),
+        Verdict::Cancelled => Settlement {
+            trigger: None,
+            review: None,
+        },
+    };
+    let log = RunLog::of(&execution.output);
+    let id = task.id;
+    let queued_review = settlement.review.is_some();
+    let recorded = state
+        .db(move |conn| {
+            Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                let current = tasks::get_task(conn, id)?;
+                if current.attempt != run.attempt {
+                    // Recovered by someone else meanwhile: that attempt is theirs now.
+                    return Ok(false);
+                }
+                tasks::record_run(conn, &run)?;
+                claims::save_run_log(conn, run.id, id, &log, now())?;
+                if let Some((trigger, details)) = &settlement.trigger {
+                    match tasks::transition_task(conn, id, *trigger, details, now()) {
+                        Ok(_) => {
+                            if let Some(review) = &settlement.review {
+                                tasks::create_task(conn, review, "review launched")?;
+                            }
+                        }
+                        // Cancelled meanwhile: the run is still recorded.
+                        Err(DbError::InvalidTransition(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(true)
+            })?)
+        })
+        .await?;
+    if recorded && queued_review {
+        state.runs.wake();
+    }
+    Ok(())
+}
+
+/// The review task of a coding task that opened its pull request.
+fn review_task(task: &Task, repo: &Repository) -> NewTask {
+    NewTask {
+        id: Uuid::new_v4(),
+        title: format!("Review: {}", task.title),
+        prompt: String::new(),
+        repo_id: Some(repo.id),
+        repo_url: repo.url.clone(),
+        task_type: TaskType::Review,
+        agent_type: repo.settings.agent_type,
+        issue_number: None,
+        parent_task_id: Some(task.id),
+        created_at: now(),
+    }
+}
+
+fn cost_text(cost: Option<Usd>) -> String {
+    cost.map_or_else(|| "not reported".to_owned(), |c| format!("${c}"))
+}
+
+fn github_of(state: &AppState, token: &secrets::SecretValue) -> Result<GitHub, String> {
+    state
+        .codehost
+        .client_for(token)
+        .map_err(|e| format!("no code-host client: {}", e.message()))
+}
+
+/// Opens the pull request of a pushed branch (or finds the one an uncertain earlier
+/// attempt opened): its URL and number, or why not.
+async fn open_pull_request(
+    state: &AppState,
+    prepared: &Prepared,
+    task: &Task,
+    branch: &str,
+    cost: Option<Usd>,
+) -> Result<(String, i64), String> {
+    let github = github_of(state, &prepared.token)?;
+    let repo = &prepared.repo;
+    let (owner, name) = (repo.url.owner(), repo.url.name());
+    let mut body = String::new();
+    if let Some(n) = task.issue_number {
+        body.push_str(&format!("Closes #{n}\n\n"));
+    }
+    body.push_str(&format!(
+        "Opened by agentry for task `{}` (attempt {}). Run cost: {}.",
+        task.id,
+        task.attempt,
+        cost_text(cost)
+    ));
+    let created = github
+        .create_pull(
+            owner,
+            name,
+            &task.title,
+            branch,
+            &repo.default_branch,
+            &body,
+        )
+        .await;
+    let pull = match created {
+        Ok(pull) => pull,
+        Err(e @ (CodeHostError::Rejected { .. } | CodeHostError::Unavailable(_))) => {
+            // Already there (a retry, or a creation whose answer was lost)?
+            match github.open_pull_for_branch(owner, name, branch).await {
+                Ok(Some(pull)) => pull,
+                _ => return Err(format!("the pull request could not be opened: {e}")),
+            }
+        }
+        Err(e) => return Err(format!("the pull request could not be opened: {e}")),
+    };
+    let number = i64::try_from(pull.number)
+        .map_err(|_| "the code host answered an impossible pull request number".to_owned())?;
+    Ok((pull.html_url, number))
+}
+
+/// The marker a posted review ends with.
+pub fn review_marker(task_id: Uuid) -> String {
+    format!("<!-- agentry:review:{task_id} -->")
+}
+
+/// Posts the review text on the coding task's pull request unless its marker is already
+/// there: the pull request's URL and number, or why not.
+async fn post_review(
+    state: &AppState,
+    prepared: &Prepared,
+    task: &Task,
+    text: &str,
+    cost: Option<Usd>,
+) -> Result<(String, i64), String> {
+    let parent = prepared
+        .parent
+        .as_ref()
+        .ok_or_else(|| "a review task without its coding task".to_owned())?;
+    let (Some(number), Some(url)) = (parent.pr_number, parent.pr_url.clone()) else {
+        return Err("the reviewed task has no pull request".into());
+    };
+    let github = github_of(state, &prepared.token)?;
+    let repo = &prepared.repo;
+    let (owner, name) = (repo.url.owner(), repo.url.name());
+    let unsigned = u64::try_from(number).map_err(|_| "invalid pull request number".to_owned())?;
+    let marker = review_marker(task.id);
+    let posted = github
+        .review_bodies(owner, name, unsigned)
+        .await
+        .map_err(|e| format!("the review could not be posted: {e}"))?;
+    if !posted.iter().any(|b| b.contains(&marker)) {
+        let body = format!(
+            "{text}\n\n---\nReview by agentry (task `{}`, cost {}).\n{marker}",
+            task.id,
+            cost_text(cost)
+        );
+        github
+            .create_review(owner, name, unsigned, &body)
+            .await
+            .map_err(|e| format!("the review could not be posted: {e}"))?;
+    }
+    Ok((url, number))
+}
+
+/// Recovers every task whose lease expired before `before` (see the module docs); returns
+/// how many were recovered.
+pub async fn recover_expired(
+    state: &web::Data<AppState>,
+    before: OffsetDateTime,
+) -> Result<usize, ApiError> {
+    let expired = state
+        .db(move |conn| Ok(claims::expired_leases(conn, before, 100)?))
+        .await?;
+    let mut recovered = 0;
+    for lease in expired {
+        let task = lease.task.clone();
+        if lock(&state.runs.active).contains_key(&task.id) && lease.owner == state.runs.owner {
+            // Ours and still running (a renewal is late): leave it.
+            continue;
+        }
+        let output = state.runs.runner.salvage(task.id, task.attempt);
+        let lost = match output {
+            Some(output) => Some(lost_run(state, &lease, &output).await?),
+            None => None,
+        };
+        let done = state
+            .db(move |conn| {
+                let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
+                Ok(claims::recover_expired(conn, &lease, before, lost, now())?)
+            })
+            .await?;
+        if let Some((after, t)) = done {
+            tracing::warn!(
+                task = %after.id, from = t.from.as_str(), to = t.to.as_str(), attempt = after.attempt,
+                "recovered a task whose runner died"
+            );
+            state.runs.runner.discard(task.id, task.attempt);
+            recovered += 1;
+        }
+    }
+    if recovered > 0 {
+        state.runs.wake();
+    }
+    Ok(recovered)
+}
+
+/// The ledger row of a dead runner's run, from the output it left.
+async fn lost_run(
+    state: &web::Data<AppState>,
+    lease: &ExpiredLease,
+    output: &str,
+) -> Result<(Run, RunLog), ApiError> {
+    let task = lease.task.clone();
+    let repo = match task.repo_id {
+        Some(id) => Some(
+            state
+                .db(move |conn| Ok(repos::get_repository(conn, id)?))
+                .await?,
+        ),
+        None => None,
+    };
+    let model = repo
+        .as_ref()
+        .map_or_else(String::new, |r| match task.task_type {
+            TaskType::Coding => r.settings.coding_model.clone(),
+            TaskType::Review => r.settings.review_model.clone(),
+        });
+    let spec = AgentSpec {
+        agent_type: task.agent_type,
+        model: model.clone(),
+        max_turns: None,
+        max_budget_usd: None,
+    };
+    let report = agentry_runner::agent::parse_output(&spec, output, &state.runs.prices);
+    let at = now();
+    let execution = Execution {
+        verdict: Verdict::Cancelled,
+        agent_type: task.agent_type,
+        report: None,
+        ended: None,
+        output: String::new(),
+        started_at: task.started_at.unwrap_or(lease.expired_at),
+        finished_at: at,
+    };
+    let mut run = run_from_report(
+        &task,
+        model,
+        &execution,
+        Some(&report),
+        RunOutcome::Lost,
+        Some("the runner stopped during the run (its lease expired)".into()),
+    );
+    run.finished_at = None;
+    Ok((run, RunLog::of(output)))
+}
+
+/// At start, before the runner loop claims anything: on SQLite (one process per database)
+/// every lease found belongs to a dead process and is recovered at once; on PostgreSQL only
+/// expired ones (other replicas may be running).
+pub async fn recover_at_start(state: &web::Data<AppState>, backend: Backend) {
+    let before = match backend {
+        Backend::Sqlite => now() + time::Duration::days(36_500),
+        Backend::Postgres => now(),
+    };
+    match recover_expired(state, before).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            tasks = n,
+            "recovered tasks left running by a stopped process"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not recover the tasks of a stopped process"),
+    }
+}
+
+/// The recovery loop: every half lease, recovers the tasks whose lease expired.
+pub async fn recovery_loop(state: web::Data<AppState>) {
+    let every = (state.runs.settings.lease / 2).max(Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = recover_expired(&state, now()).await {
+            tracing::warn!(error = %e, "lease recovery skipped");
+        }
+    }
+}
+
+/// Whether `state` is one a run could still leave (for the log endpoint's live view).
+pub fn is_running(state: TaskState) -> bool {
+    matches!(state, TaskState::Provisioning | TaskState::Running)
+}

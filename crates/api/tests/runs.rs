@@ -1,0 +1,552 @@
+//! Agent runs end to end through the HTTP API (SPEC §2.2, §3.8, §6): the fake GitHub on
+//! 127.0.0.1, a local bare repository as the clone URL, the real `git`, and the fake
+//! Claude Code executable (crates/runner/tests/fake-agents) printing what the real CLI
+//! prints.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use actix_web::web;
+use agentry_api::runs::{self, RunSettings, Runs};
+use agentry_api::state::AppState;
+use agentry_persistence::test_support::TestDb;
+use common::env::{Env, bare, json_req};
+use common::{call, code_host_with, get, test_timing};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const OWNER: &str = "acme";
+const NAME: &str = "web";
+
+fn fake_agent(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../runner/tests/fake-agents/{name}"))
+}
+
+fn git(args: &[&str], cwd: &Path) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .current_dir(cwd)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A bare repository with one commit on `main` (a README).
+fn source_repo(dir: &Path) -> PathBuf {
+    let bare_repo = dir.join("source.git");
+    std::fs::create_dir_all(&bare_repo).unwrap();
+    git(&["init", "--bare", "-b", "main"], &bare_repo);
+    let work = dir.join("seed");
+    git(
+        &["clone", bare_repo.to_str().unwrap(), work.to_str().unwrap()],
+        dir,
+    );
+    std::fs::write(work.join("README.md"), "# web\n").unwrap();
+    git(&["add", "README.md"], &work);
+    git(&["commit", "-m", "initial"], &work);
+    git(&["push", "origin", "HEAD:refs/heads/main"], &work);
+    bare_repo
+}
+
+struct Rig {
+    env: Env,
+    state: web::Data<AppState>,
+    data: TempDir,
+    source: PathBuf,
+    repo_id: String,
+}
+
+impl Rig {
+    fn new(db: TestDb) -> Rig {
+        Rig::with_settings(db, |_| {})
+    }
+
+    fn with_settings(db: TestDb, tweak: impl FnOnce(&mut RunSettings)) -> Rig {
+        let env = Env::new(db);
+        env.store_token();
+        let data = TempDir::new().unwrap();
+        let source = source_repo(data.path());
+        env.fake
+            .set_clone_url(OWNER, NAME, source.to_str().unwrap());
+        let mut settings = RunSettings {
+            max_concurrent: 2,
+            lease: Duration::from_secs(30),
+            wall_time: Duration::from_secs(60),
+            idle: Duration::from_millis(100),
+            keep_run_dirs: true,
+        };
+        tweak(&mut settings);
+        let state = web::Data::new(AppState {
+            db: env.db().clone(),
+            metrics: agentry_api::metrics::Metrics::new().unwrap(),
+            openapi_json: "{}".into(),
+            codehost: code_host_with(
+                &env.fake.base_url(),
+                env.state.codehost.master_key().clone(),
+                test_timing(),
+            ),
+            runs: Runs::local(
+                data.path().join("agentry"),
+                fake_agent("claude"),
+                fake_agent("codex"),
+                settings,
+            ),
+        });
+        Rig {
+            env,
+            state,
+            data,
+            source,
+            repo_id: String::new(),
+        }
+    }
+
+    fn run_dir(&self, task: &str, attempt: i64) -> PathBuf {
+        self.data
+            .path()
+            .join("agentry/runs")
+            .join(task)
+            .join(attempt.to_string())
+    }
+}
+
+/// Polls the task until `done(task)` holds (at most 30 s).
+async fn wait_for<S, B>(
+    app: &S,
+    token: &str,
+    id: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value
+where
+    S: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<B>,
+            Error = actix_web::Error,
+        >,
+    B: actix_web::body::MessageBody,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, task) = call(app, get(&format!("/api/tasks/{id}"), token)).await;
+        assert_eq!(status, 200, "{task}");
+        if done(&task) {
+            return task;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {task:#}"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn state_of(task: &Value) -> &str {
+    task["state"].as_str().unwrap()
+}
+
+fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        // A zombie is gone for our purpose (nothing runs; its parent reaps it).
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+macro_rules! app {
+    ($rig:expr) => {{
+        let app = common::service_with($rig.state.clone()).await;
+        let (status, repo) = call(
+            &app,
+            json_req(
+                "POST",
+                "/api/repos",
+                &$rig.env.t.admin,
+                &json!({"repoUrl": "https://github.com/acme/web"}),
+            ),
+        )
+        .await;
+        assert_eq!(status, 201, "{repo}");
+        $rig.repo_id = repo["id"].as_str().unwrap().to_owned();
+        actix_web::rt::spawn(runs::runner_loop($rig.state.clone()));
+        app
+    }};
+}
+
+/// Assign → queued → provisioning → running → pr_opened with the branch pushed, the pull
+/// request on the fake and the exact cost everywhere; the review runs and posts; merging
+/// completes the task and closes the issue.
+async fn issue_to_merged_pull_request(db: TestDb) {
+    let mut rig = Rig::new(db);
+    let app = app!(rig);
+    let issue = rig.env.fake.add_issue(
+        OWNER,
+        NAME,
+        "Fix the parser",
+        Some("The parser panics on \"empty\" input."),
+        &[],
+    );
+    let (status, assigned) = call(
+        &app,
+        json_req(
+            "POST",
+            "/api/issues/assign",
+            &rig.env.t.member,
+            &json!({"issueNumber": issue, "repoId": rig.repo_id, "title": "Fix the parser",
+                    "body": "The parser panics on \"empty\" input."}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{assigned}");
+    let id = assigned["task"]["id"].as_str().unwrap().to_owned();
+    let t = rig.env.t.viewer.clone();
+    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+
+    // The state history.
+    let path: Vec<(Value, Value)> = task["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["from"].clone(), e["to"].clone()))
+        .collect();
+    assert_eq!(
+        path,
+        [
+            (Value::Null, json!("queued")),
+            (json!("queued"), json!("provisioning")),
+            (json!("provisioning"), json!("running")),
+            (json!("running"), json!("pr_opened")),
+        ]
+    );
+    // The exact cost and tokens, on the task and its run.
+    assert_eq!(task["costUsd"], "0.123456", "{task:#}");
+    assert_eq!(task["inputTokens"], 1200 + 5000 + 800);
+    assert_eq!(task["outputTokens"], 340);
+    let run = &task["runs"][0];
+    assert_eq!(run["costUsd"], "0.123456", "{run:#}");
+    assert_eq!(run["outcome"], "succeeded", "{run:#}");
+    assert_eq!(task["runs"].as_array().unwrap().len(), 1);
+
+    // The branch with the change in the bare repository.
+    let short = &id[..8];
+    let branch = format!("agentry/task-{short}");
+    let changes = git(
+        &["show", &format!("{branch}:AGENT_CHANGES.md")],
+        &rig.source,
+    );
+    assert!(changes.contains("Fix the parser"), "{changes}");
+    let author = git(&["log", "-1", "--format=%an <%ae>", &branch], &rig.source);
+    assert_eq!(author.trim(), "agentry <agentry@localhost>");
+
+    // The pull request on the fake.
+    let pulls = rig.env.fake.pulls(OWNER, NAME);
+    assert_eq!(pulls.len(), 1);
+    let pull = &pulls[0];
+    assert_eq!(pull.head, branch);
+    assert_eq!(pull.base, "main");
+    assert_eq!(pull.title, "Fix the parser");
+    let body = pull.body.clone().unwrap();
+    assert!(body.contains(&format!("Closes #{issue}")), "{body}");
+    assert!(body.contains(&id), "{body}");
+    assert!(body.contains("0.123456"), "{body}");
+    assert_eq!(task["prNumber"], pull.number);
+
+    // The review subtask runs with the review model and posts on the pull request.
+    let review_id = task["reviews"][0]["id"].as_str().unwrap().to_owned();
+    let review = wait_for(&app, &t, &review_id, "review completed", |t| {
+        state_of(t) == "completed"
+    })
+    .await;
+    assert_eq!(review["taskType"], "review");
+    assert_eq!(review["title"], "Review: Fix the parser");
+    assert_eq!(review["parentTaskId"], id.as_str());
+    assert_eq!(review["costUsd"], "0.123456");
+    assert_eq!(review["modelUsed"], "haiku");
+    let posted = rig.env.fake.reviews(OWNER, NAME, pull.number);
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert!(
+        posted[0].starts_with("Done: Review pull request"),
+        "{}",
+        posted[0]
+    );
+    assert!(posted[0].contains(&format!("agentry:review:{review_id}")));
+
+    // The log of the run.
+    let (status, log) = {
+        let res =
+            actix_web::test::call_service(&app, get(&format!("/api/tasks/{id}/log"), &t)).await;
+        let status = res.status().as_u16();
+        let bytes = actix_web::test::read_body(res).await;
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    };
+    assert_eq!(status, 200);
+    assert!(log.contains("\"type\":\"result\""), "{log}");
+
+    // The costs report: the exact cost of both tasks, coding and review.
+    let (status, report) = call(&app, get("/api/analytics/costs?days=30", &t)).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["summary"]["totalCost"], "0.2469");
+    let top: Vec<(&str, &str)> = report["topTasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t["costUsd"].as_str().unwrap()))
+        .collect();
+    assert!(top.contains(&(id.as_str(), "0.123456")), "{top:?}");
+    let by_type: Vec<&str> = report["costByType"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["taskType"].as_str().unwrap())
+        .collect();
+    assert!(
+        by_type.contains(&"coding") && by_type.contains(&"review"),
+        "{by_type:?}"
+    );
+
+    // Merging on the fake completes the task; the issue is closed.
+    rig.env.fake.merge_pull(OWNER, NAME, pull.number);
+    agentry_api::tracking::poll_pull_requests(&rig.state)
+        .await
+        .unwrap();
+    let done = wait_for(&app, &t, &id, "completed", |t| state_of(t) == "completed").await;
+    assert_eq!(done["costUsd"], "0.123456");
+    agentry_api::codehost::deliver_due(&rig.state, agentry_persistence::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.env.fake.issue(OWNER, NAME, issue).unwrap().state,
+        "closed"
+    );
+
+    // The worktrees are gone; the mirror stays.
+    let worktrees = rig.data.path().join("agentry/workspaces/worktrees");
+    let left: Vec<_> = std::fs::read_dir(&worktrees)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[actix_web::test]
+async fn issue_to_merged_pull_request_sqlite() {
+    issue_to_merged_pull_request(TestDb::sqlite()).await;
+}
+
+#[actix_web::test]
+async fn issue_to_merged_pull_request_postgres() {
+    if let Some(db) = TestDb::postgres() {
+        issue_to_merged_pull_request(db).await;
+    }
+}
+
+/// Creates a manual task with `prompt` through the API; returns its id.
+async fn manual_task<S, B>(app: &S, rig: &Rig, prompt: &str) -> String
+where
+    S: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<B>,
+            Error = actix_web::Error,
+        >,
+    B: actix_web::body::MessageBody,
+{
+    let (status, task) = call(
+        app,
+        json_req(
+            "POST",
+            "/api/tasks",
+            &rig.env.t.member,
+            &json!({"repoId": rig.repo_id, "title": "Manual task", "prompt": prompt}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{task}");
+    assert_eq!(task["state"], "queued");
+    assert_eq!(task["taskType"], "coding");
+    task["id"].as_str().unwrap().to_owned()
+}
+
+/// A failing agent: the task fails with the agent's message and the run's cost is still
+/// recorded; a retry runs again and the costs add.
+#[actix_web::test]
+async fn failed_agent_keeps_its_cost_and_a_retry_adds() {
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    let t = rig.env.t.member.clone();
+    let id = manual_task(&app, &rig, "Break it [fake:fail]").await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    assert!(
+        task["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("the agent failed"),
+        "{task:#}"
+    );
+    assert_eq!(task["costUsd"], "0.123456");
+    assert_eq!(task["runs"][0]["outcome"], "failed");
+    assert_eq!(task["runs"][0]["exitCode"], 1);
+    assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
+
+    let (status, retried) = call(&app, bare("POST", &format!("/api/tasks/{id}/retry"), &t)).await;
+    assert_eq!(status, 200, "{retried}");
+    assert_eq!(retried["state"], "queued");
+    assert_eq!(retried["attempt"], 2);
+    let task = wait_for(&app, &t, &id, "failed again", |t| {
+        state_of(t) == "failed" && t["runs"].as_array().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(task["costUsd"], "0.246912", "{task:#}");
+    assert_eq!(task["runs"][1]["attempt"], 2);
+
+    // A retry of a task that is not failed or cancelled is refused.
+    let ok = manual_task(&app, &rig, "Fine").await;
+    wait_for(&app, &t, &ok, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let (status, body) = call(&app, bare("POST", &format!("/api/tasks/{ok}/retry"), &t)).await;
+    assert_eq!(status, 409, "{body}");
+    common::envelope(&body, "invalid_transition");
+}
+
+/// An agent that changes nothing fails the task ("the agent made no changes"), with its
+/// cost; no pull request is opened.
+#[actix_web::test]
+async fn no_changes_fails_without_a_pull_request() {
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    let t = rig.env.t.member.clone();
+    let id = manual_task(&app, &rig, "Look only [fake:no-changes]").await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    assert_eq!(task["errorMessage"], "the agent made no changes");
+    assert_eq!(task["costUsd"], "0.123456");
+    assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
+    let branches = git(&["branch", "--list", "agentry/*"], &rig.source);
+    assert!(branches.trim().is_empty(), "{branches}");
+}
+
+/// Cancelling a running task kills the agent's whole process group; the run is recorded as
+/// cancelled.
+#[actix_web::test]
+async fn cancel_while_running_kills_the_process_group() {
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    let t = rig.env.t.member.clone();
+    let id = manual_task(&app, &rig, "Take long [fake:sleep=60]").await;
+    wait_for(&app, &t, &id, "running", |t| state_of(t) == "running").await;
+    let home = rig.run_dir(&id, 1).join("home");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !home.join("child.pid").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never started its child"
+        );
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    let read_pid = |f: &str| -> i32 {
+        std::fs::read_to_string(home.join(f))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (agent, child) = (read_pid("agent.pid"), read_pid("child.pid"));
+    assert!(pid_alive(agent) && pid_alive(child));
+
+    let (status, cancelled) =
+        call(&app, bare("POST", &format!("/api/tasks/{id}/cancel"), &t)).await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["state"], "cancelled");
+    let task = wait_for(&app, &t, &id, "the cancelled run recorded", |t| {
+        t["runs"].as_array().unwrap().len() == 1
+    })
+    .await;
+    assert_eq!(task["runs"][0]["outcome"], "cancelled");
+    assert_eq!(task["state"], "cancelled");
+    assert!(!pid_alive(agent), "the agent still runs");
+    assert!(!pid_alive(child), "the agent's child still runs");
+    // Cancelling again is refused.
+    let (status, body) = call(&app, bare("POST", &format!("/api/tasks/{id}/cancel"), &t)).await;
+    assert_eq!(status, 409, "{body}");
+}
+
+/// Bad input to the new endpoints: §3.2 errors, nothing created.
+#[actix_web::test]
+async fn bad_task_requests_are_refused() {
+    let mut rig = Rig::with_settings(TestDb::sqlite(), |s| s.max_concurrent = 0);
+    let app = app!(rig);
+    let m = rig.env.t.member.clone();
+    let before = rig.env.count("tasks");
+    for (body, code) in [
+        (
+            json!({"repoId": rig.repo_id, "title": "  "}),
+            "invalid_parameter",
+        ),
+        (json!({"repoId": rig.repo_id}), "invalid_request"),
+        (json!({"repoId": "nope", "title": "x"}), "invalid_parameter"),
+        (
+            json!({"repoId": uuid::Uuid::new_v4(), "title": "x"}),
+            "not_found",
+        ),
+        (
+            json!({"repoId": rig.repo_id, "title": "x", "agentType": "gpt"}),
+            "invalid_parameter",
+        ),
+        (
+            json!({"repoId": rig.repo_id, "title": "x".repeat(501)}),
+            "invalid_parameter",
+        ),
+    ] {
+        let (status, reply) = call(&app, json_req("POST", "/api/tasks", &m, &body)).await;
+        assert!(status == 400 || status == 404, "{body} → {status} {reply}");
+        common::envelope(&reply, code);
+    }
+    let (status, reply) = call(
+        &app,
+        json_req(
+            "POST",
+            "/api/tasks",
+            &rig.env.t.viewer,
+            &json!({"repoId": rig.repo_id, "title": "x"}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 403, "{reply}");
+    assert_eq!(rig.env.count("tasks"), before);
+    let unknown = uuid::Uuid::new_v4();
+    for path in [
+        format!("/api/tasks/{unknown}/cancel"),
+        format!("/api/tasks/{unknown}/retry"),
+    ] {
+        let (status, reply) = call(&app, bare("POST", &path, &m)).await;
+        assert_eq!(status, 404, "{path} {reply}");
+    }
+    let (status, _) = call(&app, get(&format!("/api/tasks/{unknown}/log"), &m)).await;
+    assert_eq!(status, 404);
+    let (status, _) = call(&app, bare("POST", "/api/tasks/not-a-uuid/cancel", &m)).await;
+    assert_eq!(status, 400);
+    // A queued task has no log yet.
+    let id = manual_task(&app, &rig, "later").await;
+    let (status, reply) = call(&app, get(&format!("/api/tasks/{id}/log"), &m)).await;
+    assert_eq!(status, 404, "{reply}");
+    // Cancelling a queued task works without any runner.
+    let (status, reply) = call(&app, bare("POST", &format!("/api/tasks/{id}/cancel"), &m)).await;
+    assert_eq!(status, 200, "{reply}");
+}
