@@ -322,8 +322,11 @@ pub fn transition_task(
             let current = get_task(conn, id)?;
             let t = transition(current.state, trigger, current.task_type, current.attempt)?;
             let at = to_db(now);
+            // The runner's lease goes with the task out of provisioning/running (and stays
+            // through provisioning → running).
             let leaving_work =
-                matches!(current.state, TaskState::Provisioning | TaskState::Running);
+                matches!(current.state, TaskState::Provisioning | TaskState::Running)
+                    && !matches!(t.to, TaskState::Provisioning | TaskState::Running);
             let changes = TransitionChanges {
                 state: t.to.as_str(),
                 attempt: t.attempt,

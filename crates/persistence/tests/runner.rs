@@ -90,6 +90,8 @@ agentry_persistence::backend_tests! {
         let task = create(db, &repo, at(0));
         let mut conn = db.conn().unwrap();
         runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().unwrap();
+        // The lease stays through provisioning → running.
+        tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
         assert!(runner::renew_lease(&mut conn, task.id, "me", at(200)).unwrap());
         assert!(!runner::renew_lease(&mut conn, task.id, "other", at(200)).unwrap());
         // Not expired at 150 any more: the renewal moved it to 200.
