@@ -164,21 +164,11 @@ impl Config {
                 }
             },
         };
-        let program = |name: &'static str, default: &str| -> Result<PathBuf, ConfigError> {
-            match get(name) {
-                None => Ok(PathBuf::from(default)),
-                Some(text) if text.trim().is_empty() => Err(ConfigError {
-                    name,
-                    message: "empty; expected an executable name or path".into(),
-                }),
-                Some(text) => Ok(PathBuf::from(text)),
-            }
-        };
-        let claude_bin = program("AGENTRY_CLAUDE_BIN", "claude")?;
-        let codex_bin = program("AGENTRY_CODEX_BIN", "codex")?;
-        let prices_file = get("AGENTRY_PRICES_FILE")
-            .filter(|p| !p.trim().is_empty())
-            .map(PathBuf::from);
+        // Blank values count as unset, like every other variable here.
+        let claude_bin =
+            PathBuf::from(get("AGENTRY_CLAUDE_BIN").unwrap_or_else(|| "claude".into()));
+        let codex_bin = PathBuf::from(get("AGENTRY_CODEX_BIN").unwrap_or_else(|| "codex".into()));
+        let prices_file = get("AGENTRY_PRICES_FILE").map(PathBuf::from);
         let run_time_limit = interval(&get, "AGENTRY_RUN_TIME_LIMIT_SECS", 3600)?;
         let run_lease = interval(&get, "AGENTRY_RUN_LEASE_SECS", 60)?;
         if run_lease < Duration::from_secs(3) {
@@ -286,6 +276,8 @@ mod tests {
         ] {
             assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
         }
+        let blank = cfg(&[("AGENTRY_CLAUDE_BIN", " ")]).unwrap();
+        assert_eq!(blank.claude_bin, PathBuf::from("claude"));
     }
 
     #[test]
@@ -349,11 +341,12 @@ mod tests {
             ("AGENTRY_MAX_CONCURRENT_RUNS", "65"),
             ("AGENTRY_MAX_CONCURRENT_RUNS", "-1"),
             ("AGENTRY_MAX_CONCURRENT_RUNS", "two"),
-            ("AGENTRY_CLAUDE_BIN", " "),
             ("AGENTRY_RUN_TIME_LIMIT_SECS", "0"),
             ("AGENTRY_RUN_LEASE_SECS", "2"),
         ] {
             assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
         }
+        let blank = cfg(&[("AGENTRY_CLAUDE_BIN", " ")]).unwrap();
+        assert_eq!(blank.claude_bin, PathBuf::from("claude"));
     }
 }
