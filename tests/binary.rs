@@ -454,6 +454,8 @@ fn serve_syncs_labelled_issues_posts_once_and_never_logs_a_secret() {
         &[
             ("AGENTRY_CODEHOST_API_URL", api.as_str()),
             ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "1"),
+            // No agent runs here (the fake's clone URL points at github.com).
+            ("AGENTRY_MAX_CONCURRENT_RUNS", "0"),
             ("RUST_LOG", "debug"),
         ],
     );
@@ -519,4 +521,144 @@ fn serve_syncs_labelled_issues_posts_once_and_never_logs_a_secret() {
         !stderr.contains(key.trim()),
         "the master key reached the log"
     );
+}
+
+/// A bare repository with one commit on `main`, for runs against a local clone URL.
+fn source_repo(dir: &Path) -> std::path::PathBuf {
+    let git = |args: &[&str], cwd: &Path| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(cwd)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    let bare = dir.join("source.git");
+    std::fs::create_dir_all(&bare).unwrap();
+    git(&["init", "--bare", "-b", "main"], &bare);
+    let work = dir.join("seed");
+    git(
+        &["clone", bare.to_str().unwrap(), work.to_str().unwrap()],
+        dir,
+    );
+    std::fs::write(work.join("README.md"), "# web\n").unwrap();
+    git(&["add", "README.md"], &work);
+    git(&["commit", "-m", "initial"], &work);
+    git(&["push", "origin", "HEAD:refs/heads/main"], &work);
+    bare
+}
+
+fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// `kill -9` of `serve` while an agent runs, then `serve` again: the task is recovered (the
+/// lost run recorded, attempt 2), its orphaned agent stopped, and it reaches `pr_opened`
+/// with exactly one pull request.
+#[test]
+fn a_run_killed_with_the_service_is_recovered_after_restart() {
+    use agentry_codehost::fake::FakeGitHub;
+    const GH: &str = "ghp_RestartTestToken0123456789abcdef";
+    let fake = FakeGitHub::start();
+    fake.add_token(GH, "agentry-bot");
+    fake.add_repo("acme", "web", "main");
+    let dir = tempfile::tempdir().unwrap();
+    let source = source_repo(dir.path());
+    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    let data = dir.path().join("data");
+    let claude =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
+    let api = fake.base_url();
+    let env = [
+        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
+        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
+    ];
+    let mut server = Server::start_with(&data, None, true, &env);
+    let admin = server.read_token();
+    let client = reqwest::blocking::Client::new();
+    let put = client
+        .put(format!("{}/api/secrets/CODEHOST_TOKEN", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "value": GH }))
+        .send()
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let repo: Value = client
+        .post(format!("{}/api/repos", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let task: Value = client
+        .post(format!("{}/api/tasks", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({
+            "repoId": repo["id"], "title": "Slow work", "prompt": "Take time [fake:sleep=3]"
+        }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let id = task["id"].as_str().unwrap().to_owned();
+    let pid_file = data.join("runs").join(&id).join("1/home/agent.pid");
+    eventually(Duration::from_secs(20), "the agent running", || {
+        pid_file.exists()
+    });
+    let (_, running) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
+    assert_eq!(running["state"], "running", "{running}");
+    let agent: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
+    server.signal("KILL");
+    drop(server);
+    assert!(
+        pid_alive(agent),
+        "the agent outlives the killed service (its own group)"
+    );
+
+    let server = Server::start_with(&data, None, true, &env);
+    // Recovery at start stops the orphaned agent before anything else runs.
+    eventually(
+        Duration::from_secs(10),
+        "the orphaned agent stopped",
+        || !pid_alive(agent),
+    );
+    let mut last = Value::Null;
+    eventually(
+        Duration::from_secs(30),
+        "the recovered task's pull request",
+        || {
+            last = get(&server.base, &format!("/api/tasks/{id}"), &admin).1;
+            last["state"] == "pr_opened"
+        },
+    );
+    assert_eq!(last["attempt"], 2, "{last}");
+    let runs = last["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{last}");
+    assert_eq!(runs[0]["outcome"], "lost");
+    assert_eq!(runs[0]["attempt"], 1);
+    assert_eq!(runs[1]["outcome"], "succeeded");
+    assert_eq!(last["costUsd"], "0.123456");
+    assert!(
+        last["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["from"] == "running" && e["to"] == "queued"),
+        "{last}"
+    );
+    assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
