@@ -554,6 +554,14 @@ fn run_from_report(
     }
 }
 
+/// Logs what the output parser could not make sense of (an unpriced model, lines that are
+/// not JSON, a missing result), so an operator sees why a run's cost is null.
+fn log_warnings(task: &Task, report: Option<&RunReport>) {
+    for warning in report.map(|r| r.warnings.as_slice()).unwrap_or_default() {
+        tracing::warn!(task = %task.id, attempt = task.attempt, %warning, "agent output");
+    }
+}
+
 /// What the settling transaction does besides recording the run.
 struct Settlement {
     trigger: Option<(Trigger, TransitionDetails)>,
@@ -590,6 +598,7 @@ async fn settle(
         Verdict::TimedOut(_) => RunOutcome::TimedOut,
     };
     let run = run_record(task, &prepared.job, &execution, outcome);
+    log_warnings(task, execution.report.as_ref());
     let settlement = match &execution.verdict {
         Verdict::Pushed { branch, .. } => {
             match open_pull_request(state, prepared, task, branch, run.cost_usd).await {
@@ -858,6 +867,7 @@ async fn lost_run(
         max_budget_usd: None,
     };
     let report = agentry_runner::agent::parse_output(&spec, output, &state.runs.prices);
+    log_warnings(&task, Some(&report));
     let at = now();
     let execution = Execution {
         verdict: Verdict::Cancelled,

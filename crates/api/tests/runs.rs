@@ -487,6 +487,228 @@ async fn cancel_while_running_kills_the_process_group() {
     assert_eq!(status, 409, "{body}");
 }
 
+/// Changes the repository's settings through the API.
+async fn patch_settings<S, B>(app: &S, rig: &Rig, patch: Value)
+where
+    S: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<B>,
+            Error = actix_web::Error,
+        >,
+    B: actix_web::body::MessageBody,
+{
+    let path = format!("/api/repos/{}/settings", rig.repo_id);
+    let (status, body) = call(app, json_req("PATCH", &path, &rig.env.t.admin, &patch)).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The lines of a file the fake agent wrote into its HOME.
+fn home_lines(rig: &Rig, id: &str, attempt: i64, file: &str) -> Vec<String> {
+    let path = rig.run_dir(id, attempt).join("home").join(file);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every file below `dir`.
+fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+/// The repository's settings reach the agent's command line; the budget of each attempt is
+/// what the task has left of `maxCostPerTaskUsd`, and a task that spent it fails without a
+/// run; the agent's environment holds nothing of the service's, and the code-host token is
+/// in no file of the data directory.
+#[actix_web::test]
+async fn settings_reach_the_agent_and_secrets_do_not() {
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    patch_settings(
+        &app,
+        &rig,
+        json!({"codingModel": "opus", "maxTurnsCoding": 7, "maxCostPerTaskUsd": "0.2"}),
+    )
+    .await;
+    let t = rig.env.t.member.clone();
+    let id = manual_task(&app, &rig, "Try [fake:fail]").await;
+    wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let claude_args = |budget: &str| -> Vec<String> {
+        [
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            "opus",
+            "--max-turns",
+            "7",
+            "--max-budget-usd",
+            budget,
+            "--permission-mode",
+            "acceptEdits",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    assert_eq!(home_lines(&rig, &id, 1, "args"), claude_args("0.2"));
+
+    // The agent's environment: what the shell adds, PATH, HOME, and (when the service has
+    // them) the agent's own credentials. Nothing else.
+    let env = home_lines(&rig, &id, 1, "env");
+    for line in &env {
+        let name = line.split('=').next().unwrap();
+        assert!(
+            [
+                "PATH",
+                "HOME",
+                "PWD",
+                "OLDPWD",
+                "SHLVL",
+                "_",
+                "ANTHROPIC_API_KEY",
+                "CLAUDE_CODE_OAUTH_TOKEN"
+            ]
+            .contains(&name),
+            "unexpected variable in the agent's environment: {line}"
+        );
+    }
+    let home = rig.run_dir(&id, 1).join("home");
+    assert!(env.contains(&format!("HOME={}", home.display())), "{env:?}");
+
+    // Attempt 2 may spend what is left: 0.2 - 0.123456.
+    call(&app, bare("POST", &format!("/api/tasks/{id}/retry"), &t)).await;
+    let task = wait_for(&app, &t, &id, "attempt 2 failed", |t| {
+        state_of(t) == "failed" && t["runs"].as_array().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(home_lines(&rig, &id, 2, "args"), claude_args("0.076544"));
+    assert_eq!(task["costUsd"], "0.246912");
+
+    // The task has spent more than its limit: attempt 3 fails before any agent starts.
+    call(&app, bare("POST", &format!("/api/tasks/{id}/retry"), &t)).await;
+    let task = wait_for(&app, &t, &id, "attempt 3 failed", |t| {
+        state_of(t) == "failed" && t["attempt"] == 3
+    })
+    .await;
+    assert!(
+        task["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("spent its cost limit of 0.2 USD"),
+        "{task:#}"
+    );
+    assert_eq!(task["runs"].as_array().unwrap().len(), 2, "{task:#}");
+    assert_eq!(task["costUsd"], "0.246912");
+    assert!(!rig.run_dir(&id, 3).exists());
+
+    // The token is in no file agentry or git wrote (mirror config, worktrees, run dirs).
+    let files = files_below(rig.data.path());
+    assert!(files.iter().any(|f| f.ends_with("config")), "{files:?}");
+    for file in files {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !bytes
+                .windows(common::env::GH_TOKEN.len())
+                .any(|w| w == common::env::GH_TOKEN.as_bytes()),
+            "the token is in {}",
+            file.display()
+        );
+    }
+}
+
+/// A Codex task: the repository's agent type and model are used, the tokens are priced
+/// exactly with the built-in table, and a model without a price gives a null cost (never
+/// zero) while the pull request is still opened.
+#[actix_web::test]
+async fn codex_runs_are_priced_from_the_price_table() {
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    patch_settings(
+        &app,
+        &rig,
+        json!({"agentType": "codex", "codingModel": "gpt-5-codex", "autoReview": false}),
+    )
+    .await;
+    let t = rig.env.t.member.clone();
+    let id = manual_task(&app, &rig, "Add a test").await;
+    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    assert_eq!(task["agentType"], "codex");
+    assert_eq!(
+        home_lines(&rig, &id, 1, "args"),
+        [
+            "exec",
+            "--json",
+            "--model",
+            "gpt-5-codex",
+            "--full-auto",
+            "-"
+        ]
+    );
+    // 1500 uncached input × 1.25 + 500 cached × 0.125 + 300 output × 10, per million.
+    assert_eq!(task["costUsd"], "0.0049375", "{task:#}");
+    let run = &task["runs"][0];
+    assert_eq!(run["model"], "gpt-5-codex");
+    // The run keeps uncached input apart from cache reads; the task's total includes both.
+    assert_eq!(run["inputTokens"], 1500);
+    assert_eq!(run["cacheReadTokens"], 500);
+    assert_eq!(task["inputTokens"], 2000);
+    assert_eq!(run["outputTokens"], 300);
+    assert_eq!(run["outcome"], "succeeded");
+
+    patch_settings(&app, &rig, json!({"codingModel": "in-house-model"})).await;
+    let unpriced = manual_task(&app, &rig, "Add another test").await;
+    let task = wait_for(&app, &t, &unpriced, "pr_opened", |t| {
+        state_of(t) == "pr_opened"
+    })
+    .await;
+    assert_eq!(task["costUsd"], Value::Null, "{task:#}");
+    assert_eq!(task["runs"][0]["costUsd"], Value::Null);
+    assert_eq!(task["inputTokens"], 2000);
+    assert_eq!(rig.env.fake.pulls(OWNER, NAME).len(), 2);
+}
+
+/// An agent that runs past the wall-time limit is stopped with its children; the task fails
+/// saying so, and the run is recorded as timed out.
+#[actix_web::test]
+async fn a_run_past_the_wall_time_is_stopped() {
+    let mut rig = Rig::with_settings(TestDb::sqlite(), |s| s.wall_time = Duration::from_secs(1));
+    let app = app!(rig);
+    let t = rig.env.t.member.clone();
+    let id = manual_task(&app, &rig, "Take long [fake:sleep=60]").await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    assert!(
+        task["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("longer than the limit"),
+        "{task:#}"
+    );
+    assert_eq!(task["runs"][0]["outcome"], "timed_out");
+    let home = rig.run_dir(&id, 1).join("home");
+    let child: i32 = std::fs::read_to_string(home.join("child.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!pid_alive(child), "the agent's child still runs");
+    assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
+}
+
 /// Bad input to the new endpoints: §3.2 errors, nothing created.
 #[actix_web::test]
 async fn bad_task_requests_are_refused() {
