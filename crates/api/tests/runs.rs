@@ -709,6 +709,57 @@ async fn a_run_past_the_wall_time_is_stopped() {
     assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
 }
 
+/// No more than `max_concurrent` agents run at once; the others wait in `queued`, oldest
+/// first, and all of them finish.
+#[actix_web::test]
+async fn runs_are_limited_to_the_concurrency_setting() {
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    patch_settings(&app, &rig, json!({"autoReview": false})).await;
+    let t = rig.env.t.member.clone();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(manual_task(&app, &rig, "Take a while [fake:sleep=2]").await);
+    }
+    let states = || async {
+        let mut states = Vec::new();
+        for id in &ids {
+            let (_, task) = call(&app, get(&format!("/api/tasks/{id}"), &t)).await;
+            states.push(state_of(&task).to_owned());
+        }
+        states
+    };
+    let working = |states: &[String]| {
+        states
+            .iter()
+            .filter(|s| *s == "provisioning" || *s == "running")
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = states().await;
+        assert!(working(&now) <= 2, "{now:?}");
+        if now[..2].iter().all(|s| s == "running") {
+            // The two oldest run; the two newer ones wait.
+            assert_eq!(now[2..], ["queued", "queued"], "{now:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never saw two runs: {now:?}");
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = states().await;
+        assert!(working(&now) <= 2, "{now:?}");
+        if now.iter().all(|s| s == "pr_opened") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all finished: {now:?}");
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rig.env.fake.pulls(OWNER, NAME).len(), 4);
+}
+
 /// Bad input to the new endpoints: §3.2 errors, nothing created.
 #[actix_web::test]
 async fn bad_task_requests_are_refused() {
