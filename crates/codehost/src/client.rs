@@ -18,8 +18,9 @@
 //!   [`ClientConfig::max_retries`] times after a capped exponential backoff with full jitter
 //!   (`uniform(0, min(backoff_max, backoff_base × 2^retry))`). POST and PATCH are retried
 //!   too where doing them twice is harmless (labels, closing an issue); a request that
-//!   reached GitHub before failing may take effect twice, so [`GitHub::create_comment`] is
-//!   never sent again after such a failure: its caller looks for the comment first;
+//!   reached GitHub before failing may take effect twice, so [`GitHub::create_comment`],
+//!   [`GitHub::create_pull`] and [`GitHub::create_review`] are never sent again after such
+//!   a failure: their callers look for what they may have created first;
 //! * rate limits: a 403/429 with `Retry-After` waits that long; a 403 with
 //!   `X-RateLimit-Remaining: 0` waits until `X-RateLimit-Reset`; a 429 (or a 403 saying
 //!   "rate limit") with neither waits a minute. And before sending, when the last answer said
@@ -503,8 +504,10 @@ impl GitHub {
 
     /// Opens a pull request `head` → `base` (`head` is a branch of this repository, or
     /// `owner:branch`). A 422 (e.g. one already exists for `head`) is
-    /// [`CodeHostError::Rejected`]. Retried like every request: see the
-    /// [module docs](self) on duplicates.
+    /// [`CodeHostError::Rejected`]. Like [`create_comment`](Self::create_comment) it is
+    /// **not sent again after a 5xx, a timeout or a broken connection**: the pull request
+    /// may exist, and the caller finds it with
+    /// [`open_pull_for_branch`](Self::open_pull_for_branch).
     pub async fn create_pull(
         &self,
         owner: &str,
@@ -515,13 +518,20 @@ impl GitHub {
         body: &str,
     ) -> Result<PullRequest, CodeHostError> {
         let path = repo_path(owner, name, "/pulls");
-        let pull: PullJson = self
-            .send_json(
-                Method::POST,
-                path,
-                &json!({"title": title, "head": head, "base": base, "body": body}),
+        let target = self.route(&path);
+        let reply = self
+            .send_with(
+                &Method::POST,
+                &target,
+                Some(json!({"title": title, "head": head, "base": base, "body": body}).to_string()),
+                None,
+                Resend::OnlyRefused,
             )
             .await?;
+        if !reply.status.is_success() {
+            return Err(self.error_of(&Method::POST, &target, &reply));
+        }
+        let pull: PullJson = parse(&Method::POST, &target, &reply.body)?;
         Ok(pull.into())
     }
 

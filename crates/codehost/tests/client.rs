@@ -418,6 +418,27 @@ async fn create_pull_pull_and_create_review() {
     );
     assert!(err.to_string().contains("already exists"), "{err}");
 
+    // A creation whose answer is lost is not sent again: the pull request exists, and the
+    // caller finds it by its branch.
+    fake.fail_next(
+        Some(("POST", "/repos/{owner}/{repo}/pulls")),
+        1,
+        Fault::AnswerLost(502),
+    );
+    fake.reset_counts();
+    let err = gh
+        .create_pull(OWNER, REPO, "Lost", "agentry/lost", "main", "")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CodeHostError::Unavailable(_)), "{err:?}");
+    assert_eq!(fake.count("POST", "/repos/{owner}/{repo}/pulls"), 1);
+    let lost = gh
+        .open_pull_for_branch(OWNER, REPO, "agentry/lost")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(lost.title, "Lost");
+
     fake.merge_pull(OWNER, REPO, pr.number);
     let merged = gh.pull(OWNER, REPO, pr.number).await.unwrap();
     assert_eq!(merged.state, "closed");

@@ -901,6 +901,29 @@ fn fail_next_502_then_success() {
     assert_eq!(fake.count("GET", "/user"), 1);
 }
 
+#[test]
+fn a_lost_answer_still_takes_effect() {
+    let fake = fake();
+    fake.fail_next(
+        Some(("POST", "/repos/{o}/{r}/issues")),
+        1,
+        Fault::AnswerLost(502),
+    );
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        "/repos/acme/widgets/issues",
+        &serde_json::json!({"title": "Created though unanswered"}),
+    );
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(json_of(resp)["message"], "Bad Gateway");
+    let issue = fake
+        .issue("acme", "widgets", 1)
+        .expect("the issue was created");
+    assert_eq!(issue.title, "Created though unanswered");
+    assert_eq!(fake.count_status(502), 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn octocrab_retries_through_three_502s() {
     let fake = fake();

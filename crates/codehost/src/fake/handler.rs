@@ -513,7 +513,7 @@ fn take_fault(state: &mut State, method: &str, path: &str, route: Option<&str>) 
 fn fault_outcome(state: &State, fault: &Fault) -> Outcome {
     let base = rate_headers(state.rate.remaining, state.rate.reset_at);
     match fault {
-        Fault::Status(status) => {
+        Fault::Status(status) | Fault::AnswerLost(status) => {
             let status = if (400..=599).contains(status) {
                 *status
             } else {
@@ -605,9 +605,19 @@ pub(crate) fn process(state: &mut State, req: &Incoming) -> Outcome {
 
 fn respond(state: &mut State, req: &Incoming, method: &str, matched: Option<Matched>) -> Outcome {
     let route = matched.as_ref().map(|m| m.route.pattern());
-    if let Some(fault) = take_fault(state, method, &req.path, route) {
-        return fault_outcome(state, &fault);
+    match take_fault(state, method, &req.path, route) {
+        None => handle(state, req, method, matched),
+        Some(Fault::AnswerLost(status)) => {
+            // The request takes effect; its answer does not arrive.
+            handle(state, req, method, matched);
+            fault_outcome(state, &Fault::Status(status))
+        }
+        Some(fault) => fault_outcome(state, &fault),
     }
+}
+
+/// Authenticates, rate-limits and handles a request no fault intercepted.
+fn handle(state: &mut State, req: &Incoming, method: &str, matched: Option<Matched>) -> Outcome {
     let headers = rate_headers(state.rate.remaining, state.rate.reset_at);
     if req
         .user_agent

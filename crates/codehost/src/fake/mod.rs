@@ -46,7 +46,8 @@ use handler::{Incoming, MAX_BODY_BYTES, Outcome};
 use model::{FaultMode, FaultRule, State, Token, repo_key};
 use util::SplitMix64;
 
-/// A failure the fake answers instead of handling a request (see [`FakeGitHub::fail_next`]).
+/// A failure the fake answers instead of handling a request, or instead of its answer (see
+/// [`FakeGitHub::fail_next`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
     /// Answer this status (e.g. 500, 502, 503; anything outside 400–599 becomes 500) with a
@@ -61,6 +62,10 @@ pub enum Fault {
         /// Seconds in `Retry-After` (and until `X-RateLimit-Reset`).
         retry_after_secs: u64,
     },
+    /// Handle the request (it takes effect), then answer this status instead of its
+    /// answer, as a proxy failing after the origin acted (e.g. 502): the "did it happen?"
+    /// case a client must not resolve by sending again.
+    AnswerLost(u16),
     /// GitHub's secondary rate limit: `429` with `Retry-After`.
     SecondaryRateLimit {
         /// Seconds in `Retry-After`.
