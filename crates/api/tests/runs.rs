@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use actix_web::web;
 use agentry_api::runs::{self, RunSettings, Runs};
 use agentry_api::state::AppState;
+use agentry_codehost::fake::Fault;
 use agentry_persistence::test_support::TestDb;
 use common::env::{Env, bare, json_req};
 use common::{call, code_host_with, get, test_timing};
@@ -758,6 +759,62 @@ async fn runs_are_limited_to_the_concurrency_setting() {
         actix_web::rt::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(rig.env.fake.pulls(OWNER, NAME).len(), 4);
+}
+
+/// Publishing when the code host misbehaves: a pull request created but whose answer was
+/// lost is found, never opened twice; a refused pull request fails the task with the code
+/// host's message (the run's cost recorded) and a retry opens it; a refused push fails the
+/// task with git's message and opens nothing.
+#[actix_web::test]
+async fn publishing_survives_lost_answers_and_reports_refusals() {
+    const PULLS: &str = "/repos/{o}/{r}/pulls";
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    patch_settings(&app, &rig, json!({"autoReview": false})).await;
+    let t = rig.env.t.member.clone();
+    let fake = &rig.env.fake;
+
+    fake.fail_next(Some(("POST", PULLS)), 1, Fault::AnswerLost(502));
+    let id = manual_task(&app, &rig, "Answer lost").await;
+    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let pulls = fake.pulls(OWNER, NAME);
+    assert_eq!(pulls.len(), 1);
+    assert_eq!(task["prNumber"], pulls[0].number);
+    assert_eq!(fake.count("POST", PULLS), 1, "the creation was sent again");
+
+    fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(422));
+    let id = manual_task(&app, &rig, "Refused").await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    assert!(
+        task["errorMessage"]
+            .as_str()
+            .unwrap()
+            .starts_with("the pull request could not be opened"),
+        "{task:#}"
+    );
+    assert_eq!(task["costUsd"], "0.123456");
+    assert_eq!(fake.pulls(OWNER, NAME).len(), 1);
+    call(&app, bare("POST", &format!("/api/tasks/{id}/retry"), &t)).await;
+    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    assert_eq!(task["costUsd"], "0.246912");
+    assert_eq!(fake.pulls(OWNER, NAME).len(), 2);
+
+    let hook = rig.source.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\necho 'push declined: protected branches only' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let id = manual_task(&app, &rig, "Push refused").await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let message = task["errorMessage"].as_str().unwrap();
+    assert!(
+        message.contains("push declined: protected branches only"),
+        "{message}"
+    );
+    assert_eq!(task["costUsd"], "0.123456");
+    assert_eq!(fake.pulls(OWNER, NAME).len(), 2);
 }
 
 /// Bad input to the new endpoints: §3.2 errors, nothing created.
