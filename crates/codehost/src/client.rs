@@ -441,19 +441,7 @@ impl GitHub {
         body: &str,
     ) -> Result<Comment, CodeHostError> {
         let path = repo_path(owner, name, &format!("/issues/{number}/comments"));
-        let target = self.route(&path);
-        let reply = self
-            .send_with(
-                &Method::POST,
-                &target,
-                Some(json!({"body": body}).to_string()),
-                None,
-                Resend::OnlyRefused,
-            )
-            .await?;
-        if !reply.status.is_success() {
-            return Err(self.error_of(&Method::POST, &target, &reply));
-        }
+        let (reply, target) = self.post_once(&path, &json!({"body": body})).await?;
         let comment: CommentJson = parse(&Method::POST, &target, &reply.body)?;
         Ok(comment.into())
     }
@@ -518,19 +506,12 @@ impl GitHub {
         body: &str,
     ) -> Result<PullRequest, CodeHostError> {
         let path = repo_path(owner, name, "/pulls");
-        let target = self.route(&path);
-        let reply = self
-            .send_with(
-                &Method::POST,
-                &target,
-                Some(json!({"title": title, "head": head, "base": base, "body": body}).to_string()),
-                None,
-                Resend::OnlyRefused,
+        let (reply, target) = self
+            .post_once(
+                &path,
+                &json!({"title": title, "head": head, "base": base, "body": body}),
             )
             .await?;
-        if !reply.status.is_success() {
-            return Err(self.error_of(&Method::POST, &target, &reply));
-        }
         let pull: PullJson = parse(&Method::POST, &target, &reply.body)?;
         Ok(pull.into())
     }
@@ -565,19 +546,8 @@ impl GitHub {
         body: &str,
     ) -> Result<(), CodeHostError> {
         let path = repo_path(owner, name, &format!("/pulls/{number}/reviews"));
-        let target = self.route(&path);
-        let reply = self
-            .send_with(
-                &Method::POST,
-                &target,
-                Some(json!({"body": body, "event": "COMMENT"}).to_string()),
-                None,
-                Resend::OnlyRefused,
-            )
+        self.post_once(&path, &json!({"body": body, "event": "COMMENT"}))
             .await?;
-        if !reply.status.is_success() {
-            return Err(self.error_of(&Method::POST, &target, &reply));
-        }
         Ok(())
     }
 
@@ -639,15 +609,23 @@ impl GitHub {
         }
     }
 
-    async fn send_json<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: String,
-        body: &Value,
-    ) -> Result<T, CodeHostError> {
-        let target = self.route(&path);
-        let reply = self.send_expect(method.clone(), path, body).await?;
-        parse(&method, &target, &reply.body)
+    /// POSTs `body` once: a 5xx, a timeout or a broken connection is not re-sent (the
+    /// write may have happened); rate-limit refusals are waited out and re-sent.
+    async fn post_once(&self, path: &str, body: &Value) -> Result<(Reply, String), CodeHostError> {
+        let target = self.route(path);
+        let reply = self
+            .send_with(
+                &Method::POST,
+                &target,
+                Some(body.to_string()),
+                None,
+                Resend::OnlyRefused,
+            )
+            .await?;
+        if !reply.status.is_success() {
+            return Err(self.error_of(&Method::POST, &target, &reply));
+        }
+        Ok((reply, target))
     }
 
     /// Reads a list: the first page (conditional on `etag`), then each `rel="next"` page
