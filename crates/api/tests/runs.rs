@@ -817,6 +817,46 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
     assert_eq!(fake.pulls(OWNER, NAME).len(), 2);
 }
 
+/// Agents that stop short: unreadable output fails the task saying so, with a null cost
+/// (never a fake zero); a turn limit fails it naming the limit, with the cost reported; the
+/// stored log is the agent's output.
+#[actix_web::test]
+async fn unreadable_output_and_limits_fail_the_task_clearly() {
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    let t = rig.env.t.member.clone();
+    let id = manual_task(&app, &rig, "Mumble [fake:garbage]").await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    assert!(
+        task["errorMessage"]
+            .as_str()
+            .unwrap()
+            .starts_with("the agent's output could not be read"),
+        "{task:#}"
+    );
+    assert_eq!(task["costUsd"], Value::Null);
+    assert_eq!(task["runs"][0]["costUsd"], Value::Null);
+    assert_eq!(task["runs"][0]["outcome"], "failed");
+    let req = actix_web::test::TestRequest::get()
+        .uri(&format!("/api/tasks/{id}/log"))
+        .insert_header(("Authorization", format!("Bearer {t}")))
+        .to_request();
+    let resp = actix_web::test::call_service(&app, req).await;
+    assert_eq!(resp.status(), 200);
+    let log = actix_web::test::read_body(resp).await;
+    assert!(!log.is_empty());
+    assert!(!String::from_utf8_lossy(&log).contains("\"type\":\"result\""));
+
+    let id = manual_task(&app, &rig, "Too long [fake:max-turns]").await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    assert_eq!(
+        task["errorMessage"],
+        "the agent reached its turn limit (maxTurns)"
+    );
+    assert_eq!(task["costUsd"], "0.123456");
+    assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
+}
+
 /// Bad input to the new endpoints: §3.2 errors, nothing created.
 #[actix_web::test]
 async fn bad_task_requests_are_refused() {
