@@ -218,8 +218,8 @@ impl Runner for LocalRunner {
     }
 
     fn live_output(&self, task_id: Uuid, attempt: i32) -> Option<String> {
-        let bytes = std::fs::read(self.run_dir(task_id, attempt).join("output.log")).ok()?;
-        Some(String::from_utf8_lossy(&bytes).into_owned())
+        let path = self.run_dir(task_id, attempt).join("output.log");
+        read_tail(&path, process::STDOUT_MEMORY_CAP).ok()
     }
 
     fn salvage(&self, task_id: Uuid, attempt: i32) -> Option<String> {
@@ -240,6 +240,26 @@ impl Runner for LocalRunner {
             let _ = std::fs::remove_dir(parent);
         }
     }
+}
+
+/// The last `max` bytes of a file (all of it when shorter) as lossy UTF-8, starting on a
+/// character when cut.
+fn read_tail(path: &Path, max: usize) -> std::io::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let max = u64::try_from(max).unwrap_or(u64::MAX);
+    let cut = len > max;
+    if cut {
+        file.seek(SeekFrom::Start(len - max))?;
+    }
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok(process::lossy(if cut {
+        process::skip_partial_char(bytes)
+    } else {
+        bytes
+    }))
 }
 
 /// Why a finished agent run counts as failed, or `None` when it succeeded.
@@ -360,4 +380,27 @@ fn human(d: Duration) -> String {
 
 fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn read_tail_keeps_the_end_and_starts_on_a_character() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("output.log");
+        std::fs::write(&path, "head\n{\"type\":\"result\"}\n").unwrap();
+        assert_eq!(
+            read_tail(&path, 1000).unwrap(),
+            "head\n{\"type\":\"result\"}\n"
+        );
+        assert_eq!(read_tail(&path, 18).unwrap(), "{\"type\":\"result\"}\n");
+        // "é" is two bytes; a cut inside it starts after it.
+        std::fs::write(&path, "aé{}").unwrap();
+        assert_eq!(read_tail(&path, 3).unwrap(), "{}");
+        assert_eq!(read_tail(&path, 4).unwrap(), "é{}");
+        assert!(read_tail(&dir.path().join("missing"), 10).is_err());
+    }
 }

@@ -23,8 +23,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// The most stdout kept in memory; further output is still written to the log file and
-/// counted, and [`ProcessOutcome::stdout_truncated`] is set.
+/// The most stdout kept in memory: its end, since the agents report cost and totals last.
+/// Earlier output is still in the log file and counted, and
+/// [`ProcessOutcome::stdout_truncated`] is set.
 pub const STDOUT_MEMORY_CAP: usize = 64 * 1024 * 1024;
 
 /// How much of the end of stderr is kept in [`ProcessOutcome::stderr_tail`].
@@ -84,8 +85,9 @@ pub enum Ended {
 pub struct ProcessOutcome {
     /// How the process ended.
     pub ended: Ended,
-    /// The process's stdout as lossy UTF-8: all of it, or the first
-    /// [`STDOUT_MEMORY_CAP`] bytes if [`ProcessOutcome::stdout_truncated`].
+    /// The process's stdout as lossy UTF-8: all of it, or (at most) the last
+    /// [`STDOUT_MEMORY_CAP`] bytes if [`ProcessOutcome::stdout_truncated`], starting on a
+    /// character.
     pub stdout: String,
     /// Whether stdout was longer than [`STDOUT_MEMORY_CAP`] and cut in memory (the log
     /// file still has all of it).
@@ -146,7 +148,8 @@ pub fn stderr_log_path(log_path: &Path) -> PathBuf {
 ///   in [`AgentCommand::cwd`]; [`AgentCommand::stdin`] is written to its stdin, which is then
 ///   closed.
 /// - Every stdout chunk is written and flushed to `log_path` (created or truncated, its
-///   directory created) as it arrives, and kept in memory up to [`STDOUT_MEMORY_CAP`].
+///   directory created) as it arrives; its last [`STDOUT_MEMORY_CAP`] bytes are kept in
+///   memory.
 ///   Stderr goes to [`stderr_log_path`]`(log_path)` and its tail is kept.
 /// - `on_start(pid)` is called once the process is spawned.
 /// - The run ends when the process exits ([`Ended::Exited`]), when `limits.wall_time` has
@@ -228,11 +231,11 @@ pub async fn run_process(
     let stdout = child
         .stdout
         .take()
-        .map(|out| Reader::spawn(out, stdout_log, log_path, Keep::Head(STDOUT_MEMORY_CAP)));
+        .map(|out| Reader::spawn(out, stdout_log, log_path, STDOUT_MEMORY_CAP));
     let stderr = child
         .stderr
         .take()
-        .map(|err| Reader::spawn(err, stderr_log, &stderr_path, Keep::Tail(STDERR_TAIL_BYTES)));
+        .map(|err| Reader::spawn(err, stderr_log, &stderr_path, STDERR_TAIL_BYTES));
 
     on_start(pid);
 
@@ -299,7 +302,11 @@ pub async fn run_process(
     }
     Ok(ProcessOutcome {
         ended,
-        stdout: lossy(stdout.kept),
+        stdout: lossy(if stdout_truncated {
+            skip_partial_char(stdout.kept)
+        } else {
+            stdout.kept
+        }),
         stdout_truncated,
         stdout_bytes: stdout.total,
         stderr_tail: lossy(if stderr_cut {
@@ -406,19 +413,10 @@ impl Drop for ProcessGroup {
     }
 }
 
-/// Which part of a stream is kept in memory.
-#[derive(Debug, Clone, Copy)]
-enum Keep {
-    /// The first so many bytes.
-    Head(usize),
-    /// The last so many bytes.
-    Tail(usize),
-}
-
 /// What a reader collected from one stream.
 #[derive(Debug, Default)]
 struct Capture {
-    /// The bytes kept in memory.
+    /// The last bytes read (at most the reader's limit).
     kept: Vec<u8>,
     /// All bytes read.
     total: u64,
@@ -433,8 +431,9 @@ struct Reader {
 }
 
 impl Reader {
-    /// Starts reading `stream` into `log` (at `log_path`) and memory.
-    fn spawn<R>(stream: R, log: File, log_path: &Path, keep: Keep) -> Reader
+    /// Starts reading `stream` into `log` (at `log_path`), keeping its last `keep` bytes in
+    /// memory.
+    fn spawn<R>(stream: R, log: File, log_path: &Path, keep: usize) -> Reader
     where
         R: AsyncRead + Unpin + Send + 'static,
     {
@@ -462,12 +461,12 @@ impl Reader {
 }
 
 /// Reads `stream` to its end (or until `stop`), appending every chunk to `log` and keeping
-/// the part `keep` says in memory.
+/// its last `keep` bytes in memory.
 async fn capture<R>(
     mut stream: R,
     log: File,
     log_path: PathBuf,
-    keep: Keep,
+    keep: usize,
     mut stop: oneshot::Receiver<()>,
 ) -> Capture
 where
@@ -499,19 +498,16 @@ where
                 .get_or_insert_with(|| format!("writing {}: {e}", log_path.display()));
             log = None;
         }
-        match keep {
-            Keep::Head(limit) => {
-                let room = limit.saturating_sub(out.kept.len());
-                out.kept.extend_from_slice(&chunk[..n.min(room)]);
-            }
-            Keep::Tail(limit) => {
-                out.kept.extend_from_slice(chunk);
-                if out.kept.len() > limit {
-                    let excess = out.kept.len() - limit;
-                    out.kept.drain(..excess);
-                }
-            }
+        out.kept.extend_from_slice(chunk);
+        // Dropping the head a quarter of the limit at a time keeps the copying linear.
+        if out.kept.len() > keep.saturating_add(keep / 4) {
+            let excess = out.kept.len() - keep;
+            out.kept.drain(..excess);
         }
+    }
+    if out.kept.len() > keep {
+        let excess = out.kept.len() - keep;
+        out.kept.drain(..excess);
     }
     out
 }
@@ -524,12 +520,12 @@ async fn append(file: &mut File, chunk: &[u8]) -> io::Result<()> {
 }
 
 /// Bytes as a string, invalid UTF-8 replaced (without copying valid text).
-fn lossy(bytes: Vec<u8>) -> String {
+pub(crate) fn lossy(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Drops the UTF-8 continuation bytes a cut may have left at the start of `bytes`.
-fn skip_partial_char(mut bytes: Vec<u8>) -> Vec<u8> {
+pub(crate) fn skip_partial_char(mut bytes: Vec<u8>) -> Vec<u8> {
     let partial = bytes
         .iter()
         .take(3)

@@ -482,11 +482,17 @@ async fn large_output_does_not_deadlock_and_is_complete() {
 #[tokio::test]
 async fn stdout_beyond_the_memory_cap_is_truncated_but_logged() {
     let dir = tempfile::tempdir().unwrap();
-    let total = STDOUT_MEMORY_CAP + 1000;
-    let script = format!("head -c {total} /dev/zero | tr '\\0' x");
+    // The head is `h`s, the rest `x`s and a final line: what is kept is the end.
+    let script = format!(
+        "head -c 1000 /dev/zero | tr '\\0' h; head -c {} /dev/zero | tr '\\0' x; echo; echo END",
+        STDOUT_MEMORY_CAP - 5
+    );
+    let total = 1000 + STDOUT_MEMORY_CAP - 5 + 1 + 4;
     let out = run(sh(dir.path(), &script), dir.path(), limits(120.0)).await;
     assert!(out.stdout_truncated);
     assert_eq!(out.stdout.len(), STDOUT_MEMORY_CAP);
+    assert!(out.stdout.ends_with("x\nEND\n"));
+    assert!(!out.stdout.contains('h'));
     assert_eq!(out.stdout_bytes, total as u64);
     assert_eq!(
         std::fs::metadata(dir.path().join("logs/run.log"))

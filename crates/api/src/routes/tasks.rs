@@ -318,7 +318,8 @@ pub async fn retry_task(
 }
 
 /// The agent output of the task's latest run as text: the live output while a run is in
-/// progress on this replica, else the stored log of the last recorded run. The header
+/// progress on this replica, else the stored log of the last recorded run; either way at
+/// most its last 8 MiB. The header
 /// `X-Agentry-Log-Truncated: true` says the head of an oversized output was dropped.
 #[utoipa::path(
     tag = "tasks",
@@ -352,7 +353,10 @@ pub async fn task_log(
         None
     };
     let (text, truncated) = match (live, stored) {
-        (Some(live), _) => (live, false),
+        (Some(live), _) => {
+            let log = claims::RunLog::of(&live);
+            (log.content, log.truncated)
+        }
         (None, Some((_, _, log))) => (log.content, log.truncated),
         (None, None) => {
             return Err(ApiError::not_found(format!("task {id} has no run log yet")));
