@@ -286,19 +286,10 @@ pub async fn assign_issue(
             "must be an integer of at least 1",
         ));
     }
-    let title = title.trim().to_owned();
-    if title.is_empty() {
-        return Err(ApiError::invalid_parameter("title", "must not be blank"));
-    }
+    let title = crate::routes::tasks::task_title(&title)?;
     let (task, created) = state
         .db(move |conn| {
-            let not_connected =
-                || ApiError::not_found(format!("repository {repo_id} is not connected"));
-            let repo = match repos::get_repository(conn, repo_id) {
-                Ok(repo) if repo.disconnected_at.is_none() => repo,
-                Ok(_) | Err(agentry_persistence::DbError::NotFound) => return Err(not_connected()),
-                Err(other) => return Err(other.into()),
-            };
+            let repo = crate::routes::tasks::connected_repository(conn, repo_id)?;
             let agent = agent_type.unwrap_or(repo.settings.agent_type);
             Ok(codehost::assign(
                 conn,

@@ -146,6 +146,35 @@ pub const MAX_TITLE_CHARS: usize = 500;
 /// The longest task prompt accepted (bytes).
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 
+/// A task title from a request: trimmed, non-blank, at most [`MAX_TITLE_CHARS`].
+pub(crate) fn task_title(raw: &str) -> Result<String, ApiError> {
+    let title = raw.trim();
+    if title.is_empty() {
+        return Err(ApiError::invalid_parameter("title", "must not be blank"));
+    }
+    if title.chars().count() > MAX_TITLE_CHARS {
+        return Err(ApiError::invalid_parameter(
+            "title",
+            format!("must be at most {MAX_TITLE_CHARS} characters"),
+        ));
+    }
+    Ok(title.to_owned())
+}
+
+/// A repository a task may be created for: connected (404 `not_found` otherwise).
+pub(crate) fn connected_repository(
+    conn: &mut agentry_persistence::AnyConnection,
+    id: Uuid,
+) -> Result<repos::Repository, ApiError> {
+    match repos::get_repository(conn, id) {
+        Ok(repo) if repo.disconnected_at.is_none() => Ok(repo),
+        Ok(_) | Err(agentry_persistence::DbError::NotFound) => Err(ApiError::not_found(format!(
+            "repository {id} is not connected"
+        ))),
+        Err(other) => Err(other.into()),
+    }
+}
+
 /// A manual coding task. Unknown members are ignored.
 #[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -188,16 +217,7 @@ pub async fn create_task(
         prompt,
         agent_type,
     } = body.0;
-    let title = title.trim().to_owned();
-    if title.is_empty() {
-        return Err(ApiError::invalid_parameter("title", "must not be blank"));
-    }
-    if title.chars().count() > MAX_TITLE_CHARS {
-        return Err(ApiError::invalid_parameter(
-            "title",
-            format!("must be at most {MAX_TITLE_CHARS} characters"),
-        ));
-    }
+    let title = task_title(&title)?;
     if prompt.len() > MAX_PROMPT_BYTES {
         return Err(ApiError::invalid_parameter(
             "prompt",
@@ -206,13 +226,7 @@ pub async fn create_task(
     }
     let task = state
         .db(move |conn| {
-            let not_connected =
-                || ApiError::not_found(format!("repository {repo_id} is not connected"));
-            let repo = match repos::get_repository(conn, repo_id) {
-                Ok(repo) if repo.disconnected_at.is_none() => repo,
-                Ok(_) | Err(agentry_persistence::DbError::NotFound) => return Err(not_connected()),
-                Err(other) => return Err(other.into()),
-            };
+            let repo = connected_repository(conn, repo_id)?;
             let new = NewTask {
                 id: Uuid::new_v4(),
                 title,
