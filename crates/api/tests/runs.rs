@@ -165,6 +165,10 @@ fn state_of(task: &Value) -> &str {
     task["state"].as_str().unwrap()
 }
 
+fn error_of(task: &Value) -> &str {
+    task["errorMessage"].as_str().unwrap()
+}
+
 fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => false,
@@ -396,13 +400,7 @@ async fn failed_agent_keeps_its_cost_and_a_retry_adds() {
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Break it [fake:fail]").await;
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
-    assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap()
-            .contains("the agent failed"),
-        "{task:#}"
-    );
+    assert!(error_of(&task).contains("the agent failed"), "{task:#}");
     assert_eq!(task["costUsd"], "0.123456");
     assert_eq!(task["runs"][0]["outcome"], "failed");
     assert_eq!(task["runs"][0]["exitCode"], 1);
@@ -607,10 +605,7 @@ async fn settings_reach_the_agent_and_secrets_do_not() {
     })
     .await;
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap()
-            .contains("spent its cost limit of 0.2 USD"),
+        error_of(&task).contains("spent its cost limit of 0.2 USD"),
         "{task:#}"
     );
     assert_eq!(task["runs"].as_array().unwrap().len(), 2, "{task:#}");
@@ -693,10 +688,7 @@ async fn a_run_past_the_wall_time_is_stopped() {
     let id = manual_task(&app, &rig, "Take long [fake:sleep=60]").await;
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap()
-            .contains("longer than the limit"),
+        error_of(&task).contains("longer than the limit"),
         "{task:#}"
     );
     assert_eq!(task["runs"][0]["outcome"], "timed_out");
@@ -786,10 +778,7 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
     let id = manual_task(&app, &rig, "Refused").await;
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap()
-            .starts_with("the pull request could not be opened"),
+        error_of(&task).starts_with("the pull request could not be opened"),
         "{task:#}"
     );
     assert_eq!(task["costUsd"], "0.123456");
@@ -808,10 +797,9 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let id = manual_task(&app, &rig, "Push refused").await;
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
-    let message = task["errorMessage"].as_str().unwrap();
     assert!(
-        message.contains("push declined: protected branches only"),
-        "{message}"
+        error_of(&task).contains("push declined: protected branches only"),
+        "{task:#}"
     );
     assert_eq!(task["costUsd"], "0.123456");
     assert_eq!(fake.pulls(OWNER, NAME).len(), 2);
@@ -828,10 +816,7 @@ async fn unreadable_output_and_limits_fail_the_task_clearly() {
     let id = manual_task(&app, &rig, "Mumble [fake:garbage]").await;
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap()
-            .starts_with("the agent's output could not be read"),
+        error_of(&task).starts_with("the agent's output could not be read"),
         "{task:#}"
     );
     assert_eq!(task["costUsd"], Value::Null);
