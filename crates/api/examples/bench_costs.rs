@@ -262,14 +262,8 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
         openapi_json: String::new(),
         // The cost report never calls the code host; nothing listens on port 9.
         // Benchmarks run no agents.
-        runs: agentry_api::runs::Runs::local(
+        runs: agentry_api::runs::Runs::disabled(
             std::env::temp_dir().join("agentry-bench-idle-runner"),
-            "claude".into(),
-            "codex".into(),
-            agentry_api::runs::RunSettings {
-                max_concurrent: 0,
-                ..Default::default()
-            },
         ),
         codehost: agentry_api::codehost::CodeHost::new(
             agentry_persistence::secrets::MasterKey::generate()?,

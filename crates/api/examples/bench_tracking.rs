@@ -67,14 +67,8 @@ fn state(db: &Db, api_url: &str, key: MasterKey) -> Result<web::Data<AppState>, 
         metrics: Metrics::new()?,
         openapi_json: String::new(),
         // Benchmarks run no agents.
-        runs: agentry_api::runs::Runs::local(
+        runs: agentry_api::runs::Runs::disabled(
             std::env::temp_dir().join("agentry-bench-idle-runner"),
-            "claude".into(),
-            "codex".into(),
-            agentry_api::runs::RunSettings {
-                max_concurrent: 0,
-                ..Default::default()
-            },
         ),
         codehost: CodeHost::new(
             key,

@@ -44,6 +44,9 @@ use crate::codehost::TOKEN_SECRET;
 use crate::error::ApiError;
 use crate::state::AppState;
 
+/// How long an agent has between SIGTERM and SIGKILL when it is stopped.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+
 /// How the orchestrator behaves.
 #[derive(Debug, Clone)]
 pub struct RunSettings {
@@ -110,24 +113,39 @@ impl Runs {
     }
 
     /// The orchestrator over a [`LocalRunner`](agentry_runner::LocalRunner) working under
-    /// `root`, launching the agents `claude_bin` and `codex_bin` with the built-in prices
-    /// and this process's `PATH` and API-key variables.
+    /// `root`, launching the agents `claude_bin` and `codex_bin` with this process's `PATH`
+    /// and API-key variables, and pricing token-only output with `prices`.
     pub fn local(
         root: std::path::PathBuf,
         claude_bin: std::path::PathBuf,
         codex_bin: std::path::PathBuf,
+        prices: PriceTable,
         settings: RunSettings,
     ) -> Self {
-        let prices = PriceTable::builtin();
         let runner = agentry_runner::LocalRunner::new(agentry_runner::LocalConfig {
             root,
             claude_bin,
             codex_bin,
             prices: prices.clone(),
             inherited_env: agentry_runner::LocalConfig::inherit(|name| std::env::var(name).ok()),
-            kill_grace: Duration::from_secs(5),
+            kill_grace: KILL_GRACE,
         });
         Runs::new(Arc::new(runner), prices, settings)
+    }
+
+    /// An orchestrator that runs nothing (`max_concurrent` 0), for processes and tests that
+    /// serve the API only; the runner under `root` can still read logs and salvage runs.
+    pub fn disabled(root: std::path::PathBuf) -> Self {
+        Runs::local(
+            root,
+            "claude".into(),
+            "codex".into(),
+            PriceTable::builtin(),
+            RunSettings {
+                max_concurrent: 0,
+                ..RunSettings::default()
+            },
+        )
     }
 
     /// The settings.

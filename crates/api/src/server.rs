@@ -2,13 +2,12 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 
 use actix_web::{HttpServer, web};
 use agentry_codehost::ClientConfig;
 use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{Backend, Db, tokens};
-use agentry_runner::{LocalConfig, LocalRunner, PriceTable};
+use agentry_runner::PriceTable;
 
 use crate::auth::{generate_token, hash_token};
 use crate::codehost::{self, CodeHost, Timing};
@@ -118,7 +117,7 @@ pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
         .with_webhook_secret(config.webhook_secret.clone()))
 }
 
-/// The agent-run orchestrator of `config`: a [`LocalRunner`] under the data directory with
+/// The agent-run orchestrator of `config`: a [`agentry_runner::LocalRunner`] under the data directory with
 /// the configured executables and price table (the built-in one, with
 /// `AGENTRY_PRICES_FILE` merged over it).
 pub fn runs(config: &Config) -> Result<Runs, StartError> {
@@ -134,16 +133,10 @@ pub fn runs(config: &Config) -> Result<Runs, StartError> {
             .map_err(|e| io(&format!("AGENTRY_PRICES_FILE {}", path.display()), e))?;
         prices = prices.merged_with(overrides);
     }
-    let runner = LocalRunner::new(LocalConfig {
-        root: config.data_dir.clone(),
-        claude_bin: config.claude_bin.clone(),
-        codex_bin: config.codex_bin.clone(),
-        prices: prices.clone(),
-        inherited_env: LocalConfig::inherit(|name| std::env::var(name).ok()),
-        kill_grace: std::time::Duration::from_secs(10),
-    });
-    Ok(Runs::new(
-        Arc::new(runner),
+    Ok(Runs::local(
+        config.data_dir.clone(),
+        config.claude_bin.clone(),
+        config.codex_bin.clone(),
         prices,
         RunSettings {
             max_concurrent: config.max_concurrent_runs,

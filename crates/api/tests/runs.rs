@@ -109,6 +109,7 @@ impl Rig {
                 data.path().join("agentry"),
                 fake_agent("claude"),
                 fake_agent("codex"),
+                agentry_runner::PriceTable::builtin(),
                 settings,
             ),
         });

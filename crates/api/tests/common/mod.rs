@@ -89,14 +89,8 @@ pub fn state_from(db: &Db, codehost: CodeHost) -> web::Data<AppState> {
         openapi_json: serde_json::to_string(&agentry_api::app::openapi()).unwrap(),
         codehost,
         // No runner loop runs in these tests; tests of runs build their own state.
-        runs: agentry_api::runs::Runs::local(
+        runs: agentry_api::runs::Runs::disabled(
             std::env::temp_dir().join("agentry-api-tests-idle-runner"),
-            "claude".into(),
-            "codex".into(),
-            agentry_api::runs::RunSettings {
-                max_concurrent: 0,
-                ..Default::default()
-            },
         ),
     })
 }
