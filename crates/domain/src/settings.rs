@@ -41,7 +41,8 @@ const AGENT_TYPE: &str = "agentType";
 const AUTO_REVIEW: &str = "autoReview";
 const MAX_COST_PER_TASK_USD: &str = "maxCostPerTaskUsd";
 
-const MODEL_RULE: &str = "must be a non-blank string of at most 100 characters";
+const MODEL_RULE: &str = "must be 1 to 100 characters of A-Z, a-z, 0-9 and . _ : / -, not starting \
+     with -";
 const TURNS_RULE: &str = "must be an integer from 1 to 1000";
 const NULLABLE_TURNS_RULE: &str = "must be an integer from 1 to 1000, or null";
 const AGENT_RULE: &str = "must be one of: claude-code, codex";
@@ -55,10 +56,10 @@ const COST_RULE: &str = "must be a decimal string greater than 0, such as \"5.00
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RepoSettings {
-    /// The model for coding tasks (non-blank, at most 100 characters).
+    /// The model for coding tasks (1 to 100 of `A-Za-z0-9._:/-`, no leading `-`).
     /// Default `"sonnet"`.
     pub coding_model: String,
-    /// The model for review tasks (non-blank, at most 100 characters).
+    /// The model for review tasks (1 to 100 of `A-Za-z0-9._:/-`, no leading `-`).
     /// Default `"haiku"`.
     pub review_model: String,
     /// The agent's turn limit for coding tasks, 1–1000, or `None` for no
@@ -168,9 +169,15 @@ impl RepoSettings {
     }
 }
 
-/// Checks a model name.
+/// Checks a model name. It becomes a command-line argument of the agent, so only a
+/// conservative character set is allowed, and never a leading `-` (an option).
 fn check_model(field: &str, model: &str) -> Result<(), FieldError> {
-    if model.trim().is_empty() || model.chars().count() > MAX_MODEL_CHARS {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '-');
+    if model.is_empty()
+        || model.len() > MAX_MODEL_CHARS
+        || model.starts_with('-')
+        || !model.chars().all(allowed)
+    {
         return Err(FieldError::new(field, MODEL_RULE));
     }
     Ok(())
@@ -361,12 +368,12 @@ mod tests {
     fn model_bounds() {
         for member in [CODING_MODEL, REVIEW_MODEL] {
             let hundred = "m".repeat(100);
-            let hundred_multibyte = "é".repeat(100);
             for ok in [
                 "x",
                 "claude-opus-4",
+                "us.anthropic/claude-3.5_sonnet:beta",
+                "gpt-5-codex",
                 hundred.as_str(),
-                hundred_multibyte.as_str(),
             ] {
                 let s = patch(json!({ member: ok })).unwrap();
                 let got = if member == CODING_MODEL {
@@ -382,6 +389,15 @@ mod tests {
                 json!("\t\n"),
                 json!("m".repeat(101)),
                 json!("é".repeat(101)),
+                // A model name becomes an argument of the agent's command line.
+                json!("é"),
+                json!("-m"),
+                json!("--dangerously-skip-permissions"),
+                json!("opus --verbose"),
+                json!("opus;rm"),
+                json!("opus\n"),
+                json!(" opus"),
+                json!("$(id)"),
                 json!(null),
                 json!(5),
                 json!(true),
