@@ -147,11 +147,34 @@ impl Config {
                 ),
             });
         }
+        // The code-host token travels in every request: plain http only to this machine.
+        if parsed.scheme() == "http" && !is_loopback(&parsed) {
+            return Err(ConfigError {
+                name: "AGENTRY_CODEHOST_API_URL",
+                message: format!(
+                    "{codehost_api_url:?} uses plain http, which would send the code-host token \
+                     unencrypted; use https (http is allowed only for 127.0.0.0/8, ::1 and \
+                     localhost)"
+                ),
+            });
+        }
         let codehost_api_url = codehost_api_url.trim_end_matches('/').to_owned();
         let master_key = get("AGENTRY_MASTER_KEY").map(SecretValue::new);
         let issue_sync_interval = interval(&get, "AGENTRY_ISSUE_SYNC_INTERVAL_SECS", 60)?;
         let poll_interval = interval(&get, "AGENTRY_POLL_INTERVAL_SECS", 30)?;
         let webhook_secret = get("CODEHOST_WEBHOOK_SECRET").map(SecretValue::new);
+        if let Some(secret) = &webhook_secret
+            && secret.expose().len() < MIN_WEBHOOK_SECRET_BYTES
+        {
+            return Err(ConfigError {
+                name: "CODEHOST_WEBHOOK_SECRET",
+                message: format!(
+                    "too short ({} bytes): use at least {MIN_WEBHOOK_SECRET_BYTES} random bytes, \
+                     e.g. the output of `openssl rand -hex 32`",
+                    secret.expose().len()
+                ),
+            });
+        }
         let max_concurrent_runs = match get("AGENTRY_MAX_CONCURRENT_RUNS") {
             None => 2,
             Some(text) => match text.trim().parse::<usize>() {
@@ -195,6 +218,54 @@ impl Config {
             run_time_limit,
             run_lease,
         })
+    }
+}
+
+/// `path` made absolute against the current directory (lexically: nothing is read).
+fn absolute(name: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
+    std::path::absolute(&path).map_err(|e| ConfigError {
+        name,
+        message: format!("cannot make {} absolute: {e}", path.display()),
+    })
+}
+
+/// An executable: a bare name stays a name looked up on `PATH`; a path with a directory in
+/// it (`./bin/claude`) is made absolute, since agents run in their worktree.
+fn program(name: &'static str, value: String) -> Result<PathBuf, ConfigError> {
+    let path = PathBuf::from(value);
+    if path.components().count() > 1 {
+        absolute(name, path)
+    } else {
+        Ok(path)
+    }
+}
+
+/// `sqlite://relative/path` made `sqlite:///absolute/path`; other URLs unchanged.
+fn absolute_sqlite_url(url: String) -> Result<String, ConfigError> {
+    match url.strip_prefix("sqlite://") {
+        Some(path)
+            if !path.is_empty()
+                && !path.starts_with('/')
+                && !path.starts_with("file:")
+                && !path.starts_with(':') =>
+        {
+            let path = absolute("AGENTRY_DATABASE_URL", PathBuf::from(path))?;
+            Ok(format!("sqlite://{}", path.display()))
+        }
+        _ => Ok(url),
+    }
+}
+
+/// The shortest accepted `CODEHOST_WEBHOOK_SECRET`, in bytes.
+pub const MIN_WEBHOOK_SECRET_BYTES: usize = 16;
+
+/// Whether `url`'s host is this machine: `localhost`, 127.0.0.0/8 or `::1`.
+fn is_loopback(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
     }
 }
 
@@ -249,6 +320,43 @@ mod tests {
         assert_eq!(c.prices_file, None);
         assert_eq!(c.run_time_limit, Duration::from_secs(3600));
         assert_eq!(c.run_lease, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_short_webhook_secret_and_plain_http_off_this_machine_are_refused() {
+        let short = cfg(&[("CODEHOST_WEBHOOK_SECRET", "fifteen-bytes!!")]).unwrap_err();
+        assert_eq!(short.name, "CODEHOST_WEBHOOK_SECRET");
+        assert!(short.to_string().contains("at least 16"), "{short}");
+        assert!(
+            !short.to_string().contains("fifteen"),
+            "the secret is never shown"
+        );
+        let ok = cfg(&[("CODEHOST_WEBHOOK_SECRET", "sixteen-bytes!!!")]).unwrap();
+        assert!(ok.webhook_secret.is_some());
+        for refused in [
+            "http://api.github.com",
+            "http://ghe.example/api/v3",
+            "http://10.0.0.1:8080",
+            "http://[fe80::1]/",
+            "http://localhost.evil.example",
+        ] {
+            let e = cfg(&[("AGENTRY_CODEHOST_API_URL", refused)]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_CODEHOST_API_URL", "{refused}");
+            assert!(e.to_string().contains("https"), "{e}");
+        }
+        for allowed in [
+            "http://127.0.0.1:9",
+            "http://127.1.2.3:8080/api",
+            "http://[::1]:3000",
+            "http://localhost:8080",
+            "http://LOCALHOST",
+            "https://ghe.example/api/v3",
+        ] {
+            assert!(
+                cfg(&[("AGENTRY_CODEHOST_API_URL", allowed)]).is_ok(),
+                "{allowed}"
+            );
+        }
     }
 
     #[test]
