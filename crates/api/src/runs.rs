@@ -129,6 +129,7 @@ impl Runs {
             prices: prices.clone(),
             inherited_env: agentry_runner::LocalConfig::inherit(|name| std::env::var(name).ok()),
             kill_grace: KILL_GRACE,
+            sandbox: agentry_runner::Sandbox::new(agentry_runner::SandboxMode::Auto),
         });
         Runs::new(Arc::new(runner), prices, settings)
     }
@@ -893,6 +894,7 @@ async fn lost_run(
         report: None,
         ended: None,
         output: String::new(),
+        sandboxed: false,
         started_at: task.started_at.unwrap_or(lease.expired_at),
         finished_at: at,
     };

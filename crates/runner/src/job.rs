@@ -110,6 +110,10 @@ pub struct Execution {
     /// The agent's output (its stdout; stderr's tail appended after a marker line when the
     /// agent failed).
     pub output: String,
+    /// Whether the agent ran (or would have run) inside the sandbox
+    /// ([`crate::sandbox`]); `false` when agents run unsandboxed
+    /// (`AGENTRY_AGENT_SANDBOX=off`) or the sandbox was unavailable and nothing ran.
+    pub sandboxed: bool,
     /// When the job started.
     pub started_at: OffsetDateTime,
     /// When it ended.

@@ -11,6 +11,9 @@
 //! - [`process`]: the agent process in its own process group, with a minimal environment,
 //!   a wall-time limit and cancellation that kills the whole group; output streamed to a
 //!   log file.
+//! - [`sandbox`]: the bubblewrap sandbox every agent runs in (unless turned off): the
+//!   system read-only, the data directory, the service user's `HOME` and other processes
+//!   hidden, only the worktree and the run's `HOME` writable.
 //! - [`agent`]: the two CLIs' command lines and API-key variables.
 //! - [`claude::parse_claude`] reads `claude -p --output-format stream-json --verbose`
 //!   output (one JSON event per line) and takes cost, tokens, turns, model and outcome from
@@ -30,6 +33,7 @@ pub mod job;
 pub mod local;
 pub mod prices;
 pub mod process;
+pub mod sandbox;
 pub mod workspace;
 
 use agentry_domain::money::Usd;
@@ -40,6 +44,7 @@ pub use codex::parse_codex;
 pub use job::{Control, Execution, Job, JobKind, Runner, Verdict};
 pub use local::{LocalConfig, LocalRunner};
 pub use prices::{ModelPrice, PriceError, PriceTable};
+pub use sandbox::{InvalidSandboxMode, Sandbox, SandboxMode};
 
 /// What one agent run reported, as read from its output.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,6 +10,9 @@
 //! runs/<task>/<attempt>/home/       the agent's HOME
 //! ```
 //!
+//! Each agent runs in the sandbox of [`LocalConfig::sandbox`] (see [`crate::sandbox`]): of
+//! all this it sees only its worktree and its `HOME`.
+//!
 //! The run directory outlives the job: the service reads the output from it after a crash
 //! ([`Runner::salvage`]) and removes it once the run is recorded ([`Runner::discard`]).
 
@@ -22,6 +25,7 @@ use uuid::Uuid;
 use crate::agent;
 use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Verdict};
 use crate::process::{self, Ended, Limits};
+use crate::sandbox::{self, Sandbox, SandboxMode};
 use crate::workspace::{Workspaces, Worktree};
 use crate::{AgentOutcome, PriceTable, RunReport};
 
@@ -44,6 +48,8 @@ pub struct LocalConfig {
     pub inherited_env: Vec<(String, String)>,
     /// How long a stopped agent gets between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// The sandbox agents run in (`AGENTRY_AGENT_SANDBOX`); see [`crate::sandbox`].
+    pub sandbox: Sandbox,
 }
 
 impl LocalConfig {
@@ -76,6 +82,9 @@ impl std::fmt::Debug for LocalRunner {
 impl LocalRunner {
     /// A runner working under `config.root`.
     pub fn new(config: LocalConfig) -> Self {
+        if config.sandbox.mode() == SandboxMode::Off {
+            tracing::warn!("agents run unsandboxed: AGENTRY_AGENT_SANDBOX=off");
+        }
         let workspaces = Workspaces::new(config.root.join("workspaces"));
         LocalRunner { config, workspaces }
     }
@@ -99,14 +108,22 @@ impl LocalRunner {
     async fn run(&self, job: Job, mut control: Control) -> Execution {
         let started_at = now();
         let agent_type = job.agent.agent_type;
+        // Checked before anything is prepared: without its sandbox, no agent starts.
+        let launcher = self.config.sandbox.launcher().await;
+        let sandboxed = matches!(launcher, Ok(Some(_)));
         let fail = |message: String| Execution {
             verdict: Verdict::Failed(message),
             agent_type,
             report: None,
             ended: None,
             output: String::new(),
+            sandboxed,
             started_at,
             finished_at: now(),
+        };
+        let bwrap = match launcher {
+            Ok(bwrap) => bwrap,
+            Err(message) => return fail(message),
         };
         let run_dir = self.run_dir(job.task_id, job.attempt);
         let home = run_dir.join("home");
@@ -153,6 +170,29 @@ impl LocalRunner {
             worktree.path(),
             env,
         );
+        let command = match &bwrap {
+            None => command,
+            Some(bwrap) => {
+                let layout = sandbox::Layout {
+                    root: &self.config.root,
+                    worktree: worktree.path(),
+                    home: &home,
+                    mirror: &self
+                        .config
+                        .root
+                        .join("workspaces")
+                        .join("mirrors")
+                        .join(format!("{}.git", job.repo.key)),
+                };
+                match sandbox::wrap(bwrap, command, layout) {
+                    Ok(command) => command,
+                    Err(e) => {
+                        remove_worktree(worktree).await;
+                        return fail(format!("could not set up the agent's sandbox: {e}"));
+                    }
+                }
+            }
+        };
         let limits = Limits {
             wall_time: job.wall_time,
             kill_grace: self.config.kill_grace,
@@ -206,6 +246,7 @@ impl LocalRunner {
             report: Some(report),
             ended: Some(outcome.ended),
             output,
+            sandboxed,
             started_at,
             finished_at: now(),
         }
@@ -348,7 +389,8 @@ async fn fresh_dir(path: &Path) -> std::io::Result<()> {
 
 /// Kills the process group of an agent a dead service left running in `run_dir`, if its
 /// recorded process still runs with this run's `HOME` (so a recycled process id is never
-/// hit). Linux only; elsewhere nothing happens.
+/// hit). Linux only; elsewhere nothing happens. A sandboxed agent's recorded process is its
+/// `bwrap`, which has the agent's environment: killing its group ends the whole sandbox.
 fn stop_orphan(run_dir: &Path) {
     let Ok(text) = std::fs::read_to_string(run_dir.join("agent.pid")) else {
         return;

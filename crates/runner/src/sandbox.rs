@@ -1,0 +1,473 @@
+//! The agent's sandbox (SPEC §10.3, §10.4): every agent runs inside bubblewrap (`bwrap`).
+//!
+//! An agent reads untrusted text (the issue) and runs whatever commands it decides to run, so
+//! it is treated as hostile. Inside the sandbox it sees:
+//!
+//! - the system read-only (`--ro-bind / /`), without the data directory, the service user's
+//!   `HOME`, `/tmp`, `/var/tmp` and `/run`, each hidden under an empty tmpfs (`/tmp` is a
+//!   fresh, writable tmpfs). If the agent program lives under a hidden directory, just its
+//!   directory comes back, read-only;
+//! - writable: its worktree and its run's `HOME` (`runs/<task>/<attempt>/home`), nothing
+//!   else of the data directory: not the master key, the database, the admin token, other
+//!   runs' logs or worktrees, nor its own `output.log`;
+//! - for `git` to work in the worktree: the repository's bare mirror read-only, with its
+//!   `worktrees/` directory hidden except the run's own entry, which is writable (so `git
+//!   status`, `git diff` and `git add` work; `git commit` does not, since it writes objects
+//!   and refs into the shared mirror: the runner commits the agent's changes afterwards);
+//! - its own process, IPC, UTS and (where possible) cgroup namespaces with a fresh `/proc`,
+//!   so no other process of the machine (the service, a concurrent `git push` holding the
+//!   code-host token) is visible; the network is shared, since the agent needs its API;
+//! - no capabilities (`--cap-drop ALL`, and bwrap sets `no_new_privs`), a new session (no
+//!   terminal to inject into), and `--die-with-parent`.
+//!
+//! Killing the `bwrap` process (the pid the runner records, leader of the process group the
+//! runner kills) ends the whole sandbox: the namespace's init dies with it and the kernel
+//! kills every process left in the pid namespace.
+//!
+//! [`SandboxMode::Auto`] (the default) finds `bwrap` and probes it once with the same kind of
+//! namespaces; if it does not work, agents are refused. [`SandboxMode::Off`] runs agents as
+//! plain processes of the service's user (a warning is logged when the runner is built).
+
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::OnceCell;
+
+use crate::process::AgentCommand;
+
+/// Where `bwrap` is looked for when it is not on the service's `PATH`.
+pub const DEFAULT_BWRAP: &str = "/usr/bin/bwrap";
+
+/// How long the probe of `bwrap` may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most characters of the probe's stderr quoted in a message.
+const PROBE_STDERR_CHARS: usize = 300;
+
+/// The options every sandbox gets, before its mounts (also those of the probe).
+const BASE_ARGS: &[&str] = &[
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+];
+
+/// Whether agents run sandboxed: the value of `AGENTRY_AGENT_SANDBOX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SandboxMode {
+    /// `auto` (the default): agents run in a bubblewrap sandbox; without a working `bwrap`
+    /// they are refused.
+    #[default]
+    Auto,
+    /// `off`: agents run unsandboxed, as the service's user.
+    Off,
+}
+
+impl SandboxMode {
+    /// The configuration value: `auto` or `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Auto => "auto",
+            SandboxMode::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A value of `AGENTRY_AGENT_SANDBOX` that is neither `auto` nor `off`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid AGENTRY_AGENT_SANDBOX {0:?}: expected \"auto\" (agents run in a bubblewrap \
+     sandbox, the default) or \"off\" (agents run unsandboxed)"
+)]
+pub struct InvalidSandboxMode(pub String);
+
+impl FromStr for SandboxMode {
+    type Err = InvalidSandboxMode;
+
+    /// `auto` or `off`, exactly; anything else is refused.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(SandboxMode::Auto),
+            "off" => Ok(SandboxMode::Off),
+            other => Err(InvalidSandboxMode(other.to_owned())),
+        }
+    }
+}
+
+/// The sandbox agents run in, per a [`SandboxMode`]. Cheap to build and to clone: `bwrap`
+/// is found and probed once, on first use ([`Sandbox::check`]), and the answer is shared
+/// by the clones.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    mode: SandboxMode,
+    /// The `bwrap` to use instead of searching for one.
+    bwrap: Option<PathBuf>,
+    probed: Arc<OnceCell<Result<PathBuf, String>>>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox::new(SandboxMode::Auto)
+    }
+}
+
+impl Sandbox {
+    /// The sandbox of `mode`; in [`SandboxMode::Auto`], `bwrap` is the one on the service's
+    /// `PATH`, or [`DEFAULT_BWRAP`].
+    pub fn new(mode: SandboxMode) -> Self {
+        Sandbox {
+            mode,
+            bwrap: None,
+            probed: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// [`SandboxMode::Auto`] with the `bwrap` executable at `path` (not searched for).
+    pub fn with_bwrap(path: impl Into<PathBuf>) -> Self {
+        Sandbox {
+            bwrap: Some(path.into()),
+            ..Sandbox::new(SandboxMode::Auto)
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> SandboxMode {
+        self.mode
+    }
+
+    /// Whether agents run sandboxed: `Ok(true)` when `bwrap` works here (probed once),
+    /// `Ok(false)` in [`SandboxMode::Off`].
+    ///
+    /// # Errors
+    ///
+    /// In [`SandboxMode::Auto`] when `bwrap` is missing or does not work here: a sentence
+    /// saying why and naming the fix (agents are refused then).
+    pub async fn check(&self) -> Result<bool, String> {
+        Ok(self.launcher().await?.is_some())
+    }
+
+    /// The `bwrap` to launch agents with, `None` when agents run unsandboxed.
+    pub(crate) async fn launcher(&self) -> Result<Option<PathBuf>, String> {
+        if self.mode == SandboxMode::Off {
+            return Ok(None);
+        }
+        let probed = self
+            .probed
+            .get_or_init(|| async {
+                let found = match &self.bwrap {
+                    Some(path) => Ok(path.clone()),
+                    None => find_bwrap(),
+                };
+                let result = match found {
+                    Ok(bwrap) => probe(&bwrap).await.map(|()| bwrap),
+                    Err(e) => Err(e),
+                };
+                match &result {
+                    Ok(bwrap) => tracing::info!(
+                        bwrap = %bwrap.display(),
+                        "agents run in a bubblewrap sandbox"
+                    ),
+                    Err(why) => tracing::error!("{}", unavailable(why)),
+                }
+                result
+            })
+            .await;
+        match probed {
+            Ok(bwrap) => Ok(Some(bwrap.clone())),
+            Err(why) => Err(unavailable(why)),
+        }
+    }
+}
+
+/// The message of a refused agent when the sandbox does not work here.
+fn unavailable(why: &str) -> String {
+    format!(
+        "agents run in a bubblewrap sandbox, which is not available here ({why}): install \
+         bubblewrap, or set AGENTRY_AGENT_SANDBOX=off to run agents unsandboxed"
+    )
+}
+
+/// `bwrap` on the service's `PATH`, else [`DEFAULT_BWRAP`] if it exists.
+fn find_bwrap() -> Result<PathBuf, String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(found) = search_path(OsStr::new("bwrap"), &path) {
+        return Ok(found);
+    }
+    let default = Path::new(DEFAULT_BWRAP);
+    if is_executable(default) {
+        return Ok(default.to_owned());
+    }
+    Err(format!(
+        "bwrap was not found on PATH nor at {DEFAULT_BWRAP}"
+    ))
+}
+
+/// Runs `true` in a sandbox like an agent's, to know `bwrap` works here.
+async fn probe(bwrap: &Path) -> Result<(), String> {
+    let mut command = tokio::process::Command::new(bwrap);
+    command
+        .args(BASE_ARGS)
+        .args(["--tmpfs", "/tmp", "--", "true"])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bwrap.display()))?;
+    let mut stderr = child.stderr.take();
+    let waited = tokio::time::timeout(PROBE_TIMEOUT, async {
+        let mut text = String::new();
+        if let Some(stderr) = stderr.as_mut() {
+            let _ = stderr.read_to_string(&mut text).await;
+        }
+        (child.wait().await, text)
+    })
+    .await;
+    let (status, stderr) = match waited {
+        Ok(done) => done,
+        Err(_) => {
+            return Err(format!(
+                "{} did not finish a trial run within {} s",
+                bwrap.display(),
+                PROBE_TIMEOUT.as_secs()
+            ));
+        }
+    };
+    let status = status.map_err(|e| format!("waiting for {}: {e}", bwrap.display()))?;
+    if status.success() {
+        return Ok(());
+    }
+    let stderr: String = stderr.trim().chars().take(PROBE_STDERR_CHARS).collect();
+    Err(format!(
+        "a trial run of {} failed ({status}){}",
+        bwrap.display(),
+        if stderr.is_empty() {
+            String::new()
+        } else {
+            format!(": {stderr}")
+        }
+    ))
+}
+
+/// Where one agent run lives, for [`wrap`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout<'a> {
+    /// The data directory (hidden).
+    pub root: &'a Path,
+    /// The run's worktree (writable).
+    pub worktree: &'a Path,
+    /// The run's `HOME` (writable).
+    pub home: &'a Path,
+    /// The repository's bare mirror (read-only; the worktree's own entry writable).
+    pub mirror: &'a Path,
+}
+
+/// `cmd` run inside the sandbox by `bwrap`: the same stdin, working directory and
+/// environment (the `bwrap` process gets exactly the agent's environment, which it passes
+/// on), the program resolved on the environment's `PATH`.
+pub(crate) fn wrap(
+    bwrap: &Path,
+    cmd: AgentCommand,
+    layout: Layout<'_>,
+) -> Result<AgentCommand, String> {
+    let canonical = |path: &Path| {
+        std::fs::canonicalize(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
+    };
+    let root = canonical(layout.root)?;
+    if root.parent().is_none() {
+        return Err("the data directory cannot be the root directory".to_owned());
+    }
+    let worktree = canonical(layout.worktree)?;
+    let home = canonical(layout.home)?;
+
+    // What is hidden, parents first; a directory inside another hidden one is hidden
+    // already.
+    let mut hidden: Vec<PathBuf> = ["/tmp", "/var/tmp", "/run"]
+        .into_iter()
+        .map(PathBuf::from)
+        .chain(std::env::var_os("HOME").map(PathBuf::from))
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| p.is_dir() && p.parent().is_some())
+        .chain(std::iter::once(root.clone()))
+        .collect();
+    hidden.sort_by_key(|p| p.components().count());
+    hidden.dedup();
+    let mut tmpfs: Vec<PathBuf> = Vec::new();
+    for dir in hidden {
+        if !tmpfs.iter().any(|h| dir.starts_with(h)) {
+            tmpfs.push(dir);
+        }
+    }
+
+    let program = resolve_program(&cmd.program, &cmd.env)?;
+    let mut program_binds: Vec<PathBuf> = Vec::new();
+    for path in [program.clone(), canonical(&program)?] {
+        if !tmpfs.iter().any(|h| path.starts_with(h)) {
+            continue;
+        }
+        if path.starts_with(&root) {
+            return Err(format!(
+                "the agent program {} lies in the data directory, which agents cannot see",
+                path.display()
+            ));
+        }
+        // Its directory, unless that is a hidden directory itself or holds the data
+        // directory: then just the file.
+        let bind = match path.parent() {
+            Some(dir) if !tmpfs.iter().any(|h| h == dir) && !root.starts_with(dir) => {
+                dir.to_owned()
+            }
+            _ => path.clone(),
+        };
+        if !program_binds.contains(&bind) {
+            program_binds.push(bind);
+        }
+    }
+
+    let mut args: Vec<String> = BASE_ARGS.iter().map(|a| (*a).to_owned()).collect();
+    let text = |path: &Path| {
+        path.to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("the path {} is not valid UTF-8", path.display()))
+    };
+    for dir in &tmpfs {
+        args.extend(["--tmpfs".to_owned(), text(dir)?]);
+    }
+    for path in &program_binds {
+        let path = text(path)?;
+        args.extend(["--ro-bind".to_owned(), path.clone(), path]);
+    }
+    match git_dirs(&worktree, layout.mirror) {
+        Some((mirror, gitdir)) => {
+            let mirror = text(&mirror)?;
+            let gitdir = text(&gitdir)?;
+            args.extend([
+                "--ro-bind".to_owned(),
+                mirror.clone(),
+                mirror.clone(),
+                "--tmpfs".to_owned(),
+                format!("{mirror}/worktrees"),
+                "--bind".to_owned(),
+                gitdir.clone(),
+                gitdir,
+            ]);
+        }
+        None => tracing::warn!(
+            worktree = %worktree.display(),
+            "the worktree's git directory is not in its mirror; git will not work in the sandbox"
+        ),
+    }
+    for dir in [&worktree, &home] {
+        let dir = text(dir)?;
+        args.extend(["--bind".to_owned(), dir.clone(), dir]);
+    }
+    args.extend(["--chdir".to_owned(), text(&worktree)?, "--".to_owned()]);
+    args.push(text(&program)?);
+    args.extend(cmd.args);
+    Ok(AgentCommand {
+        program: bwrap.to_owned(),
+        args,
+        stdin: cmd.stdin,
+        cwd: cmd.cwd,
+        env: cmd.env,
+    })
+}
+
+/// The canonical mirror and the worktree's own git directory in it (from the worktree's
+/// `.git` file), or `None` if the worktree's git directory is not an entry of `mirror`.
+fn git_dirs(worktree: &Path, mirror: &Path) -> Option<(PathBuf, PathBuf)> {
+    let mirror = std::fs::canonicalize(mirror).ok()?;
+    let dotgit = std::fs::read_to_string(worktree.join(".git")).ok()?;
+    let gitdir = dotgit.trim().strip_prefix("gitdir:")?.trim();
+    let gitdir = std::fs::canonicalize(worktree.join(gitdir)).ok()?;
+    let entries = mirror.join("worktrees");
+    (gitdir.parent() == Some(entries.as_path()) && gitdir.is_dir()).then_some((mirror, gitdir))
+}
+
+/// The agent program as an absolute path: as given if it has a `/` (relative to the
+/// service's working directory), else found on the `PATH` of `env`.
+fn resolve_program(program: &Path, env: &[(String, String)]) -> Result<PathBuf, String> {
+    if program.components().count() > 1 || program.is_absolute() {
+        return std::path::absolute(program)
+            .map_err(|e| format!("cannot resolve {}: {e}", program.display()));
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_default();
+    search_path(program.as_os_str(), OsStr::new(path)).ok_or_else(|| {
+        format!(
+            "the agent program {} was not found on PATH ({path})",
+            program.display()
+        )
+    })
+}
+
+/// The first executable file `name` in the absolute directories of `path`.
+fn search_path(name: &OsStr, path: &OsStr) -> Option<PathBuf> {
+    std::env::split_paths(path)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn mode_parses_auto_and_off_only() {
+        assert_eq!("auto".parse::<SandboxMode>(), Ok(SandboxMode::Auto));
+        assert_eq!("off".parse::<SandboxMode>(), Ok(SandboxMode::Off));
+        for bad in ["", "on", "Auto", "none", " off"] {
+            let err = bad.parse::<SandboxMode>().unwrap_err();
+            assert!(err.to_string().contains("\"auto\""), "{err}");
+        }
+        assert_eq!(SandboxMode::default(), SandboxMode::Auto);
+        assert_eq!(SandboxMode::Off.to_string(), "off");
+    }
+
+    #[test]
+    fn programs_are_found_on_the_agent_path() {
+        let env = vec![("PATH".to_owned(), "relative:/usr/bin:/bin".to_owned())];
+        let sh = resolve_program(Path::new("sh"), &env).unwrap();
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
+        assert!(resolve_program(Path::new("no-such-agent-program"), &env).is_err());
+        assert_eq!(
+            resolve_program(Path::new("/opt/claude"), &env).unwrap(),
+            PathBuf::from("/opt/claude")
+        );
+    }
+}
