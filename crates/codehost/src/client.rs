@@ -53,7 +53,7 @@ use crate::error::CodeHostError;
 use crate::policy::{
     Jitter, backoff_delay, encode_segment, link_target, next_link, parse_retry_after, until_epoch,
 };
-use crate::types::{Comment, Conditional, Issue, PullRequest, RepoInfo, User};
+use crate::types::{Comment, Conditional, Issue, IssueChanges, PullRequest, RepoInfo, User};
 use crate::wire::{CommentJson, ErrorJson, IssueJson, PullJson, RepoJson, ReviewJson, UserJson};
 
 /// Which failed requests are sent again.
@@ -319,6 +319,66 @@ impl GitHub {
                     .collect();
                 Conditional::Modified {
                     value: issues,
+                    etag,
+                }
+            }
+        })
+    }
+
+    /// The issues and pull requests updated at or after `since` (`state=all`,
+    /// `since=<since, whole seconds>`, `sort=updated`, `direction=desc`, `per_page=100`),
+    /// every page; closed issues included, so that a reader learns of closings. GitHub's
+    /// `since` is inclusive and second-granular: `since` is rounded down to its second.
+    ///
+    /// With `etag`, the first page is asked with `If-None-Match`; a 304 gives
+    /// [`Conditional::NotModified`] after one request that GitHub does not count. The first
+    /// page holds the most recent updates, so any update at or after `since` changes it,
+    /// unless more than a page of items share its newest second (GitHub does not order those):
+    /// callers should trust a 304 only for an answer that fit on one page
+    /// ([`IssueChanges::pages`]). Newest first means an update during the read moves an item
+    /// to the front: it may be missed this time (its new `updated_at` is at least
+    /// [`IssueChanges::newest`], so the next read from there has it) but no other item is
+    /// skipped.
+    pub async fn issues_updated_since(
+        &self,
+        owner: &str,
+        name: &str,
+        since: OffsetDateTime,
+        etag: Option<&str>,
+    ) -> Result<Conditional<IssueChanges>, CodeHostError> {
+        let first = format!(
+            "{}?state=all&since={}&sort=updated&direction=desc&per_page={PER_PAGE}",
+            repo_path(owner, name, "/issues"),
+            since_param(since)
+        );
+        let pages = self
+            .get_counted_pages::<IssueJson>(first, etag, |_: &[IssueJson]| true)
+            .await?;
+        Ok(match pages {
+            Conditional::NotModified => Conditional::NotModified,
+            Conditional::Modified {
+                value: (items, pages),
+                etag,
+            } => {
+                let newest = items.iter().map(|i| i.updated_at).max();
+                // One copy per number, the latest (pages can shift while they are read).
+                let mut latest: std::collections::BTreeMap<u64, Issue> =
+                    std::collections::BTreeMap::new();
+                for item in items.into_iter().filter(|i| !i.is_pull_request()) {
+                    let issue = Issue::from(item);
+                    let newer = latest
+                        .get(&issue.number)
+                        .is_none_or(|known| issue.updated_at > known.updated_at);
+                    if newer {
+                        latest.insert(issue.number, issue);
+                    }
+                }
+                Conditional::Modified {
+                    value: IssueChanges {
+                        issues: latest.into_values().collect(),
+                        newest: newest.map(|t| t.to_offset(time::UtcOffset::UTC)),
+                        pages,
+                    },
                     etag,
                 }
             }
@@ -634,8 +694,24 @@ impl GitHub {
         &self,
         first: String,
         etag: Option<&str>,
-        mut more: impl FnMut(&[T]) -> bool,
+        more: impl FnMut(&[T]) -> bool,
     ) -> Result<Conditional<Vec<T>>, CodeHostError> {
+        Ok(match self.get_counted_pages(first, etag, more).await? {
+            Conditional::NotModified => Conditional::NotModified,
+            Conditional::Modified {
+                value: (items, _),
+                etag,
+            } => Conditional::Modified { value: items, etag },
+        })
+    }
+
+    /// [`Self::get_pages`] that also says how many pages it read.
+    async fn get_counted_pages<T: DeserializeOwned>(
+        &self,
+        first: String,
+        etag: Option<&str>,
+        mut more: impl FnMut(&[T]) -> bool,
+    ) -> Result<Conditional<(Vec<T>, usize)>, CodeHostError> {
         let mut target = self.route(&first);
         let mut all = Vec::new();
         let mut first_etag = None;
@@ -674,7 +750,7 @@ impl GitHub {
                 }
                 _ => {
                     return Ok(Conditional::Modified {
-                        value: all,
+                        value: (all, page + 1),
                         etag: first_etag,
                     });
                 }
@@ -999,6 +1075,20 @@ fn repo_path(owner: &str, name: &str, rest: &str) -> String {
     )
 }
 
+/// `since` as GitHub's query takes it: UTC, whole seconds (rounded down), `Z`.
+fn since_param(since: OffsetDateTime) -> String {
+    let t = since.to_offset(time::UtcOffset::UTC);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
 /// A target without its query, for messages and logs.
 fn path_only(target: &str) -> &str {
     target.split_once('?').map_or(target, |(path, _)| path)
@@ -1175,5 +1265,11 @@ mod tests {
         );
         assert_eq!(repo_path("a b", "c/d", ""), "/repos/a%20b/c%2Fd");
         assert_eq!(path_only("/repos/a/b?page=2"), "/repos/a/b");
+    }
+
+    #[test]
+    fn since_is_whole_utc_seconds() {
+        let t = time::macros::datetime!(2024-03-05 06:07:08.999 +02:00);
+        assert_eq!(since_param(t), "2024-03-05T04:07:08Z");
     }
 }

@@ -34,5 +34,5 @@ pub mod fake;
 
 pub use client::{ClientConfig, GitHub};
 pub use error::CodeHostError;
-pub use types::{Comment, Conditional, Issue, Label, PullRequest, RepoInfo, User};
+pub use types::{Comment, Conditional, Issue, IssueChanges, Label, PullRequest, RepoInfo, User};
 pub use webhook::{RepoRef, SignatureError, WebhookEvent, WebhookParseError};

@@ -97,6 +97,20 @@ pub struct Issue {
     pub closed_at: Option<OffsetDateTime>,
 }
 
+/// The issues that changed since a time, as [`crate::GitHub::issues_updated_since`] read
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueChanges {
+    /// The issues read, open and closed, each once (its latest copy); pull requests are left
+    /// out.
+    pub issues: Vec<Issue>,
+    /// The latest `updated_at` among everything read, pull requests included: what the next
+    /// read may start from. `None` when the answer was empty.
+    pub newest: Option<OffsetDateTime>,
+    /// Pages read. With more than one, the first page's ETag does not vouch for the others.
+    pub pages: usize,
+}
+
 /// A comment on an issue or pull request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Comment {

@@ -188,6 +188,75 @@ async fn open_issues_reads_every_page_skips_pulls_and_uses_the_etag() {
 }
 
 #[tokio::test]
+async fn issues_updated_since_reads_closed_issues_every_page_and_skips_pulls() {
+    let fake = fake();
+    fake.freeze_clock();
+    let t0 = fake.now_unix();
+    let old = fake.add_issue(OWNER, REPO, "old", None, &[]);
+    fake.advance_clock(Duration::from_secs(60));
+    for i in 0..150 {
+        fake.add_issue(OWNER, REPO, &format!("new {i}"), None, &[]);
+    }
+    let pull = fake.add_pull(OWNER, REPO, "a pull", "feature", "main");
+    fake.close_issue(OWNER, REPO, 2);
+    let gh = client(&fake);
+    let since = OffsetDateTime::from_unix_timestamp(t0 + 30).unwrap();
+    let (changes, etag) = modified(
+        gh.issues_updated_since(OWNER, REPO, since, None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(changes.pages, 2);
+    assert_eq!(
+        changes.issues.len(),
+        150,
+        "the old issue and the pull request are left out"
+    );
+    assert!(
+        changes
+            .issues
+            .iter()
+            .all(|i| i.number != old && i.number != pull)
+    );
+    let closed: Vec<u64> = changes
+        .issues
+        .iter()
+        .filter(|i| i.state == "closed")
+        .map(|i| i.number)
+        .collect();
+    assert_eq!(closed, [2]);
+    assert_eq!(
+        changes.newest,
+        Some(OffsetDateTime::from_unix_timestamp(t0 + 60).unwrap())
+    );
+    let requests = fake.requests();
+    assert!(
+        requests[0].query.contains("state=all")
+            && requests[0].query.contains("sort=updated")
+            && requests[0].query.contains("direction=desc"),
+        "{requests:?}"
+    );
+    // `since` is inclusive, in whole seconds: the issue updated at exactly `since` is read.
+    let exact =
+        OffsetDateTime::from_unix_timestamp(t0).unwrap() + time::Duration::milliseconds(900);
+    let (all, _) = modified(
+        gh.issues_updated_since(OWNER, REPO, exact, None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(all.issues.len(), 151);
+    // Unchanged: 304 after one request.
+    fake.reset_counts();
+    let again = gh
+        .issues_updated_since(OWNER, REPO, since, Some(&etag))
+        .await
+        .unwrap();
+    assert!(again.is_not_modified());
+    assert_eq!(fake.count_status(304), 1);
+    assert_eq!(fake.requests().len(), 1);
+}
+
+#[tokio::test]
 async fn issue_and_close_issue() {
     let fake = fake();
     let n = fake.add_issue(OWNER, REPO, "Fix the flux", None, &["agentry", "bug"]);

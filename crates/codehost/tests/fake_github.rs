@@ -179,6 +179,58 @@ fn auth_user_agent_and_repo_access() {
 // ----- pagination -----
 
 #[test]
+fn a_frozen_clock_and_same_second_order_by_number() {
+    let fake = fake();
+    fake.freeze_clock();
+    let t = fake.now_unix();
+    for i in 0..3 {
+        fake.add_issue("acme", "widgets", &format!("issue {i}"), None, &[]);
+    }
+    fake.add_label("acme", "widgets", 1, "bug");
+    fake.close_issue("acme", "widgets", 2);
+    for n in 1..=3 {
+        let issue = fake.issue("acme", "widgets", n).unwrap();
+        assert_eq!(
+            time::OffsetDateTime::parse(
+                &issue.updated_at,
+                &time::format_description::well_known::Rfc3339
+            )
+            .unwrap()
+            .unix_timestamp(),
+            t
+        );
+    }
+    let numbers = |v: Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["number"].as_u64().unwrap())
+            .collect()
+    };
+    let path = "/repos/acme/widgets/issues?state=all&sort=updated&direction=desc";
+    // By default the latest update comes first; by number, the second does not count.
+    assert_eq!(numbers(json_of(get(&fake, path))), [2, 1, 3]);
+    fake.order_same_second_by_number(true);
+    assert_eq!(numbers(json_of(get(&fake, path))), [3, 2, 1]);
+    // `since` is inclusive; a later second excludes them all.
+    let at = |secs: i64| {
+        time::OffsetDateTime::from_unix_timestamp(secs)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let since = |secs: i64| format!("{path}&since={}", at(secs));
+    assert_eq!(numbers(json_of(get(&fake, &since(t)))).len(), 3);
+    assert_eq!(numbers(json_of(get(&fake, &since(t + 1)))).len(), 0);
+    fake.advance_clock(Duration::from_secs(10));
+    assert_eq!(fake.now_unix(), t + 10);
+    fake.add_label("acme", "widgets", 3, "later");
+    assert_eq!(numbers(json_of(get(&fake, &since(t + 1)))), [3]);
+    fake.unfreeze_clock();
+    assert!(fake.now_unix() >= t + 10);
+}
+
+#[test]
 fn issues_paginate_with_link_headers_and_include_pulls() {
     let fake = fake();
     for i in 0..245 {

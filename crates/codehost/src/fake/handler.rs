@@ -875,8 +875,12 @@ fn set_title_and_body(item: &mut Item, title: Option<String>, body: Field) -> bo
     changed
 }
 
-fn sort_items(items: &mut [&Item], sort: &str, descending: bool) {
+/// Sorts a list. Items updated in the same second (GitHub's timestamps have no finer
+/// grain, and it does not say how it orders such ties) come in update order, or by number
+/// when `same_second_by_number`.
+fn sort_items(items: &mut [&Item], sort: &str, descending: bool, same_second_by_number: bool) {
     match sort {
+        "updated" if same_second_by_number => items.sort_by_key(|i| (i.updated_at, i.number)),
         "updated" => items.sort_by_key(|i| (i.updated_at, i.updated_seq)),
         "comments" | "popularity" => items.sort_by_key(|i| (i.comments.len(), i.number)),
         _ => items.sort_by_key(|i| (i.created_at, i.number)),
@@ -925,7 +929,12 @@ fn list_issues(state: &State, ctx: &Ctx<'_>) -> Result<Reply> {
         })
         .filter(|i| creator.is_none_or(|c| i.user.eq_ignore_ascii_case(c)))
         .collect();
-    sort_items(&mut items, &sort, direction == "desc");
+    sort_items(
+        &mut items,
+        &sort,
+        direction == "desc",
+        state.same_second_by_number,
+    );
     let w = window(&state.base_url, ctx.path, q, items.len());
     let page: Vec<Value> = items
         .get(w.start..w.end)
@@ -1298,7 +1307,12 @@ fn list_pulls(state: &State, ctx: &Ctx<'_>) -> Result<Reply> {
             head_ok && base_ok
         })
         .collect();
-    sort_items(&mut items, &sort, direction == "desc");
+    sort_items(
+        &mut items,
+        &sort,
+        direction == "desc",
+        state.same_second_by_number,
+    );
     let w = window(&state.base_url, ctx.path, q, items.len());
     let page: Vec<Value> = items
         .get(w.start..w.end)

@@ -857,6 +857,35 @@ impl FakeGitHub {
         s.rate.remaining
     }
 
+    /// Stops the fake's clock at the current second: every later change gets the same
+    /// `updated_at` (until [`Self::advance_clock`] or [`Self::unfreeze_clock`]), the case of
+    /// several changes within one second of GitHub's second-granular timestamps.
+    pub fn freeze_clock(&self) {
+        let mut s = self.state();
+        if s.frozen_at.is_none() {
+            s.frozen_at = Some(time::OffsetDateTime::now_utc().unix_timestamp());
+        }
+    }
+
+    /// Lets the clock run with real time again (keeping what [`Self::advance_clock`] added).
+    pub fn unfreeze_clock(&self) {
+        self.state().frozen_at = None;
+    }
+
+    /// How lists sorted by `updated` order items updated in the same second. GitHub does not
+    /// say; by default the fake puts the later update first (desc), as if the clock had a
+    /// finer grain. With `by_number`, ties are ordered by number instead, so an update within
+    /// the second other items were updated in does not move an item ahead of them: an
+    /// update can then land on a later page and leave the first page (and its ETag) as it was.
+    pub fn order_same_second_by_number(&self, by_number: bool) {
+        self.state().same_second_by_number = by_number;
+    }
+
+    /// The fake's current time (what the next change's `updated_at` will be), in unix seconds.
+    pub fn now_unix(&self) -> i64 {
+        self.state().now()
+    }
+
     /// Moves the fake's clock (used for `created_at`, `updated_at`, … of later changes)
     /// forward by `by`.
     pub fn advance_clock(&self, by: Duration) {

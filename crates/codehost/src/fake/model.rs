@@ -159,6 +159,10 @@ pub(crate) struct State {
     next_id: u64,
     seq: u64,
     pub clock_offset_secs: i64,
+    /// The real second the clock stopped at ([`super::FakeGitHub::freeze_clock`]).
+    pub frozen_at: Option<i64>,
+    /// Order issues updated in the same second by number instead of by update order.
+    pub same_second_by_number: bool,
     /// Keyed by lower-case login.
     pub users: BTreeMap<String, User>,
     pub tokens: HashMap<String, Token>,
@@ -187,6 +191,8 @@ impl State {
             next_id: 1000,
             seq: 0,
             clock_offset_secs: 0,
+            frozen_at: None,
+            same_second_by_number: false,
             users: BTreeMap::new(),
             tokens: HashMap::new(),
             repos: BTreeMap::new(),
@@ -199,10 +205,11 @@ impl State {
         }
     }
 
-    /// The fake's clock, in unix seconds (real time plus `advance_clock`).
+    /// The fake's clock, in unix seconds (real time, or the second it was frozen at, plus
+    /// `advance_clock`).
     pub fn now(&self) -> i64 {
-        OffsetDateTime::now_utc()
-            .unix_timestamp()
+        self.frozen_at
+            .unwrap_or_else(|| OffsetDateTime::now_utc().unix_timestamp())
             .saturating_add(self.clock_offset_secs)
     }
 
