@@ -32,7 +32,7 @@ use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::runner::{self as claims, ExpiredLease, RunLog};
 use agentry_persistence::tasks::{self, NewTask, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::{AnyConnection, Backend, DbError, secrets, write_tx};
-use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
+use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name, is_loopback_url};
 use agentry_runner::{
     AgentSpec, Control, Execution, Job, JobKind, PriceTable, RunReport, Runner, Verdict,
 };
@@ -277,8 +277,10 @@ async fn run_task(state: &web::Data<AppState>, task: Task) {
         let key = state.codehost.master_key().clone();
         let task = task.clone();
         let settings = state.runs.settings.clone();
+        // Local clone URLs only when the code host is a local fake (tests).
+        let allow_local = is_loopback_url(state.codehost.api_url());
         state
-            .db(move |conn| prepare(conn, &key, &task, &settings))
+            .db(move |conn| prepare(conn, &key, &task, &settings, allow_local))
             .await
     };
     let prepared = match prepared {
@@ -358,6 +360,7 @@ fn prepare(
     key: &secrets::MasterKey,
     task: &Task,
     settings: &RunSettings,
+    allow_local: bool,
 ) -> Result<Result<Prepared, String>, ApiError> {
     let Some(repo_id) = task.repo_id else {
         return Ok(Err("the task's repository is not connected".into()));
@@ -430,6 +433,8 @@ fn prepare(
             key: repo.id.to_string(),
             clone_url: repo.clone_url.clone(),
             default_branch: repo.default_branch.clone(),
+            host: repo.url.host().to_owned(),
+            allow_local,
         },
         agent,
         prompt,

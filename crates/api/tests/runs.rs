@@ -255,8 +255,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     assert_eq!(task["runs"].as_array().unwrap().len(), 1);
 
     // The branch with the change in the bare repository.
-    let short = &id[..8];
-    let branch = format!("agentry/task-{short}");
+    let branch = format!("agentry/task-{}", id.replace('-', ""));
     let changes = git(
         &["show", &format!("{branch}:AGENT_CHANGES.md")],
         &rig.source,

@@ -5,22 +5,60 @@
 //! ```text
 //! mirrors/<repo key>.git   one bare clone per repository, fetched before each run
 //! worktrees/<task id>      the worktree of a task's run, removed afterwards
+//! indexes/<task id>        the index of a task's commit, made after the agent
 //! git-home/                HOME of every git process (empty; git reads no user config)
 //! ```
 //!
-//! A coding task's worktree is on a new branch `agentry/task-<first 8 hex of the task id>`
+//! A coding task's worktree is on a new branch `agentry/task-<task id as 32 hex digits>`
 //! made from the remote default branch; a review task's is a detached checkout of the pull
-//! request's branch. The mirror fetches `+refs/heads/*:refs/remotes/origin/*` (not a mirror
-//! refspec, which would prune the task branches of concurrent runs), and every operation on
-//! one mirror is serialised by an in-process lock.
+//! request's branch. The mirror fetches `+refs/heads/*:refs/remotes/origin/*` from the clone
+//! URL (not a mirror refspec, which would prune the task branches of concurrent runs), and
+//! every operation on one mirror is serialised by an in-process lock.
 //!
 //! **The token never touches the disk or a command line.** It reaches git only through the
 //! environment of the git processes that talk to the remote, as
-//! `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_0=http.extraHeader`/`GIT_CONFIG_VALUE_0`; the remote
-//! URL stored in the mirror is the plain clone URL, and the agent's environment has none of
-//! it. Git runs with `env_clear()`, no system or global configuration, and no prompts.
+//! `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_0=http.<clone URL>.extraHeader`/`GIT_CONFIG_VALUE_0`,
+//! so git sends it only to URLs under the clone URL. The mirror's configuration names no
+//! remote, and the agent's environment has none of it. Git runs with `env_clear()`, no
+//! system or global configuration, and no prompts.
+//!
+//! **Nothing the agent can write is trusted.** The agent works in the worktree, whose `.git`
+//! file leads to the mirror, so an agent can rewrite the `.git` file, the worktree's metadata
+//! (`<mirror>/worktrees/<name>/`: `HEAD`, `index`, `commondir`, `config.worktree`) and, when
+//! it is not sandboxed, the mirror itself (`config`, `hooks/`). Therefore:
+//!
+//! - The clone URL the code host reports is checked before any git command
+//!   ([`validate_clone_url`]): `https://<the repository's host>/…` only; local paths only
+//!   when the code host is on loopback (tests).
+//! - Every git command names the mirror with `--git-dir` and runs from the workspace root
+//!   or the worktree, so no `.git` is ever discovered. After the agent, nothing of the
+//!   worktree's metadata is used: the commit is built with a fresh index of our own
+//!   (`read-tree` of the base commit, `add --all`, `write-tree`, `commit-tree` with the base
+//!   commit as parent), so a forged `HEAD`, `index` or `commondir` has no effect, and no
+//!   porcelain command that runs hooks is involved.
+//! - Before the commit and before the push, the worktree's `.git` must be exactly what
+//!   `git worktree add` wrote, and the mirror's `config` exactly the fixed text agentry
+//!   writes; otherwise the run fails with [`GitError::Tampered`] and nothing is committed
+//!   or pushed. (The configuration is rewritten before every run, so a tampered mirror is
+//!   repaired for the next one.) `config.worktree` is never read: the mirror's fixed
+//!   configuration does not enable `extensions.worktreeConfig`.
+//! - Every git process runs with `core.hooksPath=/dev/null`, `core.fsmonitor=false`,
+//!   `credential.helper=` (none), `core.sshCommand=false` and `core.pager=cat` on its
+//!   command line, which override any repository configuration, and with
+//!   `GIT_ALLOW_PROTOCOL` set to the one protocol of the validated clone URL, which
+//!   overrides every `protocol.*` setting.
+//! - The push goes from the mirror, by commit id, to the clone URL itself, never to a remote
+//!   name: `git push --force-with-lease=refs/heads/<b>:<seen> <clone URL> <commit>:refs/heads/<b>`.
+//!   The branch may only be replaced when it is absent or its head carries this task's
+//!   `Agentry-Task: <id>` trailer (a retry of the same task); anything else is refused with
+//!   [`GitError::BranchTaken`] and left as it is.
+//!
+//! Objects are content: an agent that rewrites the mirror's refs or objects can change what
+//! is pushed to its own task branch (which it can do anyway by editing files), but not where
+//! it goes, with which credentials, or make git run a program.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -36,11 +74,25 @@ const REMOTE_TIMEOUT: Duration = Duration::from_secs(600);
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most characters of git's stderr quoted in an error.
 const MAX_STDERR_CHARS: usize = 2000;
+/// The whole configuration of every mirror. It names no remote: fetch and push name the
+/// clone URL on their command line.
+const MIRROR_CONFIG: &str =
+    "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n";
+/// The trailer that marks a commit as made by a task.
+const TASK_TRAILER: &str = "Agentry-Task";
+/// Configuration given to every git process on its command line; it overrides the
+/// repository's configuration (see the module docs).
+const SAFE_CONFIG: &[&str] = &[
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "credential.helper=",
+    "core.sshCommand=false",
+    "core.pager=cat",
+];
 
-/// The branch of a coding task: `agentry/task-<first 8 hex of the task id>`.
+/// The branch of a coding task: `agentry/task-<the task id as 32 lower-case hex digits>`.
 pub fn branch_name(task_id: Uuid) -> String {
-    let simple = task_id.simple().to_string();
-    format!("agentry/task-{}", &simple[..8])
+    format!("agentry/task-{}", task_id.simple())
 }
 
 /// How git authenticates to the remote. Its `Debug` never shows the token.
@@ -72,13 +124,14 @@ impl GitAuth {
         }
     }
 
-    /// The environment that hands the header to one git process.
-    fn env(&self) -> Vec<(&'static str, String)> {
+    /// The environment that hands the header to one git process, for requests to URLs
+    /// under `url` only.
+    fn env(&self, url: &str) -> Vec<(&'static str, String)> {
         match &self.header {
             None => Vec::new(),
             Some(header) => vec![
                 ("GIT_CONFIG_COUNT", "1".to_owned()),
-                ("GIT_CONFIG_KEY_0", "http.extraHeader".to_owned()),
+                ("GIT_CONFIG_KEY_0", format!("http.{url}.extraHeader")),
                 ("GIT_CONFIG_VALUE_0", header.clone()),
             ],
         }
@@ -91,10 +144,17 @@ pub struct RepoSpec {
     /// A stable key naming the mirror directory (a repository id): letters, digits, `-`
     /// and `_` only.
     pub key: String,
-    /// Where to clone from: an https URL, or a local path or `file://` URL.
+    /// Where to clone from, as the code host reports it; checked with
+    /// [`validate_clone_url`] before any git command.
     pub clone_url: String,
     /// The branch new task branches start from.
     pub default_branch: String,
+    /// The host (with a non-default port, if any) of the repository's normalised URL, e.g.
+    /// `github.com`: the only host the clone URL may name.
+    pub host: String,
+    /// Whether a local clone URL (absolute path or `file://`, or `http://` on loopback) is
+    /// accepted: only when the code host itself is on loopback (a local fake in tests).
+    pub allow_local: bool,
 }
 
 /// Why a git operation failed. Never contains the token.
@@ -106,6 +166,31 @@ pub enum GitError {
     /// A branch name git would refuse or misread.
     #[error("invalid branch name {0:?}")]
     InvalidBranch(String),
+    /// The branch to start from is not on the remote.
+    #[error("the branch {0:?} does not exist on the remote")]
+    MissingBranch(String),
+    /// The clone URL the code host reported is not one agentry clones from.
+    #[error("the clone URL {url:?} is refused: {reason}")]
+    CloneUrlRefused {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The agent changed git metadata it must not touch; nothing was committed or pushed.
+    #[error("the agent modified {0}; nothing was committed or pushed")]
+    Tampered(String),
+    /// The remote branch exists and its head is not a commit of this task.
+    #[error(
+        "the branch {branch} already exists on the remote with a commit that is not this \
+         task's ({commit}); it was left as it is and nothing was pushed"
+    )]
+    BranchTaken {
+        /// The branch.
+        branch: String,
+        /// Its head on the remote.
+        commit: String,
+    },
     /// A git command failed.
     #[error("`git {command}` failed: {stderr}")]
     Command {
@@ -127,6 +212,100 @@ pub enum GitError {
     Io(String),
 }
 
+/// Checks a clone URL reported by the code host before git ever sees it.
+///
+/// Accepted: `https://<repo_host>/<path>` with only letters, digits and `.`, `_`, `~`,
+/// `-`, `/` in the path (no credentials, query, fragment, `.`/`..` segments or `%`), where
+/// `repo_host` is the host of the repository's normalised URL (compared without case).
+/// With `allow_local` (the code host is on loopback: tests against a local fake) also an
+/// absolute local path, a `file:///…` URL, and `http://` to a loopback host. Never a
+/// leading `-`, whitespace or control characters.
+pub fn validate_clone_url(url: &str, repo_host: &str, allow_local: bool) -> Result<(), GitError> {
+    clone_protocol(url, repo_host, allow_local).map(drop)
+}
+
+/// Whether `url` (e.g. the code host's API URL) is `http(s)://` to `localhost` or a
+/// loopback address.
+pub fn is_loopback_url(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    rest.is_some_and(|rest| {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        !authority.contains('@') && is_loopback_host(authority)
+    })
+}
+
+/// Whether an authority (`host[:port]`) names `localhost` or a loopback address.
+fn is_loopback_host(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The protocol git may use for a clone URL ([`validate_clone_url`]).
+fn clone_protocol(url: &str, repo_host: &str, allow_local: bool) -> Result<&'static str, GitError> {
+    let refuse = |reason: &str| GitError::CloneUrlRefused {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if url.is_empty() {
+        return Err(refuse("it is empty"));
+    }
+    if url.starts_with('-') {
+        return Err(refuse("it starts with '-'"));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(refuse("it contains whitespace or control characters"));
+    }
+    let local_path = url.strip_prefix("file://").unwrap_or(url);
+    if local_path.starts_with('/') {
+        if !allow_local {
+            return Err(refuse(
+                "local repositories are only accepted when the code host is on loopback",
+            ));
+        }
+        if local_path.split('/').any(|s| s == "..") {
+            return Err(refuse("it has a '..' segment"));
+        }
+        return Ok("file");
+    }
+    let (protocol, rest) = if let Some(rest) = url.strip_prefix("https://") {
+        ("https", rest)
+    } else if let Some(rest) = url.strip_prefix("http://") {
+        ("http", rest)
+    } else {
+        return Err(refuse("only https:// URLs are accepted"));
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    if authority.contains('@') {
+        return Err(refuse("it contains credentials"));
+    }
+    if protocol == "http" && !(allow_local && is_loopback_host(authority)) {
+        return Err(refuse("only https:// URLs are accepted"));
+    }
+    if protocol == "https" && !authority.eq_ignore_ascii_case(repo_host) {
+        return Err(refuse(&format!(
+            "it is not on the repository's host {repo_host}"
+        )));
+    }
+    let path_ok = path.len() > 1
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-' | b'/'))
+        && !path.split('/').any(|s| s == "." || s == "..");
+    if !path_ok {
+        return Err(refuse(
+            "its path must be letters, digits, '.', '_', '~', '-' and '/' without '.' or '..' \
+             segments",
+        ));
+    }
+    Ok(protocol)
+}
+
 /// One directory holding a bare mirror per repository and a worktree per task.
 #[derive(Debug)]
 pub struct Workspaces {
@@ -138,10 +317,20 @@ pub struct Workspaces {
 #[derive(Debug)]
 pub struct Worktree {
     git: Git,
+    /// The workspace root.
+    root: PathBuf,
+    task_id: Uuid,
+    clone_url: String,
     mirror: PathBuf,
     path: PathBuf,
+    /// The worktree's metadata directory in the mirror, as `git worktree add` made it.
+    meta: PathBuf,
+    /// The content of `<path>/.git` as `git worktree add` wrote it.
+    dot_git: Vec<u8>,
+    index: PathBuf,
     branch: Option<String>,
     base_commit: String,
+    committed: Mutex<Option<String>>,
     lock: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -160,12 +349,6 @@ impl Workspaces {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         locks.entry(mirror.to_owned()).or_default().clone()
-    }
-
-    fn git(&self) -> Git {
-        Git {
-            home: self.root.join("git-home"),
-        }
     }
 
     /// A coding task's worktree on a fresh `agentry/task-…` branch from the remote default
@@ -213,11 +396,16 @@ impl Workspaces {
         {
             return Err(GitError::InvalidKey(repo.key.clone()));
         }
-        let git = self.git();
+        let protocol = clone_protocol(&repo.clone_url, &repo.host, repo.allow_local)?;
+        let git = Git {
+            home: self.root.join("git-home"),
+            protocol,
+        };
         for dir in [
             &git.home,
             &self.root.join("mirrors"),
             &self.root.join("worktrees"),
+            &self.root.join("indexes"),
         ] {
             tokio::fs::create_dir_all(dir)
                 .await
@@ -225,6 +413,7 @@ impl Workspaces {
         }
         let mirror = self.root.join("mirrors").join(format!("{}.git", repo.key));
         let path = self.root.join("worktrees").join(task_id.to_string());
+        let index = self.root.join("indexes").join(task_id.to_string());
         let lock = self.lock_of(&mirror);
         let _held = lock.lock().await;
         if !mirror.join("HEAD").exists() {
@@ -233,59 +422,61 @@ impl Workspaces {
             git.run(
                 &self.root,
                 &["init", "--bare", "--quiet", path_str(&mirror)?],
-                &GitAuth::none(),
-                LOCAL_TIMEOUT,
-            )
-            .await?;
-            git.run(
-                &mirror,
-                &["remote", "add", "origin", &repo.clone_url],
-                &GitAuth::none(),
-                LOCAL_TIMEOUT,
-            )
-            .await?;
-        } else {
-            git.run(
-                &mirror,
-                &["remote", "set-url", "origin", &repo.clone_url],
-                &GitAuth::none(),
+                &[],
                 LOCAL_TIMEOUT,
             )
             .await?;
         }
+        // Whatever an earlier agent may have written there is replaced.
+        write_mirror_config(&mirror).await?;
+        let url = repo.clone_url.as_str();
         git.run(
-            &mirror,
+            &self.root,
             &[
+                &git_dir_arg(&mirror)?,
                 "fetch",
                 "--prune",
                 "--quiet",
-                "origin",
+                "--no-write-fetch-head",
+                url,
                 "+refs/heads/*:refs/remotes/origin/*",
             ],
-            auth,
+            &auth.env(url),
             REMOTE_TIMEOUT,
         )
         .await?;
         // What a crashed earlier attempt of this task left behind.
-        if path.exists() {
-            let _ = git
-                .run(
-                    &mirror,
-                    &["worktree", "remove", "--force", path_str(&path)?],
-                    &GitAuth::none(),
-                    LOCAL_TIMEOUT,
-                )
-                .await;
-            let _ = tokio::fs::remove_dir_all(&path).await;
-        }
+        remove_path(&path).await?;
+        remove_path(&index).await?;
+        remove_path(&mirror.join("worktrees").join(task_id.to_string())).await?;
+        let git_dir = git_dir_arg(&mirror)?;
         git.run(
-            &mirror,
-            &["worktree", "prune"],
-            &GitAuth::none(),
+            &self.root,
+            &[&git_dir, "worktree", "prune"],
+            &[],
             LOCAL_TIMEOUT,
         )
         .await?;
-        let mut add: Vec<&str> = vec!["worktree", "add", "--quiet"];
+        let base_commit = git
+            .run(
+                &self.root,
+                &[
+                    &git_dir,
+                    "rev-parse",
+                    "--verify",
+                    "--quiet",
+                    &format!("{start}^{{commit}}"),
+                ],
+                &[],
+                LOCAL_TIMEOUT,
+            )
+            .await
+            .map_err(|_| {
+                GitError::MissingBranch(start.trim_start_matches("refs/remotes/origin/").to_owned())
+            })?
+            .trim()
+            .to_owned();
+        let mut add: Vec<&str> = vec![&git_dir, "worktree", "add", "--quiet"];
         match &branch {
             Some(b) => {
                 add.push("-B");
@@ -294,26 +485,26 @@ impl Workspaces {
             None => add.push("--detach"),
         }
         add.push(path_str(&path)?);
-        add.push(start);
-        git.run(&mirror, &add, &GitAuth::none(), LOCAL_TIMEOUT)
-            .await?;
-        let base_commit = git
-            .run(
-                &path,
-                &["rev-parse", "HEAD"],
-                &GitAuth::none(),
-                LOCAL_TIMEOUT,
-            )
-            .await?
-            .trim()
-            .to_owned();
+        add.push(&base_commit);
+        git.run(&self.root, &add, &[], LOCAL_TIMEOUT).await?;
+        let dot_git = tokio::fs::read(path.join(".git"))
+            .await
+            .map_err(|e| GitError::Io(format!("cannot read the worktree's .git: {e}")))?;
+        let meta = worktree_meta(&mirror, &dot_git)?;
         drop(_held);
         Ok(Worktree {
             git,
+            root: self.root.clone(),
+            task_id,
+            clone_url: repo.clone_url.clone(),
             mirror,
             path,
+            meta,
+            dot_git,
+            index,
             branch,
             base_commit,
+            committed: Mutex::new(None),
             lock,
         })
     }
@@ -335,96 +526,196 @@ impl Worktree {
         &self.base_commit
     }
 
-    /// Stages everything and commits it as `agentry <agentry@localhost>` with `message`.
-    /// `None` when there is nothing to publish (no change and no commit of the agent's own);
-    /// otherwise the head commit.
+    /// Commits the whole worktree as one commit on top of the base commit, as
+    /// `agentry <agentry@localhost>`, with `message` and an `Agentry-Task: <task id>`
+    /// trailer. Commits the agent made itself are folded into it. `None` when the tree is
+    /// the base commit's (nothing to publish); otherwise the new commit.
+    ///
+    /// Fails with [`GitError::Tampered`] when the worktree's `.git` or the mirror's
+    /// configuration changed since the worktree was made.
     pub async fn commit_all(&self, message: &str) -> Result<Option<String>, GitError> {
-        let none = GitAuth::none();
-        self.git
-            .run(&self.path, &["add", "--all"], &none, LOCAL_TIMEOUT)
-            .await?;
-        let staged = self
-            .git
-            .run(
-                &self.path,
-                &["diff", "--cached", "--name-only"],
-                &none,
-                LOCAL_TIMEOUT,
-            )
-            .await?;
-        if !staged.trim().is_empty() {
-            self.git
-                .run(
-                    &self.path,
-                    &["commit", "--quiet", "--no-verify", "-m", message],
-                    &none,
-                    LOCAL_TIMEOUT,
+        self.check_untampered().await?;
+        remove_path(&self.index).await?;
+        let result = async {
+            self.with_index(&["read-tree", &self.base_commit], &self.mirror)
+                .await?;
+            self.with_index(&["add", "--all"], &self.path).await?;
+            let tree = self.with_index(&["write-tree"], &self.mirror).await?;
+            let tree = tree.trim();
+            let base_tree = format!("{}^{{tree}}", self.base_commit);
+            let base_tree = self
+                .with_index(&["rev-parse", "--verify", &base_tree], &self.mirror)
+                .await?;
+            if tree == base_tree.trim() {
+                return Ok(None);
+            }
+            let message = format!(
+                "{}\n\n{TASK_TRAILER}: {}\n",
+                message.trim_end(),
+                self.task_id.hyphenated()
+            );
+            let commit = self
+                .with_index(
+                    &["commit-tree", tree, "-p", &self.base_commit, "-m", &message],
+                    &self.mirror,
                 )
                 .await?;
+            Ok(Some(commit.trim().to_owned()))
         }
-        let head = self
-            .git
-            .run(&self.path, &["rev-parse", "HEAD"], &none, LOCAL_TIMEOUT)
-            .await?
-            .trim()
-            .to_owned();
-        Ok((head != self.base_commit).then_some(head))
+        .await;
+        let _ = remove_path(&self.index).await;
+        let commit = result?;
+        *self
+            .committed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = commit.clone();
+        Ok(commit)
     }
 
-    /// Pushes the worktree's head to its branch on the remote (forced: a retry of the same
-    /// task reuses its branch).
+    /// Runs a local git command on the mirror and the worktree's files, with the task's own
+    /// index file (never the worktree's), from `cwd`.
+    async fn with_index(&self, args: &[&str], cwd: &Path) -> Result<String, GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let work_tree = format!("--work-tree={}", path_str(&self.path)?);
+        let mut full = vec![git_dir.as_str(), work_tree.as_str()];
+        full.extend_from_slice(args);
+        let env = [("GIT_INDEX_FILE", path_str(&self.index)?.to_owned())];
+        self.git.run(cwd, &full, &env, LOCAL_TIMEOUT).await
+    }
+
+    /// Pushes the commit of [`Worktree::commit_all`] from the mirror to the task's branch at
+    /// the clone URL. The branch is replaced only when it is absent or its head is a commit
+    /// of this task (a retry); otherwise [`GitError::BranchTaken`]. A lease on the head seen
+    /// makes a concurrent change of the branch fail the push instead of being overwritten.
     pub async fn push(&self, auth: &GitAuth) -> Result<(), GitError> {
         let branch = self
             .branch
             .as_deref()
             .ok_or_else(|| GitError::InvalidBranch("(detached review checkout)".into()))?;
-        let refspec = format!("+HEAD:refs/heads/{branch}");
+        let commit = self
+            .committed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| GitError::Io("there is no commit to push".into()))?;
+        self.check_untampered().await?;
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let url = self.clone_url.as_str();
+        let remote_ref = format!("refs/heads/{branch}");
+        let listed = self
+            .git
+            .run(
+                &self.root(),
+                &[&git_dir, "ls-remote", url, &remote_ref],
+                &auth.env(url),
+                REMOTE_TIMEOUT,
+            )
+            .await?;
+        let seen = listed
+            .lines()
+            .find_map(|line| line.split_once('\t').filter(|(_, r)| *r == remote_ref))
+            .map(|(sha, _)| sha.to_owned());
+        let expected = match seen {
+            None => String::new(),
+            Some(_) => {
+                let tracking = format!("refs/remotes/origin/{branch}");
+                self.git
+                    .run(
+                        &self.root(),
+                        &[
+                            &git_dir,
+                            "fetch",
+                            "--quiet",
+                            "--no-write-fetch-head",
+                            url,
+                            &format!("+{remote_ref}:{tracking}"),
+                        ],
+                        &auth.env(url),
+                        REMOTE_TIMEOUT,
+                    )
+                    .await?;
+                let head = self
+                    .git
+                    .run(
+                        &self.root(),
+                        &[
+                            &git_dir,
+                            "rev-parse",
+                            "--verify",
+                            &format!("{tracking}^{{commit}}"),
+                        ],
+                        &[],
+                        LOCAL_TIMEOUT,
+                    )
+                    .await?
+                    .trim()
+                    .to_owned();
+                let format = format!("--format=%(trailers:key={TASK_TRAILER},valueonly)");
+                let owners = self
+                    .git
+                    .run(
+                        &self.root(),
+                        &[&git_dir, "show", "-s", &format, &head],
+                        &[],
+                        LOCAL_TIMEOUT,
+                    )
+                    .await?;
+                let ours = self.task_id.hyphenated().to_string();
+                if !owners.lines().any(|owner| owner.trim() == ours) {
+                    return Err(GitError::BranchTaken {
+                        branch: branch.to_owned(),
+                        commit: head,
+                    });
+                }
+                head
+            }
+        };
         self.git
             .run(
-                &self.path,
-                &["push", "--quiet", "origin", &refspec],
-                auth,
+                &self.root(),
+                &[
+                    &git_dir,
+                    "push",
+                    "--quiet",
+                    "--no-recurse-submodules",
+                    &format!("--force-with-lease={remote_ref}:{expected}"),
+                    url,
+                    &format!("{commit}:{remote_ref}"),
+                ],
+                &auth.env(url),
                 REMOTE_TIMEOUT,
             )
             .await
             .map(drop)
     }
 
-    /// Removes the worktree and its local branch. Idempotent.
+    /// Removes the worktree, its metadata and its local branch. Idempotent.
     pub async fn remove(self) -> Result<(), GitError> {
         let _held = self.lock.lock().await;
-        let none = GitAuth::none();
-        let removed = self
-            .git
-            .run(
-                &self.mirror,
-                &["worktree", "remove", "--force", path_str(&self.path)?],
-                &none,
-                LOCAL_TIMEOUT,
-            )
-            .await;
-        if removed.is_err() {
-            let _ = tokio::fs::remove_dir_all(&self.path).await;
-        }
+        remove_path(&self.path).await?;
+        remove_path(&self.meta).await?;
+        remove_path(&self.index).await?;
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let root = self.root();
         self.git
-            .run(&self.mirror, &["worktree", "prune"], &none, LOCAL_TIMEOUT)
+            .run(&root, &[&git_dir, "worktree", "prune"], &[], LOCAL_TIMEOUT)
             .await?;
         if let Some(branch) = &self.branch {
             let exists = self
                 .git
                 .run(
-                    &self.mirror,
-                    &["branch", "--list", branch],
-                    &none,
+                    &root,
+                    &[&git_dir, "branch", "--list", branch],
+                    &[],
                     LOCAL_TIMEOUT,
                 )
                 .await?;
             if !exists.trim().is_empty() {
                 self.git
                     .run(
-                        &self.mirror,
-                        &["branch", "-D", branch],
-                        &none,
+                        &root,
+                        &[&git_dir, "branch", "-D", branch],
+                        &[],
                         LOCAL_TIMEOUT,
                     )
                     .await?;
@@ -432,12 +723,105 @@ impl Worktree {
         }
         Ok(())
     }
+
+    /// The workspace root: the working directory of git commands that need no worktree.
+    fn root(&self) -> PathBuf {
+        self.root.clone()
+    }
+
+    /// Fails with [`GitError::Tampered`] unless the worktree is still a directory whose
+    /// `.git` is what `git worktree add` wrote and the mirror's configuration is agentry's.
+    async fn check_untampered(&self) -> Result<(), GitError> {
+        let is_dir = tokio::fs::symlink_metadata(&self.path)
+            .await
+            .is_ok_and(|m| m.is_dir());
+        if !is_dir {
+            return Err(GitError::Tampered("the worktree directory".into()));
+        }
+        let dot_git = self.path.join(".git");
+        let is_file = tokio::fs::symlink_metadata(&dot_git)
+            .await
+            .is_ok_and(|m| m.is_file());
+        if !is_file || tokio::fs::read(&dot_git).await.ok() != Some(self.dot_git.clone()) {
+            return Err(GitError::Tampered("the worktree's .git".into()));
+        }
+        let config = self.mirror.join("config");
+        let is_file = tokio::fs::symlink_metadata(&config)
+            .await
+            .is_ok_and(|m| m.is_file());
+        if !is_file
+            || tokio::fs::read(&config).await.ok().as_deref() != Some(MIRROR_CONFIG.as_bytes())
+        {
+            return Err(GitError::Tampered(
+                "the git configuration of the repository's mirror".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Writes the mirror's fixed configuration (atomically, and only when it differs).
+async fn write_mirror_config(mirror: &Path) -> Result<(), GitError> {
+    let config = mirror.join("config");
+    let is_file = tokio::fs::symlink_metadata(&config)
+        .await
+        .is_ok_and(|m| m.is_file());
+    if is_file && tokio::fs::read(&config).await.ok().as_deref() == Some(MIRROR_CONFIG.as_bytes()) {
+        return Ok(());
+    }
+    let io = |e: std::io::Error| GitError::Io(format!("cannot write {}: {e}", config.display()));
+    let temporary = mirror.join("config.agentry-new");
+    remove_path(&temporary).await?;
+    tokio::fs::write(&temporary, MIRROR_CONFIG)
+        .await
+        .map_err(io)?;
+    tokio::fs::rename(&temporary, &config).await.map_err(io)
+}
+
+/// The worktree's metadata directory named by the `.git` file `git worktree add` wrote: it
+/// must be `<mirror>/worktrees/<one name>`.
+fn worktree_meta(mirror: &Path, dot_git: &[u8]) -> Result<PathBuf, GitError> {
+    let text = std::str::from_utf8(dot_git).unwrap_or_default();
+    let meta = text
+        .strip_prefix("gitdir: ")
+        .map(|p| PathBuf::from(p.trim_end_matches(['\n', '\r'])));
+    match meta {
+        Some(meta)
+            if meta.parent() == Some(mirror.join("worktrees").as_path())
+                && meta.file_name().is_some() =>
+        {
+            Ok(meta)
+        }
+        _ => Err(GitError::Io(format!(
+            "unexpected .git file of a new worktree: {text:?}"
+        ))),
+    }
+}
+
+/// Removes a file, a directory tree or a symbolic link (never what it points to); absent
+/// is fine.
+async fn remove_path(path: &Path) -> Result<(), GitError> {
+    let removed = match tokio::fs::symlink_metadata(path).await {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => Err(e),
+        Ok(m) if m.is_dir() => tokio::fs::remove_dir_all(path).await,
+        Ok(_) => tokio::fs::remove_file(path).await,
+    };
+    match removed {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(GitError::Io(format!(
+            "cannot remove {}: {e}",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Runs git with a clean environment.
 #[derive(Debug, Clone)]
 struct Git {
     home: PathBuf,
+    /// The only protocol git may use (`GIT_ALLOW_PROTOCOL`).
+    protocol: &'static str,
 }
 
 impl Git {
@@ -445,11 +829,14 @@ impl Git {
         &self,
         cwd: &Path,
         args: &[&str],
-        auth: &GitAuth,
+        env: &[(&str, String)],
         limit: Duration,
     ) -> Result<String, GitError> {
         let shown = args.join(" ");
         let mut command = Command::new("git");
+        for config in SAFE_CONFIG {
+            command.args(["-c", config]);
+        }
         command
             .args(args)
             .current_dir(cwd)
@@ -462,6 +849,7 @@ impl Git {
             .env("LC_ALL", "C")
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_ALLOW_PROTOCOL", self.protocol)
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("GCM_INTERACTIVE", "never")
             .env("GIT_AUTHOR_NAME", "agentry")
@@ -472,7 +860,7 @@ impl Git {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        for (name, value) in auth.env() {
+        for (name, value) in env {
             command.env(name, value);
         }
         let child = command
@@ -512,6 +900,11 @@ fn path_str(path: &Path) -> Result<&str, GitError> {
         .ok_or_else(|| GitError::Io(format!("path is not UTF-8: {}", path.display())))
 }
 
+/// `--git-dir=<mirror>`: every command names its repository; none is discovered.
+fn git_dir_arg(mirror: &Path) -> Result<String, GitError> {
+    Ok(format!("--git-dir={}", path_str(mirror)?))
+}
+
 /// A branch name safe to put after `refs/remotes/origin/` on a git command line.
 fn valid_branch(branch: &str) -> Result<&str, GitError> {
     let ok = !branch.is_empty()
@@ -536,18 +929,34 @@ mod tests {
     #[test]
     fn branch_names_and_auth_debug() {
         let id = Uuid::parse_str("3F2504E0-4F89-11D3-9A0C-0305E82C3301").unwrap();
-        assert_eq!(branch_name(id), "agentry/task-3f2504e0");
+        assert_eq!(
+            branch_name(id),
+            "agentry/task-3f2504e04f8911d39a0c0305e82c3301"
+        );
         let auth = GitAuth::token("s3cret");
         assert!(!format!("{auth:?}").contains("s3cret"));
-        let header = &auth.env()[2].1;
-        assert_eq!(
-            header,
-            &format!(
-                "Authorization: Basic {}",
-                base64::engine::general_purpose::STANDARD.encode("x-access-token:s3cret")
-            )
+        assert!(GitAuth::none().env("https://github.com/o/r.git").is_empty());
+    }
+
+    /// The header is scoped to the clone URL: git sends it only to URLs under it.
+    #[test]
+    fn the_token_header_is_scoped_to_the_clone_url() {
+        let env = GitAuth::token("s3cret").env("https://github.com/o/r.git");
+        let expected = format!(
+            "Authorization: Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("x-access-token:s3cret")
         );
-        assert!(GitAuth::none().env().is_empty());
+        assert_eq!(
+            env,
+            vec![
+                ("GIT_CONFIG_COUNT", "1".to_owned()),
+                (
+                    "GIT_CONFIG_KEY_0",
+                    "http.https://github.com/o/r.git.extraHeader".to_owned()
+                ),
+                ("GIT_CONFIG_VALUE_0", expected),
+            ]
+        );
     }
 
     #[test]
@@ -556,5 +965,104 @@ mod tests {
             assert!(valid_branch(bad).is_err(), "{bad:?}");
         }
         assert!(valid_branch("agentry/task-12345678").is_ok());
+    }
+
+    #[test]
+    fn clone_urls_are_validated() {
+        let ok = |url: &str, local: bool| clone_protocol(url, "github.com", local);
+        assert_eq!(ok("https://github.com/o/r.git", false).unwrap(), "https");
+        assert_eq!(ok("https://GitHub.com/O/r", false).unwrap(), "https");
+        assert_eq!(
+            clone_protocol("https://ghe.local:8443/o/r.git", "ghe.local:8443", false).unwrap(),
+            "https"
+        );
+        for bad in [
+            "https://evil.example/o/r.git",
+            "https://github.com.evil.example/o/r.git",
+            "https://github.com:444/o/r.git",
+            "http://github.com/o/r.git",
+            "-uhttps://github.com/o/r.git",
+            "--upload-pack=touch /tmp/x",
+            "https://x-access-token:t@github.com/o/r.git",
+            "https://user@github.com/o/r.git",
+            "https://evil.example@github.com/o/r.git",
+            "ext::sh -c touch% /tmp/pwned",
+            "ext::sh",
+            "ssh://git@github.com/o/r.git",
+            "git@github.com:o/r.git",
+            "git://github.com/o/r.git",
+            "fd::17",
+            "https://github.com",
+            "https://github.com/",
+            "https://github.com/o/../r.git",
+            "https://github.com/o/r.git?x=1",
+            "https://github.com/o/r.git#x",
+            "https://github.com/o/r%2e.git",
+            "https://github.com/o/r .git",
+            "https://github.com/o/r\n.git",
+            "",
+        ] {
+            for local in [false, true] {
+                assert!(
+                    matches!(ok(bad, local), Err(GitError::CloneUrlRefused { .. })),
+                    "{bad:?} local={local}"
+                );
+            }
+        }
+        // Local repositories only when the code host is on loopback.
+        for local in ["/tmp/x/repo.git", "file:///tmp/x/repo.git"] {
+            assert!(ok(local, false).is_err(), "{local}");
+            assert_eq!(ok(local, true).unwrap(), "file", "{local}");
+        }
+        assert!(ok("file://host/tmp/x.git", true).is_err());
+        assert!(ok("file:///tmp/../etc", true).is_err());
+        assert!(ok("./relative.git", true).is_err());
+        // Plain http only to loopback, and only in local mode.
+        assert_eq!(ok("http://127.0.0.1:8080/o/r.git", true).unwrap(), "http");
+        assert!(ok("http://127.0.0.1:8080/o/r.git", false).is_err());
+        assert!(ok("http://10.0.0.1/o/r.git", true).is_err());
+        assert!(validate_clone_url("https://github.com/o/r.git", "github.com", false).is_ok());
+        let err = validate_clone_url("https://evil.example/o/r.git", "github.com", false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is not on the repository's host github.com"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn loopback_urls() {
+        for yes in [
+            "http://127.0.0.1:1234",
+            "http://127.0.0.1:1234/api/v3",
+            "https://localhost",
+            "http://[::1]:80/",
+            "http://127.1.2.3",
+        ] {
+            assert!(is_loopback_url(yes), "{yes}");
+        }
+        for no in [
+            "https://api.github.com",
+            "http://127.0.0.1.evil.example/",
+            "http://user@evil.example",
+            "http://evil.example/127.0.0.1",
+            "ftp://127.0.0.1",
+            "127.0.0.1",
+        ] {
+            assert!(!is_loopback_url(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn the_worktree_metadata_must_be_in_the_mirror() {
+        let mirror = Path::new("/data/mirrors/r.git");
+        assert_eq!(
+            worktree_meta(mirror, b"gitdir: /data/mirrors/r.git/worktrees/abc\n").unwrap(),
+            PathBuf::from("/data/mirrors/r.git/worktrees/abc")
+        );
+        assert!(worktree_meta(mirror, b"gitdir: /elsewhere/worktrees/abc\n").is_err());
+        assert!(worktree_meta(mirror, b"gitdir: /data/mirrors/r.git/worktrees/a/b\n").is_err());
+        assert!(worktree_meta(mirror, b"nonsense").is_err());
     }
 }

@@ -70,6 +70,8 @@ impl Source {
             key: "repo-1".into(),
             clone_url: self.bare.to_str().unwrap().to_owned(),
             default_branch: "main".into(),
+            host: "github.com".into(),
+            allow_local: true,
         }
     }
 }
@@ -101,10 +103,15 @@ async fn coding_worktree_commit_push_and_remove() {
     );
     assert_eq!(
         git(
-            &["log", "-1", "--format=%an <%ae>|%cn", &branch],
+            &["log", "-1", "--format=%an <%ae>|%cn|%P", &branch],
             &source.bare
         ),
-        "agentry <agentry@localhost>|agentry"
+        format!("agentry <agentry@localhost>|agentry|{main}")
+    );
+    // The message, with the task's trailer.
+    assert_eq!(
+        git(&["log", "-1", "--format=%B", &branch], &source.bare),
+        format!("Fix it\n\nAgentry-Task: {task}")
     );
     let path = wt.path().to_owned();
     wt.remove().await.unwrap();
@@ -113,10 +120,10 @@ async fn coding_worktree_commit_push_and_remove() {
     let listed = git(&["worktree", "list"], &mirror);
     assert!(!listed.contains(&task.to_string()), "{listed}");
     assert!(git(&["branch", "--list", &branch], &mirror).is_empty());
-    // The mirror's remote is the plain clone URL.
+    // The mirror's configuration names no remote: fetch and push name the clone URL.
     assert_eq!(
-        git(&["remote", "get-url", "origin"], &mirror),
-        source.bare.to_str().unwrap()
+        std::fs::read_to_string(mirror.join("config")).unwrap(),
+        "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n"
     );
 }
 
@@ -130,13 +137,24 @@ async fn agent_commits_count_retries_reuse_the_branch_and_fetch_sees_new_commits
         .prepare_coding(&source.spec(), task, &GitAuth::none())
         .await
         .unwrap();
-    // The agent committed by itself; nothing is left uncommitted.
+    // The agent committed by itself; nothing is left uncommitted. Its commit is folded into
+    // agentry's one commit on the base.
     std::fs::write(wt.path().join("a.txt"), "a\n").unwrap();
     git(&["add", "a.txt"], wt.path());
     git(&["commit", "-m", "agent's own"], wt.path());
     let head = git(&["rev-parse", "HEAD"], wt.path());
-    assert_eq!(wt.commit_all("x").await.unwrap(), Some(head));
+    let commit = wt.commit_all("x").await.unwrap().unwrap();
+    assert_ne!(commit, head);
     wt.push(&GitAuth::none()).await.unwrap();
+    let branch = branch_name(task);
+    assert_eq!(
+        git(&["log", "-1", "--format=%P|%an", &branch], &source.bare),
+        format!("{}|agentry", wt.base_commit())
+    );
+    assert_eq!(
+        git(&["show", &format!("{branch}:a.txt")], &source.bare),
+        "a"
+    );
     wt.remove().await.unwrap();
 
     // A new commit on main, then a retry of the same task: a fresh branch from the new main,
@@ -231,6 +249,8 @@ async fn bad_keys_branches_and_unreachable_remotes_are_errors() {
         key: "../escape".into(),
         clone_url: "/nonexistent/repo.git".into(),
         default_branch: "main".into(),
+        host: "github.com".into(),
+        allow_local: true,
     };
     let err = ws
         .prepare_coding(&spec, Uuid::new_v4(), &GitAuth::none())
@@ -242,7 +262,7 @@ async fn bad_keys_branches_and_unreachable_remotes_are_errors() {
         .prepare_coding(&spec, Uuid::new_v4(), &GitAuth::none())
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("git fetch"), "{err}");
+    assert!(err.to_string().contains("fetch"), "{err}");
     let err = ws
         .prepare_review(&spec, Uuid::new_v4(), "--upload-pack=x", &GitAuth::none())
         .await
@@ -283,6 +303,8 @@ async fn the_token_reaches_git_only_as_a_header() {
         key: "remote".into(),
         clone_url: format!("http://127.0.0.1:{port}/o/r.git"),
         default_branch: "main".into(),
+        host: "github.com".into(),
+        allow_local: true,
     };
     let auth = GitAuth::token(TOKEN);
     assert!(!format!("{auth:?}").contains(TOKEN));
@@ -318,4 +340,248 @@ async fn the_token_reaches_git_only_as_a_header() {
             }
         }
     }
+}
+
+/// A clone URL the code host reports is checked before any git command runs.
+#[tokio::test]
+async fn refused_clone_urls_run_no_git_at_all() {
+    let source = Source::new();
+    let root = TempDir::new().unwrap();
+    let ws = Workspaces::new(root.path());
+    for (url, allow_local) in [
+        (source.bare.to_str().unwrap().to_owned(), false),
+        ("https://evil.example/o/r.git".to_owned(), false),
+        ("ext::sh -c touch% /tmp/pwned".to_owned(), true),
+        ("--upload-pack=touch /tmp/pwned".to_owned(), true),
+        (
+            "https://x-access-token:t@github.com/o/r.git".to_owned(),
+            false,
+        ),
+    ] {
+        let spec = RepoSpec {
+            clone_url: url.clone(),
+            allow_local,
+            ..source.spec()
+        };
+        let err = ws
+            .prepare_coding(&spec, Uuid::new_v4(), &GitAuth::none())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, GitError::CloneUrlRefused { .. }),
+            "{url}: {err}"
+        );
+        assert!(err.to_string().starts_with("the clone URL"), "{url}: {err}");
+    }
+    assert!(!root.path().join("mirrors").exists());
+}
+
+/// A branch of the task's name that holds someone else's commit is never overwritten.
+#[tokio::test]
+async fn a_foreign_branch_of_the_same_name_is_refused_and_left_as_it_was() {
+    let source = Source::new();
+    let root = TempDir::new().unwrap();
+    let ws = Workspaces::new(root.path());
+    let task = Uuid::new_v4();
+    let branch = branch_name(task);
+    // Someone else's commit on that branch, even one naming the task in its message.
+    std::fs::write(source.work.join("theirs.txt"), "theirs\n").unwrap();
+    git(&["add", "theirs.txt"], &source.work);
+    git(
+        &[
+            "commit",
+            "-m",
+            &format!("theirs\n\nAgentry-Task: {}", Uuid::new_v4()),
+        ],
+        &source.work,
+    );
+    git(
+        &["push", "origin", &format!("HEAD:refs/heads/{branch}")],
+        &source.work,
+    );
+    let theirs = git(&["rev-parse", &branch], &source.bare);
+
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
+    wt.commit_all("Fix it").await.unwrap().unwrap();
+    let err = wt.push(&GitAuth::none()).await.unwrap_err();
+    assert!(matches!(err, GitError::BranchTaken { .. }), "{err}");
+    assert!(err.to_string().contains("is not this task's"), "{err}");
+    assert_eq!(git(&["rev-parse", &branch], &source.bare), theirs);
+    wt.remove().await.unwrap();
+
+    // A retry replaces the task's own branch, but not once someone else pushed onto it.
+    git(
+        &["push", "origin", &format!(":refs/heads/{branch}")],
+        &source.work,
+    );
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    std::fs::write(wt.path().join("fix.txt"), "first\n").unwrap();
+    let first = wt.commit_all("Fix it").await.unwrap().unwrap();
+    wt.push(&GitAuth::none()).await.unwrap();
+    assert_eq!(git(&["rev-parse", &branch], &source.bare), first);
+    wt.remove().await.unwrap();
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    std::fs::write(wt.path().join("fix.txt"), "second\n").unwrap();
+    let second = wt.commit_all("Fix it").await.unwrap().unwrap();
+    wt.push(&GitAuth::none()).await.unwrap();
+    assert_eq!(git(&["rev-parse", &branch], &source.bare), second);
+    wt.remove().await.unwrap();
+    git(&["fetch", "origin"], &source.work);
+    git(
+        &["checkout", "-q", "-B", "human", &format!("origin/{branch}")],
+        &source.work,
+    );
+    std::fs::write(source.work.join("human.txt"), "human\n").unwrap();
+    git(&["add", "human.txt"], &source.work);
+    git(&["commit", "-m", "a human's fix on top"], &source.work);
+    git(
+        &["push", "origin", &format!("HEAD:refs/heads/{branch}")],
+        &source.work,
+    );
+    let human = git(&["rev-parse", &branch], &source.bare);
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    std::fs::write(wt.path().join("fix.txt"), "third\n").unwrap();
+    wt.commit_all("Fix it").await.unwrap().unwrap();
+    let err = wt.push(&GitAuth::none()).await.unwrap_err();
+    assert!(matches!(err, GitError::BranchTaken { .. }), "{err}");
+    assert_eq!(git(&["rev-parse", &branch], &source.bare), human);
+    wt.remove().await.unwrap();
+}
+
+/// What an agent writes into git metadata: a rewritten `.git` or a changed mirror
+/// configuration stops the run before anything is committed; hooks and an fsmonitor
+/// planted in the mirror never run.
+#[tokio::test]
+async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
+    let source = Source::new();
+    let root = TempDir::new().unwrap();
+    let ws = Workspaces::new(root.path());
+    let mirror = root.path().join("mirrors/repo-1.git");
+    let marker_dir = TempDir::new().unwrap();
+    let marker = |name: &str| marker_dir.path().join(name);
+    let plant = |path: &Path, name: &str| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            path,
+            format!("#!/bin/sh\ntouch '{}'\nexit 0\n", marker(name).display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    };
+
+    // 1. The `.git` file rewritten: nothing is committed.
+    let task = Uuid::new_v4();
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
+    let elsewhere = marker_dir.path().join("evil.git");
+    git(
+        &["init", "--bare", "-q", elsewhere.to_str().unwrap()],
+        marker_dir.path(),
+    );
+    std::fs::write(
+        wt.path().join(".git"),
+        format!("gitdir: {}\n", elsewhere.display()),
+    )
+    .unwrap();
+    let err = wt.commit_all("Fix it").await.unwrap_err();
+    assert!(matches!(err, GitError::Tampered(_)), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "the agent modified the worktree's .git; nothing was committed or pushed"
+    );
+    assert!(git(&["branch", "--list", "agentry/*"], &source.bare).is_empty());
+    wt.remove().await.unwrap();
+
+    // 2. Hooks and an fsmonitor planted in the mirror and the worktree's metadata (the
+    //    mirror's own configuration untouched): they never run; the push happens.
+    let task = Uuid::new_v4();
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    let meta = mirror.join("worktrees").join(task.to_string());
+    for hook in [
+        "pre-commit",
+        "post-commit",
+        "pre-push",
+        "reference-transaction",
+        "post-checkout",
+        "pre-auto-gc",
+    ] {
+        plant(&mirror.join("hooks").join(hook), hook);
+        plant(&meta.join("hooks").join(hook), hook);
+    }
+    plant(&marker_dir.path().join("fsmonitor"), "fsmonitor");
+    std::fs::write(
+        meta.join("config.worktree"),
+        format!(
+            "[core]\n\tfsmonitor = {}\n\thooksPath = {}\n",
+            marker_dir.path().join("fsmonitor").display(),
+            mirror.join("hooks").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
+    let commit = wt.commit_all("Fix it").await.unwrap().unwrap();
+    wt.push(&GitAuth::none()).await.unwrap();
+    assert_eq!(
+        git(&["rev-parse", &branch_name(task)], &source.bare),
+        commit
+    );
+    wt.remove().await.unwrap();
+    let ran: Vec<_> = std::fs::read_dir(marker_dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !["evil.git", "fsmonitor"].contains(&name.as_str()))
+        .collect();
+    assert!(ran.is_empty(), "these ran: {ran:?}");
+
+    // 3. The mirror's configuration changed: refused; the next run repairs it.
+    let task = Uuid::new_v4();
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(mirror.join("config"))
+        .unwrap();
+    writeln!(
+        config,
+        "[url \"/nonexistent/\"]\n\tinsteadOf = {}",
+        source.bare.display()
+    )
+    .unwrap();
+    drop(config);
+    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
+    let err = wt.commit_all("Fix it").await.unwrap_err();
+    assert!(matches!(err, GitError::Tampered(_)), "{err}");
+    wt.remove().await.unwrap();
+    assert!(git(&["branch", "--list", &branch_name(task)], &source.bare).is_empty());
+    let wt = ws
+        .prepare_coding(&source.spec(), task, &GitAuth::none())
+        .await
+        .unwrap();
+    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
+    wt.commit_all("Fix it").await.unwrap().unwrap();
+    wt.push(&GitAuth::none()).await.unwrap();
+    wt.remove().await.unwrap();
 }
