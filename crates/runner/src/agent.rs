@@ -11,13 +11,19 @@
 //! has no turn or budget limit on its command line: for Codex runs those settings are not
 //! enforced by the agent, only the wall-time limit is.
 
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
+use crate::claude::ClaudeReader;
+use crate::codex::CodexReader;
 use crate::process::AgentCommand;
-use crate::{PriceTable, RunReport, parse_claude, parse_codex};
+use crate::{PriceTable, RunReport, Warnings, excerpt};
 
 /// How to launch the agent of one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,12 +102,547 @@ pub fn command(
     }
 }
 
-/// Reads an agent's output with the parser of its CLI. Codex reports tokens only; they are
-/// priced for the model the run was launched with.
+/// Reads an agent's whole output with the parser of its CLI (an [`OutputParser`] fed the
+/// text at once). Codex reports tokens only; they are priced for the model the run was
+/// launched with.
 pub fn parse_output(spec: &AgentSpec, output: &str, prices: &PriceTable) -> RunReport {
-    match spec.agent_type {
-        AgentType::ClaudeCode => parse_claude(output),
-        AgentType::Codex => parse_codex(output, &spec.model, prices),
+    let mut parser = OutputParser::new(spec, prices);
+    parser.feed(output.as_bytes());
+    parser.finish()
+}
+
+/// The longest line of agent output that is read. A longer line is skipped with a warning
+/// (it is never held whole in memory): no event agentry needs comes near this size.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Above this capacity the buffer of an unfinished line is freed once the line is read,
+/// so one large line does not keep its buffer for the rest of the run.
+const KEPT_LINE_CAPACITY: usize = 1024 * 1024;
+
+/// The parser of one agent's output, fed as the output arrives.
+///
+/// [`OutputParser::feed`] takes the output in chunks of any size, cut anywhere (inside a
+/// line or a character); [`OutputParser::finish`] gives the [`RunReport`], the same as the
+/// whole output read at once. Each line is read on its own into small typed values holding
+/// only what the report needs (the event type, counts, the exact text of money figures, the
+/// final text); nothing else of an event is kept. Memory stays bounded: at most one
+/// unfinished line (up to [`MAX_LINE_BYTES`]; a longer line is skipped with a warning and
+/// not buffered), the final text, and at most 50 warnings.
+///
+/// Line by line the parsers read what [`crate::parse_claude`] and [`crate::parse_codex`]
+/// document. Lines are numbered from 1; blank lines are passed over; a line that is not a
+/// JSON object is skipped with a warning; invalid UTF-8 is read as U+FFFD.
+#[derive(Debug)]
+pub struct OutputParser {
+    lines: Lines,
+    /// Warnings about lines that could not be read (listed first, as the whole-text
+    /// parsers always did).
+    skipped: Warnings,
+    /// Warnings about the events read.
+    warnings: Warnings,
+    reader: Reader,
+}
+
+/// The agent-specific part of an [`OutputParser`].
+#[derive(Debug)]
+enum Reader {
+    Claude(ClaudeReader),
+    Codex(CodexReader),
+}
+
+impl OutputParser {
+    /// The parser of `spec`'s agent; token-only output (Codex) is priced with `prices` for
+    /// `spec.model`.
+    pub fn new(spec: &AgentSpec, prices: &PriceTable) -> Self {
+        match spec.agent_type {
+            AgentType::ClaudeCode => Self::claude(),
+            AgentType::Codex => Self::codex(&spec.model, prices),
+        }
+    }
+
+    /// The parser of Claude Code's `stream-json` output.
+    pub fn claude() -> Self {
+        Self::with(Reader::Claude(ClaudeReader::default()))
+    }
+
+    /// The parser of the output of a Codex run launched with `model`, priced with `prices`.
+    pub fn codex(model: &str, prices: &PriceTable) -> Self {
+        Self::with(Reader::Codex(CodexReader::new(model, prices)))
+    }
+
+    fn with(reader: Reader) -> Self {
+        OutputParser {
+            lines: Lines::default(),
+            skipped: Warnings::default(),
+            warnings: Warnings::default(),
+            reader,
+        }
+    }
+
+    /// Reads the next chunk of output.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let OutputParser {
+            lines,
+            skipped,
+            warnings,
+            reader,
+        } = self;
+        lines.feed(bytes, &mut |line| reader.line(line, skipped, warnings));
+    }
+
+    /// The report of everything fed (an unfinished last line is read as a line).
+    pub fn finish(self) -> RunReport {
+        let OutputParser {
+            mut lines,
+            mut skipped,
+            mut warnings,
+            mut reader,
+        } = self;
+        lines.finish(&mut |line| reader.line(line, &mut skipped, &mut warnings));
+        let warnings = skipped.then(warnings);
+        match reader {
+            Reader::Claude(r) => r.finish(warnings),
+            Reader::Codex(r) => r.finish(warnings),
+        }
+    }
+
+    /// The bytes of an unfinished line held in memory (at most [`MAX_LINE_BYTES`]).
+    #[cfg(test)]
+    fn pending_bytes(&self) -> usize {
+        self.lines.pending.capacity()
+    }
+}
+
+impl Reader {
+    /// Reads one line: blank lines are passed over, an over-long one is skipped with a
+    /// warning in `skipped`, like one that is not JSON.
+    fn line(&mut self, line: Line<'_>, skipped: &mut Warnings, warnings: &mut Warnings) {
+        match line {
+            Line::TooLong(line_no) => skipped.push(format!(
+                "line {line_no}: longer than {MAX_LINE_BYTES} bytes, skipped"
+            )),
+            Line::Text(line_no, bytes) => {
+                let text = String::from_utf8_lossy(bytes);
+                let text = text.trim();
+                if text.is_empty() {
+                    return;
+                }
+                match self {
+                    Reader::Claude(r) => r.line(line_no, text, skipped),
+                    Reader::Codex(r) => r.line(line_no, text, skipped, warnings),
+                }
+            }
+        }
+    }
+}
+
+impl Warnings {
+    /// These warnings followed by `later`, kept and counted as if pushed in that order.
+    fn then(mut self, later: Warnings) -> Warnings {
+        for warning in later.kept {
+            self.push(warning);
+        }
+        self.dropped += later.dropped;
+        self
+    }
+}
+
+/// One line of output, numbered from 1.
+enum Line<'a> {
+    /// A line (without its `\n`).
+    Text(usize, &'a [u8]),
+    /// A line longer than [`MAX_LINE_BYTES`], not kept.
+    TooLong(usize),
+}
+
+/// Cuts a byte stream into lines (`\n`-terminated, the last one possibly not), holding at
+/// most one unfinished line of at most [`MAX_LINE_BYTES`].
+#[derive(Debug, Default)]
+struct Lines {
+    /// The start of a line whose end has not arrived yet.
+    pending: Vec<u8>,
+    /// The current line passed [`MAX_LINE_BYTES`]: the rest of it is dropped.
+    too_long: bool,
+    /// The number of the last line emitted.
+    line_no: usize,
+}
+
+impl Lines {
+    fn feed(&mut self, mut bytes: &[u8], emit: &mut impl FnMut(Line<'_>)) {
+        while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
+            let (piece, rest) = (&bytes[..end], &bytes[end + 1..]);
+            self.line_no += 1;
+            if self.too_long || self.pending.len().saturating_add(piece.len()) > MAX_LINE_BYTES {
+                emit(Line::TooLong(self.line_no));
+            } else if self.pending.is_empty() {
+                emit(Line::Text(self.line_no, piece));
+            } else {
+                self.push_pending(piece);
+                emit(Line::Text(self.line_no, &self.pending));
+            }
+            self.reset();
+            bytes = rest;
+        }
+        if bytes.is_empty() || self.too_long {
+            return;
+        }
+        if self.pending.len().saturating_add(bytes.len()) > MAX_LINE_BYTES {
+            self.too_long = true;
+            self.pending = Vec::new();
+        } else {
+            self.push_pending(bytes);
+        }
+    }
+
+    /// Appends to the unfinished line (whose length with `bytes` is at most
+    /// [`MAX_LINE_BYTES`]), never growing its buffer beyond that.
+    fn push_pending(&mut self, bytes: &[u8]) {
+        let needed = self.pending.len() + bytes.len();
+        if needed > self.pending.capacity() {
+            let target = needed
+                .max(self.pending.capacity().saturating_mul(2))
+                .min(MAX_LINE_BYTES);
+            self.pending.reserve_exact(target - self.pending.len());
+        }
+        self.pending.extend_from_slice(bytes);
+    }
+
+    fn finish(&mut self, emit: &mut impl FnMut(Line<'_>)) {
+        if self.too_long {
+            self.line_no += 1;
+            emit(Line::TooLong(self.line_no));
+        } else if !self.pending.is_empty() {
+            self.line_no += 1;
+            emit(Line::Text(self.line_no, &self.pending));
+        }
+        self.reset();
+    }
+
+    /// Ready for the next line.
+    fn reset(&mut self) {
+        self.too_long = false;
+        if self.pending.capacity() > KEPT_LINE_CAPACITY {
+            self.pending = Vec::new();
+        } else {
+            self.pending.clear();
+        }
+    }
+}
+
+// ------------------------------------------------------------ reading one JSON line
+
+/// The top-level fields of an event that a parser reads, filled key by key.
+pub(crate) trait Fields: Default {
+    /// Reads the value of `key` from `map` if it is wanted, else skips it with [`Skip`].
+    /// Called once per key, in order, so of repeated keys the last one counts.
+    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error>;
+}
+
+/// The fields `F` of one line of output if it is a JSON object. A line that is not JSON or
+/// not an object is skipped with a warning quoting it, exactly as a `serde_json::Value`
+/// parse would tell them apart (every value is fully checked, none is kept).
+pub(crate) fn read_object<F: Fields>(
+    line_no: usize,
+    line: &str,
+    warnings: &mut Warnings,
+) -> Option<F> {
+    match serde_json::from_str::<Object<F>>(line) {
+        Ok(Object(Some(fields))) => Some(fields),
+        Ok(Object(None)) => {
+            warnings.push(format!("line {line_no}: not a JSON object, skipped"));
+            None
+        }
+        Err(_) => {
+            warnings.push(format!(
+                "line {line_no}: not JSON, skipped: {}",
+                excerpt(line)
+            ));
+            None
+        }
+    }
+}
+
+/// Any JSON value, read with the same checks as a `serde_json::Value` (numbers in range,
+/// valid escapes) but not kept.
+pub(crate) struct Skip;
+
+/// A JSON value that is a string if it is one (`Some`), else `None`; any JSON is accepted.
+#[derive(Debug, Default)]
+pub(crate) struct LooseStr(pub(crate) Option<String>);
+
+/// A JSON value as a token count: `Some` for an integer in `0..=i64::MAX`, else `None`
+/// (what `Value::as_i64` then `>= 0` gives); any JSON is accepted.
+#[derive(Debug, Default)]
+pub(crate) struct Count(pub(crate) Option<i64>);
+
+/// A JSON value: the fields `F` if it is an object, else `None`; any JSON is accepted.
+#[derive(Debug)]
+pub(crate) struct Object<F>(pub(crate) Option<F>);
+
+/// A JSON value: the items if it is an array, else `None`; any JSON is accepted.
+#[derive(Debug)]
+pub(crate) struct List<T>(pub(crate) Option<Vec<T>>);
+
+/// A JSON value that is a string, an object (its fields `F`), or something else.
+#[derive(Debug)]
+pub(crate) enum StrOr<F> {
+    /// A string.
+    Str(String),
+    /// An object.
+    Object(F),
+    /// Any other JSON value.
+    Other,
+}
+
+/// The `message` string of an object, if it has one.
+#[derive(Debug, Default)]
+pub(crate) struct Message(pub(crate) LooseStr);
+
+impl Fields for Message {
+    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        if key == "message" {
+            self.0 = map.next_value()?;
+        } else {
+            map.next_value::<Skip>()?;
+        }
+        Ok(())
+    }
+}
+
+/// A map key, borrowed from the line when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+/// Reads the rest of a JSON object into the fields `F`.
+fn read_fields<'de, F: Fields, A: MapAccess<'de>>(mut map: A) -> Result<F, A::Error> {
+    let mut fields = F::default();
+    while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+        fields.field(&key, &mut map)?;
+    }
+    Ok(fields)
+}
+
+/// Skips the rest of a JSON array.
+fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<Skip>()?.is_some() {}
+    Ok(())
+}
+
+/// Skips the rest of a JSON object.
+fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_key::<Skip>()?.is_some() {
+        map.next_value::<Skip>()?;
+    }
+    Ok(())
+}
+
+/// Visitor methods giving `$value` for every JSON scalar but strings.
+macro_rules! other_scalars {
+    ($value:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
+/// Visitor methods giving `$value` for integers.
+macro_rules! integers {
+    ($value:expr) => {
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
+/// Visitor methods giving `$value` for strings.
+macro_rules! strings {
+    ($value:expr) => {
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
+/// Visitor methods skipping arrays and objects, giving `$value`.
+macro_rules! containers {
+    ($value:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            skip_seq(seq)?;
+            Ok($value)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            skip_map(map)?;
+            Ok($value)
+        }
+    };
+}
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Skip;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            other_scalars!(Skip);
+            integers!(Skip);
+            strings!(Skip);
+            containers!(Skip);
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for LooseStr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LooseStr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LooseStr, E> {
+                Ok(LooseStr(Some(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<LooseStr, E> {
+                Ok(LooseStr(Some(v)))
+            }
+            other_scalars!(LooseStr(None));
+            integers!(LooseStr(None));
+            containers!(LooseStr(None));
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
+                Ok(Count(Some(v).filter(|n| *n >= 0)))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
+                Ok(Count(i64::try_from(v).ok()))
+            }
+            other_scalars!(Count(None));
+            strings!(Count(None));
+            containers!(Count(None));
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+impl<'de, F: Fields> Deserialize<'de> for Object<F> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<F>(PhantomData<F>);
+        impl<'de, F: Fields> Visitor<'de> for V<F> {
+            type Value = Object<F>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<F>, A::Error> {
+                Ok(Object(Some(read_fields(map)?)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Object<F>, A::Error> {
+                skip_seq(seq)?;
+                Ok(Object(None))
+            }
+            other_scalars!(Object(None));
+            integers!(Object(None));
+            strings!(Object(None));
+        }
+        deserializer.deserialize_any(V(PhantomData))
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = List<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List<T>, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(List(Some(items)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List<T>, A::Error> {
+                skip_map(map)?;
+                Ok(List(None))
+            }
+            other_scalars!(List(None));
+            integers!(List(None));
+            strings!(List(None));
+        }
+        deserializer.deserialize_any(V(PhantomData))
+    }
+}
+
+impl<'de, F: Fields> Deserialize<'de> for StrOr<F> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<F>(PhantomData<F>);
+        impl<'de, F: Fields> Visitor<'de> for V<F> {
+            type Value = StrOr<F>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOr<F>, E> {
+                Ok(StrOr::Str(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<StrOr<F>, E> {
+                Ok(StrOr::Str(v))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StrOr<F>, A::Error> {
+                Ok(StrOr::Object(read_fields(map)?))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StrOr<F>, A::Error> {
+                skip_seq(seq)?;
+                Ok(StrOr::Other)
+            }
+            other_scalars!(StrOr::Other);
+            integers!(StrOr::Other);
+        }
+        deserializer.deserialize_any(V(PhantomData))
+    }
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(V)
     }
 }
 
@@ -109,6 +650,7 @@ pub fn parse_output(spec: &AgentSpec, output: &str, prices: &PriceTable) -> RunR
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::AgentOutcome;
 
     #[test]
     fn claude_command_line_carries_model_limits_and_budget() {
@@ -129,6 +671,62 @@ mod tests {
             ..spec
         };
         assert!(!arguments(&unlimited).iter().any(|a| a.starts_with("--max")));
+    }
+
+    /// A line longer than the bound is dropped as it arrives, never held whole, and the
+    /// lines after it are read.
+    #[test]
+    fn an_over_long_line_is_not_buffered() {
+        let mut parser = OutputParser::claude();
+        parser.feed(b"{\"type\":\"system\",\"subtype\":\"init\",\"model\":\"m\"}\n{\"x\":\"");
+        let chunk = vec![b'a'; 64 * 1024];
+        let mut fed = 0;
+        while fed <= MAX_LINE_BYTES + chunk.len() {
+            parser.feed(&chunk);
+            fed += chunk.len();
+            assert!(
+                parser.pending_bytes() <= MAX_LINE_BYTES,
+                "{}",
+                parser.pending_bytes()
+            );
+        }
+        parser
+            .feed(b"\"}\n{\"type\":\"result\",\"subtype\":\"success\",\"total_cost_usd\":0.25}\n");
+        assert_eq!(parser.pending_bytes(), 0);
+        // The same again, without a final newline.
+        parser.feed(&vec![b'b'; MAX_LINE_BYTES + 1]);
+        assert_eq!(parser.pending_bytes(), 0);
+        let report = parser.finish();
+        assert_eq!(report.outcome, AgentOutcome::Success);
+        assert_eq!(report.cost_usd, Some(Usd::parse("0.25").unwrap()));
+        assert_eq!(report.model.as_deref(), Some("m"));
+        assert_eq!(
+            report.warnings,
+            vec![
+                format!("line 2: longer than {MAX_LINE_BYTES} bytes, skipped"),
+                format!("line 4: longer than {MAX_LINE_BYTES} bytes, skipped"),
+                "the result event has no modelUsage; token counts are unknown".to_owned(),
+            ]
+        );
+    }
+
+    /// A line just under the bound, arriving in pieces, is read whole.
+    #[test]
+    fn a_long_line_in_pieces_is_read() {
+        let text = format!(
+            "{{\"type\":\"result\",\"subtype\":\"success\",\"total_cost_usd\":1,\"result\":\"{}\"}}",
+            "r".repeat(MAX_LINE_BYTES - 200)
+        );
+        let mut parser = OutputParser::claude();
+        for piece in text.as_bytes().chunks(1 << 20) {
+            parser.feed(piece);
+        }
+        assert!(parser.pending_bytes() <= MAX_LINE_BYTES);
+        let report = parser.finish();
+        assert_eq!(
+            report.final_text.map(|t| t.len()),
+            Some(MAX_LINE_BYTES - 200)
+        );
     }
 
     #[test]

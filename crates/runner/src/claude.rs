@@ -18,37 +18,73 @@ use std::collections::BTreeMap;
 
 use agentry_domain::money::Usd;
 use serde::Deserialize;
+use serde::de::MapAccess;
 use serde_json::value::RawValue;
 
-use crate::{AgentOutcome, RunReport, Warnings, excerpt, json_objects, token_count};
+use crate::agent::{Fields, List, LooseStr, Message, OutputParser, Skip, StrOr, read_object};
+use crate::{AgentOutcome, RunReport, Warnings, excerpt, token_count};
 
 /// The fields of the final `result` event that agentry reads. Money fields stay raw JSON
-/// text so they are parsed exactly by [`Usd::from_json_number`].
+/// text so they are parsed exactly by [`Usd::from_json_number`]; so do the counts, read at
+/// the end from that last event only.
 #[derive(Debug, Deserialize)]
-struct ResultEvent {
+pub(crate) struct ResultEvent {
     subtype: Option<String>,
     is_error: Option<bool>,
-    num_turns: Option<serde_json::Value>,
-    result: Option<serde_json::Value>,
+    num_turns: Option<Box<RawValue>>,
+    result: Option<LooseStr>,
     total_cost_usd: Option<Box<RawValue>>,
     #[serde(rename = "modelUsage")]
     model_usage: Option<BTreeMap<String, ModelUsage>>,
-    errors: Option<serde_json::Value>,
+    errors: Option<List<StrOr<Message>>>,
 }
 
 /// One model's entry of `modelUsage`.
 #[derive(Debug, Deserialize)]
 struct ModelUsage {
     #[serde(rename = "inputTokens")]
-    input_tokens: Option<serde_json::Value>,
+    input_tokens: Option<Box<RawValue>>,
     #[serde(rename = "outputTokens")]
-    output_tokens: Option<serde_json::Value>,
+    output_tokens: Option<Box<RawValue>>,
     #[serde(rename = "cacheReadInputTokens")]
-    cache_read_input_tokens: Option<serde_json::Value>,
+    cache_read_input_tokens: Option<Box<RawValue>>,
     #[serde(rename = "cacheCreationInputTokens")]
-    cache_creation_input_tokens: Option<serde_json::Value>,
+    cache_creation_input_tokens: Option<Box<RawValue>>,
     #[serde(rename = "costUSD")]
     cost_usd: Option<Box<RawValue>>,
+}
+
+/// The top-level fields of any event: enough to recognise `system`/`init` (and its model)
+/// and `result` events.
+#[derive(Debug, Default)]
+struct Event {
+    kind: LooseStr,
+    subtype: LooseStr,
+    model: LooseStr,
+}
+
+impl Fields for Event {
+    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "type" => self.kind = map.next_value()?,
+            "subtype" => self.subtype = map.next_value()?,
+            "model" => self.model = map.next_value()?,
+            _ => {
+                map.next_value::<Skip>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads Claude Code output line by line (see [`parse_claude`]).
+#[derive(Debug, Default)]
+pub(crate) struct ClaudeReader {
+    init_model: Option<String>,
+    /// The last `result` event: its line number and its fields, or why they could not be
+    /// read.
+    last_result: Option<(usize, Result<ResultEvent, String>)>,
+    results_seen: usize,
 }
 
 /// Parses the whole stdout of a Claude Code run.
@@ -64,163 +100,181 @@ struct ModelUsage {
 /// - No `result` event → [`AgentOutcome::Unparseable`], no cost and zero tokens (Claude
 ///   Code reports neither before that event), the init model if seen.
 ///
-/// Never panics.
+/// The same as an [`OutputParser::claude`] fed `output`. Never panics.
 pub fn parse_claude(output: &str) -> RunReport {
-    let mut warnings = Warnings::default();
-    let mut init_model: Option<String> = None;
-    let mut last_result: Option<(usize, &str)> = None;
-    let mut results_seen = 0_usize;
+    let mut parser = OutputParser::claude();
+    parser.feed(output.as_bytes());
+    parser.finish()
+}
 
-    for (line_no, line, object) in json_objects(output, &mut warnings) {
-        let object = &object;
-        match object.get("type").and_then(serde_json::Value::as_str) {
+impl ClaudeReader {
+    /// Reads one non-blank line.
+    /// Lines that cannot be read are reported in `skipped`.
+    pub(crate) fn line(&mut self, line_no: usize, line: &str, skipped: &mut Warnings) {
+        let Some(event) = read_object::<Event>(line_no, line, skipped) else {
+            return;
+        };
+        match event.kind.0.as_deref() {
             Some("system") => {
-                if object.get("subtype").and_then(serde_json::Value::as_str) == Some("init")
-                    && let Some(model) = object.get("model").and_then(serde_json::Value::as_str)
+                if event.subtype.0.as_deref() == Some("init")
+                    && let Some(model) = event.model.0
                 {
-                    init_model = Some(model.to_owned());
+                    self.init_model = Some(model);
                 }
             }
             Some("result") => {
-                results_seen += 1;
-                last_result = Some((line_no, line));
+                self.results_seen += 1;
+                let fields = serde_json::from_str::<ResultEvent>(line).map_err(|e| e.to_string());
+                self.last_result = Some((line_no, fields));
             }
             _ => {}
         }
     }
 
-    if results_seen > 1 {
-        warnings.push(format!(
-            "{results_seen} result events; the last one is used"
-        ));
-    }
+    /// The report of the lines read.
+    pub(crate) fn finish(self, mut warnings: Warnings) -> RunReport {
+        let ClaudeReader {
+            init_model,
+            last_result,
+            results_seen,
+        } = self;
+        if results_seen > 1 {
+            warnings.push(format!(
+                "{results_seen} result events; the last one is used"
+            ));
+        }
 
-    let Some((line_no, line)) = last_result else {
-        let mut report = RunReport::empty(AgentOutcome::Unparseable(
-            "the output ended without a result event (cut off?); Claude Code reports cost and \
-             tokens only in that event, so none are known"
-                .into(),
-        ));
-        report.model = init_model;
-        report.warnings = warnings.finish();
-        return report;
-    };
-
-    let event: ResultEvent = match serde_json::from_str(line) {
-        Ok(e) => e,
-        Err(e) => {
-            let mut report = RunReport::empty(AgentOutcome::Unparseable(format!(
-                "line {line_no}: the result event has an unexpected shape: {}",
-                excerpt(&e.to_string())
-            )));
+        let Some((line_no, fields)) = last_result else {
+            let mut report = RunReport::empty(AgentOutcome::Unparseable(
+                "the output ended without a result event (cut off?); Claude Code reports cost \
+                 and tokens only in that event, so none are known"
+                    .into(),
+            ));
             report.model = init_model;
             report.warnings = warnings.finish();
             return report;
-        }
-    };
+        };
 
-    let mut report = RunReport::empty(AgentOutcome::Success);
-
-    // Cost, exactly from the JSON text.
-    report.cost_usd = match &event.total_cost_usd {
-        None => {
-            warnings.push("the result event has no total_cost_usd".into());
-            None
-        }
-        Some(raw) => match Usd::from_json_number(raw.get()) {
-            Ok(cost) => Some(cost),
+        let mut event = match fields {
+            Ok(e) => e,
             Err(e) => {
-                warnings.push(format!(
-                    "total_cost_usd {} is not a valid amount: {e}",
-                    excerpt(raw.get())
-                ));
-                None
-            }
-        },
-    };
-
-    // Tokens and the costliest model.
-    let mut costliest: Option<(&str, Usd)> = None;
-    for (model, usage) in event.model_usage.iter().flatten() {
-        let mut count = |field: &str, value: Option<&serde_json::Value>| -> i64 {
-            match (value, token_count(value)) {
-                (_, Some(n)) => n,
-                (None, None) => 0,
-                (Some(v), None) => {
-                    warnings.push(format!(
-                        "modelUsage {:?}: {field} {} is not a token count, counted as 0",
-                        excerpt(model),
-                        excerpt(&v.to_string())
-                    ));
-                    0
-                }
+                let mut report = RunReport::empty(AgentOutcome::Unparseable(format!(
+                    "line {line_no}: the result event has an unexpected shape: {}",
+                    excerpt(&e)
+                )));
+                report.model = init_model;
+                report.warnings = warnings.finish();
+                return report;
             }
         };
-        let input = count("inputTokens", usage.input_tokens.as_ref());
-        let read = count(
-            "cacheReadInputTokens",
-            usage.cache_read_input_tokens.as_ref(),
-        );
-        let write = count(
-            "cacheCreationInputTokens",
-            usage.cache_creation_input_tokens.as_ref(),
-        );
-        let output = count("outputTokens", usage.output_tokens.as_ref());
-        report.input_tokens = report
-            .input_tokens
-            .saturating_add(input)
-            .saturating_add(read)
-            .saturating_add(write);
-        report.cache_read_tokens = report.cache_read_tokens.saturating_add(read);
-        report.cache_write_tokens = report.cache_write_tokens.saturating_add(write);
-        report.output_tokens = report.output_tokens.saturating_add(output);
 
-        if let Some(raw) = &usage.cost_usd {
-            match Usd::from_json_number(raw.get()) {
-                Ok(cost) => {
-                    if costliest.is_none_or(|(_, best)| cost > best) {
-                        costliest = Some((model, cost));
-                    }
-                }
-                Err(e) => warnings.push(format!(
-                    "modelUsage {:?}: costUSD {} is not a valid amount: {e}",
-                    excerpt(model),
-                    excerpt(raw.get())
-                )),
-            }
-        }
-    }
-    if event.model_usage.is_none() {
-        warnings.push("the result event has no modelUsage; token counts are unknown".into());
-    }
-    report.model = costliest.map(|(m, _)| m.to_owned()).or(init_model);
+        let mut report = RunReport::empty(AgentOutcome::Success);
 
-    report.turns = match &event.num_turns {
-        None => None,
-        Some(v) => match v
-            .as_i64()
-            .and_then(|n| i32::try_from(n).ok())
-            .filter(|n| *n >= 0)
-        {
-            Some(n) => Some(n),
+        // Cost, exactly from the JSON text.
+        report.cost_usd = match &event.total_cost_usd {
             None => {
-                warnings.push(format!(
-                    "num_turns {} is not a turn count",
-                    excerpt(&v.to_string())
-                ));
+                warnings.push("the result event has no total_cost_usd".into());
                 None
             }
-        },
-    };
+            Some(raw) => match Usd::from_json_number(raw.get()) {
+                Ok(cost) => Some(cost),
+                Err(e) => {
+                    warnings.push(format!(
+                        "total_cost_usd {} is not a valid amount: {e}",
+                        excerpt(raw.get())
+                    ));
+                    None
+                }
+            },
+        };
 
-    report.final_text = match &event.result {
-        Some(serde_json::Value::String(s)) => Some(s.clone()),
-        _ => None,
-    };
+        // Tokens and the costliest model.
+        let mut costliest: Option<(&str, Usd)> = None;
+        for (model, usage) in event.model_usage.iter().flatten() {
+            let mut count = |field: &str, raw: Option<&Box<RawValue>>| -> i64 {
+                let value = raw.map(|raw| json_value(raw));
+                let value = value.as_ref();
+                match (value, token_count(value)) {
+                    (_, Some(n)) => n,
+                    (None, None) => 0,
+                    (Some(v), None) => {
+                        warnings.push(format!(
+                            "modelUsage {:?}: {field} {} is not a token count, counted as 0",
+                            excerpt(model),
+                            excerpt(&v.to_string())
+                        ));
+                        0
+                    }
+                }
+            };
+            let input = count("inputTokens", usage.input_tokens.as_ref());
+            let read = count(
+                "cacheReadInputTokens",
+                usage.cache_read_input_tokens.as_ref(),
+            );
+            let write = count(
+                "cacheCreationInputTokens",
+                usage.cache_creation_input_tokens.as_ref(),
+            );
+            let output = count("outputTokens", usage.output_tokens.as_ref());
+            report.input_tokens = report
+                .input_tokens
+                .saturating_add(input)
+                .saturating_add(read)
+                .saturating_add(write);
+            report.cache_read_tokens = report.cache_read_tokens.saturating_add(read);
+            report.cache_write_tokens = report.cache_write_tokens.saturating_add(write);
+            report.output_tokens = report.output_tokens.saturating_add(output);
 
-    report.outcome = outcome(&event, report.final_text.as_deref());
-    report.warnings = warnings.finish();
-    report
+            if let Some(raw) = &usage.cost_usd {
+                match Usd::from_json_number(raw.get()) {
+                    Ok(cost) => {
+                        if costliest.is_none_or(|(_, best)| cost > best) {
+                            costliest = Some((model, cost));
+                        }
+                    }
+                    Err(e) => warnings.push(format!(
+                        "modelUsage {:?}: costUSD {} is not a valid amount: {e}",
+                        excerpt(model),
+                        excerpt(raw.get())
+                    )),
+                }
+            }
+        }
+        if event.model_usage.is_none() {
+            warnings.push("the result event has no modelUsage; token counts are unknown".into());
+        }
+        report.model = costliest.map(|(m, _)| m.to_owned()).or(init_model);
+
+        report.turns = match event.num_turns.as_deref().map(json_value) {
+            None => None,
+            Some(v) => match v
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .filter(|n| *n >= 0)
+            {
+                Some(n) => Some(n),
+                None => {
+                    warnings.push(format!(
+                        "num_turns {} is not a turn count",
+                        excerpt(&v.to_string())
+                    ));
+                    None
+                }
+            },
+        };
+
+        report.final_text = event.result.take().and_then(|text| text.0);
+
+        report.outcome = outcome(&event, report.final_text.as_deref());
+        report.warnings = warnings.finish();
+        report
+    }
+}
+
+/// The JSON value of `raw` text (already checked to be JSON when its line was read).
+fn json_value(raw: &RawValue) -> serde_json::Value {
+    serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null)
 }
 
 /// The outcome of a `result` event.
@@ -243,16 +297,14 @@ fn outcome(event: &ResultEvent, final_text: Option<&str>) -> AgentOutcome {
 }
 
 /// The `errors` array of a result event as one sentence, if it has any text.
-fn error_detail(errors: Option<&serde_json::Value>) -> Option<String> {
-    let items = errors?.as_array()?;
-    let texts: Vec<String> = items
+fn error_detail(errors: Option<&List<StrOr<Message>>>) -> Option<String> {
+    let items = errors?.0.as_ref()?;
+    let texts: Vec<&str> = items
         .iter()
         .filter_map(|e| match e {
-            serde_json::Value::String(s) => Some(s.clone()),
-            other => other
-                .get("message")
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned),
+            StrOr::Str(s) => Some(s.as_str()),
+            StrOr::Object(message) => message.0.0.as_deref(),
+            StrOr::Other => None,
         })
         .filter(|s| !s.trim().is_empty())
         .collect();

@@ -9,8 +9,11 @@
 //!
 //! Codex reports no money: the cost is computed from the tokens with a [`PriceTable`].
 
-use crate::prices::PriceTable;
-use crate::{AgentOutcome, RunReport, Warnings, excerpt, json_objects, token_count};
+use serde::de::MapAccess;
+
+use crate::agent::{Count, Fields, LooseStr, Message, Object, OutputParser, Skip, read_object};
+use crate::prices::{ModelPrice, PriceTable};
+use crate::{AgentOutcome, RunReport, Warnings, excerpt};
 
 /// Parses the whole stdout of a Codex run launched with `model`, pricing it with `prices`.
 ///
@@ -26,26 +29,136 @@ use crate::{AgentOutcome, RunReport, Warnings, excerpt, json_objects, token_coun
 ///   `model` is in `prices`; an unpriced model gives no cost and a warning naming it (never
 ///   a fake $0).
 ///
-/// Never panics.
+/// The same as an [`OutputParser::codex`] fed `output`. Never panics.
 pub fn parse_codex(output: &str, model: &str, prices: &PriceTable) -> RunReport {
-    let mut warnings = Warnings::default();
-    let mut report = RunReport::empty(AgentOutcome::Success);
-    report.model = Some(model.to_owned());
-    let mut turns: i64 = 0;
-    let mut pending_error: Option<String> = None;
+    let mut parser = OutputParser::codex(model, prices);
+    parser.feed(output.as_bytes());
+    parser.finish()
+}
 
-    for (line_no, _, object) in json_objects(output, &mut warnings) {
-        let object = &object;
-        match object.get("type").and_then(serde_json::Value::as_str) {
+/// The top-level fields of an event that the parser reads.
+#[derive(Debug, Default)]
+struct Event {
+    kind: LooseStr,
+    /// `usage` of `turn.completed`.
+    usage: Option<Usage>,
+    /// `error` of `turn.failed`.
+    error: Option<Message>,
+    /// `message` of `error`.
+    message: LooseStr,
+    /// `item` of `item.completed`.
+    item: Option<Item>,
+}
+
+impl Fields for Event {
+    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "type" => self.kind = map.next_value()?,
+            "usage" => self.usage = map.next_value::<Object<Usage>>()?.0,
+            "error" => self.error = map.next_value::<Object<Message>>()?.0,
+            "message" => self.message = map.next_value()?,
+            "item" => self.item = map.next_value::<Object<Item>>()?.0,
+            _ => {
+                map.next_value::<Skip>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The token counts of a `turn.completed` event.
+#[derive(Debug, Default)]
+struct Usage {
+    input_tokens: Count,
+    cached_input_tokens: Count,
+    output_tokens: Count,
+}
+
+impl Fields for Usage {
+    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "input_tokens" => self.input_tokens = map.next_value()?,
+            "cached_input_tokens" => self.cached_input_tokens = map.next_value()?,
+            "output_tokens" => self.output_tokens = map.next_value()?,
+            _ => {
+                map.next_value::<Skip>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The fields of an item that the parser reads.
+#[derive(Debug, Default)]
+struct Item {
+    /// `type`, when the key is present (whatever its value).
+    kind: Option<LooseStr>,
+    /// `item_type`, the older name of `type`.
+    item_type: LooseStr,
+    text: LooseStr,
+}
+
+impl Fields for Item {
+    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "type" => self.kind = Some(map.next_value()?),
+            "item_type" => self.item_type = map.next_value()?,
+            "text" => self.text = map.next_value()?,
+            _ => {
+                map.next_value::<Skip>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads Codex output line by line (see [`parse_codex`]).
+#[derive(Debug)]
+pub(crate) struct CodexReader {
+    report: RunReport,
+    model: String,
+    /// The price of `model`, if the table has it.
+    price: Option<ModelPrice>,
+    turns: i64,
+    pending_error: Option<String>,
+}
+
+impl CodexReader {
+    /// A reader of a run launched with `model`, priced with `prices`.
+    pub(crate) fn new(model: &str, prices: &PriceTable) -> Self {
+        let mut report = RunReport::empty(AgentOutcome::Success);
+        report.model = Some(model.to_owned());
+        CodexReader {
+            report,
+            model: model.to_owned(),
+            price: prices.get(model).copied(),
+            turns: 0,
+            pending_error: None,
+        }
+    }
+
+    /// Reads one non-blank line.
+    /// Lines that cannot be read are reported in `skipped`, the rest in `warnings`.
+    pub(crate) fn line(
+        &mut self,
+        line_no: usize,
+        line: &str,
+        skipped: &mut Warnings,
+        warnings: &mut Warnings,
+    ) {
+        let Some(event) = read_object::<Event>(line_no, line, skipped) else {
+            return;
+        };
+        let report = &mut self.report;
+        match event.kind.0.as_deref() {
             Some("turn.completed") => {
-                turns += 1;
-                if let Some(previous) = pending_error.take() {
+                self.turns += 1;
+                if let Some(previous) = self.pending_error.take() {
                     warnings.push(format!("error before a completed turn: {previous}"));
                 }
-                let usage = object.get("usage");
-                let mut count = |field: &str| -> i64 {
-                    let value = usage.and_then(|u| u.get(field));
-                    match token_count(value) {
+                let usage = event.usage.unwrap_or_default();
+                let mut count = |field: &str, value: Count| -> i64 {
+                    match value.0 {
                         Some(n) => n,
                         None => {
                             warnings.push(format!(
@@ -56,92 +169,101 @@ pub fn parse_codex(output: &str, model: &str, prices: &PriceTable) -> RunReport 
                         }
                     }
                 };
-                let input = count("input_tokens");
-                let cached = count("cached_input_tokens");
-                let output = count("output_tokens");
+                let input = count("input_tokens", usage.input_tokens);
+                let cached = count("cached_input_tokens", usage.cached_input_tokens);
+                let output = count("output_tokens", usage.output_tokens);
                 report.input_tokens = report.input_tokens.saturating_add(input);
                 report.cache_read_tokens = report.cache_read_tokens.saturating_add(cached);
                 report.output_tokens = report.output_tokens.saturating_add(output);
             }
             Some("turn.failed") => {
-                let message = object
-                    .get("error")
-                    .and_then(|e| e.get("message"))
-                    .and_then(serde_json::Value::as_str)
+                let message = event.error.and_then(|e| e.0.0);
+                let message = message
+                    .as_deref()
                     .unwrap_or("turn failed without a message");
-                pending_error = Some(format!("turn failed: {}", excerpt(message)));
+                self.pending_error = Some(format!("turn failed: {}", excerpt(message)));
             }
             Some("error") => {
-                let message = object
-                    .get("message")
-                    .and_then(serde_json::Value::as_str)
+                let message = event.message.0;
+                let message = message
+                    .as_deref()
                     .unwrap_or("error event without a message");
                 // Keep the turn failure if one is already pending: it is the more specific.
-                if pending_error.is_none() {
-                    pending_error = Some(excerpt(message));
+                if self.pending_error.is_none() {
+                    self.pending_error = Some(excerpt(message));
                 } else {
                     warnings.push(format!("error: {}", excerpt(message)));
                 }
             }
             Some("item.completed") => {
-                let item = object.get("item");
-                let kind = item
-                    .and_then(|i| i.get("type").or_else(|| i.get("item_type")))
-                    .and_then(serde_json::Value::as_str);
-                if matches!(kind, Some("agent_message" | "assistant_message"))
-                    && let Some(text) = item
-                        .and_then(|i| i.get("text"))
-                        .and_then(serde_json::Value::as_str)
-                {
-                    report.final_text = Some(text.to_owned());
+                if let Some(item) = event.item {
+                    let kind = match item.kind {
+                        Some(kind) => kind.0,
+                        None => item.item_type.0,
+                    };
+                    if matches!(kind.as_deref(), Some("agent_message" | "assistant_message"))
+                        && let Some(text) = item.text.0
+                    {
+                        report.final_text = Some(text);
+                    }
                 }
             }
             _ => {}
         }
     }
 
-    report.turns = Some(i32::try_from(turns).unwrap_or(i32::MAX));
-    report.outcome = if let Some(message) = pending_error {
-        AgentOutcome::Error(message)
-    } else if turns == 0 {
-        AgentOutcome::Unparseable(
-            "the output has no turn.completed event (cut off?); no token usage is known".into(),
-        )
-    } else {
-        AgentOutcome::Success
-    };
+    /// The report of the lines read.
+    pub(crate) fn finish(self, mut warnings: Warnings) -> RunReport {
+        let CodexReader {
+            mut report,
+            model,
+            price,
+            turns,
+            pending_error,
+        } = self;
+        report.turns = Some(i32::try_from(turns).unwrap_or(i32::MAX));
+        report.outcome = if let Some(message) = pending_error {
+            AgentOutcome::Error(message)
+        } else if turns == 0 {
+            AgentOutcome::Unparseable(
+                "the output has no turn.completed event (cut off?); no token usage is known".into(),
+            )
+        } else {
+            AgentOutcome::Success
+        };
 
-    report.cost_usd = if turns == 0 {
-        warnings.push("no turn.completed event: tokens and cost are unknown".into());
-        None
-    } else {
-        match prices.get(model) {
-            None => {
-                warnings.push(format!(
-                    "no price for model {:?}: cost unknown (add it to AGENTRY_PRICES_FILE)",
-                    excerpt(model)
-                ));
-                None
-            }
-            Some(price) => {
-                if report.cache_read_tokens > report.input_tokens {
-                    warnings.push(
-                        "more cached input tokens than input tokens; cached counted as input"
-                            .into(),
+        report.cost_usd = if turns == 0 {
+            warnings.push("no turn.completed event: tokens and cost are unknown".into());
+            None
+        } else {
+            match price {
+                None => {
+                    warnings.push(format!(
+                        "no price for model {:?}: cost unknown (add it to AGENTRY_PRICES_FILE)",
+                        excerpt(&model)
+                    ));
+                    None
+                }
+                Some(price) => {
+                    if report.cache_read_tokens > report.input_tokens {
+                        warnings.push(
+                            "more cached input tokens than input tokens; cached counted as input"
+                                .into(),
+                        );
+                    }
+                    let cost = price.cost(
+                        report.input_tokens,
+                        report.cache_read_tokens,
+                        report.output_tokens,
                     );
+                    if cost.is_none() {
+                        warnings.push("the token counts are too large to price".into());
+                    }
+                    cost
                 }
-                let cost = price.cost(
-                    report.input_tokens,
-                    report.cache_read_tokens,
-                    report.output_tokens,
-                );
-                if cost.is_none() {
-                    warnings.push("the token counts are too large to price".into());
-                }
-                cost
             }
-        }
-    };
-    report.warnings = warnings.finish();
-    report
+        };
+        report.warnings = warnings.finish();
+        report
+    }
 }

@@ -118,32 +118,6 @@ impl AgentOutcome {
 const MAX_QUOTED_CHARS: usize = 200;
 
 /// At most [`MAX_QUOTED_CHARS`] characters of `text`, with `…` if cut.
-/// The JSON objects of an agent's JSON-lines output, with their line numbers (from 1) and
-/// text. Blank lines are passed over; a line that is not a JSON object is skipped with a
-/// warning quoting it.
-fn json_objects<'a>(
-    output: &'a str,
-    warnings: &mut Warnings,
-) -> Vec<(usize, &'a str, serde_json::Map<String, serde_json::Value>)> {
-    let mut objects = Vec::new();
-    for (index, line) in output.lines().enumerate() {
-        let line_no = index + 1;
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<serde_json::Value>(line) {
-            Ok(serde_json::Value::Object(object)) => objects.push((line_no, line, object)),
-            Ok(_) => warnings.push(format!("line {line_no}: not a JSON object, skipped")),
-            Err(_) => warnings.push(format!(
-                "line {line_no}: not JSON, skipped: {}",
-                excerpt(line)
-            )),
-        }
-    }
-    objects
-}
-
 fn excerpt(text: &str) -> String {
     let mut out: String = text.chars().take(MAX_QUOTED_CHARS).collect();
     if out.len() < text.len() {

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use agentry_domain::money::Usd;
+use agentry_runner::agent::{MAX_LINE_BYTES, OutputParser};
 use agentry_runner::{AgentOutcome, PriceError, PriceTable, RunReport, parse_claude, parse_codex};
 use proptest::prelude::*;
 
@@ -386,6 +387,68 @@ fn mutate(text: &str, edits: &[(usize, Option<u8>)]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The two parsers (Claude Code, and Codex priced for gpt-5).
+fn parsers() -> [OutputParser; 2] {
+    [
+        OutputParser::claude(),
+        OutputParser::codex("gpt-5", &PriceTable::builtin()),
+    ]
+}
+
+/// `parser` fed `bytes` cut at the positions `cuts` (any order, taken modulo the length + 1).
+fn fed_in_pieces(mut parser: OutputParser, bytes: &[u8], cuts: &[usize]) -> RunReport {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    cuts.push(bytes.len());
+    cuts.sort_unstable();
+    let mut start = 0;
+    for cut in cuts {
+        parser.feed(&bytes[start..cut]);
+        start = cut;
+    }
+    parser.finish()
+}
+
+#[test]
+fn fixtures_fed_byte_by_byte_give_the_same_report() {
+    for name in FIXTURES {
+        let text = fixture(name);
+        let every_byte: Vec<usize> = (0..text.len()).collect();
+        let [claude, codex] = parsers();
+        assert_eq!(
+            fed_in_pieces(claude, text.as_bytes(), &every_byte),
+            parse_claude(&text),
+            "{name}"
+        );
+        assert_eq!(
+            fed_in_pieces(codex, text.as_bytes(), &every_byte),
+            parse_codex(&text, "gpt-5", &PriceTable::builtin()),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn an_over_long_line_is_skipped_and_the_result_after_it_read() {
+    let long = format!(
+        "{{\"type\":\"assistant\",\"text\":\"{}\"}}",
+        "a".repeat(MAX_LINE_BYTES)
+    );
+    let text = format!(
+        "{long}\n{}",
+        r#"{"type":"result","subtype":"success","total_cost_usd":0.000000007,"modelUsage":{}}"#
+    );
+    let r = parse_claude(&text);
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_eq!(r.cost_usd, Some(usd("0.000000007")));
+    assert_eq!(
+        r.warnings,
+        vec![format!(
+            "line 1: longer than {} bytes, skipped",
+            MAX_LINE_BYTES
+        )]
+    );
+}
+
 fn both(text: &str) {
     let _ = parse_claude(text);
     let _ = parse_codex(text, "gpt-5", &PriceTable::builtin());
@@ -412,6 +475,22 @@ proptest! {
         edits in proptest::collection::vec((any::<usize>(), proptest::option::of(any::<u8>())), 1..20),
     ) {
         both(&mutate(&fixture(FIXTURES[index]), &edits));
+    }
+
+    /// Fed in pieces cut anywhere (inside lines, inside characters), each parser gives the
+    /// report it gives for the whole text.
+    #[test]
+    fn pieces_give_the_same_report_as_the_whole(
+        index in 0..FIXTURES.len(),
+        edits in proptest::collection::vec((any::<usize>(), proptest::option::of(any::<u8>())), 0..4),
+        cuts in proptest::collection::vec(any::<usize>(), 0..40),
+    ) {
+        let text = mutate(&fixture(FIXTURES[index]), &edits);
+        for (whole, pieces) in parsers().into_iter().zip(parsers()) {
+            let mut whole = whole;
+            whole.feed(text.as_bytes());
+            prop_assert_eq!(whole.finish(), fed_in_pieces(pieces, text.as_bytes(), &cuts));
+        }
     }
 
     #[test]
