@@ -43,8 +43,9 @@
 //!   repaired for the next one.) `config.worktree` is never read: the mirror's fixed
 //!   configuration does not enable `extensions.worktreeConfig`.
 //! - Every git process runs with `core.hooksPath=/dev/null`, `core.fsmonitor=false`,
-//!   `credential.helper=` (none), `core.sshCommand=false` and `core.pager=cat` on its
-//!   command line, which override any repository configuration, and with
+//!   `credential.helper=` (none), `core.sshCommand=false`, `core.pager=cat`,
+//!   `http.sslVerify=true` and `http.proxy=` (none) on its command line, which override
+//!   the same keys of any repository configuration, and with
 //!   `GIT_ALLOW_PROTOCOL` set to the one protocol of the validated clone URL, which
 //!   overrides every `protocol.*` setting.
 //! - The push goes from the mirror, by commit id, to the clone URL itself, never to a remote
@@ -52,6 +53,12 @@
 //!   The branch may only be replaced when it is absent or its head carries this task's
 //!   `Agentry-Task: <id>` trailer (a retry of the same task); anything else is refused with
 //!   [`GitError::BranchTaken`] and left as it is.
+//!
+//! What this cannot stop: an *unsandboxed* agent runs as the service's user and could
+//! rewrite the mirror's configuration between the check and git reading it (or touch the
+//! service's own files); the sandbox (SPEC §10.3) closes that: it shows the agent the
+//! mirror read-only, so what git files it can still write (the worktree's `.git` and its
+//! own metadata entry) are never used after the agent.
 //!
 //! Objects are content: an agent that rewrites the mirror's refs or objects can change what
 //! is pushed to its own task branch (which it can do anyway by editing files), but not where
@@ -88,6 +95,8 @@ const SAFE_CONFIG: &[&str] = &[
     "credential.helper=",
     "core.sshCommand=false",
     "core.pager=cat",
+    "http.sslVerify=true",
+    "http.proxy=",
 ];
 
 /// The branch of a coding task: `agentry/task-<the task id as 32 lower-case hex digits>`.

@@ -1,0 +1,322 @@
+//! An agent cannot turn git against the service: end to end through [`LocalRunner`] with
+//! the fake `claude`'s `[fake:tamper-git]` directive (unsandboxed, the worst case: the agent
+//! can write the mirror too), a local bare repository as the remote and a plain TCP
+//! listener standing in for the remote the agent plants. Nothing the agent planted runs,
+//! nothing connects to the listener, the token is written nowhere, and a rewritten `.git`
+//! or mirror configuration fails the run with nothing committed or pushed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentry_domain::AgentType;
+use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
+use agentry_runner::{
+    AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner, PriceTable, Runner,
+    Sandbox, SandboxMode, Verdict,
+};
+use base64::Engine;
+use tempfile::TempDir;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+const TOKEN: &str = "ghs_tamper-test-token-0123456789";
+
+fn fake(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fake-agents")
+        .join(name)
+}
+
+fn git(args: &[&str], cwd: &Path) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(cwd)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Every connection to a loopback port, with the bytes it sent.
+struct Listener {
+    port: u16,
+    seen: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Listener {
+    fn start() -> Listener {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let index = {
+                    let mut seen = recorded.lock().unwrap();
+                    seen.push(Vec::new());
+                    seen.len() - 1
+                };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut buffer = [0u8; 4096];
+                while let Ok(n) = stream.read(&mut buffer) {
+                    if n == 0 {
+                        break;
+                    }
+                    recorded.lock().unwrap()[index].extend_from_slice(&buffer[..n]);
+                }
+            }
+        });
+        Listener { port, seen }
+    }
+
+    fn connections(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+            .collect()
+    }
+}
+
+/// A data directory next to a bare repository with a README on `main`.
+struct Rig {
+    dir: TempDir,
+    root: PathBuf,
+    bare: PathBuf,
+    runner: Arc<LocalRunner>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = TempDir::new().unwrap();
+        let bare = dir.path().join("source.git");
+        std::fs::create_dir_all(&bare).unwrap();
+        git(&["init", "--bare", "-b", "main"], &bare);
+        let work = dir.path().join("seed");
+        git(
+            &["clone", bare.to_str().unwrap(), work.to_str().unwrap()],
+            dir.path(),
+        );
+        std::fs::write(work.join("README.md"), "# hello\n").unwrap();
+        git(&["add", "README.md"], &work);
+        git(&["commit", "-m", "initial"], &work);
+        git(&["push", "origin", "HEAD:refs/heads/main"], &work);
+        let root = dir.path().join("agentry");
+        std::fs::create_dir_all(&root).unwrap();
+        // Unsandboxed: the agent can reach the mirror through the worktree's `.git`.
+        let runner = Arc::new(LocalRunner::new(LocalConfig {
+            root: root.clone(),
+            claude_bin: fake("claude"),
+            codex_bin: fake("codex"),
+            prices: PriceTable::builtin(),
+            inherited_env: vec![("PATH".into(), PATH.into())],
+            kill_grace: Duration::from_secs(1),
+            sandbox: Sandbox::new(SandboxMode::Off),
+        }));
+        Rig {
+            dir,
+            root,
+            bare,
+            runner,
+        }
+    }
+
+    async fn run(&self, task_id: Uuid, prompt: &str) -> Execution {
+        let job = Job {
+            task_id,
+            attempt: 1,
+            kind: JobKind::Coding {
+                commit_message: "agent work".into(),
+            },
+            repo: RepoSpec {
+                key: "repo-1".into(),
+                clone_url: self.bare.to_str().unwrap().to_owned(),
+                default_branch: "main".into(),
+                host: "github.com".into(),
+                allow_local: true,
+            },
+            agent: AgentSpec {
+                agent_type: AgentType::ClaudeCode,
+                model: "claude-sonnet-4-5-20250929".into(),
+                max_turns: None,
+                max_budget_usd: None,
+            },
+            prompt: prompt.to_owned(),
+            auth: GitAuth::token(TOKEN),
+            wall_time: Duration::from_secs(120),
+        };
+        let (_cancel, cancel) = watch::channel(false);
+        let control = Control {
+            cancel,
+            started: None,
+        };
+        self.runner.execute(job, control).await
+    }
+
+    fn home(&self, task_id: Uuid) -> PathBuf {
+        self.root
+            .join("runs")
+            .join(task_id.to_string())
+            .join("1/home")
+    }
+
+    fn remote_branch(&self, task_id: Uuid) -> String {
+        git(
+            &[
+                "branch",
+                "--list",
+                "--format=%(objectname)",
+                &branch_name(task_id),
+            ],
+            &self.bare,
+        )
+    }
+
+    /// Nothing the agent planted ran, nothing connected to the planted remote, and no file
+    /// anywhere under the rig (the agent's HOME, the mirror, the remote) holds the token.
+    fn assert_nothing_leaked(&self, task_id: Uuid, listener: &Listener) {
+        let ran: Vec<String> = std::fs::read_dir(self.home(task_id))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("tampered-"))
+            .collect();
+        assert!(ran.is_empty(), "planted programs ran: {ran:?}");
+        let connections = listener.connections();
+        assert!(
+            connections.is_empty(),
+            "the planted remote was contacted: {connections:?}"
+        );
+        let encoded =
+            base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{TOKEN}"));
+        let mut stack = vec![self.dir.path().to_owned()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                let kind = entry.file_type().unwrap();
+                if kind.is_dir() {
+                    stack.push(path);
+                } else if kind.is_file() {
+                    let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+                    assert!(
+                        !text.contains(TOKEN) && !text.contains(&encoded),
+                        "{} holds the token",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn failure(execution: &Execution) -> &str {
+    match &execution.verdict {
+        Verdict::Failed(message) => message,
+        other => panic!(
+            "expected a failure, got {other:?}; output: {}",
+            execution.output
+        ),
+    }
+}
+
+/// The agent points the worktree's `.git` at a git dir of its own (remote, fsmonitor,
+/// hooks) and plants the same in the real metadata: the run fails saying so, nothing is
+/// committed or pushed, nothing planted runs, the planted remote hears nothing.
+#[tokio::test]
+async fn a_rewritten_dot_git_fails_the_run_with_nothing_pushed_or_run() {
+    let rig = Rig::new();
+    let listener = Listener::start();
+    let task = Uuid::new_v4();
+    let execution = rig
+        .run(task, &format!("Fix it [fake:tamper-git={}]", listener.port))
+        .await;
+    let message = failure(&execution);
+    assert!(
+        message.contains("the agent modified the worktree's .git; nothing was committed or pushed"),
+        "{message}"
+    );
+    // The fake really did rewrite it, with a usable git dir of its own.
+    let evil = rig.home(task).join("evil.git");
+    assert!(evil.join("config").exists());
+    assert!(git(&["config", "remote.origin.url"], &evil).contains(&listener.port.to_string()));
+    assert_eq!(rig.remote_branch(task), "");
+    rig.assert_nothing_leaked(task, &listener);
+}
+
+/// Hooks and an fsmonitor planted in the mirror's `hooks/` and the worktree's metadata
+/// (`config.worktree` with an fsmonitor and an evil remote), with `.git` itself left
+/// alone: none of it is used; the push reaches the real remote.
+#[tokio::test]
+async fn planted_hooks_and_metadata_never_run_and_the_push_reaches_the_real_remote() {
+    let rig = Rig::new();
+    let listener = Listener::start();
+    let task = Uuid::new_v4();
+    let execution = rig
+        .run(
+            task,
+            &format!("Fix it [fake:tamper-git={}:metadata]", listener.port),
+        )
+        .await;
+    let Verdict::Pushed { branch, commit } = &execution.verdict else {
+        panic!("{:?}: {}", execution.verdict, execution.output);
+    };
+    assert_eq!(branch, &branch_name(task));
+    assert_eq!(&rig.remote_branch(task), commit);
+    // The hooks were really planted in the mirror.
+    let hook = rig
+        .root
+        .join("workspaces/mirrors/repo-1.git/hooks/pre-push");
+    assert!(hook.exists());
+    rig.assert_nothing_leaked(task, &listener);
+}
+
+/// The agent rewrites the mirror's configuration (fsmonitor, a remote, `insteadOf`
+/// rewriting every URL to the planted remote): the run fails with nothing pushed, and the
+/// next run repairs the mirror and pushes normally.
+#[tokio::test]
+async fn a_rewritten_mirror_config_fails_the_run_and_is_repaired_for_the_next() {
+    let rig = Rig::new();
+    let listener = Listener::start();
+    let task = Uuid::new_v4();
+    let execution = rig
+        .run(
+            task,
+            &format!("Fix it [fake:tamper-git={}:config]", listener.port),
+        )
+        .await;
+    let message = failure(&execution);
+    assert!(
+        message.contains(
+            "the agent modified the git configuration of the repository's mirror; nothing was \
+             committed or pushed"
+        ),
+        "{message}"
+    );
+    assert_eq!(rig.remote_branch(task), "");
+    rig.assert_nothing_leaked(task, &listener);
+
+    let again = Uuid::new_v4();
+    let execution = rig.run(again, "Fix it properly").await;
+    assert!(
+        matches!(execution.verdict, Verdict::Pushed { .. }),
+        "{:?}: {}",
+        execution.verdict,
+        execution.output
+    );
+    rig.assert_nothing_leaked(again, &listener);
+    rig.assert_nothing_leaked(task, &listener);
+}
