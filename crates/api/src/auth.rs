@@ -1,7 +1,9 @@
 //! Bearer-token authentication and role checks.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use actix_web::dev::Payload;
 use actix_web::http::header;
@@ -64,6 +66,47 @@ impl Caller {
     }
 }
 
+/// The file `serve` writes the first admin token to (`$AGENTRY_DATA_DIR/admin-token`), so
+/// that the plain-text token does not stay on disk longer than needed: it is removed the
+/// first time that token authenticates a request (its owner evidently has it by then).
+/// Registered as app data by `serve`; applications without it remove nothing.
+#[derive(Debug)]
+pub struct FirstTokenFile {
+    token_id: Uuid,
+    path: PathBuf,
+    pending: AtomicBool,
+}
+
+impl FirstTokenFile {
+    /// The file at `path` holding the token with id `token_id`.
+    pub fn new(token_id: Uuid, path: PathBuf) -> Self {
+        FirstTokenFile {
+            token_id,
+            path,
+            pending: AtomicBool::new(true),
+        }
+    }
+
+    /// Removes the file (once) if `token_id` is the token it holds.
+    pub fn used_by(&self, token_id: Uuid) {
+        if token_id != self.token_id || !self.pending.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => tracing::info!(
+                file = %self.path.display(),
+                "the first admin token has been used; its plain-text file is removed"
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(
+                file = %self.path.display(),
+                error = %e,
+                "could not remove the first admin token's file"
+            ),
+        }
+    }
+}
+
 fn bearer(req: &HttpRequest) -> Result<String, ApiError> {
     let value = req
         .headers()
@@ -91,6 +134,7 @@ impl FromRequest for Caller {
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let token = bearer(req);
         let state = req.app_data::<web::Data<AppState>>().cloned();
+        let first_token_file = req.app_data::<web::Data<FirstTokenFile>>().cloned();
         Box::pin(async move {
             let token = token?;
             let state = state.ok_or_else(|| ApiError::internal(&"application state missing"))?;
@@ -100,6 +144,9 @@ impl FromRequest for Caller {
                 .await?;
             let token =
                 found.ok_or_else(|| ApiError::unauthenticated("invalid or revoked token"))?;
+            if let Some(file) = first_token_file {
+                file.used_by(token.id);
+            }
             Ok(Caller {
                 token_id: token.id,
                 name: token.name,

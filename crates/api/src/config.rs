@@ -78,10 +78,16 @@ impl Config {
     /// Reads configuration through `lookup` (the environment, or a map in tests).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let data_dir =
-            PathBuf::from(get("AGENTRY_DATA_DIR").unwrap_or_else(|| "./agentry-data".into()));
-        let database_url = get("AGENTRY_DATABASE_URL")
-            .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("agentry.db").display()));
+        // Every path is made absolute here, once: git and the agents run in other working
+        // directories, where a relative path would name something else.
+        let data_dir = absolute(
+            "AGENTRY_DATA_DIR",
+            PathBuf::from(get("AGENTRY_DATA_DIR").unwrap_or_else(|| "./agentry-data".into())),
+        )?;
+        let database_url = match get("AGENTRY_DATABASE_URL") {
+            None => format!("sqlite://{}", data_dir.join("agentry.db").display()),
+            Some(url) => absolute_sqlite_url(url)?,
+        };
         agentry_persistence::DatabaseUrl::parse(&database_url).map_err(|e| ConfigError {
             name: "AGENTRY_DATABASE_URL",
             message: e.to_string(),
@@ -188,10 +194,17 @@ impl Config {
             },
         };
         // Blank values count as unset, like every other variable here.
-        let claude_bin =
-            PathBuf::from(get("AGENTRY_CLAUDE_BIN").unwrap_or_else(|| "claude".into()));
-        let codex_bin = PathBuf::from(get("AGENTRY_CODEX_BIN").unwrap_or_else(|| "codex".into()));
-        let prices_file = get("AGENTRY_PRICES_FILE").map(PathBuf::from);
+        let claude_bin = program(
+            "AGENTRY_CLAUDE_BIN",
+            get("AGENTRY_CLAUDE_BIN").unwrap_or_else(|| "claude".into()),
+        )?;
+        let codex_bin = program(
+            "AGENTRY_CODEX_BIN",
+            get("AGENTRY_CODEX_BIN").unwrap_or_else(|| "codex".into()),
+        )?;
+        let prices_file = get("AGENTRY_PRICES_FILE")
+            .map(|p| absolute("AGENTRY_PRICES_FILE", PathBuf::from(p)))
+            .transpose()?;
         let run_time_limit = interval(&get, "AGENTRY_RUN_TIME_LIMIT_SECS", 3600)?;
         let run_lease = interval(&get, "AGENTRY_RUN_LEASE_SECS", 60)?;
         if run_lease < Duration::from_secs(3) {
@@ -302,27 +315,6 @@ mod tests {
     }
 
     #[test]
-    fn defaults_run_on_a_fresh_machine() {
-        let c = cfg(&[]).unwrap();
-        assert_eq!(c.data_dir, PathBuf::from("./agentry-data"));
-        assert_eq!(c.database_url, "sqlite://./agentry-data/agentry.db");
-        assert_eq!(c.bind.to_string(), "127.0.0.1:8080");
-        assert!(c.cors_origins.is_empty());
-        assert_eq!(c.log_format, LogFormat::Pretty);
-        assert_eq!(c.codehost_api_url, "https://api.github.com");
-        assert_eq!(c.master_key, None);
-        assert_eq!(c.issue_sync_interval, Duration::from_secs(60));
-        assert_eq!(c.poll_interval, Duration::from_secs(30));
-        assert_eq!(c.webhook_secret, None);
-        assert_eq!(c.max_concurrent_runs, 2);
-        assert_eq!(c.claude_bin, PathBuf::from("claude"));
-        assert_eq!(c.codex_bin, PathBuf::from("codex"));
-        assert_eq!(c.prices_file, None);
-        assert_eq!(c.run_time_limit, Duration::from_secs(3600));
-        assert_eq!(c.run_lease, Duration::from_secs(60));
-    }
-
-    #[test]
     fn a_short_webhook_secret_and_plain_http_off_this_machine_are_refused() {
         let short = cfg(&[("CODEHOST_WEBHOOK_SECRET", "fifteen-bytes!!")]).unwrap_err();
         assert_eq!(short.name, "CODEHOST_WEBHOOK_SECRET");
@@ -357,6 +349,32 @@ mod tests {
                 "{allowed}"
             );
         }
+    }
+
+    #[test]
+    fn defaults_run_on_a_fresh_machine() {
+        let c = cfg(&[]).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(c.data_dir, cwd.join("agentry-data"));
+        assert!(c.data_dir.is_absolute());
+        assert_eq!(
+            c.database_url,
+            format!("sqlite://{}", cwd.join("agentry-data/agentry.db").display())
+        );
+        assert_eq!(c.bind.to_string(), "127.0.0.1:8080");
+        assert!(c.cors_origins.is_empty());
+        assert_eq!(c.log_format, LogFormat::Pretty);
+        assert_eq!(c.codehost_api_url, "https://api.github.com");
+        assert_eq!(c.master_key, None);
+        assert_eq!(c.issue_sync_interval, Duration::from_secs(60));
+        assert_eq!(c.poll_interval, Duration::from_secs(30));
+        assert_eq!(c.webhook_secret, None);
+        assert_eq!(c.max_concurrent_runs, 2);
+        assert_eq!(c.claude_bin, PathBuf::from("claude"));
+        assert_eq!(c.codex_bin, PathBuf::from("codex"));
+        assert_eq!(c.prices_file, None);
+        assert_eq!(c.run_time_limit, Duration::from_secs(3600));
+        assert_eq!(c.run_lease, Duration::from_secs(60));
     }
 
     #[test]
@@ -456,5 +474,28 @@ mod tests {
         }
         let blank = cfg(&[("AGENTRY_CLAUDE_BIN", " ")]).unwrap();
         assert_eq!(blank.claude_bin, PathBuf::from("claude"));
+    }
+
+    #[test]
+    fn relative_paths_become_absolute_and_names_stay_names() {
+        let cwd = std::env::current_dir().unwrap();
+        let c = cfg(&[
+            ("AGENTRY_DATA_DIR", "data"),
+            ("AGENTRY_DATABASE_URL", "sqlite://db/agentry.db"),
+            ("AGENTRY_CLAUDE_BIN", "./bin/claude"),
+            ("AGENTRY_CODEX_BIN", "codex"),
+            ("AGENTRY_PRICES_FILE", "prices.json"),
+        ])
+        .unwrap();
+        assert_eq!(c.data_dir, cwd.join("data"));
+        assert_eq!(
+            c.database_url,
+            format!("sqlite://{}", cwd.join("db/agentry.db").display())
+        );
+        assert_eq!(c.claude_bin, cwd.join("bin/claude"));
+        assert_eq!(c.codex_bin, PathBuf::from("codex"));
+        assert_eq!(c.prices_file, Some(cwd.join("prices.json")));
+        let pg = cfg(&[("AGENTRY_DATABASE_URL", "postgres://u@h/db")]).unwrap();
+        assert_eq!(pg.database_url, "postgres://u@h/db");
     }
 }

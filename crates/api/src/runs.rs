@@ -575,6 +575,7 @@ fn run_from_report(
         error_message,
         started_at: execution.started_at,
         finished_at: Some(execution.finished_at),
+        sandboxed: Some(execution.sandboxed),
     }
 }
 
@@ -912,6 +913,8 @@ async fn lost_run(
         Some("the runner stopped during the run (its lease expired)".into()),
     );
     run.finished_at = None;
+    // Which sandbox the dead process ran it in is not known here.
+    run.sandboxed = None;
     Ok((run, RunLog::of(output)))
 }
 

@@ -121,6 +121,7 @@ fn seed(db: &Db, seed: u64) {
             error_message: None,
             started_at: now,
             finished_at: Some(now),
+            sandboxed: None,
         };
         write_tx::<_, DbError, _>(&mut conn, |c| {
             tasks::record_run(c, &run)?;

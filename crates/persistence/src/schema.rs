@@ -85,6 +85,7 @@ diesel::table! {
         error_message -> Nullable<Text>,
         started_at -> Timestamp,
         finished_at -> Nullable<Timestamp>,
+        sandboxed -> Nullable<Bool>,
     }
 }
 

@@ -499,6 +499,9 @@ pub struct Run {
     pub started_at: OffsetDateTime,
     /// End time.
     pub finished_at: Option<OffsetDateTime>,
+    /// Whether the agent ran in the sandbox; `None` when not known (a run recovered after
+    /// its service died, or recorded before this was kept).
+    pub sandboxed: Option<bool>,
 }
 
 #[derive(Queryable, Selectable, Insertable)]
@@ -520,6 +523,7 @@ struct RunRow {
     error_message: Option<String>,
     started_at: PrimitiveDateTime,
     finished_at: Option<PrimitiveDateTime>,
+    sandboxed: Option<bool>,
 }
 
 impl TryFrom<RunRow> for Run {
@@ -542,6 +546,7 @@ impl TryFrom<RunRow> for Run {
             error_message: r.error_message,
             started_at: from_db(r.started_at),
             finished_at: opt_from_db(r.finished_at),
+            sandboxed: r.sandboxed,
         })
     }
 }
@@ -606,6 +611,7 @@ pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             error_message: run.error_message.clone(),
             started_at: to_db(run.started_at),
             finished_at: opt_to_db(run.finished_at),
+            sandboxed: run.sandboxed,
         })
         .execute(conn)?;
     let model = run.model.clone().or_else(|| task.model_used.clone());

@@ -38,6 +38,7 @@ agentry_persistence::backend_tests! {
             error_message: None,
             started_at: at(1),
             finished_at: Some(at(2)),
+            sandboxed: None,
         };
         write_tx(&mut conn, |conn| tasks::record_run(conn, &run)).unwrap();
 

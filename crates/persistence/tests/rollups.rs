@@ -142,6 +142,7 @@ fn run_of(task: &Task, rng: &mut Rng) -> Run {
         error_message: None,
         started_at: task.created_at,
         finished_at: Some(task.created_at),
+        sandboxed: None,
     }
 }
 

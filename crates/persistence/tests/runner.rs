@@ -33,6 +33,7 @@ fn lost_run(task: &agentry_domain::Task, cost: Option<&str>) -> Run {
         error_message: Some("the runner died".into()),
         started_at: at(1),
         finished_at: None,
+        sandboxed: None,
     }
 }
 

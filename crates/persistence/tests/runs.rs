@@ -28,6 +28,7 @@ fn run(task: &Task, secs: i64, cost: Option<&str>) -> Run {
         error_message: None,
         started_at: at(secs),
         finished_at: Some(at(secs + 1)),
+        sandboxed: None,
     }
 }
 
@@ -37,6 +38,23 @@ fn record(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
 }
 
 agentry_persistence::backend_tests! {
+    // Whether a run was sandboxed is kept as recorded: yes, no, or not known.
+    fn the_sandbox_flag_round_trips(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        for (i, sandboxed) in [Some(true), Some(false), None].into_iter().enumerate() {
+            let run = Run { sandboxed, ..run(&task, i as i64 * 10, Some("0.1")) };
+            record(&mut conn, &run).unwrap();
+        }
+        let flags: Vec<_> = tasks::task_runs(&mut conn, task.id)
+            .unwrap()
+            .iter()
+            .map(|r| r.sandboxed)
+            .collect();
+        assert_eq!(flags, [Some(true), Some(false), None]);
+    }
+
     // Costs add exactly in nano-dollars: 0.123456789 + 0.000000001 + 1.1 = 1.22345679,
     // displayed normalised; every run keeps its own exact cost.
     fn run_costs_sum_exactly(db) {
@@ -161,6 +179,7 @@ agentry_persistence::backend_tests! {
             exit_code: None,
             error_message: Some("the runner died".into()),
             finished_at: None,
+            sandboxed: None,
             started_at: time::macros::datetime!(2026-01-15 10:20:30.999999 UTC),
             ..run(&task, 0, None)
         };

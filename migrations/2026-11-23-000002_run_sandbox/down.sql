@@ -1,0 +1,1 @@
+ALTER TABLE task_runs DROP COLUMN sandboxed;
