@@ -5,15 +5,14 @@
 //! Decisions live in plain functions ([`assign`], [`comment_body`], [`retry_delay`]); the
 //! async functions around them read, call the code host through [`GitHub`], and write.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue};
 use agentry_domain::{AgentType, Task, TaskType};
-use agentry_persistence::issues::{self, IssueLabel, SyncedIssue};
+use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Effect, EffectKind, NewEffect};
-use agentry_persistence::repos::{self, IssueSyncState, Repository};
+use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::{AnyConnection, DbError};
@@ -35,13 +34,21 @@ pub const SERVICE_LABEL_COLOR: &str = "6f42c1";
 const SYNC_CONCURRENCY: usize = 4;
 /// Effects claimed per round of the outbox worker.
 const OUTBOX_BATCH: i64 = 20;
+/// How far before the watermark an incremental issue read starts. GitHub's `since` is
+/// inclusive but has whole seconds, and an update may show in the list a moment after the
+/// `updated_at` it carries; re-reading a few seconds costs nothing (the answer is the same
+/// small page, so its ETag still gives 304s).
+const SYNC_OVERLAP: time::Duration = time::Duration::seconds(5);
+/// Stored issues missing from a full read that are checked one by one, at most, per read.
+const MAX_MISSING_CHECKS: usize = 100;
 
 /// Timing of the issue sync and the outbox worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
-    /// How often a repository's issues are read without `If-None-Match`. Only the first page
-    /// of the list is conditional, and an issue closed on a later page leaves that page
-    /// unchanged, so a full read at this period is what removes it from the view.
+    /// How often a repository's open issues are read in full, a safety net under the
+    /// incremental sync: it removes issues deleted or transferred on the code host (they
+    /// never show up as updated). The time of the last full read is stored, so a restart
+    /// does not bring it forward.
     pub full_sync_every: Duration,
     /// Delay before the first retry of a failed effect; doubles per attempt.
     pub retry_base: Duration,
@@ -57,7 +64,7 @@ pub struct Timing {
 impl Default for Timing {
     fn default() -> Self {
         Timing {
-            full_sync_every: Duration::from_secs(15 * 60),
+            full_sync_every: Duration::from_secs(24 * 3600),
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(600),
             lease: Duration::from_secs(120),
@@ -78,8 +85,6 @@ pub struct CodeHost {
     sync_lock: tokio::sync::Mutex<()>,
     /// `CODEHOST_WEBHOOK_SECRET`; the webhook is disabled without it.
     webhook_secret: Option<SecretValue>,
-    /// When each repository's issues were last read in full (see [`Timing::full_sync_every`]).
-    full_syncs: Mutex<HashMap<Uuid, Instant>>,
 }
 
 impl std::fmt::Debug for CodeHost {
@@ -101,7 +106,6 @@ impl CodeHost {
             outbox_wake: tokio::sync::Notify::new(),
             sync_lock: tokio::sync::Mutex::new(()),
             webhook_secret: None,
-            full_syncs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -271,18 +275,19 @@ pub async fn sync_issues(
 ) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ApiError> {
     let github = state.github().await?;
     let _one_at_a_time = state.codehost.sync_lock.lock().await;
-    let repos: Vec<(Repository, IssueSyncState)> = state
+    let repos: Vec<Repository> = state
         .db(|conn| Ok(repos::issue_sync_states(conn)?))
         .await?
         .into_iter()
-        .filter(|(r, _)| only.is_none_or(|id| r.id == id))
+        .map(|(r, _)| r)
+        .filter(|r| only.is_none_or(|id| r.id == id))
         .collect();
     let outcomes: Vec<(Uuid, RepoSyncOutcome)> = futures_util::stream::iter(repos)
-        .map(|(repo, sync_state)| {
+        .map(|repo| {
             let github = github.clone();
             async move {
                 let id = repo.id;
-                (id, sync_repository(state, &github, repo, sync_state).await)
+                (id, sync_repository(state, &github, repo).await)
             }
         })
         .buffer_unordered(SYNC_CONCURRENCY)
@@ -295,66 +300,34 @@ pub async fn sync_issues(
     Ok(outcomes)
 }
 
-async fn sync_repository(
-    state: &AppState,
-    github: &GitHub,
-    repo: Repository,
-    sync_state: IssueSyncState,
-) -> RepoSyncOutcome {
+async fn sync_repository(state: &AppState, github: &GitHub, repo: Repository) -> RepoSyncOutcome {
     let mut outcome = RepoSyncOutcome::default();
-    let full_every = state.codehost.timing.full_sync_every;
-    let conditional = lock(&state.codehost.full_syncs)
-        .get(&repo.id)
-        .is_some_and(|at| at.elapsed() < full_every);
-    let etag = sync_state.etag.as_deref().filter(|_| conditional);
-    let started = Instant::now();
-    let fetched = github
-        .open_issues(repo.url.owner(), repo.url.name(), etag)
-        .await
-        .and_then(|answer| match answer {
-            Conditional::NotModified => Ok(None),
-            Conditional::Modified { value, etag } => Ok(Some((
-                value
-                    .into_iter()
-                    .map(synced)
-                    .collect::<Result<Vec<_>, _>>()?,
-                etag,
-            ))),
-        });
     let repo_id = repo.id;
-    let stored = match fetched {
-        Ok(None) => {
-            outcome.unchanged = true;
-            state
-                .db(move |conn| Ok(issues::mark_issues_unchanged(conn, repo_id, now())?))
-                .await
-        }
-        Ok(Some((list, etag))) => {
-            lock(&state.codehost.full_syncs).insert(repo_id, started);
-            state
-                .db(move |conn| {
-                    Ok(issues::replace_open_issues(
-                        conn,
-                        repo_id,
-                        &list,
-                        etag.as_deref(),
-                        now(),
-                    )?)
-                })
-                .await
-        }
-        Err(e) => {
+    let full_every = state.codehost.timing.full_sync_every;
+    let read = match state
+        .db(move |conn| Ok(issues::sync_cursor(conn, repo_id)?))
+        .await
+    {
+        Ok(cursor) => read_issues(state, github, &repo, cursor, full_every).await,
+        Err(e) => Err(SyncFailure::Storage(e.to_string())),
+    };
+    match read {
+        Ok(unchanged) => outcome.unchanged = unchanged,
+        Err(SyncFailure::CodeHost(e)) => {
             let message = format!("syncing {}: {e}", repo.url);
             tracing::warn!(repo = %repo.url, error = %e, "issue sync failed");
             outcome.error = Some(message.clone());
-            state
+            if let Err(e) = state
                 .db(move |conn| Ok(issues::mark_issues_sync_failed(conn, repo_id, &message)?))
                 .await
+            {
+                tracing::error!(repo = %repo.url, error = %e, "cannot store the issue sync");
+            }
         }
-    };
-    if let Err(e) = stored {
-        tracing::error!(repo = %repo.url, error = %e, "cannot store the issue sync");
-        outcome.error.get_or_insert_with(|| e.to_string());
+        Err(SyncFailure::Storage(e)) => {
+            tracing::error!(repo = %repo.url, error = %e, "cannot store the issue sync");
+            outcome.error = Some(e);
+        }
     }
     // Labelled issues become tasks even when the list did not change: an earlier attempt
     // may have failed after the sync was stored.
@@ -385,6 +358,227 @@ async fn sync_repository(
         }
     }
     outcome
+}
+
+/// Why a repository's sync stopped.
+enum SyncFailure {
+    /// The code host failed or refused: recorded as the repository's sync error.
+    CodeHost(CodeHostError),
+    /// The database failed.
+    Storage(String),
+}
+
+impl From<CodeHostError> for SyncFailure {
+    fn from(e: CodeHostError) -> Self {
+        SyncFailure::CodeHost(e)
+    }
+}
+
+impl From<ApiError> for SyncFailure {
+    fn from(e: ApiError) -> Self {
+        SyncFailure::Storage(e.message().to_owned())
+    }
+}
+
+/// Reads what changed in one repository and stores it; `true` when the code host said
+/// nothing changed (304).
+///
+/// * No full read yet, or the last one older than `full_every`: every open issue is read
+///   ([`read_all_open`]), then the changes since the new watermark are read at once, which
+///   catches updates made during the full read and stores the ETag of the query the next
+///   syncs ask.
+/// * The last full read found no open issue (no watermark): its query again, conditionally.
+/// * Otherwise the issues updated since a little before the watermark ([`read_changes`]).
+async fn read_issues(
+    state: &AppState,
+    github: &GitHub,
+    repo: &Repository,
+    cursor: IssueSyncCursor,
+    full_every: Duration,
+) -> Result<bool, SyncFailure> {
+    let full_every = time::Duration::try_from(full_every).unwrap_or(time::Duration::DAY);
+    let due = cursor
+        .full_synced_at
+        .is_none_or(|at| now() - at >= full_every);
+    let watermark = match cursor.watermark {
+        Some(watermark) if !due => watermark,
+        _ => {
+            let etag = cursor
+                .etag
+                .as_deref()
+                .filter(|_| !due && cursor.watermark.is_none());
+            match read_all_open(state, github, repo, etag).await? {
+                None => return Ok(true),
+                Some(None) => return Ok(false),
+                Some(Some(watermark)) => {
+                    read_changes(state, github, repo, watermark, None).await?;
+                    return Ok(false);
+                }
+            }
+        }
+    };
+    read_changes(state, github, repo, watermark, cursor.etag.as_deref()).await
+}
+
+/// Reads every open issue and stores them as the copy (`etag`: conditional, for a
+/// repository whose last full read found none). `None` for a 304; else the new watermark.
+///
+/// Stored issues absent from the list are checked one by one before they leave the copy: a
+/// list read while an issue on an earlier page closes shifts by one and skips an issue,
+/// and that issue must not vanish from the view.
+async fn read_all_open(
+    state: &AppState,
+    github: &GitHub,
+    repo: &Repository,
+    etag: Option<&str>,
+) -> Result<Option<Option<time::OffsetDateTime>>, SyncFailure> {
+    let (owner, name) = (repo.url.owner(), repo.url.name());
+    let repo_id = repo.id;
+    let (list, etag) = match github.open_issues(owner, name, etag).await? {
+        Conditional::NotModified => {
+            state
+                .db(move |conn| Ok(issues::mark_issues_unchanged(conn, repo_id, now())?))
+                .await?;
+            return Ok(None);
+        }
+        Conditional::Modified { value, etag } => (
+            value
+                .into_iter()
+                .map(synced)
+                .collect::<Result<Vec<_>, _>>()?,
+            etag,
+        ),
+    };
+    let watermark = list.iter().map(|i| i.updated_at).max();
+    let stored = state
+        .db(move |conn| Ok(issues::synced_numbers(conn, repo_id)?))
+        .await?;
+    let listed: std::collections::HashSet<i64> = list.iter().map(|i| i.number).collect();
+    let mut list = list;
+    let mut keep = Vec::new();
+    for (checked, number) in stored
+        .into_iter()
+        .filter(|n| !listed.contains(n))
+        .enumerate()
+    {
+        if checked >= MAX_MISSING_CHECKS {
+            // Beyond the checks' budget, unchecked issues stay until the next full read.
+            keep.push(number);
+            continue;
+        }
+        let Ok(n) = u64::try_from(number) else {
+            continue;
+        };
+        match github.issue(owner, name, n).await {
+            Ok(issue) if issue.state == "open" => list.push(synced(issue)?),
+            Ok(_) | Err(CodeHostError::NotFound(_)) => {}
+            // Deleted (410) or transferred (301): gone from this repository.
+            Err(CodeHostError::Rejected { status, .. }) if status == 410 || status == 301 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Only a read that found no open issue keeps its ETag: the others hand over to the
+    // incremental query, whose ETag is stored by `read_changes`.
+    let etag = etag.filter(|_| watermark.is_none());
+    let read = list.clone();
+    state
+        .db(move |conn| {
+            Ok(issues::store_full_read(
+                conn,
+                repo_id,
+                &FullRead {
+                    issues: &read,
+                    keep: &keep,
+                    etag: etag.as_deref(),
+                    watermark,
+                },
+                now(),
+            )?)
+        })
+        .await?;
+    Ok(Some(watermark))
+}
+
+/// Reads the issues updated since `SYNC_OVERLAP` before `watermark` (conditional on `etag`)
+/// and stores them: open ones updated, closed ones removed, the watermark raised to the
+/// latest `updated_at` read. `true` for a 304. The answer's ETag is stored only when it
+/// vouches for the whole answer ([`agentry_codehost::IssueChanges::etag_covers_all`]): when a
+/// page of issues share the newest second, another update in that second may sort onto a
+/// later page and leave the first unchanged, so such an answer is read again without
+/// `If-None-Match` until a later update moves the watermark on.
+async fn read_changes(
+    state: &AppState,
+    github: &GitHub,
+    repo: &Repository,
+    watermark: time::OffsetDateTime,
+    etag: Option<&str>,
+) -> Result<bool, SyncFailure> {
+    let (owner, name) = (repo.url.owner(), repo.url.name());
+    let repo_id = repo.id;
+    let since = watermark - SYNC_OVERLAP;
+    let (changes, etag) = match github
+        .issues_updated_since(owner, name, since, etag)
+        .await?
+    {
+        Conditional::NotModified => {
+            state
+                .db(move |conn| Ok(issues::mark_issues_unchanged(conn, repo_id, now())?))
+                .await?;
+            return Ok(true);
+        }
+        Conditional::Modified { value, etag } => (value, etag),
+    };
+    let etag = etag.filter(|_| changes.etag_covers_all);
+    let newest = changes.newest;
+    let mut open = Vec::new();
+    let mut closed = Vec::new();
+    for issue in changes.issues {
+        if issue.state == "open" {
+            open.push(synced(issue)?);
+        } else {
+            let number = i64::try_from(issue.number)
+                .map_err(|_| CodeHostError::InvalidResponse("issue number out of range".into()))?;
+            closed.push((number, issue.updated_at));
+        }
+    }
+    state
+        .db(move |conn| {
+            Ok(issues::apply_issue_changes(
+                conn,
+                repo_id,
+                &open,
+                &closed,
+                etag.as_deref(),
+                newest,
+                now(),
+            )?)
+        })
+        .await?;
+    Ok(false)
+}
+
+/// Makes sure `number` is an open issue of `repo` in the synced copy, syncing that
+/// repository once when it is not there yet: `Ok(true)` if it is (now), `Ok(false)` if the
+/// code host does not list it as an open issue (a pull request, a closed issue, or no such
+/// number). A sync that fails answers the code host's error (503 or 422); no token, 412.
+pub async fn known_open_issue(
+    state: &AppState,
+    repo_id: Uuid,
+    number: i64,
+) -> Result<bool, ApiError> {
+    let known = state
+        .db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
+        .await?;
+    if known {
+        return Ok(true);
+    }
+    let outcomes = sync_issues(state, Some(repo_id)).await?;
+    if let Some(message) = outcomes.into_iter().find_map(|(_, o)| o.error) {
+        return Err(ApiError::codehost_unavailable(message));
+    }
+    state
+        .db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
+        .await
 }
 
 /// The periodic issue sync: every `interval`, while the process runs. Without a stored token

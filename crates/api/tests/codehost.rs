@@ -253,7 +253,8 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
         assert_eq!(created[0]["task"]["state"], "queued");
         assert_eq!(created[0]["task"]["issueNumber"], number);
         assert_eq!(created[0]["task"]["prompt"], "It loops.");
-        assert_eq!(env.written()[2..], [1, 2, 0, 1]);
+        // The issue was not in the synced view yet: its repository was synced to find it.
+        assert_eq!(env.written()[2..], [1, 2, 1, 1]);
 
         // Nothing reaches the code host before the outbox runs; then exactly once each.
         assert_eq!(env.fake.count("POST", COMMENTS), 0);
@@ -287,7 +288,7 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
         );
         assert_eq!(env.deliver(3600).await, 0);
         assert_eq!(env.fake.count("POST", COMMENTS), 1);
-        assert_eq!(env.written()[2..], [1, 2, 0, 1]);
+        assert_eq!(env.written()[2..], [1, 2, 1, 1]);
     }
 }
 
@@ -538,9 +539,11 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
     let requests = env.fake.requests();
     assert_eq!(requests.len(), 20, "{requests:?}");
     assert!(requests.iter().all(|r| r.status == 304 && r.if_none_match));
-    // 304s cost no rate limit: only the first sync's 20 requests were counted.
+    // 304s cost no rate limit: only the first sync's 40 requests were counted (per
+    // repository, the full read of its open issues, then the changes since it, whose ETag
+    // the later syncs send).
     let used = before - env.fake.rate_limit_remaining();
-    assert_eq!(used, 20);
+    assert_eq!(used, 40);
     eprintln!(
         "unchanged sync of 20 repositories: {} requests, {} answered 304; rate-limit units \
          used by both syncs: {used}",
@@ -549,8 +552,124 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
     );
 }
 
+/// The numbers of the issues of a view, in order.
+fn numbers_of(view: &Value) -> Vec<u64> {
+    view["issues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["number"].as_u64().unwrap())
+        .collect()
+}
+
+/// GETs of the issue list since the last `reset_counts`.
+fn list_reads(fake: &FakeGitHub) -> Vec<agentry_codehost::fake::RequestRecord> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.route.as_deref() == Some("/repos/{owner}/{repo}/issues"))
+        .collect()
+}
+
 #[actix_web::test]
-async fn an_issue_closed_beyond_the_first_page_leaves_the_view_at_the_next_full_read() {
+async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        let repo = env.connect("acme", "web");
+        // GitHub's timestamps have whole seconds and it does not order one second's updates:
+        // the fake puts them by number, so an update does not move an issue to the front.
+        env.fake.freeze_clock();
+        env.fake.order_same_second_by_number(true);
+        for n in 1..=11 {
+            env.fake
+                .add_issue("acme", "web", &format!("Old {n}"), None, &[]);
+        }
+        env.fake.advance_clock(std::time::Duration::from_secs(60));
+        // 100 issues of one second fill the first page (newest first): #111 … #12.
+        for n in 12..=111 {
+            env.fake
+                .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
+        }
+        let app = service_with(env.state.clone()).await;
+        let sync = || bare("POST", "/api/issues/sync?limit=200", &env.t.member);
+        let (status, view) = call(&app, sync()).await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(numbers_of(&view).len(), 111);
+
+        // In that same second, on page 2: #5 gets the service's label, #3 is closed. The
+        // first page of the open-issue list is unchanged.
+        env.fake.add_label("acme", "web", 5, "agentry");
+        env.fake.close_issue("acme", "web", 3);
+        let (status, view) = call(&app, sync()).await;
+        assert_eq!(status, 200, "{view}");
+        let numbers = numbers_of(&view);
+        assert_eq!(numbers.len(), 110, "the closed issue left the view");
+        assert!(!numbers.contains(&3));
+        let five = view["issues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["number"] == 5)
+            .unwrap();
+        assert_eq!(five["labels"][0]["name"], "agentry", "{five}");
+        assert_eq!(five["task"]["state"], "queued", "{five}");
+        assert_eq!(env.count("tasks"), 1);
+        assert_eq!(view["errors"], json!([]));
+        assert!(view["syncedAt"][repo.to_string()].is_string());
+    }
+}
+
+#[actix_web::test]
+async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        env.connect("acme", "web");
+        env.fake.freeze_clock();
+        for n in 1..=150 {
+            env.fake
+                .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
+            env.fake.advance_clock(std::time::Duration::from_secs(1));
+        }
+        codehost::sync_issues(&env.state, None).await.unwrap();
+        assert_eq!(env.count("synced_issues"), 150);
+
+        // A new process on the same database; meanwhile #1 (page 2 of the open issues)
+        // closes and #2 gets a label.
+        let restarted = state_with_key(
+            env.db(),
+            &env.fake.base_url(),
+            env.state.codehost.master_key().clone(),
+        );
+        env.fake.close_issue("acme", "web", 1);
+        env.fake.add_label("acme", "web", 2, "bug");
+        env.fake.reset_counts();
+        let outcomes = codehost::sync_issues(&restarted, None).await.unwrap();
+        assert!(
+            outcomes.iter().all(|(_, o)| o.error.is_none()),
+            "{outcomes:?}"
+        );
+        // One request: the changes since the stored watermark, not the 2 pages of all issues.
+        let reads = list_reads(&env.fake);
+        assert_eq!(reads.len(), 1, "{reads:?}");
+        assert!(reads[0].query.contains("since="), "{reads:?}");
+        assert!(reads[0].query.contains("state=all"), "{reads:?}");
+        assert_eq!(env.count("synced_issues"), 149);
+        let app = service_with(restarted.clone()).await;
+        let (_, view) = call(&app, get("/api/issues?limit=200", &env.t.viewer)).await;
+        let two = view["issues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["number"] == 2)
+            .unwrap();
+        assert_eq!(two["labels"][0]["name"], "bug");
+        assert!(!numbers_of(&view).contains(&1));
+    }
+}
+
+#[actix_web::test]
+async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
     let env = Env::new(sqlite());
     env.store_token();
     let repo = env.connect("acme", "web");
@@ -560,37 +679,192 @@ async fn an_issue_closed_beyond_the_first_page_leaves_the_view_at_the_next_full_
             &env.fake.base_url(),
             env.state.codehost.master_key().clone(),
             codehost::Timing {
-                full_sync_every: std::time::Duration::from_millis(400),
+                full_sync_every: std::time::Duration::from_millis(300),
                 ..test_timing()
             },
         ),
     );
-    for n in 1..=150 {
+    for n in 1..=3 {
         env.fake
             .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
     }
     codehost::sync_issues(&state, None).await.unwrap();
-    assert_eq!(env.count("synced_issues"), 150);
-    // Issue 1 is the least recently updated: on page 2, which is not conditional. Page 1 is
-    // unchanged by its closing, so the conditional read answers 304…
-    env.fake.close_issue("acme", "web", 1);
-    let outcomes = codehost::sync_issues(&state, None).await.unwrap();
+    // An issue the copy holds but the code host no longer lists (deleted there: updates
+    // never report it).
+    let mut gone = agentry_persistence::issues::open_issues(&mut env.db().conn().unwrap(), None)
+        .unwrap()
+        .into_iter()
+        .map(|v| v.issue)
+        .collect::<Vec<_>>();
+    gone.push(agentry_persistence::issues::SyncedIssue {
+        number: 99,
+        ..gone[0].clone()
+    });
+    agentry_persistence::issues::replace_open_issues(
+        &mut env.db().conn().unwrap(),
+        repo,
+        &gone,
+        None,
+        agentry_persistence::now(),
+    )
+    .unwrap();
+    assert_eq!(env.count("synced_issues"), 4);
+    // Before the full read is due, an incremental sync does not notice.
+    codehost::sync_issues(&state, None).await.unwrap();
+    assert_eq!(env.count("synced_issues"), 4);
+    std::thread::sleep(std::time::Duration::from_millis(350));
+    env.fake.reset_counts();
+    codehost::sync_issues(&state, None).await.unwrap();
+    assert_eq!(env.count("synced_issues"), 3);
+    // The missing issue was looked up once before it left the copy.
+    assert_eq!(env.fake.count("GET", "/repos/acme/web/issues/99"), 1);
+}
+
+#[actix_web::test]
+async fn the_issues_view_is_paginated_in_its_order_and_refuses_bad_bounds() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    env.connect("acme", "web");
+    for n in 1..=7 {
+        env.fake
+            .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
+        env.fake.advance_clock(std::time::Duration::from_secs(1));
+    }
+    env.fake.add_label("acme", "web", 4, "agentry");
+    let app = service_with(env.state.clone()).await;
+    // The sync answers the first page.
+    let (status, first) = call(
+        &app,
+        bare("POST", "/api/issues/sync?limit=3", &env.t.member),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(numbers_of(&first), [7, 6, 5]);
+    assert!(first["nextCursor"].is_string());
+    let (_, all) = call(&app, get("/api/issues", &env.t.viewer)).await;
     assert_eq!(
-        outcomes,
-        [(
-            repo,
-            codehost::RepoSyncOutcome {
-                unchanged: true,
-                ..Default::default()
-            }
-        )]
+        numbers_of(&all),
+        [7, 6, 5, 3, 2, 1, 4],
+        "unassigned first, newest first"
     );
-    assert_eq!(env.count("synced_issues"), 150);
-    // …and the next full read removes it.
-    std::thread::sleep(std::time::Duration::from_millis(450));
-    let outcomes = codehost::sync_issues(&state, None).await.unwrap();
-    assert!(!outcomes[0].1.unchanged);
-    assert_eq!(env.count("synced_issues"), 149);
+    assert!(all["nextCursor"].is_null());
+    // Page by page, the same order.
+    let mut seen = Vec::new();
+    let mut path = "/api/issues?limit=2".to_owned();
+    loop {
+        let (status, page) = call(&app, get(&path, &env.t.viewer)).await;
+        assert_eq!(status, 200, "{page}");
+        let numbers = numbers_of(&page);
+        assert!(numbers.len() <= 2);
+        seen.extend(numbers);
+        match page["nextCursor"].as_str() {
+            Some(c) => path = format!("/api/issues?limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, numbers_of(&all));
+    // Bounds are refused, never clamped.
+    let garbage = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("1:x:3:https://github.com/a/b")
+    };
+    for query in [
+        "limit=0".to_owned(),
+        "limit=201".to_owned(),
+        "limit=ten".to_owned(),
+        "cursor=%%%".to_owned(),
+        "cursor=bm90IGEgY3Vyc29y".to_owned(),
+        format!("cursor={garbage}"),
+    ] {
+        let (status, body) = call(&app, get(&format!("/api/issues?{query}"), &env.t.viewer)).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        envelope(&body, "invalid_parameter");
+    }
+    let (status, body) = call(
+        &app,
+        bare("POST", "/api/issues/sync?limit=500", &env.t.member),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    envelope(&body, "invalid_parameter");
+}
+
+#[actix_web::test]
+async fn only_known_open_issues_are_assigned() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        let repo = env.connect("acme", "web");
+        let issue = env.fake.add_issue("acme", "web", "Real", None, &[]);
+        let pull = env
+            .fake
+            .add_pull("acme", "web", "A pull", "feature", "main");
+        let closed = env.fake.add_issue("acme", "web", "Done", None, &[]);
+        env.fake.close_issue("acme", "web", closed);
+        let app = service_with(env.state.clone()).await;
+        let (status, _) = call(&app, bare("POST", "/api/issues/sync", &env.t.member)).await;
+        assert_eq!(status, 200);
+        env.fake.reset_counts();
+
+        // A pull request's number, a closed issue, a number that does not exist: 404, and
+        // nothing created, labelled or commented on.
+        for number in [pull, closed, 999] {
+            let (status, body) = call(
+                &app,
+                json_req(
+                    "POST",
+                    "/api/issues/assign",
+                    &env.t.member,
+                    &assign_body(repo, number),
+                ),
+            )
+            .await;
+            assert_eq!(status, 404, "#{number}: {body}");
+            let message = envelope(&body, "not_found");
+            assert!(message.contains(&format!("#{number}")), "{message}");
+        }
+        assert_eq!(env.count("tasks"), 0);
+        assert_eq!(env.count("outbox"), 0);
+        assert_eq!(env.count("issue_links"), 0);
+        assert_eq!(env.deliver(3600).await, 0);
+        let writes: Vec<_> = env
+            .fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.method != "GET")
+            .collect();
+        assert!(writes.is_empty(), "{writes:?}");
+
+        // An issue opened on the code host after the last sync: looked up, then assigned.
+        let fresh = env.fake.add_issue("acme", "web", "New", None, &[]);
+        let (status, body) = call(
+            &app,
+            json_req(
+                "POST",
+                "/api/issues/assign",
+                &env.t.member,
+                &assign_body(repo, fresh),
+            ),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["task"]["issueNumber"], fresh);
+        // A known one is assigned without asking the code host.
+        env.fake.reset_counts();
+        let (status, _) = call(
+            &app,
+            json_req(
+                "POST",
+                "/api/issues/assign",
+                &env.t.member,
+                &assign_body(repo, issue),
+            ),
+        )
+        .await;
+        assert_eq!(status, 201);
+        assert_eq!(env.fake.requests().len(), 0);
+        assert_eq!(env.count("tasks"), 2);
+    }
 }
 
 #[actix_web::test]

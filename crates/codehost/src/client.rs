@@ -333,9 +333,8 @@ impl GitHub {
     /// With `etag`, the first page is asked with `If-None-Match`; a 304 gives
     /// [`Conditional::NotModified`] after one request that GitHub does not count. The first
     /// page holds the most recent updates, so any update at or after `since` changes it,
-    /// unless more than a page of items share its newest second (GitHub does not order those):
-    /// callers should trust a 304 only for an answer that fit on one page
-    /// ([`IssueChanges::pages`]). Newest first means an update during the read moves an item
+    /// unless a page of items share its newest second (GitHub does not order those): callers
+    /// should keep the ETag only when [`IssueChanges::etag_covers_all`]. Newest first means an update during the read moves an item
     /// to the front: it may be missed this time (its new `updated_at` is at least
     /// [`IssueChanges::newest`], so the next read from there has it) but no other item is
     /// skipped.
@@ -361,6 +360,10 @@ impl GitHub {
                 etag,
             } => {
                 let newest = items.iter().map(|i| i.updated_at).max();
+                let tied = newest.map_or(0, |newest| {
+                    items.iter().filter(|i| i.updated_at == newest).count()
+                });
+                let etag_covers_all = tied < PER_PAGE as usize;
                 // One copy per number, the latest (pages can shift while they are read).
                 let mut latest: std::collections::BTreeMap<u64, Issue> =
                     std::collections::BTreeMap::new();
@@ -378,6 +381,7 @@ impl GitHub {
                         issues: latest.into_values().collect(),
                         newest: newest.map(|t| t.to_offset(time::UtcOffset::UTC)),
                         pages,
+                        etag_covers_all,
                     },
                     etag,
                 }

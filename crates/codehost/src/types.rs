@@ -107,8 +107,15 @@ pub struct IssueChanges {
     /// The latest `updated_at` among everything read, pull requests included: what the next
     /// read may start from. `None` when the answer was empty.
     pub newest: Option<OffsetDateTime>,
-    /// Pages read. With more than one, the first page's ETag does not vouch for the others.
+    /// Pages read.
     pub pages: usize,
+    /// Whether the answer's (first page's) ETag vouches for the whole answer from now on:
+    /// fewer than a page of items share the newest second. Any later update has an
+    /// `updated_at` at or after that second, so it sorts into the first page and changes
+    /// its ETag, unless a full page of items ties with it (GitHub does not order one
+    /// second's updates): then a 304 could hide it, and the query must be read again
+    /// without `If-None-Match`.
+    pub etag_covers_all: bool,
 }
 
 /// A comment on an issue or pull request.

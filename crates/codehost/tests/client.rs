@@ -207,6 +207,8 @@ async fn issues_updated_since_reads_closed_issues_every_page_and_skips_pulls() {
             .unwrap(),
     );
     assert_eq!(changes.pages, 2);
+    // 150 issues share the newest second: a 304 on the first page could hide a 151st.
+    assert!(!changes.etag_covers_all);
     assert_eq!(
         changes.issues.len(),
         150,
@@ -245,6 +247,19 @@ async fn issues_updated_since_reads_closed_issues_every_page_and_skips_pulls() {
             .unwrap(),
     );
     assert_eq!(all.issues.len(), 151);
+    // A few issues later, the newest second holds fewer than a page: the ETag vouches.
+    fake.advance_clock(Duration::from_secs(1));
+    fake.add_issue(OWNER, REPO, "later", None, &[]);
+    let later = OffsetDateTime::from_unix_timestamp(t0 + 61).unwrap();
+    let (tail, _) = modified(
+        gh.issues_updated_since(OWNER, REPO, later, None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (tail.issues.len(), tail.pages, tail.etag_covers_all),
+        (1, 1, true)
+    );
     // Unchanged: 304 after one request.
     fake.reset_counts();
     let again = gh

@@ -1,10 +1,14 @@
 //! The service's synced copy of open code-host issues (SPEC §3.6, §5.3).
 //!
 //! The issues view reads only this copy, so it never waits on the code host. A sync stores
-//! a repository's complete list of open issues in one transaction ([`replace_open_issues`]),
-//! records that nothing changed ([`mark_issues_unchanged`]) or records its failure
-//! ([`mark_issues_sync_failed`]); the repository row carries the ETag and the sync state.
+//! a repository's complete list of open issues in one transaction ([`replace_open_issues`],
+//! [`store_full_read`]), or the issues changed since its watermark
+//! ([`apply_issue_changes`]: open ones stored, closed ones removed), records that nothing
+//! changed ([`mark_issues_unchanged`]) or records its failure ([`mark_issues_sync_failed`]);
+//! the repository row carries the ETag, the watermark and the sync state
+//! ([`sync_cursor`]). The view is read a page at a time ([`open_issues_page`]).
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 
 use agentry_domain::{RepoUrl, TaskState};
@@ -12,7 +16,7 @@ use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
-use crate::convert::{self, from_db, to_db};
+use crate::convert::{self, from_db, opt_from_db, to_db};
 use crate::schema::{issue_links, repositories, synced_issues, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -106,6 +110,64 @@ pub fn replace_open_issues(
     etag: Option<&str>,
     now: OffsetDateTime,
 ) -> Result<(), DbError> {
+    replace(conn, repo_id, issues, &[], etag, None, now)
+}
+
+/// Stores a full read of the repository's open issues (the first sync, or the rare
+/// safety-net read) as [`replace_open_issues`] does, and in the same transaction records it:
+/// `issues_full_synced_at = now`, `issues_watermark` = the later of the stored one and
+/// `watermark` (the latest `updated_at` the read saw; never a clock's time), and
+/// `issues_etag = etag`. Stored issues absent from the read are removed, except `keep`.
+/// [`DbError::NotFound`] if no repository has this id.
+pub fn store_full_read(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    read: &FullRead<'_>,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    replace(
+        conn,
+        repo_id,
+        read.issues,
+        read.keep,
+        read.etag,
+        Some(read.watermark),
+        now,
+    )
+}
+
+/// A full read of a repository's open issues, for [`store_full_read`].
+#[derive(Debug, Clone, Copy)]
+pub struct FullRead<'a> {
+    /// Every open issue read.
+    pub issues: &'a [SyncedIssue],
+    /// Numbers of stored issues absent from `issues` that stay in the copy all the same
+    /// (checked open one by one: a list read while issues close can skip some).
+    pub keep: &'a [i64],
+    /// The ETag to store (only meaningful for the query that gave it).
+    pub etag: Option<&'a str>,
+    /// The latest `updated_at` the read saw.
+    pub watermark: Option<OffsetDateTime>,
+}
+
+/// The numbers of the repository's issues in the synced copy.
+pub fn synced_numbers(conn: &mut AnyConnection, repo_id: Uuid) -> Result<Vec<i64>, DbError> {
+    Ok(synced_issues::table
+        .filter(synced_issues::repo_id.eq(repo_id.to_string()))
+        .order(synced_issues::number.asc())
+        .select(synced_issues::number)
+        .load(conn)?)
+}
+
+fn replace(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    issues: &[SyncedIssue],
+    keep: &[i64],
+    etag: Option<&str>,
+    full_read: Option<Option<OffsetDateTime>>,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
     let repo = repo_id.to_string();
     let at = to_db(now);
     // One entry per number: the latest copy wins.
@@ -131,6 +193,12 @@ pub fn replace_open_issues(
         if updated == 0 {
             return Err(DbError::NotFound);
         }
+        if let Some(watermark) = full_read {
+            diesel::update(repositories::table.find(&repo))
+                .set(repositories::issues_full_synced_at.eq(Some(at)))
+                .execute(conn)?;
+            raise_watermark(conn, &repo, watermark)?;
+        }
         let stored: HashMap<i64, IssueRow> = synced_issues::table
             .filter(synced_issues::repo_id.eq(&repo))
             .select(IssueRow::as_select())
@@ -140,7 +208,7 @@ pub fn replace_open_issues(
             .collect();
         let gone: Vec<i64> = stored
             .keys()
-            .filter(|n| !wanted.contains_key(n))
+            .filter(|n| !wanted.contains_key(n) && !keep.contains(n))
             .copied()
             .collect();
         // In chunks, well under both backends' limits on bound parameters.
@@ -152,55 +220,205 @@ pub fn replace_open_issues(
             )
             .execute(conn)?;
         }
-        for (number, issue) in wanted {
-            let labels = encode_labels(&issue.labels)?;
-            let created_at = to_db(issue.created_at);
-            let updated_at = to_db(issue.updated_at);
-            match stored.get(&number) {
-                Some(row)
-                    if row.title == issue.title
-                        && row.body == issue.body
-                        && row.html_url == issue.html_url
-                        && row.author == issue.author
-                        && row.labels == labels
-                        && row.created_at == created_at
-                        && row.updated_at == updated_at => {}
-                Some(_) => {
-                    diesel::update(synced_issues::table.find((&repo, number)))
-                        .set((
-                            synced_issues::title.eq(&issue.title),
-                            synced_issues::body.eq(&issue.body),
-                            synced_issues::html_url.eq(&issue.html_url),
-                            synced_issues::author.eq(&issue.author),
-                            synced_issues::labels.eq(&labels),
-                            synced_issues::state.eq(OPEN),
-                            synced_issues::created_at.eq(created_at),
-                            synced_issues::updated_at.eq(updated_at),
-                            synced_issues::synced_at.eq(at),
-                        ))
-                        .execute(conn)?;
-                }
-                None => {
-                    diesel::insert_into(synced_issues::table)
-                        .values((
-                            synced_issues::repo_id.eq(&repo),
-                            synced_issues::number.eq(number),
-                            synced_issues::title.eq(&issue.title),
-                            synced_issues::body.eq(&issue.body),
-                            synced_issues::html_url.eq(&issue.html_url),
-                            synced_issues::author.eq(&issue.author),
-                            synced_issues::labels.eq(&labels),
-                            synced_issues::state.eq(OPEN),
-                            synced_issues::created_at.eq(created_at),
-                            synced_issues::updated_at.eq(updated_at),
-                            synced_issues::synced_at.eq(at),
-                        ))
-                        .execute(conn)?;
-                }
-            }
+        for issue in wanted.into_values() {
+            store_issue(conn, &repo, stored.get(&issue.number), issue, at)?;
         }
         Ok(())
     })
+}
+
+/// Inserts or updates one open issue of the copy (`stored`: its current row, if any); an
+/// identical copy is left alone.
+fn store_issue(
+    conn: &mut AnyConnection,
+    repo: &str,
+    stored: Option<&IssueRow>,
+    issue: &SyncedIssue,
+    at: PrimitiveDateTime,
+) -> Result<(), DbError> {
+    let number = issue.number;
+    let labels = encode_labels(&issue.labels)?;
+    let created_at = to_db(issue.created_at);
+    let updated_at = to_db(issue.updated_at);
+    match stored {
+        Some(row)
+            if row.title == issue.title
+                && row.body == issue.body
+                && row.html_url == issue.html_url
+                && row.author == issue.author
+                && row.labels == labels
+                && row.created_at == created_at
+                && row.updated_at == updated_at => {}
+        Some(_) => {
+            diesel::update(synced_issues::table.find((repo, number)))
+                .set((
+                    synced_issues::title.eq(&issue.title),
+                    synced_issues::body.eq(&issue.body),
+                    synced_issues::html_url.eq(&issue.html_url),
+                    synced_issues::author.eq(&issue.author),
+                    synced_issues::labels.eq(&labels),
+                    synced_issues::state.eq(OPEN),
+                    synced_issues::created_at.eq(created_at),
+                    synced_issues::updated_at.eq(updated_at),
+                    synced_issues::synced_at.eq(at),
+                ))
+                .execute(conn)?;
+        }
+        None => {
+            diesel::insert_into(synced_issues::table)
+                .values((
+                    synced_issues::repo_id.eq(repo),
+                    synced_issues::number.eq(number),
+                    synced_issues::title.eq(&issue.title),
+                    synced_issues::body.eq(&issue.body),
+                    synced_issues::html_url.eq(&issue.html_url),
+                    synced_issues::author.eq(&issue.author),
+                    synced_issues::labels.eq(&labels),
+                    synced_issues::state.eq(OPEN),
+                    synced_issues::created_at.eq(created_at),
+                    synced_issues::updated_at.eq(updated_at),
+                    synced_issues::synced_at.eq(at),
+                ))
+                .execute(conn)?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets the repository's `issues_watermark` to `to` when that is later than the stored one.
+fn raise_watermark(
+    conn: &mut AnyConnection,
+    repo: &str,
+    to: Option<OffsetDateTime>,
+) -> Result<(), DbError> {
+    let Some(to) = to else { return Ok(()) };
+    let stored: Option<PrimitiveDateTime> = repositories::table
+        .find(repo)
+        .select(repositories::issues_watermark)
+        .first(conn)?;
+    if stored.is_none_or(|w| w < to_db(to)) {
+        diesel::update(repositories::table.find(repo))
+            .set(repositories::issues_watermark.eq(Some(to_db(to))))
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// Where a repository's issue sync stands.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IssueSyncCursor {
+    /// The ETag of the last answer stored by [`apply_issue_changes`], sent as
+    /// `If-None-Match` on the next read of the same query.
+    pub etag: Option<String>,
+    /// The latest `updated_at` read so far; `None` before the first full read.
+    pub watermark: Option<OffsetDateTime>,
+    /// When the open issues were last read in full; `None` before the first full read.
+    pub full_synced_at: Option<OffsetDateTime>,
+}
+
+/// The sync state of one repository. [`DbError::NotFound`] if no repository has this id.
+pub fn sync_cursor(conn: &mut AnyConnection, repo_id: Uuid) -> Result<IssueSyncCursor, DbError> {
+    let row: Option<(
+        Option<String>,
+        Option<PrimitiveDateTime>,
+        Option<PrimitiveDateTime>,
+    )> = repositories::table
+        .find(repo_id.to_string())
+        .select((
+            repositories::issues_etag,
+            repositories::issues_watermark,
+            repositories::issues_full_synced_at,
+        ))
+        .first(conn)
+        .optional()?;
+    let (etag, watermark, full) = row.ok_or(DbError::NotFound)?;
+    Ok(IssueSyncCursor {
+        etag,
+        watermark: opt_from_db(watermark),
+        full_synced_at: opt_from_db(full),
+    })
+}
+
+/// Stores the issues of the repository that changed since its watermark, in one
+/// transaction: each of `open` is inserted or updated, each of `closed` (number and the
+/// `updated_at` it was closed with) leaves the copy, `issues_etag = etag`,
+/// `issues_synced_at = now`, `issues_sync_error = NULL`, and `issues_watermark` becomes
+/// `watermark` if that is later (the latest `updated_at` read; never a clock's time).
+///
+/// A change older than the stored copy (`updated_at` before the stored one: a lagging
+/// answer) is ignored, so an issue reopened after it was closed is not removed by a stale
+/// closing, nor an update undone. [`DbError::NotFound`] if no repository has this id.
+pub fn apply_issue_changes(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    open: &[SyncedIssue],
+    closed: &[(i64, OffsetDateTime)],
+    etag: Option<&str>,
+    watermark: Option<OffsetDateTime>,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    let repo = repo_id.to_string();
+    let at = to_db(now);
+    write_tx(conn, |conn| {
+        let updated = diesel::update(repositories::table.find(&repo))
+            .set((
+                repositories::issues_etag.eq(etag),
+                repositories::issues_synced_at.eq(Some(at)),
+                repositories::issues_sync_error.eq(None::<String>),
+            ))
+            .execute(conn)?;
+        if updated == 0 {
+            return Err(DbError::NotFound);
+        }
+        raise_watermark(conn, &repo, watermark)?;
+        let numbers: Vec<i64> = open
+            .iter()
+            .map(|i| i.number)
+            .chain(closed.iter().map(|(n, _)| *n))
+            .collect();
+        let mut stored: HashMap<i64, IssueRow> = HashMap::new();
+        for chunk in numbers.chunks(500) {
+            let rows: Vec<IssueRow> = synced_issues::table
+                .filter(synced_issues::repo_id.eq(&repo))
+                .filter(synced_issues::number.eq_any(chunk))
+                .select(IssueRow::as_select())
+                .load(conn)?;
+            stored.extend(rows.into_iter().map(|row| (row.number, row)));
+        }
+        for &(number, closed_at) in closed {
+            let newer_copy = stored
+                .get(&number)
+                .is_some_and(|row| row.updated_at > to_db(closed_at));
+            if stored.contains_key(&number) && !newer_copy {
+                diesel::delete(synced_issues::table.find((&repo, number))).execute(conn)?;
+                stored.remove(&number);
+            }
+        }
+        for issue in open {
+            let row = stored.get(&issue.number);
+            if row.is_some_and(|row| row.updated_at > to_db(issue.updated_at)) {
+                continue;
+            }
+            store_issue(conn, &repo, row, issue, at)?;
+        }
+        Ok(())
+    })
+}
+
+/// Whether `number` is an open issue of the repository in the synced copy.
+pub fn is_open_issue(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    number: i64,
+) -> Result<bool, DbError> {
+    let found: Option<i64> = synced_issues::table
+        .filter(synced_issues::repo_id.eq(repo_id.to_string()))
+        .filter(synced_issues::number.eq(number))
+        .filter(synced_issues::state.eq(OPEN))
+        .select(synced_issues::number)
+        .first(conn)
+        .optional()?;
+    Ok(found.is_some())
 }
 
 /// Stores the result of a sync the code host answered with 304 Not Modified:
@@ -343,6 +561,166 @@ pub fn open_issues(
             .then_with(|| a.issue.number.cmp(&b.issue.number))
     });
     Ok(views)
+}
+
+/// A position in the issues view: the sort key of the last issue of a page (SPEC §3.6
+/// order: unlinked first, `updated_at` descending, repository URL, number).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueViewCursor {
+    /// Whether that issue had a linked task.
+    pub linked: bool,
+    /// Its `updated_at`.
+    pub updated_at: OffsetDateTime,
+    /// Its repository's normalised URL.
+    pub repo_url: String,
+    /// Its number.
+    pub number: i64,
+}
+
+/// One page of the issues view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueViewPage {
+    /// The issues of the page, in the view's order.
+    pub issues: Vec<IssueView>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<IssueViewCursor>,
+}
+
+/// The sort order of the view over cursors.
+fn view_order(a: &IssueViewCursor, b: &IssueViewCursor) -> Ordering {
+    a.linked
+        .cmp(&b.linked)
+        .then_with(|| b.updated_at.cmp(&a.updated_at))
+        .then_with(|| a.repo_url.cmp(&b.repo_url))
+        .then_with(|| a.number.cmp(&b.number))
+}
+
+/// At most `limit` issues of the view ([`open_issues`]'s selection and order) after `after`
+/// (from the start without it), and the cursor of the next page if there is one.
+///
+/// The order is decided in Rust over the sort keys alone (the same on both backends), and
+/// only the page's issues are read in full, so a page costs its own size plus a small key
+/// per open issue. Issues that change between two pages may move across the cursor: each
+/// page is consistent, the sequence of pages is not a snapshot.
+pub fn open_issues_page(
+    conn: &mut AnyConnection,
+    repo_id: Option<Uuid>,
+    limit: i64,
+    after: Option<&IssueViewCursor>,
+) -> Result<IssueViewPage, DbError> {
+    let limit = usize::try_from(limit.max(1)).unwrap_or(1);
+    let mut query = synced_issues::table
+        .inner_join(repositories::table)
+        .left_join(
+            issue_links::table.on(issue_links::repo_id
+                .eq(synced_issues::repo_id)
+                .and(issue_links::issue_number.eq(synced_issues::number))),
+        )
+        .filter(repositories::disconnected_at.is_null())
+        .filter(synced_issues::state.eq(OPEN))
+        .select((
+            synced_issues::repo_id,
+            repositories::url,
+            synced_issues::number,
+            synced_issues::updated_at,
+            issue_links::task_id.nullable(),
+        ))
+        .into_boxed();
+    if let Some(id) = repo_id {
+        query = query.filter(synced_issues::repo_id.eq(id.to_string()));
+    }
+    let rows: Vec<(String, String, i64, PrimitiveDateTime, Option<String>)> = query.load(conn)?;
+    let mut keys: Vec<(IssueViewCursor, String)> = rows
+        .into_iter()
+        .map(|(repo, url, number, updated_at, task)| {
+            (
+                IssueViewCursor {
+                    linked: task.is_some(),
+                    updated_at: from_db(updated_at),
+                    repo_url: url,
+                    number,
+                },
+                repo,
+            )
+        })
+        .filter(|(key, _)| after.is_none_or(|a| view_order(key, a) == Ordering::Greater))
+        .collect();
+    keys.sort_by(|a, b| view_order(&a.0, &b.0));
+    let more = keys.len() > limit;
+    keys.truncate(limit);
+    let next = if more {
+        keys.last().map(|(key, _)| key.clone())
+    } else {
+        None
+    };
+    // The page's numbers per repository: one query per repository of the page.
+    let mut wanted: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (key, repo) in &keys {
+        wanted.entry(repo.as_str()).or_default().push(key.number);
+    }
+    let mut found: HashMap<(Uuid, i64), IssueView> = HashMap::new();
+    for (repo, numbers) in wanted {
+        for view in load_views(conn, repo, &numbers)? {
+            found.insert((view.repo_id, view.issue.number), view);
+        }
+    }
+    let mut issues = Vec::with_capacity(keys.len());
+    for (key, repo) in keys {
+        // Rows come from the same snapshot's keys; a row deleted in between is skipped.
+        if let Some(view) = found.remove(&(convert::uuid(&repo)?, key.number)) {
+            issues.push(view);
+        }
+    }
+    Ok(IssueViewPage { issues, next })
+}
+
+/// The views of the open synced issues of `repo` whose number is in `numbers` (at most a
+/// page long).
+fn load_views(
+    conn: &mut AnyConnection,
+    repo: &str,
+    numbers: &[i64],
+) -> Result<Vec<IssueView>, DbError> {
+    let rows: Vec<ViewRow> = synced_issues::table
+        .inner_join(repositories::table)
+        .left_join(
+            issue_links::table.on(issue_links::repo_id
+                .eq(synced_issues::repo_id)
+                .and(issue_links::issue_number.eq(synced_issues::number))),
+        )
+        .left_join(tasks::table.on(tasks::id.eq(issue_links::task_id)))
+        .filter(synced_issues::repo_id.eq(repo))
+        .filter(synced_issues::number.eq_any(numbers))
+        .filter(synced_issues::state.eq(OPEN))
+        .select((
+            repositories::id,
+            repositories::url,
+            IssueRow::as_select(),
+            tasks::id.nullable(),
+            tasks::state.nullable(),
+            tasks::pr_url.nullable(),
+        ))
+        .load(conn)?;
+    rows.into_iter().map(view_of).collect()
+}
+
+fn view_of(
+    (repo_id, repo_url, issue, task_id, task_state, pr_url): ViewRow,
+) -> Result<IssueView, DbError> {
+    let task = match (task_id, task_state) {
+        (Some(id), Some(state)) => Some(LinkedTaskRef {
+            id: convert::uuid(&id)?,
+            state: convert::parse("task state", &state)?,
+            pr_url,
+        }),
+        _ => None,
+    };
+    Ok(IssueView {
+        repo_id: convert::uuid(&repo_id)?,
+        repo_url: convert::parse("repository URL", &repo_url)?,
+        issue: SyncedIssue::try_from(issue)?,
+        task,
+    })
 }
 
 /// The open synced issues of one repository that carry the label `label` (exact,

@@ -20,6 +20,8 @@ diesel::table! {
         issues_etag -> Nullable<Text>,
         issues_synced_at -> Nullable<Timestamp>,
         issues_sync_error -> Nullable<Text>,
+        issues_watermark -> Nullable<Timestamp>,
+        issues_full_synced_at -> Nullable<Timestamp>,
         pulls_etag -> Nullable<Text>,
         pulls_watermark -> Nullable<Timestamp>,
         connected_at -> Timestamp,

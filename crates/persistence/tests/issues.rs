@@ -6,7 +6,10 @@ mod common;
 
 use agentry_domain::{TaskState, Trigger};
 use agentry_persistence::DbError;
-use agentry_persistence::issues::{self, IssueLabel, IssueView, LinkedTaskRef, SyncedIssue};
+use agentry_persistence::issues::{
+    self, FullRead, IssueLabel, IssueSyncCursor, IssueView, IssueViewCursor, LinkedTaskRef,
+    SyncedIssue,
+};
 use agentry_persistence::repos::{self, IssueSyncState};
 use agentry_persistence::tasks::{self, TransitionDetails};
 use common::*;
@@ -371,5 +374,109 @@ agentry_persistence::backend_tests! {
         let etag = sync_state(db, repo.id).etag.unwrap();
         let i: usize = etag[1..].parse().unwrap();
         assert_eq!(copy, lists[i], "the copy is the list stored with the ETag");
+    }
+
+    // A full read stores the list, the watermark it saw and the time of the read; stored
+    // issues it lacks leave the copy unless kept; the watermark never goes back.
+    fn full_reads_store_the_watermark_and_keep_checked_issues(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        assert_eq!(issues::sync_cursor(&mut conn, repo.id).unwrap(), IssueSyncCursor::default());
+        let first = vec![synced_issue(1, 10, &[]), synced_issue(2, 20, &[]), synced_issue(3, 30, &[])];
+        let read = FullRead { issues: &first, keep: &[], etag: None, watermark: Some(at(30)) };
+        issues::store_full_read(&mut conn, repo.id, &read, at(100)).unwrap();
+        assert_eq!(
+            issues::sync_cursor(&mut conn, repo.id).unwrap(),
+            IssueSyncCursor { etag: None, watermark: Some(at(30)), full_synced_at: Some(at(100)) }
+        );
+        assert_eq!(issues::synced_numbers(&mut conn, repo.id).unwrap(), vec![1, 2, 3]);
+        // Issue 2 is missing from the next read but was checked open: it stays; 3 leaves.
+        let second = vec![synced_issue(1, 10, &[])];
+        let read = FullRead { issues: &second, keep: &[2], etag: Some("e"), watermark: Some(at(10)) };
+        issues::store_full_read(&mut conn, repo.id, &read, at(200)).unwrap();
+        assert_eq!(issues::synced_numbers(&mut conn, repo.id).unwrap(), vec![1, 2]);
+        assert_eq!(
+            issues::sync_cursor(&mut conn, repo.id).unwrap(),
+            IssueSyncCursor { etag: Some("e".into()), watermark: Some(at(30)), full_synced_at: Some(at(200)) }
+        );
+        assert!(matches!(issues::sync_cursor(&mut conn, Uuid::new_v4()), Err(DbError::NotFound)));
+    }
+
+    // Changes since the watermark: open issues upserted, closed ones removed, stale changes
+    // (older than the stored copy) ignored, ETag and watermark stored, error cleared.
+    fn changes_upsert_open_remove_closed_and_raise_the_watermark(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        let list = vec![synced_issue(1, 10, &[]), synced_issue(2, 20, &[]), synced_issue(3, 30, &[])];
+        let read = FullRead { issues: &list, keep: &[], etag: None, watermark: Some(at(30)) };
+        issues::store_full_read(&mut conn, repo.id, &read, at(100)).unwrap();
+        issues::mark_issues_sync_failed(&mut conn, repo.id, "boom").unwrap();
+        let relabelled = synced_issue(1, 40, &["agentry"]);
+        let new = synced_issue(9, 41, &[]);
+        let stale = synced_issue(3, 5, &["old"]);
+        issues::apply_issue_changes(
+            &mut conn,
+            repo.id,
+            &[relabelled.clone(), new.clone(), stale],
+            &[(2, at(42)), (77, at(42))],
+            Some("\"e2\""),
+            Some(at(42)),
+            at(150),
+        )
+        .unwrap();
+        assert_eq!(stored(db, repo.id), vec![relabelled, list[2].clone(), new]);
+        assert_eq!(
+            issues::sync_cursor(&mut conn, repo.id).unwrap(),
+            IssueSyncCursor { etag: Some("\"e2\"".into()), watermark: Some(at(42)), full_synced_at: Some(at(100)) }
+        );
+        let state = sync_state(db, repo.id);
+        assert_eq!((state.synced_at, state.error), (Some(at(150)), None));
+        // A closing older than the stored copy (the issue was reopened since) is ignored; an
+        // older watermark does not lower the stored one.
+        issues::apply_issue_changes(&mut conn, repo.id, &[], &[(9, at(30))], None, Some(at(1)), at(160)).unwrap();
+        assert!(issues::is_open_issue(&mut conn, repo.id, 9).unwrap());
+        assert!(!issues::is_open_issue(&mut conn, repo.id, 2).unwrap());
+        assert_eq!(issues::sync_cursor(&mut conn, repo.id).unwrap().watermark, Some(at(42)));
+        assert!(matches!(
+            issues::apply_issue_changes(&mut conn, Uuid::new_v4(), &[], &[], None, None, at(1)),
+            Err(DbError::NotFound)
+        ));
+    }
+
+    // Pages of the view follow the view's order across pages, for every page size, and
+    // cover every issue exactly once.
+    fn the_view_pages_in_its_order(db) {
+        let a = connect(db, "a", "x");
+        let b = connect(db, "b", "y");
+        let mut conn = db.conn().unwrap();
+        let list_a: Vec<SyncedIssue> = (1..=12).map(|n| synced_issue(n, n % 4, &[])).collect();
+        let list_b: Vec<SyncedIssue> = (1..=9).map(|n| synced_issue(n, n % 3, &[])).collect();
+        issues::replace_open_issues(&mut conn, a.id, &list_a, None, at(100)).unwrap();
+        issues::replace_open_issues(&mut conn, b.id, &list_b, None, at(100)).unwrap();
+        link_issue(db, &a, 2);
+        link_issue(db, &b, 5);
+        let all = issues::open_issues(&mut conn, None).unwrap();
+        assert_eq!(all.len(), 21);
+        for limit in [1, 2, 5, 20, 21, 200] {
+            let mut seen = Vec::new();
+            let mut cursor: Option<IssueViewCursor> = None;
+            loop {
+                let page = issues::open_issues_page(&mut conn, None, limit, cursor.as_ref()).unwrap();
+                assert!(page.issues.len() <= limit as usize);
+                seen.extend(page.issues);
+                match page.next {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, all, "limit {limit}");
+        }
+        // One repository, two pages.
+        let first = issues::open_issues_page(&mut conn, Some(b.id), 5, None).unwrap();
+        let rest = issues::open_issues_page(&mut conn, Some(b.id), 5, first.next.as_ref()).unwrap();
+        assert_eq!((first.issues.len(), rest.issues.len(), rest.next), (5, 4, None));
+        assert!(first.issues.iter().chain(&rest.issues).all(|v| v.repo_id == b.id));
+        assert_eq!(first.issues[0].issue.number, 2);
+        assert_eq!(rest.issues.last().unwrap().issue.number, 5, "the linked one comes last");
     }
 }

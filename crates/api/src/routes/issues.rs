@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use agentry_domain::{AgentType, Role};
-use agentry_persistence::issues::{self, IssueView};
+use agentry_persistence::issues::{self, IssueView, IssueViewCursor};
 use agentry_persistence::repos;
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -111,12 +112,15 @@ pub struct SyncErrorDto {
     pub message: String,
 }
 
-/// The issues view.
+/// One page of the issues view.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IssueListDto {
-    /// Open issues: unassigned first, then most recently updated.
+    /// Open issues: unassigned first, then most recently updated, then by repository URL
+    /// and number; at most `limit`.
     pub issues: Vec<IssueDto>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
     /// When each repository was last synced successfully (repository id → time).
     #[schema(value_type = Object)]
     pub synced_at: BTreeMap<Uuid, String>,
@@ -124,8 +128,67 @@ pub struct IssueListDto {
     pub errors: Vec<SyncErrorDto>,
 }
 
-/// Reads the issues view from the synced copy.
-async fn issue_list(state: &AppState, repo_id: Option<Uuid>) -> Result<IssueListDto, ApiError> {
+/// Default page size of the issues view.
+pub const DEFAULT_LIMIT: i64 = 100;
+/// Largest page size of the issues view.
+pub const MAX_LIMIT: i64 = 200;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+/// Encodes a position of the issues view as an opaque cursor.
+pub fn encode_cursor(c: &IssueViewCursor) -> String {
+    let micros = c.updated_at.unix_timestamp_nanos() / 1_000;
+    B64.encode(format!(
+        "{}:{micros}:{}:{}",
+        u8::from(c.linked),
+        c.number,
+        c.repo_url
+    ))
+}
+
+/// Decodes a cursor made by [`encode_cursor`]; anything else is refused.
+pub fn decode_cursor(s: &str) -> Result<IssueViewCursor, ApiError> {
+    let bad =
+        || ApiError::invalid_parameter("cursor", "malformed cursor; pass nextCursor unchanged");
+    let text = String::from_utf8(B64.decode(s).map_err(|_| bad())?).map_err(|_| bad())?;
+    let mut parts = text.splitn(4, ':');
+    let mut next = || parts.next().ok_or_else(bad);
+    let linked = match next()? {
+        "0" => false,
+        "1" => true,
+        _ => return Err(bad()),
+    };
+    let micros: i128 = next()?.parse().map_err(|_| bad())?;
+    let number: i64 = next()?.parse().map_err(|_| bad())?;
+    let repo_url = next()?.to_owned();
+    if repo_url.is_empty() || number < 1 {
+        return Err(bad());
+    }
+    let updated_at =
+        OffsetDateTime::from_unix_timestamp_nanos(micros.checked_mul(1_000).ok_or_else(bad)?)
+            .map_err(|_| bad())?;
+    Ok(IssueViewCursor {
+        linked,
+        updated_at,
+        repo_url,
+        number,
+    })
+}
+
+/// What the view is asked for: the repository filter and the page.
+struct ViewQuery {
+    repo_id: Option<Uuid>,
+    limit: i64,
+    cursor: Option<IssueViewCursor>,
+}
+
+/// Reads one page of the issues view from the synced copy.
+async fn issue_list(state: &AppState, view: ViewQuery) -> Result<IssueListDto, ApiError> {
+    let ViewQuery {
+        repo_id,
+        limit,
+        cursor,
+    } = view;
     state
         .db(move |conn| {
             let states = repos::issue_sync_states(conn)?;
@@ -136,7 +199,7 @@ async fn issue_list(state: &AppState, repo_id: Option<Uuid>) -> Result<IssueList
                     "repository {id} is not connected"
                 )));
             }
-            let list = issues::open_issues(conn, repo_id)?;
+            let page = issues::open_issues_page(conn, repo_id, limit, cursor.as_ref())?;
             let mut synced_at = BTreeMap::new();
             let mut errors = Vec::new();
             for (repo, sync) in states {
@@ -154,7 +217,8 @@ async fn issue_list(state: &AppState, repo_id: Option<Uuid>) -> Result<IssueList
                 }
             }
             Ok(IssueListDto {
-                issues: list.into_iter().map(IssueDto::from).collect(),
+                issues: page.issues.into_iter().map(IssueDto::from).collect(),
+                next_cursor: page.next.as_ref().map(encode_cursor),
                 synced_at,
                 errors,
             })
@@ -162,20 +226,39 @@ async fn issue_list(state: &AppState, repo_id: Option<Uuid>) -> Result<IssueList
         .await
 }
 
-fn repo_filter(req: &HttpRequest) -> Result<Option<Uuid>, ApiError> {
-    let q = Query::parse(req.query_string(), &["repoId"])?;
-    q.get("repoId")
+/// The view's query string: `repoId`, `limit` (1–200), `cursor` (`sync`: no cursor, the
+/// first page).
+fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
+    let allowed: &[&str] = if paged {
+        &["repoId", "limit", "cursor"]
+    } else {
+        &["repoId", "limit"]
+    };
+    let q = Query::parse(req.query_string(), allowed)?;
+    let repo_id = q
+        .get("repoId")
         .map(|v| {
             Uuid::parse_str(v).map_err(|_| ApiError::invalid_parameter("repoId", "must be a UUID"))
         })
-        .transpose()
+        .transpose()?;
+    let limit = q.int_in("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT);
+    let cursor = q.get("cursor").map(decode_cursor).transpose()?;
+    Ok(ViewQuery {
+        repo_id,
+        limit,
+        cursor,
+    })
 }
 
 /// Open issues of the connected repositories (or of one), with their linked tasks, from the
-/// service's synced copy: it never waits on the code host.
+/// service's synced copy: it never waits on the code host. Cursor-paginated.
 #[utoipa::path(
     tag = "issues",
-    params(("repoId" = Option<Uuid>, Query, description = "Only this repository")),
+    params(
+        ("repoId" = Option<Uuid>, Query, description = "Only this repository"),
+        ("limit" = Option<i64>, Query, description = "Page size, 1 to 200 (default 100)"),
+        ("cursor" = Option<String>, Query, description = "`nextCursor` of the previous page"),
+    ),
     responses(
         (status = 200, body = IssueListDto),
         (status = 400, body = ErrorBody),
@@ -190,14 +273,18 @@ pub async fn list_issues(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<web::Json<IssueListDto>, ApiError> {
-    let repo_id = repo_filter(&req)?;
-    Ok(web::Json(issue_list(&state, repo_id).await?))
+    let view = view_query(&req, true)?;
+    Ok(web::Json(issue_list(&state, view).await?))
 }
 
-/// Syncs the issues of every connected repository (or of one) now, then answers the view.
+/// Syncs the issues of every connected repository (or of one) now, then answers the first
+/// page of the view.
 #[utoipa::path(
     tag = "issues",
-    params(("repoId" = Option<Uuid>, Query, description = "Only this repository")),
+    params(
+        ("repoId" = Option<Uuid>, Query, description = "Only this repository"),
+        ("limit" = Option<i64>, Query, description = "Page size, 1 to 200 (default 100)"),
+    ),
     responses(
         (status = 200, body = IssueListDto),
         (status = 400, body = ErrorBody),
@@ -215,13 +302,22 @@ pub async fn sync_issues(
     state: web::Data<AppState>,
 ) -> Result<web::Json<IssueListDto>, ApiError> {
     caller.require(Role::Member)?;
-    let repo_id = repo_filter(&req)?;
+    let view = view_query(&req, false)?;
+    let repo_id = view.repo_id;
     if let Some(id) = repo_id {
         // 404 before any code-host call.
-        issue_list(&state, Some(id)).await?;
+        issue_list(
+            &state,
+            ViewQuery {
+                repo_id: Some(id),
+                limit: 1,
+                cursor: None,
+            },
+        )
+        .await?;
     }
     codehost::sync_issues(&state, repo_id).await?;
-    Ok(web::Json(issue_list(&state, repo_id).await?))
+    Ok(web::Json(issue_list(&state, view).await?))
 }
 
 /// An issue to assign. Unknown members are ignored.
@@ -253,6 +349,9 @@ pub struct AssignedDto {
 
 /// Assigns an issue: creates its coding task (201), or returns the task already linked to it
 /// (200) without changing anything. The label and the one comment follow through the outbox.
+/// The number must be an open issue of the repository (never a pull request): one the
+/// synced view lacks is looked up with a sync of that repository first; 404 if the code
+/// host does not list it either, and nothing is written.
 #[utoipa::path(
     tag = "issues",
     request_body = AssignIssue,
@@ -262,7 +361,9 @@ pub struct AssignedDto {
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        (status = 404, description = "Unknown repository, or not an open issue of it", body = ErrorBody),
+        (status = 412, description = "No CODEHOST_TOKEN stored (the issue had to be looked up)", body = ErrorBody),
+        (status = 503, description = "The code host failed while the issue was looked up", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -287,6 +388,21 @@ pub async fn assign_issue(
         ));
     }
     let title = crate::routes::tasks::task_title(&title)?;
+    let (repo_url, linked) = state
+        .db(move |conn| {
+            let repo = crate::routes::tasks::connected_repository(conn, repo_id)?;
+            let linked = agentry_persistence::tasks::linked_task(conn, repo.id, issue_number)?;
+            Ok((repo.url, linked.is_some()))
+        })
+        .await?;
+    // Only a known open issue gets a task: a number the view lacks is looked up once with a
+    // sync of its repository; a pull request's number or an unknown one is refused.
+    if !linked && !codehost::known_open_issue(&state, repo_id, issue_number).await? {
+        return Err(ApiError::not_found(format!(
+            "issue #{issue_number} is not an open issue of {repo_url}: the code host lists no \
+             open issue with that number (it is a pull request, closed, or does not exist)"
+        )));
+    }
     let (task, created) = state
         .db(move |conn| {
             let repo = crate::routes::tasks::connected_repository(conn, repo_id)?;
