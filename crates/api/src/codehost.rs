@@ -383,10 +383,10 @@ impl From<ApiError> for SyncFailure {
 /// Reads what changed in one repository and stores it; `true` when the code host said
 /// nothing changed (304).
 ///
-/// * No full read yet, or the last one older than `full_every`: every open issue is read
-///   ([`read_all_open`]), then the changes since the new watermark are read at once, which
-///   catches updates made during the full read and stores the ETag of the query the next
-///   syncs ask.
+/// * No full read yet, or the last one older than `full_every`: the changes since the
+///   watermark if there is one, then every open issue ([`read_all_open`]), then the changes
+///   since the new watermark at once, which catches updates made during the full read and
+///   stores the ETag of the query the next syncs ask.
 /// * The last full read found no open issue (no watermark): its query again, conditionally.
 /// * Otherwise the issues updated since a little before the watermark ([`read_changes`]).
 async fn read_issues(
@@ -403,6 +403,12 @@ async fn read_issues(
     let watermark = match cursor.watermark {
         Some(watermark) if !due => watermark,
         _ => {
+            if let Some(watermark) = cursor.watermark {
+                // First the changes since the last sync, so that issues closed since leave
+                // the copy as closings and only issues gone without a trace (deleted,
+                // transferred) are left for the full read to check one by one.
+                read_changes(state, github, repo, watermark, cursor.etag.as_deref()).await?;
+            }
             let etag = cursor
                 .etag
                 .as_deref()
