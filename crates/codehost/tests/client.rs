@@ -251,7 +251,7 @@ async fn issues_updated_since_reads_closed_issues_every_page_and_skips_pulls() {
     fake.advance_clock(Duration::from_secs(1));
     fake.add_issue(OWNER, REPO, "later", None, &[]);
     let later = OffsetDateTime::from_unix_timestamp(t0 + 61).unwrap();
-    let (tail, _) = modified(
+    let (tail, tail_etag) = modified(
         gh.issues_updated_since(OWNER, REPO, later, None)
             .await
             .unwrap(),
@@ -260,10 +260,22 @@ async fn issues_updated_since_reads_closed_issues_every_page_and_skips_pulls() {
         (tail.issues.len(), tail.pages, tail.etag_covers_all),
         (1, 1, true)
     );
-    // Unchanged: 304 after one request.
+    // Unchanged: 304 after one request; the earlier query changed with the new issue.
     fake.reset_counts();
     let again = gh
-        .issues_updated_since(OWNER, REPO, since, Some(&etag))
+        .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
+        .await
+        .unwrap();
+    assert!(again.is_not_modified());
+    let (grown, _) = modified(
+        gh.issues_updated_since(OWNER, REPO, since, Some(&etag))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(grown.issues.len(), 151);
+    fake.reset_counts();
+    let again = gh
+        .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
         .await
         .unwrap();
     assert!(again.is_not_modified());
