@@ -433,3 +433,36 @@ pub async fn assign_issue(
         HttpResponse::Ok().json(dto)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        let c = IssueViewCursor {
+            linked: true,
+            updated_at: time::macros::datetime!(2026-01-02 03:04:05.123456 UTC),
+            repo_url: "https://github.com/a-b/c.d".into(),
+            number: 42,
+        };
+        assert_eq!(decode_cursor(&encode_cursor(&c)).ok(), Some(c));
+        for bad in [
+            "",
+            "%%",
+            "bm90IGEgY3Vyc29y",
+            &B64.encode("2:1:1:https://github.com/a/b"),
+            &B64.encode("0:x:1:https://github.com/a/b"),
+            &B64.encode("0:1:0:https://github.com/a/b"),
+            &B64.encode("0:1:1:"),
+            &B64.encode("0:1:1"),
+            &B64.encode(format!("0:{}:1:u", i128::MAX)),
+        ] {
+            assert_eq!(
+                decode_cursor(bad).map_err(|e| e.code()).err(),
+                Some("invalid_parameter"),
+                "{bad}"
+            );
+        }
+    }
+}
