@@ -6,6 +6,7 @@
 //! workspaces/mirrors/<repo>.git     bare mirror per repository (see crate::workspace)
 //! workspaces/worktrees/<task>       worktree of the running task, removed afterwards
 //! runs/<task>/<attempt>/output.log  the agent's stdout as it arrives (the live log)
+//! runs/<task>/<attempt>/output.log.1  the part before it once the log was rotated (full)
 //! runs/<task>/<attempt>/agent.pid   the agent's process (group) id
 //! runs/<task>/<attempt>/home/       the agent's HOME
 //! ```
@@ -31,6 +32,10 @@ use crate::{AgentOutcome, PriceTable, RunReport};
 
 /// The most characters of the agent's stderr kept in a failure message.
 const STDERR_IN_MESSAGE: usize = 500;
+
+/// The most of a dead run's output read back by [`Runner::salvage`] (its end): the cost
+/// is in the last event, and Codex's token counts are summed over all of it that is read.
+const SALVAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// What a [`LocalRunner`] needs.
 #[derive(Debug, Clone)]
@@ -199,11 +204,13 @@ impl LocalRunner {
         };
         let pid_file = run_dir.join("agent.pid");
         let started = control.started.take();
-        let outcome = process::run_process(
+        let parser = agent::OutputParser::new(&job.agent, &self.config.prices);
+        let outcome = process::run_process_with(
             command,
             &run_dir.join("output.log"),
             limits,
             control.cancel.clone(),
+            parser,
             move |pid| {
                 // Best effort: only used to stop an orphaned agent after a crash.
                 let _ = std::fs::write(&pid_file, pid.to_string());
@@ -213,15 +220,24 @@ impl LocalRunner {
             },
         )
         .await;
-        let outcome = match outcome {
+        let (outcome, parser) = match outcome {
             Ok(o) => o,
             Err(e) => {
                 remove_worktree(worktree).await;
                 return fail(format!("could not start the agent: {e}"));
             }
         };
-        let report = agent::parse_output(&job.agent, &outcome.stdout, &self.config.prices);
-        let mut output = outcome.stdout;
+        // The parser read all of stdout as it arrived; only its end is kept for the log.
+        let report = parser.finish();
+        let dropped = if outcome.stdout_truncated {
+            outcome
+                .stdout_bytes
+                .saturating_sub(outcome.stdout.len() as u64)
+                .max(1)
+        } else {
+            0
+        };
+        let mut output = note_dropped(outcome.stdout, dropped);
         let verdict = match &outcome.ended {
             Ended::Cancelled => Verdict::Cancelled,
             Ended::TimedOut => Verdict::TimedOut(format!(
@@ -260,13 +276,15 @@ impl Runner for LocalRunner {
 
     fn live_output(&self, task_id: Uuid, attempt: i32) -> Option<String> {
         let path = self.run_dir(task_id, attempt).join("output.log");
-        read_tail(&path, process::STDOUT_MEMORY_CAP).ok()
+        let (text, dropped) = read_tail(&path, process::STDOUT_MEMORY_CAP).ok()?;
+        Some(note_dropped(text, dropped))
     }
 
     fn salvage(&self, task_id: Uuid, attempt: i32) -> Option<String> {
         let dir = self.run_dir(task_id, attempt);
         stop_orphan(&dir);
-        self.live_output(task_id, attempt)
+        let (text, _) = read_tail(&dir.join("output.log"), SALVAGE_BYTES).ok()?;
+        Some(text)
     }
 
     fn discard(&self, task_id: Uuid, attempt: i32) {
@@ -283,24 +301,63 @@ impl Runner for LocalRunner {
     }
 }
 
-/// The last `max` bytes of a file (all of it when shorter) as lossy UTF-8, starting on a
-/// character when cut.
-fn read_tail(path: &Path, max: usize) -> std::io::Result<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path)?;
-    let len = file.metadata()?.len();
+/// The last `max` bytes of an agent log, across its rotated part ([`process::rotated_log_path`])
+/// and the log itself (all of it when shorter), as lossy UTF-8 starting on a character when
+/// cut, and the number of earlier bytes left out.
+///
+/// While the agent still writes, a rotation between opening the two files may leave a gap in
+/// the middle of the text; the order is always right (the rotated part is opened first).
+fn read_tail(path: &Path, max: usize) -> std::io::Result<(String, u64)> {
+    use std::io::{ErrorKind, Read, Seek, SeekFrom};
+    let open = |path: &Path| match std::fs::File::open(path) {
+        Ok(file) => Ok(Some(file)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    };
+    let rotated = open(&process::rotated_log_path(path))?;
+    let current = match (open(path)?, &rotated) {
+        (Some(file), _) => Some(file),
+        // Between the rename of a full log and the creation of the next one.
+        (None, Some(_)) => None,
+        (None, None) => return Err(ErrorKind::NotFound.into()),
+    };
+    let len = |file: &Option<std::fs::File>| -> std::io::Result<u64> {
+        file.as_ref().map_or(Ok(0), |f| Ok(f.metadata()?.len()))
+    };
+    let (rotated_len, current_len) = (len(&rotated)?, len(&current)?);
     let max = u64::try_from(max).unwrap_or(u64::MAX);
-    let cut = len > max;
-    if cut {
-        file.seek(SeekFrom::Start(len - max))?;
-    }
+    let from_current = current_len.min(max);
+    let from_rotated = rotated_len.min(max - from_current);
     let mut bytes = Vec::new();
-    file.take(max).read_to_end(&mut bytes)?;
-    Ok(process::lossy(if cut {
+    for (file, file_len, take) in [
+        (rotated, rotated_len, from_rotated),
+        (current, current_len, from_current),
+    ] {
+        if let Some(mut file) = file.filter(|_| take > 0) {
+            file.seek(SeekFrom::Start(file_len - take))?;
+            file.take(take).read_to_end(&mut bytes)?;
+        }
+    }
+    let dropped = (rotated_len + current_len) - (from_rotated + from_current);
+    let text = process::lossy(if dropped > 0 {
         process::skip_partial_char(bytes)
     } else {
         bytes
-    }))
+    });
+    Ok((text, dropped))
+}
+
+/// `text`, the end of an output whose first `dropped` bytes were left out, with a first
+/// line saying so. `text` is already as long as the service stores (see
+/// [`process::STDOUT_MEMORY_CAP`]): with this line it is longer, so the stored log drops
+/// the head (this line first) and is marked as truncated, as an output that was cut should.
+fn note_dropped(text: String, dropped: u64) -> String {
+    if dropped == 0 {
+        return text;
+    }
+    let mut noted = format!("[… the first {dropped} bytes of the agent's output are not kept …]\n");
+    noted.push_str(&text);
+    noted
 }
 
 /// Why a finished agent run counts as failed, or `None` when it succeeded.
@@ -434,15 +491,81 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("output.log");
         std::fs::write(&path, "head\n{\"type\":\"result\"}\n").unwrap();
+        let text = |max| read_tail(&path, max).unwrap().0;
+        assert_eq!(text(1000), "head\n{\"type\":\"result\"}\n");
         assert_eq!(
-            read_tail(&path, 1000).unwrap(),
-            "head\n{\"type\":\"result\"}\n"
+            read_tail(&path, 18).unwrap(),
+            ("{\"type\":\"result\"}\n".into(), 5)
         );
-        assert_eq!(read_tail(&path, 18).unwrap(), "{\"type\":\"result\"}\n");
         // "é" is two bytes; a cut inside it starts after it.
         std::fs::write(&path, "aé{}").unwrap();
-        assert_eq!(read_tail(&path, 3).unwrap(), "{}");
-        assert_eq!(read_tail(&path, 4).unwrap(), "é{}");
+        assert_eq!(text(3), "{}");
+        assert_eq!(text(4), "é{}");
         assert!(read_tail(&dir.path().join("missing"), 10).is_err());
+    }
+
+    #[test]
+    fn the_tail_spans_the_rotated_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("output.log");
+        let rotated = process::rotated_log_path(&path);
+        std::fs::write(&rotated, "old head\nmiddle\n").unwrap();
+        std::fs::write(&path, "end\n").unwrap();
+        assert_eq!(
+            read_tail(&path, 100).unwrap(),
+            ("old head\nmiddle\nend\n".into(), 0)
+        );
+        assert_eq!(read_tail(&path, 11).unwrap(), ("middle\nend\n".into(), 9));
+        assert_eq!(read_tail(&path, 3).unwrap(), ("nd\n".into(), 17));
+        // Just after a rotation, before the new log exists.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(read_tail(&path, 7).unwrap(), ("middle\n".into(), 9));
+        // A live tail that was cut is marked so the stored log says it was truncated.
+        assert_eq!(note_dropped("end".into(), 0), "end");
+        assert!(note_dropped("end".into(), 9).ends_with("not kept …]\nend"));
+    }
+
+    /// A dead run's cost is found even when its log was rotated in the middle of the final
+    /// result event: salvage reads across both files.
+    #[test]
+    fn salvage_reads_a_rotated_log() {
+        let root = tempfile::tempdir().unwrap();
+        let runner = LocalRunner::new(LocalConfig {
+            root: root.path().to_owned(),
+            claude_bin: "claude".into(),
+            codex_bin: "codex".into(),
+            prices: PriceTable::builtin(),
+            inherited_env: Vec::new(),
+            kill_grace: Duration::from_millis(100),
+            sandbox: Sandbox::default(),
+        });
+        let (task, attempt) = (Uuid::new_v4(), 2);
+        let dir = runner.run_dir(task, attempt);
+        std::fs::create_dir_all(&dir).unwrap();
+        let result = r#"{"type":"result","subtype":"success","num_turns":2,"result":"Done.","total_cost_usd":0.987654321,"modelUsage":{"m":{"inputTokens":5,"outputTokens":7,"costUSD":0.987654321}}}"#;
+        let (head, tail) = result.split_at(40);
+        let init = r#"{"type":"system","subtype":"init","model":"m"}"#;
+        std::fs::write(dir.join("output.log.1"), format!("{init}\n{head}")).unwrap();
+        std::fs::write(dir.join("output.log"), format!("{tail}\n")).unwrap();
+
+        let output = runner.salvage(task, attempt).unwrap();
+        assert!(output.ends_with(&format!("{result}\n")), "{output}");
+        let spec = agent::AgentSpec {
+            agent_type: AgentType::ClaudeCode,
+            model: "m".into(),
+            max_turns: None,
+            max_budget_usd: None,
+        };
+        let report = agent::parse_output(&spec, &output, &PriceTable::builtin());
+        assert_eq!(
+            report.outcome,
+            AgentOutcome::Success,
+            "{:?}",
+            report.warnings
+        );
+        assert_eq!(report.cost_usd.unwrap().to_string(), "0.987654321");
+        assert_eq!((report.input_tokens, report.output_tokens), (5, 7));
+        assert_eq!(runner.live_output(task, attempt), Some(output));
+        assert_eq!(runner.salvage(Uuid::new_v4(), 1), None);
     }
 }

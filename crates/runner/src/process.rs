@@ -1,10 +1,12 @@
 //! Running one agent process under control.
 //!
-//! [`run_process`] starts the agent CLI in its own process group with exactly the
+//! [`run_process_with`] starts the agent CLI in its own process group with exactly the
 //! environment it is given (see [`agent_env`] for the minimal one), writes the prompt to its
-//! stdin, streams its stdout to a log file as it arrives (and keeps it in memory for the
-//! parsers), keeps the tail of its stderr, and ends the run on exit, on the wall-time limit
-//! or on cancellation. Whatever way it ends, the whole process group is killed afterwards,
+//! stdin, streams its stdout to a log file as it arrives and to an [`OutputSink`] (the
+//! agent's [`OutputParser`]), keeps the end of its stdout and stderr in memory, and ends
+//! the run on exit, on the wall-time limit or on cancellation. The log files are capped
+//! ([`LOG_FILE_CAP`]): a full log is rotated to [`rotated_log_path`], so the disk holds at
+//! most twice the cap per stream and always the end of the output. Whatever way it ends, the whole process group is killed afterwards,
 //! so no grandchild the agent started outlives the run, and the direct child is reaped.
 
 use std::io;
@@ -23,10 +25,19 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// The most stdout kept in memory: its end, since the agents report cost and totals last.
-/// Earlier output is still in the log file and counted, and
-/// [`ProcessOutcome::stdout_truncated`] is set.
-pub const STDOUT_MEMORY_CAP: usize = 64 * 1024 * 1024;
+use crate::agent::OutputParser;
+
+/// The most stdout kept in memory, for the run's log: its end. It equals the most agent
+/// output the service stores per run (`MAX_LOG_BYTES` of `agentry-persistence`, 8 MiB), so
+/// nothing kept is thrown away later. The parser reads all of stdout as it arrives; the
+/// log files keep more ([`LOG_FILE_CAP`]); [`ProcessOutcome::stdout_truncated`] says the
+/// head was dropped.
+pub const STDOUT_MEMORY_CAP: usize = 8 * 1024 * 1024;
+
+/// The most bytes one log file holds. When a log reaches it, it is renamed to
+/// [`rotated_log_path`] (replacing the previous one) and a new log is started, so each
+/// stream takes at most twice this on disk and the end of the output is always there.
+pub const LOG_FILE_CAP: u64 = 64 * 1024 * 1024;
 
 /// How much of the end of stderr is kept in [`ProcessOutcome::stderr_tail`].
 pub const STDERR_TAIL_BYTES: usize = 16 * 1024;
@@ -90,7 +101,7 @@ pub struct ProcessOutcome {
     /// character.
     pub stdout: String,
     /// Whether stdout was longer than [`STDOUT_MEMORY_CAP`] and cut in memory (the log
-    /// file still has all of it).
+    /// files still have up to twice [`LOG_FILE_CAP`] of its end).
     pub stdout_truncated: bool,
     /// The number of bytes the process wrote to stdout.
     pub stdout_bytes: u64,
@@ -142,15 +153,59 @@ pub fn stderr_log_path(log_path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Runs `cmd` to its end under `limits`.
+/// Where a full log file is moved when it is rotated: `log_path` with `.1` added to its
+/// name. It holds the [`LOG_FILE_CAP`] bytes written before those in `log_path`.
+pub fn rotated_log_path(log_path: &Path) -> PathBuf {
+    let mut name = log_path.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// What reads the agent's stdout as it arrives, chunk by chunk (cut anywhere).
+pub trait OutputSink: Send + 'static {
+    /// Takes the next chunk of stdout.
+    fn feed(&mut self, chunk: &[u8]);
+}
+
+/// Reads nothing.
+impl OutputSink for () {
+    fn feed(&mut self, _chunk: &[u8]) {}
+}
+
+impl OutputSink for OutputParser {
+    fn feed(&mut self, chunk: &[u8]) {
+        OutputParser::feed(self, chunk);
+    }
+}
+
+/// [`run_process_with`] without a sink: stdout is only logged and its end kept.
+///
+/// # Errors
+///
+/// As [`run_process_with`].
+pub async fn run_process(
+    cmd: AgentCommand,
+    log_path: &Path,
+    limits: Limits,
+    cancel: watch::Receiver<bool>,
+    on_start: impl FnOnce(u32) + Send,
+) -> Result<ProcessOutcome, ProcessError> {
+    let (outcome, ()) = run_process_with(cmd, log_path, limits, cancel, (), on_start).await?;
+    Ok(outcome)
+}
+
+/// Runs `cmd` to its end under `limits`, feeding its stdout to `sink` as it arrives;
+/// returns how it ended and the sink.
 ///
 /// - The process runs in its own process group, with `env_clear()` then [`AgentCommand::env`],
 ///   in [`AgentCommand::cwd`]; [`AgentCommand::stdin`] is written to its stdin, which is then
 ///   closed.
-/// - Every stdout chunk is written and flushed to `log_path` (created or truncated, its
-///   directory created) as it arrives; its last [`STDOUT_MEMORY_CAP`] bytes are kept in
-///   memory.
-///   Stderr goes to [`stderr_log_path`]`(log_path)` and its tail is kept.
+/// - Every stdout chunk is given to `sink`, and written and flushed to `log_path` (created
+///   or truncated, its directory created, a rotated log of an earlier run removed) as it
+///   arrives; at [`LOG_FILE_CAP`] bytes the log is rotated to [`rotated_log_path`]. Its
+///   last [`STDOUT_MEMORY_CAP`] bytes are kept in memory.
+///   Stderr goes to [`stderr_log_path`]`(log_path)`, rotated the same way, and its tail is
+///   kept.
 /// - `on_start(pid)` is called once the process is spawned.
 /// - The run ends when the process exits ([`Ended::Exited`]), when `limits.wall_time` has
 ///   passed ([`Ended::TimedOut`]) or when `cancel` becomes `true` ([`Ended::Cancelled`]; a
@@ -166,14 +221,15 @@ pub fn stderr_log_path(log_path: &Path) -> PathBuf {
 ///
 /// [`ProcessError::Log`] if a log file cannot be created (nothing is started then),
 /// [`ProcessError::Spawn`] if the program cannot be started, [`ProcessError::Wait`] if
-/// waiting for it fails.
-pub async fn run_process(
+/// waiting for it (or for the reader of its stdout) fails.
+pub async fn run_process_with<S: OutputSink>(
     cmd: AgentCommand,
     log_path: &Path,
     limits: Limits,
     mut cancel: watch::Receiver<bool>,
+    sink: S,
     on_start: impl FnOnce(u32) + Send,
-) -> Result<ProcessOutcome, ProcessError> {
+) -> Result<(ProcessOutcome, S), ProcessError> {
     let stderr_path = stderr_log_path(log_path);
     if let Some(parent) = log_path.parent().filter(|p| !p.as_os_str().is_empty()) {
         tokio::fs::create_dir_all(parent)
@@ -183,8 +239,8 @@ pub async fn run_process(
                 source,
             })?;
     }
-    let stdout_log = create_log(log_path).await?;
-    let stderr_log = create_log(&stderr_path).await?;
+    let stdout_log = LogFile::create(log_path).await?;
+    let stderr_log = LogFile::create(&stderr_path).await?;
 
     let mut command = Command::new(&cmd.program);
     command
@@ -216,6 +272,11 @@ pub async fn run_process(
             ))));
         }
     };
+    let Some(stdout_pipe) = child.stdout.take() else {
+        return Err(spawn_error(io::Error::other(
+            "the process has no stdout pipe",
+        )));
+    };
     tracing::debug!(pid, program = %cmd.program.display(), "agent process started");
 
     let stdin_task = child.stdin.take().map(|mut stdin| {
@@ -228,14 +289,11 @@ pub async fn run_process(
             drop(stdin);
         })
     });
-    let stdout = child
-        .stdout
-        .take()
-        .map(|out| Reader::spawn(out, stdout_log, log_path, STDOUT_MEMORY_CAP));
+    let stdout = Reader::spawn(stdout_pipe, stdout_log, STDOUT_MEMORY_CAP, sink);
     let stderr = child
         .stderr
         .take()
-        .map(|err| Reader::spawn(err, stderr_log, &stderr_path, STDERR_TAIL_BYTES));
+        .map(|err| Reader::spawn(err, stderr_log, STDERR_TAIL_BYTES, ()));
 
     on_start(pid);
 
@@ -282,17 +340,26 @@ pub async fn run_process(
     group.finish();
 
     let drain_deadline = Instant::now() + DRAIN_TIMEOUT;
-    let stdout = match stdout {
-        Some(reader) => reader.finish(drain_deadline).await,
-        None => Capture::default(),
-    };
-    let stderr = match stderr {
-        Some(reader) => reader.finish(drain_deadline).await,
-        None => Capture::default(),
+    let stdout = stdout.finish(drain_deadline).await;
+    let stderr_capture = match stderr {
+        Some(reader) => reader
+            .finish(drain_deadline)
+            .await
+            .unwrap_or_else(|message| Capture {
+                error: Some(message),
+                ..Capture::new(())
+            }),
+        None => Capture::new(()),
     };
     if let Some(task) = stdin_task {
         task.abort();
     }
+    // The stdout reader can only fail by panicking (a bug); its sink is lost then.
+    let stdout = stdout.map_err(|message| ProcessError::Wait {
+        pid,
+        source: io::Error::other(message),
+    })?;
+    let stderr = stderr_capture;
 
     let stdout_truncated = stdout.total > stdout.kept.len() as u64;
     let stderr_cut = stderr.total > stderr.kept.len() as u64;
@@ -300,7 +367,7 @@ pub async fn run_process(
     if let Some(error) = &log_error {
         tracing::warn!(pid, "agent log: {error}");
     }
-    Ok(ProcessOutcome {
+    let outcome = ProcessOutcome {
         ended,
         stdout: lossy(if stdout_truncated {
             skip_partial_char(stdout.kept)
@@ -316,7 +383,8 @@ pub async fn run_process(
         }),
         pid,
         log_error,
-    })
+    };
+    Ok((outcome, stdout.sink))
 }
 
 /// The minimal agent environment: `PATH` (from `lookup("PATH")`, by default
@@ -362,14 +430,62 @@ async fn cancelled(cancel: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Creates (or truncates) a log file.
-async fn create_log(path: &Path) -> Result<File, ProcessError> {
-    File::create(path)
-        .await
-        .map_err(|source| ProcessError::Log {
+/// A log file capped at [`LOG_FILE_CAP`] bytes, rotated to [`rotated_log_path`] when full.
+struct LogFile {
+    path: PathBuf,
+    file: File,
+    /// Bytes in the current file.
+    written: u64,
+    cap: u64,
+}
+
+impl LogFile {
+    /// Creates (or truncates) the log at `path` and removes the rotated log a previous run
+    /// may have left.
+    async fn create(path: &Path) -> Result<LogFile, ProcessError> {
+        let log_error = |path: &Path, source| ProcessError::Log {
             path: path.to_owned(),
             source,
+        };
+        let rotated = rotated_log_path(path);
+        match tokio::fs::remove_file(&rotated).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(log_error(&rotated, e)),
+        }
+        let file = File::create(path).await.map_err(|e| log_error(path, e))?;
+        Ok(LogFile {
+            path: path.to_owned(),
+            file,
+            written: 0,
+            cap: LOG_FILE_CAP.max(1),
         })
+    }
+
+    /// Writes `chunk`, rotating the file whenever it is full, and flushes it, so a live
+    /// reader sees it and a crash leaves it on disk.
+    async fn append(&mut self, mut chunk: &[u8]) -> io::Result<()> {
+        while !chunk.is_empty() {
+            if self.written >= self.cap {
+                self.rotate().await?;
+            }
+            let room = usize::try_from(self.cap - self.written).unwrap_or(usize::MAX);
+            let (now, rest) = chunk.split_at(room.min(chunk.len()));
+            self.file.write_all(now).await?;
+            self.written += now.len() as u64;
+            chunk = rest;
+        }
+        self.file.flush().await
+    }
+
+    /// Moves the full file to [`rotated_log_path`] and starts an empty one.
+    async fn rotate(&mut self) -> io::Result<()> {
+        self.file.flush().await?;
+        tokio::fs::rename(&self.path, rotated_log_path(&self.path)).await?;
+        self.file = File::create(&self.path).await?;
+        self.written = 0;
+        Ok(())
+    }
 }
 
 /// The process group of the agent. Dropped before [`ProcessGroup::finish`] (the run's
@@ -414,36 +530,50 @@ impl Drop for ProcessGroup {
 }
 
 /// What a reader collected from one stream.
-#[derive(Debug, Default)]
-struct Capture {
+#[derive(Debug)]
+struct Capture<S> {
     /// The last bytes read (at most the reader's limit).
     kept: Vec<u8>,
     /// All bytes read.
     total: u64,
     /// The first log-file or read error.
     error: Option<String>,
+    /// What every byte read was fed to.
+    sink: S,
+}
+
+impl<S> Capture<S> {
+    fn new(sink: S) -> Self {
+        Capture {
+            kept: Vec::new(),
+            total: 0,
+            error: None,
+            sink,
+        }
+    }
 }
 
 /// A task reading one stream of the process.
-struct Reader {
-    task: JoinHandle<Capture>,
+struct Reader<S> {
+    task: JoinHandle<Capture<S>>,
     stop: oneshot::Sender<()>,
 }
 
-impl Reader {
-    /// Starts reading `stream` into `log` (at `log_path`), keeping its last `keep` bytes in
+impl<S: OutputSink> Reader<S> {
+    /// Starts reading `stream` into `log` and `sink`, keeping its last `keep` bytes in
     /// memory.
-    fn spawn<R>(stream: R, log: File, log_path: &Path, keep: usize) -> Reader
+    fn spawn<R>(stream: R, log: LogFile, keep: usize, sink: S) -> Reader<S>
     where
         R: AsyncRead + Unpin + Send + 'static,
     {
         let (stop, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(capture(stream, log, log_path.to_owned(), keep, stop_rx));
+        let task = tokio::spawn(capture(stream, log, keep, sink, stop_rx));
         Reader { task, stop }
     }
 
-    /// Waits for the stream's end until `deadline`, then stops reading.
-    async fn finish(self, deadline: Instant) -> Capture {
+    /// Waits for the stream's end until `deadline`, then stops reading. Fails only if the
+    /// reading task failed (panicked), with a sentence saying so.
+    async fn finish(self, deadline: Instant) -> Result<Capture<S>, String> {
         let Reader { mut task, stop } = self;
         let joined = match tokio::time::timeout_at(deadline, &mut task).await {
             Ok(joined) => joined,
@@ -453,27 +583,25 @@ impl Reader {
                 task.await
             }
         };
-        joined.unwrap_or_else(|e| Capture {
-            error: Some(format!("output reader failed: {e}")),
-            ..Capture::default()
-        })
+        joined.map_err(|e| format!("output reader failed: {e}"))
     }
 }
 
-/// Reads `stream` to its end (or until `stop`), appending every chunk to `log` and keeping
-/// its last `keep` bytes in memory.
-async fn capture<R>(
+/// Reads `stream` to its end (or until `stop`), giving every chunk to `sink`, appending it
+/// to `log` and keeping its last `keep` bytes in memory.
+async fn capture<R, S>(
     mut stream: R,
-    log: File,
-    log_path: PathBuf,
+    log: LogFile,
     keep: usize,
+    sink: S,
     mut stop: oneshot::Receiver<()>,
-) -> Capture
+) -> Capture<S>
 where
     R: AsyncRead + Unpin,
+    S: OutputSink,
 {
     let mut log = Some(log);
-    let mut out = Capture::default();
+    let mut out = Capture::new(sink);
     let mut buf = vec![0_u8; CHUNK_BYTES];
     loop {
         let n = tokio::select! {
@@ -491,11 +619,12 @@ where
         };
         let chunk = &buf[..n];
         out.total = out.total.saturating_add(n as u64);
+        out.sink.feed(chunk);
         if let Some(file) = log.as_mut()
-            && let Err(e) = append(file, chunk).await
+            && let Err(e) = file.append(chunk).await
         {
             out.error
-                .get_or_insert_with(|| format!("writing {}: {e}", log_path.display()));
+                .get_or_insert_with(|| format!("writing {}: {e}", file.path.display()));
             log = None;
         }
         out.kept.extend_from_slice(chunk);
@@ -510,13 +639,6 @@ where
         out.kept.drain(..excess);
     }
     out
-}
-
-/// Writes one chunk to a log file and flushes it, so a live reader sees it and a crash
-/// leaves it on disk.
-async fn append(file: &mut File, chunk: &[u8]) -> io::Result<()> {
-    file.write_all(chunk).await?;
-    file.flush().await
 }
 
 /// Bytes as a string, invalid UTF-8 replaced (without copying valid text).

@@ -7,10 +7,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use agentry_runner::agent::{MAX_LINE_BYTES, OutputParser};
 use agentry_runner::process::{
-    AgentCommand, Ended, Limits, ProcessError, ProcessOutcome, STDERR_TAIL_BYTES,
-    STDOUT_MEMORY_CAP, agent_env, run_process, stderr_log_path,
+    AgentCommand, Ended, LOG_FILE_CAP, Limits, ProcessError, ProcessOutcome, STDERR_TAIL_BYTES,
+    STDOUT_MEMORY_CAP, agent_env, rotated_log_path, run_process, run_process_with, stderr_log_path,
 };
+use agentry_runner::{AgentOutcome, RunReport};
 use tokio::sync::watch;
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -465,9 +467,10 @@ async fn large_output_does_not_deadlock_and_is_complete() {
             signal: None
         }
     );
-    assert_eq!(out.stdout.len(), 20_000_000);
+    // Memory keeps the end only; the log has all of it.
+    assert_eq!(out.stdout.len(), STDOUT_MEMORY_CAP);
     assert!(out.stdout.bytes().all(|b| b == b'o'));
-    assert!(!out.stdout_truncated);
+    assert!(out.stdout_truncated);
     assert_eq!(out.stdout_bytes, 20_000_000);
     assert_eq!(out.stderr_tail.len(), STDERR_TAIL_BYTES);
     assert!(out.stderr_tail.bytes().all(|b| b == b'e'));
@@ -500,6 +503,137 @@ async fn stdout_beyond_the_memory_cap_is_truncated_but_logged() {
             .len(),
         total as u64
     );
+}
+
+/// Runs `script` under `sh` as if it were Claude Code, its output parsed as it arrives.
+async fn run_claude(dir: &Path, script: &str) -> (ProcessOutcome, RunReport) {
+    let (_tx, rx) = watch::channel(false);
+    let (out, parser) = run_process_with(
+        sh(dir, script),
+        &dir.join("logs/run.log"),
+        limits(300.0),
+        rx,
+        OutputParser::claude(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    (out, parser.finish())
+}
+
+const RESULT: &str = r#"{"type":"result","subtype":"success","is_error":false,"num_turns":9,"result":"Done.","total_cost_usd":12.345678901,"modelUsage":{"claude-x":{"inputTokens":100,"outputTokens":200,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"costUSD":12.345678901}}}"#;
+
+fn len(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .len()
+}
+
+/// An agent printing far more than every cap (about 150 MB of events, and 70 MB of
+/// stderr): the cost of its final result event is still exact, memory keeps only the end
+/// of the output, and the disk holds at most twice the log cap per stream, ending with the
+/// result event.
+#[tokio::test]
+async fn output_beyond_every_cap_keeps_the_exact_cost_in_bounded_memory_and_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "(head -c 70000000 /dev/zero | tr '\\0' e >&2) & \
+         echo '{{\"type\":\"system\",\"subtype\":\"init\",\"model\":\"claude-x\"}}'; \
+         awk 'BEGIN {{ s = sprintf(\"%1000s\", \"\"); gsub(/ /, \"x\", s); \
+           for (i = 0; i < 140000; i++) \
+             printf \"{{\\\"type\\\":\\\"assistant\\\",\\\"message\\\":{{\\\"content\\\":[{{\\\"type\\\":\\\"text\\\",\\\"text\\\":\\\"%s\\\"}}]}}}}\\n\", s }}'; \
+         echo '{RESULT}'; wait"
+    );
+    let (out, report) = run_claude(dir.path(), &script).await;
+    assert_eq!(
+        out.ended,
+        Ended::Exited {
+            code: Some(0),
+            signal: None
+        }
+    );
+    assert_eq!(
+        report.outcome,
+        AgentOutcome::Success,
+        "{:?}",
+        report.warnings
+    );
+    assert_eq!(
+        report.cost_usd.map(|c| c.to_string()).as_deref(),
+        Some("12.345678901")
+    );
+    assert_eq!((report.input_tokens, report.output_tokens), (100, 200));
+    assert_eq!(report.turns, Some(9));
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+
+    let total = out.stdout_bytes;
+    assert!(total > 2 * LOG_FILE_CAP, "{total}");
+    assert!(out.stdout_truncated);
+    // What the service stores of a run's output (agentry-persistence's MAX_LOG_BYTES).
+    assert_eq!(STDOUT_MEMORY_CAP, 8 * 1024 * 1024);
+    assert!(out.stdout.len() <= STDOUT_MEMORY_CAP);
+    assert!(out.stdout.ends_with(&format!("{RESULT}\n")));
+
+    for log in [
+        dir.path().join("logs/run.log"),
+        stderr_log_path(&dir.path().join("logs/run.log")),
+    ] {
+        let (current, rotated) = (len(&log), len(&rotated_log_path(&log)));
+        assert!(current <= LOG_FILE_CAP, "{}: {current}", log.display());
+        assert_eq!(rotated, LOG_FILE_CAP, "{}", log.display());
+    }
+    let log = dir.path().join("logs/run.log");
+    // What is on disk is the end of the output.
+    assert_eq!(len(&log), total % LOG_FILE_CAP);
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .ends_with(&format!("{RESULT}\n"))
+    );
+    assert_eq!(out.stderr_tail.len(), STDERR_TAIL_BYTES);
+}
+
+/// A line longer than the parser's bound is skipped as it streams by; the result event
+/// after it is read.
+#[tokio::test]
+async fn an_over_long_line_is_skipped_and_the_result_after_it_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "printf '{{\"type\":\"assistant\",\"text\":\"'; head -c {} /dev/zero | tr '\\0' a; \
+         printf '\"}}\\n'; echo '{RESULT}'",
+        MAX_LINE_BYTES + 1000
+    );
+    let (out, report) = run_claude(dir.path(), &script).await;
+    assert_eq!(
+        out.stdout_bytes,
+        (MAX_LINE_BYTES + 1000 + 31 + RESULT.len() + 1) as u64
+    );
+    assert_eq!(report.outcome, AgentOutcome::Success);
+    assert_eq!(
+        report.cost_usd.map(|c| c.to_string()).as_deref(),
+        Some("12.345678901")
+    );
+    assert_eq!(
+        report.warnings,
+        vec![format!(
+            "line 1: longer than {MAX_LINE_BYTES} bytes, skipped"
+        )]
+    );
+}
+
+/// A rotated log left by an earlier run in the same place is removed, so it is never
+/// read as part of this run's output.
+#[tokio::test]
+async fn a_rotated_log_of_an_earlier_run_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("logs/run.log");
+    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+    std::fs::write(rotated_log_path(&log), "stale\n").unwrap();
+    std::fs::write(rotated_log_path(&stderr_log_path(&log)), "stale\n").unwrap();
+    let out = run(sh(dir.path(), "echo fresh"), dir.path(), limits(30.0)).await;
+    assert_eq!(out.stdout, "fresh\n");
+    assert!(!rotated_log_path(&log).exists());
+    assert!(!rotated_log_path(&stderr_log_path(&log)).exists());
 }
 
 #[tokio::test]
