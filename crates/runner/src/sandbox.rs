@@ -4,9 +4,9 @@
 //! it is treated as hostile. Inside the sandbox it sees:
 //!
 //! - the system read-only (`--ro-bind / /`), without the data directory, the service user's
-//!   `HOME`, `/tmp`, `/var/tmp` and `/run`, each hidden under an empty tmpfs (`/tmp` is a
-//!   fresh, writable tmpfs). If the agent program lives under a hidden directory, just its
-//!   directory comes back, read-only;
+//!   `HOME`, `/tmp`, `/var/tmp` and `/run`, each hidden under an empty read-only tmpfs
+//!   (`/tmp` is a fresh writable one). If the agent program lives under a hidden directory,
+//!   just its directory comes back, read-only;
 //! - writable: its worktree and its run's `HOME` (`runs/<task>/<attempt>/home`), nothing
 //!   else of the data directory: not the master key, the database, the admin token, other
 //!   runs' logs or worktrees, nor its own `output.log`;
@@ -296,6 +296,17 @@ pub(crate) fn wrap(
     cmd: AgentCommand,
     layout: Layout<'_>,
 ) -> Result<AgentCommand, String> {
+    let service_home = std::env::var_os("HOME").map(PathBuf::from);
+    wrap_with_home(bwrap, cmd, layout, service_home.as_deref())
+}
+
+/// [`wrap`], hiding `service_home` (the service user's `HOME`).
+fn wrap_with_home(
+    bwrap: &Path,
+    cmd: AgentCommand,
+    layout: Layout<'_>,
+    service_home: Option<&Path>,
+) -> Result<AgentCommand, String> {
     let canonical = |path: &Path| {
         std::fs::canonicalize(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
     };
@@ -306,24 +317,18 @@ pub(crate) fn wrap(
     let worktree = canonical(layout.worktree)?;
     let home = canonical(layout.home)?;
 
-    // What is hidden, parents first; a directory inside another hidden one is hidden
-    // already.
-    let mut hidden: Vec<PathBuf> = ["/tmp", "/var/tmp", "/run"]
+    // What is hidden, parents first (a hidden directory inside another one gets its own
+    // tmpfs too, so that it can be made read-only).
+    let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", "/run"]
         .into_iter()
         .map(PathBuf::from)
-        .chain(std::env::var_os("HOME").map(PathBuf::from))
+        .chain(service_home.map(Path::to_owned))
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .filter(|p| p.is_dir() && p.parent().is_some())
         .chain(std::iter::once(root.clone()))
         .collect();
-    hidden.sort_by_key(|p| p.components().count());
-    hidden.dedup();
-    let mut tmpfs: Vec<PathBuf> = Vec::new();
-    for dir in hidden {
-        if !tmpfs.iter().any(|h| dir.starts_with(h)) {
-            tmpfs.push(dir);
-        }
-    }
+    tmpfs.sort_by_key(|p| p.components().count());
+    tmpfs.dedup();
 
     let program = resolve_program(&cmd.program, &cmd.env)?;
     let mut program_binds: Vec<PathBuf> = Vec::new();
@@ -363,20 +368,23 @@ pub(crate) fn wrap(
         let path = text(path)?;
         args.extend(["--ro-bind".to_owned(), path.clone(), path]);
     }
+    let mut hidden_git = Vec::new();
     match git_dirs(&worktree, layout.mirror) {
         Some((mirror, gitdir)) => {
+            let entries = mirror.join("worktrees");
             let mirror = text(&mirror)?;
             let gitdir = text(&gitdir)?;
             args.extend([
                 "--ro-bind".to_owned(),
                 mirror.clone(),
-                mirror.clone(),
+                mirror,
                 "--tmpfs".to_owned(),
-                format!("{mirror}/worktrees"),
+                text(&entries)?,
                 "--bind".to_owned(),
                 gitdir.clone(),
                 gitdir,
             ]);
+            hidden_git.push(entries);
         }
         None => tracing::warn!(
             worktree = %worktree.display(),
@@ -386,6 +394,13 @@ pub(crate) fn wrap(
     for dir in [&worktree, &home] {
         let dir = text(dir)?;
         args.extend(["--bind".to_owned(), dir.clone(), dir]);
+    }
+    // The hiding tmpfs mounts read-only once the mount points in them exist (only `/tmp`
+    // stays writable), so nothing the agent writes there looks kept.
+    for dir in tmpfs.iter().chain(&hidden_git) {
+        if dir != Path::new("/tmp") {
+            args.extend(["--remount-ro".to_owned(), text(dir)?]);
+        }
     }
     args.extend(["--chdir".to_owned(), text(&worktree)?, "--".to_owned()]);
     args.push(text(&program)?);
@@ -457,6 +472,111 @@ mod tests {
         }
         assert_eq!(SandboxMode::default(), SandboxMode::Auto);
         assert_eq!(SandboxMode::Off.to_string(), "off");
+    }
+
+    /// A program in the service user's `HOME` still runs (its directory comes back
+    /// read-only) but sees nothing else of that `HOME` nor of the data directory, and
+    /// writes only to its worktree and its own `HOME`.
+    #[test]
+    fn the_sandbox_hides_the_service_home_but_not_the_agent_program() {
+        let Ok(bwrap) = find_bwrap() else {
+            panic!("these tests need bubblewrap (bwrap) installed");
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let service_home = base.join("service-home");
+        let bin = service_home.join(".local/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(service_home.join("credentials"), "HOME-SECRET").unwrap();
+        let program = bin.join("agent");
+        std::fs::write(
+            &program,
+            "#!/bin/sh\n\
+             cat \"$0\" >/dev/null && echo program-readable\n\
+             cat \"$1\" 2>/dev/null || echo home-hidden\n\
+             cat \"$2\" 2>/dev/null || echo data-hidden\n\
+             touch \"$2\" 2>/dev/null || echo data-unwritable\n\
+             echo work >./work && echo worktree-writable\n\
+             echo home >\"$HOME/h\" && echo agent-home-writable\n\
+             echo tmp >/tmp/t && echo tmp-writable\n\
+             touch /usr/x 2>/dev/null || echo system-readonly\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = base.join("data");
+        let worktree = root.join("workspaces/worktrees/t");
+        let home = root.join("runs/t/1/home");
+        for d in [&worktree, &home] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(root.join("master.key"), "DATA-SECRET").unwrap();
+        let cmd = AgentCommand {
+            program: program.clone(),
+            args: vec![
+                service_home.join("credentials").display().to_string(),
+                root.join("master.key").display().to_string(),
+            ],
+            stdin: String::new(),
+            cwd: worktree.clone(),
+            env: vec![
+                ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+                ("HOME".to_owned(), home.display().to_string()),
+            ],
+        };
+        let layout = Layout {
+            root: &root,
+            worktree: &worktree,
+            home: &home,
+            mirror: &root.join("workspaces/mirrors/r.git"),
+        };
+        let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
+        assert_eq!(wrapped.program, bwrap);
+        let hides = |dir: &Path| {
+            wrapped
+                .args
+                .windows(2)
+                .any(|w| w[0] == "--tmpfs" && Path::new(&w[1]) == dir)
+        };
+        assert!(hides(&service_home) && hides(&root), "{:?}", wrapped.args);
+        let out = std::process::Command::new(&wrapped.program)
+            .args(&wrapped.args)
+            .current_dir(&wrapped.cwd)
+            .env_clear()
+            .envs(wrapped.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            stdout,
+            "program-readable\nhome-hidden\ndata-hidden\ndata-unwritable\n\
+             worktree-writable\nagent-home-writable\ntmp-writable\nsystem-readonly\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(worktree.join("work")).unwrap(),
+            "work\n"
+        );
+        assert_eq!(std::fs::read_to_string(home.join("h")).unwrap(), "home\n");
+        assert_eq!(
+            std::fs::read_to_string(root.join("master.key")).unwrap(),
+            "DATA-SECRET"
+        );
+
+        // A program in the data directory is refused: its directory cannot come back.
+        let inside = AgentCommand {
+            program: root.join("agent"),
+            args: Vec::new(),
+            stdin: String::new(),
+            cwd: worktree.clone(),
+            env: Vec::new(),
+        };
+        std::fs::copy(&program, root.join("agent")).unwrap();
+        let refused = wrap_with_home(&bwrap, inside, layout, None).unwrap_err();
+        assert!(refused.contains("lies in the data directory"), "{refused}");
     }
 
     #[test]

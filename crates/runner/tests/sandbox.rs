@@ -1,0 +1,436 @@
+//! Agents run in a bubblewrap sandbox (SPEC §10.3, §10.4), through [`LocalRunner`] with the
+//! fake `claude` and a local bare repository as the remote: what a hostile agent can read,
+//! that its own work still happens, that nothing it started outlives a cancel or a
+//! recovery, and that without a working `bwrap` no agent starts.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentry_domain::AgentType;
+use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
+use agentry_runner::{
+    AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner, PriceTable, Runner,
+    Sandbox, SandboxMode, Verdict,
+};
+use tempfile::TempDir;
+use tokio::sync::{oneshot, watch};
+use uuid::Uuid;
+
+const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+fn fake(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fake-agents")
+        .join(name)
+}
+
+fn git(args: &[&str], cwd: &Path) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(cwd)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A data directory (`root`) next to a bare repository with a README on `main`.
+struct Rig {
+    _dir: TempDir,
+    root: PathBuf,
+    bare: PathBuf,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = TempDir::new().unwrap();
+        let bare = dir.path().join("source.git");
+        std::fs::create_dir_all(&bare).unwrap();
+        git(&["init", "--bare", "-b", "main"], &bare);
+        let work = dir.path().join("seed");
+        git(
+            &["clone", bare.to_str().unwrap(), work.to_str().unwrap()],
+            dir.path(),
+        );
+        std::fs::write(work.join("README.md"), "# hello\n").unwrap();
+        git(&["add", "README.md"], &work);
+        git(&["commit", "-m", "initial"], &work);
+        git(&["push", "origin", "HEAD:refs/heads/main"], &work);
+        let root = dir.path().join("agentry");
+        std::fs::create_dir_all(&root).unwrap();
+        Rig {
+            _dir: dir,
+            root,
+            bare,
+        }
+    }
+
+    fn runner(&self, sandbox: Sandbox) -> Arc<LocalRunner> {
+        Arc::new(LocalRunner::new(LocalConfig {
+            root: self.root.clone(),
+            claude_bin: fake("claude"),
+            codex_bin: fake("codex"),
+            prices: PriceTable::builtin(),
+            inherited_env: vec![("PATH".into(), PATH.into())],
+            kill_grace: Duration::from_secs(1),
+            sandbox,
+        }))
+    }
+
+    fn job(&self, task_id: Uuid, prompt: &str) -> Job {
+        Job {
+            task_id,
+            attempt: 1,
+            kind: JobKind::Coding {
+                commit_message: "agent work".into(),
+            },
+            repo: RepoSpec {
+                key: "repo-1".into(),
+                clone_url: self.bare.to_str().unwrap().to_owned(),
+                default_branch: "main".into(),
+                host: "github.com".into(),
+                allow_local: true,
+            },
+            agent: AgentSpec {
+                agent_type: AgentType::ClaudeCode,
+                model: "claude-sonnet-4-5-20250929".into(),
+                max_turns: None,
+                max_budget_usd: None,
+            },
+            prompt: prompt.to_owned(),
+            auth: GitAuth::none(),
+            wall_time: Duration::from_secs(120),
+        }
+    }
+
+    fn home(&self, task_id: Uuid) -> PathBuf {
+        self.root
+            .join("runs")
+            .join(task_id.to_string())
+            .join("1/home")
+    }
+}
+
+/// A job started on its own task, with its cancel switch and its start signal.
+struct Started {
+    cancel: watch::Sender<bool>,
+    started: oneshot::Receiver<()>,
+    handle: tokio::task::JoinHandle<Execution>,
+}
+
+fn start(runner: &Arc<LocalRunner>, job: Job) -> Started {
+    let (cancel, cancel_rx) = watch::channel(false);
+    let (started_tx, started) = oneshot::channel();
+    let runner = Arc::clone(runner);
+    let handle = tokio::spawn(async move {
+        runner
+            .execute(
+                job,
+                Control {
+                    cancel: cancel_rx,
+                    started: Some(started_tx),
+                },
+            )
+            .await
+    });
+    Started {
+        cancel,
+        started,
+        handle,
+    }
+}
+
+async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
+    let started = start(runner, job);
+    let execution = started.handle.await.unwrap();
+    drop(started.cancel);
+    execution
+}
+
+/// Polls `done` every 20 ms until it holds, for at most `limit`.
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The processes of this machine whose environment holds `var` (e.g. `HOME=…`).
+fn processes_with_env(var: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|v| v == var.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// A `sleep` child of the test with a marker in its environment: a stand-in for the
+/// service, or a `git push` holding a token. Killed when dropped.
+struct Marked {
+    child: Child,
+    marker: String,
+}
+
+impl Marked {
+    async fn spawn() -> Marked {
+        let marker = format!("secret-marker-{}", Uuid::new_v4().simple());
+        let child = Command::new("sleep")
+            .arg("300")
+            .env("AGENTRY_TEST_TOKEN", &marker)
+            .spawn()
+            .unwrap();
+        let environ = format!("/proc/{}/environ", child.id());
+        let wanted = marker.clone();
+        wait_until(
+            "the marked process to start",
+            Duration::from_secs(10),
+            || std::fs::read(&environ).is_ok_and(|e| String::from_utf8_lossy(&e).contains(&wanted)),
+        )
+        .await;
+        Marked { child, marker }
+    }
+}
+
+impl Drop for Marked {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The secrets a snooping agent goes after: (path, contents).
+fn plant_secrets(rig: &Rig, own_task: Uuid, marked: &Marked) -> Vec<(String, String)> {
+    let mut secrets = Vec::new();
+    let mut plant = |path: PathBuf, contents: String| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &contents).unwrap();
+        secrets.push((path.to_str().unwrap().to_owned(), contents));
+    };
+    let tag = || Uuid::new_v4().simple().to_string();
+    plant(rig.root.join("master.key"), format!("MASTER-KEY-{}", tag()));
+    plant(rig.root.join("agentry.db"), format!("DATABASE-{}", tag()));
+    plant(
+        rig.root.join("admin-token"),
+        format!("ADMIN-TOKEN-{}", tag()),
+    );
+    let other = Uuid::new_v4().to_string();
+    plant(
+        rig.root.join("runs").join(&other).join("1/output.log"),
+        format!("OTHER-RUN-LOG-{}", tag()),
+    );
+    plant(
+        rig.root
+            .join("workspaces/worktrees")
+            .join(&other)
+            .join("NOTES.md"),
+        format!("OTHER-WORKTREE-{}", tag()),
+    );
+    secrets.push((
+        format!("/proc/{}/environ", marked.child.id()),
+        marked.marker.clone(),
+    ));
+    // Its own log is the service's, not the agent's (it exists while the agent runs).
+    let own_log = rig
+        .root
+        .join("runs")
+        .join(own_task.to_string())
+        .join("1/output.log");
+    secrets.push((own_log.to_str().unwrap().to_owned(), String::new()));
+    secrets
+}
+
+/// Runs the snooping fake under `sandbox`: the run, what the agent saw, the planted secrets.
+async fn snoop(sandbox: Sandbox) -> (Rig, Execution, String, Vec<(String, String)>) {
+    let rig = Rig::new();
+    let marked = Marked::spawn().await;
+    let task = Uuid::new_v4();
+    let secrets = plant_secrets(&rig, task, &marked);
+    let paths: Vec<&str> = secrets.iter().map(|(p, _)| p.as_str()).collect();
+    let prompt = format!("Snoop around\n[fake:snoop={}]", paths.join(","));
+    let runner = rig.runner(sandbox);
+    let execution = run(&runner, rig.job(task, &prompt)).await;
+    let seen = std::fs::read_to_string(rig.home(task).join("snoop")).unwrap();
+    // The agent's own work happened and was pushed.
+    assert!(
+        matches!(execution.verdict, Verdict::Pushed { .. }),
+        "{:?}\n{}",
+        execution.verdict,
+        execution.output
+    );
+    let branch = format!("refs/heads/{}", branch_name(task));
+    assert_eq!(
+        git(&["show", &format!("{branch}:AGENT_CHANGES.md")], &rig.bare),
+        "Snoop around"
+    );
+    // Git works in the worktree.
+    let main = git(&["rev-parse", "refs/heads/main"], &rig.bare);
+    assert!(seen.contains(&format!("GIT {main}\n")), "{seen}");
+    (rig, execution, seen, secrets)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_agent_reads_no_secret_no_other_run_and_no_other_process() {
+    let (_rig, execution, seen, secrets) = snoop(Sandbox::new(SandboxMode::Auto)).await;
+    assert!(execution.sandboxed);
+    for (path, contents) in &secrets {
+        assert!(
+            seen.contains(&format!("DENIED {path}\n")),
+            "{path} was readable:\n{seen}"
+        );
+        if !contents.is_empty() {
+            assert!(
+                !seen.contains(contents.as_str()),
+                "{contents} leaked:\n{seen}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsandboxed_agent_reads_them_all() {
+    let (_rig, execution, seen, secrets) = snoop(Sandbox::new(SandboxMode::Off)).await;
+    assert!(!execution.sandboxed);
+    for (path, contents) in &secrets {
+        assert!(seen.contains(&format!("READ {path}\n")), "{path}:\n{seen}");
+        assert!(seen.contains(contents.as_str()), "{contents}:\n{seen}");
+    }
+}
+
+/// Starts `[fake:sleep=300]` (which leaves `sleep 300 &` behind) sandboxed, and waits until
+/// its processes run: their host pids, all carrying the run's `HOME`.
+async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Started, String) {
+    let mut started = start(runner, rig.job(task, "Sleep\n[fake:sleep=300]"));
+    (&mut started.started).await.unwrap();
+    let child_pid = rig.home(task).join("child.pid");
+    wait_until(
+        "the agent's background child",
+        Duration::from_secs(20),
+        || child_pid.exists(),
+    )
+    .await;
+    let home = format!("HOME={}", rig.home(task).display());
+    let pids = processes_with_env(&home);
+    assert!(
+        pids.iter()
+            .any(|pid| cmdline(*pid).trim_end() == "sleep 300"),
+        "{pids:?}: {:?}",
+        pids.iter().map(|p| cmdline(*p)).collect::<Vec<_>>()
+    );
+    assert!(
+        pids.iter()
+            .any(|pid| cmdline(*pid).starts_with("/") && cmdline(*pid).contains("bwrap")),
+        "the agent runs in bwrap: {:?}",
+        pids.iter().map(|p| cmdline(*p)).collect::<Vec<_>>()
+    );
+    (started, home)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_sandboxed_run_leaves_no_process_behind() {
+    let rig = Rig::new();
+    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
+    let task = Uuid::new_v4();
+    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    started.cancel.send(true).unwrap();
+    let execution = started.handle.await.unwrap();
+    assert_eq!(execution.verdict, Verdict::Cancelled);
+    assert!(execution.sandboxed);
+    wait_until(
+        "every process of the run to end",
+        Duration::from_secs(10),
+        || processes_with_env(&home).is_empty(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn salvaging_a_dead_services_run_ends_its_whole_sandbox() {
+    let rig = Rig::new();
+    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
+    let task = Uuid::new_v4();
+    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    // Another runner over the same data directory (the restarted service) recovers it.
+    let restarted = rig.runner(Sandbox::new(SandboxMode::Auto));
+    let output = restarted.salvage(task, 1).unwrap();
+    assert!(output.contains("\"subtype\":\"init\""), "{output}");
+    wait_until(
+        "every process of the run to end",
+        Duration::from_secs(10),
+        || processes_with_env(&home).is_empty(),
+    )
+    .await;
+    let execution = started.handle.await.unwrap();
+    assert!(
+        matches!(execution.verdict, Verdict::Failed(_)),
+        "{:?}",
+        execution.verdict
+    );
+    drop(started.cancel);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_working_bwrap_agents_are_refused_and_nothing_starts() {
+    for (bwrap, why) in [
+        ("/nonexistent/bwrap", "cannot start /nonexistent/bwrap"),
+        ("/bin/false", "a trial run of /bin/false failed"),
+    ] {
+        let rig = Rig::new();
+        let sandbox = Sandbox::with_bwrap(bwrap);
+        let refused = sandbox.check().await.unwrap_err();
+        assert!(refused.contains(why), "{refused}");
+        let runner = rig.runner(sandbox);
+        let task = Uuid::new_v4();
+        let started = start(&runner, rig.job(task, "Do it"));
+        let execution = started.handle.await.unwrap();
+        let Verdict::Failed(message) = &execution.verdict else {
+            panic!("{:?}", execution.verdict);
+        };
+        assert!(
+            message
+                .starts_with("agents run in a bubblewrap sandbox, which is not available here (")
+                && message.contains(why)
+                && message.ends_with(
+                    "install bubblewrap, or set AGENTRY_AGENT_SANDBOX=off to run agents \
+                     unsandboxed"
+                ),
+            "{message}"
+        );
+        assert!(!execution.sandboxed);
+        assert!(execution.ended.is_none() && execution.report.is_none());
+        // Nothing was prepared or started.
+        assert!(started.started.await.is_err(), "the start signal fired");
+        assert!(!rig.root.join("runs").exists());
+        assert!(!rig.root.join("workspaces").exists());
+    }
+    // Off needs no bwrap at all.
+    assert_eq!(Sandbox::new(SandboxMode::Off).check().await, Ok(false));
+}
