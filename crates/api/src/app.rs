@@ -1,16 +1,21 @@
 //! Assembly of the actix application and of its OpenAPI document from one route table.
 
+use std::sync::LazyLock;
+
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
-use actix_web::middleware::{ErrorHandlers, from_fn};
-use actix_web::{App, web};
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::middleware::{ErrorHandlers, Next, from_fn};
+use actix_web::{App, HttpRequest, HttpResponse, ResponseError, web};
 use utoipa::openapi::OpenApi as OpenApiDoc;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::{AppExt, scope};
 
-use crate::error::{ErrorBody, envelope_fallback};
+use crate::dto::names::{TaskStateName, TaskTypeName};
+use crate::error::{ApiError, ErrorBody, envelope_fallback};
+use crate::routes::webhooks::WebhookLimits;
 use crate::routes::{self, analytics, health, issues, repos, secrets, tasks, tokens, webhooks};
 use crate::state::AppState;
 
@@ -36,7 +41,8 @@ impl Modify for BearerAuth {
                        `{\"error\": {\"code\", \"message\"}}`."
     ),
     modifiers(&BearerAuth),
-    components(schemas(ErrorBody))
+    // Schemas named only by query parameters, which utoipa does not collect by itself.
+    components(schemas(ErrorBody, TaskStateName, TaskTypeName))
 )]
 struct ApiDoc;
 
@@ -73,7 +79,7 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(issues::sync_issues)
                 .service(issues::assign_issue)
                 .service(webhooks::codehost_webhook)
-                .default_service(web::to(routes::unknown_route)),
+                .default_service(web::to(no_route)),
         );
 }
 
@@ -87,11 +93,133 @@ pub fn openapi() -> OpenApiDoc {
     doc
 }
 
+/// Every documented path as its segments (`{id}` matches any one segment), with its methods.
+static KNOWN_PATHS: LazyLock<Vec<(Vec<String>, Vec<&'static str>)>> = LazyLock::new(|| {
+    openapi()
+        .paths
+        .paths
+        .iter()
+        .map(|(path, item)| {
+            let methods = [
+                ("GET", item.get.is_some()),
+                ("POST", item.post.is_some()),
+                ("PUT", item.put.is_some()),
+                ("PATCH", item.patch.is_some()),
+                ("DELETE", item.delete.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(m, present)| present.then_some(m))
+            .collect();
+            (path.split('/').map(str::to_owned).collect(), methods)
+        })
+        .collect()
+});
+
+/// The methods the routes of `path` take (empty when no route has that path). When several
+/// documented paths match, the most specific one decides (`/api/tasks/import` over
+/// `/api/tasks/{id}`), as the document lists them.
+fn allowed_methods(path: &str) -> Vec<&'static str> {
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut best: Option<(usize, Vec<&'static str>)> = None;
+    for (pattern, methods) in KNOWN_PATHS.iter() {
+        let matches = pattern.len() == segments.len()
+            && pattern.iter().zip(&segments).all(|(p, s)| {
+                if p.starts_with('{') && p.ends_with('}') {
+                    !s.is_empty()
+                } else {
+                    p == s
+                }
+            });
+        if !matches {
+            continue;
+        }
+        let literal = pattern.iter().filter(|p| !p.starts_with('{')).count();
+        match &mut best {
+            Some((most, allowed)) if *most == literal => {
+                for m in methods {
+                    if !allowed.contains(m) {
+                        allowed.push(m);
+                    }
+                }
+            }
+            Some((most, _)) if *most > literal => {}
+            _ => best = Some((literal, methods.clone())),
+        }
+    }
+    let mut allowed = best.map(|(_, allowed)| allowed).unwrap_or_default();
+    const ORDER: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
+    allowed.sort_by_key(|m| ORDER.iter().position(|o| o == m));
+    allowed
+}
+
+/// The answer when no route matched: 405 `method_not_allowed` with `Allow` when the path
+/// exists with other methods (`TRACE /api/tasks`), else 404.
+async fn no_route(req: HttpRequest) -> HttpResponse {
+    let allowed = allowed_methods(req.path());
+    // A documented method that reached this fallback is not served: a missing route.
+    if allowed.is_empty() || allowed.contains(&req.method().as_str()) {
+        return routes::unknown_route(req).await;
+    }
+    let allow = allowed.join(", ");
+    let mut res = ApiError::method_not_allowed(format!(
+        "{} does not take {}; it takes {allow}",
+        req.path(),
+        req.method()
+    ))
+    .error_response();
+    if let Ok(value) = HeaderValue::from_str(&allow) {
+        res.headers_mut().insert(header::ALLOW, value);
+    }
+    res
+}
+
+/// Middleware: `X-Content-Type-Options: nosniff` on every response, and
+/// `Cache-Control: no-store` on every `/api/` response (they carry tokens, secrets' names and
+/// costs, which no cache should keep).
+async fn security_headers(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let api = req.path() == "/api" || req.path().starts_with("/api/");
+    let mut res = next.call(req).await?;
+    let headers = res.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    if api {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    Ok(res)
+}
+
 /// The application: routes, shared state, CORS for the configured origins, metrics and
-/// request logging, and the error envelope for every error.
+/// request logging, and the error envelope for every error; the webhook gets limits of its
+/// own (see [`build_app_with`] to share them between the workers of a server).
 pub fn build_app(
     state: web::Data<AppState>,
     cors_origins: Vec<String>,
+) -> App<
+    impl ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    build_app_with(
+        state,
+        cors_origins,
+        web::Data::new(WebhookLimits::default()),
+    )
+}
+
+/// [`build_app`] with the webhook's `limits` (one value for all the workers of a server).
+pub fn build_app_with(
+    state: web::Data<AppState>,
+    cors_origins: Vec<String>,
+    limits: web::Data<WebhookLimits>,
 ) -> App<
     impl ServiceFactory<
         ServiceRequest,
@@ -113,8 +241,10 @@ pub fn build_app(
         cors = cors.allowed_origin(&origin);
     }
     app.app_data(state)
-        .default_service(web::to(routes::unknown_route))
+        .app_data(limits)
+        .default_service(web::to(no_route))
         .wrap(ErrorHandlers::new().default_handler(envelope_fallback))
         .wrap(cors)
+        .wrap(from_fn(security_headers))
         .wrap(from_fn(crate::metrics::track))
 }

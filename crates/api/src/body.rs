@@ -52,14 +52,18 @@ pub fn require_content_type(req: &HttpRequest, expected: &str) -> Result<(), Api
 }
 
 /// Parses JSON text into `T`; a failure names the member path (`issueNumber: invalid type…`).
+///
+/// A number with a zero fraction that fits an `i64` (`6067.0`, `1e3`) is taken as that
+/// integer: JSON does not tell `1.0` from `1`, and JSON Schema counts both as integers, so
+/// a client (or a generator working from the OpenAPI document) may send either.
 pub fn parse_json<T: DeserializeOwned>(text: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let mut value: serde_json::Value = serde_json::from_slice(text)
+        .map_err(|e| ApiError::invalid_request(format!("the body is not valid JSON: {e}")))?;
+    integral_numbers_as_integers(&mut value);
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::invalid_request(format!("the body is not valid JSON: {inner}"))
-        } else if path == "." {
+        if path == "." {
             ApiError::invalid_request(format!(
                 "the body does not have the expected shape: {inner}"
             ))
@@ -67,6 +71,27 @@ pub fn parse_json<T: DeserializeOwned>(text: &[u8]) -> Result<T, ApiError> {
             ApiError::invalid_parameter(&path, inner)
         }
     })
+}
+
+/// Replaces every float with a zero fraction within the `i64` range by that integer.
+fn integral_numbers_as_integers(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+                // i64::MAX as f64 rounds up to 2^63, which does not fit: strictly less.
+                && f >= i64::MIN as f64
+                && f < i64::MAX as f64
+            {
+                *value = serde_json::Value::from(f as i64);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_numbers_as_integers),
+        serde_json::Value::Object(members) => {
+            members.values_mut().for_each(integral_numbers_as_integers)
+        }
+        _ => {}
+    }
 }
 
 /// A JSON request body: `Content-Type: application/json`, at most [`JSON_LIMIT`] bytes,

@@ -14,16 +14,36 @@ pub fn rfc3339(at: OffsetDateTime) -> String {
         .unwrap_or_else(|_| at.to_string())
 }
 
-/// A task (SPEC §2.1).
+/// A task (SPEC §2.1) with its prompt.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskDto {
+    /// Everything but the prompt.
+    #[serde(flatten)]
+    pub summary: TaskSummaryDto,
+    /// The prompt given to the agent (up to 256 KiB).
+    pub prompt: String,
+}
+
+impl From<Task> for TaskDto {
+    fn from(mut t: Task) -> Self {
+        let prompt = std::mem::take(&mut t.prompt);
+        TaskDto {
+            summary: TaskSummaryDto::from(t),
+            prompt,
+        }
+    }
+}
+
+/// A task (SPEC §2.1) without its prompt, as lists show it: a page of 200 tasks stays small
+/// whatever their prompts (`GET /api/tasks/{id}` has the prompt).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskSummaryDto {
     /// Task id.
     pub id: Uuid,
     /// Title (the issue title for issue tasks).
     pub title: String,
-    /// The prompt given to the agent.
-    pub prompt: String,
     /// The repository; null only for imported history of a repository not connected.
     pub repo_id: Option<Uuid>,
     /// Normalised repository URL.
@@ -72,12 +92,11 @@ pub struct TaskDto {
     pub finished_at: Option<OffsetDateTime>,
 }
 
-impl From<Task> for TaskDto {
+impl From<Task> for TaskSummaryDto {
     fn from(t: Task) -> Self {
-        TaskDto {
+        TaskSummaryDto {
             id: t.id,
             title: t.title,
-            prompt: t.prompt,
             repo_id: t.repo_id,
             repo_url: t.repo_url.to_string(),
             task_type: t.task_type.to_string(),
@@ -105,8 +124,8 @@ impl From<Task> for TaskDto {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskListDto {
-    /// Tasks, newest first.
-    pub tasks: Vec<TaskDto>,
+    /// Tasks, newest first (without their prompts).
+    pub tasks: Vec<TaskSummaryDto>,
     /// Pass as `cursor` for the next page; null on the last page.
     pub next_cursor: Option<String>,
 }
@@ -147,6 +166,10 @@ pub struct RunDto {
     /// End.
     #[serde(with = "time::serde::rfc3339::option")]
     pub finished_at: Option<OffsetDateTime>,
+    /// Whether the agent ran in the sandbox: `false` for runs of a service started with
+    /// `AGENTRY_AGENT_SANDBOX=off`, null when not known (a run recovered after its service
+    /// died, or recorded before this was kept).
+    pub sandboxed: Option<bool>,
 }
 
 impl From<Run> for RunDto {
@@ -167,6 +190,7 @@ impl From<Run> for RunDto {
             error_message: r.error_message,
             started_at: r.started_at,
             finished_at: r.finished_at,
+            sandboxed: r.sandboxed,
         }
     }
 }
@@ -220,8 +244,8 @@ pub struct TaskDetailDto {
     pub events: Vec<EventDto>,
     /// The linked issue.
     pub issue: Option<IssueRefDto>,
-    /// Its review subtasks.
-    pub reviews: Vec<TaskDto>,
+    /// Its review subtasks (without their prompts).
+    pub reviews: Vec<TaskSummaryDto>,
 }
 
 /// Result of an import.
@@ -231,4 +255,63 @@ pub struct ImportResultDto {
     pub imported: u64,
     /// Records skipped because their id already existed.
     pub skipped: u64,
+}
+
+/// Documentation-only schemas: the closed sets of values the API accepts, so that the OpenAPI
+/// document says exactly what the server takes.
+pub mod names {
+    use serde::Serialize;
+    use utoipa::ToSchema;
+
+    /// An agent.
+    #[derive(Serialize, ToSchema)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum AgentTypeName {
+        /// Claude Code.
+        ClaudeCode,
+        /// Codex.
+        Codex,
+    }
+
+    /// A task state.
+    #[derive(Serialize, ToSchema)]
+    #[serde(rename_all = "snake_case")]
+    pub enum TaskStateName {
+        /// Waiting for a runner.
+        Queued,
+        /// A runner prepares its workspace.
+        Provisioning,
+        /// The agent runs.
+        Running,
+        /// A pull request is open.
+        PrOpened,
+        /// Done.
+        Completed,
+        /// Failed.
+        Failed,
+        /// Cancelled.
+        Cancelled,
+    }
+
+    /// A task type.
+    #[derive(Serialize, ToSchema)]
+    #[serde(rename_all = "snake_case")]
+    pub enum TaskTypeName {
+        /// Changes code and opens a pull request.
+        Coding,
+        /// Reviews a coding task's pull request.
+        Review,
+    }
+
+    /// A token's role.
+    #[derive(Serialize, ToSchema)]
+    #[serde(rename_all = "snake_case")]
+    pub enum RoleName {
+        /// Reads everything but secrets' values.
+        Viewer,
+        /// Also creates, cancels and retries tasks.
+        Member,
+        /// Also manages tokens, secrets, repositories and imports.
+        Admin,
+    }
 }

@@ -91,6 +91,34 @@ impl ApiError {
         )
     }
 
+    /// 405 `method_not_allowed`: the path exists, with other methods.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            message,
+        )
+    }
+
+    /// 408 `request_timeout`: the request's body did not arrive in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
+    }
+
+    /// 411 `length_required`: a body of unknown length where its size must be known first.
+    pub fn length_required() -> Self {
+        Self::new(
+            StatusCode::LENGTH_REQUIRED,
+            "length_required",
+            "send the body with a Content-Length header, not chunked",
+        )
+    }
+
+    /// 503 `busy`: too many such requests at once; the answer carries `Retry-After`.
+    pub fn busy(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
+    }
+
     /// 412 `codehost_token_missing`: a code-host call is needed and no `CODEHOST_TOKEN` is
     /// stored.
     pub fn codehost_token_missing() -> Self {
@@ -149,11 +177,12 @@ impl ApiError {
     pub fn from_status(status: StatusCode) -> Self {
         match status {
             StatusCode::NOT_FOUND => Self::not_found("no such route"),
-            StatusCode::METHOD_NOT_ALLOWED => Self::new(
-                status,
-                "method_not_allowed",
-                "this route does not take that method",
-            ),
+            StatusCode::METHOD_NOT_ALLOWED => {
+                Self::method_not_allowed("this route does not take that method")
+            }
+            StatusCode::REQUEST_TIMEOUT => {
+                Self::request_timeout("the request was not received in time")
+            }
             StatusCode::PAYLOAD_TOO_LARGE => {
                 Self::new(status, "payload_too_large", "the request body is too large")
             }

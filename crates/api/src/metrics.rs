@@ -68,14 +68,31 @@ impl Metrics {
     }
 }
 
-/// Middleware: times each request, counts it by route pattern (never by raw path, so ids do
-/// not explode the label set) and logs one line.
+/// The method label: one of the methods the API serves, or `OTHER`, so that requests with
+/// made-up methods (anyone can send them, unauthenticated) cannot grow the label set.
+pub fn method_label(method: &actix_web::http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+/// Middleware: times each request, counts it by method (see [`method_label`]) and route
+/// pattern (never by raw path, so ids and made-up paths do not explode the label set) and
+/// logs one line.
 pub async fn track(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let start = Instant::now();
     let method = req.method().to_string();
+    let method_label = method_label(req.method());
     let path = req.path().to_owned();
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let res = next.call(req).await?;
@@ -88,7 +105,7 @@ pub async fn track(
     if let Some(state) = state {
         state
             .metrics
-            .observe(&method, &route, status, elapsed.as_secs_f64());
+            .observe(method_label, &route, status, elapsed.as_secs_f64());
     }
     tracing::info!(
         target: "agentry::http",

@@ -9,12 +9,15 @@ use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{Backend, Db, tokens};
 use agentry_runner::PriceTable;
 
-use crate::auth::{generate_token, hash_token};
+use crate::auth::{FirstTokenFile, generate_token, hash_token};
 use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::runs::{RunSettings, Runs};
 use crate::state::AppState;
+
+/// How long a client may take to send a request's head (method, path, headers).
+pub const CLIENT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -77,27 +80,47 @@ fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 
 /// On an installation without any API token, creates an admin token, prints it once on
 /// stdout and writes it to `$AGENTRY_DATA_DIR/admin-token` (mode 0600).
-pub fn bootstrap_admin_token(db: &Db, data_dir: &Path) -> Result<(), StartError> {
+///
+/// The file is not kept: the returned [`FirstTokenFile`] (registered with the application)
+/// removes it when the token is first used. A file a previous start left behind is watched
+/// the same way while its token is still active, and removed at once otherwise.
+pub fn bootstrap_admin_token(
+    db: &Db,
+    data_dir: &Path,
+) -> Result<Option<FirstTokenFile>, StartError> {
     let token = generate_token().map_err(|e| io("no randomness for the admin token", e))?;
     let mut conn = db.conn()?;
+    let path = data_dir.join("admin-token");
     let created = tokens::bootstrap_admin(
         &mut conn,
         "initial admin",
         &hash_token(&token),
         agentry_persistence::now(),
     )?;
-    if created.is_some() {
-        let path = data_dir.join("admin-token");
+    if let Some(created) = created {
         write_private(&path, &format!("{token}\n"))
             .map_err(|e| io(&format!("cannot write {}", path.display()), e))?;
         println!(
-            "agentry: first start: created an admin API token (shown once; also saved to {}):",
+            "agentry: first start: created an admin API token (shown once; also saved to {} \
+             until its first use):",
             path.display()
         );
         println!("{token}");
         let _ = std::io::stdout().flush();
+        return Ok(Some(FirstTokenFile::new(created.id, path)));
     }
-    Ok(())
+    let Ok(left) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    match tokens::find_by_hash(&mut conn, &hash_token(left.trim()))? {
+        Some(active) => Ok(Some(FirstTokenFile::new(active.id, path))),
+        None => {
+            std::fs::remove_file(&path)
+                .map_err(|e| io(&format!("cannot remove {}", path.display()), e))?;
+            tracing::info!(file = %path.display(), "removed the file of a revoked admin token");
+            Ok(None)
+        }
+    }
 }
 
 /// The code-host integration of `config`: the master key (`AGENTRY_MASTER_KEY`, or the key
@@ -151,7 +174,7 @@ pub fn runs(config: &Config) -> Result<Runs, StartError> {
 /// in-flight requests finish (up to 30 s).
 pub async fn serve(config: Config) -> Result<(), StartError> {
     let db = open_database(&config)?;
-    bootstrap_admin_token(&db, &config.data_dir)?;
+    let first_token_file = bootstrap_admin_token(&db, &config.data_dir)?.map(web::Data::new);
     let openapi_json = serde_json::to_string(&crate::app::openapi())
         .map_err(|e| io("cannot render the OpenAPI document", e))?;
     let metrics = Metrics::new().map_err(|e| io("cannot create metrics", e))?;
@@ -164,10 +187,25 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
     });
     let cors = config.cors_origins.clone();
     let app_state = state.clone();
-    let server = HttpServer::new(move || crate::app::build_app(app_state.clone(), cors.clone()))
-        .shutdown_timeout(30)
-        .bind(config.bind)
-        .map_err(|e| io(&format!("cannot listen on {}", config.bind), e))?;
+    // One set of webhook limits for all the workers, so the limits are per process.
+    let webhook_limits = web::Data::new(crate::routes::webhooks::WebhookLimits::default());
+    let server = HttpServer::new(move || {
+        let app =
+            crate::app::build_app_with(app_state.clone(), cors.clone(), webhook_limits.clone());
+        match &first_token_file {
+            Some(file) => app.app_data(file.clone()),
+            None => app,
+        }
+    })
+    // A client has 10 s to send a request's head (else 408 and the connection is closed),
+    // an idle kept-alive connection is closed after 30 s, and a closing connection gets 2 s
+    // to go away cleanly: slow or silent clients cannot hold connections for long.
+    .client_request_timeout(CLIENT_REQUEST_TIMEOUT)
+    .keep_alive(std::time::Duration::from_secs(30))
+    .client_disconnect_timeout(std::time::Duration::from_secs(2))
+    .shutdown_timeout(30)
+    .bind(config.bind)
+    .map_err(|e| io(&format!("cannot listen on {}", config.bind), e))?;
     for addr in server.addrs() {
         tracing::info!(%addr, "agentry listening on http://{addr}");
     }
@@ -181,6 +219,10 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
             config.issue_sync_interval,
         )),
         actix_web::rt::spawn(codehost::outbox_loop(state.clone())),
+        actix_web::rt::spawn(crate::routes::webhooks::delivery_pruning_loop(
+            state.clone(),
+            crate::routes::webhooks::DELIVERY_PRUNE_EVERY,
+        )),
         actix_web::rt::spawn(crate::tracking::poll_loop(
             state.clone(),
             config.poll_interval,

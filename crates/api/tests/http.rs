@@ -199,10 +199,21 @@ async fn task_list_pages_newest_first_with_filters() {
     .await;
     assert_eq!(body["tasks"], json!([]));
     let task = &call(&app, get("/api/tasks?limit=1", &t.viewer)).await.1["tasks"][0];
+    // A list item leaves out the prompt (up to 256 KiB each); the detail view has it.
+    assert!(task.get("prompt").is_none(), "{task}");
+    let detail = call(
+        &app,
+        get(
+            &format!("/api/tasks/{}", task["id"].as_str().unwrap()),
+            &t.viewer,
+        ),
+    )
+    .await
+    .1;
+    assert_eq!(detail["prompt"], "Do it");
     for member in [
         "id",
         "title",
-        "prompt",
         "repoId",
         "repoUrl",
         "taskType",
@@ -308,6 +319,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
                     error_message: None,
                     started_at: now,
                     finished_at: Some(now),
+                    sandboxed: None,
                 },
             )?;
             tasks::transition_task(
@@ -745,6 +757,156 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     assert!(doc["components"]["schemas"]["TaskDto"].is_object());
+    let summary = &doc["components"]["schemas"]["TaskSummaryDto"];
+    assert!(summary["properties"]["title"].is_object(), "{summary}");
+    assert!(summary["properties"].get("prompt").is_none(), "{summary}");
+    assert_eq!(
+        doc["components"]["schemas"]["TaskListDto"]["properties"]["tasks"]["items"]["$ref"],
+        "#/components/schemas/TaskSummaryDto"
+    );
+}
+
+#[actix_web::test]
+async fn undeclared_methods_on_known_paths_answer_405_with_allow() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let id = Uuid::new_v4();
+    for (method, path, allow) in [
+        ("TRACE", "/api/tasks".to_owned(), "GET, POST"),
+        ("QUERY", "/api/tasks".to_owned(), "GET, POST"),
+        ("DELETE", "/api/tasks".to_owned(), "GET, POST"),
+        ("PUT", format!("/api/tasks/{id}"), "GET"),
+        ("PUT", "/api/tasks/import".to_owned(), "POST"),
+        ("GET", "/api/tasks/import".to_owned(), "POST"),
+        ("GET", format!("/api/tasks/{id}/cancel"), "POST"),
+        ("HEAD", "/api/tokens".to_owned(), "GET, POST"),
+        ("TRACE", "/api/webhooks/codehost".to_owned(), "POST"),
+        ("POST", "/healthz".to_owned(), "GET"),
+        ("PATCH", format!("/api/repos/{id}"), "GET, DELETE"),
+    ] {
+        let req = TestRequest::default()
+            .method(method.parse().unwrap())
+            .uri(&path)
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .to_request();
+        let res = actix_web::test::call_service(&app, req).await;
+        assert_eq!(res.status(), 405, "{method} {path}");
+        assert_eq!(
+            res.headers().get("allow").unwrap(),
+            allow,
+            "{method} {path}"
+        );
+        let body: Value = actix_web::test::read_body_json(res).await;
+        envelope(&body, "method_not_allowed");
+    }
+    for (method, path) in [
+        ("TRACE", "/api/nope"),
+        ("GET", "/api/tasks/1/2/3"),
+        ("GET", "/api/tasks/"),
+        ("GET", "/nothing-here"),
+    ] {
+        let req = TestRequest::default()
+            .method(method.parse().unwrap())
+            .uri(path)
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .to_request();
+        let (code, body) = call(&app, req).await;
+        assert_eq!(code, 404, "{method} {path}");
+        envelope(&body, "not_found");
+    }
+}
+
+#[actix_web::test]
+async fn made_up_methods_and_paths_do_not_grow_the_metrics() {
+    use proptest::strategy::{Strategy, ValueTree};
+    let db = sqlite();
+    let app = service(&db.db).await;
+    let mut runner = proptest::test_runner::TestRunner::default();
+    let names = proptest::string::string_regex("[A-Z][A-Z0-9_-]{2,20}").unwrap();
+    let segment = proptest::string::string_regex("[a-z0-9]{1,12}").unwrap();
+    for _ in 0..50 {
+        let method = names.new_tree(&mut runner).unwrap().current();
+        let path = format!("/api/{}", segment.new_tree(&mut runner).unwrap().current());
+        let other = format!("/{}", segment.new_tree(&mut runner).unwrap().current());
+        for uri in [&path, &other, &"/api/tasks".to_owned()] {
+            let req = TestRequest::default()
+                .method(method.parse().unwrap())
+                .uri(uri)
+                .to_request();
+            let (code, _) = call(&app, req).await;
+            assert!(
+                code == 404 || code == 405 || code == 401,
+                "{method} {uri}: {code}"
+            );
+        }
+    }
+    let res =
+        actix_web::test::call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
+    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    let label = |name: &str| -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter(|l| l.starts_with("agentry_http_requests_total{"))
+            .filter_map(|l| {
+                let start = l.find(&format!("{name}=\""))? + name.len() + 2;
+                let end = start + l[start..].find('"')?;
+                Some(l[start..end].to_owned())
+            })
+            .collect()
+    };
+    let methods = label("method");
+    assert!(
+        methods.iter().all(|m| m == "OTHER"),
+        "one label for all made-up methods: {methods:?}"
+    );
+    let routes = label("route");
+    assert!(
+        routes.len() <= 3,
+        "made-up paths are not labels: {routes:?}"
+    );
+    assert!(
+        routes
+            .iter()
+            .all(|r| !r.contains("/api/") || r == "/api/tasks"),
+        "{routes:?}"
+    );
+}
+
+#[actix_web::test]
+async fn responses_are_not_sniffed_and_api_answers_are_not_cached() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let created = TestRequest::post()
+        .uri("/api/tokens")
+        .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+        .insert_header(("Content-Type", "application/json"))
+        .set_payload(r#"{"name":"ci","role":"viewer"}"#)
+        .to_request();
+    for (req, status, api) in [
+        (created, 201, true),
+        (get("/api/tasks", &t.viewer), 200, true),
+        (get("/api/tasks", "agt_wrong"), 401, true),
+        (get("/api/nope", &t.viewer), 404, true),
+        (get("/api/openapi.json", &t.viewer), 200, true),
+        (TestRequest::get().uri("/healthz").to_request(), 200, false),
+        (TestRequest::get().uri("/nothing").to_request(), 404, false),
+    ] {
+        let what = format!("{} {}", req.method(), req.path());
+        let res = actix_web::test::call_service(&app, req).await;
+        assert_eq!(res.status(), status, "{what}");
+        assert_eq!(
+            res.headers().get("x-content-type-options").unwrap(),
+            "nosniff",
+            "{what}"
+        );
+        let cache = res.headers().get("cache-control");
+        if api {
+            assert_eq!(cache.unwrap(), "no-store", "{what}");
+        } else {
+            assert!(cache.is_none(), "{what}");
+        }
+    }
 }
 
 #[actix_web::test]
@@ -887,4 +1049,56 @@ async fn the_cost_report_schema_has_every_member() {
     let op = &doc["paths"]["/api/analytics/costs"]["get"]["responses"]["200"]["content"]["application/json"]
         ["schema"];
     assert_eq!(op["$ref"], "#/components/schemas/CostReport");
+}
+
+#[actix_web::test]
+async fn integral_json_numbers_count_as_integers_and_the_document_states_the_limits() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let assign = |number: &str| {
+        TestRequest::post()
+            .uri("/api/issues/assign")
+            .insert_header(("Authorization", format!("Bearer {}", t.member)))
+            .insert_header(("Content-Type", "application/json"))
+            .set_payload(format!(
+                r#"{{"issueNumber": {number}, "repoId": "{}", "title": "Fix it"}}"#,
+                Uuid::new_v4()
+            ))
+            .to_request()
+    };
+    // 7.0 and 7e0 are the integer 7 (JSON does not tell them apart): past parsing, the
+    // unknown repository is what is refused.
+    for number in ["7", "7.0", "7e0"] {
+        let (code, body) = call(&app, assign(number)).await;
+        assert_eq!(code, 404, "{number}: {body}");
+    }
+    for number in ["7.5", "1e300", "\"7\""] {
+        let (code, body) = call(&app, assign(number)).await;
+        assert_eq!(code, 400, "{number}: {body}");
+        assert!(
+            envelope(&body, "invalid_parameter").starts_with("issueNumber:"),
+            "{number}: {body}"
+        );
+    }
+    let (_, doc) = call(&app, get("/api/openapi.json", &t.viewer)).await;
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(
+        schemas["AssignIssue"]["properties"]["issueNumber"]["minimum"],
+        1
+    );
+    assert_eq!(schemas["CreateTask"]["properties"]["title"]["minLength"], 1);
+    assert_eq!(
+        schemas["CreateTask"]["properties"]["title"]["maxLength"],
+        500
+    );
+    assert_eq!(
+        schemas["CreateToken"]["properties"]["name"]["maxLength"],
+        100
+    );
+    assert!(schemas["ConnectRepo"]["properties"]["repoUrl"]["pattern"].is_string());
+    assert_eq!(
+        schemas["AgentTypeName"]["enum"],
+        json!(["claude-code", "codex"])
+    );
 }

@@ -537,3 +537,324 @@ async fn random_signed_bodies_never_fail_the_webhook() {
     assert_eq!(env.count("webhook_deliveries"), accepted);
     assert_eq!(env.count("tasks"), 0);
 }
+
+/// The real application on a real socket (127.0.0.1, one worker) with webhook `limits`;
+/// returns its address and the handle that stops it.
+fn listen(
+    env: &Env,
+    limits: agentry_api::routes::webhooks::WebhookLimits,
+) -> (std::net::SocketAddr, actix_web::dev::ServerHandle) {
+    let state = env.state.clone();
+    let limits = actix_web::web::Data::new(limits);
+    let server = actix_web::HttpServer::new(move || {
+        agentry_api::app::build_app_with(state.clone(), Vec::new(), limits.clone())
+    })
+    .workers(1)
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    (addr, handle)
+}
+
+/// The head of a webhook request for a body of `length` bytes with the given headers.
+fn webhook_head(headers: &[(&str, &str)], length: Option<usize>) -> String {
+    let mut head = String::from("POST /api/webhooks/codehost HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(length) = length {
+        head.push_str(&format!("Content-Length: {length}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
+/// Reads from `conn` until an answer's head and `Content-Length` bytes of body are in, or
+/// the connection closes, within `deadline`; `None` when no whole answer came in time.
+async fn read_answer(
+    conn: &mut tokio::net::TcpStream,
+    deadline: Duration,
+) -> Option<(u16, String)> {
+    use tokio::io::AsyncReadExt;
+    let read = async {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&got).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap())
+                    })
+                    .unwrap_or(0);
+                if got.len() >= end + 4 + length {
+                    let status = text[9..12].parse().unwrap();
+                    return Some((status, text));
+                }
+            }
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(deadline, read).await.ok().flatten()
+}
+
+/// Whether the server closed `conn` (within `deadline`).
+async fn closed(conn: &mut tokio::net::TcpStream, deadline: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let read = async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => continue,
+            }
+        }
+    };
+    tokio::time::timeout(deadline, read).await.unwrap_or(false)
+}
+
+async fn connect(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(addr).await.unwrap()
+}
+
+async fn send(conn: &mut tokio::net::TcpStream, bytes: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    conn.write_all(bytes).await.unwrap();
+    conn.flush().await.unwrap();
+}
+
+#[actix_web::test]
+async fn a_webhook_is_refused_on_its_headers_before_its_body_is_sent() {
+    let env = Env::new(sqlite()).with_webhook();
+    let (addr, server) = listen(&env, Default::default());
+    let body = fixture("ping");
+    let good_signature = sign(SECRET.as_bytes(), &body);
+    let twenty_mib = 20 * 1024 * 1024;
+    for (name, headers, length, status, code) in [
+        (
+            "no signature",
+            vec![("X-GitHub-Event", "ping"), ("X-GitHub-Delivery", "h-1")],
+            Some(twenty_mib),
+            401,
+            "unauthenticated",
+        ),
+        (
+            "malformed signature",
+            vec![
+                ("X-Hub-Signature-256", "sha1=0123"),
+                ("X-GitHub-Event", "ping"),
+                ("X-GitHub-Delivery", "h-2"),
+            ],
+            Some(twenty_mib),
+            401,
+            "unauthenticated",
+        ),
+        (
+            "empty event",
+            vec![
+                ("X-Hub-Signature-256", good_signature.as_str()),
+                ("X-GitHub-Event", ""),
+                ("X-GitHub-Delivery", "h-3"),
+            ],
+            Some(twenty_mib),
+            400,
+            "invalid_request",
+        ),
+        (
+            "blank delivery",
+            vec![
+                ("X-Hub-Signature-256", good_signature.as_str()),
+                ("X-GitHub-Event", "ping"),
+                ("X-GitHub-Delivery", "  "),
+            ],
+            Some(twenty_mib),
+            400,
+            "invalid_request",
+        ),
+        (
+            "over 25 MiB",
+            vec![
+                ("X-Hub-Signature-256", good_signature.as_str()),
+                ("X-GitHub-Event", "ping"),
+                ("X-GitHub-Delivery", "h-4"),
+            ],
+            Some(25 * 1024 * 1024 + 1),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "chunked, no length",
+            vec![
+                ("X-Hub-Signature-256", good_signature.as_str()),
+                ("X-GitHub-Event", "ping"),
+                ("X-GitHub-Delivery", "h-5"),
+                ("Transfer-Encoding", "chunked"),
+            ],
+            None,
+            411,
+            "length_required",
+        ),
+    ] {
+        let mut conn = connect(addr).await;
+        // Only the head: the answer must not wait for a body that never comes.
+        send(&mut conn, webhook_head(&headers, length).as_bytes()).await;
+        let (got, text) = read_answer(&mut conn, Duration::from_secs(3))
+            .await
+            .unwrap_or_else(|| panic!("{name}: no answer before the body"));
+        assert_eq!(got, status, "{name}: {text}");
+        assert!(
+            text.contains(&format!("\"code\":\"{code}\"")),
+            "{name}: {text}"
+        );
+    }
+    // The same headers with the body are accepted.
+    let mut conn = connect(addr).await;
+    let head = webhook_head(
+        &[
+            ("X-Hub-Signature-256", &good_signature),
+            ("X-GitHub-Event", "ping"),
+            ("X-GitHub-Delivery", "h-6"),
+        ],
+        Some(body.len()),
+    );
+    send(&mut conn, head.as_bytes()).await;
+    send(&mut conn, &body).await;
+    let (got, text) = read_answer(&mut conn, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(got, 200, "{text}");
+    assert_eq!(env.count("webhook_deliveries"), 1);
+    server.stop(false).await;
+}
+
+#[actix_web::test]
+async fn a_slow_webhook_body_is_cut_off() {
+    use agentry_api::routes::webhooks::WebhookLimits;
+    let env = Env::new(sqlite()).with_webhook();
+    let read_timeout = Duration::from_millis(300);
+    let (addr, server) = listen(
+        &env,
+        WebhookLimits::new(4, Duration::from_secs(1), read_timeout),
+    );
+    let body = fixture("ping");
+    let signature = sign(SECRET.as_bytes(), &body);
+    let mut conn = connect(addr).await;
+    let head = webhook_head(
+        &[
+            ("X-Hub-Signature-256", &signature),
+            ("X-GitHub-Event", "ping"),
+            ("X-GitHub-Delivery", "slow-1"),
+        ],
+        Some(body.len()),
+    );
+    send(&mut conn, head.as_bytes()).await;
+    send(&mut conn, &body[..10]).await;
+    let (status, text) = read_answer(&mut conn, Duration::from_secs(5))
+        .await
+        .expect("a slow body is answered, not waited for");
+    assert_eq!(status, 408, "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+    assert!(
+        closed(&mut conn, Duration::from_secs(5)).await,
+        "the connection is closed"
+    );
+    assert_eq!(env.count("webhook_deliveries"), 0);
+    server.stop(false).await;
+}
+
+#[actix_web::test]
+async fn webhook_bodies_are_read_a_few_at_a_time() {
+    use agentry_api::routes::webhooks::WebhookLimits;
+    let env = Env::new(sqlite()).with_webhook();
+    let (addr, server) = listen(
+        &env,
+        WebhookLimits::new(1, Duration::from_millis(100), Duration::from_secs(20)),
+    );
+    let body = fixture("ping");
+    let signature = sign(SECRET.as_bytes(), &body);
+    let head = |id: &str| {
+        webhook_head(
+            &[
+                ("X-Hub-Signature-256", &signature),
+                ("X-GitHub-Event", "ping"),
+                ("X-GitHub-Delivery", id),
+            ],
+            Some(body.len()),
+        )
+    };
+    // A delivery whose body is half sent holds the only read slot…
+    let mut holder = connect(addr).await;
+    send(&mut holder, head("holder").as_bytes()).await;
+    send(&mut holder, &body[..body.len() / 2]).await;
+    // …so another one is answered 503 with Retry-After (once the holder has the slot).
+    let started = std::time::Instant::now();
+    let mut busy = None;
+    for i in 0.. {
+        assert!(started.elapsed() < Duration::from_secs(10), "never busy");
+        let mut conn = connect(addr).await;
+        send(&mut conn, head(&format!("other-{i}")).as_bytes()).await;
+        send(&mut conn, &body).await;
+        let (status, text) = read_answer(&mut conn, Duration::from_secs(5))
+            .await
+            .unwrap();
+        if status == 503 {
+            busy = Some(text);
+            break;
+        }
+        assert_eq!(status, 200, "{text}");
+    }
+    let busy = busy.unwrap();
+    assert!(busy.contains("\"code\":\"busy\""), "{busy}");
+    assert!(
+        busy.to_ascii_lowercase().contains("retry-after: 5"),
+        "{busy}"
+    );
+    // The holder finishes; its delivery is accepted and the slot is free again.
+    send(&mut holder, &body[body.len() / 2..]).await;
+    let (status, text) = read_answer(&mut holder, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let mut conn = connect(addr).await;
+    send(&mut conn, head("after").as_bytes()).await;
+    send(&mut conn, &body).await;
+    let (status, text) = read_answer(&mut conn, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    server.stop(false).await;
+}
+
+#[actix_web::test]
+async fn delivery_ids_older_than_a_week_are_forgotten() {
+    use agentry_api::routes::webhooks::{DELIVERY_RETENTION, forget_old_deliveries};
+    use agentry_persistence::webhooks::{find_delivery, record_delivery};
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        let now = agentry_persistence::now();
+        {
+            let mut conn = env.db().conn().unwrap();
+            for (id, age) in [
+                ("old", DELIVERY_RETENTION + time::Duration::hours(1)),
+                ("recent", time::Duration::days(3)),
+                ("new", time::Duration::ZERO),
+            ] {
+                assert!(record_delivery(&mut conn, id, "ping", None, now - age).unwrap());
+            }
+        }
+        assert_eq!(forget_old_deliveries(&env.state, now).await.unwrap(), 1);
+        let mut conn = env.db().conn().unwrap();
+        assert!(find_delivery(&mut conn, "old").unwrap().is_none());
+        assert!(find_delivery(&mut conn, "recent").unwrap().is_some());
+        assert!(find_delivery(&mut conn, "new").unwrap().is_some());
+    }
+}

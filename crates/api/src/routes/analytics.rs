@@ -17,8 +17,11 @@ pub const DEFAULT_DAYS: i64 = 30;
 #[utoipa::path(
     tag = "analytics",
     params(
-        ("days" = Option<u32>, Query, description = "Period length in days, 1 to 365 (default 30)"),
-        ("repoUrl" = Option<String>, Query, description = "Only this repository (any accepted URL form)"),
+        ("days" = Option<u32>, Query, minimum = 1, maximum = 365,
+            description = "Period length in days, 1 to 365 (default 30)"),
+        ("repoUrl" = Option<String>, Query, min_length = 1,
+            pattern = r"^https://[a-z][a-z0-9-]{0,20}(\.[a-z][a-z0-9-]{0,20}){0,3}/[A-Za-z0-9_-]{1,40}/[A-Za-z0-9_-]{1,40}$",
+            description = "Only this repository (any accepted URL form)"),
     ),
     responses(
         (status = 200, description = "The cost report (SPEC §4)", body = agentry_analytics::CostReport),

@@ -256,8 +256,10 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
     tag = "issues",
     params(
         ("repoId" = Option<Uuid>, Query, description = "Only this repository"),
-        ("limit" = Option<i64>, Query, description = "Page size, 1 to 200 (default 100)"),
-        ("cursor" = Option<String>, Query, description = "`nextCursor` of the previous page"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
+            description = "Page size, 1 to 200 (default 100)"),
+        ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
+            description = "`nextCursor` of the previous page, unchanged"),
     ),
     responses(
         (status = 200, body = IssueListDto),
@@ -283,7 +285,8 @@ pub async fn list_issues(
     tag = "issues",
     params(
         ("repoId" = Option<Uuid>, Query, description = "Only this repository"),
-        ("limit" = Option<i64>, Query, description = "Page size, 1 to 200 (default 100)"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
+            description = "Page size, 1 to 200 (default 100)"),
     ),
     responses(
         (status = 200, body = IssueListDto),
@@ -325,16 +328,18 @@ pub async fn sync_issues(
 #[serde(rename_all = "camelCase")]
 pub struct AssignIssue {
     /// The issue's number (≥ 1).
+    #[schema(minimum = 1)]
     pub issue_number: i64,
     /// A connected repository.
     pub repo_id: Uuid,
     /// The task's title (non-blank).
+    #[schema(min_length = 1, max_length = 500, pattern = r"[^\s\u0085]")]
     pub title: String,
     /// The task's prompt (default empty).
     #[serde(default)]
     pub body: String,
     /// `claude-code` or `codex` (default: the repository's).
-    #[schema(value_type = Option<String>, example = "claude-code")]
+    #[schema(value_type = Option<crate::dto::names::AgentTypeName>, example = "claude-code")]
     pub agent_type: Option<AgentType>,
 }
 
@@ -359,6 +364,7 @@ pub struct AssignedDto {
         (status = 201, description = "The task was created", body = AssignedDto),
         (status = 200, description = "The issue already had a task", body = AssignedDto),
         (status = 400, body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
         (status = 404, description = "Unknown repository, or not an open issue of it", body = ErrorBody),

@@ -22,6 +22,10 @@ use crate::state::AppState;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConnectRepo {
     /// Any accepted form: `https://github.com/org/repo`, `git@github.com:org/repo.git`, …
+    #[schema(
+        min_length = 1,
+        pattern = r"^https://[a-z][a-z0-9-]{0,20}(\.[a-z][a-z0-9-]{0,20}){0,3}/[A-Za-z0-9_-]{1,40}/[A-Za-z0-9_-]{1,40}$"
+    )]
     pub repo_url: String,
 }
 
@@ -107,6 +111,7 @@ pub fn web_host_of(api_url: &str) -> Option<String> {
         (status = 201, description = "Connected now", body = RepoDto),
         (status = 200, description = "Already connected", body = RepoDto),
         (status = 400, body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
         (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
@@ -295,6 +300,7 @@ pub async fn get_settings(
     responses(
         (status = 200, description = "The settings after the change", body = Object),
         (status = 400, body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody),

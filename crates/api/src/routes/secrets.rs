@@ -23,7 +23,8 @@ const MAX_VALUE_BYTES: usize = 16 * 1024;
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutSecret {
-    /// The value (1 to 16 KiB). Never returned.
+    /// The value (1 to 16 KiB, not blank). Never returned.
+    #[schema(min_length = 1, max_length = 16384, pattern = r"[^\s\u0085]")]
     pub value: String,
 }
 
@@ -81,11 +82,13 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 /// the code host (`GET /user`); a token it refuses is not stored (422).
 #[utoipa::path(
     tag = "secrets",
-    params(("name" = String, Path, description = "Secret name, e.g. CODEHOST_TOKEN")),
+    params(("name" = String, Path, pattern = "^[A-Z][A-Z0-9_]{0,63}$",
+        description = "Secret name, e.g. CODEHOST_TOKEN")),
     request_body = PutSecret,
     responses(
         (status = 200, body = SecretDto),
         (status = 400, body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
         (status = 422, description = "The code host refused the token", body = ErrorBody),
@@ -167,7 +170,8 @@ pub async fn list_secrets(
 /// Deletes a secret.
 #[utoipa::path(
     tag = "secrets",
-    params(("name" = String, Path, description = "Secret name")),
+    params(("name" = String, Path, pattern = "^[A-Z][A-Z0-9_]{0,63}$",
+        description = "Secret name")),
     responses(
         (status = 204),
         (status = 400, body = ErrorBody),

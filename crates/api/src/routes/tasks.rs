@@ -14,8 +14,10 @@ use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::body::{JsonBody, read_limited, require_content_type};
+use crate::dto::names::{AgentTypeName, TaskStateName, TaskTypeName};
 use crate::dto::{
     EventDto, ImportResultDto, IssueRefDto, RunDto, TaskDetailDto, TaskDto, TaskListDto,
+    TaskSummaryDto,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::import::{self, ImportError};
@@ -56,11 +58,13 @@ pub fn decode_cursor(s: &str) -> Result<TaskCursor, ApiError> {
 #[utoipa::path(
     tag = "tasks",
     params(
-        ("state" = Option<String>, Query, description = "Only tasks in this state"),
+        ("state" = Option<TaskStateName>, Query, description = "Only tasks in this state"),
         ("repoId" = Option<Uuid>, Query, description = "Only tasks of this repository"),
-        ("taskType" = Option<String>, Query, description = "`coding` or `review`"),
-        ("limit" = Option<i64>, Query, description = "Page size, 1 to 200 (default 50)"),
-        ("cursor" = Option<String>, Query, description = "`nextCursor` of the previous page"),
+        ("taskType" = Option<TaskTypeName>, Query, description = "`coding` or `review`"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
+            description = "Page size, 1 to 200 (default 50)"),
+        ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
+            description = "`nextCursor` of the previous page, unchanged"),
     ),
     responses(
         (status = 200, body = TaskListDto),
@@ -94,8 +98,14 @@ pub async fn list_tasks(
         .await?;
     Ok(web::Json(TaskListDto {
         next_cursor: page.next.as_ref().map(encode_cursor),
-        tasks: page.tasks.into_iter().map(TaskDto::from).collect(),
+        tasks: page.tasks.into_iter().map(TaskSummaryDto::from).collect(),
     }))
+}
+
+/// `/api/tasks/import` is not a task: a GET of it is answered 405 (it takes POST only), as
+/// the document lists it, rather than as a malformed task id.
+fn not_the_import_path(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
+    ctx.head().uri.path() != "/api/tasks/import"
 }
 
 /// One task with its runs, state history, linked issue and review subtasks.
@@ -110,7 +120,7 @@ pub async fn list_tasks(
     ),
     security(("bearer" = []))
 )]
-#[get("/tasks/{id}")]
+#[get("/tasks/{id}", guard = "not_the_import_path")]
 pub async fn get_task(
     _caller: Caller,
     path: web::Path<String>,
@@ -137,7 +147,7 @@ pub async fn get_task(
         runs: runs.into_iter().map(RunDto::from).collect(),
         events: events.into_iter().map(EventDto::from).collect(),
         issue,
-        reviews: reviews.into_iter().map(TaskDto::from).collect(),
+        reviews: reviews.into_iter().map(TaskSummaryDto::from).collect(),
     }))
 }
 
@@ -182,12 +192,14 @@ pub struct CreateTask {
     /// A connected repository.
     pub repo_id: Uuid,
     /// The task's title (non-blank, at most 500 characters).
+    #[schema(min_length = 1, max_length = 500, pattern = r"[^\s\u0085]")]
     pub title: String,
     /// The instructions for the agent (at most 256 KiB; default empty).
     #[serde(default)]
+    #[schema(max_length = 262144)]
     pub prompt: String,
     /// `claude-code` or `codex` (default: the repository's).
-    #[schema(value_type = Option<String>, example = "claude-code")]
+    #[schema(value_type = Option<AgentTypeName>, example = "claude-code")]
     pub agent_type: Option<AgentType>,
 }
 
@@ -198,6 +210,7 @@ pub struct CreateTask {
     responses(
         (status = 201, body = TaskDto),
         (status = 400, body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody),
@@ -361,17 +374,24 @@ pub async fn task_log(
             Ok((task, stored))
         })
         .await?;
+    // The live output is a file read: on the blocking pool, never on an async worker, and
+    // cut to the stored log's size there, so at most that much crosses back.
     let live = if crate::runs::is_running(task.state) {
-        state.runs.runner().live_output(id, task.attempt)
+        let state = state.clone();
+        let attempt = task.attempt;
+        web::block(move || {
+            state
+                .runs
+                .runner()
+                .live_output(id, attempt)
+                .map(|output| claims::RunLog::of(&output))
+        })
+        .await?
     } else {
         None
     };
     let (text, truncated) = match (live, stored) {
-        (Some(live), _) => {
-            let log = claims::RunLog::of(&live);
-            (log.content, log.truncated)
-        }
-        (None, Some((_, _, log))) => (log.content, log.truncated),
+        (Some(log), _) | (None, Some((_, _, log))) => (log.content, log.truncated),
         (None, None) => {
             return Err(ApiError::not_found(format!("task {id} has no run log yet")));
         }

@@ -22,9 +22,10 @@ const MAX_NAME_CHARS: usize = 100;
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
     /// What the token is for (1 to 100 characters).
+    #[schema(min_length = 1, max_length = 100, pattern = r"[^\s\u0085]")]
     pub name: String,
     /// `viewer`, `member` or `admin`.
-    #[schema(value_type = String, example = "member")]
+    #[schema(value_type = crate::dto::names::RoleName, example = "member")]
     pub role: Role,
 }
 
@@ -80,6 +81,7 @@ pub struct TokenListDto {
     responses(
         (status = 201, body = CreatedTokenDto),
         (status = 400, body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
     ),
