@@ -127,7 +127,7 @@ const KEPT_LINE_CAPACITY: usize = 1024 * 1024;
 /// only what the report needs (the event type, counts, the exact text of money figures, the
 /// final text); nothing else of an event is kept. Memory stays bounded: at most one
 /// unfinished line (up to [`MAX_LINE_BYTES`]; a longer line is skipped with a warning and
-/// not buffered), the final text, and at most 50 warnings.
+/// not buffered), the final text, and a bounded list of warnings.
 ///
 /// Line by line the parsers read what [`crate::parse_claude`] and [`crate::parse_codex`]
 /// document. Lines are numbered from 1; blank lines are passed over; a line that is not a
