@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentry_persistence::secrets::SecretValue;
+use agentry_runner::SandboxMode;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +55,9 @@ pub struct Config {
     /// `AGENTRY_RUN_LEASE_SECS`: how long a claimed task stays this process's without a
     /// renewal (default 60 s); a dead process's tasks are recovered after it.
     pub run_lease: Duration,
+    /// `AGENTRY_AGENT_SANDBOX`: `auto` (default: agents run in a bubblewrap sandbox and are
+    /// refused without one) or `off` (explicit: agents run unsandboxed).
+    pub agent_sandbox: SandboxMode,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -213,6 +217,13 @@ impl Config {
                 message: "at least 3 seconds (the lease is renewed every third of it)".into(),
             });
         }
+        let agent_sandbox = match get("AGENTRY_AGENT_SANDBOX") {
+            None => SandboxMode::Auto,
+            Some(text) => text.trim().parse().map_err(|e| ConfigError {
+                name: "AGENTRY_AGENT_SANDBOX",
+                message: format!("{e}"),
+            })?,
+        };
         Ok(Config {
             data_dir,
             database_url,
@@ -230,6 +241,7 @@ impl Config {
             prices_file,
             run_time_limit,
             run_lease,
+            agent_sandbox,
         })
     }
 }
@@ -375,6 +387,7 @@ mod tests {
         assert_eq!(c.prices_file, None);
         assert_eq!(c.run_time_limit, Duration::from_secs(3600));
         assert_eq!(c.run_lease, Duration::from_secs(60));
+        assert_eq!(c.agent_sandbox, SandboxMode::Auto);
     }
 
     #[test]
@@ -452,8 +465,10 @@ mod tests {
             ("AGENTRY_PRICES_FILE", "/etc/agentry/prices.json"),
             ("AGENTRY_RUN_TIME_LIMIT_SECS", "900"),
             ("AGENTRY_RUN_LEASE_SECS", "20"),
+            ("AGENTRY_AGENT_SANDBOX", "off"),
         ])
         .unwrap();
+        assert_eq!(c.agent_sandbox, SandboxMode::Off);
         assert_eq!(c.max_concurrent_runs, 5);
         assert_eq!(c.claude_bin, PathBuf::from("/opt/claude/bin/claude"));
         assert_eq!(c.codex_bin, PathBuf::from("codex-nightly"));
@@ -469,6 +484,8 @@ mod tests {
             ("AGENTRY_MAX_CONCURRENT_RUNS", "two"),
             ("AGENTRY_RUN_TIME_LIMIT_SECS", "0"),
             ("AGENTRY_RUN_LEASE_SECS", "2"),
+            ("AGENTRY_AGENT_SANDBOX", "no"),
+            ("AGENTRY_AGENT_SANDBOX", "bwrap"),
         ] {
             assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
         }

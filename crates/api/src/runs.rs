@@ -60,6 +60,8 @@ pub struct RunSettings {
     pub idle: Duration,
     /// Keep run directories after the run is recorded (for tests that inspect them).
     pub keep_run_dirs: bool,
+    /// Whether agents run sandboxed (`AGENTRY_AGENT_SANDBOX`).
+    pub sandbox: agentry_runner::SandboxMode,
 }
 
 impl Default for RunSettings {
@@ -70,6 +72,7 @@ impl Default for RunSettings {
             wall_time: Duration::from_secs(3600),
             idle: Duration::from_secs(2),
             keep_run_dirs: false,
+            sandbox: agentry_runner::SandboxMode::Auto,
         }
     }
 }
@@ -129,7 +132,7 @@ impl Runs {
             prices: prices.clone(),
             inherited_env: agentry_runner::LocalConfig::inherit(|name| std::env::var(name).ok()),
             kill_grace: KILL_GRACE,
-            sandbox: agentry_runner::Sandbox::new(agentry_runner::SandboxMode::Auto),
+            sandbox: agentry_runner::Sandbox::new(settings.sandbox),
         });
         Runs::new(Arc::new(runner), prices, settings)
     }

@@ -165,6 +165,7 @@ pub fn runs(config: &Config) -> Result<Runs, StartError> {
             max_concurrent: config.max_concurrent_runs,
             lease: config.run_lease,
             wall_time: config.run_time_limit,
+            sandbox: config.agent_sandbox,
             ..RunSettings::default()
         },
     ))

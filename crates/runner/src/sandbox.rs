@@ -202,6 +202,51 @@ impl Sandbox {
     }
 }
 
+/// The mode test suites run agents in: [`SandboxMode::Auto`] where a sandbox works on this
+/// machine, else [`SandboxMode::Off`], so that the suite also passes on a machine with only
+/// the Rust toolchain (the sandbox's own tests skip there). With
+/// `AGENTRY_TEST_REQUIRE_SANDBOX=1` (CI sets it) a missing sandbox panics instead, so the
+/// sandboxed variant can never be skipped silently. Blocking: it runs the probe once per
+/// call.
+///
+/// # Panics
+///
+/// When the sandbox does not work here and `AGENTRY_TEST_REQUIRE_SANDBOX=1`.
+pub fn mode_for_tests() -> SandboxMode {
+    let works = find_bwrap().and_then(|bwrap| {
+        let status = std::process::Command::new(&bwrap)
+            .args(BASE_ARGS)
+            .args(["--tmpfs", "/tmp", "--", "true"])
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot start {}: {e}", bwrap.display()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "a trial run of {} failed ({status})",
+                bwrap.display()
+            ))
+        }
+    });
+    match works {
+        Ok(()) => SandboxMode::Auto,
+        Err(why) => {
+            assert!(
+                std::env::var("AGENTRY_TEST_REQUIRE_SANDBOX").as_deref() != Ok("1"),
+                "AGENTRY_TEST_REQUIRE_SANDBOX=1 but {}",
+                unavailable(&why)
+            );
+            eprintln!("note: agents run unsandboxed in this test: {why}");
+            SandboxMode::Off
+        }
+    }
+}
+
 /// The message of a refused agent when the sandbox does not work here.
 fn unavailable(why: &str) -> String {
     format!(
