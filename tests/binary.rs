@@ -24,12 +24,22 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// `AGENTRY_AGENT_SANDBOX=off` where bubblewrap does not work on this machine (the suite
+/// runs on a machine with only the Rust toolchain; CI requires the sandbox); else nothing,
+/// so `serve` uses its default, `auto`.
+fn sandbox_env(cmd: &mut Command) {
+    if agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Off {
+        cmd.env("AGENTRY_AGENT_SANDBOX", "off");
+    }
+}
+
 fn agentry(data_dir: &Path, database_url: Option<&str>) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("AGENTRY_DATA_DIR", data_dir)
         .env("RUST_LOG", "info");
+    sandbox_env(&mut cmd);
     if let Some(url) = database_url {
         cmd.env("AGENTRY_DATABASE_URL", url);
     }
@@ -183,10 +193,17 @@ fn first_start_prints_an_admin_token_once_and_serves_until_sigterm() {
             "data dir is private"
         );
     }
+    // A failed authentication leaves the file; the token's first use removes it.
+    assert_eq!(get(&server.base, "/api/tasks", "agt_wrong").0, 401);
+    assert!(file.exists());
     let (status, body) = get(&server.base, "/api/tasks", &token);
     assert_eq!(
         (status, body),
         (200, serde_json::json!({ "tasks": [], "nextCursor": null }))
+    );
+    assert!(
+        !file.exists(),
+        "the plain-text admin token is not kept after its first use"
     );
     let (status, _) = get(&server.base, "/readyz", "");
     assert_eq!(status, 200);
@@ -551,6 +568,22 @@ fn source_repo(dir: &Path) -> std::path::PathBuf {
     bare
 }
 
+/// The processes whose environment holds `var` (`NAME=value`) exactly: how a run's agent
+/// and its children are found from outside a sandbox, whose process ids differ inside.
+fn processes_with_env(var: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            pid_alive(*pid)
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()))
+        })
+        .collect()
+}
+
 fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         !stat
@@ -610,31 +643,31 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
         .json()
         .unwrap();
     let id = task["id"].as_str().unwrap().to_owned();
-    let pid_file = data.join("runs").join(&id).join("1/home/agent.pid");
+    // The fake agent writes this once it runs (its own pid, which differs inside a sandbox).
+    let home = data.join("runs").join(&id).join("1/home");
     eventually(Duration::from_secs(20), "the agent running", || {
-        pid_file.exists()
+        home.join("agent.pid").exists()
     });
     let (_, running) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
     assert_eq!(running["state"], "running", "{running}");
-    let agent: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let home_var = format!("HOME={}", home.display());
+    assert!(!processes_with_env(&home_var).is_empty());
 
     server.signal("KILL");
     drop(server);
-    assert!(
-        pid_alive(agent),
-        "the agent outlives the killed service (its own group)"
-    );
+    // Unsandboxed, the agent outlives the killed service (its own process group) until the
+    // next start stops it; sandboxed, bubblewrap ends it with the service.
+    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    if !sandboxed {
+        assert!(!processes_with_env(&home_var).is_empty());
+    }
 
     let server = Server::start_with(&data, None, true, &env);
-    // Recovery at start stops the orphaned agent before anything else runs.
+    // Recovery at start stops an orphaned agent before anything else runs.
     eventually(
         Duration::from_secs(10),
-        "the orphaned agent stopped",
-        || !pid_alive(agent),
+        "no process of the dead run left",
+        || processes_with_env(&home_var).is_empty(),
     );
     let mut last = Value::Null;
     eventually(
@@ -661,4 +694,113 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
         "{last}"
     );
     assert_eq!(fake.pulls("acme", "web").len(), 1);
+}
+
+/// The README's first command as a newcomer runs it: `agentry serve` in a fresh directory
+/// with no `AGENTRY_DATA_DIR` (so `./agentry-data`), the agent CLI found on `PATH`. An
+/// assigned issue goes all the way to `pr_opened`. Only the listen port (tests run in
+/// parallel) and the code host (the local fake) differ from the defaults.
+#[test]
+fn the_readme_defaults_take_an_issue_to_a_pull_request() {
+    use agentry_codehost::fake::FakeGitHub;
+    const GH: &str = "ghp_ReadmeDefaultsToken0123456789abcdef";
+    let fake = FakeGitHub::start();
+    fake.add_token(GH, "agentry-bot");
+    fake.add_repo("acme", "web", "main");
+    let number = fake.add_issue("acme", "web", "Add a changelog", Some("Short."), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let source = source_repo(dir.path());
+    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    // `claude` on PATH, as an operator installs it.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude"),
+        bin.join("claude"),
+    )
+    .unwrap();
+    let cwd = dir.path().join("newcomer");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .current_dir(&cwd)
+        .env_clear()
+        .env("PATH", path)
+        .env("AGENTRY_BIND", format!("127.0.0.1:{port}"))
+        .env("AGENTRY_CODEHOST_API_URL", fake.base_url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    sandbox_env(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let client = reqwest::blocking::Client::new();
+    eventually(Duration::from_secs(20), "serve healthy", || {
+        client
+            .get(format!("{base}/healthz"))
+            .send()
+            .is_ok_and(|r| r.status() == 200)
+    });
+    let data = cwd.join("agentry-data");
+    let admin = std::fs::read_to_string(data.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let put = client
+        .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "value": GH }))
+        .send()
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let repo: Value = client
+        .post(format!("{base}/api/repos"))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let assigned = client
+        .post(format!("{base}/api/issues/assign"))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({
+            "repoId": repo["id"], "issueNumber": number, "title": "Add a changelog"
+        }))
+        .send()
+        .unwrap();
+    assert_eq!(assigned.status(), 201);
+    let assigned: Value = assigned.json().unwrap();
+    let id = assigned["task"]["id"].as_str().unwrap().to_owned();
+    let mut last;
+    let reached = {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            last = get(&base, &format!("/api/tasks/{id}"), &admin).1;
+            if last["state"] == "pr_opened" || last["state"] == "failed" {
+                break last["state"] == "pr_opened";
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        reached,
+        "the task did not reach pr_opened: {last}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(fake.pulls("acme", "web").len(), 1);
+    // Everything lives under ./agentry-data, and nothing was nested inside it.
+    assert!(data.join("agentry.db").is_file());
+    assert!(data.join("workspaces/mirrors").is_dir());
+    assert!(!data.join("workspaces/agentry-data").exists());
 }
