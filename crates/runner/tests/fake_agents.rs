@@ -3,6 +3,8 @@
 //! so the fakes cannot drift from the real formats.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,18 +14,12 @@ use std::time::{Duration, Instant};
 use agentry_runner::process::{AgentCommand, Ended, Limits, agent_env, run_process};
 use agentry_runner::{AgentOutcome, PriceTable, RunReport, parse_claude, parse_codex};
 use serde_json::Value;
+use support::{PATH, fake};
 use tempfile::TempDir;
 use tokio::sync::watch;
 
-const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 const CLAUDE_MODEL: &str = "claude-sonnet-4-5-20250929";
 const CODEX_MODEL: &str = "gpt-5-codex";
-
-fn fake(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fake-agents")
-        .join(name)
-}
 
 fn fixture(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

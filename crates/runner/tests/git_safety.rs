@@ -6,10 +6,11 @@
 //! or mirror configuration fails the run with nothing committed or pushed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,35 +21,12 @@ use agentry_runner::{
     Sandbox, SandboxMode, Verdict,
 };
 use base64::Engine;
+use support::{PATH, fake, git, seeded_bare};
 use tempfile::TempDir;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 const TOKEN: &str = "ghs_tamper-test-token-0123456789";
-
-fn fake(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fake-agents")
-        .join(name)
-}
-
-fn git(args: &[&str], cwd: &Path) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .current_dir(cwd)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 /// Every connection to a loopback port, with the bytes it sent.
 struct Listener {
@@ -103,18 +81,7 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         let dir = TempDir::new().unwrap();
-        let bare = dir.path().join("source.git");
-        std::fs::create_dir_all(&bare).unwrap();
-        git(&["init", "--bare", "-b", "main"], &bare);
-        let work = dir.path().join("seed");
-        git(
-            &["clone", bare.to_str().unwrap(), work.to_str().unwrap()],
-            dir.path(),
-        );
-        std::fs::write(work.join("README.md"), "# hello\n").unwrap();
-        git(&["add", "README.md"], &work);
-        git(&["commit", "-m", "initial"], &work);
-        git(&["push", "origin", "HEAD:refs/heads/main"], &work);
+        let (bare, _) = seeded_bare(dir.path(), "seed");
         let root = dir.path().join("agentry");
         std::fs::create_dir_all(&root).unwrap();
         // Unsandboxed: the agent can reach the mirror through the worktree's `.git`.

@@ -4,7 +4,9 @@
 //! recovery, and that without a working `bwrap` no agent starts.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,34 +17,10 @@ use agentry_runner::{
     AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner, PriceTable, Runner,
     Sandbox, SandboxMode, Verdict,
 };
+use support::{PATH, fake, git, seeded_bare};
 use tempfile::TempDir;
 use tokio::sync::{oneshot, watch};
 use uuid::Uuid;
-
-const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-
-fn fake(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fake-agents")
-        .join(name)
-}
-
-fn git(args: &[&str], cwd: &Path) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .current_dir(cwd)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 /// A data directory (`root`) next to a bare repository with a README on `main`.
 struct Rig {
@@ -54,18 +32,7 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         let dir = TempDir::new().unwrap();
-        let bare = dir.path().join("source.git");
-        std::fs::create_dir_all(&bare).unwrap();
-        git(&["init", "--bare", "-b", "main"], &bare);
-        let work = dir.path().join("seed");
-        git(
-            &["clone", bare.to_str().unwrap(), work.to_str().unwrap()],
-            dir.path(),
-        );
-        std::fs::write(work.join("README.md"), "# hello\n").unwrap();
-        git(&["add", "README.md"], &work);
-        git(&["commit", "-m", "initial"], &work);
-        git(&["push", "origin", "HEAD:refs/heads/main"], &work);
+        let (bare, _) = seeded_bare(dir.path(), "seed");
         let root = dir.path().join("agentry");
         std::fs::create_dir_all(&root).unwrap();
         Rig {

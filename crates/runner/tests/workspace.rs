@@ -2,33 +2,18 @@
 //! reviews, concurrency, crash leftovers, and the token reaching git only as a header.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use agentry_runner::workspace::{GitAuth, GitError, RepoSpec, Workspaces, branch_name};
 use base64::Engine;
+use support::git;
 use tempfile::TempDir;
 use uuid::Uuid;
-
-fn git(args: &[&str], cwd: &Path) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .current_dir(cwd)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 struct Source {
     _dir: TempDir,
