@@ -535,22 +535,7 @@ pub fn open_issues(
     let rows: Vec<ViewRow> = query.load(conn)?;
     let mut views = rows
         .into_iter()
-        .map(|(repo_id, repo_url, issue, task_id, task_state, pr_url)| {
-            let task = match (task_id, task_state) {
-                (Some(id), Some(state)) => Some(LinkedTaskRef {
-                    id: convert::uuid(&id)?,
-                    state: convert::parse("task state", &state)?,
-                    pr_url,
-                }),
-                _ => None,
-            };
-            Ok(IssueView {
-                repo_id: convert::uuid(&repo_id)?,
-                repo_url: convert::parse("repository URL", &repo_url)?,
-                issue: SyncedIssue::try_from(issue)?,
-                task,
-            })
-        })
+        .map(view_of)
         .collect::<Result<Vec<_>, DbError>>()?;
     views.sort_by(|a, b| {
         a.task
