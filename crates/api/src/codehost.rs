@@ -11,13 +11,12 @@ use std::time::Duration;
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue};
 use agentry_domain::{AgentType, Task, TaskType};
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
-use agentry_persistence::outbox::{self, Effect, EffectKind, NewEffect};
+use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::{AnyConnection, DbError};
 use futures_util::StreamExt;
-use serde_json::json;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -208,28 +207,24 @@ pub fn assign(
         created_at: now,
     };
     tasks::create_issue_task(conn, &new, |conn, task| {
-        let effect = |kind, payload| NewEffect {
-            task_id: Some(task.id),
-            repo_id: repo.id,
-            kind,
-            payload,
-        };
-        outbox::enqueue(
-            conn,
-            &effect(
-                EffectKind::AddLabel,
-                json!({ "issueNumber": issue_number, "label": SERVICE_LABEL }),
-            ),
-            now,
-        )?;
-        outbox::enqueue(
-            conn,
-            &effect(
-                EffectKind::Comment,
-                json!({ "issueNumber": issue_number, "body": comment_body(task.id) }),
-            ),
-            now,
-        )?;
+        let actions = [
+            Action::AddLabel {
+                issue_number,
+                label: SERVICE_LABEL.to_owned(),
+            },
+            Action::Comment {
+                issue_number,
+                body: comment_body(task.id),
+            },
+        ];
+        for action in actions {
+            let effect = NewEffect {
+                task_id: Some(task.id),
+                repo_id: repo.id,
+                action,
+            };
+            outbox::enqueue(conn, &effect, now)?;
+        }
         Ok(())
     })
 }
@@ -611,14 +606,6 @@ pub fn retry_delay(attempts: i32, base: Duration, max: Duration) -> Duration {
     base.saturating_mul(2u32.saturating_pow(exponent)).min(max)
 }
 
-fn issue_number(effect: &Effect) -> Result<u64, CodeHostError> {
-    effect
-        .payload
-        .get("issueNumber")
-        .and_then(serde_json::Value::as_u64)
-        .ok_or_else(|| CodeHostError::InvalidResponse("the effect names no issue number".into()))
-}
-
 /// Carries out one effect on the code host. Each kind is safe to repeat: adding a label the
 /// issue has changes nothing, a comment whose marker is already on the issue is not posted
 /// again, and an issue already closed is left alone.
@@ -628,17 +615,19 @@ pub async fn deliver(
     effect: &Effect,
 ) -> Result<(), CodeHostError> {
     let (owner, name) = (repo.url.owner(), repo.url.name());
-    let number = issue_number(effect)?;
-    match effect.kind {
-        EffectKind::AddLabel => {
+    let number = u64::try_from(effect.action.issue_number()).map_err(|_| {
+        CodeHostError::InvalidResponse("the effect's issue number is negative".into())
+    })?;
+    match &effect.action {
+        Action::AddLabel { label, .. } => {
             github
-                .ensure_label(owner, name, SERVICE_LABEL, SERVICE_LABEL_COLOR)
+                .ensure_label(owner, name, label, SERVICE_LABEL_COLOR)
                 .await?;
             github
-                .add_labels(owner, name, number, &[SERVICE_LABEL])
+                .add_labels(owner, name, number, &[label.as_str()])
                 .await
         }
-        EffectKind::Comment => {
+        Action::Comment { body, .. } => {
             let task_id = effect.task_id.ok_or_else(|| {
                 CodeHostError::InvalidResponse("a comment effect without a task".into())
             })?;
@@ -647,17 +636,12 @@ pub async fn deliver(
             if posted.iter().any(|c| c.body.contains(&marker)) {
                 return Ok(());
             }
-            let body = effect
-                .payload
-                .get("body")
-                .and_then(serde_json::Value::as_str)
-                .map_or_else(|| comment_body(task_id), str::to_owned);
             github
-                .create_comment(owner, name, number, &body)
+                .create_comment(owner, name, number, body)
                 .await
                 .map(drop)
         }
-        EffectKind::CloseIssue => {
+        Action::CloseIssue { .. } => {
             if github.issue(owner, name, number).await?.state == "open" {
                 github.close_issue(owner, name, number).await?;
             }
@@ -696,7 +680,7 @@ pub async fn deliver_due(state: &AppState, at: OffsetDateTime) -> Result<usize, 
             Err(e) => {
                 let delay = retry_delay(effect.attempts, timing.retry_base, timing.retry_max);
                 tracing::warn!(
-                    effect = %id, kind = effect.kind.as_str(), repo = %repo.url,
+                    effect = %id, kind = effect.kind().as_str(), repo = %repo.url,
                     attempts = effect.attempts + 1, retry_in = ?delay, error = %e,
                     "code-host effect failed; will retry"
                 );

@@ -346,7 +346,7 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
         1
     );
     let done = outbox::effects_of_task(&mut env.db().conn().unwrap(), task_id).unwrap();
-    let attempts: Vec<(EffectKind, i32)> = done.iter().map(|e| (e.kind, e.attempts)).collect();
+    let attempts: Vec<(EffectKind, i32)> = done.iter().map(|e| (e.kind(), e.attempts)).collect();
     assert!(
         attempts.contains(&(EffectKind::AddLabel, 1)),
         "{attempts:?}"
@@ -386,7 +386,7 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
         .unwrap();
         let comment = claimed
             .iter()
-            .find(|e| e.kind == EffectKind::Comment)
+            .find(|e| e.kind() == EffectKind::Comment)
             .unwrap();
         let github = env.state.github().await.unwrap();
         codehost::deliver(&github, &repo, comment).await.unwrap();

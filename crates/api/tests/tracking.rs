@@ -108,7 +108,7 @@ impl Env {
         outbox::effects_of_task(&mut self.db().conn().unwrap(), id)
             .unwrap()
             .iter()
-            .filter(|e| e.kind == EffectKind::CloseIssue)
+            .filter(|e| e.kind() == EffectKind::CloseIssue)
             .count()
     }
 

@@ -71,8 +71,99 @@ impl FromStr for EffectKind {
     }
 }
 
+/// What an effect does on the code host, with what the worker needs to do it.
+///
+/// Stored as its [`EffectKind`] and a JSON payload of its fields in camelCase
+/// (`{"issueNumber": 7, "label": "agentry"}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Create `label` in the repository if missing and add it to the issue.
+    AddLabel {
+        /// The issue.
+        issue_number: i64,
+        /// The label's name.
+        label: String,
+    },
+    /// Post `body` as a comment on the issue.
+    Comment {
+        /// The issue.
+        issue_number: i64,
+        /// The comment's text.
+        body: String,
+    },
+    /// Close the issue if it is still open.
+    CloseIssue {
+        /// The issue.
+        issue_number: i64,
+    },
+}
+
+/// The stored form of an [`Action`]'s fields.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Payload {
+    issue_number: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body: Option<String>,
+}
+
+impl Action {
+    /// Its kind (the unit of de-duplication per task).
+    pub fn kind(&self) -> EffectKind {
+        match self {
+            Action::AddLabel { .. } => EffectKind::AddLabel,
+            Action::Comment { .. } => EffectKind::Comment,
+            Action::CloseIssue { .. } => EffectKind::CloseIssue,
+        }
+    }
+
+    /// The issue it acts on.
+    pub fn issue_number(&self) -> i64 {
+        match self {
+            Action::AddLabel { issue_number, .. }
+            | Action::Comment { issue_number, .. }
+            | Action::CloseIssue { issue_number } => *issue_number,
+        }
+    }
+
+    fn payload(&self) -> Payload {
+        let (label, body) = match self {
+            Action::AddLabel { label, .. } => (Some(label.clone()), None),
+            Action::Comment { body, .. } => (None, Some(body.clone())),
+            Action::CloseIssue { .. } => (None, None),
+        };
+        Payload {
+            issue_number: self.issue_number(),
+            label,
+            body,
+        }
+    }
+
+    fn from_stored(kind: EffectKind, payload: &str) -> Result<Action, DbError> {
+        let corrupt =
+            |why: String| DbError::Corrupt(format!("{kind} effect payload {payload:?}: {why}"));
+        let p: Payload = serde_json::from_str(payload).map_err(|e| corrupt(e.to_string()))?;
+        let missing = |member: &str| corrupt(format!("no {member}"));
+        Ok(match kind {
+            EffectKind::AddLabel => Action::AddLabel {
+                issue_number: p.issue_number,
+                label: p.label.ok_or_else(|| missing("label"))?,
+            },
+            EffectKind::Comment => Action::Comment {
+                issue_number: p.issue_number,
+                body: p.body.ok_or_else(|| missing("body"))?,
+            },
+            EffectKind::CloseIssue => Action::CloseIssue {
+                issue_number: p.issue_number,
+            },
+        })
+    }
+}
+
 /// An effect to write into the outbox.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEffect {
     /// The task that causes it. Effects of a task are unique per kind; effects without a
     /// task are not de-duplicated.
@@ -80,13 +171,18 @@ pub struct NewEffect {
     /// The repository it acts on.
     pub repo_id: Uuid,
     /// What it does.
-    pub kind: EffectKind,
-    /// What the worker needs to perform it (issue number, comment body, …).
-    pub payload: serde_json::Value,
+    pub action: Action,
+}
+
+impl Effect {
+    /// Its kind.
+    pub fn kind(&self) -> EffectKind {
+        self.action.kind()
+    }
 }
 
 /// An effect in the outbox.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Effect {
     /// Its id (UUID v7, time-ordered).
     pub id: Uuid,
@@ -95,9 +191,7 @@ pub struct Effect {
     /// The repository it acts on.
     pub repo_id: Uuid,
     /// What it does.
-    pub kind: EffectKind,
-    /// What the worker needs to perform it.
-    pub payload: serde_json::Value,
+    pub action: Action,
     /// Failed delivery attempts so far.
     pub attempts: i32,
     /// When it is due next: the retry time after a failure, the end of the lease while a
@@ -134,9 +228,7 @@ impl TryFrom<EffectRow> for Effect {
             id: convert::uuid(&r.id)?,
             task_id: convert::opt_uuid(r.task_id.as_deref())?,
             repo_id: convert::uuid(&r.repo_id)?,
-            kind: convert::parse("effect kind", &r.kind)?,
-            payload: serde_json::from_str(&r.payload)
-                .map_err(|e| DbError::Corrupt(format!("effect payload {:?}: {e}", r.payload)))?,
+            action: Action::from_stored(convert::parse("effect kind", &r.kind)?, &r.payload)?,
             attempts: r.attempts,
             next_attempt_at: from_db(r.next_attempt_at),
             delivered_at: opt_from_db(r.delivered_at),
@@ -160,7 +252,9 @@ pub fn enqueue(
     now: OffsetDateTime,
 ) -> Result<bool, DbError> {
     let task_id = effect.task_id.map(|id| id.to_string());
-    let kind = effect.kind.as_str();
+    let kind = effect.action.kind().as_str();
+    let payload = serde_json::to_string(&effect.action.payload())
+        .map_err(|e| DbError::Corrupt(format!("effect payload: {e}")))?;
     write_tx(conn, |conn| {
         if let Some(task_id) = &task_id {
             let existing = outbox::table
@@ -181,7 +275,7 @@ pub fn enqueue(
                     outbox::task_id.eq(&task_id),
                     outbox::repo_id.eq(effect.repo_id.to_string()),
                     outbox::kind.eq(kind),
-                    outbox::payload.eq(effect.payload.to_string()),
+                    outbox::payload.eq(&payload),
                     outbox::attempts.eq(0),
                     outbox::next_attempt_at.eq(at),
                     outbox::delivered_at.eq(None::<PrimitiveDateTime>),

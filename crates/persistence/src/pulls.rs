@@ -14,7 +14,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, opt_from_db, opt_to_db};
-use crate::outbox::{self, EffectKind, NewEffect};
+use crate::outbox::{self, Action, NewEffect};
 use crate::repos::{self, Repository};
 use crate::schema::{repositories, tasks};
 use crate::tasks::TransitionDetails;
@@ -148,7 +148,7 @@ pub fn task_of_pull(
 ///   the task's state and attempt, the task event with `reason`, the cost rollups;
 ///   `error_message` (for a close; [`CLOSED_WITHOUT_MERGE`] when `None`) becomes the task's;
 /// - for a merge of a task with an issue number and a repository, the outbox effect
-///   [`EffectKind::CloseIssue`] with payload `{"issueNumber": n}` is enqueued.
+///   [`Action::CloseIssue`] of its issue is enqueued.
 ///
 /// Returns `Ok(Some(task after))` when this call applied it, and `Ok(None)` when the task is
 /// not in `pr_opened` (typically another actor, the poller or a webhook on this or another
@@ -185,8 +185,7 @@ pub fn apply_pull_outcome(
             let effect = NewEffect {
                 task_id: Some(task.id),
                 repo_id,
-                kind: EffectKind::CloseIssue,
-                payload: serde_json::json!({ "issueNumber": issue_number }),
+                action: Action::CloseIssue { issue_number },
             };
             outbox::enqueue(conn, &effect, now)?;
         }

@@ -7,30 +7,45 @@ mod common;
 use std::collections::HashSet;
 use std::sync::Barrier;
 
-use agentry_persistence::outbox::{self, Effect, EffectKind, NewEffect};
+use agentry_persistence::outbox::{self, Action, Effect, EffectKind, NewEffect};
 use agentry_persistence::repos::Repository;
 use agentry_persistence::tasks;
 use agentry_persistence::{Db, DbError, write_tx};
 use common::*;
-use serde_json::json;
 use time::Duration;
 use uuid::Uuid;
+
+fn action(kind: EffectKind, issue_number: i64) -> Action {
+    match kind {
+        EffectKind::AddLabel => Action::AddLabel {
+            issue_number,
+            label: "agentry".into(),
+        },
+        EffectKind::Comment => Action::Comment {
+            issue_number,
+            body: format!("on #{issue_number}"),
+        },
+        EffectKind::CloseIssue => Action::CloseIssue { issue_number },
+    }
+}
 
 fn effect(repo: &Repository, task_id: Option<Uuid>, kind: EffectKind) -> NewEffect {
     NewEffect {
         task_id,
         repo_id: repo.id,
-        kind,
-        payload: json!({ "issueNumber": 7, "kind": kind.as_str() }),
+        action: action(kind, 7),
     }
 }
 
-/// Enqueues an effect written at `written` for a new task of its own; returns its id.
+/// Enqueues an effect written at `written` for a new task of its own (its issue number is
+/// `written`'s Unix time); returns its id.
 fn enqueue_at(db: &Db, repo: &Repository, written: time::OffsetDateTime) -> Uuid {
     let task = create(db, repo, T0);
     let mut conn = db.conn().unwrap();
     let new = NewEffect {
-        payload: json!({ "written": written.unix_timestamp() }),
+        action: Action::CloseIssue {
+            issue_number: written.unix_timestamp(),
+        },
         ..effect(repo, Some(task.id), EffectKind::CloseIssue)
     };
     assert!(outbox::enqueue(&mut conn, &new, written).unwrap());
@@ -54,7 +69,47 @@ fn effect_kind_names_round_trip() {
     assert!("".parse::<EffectKind>().is_err());
 }
 
+/// The kind and payload columns of every outbox row, by kind.
+fn stored_payloads(db: &Db) -> Vec<(String, String)> {
+    use diesel::prelude::*;
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        kind: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        payload: String,
+    }
+    let sql = "SELECT kind, payload FROM outbox ORDER BY kind";
+    let mut conn = db.conn().unwrap();
+    let rows: Vec<Row> = match &mut *conn {
+        agentry_persistence::AnyConnection::Sqlite(c) => diesel::sql_query(sql).load(c).unwrap(),
+        agentry_persistence::AnyConnection::Postgresql(c) => {
+            diesel::sql_query(sql).load(c).unwrap()
+        }
+    };
+    rows.into_iter().map(|r| (r.kind, r.payload)).collect()
+}
+
 agentry_persistence::backend_tests! {
+    // The stored form of each action is the JSON the outbox has always written, so effects
+    // already in a database are read back as typed actions.
+    fn actions_are_stored_as_before(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        for kind in EffectKind::ALL {
+            let task = create(db, &repo, T0);
+            assert!(outbox::enqueue(&mut conn, &effect(&repo, Some(task.id), kind), at(1)).unwrap());
+        }
+        drop(conn);
+        assert_eq!(
+            stored_payloads(db),
+            [
+                ("add_label".to_owned(), r#"{"issueNumber":7,"label":"agentry"}"#.to_owned()),
+                ("close_issue".to_owned(), r#"{"issueNumber":7}"#.to_owned()),
+                ("comment".to_owned(), r#"{"issueNumber":7,"body":"on #7"}"#.to_owned()),
+            ]
+        );
+    }
     // An enqueued effect is due at once, with everything as given; a second effect of the
     // same kind for the task writes nothing; other kinds and other tasks are separate.
     fn enqueue_writes_once_per_task_and_kind(db) {
@@ -63,7 +118,7 @@ agentry_persistence::backend_tests! {
         let other = create(db, &repo, T0);
         let mut conn = db.conn().unwrap();
         let label = NewEffect {
-            payload: json!({ "issueNumber": 7, "label": "agentry", "nested": [1, "ü", null, {"a": 1.5}] }),
+            action: Action::AddLabel { issue_number: 7, label: "agentry ü \"quoted\"".into() },
             ..effect(&repo, Some(task.id), EffectKind::AddLabel)
         };
         assert!(outbox::enqueue(&mut conn, &label, at(1)).unwrap());
@@ -72,8 +127,8 @@ agentry_persistence::backend_tests! {
         let e = &stored[0];
         assert_eq!(e.task_id, Some(task.id));
         assert_eq!(e.repo_id, repo.id);
-        assert_eq!(e.kind, EffectKind::AddLabel);
-        assert_eq!(e.payload, label.payload);
+        assert_eq!(e.kind(), EffectKind::AddLabel);
+        assert_eq!(e.action, label.action);
         assert_eq!(e.attempts, 0);
         assert_eq!(e.next_attempt_at, at(1));
         assert_eq!(e.delivered_at, None);
@@ -81,7 +136,7 @@ agentry_persistence::backend_tests! {
         assert_eq!(e.created_at, at(1));
 
         // The same (task, kind) again, even with another payload: nothing written.
-        let again = NewEffect { payload: json!({"other": true}), ..label.clone() };
+        let again = NewEffect { action: action(EffectKind::AddLabel, 8), ..label.clone() };
         assert!(!outbox::enqueue(&mut conn, &again, at(2)).unwrap());
         assert_eq!(outbox::effects_of_task(&mut conn, task.id).unwrap(), stored);
         // Also after delivery: at most once per task, ever.
@@ -91,7 +146,7 @@ agentry_persistence::backend_tests! {
         assert!(outbox::enqueue(&mut conn, &effect(&repo, Some(task.id), EffectKind::Comment), at(5)).unwrap());
         assert!(outbox::enqueue(&mut conn, &effect(&repo, Some(other.id), EffectKind::AddLabel), at(5)).unwrap());
         let kinds: Vec<EffectKind> =
-            outbox::effects_of_task(&mut conn, task.id).unwrap().iter().map(|e| e.kind).collect();
+            outbox::effects_of_task(&mut conn, task.id).unwrap().iter().map(Effect::kind).collect();
         assert_eq!(kinds, vec![EffectKind::AddLabel, EffectKind::Comment]);
         assert_eq!(outbox::effects_of_task(&mut conn, other.id).unwrap().len(), 1);
         // Effects without a task are not de-duplicated.
@@ -120,7 +175,7 @@ agentry_persistence::backend_tests! {
         let (task, created) = assign(&mut conn);
         assert!(created);
         let effects = outbox::effects_of_task(&mut conn, task.id).unwrap();
-        let kinds: Vec<EffectKind> = effects.iter().map(|e| e.kind).collect();
+        let kinds: Vec<EffectKind> = effects.iter().map(Effect::kind).collect();
         assert_eq!(kinds, vec![EffectKind::AddLabel, EffectKind::Comment]);
         let (again, created) = assign(&mut conn);
         assert!(!created);
@@ -189,7 +244,7 @@ agentry_persistence::backend_tests! {
         let mut conn = db.conn().unwrap();
         let effects = outbox::effects_of_task(&mut conn, task.id).unwrap();
         let kinds: Vec<(EffectKind, time::OffsetDateTime)> =
-            effects.iter().map(|e| (e.kind, e.created_at)).collect();
+            effects.iter().map(|e| (e.kind(), e.created_at)).collect();
         assert_eq!(kinds, vec![(EffectKind::AddLabel, at(1)), (EffectKind::Comment, at(2))]);
     }
 
@@ -207,7 +262,7 @@ agentry_persistence::backend_tests! {
         let first = outbox::claim_due(&mut conn, at(5), lease, 2).unwrap();
         assert_eq!(ids(&first), vec![e0, e1]);
         assert!(first.iter().all(|e| e.next_attempt_at == at(65)));
-        assert_eq!(first[0].payload, json!({ "written": at(0).unix_timestamp() }));
+        assert_eq!(first[0].action, Action::CloseIssue { issue_number: at(0).unix_timestamp() });
         assert_eq!(ids(&outbox::claim_due(&mut conn, at(5), lease, 2).unwrap()), vec![e2]);
         assert_eq!(outbox::claim_due(&mut conn, at(5), lease, 2).unwrap(), vec![]);
         // Leased: not claimed again before the lease ends (only `later` became due).

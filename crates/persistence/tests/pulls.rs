@@ -6,13 +6,12 @@
 mod common;
 
 use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Trigger};
-use agentry_persistence::outbox::{self, EffectKind};
+use agentry_persistence::outbox::{self, Action};
 use agentry_persistence::pulls::{self, CLOSED_WITHOUT_MERGE, PullPollState};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::tasks::{self, ImportTask, TransitionDetails};
 use agentry_persistence::{AnyConnection, Db, DbError, webhooks, write_tx};
 use common::*;
-use serde_json::json;
 use uuid::Uuid;
 
 /// The ids of the repositories `repos_to_poll` lists, in its order.
@@ -207,8 +206,7 @@ agentry_persistence::backend_tests! {
         let effects = outbox::effects_of_task(&mut conn, task.id).unwrap();
         assert_eq!(effects.len(), 1);
         let effect = &effects[0];
-        assert_eq!(effect.kind, EffectKind::CloseIssue);
-        assert_eq!(effect.payload, json!({ "issueNumber": 7 }));
+        assert_eq!(effect.action, Action::CloseIssue { issue_number: 7 });
         assert_eq!(effect.repo_id, repo.id);
         assert_eq!(effect.next_attempt_at, at(10));
         assert_eq!(effect.delivered_at, None);
@@ -355,7 +353,7 @@ agentry_persistence::backend_tests! {
         if winner % 2 == 0 {
             assert_eq!(after.state, TaskState::Completed);
             assert_eq!(effects.len(), 1);
-            assert_eq!(effects[0].payload, json!({ "issueNumber": 7 }));
+            assert_eq!(effects[0].action, Action::CloseIssue { issue_number: 7 });
         } else {
             assert_eq!(after.state, TaskState::Failed);
             assert!(effects.is_empty());
