@@ -129,21 +129,19 @@ impl CodeHost {
         &self.master_key
     }
 
-    /// A client for `token` (used to check a token before it is stored).
-    pub fn client_for(&self, token: &SecretValue) -> Result<GitHub, ApiError> {
-        GitHub::new(&self.client_config, token.expose()).map_err(ApiError::from)
-    }
-
-    /// The client of the stored token, reusing the previous one while the token is unchanged.
-    fn client_of(&self, token: SecretValue) -> Result<GitHub, ApiError> {
+    /// The one way to a code-host client: the client of `token`, reusing the previous one
+    /// while the token is the same (its connection pool and ETag cache stay warm). The
+    /// stored token's client is [`AppState::github`]; a token being checked before it is
+    /// stored comes here directly.
+    pub fn client(&self, token: &SecretValue) -> Result<GitHub, ApiError> {
         let mut cached = lock(&self.cached);
         if let Some((known, client)) = cached.as_ref()
-            && *known == token
+            && known == token
         {
             return Ok(client.clone());
         }
-        let client = self.client_for(&token)?;
-        *cached = Some((token, client.clone()));
+        let client = GitHub::new(&self.client_config, token.expose()).map_err(ApiError::from)?;
+        *cached = Some((token.clone(), client.clone()));
         Ok(client)
     }
 
@@ -161,7 +159,7 @@ impl AppState {
             .db(move |conn| Ok(secrets::get(conn, &key, TOKEN_SECRET)?))
             .await?
             .ok_or_else(ApiError::codehost_token_missing)?;
-        self.codehost.client_of(token)
+        self.codehost.client(&token)
     }
 }
 

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::web;
-use agentry_codehost::{CodeHostError, GitHub};
+use agentry_codehost::CodeHostError;
 use agentry_domain::money::Usd;
 use agentry_domain::{Task, TaskState, TaskType, Trigger};
 use agentry_persistence::repos::{self, Repository};
@@ -726,13 +726,6 @@ fn cost_text(cost: Option<Usd>) -> String {
     cost.map_or_else(|| "not reported".to_owned(), |c| format!("${c}"))
 }
 
-fn github_of(state: &AppState, token: &secrets::SecretValue) -> Result<GitHub, String> {
-    state
-        .codehost
-        .client_for(token)
-        .map_err(|e| format!("no code-host client: {}", e.message()))
-}
-
 /// Opens the pull request of a pushed branch (or finds the one an uncertain earlier
 /// attempt opened): its URL and number, or why not.
 async fn open_pull_request(
@@ -742,7 +735,10 @@ async fn open_pull_request(
     branch: &str,
     cost: Option<Usd>,
 ) -> Result<(String, i64), String> {
-    let github = github_of(state, &prepared.token)?;
+    let github = state
+        .codehost
+        .client(&prepared.token)
+        .map_err(|e| format!("no code-host client: {}", e.message()))?;
     let repo = &prepared.repo;
     let (owner, name) = (repo.url.owner(), repo.url.name());
     let mut body = String::new();
@@ -802,7 +798,10 @@ async fn post_review(
     let (Some(number), Some(url)) = (parent.pr_number, parent.pr_url.clone()) else {
         return Err("the reviewed task has no pull request".into());
     };
-    let github = github_of(state, &prepared.token)?;
+    let github = state
+        .codehost
+        .client(&prepared.token)
+        .map_err(|e| format!("no code-host client: {}", e.message()))?;
     let repo = &prepared.repo;
     let (owner, name) = (repo.url.owner(), repo.url.name());
     let unsigned = u64::try_from(number).map_err(|_| "invalid pull request number".to_owned())?;

@@ -122,7 +122,7 @@ pub async fn put_secret(
         }
         let user = state
             .codehost
-            .client_for(&value)?
+            .client(&value)?
             .current_user()
             .await
             .map_err(ApiError::from)?;
