@@ -118,6 +118,13 @@ pub fn database_url(server_url: &str, name: &str) -> String {
 
 /// Defines each test once per backend: `mod sqlite { #[test] fn name() }` and
 /// `mod postgres { #[test] fn name() }`. The body gets `db: &Db`.
+///
+/// When this crate was built without `AGENTRY_TEST_PG_URL` (and without
+/// `AGENTRY_TEST_REQUIRE_PG=1`), the PostgreSQL variants are `#[ignore]`d, so `cargo test`
+/// reports them as ignored rather than passed (the build script sets the cfg
+/// `agentry_pg_skipped`; it is known to this crate's tests only, where the macro is used).
+/// Cargo rebuilds the crate when either variable changes, so the marks follow the
+/// environment of each `cargo test`.
 #[macro_export]
 macro_rules! backend_tests {
     ($( $(#[$meta:meta])* fn $name:ident($db:ident) $body:block )*) => {
@@ -133,7 +140,12 @@ macro_rules! backend_tests {
         mod postgres {
             #[allow(unused_imports)]
             use super::*;
-            $( $(#[$meta])* #[test] fn $name() {
+            $( $(#[$meta])* #[test]
+            #[cfg_attr(
+                agentry_pg_skipped,
+                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+            )]
+            fn $name() {
                 let Some(test_db) = $crate::test_support::TestDb::postgres() else { return };
                 let $db: &$crate::Db = &test_db.db;
                 $body
