@@ -256,7 +256,8 @@ impl RunLog {
     }
 }
 
-/// Stores the log of a recorded run (call in the transaction that records the run).
+/// Stores the log of a recorded run: in its own transaction, or as a savepoint of the
+/// caller's (call it in the transaction that records the run, so both commit together).
 pub fn save_run_log(
     conn: &mut AnyConnection,
     run_id: Uuid,
@@ -264,16 +265,18 @@ pub fn save_run_log(
     log: &RunLog,
     at: OffsetDateTime,
 ) -> Result<(), DbError> {
-    diesel::insert_into(run_logs::table)
-        .values((
-            run_logs::run_id.eq(run_id.to_string()),
-            run_logs::task_id.eq(task_id.to_string()),
-            run_logs::content.eq(&log.content),
-            run_logs::truncated.eq(log.truncated),
-            run_logs::created_at.eq(to_db(at)),
-        ))
-        .execute(conn)?;
-    Ok(())
+    write_tx(conn, |conn| {
+        diesel::insert_into(run_logs::table)
+            .values((
+                run_logs::run_id.eq(run_id.to_string()),
+                run_logs::task_id.eq(task_id.to_string()),
+                run_logs::content.eq(&log.content),
+                run_logs::truncated.eq(log.truncated),
+                run_logs::created_at.eq(to_db(at)),
+            ))
+            .execute(conn)?;
+        Ok(())
+    })
 }
 
 /// The log of the task's latest recorded run (by start time) that has one, with the run's

@@ -559,9 +559,14 @@ fn non_negative(what: &str, n: i64) -> Result<i64, DbError> {
 }
 
 /// Records a finished agent run in the ledger and adds its cost and tokens to the task's
-/// totals, in the caller's transaction (call it inside [`write_tx`] together with the
-/// transition the run ends in). Retries add; nothing is ever overwritten.
+/// totals, atomically: in its own transaction, or as a savepoint of the caller's (call it
+/// inside the [`write_tx`] of the transition the run ends in, so both commit together).
+/// Retries add; nothing is ever overwritten.
 pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
+    write_tx(conn, |conn| record_run_in(conn, run))
+}
+
+fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
     let overflow = || DbError::Conflict("token count overflow".into());
     let cache_read = non_negative("cache read tokens", run.cache_read_tokens)?;
     let cache_write = non_negative("cache write tokens", run.cache_write_tokens)?;

@@ -38,6 +38,21 @@ fn record(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
 }
 
 agentry_persistence::backend_tests! {
+    // Recording a run and its log needs no transaction of the caller's: each wraps itself.
+    fn a_run_and_its_log_are_recorded_without_a_callers_transaction(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let run = run(&task, 0, Some("0.25"));
+        tasks::record_run(&mut conn, &run).unwrap();
+        let log = agentry_persistence::runner::RunLog::of("output");
+        agentry_persistence::runner::save_run_log(&mut conn, run.id, task.id, &log, at(1)).unwrap();
+        assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().cost_usd, Some(usd("0.25")));
+        let (run_id, _, stored) =
+            agentry_persistence::runner::latest_run_log(&mut conn, task.id).unwrap().unwrap();
+        assert_eq!((run_id, stored.content.as_str()), (run.id, "output"));
+    }
+
     // Whether a run was sandboxed is kept as recorded: yes, no, or not known.
     fn the_sandbox_flag_round_trips(db) {
         let repo = repo(db);
