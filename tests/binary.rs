@@ -3,7 +3,11 @@
 //! `migrate` and `import`, on SQLite and (when the suite has a server) PostgreSQL; and the
 //! code-host loops of `serve` against the fake GitHub (issue sync, outbox), with no secret in
 //! any log line.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;

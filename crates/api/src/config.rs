@@ -314,7 +314,6 @@ fn interval(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
     use std::collections::HashMap;
 

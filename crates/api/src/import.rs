@@ -214,7 +214,6 @@ pub fn import(conn: &mut AnyConnection, body: &[u8]) -> Result<ImportOutcome, Im
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     const GOOD: &str = r#"{"title":"Fix it","repoUrl":"https://github.com/Org/Repo.git","taskType":"coding","state":"completed","costUsd":"0.123456","inputTokens":10,"outputTokens":5,"createdAt":"2026-11-01T10:00:00Z","prUrl":"https://github.com/org/repo/pull/7","issueNumber":3}"#;

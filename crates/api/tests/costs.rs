@@ -2,7 +2,10 @@
 //! rollup-fed report with the straightforward one computed from every task, on a randomized
 //! data set (both backends). The straightforward path is itself checked against an
 //! independent reference implementation in agentry-analytics' tests.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod common;
 

@@ -1,6 +1,9 @@
 //! Randomised input against the real application: no query string, path, header or body may
 //! produce a 5xx, a non-envelope error, or a write (SPEC §3.2, §7).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::expect_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod common;
 

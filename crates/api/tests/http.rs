@@ -1,7 +1,6 @@
 //! The HTTP API end to end, in process: authentication and roles, the error envelope for
 //! every kind of bad input (with nothing written), task listing and detail, import, tokens,
 //! health, metrics and the OpenAPI document.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

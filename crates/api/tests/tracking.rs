@@ -2,7 +2,10 @@
 //! poller (one conditional request per repository, watermark only after success), the signed
 //! webhook with GitHub's real payloads, the race between them, and the poller role among
 //! replicas on PostgreSQL (SPEC §5.5–5.6, §2.2).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod common;
 

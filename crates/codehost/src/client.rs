@@ -1128,7 +1128,6 @@ fn parse_base_url(url: &str) -> Result<(String, String, String), CodeHostError> 
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

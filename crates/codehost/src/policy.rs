@@ -142,7 +142,6 @@ pub(crate) fn encode_segment(segment: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

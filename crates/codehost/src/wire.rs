@@ -290,7 +290,6 @@ impl ErrorJson {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

@@ -1,5 +1,9 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 #![cfg(feature = "test-support")]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The GitHub client against the fake GitHub (and, for the exact bytes on the wire, a tiny
 //! scripted HTTP server): every method, pagination, conditional requests, retries, timeouts,
 //! rate limits, error mapping, and that the token never shows.

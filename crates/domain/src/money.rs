@@ -422,7 +422,6 @@ fn leading_digits(s: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use proptest::prelude::*;

@@ -364,7 +364,6 @@ impl<'de> Deserialize<'de> for RepoUrl {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use proptest::prelude::*;

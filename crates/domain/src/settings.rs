@@ -236,7 +236,6 @@ fn cost_value(value: &Value) -> Result<Usd, FieldError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use serde_json::json;

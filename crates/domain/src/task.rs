@@ -372,7 +372,6 @@ pub struct Task {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use TaskState as S;

@@ -1,5 +1,8 @@
 //! Bulk import of task history (SPEC §3.9): batches, skips, all-or-nothing.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod common;
 

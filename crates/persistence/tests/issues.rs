@@ -1,6 +1,10 @@
 //! The synced copy of open issues (SPEC §3.6, §5.3): replacing it, the sync state on the
 //! repository, the issues view and its order, and the labelled issues the sync assigns.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod common;
 

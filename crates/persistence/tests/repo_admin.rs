@@ -1,6 +1,5 @@
 //! Repository administration (SPEC §3.4, §3.5): disconnecting, settings, and the issue-sync
 //! state of connected repositories.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

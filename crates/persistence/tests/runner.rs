@@ -1,5 +1,4 @@
 //! Claims, leases, lease recovery and run logs (SPEC §2.2, §6.1), on both backends.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

@@ -1,5 +1,4 @@
 //! The run ledger (SPEC §2.1, §2.3): exact costs, token sums, retries add.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

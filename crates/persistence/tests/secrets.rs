@@ -1,6 +1,9 @@
 //! The secret store: AES-256-GCM with the name as associated data; plaintext never stored,
 //! never printed by Debug; the master key from the environment or a generated 0600 file.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod common;
 

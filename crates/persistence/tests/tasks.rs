@@ -1,5 +1,4 @@
 //! Task creation, the unique issue link (SPEC §3.7) and connecting repositories.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

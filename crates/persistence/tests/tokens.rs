@@ -1,5 +1,4 @@
 //! API tokens: stored by hash, revocation, and the one-time first admin token.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

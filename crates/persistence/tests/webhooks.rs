@@ -1,6 +1,5 @@
 //! Webhook de-duplication (SPEC §5.6): a delivery id is recorded once; the primary key decides
 //! between concurrent requests and replicas.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

@@ -648,7 +648,6 @@ impl<'de> Deserialize<'de> for Key<'de> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::AgentOutcome;
 

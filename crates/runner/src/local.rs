@@ -483,7 +483,6 @@ fn now() -> time::OffsetDateTime {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

@@ -932,7 +932,6 @@ fn valid_branch(branch: &str) -> Result<&str, GitError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

@@ -1,7 +1,10 @@
 //! The fake `claude` and `codex` executables of `tests/fake-agents/`: each directive gives
 //! the output the parsers expect, and the output keeps the shape of the recorded fixtures
 //! so the fakes cannot drift from the real formats.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod support;
 

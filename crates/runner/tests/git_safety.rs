@@ -4,7 +4,10 @@
 //! listener standing in for the remote the agent plants. Nothing the agent planted runs,
 //! nothing connects to the listener, the token is written nowhere, and a rewritten `.git`
 //! or mirror configuration fails the run with nothing committed or pushed.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod support;
 

@@ -1,6 +1,9 @@
 //! The parsers over recorded samples of each CLI's output, the price table, and
 //! never-panic properties.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{MAX_LINE_BYTES, OutputParser};

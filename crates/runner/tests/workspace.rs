@@ -1,6 +1,9 @@
 //! Git workspaces with the real `git`: mirrors, task worktrees, commit and push, retries,
 //! reviews, concurrency, crash leftovers, and the token reaching git only as a header.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 mod support;
 

@@ -1,8 +1,6 @@
 //! Unit tests of the report: one test per rule and edge case, plus the randomized comparison
 //! with an independent reference implementation in [`reference`].
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 mod reference;
 
 use std::str::FromStr;

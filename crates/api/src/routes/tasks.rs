@@ -447,7 +447,6 @@ pub async fn import_tasks(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
