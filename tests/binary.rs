@@ -10,9 +10,10 @@
 )]
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use agentry_persistence::test_support::TestDb;
@@ -20,12 +21,85 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentry");
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// What a child wrote on stderr, read line by line by a thread as it comes, so the child
+/// never blocks on a full pipe and the test can still look at all of it afterwards.
+struct StderrLog {
+    text: Arc<Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl StderrLog {
+    /// Starts reading `stderr`; the first line naming the listen address (`agentry listening
+    /// on http://ADDR`) is sent on `address`.
+    fn start(stderr: ChildStderr, address: mpsc::Sender<String>) -> StderrLog {
+        let text = Arc::new(Mutex::new(String::new()));
+        let kept = text.clone();
+        let reader = std::thread::spawn(move || {
+            let mut stderr = BufReader::new(stderr);
+            let mut line = String::new();
+            let mut address = Some(address);
+            while stderr.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if let Some(addr) = listen_address(&line)
+                    && let Some(tx) = address.take()
+                {
+                    let _ = tx.send(addr);
+                }
+                kept.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        StderrLog {
+            text,
+            reader: Some(reader),
+        }
+    }
+
+    /// What was read so far.
+    fn so_far(&self) -> String {
+        self.text.lock().unwrap().clone()
+    }
+
+    /// Everything, once the child closed stderr (call after it exited).
+    fn all(&mut self) -> String {
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        self.so_far()
+    }
+}
+
+/// `ADDR` of a log line holding `agentry listening on http://ADDR` (text or JSON logs).
+fn listen_address(line: &str) -> Option<String> {
+    const MARK: &str = "agentry listening on http://";
+    let rest = &line[line.find(MARK)? + MARK.len()..];
+    let end = rest
+        .find(|c: char| c.is_whitespace() || c == '"' || c == '\\' || c == '\x1b')
+        .unwrap_or(rest.len());
+    Some(rest[..end].to_owned())
+}
+
+/// Spawns `cmd`, an `agentry serve`, listening on a port the system picks
+/// (`AGENTRY_BIND=127.0.0.1:0`: no other test can take it between a choice and the bind);
+/// returns the child, its base URL read from its log, and its stderr.
+fn spawn_serve(cmd: &mut Command) -> (Child, String, StderrLog) {
+    cmd.env("AGENTRY_BIND", "127.0.0.1:0")
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start agentry serve");
+    let (tx, rx) = mpsc::channel();
+    let mut stderr = StderrLog::start(child.stderr.take().unwrap(), tx);
+    // The reader drops the sender at the end of stderr: a child that exits early fails here
+    // at once, not at the deadline.
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(addr) => (child, format!("http://{addr}"), stderr),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "agentry serve logged no listen address ({e}):\n{}",
+                stderr.all()
+            );
+        }
+    }
 }
 
 /// `AGENTRY_AGENT_SANDBOX=off` where bubblewrap does not work on this machine (the suite
@@ -54,6 +128,7 @@ struct Server {
     child: Child,
     base: String,
     stdout: Vec<String>,
+    stderr: StderrLog,
 }
 
 impl Server {
@@ -70,18 +145,13 @@ impl Server {
         json_logs: bool,
         env: &[(&str, &str)],
     ) -> Server {
-        let port = free_port();
         let mut cmd = agentry(data_dir, database_url);
         cmd.envs(env.iter().copied());
-        cmd.arg("serve")
-            .env("AGENTRY_BIND", format!("127.0.0.1:{port}"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.arg("serve").stdout(Stdio::piped());
         if json_logs {
             cmd.env("AGENTRY_LOG_FORMAT", "json");
         }
-        let child = cmd.spawn().expect("start agentry serve");
-        let base = format!("http://127.0.0.1:{port}");
+        let (child, base, stderr) = spawn_serve(&mut cmd);
         let deadline = Instant::now() + Duration::from_secs(20);
         let client = reqwest::blocking::Client::new();
         loop {
@@ -94,7 +164,8 @@ impl Server {
             }
             assert!(
                 Instant::now() < deadline,
-                "agentry serve did not become healthy"
+                "agentry serve did not become healthy:\n{}",
+                stderr.so_far()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -102,6 +173,7 @@ impl Server {
             child,
             base,
             stdout: Vec::new(),
+            stderr,
         }
     }
 
@@ -128,14 +200,7 @@ impl Server {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                let mut stderr = String::new();
-                self.child
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut stderr)
-                    .unwrap();
-                return (status, stderr);
+                return (status, self.stderr.all());
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
@@ -514,8 +579,12 @@ fn serve_syncs_labelled_issues_posts_once_and_never_logs_a_secret() {
         .unwrap();
     assert_eq!(tasks["tasks"].as_array().unwrap().len(), 1, "{tasks}");
     assert_eq!(tasks["tasks"][0]["issueNumber"], number);
-    // A few more sync rounds change nothing.
-    std::thread::sleep(Duration::from_millis(2500));
+    // A few more sync rounds change nothing (each round lists the repository's issues).
+    let lists = || fake.count("GET", "/repos/acme/web/issues");
+    let before = lists();
+    eventually(Duration::from_secs(20), "three more sync rounds", || {
+        lists() >= before + 3
+    });
     assert_eq!(fake.issue("acme", "web", number).unwrap().comments.len(), 1);
     assert!(fake.count_status(304) >= 1, "later syncs are conditional");
 
@@ -725,8 +794,6 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
     .unwrap();
     let cwd = dir.path().join("newcomer");
     std::fs::create_dir_all(&cwd).unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     let path = format!(
         "{}:{}",
         bin.display(),
@@ -737,12 +804,10 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         .current_dir(&cwd)
         .env_clear()
         .env("PATH", path)
-        .env("AGENTRY_BIND", format!("127.0.0.1:{port}"))
         .env("AGENTRY_CODEHOST_API_URL", fake.base_url())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::null());
     sandbox_env(&mut cmd);
-    let mut child = cmd.spawn().unwrap();
+    let (mut child, base, mut stderr) = spawn_serve(&mut cmd);
     let client = reqwest::blocking::Client::new();
     eventually(Duration::from_secs(20), "serve healthy", || {
         client
@@ -796,11 +861,11 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         }
     };
     let _ = child.kill();
-    let output = child.wait_with_output().unwrap();
+    let _ = child.wait();
     assert!(
         reached,
         "the task did not reach pr_opened: {last}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+        stderr.all()
     );
     assert_eq!(fake.pulls("acme", "web").len(), 1);
     // Everything lives under ./agentry-data, and nothing was nested inside it.
