@@ -682,7 +682,9 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
             &env.fake.base_url(),
             env.state.codehost.master_key().clone(),
             codehost::Timing {
-                full_sync_every: std::time::Duration::from_millis(300),
+                // Long enough that the incremental sync below comes before it even on a
+                // loaded machine; the test waits for it by polling.
+                full_sync_every: std::time::Duration::from_secs(1),
                 ..test_timing()
             },
         ),
@@ -715,10 +717,22 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
     // Before the full read is due, an incremental sync does not notice.
     codehost::sync_issues(&state, None).await.unwrap();
     assert_eq!(env.count("synced_issues"), 4);
-    std::thread::sleep(std::time::Duration::from_millis(350));
-    env.fake.reset_counts();
-    codehost::sync_issues(&state, None).await.unwrap();
-    assert_eq!(env.count("synced_issues"), 3);
+    // Once the full read is due (1 s after the last one), a sync reads every issue and
+    // drops the one gone. Until then each sync is incremental and keeps it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        env.fake.reset_counts();
+        codehost::sync_issues(&state, None).await.unwrap();
+        if env.count("synced_issues") == 3 {
+            break;
+        }
+        assert_eq!(env.count("synced_issues"), 4);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no full read within 30 s"
+        );
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     // The missing issue was looked up once before it left the copy.
     assert_eq!(env.fake.count("GET", "/repos/acme/web/issues/99"), 1);
 }
