@@ -721,17 +721,67 @@ async fn a_run_past_the_wall_time_is_stopped() {
     assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
 }
 
-/// No more than `max_concurrent` agents run at once; the others wait in `queued`, oldest
-/// first, and all of them finish.
+/// The largest number of the intervals `(start, end)` that overlap at one instant (an
+/// interval ending when another starts does not overlap it).
+fn max_overlap(intervals: &[(u128, u128)]) -> usize {
+    // Ends sort before starts at the same instant (false < true).
+    let mut edges: Vec<(u128, bool)> = intervals
+        .iter()
+        .flat_map(|&(start, end)| [(start, true), (end, false)])
+        .collect();
+    edges.sort_unstable();
+    let (mut now, mut most) = (0usize, 0usize);
+    for (_, starts) in edges {
+        if starts {
+            now += 1;
+            most = most.max(now);
+        } else {
+            now = now.saturating_sub(1);
+        }
+    }
+    most
+}
+
+#[test]
+fn max_overlap_counts_intervals_running_at_once() {
+    assert_eq!(max_overlap(&[]), 0);
+    assert_eq!(max_overlap(&[(1, 5), (5, 9), (9, 12)]), 1);
+    assert_eq!(max_overlap(&[(1, 5), (2, 9), (6, 12), (10, 11)]), 2);
+    assert_eq!(max_overlap(&[(1, 10), (2, 3), (4, 8), (5, 6)]), 3);
+}
+
+/// When the fake agent of a run started and ended (nanoseconds since the epoch), from the
+/// `times` file it keeps in its HOME.
+fn agent_interval(rig: &Rig, id: &str) -> (u128, u128) {
+    let lines = home_lines(rig, id, 1, "times");
+    let at = |what: &str| {
+        let found: Vec<u128> = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+            .collect();
+        assert_eq!(found.len(), 1, "one {what} of the agent of {id}: {lines:?}");
+        found[0]
+    };
+    let interval = (at("start "), at("end "));
+    assert!(interval.0 < interval.1, "{id}: {lines:?}");
+    interval
+}
+
+/// The limit counts agent processes running at once: each fake agent records when it
+/// started and ended, and at no instant do more than `max_concurrent` (2) of those intervals
+/// overlap, while at some instant 2 do. The others wait in `queued`: the two oldest are
+/// claimed first, and all of them finish. The task states agree at every snapshot.
 #[actix_web::test]
 async fn runs_are_limited_to_the_concurrency_setting() {
     let mut rig = Rig::new(TestDb::sqlite());
+    let max_concurrent = rig.state.runs.settings().max_concurrent;
+    assert_eq!(max_concurrent, 2);
     let app = app!(rig);
     patch_settings(&app, &rig, json!({"autoReview": false})).await;
     let t = rig.env.t.member.clone();
     let mut ids = Vec::new();
     for _ in 0..4 {
-        ids.push(manual_task(&app, &rig, "Take a while [fake:sleep=2]").await);
+        ids.push(manual_task(&app, &rig, "Take a while [fake:sleep=3]").await);
     }
     // One list request reads every state in one query: a consistent snapshot (reading the
     // tasks one by one could see a finished task and its successor both working).
@@ -754,22 +804,10 @@ async fn runs_are_limited_to_the_concurrency_setting() {
             .filter(|s| *s == "provisioning" || *s == "running")
             .count()
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let now = states().await;
-        assert!(working(&now) <= 2, "{now:?}");
-        if now[..2].iter().all(|s| s == "running") {
-            // The two oldest run; the two newer ones wait.
-            assert_eq!(now[2..], ["queued", "queued"], "{now:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "never saw two runs: {now:?}");
-        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = states().await;
-        assert!(working(&now) <= 2, "{now:?}");
+        assert!(working(&now) <= max_concurrent, "{now:?}");
         if now.iter().all(|s| s == "pr_opened") {
             break;
         }
@@ -777,6 +815,34 @@ async fn runs_are_limited_to_the_concurrency_setting() {
         actix_web::rt::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(rig.env.fake.pulls(OWNER, NAME).len(), 4);
+
+    let intervals: Vec<(u128, u128)> = ids.iter().map(|id| agent_interval(&rig, id)).collect();
+    assert_eq!(
+        max_overlap(&intervals),
+        max_concurrent,
+        "agents running at once: {intervals:?}"
+    );
+    // Oldest first: both older tasks were claimed before either newer one.
+    let mut claimed = Vec::new();
+    for id in &ids {
+        let (_, task) = call(&app, get(&format!("/api/tasks/{id}"), &t)).await;
+        let at = task["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["from"] == "queued" && e["to"] == "provisioning")
+            .and_then(|e| e["at"].as_str())
+            .unwrap_or_else(|| panic!("no claim of {id}: {task:#}"))
+            .to_owned();
+        claimed.push(
+            time::OffsetDateTime::parse(&at, &time::format_description::well_known::Rfc3339)
+                .unwrap(),
+        );
+    }
+    assert!(
+        claimed[0].max(claimed[1]) <= claimed[2].min(claimed[3]),
+        "claimed out of order: {claimed:?}"
+    );
 }
 
 /// Publishing when the code host misbehaves: a pull request created but whose answer was
