@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use agentry_persistence::test_support::TestDb;
+use agentry_testkit::git::source_repo;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentry");
@@ -518,7 +519,7 @@ fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
 
 #[test]
 fn serve_syncs_labelled_issues_posts_once_and_never_logs_a_secret() {
-    use agentry_codehost::fake::FakeGitHub;
+    use agentry_fake_github::FakeGitHub;
     const GOOD: &str = "ghp_GoodTokenValue0123456789abcdefXYZ";
     const BAD: &str = "github_pat_RefusedTokenValue0123456789";
     let fake = FakeGitHub::start();
@@ -613,34 +614,6 @@ fn serve_syncs_labelled_issues_posts_once_and_never_logs_a_secret() {
     );
 }
 
-/// A bare repository with one commit on `main`, for runs against a local clone URL.
-fn source_repo(dir: &Path) -> std::path::PathBuf {
-    let git = |args: &[&str], cwd: &Path| {
-        let out = Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-            .args(args)
-            .current_dir(cwd)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-    };
-    let bare = dir.join("source.git");
-    std::fs::create_dir_all(&bare).unwrap();
-    git(&["init", "--bare", "-b", "main"], &bare);
-    let work = dir.join("seed");
-    git(
-        &["clone", bare.to_str().unwrap(), work.to_str().unwrap()],
-        dir,
-    );
-    std::fs::write(work.join("README.md"), "# web\n").unwrap();
-    git(&["add", "README.md"], &work);
-    git(&["commit", "-m", "initial"], &work);
-    git(&["push", "origin", "HEAD:refs/heads/main"], &work);
-    bare
-}
-
 /// The processes whose environment holds `var` (`NAME=value`) exactly: how a run's agent
 /// and its children are found from outside a sandbox, whose process ids differ inside.
 fn processes_with_env(var: &str) -> Vec<i32> {
@@ -670,7 +643,7 @@ fn pid_alive(pid: i32) -> bool {
 /// with exactly one pull request.
 #[test]
 fn a_run_killed_with_the_service_is_recovered_after_restart() {
-    use agentry_codehost::fake::FakeGitHub;
+    use agentry_fake_github::FakeGitHub;
     const GH: &str = "ghp_RestartTestToken0123456789abcdef";
     let fake = FakeGitHub::start();
     fake.add_token(GH, "agentry-bot");
@@ -775,7 +748,7 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
 /// parallel) and the code host (the local fake) differ from the defaults.
 #[test]
 fn the_readme_defaults_take_an_issue_to_a_pull_request() {
-    use agentry_codehost::fake::FakeGitHub;
+    use agentry_fake_github::FakeGitHub;
     const GH: &str = "ghp_ReadmeDefaultsToken0123456789abcdef";
     let fake = FakeGitHub::start();
     fake.add_token(GH, "agentry-bot");

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::iter::Sum;
 use std::ops::AddAssign;
 
-use agentry_domain::{TaskState, TaskType, Usd};
+use agentry_domain::{Task, TaskState, TaskType, Usd};
 use rust_decimal::Decimal;
 use time::{Date, OffsetDateTime, UtcOffset};
 use uuid::Uuid;
@@ -114,6 +114,25 @@ pub struct TaskFact {
     pub output_tokens: i64,
     /// When the task was created.
     pub created_at: OffsetDateTime,
+}
+
+/// The report's view of a stored task: its identity, repository (as the normalised URL
+/// string), kind, state, model, exact cost, tokens and creation time; the rest is dropped.
+impl From<Task> for TaskFact {
+    fn from(t: Task) -> TaskFact {
+        TaskFact {
+            id: t.id,
+            title: t.title,
+            repo_url: t.repo_url.to_string(),
+            task_type: t.task_type,
+            state: t.state,
+            model_used: t.model_used,
+            cost: t.cost_usd,
+            input_tokens: t.input_tokens,
+            output_tokens: t.output_tokens,
+            created_at: t.created_at,
+        }
+    }
 }
 
 impl TaskFact {

@@ -28,6 +28,9 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text, Timestamp};
 use time::{OffsetDateTime, PrimitiveDateTime, Time};
 
+#[path = "common/demo.rs"]
+mod demo;
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 struct Args {
@@ -207,21 +210,9 @@ fn baseline(
     inputs.coding_by_model_all_repos = by_model_all.into_iter().collect();
     let start = window.start().with_time(Time::MIDNIGHT).assume_utc();
     let end = to.with_time(Time::MIDNIGHT).assume_utc();
-    let fact = |t: agentry_domain::Task| agentry_analytics::TaskFact {
-        id: t.id,
-        title: t.title,
-        repo_url: t.repo_url.to_string(),
-        task_type: t.task_type,
-        state: t.state,
-        model_used: t.model_used,
-        cost: t.cost_usd,
-        input_tokens: t.input_tokens,
-        output_tokens: t.output_tokens,
-        created_at: t.created_at,
-    };
     inputs.top_candidates = costliest_in_window(conn, start, end, None, 0, Some(10))?
         .into_iter()
-        .map(fact)
+        .map(agentry_analytics::TaskFact::from)
         .collect();
     for (repo_url, t) in &inputs.by_repo {
         let nanos = (t.cost * rust_decimal::Decimal::from(1_000_000_000)).normalize();
@@ -233,7 +224,7 @@ fn baseline(
         let found = costliest_in_window(conn, start, end, Some(repo_url), min, None)?;
         inputs
             .anomaly_candidates
-            .extend(found.into_iter().map(fact));
+            .extend(found.into_iter().map(agentry_analytics::TaskFact::from));
     }
     Ok(report(&inputs))
 }
@@ -242,7 +233,7 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
     let db = Db::connect(url, 8)?;
     db.migrate()?;
     let mut body = Vec::new();
-    agentry_api::demo::write_tasks(&mut body, size, 90, OffsetDateTime::now_utc())?;
+    demo::write_tasks(&mut body, size, 90, OffsetDateTime::now_utc())?;
     let started = Instant::now();
     let imported = agentry_api::import::import(&mut *db.conn()?, &body)?;
     let import_time = started.elapsed();

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use agentry_analytics::{
     CostReport, ReportInputs, TaskFact, Totals, Window, anomaly_threshold_nanos, report,
 };
-use agentry_domain::{RepoUrl, Task, TaskType};
+use agentry_domain::{RepoUrl, TaskType};
 use agentry_persistence::rollups::{self, Combo, Sums};
 use agentry_persistence::tasks::costliest_in_window;
 use agentry_persistence::{AnyConnection, DbError};
@@ -25,21 +25,6 @@ fn totals(s: Sums) -> Totals {
         succeeded: s.succeeded,
         input_tokens: s.input_tokens,
         output_tokens: s.output_tokens,
-    }
-}
-
-fn fact(t: Task) -> TaskFact {
-    TaskFact {
-        id: t.id,
-        title: t.title,
-        repo_url: t.repo_url.to_string(),
-        task_type: t.task_type,
-        state: t.state,
-        model_used: t.model_used,
-        cost: t.cost_usd,
-        input_tokens: t.input_tokens,
-        output_tokens: t.output_tokens,
-        created_at: t.created_at,
     }
 }
 
@@ -126,12 +111,12 @@ pub fn load_inputs(
     for (repo_url, sums) in &by_repo {
         if let Some(threshold) = anomaly_threshold_nanos(sums.costed, sums.cost_nanos) {
             let found = costliest_in_window(conn, from, to, Some(repo_url), threshold, None)?;
-            anomaly_candidates.extend(found.into_iter().map(fact));
+            anomaly_candidates.extend(found.into_iter().map(TaskFact::from));
         }
     }
     let top_candidates = costliest_in_window(conn, from, to, repo, 0, Some(TOP))?
         .into_iter()
-        .map(fact)
+        .map(TaskFact::from)
         .collect();
 
     Ok(ReportInputs {

@@ -13,7 +13,6 @@ pub mod codehost;
 pub mod config;
 pub mod costs;
 pub mod costs_table;
-pub mod demo;
 pub mod dto;
 pub mod error;
 pub mod import;

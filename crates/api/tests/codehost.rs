@@ -10,7 +10,7 @@ mod common;
 
 use actix_web::test::TestRequest;
 use agentry_api::codehost;
-use agentry_codehost::fake::{FakeGitHub, Fault};
+use agentry_fake_github::{FakeGitHub, Fault};
 use agentry_persistence::outbox::{self, EffectKind};
 use agentry_persistence::repos;
 use agentry_persistence::secrets;
@@ -566,7 +566,7 @@ fn numbers_of(view: &Value) -> Vec<u64> {
 }
 
 /// GETs of the issue list since the last `reset_counts`.
-fn list_reads(fake: &FakeGitHub) -> Vec<agentry_codehost::fake::RequestRecord> {
+fn list_reads(fake: &FakeGitHub) -> Vec<agentry_fake_github::RequestRecord> {
     fake.requests()
         .into_iter()
         .filter(|r| r.method == "GET" && r.route.as_deref() == Some("/repos/{owner}/{repo}/issues"))

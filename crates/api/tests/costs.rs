@@ -156,18 +156,7 @@ fn all_facts(db: &Db) -> Vec<TaskFact> {
     loop {
         let page =
             tasks::list_tasks(&mut conn, &TaskFilter::default(), 200, after.as_ref()).unwrap();
-        out.extend(page.tasks.into_iter().map(|t| TaskFact {
-            id: t.id,
-            title: t.title,
-            repo_url: t.repo_url.to_string(),
-            task_type: t.task_type,
-            state: t.state,
-            model_used: t.model_used,
-            cost: t.cost_usd,
-            input_tokens: t.input_tokens,
-            output_tokens: t.output_tokens,
-            created_at: t.created_at,
-        }));
+        out.extend(page.tasks.into_iter().map(TaskFact::from));
         match page.next {
             Some(c) => after = Some(c),
             None => return out,

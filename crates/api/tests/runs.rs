@@ -10,14 +10,14 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use actix_web::web;
 use agentry_api::runs::{self, RunSettings, Runs};
 use agentry_api::state::AppState;
-use agentry_codehost::fake::Fault;
+use agentry_fake_github::Fault;
 use agentry_persistence::test_support::TestDb;
+use agentry_testkit::git::{git, source_repo};
 use common::env::{Env, bare, json_req};
 use common::{call, code_host_with, get, test_timing};
 use serde_json::{Value, json};
@@ -28,47 +28,6 @@ const NAME: &str = "web";
 
 fn fake_agent(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../runner/tests/fake-agents/{name}"))
-}
-
-fn git(args: &[&str], cwd: &Path) -> String {
-    let out = Command::new("git")
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .current_dir(cwd)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A bare repository with one commit on `main` (a README).
-fn source_repo(dir: &Path) -> PathBuf {
-    let bare_repo = dir.join("source.git");
-    std::fs::create_dir_all(&bare_repo).unwrap();
-    git(&["init", "--bare", "-b", "main"], &bare_repo);
-    let work = dir.join("seed");
-    git(
-        &["clone", bare_repo.to_str().unwrap(), work.to_str().unwrap()],
-        dir,
-    );
-    std::fs::write(work.join("README.md"), "# web\n").unwrap();
-    git(&["add", "README.md"], &work);
-    git(&["commit", "-m", "initial"], &work);
-    git(&["push", "origin", "HEAD:refs/heads/main"], &work);
-    bare_repo
 }
 
 struct Rig {

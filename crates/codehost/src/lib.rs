@@ -1,5 +1,5 @@
-//! agentry's code-host integration: the one GitHub REST client, webhook verification and
-//! parsing, and a fake GitHub for tests.
+//! agentry's code-host integration: the one GitHub REST client, and webhook verification and
+//! parsing.
 //!
 //! * [`GitHub`] (built from a [`ClientConfig`] and a token) is the only way the service talks
 //!   to GitHub (SPEC §5.1–5.2). Every request carries the token as `Authorization: Bearer`,
@@ -17,10 +17,9 @@
 //! * [`webhook`] (SPEC §5.6) checks a delivery's `X-Hub-Signature-256` in constant time
 //!   ([`webhook::verify_signature`]) and reads a verified body into a [`WebhookEvent`]
 //!   ([`webhook::parse_event`]); pure functions, the HTTP endpoint lives in `agentry-api`.
-//! * `fake::FakeGitHub` (feature `test-support`) is a stateful GitHub REST v3 server on
-//!   127.0.0.1 with GitHub's JSON shapes, pagination, ETags and 304s, per-route request
-//!   counters and fault injection (5xx, timeouts, rate limits), for the tests of this crate
-//!   and of the service.
+//!
+//! The fake GitHub the tests talk to is a crate of its own, `agentry-fake-github`, a
+//! dev-dependency only: nothing of it is compiled into this crate.
 
 pub mod client;
 pub mod error;
@@ -28,9 +27,6 @@ mod policy;
 pub mod types;
 pub mod webhook;
 mod wire;
-
-#[cfg(feature = "test-support")]
-pub mod fake;
 
 pub use client::{ClientConfig, GitHub};
 pub use error::CodeHostError;

@@ -1,18 +1,17 @@
+//! The GitHub client against the fake GitHub (and, for the exact bytes on the wire, a tiny
+//! scripted HTTP server): every method, pagination, conditional requests, retries, timeouts,
+//! rate limits, error mapping, and that the token never shows.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
-#![cfg(feature = "test-support")]
-//! The GitHub client against the fake GitHub (and, for the exact bytes on the wire, a tiny
-//! scripted HTTP server): every method, pagination, conditional requests, retries, timeouts,
-//! rate limits, error mapping, and that the token never shows.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentry_codehost::fake::{FakeGitHub, Fault};
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub};
+use agentry_fake_github::{FakeGitHub, Fault};
 use time::OffsetDateTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

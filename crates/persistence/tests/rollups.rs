@@ -16,25 +16,11 @@ use agentry_persistence::tasks::{
     self, ImportTask, Run, RunOutcome, TaskCursor, TaskFilter, TransitionDetails,
 };
 use agentry_persistence::{AnyConnection, Db, DbError, backend_tests, write_tx};
+use agentry_testkit::SplitMix64;
 use common::*;
 use diesel::prelude::*;
 use time::{Date, Duration};
 use uuid::Uuid;
-
-/// Deterministic pseudo-random numbers (SplitMix64), so a failure is reproducible.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn all_tasks(conn: &mut AnyConnection) -> Vec<Task> {
     let mut out = Vec::new();
@@ -122,7 +108,7 @@ fn brute_sums(tasks: &[Task], through: Date) -> BTreeMap<(String, String, String
     m
 }
 
-fn run_of(task: &Task, rng: &mut Rng) -> Run {
+fn run_of(task: &Task, rng: &mut SplitMix64) -> Run {
     const MODELS: [Option<&str>; 4] = [None, Some("sonnet"), Some("haiku"), Some("gpt-5")];
     Run {
         id: Uuid::new_v4(),
@@ -151,7 +137,7 @@ fn run_of(task: &Task, rng: &mut Rng) -> Run {
 
 /// Applies a random workload and checks the invariants.
 fn workload(db: &Db, seed: u64) {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let repos = [
         connect(db, "acme", "web"),
         connect(db, "acme", "api"),
@@ -348,7 +334,7 @@ backend_tests! {
         let before = snapshot(&mut conn);
         let refused = tasks::transition_task(&mut conn, task.id, Trigger::PullRequestMerged, &TransitionDetails::default(), T0);
         assert!(matches!(refused, Err(DbError::InvalidTransition(_))));
-        let bad_run = Run { input_tokens: -1, ..run_of(&task, &mut Rng(7)) };
+        let bad_run = Run { input_tokens: -1, ..run_of(&task, &mut SplitMix64::new(7)) };
         assert!(write_tx::<_, DbError, _>(&mut conn, |c| tasks::record_run(c, &bad_run)).is_err());
         assert_eq!(snapshot(&mut conn), before);
     }

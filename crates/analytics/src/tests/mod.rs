@@ -78,6 +78,55 @@ fn ids(ids: impl IntoIterator<Item = Uuid>) -> Vec<u128> {
     ids.into_iter().map(|id| id.as_u128()).collect()
 }
 
+/// A stored task becomes the fact the report reads: the normalised URL string, the exact
+/// cost and every other member the report uses, unchanged.
+#[test]
+fn task_fact_from_a_stored_task() {
+    use agentry_domain::{AgentType, RepoUrl, Task};
+    let created_at = datetime!(2025-03-04 23:30 -2);
+    let task = Task {
+        id: Uuid::from_u128(9),
+        title: "Fix the parser".to_owned(),
+        prompt: "the prompt is not the report's".to_owned(),
+        repo_id: None,
+        repo_url: RepoUrl::parse("git@GitHub.com:Acme/Web.git").unwrap(),
+        task_type: TaskType::Review,
+        state: TaskState::PrOpened,
+        agent_type: AgentType::ClaudeCode,
+        model_used: Some("claude-opus-4-1".to_owned()),
+        cost_usd: Some(Usd::parse("1.000000001").unwrap()),
+        input_tokens: 12,
+        output_tokens: 34,
+        pr_url: None,
+        pr_number: Some(5),
+        issue_number: None,
+        parent_task_id: None,
+        attempt: 1,
+        error_message: None,
+        created_at,
+        updated_at: created_at,
+        started_at: None,
+        finished_at: None,
+    };
+    let fact = TaskFact::from(task);
+    assert_eq!(
+        fact,
+        TaskFact {
+            id: Uuid::from_u128(9),
+            title: "Fix the parser".to_owned(),
+            repo_url: "https://github.com/acme/web".to_owned(),
+            task_type: TaskType::Review,
+            state: TaskState::PrOpened,
+            model_used: Some("claude-opus-4-1".to_owned()),
+            cost: Some(Usd::parse("1.000000001").unwrap()),
+            input_tokens: 12,
+            output_tokens: 34,
+            created_at,
+        }
+    );
+    assert_eq!(fact.day(), date!(2025 - 03 - 05));
+}
+
 #[test]
 fn empty_input() {
     let r = run(date!(2024 - 05 - 10), 30, None, &[]);

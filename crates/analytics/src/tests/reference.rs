@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use agentry_domain::{TaskState, TaskType, Usd};
+use agentry_testkit::SplitMix64;
 use rust_decimal::Decimal;
 use time::macros::date;
 use time::{Date, UtcOffset};
@@ -17,43 +18,6 @@ use crate::*;
 /// Number of random data sets.
 const CASES: u64 = 400;
 
-/// splitmix64: a tiny deterministic generator, so every case is reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            items.swap(i, j);
-        }
-    }
-}
-
 /// One random data set.
 struct Case {
     today: Date,
@@ -63,7 +27,7 @@ struct Case {
 }
 
 fn generate(seed: u64) -> Case {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let specials = [
         date!(2024 - 12 - 31),
         date!(2025 - 01 - 01),
@@ -145,7 +109,7 @@ fn generate(seed: u64) -> Case {
             }
         };
         tasks.push(TaskFact {
-            id: Uuid::from_u128((u128::from(rng.next()) << 64) | u128::from(rng.next())),
+            id: Uuid::from_u128((u128::from(rng.next_u64()) << 64) | u128::from(rng.next_u64())),
             title: format!("task {i}"),
             repo_url: rng.pick(&repos).clone(),
             task_type: if rng.chance(65) {
@@ -624,7 +588,7 @@ fn report_matches_the_reference_on_random_data() {
             *with.entry(name).or_default() += u32::from(present);
         }
 
-        let mut rng = Rng(seed ^ 0xA5A5_A5A5);
+        let mut rng = SplitMix64::new(seed ^ 0xA5A5_A5A5);
         let selected = |t: &&TaskFact| case.filter.as_deref().is_none_or(|f| t.repo_url == f);
 
         // Supersets: out-of-period, uncosted and duplicated candidates (and, for anomalies,

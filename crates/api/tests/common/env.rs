@@ -8,7 +8,7 @@ use actix_web::test::TestRequest;
 use actix_web::web;
 use agentry_api::codehost;
 use agentry_api::state::AppState;
-use agentry_codehost::fake::FakeGitHub;
+use agentry_fake_github::FakeGitHub;
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::test_support::TestDb;
 use agentry_persistence::{Db, secrets};

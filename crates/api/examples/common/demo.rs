@@ -4,27 +4,14 @@
 //! a quarter of them reviews, a mix of states, and exact decimal costs with 6 decimals
 //! (1 in 50 without a cost, and every queued task). The same arguments always give the same
 //! bytes, so benchmarks on SQLite and PostgreSQL see identical data.
+//!
+//! Shared by `examples/gen_tasks.rs` and `examples/bench_costs.rs` (`#[path]` modules); it
+//! is test data, so it is not part of the library.
 
 use std::io::Write;
 
+use agentry_testkit::SplitMix64;
 use time::{Duration, OffsetDateTime};
-
-/// SplitMix64: tiny, fast and deterministic; statistical quality is irrelevant here.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The models the generated tasks use.
 pub const MODELS: [&str; 6] = [
@@ -55,7 +42,7 @@ pub fn write_tasks(
     let days = days.max(1);
     let start = (now - Duration::days(days - 1)).replace_time(time::Time::MIDNIGHT);
     let span_secs = (now - start).whole_seconds().max(1) as u64;
-    let mut rng = Rng(0x00A6_E7E5_2026_1122);
+    let mut rng = SplitMix64::new(0x00A6_E7E5_2026_1122);
     for i in 0..count {
         let repo = rng.below(50);
         let model = MODELS[rng.below(6) as usize];

@@ -1,4 +1,4 @@
-//! A fake GitHub REST v3 server for tests (feature `test-support`).
+//! A fake GitHub REST v3 server for agentry's tests (a dev-dependency only, never shipped).
 //!
 //! [`FakeGitHub::start`] runs a real HTTP/1.1 server on `127.0.0.1` (a free port) on its own
 //! thread; dropping the [`FakeGitHub`] stops it. Tests seed and inspect its state through the
@@ -42,9 +42,9 @@ use actix_web::dev::ServerHandle;
 use actix_web::http::StatusCode;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 
+use agentry_testkit::SplitMix64;
 use handler::{Incoming, MAX_BODY_BYTES, Outcome};
 use model::{FaultMode, FaultRule, State, Token, repo_key};
-use util::SplitMix64;
 
 /// A failure the fake answers instead of handling a request, or instead of its answer (see
 /// [`FakeGitHub::fail_next`]).

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 
-use super::util::{SplitMix64, format_time, node_id, percent_encode, sha256_hex};
+use agentry_testkit::SplitMix64;
+
+use super::util::{format_time, node_id, percent_encode, sha256_hex};
 use super::{Fault, RequestRecord};
 
 /// Where `html_url`s point, like github.com's own.

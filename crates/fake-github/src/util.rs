@@ -129,29 +129,6 @@ pub(crate) fn parse_query(query: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// SplitMix64: a tiny deterministic RNG for fault injection.
-#[derive(Debug, Clone)]
-pub(crate) struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform draw in `[0, 1)`.
-    pub(crate) fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,16 +170,5 @@ mod tests {
                 ("x".to_owned(), String::new())
             ]
         );
-    }
-
-    #[test]
-    fn rng_is_deterministic() {
-        let mut a = SplitMix64::new(7);
-        let mut b = SplitMix64::new(7);
-        for _ in 0..10 {
-            let x = a.next_f64();
-            assert_eq!(x, b.next_f64());
-            assert!((0.0..1.0).contains(&x));
-        }
     }
 }

@@ -1,11 +1,13 @@
-#![cfg(feature = "test-support")]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The fake GitHub over real HTTP: raw checks with reqwest, and octocrab to prove that its
 //! JSON deserializes into octocrab's models.
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
 
 use std::time::{Duration, Instant};
 
-use agentry_codehost::fake::{FakeGitHub, Fault};
+use agentry_fake_github::{FakeGitHub, Fault};
 use octocrab::Octocrab;
 use octocrab::models::IssueState as OctoIssueState;
 use octocrab::params::{Direction, State, pulls::Sort};

@@ -1,0 +1,115 @@
+//! What agentry's tests share (a dev-dependency only, never part of the service):
+//!
+//! * [`SplitMix64`]: the one small deterministic generator behind seeded test data and the
+//!   fake GitHub's fault injection, so that every failure is reproducible from its seed;
+//! * [`git`]: the real `git` with no user or system configuration, and a bare source
+//!   repository with a README committed on `main` ([`git::seeded_bare`],
+//!   [`git::source_repo`]) for runs against a local clone URL.
+
+pub mod git;
+
+/// SplitMix64 (Steele, Lea and Flood): a tiny, fast and deterministic generator.
+///
+/// The same seed always gives the same sequence, on every platform; statistical quality
+/// beyond that is not a goal. Not for anything secret.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// The generator whose state starts at `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64-bit value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `next_u64() % n`: in `0..n` (slightly biased, which seeded test data does not mind).
+    ///
+    /// # Panics
+    /// When `n` is 0.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Uniform in `lo..=hi` (through [`below`](Self::below)).
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo + 1) as u64) as i64
+    }
+
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    /// One of `items`.
+    ///
+    /// # Panics
+    /// When `items` is empty.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+
+    /// Shuffles `items` in place (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+
+    /// A uniform draw in `[0, 1)` (the top 53 bits of [`next_u64`](Self::next_u64)).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SplitMix64;
+
+    /// The reference outputs of SplitMix64 for seed 0 (as in Vigna's `splitmix64.c`): the
+    /// sequence every seeded data set of the tests depends on.
+    #[test]
+    fn matches_the_reference_sequence() {
+        let mut rng = SplitMix64::new(0);
+        let first: Vec<u64> = (0..3).map(|_| rng.next_u64()).collect();
+        assert_eq!(
+            first,
+            [
+                0xE220_A839_7B1D_CDAF,
+                0x6E78_9E6A_A1B9_65F4,
+                0x06C4_5D18_8009_454F
+            ]
+        );
+    }
+
+    #[test]
+    fn same_seed_same_draws() {
+        let mut a = SplitMix64::new(7);
+        let mut b = SplitMix64::new(7);
+        for _ in 0..10 {
+            let x = a.next_f64();
+            assert_eq!(x, b.next_f64());
+            assert!((0.0..1.0).contains(&x));
+        }
+        let mut items: Vec<u32> = (0..20).collect();
+        a.shuffle(&mut items);
+        let mut sorted = items.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..20).collect::<Vec<_>>());
+        for _ in 0..100 {
+            assert!((-3..=3).contains(&a.range(-3, 3)));
+            assert!(a.below(5) < 5);
+            assert!([1, 2].contains(a.pick(&[1, 2])));
+        }
+        assert!(!a.chance(0));
+        assert!(a.chance(100));
+    }
+}
