@@ -27,7 +27,7 @@ use std::time::Duration;
 use actix_web::web;
 use agentry_codehost::CodeHostError;
 use agentry_domain::money::Usd;
-use agentry_domain::{Task, TaskState, TaskType, Trigger};
+use agentry_domain::{PullRequestRef, Task, TaskState, TaskType, Trigger};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::runner::{self as claims, ExpiredLease, RunLog};
 use agentry_persistence::tasks::{self, NewTask, Run, RunOutcome, TransitionDetails};
@@ -630,13 +630,13 @@ async fn settle(
     let settlement = match &execution.verdict {
         Verdict::Pushed { branch, .. } => {
             match open_pull_request(state, prepared, task, branch, run.cost_usd).await {
-                Ok((url, number)) => Settlement {
+                Ok(pull_request) => Settlement {
                     trigger: Some((
                         Trigger::PullRequestOpened,
                         TransitionDetails {
-                            reason: Some(format!("pull request #{number} opened")),
+                            reason: Some(format!("pull request #{} opened", pull_request.number)),
                             error_message: None,
-                            pull_request: Some((url, number)),
+                            pull_request: Some(pull_request),
                         },
                     )),
                     review: prepared
@@ -648,22 +648,25 @@ async fn settle(
                 Err(message) => fail_with(message),
             }
         }
-        Verdict::Reviewed { text } => match post_review(state, prepared, task, text, run.cost_usd)
-            .await
-        {
-            Ok(pull_request) => Settlement {
-                trigger: Some((
-                    Trigger::ReviewPosted,
-                    TransitionDetails {
-                        reason: Some(format!("review posted on pull request #{}", pull_request.1)),
-                        error_message: None,
-                        pull_request: Some(pull_request),
-                    },
-                )),
-                review: None,
-            },
-            Err(message) => fail_with(message),
-        },
+        Verdict::Reviewed { text } => {
+            match post_review(state, prepared, task, text, run.cost_usd).await {
+                Ok(pull_request) => Settlement {
+                    trigger: Some((
+                        Trigger::ReviewPosted,
+                        TransitionDetails {
+                            reason: Some(format!(
+                                "review posted on pull request #{}",
+                                pull_request.number
+                            )),
+                            error_message: None,
+                            pull_request: Some(pull_request),
+                        },
+                    )),
+                    review: None,
+                },
+                Err(message) => fail_with(message),
+            }
+        }
         Verdict::NoChanges => fail_with("the agent made no changes".into()),
         Verdict::Failed(m) | Verdict::TimedOut(m) => fail_with(m.clone()),
         Verdict::Cancelled => Settlement {
@@ -734,7 +737,7 @@ async fn open_pull_request(
     task: &Task,
     branch: &str,
     cost: Option<Usd>,
-) -> Result<(String, i64), String> {
+) -> Result<PullRequestRef, String> {
     let github = state
         .codehost
         .client(&prepared.token)
@@ -774,7 +777,10 @@ async fn open_pull_request(
     };
     let number = i64::try_from(pull.number)
         .map_err(|_| "the code host answered an impossible pull request number".to_owned())?;
-    Ok((pull.html_url, number))
+    Ok(PullRequestRef {
+        url: pull.html_url,
+        number,
+    })
 }
 
 /// The marker a posted review ends with.
@@ -790,7 +796,7 @@ async fn post_review(
     task: &Task,
     text: &str,
     cost: Option<Usd>,
-) -> Result<(String, i64), String> {
+) -> Result<PullRequestRef, String> {
     let parent = prepared
         .parent
         .as_ref()
@@ -821,7 +827,7 @@ async fn post_review(
             .await
             .map_err(|e| format!("the review could not be posted: {e}"))?;
     }
-    Ok((url, number))
+    Ok(PullRequestRef { url, number })
 }
 
 /// Recovers every task whose lease expired before `before` (see the module docs); returns

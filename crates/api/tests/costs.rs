@@ -138,7 +138,10 @@ fn seed(db: &Db, seed: u64) {
                 task.id,
                 trigger,
                 &TransitionDetails {
-                    pull_request: Some(("https://github.com/acme/web/pull/1".into(), 1)),
+                    pull_request: Some(agentry_domain::PullRequestRef {
+                        url: "https://github.com/acme/web/pull/1".into(),
+                        number: 1,
+                    }),
                     ..Default::default()
                 },
                 now,

@@ -326,7 +326,10 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
                 coding.id,
                 Trigger::PullRequestOpened,
                 &TransitionDetails {
-                    pull_request: Some(("https://github.com/o/r/pull/9".into(), 9)),
+                    pull_request: Some(agentry_domain::PullRequestRef {
+                        url: "https://github.com/o/r/pull/9".into(),
+                        number: 9,
+                    }),
                     ..Default::default()
                 },
                 now,

@@ -36,7 +36,7 @@ pub mod task;
 
 pub use error::FieldError;
 pub use money::{MoneyError, Usd, format_decimal};
-pub use pull_request::{PullRequestState, pull_request_trigger};
+pub use pull_request::{PullRequestRef, PullRequestState, pull_request_trigger};
 pub use repo_url::{RepoUrl, RepoUrlError};
 pub use role::Role;
 pub use settings::RepoSettings;

@@ -3,6 +3,15 @@
 
 use crate::task::{TaskState, Trigger};
 
+/// A pull request as a task records it: its web URL and its number in the repository.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PullRequestRef {
+    /// The web URL (`https://github.com/org/repo/pull/7`).
+    pub url: String,
+    /// The number in its repository.
+    pub number: i64,
+}
+
 /// A pull request's state as the code host reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PullRequestState {

@@ -2,7 +2,8 @@
 //! run ledger, listing with a keyset cursor, and bulk import.
 
 use agentry_domain::{
-    AgentType, RepoUrl, Task, TaskState, TaskType, Transition, Trigger, Usd, transition,
+    AgentType, PullRequestRef, RepoUrl, Task, TaskState, TaskType, Transition, Trigger, Usd,
+    transition,
 };
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
@@ -282,8 +283,8 @@ pub struct TransitionDetails {
     pub reason: Option<String>,
     /// Why the task failed (for transitions into `failed`).
     pub error_message: Option<String>,
-    /// The pull request opened (for `PullRequestOpened`): its URL and number.
-    pub pull_request: Option<(String, i64)>,
+    /// The pull request opened (for `PullRequestOpened`).
+    pub pull_request: Option<PullRequestRef>,
 }
 
 #[derive(AsChangeset)]
@@ -352,8 +353,8 @@ pub fn transition_task(
                 pr_url: details
                     .pull_request
                     .as_ref()
-                    .map(|(url, _)| Some(url.as_str())),
-                pr_number: details.pull_request.as_ref().map(|(_, n)| Some(*n)),
+                    .map(|pr| Some(pr.url.as_str())),
+                pr_number: details.pull_request.as_ref().map(|pr| Some(pr.number)),
                 lease_owner: leaving_work.then_some(None),
                 lease_expires_at: leaving_work.then_some(None),
             };

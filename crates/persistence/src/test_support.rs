@@ -170,7 +170,7 @@ pub fn open_pull_request(
     transition_task(conn, task_id, Trigger::AgentStarted, &none, now)?;
     let url = format!("{}/pull/{number}", get_task(conn, task_id)?.repo_url);
     let details = TransitionDetails {
-        pull_request: Some((url, number)),
+        pull_request: Some(agentry_domain::PullRequestRef { url, number }),
         ..TransitionDetails::default()
     };
     Ok(transition_task(conn, task_id, Trigger::PullRequestOpened, &details, now)?.0)

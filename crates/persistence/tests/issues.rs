@@ -250,7 +250,7 @@ agentry_persistence::backend_tests! {
             tasks::transition_task(&mut conn, t_a5.id, trigger, &TransitionDetails::default(), at(101)).unwrap();
         }
         let details = TransitionDetails {
-            pull_request: Some(("https://github.com/a/x/pull/77".into(), 77)),
+            pull_request: Some(agentry_domain::PullRequestRef { url: "https://github.com/a/x/pull/77".into(), number: 77 }),
             ..TransitionDetails::default()
         };
         tasks::transition_task(&mut conn, t_a5.id, Trigger::PullRequestOpened, &details, at(102)).unwrap();

@@ -166,7 +166,10 @@ fn workload(db: &Db, seed: u64) {
                 let id = created[rng.below(created.len() as u64) as usize];
                 let trigger = Trigger::ALL[rng.below(Trigger::ALL.len() as u64) as usize];
                 let details = TransitionDetails {
-                    pull_request: Some(("https://github.com/o/r/pull/1".into(), 1)),
+                    pull_request: Some(agentry_domain::PullRequestRef {
+                        url: "https://github.com/o/r/pull/1".into(),
+                        number: 1,
+                    }),
                     ..Default::default()
                 };
                 // Refused transitions are part of the workload: they must change nothing.

@@ -27,7 +27,10 @@ fn assert_refused(conn: &mut AnyConnection, id: Uuid, trigger: Trigger) {
     let details = TransitionDetails {
         reason: Some("should not be recorded".into()),
         error_message: Some("should not be recorded".into()),
-        pull_request: Some(("https://github.com/o/r/pull/999".into(), 999)),
+        pull_request: Some(agentry_domain::PullRequestRef {
+            url: "https://github.com/o/r/pull/999".into(),
+            number: 999,
+        }),
     };
     match tasks::transition_task(conn, id, trigger, &details, at(3600)) {
         Err(DbError::InvalidTransition(e)) => {
@@ -94,7 +97,7 @@ agentry_persistence::backend_tests! {
 
         let details = TransitionDetails {
             reason: Some("pull request #17 opened".into()),
-            pull_request: Some(("https://github.com/o/r/pull/17".into(), 17)),
+            pull_request: Some(agentry_domain::PullRequestRef { url: "https://github.com/o/r/pull/17".into(), number: 17 }),
             ..Default::default()
         };
         let (t, _) = tasks::transition_task(
@@ -331,7 +334,7 @@ agentry_persistence::backend_tests! {
         apply(&mut conn, task.id, Trigger::Claim, at(1));
         apply(&mut conn, task.id, Trigger::AgentStarted, at(2));
         let pr = TransitionDetails {
-            pull_request: Some(("https://github.com/o/r/pull/3".into(), 3)),
+            pull_request: Some(agentry_domain::PullRequestRef { url: "https://github.com/o/r/pull/3".into(), number: 3 }),
             ..Default::default()
         };
         tasks::transition_task(&mut conn, task.id, Trigger::PullRequestOpened, &pr, at(3)).unwrap();
