@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures `agentry serve` start-up and idle memory (SPEC §9: start to ready under 1 s, idle
+# Measures `agentry serve` start-up and idle memory (docs/contract.md#9-performance-targets: start to ready under 1 s, idle
 # RSS under 50 MB) on the embedded SQLite database, with the runner and every background
 # loop on (AGENTRY_MAX_CONCURRENT_RUNS at its default).
 #   scripts/bench-startup.sh [RUNS]     (default: 5)

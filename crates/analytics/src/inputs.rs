@@ -98,7 +98,7 @@ pub struct TaskFact {
     pub id: Uuid,
     /// The task's title.
     pub title: String,
-    /// The normalised repository URL (SPEC §2.4).
+    /// The normalised repository URL (docs/contract.md#24-repository-urls).
     pub repo_url: String,
     /// Coding or review.
     pub task_type: TaskType,

@@ -1,6 +1,6 @@
 //! # agentry-analytics
 //!
-//! agentry's cost report (SPEC §4, `GET /api/analytics/costs` and `agentry costs`) as pure
+//! agentry's cost report (docs/contract.md#4-cost-report, `GET /api/analytics/costs` and `agentry costs`) as pure
 //! functions over plain data: no database, no I/O, no clock.
 //!
 //! The report is computed in two steps so that storage never has to hand every task over:
@@ -11,7 +11,7 @@
 //!    queries or rollups; [`ReportInputs::from_tasks`] builds it the straightforward way
 //!    from a full task list (tests, benchmark baseline).
 //! 2. [`report`] turns the inputs into a [`CostReport`], whose serde form is exactly the JSON
-//!    of the seed's section 2.1 plus the SPEC's additions.
+//!    of docs/contract.md#42-members.
 //!
 //! [`Window`] is the report's period (the `days` UTC days ending today) and
 //! [`anomaly_threshold_nanos`] lets storage fetch anomaly candidates with an index.

@@ -1,4 +1,4 @@
-//! The cost report (SPEC §4): [`report`] and the [`CostReport`] it returns.
+//! The cost report (docs/contract.md#4-cost-report): [`report`] and the [`CostReport`] it returns.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashSet};
@@ -30,7 +30,8 @@ const MIN_SUGGESTION_CANDIDATE_TASKS: i64 = 5;
 /// The `model` of tasks whose model is unknown.
 const UNKNOWN_MODEL: &str = "unknown";
 
-/// The cost report of SPEC §4: exactly the members of the seed's section 2.1.
+/// The cost report of docs/contract.md#4-cost-report: exactly the members listed in
+/// docs/contract.md#42-members.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
@@ -269,12 +270,12 @@ pub struct TopTask {
     pub created_at: OffsetDateTime,
 }
 
-/// Computes the cost report (SPEC §4) from its inputs.
+/// Computes the cost report (docs/contract.md#4-cost-report) from its inputs.
 ///
 /// Pure and total: it never panics, whatever the inputs (sums saturate, divisions by zero
 /// are avoided by the rules themselves).
 ///
-/// Interpretations where SPEC §4 leaves room:
+/// Interpretations where docs/contract.md#4-cost-report leaves room:
 ///
 /// - The summary is computed from `daily` (entries outside the period are ignored);
 ///   `costByRepo`, `costByType` and `costByModel` from `by_repo`, `by_type` and `by_model`.
@@ -513,7 +514,7 @@ fn anomalies(inputs: &ReportInputs) -> Vec<Anomaly> {
         .collect()
 }
 
-/// The model suggestions (see the module docs and SPEC §4).
+/// The model suggestions (see the module docs and docs/contract.md#4-cost-report).
 fn model_suggestions(inputs: &ReportInputs) -> Vec<ModelSuggestion> {
     let mut candidates: BTreeMap<&str, Totals> = BTreeMap::new();
     for (model, totals) in &inputs.coding_by_model_all_repos {

@@ -1,4 +1,4 @@
-//! The report's window (SPEC §4 "Window").
+//! The report's window (docs/contract.md#41-window-and-formats).
 
 use time::Date;
 
@@ -17,7 +17,7 @@ pub enum WindowError {
     DateOutOfRange,
 }
 
-/// The report's window (SPEC §4 "Window"): the `days` UTC days ending `today`.
+/// The report's window (docs/contract.md#41-window-and-formats): the `days` UTC days ending `today`.
 ///
 /// The period is `[start, today]` (that is `[today − (days − 1), tomorrow)`), the previous
 /// period is the `days` days before it, `[previous_start, start)`. All days are UTC calendar

@@ -1,4 +1,4 @@
-//! Benchmark of `GET /api/analytics/costs` (SPEC §9; docs/benchmarks.md).
+//! Benchmark of `GET /api/analytics/costs` (docs/contract.md#9-performance-targets; docs/benchmarks.md).
 //!
 //! For each size (default 10,000 / 100,000 / 1,000,000 tasks over 90 days, 50 repositories,
 //! 6 models) and each backend, it imports the generated data with the real importer into a

@@ -1,4 +1,4 @@
-//! Benchmark of pull-request tracking (SPEC §9; docs/benchmarks.md).
+//! Benchmark of pull-request tracking (docs/contract.md#9-performance-targets; docs/benchmarks.md).
 //!
 //! 1. **Poll cost.** 50 repositories holding 1,000 open agent pull requests on the fake
 //!    GitHub (127.0.0.1), one task in `pr_opened` per pull request: the requests of one poll

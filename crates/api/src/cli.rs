@@ -1,4 +1,4 @@
-//! The `agentry` command line (SPEC §1).
+//! The `agentry` command line (docs/contract.md#1-running-it).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! The service side of the code-host integration (SPEC §3.3–3.7, §5.1–5.4): the stored
+//! The service side of the code-host integration (docs/contract.md#33-secrets–#37-assign, #51-token–#54-effects-of-assignment): the stored
 //! token and the one client built from it, assignment of an issue (the task and its outbox
 //! effects in one transaction), issue sync, and delivery of the outbox.
 //!
@@ -178,7 +178,7 @@ pub fn comment_marker(task_id: Uuid) -> String {
 }
 
 /// Creates the coding task of an issue with its label and comment effects, in one
-/// transaction, unless the issue already has a task (SPEC §3.7, §5.4): the task and whether
+/// transaction, unless the issue already has a task (docs/contract.md#37-assign, #54-effects-of-assignment): the task and whether
 /// it was created now. The same path serves `POST /api/issues/assign` and label sync.
 pub fn assign(
     conn: &mut AnyConnection,
@@ -260,7 +260,7 @@ pub struct RepoSyncOutcome {
 }
 
 /// Syncs the open issues of every connected repository (or of `only`), then turns each open
-/// issue carrying the service's label and no task into a task (SPEC §5.3). One repository's
+/// issue carrying the service's label and no task into a task (docs/contract.md#53-issue-sync). One repository's
 /// failure is recorded for it and does not stop the others. 412 without a token.
 pub async fn sync_issues(
     state: &AppState,

@@ -1,4 +1,4 @@
-//! Configuration from environment variables; every one has a default (SPEC §1).
+//! Configuration from environment variables; every one has a default (docs/contract.md#1-running-it).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! The cost report (SPEC §4) from storage: reads the rollups and two index-backed task
+//! The cost report (docs/contract.md#4-cost-report) from storage: reads the rollups and two index-backed task
 //! queries, assembles [`ReportInputs`], and lets `agentry-analytics` compute the report.
 //! Shared by `GET /api/analytics/costs` and `agentry costs`.
 

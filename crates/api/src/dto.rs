@@ -14,7 +14,7 @@ pub fn rfc3339(at: OffsetDateTime) -> String {
         .unwrap_or_else(|_| at.to_string())
 }
 
-/// A task (SPEC §2.1) with its prompt.
+/// A task (docs/contract.md#21-task) with its prompt.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskDto {
@@ -35,7 +35,7 @@ impl From<Task> for TaskDto {
     }
 }
 
-/// A task (SPEC §2.1) without its prompt, as lists show it: a page of 200 tasks stays small
+/// A task (docs/contract.md#21-task) without its prompt, as lists show it: a page of 200 tasks stays small
 /// whatever their prompts (`GET /api/tasks/{id}` has the prompt).
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -1,4 +1,4 @@
-//! The one error type of the HTTP API and its JSON envelope (SPEC §3.2):
+//! The one error type of the HTTP API and its JSON envelope (docs/contract.md#32-errors):
 //! `{"error": {"code": "<snake_case>", "message": "<human sentence>"}}`.
 
 use actix_web::body::MessageBody;

@@ -1,4 +1,4 @@
-//! Import of historical task records (SPEC §3.9), shared by `agentry import` and
+//! Import of historical task records (docs/contract.md#39-import), shared by `agentry import` and
 //! `POST /api/tasks/import`: JSON Lines, every line validated before anything is written.
 
 use agentry_domain::{AgentType, RepoUrl, TaskState, TaskType, Usd};
@@ -196,7 +196,7 @@ pub fn validate(body: &[u8]) -> Result<u64, ImportError> {
     }
 }
 
-/// Validates the whole body, then writes it in one transaction (SPEC §3.9): a bad line
+/// Validates the whole body, then writes it in one transaction (docs/contract.md#39-import): a bad line
 /// anywhere means nothing is written; records whose id exists already are skipped.
 pub fn import(conn: &mut AnyConnection, body: &[u8]) -> Result<ImportOutcome, ImportError> {
     validate(body)?;

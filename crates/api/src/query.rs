@@ -1,5 +1,5 @@
 //! Strict query-string parsing: unknown and repeated parameters are refused, and every error
-//! names the parameter (SPEC §3.2: out of range is refused, never clamped).
+//! names the parameter (docs/contract.md#32-errors: out of range is refused, never clamped).
 
 use std::str::FromStr;
 

@@ -1,4 +1,4 @@
-//! The agent-run orchestrator (SPEC §2.2, §6): claims queued tasks, hands each to the
+//! The agent-run orchestrator (docs/contract.md#22-states-and-transitions, #6-agent-runs): claims queued tasks, hands each to the
 //! [`Runner`], keeps its lease alive, and settles the outcome: the pull request opened (or
 //! the review posted) and the run recorded with the state change in one transaction.
 //!

@@ -1,4 +1,4 @@
-//! Pull-request tracking (SPEC §5.5–5.6): the poller, and what a webhook delivery does.
+//! Pull-request tracking (docs/contract.md#55-pull-request-tracking–#56-webhook): the poller, and what a webhook delivery does.
 //!
 //! Both ask one pure question, [`pull_request_trigger`], and apply the answer with
 //! [`pulls::apply_pull_outcome`], a compare-and-set transition that also enqueues the closing

@@ -1,5 +1,5 @@
 //! Randomised input against the real application: no query string, path, header or body may
-//! produce a 5xx, a non-envelope error, or a write (SPEC §3.2, §7).
+//! produce a 5xx, a non-envelope error, or a write (docs/contract.md#32-errors, #7-reliability-and-security).
 #![allow(
     clippy::expect_used,
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"

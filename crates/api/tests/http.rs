@@ -993,7 +993,7 @@ async fn the_api_works_on_postgresql_too() {
     assert_eq!(TaskState::Completed.as_str(), detail["state"]);
 }
 
-/// The cost report's schema is generated from its Rust types: every member of SPEC §4.
+/// The cost report's schema is generated from its Rust types: every member of docs/contract.md#4-cost-report.
 #[actix_web::test]
 async fn the_cost_report_schema_has_every_member() {
     let doc = serde_json::to_value(agentry_api::app::openapi()).unwrap();

@@ -1,4 +1,4 @@
-//! Agent runs end to end through the HTTP API (SPEC §2.2, §3.8, §6): the fake GitHub on
+//! Agent runs end to end through the HTTP API (docs/contract.md#22-states-and-transitions, #38-tasks, #6-agent-runs): the fake GitHub on
 //! 127.0.0.1, a local bare repository as the clone URL, the real `git`, and the fake
 //! Claude Code executable (crates/runner/tests/fake-agents) printing what the real CLI
 //! prints.

@@ -1,7 +1,7 @@
 //! Pull-request tracking end to end, in process, against the fake GitHub on 127.0.0.1: the
 //! poller (one conditional request per repository, watermark only after success), the signed
 //! webhook with GitHub's real payloads, the race between them, and the poller role among
-//! replicas on PostgreSQL (SPEC §5.5–5.6, §2.2).
+//! replicas on PostgreSQL (docs/contract.md#55-pull-request-tracking–#56-webhook, #22-states-and-transitions).
 #![allow(
     clippy::unwrap_used,
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"

@@ -1,4 +1,4 @@
-//! [`GitHub`], the one GitHub REST client (SPEC §5.1–5.2).
+//! [`GitHub`], the one GitHub REST client (docs/contract.md#51-token–#52-rate-limits-and-failures).
 //!
 //! # Transport
 //! octocrab carries the requests ([`Octocrab::execute`]) over a service stack built here: a

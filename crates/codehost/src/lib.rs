@@ -2,7 +2,7 @@
 //! parsing.
 //!
 //! * [`GitHub`] (built from a [`ClientConfig`] and a token) is the only way the service talks
-//!   to GitHub (SPEC §5.1–5.2). Every request carries the token as `Authorization: Bearer`,
+//!   to GitHub (docs/contract.md#51-token–#52-rate-limits-and-failures). Every request carries the token as `Authorization: Bearer`,
 //!   a `User-Agent`, `Accept: application/vnd.github+json` and `X-GitHub-Api-Version`; 5xx
 //!   answers, timeouts and connection errors are retried with capped exponential backoff and
 //!   full jitter; rate limits (`Retry-After`, `X-RateLimit-Remaining`/`Reset`) are waited
@@ -14,7 +14,7 @@
 //!   members used, so octocrab's models (and chrono) never cross this crate's boundary.
 //! * Failures are one [`CodeHostError`]; [`CodeHostError::is_transient`] says whether trying
 //!   again later may help. No message ever contains the token.
-//! * [`webhook`] (SPEC §5.6) checks a delivery's `X-Hub-Signature-256` in constant time
+//! * [`webhook`] (docs/contract.md#56-webhook) checks a delivery's `X-Hub-Signature-256` in constant time
 //!   ([`webhook::verify_signature`]) and reads a verified body into a [`WebhookEvent`]
 //!   ([`webhook::parse_event`]); pure functions, the HTTP endpoint lives in `agentry-api`.
 //!

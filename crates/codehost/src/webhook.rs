@@ -1,4 +1,4 @@
-//! GitHub webhooks (SPEC §5.6): signature verification and typed parsing of the events agentry
+//! GitHub webhooks (docs/contract.md#56-webhook): signature verification and typed parsing of the events agentry
 //! acts on. Pure functions, no I/O: the HTTP endpoint reads the body and the headers, calls
 //! [`verify_signature`] first and [`parse_event`] only on a verified body.
 //!
@@ -158,7 +158,7 @@ pub enum WebhookEvent {
         /// `pull_request.number`.
         number: u64,
         /// Whether it was merged: `pull_request.merged` is `true` or `merged_at` is set
-        /// (the poller's rule, SPEC §5.5, decides on `merged_at`).
+        /// (the poller's rule, docs/contract.md#55-pull-request-tracking, decides on `merged_at`).
         merged: bool,
         /// `pull_request.merged_at`, in UTC.
         merged_at: Option<OffsetDateTime>,

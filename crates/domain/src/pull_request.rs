@@ -1,5 +1,5 @@
 //! What a pull request's state on the code host means for the task that opened it
-//! (SPEC §5.5, §5.6): the one decision the poller and the webhook share.
+//! (docs/contract.md#55-pull-request-tracking, #56-webhook): the one decision the poller and the webhook share.
 
 use crate::task::{TaskState, Trigger};
 

@@ -1,4 +1,4 @@
-//! The service's synced copy of open code-host issues (SPEC §3.6, §5.3).
+//! The service's synced copy of open code-host issues (docs/contract.md#36-issues-view, #53-issue-sync).
 //!
 //! The issues view reads only this copy, so it never waits on the code host. A sync stores
 //! a repository's complete list of open issues in one transaction ([`replace_open_issues`],
@@ -502,7 +502,7 @@ type ViewRow = (
 /// The open synced issues of every connected repository, or of the repository `repo_id`
 /// (nothing if it is disconnected), each with its linked task.
 ///
-/// Ordered as the issues view (SPEC §3.6): issues with no linked task first, then
+/// Ordered as the issues view (docs/contract.md#36-issues-view): issues with no linked task first, then
 /// `updated_at` descending, then repository URL ascending, then number ascending. The order
 /// is applied in Rust so that it is the same on both backends (string collation of
 /// PostgreSQL depends on the database's locale).
@@ -548,7 +548,7 @@ pub fn open_issues(
     Ok(views)
 }
 
-/// A position in the issues view: the sort key of the last issue of a page (SPEC §3.6
+/// A position in the issues view: the sort key of the last issue of a page (docs/contract.md#36-issues-view
 /// order: unlinked first, `updated_at` descending, repository URL, number).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IssueViewCursor {
@@ -710,7 +710,7 @@ fn view_of(
 
 /// The open synced issues of one repository that carry the label `label` (exact,
 /// case-sensitive name) and have no linked task, by number: the issues the sync turns into
-/// tasks (SPEC §5.3).
+/// tasks (docs/contract.md#53-issue-sync).
 pub fn unlinked_with_label(
     conn: &mut AnyConnection,
     repo_id: Uuid,

@@ -1,5 +1,5 @@
 //! An exclusive role among the processes sharing one database, such as the pull-request
-//! poller (SPEC §5.5, §8): of several replicas on one PostgreSQL, one holds it at a time.
+//! poller (docs/contract.md#55-pull-request-tracking, #8-scale-out): of several replicas on one PostgreSQL, one holds it at a time.
 //!
 //! On PostgreSQL the role is a session advisory lock taken with `pg_try_advisory_lock` on a
 //! dedicated connection opened from the database URL (not taken from the pool, so it is never

@@ -1,4 +1,4 @@
-//! The outbox: side effects on the code host (SPEC §5.4), written in the transaction of the
+//! The outbox: side effects on the code host (docs/contract.md#54-effects-of-assignment), written in the transaction of the
 //! change that causes them and delivered after commit by a worker.
 //!
 //! An effect is written with [`enqueue`] inside the caller's transaction, so it exists if

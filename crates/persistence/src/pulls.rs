@@ -1,4 +1,4 @@
-//! Pull-request tracking (SPEC §5.5–5.6): which repositories the poller visits and where each
+//! Pull-request tracking (docs/contract.md#55-pull-request-tracking–#56-webhook): which repositories the poller visits and where each
 //! poll stands, the task of a pull request, and the one write that applies a pull request's
 //! fate to its task.
 //!

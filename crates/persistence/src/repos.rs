@@ -291,7 +291,7 @@ where
     }
 }
 
-/// Where a repository's issue sync stands (SPEC §5.3).
+/// Where a repository's issue sync stands (docs/contract.md#53-issue-sync).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct IssueSyncState {
     /// The ETag of the last issue list stored (sent as `If-None-Match` on the next sync).

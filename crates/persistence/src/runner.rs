@@ -1,4 +1,4 @@
-//! What the agent runner needs from storage (SPEC §2.2, §6.1): claiming the oldest queued
+//! What the agent runner needs from storage (docs/contract.md#22-states-and-transitions, #61-runner): claiming the oldest queued
 //! task under a lease, renewing the lease while the run goes on, finding and recovering
 //! tasks whose lease expired (their runner died), and the output log of each recorded run.
 //!

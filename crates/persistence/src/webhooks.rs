@@ -1,4 +1,4 @@
-//! Webhook de-duplication (SPEC §5.6): every delivery id (`X-GitHub-Delivery`) is recorded
+//! Webhook de-duplication (docs/contract.md#56-webhook): every delivery id (`X-GitHub-Delivery`) is recorded
 //! once in `webhook_deliveries`, whose primary key decides between concurrent requests and
 //! replicas receiving the same delivery.
 

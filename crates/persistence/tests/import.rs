@@ -1,4 +1,4 @@
-//! Bulk import of task history (SPEC §3.9): batches, skips, all-or-nothing.
+//! Bulk import of task history (docs/contract.md#39-import): batches, skips, all-or-nothing.
 #![allow(
     clippy::unwrap_used,
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"

@@ -1,4 +1,4 @@
-//! The synced copy of open issues (SPEC §3.6, §5.3): replacing it, the sync state on the
+//! The synced copy of open issues (docs/contract.md#36-issues-view, #53-issue-sync): replacing it, the sync state on the
 //! repository, the issues view and its order, and the labelled issues the sync assigns.
 #![allow(
     clippy::unwrap_used,

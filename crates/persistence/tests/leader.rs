@@ -1,4 +1,4 @@
-//! The leader lock (SPEC §5.5, §8): on PostgreSQL one holder per key among the processes
+//! The leader lock (docs/contract.md#55-pull-request-tracking, #8-scale-out): on PostgreSQL one holder per key among the processes
 //! sharing the database, lost with its session; on SQLite always held.
 #![allow(
     clippy::unwrap_used,

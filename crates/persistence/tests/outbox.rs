@@ -1,4 +1,4 @@
-//! The outbox (SPEC §5.4): effects written with the change that causes them, at most one per
+//! The outbox (docs/contract.md#54-effects-of-assignment): effects written with the change that causes them, at most one per
 //! (task, kind), claimed under a lease by one worker at a time, retried until delivered.
 #![allow(
     clippy::unwrap_used,

@@ -1,4 +1,4 @@
-//! Pull-request tracking (SPEC §5.5–5.6): the repositories to poll and their poll state, the
+//! Pull-request tracking (docs/contract.md#55-pull-request-tracking–#56-webhook): the repositories to poll and their poll state, the
 //! task of a pull request, and applying a pull request's fate (transition + closing effect in
 //! one transaction, exactly once among concurrent actors).
 #![allow(

@@ -1,4 +1,4 @@
-//! Repository administration (SPEC §3.4, §3.5): disconnecting, settings, and the issue-sync
+//! Repository administration (docs/contract.md#34-repositories, #35-repository-settings): disconnecting, settings, and the issue-sync
 //! state of connected repositories.
 
 mod common;

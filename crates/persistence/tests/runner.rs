@@ -1,4 +1,4 @@
-//! Claims, leases, lease recovery and run logs (SPEC §2.2, §6.1), on both backends.
+//! Claims, leases, lease recovery and run logs (docs/contract.md#22-states-and-transitions, #61-runner), on both backends.
 
 mod common;
 

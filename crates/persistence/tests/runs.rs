@@ -1,4 +1,4 @@
-//! The run ledger (SPEC §2.1, §2.3): exact costs, token sums, retries add.
+//! The run ledger (docs/contract.md#21-task, #23-money): exact costs, token sums, retries add.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Task creation, the unique issue link (SPEC §3.7) and connecting repositories.
+//! Task creation, the unique issue link (docs/contract.md#37-assign) and connecting repositories.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Task transitions (SPEC §2.2): compare-and-set on the state, with their events.
+//! Task transitions (docs/contract.md#22-states-and-transitions): compare-and-set on the state, with their events.
 #![allow(
     clippy::unwrap_used,
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"

@@ -1,4 +1,4 @@
-//! Webhook de-duplication (SPEC §5.6): a delivery id is recorded once; the primary key decides
+//! Webhook de-duplication (docs/contract.md#56-webhook): a delivery id is recorded once; the primary key decides
 //! between concurrent requests and replicas.
 
 mod common;

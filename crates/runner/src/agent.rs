@@ -1,4 +1,4 @@
-//! The two agent CLIs as processes (SPEC §6.2): how each is invoked, which API-key variables
+//! The two agent CLIs as processes (docs/contract.md#62-agents-and-cost-extraction): how each is invoked, which API-key variables
 //! it may see, and which parser reads its output.
 //!
 //! | agent | command line (prompt on stdin) |

@@ -1,5 +1,5 @@
 //! agentry's agent runner: everything that happens on the machine that runs an agent
-//! (SPEC §6), and nothing of the database or the code-host API.
+//! (docs/contract.md#6-agent-runs), and nothing of the database or the code-host API.
 //!
 //! - [`job`]: the seam. A [`Job`] (task, repository, agent, prompt, limits) goes into a
 //!   [`Runner`], an [`Execution`] (verdict, parsed report, output) comes out. The service

@@ -1,4 +1,4 @@
-//! The agent's sandbox (SPEC §10.3, §10.4): every agent runs inside bubblewrap (`bwrap`).
+//! The agent's sandbox (docs/contract.md#65-agent-sandbox, #12-configuration): every agent runs inside bubblewrap (`bwrap`).
 //!
 //! An agent reads untrusted text (the issue) and runs whatever commands it decides to run, so
 //! it is treated as hostile. Inside the sandbox it sees:

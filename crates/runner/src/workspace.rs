@@ -1,4 +1,4 @@
-//! Git workspaces for agent runs (SPEC §6.1), with the real `git` executable.
+//! Git workspaces for agent runs (docs/contract.md#61-runner), with the real `git` executable.
 //!
 //! Layout under the root directory:
 //!
@@ -56,7 +56,7 @@
 //!
 //! What this cannot stop: an *unsandboxed* agent runs as the service's user and could
 //! rewrite the mirror's configuration between the check and git reading it (or touch the
-//! service's own files); the sandbox (SPEC §10.3) closes that: it shows the agent the
+//! service's own files); the sandbox (docs/contract.md#65-agent-sandbox) closes that: it shows the agent the
 //! mirror read-only, so what git files it can still write (the worktree's `.git` and its
 //! own metadata entry) are never used after the agent.
 //!

@@ -1,4 +1,4 @@
-//! Agents run in a bubblewrap sandbox (SPEC §10.3, §10.4), through [`LocalRunner`] with the
+//! Agents run in a bubblewrap sandbox (docs/contract.md#65-agent-sandbox, #12-configuration), through [`LocalRunner`] with the
 //! fake `claude` and a local bare repository as the remote: what a hostile agent can read,
 //! that its own work still happens, that nothing it started outlives a cancel or a
 //! recovery, and that without a working `bwrap` no agent starts.

@@ -1,5 +1,5 @@
 //! The key test: `report(&ReportInputs::from_tasks(..))` against an independent,
-//! obviously-correct reference written directly from the task list and SPEC §4, on random
+//! obviously-correct reference written directly from the task list and docs/contract.md#4-cost-report, on random
 //! data sets. The reference shares no aggregation code with the crate: it loops over the
 //! tasks, sums integer nano-dollars in `i128`, compares fractions by cross-multiplying
 //! integers and rounds with integer division.

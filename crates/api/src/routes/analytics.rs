@@ -1,4 +1,4 @@
-//! `GET /api/analytics/costs` (SPEC §4).
+//! `GET /api/analytics/costs` (docs/contract.md#4-cost-report).
 
 use actix_web::{HttpRequest, HttpResponse, get, web};
 use agentry_domain::RepoUrl;
@@ -24,7 +24,7 @@ pub const DEFAULT_DAYS: i64 = 30;
             description = "Only this repository (any accepted URL form)"),
     ),
     responses(
-        (status = 200, description = "The cost report (SPEC §4)", body = agentry_analytics::CostReport),
+        (status = 200, description = "The cost report (docs/contract.md#4-cost-report)", body = agentry_analytics::CostReport),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
     ),

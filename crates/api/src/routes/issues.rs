@@ -1,4 +1,4 @@
-//! `GET /api/issues`, `POST /api/issues/sync`, `POST /api/issues/assign` (SPEC §3.6–3.7).
+//! `GET /api/issues`, `POST /api/issues/sync`, `POST /api/issues/assign` (docs/contract.md#36-issues-view–#37-assign).
 
 use std::collections::BTreeMap;
 

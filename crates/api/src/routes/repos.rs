@@ -1,5 +1,5 @@
 //! `POST /api/repos`, `GET /api/repos`, `GET|DELETE /api/repos/{id}` and
-//! `GET|PATCH /api/repos/{id}/settings` (SPEC §3.4–3.5).
+//! `GET|PATCH /api/repos/{id}/settings` (docs/contract.md#34-repositories–#35-repository-settings).
 
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use agentry_domain::{RepoSettings, RepoUrl, Role};
@@ -45,7 +45,7 @@ pub struct RepoDto {
     pub default_branch: String,
     /// The clone URL the code host reports.
     pub clone_url: String,
-    /// Agent settings (SPEC §3.5).
+    /// Agent settings (docs/contract.md#35-repository-settings).
     #[schema(value_type = Object)]
     pub settings: RepoSettings,
     /// When it was (last) connected.
@@ -273,7 +273,7 @@ pub async fn disconnect_repo(
     tag = "repos",
     params(("id" = Uuid, Path, description = "Repository id")),
     responses(
-        (status = 200, description = "The settings (SPEC §3.5)", body = Object),
+        (status = 200, description = "The settings (docs/contract.md#35-repository-settings)", body = Object),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody),

@@ -1,5 +1,5 @@
 //! `PUT /api/secrets/{name}`, `GET /api/secrets`, `DELETE /api/secrets/{name}` (admin,
-//! SPEC §3.3). Values are encrypted at rest and never returned or logged.
+//! docs/contract.md#33-secrets). Values are encrypted at rest and never returned or logged.
 
 use actix_web::{HttpResponse, delete, get, put, web};
 use agentry_domain::Role;

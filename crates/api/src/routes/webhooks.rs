@@ -1,4 +1,4 @@
-//! `POST /api/webhooks/codehost` (SPEC §5.6): GitHub's webhook, authenticated by its
+//! `POST /api/webhooks/codehost` (docs/contract.md#56-webhook): GitHub's webhook, authenticated by its
 //! signature instead of a bearer token.
 
 use std::sync::Arc;

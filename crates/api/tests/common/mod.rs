@@ -149,7 +149,7 @@ where
     (status, body)
 }
 
-/// Asserts the SPEC §3.2 envelope with `code`, returning the message.
+/// Asserts the docs/contract.md#32-errors envelope with `code`, returning the message.
 pub fn envelope(body: &Value, code: &str) -> String {
     let err = body
         .get("error")
