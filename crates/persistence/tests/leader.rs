@@ -120,6 +120,10 @@ fn postgres_unreachable_server_is_an_error_not_a_role() {
 }
 
 #[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 fn postgres_one_holder_per_key() {
     let Some(test_db) = TestDb::postgres() else {
         return;
@@ -163,6 +167,10 @@ fn postgres_one_holder_per_key() {
 }
 
 #[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 fn postgres_killed_session_loses_the_role() {
     let Some(test_db) = TestDb::postgres() else {
         return;
@@ -216,6 +224,10 @@ fn postgres_killed_session_loses_the_role() {
 }
 
 #[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 fn postgres_leader_lock_never_blocks_migrations() {
     let Some(test_db) = TestDb::postgres() else {
         return;
