@@ -789,11 +789,11 @@ async fn a_hung_request_times_out_and_is_retried() {
 
 #[tokio::test]
 async fn connection_errors_are_retried_then_unavailable() {
-    // A port nothing listens on.
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    // A port nothing listens on, held for the whole test: a socket bound but never
+    // listening refuses every connection, and no other test can take the port meanwhile.
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = held.local_addr().unwrap().port();
     let gh = GitHub::new(
         &ClientConfig {
             max_retries: 3,
