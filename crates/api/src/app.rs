@@ -233,6 +233,8 @@ pub fn build_app_with(
         .into_utoipa_app()
         .configure(routes)
         .split_for_parts();
+    // The web pages and their assets: served, but no part of the API's document.
+    let app = app.configure(agentry_web::configure);
     let mut cors = actix_cors::Cors::default()
         .allow_any_header()
         .allowed_methods(["GET", "POST", "PUT", "PATCH", "DELETE"])

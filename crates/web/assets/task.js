@@ -1,0 +1,212 @@
+// @ts-check
+/**
+ * /tasks/{id}: a task's fields, state history, runs, pull request, review subtasks and the
+ * tail of its agent output (refreshed while it runs), with Cancel and Retry for members.
+ */
+import { api, apiText, ApiError, can } from './api.js';
+import { fill, h, region } from './dom.js';
+import { count, money, repoName, stateBadge, stateLabel, time } from './format.js';
+
+/** @typedef {import('../types/api').TaskDetailDto} TaskDetailDto */
+/** @typedef {import('../types/api').TaskDto} TaskDto */
+
+const LIVE = ['queued', 'provisioning', 'running'];
+const TAIL_LINES = 200;
+const REFRESH_MS = 3000;
+
+/**
+ * A definition list from pairs (values left out when null).
+ * @param {Array<[string, Node | string | null | undefined]>} pairs
+ */
+function fields(pairs) {
+  const dl = h('dl', { class: 'fields' });
+  for (const [name, value] of pairs) {
+    if (value === null || value === undefined) continue;
+    dl.append(h('dt', {}, name), h('dd', {}, value));
+  }
+  return dl;
+}
+
+/** @param {TaskDetailDto} t */
+function overview(t) {
+  return fields([
+    ['State', stateBadge(t.state)],
+    ['Repository', repoName(t.repoUrl)],
+    ['Task type', t.taskType],
+    ['Agent', t.agentType],
+    ['Model', t.modelUsed ?? '–'],
+    ['Cost', money(t.costUsd ?? null)],
+    ['Input tokens', count(t.inputTokens)],
+    ['Output tokens', count(t.outputTokens)],
+    ['Attempt', String(t.attempt)],
+    ['Issue', t.issue ? h('a', { href: t.issue.htmlUrl, rel: 'noopener noreferrer' }, `#${t.issue.number}`) : null],
+    ['Pull request', t.prUrl ? h('a', { href: t.prUrl, rel: 'noopener noreferrer' }, t.prNumber ? `#${t.prNumber}` : t.prUrl) : null],
+    ['Parent task', t.parentTaskId ? h('a', { href: `/tasks/${t.parentTaskId}` }, 'the coding task') : null],
+    ['Error', t.errorMessage ?? null],
+    ['Created', time(t.createdAt)],
+    ['Started', t.startedAt ? time(t.startedAt) : null],
+    ['Finished', t.finishedAt ? time(t.finishedAt) : null],
+    ['Updated', time(t.updatedAt)],
+  ]);
+}
+
+/** @param {TaskDetailDto} t */
+function history(t) {
+  return region(
+    'State history',
+    { class: 'panel' },
+    h(
+      'ol',
+      { class: 'events' },
+      ...t.events.map((e) =>
+        h('li', {}, time(e.at), ' ', e.from ? `${stateLabel(e.from)} → ` : '', h('strong', {}, stateLabel(e.to)), e.reason ? ` (${e.reason})` : ''),
+      ),
+    ),
+  );
+}
+
+/** @param {TaskDetailDto} t */
+function runs(t) {
+  const head = ['Attempt', 'Started', 'Outcome', 'Model', 'Input tokens', 'Output tokens', 'Turns', 'Cost'];
+  const numeric = [true, false, false, false, true, true, true, true];
+  return region(
+    'Runs',
+    { class: 'panel wide' },
+    t.runs.length === 0
+      ? h('p', { class: 'state' }, 'No runs yet.')
+      : h(
+          'div',
+          { class: 'table-wrap' },
+          h(
+            'table',
+            {},
+            h('thead', {}, h('tr', {}, ...head.map((c, i) => h('th', { scope: 'col', class: numeric[i] ? 'num' : '' }, c)))),
+            h(
+              'tbody',
+              {},
+              ...t.runs.map((r) =>
+                h(
+                  'tr',
+                  {},
+                  h('td', { class: 'num' }, String(r.attempt)),
+                  h('td', {}, time(r.startedAt)),
+                  h('td', {}, r.outcome, r.errorMessage ? h('span', { class: 'note' }, `: ${r.errorMessage}`) : null, r.sandboxed === false ? h('span', { class: 'note' }, ' (unsandboxed)') : null),
+                  h('td', {}, r.model ?? '–'),
+                  h('td', { class: 'num' }, count(r.inputTokens)),
+                  h('td', { class: 'num' }, count(r.outputTokens)),
+                  h('td', { class: 'num' }, r.turns === null || r.turns === undefined ? '–' : String(r.turns)),
+                  h('td', { class: 'num' }, money(r.costUsd ?? null)),
+                ),
+              ),
+            ),
+          ),
+        ),
+  );
+}
+
+/** @param {TaskDetailDto} t */
+function reviews(t) {
+  if (t.taskType === 'review') return null;
+  return region(
+    'Review subtasks',
+    { class: 'panel' },
+    t.reviews.length === 0
+      ? h('p', { class: 'state' }, 'No review subtasks.')
+      : h('ul', {}, ...t.reviews.map((r) => h('li', {}, h('a', { href: `/tasks/${r.id}` }, r.title), ' ', stateBadge(r.state), ' ', money(r.costUsd ?? null)))),
+  );
+}
+
+/**
+ * Builds /tasks/{id} into `main`.
+ * @param {HTMLElement} main
+ * @param {string} id
+ */
+export function taskPage(main, id) {
+  document.title = 'Task · agentry';
+  const status = h('p', { class: 'state', role: 'status' }, 'Loading…');
+  const body = h('div', { class: 'task' });
+  const output = h('pre', { class: 'log', tabindex: '0', 'aria-label': 'Agent output' });
+  const outputNote = h('p', { class: 'note' });
+  const outputRegion = region('Agent output', { class: 'panel wide' }, outputNote, output);
+  fill(main, h('p', { class: 'crumbs' }, h('a', { href: '/costs' }, 'Costs'), ' / task'), status, body, outputRegion);
+  /** @type {number | undefined} */
+  let timer;
+
+  const loadLog = async () => {
+    try {
+      const log = await apiText(`/api/tasks/${id}/log`);
+      if (!log) {
+        outputNote.textContent = 'No output yet.';
+        output.textContent = '';
+        return;
+      }
+      const lines = log.text.split('\n');
+      const tail = lines.slice(-TAIL_LINES).join('\n');
+      outputNote.textContent =
+        lines.length > TAIL_LINES || log.truncated ? `The last ${TAIL_LINES} lines.` : '';
+      const atEnd = output.scrollTop + output.clientHeight >= output.scrollHeight - 4;
+      output.textContent = tail;
+      if (atEnd) output.scrollTop = output.scrollHeight;
+    } catch (err) {
+      outputNote.textContent = err instanceof ApiError ? `The output could not be loaded: ${err.message}` : 'The output could not be loaded.';
+    }
+  };
+
+  /**
+   * @param {string} action cancel or retry
+   * @param {HTMLElement} problem
+   */
+  const act = async (action, problem) => {
+    problem.textContent = '';
+    try {
+      /** @type {TaskDto} */
+      const t = await api(`/api/tasks/${id}/${action}`, { method: 'POST' });
+      status.textContent = `Task ${stateLabel(t.state).toLowerCase()}.`;
+      await load();
+    } catch (err) {
+      problem.textContent = err instanceof ApiError ? err.message : 'The API could not be reached.';
+    }
+  };
+
+  /** @param {TaskDetailDto} t */
+  const actions = (t) => {
+    if (!can('member')) return null;
+    const problem = h('p', { class: 'field-error', role: 'alert' });
+    const cancel = LIVE.includes(t.state) ? h('button', { type: 'button', class: 'danger' }, 'Cancel') : null;
+    const retry = t.state === 'failed' || t.state === 'cancelled' ? h('button', { type: 'button' }, 'Retry') : null;
+    cancel?.addEventListener('click', () => act('cancel', problem));
+    retry?.addEventListener('click', () => act('retry', problem));
+    if (!cancel && !retry) return null;
+    return h('div', { class: 'actions' }, cancel, retry, problem);
+  };
+
+  const load = async () => {
+    window.clearTimeout(timer);
+    try {
+      /** @type {TaskDetailDto} */
+      const t = await api(`/api/tasks/${id}`);
+      document.title = `${t.title} · agentry`;
+      fill(
+        body,
+        h('div', { class: 'page-head' }, h('h1', {}, t.title), actions(t)),
+        overview(t),
+        t.prompt ? h('details', { class: 'prompt' }, h('summary', {}, 'Prompt'), h('pre', {}, t.prompt)) : null,
+        h('div', { class: 'columns' }, history(t), reviews(t)),
+        runs(t),
+      );
+      status.textContent = '';
+      await loadLog();
+      main.dataset.ready = `task:${t.state}`;
+      if (LIVE.includes(t.state)) timer = window.setTimeout(load, REFRESH_MS);
+    } catch (err) {
+      status.className = 'state error';
+      status.textContent =
+        err instanceof ApiError && err.status === 404
+          ? 'There is no such task.'
+          : `The task could not be loaded: ${err instanceof ApiError ? err.message : 'the API could not be reached.'}`;
+      outputRegion.hidden = true;
+      main.dataset.ready = 'error';
+    }
+  };
+  void load();
+}

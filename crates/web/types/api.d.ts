@@ -1,0 +1,569 @@
+// Generated from the API's OpenAPI document (GET /api/openapi.json) by
+// tools/gen-api-types.mjs. Do not edit: regenerate (see docs/frontend.md).
+
+/** An agent. */
+export type AgentTypeName = "claude-code" | "codex";
+
+/**
+ * A task costing at least three times the average of the other costed tasks of its
+ * repository in the period.
+ */
+export interface Anomaly {
+  /** The task's id. */
+  id: string;
+  /** The task's title. */
+  title: string;
+  /** The task's repository. */
+  repoUrl: string;
+  /** The task's type. */
+  taskType: string;
+  /** The task's state. */
+  state: string;
+  /** The task's exact cost, a plain decimal string. */
+  costUsd: string;
+  /** The model used, or null. */
+  modelUsed?: string | null;
+  /**
+   * The leave-one-out average: the average cost of the repository's other costed tasks
+   * in the period (a JSON number).
+   */
+  repoAvgCost: number;
+  /** `costUsd / repoAvgCost` (a JSON number). */
+  costRatio: number;
+  /** When the task was created, RFC 3339 UTC. */
+  createdAt: string;
+}
+
+/** An issue to assign. Unknown members are ignored. */
+export interface AssignIssue {
+  /** The issue's number (≥ 1). */
+  issueNumber: number;
+  /** A connected repository. */
+  repoId: string;
+  /** The task's title (non-blank). */
+  title: string;
+  /** The task's prompt (default empty). */
+  body?: string;
+  agentType?: AgentTypeName | null;
+}
+
+/** The task of an assignment. */
+export interface AssignedDto {
+  /** The issue's task. */
+  task: TaskDto;
+  /** Whether it was created by this call. */
+  created: boolean;
+}
+
+/** A repository to connect. */
+export interface ConnectRepo {
+  /** Any accepted form: `https://github.com/org/repo`, `git@github.com:org/repo.git`, … */
+  repoUrl: string;
+}
+
+/**
+ * The cost report of docs/contract.md#4-cost-report: exactly the members listed in
+ * docs/contract.md#42-members.
+ */
+export interface CostReport {
+  /** The summary cards. */
+  summary: Summary;
+  /** The month forecast. */
+  forecast: Forecast;
+  /** One entry per day of the period, oldest first, zero-filled. */
+  dailyCosts: Array<DailyCost>;
+  /** Costs per repository, highest first. */
+  costByRepo: Array<RepoCost>;
+  /** Costs per task type, highest first. */
+  costByType: Array<TypeCost>;
+  /** Costs per model, highest first. */
+  costByModel: Array<ModelCost>;
+  /** Tasks costing at least three times the average of their repository's other tasks. */
+  anomalies: Array<Anomaly>;
+  /** Cheaper models with proven results, per repository and current model. */
+  modelSuggestions: Array<ModelSuggestion>;
+  /** The ten costliest tasks of the period. */
+  topTasks: Array<TopTask>;
+}
+
+/** A manual coding task. Unknown members are ignored. */
+export interface CreateTask {
+  /** A connected repository. */
+  repoId: string;
+  /** The task's title (non-blank, at most 500 characters). */
+  title: string;
+  /** The instructions for the agent (at most 256 KiB; default empty). */
+  prompt?: string;
+  agentType?: AgentTypeName | null;
+}
+
+/** A token to create. */
+export interface CreateToken {
+  /** What the token is for (1 to 100 characters). */
+  name: string;
+  /** `viewer`, `member` or `admin`. */
+  role: RoleName;
+}
+
+/** A newly created token: the only time the token is shown. */
+export type CreatedTokenDto = TokenDto & {
+  /** The bearer token. Store it now; only its hash is kept. */
+  token: string;
+};
+
+/** One day of the period. */
+export interface DailyCost {
+  /** The UTC day, `YYYY-MM-DD` on the wire. */
+  date: string;
+  /** Sum of the costs of the day's costed tasks (a JSON number). */
+  cost: number;
+  /** The day's costed tasks. */
+  taskCount: number;
+}
+
+/** The body of every error response. */
+export interface ErrorBody {
+  /** The error. */
+  error: ErrorDetail;
+}
+
+/** What went wrong. */
+export interface ErrorDetail {
+  /** Stable machine-readable code, e.g. `invalid_parameter`. */
+  code: string;
+  /** A sentence for humans; names the offending field for validation errors. */
+  message: string;
+}
+
+/** One state change. */
+export interface EventDto {
+  /** State before; null for the creation event. */
+  from?: string | null;
+  /** State after. */
+  to: string;
+  /** Why. */
+  reason: string;
+  /** When. */
+  at: string;
+}
+
+/** The month forecast. Money is a decimal string with exactly 4 decimals. */
+export interface Forecast {
+  /** `totalCost / days` (idle days count as zero). */
+  dailyAvgCost: string;
+  /**
+   * Costs of the tasks created in the current UTC month (repository filter applies, `days`
+   * does not).
+   */
+  monthCostSoFar: string;
+  /**
+   * `monthCostSoFar + (totalCost / days) × daysRemaining`, from the exact quotient, rounded
+   * once.
+   */
+  forecastedMonthTotal: string;
+  /** Days of the current UTC month after today (0 on its last day). */
+  daysRemaining: number;
+}
+
+/** Result of an import. */
+export interface ImportResultDto {
+  /** Records written. */
+  imported: number;
+  /** Records skipped because their id already existed. */
+  skipped: number;
+}
+
+/** An open issue of a connected repository, from the synced copy. */
+export interface IssueDto {
+  /** The repository. */
+  repoId: string;
+  /** Its normalised URL. */
+  repoUrl: string;
+  /** Issue number. */
+  number: number;
+  /** Title. */
+  title: string;
+  /** Body (empty when the issue has none). */
+  body: string;
+  /** The issue's page on the code host. */
+  htmlUrl: string;
+  /** The author's login. */
+  author: string;
+  /** Current labels. */
+  labels: Array<LabelDto>;
+  /** Creation time on the code host. */
+  createdAt: string;
+  /** Last update on the code host. */
+  updatedAt: string;
+  task?: LinkedTaskDto | null;
+}
+
+/** One page of the issues view. */
+export interface IssueListDto {
+  /**
+   * Open issues: unassigned first, then most recently updated, then by repository URL
+   * and number; at most `limit`.
+   */
+  issues: Array<IssueDto>;
+  /** Pass as `cursor` for the next page; null on the last page. */
+  nextCursor?: string | null;
+  /** When each repository was last synced successfully (repository id → time). */
+  syncedAt: Record<string, unknown>;
+  /** Repositories whose last sync failed. */
+  errors: Array<SyncErrorDto>;
+}
+
+/** The issue a task is linked to. */
+export interface IssueRefDto {
+  /** Issue number. */
+  number: number;
+  /** Its page on the code host. */
+  htmlUrl: string;
+}
+
+/** A label on an issue. */
+export interface LabelDto {
+  /** Name. */
+  name: string;
+  /** Colour, six hex digits. */
+  color: string;
+}
+
+/** The task linked to an issue. */
+export interface LinkedTaskDto {
+  /** Task id. */
+  id: string;
+  /** Its state. */
+  state: string;
+  /** Its pull request, once opened. */
+  prUrl?: string | null;
+}
+
+/** Costs of one model in the period (all task types). */
+export interface ModelCost {
+  /** The model as stored, or `"unknown"`. */
+  model: string;
+  /** Sum of the costs of its costed tasks (a JSON number). */
+  totalCost: number;
+  /** Its costed tasks. */
+  taskCount: number;
+  /**
+   * Percent of its costed tasks in `pr_opened` or `completed`, rounded half away from
+   * zero to 1 decimal (a JSON number).
+   */
+  successRate: number;
+  /** `totalCost / taskCount` (a JSON number). */
+  avgCost: number;
+  /** Input tokens of its costed tasks. */
+  totalInputTokens: number;
+  /** Output tokens of its costed tasks. */
+  totalOutputTokens: number;
+}
+
+/** A cheaper model with proven results for a repository's current coding model. */
+export interface ModelSuggestion {
+  /** The repository. */
+  repoUrl: string;
+  /** The model its coding tasks use. */
+  currentModel: string;
+  /** The costed coding tasks of this repository and model in the period. */
+  taskCount: number;
+  /** Their average cost (a JSON number). */
+  avgCost: number;
+  /**
+   * The suggested model's average cost over the coding tasks of all repositories (a JSON
+   * number).
+   */
+  cheaperModelAvgCost: number;
+  /** The suggested model. */
+  suggestedModel: string;
+  /** `taskCount × (avgCost − cheaperModelAvgCost)` (a JSON number). */
+  estimatedSavings: number;
+}
+
+/** A secret's new value. */
+export interface PutSecret {
+  /** The value (1 to 16 KiB, not blank). Never returned. */
+  value: string;
+}
+
+/** Costs of one repository in the period. */
+export interface RepoCost {
+  /** The normalised repository URL. */
+  repoUrl: string;
+  /** Sum of the costs of its costed tasks (a JSON number). */
+  totalCost: number;
+  /** Its costed tasks. */
+  taskCount: number;
+}
+
+/** A repository known to the service. */
+export interface RepoDto {
+  /** Repository id. */
+  id: string;
+  /** Normalised URL. */
+  repoUrl: string;
+  /** Owner (lower case). */
+  owner: string;
+  /** Name (lower case). */
+  name: string;
+  /** The default branch on the code host. */
+  defaultBranch: string;
+  /** The clone URL the code host reports. */
+  cloneUrl: string;
+  /** Agent settings (docs/contract.md#35-repository-settings). */
+  settings: Record<string, unknown>;
+  /** When it was (last) connected. */
+  connectedAt: string;
+  /** When it was disconnected; null while connected. */
+  disconnectedAt?: string | null;
+  /** First connection. */
+  createdAt: string;
+  /** Last change. */
+  updatedAt: string;
+}
+
+/** The connected repositories. */
+export interface RepoListDto {
+  /** By URL. */
+  repos: Array<RepoDto>;
+}
+
+/** A token's role. */
+export type RoleName = "viewer" | "member" | "admin";
+
+/** One agent run of a task. */
+export interface RunDto {
+  /** Run id. */
+  id: string;
+  /** The task's attempt during this run. */
+  attempt: number;
+  /** The agent. */
+  agentType: string;
+  /** The model. */
+  model?: string | null;
+  /** Exact decimal USD, or null when the agent reported no cost. */
+  costUsd?: string | null;
+  /** Uncached input tokens. */
+  inputTokens: number;
+  /** Input tokens read from the prompt cache. */
+  cacheReadTokens: number;
+  /** Input tokens written to the prompt cache. */
+  cacheWriteTokens: number;
+  /** Output tokens. */
+  outputTokens: number;
+  /** Agent turns. */
+  turns?: number | null;
+  /** `succeeded`, `failed`, `cancelled`, `timed_out` or `lost`. */
+  outcome: string;
+  /** The agent process's exit code. */
+  exitCode?: number | null;
+  /** What went wrong. */
+  errorMessage?: string | null;
+  /** Start. */
+  startedAt: string;
+  /** End. */
+  finishedAt?: string | null;
+  /**
+   * Whether the agent ran in the sandbox: `false` for runs of a service started with
+   * `AGENTRY_AGENT_SANDBOX=off`, null when not known (a run recovered after its service
+   * died, or recorded before this was kept).
+   */
+  sandboxed?: boolean | null;
+}
+
+/** A stored secret (never its value). */
+export interface SecretDto {
+  /** Name, e.g. `CODEHOST_TOKEN`. */
+  name: string;
+  /** When it was first stored. */
+  createdAt: string;
+  /** When its value last changed. */
+  updatedAt: string;
+}
+
+/** The stored secrets. */
+export interface SecretListDto {
+  /** By name. */
+  secrets: Array<SecretDto>;
+}
+
+/** Health status. */
+export interface Status {
+  /** `ok` or `ready`. */
+  status: string;
+}
+
+/**
+ * The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
+ * from zero once from the exact value.
+ */
+export interface Summary {
+  /** Sum of the costs of the costed tasks of the period. */
+  totalCost: string;
+  /** All tasks created in the period, costed or not. */
+  taskCount: number;
+  /** Costed tasks of the period. */
+  tasksWithCost: number;
+  /** `totalCost / tasksWithCost`; `"0.0000"` when no task is costed. */
+  avgCost: string;
+  /**
+   * `(total − prev) / prev × 100` with 1 decimal (`"25.0"`, `"-33.3"`); `"0.0"` when the
+   * previous period cost nothing.
+   */
+  costTrend: string;
+  /** The same sum as `totalCost` over the previous period. */
+  prevPeriodCost: string;
+  /** The number of days of the period. */
+  days: number;
+}
+
+/** A repository whose last sync failed. */
+export interface SyncErrorDto {
+  /** The repository. */
+  repoId: string;
+  /** Why its last sync failed. */
+  message: string;
+}
+
+/** A task with everything a dashboard row opens: runs, state history, issue and reviews. */
+export type TaskDetailDto = TaskDto & {
+  /** Its agent runs, oldest first. */
+  runs: Array<RunDto>;
+  /** Its state history, oldest first. */
+  events: Array<EventDto>;
+  issue?: IssueRefDto | null;
+  /** Its review subtasks (without their prompts). */
+  reviews: Array<TaskSummaryDto>;
+};
+
+/** A task (docs/contract.md#21-task) with its prompt. */
+export type TaskDto = TaskSummaryDto & {
+  /** The prompt given to the agent (up to 256 KiB). */
+  prompt: string;
+};
+
+/** One page of tasks. */
+export interface TaskListDto {
+  /** Tasks, newest first (without their prompts). */
+  tasks: Array<TaskSummaryDto>;
+  /** Pass as `cursor` for the next page; null on the last page. */
+  nextCursor?: string | null;
+}
+
+/** A task state. */
+export type TaskStateName = "queued" | "provisioning" | "running" | "pr_opened" | "completed" | "failed" | "cancelled";
+
+/**
+ * A task (docs/contract.md#21-task) without its prompt, as lists show it: a page of 200 tasks stays small
+ * whatever their prompts (`GET /api/tasks/{id}` has the prompt).
+ */
+export interface TaskSummaryDto {
+  /** Task id. */
+  id: string;
+  /** Title (the issue title for issue tasks). */
+  title: string;
+  /** The repository; null only for imported history of a repository not connected. */
+  repoId?: string | null;
+  /** Normalised repository URL. */
+  repoUrl: string;
+  /** `coding` or `review`. */
+  taskType: string;
+  /** `queued`, `provisioning`, `running`, `pr_opened`, `completed`, `failed` or `cancelled`. */
+  state: string;
+  /** `claude-code` or `codex`. */
+  agentType: string;
+  /** The model the agent reported (or was launched with). */
+  modelUsed?: string | null;
+  /** Sum of the costs of the task's runs, exact decimal USD; null until a run reports one. */
+  costUsd?: string | null;
+  /** Input tokens over all runs (cache reads and writes included). */
+  inputTokens: number;
+  /** Output tokens over all runs. */
+  outputTokens: number;
+  /** The pull request opened for the task. */
+  prUrl?: string | null;
+  /** Its number. */
+  prNumber?: number | null;
+  /** The linked issue's number. */
+  issueNumber?: number | null;
+  /** The coding task a review task reviews. */
+  parentTaskId?: string | null;
+  /** 1 for the first run, +1 per retry or recovery. */
+  attempt: number;
+  /** Why the task failed. */
+  errorMessage?: string | null;
+  /** Creation time (RFC 3339 UTC). */
+  createdAt: string;
+  /** Last change. */
+  updatedAt: string;
+  /** When the latest attempt started. */
+  startedAt?: string | null;
+  /** When the task finished. */
+  finishedAt?: string | null;
+}
+
+/** A task type. */
+export type TaskTypeName = "coding" | "review";
+
+/** A stored token (never the token itself). */
+export interface TokenDto {
+  /** Token id. */
+  id: string;
+  /** Name. */
+  name: string;
+  /** Role. */
+  role: string;
+  /** Creation time. */
+  createdAt: string;
+}
+
+/** The list of active tokens. */
+export interface TokenListDto {
+  /** Active tokens, oldest first. */
+  tokens: Array<TokenDto>;
+}
+
+/** One of the costliest tasks of the period. */
+export interface TopTask {
+  /** The task's id. */
+  id: string;
+  /** The task's title. */
+  title: string;
+  /** The task's repository. */
+  repoUrl: string;
+  /** The task's type. */
+  taskType: string;
+  /** The task's state. */
+  state: string;
+  /** The task's exact cost, a plain decimal string. */
+  costUsd: string;
+  /** The task's input tokens. */
+  inputTokens: number;
+  /** The task's output tokens. */
+  outputTokens: number;
+  /** The model used, or null. */
+  modelUsed?: string | null;
+  /** When the task was created, RFC 3339 UTC. */
+  createdAt: string;
+}
+
+/** Costs of one task type in the period. */
+export interface TypeCost {
+  /** `coding` or `review`. */
+  taskType: string;
+  /** Sum of the costs of its costed tasks (a JSON number). */
+  totalCost: number;
+  /** Its costed tasks. */
+  taskCount: number;
+}
+
+/** The answer to a delivery. */
+export interface WebhookAck {
+  /** Always true: the delivery was accepted. */
+  ok: boolean;
+  /** Present and true when agentry does not act on this event. */
+  ignored?: boolean;
+  /** Present and true for a delivery id seen before (nothing done again). */
+  duplicate?: boolean;
+}
