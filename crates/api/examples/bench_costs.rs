@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use actix_web::{HttpServer, web};
 use agentry_analytics::{ReportInputs, Totals, Window, report};
 use agentry_api::auth::{generate_token, hash_token};
-use agentry_api::metrics::Metrics;
 use agentry_api::state::AppState;
 use agentry_domain::{Role, TaskState, TaskType};
 use agentry_persistence::tasks::costliest_in_window;
@@ -235,7 +234,7 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
     let mut body = Vec::new();
     demo::write_tasks(&mut body, size, 90, OffsetDateTime::now_utc())?;
     let started = Instant::now();
-    let imported = agentry_api::import::import(&mut *db.conn()?, &body)?;
+    let imported = agentry_service::import::import(&mut *db.conn()?, &body)?;
     let import_time = started.elapsed();
     drop(body);
     let token = generate_token().map_err(|e| e.to_string())?;
@@ -247,24 +246,23 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
         agentry_persistence::now(),
     )?;
 
-    let state = web::Data::new(AppState {
-        db: db.clone(),
-        metrics: Metrics::new()?,
-        openapi_json: String::new(),
-        // The cost report never calls the code host; nothing listens on port 9.
-        // Benchmarks run no agents.
-        runs: agentry_api::runs::Runs::disabled(
-            std::env::temp_dir().join("agentry-bench-idle-runner"),
-        ),
-        codehost: agentry_api::codehost::CodeHost::new(
+    // The cost report never calls the code host; nothing listens on port 9. Benchmarks
+    // run no agents.
+    let service = agentry_service::Service::new(
+        db.clone(),
+        agentry_service::codehost::CodeHost::new(
             agentry_persistence::secrets::MasterKey::generate()?,
             agentry_codehost::ClientConfig {
                 api_url: "http://127.0.0.1:9".into(),
                 ..agentry_codehost::ClientConfig::default()
             },
-            agentry_api::codehost::Timing::default(),
+            agentry_service::codehost::Timing::default(),
         ),
-    });
+        agentry_service::runs::Runs::disabled(
+            std::env::temp_dir().join("agentry-bench-idle-runner"),
+        ),
+    );
+    let state = web::Data::new(AppState::new(service)?);
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let (tx, rx) = std::sync::mpsc::channel();

@@ -19,10 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{HttpServer, web};
-use agentry_api::codehost::{self, CodeHost, Timing};
-use agentry_api::metrics::Metrics;
 use agentry_api::state::AppState;
-use agentry_api::tracking;
 use agentry_codehost::{ClientConfig, GitHub};
 use agentry_domain::{AgentType, RepoUrl, TaskState};
 use agentry_fake_github::FakeGitHub;
@@ -30,6 +27,8 @@ use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, TaskFilter};
 use agentry_persistence::{AnyConnection, Db};
+use agentry_service::codehost::{self, CodeHost, Timing};
+use agentry_service::tracking;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -62,24 +61,22 @@ fn args() -> Result<Args, Error> {
 }
 
 fn state(db: &Db, api_url: &str, key: MasterKey) -> Result<web::Data<AppState>, Error> {
-    Ok(web::Data::new(AppState {
-        db: db.clone(),
-        metrics: Metrics::new()?,
-        openapi_json: String::new(),
-        // Benchmarks run no agents.
-        runs: agentry_api::runs::Runs::disabled(
-            std::env::temp_dir().join("agentry-bench-idle-runner"),
-        ),
-        codehost: CodeHost::new(
+    // Benchmarks run no agents.
+    let service = agentry_service::Service::new(
+        db.clone(),
+        CodeHost::new(
             key,
             ClientConfig {
                 api_url: api_url.into(),
                 ..ClientConfig::default()
             },
             Timing::default(),
-        )
-        .with_webhook_secret(Some(SecretValue::new(SECRET))),
-    }))
+        ),
+        agentry_service::runs::Runs::disabled(
+            std::env::temp_dir().join("agentry-bench-idle-runner"),
+        ),
+    );
+    Ok(web::Data::new(AppState::new(service)?))
 }
 
 fn connect(conn: &mut AnyConnection, owner: &str, name: &str) -> Result<Repository, Error> {
@@ -154,7 +151,7 @@ fn poll_cost(db: &Db) -> Result<(), Error> {
     let cycle = |label: &str| -> Result<(), Error> {
         fake.reset_counts();
         let t = Instant::now();
-        let outcomes = rt.block_on(tracking::poll_pull_requests(&state))?;
+        let outcomes = rt.block_on(tracking::poll_pull_requests(&state.service))?;
         let elapsed = t.elapsed();
         let applied: usize = outcomes.iter().map(|(_, o)| o.applied).sum();
         println!(

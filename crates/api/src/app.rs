@@ -242,7 +242,9 @@ pub fn build_app_with(
     for origin in cors_origins {
         cors = cors.allowed_origin(&origin);
     }
+    let metrics = web::Data::from(state.metrics.clone());
     app.app_data(state)
+        .app_data(metrics)
         .app_data(limits)
         .default_service(web::to(no_route))
         .wrap(ErrorHandlers::new().default_handler(envelope_fallback))

@@ -92,7 +92,7 @@ enum CliError {
     #[error(transparent)]
     Db(#[from] agentry_persistence::DbError),
     #[error(transparent)]
-    Import(#[from] crate::import::ImportError),
+    Import(#[from] agentry_service::import::ImportError),
     #[error("{0}")]
     Other(String),
 }
@@ -146,7 +146,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let body = std::fs::read(&file)
                 .map_err(|e| CliError::Other(format!("cannot read {}: {e}", file.display())))?;
             let db = open_database(&config)?;
-            let outcome = crate::import::import(&mut *db.conn()?, &body)?;
+            let outcome = agentry_service::import::import(&mut *db.conn()?, &body)?;
             eprintln!(
                 "imported {} and skipped {} records from {} in {:.1} s",
                 outcome.imported,
@@ -164,10 +164,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 .map(|r| agentry_domain::RepoUrl::parse(&r))
                 .transpose()
                 .map_err(|e| CliError::Other(format!("--repo: {e}")))?;
-            let window = crate::costs::window_ending_now(days)
+            let window = agentry_service::costs::window_ending_now(days)
                 .map_err(|e| CliError::Other(e.to_string()))?;
             let db = open_database(&config)?;
-            let report = crate::costs::cost_report(&mut *db.conn()?, window, repo.as_ref())?;
+            let report =
+                agentry_service::costs::cost_report(&mut *db.conn()?, window, repo.as_ref())?;
             let value =
                 serde_json::to_value(&report).map_err(|e| CliError::Other(e.to_string()))?;
             if json {

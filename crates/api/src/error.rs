@@ -7,10 +7,10 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{HttpResponse, ResponseError};
-use agentry_codehost::CodeHostError;
 use agentry_domain::FieldError;
 use agentry_persistence::DbError;
 use agentry_persistence::secrets::SecretError;
+use agentry_service::ServiceError;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -232,44 +232,34 @@ impl From<FieldError> for ApiError {
 
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
-        match e {
-            DbError::NotFound => ApiError::not_found("not found"),
-            DbError::InvalidTransition(t) => {
-                ApiError::new(StatusCode::CONFLICT, "invalid_transition", t.to_string())
-            }
-            DbError::Conflict(message) => ApiError::conflict(message),
-            DbError::Pool(_) | DbError::Connect(_) => {
-                tracing::warn!(error = %e, "database unavailable");
-                ApiError::unavailable("the database is unavailable; try again shortly")
-            }
-            other => ApiError::internal(&other),
-        }
+        ServiceError::from(e).into()
     }
 }
 
 impl From<SecretError> for ApiError {
     fn from(e: SecretError) -> Self {
-        match e {
-            SecretError::Db(db) => db.into(),
-            other => ApiError::internal(&other),
-        }
+        ServiceError::from(e).into()
     }
 }
 
-impl From<CodeHostError> for ApiError {
-    fn from(e: CodeHostError) -> Self {
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
         match e {
-            CodeHostError::Unauthorized(_)
-            | CodeHostError::Forbidden(_)
-            | CodeHostError::NotFound(_)
-            | CodeHostError::Rejected { .. } => ApiError::codehost_rejected(e.to_string()),
-            CodeHostError::RateLimited { .. }
-            | CodeHostError::Unavailable(_)
-            | CodeHostError::InvalidResponse(_) => {
-                tracing::warn!(error = %e, "code host unavailable");
-                ApiError::codehost_unavailable(e.to_string())
+            ServiceError::Invalid { field, message } => {
+                ApiError::invalid_parameter(&field, message)
             }
-            CodeHostError::Config(_) => ApiError::internal(&e),
+            ServiceError::Malformed(message) => ApiError::invalid_request(message),
+            ServiceError::NotFound(message) => ApiError::not_found(message),
+            ServiceError::InvalidTransition(message) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_transition", message)
+            }
+            ServiceError::Conflict(message) => ApiError::conflict(message),
+            ServiceError::CodeHostTokenMissing => ApiError::codehost_token_missing(),
+            ServiceError::CodeHostRejected(message) => ApiError::codehost_rejected(message),
+            ServiceError::CodeHostUnavailable(message) => ApiError::codehost_unavailable(message),
+            ServiceError::Unavailable(message) => ApiError::unavailable(message),
+            // Logged where it was made; the caller learns only that it happened.
+            ServiceError::Internal(_) => ApiError::from_status(StatusCode::INTERNAL_SERVER_ERROR),
         }
     }
 }

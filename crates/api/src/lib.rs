@@ -2,25 +2,25 @@
 //!
 //! [`app::build_app`] assembles the actix-web application (routes, authentication, the error
 //! envelope, metrics, CORS) over an [`state::AppState`]; [`server::serve`] runs it;
-//! [`cli::main`] is the `agentry` binary. Handlers stay thin: they validate input, call
-//! `agentry-persistence` on the blocking pool, and map results to the JSON shapes of [`dto`].
+//! [`cli::main`] is the `agentry` binary. Handlers stay thin: they check the caller and the
+//! request's shape, call a use case of `agentry-service` (or read through
+//! `agentry-persistence` on the blocking pool), and map results to the JSON shapes of
+//! [`dto`] and errors to the envelope of [`error`].
+//!
+//! The configuration is `agentry-service`'s, re-exported as [`config`].
+
+pub use agentry_service::config;
 
 pub mod app;
 pub mod auth;
 pub mod body;
 pub mod cli;
-pub mod codehost;
-pub mod config;
-pub mod costs;
 pub mod costs_table;
 pub mod dto;
 pub mod error;
-pub mod import;
 pub mod logging;
 pub mod metrics;
 pub mod query;
 pub mod routes;
-pub mod runs;
 pub mod server;
 pub mod state;
-pub mod tracking;

@@ -10,8 +10,6 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
-use crate::state::AppState;
-
 /// The service's metric registry.
 pub struct Metrics {
     registry: Registry,
@@ -94,7 +92,7 @@ pub async fn track(
     let method = req.method().to_string();
     let method_label = method_label(req.method());
     let path = req.path().to_owned();
-    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let metrics = req.app_data::<web::Data<Metrics>>().cloned();
     let res = next.call(req).await?;
     let elapsed = start.elapsed();
     let route = res
@@ -102,10 +100,8 @@ pub async fn track(
         .match_pattern()
         .unwrap_or_else(|| "unmatched".to_owned());
     let status = res.status().as_u16();
-    if let Some(state) = state {
-        state
-            .metrics
-            .observe(method_label, &route, status, elapsed.as_secs_f64());
+    if let Some(metrics) = metrics {
+        metrics.observe(method_label, &route, status, elapsed.as_secs_f64());
     }
     tracing::info!(
         target: "agentry::http",

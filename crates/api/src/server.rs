@@ -1,66 +1,24 @@
-//! `agentry serve`: migrate, issue the first admin token if needed, serve until a signal.
+//! `agentry serve`: open the service (migrating its database), issue the first admin token
+//! if needed, start the background loops and serve until a signal.
 
 use std::io::Write;
 use std::path::Path;
 
 use actix_web::{HttpServer, web};
-use agentry_codehost::ClientConfig;
-use agentry_persistence::secrets::{MasterKey, SecretValue};
-use agentry_persistence::{Backend, Db, tokens};
-use agentry_runner::PriceTable;
+use agentry_persistence::{Db, tokens};
+use agentry_service::Service;
+use agentry_service::start::io_error;
+pub use agentry_service::start::{StartError, open_database};
 
 use crate::auth::{FirstTokenFile, generate_token, hash_token};
-use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::runs::{RunSettings, Runs};
 use crate::state::AppState;
 
 /// How long a client may take to send a request's head (method, path, headers).
 pub const CLIENT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Why the service could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The database could not be opened or migrated.
-    #[error(transparent)]
-    Db(#[from] agentry_persistence::DbError),
-    /// A file or socket operation failed.
-    #[error("{0}")]
-    Io(String),
-}
-
 fn io(context: &str, e: impl std::fmt::Display) -> StartError {
-    StartError::Io(format!("{context}: {e}"))
-}
-
-/// Creates the data directory (mode 0700: it holds the database and secrets).
-pub fn ensure_data_dir(dir: &Path) -> Result<(), StartError> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir).map_err(|e| {
-        io(
-            &format!("cannot create data directory {}", dir.display()),
-            e,
-        )
-    })
-}
-
-/// Opens the database of `config` and applies pending migrations.
-pub fn open_database(config: &Config) -> Result<Db, StartError> {
-    ensure_data_dir(&config.data_dir)?;
-    let pool_size = match agentry_persistence::DatabaseUrl::parse(&config.database_url)?.backend() {
-        Backend::Sqlite => 8,
-        Backend::Postgres => 16,
-    };
-    let db = Db::connect(&config.database_url, pool_size)?;
-    let applied = db.migrate()?;
-    if !applied.is_empty() {
-        tracing::info!(migrations = ?applied, "applied migrations");
-    }
-    Ok(db)
+    io_error(context, e)
 }
 
 /// Writes `contents` to `path` readable by the owner only (0600), replacing any old file.
@@ -123,69 +81,13 @@ pub fn bootstrap_admin_token(
     }
 }
 
-/// The code-host integration of `config`: the master key (`AGENTRY_MASTER_KEY`, or the key
-/// file `$AGENTRY_DATA_DIR/master.key`, generated on first start) and the client settings.
-pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
-    let master_key = MasterKey::load_or_create(
-        config.master_key.as_ref().map(SecretValue::expose),
-        &config.data_dir.join("master.key"),
-    )
-    .map_err(|e| io("cannot load the master key", e))?;
-    let client = ClientConfig {
-        api_url: config.codehost_api_url.clone(),
-        user_agent: format!("agentry/{}", env!("CARGO_PKG_VERSION")),
-        ..ClientConfig::default()
-    };
-    Ok(CodeHost::new(master_key, client, Timing::default())
-        .with_webhook_secret(config.webhook_secret.clone()))
-}
-
-/// The agent-run orchestrator of `config`: a [`agentry_runner::LocalRunner`] under the data directory with
-/// the configured executables and price table (the built-in one, with
-/// `AGENTRY_PRICES_FILE` merged over it).
-pub fn runs(config: &Config) -> Result<Runs, StartError> {
-    let mut prices = PriceTable::builtin();
-    if let Some(path) = &config.prices_file {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            io(
-                &format!("cannot read AGENTRY_PRICES_FILE {}", path.display()),
-                e,
-            )
-        })?;
-        let overrides = PriceTable::from_json(&text)
-            .map_err(|e| io(&format!("AGENTRY_PRICES_FILE {}", path.display()), e))?;
-        prices = prices.merged_with(overrides);
-    }
-    Ok(Runs::local(
-        config.data_dir.clone(),
-        config.claude_bin.clone(),
-        config.codex_bin.clone(),
-        prices,
-        RunSettings {
-            max_concurrent: config.max_concurrent_runs,
-            lease: config.run_lease,
-            wall_time: config.run_time_limit,
-            sandbox: config.agent_sandbox,
-            ..RunSettings::default()
-        },
-    ))
-}
-
 /// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets
 /// in-flight requests finish (up to 30 s).
 pub async fn serve(config: Config) -> Result<(), StartError> {
-    let db = open_database(&config)?;
-    let first_token_file = bootstrap_admin_token(&db, &config.data_dir)?.map(web::Data::new);
-    let openapi_json = serde_json::to_string(&crate::app::openapi())
-        .map_err(|e| io("cannot render the OpenAPI document", e))?;
-    let metrics = Metrics::new().map_err(|e| io("cannot create metrics", e))?;
-    let state = web::Data::new(AppState {
-        db,
-        metrics,
-        openapi_json,
-        codehost: code_host(&config)?,
-        runs: runs(&config)?,
-    });
+    let service = Service::open(&config)?;
+    let first_token_file =
+        bootstrap_admin_token(&service.db, &config.data_dir)?.map(web::Data::new);
+    let state = web::Data::new(AppState::new(service.clone()).map_err(StartError::Io)?);
     let cors = config.cors_origins.clone();
     let app_state = state.clone();
     // One set of webhook limits for all the workers, so the limits are per process.
@@ -210,38 +112,9 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
     for addr in server.addrs() {
         tracing::info!(%addr, "agentry listening on http://{addr}");
     }
-    let backend = state.db.backend();
-    crate::runs::recover_at_start(&state, backend).await;
-    let workers = [
-        actix_web::rt::spawn(crate::runs::runner_loop(state.clone())),
-        actix_web::rt::spawn(crate::runs::recovery_loop(state.clone())),
-        actix_web::rt::spawn(codehost::issue_sync_loop(
-            state.clone(),
-            config.issue_sync_interval,
-        )),
-        actix_web::rt::spawn(codehost::outbox_loop(state.clone())),
-        actix_web::rt::spawn(crate::routes::webhooks::delivery_pruning_loop(
-            state.clone(),
-            crate::routes::webhooks::DELIVERY_PRUNE_EVERY,
-        )),
-        actix_web::rt::spawn(crate::tracking::poll_loop(
-            state.clone(),
-            config.poll_interval,
-            config.database_url.clone(),
-        )),
-    ];
+    let background = service.start_background(&config).await;
     let served = server.run().await;
-    // Agents still running are stopped; their tasks stay leased and are recovered (with
-    // the cost their output shows) when the service starts again.
-    state
-        .runs
-        .shut_down(std::time::Duration::from_secs(15))
-        .await;
-    // Every effect and sync is recorded in the database as it happens, so stopping the
-    // loops mid-way loses nothing: the next start picks up where they were.
-    for worker in workers {
-        worker.abort();
-    }
+    service.shut_down(background).await;
     served.map_err(|e| io("server stopped", e))?;
     tracing::info!("agentry stopped");
     Ok(())

@@ -1,39 +1,43 @@
 //! What every handler can reach.
 
-use actix_web::web;
-use agentry_persistence::{AnyConnection, Db};
+use std::sync::Arc;
 
-use crate::codehost::CodeHost;
+use agentry_persistence::AnyConnection;
+use agentry_service::Service;
+
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::runs::Runs;
 
-/// Shared application state (one per process, behind `web::Data`).
+/// Shared application state (one per process, behind `web::Data`): the product's use cases
+/// and what only the HTTP side has.
 pub struct AppState {
-    /// The database pool.
-    pub db: Db,
-    /// Request metrics.
-    pub metrics: Metrics,
+    /// The use cases, the database and the background loops' parts.
+    pub service: Service,
+    /// Request metrics (also registered on their own, for the metrics middleware).
+    pub metrics: Arc<Metrics>,
     /// The OpenAPI document, rendered once at start.
     pub openapi_json: String,
-    /// The code-host integration: secrets key, client, outbox.
-    pub codehost: CodeHost,
-    /// The agent-run orchestrator.
-    pub runs: Runs,
 }
 
 impl AppState {
-    /// Runs blocking database work on actix's blocking pool with a pooled connection.
+    /// The state of an application over `service`, with fresh metrics and the rendered
+    /// OpenAPI document.
+    pub fn new(service: Service) -> Result<Self, String> {
+        Ok(AppState {
+            service,
+            metrics: Arc::new(Metrics::new().map_err(|e| format!("cannot create metrics: {e}"))?),
+            openapi_json: serde_json::to_string(&crate::app::openapi())
+                .map_err(|e| format!("cannot render the OpenAPI document: {e}"))?,
+        })
+    }
+
+    /// Runs blocking database work (a read, or a write no loop cares about) on the blocking
+    /// pool with a pooled connection.
     pub async fn db<T, F>(&self, f: F) -> Result<T, ApiError>
     where
         T: Send + 'static,
         F: FnOnce(&mut AnyConnection) -> Result<T, ApiError> + Send + 'static,
     {
-        let db = self.db.clone();
-        web::block(move || {
-            let mut conn = db.conn().map_err(ApiError::from)?;
-            f(&mut conn)
-        })
-        .await?
+        self.service.db_as(f).await
     }
 }

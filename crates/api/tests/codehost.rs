@@ -9,12 +9,12 @@
 mod common;
 
 use actix_web::test::TestRequest;
-use agentry_api::codehost;
 use agentry_fake_github::{FakeGitHub, Fault};
 use agentry_persistence::outbox::{self, EffectKind};
 use agentry_persistence::repos;
 use agentry_persistence::secrets;
 use agentry_persistence::test_support::TestDb;
+use agentry_service::codehost;
 use common::env::*;
 use common::*;
 use serde_json::{Value, json};
@@ -90,7 +90,7 @@ async fn secrets_are_checked_encrypted_and_never_returned() {
     env.fake.clear_faults();
     let stored = secrets::get(
         &mut env.db().conn().unwrap(),
-        env.state.codehost.master_key(),
+        env.state.service.codehost.master_key(),
         "CODEHOST_TOKEN",
     )
     .unwrap()
@@ -391,7 +391,7 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
             .iter()
             .find(|e| e.kind() == EffectKind::Comment)
             .unwrap();
-        let github = env.state.github().await.unwrap();
+        let github = env.state.service.github().await.unwrap();
         codehost::deliver(&github, &repo, comment).await.unwrap();
         assert_eq!(comments_of(&env.fake, number).len(), 1);
         drop(github);
@@ -400,13 +400,21 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
         let restarted = state_with_key(
             env.db(),
             &env.fake.base_url(),
-            env.state.codehost.master_key().clone(),
+            env.state.service.codehost.master_key().clone(),
         );
         let at = agentry_persistence::now();
-        assert_eq!(codehost::deliver_due(&restarted, at).await.unwrap(), 0);
+        assert_eq!(
+            codehost::deliver_due(&restarted.service, at).await.unwrap(),
+            0
+        );
         // …then both effects are delivered, and the comment is recognised by its marker.
         let later = at + time::Duration::minutes(3);
-        assert_eq!(codehost::deliver_due(&restarted, later).await.unwrap(), 2);
+        assert_eq!(
+            codehost::deliver_due(&restarted.service, later)
+                .await
+                .unwrap(),
+            2
+        );
         assert_eq!(comments_of(&env.fake, number).len(), 1);
         assert_eq!(env.fake.count("POST", COMMENTS), 1);
         let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task.id).unwrap();
@@ -530,10 +538,14 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
         env.connect("acme", &name);
     }
     let before = env.fake.rate_limit_remaining();
-    codehost::sync_issues(&env.state, None).await.unwrap();
+    codehost::sync_issues(&env.state.service, None)
+        .await
+        .unwrap();
     assert_eq!(env.count("synced_issues"), 60);
     env.fake.reset_counts();
-    let outcomes = codehost::sync_issues(&env.state, None).await.unwrap();
+    let outcomes = codehost::sync_issues(&env.state.service, None)
+        .await
+        .unwrap();
     assert!(
         outcomes
             .iter()
@@ -634,7 +646,9 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
                 .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
             env.fake.advance_clock(std::time::Duration::from_secs(1));
         }
-        codehost::sync_issues(&env.state, None).await.unwrap();
+        codehost::sync_issues(&env.state.service, None)
+            .await
+            .unwrap();
         assert_eq!(env.count("synced_issues"), 150);
 
         // A new process on the same database; meanwhile #1 (page 2 of the open issues)
@@ -642,12 +656,14 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
         let restarted = state_with_key(
             env.db(),
             &env.fake.base_url(),
-            env.state.codehost.master_key().clone(),
+            env.state.service.codehost.master_key().clone(),
         );
         env.fake.close_issue("acme", "web", 1);
         env.fake.add_label("acme", "web", 2, "bug");
         env.fake.reset_counts();
-        let outcomes = codehost::sync_issues(&restarted, None).await.unwrap();
+        let outcomes = codehost::sync_issues(&restarted.service, None)
+            .await
+            .unwrap();
         assert!(
             outcomes.iter().all(|(_, o)| o.error.is_none()),
             "{outcomes:?}"
@@ -680,7 +696,7 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
         env.db(),
         code_host_with(
             &env.fake.base_url(),
-            env.state.codehost.master_key().clone(),
+            env.state.service.codehost.master_key().clone(),
             codehost::Timing {
                 // Long enough that the incremental sync below comes before it even on a
                 // loaded machine; the test waits for it by polling.
@@ -693,7 +709,7 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
         env.fake
             .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
     }
-    codehost::sync_issues(&state, None).await.unwrap();
+    codehost::sync_issues(&state.service, None).await.unwrap();
     // An issue the copy holds but the code host no longer lists (deleted there: updates
     // never report it).
     let mut gone = agentry_persistence::issues::open_issues(&mut env.db().conn().unwrap(), None)
@@ -715,14 +731,14 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
     .unwrap();
     assert_eq!(env.count("synced_issues"), 4);
     // Before the full read is due, an incremental sync does not notice.
-    codehost::sync_issues(&state, None).await.unwrap();
+    codehost::sync_issues(&state.service, None).await.unwrap();
     assert_eq!(env.count("synced_issues"), 4);
     // Once the full read is due (1 s after the last one), a sync reads every issue and
     // drops the one gone. Until then each sync is incremental and keeps it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         env.fake.reset_counts();
-        codehost::sync_issues(&state, None).await.unwrap();
+        codehost::sync_issues(&state.service, None).await.unwrap();
         if env.count("synced_issues") == 3 {
             break;
         }

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use actix_web::web;
-use agentry_api::runs::{self, RunSettings, Runs};
 use agentry_api::state::AppState;
 use agentry_fake_github::Fault;
 use agentry_persistence::test_support::TestDb;
+use agentry_service::runs::{self, RunSettings, Runs};
 use agentry_testkit::git::{git, source_repo};
 use common::env::{Env, bare, json_req};
 use common::{call, code_host_with, get, test_timing};
@@ -59,23 +59,21 @@ impl Rig {
             sandbox: agentry_runner::sandbox::mode_for_tests(),
         };
         tweak(&mut settings);
-        let state = web::Data::new(AppState {
-            db: env.db().clone(),
-            metrics: agentry_api::metrics::Metrics::new().unwrap(),
-            openapi_json: "{}".into(),
-            codehost: code_host_with(
+        let state = common::state_of(agentry_service::Service::new(
+            env.db().clone(),
+            code_host_with(
                 &env.fake.base_url(),
-                env.state.codehost.master_key().clone(),
+                env.state.service.codehost.master_key().clone(),
                 test_timing(),
             ),
-            runs: Runs::local(
+            Runs::local(
                 data.path().join("agentry"),
                 fake_agent("claude"),
                 fake_agent("codex"),
                 agentry_runner::PriceTable::builtin(),
                 settings,
             ),
-        });
+        ));
         Rig {
             env,
             state,
@@ -174,7 +172,7 @@ macro_rules! app {
         .await;
         assert_eq!(status, 201, "{repo}");
         $rig.repo_id = repo["id"].as_str().unwrap().to_owned();
-        actix_web::rt::spawn(runs::runner_loop($rig.state.clone()));
+        actix_web::rt::spawn(runs::runner_loop($rig.state.service.clone()));
         app
     }};
 }
@@ -311,12 +309,12 @@ async fn issue_to_merged_pull_request(db: TestDb) {
 
     // Merging on the fake completes the task; the issue is closed.
     rig.env.fake.merge_pull(OWNER, NAME, pull.number);
-    agentry_api::tracking::poll_pull_requests(&rig.state)
+    agentry_service::tracking::poll_pull_requests(&rig.state.service)
         .await
         .unwrap();
     let done = wait_for(&app, &t, &id, "completed", |t| state_of(t) == "completed").await;
     assert_eq!(done["costUsd"], "0.123456");
-    agentry_api::codehost::deliver_due(&rig.state, agentry_persistence::now())
+    agentry_service::codehost::deliver_due(&rig.state.service, agentry_persistence::now())
         .await
         .unwrap();
     assert_eq!(
@@ -733,7 +731,7 @@ fn agent_interval(rig: &Rig, id: &str) -> (u128, u128) {
 #[actix_web::test]
 async fn runs_are_limited_to_the_concurrency_setting() {
     let mut rig = Rig::new(TestDb::sqlite());
-    let max_concurrent = rig.state.runs.settings().max_concurrent;
+    let max_concurrent = rig.state.service.runs.settings().max_concurrent;
     assert_eq!(max_concurrent, 2);
     let app = app!(rig);
     patch_settings(&app, &rig, json!({"autoReview": false})).await;

@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use actix_http::Request;
 use actix_web::test::TestRequest;
-use agentry_api::codehost;
-use agentry_api::tracking;
 use agentry_codehost::webhook::sign;
 use agentry_domain::{AgentType, Task, TaskState};
 use agentry_fake_github::Fault;
@@ -23,6 +21,8 @@ use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::tasks;
 use agentry_persistence::test_support::TestDb;
+use agentry_service::codehost;
+use agentry_service::tracking;
 use common::env::*;
 use common::*;
 use serde_json::json;
@@ -67,7 +67,7 @@ fn delivery(event: &str, id: &str, body: &[u8], secret: Option<&str>) -> Request
 impl Env {
     /// The same environment with the webhook enabled (same database and master key).
     fn with_webhook(mut self) -> Env {
-        let key = self.state.codehost.master_key().clone();
+        let key = self.state.service.codehost.master_key().clone();
         self.state = state_from(
             self.db(),
             code_host_with(&self.fake.base_url(), key, test_timing())
@@ -142,10 +142,14 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
         let b = env.task_with_pull(&repo, issue_b, pr_b);
 
         // Open pull requests: nothing happens; then an unchanged poll is one 304.
-        let first = tracking::poll_pull_requests(&env.state).await.unwrap();
+        let first = tracking::poll_pull_requests(&env.state.service)
+            .await
+            .unwrap();
         assert_eq!(first[0].1.applied, 0);
         env.fake.reset_counts();
-        let again = tracking::poll_pull_requests(&env.state).await.unwrap();
+        let again = tracking::poll_pull_requests(&env.state.service)
+            .await
+            .unwrap();
         assert!(again[0].1.unchanged);
         assert_eq!(env.fake.requests().len(), 1);
         assert_eq!(env.fake.count_status(304), 1);
@@ -153,7 +157,9 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
         env.fake.advance_clock(Duration::from_secs(60));
         env.fake.merge_pull("acme", "web", pr_a);
         env.fake.close_pull("acme", "web", pr_b);
-        let polled = tracking::poll_pull_requests(&env.state).await.unwrap();
+        let polled = tracking::poll_pull_requests(&env.state.service)
+            .await
+            .unwrap();
         assert_eq!(polled[0].1.applied, 2, "{polled:?}");
         let (a, b) = (env.task(a.id), env.task(b.id));
         assert_eq!(
@@ -186,7 +192,9 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
 
         // No task is left in pr_opened: the repository is no longer polled.
         env.fake.reset_counts();
-        let idle = tracking::poll_pull_requests(&env.state).await.unwrap();
+        let idle = tracking::poll_pull_requests(&env.state.service)
+            .await
+            .unwrap();
         assert!(idle.is_empty());
         assert_eq!(env.fake.requests().len(), 0);
     }
@@ -202,19 +210,25 @@ async fn a_failed_poll_does_not_move_the_watermark_and_the_merge_is_seen_later()
         .fake
         .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
     let task = env.task_with_pull(&repo, issue, pr);
-    tracking::poll_pull_requests(&env.state).await.unwrap();
+    tracking::poll_pull_requests(&env.state.service)
+        .await
+        .unwrap();
 
     env.fake.advance_clock(Duration::from_secs(60));
     env.fake.merge_pull("acme", "web", pr);
     env.fake
         .fail_next(Some(("GET", PULLS)), 10, Fault::Status(502));
-    let failed = tracking::poll_pull_requests(&env.state).await.unwrap();
+    let failed = tracking::poll_pull_requests(&env.state.service)
+        .await
+        .unwrap();
     assert!(failed[0].1.error.is_some());
     assert_eq!(env.task(task.id).state, TaskState::PrOpened);
     // Later polls, once the code host is back: the merge is not lost.
     env.fake.clear_faults();
     env.fake.advance_clock(Duration::from_secs(60));
-    let polled = tracking::poll_pull_requests(&env.state).await.unwrap();
+    let polled = tracking::poll_pull_requests(&env.state.service)
+        .await
+        .unwrap();
     assert_eq!(polled[0].1.applied, 1);
     assert_eq!(env.task(task.id).state, TaskState::Completed);
 }
@@ -412,14 +426,16 @@ async fn poller_and_webhook_racing_on_one_merge_apply_it_once() {
         }
         assert_eq!(pr, 2);
         let task = env.task_with_pull(&repo, issue, 2);
-        tracking::poll_pull_requests(&env.state).await.unwrap();
+        tracking::poll_pull_requests(&env.state.service)
+            .await
+            .unwrap();
         env.fake.advance_clock(Duration::from_secs(60));
         env.fake.merge_pull("Codertocat", "Hello-World", 2);
 
         let app = service_with(env.state.clone()).await;
         let body = merged_fixture();
         let (polled, (status, _)) = futures_util::join!(
-            tracking::poll_pull_requests(&env.state),
+            tracking::poll_pull_requests(&env.state.service),
             call(
                 &app,
                 delivery("pull_request", "race-1", &body, Some(SECRET))
@@ -475,7 +491,7 @@ async fn of_two_pollers_on_one_postgresql_only_one_polls() {
         .fake
         .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
     env.task_with_pull(&repo, issue, pr);
-    let key = env.state.codehost.master_key().clone();
+    let key = env.state.service.codehost.master_key().clone();
     let replicas = [
         state_with_key(env.db(), &env.fake.base_url(), key.clone()),
         state_with_key(env.db(), &env.fake.base_url(), key),
@@ -486,7 +502,7 @@ async fn of_two_pollers_on_one_postgresql_only_one_polls() {
         .iter()
         .map(|state| {
             actix_web::rt::spawn(tracking::poll_loop(
-                state.clone(),
+                state.service.clone(),
                 every,
                 env.db.url.clone(),
             ))
@@ -496,7 +512,7 @@ async fn of_two_pollers_on_one_postgresql_only_one_polls() {
     let sent = || async {
         let mut sent = Vec::new();
         for state in &replicas {
-            sent.push(state.github().await.unwrap().requests_sent());
+            sent.push(state.service.github().await.unwrap().requests_sent());
         }
         sent.sort_unstable();
         sent
@@ -858,8 +874,8 @@ async fn webhook_bodies_are_read_a_few_at_a_time() {
 
 #[actix_web::test]
 async fn delivery_ids_older_than_a_week_are_forgotten() {
-    use agentry_api::routes::webhooks::{DELIVERY_RETENTION, forget_old_deliveries};
     use agentry_persistence::webhooks::{find_delivery, record_delivery};
+    use agentry_service::tracking::{DELIVERY_RETENTION, forget_old_deliveries};
     for db in TestDb::all() {
         let env = Env::new(db);
         let now = agentry_persistence::now();
@@ -873,7 +889,12 @@ async fn delivery_ids_older_than_a_week_are_forgotten() {
                 assert!(record_delivery(&mut conn, id, "ping", None, now - age).unwrap());
             }
         }
-        assert_eq!(forget_old_deliveries(&env.state, now).await.unwrap(), 1);
+        assert_eq!(
+            forget_old_deliveries(&env.state.service, now)
+                .await
+                .unwrap(),
+            1
+        );
         let mut conn = env.db().conn().unwrap();
         assert!(find_delivery(&mut conn, "old").unwrap().is_none());
         assert!(find_delivery(&mut conn, "recent").unwrap().is_some());

@@ -4,10 +4,10 @@ use actix_web::{HttpRequest, HttpResponse, get, web};
 use agentry_domain::RepoUrl;
 
 use crate::auth::Caller;
-use crate::costs;
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::state::AppState;
+use agentry_service::costs;
 
 /// Default report period in days.
 pub const DEFAULT_DAYS: i64 = 30;
@@ -44,8 +44,6 @@ pub async fn cost_report(
         .transpose()?;
     let window = costs::window_ending_now(u32::try_from(days).unwrap_or(30))
         .map_err(|e| ApiError::invalid_parameter("days", e))?;
-    let report = state
-        .db(move |conn| Ok(costs::cost_report(conn, window, repo.as_ref())?))
-        .await?;
+    let report = state.service.cost_report(window, repo).await?;
     Ok(HttpResponse::Ok().json(report))
 }

@@ -14,11 +14,11 @@ use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::body::JsonBody;
-use crate::codehost;
 use crate::dto::TaskDto;
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::state::AppState;
+use agentry_service::tasks::Assignment;
 
 /// A label on an issue.
 #[derive(Serialize, ToSchema)]
@@ -319,7 +319,7 @@ pub async fn sync_issues(
         )
         .await?;
     }
-    codehost::sync_issues(&state, repo_id).await?;
+    state.service.sync_issues(repo_id).await?;
     Ok(web::Json(issue_list(&state, view).await?))
 }
 
@@ -387,47 +387,18 @@ pub async fn assign_issue(
         body,
         agent_type,
     } = body.0;
-    if issue_number < 1 {
-        return Err(ApiError::invalid_parameter(
-            "issueNumber",
-            "must be an integer of at least 1",
-        ));
-    }
-    let title = crate::routes::tasks::task_title(&title)?;
-    let (repo_url, linked) = state
-        .db(move |conn| {
-            let repo = crate::routes::tasks::connected_repository(conn, repo_id)?;
-            let linked = agentry_persistence::tasks::linked_task(conn, repo.id, issue_number)?;
-            Ok((repo.url, linked.is_some()))
-        })
-        .await?;
-    // Only a known open issue gets a task: a number the view lacks is looked up once with a
-    // sync of its repository; a pull request's number or an unknown one is refused.
-    if !linked && !codehost::known_open_issue(&state, repo_id, issue_number).await? {
-        return Err(ApiError::not_found(format!(
-            "issue #{issue_number} is not an open issue of {repo_url}: the code host lists no \
-             open issue with that number (it is a pull request, closed, or does not exist)"
-        )));
-    }
     let (task, created) = state
-        .db(move |conn| {
-            let repo = crate::routes::tasks::connected_repository(conn, repo_id)?;
-            let agent = agent_type.unwrap_or(repo.settings.agent_type);
-            Ok(codehost::assign(
-                conn,
-                &repo,
-                issue_number,
-                &title,
-                &body,
-                agent,
-                agentry_persistence::now(),
-            )?)
+        .service
+        .assign_issue(Assignment {
+            repo_id,
+            issue_number,
+            title,
+            body,
+            agent_type,
         })
         .await?;
     if created {
         tracing::info!(task = %task.id, issue = issue_number, by = %caller.token_id, "issue assigned");
-        state.codehost.wake_outbox();
-        state.runs.wake();
     }
     let dto = AssignedDto {
         task: task.into(),

@@ -4,7 +4,7 @@
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use agentry_domain::{RepoSettings, RepoUrl, Role};
 use agentry_persistence::DbError;
-use agentry_persistence::repos::{self, NewRepository, Repository};
+use agentry_persistence::repos::{self, Repository};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -12,7 +12,6 @@ use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::body::JsonBody;
-use crate::codehost;
 use crate::error::{ApiError, ErrorBody};
 use crate::routes::path_uuid;
 use crate::state::AppState;
@@ -87,21 +86,6 @@ pub struct RepoListDto {
     pub repos: Vec<RepoDto>,
 }
 
-/// The web host whose repositories the code-host API at `api_url` serves, when it can be
-/// told: `github.com` for `api.github.com`, `HOST` for GitHub Enterprise's
-/// `https://HOST/api/v3`. Any other base (a proxy, a local fake) serves any host.
-pub fn web_host_of(api_url: &str) -> Option<String> {
-    let url = url::Url::parse(api_url).ok()?;
-    let host = url.host_str()?.to_ascii_lowercase();
-    if host == "api.github.com" {
-        Some("github.com".into())
-    } else if url.path().trim_end_matches('/') == "/api/v3" {
-        Some(host)
-    } else {
-        None
-    }
-}
-
 /// Connects a repository: looks it up on the code host (default branch, clone URL) and
 /// stores it with default settings. Connecting one already connected returns it (200).
 #[utoipa::path(
@@ -129,50 +113,10 @@ pub async fn connect_repo(
     caller.require(Role::Admin)?;
     let url =
         RepoUrl::parse(&body.0.repo_url).map_err(|e| ApiError::invalid_parameter("repoUrl", e))?;
-    if let Some(host) = web_host_of(state.codehost.api_url())
-        && url.host() != host
-    {
-        return Err(ApiError::invalid_parameter(
-            "repoUrl",
-            format!(
-                "the configured code host serves repositories on {host}, not {}",
-                url.host()
-            ),
-        ));
+    let (repo, created) = state.service.connect_repository(url).await?;
+    if created {
+        tracing::info!(repo = %repo.url, id = %repo.id, by = %caller.token_id, "repository connected");
     }
-    let github = state.github().await?;
-    let lookup = url.clone();
-    let known = state
-        .db(move |conn| Ok(repos::find_by_url(conn, &lookup)?))
-        .await?;
-    if let Some(repo) = known.filter(|r| r.disconnected_at.is_none()) {
-        return Ok(HttpResponse::Ok().json(RepoDto::from(repo)));
-    }
-    let info = github.repository(url.owner(), url.name()).await?;
-    let new = NewRepository {
-        url,
-        default_branch: info.default_branch,
-        clone_url: info.clone_url,
-        codehost_id: i64::try_from(info.id).ok(),
-    };
-    let (repo, created) = state
-        .db(move |conn| {
-            Ok(repos::connect_repository(
-                conn,
-                &new,
-                agentry_persistence::now(),
-            )?)
-        })
-        .await?;
-    tracing::info!(repo = %repo.url, id = %repo.id, by = %caller.token_id, "repository connected");
-    // Its issues appear without waiting for the next periodic sync.
-    let sync_state = state.clone();
-    let repo_id = repo.id;
-    actix_web::rt::spawn(async move {
-        if let Err(e) = codehost::sync_issues(&sync_state, Some(repo_id)).await {
-            tracing::warn!(error = %e, "first issue sync of a new repository failed");
-        }
-    });
     let dto = RepoDto::from(repo);
     Ok(if created {
         HttpResponse::Created().json(dto)
@@ -328,22 +272,4 @@ pub async fn patch_settings(
         .await?;
     tracing::info!(repo = %repo.url, by = %caller.token_id, "repository settings changed");
     Ok(web::Json(repo.settings))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::web_host_of;
-
-    #[test]
-    fn the_api_url_tells_which_web_host_it_serves() {
-        assert_eq!(
-            web_host_of("https://api.github.com").as_deref(),
-            Some("github.com")
-        );
-        assert_eq!(
-            web_host_of("https://ghe.example.com/api/v3").as_deref(),
-            Some("ghe.example.com")
-        );
-        assert_eq!(web_host_of("http://127.0.0.1:4000"), None);
-    }
 }

@@ -10,7 +10,6 @@ use utoipa::ToSchema;
 
 use crate::auth::Caller;
 use crate::body::JsonBody;
-use crate::codehost::TOKEN_SECRET;
 use crate::error::{ApiError, ErrorBody};
 use crate::state::AppState;
 
@@ -113,34 +112,7 @@ pub async fn put_secret(
             format!("must be a non-blank string of at most {MAX_VALUE_BYTES} bytes"),
         ));
     }
-    if name == TOKEN_SECRET {
-        if value.expose().trim() != value.expose() {
-            return Err(ApiError::invalid_parameter(
-                "value",
-                "a token must not start or end with white space",
-            ));
-        }
-        let user = state
-            .codehost
-            .client(&value)?
-            .current_user()
-            .await
-            .map_err(ApiError::from)?;
-        tracing::info!(login = %user.login, "code-host token accepted");
-    }
-    let key = state.codehost.master_key().clone();
-    let stored_name = name.clone();
-    let info = state
-        .db(move |conn| {
-            Ok(secrets::put(
-                conn,
-                &key,
-                &stored_name,
-                &value,
-                agentry_persistence::now(),
-            )?)
-        })
-        .await?;
+    let info = state.service.store_secret(name.clone(), value).await?;
     tracing::info!(secret = %name, by = %caller.token_id, "secret stored");
     Ok(web::Json(info.into()))
 }

@@ -2,10 +2,8 @@
 //! `POST /api/tasks/{id}/cancel`, `POST /api/tasks/{id}/retry`, `GET /api/tasks/{id}/log`.
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
-use agentry_domain::{AgentType, Role, TaskState, TaskType, Trigger};
-use agentry_persistence::repos;
-use agentry_persistence::runner as claims;
-use agentry_persistence::tasks::{self, NewTask, TaskCursor, TaskFilter, TransitionDetails};
+use agentry_domain::{AgentType, Role, TaskState, TaskType};
+use agentry_persistence::tasks::{self, TaskCursor, TaskFilter};
 use base64::Engine;
 use serde::Deserialize;
 use time::OffsetDateTime;
@@ -20,10 +18,10 @@ use crate::dto::{
     TaskSummaryDto,
 };
 use crate::error::{ApiError, ErrorBody};
-use crate::import::{self, ImportError};
 use crate::query::Query;
 use crate::routes::path_uuid;
 use crate::state::AppState;
+use agentry_service::tasks::{NewCodingTask, OutputTail};
 
 /// Default page size of the task list.
 pub const DEFAULT_LIMIT: i64 = 50;
@@ -151,39 +149,7 @@ pub async fn get_task(
     }))
 }
 
-/// The longest task title accepted.
-pub const MAX_TITLE_CHARS: usize = 500;
-/// The longest task prompt accepted (bytes).
-pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
-
-/// A task title from a request: trimmed, non-blank, at most [`MAX_TITLE_CHARS`].
-pub(crate) fn task_title(raw: &str) -> Result<String, ApiError> {
-    let title = raw.trim();
-    if title.is_empty() {
-        return Err(ApiError::invalid_parameter("title", "must not be blank"));
-    }
-    if title.chars().count() > MAX_TITLE_CHARS {
-        return Err(ApiError::invalid_parameter(
-            "title",
-            format!("must be at most {MAX_TITLE_CHARS} characters"),
-        ));
-    }
-    Ok(title.to_owned())
-}
-
-/// A repository a task may be created for: connected (404 `not_found` otherwise).
-pub(crate) fn connected_repository(
-    conn: &mut agentry_persistence::AnyConnection,
-    id: Uuid,
-) -> Result<repos::Repository, ApiError> {
-    match repos::get_repository(conn, id) {
-        Ok(repo) if repo.disconnected_at.is_none() => Ok(repo),
-        Ok(_) | Err(agentry_persistence::DbError::NotFound) => Err(ApiError::not_found(format!(
-            "repository {id} is not connected"
-        ))),
-        Err(other) => Err(other.into()),
-    }
-}
+pub use agentry_service::tasks::{MAX_PROMPT_BYTES, MAX_TITLE_CHARS};
 
 /// A manual coding task. Unknown members are ignored.
 #[derive(Deserialize, ToSchema)]
@@ -230,58 +196,17 @@ pub async fn create_task(
         prompt,
         agent_type,
     } = body.0;
-    let title = task_title(&title)?;
-    if prompt.len() > MAX_PROMPT_BYTES {
-        return Err(ApiError::invalid_parameter(
-            "prompt",
-            format!("must be at most {MAX_PROMPT_BYTES} bytes"),
-        ));
-    }
     let task = state
-        .db(move |conn| {
-            let repo = connected_repository(conn, repo_id)?;
-            let new = NewTask {
-                id: Uuid::new_v4(),
-                title,
-                prompt,
-                repo_id: Some(repo.id),
-                repo_url: repo.url.clone(),
-                task_type: TaskType::Coding,
-                agent_type: agent_type.unwrap_or(repo.settings.agent_type),
-                issue_number: None,
-                parent_task_id: None,
-                created_at: agentry_persistence::now(),
-            };
-            Ok(tasks::create_task(conn, &new, "created")?)
+        .service
+        .create_task(NewCodingTask {
+            repo_id,
+            title,
+            prompt,
+            agent_type,
         })
         .await?;
     tracing::info!(task = %task.id, by = %caller.token_id, "task created");
-    state.runs.wake();
     Ok(HttpResponse::Created().json(TaskDto::from(task)))
-}
-
-/// Applies a user's trigger (cancel, retry) to a task.
-async fn user_transition(
-    state: &web::Data<AppState>,
-    id: Uuid,
-    trigger: Trigger,
-    reason: String,
-) -> Result<agentry_domain::Task, ApiError> {
-    let details = TransitionDetails {
-        reason: Some(reason),
-        error_message: None,
-        pull_request: None,
-    };
-    state
-        .db(move |conn| {
-            if tasks::find_task(conn, id)?.is_none() {
-                return Err(ApiError::not_found(format!("task {id} not found")));
-            }
-            let (task, _) =
-                tasks::transition_task(conn, id, trigger, &details, agentry_persistence::now())?;
-            Ok(task)
-        })
-        .await
 }
 
 /// Cancels a queued, provisioning or running task (member); a running agent's process group
@@ -308,8 +233,7 @@ pub async fn cancel_task(
     caller.require(Role::Member)?;
     let id = path_uuid("id", &path)?;
     let reason = format!("cancelled by token {}", caller.token_id);
-    let task = user_transition(&state, id, Trigger::Cancel, reason).await?;
-    state.runs.stop_local(id);
+    let task = state.service.cancel_task(id, reason).await?;
     tracing::info!(task = %id, by = %caller.token_id, "task cancelled");
     Ok(web::Json(task.into()))
 }
@@ -338,8 +262,7 @@ pub async fn retry_task(
     caller.require(Role::Member)?;
     let id = path_uuid("id", &path)?;
     let reason = format!("retried by token {}", caller.token_id);
-    let task = user_transition(&state, id, Trigger::Retry, reason).await?;
-    state.runs.wake();
+    let task = state.service.retry_task(id, reason).await?;
     tracing::info!(task = %id, attempt = task.attempt, by = %caller.token_id, "task retried");
     Ok(web::Json(task.into()))
 }
@@ -366,49 +289,13 @@ pub async fn task_log(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path_uuid("id", &path)?;
-    let (task, stored) = state
-        .db(move |conn| {
-            let task = tasks::find_task(conn, id)?
-                .ok_or_else(|| ApiError::not_found(format!("task {id} not found")))?;
-            let stored = claims::latest_run_log(conn, id)?;
-            Ok((task, stored))
-        })
-        .await?;
-    // The live output is a file read: on the blocking pool, never on an async worker, and
-    // cut to the stored log's size there, so at most that much crosses back.
-    let live = if crate::runs::is_running(task.state) {
-        let state = state.clone();
-        let attempt = task.attempt;
-        web::block(move || {
-            state
-                .runs
-                .runner()
-                .live_output(id, attempt)
-                .map(|output| claims::RunLog::of(&output))
-        })
-        .await?
-    } else {
-        None
-    };
-    let (text, truncated) = match (live, stored) {
-        (Some(log), _) | (None, Some((_, _, log))) => (log.content, log.truncated),
-        (None, None) => {
-            return Err(ApiError::not_found(format!("task {id} has no run log yet")));
-        }
+    let Some(OutputTail { content, truncated }) = state.service.task_output(id).await? else {
+        return Err(ApiError::not_found(format!("task {id} has no run log yet")));
     };
     Ok(HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
         .insert_header(("X-Agentry-Log-Truncated", truncated.to_string()))
-        .body(text))
-}
-
-impl From<ImportError> for ApiError {
-    fn from(e: ImportError) -> Self {
-        match e {
-            ImportError::BadLine { .. } => ApiError::invalid_request(e.to_string()),
-            ImportError::Db(db) => ApiError::from(db),
-        }
-    }
+        .body(content))
 }
 
 /// Imports historical task records (JSON Lines, `application/x-ndjson`): all lines are
@@ -436,9 +323,7 @@ pub async fn import_tasks(
     caller.require(Role::Admin)?;
     require_content_type(&req, "application/x-ndjson")?;
     let body = read_limited(payload, IMPORT_LIMIT).await?;
-    let outcome = state
-        .db(move |conn| Ok(import::import(conn, &body)?))
-        .await?;
+    let outcome = state.service.import(body.to_vec()).await?;
     Ok(web::Json(ImportResultDto {
         imported: outcome.imported,
         skipped: outcome.skipped,

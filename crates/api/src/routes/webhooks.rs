@@ -16,17 +16,12 @@ use utoipa::ToSchema;
 use crate::body::read_limited;
 use crate::error::{ApiError, ErrorBody};
 use crate::state::AppState;
-use crate::tracking::{self, WebhookOutcome};
+use agentry_service::tracking::WebhookOutcome;
 
 /// Largest webhook body accepted (GitHub caps payloads at 25 MB).
 pub const WEBHOOK_LIMIT: usize = 25 * 1024 * 1024;
 /// Longest accepted `X-GitHub-Delivery` / `X-GitHub-Event` value.
 const MAX_HEADER_CHARS: usize = 200;
-/// How long recorded delivery ids are kept. GitHub redelivers deliveries of the past three
-/// days only, so an older id can never arrive again.
-pub const DELIVERY_RETENTION: time::Duration = time::Duration::days(7);
-/// How often [`delivery_pruning_loop`] forgets old delivery ids.
-pub const DELIVERY_PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// What one server allows the webhook: how many bodies are read at once (each up to
 /// [`WEBHOOK_LIMIT`] in memory), how long a delivery waits for its turn before a 503, and
@@ -121,7 +116,7 @@ fn declared_length(req: &HttpRequest) -> Result<usize, ApiError> {
 /// delivery headers are present (400), and the declared length is within the limit (413,
 /// 411). Returns the event name and the delivery id.
 fn check_head(req: &HttpRequest, state: &AppState) -> Result<(String, String), ApiError> {
-    let Some(secret) = state.codehost.webhook_secret() else {
+    let Some(secret) = state.service.codehost.webhook_secret() else {
         return Err(ApiError::webhook_disabled());
     };
     // The MAC of an empty body is computed only to reuse the header's parsing: a missing or
@@ -216,7 +211,7 @@ pub async fn codehost_webhook(
         }
     };
     drop(permit);
-    let Some(secret) = state.codehost.webhook_secret() else {
+    let Some(secret) = state.service.codehost.webhook_secret() else {
         return Err(ApiError::webhook_disabled());
     };
     webhook::verify_signature(
@@ -227,55 +222,13 @@ pub async fn codehost_webhook(
     .map_err(|e| ApiError::unauthenticated(format!("webhook signature: {e}")))?;
     let event = webhook::parse_event(&event_name, &body)
         .map_err(|e| ApiError::invalid_request(e.to_string()))?;
-    let (outcome, sync) = state
-        .db(move |conn| {
-            Ok(tracking::handle_webhook(
-                conn,
-                &delivery,
-                &event_name,
-                &event,
-                agentry_persistence::now(),
-            )?)
-        })
+    let outcome = state
+        .service
+        .webhook_event(delivery, event_name, event)
         .await?;
-    if let Some(repo_id) = sync {
-        actix_web::rt::spawn(tracking::sync_after_webhook(state.clone(), repo_id));
-    }
-    if outcome == WebhookOutcome::Handled {
-        state.codehost.wake_outbox();
-    }
     Ok(HttpResponse::Ok().json(WebhookAck {
         ok: true,
         ignored: outcome == WebhookOutcome::Ignored,
         duplicate: outcome == WebhookOutcome::Duplicate,
     }))
-}
-
-/// Forgets the delivery ids recorded more than [`DELIVERY_RETENTION`] before `now`; returns
-/// how many.
-pub async fn forget_old_deliveries(
-    state: &AppState,
-    now: time::OffsetDateTime,
-) -> Result<usize, ApiError> {
-    state
-        .db(move |conn| {
-            Ok(agentry_persistence::webhooks::forget_deliveries_before(
-                conn,
-                now - DELIVERY_RETENTION,
-            )?)
-        })
-        .await
-}
-
-/// Forgets old delivery ids now and then every `every`, so the de-duplication table stays
-/// as small as GitHub's redelivery window. A failure is logged and tried again next time.
-pub async fn delivery_pruning_loop(state: web::Data<AppState>, every: Duration) {
-    loop {
-        match forget_old_deliveries(&state, agentry_persistence::now()).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(forgotten = n, "forgot old webhook delivery ids"),
-            Err(e) => tracing::warn!(error = %e, "could not forget old webhook delivery ids"),
-        }
-        tokio::time::sleep(every).await;
-    }
 }

@@ -6,12 +6,12 @@
 use actix_http::Request;
 use actix_web::test::TestRequest;
 use actix_web::web;
-use agentry_api::codehost;
 use agentry_api::state::AppState;
 use agentry_fake_github::FakeGitHub;
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::test_support::TestDb;
 use agentry_persistence::{Db, secrets};
+use agentry_service::codehost;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -45,7 +45,7 @@ impl Env {
     pub fn store_token(&self) {
         secrets::put(
             &mut self.db().conn().unwrap(),
-            self.state.codehost.master_key(),
+            self.state.service.codehost.master_key(),
             codehost::TOKEN_SECRET,
             &secrets::SecretValue::new(GH_TOKEN),
             agentry_persistence::now(),
@@ -76,7 +76,9 @@ impl Env {
     /// leases run out); returns how many were delivered.
     pub async fn deliver(&self, ahead: i64) -> usize {
         let at = agentry_persistence::now() + time::Duration::seconds(ahead);
-        codehost::deliver_due(&self.state, at).await.unwrap()
+        codehost::deliver_due(&self.state.service, at)
+            .await
+            .unwrap()
     }
 
     pub fn count(&self, table: &str) -> i64 {

@@ -11,8 +11,6 @@ use actix_web::web;
 use std::time::Duration;
 
 use agentry_api::auth::{generate_token, hash_token};
-use agentry_api::codehost::{CodeHost, Timing};
-use agentry_api::metrics::Metrics;
 use agentry_api::state::AppState;
 use agentry_codehost::ClientConfig;
 use agentry_domain::{AgentType, RepoUrl, Role, TaskType};
@@ -20,6 +18,8 @@ use agentry_persistence::Db;
 use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::TestDb;
+use agentry_service::codehost::{CodeHost, Timing};
+use agentry_service::runs::Runs;
 use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -83,16 +83,14 @@ pub fn code_host_with(api_url: &str, key: MasterKey, timing: Timing) -> CodeHost
 
 /// Application state over `db` with the code-host integration `codehost`.
 pub fn state_from(db: &Db, codehost: CodeHost) -> web::Data<AppState> {
-    web::Data::new(AppState {
-        db: db.clone(),
-        metrics: Metrics::new().unwrap(),
-        openapi_json: serde_json::to_string(&agentry_api::app::openapi()).unwrap(),
-        codehost,
-        // No runner loop runs in these tests; tests of runs build their own state.
-        runs: agentry_api::runs::Runs::disabled(
-            std::env::temp_dir().join("agentry-api-tests-idle-runner"),
-        ),
-    })
+    // No runner loop runs in these tests; tests of runs build their own state.
+    let runs = Runs::disabled(std::env::temp_dir().join("agentry-api-tests-idle-runner"));
+    state_of(agentry_service::Service::new(db.clone(), codehost, runs))
+}
+
+/// Application state over `service`.
+pub fn state_of(service: agentry_service::Service) -> web::Data<AppState> {
+    web::Data::new(AppState::new(service).unwrap())
 }
 
 /// Application state over `db` whose code host is `api_url`, with a fresh master key.

@@ -145,3 +145,15 @@ pub fn cost_report(
 ) -> Result<CostReport, DbError> {
     Ok(report(&load_inputs(conn, window, repo)?))
 }
+
+impl crate::Service {
+    /// The cost report for `window` and an optional repository (docs/contract.md#4-cost-report).
+    pub async fn cost_report(
+        &self,
+        window: Window,
+        repo: Option<RepoUrl>,
+    ) -> Result<CostReport, crate::ServiceError> {
+        self.db(move |conn| Ok(cost_report(conn, window, repo.as_ref())?))
+            .await
+    }
+}

@@ -19,8 +19,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::codehost::{self, SERVICE_LABEL};
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::{Service, ServiceError, now};
 
 /// The advisory-lock key of the poller role ("agentry" and 2; the migration lock is 1).
 pub const POLLER_LOCK_KEY: i64 = 0x6167_656e_7472_7902;
@@ -85,7 +84,7 @@ fn next_watermark(prs: &[PullRequest], old: Option<OffsetDateTime>) -> Option<Of
 }
 
 async fn poll_repository(
-    state: &AppState,
+    state: &Service,
     github: &GitHub,
     repo: Repository,
     poll: PullPollState,
@@ -146,8 +145,8 @@ async fn poll_repository(
 /// more pages only while they hold pull requests updated since the last successful poll.
 /// A failure leaves that repository's watermark where it was. 412 without a token.
 pub async fn poll_pull_requests(
-    state: &AppState,
-) -> Result<Vec<(Uuid, RepoPollOutcome)>, ApiError> {
+    state: &Service,
+) -> Result<Vec<(Uuid, RepoPollOutcome)>, ServiceError> {
     let github = state.github().await?;
     let repos = state.db(|conn| Ok(pulls::repos_to_poll(conn)?)).await?;
     let outcomes: Vec<(Uuid, RepoPollOutcome)> = futures_util::stream::iter(repos)
@@ -169,11 +168,7 @@ pub async fn poll_pull_requests(
 
 /// The poller: every `interval`, if this process holds the poller role (on PostgreSQL an
 /// advisory lock, so of several replicas one polls; on SQLite always), polls once.
-pub async fn poll_loop(
-    state: actix_web::web::Data<AppState>,
-    interval: Duration,
-    database_url: String,
-) {
+pub async fn poll_loop(state: Service, interval: Duration, database_url: String) {
     let lock = match LeaderLock::new(&database_url, POLLER_LOCK_KEY) {
         Ok(lock) => std::sync::Arc::new(std::sync::Mutex::new(lock)),
         Err(e) => {
@@ -283,14 +278,74 @@ pub fn handle_webhook(
 
 /// Syncs one repository's issues after a webhook said one was labelled; failures are logged
 /// (the periodic sync catches up).
-pub async fn sync_after_webhook(state: actix_web::web::Data<AppState>, repo_id: Uuid) {
+async fn sync_after_webhook(state: Service, repo_id: Uuid) {
     if let Err(e) = codehost::sync_issues(&state, Some(repo_id)).await {
         tracing::warn!(repo = %repo_id, error = %e, "issue sync after a webhook failed");
     }
 }
 
-fn now() -> OffsetDateTime {
-    agentry_persistence::now()
+impl Service {
+    /// Acts on a webhook event whose signature the caller verified ([`handle_webhook`]), then
+    /// wakes what it concerns: the outbox after a pull request's fate was stored, and a sync
+    /// of the repository (in the background, never waited on) after an issue was labelled.
+    pub async fn webhook_event(
+        &self,
+        delivery_id: String,
+        event_name: String,
+        event: WebhookEvent,
+    ) -> Result<WebhookOutcome, ServiceError> {
+        let (outcome, sync) = self
+            .db(move |conn| {
+                Ok(handle_webhook(
+                    conn,
+                    &delivery_id,
+                    &event_name,
+                    &event,
+                    now(),
+                )?)
+            })
+            .await?;
+        if let Some(repo_id) = sync {
+            tokio::spawn(sync_after_webhook(self.clone(), repo_id));
+        }
+        if outcome == WebhookOutcome::Handled {
+            self.codehost.wake_outbox();
+        }
+        Ok(outcome)
+    }
+}
+
+/// How long recorded delivery ids are kept. GitHub redelivers deliveries of the past three
+/// days only, so an older id can never arrive again.
+pub const DELIVERY_RETENTION: time::Duration = time::Duration::days(7);
+
+/// Forgets the delivery ids recorded more than [`DELIVERY_RETENTION`] before `now`; returns
+/// how many.
+pub async fn forget_old_deliveries(
+    state: &Service,
+    now: time::OffsetDateTime,
+) -> Result<usize, ServiceError> {
+    state
+        .db(move |conn| {
+            Ok(agentry_persistence::webhooks::forget_deliveries_before(
+                conn,
+                now - DELIVERY_RETENTION,
+            )?)
+        })
+        .await
+}
+
+/// Forgets old delivery ids now and then every `every`, so the de-duplication table stays
+/// as small as GitHub's redelivery window. A failure is logged and tried again next time.
+pub async fn delivery_pruning_loop(state: Service, every: std::time::Duration) {
+    loop {
+        match forget_old_deliveries(&state, agentry_persistence::now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(forgotten = n, "forgot old webhook delivery ids"),
+            Err(e) => tracing::warn!(error = %e, "could not forget old webhook delivery ids"),
+        }
+        tokio::time::sleep(every).await;
+    }
 }
 
 #[cfg(test)]

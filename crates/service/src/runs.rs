@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix_web::web;
 use agentry_codehost::CodeHostError;
 use agentry_domain::money::Usd;
 use agentry_domain::{PullRequestRef, Task, TaskState, TaskType, Trigger};
@@ -41,8 +40,7 @@ use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use uuid::Uuid;
 
 use crate::codehost::TOKEN_SECRET;
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::{Service, ServiceError};
 
 /// How long an agent has between SIGTERM and SIGKILL when it is stopped.
 const KILL_GRACE: Duration = Duration::from_secs(10);
@@ -77,7 +75,7 @@ impl Default for RunSettings {
     }
 }
 
-/// The orchestrator's state (one per process, in [`AppState`]).
+/// The orchestrator's state (one per process, in [`Service`]).
 pub struct Runs {
     runner: Arc<dyn Runner>,
     prices: PriceTable,
@@ -208,7 +206,7 @@ fn lease_of(settings: &RunSettings) -> time::Duration {
 }
 
 /// The runner loop (see the module docs). Returns at once when runs are disabled.
-pub async fn runner_loop(state: web::Data<AppState>) {
+pub async fn runner_loop(state: Service) {
     let runs = &state.runs;
     if runs.settings.max_concurrent == 0 {
         return;
@@ -223,7 +221,7 @@ pub async fn runner_loop(state: web::Data<AppState>) {
         match claim(&state).await {
             Ok(Some(task)) => {
                 let state = state.clone();
-                actix_web::rt::spawn(async move {
+                tokio::spawn(async move {
                     run_task(&state, task).await;
                     drop(slot);
                     state.runs.wake();
@@ -243,7 +241,7 @@ pub async fn runner_loop(state: web::Data<AppState>) {
     }
 }
 
-async fn claim(state: &web::Data<AppState>) -> Result<Option<Task>, ApiError> {
+async fn claim(state: &Service) -> Result<Option<Task>, ServiceError> {
     let owner = state.runs.owner.clone();
     let lease = lease_of(&state.runs.settings);
     state
@@ -253,7 +251,7 @@ async fn claim(state: &web::Data<AppState>) -> Result<Option<Task>, ApiError> {
 
 /// Claims the oldest queued task and runs it to its end; returns its id, or `None` when
 /// nothing was queued. (The loop does the same with several slots; tests use this.)
-pub async fn run_next(state: &web::Data<AppState>) -> Result<Option<Uuid>, ApiError> {
+pub async fn run_next(state: &Service) -> Result<Option<Uuid>, ServiceError> {
     let Some(task) = claim(state).await? else {
         return Ok(None);
     };
@@ -272,7 +270,7 @@ struct Prepared {
 }
 
 /// Runs one claimed task to its end. Never fails: problems become the task's failure.
-async fn run_task(state: &web::Data<AppState>, task: Task) {
+async fn run_task(state: &Service, task: Task) {
     let id = task.id;
     let attempt = task.attempt;
     tracing::info!(task = %id, attempt, kind = task.task_type.as_str(), "run started");
@@ -301,11 +299,11 @@ async fn run_task(state: &web::Data<AppState>, task: Task) {
     let (cancel, cancelled) = watch::channel(false);
     lock(&state.runs.active).insert(id, cancel.clone());
     let (started, on_start) = oneshot::channel();
-    let renewer = actix_web::rt::spawn(renew_lease(state.clone(), id, cancel.clone()));
+    let renewer = tokio::spawn(renew_lease(state.clone(), id, cancel.clone()));
     let running = {
         let state = state.clone();
         let cancel = cancel.clone();
-        actix_web::rt::spawn(async move {
+        tokio::spawn(async move {
             if on_start.await.is_err() {
                 return;
             }
@@ -364,7 +362,7 @@ fn prepare(
     task: &Task,
     settings: &RunSettings,
     allow_local: bool,
-) -> Result<Result<Prepared, String>, ApiError> {
+) -> Result<Result<Prepared, String>, ServiceError> {
     let Some(repo_id) = task.repo_id else {
         return Ok(Err("the task's repository is not connected".into()));
     };
@@ -372,7 +370,7 @@ fn prepare(
     if repo.disconnected_at.is_some() {
         return Ok(Err(format!("the repository {} was disconnected", repo.url)));
     }
-    let Some(token) = secrets::get(conn, key, TOKEN_SECRET).map_err(ApiError::from)? else {
+    let Some(token) = secrets::get(conn, key, TOKEN_SECRET).map_err(ServiceError::from)? else {
         return Ok(Err(format!(
             "no code-host token is stored (PUT /api/secrets/{TOKEN_SECRET})"
         )));
@@ -479,7 +477,7 @@ fn review_prompt(repo: &Repository, parent: &Task, number: i64) -> String {
 }
 
 /// Renews the lease every third of its length; a refused renewal stops the agent.
-async fn renew_lease(state: web::Data<AppState>, id: Uuid, cancel: watch::Sender<bool>) {
+async fn renew_lease(state: Service, id: Uuid, cancel: watch::Sender<bool>) {
     let every = state.runs.settings.lease / 3;
     let lease = lease_of(&state.runs.settings);
     loop {
@@ -501,7 +499,7 @@ async fn renew_lease(state: web::Data<AppState>, id: Uuid, cancel: watch::Sender
 }
 
 /// Fails a task that could not run at all (no agent ran, so no run is recorded).
-async fn settle_without_run(state: &web::Data<AppState>, task: &Task, message: &str) {
+async fn settle_without_run(state: &Service, task: &Task, message: &str) {
     let id = task.id;
     let details = TransitionDetails {
         reason: Some(message.to_owned()),
@@ -612,11 +610,11 @@ fn fail_with(message: String) -> Settlement {
 
 /// Publishes what the run produced, then records the run with the state change.
 async fn settle(
-    state: &web::Data<AppState>,
+    state: &Service,
     task: &Task,
     prepared: &Prepared,
     execution: Execution,
-) -> Result<(), ApiError> {
+) -> Result<(), ServiceError> {
     let outcome = match &execution.verdict {
         Verdict::Pushed { .. } | Verdict::Reviewed { .. } | Verdict::NoChanges => {
             RunOutcome::Succeeded
@@ -732,7 +730,7 @@ fn cost_text(cost: Option<Usd>) -> String {
 /// Opens the pull request of a pushed branch (or finds the one an uncertain earlier
 /// attempt opened): its URL and number, or why not.
 async fn open_pull_request(
-    state: &AppState,
+    state: &Service,
     prepared: &Prepared,
     task: &Task,
     branch: &str,
@@ -741,7 +739,7 @@ async fn open_pull_request(
     let github = state
         .codehost
         .client(&prepared.token)
-        .map_err(|e| format!("no code-host client: {}", e.message()))?;
+        .map_err(|e| format!("no code-host client: {e}"))?;
     let repo = &prepared.repo;
     let (owner, name) = (repo.url.owner(), repo.url.name());
     let mut body = String::new();
@@ -791,7 +789,7 @@ pub fn review_marker(task_id: Uuid) -> String {
 /// Posts the review text on the coding task's pull request unless its marker is already
 /// there: the pull request's URL and number, or why not.
 async fn post_review(
-    state: &AppState,
+    state: &Service,
     prepared: &Prepared,
     task: &Task,
     text: &str,
@@ -807,7 +805,7 @@ async fn post_review(
     let github = state
         .codehost
         .client(&prepared.token)
-        .map_err(|e| format!("no code-host client: {}", e.message()))?;
+        .map_err(|e| format!("no code-host client: {e}"))?;
     let repo = &prepared.repo;
     let (owner, name) = (repo.url.owner(), repo.url.name());
     let unsigned = u64::try_from(number).map_err(|_| "invalid pull request number".to_owned())?;
@@ -833,9 +831,9 @@ async fn post_review(
 /// Recovers every task whose lease expired before `before` (see the module docs); returns
 /// how many were recovered.
 pub async fn recover_expired(
-    state: &web::Data<AppState>,
+    state: &Service,
     before: OffsetDateTime,
-) -> Result<usize, ApiError> {
+) -> Result<usize, ServiceError> {
     let expired = state
         .db(move |conn| Ok(claims::expired_leases(conn, before, 100)?))
         .await?;
@@ -874,10 +872,10 @@ pub async fn recover_expired(
 
 /// The ledger row of a dead runner's run, from the output it left.
 async fn lost_run(
-    state: &web::Data<AppState>,
+    state: &Service,
     lease: &ExpiredLease,
     output: &str,
-) -> Result<(Run, RunLog), ApiError> {
+) -> Result<(Run, RunLog), ServiceError> {
     let task = lease.task.clone();
     let repo = match task.repo_id {
         Some(id) => Some(
@@ -929,7 +927,7 @@ async fn lost_run(
 /// At start, before the runner loop claims anything: on SQLite (one process per database)
 /// every lease found belongs to a dead process and is recovered at once; on PostgreSQL only
 /// expired ones (other replicas may be running).
-pub async fn recover_at_start(state: &web::Data<AppState>, backend: Backend) {
+pub async fn recover_at_start(state: &Service, backend: Backend) {
     let before = match backend {
         Backend::Sqlite => now() + time::Duration::days(36_500),
         Backend::Postgres => now(),
@@ -945,7 +943,7 @@ pub async fn recover_at_start(state: &web::Data<AppState>, backend: Backend) {
 }
 
 /// The recovery loop: every half lease, recovers the tasks whose lease expired.
-pub async fn recovery_loop(state: web::Data<AppState>) {
+pub async fn recovery_loop(state: Service) {
     let every = (state.runs.settings.lease / 2).max(Duration::from_secs(1));
     loop {
         tokio::time::sleep(every).await;

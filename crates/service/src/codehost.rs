@@ -9,19 +9,18 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue};
-use agentry_domain::{AgentType, Task, TaskType};
+use agentry_domain::{AgentType, RepoUrl, Task, TaskType};
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
-use agentry_persistence::repos::{self, Repository};
-use agentry_persistence::secrets::{self, MasterKey, SecretValue};
+use agentry_persistence::repos::{self, NewRepository, Repository};
+use agentry_persistence::secrets::{self, MasterKey, SecretInfo, SecretValue};
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::{AnyConnection, DbError};
 use futures_util::StreamExt;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::{Service, ServiceError, now};
 
 /// The secret holding the code-host token.
 pub const TOKEN_SECRET: &str = "CODEHOST_TOKEN";
@@ -131,16 +130,17 @@ impl CodeHost {
 
     /// The one way to a code-host client: the client of `token`, reusing the previous one
     /// while the token is the same (its connection pool and ETag cache stay warm). The
-    /// stored token's client is [`AppState::github`]; a token being checked before it is
+    /// stored token's client is [`Service::github`]; a token being checked before it is
     /// stored comes here directly.
-    pub fn client(&self, token: &SecretValue) -> Result<GitHub, ApiError> {
+    pub fn client(&self, token: &SecretValue) -> Result<GitHub, ServiceError> {
         let mut cached = lock(&self.cached);
         if let Some((known, client)) = cached.as_ref()
             && known == token
         {
             return Ok(client.clone());
         }
-        let client = GitHub::new(&self.client_config, token.expose()).map_err(ApiError::from)?;
+        let client =
+            GitHub::new(&self.client_config, token.expose()).map_err(ServiceError::from)?;
         *cached = Some((token.clone(), client.clone()));
         Ok(client)
     }
@@ -151,15 +151,111 @@ impl CodeHost {
     }
 }
 
-impl AppState {
+impl Service {
     /// The client of the stored `CODEHOST_TOKEN`; 412 `codehost_token_missing` without one.
-    pub async fn github(&self) -> Result<GitHub, ApiError> {
+    pub async fn github(&self) -> Result<GitHub, ServiceError> {
         let key = self.codehost.master_key().clone();
         let token = self
             .db(move |conn| Ok(secrets::get(conn, &key, TOKEN_SECRET)?))
             .await?
-            .ok_or_else(ApiError::codehost_token_missing)?;
+            .ok_or(ServiceError::CodeHostTokenMissing)?;
         self.codehost.client(&token)
+    }
+}
+
+/// The web host whose repositories the code-host API at `api_url` serves, when it can be
+/// told: `github.com` for `api.github.com`, `HOST` for GitHub Enterprise's
+/// `https://HOST/api/v3`. Any other base (a proxy, a local fake) serves any host.
+pub fn web_host_of(api_url: &str) -> Option<String> {
+    let url = url::Url::parse(api_url).ok()?;
+    let host = url.host_str()?.to_ascii_lowercase();
+    if host == "api.github.com" {
+        Some("github.com".into())
+    } else if url.path().trim_end_matches('/') == "/api/v3" {
+        Some(host)
+    } else {
+        None
+    }
+}
+
+impl Service {
+    /// Connects a repository: looks it up on the code host (default branch, clone URL) and
+    /// stores it with default settings; `false` when it was connected already (returned
+    /// unchanged). Its issues are synced at once, in the background.
+    pub async fn connect_repository(
+        &self,
+        url: RepoUrl,
+    ) -> Result<(Repository, bool), ServiceError> {
+        if let Some(host) = web_host_of(self.codehost.api_url())
+            && url.host() != host
+        {
+            return Err(ServiceError::invalid(
+                "repoUrl",
+                format!(
+                    "the configured code host serves repositories on {host}, not {}",
+                    url.host()
+                ),
+            ));
+        }
+        let github = self.github().await?;
+        let lookup = url.clone();
+        let known = self
+            .db(move |conn| Ok(repos::find_by_url(conn, &lookup)?))
+            .await?;
+        if let Some(repo) = known.filter(|r| r.disconnected_at.is_none()) {
+            return Ok((repo, false));
+        }
+        let info = github.repository(url.owner(), url.name()).await?;
+        let new = NewRepository {
+            url,
+            default_branch: info.default_branch,
+            clone_url: info.clone_url,
+            codehost_id: i64::try_from(info.id).ok(),
+        };
+        let (repo, created) = self
+            .db(move |conn| Ok(repos::connect_repository(conn, &new, now())?))
+            .await?;
+        // Its issues appear without waiting for the next periodic sync.
+        let service = self.clone();
+        let repo_id = repo.id;
+        tokio::spawn(async move {
+            if let Err(e) = sync_issues(&service, Some(repo_id)).await {
+                tracing::warn!(error = %e, "first issue sync of a new repository failed");
+            }
+        });
+        Ok((repo, created))
+    }
+
+    /// Stores (or replaces) a secret, encrypted. The code-host token is checked with the
+    /// code host first and refused ([`ServiceError::CodeHostRejected`]) if it does not
+    /// work; nothing is stored then.
+    pub async fn store_secret(
+        &self,
+        name: String,
+        value: SecretValue,
+    ) -> Result<SecretInfo, ServiceError> {
+        if name == TOKEN_SECRET {
+            if value.expose().trim() != value.expose() {
+                return Err(ServiceError::invalid(
+                    "value",
+                    "a token must not start or end with white space",
+                ));
+            }
+            let user = self.codehost.client(&value)?.current_user().await?;
+            tracing::info!(login = %user.login, "code-host token accepted");
+        }
+        let key = self.codehost.master_key().clone();
+        self.db(move |conn| Ok(secrets::put(conn, &key, &name, &value, now())?))
+            .await
+    }
+
+    /// Syncs the issues of every connected repository (or of `only`) now; see
+    /// [`sync_issues`].
+    pub async fn sync_issues(
+        &self,
+        only: Option<Uuid>,
+    ) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ServiceError> {
+        sync_issues(self, only).await
     }
 }
 
@@ -263,9 +359,9 @@ pub struct RepoSyncOutcome {
 /// issue carrying the service's label and no task into a task (docs/contract.md#53-issue-sync). One repository's
 /// failure is recorded for it and does not stop the others. 412 without a token.
 pub async fn sync_issues(
-    state: &AppState,
+    state: &Service,
     only: Option<Uuid>,
-) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ApiError> {
+) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ServiceError> {
     let github = state.github().await?;
     let _one_at_a_time = state.codehost.sync_lock.lock().await;
     let repos: Vec<Repository> = state
@@ -293,7 +389,7 @@ pub async fn sync_issues(
     Ok(outcomes)
 }
 
-async fn sync_repository(state: &AppState, github: &GitHub, repo: Repository) -> RepoSyncOutcome {
+async fn sync_repository(state: &Service, github: &GitHub, repo: Repository) -> RepoSyncOutcome {
     let mut outcome = RepoSyncOutcome::default();
     let repo_id = repo.id;
     let full_every = state.codehost.timing.full_sync_every;
@@ -367,9 +463,9 @@ impl From<CodeHostError> for SyncFailure {
     }
 }
 
-impl From<ApiError> for SyncFailure {
-    fn from(e: ApiError) -> Self {
-        SyncFailure::Storage(e.message().to_owned())
+impl From<ServiceError> for SyncFailure {
+    fn from(e: ServiceError) -> Self {
+        SyncFailure::Storage(e.to_string())
     }
 }
 
@@ -383,7 +479,7 @@ impl From<ApiError> for SyncFailure {
 /// * The last full read found no open issue (no watermark): its query again, conditionally.
 /// * Otherwise the issues updated since a little before the watermark ([`read_changes`]).
 async fn read_issues(
-    state: &AppState,
+    state: &Service,
     github: &GitHub,
     repo: &Repository,
     cursor: IssueSyncCursor,
@@ -426,7 +522,7 @@ async fn read_issues(
 /// list read while an issue on an earlier page closes shifts by one and skips an issue,
 /// and that issue must not vanish from the view.
 async fn read_all_open(
-    state: &AppState,
+    state: &Service,
     github: &GitHub,
     repo: &Repository,
     etag: Option<&str>,
@@ -506,7 +602,7 @@ async fn read_all_open(
 /// later page and leave the first unchanged, so such an answer is read again without
 /// `If-None-Match` until a later update moves the watermark on.
 async fn read_changes(
-    state: &AppState,
+    state: &Service,
     github: &GitHub,
     repo: &Repository,
     watermark: time::OffsetDateTime,
@@ -561,10 +657,10 @@ async fn read_changes(
 /// code host does not list it as an open issue (a pull request, a closed issue, or no such
 /// number). A sync that fails answers the code host's error (503 or 422); no token, 412.
 pub async fn known_open_issue(
-    state: &AppState,
+    state: &Service,
     repo_id: Uuid,
     number: i64,
-) -> Result<bool, ApiError> {
+) -> Result<bool, ServiceError> {
     let known = state
         .db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
         .await?;
@@ -573,7 +669,7 @@ pub async fn known_open_issue(
     }
     let outcomes = sync_issues(state, Some(repo_id)).await?;
     if let Some(message) = outcomes.into_iter().find_map(|(_, o)| o.error) {
-        return Err(ApiError::codehost_unavailable(message));
+        return Err(ServiceError::CodeHostUnavailable(message));
     }
     state
         .db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
@@ -582,7 +678,7 @@ pub async fn known_open_issue(
 
 /// The periodic issue sync: every `interval`, while the process runs. Without a stored token
 /// it waits for one.
-pub async fn issue_sync_loop(state: actix_web::web::Data<AppState>, interval: Duration) {
+pub async fn issue_sync_loop(state: Service, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -650,7 +746,7 @@ pub async fn deliver(
 
 /// Claims the effects due at `at` and delivers them; returns how many were delivered.
 /// Without a stored token nothing is claimed.
-pub async fn deliver_due(state: &AppState, at: OffsetDateTime) -> Result<usize, ApiError> {
+pub async fn deliver_due(state: &Service, at: OffsetDateTime) -> Result<usize, ServiceError> {
     let github = state.github().await?;
     let timing = state.codehost.timing;
     let lease = time::Duration::try_from(timing.lease).unwrap_or(time::Duration::MINUTE);
@@ -661,7 +757,7 @@ pub async fn deliver_due(state: &AppState, at: OffsetDateTime) -> Result<usize, 
                 .into_iter()
                 .map(|e| Ok((repos::get_repository(conn, e.repo_id)?, e)))
                 .collect::<Result<Vec<_>, DbError>>()
-                .map_err(ApiError::from)
+                .map_err(ServiceError::from)
         })
         .await?;
     let mut delivered = 0;
@@ -695,7 +791,7 @@ pub async fn deliver_due(state: &AppState, at: OffsetDateTime) -> Result<usize, 
 
 /// The outbox worker: delivers due effects, then sleeps until the next one is due, it is
 /// woken ([`CodeHost::wake_outbox`]), or `idle` passes.
-pub async fn outbox_loop(state: actix_web::web::Data<AppState>) {
+pub async fn outbox_loop(state: Service) {
     let idle = state.codehost.timing.idle;
     loop {
         if let Err(e) = deliver_due(&state, now()).await {
@@ -718,10 +814,6 @@ pub async fn outbox_loop(state: actix_web::web::Data<AppState>) {
     }
 }
 
-fn now() -> OffsetDateTime {
-    agentry_persistence::now()
-}
-
 /// Locks a mutex; a poisoned one (a panicked holder) is still usable: the data it guards
 /// (a cache, timestamps) is valid at every point.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -731,6 +823,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_api_url_tells_which_web_host_it_serves() {
+        assert_eq!(
+            web_host_of("https://api.github.com").as_deref(),
+            Some("github.com")
+        );
+        assert_eq!(
+            web_host_of("https://ghe.example.com/api/v3").as_deref(),
+            Some("ghe.example.com")
+        );
+        assert_eq!(web_host_of("http://127.0.0.1:4000"), None);
+    }
 
     #[test]
     fn retries_back_off_by_doubling_up_to_the_cap() {

@@ -1,0 +1,127 @@
+//! agentry's use cases, without any HTTP: what the product does, for the HTTP API
+//! (`agentry-api`), the command line, and any other Rust program.
+//!
+//! One [`Service`] holds the database, the code-host integration and the agent-run
+//! orchestrator. Its methods are the use cases (create, cancel and retry a task, assign an
+//! issue, connect a repository, store a secret, sync issues, handle a verified webhook
+//! event, import tasks, build the cost report); each commits its change and then wakes the
+//! background loop that acts on it, so no caller wakes anything by hand. Errors are
+//! [`ServiceError`]s, which say what went wrong in the product's terms; the adapter decides
+//! how to show them.
+//!
+//! [`Service::start_background`] runs the loops (agent runs and lease recovery, issue sync,
+//! the outbox, pull-request polling, pruning of webhook delivery ids) as plain tokio tasks.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = agentry_service::config::Config::from_env()?;
+//! let service = agentry_service::Service::open(&config)?;
+//! let background = service.start_background(&config).await;
+//! // … serve requests, or call the use cases directly …
+//! service.shut_down(background).await;
+//! # Ok(()) }
+//! ```
+
+pub mod codehost;
+pub mod config;
+pub mod costs;
+pub mod error;
+pub mod import;
+pub mod runs;
+pub mod start;
+pub mod tasks;
+pub mod tracking;
+
+use std::sync::Arc;
+
+use agentry_persistence::{AnyConnection, Db};
+
+pub use error::ServiceError;
+pub use start::{Background, StartError};
+
+use crate::codehost::CodeHost;
+use crate::runs::Runs;
+
+/// The product's use cases over one database (cheap to clone: a handle to shared parts).
+#[derive(Clone)]
+pub struct Service {
+    parts: Arc<Parts>,
+}
+
+/// What a [`Service`] is made of.
+pub struct Parts {
+    /// The database pool.
+    pub db: Db,
+    /// The code-host integration: secrets key, client, outbox.
+    pub codehost: CodeHost,
+    /// The agent-run orchestrator.
+    pub runs: Runs,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("backend", &self.parts.db.backend())
+            .field("codehost", &self.parts.codehost)
+            .field("runs", &self.parts.runs)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for Service {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
+}
+
+impl Service {
+    /// The service over `db`, the code-host integration `codehost` and the orchestrator
+    /// `runs`. No loop runs until [`Service::start_background`].
+    pub fn new(db: Db, codehost: CodeHost, runs: Runs) -> Self {
+        Service {
+            parts: Arc::new(Parts { db, codehost, runs }),
+        }
+    }
+
+    /// Runs blocking database work on tokio's blocking pool with a pooled connection.
+    pub async fn db<T, F>(&self, f: F) -> Result<T, ServiceError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut AnyConnection) -> Result<T, ServiceError> + Send + 'static,
+    {
+        self.db_as(f).await
+    }
+
+    /// [`Service::db`] with the caller's error type, so an adapter can use its own (any type
+    /// a [`ServiceError`] converts into).
+    pub async fn db_as<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<ServiceError> + Send + 'static,
+        F: FnOnce(&mut AnyConnection) -> Result<T, E> + Send + 'static,
+    {
+        let db = self.parts.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = db.conn().map_err(|e| E::from(ServiceError::from(e)))?;
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| E::from(ServiceError::from(e)))?
+    }
+
+    /// Runs blocking work (file reads, CPU-heavy parsing) on tokio's blocking pool.
+    pub async fn blocking<T, F>(&self, f: F) -> Result<T, ServiceError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        Ok(tokio::task::spawn_blocking(f).await?)
+    }
+}
+
+/// The current time as stored (microsecond precision).
+pub(crate) fn now() -> time::OffsetDateTime {
+    agentry_persistence::now()
+}

@@ -1,0 +1,177 @@
+//! Starting and stopping the product: the database, the code-host integration and the
+//! orchestrator of a [`Config`], and the background loops.
+
+use std::path::Path;
+use std::time::Duration;
+
+use agentry_codehost::ClientConfig;
+use agentry_persistence::secrets::{MasterKey, SecretValue};
+use agentry_persistence::{Backend, Db};
+use agentry_runner::PriceTable;
+use tokio::task::JoinHandle;
+
+use crate::Service;
+use crate::codehost::{self, CodeHost, Timing};
+use crate::config::Config;
+use crate::runs::{self, RunSettings, Runs};
+
+/// How often webhook delivery ids older than their retention are forgotten.
+pub const DELIVERY_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// How long running agents get to stop when the service shuts down.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database could not be opened or migrated.
+    #[error(transparent)]
+    Db(#[from] agentry_persistence::DbError),
+    /// A file or socket operation failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// A [`StartError::Io`] with its context.
+pub fn io_error(context: &str, e: impl std::fmt::Display) -> StartError {
+    StartError::Io(format!("{context}: {e}"))
+}
+
+/// Creates the data directory (mode 0700: it holds the database and secrets).
+pub fn ensure_data_dir(dir: &Path) -> Result<(), StartError> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| {
+        io_error(
+            &format!("cannot create data directory {}", dir.display()),
+            e,
+        )
+    })
+}
+
+/// Opens the database of `config` and applies pending migrations.
+pub fn open_database(config: &Config) -> Result<Db, StartError> {
+    ensure_data_dir(&config.data_dir)?;
+    let pool_size = match agentry_persistence::DatabaseUrl::parse(&config.database_url)?.backend() {
+        Backend::Sqlite => 8,
+        Backend::Postgres => 16,
+    };
+    let db = Db::connect(&config.database_url, pool_size)?;
+    let applied = db.migrate()?;
+    if !applied.is_empty() {
+        tracing::info!(migrations = ?applied, "applied migrations");
+    }
+    Ok(db)
+}
+
+/// The code-host integration of `config`: the master key (`AGENTRY_MASTER_KEY`, or the key
+/// file `$AGENTRY_DATA_DIR/master.key`, generated on first start) and the client settings.
+pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
+    let master_key = MasterKey::load_or_create(
+        config.master_key.as_ref().map(SecretValue::expose),
+        &config.data_dir.join("master.key"),
+    )
+    .map_err(|e| io_error("cannot load the master key", e))?;
+    let client = ClientConfig {
+        api_url: config.codehost_api_url.clone(),
+        user_agent: format!("agentry/{}", env!("CARGO_PKG_VERSION")),
+        ..ClientConfig::default()
+    };
+    Ok(CodeHost::new(master_key, client, Timing::default())
+        .with_webhook_secret(config.webhook_secret.clone()))
+}
+
+/// The agent-run orchestrator of `config`: a [`agentry_runner::LocalRunner`] under the data
+/// directory with the configured executables and price table (the built-in one, with
+/// `AGENTRY_PRICES_FILE` merged over it).
+pub fn runs(config: &Config) -> Result<Runs, StartError> {
+    let mut prices = PriceTable::builtin();
+    if let Some(path) = &config.prices_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            io_error(
+                &format!("cannot read AGENTRY_PRICES_FILE {}", path.display()),
+                e,
+            )
+        })?;
+        let overrides = PriceTable::from_json(&text)
+            .map_err(|e| io_error(&format!("AGENTRY_PRICES_FILE {}", path.display()), e))?;
+        prices = prices.merged_with(overrides);
+    }
+    Ok(Runs::local(
+        config.data_dir.clone(),
+        config.claude_bin.clone(),
+        config.codex_bin.clone(),
+        prices,
+        RunSettings {
+            max_concurrent: config.max_concurrent_runs,
+            lease: config.run_lease,
+            wall_time: config.run_time_limit,
+            sandbox: config.agent_sandbox,
+            ..RunSettings::default()
+        },
+    ))
+}
+
+/// The background loops of a started service; [`Service::shut_down`] stops them.
+#[derive(Debug)]
+pub struct Background {
+    loops: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for handle in &self.loops {
+            handle.abort();
+        }
+    }
+}
+
+impl Service {
+    /// The service of `config`: its database (created and migrated), code-host integration
+    /// and orchestrator. Nothing runs in the background yet.
+    pub fn open(config: &Config) -> Result<Service, StartError> {
+        Ok(Service::new(
+            open_database(config)?,
+            code_host(config)?,
+            runs(config)?,
+        ))
+    }
+
+    /// Recovers the tasks a stopped process left leased, then starts the background loops on
+    /// the current tokio runtime: agent runs and lease recovery, the periodic issue sync, the
+    /// outbox, the pull-request poller and the pruning of webhook delivery ids.
+    pub async fn start_background(&self, config: &Config) -> Background {
+        runs::recover_at_start(self, self.db.backend()).await;
+        Background {
+            loops: vec![
+                tokio::spawn(runs::runner_loop(self.clone())),
+                tokio::spawn(runs::recovery_loop(self.clone())),
+                tokio::spawn(codehost::issue_sync_loop(
+                    self.clone(),
+                    config.issue_sync_interval,
+                )),
+                tokio::spawn(codehost::outbox_loop(self.clone())),
+                tokio::spawn(crate::tracking::delivery_pruning_loop(
+                    self.clone(),
+                    DELIVERY_PRUNE_EVERY,
+                )),
+                tokio::spawn(crate::tracking::poll_loop(
+                    self.clone(),
+                    config.poll_interval,
+                    config.database_url.clone(),
+                )),
+            ],
+        }
+    }
+
+    /// Stops the service: running agents are stopped (their tasks stay leased and are
+    /// recovered, with the cost their output shows, at the next start), then the loops.
+    /// Every effect and sync is recorded as it happens, so stopping loops mid-way loses
+    /// nothing.
+    pub async fn shut_down(&self, background: Background) {
+        self.runs.shut_down(SHUTDOWN_WAIT).await;
+        drop(background);
+    }
+}
