@@ -1,0 +1,133 @@
+//! The use cases driven straight through `agentry-service`, as another Rust program would:
+//! no HTTP, no actix; a real SQLite file under a temporary data directory.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use agentry_persistence::secrets::SecretValue;
+use agentry_service::config::Config;
+use agentry_service::tasks::{Assignment, NewCodingTask};
+use agentry_service::{Service, ServiceError};
+use uuid::Uuid;
+
+fn config(dir: &std::path::Path) -> Config {
+    let data_dir = dir.to_str().unwrap().to_owned();
+    Config::from_lookup(|name| match name {
+        "AGENTRY_DATA_DIR" => Some(data_dir.clone()),
+        // Nothing listens on port 9: no test here reaches the code host.
+        "AGENTRY_CODEHOST_API_URL" => Some("http://127.0.0.1:9".into()),
+        "AGENTRY_MAX_CONCURRENT_RUNS" => Some("0".into()),
+        _ => None,
+    })
+    .unwrap()
+}
+
+fn record(day: u32, cost: &str, repo: &str) -> String {
+    format!(
+        r#"{{"title":"Task {day}","repoUrl":"https://github.com/acme/{repo}","taskType":"coding","state":"completed","costUsd":"{cost}","inputTokens":10,"outputTokens":5,"createdAt":"{}"}}"#,
+        (agentry_persistence::now() - time::Duration::days(i64::from(day)))
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    )
+}
+
+#[tokio::test]
+async fn a_program_without_http_imports_tasks_and_reads_the_cost_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::open(&config(dir.path())).unwrap();
+    assert!(dir.path().join("agentry.db").exists());
+    let body = [
+        record(1, "1.25", "web"),
+        record(2, "0.0001", "web"),
+        record(3, "10", "api"),
+    ]
+    .join("\n");
+    let outcome = service.import(body.into_bytes()).await.unwrap();
+    assert_eq!((outcome.imported, outcome.skipped), (3, 0));
+
+    let window = agentry_service::costs::window_ending_now(30).unwrap();
+    let report = service.cost_report(window, None).await.unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["summary"]["totalCost"], "11.2501");
+    assert_eq!(json["summary"]["taskCount"], 3);
+    let web = agentry_domain::RepoUrl::parse("https://github.com/acme/web").unwrap();
+    let report = service.cost_report(window, Some(web)).await.unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["summary"]["totalCost"], "1.2501");
+}
+
+#[tokio::test]
+async fn use_cases_refuse_bad_input_with_typed_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::open(&config(dir.path())).unwrap();
+    let unknown = Uuid::new_v4();
+    let create = |title: &str, prompt: String| NewCodingTask {
+        repo_id: unknown,
+        title: title.into(),
+        prompt,
+        agent_type: None,
+    };
+
+    let blank = service.create_task(create("  ", String::new())).await;
+    assert!(matches!(blank, Err(ServiceError::Invalid { ref field, .. }) if field == "title"));
+    let long = "x".repeat(agentry_service::tasks::MAX_PROMPT_BYTES + 1);
+    let too_long = service.create_task(create("Fix", long)).await;
+    assert!(matches!(too_long, Err(ServiceError::Invalid { ref field, .. }) if field == "prompt"));
+    let no_repo = service.create_task(create("Fix", String::new())).await;
+    assert!(
+        matches!(no_repo, Err(ServiceError::NotFound(_))),
+        "{no_repo:?}"
+    );
+
+    let assign = service
+        .assign_issue(Assignment {
+            repo_id: unknown,
+            issue_number: 0,
+            title: "Fix".into(),
+            body: String::new(),
+            agent_type: None,
+        })
+        .await;
+    assert!(
+        matches!(assign, Err(ServiceError::Invalid { ref field, .. }) if field == "issueNumber")
+    );
+    assert!(matches!(
+        service.cancel_task(unknown, "test".into()).await,
+        Err(ServiceError::NotFound(_))
+    ));
+    assert!(matches!(
+        service.retry_task(unknown, "test".into()).await,
+        Err(ServiceError::NotFound(_))
+    ));
+    let padded = SecretValue::new(" ghp_token ");
+    assert!(matches!(
+        service.store_secret("CODEHOST_TOKEN".into(), padded).await,
+        Err(ServiceError::Invalid { ref field, .. }) if field == "value"
+    ));
+    // Code-host use cases without a stored token say so before any request.
+    assert_eq!(
+        service.sync_issues(None).await.unwrap_err(),
+        ServiceError::CodeHostTokenMissing
+    );
+    let bad_import = service.import(b"{\"title\":\"x\"}".to_vec()).await;
+    assert!(matches!(bad_import, Err(ServiceError::Malformed(ref m)) if m.contains("line 1")));
+
+    let mut conn = service.db.conn().unwrap();
+    assert_eq!(agentry_persistence::meta::task_count(&mut conn).unwrap(), 0);
+    assert!(
+        agentry_persistence::secrets::list(&mut conn)
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn the_background_loops_start_on_plain_tokio_and_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let service = Service::open(&config).unwrap();
+    let background = service.start_background(&config).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(20), service.shut_down(background));
+    assert!(stopped.await.is_ok(), "the service did not stop");
+    assert_eq!(service.runs.active(), 0);
+}
