@@ -409,6 +409,10 @@ fn import_is_all_or_nothing_on_sqlite() {
 }
 
 #[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 fn import_and_serve_work_on_postgresql() {
     let Some(db) = TestDb::postgres() else { return };
     import_then_check(Some(&db.url));

@@ -232,6 +232,10 @@ async fn the_report_from_rollups_equals_the_report_from_every_task_on_sqlite() {
 }
 
 #[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 async fn the_report_from_rollups_equals_the_report_from_every_task_on_postgresql() {
     let Some(db) = TestDb::postgres() else { return };
     equivalence(db).await;

@@ -959,6 +959,10 @@ async fn cors_answers_the_configured_origin_only() {
 
 /// The same API on PostgreSQL when the suite has a server: listing, detail and import.
 #[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 async fn the_api_works_on_postgresql_too() {
     let Some(db) = agentry_persistence::test_support::TestDb::postgres() else {
         return;

@@ -336,6 +336,10 @@ async fn issue_to_merged_pull_request_sqlite() {
 }
 
 #[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 async fn issue_to_merged_pull_request_postgres() {
     if let Some(db) = TestDb::postgres() {
         issue_to_merged_pull_request(db).await;

@@ -479,6 +479,10 @@ async fn bodies_over_25_mib_are_refused() {
 }
 
 #[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
 async fn of_two_pollers_on_one_postgresql_only_one_polls() {
     let Some(db) = TestDb::postgres() else {
         return;
