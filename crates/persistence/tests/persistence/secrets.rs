@@ -5,11 +5,9 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
+use crate::common::*;
 use agentry_persistence::backend_tests;
 use agentry_persistence::secrets::{self, MasterKey, SecretError, SecretValue};
-use common::*;
 use diesel::prelude::*;
 
 const KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="; // 32 bytes

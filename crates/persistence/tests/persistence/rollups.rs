@@ -6,10 +6,9 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
 use std::collections::BTreeMap;
 
+use crate::common::*;
 use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Trigger, Usd};
 use agentry_persistence::rollups::{self, Sums};
 use agentry_persistence::tasks::{
@@ -17,7 +16,6 @@ use agentry_persistence::tasks::{
 };
 use agentry_persistence::{AnyConnection, Db, DbError, backend_tests, write_tx};
 use agentry_testkit::SplitMix64;
-use common::*;
 use diesel::prelude::*;
 use time::{Date, Duration};
 use uuid::Uuid;

@@ -7,19 +7,19 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::common::env::{Env, bare, json_req};
+use crate::common::{call, code_host_with, get, test_timing};
 use actix_web::web;
 use agentry_api::state::AppState;
 use agentry_fake_github::Fault;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::runs::{self, RunSettings, Runs};
 use agentry_testkit::git::{git, source_repo};
-use common::env::{Env, bare, json_req};
-use common::{call, code_host_with, get, test_timing};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 

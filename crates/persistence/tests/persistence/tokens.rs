@@ -1,10 +1,8 @@
 //! API tokens: stored by hash, revocation, and the one-time first admin token.
 
-mod common;
-
+use crate::common::*;
 use agentry_domain::Role;
 use agentry_persistence::tokens;
-use common::*;
 use uuid::Uuid;
 
 /// A distinct fake SHA-256 hex digest.

@@ -9,14 +9,13 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod support;
-
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::{PATH, fake, git, seeded_bare};
 use agentry_domain::AgentType;
 use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
 use agentry_runner::{
@@ -24,7 +23,6 @@ use agentry_runner::{
     Sandbox, SandboxMode, Verdict,
 };
 use base64::Engine;
-use support::{PATH, fake, git, seeded_bare};
 use tempfile::TempDir;
 use tokio::sync::watch;
 use uuid::Uuid;

@@ -4,12 +4,10 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
+use crate::common::*;
 use agentry_domain::{MAX_ATTEMPTS, Task, TaskState, TaskType, Trigger, transition};
 use agentry_persistence::tasks::{self, NewTask, TransitionDetails};
 use agentry_persistence::{AnyConnection, DbError};
-use common::*;
 use time::OffsetDateTime;
 use uuid::Uuid;
 

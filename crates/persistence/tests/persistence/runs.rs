@@ -1,11 +1,9 @@
 //! The run ledger (docs/contract.md#21-task, #23-money): exact costs, token sums, retries add.
 
-mod common;
-
+use crate::common::*;
 use agentry_domain::{AgentType, Task, Trigger, Usd};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::{AnyConnection, DbError, write_tx};
-use common::*;
 use uuid::Uuid;
 
 /// A succeeded run of `task` started at `at(secs)`, with the given cost.

@@ -1,14 +1,12 @@
 //! Task creation, the unique issue link (docs/contract.md#37-assign) and connecting repositories.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::common::*;
 use agentry_domain::{AgentType, RepoSettings, RepoUrl, TaskState, TaskType};
 use agentry_persistence::DbError;
 use agentry_persistence::repos;
 use agentry_persistence::tasks::{self, NewTask, TaskEvent};
-use common::*;
 use time::macros::datetime;
 use uuid::Uuid;
 

@@ -2,13 +2,11 @@
 //! every kind of bad input (with nothing written), task listing and detail, import, tokens,
 //! health, metrics and the OpenAPI document.
 
-mod common;
-
+use crate::common::*;
 use actix_web::test::TestRequest;
 use agentry_domain::{AgentType, TaskState, TaskType, Trigger, Usd};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::write_tx;
-use common::*;
 use serde_json::{Value, json};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;

@@ -5,16 +5,14 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::support::git;
 use agentry_runner::workspace::{GitAuth, GitError, RepoSpec, Workspaces, branch_name};
 use base64::Engine;
-use support::git;
 use tempfile::TempDir;
 use uuid::Uuid;
 

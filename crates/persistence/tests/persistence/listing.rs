@@ -4,15 +4,13 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
 use std::collections::HashSet;
 
+use crate::common::*;
 use agentry_domain::{Task, TaskState, TaskType, Trigger};
 use agentry_persistence::Db;
 use agentry_persistence::repos::Repository;
 use agentry_persistence::tasks::{self, NewTask, TaskCursor, TaskFilter, TransitionDetails};
-use common::*;
 use uuid::Uuid;
 
 /// Pages through the whole list with `limit`, following the cursors.

@@ -1,11 +1,9 @@
 //! Webhook de-duplication (docs/contract.md#56-webhook): a delivery id is recorded once; the primary key decides
 //! between concurrent requests and replicas.
 
-mod common;
-
+use crate::common::*;
 use agentry_persistence::webhooks::{self, Delivery};
 use agentry_persistence::{DbError, write_tx};
-use common::*;
 
 agentry_persistence::backend_tests! {
     // First time true and stored as given; then false whatever the event, and the first

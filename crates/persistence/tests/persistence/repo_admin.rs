@@ -1,14 +1,12 @@
 //! Repository administration (docs/contract.md#34-repositories, #35-repository-settings): disconnecting, settings, and the issue-sync
 //! state of connected repositories.
 
-mod common;
-
+use crate::common::*;
 use agentry_domain::{AgentType, RepoSettings};
 use agentry_persistence::issues;
 use agentry_persistence::repos::{self, IssueSyncState};
 use agentry_persistence::tasks;
 use agentry_persistence::{DbError, write_tx};
-use common::*;
 use serde_json::json;
 use uuid::Uuid;
 

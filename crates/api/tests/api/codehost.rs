@@ -6,8 +6,8 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
+use crate::common::env::*;
+use crate::common::*;
 use actix_web::test::TestRequest;
 use agentry_fake_github::{FakeGitHub, Fault};
 use agentry_persistence::outbox::{self, EffectKind};
@@ -15,8 +15,6 @@ use agentry_persistence::repos;
 use agentry_persistence::secrets;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::codehost;
-use common::env::*;
-use common::*;
 use serde_json::{Value, json};
 use uuid::Uuid;
 

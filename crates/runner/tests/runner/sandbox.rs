@@ -7,20 +7,18 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{PATH, fake, git, seeded_bare};
 use agentry_domain::AgentType;
 use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
 use agentry_runner::{
     AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner, PriceTable, Runner,
     Sandbox, SandboxMode, Verdict,
 };
-use support::{PATH, fake, git, seeded_bare};
 use tempfile::TempDir;
 use tokio::sync::{oneshot, watch};
 use uuid::Uuid;

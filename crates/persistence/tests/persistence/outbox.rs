@@ -5,16 +5,14 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::Barrier;
 
+use crate::common::*;
 use agentry_persistence::outbox::{self, Action, Effect, EffectKind, NewEffect};
 use agentry_persistence::repos::Repository;
 use agentry_persistence::tasks;
 use agentry_persistence::{Db, DbError, write_tx};
-use common::*;
 use time::Duration;
 use uuid::Uuid;
 

@@ -6,8 +6,7 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
+use crate::common::*;
 use agentry_domain::{TaskState, Trigger};
 use agentry_persistence::DbError;
 use agentry_persistence::issues::{
@@ -16,7 +15,6 @@ use agentry_persistence::issues::{
 };
 use agentry_persistence::repos::{self, IssueSyncState};
 use agentry_persistence::tasks::{self, TransitionDetails};
-use common::*;
 use uuid::Uuid;
 
 /// The sync state of the repository `id`.

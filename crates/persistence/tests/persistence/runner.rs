@@ -1,14 +1,12 @@
 //! Claims, leases, lease recovery and run logs (docs/contract.md#22-states-and-transitions, #61-runner), on both backends.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use crate::common::*;
 use agentry_domain::{AgentType, TaskState, Trigger};
 use agentry_persistence::runner::{self, MAX_LOG_BYTES, RunLog};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
-use common::*;
 use time::Duration;
 use uuid::Uuid;
 

@@ -4,14 +4,12 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
 use std::collections::HashMap;
 
+use crate::common::*;
 use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Usd};
 use agentry_persistence::tasks::{self, ImportOutcome, ImportTask, TaskFilter};
 use agentry_persistence::{Db, DbError};
-use common::*;
 use uuid::Uuid;
 
 /// The error type of a caller's record source (e.g. a bad NDJSON line).

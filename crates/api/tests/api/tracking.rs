@@ -7,10 +7,10 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::env::*;
+use crate::common::*;
 use actix_http::Request;
 use actix_web::test::TestRequest;
 use agentry_codehost::webhook::sign;
@@ -23,8 +23,6 @@ use agentry_persistence::tasks;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::codehost;
 use agentry_service::tracking;
-use common::env::*;
-use common::*;
 use serde_json::json;
 use uuid::Uuid;
 

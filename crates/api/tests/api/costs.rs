@@ -7,8 +7,7 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
+use crate::common::*;
 use agentry_analytics::{ReportInputs, TaskFact, Window, report};
 use agentry_domain::{AgentType, RepoUrl, TaskState, TaskType, Trigger, Usd};
 use agentry_persistence::tasks::{
@@ -16,7 +15,6 @@ use agentry_persistence::tasks::{
 };
 use agentry_persistence::test_support::TestDb;
 use agentry_persistence::{Db, DbError, write_tx};
-use common::*;
 use serde_json::{Value, json};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;

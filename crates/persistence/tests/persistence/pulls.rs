@@ -6,15 +6,13 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod common;
-
+use crate::common::*;
 use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Trigger};
 use agentry_persistence::outbox::{self, Action};
 use agentry_persistence::pulls::{self, CLOSED_WITHOUT_MERGE, PullPollState};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::tasks::{self, ImportTask, TransitionDetails};
 use agentry_persistence::{AnyConnection, Db, DbError, webhooks, write_tx};
-use common::*;
 use uuid::Uuid;
 
 /// The ids of the repositories `repos_to_poll` lists, in its order.

@@ -6,18 +6,16 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{PATH, fake};
 use agentry_runner::process::{AgentCommand, Ended, Limits, agent_env, run_process};
 use agentry_runner::{AgentOutcome, PriceTable, RunReport, parse_claude, parse_codex};
 use serde_json::Value;
-use support::{PATH, fake};
 use tempfile::TempDir;
 use tokio::sync::watch;
 

@@ -1,0 +1,20 @@
+//! Every integration test of this crate, in one test binary (one link step instead of
+//! 16); each module is one area, named as its file.
+
+mod common;
+mod import;
+mod issues;
+mod leader;
+mod listing;
+mod migrations;
+mod outbox;
+mod pulls;
+mod repo_admin;
+mod rollups;
+mod runner;
+mod runs;
+mod secrets;
+mod tasks;
+mod tokens;
+mod transitions;
+mod webhooks;

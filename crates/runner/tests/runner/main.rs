@@ -1,0 +1,10 @@
+//! Every integration test of this crate, in one test binary (one link step instead of
+//! 6); each module is one area, named as its file.
+
+mod fake_agents;
+mod git_safety;
+mod parsers;
+mod process;
+mod sandbox;
+mod support;
+mod workspace;
