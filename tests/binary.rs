@@ -850,3 +850,24 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
     assert!(data.join("workspaces/mirrors").is_dir());
     assert!(!data.join("workspaces/agentry-data").exists());
 }
+
+#[test]
+fn openapi_prints_the_served_document_without_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("openapi")
+        .current_dir(dir.path())
+        .env_remove("AGENTRY_DATA_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["paths"]["/api/tasks"]["get"].is_object(), "{doc}");
+    assert!(doc["paths"]["/api/analytics/costs"]["get"].is_object());
+    // Nothing was created: no data directory, no database.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

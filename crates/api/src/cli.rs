@@ -51,6 +51,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the OpenAPI document of the HTTP API (what GET /api/openapi.json serves), with
+    /// no database and no configuration needed.
+    Openapi,
 }
 
 #[derive(Subcommand)]
@@ -110,6 +113,12 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
+    if let Command::Openapi = cli.command {
+        let text = serde_json::to_string_pretty(&crate::app::openapi())
+            .map_err(|e| CliError::Other(e.to_string()))?;
+        println!("{text}");
+        return Ok(());
+    }
     let config = Config::from_env()?;
     crate::logging::init(config.log_format);
     match cli.command {
@@ -179,6 +188,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 print!("{}", crate::costs_table::render(&value, repo.as_ref()));
             }
         }
+        Command::Openapi => {}
     }
     Ok(())
 }
