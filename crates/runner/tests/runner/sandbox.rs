@@ -315,6 +315,18 @@ async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Sta
         || child_pid.exists(),
     )
     .await;
+    // The agent writes child.pid before it prints its first event: wait for that event to
+    // reach the run's output too (on a loaded machine it can come much later).
+    wait_until(
+        "the agent's init event in the output",
+        Duration::from_secs(20),
+        || {
+            runner
+                .live_output(task, 1)
+                .is_some_and(|output| output.contains("\"subtype\":\"init\""))
+        },
+    )
+    .await;
     let home = format!("HOME={}", rig.home(task).display());
     let pids = processes_with_env(&home);
     assert!(
