@@ -157,7 +157,14 @@ async function failure(res, options) {
 export async function api(path, options = {}) {
   const res = await send(path, options);
   if (!res.ok) throw await failure(res, options);
-  return /** @type {Promise<T>} */ (res.json());
+  // 204 No Content (a revoked token, a deleted secret) has no body.
+  const text = await res.text();
+  if (!text) return /** @type {T} */ (/** @type {unknown} */ (null));
+  try {
+    return /** @type {T} */ (JSON.parse(text));
+  } catch {
+    throw new ApiError(res.status, 'invalid_answer', 'The API answered something that is not JSON.');
+  }
 }
 
 /**

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The web frontend's checks in a real browser (docs/frontend.md):
+#   1. the API types of the pages (crates/web/types/api.d.ts) regenerated from the binary's own
+#      OpenAPI document must equal the committed file, so an API change comes with its types;
+#   2. tsc --checkJs over the pages' JavaScript against those types;
+#   3. the browser tests (crates/web/browser-tests, Node's test runner + playwright-core) in
+#      headless Chromium against the real `agentry` binary on data imported with
+#      `agentry import`, the fake GitHub, and a second origin for CORS. Screenshots of every
+#      page go to artifacts/screenshots/.
+#
+# Needs Node.js 20+ with npm, and Chromium at /usr/bin/chromium (or $CHROMIUM); Playwright
+# never downloads a browser. `cargo build` and `cargo test` need none of this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+target="${CARGO_TARGET_DIR:-$root/target}"
+export CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
+if [ ! -x "$CHROMIUM" ]; then
+    echo "test-browser: no Chromium at $CHROMIUM (apt-get install chromium, or set CHROMIUM)" >&2
+    exit 2
+fi
+
+cargo build --quiet --locked --bin agentry
+cargo build --quiet --locked -p agentry-fake-github --example serve
+export AGENTRY_BIN="$target/debug/agentry"
+export FAKE_GITHUB_BIN="$target/debug/examples/serve"
+
+cd crates/web
+npm ci --no-audit --no-fund --loglevel=error
+
+echo "== API types"
+work=$(mktemp -d)
+server_pid=
+stop() {
+    if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+        kill -TERM "$server_pid"
+        wait "$server_pid" || true
+    fi
+    rm -rf "$work"
+}
+trap stop EXIT
+AGENTRY_DATA_DIR="$work/data" AGENTRY_BIND=127.0.0.1:0 AGENTRY_MAX_CONCURRENT_RUNS=0 \
+    "$AGENTRY_BIN" serve >/dev/null 2>"$work/serve.log" &
+server_pid=$!
+base=
+for _ in $(seq 1 200); do
+    base=$(grep -o 'agentry listening on http://[0-9.:]*' "$work/serve.log" | head -1 | sed 's/.* on //') || true
+    [ -n "$base" ] && break
+    kill -0 "$server_pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+    sleep 0.05
+done
+[ -n "$base" ] || { echo "test-browser: agentry serve did not start" >&2; cat "$work/serve.log" >&2; exit 1; }
+node tools/gen-api-types.mjs "$base/api/openapi.json" --check
+stop
+server_pid=
+
+echo "== tsc --checkJs"
+npx --no-install tsc -p jsconfig.json
+
+echo "== browser tests ($("$CHROMIUM" --version 2>/dev/null | head -1))"
+SCREENSHOT_DIR="$root/artifacts/screenshots" node --test --test-concurrency=1 --test-reporter=spec browser-tests/
+echo "screenshots: $root/artifacts/screenshots"
