@@ -1,6 +1,6 @@
 //! The report's input contract: [`ReportInputs`], its [`Totals`] and [`TaskFact`]s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::iter::Sum;
 use std::ops::AddAssign;
 
@@ -114,6 +114,9 @@ pub struct TaskFact {
     pub output_tokens: i64,
     /// When the task was created.
     pub created_at: OffsetDateTime,
+    /// The coding task a review task reviews (`None` for coding tasks and for review tasks
+    /// without a parent).
+    pub parent_task_id: Option<Uuid>,
 }
 
 /// The report's view of a stored task: its identity, repository (as the normalised URL
@@ -131,7 +134,59 @@ impl From<Task> for TaskFact {
             input_tokens: t.input_tokens,
             output_tokens: t.output_tokens,
             created_at: t.created_at,
+            parent_task_id: t.parent_task_id,
         }
+    }
+}
+
+/// Sums over the outcome units of a group (the `outcomes` member of the report).
+///
+/// An outcome unit is a coding task with its review subtasks (a task without a coding
+/// parent is a unit by itself). Each unit belongs to the day, repository and model of its
+/// head (the coding task) and ends as its head does: merged (a coding head in `completed`),
+/// failed (`failed` or `cancelled`), or still open. Sums use exact decimals and saturate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutcomeTotals {
+    /// Merged pull requests: coding heads in `completed`.
+    pub merged: i64,
+    /// Costed tasks of the units (heads and subtasks).
+    pub costed: i64,
+    /// The exact cost of every task of the units, in USD.
+    pub cost: Decimal,
+    /// The cost of the units that ended merged.
+    pub merged_cost: Decimal,
+    /// The cost of the units that ended `failed` or `cancelled`.
+    pub failed_cost: Decimal,
+}
+
+impl OutcomeTotals {
+    /// What `task` adds to the unit of `head` (`head` is `task` itself for a head).
+    pub fn of(task: &TaskFact, head: &TaskFact) -> OutcomeTotals {
+        let cost = task.cost.map_or(Decimal::ZERO, Usd::as_decimal);
+        let merged = head.task_type == TaskType::Coding && head.state == TaskState::Completed;
+        let failed = matches!(head.state, TaskState::Failed | TaskState::Cancelled);
+        OutcomeTotals {
+            merged: i64::from(merged && task.id == head.id),
+            costed: i64::from(task.cost.is_some()),
+            cost,
+            merged_cost: if merged { cost } else { Decimal::ZERO },
+            failed_cost: if failed { cost } else { Decimal::ZERO },
+        }
+    }
+
+    /// Adds `other` into `self`, member by member.
+    pub fn add(&mut self, other: &OutcomeTotals) {
+        self.merged = self.merged.saturating_add(other.merged);
+        self.costed = self.costed.saturating_add(other.costed);
+        self.cost = self.cost.saturating_add(other.cost);
+        self.merged_cost = self.merged_cost.saturating_add(other.merged_cost);
+        self.failed_cost = self.failed_cost.saturating_add(other.failed_cost);
+    }
+}
+
+impl AddAssign for OutcomeTotals {
+    fn add_assign(&mut self, other: OutcomeTotals) {
+        self.add(&other);
     }
 }
 
@@ -185,6 +240,10 @@ pub struct ReportInputs {
     /// A superset of the 10 costliest costed tasks of the period (duplicates, uncosted tasks
     /// and tasks outside the period are ignored).
     pub top_candidates: Vec<TaskFact>,
+    /// Outcome sums of the units whose head was created in the period, per (repository,
+    /// model of the head; `None` = unknown), restricted to the repository filter (see
+    /// [`OutcomeTotals`]).
+    pub outcomes: Vec<(String, Option<String>, OutcomeTotals)>,
 }
 
 impl ReportInputs {
@@ -195,7 +254,10 @@ impl ReportInputs {
     /// UTC day of `created_at` ([`TaskFact::day`]); the month's tasks are those with
     /// `month_start ≤ day ≤ today` (repository filter applies, `days` does not).
     /// `coding_by_model_all_repos` ignores the filter. Both candidate lists hold every costed
-    /// task of the period (filtered). Used by tests and by the benchmark baseline.
+    /// task of the period (filtered). A review task whose `parent_task_id` names a coding task
+    /// of `tasks` counts in that task's outcome unit ([`OutcomeTotals`]); the units of
+    /// `outcomes` are those whose head's day is in the period. Used by tests and by the
+    /// benchmark baseline.
     pub fn from_tasks(
         window: Window,
         repo_filter: Option<&str>,
@@ -210,8 +272,24 @@ impl ReportInputs {
         let mut coding_by_repo_model: BTreeMap<(String, String), Totals> = BTreeMap::new();
         let mut coding_by_model_all_repos: BTreeMap<String, Totals> = BTreeMap::new();
         let mut candidates = Vec::new();
+        let mut outcomes: BTreeMap<(String, Option<String>), OutcomeTotals> = BTreeMap::new();
+        let coding: HashMap<Uuid, &TaskFact> = tasks
+            .iter()
+            .filter(|t| t.task_type == TaskType::Coding)
+            .map(|t| (t.id, t))
+            .collect();
 
         for task in tasks {
+            let head = match (task.task_type, task.parent_task_id) {
+                (TaskType::Review, Some(parent)) => coding.get(&parent).copied().unwrap_or(task),
+                _ => task,
+            };
+            if window.contains(head.day()) && repo_filter.is_none_or(|f| f == head.repo_url) {
+                *outcomes
+                    .entry((head.repo_url.clone(), head.model_used.clone()))
+                    .or_default() += OutcomeTotals::of(task, head);
+            }
+
             let day = task.day();
             let in_period = window.contains(day);
             let totals = Totals::of(task);
@@ -263,6 +341,10 @@ impl ReportInputs {
             coding_by_model_all_repos: coding_by_model_all_repos.into_iter().collect(),
             anomaly_candidates: candidates.clone(),
             top_candidates: candidates,
+            outcomes: outcomes
+                .into_iter()
+                .map(|((repo, model), totals)| (repo, model, totals))
+                .collect(),
         }
     }
 }

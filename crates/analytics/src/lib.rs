@@ -26,10 +26,10 @@ mod report;
 mod window;
 mod wire;
 
-pub use inputs::{ReportInputs, TaskFact, Totals, anomaly_threshold_nanos};
+pub use inputs::{OutcomeTotals, ReportInputs, TaskFact, Totals, anomaly_threshold_nanos};
 pub use report::{
-    Anomaly, CostReport, DailyCost, Forecast, ModelCost, ModelSuggestion, RepoCost, Summary,
-    TopTask, TypeCost, report,
+    Anomaly, CostReport, DailyCost, Forecast, ModelCost, ModelOutcome, ModelSuggestion, Outcomes,
+    RepoCost, RepoOutcome, Summary, TopTask, TypeCost, report,
 };
 pub use window::{MAX_DAYS, Window, WindowError};
 

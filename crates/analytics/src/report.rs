@@ -10,7 +10,7 @@ use time::{Date, OffsetDateTime, UtcOffset};
 use uuid::Uuid;
 
 use crate::exact::{cmp_fractions, cmp_products, count, div_round, mul, quotient};
-use crate::inputs::{ReportInputs, TaskFact, Totals};
+use crate::inputs::{OutcomeTotals, ReportInputs, TaskFact, Totals};
 use crate::wire;
 
 /// The most anomalies a report lists.
@@ -54,6 +54,83 @@ pub struct CostReport {
     pub model_suggestions: Vec<ModelSuggestion>,
     /// The ten costliest tasks of the period.
     pub top_tasks: Vec<TopTask>,
+    /// Cost per outcome: merged pull requests, their cost, and the money spent on work
+    /// that ended failed or cancelled.
+    pub outcomes: Outcomes,
+}
+
+/// Cost per outcome over the period (docs/contract.md#42-members, docs/analytics.md).
+///
+/// An outcome unit is a coding task with its review subtasks; it belongs to the creation
+/// day, repository and model of its coding task and ends as that task does. Money strings
+/// have exactly 4 decimals, rounded half away from zero once from the exact value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Outcomes {
+    /// Pull requests merged: coding tasks of the period in `completed`.
+    pub merged_pull_requests: i64,
+    /// `mergedCost / mergedPullRequests`; null when nothing was merged.
+    pub cost_per_merged_pull_request: Option<String>,
+    /// Everything the merged units cost: every run of their coding tasks (retries and
+    /// failed attempts included) and of their review subtasks.
+    pub merged_cost: String,
+    /// Everything the units that ended `failed` or `cancelled` cost.
+    pub failed_cost: String,
+    /// `failedCost` as a percent of `summary.totalCost`, 1 decimal (a JSON number); 0 when
+    /// nothing was spent.
+    #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
+    pub failed_share: Decimal,
+    /// The same figures per repository, highest spend first.
+    pub by_repo: Vec<RepoOutcome>,
+    /// The same figures per model of the coding task (`"unknown"` when null), highest spend
+    /// first.
+    pub by_model: Vec<ModelOutcome>,
+}
+
+/// Cost per outcome of one repository. `failedShare` is a percent of the repository's
+/// spend on the units of the period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct RepoOutcome {
+    /// The normalised repository URL.
+    pub repo_url: String,
+    /// Pull requests merged.
+    pub merged_pull_requests: i64,
+    /// `mergedCost / mergedPullRequests`; null when nothing was merged.
+    pub cost_per_merged_pull_request: Option<String>,
+    /// The cost of the merged units (4 decimals).
+    pub merged_cost: String,
+    /// The cost of the units that ended failed or cancelled (4 decimals).
+    pub failed_cost: String,
+    /// `failedCost` as a percent of the repository's spend on its units (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
+    pub failed_share: Decimal,
+}
+
+/// Cost per outcome of one model (the model of the units' coding tasks). `failedShare` is a
+/// percent of the spend on the units of that model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ModelOutcome {
+    /// The coding task's model, or `"unknown"`.
+    pub model: String,
+    /// Pull requests merged.
+    pub merged_pull_requests: i64,
+    /// `mergedCost / mergedPullRequests`; null when nothing was merged.
+    pub cost_per_merged_pull_request: Option<String>,
+    /// The cost of the merged units (4 decimals).
+    pub merged_cost: String,
+    /// The cost of the units that ended failed or cancelled (4 decimals).
+    pub failed_cost: String,
+    /// `failedCost` as a percent of the spend on the model's units (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
+    pub failed_share: Decimal,
 }
 
 /// The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
@@ -366,6 +443,105 @@ pub fn report(inputs: &ReportInputs) -> CostReport {
         anomalies: anomalies(inputs),
         model_suggestions: model_suggestions(inputs),
         top_tasks: top_tasks(inputs),
+        outcomes: outcomes(inputs, period.cost),
+    }
+}
+
+/// The five figures of an outcome group: merged pull requests, cost per merged pull request,
+/// merged cost, failed cost, and the failed share of `total`.
+struct Figures {
+    merged: i64,
+    per_merged: Option<String>,
+    merged_cost: String,
+    failed_cost: String,
+    failed_share: Decimal,
+}
+
+fn figures(t: &OutcomeTotals, total: Decimal) -> Figures {
+    Figures {
+        merged: t.merged,
+        per_merged: (t.merged > 0)
+            .then(|| format_decimal(div_round(t.merged_cost, count(t.merged), 4), 4)),
+        merged_cost: format_decimal(t.merged_cost, 4),
+        failed_cost: format_decimal(t.failed_cost, 4),
+        failed_share: if total.is_zero() {
+            Decimal::ZERO
+        } else {
+            div_round(mul(t.failed_cost, Decimal::ONE_HUNDRED), total, 1)
+        },
+    }
+}
+
+/// Merges outcome groups by key, keeps those with a merged pull request or a costed task,
+/// and orders them by spend desc, merged pull requests desc, then key asc.
+fn outcome_groups<K: Ord>(
+    entries: impl Iterator<Item = (K, OutcomeTotals)>,
+) -> Vec<(K, OutcomeTotals)> {
+    let mut groups: BTreeMap<K, OutcomeTotals> = BTreeMap::new();
+    for (key, totals) in entries {
+        *groups.entry(key).or_default() += totals;
+    }
+    let mut rows: Vec<(K, OutcomeTotals)> = groups
+        .into_iter()
+        .filter(|(_, t)| t.merged > 0 || t.costed > 0)
+        .collect();
+    rows.sort_by(|(ka, a), (kb, b)| {
+        b.cost
+            .cmp(&a.cost)
+            .then_with(|| b.merged.cmp(&a.merged))
+            .then_with(|| ka.cmp(kb))
+    });
+    rows
+}
+
+/// The `outcomes` member; `total_cost` is the summary's `totalCost` (exact).
+fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
+    let mut all = OutcomeTotals::default();
+    for (_, _, t) in &inputs.outcomes {
+        all += *t;
+    }
+    let overall = figures(&all, total_cost);
+    let by_repo = outcome_groups(inputs.outcomes.iter().map(|(r, _, t)| (r.as_str(), *t)))
+        .into_iter()
+        .map(|(repo, t)| {
+            let f = figures(&t, t.cost);
+            RepoOutcome {
+                repo_url: repo.to_owned(),
+                merged_pull_requests: f.merged,
+                cost_per_merged_pull_request: f.per_merged,
+                merged_cost: f.merged_cost,
+                failed_cost: f.failed_cost,
+                failed_share: f.failed_share,
+            }
+        })
+        .collect();
+    let by_model = outcome_groups(
+        inputs
+            .outcomes
+            .iter()
+            .map(|(_, m, t)| (m.as_deref().unwrap_or(UNKNOWN_MODEL), *t)),
+    )
+    .into_iter()
+    .map(|(model, t)| {
+        let f = figures(&t, t.cost);
+        ModelOutcome {
+            model: model.to_owned(),
+            merged_pull_requests: f.merged,
+            cost_per_merged_pull_request: f.per_merged,
+            merged_cost: f.merged_cost,
+            failed_cost: f.failed_cost,
+            failed_share: f.failed_share,
+        }
+    })
+    .collect();
+    Outcomes {
+        merged_pull_requests: overall.merged,
+        cost_per_merged_pull_request: overall.per_merged,
+        merged_cost: overall.merged_cost,
+        failed_cost: overall.failed_cost,
+        failed_share: overall.failed_share,
+        by_repo,
+        by_model,
     }
 }
 

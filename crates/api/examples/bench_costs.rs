@@ -159,6 +159,10 @@ fn baseline(
     let mut by_repo_model = std::collections::BTreeMap::<(String, String), Totals>::new();
     let mut by_model_all = std::collections::BTreeMap::<String, Totals>::new();
     let mut daily = std::collections::BTreeMap::<time::Date, Totals>::new();
+    let mut outcomes = std::collections::BTreeMap::<
+        (String, Option<String>),
+        agentry_analytics::OutcomeTotals,
+    >::new();
     let fmt = time::macros::format_description!("[year]-[month]-[day]");
     for g in groups {
         let day = time::Date::parse(&g.day, fmt)?;
@@ -185,6 +189,29 @@ fn baseline(
         if !window.contains(day) {
             continue;
         }
+        // Imported tasks have no parent: each is an outcome unit by itself.
+        let merged = task_type == TaskType::Coding && state == TaskState::Completed;
+        let failed = matches!(state, TaskState::Failed | TaskState::Cancelled);
+        let outcome = agentry_analytics::OutcomeTotals {
+            merged: if merged { g.tasks } else { 0 },
+            costed: t.costed,
+            cost: t.cost,
+            merged_cost: if merged {
+                t.cost
+            } else {
+                rust_decimal::Decimal::ZERO
+            },
+            failed_cost: if failed {
+                t.cost
+            } else {
+                rust_decimal::Decimal::ZERO
+            },
+        };
+        let outcome_model = (!g.model.is_empty()).then(|| g.model.clone());
+        outcomes
+            .entry((g.repo_url.clone(), outcome_model))
+            .or_default()
+            .add(&outcome);
         daily.entry(day).or_default().add(&t);
         by_repo.entry(g.repo_url.clone()).or_default().add(&t);
         by_type.entry(task_type).or_default().add(&t);
@@ -199,6 +226,10 @@ fn baseline(
         }
     }
     inputs.daily = daily.into_iter().collect();
+    inputs.outcomes = outcomes
+        .into_iter()
+        .map(|((repo, model), o)| (repo, model, o))
+        .collect();
     inputs.by_repo = by_repo.into_iter().collect();
     inputs.by_type = by_type.into_iter().collect();
     inputs.by_model = by_model.into_iter().collect();

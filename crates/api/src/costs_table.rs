@@ -195,6 +195,59 @@ pub fn render(report: &Value, repo: Option<&RepoUrl>) -> String {
             &suggestions,
         ));
     }
+    out.push_str(&outcomes(&report["outcomes"]));
+    out
+}
+
+/// The `outcomes` member: the overall figures, then per repository and per model.
+fn outcomes(o: &Value) -> String {
+    let mut out = format!(
+        "\nCost per outcome (a coding task with its retries and reviews)\n\
+         Merged pull requests: {}; cost per merged pull request: {} USD; merged: {} USD; \
+         failed or cancelled: {} USD ({}% of the total).\n",
+        text(&o["mergedPullRequests"]),
+        text(&o["costPerMergedPullRequest"]),
+        text(&o["mergedCost"]),
+        text(&o["failedCost"]),
+        text(&o["failedShare"]),
+    );
+    let cells = [
+        "mergedPullRequests",
+        "costPerMergedPullRequest",
+        "mergedCost",
+        "failedCost",
+        "failedShare",
+    ];
+    let headers = [
+        "merged PRs",
+        "per merged PR (USD)",
+        "merged (USD)",
+        "failed (USD)",
+        "failed %",
+    ];
+    for (key, name, title) in [
+        ("byRepo", "repoUrl", "repository"),
+        ("byModel", "model", "model"),
+    ] {
+        let rows: Vec<Vec<String>> = o[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|item| {
+                        std::iter::once(short(&text(&item[name]), 45))
+                            .chain(cells.iter().map(|c| text(&item[*c])))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !rows.is_empty() {
+            let mut h = vec![title];
+            h.extend(headers);
+            out.push('\n');
+            out.push_str(&table(&h, &rows));
+        }
+    }
     out
 }
 
@@ -226,5 +279,57 @@ mod tests {
         );
         assert!(out.contains("Anomalies") && out.contains("(none)"));
         assert!(!out.contains("Cheaper models"));
+    }
+
+    #[test]
+    fn renders_the_outcomes() {
+        let report = json!({
+            "summary": {"totalCost": "4.6000", "taskCount": 3, "tasksWithCost": 2, "avgCost": "2.3000",
+                        "costTrend": "0.0", "prevPeriodCost": "0.0000", "days": 30},
+            "forecast": {"monthCostSoFar": "4.6000", "dailyAvgCost": "0.1533", "forecastedMonthTotal": "5.0000", "daysRemaining": 3},
+            "topTasks": [], "anomalies": [], "modelSuggestions": [],
+            "outcomes": {
+                "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000", "mergedCost": "1.8000",
+                "failedCost": "1.6000", "failedShare": 34.8,
+                "byRepo": [
+                    {"repoUrl": "https://github.com/acme/web", "mergedPullRequests": 2,
+                     "costPerMergedPullRequest": "0.9000", "mergedCost": "1.8000",
+                     "failedCost": "0.1000", "failedShare": 5.3},
+                    {"repoUrl": "https://github.com/acme/api", "mergedPullRequests": 0,
+                     "costPerMergedPullRequest": null, "mergedCost": "0.0000",
+                     "failedCost": "1.5000", "failedShare": 75.0}
+                ],
+                "byModel": [
+                    {"model": "opus", "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000",
+                     "mergedCost": "1.8000", "failedCost": "0.0000", "failedShare": 0.0}
+                ]
+            }
+        });
+        let out = render(&report, None);
+        assert!(
+            out.contains(
+                "Merged pull requests: 2; cost per merged pull request: 0.9000 USD; merged: \
+                 1.8000 USD; failed or cancelled: 1.6000 USD (34.8% of the total)."
+            ),
+            "{out}"
+        );
+        let api = out
+            .lines()
+            .find(|l| l.starts_with("https://github.com/acme/api"))
+            .unwrap();
+        let cells: Vec<&str> = api.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "https://github.com/acme/api",
+                "0",
+                "-",
+                "0.0000",
+                "1.5000",
+                "75.0"
+            ]
+        );
+        assert!(out.lines().any(|l| l.starts_with("model ")), "{out}");
+        assert!(out.lines().any(|l| l.starts_with("opus ")), "{out}");
     }
 }

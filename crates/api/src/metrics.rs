@@ -1,4 +1,5 @@
-//! Prometheus metrics: request counts and latencies per route, rendered at `/metrics`.
+//! Prometheus metrics: request counts and latencies per route, and the recorded agent run
+//! cost (computed from the database at each scrape), rendered at `/metrics`.
 
 use std::time::Instant;
 
@@ -7,8 +8,23 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::web;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
+use rust_decimal::Decimal;
+
+/// One series of `agentry_cost_usd_total`: the exact recorded run cost of a repository,
+/// model and task type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCost {
+    /// The repository URL (label `repo`).
+    pub repo: String,
+    /// The run's model, `unknown` when none was recorded (label `model`).
+    pub model: String,
+    /// `coding` or `review` (label `task_type`).
+    pub task_type: String,
+    /// The exact sum, in USD.
+    pub usd: Decimal,
+}
 
 /// The service's metric registry.
 pub struct Metrics {
@@ -60,8 +76,41 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> Result<String, prometheus::Error> {
+        self.render_with_costs(&[])
+    }
+
+    /// The Prometheus text exposition of every metric plus the counter
+    /// `agentry_cost_usd_total{repo,model,task_type}` holding `costs`.
+    ///
+    /// The counter is read from the database at each scrape, so every replica exposes the
+    /// same totals; each exact sum becomes the nearest `f64` here, at exposition, through its
+    /// decimal text (never by float arithmetic on parts).
+    pub fn render_with_costs(&self, costs: &[RunCost]) -> Result<String, prometheus::Error> {
+        let mut families = self.registry.gather();
+        if !costs.is_empty() {
+            let scrape = Registry::new_custom(Some("agentry".into()), None)?;
+            let counter = CounterVec::new(
+                Opts::new(
+                    "cost_usd_total",
+                    "Recorded cost of agent runs in US dollars, by repository, model and task type.",
+                ),
+                &["repo", "model", "task_type"],
+            )?;
+            scrape.register(Box::new(counter.clone()))?;
+            for c in costs {
+                let text = c.usd.normalize().to_string();
+                let value: f64 = text
+                    .parse()
+                    .map_err(|e| prometheus::Error::Msg(format!("{text}: {e}")))?;
+                counter
+                    .with_label_values(&[c.repo.as_str(), c.model.as_str(), c.task_type.as_str()])
+                    .inc_by(value);
+            }
+            families.extend(scrape.gather());
+            families.sort_by(|a, b| a.name().cmp(b.name()));
+        }
         let mut out = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        TextEncoder::new().encode(&families, &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
 }

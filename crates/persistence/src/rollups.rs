@@ -9,14 +9,23 @@
 //! `cost_cumulative` is dense: every combination has a row for every day from its first task
 //! through the latest rolled-up day `D` (the greatest creation day seen). A window's sums are
 //! then `row(min(end, D)) − row(min(start − 1, D))`: two equality lookups per combination.
+//!
+//! The same rows also carry the outcome sums of the report's `outcomes` member
+//! ([`OutcomeSums`]). An outcome unit is a coding task with its review subtasks; every task
+//! of a unit contributes to the combination and day of the unit's head (the coding task), in
+//! the class the head ended in (merged, failed or cancelled, still open). A review task's
+//! outcome contribution therefore depends on its parent, and a change of a coding task's
+//! class or model moves its reviews' contributions along: [`apply`] resolves both with the
+//! writing transaction's connection, after taking the rollup lock.
 
 use std::collections::BTreeMap;
 
 use agentry_domain::{Task, TaskState, TaskType};
 use diesel::prelude::*;
-use time::{Date, Duration, OffsetDateTime, UtcOffset};
+use time::{Date, Duration, OffsetDateTime, PrimitiveDateTime, UtcOffset};
+use uuid::Uuid;
 
-use crate::schema::{cost_cumulative as cc, cost_daily as cd};
+use crate::schema::{cost_cumulative as cc, cost_daily as cd, tasks};
 use crate::{AnyConnection, DbError};
 
 /// Key of the PostgreSQL transaction-level advisory lock that serialises rollup writers
@@ -41,13 +50,143 @@ pub struct Sums {
     pub output_tokens: i64,
 }
 
+/// Outcome sums over the units whose head is in a combination (docs/analytics.md): what a
+/// cumulative row holds besides [`Sums`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutcomeSums {
+    /// Merged pull requests: coding heads in `completed`.
+    pub merged: i64,
+    /// Costed tasks of the units (heads and review subtasks).
+    pub costed: i64,
+    /// The exact cost of the units' tasks, in nano-dollars.
+    pub cost_nanos: i64,
+    /// The cost of the units whose head is merged.
+    pub merged_cost_nanos: i64,
+    /// The cost of the units whose head is `failed` or `cancelled`.
+    pub failed_cost_nanos: i64,
+}
+
+/// How a unit ended, decided by its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Merged,
+    Failed,
+    Open,
+}
+
+impl Class {
+    fn of(task_type: TaskType, state: TaskState) -> Class {
+        match (task_type, state) {
+            (TaskType::Coding, TaskState::Completed) => Class::Merged,
+            (_, TaskState::Failed | TaskState::Cancelled) => Class::Failed,
+            _ => Class::Open,
+        }
+    }
+}
+
+impl OutcomeSums {
+    /// `costed` costed tasks costing `cost_nanos` in a unit of class `class`; `merged_head`
+    /// when the head itself is among them.
+    fn new(class: Class, merged_head: bool, costed: i64, cost_nanos: i64) -> OutcomeSums {
+        OutcomeSums {
+            merged: i64::from(merged_head && class == Class::Merged),
+            costed,
+            cost_nanos,
+            merged_cost_nanos: if class == Class::Merged {
+                cost_nanos
+            } else {
+                0
+            },
+            failed_cost_nanos: if class == Class::Failed {
+                cost_nanos
+            } else {
+                0
+            },
+        }
+    }
+
+    fn combine(self, o: OutcomeSums, sign: i64) -> Result<OutcomeSums, DbError> {
+        let f = |a: i64, b: i64| {
+            b.checked_mul(sign)
+                .and_then(|b| a.checked_add(b))
+                .ok_or_else(|| DbError::Conflict("cost rollup overflow".into()))
+        };
+        Ok(OutcomeSums {
+            merged: f(self.merged, o.merged)?,
+            costed: f(self.costed, o.costed)?,
+            cost_nanos: f(self.cost_nanos, o.cost_nanos)?,
+            merged_cost_nanos: f(self.merged_cost_nanos, o.merged_cost_nanos)?,
+            failed_cost_nanos: f(self.failed_cost_nanos, o.failed_cost_nanos)?,
+        })
+    }
+
+    /// `self − other`, checked.
+    pub fn minus(self, other: OutcomeSums) -> Result<OutcomeSums, DbError> {
+        self.combine(other, -1)
+    }
+}
+
+/// One cumulative row's figures: the task sums and the outcome sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Cum {
+    sums: Sums,
+    outcome: OutcomeSums,
+}
+
+impl Cum {
+    fn combine(self, o: Cum, sign: i64) -> Result<Cum, DbError> {
+        Ok(Cum {
+            sums: self.sums.combine(o.sums, sign)?,
+            outcome: self.outcome.combine(o.outcome, sign)?,
+        })
+    }
+
+    fn is_zero(&self) -> bool {
+        *self == Cum::default()
+    }
+}
+
 /// What one task adds to the rollups.
 pub(crate) struct Contribution<'a> {
     pub(crate) created_at: OffsetDateTime,
     pub(crate) repo_url: &'a str,
     pub(crate) task_type: TaskType,
     pub(crate) model: Option<&'a str>,
+    /// The task's state; the task is the head of its own outcome unit (it has no parent).
+    pub(crate) state: TaskState,
     pub(crate) sums: Sums,
+}
+
+/// The fields of a task that place an outcome unit: its head's combination, day and class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Head {
+    combo: Combo,
+    day: Date,
+    class: Class,
+}
+
+impl Head {
+    fn of(task: &Task) -> Head {
+        Head {
+            combo: (
+                task.repo_url.as_str().to_owned(),
+                task.task_type.as_str().to_owned(),
+                task.model_used.clone().unwrap_or_default(),
+            ),
+            day: utc_day(task.created_at),
+            class: Class::of(task.task_type, task.state),
+        }
+    }
+}
+
+/// A review task's outcome contribution, placed once its parent is read in [`apply`].
+#[derive(Debug)]
+struct ReviewPart {
+    parent: Uuid,
+    own: Head,
+    costed: i64,
+    cost_nanos: i64,
+    sign: i64,
 }
 
 impl Sums {
@@ -141,12 +280,20 @@ fn parse_day(s: &str) -> Result<Date, DbError> {
 /// Rollup changes collected by a write, applied with [`apply`].
 #[derive(Debug, Default)]
 pub struct Deltas {
-    cumulative: BTreeMap<(Combo, Date), Sums>,
+    cumulative: BTreeMap<(Combo, Date), Cum>,
     daily: BTreeMap<(Date, String), Sums>,
+    /// Outcome contributions of review tasks, placed by their parent in [`apply`].
+    reviews: Vec<ReviewPart>,
+    /// Coding tasks whose unit moved (class or model): their review subtasks' outcome
+    /// contributions move from the first head to the second in [`apply`].
+    moves: Vec<(Uuid, Head, Head)>,
 }
 
 impl Deltas {
     /// The change of a task from `old` to `new` (`None` = does not exist).
+    ///
+    /// Besides the task's own contribution, a coding task whose outcome class or model
+    /// changes moves its review subtasks' outcome contributions with it (read in [`apply`]).
     pub fn change(old: Option<&Task>, new: Option<&Task>) -> Result<Deltas, DbError> {
         let mut d = Deltas::default();
         if let Some(t) = old {
@@ -155,35 +302,172 @@ impl Deltas {
         if let Some(t) = new {
             d.add(t, 1)?;
         }
+        // A review whose outcome contribution did not change (a claim, a start) needs no
+        // look-up of its parent.
+        if let [.., a, b] = d.reviews.as_slice()
+            && a.parent == b.parent
+            && a.own == b.own
+            && (a.costed, a.cost_nanos) == (b.costed, b.cost_nanos)
+        {
+            d.reviews.clear();
+        }
+        if let (Some(o), Some(n)) = (old, new)
+            && o.task_type == TaskType::Coding
+        {
+            let (from, to) = (Head::of(o), Head::of(n));
+            if from != to {
+                d.moves.push((n.id, from, to));
+            }
+        }
         Ok(d)
     }
 
-    /// Adds (`sign` 1) or removes (`sign` −1) one task's contribution.
+    /// Adds (`sign` 1) or removes (`sign` −1) one task's own contribution (a coding task's
+    /// review subtasks are not included: they contribute by themselves).
     pub fn add(&mut self, task: &Task, sign: i64) -> Result<(), DbError> {
-        self.add_parts(
-            Contribution {
-                created_at: task.created_at,
-                repo_url: task.repo_url.as_str(),
-                task_type: task.task_type,
-                model: task.model_used.as_deref(),
-                sums: Sums::of(task),
-            },
+        let sums = Sums::of(task);
+        self.add_task_sums(
+            task.created_at,
+            task.repo_url.as_str(),
+            task.task_type,
+            task.model_used.as_deref(),
+            sums,
             sign,
-        )
+        )?;
+        let head = Head::of(task);
+        match (task.task_type, task.parent_task_id) {
+            (TaskType::Review, Some(parent)) => {
+                self.reviews.push(ReviewPart {
+                    parent,
+                    own: head,
+                    costed: sums.costed,
+                    cost_nanos: sums.cost_nanos,
+                    sign,
+                });
+                Ok(())
+            }
+            _ => {
+                let outcome = OutcomeSums::new(head.class, true, sums.costed, sums.cost_nanos);
+                self.add_outcome(head.combo, head.day, outcome, sign)
+            }
+        }
     }
 
-    /// Adds or removes a contribution given by its parts.
+    /// Adds or removes a contribution given by its parts (a task without a parent).
     pub(crate) fn add_parts(&mut self, c: Contribution<'_>, sign: i64) -> Result<(), DbError> {
-        let day = utc_day(c.created_at);
+        self.add_task_sums(c.created_at, c.repo_url, c.task_type, c.model, c.sums, sign)?;
         let combo = (
             c.repo_url.to_owned(),
             c.task_type.as_str().to_owned(),
             c.model.unwrap_or_default().to_owned(),
         );
+        let class = Class::of(c.task_type, c.state);
+        let outcome = OutcomeSums::new(class, true, c.sums.costed, c.sums.cost_nanos);
+        self.add_outcome(combo, utc_day(c.created_at), outcome, sign)
+    }
+
+    fn add_task_sums(
+        &mut self,
+        created_at: OffsetDateTime,
+        repo_url: &str,
+        task_type: TaskType,
+        model: Option<&str>,
+        sums: Sums,
+        sign: i64,
+    ) -> Result<(), DbError> {
+        let day = utc_day(created_at);
+        let combo = (
+            repo_url.to_owned(),
+            task_type.as_str().to_owned(),
+            model.unwrap_or_default().to_owned(),
+        );
         let e = self.cumulative.entry((combo, day)).or_default();
-        *e = e.combine(c.sums, sign)?;
-        let d = self.daily.entry((day, c.repo_url.to_owned())).or_default();
-        *d = d.combine(c.sums, sign)?;
+        *e = e.combine(
+            Cum {
+                sums,
+                ..Cum::default()
+            },
+            sign,
+        )?;
+        let d = self.daily.entry((day, repo_url.to_owned())).or_default();
+        *d = d.combine(sums, sign)?;
+        Ok(())
+    }
+
+    fn add_outcome(
+        &mut self,
+        combo: Combo,
+        day: Date,
+        outcome: OutcomeSums,
+        sign: i64,
+    ) -> Result<(), DbError> {
+        let e = self.cumulative.entry((combo, day)).or_default();
+        *e = e.combine(
+            Cum {
+                outcome,
+                ..Cum::default()
+            },
+            sign,
+        )?;
+        Ok(())
+    }
+
+    /// Places the review contributions and the moves of review subtasks, reading parents and
+    /// subtasks with `conn` (call with the rollup lock held).
+    fn resolve(&mut self, conn: &mut AnyConnection) -> Result<(), DbError> {
+        for part in std::mem::take(&mut self.reviews) {
+            let parent: Option<(String, String, String, Option<String>, PrimitiveDateTime)> =
+                tasks::table
+                    .find(part.parent.to_string())
+                    .select((
+                        tasks::repo_url,
+                        tasks::task_type,
+                        tasks::state,
+                        tasks::model_used,
+                        tasks::created_at,
+                    ))
+                    .first(conn)
+                    .optional()?;
+            let head = match parent {
+                Some((repo, task_type, state, model, created_at))
+                    if task_type == TaskType::Coding.as_str() =>
+                {
+                    let state: TaskState = state
+                        .parse()
+                        .map_err(|_| DbError::Corrupt(format!("task state {state:?}")))?;
+                    Head {
+                        combo: (repo, task_type, model.unwrap_or_default()),
+                        day: created_at.date(),
+                        class: Class::of(TaskType::Coding, state),
+                    }
+                }
+                // Not a coding task's review: a unit by itself.
+                _ => part.own,
+            };
+            let outcome = OutcomeSums::new(head.class, false, part.costed, part.cost_nanos);
+            self.add_outcome(head.combo, head.day, outcome, part.sign)?;
+        }
+        for (id, from, to) in std::mem::take(&mut self.moves) {
+            // Summed here with overflow checks (a task has few review subtasks).
+            let costs: Vec<i64> = tasks::table
+                .filter(tasks::parent_task_id.eq(id.to_string()))
+                .filter(tasks::task_type.eq(TaskType::Review.as_str()))
+                .filter(tasks::cost_nanos.is_not_null())
+                .select(tasks::cost_nanos.assume_not_null())
+                .load(conn)?;
+            if costs.is_empty() {
+                continue;
+            }
+            let costed = i64::try_from(costs.len())
+                .map_err(|_| DbError::Conflict("cost rollup overflow".into()))?;
+            let cost = costs.iter().try_fold(0_i64, |a, c| {
+                a.checked_add(*c)
+                    .ok_or_else(|| DbError::Conflict("cost rollup overflow".into()))
+            })?;
+            let moved = |class| OutcomeSums::new(class, false, costed, cost);
+            self.add_outcome(from.combo, from.day, moved(from.class), -1)?;
+            self.add_outcome(to.combo, to.day, moved(to.class), 1)?;
+        }
         Ok(())
     }
 
@@ -193,9 +477,29 @@ impl Deltas {
     }
 }
 
-type CumRow = (String, String, String, String, i64, i64, i64, i64, i64, i64);
+type CumRow = (
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+);
 
 /// The columns of a [`CumRow`], in order.
+#[allow(
+    clippy::type_complexity,
+    reason = "the column list is the type; naming it would only repeat it"
+)]
 const CUM_COLUMNS: (
     cc::repo_url,
     cc::task_type,
@@ -207,6 +511,11 @@ const CUM_COLUMNS: (
     cc::succeeded,
     cc::input_tokens,
     cc::output_tokens,
+    cc::outcome_merged,
+    cc::outcome_costed,
+    cc::outcome_cost_nanos,
+    cc::merged_cost_nanos,
+    cc::failed_cost_nanos,
 ) = (
     cc::repo_url,
     cc::task_type,
@@ -218,16 +527,30 @@ const CUM_COLUMNS: (
     cc::succeeded,
     cc::input_tokens,
     cc::output_tokens,
+    cc::outcome_merged,
+    cc::outcome_costed,
+    cc::outcome_cost_nanos,
+    cc::merged_cost_nanos,
+    cc::failed_cost_nanos,
 );
 
-fn sums_of(r: &CumRow) -> Sums {
-    Sums {
-        tasks: r.4,
-        costed: r.5,
-        cost_nanos: r.6,
-        succeeded: r.7,
-        input_tokens: r.8,
-        output_tokens: r.9,
+fn cum_of(r: &CumRow) -> Cum {
+    Cum {
+        sums: Sums {
+            tasks: r.4,
+            costed: r.5,
+            cost_nanos: r.6,
+            succeeded: r.7,
+            input_tokens: r.8,
+            output_tokens: r.9,
+        },
+        outcome: OutcomeSums {
+            merged: r.10,
+            costed: r.11,
+            cost_nanos: r.12,
+            merged_cost_nanos: r.13,
+            failed_cost_nanos: r.14,
+        },
     }
 }
 
@@ -244,6 +567,33 @@ struct CumInsert<'a> {
     succeeded: i64,
     input_tokens: i64,
     output_tokens: i64,
+    outcome_merged: i64,
+    outcome_costed: i64,
+    outcome_cost_nanos: i64,
+    merged_cost_nanos: i64,
+    failed_cost_nanos: i64,
+}
+
+impl<'a> CumInsert<'a> {
+    fn new(combo: (&'a str, &'a str, &'a str), day: String, c: Cum) -> CumInsert<'a> {
+        CumInsert {
+            repo_url: combo.0,
+            task_type: combo.1,
+            model: combo.2,
+            day,
+            tasks: c.sums.tasks,
+            costed: c.sums.costed,
+            cost_nanos: c.sums.cost_nanos,
+            succeeded: c.sums.succeeded,
+            input_tokens: c.sums.input_tokens,
+            output_tokens: c.sums.output_tokens,
+            outcome_merged: c.outcome.merged,
+            outcome_costed: c.outcome.costed,
+            outcome_cost_nanos: c.outcome.cost_nanos,
+            merged_cost_nanos: c.outcome.merged_cost_nanos,
+            failed_cost_nanos: c.outcome.failed_cost_nanos,
+        }
+    }
 }
 
 /// The latest rolled-up day, if any task has been rolled up.
@@ -255,13 +605,25 @@ pub fn latest_day(conn: &mut AnyConnection) -> Result<Option<Date>, DbError> {
 /// Applies collected changes. Call inside the transaction of the write that caused them,
 /// as its last step (on PostgreSQL it takes a transaction-level lock on the rollups).
 pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError> {
+    let pg = matches!(conn, AnyConnection::Postgresql(_));
+    let lock = |conn: &mut AnyConnection| -> Result<(), DbError> {
+        diesel::sql_query(format!("SELECT pg_advisory_xact_lock({ROLLUP_LOCK_KEY})"))
+            .execute(conn)?;
+        Ok(())
+    };
+    // Parents and review subtasks are read under the lock: a concurrent writer's change to
+    // either is then either fully before this read or fully after this transaction.
+    let locked = pg && !(deltas.reviews.is_empty() && deltas.moves.is_empty());
+    if locked {
+        lock(conn)?;
+    }
+    deltas.resolve(conn)?;
     deltas.prune();
     if deltas.cumulative.is_empty() && deltas.daily.is_empty() {
         return Ok(());
     }
-    if matches!(conn, AnyConnection::Postgresql(_)) {
-        diesel::sql_query(format!("SELECT pg_advisory_xact_lock({ROLLUP_LOCK_KEY})"))
-            .execute(conn)?;
+    if pg && !locked {
+        lock(conn)?;
     }
     apply_daily(conn, &deltas.daily)?;
 
@@ -280,7 +642,7 @@ pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError
     let Some(end) = latest else { return Ok(()) };
 
     // Per combination: rewrite its rows from its first changed day through `end`.
-    let mut by_combo: BTreeMap<&Combo, Vec<(Date, Sums)>> = BTreeMap::new();
+    let mut by_combo: BTreeMap<&Combo, Vec<(Date, Cum)>> = BTreeMap::new();
     for ((combo, day), s) in &deltas.cumulative {
         by_combo.entry(combo).or_default().push((*day, *s));
     }
@@ -304,21 +666,7 @@ fn carry_forward(conn: &mut AnyConnection, from: Date, to: Date) -> Result<(), D
         let text = day_text(day);
         let inserts: Vec<CumInsert> = rows
             .iter()
-            .map(|r| {
-                let s = sums_of(r);
-                CumInsert {
-                    repo_url: &r.0,
-                    task_type: &r.1,
-                    model: &r.2,
-                    day: text.clone(),
-                    tasks: s.tasks,
-                    costed: s.costed,
-                    cost_nanos: s.cost_nanos,
-                    succeeded: s.succeeded,
-                    input_tokens: s.input_tokens,
-                    output_tokens: s.output_tokens,
-                }
-            })
+            .map(|r| CumInsert::new((&r.0, &r.1, &r.2), text.clone(), cum_of(r)))
             .collect();
         insert_cumulative(conn, &inserts)?;
     }
@@ -344,7 +692,7 @@ fn insert_cumulative(conn: &mut AnyConnection, rows: &[CumInsert]) -> Result<(),
 fn rewrite_combo(
     conn: &mut AnyConnection,
     combo: &Combo,
-    changes: &[(Date, Sums)],
+    changes: &[(Date, Cum)],
     end: Date,
 ) -> Result<(), DbError> {
     let (repo, task_type, model) = combo;
@@ -368,12 +716,12 @@ fn rewrite_combo(
         .order(cc::day.asc())
         .select(CUM_COLUMNS)
         .load(conn)?;
-    let mut old: BTreeMap<Date, Sums> = BTreeMap::new();
+    let mut old: BTreeMap<Date, Cum> = BTreeMap::new();
     for r in &existing {
-        old.insert(parse_day(&r.3)?, sums_of(r));
+        old.insert(parse_day(&r.3)?, cum_of(r));
     }
-    let mut carried = base.as_ref().map(sums_of).unwrap_or_default();
-    let mut added = Sums::default();
+    let mut carried = base.as_ref().map(cum_of).unwrap_or_default();
+    let mut added = Cum::default();
     let mut changes = changes.to_vec();
     changes.sort_by_key(|(d, _)| *d);
     let mut pending = changes.iter().peekable();
@@ -391,18 +739,7 @@ fn rewrite_combo(
             pending.next();
         }
         let s = carried.combine(added, 1)?;
-        rows.push(CumInsert {
-            repo_url: repo,
-            task_type,
-            model,
-            day: day_text(day),
-            tasks: s.tasks,
-            costed: s.costed,
-            cost_nanos: s.cost_nanos,
-            succeeded: s.succeeded,
-            input_tokens: s.input_tokens,
-            output_tokens: s.output_tokens,
-        });
+        rows.push(CumInsert::new((repo, task_type, model), day_text(day), s));
         if day >= end {
             break;
         }
@@ -459,6 +796,18 @@ pub fn cumulative_at(
     conn: &mut AnyConnection,
     days: &[Date],
 ) -> Result<Vec<(Date, Combo, Sums)>, DbError> {
+    Ok(cumulative_with_outcomes_at(conn, days)?
+        .into_iter()
+        .map(|(day, combo, sums, _)| (day, combo, sums))
+        .collect())
+}
+
+/// [`cumulative_at`] with each row's [`OutcomeSums`]: the outcome sums of the units whose
+/// head is in the combination and was created on or before the day.
+pub fn cumulative_with_outcomes_at(
+    conn: &mut AnyConnection,
+    days: &[Date],
+) -> Result<Vec<(Date, Combo, Sums, OutcomeSums)>, DbError> {
     let Some(latest) = latest_day(conn)? else {
         return Ok(Vec::new());
     };
@@ -472,7 +821,13 @@ pub fn cumulative_at(
         let stored = parse_day(&r.3)?;
         for d in days {
             if (*d).min(latest) == stored {
-                out.push((*d, (r.0.clone(), r.1.clone(), r.2.clone()), sums_of(r)));
+                let c = cum_of(r);
+                out.push((
+                    *d,
+                    (r.0.clone(), r.1.clone(), r.2.clone()),
+                    c.sums,
+                    c.outcome,
+                ));
             }
         }
     }
@@ -538,4 +893,33 @@ pub fn rebuild(conn: &mut AnyConnection) -> Result<(), DbError> {
 /// The day before `d`.
 pub fn day_before(d: Date) -> Date {
     d.checked_sub(Duration::days(1)).unwrap_or(d)
+}
+
+/// The exact recorded cost of every agent run (the run ledger), summed per repository, task
+/// type and model of the run (`""` = unknown): the counter `agentry_cost_usd_total`.
+///
+/// Runs are never changed once recorded, so each sum only grows. Imported tasks carry a cost
+/// but no runs, so they are not part of it. Summed with overflow checks.
+pub fn run_cost_totals(conn: &mut AnyConnection) -> Result<Vec<(Combo, i64)>, DbError> {
+    use crate::schema::task_runs as tr;
+    let rows: Vec<(String, String, Option<String>, i64)> = tr::table
+        .inner_join(tasks::table.on(tasks::id.eq(tr::task_id)))
+        .filter(tr::cost_nanos.is_not_null())
+        .select((
+            tasks::repo_url,
+            tasks::task_type,
+            tr::model,
+            tr::cost_nanos.assume_not_null(),
+        ))
+        .load(conn)?;
+    let mut sums: BTreeMap<Combo, i64> = BTreeMap::new();
+    for (repo, task_type, model, cost) in rows {
+        let sum = sums
+            .entry((repo, task_type, model.unwrap_or_default()))
+            .or_default();
+        *sum = sum
+            .checked_add(cost)
+            .ok_or_else(|| DbError::Conflict("run cost overflow".into()))?;
+    }
+    Ok(sums.into_iter().collect())
 }

@@ -226,5 +226,10 @@ diesel::table! {
         succeeded -> BigInt,
         input_tokens -> BigInt,
         output_tokens -> BigInt,
+        outcome_merged -> BigInt,
+        outcome_costed -> BigInt,
+        outcome_cost_nanos -> BigInt,
+        merged_cost_nanos -> BigInt,
+        failed_cost_nanos -> BigInt,
     }
 }

@@ -884,6 +884,7 @@ fn import_batch(
                 repo_url: t.repo_url.as_str(),
                 task_type: t.task_type,
                 model: t.model_used.as_deref(),
+                state: t.state,
                 sums: Sums::from_parts(t.cost_usd, t.state, t.input_tokens, t.output_tokens),
             },
             1,

@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 
 use agentry_analytics::{
-    CostReport, ReportInputs, TaskFact, Totals, Window, anomaly_threshold_nanos, report,
+    CostReport, OutcomeTotals, ReportInputs, TaskFact, Totals, Window, anomaly_threshold_nanos,
+    report,
 };
 use agentry_domain::{RepoUrl, TaskType};
-use agentry_persistence::rollups::{self, Combo, Sums};
+use agentry_persistence::rollups::{self, Combo, OutcomeSums, Sums};
 use agentry_persistence::tasks::costliest_in_window;
 use agentry_persistence::{AnyConnection, DbError};
 use rust_decimal::Decimal;
@@ -21,10 +22,24 @@ fn totals(s: Sums) -> Totals {
     Totals {
         tasks: s.tasks,
         costed: s.costed,
-        cost: Decimal::from_i128_with_scale(i128::from(s.cost_nanos), 9),
+        cost: usd(s.cost_nanos),
         succeeded: s.succeeded,
         input_tokens: s.input_tokens,
         output_tokens: s.output_tokens,
+    }
+}
+
+fn usd(nanos: i64) -> Decimal {
+    Decimal::from_i128_with_scale(i128::from(nanos), 9)
+}
+
+fn outcome_totals(s: OutcomeSums) -> OutcomeTotals {
+    OutcomeTotals {
+        merged: s.merged,
+        costed: s.costed,
+        cost: usd(s.cost_nanos),
+        merged_cost: usd(s.merged_cost_nanos),
+        failed_cost: usd(s.failed_cost_nanos),
     }
 }
 
@@ -50,14 +65,33 @@ pub fn load_inputs(
     let before_month = rollups::day_before(window.month_start());
     let points = [end, before_start, before_previous, before_month];
 
-    // Cumulative sums of every combination at the four points.
+    // Cumulative sums of every combination at the four points; outcome sums at the first
+    // two (the period's units).
     let mut at: BTreeMap<Combo, [Sums; 4]> = BTreeMap::new();
-    for (day, combo, sums) in rollups::cumulative_at(conn, &points)? {
+    let mut outcome_at: BTreeMap<Combo, [OutcomeSums; 2]> = BTreeMap::new();
+    for (day, combo, sums, outcome) in rollups::cumulative_with_outcomes_at(conn, &points)? {
+        let outcome_slots = outcome_at.entry(combo.clone()).or_default();
+        for (i, p) in points.iter().take(2).enumerate() {
+            if *p == day {
+                outcome_slots[i] = outcome;
+            }
+        }
         let slots = at.entry(combo).or_default();
         for (i, p) in points.iter().enumerate() {
             if *p == day {
                 slots[i] = sums;
             }
+        }
+    }
+    let mut outcomes = Vec::new();
+    for ((repo_url, _, model), o) in &outcome_at {
+        if repo.is_some_and(|r| r != repo_url) {
+            continue;
+        }
+        let period = o[0].minus(o[1])?;
+        if period != OutcomeSums::default() {
+            let model = (!model.is_empty()).then(|| model.clone());
+            outcomes.push((repo_url.clone(), model, outcome_totals(period)));
         }
     }
 
@@ -134,6 +168,7 @@ pub fn load_inputs(
         coding_by_model_all_repos: coding_by_model_all_repos.into_iter().collect(),
         anomaly_candidates,
         top_candidates,
+        outcomes,
     })
 }
 

@@ -84,6 +84,11 @@ export interface CostReport {
   modelSuggestions: Array<ModelSuggestion>;
   /** The ten costliest tasks of the period. */
   topTasks: Array<TopTask>;
+  /**
+   * Cost per outcome: merged pull requests, their cost, and the money spent on work
+   * that ended failed or cancelled.
+   */
+  outcomes: Outcomes;
 }
 
 /** A manual coding task. Unknown members are ignored. */
@@ -260,6 +265,25 @@ export interface ModelCost {
   totalOutputTokens: number;
 }
 
+/**
+ * Cost per outcome of one model (the model of the units' coding tasks). `failedShare` is a
+ * percent of the spend on the units of that model.
+ */
+export interface ModelOutcome {
+  /** The coding task's model, or `"unknown"`. */
+  model: string;
+  /** Pull requests merged. */
+  mergedPullRequests: number;
+  /** `mergedCost / mergedPullRequests`; null when nothing was merged. */
+  costPerMergedPullRequest?: string | null;
+  /** The cost of the merged units (4 decimals). */
+  mergedCost: string;
+  /** The cost of the units that ended failed or cancelled (4 decimals). */
+  failedCost: string;
+  /** `failedCost` as a percent of the spend on the model's units (a JSON number). */
+  failedShare: number;
+}
+
 /** A cheaper model with proven results for a repository's current coding model. */
 export interface ModelSuggestion {
   /** The repository. */
@@ -279,6 +303,39 @@ export interface ModelSuggestion {
   suggestedModel: string;
   /** `taskCount × (avgCost − cheaperModelAvgCost)` (a JSON number). */
   estimatedSavings: number;
+}
+
+/**
+ * Cost per outcome over the period (docs/contract.md#42-members, docs/analytics.md).
+ *
+ * An outcome unit is a coding task with its review subtasks; it belongs to the creation
+ * day, repository and model of its coding task and ends as that task does. Money strings
+ * have exactly 4 decimals, rounded half away from zero once from the exact value.
+ */
+export interface Outcomes {
+  /** Pull requests merged: coding tasks of the period in `completed`. */
+  mergedPullRequests: number;
+  /** `mergedCost / mergedPullRequests`; null when nothing was merged. */
+  costPerMergedPullRequest?: string | null;
+  /**
+   * Everything the merged units cost: every run of their coding tasks (retries and
+   * failed attempts included) and of their review subtasks.
+   */
+  mergedCost: string;
+  /** Everything the units that ended `failed` or `cancelled` cost. */
+  failedCost: string;
+  /**
+   * `failedCost` as a percent of `summary.totalCost`, 1 decimal (a JSON number); 0 when
+   * nothing was spent.
+   */
+  failedShare: number;
+  /** The same figures per repository, highest spend first. */
+  byRepo: Array<RepoOutcome>;
+  /**
+   * The same figures per model of the coding task (`"unknown"` when null), highest spend
+   * first.
+   */
+  byModel: Array<ModelOutcome>;
 }
 
 /** A secret's new value. */
@@ -327,6 +384,25 @@ export interface RepoDto {
 export interface RepoListDto {
   /** By URL. */
   repos: Array<RepoDto>;
+}
+
+/**
+ * Cost per outcome of one repository. `failedShare` is a percent of the repository's
+ * spend on the units of the period.
+ */
+export interface RepoOutcome {
+  /** The normalised repository URL. */
+  repoUrl: string;
+  /** Pull requests merged. */
+  mergedPullRequests: number;
+  /** `mergedCost / mergedPullRequests`; null when nothing was merged. */
+  costPerMergedPullRequest?: string | null;
+  /** The cost of the merged units (4 decimals). */
+  mergedCost: string;
+  /** The cost of the units that ended failed or cancelled (4 decimals). */
+  failedCost: string;
+  /** `failedCost` as a percent of the repository's spend on its units (a JSON number). */
+  failedShare: number;
 }
 
 /** A token's role. */

@@ -45,6 +45,7 @@ fn task(
         input_tokens: 100 * id as i64,
         output_tokens: 10 * id as i64,
         created_at,
+        parent_task_id: None,
     }
 }
 
@@ -100,7 +101,7 @@ fn task_fact_from_a_stored_task() {
         pr_url: None,
         pr_number: Some(5),
         issue_number: None,
-        parent_task_id: None,
+        parent_task_id: Some(Uuid::from_u128(8)),
         attempt: 1,
         error_message: None,
         created_at,
@@ -122,6 +123,7 @@ fn task_fact_from_a_stored_task() {
             input_tokens: 12,
             output_tokens: 34,
             created_at,
+            parent_task_id: Some(Uuid::from_u128(8)),
         }
     );
     assert_eq!(fact.day(), date!(2025 - 03 - 05));
@@ -165,6 +167,18 @@ fn empty_input() {
     assert!(r.anomalies.is_empty());
     assert!(r.model_suggestions.is_empty());
     assert!(r.top_tasks.is_empty());
+    assert_eq!(
+        r.outcomes,
+        Outcomes {
+            merged_pull_requests: 0,
+            cost_per_merged_pull_request: None,
+            merged_cost: "0.0000".into(),
+            failed_cost: "0.0000".into(),
+            failed_share: Decimal::ZERO,
+            by_repo: Vec::new(),
+            by_model: Vec::new(),
+        }
+    );
     let v = serde_json::to_value(&r).unwrap();
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
     let mut expected = [
@@ -177,6 +191,7 @@ fn empty_input() {
         "anomalies",
         "modelSuggestions",
         "topTasks",
+        "outcomes",
     ];
     expected.sort_unstable();
     let mut keys = keys;
@@ -231,7 +246,20 @@ fn one_task_full_json() {
                 "id": id, "title": "task 7", "repoUrl": A, "taskType": "coding",
                 "state": "completed", "costUsd": "1.25", "inputTokens": 700,
                 "outputTokens": 70, "modelUsed": "sonnet", "createdAt": "2024-05-09T12:00:00Z"
-            }]
+            }],
+            "outcomes": {
+                "mergedPullRequests": 1, "costPerMergedPullRequest": "1.2500",
+                "mergedCost": "1.2500", "failedCost": "0.0000", "failedShare": 0.0,
+                "byRepo": [{
+                    "repoUrl": A, "mergedPullRequests": 1, "costPerMergedPullRequest": "1.2500",
+                    "mergedCost": "1.2500", "failedCost": "0.0000", "failedShare": 0.0
+                }],
+                "byModel": [{
+                    "model": "sonnet", "mergedPullRequests": 1,
+                    "costPerMergedPullRequest": "1.2500", "mergedCost": "1.2500",
+                    "failedCost": "0.0000", "failedShare": 0.0
+                }]
+            }
         })
     );
 }
@@ -1294,4 +1322,154 @@ fn task_fact_day_is_utc() {
     assert_eq!(t.day(), date!(2024 - 05 - 09));
     let t = coding(1, A, None, datetime!(2024-05-10 23:00 -2));
     assert_eq!(t.day(), date!(2024 - 05 - 11));
+}
+
+/// A review subtask of `parent`.
+fn review_of(id: u128, parent: &TaskFact, state: TaskState, model: &str, cost: &str) -> TaskFact {
+    TaskFact {
+        parent_task_id: Some(parent.id),
+        ..task(
+            id,
+            &parent.repo_url,
+            TaskType::Review,
+            state,
+            Some(model),
+            Some(cost),
+            parent.created_at + time::Duration::hours(1),
+        )
+    }
+}
+
+#[test]
+fn outcomes_count_reviews_with_their_coding_task() {
+    let today = date!(2024 - 05 - 10);
+    // Merged: 1.5 over its attempts, plus a review (0.25) and a failed review (0.05), the
+    // reviews by another model and the failed one after the period's first day.
+    let merged = task(
+        1,
+        A,
+        TaskType::Coding,
+        TaskState::Completed,
+        Some("opus"),
+        Some("1.5"),
+        noon(date!(2024 - 05 - 01)),
+    );
+    let merged_review = review_of(2, &merged, TaskState::Completed, "haiku", "0.25");
+    let failed_review = review_of(3, &merged, TaskState::Failed, "haiku", "0.05");
+    // Second merged pull request, with no recorded cost.
+    let free = task(
+        4,
+        A,
+        TaskType::Coding,
+        TaskState::Completed,
+        Some("opus"),
+        None,
+        noon(today),
+    );
+    // Failed and cancelled coding tasks (1 + 0.2 with its review), an open one (0.5).
+    let failed = task(
+        5,
+        B,
+        TaskType::Coding,
+        TaskState::Failed,
+        Some("sonnet"),
+        Some("1"),
+        noon(today),
+    );
+    let failed_child = review_of(6, &failed, TaskState::Completed, "haiku", "0.2");
+    let cancelled = task(
+        7,
+        B,
+        TaskType::Coding,
+        TaskState::Cancelled,
+        None,
+        Some("0.3"),
+        noon(today),
+    );
+    let open = task(
+        8,
+        B,
+        TaskType::Coding,
+        TaskState::PrOpened,
+        Some("sonnet"),
+        Some("0.5"),
+        noon(today),
+    );
+    // A review without a parent is its own unit: failed, by its own model.
+    let orphan = TaskFact {
+        parent_task_id: Some(Uuid::from_u128(999)),
+        ..task(
+            9,
+            A,
+            TaskType::Review,
+            TaskState::Failed,
+            Some("haiku"),
+            Some("0.1"),
+            noon(today),
+        )
+    };
+    // Merged before the period: its review, created in the period, stays with it.
+    let old = task(
+        10,
+        A,
+        TaskType::Coding,
+        TaskState::Completed,
+        Some("opus"),
+        Some("2"),
+        noon(date!(2024 - 04 - 01)),
+    );
+    let old_review = TaskFact {
+        created_at: noon(today),
+        ..review_of(11, &old, TaskState::Completed, "haiku", "0.7")
+    };
+    let tasks = [
+        merged,
+        merged_review,
+        failed_review,
+        free,
+        failed,
+        failed_child,
+        cancelled,
+        open,
+        orphan,
+        old,
+        old_review,
+    ];
+    let r = run(today, 10, None, &tasks);
+    // totalCost = 1.5 + 0.25 + 0.05 + 1 + 0.2 + 0.3 + 0.5 + 0.1 + 0.7 = 4.6
+    assert_eq!(r.summary.total_cost, "4.6000");
+    let v = serde_json::to_value(&r.outcomes).unwrap();
+    assert_eq!(
+        v,
+        json!({
+            "mergedPullRequests": 2,
+            "costPerMergedPullRequest": "0.9000",
+            "mergedCost": "1.8000",
+            "failedCost": "1.6000",
+            // 1.6 / 4.6 = 34.78…%
+            "failedShare": 34.8,
+            "byRepo": [
+                {"repoUrl": B, "mergedPullRequests": 0, "costPerMergedPullRequest": null,
+                 "mergedCost": "0.0000", "failedCost": "1.5000", "failedShare": 75.0},
+                {"repoUrl": A, "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000",
+                 "mergedCost": "1.8000", "failedCost": "0.1000", "failedShare": 5.3}
+            ],
+            "byModel": [
+                {"model": "opus", "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000",
+                 "mergedCost": "1.8000", "failedCost": "0.0000", "failedShare": 0.0},
+                {"model": "sonnet", "mergedPullRequests": 0, "costPerMergedPullRequest": null,
+                 "mergedCost": "0.0000", "failedCost": "1.2000", "failedShare": 70.6},
+                {"model": "unknown", "mergedPullRequests": 0, "costPerMergedPullRequest": null,
+                 "mergedCost": "0.0000", "failedCost": "0.3000", "failedShare": 100.0},
+                {"model": "haiku", "mergedPullRequests": 0, "costPerMergedPullRequest": null,
+                 "mergedCost": "0.0000", "failedCost": "0.1000", "failedShare": 100.0}
+            ]
+        })
+    );
+    // The repository filter applies to the units.
+    let r = run(today, 10, Some(B), &tasks);
+    assert_eq!(r.outcomes.merged_pull_requests, 0);
+    assert_eq!(r.outcomes.failed_cost, "1.5000");
+    // 1.5 / 2.0
+    assert_eq!(r.outcomes.failed_share, dec("75.0"));
 }

@@ -127,7 +127,32 @@ fn generate(seed: u64) -> Case {
             input_tokens: rng.below(1_000_000) as i64,
             output_tokens: rng.below(100_000) as i64,
             created_at,
+            parent_task_id: None,
         });
+    }
+    // Review subtasks: most of a coding task (any day, any repository: the data is random),
+    // some of a review task or of a task that is not there (their own units).
+    let ids: Vec<(Uuid, TaskType)> = tasks.iter().map(|t| (t.id, t.task_type)).collect();
+    if !ids.is_empty() {
+        for t in tasks.iter_mut().filter(|t| t.task_type == TaskType::Review) {
+            t.parent_task_id = match rng.below(10) {
+                0..6 => {
+                    let coding: Vec<Uuid> = ids
+                        .iter()
+                        .filter(|(_, ty)| *ty == TaskType::Coding)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    if coding.is_empty() {
+                        None
+                    } else {
+                        Some(*rng.pick(&coding))
+                    }
+                }
+                6 => Some(rng.pick(&ids).0),
+                7 => Some(Uuid::from_u128(u128::from(rng.next_u64()))),
+                _ => None,
+            };
+        }
     }
     let filter = match rng.below(if spiky { 4 } else { 10 }) {
         0..3 => None,
@@ -462,6 +487,8 @@ fn reference(case: &Case) -> CostReport {
         })
         .collect();
 
+    let outcomes = reference_outcomes(case, total);
+
     CostReport {
         summary,
         forecast,
@@ -472,6 +499,142 @@ fn reference(case: &Case) -> CostReport {
         anomalies,
         model_suggestions,
         top_tasks,
+        outcomes,
+    }
+}
+
+/// Outcome sums of a group of units, in nano-dollars.
+#[derive(Debug, Default, Clone, Copy)]
+struct Outcome {
+    merged: i64,
+    costed: i64,
+    cost: i128,
+    merged_cost: i128,
+    failed_cost: i128,
+}
+
+/// The five figures, with the failed share of `total` nano-dollars.
+fn five(o: &Outcome, total: i128) -> (i64, Option<String>, String, String, Decimal) {
+    let money = |n: i128| fixed(round_half_away(n, NANOS_PER_4DP), 4);
+    (
+        o.merged,
+        (o.merged > 0).then(|| {
+            fixed(
+                round_half_away(o.merged_cost, i128::from(o.merged) * NANOS_PER_4DP),
+                4,
+            )
+        }),
+        money(o.merged_cost),
+        money(o.failed_cost),
+        if total == 0 {
+            Decimal::ZERO
+        } else {
+            Decimal::from_i128_with_scale(round_half_away(o.failed_cost * 1000, total), 1)
+        },
+    )
+}
+
+/// The `outcomes` member straight from the task list: each task goes to the unit of its
+/// coding parent when it is a review whose parent is a coding task of the list, else to its
+/// own; the unit's head decides the day, repository, model and outcome.
+fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
+    let today = case.today;
+    let start = add_days(today, -(i64::from(case.days) - 1));
+    let mut by_repo: BTreeMap<String, Outcome> = BTreeMap::new();
+    let mut by_model: BTreeMap<String, Outcome> = BTreeMap::new();
+    let mut all = Outcome::default();
+    for t in &case.tasks {
+        let head = case
+            .tasks
+            .iter()
+            .find(|p| {
+                t.task_type == TaskType::Review
+                    && Some(p.id) == t.parent_task_id
+                    && p.task_type == TaskType::Coding
+            })
+            .unwrap_or(t);
+        let day = utc_day(head);
+        if day < start || day > today {
+            continue;
+        }
+        if case.filter.as_deref().is_some_and(|f| f != head.repo_url) {
+            continue;
+        }
+        let merged = head.task_type == TaskType::Coding && head.state == TaskState::Completed;
+        let failed = matches!(head.state, TaskState::Failed | TaskState::Cancelled);
+        let cost = nanos(t).unwrap_or(0);
+        let model = head
+            .model_used
+            .clone()
+            .unwrap_or_else(|| "unknown".to_owned());
+        for o in [
+            &mut all,
+            by_repo.entry(head.repo_url.clone()).or_default(),
+            by_model.entry(model).or_default(),
+        ] {
+            if merged && t.id == head.id {
+                o.merged += 1;
+            }
+            if t.cost.is_some() {
+                o.costed += 1;
+            }
+            o.cost += cost;
+            if merged {
+                o.merged_cost += cost;
+            }
+            if failed {
+                o.failed_cost += cost;
+            }
+        }
+    }
+    let rows = |groups: BTreeMap<String, Outcome>| {
+        let mut rows: Vec<(String, Outcome)> = groups
+            .into_iter()
+            .filter(|(_, o)| o.merged > 0 || o.costed > 0)
+            .collect();
+        rows.sort_by(|(ka, a), (kb, b)| {
+            b.cost
+                .cmp(&a.cost)
+                .then(b.merged.cmp(&a.merged))
+                .then(ka.cmp(kb))
+        });
+        rows
+    };
+    let (merged, per, merged_cost, failed_cost, share) = five(&all, total);
+    Outcomes {
+        merged_pull_requests: merged,
+        cost_per_merged_pull_request: per,
+        merged_cost,
+        failed_cost,
+        failed_share: share,
+        by_repo: rows(by_repo)
+            .into_iter()
+            .map(|(repo_url, o)| {
+                let (m, p, mc, fc, fs) = five(&o, o.cost);
+                RepoOutcome {
+                    repo_url,
+                    merged_pull_requests: m,
+                    cost_per_merged_pull_request: p,
+                    merged_cost: mc,
+                    failed_cost: fc,
+                    failed_share: fs,
+                }
+            })
+            .collect(),
+        by_model: rows(by_model)
+            .into_iter()
+            .map(|(model, o)| {
+                let (m, p, mc, fc, fs) = five(&o, o.cost);
+                ModelOutcome {
+                    model,
+                    merged_pull_requests: m,
+                    cost_per_merged_pull_request: p,
+                    merged_cost: mc,
+                    failed_cost: fc,
+                    failed_share: fs,
+                }
+            })
+            .collect(),
     }
 }
 
@@ -497,6 +660,7 @@ fn assert_same(got: &CostReport, expected: &CostReport, what: &str) {
         "{what}: modelSuggestions"
     );
     assert_eq!(got.top_tasks, expected.top_tasks, "{what}: topTasks");
+    assert_eq!(got.outcomes, expected.outcomes, "{what}: outcomes");
     // Same wire form too (and it serialises).
     assert_eq!(
         serde_json::to_value(got).unwrap(),
@@ -521,6 +685,28 @@ fn per_task_inputs(case: &Case, window: Window) -> ReportInputs {
         coding_by_model_all_repos: Vec::new(),
         anomaly_candidates: Vec::new(),
         top_candidates: Vec::new(),
+        // One entry per task (repeated keys): the report must merge them.
+        outcomes: ReportInputs::from_tasks(window, case.filter.as_deref(), &case.tasks)
+            .outcomes
+            .into_iter()
+            .flat_map(|(repo, model, t)| {
+                let half = OutcomeTotals {
+                    merged: t.merged / 2,
+                    costed: t.costed / 2,
+                    cost: t.cost / Decimal::TWO,
+                    merged_cost: t.merged_cost / Decimal::TWO,
+                    failed_cost: t.failed_cost / Decimal::TWO,
+                };
+                let rest = OutcomeTotals {
+                    merged: t.merged - half.merged,
+                    costed: t.costed - half.costed,
+                    cost: t.cost - half.cost,
+                    merged_cost: t.merged_cost - half.merged_cost,
+                    failed_cost: t.failed_cost - half.failed_cost,
+                };
+                [(repo.clone(), model.clone(), half), (repo, model, rest)]
+            })
+            .collect(),
     };
     for t in &case.tasks {
         let day = utc_day(t);
@@ -584,6 +770,21 @@ fn report_matches_the_reference_on_random_data() {
             ("10 top tasks", got.top_tasks.len() == 10),
             ("costed", got.summary.tasks_with_cost > 0),
             ("negative trend", got.summary.cost_trend.starts_with('-')),
+            ("merged", got.outcomes.merged_pull_requests > 0),
+            ("failed spend", got.outcomes.failed_share > Decimal::ZERO),
+            (
+                "merged with reviews",
+                case.tasks.iter().any(|r| {
+                    r.parent_task_id.is_some_and(|p| {
+                        case.tasks.iter().any(|c| {
+                            c.id == p
+                                && c.task_type == TaskType::Coding
+                                && c.state == TaskState::Completed
+                                && r.cost.is_some_and(|x| x != Usd::ZERO)
+                        })
+                    })
+                }),
+            ),
         ] {
             *with.entry(name).or_default() += u32::from(present);
         }
@@ -647,6 +848,9 @@ fn report_matches_the_reference_on_random_data() {
         "10 top tasks",
         "costed",
         "negative trend",
+        "merged",
+        "failed spend",
+        "merged with reviews",
     ] {
         let n = with.get(name).copied().unwrap_or(0);
         assert!(

@@ -4,7 +4,10 @@ use actix_web::{HttpResponse, get, web};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use rust_decimal::Decimal;
+
 use crate::error::{ApiError, ErrorBody};
+use crate::metrics::RunCost;
 use crate::state::AppState;
 
 /// Health status.
@@ -32,14 +35,37 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<web::Json<Status>, Api
     Ok(web::Json(Status { status: "ready" }))
 }
 
-/// Prometheus metrics in the text exposition format.
+/// Prometheus metrics in the text exposition format: HTTP requests and latencies, and
+/// `agentry_cost_usd_total{repo,model,task_type}`, the recorded cost of agent runs (read from
+/// the database at each scrape, so every replica reports the same totals).
 #[utoipa::path(
     tag = "operations",
-    responses((status = 200, content_type = "text/plain; version=0.0.4", body = String))
+    responses(
+        (status = 200, content_type = "text/plain; version=0.0.4", body = String),
+        (status = 503, body = ErrorBody)
+    )
 )]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let text = state.metrics.render().map_err(|e| ApiError::internal(&e))?;
+    let costs = state
+        .db(|conn| Ok(agentry_persistence::rollups::run_cost_totals(conn)?))
+        .await?
+        .into_iter()
+        .map(|((repo, task_type, model), nanos)| RunCost {
+            repo,
+            model: if model.is_empty() {
+                "unknown".to_owned()
+            } else {
+                model
+            },
+            task_type,
+            usd: Decimal::from_i128_with_scale(i128::from(nanos), 9),
+        })
+        .collect::<Vec<_>>();
+    let text = state
+        .metrics
+        .render_with_costs(&costs)
+        .map_err(|e| ApiError::internal(&e))?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(text))

@@ -14,7 +14,7 @@ use agentry_persistence::tasks::{
     self, ImportTask, Run, RunOutcome, TaskCursor, TaskFilter, TransitionDetails,
 };
 use agentry_persistence::test_support::TestDb;
-use agentry_persistence::{Db, DbError, write_tx};
+use agentry_persistence::{AnyConnection, Db, DbError, rollups, write_tx};
 use serde_json::{Value, json};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
@@ -150,6 +150,173 @@ fn seed(db: &Db, seed: u64) {
     }
 }
 
+fn step(conn: &mut AnyConnection, id: Uuid, trigger: Trigger) {
+    tasks::transition_task(
+        conn,
+        id,
+        trigger,
+        &TransitionDetails {
+            pull_request: (trigger == Trigger::PullRequestOpened).then(|| {
+                agentry_domain::PullRequestRef {
+                    url: "https://github.com/acme/web/pull/2".into(),
+                    number: 2,
+                }
+            }),
+            ..Default::default()
+        },
+        OffsetDateTime::now_utc(),
+    )
+    .unwrap();
+}
+
+fn pay(conn: &mut AnyConnection, id: Uuid, model: Option<&str>, nanos: i64) {
+    let attempt = tasks::get_task(conn, id).unwrap().attempt;
+    let now = OffsetDateTime::now_utc();
+    tasks::record_run(
+        conn,
+        &Run {
+            id: Uuid::new_v4(),
+            task_id: id,
+            attempt,
+            agent_type: AgentType::ClaudeCode,
+            model: model.map(str::to_owned),
+            cost_usd: Some(Usd::from_nanos(nanos).unwrap()),
+            input_tokens: 10,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 5,
+            turns: Some(1),
+            outcome: RunOutcome::Succeeded,
+            exit_code: Some(0),
+            error_message: None,
+            started_at: now,
+            finished_at: Some(now),
+            sandboxed: None,
+        },
+    )
+    .unwrap();
+}
+
+/// Live outcome units through the real write paths: coding tasks with review subtasks
+/// (created on a later day than their coding task, costed before and after the coding task
+/// ends), merges, closes, retries after a failure, cancellations, a model that changes after
+/// the reviews cost something, and reviews without a parent.
+fn seed_outcomes(db: &Db, seed: u64) {
+    let mut rng = Rng(seed);
+    let now = OffsetDateTime::now_utc();
+    let mut conn = db.conn().unwrap();
+    for i in 0..32 {
+        let created = now - Duration::hours(rng.below(24 * 20) as i64);
+        let mut new = new_task(REPOS[i % 4], TaskType::Coding, created);
+        new.title = format!("unit {i}");
+        let coding = create(db, &new).id;
+        let model = MODELS[rng.below(5) as usize];
+        step(&mut conn, coding, Trigger::Claim);
+        step(&mut conn, coding, Trigger::AgentStarted);
+        pay(
+            &mut conn,
+            coding,
+            model,
+            rng.below(3_000_000_000) as i64 + 1,
+        );
+        if rng.below(6) == 0 {
+            step(&mut conn, coding, Trigger::Cancel);
+            continue;
+        }
+        if rng.below(4) == 0 {
+            // A failed attempt, then a retry that goes on.
+            step(&mut conn, coding, Trigger::Fail);
+            if rng.below(3) == 0 {
+                continue;
+            }
+            step(&mut conn, coding, Trigger::Retry);
+            step(&mut conn, coding, Trigger::Claim);
+            step(&mut conn, coding, Trigger::AgentStarted);
+            pay(&mut conn, coding, model, rng.below(2_000_000_000) as i64);
+        }
+        step(&mut conn, coding, Trigger::PullRequestOpened);
+        let mut reviews = Vec::new();
+        for _ in 0..rng.below(3) {
+            let mut review = new_task(
+                REPOS[i % 4],
+                TaskType::Review,
+                now - Duration::minutes(rng.below(60) as i64),
+            );
+            review.parent_task_id = Some(coding);
+            let review = create(db, &review).id;
+            step(&mut conn, review, Trigger::Claim);
+            step(&mut conn, review, Trigger::AgentStarted);
+            pay(
+                &mut conn,
+                review,
+                Some("haiku"),
+                rng.below(500_000_000) as i64,
+            );
+            reviews.push(review);
+        }
+        if rng.below(4) == 0 {
+            // The coding task's model changes after its reviews cost something.
+            pay(&mut conn, coding, Some("o3"), rng.below(100_000_000) as i64);
+        }
+        match rng.below(3) {
+            0 => step(&mut conn, coding, Trigger::PullRequestMerged),
+            1 => step(&mut conn, coding, Trigger::PullRequestClosed),
+            _ => {}
+        }
+        // Reviews finish (and cost more) after the coding task ended.
+        for review in reviews {
+            if rng.below(2) == 0 {
+                pay(
+                    &mut conn,
+                    review,
+                    Some("haiku"),
+                    rng.below(300_000_000) as i64,
+                );
+            }
+            let end = if rng.below(3) == 0 {
+                Trigger::Fail
+            } else {
+                Trigger::ReviewPosted
+            };
+            step(&mut conn, review, end);
+        }
+    }
+    for repo in REPOS {
+        // Reviews without a parent: units by themselves.
+        let review = create(db, &new_task(repo, TaskType::Review, now)).id;
+        step(&mut conn, review, Trigger::Claim);
+        step(&mut conn, review, Trigger::AgentStarted);
+        pay(&mut conn, review, Some("haiku"), 123_456_789);
+        step(&mut conn, review, Trigger::Fail);
+    }
+}
+
+/// The outcome columns of the cumulative rollup, in key order.
+fn outcome_columns(db: &Db) -> Vec<(String, String, String, String, [i64; 5])> {
+    use agentry_persistence::schema::cost_cumulative as cc;
+    use diesel::prelude::*;
+    type Row = (String, String, String, String, i64, i64, i64, i64, i64);
+    let rows: Vec<Row> = cc::table
+        .order((cc::repo_url, cc::task_type, cc::model, cc::day))
+        .select((
+            cc::repo_url,
+            cc::task_type,
+            cc::model,
+            cc::day,
+            cc::outcome_merged,
+            cc::outcome_costed,
+            cc::outcome_cost_nanos,
+            cc::merged_cost_nanos,
+            cc::failed_cost_nanos,
+        ))
+        .load(&mut *db.conn().unwrap())
+        .unwrap();
+    rows.into_iter()
+        .map(|r| (r.0, r.1, r.2, r.3, [r.4, r.5, r.6, r.7, r.8]))
+        .filter(|r| r.4 != [0; 5])
+        .collect()
+}
+
 fn all_facts(db: &Db) -> Vec<TaskFact> {
     let mut conn = db.conn().unwrap();
     let mut out = Vec::new();
@@ -167,6 +334,35 @@ fn all_facts(db: &Db) -> Vec<TaskFact> {
 
 async fn equivalence(db: TestDb) {
     seed(&db.db, 42);
+    seed_outcomes(&db.db, 43);
+    // The maintained outcome rollups equal a rebuild from the task table.
+    let maintained = outcome_columns(&db.db);
+    write_tx::<_, DbError, _>(&mut db.db.conn().unwrap(), rollups::rebuild).unwrap();
+    assert_eq!(
+        outcome_columns(&db.db),
+        maintained,
+        "outcome rollups vs a rebuild"
+    );
+    // The migration's backfill of existing data gives the same columns.
+    {
+        use diesel::connection::SimpleConnection;
+        let up = include_str!("../../../../migrations/2026-11-23-000010_outcome_rollups/up.sql");
+        let (_, backfill) = up.split_once("-- Backfill").unwrap();
+        let (_, backfill) = backfill.split_once('\n').unwrap();
+        let mut conn = db.db.conn().unwrap();
+        conn.batch_execute(
+            "UPDATE cost_cumulative SET outcome_merged = 0, outcome_costed = 0, \
+             outcome_cost_nanos = 0, merged_cost_nanos = 0, failed_cost_nanos = 0",
+        )
+        .unwrap();
+        assert!(outcome_columns(&db.db).is_empty());
+        conn.batch_execute(backfill).unwrap();
+    }
+    assert_eq!(
+        outcome_columns(&db.db),
+        maintained,
+        "outcome rollups vs the backfill"
+    );
     let t = tokens(&db.db);
     let app = service(&db.db).await;
     let facts = all_facts(&db.db);
@@ -215,6 +411,16 @@ async fn equivalence(db: TestDb) {
         "no anomaly in the data set"
     );
     assert_eq!(body["topTasks"].as_array().unwrap().len(), 10);
+    let outcomes = &body["outcomes"];
+    assert!(
+        outcomes["mergedPullRequests"].as_i64().unwrap() > 0,
+        "{outcomes}"
+    );
+    assert_ne!(outcomes["failedCost"], "0.0000", "{outcomes}");
+    assert!(
+        outcomes["byModel"].as_array().unwrap().len() > 2,
+        "{outcomes}"
+    );
     assert!(
         body["costByModel"]
             .as_array()
@@ -347,4 +553,133 @@ async fn an_empty_database_gives_an_all_zero_report() {
         assert_eq!(body["dailyCosts"].as_array().unwrap().len(), days);
         assert_eq!(body["topTasks"], json!([]));
     }
+}
+
+async fn metrics_text<S, B>(app: &S) -> String
+where
+    S: actix_web::dev::Service<
+            actix_http::Request,
+            Response = actix_web::dev::ServiceResponse<B>,
+            Error = actix_web::Error,
+        >,
+    B: actix_web::body::MessageBody,
+{
+    let res = actix_web::test::call_service(
+        app,
+        actix_web::test::TestRequest::get()
+            .uri("/metrics")
+            .to_request(),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap()
+}
+
+/// The value of the `agentry_cost_usd_total` series with these labels, if exposed.
+fn cost_series(text: &str, repo: &str, model: &str, task_type: &str) -> Option<String> {
+    let labels = format!(r#"{{model="{model}",repo="{repo}",task_type="{task_type}"}}"#);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("agentry_cost_usd_total{labels} ")))
+        .map(str::to_owned)
+}
+
+async fn run_cost_counter(db: TestDb) {
+    let app = service(&db.db).await;
+    // Nothing recorded yet: no series.
+    assert!(!metrics_text(&app).await.contains("agentry_cost_usd_total{"));
+
+    let now = OffsetDateTime::now_utc();
+    let mut conn = db.db.conn().unwrap();
+    let coding = create(&db.db, &new_task(REPOS[0], TaskType::Coding, now)).id;
+    step(&mut conn, coding, Trigger::Claim);
+    step(&mut conn, coding, Trigger::AgentStarted);
+    // 0.1 + 0.2 is exactly 0.3 (in floating point it would be 0.30000000000000004).
+    pay(&mut conn, coding, Some("opus"), 100_000_000);
+    pay(&mut conn, coding, Some("opus"), 200_000_000);
+    pay(&mut conn, coding, None, 1);
+    let review = create(&db.db, &new_task(REPOS[1], TaskType::Review, now)).id;
+    pay(&mut conn, review, Some("haiku"), 1_234_567_891);
+
+    let text = metrics_text(&app).await;
+    assert!(
+        text.contains("# TYPE agentry_cost_usd_total counter"),
+        "{text}"
+    );
+    assert_eq!(
+        cost_series(&text, REPOS[0], "opus", "coding").as_deref(),
+        Some("0.3"),
+        "{text}"
+    );
+    assert_eq!(
+        cost_series(&text, REPOS[0], "unknown", "coding").as_deref(),
+        Some("0.000000001"),
+        "{text}"
+    );
+    assert_eq!(
+        cost_series(&text, REPOS[1], "haiku", "review").as_deref(),
+        Some("1.234567891"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("agentry_cost_usd_total{"))
+            .count(),
+        3,
+        "{text}"
+    );
+
+    // Imported costs are not run costs; `seed` also records 40 live runs: each series is
+    // the exact sum of the ledger, and there is no other.
+    seed(&db.db, 5);
+    let text = metrics_text(&app).await;
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("agentry_cost_usd_total{"))
+        .collect();
+    let runs: Vec<(String, String, Option<String>, i64)> = {
+        use agentry_persistence::schema::{task_runs as tr, tasks as t};
+        use diesel::prelude::*;
+        tr::table
+            .inner_join(t::table.on(t::id.eq(tr::task_id)))
+            .filter(tr::cost_nanos.is_not_null())
+            .select((
+                t::repo_url,
+                t::task_type,
+                tr::model,
+                tr::cost_nanos.assume_not_null(),
+            ))
+            .load(&mut conn)
+            .unwrap()
+    };
+    let mut expected: std::collections::BTreeMap<(String, String, String), i64> =
+        std::collections::BTreeMap::new();
+    for (repo, task_type, model, nanos) in runs {
+        let model = model.unwrap_or_else(|| "unknown".to_owned());
+        *expected.entry((repo, model, task_type)).or_default() += nanos;
+    }
+    assert!(expected.len() > 5, "{expected:?}");
+    for ((repo, model, task_type), nanos) in &expected {
+        let exact = rust_decimal::Decimal::from_i128_with_scale(i128::from(*nanos), 9).normalize();
+        let shown: f64 = cost_series(&text, repo, model, task_type)
+            .unwrap_or_else(|| panic!("no series for {repo} {model} {task_type}: {text}"))
+            .parse()
+            .unwrap();
+        assert_eq!(shown, exact.to_string().parse::<f64>().unwrap());
+    }
+    assert_eq!(series.len(), expected.len(), "{series:?}");
+}
+
+#[actix_web::test]
+async fn the_recorded_run_cost_is_a_prometheus_counter_on_sqlite() {
+    run_cost_counter(TestDb::sqlite()).await;
+}
+
+#[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+async fn the_recorded_run_cost_is_a_prometheus_counter_on_postgresql() {
+    let Some(db) = TestDb::postgres() else { return };
+    run_cost_counter(db).await;
 }
