@@ -16,7 +16,9 @@ use utoipa_actix_web::{AppExt, scope};
 use crate::dto::names::{TaskStateName, TaskTypeName};
 use crate::error::{ApiError, ErrorBody, envelope_fallback};
 use crate::routes::webhooks::WebhookLimits;
-use crate::routes::{self, analytics, health, issues, repos, secrets, tasks, tokens, webhooks};
+use crate::routes::{
+    self, analytics, budget, health, issues, repos, secrets, tasks, tokens, webhooks,
+};
 use crate::state::AppState;
 
 struct BearerAuth;
@@ -66,6 +68,8 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(tokens::list_tokens)
                 .service(tokens::revoke_token)
                 .service(analytics::cost_report)
+                .service(budget::get_budget)
+                .service(budget::put_budget)
                 .service(secrets::put_secret)
                 .service(secrets::list_secrets)
                 .service(secrets::delete_secret)

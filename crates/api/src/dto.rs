@@ -90,6 +90,11 @@ pub struct TaskSummaryDto {
     /// When the task finished.
     #[serde(with = "time::serde::rfc3339::option")]
     pub finished_at: Option<OffsetDateTime>,
+    /// Why a queued task is not being started: `budget_exhausted` while a monthly budget
+    /// has nothing left (docs/contract.md#67-budgets); null otherwise.
+    pub blocked_reason: Option<String>,
+    /// The budget that blocks it: `repository` or `instance`; null when not blocked.
+    pub blocked_by: Option<String>,
 }
 
 impl From<Task> for TaskSummaryDto {
@@ -116,6 +121,8 @@ impl From<Task> for TaskSummaryDto {
             updated_at: t.updated_at,
             started_at: t.started_at,
             finished_at: t.finished_at,
+            blocked_reason: t.blocked_by.map(|_| "budget_exhausted".to_owned()),
+            blocked_by: t.blocked_by.map(|b| b.as_str().to_owned()),
         }
     }
 }

@@ -41,6 +41,6 @@ pub use repo_url::{RepoUrl, RepoUrlError};
 pub use role::Role;
 pub use settings::RepoSettings;
 pub use task::{
-    AgentType, MAX_ATTEMPTS, Task, TaskState, TaskType, Transition, TransitionError, Trigger,
-    UnknownValue, transition,
+    AgentType, BudgetScope, MAX_ATTEMPTS, Task, TaskState, TaskType, Transition, TransitionError,
+    Trigger, UnknownValue, transition,
 };

@@ -1,7 +1,8 @@
 //! Per-repository settings.
 //!
 //! [`RepoSettings`] holds the knobs a user can set for a repository: which
-//! models and agent to use, turn limits, automatic review and a cost cap.
+//! models and agent to use, turn limits, automatic review, a cost cap per task and a
+//! monthly budget.
 //! Updates arrive as JSON merge-patch style objects and are applied with
 //! [`RepoSettings::apply_patch`], which validates every member and names the
 //! offending one in its [`FieldError`].
@@ -24,7 +25,7 @@ const MAX_TURNS: i64 = 1000;
 const MAX_MODEL_CHARS: usize = 100;
 
 /// The JSON member names, in declaration order.
-const MEMBERS: [&str; 7] = [
+const MEMBERS: [&str; 8] = [
     CODING_MODEL,
     REVIEW_MODEL,
     MAX_TURNS_CODING,
@@ -32,6 +33,7 @@ const MEMBERS: [&str; 7] = [
     AGENT_TYPE,
     AUTO_REVIEW,
     MAX_COST_PER_TASK_USD,
+    MONTHLY_BUDGET_USD,
 ];
 const CODING_MODEL: &str = "codingModel";
 const REVIEW_MODEL: &str = "reviewModel";
@@ -40,6 +42,7 @@ const MAX_TURNS_REVIEW: &str = "maxTurnsReview";
 const AGENT_TYPE: &str = "agentType";
 const AUTO_REVIEW: &str = "autoReview";
 const MAX_COST_PER_TASK_USD: &str = "maxCostPerTaskUsd";
+const MONTHLY_BUDGET_USD: &str = "monthlyBudgetUsd";
 
 const MODEL_RULE: &str = "must be 1 to 100 characters of A-Z, a-z, 0-9 and . _ : / -, not starting \
      with -";
@@ -48,6 +51,8 @@ const NULLABLE_TURNS_RULE: &str = "must be an integer from 1 to 1000, or null";
 const AGENT_RULE: &str = "must be one of: claude-code, codex";
 const BOOL_RULE: &str = "must be true or false";
 const COST_RULE: &str = "must be a decimal string greater than 0, such as \"5.00\", or null";
+const BUDGET_RULE: &str =
+    "must be a decimal string of at least 0, such as \"500.00\", with at most 9 decimals, or null";
 
 /// Settings of one repository.
 ///
@@ -75,6 +80,9 @@ pub struct RepoSettings {
     /// The most a single task may cost, greater than zero, or `None` for no
     /// cap. Default `None`.
     pub max_cost_per_task_usd: Option<Usd>,
+    /// What agent runs on this repository may spend in a UTC calendar month, or `None` for
+    /// no budget (docs/contract.md#67-budgets). Default `None`.
+    pub monthly_budget_usd: Option<Usd>,
 }
 
 impl Default for RepoSettings {
@@ -87,6 +95,7 @@ impl Default for RepoSettings {
             agent_type: AgentType::ClaudeCode,
             auto_review: true,
             max_cost_per_task_usd: None,
+            monthly_budget_usd: None,
         }
     }
 }
@@ -157,6 +166,12 @@ impl RepoSettings {
                         _ => Some(cost_value(value)?),
                     }
                 }
+                MONTHLY_BUDGET_USD => {
+                    next.monthly_budget_usd = match value {
+                        Value::Null => None,
+                        _ => Some(budget_value(value)?),
+                    }
+                }
                 unknown => {
                     return Err(FieldError::new(
                         unknown,
@@ -218,20 +233,28 @@ fn turns_value(field: &str, value: &Value, rule: &str) -> Result<i32, FieldError
 
 /// Reads a (non-null) cost cap from a patch member.
 fn cost_value(value: &Value) -> Result<Usd, FieldError> {
-    let text = value
-        .as_str()
-        .ok_or_else(|| FieldError::new(MAX_COST_PER_TASK_USD, COST_RULE))?;
-    let cost = Usd::parse(text).map_err(|e| {
-        use crate::money::MoneyError;
-        match e {
-            MoneyError::Invalid(_) => FieldError::new(MAX_COST_PER_TASK_USD, COST_RULE),
-            MoneyError::Negative | MoneyError::TooPrecise | MoneyError::TooLarge => {
-                FieldError::new(MAX_COST_PER_TASK_USD, e.to_string())
-            }
-        }
-    })?;
+    let cost = money_value(MAX_COST_PER_TASK_USD, COST_RULE, value)?;
     check_cost(cost)?;
     Ok(cost)
+}
+
+/// A monthly budget from a JSON value: a decimal string of at least 0.
+pub fn budget_value(value: &Value) -> Result<Usd, FieldError> {
+    money_value(MONTHLY_BUDGET_USD, BUDGET_RULE, value)
+}
+
+/// An amount from a JSON string accepted by [`Usd::parse`], with errors naming `field`.
+fn money_value(field: &str, rule: &str, value: &Value) -> Result<Usd, FieldError> {
+    let text = value.as_str().ok_or_else(|| FieldError::new(field, rule))?;
+    Usd::parse(text).map_err(|e| {
+        use crate::money::MoneyError;
+        match e {
+            MoneyError::Invalid(_) => FieldError::new(field, rule),
+            MoneyError::Negative | MoneyError::TooPrecise | MoneyError::TooLarge => {
+                FieldError::new(field, e.to_string())
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -268,7 +291,7 @@ mod tests {
     fn serialization_shape() {
         assert_eq!(
             serde_json::to_string(&RepoSettings::default()).unwrap(),
-            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null}"#
+            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null,"monthlyBudgetUsd":null}"#
         );
         let s = patch(json!({"maxTurnsCoding": null, "maxCostPerTaskUsd": "2.50"})).unwrap();
         let v = serde_json::to_value(&s).unwrap();
@@ -299,6 +322,7 @@ mod tests {
             "agentType": "codex",
             "autoReview": false,
             "maxCostPerTaskUsd": "0.01",
+            "monthlyBudgetUsd": "0",
         }))
         .unwrap();
         assert_eq!(
@@ -311,6 +335,7 @@ mod tests {
                 agent_type: AgentType::Codex,
                 auto_review: false,
                 max_cost_per_task_usd: Some(Usd::parse("0.01").unwrap()),
+                monthly_budget_usd: Some(Usd::ZERO),
             }
         );
         assert_eq!(s.validate(), Ok(()));
@@ -560,5 +585,33 @@ mod tests {
             ..ok
         };
         assert_eq!(unlimited.validate(), Ok(()));
+    }
+
+    #[test]
+    fn monthly_budgets_are_exact_non_negative_or_null() {
+        let base = RepoSettings::default();
+        let set = base
+            .apply_patch(&json!({"monthlyBudgetUsd": "500.123456789"}))
+            .unwrap();
+        assert_eq!(
+            set.monthly_budget_usd,
+            Some(Usd::parse("500.123456789").unwrap())
+        );
+        let zero = base.apply_patch(&json!({"monthlyBudgetUsd": "0"})).unwrap();
+        assert_eq!(zero.monthly_budget_usd, Some(Usd::ZERO));
+        let cleared = set.apply_patch(&json!({"monthlyBudgetUsd": null})).unwrap();
+        assert_eq!(cleared.monthly_budget_usd, None);
+        for bad in [
+            json!("-1"),
+            json!("abc"),
+            json!("1.0000000001"),
+            json!(5),
+            json!(true),
+        ] {
+            let e = base
+                .apply_patch(&json!({ "monthlyBudgetUsd": bad }))
+                .unwrap_err();
+            assert_eq!(e.field, "monthlyBudgetUsd", "{bad}");
+        }
     }
 }

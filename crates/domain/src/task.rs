@@ -368,7 +368,25 @@ pub struct Task {
     pub started_at: Option<OffsetDateTime>,
     /// When the task reached a terminal state, if it did.
     pub finished_at: Option<OffsetDateTime>,
+    /// The monthly budget that keeps this queued task from being claimed, if one does
+    /// (docs/contract.md#67-budgets).
+    pub blocked_by: Option<BudgetScope>,
 }
+
+/// Which monthly budget a limit comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetScope {
+    /// The instance-wide budget.
+    Instance,
+    /// The task's repository's budget.
+    Repository,
+}
+
+wire_enum!(BudgetScope, "budget scope", [
+    Instance => "instance",
+    Repository => "repository",
+]);
 
 #[cfg(test)]
 mod tests {

@@ -49,6 +49,7 @@ struct RepoRow {
     agent_type: String,
     auto_review: bool,
     max_cost_per_task_nanos: Option<i64>,
+    monthly_budget_nanos: Option<i64>,
     connected_at: PrimitiveDateTime,
     disconnected_at: Option<PrimitiveDateTime>,
     created_at: PrimitiveDateTime,
@@ -72,6 +73,7 @@ impl TryFrom<RepoRow> for Repository {
                 agent_type: convert::parse::<AgentType>("agent type", &r.agent_type)?,
                 auto_review: r.auto_review,
                 max_cost_per_task_usd: convert::usd(r.max_cost_per_task_nanos)?,
+                monthly_budget_usd: convert::usd(r.monthly_budget_nanos)?,
             },
             connected_at: from_db(r.connected_at),
             disconnected_at: opt_from_db(r.disconnected_at),
@@ -136,6 +138,7 @@ pub fn connect_repository(
                 repositories::auto_review.eq(s.auto_review),
                 repositories::max_cost_per_task_nanos
                     .eq(s.max_cost_per_task_usd.map(Usd::to_nanos)),
+                repositories::monthly_budget_nanos.eq(s.monthly_budget_usd.map(Usd::to_nanos)),
                 repositories::connected_at.eq(to_db(now)),
                 repositories::created_at.eq(to_db(now)),
                 repositories::updated_at.eq(to_db(now)),
@@ -231,12 +234,17 @@ pub fn update_settings(
                 repositories::auto_review.eq(settings.auto_review),
                 repositories::max_cost_per_task_nanos
                     .eq(settings.max_cost_per_task_usd.map(Usd::to_nanos)),
+                repositories::monthly_budget_nanos
+                    .eq(settings.monthly_budget_usd.map(Usd::to_nanos)),
                 repositories::updated_at.eq(to_db(now)),
             ))
             .execute(conn)?;
         if updated == 0 {
             return Err(DbError::NotFound);
         }
+        // A changed budget may pay for the repository's blocked tasks: they are candidates
+        // again (a claim blocks them anew if not).
+        crate::budgets::unblock(conn, Some(id))?;
         get_repository(conn, id)
     })
 }

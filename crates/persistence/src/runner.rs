@@ -12,11 +12,12 @@
 //! compare-and-set on `state = 'queued'` in any case; SQLite's immediate transaction
 //! serialises claimers.
 
-use agentry_domain::{Task, TaskState, Transition, Trigger};
+use agentry_domain::{BudgetScope, Task, TaskState, Transition, Trigger};
 use diesel::prelude::*;
 use time::{Duration, OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
+use crate::budgets;
 use crate::convert::{self, from_db, to_db};
 use crate::rollups::{self, Deltas};
 use crate::schema::{run_logs, task_events, task_runs, tasks};
@@ -29,7 +30,13 @@ pub const MAX_LOG_BYTES: usize = 8 * 1024 * 1024;
 
 /// Claims the oldest `queued` task for `owner` with a lease until `now + lease`: moves it to
 /// `provisioning` (event `claim`, `startedAt` set) and returns it, or `None` when nothing is
-/// queued.
+/// queued that a budget lets run.
+///
+/// Under monthly budgets (docs/contract.md#67-budgets) the claim takes the task's allowance
+/// (what is left of its repository's and the instance's month, net of the reserves of runs
+/// in progress) as its reserve, in the same transaction; a task no budget can pay for is
+/// not claimed, and its repository's queued tasks (or every queued task, for the
+/// instance's budget) are marked blocked until money is available again.
 pub fn claim_next(
     conn: &mut AnyConnection,
     owner: &str,
@@ -39,14 +46,28 @@ pub fn claim_next(
     let at = to_db(now);
     let until = to_db(now + lease);
     write_tx(conn, |conn| {
-        // A few candidates in case another claimer wins the compare-and-set on one of them
+        // Candidates, oldest first: another claimer may win the compare-and-set on one
         // (possible on PostgreSQL between our read and our update only without the row lock,
-        // i.e. never with SKIP LOCKED; kept as a guard).
-        for _ in 0..4 {
-            let Some(id) = oldest_queued(conn)? else {
+        // i.e. never with SKIP LOCKED; kept as a guard), and a repository whose budget is
+        // spent has all its queued tasks blocked at once, so each round skips a whole
+        // repository.
+        budgets::lock_for_claim(conn)?;
+        for _ in 0..MAX_CANDIDATES {
+            let Some(id) = oldest_queued(conn, now)? else {
                 return Ok(None);
             };
             let before = task_store::get_task(conn, convert::uuid(&id)?)?;
+            let reserve = match budgets::allowance(conn, &before, now)? {
+                budgets::Allowance::Unlimited => None,
+                budgets::Allowance::Reserve(nanos) => Some(nanos.max(0)),
+                budgets::Allowance::Exhausted(scope) => {
+                    budgets::block(conn, scope, before.repo_id, now)?;
+                    if scope == BudgetScope::Instance {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+            };
             let updated = diesel::update(
                 tasks::table
                     .filter(tasks::id.eq(&id))
@@ -58,6 +79,9 @@ pub fn claim_next(
                 tasks::lease_expires_at.eq(until),
                 tasks::started_at.eq(at),
                 tasks::updated_at.eq(at),
+                tasks::blocked_by.eq(None::<String>),
+                tasks::blocked_at.eq(None::<time::PrimitiveDateTime>),
+                tasks::budget_reserve_nanos.eq(reserve),
             ))
             .execute(conn)?;
             if updated == 0 {
@@ -81,11 +105,17 @@ pub fn claim_next(
     })
 }
 
-/// The id of the oldest queued task, locked for this transaction on PostgreSQL (skipping
-/// rows other claimers hold).
-fn oldest_queued(conn: &mut AnyConnection) -> Result<Option<String>, DbError> {
+/// Candidates one claim looks at before giving up until the next round.
+const MAX_CANDIDATES: usize = 16;
+
+/// The id of the oldest queued task no budget blocks this month, locked for this
+/// transaction on PostgreSQL (skipping rows other claimers hold). A task blocked in an
+/// earlier month is a candidate again.
+fn oldest_queued(conn: &mut AnyConnection, now: OffsetDateTime) -> Result<Option<String>, DbError> {
+    let month = to_db(budgets::month_start(now));
     let query = tasks::table
         .filter(tasks::state.eq(TaskState::Queued.as_str()))
+        .filter(tasks::blocked_at.is_null().or(tasks::blocked_at.lt(month)))
         .order((tasks::created_at.asc(), tasks::id.asc()))
         .select(tasks::id)
         .limit(1);

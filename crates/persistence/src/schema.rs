@@ -28,6 +28,7 @@ diesel::table! {
         disconnected_at -> Nullable<Timestamp>,
         created_at -> Timestamp,
         updated_at -> Timestamp,
+        monthly_budget_nanos -> Nullable<BigInt>,
     }
 }
 
@@ -57,6 +58,9 @@ diesel::table! {
         updated_at -> Timestamp,
         started_at -> Nullable<Timestamp>,
         finished_at -> Nullable<Timestamp>,
+        blocked_by -> Nullable<Text>,
+        blocked_at -> Nullable<Timestamp>,
+        budget_reserve_nanos -> Nullable<BigInt>,
     }
 }
 
@@ -202,6 +206,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     service_meta,
     cost_daily,
     cost_cumulative,
+    instance_budget,
 );
 
 diesel::table! {
@@ -231,5 +236,13 @@ diesel::table! {
         outcome_cost_nanos -> BigInt,
         merged_cost_nanos -> BigInt,
         failed_cost_nanos -> BigInt,
+    }
+}
+
+diesel::table! {
+    instance_budget (id) {
+        id -> Integer,
+        monthly_budget_nanos -> Nullable<BigInt>,
+        updated_at -> Timestamp,
     }
 }

@@ -39,6 +39,7 @@ struct TaskRow {
     updated_at: PrimitiveDateTime,
     started_at: Option<PrimitiveDateTime>,
     finished_at: Option<PrimitiveDateTime>,
+    blocked_by: Option<String>,
 }
 
 impl TryFrom<TaskRow> for Task {
@@ -68,6 +69,11 @@ impl TryFrom<TaskRow> for Task {
             updated_at: from_db(r.updated_at),
             started_at: opt_from_db(r.started_at),
             finished_at: opt_from_db(r.finished_at),
+            blocked_by: r
+                .blocked_by
+                .as_deref()
+                .map(|b| convert::parse("budget scope", b))
+                .transpose()?,
         })
     }
 }

@@ -375,9 +375,10 @@ fn agent_failure(
             (None, None) => "the agent ended abnormally".to_owned(),
         },
         AgentOutcome::MaxTurns => "the agent reached its turn limit (maxTurns)".to_owned(),
-        AgentOutcome::MaxBudget => {
-            "the agent reached its spending limit (maxCostPerTaskUsd)".to_owned()
-        }
+        AgentOutcome::MaxBudget => "budget reached: the agent stopped at this run's spending \
+                                    limit (the least of what is left of maxCostPerTaskUsd and of \
+                                    the monthly budgets)"
+            .to_owned(),
         AgentOutcome::Error(e) => format!("the agent failed: {e}"),
         AgentOutcome::Unparseable(why) => {
             let exit = match (code, signal) {

@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod budgets;
 pub mod codehost;
 pub mod config;
 pub mod costs;

@@ -223,6 +223,7 @@ pub async fn runner_loop(state: Service) {
                 let state = state.clone();
                 tokio::spawn(async move {
                     run_task(&state, task).await;
+                    money_freed(&state).await;
                     drop(slot);
                     state.runs.wake();
                 });
@@ -257,7 +258,21 @@ pub async fn run_next(state: &Service) -> Result<Option<Uuid>, ServiceError> {
     };
     let id = task.id;
     run_task(state, task).await;
+    money_freed(state).await;
     Ok(Some(id))
+}
+
+/// After a run's reserve went back (the run ended, was recovered or cancelled): the tasks a
+/// budget blocked are candidates again, and the next claim decides anew with what is left.
+async fn money_freed(state: &Service) {
+    let unblocked = state
+        .db(|conn| Ok(agentry_persistence::budgets::unblock(conn, None)?))
+        .await;
+    match unblocked {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(tasks = n, "blocked tasks are candidates again"),
+        Err(e) => tracing::warn!(error = %e, "could not unblock tasks after a run"),
+    }
 }
 
 /// What a run needs besides the job.
@@ -388,6 +403,15 @@ fn prepare(
             }
             Usd::from_nanos(left).ok()
         }
+    };
+    // The monthly budgets' share, reserved when the task was claimed: the run may spend the
+    // least of the two.
+    let budget = match (
+        budget,
+        agentry_persistence::budgets::reserve_of(conn, task.id)?,
+    ) {
+        (Some(cap), Some(reserve)) => Some(cap.min(reserve)),
+        (cap, reserve) => cap.or(reserve),
     };
     let (kind, agent, prompt, parent) = match task.task_type {
         TaskType::Coding => (
@@ -865,6 +889,7 @@ pub async fn recover_expired(
         }
     }
     if recovered > 0 {
+        money_freed(state).await;
         state.runs.wake();
     }
     Ok(recovered)

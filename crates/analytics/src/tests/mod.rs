@@ -108,6 +108,7 @@ fn task_fact_from_a_stored_task() {
         updated_at: created_at,
         started_at: None,
         finished_at: None,
+        blocked_by: None,
     };
     let fact = TaskFact::from(task);
     assert_eq!(

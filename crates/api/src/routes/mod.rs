@@ -2,6 +2,7 @@
 //! registered through `utoipa_actix_web`, so registering a route documents it.
 
 pub mod analytics;
+pub mod budget;
 pub mod health;
 pub mod issues;
 pub mod repos;

@@ -260,16 +260,7 @@ pub async fn patch_settings(
 ) -> Result<web::Json<RepoSettings>, ApiError> {
     caller.require(Role::Admin)?;
     let id = path_uuid("id", &path)?;
-    let patch = body.0;
-    let repo = state
-        .db(move |conn| {
-            repos::patch_settings(conn, id, agentry_persistence::now(), |current| {
-                current.apply_patch(&patch)
-            })
-            .map_err(repo_error(id))?
-            .map_err(ApiError::from)
-        })
-        .await?;
-    tracing::info!(repo = %repo.url, by = %caller.token_id, "repository settings changed");
-    Ok(web::Json(repo.settings))
+    let settings = state.service.patch_repo_settings(id, body.0).await?;
+    tracing::info!(repo = %id, by = %caller.token_id, "repository settings changed");
+    Ok(web::Json(settings))
 }

@@ -733,6 +733,8 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         ("POST", "/api/issues/sync"),
         ("POST", "/api/issues/assign"),
         ("POST", "/api/webhooks/codehost"),
+        ("GET", "/api/budget"),
+        ("PUT", "/api/budget"),
     ]
     .iter()
     .map(|(m, p)| (m.to_string(), p.to_string()))
@@ -1020,6 +1022,7 @@ async fn the_cost_report_schema_has_every_member() {
             "dailyCosts",
             "forecast",
             "modelSuggestions",
+            "outcomes",
             "summary",
             "topTasks"
         ]

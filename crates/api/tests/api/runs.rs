@@ -569,14 +569,15 @@ async fn settings_reach_the_agent_and_secrets_do_not() {
     let home = rig.run_dir(&id, 1).join("home");
     assert!(env.contains(&format!("HOME={}", home.display())), "{env:?}");
 
-    // Attempt 2 may spend what is left: 0.2 - 0.123456.
+    // Attempt 2 may spend what is left: 0.2 - 0.123456; the agent stops there (the fake,
+    // like Claude Code, ends at its --max-budget-usd).
     call(&app, bare("POST", &format!("/api/tasks/{id}/retry"), &t)).await;
     let task = wait_for(&app, &t, &id, "attempt 2 failed", |t| {
         state_of(t) == "failed" && t["runs"].as_array().unwrap().len() == 2
     })
     .await;
     assert_eq!(home_lines(&rig, &id, 2, "args"), claude_args("0.076544"));
-    assert_eq!(task["costUsd"], "0.246912");
+    assert_eq!(task["costUsd"], "0.2");
 
     // The task has spent more than its limit: attempt 3 fails before any agent starts.
     call(&app, bare("POST", &format!("/api/tasks/{id}/retry"), &t)).await;
@@ -589,7 +590,7 @@ async fn settings_reach_the_agent_and_secrets_do_not() {
         "{task:#}"
     );
     assert_eq!(task["runs"].as_array().unwrap().len(), 2, "{task:#}");
-    assert_eq!(task["costUsd"], "0.246912");
+    assert_eq!(task["costUsd"], "0.2");
     assert!(!rig.run_dir(&id, 3).exists());
 
     // The token is in no file agentry or git wrote (mirror config, worktrees, run dirs).
@@ -957,4 +958,69 @@ async fn bad_task_requests_are_refused() {
     // Cancelling a queued task works without any runner.
     let (status, reply) = call(&app, bare("POST", &format!("/api/tasks/{id}/cancel"), &m)).await;
     assert_eq!(status, 200, "{reply}");
+}
+
+/// A $1 monthly budget and four tasks whose runs would each cost $0.40, through a fake
+/// Claude Code that stops at `--max-budget-usd` like the real one: the first two runs
+/// finish, the third is given the $0.20 left, stops there and fails with its $0.20 recorded,
+/// the fourth stays queued and blocked; raising the budget to $2 starts it.
+async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
+    let mut rig = Rig::new(db);
+    let app = app!(rig);
+    patch_settings(
+        &app,
+        &rig,
+        json!({"autoReview": false, "monthlyBudgetUsd": "1"}),
+    )
+    .await;
+    let t = rig.env.t.member.clone();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(manual_task(&app, &rig, &format!("Task {i} [fake:cost=0.40]")).await);
+    }
+    for id in &ids[..2] {
+        let task = wait_for(&app, &t, id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+        assert_eq!(task["costUsd"], "0.4", "{task:#}");
+    }
+    let third = wait_for(&app, &t, &ids[2], "failed", |t| state_of(t) == "failed").await;
+    assert!(error_of(&third).starts_with("budget reached"), "{third:#}");
+    assert_eq!(third["costUsd"], "0.2", "{third:#}");
+    // The agent was given exactly what the budget had left.
+    let args = home_lines(&rig, &ids[2], 1, "args");
+    let budget = args.iter().position(|a| a == "--max-budget-usd").unwrap();
+    assert_eq!(args[budget + 1], "0.2", "{args:?}");
+    let fourth = wait_for(&app, &t, &ids[3], "blocked", |t| {
+        t["blockedReason"] == "budget_exhausted"
+    })
+    .await;
+    assert_eq!(state_of(&fourth), "queued");
+    assert_eq!(fourth["blockedBy"], "repository");
+    assert!(rig.env.fake.pulls(OWNER, NAME).len() == 2);
+
+    patch_settings(&app, &rig, json!({"monthlyBudgetUsd": "2"})).await;
+    let fourth = wait_for(&app, &t, &ids[3], "pr_opened", |t| {
+        state_of(t) == "pr_opened"
+    })
+    .await;
+    assert_eq!(fourth["blockedReason"], Value::Null);
+    assert_eq!(fourth["costUsd"], "0.4");
+    let args = home_lines(&rig, &ids[3], 1, "args");
+    let budget = args.iter().position(|a| a == "--max-budget-usd").unwrap();
+    assert_eq!(args[budget + 1], "1", "{args:?}");
+}
+
+#[actix_web::test]
+async fn a_monthly_budget_stops_spending_at_its_line_sqlite() {
+    a_monthly_budget_stops_spending_at_its_line(TestDb::sqlite()).await;
+}
+
+#[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+async fn a_monthly_budget_stops_spending_at_its_line_postgres() {
+    if let Some(db) = TestDb::postgres() {
+        a_monthly_budget_stops_spending_at_its_line(db).await;
+    }
 }

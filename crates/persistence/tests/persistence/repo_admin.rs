@@ -81,6 +81,7 @@ agentry_persistence::backend_tests! {
             agent_type: AgentType::Codex,
             auto_review: false,
             max_cost_per_task_usd: Some(usd("12.345678901")),
+            monthly_budget_usd: Some(usd("250.000000001")),
         };
         let updated = repos::update_settings(&mut conn, repo.id, &custom, at(5)).unwrap();
         assert_eq!(updated.settings, custom);

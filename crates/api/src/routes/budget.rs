@@ -1,0 +1,114 @@
+//! `GET|PUT /api/budget`: the instance-wide monthly budget with its month to date
+//! (docs/contract.md#67-budgets).
+
+use actix_web::{get, put, web};
+use agentry_domain::Role;
+use agentry_service::budgets::BudgetView;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::error::{ApiError, ErrorBody};
+use crate::state::AppState;
+
+/// The instance-wide monthly budget and its month so far.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetDto {
+    /// The budget for each UTC calendar month, exact decimal USD; null for none.
+    #[schema(example = "500.00")]
+    pub monthly_budget_usd: Option<String>,
+    /// The month the figures are for, `YYYY-MM`.
+    #[schema(example = "2026-11")]
+    pub month: String,
+    /// Spent by the runs that finished this month, exact decimal USD.
+    #[schema(example = "123.456")]
+    pub month_to_date_usd: String,
+    /// Held for the runs in progress (each run's allowance), exact decimal USD.
+    #[schema(example = "2.5")]
+    pub reserved_usd: String,
+    /// What is left this month after the spend and the reserves; null without a budget.
+    #[schema(example = "374.044")]
+    pub remaining_usd: Option<String>,
+}
+
+impl From<BudgetView> for BudgetDto {
+    fn from(v: BudgetView) -> Self {
+        let f = v.figures;
+        let remaining = f.budget.map(|b| {
+            let left = b
+                .to_nanos()
+                .saturating_sub(f.spent.to_nanos())
+                .saturating_sub(f.reserved.to_nanos())
+                .max(0);
+            agentry_domain::Usd::from_nanos(left)
+                .map(|u| u.to_string())
+                .unwrap_or_else(|_| "0".into())
+        });
+        BudgetDto {
+            monthly_budget_usd: f.budget.map(|b| b.to_string()),
+            month: format!("{:04}-{:02}", v.month.year(), u8::from(v.month.month())),
+            month_to_date_usd: f.spent.to_string(),
+            reserved_usd: f.reserved.to_string(),
+            remaining_usd: remaining,
+        }
+    }
+}
+
+/// A new instance-wide budget.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PutBudget {
+    /// A decimal string of at least 0 with at most 9 decimals (e.g. `"500.00"`), or null to
+    /// remove the budget.
+    #[schema(value_type = Option<String>, example = "500.00")]
+    pub monthly_budget_usd: serde_json::Value,
+}
+
+/// The instance-wide monthly budget and what this month has spent and reserved (viewer).
+#[utoipa::path(
+    tag = "budget",
+    responses(
+        (status = 200, body = BudgetDto),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/budget")]
+pub async fn get_budget(
+    _caller: Caller,
+    state: web::Data<AppState>,
+) -> Result<web::Json<BudgetDto>, ApiError> {
+    Ok(web::Json(state.service.instance_budget().await?.into()))
+}
+
+/// Sets or removes the instance-wide monthly budget (admin). Queued tasks it blocked start
+/// by themselves once it leaves money for them.
+#[utoipa::path(
+    tag = "budget",
+    request_body = PutBudget,
+    responses(
+        (status = 200, body = BudgetDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[put("/budget")]
+pub async fn put_budget(
+    caller: Caller,
+    state: web::Data<AppState>,
+    body: JsonBody<PutBudget>,
+) -> Result<web::Json<BudgetDto>, ApiError> {
+    caller.require(Role::Admin)?;
+    let budget = match &body.0.monthly_budget_usd {
+        serde_json::Value::Null => None,
+        value => Some(agentry_domain::settings::budget_value(value)?),
+    };
+    let view = state.service.set_instance_budget(budget).await?;
+    tracing::info!(budget = ?budget.map(|b| b.to_string()), by = %caller.token_id, "instance budget set");
+    Ok(web::Json(view.into()))
+}

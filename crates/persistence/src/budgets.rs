@@ -1,0 +1,303 @@
+//! Monthly budgets (docs/contract.md#67-budgets): the instance-wide budget, what was spent
+//! this month, what running tasks have reserved, and which queued tasks no budget can pay
+//! for.
+//!
+//! The month is the UTC calendar month. What a month spent is the cost of the runs that
+//! finished in it; what is reserved is the allowance of every task being provisioned or
+//! run (`tasks.budget_reserve_nanos`), which goes away when the task leaves those states. A
+//! claim takes its allowance from what is left, in the claim's transaction
+//! ([`crate::runner::claim_next`]), so parallel runs never share one remainder.
+
+use agentry_domain::{BudgetScope, Task, TaskState, Usd};
+use diesel::prelude::*;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::convert::{self, to_db};
+use crate::schema::{instance_budget, repositories, task_runs, tasks};
+use crate::{AnyConnection, DbError, write_tx};
+
+/// Midnight UTC of the first day of `now`'s month.
+pub fn month_start(now: OffsetDateTime) -> OffsetDateTime {
+    let now = now.to_offset(time::UtcOffset::UTC);
+    now.replace_day(1)
+        .map(|d| d.replace_time(time::Time::MIDNIGHT))
+        .unwrap_or(now)
+}
+
+/// The instance-wide monthly budget, if one is set.
+pub fn instance_budget(conn: &mut AnyConnection) -> Result<Option<Usd>, DbError> {
+    let nanos: Option<Option<i64>> = instance_budget::table
+        .find(1)
+        .select(instance_budget::monthly_budget_nanos)
+        .first(conn)
+        .optional()?;
+    convert::usd(nanos.flatten())
+}
+
+/// Sets (or with `None` removes) the instance-wide monthly budget. Queued tasks blocked by a
+/// budget become candidates again: the next claim decides anew.
+pub fn set_instance_budget(
+    conn: &mut AnyConnection,
+    budget: Option<Usd>,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    write_tx(conn, |conn| {
+        // The budget row first, then the tasks: the order a claim locks them in.
+        let updated = diesel::update(instance_budget::table.find(1))
+            .set((
+                instance_budget::monthly_budget_nanos.eq(budget.map(Usd::to_nanos)),
+                instance_budget::updated_at.eq(to_db(now)),
+            ))
+            .execute(conn)?;
+        if updated == 0 {
+            diesel::insert_into(instance_budget::table)
+                .values((
+                    instance_budget::id.eq(1),
+                    instance_budget::monthly_budget_nanos.eq(budget.map(Usd::to_nanos)),
+                    instance_budget::updated_at.eq(to_db(now)),
+                ))
+                .execute(conn)?;
+        }
+        unblock(conn, None)?;
+        Ok(())
+    })
+}
+
+/// Nano-dollars spent in `now`'s month: the runs that finished since it began, of one
+/// repository or (`None`) of every task.
+pub fn spent_nanos(
+    conn: &mut AnyConnection,
+    repo: Option<Uuid>,
+    now: OffsetDateTime,
+) -> Result<i64, DbError> {
+    let since = to_db(month_start(now));
+    let mut query = task_runs::table
+        .filter(task_runs::finished_at.ge(since))
+        .filter(task_runs::cost_nanos.is_not_null())
+        .select(task_runs::cost_nanos)
+        .into_boxed();
+    if let Some(repo) = repo {
+        query = query.filter(
+            task_runs::task_id.eq_any(
+                tasks::table
+                    .filter(tasks::repo_id.eq(repo.to_string()))
+                    .select(tasks::id),
+            ),
+        );
+    }
+    let costs: Vec<Option<i64>> = query.load(conn)?;
+    Ok(costs.into_iter().flatten().fold(0i64, i64::saturating_add))
+}
+
+/// Nano-dollars reserved by the tasks being provisioned or run, of one repository or of
+/// every task.
+pub fn reserved_nanos(conn: &mut AnyConnection, repo: Option<Uuid>) -> Result<i64, DbError> {
+    let mut query = tasks::table
+        .filter(tasks::state.eq_any([
+            TaskState::Provisioning.as_str(),
+            TaskState::Running.as_str(),
+        ]))
+        .filter(tasks::budget_reserve_nanos.is_not_null())
+        .select(tasks::budget_reserve_nanos)
+        .into_boxed();
+    if let Some(repo) = repo {
+        query = query.filter(tasks::repo_id.eq(repo.to_string()));
+    }
+    let reserves: Vec<Option<i64>> = query.load(conn)?;
+    Ok(reserves
+        .into_iter()
+        .flatten()
+        .fold(0i64, i64::saturating_add))
+}
+
+/// A budget with what its month has used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MonthToDate {
+    /// The monthly budget, if set.
+    pub budget: Option<Usd>,
+    /// Spent by runs that finished this month.
+    pub spent: Usd,
+    /// Reserved by runs in progress.
+    pub reserved: Usd,
+}
+
+/// The instance-wide budget and its month so far.
+pub fn instance_month(
+    conn: &mut AnyConnection,
+    now: OffsetDateTime,
+) -> Result<MonthToDate, DbError> {
+    Ok(MonthToDate {
+        budget: instance_budget(conn)?,
+        spent: usd(spent_nanos(conn, None, now)?)?,
+        reserved: usd(reserved_nanos(conn, None)?)?,
+    })
+}
+
+/// A repository's budget and its month so far.
+pub fn repository_month(
+    conn: &mut AnyConnection,
+    repo: Uuid,
+    now: OffsetDateTime,
+) -> Result<MonthToDate, DbError> {
+    let budget: Option<i64> = repositories::table
+        .find(repo.to_string())
+        .select(repositories::monthly_budget_nanos)
+        .first(conn)
+        .optional()?
+        .ok_or(DbError::NotFound)?;
+    Ok(MonthToDate {
+        budget: convert::usd(budget)?,
+        spent: usd(spent_nanos(conn, Some(repo), now)?)?,
+        reserved: usd(reserved_nanos(conn, Some(repo))?)?,
+    })
+}
+
+fn usd(nanos: i64) -> Result<Usd, DbError> {
+    Ok(convert::usd(Some(nanos.max(0)))?.unwrap_or(Usd::ZERO))
+}
+
+/// On PostgreSQL, when any monthly budget is set, takes the budget row's lock for the rest of
+/// the claim's transaction, before any task row: claims of several replicas then decide on
+/// the money one at a time, and every transaction that locks both takes the budget row
+/// first (no deadlock). SQLite's immediate transactions are serialised already.
+pub(crate) fn lock_for_claim(conn: &mut AnyConnection) -> Result<(), DbError> {
+    let AnyConnection::Postgresql(_) = conn else {
+        return Ok(());
+    };
+    let any_repository: Option<String> = repositories::table
+        .filter(repositories::monthly_budget_nanos.is_not_null())
+        .select(repositories::id)
+        .first(conn)
+        .optional()?;
+    if any_repository.is_none() && instance_budget(conn)?.is_none() {
+        return Ok(());
+    }
+    if let AnyConnection::Postgresql(pg) = conn {
+        instance_budget::table
+            .find(1)
+            .select(instance_budget::id)
+            .for_update()
+            .first::<i32>(pg)
+            .optional()?;
+    }
+    Ok(())
+}
+
+/// What a claim of a task may do under the budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allowance {
+    /// No monthly budget applies: run, reserving nothing.
+    Unlimited,
+    /// Run, reserving at most this many nano-dollars (> 0).
+    Reserve(i64),
+    /// This budget has nothing left this month.
+    Exhausted(BudgetScope),
+}
+
+/// What a claim of `task` may reserve: what is left this month of the budgets it counts
+/// against (its repository's and the instance's, minus the reserves of runs in progress),
+/// and at most what is left of the task's own cap (`maxCostPerTaskUsd`), so runs with a cap
+/// can run side by side under one budget. Called inside the claim's transaction (on
+/// PostgreSQL after locking the budget row, so claims of several replicas take their
+/// reserves one by one, see [`lock_for_claim`]).
+pub(crate) fn allowance(
+    conn: &mut AnyConnection,
+    task: &Task,
+    now: OffsetDateTime,
+) -> Result<Allowance, DbError> {
+    let repo = task.repo_id;
+    let (repo_budget, cap) = match repo {
+        Some(repo) => repositories::table
+            .find(repo.to_string())
+            .select((
+                repositories::monthly_budget_nanos,
+                repositories::max_cost_per_task_nanos,
+            ))
+            .first::<(Option<i64>, Option<i64>)>(conn)
+            .optional()?
+            .unwrap_or((None, None)),
+        None => (None, None),
+    };
+    let instance = instance_budget(conn)?.map(Usd::to_nanos);
+    if repo_budget.is_none() && instance.is_none() {
+        return Ok(Allowance::Unlimited);
+    }
+    let mut left: Option<i64> = None;
+    if let (Some(budget), Some(repo)) = (repo_budget, repo) {
+        let rest = budget
+            .saturating_sub(spent_nanos(conn, Some(repo), now)?)
+            .saturating_sub(reserved_nanos(conn, Some(repo))?);
+        if rest <= 0 {
+            return Ok(Allowance::Exhausted(BudgetScope::Repository));
+        }
+        left = Some(rest);
+    }
+    if let Some(budget) = instance {
+        let rest = budget
+            .saturating_sub(spent_nanos(conn, None, now)?)
+            .saturating_sub(reserved_nanos(conn, None)?);
+        if rest <= 0 {
+            return Ok(Allowance::Exhausted(BudgetScope::Instance));
+        }
+        left = Some(left.map_or(rest, |l| l.min(rest)));
+    }
+    if let (Some(cap), Some(l)) = (cap, left) {
+        let spent = task.cost_usd.map_or(0, Usd::to_nanos);
+        // A task past its cap is failed by the runner; it reserves nothing meanwhile.
+        left = Some(l.min(cap.saturating_sub(spent).max(0)));
+    }
+    Ok(left.map_or(Allowance::Unlimited, Allowance::Reserve))
+}
+
+/// Marks the queued tasks `scope` keeps from running as blocked: those of `repo` for a
+/// repository's budget, every queued task for the instance's.
+pub(crate) fn block(
+    conn: &mut AnyConnection,
+    scope: BudgetScope,
+    repo: Option<Uuid>,
+    now: OffsetDateTime,
+) -> Result<usize, DbError> {
+    let mut query = diesel::update(tasks::table)
+        .filter(tasks::state.eq(TaskState::Queued.as_str()))
+        .into_boxed();
+    if scope == BudgetScope::Repository {
+        let Some(repo) = repo else { return Ok(0) };
+        query = query.filter(tasks::repo_id.eq(repo.to_string()));
+    }
+    Ok(query
+        .set((
+            tasks::blocked_by.eq(scope.as_str()),
+            tasks::blocked_at.eq(to_db(now)),
+        ))
+        .execute(conn)?)
+}
+
+/// Makes the blocked queued tasks (of `repo`, or all) candidates again, after money may have
+/// become available (a budget changed, a run ended under its reserve). Returns how many.
+pub fn unblock(conn: &mut AnyConnection, repo: Option<Uuid>) -> Result<usize, DbError> {
+    let mut query = diesel::update(tasks::table)
+        .filter(tasks::state.eq(TaskState::Queued.as_str()))
+        .filter(tasks::blocked_at.is_not_null())
+        .into_boxed();
+    if let Some(repo) = repo {
+        query = query.filter(tasks::repo_id.eq(repo.to_string()));
+    }
+    Ok(query
+        .set((
+            tasks::blocked_by.eq(None::<String>),
+            tasks::blocked_at.eq(None::<time::PrimitiveDateTime>),
+        ))
+        .execute(conn)?)
+}
+
+/// The reserve of a claimed task, if a budget gave it one.
+pub fn reserve_of(conn: &mut AnyConnection, task: Uuid) -> Result<Option<Usd>, DbError> {
+    let nanos: Option<i64> = tasks::table
+        .find(task.to_string())
+        .select(tasks::budget_reserve_nanos)
+        .first(conn)
+        .optional()?
+        .ok_or(DbError::NotFound)?;
+    convert::usd(nanos)
+}
