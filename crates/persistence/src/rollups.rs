@@ -899,27 +899,35 @@ pub fn day_before(d: Date) -> Date {
 /// type and model of the run (`""` = unknown): the counter `agentry_cost_usd_total`.
 ///
 /// Runs are never changed once recorded, so each sum only grows. Imported tasks carry a cost
-/// but no runs, so they are not part of it. Summed with overflow checks.
+/// but no runs, so they are not part of it. The sums are exact integers: a sum beyond the
+/// `BIGINT` range fails (SQLite's integer `SUM` and the cast on PostgreSQL both refuse it)
+/// rather than wrapping or turning into a float.
 pub fn run_cost_totals(conn: &mut AnyConnection) -> Result<Vec<(Combo, i64)>, DbError> {
-    use crate::schema::task_runs as tr;
-    let rows: Vec<(String, String, Option<String>, i64)> = tr::table
-        .inner_join(tasks::table.on(tasks::id.eq(tr::task_id)))
-        .filter(tr::cost_nanos.is_not_null())
-        .select((
-            tasks::repo_url,
-            tasks::task_type,
-            tr::model,
-            tr::cost_nanos.assume_not_null(),
-        ))
-        .load(conn)?;
-    let mut sums: BTreeMap<Combo, i64> = BTreeMap::new();
-    for (repo, task_type, model, cost) in rows {
-        let sum = sums
-            .entry((repo, task_type, model.unwrap_or_default()))
-            .or_default();
-        *sum = sum
-            .checked_add(cost)
-            .ok_or_else(|| DbError::Conflict("run cost overflow".into()))?;
+    use diesel::sql_types::{BigInt, Text};
+
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Text)]
+        repo_url: String,
+        #[diesel(sql_type = Text)]
+        task_type: String,
+        #[diesel(sql_type = Text)]
+        model: String,
+        #[diesel(sql_type = BigInt)]
+        cost_nanos: i64,
     }
-    Ok(sums.into_iter().collect())
+    const SQL: &str = "SELECT t.repo_url AS repo_url, t.task_type AS task_type, \
+         COALESCE(r.model, '') AS model, CAST(SUM(r.cost_nanos) AS BIGINT) AS cost_nanos \
+         FROM task_runs r JOIN tasks t ON t.id = r.task_id \
+         WHERE r.cost_nanos IS NOT NULL \
+         GROUP BY t.repo_url, t.task_type, COALESCE(r.model, '') \
+         ORDER BY 1, 2, 3";
+    let rows: Vec<Row> = match conn {
+        AnyConnection::Sqlite(c) => diesel::sql_query(SQL).load(c)?,
+        AnyConnection::Postgresql(c) => diesel::sql_query(SQL).load(c)?,
+    };
+    Ok(rows
+        .into_iter()
+        .map(|r| ((r.repo_url, r.task_type, r.model), r.cost_nanos))
+        .collect())
 }
