@@ -244,6 +244,9 @@ pub struct ReportInputs {
     /// model of the head; `None` = unknown), restricted to the repository filter (see
     /// [`OutcomeTotals`]).
     pub outcomes: Vec<(String, Option<String>, OutcomeTotals)>,
+    /// The monthly budgets that are set, with this month's spend (the instance's first, then
+    /// the repositories' by URL; restricted to the filter's repository and the instance).
+    pub budgets: Vec<crate::budgets::BudgetInput>,
 }
 
 impl ReportInputs {
@@ -345,6 +348,7 @@ impl ReportInputs {
                 .into_iter()
                 .map(|((repo, model), totals)| (repo, model, totals))
                 .collect(),
+            budgets: Vec::new(),
         }
     }
 }

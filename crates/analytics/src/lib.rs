@@ -20,6 +20,7 @@
 //! [`rust_decimal::Decimal`] (or exact integers), never on floating point. Conversion to a JSON
 //! number happens only when the report is serialised.
 
+pub mod budgets;
 mod exact;
 mod inputs;
 mod report;

@@ -57,6 +57,8 @@ pub struct CostReport {
     /// Cost per outcome: merged pull requests, their cost, and the money spent on work
     /// that ended failed or cancelled.
     pub outcomes: Outcomes,
+    /// Each monthly budget that is set, for the current UTC month whatever the period.
+    pub budgets: Vec<crate::budgets::BudgetForecast>,
 }
 
 /// Cost per outcome over the period (docs/contract.md#42-members, docs/analytics.md).
@@ -444,6 +446,11 @@ pub fn report(inputs: &ReportInputs) -> CostReport {
         model_suggestions: model_suggestions(inputs),
         top_tasks: top_tasks(inputs),
         outcomes: outcomes(inputs, period.cost),
+        budgets: inputs
+            .budgets
+            .iter()
+            .map(|b| crate::budgets::forecast(b, window.today()))
+            .collect(),
     }
 }
 

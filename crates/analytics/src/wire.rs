@@ -24,3 +24,14 @@ pub(crate) fn date<S: Serializer>(value: &Date, serializer: S) -> Result<S::Ok, 
         .map_err(serde::ser::Error::custom)?;
     serializer.serialize_str(&text)
 }
+
+/// Serialises an optional [`Date`] as `YYYY-MM-DD` or null.
+pub(crate) fn opt_date<S: Serializer>(
+    value: &Option<Date>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(day) => date(day, serializer),
+        None => serializer.serialize_none(),
+    }
+}

@@ -301,3 +301,56 @@ pub fn reserve_of(conn: &mut AnyConnection, task: Uuid) -> Result<Option<Usd>, D
         .ok_or(DbError::NotFound)?;
     convert::usd(nanos)
 }
+
+/// A monthly budget that is set, with the spend of `now`'s month.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetBudget {
+    /// `None` for the instance's budget, else the connected repository's URL.
+    pub repo_url: Option<agentry_domain::RepoUrl>,
+    /// The budget.
+    pub budget: Usd,
+    /// What the runs that finished this month cost.
+    pub spent: Usd,
+}
+
+/// Every monthly budget that is set: the instance's first, then those of connected
+/// repositories by URL (only the repository whose normalised URL is `only`, when given).
+pub fn all_set(
+    conn: &mut AnyConnection,
+    only: Option<&str>,
+    now: OffsetDateTime,
+) -> Result<Vec<SetBudget>, DbError> {
+    let mut set = Vec::new();
+    if let Some(budget) = instance_budget(conn)? {
+        set.push(SetBudget {
+            repo_url: None,
+            budget,
+            spent: usd(spent_nanos(conn, None, now)?)?,
+        });
+    }
+    let mut query = repositories::table
+        .filter(repositories::monthly_budget_nanos.is_not_null())
+        .filter(repositories::disconnected_at.is_null())
+        .select((
+            repositories::id,
+            repositories::url,
+            repositories::monthly_budget_nanos,
+        ))
+        .order(repositories::url.asc())
+        .into_boxed();
+    if let Some(url) = only {
+        query = query.filter(repositories::url.eq(url.to_owned()));
+    }
+    let rows: Vec<(String, String, Option<i64>)> = query.load(conn)?;
+    for (id, url, budget) in rows {
+        let Some(budget) = convert::usd(budget)? else {
+            continue;
+        };
+        set.push(SetBudget {
+            repo_url: Some(convert::parse("repository URL", &url)?),
+            budget,
+            spent: usd(spent_nanos(conn, Some(convert::uuid(&id)?), now)?)?,
+        });
+    }
+    Ok(set)
+}

@@ -16,6 +16,9 @@ pub struct BudgetView {
     pub month: time::Date,
     /// The budget and the month's spend and reserves.
     pub figures: MonthToDate,
+    /// The month at the current daily average, and the day the budget runs out at it
+    /// (`None` without a budget).
+    pub forecast: Option<agentry_analytics::budgets::BudgetForecast>,
 }
 
 impl Service {
@@ -25,9 +28,20 @@ impl Service {
         let figures = self
             .db(move |conn| Ok(budgets::instance_month(conn, at)?))
             .await?;
+        let forecast = figures.budget.map(|budget| {
+            agentry_analytics::budgets::forecast(
+                &agentry_analytics::budgets::BudgetInput {
+                    repo_url: None,
+                    monthly_budget: budget.as_decimal(),
+                    month_to_date: figures.spent.as_decimal(),
+                },
+                at.date(),
+            )
+        });
         Ok(BudgetView {
             month: budgets::month_start(at).date(),
             figures,
+            forecast,
         })
     }
 

@@ -169,6 +169,15 @@ pub fn load_inputs(
         anomaly_candidates,
         top_candidates,
         outcomes,
+        // Budgets are always this month's (docs/contract.md#67-budgets), whatever the period.
+        budgets: agentry_persistence::budgets::all_set(conn, repo, agentry_persistence::now())?
+            .into_iter()
+            .map(|b| agentry_analytics::budgets::BudgetInput {
+                repo_url: b.repo_url.map(|u| u.to_string()),
+                monthly_budget: b.budget.as_decimal(),
+                month_to_date: b.spent.as_decimal(),
+            })
+            .collect(),
     })
 }
 

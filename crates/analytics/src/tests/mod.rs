@@ -193,6 +193,7 @@ fn empty_input() {
         "modelSuggestions",
         "topTasks",
         "outcomes",
+        "budgets",
     ];
     expected.sort_unstable();
     let mut keys = keys;
@@ -221,6 +222,7 @@ fn one_task_full_json() {
     assert_eq!(
         v,
         json!({
+            "budgets": [],
             "summary": {
                 "totalCost": "1.2500", "taskCount": 1, "tasksWithCost": 1, "avgCost": "1.2500",
                 "costTrend": "0.0", "prevPeriodCost": "0.0000", "days": 3

@@ -500,6 +500,7 @@ fn reference(case: &Case) -> CostReport {
         model_suggestions,
         top_tasks,
         outcomes,
+        budgets: Vec::new(),
     }
 }
 
@@ -707,6 +708,7 @@ fn per_task_inputs(case: &Case, window: Window) -> ReportInputs {
                 [(repo.clone(), model.clone(), half), (repo, model, rest)]
             })
             .collect(),
+        budgets: Vec::new(),
     };
     for t in &case.tasks {
         let day = utc_day(t);

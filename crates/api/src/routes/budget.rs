@@ -31,6 +31,13 @@ pub struct BudgetDto {
     /// What is left this month after the spend and the reserves; null without a budget.
     #[schema(example = "374.044")]
     pub remaining_usd: Option<String>,
+    /// The month's spend at the current daily average (4 decimals); null without a budget.
+    #[schema(example = "1234.5600")]
+    pub forecast_usd: Option<String>,
+    /// The day (`YYYY-MM-DD`, UTC) the budget runs out at that rate; null when it lasts the
+    /// month, nothing was spent, or there is no budget.
+    #[schema(example = "2026-11-27")]
+    pub exhausts_on: Option<String>,
 }
 
 impl From<BudgetView> for BudgetDto {
@@ -46,7 +53,14 @@ impl From<BudgetView> for BudgetDto {
                 .map(|u| u.to_string())
                 .unwrap_or_else(|_| "0".into())
         });
+        let exhausts_on = v
+            .forecast
+            .as_ref()
+            .and_then(|f| f.exhausts_on)
+            .map(|d| format!("{:04}-{:02}-{:02}", d.year(), u8::from(d.month()), d.day()));
         BudgetDto {
+            forecast_usd: v.forecast.map(|f| f.forecast_usd),
+            exhausts_on,
             monthly_budget_usd: f.budget.map(|b| b.to_string()),
             month: format!("{:04}-{:02}", v.month.year(), u8::from(v.month.month())),
             month_to_date_usd: f.spent.to_string(),

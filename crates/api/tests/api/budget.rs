@@ -39,6 +39,17 @@ async fn the_instance_budget_is_read_by_viewers_and_set_by_admins() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["monthlyBudgetUsd"], "500.123456789");
     assert_eq!(body["remainingUsd"], "500.123456789");
+    // Nothing spent yet: a zero forecast and no day it runs out.
+    assert_eq!(body["forecastUsd"], "0.0000");
+    assert_eq!(body["exhaustsOn"], Value::Null);
+    // The cost report lists it too (this month's, whatever the period).
+    let (status, report) = call(&app, get("/api/analytics/costs?days=7", &t.viewer)).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(
+        report["budgets"],
+        json!([{"scope": "instance", "repoUrl": null, "monthlyBudgetUsd": "500.1235",
+                "monthToDateUsd": "0.0000", "forecastUsd": "0.0000", "exhaustsOn": null}])
+    );
 
     // Bad values: 400 naming the member; the budget stays as it was.
     for bad in [

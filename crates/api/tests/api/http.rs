@@ -1016,6 +1016,7 @@ async fn the_cost_report_schema_has_every_member() {
         members("CostReport"),
         [
             "anomalies",
+            "budgets",
             "costByModel",
             "costByRepo",
             "costByType",

@@ -996,6 +996,26 @@ async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
     assert_eq!(state_of(&fourth), "queued");
     assert_eq!(fourth["blockedBy"], "repository");
     assert!(rig.env.fake.pulls(OWNER, NAME).len() == 2);
+    // The report's budgets member: the month is spent, so it ran out today.
+    let (status, report) = call(&app, get("/api/analytics/costs?days=7", &t)).await;
+    assert_eq!(status, 200, "{report}");
+    let today = time::OffsetDateTime::now_utc().date();
+    assert_eq!(
+        report["budgets"],
+        json!([{
+            "scope": "repository",
+            "repoUrl": "https://github.com/acme/web",
+            "monthlyBudgetUsd": "1.0000",
+            "monthToDateUsd": "1.0000",
+            "forecastUsd": agentry_domain::format_decimal(
+                rust_decimal::Decimal::from(today.month().length(today.year()))
+                    / rust_decimal::Decimal::from(today.day()),
+                4
+            ),
+            "exhaustsOn": format!("{:04}-{:02}-{:02}", today.year(), u8::from(today.month()), today.day()),
+        }]),
+        "{report:#}"
+    );
 
     patch_settings(&app, &rig, json!({"monthlyBudgetUsd": "2"})).await;
     let fourth = wait_for(&app, &t, &ids[3], "pr_opened", |t| {
