@@ -16,6 +16,7 @@
 //! Storage conventions (shared by both backends): ids are UUID text, times are UTC
 //! `TIMESTAMP`s at microsecond precision, money is `BIGINT` nano-dollars.
 
+pub mod alerts;
 pub mod budgets;
 pub mod connection;
 mod convert;

@@ -207,6 +207,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     cost_daily,
     cost_cumulative,
     instance_budget,
+    budget_alerts,
 );
 
 diesel::table! {
@@ -244,5 +245,25 @@ diesel::table! {
         id -> Integer,
         monthly_budget_nanos -> Nullable<BigInt>,
         updated_at -> Timestamp,
+    }
+}
+
+diesel::table! {
+    budget_alerts (id) {
+        id -> Text,
+        budget_key -> Text,
+        scope -> Text,
+        repo_id -> Nullable<Text>,
+        repo_url -> Nullable<Text>,
+        month -> Text,
+        threshold -> Integer,
+        spent_nanos -> BigInt,
+        budget_nanos -> BigInt,
+        created_at -> Timestamp,
+        delivery -> Text,
+        attempts -> Integer,
+        next_attempt_at -> Timestamp,
+        delivered_at -> Nullable<Timestamp>,
+        last_error -> Nullable<Text>,
     }
 }

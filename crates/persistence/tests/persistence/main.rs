@@ -1,6 +1,7 @@
 //! Every integration test of this crate, in one test binary (one link step instead of
 //! 17); each module is one area, named as its file.
 
+mod alerts;
 mod budgets;
 mod common;
 mod import;

@@ -1,0 +1,443 @@
+//! Budget alerts (docs/contract.md#67-budgets): at 50 %, 80 % and 100 % of each monthly
+//! budget, one alert per budget, month and threshold, and its delivery to the outbound
+//! webhook.
+//!
+//! [`check`] compares every budget that is set with its month's spend and records the
+//! thresholds reached. The unique key (budget, month, threshold) decides: each insert runs
+//! in its own savepoint, so of two replicas (or a process and its restart) that find the
+//! same threshold reached, exactly one records it and the other gets nothing back.
+//!
+//! A recorded alert is also its own outbox entry: `pending` alerts are taken by
+//! [`claim_due`] with a lease (a compare-and-set that moves `next_attempt_at` forward),
+//! and reported with [`mark_delivered`] or [`mark_failed`] (which schedules the retry). An
+//! alert recorded while no webhook is configured is `unsent` and never delivered.
+
+use std::fmt;
+use std::str::FromStr;
+
+use agentry_domain::{BudgetScope, RepoUrl, Usd};
+use diesel::prelude::*;
+use time::{Duration, OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::budgets::{instance_budget, month_start, spent_nanos};
+use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::schema::{budget_alerts, repositories};
+use crate::{AnyConnection, DbError, write_tx};
+
+/// The thresholds, in percent of the budget, at which an alert is recorded.
+pub const THRESHOLDS: [i32; 3] = [50, 80, 100];
+
+/// The most alerts one page of [`list`] holds.
+pub const MAX_PAGE: i64 = 200;
+
+/// Where an alert stands with the outbound webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Delivery {
+    /// To be delivered (or being delivered, or waiting for a retry).
+    Pending,
+    /// The webhook answered with a 2xx status.
+    Delivered,
+    /// Recorded while no webhook was configured: never delivered.
+    Unsent,
+}
+
+impl Delivery {
+    /// Every state.
+    pub const ALL: [Delivery; 3] = [Delivery::Pending, Delivery::Delivered, Delivery::Unsent];
+
+    /// The stored and wire name: `pending`, `delivered` or `unsent`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Pending => "pending",
+            Delivery::Delivered => "delivered",
+            Delivery::Unsent => "unsent",
+        }
+    }
+}
+
+impl fmt::Display for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Delivery {
+    type Err = DbError;
+
+    /// Parses an exact stored name.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Delivery::ALL
+            .into_iter()
+            .find(|d| d.as_str() == s)
+            .ok_or_else(|| DbError::Corrupt(format!("unknown alert delivery state {s:?}")))
+    }
+}
+
+/// A recorded budget alert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetAlert {
+    /// Its id (UUID v7, time-ordered); also the webhook's idempotency key.
+    pub id: Uuid,
+    /// Which budget.
+    pub scope: BudgetScope,
+    /// The repository, for a repository's budget.
+    pub repo_id: Option<Uuid>,
+    /// The repository's URL, for a repository's budget.
+    pub repo_url: Option<RepoUrl>,
+    /// The first day (UTC) of the month it is for.
+    pub month: time::Date,
+    /// 50, 80 or 100 (percent of the budget).
+    pub threshold: i32,
+    /// The month's spend when the alert was recorded.
+    pub spent: Usd,
+    /// The budget when the alert was recorded.
+    pub budget: Usd,
+    /// When it was recorded.
+    pub created_at: OffsetDateTime,
+    /// Its delivery state.
+    pub delivery: Delivery,
+    /// Failed delivery attempts so far.
+    pub attempts: i32,
+    /// When a pending alert is due next (the retry time, or the end of a worker's lease).
+    pub next_attempt_at: OffsetDateTime,
+    /// When the webhook took it.
+    pub delivered_at: Option<OffsetDateTime>,
+    /// What went wrong at the last failed attempt.
+    pub last_error: Option<String>,
+}
+
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = budget_alerts)]
+struct AlertRow {
+    id: String,
+    scope: String,
+    repo_id: Option<String>,
+    repo_url: Option<String>,
+    month: String,
+    threshold: i32,
+    spent_nanos: i64,
+    budget_nanos: i64,
+    created_at: PrimitiveDateTime,
+    delivery: String,
+    attempts: i32,
+    next_attempt_at: PrimitiveDateTime,
+    delivered_at: Option<PrimitiveDateTime>,
+    last_error: Option<String>,
+}
+
+impl TryFrom<AlertRow> for BudgetAlert {
+    type Error = DbError;
+
+    fn try_from(r: AlertRow) -> Result<BudgetAlert, DbError> {
+        let usd = |n: i64| convert::usd(Some(n)).map(|u| u.unwrap_or(Usd::ZERO));
+        Ok(BudgetAlert {
+            id: convert::uuid(&r.id)?,
+            scope: convert::parse("budget scope", &r.scope)?,
+            repo_id: convert::opt_uuid(r.repo_id.as_deref())?,
+            repo_url: r
+                .repo_url
+                .as_deref()
+                .map(|u| convert::parse("repository URL", u))
+                .transpose()?,
+            month: parse_month(&r.month)?,
+            threshold: r.threshold,
+            spent: usd(r.spent_nanos)?,
+            budget: usd(r.budget_nanos)?,
+            created_at: from_db(r.created_at),
+            delivery: r.delivery.parse()?,
+            attempts: r.attempts,
+            next_attempt_at: from_db(r.next_attempt_at),
+            delivered_at: opt_from_db(r.delivered_at),
+            last_error: r.last_error,
+        })
+    }
+}
+
+/// `YYYY-MM` of the month of `now` (UTC).
+pub fn month_key(now: OffsetDateTime) -> String {
+    let start = month_start(now);
+    format!("{:04}-{:02}", start.year(), u8::from(start.month()))
+}
+
+fn parse_month(text: &str) -> Result<time::Date, DbError> {
+    let corrupt = || DbError::Corrupt(format!("invalid alert month {text:?}"));
+    let (year, month) = text.split_once('-').ok_or_else(corrupt)?;
+    let year: i32 = year.parse().map_err(|_| corrupt())?;
+    let month: u8 = month.parse().map_err(|_| corrupt())?;
+    let month = time::Month::try_from(month).map_err(|_| corrupt())?;
+    time::Date::from_calendar_date(year, month, 1).map_err(|_| corrupt())
+}
+
+/// The thresholds a month's spend has reached: those `t` with `spent ≥ t % × budget`, compared
+/// exactly, and only once something was spent (a zero budget with nothing spent reaches
+/// none; with any spend it reaches all three).
+pub fn reached(spent_nanos: i64, budget_nanos: i64) -> Vec<i32> {
+    if spent_nanos <= 0 {
+        return Vec::new();
+    }
+    THRESHOLDS
+        .into_iter()
+        .filter(|t| i128::from(spent_nanos) * 100 >= i128::from(budget_nanos) * i128::from(*t))
+        .collect()
+}
+
+/// One budget that is set, as [`check`] sees it.
+struct Budget {
+    key: String,
+    scope: BudgetScope,
+    repo: Option<(Uuid, String)>,
+    nanos: i64,
+}
+
+/// Records the alerts every budget that is set has reached in `now`'s month and not had yet:
+/// the instance's and each connected repository's. Returns the alerts recorded by this call
+/// (none when another caller recorded them first). `deliver` says whether they go to the
+/// webhook (`pending`) or not (`unsent`, no webhook configured).
+///
+/// A budget whose three alerts of the month exist already is not looked at again, so a
+/// check after every run costs one small read once the thresholds are passed.
+pub fn check(
+    conn: &mut AnyConnection,
+    now: OffsetDateTime,
+    deliver: bool,
+) -> Result<Vec<BudgetAlert>, DbError> {
+    let month = month_key(now);
+    let mut set = Vec::new();
+    if let Some(budget) = instance_budget(conn)? {
+        set.push(Budget {
+            key: BudgetScope::Instance.as_str().to_owned(),
+            scope: BudgetScope::Instance,
+            repo: None,
+            nanos: budget.to_nanos(),
+        });
+    }
+    let rows: Vec<(String, String, Option<i64>)> = repositories::table
+        .filter(repositories::monthly_budget_nanos.is_not_null())
+        .filter(repositories::disconnected_at.is_null())
+        .select((
+            repositories::id,
+            repositories::url,
+            repositories::monthly_budget_nanos,
+        ))
+        .order(repositories::url.asc())
+        .load(conn)?;
+    for (id, url, nanos) in rows {
+        let Some(nanos) = nanos else { continue };
+        set.push(Budget {
+            key: id.clone(),
+            scope: BudgetScope::Repository,
+            repo: Some((convert::uuid(&id)?, url)),
+            nanos,
+        });
+    }
+    if set.is_empty() {
+        return Ok(Vec::new());
+    }
+    let had: Vec<(String, i32)> = budget_alerts::table
+        .filter(budget_alerts::month.eq(&month))
+        .select((budget_alerts::budget_key, budget_alerts::threshold))
+        .load(conn)?;
+    let mut recorded = Vec::new();
+    for budget in set {
+        let missing = |t: &i32| !had.iter().any(|(k, h)| *k == budget.key && h == t);
+        if !THRESHOLDS.iter().any(missing) {
+            continue;
+        }
+        let spent = spent_nanos(conn, budget.repo.as_ref().map(|(id, _)| *id), now)?;
+        for threshold in reached(spent, budget.nanos)
+            .into_iter()
+            .filter(|t| missing(t))
+        {
+            if let Some(alert) = record(conn, &budget, &month, threshold, spent, now, deliver)? {
+                recorded.push(alert);
+            }
+        }
+    }
+    Ok(recorded)
+}
+
+/// Inserts one alert unless (budget, month, threshold) exists; `None` when it did.
+fn record(
+    conn: &mut AnyConnection,
+    budget: &Budget,
+    month: &str,
+    threshold: i32,
+    spent: i64,
+    now: OffsetDateTime,
+    deliver: bool,
+) -> Result<Option<BudgetAlert>, DbError> {
+    let id = Uuid::now_v7().to_string();
+    let at = to_db(now);
+    let delivery = if deliver {
+        Delivery::Pending
+    } else {
+        Delivery::Unsent
+    };
+    // Its own savepoint: a concurrent insert of the same key (a unique violation) leaves a
+    // caller's transaction usable.
+    let inserted = write_tx::<_, DbError, _>(conn, |conn| {
+        diesel::insert_into(budget_alerts::table)
+            .values((
+                budget_alerts::id.eq(&id),
+                budget_alerts::budget_key.eq(&budget.key),
+                budget_alerts::scope.eq(budget.scope.as_str()),
+                budget_alerts::repo_id.eq(budget.repo.as_ref().map(|(id, _)| id.to_string())),
+                budget_alerts::repo_url.eq(budget.repo.as_ref().map(|(_, url)| url.clone())),
+                budget_alerts::month.eq(month),
+                budget_alerts::threshold.eq(threshold),
+                budget_alerts::spent_nanos.eq(spent),
+                budget_alerts::budget_nanos.eq(budget.nanos),
+                budget_alerts::created_at.eq(at),
+                budget_alerts::delivery.eq(delivery.as_str()),
+                budget_alerts::attempts.eq(0),
+                budget_alerts::next_attempt_at.eq(at),
+                budget_alerts::delivered_at.eq(None::<PrimitiveDateTime>),
+                budget_alerts::last_error.eq(None::<String>),
+            ))
+            .execute(conn)?;
+        Ok(())
+    });
+    match inserted {
+        Ok(()) => Ok(Some(get(conn, convert::uuid(&id)?)?)),
+        Err(e) if e.is_unique_violation() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// One alert. [`DbError::NotFound`] for an unknown id.
+pub fn get(conn: &mut AnyConnection, id: Uuid) -> Result<BudgetAlert, DbError> {
+    budget_alerts::table
+        .find(id.to_string())
+        .select(AlertRow::as_select())
+        .first(conn)
+        .optional()?
+        .ok_or(DbError::NotFound)
+        .and_then(BudgetAlert::try_from)
+}
+
+/// Up to `limit` alerts (1 to [`MAX_PAGE`]), newest first (by id, a time-ordered UUID v7),
+/// starting after the alert `after` (the last of the previous page) when given.
+pub fn list(
+    conn: &mut AnyConnection,
+    limit: i64,
+    after: Option<Uuid>,
+) -> Result<Vec<BudgetAlert>, DbError> {
+    let mut query = budget_alerts::table
+        .order(budget_alerts::id.desc())
+        .limit(limit.clamp(1, MAX_PAGE))
+        .select(AlertRow::as_select())
+        .into_boxed();
+    if let Some(after) = after {
+        query = query.filter(budget_alerts::id.lt(after.to_string()));
+    }
+    query
+        .load(conn)?
+        .into_iter()
+        .map(BudgetAlert::try_from)
+        .collect()
+}
+
+/// Claims up to `limit` pending alerts that are due (`next_attempt_at <= now`), oldest
+/// first, for one worker: each is leased by moving `next_attempt_at` to `now + lease` with
+/// a compare-and-set on the value just read, so of two workers (or replicas) only one gets
+/// a given alert, and it is not due again before the lease ends (a dead worker's alerts
+/// become due again then). The returned alerts carry the new `next_attempt_at`.
+pub fn claim_due(
+    conn: &mut AnyConnection,
+    now: OffsetDateTime,
+    lease: Duration,
+    limit: i64,
+) -> Result<Vec<BudgetAlert>, DbError> {
+    if limit <= 0 {
+        return Ok(Vec::new());
+    }
+    let due = to_db(now);
+    let until = to_db(now + lease.max(Duration::microseconds(1)));
+    write_tx(conn, |conn| {
+        let candidates: Vec<AlertRow> = budget_alerts::table
+            .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str()))
+            .filter(budget_alerts::next_attempt_at.le(due))
+            .order(budget_alerts::id.asc())
+            .limit(limit)
+            .select(AlertRow::as_select())
+            .load(conn)?;
+        let mut claimed = Vec::with_capacity(candidates.len());
+        for mut row in candidates {
+            let won = diesel::update(
+                budget_alerts::table
+                    .find(&row.id)
+                    .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str()))
+                    .filter(budget_alerts::next_attempt_at.eq(row.next_attempt_at)),
+            )
+            .set(budget_alerts::next_attempt_at.eq(until))
+            .execute(conn)?;
+            if won == 1 {
+                row.next_attempt_at = until;
+                claimed.push(BudgetAlert::try_from(row)?);
+            }
+        }
+        Ok(claimed)
+    })
+}
+
+/// Records that the webhook took an alert. Idempotent: a delivered alert keeps its first
+/// delivery time. [`DbError::NotFound`] for an unknown id.
+pub fn mark_delivered(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    let updated = diesel::update(
+        budget_alerts::table
+            .find(id.to_string())
+            .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str())),
+    )
+    .set((
+        budget_alerts::delivery.eq(Delivery::Delivered.as_str()),
+        budget_alerts::delivered_at.eq(Some(to_db(now))),
+    ))
+    .execute(conn)?;
+    if updated == 0 {
+        get(conn, id)?;
+    }
+    Ok(())
+}
+
+/// Records a failed delivery attempt: `attempts + 1`, `last_error = error`,
+/// `next_attempt_at = retry_at`. Does nothing to an alert no longer pending.
+/// [`DbError::NotFound`] for an unknown id.
+pub fn mark_failed(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    error: &str,
+    retry_at: OffsetDateTime,
+) -> Result<(), DbError> {
+    let updated = diesel::update(
+        budget_alerts::table
+            .find(id.to_string())
+            .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str())),
+    )
+    .set((
+        budget_alerts::attempts.eq(budget_alerts::attempts + 1),
+        budget_alerts::last_error.eq(Some(error)),
+        budget_alerts::next_attempt_at.eq(to_db(retry_at)),
+    ))
+    .execute(conn)?;
+    if updated == 0 {
+        get(conn, id)?;
+    }
+    Ok(())
+}
+
+/// When the next pending alert is due (possibly already past), or `None` when none is
+/// pending: lets the worker sleep exactly until there is work.
+pub fn next_due(conn: &mut AnyConnection) -> Result<Option<OffsetDateTime>, DbError> {
+    Ok(budget_alerts::table
+        .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str()))
+        .order(budget_alerts::next_attempt_at.asc())
+        .select(budget_alerts::next_attempt_at)
+        .first::<PrimitiveDateTime>(conn)
+        .optional()?
+        .map(from_db))
+}
