@@ -178,14 +178,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let db = open_database(&config)?;
             let report =
                 agentry_service::costs::cost_report(&mut *db.conn()?, window, repo.as_ref())?;
-            let value =
-                serde_json::to_value(&report).map_err(|e| CliError::Other(e.to_string()))?;
             if json {
-                let text = serde_json::to_string_pretty(&value)
+                let text = serde_json::to_string_pretty(&report)
                     .map_err(|e| CliError::Other(e.to_string()))?;
                 println!("{text}");
             } else {
-                print!("{}", crate::costs_table::render(&value, repo.as_ref()));
+                print!("{}", crate::costs_table::render(&report, repo.as_ref()));
             }
         }
         Command::Openapi => {}

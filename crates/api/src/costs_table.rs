@@ -1,16 +1,14 @@
 //! The terminal rendering of the cost report for `agentry costs`: summary cards, the
-//! costliest tasks and the anomalies, as aligned text tables. It renders the report's JSON
-//! (the same document the API serves), so both always show the same figures.
+//! costliest tasks, the anomalies, model suggestions, cost per outcome and the budgets, as
+//! aligned text tables. It renders the typed report (the value the API serialises), so
+//! both always show the same figures.
 
-use agentry_domain::RepoUrl;
-use serde_json::Value;
+use agentry_analytics::{CostReport, Outcomes};
+use agentry_domain::{RepoUrl, format_decimal};
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".to_owned(),
-        other => other.to_string(),
-    }
+/// `-` for a missing value.
+fn or_dash(v: Option<&str>) -> String {
+    v.unwrap_or("-").to_owned()
 }
 
 /// Left-aligned columns separated by two spaces; numeric-looking columns right-aligned.
@@ -65,12 +63,12 @@ fn short(s: &str, max: usize) -> String {
     }
 }
 
-/// Renders the report JSON as text.
-pub fn render(report: &Value, repo: Option<&RepoUrl>) -> String {
-    let s = &report["summary"];
-    let f = &report["forecast"];
+/// Renders the report as text.
+pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
+    let s = &report.summary;
+    let f = &report.forecast;
     let scope = repo.map_or("all repositories".to_owned(), |r| r.to_string());
-    let mut out = format!("Costs over the last {} days, {scope}\n\n", text(&s["days"]));
+    let mut out = format!("Costs over the last {} days, {scope}\n\n", s.days);
     out.push_str(&table(
         &[
             "total (USD)",
@@ -81,50 +79,34 @@ pub fn render(report: &Value, repo: Option<&RepoUrl>) -> String {
             "previous (USD)",
         ],
         &[vec![
-            text(&s["totalCost"]),
-            text(&s["taskCount"]),
-            text(&s["tasksWithCost"]),
-            text(&s["avgCost"]),
-            text(&s["costTrend"]),
-            text(&s["prevPeriodCost"]),
+            s.total_cost.clone(),
+            s.task_count.to_string(),
+            s.tasks_with_cost.to_string(),
+            s.avg_cost.clone(),
+            s.cost_trend.clone(),
+            s.prev_period_cost.clone(),
         ]],
     ));
     out.push_str(&format!(
         "\nThis month so far: {} USD; daily average {} USD; forecast for the month {} USD ({} days left).\n",
-        text(&f["monthCostSoFar"]),
-        text(&f["dailyAvgCost"]),
-        text(&f["forecastedMonthTotal"]),
-        text(&f["daysRemaining"]),
+        f.month_cost_so_far, f.daily_avg_cost, f.forecasted_month_total, f.days_remaining,
     ));
-    let rows = |key: &str, cols: &[&str], widths: &[usize]| -> Vec<Vec<String>> {
-        report[key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|item| {
-                        cols.iter()
-                            .zip(widths)
-                            .map(|(c, w)| short(&text(&item[*c]), *w))
-                            .collect()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let top = rows(
-        "topTasks",
-        &[
-            "costUsd",
-            "title",
-            "repoUrl",
-            "taskType",
-            "state",
-            "modelUsed",
-            "inputTokens",
-            "outputTokens",
-        ],
-        &[20, 40, 45, 6, 12, 24, 12, 12],
-    );
+    let top: Vec<Vec<String>> = report
+        .top_tasks
+        .iter()
+        .map(|t| {
+            vec![
+                short(&t.cost_usd.to_string(), 20),
+                short(&t.title, 40),
+                short(&t.repo_url, 45),
+                t.task_type.to_string(),
+                t.state.to_string(),
+                short(&or_dash(t.model_used.as_deref()), 24),
+                t.input_tokens.to_string(),
+                t.output_tokens.to_string(),
+            ]
+        })
+        .collect();
     out.push_str("\nCostliest tasks\n");
     if top.is_empty() {
         out.push_str("(none)\n");
@@ -143,18 +125,20 @@ pub fn render(report: &Value, repo: Option<&RepoUrl>) -> String {
             &top,
         ));
     }
-    let anomalies = rows(
-        "anomalies",
-        &[
-            "costUsd",
-            "costRatio",
-            "repoAvgCost",
-            "title",
-            "repoUrl",
-            "state",
-        ],
-        &[20, 10, 14, 40, 45, 12],
-    );
+    let anomalies: Vec<Vec<String>> = report
+        .anomalies
+        .iter()
+        .map(|a| {
+            vec![
+                short(&a.cost_usd.to_string(), 20),
+                format_decimal(a.cost_ratio, 2),
+                format_decimal(a.repo_avg_cost, 4),
+                short(&a.title, 40),
+                short(&a.repo_url, 45),
+                a.state.to_string(),
+            ]
+        })
+        .collect();
     out.push_str("\nAnomalies (at least 3x the average of the repository's other tasks)\n");
     if anomalies.is_empty() {
         out.push_str("(none)\n");
@@ -171,17 +155,19 @@ pub fn render(report: &Value, repo: Option<&RepoUrl>) -> String {
             &anomalies,
         ));
     }
-    let suggestions = rows(
-        "modelSuggestions",
-        &[
-            "repoUrl",
-            "currentModel",
-            "suggestedModel",
-            "taskCount",
-            "estimatedSavings",
-        ],
-        &[45, 24, 24, 8, 14],
-    );
+    let suggestions: Vec<Vec<String>> = report
+        .model_suggestions
+        .iter()
+        .map(|m| {
+            vec![
+                short(&m.repo_url, 45),
+                short(&m.current_model, 24),
+                short(&m.suggested_model, 24),
+                m.task_count.to_string(),
+                format_decimal(m.estimated_savings, 4),
+            ]
+        })
+        .collect();
     if !suggestions.is_empty() {
         out.push_str("\nCheaper models with proven results\n");
         out.push_str(&table(
@@ -195,29 +181,23 @@ pub fn render(report: &Value, repo: Option<&RepoUrl>) -> String {
             &suggestions,
         ));
     }
-    out.push_str(&outcomes(&report["outcomes"]));
+    out.push_str(&outcomes(&report.outcomes));
+    out.push_str(&budgets(report));
     out
 }
 
 /// The `outcomes` member: the overall figures, then per repository and per model.
-fn outcomes(o: &Value) -> String {
+fn outcomes(o: &Outcomes) -> String {
     let mut out = format!(
         "\nCost per outcome (a coding task with its retries and reviews)\n\
          Merged pull requests: {}; cost per merged pull request: {} USD; merged: {} USD; \
          failed or cancelled: {} USD ({}% of the total).\n",
-        text(&o["mergedPullRequests"]),
-        text(&o["costPerMergedPullRequest"]),
-        text(&o["mergedCost"]),
-        text(&o["failedCost"]),
-        text(&o["failedShare"]),
+        o.merged_pull_requests,
+        or_dash(o.cost_per_merged_pull_request.as_deref()),
+        o.merged_cost,
+        o.failed_cost,
+        format_decimal(o.failed_share, 1),
     );
-    let cells = [
-        "mergedPullRequests",
-        "costPerMergedPullRequest",
-        "mergedCost",
-        "failedCost",
-        "failedShare",
-    ];
     let headers = [
         "merged PRs",
         "per merged PR (USD)",
@@ -225,22 +205,50 @@ fn outcomes(o: &Value) -> String {
         "failed (USD)",
         "failed %",
     ];
-    for (key, name, title) in [
-        ("byRepo", "repoUrl", "repository"),
-        ("byModel", "model", "model"),
-    ] {
-        let rows: Vec<Vec<String>> = o[key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|item| {
-                        std::iter::once(short(&text(&item[name]), 45))
-                            .chain(cells.iter().map(|c| text(&item[*c])))
-                            .collect()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+    let row = |name: &str,
+               merged: i64,
+               per: &Option<String>,
+               merged_cost: &str,
+               failed: &str,
+               share: &rust_decimal::Decimal| {
+        vec![
+            short(name, 45),
+            merged.to_string(),
+            or_dash(per.as_deref()),
+            merged_cost.to_owned(),
+            failed.to_owned(),
+            format_decimal(*share, 1),
+        ]
+    };
+    let by_repo: Vec<Vec<String>> = o
+        .by_repo
+        .iter()
+        .map(|r| {
+            row(
+                &r.repo_url,
+                r.merged_pull_requests,
+                &r.cost_per_merged_pull_request,
+                &r.merged_cost,
+                &r.failed_cost,
+                &r.failed_share,
+            )
+        })
+        .collect();
+    let by_model: Vec<Vec<String>> = o
+        .by_model
+        .iter()
+        .map(|m| {
+            row(
+                &m.model,
+                m.merged_pull_requests,
+                &m.cost_per_merged_pull_request,
+                &m.merged_cost,
+                &m.failed_cost,
+                &m.failed_share,
+            )
+        })
+        .collect();
+    for (title, rows) in [("repository", by_repo), ("model", by_model)] {
         if !rows.is_empty() {
             let mut h = vec![title];
             h.extend(headers);
@@ -251,85 +259,154 @@ fn outcomes(o: &Value) -> String {
     out
 }
 
+/// The `budgets` member: each monthly budget that is set, with its forecast.
+fn budgets(report: &CostReport) -> String {
+    if report.budgets.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = report
+        .budgets
+        .iter()
+        .map(|b| {
+            vec![
+                short(b.repo_url.as_deref().unwrap_or("(instance)"), 45),
+                b.monthly_budget_usd.clone(),
+                b.month_to_date_usd.clone(),
+                b.forecast_usd.clone(),
+                b.exhausts_on.map_or("-".to_owned(), |d| d.to_string()),
+            ]
+        })
+        .collect();
+    format!(
+        "\nMonthly budgets (this month)\n{}",
+        table(
+            &[
+                "budget",
+                "budget (USD)",
+                "spent (USD)",
+                "forecast (USD)",
+                "runs out on",
+            ],
+            &rows,
+        )
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use agentry_analytics::budgets::BudgetInput;
+    use agentry_analytics::{ReportInputs, TaskFact, Window, report};
+    use agentry_domain::{TaskState, TaskType, Usd};
+    use time::macros::{date, datetime};
+    use uuid::Uuid;
+
+    fn fact(
+        id: u128,
+        title: &str,
+        repo: &str,
+        state: TaskState,
+        cost: &str,
+        parent: Option<u128>,
+    ) -> TaskFact {
+        TaskFact {
+            id: Uuid::from_u128(id),
+            title: title.into(),
+            repo_url: repo.into(),
+            task_type: if parent.is_some() {
+                TaskType::Review
+            } else {
+                TaskType::Coding
+            },
+            state,
+            model_used: None,
+            cost: Some(Usd::parse(cost).unwrap()),
+            input_tokens: 100,
+            output_tokens: 7,
+            created_at: datetime!(2026-05-20 12:00 UTC),
+            parent_task_id: parent.map(Uuid::from_u128),
+        }
+    }
+
+    fn report_of(tasks: &[TaskFact], budgets: Vec<BudgetInput>) -> CostReport {
+        let window = Window::new(date!(2026 - 05 - 23), 7).unwrap();
+        let mut inputs = ReportInputs::from_tasks(window, None, tasks);
+        inputs.budgets = budgets;
+        report(&inputs)
+    }
 
     #[test]
     fn renders_cards_tables_and_empty_sections() {
-        let report = json!({
-            "summary": {"totalCost": "12.5000", "taskCount": 3, "tasksWithCost": 2, "avgCost": "6.2500",
-                        "costTrend": "-33.3", "prevPeriodCost": "18.7500", "days": 7},
-            "forecast": {"monthCostSoFar": "20.0000", "dailyAvgCost": "1.7857", "forecastedMonthTotal": "35.0000", "daysRemaining": 8},
-            "topTasks": [{"costUsd": "10.5", "title": "Fix the flaky login test", "repoUrl": "https://github.com/acme/web",
-                          "taskType": "coding", "state": "completed", "modelUsed": null, "inputTokens": 100, "outputTokens": 7}],
-            "anomalies": [], "modelSuggestions": []
-        });
-        let out = render(&report, None);
-        assert!(out.contains("Costs over the last 7 days, all repositories"));
-        assert!(
-            out.contains("12.5000")
-                && out.contains("-33.3")
-                && out.contains("35.0000 USD (8 days left)")
+        let web = "https://github.com/acme/web";
+        let out = render(
+            &report_of(
+                &[
+                    fact(
+                        1,
+                        "Fix the flaky login test",
+                        web,
+                        TaskState::Completed,
+                        "10.5",
+                        None,
+                    ),
+                    fact(2, "Tidy", web, TaskState::Failed, "2", None),
+                ],
+                Vec::new(),
+            ),
+            None,
         );
+        assert!(
+            out.contains("Costs over the last 7 days, all repositories"),
+            "{out}"
+        );
+        assert!(out.contains("12.5000") && out.contains("6.2500"), "{out}");
         assert!(
             out.contains("Fix the flaky login test") && out.contains("  -  "),
             "{out}"
         );
         assert!(out.contains("Anomalies") && out.contains("(none)"));
         assert!(!out.contains("Cheaper models"));
+        assert!(!out.contains("Monthly budgets"));
     }
 
     #[test]
-    fn renders_the_outcomes() {
-        let report = json!({
-            "summary": {"totalCost": "4.6000", "taskCount": 3, "tasksWithCost": 2, "avgCost": "2.3000",
-                        "costTrend": "0.0", "prevPeriodCost": "0.0000", "days": 30},
-            "forecast": {"monthCostSoFar": "4.6000", "dailyAvgCost": "0.1533", "forecastedMonthTotal": "5.0000", "daysRemaining": 3},
-            "topTasks": [], "anomalies": [], "modelSuggestions": [],
-            "outcomes": {
-                "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000", "mergedCost": "1.8000",
-                "failedCost": "1.6000", "failedShare": 34.8,
-                "byRepo": [
-                    {"repoUrl": "https://github.com/acme/web", "mergedPullRequests": 2,
-                     "costPerMergedPullRequest": "0.9000", "mergedCost": "1.8000",
-                     "failedCost": "0.1000", "failedShare": 5.3},
-                    {"repoUrl": "https://github.com/acme/api", "mergedPullRequests": 0,
-                     "costPerMergedPullRequest": null, "mergedCost": "0.0000",
-                     "failedCost": "1.5000", "failedShare": 75.0}
+    fn renders_the_outcomes_and_the_budgets() {
+        let (web, api) = ("https://github.com/acme/web", "https://github.com/acme/api");
+        let out = render(
+            &report_of(
+                &[
+                    fact(1, "Merged", web, TaskState::Completed, "1.7", None),
+                    fact(2, "Its review", web, TaskState::Completed, "0.1", Some(1)),
+                    fact(3, "Gave up", api, TaskState::Failed, "1.5", None),
                 ],
-                "byModel": [
-                    {"model": "opus", "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000",
-                     "mergedCost": "1.8000", "failedCost": "0.0000", "failedShare": 0.0}
-                ]
-            }
-        });
-        let out = render(&report, None);
+                vec![BudgetInput {
+                    repo_url: None,
+                    monthly_budget: "10".parse().unwrap(),
+                    month_to_date: "3.3".parse().unwrap(),
+                }],
+            ),
+            None,
+        );
         assert!(
             out.contains(
-                "Merged pull requests: 2; cost per merged pull request: 0.9000 USD; merged: \
-                 1.8000 USD; failed or cancelled: 1.6000 USD (34.8% of the total)."
+                "Merged pull requests: 1; cost per merged pull request: 1.8000 USD; merged: \
+                 1.8000 USD; failed or cancelled: 1.5000 USD (45.5% of the total)."
             ),
             "{out}"
         );
-        let api = out
+        let api_row = out
             .lines()
-            .find(|l| l.starts_with("https://github.com/acme/api"))
-            .unwrap();
-        let cells: Vec<&str> = api.split_whitespace().collect();
-        assert_eq!(
-            cells,
-            [
-                "https://github.com/acme/api",
-                "0",
-                "-",
-                "0.0000",
-                "1.5000",
-                "75.0"
-            ]
-        );
+            .find(|l| l.starts_with(api))
+            .unwrap_or_else(|| panic!("{out}"));
+        let cells: Vec<&str> = api_row.split_whitespace().collect();
+        assert_eq!(cells, [api, "0", "-", "0.0000", "1.5000", "100.0"]);
         assert!(out.lines().any(|l| l.starts_with("model ")), "{out}");
-        assert!(out.lines().any(|l| l.starts_with("opus ")), "{out}");
+        let budget = out
+            .lines()
+            .find(|l| l.starts_with("(instance)"))
+            .unwrap_or_else(|| panic!("{out}"));
+        let cells: Vec<&str> = budget.split_whitespace().collect();
+        // 3.3 in 23 days of 31: 4.4478 for the month; it lasts the month.
+        assert_eq!(cells, ["(instance)", "10.0000", "3.3000", "4.4478", "-"]);
     }
 }
