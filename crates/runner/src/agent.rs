@@ -8,8 +8,10 @@
 //!
 //! `--permission-mode acceptEdits` lets Claude Code edit files without asking (a headless run
 //! has nobody to ask); `--full-auto` is Codex's equivalent (workspace-write sandbox). Codex
-//! has no turn or budget limit on its command line: for Codex runs those settings are not
-//! enforced by the agent, only the wall-time limit is.
+//! has no turn or budget limit on its command line: its turn limit is not enforced, and its
+//! budget is enforced by agentry, which prices its usage events as they arrive and stops
+//! the process group once the priced cost reaches the allowance
+//! ([`OutputParser::allowance_reached`], [`budget_enforceable`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -34,8 +36,25 @@ pub struct AgentSpec {
     pub model: String,
     /// The turn limit, if any (Claude Code only).
     pub max_turns: Option<i32>,
-    /// The most the run may spend, if capped (Claude Code's `--max-budget-usd`).
+    /// The most the run may spend, if capped: Claude Code's `--max-budget-usd`; for Codex
+    /// the allowance at which agentry stops the run ([`OutputParser::allowance_reached`]).
     pub max_budget_usd: Option<Usd>,
+}
+
+/// Whether agentry can hold `spec`'s agent to its allowance: `Err` with a sentence saying
+/// why not. Claude Code enforces its own (`--max-budget-usd`); a Codex run is stopped by
+/// agentry from its priced usage, which needs the launched model in `prices`. A capped
+/// Codex run of an unpriced model is refused rather than run without its cap.
+pub fn budget_enforceable(spec: &AgentSpec, prices: &PriceTable) -> Result<(), String> {
+    match (spec.agent_type, spec.max_budget_usd) {
+        (AgentType::Codex, Some(allowance)) if prices.get(&spec.model).is_none() => Err(format!(
+            "budget not enforceable: this run may spend at most {allowance} USD, but model {:?} \
+             has no price, so Codex's usage cannot be priced as it runs (add the model to \
+             AGENTRY_PRICES_FILE)",
+            excerpt(&spec.model)
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The environment variables through which an operator gives an agent its API key. Only
@@ -141,6 +160,8 @@ pub struct OutputParser {
     /// Warnings about the events read.
     warnings: Warnings,
     reader: Reader,
+    /// The most the run may spend (Codex only: Claude Code stops by itself).
+    allowance: Option<Usd>,
 }
 
 /// The agent-specific part of an [`OutputParser`].
@@ -152,12 +173,40 @@ enum Reader {
 
 impl OutputParser {
     /// The parser of `spec`'s agent; token-only output (Codex) is priced with `prices` for
-    /// `spec.model`.
+    /// `spec.model`, and a Codex run's allowance is `spec.max_budget_usd`
+    /// ([`OutputParser::allowance_reached`]).
     pub fn new(spec: &AgentSpec, prices: &PriceTable) -> Self {
         match spec.agent_type {
             AgentType::ClaudeCode => Self::claude(),
-            AgentType::Codex => Self::codex(&spec.model, prices),
+            AgentType::Codex => {
+                Self::codex(&spec.model, prices).with_allowance(spec.max_budget_usd)
+            }
         }
+    }
+
+    /// This parser with `allowance` as the most the run may spend. Only a parser that
+    /// prices usage as it arrives (Codex) ever reaches it.
+    pub fn with_allowance(mut self, allowance: Option<Usd>) -> Self {
+        self.allowance = allowance;
+        self
+    }
+
+    /// The exact priced cost of the usage events read so far (Codex: the tokens of every
+    /// complete `turn.completed` line fed, priced for the launched model; a turn counts only
+    /// once its event has arrived). `None` when it is not known while the run goes on:
+    /// Claude Code reports its cost only in its final event, and an unpriced Codex model
+    /// has none.
+    pub fn cost_so_far(&self) -> Option<Usd> {
+        match &self.reader {
+            Reader::Claude(_) => None,
+            Reader::Codex(r) => r.cost_so_far(),
+        }
+    }
+
+    /// Whether the run must be stopped: its [`OutputParser::cost_so_far`] has reached its
+    /// allowance. Never for a run without allowance or whose cost is not known as it runs.
+    pub fn allowance_reached(&self) -> bool {
+        matches!((self.cost_so_far(), self.allowance), (Some(cost), Some(allowance)) if cost >= allowance)
     }
 
     /// The parser of Claude Code's `stream-json` output.
@@ -176,6 +225,7 @@ impl OutputParser {
             skipped: Warnings::default(),
             warnings: Warnings::default(),
             reader,
+            allowance: None,
         }
     }
 
@@ -186,6 +236,7 @@ impl OutputParser {
             skipped,
             warnings,
             reader,
+            allowance: _,
         } = self;
         lines.feed(bytes, &mut |line| reader.line(line, skipped, warnings));
     }
@@ -197,6 +248,7 @@ impl OutputParser {
             mut skipped,
             mut warnings,
             mut reader,
+            allowance: _,
         } = self;
         lines.finish(&mut |line| reader.line(line, &mut skipped, &mut warnings));
         let warnings = skipped.then(warnings);

@@ -9,6 +9,7 @@
 //!
 //! Codex reports no money: the cost is computed from the tokens with a [`PriceTable`].
 
+use agentry_domain::money::Usd;
 use serde::de::MapAccess;
 
 use crate::agent::{Count, Fields, LooseStr, Message, Object, OutputParser, Skip, read_object};
@@ -121,6 +122,9 @@ pub(crate) struct CodexReader {
     price: Option<ModelPrice>,
     turns: i64,
     pending_error: Option<String>,
+    /// The exact price of the tokens of every `turn.completed` read so far; `None` when
+    /// `model` is unpriced or the counts are too large to price.
+    running_cost: Option<Usd>,
 }
 
 impl CodexReader {
@@ -128,13 +132,23 @@ impl CodexReader {
     pub(crate) fn new(model: &str, prices: &PriceTable) -> Self {
         let mut report = RunReport::empty(AgentOutcome::Success);
         report.model = Some(model.to_owned());
+        let price = prices.get(model).copied();
         CodexReader {
             report,
             model: model.to_owned(),
-            price: prices.get(model).copied(),
+            price,
             turns: 0,
             pending_error: None,
+            running_cost: price.map(|_| Usd::ZERO),
         }
+    }
+
+    /// The exact cost of the usage events read so far: the price of the tokens of every
+    /// `turn.completed` event (zero before the first), the same figure [`Self::finish`]
+    /// reports once the output ends there. `None` when the model is unpriced (or the counts
+    /// are too large to price). A turn is priced only when its `turn.completed` arrives.
+    pub(crate) fn cost_so_far(&self) -> Option<Usd> {
+        self.running_cost
     }
 
     /// Reads one non-blank line.
@@ -175,6 +189,13 @@ impl CodexReader {
                 report.input_tokens = report.input_tokens.saturating_add(input);
                 report.cache_read_tokens = report.cache_read_tokens.saturating_add(cached);
                 report.output_tokens = report.output_tokens.saturating_add(output);
+                self.running_cost = self.price.and_then(|price| {
+                    price.cost(
+                        report.input_tokens,
+                        report.cache_read_tokens,
+                        report.output_tokens,
+                    )
+                });
             }
             Some("turn.failed") => {
                 let message = event.error.and_then(|e| e.0.0);
@@ -220,6 +241,7 @@ impl CodexReader {
             price,
             turns,
             pending_error,
+            running_cost: _,
         } = self;
         report.turns = Some(i32::try_from(turns).unwrap_or(i32::MAX));
         report.outcome = if let Some(message) = pending_error {

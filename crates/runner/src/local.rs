@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentry_domain::AgentType;
+use agentry_domain::money::Usd;
 use uuid::Uuid;
 
 use crate::agent;
@@ -130,6 +131,10 @@ impl LocalRunner {
             Ok(bwrap) => bwrap,
             Err(message) => return fail(message),
         };
+        // A run whose allowance cannot be enforced does not start.
+        if let Err(message) = agent::budget_enforceable(&job.agent, &self.config.prices) {
+            return fail(message);
+        }
         let run_dir = self.run_dir(job.task_id, job.attempt);
         let home = run_dir.join("home");
         if let Err(e) = fresh_dir(&home).await {
@@ -228,7 +233,13 @@ impl LocalRunner {
             }
         };
         // The parser read all of stdout as it arrived; only its end is kept for the log.
-        let report = parser.finish();
+        let cost_so_far = parser.cost_so_far();
+        let mut report = parser.finish();
+        if outcome.ended == Ended::Stopped {
+            // Stopped by agentry at its allowance: whatever the output says, that is how the
+            // run ended. Its cost is everything the agent reported before it was gone.
+            report.outcome = AgentOutcome::MaxBudget;
+        }
         let dropped = if outcome.stdout_truncated {
             outcome
                 .stdout_bytes
@@ -244,6 +255,9 @@ impl LocalRunner {
                 "the agent ran longer than the limit of {} and was stopped",
                 human(job.wall_time)
             )),
+            Ended::Stopped => {
+                Verdict::Failed(budget_stop_message(cost_so_far, job.agent.max_budget_usd))
+            }
             Ended::Exited { code, signal } => {
                 match agent_failure(&report, *code, *signal, &outcome.stderr_tail) {
                     Some(message) => Verdict::Failed(message),
@@ -358,6 +372,21 @@ fn note_dropped(text: String, dropped: u64) -> String {
     let mut noted = format!("[… the first {dropped} bytes of the agent's output are not kept …]\n");
     noted.push_str(&text);
     noted
+}
+
+/// The failure of a run agentry stopped when its priced usage (`cost`, as of the stop)
+/// reached its `allowance`.
+fn budget_stop_message(cost: Option<Usd>, allowance: Option<Usd>) -> String {
+    let figures = match (cost, allowance) {
+        (Some(cost), Some(allowance)) => {
+            format!(" (its priced usage reached {cost} USD; this run's limit was {allowance} USD)")
+        }
+        _ => String::new(),
+    };
+    format!(
+        "budget reached: the agent was stopped at this run's spending limit{figures} (the \
+         least of what is left of maxCostPerTaskUsd and of the monthly budgets)"
+    )
 }
 
 /// Why a finished agent run counts as failed, or `None` when it succeeded.

@@ -4,7 +4,8 @@
 //! environment it is given (see [`agent_env`] for the minimal one), writes the prompt to its
 //! stdin, streams its stdout to a log file as it arrives and to an [`OutputSink`] (the
 //! agent's [`OutputParser`]), keeps the end of its stdout and stderr in memory, and ends
-//! the run on exit, on the wall-time limit or on cancellation. The log files are capped
+//! the run on exit, on the wall-time limit, on cancellation or when the sink asks for it
+//! (a Codex run whose priced usage reached its allowance). The log files are capped
 //! ([`LOG_FILE_CAP`]): a full log is rotated to [`rotated_log_path`], so the disk holds at
 //! most twice the cap per stream and always the end of the output. Whatever way it ends, the whole process group is killed afterwards,
 //! so no grandchild the agent started outlives the run, and the direct child is reaped.
@@ -89,6 +90,9 @@ pub enum Ended {
     TimedOut,
     /// The run was cancelled and the process was stopped.
     Cancelled,
+    /// The output sink asked to stop the run ([`OutputSink::stop_requested`]: the agent's
+    /// priced usage reached its allowance) and the process was stopped.
+    Stopped,
 }
 
 /// The result of [`run_process`].
@@ -165,6 +169,12 @@ pub fn rotated_log_path(log_path: &Path) -> PathBuf {
 pub trait OutputSink: Send + 'static {
     /// Takes the next chunk of stdout.
     fn feed(&mut self, chunk: &[u8]);
+
+    /// Whether what was fed so far means the process must be stopped (asked after every
+    /// chunk; once it says so, the run ends as [`Ended::Stopped`]). Never, by default.
+    fn stop_requested(&self) -> bool {
+        false
+    }
 }
 
 /// Reads nothing.
@@ -172,9 +182,15 @@ impl OutputSink for () {
     fn feed(&mut self, _chunk: &[u8]) {}
 }
 
+/// Stops the run once the agent's priced usage reaches its allowance
+/// ([`OutputParser::allowance_reached`]).
 impl OutputSink for OutputParser {
     fn feed(&mut self, chunk: &[u8]) {
         OutputParser::feed(self, chunk);
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.allowance_reached()
     }
 }
 
@@ -208,8 +224,10 @@ pub async fn run_process(
 ///   kept.
 /// - `on_start(pid)` is called once the process is spawned.
 /// - The run ends when the process exits ([`Ended::Exited`]), when `limits.wall_time` has
-///   passed ([`Ended::TimedOut`]) or when `cancel` becomes `true` ([`Ended::Cancelled`]; a
-///   dropped sender never cancels). To stop it, the group gets `SIGTERM`, then `SIGKILL`
+///   passed ([`Ended::TimedOut`]), when `cancel` becomes `true` ([`Ended::Cancelled`]; a
+///   dropped sender never cancels) or when `sink` asks for it after a chunk
+///   ([`OutputSink::stop_requested`], [`Ended::Stopped`]). The sink still reads whatever
+///   the process writes until it is gone. To stop it, the group gets `SIGTERM`, then `SIGKILL`
 ///   after `limits.kill_grace` if the process has not exited. In every case the whole group
 ///   gets `SIGKILL` once the process has exited, so no grandchild lingers, and the process
 ///   is reaped.
@@ -289,11 +307,18 @@ pub async fn run_process_with<S: OutputSink>(
             drop(stdin);
         })
     });
-    let stdout = Reader::spawn(stdout_pipe, stdout_log, STDOUT_MEMORY_CAP, sink);
+    let (stop_request, mut stop_requested) = oneshot::channel();
+    let stdout = Reader::spawn(
+        stdout_pipe,
+        stdout_log,
+        STDOUT_MEMORY_CAP,
+        sink,
+        Some(stop_request),
+    );
     let stderr = child
         .stderr
         .take()
-        .map(|err| Reader::spawn(err, stderr_log, STDERR_TAIL_BYTES, ()));
+        .map(|err| Reader::spawn(err, stderr_log, STDERR_TAIL_BYTES, (), None));
 
     on_start(pid);
 
@@ -302,6 +327,7 @@ pub async fn run_process_with<S: OutputSink>(
         status = child.wait() => Stop::Exited(status),
         () = tokio::time::sleep_until(deadline) => Stop::TimedOut,
         () = cancelled(&mut cancel) => Stop::Cancelled,
+        () = requested(&mut stop_requested) => Stop::Requested,
     };
 
     let ended = match stop {
@@ -312,11 +338,11 @@ pub async fn run_process_with<S: OutputSink>(
                 signal: status.signal(),
             }
         }
-        Stop::TimedOut | Stop::Cancelled => {
-            let ended = if matches!(stop, Stop::TimedOut) {
-                Ended::TimedOut
-            } else {
-                Ended::Cancelled
+        Stop::TimedOut | Stop::Cancelled | Stop::Requested => {
+            let ended = match stop {
+                Stop::TimedOut => Ended::TimedOut,
+                Stop::Requested => Ended::Stopped,
+                _ => Ended::Cancelled,
             };
             tracing::debug!(pid, ?ended, "stopping agent process group");
             group.signal(Signal::SIGTERM);
@@ -421,11 +447,20 @@ enum Stop {
     TimedOut,
     /// The run was cancelled.
     Cancelled,
+    /// The output sink asked to stop the run.
+    Requested,
 }
 
 /// Resolves once `cancel` is `true`; never if its sender is dropped first.
 async fn cancelled(cancel: &mut watch::Receiver<bool>) {
     if cancel.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Resolves once the stdout reader asks to stop the run; never if it ends without asking.
+async fn requested(request: &mut oneshot::Receiver<()>) {
+    if request.await.is_err() {
         std::future::pending::<()>().await;
     }
 }
@@ -561,13 +596,19 @@ struct Reader<S> {
 
 impl<S: OutputSink> Reader<S> {
     /// Starts reading `stream` into `log` and `sink`, keeping its last `keep` bytes in
-    /// memory.
-    fn spawn<R>(stream: R, log: LogFile, keep: usize, sink: S) -> Reader<S>
+    /// memory; `stop_request` is fired once the sink asks to stop the run.
+    fn spawn<R>(
+        stream: R,
+        log: LogFile,
+        keep: usize,
+        sink: S,
+        stop_request: Option<oneshot::Sender<()>>,
+    ) -> Reader<S>
     where
         R: AsyncRead + Unpin + Send + 'static,
     {
         let (stop, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(capture(stream, log, keep, sink, stop_rx));
+        let task = tokio::spawn(capture(stream, log, keep, sink, stop_request, stop_rx));
         Reader { task, stop }
     }
 
@@ -588,12 +629,14 @@ impl<S: OutputSink> Reader<S> {
 }
 
 /// Reads `stream` to its end (or until `stop`), giving every chunk to `sink`, appending it
-/// to `log` and keeping its last `keep` bytes in memory.
+/// to `log` and keeping its last `keep` bytes in memory. The first time the sink asks to
+/// stop the run after a chunk, `stop_request` is fired; reading goes on.
 async fn capture<R, S>(
     mut stream: R,
     log: LogFile,
     keep: usize,
     sink: S,
+    mut stop_request: Option<oneshot::Sender<()>>,
     mut stop: oneshot::Receiver<()>,
 ) -> Capture<S>
 where
@@ -620,6 +663,12 @@ where
         let chunk = &buf[..n];
         out.total = out.total.saturating_add(n as u64);
         out.sink.feed(chunk);
+        if stop_request.is_some() && out.sink.stop_requested() {
+            tracing::debug!("the agent's output asks to stop it");
+            if let Some(request) = stop_request.take() {
+                let _ = request.send(());
+            }
+        }
         if let Some(file) = log.as_mut()
             && let Err(e) = file.append(chunk).await
         {

@@ -379,6 +379,75 @@ fn codex_exit_code_and_model() {
     assert!(run.home_file("args").lines().any(|l| l == "gpt-5-mini"));
 }
 
+/// `[fake:turns=N]`: N turns, turn k using k times the one-turn usage, the last message
+/// the final text.
+#[test]
+fn codex_turns_directive() {
+    let (run, r) = codex("Long job\nDetails [fake:turns=3]");
+    assert_eq!(run.code, Some(0));
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_eq!(r.turns, Some(3));
+    // 1 + 2 + 3 = 6 times the one-turn usage and cost.
+    assert_eq!(
+        (r.input_tokens, r.cache_read_tokens, r.output_tokens),
+        (12_000, 3_000, 1_800)
+    );
+    assert_eq!(cost(&r).as_deref(), Some("0.029625"));
+    assert_eq!(r.final_text.as_deref(), Some("Done: Long job"));
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_eq!(run.changes().as_deref(), Some("Long job\n"));
+    let completed: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.contains("\"turn.completed\""))
+        .collect();
+    assert_eq!(completed.len(), 3);
+    assert!(
+        completed[2].contains("\"input_tokens\":6000"),
+        "{}",
+        completed[2]
+    );
+}
+
+/// `[fake:pause=S]`: after each usage event but the last the fake waits, so with a long
+/// pause only a stop ends the run; the output then holds the turns printed before it.
+#[tokio::test]
+async fn codex_pause_directive_keeps_running_until_stopped() {
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("run.log");
+    let cmd = AgentCommand {
+        program: fake("codex"),
+        args: codex_args(CODEX_MODEL),
+        stdin: "Paused [fake:turns=2] [fake:pause=300]".into(),
+        cwd: cwd.path().to_owned(),
+        env: agent_env(home.path(), &[], |_| Some(PATH.to_owned())),
+    };
+    let limits = Limits {
+        wall_time: Duration::from_secs(600),
+        kill_grace: Duration::from_secs(1),
+    };
+    let (cancel, rx) = watch::channel(false);
+    let log2 = log.clone();
+    let task = tokio::spawn(async move { run_process(cmd, &log2, limits, rx, |_| {}).await });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("\"turn.completed\"")
+    {
+        assert!(Instant::now() < deadline, "no usage event");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!task.is_finished(), "the fake did not keep running");
+    cancel.send(true).unwrap();
+    let out = task.await.unwrap().unwrap();
+    assert_eq!(out.ended, Ended::Cancelled);
+    assert_eq!(out.stdout.matches("\"turn.completed\"").count(), 1);
+    let r = parse_codex(&out.stdout, CODEX_MODEL, &PriceTable::builtin());
+    assert_eq!(cost(&r).as_deref(), Some("0.0049375"));
+}
+
 // ---------------------------------------------------------------- [fake:sleep=N]
 
 /// `[fake:sleep=1]` under `run_process`: the pid files, the init event live in the log
@@ -597,21 +666,53 @@ fn claude_error_outputs_have_the_fixture_shape() {
 #[test]
 fn codex_outputs_have_the_fixture_shape() {
     let success = events(&fixture("codex_success.jsonl"));
-    let (run, _) = codex("Shape check");
+    for prompt in ["Shape check", "Shape check [fake:turns=3]"] {
+        codex_success_shape(&success, prompt);
+    }
+
+    let failed = events(&fixture("codex_turn_failed.jsonl"));
+    let (run, _) = codex("Shape check [fake:fail]");
+    let fake = events(&run.stdout);
+    assert_eq!(run.stdout.lines().count(), fake.len(), "every line is JSON");
+    assert!(types(&fake).is_subset(&types(&failed).union(&types(&success)).cloned().collect()));
+    for kind in ["error", "turn.failed"] {
+        assert_eq!(keys_of(&fake, kind), keys_of(&failed, kind), "{kind}");
+    }
+    assert_eq!(
+        nested_keys(&fake, "turn.failed", &["error"]),
+        nested_keys(&failed, "turn.failed", &["error"])
+    );
+    assert_eq!(fake.last().unwrap()["type"], "turn.failed");
+}
+
+/// A successful output of the fake codex has the shape of the fixture: the same event
+/// types and keys, each kind of item with the fixture's keys, each turn started before it
+/// completes.
+fn codex_success_shape(success: &[serde_json::Map<String, Value>], prompt: &str) {
+    let (run, _) = codex(prompt);
     let fake = events(&run.stdout);
     assert_eq!(run.stdout.lines().count(), fake.len(), "every line is JSON");
     assert!(
-        types(&fake).is_subset(&types(&success)),
+        types(&fake).is_subset(&types(success)),
         "{:?}",
         types(&fake)
     );
     for kind in ["thread.started", "turn.started", "turn.completed"] {
-        assert_eq!(keys_of(&fake, kind), keys_of(&success, kind), "{kind}");
+        assert_eq!(keys_of(&fake, kind), keys_of(success, kind), "{kind}");
     }
-    assert_eq!(
-        nested_keys(&fake, "turn.completed", &["usage"]),
-        nested_keys(&success, "turn.completed", &["usage"])
-    );
+    for event in fake.iter().filter(|e| e["type"] == "turn.completed") {
+        let keys: BTreeSet<String> = event["usage"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(
+            keys,
+            nested_keys(success, "turn.completed", &["usage"]),
+            "{prompt}"
+        );
+    }
     // Each kind of item has the fixture's keys.
     let item_keys =
         |events: &[serde_json::Map<String, Value>]| -> BTreeMap<String, BTreeSet<String>> {
@@ -627,26 +728,30 @@ fn codex_outputs_have_the_fixture_shape() {
                 })
                 .collect()
         };
-    let fixture_items = item_keys(&success);
+    let fixture_items = item_keys(success);
     for (kind, keys) in item_keys(&fake) {
         assert_eq!(Some(&keys), fixture_items.get(&kind), "item {kind}");
     }
+    // Turns alternate: started, then completed; item ids are unique.
+    let turn_events: Vec<&str> = fake
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .filter(|t| t.starts_with("turn."))
+        .collect();
+    for pair in turn_events.chunks(2) {
+        assert_eq!(pair, ["turn.started", "turn.completed"], "{prompt}");
+    }
+    let ids: Vec<&str> = fake
+        .iter()
+        .filter_map(|e| e.get("item").and_then(|i| i["id"].as_str()))
+        .collect();
+    assert_eq!(
+        ids.iter().collect::<BTreeSet<_>>().len(),
+        ids.len(),
+        "{prompt}"
+    );
     assert_eq!(fake.first().unwrap()["type"], "thread.started");
     assert_eq!(fake.last().unwrap()["type"], "turn.completed");
-
-    let failed = events(&fixture("codex_turn_failed.jsonl"));
-    let (run, _) = codex("Shape check [fake:fail]");
-    let fake = events(&run.stdout);
-    assert_eq!(run.stdout.lines().count(), fake.len(), "every line is JSON");
-    assert!(types(&fake).is_subset(&types(&failed).union(&types(&success)).cloned().collect()));
-    for kind in ["error", "turn.failed"] {
-        assert_eq!(keys_of(&fake, kind), keys_of(&failed, kind), "{kind}");
-    }
-    assert_eq!(
-        nested_keys(&fake, "turn.failed", &["error"]),
-        nested_keys(&failed, "turn.failed", &["error"])
-    );
-    assert_eq!(fake.last().unwrap()["type"], "turn.failed");
 }
 
 #[test]

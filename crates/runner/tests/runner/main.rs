@@ -1,6 +1,7 @@
 //! Every integration test of this crate, in one test binary (one link step instead of
 //! 6); each module is one area, named as its file.
 
+mod budget;
 mod fake_agents;
 mod git_safety;
 mod parsers;

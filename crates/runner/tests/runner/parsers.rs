@@ -5,8 +5,9 @@
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
 )]
 
+use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
-use agentry_runner::agent::{MAX_LINE_BYTES, OutputParser};
+use agentry_runner::agent::{AgentSpec, MAX_LINE_BYTES, OutputParser};
 use agentry_runner::{AgentOutcome, PriceError, PriceTable, RunReport, parse_claude, parse_codex};
 use proptest::prelude::*;
 
@@ -265,6 +266,65 @@ fn codex_truncated_is_unparseable() {
         "{:?}",
         r.warnings
     );
+}
+
+/// The running cost of a Codex run is the exact price of the usage events read so far:
+/// it changes only when a `turn.completed` line is complete, it ends equal to the report's
+/// cost, and the allowance is reached once it is at least the allowance.
+#[test]
+fn codex_cost_so_far_prices_each_usage_event_as_it_arrives() {
+    let output = fixture("codex_success.jsonl");
+    let spec = |allowance: &str| AgentSpec {
+        agent_type: AgentType::Codex,
+        model: "gpt-5-codex".into(),
+        max_turns: None,
+        max_budget_usd: Some(usd(allowance)),
+    };
+    // (315·1.25 + 24448·0.125 + 122·10) / 10⁶ for the first turn; both turns as above.
+    let (first, both) = (usd("0.00466975"), usd("1.69216975"));
+    for (allowance, reached_after) in [
+        ("0.001", Some(first)),
+        ("0.00466975", Some(first)),
+        ("0.00466976", Some(both)),
+        ("1.69216975", Some(both)),
+        ("1.69216976", None),
+    ] {
+        let mut parser = OutputParser::new(&spec(allowance), &PriceTable::builtin());
+        assert_eq!(parser.cost_so_far(), Some(Usd::ZERO));
+        let mut seen = vec![Usd::ZERO];
+        let mut reached = None;
+        // Byte by byte: a usage line counts only once its newline has arrived.
+        for byte in output.as_bytes() {
+            parser.feed(std::slice::from_ref(byte));
+            let cost = parser.cost_so_far().unwrap();
+            if seen.last() != Some(&cost) {
+                assert_eq!(*byte, b'\n', "the cost changed inside a line");
+                seen.push(cost);
+            }
+            if reached.is_none() && parser.allowance_reached() {
+                reached = Some(cost);
+            }
+        }
+        assert_eq!(seen, [Usd::ZERO, first, both], "{allowance}");
+        assert_eq!(reached, reached_after, "{allowance}");
+        assert_eq!(parser.finish().cost_usd, Some(both));
+    }
+
+    // Without an allowance, or on an unpriced model, the allowance is never reached.
+    let mut parser = OutputParser::codex("gpt-5-codex", &PriceTable::builtin());
+    parser.feed(output.as_bytes());
+    assert_eq!(parser.cost_so_far(), Some(both));
+    assert!(!parser.allowance_reached());
+    let mut parser =
+        OutputParser::codex("gpt-9-turbo", &PriceTable::builtin()).with_allowance(Some(Usd::ZERO));
+    parser.feed(output.as_bytes());
+    assert_eq!(parser.cost_so_far(), None);
+    assert!(!parser.allowance_reached());
+    // Claude Code reports its cost only at the end and stops at its own budget.
+    let mut parser = OutputParser::claude().with_allowance(Some(Usd::ZERO));
+    parser.feed(fixture("claude_success.jsonl").as_bytes());
+    assert_eq!(parser.cost_so_far(), None);
+    assert!(!parser.allowance_reached());
 }
 
 // ---------------------------------------------------------------- Price table
