@@ -1044,3 +1044,79 @@ async fn a_monthly_budget_stops_spending_at_its_line_postgres() {
         a_monthly_budget_stops_spending_at_its_line(db).await;
     }
 }
+
+/// A Codex repository with a $0.02 monthly budget: Codex has no budget option, so agentry
+/// prices its usage events as they arrive and stops the run after the event that reaches
+/// the allowance. The fake prints three turns a second apart (turn k costs k × $0.0049375)
+/// and then waits long, so only that stop ends it: stopped after the third turn, the task
+/// fails with "budget reached", no pull request is opened, and the run's cost is exactly
+/// the priced usage before the stop. The overshoot is measured: $0.029625 − $0.02, less
+/// than the cost of the last usage event ($0.0148125).
+async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
+    let mut rig = Rig::new(db);
+    let app = app!(rig);
+    patch_settings(
+        &app,
+        &rig,
+        json!({
+            "agentType": "codex",
+            "codingModel": "gpt-5-codex",
+            "autoReview": false,
+            "monthlyBudgetUsd": "0.02",
+        }),
+    )
+    .await;
+    let t = rig.env.t.member.clone();
+    let started = Instant::now();
+    let id = manual_task(
+        &app,
+        &rig,
+        "Costly work [fake:turns=3] [fake:pause=1] [fake:hold=300]",
+    )
+    .await;
+    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    // Long before the fake's hold would have ended, and before the run's wall time.
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let message = error_of(&task);
+    assert!(message.starts_with("budget reached"), "{task:#}");
+    assert!(
+        message.contains("reached 0.029625 USD") && message.contains("limit was 0.02 USD"),
+        "{message}"
+    );
+    assert_eq!(task["costUsd"], "0.029625", "{task:#}");
+    let runs = task["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{task:#}");
+    assert_eq!(runs[0]["outcome"], "failed");
+    assert_eq!(runs[0]["costUsd"], "0.029625");
+    assert_eq!(runs[0]["turns"], 3);
+    // Six one-turn units of tokens: 1 + 2 + 3.
+    assert_eq!(runs[0]["outputTokens"], 1800);
+    assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
+    // The overshoot beyond the allowance, and the last usage event's cost that bounds it.
+    let nanos = |usd: &str| agentry_domain::money::Usd::parse(usd).unwrap().to_nanos();
+    let recorded = nanos(task["costUsd"].as_str().unwrap());
+    let overshoot = recorded - nanos("0.02");
+    assert_eq!(overshoot, nanos("0.009625"));
+    // The cumulative cost after the second turn was under the allowance.
+    let last_event = recorded - nanos("0.0148125");
+    assert!(
+        0 < overshoot && overshoot < last_event,
+        "{overshoot} {last_event}"
+    );
+}
+
+#[actix_web::test]
+async fn a_codex_run_is_stopped_at_its_allowance_sqlite() {
+    a_codex_run_is_stopped_at_its_allowance(TestDb::sqlite()).await;
+}
+
+#[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+async fn a_codex_run_is_stopped_at_its_allowance_postgres() {
+    if let Some(db) = TestDb::postgres() {
+        a_codex_run_is_stopped_at_its_allowance(db).await;
+    }
+}
