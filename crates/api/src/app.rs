@@ -70,6 +70,7 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(analytics::cost_report)
                 .service(budget::get_budget)
                 .service(budget::put_budget)
+                .service(budget::list_budget_alerts)
                 .service(secrets::put_secret)
                 .service(secrets::list_secrets)
                 .service(secrets::delete_secret)

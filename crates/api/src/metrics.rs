@@ -8,7 +8,8 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::web;
 use prometheus::{
-    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
+    TextEncoder,
 };
 use rust_decimal::Decimal;
 
@@ -24,6 +25,40 @@ pub struct RunCost {
     pub task_type: String,
     /// The exact sum, in USD.
     pub usd: Decimal,
+}
+
+/// One series of `agentry_budget_used_ratio`: how much of a monthly budget this month has
+/// spent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetUse {
+    /// `instance` or `repository` (label `scope`).
+    pub scope: String,
+    /// The repository URL, empty for the instance's budget (label `repo`).
+    pub repo: String,
+    /// The month's spend, in USD.
+    pub spent: Decimal,
+    /// The budget, in USD.
+    pub budget: Decimal,
+}
+
+impl BudgetUse {
+    /// `spent / budget`; for a zero budget 0 while nothing is spent and +Inf after.
+    pub fn ratio(&self) -> Result<f64, prometheus::Error> {
+        if self.budget.is_zero() {
+            return Ok(if self.spent.is_zero() {
+                0.0
+            } else {
+                f64::INFINITY
+            });
+        }
+        let ratio = self
+            .spent
+            .checked_div(self.budget)
+            .ok_or_else(|| prometheus::Error::Msg("budget ratio overflows".into()))?;
+        let text = ratio.normalize().to_string();
+        text.parse()
+            .map_err(|e| prometheus::Error::Msg(format!("{text}: {e}")))
+    }
 }
 
 /// The service's metric registry.
@@ -86,7 +121,36 @@ impl Metrics {
     /// same totals; each exact sum becomes the nearest `f64` here, at exposition, through its
     /// decimal text (never by float arithmetic on parts).
     pub fn render_with_costs(&self, costs: &[RunCost]) -> Result<String, prometheus::Error> {
+        self.render_scrape(costs, &[])
+    }
+
+    /// [`Metrics::render_with_costs`] plus the gauge
+    /// `agentry_budget_used_ratio{scope,repo}`: for each monthly budget that is set, the
+    /// share of it this UTC month has spent (1 = all of it; above 1 after an overshoot), read
+    /// from the database at each scrape.
+    pub fn render_scrape(
+        &self,
+        costs: &[RunCost],
+        budgets: &[BudgetUse],
+    ) -> Result<String, prometheus::Error> {
         let mut families = self.registry.gather();
+        if !budgets.is_empty() {
+            let scrape = Registry::new_custom(Some("agentry".into()), None)?;
+            let gauge = GaugeVec::new(
+                Opts::new(
+                    "budget_used_ratio",
+                    "Share of each monthly budget spent this UTC month (1 = all of it), by scope and repository.",
+                ),
+                &["scope", "repo"],
+            )?;
+            scrape.register(Box::new(gauge.clone()))?;
+            for b in budgets {
+                gauge
+                    .with_label_values(&[b.scope.as_str(), b.repo.as_str()])
+                    .set(b.ratio()?);
+            }
+            families.extend(scrape.gather());
+        }
         if !costs.is_empty() {
             let scrape = Registry::new_custom(Some("agentry".into()), None)?;
             let counter = CounterVec::new(
@@ -107,8 +171,8 @@ impl Metrics {
                     .inc_by(value);
             }
             families.extend(scrape.gather());
-            families.sort_by(|a, b| a.name().cmp(b.name()));
         }
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
         TextEncoder::new().encode(&families, &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))

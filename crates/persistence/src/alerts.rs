@@ -316,8 +316,9 @@ pub fn get(conn: &mut AnyConnection, id: Uuid) -> Result<BudgetAlert, DbError> {
         .and_then(BudgetAlert::try_from)
 }
 
-/// Up to `limit` alerts (1 to [`MAX_PAGE`]), newest first (by id, a time-ordered UUID v7),
-/// starting after the alert `after` (the last of the previous page) when given.
+/// Up to `limit` alerts (1 to [`MAX_PAGE`] + 1, so a caller can ask one more than a page to
+/// tell whether another follows), newest first (by id, a time-ordered UUID v7), starting
+/// after the alert `after` (the last of the previous page) when given.
 pub fn list(
     conn: &mut AnyConnection,
     limit: i64,
@@ -325,7 +326,7 @@ pub fn list(
 ) -> Result<Vec<BudgetAlert>, DbError> {
     let mut query = budget_alerts::table
         .order(budget_alerts::id.desc())
-        .limit(limit.clamp(1, MAX_PAGE))
+        .limit(limit.clamp(1, MAX_PAGE + 1))
         .select(AlertRow::as_select())
         .into_boxed();
     if let Some(after) = after {

@@ -54,6 +54,8 @@ impl Service {
         self.db(move |conn| Ok(budgets::set_instance_budget(conn, budget, now())?))
             .await?;
         self.runs.wake();
+        // A lowered budget may be past a threshold already.
+        self.check_budget_alerts_logged().await;
         self.instance_budget().await
     }
 
@@ -78,6 +80,8 @@ impl Service {
             })
             .await?;
         self.runs.wake();
+        // A lowered budget may be past a threshold already.
+        self.check_budget_alerts_logged().await;
         Ok(repo.settings)
     }
 }

@@ -58,6 +58,9 @@ pub struct Config {
     /// `AGENTRY_AGENT_SANDBOX`: `auto` (default: agents run in a bubblewrap sandbox and are
     /// refused without one) or `off` (explicit: agents run unsandboxed).
     pub agent_sandbox: SandboxMode,
+    /// `AGENTRY_ALERT_WEBHOOK_URL`: where budget alerts are POSTed (https, or http only to
+    /// loopback); `None` records them without sending. Shown without its path in `Debug`.
+    pub alert_webhook_url: Option<crate::alerts::WebhookUrl>,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -224,6 +227,14 @@ impl Config {
                 message: format!("{e}"),
             })?,
         };
+        let alert_webhook_url = get("AGENTRY_ALERT_WEBHOOK_URL")
+            .map(|text| {
+                crate::alerts::WebhookUrl::parse(&text).map_err(|message| ConfigError {
+                    name: "AGENTRY_ALERT_WEBHOOK_URL",
+                    message,
+                })
+            })
+            .transpose()?;
         Ok(Config {
             data_dir,
             database_url,
@@ -242,6 +253,7 @@ impl Config {
             run_time_limit,
             run_lease,
             agent_sandbox,
+            alert_webhook_url,
         })
     }
 }
@@ -387,6 +399,31 @@ mod tests {
         assert_eq!(c.run_time_limit, Duration::from_secs(3600));
         assert_eq!(c.run_lease, Duration::from_secs(60));
         assert_eq!(c.agent_sandbox, SandboxMode::Auto);
+        assert_eq!(c.alert_webhook_url, None);
+    }
+
+    #[test]
+    fn the_alert_webhook_is_https_or_loopback_and_its_path_is_never_shown() {
+        let c = cfg(&[(
+            "AGENTRY_ALERT_WEBHOOK_URL",
+            "https://hooks.slack.com/services/T0/B0/s3cr3t",
+        )])
+        .unwrap();
+        let url = c.alert_webhook_url.as_ref().unwrap();
+        assert_eq!(
+            url.expose().as_str(),
+            "https://hooks.slack.com/services/T0/B0/s3cr3t"
+        );
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        for refused in [
+            "http://hooks.example.com/x",
+            "hooks.slack.com/x",
+            "ftp://a.example/",
+        ] {
+            let e = cfg(&[("AGENTRY_ALERT_WEBHOOK_URL", refused)]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_ALERT_WEBHOOK_URL", "{refused}");
+        }
+        assert!(cfg(&[("AGENTRY_ALERT_WEBHOOK_URL", "http://127.0.0.1:9/hook")]).is_ok());
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod alerts;
 pub mod budgets;
 pub mod codehost;
 pub mod config;
@@ -40,6 +41,7 @@ use agentry_persistence::{AnyConnection, Db};
 pub use error::ServiceError;
 pub use start::{Background, StartError};
 
+use crate::alerts::Alerts;
 use crate::codehost::CodeHost;
 use crate::runs::Runs;
 
@@ -57,6 +59,8 @@ pub struct Parts {
     pub codehost: CodeHost,
     /// The agent-run orchestrator.
     pub runs: Runs,
+    /// The budget alerts' webhook (docs/contract.md#67-budgets).
+    pub alerts: Alerts,
 }
 
 impl std::fmt::Debug for Service {
@@ -65,6 +69,7 @@ impl std::fmt::Debug for Service {
             .field("backend", &self.parts.db.backend())
             .field("codehost", &self.parts.codehost)
             .field("runs", &self.parts.runs)
+            .field("alerts", &self.parts.alerts)
             .finish()
     }
 }
@@ -80,9 +85,20 @@ impl std::ops::Deref for Service {
 impl Service {
     /// The service over `db`, the code-host integration `codehost` and the orchestrator
     /// `runs`. No loop runs until [`Service::start_background`].
+    /// Budget alerts are recorded but go to no webhook ([`Service::with_alerts`] sends them).
     pub fn new(db: Db, codehost: CodeHost, runs: Runs) -> Self {
+        Service::with_alerts(db, codehost, runs, Alerts::disabled())
+    }
+
+    /// [`Service::new`] with budget alerts delivered as `alerts` says.
+    pub fn with_alerts(db: Db, codehost: CodeHost, runs: Runs, alerts: Alerts) -> Self {
         Service {
-            parts: Arc::new(Parts { db, codehost, runs }),
+            parts: Arc::new(Parts {
+                db,
+                codehost,
+                runs,
+                alerts,
+            }),
         }
     }
 

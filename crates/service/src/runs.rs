@@ -273,6 +273,8 @@ async fn money_freed(state: &Service) {
         Ok(n) => tracing::debug!(tasks = n, "blocked tasks are candidates again"),
         Err(e) => tracing::warn!(error = %e, "could not unblock tasks after a run"),
     }
+    // The run's cost is recorded: a budget may have reached an alert threshold.
+    state.check_budget_alerts_logged().await;
 }
 
 /// What a run needs besides the job.

@@ -132,16 +132,23 @@ impl Service {
     /// The service of `config`: its database (created and migrated), code-host integration
     /// and orchestrator. Nothing runs in the background yet.
     pub fn open(config: &Config) -> Result<Service, StartError> {
-        Ok(Service::new(
+        let alerts = crate::alerts::Alerts::new(
+            config.alert_webhook_url.clone(),
+            crate::alerts::AlertTiming::default(),
+        )
+        .map_err(StartError::Io)?;
+        Ok(Service::with_alerts(
             open_database(config)?,
             code_host(config)?,
             runs(config)?,
+            alerts,
         ))
     }
 
     /// Recovers the tasks a stopped process left leased, then starts the background loops on
     /// the current tokio runtime: agent runs and lease recovery, the periodic issue sync, the
-    /// outbox, the pull-request poller and the pruning of webhook delivery ids.
+    /// outbox, the budget alerts (a check, then their webhook), the pull-request poller and
+    /// the pruning of webhook delivery ids.
     pub async fn start_background(&self, config: &Config) -> Background {
         runs::recover_at_start(self, self.db.backend()).await;
         Background {
@@ -153,6 +160,7 @@ impl Service {
                     config.issue_sync_interval,
                 )),
                 tokio::spawn(codehost::outbox_loop(self.clone())),
+                tokio::spawn(crate::alerts::alert_loop(self.clone())),
                 tokio::spawn(crate::tracking::delivery_pruning_loop(
                     self.clone(),
                     DELIVERY_PRUNE_EVERY,

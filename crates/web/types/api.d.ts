@@ -55,6 +55,91 @@ export interface AssignedDto {
   created: boolean;
 }
 
+/**
+ * A budget alert: a monthly budget reached 50 %, 80 % or 100 % (once per budget, month and
+ * threshold).
+ */
+export interface BudgetAlertDto {
+  /** The alert's id; also the `Idempotency-Key` of its webhook delivery. */
+  id: string;
+  /** Which budget: `instance` or `repository`. */
+  scope: string;
+  /** The repository, for a repository's budget; null for the instance's. */
+  repoUrl?: string | null;
+  /** The month, `YYYY-MM` (UTC). */
+  month: string;
+  /** The percentage of the budget reached: 50, 80 or 100. */
+  threshold: number;
+  /** The month's spend when the alert was recorded, exact decimal USD. */
+  spentUsd: string;
+  /** The budget when the alert was recorded, exact decimal USD. */
+  monthlyBudgetUsd: string;
+  /** When it was recorded (RFC 3339 UTC). */
+  createdAt: string;
+  /**
+   * `pending` (to the webhook, retried until it answers 2xx), `delivered`, or `unsent`
+   * (recorded while no `AGENTRY_ALERT_WEBHOOK_URL` was set).
+   */
+  delivery: string;
+  /** Failed delivery attempts so far. */
+  deliveryAttempts: number;
+  /** When the webhook took it (RFC 3339 UTC). */
+  deliveredAt?: string | null;
+  /** Why the last attempt failed (never the webhook's URL). */
+  lastError?: string | null;
+}
+
+/** A page of budget alerts, newest first. */
+export interface BudgetAlertListDto {
+  /** At most `limit` alerts. */
+  alerts: Array<BudgetAlertDto>;
+  /** Pass as `cursor` for the next page; null on the last page. */
+  nextCursor?: string | null;
+}
+
+/** The instance-wide monthly budget and its month so far. */
+export interface BudgetDto {
+  /** The budget for each UTC calendar month, exact decimal USD; null for none. */
+  monthlyBudgetUsd?: string | null;
+  /** The month the figures are for, `YYYY-MM`. */
+  month: string;
+  /** Spent by the runs that finished this month, exact decimal USD. */
+  monthToDateUsd: string;
+  /** Held for the runs in progress (each run's allowance), exact decimal USD. */
+  reservedUsd: string;
+  /** What is left this month after the spend and the reserves; null without a budget. */
+  remainingUsd?: string | null;
+  /** The month's spend at the current daily average (4 decimals); null without a budget. */
+  forecastUsd?: string | null;
+  /**
+   * The day (`YYYY-MM-DD`, UTC) the budget runs out at that rate; null when it lasts the
+   * month, nothing was spent, or there is no budget.
+   */
+  exhaustsOn?: string | null;
+}
+
+/** A monthly budget and its forecast. Money is a decimal string with 4 decimals. */
+export interface BudgetForecast {
+  /** `instance` or `repository`. */
+  scope: string;
+  /** The repository of a repository's budget; null for the instance's. */
+  repoUrl?: string | null;
+  /** The budget for the month. */
+  monthlyBudgetUsd: string;
+  /** Spent by the runs that finished this month. */
+  monthToDateUsd: string;
+  /**
+   * `monthToDate / daysElapsed × daysInMonth`: the month at the current daily average
+   * (today counts as elapsed).
+   */
+  forecastUsd: string;
+  /**
+   * The day the budget runs out at the current daily average (today when it is spent
+   * already); null when nothing was spent or it lasts the month.
+   */
+  exhaustsOn?: string | null;
+}
+
 /** A repository to connect. */
 export interface ConnectRepo {
   /** Any accepted form: `https://github.com/org/repo`, `git@github.com:org/repo.git`, … */
@@ -89,6 +174,8 @@ export interface CostReport {
    * that ended failed or cancelled.
    */
   outcomes: Outcomes;
+  /** Each monthly budget that is set, for the current UTC month whatever the period. */
+  budgets: Array<BudgetForecast>;
 }
 
 /** A manual coding task. Unknown members are ignored. */
@@ -338,6 +425,15 @@ export interface Outcomes {
   byModel: Array<ModelOutcome>;
 }
 
+/** A new instance-wide budget. */
+export interface PutBudget {
+  /**
+   * A decimal string of at least 0 with at most 9 decimals (e.g. `"500.00"`), or null to
+   * remove the budget.
+   */
+  monthlyBudgetUsd?: string | null;
+}
+
 /** A secret's new value. */
 export interface PutSecret {
   /** The value (1 to 16 KiB, not blank). Never returned. */
@@ -577,6 +673,13 @@ export interface TaskSummaryDto {
   startedAt?: string | null;
   /** When the task finished. */
   finishedAt?: string | null;
+  /**
+   * Why a queued task is not being started: `budget_exhausted` while a monthly budget
+   * has nothing left (docs/contract.md#67-budgets); null otherwise.
+   */
+  blockedReason?: string | null;
+  /** The budget that blocks it: `repository` or `instance`; null when not blocked. */
+  blockedBy?: string | null;
 }
 
 /** A task type. */

@@ -1,7 +1,7 @@
-//! `GET|PUT /api/budget`: the instance-wide monthly budget with its month to date
-//! (docs/contract.md#67-budgets).
+//! `GET|PUT /api/budget`: the instance-wide monthly budget with its month to date, and
+//! `GET /api/budget/alerts`, the budget alerts recorded (docs/contract.md#67-budgets).
 
-use actix_web::{get, put, web};
+use actix_web::{HttpRequest, get, put, web};
 use agentry_domain::Role;
 use agentry_service::budgets::BudgetView;
 use serde::{Deserialize, Serialize};
@@ -125,4 +125,117 @@ pub async fn put_budget(
     let view = state.service.set_instance_budget(budget).await?;
     tracing::info!(budget = ?budget.map(|b| b.to_string()), by = %caller.token_id, "instance budget set");
     Ok(web::Json(view.into()))
+}
+
+/// A budget alert: a monthly budget reached 50 %, 80 % or 100 % (once per budget, month and
+/// threshold).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetAlertDto {
+    /// The alert's id; also the `Idempotency-Key` of its webhook delivery.
+    pub id: uuid::Uuid,
+    /// Which budget: `instance` or `repository`.
+    #[schema(example = "repository")]
+    pub scope: String,
+    /// The repository, for a repository's budget; null for the instance's.
+    #[schema(example = "https://github.com/acme/web")]
+    pub repo_url: Option<String>,
+    /// The month, `YYYY-MM` (UTC).
+    #[schema(example = "2026-11")]
+    pub month: String,
+    /// The percentage of the budget reached: 50, 80 or 100.
+    #[schema(example = 80)]
+    pub threshold: i32,
+    /// The month's spend when the alert was recorded, exact decimal USD.
+    #[schema(example = "0.8")]
+    pub spent_usd: String,
+    /// The budget when the alert was recorded, exact decimal USD.
+    #[schema(example = "1")]
+    pub monthly_budget_usd: String,
+    /// When it was recorded (RFC 3339 UTC).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: time::OffsetDateTime,
+    /// `pending` (to the webhook, retried until it answers 2xx), `delivered`, or `unsent`
+    /// (recorded while no `AGENTRY_ALERT_WEBHOOK_URL` was set).
+    #[schema(example = "delivered")]
+    pub delivery: String,
+    /// Failed delivery attempts so far.
+    pub delivery_attempts: i32,
+    /// When the webhook took it (RFC 3339 UTC).
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub delivered_at: Option<time::OffsetDateTime>,
+    /// Why the last attempt failed (never the webhook's URL).
+    pub last_error: Option<String>,
+}
+
+impl From<agentry_persistence::alerts::BudgetAlert> for BudgetAlertDto {
+    fn from(a: agentry_persistence::alerts::BudgetAlert) -> Self {
+        BudgetAlertDto {
+            id: a.id,
+            scope: a.scope.as_str().to_owned(),
+            repo_url: a.repo_url.map(|u| u.to_string()),
+            month: format!("{:04}-{:02}", a.month.year(), u8::from(a.month.month())),
+            threshold: a.threshold,
+            spent_usd: a.spent.to_string(),
+            monthly_budget_usd: a.budget.to_string(),
+            created_at: a.created_at,
+            delivery: a.delivery.as_str().to_owned(),
+            delivery_attempts: a.attempts,
+            delivered_at: a.delivered_at,
+            last_error: a.last_error,
+        }
+    }
+}
+
+/// A page of budget alerts, newest first.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetAlertListDto {
+    /// At most `limit` alerts.
+    pub alerts: Vec<BudgetAlertDto>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The budget alerts recorded, newest first (viewer). Cursor-paginated.
+#[utoipa::path(
+    tag = "budget",
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
+            description = "Page size, 1 to 200 (default 50)"),
+        ("cursor" = Option<String>, Query,
+            description = "`nextCursor` of the previous page, unchanged"),
+    ),
+    responses(
+        (status = 200, body = BudgetAlertListDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/budget/alerts")]
+pub async fn list_budget_alerts(
+    _caller: Caller,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<web::Json<BudgetAlertListDto>, ApiError> {
+    let q = crate::query::Query::parse(req.query_string(), &["limit", "cursor"])?;
+    let limit = q
+        .int_in("limit", 1, agentry_persistence::alerts::MAX_PAGE)?
+        .unwrap_or(50);
+    let after = q
+        .get("cursor")
+        .map(|c| {
+            uuid::Uuid::parse_str(c).map_err(|_| {
+                ApiError::invalid_parameter("cursor", "malformed cursor; pass nextCursor unchanged")
+            })
+        })
+        .transpose()?;
+    let page = state.service.budget_alerts(limit, after).await?;
+    Ok(web::Json(BudgetAlertListDto {
+        alerts: page.alerts.into_iter().map(BudgetAlertDto::from).collect(),
+        next_cursor: page.next.map(|id| id.to_string()),
+    }))
 }

@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 use rust_decimal::Decimal;
 
 use crate::error::{ApiError, ErrorBody};
-use crate::metrics::RunCost;
+use crate::metrics::{BudgetUse, RunCost};
 use crate::state::AppState;
 
 /// Health status.
@@ -35,9 +35,10 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<web::Json<Status>, Api
     Ok(web::Json(Status { status: "ready" }))
 }
 
-/// Prometheus metrics in the text exposition format: HTTP requests and latencies, and
-/// `agentry_cost_usd_total{repo,model,task_type}`, the recorded cost of agent runs (read from
-/// the database at each scrape, so every replica reports the same totals).
+/// Prometheus metrics in the text exposition format: HTTP requests and latencies,
+/// `agentry_cost_usd_total{repo,model,task_type}`, the recorded cost of agent runs, and
+/// `agentry_budget_used_ratio{scope,repo}`, the share of each monthly budget spent this month
+/// (both read from the database at each scrape, so every replica reports the same values).
 #[utoipa::path(
     tag = "operations",
     responses(
@@ -62,9 +63,26 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
             usd: Decimal::from_i128_with_scale(i128::from(nanos), 9),
         })
         .collect::<Vec<_>>();
+    let at = agentry_persistence::now();
+    let budgets = state
+        .db(move |conn| Ok(agentry_persistence::budgets::all_set(conn, None, at)?))
+        .await?
+        .into_iter()
+        .map(|b| BudgetUse {
+            scope: if b.repo_url.is_some() {
+                "repository"
+            } else {
+                "instance"
+            }
+            .to_owned(),
+            repo: b.repo_url.map(|u| u.to_string()).unwrap_or_default(),
+            spent: b.spent.as_decimal(),
+            budget: b.budget.as_decimal(),
+        })
+        .collect::<Vec<_>>();
     let text = state
         .metrics
-        .render_with_costs(&costs)
+        .render_scrape(&costs, &budgets)
         .map_err(|e| ApiError::internal(&e))?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")

@@ -735,6 +735,7 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         ("POST", "/api/webhooks/codehost"),
         ("GET", "/api/budget"),
         ("PUT", "/api/budget"),
+        ("GET", "/api/budget/alerts"),
     ]
     .iter()
     .map(|(m, p)| (m.to_string(), p.to_string()))

@@ -1,6 +1,7 @@
 //! Every integration test of this crate, in one test binary (one link step instead of
 //! 7); each module is one area, named as its file.
 
+mod alerts;
 mod budget;
 mod codehost;
 mod common;

@@ -1,0 +1,395 @@
+//! Budget alerts (docs/contract.md#67-budgets): at 50 %, 80 % and 100 % of each monthly
+//! budget, once per budget, month and threshold; recorded, and delivered to the optional
+//! outbound webhook `AGENTRY_ALERT_WEBHOOK_URL`.
+//!
+//! [`Service::check_budget_alerts`] runs after a run's cost is recorded (a run ends or a
+//! lost run is recovered), after a budget changes, and once when the background loops
+//! start (a process that died between recording a run and checking finds it then). The
+//! storage's unique key makes each alert one row however many replicas check at once.
+//!
+//! Delivery goes through the alert rows as an outbox: [`alert_loop`] claims due alerts with
+//! a lease, POSTs each (its id also in the `Idempotency-Key` header), marks it delivered on
+//! a 2xx answer, and otherwise retries with capped exponential backoff. A receiver sees an
+//! alert once, unless it took one and the answer was lost (then the same id comes again).
+
+use std::fmt;
+use std::time::Duration;
+
+use agentry_domain::BudgetScope;
+use agentry_persistence::alerts::{self, BudgetAlert};
+use uuid::Uuid;
+
+use crate::codehost::retry_delay;
+use crate::{Service, ServiceError, now};
+
+/// How many due alerts one delivery round takes.
+const BATCH: i64 = 20;
+
+/// The outbound webhook's URL. Its `Debug` and `Display` show only the scheme and host: the
+/// path of a chat webhook (Slack's `/services/…`) is itself the credential.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookUrl(url::Url);
+
+impl WebhookUrl {
+    /// Parses and checks a webhook URL: `https`, or plain `http` only to this machine
+    /// (`localhost`, 127.0.0.0/8, `::1`); no user name or password in it.
+    pub fn parse(text: &str) -> Result<WebhookUrl, String> {
+        let url = url::Url::parse(text.trim()).map_err(|e| format!("not a URL: {e}"))?;
+        if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
+            return Err("not an http(s) URL such as https://hooks.slack.com/services/…".into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("a user name or password in the URL is not accepted".into());
+        }
+        if url.scheme() == "http" && !is_loopback(&url) {
+            return Err(
+                "plain http would send budget figures unencrypted; use https (http is allowed \
+                 only for 127.0.0.0/8, ::1 and localhost)"
+                    .into(),
+            );
+        }
+        Ok(WebhookUrl(url))
+    }
+
+    /// The full URL (it may carry a credential in its path: never log it).
+    pub fn expose(&self) -> &url::Url {
+        &self.0
+    }
+}
+
+impl fmt::Debug for WebhookUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WebhookUrl({self})")
+    }
+}
+
+impl fmt::Display for WebhookUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}://{}/…",
+            self.0.scheme(),
+            self.0.host_str().unwrap_or("")
+        )
+    }
+}
+
+fn is_loopback(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
+/// Delivery timings of the alert webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlertTiming {
+    /// Delay before the first retry; doubled after each failure.
+    pub retry_base: Duration,
+    /// Longest delay between two attempts.
+    pub retry_max: Duration,
+    /// How long a claimed alert stays its worker's (a dead worker's alerts are due again
+    /// after it). Longer than `request_timeout`, so a slow answer is never sent twice.
+    pub lease: Duration,
+    /// Longest sleep of the worker when nothing is due (it also wakes when told to).
+    pub idle: Duration,
+    /// Longest wait for the webhook's answer.
+    pub request_timeout: Duration,
+}
+
+impl Default for AlertTiming {
+    fn default() -> Self {
+        AlertTiming {
+            retry_base: Duration::from_secs(5),
+            retry_max: Duration::from_secs(600),
+            lease: Duration::from_secs(120),
+            idle: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// The alert webhook of a service: where alerts go (if anywhere), the HTTP client, and the
+/// wake-up of the delivery loop.
+pub struct Alerts {
+    webhook: Option<(WebhookUrl, reqwest::Client)>,
+    timing: AlertTiming,
+    wake: tokio::sync::Notify,
+}
+
+impl fmt::Debug for Alerts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Alerts")
+            .field("webhook", &self.webhook.as_ref().map(|(url, _)| url))
+            .field("timing", &self.timing)
+            .finish()
+    }
+}
+
+impl Alerts {
+    /// Alerts recorded only (no webhook): each is stored as `unsent`.
+    pub fn disabled() -> Alerts {
+        Alerts {
+            webhook: None,
+            timing: AlertTiming::default(),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Alerts delivered to `webhook` (when given) with `timing`. Fails only if the HTTP
+    /// client cannot be built (no TLS roots).
+    pub fn new(webhook: Option<WebhookUrl>, timing: AlertTiming) -> Result<Alerts, String> {
+        let webhook = match webhook {
+            None => None,
+            Some(url) => {
+                let client = reqwest::Client::builder()
+                    .timeout(timing.request_timeout)
+                    .connect_timeout(timing.request_timeout)
+                    // A redirect could take the alert (and the request) somewhere else.
+                    .redirect(reqwest::redirect::Policy::none())
+                    .user_agent(format!("agentry/{}", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| format!("cannot build the alert webhook's client: {e}"))?;
+                Some((url, client))
+            }
+        };
+        Ok(Alerts {
+            webhook,
+            timing,
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Whether a webhook is configured.
+    pub fn webhook_configured(&self) -> bool {
+        self.webhook.is_some()
+    }
+
+    /// Wakes the delivery loop (an alert was recorded).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// The JSON body POSTed for an alert. `text` is what a Slack incoming webhook shows; the
+/// other members are for programs.
+pub fn payload(alert: &BudgetAlert) -> serde_json::Value {
+    let month = format!(
+        "{:04}-{:02}",
+        alert.month.year(),
+        u8::from(alert.month.month())
+    );
+    let repo_url = alert.repo_url.as_ref().map(ToString::to_string);
+    let whose = match (&alert.scope, &repo_url) {
+        (BudgetScope::Repository, Some(url)) => format!("the monthly budget of {url}"),
+        _ => "the instance's monthly budget".to_owned(),
+    };
+    let text = format!(
+        "agentry: {whose} has reached {}% in {month}: ${} spent of ${}.",
+        alert.threshold, alert.spent, alert.budget
+    );
+    let created_at = alert
+        .created_at
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    serde_json::json!({
+        "text": text,
+        "id": alert.id.to_string(),
+        "event": "budget_alert",
+        "scope": alert.scope.as_str(),
+        "repoUrl": repo_url,
+        "month": month,
+        "threshold": alert.threshold,
+        "spentUsd": alert.spent.to_string(),
+        "monthlyBudgetUsd": alert.budget.to_string(),
+        "createdAt": created_at,
+    })
+}
+
+/// Why one delivery attempt failed, without the URL (it may hold a credential).
+async fn post(
+    client: &reqwest::Client,
+    url: &WebhookUrl,
+    alert: &BudgetAlert,
+) -> Result<(), String> {
+    let response = client
+        .post(url.expose().clone())
+        .header("Idempotency-Key", alert.id.to_string())
+        .json(&payload(alert))
+        .send()
+        .await
+        .map_err(|e| e.without_url().to_string())?;
+    let status = response.status();
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("the webhook answered HTTP {}", status.as_u16()))
+    }
+}
+
+/// One page of recorded alerts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertPage {
+    /// The alerts, newest first.
+    pub alerts: Vec<BudgetAlert>,
+    /// The alert to continue after (the last of this page); `None` on the last page.
+    pub next: Option<Uuid>,
+}
+
+impl Service {
+    /// Records the budget alerts reached this month and not yet recorded (by this process or
+    /// any other), then wakes the delivery loop if there are new ones. Returns them.
+    pub async fn check_budget_alerts(&self) -> Result<Vec<BudgetAlert>, ServiceError> {
+        let deliver = self.alerts.webhook_configured();
+        let recorded = self
+            .db(move |conn| Ok(alerts::check(conn, now(), deliver)?))
+            .await?;
+        for a in &recorded {
+            tracing::info!(
+                alert = %a.id, scope = a.scope.as_str(),
+                repo = a.repo_url.as_ref().map(ToString::to_string),
+                threshold = a.threshold, spent = %a.spent, budget = %a.budget,
+                "budget alert"
+            );
+        }
+        if deliver && !recorded.is_empty() {
+            self.alerts.wake();
+        }
+        Ok(recorded)
+    }
+
+    /// [`Service::check_budget_alerts`] where a failure must not stop the caller (after a
+    /// run, after a budget change): it is logged, and the next check finds the alert.
+    pub(crate) async fn check_budget_alerts_logged(&self) {
+        if let Err(e) = self.check_budget_alerts().await {
+            tracing::warn!(error = %e, "could not check the budget alerts");
+        }
+    }
+
+    /// A page of recorded alerts, newest first: up to `limit` (1–200), after the alert
+    /// `after` (the last of the previous page).
+    pub async fn budget_alerts(
+        &self,
+        limit: i64,
+        after: Option<Uuid>,
+    ) -> Result<AlertPage, ServiceError> {
+        if !(1..=alerts::MAX_PAGE).contains(&limit) {
+            return Err(ServiceError::invalid(
+                "limit",
+                format!("expected 1 to {}", alerts::MAX_PAGE),
+            ));
+        }
+        let mut alerts = self
+            .db(move |conn| Ok(alerts::list(conn, limit + 1, after)?))
+            .await?;
+        let more = alerts.len() > usize::try_from(limit).unwrap_or(usize::MAX);
+        alerts.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        let next = if more {
+            alerts.last().map(|a| a.id)
+        } else {
+            None
+        };
+        Ok(AlertPage { alerts, next })
+    }
+
+    /// Delivers the alerts due at `at` to the webhook; returns how many were delivered.
+    /// Without a webhook, does nothing.
+    pub async fn deliver_due_alerts(
+        &self,
+        at: time::OffsetDateTime,
+    ) -> Result<usize, ServiceError> {
+        let Some((url, client)) = &self.alerts.webhook else {
+            return Ok(0);
+        };
+        let timing = self.alerts.timing;
+        let lease = time::Duration::try_from(timing.lease).unwrap_or(time::Duration::MINUTE);
+        let claimed = self
+            .db(move |conn| Ok(alerts::claim_due(conn, at, lease, BATCH)?))
+            .await?;
+        let mut delivered = 0;
+        for alert in claimed {
+            let id = alert.id;
+            match post(client, url, &alert).await {
+                Ok(()) => {
+                    self.db(move |conn| Ok(alerts::mark_delivered(conn, id, now())?))
+                        .await?;
+                    tracing::info!(alert = %id, "budget alert delivered");
+                    delivered += 1;
+                }
+                Err(message) => {
+                    let delay = retry_delay(alert.attempts, timing.retry_base, timing.retry_max);
+                    tracing::warn!(
+                        alert = %id, attempts = alert.attempts + 1, retry_in = ?delay,
+                        error = %message, "budget alert delivery failed; will retry"
+                    );
+                    let retry_at = now() + delay;
+                    self.db(move |conn| Ok(alerts::mark_failed(conn, id, &message, retry_at)?))
+                        .await?;
+                }
+            }
+        }
+        Ok(delivered)
+    }
+}
+
+/// The alert loop: checks the budgets once at start, then delivers due alerts and sleeps
+/// until the next is due, it is woken (an alert was recorded), or the idle time passes.
+/// Without a webhook it only does the check.
+pub async fn alert_loop(state: Service) {
+    state.check_budget_alerts_logged().await;
+    if !state.alerts.webhook_configured() {
+        return;
+    }
+    let idle = state.alerts.timing.idle;
+    loop {
+        if let Err(e) = state.deliver_due_alerts(now()).await {
+            tracing::debug!(error = %e, "alert delivery round skipped");
+        }
+        let next = state
+            .db(|conn| Ok(alerts::next_due(conn)?))
+            .await
+            .ok()
+            .flatten();
+        let sleep = next.map_or(idle, |due| {
+            Duration::try_from(due - now())
+                .unwrap_or(Duration::ZERO)
+                .min(idle)
+        });
+        tokio::select! {
+            () = tokio::time::sleep(sleep.max(Duration::from_millis(10))) => {}
+            () = state.alerts.wake.notified() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhook_urls_are_checked_and_never_shown_whole() {
+        for refused in [
+            "http://hooks.example.com/x",
+            "http://10.0.0.1/x",
+            "ftp://example.com/x",
+            "https://user:pw@example.com/x",
+            "not a url",
+        ] {
+            assert!(WebhookUrl::parse(refused).is_err(), "{refused}");
+        }
+        for allowed in [
+            "https://hooks.slack.com/services/T0/B0/secret",
+            "http://127.0.0.1:9000/alerts",
+            "http://[::1]:9000/",
+            "http://localhost/",
+        ] {
+            assert!(WebhookUrl::parse(allowed).is_ok(), "{allowed}");
+        }
+        let url = WebhookUrl::parse("https://hooks.slack.com/services/T0/B0/secret").unwrap();
+        assert!(!format!("{url:?} {url}").contains("secret"));
+        let alerts = Alerts::new(Some(url), AlertTiming::default()).unwrap();
+        assert!(!format!("{alerts:?}").contains("secret"));
+    }
+}
