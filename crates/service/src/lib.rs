@@ -10,7 +10,8 @@
 //! how to show them.
 //!
 //! [`Service::start_background`] runs the loops (agent runs and lease recovery, issue sync,
-//! the outbox, pull-request polling, pruning of webhook delivery ids) as plain tokio tasks.
+//! the outbox, budget alerts and their webhook, pull-request polling, pruning of webhook
+//! delivery ids) as plain tokio tasks.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
