@@ -275,6 +275,8 @@ export function costsPage(main) {
       content.removeAttribute('aria-busy');
       main.dataset.ready = key;
       delete main.dataset.loading;
+      // For measurements (scripts/bench-browser.sh): the frame after this report is drawn.
+      requestAnimationFrame(() => setTimeout(() => performance.mark('agentry:costs-rendered', { detail: key }), 0));
     } catch (e) {
       if (mine !== latest || (e instanceof DOMException && e.name === 'AbortError')) return;
       content.removeAttribute('aria-busy');

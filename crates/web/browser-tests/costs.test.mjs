@@ -136,6 +136,17 @@ test('every card, chart, notice and the table show the API numbers; screenshot a
   // Labelled filters.
   assert.equal(await page.getByLabel('Period', { exact: true }).inputValue(), '30');
   assert.equal(await page.getByLabel('Repository', { exact: true }).inputValue(), '');
+  // Keyboard: a chart takes focus, End shows the last day's exact values, announced.
+  const daily = region(page, 'Daily costs');
+  await daily.getByRole('img').focus();
+  await page.keyboard.press('End');
+  const last = r.dailyCosts[r.dailyCosts.length - 1];
+  const said = await daily.locator('[aria-live]').innerText();
+  assert.ok(said.includes(last.date) && said.includes(usd(last.cost)), said);
+  assert.ok(await page.locator('#tooltip').isVisible());
+  await page.keyboard.press('Home');
+  assert.ok((await daily.locator('[aria-live]').innerText()).includes(r.dailyCosts[0].date));
+  await page.keyboard.press('Escape');
   await screenshot(page, 'costs');
   assert.deepEqual(await axeViolations(page), []);
   await page.close();
