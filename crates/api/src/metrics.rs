@@ -226,3 +226,39 @@ pub async fn track(
     );
     Ok(res)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget_use(spent: &str, budget: &str) -> BudgetUse {
+        BudgetUse {
+            scope: "instance".into(),
+            repo: String::new(),
+            spent: spent.parse().unwrap(),
+            budget: budget.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn budget_use_is_spend_over_budget_and_a_zero_budget_is_zero_then_infinite() {
+        assert_eq!(budget_use("0", "10").ratio().unwrap(), 0.0);
+        assert_eq!(budget_use("2.5", "10").ratio().unwrap(), 0.25);
+        assert_eq!(budget_use("1", "3").ratio().unwrap(), 1.0 / 3.0);
+        assert_eq!(budget_use("12", "10").ratio().unwrap(), 1.2);
+        assert_eq!(budget_use("0", "0").ratio().unwrap(), 0.0);
+        assert_eq!(
+            budget_use("0.000000001", "0").ratio().unwrap(),
+            f64::INFINITY
+        );
+        let text = Metrics::new()
+            .unwrap()
+            .render_scrape(&[], &[budget_use("0.000000001", "0")])
+            .unwrap();
+        // The encoder writes infinity as `inf`, which Prometheus' parser reads as +Inf.
+        assert!(
+            text.contains("agentry_budget_used_ratio{repo=\"\",scope=\"instance\"} inf\n"),
+            "{text}"
+        );
+    }
+}
