@@ -25,6 +25,7 @@ import { repoName, time } from './format.js';
  * @property {string} agentType
  * @property {boolean} autoReview
  * @property {string | null} maxCostPerTaskUsd
+ * @property {string | null} monthlyBudgetUsd
  */
 
 /**
@@ -45,6 +46,7 @@ const FIELDS = [
   { name: 'agentType', label: 'Default agent', kind: 'agent', help: 'The agent of assigned issues.' },
   { name: 'autoReview', label: 'Review each pull request', kind: 'boolean', help: 'Queue a review task when a pull request opens.' },
   { name: 'maxCostPerTaskUsd', label: 'Cost limit per task (USD)', kind: 'text', nullable: true, help: 'A decimal such as 5.00; blank for none.' },
+  { name: 'monthlyBudgetUsd', label: 'Monthly budget (USD)', kind: 'text', nullable: true, help: 'What this repository’s runs may spend per UTC month; blank for none.' },
 ];
 
 /**

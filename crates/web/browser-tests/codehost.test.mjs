@@ -79,10 +79,12 @@ test('settings: the code-host token, connecting, the agent settings and API toke
 
   // A valid change is saved.
   await turns.fill('250');
+  await form.getByLabel('Monthly budget (USD)').fill('100.50');
   await form.getByRole('button', { name: 'Save settings' }).click();
   await form.getByText('Saved.').waitFor();
   const after = await stack.api(`/api/repos/${repoId}/settings`);
   assert.equal(after.maxTurnsCoding, 250);
+  assert.equal(after.monthlyBudgetUsd, '100.5');
   assert.equal(after.reviewModel, 'opus');
 
   // API tokens: created (shown once), listed, revoked.
