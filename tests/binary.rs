@@ -871,3 +871,23 @@ fn openapi_prints_the_served_document_without_a_database() {
     // Nothing was created: no data directory, no database.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn openapi_into_a_reader_that_stops_early_is_not_a_crash() {
+    use std::io::Read;
+    let mut child = Command::new(BIN)
+        .arg("openapi")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read a few bytes, then close the pipe, as `agentry openapi | head -c 10` does.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 10];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{:?} {stderr}", out.status);
+}

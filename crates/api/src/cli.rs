@@ -1,5 +1,6 @@
 //! The `agentry` command line (docs/contract.md#1-running-it).
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -116,8 +117,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
     if let Command::Openapi = cli.command {
         let text = serde_json::to_string_pretty(&crate::app::openapi())
             .map_err(|e| CliError::Other(e.to_string()))?;
-        println!("{text}");
-        return Ok(());
+        let mut out = std::io::stdout().lock();
+        return match writeln!(out, "{text}").and_then(|()| out.flush()) {
+            // A reader that stopped early (`agentry openapi | head`) is not an error.
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                Err(CliError::Other(format!("cannot write the document: {e}")))
+            }
+            _ => Ok(()),
+        };
     }
     let config = Config::from_env()?;
     crate::logging::init(config.log_format);
