@@ -22,6 +22,30 @@ pub struct BudgetView {
 }
 
 impl Service {
+    /// Every monthly budget that is set (the instance's, then the connected repositories'
+    /// by URL), with this month's spend and forecast.
+    pub async fn budget_forecasts(
+        &self,
+    ) -> Result<Vec<agentry_analytics::budgets::BudgetForecast>, ServiceError> {
+        let at = now();
+        let set = self
+            .db(move |conn| Ok(budgets::all_set(conn, None, at)?))
+            .await?;
+        Ok(set
+            .into_iter()
+            .map(|b| {
+                agentry_analytics::budgets::forecast(
+                    &agentry_analytics::budgets::BudgetInput {
+                        repo_url: b.repo_url.map(|u| u.to_string()),
+                        monthly_budget: b.budget.as_decimal(),
+                        month_to_date: b.spent.as_decimal(),
+                    },
+                    at.date(),
+                )
+            })
+            .collect())
+    }
+
     /// The instance-wide monthly budget with its month to date.
     pub async fn instance_budget(&self) -> Result<BudgetView, ServiceError> {
         let at = now();

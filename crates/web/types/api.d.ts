@@ -474,6 +474,7 @@ export interface RepoDto {
   createdAt: string;
   /** Last change. */
   updatedAt: string;
+  budget?: BudgetForecast | null;
 }
 
 /** The connected repositories. */

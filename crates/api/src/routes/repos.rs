@@ -59,6 +59,9 @@ pub struct RepoDto {
     /// Last change.
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+    /// Its monthly budget with this month's spend and forecast
+    /// (docs/contract.md#67-budgets); null without a budget.
+    pub budget: Option<agentry_analytics::budgets::BudgetForecast>,
 }
 
 impl From<Repository> for RepoDto {
@@ -75,6 +78,7 @@ impl From<Repository> for RepoDto {
             disconnected_at: r.disconnected_at,
             created_at: r.created_at,
             updated_at: r.updated_at,
+            budget: None,
         }
     }
 }
@@ -140,8 +144,12 @@ pub async fn list_repos(
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoListDto>, ApiError> {
     let list = state.db(|conn| Ok(repos::list_connected(conn)?)).await?;
+    let budgets = state.service.budget_forecasts().await?;
     Ok(web::Json(RepoListDto {
-        repos: list.into_iter().map(RepoDto::from).collect(),
+        repos: list
+            .into_iter()
+            .map(|r| with_budget(r.into(), &budgets))
+            .collect(),
     }))
 }
 
@@ -178,7 +186,21 @@ pub async fn get_repo(
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoDto>, ApiError> {
     let id = path_uuid("id", &path)?;
-    Ok(web::Json(load(&state, id).await?.into()))
+    let repo = load(&state, id).await?;
+    let budgets = state.service.budget_forecasts().await?;
+    Ok(web::Json(with_budget(repo.into(), &budgets)))
+}
+
+/// The repository with its budget's forecast, if it has a budget.
+fn with_budget(
+    mut dto: RepoDto,
+    budgets: &[agentry_analytics::budgets::BudgetForecast],
+) -> RepoDto {
+    dto.budget = budgets
+        .iter()
+        .find(|b| b.repo_url.as_deref() == Some(dto.repo_url.as_str()))
+        .cloned();
+    dto
 }
 
 /// Disconnects a repository: no more syncs or runs; its tasks and costs stay.

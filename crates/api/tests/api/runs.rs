@@ -1016,6 +1016,10 @@ async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
         }]),
         "{report:#}"
     );
+    // The repository shows the same forecast.
+    let (status, repo) = call(&app, get(&format!("/api/repos/{}", rig.repo_id), &t)).await;
+    assert_eq!(status, 200, "{repo}");
+    assert_eq!(repo["budget"], report["budgets"][0], "{repo:#}");
 
     patch_settings(&app, &rig, json!({"monthlyBudgetUsd": "2"})).await;
     let fourth = wait_for(&app, &t, &ids[3], "pr_opened", |t| {
