@@ -431,7 +431,7 @@ export interface PutBudget {
    * A decimal string of at least 0 with at most 9 decimals (e.g. `"500.00"`), or null to
    * remove the budget.
    */
-  monthlyBudgetUsd?: string | null;
+  monthlyBudgetUsd: string | null;
 }
 
 /** A secret's new value. */

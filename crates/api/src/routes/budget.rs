@@ -76,7 +76,8 @@ impl From<BudgetView> for BudgetDto {
 pub struct PutBudget {
     /// A decimal string of at least 0 with at most 9 decimals (e.g. `"500.00"`), or null to
     /// remove the budget.
-    #[schema(value_type = Option<String>, example = "500.00")]
+    #[schema(value_type = Option<String>, required = true, example = "500.00",
+        pattern = r"^[0-9]{1,9}(\.[0-9]{1,9})?$")]
     pub monthly_budget_usd: serde_json::Value,
 }
 
@@ -205,7 +206,7 @@ pub struct BudgetAlertListDto {
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
             description = "Page size, 1 to 200 (default 50)"),
-        ("cursor" = Option<String>, Query,
+        ("cursor" = Option<String>, Query, format = Uuid,
             description = "`nextCursor` of the previous page, unchanged"),
     ),
     responses(
