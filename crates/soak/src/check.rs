@@ -1,0 +1,679 @@
+//! The end of a soak: what "quiet" means, and every assertion, each violation named.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use agentry_fake_github::{FakeGitHub, PullState};
+use rust_decimal::{Decimal, RoundingStrategy};
+use serde_json::Value;
+
+use crate::agent::Entry;
+use crate::cluster::{Api, Kill};
+
+/// The service's label.
+const LABEL: &str = "agentry";
+/// The start of the marker of agentry's issue comment.
+const COMMENT_MARKER: &str = "<!-- agentry:task:";
+/// The start of the marker of a posted review.
+const REVIEW_MARKER: &str = "<!-- agentry:review:";
+/// The error of a task whose runner died in each of its attempts (contract §2.2).
+const DIED_EACH_TIME: &str = "the runner died during each of";
+
+/// A task as `GET /api/tasks` lists it.
+#[derive(Debug, Clone)]
+pub struct TaskRow {
+    /// Id.
+    pub id: String,
+    /// `coding` or `review`.
+    pub task_type: String,
+    /// State.
+    pub state: String,
+    /// The linked issue.
+    pub issue: Option<u64>,
+    /// The pull request.
+    pub pr: Option<u64>,
+    /// A review task's coding task.
+    pub parent: Option<String>,
+    /// The recorded cost.
+    pub cost: Option<Decimal>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+fn decimal(v: &Value) -> Result<Option<Decimal>, String> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => Decimal::from_str(s)
+            .map(Some)
+            .map_err(|e| format!("{s:?}: {e}")),
+        // A JSON number of the report: its shortest text is the exact decimal it was made from.
+        Value::Number(n) => Decimal::from_str(&n.to_string())
+            .or_else(|_| Decimal::from_scientific(&n.to_string()))
+            .map(Some)
+            .map_err(|e| format!("{n}: {e}")),
+        other => Err(format!("not a decimal: {other}")),
+    }
+}
+
+fn row(t: &Value) -> Result<TaskRow, String> {
+    let s = |k: &str| t[k].as_str().map(str::to_owned);
+    Ok(TaskRow {
+        id: s("id").ok_or("a task without an id")?,
+        task_type: s("taskType").unwrap_or_default(),
+        state: s("state").unwrap_or_default(),
+        issue: t["issueNumber"].as_u64(),
+        pr: t["prNumber"].as_u64(),
+        parent: s("parentTaskId"),
+        cost: decimal(&t["costUsd"])?,
+        error: s("errorMessage"),
+    })
+}
+
+/// Every task, through the list's pages.
+pub fn tasks(api: &Api) -> Result<Vec<TaskRow>, String> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    for page in 0.. {
+        let path = match &cursor {
+            None => "/api/tasks?limit=200".to_owned(),
+            Some(c) => format!("/api/tasks?limit=200&cursor={c}"),
+        };
+        let a = api.call_retrying("GET", &path, None, page)?;
+        if a.status != 200 {
+            return Err(format!("GET {path}: {} {}", a.status, a.body));
+        }
+        for t in a.body["tasks"].as_array().into_iter().flatten() {
+            out.push(row(t)?);
+        }
+        match a.body["nextCursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// What the world looks like now.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Every task.
+    pub tasks: Vec<TaskRow>,
+    /// The fake's pull requests.
+    pub pulls: Vec<PullState>,
+}
+
+/// The fixed facts of the run the checks compare against.
+#[derive(Debug)]
+pub struct World<'a> {
+    /// The fake code host.
+    pub fake: &'a FakeGitHub,
+    /// The API.
+    pub api: &'a Api,
+    /// The repository's owner and name on the fake.
+    pub repo: (&'a str, &'a str),
+    /// The issues the soak assigned or labelled.
+    pub issues: Vec<u64>,
+}
+
+impl World<'_> {
+    /// The tasks and pull requests now.
+    pub fn snapshot(&self) -> Result<Snapshot, String> {
+        Ok(Snapshot {
+            tasks: tasks(self.api)?,
+            pulls: self.fake.pulls(self.repo.0, self.repo.1),
+        })
+    }
+
+    /// Why the system is not quiet yet (empty: quiet).
+    pub fn pending(&self, snap: &Snapshot) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut count = |what: &str, n: usize| {
+            if n > 0 {
+                out.push(format!("{n} {what}"));
+            }
+        };
+        let active = |s: &str| matches!(s, "queued" | "provisioning" | "running");
+        count(
+            "tasks queued, provisioning or running",
+            snap.tasks.iter().filter(|t| active(&t.state)).count(),
+        );
+        count(
+            "coding tasks in pr_opened",
+            snap.tasks.iter().filter(|t| t.state == "pr_opened").count(),
+        );
+        count(
+            "open pull requests",
+            snap.pulls.iter().filter(|p| p.state == "open").count(),
+        );
+        let linked: BTreeMap<u64, &TaskRow> = snap
+            .tasks
+            .iter()
+            .filter_map(|t| t.issue.map(|n| (n, t)))
+            .collect();
+        count(
+            "issues without a task",
+            self.issues
+                .iter()
+                .filter(|n| !linked.contains_key(n))
+                .count(),
+        );
+        let (mut unmarked, mut open) = (0, 0);
+        for (n, t) in &linked {
+            let Some(issue) = self.fake.issue(self.repo.0, self.repo.1, *n) else {
+                continue;
+            };
+            let labelled = issue.labels.iter().any(|(l, _)| l == LABEL);
+            let commented = issue
+                .comments
+                .iter()
+                .any(|c| c.body.contains(COMMENT_MARKER));
+            if !labelled || !commented {
+                unmarked += 1;
+            }
+            if t.state == "completed" && issue.state == "open" {
+                open += 1;
+            }
+        }
+        count("issues without their label or comment yet", unmarked);
+        count("merged issues still open", open);
+        out
+    }
+}
+
+/// What the checks found.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Something done twice.
+    pub duplicates: Vec<String>,
+    /// Something that should exist and does not (a task, an effect, a cost).
+    pub lost: Vec<String>,
+    /// A task left in a state it should have left.
+    pub stuck: Vec<String>,
+    /// Anything else wrong.
+    pub other: Vec<String>,
+    /// Facts worth printing that are not violations.
+    pub notes: Vec<String>,
+    /// Figures for the summary.
+    pub figures: Vec<(String, String)>,
+}
+
+impl Findings {
+    /// Whether nothing is wrong.
+    pub fn clean(&self) -> bool {
+        self.duplicates.is_empty()
+            && self.lost.is_empty()
+            && self.stuck.is_empty()
+            && self.other.is_empty()
+    }
+}
+
+/// A run as the task detail lists it.
+#[derive(Debug, Clone)]
+struct RunRow {
+    attempt: i64,
+    cost: Option<Decimal>,
+    outcome: String,
+}
+
+fn branch_of(task_id: &str) -> String {
+    format!("agentry/task-{}", task_id.replace('-', ""))
+}
+
+/// Every assertion of the soak (docs/soak.md).
+pub fn verify(
+    world: &World<'_>,
+    snap: &Snapshot,
+    ledger: &BTreeMap<(String, i64), Vec<Entry>>,
+    kills: &[Kill],
+    data_dirs: &BTreeMap<String, PathBuf>,
+) -> Result<Findings, String> {
+    let mut f = Findings::default();
+    let (owner, name) = world.repo;
+    let by_id: BTreeMap<&str, &TaskRow> = snap.tasks.iter().map(|t| (t.id.as_str(), t)).collect();
+    let coding: Vec<&TaskRow> = snap
+        .tasks
+        .iter()
+        .filter(|t| t.task_type == "coding")
+        .collect();
+    let reviews: Vec<&TaskRow> = snap
+        .tasks
+        .iter()
+        .filter(|t| t.task_type == "review")
+        .collect();
+
+    // One coding task per issue, none without one.
+    let mut per_issue: BTreeMap<u64, Vec<&TaskRow>> = BTreeMap::new();
+    for t in &coding {
+        match t.issue {
+            Some(n) => per_issue.entry(n).or_default().push(t),
+            None => f.other.push(format!("coding task {} has no issue", t.id)),
+        }
+    }
+    for n in &world.issues {
+        match per_issue.get(n).map_or(0, Vec::len) {
+            0 => f.lost.push(format!("issue #{n}: no task was created")),
+            1 => {}
+            k => f.duplicates.push(format!("issue #{n}: {k} coding tasks")),
+        }
+    }
+
+    // States.
+    let mut died_thrice = 0;
+    for t in &snap.tasks {
+        match t.state.as_str() {
+            "queued" | "provisioning" | "running" => f
+                .stuck
+                .push(format!("{} task {} left in {}", t.task_type, t.id, t.state)),
+            "failed"
+                if t.error
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with(DIED_EACH_TIME)) =>
+            {
+                died_thrice += 1;
+                f.notes.push(format!(
+                    "{} task {} failed as the contract says after its runner was killed in each of its 3 attempts",
+                    t.task_type, t.id
+                ));
+            }
+            "failed" | "cancelled" => f.other.push(format!(
+                "{} task {} ended {}: {}",
+                t.task_type,
+                t.id,
+                t.state,
+                t.error.as_deref().unwrap_or("(no error message)")
+            )),
+            _ => {}
+        }
+    }
+
+    // Pull requests: one per coding task that opened one, on its branch, in the state the
+    // task says.
+    let mut pulls_by_branch: BTreeMap<&str, Vec<&PullState>> = BTreeMap::new();
+    for p in &snap.pulls {
+        pulls_by_branch.entry(p.head.as_str()).or_default().push(p);
+    }
+    let coding_by_branch: BTreeMap<String, &TaskRow> =
+        coding.iter().map(|t| (branch_of(&t.id), *t)).collect();
+    for (branch, pulls) in &pulls_by_branch {
+        if !coding_by_branch.contains_key(*branch) {
+            f.other.push(format!(
+                "pull request #{} is on {branch}, which no coding task has",
+                pulls[0].number
+            ));
+        }
+        if pulls.len() > 1 {
+            let numbers: Vec<String> = pulls.iter().map(|p| format!("#{}", p.number)).collect();
+            f.duplicates.push(format!(
+                "{} pull requests for {branch}: {}",
+                pulls.len(),
+                numbers.join(", ")
+            ));
+        }
+    }
+    let mut merged_issues = BTreeSet::new();
+    let mut merged_pulls = 0;
+    for t in &coding {
+        let pulls = pulls_by_branch
+            .get(branch_of(&t.id).as_str())
+            .cloned()
+            .unwrap_or_default();
+        let pull = pulls.first();
+        match (t.state.as_str(), pull) {
+            ("completed", Some(p)) if p.merged => {}
+            ("pr_opened", Some(p)) if p.merged => f.stuck.push(format!(
+                "coding task {} is pr_opened, but pull request #{} was merged",
+                t.id, p.number
+            )),
+            ("pr_opened", Some(p)) => f.stuck.push(format!(
+                "coding task {}: pull request #{} was still open at the end",
+                t.id, p.number
+            )),
+            ("completed" | "pr_opened", _) => f.lost.push(format!(
+                "coding task {} is {} without a merged pull request on its branch",
+                t.id, t.state
+            )),
+            ("failed", Some(p)) => f.other.push(format!(
+                "coding task {} failed, yet pull request #{} was opened for it",
+                t.id, p.number
+            )),
+            _ => {}
+        }
+        if let (Some(p), Some(n)) = (pull, t.pr)
+            && p.number != n
+        {
+            f.other.push(format!(
+                "coding task {} records pull request #{n}, its branch has #{}",
+                t.id, p.number
+            ));
+        }
+        if let (Some(p), Some(issue)) = (pull, t.issue) {
+            let closes = format!("Closes #{issue}");
+            if !p.body.as_deref().is_some_and(|b| b.contains(&closes)) {
+                f.other
+                    .push(format!("pull request #{} does not say {closes}", p.number));
+            }
+            if p.merged {
+                merged_pulls += 1;
+                merged_issues.insert(issue);
+            }
+        }
+    }
+
+    // One label and one comment per issue; merged issues closed exactly once.
+    let requests = world.fake.requests();
+    for (n, ts) in &per_issue {
+        let Some(issue) = world.fake.issue(owner, name, *n) else {
+            f.other.push(format!("issue #{n} is not on the code host"));
+            continue;
+        };
+        let labels = issue.labels.iter().filter(|(l, _)| l == LABEL).count();
+        match labels {
+            1 => {}
+            0 => f
+                .lost
+                .push(format!("issue #{n}: the {LABEL} label was never added")),
+            k => f
+                .duplicates
+                .push(format!("issue #{n}: the {LABEL} label {k} times")),
+        }
+        let comments: Vec<&str> = issue
+            .comments
+            .iter()
+            .filter(|c| c.body.contains(COMMENT_MARKER))
+            .map(|c| c.body.as_str())
+            .collect();
+        match comments.len() {
+            0 => f
+                .lost
+                .push(format!("issue #{n}: agentry's comment was never posted")),
+            1 => {
+                if !ts.iter().any(|t| comments[0].contains(&t.id)) {
+                    f.other
+                        .push(format!("issue #{n}: the comment names another task"));
+                }
+            }
+            k => f
+                .duplicates
+                .push(format!("issue #{n}: {k} agentry comments")),
+        }
+        // The close is a PATCH of the issue; 502 is the fault that answers after the
+        // effect, so it counts as a close that happened.
+        let path = format!("/repos/{owner}/{name}/issues/{n}");
+        let closes = requests
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path == path)
+            .filter(|r| r.status == 200 || r.status == 502)
+            .count();
+        let merged = merged_issues.contains(n);
+        match (merged, closes, issue.state.as_str()) {
+            (true, 1, "closed") | (false, 0, "open") => {}
+            (true, 0, _) | (true, _, "open") => {
+                f.lost.push(format!("issue #{n}: merged, but not closed"));
+            }
+            (true, k, _) => f.duplicates.push(format!("issue #{n}: closed {k} times")),
+            (false, k, state) => f.other.push(format!(
+                "issue #{n}: not merged, yet {state} after {k} closing requests"
+            )),
+        }
+    }
+
+    // One review task per coding task that opened its pull request, and one review on it.
+    let mut review_tasks: BTreeMap<&str, Vec<&TaskRow>> = BTreeMap::new();
+    for r in &reviews {
+        match r.parent.as_deref() {
+            Some(p) if by_id.contains_key(p) => review_tasks.entry(p).or_default().push(r),
+            _ => f
+                .other
+                .push(format!("review task {} has no coding task", r.id)),
+        }
+    }
+    for t in &coding {
+        let Some(pull) = pulls_by_branch
+            .get(branch_of(&t.id).as_str())
+            .and_then(|p| p.first())
+        else {
+            continue;
+        };
+        let rts = review_tasks.get(t.id.as_str()).cloned().unwrap_or_default();
+        match rts.len() {
+            1 => {}
+            0 => f.lost.push(format!("coding task {}: no review task", t.id)),
+            k => f
+                .duplicates
+                .push(format!("coding task {}: {k} review tasks", t.id)),
+        }
+        let bodies = world.fake.reviews(owner, name, pull.number);
+        let marked: Vec<&String> = bodies
+            .iter()
+            .filter(|b| b.contains(REVIEW_MARKER))
+            .collect();
+        if marked.len() > 1 {
+            f.duplicates.push(format!(
+                "pull request #{}: {} reviews",
+                pull.number,
+                marked.len()
+            ));
+        }
+        for rt in &rts {
+            let mine = marked
+                .iter()
+                .filter(|b| b.contains(&format!("{REVIEW_MARKER}{} -->", rt.id)))
+                .count();
+            if rt.state == "completed" && mine == 0 {
+                f.lost.push(format!(
+                    "review task {} is completed, but its review is not on pull request #{}",
+                    rt.id, pull.number
+                ));
+            }
+        }
+        if marked.len() == 1 && !rts.iter().any(|rt| marked[0].contains(&rt.id)) {
+            f.other.push(format!(
+                "pull request #{}: its review names no review task of {}",
+                pull.number, t.id
+            ));
+        }
+    }
+
+    // Costs: runs against the ledger.
+    let mut runs: BTreeMap<(String, i64), Vec<RunRow>> = BTreeMap::new();
+    for (i, t) in snap.tasks.iter().enumerate() {
+        let path = format!("/api/tasks/{}", t.id);
+        let a = world.api.call_retrying("GET", &path, None, i)?;
+        if a.status != 200 {
+            return Err(format!("GET {path}: {} {}", a.status, a.body));
+        }
+        let mut sum: Option<Decimal> = None;
+        for r in a.body["runs"].as_array().into_iter().flatten() {
+            let run = RunRow {
+                attempt: r["attempt"].as_i64().unwrap_or(-1),
+                cost: decimal(&r["costUsd"])?,
+                outcome: r["outcome"].as_str().unwrap_or_default().to_owned(),
+            };
+            if let Some(c) = run.cost {
+                sum = Some(sum.unwrap_or_default() + c);
+            }
+            runs.entry((t.id.clone(), run.attempt))
+                .or_default()
+                .push(run);
+        }
+        if sum != t.cost {
+            f.other.push(format!(
+                "task {}: cost {:?}, but its runs sum to {:?}",
+                t.id, t.cost, sum
+            ));
+        }
+    }
+    let mut recorded_runs = 0;
+    for ((task, attempt), rs) in &runs {
+        recorded_runs += rs.len();
+        if rs.len() > 1 {
+            f.duplicates.push(format!(
+                "task {task} attempt {attempt}: {} runs recorded",
+                rs.len()
+            ));
+        }
+        for r in rs {
+            let Some(cost) = r.cost else { continue };
+            match ledger.get(&(task.clone(), *attempt)).map(Vec::as_slice) {
+                Some([e]) if e.cost == cost => {}
+                Some([e]) => f.other.push(format!(
+                    "task {task} attempt {attempt}: recorded ${cost} ({}), the agent reported ${}",
+                    r.outcome, e.cost
+                )),
+                _ => f.other.push(format!(
+                    "task {task} attempt {attempt}: recorded ${cost} ({}), but no single agent run reported it",
+                    r.outcome
+                )),
+            }
+        }
+    }
+    let mut excused = 0;
+    let mut ledger_lines = 0;
+    for ((task, attempt), entries) in ledger {
+        ledger_lines += entries.len();
+        if entries.len() > 1 {
+            f.duplicates.push(format!(
+                "task {task} attempt {attempt}: the agent ran {} times",
+                entries.len()
+            ));
+        }
+        let Some(e) = entries.first() else { continue };
+        let recorded = runs
+            .get(&(task.clone(), *attempt))
+            .is_some_and(|rs| rs.iter().any(|r| r.cost == Some(e.cost)));
+        if recorded {
+            continue;
+        }
+        // Not recorded: excused only when the replica that ran it was killed after the
+        // agent started and the agent's result never reached that replica's output log.
+        let killed = kills
+            .iter()
+            .find(|k| k.replica == e.replica && k.at_ms >= e.start_ms);
+        let log = data_dirs.get(&e.replica).map(|d| {
+            d.join("runs")
+                .join(task)
+                .join(attempt.to_string())
+                .join("output.log")
+        });
+        let survived = log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .is_some_and(|text| text.contains("\"type\":\"result\""));
+        match (killed, survived) {
+            (Some(k), false) => {
+                excused += 1;
+                f.notes.push(format!(
+                    "task {task} attempt {attempt}: ${} not recorded; replica {} was killed {} ms after the agent started and its result never reached the replica",
+                    e.cost,
+                    e.replica,
+                    k.at_ms.saturating_sub(e.start_ms)
+                ));
+            }
+            (Some(k), true) => f.lost.push(format!(
+                "task {task} attempt {attempt}: ${} lost; replica {} was killed {} ms after the agent ended, but the result is in {}",
+                e.cost,
+                e.replica,
+                k.at_ms.saturating_sub(e.end_ms),
+                log.map(|p| p.display().to_string()).unwrap_or_default()
+            )),
+            (None, _) => f.lost.push(format!(
+                "task {task} attempt {attempt}: the agent reported ${} on replica {}, which was not killed, and no run records it",
+                e.cost, e.replica
+            )),
+        }
+    }
+
+    // The cost report against a recomputation from the task list (2 days: a run may cross
+    // midnight UTC).
+    let a = world
+        .api
+        .call_retrying("GET", "/api/analytics/costs?days=2", None, 0)?;
+    if a.status != 200 {
+        return Err(format!("GET /api/analytics/costs: {} {}", a.status, a.body));
+    }
+    let report = &a.body;
+    let costed: Vec<&TaskRow> = snap.tasks.iter().filter(|t| t.cost.is_some()).collect();
+    let total: Decimal = costed.iter().filter_map(|t| t.cost).sum();
+    let round4 = |d: Decimal| d.round_dp_with_strategy(4, RoundingStrategy::MidpointAwayFromZero);
+    let mut expect = |what: &str, got: Result<Option<Decimal>, String>, want: Decimal| match got {
+        Ok(Some(g)) if g == want => {}
+        Ok(g) => f.other.push(format!(
+            "cost report {what}: {g:?}, recomputed from the tasks: {want}"
+        )),
+        Err(e) => f.other.push(format!("cost report {what}: {e}")),
+    };
+    expect(
+        "summary.totalCost",
+        decimal(&report["summary"]["totalCost"]),
+        round4(total),
+    );
+    expect(
+        "summary.taskCount",
+        decimal(&report["summary"]["taskCount"]),
+        Decimal::from(snap.tasks.len()),
+    );
+    expect(
+        "summary.tasksWithCost",
+        decimal(&report["summary"]["tasksWithCost"]),
+        Decimal::from(costed.len()),
+    );
+    let daily: Result<Decimal, String> = report["dailyCosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| decimal(&d["cost"]).map(Option::unwrap_or_default))
+        .sum();
+    expect("sum of dailyCosts", daily.map(Some), total);
+    for kind in ["coding", "review"] {
+        let want: Decimal = costed
+            .iter()
+            .filter(|t| t.task_type == kind)
+            .filter_map(|t| t.cost)
+            .sum();
+        let row = report["costByType"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["taskType"] == kind);
+        let got = row.map_or(Ok(Some(Decimal::ZERO)), |r| decimal(&r["totalCost"]));
+        expect(&format!("costByType {kind}"), got, want);
+    }
+
+    let states = |kind: &str| {
+        let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in snap.tasks.iter().filter(|t| t.task_type == kind) {
+            *by.entry(t.state.as_str()).or_default() += 1;
+        }
+        by.iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    f.figures.push((
+        "tasks".into(),
+        format!(
+            "{} ({} coding: {}; {} review: {})",
+            snap.tasks.len(),
+            coding.len(),
+            states("coding"),
+            reviews.len(),
+            states("review")
+        ),
+    ));
+    f.figures.push((
+        "pull requests".into(),
+        format!("{} opened, {merged_pulls} merged", snap.pulls.len()),
+    ));
+    f.figures.push((
+        "agent runs".into(),
+        format!(
+            "{ledger_lines} reported a cost, {recorded_runs} runs recorded, {excused} killed mid-flight before their result reached a replica, {died_thrice} tasks failed after 3 killed attempts"
+        ),
+    ));
+    f.figures.push((
+        "recorded cost".into(),
+        format!("${total} over {} costed tasks", costed.len()),
+    ));
+    Ok(f)
+}

@@ -1,0 +1,353 @@
+//! The two `agentry serve` replicas (started, killed with SIGKILL, restarted on the same data
+//! directory and port) and an API client that fails over to the other replica.
+
+use std::fs::OpenOptions;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+/// Unix time in milliseconds (the fake agent's `date +%s%3N` clock).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// One replica: its name (the data directory's), port and process.
+#[derive(Debug)]
+struct Replica {
+    name: String,
+    port: u16,
+    child: Option<Child>,
+    starts: u32,
+}
+
+/// A kill -9 the chaos did.
+#[derive(Debug, Clone)]
+pub struct Kill {
+    /// The replica's name.
+    pub replica: String,
+    /// When (unix ms).
+    pub at_ms: u64,
+}
+
+/// The replicas and how to start them.
+#[derive(Debug)]
+pub struct Cluster {
+    binary: PathBuf,
+    work: PathBuf,
+    env: Vec<(String, String)>,
+    replicas: Mutex<Vec<Replica>>,
+    kills: Mutex<Vec<Kill>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A free port on 127.0.0.1 (bound, then released for the replica to take).
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("local_addr: {e}"))
+}
+
+impl Cluster {
+    /// Replicas `names` (each a data directory `work/<name>` and a free port) running
+    /// `binary` with `env` besides their own `AGENTRY_DATA_DIR` and `AGENTRY_BIND`.
+    pub fn new(
+        binary: &Path,
+        work: &Path,
+        names: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Result<Cluster, String> {
+        let mut replicas = Vec::new();
+        for name in names {
+            replicas.push(Replica {
+                name: (*name).to_owned(),
+                port: free_port()?,
+                child: None,
+                starts: 0,
+            });
+        }
+        Ok(Cluster {
+            binary: binary.to_owned(),
+            work: work.to_owned(),
+            env,
+            replicas: Mutex::new(replicas),
+            kills: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// How many replicas there are.
+    pub fn len(&self) -> usize {
+        lock(&self.replicas).len()
+    }
+
+    /// The data directory of replica `i`.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.work.join(&lock(&self.replicas)[i].name)
+    }
+
+    /// The name of replica `i`.
+    pub fn name(&self, i: usize) -> String {
+        lock(&self.replicas)[i].name.clone()
+    }
+
+    /// The base URL of replica `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", lock(&self.replicas)[i].port)
+    }
+
+    /// The kills so far.
+    pub fn kills(&self) -> Vec<Kill> {
+        lock(&self.kills).clone()
+    }
+
+    /// Starts replica `i` (its output appended to `work/<name>.log`).
+    pub fn start(&self, i: usize) -> Result<(), String> {
+        let mut replicas = lock(&self.replicas);
+        let r = &mut replicas[i];
+        let dir = self.work.join(&r.name);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let log_path = self.work.join(format!("{}.log", r.name));
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let child = Command::new(&self.binary)
+            .arg("serve")
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("AGENTRY_DATA_DIR", &dir)
+            .env("AGENTRY_BIND", format!("127.0.0.1:{}", r.port))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", self.binary.display()))?;
+        r.child = Some(child);
+        r.starts += 1;
+        Ok(())
+    }
+
+    /// SIGKILLs replica `i` and starts it again at once on the same data directory and port.
+    pub fn kill_and_restart(&self, i: usize) -> Result<(), String> {
+        {
+            let mut replicas = lock(&self.replicas);
+            let r = &mut replicas[i];
+            if let Some(mut child) = r.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            lock(&self.kills).push(Kill {
+                replica: r.name.clone(),
+                at_ms: now_ms(),
+            });
+        }
+        self.start(i)
+    }
+
+    /// Whether replica `i`'s process still runs (it may have exited on its own).
+    pub fn alive(&self, i: usize) -> bool {
+        let mut replicas = lock(&self.replicas);
+        match replicas[i].child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Stops every replica: SIGTERM (through `kill`), up to 30 s, then SIGKILL.
+    pub fn stop_all(&self) {
+        let mut replicas = lock(&self.replicas);
+        for r in replicas.iter_mut() {
+            if let Some(child) = r.child.as_ref() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &child.id().to_string()])
+                    .status();
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for r in replicas.iter_mut() {
+            if let Some(mut child) = r.child.take() {
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) | Err(_) => break,
+                        Ok(None) if Instant::now() >= deadline => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                        Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for r in lock(&self.replicas).iter_mut() {
+            if let Some(mut child) = r.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// An answer of the API: status and JSON body (`Value::Null` when not JSON).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// The body as JSON.
+    pub body: Value,
+}
+
+/// The API of the replicas, with failover: a request that cannot reach its replica (killed
+/// and restarting) is sent to the next one, until `patience` has passed.
+#[derive(Debug, Clone)]
+pub struct Api {
+    http: reqwest::blocking::Client,
+    urls: Vec<String>,
+    token: String,
+    patience: Duration,
+}
+
+impl Api {
+    /// A client of `urls` with the bearer `token`.
+    pub fn new(urls: Vec<String>, token: &str) -> Result<Api, String> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        Ok(Api {
+            http,
+            urls,
+            token: token.to_owned(),
+            patience: Duration::from_secs(120),
+        })
+    }
+
+    /// Sends `method path` (with a JSON `body`) to replica `first`, then the others in turn
+    /// while none answers. An answer of any status is returned as it is.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        first: usize,
+    ) -> Result<Answer, String> {
+        let deadline = Instant::now() + self.patience;
+        let mut i = first % self.urls.len();
+        loop {
+            let url = format!("{}{path}", self.urls[i]);
+            let method_ = reqwest::Method::from_bytes(method.as_bytes())
+                .map_err(|e| format!("{method}: {e}"))?;
+            let mut req = self.http.request(method_, &url).bearer_auth(&self.token);
+            if let Some(body) = body {
+                req = req.json(body);
+            }
+            match req.send() {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let text = resp.text().unwrap_or_default();
+                    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+                    return Ok(Answer { status, body });
+                }
+                Err(e) => {
+                    if Instant::now() >= deadline {
+                        return Err(format!("{method} {path}: no replica answered: {e}"));
+                    }
+                    i = (i + 1) % self.urls.len();
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// Like [`Self::call`], but also retries 5xx answers (a code host failing under the
+    /// request, a database restarting) until `patience`; any other status is returned.
+    pub fn call_retrying(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        first: usize,
+    ) -> Result<Answer, String> {
+        let deadline = Instant::now() + self.patience;
+        let mut i = first;
+        loop {
+            let answer = self.call(method, path, body, i)?;
+            if answer.status < 500 || Instant::now() >= deadline {
+                return Ok(answer);
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Sends a raw signed webhook delivery to replica `first` (the others if it is down).
+    pub fn webhook(
+        &self,
+        event: &str,
+        delivery: &str,
+        body: &[u8],
+        signature: &str,
+        first: usize,
+    ) -> Result<u16, String> {
+        let deadline = Instant::now() + self.patience;
+        let mut i = first % self.urls.len();
+        loop {
+            let url = format!("{}/api/webhooks/codehost", self.urls[i]);
+            let sent = self
+                .http
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .header("X-GitHub-Event", event)
+                .header("X-GitHub-Delivery", delivery)
+                .header("X-Hub-Signature-256", signature)
+                .body(body.to_vec())
+                .send();
+            match sent {
+                Ok(resp) if resp.status().as_u16() < 500 => return Ok(resp.status().as_u16()),
+                Ok(resp) if Instant::now() >= deadline => return Ok(resp.status().as_u16()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("webhook {delivery}: no replica answered: {e}"));
+                }
+                _ => {
+                    i = (i + 1) % self.urls.len();
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// Waits until replica `i` answers `GET /readyz` with 200, or `within` passes.
+    pub fn wait_ready(&self, i: usize, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let url = format!("{}/readyz", self.urls[i]);
+            if let Ok(resp) = self.http.get(&url).send()
+                && resp.status().is_success()
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
