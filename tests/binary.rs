@@ -746,6 +746,111 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
 
+/// Two replicas on one PostgreSQL: replica A's agent ends with its cost reported, then A is
+/// killed while the code host holds its pull request's creation. Replica B, which cannot
+/// read A's run directory, recovers the task once A's lease expired. A's cost is on record
+/// all the same (a run is recorded as soon as its agent ends, before publishing); attempt 2
+/// opens the one pull request; the task's cost is both runs'.
+#[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+fn a_reported_cost_survives_its_replica_dying_while_publishing() {
+    use agentry_fake_github::{FakeGitHub, Fault};
+    const GH: &str = "ghp_ReplicaTestToken0123456789abcdef";
+    let Some(db) = TestDb::postgres() else { return };
+    let fake = FakeGitHub::start();
+    fake.add_token(GH, "agentry-bot");
+    fake.add_repo("acme", "web", "main");
+    let dir = tempfile::tempdir().unwrap();
+    let source = source_repo(dir.path());
+    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    // A's creation hangs (as a code host that stopped answering) until A is gone.
+    fake.fail_next(
+        Some(("POST", "/repos/{o}/{r}/pulls")),
+        1,
+        Fault::Timeout(Duration::from_secs(120)),
+    );
+    let claude =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
+    let api = fake.base_url();
+    let env = [
+        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
+        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
+        ("AGENTRY_RUN_LEASE_SECS", "3"),
+        // Both replicas decrypt the stored code-host token.
+        (
+            "AGENTRY_MASTER_KEY",
+            "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+        ),
+    ];
+    let mut a = Server::start_with(&dir.path().join("a"), Some(&db.url), true, &env);
+    let admin = a.read_token();
+    let client = reqwest::blocking::Client::new();
+    let put = client
+        .put(format!("{}/api/secrets/CODEHOST_TOKEN", a.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "value": GH }))
+        .send()
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let repo: Value = client
+        .post(format!("{}/api/repos", a.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let task: Value = client
+        .post(format!("{}/api/tasks", a.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({
+            "repoId": repo["id"], "title": "Publish slowly", "prompt": "Some work"
+        }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let id = task["id"].as_str().unwrap().to_owned();
+    let mut last = Value::Null;
+    eventually(
+        Duration::from_secs(30),
+        "attempt 1's run on record while its pull request is being opened",
+        || {
+            last = get(&a.base, &format!("/api/tasks/{id}"), &admin).1;
+            last["state"] == "running" && last["runs"].as_array().is_some_and(|r| r.len() == 1)
+        },
+    );
+    assert_eq!(last["runs"][0]["costUsd"], "0.123456", "{last}");
+    assert_eq!(last["costUsd"], "0.123456", "{last}");
+    a.signal("KILL");
+    drop(a);
+
+    let b = Server::start_with(&dir.path().join("b"), Some(&db.url), true, &env);
+    eventually(
+        Duration::from_secs(60),
+        "the recovered task's pull request",
+        || {
+            last = get(&b.base, &format!("/api/tasks/{id}"), &admin).1;
+            last["state"] == "pr_opened"
+        },
+    );
+    assert_eq!(last["attempt"], 2, "{last}");
+    let runs = last["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{last}");
+    assert_eq!(
+        (runs[0]["attempt"].clone(), runs[1]["attempt"].clone()),
+        (1.into(), 2.into())
+    );
+    assert_eq!(runs[0]["outcome"], "succeeded");
+    assert_eq!(runs[0]["costUsd"], "0.123456");
+    assert_eq!(last["costUsd"], "0.246912", "{last}");
+    assert_eq!(fake.pulls("acme", "web").len(), 1);
+}
+
 /// The README's first command as a newcomer runs it: `agentry serve` in a fresh directory
 /// with no `AGENTRY_DATA_DIR` (so `./agentry-data`), the agent CLI found on `PATH`. An
 /// assigned issue goes all the way to `pr_opened`. Only the listen port (tests run in

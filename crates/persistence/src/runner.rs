@@ -224,7 +224,11 @@ pub fn recover_expired(
         if taken == 0 {
             return Ok(None);
         }
-        if let Some((run, log)) = lost_run {
+        // The dead runner may have recorded its run before it died (a run is recorded as
+        // soon as its agent ends, before publishing): one run per attempt.
+        if let Some((run, log)) = lost_run
+            && !attempt_recorded(conn, run.task_id, run.attempt)?
+        {
             task_store::record_run(conn, run)?;
             if let Some(log) = log {
                 save_run_log(conn, run.id, run.task_id, log, now)?;
@@ -249,6 +253,74 @@ pub fn recover_expired(
         )?;
         Ok(Some((task, t)))
     })
+}
+
+/// What [`record_finished_run`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunRecorded {
+    /// Recorded, and its attempt is still the task's current one: its outcome is the
+    /// recording runner's to publish.
+    Current,
+    /// Recorded, but the task was recovered meanwhile and its current attempt is another:
+    /// the cost counts (it was spent), the outcome is not published.
+    Late,
+    /// Nothing written: a run of that attempt is already on record (a recoverer salvaged
+    /// it from the same output), or the task is gone.
+    AlreadyRecorded,
+}
+
+/// Records the run of an agent that just ended, with its output log, as soon as its result
+/// is known and before anything is published: its cost must not depend on this process
+/// living on, nor on which replica recovers the task if it does not.
+///
+/// One run per attempt: nothing is written when a run of `run.attempt` is already recorded.
+/// For the task's current attempt the budget reserve is released in the same transaction,
+/// since the run's cost now counts as spent.
+pub fn record_finished_run(
+    conn: &mut AnyConnection,
+    run: &Run,
+    log: &RunLog,
+    now: OffsetDateTime,
+) -> Result<RunRecorded, DbError> {
+    write_tx(conn, |conn| {
+        // Lock the task row first: on PostgreSQL a concurrent recoverer (which takes the
+        // lease with an update of this row) waits for this transaction, then sees the run.
+        let locked = diesel::update(tasks::table.find(run.task_id.to_string()))
+            .set(tasks::updated_at.eq(tasks::updated_at))
+            .execute(conn)?;
+        if locked == 0 || attempt_recorded(conn, run.task_id, run.attempt)? {
+            return Ok(RunRecorded::AlreadyRecorded);
+        }
+        let current = diesel::update(
+            tasks::table
+                .filter(tasks::id.eq(run.task_id.to_string()))
+                .filter(tasks::attempt.eq(run.attempt)),
+        )
+        .set(tasks::budget_reserve_nanos.eq(None::<i64>))
+        .execute(conn)?
+            > 0;
+        task_store::record_run(conn, run)?;
+        save_run_log(conn, run.id, run.task_id, log, now)?;
+        Ok(if current {
+            RunRecorded::Current
+        } else {
+            RunRecorded::Late
+        })
+    })
+}
+
+/// Whether a run of `attempt` of the task is recorded.
+pub fn attempt_recorded(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    attempt: i32,
+) -> Result<bool, DbError> {
+    let n: i64 = task_runs::table
+        .filter(task_runs::task_id.eq(task_id.to_string()))
+        .filter(task_runs::attempt.eq(attempt))
+        .count()
+        .get_result(conn)?;
+    Ok(n > 0)
 }
 
 /// The output of one run, as stored.

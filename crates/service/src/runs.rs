@@ -13,11 +13,20 @@
 //!   `queued` with the attempt + 1, or `failed` after the third attempt. On SQLite (one
 //!   process by design) every lease found at start belongs to a dead process and is
 //!   recovered at once.
+//! - Recording: when the agent ends, its run (cost, tokens, outcome, log) is recorded at
+//!   once, while the task is still `running` and before anything is published, so a cost
+//!   never depends on this process surviving the publishing, nor on which replica recovers
+//!   the task. One run per attempt: a recoverer that salvages the output of an attempt
+//!   already recorded records nothing, and a run that ends after its task was recovered
+//!   elsewhere is still recorded (its cost was spent) but publishes nothing.
 //! - Publishing: a pushed coding run opens the pull request (title = task title, body with
-//!   `Closes #N`, the task id and the run's cost); an uncertain creation (timeout, 5xx) is
-//!   resolved by looking up the branch's open pull request, so none is ever opened twice.
-//!   A review run posts its text as a review carrying a marker, looked for before posting,
-//!   so a review is never posted twice either.
+//!   `Closes #N`, the task id and the run's cost); an uncertain creation (timeout, 5xx, rate
+//!   limit, or a 422) is resolved by looking up the branch's open pull request, so none is
+//!   ever opened twice. A review run posts its text as a review carrying a marker, looked
+//!   for before every try, so a review is never posted twice either. Failures whose outcome
+//!   is unknown are tried again with a doubling wait (the lease is renewed meanwhile) for up
+//!   to [`RunSettings::publish_patience`]; only a definite refusal (401, 403, 404, a 422
+//!   with no pull request for the branch) or that much failure fails the task.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +37,7 @@ use agentry_codehost::CodeHostError;
 use agentry_domain::money::Usd;
 use agentry_domain::{PullRequestRef, Task, TaskState, TaskType, Trigger};
 use agentry_persistence::repos::{self, Repository};
-use agentry_persistence::runner::{self as claims, ExpiredLease, RunLog};
+use agentry_persistence::runner::{self as claims, ExpiredLease, RunLog, RunRecorded};
 use agentry_persistence::tasks::{self, NewTask, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::{AnyConnection, Backend, DbError, secrets, write_tx};
 use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name, is_loopback_url};
@@ -60,6 +69,11 @@ pub struct RunSettings {
     pub keep_run_dirs: bool,
     /// Whether agents run sandboxed (`AGENTRY_AGENT_SANDBOX`).
     pub sandbox: agentry_runner::SandboxMode,
+    /// The first wait before publishing is tried again after a code-host failure whose
+    /// outcome is unknown (5xx, timeout, rate limit); it doubles up to 30 s.
+    pub publish_backoff: Duration,
+    /// How long publishing keeps trying through such failures before the task fails.
+    pub publish_patience: Duration,
 }
 
 impl Default for RunSettings {
@@ -71,6 +85,8 @@ impl Default for RunSettings {
             idle: Duration::from_secs(2),
             keep_run_dirs: false,
             sandbox: agentry_runner::SandboxMode::Auto,
+            publish_backoff: Duration::from_secs(1),
+            publish_patience: Duration::from_secs(3600),
         }
     }
 }
@@ -350,15 +366,18 @@ async fn run_task(state: &Service, task: Task) {
         .runner
         .execute(prepared.job.clone(), control)
         .await;
-    renewer.abort();
     let _ = running.await;
     if state.runs.stopping.load(Ordering::SeqCst) {
         // Shutting down: the task stays leased and is recovered after the restart, with
         // the cost its output shows.
+        renewer.abort();
         lock(&state.runs.active).remove(&id);
         return;
     }
-    let settled = settle(state, &task, &prepared, execution).await;
+    // The lease is still renewed while the outcome is published (which may wait out a
+    // failing code host); a refused renewal (cancelled, or recovered elsewhere) stops that.
+    let settled = settle(state, &task, &prepared, execution, cancel.subscribe()).await;
+    renewer.abort();
     lock(&state.runs.active).remove(&id);
     match settled {
         Ok(()) => {
@@ -634,12 +653,18 @@ fn fail_with(message: String) -> Settlement {
     }
 }
 
-/// Publishes what the run produced, then records the run with the state change.
+/// Records the run, publishes what it produced, then makes the state change.
+///
+/// The run (its cost) is recorded first, as soon as the agent's result is known, so that no
+/// cost depends on this process surviving the publishing or on which replica recovers the
+/// task. Publishing then waits out code-host failures whose outcome is unknown; only a
+/// definite refusal fails the task.
 async fn settle(
     state: &Service,
     task: &Task,
     prepared: &Prepared,
     execution: Execution,
+    cancel: watch::Receiver<bool>,
 ) -> Result<(), ServiceError> {
     let outcome = match &execution.verdict {
         Verdict::Pushed { .. } | Verdict::Reviewed { .. } | Verdict::NoChanges => {
@@ -651,10 +676,31 @@ async fn settle(
     };
     let run = run_record(task, &prepared.job, &execution, outcome);
     log_warnings(task, execution.report.as_ref());
+    let cost = run.cost_usd;
+    let log = RunLog::of(&execution.output);
+    let id = task.id;
+    let attempt = task.attempt;
+    let recorded = state
+        .db(move |conn| Ok(claims::record_finished_run(conn, &run, &log, now())?))
+        .await?;
+    match recorded {
+        RunRecorded::Current => {}
+        RunRecorded::Late => {
+            tracing::warn!(task = %id, attempt, "the task was recovered elsewhere during the run; its cost is recorded, its outcome not published");
+            return Ok(());
+        }
+        RunRecorded::AlreadyRecorded => {
+            tracing::info!(task = %id, attempt, "the run was already recorded by a recoverer; nothing is published");
+            return Ok(());
+        }
+    }
+    // The reserve went back with the recording: blocked tasks may run now.
+    money_freed(state).await;
+    let mut patience = Patience::new(&state.runs.settings, cancel);
     let settlement = match &execution.verdict {
         Verdict::Pushed { branch, .. } => {
-            match open_pull_request(state, prepared, task, branch, run.cost_usd).await {
-                Ok(pull_request) => Settlement {
+            match open_pull_request(state, prepared, task, branch, cost, &mut patience).await {
+                Published::Done(pull_request) => Settlement {
                     trigger: Some((
                         Trigger::PullRequestOpened,
                         TransitionDetails {
@@ -669,12 +715,13 @@ async fn settle(
                         .auto_review
                         .then(|| review_task(task, &prepared.repo)),
                 },
-                Err(message) => fail_with(message),
+                Published::Refused(message) => fail_with(message),
+                Published::Stopped => return Ok(()),
             }
         }
         Verdict::Reviewed { text } => {
-            match post_review(state, prepared, task, text, run.cost_usd).await {
-                Ok(pull_request) => Settlement {
+            match post_review(state, prepared, task, text, cost, &mut patience).await {
+                Published::Done(pull_request) => Settlement {
                     trigger: Some((
                         Trigger::ReviewPosted,
                         TransitionDetails {
@@ -688,7 +735,8 @@ async fn settle(
                     )),
                     review: None,
                 },
-                Err(message) => fail_with(message),
+                Published::Refused(message) => fail_with(message),
+                Published::Stopped => return Ok(()),
             }
         }
         Verdict::NoChanges => fail_with("the agent made no changes".into()),
@@ -698,19 +746,15 @@ async fn settle(
             review: None,
         },
     };
-    let log = RunLog::of(&execution.output);
-    let id = task.id;
     let queued_review = settlement.review.is_some();
-    let recorded = state
+    let moved = state
         .db(move |conn| {
             Ok(write_tx::<_, DbError, _>(conn, |conn| {
                 let current = tasks::get_task(conn, id)?;
-                if current.attempt != run.attempt {
+                if current.attempt != attempt {
                     // Recovered by someone else meanwhile: that attempt is theirs now.
                     return Ok(false);
                 }
-                tasks::record_run(conn, &run)?;
-                claims::save_run_log(conn, run.id, id, &log, now())?;
                 if let Some((trigger, details)) = &settlement.trigger {
                     match tasks::transition_task(conn, id, *trigger, details, now()) {
                         Ok(_) => {
@@ -718,8 +762,8 @@ async fn settle(
                                 tasks::create_task(conn, review, "review launched")?;
                             }
                         }
-                        // Cancelled meanwhile: the run is still recorded.
-                        Err(DbError::InvalidTransition(_)) => {}
+                        // Cancelled meanwhile: the run is recorded all the same.
+                        Err(DbError::InvalidTransition(_)) => return Ok(false),
                         Err(e) => return Err(e),
                     }
                 }
@@ -727,10 +771,88 @@ async fn settle(
             })?)
         })
         .await?;
-    if recorded && queued_review {
+    if moved && queued_review {
         state.runs.wake();
     }
     Ok(())
+}
+
+/// How publishing ended.
+enum Published {
+    /// Done (or found done by an earlier try): the pull request it concerns.
+    Done(PullRequestRef),
+    /// A definite refusal, or failures past the patience: why, for the task's error.
+    Refused(String),
+    /// The task is no longer this runner's to settle (cancelled, recovered elsewhere) or the
+    /// process is shutting down: nothing more is done; the run is recorded.
+    Stopped,
+}
+
+/// Whether a failed call may have taken effect, or may succeed later: the outcome of a
+/// write is unknown after a 5xx, a timeout or an unreadable answer, and a rate limit only
+/// delays. Anything else (401, 403, 404, 422, …) is a definite answer.
+fn uncertain(e: &CodeHostError) -> bool {
+    e.is_transient() || matches!(e, CodeHostError::InvalidResponse(_))
+}
+
+/// The longest wait between publishing tries.
+const MAX_PUBLISH_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The waits between publishing tries: a doubling backoff, bounded by the patience, cut
+/// short when the run is stopped.
+struct Patience {
+    started: tokio::time::Instant,
+    delay: Duration,
+    limit: Duration,
+    cancel: watch::Receiver<bool>,
+    tries: u32,
+}
+
+impl Patience {
+    fn new(settings: &RunSettings, cancel: watch::Receiver<bool>) -> Self {
+        Patience {
+            started: tokio::time::Instant::now(),
+            delay: settings.publish_backoff,
+            limit: settings.publish_patience,
+            cancel,
+            tries: 1,
+        }
+    }
+
+    fn stopped(&self, state: &Service) -> bool {
+        state.runs.stopping.load(Ordering::SeqCst) || *self.cancel.borrow()
+    }
+
+    /// After an uncertain failure `why`: waits for the next try (`None`), or says how
+    /// publishing ends instead.
+    async fn wait(&mut self, state: &Service, task: &Task, why: &str) -> Option<Published> {
+        if self.stopped(state) {
+            return Some(Published::Stopped);
+        }
+        let elapsed = self.started.elapsed();
+        if elapsed + self.delay > self.limit {
+            return Some(Published::Refused(format!(
+                "{why} (still failing after {} tries in {} s)",
+                self.tries,
+                elapsed.as_secs()
+            )));
+        }
+        tracing::warn!(
+            task = %task.id, attempt = task.attempt, tries = self.tries,
+            retry_in_ms = self.delay.as_millis() as u64, error = why,
+            "publishing failed with an unknown outcome; trying again"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(self.delay) => {}
+            _ = self.cancel.changed() => {}
+        }
+        if self.stopped(state) {
+            return Some(Published::Stopped);
+        }
+        self.delay = (self.delay * 2).min(MAX_PUBLISH_BACKOFF);
+        self.tries += 1;
+        None
+    }
 }
 
 /// The review task of a coding task that opened its pull request.
@@ -753,19 +875,24 @@ fn cost_text(cost: Option<Usd>) -> String {
     cost.map_or_else(|| "not reported".to_owned(), |c| format!("${c}"))
 }
 
-/// Opens the pull request of a pushed branch (or finds the one an uncertain earlier
-/// attempt opened): its URL and number, or why not.
+/// Opens the pull request of a pushed branch, or finds the one an earlier try opened.
+///
+/// After a failure whose outcome is unknown, or a 422 (GitHub's answer when the branch
+/// already has one), the branch's open pull request is looked up before anything is sent
+/// again, so none is ever opened twice; only a definite refusal ends it.
 async fn open_pull_request(
     state: &Service,
     prepared: &Prepared,
     task: &Task,
     branch: &str,
     cost: Option<Usd>,
-) -> Result<PullRequestRef, String> {
-    let github = state
-        .codehost
-        .client(&prepared.token)
-        .map_err(|e| format!("no code-host client: {e}"))?;
+    patience: &mut Patience,
+) -> Published {
+    const FAILED: &str = "the pull request could not be opened";
+    let github = match state.codehost.client(&prepared.token) {
+        Ok(github) => github,
+        Err(e) => return Published::Refused(format!("no code-host client: {e}")),
+    };
     let repo = &prepared.repo;
     let (owner, name) = (repo.url.owner(), repo.url.name());
     let mut body = String::new();
@@ -778,33 +905,45 @@ async fn open_pull_request(
         task.attempt,
         cost_text(cost)
     ));
-    let created = github
-        .create_pull(
-            owner,
-            name,
-            &task.title,
-            branch,
-            &repo.default_branch,
-            &body,
-        )
-        .await;
-    let pull = match created {
-        Ok(pull) => pull,
-        Err(e @ (CodeHostError::Rejected { .. } | CodeHostError::Unavailable(_))) => {
-            // Already there (a retry, or a creation whose answer was lost)?
-            match github.open_pull_for_branch(owner, name, branch).await {
-                Ok(Some(pull)) => pull,
-                _ => return Err(format!("the pull request could not be opened: {e}")),
+    loop {
+        let created = github
+            .create_pull(
+                owner,
+                name,
+                &task.title,
+                branch,
+                &repo.default_branch,
+                &body,
+            )
+            .await;
+        let failure = match created {
+            Ok(pull) => return pull_request_ref(pull.number, pull.html_url),
+            Err(e) if uncertain(&e) || e.status() == Some(422) => e,
+            Err(e) => return Published::Refused(format!("{FAILED}: {e}")),
+        };
+        // Already there (an earlier creation whose answer was lost, or a retry)?
+        let why = match github.open_pull_for_branch(owner, name, branch).await {
+            Ok(Some(pull)) => return pull_request_ref(pull.number, pull.html_url),
+            Ok(None) if !uncertain(&failure) => {
+                return Published::Refused(format!("{FAILED}: {failure}"));
             }
+            Ok(None) => format!("{FAILED}: {failure}"),
+            Err(e) if uncertain(&e) => format!("{FAILED}: {failure}; then looking it up: {e}"),
+            Err(e) => return Published::Refused(format!("{FAILED}: {failure}; {e}")),
+        };
+        if let Some(end) = patience.wait(state, task, &why).await {
+            return end;
         }
-        Err(e) => return Err(format!("the pull request could not be opened: {e}")),
-    };
-    let number = i64::try_from(pull.number)
-        .map_err(|_| "the code host answered an impossible pull request number".to_owned())?;
-    Ok(PullRequestRef {
-        url: pull.html_url,
-        number,
-    })
+    }
+}
+
+fn pull_request_ref(number: u64, url: String) -> Published {
+    match i64::try_from(number) {
+        Ok(number) => Published::Done(PullRequestRef { url, number }),
+        Err(_) => Published::Refused(
+            "the code host answered an impossible pull request number".to_owned(),
+        ),
+    }
 }
 
 /// The marker a posted review ends with.
@@ -813,45 +952,57 @@ pub fn review_marker(task_id: Uuid) -> String {
 }
 
 /// Posts the review text on the coding task's pull request unless its marker is already
-/// there: the pull request's URL and number, or why not.
+/// there. Before every try the pull request's reviews are searched for the marker, so a
+/// post whose answer was lost is never repeated; only a definite refusal ends it.
 async fn post_review(
     state: &Service,
     prepared: &Prepared,
     task: &Task,
     text: &str,
     cost: Option<Usd>,
-) -> Result<PullRequestRef, String> {
-    let parent = prepared
-        .parent
-        .as_ref()
-        .ok_or_else(|| "a review task without its coding task".to_owned())?;
-    let (Some(number), Some(url)) = (parent.pr_number, parent.pr_url.clone()) else {
-        return Err("the reviewed task has no pull request".into());
+    patience: &mut Patience,
+) -> Published {
+    const FAILED: &str = "the review could not be posted";
+    let Some(parent) = prepared.parent.as_ref() else {
+        return Published::Refused("a review task without its coding task".to_owned());
     };
-    let github = state
-        .codehost
-        .client(&prepared.token)
-        .map_err(|e| format!("no code-host client: {e}"))?;
+    let (Some(number), Some(url)) = (parent.pr_number, parent.pr_url.clone()) else {
+        return Published::Refused("the reviewed task has no pull request".into());
+    };
+    let github = match state.codehost.client(&prepared.token) {
+        Ok(github) => github,
+        Err(e) => return Published::Refused(format!("no code-host client: {e}")),
+    };
     let repo = &prepared.repo;
     let (owner, name) = (repo.url.owner(), repo.url.name());
-    let unsigned = u64::try_from(number).map_err(|_| "invalid pull request number".to_owned())?;
+    let Ok(unsigned) = u64::try_from(number) else {
+        return Published::Refused("invalid pull request number".to_owned());
+    };
     let marker = review_marker(task.id);
-    let posted = github
-        .review_bodies(owner, name, unsigned)
-        .await
-        .map_err(|e| format!("the review could not be posted: {e}"))?;
-    if !posted.iter().any(|b| b.contains(&marker)) {
-        let body = format!(
-            "{text}\n\n---\nReview by agentry (task `{}`, cost {}).\n{marker}",
-            task.id,
-            cost_text(cost)
-        );
-        github
-            .create_review(owner, name, unsigned, &body)
-            .await
-            .map_err(|e| format!("the review could not be posted: {e}"))?;
+    let body = format!(
+        "{text}\n\n---\nReview by agentry (task `{}`, cost {}).\n{marker}",
+        task.id,
+        cost_text(cost)
+    );
+    loop {
+        let failure = match github.review_bodies(owner, name, unsigned).await {
+            Ok(posted) if posted.iter().any(|b| b.contains(&marker)) => {
+                return Published::Done(PullRequestRef { url, number });
+            }
+            Ok(_) => match github.create_review(owner, name, unsigned, &body).await {
+                Ok(_) => return Published::Done(PullRequestRef { url, number }),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        if !uncertain(&failure) {
+            return Published::Refused(format!("{FAILED}: {failure}"));
+        }
+        let why = format!("{FAILED}: {failure}");
+        if let Some(end) = patience.wait(state, task, &why).await {
+            return end;
+        }
     }
-    Ok(PullRequestRef { url, number })
 }
 
 /// Recovers every task whose lease expired before `before` (see the module docs); returns

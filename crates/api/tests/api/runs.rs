@@ -57,6 +57,8 @@ impl Rig {
             idle: Duration::from_millis(100),
             keep_run_dirs: true,
             sandbox: agentry_runner::sandbox::mode_for_tests(),
+            publish_backoff: Duration::from_millis(50),
+            publish_patience: Duration::from_secs(30),
         };
         tweak(&mut settings);
         let state = common::state_of(agentry_service::Service::new(
@@ -804,6 +806,52 @@ async fn runs_are_limited_to_the_concurrency_setting() {
     assert!(
         claimed[0].max(claimed[1]) <= claimed[2].min(claimed[3]),
         "claimed out of order: {claimed:?}"
+    );
+}
+
+/// Code-host failures whose outcome is unknown delay publishing, never end it: a 500 on
+/// the pull request's creation (nothing created) is sent again once the branch is seen to
+/// have none; a review post that fails with a 502 is posted again, and one whose answer was
+/// lost is found by its marker and not posted twice. Each task ends as if nothing failed,
+/// with one pull request and one review.
+#[actix_web::test]
+async fn uncertain_publishing_failures_are_retried_not_fatal() {
+    const PULLS: &str = "/repos/{o}/{r}/pulls";
+    const REVIEWS: &str = "/repos/{o}/{r}/pulls/{n}/reviews";
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    patch_settings(&app, &rig, json!({"autoReview": true})).await;
+    let t = rig.env.t.member.clone();
+    let fake = &rig.env.fake;
+
+    fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(500));
+    fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::Status(502));
+    fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::AnswerLost(502));
+    let id = manual_task(&app, &rig, "Flaky code host").await;
+    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let pulls = fake.pulls(OWNER, NAME);
+    assert_eq!(pulls.len(), 1);
+    assert_eq!(task["prNumber"], pulls[0].number);
+    assert_eq!(
+        fake.count("POST", PULLS),
+        2,
+        "one failed creation, one sent again"
+    );
+    assert_eq!(task["costUsd"], "0.123456");
+
+    let review_id = task["reviews"][0]["id"].as_str().unwrap().to_owned();
+    let review = wait_for(&app, &t, &review_id, "review completed", |t| {
+        state_of(t) == "completed"
+    })
+    .await;
+    assert_eq!(review["costUsd"], "0.123456", "{review:#}");
+    let posted = fake.reviews(OWNER, NAME, pulls[0].number);
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert!(posted[0].contains(&format!("agentry:review:{review_id}")));
+    assert_eq!(
+        fake.count("POST", REVIEWS),
+        2,
+        "a 502 sent again; a lost answer found by its marker"
     );
 }
 

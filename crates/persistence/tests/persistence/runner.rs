@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::*;
 use agentry_domain::{AgentType, TaskState, Trigger};
-use agentry_persistence::runner::{self, MAX_LOG_BYTES, RunLog};
+use agentry_persistence::runner::{self, MAX_LOG_BYTES, RunLog, RunRecorded};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use time::Duration;
 use uuid::Uuid;
@@ -125,6 +125,56 @@ agentry_persistence::backend_tests! {
         assert!(runner::recover_expired(&mut conn, &expired[0], at(71), None, at(73)).unwrap().is_none());
         // The old owner can no longer renew.
         assert!(!runner::renew_lease(&mut conn, task.id, "dead", at(500)).unwrap());
+    }
+
+    // A finished run is recorded at once, before publishing (its reserve released), and
+    // exactly once per attempt: recording it again, or a recoverer salvaging the same
+    // attempt's output, adds nothing; the task's cost is that run's.
+    fn a_finished_run_is_recorded_once_per_attempt(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        let claimed = runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().unwrap();
+        let mut run = lost_run(&claimed, Some("0.5"));
+        run.outcome = RunOutcome::Succeeded;
+        run.finished_at = Some(at(20));
+        let log = RunLog::of("result\n");
+        assert_eq!(runner::record_finished_run(&mut conn, &run, &log, at(20)).unwrap(), RunRecorded::Current);
+        let again = Run { id: Uuid::new_v4(), ..run.clone() };
+        assert_eq!(runner::record_finished_run(&mut conn, &again, &log, at(21)).unwrap(), RunRecorded::AlreadyRecorded);
+        let during = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!(during.state, TaskState::Provisioning, "recording changes no state");
+        assert_eq!(during.cost_usd.unwrap().to_string(), "0.5");
+        // The runner dies while publishing; a recoverer salvages the same output.
+        let expired = runner::expired_leases(&mut conn, at(71), 10).unwrap();
+        let salvaged = lost_run(&expired[0].task, Some("0.5"));
+        let (after, t) = runner::recover_expired(&mut conn, &expired[0], at(71), Some((&salvaged, None)), at(72))
+            .unwrap()
+            .unwrap();
+        assert_eq!((t.to, after.attempt), (TaskState::Queued, 2));
+        assert_eq!(after.cost_usd.unwrap().to_string(), "0.5", "the salvaged run was counted twice");
+        let runs = tasks::task_runs(&mut conn, task.id).unwrap();
+        assert_eq!(runs.iter().map(|r| (r.attempt, r.id)).collect::<Vec<_>>(), vec![(1, run.id)]);
+    }
+
+    // A run that ends after its task was recovered elsewhere (no output salvaged) is still
+    // recorded, its cost counted, but it is late: the current attempt and its reserve are
+    // the recoverer's.
+    fn a_late_run_is_recorded_but_not_current(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        let first = runner::claim_next(&mut conn, "slow", at(10), LEASE).unwrap().unwrap();
+        let expired = runner::expired_leases(&mut conn, at(71), 10).unwrap();
+        runner::recover_expired(&mut conn, &expired[0], at(71), None, at(72)).unwrap().unwrap();
+        runner::claim_next(&mut conn, "other", at(80), LEASE).unwrap().unwrap();
+        let mut late = lost_run(&first, Some("0.75"));
+        late.outcome = RunOutcome::Succeeded;
+        assert_eq!(runner::record_finished_run(&mut conn, &late, &RunLog::of("late"), at(90)).unwrap(), RunRecorded::Late);
+        let now = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!((now.state, now.attempt), (TaskState::Provisioning, 2));
+        assert_eq!(now.cost_usd.unwrap().to_string(), "0.75");
+        assert!(runner::renew_lease(&mut conn, task.id, "other", at(100)).unwrap());
     }
 
     // After the third attempt dies the task fails with a message instead of looping.
