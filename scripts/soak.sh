@@ -22,15 +22,17 @@ for a in "$@"; do
 done
 
 if [ "$ci" = 1 ]; then
-	cargo build --locked -p agentry --bin agentry -p agentry-soak
+	# Built alone, like scripts/test-browser.sh does: building the harness with it would
+	# unify features across both and rebuild the binary's dependencies.
+	cargo build --locked -p agentry --bin agentry
 	agentry="$CARGO_TARGET_DIR/debug/agentry"
 	defaults=(--issues 40 --minutes 2 --agent-secs 1-4 --quiesce-minutes 4)
 else
 	cargo build --locked --release -p agentry --bin agentry
-	cargo build --locked -p agentry-soak
 	agentry="$CARGO_TARGET_DIR/release/agentry"
 	defaults=()
 fi
+cargo build --locked -p agentry-soak
 soak="$CARGO_TARGET_DIR/debug/soak"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/agentry-soak.XXXXXX")

@@ -220,6 +220,31 @@ fn branch_of(task_id: &str) -> String {
     format!("agentry/task-{}", task_id.replace('-', ""))
 }
 
+/// How many times an issue was closed, from the requests on it (`GET`/`PATCH` of
+/// `…/issues/{n}`, oldest first): the close is a `PATCH` that took effect (answered 200, or
+/// 502, the fault that answers after the effect). A `PATCH` right after a failed one is the
+/// client resending the same request; any other `PATCH` starts a delivery of the close. The
+/// count is the delivery that first closed the issue plus every delivery after it: a
+/// delivery that reads the issue first finds it closed and sends nothing, so a second close
+/// is a delivery that closed blindly.
+fn close_deliveries<'a>(requests: impl Iterator<Item = (&'a str, u16)>) -> usize {
+    let mut closes = 0;
+    let mut closed = false;
+    let mut previous_failed_patch = false;
+    for (method, status) in requests {
+        let patch = method == "PATCH";
+        if patch && !previous_failed_patch && closed {
+            closes += 1;
+        }
+        if patch && !closed && (status == 200 || status == 502) {
+            closed = true;
+            closes += 1;
+        }
+        previous_failed_patch = patch && status != 200;
+    }
+    closes
+}
+
 /// Every assertion of the soak (docs/soak.md).
 pub fn verify(
     world: &World<'_>,
@@ -397,14 +422,13 @@ pub fn verify(
                 .duplicates
                 .push(format!("issue #{n}: {k} agentry comments")),
         }
-        // The close is a PATCH of the issue; 502 is the fault that answers after the
-        // effect, so it counts as a close that happened.
         let path = format!("/repos/{owner}/{name}/issues/{n}");
-        let closes = requests
-            .iter()
-            .filter(|r| r.method == "PATCH" && r.path == path)
-            .filter(|r| r.status == 200 || r.status == 502)
-            .count();
+        let closes = close_deliveries(
+            requests
+                .iter()
+                .filter(|r| r.path == path && (r.method == "GET" || r.method == "PATCH"))
+                .map(|r| (r.method.as_str(), r.status)),
+        );
         let merged = merged_issues.contains(n);
         match (merged, closes, issue.state.as_str()) {
             (true, 1, "closed") | (false, 0, "open") => {}
@@ -676,4 +700,37 @@ pub fn verify(
         format!("${total} over {} costed tasks", costed.len()),
     ));
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::close_deliveries;
+
+    #[test]
+    fn a_resent_close_is_one_close_and_a_blind_redelivery_is_two() {
+        let count = |seq: &[(&'static str, u16)]| close_deliveries(seq.iter().copied());
+        assert_eq!(count(&[]), 0);
+        assert_eq!(count(&[("GET", 200), ("PATCH", 200)]), 1);
+        // The answer was lost after the close; the client sent it again.
+        assert_eq!(count(&[("GET", 200), ("PATCH", 502), ("PATCH", 200)]), 1);
+        // Failed without effect, then a later delivery read the issue and closed it.
+        assert_eq!(
+            count(&[("PATCH", 500), ("PATCH", 503), ("GET", 200), ("PATCH", 200)]),
+            1
+        );
+        // Closed (answer lost), and the next delivery read it and sent nothing.
+        assert_eq!(count(&[("PATCH", 502), ("PATCH", 500), ("GET", 200)]), 1);
+        // A later delivery closed it again.
+        assert_eq!(count(&[("PATCH", 200), ("GET", 200), ("PATCH", 200)]), 2);
+        assert_eq!(
+            count(&[
+                ("PATCH", 502),
+                ("PATCH", 500),
+                ("PATCH", 200),
+                ("GET", 200),
+                ("PATCH", 200)
+            ]),
+            2
+        );
+    }
 }
