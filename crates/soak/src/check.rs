@@ -1,7 +1,6 @@
 //! The end of a soak: what "quiet" means, and every assertion, each violation named.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::str::FromStr;
 
 use agentry_fake_github::{FakeGitHub, PullState};
@@ -251,7 +250,6 @@ pub fn verify(
     snap: &Snapshot,
     ledger: &BTreeMap<(String, i64), Vec<Entry>>,
     kills: &[Kill],
-    data_dirs: &BTreeMap<String, PathBuf>,
 ) -> Result<Findings, String> {
     let mut f = Findings::default();
     let (owner, name) = world.repo;
@@ -570,38 +568,28 @@ pub fn verify(
             continue;
         }
         // Not recorded: excused only when the replica that ran it was killed after the
-        // agent started and the agent's result never reached that replica's output log.
+        // agent started and the agent's result was not in that replica's output log when
+        // it died (read right after the kill).
         let killed = kills
             .iter()
             .find(|k| k.replica == e.replica && k.at_ms >= e.start_ms);
-        let log = data_dirs.get(&e.replica).map(|d| {
-            d.join("runs")
-                .join(task)
-                .join(attempt.to_string())
-                .join("output.log")
-        });
-        let survived = log
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .is_some_and(|text| text.contains("\"type\":\"result\""));
-        match (killed, survived) {
-            (Some(k), false) => {
+        match killed {
+            Some(k) if !k.results_on_disk.contains(&(task.clone(), *attempt)) => {
                 excused += 1;
                 f.notes.push(format!(
-                    "task {task} attempt {attempt}: ${} not recorded; replica {} was killed {} ms after the agent started and its result never reached the replica",
+                    "task {task} attempt {attempt}: ${} not recorded; replica {} was killed {} ms after the agent started, before the agent's result reached it",
                     e.cost,
                     e.replica,
                     k.at_ms.saturating_sub(e.start_ms)
                 ));
             }
-            (Some(k), true) => f.lost.push(format!(
-                "task {task} attempt {attempt}: ${} lost; replica {} was killed {} ms after the agent ended, but the result is in {}",
+            Some(k) => f.lost.push(format!(
+                "task {task} attempt {attempt}: ${} lost; the agent's result was in replica {}'s output log when it was killed {} ms after the agent ended",
                 e.cost,
                 e.replica,
-                k.at_ms.saturating_sub(e.end_ms),
-                log.map(|p| p.display().to_string()).unwrap_or_default()
+                k.at_ms.saturating_sub(e.end_ms)
             )),
-            (None, _) => f.lost.push(format!(
+            None => f.lost.push(format!(
                 "task {task} attempt {attempt}: the agent reported ${} on replica {}, which was not killed, and no run records it",
                 e.cost, e.replica
             )),

@@ -1,6 +1,7 @@
 //! The two `agentry serve` replicas (started, killed with SIGKILL, restarted on the same data
 //! directory and port) and an API client that fails over to the other replica.
 
+use std::collections::BTreeSet;
 use std::fs::OpenOptions;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,34 @@ pub struct Kill {
     pub replica: String,
     /// When (unix ms).
     pub at_ms: u64,
+    /// The runs (task id, attempt) whose output log held the agent's result when the
+    /// replica died: their cost was on the replica's disk, so it must not be lost.
+    pub results_on_disk: BTreeSet<(String, i64)>,
+}
+
+/// The runs under `data_dir/runs/<task>/<attempt>/` whose `output.log` holds a `result`
+/// event. Read after the replica died, so nothing writes them any more.
+fn results_on_disk(data_dir: &Path) -> BTreeSet<(String, i64)> {
+    let mut out = BTreeSet::new();
+    let Ok(tasks) = std::fs::read_dir(data_dir.join("runs")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Ok(attempts) = std::fs::read_dir(task.path()) else {
+            continue;
+        };
+        for attempt in attempts.flatten() {
+            let Ok(n) = attempt.file_name().to_string_lossy().parse::<i64>() else {
+                continue;
+            };
+            let log =
+                std::fs::read_to_string(attempt.path().join("output.log")).unwrap_or_default();
+            if log.contains("\"type\":\"result\"") {
+                out.insert((task.file_name().to_string_lossy().into_owned(), n));
+            }
+        }
+    }
+    out
 }
 
 /// The replicas and how to start them.
@@ -150,9 +179,11 @@ impl Cluster {
                 let _ = child.kill();
                 let _ = child.wait();
             }
+            let at_ms = now_ms();
             lock(&self.kills).push(Kill {
                 replica: r.name.clone(),
-                at_ms: now_ms(),
+                at_ms,
+                results_on_disk: results_on_disk(&self.work.join(&r.name)),
             });
         }
         self.start(i)
@@ -349,5 +380,33 @@ impl Api {
             std::thread::sleep(Duration::from_millis(100));
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_on_disk_are_the_runs_whose_log_holds_a_result() {
+        let dir = std::env::temp_dir().join(format!("soak-results-{}", std::process::id()));
+        let run = |task: &str, attempt: &str, log: &str| {
+            let d = dir.join("runs").join(task).join(attempt);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("output.log"), log).unwrap();
+        };
+        run(
+            "t1",
+            "1",
+            "{\"type\":\"system\"}\n{\"type\":\"result\",\"total_cost_usd\":0.1}\n",
+        );
+        run("t1", "2", "{\"type\":\"system\"}\n");
+        run("t2", "1", "{\"type\":\"result\"}\n");
+        std::fs::create_dir_all(dir.join("runs/t3/home")).unwrap();
+        let found = results_on_disk(&dir);
+        let want: BTreeSet<(String, i64)> = [("t1".to_owned(), 1), ("t2".to_owned(), 1)].into();
+        assert_eq!(found, want);
+        assert!(results_on_disk(&dir.join("nothing")).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

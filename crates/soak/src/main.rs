@@ -571,10 +571,7 @@ fn run(p: &Params) -> Result<bool, String> {
         std::fs::read_to_string(&ledger).map_err(|e| format!("{}: {e}", ledger.display()))?;
     let entries = agent::read_ledger(&ledger_text)?;
     let kills = cluster.kills();
-    let data_dirs: BTreeMap<String, std::path::PathBuf> = (0..cluster.len())
-        .map(|i| (cluster.name(i), cluster.data_dir(i)))
-        .collect();
-    let mut findings = check::verify(&world, &snap, &entries, &kills, &data_dirs)?;
+    let mut findings = check::verify(&world, &snap, &entries, &kills)?;
     let requests = fake.requests();
     cluster.stop_all();
 
