@@ -134,7 +134,7 @@ wait_ready() {
   local base=$1 deadline=$(( $(date +%s) + $2 ))
   until curl -fs "$base/readyz" >/dev/null 2>&1; do
     if ! kill -0 "$server_pid" 2>/dev/null; then
-      echo "agentry serve exited:" >&2; tail -n 30 "$work/server.log" >&2; return 1
+      echo "agentry serve exited:" >&2; tail -n 30 "$results/$be-server.log" >&2; return 1
     fi
     if [ "$(date +%s)" -ge "$deadline" ]; then echo "not ready in $2 s" >&2; return 1; fi
     sleep 0.05
@@ -143,9 +143,14 @@ wait_ready() {
 
 # api METHOD PATH [JSON]: the answer's body; fails on a non-2xx status.
 api() {
-  local args=(-fsS -X "$1" -H "Authorization: Bearer $token")
+  local args=(-sS -X "$1" -H "Authorization: Bearer $token" -w '\n%{http_code}') out code
   [ $# -lt 3 ] || args+=(-H 'Content-Type: application/json' --data "$3")
-  curl "${args[@]}" "$base$2"
+  out=$(curl "${args[@]}" "$base$2")
+  code=${out##*$'\n'}
+  case $code in
+    2??) printf '%s\n' "${out%$'\n'*}" ;;
+    *) echo "$1 $2 answered $code: ${out%$'\n'*}" >&2; return 1 ;;
+  esac
 }
 
 # Samples the server's VmRSS every 0.2 s into $1 until killed (not a readiness wait).
@@ -236,7 +241,7 @@ for be in "${backends[@]}"; do
   env "${db_env[@]}" AGENTRY_DATA_DIR="$data" AGENTRY_BIND="127.0.0.1:$port" \
     AGENTRY_CODEHOST_API_URL="$fake_url" CODEHOST_WEBHOOK_SECRET="$secret" \
     AGENTRY_CLAUDE_BIN="$root/crates/runner/tests/fake-agents/claude" \
-    "$bin" serve > "$work/server.out" 2> "$work/server.log" &
+    "$bin" serve > "$work/server.out" 2> "$results/$be-server.log" &
   server_pid=$!
   wait_ready "$base" 60
   sleep 1 # let start-up settle before reading the idle RSS (not a readiness wait)
@@ -296,12 +301,15 @@ for be in "${backends[@]}"; do
     if [ "$pass" = agents ]; then
       # Enough 3-second agent runs to keep the runner's slots busy for the whole pass.
       n=$(( (6 * dur_secs + 30) * 2 / 3 + 10 ))
+      refused=0
       for i in $(seq 1 "$n"); do
-        api POST /api/tasks "{\"repoId\":\"$repo_id\",\"title\":\"Load work $i\",\"prompt\":\"Load work $i [fake:sleep=3]\"}" >/dev/null
+        api POST /api/tasks "{\"repoId\":\"$repo_id\",\"title\":\"Load work $i\",\"prompt\":\"Load work $i [fake:sleep=3]\"}" \
+          >/dev/null || refused=$(( refused + 1 ))
       done
+      [ "$refused" -eq 0 ] || echo "[$be] $refused of $n task creations failed" | tee -a "$summary"
       deadline=$(( $(date +%s) + 60 ))
       until api GET "/api/tasks?repoId=$repo_id&state=running&limit=1" | jq -e '.tasks | length > 0' >/dev/null; do
-        [ "$(date +%s)" -lt "$deadline" ] || { echo "[$be] no agent started" >&2; tail -n 20 "$work/server.log" >&2; exit 1; }
+        [ "$(date +%s)" -lt "$deadline" ] || { echo "[$be] no agent started" >&2; tail -n 20 "$results/$be-server.log" >&2; exit 1; }
         sleep 0.1
       done
       echo "[$be] $n agent tasks created; the first one runs" >&2
