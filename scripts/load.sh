@@ -208,7 +208,8 @@ for be in "${backends[@]}"; do
   mkdir -p "$work/$be"
   db_env=()
   if [ "$be" = postgres ]; then
-    pg_dir=$work/pg
+    # Outside $work (0700): the server runs as the postgres user when started by root.
+    pg_dir=/tmp/agentry-load-pg.$$
     url=$(scripts/pg-throwaway.sh start "$pg_dir" $(( port + 1 )))
     db_env=(AGENTRY_DATABASE_URL="$url")
   fi
