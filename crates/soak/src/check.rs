@@ -527,8 +527,10 @@ pub fn verify(
         }
     }
     let mut recorded_runs = 0;
+    let mut costless_runs = 0;
     for ((task, attempt), rs) in &runs {
         recorded_runs += rs.len();
+        costless_runs += rs.iter().filter(|r| r.cost.is_none()).count();
         if rs.len() > 1 {
             f.duplicates.push(format!(
                 "task {task} attempt {attempt}: {} runs recorded",
@@ -680,7 +682,7 @@ pub fn verify(
     f.figures.push((
         "agent runs".into(),
         format!(
-            "{ledger_lines} reported a cost, {recorded_runs} runs recorded, {excused} killed mid-flight before their result reached a replica, {died_thrice} tasks failed after 3 killed attempts"
+            "{ledger_lines} agents reported a cost; {recorded_runs} runs recorded ({costless_runs} without a cost: stopped before their result); {excused} reported costs excused (the replica died before the result reached it); {died_thrice} tasks failed after 3 killed attempts"
         ),
     ));
     f.figures.push((
