@@ -1,41 +1,58 @@
 //! Benchmark of pull-request tracking (docs/contract.md#9-performance-targets; docs/benchmarks.md).
 //!
-//! 1. **Poll cost.** 50 repositories holding 1,000 open agent pull requests on the fake
-//!    GitHub (127.0.0.1), one task in `pr_opened` per pull request: the requests of one poll
-//!    cycle when nothing changed and when 10 pull requests were merged, beside polling each
-//!    pull request individually (`GET /repos/{o}/{r}/pulls/{n}`, the naive way).
+//! 1. **Poll cost.** `--repos` repositories (default 50) holding `--pulls` open agent pull
+//!    requests (default 1,000, spread evenly) on the fake GitHub (127.0.0.1), one task in
+//!    `pr_opened` per pull request: the requests, 304s and rate-limit units of one poll
+//!    cycle when nothing changed and when 10 pull requests were merged, with its wall time
+//!    and where an unchanged cycle's time goes (database reads against the conditional
+//!    requests alone), beside polling each pull request individually
+//!    (`GET /repos/{o}/{r}/pulls/{n}`, the naive way). `--rtt-ms` puts a delay line on
+//!    127.0.0.1 between the client and the fake that adds that much to every request, as a
+//!    real code host's latency would (the baseline is then left out).
 //! 2. **Webhook merge → `completed`.** The real application on 127.0.0.1 (2 workers) over a
 //!    fresh database, N tasks in `pr_opened`; an open-loop sender posts N signed
 //!    `pull_request`/`closed` deliveries (GitHub's payload, merged), each for another task,
 //!    at a fixed rate. The task is completed before the answer, so the response time is the
-//!    merge → `completed` latency; every task is checked afterwards.
+//!    merge → `completed` latency; every task is checked afterwards. `--deliveries 0` skips
+//!    it.
 //!
 //! ```text
 //! cargo run --release -p agentry-api --example bench_tracking -- \
+//!     [--repos 50] [--pulls 1000] [--rtt-ms 0] \
 //!     [--deliveries 2000] [--rate 200] [--pg postgres://USER@127.0.0.1:PORT/postgres]
 //! ```
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{HttpServer, web};
 use agentry_api::state::AppState;
-use agentry_codehost::{ClientConfig, GitHub};
+use agentry_codehost::{ClientConfig, Conditional, GitHub};
 use agentry_domain::{AgentType, RepoUrl, TaskState};
 use agentry_fake_github::FakeGitHub;
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, TaskFilter};
-use agentry_persistence::{AnyConnection, Db};
+use agentry_persistence::{AnyConnection, Db, DbError, pulls, write_tx};
 use agentry_service::codehost::{self, CodeHost, Timing};
 use agentry_service::tracking;
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const TOKEN: &str = "ghp_benchmarkTokenValue0123456789";
-const SECRET: &str = "whsec-benchmark";
+const SECRET: &str = "whsec-benchmark-secret";
+/// Repositories the poller polls at once (`POLL_CONCURRENCY` of
+/// crates/service/src/tracking.rs, which is private: keep the two equal).
+const POLL_CONCURRENCY: usize = 4;
 
 struct Args {
+    repos: usize,
+    pulls: usize,
+    rtt: Duration,
     deliveries: usize,
     rate: u32,
     pg: Option<String>,
@@ -43,6 +60,9 @@ struct Args {
 
 fn args() -> Result<Args, Error> {
     let mut a = Args {
+        repos: 50,
+        pulls: 1000,
+        rtt: Duration::ZERO,
         deliveries: 2000,
         rate: 200,
         pg: None,
@@ -51,11 +71,20 @@ fn args() -> Result<Args, Error> {
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
+            "--repos" => a.repos = value.parse()?,
+            "--pulls" => a.pulls = value.parse()?,
+            "--rtt-ms" => a.rtt = Duration::from_millis(value.parse()?),
             "--deliveries" => a.deliveries = value.parse()?,
             "--rate" => a.rate = value.parse()?,
             "--pg" => a.pg = Some(value),
             other => return Err(format!("unknown flag {other}").into()),
         }
+    }
+    if a.repos == 0 {
+        return Err("--repos must be at least 1".into());
+    }
+    if a.rate == 0 {
+        return Err("--rate must be at least 1".into());
     }
     Ok(a)
 }
@@ -71,7 +100,8 @@ fn state(db: &Db, api_url: &str, key: MasterKey) -> Result<web::Data<AppState>, 
                 ..ClientConfig::default()
             },
             Timing::default(),
-        ),
+        )
+        .with_webhook_secret(Some(SecretValue::new(SECRET))),
         agentry_service::runs::Runs::disabled(
             std::env::temp_dir().join("agentry-bench-idle-runner"),
         ),
@@ -95,7 +125,7 @@ fn task_with_pull(
     repo: &Repository,
     issue: i64,
     pr: i64,
-) -> Result<(), Error> {
+) -> Result<(), DbError> {
     let now = agentry_persistence::now();
     let (task, _) = codehost::assign(conn, repo, issue, "Fix", "", AgentType::ClaudeCode, now)?;
     agentry_persistence::test_support::open_pull_request(conn, task.id, pr, now)?;
@@ -119,7 +149,82 @@ fn count_in(conn: &mut AnyConnection, state: TaskState) -> Result<usize, Error> 
     }
 }
 
-fn poll_cost(db: &Db) -> Result<(), Error> {
+/// The fake's address (`http://127.0.0.1:PORT` → `127.0.0.1:PORT`).
+fn socket_of(base_url: &str) -> Result<SocketAddr, Error> {
+    Ok(base_url
+        .strip_prefix("http://")
+        .ok_or("the fake's URL is not http://")?
+        .parse()?)
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read (a delay line: the
+/// chunks behind it are read meanwhile, so only latency is added, not a rate limit).
+async fn delay_line(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let due = tokio::time::Instant::now() + delay;
+                    if tx.send((due, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reader, writer);
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `upstream` that delays every byte by `rtt / 2` in
+/// each direction, so each request over it takes `rtt` longer, as over a link with that
+/// round-trip time (a code host's own processing time included). Runs on `rt`.
+fn start_delay_proxy(
+    rt: &tokio::runtime::Runtime,
+    upstream: SocketAddr,
+    rtt: Duration,
+) -> Result<SocketAddr, Error> {
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let addr = listener.local_addr()?;
+    let one_way = rtt / 2;
+    rt.spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::join!(
+                    delay_line(client_read, server_write, one_way),
+                    delay_line(server_read, client_write, one_way)
+                );
+            });
+        }
+    });
+    Ok(addr)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The poll benchmark: `repos` repositories holding `pulls` open agent pull requests (spread
+/// evenly), with `rtt` added to every request to the code host.
+fn poll_cost(db: &Db, repos: usize, pulls: usize, rtt: Duration) -> Result<(), Error> {
     let fake = FakeGitHub::try_start()?;
     fake.add_token(TOKEN, "agentry-bot");
     let key = MasterKey::generate()?;
@@ -131,47 +236,133 @@ fn poll_cost(db: &Db) -> Result<(), Error> {
         &SecretValue::new(TOKEN),
         agentry_persistence::now(),
     )?;
-    let mut pulls = Vec::new();
-    for r in 0..50 {
-        let name = format!("repo{r:02}");
+    let setup = Instant::now();
+    let mut by_repo: Vec<(String, Vec<u64>)> = Vec::with_capacity(repos);
+    for r in 0..repos {
+        let name = format!("repo{r:05}");
         fake.add_repo("acme", &name, "main");
         let repo = connect(&mut conn, "acme", &name)?;
-        for p in 0..20 {
-            let issue = fake.add_issue("acme", &name, &format!("Issue {p}"), None, &[]);
-            let pr = fake.add_pull("acme", &name, "Fix", &format!("agentry/task-{p}"), "main");
-            task_with_pull(&mut conn, &repo, i64::try_from(issue)?, i64::try_from(pr)?)?;
-            pulls.push((name.clone(), pr));
-        }
+        let here = pulls / repos + usize::from(r < pulls % repos);
+        // One transaction per repository (each task's own is a savepoint of it): the same
+        // rows as one by one, written faster.
+        let numbers = write_tx(&mut conn, |conn| -> Result<Vec<u64>, DbError> {
+            let mut numbers = Vec::with_capacity(here);
+            for p in 0..here {
+                let issue = fake.add_issue("acme", &name, &format!("Issue {p}"), None, &[]);
+                let pr = fake.add_pull("acme", &name, "Fix", &format!("agentry/task-{p}"), "main");
+                let (issue, pr_number) = match (i64::try_from(issue), i64::try_from(pr)) {
+                    (Ok(i), Ok(n)) => (i, n),
+                    _ => return Err(DbError::Corrupt("issue number out of range".into())),
+                };
+                task_with_pull(conn, &repo, issue, pr_number)?;
+                numbers.push(pr);
+            }
+            Ok(numbers)
+        })?;
+        by_repo.push((name, numbers));
     }
     drop(conn);
-    let state = state(db, &fake.base_url(), key)?;
+    println!(
+        "poll of {repos} repositories with {pulls} open agent pull requests \
+         (set up in {:.1} s), {} ms added to each request:",
+        setup.elapsed().as_secs_f64(),
+        rtt.as_millis()
+    );
+    let proxy_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let api_url = if rtt.is_zero() {
+        fake.base_url()
+    } else {
+        let proxy = start_delay_proxy(&proxy_rt, socket_of(&fake.base_url())?, rtt)?;
+        format!("http://{proxy}")
+    };
+    let state = state(db, &api_url, key)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let cycle = |label: &str| -> Result<(), Error> {
+    let cycle = |label: &str| -> Result<Duration, Error> {
         fake.reset_counts();
+        let units = fake.rate_limit_remaining();
         let t = Instant::now();
         let outcomes = rt.block_on(tracking::poll_pull_requests(&state.service))?;
         let elapsed = t.elapsed();
         let applied: usize = outcomes.iter().map(|(_, o)| o.applied).sum();
+        let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
+        if failed > 0 {
+            return Err(format!("{failed} repositories failed to poll").into());
+        }
         println!(
-            "  {label:<34} {:>5} requests ({:>4} answered 304), {applied:>2} tasks moved, {:>7.1} ms",
+            "  {label:<34} {:>5} requests ({:>5} answered 304, {:>5} rate-limit units), \
+             {applied:>2} tasks moved, {:>9.1} ms",
             fake.requests().len(),
             fake.count_status(304),
-            elapsed.as_secs_f64() * 1e3
+            units.saturating_sub(fake.rate_limit_remaining()),
+            ms(elapsed)
         );
-        Ok(())
+        Ok(elapsed)
     };
-    println!("poll of 50 repositories with 1,000 open agent pull requests:");
     cycle("first poll (no watermark yet)")?;
-    cycle("nothing changed")?;
+    let unchanged = cycle("nothing changed")?;
+    // Where the time of an unchanged cycle goes: the database reads, then the same
+    // conditional requests sent by the client alone, as many at once as the poller sends.
+    let t = Instant::now();
+    let to_poll = pulls::repos_to_poll(&mut *db.conn()?)?;
+    let db_read = t.elapsed();
+    let t = Instant::now();
+    let github = rt.block_on(state.service.github())?;
+    let token_read = t.elapsed();
+    fake.reset_counts();
+    let t = Instant::now();
+    let not_modified = rt.block_on(async {
+        futures_util::stream::iter(&to_poll)
+            .map(|(repo, poll)| {
+                github.pulls_updated_since(
+                    repo.url.owner(),
+                    repo.url.name(),
+                    poll.etag.as_deref(),
+                    poll.watermark,
+                )
+            })
+            .buffer_unordered(POLL_CONCURRENCY)
+            .filter(|answer| std::future::ready(matches!(answer, Ok(Conditional::NotModified))))
+            .count()
+            .await
+    });
+    let http = t.elapsed();
+    println!(
+        "  {:<34} repositories to poll {:.1} ms, token {:.1} ms, {} conditional requests \
+         ({not_modified} answered 304) {POLL_CONCURRENCY} at a time {:.1} ms, of {:.1} ms",
+        "where an unchanged cycle's time goes:",
+        ms(db_read),
+        ms(token_read),
+        to_poll.len(),
+        ms(http),
+        ms(unchanged),
+    );
     fake.advance_clock(Duration::from_secs(60));
-    for (name, pr) in pulls.iter().step_by(100).take(10) {
-        fake.merge_pull("acme", name, *pr);
+    let step = (repos / 10).max(1);
+    let mut merged = 0;
+    for (name, numbers) in by_repo.iter().step_by(step) {
+        if let Some(pr) = numbers.first()
+            && merged < 10
+        {
+            fake.merge_pull("acme", name, *pr);
+            merged += 1;
+        }
     }
-    cycle("10 merged (in 10 repositories)")?;
+    cycle(&format!("{merged} merged (in {merged} repositories)"))?;
     cycle("nothing changed again")?;
-    // The naive way: one request per open pull request.
+    let completed = count_in(&mut *db.conn()?, TaskState::Completed)?;
+    if completed != merged {
+        return Err(format!("{completed} tasks completed, expected {merged}").into());
+    }
+    if !rtt.is_zero() {
+        // The naive way would take `pulls` × rtt one by one: not worth waiting for.
+        return Ok(());
+    }
+    // The naive way: one request per open pull request, from a full rate-limit window.
     let github = GitHub::new(
         &ClientConfig {
             api_url: fake.base_url(),
@@ -179,25 +370,37 @@ fn poll_cost(db: &Db) -> Result<(), Error> {
         },
         TOKEN,
     )?;
+    fake.set_rate_limit_remaining(5000);
     fake.reset_counts();
     let t = Instant::now();
-    rt.block_on(async {
-        for (name, pr) in &pulls {
-            github.pull("acme", name, *pr).await?;
+    let answered = rt.block_on(async {
+        let mut answered = 0usize;
+        for (name, numbers) in &by_repo {
+            for pr in numbers {
+                match github.pull("acme", name, *pr).await {
+                    Ok(_) => answered += 1,
+                    // The window's 5,000 units are spent: the rest would wait for the next.
+                    Err(agentry_codehost::CodeHostError::RateLimited { .. }) => {
+                        return Ok(answered);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
-        Ok::<_, agentry_codehost::CodeHostError>(())
+        Ok::<_, agentry_codehost::CodeHostError>(answered)
     })?;
+    let limited = if answered < pulls {
+        format!(", rate limit exhausted after {answered} of {pulls}")
+    } else {
+        String::new()
+    };
     println!(
-        "  {:<34} {:>5} requests ({:>4} answered 304), {:>7.1} ms",
+        "  {:<34} {:>5} requests ({:>5} answered 304{limited}), {:>9.1} ms",
         "baseline: GET each pull request",
         fake.requests().len(),
         fake.count_status(304),
-        t.elapsed().as_secs_f64() * 1e3
+        ms(t.elapsed())
     );
-    let completed = count_in(&mut *db.conn()?, TaskState::Completed)?;
-    if completed != 10 {
-        return Err(format!("{completed} tasks completed, expected 10").into());
-    }
     Ok(())
 }
 
@@ -321,7 +524,10 @@ fn main() -> Result<(), Error> {
         db.migrate()?;
         Ok(db)
     };
-    poll_cost(&sqlite("poll.db")?)?;
+    poll_cost(&sqlite("poll.db")?, args.repos, args.pulls, args.rtt)?;
+    if args.deliveries == 0 {
+        return Ok(());
+    }
     println!("webhook merge -> completed, response time over HTTP:");
     print!("  sqlite    ");
     webhook_latency(&sqlite("webhook.db")?, args.deliveries, args.rate)?;
