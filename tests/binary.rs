@@ -851,6 +851,122 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
     assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
 
+/// Two replicas on one PostgreSQL: replica B's agent ends, and B is killed while pushing
+/// (before its run could be recorded). Replica A recovers the task when B's lease expires
+/// (it cannot read B's run directory) and opens the pull request with attempt 2. When B
+/// starts again on its data directory, it records attempt 1 from the output it left, with
+/// the cost that output shows: no reported cost is lost because another replica recovered
+/// the task.
+#[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+fn a_restarted_replica_records_the_run_it_left_behind() {
+    use agentry_fake_github::FakeGitHub;
+    const GH: &str = "ghp_LeftoverTestToken0123456789abcdef";
+    let Some(db) = TestDb::postgres() else { return };
+    let fake = FakeGitHub::start();
+    fake.add_token(GH, "agentry-bot");
+    fake.add_repo("acme", "web", "main");
+    let dir = tempfile::tempdir().unwrap();
+    let source = source_repo(dir.path());
+    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    // The first push hangs (its hook's pid in `mark`); later pushes go through.
+    let mark = dir.path().join("push-hung");
+    let hook = source.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nif [ ! -e '{m}' ]; then echo $$ > '{m}'; exec sleep 120; fi\nexit 0\n",
+            m = mark.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let claude =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
+    let api = fake.base_url();
+    let env = [
+        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
+        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
+        ("AGENTRY_RUN_LEASE_SECS", "3"),
+        (
+            "AGENTRY_MASTER_KEY",
+            "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+        ),
+    ];
+    let b_data = dir.path().join("b");
+    let mut b = Server::start_with(&b_data, Some(&db.url), true, &env);
+    let admin = b.read_token();
+    let client = reqwest::blocking::Client::new();
+    let put = client
+        .put(format!("{}/api/secrets/CODEHOST_TOKEN", b.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "value": GH }))
+        .send()
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let repo: Value = client
+        .post(format!("{}/api/repos", b.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let task: Value = client
+        .post(format!("{}/api/tasks", b.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({
+            "repoId": repo["id"], "title": "Push slowly", "prompt": "Some work"
+        }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let id = task["id"].as_str().unwrap().to_owned();
+    eventually(Duration::from_secs(30), "B's push hanging", || {
+        std::fs::read_to_string(&mark).is_ok_and(|pid| !pid.trim().is_empty())
+    });
+    let (_, during) = get(&b.base, &format!("/api/tasks/{id}"), &admin);
+    assert_eq!(during["state"], "running", "{during}");
+    b.signal("KILL");
+    drop(b);
+    let hung = std::fs::read_to_string(&mark).unwrap();
+    let _ = Command::new("kill").arg(hung.trim()).status();
+
+    let a = Server::start_with(&dir.path().join("a"), Some(&db.url), true, &env);
+    let mut last = Value::Null;
+    eventually(Duration::from_secs(60), "A's pull request", || {
+        last = get(&a.base, &format!("/api/tasks/{id}"), &admin).1;
+        last["state"] == "pr_opened"
+    });
+    assert_eq!(last["attempt"], 2, "{last}");
+    assert_eq!(
+        last["costUsd"], "0.123456",
+        "only attempt 2 is known yet: {last}"
+    );
+
+    let b = Server::start_with(&b_data, Some(&db.url), true, &env);
+    eventually(Duration::from_secs(20), "B recording attempt 1", || {
+        last = get(&b.base, &format!("/api/tasks/{id}"), &admin).1;
+        last["runs"].as_array().is_some_and(|r| r.len() == 2)
+    });
+    let runs = last["runs"].as_array().unwrap();
+    let first = runs.iter().find(|r| r["attempt"] == 1).unwrap();
+    assert_eq!(first["outcome"], "lost", "{last}");
+    assert_eq!(first["costUsd"], "0.123456", "{last}");
+    assert_eq!(last["costUsd"], "0.246912", "{last}");
+    assert_eq!(last["state"], "pr_opened");
+    assert_eq!(fake.pulls("acme", "web").len(), 1);
+    assert!(
+        !b_data.join("runs").join(&id).exists(),
+        "the recorded leftover is forgotten"
+    );
+}
+
 /// The README's first command as a newcomer runs it: `agentry serve` in a fresh directory
 /// with no `AGENTRY_DATA_DIR` (so `./agentry-data`), the agent CLI found on `PATH`. An
 /// assigned issue goes all the way to `pr_opened`. Only the listen port (tests run in

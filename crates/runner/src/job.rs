@@ -158,4 +158,10 @@ pub trait Runner: Send + Sync {
     fn discard(&self, task_id: Uuid, attempt: i32) {
         let _ = (task_id, attempt);
     }
+
+    /// The runs (task, attempt) this runner still holds something of: at start, before any
+    /// run, what a previous process left behind.
+    fn leftovers(&self) -> Vec<(Uuid, i32)> {
+        Vec::new()
+    }
 }

@@ -313,6 +313,30 @@ impl Runner for LocalRunner {
             let _ = std::fs::remove_dir(parent);
         }
     }
+
+    fn leftovers(&self) -> Vec<(Uuid, i32)> {
+        let entries = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let runs = self.config.root.join("runs");
+        let mut found = Vec::new();
+        for task in entries(&runs) {
+            let Ok(task_id) = task.parse::<Uuid>() else {
+                continue;
+            };
+            for attempt in entries(&runs.join(&task)) {
+                if let Ok(attempt) = attempt.parse::<i32>() {
+                    found.push((task_id, attempt));
+                }
+            }
+        }
+        found.sort_unstable();
+        found
+    }
 }
 
 /// The last `max` bytes of an agent log, across its rotated part ([`process::rotated_log_path`])
@@ -596,5 +620,18 @@ mod tests {
         assert_eq!((report.input_tokens, report.output_tokens), (5, 7));
         assert_eq!(runner.live_output(task, attempt), Some(output));
         assert_eq!(runner.salvage(Uuid::new_v4(), 1), None);
+
+        // What is left behind: run directories only (other names are ignored); a discarded
+        // run is no longer listed.
+        let other = Uuid::new_v4();
+        std::fs::create_dir_all(runner.run_dir(other, 1)).unwrap();
+        std::fs::create_dir_all(root.path().join("runs").join(other.to_string()).join("x"))
+            .unwrap();
+        std::fs::create_dir_all(root.path().join("runs/not-a-task/1")).unwrap();
+        let mut expected = vec![(task, 2), (other, 1)];
+        expected.sort_unstable();
+        assert_eq!(runner.leftovers(), expected);
+        runner.discard(task, attempt);
+        assert_eq!(runner.leftovers(), vec![(other, 1)]);
     }
 }

@@ -12,7 +12,9 @@
 //!   salvaged if reachable (its cost is recorded as a `lost` run) and the task goes back to
 //!   `queued` with the attempt + 1, or `failed` after the third attempt. On SQLite (one
 //!   process by design) every lease found at start belongs to a dead process and is
-//!   recovered at once.
+//!   recovered at once. At start, the runs a stopped process left unrecorded in this
+//!   runner's directory are recorded with the cost their output shows, whoever recovers
+//!   their tasks.
 //! - Recording: when the agent ends, its run (cost, tokens, outcome, log) is recorded at
 //!   once, while the task is still `running` and before anything is published, so a cost
 //!   never depends on this process surviving the publishing, nor on which replica recovers
@@ -1118,6 +1120,70 @@ pub async fn recover_at_start(state: &Service, backend: Backend) {
         ),
         Err(e) => tracing::warn!(error = %e, "could not recover the tasks of a stopped process"),
     }
+    match record_leftovers(state).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            runs = n,
+            "recorded the cost of runs a stopped process left unrecorded"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not record the runs a stopped process left"),
+    }
+}
+
+/// At start, before any run: records every run this process's runner still holds whose
+/// attempt has no run on record, with the cost its output shows, and forgets the runs on
+/// record. These are runs whose agent ended (or was stopped by salvaging) after the
+/// previous process died and before it recorded them. On PostgreSQL another replica may
+/// recover such a task; it cannot read this runner's directory, so without this the cost
+/// would be lost. Returns how many runs were recorded.
+async fn record_leftovers(state: &Service) -> Result<usize, ServiceError> {
+    let mut recorded = 0;
+    for (task_id, attempt) in state.runs.runner.leftovers() {
+        if lock(&state.runs.active).contains_key(&task_id) {
+            continue;
+        }
+        let found = state
+            .db(move |conn| {
+                let task = match tasks::get_task(conn, task_id) {
+                    Ok(task) => task,
+                    Err(DbError::NotFound) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                let on_record = claims::attempt_recorded(conn, task_id, attempt)?;
+                Ok(Some((task, on_record)))
+            })
+            .await?;
+        let Some((task, false)) = found else {
+            if !state.runs.settings.keep_run_dirs {
+                state.runs.runner.discard(task_id, attempt);
+            }
+            continue;
+        };
+        let Some(output) = state.runs.runner.salvage(task_id, attempt) else {
+            continue;
+        };
+        let lease = ExpiredLease {
+            expired_at: task.started_at.unwrap_or_else(now),
+            owner: String::new(),
+            task,
+        };
+        let (mut run, log) = lost_run(state, &lease, &output).await?;
+        run.attempt = attempt;
+        let written = state
+            .db(move |conn| Ok(claims::record_finished_run(conn, &run, &log, now())?))
+            .await?;
+        if written != RunRecorded::AlreadyRecorded {
+            tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");
+            recorded += 1;
+        }
+        if !state.runs.settings.keep_run_dirs {
+            state.runs.runner.discard(task_id, attempt);
+        }
+    }
+    if recorded > 0 {
+        money_freed(state).await;
+    }
+    Ok(recorded)
 }
 
 /// The recovery loop: every half lease, recovers the tasks whose lease expired.
