@@ -6,7 +6,8 @@
 //!    cycle when nothing changed and when 10 pull requests were merged, with its wall time
 //!    and where an unchanged cycle's time goes (database reads against the conditional
 //!    requests alone), beside polling each pull request individually
-//!    (`GET /repos/{o}/{r}/pulls/{n}`, the naive way). `--rtt-ms` puts a delay line on
+//!    (`GET /repos/{o}/{r}/pulls/{n}`, the naive way). `--history N` first gives each
+//!    repository N closed pull requests (the history a first poll reads). `--rtt-ms` puts a delay line on
 //!    127.0.0.1 between the client and the fake that adds that much to every request, as a
 //!    real code host's latency would (the baseline is then left out).
 //! 2. **Webhook merge → `completed`.** The real application on 127.0.0.1 (2 workers) over a
@@ -18,7 +19,7 @@
 //!
 //! ```text
 //! cargo run --release -p agentry-api --example bench_tracking -- \
-//!     [--repos 50] [--pulls 1000] [--rtt-ms 0] \
+//!     [--repos 50] [--pulls 1000] [--history 0] [--rtt-ms 0] \
 //!     [--deliveries 2000] [--rate 200] [--pg postgres://USER@127.0.0.1:PORT/postgres]
 //! ```
 
@@ -52,6 +53,7 @@ const POLL_CONCURRENCY: usize = 4;
 struct Args {
     repos: usize,
     pulls: usize,
+    history: usize,
     rtt: Duration,
     deliveries: usize,
     rate: u32,
@@ -62,6 +64,7 @@ fn args() -> Result<Args, Error> {
     let mut a = Args {
         repos: 50,
         pulls: 1000,
+        history: 0,
         rtt: Duration::ZERO,
         deliveries: 2000,
         rate: 200,
@@ -73,6 +76,7 @@ fn args() -> Result<Args, Error> {
         match flag.as_str() {
             "--repos" => a.repos = value.parse()?,
             "--pulls" => a.pulls = value.parse()?,
+            "--history" => a.history = value.parse()?,
             "--rtt-ms" => a.rtt = Duration::from_millis(value.parse()?),
             "--deliveries" => a.deliveries = value.parse()?,
             "--rate" => a.rate = value.parse()?,
@@ -223,8 +227,15 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The poll benchmark: `repos` repositories holding `pulls` open agent pull requests (spread
-/// evenly), with `rtt` added to every request to the code host.
-fn poll_cost(db: &Db, repos: usize, pulls: usize, rtt: Duration) -> Result<(), Error> {
+/// evenly) after `history` closed ones each, with `rtt` added to every request to the code
+/// host.
+fn poll_cost(
+    db: &Db,
+    repos: usize,
+    pulls: usize,
+    history: usize,
+    rtt: Duration,
+) -> Result<(), Error> {
     let fake = FakeGitHub::try_start()?;
     fake.add_token(TOKEN, "agentry-bot");
     let key = MasterKey::generate()?;
@@ -238,9 +249,20 @@ fn poll_cost(db: &Db, repos: usize, pulls: usize, rtt: Duration) -> Result<(), E
     )?;
     let setup = Instant::now();
     let mut by_repo: Vec<(String, Vec<u64>)> = Vec::with_capacity(repos);
+    let name_of = |r: usize| format!("repo{r:05}");
     for r in 0..repos {
-        let name = format!("repo{r:05}");
-        fake.add_repo("acme", &name, "main");
+        fake.add_repo("acme", &name_of(r), "main");
+        for h in 0..history {
+            let old = fake.add_pull("acme", &name_of(r), "Old", &format!("old-{h}"), "main");
+            fake.close_pull("acme", &name_of(r), old);
+        }
+    }
+    if history > 0 {
+        // The history is a day older than agentry's pull requests, as it would be.
+        fake.advance_clock(Duration::from_secs(86_400));
+    }
+    for r in 0..repos {
+        let name = name_of(r);
         let repo = connect(&mut conn, "acme", &name)?;
         let here = pulls / repos + usize::from(r < pulls % repos);
         // One transaction per repository (each task's own is a savepoint of it): the same
@@ -264,7 +286,7 @@ fn poll_cost(db: &Db, repos: usize, pulls: usize, rtt: Duration) -> Result<(), E
     drop(conn);
     println!(
         "poll of {repos} repositories with {pulls} open agent pull requests \
-         (set up in {:.1} s), {} ms added to each request:",
+         and {history} closed ones each (set up in {:.1} s), {} ms added to each request:",
         setup.elapsed().as_secs_f64(),
         rtt.as_millis()
     );
@@ -524,7 +546,13 @@ fn main() -> Result<(), Error> {
         db.migrate()?;
         Ok(db)
     };
-    poll_cost(&sqlite("poll.db")?, args.repos, args.pulls, args.rtt)?;
+    poll_cost(
+        &sqlite("poll.db")?,
+        args.repos,
+        args.pulls,
+        args.history,
+        args.rtt,
+    )?;
     if args.deliveries == 0 {
         return Ok(());
     }
