@@ -786,12 +786,25 @@ pub struct ImportOutcome {
 /// SQLite page cache during an import, in KiB.
 const IMPORT_CACHE_KIB: i64 = 256 * 1024;
 
-/// Rows per multi-row INSERT (24 columns × 1,000 stays under both backends' bind limits).
-const IMPORT_BATCH: usize = 1_000;
+/// Records per batch. SQLite looks a batch's ids up in one query (bound parameters stay under
+/// its 32,766 limit) and inserts the batch in id order; PostgreSQL sends it as one `COPY` per
+/// table (and its id lookup stays under the 65,535 bind limit).
+const IMPORT_BATCH: usize = 10_000;
+
+/// The tables an import writes rows to, whose secondary indexes an import into an empty
+/// SQLite database builds once at the end instead of maintaining row by row.
+const IMPORT_TABLES: [&str; 2] = ["tasks", "task_events"];
 
 /// Imports task records in one transaction: all of them or, if `records` yields an error
 /// or a write fails, none. Each imported task gets one event `{from: null, to: <state>,
 /// reason: "imported"}` at its creation time.
+///
+/// Records whose id already exists, or repeats an earlier record of the same import, are
+/// skipped (the first one wins). On SQLite, when the task and event tables are empty at the
+/// start, the import drops their secondary indexes and creates them again (from their stored
+/// definitions) after the last row, inside the same transaction: a sorted index build is far
+/// cheaper than a million random index inserts, and a failure rolls the drop back with
+/// everything else. On PostgreSQL each batch is sent with `COPY … FROM STDIN (FORMAT binary)`.
 pub fn import_tasks<E, I>(conn: &mut AnyConnection, records: I) -> Result<ImportOutcome, E>
 where
     I: IntoIterator<Item = Result<ImportTask, E>>,
@@ -831,16 +844,49 @@ where
             .load::<(String, String)>(conn)?
             .into_iter()
             .collect();
+        // `BEGIN IMMEDIATE` holds SQLite's write lock, so the tables stay empty until commit.
+        let deferred = match conn {
+            AnyConnection::Sqlite(c) => match import_tables_are_empty(c)? {
+                true => Some(drop_secondary_indexes(c)?),
+                false => None,
+            },
+            AnyConnection::Postgresql(_) => None,
+        };
+        // With nothing stored before, an id can only repeat one of this import's own.
+        let mut seen = deferred.as_ref().map(|_| std::collections::HashSet::new());
         let mut outcome = ImportOutcome::default();
         let mut deltas = Deltas::default();
         let mut batch = Vec::with_capacity(IMPORT_BATCH);
         for record in records {
             batch.push(record.map_err(Failure::Record)?);
             if batch.len() == IMPORT_BATCH {
-                import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
+                import_batch(
+                    conn,
+                    &repos,
+                    seen.as_mut(),
+                    &mut batch,
+                    &mut outcome,
+                    &mut deltas,
+                )?;
             }
         }
-        import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
+        import_batch(
+            conn,
+            &repos,
+            seen.as_mut(),
+            &mut batch,
+            &mut outcome,
+            &mut deltas,
+        )?;
+        if let Some(definitions) = deferred {
+            // Let SQLite's sorter use helper threads for the index builds (the parsing
+            // thread is done by now, so the cores are free).
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+            diesel::sql_query(format!("PRAGMA threads = {threads}")).execute(conn)?;
+            for sql in definitions {
+                diesel::sql_query(sql).execute(conn)?;
+            }
+        }
         rollups::apply(conn, deltas)?;
         Ok(outcome)
     });
@@ -851,6 +897,9 @@ where
         ))
         .execute(conn)
         .map_err(DbError::from)?;
+        diesel::sql_query("PRAGMA threads = 0")
+            .execute(conn)
+            .map_err(DbError::from)?;
     }
     result.map_err(|f| match f {
         Failure::Record(e) => e,
@@ -858,9 +907,53 @@ where
     })
 }
 
+/// Whether the tables an import writes hold no row at all.
+fn import_tables_are_empty(c: &mut diesel::SqliteConnection) -> Result<bool, DbError> {
+    let any_task: bool =
+        diesel::select(diesel::dsl::exists(tasks::table.select(tasks::id))).get_result(c)?;
+    let any_event: bool = diesel::select(diesel::dsl::exists(
+        task_events::table.select(task_events::id),
+    ))
+    .get_result(c)?;
+    Ok(!any_task && !any_event)
+}
+
+/// Drops the indexes of [`IMPORT_TABLES`] that have a stored definition (every index but the
+/// primary keys' own) and returns those definitions, to be executed again after the rows.
+fn drop_secondary_indexes(c: &mut diesel::SqliteConnection) -> Result<Vec<String>, DbError> {
+    use diesel::sql_types::Text;
+
+    #[derive(QueryableByName)]
+    struct Index {
+        #[diesel(sql_type = Text)]
+        name: String,
+        #[diesel(sql_type = Text)]
+        sql: String,
+    }
+    let indexes: Vec<Index> = diesel::sql_query(
+        "SELECT name, sql FROM sqlite_schema \
+         WHERE type = 'index' AND tbl_name IN (?, ?) AND sql IS NOT NULL ORDER BY name",
+    )
+    .bind::<Text, _>(IMPORT_TABLES[0])
+    .bind::<Text, _>(IMPORT_TABLES[1])
+    .load(c)?;
+    for index in &indexes {
+        diesel::sql_query(format!(
+            "DROP INDEX \"{}\"",
+            index.name.replace('"', "\"\"")
+        ))
+        .execute(c)?;
+    }
+    Ok(indexes.into_iter().map(|i| i.sql).collect())
+}
+
+/// Writes one batch: skips the records whose id is known (in `seen` when given, which then
+/// stands for everything stored, otherwise in the database or earlier in the batch), and
+/// inserts the others with their events, in id order.
 fn import_batch(
     conn: &mut AnyConnection,
     repos: &std::collections::HashMap<String, String>,
+    seen: Option<&mut std::collections::HashSet<Uuid>>,
     batch: &mut Vec<ImportTask>,
     outcome: &mut ImportOutcome,
     deltas: &mut Deltas,
@@ -868,21 +961,29 @@ fn import_batch(
     if batch.is_empty() {
         return Ok(());
     }
-    let ids: Vec<String> = batch.iter().map(|t| t.id.to_string()).collect();
-    let mut existing: std::collections::HashSet<String> = tasks::table
-        .filter(tasks::id.eq_any(&ids))
-        .select(tasks::id)
-        .load::<String>(conn)?
-        .into_iter()
-        .collect();
-    let mut rows = Vec::with_capacity(batch.len());
-    let mut events = Vec::with_capacity(batch.len());
-    for (t, id) in batch.drain(..).zip(ids) {
-        // `existing` also collects this batch's ids, so a repeated id inside it is skipped too.
-        if !existing.insert(id.clone()) {
-            outcome.skipped += 1;
-            continue;
+    let given = batch.len();
+    let mut fresh: Vec<ImportTask> = match seen {
+        Some(seen) => batch.drain(..).filter(|t| seen.insert(t.id)).collect(),
+        None => {
+            let ids: Vec<String> = batch.iter().map(|t| t.id.to_string()).collect();
+            let mut known: std::collections::HashSet<Uuid> = tasks::table
+                .filter(tasks::id.eq_any(&ids))
+                .select(tasks::id)
+                .load::<String>(conn)?
+                .iter()
+                .map(|id| convert::uuid(id))
+                .collect::<Result<_, _>>()?;
+            // `known` also collects this batch's ids, so a repeated id inside it is skipped too.
+            batch.drain(..).filter(|t| known.insert(t.id)).collect()
         }
+    };
+    outcome.skipped += (given - fresh.len()) as u64;
+    // Random ids make every primary-key insert a descent to a random leaf; in id order the
+    // descents of a batch walk the index from left to right.
+    fresh.sort_unstable_by_key(|t| t.id);
+    let mut rows = Vec::with_capacity(fresh.len());
+    let mut events = Vec::with_capacity(fresh.len());
+    for t in fresh {
         let at = to_db(t.created_at);
         deltas.add_parts(
             Contribution {
@@ -903,7 +1004,7 @@ fn import_batch(
             t.created_at,
         ));
         rows.push(TaskInsert {
-            id,
+            id: t.id.to_string(),
             title: t.title,
             prompt: String::new(),
             repo_id: repos.get(t.repo_url.as_str()).cloned(),
@@ -927,7 +1028,7 @@ fn import_batch(
     if !rows.is_empty() {
         let inserted = match conn {
             // In-process SQLite: one cached prepared statement per table, executed per row,
-            // beats re-parsing a 1,000-row statement for every batch.
+            // beats re-parsing a multi-row statement for every batch.
             AnyConnection::Sqlite(c) => {
                 let mut n = 0;
                 for (row, event) in rows.iter().zip(&events) {
@@ -938,12 +1039,15 @@ fn import_batch(
                 }
                 n
             }
-            // PostgreSQL: a round trip per statement; send multi-row INSERTs (which diesel's
-            // MultiBackend cannot express, hence the concrete connection).
+            // PostgreSQL: a round trip per statement; stream each table's rows in one COPY
+            // (binary format), which diesel's MultiBackend cannot express, hence the
+            // concrete connection.
             AnyConnection::Postgresql(c) => {
-                let n = diesel::insert_into(tasks::table).values(&rows).execute(c)?;
-                diesel::insert_into(task_events::table)
-                    .values(&events)
+                let n = diesel::copy_from(tasks::table)
+                    .from_insertable(&rows)
+                    .execute(c)?;
+                diesel::copy_from(task_events::table)
+                    .from_insertable(&events)
                     .execute(c)?;
                 n
             }

@@ -196,20 +196,71 @@ pub fn validate(body: &[u8]) -> Result<u64, ImportError> {
     }
 }
 
-/// Validates the whole body, then writes it in one transaction (docs/contract.md#39-import): a bad line
-/// anywhere means nothing is written; records whose id exists already are skipped.
+/// Records handed from the parsing thread to the writer at a time.
+const PARSED_CHUNK: usize = 4_096;
+
+/// Writes the body in one transaction (docs/contract.md#39-import): a bad line anywhere means
+/// nothing is written (the error is the one [`validate`] gives: the first bad line, and how
+/// many more there are); records whose id exists already are skipped.
+///
+/// Each line is parsed once: a second thread parses and validates the lines while this one
+/// writes them, so the two cores of a small machine share the work. The first bad line stops
+/// the writing and rolls the transaction back; the rest of the body is then only parsed, to
+/// count the further bad lines.
 pub fn import(conn: &mut AnyConnection, body: &[u8]) -> Result<ImportOutcome, ImportError> {
-    validate(body)?;
-    import_tasks(
-        conn,
-        records(body).map(|(line, parsed)| {
-            parsed.map_err(|message| ImportError::BadLine {
-                line,
-                message,
-                more: 0,
-            })
-        }),
-    )
+    std::thread::scope(|scope| {
+        let (sender, receiver) = std::sync::mpsc::sync_channel(4);
+        let parser = std::thread::Builder::new()
+            .name("import-parse".into())
+            .spawn_scoped(scope, move || {
+                let mut chunk = Vec::with_capacity(PARSED_CHUNK);
+                for record in records(body) {
+                    chunk.push(record);
+                    if chunk.len() == PARSED_CHUNK {
+                        let full = std::mem::replace(&mut chunk, Vec::with_capacity(PARSED_CHUNK));
+                        // The writer hung up (it failed): nothing more is wanted.
+                        if sender.send(full).is_err() {
+                            return;
+                        }
+                    }
+                }
+                let _ = sender.send(chunk);
+            });
+        match parser {
+            Ok(_) => import_tasks(conn, until_bad_line(receiver.into_iter().flatten())),
+            // No second thread to be had: parse here, between the writes.
+            Err(_) => import_tasks(conn, until_bad_line(records(body))),
+        }
+    })
+}
+
+/// The records of `parsed` up to its first bad line, which ends the sequence as
+/// [`ImportError::BadLine`] counting the bad lines after it (as [`validate`] does).
+fn until_bad_line(
+    mut parsed: impl Iterator<Item = (usize, Result<ImportTask, String>)>,
+) -> impl Iterator<Item = Result<ImportTask, ImportError>> {
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed {
+            return None;
+        }
+        match parsed.next()? {
+            (_, Ok(task)) => Some(Ok(task)),
+            (line, Err(message)) => {
+                failed = true;
+                let more = parsed
+                    .by_ref()
+                    .filter(|(_, r)| r.is_err())
+                    .take(MAX_REPORTED)
+                    .count();
+                Some(Err(ImportError::BadLine {
+                    line,
+                    message,
+                    more,
+                }))
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -274,5 +325,35 @@ mod tests {
             2
         );
         assert_eq!(validate(b"").unwrap(), 0);
+    }
+
+    // The import parses each line once, on a second thread, in chunks: its error for a bad
+    // body is exactly what validation reports (the first bad line, and how many more, up to
+    // the limit), wherever the bad lines fall, and nothing is written. A good body after it
+    // imports every line, in more than one chunk.
+    #[test]
+    fn import_refuses_a_bad_body_as_validation_does_and_writes_nothing() {
+        let test_db = agentry_persistence::test_support::TestDb::sqlite();
+        let mut conn = test_db.db.conn().unwrap();
+        let good = |i: usize| GOOD.replace("Fix it", &format!("Task {i}")) + "\n";
+        let good_lines: String = (0..9_000).map(good).collect();
+        let bodies = [
+            format!("nope\n{good_lines}"),
+            format!("{good_lines}nope\n{GOOD}\n{{}}\n\n{GOOD}\r\nbad too\n"),
+            format!("{good_lines}{}", "[]\n".repeat(1_500)),
+        ];
+        for body in bodies {
+            let expected = validate(body.as_bytes()).unwrap_err().to_string();
+            let got = import(&mut conn, body.as_bytes()).unwrap_err();
+            assert!(matches!(got, ImportError::BadLine { .. }), "{got:?}");
+            assert_eq!(got.to_string(), expected);
+            assert_eq!(agentry_persistence::meta::task_count(&mut conn).unwrap(), 0);
+        }
+        let outcome = import(&mut conn, good_lines.as_bytes()).unwrap();
+        assert_eq!((outcome.imported, outcome.skipped), (9_000, 0));
+        assert_eq!(
+            agentry_persistence::meta::task_count(&mut conn).unwrap(),
+            9_000
+        );
     }
 }

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use crate::common::*;
 use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Usd};
 use agentry_persistence::tasks::{self, ImportOutcome, ImportTask, TaskFilter};
-use agentry_persistence::{Db, DbError};
+use agentry_persistence::{AnyConnection, Db, DbError, rollups, write_tx};
+use diesel::prelude::*;
+use diesel::sql_types::Text;
 use uuid::Uuid;
 
 /// The error type of a caller's record source (e.g. a bad NDJSON line).
@@ -64,6 +66,90 @@ fn record(i: usize) -> ImportTask {
 fn import(db: &Db, records: &[ImportTask]) -> ImportOutcome {
     let mut conn = db.conn().unwrap();
     tasks::import_tasks::<DbError, _>(&mut conn, records.iter().cloned().map(Ok)).unwrap()
+}
+
+/// The indexes of the tables an import writes, as (name, definition) in name order: what
+/// the database itself reports, so a dropped, renamed or changed index shows.
+fn import_indexes(db: &Db) -> Vec<(String, String)> {
+    #[derive(QueryableByName)]
+    struct Index {
+        #[diesel(sql_type = Text)]
+        name: String,
+        #[diesel(sql_type = Text)]
+        def: String,
+    }
+    let mut conn = db.conn().unwrap();
+    let rows: Vec<Index> = match &mut *conn {
+        AnyConnection::Sqlite(c) => diesel::sql_query(
+            "SELECT name, COALESCE(sql, '') AS def FROM sqlite_schema \
+             WHERE type = 'index' AND tbl_name IN ('tasks', 'task_events') ORDER BY name",
+        )
+        .load(c)
+        .unwrap(),
+        AnyConnection::Postgresql(c) => diesel::sql_query(
+            "SELECT indexname::text AS name, indexdef::text AS def FROM pg_indexes \
+             WHERE tablename IN ('tasks', 'task_events') ORDER BY indexname",
+        )
+        .load(c)
+        .unwrap(),
+    };
+    rows.into_iter().map(|r| (r.name, r.def)).collect()
+}
+
+/// On SQLite, that every index holds exactly the entries of its table's rows
+/// (`PRAGMA integrity_check`); PostgreSQL maintains its indexes itself during a COPY.
+fn assert_indexes_match_rows(db: &Db) {
+    #[derive(QueryableByName)]
+    struct Check {
+        #[diesel(sql_type = Text)]
+        integrity_check: String,
+    }
+    let mut conn = db.conn().unwrap();
+    if let AnyConnection::Sqlite(c) = &mut *conn {
+        let rows: Vec<Check> = diesel::sql_query("PRAGMA integrity_check").load(c).unwrap();
+        let found: Vec<&str> = rows.iter().map(|r| r.integrity_check.as_str()).collect();
+        assert_eq!(found, ["ok"]);
+    }
+}
+
+/// Every row of both cost rollups, as text.
+fn rollup_rows(db: &Db) -> Vec<String> {
+    use agentry_persistence::schema::{cost_cumulative as cc, cost_daily as cd};
+    let mut conn = db.conn().unwrap();
+    let daily: Vec<(String, String, i64, i64, i64)> = cd::table
+        .order((cd::day, cd::repo_url))
+        .load(&mut conn)
+        .unwrap();
+    type Key = (String, String, String, String);
+    type Sums = (i64, i64, i64, i64, i64, i64);
+    type Outcomes = (i64, i64, i64, i64, i64);
+    let cumulative: Vec<(Key, Sums, Outcomes)> = cc::table
+        .select((
+            (cc::repo_url, cc::task_type, cc::model, cc::day),
+            (
+                cc::tasks,
+                cc::costed,
+                cc::cost_nanos,
+                cc::succeeded,
+                cc::input_tokens,
+                cc::output_tokens,
+            ),
+            (
+                cc::outcome_merged,
+                cc::outcome_costed,
+                cc::outcome_cost_nanos,
+                cc::merged_cost_nanos,
+                cc::failed_cost_nanos,
+            ),
+        ))
+        .order((cc::repo_url, cc::task_type, cc::model, cc::day))
+        .load(&mut conn)
+        .unwrap();
+    daily
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .chain(cumulative.iter().map(|r| format!("{r:?}")))
+        .collect()
 }
 
 agentry_persistence::backend_tests! {
@@ -200,9 +286,9 @@ agentry_persistence::backend_tests! {
     }
 
     // A repeated id inside one import keeps the first record and skips the second, within a
-    // batch and across the 1,000-record batch boundary.
+    // batch and across the 10,000-record batch boundary.
     fn duplicate_ids_inside_one_import_are_skipped(db) {
-        let mut records: Vec<ImportTask> = (0..1_500).map(record).collect();
+        let mut records: Vec<ImportTask> = (0..10_500).map(record).collect();
         let same_batch = ImportTask {
             title: "second copy".into(),
             ..records[3].clone()
@@ -212,11 +298,11 @@ agentry_persistence::backend_tests! {
             ..records[10].clone()
         };
         records.insert(5, same_batch);
-        records.insert(1_200, next_batch);
+        records.insert(10_200, next_batch);
         assert_eq!(
             import(db, &records),
             ImportOutcome {
-                imported: 1_500,
+                imported: 10_500,
                 skipped: 2
             }
         );
@@ -233,27 +319,27 @@ agentry_persistence::backend_tests! {
             tasks::task_events(&mut conn, records[3].id).unwrap().len(),
             1
         );
-        assert_eq!(row_count(db, "task_events"), 1_500);
+        assert_eq!(row_count(db, "task_events"), 10_500);
     }
 
-    // Exactly 1,000 and 1,001 records (batch boundary) and an empty import.
+    // Exactly 10,000 and 10,001 records (batch boundary) and an empty import.
     fn batch_boundaries(db) {
         assert_eq!(import(db, &[]), ImportOutcome::default());
-        let records: Vec<ImportTask> = (0..1_000).map(record).collect();
-        assert_eq!(import(db, &records).imported, 1_000);
-        let records: Vec<ImportTask> = (0..1_001).map(record).collect();
-        assert_eq!(import(db, &records).imported, 1_001);
-        assert_eq!(task_count(db), 2_001);
-        assert_eq!(row_count(db, "task_events"), 2_001);
+        let records: Vec<ImportTask> = (0..10_000).map(record).collect();
+        assert_eq!(import(db, &records).imported, 10_000);
+        let records: Vec<ImportTask> = (0..10_001).map(record).collect();
+        assert_eq!(import(db, &records).imported, 10_001);
+        assert_eq!(task_count(db), 20_001);
+        assert_eq!(row_count(db, "task_events"), 20_001);
     }
 
-    // A record source that fails at record 1,700 (after a full batch was written inside the
+    // A record source that fails at record 11,700 (after a full batch was written inside the
     // transaction) makes the whole import fail with the source's own error, and nothing is
     // written: the all-or-nothing rule.
     fn failing_record_source_writes_nothing(db) {
         let existing = create(db, &repo(db), T0);
-        let source = (0..2_500).map(|i| {
-            if i == 1_700 {
+        let source = (0..12_500).map(|i| {
+            if i == 11_700 {
                 Err(ImportError::BadLine(i + 1))
             } else {
                 Ok(record(i))
@@ -262,7 +348,7 @@ agentry_persistence::backend_tests! {
         let mut conn = db.conn().unwrap();
         let result = tasks::import_tasks(&mut conn, source);
         assert!(
-            matches!(result, Err(ImportError::BadLine(1_701))),
+            matches!(result, Err(ImportError::BadLine(11_701))),
             "{result:?}"
         );
         assert_eq!(task_count(db), 1, "only the task created before the import");
@@ -316,5 +402,76 @@ agentry_persistence::backend_tests! {
         assert_eq!(row_count(db, "task_events"), 0);
         assert_eq!(row_count(db, "cost_daily"), 0);
         assert_eq!(row_count(db, "cost_cumulative"), 0);
+    }
+
+
+    // Into empty tables, the import builds the secondary indexes after the rows (SQLite): a
+    // record source failing after a full batch was written, i.e. after the indexes were
+    // dropped, leaves the database exactly as before: no task, no event, no rollup row, and
+    // the same indexes with the same definitions. A good import afterwards keeps them too,
+    // and every index holds exactly its rows' entries.
+    fn a_failure_after_the_index_drop_leaves_the_database_as_before(db) {
+        let indexes = import_indexes(db);
+        assert!(
+            indexes.iter().any(|(name, _)| name == "tasks_cost"),
+            "{indexes:?}"
+        );
+        let source = (0..12_500).map(|i| {
+            if i == 12_345 {
+                Err(ImportError::BadLine(i + 1))
+            } else {
+                Ok(record(i))
+            }
+        });
+        let mut conn = db.conn().unwrap();
+        let result = tasks::import_tasks(&mut conn, source);
+        assert!(
+            matches!(result, Err(ImportError::BadLine(12_346))),
+            "{result:?}"
+        );
+        drop(conn);
+        assert_eq!(task_count(db), 0);
+        assert_eq!(row_count(db, "task_events"), 0);
+        assert_eq!(row_count(db, "cost_daily"), 0);
+        assert_eq!(row_count(db, "cost_cumulative"), 0);
+        assert_eq!(import_indexes(db), indexes);
+        assert_indexes_match_rows(db);
+
+        let records: Vec<ImportTask> = (0..12_500).map(record).collect();
+        assert_eq!(import(db, &records).imported, 12_500);
+        assert_eq!(import_indexes(db), indexes);
+        assert_indexes_match_rows(db);
+    }
+
+    // Random-id imports, first into empty tables and then into a non-empty one with some
+    // ids already stored, keep the rollups equal to a rebuild from the task table, and the
+    // indexes complete.
+    fn rollups_equal_a_rebuild_after_random_id_imports(db) {
+        let spread = |i: usize| ImportTask {
+            // About two weeks of history, several records a day, out of order.
+            created_at: at((i as i64 * 7_919) % 1_209_600),
+            ..record(i)
+        };
+        let first: Vec<ImportTask> = (0..12_000).map(spread).collect();
+        assert_eq!(import(db, &first).imported, 12_000);
+        let mut second: Vec<ImportTask> = (12_000..13_000).map(spread).collect();
+        second.extend(first[5_000..5_100].iter().cloned());
+        assert_eq!(
+            import(db, &second),
+            ImportOutcome {
+                imported: 1_000,
+                skipped: 100
+            }
+        );
+        assert_eq!(task_count(db), 13_000);
+        assert_eq!(row_count(db, "task_events"), 13_000);
+        assert_indexes_match_rows(db);
+
+        let incremental = rollup_rows(db);
+        assert!(!incremental.is_empty());
+        let mut conn = db.conn().unwrap();
+        write_tx::<_, DbError, _>(&mut conn, rollups::rebuild).unwrap();
+        drop(conn);
+        assert_eq!(incremental, rollup_rows(db));
     }
 }
