@@ -37,7 +37,7 @@ use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, TaskFilter};
 use agentry_persistence::{AnyConnection, Db, DbError, pulls, write_tx};
 use agentry_service::codehost::{self, CodeHost, Timing};
-use agentry_service::tracking;
+use agentry_service::tracking::{self, POLL_CONCURRENCY};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -46,9 +46,6 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const TOKEN: &str = "ghp_benchmarkTokenValue0123456789";
 const SECRET: &str = "whsec-benchmark-secret";
-/// Repositories the poller polls at once (`POLL_CONCURRENCY` of
-/// crates/service/src/tracking.rs, which is private: keep the two equal).
-const POLL_CONCURRENCY: usize = 4;
 
 struct Args {
     repos: usize,
@@ -344,7 +341,7 @@ fn poll_cost(
                     repo.url.owner(),
                     repo.url.name(),
                     poll.etag.as_deref(),
-                    poll.watermark,
+                    poll.watermark.or(poll.first_since),
                 )
             })
             .buffer_unordered(POLL_CONCURRENCY)

@@ -34,6 +34,50 @@ pub struct PullPollState {
     /// the next poll reads pages only until it reaches pull requests not updated since.
     /// `None` before the first successful poll.
     pub watermark: Option<OffsetDateTime>,
+    /// Before the first successful poll (no watermark): where that poll starts, a day
+    /// before the oldest task of the repository waiting in `pr_opened` was created. An
+    /// agent's pull request is newer than its task, so nothing of ours is older; without
+    /// it a first poll would read the repository's whole pull-request history. `None` once
+    /// there is a watermark.
+    pub first_since: Option<OffsetDateTime>,
+}
+
+/// How far before its task's creation a first poll starts (clock skew between the code
+/// host and this database).
+const FIRST_POLL_MARGIN: time::Duration = time::Duration::DAY;
+
+/// For each repository with tasks in `pr_opened`, the oldest such task's creation.
+fn oldest_waiting(
+    conn: &mut AnyConnection,
+    repo: Option<Uuid>,
+) -> Result<std::collections::HashMap<Uuid, OffsetDateTime>, DbError> {
+    let mut query = tasks::table
+        .filter(tasks::state.eq(TaskState::PrOpened.as_str()))
+        .filter(tasks::repo_id.is_not_null())
+        .group_by(tasks::repo_id)
+        .select((tasks::repo_id, diesel::dsl::min(tasks::created_at)))
+        .into_boxed();
+    if let Some(repo) = repo {
+        query = query.filter(tasks::repo_id.eq(repo.to_string()));
+    }
+    let rows: Vec<(Option<String>, Option<PrimitiveDateTime>)> = query.load(conn)?;
+    let mut oldest = std::collections::HashMap::with_capacity(rows.len());
+    for (repo, at) in rows {
+        if let (Some(repo), Some(at)) = (repo, opt_from_db(at)) {
+            oldest.insert(convert::uuid(&repo)?, at);
+        }
+    }
+    Ok(oldest)
+}
+
+fn first_since(
+    watermark: Option<OffsetDateTime>,
+    oldest: Option<&OffsetDateTime>,
+) -> Option<OffsetDateTime> {
+    match watermark {
+        Some(_) => None,
+        None => oldest.map(|at| *at - FIRST_POLL_MARGIN),
+    }
 }
 
 /// Connected repositories with at least one task in `pr_opened`, by URL, with their poll
@@ -57,13 +101,17 @@ pub fn repos_to_poll(
     if waiting.is_empty() {
         return Ok(Vec::new());
     }
+    let oldest = oldest_waiting(conn, None)?;
     let mut states = std::collections::HashMap::with_capacity(waiting.len());
     for (id, etag, watermark) in waiting {
+        let id = convert::uuid(&id)?;
+        let watermark = opt_from_db(watermark);
         states.insert(
-            convert::uuid(&id)?,
+            id,
             PullPollState {
                 etag,
-                watermark: opt_from_db(watermark),
+                watermark,
+                first_since: first_since(watermark, oldest.get(&id)),
             },
         );
     }
@@ -84,9 +132,15 @@ pub fn pull_poll_state(conn: &mut AnyConnection, repo_id: Uuid) -> Result<PullPo
         .first::<(Option<String>, Option<PrimitiveDateTime>)>(conn)
         .optional()?
         .ok_or(DbError::NotFound)?;
+    let watermark = opt_from_db(watermark);
+    let oldest = match watermark {
+        Some(_) => None,
+        None => oldest_waiting(conn, Some(repo_id))?.remove(&repo_id),
+    };
     Ok(PullPollState {
         etag,
-        watermark: opt_from_db(watermark),
+        watermark,
+        first_since: first_since(watermark, oldest.as_ref()),
     })
 }
 

@@ -23,8 +23,8 @@ use crate::{Service, ServiceError, now};
 
 /// The advisory-lock key of the poller role ("agentry" and 2; the migration lock is 1).
 pub const POLLER_LOCK_KEY: i64 = 0x6167_656e_7472_7902;
-/// Repositories polled at once.
-const POLL_CONCURRENCY: usize = 4;
+/// Repositories polled at once (one request each in flight).
+pub const POLL_CONCURRENCY: usize = 4;
 
 /// The reason recorded on a task event, by who saw the pull request's fate.
 fn reason(trigger: Trigger, source: &str) -> String {
@@ -90,12 +90,15 @@ async fn poll_repository(
     poll: PullPollState,
 ) -> RepoPollOutcome {
     let mut outcome = RepoPollOutcome::default();
+    // A first poll starts shortly before the oldest waiting task, not at the beginning of
+    // the repository's history.
+    let since = poll.watermark.or(poll.first_since);
     let answer = github
         .pulls_updated_since(
             repo.url.owner(),
             repo.url.name(),
             poll.etag.as_deref(),
-            poll.watermark,
+            since,
         )
         .await;
     let (prs, etag) = match answer {
@@ -113,11 +116,11 @@ async fn poll_repository(
     let url = repo.url.clone();
     let stored = state
         .db(move |conn| {
-            let watermark = next_watermark(&prs, poll.watermark);
+            let watermark = next_watermark(&prs, since);
             let mut applied = 0;
             for pr in prs
                 .iter()
-                .filter(|p| poll.watermark.is_none_or(|w| p.updated_at >= w))
+                .filter(|p| since.is_none_or(|w| p.updated_at >= w))
             {
                 let pr_state = PullRequestState::from_codehost(&pr.state, pr.merged_at.is_some());
                 if pr_state != PullRequestState::Open

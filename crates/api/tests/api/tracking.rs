@@ -198,6 +198,60 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
     }
 }
 
+/// A repository's first poll starts a day before its oldest waiting task, not at the
+/// beginning of its pull-request history: 250 older closed pull requests cost no extra page.
+#[actix_web::test]
+async fn a_first_poll_does_not_read_the_whole_history() {
+    let env = Env::new(sqlite());
+    env.store_token();
+    let repo = env.repo(env.connect("acme", "web"));
+    for i in 0..250 {
+        let n = env
+            .fake
+            .add_pull("acme", "web", "Old", &format!("old/{i}"), "main");
+        env.fake.close_pull("acme", "web", n);
+    }
+    env.fake.advance_clock(Duration::from_secs(2 * 86_400));
+    let issue = env.fake.add_issue("acme", "web", "A", None, &[]);
+    let pr = env
+        .fake
+        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
+    let later = agentry_persistence::now() + time::Duration::days(2);
+    let task = {
+        let mut conn = env.db().conn().unwrap();
+        let (task, _) = codehost::assign(
+            &mut conn,
+            &repo,
+            i64::try_from(issue).unwrap(),
+            "Fix it",
+            "",
+            AgentType::ClaudeCode,
+            later,
+        )
+        .unwrap();
+        agentry_persistence::test_support::open_pull_request(
+            &mut conn,
+            task.id,
+            i64::try_from(pr).unwrap(),
+            later,
+        )
+        .unwrap()
+    };
+    env.fake.reset_counts();
+    tracking::poll_pull_requests(&env.state.service)
+        .await
+        .unwrap();
+    assert_eq!(env.fake.count("GET", PULLS), 1, "{:?}", env.fake.requests());
+
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake.merge_pull("acme", "web", pr);
+    let polled = tracking::poll_pull_requests(&env.state.service)
+        .await
+        .unwrap();
+    assert_eq!(polled[0].1.applied, 1);
+    assert_eq!(env.task(task.id).state, TaskState::Completed);
+}
+
 #[actix_web::test]
 async fn a_failed_poll_does_not_move_the_watermark_and_the_merge_is_seen_later() {
     let env = Env::new(sqlite());

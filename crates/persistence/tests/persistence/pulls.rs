@@ -85,7 +85,10 @@ agentry_persistence::backend_tests! {
         let ids: Vec<Uuid> = listed.iter().map(|(r, _)| r.id).collect();
         assert_eq!(ids, vec![alpha.id, zeta.id]);
         assert_eq!(listed[0].0, repos::get_repository(&mut conn, alpha.id).unwrap());
-        assert!(listed.iter().all(|(_, state)| *state == PullPollState::default()));
+        // Never polled: no ETag, no watermark; a first poll starts a day before the oldest
+        // waiting task.
+        let first = PullPollState { first_since: Some(T0 - time::Duration::DAY), ..PullPollState::default() };
+        assert!(listed.iter().all(|(_, state)| *state == first), "{listed:?}");
 
         // Alpha's only waiting task is merged: alpha is no longer polled.
         assert!(merge(&mut conn, &a1, 10).unwrap().is_some());
@@ -111,12 +114,14 @@ agentry_persistence::backend_tests! {
         let before = repos::get_repository(&mut conn, repo.id).unwrap();
 
         pulls::record_pull_poll(&mut conn, repo.id, Some("W/\"abc\""), Some(at(30))).unwrap();
-        let expected = PullPollState { etag: Some("W/\"abc\"".into()), watermark: Some(at(30)) };
+        let expected = PullPollState { etag: Some("W/\"abc\"".into()), watermark: Some(at(30)), first_since: None };
         assert_eq!(pulls::pull_poll_state(&mut conn, repo.id).unwrap(), expected);
         let listed = pulls::repos_to_poll(&mut conn).unwrap();
         let state_of = |id: Uuid| listed.iter().find(|(r, _)| r.id == id).unwrap().1.clone();
         assert_eq!(state_of(repo.id), expected);
-        assert_eq!(state_of(other.id), PullPollState::default());
+        // Never polled: the first poll starts a day before its oldest waiting task.
+        let first = PullPollState { first_since: Some(T0 - time::Duration::DAY), ..PullPollState::default() };
+        assert_eq!(state_of(other.id), first);
         assert_eq!(repos::get_repository(&mut conn, repo.id).unwrap(), before);
         // The issue-sync state is separate.
         let issue_states = repos::issue_sync_states(&mut conn).unwrap();
@@ -126,12 +131,12 @@ agentry_persistence::backend_tests! {
         pulls::record_pull_poll(&mut conn, repo.id, None, Some(at(60))).unwrap();
         assert_eq!(
             pulls::pull_poll_state(&mut conn, repo.id).unwrap(),
-            PullPollState { etag: None, watermark: Some(at(60)) }
+            PullPollState { etag: None, watermark: Some(at(60)), first_since: None }
         );
         pulls::record_pull_poll(&mut conn, repo.id, Some("\"x\""), None).unwrap();
         assert_eq!(
             pulls::pull_poll_state(&mut conn, repo.id).unwrap(),
-            PullPollState { etag: Some("\"x\"".into()), watermark: None }
+            PullPollState { etag: Some("\"x\"".into()), watermark: None, first_since: Some(T0 - time::Duration::DAY) }
         );
 
         let unknown = Uuid::new_v4();
