@@ -9,7 +9,7 @@
 //! ([`sync_cursor`]). The view is read a page at a time ([`open_issues_page`]).
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use agentry_domain::{RepoUrl, TaskState};
 use diesel::prelude::*;
@@ -206,6 +206,7 @@ fn replace(
             .into_iter()
             .map(|row| (row.number, row))
             .collect();
+        let linked = linked_numbers(conn, &repo, None)?;
         let gone: Vec<i64> = stored
             .keys()
             .filter(|n| !wanted.contains_key(n) && !keep.contains(n))
@@ -221,19 +222,22 @@ fn replace(
             .execute(conn)?;
         }
         for issue in wanted.into_values() {
-            store_issue(conn, &repo, stored.get(&issue.number), issue, at)?;
+            let link = linked.contains(&issue.number);
+            store_issue(conn, &repo, stored.get(&issue.number), issue, link, at)?;
         }
         Ok(())
     })
 }
 
 /// Inserts or updates one open issue of the copy (`stored`: its current row, if any); an
-/// identical copy is left alone.
+/// identical copy is left alone. `linked`: whether the issue has a linked task (written on
+/// insert; an existing row keeps its own, which [`mark_linked`] maintains).
 fn store_issue(
     conn: &mut AnyConnection,
     repo: &str,
     stored: Option<&IssueRow>,
     issue: &SyncedIssue,
+    linked: bool,
     at: PrimitiveDateTime,
 ) -> Result<(), DbError> {
     let number = issue.number;
@@ -278,10 +282,66 @@ fn store_issue(
                     synced_issues::created_at.eq(created_at),
                     synced_issues::updated_at.eq(updated_at),
                     synced_issues::synced_at.eq(at),
+                    synced_issues::linked.eq(linked),
                 ))
                 .execute(conn)?;
         }
     }
+    Ok(())
+}
+
+/// The numbers of the repository's issues that have a linked task: all of them, or those
+/// among `among`. Read after the repository row is locked by the calling sync (see
+/// [`mark_linked`]).
+fn linked_numbers(
+    conn: &mut AnyConnection,
+    repo: &str,
+    among: Option<&[i64]>,
+) -> Result<HashSet<i64>, DbError> {
+    let mut found = HashSet::new();
+    match among {
+        None => {
+            let numbers: Vec<i64> = issue_links::table
+                .filter(issue_links::repo_id.eq(repo))
+                .select(issue_links::issue_number)
+                .load(conn)?;
+            found.extend(numbers);
+        }
+        Some(among) => {
+            for chunk in among.chunks(500) {
+                let numbers: Vec<i64> = issue_links::table
+                    .filter(issue_links::repo_id.eq(repo))
+                    .filter(issue_links::issue_number.eq_any(chunk))
+                    .select(issue_links::issue_number)
+                    .load(conn)?;
+                found.extend(numbers);
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Records in the synced copy that the issue `number` of the repository now has a linked
+/// task (its `linked` flag, which orders the issues view). Call it in the transaction that
+/// writes the `issue_links` row.
+///
+/// On PostgreSQL it first locks the repository's row, which every sync updates before it
+/// reads the links: a sync that stores the issue concurrently either commits first (and
+/// this update then sees its row) or waits for this transaction (and then sees the link).
+/// SQLite's write lock serialises the two already.
+pub fn mark_linked(conn: &mut AnyConnection, repo_id: Uuid, number: i64) -> Result<(), DbError> {
+    let repo = repo_id.to_string();
+    if let AnyConnection::Postgresql(pg) = conn {
+        repositories::table
+            .find(&repo)
+            .select(repositories::id)
+            .for_no_key_update()
+            .first::<String>(pg)
+            .optional()?;
+    }
+    diesel::update(synced_issues::table.find((&repo, number)))
+        .set(synced_issues::linked.eq(true))
+        .execute(conn)?;
     Ok(())
 }
 
@@ -394,12 +454,19 @@ pub fn apply_issue_changes(
                 stored.remove(&number);
             }
         }
+        let inserted: Vec<i64> = open
+            .iter()
+            .map(|i| i.number)
+            .filter(|n| !stored.contains_key(n))
+            .collect();
+        let linked = linked_numbers(conn, &repo, Some(&inserted))?;
         for issue in open {
             let row = stored.get(&issue.number);
             if row.is_some_and(|row| row.updated_at > to_db(issue.updated_at)) {
                 continue;
             }
-            store_issue(conn, &repo, row, issue, at)?;
+            let link = linked.contains(&issue.number);
+            store_issue(conn, &repo, row, issue, link, at)?;
         }
         Ok(())
     })
@@ -583,10 +650,13 @@ fn view_order(a: &IssueViewCursor, b: &IssueViewCursor) -> Ordering {
 /// At most `limit` issues of the view ([`open_issues`]'s selection and order) after `after`
 /// (from the start without it), and the cursor of the next page if there is one.
 ///
-/// The order is decided in Rust over the sort keys alone (the same on both backends), and
-/// only the page's issues are read in full, so a page costs its own size plus a small key
-/// per open issue. Issues that change between two pages may move across the cursor: each
-/// page is consistent, the sequence of pages is not a snapshot.
+/// A page is a range read of the index on the view's order (`linked`, then `updated_at`
+/// descending): its cost is the page's size, whatever the number of open issues. The ties
+/// of the order's last keys (repository URL, number) are decided in Rust over the issues
+/// that share the page's boundary `updated_at` (the same on both backends: PostgreSQL's
+/// string collation depends on the database's locale), so pages neither repeat nor skip an
+/// issue when many share a timestamp. Issues that change between two pages may move across
+/// the cursor: each page is consistent, the sequence of pages is not a snapshot.
 pub fn open_issues_page(
     conn: &mut AnyConnection,
     repo_id: Option<Uuid>,
@@ -594,42 +664,46 @@ pub fn open_issues_page(
     after: Option<&IssueViewCursor>,
 ) -> Result<IssueViewPage, DbError> {
     let limit = usize::try_from(limit.max(1)).unwrap_or(1);
-    let mut query = synced_issues::table
-        .inner_join(repositories::table)
-        .left_join(
-            issue_links::table.on(issue_links::repo_id
-                .eq(synced_issues::repo_id)
-                .and(issue_links::issue_number.eq(synced_issues::number))),
-        )
-        .filter(repositories::disconnected_at.is_null())
-        .filter(synced_issues::state.eq(OPEN))
-        .select((
-            synced_issues::repo_id,
-            repositories::url,
-            synced_issues::number,
-            synced_issues::updated_at,
-            issue_links::task_id.nullable(),
-        ))
-        .into_boxed();
-    if let Some(id) = repo_id {
-        query = query.filter(synced_issues::repo_id.eq(id.to_string()));
+    let repo = repo_id.map(|id| id.to_string());
+    let repo = repo.as_deref();
+    // Enough keys to fill the page and know whether another follows.
+    let want = limit.saturating_add(1);
+    let mut keys: Vec<(IssueViewCursor, String)> = Vec::new();
+    for linked in [false, true] {
+        if after.is_some_and(|a| a.linked && !linked) {
+            continue;
+        }
+        let mut before = None;
+        if let Some(a) = after.filter(|a| a.linked == linked) {
+            // The issues that share the cursor's key: those after it in the view's order.
+            let at = to_db(a.updated_at);
+            let tied = view_keys(conn, repo, linked, KeyRange::At(at), None)?;
+            keys.extend(
+                tied.into_iter()
+                    .filter(|(key, _)| view_order(key, a) == Ordering::Greater),
+            );
+            before = Some(at);
+        }
+        if keys.len() >= want {
+            break;
+        }
+        let need = want - keys.len();
+        let range = before.map_or(KeyRange::All, KeyRange::Before);
+        let mut read = view_keys(conn, repo, linked, range, Some(need))?;
+        if read.len() < need {
+            keys.append(&mut read);
+            continue;
+        }
+        // The segment may go on: the issues sharing the last `updated_at` read may sort
+        // before some of those read, so that whole group is read.
+        let Some(last) = read.last().map(|(key, _)| to_db(key.updated_at)) else {
+            break;
+        };
+        read.retain(|(key, _)| to_db(key.updated_at) != last);
+        keys.append(&mut read);
+        keys.extend(view_keys(conn, repo, linked, KeyRange::At(last), None)?);
+        break;
     }
-    let rows: Vec<(String, String, i64, PrimitiveDateTime, Option<String>)> = query.load(conn)?;
-    let mut keys: Vec<(IssueViewCursor, String)> = rows
-        .into_iter()
-        .map(|(repo, url, number, updated_at, task)| {
-            (
-                IssueViewCursor {
-                    linked: task.is_some(),
-                    updated_at: from_db(updated_at),
-                    repo_url: url,
-                    number,
-                },
-                repo,
-            )
-        })
-        .filter(|(key, _)| after.is_none_or(|a| view_order(key, a) == Ordering::Greater))
-        .collect();
     keys.sort_by(|a, b| view_order(&a.0, &b.0));
     let more = keys.len() > limit;
     keys.truncate(limit);
@@ -651,12 +725,75 @@ pub fn open_issues_page(
     }
     let mut issues = Vec::with_capacity(keys.len());
     for (key, repo) in keys {
-        // Rows come from the same snapshot's keys; a row deleted in between is skipped.
+        // A row deleted since its key was read is skipped.
         if let Some(view) = found.remove(&(convert::uuid(&repo)?, key.number)) {
             issues.push(view);
         }
     }
     Ok(IssueViewPage { issues, next })
+}
+
+/// Which `updated_at` values of a segment of the view [`view_keys`] reads.
+#[derive(Debug, Clone, Copy)]
+enum KeyRange {
+    /// Every one.
+    All,
+    /// Those before this time.
+    Before(PrimitiveDateTime),
+    /// Exactly this time.
+    At(PrimitiveDateTime),
+}
+
+/// The sort keys (and repository ids) of the open synced issues of connected repositories
+/// (or of `repo`) whose `linked` flag is `linked`, in `range`, newest `updated_at` first;
+/// at most `limit` of them. A range read of `synced_issues_view` (`synced_issues_repo_view`
+/// for one repository).
+fn view_keys(
+    conn: &mut AnyConnection,
+    repo: Option<&str>,
+    linked: bool,
+    range: KeyRange,
+    limit: Option<usize>,
+) -> Result<Vec<(IssueViewCursor, String)>, DbError> {
+    let mut query = synced_issues::table
+        .inner_join(repositories::table)
+        .filter(repositories::disconnected_at.is_null())
+        .filter(synced_issues::state.eq(OPEN))
+        .filter(synced_issues::linked.eq(linked))
+        .select((
+            synced_issues::repo_id,
+            repositories::url,
+            synced_issues::number,
+            synced_issues::updated_at,
+        ))
+        .order(synced_issues::updated_at.desc())
+        .into_boxed();
+    if let Some(repo) = repo {
+        query = query.filter(synced_issues::repo_id.eq(repo.to_owned()));
+    }
+    query = match range {
+        KeyRange::All => query,
+        KeyRange::Before(at) => query.filter(synced_issues::updated_at.lt(at)),
+        KeyRange::At(at) => query.filter(synced_issues::updated_at.eq(at)),
+    };
+    if let Some(limit) = limit {
+        query = query.limit(i64::try_from(limit).unwrap_or(i64::MAX));
+    }
+    let rows: Vec<(String, String, i64, PrimitiveDateTime)> = query.load(conn)?;
+    Ok(rows
+        .into_iter()
+        .map(|(repo, url, number, updated_at)| {
+            (
+                IssueViewCursor {
+                    linked,
+                    updated_at: from_db(updated_at),
+                    repo_url: url,
+                    number,
+                },
+                repo,
+            )
+        })
+        .collect())
 }
 
 /// The views of the open synced issues of `repo` whose number is in `numbers` (at most a

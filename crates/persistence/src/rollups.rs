@@ -25,12 +25,15 @@ use diesel::prelude::*;
 use time::{Date, Duration, OffsetDateTime, PrimitiveDateTime, UtcOffset};
 use uuid::Uuid;
 
-use crate::schema::{cost_cumulative as cc, cost_daily as cd, tasks};
+use crate::schema::{cost_cumulative as cc, cost_daily as cd, report_generation as rg, tasks};
 use crate::{AnyConnection, DbError};
 
 /// Key of the PostgreSQL transaction-level advisory lock that serialises rollup writers
 /// (their read-modify-write of running totals must not interleave).
 const ROLLUP_LOCK_KEY: i64 = 0x6167_656e_7472_7902;
+
+/// The one row of `report_generation`.
+const GENERATION_ROW: i32 = 1;
 
 /// Sums over a set of tasks, as stored in the rollups. `tasks` counts every task; the other
 /// members cover costed tasks (a recorded cost, zero included).
@@ -604,26 +607,23 @@ pub fn latest_day(conn: &mut AnyConnection) -> Result<Option<Date>, DbError> {
 
 /// Applies collected changes. Call inside the transaction of the write that caused them,
 /// as its last step (on PostgreSQL it takes a transaction-level lock on the rollups).
+///
+/// Every call also raises the report generation ([`report_stamp`]) in that transaction,
+/// even when the sums do not change: a task's state or title shows in the report's task
+/// lists, and every write of a task's contributing fields comes through here.
 pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError> {
-    let pg = matches!(conn, AnyConnection::Postgresql(_));
-    let lock = |conn: &mut AnyConnection| -> Result<(), DbError> {
+    if let AnyConnection::Postgresql(_) = conn {
+        // Parents and review subtasks are read under the lock: a concurrent writer's change
+        // to either is then either fully before this read or fully after this transaction.
+        // Taken before the generation's row, so two writers take both in the same order.
         diesel::sql_query(format!("SELECT pg_advisory_xact_lock({ROLLUP_LOCK_KEY})"))
             .execute(conn)?;
-        Ok(())
-    };
-    // Parents and review subtasks are read under the lock: a concurrent writer's change to
-    // either is then either fully before this read or fully after this transaction.
-    let locked = pg && !(deltas.reviews.is_empty() && deltas.moves.is_empty());
-    if locked {
-        lock(conn)?;
     }
+    bump_generation(conn)?;
     deltas.resolve(conn)?;
     deltas.prune();
     if deltas.cumulative.is_empty() && deltas.daily.is_empty() {
         return Ok(());
-    }
-    if pg && !locked {
-        lock(conn)?;
     }
     apply_daily(conn, &deltas.daily)?;
 
@@ -650,6 +650,64 @@ pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError
         rewrite_combo(conn, combo, &changes, end)?;
     }
     Ok(())
+}
+
+/// Raises the report generation by one (creating its row if it is missing).
+fn bump_generation(conn: &mut AnyConnection) -> Result<(), DbError> {
+    let updated = diesel::update(rg::table.find(GENERATION_ROW))
+        .set(rg::generation.eq(rg::generation + 1))
+        .execute(conn)?;
+    if updated == 0 {
+        diesel::insert_into(rg::table)
+            .values((rg::id.eq(GENERATION_ROW), rg::generation.eq(1)))
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// What a computed cost report was derived from, besides the day and its parameters: read
+/// before computing a report and compared before serving it again. Two equal stamps mean
+/// that no write that feeds the report committed in between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportStamp {
+    /// The report generation: raised by every write of the rollups or of a task's
+    /// contribution ([`apply`]), committed with it; `-1` when its row is missing.
+    pub generation: i64,
+    /// The instance's monthly budget in nano-dollars, if set.
+    pub instance_budget_nanos: Option<i64>,
+    /// The monthly budgets set on connected repositories: (URL, nano-dollars), by URL.
+    pub repository_budgets: Vec<(String, i64)>,
+}
+
+/// The current [`ReportStamp`]: three reads of one row or a few (the generation, the
+/// instance budget, the repositories with a budget).
+pub fn report_stamp(conn: &mut AnyConnection) -> Result<ReportStamp, DbError> {
+    use crate::schema::{instance_budget, repositories};
+
+    let generation: Option<i64> = rg::table
+        .find(GENERATION_ROW)
+        .select(rg::generation)
+        .first(conn)
+        .optional()?;
+    let instance_budget_nanos: Option<Option<i64>> = instance_budget::table
+        .find(1)
+        .select(instance_budget::monthly_budget_nanos)
+        .first(conn)
+        .optional()?;
+    let repository_budgets: Vec<(String, Option<i64>)> = repositories::table
+        .filter(repositories::monthly_budget_nanos.is_not_null())
+        .filter(repositories::disconnected_at.is_null())
+        .select((repositories::url, repositories::monthly_budget_nanos))
+        .order(repositories::url.asc())
+        .load(conn)?;
+    Ok(ReportStamp {
+        generation: generation.unwrap_or(-1),
+        instance_budget_nanos: instance_budget_nanos.flatten(),
+        repository_budgets: repository_budgets
+            .into_iter()
+            .filter_map(|(url, budget)| budget.map(|b| (url, b)))
+            .collect(),
+    })
 }
 
 /// Copies every combination's row of day `from` to each day after it through `to`.

@@ -149,6 +149,7 @@ diesel::table! {
         created_at -> Timestamp,
         updated_at -> Timestamp,
         synced_at -> Timestamp,
+        linked -> Bool,
     }
 }
 
@@ -237,6 +238,13 @@ diesel::table! {
         outcome_cost_nanos -> BigInt,
         merged_cost_nanos -> BigInt,
         failed_cost_nanos -> BigInt,
+    }
+}
+
+diesel::table! {
+    report_generation (id) {
+        id -> Integer,
+        generation -> BigInt,
     }
 }
 

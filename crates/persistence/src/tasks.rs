@@ -236,6 +236,7 @@ where
                 issue_links::created_at.eq(to_db(new.created_at)),
             ))
             .execute(conn)?;
+        crate::issues::mark_linked(conn, repo_id, issue_number)?;
         let task = get_task(conn, new.id)?;
         rollups::apply(conn, Deltas::change(None, Some(&task))?)?;
         in_tx(conn, &task)?;
@@ -714,10 +715,13 @@ pub fn list_tasks(
     }
     if let Some(c) = after {
         let at = to_db(c.created_at);
+        // `created_at < at OR (created_at = at AND id < c.id)`, written with an explicit upper
+        // bound so that both planners read a range of `tasks_created` (`created_at <= at`)
+        // instead of walking the index from the newest task down to the cursor.
         query = query.filter(
             tasks::created_at
-                .lt(at)
-                .or(tasks::created_at.eq(at).and(tasks::id.lt(c.id.to_string()))),
+                .le(at)
+                .and(tasks::created_at.lt(at).or(tasks::id.lt(c.id.to_string()))),
         );
     }
     let mut rows: Vec<TaskRow> = query

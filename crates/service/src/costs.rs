@@ -1,15 +1,24 @@
 //! The cost report (docs/contract.md#4-cost-report) from storage: reads the rollups and two index-backed task
 //! queries, assembles [`ReportInputs`], and lets `agentry-analytics` compute the report.
 //! Shared by `GET /api/analytics/costs` and `agentry costs`.
+//!
+//! [`crate::Service::cost_report`] keeps the reports it computed (a few, per service) and
+//! serves one again while nothing it was computed from changed: the request's parameters
+//! and the UTC day are its key, and the [`ReportStamp`] read before computing it (the
+//! report generation, which every rollup write raises in its own transaction, and the
+//! budget settings) must be the same when it is served. That is one small read per request
+//! instead of a computation, and a write committed anywhere (another replica included) is
+//! in the next report.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use agentry_analytics::{
     CostReport, OutcomeTotals, ReportInputs, TaskFact, Totals, Window, anomaly_threshold_nanos,
     report,
 };
 use agentry_domain::{RepoUrl, TaskType};
-use agentry_persistence::rollups::{self, Combo, OutcomeSums, Sums};
+use agentry_persistence::rollups::{self, Combo, OutcomeSums, ReportStamp, Sums};
 use agentry_persistence::tasks::costliest_in_window;
 use agentry_persistence::{AnyConnection, DbError};
 use rust_decimal::Decimal;
@@ -190,14 +199,129 @@ pub fn cost_report(
     Ok(report(&load_inputs(conn, window, repo)?))
 }
 
+/// How many computed reports are kept (over every service of the process); the least
+/// recently used one goes first.
+const MEMO_ENTRIES: usize = 16;
+
+/// What a kept report answers: the request's parameters and the UTC day (the budgets are
+/// this month's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MemoKey {
+    window: Window,
+    repo: Option<String>,
+    day: Date,
+}
+
+struct MemoEntry {
+    /// The service that computed it: its database is what the stamp describes. A `Weak`
+    /// keeps the allocation, so no other service can have the same address while it lives.
+    owner: Weak<crate::Parts>,
+    key: MemoKey,
+    stamp: ReportStamp,
+    report: CostReport,
+    used: u64,
+}
+
+struct Memo {
+    entries: Vec<MemoEntry>,
+    clock: u64,
+}
+
+static MEMO: Mutex<Memo> = Mutex::new(Memo {
+    entries: Vec::new(),
+    clock: 0,
+});
+
+impl Memo {
+    fn get(
+        &mut self,
+        owner: &Weak<crate::Parts>,
+        key: &MemoKey,
+        stamp: &ReportStamp,
+    ) -> Option<CostReport> {
+        self.clock += 1;
+        let now = self.clock;
+        let entry = self
+            .entries
+            .iter_mut()
+            .find(|e| Weak::ptr_eq(&e.owner, owner) && e.key == *key)?;
+        if entry.stamp != *stamp {
+            return None;
+        }
+        entry.used = now;
+        Some(entry.report.clone())
+    }
+
+    fn put(
+        &mut self,
+        owner: Weak<crate::Parts>,
+        key: MemoKey,
+        stamp: ReportStamp,
+        report: CostReport,
+    ) {
+        self.clock += 1;
+        let used = self.clock;
+        self.entries.retain(|e| {
+            e.owner.strong_count() > 0 && !(Weak::ptr_eq(&e.owner, &owner) && e.key == key)
+        });
+        while self.entries.len() >= MEMO_ENTRIES {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            self.entries.swap_remove(oldest);
+        }
+        self.entries.push(MemoEntry {
+            owner,
+            key,
+            stamp,
+            report,
+            used,
+        });
+    }
+}
+
 impl crate::Service {
     /// The cost report for `window` and an optional repository (docs/contract.md#4-cost-report).
+    ///
+    /// Served from the reports this service computed while its [`ReportStamp`] is unchanged
+    /// (see the module's documentation); computed otherwise.
     pub async fn cost_report(
         &self,
         window: Window,
         repo: Option<RepoUrl>,
     ) -> Result<CostReport, crate::ServiceError> {
-        self.db(move |conn| Ok(cost_report(conn, window, repo.as_ref())?))
-            .await
+        let owner = Arc::downgrade(&self.parts);
+        self.db(move |conn| {
+            let key = MemoKey {
+                window,
+                repo: repo.as_ref().map(|r| r.as_str().to_owned()),
+                day: agentry_persistence::now().date(),
+            };
+            // Read before the report: a write committed after this read raises the stamp,
+            // so a report computed from older data is never served past it.
+            let stamp = rollups::report_stamp(conn)?;
+            let kept = MEMO
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&owner, &key, &stamp);
+            if let Some(report) = kept {
+                return Ok(report);
+            }
+            let report = cost_report(conn, window, repo.as_ref())?;
+            MEMO.lock().unwrap_or_else(PoisonError::into_inner).put(
+                owner,
+                key,
+                stamp,
+                report.clone(),
+            );
+            Ok(report)
+        })
+        .await
     }
 }

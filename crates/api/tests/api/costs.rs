@@ -683,3 +683,85 @@ async fn the_recorded_run_cost_is_a_prometheus_counter_on_postgresql() {
     let Some(db) = TestDb::postgres() else { return };
     run_cost_counter(db).await;
 }
+
+/// The summary's total and the top task's (title, state) of a report answer.
+fn total_and_top(body: &Value) -> (Value, Value, Value) {
+    let top = &body["topTasks"][0];
+    (
+        body["summary"]["totalCost"].clone(),
+        top["title"].clone(),
+        top["state"].clone(),
+    )
+}
+
+/// A computed report is served again while nothing it is computed from changed, and never
+/// after a write that feeds it: a recorded run, a state change that moves no sum, a budget.
+async fn kept_report(db: TestDb) {
+    use diesel::connection::SimpleConnection;
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let now = OffsetDateTime::now_utc();
+    let mut conn = db.db.conn().unwrap();
+    let id = create(&db.db, &new_task(REPOS[0], TaskType::Coding, now)).id;
+    step(&mut conn, id, Trigger::Claim);
+    pay(&mut conn, id, Some("opus"), 100_000_000);
+    let uri = "/api/analytics/costs?days=30";
+    let (code, first) = call(&app, get(uri, &t.viewer)).await;
+    assert_eq!(code, 200, "{first}");
+    let (total, title, state) = total_and_top(&first);
+    assert_eq!((total, title), (json!("0.1000"), json!("A task")));
+
+    // An edit behind the write paths' back (no rollup write): the kept report is served.
+    conn.batch_execute("UPDATE tasks SET title = 'Renamed by hand'")
+        .unwrap();
+    let (_, again) = call(&app, get(uri, &t.viewer)).await;
+    assert_eq!(again, first, "served from the kept report");
+    // Other parameters are another report, computed now.
+    let (_, other) = call(&app, get("/api/analytics/costs?days=7", &t.viewer)).await;
+    assert_eq!(total_and_top(&other).1, json!("Renamed by hand"));
+
+    // A recorded run: the next report shows it.
+    pay(&mut conn, id, Some("opus"), 200_000_000);
+    let (_, paid) = call(&app, get(uri, &t.viewer)).await;
+    assert_eq!(
+        total_and_top(&paid),
+        (json!("0.3000"), json!("Renamed by hand"), state.clone())
+    );
+
+    // A state change that moves no sum (provisioning → running): the top task's state is
+    // new.
+    step(&mut conn, id, Trigger::AgentStarted);
+    let (_, opened) = call(&app, get(uri, &t.viewer)).await;
+    assert_ne!(total_and_top(&opened).2, state, "{opened}");
+    assert_eq!(total_and_top(&opened).0, json!("0.3000"));
+
+    // A budget set: the report's budgets show it.
+    assert_eq!(opened["budgets"], json!([]));
+    agentry_persistence::budgets::set_instance_budget(
+        &mut conn,
+        Some(Usd::parse("10").unwrap()),
+        now,
+    )
+    .unwrap();
+    let (_, budgeted) = call(&app, get(uri, &t.viewer)).await;
+    assert_eq!(
+        budgeted["budgets"].as_array().map(Vec::len),
+        Some(1),
+        "{budgeted}"
+    );
+}
+
+#[actix_web::test]
+async fn a_kept_report_is_served_until_a_write_feeds_it_on_sqlite() {
+    kept_report(TestDb::sqlite()).await;
+}
+
+#[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+async fn a_kept_report_is_served_until_a_write_feeds_it_on_postgresql() {
+    let Some(db) = TestDb::postgres() else { return };
+    kept_report(db).await;
+}
