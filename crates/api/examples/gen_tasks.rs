@@ -1,21 +1,92 @@
 //! Generates historical task records as JSON Lines for `agentry import`, for benchmarks and
-//! demos: `cargo run --release -p agentry-api --example gen_tasks -- COUNT [DAYS] > tasks.jsonl`
-//! (defaults: 1,000,000 records over 90 days). See `examples/common/demo.rs` for the data's
-//! shape.
+//! demos (defaults: 1,000,000 records over 90 days; see `examples/common/demo.rs` for the
+//! data's shape):
+//!
+//! ```sh
+//! cargo run --release -p agentry-api --example gen_tasks -- COUNT [DAYS] [--random-ids] > tasks.jsonl
+//! ```
+//!
+//! `--random-ids` gives every record an `id`: a random UUIDv4, as exported history carries
+//! (still deterministic: the same arguments give the same bytes). Without it the records
+//! have no `id` and the output is exactly what it always was.
 
 use std::io::{BufWriter, Write};
+
+use agentry_testkit::SplitMix64;
 
 #[path = "common/demo.rs"]
 mod demo;
 
+/// Writes through to `inner`, giving every line that starts with `{` a leading
+/// `"id":"<UUIDv4>",` member drawn from its own seeded generator.
+struct WithIds<W> {
+    inner: W,
+    rng: SplitMix64,
+    at_line_start: bool,
+}
+
+impl<W: Write> WithIds<W> {
+    fn new(inner: W) -> Self {
+        Self {
+            inner,
+            rng: SplitMix64::new(0x1D5_2026_1123),
+            at_line_start: true,
+        }
+    }
+
+    fn next_id(&mut self) -> uuid::Uuid {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.rng.next_u64().to_le_bytes());
+        bytes[8..].copy_from_slice(&self.rng.next_u64().to_le_bytes());
+        uuid::Builder::from_random_bytes(bytes).into_uuid()
+    }
+}
+
+impl<W: Write> Write for WithIds<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        while !rest.is_empty() {
+            if self.at_line_start && rest[0] == b'{' {
+                let id = self.next_id();
+                write!(self.inner, "{{\"id\":\"{id}\",")?;
+                rest = &rest[1..];
+                self.at_line_start = false;
+                continue;
+            }
+            let end = rest
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(rest.len(), |i| i + 1);
+            self.inner.write_all(&rest[..end])?;
+            self.at_line_start = rest[end - 1] == b'\n';
+            rest = &rest[end..];
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 fn main() -> std::io::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let count: u64 = args
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let random_ids = args.iter().any(|a| a == "--random-ids");
+    let mut positional = args.iter().filter(|a| !a.starts_with("--"));
+    let count: u64 = positional
         .next()
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
-    let days: i64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(90);
-    let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-    demo::write_tasks(&mut out, count, days, time::OffsetDateTime::now_utc())?;
-    out.flush()
+    let days: i64 = positional.next().and_then(|a| a.parse().ok()).unwrap_or(90);
+    let now = time::OffsetDateTime::now_utc();
+    let out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    if random_ids {
+        let mut out = WithIds::new(out);
+        demo::write_tasks(&mut out, count, days, now)?;
+        out.flush()
+    } else {
+        let mut out = out;
+        demo::write_tasks(&mut out, count, days, now)?;
+        out.flush()
+    }
 }
