@@ -675,13 +675,11 @@ pub fn open_issues_page(
         }
         let mut before = None;
         if let Some(a) = after.filter(|a| a.linked == linked) {
-            // The issues that share the cursor's key: those after it in the view's order.
+            // The issues that share the cursor's timestamp: those after it in the view's order.
             let at = to_db(a.updated_at);
-            let tied = view_keys(conn, repo, linked, KeyRange::At(at), None)?;
-            keys.extend(
-                tied.into_iter()
-                    .filter(|(key, _)| view_order(key, a) == Ordering::Greater),
-            );
+            let from = Some((a.repo_url.as_str(), a.number));
+            let need = want - keys.len();
+            keys.extend(tie_group(conn, repo, linked, at, from, need)?);
             before = Some(at);
         }
         if keys.len() >= want {
@@ -701,7 +699,8 @@ pub fn open_issues_page(
         };
         read.retain(|(key, _)| to_db(key.updated_at) != last);
         keys.append(&mut read);
-        keys.extend(view_keys(conn, repo, linked, KeyRange::At(last), None)?);
+        let need = want - keys.len();
+        keys.extend(tie_group(conn, repo, linked, last, None, need)?);
         break;
     }
     keys.sort_by(|a, b| view_order(&a.0, &b.0));
@@ -740,8 +739,76 @@ enum KeyRange {
     All,
     /// Those before this time.
     Before(PrimitiveDateTime),
-    /// Exactly this time.
-    At(PrimitiveDateTime),
+}
+
+/// The first `need` keys, in the view's order, of the issues of one segment (`linked`) that
+/// share the timestamp `at`, after (repository URL, number) `from` when given. Ordered by
+/// repository URL (compared in Rust), then number: the group's repositories are found from
+/// the index alone, then each is a range read by number, in URL order, until `need` keys
+/// are found; so a page costs its size even when thousands of issues share a timestamp.
+fn tie_group(
+    conn: &mut AnyConnection,
+    repo: Option<&str>,
+    linked: bool,
+    at: PrimitiveDateTime,
+    from: Option<(&str, i64)>,
+    need: usize,
+) -> Result<Vec<(IssueViewCursor, String)>, DbError> {
+    let ids: Vec<String> = match repo {
+        Some(repo) => vec![repo.to_owned()],
+        None => synced_issues::table
+            .filter(synced_issues::state.eq(OPEN))
+            .filter(synced_issues::linked.eq(linked))
+            .filter(synced_issues::updated_at.eq(at))
+            .select(synced_issues::repo_id)
+            .distinct()
+            .load(conn)?,
+    };
+    let mut repos: Vec<(String, String)> = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(500) {
+        let found: Vec<(String, String)> = repositories::table
+            .filter(repositories::id.eq_any(chunk))
+            .filter(repositories::disconnected_at.is_null())
+            .select((repositories::url, repositories::id))
+            .load(conn)?;
+        repos.extend(found);
+    }
+    repos.sort();
+    let mut keys = Vec::new();
+    for (url, id) in repos {
+        if keys.len() >= need {
+            break;
+        }
+        let mut query = synced_issues::table
+            .filter(synced_issues::repo_id.eq(&id))
+            .filter(synced_issues::state.eq(OPEN))
+            .filter(synced_issues::linked.eq(linked))
+            .filter(synced_issues::updated_at.eq(at))
+            .select(synced_issues::number)
+            .order(synced_issues::number.asc())
+            .limit(i64::try_from(need - keys.len()).unwrap_or(i64::MAX))
+            .into_boxed();
+        match from {
+            Some((from_url, _)) if url.as_str() < from_url => continue,
+            Some((from_url, number)) if url.as_str() == from_url => {
+                query = query.filter(synced_issues::number.gt(number));
+            }
+            _ => {}
+        }
+        let numbers: Vec<i64> = query.load(conn)?;
+        keys.extend(numbers.into_iter().map(|number| {
+            (
+                IssueViewCursor {
+                    linked,
+                    updated_at: from_db(at),
+                    repo_url: url.clone(),
+                    number,
+                },
+                id.clone(),
+            )
+        }));
+    }
+    Ok(keys)
 }
 
 /// The sort keys (and repository ids) of the open synced issues of connected repositories
@@ -774,7 +841,6 @@ fn view_keys(
     query = match range {
         KeyRange::All => query,
         KeyRange::Before(at) => query.filter(synced_issues::updated_at.lt(at)),
-        KeyRange::At(at) => query.filter(synced_issues::updated_at.eq(at)),
     };
     if let Some(limit) = limit {
         query = query.limit(i64::try_from(limit).unwrap_or(i64::MAX));

@@ -290,6 +290,9 @@ pub struct Deltas {
     /// Coding tasks whose unit moved (class or model): their review subtasks' outcome
     /// contributions move from the first head to the second in [`apply`].
     moves: Vec<(Uuid, Head, Head)>,
+    /// A task with a recorded cost changed: the report's task lists (which show only costed
+    /// tasks, with their state and title) may show the change even when no sum moves.
+    shown: bool,
 }
 
 impl Deltas {
@@ -298,7 +301,11 @@ impl Deltas {
     /// Besides the task's own contribution, a coding task whose outcome class or model
     /// changes moves its review subtasks' outcome contributions with it (read in [`apply`]).
     pub fn change(old: Option<&Task>, new: Option<&Task>) -> Result<Deltas, DbError> {
-        let mut d = Deltas::default();
+        let mut d = Deltas {
+            shown: old.is_some_and(|t| t.cost_usd.is_some())
+                || new.is_some_and(|t| t.cost_usd.is_some()),
+            ..Deltas::default()
+        };
         if let Some(t) = old {
             d.add(t, -1)?;
         }
@@ -608,21 +615,37 @@ pub fn latest_day(conn: &mut AnyConnection) -> Result<Option<Date>, DbError> {
 /// Applies collected changes. Call inside the transaction of the write that caused them,
 /// as its last step (on PostgreSQL it takes a transaction-level lock on the rollups).
 ///
-/// Every call also raises the report generation ([`report_stamp`]) in that transaction,
-/// even when the sums do not change: a task's state or title shows in the report's task
-/// lists, and every write of a task's contributing fields comes through here.
+/// A change the cost report can show also raises the report generation ([`report_stamp`])
+/// in that transaction: one that moves a sum, or any change of a task with a recorded cost
+/// (the report's task lists show its state and title). Every write of a task's contributing
+/// fields comes through here; a change of an uncosted task that moves no sum (the claim of
+/// a queued task) leaves the generation, so kept reports stay valid.
 pub fn apply(conn: &mut AnyConnection, mut deltas: Deltas) -> Result<(), DbError> {
-    if let AnyConnection::Postgresql(_) = conn {
-        // Parents and review subtasks are read under the lock: a concurrent writer's change
-        // to either is then either fully before this read or fully after this transaction.
-        // Taken before the generation's row, so two writers take both in the same order.
+    let pg = matches!(conn, AnyConnection::Postgresql(_));
+    let lock = |conn: &mut AnyConnection| -> Result<(), DbError> {
         diesel::sql_query(format!("SELECT pg_advisory_xact_lock({ROLLUP_LOCK_KEY})"))
             .execute(conn)?;
+        Ok(())
+    };
+    // Parents and review subtasks are read under the lock: a concurrent writer's change to
+    // either is then either fully before this read or fully after this transaction.
+    let locked = pg && !(deltas.reviews.is_empty() && deltas.moves.is_empty());
+    if locked {
+        lock(conn)?;
     }
-    bump_generation(conn)?;
     deltas.resolve(conn)?;
     deltas.prune();
-    if deltas.cumulative.is_empty() && deltas.daily.is_empty() {
+    let unchanged = deltas.cumulative.is_empty() && deltas.daily.is_empty();
+    if unchanged && !deltas.shown {
+        return Ok(());
+    }
+    // The generation's row is always taken after the rollup lock, so two writers take
+    // both in the same order.
+    if pg && !locked {
+        lock(conn)?;
+    }
+    bump_generation(conn)?;
+    if unchanged {
         return Ok(());
     }
     apply_daily(conn, &deltas.daily)?;
@@ -928,7 +951,10 @@ pub fn daily_between(
 pub fn rebuild(conn: &mut AnyConnection) -> Result<(), DbError> {
     diesel::delete(cc::table).execute(conn)?;
     diesel::delete(cd::table).execute(conn)?;
-    let mut deltas = Deltas::default();
+    let mut deltas = Deltas {
+        shown: true,
+        ..Deltas::default()
+    };
     let mut after: Option<crate::tasks::TaskCursor> = None;
     loop {
         let page = crate::tasks::list_tasks(

@@ -703,6 +703,7 @@ async fn kept_report(db: TestDb) {
     let now = OffsetDateTime::now_utc();
     let mut conn = db.db.conn().unwrap();
     let id = create(&db.db, &new_task(REPOS[0], TaskType::Coding, now)).id;
+    let uncosted = create(&db.db, &new_task(REPOS[1], TaskType::Coding, now)).id;
     step(&mut conn, id, Trigger::Claim);
     pay(&mut conn, id, Some("opus"), 100_000_000);
     let uri = "/api/analytics/costs?days=30";
@@ -744,6 +745,13 @@ async fn kept_report(db: TestDb) {
     )
     .unwrap();
     let (_, budgeted) = call(&app, get(uri, &t.viewer)).await;
+
+    // The claim of a task without a cost moves nothing the report shows: still kept.
+    conn.batch_execute("UPDATE tasks SET title = 'Renamed again'")
+        .unwrap();
+    step(&mut conn, uncosted, Trigger::Claim);
+    let (_, claimed) = call(&app, get(uri, &t.viewer)).await;
+    assert_eq!(claimed, budgeted, "served from the kept report");
     assert_eq!(
         budgeted["budgets"].as_array().map(Vec::len),
         Some(1),

@@ -156,10 +156,7 @@ fn an_issues_view_page_is_an_index_range() {
     link_issue(db, &a, 3);
     let first = issues::open_issues_page(&mut conn, None, 5, None).unwrap();
     let cursor = first.next.unwrap();
-    for (repo, index) in [
-        (None, "synced_issues_view"),
-        (Some(a.id), "synced_issues_repo_view"),
-    ] {
+    for repo in [None, Some(a.id)] {
         for after in [None, Some(&cursor)] {
             let (page, sent) = statements(&mut conn, |c| {
                 issues::open_issues_page(c, repo, 5, after).unwrap()
@@ -172,8 +169,9 @@ fn an_issues_view_page_is_an_index_range() {
                 assert!(
                     steps
                         .iter()
-                        .any(|s| s.starts_with("SEARCH synced_issues USING INDEX")
-                            && s.contains(index)),
+                        .any(|s| s.starts_with("SEARCH synced_issues USING")
+                            && s.contains("INDEX synced_issues_")
+                            && s.contains("_view (")),
                     "{repo:?} {after:?}: {steps:?}"
                 );
                 assert!(
