@@ -37,6 +37,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds for the `Retry-After` header, when the answer carries one.
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -45,6 +47,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -157,9 +160,18 @@ impl ApiError {
         )
     }
 
-    /// 503 `unavailable`: the database cannot be reached right now.
+    /// 503 `unavailable` with `Retry-After: 1`: the database cannot be reached, or is too
+    /// busy to take the write, right now; nothing was changed.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        ApiError {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        }
+    }
+
+    /// The `Retry-After` seconds the answer carries, if any.
+    pub fn retry_after(&self) -> Option<u32> {
+        self.retry_after
     }
 
     /// 500 `internal`. The cause is logged, never sent.
@@ -215,7 +227,11 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(ErrorBody {
+        let mut response = HttpResponse::build(self.status);
+        if let Some(seconds) = self.retry_after {
+            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+        }
+        response.json(ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_owned(),
                 message: self.message.clone(),

@@ -1,11 +1,18 @@
 //! One connection type for both backends, the pool that hands it out, migrations, and the
 //! write-transaction helper every mutating query goes through.
 
-use std::time::Duration;
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, LazyLock, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
-use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use diesel::connection::{
+    AnsiTransactionManager, Instrumentation, InstrumentationEvent, SimpleConnection,
+    TransactionManager,
+};
 use diesel::prelude::*;
 use diesel::r2d2::R2D2Connection;
+use diesel::result::DatabaseErrorKind;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::DbError;
@@ -16,6 +23,11 @@ pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations")
 /// SQLite page cache per connection, in KiB (SQLite's default is 2 MiB). Memory is taken
 /// only as pages are read, so an idle service stays small.
 pub const SQLITE_CACHE_KIB: i64 = 32 * 1024;
+
+/// How long an SQLite writer waits for its turn: first in this process's write queue, then
+/// for SQLite's own lock (`busy_timeout`, against other processes). Past it the write fails
+/// with [`DbError::Busy`].
+pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Key of the PostgreSQL advisory lock held while migrations run, so that replicas starting
 /// together do not apply the same migration twice.
@@ -91,8 +103,17 @@ impl DatabaseUrl {
         }
     }
 
-    /// Opens one connection, with the per-connection settings of the backend.
+    /// Opens one connection, with the per-connection settings of the backend (on SQLite a
+    /// writer waits up to [`SQLITE_BUSY_TIMEOUT`]).
     pub fn connect(&self) -> Result<AnyConnection, DbError> {
+        self.connect_with(SQLITE_BUSY_TIMEOUT)
+    }
+
+    /// [`DatabaseUrl::connect`] with another SQLite busy timeout (ignored on PostgreSQL).
+    ///
+    /// An SQLite connection to a file joins the process-wide write queue of that file (see
+    /// [`write_tx`]), whichever pool or caller opened it.
+    pub fn connect_with(&self, busy_timeout: Duration) -> Result<AnyConnection, DbError> {
         match self {
             DatabaseUrl::Sqlite(path) => {
                 let mut conn = diesel::SqliteConnection::establish(path)
@@ -100,12 +121,22 @@ impl DatabaseUrl {
                 // WAL lets readers proceed beside the single writer; busy_timeout makes a
                 // second writer wait instead of failing; foreign keys are off by default;
                 // temp_store keeps statement journals of multi-row INSERTs off the disk.
+                let busy_ms = busy_timeout.as_millis().min(i32::MAX as u128);
                 conn.batch_execute(&format!(
-                    "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+                    "PRAGMA busy_timeout = {busy_ms}; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
                      PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; \
                      PRAGMA cache_size = -{SQLITE_CACHE_KIB};"
                 ))
                 .map_err(|e| DbError::Connect(e.to_string()))?;
+                // The file exists once SQLite has opened it; a name that is not a file
+                // (`:memory:`, a URI) is a database of this connection alone: no queue.
+                if let Ok(file) = std::fs::canonicalize(path) {
+                    conn.set_instrumentation(WriteGate {
+                        queue: WriteQueue::of_file(file),
+                        wait: busy_timeout,
+                        inner: diesel::connection::get_default_instrumentation(),
+                    });
+                }
                 Ok(AnyConnection::Sqlite(conn))
             }
             DatabaseUrl::Postgres(url) => diesel::PgConnection::establish(url)
@@ -115,11 +146,133 @@ impl DatabaseUrl {
     }
 }
 
+/// The process's writers of one SQLite file, served first come, first served.
+///
+/// SQLite's busy handler lets a waiting writer poll with growing sleeps, so under a steady
+/// stream of writers a late poller keeps losing to the newcomers and times out. Writers of
+/// this process instead wait their turn here, and only the writer whose turn it is asks
+/// SQLite for the lock (`BEGIN IMMEDIATE`), which it then gets at once unless another
+/// process holds it.
+#[derive(Debug, Default)]
+struct WriteQueue {
+    state: Mutex<QueueState>,
+    turn: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    /// Whether a writer holds the turn.
+    held: bool,
+    /// Tickets of the waiting writers, oldest first.
+    waiting: VecDeque<u64>,
+    next_ticket: u64,
+}
+
+/// One write queue per SQLite file open in this process (several test databases live in one
+/// test process, each with its own queue).
+static WRITE_QUEUES: LazyLock<Mutex<HashMap<PathBuf, Weak<WriteQueue>>>> =
+    LazyLock::new(Default::default);
+
+impl WriteQueue {
+    /// The queue of the file `file` (a canonical path), shared by every connection of this
+    /// process to it; dropped with the last of them.
+    fn of_file(file: PathBuf) -> Arc<WriteQueue> {
+        let mut queues = WRITE_QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(queue) = queues.get(&file).and_then(Weak::upgrade) {
+            return queue;
+        }
+        queues.retain(|_, queue| queue.strong_count() > 0);
+        let queue = Arc::new(WriteQueue::default());
+        queues.insert(file, Arc::downgrade(&queue));
+        queue
+    }
+
+    /// Waits (blocking) up to `wait` for this writer's turn; `None` when it did not come.
+    fn take_turn(self: &Arc<Self>, wait: Duration) -> Option<WriteTurn> {
+        let deadline = Instant::now() + wait;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !state.held && state.waiting.is_empty() {
+            state.held = true;
+            return Some(WriteTurn(self.clone()));
+        }
+        let ticket = state.next_ticket;
+        state.next_ticket = state.next_ticket.wrapping_add(1);
+        state.waiting.push_back(ticket);
+        loop {
+            if !state.held && state.waiting.front() == Some(&ticket) {
+                state.waiting.pop_front();
+                state.held = true;
+                return Some(WriteTurn(self.clone()));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let was_first = state.waiting.front() == Some(&ticket);
+                state.waiting.retain(|t| *t != ticket);
+                drop(state);
+                if was_first {
+                    // The next writer may be free to go now.
+                    self.turn.notify_all();
+                }
+                return None;
+            }
+            state = self
+                .turn
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A writer's turn in its [`WriteQueue`]; the next writer goes when it is dropped.
+struct WriteTurn(Arc<WriteQueue>);
+
+impl Drop for WriteTurn {
+    fn drop(&mut self) {
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .held = false;
+        self.0.turn.notify_all();
+    }
+}
+
+/// Rides on an SQLite connection as its diesel instrumentation (the one slot a connection
+/// has for our own data), so that [`write_tx`] finds the connection's write queue. Events go
+/// on to the default instrumentation, if one is set.
+struct WriteGate {
+    queue: Arc<WriteQueue>,
+    wait: Duration,
+    inner: Option<Box<dyn Instrumentation>>,
+}
+
+impl Instrumentation for WriteGate {
+    fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        if let Some(inner) = self.inner.as_mut() {
+            inner.on_connection_event(event);
+        }
+    }
+}
+
+/// The message of a write that waited its whole turn in vain; it reads like SQLite's own
+/// `SQLITE_BUSY` so that both become [`DbError::Busy`].
+fn queue_timeout(wait: Duration) -> diesel::result::Error {
+    diesel::result::Error::DatabaseError(
+        DatabaseErrorKind::Unknown,
+        Box::new(format!(
+            "database is locked: no turn to write within {} ms",
+            wait.as_millis()
+        )),
+    )
+}
+
 /// The r2d2 connection manager: dispatches on the URL's scheme (diesel's derived
 /// `establish` would try PostgreSQL then SQLite with the same string and hide the real error).
 #[derive(Debug)]
 pub struct ConnectionManager {
     url: DatabaseUrl,
+    busy_timeout: Duration,
 }
 
 /// Why the pool could not open a connection.
@@ -132,7 +285,9 @@ impl r2d2::ManageConnection for ConnectionManager {
     type Error = ConnectError;
 
     fn connect(&self) -> Result<AnyConnection, ConnectError> {
-        self.url.connect().map_err(|e| ConnectError(e.to_string()))
+        self.url
+            .connect_with(self.busy_timeout)
+            .map_err(|e| ConnectError(e.to_string()))
     }
 
     fn is_valid(&self, conn: &mut AnyConnection) -> Result<(), ConnectError> {
@@ -158,17 +313,32 @@ impl Db {
     /// Connects to `url` with a pool of at most `max_connections`. Fails at once (within the
     /// connection timeout) when the database cannot be reached.
     pub fn connect(url: &str, max_connections: u32) -> Result<Db, DbError> {
+        Db::connect_with(url, max_connections, SQLITE_BUSY_TIMEOUT)
+    }
+
+    /// [`Db::connect`] with another SQLite busy timeout: how long a writer waits for its turn
+    /// before it fails with [`DbError::Busy`] (ignored on PostgreSQL).
+    pub fn connect_with(
+        url: &str,
+        max_connections: u32,
+        busy_timeout: Duration,
+    ) -> Result<Db, DbError> {
         let url = DatabaseUrl::parse(url)?;
         let backend = url.backend();
         // Open one connection first so that a bad URL reports the driver's own message.
-        drop(url.connect()?);
+        drop(url.connect_with(busy_timeout)?);
         let pool = r2d2::Pool::builder()
             .max_size(max_connections.max(1))
             .min_idle(Some(1))
             .connection_timeout(Duration::from_secs(10))
-            .build(ConnectionManager { url })
+            .build(ConnectionManager { url, busy_timeout })
             .map_err(|e| DbError::Connect(e.to_string()))?;
         Ok(Db { pool, backend })
+    }
+
+    /// The most connections the pool opens at once.
+    pub fn max_connections(&self) -> u32 {
+        self.pool.max_size()
     }
 
     /// The backend behind this pool.
@@ -191,7 +361,7 @@ impl Db {
     /// Checks that the database answers (`/readyz`).
     pub fn ping(&self) -> Result<(), DbError> {
         let mut conn = self.conn()?;
-        conn.ping().map_err(DbError::Query)
+        conn.ping().map_err(DbError::from)
     }
 }
 
@@ -215,9 +385,14 @@ pub fn run_migrations(conn: &mut AnyConnection) -> Result<Vec<String>, DbError> 
 
 /// Runs `f` in a write transaction and commits when it returns `Ok`, rolls back otherwise.
 ///
-/// On SQLite the transaction starts with `BEGIN IMMEDIATE`: it takes the write lock up front
-/// (waiting up to the busy timeout), so a read-then-write transaction can never fail half way
-/// with `SQLITE_BUSY` because another writer slipped in. On PostgreSQL it is a plain
+/// On SQLite the writer first waits its turn in the process's FIFO queue of writers of that
+/// file, then starts with `BEGIN IMMEDIATE`: it takes the write lock up front, so a
+/// read-then-write transaction can never fail half way with `SQLITE_BUSY` because another
+/// writer slipped in. The turn is held until commit or rollback, so writers of one process
+/// never poll SQLite's busy handler against each other and are served in arrival order. A
+/// writer whose turn does not come within the busy timeout (a long import holds it), or that
+/// still finds the database locked by another process, fails with a "database is locked"
+/// error ([`DbError::Busy`]). On PostgreSQL it is a plain
 /// `BEGIN` (READ COMMITTED); writers there rely on compare-and-set updates and unique keys.
 /// Called inside another `write_tx`, it runs as a savepoint of the outer transaction.
 pub fn write_tx<T, E, F>(conn: &mut AnyConnection, f: F) -> Result<T, E>
@@ -233,8 +408,17 @@ where
     if depth.is_some() {
         return conn.transaction(f);
     }
+    // Held until this function returns: after the commit or the rollback.
+    let mut _turn = None;
     match conn {
         AnyConnection::Sqlite(c) => {
+            if let Some(gate) = c.instrumentation().downcast_ref::<WriteGate>() {
+                let wait = gate.wait;
+                match gate.queue.take_turn(wait) {
+                    Some(turn) => _turn = Some(turn),
+                    None => return Err(queue_timeout(wait).into()),
+                }
+            }
             AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE")?;
         }
         AnyConnection::Postgresql(c) => {

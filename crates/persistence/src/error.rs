@@ -27,9 +27,42 @@ pub enum DbError {
     /// A stored value does not decode into its domain type.
     #[error("stored data is invalid: {0}")]
     Corrupt(String),
+    /// The database is too busy to take this write now: SQLite stayed locked (by a long
+    /// write, or another process) past the busy timeout, or PostgreSQL could not serialise
+    /// the transaction. Nothing was written; the same request may succeed shortly.
+    #[error("the database is busy: {0}")]
+    Busy(String),
     /// Any other database error.
     #[error("database error: {0}")]
-    Query(#[from] diesel::result::Error),
+    Query(#[source] diesel::result::Error),
+}
+
+impl From<diesel::result::Error> for DbError {
+    fn from(e: diesel::result::Error) -> Self {
+        if is_busy(&e) {
+            DbError::Busy(e.to_string())
+        } else {
+            DbError::Query(e)
+        }
+    }
+}
+
+/// Whether `e` says the database is locked or the transaction could not be serialised, so
+/// that trying again later may succeed. diesel reports SQLite's `SQLITE_BUSY` and
+/// `SQLITE_LOCKED` as unknown errors carrying SQLite's message (`sqlite3_errmsg`), so the
+/// message is what tells them apart.
+fn is_busy(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    match e {
+        Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
+        Error::DatabaseError(DatabaseErrorKind::Unknown, info) => {
+            let message = info.message();
+            message.starts_with("database is locked")
+                || message.starts_with("database table is locked")
+                || message.starts_with("database schema is locked")
+        }
+        _ => false,
+    }
 }
 
 impl DbError {

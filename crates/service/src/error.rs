@@ -39,7 +39,8 @@ pub enum ServiceError {
     /// The code host failed or rate-limited us past the client's retries.
     #[error("{0}")]
     CodeHostUnavailable(String),
-    /// The database cannot be reached right now.
+    /// The database cannot be reached, or is too busy to take the write, right now; nothing
+    /// was changed and the same request may succeed shortly.
     #[error("{0}")]
     Unavailable(String),
     /// A defect or an unexpected failure; the cause is logged where it is made, never shown.
@@ -78,6 +79,10 @@ impl From<DbError> for ServiceError {
             DbError::Pool(_) | DbError::Connect(_) => {
                 tracing::warn!(error = %e, "database unavailable");
                 ServiceError::Unavailable("the database is unavailable; try again shortly".into())
+            }
+            DbError::Busy(_) => {
+                tracing::warn!(error = %e, "database busy");
+                ServiceError::Unavailable("the database is busy; try again shortly".into())
             }
             other => ServiceError::internal(&other),
         }

@@ -62,6 +62,9 @@ pub struct Parts {
     pub runs: Runs,
     /// The budget alerts' webhook (docs/contract.md#67-budgets).
     pub alerts: Alerts,
+    /// One permit per pooled connection: [`Service::db`] takes one before it uses a blocking
+    /// thread, so waiting calls wait as futures, not as parked blocking threads.
+    db_permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Service {
@@ -93,8 +96,12 @@ impl Service {
 
     /// [`Service::new`] with budget alerts delivered as `alerts` says.
     pub fn with_alerts(db: Db, codehost: CodeHost, runs: Runs, alerts: Alerts) -> Self {
+        let permits = usize::try_from(db.max_connections())
+            .unwrap_or(usize::MAX)
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         Service {
             parts: Arc::new(Parts {
+                db_permits: Arc::new(tokio::sync::Semaphore::new(permits)),
                 db,
                 codehost,
                 runs,
@@ -104,6 +111,9 @@ impl Service {
     }
 
     /// Runs blocking database work on tokio's blocking pool with a pooled connection.
+    ///
+    /// At most as many calls as the pool has connections run at once; the others wait (as
+    /// futures) for a permit before they take a blocking thread.
     pub async fn db<T, F>(&self, f: F) -> Result<T, ServiceError>
     where
         T: Send + 'static,
@@ -121,7 +131,16 @@ impl Service {
         F: FnOnce(&mut AnyConnection) -> Result<T, E> + Send + 'static,
     {
         let db = self.parts.db.clone();
+        // The semaphore is never closed, so acquiring fails only on a defect.
+        let permit = self
+            .parts
+            .db_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| E::from(ServiceError::internal(&e)))?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let mut conn = db.conn().map_err(|e| E::from(ServiceError::from(e)))?;
             f(&mut conn)
         })

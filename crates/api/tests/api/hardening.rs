@@ -159,3 +159,56 @@ async fn random_input_on_the_code_host_endpoints_never_fails_or_writes_when_refu
         check(code, &reply, &q);
     }
 }
+
+/// A database that stays locked past the busy timeout (here by a second connection holding
+/// SQLite's write lock) answers 503 `unavailable` with `Retry-After: 1`, never a 500, and
+/// writes nothing; the same request succeeds once the lock is gone.
+#[actix_web::test]
+async fn a_locked_database_is_503_unavailable_with_retry_after() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, SqliteConnection};
+
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("agentry.db");
+    let url = format!("sqlite://{}", path.display());
+    let db = agentry_persistence::Db::connect_with(&url, 4, std::time::Duration::from_millis(300))
+        .expect("open SQLite");
+    db.migrate().expect("migrate");
+    let t = tokens(&db);
+    let app = service(&db).await;
+    let create = || {
+        TestRequest::post()
+            .uri("/api/tokens")
+            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+            .insert_header(("Content-Type", "application/json"))
+            .set_payload(r#"{"name":"ci","role":"viewer"}"#)
+            .to_request()
+    };
+    let count = |db: &agentry_persistence::Db| {
+        agentry_persistence::tokens::list_active(&mut db.conn().expect("connection"))
+            .expect("tokens")
+            .len()
+    };
+    let before = count(&db);
+
+    let mut other =
+        SqliteConnection::establish(path.to_str().expect("utf-8 path")).expect("second connection");
+    other.batch_execute("BEGIN IMMEDIATE").expect("lock");
+    let res = actix_web::test::call_service(&app, create()).await;
+    assert_eq!(res.status().as_u16(), 503);
+    assert_eq!(
+        res.headers()
+            .get("Retry-After")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: serde_json::Value =
+        serde_json::from_slice(&actix_web::test::read_body(res).await).expect("JSON");
+    envelope(&body, "unavailable");
+    other.batch_execute("ROLLBACK").expect("unlock");
+    assert_eq!(count(&db), before, "a refused write wrote nothing");
+
+    let (code, body) = call(&app, create()).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(count(&db), before + 1);
+}
