@@ -642,6 +642,36 @@ fn pid_alive(pid: i32) -> bool {
     })
 }
 
+/// Through `base`: stores the code-host token `gh`, connects `acme/web` and creates a
+/// coding task `title` with `prompt`; returns the task's id.
+fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, prompt: &str) -> String {
+    let client = reqwest::blocking::Client::new();
+    let put = client
+        .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
+        .bearer_auth(admin)
+        .json(&serde_json::json!({ "value": gh }))
+        .send()
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let repo: Value = client
+        .post(format!("{base}/api/repos"))
+        .bearer_auth(admin)
+        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let task: Value = client
+        .post(format!("{base}/api/tasks"))
+        .bearer_auth(admin)
+        .json(&serde_json::json!({ "repoId": repo["id"], "title": title, "prompt": prompt }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    task["id"].as_str().unwrap().to_owned()
+}
+
 /// `kill -9` of `serve` while an agent runs, then `serve` again: the task is recovered (the
 /// lost run recorded, attempt 2), its orphaned agent stopped, and it reaches `pr_opened`
 /// with exactly one pull request.
@@ -666,33 +696,13 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     ];
     let mut server = Server::start_with(&data, None, true, &env);
     let admin = server.read_token();
-    let client = reqwest::blocking::Client::new();
-    let put = client
-        .put(format!("{}/api/secrets/CODEHOST_TOKEN", server.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "value": GH }))
-        .send()
-        .unwrap();
-    assert_eq!(put.status(), 200);
-    let repo: Value = client
-        .post(format!("{}/api/repos", server.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let task: Value = client
-        .post(format!("{}/api/tasks", server.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({
-            "repoId": repo["id"], "title": "Slow work", "prompt": "Take time [fake:sleep=3]"
-        }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = task["id"].as_str().unwrap().to_owned();
+    let id = connect_and_create_task(
+        &server.base,
+        &admin,
+        GH,
+        "Slow work",
+        "Take time [fake:sleep=3]",
+    );
     // The fake agent writes this once it runs (its own pid, which differs inside a sandbox).
     let home = data.join("runs").join(&id).join("1/home");
     eventually(Duration::from_secs(20), "the agent running", || {
@@ -788,33 +798,7 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
     ];
     let mut a = Server::start_with(&dir.path().join("a"), Some(&db.url), true, &env);
     let admin = a.read_token();
-    let client = reqwest::blocking::Client::new();
-    let put = client
-        .put(format!("{}/api/secrets/CODEHOST_TOKEN", a.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "value": GH }))
-        .send()
-        .unwrap();
-    assert_eq!(put.status(), 200);
-    let repo: Value = client
-        .post(format!("{}/api/repos", a.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let task: Value = client
-        .post(format!("{}/api/tasks", a.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({
-            "repoId": repo["id"], "title": "Publish slowly", "prompt": "Some work"
-        }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = task["id"].as_str().unwrap().to_owned();
+    let id = connect_and_create_task(&a.base, &admin, GH, "Publish slowly", "Some work");
     let mut last = Value::Null;
     eventually(
         Duration::from_secs(30),
@@ -900,33 +884,7 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
     let b_data = dir.path().join("b");
     let mut b = Server::start_with(&b_data, Some(&db.url), true, &env);
     let admin = b.read_token();
-    let client = reqwest::blocking::Client::new();
-    let put = client
-        .put(format!("{}/api/secrets/CODEHOST_TOKEN", b.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "value": GH }))
-        .send()
-        .unwrap();
-    assert_eq!(put.status(), 200);
-    let repo: Value = client
-        .post(format!("{}/api/repos", b.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let task: Value = client
-        .post(format!("{}/api/tasks", b.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({
-            "repoId": repo["id"], "title": "Push slowly", "prompt": "Some work"
-        }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = task["id"].as_str().unwrap().to_owned();
+    let id = connect_and_create_task(&b.base, &admin, GH, "Push slowly", "Some work");
     eventually(Duration::from_secs(30), "B's push hanging", || {
         std::fs::read_to_string(&mark).is_ok_and(|pid| !pid.trim().is_empty())
     });
