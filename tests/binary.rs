@@ -642,6 +642,24 @@ fn pid_alive(pid: i32) -> bool {
     })
 }
 
+/// A fake GitHub that knows the token `gh` and `acme/web`, whose clone URL is a real git
+/// repository (returned) in a temporary directory (returned, to keep it alive).
+fn fake_with_repo(
+    gh: &str,
+) -> (
+    agentry_fake_github::FakeGitHub,
+    tempfile::TempDir,
+    std::path::PathBuf,
+) {
+    let fake = agentry_fake_github::FakeGitHub::start();
+    fake.add_token(gh, "agentry-bot");
+    fake.add_repo("acme", "web", "main");
+    let dir = tempfile::tempdir().unwrap();
+    let source = source_repo(dir.path());
+    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    (fake, dir, source)
+}
+
 /// Through `base`: stores the code-host token `gh`, connects `acme/web` and creates a
 /// coding task `title` with `prompt`; returns the task's id.
 fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, prompt: &str) -> String {
@@ -677,14 +695,8 @@ fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, promp
 /// with exactly one pull request.
 #[test]
 fn a_run_killed_with_the_service_is_recovered_after_restart() {
-    use agentry_fake_github::FakeGitHub;
     const GH: &str = "ghp_RestartTestToken0123456789abcdef";
-    let fake = FakeGitHub::start();
-    fake.add_token(GH, "agentry-bot");
-    fake.add_repo("acme", "web", "main");
-    let dir = tempfile::tempdir().unwrap();
-    let source = source_repo(dir.path());
-    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    let (fake, dir, _source) = fake_with_repo(GH);
     let data = dir.path().join("data");
     let claude =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
@@ -767,15 +779,10 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
 )]
 fn a_reported_cost_survives_its_replica_dying_while_publishing() {
-    use agentry_fake_github::{FakeGitHub, Fault};
+    use agentry_fake_github::Fault;
     const GH: &str = "ghp_ReplicaTestToken0123456789abcdef";
     let Some(db) = TestDb::postgres() else { return };
-    let fake = FakeGitHub::start();
-    fake.add_token(GH, "agentry-bot");
-    fake.add_repo("acme", "web", "main");
-    let dir = tempfile::tempdir().unwrap();
-    let source = source_repo(dir.path());
-    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    let (fake, dir, _source) = fake_with_repo(GH);
     // A's creation hangs (as a code host that stopped answering) until A is gone.
     fake.fail_next(
         Some(("POST", "/repos/{o}/{r}/pulls")),
@@ -847,15 +854,9 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
     ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
 )]
 fn a_restarted_replica_records_the_run_it_left_behind() {
-    use agentry_fake_github::FakeGitHub;
     const GH: &str = "ghp_LeftoverTestToken0123456789abcdef";
     let Some(db) = TestDb::postgres() else { return };
-    let fake = FakeGitHub::start();
-    fake.add_token(GH, "agentry-bot");
-    fake.add_repo("acme", "web", "main");
-    let dir = tempfile::tempdir().unwrap();
-    let source = source_repo(dir.path());
-    fake.set_clone_url("acme", "web", source.to_str().unwrap());
+    let (fake, dir, source) = fake_with_repo(GH);
     // The first push hangs (its hook's pid in `mark`); later pushes go through.
     let mark = dir.path().join("push-hung");
     let hook = source.join("hooks/pre-receive");
