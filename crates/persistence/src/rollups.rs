@@ -364,8 +364,11 @@ impl Deltas {
     }
 
     /// Adds or removes a contribution given by its parts (a task without a parent).
+    ///
+    /// The task heads its own outcome unit, so its sums and its outcome go to the same
+    /// cumulative row: one update (an import adds a million of these).
     pub(crate) fn add_parts(&mut self, c: Contribution<'_>, sign: i64) -> Result<(), DbError> {
-        self.add_task_sums(c.created_at, c.repo_url, c.task_type, c.model, c.sums, sign)?;
+        let day = utc_day(c.created_at);
         let combo = (
             c.repo_url.to_owned(),
             c.task_type.as_str().to_owned(),
@@ -373,7 +376,17 @@ impl Deltas {
         );
         let class = Class::of(c.task_type, c.state);
         let outcome = OutcomeSums::new(class, true, c.sums.costed, c.sums.cost_nanos);
-        self.add_outcome(combo, utc_day(c.created_at), outcome, sign)
+        let e = self.cumulative.entry((combo, day)).or_default();
+        *e = e.combine(
+            Cum {
+                sums: c.sums,
+                outcome,
+            },
+            sign,
+        )?;
+        let d = self.daily.entry((day, c.repo_url.to_owned())).or_default();
+        *d = d.combine(c.sums, sign)?;
+        Ok(())
     }
 
     fn add_task_sums(

@@ -808,11 +808,14 @@ const IMPORT_TABLES: [&str; 2] = ["tasks", "task_events"];
 /// start, the import drops their secondary indexes and creates them again (from their stored
 /// definitions) after the last row, inside the same transaction: a sorted index build is far
 /// cheaper than a million random index inserts, and a failure rolls the drop back with
-/// everything else. On PostgreSQL each batch is sent with `COPY … FROM STDIN (FORMAT binary)`.
+/// everything else. Such an import also turns the records into rows and rollup deltas on a
+/// second thread while this one writes. On PostgreSQL each batch is sent with
+/// `COPY … FROM STDIN (FORMAT binary)`.
 pub fn import_tasks<E, I>(conn: &mut AnyConnection, records: I) -> Result<ImportOutcome, E>
 where
     I: IntoIterator<Item = Result<ImportTask, E>>,
-    E: From<DbError>,
+    I::IntoIter: Send,
+    E: From<DbError> + Send,
 {
     /// The transaction fails either because a record was bad or because a write failed.
     enum Failure<E> {
@@ -832,12 +835,18 @@ where
     // A bulk insert into tables keyed by random UUIDs touches index pages all over the
     // file; SQLite's default 2 MB page cache turns that into a storm of reads. Give this
     // connection a large cache for the import (memory is only taken as pages are used).
+    // Foreign keys are not checked while it writes: every row it writes refers to a
+    // repository read in the same transaction or to the task row written just before.
     let sqlite = matches!(conn, AnyConnection::Sqlite(_));
     if sqlite {
         diesel::sql_query(format!("PRAGMA cache_size = -{IMPORT_CACHE_KIB}"))
             .execute(conn)
             .map_err(DbError::from)?;
+        diesel::sql_query("PRAGMA foreign_keys = OFF")
+            .execute(conn)
+            .map_err(DbError::from)?;
     }
+    let began = std::time::Instant::now();
     let result = write_tx(conn, |conn| {
         let repos: std::collections::HashMap<String, String> = crate::schema::repositories::table
             .filter(crate::schema::repositories::disconnected_at.is_null())
@@ -856,44 +865,121 @@ where
             },
             AnyConnection::Postgresql(_) => None,
         };
-        // With nothing stored before, an id can only repeat one of this import's own.
-        let mut seen = deferred.as_ref().map(|_| std::collections::HashSet::new());
-        let mut outcome = ImportOutcome::default();
-        let mut deltas = Deltas::default();
-        let mut batch = Vec::with_capacity(IMPORT_BATCH);
-        for record in records {
-            batch.push(record.map_err(Failure::Record)?);
-            if batch.len() == IMPORT_BATCH {
-                import_batch(
-                    conn,
-                    &repos,
-                    seen.as_mut(),
-                    &mut batch,
-                    &mut outcome,
-                    &mut deltas,
-                )?;
+        let started = std::time::Instant::now();
+        let (outcome, deltas) = match &deferred {
+            Some(_) => {
+                // Lent to the second thread, and taken back if it cannot be started.
+                let records = std::sync::Mutex::new(Some(records.into_iter()));
+                let (written, prepared) = std::thread::scope(|scope| {
+                    let (sender, receiver) = std::sync::mpsc::sync_channel(2);
+                    let repos = &repos;
+                    let lent = &records;
+                    let preparer = std::thread::Builder::new()
+                        .name("import-rows".into())
+                        .spawn_scoped(scope, move || {
+                            let records = lent.lock().ok().and_then(|mut r| r.take());
+                            prepare_new_rows(records.into_iter().flatten(), repos, |rows| {
+                                sender.send(rows).is_ok()
+                            })
+                        });
+                    match preparer {
+                        Ok(preparer) => {
+                            let mut written = 0;
+                            let mut failed = None;
+                            for rows in receiver {
+                                match insert_rows(conn, &rows) {
+                                    Ok(n) => written += n,
+                                    Err(e) => {
+                                        // Dropping the receiver stops the preparer.
+                                        failed = Some(e);
+                                        break;
+                                    }
+                                }
+                            }
+                            let prepared = preparer
+                                .join()
+                                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                            match failed {
+                                Some(e) => Err(Failure::Db(e)),
+                                None => Ok((written, prepared)),
+                            }
+                        }
+                        // No second thread to be had: prepare here, between the writes.
+                        Err(_) => {
+                            let mut written = 0;
+                            let mut failed = None;
+                            let records = records.lock().ok().and_then(|mut r| r.take());
+                            let prepared =
+                                prepare_new_rows(records.into_iter().flatten(), repos, |rows| {
+                                    match insert_rows(conn, &rows) {
+                                        Ok(n) => written += n,
+                                        Err(e) => failed = Some(e),
+                                    }
+                                    failed.is_none()
+                                });
+                            match failed {
+                                Some(e) => Err(Failure::Db(e)),
+                                None => Ok((written, prepared)),
+                            }
+                        }
+                    }
+                })?;
+                let (skipped, deltas) = prepared.map_err(|e| match e {
+                    Prepared::Record(e) => Failure::Record(e),
+                    Prepared::Db(e) => Failure::Db(e),
+                })?;
+                let outcome = ImportOutcome {
+                    imported: written as u64,
+                    skipped,
+                };
+                (outcome, deltas)
             }
-        }
-        import_batch(
-            conn,
-            &repos,
-            seen.as_mut(),
-            &mut batch,
-            &mut outcome,
-            &mut deltas,
-        )?;
+            None => {
+                let mut outcome = ImportOutcome::default();
+                let mut deltas = Deltas::default();
+                let mut batch = Vec::with_capacity(IMPORT_BATCH);
+                for record in records {
+                    batch.push(record.map_err(Failure::Record)?);
+                    if batch.len() == IMPORT_BATCH {
+                        import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
+                    }
+                }
+                import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
+                (outcome, deltas)
+            }
+        };
+        tracing::debug!(
+            imported = outcome.imported,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "import: rows written"
+        );
         if let Some(definitions) = deferred {
             // Let SQLite's sorter use helper threads for the index builds (the parsing
             // thread is done by now, so the cores are free).
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
             diesel::sql_query(format!("PRAGMA threads = {threads}")).execute(conn)?;
             for sql in definitions {
-                diesel::sql_query(sql).execute(conn)?;
+                let at = std::time::Instant::now();
+                diesel::sql_query(&sql).execute(conn)?;
+                tracing::debug!(
+                    index = %sql,
+                    elapsed_ms = at.elapsed().as_millis() as u64,
+                    "import: index built"
+                );
             }
         }
+        let at = std::time::Instant::now();
         rollups::apply(conn, deltas)?;
+        tracing::debug!(
+            elapsed_ms = at.elapsed().as_millis() as u64,
+            "import: rollups applied"
+        );
         Ok(outcome)
     });
+    tracing::debug!(
+        elapsed_ms = began.elapsed().as_millis() as u64,
+        "import: transaction ended"
+    );
     if sqlite {
         diesel::sql_query(format!(
             "PRAGMA cache_size = -{}",
@@ -902,6 +988,9 @@ where
         .execute(conn)
         .map_err(DbError::from)?;
         diesel::sql_query("PRAGMA threads = 0")
+            .execute(conn)
+            .map_err(DbError::from)?;
+        diesel::sql_query("PRAGMA foreign_keys = ON")
             .execute(conn)
             .map_err(DbError::from)?;
     }
@@ -951,13 +1040,56 @@ fn drop_secondary_indexes(c: &mut diesel::SqliteConnection) -> Result<Vec<String
     Ok(indexes.into_iter().map(|i| i.sql).collect())
 }
 
-/// Writes one batch: skips the records whose id is known (in `seen` when given, which then
-/// stands for everything stored, otherwise in the database or earlier in the batch), and
-/// inserts the others with their events, in id order.
+/// Why preparing an import's rows stopped.
+enum Prepared<E> {
+    /// A record was bad.
+    Record(E),
+    /// A record's rollup contribution overflowed.
+    Db(DbError),
+}
+
+/// Turns the records of an import into empty tables into batches of rows, in id order
+/// within each batch, skipping an id that repeats an earlier record (with nothing stored
+/// before, an id can only repeat one of this import's own). Hands each batch to `write`,
+/// which answers whether to go on. Returns the number of records skipped and the rollup
+/// deltas of the rows prepared.
+fn prepare_new_rows<E>(
+    records: impl Iterator<Item = Result<ImportTask, E>>,
+    repos: &std::collections::HashMap<String, String>,
+    mut write: impl FnMut(ImportRows) -> bool,
+) -> Result<(u64, Deltas), Prepared<E>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut skipped = 0;
+    let mut deltas = Deltas::default();
+    let mut batch = Vec::with_capacity(IMPORT_BATCH);
+    let mut records = records.peekable();
+    while records.peek().is_some() {
+        batch.clear();
+        for record in records.by_ref() {
+            let record = record.map_err(Prepared::Record)?;
+            if seen.insert(record.id) {
+                batch.push(record);
+            } else {
+                skipped += 1;
+            }
+            if batch.len() == IMPORT_BATCH {
+                break;
+            }
+        }
+        batch.sort_unstable_by_key(|t| t.id);
+        let rows = import_rows(repos, batch.drain(..), &mut deltas).map_err(Prepared::Db)?;
+        if !write(rows) {
+            break;
+        }
+    }
+    Ok((skipped, deltas))
+}
+
+/// Writes one batch into tables that may hold rows: skips the records whose id is stored or
+/// appears earlier in the batch, and inserts the others with their events, in id order.
 fn import_batch(
     conn: &mut AnyConnection,
     repos: &std::collections::HashMap<String, String>,
-    seen: Option<&mut std::collections::HashSet<Uuid>>,
     batch: &mut Vec<ImportTask>,
     outcome: &mut ImportOutcome,
     deltas: &mut Deltas,
@@ -966,25 +1098,38 @@ fn import_batch(
         return Ok(());
     }
     let given = batch.len();
-    let mut fresh: Vec<ImportTask> = match seen {
-        Some(seen) => batch.drain(..).filter(|t| seen.insert(t.id)).collect(),
-        None => {
-            let ids: Vec<String> = batch.iter().map(|t| t.id.to_string()).collect();
-            let mut known: std::collections::HashSet<Uuid> = tasks::table
-                .filter(tasks::id.eq_any(&ids))
-                .select(tasks::id)
-                .load::<String>(conn)?
-                .iter()
-                .map(|id| convert::uuid(id))
-                .collect::<Result<_, _>>()?;
-            // `known` also collects this batch's ids, so a repeated id inside it is skipped too.
-            batch.drain(..).filter(|t| known.insert(t.id)).collect()
-        }
-    };
+    let ids: Vec<String> = batch.iter().map(|t| t.id.to_string()).collect();
+    let mut known: std::collections::HashSet<Uuid> = tasks::table
+        .filter(tasks::id.eq_any(&ids))
+        .select(tasks::id)
+        .load::<String>(conn)?
+        .iter()
+        .map(|id| convert::uuid(id))
+        .collect::<Result<_, _>>()?;
+    // `known` also collects this batch's ids, so a repeated id inside it is skipped too.
+    let mut fresh: Vec<ImportTask> = batch.drain(..).filter(|t| known.insert(t.id)).collect();
     outcome.skipped += (given - fresh.len()) as u64;
     // Random ids make every primary-key insert a descent to a random leaf; in id order the
     // descents of a batch walk the index from left to right.
     fresh.sort_unstable_by_key(|t| t.id);
+    let rows = import_rows(repos, fresh.into_iter(), deltas)?;
+    outcome.imported += insert_rows(conn, &rows)? as u64;
+    Ok(())
+}
+
+/// The rows of a batch of imported tasks: each task and its one event.
+struct ImportRows {
+    tasks: Vec<TaskInsert>,
+    events: Vec<EventInsert>,
+}
+
+/// Builds the rows of `fresh` (records known to be new) and adds their contributions to
+/// `deltas`.
+fn import_rows(
+    repos: &std::collections::HashMap<String, String>,
+    fresh: impl ExactSizeIterator<Item = ImportTask>,
+    deltas: &mut Deltas,
+) -> Result<ImportRows, DbError> {
     let mut rows = Vec::with_capacity(fresh.len());
     let mut events = Vec::with_capacity(fresh.len());
     for t in fresh {
@@ -1029,36 +1174,47 @@ fn import_batch(
             updated_at: at,
         });
     }
-    if !rows.is_empty() {
-        let inserted = match conn {
-            // In-process SQLite: one cached prepared statement per table, executed per row,
-            // beats re-parsing a multi-row statement for every batch.
-            AnyConnection::Sqlite(c) => {
-                let mut n = 0;
-                for (row, event) in rows.iter().zip(&events) {
-                    n += diesel::insert_into(tasks::table).values(row).execute(c)?;
-                    diesel::insert_into(task_events::table)
-                        .values(event)
-                        .execute(c)?;
-                }
-                n
-            }
-            // PostgreSQL: a round trip per statement; stream each table's rows in one COPY
-            // (binary format), which diesel's MultiBackend cannot express, hence the
-            // concrete connection.
-            AnyConnection::Postgresql(c) => {
-                let n = diesel::copy_from(tasks::table)
-                    .from_insertable(&rows)
-                    .execute(c)?;
-                diesel::copy_from(task_events::table)
-                    .from_insertable(&events)
-                    .execute(c)?;
-                n
-            }
-        };
-        outcome.imported += inserted as u64;
+    Ok(ImportRows {
+        tasks: rows,
+        events,
+    })
+}
+
+/// Inserts a batch's rows; returns the number of tasks inserted.
+fn insert_rows(conn: &mut AnyConnection, batch: &ImportRows) -> Result<usize, DbError> {
+    let ImportRows {
+        tasks: rows,
+        events,
+    } = batch;
+    if rows.is_empty() {
+        return Ok(0);
     }
-    Ok(())
+    Ok(match conn {
+        // In-process SQLite: one cached prepared statement per table, executed per row,
+        // beats re-parsing a multi-row statement for every batch.
+        AnyConnection::Sqlite(c) => {
+            let mut n = 0;
+            for (row, event) in rows.iter().zip(events) {
+                n += diesel::insert_into(tasks::table).values(row).execute(c)?;
+                diesel::insert_into(task_events::table)
+                    .values(event)
+                    .execute(c)?;
+            }
+            n
+        }
+        // PostgreSQL: a round trip per statement; stream each table's rows in one COPY
+        // (binary format), which diesel's MultiBackend cannot express, hence the
+        // concrete connection.
+        AnyConnection::Postgresql(c) => {
+            let n = diesel::copy_from(tasks::table)
+                .from_insertable(rows)
+                .execute(c)?;
+            diesel::copy_from(task_events::table)
+                .from_insertable(events)
+                .execute(c)?;
+            n
+        }
+    })
 }
 
 /// Costed tasks created in `[from, to)` costing at least `min_cost_nanos`, costliest first

@@ -60,6 +60,46 @@ fn fresh_sqlite_database_is_migrated_once() {
     );
 }
 
+/// The page size recorded in an SQLite file's header (bytes 16–17, big-endian; 1 means 65,536).
+fn header_page_size(path: &std::path::Path) -> u32 {
+    let header = std::fs::read(path).unwrap();
+    match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        n => u32::from(n),
+    }
+}
+
+// A database the service creates gets its page size (16 KiB, for bulk writes); a file
+// created before with SQLite's default 4 KiB keeps it, and migrates and works as before.
+#[test]
+fn new_sqlite_files_get_the_service_page_size_and_old_ones_keep_theirs() {
+    use diesel::Connection as _;
+    use diesel::connection::SimpleConnection as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh.db");
+    let db = Db::connect(&format!("sqlite://{}", fresh.display()), 2).unwrap();
+    db.migrate().unwrap();
+    drop(db);
+    assert_eq!(
+        header_page_size(&fresh),
+        agentry_persistence::connection::SQLITE_PAGE_SIZE
+    );
+
+    let old = dir.path().join("old.db");
+    let mut conn = diesel::SqliteConnection::establish(old.to_str().unwrap()).unwrap();
+    conn.batch_execute(
+        "PRAGMA page_size = 4096; PRAGMA journal_mode = WAL; CREATE TABLE before (a INTEGER);",
+    )
+    .unwrap();
+    drop(conn);
+    let db = Db::connect(&format!("sqlite://{}", old.display()), 2).unwrap();
+    assert!(!db.migrate().unwrap().is_empty());
+    assert_eq!(meta::task_count(&mut db.conn().unwrap()).unwrap(), 0);
+    drop(db);
+    assert_eq!(header_page_size(&old), 4096);
+}
+
 #[test]
 fn database_url_accepts_sqlite_and_postgres_schemes() {
     assert_eq!(
