@@ -275,20 +275,40 @@ pub(crate) fn block(
 
 /// Makes the blocked queued tasks (of `repo`, or all) candidates again, after money may have
 /// become available (a budget changed, a run ended under its reserve). Returns how many.
+///
+/// The blocked tasks are found through the partial index `tasks_blocked` (a query on
+/// `blocked_at IS NOT NULL` alone, which both planners match to it), so the cost follows
+/// the number of blocked tasks, not the length of the queue.
 pub fn unblock(conn: &mut AnyConnection, repo: Option<Uuid>) -> Result<usize, DbError> {
-    let mut query = diesel::update(tasks::table)
-        .filter(tasks::state.eq(TaskState::Queued.as_str()))
-        .filter(tasks::blocked_at.is_not_null())
-        .into_boxed();
-    if let Some(repo) = repo {
-        query = query.filter(tasks::repo_id.eq(repo.to_string()));
-    }
-    Ok(query
-        .set((
-            tasks::blocked_by.eq(None::<String>),
-            tasks::blocked_at.eq(None::<time::PrimitiveDateTime>),
-        ))
-        .execute(conn)?)
+    write_tx(conn, |conn| {
+        let blocked: Vec<(String, String, Option<String>)> = tasks::table
+            .filter(tasks::blocked_at.is_not_null())
+            .select((tasks::id, tasks::state, tasks::repo_id))
+            .load(conn)?;
+        let repo = repo.map(|r| r.to_string());
+        let ids: Vec<String> = blocked
+            .into_iter()
+            .filter(|(_, state, task_repo)| {
+                state == TaskState::Queued.as_str()
+                    && repo.as_ref().is_none_or(|r| task_repo.as_ref() == Some(r))
+            })
+            .map(|(id, _, _)| id)
+            .collect();
+        let mut unblocked = 0;
+        // Bound parameters stay far under SQLite's and PostgreSQL's limits.
+        for chunk in ids.chunks(5_000) {
+            unblocked += diesel::update(tasks::table)
+                .filter(tasks::id.eq_any(chunk))
+                .filter(tasks::state.eq(TaskState::Queued.as_str()))
+                .filter(tasks::blocked_at.is_not_null())
+                .set((
+                    tasks::blocked_by.eq(None::<String>),
+                    tasks::blocked_at.eq(None::<time::PrimitiveDateTime>),
+                ))
+                .execute(conn)?;
+        }
+        Ok(unblocked)
+    })
 }
 
 /// The reserve of a claimed task, if a budget gave it one.

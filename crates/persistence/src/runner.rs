@@ -111,21 +111,45 @@ const MAX_CANDIDATES: usize = 16;
 /// The id of the oldest queued task no budget blocks this month, locked for this
 /// transaction on PostgreSQL (skipping rows other claimers hold). A task blocked in an
 /// earlier month is a candidate again.
+///
+/// Imported tasks are history and never candidates. The condition is written as the literal
+/// predicate of the partial index `tasks_queue`, so a claim reads that index from its start,
+/// however many imported tasks sit in `queued`: PostgreSQL's planner matches it (with its
+/// statistics the partial index is the small one); SQLite, without statistics, would take
+/// the `state` index for its equality, so it is named with `INDEXED BY` (a statement that
+/// could not use it fails instead of scanning).
 fn oldest_queued(conn: &mut AnyConnection, now: OffsetDateTime) -> Result<Option<String>, DbError> {
     let month = to_db(budgets::month_start(now));
-    let query = tasks::table
-        .filter(tasks::state.eq(TaskState::Queued.as_str()))
-        .filter(tasks::blocked_at.is_null().or(tasks::blocked_at.lt(month)))
-        .order((tasks::created_at.asc(), tasks::id.asc()))
-        .select(tasks::id)
-        .limit(1);
     let id = match conn {
-        AnyConnection::Postgresql(pg) => query
+        AnyConnection::Postgresql(pg) => tasks::table
+            .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
+                "state = 'queued' AND NOT imported",
+            ))
+            .filter(tasks::blocked_at.is_null().or(tasks::blocked_at.lt(month)))
+            .order((tasks::created_at.asc(), tasks::id.asc()))
+            .select(tasks::id)
+            .limit(1)
             .for_update()
             .skip_locked()
             .first::<String>(pg)
             .optional()?,
-        AnyConnection::Sqlite(lite) => query.first::<String>(lite).optional()?,
+        AnyConnection::Sqlite(lite) => {
+            #[derive(QueryableByName)]
+            struct Candidate {
+                #[diesel(sql_type = diesel::sql_types::Text)]
+                id: String,
+            }
+            diesel::sql_query(
+                "SELECT id FROM tasks INDEXED BY tasks_queue \
+                 WHERE state = 'queued' AND NOT imported \
+                 AND (blocked_at IS NULL OR blocked_at < ?) \
+                 ORDER BY created_at, id LIMIT 1",
+            )
+            .bind::<diesel::sql_types::Timestamp, _>(month)
+            .get_result::<Candidate>(lite)
+            .optional()?
+            .map(|c| c.id)
+        }
     };
     Ok(id)
 }

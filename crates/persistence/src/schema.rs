@@ -61,6 +61,7 @@ diesel::table! {
         blocked_by -> Nullable<Text>,
         blocked_at -> Nullable<Timestamp>,
         budget_reserve_nanos -> Nullable<BigInt>,
+        imported -> Bool,
     }
 }
 

@@ -100,6 +100,8 @@ struct TaskInsert {
     attempt: i32,
     created_at: PrimitiveDateTime,
     updated_at: PrimitiveDateTime,
+    /// History brought in by an import: never claimed, never retried.
+    imported: bool,
 }
 
 #[derive(Insertable)]
@@ -180,6 +182,7 @@ fn insert_new(conn: &mut AnyConnection, new: &NewTask, reason: &str) -> Result<(
             attempt: 1,
             created_at: at,
             updated_at: at,
+            imported: false,
         })
         .execute(conn)?;
     diesel::insert_into(task_events::table)
@@ -326,6 +329,19 @@ pub fn transition_task(
         // On PostgreSQL (READ COMMITTED) another transaction may commit between the read and
         // the conditional update; then the update matches no row and we decide again on the
         // fresh state. SQLite's immediate transaction makes the first pass final.
+        if trigger == Trigger::Retry {
+            let imported: bool = tasks::table
+                .find(id.to_string())
+                .select(tasks::imported)
+                .first(conn)
+                .optional()?
+                .ok_or(DbError::NotFound)?;
+            if imported {
+                return Err(DbError::Conflict(format!(
+                    "task {id} was imported: it is history, with no prompt to run again"
+                )));
+            }
+        }
         for _ in 0..8 {
             let current = get_task(conn, id)?;
             let t = transition(current.state, trigger, current.task_type, current.attempt)?;
@@ -1172,6 +1188,7 @@ fn import_rows(
             attempt: 1,
             created_at: at,
             updated_at: at,
+            imported: true,
         });
     }
     Ok(ImportRows {

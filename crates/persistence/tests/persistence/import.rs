@@ -153,6 +153,47 @@ fn rollup_rows(db: &Db) -> Vec<String> {
 }
 
 agentry_persistence::backend_tests! {
+    // Imported tasks are history: a claim passes over imported `queued` tasks (older than
+    // the service's own, so first in the queue's order) and takes the task the service
+    // created; with only imported tasks left there is nothing to claim. A retry of an
+    // imported failed task is refused and changes nothing.
+    fn imported_tasks_are_never_claimed_or_retried(db) {
+        let repo = repo(db);
+        let mut queued = record(1);
+        queued.state = TaskState::Queued;
+        queued.repo_url = repo.url.clone();
+        let mut failed = record(2);
+        failed.state = TaskState::Failed;
+        failed.repo_url = repo.url.clone();
+        assert_eq!(import(db, &[queued.clone(), failed.clone()]).imported, 2);
+        let own = create(db, &repo, at(10_000));
+        let mut conn = db.conn().unwrap();
+        let lease = time::Duration::seconds(60);
+        let claimed = agentry_persistence::runner::claim_next(&mut conn, "me", at(10_001), lease)
+            .unwrap()
+            .unwrap();
+        assert_eq!(claimed.id, own.id);
+        assert!(
+            agentry_persistence::runner::claim_next(&mut conn, "me", at(10_002), lease)
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            tasks::get_task(&mut conn, queued.id).unwrap().state,
+            TaskState::Queued
+        );
+        let refused = tasks::transition_task(
+            &mut conn,
+            failed.id,
+            agentry_domain::Trigger::Retry,
+            &tasks::TransitionDetails::default(),
+            at(10_003),
+        );
+        assert!(matches!(refused, Err(DbError::Conflict(_))), "{refused:?}");
+        let after = tasks::get_task(&mut conn, failed.id).unwrap();
+        assert_eq!((after.state, after.attempt), (TaskState::Failed, 1));
+    }
+
     // 2,500 records (three batches) are all imported, each with exactly the values given,
     // one event {from: null, to: state, reason: "imported"} at its creation time, and the
     // repository id of a connected repository with that URL (none otherwise).

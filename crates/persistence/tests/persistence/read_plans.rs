@@ -140,6 +140,73 @@ fn a_deep_task_cursor_is_an_index_range() {
     }
 }
 
+// Unblocking after a run reads the budget-blocked tasks through their partial index, not
+// every queued task (a backlog made each run's end a scan of the whole queue).
+#[test]
+fn unblocking_reads_only_the_blocked_tasks() {
+    let test_db = TestDb::sqlite();
+    let db = &test_db.db;
+    let repo = repo(db);
+    for i in 0..3 {
+        create(db, &repo, at(i));
+    }
+    let mut conn = db.conn().unwrap();
+    let (unblocked, sent) = statements(&mut conn, |c| {
+        agentry_persistence::budgets::unblock(c, None).unwrap()
+    });
+    assert_eq!(unblocked, 0);
+    let reads: Vec<&String> = sent
+        .iter()
+        .filter(|s| s.contains("FROM `tasks`") || s.contains("FROM \"tasks\""))
+        .collect();
+    assert!(!reads.is_empty(), "{sent:?}");
+    for read in reads {
+        let steps = plan(&mut conn, read);
+        assert!(
+            steps
+                .iter()
+                .all(|s| !s.starts_with("SCAN") && !s.contains("tasks_state_created")),
+            "{read}: {steps:?}"
+        );
+        assert!(
+            steps.iter().any(|s| s.contains("tasks_blocked")),
+            "{read}: {steps:?}"
+        );
+    }
+}
+
+// A claim reads the queue's partial index from its start: no scan of the queued tasks an
+// import left (they are history), no sort.
+#[test]
+fn a_claim_reads_the_queue_index() {
+    let test_db = TestDb::sqlite();
+    let db = &test_db.db;
+    let repo = repo(db);
+    create(db, &repo, at(1));
+    let mut conn = db.conn().unwrap();
+    let lease = time::Duration::seconds(60);
+    let (claimed, sent) = statements(&mut conn, |c| {
+        agentry_persistence::runner::claim_next(c, "me", at(2), lease).unwrap()
+    });
+    assert!(claimed.is_some());
+    let pick = sent
+        .iter()
+        .find(|s| s.contains("NOT imported"))
+        .expect("the claim's candidate query");
+    let steps = plan(&mut conn, pick);
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.starts_with("SCAN") && s.contains("tasks_queue")
+                || s.starts_with("SEARCH") && s.contains("tasks_queue")),
+        "{steps:?}"
+    );
+    assert!(
+        !steps.iter().any(|s| s.contains("TEMP B-TREE")),
+        "{steps:?}"
+    );
+}
+
 // A page of the issues view reads ranges of the index on the view's order (no scan of every
 // open issue, no sort), with and without a repository filter, from the start and after a
 // cursor.
