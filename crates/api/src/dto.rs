@@ -95,6 +95,9 @@ pub struct TaskSummaryDto {
     pub blocked_reason: Option<String>,
     /// The budget that blocks it: `repository` or `instance`; null when not blocked.
     pub blocked_by: Option<String>,
+    /// History brought in by an import (docs/contract.md#39-import): never run here, and a
+    /// retry of it is refused.
+    pub imported: bool,
 }
 
 impl From<Task> for TaskSummaryDto {
@@ -123,6 +126,7 @@ impl From<Task> for TaskSummaryDto {
             finished_at: t.finished_at,
             blocked_reason: t.blocked_by.map(|_| "budget_exhausted".to_owned()),
             blocked_by: t.blocked_by.map(|b| b.as_str().to_owned()),
+            imported: t.imported,
         }
     }
 }

@@ -371,6 +371,9 @@ pub struct Task {
     /// The monthly budget that keeps this queued task from being claimed, if one does
     /// (docs/contract.md#67-budgets).
     pub blocked_by: Option<BudgetScope>,
+    /// History brought in by an import (docs/contract.md#39-import): never claimed, and a
+    /// retry of it is refused.
+    pub imported: bool,
 }
 
 /// Which monthly budget a limit comes from.

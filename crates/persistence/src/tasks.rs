@@ -40,6 +40,7 @@ struct TaskRow {
     started_at: Option<PrimitiveDateTime>,
     finished_at: Option<PrimitiveDateTime>,
     blocked_by: Option<String>,
+    imported: bool,
 }
 
 impl TryFrom<TaskRow> for Task {
@@ -74,6 +75,7 @@ impl TryFrom<TaskRow> for Task {
                 .as_deref()
                 .map(|b| convert::parse("budget scope", b))
                 .transpose()?,
+            imported: r.imported,
         })
     }
 }

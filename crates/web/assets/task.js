@@ -1,7 +1,8 @@
 // @ts-check
 /**
  * /tasks/{id}: a task's fields, state history, runs, pull request, review subtasks and the
- * tail of its agent output (refreshed while it runs), with Cancel and Retry for members.
+ * tail of its agent output (refreshed while it runs), with Cancel and Retry for members (no
+ * Retry for imported history, which the API refuses).
  */
 import { api, apiText, ApiError, can } from './api.js';
 import { fill, h, region } from './dom.js';
@@ -39,6 +40,7 @@ function overview(t) {
     ['Input tokens', count(t.inputTokens)],
     ['Output tokens', count(t.outputTokens)],
     ['Attempt', String(t.attempt)],
+    ['Origin', t.imported ? 'Imported history: it is not run here and cannot be retried' : null],
     ['Issue', t.issue ? h('a', { href: t.issue.htmlUrl, rel: 'noopener noreferrer' }, `#${t.issue.number}`) : null],
     ['Pull request', t.prUrl ? h('a', { href: t.prUrl, rel: 'noopener noreferrer' }, t.prNumber ? `#${t.prNumber}` : t.prUrl) : null],
     ['Parent task', t.parentTaskId ? h('a', { href: `/tasks/${t.parentTaskId}` }, 'the coding task') : null],
@@ -173,7 +175,7 @@ export function taskPage(main, id) {
     if (!can('member')) return null;
     const problem = h('p', { class: 'field-error', role: 'alert' });
     const cancel = LIVE.includes(t.state) ? h('button', { type: 'button', class: 'danger' }, 'Cancel') : null;
-    const retry = t.state === 'failed' || t.state === 'cancelled' ? h('button', { type: 'button' }, 'Retry') : null;
+    const retry = !t.imported && (t.state === 'failed' || t.state === 'cancelled') ? h('button', { type: 'button' }, 'Retry') : null;
     cancel?.addEventListener('click', () => act('cancel', problem));
     retry?.addEventListener('click', () => act('retry', problem));
     if (!cancel && !retry) return null;

@@ -174,5 +174,15 @@ test('issues: assigning creates one task and shows its state; a viewer cannot as
   await link.click();
   await page.waitForURL(`${stack.base}/tasks/${created[0].id}`);
   await page.locator('main[data-ready="task:queued"]').waitFor();
+  // A member cancels the task, then runs it again.
+  await page.getByRole('button', { name: 'Cancel' }).click();
+  await page.locator('main[data-ready="task:cancelled"]').waitFor();
+  await page.getByRole('button', { name: 'Retry' }).click();
+  await page.locator('main[data-ready="task:queued"]').waitFor();
+  const again = await stack.api(`/api/tasks/${created[0].id}`);
+  assert.equal(again.state, 'queued');
+  assert.equal(again.attempt, 2);
+  assert.equal(again.imported, false);
+  assert.ok((await page.getByRole('region', { name: 'State history' }).innerText()).includes('Cancelled'));
   await page.close();
 });

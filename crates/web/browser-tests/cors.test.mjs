@@ -16,7 +16,17 @@ before(async () => {
   let api = '';
   allowed = await startStaticHost(() => api);
   other = await startStaticHost(() => api);
-  stack = await startService({ tasks: fixtureTasks(40), env: { AGENTRY_CORS_ORIGINS: allowed.origin } });
+  const waiting = {
+    title: 'Queued elsewhere',
+    repoUrl: 'https://github.com/acme/web',
+    taskType: 'coding',
+    state: 'queued',
+    agentType: 'claude-code',
+    inputTokens: 0,
+    outputTokens: 0,
+    createdAt: new Date(Date.now() - 60000).toISOString(),
+  };
+  stack = await startService({ tasks: [...fixtureTasks(40), waiting], env: { AGENTRY_CORS_ORIGINS: allowed.origin } });
   api = stack.base;
   browser = await launch();
 });
@@ -42,12 +52,13 @@ test('the pages work from a second origin listed in AGENTRY_CORS_ORIGINS', { tim
   const total = await page.getByRole('region', { name: 'Total cost', exact: true }).locator('.value').innerText();
   assert.equal(total, usd(r.summary.totalCost));
   assert.ok(origins.length > 0 && origins.every((o) => o === stack.base), origins.join(' '));
-  // A page of the other origin's own paths, and a write (retry) across origins.
-  const failed = r.topTasks.find((/** @type {any} */ t) => t.state === 'failed');
-  await page.goto(`${allowed.origin}/tasks/${failed.id}`);
-  await page.locator('main[data-ready="task:failed"]').waitFor();
-  await page.getByRole('button', { name: 'Retry' }).click();
+  // A page of the other origin's own paths, and a write (cancel) across origins.
+  const queued = (await stack.api('/api/tasks?state=queued&limit=1')).tasks[0];
+  await page.goto(`${allowed.origin}/tasks/${queued.id}`);
   await page.locator('main[data-ready="task:queued"]').waitFor();
+  await page.getByRole('button', { name: 'Cancel' }).click();
+  await page.locator('main[data-ready="task:cancelled"]').waitFor();
+  assert.equal((await stack.api(`/api/tasks/${queued.id}`)).state, 'cancelled');
   await page.close();
 });
 

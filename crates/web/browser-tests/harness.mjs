@@ -44,7 +44,7 @@ export async function until(check, what, ms = 10000) {
 
 /**
  * Deterministic historical tasks (JSON Lines records of `agentry import`) over the last
- * `days` days: three repositories, three models, both task types, every state, some without
+ * `days` days: three repositories, three models, both task types, four states, some without
  * a cost, and one costing more than $1,000 (grouping) with 9 decimals (exactness).
  * @param {number} [days]
  */

@@ -681,6 +681,11 @@ export interface TaskSummaryDto {
   blockedReason?: string | null;
   /** The budget that blocks it: `repository` or `instance`; null when not blocked. */
   blockedBy?: string | null;
+  /**
+   * History brought in by an import (docs/contract.md#39-import): never run here, and a
+   * retry of it is refused.
+   */
+  imported: boolean;
 }
 
 /** A task type. */

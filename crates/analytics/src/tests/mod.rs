@@ -109,6 +109,7 @@ fn task_fact_from_a_stored_task() {
         started_at: None,
         finished_at: None,
         blocked_by: None,
+        imported: false,
     };
     let fact = TaskFact::from(task);
     assert_eq!(

@@ -198,6 +198,7 @@ async fn task_list_pages_newest_first_with_filters() {
     let task = &call(&app, get("/api/tasks?limit=1", &t.viewer)).await.1["tasks"][0];
     // A list item leaves out the prompt (up to 256 KiB each); the detail view has it.
     assert!(task.get("prompt").is_none(), "{task}");
+    assert_eq!(task["imported"], false, "{task}");
     let detail = call(
         &app,
         get(
@@ -411,6 +412,7 @@ async fn import_writes_all_or_nothing_and_skips_known_ids() {
     assert_eq!(detail["repoUrl"], "https://github.com/acme/widgets");
     assert_eq!(detail["costUsd"], "0.123456");
     assert_eq!(detail["repoId"], Value::Null);
+    assert_eq!(detail["imported"], true);
     assert_eq!(
         detail["events"],
         json!([{ "from": null, "to": "completed", "reason": "imported", "at": "2026-10-01T12:00:00Z" }])
