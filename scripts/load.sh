@@ -18,7 +18,8 @@
 # (crates/runner/tests/fake-agents/claude, `[fake:sleep=3]` prompts) works on tasks created
 # through the API, cloning, pushing and opening pull requests on the fake, while oha runs.
 # RSS of the server: idle (after start, and after the set-up, before any load), the highest
-# VmRSS sampled while oha ran, and VmHWM at the end.
+# VmRSS sampled while each oha run went on (the table's last column) and over the pass, and
+# VmHWM at the end.
 #
 # oha sends one fixed request, so every webhook delivery after the first repeats one
 # X-GitHub-Delivery id: the figure measures the signature check, the JSON parse and the
@@ -174,7 +175,7 @@ measure() {
   sampler_pid=
   local peak; peak=$(sort -n "$samples" | tail -n 1)
   [ -z "$peak" ] || [ "$peak" -le "$pass_peak" ] || pass_peak=$peak
-  jq -r --arg name "$name" '
+  jq -r --arg name "$name" --arg rss "$(kb_to_mb "${peak:-0}")" '
     def ms: if . == null then "–" else (. * 100000 | round / 100 | tostring) + " ms" end;
     (.statusCodeDistribution // {}) as $codes
     | ([$codes | to_entries[] | select(.key | startswith("2") | not) | .value] | add // 0)
@@ -183,7 +184,7 @@ measure() {
     | ([$codes | to_entries[] | .value] | add // 0) as $total
     | "| \($name) | \(.summary.requestsPerSec | round) | \(.latencyPercentiles.p50 | ms) | "
       + "\(.latencyPercentiles.p99 | ms) | \(.latencyPercentiles["p99.9"] | ms) | "
-      + "\($bad + $errs) of \($total + $errs) |"' "$out" | tee -a "$table"
+      + "\($bad + $errs) of \($total + $errs) | \($rss) |"' "$out" | tee -a "$table"
 }
 
 # state_counts REPO_ID: "state count" of the repository's tasks (the agents' work).
@@ -317,8 +318,8 @@ for be in "${backends[@]}"; do
     fi
     {
       printf '\n%s, pass "%s"\n\n' "$be" "$pass"
-      echo '| endpoint | rps | p50 | p99 | p99.9 | errors |'
-      echo '|---|---|---|---|---|---|'
+      echo '| endpoint | rps | p50 | p99 | p99.9 | errors | RSS peak |'
+      echo '|---|---|---|---|---|---|---|'
     } | tee -a "$summary"
     : > "$table"
     measure 'GET /api/tasks?limit=50' "$base/api/tasks?limit=50"

@@ -24,7 +24,7 @@ pub enum WindowError {
 /// days; a task belongs to the day of its `createdAt` in UTC ([`TaskFact::day`]).
 ///
 /// [`TaskFact::day`]: crate::TaskFact::day
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Window {
     today: Date,
     days: u32,

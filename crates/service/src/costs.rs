@@ -9,8 +9,16 @@
 //! budget settings) must be the same when it is served. That is one small read per request
 //! instead of a computation, and a write committed anywhere (another replica included) is
 //! in the next report.
+//!
+//! A miss computes the report once for everyone asking at the same time: the request takes
+//! its key's gate, then looks again (with a stamp read after the wait) before computing.
+//! While costs are being recorded every write misses, and without the gate each of the
+//! requests in flight computed the same report at once: in the load run with agents at
+//! work (docs/benchmarks.md) that took the server from 114 to 257 MB.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use agentry_analytics::{
@@ -205,7 +213,7 @@ const MEMO_ENTRIES: usize = 16;
 
 /// What a kept report answers: the request's parameters and the UTC day (the budgets are
 /// this month's).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct MemoKey {
     window: Window,
     repo: Option<String>,
@@ -231,6 +239,23 @@ static MEMO: Mutex<Memo> = Mutex::new(Memo {
     entries: Vec::new(),
     clock: 0,
 });
+
+/// How many gates computations are spread over: two keys share a gate only by chance (their
+/// hash), and then one waits for the other's computation.
+const GATES: usize = 16;
+
+/// One computation per key at a time: see the module's documentation.
+static GATE: [tokio::sync::Mutex<()>; GATES] = [const { tokio::sync::Mutex::const_new(()) }; GATES];
+
+/// The gate of a key (the service's address is part of it: services do not share reports).
+fn gate(owner: &Weak<crate::Parts>, key: &MemoKey) -> &'static tokio::sync::Mutex<()> {
+    // DefaultHasher::new has fixed keys: one key always lands on the same gate.
+    let mut h = std::hash::DefaultHasher::new();
+    (owner.as_ptr() as usize).hash(&mut h);
+    key.hash(&mut h);
+    // The modulo keeps the index below GATES, so the conversion cannot truncate a valid index.
+    &GATE[(h.finish() % GATES as u64) as usize]
+}
 
 impl Memo {
     fn get(
@@ -297,23 +322,30 @@ impl crate::Service {
         repo: Option<RepoUrl>,
     ) -> Result<CostReport, crate::ServiceError> {
         let owner = Arc::downgrade(&self.parts);
+        let key = MemoKey {
+            window,
+            repo: repo.as_ref().map(|r| r.as_str().to_owned()),
+            day: agentry_persistence::now().date(),
+        };
+        let (o, k) = (owner.clone(), key.clone());
+        let kept = self
+            .db(move |conn| Ok(kept_report(conn, &o, &k)?.map_err(|_| ())))
+            .await?;
+        if let Ok(report) = kept {
+            return Ok(report);
+        }
+        // Whoever computes this key now holds the gate; once in, the report it kept is
+        // served if nothing changed meanwhile (the stamp is read again, after the wait).
+        let _computing = gate(&owner, &key).lock().await;
         self.db(move |conn| {
-            let key = MemoKey {
-                window,
-                repo: repo.as_ref().map(|r| r.as_str().to_owned()),
-                day: agentry_persistence::now().date(),
+            let stamp = match kept_report(conn, &owner, &key)? {
+                Ok(report) => return Ok(report),
+                Err(stamp) => stamp,
             };
-            // Read before the report: a write committed after this read raises the stamp,
-            // so a report computed from older data is never served past it.
-            let stamp = rollups::report_stamp(conn)?;
-            let kept = MEMO
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&owner, &key, &stamp);
-            if let Some(report) = kept {
-                return Ok(report);
-            }
             let report = cost_report(conn, window, repo.as_ref())?;
+            if let Some(parts) = owner.upgrade() {
+                parts.reports_computed.fetch_add(1, Ordering::Relaxed);
+            }
             MEMO.lock().unwrap_or_else(PoisonError::into_inner).put(
                 owner,
                 key,
@@ -324,4 +356,29 @@ impl crate::Service {
         })
         .await
     }
+}
+
+impl crate::Service {
+    /// How many cost reports this service computed rather than served from the ones it kept
+    /// (see the module's documentation): with the request count, the memo's miss rate.
+    pub fn cost_reports_computed(&self) -> u64 {
+        self.parts.reports_computed.load(Ordering::Relaxed)
+    }
+}
+
+/// The kept report for `key` if its stamp is the current one; else the current stamp, which
+/// a report computed next is kept under. The stamp is read before the report: a write
+/// committed after this read raises it, so a report computed from older data is never served
+/// past it.
+fn kept_report(
+    conn: &mut AnyConnection,
+    owner: &Weak<crate::Parts>,
+    key: &MemoKey,
+) -> Result<Result<CostReport, ReportStamp>, DbError> {
+    let stamp = rollups::report_stamp(conn)?;
+    let kept = MEMO
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(owner, key, &stamp);
+    Ok(kept.ok_or(stamp))
 }

@@ -65,6 +65,8 @@ pub struct Parts {
     /// One permit per pooled connection: [`Service::db`] takes one before it uses a blocking
     /// thread, so waiting calls wait as futures, not as parked blocking threads.
     db_permits: Arc<tokio::sync::Semaphore>,
+    /// How many cost reports were computed rather than served from the kept ones.
+    reports_computed: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Service {
@@ -102,6 +104,7 @@ impl Service {
         Service {
             parts: Arc::new(Parts {
                 db_permits: Arc::new(tokio::sync::Semaphore::new(permits)),
+                reports_computed: std::sync::atomic::AtomicU64::new(0),
                 db,
                 codehost,
                 runs,

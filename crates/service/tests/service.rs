@@ -56,6 +56,43 @@ async fn a_program_without_http_imports_tasks_and_reads_the_cost_report() {
     assert_eq!(json["summary"]["totalCost"], "1.2501");
 }
 
+/// Requests that miss the kept report at the same time compute it once; a write makes the
+/// next ones compute it again, once, and they see the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_compute_a_report_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::open(&config(dir.path())).unwrap();
+    let body = (1..=20)
+        .map(|d| record(d, "1.5", if d % 2 == 0 { "web" } else { "api" }))
+        .collect::<Vec<_>>()
+        .join("\n");
+    service.import(body.into_bytes()).await.unwrap();
+    let window = agentry_service::costs::window_ending_now(30).unwrap();
+    let burst = |service: Service| async move {
+        let asks = (0..32).map(|_| {
+            let service = service.clone();
+            tokio::spawn(async move { service.cost_report(window, None).await.unwrap() })
+        });
+        let mut totals = Vec::new();
+        for ask in asks.collect::<Vec<_>>() {
+            let report = serde_json::to_value(ask.await.unwrap()).unwrap();
+            totals.push(report["summary"]["totalCost"].as_str().unwrap().to_owned());
+        }
+        totals
+    };
+    assert_eq!(service.cost_reports_computed(), 0);
+    let totals = burst(service.clone()).await;
+    assert!(totals.iter().all(|t| t == "30.0000"), "{totals:?}");
+    assert_eq!(service.cost_reports_computed(), 1);
+    service
+        .import(record(3, "0.25", "web").into_bytes())
+        .await
+        .unwrap();
+    let totals = burst(service.clone()).await;
+    assert!(totals.iter().all(|t| t == "30.2500"), "{totals:?}");
+    assert_eq!(service.cost_reports_computed(), 2);
+}
+
 #[tokio::test]
 async fn use_cases_refuse_bad_input_with_typed_errors_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
