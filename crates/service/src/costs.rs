@@ -329,9 +329,9 @@ impl crate::Service {
         };
         let (o, k) = (owner.clone(), key.clone());
         let kept = self
-            .db(move |conn| Ok(kept_report(conn, &o, &k)?.map_err(|_| ())))
+            .db(move |conn| Ok(kept_report(conn, &o, &k)?.ok()))
             .await?;
-        if let Ok(report) = kept {
+        if let Some(report) = kept {
             return Ok(report);
         }
         // Whoever computes this key now holds the gate; once in, the report it kept is
@@ -356,9 +356,7 @@ impl crate::Service {
         })
         .await
     }
-}
 
-impl crate::Service {
     /// How many cost reports this service computed rather than served from the ones it kept
     /// (see the module's documentation): with the request count, the memo's miss rate.
     pub fn cost_reports_computed(&self) -> u64 {
