@@ -223,12 +223,38 @@ fn an_issues_view_page_is_an_index_range() {
     link_issue(db, &a, 3);
     let first = issues::open_issues_page(&mut conn, None, 5, None).unwrap();
     let cursor = first.next.unwrap();
+    let mut group_reads = 0;
     for repo in [None, Some(a.id)] {
         for after in [None, Some(&cursor)] {
             let (page, sent) = statements(&mut conn, |c| {
                 issues::open_issues_page(c, repo, 5, after).unwrap()
             });
             assert_eq!(page.issues.len(), 5);
+            // The page's issues are read by key (repo_id, number), not by reading every open
+            // issue of their repository and keeping the page's numbers.
+            let loads: Vec<&String> = sent.iter().filter(|s| s.contains("body")).collect();
+            assert!(!loads.is_empty(), "{sent:?}");
+            for sql in loads {
+                let steps = plan(&mut conn, sql);
+                assert!(
+                    steps
+                        .iter()
+                        .any(|s| s.starts_with("SEARCH synced_issues USING")
+                            && s.contains("(repo_id=? AND number=?)")),
+                    "{steps:?}"
+                );
+            }
+            // The repositories of a timestamp's group: one seek each, never the whole group.
+            for sql in sent.iter().filter(|s| s.contains("MIN(repo_id)")) {
+                group_reads += 1;
+                let steps = plan(&mut conn, sql);
+                assert!(
+                    steps.iter().any(
+                        |s| s.contains("INDEX synced_issues_view (") && s.contains("repo_id>?")
+                    ),
+                    "{steps:?}"
+                );
+            }
             let key_reads: Vec<&String> = sent.iter().filter(|s| s.contains("linked")).collect();
             assert!(!key_reads.is_empty());
             for sql in key_reads {
@@ -250,6 +276,7 @@ fn an_issues_view_page_is_an_index_range() {
             }
         }
     }
+    assert!(group_reads > 0, "no page read a timestamp's group");
 }
 
 agentry_persistence::backend_tests! {
