@@ -557,6 +557,8 @@ pub struct IssueView {
     pub task: Option<LinkedTaskRef>,
 }
 
+/// A row of the issues view: repository id and URL, the issue, its linked task's id, state
+/// and pull request, and the issue's own state (`open` or `closed`).
 type ViewRow = (
     String,
     String,
@@ -564,6 +566,7 @@ type ViewRow = (
     Option<String>,
     Option<String>,
     Option<String>,
+    String,
 );
 
 /// The open synced issues of every connected repository, or of the repository `repo_id`
@@ -594,6 +597,7 @@ pub fn open_issues(
             tasks::id.nullable(),
             tasks::state.nullable(),
             tasks::pr_url.nullable(),
+            synced_issues::state,
         ))
         .into_boxed();
     if let Some(id) = repo_id {
@@ -919,26 +923,18 @@ fn load_views(
             tasks::pr_url.nullable(),
             synced_issues::state,
         ))
-        .load::<(
-            String,
-            String,
-            IssueRow,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-            String,
-        )>(conn)?;
+        .load::<ViewRow>(conn)?;
     // Open issues only, checked here: with `state` in the statement SQLite reads the
     // repository's whole `synced_issues_repo_view` range (every open issue of it) and
     // filters the numbers, instead of seeking each (repo_id, number) in the primary key.
     rows.into_iter()
         .filter(|row| row.6 == OPEN)
-        .map(|(id, url, issue, task, state, pr, _)| view_of((id, url, issue, task, state, pr)))
+        .map(view_of)
         .collect()
 }
 
 fn view_of(
-    (repo_id, repo_url, issue, task_id, task_state, pr_url): ViewRow,
+    (repo_id, repo_url, issue, task_id, task_state, pr_url, _): ViewRow,
 ) -> Result<IssueView, DbError> {
     let task = match (task_id, task_state) {
         (Some(id), Some(state)) => Some(LinkedTaskRef {
