@@ -62,10 +62,10 @@ const BUDGET_RULE: &str =
 #[serde(rename_all = "camelCase")]
 pub struct RepoSettings {
     /// The model for coding tasks (1 to 100 of `A-Za-z0-9._:/-`, no leading `-`).
-    /// Default `"sonnet"`.
+    /// Default: the agent's ([`AgentType::default_coding_model`], `"sonnet"`).
     pub coding_model: String,
     /// The model for review tasks (1 to 100 of `A-Za-z0-9._:/-`, no leading `-`).
-    /// Default `"haiku"`.
+    /// Default: the agent's ([`AgentType::default_review_model`], `"haiku"`).
     pub review_model: String,
     /// The agent's turn limit for coding tasks, 1–1000, or `None` for no
     /// limit. Default 100.
@@ -87,9 +87,10 @@ pub struct RepoSettings {
 
 impl Default for RepoSettings {
     fn default() -> Self {
+        let agent = AgentType::default();
         Self {
-            coding_model: "sonnet".to_owned(),
-            review_model: "haiku".to_owned(),
+            coding_model: agent.default_coding_model().to_owned(),
+            review_model: agent.default_review_model().to_owned(),
             max_turns_coding: Some(100),
             max_turns_review: 30,
             agent_type: AgentType::ClaudeCode,
@@ -131,6 +132,10 @@ impl RepoSettings {
     /// `maxCostPerTaskUsd` must be a decimal string accepted by
     /// [`Usd::parse`]. The patch is all-or-nothing: an unknown member or any
     /// bad value gives an error naming that member, and nothing is applied.
+    ///
+    /// A patch that changes `agentType` and names no `codingModel` (or `reviewModel`) sets
+    /// that model to the new agent's default: a Claude model means nothing to Codex and the
+    /// other way round.
     pub fn apply_patch(&self, patch: &Value) -> Result<RepoSettings, FieldError> {
         let members = patch
             .as_object()
@@ -180,7 +185,27 @@ impl RepoSettings {
                 }
             }
         }
+        if next.agent_type != self.agent_type {
+            if !members.contains_key(CODING_MODEL) {
+                next.coding_model = next.agent_type.default_coding_model().to_owned();
+            }
+            if !members.contains_key(REVIEW_MODEL) {
+                next.review_model = next.agent_type.default_review_model().to_owned();
+            }
+        }
         Ok(next)
+    }
+
+    /// The model a `task_type` task of `agent` runs with on this repository: the
+    /// repository's model when `agent` is its agent, else that agent's default (a task
+    /// created with another `agentType` than the repository's).
+    pub fn model_for(&self, agent: AgentType, review: bool) -> &str {
+        match (agent == self.agent_type, review) {
+            (true, false) => &self.coding_model,
+            (true, true) => &self.review_model,
+            (false, false) => agent.default_coding_model(),
+            (false, true) => agent.default_review_model(),
+        }
     }
 }
 
@@ -453,6 +478,37 @@ mod tests {
         ] {
             assert_eq!(refused(AGENT_TYPE, bad).message, AGENT_RULE);
         }
+    }
+
+    /// Switching the agent switches the models the patch does not name to that agent's
+    /// defaults; models named in the same patch are kept; the same agent changes nothing.
+    #[test]
+    fn switching_the_agent_switches_unnamed_models_to_its_defaults() {
+        let codex = patch(json!({"agentType": "codex"})).unwrap();
+        assert_eq!(
+            (codex.coding_model.as_str(), codex.review_model.as_str()),
+            ("gpt-6.1-sol", "gpt-6-luna")
+        );
+        let named = patch(json!({"agentType": "codex", "codingModel": "gpt-5.5"})).unwrap();
+        assert_eq!(
+            (named.coding_model.as_str(), named.review_model.as_str()),
+            ("gpt-5.5", "gpt-6-luna")
+        );
+        let back = codex
+            .apply_patch(&json!({"agentType": "claude-code", "reviewModel": "opus"}))
+            .unwrap();
+        assert_eq!(
+            (back.coding_model.as_str(), back.review_model.as_str()),
+            ("sonnet", "opus")
+        );
+        let same = named.apply_patch(&json!({"agentType": "codex"})).unwrap();
+        assert_eq!(same, named);
+        // A task of the other agent runs with that agent's defaults.
+        let claude = RepoSettings::default();
+        assert_eq!(claude.model_for(AgentType::ClaudeCode, false), "sonnet");
+        assert_eq!(claude.model_for(AgentType::Codex, false), "gpt-6.1-sol");
+        assert_eq!(claude.model_for(AgentType::Codex, true), "gpt-6-luna");
+        assert_eq!(named.model_for(AgentType::Codex, false), "gpt-5.5");
     }
 
     #[test]

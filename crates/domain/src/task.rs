@@ -174,6 +174,27 @@ wire_enum!(AgentType, "agent type", [
     Codex => "codex",
 ]);
 
+impl AgentType {
+    /// The model a coding task of this agent runs with unless the repository names another:
+    /// Claude Code's alias `sonnet`; Codex's own default, `gpt-6.1-sol`.
+    pub fn default_coding_model(self) -> &'static str {
+        match self {
+            AgentType::ClaudeCode => "sonnet",
+            AgentType::Codex => "gpt-6.1-sol",
+        }
+    }
+
+    /// The model a review task of this agent runs with unless the repository names
+    /// another: the small model of each family, Claude Code's `haiku`, Codex's
+    /// `gpt-6-luna`.
+    pub fn default_review_model(self) -> &'static str {
+        match self {
+            AgentType::ClaudeCode => "haiku",
+            AgentType::Codex => "gpt-6-luna",
+        }
+    }
+}
+
 /// An event that may move a task to another state; see [`transition`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Trigger {

@@ -1,18 +1,22 @@
-//! Model prices for agents that report tokens but no cost (Codex).
+//! Model prices, for agents that report tokens but no cost (Codex) and for comparing what
+//! an agent reports with what its tokens cost.
 //!
 //! A [`PriceTable`] maps a model name to its [`ModelPrice`]: USD per million input,
-//! cached-input and output tokens, as exact [`Decimal`]s. [`PriceTable::builtin`] holds
-//! current OpenAI models; [`PriceTable::from_json`] reads an override file
+//! cached-input (cache read), cache-write and output tokens, as exact [`Decimal`]s.
+//! [`PriceTable::builtin`] holds the current Anthropic and OpenAI models as listed on
+//! [`PRICES_AS_OF`]; [`PriceTable::from_json`] reads an override file
 //! (`AGENTRY_PRICES_FILE`), which [`PriceTable::merged_with`] lays over the built-in table.
 //!
 //! # Override file format
 //!
-//! One JSON object; each member is a model name mapped to an object with three decimal
-//! *strings* (JSON numbers are refused, so no price ever passes through a float):
+//! One JSON object; each member is a model name mapped to an object with decimal *strings*
+//! (JSON numbers are refused, so no price ever passes through a float): `input`,
+//! `cachedInput` and `output` (required), and `cacheWrite` (optional; without it a cache
+//! write costs as much as uncached input):
 //!
 //! ```json
 //! {
-//!   "gpt-5": {"input": "1.25", "cachedInput": "0.125", "output": "10"},
+//!   "gpt-6.1-sol": {"input": "2", "cachedInput": "0.1", "cacheWrite": "2.5", "output": "10"},
 //!   "my-proxy-model": {"input": "0.5", "cachedInput": "0.05", "output": "1.5"}
 //! }
 //! ```
@@ -32,32 +36,52 @@ pub struct ModelPrice {
     pub input: Decimal,
     /// Per million input tokens read from the prompt cache.
     pub cached_input: Decimal,
+    /// Per million input tokens written to the prompt cache (Anthropic's 5-minute cache
+    /// write; OpenAI's cache write where it is charged); `None` charges them as uncached
+    /// input.
+    pub cache_write: Option<Decimal>,
     /// Per million output tokens (reasoning tokens included).
     pub output: Decimal,
 }
 
+/// The tokens of one run or one model call, as a price is applied to them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    /// All input tokens: uncached, read from the cache and written to it.
+    pub input: i64,
+    /// The part of `input` read from the prompt cache.
+    pub cache_read: i64,
+    /// The part of `input` written to the prompt cache.
+    pub cache_write: i64,
+    /// Output tokens (reasoning included).
+    pub output: i64,
+}
+
 impl ModelPrice {
-    /// The exact cost of a run, rounded half away from zero to nano-dollars:
-    /// `((input − cached)·input_price + cached·cached_price + output·output_price) / 10⁶`.
+    /// The exact cost of `tokens`, rounded half away from zero to nano-dollars:
+    /// `(uncached·input + cache_read·cached_input + cache_write·cache_write_price +
+    /// output·output) / 10⁶`, where uncached = input − cache_read − cache_write.
     ///
-    /// `input_tokens` includes the cached ones (as Codex reports them); a cached count
-    /// above the input count is clamped to it. Returns `None` if a count is negative or the
-    /// amount overflows.
-    pub fn cost(
-        &self,
-        input_tokens: i64,
-        cached_input_tokens: i64,
-        output_tokens: i64,
-    ) -> Option<Usd> {
-        if input_tokens < 0 || cached_input_tokens < 0 || output_tokens < 0 {
+    /// The cache parts are clamped so that they never exceed the input (cache reads
+    /// first). Returns `None` if a count is negative or the amount overflows.
+    pub fn cost(&self, tokens: Tokens) -> Option<Usd> {
+        let Tokens {
+            input,
+            cache_read,
+            cache_write,
+            output,
+        } = tokens;
+        if input < 0 || cache_read < 0 || cache_write < 0 || output < 0 {
             return None;
         }
-        let cached = cached_input_tokens.min(input_tokens);
-        let uncached = input_tokens - cached;
+        let read = cache_read.min(input);
+        let write = cache_write.min(input - read);
+        let uncached = input - read - write;
         let total = Decimal::from(uncached)
             .checked_mul(self.input)?
-            .checked_add(Decimal::from(cached).checked_mul(self.cached_input)?)?
-            .checked_add(Decimal::from(output_tokens).checked_mul(self.output)?)?;
+            .checked_add(Decimal::from(read).checked_mul(self.cached_input)?)?
+            .checked_add(Decimal::from(write).checked_mul(self.cache_write.unwrap_or(self.input))?)?
+            .checked_add(Decimal::from(output).checked_mul(self.output)?)?;
         let dollars = total.checked_div(Decimal::from(1_000_000))?;
         let rounded =
             dollars.round_dp_with_strategy(Usd::SCALE, RoundingStrategy::MidpointAwayFromZero);
@@ -90,62 +114,82 @@ pub struct PriceTable {
     models: BTreeMap<String, ModelPrice>,
 }
 
-/// The built-in prices: (model, input, cached input, output), USD per million tokens.
-///
-/// Source: OpenAI's API pricing page (<https://openai.com/api/pricing/>, also
-/// <https://platform.openai.com/docs/pricing>), standard tier, as published in 2025 for the
-/// GPT-5 family (gpt-5 / gpt-5-codex / gpt-5.1 / gpt-5.1-codex at $1.25 / $0.125 / $10,
-/// the mini models at $0.25 / $0.025 / $2, nano at $0.05 / $0.005 / $0.40) and the older
-/// models Codex can still be launched with. Prices change: override them with
-/// `AGENTRY_PRICES_FILE` rather than trusting this list blindly.
-const BUILTIN: &[(&str, &str, &str, &str)] = &[
-    ("gpt-5", "1.25", "0.125", "10"),
-    ("gpt-5-codex", "1.25", "0.125", "10"),
-    ("gpt-5.1", "1.25", "0.125", "10"),
-    ("gpt-5.1-codex", "1.25", "0.125", "10"),
-    ("gpt-5.1-codex-max", "1.25", "0.125", "10"),
-    ("gpt-5-mini", "0.25", "0.025", "2"),
-    ("gpt-5.1-codex-mini", "0.25", "0.025", "2"),
-    ("codex-mini-latest", "1.5", "0.375", "6"),
-    ("gpt-5-nano", "0.05", "0.005", "0.4"),
-    ("gpt-4.1", "2", "0.5", "8"),
-    ("gpt-4.1-mini", "0.4", "0.1", "1.6"),
-    ("o3", "2", "0.5", "8"),
-    ("o4-mini", "1.1", "0.275", "4.4"),
+/// The date the built-in prices were taken from the providers' price lists.
+pub const PRICES_AS_OF: &str = "2026-11-25";
+
+/// The built-in prices: (model, input, cached input / cache read, cache write, output), USD
+/// per million tokens, standard tier, as listed on [`PRICES_AS_OF`]. An empty cache-write
+/// price charges cache writes as input. docs/runner.md lists the source of each line.
+const BUILTIN: &[(&str, &str, &str, &str, &str)] = &[
+    // Anthropic (platform.claude.com/docs/en/about-claude/pricing and the model pages):
+    // a 5-minute cache write is 1.25× input, a cache read 0.1× input. Claude Code 2.1
+    // resolves `sonnet` to claude-sonnet-5, `opus` to claude-opus-4-8 and `haiku` to
+    // claude-haiku-4-5-20251001; the CLI itself prices claude-sonnet-5 at 3 / 15, not at
+    // the listed 2 / 10.
+    ("claude-sonnet-5", "2", "0.2", "2.5", "10"),
+    ("claude-sonnet-4-6", "3", "0.3", "3.75", "15"),
+    ("claude-sonnet-4-5", "3", "0.3", "3.75", "15"),
+    ("claude-sonnet-4-5-20250929", "3", "0.3", "3.75", "15"),
+    ("claude-opus-5", "5", "0.5", "6.25", "25"),
+    ("claude-opus-4-8", "5", "0.5", "6.25", "25"),
+    ("claude-opus-4-7", "5", "0.5", "6.25", "25"),
+    ("claude-opus-4-6", "5", "0.5", "6.25", "25"),
+    ("claude-opus-4-5", "5", "0.5", "6.25", "25"),
+    ("claude-opus-4-1", "15", "1.5", "18.75", "75"),
+    ("claude-fable-5", "10", "1", "12.5", "50"),
+    ("claude-haiku-4-5", "1", "0.1", "1.25", "5"),
+    ("claude-haiku-4-5-20251001", "1", "0.1", "1.25", "5"),
+    // OpenAI (developers.openai.com/api/docs/models/<model>): the GPT-6 and GPT-5.6
+    // families charge cache writes at 1.25× input (30-minute retention).
+    ("gpt-6-astra", "10", "1", "12.5", "50"),
+    ("gpt-6.1-sol", "2", "0.1", "2.5", "10"),
+    ("gpt-6.1-terra", "1", "0.05", "1.25", "5"),
+    ("gpt-6-sol", "2", "0.2", "2.5", "10"),
+    ("gpt-6-luna", "0.1", "0.01", "0.125", "0.5"),
+    ("gpt-5.6-sol", "5", "0.5", "6.25", "30"),
+    ("gpt-5.6-terra", "2", "0.2", "2.5", "12"),
+    ("gpt-5.6-luna", "0.2", "0.02", "0.25", "1.2"),
+    ("gpt-5.5", "5", "0.5", "", "30"),
+    ("gpt-5.2", "1.75", "0.175", "", "14"),
+    ("gpt-5.1", "1.25", "0.125", "", "10"),
+    ("gpt-5.1-codex", "1.25", "0.125", "", "10"),
+    ("gpt-5.1-codex-max", "1.25", "0.125", "", "10"),
+    ("gpt-5.1-codex-mini", "0.25", "0.025", "", "2"),
+    ("gpt-5", "1.25", "0.125", "", "10"),
+    ("gpt-5-codex", "1.25", "0.125", "", "10"),
+    ("gpt-5-mini", "0.25", "0.025", "", "2"),
+    ("gpt-5-nano", "0.05", "0.005", "", "0.4"),
+    ("codex-mini-latest", "1.5", "0.375", "", "6"),
+    ("gpt-4.1", "2", "0.5", "", "8"),
+    ("gpt-4.1-mini", "0.4", "0.1", "", "1.6"),
+    ("o3", "2", "0.5", "", "8"),
+    ("o4-mini", "1.1", "0.275", "", "4.4"),
 ];
 
 impl PriceTable {
-    /// The built-in table: OpenAI's 2025 list prices of the GPT-5 / GPT-5.1 / Codex / o-series
-    /// models.
-    ///
-    /// Source: OpenAI's API pricing page (<https://platform.openai.com/docs/pricing>) as
-    /// published in 2025, standard tier, USD per million tokens
-    /// (input / cached input / output): gpt-5, gpt-5-codex, gpt-5.1, gpt-5.1-codex and
-    /// gpt-5.1-codex-max 1.25 / 0.125 / 10; gpt-5-mini and gpt-5.1-codex-mini
-    /// 0.25 / 0.025 / 2; gpt-5-nano 0.05 / 0.005 / 0.40; codex-mini-latest 1.50 / 0.375 / 6;
-    /// gpt-4.1 and o3 2 / 0.50 / 8; gpt-4.1-mini 0.40 / 0.10 / 1.60; o4-mini
-    /// 1.10 / 0.275 / 4.40. Names match exactly (no aliases, no date suffixes). Models
-    /// released later (gpt-5.2 and newer) are deliberately absent: their runs record tokens
-    /// and a null cost with a warning until `AGENTRY_PRICES_FILE` prices them
-    /// ([`PriceTable::from_json`]), which also overrides any entry here.
+    /// The built-in table: the list prices of current Anthropic and OpenAI models as of
+    /// [`PRICES_AS_OF`] (standard tier; long-context, priority and batch tiers are not
+    /// applied). Names match exactly (no aliases: `sonnet` is not a model id). Prices
+    /// change: `AGENTRY_PRICES_FILE` ([`PriceTable::from_json`]) overrides any entry and
+    /// adds models; a model absent from both gives a null cost, never zero.
     pub fn builtin() -> Self {
-        let mut models = BTreeMap::new();
-        for &(model, input, cached, output) in BUILTIN {
-            if let (Ok(input), Ok(cached_input), Ok(output)) = (
-                Decimal::from_str_exact(input),
-                Decimal::from_str_exact(cached),
-                Decimal::from_str_exact(output),
-            ) {
-                models.insert(
-                    model.to_owned(),
-                    ModelPrice {
-                        input,
-                        cached_input,
-                        output,
+        let decimal = |text: &str| Decimal::from_str_exact(text).ok();
+        let models = BUILTIN
+            .iter()
+            .filter_map(|&(model, input, cached, write, output)| {
+                let price = ModelPrice {
+                    input: decimal(input)?,
+                    cached_input: decimal(cached)?,
+                    cache_write: if write.is_empty() {
+                        None
+                    } else {
+                        Some(decimal(write)?)
                     },
-                );
-            }
-        }
+                    output: decimal(output)?,
+                };
+                Some((model.to_owned(), price))
+            })
+            .collect();
         PriceTable { models }
     }
 
@@ -167,13 +211,17 @@ impl PriceTable {
             }
             let serde_json::Value::Object(fields) = entry else {
                 return Err(bad(
-                    "must be an object with \"input\", \"cachedInput\" and \"output\"".into(),
+                    "must be an object with \"input\", \"cachedInput\", \"output\" and \
+                     optionally \"cacheWrite\""
+                        .into(),
                 ));
             };
-            if let Some(unknown) = fields
-                .keys()
-                .find(|k| !matches!(k.as_str(), "input" | "cachedInput" | "output"))
-            {
+            if let Some(unknown) = fields.keys().find(|k| {
+                !matches!(
+                    k.as_str(),
+                    "input" | "cachedInput" | "cacheWrite" | "output"
+                )
+            }) {
                 return Err(bad(format!("unknown field {unknown:?}")));
             }
             let price = |field: &str| -> Result<Decimal, PriceError> {
@@ -192,6 +240,11 @@ impl PriceTable {
             let parsed = ModelPrice {
                 input: price("input")?,
                 cached_input: price("cachedInput")?,
+                cache_write: if fields.contains_key("cacheWrite") {
+                    Some(price("cacheWrite")?)
+                } else {
+                    None
+                },
                 output: price("output")?,
             };
             models.insert(model, parsed);

@@ -8,7 +8,9 @@
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, MAX_LINE_BYTES, OutputParser};
-use agentry_runner::{AgentOutcome, PriceError, PriceTable, RunReport, parse_claude, parse_codex};
+use agentry_runner::{
+    AgentOutcome, PriceError, PriceTable, RunReport, Tokens, parse_claude, parse_codex,
+};
 use proptest::prelude::*;
 
 fn fixture(name: &str) -> String {
@@ -348,18 +350,84 @@ fn cost_rounds_half_away_from_zero_to_nanos() {
     )
     .unwrap();
     let p = table.get("tiny").unwrap();
+    let tokens = |input, cache_read, cache_write, output| Tokens {
+        input,
+        cache_read,
+        cache_write,
+        output,
+    };
     // 1 token at $0.0005/M = 5e-10 → rounds up to one nano-dollar.
-    assert_eq!(p.cost(1, 0, 0), Some(usd("0.000000001")));
+    assert_eq!(p.cost(tokens(1, 0, 0, 0)), Some(usd("0.000000001")));
     // 1 token at $0.00049/M = 4.9e-10 → rounds to zero.
-    assert_eq!(p.cost(0, 0, 1), Some(Usd::ZERO));
+    assert_eq!(p.cost(tokens(0, 0, 0, 1)), Some(Usd::ZERO));
     // Cached above input is clamped; negative counts refused.
-    assert_eq!(p.cost(2, 5, 0), Some(Usd::ZERO));
-    assert_eq!(p.cost(-1, 0, 0), None);
+    assert_eq!(p.cost(tokens(2, 5, 0, 0)), Some(Usd::ZERO));
+    assert_eq!(p.cost(tokens(-1, 0, 0, 0)), None);
+    assert_eq!(p.cost(tokens(1, 0, -1, 0)), None);
     // Huge counts do not panic.
     let _ = PriceTable::builtin()
         .get("gpt-5")
         .unwrap()
-        .cost(i64::MAX, 0, i64::MAX);
+        .cost(tokens(i64::MAX, 0, 0, i64::MAX));
+}
+
+/// Cache writes cost the cache-write price, or the input price when the model has none;
+/// the cache parts never count for more than the input.
+#[test]
+fn cache_writes_are_priced_apart() {
+    let table = PriceTable::from_json(
+        r#"{"w": {"input": "2", "cachedInput": "0.1", "cacheWrite": "2.5", "output": "10"},
+            "nw": {"input": "2", "cachedInput": "0.1", "output": "10"}}"#,
+    )
+    .unwrap();
+    let t = Tokens {
+        input: 10_000,
+        cache_read: 4_000,
+        cache_write: 1_000,
+        output: 100,
+    };
+    // 5000·2 + 4000·0.1 + 1000·2.5 + 100·10 = 13 900 µ$.
+    assert_eq!(table.get("w").unwrap().cost(t), Some(usd("0.0139")));
+    // 6000·2 + 4000·0.1 + 100·10 = 13 400 µ$.
+    assert_eq!(table.get("nw").unwrap().cost(t), Some(usd("0.0134")));
+    let clamped = Tokens {
+        input: 10,
+        cache_read: 8,
+        cache_write: 8,
+        output: 0,
+    };
+    // 8 read + 2 written (what is left of the input), none uncached.
+    assert_eq!(
+        table.get("w").unwrap().cost(clamped),
+        Some(usd("0.0000058"))
+    );
+    // A bad cacheWrite is named.
+    let err = PriceTable::from_json(
+        r#"{"m": {"input": "1", "cachedInput": "0.1", "cacheWrite": "x", "output": "2"}}"#,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("cacheWrite"), "{err}");
+}
+
+/// Every line of the built-in table is a valid price, and the models the CLIs name today
+/// are in it (dated: the table says when it was taken).
+#[test]
+fn the_builtin_table_covers_current_models() {
+    let table = PriceTable::builtin();
+    for model in [
+        "claude-sonnet-5",
+        "claude-haiku-4-5-20251001",
+        "claude-opus-4-8",
+        "gpt-6.1-sol",
+        "gpt-6-luna",
+        "gpt-6-astra",
+        "gpt-5.6-terra",
+        "gpt-5.5",
+    ] {
+        assert!(table.get(model).is_some(), "{model} has no price");
+    }
+    assert!(table.models().count() >= 35);
+    assert_eq!(agentry_runner::PRICES_AS_OF, "2026-11-25");
 }
 
 #[test]
