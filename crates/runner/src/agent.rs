@@ -1,17 +1,28 @@
-//! The two agent CLIs as processes (docs/contract.md#62-agents-and-cost-extraction): how each is invoked, which API-key variables
-//! it may see, and which parser reads its output.
+//! The two agent CLIs as processes (docs/contract.md#62-agents-and-cost-extraction): how
+//! each is invoked, what of the service's environment it sees, and which parser reads its
+//! output.
 //!
 //! | agent | command line (prompt on stdin) |
 //! |---|---|
-//! | `claude-code` | `claude -p --output-format stream-json --verbose --model M [--max-turns N] [--max-budget-usd B] --permission-mode acceptEdits` |
-//! | `codex` | `codex exec --json --model M --full-auto -` |
+//! | `claude-code` | `claude -p --output-format stream-json --verbose --model M [--max-turns N] [--max-budget-usd B] --permission-mode P` |
+//! | `codex` | `codex exec --json --model M [-c openai_base_url="U"] S -` |
 //!
-//! `--permission-mode acceptEdits` lets Claude Code edit files without asking (a headless run
-//! has nobody to ask); `--full-auto` is Codex's equivalent (workspace-write sandbox). Codex
-//! has no turn or budget limit on its command line: its turn limit is not enforced, and its
-//! budget is enforced by agentry, which prices its usage events as they arrive and stops
-//! the process group once the priced cost reaches the allowance
-//! ([`OutputParser::allowance_reached`], [`budget_enforceable`]).
+//! Both CLIs run headless, with nobody to approve anything, so what the agent may do is
+//! decided by where it runs ([`Launch::sandboxed`]):
+//!
+//! - **Inside agentry's sandbox** the sandbox is the boundary. Claude Code gets
+//!   `--permission-mode bypassPermissions` (and `IS_SANDBOX=1`, without which it refuses
+//!   that mode to root), so it can run the project's tests and `git diff`; Codex gets
+//!   `--dangerously-bypass-approvals-and-sandbox`, because its own sandbox (bubblewrap
+//!   again) cannot start inside agentry's.
+//! - **Unsandboxed** (`AGENTRY_AGENT_SANDBOX=off`) the agent runs as the service's user, so
+//!   it gets a mode that cannot run arbitrary commands: Claude Code `acceptEdits` (file
+//!   edits in the working directory only; a review run may also run `git diff`, `git log`,
+//!   `git status` and `git show`), Codex `--sandbox workspace-write` (its own sandbox).
+//!
+//! Codex has no turn or budget option: agentry prices the usage Codex reports and stops the
+//! run once the priced cost reaches the allowance ([`OutputParser::allowance_reached`],
+//! [`budget_enforceable`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -41,6 +52,21 @@ pub struct AgentSpec {
     pub max_budget_usd: Option<Usd>,
 }
 
+/// Where and for what an agent is launched, besides its [`AgentSpec`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Launch {
+    /// The agent runs inside agentry's sandbox ([`crate::sandbox`]), which is then the
+    /// boundary: the CLI is told not to ask for (nor impose) permissions of its own.
+    pub sandboxed: bool,
+    /// A review run: it reads the change (`git diff`, `git log`, …) and changes nothing.
+    pub review: bool,
+}
+
+/// The Bash commands an unsandboxed review agent may run (Claude Code `--allowedTools`
+/// rules): reading the change, nothing else.
+const REVIEW_READ_ONLY_TOOLS: &str =
+    "Bash(git diff:*),Bash(git log:*),Bash(git status:*),Bash(git show:*)";
+
 /// Whether agentry can hold `spec`'s agent to its allowance: `Err` with a sentence saying
 /// why not. Claude Code enforces its own (`--max-budget-usd`); a Codex run is stopped by
 /// agentry from its priced usage, which needs the launched model in `prices`. A capped
@@ -57,17 +83,149 @@ pub fn budget_enforceable(spec: &AgentSpec, prices: &PriceTable) -> Result<(), S
     }
 }
 
-/// The environment variables through which an operator gives an agent its API key. Only
-/// these (when set for the service) reach the agent, besides `PATH` and `HOME`.
+/// The environment variables through which an operator gives an agent its credentials.
+/// Those that are set for the service reach the agent that uses them (Codex's as
+/// `CODEX_API_KEY`, the only one `codex exec` reads).
 pub fn api_key_vars(agent_type: AgentType) -> &'static [&'static str] {
     match agent_type {
-        AgentType::ClaudeCode => &["ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"],
-        AgentType::Codex => &["OPENAI_API_KEY", "CODEX_API_KEY"],
+        AgentType::ClaudeCode => &[
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_AUTH_TOKEN",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+        ],
+        AgentType::Codex => &["CODEX_API_KEY", "OPENAI_API_KEY"],
     }
 }
 
-/// The arguments of an agent's command line (after the program name).
-pub fn arguments(spec: &AgentSpec) -> Vec<String> {
+/// The variable that names the OpenAI base URL for the operator. Codex ignores it; agentry
+/// passes its value as Codex's `openai_base_url` configuration when it is given to agents
+/// (`AGENTRY_AGENT_ENV`).
+pub const OPENAI_BASE_URL: &str = "OPENAI_BASE_URL";
+
+/// The `PATH` agents get when the service has none.
+pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// What of the service's environment may reach agents: `PATH`, the credential variables
+/// ([`api_key_vars`]) and the variables the operator lists in `AGENTRY_AGENT_ENV`, read
+/// once at start. Nothing else of the service's environment ever reaches an agent. Its
+/// `Debug` shows names, never values.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ServiceEnv {
+    /// The service's `PATH`, if set and not empty.
+    pub path: Option<String>,
+    /// The credential variables that are set, name and value.
+    pub credentials: Vec<(String, String)>,
+    /// The variables of `AGENTRY_AGENT_ENV` that are set, name and value: given to every
+    /// agent.
+    pub passed: Vec<(String, String)>,
+}
+
+impl fmt::Debug for ServiceEnv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = |vars: &[(String, String)]| vars.iter().map(|(k, _)| k.clone()).collect();
+        f.debug_struct("ServiceEnv")
+            .field("path", &self.path)
+            .field("credentials", &names(&self.credentials) as &Vec<String>)
+            .field("passed", &names(&self.passed) as &Vec<String>)
+            .finish()
+    }
+}
+
+impl ServiceEnv {
+    /// Reads `PATH`, every agent's credential variables and the variables named in
+    /// `passed` through `lookup` (the service's environment); empty values count as unset.
+    pub fn read(passed: &[String], lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        let credentials = api_key_vars(AgentType::ClaudeCode)
+            .iter()
+            .chain(api_key_vars(AgentType::Codex))
+            .filter_map(|name| Some(((*name).to_owned(), get(name)?)))
+            .collect();
+        let passed = passed
+            .iter()
+            .filter_map(|name| Some((name.clone(), get(name)?)))
+            .collect();
+        ServiceEnv {
+            path: get("PATH"),
+            credentials,
+            passed,
+        }
+    }
+
+    fn credential(&self, name: &str) -> Option<&str> {
+        self.credentials
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The value of a passed variable (`AGENTRY_AGENT_ENV`).
+    pub fn passed(&self, name: &str) -> Option<&str> {
+        self.passed
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The complete environment of an agent process: `PATH` (the service's, else
+/// [`DEFAULT_PATH`]), `HOME` = `home` (the run's own), the agent's credentials, the
+/// variables of `AGENTRY_AGENT_ENV`, and what the CLI needs to run headless (Claude Code:
+/// `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`, no update checks nor telemetry; inside the
+/// sandbox `IS_SANDBOX=1`). Codex gets its key as `CODEX_API_KEY` (from `CODEX_API_KEY`,
+/// else `OPENAI_API_KEY`). A passed variable never replaces `PATH`, `HOME` or a
+/// credential.
+pub fn environment(
+    agent_type: AgentType,
+    launch: Launch,
+    home: &Path,
+    service: &ServiceEnv,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".to_owned(),
+            service
+                .path
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PATH.to_owned()),
+        ),
+        ("HOME".to_owned(), home.to_string_lossy().into_owned()),
+    ];
+    let mut set = |name: &str, value: &str| {
+        if !env.iter().any(|(k, _)| k == name) {
+            env.push((name.to_owned(), value.to_owned()));
+        }
+    };
+    match agent_type {
+        AgentType::ClaudeCode => {
+            for name in api_key_vars(agent_type) {
+                if let Some(value) = service.credential(name) {
+                    set(name, value);
+                }
+            }
+            set("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+            if launch.sandboxed {
+                set("IS_SANDBOX", "1");
+            }
+        }
+        AgentType::Codex => {
+            if let Some(key) = service
+                .credential("CODEX_API_KEY")
+                .or_else(|| service.credential("OPENAI_API_KEY"))
+            {
+                set("CODEX_API_KEY", key);
+            }
+        }
+    }
+    for (name, value) in &service.passed {
+        set(name, value);
+    }
+    env
+}
+
+/// The arguments of an agent's command line (after the program name), for an agent with
+/// the environment `env` (Codex's base URL comes from [`OPENAI_BASE_URL`] there).
+pub fn arguments(spec: &AgentSpec, launch: Launch, env: &[(String, String)]) -> Vec<String> {
     let mut args: Vec<String> = Vec::new();
     match spec.agent_type {
         AgentType::ClaudeCode => {
@@ -91,22 +249,56 @@ pub fn arguments(spec: &AgentSpec) -> Vec<String> {
                 args.push(budget.to_string());
             }
             args.push("--permission-mode".into());
-            args.push("acceptEdits".into());
+            if launch.sandboxed {
+                args.push("bypassPermissions".into());
+            } else {
+                args.push("acceptEdits".into());
+                if launch.review {
+                    args.push("--allowedTools".into());
+                    args.push(REVIEW_READ_ONLY_TOOLS.into());
+                }
+            }
         }
         AgentType::Codex => {
             args.extend(["exec", "--json", "--model"].map(str::to_owned));
             args.push(spec.model.clone());
-            args.push("--full-auto".into());
+            if let Some((_, url)) = env.iter().find(|(k, _)| k == OPENAI_BASE_URL) {
+                args.push("-c".into());
+                args.push(format!("openai_base_url={}", toml_string(url)));
+            }
+            if launch.sandboxed {
+                args.push("--dangerously-bypass-approvals-and-sandbox".into());
+            } else {
+                args.extend(["--sandbox", "workspace-write"].map(str::to_owned));
+            }
             args.push("-".into());
         }
     }
     args
 }
 
+/// `text` as a TOML basic string (quoted, with `\` and `"` and control characters escaped),
+/// as Codex's `-c key=value` parses its value.
+fn toml_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// The process of one agent run: `program` with [`arguments`], the prompt on stdin, in
-/// `cwd` (the worktree), with exactly `env`.
+/// `cwd` (the worktree), with exactly `env` (see [`environment`]).
 pub fn command(
     spec: &AgentSpec,
+    launch: Launch,
     program: &Path,
     prompt: &str,
     cwd: &Path,
@@ -114,10 +306,11 @@ pub fn command(
 ) -> AgentCommand {
     AgentCommand {
         program: PathBuf::from(program),
-        args: arguments(spec),
+        args: arguments(spec, launch, &env),
         stdin: prompt.to_owned(),
         cwd: cwd.to_owned(),
         env,
+        stop: crate::process::StopTarget::Group,
     }
 }
 
@@ -703,8 +896,19 @@ mod tests {
     use super::*;
     use crate::AgentOutcome;
 
+    const SANDBOXED: Launch = Launch {
+        sandboxed: true,
+        review: false,
+    };
+    const UNSANDBOXED: Launch = Launch {
+        sandboxed: false,
+        review: false,
+    };
+
+    /// Inside the sandbox Claude Code may run commands (tests, `git diff`); outside it only
+    /// edits files, and a review may only read the change with git.
     #[test]
-    fn claude_command_line_carries_model_limits_and_budget() {
+    fn claude_command_line_carries_model_limits_budget_and_permissions() {
         let spec = AgentSpec {
             agent_type: AgentType::ClaudeCode,
             model: "sonnet".into(),
@@ -712,16 +916,146 @@ mod tests {
             max_budget_usd: Some(Usd::parse("2.50").unwrap()),
         };
         assert_eq!(
-            arguments(&spec).join(" "),
+            arguments(&spec, SANDBOXED, &[]).join(" "),
+            "-p --output-format stream-json --verbose --model sonnet --max-turns 40 \
+             --max-budget-usd 2.5 --permission-mode bypassPermissions"
+        );
+        assert_eq!(
+            arguments(&spec, UNSANDBOXED, &[]).join(" "),
             "-p --output-format stream-json --verbose --model sonnet --max-turns 40 \
              --max-budget-usd 2.5 --permission-mode acceptEdits"
+        );
+        let review = Launch {
+            sandboxed: false,
+            review: true,
+        };
+        assert!(arguments(&spec, review, &[]).join(" ").ends_with(
+            "--permission-mode acceptEdits --allowedTools Bash(git diff:*),Bash(git log:*),\
+                 Bash(git status:*),Bash(git show:*)"
+        ));
+        let sandboxed_review = Launch {
+            sandboxed: true,
+            review: true,
+        };
+        assert!(
+            !arguments(&spec, sandboxed_review, &[])
+                .iter()
+                .any(|a| a == "--allowedTools")
         );
         let unlimited = AgentSpec {
             max_turns: None,
             max_budget_usd: None,
             ..spec
         };
-        assert!(!arguments(&unlimited).iter().any(|a| a.starts_with("--max")));
+        assert!(
+            !arguments(&unlimited, SANDBOXED, &[])
+                .iter()
+                .any(|a| a.starts_with("--max"))
+        );
+    }
+
+    /// Inside agentry's sandbox Codex's own cannot start; outside it, it is Codex's. The
+    /// base URL goes through Codex's configuration, quoted as TOML.
+    #[test]
+    fn codex_command_line_reads_the_prompt_from_stdin() {
+        let spec = AgentSpec {
+            agent_type: AgentType::Codex,
+            model: "gpt-6.1-sol".into(),
+            max_turns: Some(40),
+            max_budget_usd: None,
+        };
+        assert_eq!(
+            arguments(&spec, SANDBOXED, &[]).join(" "),
+            "exec --json --model gpt-6.1-sol --dangerously-bypass-approvals-and-sandbox -"
+        );
+        assert_eq!(
+            arguments(&spec, UNSANDBOXED, &[]).join(" "),
+            "exec --json --model gpt-6.1-sol --sandbox workspace-write -"
+        );
+        let env = [(
+            OPENAI_BASE_URL.to_owned(),
+            "http://127.0.0.1:9/v1?a=\"b\\".to_owned(),
+        )];
+        assert_eq!(
+            arguments(&spec, SANDBOXED, &env)[4..6],
+            [
+                "-c".to_owned(),
+                "openai_base_url=\"http://127.0.0.1:9/v1?a=\\\"b\\\\\"".to_owned()
+            ]
+        );
+    }
+
+    /// Only `PATH`, `HOME`, the agent's own credentials and the passed variables reach an
+    /// agent; Codex's key is `CODEX_API_KEY`; a passed variable replaces nothing of those.
+    #[test]
+    fn the_agent_environment_is_minimal() {
+        let service = ServiceEnv::read(
+            &[
+                "HTTPS_PROXY".to_owned(),
+                "HOME".to_owned(),
+                "UNSET".to_owned(),
+            ],
+            |name| match name {
+                "PATH" => Some("/opt/bin:/usr/bin".into()),
+                "ANTHROPIC_API_KEY" => Some("sk-ant".into()),
+                "OPENAI_API_KEY" => Some("sk-openai".into()),
+                "CLAUDE_CODE_OAUTH_TOKEN" => Some(String::new()),
+                "HTTPS_PROXY" => Some("http://proxy:3128".into()),
+                "HOME" => Some("/root".into()),
+                "DATABASE_URL" => Some("postgres://secret".into()),
+                _ => None,
+            },
+        );
+        assert!(!format!("{service:?}").contains("sk-"), "{service:?}");
+        let env = |agent, launch| -> Vec<String> {
+            environment(agent, launch, Path::new("/run/home"), &service)
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect()
+        };
+        assert_eq!(
+            env(AgentType::ClaudeCode, SANDBOXED),
+            [
+                "PATH=/opt/bin:/usr/bin",
+                "HOME=/run/home",
+                "ANTHROPIC_API_KEY=sk-ant",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+                "IS_SANDBOX=1",
+                "HTTPS_PROXY=http://proxy:3128",
+            ]
+        );
+        assert_eq!(
+            env(AgentType::ClaudeCode, UNSANDBOXED),
+            [
+                "PATH=/opt/bin:/usr/bin",
+                "HOME=/run/home",
+                "ANTHROPIC_API_KEY=sk-ant",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+                "HTTPS_PROXY=http://proxy:3128",
+            ]
+        );
+        assert_eq!(
+            env(AgentType::Codex, SANDBOXED),
+            [
+                "PATH=/opt/bin:/usr/bin",
+                "HOME=/run/home",
+                "CODEX_API_KEY=sk-openai",
+                "HTTPS_PROXY=http://proxy:3128",
+            ]
+        );
+        let bare = environment(
+            AgentType::Codex,
+            UNSANDBOXED,
+            Path::new("/h"),
+            &ServiceEnv::default(),
+        );
+        assert_eq!(
+            bare,
+            [
+                ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+                ("HOME".to_owned(), "/h".to_owned())
+            ]
+        );
     }
 
     /// A line longer than the bound is dropped as it arrives, never held whole, and the
@@ -777,20 +1111,6 @@ mod tests {
         assert_eq!(
             report.final_text.map(|t| t.len()),
             Some(MAX_LINE_BYTES - 200)
-        );
-    }
-
-    #[test]
-    fn codex_reads_the_prompt_from_stdin() {
-        let spec = AgentSpec {
-            agent_type: AgentType::Codex,
-            model: "gpt-5-codex".into(),
-            max_turns: Some(40),
-            max_budget_usd: None,
-        };
-        assert_eq!(
-            arguments(&spec).join(" "),
-            "exec --json --model gpt-5-codex --full-auto -"
         );
     }
 }

@@ -31,6 +31,9 @@ use crate::{AgentOutcome, RunReport, Warnings, excerpt, token_count};
 pub(crate) struct ResultEvent {
     subtype: Option<String>,
     is_error: Option<bool>,
+    /// The HTTP status of a model API error (`null` otherwise).
+    #[serde(default, deserialize_with = "status_or_none")]
+    api_error_status: Option<u16>,
     num_turns: Option<Box<RawValue>>,
     result: Option<LooseStr>,
     total_cost_usd: Option<Box<RawValue>>,
@@ -272,14 +275,34 @@ impl ClaudeReader {
     }
 }
 
+/// A status code, or `None` for `null`, a missing value or anything that is not one.
+fn status_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(value.as_u64().and_then(|s| u16::try_from(s).ok()))
+}
+
 /// The JSON value of `raw` text (already checked to be JSON when its line was read).
 fn json_value(raw: &RawValue) -> serde_json::Value {
     serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null)
 }
 
-/// The outcome of a `result` event.
+/// The outcome of a `result` event. A model API error is reported as `subtype: success`
+/// with `is_error: true`, `api_error_status` and a `result` like `API Error: 400 <body>`.
 fn outcome(event: &ResultEvent, final_text: Option<&str>) -> AgentOutcome {
     let is_error = event.is_error.unwrap_or(false);
+    if is_error && let Some(status) = event.api_error_status {
+        let text = final_text.unwrap_or_default().trim();
+        let text = text
+            .strip_prefix("API Error:")
+            .map(str::trim_start)
+            .map(|t| t.strip_prefix(&status.to_string()).unwrap_or(t))
+            .unwrap_or(text);
+        let (_, message) = crate::provider_message(text);
+        return AgentOutcome::ApiError {
+            status: Some(status),
+            message,
+        };
+    }
     match event.subtype.as_deref() {
         Some("success") | None if !is_error => AgentOutcome::Success,
         Some("error_max_turns") => AgentOutcome::MaxTurns,

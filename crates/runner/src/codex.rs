@@ -72,6 +72,7 @@ impl Fields for Event {
 struct Usage {
     input_tokens: Count,
     cached_input_tokens: Count,
+    cache_write_input_tokens: Count,
     output_tokens: Count,
 }
 
@@ -80,6 +81,7 @@ impl Fields for Usage {
         match key {
             "input_tokens" => self.input_tokens = map.next_value()?,
             "cached_input_tokens" => self.cached_input_tokens = map.next_value()?,
+            "cache_write_input_tokens" => self.cache_write_input_tokens = map.next_value()?,
             "output_tokens" => self.output_tokens = map.next_value()?,
             _ => {
                 map.next_value::<Skip>()?;
@@ -121,7 +123,8 @@ pub(crate) struct CodexReader {
     /// The price of `model`, if the table has it.
     price: Option<ModelPrice>,
     turns: i64,
-    pending_error: Option<String>,
+    /// The failure reported last, unless a later `turn.completed` shows the run went on.
+    pending_error: Option<AgentOutcome>,
     /// The exact price of the tokens of every `turn.completed` read so far; `None` when
     /// `model` is unpriced or the counts are too large to price.
     running_cost: Option<Usd>,
@@ -168,7 +171,10 @@ impl CodexReader {
             Some("turn.completed") => {
                 self.turns += 1;
                 if let Some(previous) = self.pending_error.take() {
-                    warnings.push(format!("error before a completed turn: {previous}"));
+                    warnings.push(format!(
+                        "error before a completed turn: {}",
+                        previous.describe()
+                    ));
                 }
                 let usage = event.usage.unwrap_or_default();
                 let mut count = |field: &str, value: Count| -> i64 {
@@ -186,23 +192,26 @@ impl CodexReader {
                 let input = count("input_tokens", usage.input_tokens);
                 let cached = count("cached_input_tokens", usage.cached_input_tokens);
                 let output = count("output_tokens", usage.output_tokens);
+                // Newer Codex reports cache writes (part of the input); older has none.
+                let written = usage.cache_write_input_tokens.0.unwrap_or(0);
                 report.input_tokens = report.input_tokens.saturating_add(input);
                 report.cache_read_tokens = report.cache_read_tokens.saturating_add(cached);
+                report.cache_write_tokens = report.cache_write_tokens.saturating_add(written);
                 report.output_tokens = report.output_tokens.saturating_add(output);
-                self.running_cost = self.price.and_then(|price| {
-                    price.cost(
-                        report.input_tokens,
-                        report.cache_read_tokens,
-                        report.output_tokens,
-                    )
-                });
+                self.running_cost = self.price.and_then(|price| price.cost(report.tokens()));
             }
             Some("turn.failed") => {
                 let message = event.error.and_then(|e| e.0.0);
                 let message = message
                     .as_deref()
                     .unwrap_or("turn failed without a message");
-                self.pending_error = Some(format!("turn failed: {}", excerpt(message)));
+                self.pending_error = Some(match crate::provider_message(message) {
+                    (Some(status), message) => AgentOutcome::ApiError {
+                        status: Some(status),
+                        message,
+                    },
+                    (None, _) => AgentOutcome::Error(format!("turn failed: {}", excerpt(message))),
+                });
             }
             Some("error") => {
                 let message = event.message.0;
@@ -211,7 +220,7 @@ impl CodexReader {
                     .unwrap_or("error event without a message");
                 // Keep the turn failure if one is already pending: it is the more specific.
                 if self.pending_error.is_none() {
-                    self.pending_error = Some(excerpt(message));
+                    self.pending_error = Some(AgentOutcome::Error(excerpt(message)));
                 } else {
                     warnings.push(format!("error: {}", excerpt(message)));
                 }
@@ -244,8 +253,8 @@ impl CodexReader {
             running_cost: _,
         } = self;
         report.turns = Some(i32::try_from(turns).unwrap_or(i32::MAX));
-        report.outcome = if let Some(message) = pending_error {
-            AgentOutcome::Error(message)
+        report.outcome = if let Some(failure) = pending_error {
+            failure
         } else if turns == 0 {
             AgentOutcome::Unparseable(
                 "the output has no turn.completed event (cut off?); no token usage is known".into(),
@@ -273,11 +282,7 @@ impl CodexReader {
                                 .into(),
                         );
                     }
-                    let cost = price.cost(
-                        report.input_tokens,
-                        report.cache_read_tokens,
-                        report.output_tokens,
-                    );
+                    let cost = price.cost(report.tokens());
                     if cost.is_none() {
                         warnings.push("the token counts are too large to price".into());
                     }

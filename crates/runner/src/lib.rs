@@ -22,6 +22,7 @@
 //!   tokens of every `turn.completed` event and prices them with a [`PriceTable`].
 //! - [`prices::PriceTable`]: per-million-token prices as exact decimals, a built-in table
 //!   and a JSON override format (`AGENTRY_PRICES_FILE`).
+//! - [`version`]: the agent CLI versions agentry supports, and checking the installed one.
 //!
 //! Both parsers return a [`RunReport`]; they never panic and never fail: whatever could not
 //! be understood becomes an [`AgentOutcome::Unparseable`] outcome or a warning.
@@ -34,6 +35,7 @@ pub mod local;
 pub mod prices;
 pub mod process;
 pub mod sandbox;
+pub mod version;
 pub mod workspace;
 
 use agentry_domain::money::Usd;
@@ -43,7 +45,7 @@ pub use claude::parse_claude;
 pub use codex::parse_codex;
 pub use job::{Control, Execution, Job, JobKind, Runner, Verdict};
 pub use local::{LocalConfig, LocalRunner};
-pub use prices::{ModelPrice, PriceError, PriceTable};
+pub use prices::{ModelPrice, PRICES_AS_OF, PriceError, PriceTable, Tokens};
 pub use sandbox::{InvalidSandboxMode, Sandbox, SandboxMode};
 
 /// What one agent run reported, as read from its output.
@@ -57,8 +59,7 @@ pub struct RunReport {
     pub input_tokens: i64,
     /// The part of [`RunReport::input_tokens`] read from the prompt cache.
     pub cache_read_tokens: i64,
-    /// The part of [`RunReport::input_tokens`] written to the prompt cache (Claude only;
-    /// always 0 for Codex, which does not report it).
+    /// The part of [`RunReport::input_tokens`] written to the prompt cache.
     pub cache_write_tokens: i64,
     /// Output tokens.
     pub output_tokens: i64,
@@ -74,6 +75,16 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// The run's tokens, as a price is applied to them.
+    pub fn tokens(&self) -> Tokens {
+        Tokens {
+            input: self.input_tokens,
+            cache_read: self.cache_read_tokens,
+            cache_write: self.cache_write_tokens,
+            output: self.output_tokens,
+        }
+    }
+
     /// An empty report with the given outcome: no model, no cost, zero tokens.
     fn empty(outcome: AgentOutcome) -> Self {
         RunReport {
@@ -100,6 +111,14 @@ pub enum AgentOutcome {
     MaxTurns,
     /// The agent stopped because it reached its spending limit.
     MaxBudget,
+    /// The model API refused a call (the agent gave up on it): the HTTP status if known and
+    /// the provider's message.
+    ApiError {
+        /// The HTTP status of the model API's answer, if reported.
+        status: Option<u16>,
+        /// The provider's message (an excerpt).
+        message: String,
+    },
     /// The agent reported an error; holds its message.
     Error(String),
     /// The output could not be understood (e.g. it was cut off before the final event);
@@ -112,6 +131,49 @@ impl AgentOutcome {
     pub fn is_success(&self) -> bool {
         matches!(self, AgentOutcome::Success)
     }
+
+    /// How the run ended, as a person reads it (`model API error 400: …`, `turn failed: …`).
+    pub fn describe(&self) -> String {
+        match self {
+            AgentOutcome::Success => "success".to_owned(),
+            AgentOutcome::MaxTurns => "the turn limit was reached".to_owned(),
+            AgentOutcome::MaxBudget => "the spending limit was reached".to_owned(),
+            AgentOutcome::ApiError {
+                status: Some(status),
+                message,
+            } => format!("model API error {status}: {message}"),
+            AgentOutcome::ApiError {
+                status: None,
+                message,
+            } => format!("model API error: {message}"),
+            AgentOutcome::Error(message) | AgentOutcome::Unparseable(message) => message.clone(),
+        }
+    }
+}
+
+/// The provider's message in an error text an agent printed: the `error.message` (or
+/// `message`) of a JSON error body, where the text is or ends with one
+/// (`{"type":"error","status":400,"error":{"message":"…"}}`), else the text; and the status
+/// such a body names.
+fn provider_message(text: &str) -> (Option<u16>, String) {
+    let text = text.trim();
+    let json = text
+        .find('{')
+        .and_then(|start| serde_json::from_str::<serde_json::Value>(&text[start..]).ok());
+    let Some(body) = json else {
+        return (None, excerpt(text));
+    };
+    let status = body
+        .get("status")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok());
+    let message = body
+        .get("error")
+        .and_then(|e| e.get("message"))
+        .or_else(|| body.get("message"))
+        .and_then(serde_json::Value::as_str)
+        .map_or_else(|| excerpt(text), excerpt);
+    (status, message)
 }
 
 /// The longest excerpt of agent text quoted in a warning or message.

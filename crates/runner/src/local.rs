@@ -24,10 +24,11 @@ use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use uuid::Uuid;
 
-use crate::agent;
+use crate::agent::{self, Launch, ServiceEnv};
 use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Verdict};
 use crate::process::{self, Ended, Limits};
 use crate::sandbox::{self, Sandbox, SandboxMode};
+use crate::version;
 use crate::workspace::{Workspaces, Worktree};
 use crate::{AgentOutcome, PriceTable, RunReport};
 
@@ -49,32 +50,31 @@ pub struct LocalConfig {
     pub codex_bin: PathBuf,
     /// Prices for agents that report tokens only.
     pub prices: PriceTable,
-    /// The service's own values of `PATH` and of the agents' API-key variables; nothing
-    /// else of the service's environment reaches an agent.
-    pub inherited_env: Vec<(String, String)>,
-    /// How long a stopped agent gets between SIGTERM and SIGKILL.
-    pub kill_grace: Duration,
+    /// What of the service's environment reaches agents (see [`agent::environment`]).
+    pub env: ServiceEnv,
+    /// How long a stopped agent gets at each step of the stop ladder (`SIGINT`, then
+    /// `SIGTERM`, then `SIGKILL`; see [`crate::process`]).
+    pub stop_grace: Duration,
     /// The sandbox agents run in (`AGENTRY_AGENT_SANDBOX`); see [`crate::sandbox`].
     pub sandbox: Sandbox,
-}
-
-impl LocalConfig {
-    /// The variables of the service environment `lookup` that agents may inherit: `PATH`
-    /// and every agent's API-key variables that are set.
-    pub fn inherit(lookup: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
-        let names = std::iter::once("PATH")
-            .chain(agent::api_key_vars(AgentType::ClaudeCode).iter().copied())
-            .chain(agent::api_key_vars(AgentType::Codex).iter().copied());
-        names
-            .filter_map(|name| Some((name.to_owned(), lookup(name)?)))
-            .collect()
-    }
 }
 
 /// Runs jobs as local processes (see the module docs).
 pub struct LocalRunner {
     config: LocalConfig,
     workspaces: Workspaces,
+    /// The last check of each agent CLI, kept while its executable is unchanged.
+    checked: std::sync::Mutex<Vec<CliCheck>>,
+}
+
+/// One agent CLI's check ([`version::check`]) and the executable it was made of.
+#[derive(Debug, Clone)]
+struct CliCheck {
+    agent_type: AgentType,
+    /// The executable as found, its size and modification time: a different one (an
+    /// upgrade, a fix) is checked again.
+    stamp: Option<(PathBuf, u64, std::time::SystemTime)>,
+    result: Result<version::Found, version::CliProblem>,
 }
 
 impl std::fmt::Debug for LocalRunner {
@@ -92,7 +92,11 @@ impl LocalRunner {
             tracing::warn!("agents run unsandboxed: AGENTRY_AGENT_SANDBOX=off");
         }
         let workspaces = Workspaces::new(config.root.join("workspaces"));
-        LocalRunner { config, workspaces }
+        LocalRunner {
+            config,
+            workspaces,
+            checked: std::sync::Mutex::new(Vec::new()),
+        }
     }
 
     /// The directory of one run.
@@ -109,6 +113,59 @@ impl LocalRunner {
             AgentType::ClaudeCode => &self.config.claude_bin,
             AgentType::Codex => &self.config.codex_bin,
         }
+    }
+
+    /// Whether `agent_type`'s CLI is there and a supported version ([`version::check`]),
+    /// asked again only when its executable changed since the last time.
+    pub async fn check_cli(
+        &self,
+        agent_type: AgentType,
+    ) -> Result<version::Found, version::CliProblem> {
+        let home = self.config.root.join("cli-home");
+        if let Err(e) = tokio::fs::create_dir_all(&home).await {
+            tracing::warn!(dir = %home.display(), error = %e, "cannot create the CLI check's HOME");
+        }
+        let env = agent::environment(
+            agent_type,
+            Launch::default(),
+            &home,
+            &ServiceEnv {
+                path: self.config.env.path.clone(),
+                ..ServiceEnv::default()
+            },
+        );
+        let program = self.program(agent_type);
+        let stamp = sandbox::resolve_program(program, &env)
+            .ok()
+            .and_then(|path| {
+                let meta = std::fs::metadata(&path).ok()?;
+                Some((path, meta.len(), meta.modified().ok()?))
+            });
+        let cached = lock(&self.checked)
+            .iter()
+            .find(|c| c.agent_type == agent_type && c.stamp == stamp && stamp.is_some())
+            .map(|c| c.result.clone());
+        if let Some(result) = cached {
+            return result;
+        }
+        let result = version::check(agent_type, program, &env).await;
+        match &result {
+            Ok(found) => tracing::info!(
+                agent = %agent_type,
+                version = %found.version,
+                path = %found.path.display(),
+                "agent CLI checked"
+            ),
+            Err(problem) => tracing::error!(agent = %agent_type, "{problem}"),
+        }
+        let mut checked = lock(&self.checked);
+        checked.retain(|c| c.agent_type != agent_type);
+        checked.push(CliCheck {
+            agent_type,
+            stamp,
+            result: result.clone(),
+        });
+        result
     }
 
     async fn run(&self, job: Job, mut control: Control) -> Execution {
@@ -131,6 +188,10 @@ impl LocalRunner {
             Ok(bwrap) => bwrap,
             Err(message) => return fail(message),
         };
+        // Without a supported CLI the agent could not run (or would misread its options).
+        if let Err(problem) = self.check_cli(agent_type).await {
+            return fail(problem.to_string());
+        }
         // A run whose allowance cannot be enforced does not start.
         if let Err(message) = agent::budget_enforceable(&job.agent, &self.config.prices) {
             return fail(message);
@@ -166,15 +227,14 @@ impl LocalRunner {
                 ..fail(String::new())
             };
         }
-        let env = process::agent_env(&home, agent::api_key_vars(agent_type), |name| {
-            self.config
-                .inherited_env
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        });
+        let launch = Launch {
+            sandboxed: bwrap.is_some(),
+            review: matches!(job.kind, JobKind::Review { .. }),
+        };
+        let env = agent::environment(agent_type, launch, &home, &self.config.env);
         let command = agent::command(
             &job.agent,
+            launch,
             self.program(agent_type),
             &job.prompt,
             worktree.path(),
@@ -183,6 +243,15 @@ impl LocalRunner {
         let command = match &bwrap {
             None => command,
             Some(bwrap) => {
+                // Files named by the variables passed to agents (a CA bundle…).
+                let readable: Vec<PathBuf> = self
+                    .config
+                    .env
+                    .passed
+                    .iter()
+                    .map(|(_, value)| PathBuf::from(value))
+                    .filter(|path| path.is_absolute())
+                    .collect();
                 let layout = sandbox::Layout {
                     root: &self.config.root,
                     worktree: worktree.path(),
@@ -193,6 +262,8 @@ impl LocalRunner {
                         .join("workspaces")
                         .join("mirrors")
                         .join(format!("{}.git", job.repo.key)),
+                    review: launch.review,
+                    readable: &readable,
                 };
                 match sandbox::wrap(bwrap, command, layout) {
                     Ok(command) => command,
@@ -205,7 +276,7 @@ impl LocalRunner {
         };
         let limits = Limits {
             wall_time: job.wall_time,
-            kill_grace: self.config.kill_grace,
+            stop_grace: self.config.stop_grace,
         };
         let pid_file = run_dir.join("agent.pid");
         let started = control.started.take();
@@ -432,6 +503,7 @@ fn agent_failure(
                                     limit (the least of what is left of maxCostPerTaskUsd and of \
                                     the monthly budgets)"
             .to_owned(),
+        AgentOutcome::ApiError { .. } => report.outcome.describe(),
         AgentOutcome::Error(e) => format!("the agent failed: {e}"),
         AgentOutcome::Unparseable(why) => {
             let exit = match (code, signal) {
@@ -522,6 +594,10 @@ fn stop_orphan(run_dir: &Path) {
     }
 }
 
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn human(d: Duration) -> String {
     let secs = d.as_secs();
     if secs >= 60 && secs.is_multiple_of(60) {
@@ -588,8 +664,8 @@ mod tests {
             claude_bin: "claude".into(),
             codex_bin: "codex".into(),
             prices: PriceTable::builtin(),
-            inherited_env: Vec::new(),
-            kill_grace: Duration::from_millis(100),
+            env: ServiceEnv::default(),
+            stop_grace: Duration::from_millis(100),
             sandbox: Sandbox::default(),
         });
         let (task, attempt) = (Uuid::new_v4(), 2);

@@ -1,14 +1,22 @@
 //! Running one agent process under control.
 //!
 //! [`run_process_with`] starts the agent CLI in its own process group with exactly the
-//! environment it is given (see [`agent_env`] for the minimal one), writes the prompt to its
+//! environment it is given (see [`crate::agent::environment`]), writes the prompt to its
 //! stdin, streams its stdout to a log file as it arrives and to an [`OutputSink`] (the
 //! agent's [`OutputParser`]), keeps the end of its stdout and stderr in memory, and ends
 //! the run on exit, on the wall-time limit, on cancellation or when the sink asks for it
 //! (a Codex run whose priced usage reached its allowance). The log files are capped
 //! ([`LOG_FILE_CAP`]): a full log is rotated to [`rotated_log_path`], so the disk holds at
-//! most twice the cap per stream and always the end of the output. Whatever way it ends, the whole process group is killed afterwards,
-//! so no grandchild the agent started outlives the run, and the direct child is reaped.
+//! most twice the cap per stream and always the end of the output.
+//!
+//! **Stopping** is a ladder, so that an agent can say what it spent: `SIGINT` first (what
+//! Ctrl-C sends; Claude Code then prints its final `result` event with the cost so far),
+//! `SIGTERM` after [`Limits::stop_grace`] if it is still running, `SIGKILL` after another
+//! grace. The signals reach the agent's processes as [`StopTarget`] says: the process group
+//! of an unsandboxed agent, the processes inside a sandbox (never `bwrap` itself, whose
+//! death would kill the sandbox at once). Whatever way the run ends, the whole process
+//! group is killed afterwards, so no grandchild the agent started outlives the run, and the
+//! direct child is reaped.
 
 use std::io;
 use std::os::unix::process::ExitStatusExt;
@@ -64,6 +72,22 @@ pub struct AgentCommand {
     pub cwd: PathBuf,
     /// The complete environment of the process: nothing else is inherited.
     pub env: Vec<(String, String)>,
+    /// Which processes the stop signals go to.
+    pub stop: StopTarget,
+}
+
+/// Which processes `SIGINT` and `SIGTERM` go to when a run is stopped (`SIGKILL` always
+/// goes to the whole process group of the started process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopTarget {
+    /// The started process is the agent: its process group (the agent and the children it
+    /// did not move to a group of their own), as a terminal's Ctrl-C does.
+    Group,
+    /// The started process is `bwrap` with a pid namespace: its only child is the
+    /// namespace's init, in a session and process group of its own with the agent and the
+    /// agent's children. The signals go to every process of that group but the init, whose
+    /// death would kill the whole namespace before the agent could report anything.
+    Sandbox,
 }
 
 /// The limits of one run.
@@ -71,9 +95,9 @@ pub struct AgentCommand {
 pub struct Limits {
     /// The longest the process may run before it is stopped ([`Ended::TimedOut`]).
     pub wall_time: Duration,
-    /// How long a process that is asked to stop (`SIGTERM`) gets before it is killed
-    /// (`SIGKILL`).
-    pub kill_grace: Duration,
+    /// How long a process that is asked to stop gets at each step of the ladder: after
+    /// `SIGINT` before `SIGTERM`, and after `SIGTERM` before `SIGKILL`.
+    pub stop_grace: Duration,
 }
 
 /// How the process ended.
@@ -227,8 +251,10 @@ pub async fn run_process(
 ///   passed ([`Ended::TimedOut`]), when `cancel` becomes `true` ([`Ended::Cancelled`]; a
 ///   dropped sender never cancels) or when `sink` asks for it after a chunk
 ///   ([`OutputSink::stop_requested`], [`Ended::Stopped`]). The sink still reads whatever
-///   the process writes until it is gone. To stop it, the group gets `SIGTERM`, then `SIGKILL`
-///   after `limits.kill_grace` if the process has not exited. In every case the whole group
+///   the process writes until it is gone. To stop it, the processes of
+///   [`AgentCommand::stop`] get `SIGINT`, then `SIGTERM` after `limits.stop_grace` if the
+///   process has not exited, then the group gets `SIGKILL` after another `stop_grace`
+///   (see the module docs). In every case the whole group
 ///   gets `SIGKILL` once the process has exited, so no grandchild lingers, and the process
 ///   is reaped.
 /// - Output is read concurrently with waiting; after the end, remaining output is read for
@@ -344,20 +370,23 @@ pub async fn run_process_with<S: OutputSink>(
                 Stop::Requested => Ended::Stopped,
                 _ => Ended::Cancelled,
             };
-            tracing::debug!(pid, ?ended, "stopping agent process group");
-            group.signal(Signal::SIGTERM);
-            match tokio::time::timeout(limits.kill_grace, child.wait()).await {
-                Ok(status) => {
+            tracing::debug!(pid, ?ended, "stopping the agent");
+            let mut exited = false;
+            for signal in [Signal::SIGINT, Signal::SIGTERM] {
+                group.signal_agent(cmd.stop, signal);
+                if let Ok(status) = tokio::time::timeout(limits.stop_grace, child.wait()).await {
                     status.map_err(|source| ProcessError::Wait { pid, source })?;
+                    exited = true;
+                    break;
                 }
-                Err(_) => {
-                    tracing::debug!(pid, "agent process survived SIGTERM; killing it");
-                    group.signal(Signal::SIGKILL);
-                    child
-                        .wait()
-                        .await
-                        .map_err(|source| ProcessError::Wait { pid, source })?;
-                }
+                tracing::debug!(pid, "the agent survived {signal}");
+            }
+            if !exited {
+                group.signal(Signal::SIGKILL);
+                child
+                    .wait()
+                    .await
+                    .map_err(|source| ProcessError::Wait { pid, source })?;
             }
             ended
         }
@@ -411,32 +440,6 @@ pub async fn run_process_with<S: OutputSink>(
         log_error,
     };
     Ok((outcome, stdout.sink))
-}
-
-/// The minimal agent environment: `PATH` (from `lookup("PATH")`, by default
-/// `/usr/local/bin:/usr/bin:/bin`), `HOME` = `home`, and each of `api_key_vars` that
-/// `lookup` gives a non-empty value for. Nothing else.
-pub fn agent_env(
-    home: &Path,
-    api_key_vars: &[&str],
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Vec<(String, String)> {
-    let path = lookup("PATH")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_owned());
-    let mut env = vec![
-        ("PATH".to_owned(), path),
-        ("HOME".to_owned(), home.to_string_lossy().into_owned()),
-    ];
-    for var in api_key_vars {
-        if env.iter().any(|(name, _)| name == var) {
-            continue;
-        }
-        if let Some(value) = lookup(var).filter(|v| !v.is_empty()) {
-            env.push(((*var).to_owned(), value));
-        }
-    }
-    env
 }
 
 /// Why the wait ended.
@@ -547,6 +550,31 @@ impl ProcessGroup {
         }
     }
 
+    /// Sends `signal` to the agent's processes as `target` says (see [`StopTarget`]).
+    fn signal_agent(&self, target: StopTarget, signal: Signal) {
+        match target {
+            StopTarget::Group => self.signal(signal),
+            StopTarget::Sandbox => {
+                let table = processes();
+                let Some(init) = table
+                    .iter()
+                    .find(|p| p.ppid == self.pgid.as_raw())
+                    .map(|p| p.pid)
+                else {
+                    // No namespace (yet, or any more): only bwrap itself, which a stop
+                    // signal would kill with everything in it. The next step decides.
+                    return;
+                };
+                for p in table.iter().filter(|p| p.pgrp == init && p.pid != init) {
+                    match nix::sys::signal::kill(Pid::from_raw(p.pid), signal) {
+                        Ok(()) | Err(Errno::ESRCH) => {}
+                        Err(e) => tracing::warn!(pid = p.pid, "kill {signal}: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
     /// Kills what is left of the group once its leader has been reaped. The group id
     /// cannot be reused while any member lives, so this reaches only the agent's
     /// processes (short of the id being recycled in the instant after the group emptied).
@@ -562,6 +590,41 @@ impl Drop for ProcessGroup {
             self.signal(Signal::SIGKILL);
         }
     }
+}
+
+/// One process of the machine, as `/proc/<pid>/stat` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcStat {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+}
+
+/// Every process `/proc` shows (Linux; elsewhere none).
+fn processes() -> Vec<ProcStat> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            parse_stat(&stat)
+        })
+        .collect()
+}
+
+/// The pid, parent and process group of a `/proc/<pid>/stat` line. The command name (in
+/// parentheses, second) may hold spaces and parentheses: the fields after it are read from
+/// its last `)`.
+fn parse_stat(stat: &str) -> Option<ProcStat> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let pid = head.split_once(' ')?.0.trim().parse().ok()?;
+    let mut fields = rest.split_whitespace();
+    let _state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some(ProcStat { pid, ppid, pgrp })
 }
 
 /// What a reader collected from one stream.
@@ -704,4 +767,35 @@ pub(crate) fn skip_partial_char(mut bytes: Vec<u8>) -> Vec<u8> {
         .count();
     bytes.drain(..partial);
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_are_read_past_odd_command_names() {
+        assert_eq!(
+            parse_stat("4497 (sh) S 4496 4496 4496 0 -1 4194560 100 0"),
+            Some(ProcStat {
+                pid: 4497,
+                ppid: 4496,
+                pgrp: 4496
+            })
+        );
+        assert_eq!(
+            parse_stat("12 (a) b (c) R 1 12 12 0"),
+            Some(ProcStat {
+                pid: 12,
+                ppid: 1,
+                pgrp: 12
+            })
+        );
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x) S notanumber 1 1"), None);
+        let me = processes()
+            .into_iter()
+            .find(|p| p.pid == i32::try_from(std::process::id()).unwrap());
+        assert!(me.is_some(), "this process is listed");
+    }
 }

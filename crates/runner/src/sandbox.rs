@@ -6,14 +6,19 @@
 //! - the system read-only (`--ro-bind / /`), without the data directory, the service user's
 //!   `HOME`, `/tmp`, `/var/tmp` and `/run`, each hidden under an empty read-only tmpfs
 //!   (`/tmp` is a fresh writable one). If the agent program lives under a hidden directory,
-//!   just its directory comes back, read-only;
+//!   just its directory comes back, read-only (for a program of an npm package, the
+//!   `node_modules` directory it lies in, where its platform binary is; for a script, its
+//!   interpreter's directory too), and so do the files named by the variables the operator
+//!   passes to agents (`AGENTRY_AGENT_ENV`, e.g. a CA bundle);
 //! - writable: its worktree and its run's `HOME` (`runs/<task>/<attempt>/home`), nothing
 //!   else of the data directory: not the master key, the database, the admin token, other
 //!   runs' logs or worktrees, nor its own `output.log`;
 //! - for `git` to work in the worktree: the repository's bare mirror read-only, with its
-//!   `worktrees/` directory hidden except the run's own entry, which is writable (so `git
-//!   status`, `git diff` and `git add` work; `git commit` does not, since it writes objects
-//!   and refs into the shared mirror: the runner commits the agent's changes afterwards);
+//!   `worktrees/` directory hidden except the run's own entry, which is writable for a
+//!   coding run (so `git status`, `git diff` and `git add` work; `git commit` does not, since
+//!   it writes objects and refs into the shared mirror: the runner commits the agent's
+//!   changes afterwards) and read-only for a review run (`git diff <base>...HEAD`, `git log`
+//!   and `git status` work; nothing of git changes);
 //! - its own process, IPC, UTS and (where possible) cgroup namespaces with a fresh `/proc`,
 //!   so no other process of the machine (the service, a concurrent `git push` holding the
 //!   code-host token) is visible; the network is shared, since the agent needs its API;
@@ -39,7 +44,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
-use crate::process::AgentCommand;
+use crate::process::{AgentCommand, StopTarget};
 
 /// Where `bwrap` is looked for when it is not on the service's `PATH`.
 pub const DEFAULT_BWRAP: &str = "/usr/bin/bwrap";
@@ -329,8 +334,16 @@ pub(crate) struct Layout<'a> {
     pub worktree: &'a Path,
     /// The run's `HOME` (writable).
     pub home: &'a Path,
-    /// The repository's bare mirror (read-only; the worktree's own entry writable).
+    /// The repository's bare mirror (read-only; the worktree's own entry writable, unless
+    /// `review`).
     pub mirror: &'a Path,
+    /// A review run: the worktree's git metadata is read-only too (`git diff`, `git log`
+    /// and `git status` work; nothing of git can be changed).
+    pub review: bool,
+    /// Files the agent is given by name (the values of `AGENTRY_AGENT_ENV` variables that
+    /// are absolute paths of existing files, such as a CA bundle): those under a hidden
+    /// directory come back read-only. Never anything of the data directory.
+    pub readable: &'a [PathBuf],
 }
 
 /// `cmd` run inside the sandbox by `bwrap`: the same stdin, working directory and
@@ -377,7 +390,17 @@ fn wrap_with_home(
 
     let program = resolve_program(&cmd.program, &cmd.env)?;
     let mut program_binds: Vec<PathBuf> = Vec::new();
-    for path in [program.clone(), canonical(&program)?] {
+    let canonical_program = canonical(&program)?;
+    // The program, its symlink's target, and the interpreter of a script (`#!/usr/bin/env
+    // node` for an npm-installed Codex).
+    let mut programs = vec![program.clone(), canonical_program.clone()];
+    if let Some(interpreter) = interpreter(&canonical_program, &cmd.env) {
+        programs.push(interpreter.clone());
+        if let Ok(target) = std::fs::canonicalize(&interpreter) {
+            programs.push(target);
+        }
+    }
+    for path in programs {
         if !tmpfs.iter().any(|h| path.starts_with(h)) {
             continue;
         }
@@ -387,16 +410,30 @@ fn wrap_with_home(
                 path.display()
             ));
         }
-        // Its directory, unless that is a hidden directory itself or holds the data
-        // directory: then just the file.
-        let bind = match path.parent() {
-            Some(dir) if !tmpfs.iter().any(|h| h == dir) && !root.starts_with(dir) => {
+        // A program of an npm package brings the whole `node_modules` it lies in (the
+        // package's platform binary is another package there). Else its directory, unless
+        // that is a hidden directory itself or holds the data directory: then just the file.
+        let bind = match (node_modules_of(&path), path.parent()) {
+            (Some(modules), _) if !root.starts_with(&modules) => modules,
+            (_, Some(dir)) if !tmpfs.iter().any(|h| h == dir) && !root.starts_with(dir) => {
                 dir.to_owned()
             }
             _ => path.clone(),
         };
         if !program_binds.contains(&bind) {
             program_binds.push(bind);
+        }
+    }
+    for file in layout.readable {
+        let Ok(file) = std::fs::canonicalize(file) else {
+            continue;
+        };
+        if file.is_file()
+            && !file.starts_with(&root)
+            && tmpfs.iter().any(|h| file.starts_with(h))
+            && !program_binds.contains(&file)
+        {
+            program_binds.push(file);
         }
     }
 
@@ -425,7 +462,7 @@ fn wrap_with_home(
                 mirror,
                 "--tmpfs".to_owned(),
                 text(&entries)?,
-                "--bind".to_owned(),
+                if layout.review { "--ro-bind" } else { "--bind" }.to_owned(),
                 gitdir.clone(),
                 gitdir,
             ]);
@@ -456,7 +493,38 @@ fn wrap_with_home(
         stdin: cmd.stdin,
         cwd: cmd.cwd,
         env: cmd.env,
+        stop: StopTarget::Sandbox,
     })
+}
+
+/// The outermost `node_modules` directory `path` lies in, if any.
+fn node_modules_of(path: &Path) -> Option<PathBuf> {
+    path.ancestors()
+        .filter(|dir| dir.file_name() == Some(OsStr::new("node_modules")))
+        .last()
+        .map(Path::to_owned)
+}
+
+/// The interpreter of a script (`#!/usr/bin/env NAME` found on the `PATH` of `env`, or
+/// `#!/abs/path`), if `program` is one.
+fn interpreter(program: &Path, env: &[(String, String)]) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0_u8; 256];
+    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = std::str::from_utf8(line.split(|b| *b == b'\n').next()?).ok()?;
+    let mut words = line.split_whitespace();
+    let first = PathBuf::from(words.next()?);
+    if first.file_name() != Some(OsStr::new("env")) {
+        return first.is_absolute().then_some(first);
+    }
+    let name = words.find(|w| !w.starts_with('-'))?;
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_default();
+    search_path(OsStr::new(name), OsStr::new(path))
 }
 
 /// The canonical mirror and the worktree's own git directory in it (from the worktree's
@@ -472,7 +540,7 @@ fn git_dirs(worktree: &Path, mirror: &Path) -> Option<(PathBuf, PathBuf)> {
 
 /// The agent program as an absolute path: as given if it has a `/` (relative to the
 /// service's working directory), else found on the `PATH` of `env`.
-fn resolve_program(program: &Path, env: &[(String, String)]) -> Result<PathBuf, String> {
+pub(crate) fn resolve_program(program: &Path, env: &[(String, String)]) -> Result<PathBuf, String> {
     if program.components().count() > 1 || program.is_absolute() {
         return std::path::absolute(program)
             .map_err(|e| format!("cannot resolve {}: {e}", program.display()));
@@ -566,12 +634,15 @@ mod tests {
                 ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
                 ("HOME".to_owned(), home.display().to_string()),
             ],
+            stop: StopTarget::Group,
         };
         let layout = Layout {
             root: &root,
             worktree: &worktree,
             home: &home,
             mirror: &root.join("workspaces/mirrors/r.git"),
+            review: false,
+            readable: &[],
         };
         let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
         assert_eq!(wrapped.program, bwrap);
@@ -617,6 +688,7 @@ mod tests {
             stdin: String::new(),
             cwd: worktree.clone(),
             env: Vec::new(),
+            stop: StopTarget::Group,
         };
         std::fs::copy(&program, root.join("agent")).unwrap();
         let refused = wrap_with_home(&bwrap, inside, layout, None).unwrap_err();

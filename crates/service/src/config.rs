@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agentry_domain::AgentType;
 use agentry_persistence::secrets::SecretValue;
 use agentry_runner::SandboxMode;
 
@@ -61,6 +62,10 @@ pub struct Config {
     /// `AGENTRY_ALERT_WEBHOOK_URL`: where budget alerts are POSTed (https, or http only to
     /// loopback); `None` records them without sending. Shown without its path in `Debug`.
     pub alert_webhook_url: Option<crate::alerts::WebhookUrl>,
+    /// `AGENTRY_AGENT_ENV`: the names of the service's environment variables passed to
+    /// every agent (proxies, CA bundles, base URLs…), besides `PATH`, the run's `HOME` and
+    /// the agent's own credentials. Empty by default.
+    pub agent_env: Vec<String>,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -235,6 +240,13 @@ impl Config {
                 })
             })
             .transpose()?;
+        let agent_env = match get("AGENTRY_AGENT_ENV") {
+            None => Vec::new(),
+            Some(text) => agent_env_names(&text).map_err(|message| ConfigError {
+                name: "AGENTRY_AGENT_ENV",
+                message,
+            })?,
+        };
         Ok(Config {
             data_dir,
             database_url,
@@ -254,8 +266,53 @@ impl Config {
             run_lease,
             agent_sandbox,
             alert_webhook_url,
+            agent_env,
         })
     }
+}
+
+/// The variable names of `AGENTRY_AGENT_ENV`: separated by commas or white space, each an
+/// environment variable name (`[A-Za-z_][A-Za-z0-9_]*`), listed once. Refused: `PATH` and
+/// `HOME` (agentry sets them), agentry's own configuration (`AGENTRY_*`,
+/// `CODEHOST_WEBHOOK_SECRET`), and the agents' credentials, which reach the agent that uses
+/// them without being listed (listed, they would reach every agent).
+fn agent_env_names(text: &str) -> Result<Vec<String>, String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|n| !n.is_empty())
+    {
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!(
+                "{name:?} is not an environment variable name (letters, digits and _, not \
+                 starting with a digit)"
+            ));
+        }
+        let credential = [AgentType::ClaudeCode, AgentType::Codex]
+            .into_iter()
+            .any(|agent| agentry_runner::agent::api_key_vars(agent).contains(&name));
+        let why = if name == "PATH" || name == "HOME" {
+            Some("agentry sets it for every agent")
+        } else if name.starts_with("AGENTRY_") || name == "CODEHOST_WEBHOOK_SECRET" {
+            Some("it is agentry's own configuration, which agents must not see")
+        } else if credential {
+            Some("credentials reach the agent that uses them without being listed")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(format!("{name} cannot be passed to agents: {why}"));
+        }
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
 }
 
 /// `path` made absolute against the current directory (lexically: nothing is read).
@@ -550,5 +607,39 @@ mod tests {
         assert_eq!(c.prices_file, Some(cwd.join("prices.json")));
         let pg = cfg(&[("AGENTRY_DATABASE_URL", "postgres://u@h/db")]).unwrap();
         assert_eq!(pg.database_url, "postgres://u@h/db");
+    }
+
+    /// `AGENTRY_AGENT_ENV` lists the variables passed to agents; agentry's own settings,
+    /// `PATH`, `HOME` and credentials cannot be listed, and a bad name is named.
+    #[test]
+    fn agent_env_lists_variable_names() {
+        assert!(cfg(&[]).unwrap().agent_env.is_empty());
+        let c = cfg(&[(
+            "AGENTRY_AGENT_ENV",
+            "HTTPS_PROXY, NO_PROXY\tNODE_EXTRA_CA_CERTS,,HTTPS_PROXY ANTHROPIC_BASE_URL",
+        )])
+        .unwrap();
+        assert_eq!(
+            c.agent_env,
+            [
+                "HTTPS_PROXY",
+                "NO_PROXY",
+                "NODE_EXTRA_CA_CERTS",
+                "ANTHROPIC_BASE_URL"
+            ]
+        );
+        for (bad, why) in [
+            ("PATH", "agentry sets it"),
+            ("HOME", "agentry sets it"),
+            ("AGENTRY_MASTER_KEY", "agentry's own configuration"),
+            ("CODEHOST_WEBHOOK_SECRET", "agentry's own configuration"),
+            ("OPENAI_API_KEY", "credentials reach the agent"),
+            ("1BAD", "not an environment variable name"),
+            ("A-B", "not an environment variable name"),
+        ] {
+            let e = cfg(&[("AGENTRY_AGENT_ENV", bad)]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_AGENT_ENV");
+            assert!(e.message.contains(why), "{bad}: {}", e.message);
+        }
     }
 }

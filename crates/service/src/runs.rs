@@ -53,8 +53,10 @@ use uuid::Uuid;
 use crate::codehost::TOKEN_SECRET;
 use crate::{Service, ServiceError};
 
-/// How long an agent has between SIGTERM and SIGKILL when it is stopped.
-const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long a stopped agent has at each step of the stop ladder: after SIGINT (when Claude
+/// Code prints what it spent) before SIGTERM, and after SIGTERM before SIGKILL. Two of them
+/// fit in the shutdown's wait ([`crate::start::SHUTDOWN_WAIT`]).
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How the orchestrator behaves.
 #[derive(Debug, Clone)]
@@ -132,13 +134,15 @@ impl Runs {
     }
 
     /// The orchestrator over a [`LocalRunner`](agentry_runner::LocalRunner) working under
-    /// `root`, launching the agents `claude_bin` and `codex_bin` with this process's `PATH`
-    /// and API-key variables, and pricing token-only output with `prices`.
+    /// `root`, launching the agents `claude_bin` and `codex_bin` with this process's `PATH`,
+    /// the agents' credential variables and the variables named in `agent_env`
+    /// (`AGENTRY_AGENT_ENV`), and pricing token-only output with `prices`.
     pub fn local(
         root: std::path::PathBuf,
         claude_bin: std::path::PathBuf,
         codex_bin: std::path::PathBuf,
         prices: PriceTable,
+        agent_env: &[String],
         settings: RunSettings,
     ) -> Self {
         let runner = agentry_runner::LocalRunner::new(agentry_runner::LocalConfig {
@@ -146,8 +150,10 @@ impl Runs {
             claude_bin,
             codex_bin,
             prices: prices.clone(),
-            inherited_env: agentry_runner::LocalConfig::inherit(|name| std::env::var(name).ok()),
-            kill_grace: KILL_GRACE,
+            env: agentry_runner::agent::ServiceEnv::read(agent_env, |name| {
+                std::env::var(name).ok()
+            }),
+            stop_grace: STOP_GRACE,
             sandbox: agentry_runner::Sandbox::new(settings.sandbox),
         });
         Runs::new(Arc::new(runner), prices, settings)
@@ -161,6 +167,7 @@ impl Runs {
             "claude".into(),
             "codex".into(),
             PriceTable::builtin(),
+            &[],
             RunSettings {
                 max_concurrent: 0,
                 ..RunSettings::default()
@@ -443,7 +450,7 @@ fn prepare(
             },
             AgentSpec {
                 agent_type: task.agent_type,
-                model: s.coding_model.clone(),
+                model: s.model_for(task.agent_type, false).to_owned(),
                 max_turns: s.max_turns_coding,
                 max_budget_usd: budget,
             },
@@ -464,7 +471,7 @@ fn prepare(
                 },
                 AgentSpec {
                     agent_type: task.agent_type,
-                    model: s.review_model.clone(),
+                    model: s.model_for(task.agent_type, true).to_owned(),
                     max_turns: Some(s.max_turns_review),
                     max_budget_usd: budget,
                 },
@@ -1065,12 +1072,11 @@ async fn lost_run(
         ),
         None => None,
     };
-    let model = repo
-        .as_ref()
-        .map_or_else(String::new, |r| match task.task_type {
-            TaskType::Coding => r.settings.coding_model.clone(),
-            TaskType::Review => r.settings.review_model.clone(),
-        });
+    let model = repo.as_ref().map_or_else(String::new, |r| {
+        r.settings
+            .model_for(task.agent_type, task.task_type == TaskType::Review)
+            .to_owned()
+    });
     let spec = AgentSpec {
         agent_type: task.agent_type,
         model: model.clone(),

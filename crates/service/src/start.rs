@@ -104,6 +104,7 @@ pub fn runs(config: &Config) -> Result<Runs, StartError> {
         config.claude_bin.clone(),
         config.codex_bin.clone(),
         prices,
+        &config.agent_env,
         RunSettings {
             max_concurrent: config.max_concurrent_runs,
             lease: config.run_lease,

@@ -73,6 +73,7 @@ impl Rig {
                 fake_agent("claude"),
                 fake_agent("codex"),
                 agentry_runner::PriceTable::builtin(),
+                &[],
                 settings,
             ),
         ));
@@ -541,15 +542,21 @@ async fn settings_reach_the_agent_and_secrets_do_not() {
             "--max-budget-usd",
             budget,
             "--permission-mode",
-            "acceptEdits",
+            // Inside the sandbox the agent may run commands; unsandboxed it may only edit.
+            if sandboxed() {
+                "bypassPermissions"
+            } else {
+                "acceptEdits"
+            },
         ]
         .map(str::to_owned)
         .to_vec()
     };
     assert_eq!(home_lines(&rig, &id, 1, "args"), claude_args("0.2"));
 
-    // The agent's environment: what the shell adds, PATH, HOME, and (when the service has
-    // them) the agent's own credentials. Nothing else.
+    // The agent's environment: what the shell adds, PATH, HOME, (when the service has
+    // them) the agent's own credentials, and what Claude Code needs to run headless.
+    // Nothing else.
     let env = home_lines(&rig, &id, 1, "env");
     for line in &env {
         let name = line.split('=').next().unwrap();
@@ -562,12 +569,17 @@ async fn settings_reach_the_agent_and_secrets_do_not() {
                 "SHLVL",
                 "_",
                 "ANTHROPIC_API_KEY",
-                "CLAUDE_CODE_OAUTH_TOKEN"
+                "ANTHROPIC_AUTH_TOKEN",
+                "CLAUDE_CODE_OAUTH_TOKEN",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+                "IS_SANDBOX",
             ]
             .contains(&name),
             "unexpected variable in the agent's environment: {line}"
         );
     }
+    assert!(env.contains(&"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1".to_owned()));
+    assert_eq!(env.contains(&"IS_SANDBOX=1".to_owned()), sandboxed());
     let home = rig.run_dir(&id, 1).join("home");
     assert!(env.contains(&format!("HOME={}", home.display())), "{env:?}");
 
@@ -634,9 +646,16 @@ async fn codex_runs_are_priced_from_the_price_table() {
             "--json",
             "--model",
             "gpt-5-codex",
-            "--full-auto",
+            if sandboxed() {
+                "--dangerously-bypass-approvals-and-sandbox"
+            } else {
+                "--sandbox workspace-write"
+            },
             "-"
         ]
+        .join(" ")
+        .split(' ')
+        .collect::<Vec<_>>()
     );
     // 1500 uncached input × 1.25 + 500 cached × 0.125 + 300 output × 10, per million.
     assert_eq!(task["costUsd"], "0.0049375", "{task:#}");
@@ -687,6 +706,14 @@ async fn a_run_past_the_wall_time_is_stopped() {
 
 /// The largest number of the intervals `(start, end)` that overlap at one instant (an
 /// interval ending when another starts does not overlap it).
+/// Whether the agents of these tests run in the sandbox (where bubblewrap works).
+fn sandboxed() -> bool {
+    static SANDBOXED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SANDBOXED.get_or_init(|| {
+        agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto
+    })
+}
+
 fn max_overlap(intervals: &[(u128, u128)]) -> usize {
     // Ends sort before starts at the same instant (false < true).
     let mut edges: Vec<(u128, bool)> = intervals

@@ -65,8 +65,11 @@ impl Rig {
             claude_bin: fake("claude"),
             codex_bin: fake("codex"),
             prices: PriceTable::builtin(),
-            inherited_env: vec![("PATH".into(), PATH.into())],
-            kill_grace: Duration::from_secs(1),
+            env: agentry_runner::agent::ServiceEnv {
+                path: Some(PATH.into()),
+                ..Default::default()
+            },
+            stop_grace: Duration::from_secs(1),
             sandbox: Sandbox::new(agentry_runner::sandbox::mode_for_tests()),
         }));
         Rig {

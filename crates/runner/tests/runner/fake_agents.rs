@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::{PATH, fake};
-use agentry_runner::process::{AgentCommand, Ended, Limits, agent_env, run_process};
+use agentry_runner::process::{AgentCommand, Ended, Limits, StopTarget, run_process};
 use agentry_runner::{AgentOutcome, PriceTable, RunReport, parse_claude, parse_codex};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -422,11 +422,12 @@ async fn codex_pause_directive_keeps_running_until_stopped() {
         args: codex_args(CODEX_MODEL),
         stdin: "Paused [fake:turns=2] [fake:pause=300]".into(),
         cwd: cwd.path().to_owned(),
-        env: agent_env(home.path(), &[], |_| Some(PATH.to_owned())),
+        env: agent_env(home.path()),
+        stop: StopTarget::Group,
     };
     let limits = Limits {
         wall_time: Duration::from_secs(600),
-        kill_grace: Duration::from_secs(1),
+        stop_grace: Duration::from_secs(1),
     };
     let (cancel, rx) = watch::channel(false);
     let log2 = log.clone();
@@ -462,11 +463,12 @@ async fn sleep_directive(name: &str, args: Vec<String>, started_marker: &str) ->
         args,
         stdin: "Slow task [fake:sleep=1]".into(),
         cwd: cwd.path().to_owned(),
-        env: agent_env(home.path(), &[], |_| Some(PATH.to_owned())),
+        env: agent_env(home.path()),
+        stop: StopTarget::Group,
     };
     let limits = Limits {
         wall_time: Duration::from_secs(60),
-        kill_grace: Duration::from_secs(1),
+        stop_grace: Duration::from_secs(1),
     };
     let (_tx, rx) = watch::channel(false);
     let log2 = log.clone();
@@ -761,4 +763,12 @@ fn fakes_are_executable() {
         let mode = std::fs::metadata(fake(name)).unwrap().permissions().mode();
         assert_eq!(mode & 0o111, 0o111, "{name} is not executable");
     }
+}
+
+/// The environment of a fake agent: `PATH` and `HOME`.
+fn agent_env(home: &Path) -> Vec<(String, String)> {
+    vec![
+        ("PATH".to_owned(), PATH.to_owned()),
+        ("HOME".to_owned(), home.display().to_string()),
+    ]
 }

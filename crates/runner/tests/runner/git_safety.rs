@@ -91,8 +91,11 @@ impl Rig {
             claude_bin: fake("claude"),
             codex_bin: fake("codex"),
             prices: PriceTable::builtin(),
-            inherited_env: vec![("PATH".into(), PATH.into())],
-            kill_grace: Duration::from_secs(1),
+            env: agentry_runner::agent::ServiceEnv {
+                path: Some(PATH.into()),
+                ..Default::default()
+            },
+            stop_grace: Duration::from_secs(1),
             sandbox: Sandbox::new(SandboxMode::Off),
         }));
         Rig {

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use agentry_runner::agent::{MAX_LINE_BYTES, OutputParser};
 use agentry_runner::process::{
     AgentCommand, Ended, LOG_FILE_CAP, Limits, ProcessError, ProcessOutcome, STDERR_TAIL_BYTES,
-    STDOUT_MEMORY_CAP, agent_env, rotated_log_path, run_process, run_process_with, stderr_log_path,
+    STDOUT_MEMORY_CAP, StopTarget, rotated_log_path, run_process, run_process_with,
+    stderr_log_path,
 };
 use agentry_runner::{AgentOutcome, RunReport};
 use tokio::sync::watch;
@@ -31,13 +32,14 @@ fn sh(dir: &Path, script: &str) -> AgentCommand {
             ("PATH".into(), PATH.into()),
             ("HOME".into(), dir.display().to_string()),
         ],
+        stop: StopTarget::Group,
     }
 }
 
 fn limits(wall_secs: f64) -> Limits {
     Limits {
         wall_time: Duration::from_secs_f64(wall_secs),
-        kill_grace: Duration::from_millis(500),
+        stop_grace: Duration::from_millis(500),
     }
 }
 
@@ -436,23 +438,75 @@ fn which(name: &str) -> Result<PathBuf, ()> {
         .ok_or(())
 }
 
+/// A stop climbs the ladder: a process ignoring SIGINT and SIGTERM is killed after two
+/// graces.
 #[tokio::test]
-async fn a_process_ignoring_sigterm_is_killed_after_the_grace() {
+async fn a_process_ignoring_sigint_and_sigterm_is_killed_after_the_graces() {
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
     let out = run(
-        sh(dir.path(), "trap '' TERM; echo stubborn; sleep 300"),
+        sh(dir.path(), "trap '' INT TERM; echo stubborn; sleep 300"),
         dir.path(),
         Limits {
             wall_time: Duration::from_millis(300),
-            kill_grace: Duration::from_millis(700),
+            stop_grace: Duration::from_millis(700),
         },
     )
     .await;
     let elapsed = start.elapsed();
     assert_eq!(out.ended, Ended::TimedOut);
     assert_eq!(out.stdout, "stubborn\n");
-    assert!(elapsed >= Duration::from_millis(1000), "{elapsed:?}");
+    assert!(elapsed >= Duration::from_millis(1700), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+}
+
+/// A stopped agent is interrupted first (SIGINT, as Ctrl-C), so it can print what it spent
+/// before it exits: here at once, long before the grace is over.
+#[tokio::test]
+async fn a_stop_interrupts_first_so_the_agent_can_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = run(
+        sh(
+            dir.path(),
+            "trap 'echo \"interrupted, spent 0.25\"; exit 130' INT; \
+             trap 'echo terminated; exit 143' TERM; echo started; sleep 300 & wait",
+        ),
+        dir.path(),
+        Limits {
+            wall_time: Duration::from_millis(300),
+            stop_grace: Duration::from_secs(30),
+        },
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert_eq!(out.ended, Ended::TimedOut);
+    assert_eq!(out.stdout, "started\ninterrupted, spent 0.25\n");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+}
+
+/// An agent that ignores SIGINT gets SIGTERM after the grace.
+#[tokio::test]
+async fn an_agent_deaf_to_sigint_is_terminated_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = run(
+        sh(
+            dir.path(),
+            "trap '' INT; trap 'echo terminated; exit 143' TERM; echo started; \
+             sleep 300 & wait",
+        ),
+        dir.path(),
+        Limits {
+            wall_time: Duration::from_millis(300),
+            stop_grace: Duration::from_millis(500),
+        },
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert_eq!(out.ended, Ended::TimedOut);
+    assert_eq!(out.stdout, "started\nterminated\n");
+    assert!(elapsed >= Duration::from_millis(800), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
 }
 
@@ -651,59 +705,4 @@ async fn a_cut_stderr_tail_starts_on_a_character() {
     assert!(!out.stderr_tail.contains('\u{FFFD}'), "replacement char");
     assert!(out.stderr_tail.ends_with("éx"));
     assert!(out.stderr_tail.len() <= STDERR_TAIL_BYTES);
-}
-
-// ---------------------------------------------------------------- agent_env
-
-#[test]
-fn agent_env_is_minimal() {
-    let lookup = |name: &str| match name {
-        "PATH" => Some("/opt/bin:/usr/bin".to_owned()),
-        "ANTHROPIC_API_KEY" => Some("sk-ant".to_owned()),
-        "OPENAI_API_KEY" => Some(String::new()),
-        "USER" => Some("operator".to_owned()),
-        _ => None,
-    };
-    let env = agent_env(
-        Path::new("/var/agentry/runs/7/home"),
-        &["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "CODEX_API_KEY"],
-        lookup,
-    );
-    assert_eq!(
-        env,
-        vec![
-            ("PATH".to_owned(), "/opt/bin:/usr/bin".to_owned()),
-            ("HOME".to_owned(), "/var/agentry/runs/7/home".to_owned()),
-            ("ANTHROPIC_API_KEY".to_owned(), "sk-ant".to_owned()),
-        ]
-    );
-}
-
-#[test]
-fn agent_env_has_a_default_path() {
-    let env = agent_env(Path::new("/h"), &[], |_| None);
-    assert_eq!(
-        env,
-        vec![
-            ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
-            ("HOME".to_owned(), "/h".to_owned()),
-        ]
-    );
-    let env = agent_env(Path::new("/h"), &[], |_| Some(String::new()));
-    assert_eq!(env[0].1, "/usr/local/bin:/usr/bin:/bin");
-}
-
-#[test]
-fn agent_env_never_overrides_path_or_home() {
-    let env = agent_env(Path::new("/h"), &["HOME", "PATH", "KEY"], |name| {
-        Some(format!("from-{name}"))
-    });
-    assert_eq!(
-        env,
-        vec![
-            ("PATH".to_owned(), "from-PATH".to_owned()),
-            ("HOME".to_owned(), "/h".to_owned()),
-            ("KEY".to_owned(), "from-KEY".to_owned()),
-        ]
-    );
 }
