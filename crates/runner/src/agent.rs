@@ -377,6 +377,25 @@ impl OutputParser {
         }
     }
 
+    /// This parser also reading what Codex records after every model call in the session
+    /// files under `home` (the run's `HOME`; see [`crate::codex_session`]), priced with
+    /// `prices`: a Codex run is then priced as it goes, stopped at its allowance within one
+    /// model call, and priced when it ends without its final event. No effect on Claude Code.
+    pub fn with_codex_home(mut self, home: &Path, prices: &PriceTable) -> Self {
+        if let Reader::Codex(reader) = self.reader {
+            self.reader = Reader::Codex(reader.with_session(home, prices));
+        }
+        self
+    }
+
+    /// Reads what the agent recorded outside its output since the last poll (Codex's
+    /// session files); called periodically while the agent runs.
+    pub fn poll(&mut self) {
+        if let Reader::Codex(reader) = &mut self.reader {
+            reader.poll();
+        }
+    }
+
     /// This parser with `allowance` as the most the run may spend. Only a parser that
     /// prices usage as it arrives (Codex) ever reaches it.
     pub fn with_allowance(mut self, allowance: Option<Usd>) -> Self {

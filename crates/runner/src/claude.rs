@@ -153,6 +153,11 @@ impl ClaudeReader {
                  and tokens only in that event, so none are known"
                     .into(),
             ));
+            report.cost_unknown = Some(
+                "Claude Code reports what it spent only in its final result event, which it \
+                 did not print (it was killed, or crashed, before)"
+                    .into(),
+            );
             report.model = init_model;
             report.warnings = warnings.finish();
             return report;
@@ -165,6 +170,8 @@ impl ClaudeReader {
                     "line {line_no}: the result event has an unexpected shape: {}",
                     excerpt(&e)
                 )));
+                report.cost_unknown =
+                    Some("Claude Code's result event could not be read".to_owned());
                 report.model = init_model;
                 report.warnings = warnings.finish();
                 return report;
@@ -177,15 +184,18 @@ impl ClaudeReader {
         report.cost_usd = match &event.total_cost_usd {
             None => {
                 warnings.push("the result event has no total_cost_usd".into());
+                report.cost_unknown = Some("Claude Code's result event has no cost".into());
                 None
             }
             Some(raw) => match Usd::from_json_number(raw.get()) {
                 Ok(cost) => Some(cost),
                 Err(e) => {
-                    warnings.push(format!(
+                    let why = format!(
                         "total_cost_usd {} is not a valid amount: {e}",
                         excerpt(raw.get())
-                    ));
+                    );
+                    warnings.push(why.clone());
+                    report.cost_unknown = Some(why);
                     None
                 }
             },

@@ -13,6 +13,9 @@ use agentry_domain::money::Usd;
 use serde::de::MapAccess;
 
 use crate::agent::{Count, Fields, LooseStr, Message, Object, OutputParser, Skip, read_object};
+use std::path::Path;
+
+use crate::codex_session::SessionMeter;
 use crate::prices::{ModelPrice, PriceTable};
 use crate::{AgentOutcome, RunReport, Warnings, excerpt};
 
@@ -128,6 +131,9 @@ pub(crate) struct CodexReader {
     /// The exact price of the tokens of every `turn.completed` read so far; `None` when
     /// `model` is unpriced or the counts are too large to price.
     running_cost: Option<Usd>,
+    /// The per-call usage Codex records in its session files, when the run's `HOME` is
+    /// known ([`crate::codex_session`]).
+    session: Option<SessionMeter>,
 }
 
 impl CodexReader {
@@ -143,6 +149,20 @@ impl CodexReader {
             turns: 0,
             pending_error: None,
             running_cost: price.map(|_| Usd::ZERO),
+            session: None,
+        }
+    }
+
+    /// This reader, also reading the session files of a run whose `HOME` is `home`.
+    pub(crate) fn with_session(mut self, home: &Path, prices: &PriceTable) -> Self {
+        self.session = Some(SessionMeter::new(home, &self.model, prices));
+        self
+    }
+
+    /// Reads what Codex appended to its session files since the last poll.
+    pub(crate) fn poll(&mut self) {
+        if let Some(session) = self.session.as_mut() {
+            session.poll();
         }
     }
 
@@ -151,7 +171,16 @@ impl CodexReader {
     /// reports once the output ends there. `None` when the model is unpriced (or the counts
     /// are too large to price). A turn is priced only when its `turn.completed` arrives.
     pub(crate) fn cost_so_far(&self) -> Option<Usd> {
-        self.running_cost
+        match &self.session {
+            Some(session) if session.calls() > 0 => {
+                // The session files are read on polls, stdout as it comes: the later wins.
+                match (session.cost(), self.running_cost) {
+                    (Some(metered), Some(printed)) => Some(metered.max(printed)),
+                    (metered, _) => metered,
+                }
+            }
+            _ => self.running_cost,
+        }
     }
 
     /// Reads one non-blank line.
@@ -243,7 +272,8 @@ impl CodexReader {
     }
 
     /// The report of the lines read.
-    pub(crate) fn finish(self, mut warnings: Warnings) -> RunReport {
+    pub(crate) fn finish(mut self, mut warnings: Warnings) -> RunReport {
+        self.poll();
         let CodexReader {
             mut report,
             model,
@@ -251,6 +281,7 @@ impl CodexReader {
             turns,
             pending_error,
             running_cost: _,
+            session,
         } = self;
         report.turns = Some(i32::try_from(turns).unwrap_or(i32::MAX));
         report.outcome = if let Some(failure) = pending_error {
@@ -290,6 +321,52 @@ impl CodexReader {
                 }
             }
         };
+        if let Some(session) = session.filter(|s| s.calls() > 0) {
+            // The calls Codex recorded one by one: the whole run's usage, also when it was
+            // stopped before its final event.
+            let metered = session.tokens();
+            if turns > 0 && metered != report.tokens() {
+                warnings.push(format!(
+                    "Codex's final usage ({:?}) differs from the {} calls of its session \
+                     records ({metered:?}); the session records are used",
+                    report.tokens(),
+                    session.calls()
+                ));
+            }
+            report.input_tokens = metered.input;
+            report.cache_read_tokens = metered.cache_read;
+            report.cache_write_tokens = metered.cache_write;
+            report.output_tokens = metered.output;
+            report.cost_usd = session.cost();
+            report.cost_unknown = match session.cost() {
+                Some(_) => None,
+                None => Some(format!(
+                    "no price for model {}: add it to AGENTRY_PRICES_FILE",
+                    session.unpriced().join(", ")
+                )),
+            };
+            if turns == 0 {
+                warnings.push(format!(
+                    "no turn.completed event: the usage is that of the {} model calls Codex \
+                     recorded in its session file",
+                    session.calls()
+                ));
+            }
+        } else if report.cost_usd.is_none() {
+            report.cost_unknown = Some(if turns == 0 {
+                "Codex reports its usage only when a run ends, and this one ended without \
+                 reporting it (stopped or cut off before its turn.completed event), with no \
+                 usage in its session files"
+                    .to_owned()
+            } else if price.is_none() {
+                format!(
+                    "no price for model {}: add it to AGENTRY_PRICES_FILE",
+                    excerpt(&model)
+                )
+            } else {
+                "the token counts are too large to price".to_owned()
+            });
+        }
         report.warnings = warnings.finish();
         report
     }

@@ -130,6 +130,16 @@ impl Execution {
     }
 }
 
+/// What a dead run left: its output and the report read from it (and from whatever else
+/// the agent recorded, such as Codex's session files).
+#[derive(Debug, Clone)]
+pub struct Salvaged {
+    /// The end of the agent's output.
+    pub output: String,
+    /// What it reported.
+    pub report: RunReport,
+}
+
 /// A boxed future of an [`Execution`].
 pub type ExecutionFuture<'a> = Pin<Box<dyn Future<Output = Execution> + Send + 'a>>;
 
@@ -147,10 +157,11 @@ pub trait Runner: Send + Sync {
         None
     }
 
-    /// What a run whose service died left behind: stops its leftover processes and returns
-    /// its output, if this runner can reach them (so the run's cost is not lost).
-    fn salvage(&self, task_id: Uuid, attempt: i32) -> Option<String> {
-        let _ = (task_id, attempt);
+    /// What a run of `agent` whose service died left behind: stops its leftover processes
+    /// and returns its output and what it shows (cost, tokens), if this runner can reach
+    /// them, so the run's cost is not lost.
+    fn salvage(&self, task_id: Uuid, attempt: i32, agent: &AgentSpec) -> Option<Salvaged> {
+        let _ = (task_id, attempt, agent);
         None
     }
 

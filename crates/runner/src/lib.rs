@@ -19,7 +19,9 @@
 //!   output (one JSON event per line) and takes cost, tokens, turns, model and outcome from
 //!   the final `result` event. The cost is read exactly from the JSON text.
 //! - [`codex::parse_codex`] reads `codex exec --json` output (JSON Lines events), sums the
-//!   tokens of every `turn.completed` event and prices them with a [`PriceTable`].
+//!   tokens of every `turn.completed` event and prices them with a [`PriceTable`];
+//!   [`codex_session::SessionMeter`] reads the usage Codex records after every model call
+//!   in its session files, so a Codex run is priced as it goes and when it is stopped.
 //! - [`prices::PriceTable`]: per-million-token prices as exact decimals, a built-in table
 //!   and a JSON override format (`AGENTRY_PRICES_FILE`).
 //! - [`version`]: the agent CLI versions agentry supports, and checking the installed one.
@@ -30,6 +32,7 @@
 pub mod agent;
 pub mod claude;
 pub mod codex;
+pub mod codex_session;
 pub mod job;
 pub mod local;
 pub mod prices;
@@ -43,7 +46,7 @@ use agentry_domain::money::Usd;
 pub use agent::AgentSpec;
 pub use claude::parse_claude;
 pub use codex::parse_codex;
-pub use job::{Control, Execution, Job, JobKind, Runner, Verdict};
+pub use job::{Control, Execution, Job, JobKind, Runner, Salvaged, Verdict};
 pub use local::{LocalConfig, LocalRunner};
 pub use prices::{ModelPrice, PRICES_AS_OF, PriceError, PriceTable, Tokens};
 pub use sandbox::{InvalidSandboxMode, Sandbox, SandboxMode};
@@ -55,6 +58,8 @@ pub struct RunReport {
     pub model: Option<String>,
     /// The exact cost of the run, if known. `None` means unknown, never zero.
     pub cost_usd: Option<Usd>,
+    /// Why [`RunReport::cost_usd`] is unknown, one sentence (`None` when it is known).
+    pub cost_unknown: Option<String>,
     /// All input tokens: uncached input plus cache reads plus cache writes.
     pub input_tokens: i64,
     /// The part of [`RunReport::input_tokens`] read from the prompt cache.
@@ -90,6 +95,7 @@ impl RunReport {
         RunReport {
             model: None,
             cost_usd: None,
+            cost_unknown: None,
             input_tokens: 0,
             cache_read_tokens: 0,
             cache_write_tokens: 0,

@@ -24,8 +24,8 @@ use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use uuid::Uuid;
 
-use crate::agent::{self, Launch, ServiceEnv};
-use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Verdict};
+use crate::agent::{self, AgentSpec, Launch, ServiceEnv};
+use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salvaged, Verdict};
 use crate::process::{self, Ended, Limits};
 use crate::sandbox::{self, Sandbox, SandboxMode};
 use crate::version;
@@ -280,7 +280,8 @@ impl LocalRunner {
         };
         let pid_file = run_dir.join("agent.pid");
         let started = control.started.take();
-        let parser = agent::OutputParser::new(&job.agent, &self.config.prices);
+        let parser = agent::OutputParser::new(&job.agent, &self.config.prices)
+            .with_codex_home(&home, &self.config.prices);
         let outcome = process::run_process_with(
             command,
             &run_dir.join("output.log"),
@@ -365,11 +366,17 @@ impl Runner for LocalRunner {
         Some(note_dropped(text, dropped))
     }
 
-    fn salvage(&self, task_id: Uuid, attempt: i32) -> Option<String> {
+    fn salvage(&self, task_id: Uuid, attempt: i32, agent: &AgentSpec) -> Option<Salvaged> {
         let dir = self.run_dir(task_id, attempt);
         stop_orphan(&dir);
-        let (text, _) = read_tail(&dir.join("output.log"), SALVAGE_BYTES).ok()?;
-        Some(text)
+        let (output, _) = read_tail(&dir.join("output.log"), SALVAGE_BYTES).ok()?;
+        let mut parser = agent::OutputParser::new(agent, &self.config.prices)
+            .with_codex_home(&dir.join("home"), &self.config.prices);
+        parser.feed(output.as_bytes());
+        Some(Salvaged {
+            report: parser.finish(),
+            output,
+        })
     }
 
     fn discard(&self, task_id: Uuid, attempt: i32) {
@@ -677,15 +684,14 @@ mod tests {
         std::fs::write(dir.join("output.log.1"), format!("{init}\n{head}")).unwrap();
         std::fs::write(dir.join("output.log"), format!("{tail}\n")).unwrap();
 
-        let output = runner.salvage(task, attempt).unwrap();
-        assert!(output.ends_with(&format!("{result}\n")), "{output}");
         let spec = agent::AgentSpec {
             agent_type: AgentType::ClaudeCode,
             model: "m".into(),
             max_turns: None,
             max_budget_usd: None,
         };
-        let report = agent::parse_output(&spec, &output, &PriceTable::builtin());
+        let Salvaged { output, report } = runner.salvage(task, attempt, &spec).unwrap();
+        assert!(output.ends_with(&format!("{result}\n")), "{output}");
         assert_eq!(
             report.outcome,
             AgentOutcome::Success,
@@ -695,7 +701,7 @@ mod tests {
         assert_eq!(report.cost_usd.unwrap().to_string(), "0.987654321");
         assert_eq!((report.input_tokens, report.output_tokens), (5, 7));
         assert_eq!(runner.live_output(task, attempt), Some(output));
-        assert_eq!(runner.salvage(Uuid::new_v4(), 1), None);
+        assert!(runner.salvage(Uuid::new_v4(), 1, &spec).is_none());
 
         // What is left behind: run directories only (other names are ignored); a discarded
         // run is no longer listed.
@@ -709,5 +715,47 @@ mod tests {
         assert_eq!(runner.leftovers(), expected);
         runner.discard(task, attempt);
         assert_eq!(runner.leftovers(), vec![(other, 1)]);
+    }
+
+    /// A Codex run stopped before its final event still has a cost: the calls Codex
+    /// recorded in its session file, read back from the dead run's `HOME`.
+    #[test]
+    fn a_dead_codex_run_is_priced_from_its_session_file() {
+        let root = tempfile::tempdir().unwrap();
+        let runner = LocalRunner::new(LocalConfig {
+            root: root.path().to_owned(),
+            claude_bin: "claude".into(),
+            codex_bin: "codex".into(),
+            prices: PriceTable::builtin(),
+            env: ServiceEnv::default(),
+            stop_grace: Duration::from_millis(100),
+            sandbox: Sandbox::default(),
+        });
+        let (task, attempt) = (Uuid::new_v4(), 1);
+        let dir = runner.run_dir(task, attempt);
+        let sessions = dir.join("home/.codex/sessions/2026/11/25");
+        std::fs::create_dir_all(&sessions).unwrap();
+        std::fs::write(
+            dir.join("output.log"),
+            "{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n{\"type\":\"turn.started\"}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            sessions.join("rollout-2026-11-25T21-27-44-t.jsonl"),
+            r#"{"type":"token_usage_record","payload":{"response_id":"resp_1","usage":{"input_tokens":3000,"cached_input_tokens":1000,"cache_write_input_tokens":0,"output_tokens":100,"reasoning_output_tokens":20,"total_tokens":3100}}}
+"#,
+        )
+        .unwrap();
+        let spec = agent::AgentSpec {
+            agent_type: AgentType::Codex,
+            model: "gpt-5.5".into(),
+            max_turns: None,
+            max_budget_usd: None,
+        };
+        let Salvaged { report, .. } = runner.salvage(task, attempt, &spec).unwrap();
+        // 2000·5 + 1000·0.5 + 100·30 = 13 500 µ$.
+        assert_eq!(report.cost_usd.unwrap().to_string(), "0.0135");
+        assert_eq!((report.input_tokens, report.output_tokens), (3000, 100));
+        assert!(matches!(report.outcome, AgentOutcome::Unparseable(_)));
     }
 }

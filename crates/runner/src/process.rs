@@ -195,11 +195,19 @@ pub trait OutputSink: Send + 'static {
     fn feed(&mut self, chunk: &[u8]);
 
     /// Whether what was fed so far means the process must be stopped (asked after every
-    /// chunk; once it says so, the run ends as [`Ended::Stopped`]). Never, by default.
+    /// chunk and every poll; once it says so, the run ends as [`Ended::Stopped`]). Never, by
+    /// default.
     fn stop_requested(&self) -> bool {
         false
     }
+
+    /// Called every [`POLL_INTERVAL`] while the process runs, to read what the agent
+    /// records elsewhere than on stdout. Nothing, by default.
+    fn poll(&mut self) {}
 }
+
+/// How often [`OutputSink::poll`] is called while the agent runs.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Reads nothing.
 impl OutputSink for () {
@@ -215,6 +223,10 @@ impl OutputSink for OutputParser {
 
     fn stop_requested(&self) -> bool {
         self.allowance_reached()
+    }
+
+    fn poll(&mut self) {
+        OutputParser::poll(self);
     }
 }
 
@@ -709,19 +721,34 @@ where
     let mut log = Some(log);
     let mut out = Capture::new(sink);
     let mut buf = vec![0_u8; CHUNK_BYTES];
+    let mut polls = tokio::time::interval(POLL_INTERVAL);
+    polls.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let n = tokio::select! {
+        let read = tokio::select! {
             biased;
             _ = &mut stop => break,
-            read = stream.read(&mut buf) => match read {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    out.error.get_or_insert_with(|| format!("reading agent output: {e}"));
-                    break;
+            read = stream.read(&mut buf) => Some(read),
+            _ = polls.tick(), if stop_request.is_some() => None,
+        };
+        let n = match read {
+            None => {
+                out.sink.poll();
+                if out.sink.stop_requested() {
+                    tracing::debug!("what the agent recorded asks to stop it");
+                    if let Some(request) = stop_request.take() {
+                        let _ = request.send(());
+                    }
                 }
-            },
+                continue;
+            }
+            Some(Ok(0)) => break,
+            Some(Ok(n)) => n,
+            Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Some(Err(e)) => {
+                out.error
+                    .get_or_insert_with(|| format!("reading agent output: {e}"));
+                break;
+            }
         };
         let chunk = &buf[..n];
         out.total = out.total.saturating_add(n as u64);

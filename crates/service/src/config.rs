@@ -272,8 +272,9 @@ impl Config {
 }
 
 /// The variable names of `AGENTRY_AGENT_ENV`: separated by commas or white space, each an
-/// environment variable name (`[A-Za-z_][A-Za-z0-9_]*`), listed once. Refused: `PATH` and
-/// `HOME` (agentry sets them), agentry's own configuration (`AGENTRY_*`,
+/// environment variable name (`[A-Za-z_][A-Za-z0-9_]*`), listed once. Refused: `PATH`,
+/// `HOME`, `CODEX_HOME` and `CLAUDE_CONFIG_DIR` (agentry sets them, or they follow the run's
+/// own `HOME`), agentry's own configuration (`AGENTRY_*`,
 /// `CODEHOST_WEBHOOK_SECRET`), and the agents' credentials, which reach the agent that uses
 /// them without being listed (listed, they would reach every agent).
 fn agent_env_names(text: &str) -> Result<Vec<String>, String> {
@@ -296,8 +297,10 @@ fn agent_env_names(text: &str) -> Result<Vec<String>, String> {
         let credential = [AgentType::ClaudeCode, AgentType::Codex]
             .into_iter()
             .any(|agent| agentry_runner::agent::api_key_vars(agent).contains(&name));
-        let why = if name == "PATH" || name == "HOME" {
-            Some("agentry sets it for every agent")
+        let why = if matches!(name, "PATH" | "HOME" | "CODEX_HOME" | "CLAUDE_CONFIG_DIR") {
+            Some(
+                "agentry sets it for every agent (each run has its own HOME, where agentry reads what Codex records of its spending)",
+            )
         } else if name.starts_with("AGENTRY_") || name == "CODEHOST_WEBHOOK_SECRET" {
             Some("it is agentry's own configuration, which agents must not see")
         } else if credential {
@@ -631,6 +634,7 @@ mod tests {
         for (bad, why) in [
             ("PATH", "agentry sets it"),
             ("HOME", "agentry sets it"),
+            ("CODEX_HOME", "agentry sets it"),
             ("AGENTRY_MASTER_KEY", "agentry's own configuration"),
             ("CODEHOST_WEBHOOK_SECRET", "agentry's own configuration"),
             ("OPENAI_API_KEY", "credentials reach the agent"),

@@ -44,7 +44,7 @@ use agentry_persistence::tasks::{self, NewTask, Run, RunOutcome, TransitionDetai
 use agentry_persistence::{AnyConnection, Backend, DbError, secrets, write_tx};
 use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name, is_loopback_url};
 use agentry_runner::{
-    AgentSpec, Control, Execution, Job, JobKind, PriceTable, RunReport, Runner, Verdict,
+    AgentSpec, Control, Execution, Job, JobKind, PriceTable, RunReport, Runner, Salvaged, Verdict,
 };
 use time::OffsetDateTime;
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
@@ -98,7 +98,6 @@ impl Default for RunSettings {
 /// The orchestrator's state (one per process, in [`Service`]).
 pub struct Runs {
     runner: Arc<dyn Runner>,
-    prices: PriceTable,
     settings: RunSettings,
     /// This process's lease owner id.
     owner: String,
@@ -119,11 +118,10 @@ impl std::fmt::Debug for Runs {
 }
 
 impl Runs {
-    /// The orchestrator over `runner`; `prices` cost the output salvaged from dead runs.
-    pub fn new(runner: Arc<dyn Runner>, prices: PriceTable, settings: RunSettings) -> Self {
+    /// The orchestrator over `runner`.
+    pub fn new(runner: Arc<dyn Runner>, settings: RunSettings) -> Self {
         Runs {
             runner,
-            prices,
             slots: Arc::new(Semaphore::new(settings.max_concurrent)),
             settings,
             owner: format!("agentry-{}", Uuid::new_v4()),
@@ -149,14 +147,14 @@ impl Runs {
             root,
             claude_bin,
             codex_bin,
-            prices: prices.clone(),
+            prices,
             env: agentry_runner::agent::ServiceEnv::read(agent_env, |name| {
                 std::env::var(name).ok()
             }),
             stop_grace: STOP_GRACE,
             sandbox: agentry_runner::Sandbox::new(settings.sandbox),
         });
-        Runs::new(Arc::new(runner), prices, settings)
+        Runs::new(Arc::new(runner), settings)
     }
 
     /// An orchestrator that runs nothing (`max_concurrent` 0), for processes and tests that
@@ -581,9 +579,12 @@ async fn settle_without_run(state: &Service, task: &Task, message: &str) {
 fn run_record(task: &Task, job: &Job, execution: &Execution, outcome: RunOutcome) -> Run {
     let report = execution.report.as_ref();
     let error_message = match &execution.verdict {
-        Verdict::Failed(m) | Verdict::TimedOut(m) => Some(m.clone()),
-        Verdict::NoChanges => Some("the agent made no changes".to_owned()),
-        Verdict::Cancelled => Some("the run was cancelled".to_owned()),
+        Verdict::Failed(m) | Verdict::TimedOut(m) => Some(with_cost_note(m.clone(), report)),
+        Verdict::NoChanges => Some(with_cost_note(
+            "the agent made no changes".to_owned(),
+            report,
+        )),
+        Verdict::Cancelled => Some(with_cost_note("the run was cancelled".to_owned(), report)),
         Verdict::Pushed { .. } | Verdict::Reviewed { .. } => None,
     };
     run_from_report(
@@ -631,6 +632,21 @@ fn run_from_report(
         started_at: execution.started_at,
         finished_at: Some(execution.finished_at),
         sandboxed: Some(execution.sandboxed),
+    }
+}
+
+/// `message`, and when the run's cost is unknown, why (so the task says why its cost is
+/// null, never a silent $0).
+fn with_cost_note(message: String, report: Option<&RunReport>) -> String {
+    match report {
+        Some(report) if report.cost_usd.is_none() => {
+            let why = report
+                .cost_unknown
+                .as_deref()
+                .unwrap_or("the agent reported none");
+            format!("{message}; its cost is unknown: {why}")
+        }
+        _ => message,
     }
 }
 
@@ -748,8 +764,13 @@ async fn settle(
                 Published::Stopped => return Ok(()),
             }
         }
-        Verdict::NoChanges => fail_with("the agent made no changes".into()),
-        Verdict::Failed(m) | Verdict::TimedOut(m) => fail_with(m.clone()),
+        Verdict::NoChanges => fail_with(with_cost_note(
+            "the agent made no changes".into(),
+            execution.report.as_ref(),
+        )),
+        Verdict::Failed(m) | Verdict::TimedOut(m) => {
+            fail_with(with_cost_note(m.clone(), execution.report.as_ref()))
+        }
         Verdict::Cancelled => Settlement {
             trigger: None,
             review: None,
@@ -1030,11 +1051,7 @@ pub async fn recover_expired(
             // Ours and still running (a renewal is late): leave it.
             continue;
         }
-        let output = state.runs.runner.salvage(task.id, task.attempt);
-        let lost = match output {
-            Some(output) => Some(lost_run(state, &lease, &output).await?),
-            None => None,
-        };
+        let lost = lost_run(state, &lease).await?;
         let done = state
             .db(move |conn| {
                 let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
@@ -1057,12 +1074,12 @@ pub async fn recover_expired(
     Ok(recovered)
 }
 
-/// The ledger row of a dead runner's run, from the output it left.
+/// The ledger row of a dead runner's run, from what it left (its output, and what the
+/// agent recorded elsewhere, such as Codex's session files), if the runner can reach it.
 async fn lost_run(
     state: &Service,
     lease: &ExpiredLease,
-    output: &str,
-) -> Result<(Run, RunLog), ServiceError> {
+) -> Result<Option<(Run, RunLog)>, ServiceError> {
     let task = lease.task.clone();
     let repo = match task.repo_id {
         Some(id) => Some(
@@ -1083,7 +1100,10 @@ async fn lost_run(
         max_turns: None,
         max_budget_usd: None,
     };
-    let report = agentry_runner::agent::parse_output(&spec, output, &state.runs.prices);
+    let Some(Salvaged { output, report }) = state.runs.runner.salvage(task.id, task.attempt, &spec)
+    else {
+        return Ok(None);
+    };
     log_warnings(&task, Some(&report));
     let at = now();
     let execution = Execution {
@@ -1102,12 +1122,15 @@ async fn lost_run(
         &execution,
         Some(&report),
         RunOutcome::Lost,
-        Some("the runner stopped during the run (its lease expired)".into()),
+        Some(with_cost_note(
+            "the runner stopped during the run (its lease expired)".into(),
+            Some(&report),
+        )),
     );
     run.finished_at = None;
     // Which sandbox the dead process ran it in is not known here.
     run.sandboxed = None;
-    Ok((run, RunLog::of(output)))
+    Ok(Some((run, RunLog::of(&output))))
 }
 
 /// At start, before the runner loop claims anything: on SQLite (one process per database)
@@ -1165,16 +1188,14 @@ async fn record_leftovers(state: &Service) -> Result<usize, ServiceError> {
             }
             continue;
         };
-        let Some(output) = state.runs.runner.salvage(task_id, attempt) else {
-            continue;
-        };
         let lease = ExpiredLease {
             expired_at: task.started_at.unwrap_or_else(now),
             owner: String::new(),
-            task,
+            task: Task { attempt, ..task },
         };
-        let (mut run, log) = lost_run(state, &lease, &output).await?;
-        run.attempt = attempt;
+        let Some((run, log)) = lost_run(state, &lease).await? else {
+            continue;
+        };
         let written = state
             .db(move |conn| Ok(claims::record_finished_run(conn, &run, &log, now())?))
             .await?;

@@ -379,7 +379,13 @@ async fn salvaging_a_dead_services_run_ends_its_whole_sandbox() {
     let (started, home) = start_sleeper(&rig, &runner, task).await;
     // Another runner over the same data directory (the restarted service) recovers it.
     let restarted = rig.runner(Sandbox::new(SandboxMode::Auto));
-    let output = restarted.salvage(task, 1).unwrap();
+    let spec = agentry_runner::AgentSpec {
+        agent_type: agentry_domain::AgentType::ClaudeCode,
+        model: "sonnet".into(),
+        max_turns: None,
+        max_budget_usd: None,
+    };
+    let output = restarted.salvage(task, 1, &spec).unwrap().output;
     assert!(output.contains("\"subtype\":\"init\""), "{output}");
     wait_until(
         "every process of the run to end",

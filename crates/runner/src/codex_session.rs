@@ -1,0 +1,361 @@
+//! What a Codex run spent so far, from the session files Codex writes as it works.
+//!
+//! `codex exec --json` prints its usage once, at the end (`turn.completed`, every model
+//! call summed), and a run that is stopped prints none. But after every model call Codex
+//! appends a `token_usage_record` line to its session file
+//! (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl`, `CODEX_HOME` being `~/.codex` in the
+//! run's own `HOME`):
+//!
+//! ```json
+//! {"timestamp":"…","type":"token_usage_record","payload":{"response_id":"resp_…",
+//!  "usage":{"input_tokens":3000,"cached_input_tokens":1000,"cache_write_input_tokens":0,
+//!  "output_tokens":100,"reasoning_output_tokens":20,"total_tokens":3100},…}}
+//! ```
+//!
+//! A [`SessionMeter`] reads those lines as they are appended (each file from where it
+//! stopped; whole lines only), counts each response once (by `response_id`), and prices
+//! each call for the model of the file's latest `turn_context` (else the launched model).
+//! So a Codex run can be stopped within one model call of its allowance, and a stopped or
+//! crashed run still has a cost. Like the stdout stream, the files are written by the agent's
+//! own process: they are its word, as every agent-reported cost is until model calls are
+//! metered outside the agent.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use agentry_domain::money::Usd;
+use serde::Deserialize;
+
+use crate::prices::{PriceTable, Tokens};
+
+/// The most bytes read from one session file per poll (the rest is read at the next one).
+const MAX_READ_PER_POLL: u64 = 4 * 1024 * 1024;
+
+/// The longest session line kept whole; a longer one (a huge tool output) is skipped.
+const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// The usage of the model calls a Codex run's session files show.
+#[derive(Debug)]
+pub struct SessionMeter {
+    /// `$CODEX_HOME/sessions`.
+    dir: PathBuf,
+    launched_model: String,
+    prices: PriceTable,
+    files: BTreeMap<PathBuf, FileState>,
+    seen: HashSet<String>,
+    calls: u64,
+    tokens: Tokens,
+    /// The priced cost of the calls; `None` once a call's model has no price or a count
+    /// could not be priced.
+    cost: Option<Usd>,
+    /// The models of calls that could not be priced.
+    unpriced: Vec<String>,
+}
+
+/// How far one session file has been read.
+#[derive(Debug, Default)]
+struct FileState {
+    offset: u64,
+    /// The start of a line whose end has not been written yet.
+    partial: Vec<u8>,
+    /// Skipping the rest of an over-long line.
+    skipping: bool,
+    /// The model of the latest `turn_context`.
+    model: Option<String>,
+}
+
+impl SessionMeter {
+    /// The meter of a Codex run whose `HOME` is `home`, launched with `model`, priced with
+    /// `prices`.
+    pub fn new(home: &Path, model: &str, prices: &PriceTable) -> Self {
+        SessionMeter {
+            dir: home.join(".codex").join("sessions"),
+            launched_model: model.to_owned(),
+            prices: prices.clone(),
+            files: BTreeMap::new(),
+            seen: HashSet::new(),
+            calls: 0,
+            tokens: Tokens::default(),
+            cost: Some(Usd::ZERO),
+            unpriced: Vec::new(),
+        }
+    }
+
+    /// Reads what was appended to the session files since the last poll. Files that cannot
+    /// be read are tried again at the next poll; nothing here fails.
+    pub fn poll(&mut self) {
+        for path in rollout_files(&self.dir) {
+            let state = self.files.entry(path.clone()).or_default();
+            let lines = read_new_lines(&path, state);
+            for line in lines {
+                self.line(&path, &line);
+            }
+        }
+    }
+
+    /// The number of model calls seen.
+    pub fn calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// The tokens of the calls seen.
+    pub fn tokens(&self) -> Tokens {
+        self.tokens
+    }
+
+    /// The exact priced cost of the calls seen (zero before the first); `None` when a
+    /// call's model has no price.
+    pub fn cost(&self) -> Option<Usd> {
+        self.cost
+    }
+
+    /// The models seen that have no price.
+    pub fn unpriced(&self) -> &[String] {
+        &self.unpriced
+    }
+
+    fn line(&mut self, path: &Path, line: &[u8]) {
+        let is = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);
+        if is(b"\"turn_context\"") {
+            if let Ok(context) = serde_json::from_slice::<Line<TurnContext>>(line)
+                && context.kind == "turn_context"
+                && let Some(model) = context.payload.model
+                && let Some(state) = self.files.get_mut(path)
+            {
+                state.model = Some(model);
+            }
+            return;
+        }
+        if !is(b"\"token_usage_record\"") {
+            return;
+        }
+        let Ok(record) = serde_json::from_slice::<Line<UsageRecord>>(line) else {
+            return;
+        };
+        if record.kind != "token_usage_record" {
+            return;
+        }
+        let Some(usage) = record.payload.usage else {
+            return;
+        };
+        if let Some(id) = record.payload.response_id
+            && !self.seen.insert(id)
+        {
+            return;
+        }
+        let call = Tokens {
+            input: usage.input_tokens.unwrap_or(0),
+            cache_read: usage.cached_input_tokens.unwrap_or(0),
+            cache_write: usage.cache_write_input_tokens.unwrap_or(0),
+            output: usage.output_tokens.unwrap_or(0),
+        };
+        self.calls += 1;
+        self.tokens = Tokens {
+            input: self.tokens.input.saturating_add(call.input),
+            cache_read: self.tokens.cache_read.saturating_add(call.cache_read),
+            cache_write: self.tokens.cache_write.saturating_add(call.cache_write),
+            output: self.tokens.output.saturating_add(call.output),
+        };
+        let model = self
+            .files
+            .get(path)
+            .and_then(|s| s.model.clone())
+            .unwrap_or_else(|| self.launched_model.clone());
+        let priced = self.prices.get(&model).and_then(|price| price.cost(call));
+        if priced.is_none() && !self.unpriced.contains(&model) {
+            self.unpriced.push(model);
+        }
+        self.cost = match (self.cost, priced) {
+            (Some(total), Some(call)) => total.checked_add(call),
+            _ => None,
+        };
+    }
+}
+
+/// A session line: its `type` and `payload`.
+#[derive(Deserialize)]
+struct Line<P> {
+    #[serde(rename = "type")]
+    kind: String,
+    payload: P,
+}
+
+#[derive(Deserialize)]
+struct TurnContext {
+    model: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct UsageRecord {
+    response_id: Option<String>,
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default, deserialize_with = "count")]
+    input_tokens: Option<i64>,
+    #[serde(default, deserialize_with = "count")]
+    cached_input_tokens: Option<i64>,
+    #[serde(default, deserialize_with = "count")]
+    cache_write_input_tokens: Option<i64>,
+    #[serde(default, deserialize_with = "count")]
+    output_tokens: Option<i64>,
+}
+
+/// A non-negative integer, else `None`.
+fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(value.as_i64().filter(|n| *n >= 0))
+}
+
+/// The `rollout-*.jsonl` files under `dir` (`YYYY/MM/DD/`), sorted.
+fn rollout_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() && depth < 3 {
+                stack.push((path, depth + 1));
+            } else if kind.is_file()
+                && path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("rollout-") && n.ends_with(".jsonl"))
+            {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The whole lines appended to `path` since `state.offset`; the start of an unfinished
+/// last line is kept for the next read. An over-long line is skipped.
+fn read_new_lines(path: &Path, state: &mut FileState) -> Vec<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(path).and_then(|mut file| {
+        let len = file.metadata()?.len();
+        if len < state.offset {
+            // Truncated or replaced: start over.
+            *state = FileState::default();
+        }
+        file.seek(SeekFrom::Start(state.offset))?;
+        file.take(MAX_READ_PER_POLL).read_to_end(&mut bytes)
+    });
+    let Ok(n) = read else {
+        return Vec::new();
+    };
+    state.offset += n as u64;
+    let mut lines = Vec::new();
+    let mut rest: &[u8] = &bytes;
+    while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+        let (piece, after) = (&rest[..end], &rest[end + 1..]);
+        if state.skipping {
+            state.skipping = false;
+        } else {
+            let mut line = std::mem::take(&mut state.partial);
+            line.extend_from_slice(piece);
+            lines.push(line);
+        }
+        rest = after;
+    }
+    if !state.skipping {
+        if state.partial.len() + rest.len() > MAX_LINE_BYTES {
+            state.partial = Vec::new();
+            state.skipping = true;
+        } else {
+            state.partial.extend_from_slice(rest);
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn record(id: &str, input: i64, cached: i64, written: i64, output: i64) -> String {
+        format!(
+            r#"{{"timestamp":"t","type":"token_usage_record","payload":{{"response_id":"{id}","usage":{{"input_tokens":{input},"cached_input_tokens":{cached},"cache_write_input_tokens":{written},"output_tokens":{output},"reasoning_output_tokens":7,"total_tokens":1}}}}}}"#
+        )
+    }
+
+    #[test]
+    fn calls_are_read_as_they_are_appended_and_priced_once_each() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/11/25");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("rollout-2026-11-25T21-27-44-x.jsonl");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let prices = PriceTable::builtin();
+        let mut meter = SessionMeter::new(home.path(), "gpt-5.5", &prices);
+        meter.poll();
+        assert_eq!((meter.calls(), meter.cost()), (0, Some(Usd::ZERO)));
+
+        writeln!(
+            file,
+            r#"{{"type":"turn_context","payload":{{"model":"gpt-6.1-sol"}}}}"#
+        )
+        .unwrap();
+        let first = record("resp_1", 3000, 1000, 0, 100);
+        // Half a line: nothing yet.
+        file.write_all(&first.as_bytes()[..40]).unwrap();
+        meter.poll();
+        assert_eq!(meter.calls(), 0);
+        writeln!(file, "{}", &first[40..]).unwrap();
+        meter.poll();
+        assert_eq!(meter.calls(), 1);
+        // gpt-6.1-sol: 2000·2 + 1000·0.1 + 100·10 = 5100 µ$.
+        assert_eq!(meter.cost(), Some(Usd::parse("0.0051").unwrap()));
+        // The same response again (a rewrite) counts once; noise is ignored.
+        writeln!(file, "{first}").unwrap();
+        writeln!(file, "not json").unwrap();
+        writeln!(
+            file,
+            r#"{{"type":"event_msg","payload":{{"type":"token_count"}}}}"#
+        )
+        .unwrap();
+        writeln!(file, "{}", record("resp_2", 500, 200, 30, 60)).unwrap();
+        meter.poll();
+        assert_eq!(meter.calls(), 2);
+        assert_eq!(
+            meter.tokens(),
+            Tokens {
+                input: 3500,
+                cache_read: 1200,
+                cache_write: 30,
+                output: 160
+            }
+        );
+        // + 270·2 + 200·0.1 + 30·2.5 + 60·10 = 1235 µ$.
+        assert_eq!(meter.cost(), Some(Usd::parse("0.006335").unwrap()));
+    }
+
+    #[test]
+    fn an_unpriced_model_has_no_cost() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/01/02");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("rollout-a.jsonl"),
+            format!("{}\n", record("r", 10, 0, 0, 1)),
+        )
+        .unwrap();
+        let mut meter = SessionMeter::new(home.path(), "in-house", &PriceTable::builtin());
+        meter.poll();
+        assert_eq!(meter.calls(), 1);
+        assert_eq!(meter.cost(), None);
+        assert_eq!(meter.unpriced(), ["in-house"]);
+    }
+}
