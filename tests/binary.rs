@@ -1071,3 +1071,205 @@ fn openapi_into_a_reader_that_stops_early_is_not_a_crash() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.status.success(), "{:?} {stderr}", out.status);
 }
+
+/// The line of `report` (the stdout of `agentry doctor`) whose check is `name`.
+fn doctor_line<'a>(report: &'a str, name: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(name))
+        .unwrap_or_else(|| panic!("no {name} line in\n{report}"))
+}
+
+/// `agentry doctor` prints one line per check, each problem with its fix, and exits 1 when a
+/// run cannot succeed: on a fresh machine (creating nothing), with an unsupported agent CLI,
+/// and on a served instance with a stored token, whose agent, keys and token it finds
+/// working until one of them goes.
+#[test]
+fn doctor_says_what_a_run_needs() {
+    use agentry_fake_github::FakeGitHub;
+    const GH: &str = "ghp_DoctorTestToken0123456789abcdef";
+    const KEY: &str = "sk-ant-DoctorTestKeyValue";
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agents = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents");
+    let claude = agents.join("claude");
+    let codex = agents.join("codex");
+    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    let doctor = |env: &[(&str, &str)]| -> (Option<i32>, String) {
+        let out = run(agentry(&data, None).envs(env.iter().copied()).arg("doctor"));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            !stdout.contains(GH) && !stdout.contains(KEY),
+            "a secret was printed:\n{stdout}"
+        );
+        (out.status.code(), stdout)
+    };
+    let status = |report: &str, name: &str| -> String {
+        doctor_line(report, name)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let check_sandbox = |report: &str| {
+        // `agentry` sets AGENTRY_AGENT_SANDBOX=off where bubblewrap does not work here.
+        let expected = if sandboxed { "ok" } else { "warn" };
+        assert_eq!(status(report, "sandbox"), expected, "{report}");
+    };
+
+    // A fresh machine with no Claude Code: a run cannot succeed, and nothing is created.
+    let missing = dir.path().join("no-such-claude");
+    let (code, report) = doctor(&[("AGENTRY_CLAUDE_BIN", missing.to_str().unwrap())]);
+    assert_eq!(code, Some(1), "{report}");
+    let line = doctor_line(&report, "claude-code");
+    assert!(line.starts_with("FAIL "), "{report}");
+    assert!(
+        line.contains("was not found")
+            && line.contains("fix: npm install -g @anthropic-ai/claude-code@2.1.197"),
+        "{line}"
+    );
+    assert_eq!(status(&report, "git"), "ok", "{report}");
+    assert_eq!(status(&report, "claude-code-key"), "FAIL", "{report}");
+    assert_eq!(status(&report, "database"), "warn", "{report}");
+    assert!(
+        doctor_line(&report, "code-host").contains("no code-host token can be stored yet"),
+        "{report}"
+    );
+    check_sandbox(&report);
+    assert!(!data.exists(), "doctor created the data directory");
+
+    // A Claude Code older than the supported range.
+    let old = dir.path().join("old-claude");
+    std::fs::write(&old, "#!/bin/sh\necho '1.0.0 (Claude Code)'\n").unwrap();
+    std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (code, report) = doctor(&[
+        ("AGENTRY_CLAUDE_BIN", old.to_str().unwrap()),
+        ("ANTHROPIC_API_KEY", KEY),
+    ]);
+    assert_eq!(code, Some(1), "{report}");
+    let line = doctor_line(&report, "claude-code");
+    assert!(
+        line.starts_with("FAIL ") && line.contains("1.0.0") && line.contains("does not support"),
+        "{report}"
+    );
+    assert_eq!(status(&report, "claude-code-key"), "ok", "{report}");
+
+    // A served instance: a token stored and a repository connected through the API.
+    let fake = FakeGitHub::start();
+    fake.add_token(GH, "agentry-bot");
+    fake.add_repo("acme", "web", "main");
+    let api = fake.base_url();
+    let mut server = Server::start_with(
+        &data,
+        None,
+        false,
+        &[
+            ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+            ("AGENTRY_MAX_CONCURRENT_RUNS", "0"),
+        ],
+    );
+    let admin = server.read_token();
+    let client = reqwest::blocking::Client::new();
+    let put = client
+        .put(format!("{}/api/secrets/CODEHOST_TOKEN", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "value": GH }))
+        .send()
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let repo: Value = client
+        .post(format!("{}/api/repos", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let repo_id = repo["id"].as_str().unwrap().to_owned();
+
+    // `doctor` beside the running `serve`.
+    let ready = [
+        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
+        ("ANTHROPIC_API_KEY", KEY),
+    ];
+    let (code, report) = doctor(&ready);
+    if sandboxed {
+        assert_eq!(code, Some(0), "{report}");
+    }
+    for name in [
+        "git",
+        "claude-code",
+        "claude-code-key",
+        "database",
+        "code-host",
+        "prices",
+    ] {
+        assert_eq!(status(&report, name), "ok", "{name}:\n{report}");
+    }
+    check_sandbox(&report);
+    assert!(
+        doctor_line(&report, "claude-code").contains("2.1.197"),
+        "{report}"
+    );
+    assert!(
+        doctor_line(&report, "database").contains("1 repository connected"),
+        "{report}"
+    );
+    assert!(
+        doctor_line(&report, "code-host").contains("agentry-bot"),
+        "{report}"
+    );
+    // Codex: missing, and no repository uses it.
+    assert_eq!(status(&report, "codex"), "warn", "{report}");
+
+    // Without its key, Claude Code cannot run.
+    let (code, report) = doctor(&ready[..2]);
+    assert_eq!(code, Some(1), "{report}");
+    let line = doctor_line(&report, "claude-code-key");
+    assert!(
+        line.starts_with("FAIL ")
+            && line.contains("export ANTHROPIC_API_KEY=… in the environment of `agentry serve`"),
+        "{report}"
+    );
+
+    // The repository moves to Codex with a model that has no price: Codex and its key are
+    // now what a run needs, Claude Code is not, and the price is a warning.
+    let patched = client
+        .patch(format!("{}/api/repos/{repo_id}/settings", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({
+            "agentType": "codex", "codingModel": "gpt-doctor-unpriced", "reviewModel": "gpt-5"
+        }))
+        .send()
+        .unwrap();
+    assert_eq!(patched.status(), 200);
+    let (code, report) = doctor(&[
+        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+        ("AGENTRY_CLAUDE_BIN", missing.to_str().unwrap()),
+        ("AGENTRY_CODEX_BIN", codex.to_str().unwrap()),
+        ("OPENAI_API_KEY", KEY),
+    ]);
+    if sandboxed {
+        assert_eq!(code, Some(0), "{report}");
+    }
+    assert_eq!(status(&report, "codex"), "ok", "{report}");
+    assert_eq!(status(&report, "codex-key"), "ok", "{report}");
+    assert_eq!(status(&report, "claude-code"), "warn", "{report}");
+    assert!(!report.contains("claude-code-key"), "{report}");
+    let prices = doctor_line(&report, "prices");
+    assert!(
+        prices.starts_with("warn ") && prices.contains("gpt-doctor-unpriced"),
+        "{report}"
+    );
+
+    // A token the code host no longer accepts.
+    fake.remove_token(GH);
+    let (code, report) = doctor(&ready);
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(status(&report, "code-host"), "FAIL", "{report}");
+
+    server.signal("TERM");
+    let (exit, stderr) = server.wait(Duration::from_secs(30));
+    assert!(exit.success(), "{stderr}");
+}

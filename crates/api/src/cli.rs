@@ -52,6 +52,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check what an agent run needs (git, the sandbox, the agent CLIs and their keys, the
+    /// database, the code-host token, prices), one line each with its fix; changes nothing.
+    /// Exits 1 when a run cannot succeed.
+    Doctor,
     /// Print the OpenAPI document of the HTTP API (what GET /api/openapi.json serves), with
     /// no database and no configuration needed.
     Openapi,
@@ -104,12 +108,51 @@ enum CliError {
 /// Runs the command line; the binary's `main` is this function.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Doctor = cli.command {
+        return doctor();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agentry: error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `agentry doctor`: the report on stdout; exit 1 when a check failed (a configuration
+/// that cannot be read is one).
+fn doctor() -> ExitCode {
+    use agentry_service::doctor::{self, Report};
+    let report = match Config::from_env() {
+        Ok(config) => {
+            // The report says everything; logs (stderr) only when RUST_LOG asks for them.
+            crate::logging::init_with_default(config.log_format, "off");
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build();
+            match runtime {
+                Ok(runtime) => runtime.block_on(doctor::diagnose(&config)),
+                Err(e) => {
+                    eprintln!("agentry: error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        Err(e) => Report::config_error(&e),
+    };
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = write!(out, "{report}").and_then(|()| out.flush())
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("agentry: error: cannot write the report: {e}");
+        return ExitCode::FAILURE;
+    }
+    if report.can_run() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -193,7 +236,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 print!("{}", crate::costs_table::render(&report, repo.as_ref()));
             }
         }
-        Command::Openapi => {}
+        Command::Openapi | Command::Doctor => {}
     }
     Ok(())
 }

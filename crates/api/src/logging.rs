@@ -9,7 +9,13 @@ use crate::config::LogFormat;
 
 /// Installs the global subscriber; a second call is a no-op.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with_default(format, "info");
+}
+
+/// [`init`] with `default` as the filter when `RUST_LOG` is unset or invalid (`agentry
+/// doctor` logs nothing unless asked: its report says it all).
+pub fn init_with_default(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

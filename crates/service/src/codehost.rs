@@ -145,6 +145,17 @@ impl CodeHost {
         Ok(client)
     }
 
+    /// Whether the code host accepts `token`: its user (`GET /user`, the cheapest call that
+    /// needs a working token). [`ServiceError::CodeHostRejected`] when the code host refuses
+    /// it (401: bad, revoked or expired), [`ServiceError::CodeHostUnavailable`] when it
+    /// cannot be asked. Used before a token is stored, and by `agentry doctor`.
+    pub async fn check_token(
+        &self,
+        token: &SecretValue,
+    ) -> Result<agentry_codehost::User, ServiceError> {
+        Ok(self.client(token)?.current_user().await?)
+    }
+
     /// Tells the outbox worker that new effects are waiting.
     pub fn wake_outbox(&self) {
         self.outbox_wake.notify_one();
@@ -241,7 +252,7 @@ impl Service {
                     "a token must not start or end with white space",
                 ));
             }
-            let user = self.codehost.client(&value)?.current_user().await?;
+            let user = self.codehost.check_token(&value).await?;
             tracing::info!(login = %user.login, "code-host token accepted");
         }
         let key = self.codehost.master_key().clone();

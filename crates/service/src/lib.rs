@@ -28,6 +28,7 @@ pub mod budgets;
 pub mod codehost;
 pub mod config;
 pub mod costs;
+pub mod doctor;
 pub mod error;
 pub mod import;
 pub mod runs;

@@ -74,19 +74,23 @@ pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
         &config.data_dir.join("master.key"),
     )
     .map_err(|e| io_error("cannot load the master key", e))?;
-    let client = ClientConfig {
+    Ok(
+        CodeHost::new(master_key, client_config(config), Timing::default())
+            .with_webhook_secret(config.webhook_secret.clone()),
+    )
+}
+
+/// The code-host client settings of `config`: its base URL and agentry's user agent.
+pub(crate) fn client_config(config: &Config) -> ClientConfig {
+    ClientConfig {
         api_url: config.codehost_api_url.clone(),
         user_agent: format!("agentry/{}", env!("CARGO_PKG_VERSION")),
         ..ClientConfig::default()
-    };
-    Ok(CodeHost::new(master_key, client, Timing::default())
-        .with_webhook_secret(config.webhook_secret.clone()))
+    }
 }
 
-/// The agent-run orchestrator of `config`: a [`agentry_runner::LocalRunner`] under the data
-/// directory with the configured executables and price table (the built-in one, with
-/// `AGENTRY_PRICES_FILE` merged over it).
-pub fn runs(config: &Config) -> Result<Runs, StartError> {
+/// The price table of `config`: the built-in one, with `AGENTRY_PRICES_FILE` merged over it.
+pub(crate) fn price_table(config: &Config) -> Result<PriceTable, StartError> {
     let mut prices = PriceTable::builtin();
     if let Some(path) = &config.prices_file {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -99,11 +103,18 @@ pub fn runs(config: &Config) -> Result<Runs, StartError> {
             .map_err(|e| io_error(&format!("AGENTRY_PRICES_FILE {}", path.display()), e))?;
         prices = prices.merged_with(overrides);
     }
+    Ok(prices)
+}
+
+/// The agent-run orchestrator of `config`: a [`agentry_runner::LocalRunner`] under the data
+/// directory with the configured executables and price table (the built-in one, with
+/// `AGENTRY_PRICES_FILE` merged over it).
+pub fn runs(config: &Config) -> Result<Runs, StartError> {
     Ok(Runs::local(
         config.data_dir.clone(),
         config.claude_bin.clone(),
         config.codex_bin.clone(),
-        prices,
+        price_table(config)?,
         &config.agent_env,
         RunSettings {
             max_concurrent: config.max_concurrent_runs,
