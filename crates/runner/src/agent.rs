@@ -361,7 +361,8 @@ pub struct OutputParser {
 #[derive(Debug)]
 enum Reader {
     Claude(ClaudeReader),
-    Codex(CodexReader),
+    /// Boxed: with its session meter it is much larger than Claude's reader.
+    Codex(Box<CodexReader>),
 }
 
 impl OutputParser {
@@ -383,7 +384,7 @@ impl OutputParser {
     /// model call, and priced when it ends without its final event. No effect on Claude Code.
     pub fn with_codex_home(mut self, home: &Path, prices: &PriceTable) -> Self {
         if let Reader::Codex(reader) = self.reader {
-            self.reader = Reader::Codex(reader.with_session(home, prices));
+            self.reader = Reader::Codex(Box::new(reader.with_session(home, prices)));
         }
         self
     }
@@ -428,7 +429,7 @@ impl OutputParser {
 
     /// The parser of the output of a Codex run launched with `model`, priced with `prices`.
     pub fn codex(model: &str, prices: &PriceTable) -> Self {
-        Self::with(Reader::Codex(CodexReader::new(model, prices)))
+        Self::with(Reader::Codex(Box::new(CodexReader::new(model, prices))))
     }
 
     fn with(reader: Reader) -> Self {

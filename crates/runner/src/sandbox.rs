@@ -174,8 +174,13 @@ impl Sandbox {
         Ok(self.launcher().await?.is_some())
     }
 
-    /// The `bwrap` to launch agents with, `None` when agents run unsandboxed.
-    pub(crate) async fn launcher(&self) -> Result<Option<PathBuf>, String> {
+    /// The `bwrap` agents are launched with (found and probed once), `None` when agents run
+    /// unsandboxed ([`SandboxMode::Off`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Sandbox::check`].
+    pub async fn launcher(&self) -> Result<Option<PathBuf>, String> {
         if self.mode == SandboxMode::Off {
             return Ok(None);
         }
@@ -558,8 +563,9 @@ pub(crate) fn resolve_program(program: &Path, env: &[(String, String)]) -> Resul
     })
 }
 
-/// The first executable file `name` in the absolute directories of `path`.
-fn search_path(name: &OsStr, path: &OsStr) -> Option<PathBuf> {
+/// The first executable file `name` in the absolute directories of `path` (a `PATH`
+/// value), as a shell finds a command.
+pub fn search_path(name: &OsStr, path: &OsStr) -> Option<PathBuf> {
     std::env::split_paths(path)
         .filter(|dir| dir.is_absolute())
         .map(|dir| dir.join(name))

@@ -27,6 +27,7 @@ use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, DatabaseUrl};
 use agentry_runner::agent::{self, Launch, ServiceEnv};
+use agentry_runner::sandbox::search_path;
 use agentry_runner::version::{self, CliProblem};
 use agentry_runner::{PriceTable, Sandbox, SandboxMode};
 use tokio::io::AsyncReadExt;
@@ -293,7 +294,7 @@ fn repositories(n: usize) -> String {
 async fn check_git(path: Option<&str>) -> Check {
     const NAME: &str = "git";
     let fix = Some("install git (Debian: apt-get install git) on the service's PATH".to_owned());
-    let Some(git) = search_path("git", path.unwrap_or_default()) else {
+    let Some(git) = search_path(OsStr::new("git"), OsStr::new(path.unwrap_or_default())) else {
         return Check::fail(
             NAME,
             format!(
@@ -370,11 +371,10 @@ async fn check_sandbox(mode: SandboxMode) -> Check {
                     .into(),
             ),
         ),
-        SandboxMode::Auto => match Sandbox::new(SandboxMode::Auto).check().await {
-            Ok(_) => {
-                let path = std::env::var("PATH").unwrap_or_default();
-                let bwrap = search_path("bwrap", &path)
-                    .unwrap_or_else(|| PathBuf::from(agentry_runner::sandbox::DEFAULT_BWRAP));
+        SandboxMode::Auto => match Sandbox::new(SandboxMode::Auto).launcher().await {
+            Ok(bwrap) => {
+                let bwrap =
+                    bwrap.unwrap_or_else(|| PathBuf::from(agentry_runner::sandbox::DEFAULT_BWRAP));
                 Check::ok(NAME, format!("bubblewrap works ({})", bwrap.display()))
             }
             // The runner's message names its fix.
@@ -872,18 +872,6 @@ fn unpriced_models(table: &PriceTable, repos: &[Repository]) -> Vec<(String, Vec
         }
     }
     unpriced
-}
-
-/// The first executable file `name` in the absolute directories of `path`.
-fn search_path(name: &str, path: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::split_paths(OsStr::new(path))
-        .filter(|dir| dir.is_absolute())
-        .map(|dir| dir.join(name))
-        .find(|candidate| {
-            std::fs::metadata(candidate)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
 }
 
 /// `text` trimmed and cut to [`QUOTED_CHARS`] characters.
