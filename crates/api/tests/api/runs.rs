@@ -1125,12 +1125,13 @@ async fn a_monthly_budget_stops_spending_at_its_line_postgres() {
 }
 
 /// A Codex repository with a $0.02 monthly budget: Codex has no budget option, so agentry
-/// prices its usage events as they arrive and stops the run after the event that reaches
-/// the allowance. The fake prints three turns a second apart (turn k costs k × $0.0049375)
-/// and then waits long, so only that stop ends it: stopped after the third turn, the task
-/// fails with "budget reached", no pull request is opened, and the run's cost is exactly
-/// the priced usage before the stop. The overshoot is measured: $0.029625 − $0.02, less
-/// than the cost of the last usage event ($0.0148125).
+/// prices each model call Codex records in its session file and stops the run after the
+/// call that reaches the allowance. The fake makes three calls a second apart (call k costs
+/// k × $0.0049375) and then waits long before it would print its usage (as Codex, only at
+/// the end), so only that stop ends it: stopped after the third call, the task fails with
+/// "budget reached", no pull request is opened, and the run's cost is exactly the priced
+/// calls before the stop. The overshoot is measured: $0.029625 − $0.02, less than the cost
+/// of the last call ($0.0148125).
 async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
     let mut rig = Rig::new(db);
     let app = app!(rig);
@@ -1167,8 +1168,10 @@ async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
     assert_eq!(runs.len(), 1, "{task:#}");
     assert_eq!(runs[0]["outcome"], "failed");
     assert_eq!(runs[0]["costUsd"], "0.029625");
-    assert_eq!(runs[0]["turns"], 3);
-    // Six one-turn units of tokens: 1 + 2 + 3.
+    // Stopped before Codex printed its one `turn.completed`: no turn completed (`turns`
+    // counts those; the three calls are in the tokens and the cost).
+    assert_eq!(runs[0]["turns"], 0);
+    // Six one-call units of tokens: 1 + 2 + 3.
     assert_eq!(runs[0]["outputTokens"], 1800);
     assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
     // The overshoot beyond the allowance, and the last usage event's cost that bounds it.
@@ -1176,7 +1179,7 @@ async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
     let recorded = nanos(task["costUsd"].as_str().unwrap());
     let overshoot = recorded - nanos("0.02");
     assert_eq!(overshoot, nanos("0.009625"));
-    // The cumulative cost after the second turn was under the allowance.
+    // The cumulative cost after the second call was under the allowance.
     let last_event = recorded - nanos("0.0148125");
     assert!(
         0 < overshoot && overshoot < last_event,

@@ -1,12 +1,15 @@
 //! A Codex run is held to its allowance by agentry (docs/budgets.md, "During a run"):
-//! through [`LocalRunner`] with the fake `codex`'s `[fake:turns=N]` (several priced turns),
-//! `[fake:pause=S]` (a second between them, so a stop that came too early would cut the
-//! run short of its later turns) and `[fake:hold=S]` (a long wait after the last, so only a
-//! stop ends the run), a local bare repository as the remote, in the sandbox mode of the
-//! test suite. The run is stopped after the usage event whose priced cost reaches the
-//! allowance, fails with "budget reached", and reports exactly the cost of everything
-//! printed before the stop. The overshoot (recorded cost − allowance) is measured: less
-//! than the cost of that last event.
+//! through [`LocalRunner`] with the fake `codex`'s `[fake:turns=N]` (N priced model calls in
+//! one turn, call k costing k units), `[fake:pause=S]` (a wait between calls, longer than the
+//! runner's [`POLL_INTERVAL`], so a stop that came a call too late would show the later
+//! calls) and `[fake:hold=S]` (a long wait after the last call, before the one `turn.completed`
+//! that Codex prints at the very end, so only a stop ends the run), a local bare repository
+//! as the remote, in the sandbox mode of the test suite. As the real CLI, the fake prints no
+//! usage until the end: the runner prices each call from the `token_usage_record` lines of
+//! the run's Codex session file, which it reads every [`POLL_INTERVAL`]. The run is stopped
+//! once the priced calls reach the allowance, fails with "budget reached", and records
+//! exactly the cost of the calls it made. The overshoot (recorded cost − allowance) is
+//! measured: less than the cost of that last call.
 #![allow(
     clippy::unwrap_used,
     reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::support::{PATH, fake, git, seeded_bare};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
-use agentry_runner::process::Ended;
+use agentry_runner::process::{Ended, POLL_INTERVAL};
 use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
 use agentry_runner::{
     AgentOutcome, AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner,
@@ -31,11 +34,17 @@ use uuid::Uuid;
 
 const MODEL: &str = "gpt-5-codex";
 
-/// How long the fake waits after its last turn: far longer than any test waits, so a run
+/// How long the fake waits after its last call: far longer than any test waits, so a run
 /// that ends before it was stopped by agentry.
 const HOLD_SECS: u64 = 300;
 
-/// The priced cost after turn `k` of `[fake:turns=N]` with gpt-5-codex: turn j uses
+/// The fake's wait between calls: three polls of the session file, so the stop after the
+/// call that reaches the allowance comes before the next call.
+fn pause_secs() -> u64 {
+    3 * POLL_INTERVAL.as_secs().max(1)
+}
+
+/// The priced cost after call `k` of `[fake:turns=N]` with gpt-5-codex: call j uses
 /// j × (2000 input of which 500 cached, 300 output) tokens, and one such unit costs
 /// (1500 × 1.25 + 500 × 0.125 + 300 × 10) / 10⁶ = 0.0049375 USD.
 fn cumulative(k: i64) -> Usd {
@@ -108,6 +117,11 @@ impl Rig {
 
     async fn run(&self, job: Job) -> Execution {
         let (_cancel, cancel) = watch::channel(false);
+        self.run_until(job, cancel).await
+    }
+
+    /// Runs `job`, cancelled when `cancel` turns true.
+    async fn run_until(&self, job: Job, cancel: watch::Receiver<bool>) -> Execution {
         self.runner
             .execute(
                 job,
@@ -117,6 +131,28 @@ impl Rig {
                 },
             )
             .await
+    }
+
+    /// The usage records of the Codex session files of a task's first attempt.
+    fn calls_recorded(&self, task_id: Uuid) -> Vec<serde_json::Value> {
+        let mut found = Vec::new();
+        let mut dirs = vec![self.home(task_id).join(".codex/sessions")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    found.extend(
+                        text.lines()
+                            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                            .filter(|l| l["type"] == "token_usage_record"),
+                    );
+                }
+            }
+        }
+        found
     }
 
     fn home(&self, task_id: Uuid) -> PathBuf {
@@ -149,21 +185,25 @@ fn failure(execution: &Execution) -> &str {
     }
 }
 
-/// Runs `turns` turns, a second apart, then a long hold, under `allowance`, which the last
-/// turn's usage event reaches, and checks the stop: the run ended by it, the recorded cost
-/// exactly the priced usage of all the turns, nothing committed or pushed. Returns the
-/// measured overshoot.
-async fn stopped_after(allowance: Usd, turns: i64) -> Usd {
+/// Runs `calls` model calls, [`pause_secs`] apart, then a long hold, under `allowance`,
+/// which the priced calls reach at call `stop`, and checks the stop: the run ended by it
+/// right after that call (the later calls never made), the recorded cost exactly the priced
+/// usage of the calls made, no usage printed (Codex prints it only at the end), nothing
+/// committed or pushed. Returns the measured overshoot.
+async fn stopped_after(allowance: Usd, calls: i64, stop: i64) -> Usd {
     let rig = Rig::new();
     let task_id = Uuid::new_v4();
-    let prompt = format!("Costly work [fake:turns={turns}] [fake:pause=1] [fake:hold={HOLD_SECS}]");
+    let prompt = format!(
+        "Costly work [fake:turns={calls}] [fake:pause={}] [fake:hold={HOLD_SECS}]",
+        pause_secs()
+    );
     let started = Instant::now();
     let execution = rig
         .run(rig.job(task_id, MODEL, Some(allowance), &prompt))
         .await;
     let elapsed = started.elapsed();
 
-    // Only the stop can have ended it this early: the fake holds after its last turn.
+    // Only the stop can have ended it this early: the fake holds after its last call.
     assert!(elapsed < Duration::from_secs(HOLD_SECS / 2), "{elapsed:?}");
     assert_eq!(
         execution.ended,
@@ -173,7 +213,7 @@ async fn stopped_after(allowance: Usd, turns: i64) -> Usd {
     );
     let message = failure(&execution);
     assert!(message.starts_with("budget reached: "), "{message}");
-    let cost = cumulative(turns);
+    let cost = cumulative(stop);
     assert!(
         message.contains(&format!("reached {cost} USD"))
             && message.contains(&format!("limit was {allowance} USD")),
@@ -181,9 +221,8 @@ async fn stopped_after(allowance: Usd, turns: i64) -> Usd {
     );
     let report = execution.report.as_ref().unwrap();
     assert_eq!(report.outcome, AgentOutcome::MaxBudget);
-    assert_eq!(report.turns, Some(i32::try_from(turns).unwrap()));
     assert_eq!(report.cost_usd, Some(cost), "{:?}", report.warnings);
-    let units = turns * (turns + 1) / 2;
+    let units = stop * (stop + 1) / 2;
     assert_eq!(
         (
             report.input_tokens,
@@ -192,48 +231,76 @@ async fn stopped_after(allowance: Usd, turns: i64) -> Usd {
         ),
         (2000 * units, 500 * units, 300 * units)
     );
-    // The output ends with the usage event that reached the allowance.
-    let last = execution
-        .output
-        .lines()
-        .rfind(|line| line.starts_with('{'))
-        .unwrap();
-    assert!(last.contains("\"turn.completed\""), "{}", execution.output);
+    // Codex printed no usage (a stopped run never does): the cost is the session file's.
+    // No turn completed; `turns` counts Codex's `turn.completed` events.
+    assert!(
+        !execution.output.contains("\"turn.completed\""),
+        "{}",
+        execution.output
+    );
+    assert_eq!(report.turns, Some(0));
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains(&format!("the {stop} model calls"))),
+        "{:?}",
+        report.warnings
+    );
+    // The calls made: `stop` of them, none after the one that reached the allowance.
+    let recorded = rig.calls_recorded(task_id);
     assert_eq!(
-        execution.output.matches("\"turn.started\"").count(),
-        usize::try_from(turns).unwrap()
+        recorded.len(),
+        usize::try_from(stop).unwrap(),
+        "{recorded:?}"
+    );
+    assert_eq!(
+        execution.output.matches("\"agent_message\"").count(),
+        usize::try_from(stop).unwrap(),
+        "{}",
+        execution.output
     );
     // A stopped run publishes nothing.
     assert!(rig.remote_branch(task_id).is_empty());
 
-    // The overshoot: what was spent beyond the allowance, never more than the last event.
+    // The overshoot: what was spent beyond the allowance, less than the last call.
     let overshoot = Usd::from_nanos(cost.to_nanos() - allowance.to_nanos()).unwrap();
-    let last_event = Usd::from_nanos(cost.to_nanos() - cumulative(turns - 1).to_nanos()).unwrap();
-    assert!(overshoot < last_event, "{overshoot} ≥ {last_event}");
+    let last_call = Usd::from_nanos(cost.to_nanos() - cumulative(stop - 1).to_nanos()).unwrap();
+    assert!(overshoot < last_call, "{overshoot} ≥ {last_call}");
     overshoot
 }
 
-/// An allowance between the cumulative costs of turns 2 and 3: the run goes on past turns
-/// 1 and 2, is stopped after turn 3's usage event, and the overshoot is that turn's cost
-/// minus what was left of the allowance.
+/// An allowance between the cumulative costs of calls 2 and 3 of 5: the run goes on past
+/// calls 1 and 2, is stopped after call 3 (before call 4, a pause later), and the overshoot
+/// is that call's cost minus what was left of the allowance.
 #[tokio::test]
-async fn a_codex_run_is_stopped_after_the_usage_event_that_passes_its_allowance() {
+async fn a_codex_run_is_stopped_after_the_model_call_that_passes_its_allowance() {
     // Cumulative: 0.0049375, 0.0148125, 0.029625, 0.049375, 0.0740625.
     let allowance = usd("0.02");
-    let overshoot = stopped_after(allowance, 3).await;
-    // 0.029625 − 0.02: the third turn (0.0148125) began with 0.0051875 left.
+    let overshoot = stopped_after(allowance, 5, 3).await;
+    // 0.029625 − 0.02: the third call (0.0148125) began with 0.0051875 left.
     assert_eq!(overshoot, usd("0.009625"));
 }
 
-/// An allowance that the priced usage reaches exactly stops the run there, with nothing
+/// An allowance that the priced calls reach exactly stops the run there, with nothing
 /// spent beyond it.
 #[tokio::test]
 async fn a_codex_run_whose_usage_reaches_its_allowance_exactly_is_stopped_without_overshoot() {
-    let overshoot = stopped_after(cumulative(2), 2).await;
+    let overshoot = stopped_after(cumulative(2), 4, 2).await;
     assert_eq!(overshoot, Usd::ZERO);
 }
 
-/// A run whose priced usage stays under its allowance runs to its end and is published.
+/// The stop also works when the call that reaches the allowance is the last one, during the
+/// hold before Codex would print its usage (the shape of `a_codex_run_is_stopped_at_its_allowance`
+/// in the API's tests).
+#[tokio::test]
+async fn a_codex_run_reaching_its_allowance_on_its_last_call_is_stopped_before_its_usage() {
+    let overshoot = stopped_after(usd("0.02"), 3, 3).await;
+    assert_eq!(overshoot, usd("0.009625"));
+}
+
+/// A run whose priced usage stays under its allowance runs to its end and is published; its
+/// usage printed at the end agrees with its session file.
 #[tokio::test]
 async fn a_codex_run_under_its_allowance_finishes() {
     let rig = Rig::new();
@@ -255,8 +322,49 @@ async fn a_codex_run_under_its_allowance_finishes() {
     let report = execution.report.as_ref().unwrap();
     assert_eq!(report.outcome, AgentOutcome::Success);
     assert_eq!(report.cost_usd, Some(cumulative(4)));
-    assert_eq!(report.turns, Some(4));
+    // One turn of four model calls, its usage printed once at the end.
+    assert_eq!(report.turns, Some(1));
+    assert_eq!(execution.output.matches("\"turn.completed\"").count(), 1);
+    assert_eq!(rig.calls_recorded(task_id).len(), 4);
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
     assert!(!rig.remote_branch(task_id).is_empty());
+}
+
+/// A Codex run cancelled before its usage was printed is priced from its session file: the
+/// calls it made, exactly.
+#[tokio::test]
+async fn a_cancelled_codex_run_records_the_cost_of_its_calls() {
+    let rig = Rig::new();
+    let task_id = Uuid::new_v4();
+    let (cancel, cancelled) = watch::channel(false);
+    let job = rig.job(
+        task_id,
+        MODEL,
+        None,
+        &format!("Long work [fake:turns=2] [fake:hold={HOLD_SECS}]"),
+    );
+    let run = rig.run_until(job, cancelled);
+    let watch = async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while rig.calls_recorded(task_id).len() < 2 {
+            assert!(Instant::now() < deadline, "the calls were never recorded");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.send(true).unwrap();
+    };
+    let (execution, ()) = tokio::join!(run, watch);
+    assert_eq!(execution.verdict, Verdict::Cancelled);
+    assert_eq!(execution.ended, Some(Ended::Cancelled));
+    assert!(!execution.output.contains("\"turn.completed\""));
+    let report = execution.report.as_ref().unwrap();
+    assert_eq!(
+        report.cost_usd,
+        Some(cumulative(2)),
+        "{:?}",
+        report.warnings
+    );
+    assert_eq!(report.output_tokens, 300 * 3);
+    assert!(rig.remote_branch(task_id).is_empty());
 }
 
 /// The allowance of a Codex run on a model without a price cannot be enforced: the run
@@ -280,7 +388,8 @@ async fn a_capped_codex_run_of_an_unpriced_model_does_not_start() {
     // The fake writes its arguments first thing: it never ran.
     assert!(!rig.home(task_id).join("args").exists());
 
-    // Without an allowance the same model runs (its cost unknown, as before).
+    // Without an allowance the same model runs (its cost unknown, as before), its calls
+    // recorded but not priced.
     let task_id = Uuid::new_v4();
     let execution = rig
         .run(rig.job(task_id, "gpt-9-unpriced", None, "Anything"))
@@ -290,5 +399,15 @@ async fn a_capped_codex_run_of_an_unpriced_model_does_not_start() {
         "{:?}",
         execution.verdict
     );
-    assert_eq!(execution.report.unwrap().cost_usd, None);
+    assert_eq!(rig.calls_recorded(task_id).len(), 1);
+    let report = execution.report.unwrap();
+    assert_eq!(report.cost_usd, None);
+    assert!(
+        report
+            .cost_unknown
+            .as_deref()
+            .is_some_and(|why| why.contains("gpt-9-unpriced")),
+        "{:?}",
+        report.cost_unknown
+    );
 }

@@ -329,6 +329,255 @@ fn codex_cost_so_far_prices_each_usage_event_as_it_arrives() {
     assert!(!parser.allowance_reached());
 }
 
+// ------------------------------------------- recorded from the real CLIs (fixtures/README.md)
+
+/// The JSON number text of `"key":` in the last line of `text` that has it: what the CLI
+/// printed, before any parsing.
+fn printed_number(text: &str, key: &str) -> String {
+    let needle = format!("\"{key}\":");
+    let line = text.lines().rfind(|l| l.contains(&needle)).unwrap();
+    let start = line.find(&needle).unwrap() + needle.len();
+    line[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'))
+        .collect()
+}
+
+/// A printed cost as agentry records it: the exact decimal of the text, rounded half away
+/// from zero to nano-dollars (9 decimals); here checked against the binary float the CLI
+/// summed, rounded the same way.
+fn recorded_from_float(printed: &str) -> Usd {
+    let float: f64 = printed.parse().unwrap();
+    #[allow(clippy::cast_possible_truncation, reason = "small test amounts")]
+    Usd::from_nanos((float * 1e9).round() as i64).unwrap()
+}
+
+#[test]
+fn claude_real_success() {
+    let text = fixture("claude_real_success.jsonl");
+    let r = parse_claude(&text);
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_eq!(printed_number(&text, "total_cost_usd"), "0.0195");
+    assert_eq!(cost(&r).as_deref(), Some("0.0195"));
+    assert_eq!(r.model.as_deref(), Some("claude-sonnet-5"));
+    // modelUsage, the side request included: 2400 in + 8000 cache read + 2000 cache write.
+    assert_eq!(r.input_tokens, 2400 + 8000 + 2000);
+    assert_eq!(r.cache_read_tokens, 8000);
+    assert_eq!(r.cache_write_tokens, 2000);
+    assert_eq!(r.output_tokens, 160);
+    // One tool call and the final answer.
+    assert_eq!(r.turns, Some(2));
+    assert_eq!(
+        r.final_text.as_deref(),
+        Some("Done: added a line to AGENT_NOTES.md. (fake-models run r7e74d5b2fb9d)")
+    );
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+/// A binary-float cost (`0.006500000000000001`) is recorded as the printed number rounded
+/// to 9 decimals: 0.0065.
+#[test]
+fn claude_real_review_in_a_bare_mirror_worktree() {
+    let text = fixture("claude_real_review_bare_mirror_worktree.jsonl");
+    let r = parse_claude(&text);
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    let printed = printed_number(&text, "total_cost_usd");
+    assert_eq!(printed, "0.006500000000000001");
+    assert_eq!(r.cost_usd, Some(usd("0.0065")));
+    assert_eq!(r.cost_usd, Some(recorded_from_float(&printed)));
+    assert_eq!(r.cost_usd, Some(Usd::from_json_number(&printed).unwrap()));
+    assert_eq!(r.model.as_deref(), Some("claude-haiku-4-5-20251001"));
+    assert_eq!(r.turns, Some(2));
+    assert_eq!(
+        (
+            r.input_tokens,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+            r.output_tokens
+        ),
+        (2400 + 8000 + 2000, 8000, 2000, 160)
+    );
+    // The refused `git diff` is in the final text, not an error of the run.
+    assert_eq!(
+        r.final_text.as_deref(),
+        Some(
+            "fake-models review (fake-models run rc80d4f1502e1). Looks fine. What the command \
+             gave: refused: This command requires approval"
+        )
+    );
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn claude_real_max_budget() {
+    let text = fixture("claude_real_max_budget.jsonl");
+    let r = parse_claude(&text);
+    assert_eq!(r.outcome, AgentOutcome::MaxBudget);
+    let printed = printed_number(&text, "total_cost_usd");
+    assert_eq!(printed, "1.5007500000000003");
+    // Over the $0.5 cap by the one call that crossed it.
+    assert_eq!(r.cost_usd, Some(usd("1.50075")));
+    assert_eq!(r.cost_usd, Some(recorded_from_float(&printed)));
+    assert_eq!(r.turns, Some(1));
+    assert_eq!((r.input_tokens, r.output_tokens), (400_200, 20_010));
+    assert_eq!(r.final_text, None);
+    assert_eq!(r.outcome.describe(), "the spending limit was reached");
+}
+
+#[test]
+fn claude_real_api_error() {
+    let r = parse_claude(&fixture("claude_real_api_error.jsonl"));
+    assert_eq!(
+        r.outcome,
+        AgentOutcome::ApiError {
+            status: Some(400),
+            message: "fake-models refuses this request (API-ERROR)".into()
+        }
+    );
+    assert_eq!(
+        r.outcome.describe(),
+        "model API error 400: fake-models refuses this request (API-ERROR)"
+    );
+    assert!(!r.outcome.is_success());
+    // The session-title side request was answered and is paid for.
+    assert_eq!(cost(&r).as_deref(), Some("0.00075"));
+    assert_eq!(r.model.as_deref(), Some("claude-sonnet-5"));
+    assert_eq!((r.input_tokens, r.output_tokens), (200, 10));
+    assert_eq!(r.turns, Some(1));
+}
+
+/// Recorded here: Claude Code answering SIGINT (what agentry sends first to stop a run)
+/// with an `error_during_execution` result that has the cost so far.
+#[test]
+fn claude_real_sigint() {
+    let r = parse_claude(&fixture("claude_real_sigint.jsonl"));
+    assert_eq!(
+        r.outcome,
+        AgentOutcome::Error(
+            "error_during_execution: [ede_diagnostic] result_type=user last_content_type=n/a \
+             stop_reason=tool_use"
+                .into()
+        )
+    );
+    // The first call and the title request; the call interrupted is not in it.
+    assert_eq!(cost(&r).as_deref(), Some("0.0129"));
+    assert_eq!(r.turns, Some(3));
+    assert_eq!((r.input_tokens, r.output_tokens), (1200 + 3000 + 2000, 60));
+    assert_eq!(r.final_text, None);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+/// Recorded here: `--max-turns 2`; the real CLI counts one more turn than its limit.
+#[test]
+fn claude_real_max_turns() {
+    let r = parse_claude(&fixture("claude_real_max_turns.jsonl"));
+    assert_eq!(r.outcome, AgentOutcome::MaxTurns);
+    assert_eq!(r.turns, Some(3));
+    assert_eq!(cost(&r).as_deref(), Some("0.02505"));
+    assert_eq!(r.final_text, None);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+/// `codex exec --json --model gpt-5`: one `turn.completed` at the end with every call
+/// summed, priced with the built-in table; the metadata noise (an `error` item) is ignored.
+#[test]
+fn codex_real_exec() {
+    let r = parse_codex(
+        &fixture("codex_real_exec.jsonl"),
+        "gpt-5",
+        &PriceTable::builtin(),
+    );
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_eq!(
+        (
+            r.input_tokens,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+            r.output_tokens
+        ),
+        (9000, 4000, 0, 210)
+    );
+    // (5000 × 1.25 + 4000 × 0.125 + 210 × 10) / 10⁶
+    assert_eq!(cost(&r).as_deref(), Some("0.00885"));
+    assert_eq!(r.turns, Some(1));
+    assert_eq!(r.model.as_deref(), Some("gpt-5"));
+    assert_eq!(
+        r.final_text.as_deref(),
+        Some("Done: added a line to AGENT_NOTES.md. (fake-models run caca84b6f5718)")
+    );
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn codex_real_api_error() {
+    let r = parse_codex(
+        &fixture("codex_real_api_error.jsonl"),
+        "gpt-5",
+        &PriceTable::builtin(),
+    );
+    assert_eq!(
+        r.outcome,
+        AgentOutcome::ApiError {
+            status: Some(400),
+            message: "fake-models refuses this request (API-ERROR)".into()
+        }
+    );
+    assert_eq!(
+        r.outcome.describe(),
+        "model API error 400: fake-models refuses this request (API-ERROR)"
+    );
+    assert_eq!(r.cost_usd, None);
+    assert_eq!(r.turns, Some(0));
+}
+
+/// Recorded here: Codex stopped by SIGINT after one answered call prints no usage; its
+/// session file (recorded with it) has the call, which agentry prices.
+#[test]
+fn codex_real_sigint_is_priced_from_its_session_file() {
+    let stdout = fixture("codex_real_sigint.jsonl");
+    let prices = PriceTable::builtin();
+    let r = parse_codex(&stdout, "gpt-5", &prices);
+    assert!(
+        matches!(r.outcome, AgentOutcome::Unparseable(_)),
+        "{:?}",
+        r.outcome
+    );
+    assert_eq!(r.cost_usd, None);
+
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join(".codex/sessions/2026/11/25");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("rollout-2026-11-25T21-48-35-01a214ae-95ae-70f2-872d-031c5e8dfcee.jsonl"),
+        fixture("codex_real_sigint_rollout.jsonl"),
+    )
+    .unwrap();
+    let mut parser = OutputParser::codex("gpt-5", &prices).with_codex_home(home.path(), &prices);
+    parser.feed(stdout.as_bytes());
+    parser.poll();
+    // (2000 × 1.25 + 1000 × 0.125 + 100 × 10) / 10⁶, the model of the session's turn_context.
+    assert_eq!(parser.cost_so_far(), Some(usd("0.003625")));
+    let r = parser.finish();
+    assert_eq!(r.cost_usd, Some(usd("0.003625")));
+    assert_eq!(r.cost_unknown, None);
+    assert_eq!(
+        (
+            r.input_tokens,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+            r.output_tokens
+        ),
+        (3000, 1000, 0, 100)
+    );
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("the 1 model calls Codex recorded")),
+        "{:?}",
+        r.warnings
+    );
+}
+
 // ---------------------------------------------------------------- Price table
 
 #[test]
@@ -498,6 +747,15 @@ const FIXTURES: &[&str] = &[
     "codex_success.jsonl",
     "codex_turn_failed.jsonl",
     "codex_truncated.jsonl",
+    "claude_real_success.jsonl",
+    "claude_real_max_budget.jsonl",
+    "claude_real_api_error.jsonl",
+    "claude_real_review_bare_mirror_worktree.jsonl",
+    "claude_real_sigint.jsonl",
+    "claude_real_max_turns.jsonl",
+    "codex_real_exec.jsonl",
+    "codex_real_api_error.jsonl",
+    "codex_real_sigint.jsonl",
 ];
 
 /// Applies byte edits (position, new byte or deletion) to `text`, lossily back to UTF-8.
