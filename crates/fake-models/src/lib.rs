@@ -16,7 +16,9 @@
 //! * Codex: `CODEX_API_KEY=`[`FakeModels::key`] `codex -c
 //!   'openai_base_url="`[`FakeModels::openai_base_url`]`"' exec --json --model gpt-5.5
 //!   --dangerously-bypass-approvals-and-sandbox -` (Codex ignores `OPENAI_BASE_URL`, and
-//!   `codex exec` ignores `OPENAI_API_KEY`).
+//!   `codex exec` ignores `OPENAI_API_KEY`). With the GPT-6 family (`gpt-6.1-sol`,
+//!   `gpt-6-luna`, `gpt-6-astra`) and `gpt-5.6-sol`, Codex works in [code
+//!   mode](#codexs-code-mode); the fake answers either way.
 //!
 //! ```
 //! use agentry_fake_models::{CallKind, FakeModels};
@@ -56,8 +58,9 @@
 //!   `response.in_progress`, then per output item `response.output_item.added`,
 //!   (`response.content_part.added`, `response.output_text.delta`,
 //!   `response.output_text.done`, `response.content_part.done`) or
-//!   (`response.function_call_arguments.delta`, `response.function_call_arguments.done`),
-//!   `response.output_item.done`, and `response.completed` with `usage` (`input_tokens`,
+//!   (`response.function_call_arguments.delta`, `response.function_call_arguments.done`) or,
+//!   for a `custom_tool_call`, (`response.custom_tool_call_input.delta`,
+//!   `response.custom_tool_call_input.done`), `response.output_item.done`, and `response.completed` with `usage` (`input_tokens`,
 //!   `input_tokens_details.cached_tokens`/`cache_write_tokens`, `output_tokens`,
 //!   `output_tokens_details.reasoning_tokens`, `total_tokens`); every event has a
 //!   `sequence_number`. Otherwise one JSON response object;
@@ -70,10 +73,13 @@
 //! provider's error shape; no input makes the fake panic.
 //!
 //! # The script
-//! A *main* call is a model call that offers tools (the agent loop); a *side* call offers
-//! none or, for Anthropic, asks for a JSON `output_config.format` (Claude Code's session
-//! title). Side calls get a short answer (JSON following the requested schema, e.g.
-//! `{"title": "fake-models title"}`, or text) and their own usage.
+//! A *main* call is a model call of the agent loop: one that offers tools (OpenAI: in its
+//! top-level `tools` or in an `additional_tools` input item), or continues by
+//! `previous_response_id` a conversation whose tools were offered earlier (the fake keeps
+//! the tools offered so far per response). A *side* call offers none or, for Anthropic, asks
+//! for a JSON `output_config.format` (Claude Code's session title). Side calls get a short
+//! answer (JSON following the requested schema, e.g. `{"title": "fake-models title"}`, or
+//! text) and their own usage.
 //!
 //! The conversation is driven by the agent's prompt: the first user message without its
 //! `<system-reminder>` sections (Claude Code), or the user messages that are not Codex's
@@ -81,22 +87,24 @@
 //! a *run tag* (`r` or `c` and 12 hex digits) that every answer names as `fake-models run
 //! TAG`; the fake finds it again in the assistant messages of the history, the
 //! `previous_response_id`, or the session (`x-claude-code-session-id`, `prompt_cache_key`).
-//! The step is the number of tool results in the conversation.
+//! The step is the number of tool results in the conversation (Anthropic `tool_result`
+//! blocks; OpenAI `function_call_output` and `custom_tool_call_output` items).
 //! * **Coding** (the default): each of the first N main calls (N = 1, or
 //!   `[model:calls=N]`) answers a short text (`I will add the notes. [fake-models run
 //!   TAG]`) and a tool call that writes `AGENT_NOTES.md` in the working directory: Claude
 //!   Code's `Write` with the absolute path its system prompt states (the whole file: line 1
 //!   to line k; `Bash` appending the line when there is no `Write` or no stated directory),
 //!   Codex's shell tool (`exec_command` with `cmd`, `shell_command`, or `shell` with a
-//!   `command` array, whichever the request offers) appending line k with `printf`. Line 1
+//!   `command` array, whichever the request offers; in code mode the custom tool `exec`)
+//!   appending line k with `printf`. Line 1
 //!   is `notes written by a real agent CLI (fake-models run TAG)`, line k `note k of N
 //!   written by a real agent CLI (fake-models run TAG)`. The next call answers `Done: added
 //!   a line to AGENT_NOTES.md. (fake-models run TAG)` (`added N lines` when N > 1).
 //! * **Review**: when the prompt has a command in single backticks that starts with `git
 //!   diff` (e.g. `` `git diff origin/main...HEAD` ``), call 1 runs exactly that command
-//!   (Claude Code's `Bash`, Codex's shell tool) and call 2 answers `fake-models review
-//!   (fake-models run TAG). What the command gave:\n` and the first 4000 characters of the
-//!   tool result.
+//!   (Claude Code's `Bash`, Codex's shell tool or code mode's `exec`) and call 2 answers
+//!   `fake-models review (fake-models run TAG). What the command gave:\n` and the first 4000
+//!   characters of the tool result (its text parts joined by newlines).
 //!
 //! Directives anywhere in the prompt:
 //! * `[model:api-error=CODE]`: every model call answers HTTP CODE (400–599) with the
@@ -110,6 +118,34 @@
 //!   wait SECS before answering, so a test can stop a run in the middle (the waiting call is
 //!   recorded at once, with `answered_at: None`);
 //! * `[model:calls=N]` (1–100): N tool calls before the final answer.
+//!
+//! # Codex's code mode
+//! With the GPT-6 family and `gpt-5.6-sol`, Codex 0.169.0 sends no top-level `tools` (and
+//! no `instructions`). Its tools come as an input item
+//! `{"type": "additional_tools", "role": "developer", "tools": [{"type": "namespace",
+//! "name": "functions", "tools": [{"type": "custom", "name": "exec", "format": {"type":
+//! "grammar", …}, "description"}, {"type": "function", "name": "wait", …}, …]}, {"type":
+//! "namespace", "name": "clock", …}, …]}`: over the WebSocket once, in the first call after
+//! the (tool-less, input-less) prewarm, later calls continuing by `previous_response_id` with
+//! only their new items; over HTTP at the head of the whole history, every call. `exec`
+//! runs JavaScript in a V8 isolate whose global `tools` object holds the nested tools
+//! (`await tools.exec_command({cmd})` resolves to `{output, exit_code, wall_time_seconds,
+//! …}`) and whose `text(value)` adds to the result.
+//!
+//! The fake opens the namespaces (a tool of namespace `functions` counts as one offered
+//! directly) and, when no shell function is offered, runs a command with the item
+//! `{"type": "custom_tool_call", "call_id", "name": "exec", "input"}` (no `namespace`),
+//! `input` being
+//! ```text
+//! const r = await tools.exec_command({cmd: "COMMAND AS A JSON STRING"});
+//! text(typeof r === "string" ? r : (r.output ?? JSON.stringify(r)));
+//! ```
+//! (`tools.shell_command({command})` when `exec`'s description declares only that one).
+//! Codex reports the nested command as a `command_execution` item and sends back
+//! `{"type": "custom_tool_call_output", "call_id", "output": [{"type": "input_text",
+//! "text": "Script completed\nWall time 0.1 seconds\nOutput:\n"}, {"type": "input_text",
+//! "text": "…what text() got…"}]}` (the second part only when the command printed
+//! something).
 //!
 //! # Usage numbers
 //! | call | Anthropic | OpenAI |
@@ -218,7 +254,8 @@ pub enum Transport {
 /// What a request was, for the conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum CallKind {
-    /// A model call of the agent loop (it offers tools): the scripted conversation.
+    /// A model call of the agent loop (it offers tools, or continues a conversation that
+    /// did): the scripted conversation.
     Main,
     /// A model call outside the agent loop (Claude Code's session title, anything that offers
     /// no tools or asks for a JSON `output_config.format`).

@@ -1,6 +1,7 @@
 //! The OpenAI Responses API as Codex uses it: `POST /v1/responses` (server-sent events, or
 //! one JSON answer), the WebSocket transport on `GET /v1/responses`, and `GET /v1/models`.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -102,6 +103,13 @@ enum Item {
         name: String,
         arguments: String,
     },
+    /// A call of a custom (freeform) tool: code mode's `exec` with JavaScript as `input`.
+    CustomToolCall {
+        id: String,
+        call_id: String,
+        name: String,
+        input: String,
+    },
 }
 
 impl Item {
@@ -121,8 +129,22 @@ impl Item {
                 "id": id, "type": "function_call", "status": "completed",
                 "arguments": arguments, "call_id": call_id, "name": name,
             }),
+            Item::CustomToolCall {
+                id,
+                call_id,
+                name,
+                input,
+            } => custom_call_json(id, call_id, name, input, "completed"),
         }
     }
+}
+
+/// A `custom_tool_call` item (code mode's `exec`; `input` is the tool's freeform text).
+fn custom_call_json(id: &str, call_id: &str, name: &str, input: &str, status: &str) -> Value {
+    json!({
+        "id": id, "type": "custom_tool_call", "status": status, "call_id": call_id,
+        "name": name, "input": input,
+    })
 }
 
 /// How a request ends: the events of an answer, or an error.
@@ -206,19 +228,95 @@ fn output_text(item: &Value) -> String {
     content_text(item.get("output").unwrap_or(&Value::Null))
 }
 
+/// The namespace Codex's code mode offers its own tools in (`exec`, `wait`, …): the one a
+/// tool without a namespace is in.
+const DEFAULT_NAMESPACE: &str = "functions";
+
+/// The tools a request offers, flattened: its top-level `tools` and the `tools` of its
+/// `additional_tools` input items (Codex's code mode), in order. A tool inside a
+/// `{"type": "namespace", "name", "tools"}` gets the namespace's name as `namespace`.
+fn offered_tools(body: &Value, input: &[Value]) -> Vec<Value> {
+    let mut out = Vec::new();
+    flatten_tools(body.get("tools"), None, &mut out);
+    for item in input {
+        if item.get("type").and_then(Value::as_str) == Some("additional_tools") {
+            flatten_tools(item.get("tools"), None, &mut out);
+        }
+    }
+    out
+}
+
+/// Appends the tools of `tools` (a JSON array, else nothing) to `out`, namespaces opened.
+fn flatten_tools(tools: Option<&Value>, namespace: Option<&str>, out: &mut Vec<Value>) {
+    for tool in tools.and_then(Value::as_array).into_iter().flatten() {
+        if !tool.is_object() {
+            continue;
+        }
+        if tool.get("type").and_then(Value::as_str) == Some("namespace") {
+            if namespace.is_none() {
+                let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+                flatten_tools(tool.get("tools"), Some(name), out);
+            }
+            continue;
+        }
+        let mut tool = tool.clone();
+        if let (Some(ns), Some(obj)) = (namespace, tool.as_object_mut()) {
+            obj.insert("namespace".into(), json!(ns));
+        }
+        out.push(tool);
+    }
+}
+
+/// `known` with `offered` added: an offered tool replaces a known one of the same name,
+/// type and namespace.
+fn merge_tools(known: &mut Vec<Value>, offered: Vec<Value>) {
+    let mut index: HashMap<(String, String, String), usize> = known
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (owned_key(t), i))
+        .collect();
+    for tool in offered {
+        let key = owned_key(&tool);
+        match index.get(&key).and_then(|&i| known.get_mut(i)) {
+            Some(old) => *old = tool,
+            None => {
+                index.insert(key, known.len());
+                known.push(tool);
+            }
+        }
+    }
+}
+
+/// [`tool_key`], owned.
+fn owned_key(tool: &Value) -> (String, String, String) {
+    let (namespace, name, kind) = tool_key(tool);
+    (namespace.to_owned(), name.to_owned(), kind.to_owned())
+}
+
+/// A tool's (namespace, name, type), the namespace [`DEFAULT_NAMESPACE`] when it has none.
+fn tool_key(tool: &Value) -> (&str, &str, &str) {
+    let field = |k: &str| tool.get(k).and_then(Value::as_str);
+    (
+        field("namespace").unwrap_or(DEFAULT_NAMESPACE),
+        field("name").unwrap_or_default(),
+        field("type").unwrap_or_default(),
+    )
+}
+
+/// The tool of `tools` with this type and name, in the default namespace.
+fn find_tool<'a>(tools: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    tools
+        .iter()
+        .find(|t| tool_key(t) == (DEFAULT_NAMESPACE, name, kind))
+}
+
 /// A shell tool call for `command` in the terms of the tools offered: `exec_command`
 /// (`{"cmd"}`), `shell_command` (`{"command": "…"}`) or `shell` (`{"command": ["bash",
 /// "-lc", "…"]}`), judged by each tool's parameters.
 fn shell_call(tools: &[Value], command: &str) -> Option<(String, String)> {
     const NAMES: [&str; 4] = ["exec_command", "shell_command", "shell", "container.exec"];
-    let function = |name: &str| {
-        tools.iter().find(|t| {
-            t.get("type").and_then(Value::as_str) == Some("function")
-                && t.get("name").and_then(Value::as_str) == Some(name)
-        })
-    };
     NAMES.iter().find_map(|name| {
-        let tool = function(name)?;
+        let tool = find_tool(tools, "function", name)?;
         let props = tool.get("parameters").and_then(|p| p.get("properties"));
         let has = |p: &str| props.and_then(|x| x.get(p));
         let arguments = if has("cmd").is_some() {
@@ -234,6 +332,31 @@ fn shell_call(tools: &[Value], command: &str) -> Option<(String, String)> {
         };
         Some(((*name).to_owned(), arguments.to_string()))
     })
+}
+
+/// A call of code mode's custom tool `exec` that runs `command`: the tool's `input` is
+/// JavaScript that calls the nested shell tool on the global `tools` object
+/// (`tools.exec_command({cmd})`, or `tools.shell_command({command})` when the tool's
+/// description declares only that one) and hands its `output` to `text(…)`. `None` when no
+/// custom `exec` is offered. Returns the tool's name and the JavaScript.
+fn code_mode_call(tools: &[Value], command: &str) -> Option<(String, String)> {
+    let tool = find_tool(tools, "custom", "exec")?;
+    let description = tool
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let declares = |name: &str| description.contains(&format!("{name}(args"));
+    let literal = Value::String(command.to_owned()).to_string();
+    let call = if !declares("exec_command") && declares("shell_command") {
+        format!("tools.shell_command({{command: {literal}}})")
+    } else {
+        format!("tools.exec_command({{cmd: {literal}}})")
+    };
+    let source = format!(
+        "const r = await {call};\n\
+         text(typeof r === \"string\" ? r : (r.output ?? JSON.stringify(r)));\n"
+    );
+    Some(("exec".to_owned(), source))
 }
 
 /// The output items of a main call's answer.
@@ -252,8 +375,8 @@ fn main_items(s: &mut State, tools: &[Value], step: Step) -> Vec<Item> {
                 ),
                 ToolAction::Run { command } => command.clone(),
             };
-            match shell_call(tools, &command) {
-                Some((name, arguments)) => vec![
+            if let Some((name, arguments)) = shell_call(tools, &command) {
+                vec![
                     message(s, intro),
                     Item::FunctionCall {
                         id: s.new_id("fc_", 32),
@@ -261,11 +384,22 @@ fn main_items(s: &mut State, tools: &[Value], step: Step) -> Vec<Item> {
                         name,
                         arguments,
                     },
-                ],
-                None => vec![message(
+                ]
+            } else if let Some((name, input)) = code_mode_call(tools, &command) {
+                vec![
+                    message(s, intro),
+                    Item::CustomToolCall {
+                        id: s.new_id("ctc_", 32),
+                        call_id: s.new_id("call_", 24),
+                        name,
+                        input,
+                    },
+                ]
+            } else {
+                vec![message(
                     s,
                     format!("fake-models: no shell tool is offered to run `{command}`"),
-                )],
+                )]
             }
         }
     }
@@ -392,6 +526,23 @@ fn events_of(
                     "output_index": index, "name": name, "arguments": arguments}),
                 );
             }
+            Item::CustomToolCall {
+                id: item_id,
+                call_id,
+                name,
+                input,
+            } => {
+                push(
+                    json!({"type": "response.output_item.added", "output_index": index,
+                    "item": custom_call_json(item_id, call_id, name, "", "in_progress")}),
+                );
+                for piece in pieces(input, 64) {
+                    push(json!({"type": "response.custom_tool_call_input.delta",
+                        "item_id": item_id, "output_index": index, "delta": piece}));
+                }
+                push(json!({"type": "response.custom_tool_call_input.done",
+                    "item_id": item_id, "output_index": index, "input": input}));
+            }
         }
         push(
             json!({"type": "response.output_item.done", "output_index": index,
@@ -506,11 +657,7 @@ fn model_call(
             _ => {}
         }
     }
-    if let Some(tools) = v.get("tools").and_then(Value::as_array)
-        && !tools.is_empty()
-    {
-        conversation.tools = tools.clone();
-    }
+    merge_tools(&mut conversation.tools, offered_tools(&v, &input));
     let session = v
         .get("prompt_cache_key")
         .and_then(Value::as_str)
@@ -854,6 +1001,74 @@ mod tests {
             Some(("shell".into(), r#"{"command":["bash","-lc","ls"]}"#.into()))
         );
         assert_eq!(shell_call(&[], "ls"), None);
+    }
+
+    #[test]
+    fn additional_tools_are_offered_with_their_namespaces() {
+        let body = json!({"tools": [{"type": "function", "name": "exec_command",
+            "parameters": {"properties": {"cmd": {}}}}]});
+        let input = json!([
+            {"type": "additional_tools", "tools": [
+                {"type": "namespace", "name": "functions", "tools": [
+                    {"type": "custom", "name": "exec"}, 7]},
+                {"type": "namespace", "name": "clock", "tools": [
+                    {"type": "namespace", "name": "nested", "tools": [{"name": "x"}]},
+                    {"type": "function", "name": "sleep"}]},
+                {"type": "function", "name": "plain"}]},
+            {"type": "additional_tools", "tools": "not a list"},
+            {"type": "message", "role": "user", "tools": [{"name": "ignored"}]}
+        ]);
+        let tools = offered_tools(&body, input.as_array().unwrap());
+        let keys: Vec<_> = tools.iter().map(tool_key).collect();
+        assert_eq!(
+            keys,
+            [
+                ("functions", "exec_command", "function"),
+                ("functions", "exec", "custom"),
+                ("clock", "sleep", "function"),
+                ("functions", "plain", "function")
+            ]
+        );
+        // A later offer adds tools, replacing the ones of the same key.
+        let mut known = tools.clone();
+        merge_tools(
+            &mut known,
+            vec![
+                json!({"type": "custom", "name": "exec", "namespace": "functions", "v": 2}),
+                json!({"type": "function", "name": "sleep"}),
+            ],
+        );
+        assert_eq!(known.len(), 5);
+        assert_eq!(known[1]["v"], 2);
+        // Only tools of the default namespace run commands.
+        let clock_exec = json!([{"type": "custom", "name": "exec", "namespace": "clock"}]);
+        assert_eq!(code_mode_call(clock_exec.as_array().unwrap(), "ls"), None);
+    }
+
+    #[test]
+    fn code_mode_runs_the_command_through_exec() {
+        let exec = json!([{"type": "custom", "name": "exec", "namespace": "functions",
+            "description": "declare const tools: { exec_command(args: { cmd: string; }) }"}]);
+        let (name, source) = code_mode_call(exec.as_array().unwrap(), "echo \"hi\" 'x'").unwrap();
+        assert_eq!(name, "exec");
+        assert_eq!(
+            source,
+            "const r = await tools.exec_command({cmd: \"echo \\\"hi\\\" 'x'\"});\n\
+             text(typeof r === \"string\" ? r : (r.output ?? JSON.stringify(r)));\n"
+        );
+        let shell = json!([{"type": "custom", "name": "exec",
+            "description": "declare const tools: { shell_command(args: { command: string; }) }"}]);
+        let (_, source) = code_mode_call(shell.as_array().unwrap(), "ls").unwrap();
+        assert!(source.starts_with(r#"const r = await tools.shell_command({command: "ls"});"#));
+        // A shell function offered directly wins over exec.
+        let both = json!([
+            {"type": "custom", "name": "exec"},
+            {"type": "function", "name": "exec_command", "parameters": {"properties": {"cmd": {}}}}
+        ]);
+        assert_eq!(
+            shell_call(both.as_array().unwrap(), "ls").map(|c| c.0),
+            Some("exec_command".into())
+        );
     }
 
     #[test]

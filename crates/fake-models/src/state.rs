@@ -24,7 +24,8 @@ pub(crate) struct Conversation {
     pub tool_results: u32,
     /// The newest tool result's text.
     pub last_result: Option<String>,
-    /// The `tools` of the latest request, for a continuation that sends none.
+    /// The tools offered so far (top-level `tools` and code mode's `additional_tools`,
+    /// flattened), for a continuation that sends none.
     pub tools: Vec<serde_json::Value>,
 }
 

@@ -108,10 +108,12 @@ pub fn anthropic_text(message: &Value) -> String {
 
 /// The final response of an OpenAI event stream, checked against its deltas: every
 /// `output_text.delta` adds up to its `output_text.done`, every function call's argument
-/// deltas to its `arguments`, and the sequence numbers count from 0.
+/// deltas to its `arguments`, every custom tool call's input deltas to its `input`, and the
+/// sequence numbers count from 0.
 pub fn assemble_openai(events: &[Value]) -> Value {
     let mut text = String::new();
     let mut arguments = String::new();
+    let mut input = String::new();
     let mut completed = Value::Null;
     for (n, event) in events.iter().enumerate() {
         assert_eq!(event["sequence_number"].as_u64(), Some(n as u64));
@@ -127,6 +129,13 @@ pub fn assemble_openai(events: &[Value]) -> Value {
             "response.function_call_arguments.done" => {
                 assert_eq!(event["arguments"].as_str().unwrap(), arguments);
                 arguments.clear();
+            }
+            "response.custom_tool_call_input.delta" => {
+                input.push_str(event["delta"].as_str().unwrap())
+            }
+            "response.custom_tool_call_input.done" => {
+                assert_eq!(event["input"].as_str().unwrap(), input);
+                input.clear();
             }
             "response.completed" => completed = event["response"].clone(),
             _ => {}

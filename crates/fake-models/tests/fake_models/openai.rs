@@ -23,6 +23,56 @@ fn tools() -> Value {
     ])
 }
 
+/// Codex's code mode (`gpt-6.1-sol`, abridged): no top-level `tools`; an input item
+/// `additional_tools` offers namespaces, `functions` holding the custom tool `exec`
+/// (JavaScript, whose nested tools include `exec_command`).
+fn additional_tools() -> Value {
+    json!({"type": "additional_tools", "role": "developer", "id": "at_1", "tools": [
+        {"type": "namespace", "name": "functions", "description": "", "tools": [
+            {"type": "custom", "name": "exec",
+             "description": "Run JavaScript code to orchestrate/compose tool calls\n- All nested tools are available on the global `tools` object, for example `await tools.exec_command(...)`.\n### `exec_command`\n```ts\ndeclare const tools: { exec_command(args: {\n  cmd: string;\n}): Promise<{\n  exit_code?: number;\n  output: string;\n}>; };\n```",
+             "format": {"type": "grammar", "syntax": "lark", "definition": "start: SOURCE\nSOURCE: /[\\s\\S]+/\n"}},
+            {"type": "function", "name": "wait", "strict": false, "parameters": {
+                "type": "object", "properties": {"cell_id": {"type": "string"}}}}
+        ]},
+        {"type": "namespace", "name": "clock", "description": "Time.", "tools": [
+            {"type": "function", "name": "sleep", "parameters": {"type": "object",
+                "properties": {"duration_ms": {"type": "number"}}}}
+        ]}
+    ]})
+}
+
+/// A code-mode request body: `input` (which should hold an `additional_tools` item when it
+/// starts a conversation) and no top-level `tools`.
+fn code_mode_body(input: &[Value], stream: bool) -> Value {
+    json!({"model": "gpt-6.1-sol", "input": input, "tool_choice": "auto",
+           "parallel_tool_calls": false, "store": false, "stream": stream,
+           "reasoning": {"context": "all_turns", "effort": "low"},
+           "prompt_cache_key": "thread-6"})
+}
+
+/// The `custom_tool_call` item of a response.
+fn custom_call(response: &Value) -> Value {
+    response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "custom_tool_call")
+        .cloned()
+        .unwrap_or_else(|| panic!("no custom tool call in {response}"))
+}
+
+/// What Codex sends back for a finished `exec`: a status text, then what `text(…)` gave.
+fn custom_output(call: &Value, text: &str) -> Value {
+    let mut output = vec![json!({"type": "input_text",
+        "text": "Script completed\nWall time 0.1 seconds\nOutput:\n"})];
+    if !text.is_empty() {
+        output.push(json!({"type": "input_text", "text": text}));
+    }
+    json!({"type": "custom_tool_call_output", "call_id": call["call_id"], "id": "ctco_1",
+           "output": output})
+}
+
 fn user(text: &str) -> Value {
     json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
 }
@@ -273,6 +323,108 @@ mod http {
     }
 
     #[test]
+    fn code_mode_offers_its_tools_in_an_additional_tools_item() {
+        let fake = FakeModels::start();
+        let mut input = vec![additional_tools()];
+        input.extend(first_input("Please add the notes. [model:calls=2]"));
+        let (events, response) = stream(&fake, &code_mode_body(&input, true));
+        let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        let mut kinds = types.clone();
+        kinds.dedup();
+        assert_eq!(
+            kinds[7..],
+            [
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        let tag = tag_in(&openai_text(&response));
+        let call = custom_call(&response);
+        assert_eq!(call["name"], "exec");
+        assert_eq!(call["status"], "completed");
+        assert!(call["call_id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call.get("namespace"), None);
+        let added = events
+            .iter()
+            .find(|e| {
+                e["type"] == "response.output_item.added" && e["item"]["type"] == "custom_tool_call"
+            })
+            .unwrap();
+        assert_eq!(added["item"]["input"], "");
+        assert_eq!(added["item"]["status"], "in_progress");
+        let line = format!("notes written by a real agent CLI (fake-models run {tag})");
+        let command = format!("printf '%s\\n' '{line}' >> AGENT_NOTES.md");
+        assert_eq!(
+            call["input"].as_str().unwrap(),
+            format!(
+                "const r = await tools.exec_command({{cmd: {}}});\n\
+                 text(typeof r === \"string\" ? r : (r.output ?? JSON.stringify(r)));\n",
+                json!(command)
+            )
+        );
+
+        // Over HTTP every call sends the whole history, the additional_tools item first.
+        let mut history = input.clone();
+        for n in 1..=2 {
+            let previous = if n == 1 {
+                response.clone()
+            } else {
+                stream(&fake, &code_mode_body(&history, true)).1
+            };
+            let call = custom_call(&previous);
+            history.extend(previous["output"].as_array().unwrap().iter().cloned());
+            history.push(custom_output(&call, ""));
+        }
+        let (_, last) = stream(&fake, &code_mode_body(&history, true));
+        assert_eq!(
+            openai_text(&last),
+            format!("Done: added 2 lines to AGENT_NOTES.md. (fake-models run {tag})")
+        );
+        let steps: Vec<Option<u32>> = fake.main_calls().iter().map(|c| c.step).collect();
+        assert_eq!(steps, [Some(0), Some(1), Some(2)]);
+        assert!(fake.side_calls().is_empty());
+
+        // The same request without the additional_tools item offers nothing: a side call.
+        let (_, side) = stream(&fake, &code_mode_body(&input[1..], true));
+        assert!(openai_text(&side).starts_with("fake-models side answer"));
+        assert_eq!(fake.side_calls().len(), 1);
+    }
+
+    #[test]
+    fn a_code_mode_review_quotes_what_exec_gave() {
+        let fake = FakeModels::start();
+        let mut input = vec![additional_tools()];
+        input.extend(first_input(
+            "Review: `git diff origin/main...HEAD`, then judge.",
+        ));
+        let (_, response) = stream(&fake, &code_mode_body(&input, true));
+        let call = custom_call(&response);
+        assert!(
+            call["input"].as_str().unwrap().starts_with(
+                r#"const r = await tools.exec_command({cmd: "git diff origin/main...HEAD"});"#
+            ),
+            "{call}"
+        );
+        input.extend(response["output"].as_array().unwrap().iter().cloned());
+        input.push(custom_output(&call, "diff --git a/x b/x\n+hello\n"));
+        let (_, response2) = stream(&fake, &code_mode_body(&input, true));
+        let tag = tag_in(&openai_text(&response));
+        assert_eq!(
+            openai_text(&response2),
+            format!(
+                "fake-models review (fake-models run {tag}). What the command gave:\n\
+                 Script completed\nWall time 0.1 seconds\nOutput:\n\n\
+                 diff --git a/x b/x\n+hello\n"
+            )
+        );
+        assert_eq!(fake.main_calls()[1].step, Some(1));
+    }
+
+    #[test]
     fn models_are_listed() {
         let fake = FakeModels::start();
         let response = Client::new()
@@ -449,6 +601,46 @@ mod websocket {
         assert_eq!(
             fake.usage_where(Provider::OpenAi, |_| true),
             Usage::sum([&OPENAI_MAIN_USAGE; 3])
+        );
+    }
+
+    #[tokio::test]
+    async fn code_mode_tools_offered_once_carry_over_the_chain() {
+        let fake = FakeModels::start();
+        let mut socket = connect(&fake).await;
+        // Codex's code-mode prewarm: no input, no tools.
+        let mut prewarm = code_mode_body(&[], true);
+        prewarm["type"] = json!("response.create");
+        prewarm["generate"] = json!(false);
+        let prewarmed = assemble_openai(&create(&mut socket, prewarm).await);
+        // The first call: the additional_tools item and the context, after the prewarm.
+        let mut input = vec![additional_tools()];
+        input.extend(first_input("Add notes"));
+        let mut frame = code_mode_body(&input, true);
+        frame["type"] = json!("response.create");
+        frame["previous_response_id"] = prewarmed["id"].clone();
+        let first = assemble_openai(&create(&mut socket, frame).await);
+        let tag = tag_in(&openai_text(&first));
+        let call = custom_call(&first);
+        // The continuation: only the exec's output; the tools come from the chain.
+        let mut frame = code_mode_body(&[custom_output(&call, "")], true);
+        frame["type"] = json!("response.create");
+        frame["previous_response_id"] = first["id"].clone();
+        let last = assemble_openai(&create(&mut socket, frame).await);
+        assert_eq!(
+            openai_text(&last),
+            format!("Done: added a line to AGENT_NOTES.md. (fake-models run {tag})")
+        );
+        let kinds: Vec<(CallKind, Option<u32>)> =
+            fake.calls().iter().map(|c| (c.kind, c.step)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (CallKind::Other, None),
+                (CallKind::Prewarm, None),
+                (CallKind::Main, Some(0)),
+                (CallKind::Main, Some(1))
+            ]
         );
     }
 

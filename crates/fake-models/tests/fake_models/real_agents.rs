@@ -517,6 +517,59 @@ fn assert_codex_rollout(ws: &Workspace, calls: &[Call]) {
     }
 }
 
+/// Whether Codex 0.169.0 runs `model` in code mode: no top-level `tools`, an
+/// `additional_tools` input item offering the custom tool `exec` (JavaScript), commands run
+/// through `tools.exec_command` inside it. So it does for the GPT-6 family and gpt-5.6-sol.
+fn code_mode(model: &str) -> bool {
+    model.starts_with("gpt-6") || model == "gpt-5.6-sol"
+}
+
+/// The `type`s of the input items of a call's body.
+fn input_types(call: &Call) -> Vec<String> {
+    call.body
+        .as_ref()
+        .and_then(|b| b["input"].as_array())
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i["type"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks how the answered main calls offered their tools and sent back the tool results:
+/// code mode's `additional_tools` and `custom_tool_call_output`, or top-level `tools` and
+/// `function_call_output`.
+fn assert_codex_tools(model: &str, calls: &[Call]) {
+    let main: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.kind == CallKind::Main && c.status == 200)
+        .collect();
+    let first = main.first().expect("a main call");
+    let types: Vec<String> = main.iter().flat_map(|c| input_types(c)).collect();
+    let count = |t: &str| types.iter().filter(|x| *x == t).count();
+    let results = main.iter().filter(|c| c.step.unwrap() >= 1).count();
+    if code_mode(model) {
+        assert!(
+            main.iter()
+                .all(|c| c.body.as_ref().unwrap().get("tools").is_none()),
+            "no top-level tools in code mode"
+        );
+        assert!(
+            input_types(first).contains(&"additional_tools".to_owned()),
+            "{:?}",
+            input_types(first)
+        );
+        assert!(count("custom_tool_call_output") >= results, "{types:?}");
+        assert_eq!(count("function_call_output"), 0, "{types:?}");
+    } else {
+        assert!(first.body.as_ref().unwrap()["tools"].is_array());
+        assert!(count("function_call_output") >= results, "{types:?}");
+        assert_eq!(count("custom_tool_call_output"), 0, "{types:?}");
+    }
+}
+
 /// Runs a coding conversation with Codex (the first main call failing with `fault`);
 /// returns the run's duration.
 fn codex_coding_run(
@@ -574,6 +627,7 @@ fn codex_coding_run(
     );
     assert_codex_usage(&turn, &calls);
     assert_codex_rollout(&ws, &calls);
+    assert_codex_tools(model, &calls);
     let main: Vec<Call> = fake
         .main_calls()
         .into_iter()
@@ -636,6 +690,88 @@ fn codex_with_a_model_without_metadata_and_custom_usage() {
 #[test]
 fn codex_falls_back_to_server_sent_events_when_the_websocket_is_refused() {
     codex_coding_run("gpt-5.5", "Please add a line to the notes.", false, None);
+}
+
+#[test]
+fn codex_in_code_mode_writes_the_notes_through_exec_over_the_websocket() {
+    codex_coding_run("gpt-6.1-sol", "Please add a line to the notes.", true, None);
+}
+
+#[test]
+fn codex_in_code_mode_falls_back_to_server_sent_events() {
+    codex_coding_run(
+        "gpt-6.1-sol",
+        "Please add lines to the notes. [model:calls=2] [model:usage=500,60,200,30,7]",
+        false,
+        None,
+    );
+}
+
+#[test]
+fn codex_with_its_review_model_writes_the_notes() {
+    codex_coding_run("gpt-6-luna", "Please add a line to the notes.", true, None);
+}
+
+#[test]
+fn codex_in_code_mode_reviews_the_diff() {
+    codex_review_run("gpt-6.1-sol");
+}
+
+#[test]
+fn codex_reviews_the_diff() {
+    codex_review_run("gpt-5.5");
+}
+
+/// Runs a review conversation with Codex on a branch one commit ahead of `origin/main`.
+fn codex_review_run(model: &str) {
+    let Some(bin) = cli("AGENTRY_TEST_CODEX_BIN") else {
+        return;
+    };
+    let fake = FakeModels::start();
+    let ws = Workspace::new(true);
+    let mut child = ws.spawn(
+        codex_command(&ws, &bin, &fake, model),
+        "Review this branch: run `git diff origin/main...HEAD` and report.",
+    );
+    let status = ws.wait(&mut child, RUN_DEADLINE);
+    assert!(status.success(), "{status}; {}", ws.output());
+    let events = ws.events();
+    let turn = events.last().cloned().unwrap_or_default();
+    assert_eq!(turn["type"], "turn.completed", "{}", ws.output());
+    let tags = fake.run_tags();
+    assert_eq!(tags.len(), 1, "{tags:?}");
+    let text = events
+        .iter()
+        .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
+        .filter_map(|e| e["item"]["text"].as_str())
+        .next_back()
+        .unwrap_or_else(|| panic!("no agent message; {}", ws.output()))
+        .to_owned();
+    assert!(
+        text.starts_with(&format!(
+            "fake-models review (fake-models run {}). What the command gave:\n",
+            tags[0]
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("+hello from the feature branch"),
+        "the review saw the diff: {text}"
+    );
+    assert!(
+        events.iter().any(|e| e["type"] == "item.completed"
+            && e["item"]["type"] == "command_execution"
+            && e["item"]["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("git diff origin/main...HEAD"))),
+        "{}",
+        ws.output()
+    );
+    let calls = fake.calls();
+    assert_eq!(fake.main_calls().len(), 2);
+    assert_codex_usage(&turn, &calls);
+    assert_codex_rollout(&ws, &calls);
+    assert_codex_tools(model, &calls);
 }
 
 #[test]
