@@ -171,7 +171,10 @@ impl ServiceEnv {
 /// The complete environment of an agent process: `PATH` (the service's, else
 /// [`DEFAULT_PATH`]), `HOME` = `home` (the run's own), the agent's credentials, the
 /// variables of `AGENTRY_AGENT_ENV`, and what the CLI needs to run headless (Claude Code:
-/// `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`, no update checks nor telemetry; inside the
+/// `DISABLE_AUTOUPDATER=1` and `DISABLE_ERROR_REPORTING=1`: no update behind the version
+/// check, no crash reports with the repository's content; not `DISABLE_TELEMETRY` nor
+/// `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`, with which Claude Code 2.1.197 prints no
+/// result event on `SIGINT`, so a stopped run's cost would be lost; inside the
 /// sandbox `IS_SANDBOX=1`). Codex gets its key as `CODEX_API_KEY` (from `CODEX_API_KEY`,
 /// else `OPENAI_API_KEY`). A passed variable never replaces `PATH`, `HOME` or a
 /// credential.
@@ -203,7 +206,8 @@ pub fn environment(
                     set(name, value);
                 }
             }
-            set("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+            set("DISABLE_AUTOUPDATER", "1");
+            set("DISABLE_ERROR_REPORTING", "1");
             if launch.sandboxed {
                 set("IS_SANDBOX", "1");
             }
@@ -1039,7 +1043,8 @@ mod tests {
                 "PATH=/opt/bin:/usr/bin",
                 "HOME=/run/home",
                 "ANTHROPIC_API_KEY=sk-ant",
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+                "DISABLE_AUTOUPDATER=1",
+                "DISABLE_ERROR_REPORTING=1",
                 "IS_SANDBOX=1",
                 "HTTPS_PROXY=http://proxy:3128",
             ]
@@ -1050,7 +1055,8 @@ mod tests {
                 "PATH=/opt/bin:/usr/bin",
                 "HOME=/run/home",
                 "ANTHROPIC_API_KEY=sk-ant",
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+                "DISABLE_AUTOUPDATER=1",
+                "DISABLE_ERROR_REPORTING=1",
                 "HTTPS_PROXY=http://proxy:3128",
             ]
         );

@@ -212,6 +212,11 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
             checks.push(check_credentials(agent, env));
         }
     }
+    if agents.required(AgentType::ClaudeCode)
+        && let Some(check) = check_claude_telemetry(env)
+    {
+        checks.push(check);
+    }
     checks.push(check_runner(config.max_concurrent_runs));
     checks.push(stored.database);
     checks.push(codehost);
@@ -511,6 +516,34 @@ fn check_credentials(agent: AgentType, env: &ServiceEnv) -> Check {
     } else {
         Check::ok(name, format!("{} is set", set.join(", ")))
     }
+}
+
+/// The variables that make Claude Code 2.1.197 print no `result` event on `SIGINT`, so that
+/// a cancelled or timed-out run's cost is lost: a warning when `AGENTRY_AGENT_ENV` passes one.
+fn check_claude_telemetry(env: &ServiceEnv) -> Option<Check> {
+    const SILENCING: [&str; 2] = [
+        "DISABLE_TELEMETRY",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+    ];
+    let passed: Vec<&str> = SILENCING
+        .into_iter()
+        .filter(|name| env.passed(name).is_some())
+        .collect();
+    if passed.is_empty() {
+        return None;
+    }
+    Some(Check::warn(
+        "claude-code-stop",
+        format!(
+            "{} reaches Claude Code (AGENTRY_AGENT_ENV): with it, a stopped run prints no \
+             result event, so a cancelled or timed-out run's cost is unknown",
+            passed.join(" and ")
+        ),
+        Some(format!(
+            "remove {} from AGENTRY_AGENT_ENV unless less telemetry is worth that",
+            passed.join(" and ")
+        )),
+    ))
 }
 
 /// How many agent runs this process takes at once (`AGENTRY_MAX_CONCURRENT_RUNS`).
@@ -1155,5 +1188,17 @@ mod tests {
                 .contains("no code-host token can be stored yet"),
             "{report}"
         );
+    }
+
+    /// Passing what silences Claude Code's last word is a warning, not a failure.
+    #[test]
+    fn claude_telemetry_switches_are_a_warning() {
+        let quiet = ServiceEnv::read(&["DISABLE_TELEMETRY".to_owned()], |name| {
+            (name == "DISABLE_TELEMETRY").then(|| "1".to_owned())
+        });
+        let check = check_claude_telemetry(&quiet).unwrap();
+        assert_eq!(check.status, Status::Warn);
+        assert!(check.detail.contains("DISABLE_TELEMETRY"), "{check:?}");
+        assert!(check_claude_telemetry(&ServiceEnv::default()).is_none());
     }
 }
