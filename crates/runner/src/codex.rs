@@ -333,6 +333,8 @@ impl CodexReader {
                     session.calls()
                 ));
             }
+            // Turns count model calls, as Claude Code's `num_turns` does.
+            report.turns = Some(i32::try_from(session.calls()).unwrap_or(i32::MAX));
             report.input_tokens = metered.input;
             report.cache_read_tokens = metered.cache_read;
             report.cache_write_tokens = metered.cache_write;

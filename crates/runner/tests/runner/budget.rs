@@ -232,13 +232,13 @@ async fn stopped_after(allowance: Usd, calls: i64, stop: i64) -> Usd {
         (2000 * units, 500 * units, 300 * units)
     );
     // Codex printed no usage (a stopped run never does): the cost is the session file's.
-    // No turn completed; `turns` counts Codex's `turn.completed` events.
+    // Turns count the model calls Codex recorded.
     assert!(
         !execution.output.contains("\"turn.completed\""),
         "{}",
         execution.output
     );
-    assert_eq!(report.turns, Some(0));
+    assert_eq!(report.turns, Some(i32::try_from(stop).unwrap()));
     assert!(
         report
             .warnings
@@ -322,8 +322,8 @@ async fn a_codex_run_under_its_allowance_finishes() {
     let report = execution.report.as_ref().unwrap();
     assert_eq!(report.outcome, AgentOutcome::Success);
     assert_eq!(report.cost_usd, Some(cumulative(4)));
-    // One turn of four model calls, its usage printed once at the end.
-    assert_eq!(report.turns, Some(1));
+    // Four model calls (turns count them), the usage printed once at the end.
+    assert_eq!(report.turns, Some(4));
     assert_eq!(execution.output.matches("\"turn.completed\"").count(), 1);
     assert_eq!(rig.calls_recorded(task_id).len(), 4);
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
