@@ -2,7 +2,7 @@
 //! admin token, health, JSON logs, graceful shutdown on SIGTERM/SIGINT), `token create`,
 //! `migrate` and `import`, on SQLite and (when the suite has a server) PostgreSQL; and the
 //! code-host loops of `serve` against the fake GitHub (issue sync, outbox), with no secret in
-//! any log line.
+//! any log line; and, in [`real_agents`], the real agent CLIs end to end.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,6 +15,8 @@ use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+mod real_agents;
 
 use agentry_persistence::test_support::TestDb;
 use agentry_testkit::git::source_repo;
