@@ -43,8 +43,8 @@ impl Rig {
         }
     }
 
-    fn runner(&self, sandbox: Sandbox) -> Arc<LocalRunner> {
-        Arc::new(LocalRunner::new(LocalConfig {
+    fn config(&self, sandbox: Sandbox) -> LocalConfig {
+        LocalConfig {
             root: self.root.clone(),
             claude_bin: fake("claude"),
             codex_bin: fake("codex"),
@@ -55,7 +55,11 @@ impl Rig {
             },
             stop_grace: Duration::from_secs(1),
             sandbox,
-        }))
+        }
+    }
+
+    fn runner(&self, sandbox: Sandbox) -> Arc<LocalRunner> {
+        Arc::new(LocalRunner::new(self.config(sandbox)))
     }
 
     fn job(&self, task_id: Uuid, prompt: &str) -> Job {
@@ -360,12 +364,96 @@ async fn a_cancelled_sandboxed_run_leaves_no_process_behind() {
     let execution = started.handle.await.unwrap();
     assert_eq!(execution.verdict, Verdict::Cancelled);
     assert!(execution.sandboxed);
+    // The stop reached the agent inside the sandbox (not bwrap, whose death would have
+    // killed it silently): like Claude Code on SIGINT, it printed what it had spent.
+    assert!(
+        execution.output.contains("\"error_during_execution\""),
+        "{}",
+        execution.output
+    );
+    let report = execution.report.as_ref().unwrap();
+    assert_eq!(
+        report.cost_usd.map(|c| c.to_string()).as_deref(),
+        Some("0.123456")
+    );
     wait_until(
         "every process of the run to end",
         Duration::from_secs(10),
         || processes_with_env(&home).is_empty(),
     )
     .await;
+}
+
+/// A review agent sees the change with git inside the sandbox (`git diff <base>...HEAD`,
+/// `git log`, `git status`) and can change nothing of git: its worktree's metadata is
+/// read-only there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_review_agent_reads_the_change_and_writes_no_git_metadata() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let rig = Rig::new();
+    // The pull request's branch: one commit adding a file.
+    let task = Uuid::new_v4();
+    let branch = branch_name(task);
+    let work = rig.root.parent().unwrap().join("seed");
+    git(&["checkout", "-q", "-b", &branch], &work);
+    std::fs::write(work.join("CHANGE.md"), "the change under review\n").unwrap();
+    git(&["add", "CHANGE.md"], &work);
+    git(&["commit", "-q", "-m", "change"], &work);
+    git(&["push", "-q", "origin", &branch], &work);
+    // A review agent that runs the commands and tries to write its git metadata.
+    let agent = rig.root.parent().unwrap().join("reviewer");
+    std::fs::write(
+        &agent,
+        r#"#!/bin/sh
+if [ "${1:-}" = --version ]; then echo "2.1.197 (Claude Code)"; exit 0; fi
+cat >/dev/null
+git diff origin/main...HEAD >"$HOME/diff" 2>&1
+git log --oneline -1 >"$HOME/log" 2>&1
+git status --short >"$HOME/status" 2>&1 && echo ok >>"$HOME/status"
+meta=$(sed -n 's/^gitdir: //p' .git)
+if touch "$meta/probe" 2>/dev/null; then echo writable >"$HOME/meta"; else echo read-only >"$HOME/meta"; fi
+if git update-ref refs/heads/evil HEAD 2>/dev/null; then echo written >"$HOME/refs"; else echo refused >"$HOME/refs"; fi
+printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"Looks fine.","total_cost_usd":0.01,"modelUsage":{}}
+'
+"#,
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&agent).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&agent, perms).unwrap();
+    let runner = Arc::new(LocalRunner::new(LocalConfig {
+        claude_bin: agent,
+        ..rig.config(Sandbox::new(SandboxMode::Auto))
+    }));
+    let job = Job {
+        kind: JobKind::Review {
+            branch: branch.clone(),
+        },
+        ..rig.job(task, "Review it")
+    };
+    let execution = run(&runner, job).await;
+    assert!(execution.sandboxed);
+    assert_eq!(
+        execution.verdict,
+        Verdict::Reviewed {
+            text: "Looks fine.".into()
+        },
+        "{}",
+        execution.output
+    );
+    let home = rig.home(task);
+    let read = |name: &str| std::fs::read_to_string(home.join(name)).unwrap();
+    assert!(
+        read("diff").contains("+the change under review"),
+        "{}",
+        read("diff")
+    );
+    assert!(read("log").contains("change"), "{}", read("log"));
+    assert!(read("status").ends_with("ok\n"), "{}", read("status"));
+    assert_eq!(read("meta"), "read-only\n");
+    assert_eq!(read("refs"), "refused\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
