@@ -661,20 +661,25 @@ mod tests {
         assert!(note_dropped("end".into(), 9).ends_with("not kept …]\nend"));
     }
 
-    /// A dead run's cost is found even when its log was rotated in the middle of the final
-    /// result event: salvage reads across both files.
-    #[test]
-    fn salvage_reads_a_rotated_log() {
-        let root = tempfile::tempdir().unwrap();
-        let runner = LocalRunner::new(LocalConfig {
-            root: root.path().to_owned(),
+    /// A runner under `root` that never starts an agent in these tests.
+    fn test_runner(root: &Path) -> LocalRunner {
+        LocalRunner::new(LocalConfig {
+            root: root.to_owned(),
             claude_bin: "claude".into(),
             codex_bin: "codex".into(),
             prices: PriceTable::builtin(),
             env: ServiceEnv::default(),
             stop_grace: Duration::from_millis(100),
             sandbox: Sandbox::default(),
-        });
+        })
+    }
+
+    /// A dead run's cost is found even when its log was rotated in the middle of the final
+    /// result event: salvage reads across both files.
+    #[test]
+    fn salvage_reads_a_rotated_log() {
+        let root = tempfile::tempdir().unwrap();
+        let runner = test_runner(root.path());
         let (task, attempt) = (Uuid::new_v4(), 2);
         let dir = runner.run_dir(task, attempt);
         std::fs::create_dir_all(&dir).unwrap();
@@ -722,15 +727,7 @@ mod tests {
     #[test]
     fn a_dead_codex_run_is_priced_from_its_session_file() {
         let root = tempfile::tempdir().unwrap();
-        let runner = LocalRunner::new(LocalConfig {
-            root: root.path().to_owned(),
-            claude_bin: "claude".into(),
-            codex_bin: "codex".into(),
-            prices: PriceTable::builtin(),
-            env: ServiceEnv::default(),
-            stop_grace: Duration::from_millis(100),
-            sandbox: Sandbox::default(),
-        });
+        let runner = test_runner(root.path());
         let (task, attempt) = (Uuid::new_v4(), 1);
         let dir = runner.run_dir(task, attempt);
         let sessions = dir.join("home/.codex/sessions/2026/11/25");
