@@ -385,7 +385,10 @@ pub async fn run_process_with<S: OutputSink>(
             tracing::debug!(pid, ?ended, "stopping the agent");
             let mut exited = false;
             for signal in [Signal::SIGINT, Signal::SIGTERM] {
-                group.signal_agent(cmd.stop, signal);
+                if !group.signal_agent(cmd.stop, signal) {
+                    // Nothing to ask (a sandbox stopped before its agent started).
+                    break;
+                }
                 if let Ok(status) = tokio::time::timeout(limits.stop_grace, child.wait()).await {
                     status.map_err(|source| ProcessError::Wait { pid, source })?;
                     exited = true;
@@ -562,10 +565,15 @@ impl ProcessGroup {
         }
     }
 
-    /// Sends `signal` to the agent's processes as `target` says (see [`StopTarget`]).
-    fn signal_agent(&self, target: StopTarget, signal: Signal) {
+    /// Sends `signal` to the agent's processes as `target` says (see [`StopTarget`]);
+    /// `false` when there was none to send it to (a sandbox whose agent has not started, or
+    /// has already ended: only `bwrap` itself, which the final `SIGKILL` ends).
+    fn signal_agent(&self, target: StopTarget, signal: Signal) -> bool {
         match target {
-            StopTarget::Group => self.signal(signal),
+            StopTarget::Group => {
+                self.signal(signal);
+                true
+            }
             StopTarget::Sandbox => {
                 let table = processes();
                 let Some(init) = table
@@ -573,16 +581,17 @@ impl ProcessGroup {
                     .find(|p| p.ppid == self.pgid.as_raw())
                     .map(|p| p.pid)
                 else {
-                    // No namespace (yet, or any more): only bwrap itself, which a stop
-                    // signal would kill with everything in it. The next step decides.
-                    return;
+                    return false;
                 };
+                let mut sent = false;
                 for p in table.iter().filter(|p| p.pgrp == init && p.pid != init) {
                     match nix::sys::signal::kill(Pid::from_raw(p.pid), signal) {
-                        Ok(()) | Err(Errno::ESRCH) => {}
+                        Ok(()) => sent = true,
+                        Err(Errno::ESRCH) => {}
                         Err(e) => tracing::warn!(pid = p.pid, "kill {signal}: {e}"),
                     }
                 }
+                sent
             }
         }
     }
