@@ -217,6 +217,11 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
     {
         checks.push(check);
     }
+    if agents.required(AgentType::Codex)
+        && let Some(check) = check_codex_home(&config.data_dir, &std::env::temp_dir())
+    {
+        checks.push(check);
+    }
     checks.push(check_runner(config.max_concurrent_runs));
     checks.push(stored.database);
     checks.push(codehost);
@@ -544,6 +549,25 @@ fn check_claude_telemetry(env: &ServiceEnv) -> Option<Check> {
             passed.join(" and ")
         )),
     ))
+}
+
+/// Codex refuses to create its helper binaries (`apply_patch`) when its home is under the
+/// temporary directory, which a run's `HOME` is when the data directory lies there.
+fn check_codex_home(data_dir: &Path, temp: &Path) -> Option<Check> {
+    let temp = std::fs::canonicalize(temp).unwrap_or_else(|_| temp.to_owned());
+    let data = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+    data.starts_with(&temp).then(|| {
+        Check::warn(
+            "codex-home",
+            format!(
+                "the data directory {} is under the temporary directory {}: Codex refuses to \
+                 create its helper binaries there (its apply_patch command fails)",
+                data_dir.display(),
+                temp.display()
+            ),
+            Some("set AGENTRY_DATA_DIR to a directory outside it".into()),
+        )
+    })
 }
 
 /// How many agent runs this process takes at once (`AGENTRY_MAX_CONCURRENT_RUNS`).
@@ -1200,5 +1224,14 @@ mod tests {
         assert_eq!(check.status, Status::Warn);
         assert!(check.detail.contains("DISABLE_TELEMETRY"), "{check:?}");
         assert!(check_claude_telemetry(&ServiceEnv::default()).is_none());
+    }
+
+    /// A data directory under the temporary directory is a warning for Codex.
+    #[test]
+    fn a_data_directory_under_tmp_is_a_warning_for_codex() {
+        let check = check_codex_home(Path::new("/tmp/x/agentry-data"), Path::new("/tmp")).unwrap();
+        assert_eq!(check.status, Status::Warn);
+        assert!(check.detail.contains("helper binaries"), "{check:?}");
+        assert!(check_codex_home(Path::new("/var/lib/agentry"), Path::new("/tmp")).is_none());
     }
 }
