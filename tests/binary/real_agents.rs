@@ -235,6 +235,18 @@ impl Rig {
     }
 }
 
+/// What the task's run of `agent` spent by the agent's own account, the figure its recorded
+/// cost must equal: Claude's as it printed it, Codex's as the fake's answered calls priced
+/// from the table (for agentry's default Codex model); with the task's log, for messages.
+fn spent_by(rig: &Rig, agent: AgentType, id: &str) -> (Decimal, String) {
+    let log = rig.log(id);
+    let spent = match agent {
+        AgentType::ClaudeCode => printed_claude_cost(&log),
+        AgentType::Codex => rig.priced_calls(&run_tag(&log), "gpt-6.1-sol"),
+    };
+    (spent, log)
+}
+
 /// The run tag the fake gave the conversation in `log` (`fake-models run r…` or `c…`).
 fn run_tag(log: &str) -> String {
     let at = log
@@ -334,11 +346,11 @@ fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
 
     // Every dollar: Claude's as it printed it; Codex's as its calls priced from the table.
     let cost = money(&task["costUsd"]);
+    assert_eq!(cost, spent_by(&rig, agent, &id).0, "{log}");
     match agent {
-        AgentType::ClaudeCode => assert_eq!(cost, printed_claude_cost(&log), "{log}"),
+        AgentType::ClaudeCode => {}
         AgentType::Codex => {
             assert_eq!(run["model"], "gpt-6.1-sol", "{task:#}");
-            assert_eq!(cost, rig.priced_calls(&tag, "gpt-6.1-sol"), "{log}");
             // Codex stayed on the WebSocket transport (no 6 s fallback).
             assert!(
                 rig.models
@@ -429,12 +441,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
     let run = &task["runs"][0];
     assert_eq!(state(&task), "cancelled");
     assert_eq!(run["outcome"], "cancelled", "{task:#}");
-    let log = rig.log(&id);
-    let tag = run_tag(&log);
-    let spent = match agent {
-        AgentType::ClaudeCode => printed_claude_cost(&log),
-        AgentType::Codex => rig.priced_calls(&tag, "gpt-6.1-sol"),
-    };
+    let (spent, log) = spent_by(&rig, agent, &id);
     assert!(spent > Decimal::ZERO);
     assert_eq!(money(&run["costUsd"]), spent, "{task:#}\n{log}");
     assert_eq!(money(&task["costUsd"]), spent);
@@ -461,12 +468,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
             .contains("longer than the limit"),
         "{task:#}"
     );
-    let log = rig.log(&id);
-    let tag = run_tag(&log);
-    let spent = match agent {
-        AgentType::ClaudeCode => printed_claude_cost(&log),
-        AgentType::Codex => rig.priced_calls(&tag, "gpt-6.1-sol"),
-    };
+    let (spent, log) = spent_by(&rig, agent, &id);
     assert!(spent > Decimal::ZERO);
     assert_eq!(money(&run["costUsd"]), spent, "{task:#}\n{log}");
 }
@@ -499,16 +501,10 @@ fn budgets_and_api_errors(agent: AgentType) {
     });
     let message = task["errorMessage"].as_str().unwrap_or_default();
     assert!(message.contains("budget reached"), "{task:#}");
-    let log = rig.log(&id);
-    let tag = run_tag(&log);
+    // Codex stopped within one call: only the first was answered before the stop.
     let cost = money(&task["costUsd"]);
-    match agent {
-        AgentType::ClaudeCode => assert_eq!(cost, printed_claude_cost(&log), "{log}"),
-        AgentType::Codex => {
-            // Stopped within one call: only the first was made before the stop.
-            assert_eq!(cost, rig.priced_calls(&tag, "gpt-6.1-sol"), "{log}");
-        }
-    }
+    let (spent, log) = spent_by(&rig, agent, &id);
+    assert_eq!(cost, spent, "{log}");
     assert!(cost >= Decimal::new(5, 1), "{task:#}");
     assert!(rig.github.pulls(OWNER, NAME).is_empty());
 
