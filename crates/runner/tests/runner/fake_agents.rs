@@ -19,7 +19,9 @@ use crate::support::{PATH, fake};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, Launch, OutputParser, arguments};
-use agentry_runner::process::{AgentCommand, Ended, Limits, StopTarget, run_process};
+use agentry_runner::process::{
+    AgentCommand, Ended, Limits, ProcessError, ProcessOutcome, StopTarget, run_process,
+};
 use agentry_runner::{AgentOutcome, PriceTable, RunReport, parse_claude, parse_codex};
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -971,25 +973,20 @@ fn codex_turns_directive() {
 /// file prices the calls made before it.
 #[tokio::test]
 async fn codex_pause_directive_keeps_running_until_stopped() {
-    let home = tempfile::tempdir().unwrap();
-    let cwd = tempfile::tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("run.log");
-    let cmd = AgentCommand {
-        program: fake("codex"),
-        args: codex_args(CODEX_MODEL),
-        stdin: "Paused [fake:turns=2] [fake:pause=300]".into(),
-        cwd: cwd.path().to_owned(),
-        env: agent_env(home.path()),
-        stop: StopTarget::Group,
-    };
-    let limits = Limits {
-        wall_time: Duration::from_secs(600),
-        stop_grace: Duration::from_secs(5),
-    };
-    let (cancel, rx) = watch::channel(false);
-    let log2 = log.clone();
-    let task = tokio::spawn(async move { run_process(cmd, &log2, limits, rx, |_| {}).await });
+    let Spawned {
+        home,
+        log,
+        cancel,
+        task,
+        cwd: _cwd,
+        _logs,
+    } = spawn_fake(
+        "codex",
+        codex_args(CODEX_MODEL),
+        "Paused [fake:turns=2] [fake:pause=300]",
+        Duration::from_secs(600),
+        Duration::from_secs(5),
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while records(&session_lines(home.path()), "token_usage_record").is_empty() {
         assert!(Instant::now() < deadline, "no call recorded");
@@ -1077,26 +1074,21 @@ fn codex_on_sigterm_dies_of_it() {
 /// `[fake:sleep=1]` under `run_process`: the pid files, the init event live in the log
 /// before the end, a normal result, and the background child killed with the group.
 async fn sleep_directive(name: &str, args: Vec<String>, started_marker: &str) -> String {
-    let home = tempfile::tempdir().unwrap();
-    let cwd = tempfile::tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("run.log");
-    let cmd = AgentCommand {
-        program: fake(name),
-        args,
-        stdin: "Slow task [fake:sleep=1]".into(),
-        cwd: cwd.path().to_owned(),
-        env: agent_env(home.path()),
-        stop: StopTarget::Group,
-    };
-    let limits = Limits {
-        wall_time: Duration::from_secs(60),
-        stop_grace: Duration::from_secs(1),
-    };
-    let (_tx, rx) = watch::channel(false);
-    let log2 = log.clone();
     let start = Instant::now();
-    let task = tokio::spawn(async move { run_process(cmd, &log2, limits, rx, |_| {}).await });
+    let Spawned {
+        home,
+        log,
+        cancel: _tx,
+        task,
+        cwd,
+        _logs,
+    } = spawn_fake(
+        name,
+        args,
+        "Slow task [fake:sleep=1]",
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
 
     // The start is visible in the log while the agent sleeps.
     loop {
@@ -1173,25 +1165,20 @@ async fn codex_sleep_directive() {
 /// stopped run is known.
 #[tokio::test]
 async fn a_cancelled_claude_run_reports_its_cost_so_far() {
-    let home = tempfile::tempdir().unwrap();
-    let cwd = tempfile::tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("run.log");
-    let cmd = AgentCommand {
-        program: fake("claude"),
-        args: claude_args(CLAUDE_MODEL),
-        stdin: "Long [fake:sleep=300] [fake:cost=0.25]".into(),
-        cwd: cwd.path().to_owned(),
-        env: agent_env(home.path()),
-        stop: StopTarget::Group,
-    };
-    let limits = Limits {
-        wall_time: Duration::from_secs(600),
-        stop_grace: Duration::from_secs(5),
-    };
-    let (cancel, rx) = watch::channel(false);
-    let log2 = log.clone();
-    let task = tokio::spawn(async move { run_process(cmd, &log2, limits, rx, |_| {}).await });
+    let Spawned {
+        home: _home,
+        log,
+        cancel,
+        task,
+        cwd: _cwd,
+        _logs,
+    } = spawn_fake(
+        "claude",
+        claude_args(CLAUDE_MODEL),
+        "Long [fake:sleep=300] [fake:cost=0.25]",
+        Duration::from_secs(600),
+        Duration::from_secs(5),
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
@@ -1588,4 +1575,54 @@ fn agent_env(home: &Path) -> Vec<(String, String)> {
         ("PATH".to_owned(), PATH.to_owned()),
         ("HOME".to_owned(), home.display().to_string()),
     ]
+}
+
+/// A fake agent started under [`run_process`] in fresh directories, with its cancel switch.
+struct Spawned {
+    home: tempfile::TempDir,
+    log: PathBuf,
+    cancel: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<ProcessOutcome, ProcessError>>,
+    /// Its working directory.
+    cwd: tempfile::TempDir,
+    /// The log's directory, kept for the run.
+    _logs: tempfile::TempDir,
+}
+
+/// Starts the fake `name` with `args` and the prompt `stdin` under `run_process`, with a
+/// wall-time limit `wall` and a stop grace `grace`.
+fn spawn_fake(
+    name: &str,
+    args: Vec<String>,
+    stdin: &str,
+    wall: Duration,
+    grace: Duration,
+) -> Spawned {
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("run.log");
+    let cmd = AgentCommand {
+        program: fake(name),
+        args,
+        stdin: stdin.to_owned(),
+        cwd: cwd.path().to_owned(),
+        env: agent_env(home.path()),
+        stop: StopTarget::Group,
+    };
+    let limits = Limits {
+        wall_time: wall,
+        stop_grace: grace,
+    };
+    let (cancel, rx) = watch::channel(false);
+    let log2 = log.clone();
+    let task = tokio::spawn(async move { run_process(cmd, &log2, limits, rx, |_| {}).await });
+    Spawned {
+        home,
+        log,
+        cancel,
+        task,
+        cwd,
+        _logs: logs,
+    }
 }
