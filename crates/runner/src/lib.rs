@@ -35,6 +35,7 @@ pub mod codex;
 pub mod codex_session;
 pub mod job;
 pub mod local;
+pub mod network;
 pub mod prices;
 pub mod process;
 pub mod sandbox;
