@@ -24,6 +24,7 @@ mod error;
 pub mod issues;
 pub mod leader;
 pub mod meta;
+pub mod metering;
 pub mod outbox;
 pub mod pulls;
 pub mod repos;

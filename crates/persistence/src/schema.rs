@@ -93,6 +93,8 @@ diesel::table! {
         started_at -> Timestamp,
         finished_at -> Nullable<Timestamp>,
         sandboxed -> Nullable<Bool>,
+        model_calls -> Nullable<BigInt>,
+        reported_cost_nanos -> Nullable<BigInt>,
     }
 }
 
@@ -114,6 +116,7 @@ diesel::table! {
         to_state -> Text,
         reason -> Text,
         at -> Timestamp,
+        kind -> Text,
     }
 }
 
@@ -186,6 +189,38 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    model_calls (id) {
+        id -> Text,
+        task_id -> Text,
+        attempt -> Integer,
+        provider -> Text,
+        model -> Nullable<Text>,
+        status -> Integer,
+        outcome -> Text,
+        input_tokens -> BigInt,
+        cache_read_tokens -> BigInt,
+        cache_write_tokens -> BigInt,
+        output_tokens -> BigInt,
+        reasoning_tokens -> BigInt,
+        cost_nanos -> Nullable<BigInt>,
+        started_at -> Timestamp,
+        duration_ms -> BigInt,
+    }
+}
+
+diesel::table! {
+    egress_blocked (task_id, attempt, host, port) {
+        task_id -> Text,
+        attempt -> Integer,
+        host -> Text,
+        port -> Integer,
+        count -> BigInt,
+        first_at -> Timestamp,
+        last_at -> Timestamp,
+    }
+}
+
 diesel::joinable!(tasks -> repositories (repo_id));
 diesel::joinable!(issue_links -> tasks (task_id));
 diesel::joinable!(task_runs -> tasks (task_id));
@@ -210,6 +245,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     cost_cumulative,
     instance_budget,
     budget_alerts,
+    model_calls,
+    egress_blocked,
 );
 
 diesel::table! {

@@ -419,11 +419,73 @@ pub struct TaskEvent {
     pub reason: String,
     /// When it happened.
     pub at: OffsetDateTime,
+    /// What kind of event: a state change ([`EventKind::Transition`], `from` → `to`) or a
+    /// note on the task that changes no state (then `from` = `to`, its state at the time).
+    pub kind: EventKind,
+}
+
+/// What a [`TaskEvent`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A state change.
+    Transition,
+    /// A metered run whose cost differs from what its agent printed beyond rounding
+    /// (docs/contract.md#68-model-gateway): the recorded cost is the metered one.
+    CostMismatch,
+}
+
+impl EventKind {
+    /// The stored and API name: `transition`, `cost_mismatch`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Transition => "transition",
+            EventKind::CostMismatch => "cost_mismatch",
+        }
+    }
+}
+
+impl std::str::FromStr for EventKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "transition" => Ok(EventKind::Transition),
+            "cost_mismatch" => Ok(EventKind::CostMismatch),
+            other => Err(format!("unknown event kind {other:?}")),
+        }
+    }
+}
+
+/// Adds a note to a task's history that changes no state (such as a
+/// [`EventKind::CostMismatch`]): `from` and `to` are the task's current state.
+pub fn record_note(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    kind: EventKind,
+    reason: &str,
+    at: OffsetDateTime,
+) -> Result<(), DbError> {
+    let state: String = tasks::table
+        .find(task_id.to_string())
+        .select(tasks::state)
+        .first(conn)?;
+    diesel::insert_into(task_events::table)
+        .values((
+            task_events::id.eq(Uuid::now_v7().to_string()),
+            task_events::task_id.eq(task_id.to_string()),
+            task_events::from_state.eq(Some(state.clone())),
+            task_events::to_state.eq(state),
+            task_events::reason.eq(reason),
+            task_events::at.eq(to_db(at)),
+            task_events::kind.eq(kind.as_str()),
+        ))
+        .execute(conn)?;
+    Ok(())
 }
 
 /// The state history of a task, oldest first.
 pub fn task_events(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<TaskEvent>, DbError> {
-    let rows: Vec<(Option<String>, String, String, PrimitiveDateTime)> = task_events::table
+    type Row = (Option<String>, String, String, PrimitiveDateTime, String);
+    let rows: Vec<Row> = task_events::table
         .filter(task_events::task_id.eq(task_id.to_string()))
         .order((task_events::at.asc(), task_events::id.asc()))
         .select((
@@ -431,10 +493,11 @@ pub fn task_events(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<TaskEv
             task_events::to_state,
             task_events::reason,
             task_events::at,
+            task_events::kind,
         ))
         .load(conn)?;
     rows.into_iter()
-        .map(|(from, to, reason, at)| {
+        .map(|(from, to, reason, at, kind)| {
             Ok(TaskEvent {
                 from: from
                     .as_deref()
@@ -443,6 +506,7 @@ pub fn task_events(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<TaskEv
                 to: convert::parse("task state", &to)?,
                 reason,
                 at: from_db(at),
+                kind: convert::parse("event kind", &kind)?,
             })
         })
         .collect()
@@ -528,6 +592,12 @@ pub struct Run {
     /// Whether the agent ran in the sandbox; `None` when not known (a run recovered after
     /// its service died, or recorded before this was kept).
     pub sandboxed: Option<bool>,
+    /// How many model calls the model gateway metered for this run; `None` for a run whose
+    /// calls did not go through the gateway (its cost is then the agent's own word).
+    pub model_calls: Option<i64>,
+    /// The cost the agent itself printed, kept beside the metered `cost_usd` of a metered
+    /// run (and equal to it for a run that is not metered).
+    pub reported_cost_usd: Option<Usd>,
 }
 
 #[derive(Queryable, Selectable, Insertable)]
@@ -550,6 +620,8 @@ struct RunRow {
     started_at: PrimitiveDateTime,
     finished_at: Option<PrimitiveDateTime>,
     sandboxed: Option<bool>,
+    model_calls: Option<i64>,
+    reported_cost_nanos: Option<i64>,
 }
 
 impl TryFrom<RunRow> for Run {
@@ -573,6 +645,8 @@ impl TryFrom<RunRow> for Run {
             started_at: from_db(r.started_at),
             finished_at: opt_from_db(r.finished_at),
             sandboxed: r.sandboxed,
+            model_calls: r.model_calls,
+            reported_cost_usd: convert::usd(r.reported_cost_nanos)?,
         })
     }
 }
@@ -643,6 +717,8 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             started_at: to_db(run.started_at),
             finished_at: opt_to_db(run.finished_at),
             sandboxed: run.sandboxed,
+            model_calls: run.model_calls,
+            reported_cost_nanos: run.reported_cost_usd.map(Usd::to_nanos),
         })
         .execute(conn)?;
     let model = run.model.clone().or_else(|| task.model_used.clone());

@@ -208,6 +208,8 @@ fn spend(db: &Db, repo: &Repository, cost: &str) {
             started_at: at,
             finished_at: Some(at),
             sandboxed: Some(true),
+            model_calls: None,
+            reported_cost_usd: None,
         },
     )
     .unwrap();

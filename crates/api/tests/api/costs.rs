@@ -123,6 +123,8 @@ fn seed(db: &Db, seed: u64) {
             started_at: now,
             finished_at: Some(now),
             sandboxed: None,
+            model_calls: None,
+            reported_cost_usd: None,
         };
         write_tx::<_, DbError, _>(&mut conn, |c| {
             tasks::record_run(c, &run)?;
@@ -192,6 +194,8 @@ fn pay(conn: &mut AnyConnection, id: Uuid, model: Option<&str>, nanos: i64) {
             started_at: now,
             finished_at: Some(now),
             sandboxed: None,
+            model_calls: None,
+            reported_cost_usd: None,
         },
     )
     .unwrap();

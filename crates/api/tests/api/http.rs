@@ -318,6 +318,8 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
                     started_at: now,
                     finished_at: Some(now),
                     sandboxed: None,
+                    model_calls: None,
+                    reported_cost_usd: None,
                 },
             )?;
             tasks::transition_task(

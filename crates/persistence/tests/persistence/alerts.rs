@@ -49,6 +49,8 @@ fn spend(db: &Db, repo: &Repository, cost: &str, finished: OffsetDateTime) {
             started_at: finished,
             finished_at: Some(finished),
             sandboxed: Some(true),
+            model_calls: None,
+            reported_cost_usd: None,
         },
     )
     .unwrap();

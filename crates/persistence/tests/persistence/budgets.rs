@@ -47,6 +47,8 @@ fn settle(conn: &mut AnyConnection, task: Uuid, cost: &str, finished: time::Offs
             started_at: finished,
             finished_at: Some(finished),
             sandboxed: Some(true),
+            model_calls: None,
+            reported_cost_usd: None,
         },
     )
     .unwrap();

@@ -8,6 +8,7 @@ mod import;
 mod issues;
 mod leader;
 mod listing;
+mod metering;
 mod migrations;
 mod outbox;
 mod pulls;

@@ -36,6 +36,8 @@ agentry_persistence::backend_tests! {
             started_at: at(1),
             finished_at: Some(at(2)),
             sandboxed: None,
+            model_calls: None,
+            reported_cost_usd: None,
         };
         write_tx(&mut conn, |conn| tasks::record_run(conn, &run)).unwrap();
 

@@ -130,6 +130,8 @@ fn run_of(task: &Task, rng: &mut SplitMix64) -> Run {
         started_at: task.created_at,
         finished_at: Some(task.created_at),
         sandboxed: None,
+        model_calls: None,
+        reported_cost_usd: None,
     }
 }
 

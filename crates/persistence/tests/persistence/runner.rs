@@ -31,6 +31,8 @@ fn lost_run(task: &agentry_domain::Task, cost: Option<&str>) -> Run {
         started_at: at(1),
         finished_at: None,
         sandboxed: None,
+        model_calls: None,
+        reported_cost_usd: None,
     }
 }
 

@@ -26,6 +26,8 @@ fn run(task: &Task, secs: i64, cost: Option<&str>) -> Run {
         started_at: at(secs),
         finished_at: Some(at(secs + 1)),
         sandboxed: None,
+        model_calls: None,
+        reported_cost_usd: None,
     }
 }
 
@@ -192,6 +194,8 @@ agentry_persistence::backend_tests! {
             error_message: Some("the runner died".into()),
             finished_at: None,
             sandboxed: None,
+            model_calls: None,
+            reported_cost_usd: None,
             started_at: time::macros::datetime!(2026-01-15 10:20:30.999999 UTC),
             ..run(&task, 0, None)
         };

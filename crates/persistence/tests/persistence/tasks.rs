@@ -50,6 +50,7 @@ agentry_persistence::backend_tests! {
                 to: TaskState::Queued,
                 reason: "created by test".into(),
                 at: T0,
+                kind: tasks::EventKind::Transition,
             }]
         );
         assert_eq!(task_count(db), 1);

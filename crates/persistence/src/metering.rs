@@ -1,0 +1,327 @@
+//! What the model gateway and the egress proxy record about sandboxed runs
+//! (docs/contract.md#68-model-gateway): every metered model call, written as it finishes, and
+//! every connection the egress proxy refused.
+//!
+//! A run's metered cost is the sum of its calls ([`run_totals`]): whoever records the run
+//! (the process that ran it, or the replica that recovered its task after a crash) reads the
+//! same rows, so no call is lost or counted twice.
+
+use agentry_domain::Usd;
+use diesel::prelude::*;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, from_db, to_db};
+use crate::schema::{egress_blocked, model_calls};
+use crate::{AnyConnection, DbError, write_tx};
+
+/// The most calls [`task_calls`] returns.
+pub const MAX_CALLS_LISTED: i64 = 10_000;
+
+/// One model call of a run, as the gateway metered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelCall {
+    /// Call id.
+    pub id: Uuid,
+    /// The task.
+    pub task_id: Uuid,
+    /// The run's attempt.
+    pub attempt: i32,
+    /// `anthropic` or `openai`.
+    pub provider: String,
+    /// The model the provider answered with (else the one asked for).
+    pub model: Option<String>,
+    /// The HTTP status the agent got.
+    pub status: i32,
+    /// How the call ended: `completed`, `refused` (by the gateway: budget, bad request),
+    /// `upstream_error` (the provider answered an error), `interrupted` (the stream broke
+    /// off, or the agent hung up before it ended).
+    pub outcome: String,
+    /// Uncached input tokens.
+    pub input_tokens: i64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_tokens: i64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write_tokens: i64,
+    /// Output tokens (reasoning included).
+    pub output_tokens: i64,
+    /// The part of the output spent on reasoning, where the provider says.
+    pub reasoning_tokens: i64,
+    /// Its priced cost; `None` when the model has no price.
+    pub cost_usd: Option<Usd>,
+    /// When the gateway received it.
+    pub started_at: OffsetDateTime,
+    /// How long until its response ended, in milliseconds.
+    pub duration_ms: i64,
+}
+
+#[derive(Queryable, Selectable, Insertable)]
+#[diesel(table_name = model_calls)]
+struct CallRow {
+    id: String,
+    task_id: String,
+    attempt: i32,
+    provider: String,
+    model: Option<String>,
+    status: i32,
+    outcome: String,
+    input_tokens: i64,
+    cache_read_tokens: i64,
+    cache_write_tokens: i64,
+    output_tokens: i64,
+    reasoning_tokens: i64,
+    cost_nanos: Option<i64>,
+    started_at: PrimitiveDateTime,
+    duration_ms: i64,
+}
+
+impl TryFrom<CallRow> for ModelCall {
+    type Error = DbError;
+    fn try_from(r: CallRow) -> Result<Self, DbError> {
+        Ok(ModelCall {
+            id: convert::uuid(&r.id)?,
+            task_id: convert::uuid(&r.task_id)?,
+            attempt: r.attempt,
+            provider: r.provider,
+            model: r.model,
+            status: r.status,
+            outcome: r.outcome,
+            input_tokens: r.input_tokens,
+            cache_read_tokens: r.cache_read_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            output_tokens: r.output_tokens,
+            reasoning_tokens: r.reasoning_tokens,
+            cost_usd: convert::usd(r.cost_nanos)?,
+            started_at: from_db(r.started_at),
+            duration_ms: r.duration_ms,
+        })
+    }
+}
+
+/// Records one finished model call.
+pub fn record_call(conn: &mut AnyConnection, call: &ModelCall) -> Result<(), DbError> {
+    diesel::insert_into(model_calls::table)
+        .values(CallRow {
+            id: call.id.to_string(),
+            task_id: call.task_id.to_string(),
+            attempt: call.attempt,
+            provider: call.provider.clone(),
+            model: call.model.clone(),
+            status: call.status,
+            outcome: call.outcome.clone(),
+            input_tokens: call.input_tokens.max(0),
+            cache_read_tokens: call.cache_read_tokens.max(0),
+            cache_write_tokens: call.cache_write_tokens.max(0),
+            output_tokens: call.output_tokens.max(0),
+            reasoning_tokens: call.reasoning_tokens.max(0),
+            cost_nanos: call.cost_usd.map(Usd::to_nanos),
+            started_at: to_db(call.started_at),
+            duration_ms: call.duration_ms.max(0),
+        })
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The calls of a task (of one attempt, if given), oldest first, at most
+/// [`MAX_CALLS_LISTED`].
+pub fn task_calls(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    attempt: Option<i32>,
+) -> Result<Vec<ModelCall>, DbError> {
+    let mut query = model_calls::table
+        .filter(model_calls::task_id.eq(task_id.to_string()))
+        .into_boxed();
+    if let Some(attempt) = attempt {
+        query = query.filter(model_calls::attempt.eq(attempt));
+    }
+    query
+        .order((
+            model_calls::attempt.asc(),
+            model_calls::started_at.asc(),
+            model_calls::id.asc(),
+        ))
+        .limit(MAX_CALLS_LISTED)
+        .select(CallRow::as_select())
+        .load(conn)?
+        .into_iter()
+        .map(ModelCall::try_from)
+        .collect()
+}
+
+/// What the metered calls of one run add up to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunTotals {
+    /// How many calls.
+    pub calls: i64,
+    /// Their summed cost; `None` when a call that used tokens has no price.
+    pub cost_usd: Option<Usd>,
+    /// The models of calls that used tokens but have no price.
+    pub unpriced: Vec<String>,
+    /// Uncached input tokens.
+    pub input_tokens: i64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_tokens: i64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write_tokens: i64,
+    /// Output tokens.
+    pub output_tokens: i64,
+}
+
+/// The totals of the metered calls of one run (summed here, exactly, over the rows).
+pub fn run_totals(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    attempt: i32,
+) -> Result<RunTotals, DbError> {
+    let calls = task_calls(conn, task_id, Some(attempt))?;
+    let mut totals = RunTotals {
+        cost_usd: Some(Usd::ZERO),
+        ..RunTotals::default()
+    };
+    let overflow = || DbError::Conflict("metered total overflow".into());
+    for call in calls {
+        totals.calls += 1;
+        totals.input_tokens = totals
+            .input_tokens
+            .checked_add(call.input_tokens)
+            .ok_or_else(overflow)?;
+        totals.cache_read_tokens = totals
+            .cache_read_tokens
+            .checked_add(call.cache_read_tokens)
+            .ok_or_else(overflow)?;
+        totals.cache_write_tokens = totals
+            .cache_write_tokens
+            .checked_add(call.cache_write_tokens)
+            .ok_or_else(overflow)?;
+        totals.output_tokens = totals
+            .output_tokens
+            .checked_add(call.output_tokens)
+            .ok_or_else(overflow)?;
+        let used = call.input_tokens
+            + call.cache_read_tokens
+            + call.cache_write_tokens
+            + call.output_tokens
+            > 0;
+        match call.cost_usd {
+            Some(cost) => {
+                totals.cost_usd = match totals.cost_usd {
+                    Some(sum) => Some(sum.checked_add(cost).ok_or_else(overflow)?),
+                    None => None,
+                }
+            }
+            None if used => {
+                totals.cost_usd = None;
+                let model = call.model.unwrap_or_else(|| "(unknown)".to_owned());
+                if !totals.unpriced.contains(&model) {
+                    totals.unpriced.push(model);
+                }
+            }
+            None => {}
+        }
+    }
+    Ok(totals)
+}
+
+/// Connections the egress proxy refused to one destination during one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressBlocked {
+    /// The run's attempt.
+    pub attempt: i32,
+    /// The host asked for (a name or an IP literal).
+    pub host: String,
+    /// The port asked for.
+    pub port: i32,
+    /// How many attempts were refused.
+    pub count: i64,
+    /// The first one.
+    pub first_at: OffsetDateTime,
+    /// The last one.
+    pub last_at: OffsetDateTime,
+}
+
+/// Counts one refused connection of a run to `host:port`.
+pub fn record_blocked(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    attempt: i32,
+    host: &str,
+    port: u16,
+    at: OffsetDateTime,
+) -> Result<(), DbError> {
+    let task = task_id.to_string();
+    let port = i32::from(port);
+    let at = to_db(at);
+    let count_one = |conn: &mut AnyConnection| -> Result<bool, DbError> {
+        let key = egress_blocked::table
+            .filter(egress_blocked::task_id.eq(&task))
+            .filter(egress_blocked::attempt.eq(attempt))
+            .filter(egress_blocked::host.eq(host))
+            .filter(egress_blocked::port.eq(port));
+        Ok(diesel::update(key)
+            .set((
+                egress_blocked::count.eq(egress_blocked::count + 1),
+                egress_blocked::last_at.eq(at),
+            ))
+            .execute(conn)?
+            > 0)
+    };
+    let recorded: Result<(), DbError> = write_tx(conn, |conn| {
+        if count_one(conn)? {
+            return Ok(());
+        }
+        diesel::insert_into(egress_blocked::table)
+            .values((
+                egress_blocked::task_id.eq(&task),
+                egress_blocked::attempt.eq(attempt),
+                egress_blocked::host.eq(host),
+                egress_blocked::port.eq(port),
+                egress_blocked::count.eq(1_i64),
+                egress_blocked::first_at.eq(at),
+                egress_blocked::last_at.eq(at),
+            ))
+            .execute(conn)?;
+        Ok(())
+    });
+    match recorded {
+        // A concurrent refusal of the same destination inserted its row first: count on it.
+        Err(e) if e.is_unique_violation() => write_tx(conn, |conn| count_one(conn).map(|_| ())),
+        other => other,
+    }
+}
+
+/// The refused destinations of a task's runs, by attempt, then first refusal.
+pub fn task_blocked(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+) -> Result<Vec<EgressBlocked>, DbError> {
+    type Row = (i32, String, i32, i64, PrimitiveDateTime, PrimitiveDateTime);
+    let rows: Vec<Row> = egress_blocked::table
+        .filter(egress_blocked::task_id.eq(task_id.to_string()))
+        .order((
+            egress_blocked::attempt.asc(),
+            egress_blocked::first_at.asc(),
+            egress_blocked::host.asc(),
+            egress_blocked::port.asc(),
+        ))
+        .select((
+            egress_blocked::attempt,
+            egress_blocked::host,
+            egress_blocked::port,
+            egress_blocked::count,
+            egress_blocked::first_at,
+            egress_blocked::last_at,
+        ))
+        .load(conn)?;
+    Ok(rows
+        .into_iter()
+        .map(|(attempt, host, port, count, first, last)| EgressBlocked {
+            attempt,
+            host,
+            port,
+            count,
+            first_at: from_db(first),
+            last_at: from_db(last),
+        })
+        .collect())
+}

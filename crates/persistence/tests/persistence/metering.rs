@@ -1,0 +1,136 @@
+//! The model gateway's records (docs/contract.md#68-model-gateway): metered calls summed
+//! exactly per run, refused connections counted per destination, notes in the history.
+
+use crate::common::*;
+use agentry_domain::{AgentType, TaskState};
+use agentry_persistence::metering::{self, ModelCall};
+use agentry_persistence::tasks::{self, EventKind, Run, RunOutcome};
+use uuid::Uuid;
+
+fn call(task: uuid::Uuid, attempt: i32, secs: i64, model: &str, cost: Option<&str>) -> ModelCall {
+    ModelCall {
+        id: Uuid::now_v7(),
+        task_id: task,
+        attempt,
+        provider: "anthropic".into(),
+        model: Some(model.into()),
+        status: 200,
+        outcome: "completed".into(),
+        input_tokens: 10,
+        cache_read_tokens: 100,
+        cache_write_tokens: 5,
+        output_tokens: 20,
+        reasoning_tokens: 0,
+        cost_usd: cost.map(usd),
+        started_at: at(secs),
+        duration_ms: 1500,
+    }
+}
+
+agentry_persistence::backend_tests! {
+    // A run's metered cost is the exact sum of its calls; other attempts do not count.
+    fn calls_sum_exactly_per_run(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let first = call(task.id, 1, 0, "claude-sonnet-5", Some("0.000000001"));
+        metering::record_call(&mut conn, &first).unwrap();
+        for (i, cost) in ["0.1", "0.2", "12345.678901234"].iter().enumerate() {
+            metering::record_call(&mut conn, &call(task.id, 1, i as i64 + 1, "claude-sonnet-5", Some(cost))).unwrap();
+        }
+        metering::record_call(&mut conn, &call(task.id, 2, 9, "claude-sonnet-5", Some("5"))).unwrap();
+        let totals = metering::run_totals(&mut conn, task.id, 1).unwrap();
+        assert_eq!(totals.calls, 4);
+        assert_eq!(totals.cost_usd, Some(usd("12345.978901235")));
+        assert_eq!(
+            (totals.input_tokens, totals.cache_read_tokens, totals.cache_write_tokens, totals.output_tokens),
+            (40, 400, 20, 80)
+        );
+        let listed = metering::task_calls(&mut conn, task.id, None).unwrap();
+        assert_eq!(listed.len(), 5);
+        assert_eq!(listed[0], first);
+        assert_eq!(listed.iter().map(|c| c.attempt).collect::<Vec<_>>(), [1, 1, 1, 1, 2]);
+        assert_eq!(metering::task_calls(&mut conn, task.id, Some(2)).unwrap().len(), 1);
+        assert_eq!(metering::run_totals(&mut conn, task.id, 3).unwrap().calls, 0);
+    }
+
+    // One unpriced call that used tokens makes the run's cost unknown, naming the model.
+    fn an_unpriced_call_makes_the_cost_unknown(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        metering::record_call(&mut conn, &call(task.id, 1, 0, "claude-sonnet-5", Some("0.5"))).unwrap();
+        metering::record_call(&mut conn, &call(task.id, 1, 1, "mystery-model", None)).unwrap();
+        let totals = metering::run_totals(&mut conn, task.id, 1).unwrap();
+        assert_eq!(totals.cost_usd, None);
+        assert_eq!(totals.unpriced, vec!["mystery-model".to_owned()]);
+    }
+
+    // Refusals are counted per run and destination, first and last time kept.
+    fn refused_connections_are_counted_per_destination(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        metering::record_blocked(&mut conn, task.id, 1, "169.254.169.254", 80, at(1)).unwrap();
+        metering::record_blocked(&mut conn, task.id, 1, "169.254.169.254", 80, at(5)).unwrap();
+        metering::record_blocked(&mut conn, task.id, 1, "evil.example", 443, at(3)).unwrap();
+        metering::record_blocked(&mut conn, task.id, 2, "evil.example", 443, at(7)).unwrap();
+        let blocked = metering::task_blocked(&mut conn, task.id).unwrap();
+        let summary: Vec<_> = blocked
+            .iter()
+            .map(|b| (b.attempt, b.host.as_str(), b.port, b.count, b.first_at, b.last_at))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (1, "169.254.169.254", 80, 2, at(1), at(5)),
+                (1, "evil.example", 443, 1, at(3), at(3)),
+                (2, "evil.example", 443, 1, at(7), at(7)),
+            ]
+        );
+    }
+
+    // A note changes no state: it lands in the history as from = to = the current state.
+    fn a_note_joins_the_history_without_a_transition(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        tasks::record_note(&mut conn, task.id, EventKind::CostMismatch, "cost_mismatch: x", at(2)).unwrap();
+        let events = tasks::task_events(&mut conn, task.id).unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].kind, EventKind::Transition);
+        let note = &events[1];
+        assert_eq!((note.from, note.to, note.kind), (Some(TaskState::Queued), TaskState::Queued, EventKind::CostMismatch));
+        assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().state, TaskState::Queued);
+    }
+
+    // A metered run keeps its call count and the agent's own figure beside the cost.
+    fn metered_run_fields_round_trip(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut conn = db.conn().unwrap();
+        let run = Run {
+            id: Uuid::new_v4(),
+            task_id: task.id,
+            attempt: 1,
+            agent_type: AgentType::Codex,
+            model: Some("gpt-6.1-sol".into()),
+            cost_usd: Some(usd("0.42")),
+            input_tokens: 1,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 1,
+            turns: None,
+            outcome: RunOutcome::Succeeded,
+            exit_code: Some(0),
+            error_message: None,
+            started_at: at(0),
+            finished_at: Some(at(1)),
+            sandboxed: Some(true),
+            model_calls: Some(7),
+            reported_cost_usd: Some(usd("0.000001")),
+        };
+        tasks::record_run(&mut conn, &run).unwrap();
+        assert_eq!(tasks::task_runs(&mut conn, task.id).unwrap(), vec![run]);
+    }
+}
