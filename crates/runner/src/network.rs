@@ -6,13 +6,16 @@
 //! egress proxy's ([`PROXY_SOCKET`]). Inside, a small forwarder (the agentry binary itself,
 //! [`forwarder`]) listens on `127.0.0.1:`[`GATEWAY_PORT`] and `127.0.0.1:`[`PROXY_PORT`] of
 //! the sandbox's own loopback and passes every connection to its socket; then it starts the
-//! agent and waits for it. The agent is given the gateway as its model API
+//! agent and waits for it ([`forwarder_main`]). The agent is given the gateway as its model API
 //! (`ANTHROPIC_BASE_URL`, Codex's `openai_base_url`) with a key of its run only, and the
 //! proxy as `HTTPS_PROXY`/`HTTP_PROXY`. It holds no real key and reaches nothing else: not a
 //! loopback service of the host, not the local network, not the internet.
 //!
 //! What listens on the sockets is the service's business: a [`Network`] opens them for each
 //! run ([`Network::open`]) and closes them when the [`RunNetwork`] it returned is dropped.
+//! The runner ([`crate::local::LocalRunner`], given a [`crate::local::NetworkConfig`]) opens
+//! the network of every sandboxed run, gives the agent [`agent_environment`], and stops the
+//! run when its [`RunMeter`] is exhausted.
 
 use std::fmt;
 use std::future::Future;
@@ -24,7 +27,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use agentry_domain::money::Usd;
 use uuid::Uuid;
 
-use crate::agent::AgentSpec;
+use agentry_domain::AgentType;
+
+use crate::agent::{self, AgentSpec};
+
+pub mod forwarder;
+
+pub use forwarder::forwarder_main;
 
 /// Where the run's network directory (holding [`GATEWAY_SOCKET`] and [`PROXY_SOCKET`]) is
 /// mounted inside the sandbox, read-only.
@@ -43,6 +52,77 @@ pub const GATEWAY_PORT: u16 = 4810;
 /// The port of the sandbox's loopback on which the forwarder passes connections to the
 /// egress proxy.
 pub const PROXY_PORT: u16 = 4811;
+
+/// The model gateway as the agent reaches it inside the sandbox (Claude Code's
+/// `ANTHROPIC_BASE_URL`; Codex's `openai_base_url` is this with `/v1`).
+pub const GATEWAY_URL: &str = "http://127.0.0.1:4810";
+
+/// The egress proxy as the agent reaches it inside the sandbox (`HTTPS_PROXY`,
+/// `HTTP_PROXY`).
+pub const PROXY_URL: &str = "http://127.0.0.1:4811";
+
+/// What the agent reaches without the proxy (`NO_PROXY`): the sandbox's own loopback, where
+/// the gateway is.
+pub const NO_PROXY: &str = "127.0.0.1,localhost";
+
+/// The variables of the agent's environment that name a proxy, in any case.
+const PROXY_VARS: &[&str] = &["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"];
+
+/// The arguments of the forwarder inside the sandbox, after its program and leading
+/// arguments and before the agent's command line: `--listen 4810=/run/agentry/gateway.sock
+/// --listen 4811=/run/agentry/proxy.sock --`.
+pub fn forwarder_args() -> Vec<String> {
+    vec![
+        "--listen".to_owned(),
+        format!("{GATEWAY_PORT}={SANDBOX_NET_DIR}/{GATEWAY_SOCKET}"),
+        "--listen".to_owned(),
+        format!("{PROXY_PORT}={SANDBOX_NET_DIR}/{PROXY_SOCKET}"),
+        "--".to_owned(),
+    ]
+}
+
+/// The environment of an agent whose network is the run's ([`Network::open`]), from the
+/// one it would have had (`env`, see [`agent::environment`]): without any credential
+/// variable ([`agent::api_key_vars`] of both agents), `ANTHROPIC_BASE_URL`,
+/// `OPENAI_BASE_URL` and proxy variables (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`,
+/// `NO_PROXY`, in any case); with the run's `key` and the gateway as the model API (Claude
+/// Code: `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL` = [`GATEWAY_URL`]; Codex:
+/// `CODEX_API_KEY`, `OPENAI_BASE_URL` = [`GATEWAY_URL`]`/v1`, which becomes its
+/// `openai_base_url`), and the proxy: `HTTPS_PROXY`, `HTTP_PROXY`, `https_proxy`,
+/// `http_proxy` = [`PROXY_URL`], `NO_PROXY`, `no_proxy` = [`NO_PROXY`].
+pub fn agent_environment(
+    agent_type: AgentType,
+    env: Vec<(String, String)>,
+    key: &str,
+) -> Vec<(String, String)> {
+    let removed = |name: &str| {
+        agent::api_key_vars(AgentType::ClaudeCode)
+            .iter()
+            .chain(agent::api_key_vars(AgentType::Codex))
+            .chain(&["ANTHROPIC_BASE_URL", agent::OPENAI_BASE_URL])
+            .any(|n| *n == name)
+            || PROXY_VARS.iter().any(|p| p.eq_ignore_ascii_case(name))
+    };
+    let mut env: Vec<(String, String)> = env.into_iter().filter(|(k, _)| !removed(k)).collect();
+    let mut set = |name: &str, value: &str| env.push((name.to_owned(), value.to_owned()));
+    match agent_type {
+        AgentType::ClaudeCode => {
+            set("ANTHROPIC_BASE_URL", GATEWAY_URL);
+            set("ANTHROPIC_API_KEY", key);
+        }
+        AgentType::Codex => {
+            set("CODEX_API_KEY", key);
+            set(agent::OPENAI_BASE_URL, &format!("{GATEWAY_URL}/v1"));
+        }
+    }
+    for name in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+        set(name, PROXY_URL);
+    }
+    for name in ["NO_PROXY", "no_proxy"] {
+        set(name, NO_PROXY);
+    }
+    env
+}
 
 /// The run a network is opened for.
 #[derive(Debug, Clone)]
@@ -72,7 +152,8 @@ impl RunMeter {
     pub fn add(&self, cost: Option<Usd>) {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if let Some(cost) = cost {
-            self.spent_nanos.fetch_add(cost.to_nanos(), Ordering::SeqCst);
+            self.spent_nanos
+                .fetch_add(cost.to_nanos(), Ordering::SeqCst);
         }
     }
 
@@ -128,4 +209,76 @@ pub trait Network: Send + Sync + fmt::Debug {
     /// the run) for `run`, until the returned [`RunNetwork`] is dropped. An `Err` (a sentence
     /// saying why) fails the run before its agent starts.
     fn open<'a>(&'a self, run: &'a RunInfo, dir: &'a Path) -> OpenFuture<'a>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_urls_name_the_ports() {
+        assert_eq!(GATEWAY_URL, format!("http://127.0.0.1:{GATEWAY_PORT}"));
+        assert_eq!(PROXY_URL, format!("http://127.0.0.1:{PROXY_PORT}"));
+        assert_eq!(
+            forwarder_args().join(" "),
+            "--listen 4810=/run/agentry/gateway.sock --listen 4811=/run/agentry/proxy.sock --"
+        );
+    }
+
+    /// No credential, base URL or proxy of the service reaches a metered agent: the run's
+    /// key, the gateway and the proxy replace them; the rest is kept in order.
+    #[test]
+    fn a_metered_agent_holds_only_its_run_key() {
+        let env: Vec<(String, String)> = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/h"),
+            ("ANTHROPIC_API_KEY", "sk-ant-real"),
+            ("ANTHROPIC_AUTH_TOKEN", "tok"),
+            ("CLAUDE_CODE_OAUTH_TOKEN", "oauth"),
+            ("CODEX_API_KEY", "sk-codex"),
+            ("OPENAI_API_KEY", "sk-openai"),
+            ("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+            ("OPENAI_BASE_URL", "https://api.openai.com/v1"),
+            ("https_proxy", "http://corp:3128"),
+            ("Http_Proxy", "http://corp:3128"),
+            ("ALL_PROXY", "socks5://corp"),
+            ("no_proxy", "corp"),
+            ("SSL_CERT_FILE", "/etc/ca.pem"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let text = |agent| {
+            agent_environment(agent, env.clone(), "run-key")
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+        };
+        let proxies = [
+            "HTTPS_PROXY=http://127.0.0.1:4811",
+            "HTTP_PROXY=http://127.0.0.1:4811",
+            "https_proxy=http://127.0.0.1:4811",
+            "http_proxy=http://127.0.0.1:4811",
+            "NO_PROXY=127.0.0.1,localhost",
+            "no_proxy=127.0.0.1,localhost",
+        ];
+        let mut claude = vec![
+            "PATH=/usr/bin",
+            "HOME=/h",
+            "SSL_CERT_FILE=/etc/ca.pem",
+            "ANTHROPIC_BASE_URL=http://127.0.0.1:4810",
+            "ANTHROPIC_API_KEY=run-key",
+        ];
+        claude.extend(proxies);
+        assert_eq!(text(AgentType::ClaudeCode), claude);
+        let mut codex = vec![
+            "PATH=/usr/bin",
+            "HOME=/h",
+            "SSL_CERT_FILE=/etc/ca.pem",
+            "CODEX_API_KEY=run-key",
+            "OPENAI_BASE_URL=http://127.0.0.1:4810/v1",
+        ];
+        codex.extend(proxies);
+        assert_eq!(text(AgentType::Codex), codex);
+    }
 }
