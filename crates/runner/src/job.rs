@@ -114,6 +114,11 @@ pub struct Execution {
     /// ([`crate::sandbox`]); `false` when agents run unsandboxed
     /// (`AGENTRY_AGENT_SANDBOX=off`) or the sandbox was unavailable and nothing ran.
     pub sandboxed: bool,
+    /// Whether the run had a network of its own ([`crate::network`]): it was opened, so
+    /// the agent's model calls (if it got to make any) went through the service's model
+    /// gateway, which metered them. `false` for a run without one (unsandboxed, no network
+    /// configured) or whose network could not be opened.
+    pub metered: bool,
     /// When the job started.
     pub started_at: OffsetDateTime,
     /// When it ended.

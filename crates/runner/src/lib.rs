@@ -14,6 +14,10 @@
 //! - [`sandbox`]: the bubblewrap sandbox every agent runs in (unless turned off): the
 //!   system read-only, the data directory, the service user's `HOME` and other processes
 //!   hidden, only the worktree and the run's `HOME` writable.
+//! - [`network`]: the network of a sandboxed run (with a [`local::NetworkConfig`]): its own
+//!   network namespace, where only the service's model gateway and egress proxy are
+//!   reachable, through the forwarder ([`network::forwarder_main`], `agentry sandbox-net`);
+//!   the agent holds a key of its run only, and the run stops when its meter is exhausted.
 //! - [`agent`]: the two CLIs' command lines and API-key variables.
 //! - [`claude::parse_claude`] reads `claude -p --output-format stream-json --verbose`
 //!   output (one JSON event per line) and takes cost, tokens, turns, model and outcome from
@@ -48,7 +52,7 @@ pub use agent::AgentSpec;
 pub use claude::parse_claude;
 pub use codex::parse_codex;
 pub use job::{Control, Execution, Job, JobKind, Runner, Salvaged, Verdict};
-pub use local::{LocalConfig, LocalRunner};
+pub use local::{LocalConfig, LocalRunner, NetworkConfig};
 pub use prices::{ModelPrice, PRICES_AS_OF, PriceError, PriceTable, Tokens};
 pub use sandbox::{InvalidSandboxMode, Sandbox, SandboxMode};
 

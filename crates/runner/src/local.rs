@@ -9,15 +9,28 @@
 //! runs/<task>/<attempt>/output.log.1  the part before it once the log was rotated (full)
 //! runs/<task>/<attempt>/agent.pid   the agent's process (group) id
 //! runs/<task>/<attempt>/home/       the agent's HOME
+//! runs/<task>/<attempt>/net/        the run's network sockets (a sandboxed run with a network)
 //! ```
 //!
 //! Each agent runs in the sandbox of [`LocalConfig::sandbox`] (see [`crate::sandbox`]): of
 //! all this it sees only its worktree and its `HOME`.
 //!
+//! With a [`LocalConfig::network`], a sandboxed run gets a network of its own
+//! (docs/security.md#network, [`crate::network`]): before anything is prepared the runner
+//! opens the run's sockets in a fresh `net/` directory ([`Network::open`]; a failure fails
+//! the run), the agent runs in its own network namespace behind the forwarder, with the
+//! run's key instead of the service's credentials and the gateway and proxy as its model
+//! API and proxy ([`network::agent_environment`]), and the run is stopped as at its
+//! allowance once the gateway marks its [`RunMeter`] exhausted. The network is closed once
+//! the agent has ended; [`Execution::metered`] says the run had one. An unsandboxed run
+//! (`AGENTRY_AGENT_SANDBOX=off`) never has one: it uses the network and credentials of the
+//! service, as it does without a configured network.
+//!
 //! The run directory outlives the job: the service reads the output from it after a crash
 //! ([`Runner::salvage`]) and removes it once the run is recorded ([`Runner::discard`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_domain::AgentType;
@@ -26,7 +39,8 @@ use uuid::Uuid;
 
 use crate::agent::{self, AgentSpec, Launch, ServiceEnv};
 use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salvaged, Verdict};
-use crate::process::{self, Ended, Limits};
+use crate::network::{self, Network, RunInfo, RunMeter};
+use crate::process::{self, Ended, Limits, OutputSink};
 use crate::sandbox::{self, Sandbox, SandboxMode};
 use crate::version;
 use crate::workspace::{Workspaces, Worktree};
@@ -57,6 +71,20 @@ pub struct LocalConfig {
     pub stop_grace: Duration,
     /// The sandbox agents run in (`AGENTRY_AGENT_SANDBOX`); see [`crate::sandbox`].
     pub sandbox: Sandbox,
+    /// The network of sandboxed runs (see the module docs); `None`: a sandboxed agent
+    /// shares the service's network and gets the service's credentials.
+    pub network: Option<NetworkConfig>,
+}
+
+/// The network sandboxed runs get ([`LocalConfig::network`]).
+#[derive(Debug, Clone)]
+pub struct NetworkConfig {
+    /// What opens each run's sockets (the service's model gateway and egress proxy).
+    pub provider: Arc<dyn Network>,
+    /// The forwarder run inside the sandbox in front of the agent: its program (an
+    /// absolute path, or a name found on the agent's `PATH`) and leading arguments, e.g.
+    /// `["/usr/local/bin/agentry", "sandbox-net"]` ([`network::forwarder_main`]).
+    pub forwarder: Vec<String>,
 }
 
 /// Runs jobs as local processes (see the module docs).
@@ -90,6 +118,12 @@ impl LocalRunner {
     pub fn new(config: LocalConfig) -> Self {
         if config.sandbox.mode() == SandboxMode::Off {
             tracing::warn!("agents run unsandboxed: AGENTRY_AGENT_SANDBOX=off");
+            if config.network.is_some() {
+                tracing::warn!(
+                    "unsandboxed agents get no network of their own: they use the service's \
+                     network and credentials, not the model gateway"
+                );
+            }
         }
         let workspaces = Workspaces::new(config.root.join("workspaces"));
         LocalRunner {
@@ -181,6 +215,7 @@ impl LocalRunner {
             ended: None,
             output: String::new(),
             sandboxed,
+            metered: false,
             started_at,
             finished_at: now(),
         };
@@ -204,6 +239,21 @@ impl LocalRunner {
                 home.display()
             ));
         }
+        // A sandboxed run's network, open until its agent has ended.
+        let network = match (&bwrap, &self.config.network) {
+            (Some(_), Some(config)) => match self.open_network(&job, &run_dir, config).await {
+                Ok(opened) => Some(opened),
+                Err(message) => {
+                    return fail(format!("could not open the agent's network: {message}"));
+                }
+            },
+            _ => None,
+        };
+        let metered = network.is_some();
+        let fail = |message: String| Execution {
+            metered,
+            ..fail(message)
+        };
         let prepared = match &job.kind {
             JobKind::Coding { .. } => {
                 self.workspaces
@@ -231,7 +281,10 @@ impl LocalRunner {
             sandboxed: bwrap.is_some(),
             review: matches!(job.kind, JobKind::Review { .. }),
         };
-        let env = agent::environment(agent_type, launch, &home, &self.config.env);
+        let mut env = agent::environment(agent_type, launch, &home, &self.config.env);
+        if let Some((opened, _)) = &network {
+            env = network::agent_environment(agent_type, env, &opened.key);
+        }
         let command = agent::command(
             &job.agent,
             launch,
@@ -264,6 +317,13 @@ impl LocalRunner {
                         .join(format!("{}.git", job.repo.key)),
                     review: launch.review,
                     readable: &readable,
+                    network: match (&network, &self.config.network) {
+                        (Some((_, dir)), Some(config)) => Some(sandbox::NetLayout {
+                            dir,
+                            forwarder: &config.forwarder,
+                        }),
+                        _ => None,
+                    },
                 };
                 match sandbox::wrap(bwrap, command, layout) {
                     Ok(command) => command,
@@ -280,14 +340,20 @@ impl LocalRunner {
         };
         let pid_file = run_dir.join("agent.pid");
         let started = control.started.take();
-        let parser = agent::OutputParser::new(&job.agent, &self.config.prices)
-            .with_codex_home(&home, &self.config.prices);
+        let meter = network
+            .as_ref()
+            .map(|(opened, _)| Arc::clone(&opened.meter));
+        let sink = RunSink {
+            parser: agent::OutputParser::new(&job.agent, &self.config.prices)
+                .with_codex_home(&home, &self.config.prices),
+            meter: meter.clone(),
+        };
         let outcome = process::run_process_with(
             command,
             &run_dir.join("output.log"),
             limits,
             control.cancel.clone(),
-            parser,
+            sink,
             move |pid| {
                 // Best effort: only used to stop an orphaned agent after a crash.
                 let _ = std::fs::write(&pid_file, pid.to_string());
@@ -297,7 +363,9 @@ impl LocalRunner {
             },
         )
         .await;
-        let (outcome, parser) = match outcome {
+        // The agent has ended: its network closes.
+        drop(network);
+        let (outcome, RunSink { parser, .. }) = match outcome {
             Ok(o) => o,
             Err(e) => {
                 remove_worktree(worktree).await;
@@ -305,7 +373,12 @@ impl LocalRunner {
             }
         };
         // The parser read all of stdout as it arrived; only its end is kept for the log.
-        let cost_so_far = parser.cost_so_far();
+        // Stopped because the gateway refused a call for the run's budget, the run spent
+        // what the gateway metered.
+        let cost_so_far = match &meter {
+            Some(meter) if meter.is_exhausted() => Some(meter.spent()),
+            _ => parser.cost_so_far(),
+        };
         let mut report = parser.finish();
         if outcome.ended == Ended::Stopped {
             // Stopped by agentry at its allowance: whatever the output says, that is how the
@@ -349,9 +422,58 @@ impl LocalRunner {
             ended: Some(outcome.ended),
             output,
             sandboxed,
+            metered,
             started_at,
             finished_at: now(),
         }
+    }
+
+    /// Opens `job`'s network with `config`'s provider in a fresh `net` directory (mode 0700)
+    /// of `run_dir`: the network and its directory, or why it could not be opened.
+    async fn open_network(
+        &self,
+        job: &Job,
+        run_dir: &Path,
+        config: &NetworkConfig,
+    ) -> Result<(network::RunNetwork, PathBuf), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = run_dir.join("net");
+        fresh_dir(&dir)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        tokio::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .await
+            .map_err(|e| format!("cannot restrict {}: {e}", dir.display()))?;
+        let run = RunInfo {
+            task_id: job.task_id,
+            attempt: job.attempt,
+            repo_key: job.repo.key.clone(),
+            agent: job.agent.clone(),
+        };
+        let opened = config.provider.open(&run, &dir).await?;
+        Ok((opened, dir))
+    }
+}
+
+/// What reads a run's output: the agent's parser, stopping the run at its allowance, and
+/// for a run with a network its meter, stopping the run once the gateway refused a call for
+/// its budget ([`RunMeter::is_exhausted`]).
+struct RunSink {
+    parser: agent::OutputParser,
+    meter: Option<Arc<RunMeter>>,
+}
+
+impl OutputSink for RunSink {
+    fn feed(&mut self, chunk: &[u8]) {
+        self.parser.feed(chunk);
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.parser.allowance_reached() || self.meter.as_ref().is_some_and(|m| m.is_exhausted())
+    }
+
+    fn poll(&mut self) {
+        self.parser.poll();
     }
 }
 
@@ -671,6 +793,7 @@ mod tests {
             env: ServiceEnv::default(),
             stop_grace: Duration::from_millis(100),
             sandbox: Sandbox::default(),
+            network: None,
         })
     }
 

@@ -21,7 +21,14 @@
 //!   and `git status` work; nothing of git changes);
 //! - its own process, IPC, UTS and (where possible) cgroup namespaces with a fresh `/proc`,
 //!   so no other process of the machine (the service, a concurrent `git push` holding the
-//!   code-host token) is visible; the network is shared, since the agent needs its API;
+//!   code-host token) is visible;
+//! - with a network (the run's [`crate::network::Network`]): its own network
+//!   namespace (`--unshare-net`: a loopback interface, no route), the run's network
+//!   directory read-only at [`crate::network::SANDBOX_NET_DIR`], and the forwarder
+//!   ([`crate::network::forwarder`]) started in front of the agent, listening on the
+//!   sandbox's loopback for the model gateway and the egress proxy: nothing else of any
+//!   network is reachable, not even the host's loopback. Without one (the runner was given
+//!   no network) the network is shared with the host, as the agent needs its API;
 //! - no capabilities (`--cap-drop ALL`, and bwrap sets `no_new_privs`), a new session (no
 //!   terminal to inject into), and `--die-with-parent`.
 //!
@@ -30,7 +37,7 @@
 //! kills every process left in the pid namespace.
 //!
 //! [`SandboxMode::Auto`] (the default) finds `bwrap` and probes it once with the same kind of
-//! namespaces; if it does not work, agents are refused. [`SandboxMode::Off`] runs agents as
+//! namespaces, a network namespace included; if it does not work, agents are refused. [`SandboxMode::Off`] runs agents as
 //! plain processes of the service's user (a warning is logged when the runner is built).
 
 use std::ffi::OsStr;
@@ -45,6 +52,10 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
 use crate::process::{AgentCommand, StopTarget};
+
+/// The options of the probe of `bwrap` (after [`BASE_ARGS`]): a network namespace, as a
+/// run with a network gets, and a writable `/tmp`.
+const PROBE_ARGS: &[&str] = &["--unshare-net", "--tmpfs", "/tmp", "--", "true"];
 
 /// Where `bwrap` is looked for when it is not on the service's `PATH`.
 pub const DEFAULT_BWRAP: &str = "/usr/bin/bwrap";
@@ -226,7 +237,7 @@ pub fn mode_for_tests() -> SandboxMode {
     let works = find_bwrap().and_then(|bwrap| {
         let status = std::process::Command::new(&bwrap)
             .args(BASE_ARGS)
-            .args(["--tmpfs", "/tmp", "--", "true"])
+            .args(PROBE_ARGS)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .stdin(Stdio::null())
@@ -280,12 +291,31 @@ fn find_bwrap() -> Result<PathBuf, String> {
     ))
 }
 
-/// Runs `true` in a sandbox like an agent's, to know `bwrap` works here.
+/// Runs `true` in a sandbox like an agent's (with a network namespace), to know `bwrap`
+/// works here. When only the network namespace fails, the message says so.
 async fn probe(bwrap: &Path) -> Result<(), String> {
+    let failed = match trial(bwrap, PROBE_ARGS).await {
+        Ok(()) => return Ok(()),
+        Err(failed) => failed,
+    };
+    let without_net = PROBE_ARGS.get(1..).unwrap_or_default();
+    if trial(bwrap, without_net).await.is_ok() {
+        return Err(format!(
+            "{failed}; {} works here without a network namespace, but agents get one of \
+             their own (--unshare-net), which cannot be created here",
+            bwrap.display()
+        ));
+    }
+    Err(failed)
+}
+
+/// Runs `bwrap` with [`BASE_ARGS`] and `args` (ending with the command), within
+/// [`PROBE_TIMEOUT`].
+async fn trial(bwrap: &Path, args: &[&str]) -> Result<(), String> {
     let mut command = tokio::process::Command::new(bwrap);
     command
         .args(BASE_ARGS)
-        .args(["--tmpfs", "/tmp", "--", "true"])
+        .args(args)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .stdin(Stdio::null())
@@ -349,11 +379,26 @@ pub(crate) struct Layout<'a> {
     /// are absolute paths of existing files, such as a CA bundle): those under a hidden
     /// directory come back read-only. Never anything of the data directory.
     pub readable: &'a [PathBuf],
+    /// The run's network, if it has one: then the sandbox gets a network namespace of its
+    /// own and the agent is started by the forwarder.
+    pub network: Option<NetLayout<'a>>,
+}
+
+/// The network part of a [`Layout`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NetLayout<'a> {
+    /// The run's network directory (holding the sockets), mounted read-only at
+    /// [`crate::network::SANDBOX_NET_DIR`].
+    pub dir: &'a Path,
+    /// The forwarder's program and leading arguments (`agentry sandbox-net`); it gets
+    /// [`crate::network::forwarder_args`] and the agent's command line after them.
+    pub forwarder: &'a [String],
 }
 
 /// `cmd` run inside the sandbox by `bwrap`: the same stdin, working directory and
 /// environment (the `bwrap` process gets exactly the agent's environment, which it passes
-/// on), the program resolved on the environment's `PATH`.
+/// on), the program resolved on the environment's `PATH`. With a network
+/// ([`Layout::network`]), in a network namespace of its own, started by the forwarder.
 pub(crate) fn wrap(
     bwrap: &Path,
     cmd: AgentCommand,
@@ -395,40 +440,41 @@ fn wrap_with_home(
 
     let program = resolve_program(&cmd.program, &cmd.env)?;
     let mut program_binds: Vec<PathBuf> = Vec::new();
-    let canonical_program = canonical(&program)?;
-    // The program, its symlink's target, and the interpreter of a script (`#!/usr/bin/env
-    // node` for an npm-installed Codex).
-    let mut programs = vec![program.clone(), canonical_program.clone()];
-    if let Some(interpreter) = interpreter(&canonical_program, &cmd.env) {
-        programs.push(interpreter.clone());
-        if let Ok(target) = std::fs::canonicalize(&interpreter) {
-            programs.push(target);
-        }
-    }
-    for path in programs {
-        if !tmpfs.iter().any(|h| path.starts_with(h)) {
-            continue;
-        }
-        if path.starts_with(&root) {
-            return Err(format!(
-                "the agent program {} lies in the data directory, which agents cannot see",
-                path.display()
-            ));
-        }
-        // A program of an npm package brings the whole `node_modules` it lies in (the
-        // package's platform binary is another package there). Else its directory, unless
-        // that is a hidden directory itself or holds the data directory: then just the file.
-        let bind = match (node_modules_of(&path), path.parent()) {
-            (Some(modules), _) if !root.starts_with(&modules) => modules,
-            (_, Some(dir)) if !tmpfs.iter().any(|h| h == dir) && !root.starts_with(dir) => {
-                dir.to_owned()
+    bind_program(
+        "the agent program",
+        &program,
+        &cmd.env,
+        &root,
+        &tmpfs,
+        &mut program_binds,
+    )?;
+    let forwarder = match layout.network {
+        None => None,
+        Some(net) => {
+            let (first, leading) = net
+                .forwarder
+                .split_first()
+                .ok_or_else(|| "the network forwarder's command is empty".to_owned())?;
+            let forwarder = resolve_program(Path::new(first), &cmd.env)
+                .map_err(|e| format!("the network forwarder: {e}"))?;
+            bind_program(
+                "the network forwarder",
+                &forwarder,
+                &cmd.env,
+                &root,
+                &tmpfs,
+                &mut program_binds,
+            )?;
+            let run = Path::new(SANDBOX_RUN);
+            if !tmpfs.iter().any(|h| h == run) {
+                return Err(format!(
+                    "{SANDBOX_RUN} is not a directory here, so the run's network directory \
+                     cannot be mounted in the sandbox"
+                ));
             }
-            _ => path.clone(),
-        };
-        if !program_binds.contains(&bind) {
-            program_binds.push(bind);
+            Some((forwarder, leading, canonical(net.dir)?))
         }
-    }
+    };
     for file in layout.readable {
         let Ok(file) = std::fs::canonicalize(file) else {
             continue;
@@ -443,6 +489,9 @@ fn wrap_with_home(
     }
 
     let mut args: Vec<String> = BASE_ARGS.iter().map(|a| (*a).to_owned()).collect();
+    if forwarder.is_some() {
+        args.push("--unshare-net".to_owned());
+    }
     let text = |path: &Path| {
         path.to_str()
             .map(str::to_owned)
@@ -454,6 +503,14 @@ fn wrap_with_home(
     for path in &program_binds {
         let path = text(path)?;
         args.extend(["--ro-bind".to_owned(), path.clone(), path]);
+    }
+    if let Some((_, _, net_dir)) = &forwarder {
+        // In the `/run` tmpfs, which is made read-only below like every hiding tmpfs.
+        args.extend([
+            "--ro-bind".to_owned(),
+            text(net_dir)?,
+            crate::network::SANDBOX_NET_DIR.to_owned(),
+        ]);
     }
     let mut hidden_git = Vec::new();
     match git_dirs(&worktree, layout.mirror) {
@@ -490,6 +547,11 @@ fn wrap_with_home(
         }
     }
     args.extend(["--chdir".to_owned(), text(&worktree)?, "--".to_owned()]);
+    if let Some((forwarder, leading, _)) = &forwarder {
+        args.push(text(forwarder)?);
+        args.extend(leading.iter().cloned());
+        args.extend(crate::network::forwarder_args());
+    }
     args.push(text(&program)?);
     args.extend(cmd.args);
     Ok(AgentCommand {
@@ -501,6 +563,56 @@ fn wrap_with_home(
         stop: StopTarget::Sandbox,
     })
 }
+
+/// Adds to `binds` what makes `program` (`what`, for messages) runnable in the sandbox
+/// when it lies under a hidden directory (`tmpfs`): the program, its symlink's target and
+/// the interpreter of a script (`#!/usr/bin/env node` for an npm-installed Codex), each by
+/// its directory (the whole `node_modules` of an npm package's program, where its platform
+/// binary is), or just the file when its directory is itself hidden or holds the data
+/// directory (`root`). A program in the data directory is refused.
+fn bind_program(
+    what: &str,
+    program: &Path,
+    env: &[(String, String)],
+    root: &Path,
+    tmpfs: &[PathBuf],
+    binds: &mut Vec<PathBuf>,
+) -> Result<(), String> {
+    let canonical_program = std::fs::canonicalize(program)
+        .map_err(|e| format!("cannot resolve {}: {e}", program.display()))?;
+    let mut programs = vec![program.to_owned(), canonical_program.clone()];
+    if let Some(interpreter) = interpreter(&canonical_program, env) {
+        programs.push(interpreter.clone());
+        if let Ok(target) = std::fs::canonicalize(&interpreter) {
+            programs.push(target);
+        }
+    }
+    for path in programs {
+        if !tmpfs.iter().any(|h| path.starts_with(h)) {
+            continue;
+        }
+        if path.starts_with(root) {
+            return Err(format!(
+                "{what} {} lies in the data directory, which agents cannot see",
+                path.display()
+            ));
+        }
+        let bind = match (node_modules_of(&path), path.parent()) {
+            (Some(modules), _) if !root.starts_with(&modules) => modules,
+            (_, Some(dir)) if !tmpfs.iter().any(|h| h == dir) && !root.starts_with(dir) => {
+                dir.to_owned()
+            }
+            _ => path.clone(),
+        };
+        if !binds.contains(&bind) {
+            binds.push(bind);
+        }
+    }
+    Ok(())
+}
+
+/// The directory the run's network directory is mounted in (hidden under a tmpfs).
+const SANDBOX_RUN: &str = "/run";
 
 /// The outermost `node_modules` directory `path` lies in, if any.
 fn node_modules_of(path: &Path) -> Option<PathBuf> {
@@ -649,6 +761,7 @@ mod tests {
             mirror: &root.join("workspaces/mirrors/r.git"),
             review: false,
             readable: &[],
+            network: None,
         };
         let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
         assert_eq!(wrapped.program, bwrap);
@@ -699,6 +812,128 @@ mod tests {
         std::fs::copy(&program, root.join("agent")).unwrap();
         let refused = wrap_with_home(&bwrap, inside, layout, None).unwrap_err();
         assert!(refused.contains("lies in the data directory"), "{refused}");
+    }
+
+    /// With a network, the sandbox gets its own namespace, the run's network directory
+    /// read-only at /run/agentry (inside the `/run` tmpfs, which stays read-only), and the
+    /// forwarder (made visible like the agent program) in front of the agent's command line.
+    #[test]
+    fn a_network_brings_its_namespace_its_directory_and_the_forwarder() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let service_home = base.join("home");
+        let bin = service_home.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let forwarder = bin.join("agentry");
+        std::fs::write(&forwarder, "").unwrap();
+        std::fs::set_permissions(&forwarder, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = base.join("data");
+        let worktree = root.join("workspaces/worktrees/t");
+        let home = root.join("runs/t/1/home");
+        let net = root.join("runs/t/1/net");
+        for d in [&worktree, &home, &net] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let cmd = AgentCommand {
+            program: PathBuf::from("sh"),
+            args: vec!["-c".into(), "true".into()],
+            stdin: String::new(),
+            cwd: worktree.clone(),
+            env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
+            stop: StopTarget::Group,
+        };
+        let forwarder_cmd = [forwarder.display().to_string(), "sandbox-net".to_owned()];
+        let layout = Layout {
+            root: &root,
+            worktree: &worktree,
+            home: &home,
+            mirror: &root.join("workspaces/mirrors/r.git"),
+            review: false,
+            readable: &[],
+            network: Some(NetLayout {
+                dir: &net,
+                forwarder: &forwarder_cmd,
+            }),
+        };
+        let bwrap = Path::new("/usr/bin/bwrap");
+        let wrapped = wrap_with_home(bwrap, cmd.clone(), layout, Some(&service_home)).unwrap();
+        let args = wrapped.args.join(" ");
+        assert!(args.contains("--unshare-net"), "{args}");
+        let net_bind = format!("--ro-bind {} /run/agentry", net.display());
+        let run_tmpfs = args.find("--tmpfs /run ").unwrap();
+        let bound = args.find(&net_bind).unwrap();
+        let run_ro = args.find("--remount-ro /run ").unwrap();
+        assert!(run_tmpfs < bound && bound < run_ro, "{args}");
+        assert!(
+            args.contains(&format!("--ro-bind {} {}", bin.display(), bin.display())),
+            "{args}"
+        );
+        let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
+        assert!(
+            args.ends_with(&format!(
+                "-- {} sandbox-net --listen 4810=/run/agentry/gateway.sock --listen \
+                 4811=/run/agentry/proxy.sock -- {} -c true",
+                forwarder.display(),
+                sh.display()
+            )),
+            "{args}"
+        );
+        // Without a network, none of it.
+        let plain = wrap_with_home(
+            bwrap,
+            cmd.clone(),
+            Layout {
+                network: None,
+                ..layout
+            },
+            Some(&service_home),
+        )
+        .unwrap()
+        .args
+        .join(" ");
+        assert!(
+            !plain.contains("--unshare-net") && !plain.contains("/run/agentry"),
+            "{plain}"
+        );
+        assert!(
+            plain.ends_with(&format!("-- {} -c true", sh.display())),
+            "{plain}"
+        );
+
+        // A forwarder in the data directory is refused, as an empty forwarder command.
+        let inside = [root.join("agentry").display().to_string()];
+        std::fs::copy(&forwarder, root.join("agentry")).unwrap();
+        let refused = wrap_with_home(
+            bwrap,
+            cmd.clone(),
+            Layout {
+                network: Some(NetLayout {
+                    dir: &net,
+                    forwarder: &inside,
+                }),
+                ..layout
+            },
+            Some(&service_home),
+        )
+        .unwrap_err();
+        assert!(
+            refused.contains("the network forwarder") && refused.contains("data directory"),
+            "{refused}"
+        );
+        let refused = wrap_with_home(
+            bwrap,
+            cmd,
+            Layout {
+                network: Some(NetLayout {
+                    dir: &net,
+                    forwarder: &[],
+                }),
+                ..layout
+            },
+            Some(&service_home),
+        )
+        .unwrap_err();
+        assert!(refused.contains("command is empty"), "{refused}");
     }
 
     #[test]

@@ -153,6 +153,7 @@ impl Runs {
             }),
             stop_grace: STOP_GRACE,
             sandbox: agentry_runner::Sandbox::new(settings.sandbox),
+            network: None,
         });
         Runs::new(Arc::new(runner), settings)
     }
@@ -1113,6 +1114,7 @@ async fn lost_run(
         ended: None,
         output: String::new(),
         sandboxed: false,
+        metered: false,
         started_at: task.started_at.unwrap_or(lease.expired_at),
         finished_at: at,
     };

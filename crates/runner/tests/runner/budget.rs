@@ -80,6 +80,7 @@ impl Rig {
             },
             stop_grace: Duration::from_secs(1),
             sandbox: Sandbox::new(agentry_runner::sandbox::mode_for_tests()),
+            network: None,
         }));
         Rig {
             _dir: dir,

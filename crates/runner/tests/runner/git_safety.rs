@@ -97,6 +97,7 @@ impl Rig {
             },
             stop_grace: Duration::from_secs(1),
             sandbox: Sandbox::new(SandboxMode::Off),
+            network: None,
         }));
         Rig {
             dir,

@@ -1,9 +1,10 @@
 //! Every integration test of this crate, in one test binary (one link step instead of
-//! 6); each module is one area, named as its file.
+//! 7); each module is one area, named as its file.
 
 mod budget;
 mod fake_agents;
 mod git_safety;
+mod network;
 mod parsers;
 mod process;
 mod sandbox;

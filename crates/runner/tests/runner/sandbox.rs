@@ -24,14 +24,14 @@ use tokio::sync::{oneshot, watch};
 use uuid::Uuid;
 
 /// A data directory (`root`) next to a bare repository with a README on `main`.
-struct Rig {
+pub(crate) struct Rig {
     _dir: TempDir,
-    root: PathBuf,
-    bare: PathBuf,
+    pub(crate) root: PathBuf,
+    pub(crate) bare: PathBuf,
 }
 
 impl Rig {
-    fn new() -> Rig {
+    pub(crate) fn new() -> Rig {
         let dir = TempDir::new().unwrap();
         let (bare, _) = seeded_bare(dir.path(), "seed");
         let root = dir.path().join("agentry");
@@ -43,7 +43,7 @@ impl Rig {
         }
     }
 
-    fn config(&self, sandbox: Sandbox) -> LocalConfig {
+    pub(crate) fn config(&self, sandbox: Sandbox) -> LocalConfig {
         LocalConfig {
             root: self.root.clone(),
             claude_bin: fake("claude"),
@@ -55,14 +55,15 @@ impl Rig {
             },
             stop_grace: Duration::from_secs(1),
             sandbox,
+            network: None,
         }
     }
 
-    fn runner(&self, sandbox: Sandbox) -> Arc<LocalRunner> {
+    pub(crate) fn runner(&self, sandbox: Sandbox) -> Arc<LocalRunner> {
         Arc::new(LocalRunner::new(self.config(sandbox)))
     }
 
-    fn job(&self, task_id: Uuid, prompt: &str) -> Job {
+    pub(crate) fn job(&self, task_id: Uuid, prompt: &str) -> Job {
         Job {
             task_id,
             attempt: 1,
@@ -88,7 +89,7 @@ impl Rig {
         }
     }
 
-    fn home(&self, task_id: Uuid) -> PathBuf {
+    pub(crate) fn home(&self, task_id: Uuid) -> PathBuf {
         self.root
             .join("runs")
             .join(task_id.to_string())
@@ -97,13 +98,13 @@ impl Rig {
 }
 
 /// A job started on its own task, with its cancel switch and its start signal.
-struct Started {
-    cancel: watch::Sender<bool>,
-    started: oneshot::Receiver<()>,
-    handle: tokio::task::JoinHandle<Execution>,
+pub(crate) struct Started {
+    pub(crate) cancel: watch::Sender<bool>,
+    pub(crate) started: oneshot::Receiver<()>,
+    pub(crate) handle: tokio::task::JoinHandle<Execution>,
 }
 
-fn start(runner: &Arc<LocalRunner>, job: Job) -> Started {
+pub(crate) fn start(runner: &Arc<LocalRunner>, job: Job) -> Started {
     let (cancel, cancel_rx) = watch::channel(false);
     let (started_tx, started) = oneshot::channel();
     let runner = Arc::clone(runner);
@@ -128,11 +129,11 @@ fn start(runner: &Arc<LocalRunner>, job: Job) -> Started {
 /// Whether bubblewrap works on this machine; where it does not, the sandboxed tests have
 /// nothing to test and return (CI sets `AGENTRY_TEST_REQUIRE_SANDBOX=1`, which makes that a
 /// failure instead).
-fn sandbox_works_here() -> bool {
+pub(crate) fn sandbox_works_here() -> bool {
     agentry_runner::sandbox::mode_for_tests() == SandboxMode::Auto
 }
 
-async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
+pub(crate) async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
     let started = start(runner, job);
     let execution = started.handle.await.unwrap();
     drop(started.cancel);
@@ -140,7 +141,7 @@ async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
 }
 
 /// Polls `done` every 20 ms until it holds, for at most `limit`.
-async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+pub(crate) async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -149,7 +150,7 @@ async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool)
 }
 
 /// The processes of this machine whose environment holds `var` (e.g. `HOME=…`).
-fn processes_with_env(var: &str) -> Vec<i32> {
+pub(crate) fn processes_with_env(var: &str) -> Vec<i32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = entry
@@ -526,4 +527,35 @@ async fn without_a_working_bwrap_agents_are_refused_and_nothing_starts() {
     }
     // Off needs no bwrap at all.
     assert_eq!(Sandbox::new(SandboxMode::Off).check().await, Ok(false));
+}
+
+/// Sandboxed runs get a network namespace of their own: a `bwrap` that cannot create one
+/// is refused, and the message says that is what fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bwrap_without_network_namespaces_is_refused_with_the_reason() {
+    let dir = TempDir::new().unwrap();
+    let bwrap = dir.path().join("bwrap");
+    std::fs::write(
+        &bwrap,
+        "#!/bin/sh\n\
+         case \" $* \" in *\" --unshare-net \"*)\n\
+         \techo 'bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted' >&2; exit 1 ;;\n\
+         esac\n\
+         exit 0\n",
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&bwrap).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&bwrap, perms).unwrap();
+    let refused = Sandbox::with_bwrap(&bwrap).check().await.unwrap_err();
+    assert!(
+        refused.contains("a trial run of")
+            && refused.contains("Failed RTM_NEWADDR")
+            && refused.contains(
+                "works here without a network namespace, but agents get one of their own \
+                 (--unshare-net), which cannot be created here"
+            )
+            && refused.ends_with("set AGENTRY_AGENT_SANDBOX=off to run agents unsandboxed"),
+        "{refused}"
+    );
 }
