@@ -59,6 +59,15 @@ enum Command {
     /// Print the OpenAPI document of the HTTP API (what GET /api/openapi.json serves), with
     /// no database and no configuration needed.
     Openapi,
+    /// Inside an agent's sandbox: forward loopback ports to the run's sockets and run the
+    /// agent (`sandbox-net --listen PORT=SOCKET... -- PROGRAM [ARGS...]`; see
+    /// `agentry_runner::network::forwarder`). Reads no configuration and no database.
+    #[command(hide = true, disable_help_flag = true)]
+    SandboxNet {
+        /// `--listen PORT=SOCKET_PATH`..., `--`, the program and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -108,8 +117,13 @@ enum CliError {
 /// Runs the command line; the binary's `main` is this function.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Doctor = cli.command {
-        return doctor();
+    match cli.command {
+        Command::Doctor => return doctor(),
+        Command::SandboxNet { args } => {
+            let code = agentry_runner::network::forwarder_main(args);
+            return ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
+        }
+        _ => {}
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -236,7 +250,58 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 print!("{}", crate::costs_table::render(&report, repo.as_ref()));
             }
         }
-        Command::Openapi | Command::Doctor => {}
+        Command::Openapi | Command::Doctor | Command::SandboxNet { .. } => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `sandbox-net` takes everything after it as the forwarder's arguments, `--` and
+    /// options included.
+    #[test]
+    fn sandbox_net_passes_its_arguments_through() {
+        let cli = Cli::try_parse_from([
+            "agentry",
+            "sandbox-net",
+            "--listen",
+            "4810=/run/agentry/gateway.sock",
+            "--listen",
+            "4811=/run/agentry/proxy.sock",
+            "--",
+            "/usr/bin/claude",
+            "-p",
+            "--help",
+            "--",
+            "x",
+        ])
+        .unwrap();
+        let Command::SandboxNet { args } = cli.command else {
+            panic!("not sandbox-net");
+        };
+        assert_eq!(
+            args,
+            [
+                "--listen",
+                "4810=/run/agentry/gateway.sock",
+                "--listen",
+                "4811=/run/agentry/proxy.sock",
+                "--",
+                "/usr/bin/claude",
+                "-p",
+                "--help",
+                "--",
+                "x"
+            ]
+            .map(std::ffi::OsString::from)
+        );
+        let parsed = agentry_runner::network::forwarder::ForwarderArgs::parse(args).unwrap();
+        assert_eq!(parsed.program, "/usr/bin/claude");
+        assert_eq!(
+            parsed.args,
+            ["-p", "--help", "--", "x"].map(std::ffi::OsString::from)
+        );
+    }
 }
