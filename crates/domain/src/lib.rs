@@ -20,12 +20,15 @@
 //!   the code host means for the task that opened it.
 //! - [`settings`]: [`RepoSettings`], per-repository settings with bounds and
 //!   JSON merge-patch style updates.
+//! - [`egress`]: [`EgressPattern`] and [`EgressAllow`], the hosts a sandboxed agent may
+//!   reach through the egress proxy.
 //! - [`error`]: [`FieldError`], a validation error naming the offending JSON
 //!   member.
 //!
 //! The crate performs no I/O at all, and money never passes through
 //! floating point.
 
+pub mod egress;
 pub mod error;
 pub mod money;
 pub mod pull_request;
@@ -34,6 +37,7 @@ pub mod role;
 pub mod settings;
 pub mod task;
 
+pub use egress::{EgressAllow, EgressMatch, EgressPattern, EgressPatternError};
 pub use error::FieldError;
 pub use money::{MoneyError, Usd, format_decimal};
 pub use pull_request::{PullRequestRef, PullRequestState, pull_request_trigger};

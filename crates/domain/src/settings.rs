@@ -1,8 +1,8 @@
 //! Per-repository settings.
 //!
 //! [`RepoSettings`] holds the knobs a user can set for a repository: which
-//! models and agent to use, turn limits, automatic review, a cost cap per task and a
-//! monthly budget.
+//! models and agent to use, turn limits, automatic review, a cost cap per task, a
+//! monthly budget and the hosts its sandboxed agents may reach (`egressAllow`).
 //! Updates arrive as JSON merge-patch style objects and are applied with
 //! [`RepoSettings::apply_patch`], which validates every member and names the
 //! offending one in its [`FieldError`].
@@ -13,6 +13,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::egress::EgressPattern;
 use crate::error::FieldError;
 use crate::money::Usd;
 use crate::task::AgentType;
@@ -23,9 +24,11 @@ const MIN_TURNS: i64 = 1;
 const MAX_TURNS: i64 = 1000;
 /// The longest allowed model name, in characters.
 const MAX_MODEL_CHARS: usize = 100;
+/// The most patterns `egressAllow` may hold.
+pub const MAX_EGRESS_ALLOW: usize = 100;
 
 /// The JSON member names, in declaration order.
-const MEMBERS: [&str; 8] = [
+const MEMBERS: [&str; 9] = [
     CODING_MODEL,
     REVIEW_MODEL,
     MAX_TURNS_CODING,
@@ -34,6 +37,7 @@ const MEMBERS: [&str; 8] = [
     AUTO_REVIEW,
     MAX_COST_PER_TASK_USD,
     MONTHLY_BUDGET_USD,
+    EGRESS_ALLOW,
 ];
 const CODING_MODEL: &str = "codingModel";
 const REVIEW_MODEL: &str = "reviewModel";
@@ -43,6 +47,7 @@ const AGENT_TYPE: &str = "agentType";
 const AUTO_REVIEW: &str = "autoReview";
 const MAX_COST_PER_TASK_USD: &str = "maxCostPerTaskUsd";
 const MONTHLY_BUDGET_USD: &str = "monthlyBudgetUsd";
+const EGRESS_ALLOW: &str = "egressAllow";
 
 const MODEL_RULE: &str = "must be 1 to 100 characters of A-Z, a-z, 0-9 and . _ : / -, not starting \
      with -";
@@ -53,11 +58,16 @@ const BOOL_RULE: &str = "must be true or false";
 const COST_RULE: &str = "must be a decimal string greater than 0, such as \"5.00\", or null";
 const BUDGET_RULE: &str =
     "must be a decimal string of at least 0, such as \"500.00\", with at most 9 decimals, or null";
+const EGRESS_RULE: &str = "must be an array of at most 100 host names, IP addresses or \
+     wildcards, such as [\"pypi.org\", \"*.githubusercontent.com\"]";
+const EGRESS_MEMBER_RULE: &str =
+    "must be a host name, an IP address or a wildcard such as \"*.example.com\"";
 
 /// Settings of one repository.
 ///
 /// Serialised with camelCase member names; `maxTurnsCoding` is an integer
-/// or `null`, `maxCostPerTaskUsd` a decimal string or `null`.
+/// or `null`, `maxCostPerTaskUsd` a decimal string or `null`, `egressAllow` an array of
+/// pattern strings in normal form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RepoSettings {
@@ -83,6 +93,10 @@ pub struct RepoSettings {
     /// What agent runs on this repository may spend in a UTC calendar month, or `None` for
     /// no budget (docs/contract.md#67-budgets). Default `None`.
     pub monthly_budget_usd: Option<Usd>,
+    /// The hosts the repository's sandboxed agents may reach through the egress proxy,
+    /// besides the instance's (`AGENTRY_EGRESS_ALLOW`): at most [`MAX_EGRESS_ALLOW`]
+    /// patterns, in normal form, each once. Default: none.
+    pub egress_allow: Vec<EgressPattern>,
 }
 
 impl Default for RepoSettings {
@@ -97,6 +111,7 @@ impl Default for RepoSettings {
             auto_review: true,
             max_cost_per_task_usd: None,
             monthly_budget_usd: None,
+            egress_allow: Vec::new(),
         }
     }
 }
@@ -118,6 +133,9 @@ impl RepoSettings {
         if let Some(cost) = self.max_cost_per_task_usd {
             check_cost(cost)?;
         }
+        if self.egress_allow.len() > MAX_EGRESS_ALLOW {
+            return Err(FieldError::new(EGRESS_ALLOW, EGRESS_RULE));
+        }
         Ok(())
     }
 
@@ -130,7 +148,10 @@ impl RepoSettings {
     /// JSON integers (not `5.0` or `"5"`), `null` is accepted only for
     /// `maxTurnsCoding` and `maxCostPerTaskUsd` (clearing them), and
     /// `maxCostPerTaskUsd` must be a decimal string accepted by
-    /// [`Usd::parse`]. The patch is all-or-nothing: an unknown member or any
+    /// [`Usd::parse`]. `egressAllow` replaces the whole list: an array of at most
+    /// [`MAX_EGRESS_ALLOW`] strings, each an [`EgressPattern`], stored in normal form and
+    /// without repetitions (`[]` clears it); a bad element is named with its index, e.g.
+    /// `egressAllow[2]`. The patch is all-or-nothing: an unknown member or any
     /// bad value gives an error naming that member, and nothing is applied.
     ///
     /// A patch that changes `agentType` and names no `codingModel` (or `reviewModel`) sets
@@ -177,6 +198,7 @@ impl RepoSettings {
                         _ => Some(budget_value(value)?),
                     }
                 }
+                EGRESS_ALLOW => next.egress_allow = egress_value(value)?,
                 unknown => {
                     return Err(FieldError::new(
                         unknown,
@@ -263,6 +285,28 @@ fn cost_value(value: &Value) -> Result<Usd, FieldError> {
     Ok(cost)
 }
 
+/// An egress allow-list from a JSON value: an array of at most [`MAX_EGRESS_ALLOW`]
+/// pattern strings, normalised, each kept once (the first).
+fn egress_value(value: &Value) -> Result<Vec<EgressPattern>, FieldError> {
+    let items = value
+        .as_array()
+        .filter(|items| items.len() <= MAX_EGRESS_ALLOW)
+        .ok_or_else(|| FieldError::new(EGRESS_ALLOW, EGRESS_RULE))?;
+    let mut patterns: Vec<EgressPattern> = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let field = || format!("{EGRESS_ALLOW}[{index}]");
+        let text = item
+            .as_str()
+            .ok_or_else(|| FieldError::new(field(), EGRESS_MEMBER_RULE))?;
+        let pattern =
+            EgressPattern::parse(text).map_err(|e| FieldError::new(field(), e.to_string()))?;
+        if !patterns.contains(&pattern) {
+            patterns.push(pattern);
+        }
+    }
+    Ok(patterns)
+}
+
 /// A monthly budget from a JSON value: a decimal string of at least 0.
 pub fn budget_value(value: &Value) -> Result<Usd, FieldError> {
     money_value(MONTHLY_BUDGET_USD, BUDGET_RULE, value)
@@ -316,7 +360,7 @@ mod tests {
     fn serialization_shape() {
         assert_eq!(
             serde_json::to_string(&RepoSettings::default()).unwrap(),
-            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null,"monthlyBudgetUsd":null}"#
+            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null,"monthlyBudgetUsd":null,"egressAllow":[]}"#
         );
         let s = patch(json!({"maxTurnsCoding": null, "maxCostPerTaskUsd": "2.50"})).unwrap();
         let v = serde_json::to_value(&s).unwrap();
@@ -348,6 +392,7 @@ mod tests {
             "autoReview": false,
             "maxCostPerTaskUsd": "0.01",
             "monthlyBudgetUsd": "0",
+            "egressAllow": ["PyPI.org", "*.githubusercontent.com"],
         }))
         .unwrap();
         assert_eq!(
@@ -361,6 +406,10 @@ mod tests {
                 auto_review: false,
                 max_cost_per_task_usd: Some(Usd::parse("0.01").unwrap()),
                 monthly_budget_usd: Some(Usd::ZERO),
+                egress_allow: vec![
+                    EgressPattern::parse("pypi.org").unwrap(),
+                    EgressPattern::parse("*.githubusercontent.com").unwrap(),
+                ],
             }
         );
         assert_eq!(s.validate(), Ok(()));
@@ -631,6 +680,13 @@ mod tests {
                 },
                 MAX_COST_PER_TASK_USD,
             ),
+            (
+                RepoSettings {
+                    egress_allow: vec![EgressPattern::parse("a.org").unwrap(); 101],
+                    ..ok.clone()
+                },
+                EGRESS_ALLOW,
+            ),
         ];
         for (settings, field) in cases {
             assert_eq!(settings.validate().unwrap_err().field, field);
@@ -669,5 +725,63 @@ mod tests {
                 .unwrap_err();
             assert_eq!(e.field, "monthlyBudgetUsd", "{bad}");
         }
+    }
+
+    /// `egressAllow` replaces the list with the normalised patterns, each once; `[]`
+    /// clears it; a bad element is named with its index and nothing changes.
+    #[test]
+    fn egress_allow_holds_normalised_patterns() {
+        let set = patch(json!({"egressAllow": [
+            "PyPI.org.", "*.GitHubUserContent.com", "[::1]", "127.0.0.1", "pypi.org"
+        ]}))
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(&set).unwrap()["egressAllow"],
+            json!(["pypi.org", "*.githubusercontent.com", "::1", "127.0.0.1"])
+        );
+        assert_eq!(set.validate(), Ok(()));
+        let replaced = set.apply_patch(&json!({"egressAllow": ["a.org"]})).unwrap();
+        assert_eq!(
+            replaced.egress_allow,
+            [EgressPattern::parse("a.org").unwrap()]
+        );
+        let cleared = set.apply_patch(&json!({"egressAllow": []})).unwrap();
+        assert!(cleared.egress_allow.is_empty());
+        let hundred: Vec<String> = (0..100).map(|i| format!("h{i}.example.com")).collect();
+        assert_eq!(
+            patch(json!({ "egressAllow": hundred }))
+                .unwrap()
+                .egress_allow
+                .len(),
+            100
+        );
+
+        let err = set
+            .apply_patch(
+                &json!({"autoReview": false, "egressAllow": ["a.org", "b.org", "https://x"]}),
+            )
+            .unwrap_err();
+        assert_eq!(err.field, "egressAllow[2]");
+        assert_eq!(
+            err.to_string(),
+            "egressAllow[2]: a URL is not a host name; give the host only, e.g. \"pypi.org\""
+        );
+        for (bad, field) in [
+            (json!(["pypi.org:443"]), "egressAllow[0]"),
+            (json!(["ok.org", "*"]), "egressAllow[1]"),
+            (json!(["*.com"]), "egressAllow[0]"),
+            (json!(["a b"]), "egressAllow[0]"),
+            (json!([""]), "egressAllow[0]"),
+            (json!(["a.org", 5]), "egressAllow[1]"),
+            (json!([null]), "egressAllow[0]"),
+            (json!("pypi.org"), EGRESS_ALLOW),
+            (json!(null), EGRESS_ALLOW),
+            (json!({"0": "pypi.org"}), EGRESS_ALLOW),
+        ] {
+            let err = patch(json!({ "egressAllow": bad })).unwrap_err();
+            assert_eq!(err.field, field, "{bad}");
+        }
+        let too_many: Vec<String> = (0..101).map(|i| format!("h{i}.example.com")).collect();
+        assert_eq!(refused(EGRESS_ALLOW, json!(too_many)).message, EGRESS_RULE);
     }
 }

@@ -74,6 +74,8 @@ impl TryFrom<RepoRow> for Repository {
                 auto_review: r.auto_review,
                 max_cost_per_task_usd: convert::usd(r.max_cost_per_task_nanos)?,
                 monthly_budget_usd: convert::usd(r.monthly_budget_nanos)?,
+                // Not stored yet: no column holds egressAllow.
+                egress_allow: Vec::new(),
             },
             connected_at: from_db(r.connected_at),
             disconnected_at: opt_from_db(r.disconnected_at),

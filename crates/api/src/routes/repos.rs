@@ -262,7 +262,8 @@ pub async fn get_settings(
     tag = "repos",
     params(("id" = Uuid, Path, description = "Repository id")),
     request_body(content = Object, description = "Any subset of codingModel, reviewModel, \
-        maxTurnsCoding, maxTurnsReview, agentType, autoReview, maxCostPerTaskUsd"),
+        maxTurnsCoding, maxTurnsReview, agentType, autoReview, maxCostPerTaskUsd, \
+        monthlyBudgetUsd, egressAllow"),
     responses(
         (status = 200, description = "The settings after the change", body = Object),
         (status = 400, body = ErrorBody),

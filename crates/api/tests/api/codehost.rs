@@ -172,6 +172,14 @@ async fn repositories_connect_once_and_settings_change_all_or_nothing() {
         (json!({ "autoReview": "yes" }), "autoReview"),
         (json!({ "maxCostPerTaskUsd": "0" }), "maxCostPerTaskUsd"),
         (json!({ "maxCostPerTaskUsd": 5 }), "maxCostPerTaskUsd"),
+        (
+            json!({ "egressAllow": ["pypi.org", "https://x"] }),
+            "egressAllow[1]: a URL",
+        ),
+        (
+            json!({ "egressAllow": "pypi.org" }),
+            "egressAllow: must be an array",
+        ),
         (json!({ "codingModel": "opus", "color": "red" }), "color"),
         (json!(["codingModel"]), "body"),
     ] {
