@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agentry_domain::AgentType;
+use agentry_domain::{AgentType, EgressPattern};
 use agentry_persistence::secrets::SecretValue;
 use agentry_runner::SandboxMode;
 
@@ -66,6 +66,11 @@ pub struct Config {
     /// every agent (proxies, CA bundles, base URLs…), besides `PATH`, the run's `HOME` and
     /// the agent's own credentials. Empty by default.
     pub agent_env: Vec<String>,
+    /// `AGENTRY_EGRESS_ALLOW`: comma-separated hosts (`pypi.org`), IP addresses and
+    /// wildcards (`*.githubusercontent.com`) every sandboxed agent may reach through the
+    /// egress proxy, besides its repository's `egressAllow`. In normal form, each once.
+    /// Empty by default.
+    pub egress_allow: Vec<EgressPattern>,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -247,6 +252,13 @@ impl Config {
                 message,
             })?,
         };
+        let egress_allow = match get("AGENTRY_EGRESS_ALLOW") {
+            None => Vec::new(),
+            Some(text) => egress_patterns(&text).map_err(|message| ConfigError {
+                name: "AGENTRY_EGRESS_ALLOW",
+                message,
+            })?,
+        };
         Ok(Config {
             data_dir,
             database_url,
@@ -267,6 +279,7 @@ impl Config {
             agent_sandbox,
             alert_webhook_url,
             agent_env,
+            egress_allow,
         })
     }
 }
@@ -316,6 +329,19 @@ fn agent_env_names(text: &str) -> Result<Vec<String>, String> {
         }
     }
     Ok(names)
+}
+
+/// The patterns of `AGENTRY_EGRESS_ALLOW`: separated by commas, blanks around them ignored,
+/// each an [`EgressPattern`] (listed once); a bad one is named with why.
+fn egress_patterns(text: &str) -> Result<Vec<EgressPattern>, String> {
+    let mut patterns: Vec<EgressPattern> = Vec::new();
+    for member in text.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let pattern = EgressPattern::parse(member).map_err(|e| format!("{member:?}: {e}"))?;
+        if !patterns.contains(&pattern) {
+            patterns.push(pattern);
+        }
+    }
+    Ok(patterns)
 }
 
 /// `path` made absolute against the current directory (lexically: nothing is read).
@@ -460,6 +486,7 @@ mod tests {
         assert_eq!(c.run_lease, Duration::from_secs(60));
         assert_eq!(c.agent_sandbox, SandboxMode::Auto);
         assert_eq!(c.alert_webhook_url, None);
+        assert!(c.egress_allow.is_empty());
     }
 
     #[test]
@@ -610,6 +637,48 @@ mod tests {
         assert_eq!(c.prices_file, Some(cwd.join("prices.json")));
         let pg = cfg(&[("AGENTRY_DATABASE_URL", "postgres://u@h/db")]).unwrap();
         assert_eq!(pg.database_url, "postgres://u@h/db");
+    }
+
+    /// `AGENTRY_EGRESS_ALLOW` lists patterns separated by commas, normalised and each once;
+    /// a bad one is named with the variable and why.
+    #[test]
+    fn egress_allow_lists_host_patterns() {
+        let c = cfg(&[(
+            "AGENTRY_EGRESS_ALLOW",
+            " PyPI.org , *.githubusercontent.com,,[::1],127.0.0.1, pypi.org ",
+        )])
+        .unwrap();
+        let shown: Vec<String> = c.egress_allow.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["pypi.org", "*.githubusercontent.com", "::1", "127.0.0.1"]
+        );
+        assert!(
+            cfg(&[("AGENTRY_EGRESS_ALLOW", " , ")])
+                .unwrap()
+                .egress_allow
+                .is_empty()
+        );
+        for (bad, why) in [
+            (
+                "pypi.org, https://files.pythonhosted.org",
+                "a URL is not a host name",
+            ),
+            ("pypi.org:443", "a port is not part of a host name"),
+            ("*", "would allow every host"),
+            ("*.com", "a wildcard must stand for hosts below"),
+            ("pypi org", "no white space"),
+        ] {
+            let e = cfg(&[("AGENTRY_EGRESS_ALLOW", bad)]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_EGRESS_ALLOW");
+            assert!(e.message.contains(why), "{bad}: {}", e.message);
+        }
+        let e = cfg(&[("AGENTRY_EGRESS_ALLOW", "a.org, https://x")]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("AGENTRY_EGRESS_ALLOW: \"https://x\": a URL"),
+            "{e}"
+        );
     }
 
     /// `AGENTRY_AGENT_ENV` lists the variables passed to agents; agentry's own settings,

@@ -29,6 +29,7 @@ pub mod codehost;
 pub mod config;
 pub mod costs;
 pub mod doctor;
+pub mod egress;
 pub mod error;
 pub mod import;
 pub mod runs;

@@ -1,0 +1,1352 @@
+//! The egress proxy: a sandboxed agent's only way to the network besides the model gateway.
+//!
+//! Each sandboxed run gets its own proxy socket (a Unix socket, reached from inside the
+//! sandbox through the forwarder as `HTTPS_PROXY`/`HTTP_PROXY`), served by [`serve`] with the
+//! run's [`EgressPolicy`]: the union of the repository's `egressAllow` setting and the
+//! instance's `AGENTRY_EGRESS_ALLOW`.
+//!
+//! A connection sends one request head (at most [`MAX_HEAD_BYTES`], within [`HEAD_TIMEOUT`],
+//! else `431` or `408`):
+//!
+//! - `CONNECT host:port`: when allowed, the proxy answers `200 Connection established` and
+//!   passes bytes both ways. TLS is passed through, never opened.
+//! - An absolute-form plain HTTP request, `GET http://host[:port]/path HTTP/1.1`: when
+//!   allowed, the proxy connects and sends the request with an origin-form target (`/path`),
+//!   `Host` set to the target, without `Proxy-*` and hop-by-hop headers, with `Connection:
+//!   close`, then passes bytes both ways.
+//! - Anything else (an origin-form request, `https://` without `CONNECT`, bad syntax, a
+//!   `CONNECT` without a port) answers `400`.
+//!
+//! The decision: the host must be allowed ([`EgressAllow::check`]). An IP address is
+//! allowed only when listed itself. A name is resolved once; when any of its addresses is
+//! not public ([`special_use`]: loopback, private, link-local, CGNAT…), the name is refused
+//! unless it is listed itself (not only covered by a wildcard). The proxy connects to the
+//! addresses it checked, never resolving again. A refusal answers `403` with a plain-text
+//! body saying why and how to allow the host, and is reported to [`EgressEvents::blocked`];
+//! a host that cannot be resolved or reached answers `502`.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_domain::{EgressAllow, EgressMatch, EgressPattern};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::timeout;
+
+/// The largest request head read, in bytes; a longer one answers `431`.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// How long a client may take to send its request head; then it gets `408`.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long resolving a host name may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long connecting to one address of the host may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long writing an error answer may take.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most connections served at once on one socket; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 256;
+
+/// The most header fields of a request head.
+const MAX_HEADERS: usize = 128;
+
+/// Where refused connections are reported (the run's record of blocked egress).
+pub trait EgressEvents: Send + Sync {
+    /// A connection to `host` (in normal form: lower case, an IPv6 address without
+    /// brackets) on `port` was refused with `403`; `why` says why in a few words, e.g.
+    /// `not in egressAllow`. Called before the answer is written; must not block.
+    fn blocked(&self, host: &str, port: u16, why: &str);
+}
+
+/// What a run's agent may reach: the union of the repository's and the instance's
+/// patterns.
+#[derive(Clone)]
+pub struct EgressPolicy {
+    allow: EgressAllow,
+    /// Test-only: names resolved from this table instead of the system's resolver.
+    #[cfg(test)]
+    hosts: Option<std::collections::HashMap<String, Vec<IpAddr>>>,
+}
+
+impl fmt::Debug for EgressPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EgressPolicy")
+            .field("allow", &self.allow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EgressPolicy {
+    /// The policy allowing `patterns`, each once: the union of the repository's
+    /// (`egressAllow`) and the instance's (`AGENTRY_EGRESS_ALLOW`).
+    pub fn new(patterns: impl IntoIterator<Item = EgressPattern>) -> EgressPolicy {
+        EgressPolicy::from_allow(patterns.into_iter().collect())
+    }
+
+    /// The policy allowing exactly `allow`.
+    pub fn from_allow(allow: EgressAllow) -> EgressPolicy {
+        EgressPolicy {
+            allow,
+            #[cfg(test)]
+            hosts: None,
+        }
+    }
+
+    /// The patterns allowed.
+    pub fn allow(&self) -> &EgressAllow {
+        &self.allow
+    }
+
+    /// Whether `host` (normal form, `ip` when it is an address) may be reached on `port`,
+    /// and at which addresses. Nothing is connected to here.
+    async fn decide(
+        &self,
+        host: &str,
+        ip: Option<IpAddr>,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, Refusal> {
+        let matched = self.allow.check(host);
+        if let Some(ip) = ip {
+            return match matched {
+                Some(EgressMatch::Literal) => Ok(vec![SocketAddr::new(ip, port)]),
+                _ => Err(Refusal::not_listed(host, port, true)),
+            };
+        }
+        let Some(matched) = matched else {
+            return Err(Refusal::not_listed(host, port, false));
+        };
+        let addrs = self
+            .resolve(host, port)
+            .await
+            .map_err(Refusal::Unreachable)?;
+        if matched == EgressMatch::Wildcard
+            && let Some((addr, kind)) = addrs
+                .iter()
+                .find_map(|a| special_use(a.ip()).map(|kind| (a.ip(), kind)))
+        {
+            return Err(Refusal::Blocked {
+                why: format!("resolves to {addr} ({kind}), allowed only through a wildcard"),
+                body: format!(
+                    "agentry's egress proxy refused {host}:{port}: {host} resolves to {addr}, a \
+                     {kind} address, and only a wildcard of egressAllow covers it. A host that \
+                     resolves to a private address must be listed by its own name: to allow \
+                     it, add \"{host}\" to the repository's egressAllow setting, or to \
+                     AGENTRY_EGRESS_ALLOW for every repository.\n"
+                ),
+            });
+        }
+        Ok(addrs)
+    }
+
+    /// The addresses of `name` on `port`, each once, in the resolver's order.
+    async fn resolve(&self, name: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+        #[cfg(test)]
+        if let Some(hosts) = &self.hosts {
+            return hosts
+                .get(name)
+                .map(|ips| ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect())
+                .ok_or_else(|| format!("cannot resolve {name}: unknown host"));
+        }
+        let found = timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, port)))
+            .await
+            .map_err(|_| format!("cannot resolve {name}: no answer within 5 seconds"))?
+            .map_err(|e| format!("cannot resolve {name}: {e}"))?;
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        for addr in found {
+            if !addrs.contains(&addr) {
+                addrs.push(addr);
+            }
+        }
+        if addrs.is_empty() {
+            return Err(format!("cannot resolve {name}: no address"));
+        }
+        Ok(addrs)
+    }
+}
+
+/// Why a request is not passed on.
+#[derive(Debug)]
+enum Refusal {
+    /// Not allowed: `403`, reported as blocked.
+    Blocked {
+        /// A few words for [`EgressEvents::blocked`].
+        why: String,
+        /// The answer's body.
+        body: String,
+    },
+    /// Allowed, but the host cannot be resolved: `502`.
+    Unreachable(String),
+}
+
+impl Refusal {
+    /// `host` is not in the allow-list.
+    fn not_listed(host: &str, port: u16, address: bool) -> Refusal {
+        let how = if address {
+            format!("add \"{host}\" itself (wildcards never cover an IP address)")
+        } else {
+            match host.split_once('.') {
+                Some((_, parent)) if parent.contains('.') => {
+                    format!("add \"{host}\" (or a wildcard such as \"*.{parent}\")")
+                }
+                _ => format!("add \"{host}\""),
+            }
+        };
+        Refusal::Blocked {
+            why: "not in egressAllow".to_owned(),
+            body: format!(
+                "agentry's egress proxy refused {host}:{port}: {host} is not in egressAllow. \
+                 To allow it, {how} to the repository's egressAllow setting, or to \
+                 AGENTRY_EGRESS_ALLOW for every repository.\n"
+            ),
+        }
+    }
+}
+
+/// What an address is when it is not a public unicast address, e.g. `"loopback"`, or
+/// `None` for a public one.
+///
+/// Not public: IPv4 0.0.0.0/8 (unspecified), 127.0.0.0/8 (loopback), 10.0.0.0/8,
+/// 172.16.0.0/12, 192.168.0.0/16 (private), 169.254.0.0/16 (link-local), 100.64.0.0/10
+/// (shared, CGNAT), 192.0.0.0/24 and 240.0.0.0/4 (reserved), 198.18.0.0/15 (benchmarking),
+/// 192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24 (documentation), 224.0.0.0/4 (multicast),
+/// 255.255.255.255 (broadcast); IPv6 `::` (unspecified), `::1` (loopback), fe80::/10
+/// (link-local), fec0::/10 (site-local), fc00::/7 (unique local), ff00::/8 (multicast),
+/// 2001:db8::/32 and 3fff::/20 (documentation), 100::/64 (discard); and an IPv4 address of
+/// these kinds embedded in IPv6: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
+/// (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`).
+pub fn special_use(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => special_use_v4(v4),
+        IpAddr::V6(v6) => special_use_v6(v6),
+    }
+}
+
+/// [`special_use`] of an IPv4 address.
+fn special_use_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let [a, b, c, _] = ip.octets();
+    Some(match (a, b, c) {
+        (0, _, _) => "unspecified",
+        (127, _, _) => "loopback",
+        (10, _, _) | (172, 16..=31, _) | (192, 168, _) => "private",
+        (169, 254, _) => "link-local",
+        (100, 64..=127, _) => "shared (CGNAT)",
+        (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => "documentation",
+        (198, 18..=19, _) => "benchmarking",
+        (192, 0, 0) => "reserved",
+        (224..=239, _, _) => "multicast",
+        _ if ip == Ipv4Addr::BROADCAST => "broadcast",
+        (240..=255, _, _) => "reserved",
+        _ => return None,
+    })
+}
+
+/// [`special_use`] of an IPv6 address.
+fn special_use_v6(ip: Ipv6Addr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        return Some("unspecified");
+    }
+    if ip.is_loopback() {
+        return Some("loopback");
+    }
+    let s = ip.segments();
+    let embedded = |hi: u16, lo: u16| {
+        let [a, b] = hi.to_be_bytes();
+        let [c, d] = lo.to_be_bytes();
+        special_use_v4(Ipv4Addr::new(a, b, c, d))
+    };
+    match s {
+        // IPv4-mapped ::ffff:a.b.c.d and IPv4-compatible ::a.b.c.d.
+        [0, 0, 0, 0, 0, 0xffff | 0, hi, lo] => embedded(hi, lo),
+        // NAT64's well-known prefix 64:ff9b::/96.
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => embedded(hi, lo),
+        // 6to4 2002:AABB:CCDD::/48.
+        [0x2002, hi, lo, ..] => embedded(hi, lo),
+        _ if s[0] & 0xffc0 == 0xfe80 => Some("link-local"),
+        _ if s[0] & 0xffc0 == 0xfec0 => Some("site-local"),
+        _ if s[0] & 0xfe00 == 0xfc00 => Some("unique local"),
+        _ if s[0] & 0xff00 == 0xff00 => Some("multicast"),
+        [0x2001, 0xdb8, ..] => Some("documentation"),
+        [0x3fff, b, ..] if b & 0xf000 == 0 => Some("documentation"),
+        [0x100, 0, 0, 0, ..] => Some("reserved"),
+        _ => None,
+    }
+}
+
+/// Serves the egress proxy on `listener` with `policy`, reporting refusals to `events`,
+/// until the returned task is aborted. Must be called within a Tokio runtime.
+///
+/// Aborting the task ([`JoinHandle::abort`]) stops accepting and closes every connection
+/// and tunnel still open (each is owned by the task). Dropping the handle without aborting
+/// leaves the proxy running; removing the socket's file is the caller's business.
+pub fn serve(
+    listener: UnixListener,
+    policy: EgressPolicy,
+    events: Arc<dyn EgressEvents>,
+) -> JoinHandle<()> {
+    tokio::spawn(accept_loop(listener, Arc::new(policy), events))
+}
+
+/// Accepts connections and serves each in its own task, owned by this one.
+async fn accept_loop(
+    listener: UnixListener,
+    policy: Arc<EgressPolicy>,
+    events: Arc<dyn EgressEvents>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept(), if connections.len() < MAX_CONNECTIONS => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_connection(stream, policy.clone(), events.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the egress proxy could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// A request head, read and parsed.
+#[derive(Debug)]
+struct Head {
+    method: String,
+    target: String,
+    /// The minor version: `HTTP/1.0` or `HTTP/1.1`.
+    minor: u8,
+    headers: Vec<(String, Vec<u8>)>,
+    /// Bytes read after the head (the start of a body, or of the tunnelled stream).
+    rest: Vec<u8>,
+}
+
+/// Why no request head could be read.
+#[derive(Debug)]
+enum HeadError {
+    /// The connection ended (or failed) before a complete head.
+    Closed,
+    /// The head is over [`MAX_HEAD_BYTES`] or has too many header fields.
+    TooLarge,
+    /// Not an HTTP/1 request head.
+    Invalid(String),
+}
+
+/// Reads one request head from `stream`.
+async fn read_head(stream: &mut UnixStream) -> Result<Head, HeadError> {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|_| HeadError::Closed)?;
+        if n == 0 {
+            return Err(HeadError::Closed);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut fields);
+        match request.parse(&buf) {
+            Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD_BYTES => {
+                let head = Head {
+                    method: request.method.unwrap_or_default().to_owned(),
+                    target: request.path.unwrap_or_default().to_owned(),
+                    minor: request.version.unwrap_or(1),
+                    headers: request
+                        .headers
+                        .iter()
+                        .map(|h| (h.name.to_owned(), h.value.to_vec()))
+                        .collect(),
+                    rest: buf[len..].to_vec(),
+                };
+                return Ok(head);
+            }
+            Ok(httparse::Status::Complete(_)) => return Err(HeadError::TooLarge),
+            Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => {
+                return Err(HeadError::TooLarge);
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+            Err(e) => return Err(HeadError::Invalid(e.to_string())),
+        }
+    }
+}
+
+/// Where a request goes.
+#[derive(Debug)]
+struct Target {
+    /// The host in normal form.
+    host: String,
+    /// The host's address, when it is one.
+    ip: Option<IpAddr>,
+    port: u16,
+    /// For plain HTTP, the origin-form target (`/path?query`); `None` for `CONNECT`.
+    path: Option<String>,
+}
+
+impl Target {
+    /// The `Host` header of a plain HTTP request to this target.
+    fn authority(&self) -> String {
+        let host = match self.ip {
+            Some(IpAddr::V6(_)) => format!("[{}]", self.host),
+            _ => self.host.clone(),
+        };
+        if self.port == 80 {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+}
+
+/// Where `head` asks to go, or why it cannot be served (the body of a `400`).
+fn target(head: &Head) -> Result<Target, String> {
+    if head.method == "CONNECT" {
+        let (host, ip, port) = authority(&head.target, None).map_err(|e| {
+            format!("{e}; a CONNECT request names a host and a port, e.g. CONNECT pypi.org:443")
+        })?;
+        return Ok(Target {
+            host,
+            ip,
+            port,
+            path: None,
+        });
+    }
+    let lower = head.target.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err("an https:// URL is reached with CONNECT, not as a plain request".into());
+    }
+    if !lower.starts_with("http://") {
+        return Err(
+            "this is a proxy: a request names an absolute http:// URL (GET http://host/path), \
+             or is a CONNECT host:port"
+                .into(),
+        );
+    }
+    let rest = &head.target["http://".len()..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority_text, path) = rest.split_at(end);
+    if authority_text.contains('@') {
+        return Err("credentials in the URL are not passed on".into());
+    }
+    let (host, ip, port) = authority(authority_text, Some(80))?;
+    let path = match path.split_once('#').map_or(path, |(p, _)| p) {
+        "" => "/".to_owned(),
+        p if p.starts_with('?') => format!("/{p}"),
+        p => p.to_owned(),
+    };
+    Ok(Target {
+        host,
+        ip,
+        port,
+        path: Some(path),
+    })
+}
+
+/// The host in normal form, its address when it is one, and the port of `text`
+/// (`host:port`, `[v6]:port`, or without `:port` when a `default` port is given).
+fn authority(text: &str, default: Option<u16>) -> Result<(String, Option<IpAddr>, u16), String> {
+    let (host, port) = if text.starts_with('[') {
+        match text.split_once(']') {
+            Some((v6, "")) => (format!("{v6}]"), None),
+            Some((v6, tail)) => match tail.strip_prefix(':') {
+                Some(port) => (format!("{v6}]"), Some(port)),
+                None => return Err(format!("{text:?} is not host:port")),
+            },
+            None => return Err(format!("{text:?} is not host:port")),
+        }
+    } else {
+        match text.rsplit_once(':') {
+            Some((host, port)) if !host.contains(':') => (host.to_owned(), Some(port)),
+            Some(_) => {
+                return Err(format!(
+                    "{text:?} is not host:port (an IPv6 address is given in brackets)"
+                ));
+            }
+            None => (text.to_owned(), None),
+        }
+    };
+    let port = match port {
+        Some(port) => port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0 && port.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| format!("{port:?} is not a port"))?,
+        None => default.ok_or_else(|| format!("{text:?} has no port"))?,
+    };
+    let pattern = EgressPattern::parse(&host)
+        .ok()
+        .filter(|p| !p.is_wildcard())
+        .ok_or_else(|| format!("{host:?} is not a host name or an IP address"))?;
+    Ok((pattern.to_string(), pattern.ip_addr(), port))
+}
+
+/// Serves one connection.
+async fn serve_connection(
+    mut client: UnixStream,
+    policy: Arc<EgressPolicy>,
+    events: Arc<dyn EgressEvents>,
+) {
+    let head = match timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
+        Err(_) => {
+            let body = "the request head did not arrive within 10 seconds\n";
+            return answer(&mut client, 408, "Request Timeout", body).await;
+        }
+        Ok(Err(HeadError::Closed)) => return,
+        Ok(Err(HeadError::TooLarge)) => {
+            let body = "the request head is over 16 KiB or has too many header fields\n";
+            return answer(&mut client, 431, "Request Header Fields Too Large", body).await;
+        }
+        Ok(Err(HeadError::Invalid(why))) => {
+            let body = format!("not an HTTP/1 request: {why}\n");
+            return answer(&mut client, 400, "Bad Request", &body).await;
+        }
+        Ok(Ok(head)) => head,
+    };
+    let target = match target(&head) {
+        Ok(target) => target,
+        Err(why) => return answer(&mut client, 400, "Bad Request", &format!("{why}\n")).await,
+    };
+    let addrs = match policy.decide(&target.host, target.ip, target.port).await {
+        Ok(addrs) => addrs,
+        Err(Refusal::Blocked { why, body }) => {
+            tracing::debug!(host = %target.host, port = target.port, why = %why, "egress refused");
+            events.blocked(&target.host, target.port, &why);
+            return answer(&mut client, 403, "Forbidden", &body).await;
+        }
+        Err(Refusal::Unreachable(why)) => {
+            return answer(&mut client, 502, "Bad Gateway", &format!("{why}\n")).await;
+        }
+    };
+    let mut upstream = match connect(&addrs).await {
+        Ok(upstream) => upstream,
+        Err(why) => {
+            let body = format!("cannot connect to {}:{}: {why}\n", target.host, target.port);
+            return answer(&mut client, 502, "Bad Gateway", &body).await;
+        }
+    };
+    let sent = match &target.path {
+        None => {
+            let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
+            match client.write_all(established).await {
+                Ok(()) => upstream.write_all(&head.rest).await,
+                Err(e) => Err(e),
+            }
+        }
+        Some(path) => {
+            let mut out = request_head(&head, &target, path);
+            out.extend_from_slice(&head.rest);
+            upstream.write_all(&out).await
+        }
+    };
+    if sent.is_err() {
+        return;
+    }
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(host = %target.host, port = target.port, error = %e, "an egress tunnel ended with an error");
+    }
+}
+
+/// The head of a plain HTTP request as passed on: origin-form `path`, `Host` set to the
+/// target, without `Proxy-*` and hop-by-hop fields (`Connection`, `Keep-Alive`, `TE`,
+/// `Trailer`, `Upgrade` and those `Connection` names), with `Connection: close`.
+/// `Transfer-Encoding` and `Content-Length` are kept: the body passes unchanged.
+fn request_head(head: &Head, target: &Target, path: &str) -> Vec<u8> {
+    let named: Vec<String> = head
+        .headers
+        .iter()
+        .filter(|(name, _)| name.eq_ignore_ascii_case("connection"))
+        .flat_map(|(_, value)| {
+            String::from_utf8_lossy(value)
+                .split(',')
+                .map(|token| token.trim().to_ascii_lowercase())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let dropped = |name: &str| {
+        let name = name.to_ascii_lowercase();
+        name.starts_with("proxy-")
+            || matches!(
+                name.as_str(),
+                "host" | "connection" | "keep-alive" | "te" | "trailer" | "upgrade"
+            )
+            || named.contains(&name)
+    };
+    let mut out = format!(
+        "{} {path} HTTP/1.{}\r\nHost: {}\r\n",
+        head.method,
+        head.minor,
+        target.authority()
+    )
+    .into_bytes();
+    for (name, value) in head.headers.iter().filter(|(name, _)| !dropped(name)) {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out
+}
+
+/// A connection to the first of `addrs` that answers.
+async fn connect(addrs: &[SocketAddr]) -> Result<TcpStream, String> {
+    let mut last = String::from("no address");
+    for addr in addrs {
+        match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(e)) => last = format!("{addr}: {e}"),
+            Err(_) => last = format!("{addr}: no answer within 10 seconds"),
+        }
+    }
+    Err(last)
+}
+
+/// Writes a plain-text answer and closes the connection.
+async fn answer(client: &mut UnixStream, status: u16, reason: &str, body: &str) {
+    let text = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = timeout(ANSWER_TIMEOUT, async {
+        client.write_all(text.as_bytes()).await?;
+        client.shutdown().await
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncRead;
+    use tokio::net::TcpListener;
+
+    /// How long any step of a test may take.
+    const DEADLINE: Duration = Duration::from_secs(20);
+
+    fn pattern(text: &str) -> EgressPattern {
+        EgressPattern::parse(text).unwrap()
+    }
+
+    fn policy(patterns: &[&str]) -> EgressPolicy {
+        EgressPolicy::new(patterns.iter().map(|p| pattern(p)))
+    }
+
+    /// A policy resolving names from `hosts` only.
+    fn policy_with_hosts(patterns: &[&str], hosts: &[(&str, &[IpAddr])]) -> EgressPolicy {
+        EgressPolicy {
+            hosts: Some(
+                hosts
+                    .iter()
+                    .map(|(name, ips)| ((*name).to_owned(), ips.to_vec()))
+                    .collect(),
+            ),
+            ..policy(patterns)
+        }
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(String, u16, String)>>);
+
+    impl EgressEvents for Recorder {
+        fn blocked(&self, host: &str, port: u16, why: &str) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((host.to_owned(), port, why.to_owned()));
+        }
+    }
+
+    impl Recorder {
+        fn events(&self) -> Vec<(String, u16, String)> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    /// A test HTTP server on 127.0.0.1: records each request (head and body) and answers
+    /// `hello from origin`.
+    struct Origin {
+        addr: SocketAddr,
+        requests: Arc<Mutex<Vec<String>>>,
+        accepted: Arc<AtomicUsize>,
+        _task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Origin {
+        async fn start() -> Origin {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let requests = Arc::new(Mutex::new(Vec::new()));
+            let accepted = Arc::new(AtomicUsize::new(0));
+            let (r, a) = (requests.clone(), accepted.clone());
+            let task = tokio::spawn(async move {
+                loop {
+                    let Ok((mut stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    a.fetch_add(1, Ordering::SeqCst);
+                    let r = r.clone();
+                    tokio::spawn(async move {
+                        let mut buf = read_until_head_end(&mut stream).await;
+                        let text = String::from_utf8_lossy(&buf).to_string();
+                        let length = text
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap())
+                            })
+                            .unwrap_or(0);
+                        let head_len = text.find("\r\n\r\n").unwrap() + 4;
+                        while buf.len() < head_len + length {
+                            let mut more = [0u8; 1024];
+                            let n = stream.read(&mut more).await.unwrap();
+                            assert!(n > 0, "the body ended early");
+                            buf.extend_from_slice(&more[..n]);
+                        }
+                        r.lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&buf).to_string());
+                        let body = "hello from origin";
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                        stream.write_all(answer.as_bytes()).await.unwrap();
+                        stream.shutdown().await.unwrap();
+                    });
+                }
+            });
+            Origin {
+                addr,
+                requests,
+                accepted,
+                _task: task,
+            }
+        }
+
+        fn port(&self) -> u16 {
+            self.addr.port()
+        }
+
+        fn requests(&self) -> Vec<String> {
+            self.requests.lock().unwrap().clone()
+        }
+    }
+
+    /// Reads until the end of a head (`\r\n\r\n`), returning all bytes read.
+    async fn read_until_head_end(stream: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
+        let mut buf = Vec::new();
+        timeout(DEADLINE, async {
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                let n = stream.read(&mut byte).await.unwrap();
+                assert!(
+                    n > 0,
+                    "closed before a head: {:?}",
+                    String::from_utf8_lossy(&buf)
+                );
+                buf.push(byte[0]);
+            }
+        })
+        .await
+        .unwrap();
+        buf
+    }
+
+    /// A proxy serving `policy` on a socket in a temporary directory.
+    struct Proxy {
+        _dir: tempfile::TempDir,
+        socket: PathBuf,
+        events: Arc<Recorder>,
+        task: JoinHandle<()>,
+    }
+
+    impl Proxy {
+        fn start(policy: EgressPolicy) -> Proxy {
+            let dir = tempfile::tempdir().unwrap();
+            let socket = dir.path().join("proxy.sock");
+            let listener = UnixListener::bind(&socket).unwrap();
+            let events = Arc::new(Recorder::default());
+            let task = serve(listener, policy, events.clone());
+            Proxy {
+                _dir: dir,
+                socket,
+                events,
+                task,
+            }
+        }
+
+        /// Sends `request` on a new connection and reads the whole answer.
+        async fn exchange(&self, request: &[u8]) -> String {
+            exchange(&self.socket, request).await
+        }
+    }
+
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    async fn exchange(socket: &Path, request: &[u8]) -> String {
+        let mut stream = UnixStream::connect(socket).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        read_to_end(&mut stream).await
+    }
+
+    /// Reads until the proxy closes the connection. A reset after the answer counts as the
+    /// end: a Unix socket closed with unread input (an oversized head) resets its peer.
+    async fn read_to_end(stream: &mut UnixStream) -> String {
+        let mut out = Vec::new();
+        timeout(DEADLINE, async {
+            let mut chunk = [0u8; 4096];
+            loop {
+                match stream.read(&mut chunk).await {
+                    Ok(0) => break,
+                    Ok(n) => out.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                    Err(e) => panic!("reading the answer: {e}"),
+                }
+            }
+        })
+        .await
+        .unwrap();
+        String::from_utf8_lossy(&out).to_string()
+    }
+
+    /// Opens a CONNECT tunnel to `authority`, asserting it is established.
+    async fn tunnel(socket: &Path, authority: &str) -> UnixStream {
+        let mut stream = UnixStream::connect(socket).await.unwrap();
+        let request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let head = read_until_head_end(&mut stream).await;
+        assert_eq!(head, b"HTTP/1.1 200 Connection established\r\n\r\n");
+        stream
+    }
+
+    /// A GET through an open tunnel, returning the whole answer.
+    async fn get_through(mut stream: UnixStream, host: &str) -> String {
+        let request = format!("GET /inside HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        read_to_end(&mut stream).await
+    }
+
+    fn status(answer: &str) -> &str {
+        answer.lines().next().unwrap_or_default()
+    }
+
+    #[test]
+    fn addresses_are_classified() {
+        for (text, kind) in [
+            ("0.0.0.0", Some("unspecified")),
+            ("0.1.2.3", Some("unspecified")),
+            ("127.0.0.1", Some("loopback")),
+            ("127.255.255.254", Some("loopback")),
+            ("10.1.2.3", Some("private")),
+            ("172.16.0.1", Some("private")),
+            ("172.31.255.255", Some("private")),
+            ("192.168.1.1", Some("private")),
+            ("169.254.169.254", Some("link-local")),
+            ("100.64.0.1", Some("shared (CGNAT)")),
+            ("100.127.255.255", Some("shared (CGNAT)")),
+            ("192.0.2.1", Some("documentation")),
+            ("198.51.100.1", Some("documentation")),
+            ("203.0.113.1", Some("documentation")),
+            ("198.18.0.1", Some("benchmarking")),
+            ("192.0.0.8", Some("reserved")),
+            ("224.0.0.1", Some("multicast")),
+            ("239.255.255.250", Some("multicast")),
+            ("240.0.0.1", Some("reserved")),
+            ("255.255.255.255", Some("broadcast")),
+            ("::", Some("unspecified")),
+            ("::1", Some("loopback")),
+            ("fe80::1", Some("link-local")),
+            ("febf::1", Some("link-local")),
+            ("fec0::1", Some("site-local")),
+            ("fc00::1", Some("unique local")),
+            ("fd12:3456::1", Some("unique local")),
+            ("ff02::1", Some("multicast")),
+            ("2001:db8::1", Some("documentation")),
+            ("3fff::1", Some("documentation")),
+            ("100::1", Some("reserved")),
+            ("::ffff:127.0.0.1", Some("loopback")),
+            ("::ffff:10.0.0.1", Some("private")),
+            ("::ffff:169.254.169.254", Some("link-local")),
+            ("::127.0.0.1", Some("loopback")),
+            ("::192.168.0.1", Some("private")),
+            ("64:ff9b::7f00:1", Some("loopback")),
+            ("2002:a00:1::1", Some("private")),
+            // Public.
+            ("8.8.8.8", None),
+            ("1.1.1.1", None),
+            ("172.15.255.255", None),
+            ("172.32.0.1", None),
+            ("100.63.255.255", None),
+            ("100.128.0.1", None),
+            ("169.253.1.1", None),
+            ("223.255.255.255", None),
+            ("2606:4700:4700::1111", None),
+            ("2a00:1450:4001::1", None),
+            ("::ffff:8.8.8.8", None),
+            ("64:ff9b::808:808", None),
+            ("2002:808:808::1", None),
+            ("fe00::1", None),
+        ] {
+            assert_eq!(special_use(ip(text)), kind, "{text}");
+        }
+    }
+
+    #[test]
+    fn targets_are_parsed_from_connect_and_absolute_forms() {
+        let head = |method: &str, target: &str| Head {
+            method: method.into(),
+            target: target.into(),
+            minor: 1,
+            headers: Vec::new(),
+            rest: Vec::new(),
+        };
+        let t = target(&head("CONNECT", "API.Example.com:443")).unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.ip, t.port, t.path),
+            ("api.example.com", None, 443, None)
+        );
+        let t = target(&head("CONNECT", "[::1]:8443")).unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.ip, t.port),
+            ("::1", Some(ip("::1")), 8443)
+        );
+        let t = target(&head("GET", "http://Example.com")).unwrap();
+        assert_eq!(
+            (t.port, t.path.as_deref(), t.authority()),
+            (80, Some("/"), "example.com".into())
+        );
+        let t = target(&head("POST", "HTTP://[::1]:81/a/b?c=d#frag")).unwrap();
+        assert_eq!(
+            (t.port, t.path.as_deref(), t.authority()),
+            (81, Some("/a/b?c=d"), "[::1]:81".into())
+        );
+        let t = target(&head("GET", "http://a.org?q")).unwrap();
+        assert_eq!(t.path.as_deref(), Some("/?q"));
+        for (method, bad) in [
+            ("CONNECT", "example.com"),
+            ("CONNECT", "example.com:"),
+            ("CONNECT", "example.com:0"),
+            ("CONNECT", "example.com:65536"),
+            ("CONNECT", "example.com:+443"),
+            ("CONNECT", "::1:443"),
+            ("CONNECT", "[::1]"),
+            ("CONNECT", "*.example.com:443"),
+            ("CONNECT", "exa_mple.com:443"),
+            ("CONNECT", "http://example.com:443"),
+            ("GET", "/path"),
+            ("GET", "https://example.com/"),
+            ("GET", "http://user:pw@example.com/"),
+            ("GET", "http:///path"),
+            ("GET", "ftp://example.com/"),
+        ] {
+            assert!(target(&head(method, bad)).is_err(), "{method} {bad}");
+        }
+    }
+
+    /// The forwarded head drops Proxy-* and hop-by-hop fields, sets Host to the target and
+    /// asks for Connection: close.
+    #[test]
+    fn forwarded_heads_drop_proxy_and_hop_by_hop_fields() {
+        let head = Head {
+            method: "POST".into(),
+            target: "http://a.org:8080/x".into(),
+            minor: 1,
+            headers: [
+                ("Host", "evil.example"),
+                ("Proxy-Authorization", "Basic x"),
+                ("Proxy-Connection", "keep-alive"),
+                ("Connection", "keep-alive, X-Hop"),
+                ("X-Hop", "1"),
+                ("Keep-Alive", "timeout=5"),
+                ("TE", "trailers"),
+                ("Upgrade", "websocket"),
+                ("Content-Length", "3"),
+                ("Accept", "*/*"),
+            ]
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+            .collect(),
+            rest: Vec::new(),
+        };
+        let target = target(&head).unwrap();
+        let out = request_head(&head, &target, target.path.as_deref().unwrap());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /x HTTP/1.1\r\nHost: a.org:8080\r\nContent-Length: 3\r\nAccept: */*\r\n\
+             Connection: close\r\n\r\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_tunnels_to_a_literally_listed_address() {
+        let origin = Origin::start().await;
+        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let authority = format!("127.0.0.1:{}", origin.port());
+        let answer = get_through(tunnel(&proxy.socket, &authority).await, &authority).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.ends_with("hello from origin"), "{answer}");
+        let requests = origin.requests();
+        assert_eq!(requests.len(), 1);
+        assert!(
+            requests[0].starts_with("GET /inside HTTP/1.1\r\n"),
+            "{}",
+            requests[0]
+        );
+        assert!(proxy.events.events().is_empty());
+    }
+
+    /// Bytes sent right after the CONNECT head (before the 200 arrives) reach the origin.
+    #[tokio::test]
+    async fn bytes_sent_with_the_connect_head_are_passed_on() {
+        let origin = Origin::start().await;
+        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let authority = format!("127.0.0.1:{}", origin.port());
+        let answer = proxy
+            .exchange(
+                format!(
+                    "CONNECT {authority} HTTP/1.1\r\n\r\nGET /early HTTP/1.1\r\nHost: x\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200 Connection established\r\n\r\nHTTP/1.1 200 OK"),
+            "{answer}"
+        );
+        assert!(origin.requests()[0].starts_with("GET /early HTTP/1.1\r\n"));
+    }
+
+    #[tokio::test]
+    async fn plain_http_is_forwarded_in_origin_form_without_proxy_fields() {
+        let origin = Origin::start().await;
+        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let port = origin.port();
+        let request = format!(
+            "POST http://127.0.0.1:{port}/upload?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+             Proxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\n\
+             Connection: keep-alive\r\nContent-Length: 11\r\nX-Kept: yes\r\n\r\nhello world"
+        );
+        let answer = proxy.exchange(request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.ends_with("hello from origin"), "{answer}");
+        let requests = origin.requests();
+        assert_eq!(
+            requests,
+            [format!(
+                "POST /upload?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 11\r\n\
+                 X-Kept: yes\r\nConnection: close\r\n\r\nhello world"
+            )]
+        );
+    }
+
+    /// `localhost` listed by name resolves (through the system's resolver) to loopback and
+    /// is reached, since it is listed itself.
+    #[tokio::test]
+    async fn localhost_listed_by_name_is_reached_through_both_forms() {
+        let origin = Origin::start().await;
+        let proxy = Proxy::start(policy(&["localhost"]));
+        let authority = format!("localhost:{}", origin.port());
+        let answer = get_through(tunnel(&proxy.socket, &authority).await, &authority).await;
+        assert!(answer.ends_with("hello from origin"), "{answer}");
+        let answer = proxy
+            .exchange(format!("GET http://{authority}/plain HTTP/1.1\r\n\r\n").as_bytes())
+            .await;
+        assert!(answer.ends_with("hello from origin"), "{answer}");
+        assert!(
+            origin.requests()[1]
+                .starts_with(&format!("GET /plain HTTP/1.1\r\nHost: {authority}\r\n"))
+        );
+        assert!(proxy.events.events().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_host_not_listed_is_refused_with_403_and_an_event() {
+        let origin = Origin::start().await;
+        let proxy = Proxy::start(policy(&["pypi.org", "*.example.com"]));
+        let port = origin.port();
+        let answer = proxy
+            .exchange(format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await;
+        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(
+            answer.contains("localhost is not in egressAllow"),
+            "{answer}"
+        );
+        assert!(answer.contains("add \"localhost\""), "{answer}");
+        let answer = proxy
+            .exchange(b"GET http://Files.PythonHosted.org/x HTTP/1.1\r\n\r\n")
+            .await;
+        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(answer.contains("\"*.pythonhosted.org\""), "{answer}");
+        // Wildcards cover names strictly below their domain only.
+        let answer = proxy
+            .exchange(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
+            .await;
+        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
+        assert_eq!(
+            proxy.events.events(),
+            [
+                (
+                    "localhost".to_owned(),
+                    port,
+                    "not in egressAllow".to_owned()
+                ),
+                (
+                    "files.pythonhosted.org".to_owned(),
+                    80,
+                    "not in egressAllow".to_owned()
+                ),
+                (
+                    "example.com".to_owned(),
+                    443,
+                    "not in egressAllow".to_owned()
+                ),
+            ]
+        );
+        assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
+    }
+
+    /// A name covered only by a wildcard that resolves to a private address is refused
+    /// before any connection; listed by its own name it is reached.
+    #[tokio::test]
+    async fn a_wildcard_name_resolving_to_loopback_is_refused() {
+        let origin = Origin::start().await;
+        let loopback = [ip("127.0.0.1")];
+        let hosts: &[(&str, &[IpAddr])] = &[("api.example.test", &loopback)];
+        let proxy = Proxy::start(policy_with_hosts(&["*.example.test"], hosts));
+        let authority = format!("api.example.test:{}", origin.port());
+        let answer = proxy
+            .exchange(format!("CONNECT {authority} HTTP/1.1\r\n\r\n").as_bytes())
+            .await;
+        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(
+            answer.contains("resolves to 127.0.0.1, a loopback address"),
+            "{answer}"
+        );
+        assert!(answer.contains("add \"api.example.test\""), "{answer}");
+        let events = proxy.events.events();
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].0.as_str(), events[0].1),
+            ("api.example.test", origin.port())
+        );
+        assert!(events[0].2.contains("127.0.0.1 (loopback)"), "{events:?}");
+        assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
+
+        let listed = Proxy::start(policy_with_hosts(
+            &["*.example.test", "api.example.test"],
+            hosts,
+        ));
+        let answer = get_through(tunnel(&listed.socket, &authority).await, &authority).await;
+        assert!(answer.ends_with("hello from origin"), "{answer}");
+        assert!(listed.events.events().is_empty());
+    }
+
+    /// The decision alone: a wildcard name is refused when any of its addresses is private,
+    /// allowed when all are public (nothing is connected to).
+    #[tokio::test]
+    async fn a_wildcard_allows_only_names_with_public_addresses() {
+        let mixed = [ip("8.8.8.8"), ip("::ffff:10.0.0.1")];
+        let public = [ip("8.8.8.8"), ip("2606:4700:4700::1111")];
+        let hosts: &[(&str, &[IpAddr])] = &[
+            ("mixed.example.com", &mixed),
+            ("public.example.com", &public),
+        ];
+        let policy = policy_with_hosts(&["*.example.com"], hosts);
+        match policy.decide("mixed.example.com", None, 443).await {
+            Err(Refusal::Blocked { why, .. }) => assert!(why.contains("(private)"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            policy
+                .decide("public.example.com", None, 443)
+                .await
+                .unwrap(),
+            [
+                SocketAddr::new(public[0], 443),
+                SocketAddr::new(public[1], 443)
+            ]
+        );
+        assert!(matches!(
+            policy.decide("unknown.example.com", None, 443).await,
+            Err(Refusal::Unreachable(_))
+        ));
+    }
+
+    /// An address not listed itself is refused before any connection, whatever it is.
+    #[tokio::test]
+    async fn an_unlisted_ip_literal_is_refused_before_any_connection() {
+        let origin = Origin::start().await;
+        let proxy = Proxy::start(policy(&["localhost", "*.example.com", "127.0.0.2"]));
+        let port = origin.port();
+        for request in [
+            "CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n".to_owned(),
+            "GET http://169.254.169.254/latest/meta-data/ HTTP/1.1\r\n\r\n".to_owned(),
+            format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
+            format!("GET http://[::ffff:127.0.0.1]:{port}/ HTTP/1.1\r\n\r\n"),
+        ] {
+            let answer = proxy.exchange(request.as_bytes()).await;
+            assert!(
+                status(&answer).starts_with("HTTP/1.1 403"),
+                "{request}: {answer}"
+            );
+            assert!(
+                answer.contains("wildcards never cover an IP address"),
+                "{answer}"
+            );
+        }
+        assert_eq!(
+            proxy.events.events(),
+            [
+                (
+                    "169.254.169.254".to_owned(),
+                    80,
+                    "not in egressAllow".to_owned()
+                ),
+                (
+                    "169.254.169.254".to_owned(),
+                    80,
+                    "not in egressAllow".to_owned()
+                ),
+                (
+                    "127.0.0.1".to_owned(),
+                    port,
+                    "not in egressAllow".to_owned()
+                ),
+                (
+                    "127.0.0.1".to_owned(),
+                    port,
+                    "not in egressAllow".to_owned()
+                ),
+            ]
+        );
+        assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn port_less_origin_form_and_malformed_requests_get_400() {
+        let proxy = Proxy::start(policy(&["127.0.0.1", "example.com"]));
+        for request in [
+            &b"CONNECT example.com HTTP/1.1\r\n\r\n"[..],
+            b"CONNECT 127.0.0.1 HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n",
+            b"GET https://example.com/ HTTP/1.1\r\n\r\n",
+            b"garbage\r\n\r\n",
+            b"GET http://example.com/ HTTP/2.0\r\n\r\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
+        ] {
+            let answer = proxy.exchange(request).await;
+            assert!(
+                status(&answer).starts_with("HTTP/1.1 400"),
+                "{:?}: {answer}",
+                String::from_utf8_lossy(request)
+            );
+        }
+        let answer = proxy
+            .exchange(b"CONNECT example.com HTTP/1.1\r\n\r\n")
+            .await;
+        assert!(answer.contains("CONNECT pypi.org:443"), "{answer}");
+        assert!(proxy.events.events().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_oversized_head_gets_431() {
+        let proxy = Proxy::start(policy(&["example.com"]));
+        let mut request = b"GET http://example.com/ HTTP/1.1\r\nX-Big: ".to_vec();
+        request.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES + 1024));
+        let answer = proxy.exchange(&request).await;
+        assert!(status(&answer).starts_with("HTTP/1.1 431"), "{answer}");
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("X-{i}: 1\r\n"))
+            .collect();
+        let answer = proxy
+            .exchange(format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n").as_bytes())
+            .await;
+        assert!(status(&answer).starts_with("HTTP/1.1 431"), "{answer}");
+        assert!(proxy.events.events().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_upstream_gets_502() {
+        // A port nothing listens on: bound, then closed.
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let hosts: &[(&str, &[IpAddr])] = &[];
+        let proxy = Proxy::start(policy_with_hosts(&["127.0.0.1", "gone.example.com"], hosts));
+        let answer = proxy
+            .exchange(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await;
+        assert!(status(&answer).starts_with("HTTP/1.1 502"), "{answer}");
+        let answer = proxy
+            .exchange(b"CONNECT gone.example.com:443 HTTP/1.1\r\n\r\n")
+            .await;
+        assert!(status(&answer).starts_with("HTTP/1.1 502"), "{answer}");
+        assert!(
+            answer.contains("cannot resolve gone.example.com"),
+            "{answer}"
+        );
+        assert!(proxy.events.events().is_empty());
+    }
+
+    /// Aborting the server closes the tunnels it holds open.
+    #[tokio::test]
+    async fn aborting_the_server_closes_live_tunnels() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let mut client = tunnel(&proxy.socket, &format!("127.0.0.1:{port}")).await;
+        let (mut upstream, _) = timeout(DEADLINE, listener.accept()).await.unwrap().unwrap();
+        client.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        timeout(DEADLINE, upstream.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, b"ping");
+        upstream.write_all(b"pong").await.unwrap();
+        timeout(DEADLINE, client.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, b"pong");
+
+        proxy.task.abort();
+        let mut rest = Vec::new();
+        timeout(DEADLINE, client.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest.is_empty());
+        let mut rest = Vec::new();
+        timeout(DEADLINE, upstream.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest.is_empty());
+        // The listener went with the task: nothing accepts on the socket any more.
+        assert!(UnixStream::connect(&proxy.socket).await.is_err());
+    }
+}
