@@ -71,6 +71,18 @@ pub struct Config {
     /// egress proxy, besides its repository's `egressAllow`. In normal form, each once.
     /// Empty by default.
     pub egress_allow: Vec<EgressPattern>,
+    /// `AGENTRY_ANTHROPIC_UPSTREAM`: where the model gateway sends Anthropic calls (default
+    /// `https://api.anthropic.com`; `http` only to a loopback host).
+    pub anthropic_upstream: url::Url,
+    /// `AGENTRY_OPENAI_UPSTREAM`: where the model gateway sends OpenAI calls (default
+    /// `https://api.openai.com/v1`; `http` only to a loopback host).
+    pub openai_upstream: url::Url,
+    /// `ANTHROPIC_API_KEY` of the service's environment: the gateway's Anthropic key when no
+    /// `ANTHROPIC_API_KEY` secret is stored. Redacted in `Debug`.
+    pub anthropic_key: Option<SecretValue>,
+    /// `OPENAI_API_KEY` (else `CODEX_API_KEY`) of the service's environment: the gateway's
+    /// OpenAI key when no `OPENAI_API_KEY` secret is stored. Redacted in `Debug`.
+    pub openai_key: Option<SecretValue>,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -252,6 +264,20 @@ impl Config {
                 message,
             })?,
         };
+        let anthropic_upstream = upstream(
+            "AGENTRY_ANTHROPIC_UPSTREAM",
+            get("AGENTRY_ANTHROPIC_UPSTREAM"),
+            crate::gateway::DEFAULT_ANTHROPIC_UPSTREAM,
+        )?;
+        let openai_upstream = upstream(
+            "AGENTRY_OPENAI_UPSTREAM",
+            get("AGENTRY_OPENAI_UPSTREAM"),
+            crate::gateway::DEFAULT_OPENAI_UPSTREAM,
+        )?;
+        let anthropic_key = get("ANTHROPIC_API_KEY").map(SecretValue::new);
+        let openai_key = get("OPENAI_API_KEY")
+            .or_else(|| get("CODEX_API_KEY"))
+            .map(SecretValue::new);
         let egress_allow = match get("AGENTRY_EGRESS_ALLOW") {
             None => Vec::new(),
             Some(text) => egress_patterns(&text).map_err(|message| ConfigError {
@@ -280,8 +306,47 @@ impl Config {
             alert_webhook_url,
             agent_env,
             egress_allow,
+            anthropic_upstream,
+            openai_upstream,
+            anthropic_key,
+            openai_key,
         })
     }
+}
+
+/// A model API upstream: an absolute `https` URL (or `http` to a loopback host, for a
+/// local relay or a test fake), without credentials, query or fragment.
+fn upstream(
+    name: &'static str,
+    value: Option<String>,
+    default: &str,
+) -> Result<url::Url, ConfigError> {
+    let text = value.unwrap_or_else(|| default.to_owned());
+    let error = |message: String| ConfigError { name, message };
+    let url = url::Url::parse(text.trim())
+        .map_err(|e| error(format!("{text:?} is not an absolute URL: {e}")))?;
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    match url.scheme() {
+        "https" => {}
+        "http" if loopback => {}
+        _ => {
+            return Err(error(format!(
+                "{text:?}: expected an https URL (http only to a loopback host)"
+            )));
+        }
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(error("must not carry credentials".into()));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(error("must not have a query or fragment".into()));
+    }
+    Ok(url)
 }
 
 /// The variable names of `AGENTRY_AGENT_ENV`: separated by commas or white space, each an

@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod agent_network;
 pub mod alerts;
 pub mod budgets;
 pub mod codehost;
@@ -31,6 +32,7 @@ pub mod costs;
 pub mod doctor;
 pub mod egress;
 pub mod error;
+pub mod gateway;
 pub mod import;
 pub mod runs;
 pub mod start;

@@ -38,9 +38,10 @@ use std::time::Duration;
 use agentry_codehost::CodeHostError;
 use agentry_domain::money::Usd;
 use agentry_domain::{PullRequestRef, Task, TaskState, TaskType, Trigger};
+use agentry_persistence::metering;
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::runner::{self as claims, ExpiredLease, RunLog, RunRecorded};
-use agentry_persistence::tasks::{self, NewTask, Run, RunOutcome, TransitionDetails};
+use agentry_persistence::tasks::{self, EventKind, NewTask, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::{AnyConnection, Backend, DbError, secrets, write_tx};
 use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name, is_loopback_url};
 use agentry_runner::{
@@ -50,13 +51,18 @@ use time::OffsetDateTime;
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use uuid::Uuid;
 
+use crate::agent_network::AgentNetwork;
 use crate::codehost::TOKEN_SECRET;
+use crate::gateway::Gateway;
 use crate::{Service, ServiceError};
 
 /// How long a stopped agent has at each step of the stop ladder: after SIGINT (when Claude
 /// Code prints what it spent) before SIGTERM, and after SIGTERM before SIGKILL. Two of them
 /// fit in the shutdown's wait ([`crate::start::SHUTDOWN_WAIT`]).
 const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How long recording a metered run waits for its last calls to be written.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
 /// How the orchestrator behaves.
 #[derive(Debug, Clone)]
@@ -106,6 +112,18 @@ pub struct Runs {
     /// Cancel switches of the runs in progress here.
     active: Mutex<HashMap<Uuid, watch::Sender<bool>>>,
     stopping: AtomicBool,
+    /// The model gateway of sandboxed runs, when agents run sandboxed.
+    gateway: Option<Gateway>,
+}
+
+/// The network given to sandboxed agents: the service's gateway and egress proxy, and the
+/// forwarder the runner starts inside each sandbox (the agentry binary's `sandbox-net`).
+#[derive(Debug, Clone)]
+pub struct SandboxNetwork {
+    /// The gateway and proxy.
+    pub network: AgentNetwork,
+    /// The forwarder's program and leading arguments.
+    pub forwarder: Vec<String>,
 }
 
 impl std::fmt::Debug for Runs {
@@ -128,13 +146,16 @@ impl Runs {
             wake: Notify::new(),
             active: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            gateway: None,
         }
     }
 
     /// The orchestrator over a [`LocalRunner`](agentry_runner::LocalRunner) working under
     /// `root`, launching the agents `claude_bin` and `codex_bin` with this process's `PATH`,
     /// the agents' credential variables and the variables named in `agent_env`
-    /// (`AGENTRY_AGENT_ENV`), and pricing token-only output with `prices`.
+    /// (`AGENTRY_AGENT_ENV`), and pricing token-only output with `prices`. Sandboxed agents
+    /// get `network` (the model gateway and egress proxy) when given; without it they share
+    /// the service's network and are not metered.
     pub fn local(
         root: std::path::PathBuf,
         claude_bin: std::path::PathBuf,
@@ -142,7 +163,9 @@ impl Runs {
         prices: PriceTable,
         agent_env: &[String],
         settings: RunSettings,
+        network: Option<SandboxNetwork>,
     ) -> Self {
+        let gateway = network.as_ref().map(|n| n.network.gateway().clone());
         let runner = agentry_runner::LocalRunner::new(agentry_runner::LocalConfig {
             root,
             claude_bin,
@@ -153,9 +176,15 @@ impl Runs {
             }),
             stop_grace: STOP_GRACE,
             sandbox: agentry_runner::Sandbox::new(settings.sandbox),
-            network: None,
+            network: network.map(|n| agentry_runner::local::NetworkConfig {
+                provider: Arc::new(n.network),
+                forwarder: n.forwarder,
+            }),
         });
-        Runs::new(Arc::new(runner), settings)
+        Runs {
+            gateway,
+            ..Runs::new(Arc::new(runner), settings)
+        }
     }
 
     /// An orchestrator that runs nothing (`max_concurrent` 0), for processes and tests that
@@ -171,6 +200,7 @@ impl Runs {
                 max_concurrent: 0,
                 ..RunSettings::default()
             },
+            None,
         )
     }
 
@@ -576,16 +606,21 @@ async fn settle_without_run(state: &Service, task: &Task, message: &str) {
     }
 }
 
-/// The ledger row of an execution.
+/// The ledger row of an execution. A metered run's cost comes from its metered calls
+/// ([`apply_metering`]), so its message carries no note about the agent's own figure.
 fn run_record(task: &Task, job: &Job, execution: &Execution, outcome: RunOutcome) -> Run {
     let report = execution.report.as_ref();
+    let note = |message: String| {
+        if execution.metered {
+            message
+        } else {
+            with_cost_note(message, report)
+        }
+    };
     let error_message = match &execution.verdict {
-        Verdict::Failed(m) | Verdict::TimedOut(m) => Some(with_cost_note(m.clone(), report)),
-        Verdict::NoChanges => Some(with_cost_note(
-            "the agent made no changes".to_owned(),
-            report,
-        )),
-        Verdict::Cancelled => Some(with_cost_note("the run was cancelled".to_owned(), report)),
+        Verdict::Failed(m) | Verdict::TimedOut(m) => Some(note(m.clone())),
+        Verdict::NoChanges => Some(note("the agent made no changes".to_owned())),
+        Verdict::Cancelled => Some(note("the run was cancelled".to_owned())),
         Verdict::Pushed { .. } | Verdict::Reviewed { .. } => None,
     };
     run_from_report(
@@ -633,7 +668,78 @@ fn run_from_report(
         started_at: execution.started_at,
         finished_at: Some(execution.finished_at),
         sandboxed: Some(execution.sandboxed),
+        model_calls: None,
+        reported_cost_usd: report.and_then(|r| r.cost_usd),
     }
+}
+
+/// The least difference between a metered cost and the agent's own figure that is more than
+/// rounding: 0.5 % of the larger, and at least one micro-dollar.
+fn mismatch_tolerance(a: Usd, b: Usd) -> rust_decimal::Decimal {
+    let larger = a.as_decimal().max(b.as_decimal());
+    (larger * rust_decimal::Decimal::new(5, 3)).max(rust_decimal::Decimal::new(1, 6))
+}
+
+/// Makes `run` a metered run: its cost and tokens are those of its metered calls
+/// (`totals`), what the agent printed is kept as `reported_cost_usd`. Returns the text of a
+/// `cost_mismatch` event when the two differ beyond rounding.
+fn apply_metering(run: &mut Run, totals: &metering::RunTotals) -> Option<String> {
+    let reported = run.cost_usd;
+    run.reported_cost_usd = reported;
+    run.model_calls = Some(totals.calls);
+    run.cost_usd = totals.cost_usd;
+    run.input_tokens = totals.input_tokens;
+    run.cache_read_tokens = totals.cache_read_tokens;
+    run.cache_write_tokens = totals.cache_write_tokens;
+    run.output_tokens = totals.output_tokens;
+    if totals.cost_usd.is_none() {
+        let why = format!(
+            "its cost is unknown: model {} has no price (add it to AGENTRY_PRICES_FILE)",
+            totals.unpriced.join(", ")
+        );
+        run.error_message = Some(match run.error_message.take() {
+            Some(message) => format!("{message}; {why}"),
+            None => why,
+        });
+    }
+    match (totals.cost_usd, reported) {
+        (Some(metered), Some(reported))
+            if (metered.as_decimal() - reported.as_decimal()).abs()
+                > mismatch_tolerance(metered, reported) =>
+        {
+            Some(format!(
+                "cost_mismatch: attempt {} metered {metered} USD over {} model calls, but the \
+                 agent reported {reported} USD; the metered cost is recorded",
+                run.attempt, totals.calls
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Records `run` (see [`claims::record_finished_run`]); a metered run's cost is first made
+/// that of its metered calls, and a `cost_mismatch` event noted when the agent's own figure
+/// differs. Returns how it was recorded and the cost recorded.
+fn record_run(
+    conn: &mut AnyConnection,
+    mut run: Run,
+    metered: bool,
+    log: &RunLog,
+) -> Result<(RunRecorded, Option<Usd>), ServiceError> {
+    let mismatch = if metered {
+        let totals = metering::run_totals(conn, run.task_id, run.attempt)?;
+        apply_metering(&mut run, &totals)
+    } else {
+        None
+    };
+    let recorded = claims::record_finished_run(conn, &run, log, now())?;
+    if let Some(text) = mismatch
+        && recorded != RunRecorded::AlreadyRecorded
+    {
+        tracing::warn!(task = %run.task_id, attempt = run.attempt, "{text}");
+        tasks::record_note(conn, run.task_id, EventKind::CostMismatch, &text, now())?;
+    }
+    Ok((recorded, run.cost_usd))
 }
 
 /// `message`, and when the run's cost is unknown, why (so the task says why its cost is
@@ -702,12 +808,18 @@ async fn settle(
     };
     let run = run_record(task, &prepared.job, &execution, outcome);
     log_warnings(task, execution.report.as_ref());
-    let cost = run.cost_usd;
     let log = RunLog::of(&execution.output);
     let id = task.id;
     let attempt = task.attempt;
-    let recorded = state
-        .db(move |conn| Ok(claims::record_finished_run(conn, &run, &log, now())?))
+    let metered = execution.metered;
+    if metered
+        && let Some(gateway) = &state.runs.gateway
+        && !gateway.drain(id, attempt, DRAIN_WAIT).await
+    {
+        tracing::warn!(task = %id, attempt, "metered calls of the run are still being written; recording what is there");
+    }
+    let (recorded, cost) = state
+        .db(move |conn| record_run(conn, run, metered, &log))
         .await?;
     match recorded {
         RunRecorded::Current => {}
@@ -1055,6 +1167,7 @@ pub async fn recover_expired(
         let lost = lost_run(state, &lease).await?;
         let done = state
             .db(move |conn| {
+                let lost = with_metered_calls(conn, &lease, lost)?;
                 let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
                 Ok(claims::recover_expired(conn, &lease, before, lost, now())?)
             })
@@ -1135,6 +1248,60 @@ async fn lost_run(
     Ok(Some((run, RunLog::of(&output))))
 }
 
+/// The run of an expired lease as it is recorded: what the dead runner's output showed
+/// (`lost`, if reachable from here), with the cost and tokens of its metered model calls
+/// when the gateway metered any. Those are in the database whichever replica ran the
+/// agent, so a run recovered elsewhere keeps every metered call even when its output is
+/// out of reach.
+fn with_metered_calls(
+    conn: &mut AnyConnection,
+    lease: &ExpiredLease,
+    lost: Option<(Run, RunLog)>,
+) -> Result<Option<(Run, RunLog)>, ServiceError> {
+    let task = &lease.task;
+    let totals = metering::run_totals(conn, task.id, task.attempt)?;
+    if totals.calls == 0 {
+        return Ok(lost);
+    }
+    let reachable = lost.is_some();
+    let (mut run, log) = lost.unwrap_or_else(|| {
+        let run = Run {
+            id: Uuid::new_v4(),
+            task_id: task.id,
+            attempt: task.attempt,
+            agent_type: task.agent_type,
+            model: None,
+            cost_usd: None,
+            input_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 0,
+            turns: None,
+            outcome: RunOutcome::Lost,
+            exit_code: None,
+            error_message: None,
+            started_at: task.started_at.unwrap_or(lease.expired_at),
+            finished_at: None,
+            // Only sandboxed runs go through the gateway.
+            sandboxed: Some(true),
+            model_calls: None,
+            reported_cost_usd: None,
+        };
+        (run, RunLog::of(""))
+    });
+    run.error_message = Some(if reachable {
+        "the runner stopped during the run (its lease expired)".to_owned()
+    } else {
+        "the runner stopped during the run (its lease expired); its output is out of reach, \
+         its cost is that of its metered model calls"
+            .to_owned()
+    });
+    if let Some(text) = apply_metering(&mut run, &totals) {
+        tracing::warn!(task = %task.id, attempt = task.attempt, "{text}");
+    }
+    Ok(Some((run, log)))
+}
+
 /// At start, before the runner loop claims anything: on SQLite (one process per database)
 /// every lease found belongs to a dead process and is recovered at once; on PostgreSQL only
 /// expired ones (other replicas may be running).
@@ -1195,11 +1362,12 @@ async fn record_leftovers(state: &Service) -> Result<usize, ServiceError> {
             owner: String::new(),
             task: Task { attempt, ..task },
         };
-        let Some((run, log)) = lost_run(state, &lease).await? else {
-            continue;
-        };
+        let lost = lost_run(state, &lease).await?;
         let written = state
-            .db(move |conn| Ok(claims::record_finished_run(conn, &run, &log, now())?))
+            .db(move |conn| match with_metered_calls(conn, &lease, lost)? {
+                Some((run, log)) => Ok(claims::record_finished_run(conn, &run, &log, now())?),
+                None => Ok(RunRecorded::AlreadyRecorded),
+            })
             .await?;
         if written != RunRecorded::AlreadyRecorded {
             tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");

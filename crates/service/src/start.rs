@@ -11,9 +11,11 @@ use agentry_runner::PriceTable;
 use tokio::task::JoinHandle;
 
 use crate::Service;
+use crate::agent_network::AgentNetwork;
 use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
-use crate::runs::{self, RunSettings, Runs};
+use crate::gateway::{Gateway, GatewayConfig};
+use crate::runs::{self, RunSettings, Runs, SandboxNetwork};
 
 /// How often webhook delivery ids older than their retention are forgotten.
 pub const DELIVERY_PRUNE_EVERY: Duration = Duration::from_secs(3600);
@@ -108,13 +110,39 @@ pub(crate) fn price_table(config: &Config) -> Result<PriceTable, StartError> {
 
 /// The agent-run orchestrator of `config`: a [`agentry_runner::LocalRunner`] under the data
 /// directory with the configured executables and price table (the built-in one, with
-/// `AGENTRY_PRICES_FILE` merged over it).
-pub fn runs(config: &Config) -> Result<Runs, StartError> {
+/// `AGENTRY_PRICES_FILE` merged over it). Sandboxed agents (the default) get the model
+/// gateway and the egress proxy as their only network, metered into `db`; the forwarder
+/// inside each sandbox is this very executable (`agentry sandbox-net`).
+pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, StartError> {
+    let prices = price_table(config)?;
+    let network = match config.agent_sandbox {
+        agentry_runner::SandboxMode::Off => None,
+        agentry_runner::SandboxMode::Auto => {
+            let exe = std::env::current_exe()
+                .map_err(|e| io_error("cannot find agentry's own executable", e))?;
+            let gateway = Gateway::new(
+                GatewayConfig {
+                    anthropic_upstream: config.anthropic_upstream.clone(),
+                    openai_upstream: config.openai_upstream.clone(),
+                    anthropic_key: config.anthropic_key.clone(),
+                    openai_key: config.openai_key.clone(),
+                },
+                prices.clone(),
+                db.clone(),
+                master_key.clone(),
+            )
+            .map_err(|e| io_error("cannot start the model gateway", e))?;
+            Some(SandboxNetwork {
+                network: AgentNetwork::new(gateway, db.clone(), config.egress_allow.clone()),
+                forwarder: vec![exe.to_string_lossy().into_owned(), "sandbox-net".to_owned()],
+            })
+        }
+    };
     Ok(Runs::local(
         config.data_dir.clone(),
         config.claude_bin.clone(),
         config.codex_bin.clone(),
-        price_table(config)?,
+        prices,
         &config.agent_env,
         RunSettings {
             max_concurrent: config.max_concurrent_runs,
@@ -123,6 +151,7 @@ pub fn runs(config: &Config) -> Result<Runs, StartError> {
             sandbox: config.agent_sandbox,
             ..RunSettings::default()
         },
+        network,
     ))
 }
 
@@ -149,12 +178,10 @@ impl Service {
             crate::alerts::AlertTiming::default(),
         )
         .map_err(StartError::Io)?;
-        Ok(Service::with_alerts(
-            open_database(config)?,
-            code_host(config)?,
-            runs(config)?,
-            alerts,
-        ))
+        let db = open_database(config)?;
+        let code_host = code_host(config)?;
+        let runs = runs(config, &db, code_host.master_key())?;
+        Ok(Service::with_alerts(db, code_host, runs, alerts))
     }
 
     /// Recovers the tasks a stopped process left leased, then starts the background loops on

@@ -75,6 +75,7 @@ impl Rig {
                 agentry_runner::PriceTable::builtin(),
                 &[],
                 settings,
+                None,
             ),
         ));
         Rig {

@@ -1,0 +1,991 @@
+//! The model gateway (docs/contract.md#68-model-gateway): a sandboxed agent's only way to its
+//! model API, and the meter its bill is made of.
+//!
+//! Each sandboxed run gets its own gateway socket ([`Gateway::open_run`]), reached from
+//! inside the sandbox through the forwarder ([`agentry_runner::network`]). A request is
+//! served when it carries the run's key (`x-api-key` or `Authorization: Bearer`); the
+//! gateway then replaces that key by the real one (the `ANTHROPIC_API_KEY` or
+//! `OPENAI_API_KEY` secret, else the service's environment variable) and passes the request
+//! to the configured upstream, streaming the answer back chunk by chunk as it arrives.
+//!
+//! - Model calls (Anthropic `POST /v1/messages`, OpenAI `POST /v1/responses…`) are metered:
+//!   the usage the provider returned is read from the answer as it passes ([`usage`]),
+//!   priced from the price table, and recorded as a [`ModelCall`] as soon as the answer
+//!   ends (or breaks off), so a crash or a kill loses none. Before a call is passed on, the
+//!   run's allowance is checked: once the run's metered calls have spent it, the call is
+//!   refused with `429` in the provider's error shape and the run is marked exhausted (the
+//!   runner stops it, "budget reached"). The overshoot is at most the calls in flight.
+//! - Token counting and model lists are passed on unmetered; `GET /` and `HEAD /` (Claude
+//!   Code's connectivity check) answer `200` here. Anything else answers `404`.
+//! - OpenAI's WebSocket transport is refused with `426`, on which Codex falls back to HTTP
+//!   streaming at once.
+//! - A body over [`MAX_BODY_BYTES`] answers `413`; a model call whose body is not a JSON
+//!   object with a `model` answers `400`; an upstream that cannot be reached answers `502`.
+//!   Errors of the upstream pass through unchanged.
+//!
+//! When the run ends its [`RunGate`] is dropped: the socket closes, its file is removed, and
+//! the key is refused on any connection still open.
+
+pub mod usage;
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use agentry_domain::AgentType;
+use agentry_domain::money::Usd;
+use agentry_persistence::metering::{self, ModelCall};
+use agentry_persistence::secrets::{self, MasterKey, SecretValue};
+use agentry_persistence::{AnyConnection, Db};
+use agentry_runner::PriceTable;
+use agentry_runner::network::{RunInfo, RunMeter};
+use base64::Engine;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use tokio::net::UnixListener;
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+pub use usage::{Provider, Usage, UsageReader};
+
+/// The largest request body passed on (a model call with a long conversation is a few MB).
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The secret (or service environment variable) holding the Anthropic key.
+pub const ANTHROPIC_KEY: &str = "ANTHROPIC_API_KEY";
+
+/// The secret (or service environment variable) holding the OpenAI key.
+pub const OPENAI_KEY: &str = "OPENAI_API_KEY";
+
+/// The default Anthropic upstream (`AGENTRY_ANTHROPIC_UPSTREAM`).
+pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com";
+
+/// The default OpenAI upstream (`AGENTRY_OPENAI_UPSTREAM`).
+pub const DEFAULT_OPENAI_UPSTREAM: &str = "https://api.openai.com/v1";
+
+/// How long connecting to the upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long the upstream may stay silent in the middle of an answer.
+const READ_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The body type of the gateway's answers.
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// What the gateway needs from the service's configuration.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Where Anthropic calls go (`AGENTRY_ANTHROPIC_UPSTREAM`), e.g. `https://api.anthropic.com`.
+    pub anthropic_upstream: url::Url,
+    /// Where OpenAI calls go (`AGENTRY_OPENAI_UPSTREAM`), e.g. `https://api.openai.com/v1`.
+    pub openai_upstream: url::Url,
+    /// `ANTHROPIC_API_KEY` of the service's environment, used when no such secret is stored.
+    pub anthropic_key: Option<SecretValue>,
+    /// `OPENAI_API_KEY` (else `CODEX_API_KEY`) of the service's environment, used when no
+    /// such secret is stored.
+    pub openai_key: Option<SecretValue>,
+}
+
+/// The model gateway of one service process (cheap to clone).
+#[derive(Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: GatewayConfig,
+    client: reqwest::Client,
+    prices: PriceTable,
+    db: Db,
+    master_key: MasterKey,
+    /// Metered calls not yet written, per run (task, attempt).
+    inflight: std::sync::Mutex<std::collections::HashMap<(Uuid, i32), usize>>,
+    /// Notified whenever a metered call has been written.
+    written: tokio::sync::Notify,
+}
+
+impl Shared {
+    fn inflight(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(Uuid, i32), usize>> {
+        self.inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn call_started(&self, run: (Uuid, i32)) {
+        *self.inflight().entry(run).or_insert(0) += 1;
+    }
+
+    fn call_written(&self, run: (Uuid, i32)) {
+        let mut inflight = self.inflight();
+        if let Some(n) = inflight.get_mut(&run) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                inflight.remove(&run);
+            }
+        }
+        drop(inflight);
+        self.written.notify_waiters();
+    }
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field(
+                "anthropic_upstream",
+                &self.shared.config.anthropic_upstream.as_str(),
+            )
+            .field(
+                "openai_upstream",
+                &self.shared.config.openai_upstream.as_str(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// The gateway of `config`, pricing calls with `prices` and recording them in `db`
+    /// (secrets decrypted with `master_key`).
+    pub fn new(
+        config: GatewayConfig,
+        prices: PriceTable,
+        db: Db,
+        master_key: MasterKey,
+    ) -> Result<Gateway, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .map_err(|e| format!("cannot build the model gateway's HTTP client: {e}"))?;
+        Ok(Gateway {
+            shared: Arc::new(Shared {
+                config,
+                client,
+                prices,
+                db,
+                master_key,
+                inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
+                written: tokio::sync::Notify::new(),
+            }),
+        })
+    }
+
+    /// Waits (at most `timeout`) until every metered call of the run has been written, so
+    /// that the run's totals read afterwards include them all. Returns whether they were.
+    pub async fn drain(&self, task_id: Uuid, attempt: i32, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.shared.written.notified();
+            if !self.shared.inflight().contains_key(&(task_id, attempt)) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return !self.shared.inflight().contains_key(&(task_id, attempt));
+            }
+        }
+    }
+
+    /// Serves `run`'s gateway on a new Unix socket at `socket` until the returned
+    /// [`RunGate`] is dropped. Returns the run's key and its meter with it.
+    pub async fn open_run(
+        &self,
+        run: &RunInfo,
+        socket: &Path,
+    ) -> Result<(String, Arc<RunMeter>, RunGate), String> {
+        let provider = match run.agent.agent_type {
+            AgentType::ClaudeCode => Provider::Anthropic,
+            AgentType::Codex => Provider::OpenAi,
+        };
+        let upstream_key = self.upstream_key(provider).await;
+        if upstream_key.is_none() {
+            tracing::warn!(
+                task = %run.task_id,
+                "no {} is stored or set: the agent's model calls will be refused",
+                key_name(provider)
+            );
+        }
+        let key = run_key()?;
+        let meter = Arc::new(RunMeter::default());
+        let listener = bind_unix(socket).map_err(|e| {
+            format!(
+                "cannot listen on the gateway socket {}: {e}",
+                socket.display()
+            )
+        })?;
+        let run = Arc::new(RunCtx {
+            task_id: run.task_id,
+            attempt: run.attempt,
+            provider,
+            key_digest: Sha256::digest(key.as_bytes()).into(),
+            upstream_key,
+            allowance: run.agent.max_budget_usd,
+            meter: meter.clone(),
+            revoked: AtomicBool::new(false),
+            shared: self.shared.clone(),
+        });
+        let accept = tokio::spawn(accept_loop(listener, run.clone()));
+        Ok((
+            key,
+            meter,
+            RunGate {
+                run,
+                accept,
+                socket: socket.to_owned(),
+            },
+        ))
+    }
+
+    /// The real key of `provider`: the stored secret, else the service's environment.
+    async fn upstream_key(&self, provider: Provider) -> Option<SecretValue> {
+        let name = key_name(provider);
+        let db = self.shared.db.clone();
+        let master = self.shared.master_key.clone();
+        let stored = tokio::task::spawn_blocking(move || {
+            let mut conn = db.conn().map_err(|e| e.to_string())?;
+            secrets::get(&mut conn, &master, name).map_err(|e| e.to_string())
+        })
+        .await;
+        match stored {
+            Ok(Ok(Some(value))) => return Some(value),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => tracing::error!(secret = name, error = %e, "cannot read a model key"),
+            Err(e) => tracing::error!(secret = name, error = %e, "cannot read a model key"),
+        }
+        match provider {
+            Provider::Anthropic => self.shared.config.anthropic_key.clone(),
+            Provider::OpenAi => self.shared.config.openai_key.clone(),
+        }
+    }
+}
+
+/// A Unix socket listening at `path`. A socket address holds at most 108 bytes of path, so
+/// a longer one (a deep data directory) is bound through `/proc/self/fd/N/`, N being its
+/// directory opened for the call.
+pub fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::fd::AsRawFd;
+    const MAX_SOCKET_PATH: usize = 100;
+    if path.as_os_str().len() <= MAX_SOCKET_PATH {
+        return UnixListener::bind(path);
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return UnixListener::bind(path);
+    };
+    let dir = std::fs::File::open(dir)?;
+    let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+    let listener = UnixListener::bind(&short);
+    drop(dir);
+    listener
+}
+
+/// The name of `provider`'s key.
+pub fn key_name(provider: Provider) -> &'static str {
+    match provider {
+        Provider::Anthropic => ANTHROPIC_KEY,
+        Provider::OpenAi => OPENAI_KEY,
+    }
+}
+
+/// A new run key: `agentry-run-` and 32 random bytes.
+fn run_key() -> Result<String, String> {
+    let mut bytes = [0_u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a run key: {e}"))?;
+    Ok(format!(
+        "agentry-run-{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    ))
+}
+
+/// A run's gateway, open while this value lives.
+pub struct RunGate {
+    run: Arc<RunCtx>,
+    accept: tokio::task::JoinHandle<()>,
+    socket: PathBuf,
+}
+
+impl std::fmt::Debug for RunGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunGate")
+            .field("task", &self.run.task_id)
+            .field("attempt", &self.run.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RunGate {
+    fn drop(&mut self) {
+        self.run.revoked.store(true, Ordering::SeqCst);
+        // Aborting the accept loop drops its connections (each in its JoinSet).
+        self.accept.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// One run, as its gateway sees it.
+struct RunCtx {
+    task_id: Uuid,
+    attempt: i32,
+    provider: Provider,
+    key_digest: [u8; 32],
+    upstream_key: Option<SecretValue>,
+    allowance: Option<Usd>,
+    meter: Arc<RunMeter>,
+    revoked: AtomicBool,
+    shared: Arc<Shared>,
+}
+
+async fn accept_loop(listener: UnixListener, run: Arc<RunCtx>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let run = run.clone();
+                    connections.spawn(async move {
+                        let service = hyper::service::service_fn(move |req| {
+                            let run = run.clone();
+                            async move { Ok::<_, Infallible>(handle(run, req).await) }
+                        });
+                        let served = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
+                        if let Err(e) = served {
+                            tracing::debug!(error = %e, "a gateway connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the gateway could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// What a request path is, for `provider`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// A model call: metered and checked against the allowance.
+    Metered,
+    /// Passed on unmetered (token counting, model lists).
+    Free,
+}
+
+fn route(provider: Provider, method: &Method, path: &str) -> Option<Route> {
+    match (provider, method.as_str(), path) {
+        (Provider::Anthropic, "POST", "/v1/messages") => Some(Route::Metered),
+        (Provider::Anthropic, "POST", "/v1/messages/count_tokens") => Some(Route::Free),
+        (Provider::OpenAi, "POST", p)
+            if p == "/v1/responses" || p.starts_with("/v1/responses/") =>
+        {
+            Some(Route::Metered)
+        }
+        (_, "GET", p) if p == "/v1/models" || p.starts_with("/v1/models/") => Some(Route::Free),
+        _ => None,
+    }
+}
+
+/// The upstream URL of `path_and_query` (which starts with `/v1/`).
+fn upstream_url(config: &GatewayConfig, provider: Provider, path_and_query: &str) -> String {
+    match provider {
+        Provider::Anthropic => format!(
+            "{}{}",
+            config.anthropic_upstream.as_str().trim_end_matches('/'),
+            path_and_query
+        ),
+        // The OpenAI base URL includes its `/v1`.
+        Provider::OpenAi => format!(
+            "{}{}",
+            config.openai_upstream.as_str().trim_end_matches('/'),
+            path_and_query.strip_prefix("/v1").unwrap_or(path_and_query)
+        ),
+    }
+}
+
+async fn handle(run: Arc<RunCtx>, req: Request<Incoming>) -> Response<Body> {
+    let provider = run.provider;
+    let path = req.uri().path().to_owned();
+    if path == "/" && matches!(*req.method(), Method::GET | Method::HEAD) {
+        return plain(StatusCode::OK, "");
+    }
+    if req.headers().contains_key(header::UPGRADE) {
+        return error(
+            provider,
+            StatusCode::UPGRADE_REQUIRED,
+            "websocket_not_supported",
+            "the agentry model gateway speaks HTTP only: send the request without Upgrade",
+        );
+    }
+    if run.revoked.load(Ordering::SeqCst) || !authorized(&run, req.headers()) {
+        return error(
+            provider,
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "invalid API key for this agentry run (it works only for its own run, while the \
+             run lasts, through the gateway)",
+        );
+    }
+    let Some(route) = route(provider, req.method(), &path) else {
+        return error(
+            provider,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!(
+                "the agentry model gateway does not serve {} {}",
+                req.method(),
+                excerpt(&path, 100)
+            ),
+        );
+    };
+    let Some(upstream_key) = run.upstream_key.clone() else {
+        return error(
+            provider,
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            &format!(
+                "agentry has no {} to call the model API with (PUT /api/secrets/{0} or set it \
+                 in the service's environment)",
+                key_name(provider)
+            ),
+        );
+    };
+    let started = Instant::now();
+    let started_at = agentry_persistence::now();
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return error(
+                provider,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                &format!(
+                    "the request body is larger than the gateway's limit of {} MiB",
+                    MAX_BODY_BYTES / (1024 * 1024)
+                ),
+            );
+        }
+        Err(e) => {
+            return error(
+                provider,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("could not read the request body: {e}"),
+            );
+        }
+    };
+    let mut call = None;
+    if route == Route::Metered {
+        let model = match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(object)) => match object.get("model") {
+                Some(Value::String(model)) if !model.is_empty() => model.clone(),
+                _ => {
+                    return error(
+                        provider,
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "model: a model call names its model (a non-empty string)",
+                    );
+                }
+            },
+            _ => {
+                return error(
+                    provider,
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "the body of a model call must be a JSON object",
+                );
+            }
+        };
+        let recorder = CallRecorder::new(run.clone(), model, started_at, started);
+        if let Some(allowance) = run.allowance {
+            let spent = run.meter.spent();
+            if spent >= allowance {
+                run.meter.exhaust();
+                let message = format!(
+                    "budget reached: this agentry run has spent {spent} USD of its {allowance} \
+                     USD allowance (the least of what is left of maxCostPerTaskUsd and of the \
+                     monthly budgets); the call was not sent"
+                );
+                recorder.refused(StatusCode::TOO_MANY_REQUESTS);
+                return error(
+                    provider,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "budget_reached",
+                    &message,
+                );
+            }
+        }
+        call = Some(recorder);
+    }
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or(path.as_str(), |pq| pq.as_str())
+        .to_owned();
+    let url = upstream_url(&run.shared.config, provider, &path_and_query);
+    let mut headers = forwarded_headers(&parts.headers);
+    let auth = match provider {
+        Provider::Anthropic => ("x-api-key", upstream_key.expose().to_owned()),
+        Provider::OpenAi => ("authorization", format!("Bearer {}", upstream_key.expose())),
+    };
+    match HeaderValue::from_str(&auth.1) {
+        Ok(mut value) => {
+            value.set_sensitive(true);
+            headers.insert(HeaderName::from_static(auth.0), value);
+        }
+        Err(_) => {
+            if let Some(call) = call {
+                call.refused(StatusCode::BAD_GATEWAY);
+            }
+            return error(
+                provider,
+                StatusCode::BAD_GATEWAY,
+                "api_error",
+                &format!(
+                    "the stored {} is not a valid header value",
+                    key_name(provider)
+                ),
+            );
+        }
+    }
+    let sent = run
+        .shared
+        .client
+        .request(parts.method.clone(), &url)
+        .headers(headers)
+        .body(body)
+        .send()
+        .await;
+    let upstream = match sent {
+        Ok(response) => response,
+        Err(e) => {
+            if let Some(call) = call {
+                call.failed(StatusCode::BAD_GATEWAY, "upstream_error");
+            }
+            tracing::warn!(task = %run.task_id, error = %e, "the model API could not be reached");
+            return error(
+                provider,
+                StatusCode::BAD_GATEWAY,
+                "api_error",
+                &format!("the agentry model gateway could not reach the model API: {e}"),
+            );
+        }
+    };
+    let status = upstream.status();
+    let mut response = Response::builder().status(status);
+    let streamed = upstream
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if let Some(headers) = response.headers_mut() {
+        for (name, value) in upstream.headers() {
+            if !hop_by_hop(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    let body: Body = match call {
+        None => {
+            let stream = upstream
+                .bytes_stream()
+                .map(|chunk| chunk.map(Frame::data).map_err(std::io::Error::other));
+            http_body_util::StreamBody::new(stream).boxed_unsync()
+        }
+        Some(mut call) => {
+            call.begin(status, streamed, upstream.content_length());
+            let stream = futures_util::stream::unfold(
+                (upstream.bytes_stream(), call),
+                |(mut stream, mut call)| async move {
+                    match stream.next().await {
+                        Some(Ok(chunk)) => {
+                            call.feed(&chunk);
+                            Some((Ok(Frame::data(chunk)), (stream, call)))
+                        }
+                        Some(Err(e)) => {
+                            call.broke_off();
+                            Some((Err(std::io::Error::other(e)), (stream, call)))
+                        }
+                        None => {
+                            call.ended();
+                            None
+                        }
+                    }
+                },
+            );
+            http_body_util::StreamBody::new(stream).boxed_unsync()
+        }
+    };
+    response.body(body).unwrap_or_else(|e| {
+        error(
+            provider,
+            StatusCode::BAD_GATEWAY,
+            "api_error",
+            &format!("the model API's answer could not be passed on: {e}"),
+        )
+    })
+}
+
+/// Whether `headers` carry the run's key.
+fn authorized(run: &RunCtx, headers: &HeaderMap) -> bool {
+    let presented = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| {
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_owned)
+        });
+    // Compared by digest: the time taken says nothing about the key.
+    presented.is_some_and(|key| {
+        let digest: [u8; 32] = Sha256::digest(key.trim().as_bytes()).into();
+        digest == run.key_digest
+    })
+}
+
+/// The request headers passed upstream: all but the hop-by-hop ones, the host, the length,
+/// the agent's key and the encodings it accepts (the gateway reads the answer, so it asks
+/// for it uncompressed).
+fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(incoming.len());
+    for (name, value) in incoming {
+        let drop = hop_by_hop(name)
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name == header::AUTHORIZATION
+            || name == header::ACCEPT_ENCODING
+            || name.as_str() == "x-api-key";
+        if !drop {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers
+}
+
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(Bytes::from_static(text.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    response
+}
+
+/// An error in `provider`'s shape (Anthropic: `{"type":"error","error":{"type","message"}}`;
+/// OpenAI: `{"error":{"message","type","param","code"}}`).
+fn error(provider: Provider, status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let body = match provider {
+        Provider::Anthropic => {
+            let kind = match status {
+                StatusCode::UNAUTHORIZED => "authentication_error",
+                StatusCode::NOT_FOUND => "not_found_error",
+                StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+                StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+                s if s.is_client_error() => "invalid_request_error",
+                _ => "api_error",
+            };
+            json!({"type": "error", "error": {"type": kind, "message": message}})
+        }
+        Provider::OpenAi => {
+            let (kind, code) = match status {
+                // Codex does not retry an exhausted quota.
+                StatusCode::TOO_MANY_REQUESTS => ("insufficient_quota", "insufficient_quota"),
+                StatusCode::UNAUTHORIZED => ("invalid_request_error", "invalid_api_key"),
+                s if s.is_client_error() => ("invalid_request_error", code),
+                _ => ("server_error", code),
+            };
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+        }
+    };
+    let mut response = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn excerpt(text: &str, max: usize) -> String {
+    let mut out: String = text.chars().take(max).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// One metered call: reads its answer as it passes and records it once, when it is
+/// dropped (the answer ended, broke off, or the agent hung up).
+struct CallRecorder {
+    run: Arc<RunCtx>,
+    model: String,
+    started_at: OffsetDateTime,
+    started: Instant,
+    status: StatusCode,
+    outcome: &'static str,
+    reader: Option<UsageReader>,
+    /// The answer's length, when the upstream said it: once that much has passed, the
+    /// answer is complete (the server may never ask for the end of a body it has all of).
+    expected: Option<u64>,
+    received: u64,
+    recorded: bool,
+}
+
+impl CallRecorder {
+    fn new(run: Arc<RunCtx>, model: String, started_at: OffsetDateTime, started: Instant) -> Self {
+        run.shared.call_started((run.task_id, run.attempt));
+        CallRecorder {
+            run,
+            model,
+            started_at,
+            started,
+            status: StatusCode::OK,
+            outcome: "interrupted",
+            reader: None,
+            expected: None,
+            received: 0,
+            recorded: false,
+        }
+    }
+
+    /// The gateway answered `status` itself; nothing was sent.
+    fn refused(mut self, status: StatusCode) {
+        self.status = status;
+        self.outcome = "refused";
+    }
+
+    /// The call failed before an answer came.
+    fn failed(mut self, status: StatusCode, outcome: &'static str) {
+        self.status = status;
+        self.outcome = outcome;
+    }
+
+    fn begin(&mut self, status: StatusCode, streamed: bool, length: Option<u64>) {
+        self.status = status;
+        self.reader = Some(UsageReader::new(self.run.provider, streamed));
+        self.expected = length;
+        if length == Some(0) {
+            self.ended();
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        if let Some(reader) = &mut self.reader {
+            reader.feed(chunk);
+        }
+        self.received = self.received.saturating_add(chunk.len() as u64);
+        if self.expected == Some(self.received) {
+            self.ended();
+        }
+    }
+
+    fn broke_off(&mut self) {
+        self.outcome = "interrupted";
+    }
+
+    fn ended(&mut self) {
+        self.outcome = if self.status.is_success() {
+            "completed"
+        } else {
+            "upstream_error"
+        };
+    }
+
+    fn call(&mut self) -> ModelCall {
+        let (usage, model) = match &mut self.reader {
+            Some(reader) => {
+                reader.finish();
+                (
+                    reader.usage(),
+                    reader.model().unwrap_or(&self.model).to_owned(),
+                )
+            }
+            None => (Usage::default(), self.model.clone()),
+        };
+        let prices = &self.run.shared.prices;
+        let price = prices.get(&model).or_else(|| prices.get(&self.model));
+        let cost = match price {
+            Some(price) => price.cost(usage.tokens()),
+            None if usage.is_empty() => Some(Usd::ZERO),
+            None => None,
+        };
+        ModelCall {
+            id: Uuid::now_v7(),
+            task_id: self.run.task_id,
+            attempt: self.run.attempt,
+            provider: self.run.provider.as_str().to_owned(),
+            model: Some(model),
+            status: i32::from(self.status.as_u16()),
+            outcome: self.outcome.to_owned(),
+            input_tokens: usage.input,
+            cache_read_tokens: usage.cache_read,
+            cache_write_tokens: usage.cache_write,
+            output_tokens: usage.output,
+            reasoning_tokens: usage.reasoning,
+            cost_usd: cost,
+            started_at: self.started_at,
+            duration_ms: i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+impl Drop for CallRecorder {
+    fn drop(&mut self) {
+        if self.recorded {
+            return;
+        }
+        self.recorded = true;
+        let call = self.call();
+        self.run.meter.add(call.cost_usd);
+        if call.cost_usd.is_none() {
+            tracing::warn!(
+                task = %call.task_id,
+                model = call.model.as_deref().unwrap_or(""),
+                "a metered model call has no price: the run's cost will be unknown"
+            );
+        }
+        let shared = self.run.shared.clone();
+        let write = move || {
+            let written = shared
+                .db
+                .conn()
+                .map_err(|e| e.to_string())
+                .and_then(|mut conn| record(&mut conn, &call));
+            if let Err(e) = written {
+                tracing::error!(task = %call.task_id, error = %e, "could not record a metered model call");
+            }
+            shared.call_written((call.task_id, call.attempt));
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(write);
+            }
+            Err(_) => write(),
+        }
+    }
+}
+
+/// Records `call`, trying again a few times while the database is busy.
+fn record(conn: &mut AnyConnection, call: &ModelCall) -> Result<(), String> {
+    let mut tries = 0;
+    loop {
+        match metering::record_call(conn, call) {
+            Ok(()) => return Ok(()),
+            Err(agentry_persistence::DbError::Busy(_)) if tries < 5 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20 << tries));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_what_each_provider_serves() {
+        let post = Method::POST;
+        let get = Method::GET;
+        assert_eq!(
+            route(Provider::Anthropic, &post, "/v1/messages"),
+            Some(Route::Metered)
+        );
+        assert_eq!(
+            route(Provider::Anthropic, &post, "/v1/messages/count_tokens"),
+            Some(Route::Free)
+        );
+        assert_eq!(route(Provider::Anthropic, &post, "/v1/responses"), None);
+        assert_eq!(
+            route(Provider::OpenAi, &post, "/v1/responses"),
+            Some(Route::Metered)
+        );
+        assert_eq!(
+            route(Provider::OpenAi, &post, "/v1/responses/compact"),
+            Some(Route::Metered)
+        );
+        assert_eq!(
+            route(Provider::OpenAi, &get, "/v1/models"),
+            Some(Route::Free)
+        );
+        assert_eq!(route(Provider::OpenAi, &get, "/v1/responses"), None);
+        assert_eq!(route(Provider::OpenAi, &post, "/v1/files"), None);
+        assert_eq!(route(Provider::Anthropic, &post, "/v1/messages/../x"), None);
+    }
+
+    #[test]
+    fn upstream_urls_keep_the_query_and_join_the_base() {
+        let config = GatewayConfig {
+            anthropic_upstream: url::Url::parse("https://api.anthropic.com").unwrap(),
+            openai_upstream: url::Url::parse("https://api.openai.com/v1/").unwrap(),
+            anthropic_key: None,
+            openai_key: None,
+        };
+        assert_eq!(
+            upstream_url(&config, Provider::Anthropic, "/v1/messages?beta=true"),
+            "https://api.anthropic.com/v1/messages?beta=true"
+        );
+        assert_eq!(
+            upstream_url(&config, Provider::OpenAi, "/v1/responses"),
+            "https://api.openai.com/v1/responses"
+        );
+    }
+
+    #[test]
+    fn the_agents_key_and_encodings_never_go_upstream() {
+        let mut incoming = HeaderMap::new();
+        incoming.insert("x-api-key", HeaderValue::from_static("agentry-run-abc"));
+        incoming.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer agentry-run-abc"),
+        );
+        incoming.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        incoming.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        incoming.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        let out = forwarded_headers(&incoming);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out.get("anthropic-version").unwrap(), "2023-06-01");
+    }
+}

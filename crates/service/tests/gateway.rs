@@ -1,0 +1,534 @@
+//! The model gateway on its own (docs/contract.md#68-model-gateway): a run's socket, its key,
+//! streaming through chunk by chunk, metering into a real SQLite file, the per-call budget,
+//! and the errors it passes on or gives itself. The upstream is a scripted HTTP/1.1 server
+//! on 127.0.0.1 written here, so each test controls exactly when each byte goes out.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentry_domain::{AgentType, RepoUrl, TaskType, Usd};
+use agentry_persistence::metering;
+use agentry_persistence::repos::{self, NewRepository};
+use agentry_persistence::secrets::{MasterKey, SecretValue};
+use agentry_persistence::tasks::{self, NewTask};
+use agentry_persistence::test_support::TestDb;
+use agentry_runner::AgentSpec;
+use agentry_runner::network::{RunInfo, RunMeter};
+use agentry_service::gateway::{Gateway, GatewayConfig, RunGate};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixStream};
+use tokio::sync::{Notify, mpsc};
+use uuid::Uuid;
+
+const REAL_KEY: &str = "sk-real-upstream-key";
+
+/// What the scripted upstream does with one request.
+#[derive(Clone)]
+enum Script {
+    /// Answers `status` with a JSON `body`.
+    Json(u16, String),
+    /// Streams `first`, waits for `go`, then streams `rest` and ends the chunked body.
+    Stream {
+        first: String,
+        go: Arc<Notify>,
+        rest: String,
+    },
+    /// Streams `first`, then closes the connection without ending the body.
+    BreakOff(String),
+}
+
+/// One request the upstream received.
+#[derive(Debug, Clone)]
+struct Seen {
+    head: String,
+    body: Vec<u8>,
+}
+
+struct Upstream {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+async fn upstream(script: Script) -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let script = script.clone();
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut head = String::new();
+                    loop {
+                        let mut line = String::new();
+                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push_str(&line);
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    let mut body = vec![0; length];
+                    stream.read_exact(&mut body).await.unwrap();
+                    record.lock().unwrap().push(Seen { head, body });
+                    let out = stream.get_mut();
+                    match &script {
+                        Script::Json(status, body) => {
+                            let text = format!(
+                                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            out.write_all(text.as_bytes()).await.unwrap();
+                        }
+                        Script::Stream { first, go, rest } => {
+                            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                            out.write_all(head.as_bytes()).await.unwrap();
+                            out.write_all(chunk(first).as_bytes()).await.unwrap();
+                            out.flush().await.unwrap();
+                            go.notified().await;
+                            out.write_all(chunk(rest).as_bytes()).await.unwrap();
+                            out.write_all(b"0\r\n\r\n").await.unwrap();
+                        }
+                        Script::BreakOff(first) => {
+                            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                            out.write_all(head.as_bytes()).await.unwrap();
+                            out.write_all(chunk(first).as_bytes()).await.unwrap();
+                            out.flush().await.unwrap();
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Upstream { url, seen }
+}
+
+fn chunk(text: &str) -> String {
+    format!("{:x}\r\n{text}\r\n", text.len())
+}
+
+const START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-sonnet-5\",\"usage\":{\"input_tokens\":1000,\"cache_read_input_tokens\":0,\"cache_creation_input_tokens\":0,\"output_tokens\":1}}}\n\n";
+const END: &str = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"done\"}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":500}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+struct Rig {
+    _db: TestDb,
+    db: agentry_persistence::Db,
+    gateway: Gateway,
+    dir: tempfile::TempDir,
+    task_id: Uuid,
+}
+
+impl Rig {
+    fn new(upstream: &str) -> Rig {
+        let test_db = TestDb::sqlite();
+        let db = test_db.db.clone();
+        let mut conn = db.conn().unwrap();
+        let now = agentry_persistence::now();
+        let (repo, _) = repos::connect_repository(
+            &mut conn,
+            &NewRepository {
+                url: RepoUrl::parse("https://github.com/acme/web").unwrap(),
+                default_branch: "main".into(),
+                clone_url: "https://github.com/acme/web.git".into(),
+                codehost_id: Some(1),
+            },
+            now,
+        )
+        .unwrap();
+        let task_id = Uuid::new_v4();
+        tasks::create_task(
+            &mut conn,
+            &NewTask {
+                id: task_id,
+                title: "t".into(),
+                prompt: String::new(),
+                repo_id: Some(repo.id),
+                repo_url: repo.url.clone(),
+                task_type: TaskType::Coding,
+                agent_type: AgentType::ClaudeCode,
+                issue_number: None,
+                parent_task_id: None,
+                created_at: now,
+            },
+            "created",
+        )
+        .unwrap();
+        let url = url::Url::parse(upstream).unwrap();
+        let gateway = Gateway::new(
+            GatewayConfig {
+                anthropic_upstream: url.clone(),
+                openai_upstream: url.join("/v1").unwrap(),
+                anthropic_key: Some(SecretValue::new(REAL_KEY)),
+                openai_key: Some(SecretValue::new(REAL_KEY)),
+            },
+            agentry_runner::PriceTable::builtin(),
+            db.clone(),
+            MasterKey::generate().unwrap(),
+        )
+        .unwrap();
+        Rig {
+            _db: test_db,
+            db,
+            gateway,
+            dir: tempfile::tempdir().unwrap(),
+            task_id,
+        }
+    }
+
+    async fn open(
+        &self,
+        attempt: i32,
+        agent_type: AgentType,
+        allowance: Option<&str>,
+    ) -> (PathBuf, String, Arc<RunMeter>, RunGate) {
+        let socket = self.dir.path().join(format!("gateway-{attempt}.sock"));
+        let run = RunInfo {
+            task_id: self.task_id,
+            attempt,
+            repo_key: String::new(),
+            agent: AgentSpec {
+                agent_type,
+                model: "claude-sonnet-5".into(),
+                max_turns: None,
+                max_budget_usd: allowance.map(|a| Usd::parse(a).unwrap()),
+            },
+        };
+        let (key, meter, gate) = self.gateway.open_run(&run, &socket).await.unwrap();
+        (socket, key, meter, gate)
+    }
+
+    async fn calls(&self, attempt: i32) -> Vec<metering::ModelCall> {
+        assert!(
+            self.gateway
+                .drain(self.task_id, attempt, Duration::from_secs(10))
+                .await
+        );
+        let mut conn = self.db.conn().unwrap();
+        metering::task_calls(&mut conn, self.task_id, Some(attempt)).unwrap()
+    }
+}
+
+/// A raw HTTP/1.1 request on the run's socket; returns the connection, the response head
+/// read, and a reader for the rest.
+async fn send(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (BufReader<UnixStream>, u16, String) {
+    let mut stream = UnixStream::connect(socket).await.unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:4810\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // The gateway may answer (and stop reading) before a refused body is all sent.
+    let _ = stream.write_all(body).await;
+    let mut reader = BufReader::new(stream);
+    let mut response = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await.is_err() {
+            break;
+        }
+        response.push_str(&line);
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+    }
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (reader, status, response)
+}
+
+async fn rest(mut reader: BufReader<UnixStream>) -> String {
+    let mut text = Vec::new();
+    let _ = reader.read_to_end(&mut text).await;
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+const MESSAGE: &[u8] = br#"{"model":"claude-sonnet-5","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+
+#[tokio::test]
+async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_the_real_key() {
+    let go = Arc::new(Notify::new());
+    let up = upstream(Script::Stream {
+        first: START.into(),
+        go: go.clone(),
+        rest: END.into(),
+    })
+    .await;
+    let rig = Rig::new(&up.url);
+    let (socket, key, meter, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let (mut reader, status, head) = send(
+        &socket,
+        "POST",
+        "/v1/messages?beta=true",
+        &[("x-api-key", &key), ("anthropic-version", "2023-06-01")],
+        MESSAGE,
+    )
+    .await;
+    assert_eq!(status, 200, "{head}");
+    // The first event arrives while the upstream is still holding the rest back.
+    let (found, lines) = mpsc::unbounded_channel::<String>();
+    let mut lines = lines;
+    let reading = tokio::spawn(async move {
+        let mut all = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+                break;
+            }
+            all.push_str(&line);
+            let _ = found.send(line);
+        }
+        all
+    });
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let line = lines.recv().await.unwrap();
+            if line.starts_with("data:") && line.contains("message_start") {
+                return line;
+            }
+        }
+    })
+    .await
+    .expect("the first event came through before the upstream finished");
+    assert!(first.contains("\"input_tokens\":1000"));
+    go.notify_one();
+    let all = tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(all.contains("message_stop"), "{all}");
+
+    // The upstream saw the real key, never the run's.
+    let seen = up.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    let upstream_head = seen[0].head.to_ascii_lowercase();
+    assert!(upstream_head.starts_with("post /v1/messages?beta=true "), "{upstream_head}");
+    assert!(upstream_head.contains(&format!("x-api-key: {REAL_KEY}")), "{upstream_head}");
+    assert!(!upstream_head.contains(&key.to_ascii_lowercase()));
+    assert!(upstream_head.contains("anthropic-version: 2023-06-01"));
+    assert_eq!(seen[0].body, MESSAGE);
+
+    // Metered: 1000 input and 500 output tokens of claude-sonnet-5 ($2 and $10 per million).
+    let calls = rig.calls(1).await;
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    assert_eq!(
+        (call.input_tokens, call.output_tokens, call.status, call.outcome.as_str()),
+        (1000, 500, 200, "completed")
+    );
+    assert_eq!(call.model.as_deref(), Some("claude-sonnet-5"));
+    assert_eq!(call.cost_usd, Some(Usd::parse("0.007").unwrap()));
+    assert_eq!(meter.spent(), Usd::parse("0.007").unwrap());
+    assert_eq!(meter.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_run_key_works_only_for_its_own_run_and_only_while_it_lasts() {
+    let up = upstream(Script::Json(
+        200,
+        r#"{"model":"claude-sonnet-5","usage":{"input_tokens":10,"output_tokens":1}}"#.into(),
+    ))
+    .await;
+    let rig = Rig::new(&up.url);
+    let (socket1, key1, _, gate1) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let (socket2, key2, _, _gate2) = rig.open(2, AgentType::ClaudeCode, None).await;
+    assert_ne!(key1, key2);
+    let (_, status, _) = send(&socket1, "POST", "/v1/messages", &[("x-api-key", &key1)], MESSAGE).await;
+    assert_eq!(status, 200);
+    // Another run's key, no key, the upstream's own key: refused, in Anthropic's shape.
+    for headers in [
+        vec![("x-api-key", key1.as_str())],
+        vec![],
+        vec![("x-api-key", REAL_KEY)],
+    ] {
+        let (reader, status, _) = send(&socket2, "POST", "/v1/messages", &headers, MESSAGE).await;
+        assert_eq!(status, 401);
+        let body = rest(reader).await;
+        assert!(body.contains("authentication_error"), "{body}");
+    }
+    let (_, status, _) = send(
+        &socket2,
+        "POST",
+        "/v1/messages",
+        &[("authorization", &format!("Bearer {key2}"))],
+        MESSAGE,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(up.seen.lock().unwrap().len(), 2);
+    // After the run, its socket is gone.
+    drop(gate1);
+    assert!(UnixStream::connect(&socket1).await.is_err());
+    assert!(!socket1.exists());
+}
+
+#[tokio::test]
+async fn upstream_errors_pass_through_unchanged_and_are_recorded() {
+    let body = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    let up = upstream(Script::Json(529, body.into())).await;
+    let rig = Rig::new(&up.url);
+    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &[("x-api-key", &key)], MESSAGE).await;
+    assert_eq!(status, 529);
+    assert_eq!(rest(reader).await, body);
+    let calls = rig.calls(1).await;
+    assert_eq!((calls[0].status, calls[0].outcome.as_str()), (529, "upstream_error"));
+    assert_eq!(calls[0].cost_usd, Some(Usd::ZERO));
+}
+
+#[tokio::test]
+async fn a_stream_the_upstream_breaks_off_breaks_off_for_the_agent_and_keeps_what_it_used() {
+    let up = upstream(Script::BreakOff(START.into())).await;
+    let rig = Rig::new(&up.url);
+    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &[("x-api-key", &key)], MESSAGE).await;
+    assert_eq!(status, 200);
+    let body = tokio::time::timeout(Duration::from_secs(10), rest(reader)).await.unwrap();
+    assert!(body.contains("message_start"));
+    // The chunked body never ends properly: no terminating zero-length chunk.
+    assert!(!body.ends_with("0\r\n\r\n"), "{body:?}");
+    let calls = rig.calls(1).await;
+    assert_eq!(calls[0].outcome, "interrupted");
+    assert_eq!((calls[0].input_tokens, calls[0].output_tokens), (1000, 1));
+    assert_eq!(calls[0].cost_usd, Some(Usd::parse("0.00201").unwrap()));
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors_in_the_providers_shape_and_reach_nothing() {
+    let up = upstream(Script::Json(200, "{}".into())).await;
+    let rig = Rig::new(&up.url);
+    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let auth = [("x-api-key", key.as_str())];
+    for (method, path, body, want, text) in [
+        ("POST", "/v1/messages", &b"not json"[..], 400, "JSON object"),
+        ("POST", "/v1/messages", br#"{"messages":[]}"#, 400, "model"),
+        ("POST", "/v1/complete", b"{}", 404, "does not serve"),
+        ("DELETE", "/v1/messages", b"", 404, "does not serve"),
+    ] {
+        let (reader, status, _) = send(&socket, method, path, &auth, body).await;
+        assert_eq!(status, want, "{method} {path}");
+        let answer = rest(reader).await;
+        assert!(answer.contains(text), "{answer}");
+        assert!(answer.contains("\"type\":\"error\""), "{answer}");
+    }
+    // Oversized: refused once the limit is passed.
+    let big = vec![b' '; 33 * 1024 * 1024];
+    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &auth, &big).await;
+    assert_eq!(status, 413);
+    assert!(rest(reader).await.contains("request_too_large"));
+    // Codex's WebSocket transport: 426, on which it falls back to HTTP.
+    let (_, status, _) = send(
+        &socket,
+        "GET",
+        "/v1/responses",
+        &[("upgrade", "websocket"), ("connection", "Upgrade")],
+        b"",
+    )
+    .await;
+    assert_eq!(status, 426);
+    // Claude Code's connectivity check needs no key.
+    let (_, status, _) = send(&socket, "HEAD", "/", &[], b"").await;
+    assert_eq!(status, 200);
+    assert!(up.seen.lock().unwrap().is_empty());
+    assert!(rig.calls(1).await.is_empty());
+}
+
+#[tokio::test]
+async fn once_the_allowance_is_spent_the_next_call_is_refused_and_the_run_marked_exhausted() {
+    // Each call: 1000 input + 500 output tokens of claude-sonnet-5 = $0.007.
+    let up = upstream(Script::Json(
+        200,
+        r#"{"model":"claude-sonnet-5","usage":{"input_tokens":1000,"output_tokens":500}}"#.into(),
+    ))
+    .await;
+    let rig = Rig::new(&up.url);
+    let (socket, key, meter, _gate) = rig.open(1, AgentType::ClaudeCode, Some("0.01")).await;
+    let auth = [("x-api-key", key.as_str())];
+    for _ in 0..2 {
+        let (reader, status, _) = send(&socket, "POST", "/v1/messages", &auth, MESSAGE).await;
+        assert_eq!(status, 200);
+        rest(reader).await;
+        rig.gateway
+            .drain(rig.task_id, 1, Duration::from_secs(10))
+            .await;
+    }
+    assert!(!meter.is_exhausted());
+    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &auth, MESSAGE).await;
+    assert_eq!(status, 429);
+    let answer = rest(reader).await;
+    assert!(answer.contains("budget reached"), "{answer}");
+    assert!(answer.contains("rate_limit_error"), "{answer}");
+    assert!(meter.is_exhausted());
+    // Two calls went out: one over the allowance at most.
+    assert_eq!(up.seen.lock().unwrap().len(), 2);
+    assert_eq!(meter.spent(), Usd::parse("0.014").unwrap());
+    let calls = rig.calls(1).await;
+    assert_eq!(
+        calls.iter().map(|c| c.outcome.as_str()).collect::<Vec<_>>(),
+        ["completed", "completed", "refused"]
+    );
+    assert_eq!(calls[2].status, 429);
+}
+
+#[tokio::test]
+async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openais_shape() {
+    let go = Arc::new(Notify::new());
+    go.notify_one();
+    let up = upstream(Script::Stream {
+        first: "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"model\":\"gpt-6.1-sol\"}}\n\n".into(),
+        go,
+        rest: "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-6.1-sol\",\"usage\":{\"input_tokens\":3000,\"input_tokens_details\":{\"cached_tokens\":2000},\"output_tokens\":100,\"output_tokens_details\":{\"reasoning_tokens\":40}}}}\n\n".into(),
+    })
+    .await;
+    let rig = Rig::new(&up.url);
+    let (socket, key, _, _gate) = rig.open(1, AgentType::Codex, None).await;
+    let bearer = format!("Bearer {key}");
+    let body = br#"{"model":"gpt-6.1-sol","stream":true,"input":[]}"#;
+    let (reader, status, _) = send(&socket, "POST", "/v1/responses", &[("authorization", &bearer)], body).await;
+    assert_eq!(status, 200);
+    assert!(rest(reader).await.contains("response.completed"));
+    let seen = up.seen.lock().unwrap().clone();
+    // The OpenAI base URL carries its /v1: the path is joined to it once.
+    assert!(seen[0].head.starts_with("POST /v1/responses "), "{}", seen[0].head);
+    assert!(seen[0].head.to_ascii_lowercase().contains(&format!("authorization: bearer {REAL_KEY}")));
+    let calls = rig.calls(1).await;
+    assert_eq!(
+        (calls[0].input_tokens, calls[0].cache_read_tokens, calls[0].output_tokens, calls[0].reasoning_tokens),
+        (1000, 2000, 100, 40)
+    );
+    // gpt-6.1-sol: $2 input, $0.1 cached, $10 output per million.
+    assert_eq!(calls[0].cost_usd, Some(Usd::parse("0.0032").unwrap()));
+    let (reader, status, _) = send(&socket, "POST", "/v1/responses", &[], body).await;
+    assert_eq!(status, 401);
+    assert!(rest(reader).await.contains("invalid_api_key"));
+}
