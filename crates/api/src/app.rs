@@ -64,6 +64,7 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(tasks::cancel_task)
                 .service(tasks::retry_task)
                 .service(tasks::task_log)
+                .service(tasks::task_calls)
                 .service(tokens::create_token)
                 .service(tokens::list_tokens)
                 .service(tokens::revoke_token)

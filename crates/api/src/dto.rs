@@ -1,6 +1,7 @@
 //! The JSON shapes of the API (camelCase), converted from domain and storage types.
 
 use agentry_domain::Task;
+use agentry_persistence::metering::{EgressBlocked, ModelCall};
 use agentry_persistence::tasks::{Run, TaskEvent};
 use serde::Serialize;
 use time::OffsetDateTime;
@@ -181,6 +182,17 @@ pub struct RunDto {
     /// `AGENTRY_AGENT_SANDBOX=off`, null when not known (a run recovered after its service
     /// died, or recorded before this was kept).
     pub sandboxed: Option<bool>,
+    /// How many model calls the model gateway metered for this run; null for a run whose
+    /// calls did not go through the gateway (unsandboxed), whose `costUsd` is then the
+    /// agent's own word.
+    pub model_calls: Option<i64>,
+    /// The sum of the run's metered calls (exact decimal USD): for a metered run, the same
+    /// as `costUsd`; null for a run that was not metered or whose calls include an unpriced
+    /// model.
+    pub metered_cost_usd: Option<String>,
+    /// What the agent itself printed as its cost (exact decimal USD), kept beside the
+    /// metered cost; null when it printed none.
+    pub reported_cost_usd: Option<String>,
 }
 
 impl From<Run> for RunDto {
@@ -202,6 +214,12 @@ impl From<Run> for RunDto {
             started_at: r.started_at,
             finished_at: r.finished_at,
             sandboxed: r.sandboxed,
+            model_calls: r.model_calls,
+            metered_cost_usd: r
+                .model_calls
+                .and(r.cost_usd)
+                .map(|c| c.to_string()),
+            reported_cost_usd: r.reported_cost_usd.map(|c| c.to_string()),
         }
     }
 }
@@ -219,6 +237,10 @@ pub struct EventDto {
     /// When.
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
+    /// `transition` (a state change), or `cost_mismatch` (a metered run whose agent printed
+    /// a different cost; `from` = `to`, the state at the time).
+    #[schema(example = "transition")]
+    pub kind: String,
 }
 
 impl From<TaskEvent> for EventDto {
@@ -228,8 +250,109 @@ impl From<TaskEvent> for EventDto {
             to: e.to.to_string(),
             reason: e.reason,
             at: e.at,
+            kind: e.kind.as_str().to_owned(),
         }
     }
+}
+
+/// Connections the egress proxy refused to one destination during one run.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressBlockedDto {
+    /// The run's attempt.
+    pub attempt: i32,
+    /// The host asked for (a name or an IP literal).
+    pub host: String,
+    /// The port asked for.
+    pub port: i32,
+    /// How many connections were refused.
+    pub count: i64,
+    /// The first refusal.
+    #[serde(with = "time::serde::rfc3339")]
+    pub first_at: OffsetDateTime,
+    /// The last refusal.
+    #[serde(with = "time::serde::rfc3339")]
+    pub last_at: OffsetDateTime,
+}
+
+impl From<EgressBlocked> for EgressBlockedDto {
+    fn from(b: EgressBlocked) -> Self {
+        EgressBlockedDto {
+            attempt: b.attempt,
+            host: b.host,
+            port: b.port,
+            count: b.count,
+            first_at: b.first_at,
+            last_at: b.last_at,
+        }
+    }
+}
+
+/// One model call of a run, as the model gateway metered it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCallDto {
+    /// Call id.
+    pub id: Uuid,
+    /// The run's attempt.
+    pub attempt: i32,
+    /// When the gateway received it.
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    /// `anthropic` or `openai`.
+    pub provider: String,
+    /// The model that answered (else the one asked for).
+    pub model: Option<String>,
+    /// The HTTP status the agent got.
+    pub status: i32,
+    /// `completed`, `refused` (by the gateway, e.g. `budget reached`), `upstream_error`
+    /// or `interrupted` (the answer broke off, or the agent hung up).
+    pub outcome: String,
+    /// Uncached input tokens.
+    pub input_tokens: i64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_tokens: i64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write_tokens: i64,
+    /// Output tokens (reasoning included).
+    pub output_tokens: i64,
+    /// The part of the output spent on reasoning.
+    pub reasoning_tokens: i64,
+    /// Its priced cost, exact decimal USD; null when the model has no price.
+    pub cost_usd: Option<String>,
+    /// Until its answer ended, in milliseconds.
+    pub duration_ms: i64,
+}
+
+impl From<ModelCall> for ModelCallDto {
+    fn from(c: ModelCall) -> Self {
+        ModelCallDto {
+            id: c.id,
+            attempt: c.attempt,
+            at: c.started_at,
+            provider: c.provider,
+            model: c.model,
+            status: c.status,
+            outcome: c.outcome,
+            input_tokens: c.input_tokens,
+            cache_read_tokens: c.cache_read_tokens,
+            cache_write_tokens: c.cache_write_tokens,
+            output_tokens: c.output_tokens,
+            reasoning_tokens: c.reasoning_tokens,
+            cost_usd: c.cost_usd.map(|v| v.to_string()),
+            duration_ms: c.duration_ms,
+        }
+    }
+}
+
+/// The metered model calls of a task.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCallListDto {
+    /// Oldest first, by attempt (at most 10,000).
+    pub calls: Vec<ModelCallDto>,
+    /// Their summed cost, exact decimal USD; null when one of them has no price.
+    pub total_cost_usd: Option<String>,
 }
 
 /// The issue a task is linked to.
@@ -257,6 +380,8 @@ pub struct TaskDetailDto {
     pub issue: Option<IssueRefDto>,
     /// Its review subtasks (without their prompts).
     pub reviews: Vec<TaskSummaryDto>,
+    /// The connections its runs' egress proxy refused, by destination.
+    pub egress_blocked: Vec<EgressBlockedDto>,
 }
 
 /// Result of an import.

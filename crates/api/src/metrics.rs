@@ -121,19 +121,41 @@ impl Metrics {
     /// same totals; each exact sum becomes the nearest `f64` here, at exposition, through its
     /// decimal text (never by float arithmetic on parts).
     pub fn render_with_costs(&self, costs: &[RunCost]) -> Result<String, prometheus::Error> {
-        self.render_scrape(costs, &[])
+        self.render_scrape(costs, &[], &[])
     }
 
     /// [`Metrics::render_with_costs`] plus the gauge
     /// `agentry_budget_used_ratio{scope,repo}`: for each monthly budget that is set, the
     /// share of it this UTC month has spent (1 = all of it; above 1 after an overshoot), read
     /// from the database at each scrape.
+    ///
+    /// And the counter `agentry_egress_blocked_total{repo}`: the connections the egress
+    /// proxy refused to sandboxed agents, by repository URL (`egress`, read from the
+    /// database at each scrape, so every replica exposes the same totals).
     pub fn render_scrape(
         &self,
         costs: &[RunCost],
         budgets: &[BudgetUse],
+        egress: &[(String, i64)],
     ) -> Result<String, prometheus::Error> {
         let mut families = self.registry.gather();
+        if !egress.is_empty() {
+            let scrape = Registry::new_custom(Some("agentry".into()), None)?;
+            let counter = IntCounterVec::new(
+                Opts::new(
+                    "egress_blocked_total",
+                    "Connections of sandboxed agents the egress proxy refused, by repository.",
+                ),
+                &["repo"],
+            )?;
+            scrape.register(Box::new(counter.clone()))?;
+            for (repo, count) in egress {
+                counter
+                    .with_label_values(&[repo.as_str()])
+                    .inc_by(u64::try_from(*count).unwrap_or(0));
+            }
+            families.extend(scrape.gather());
+        }
         if !budgets.is_empty() {
             let scrape = Registry::new_custom(Some("agentry".into()), None)?;
             let gauge = GaugeVec::new(
@@ -253,7 +275,7 @@ mod tests {
         );
         let text = Metrics::new()
             .unwrap()
-            .render_scrape(&[], &[budget_use("0.000000001", "0")])
+            .render_scrape(&[], &[budget_use("0.000000001", "0")], &[])
             .unwrap();
         // The encoder writes infinity as `inf`, which Prometheus' parser reads as +Inf.
         assert!(

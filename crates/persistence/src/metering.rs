@@ -325,3 +325,20 @@ pub fn task_blocked(
         })
         .collect())
 }
+
+/// Refused connections of all runs, summed by repository URL (for the counter
+/// `agentry_egress_blocked_total{repo}`), ordered by URL.
+pub fn blocked_by_repo(conn: &mut AnyConnection) -> Result<Vec<(String, i64)>, DbError> {
+    use crate::schema::tasks;
+    use diesel::dsl::sql;
+    use diesel::sql_types::BigInt;
+    Ok(egress_blocked::table
+        .inner_join(tasks::table.on(tasks::id.eq(egress_blocked::task_id)))
+        .group_by(tasks::repo_url)
+        .select((
+            tasks::repo_url,
+            sql::<BigInt>("CAST(COALESCE(SUM(egress_blocked.count), 0) AS BIGINT)"),
+        ))
+        .order_by(tasks::repo_url)
+        .load(conn)?)
+}

@@ -61,7 +61,9 @@ function history(t) {
       'ol',
       { class: 'events' },
       ...t.events.map((e) =>
-        h('li', {}, time(e.at), ' ', e.from ? `${stateLabel(e.from)} → ` : '', h('strong', {}, stateLabel(e.to)), e.reason ? ` (${e.reason})` : ''),
+        e.kind === 'cost_mismatch'
+          ? h('li', { class: 'warn' }, time(e.at), ' ', h('strong', {}, 'Cost mismatch'), ` (${e.reason})`)
+          : h('li', {}, time(e.at), ' ', e.from ? `${stateLabel(e.from)} → ` : '', h('strong', {}, stateLabel(e.to)), e.reason ? ` (${e.reason})` : ''),
       ),
     ),
   );
@@ -69,8 +71,8 @@ function history(t) {
 
 /** @param {TaskDetailDto} t */
 function runs(t) {
-  const head = ['Attempt', 'Started', 'Outcome', 'Model', 'Input tokens', 'Output tokens', 'Turns', 'Cost'];
-  const numeric = [true, false, false, false, true, true, true, true];
+  const head = ['Attempt', 'Started', 'Outcome', 'Model', 'Input tokens', 'Output tokens', 'Turns', 'Model calls', 'Cost'];
+  const numeric = [true, false, false, false, true, true, true, true, true];
   return region(
     'Runs',
     { class: 'panel wide' },
@@ -97,12 +99,55 @@ function runs(t) {
                   h('td', { class: 'num' }, count(r.inputTokens)),
                   h('td', { class: 'num' }, count(r.outputTokens)),
                   h('td', { class: 'num' }, r.turns === null || r.turns === undefined ? '–' : String(r.turns)),
-                  h('td', { class: 'num' }, money(r.costUsd ?? null)),
+                  h('td', { class: 'num' }, r.modelCalls === null || r.modelCalls === undefined ? '–' : count(r.modelCalls)),
+                  h(
+                    'td',
+                    { class: 'num' },
+                    money(r.costUsd ?? null),
+                    r.modelCalls !== null && r.modelCalls !== undefined
+                      ? h('span', { class: 'note' }, ' metered', r.reportedCostUsd ? `; agent said ${r.reportedCostUsd}` : '')
+                      : null,
+                  ),
                 ),
               ),
             ),
           ),
         ),
+  );
+}
+
+/** @param {TaskDetailDto} t */
+function egress(t) {
+  if (!t.egressBlocked || t.egressBlocked.length === 0) return null;
+  const head = ['Attempt', 'Destination', 'Refused', 'First', 'Last'];
+  return region(
+    'Blocked connections',
+    { class: 'panel wide' },
+    h('p', { class: 'note' }, 'The agent tried to reach these hosts; they are not in the repository’s egressAllow (or resolve to a private address).'),
+    h(
+      'div',
+      { class: 'table-wrap' },
+      h(
+        'table',
+        {},
+        h('thead', {}, h('tr', {}, ...head.map((c) => h('th', { scope: 'col' }, c)))),
+        h(
+          'tbody',
+          {},
+          ...t.egressBlocked.map((b) =>
+            h(
+              'tr',
+              {},
+              h('td', { class: 'num' }, String(b.attempt)),
+              h('td', {}, `${b.host}:${b.port}`),
+              h('td', { class: 'num' }, count(b.count)),
+              h('td', {}, time(b.firstAt)),
+              h('td', {}, time(b.lastAt)),
+            ),
+          ),
+        ),
+      ),
+    ),
   );
 }
 
@@ -195,6 +240,7 @@ export function taskPage(main, id) {
         t.prompt ? h('details', { class: 'prompt' }, h('summary', {}, 'Prompt'), h('pre', {}, t.prompt)) : null,
         h('div', { class: 'columns' }, history(t), reviews(t)),
         runs(t),
+        egress(t),
       );
       status.textContent = '';
       await loadLog();

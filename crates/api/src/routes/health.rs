@@ -80,9 +80,12 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
             budget: b.budget.as_decimal(),
         })
         .collect::<Vec<_>>();
+    let egress = state
+        .db(|conn| Ok(agentry_persistence::metering::blocked_by_repo(conn)?))
+        .await?;
     let text = state
         .metrics
-        .render_scrape(&costs, &budgets)
+        .render_scrape(&costs, &budgets, &egress)
         .map_err(|e| ApiError::internal(&e))?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")

@@ -1,8 +1,10 @@
 //! `GET /api/tasks`, `GET /api/tasks/{id}`, `POST /api/tasks`, `POST /api/tasks/import`,
-//! `POST /api/tasks/{id}/cancel`, `POST /api/tasks/{id}/retry`, `GET /api/tasks/{id}/log`.
+//! `POST /api/tasks/{id}/cancel`, `POST /api/tasks/{id}/retry`, `GET /api/tasks/{id}/log`,
+//! `GET /api/tasks/{id}/calls`.
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
-use agentry_domain::{AgentType, Role, TaskState, TaskType};
+use agentry_domain::{AgentType, Role, TaskState, TaskType, Usd};
+use agentry_persistence::metering;
 use agentry_persistence::tasks::{self, TaskCursor, TaskFilter};
 use base64::Engine;
 use serde::Deserialize;
@@ -14,8 +16,8 @@ use crate::auth::Caller;
 use crate::body::{JsonBody, read_limited, require_content_type};
 use crate::dto::names::{AgentTypeName, TaskStateName, TaskTypeName};
 use crate::dto::{
-    EventDto, ImportResultDto, IssueRefDto, RunDto, TaskDetailDto, TaskDto, TaskListDto,
-    TaskSummaryDto,
+    EgressBlockedDto, EventDto, ImportResultDto, IssueRefDto, ModelCallDto, ModelCallListDto,
+    RunDto, TaskDetailDto, TaskDto, TaskListDto, TaskSummaryDto,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
@@ -132,10 +134,11 @@ pub async fn get_task(
             let runs = tasks::task_runs(conn, id)?;
             let events = tasks::task_events(conn, id)?;
             let reviews = tasks::review_tasks(conn, id)?;
-            Ok((task, runs, events, reviews))
+            let blocked = metering::task_blocked(conn, id)?;
+            Ok((task, runs, events, reviews, blocked))
         })
         .await?;
-    let (task, runs, events, reviews) = detail;
+    let (task, runs, events, reviews, blocked) = detail;
     let issue = task.issue_number.map(|number| IssueRefDto {
         number,
         html_url: format!("{}/issues/{number}", task.repo_url),
@@ -146,6 +149,57 @@ pub async fn get_task(
         events: events.into_iter().map(EventDto::from).collect(),
         issue,
         reviews: reviews.into_iter().map(TaskSummaryDto::from).collect(),
+        egress_blocked: blocked.into_iter().map(EgressBlockedDto::from).collect(),
+    }))
+}
+
+/// The model calls of a task's runs as the model gateway metered them (time, model,
+/// tokens, cost, status, duration), oldest first by attempt; runs that did not go through
+/// the gateway (unsandboxed) have none.
+#[utoipa::path(
+    tag = "tasks",
+    params(
+        ("id" = Uuid, Path, description = "Task id"),
+        ("attempt" = Option<i32>, Query, minimum = 1,
+            description = "Only the calls of this attempt"),
+    ),
+    responses(
+        (status = 200, body = ModelCallListDto),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/tasks/{id}/calls")]
+pub async fn task_calls(
+    _caller: Caller,
+    path: web::Path<String>,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<web::Json<ModelCallListDto>, ApiError> {
+    let id = path_uuid("id", &path)?;
+    let q = Query::parse(req.query_string(), &["attempt"])?;
+    let attempt = q
+        .int_in("attempt", 1, i64::from(i32::MAX))?
+        .and_then(|n| i32::try_from(n).ok());
+    let calls = state
+        .db(move |conn| {
+            tasks::find_task(conn, id)?
+                .ok_or_else(|| ApiError::not_found(format!("task {id} not found")))?;
+            Ok(metering::task_calls(conn, id, attempt)?)
+        })
+        .await?;
+    let mut total = Some(Usd::ZERO);
+    for call in &calls {
+        total = match (total, call.cost_usd) {
+            (Some(sum), Some(cost)) => sum.checked_add(cost),
+            _ => None,
+        };
+    }
+    Ok(web::Json(ModelCallListDto {
+        calls: calls.into_iter().map(ModelCallDto::from).collect(),
+        total_cost_usd: total.map(|t| t.to_string()),
     }))
 }
 
