@@ -50,6 +50,7 @@ struct RepoRow {
     auto_review: bool,
     max_cost_per_task_nanos: Option<i64>,
     monthly_budget_nanos: Option<i64>,
+    egress_allow: String,
     connected_at: PrimitiveDateTime,
     disconnected_at: Option<PrimitiveDateTime>,
     created_at: PrimitiveDateTime,
@@ -74,8 +75,10 @@ impl TryFrom<RepoRow> for Repository {
                 auto_review: r.auto_review,
                 max_cost_per_task_usd: convert::usd(r.max_cost_per_task_nanos)?,
                 monthly_budget_usd: convert::usd(r.monthly_budget_nanos)?,
-                // Not stored yet: no column holds egressAllow.
-                egress_allow: Vec::new(),
+                // Each pattern is parsed (so validated) again as it is read.
+                egress_allow: serde_json::from_str(&r.egress_allow).map_err(|e| {
+                    DbError::Corrupt(format!("invalid egressAllow {:?}: {e}", r.egress_allow))
+                })?,
             },
             connected_at: from_db(r.connected_at),
             disconnected_at: opt_from_db(r.disconnected_at),
@@ -83,6 +86,12 @@ impl TryFrom<RepoRow> for Repository {
             updated_at: from_db(r.updated_at),
         })
     }
+}
+
+/// The stored form of `settings.egress_allow`: a JSON array of its patterns' strings.
+fn egress_json(settings: &RepoSettings) -> Result<String, DbError> {
+    serde_json::to_string(&settings.egress_allow)
+        .map_err(|e| DbError::Conflict(format!("egressAllow cannot be stored: {e}")))
 }
 
 /// A repository to connect, as the code host describes it.
@@ -141,6 +150,7 @@ pub fn connect_repository(
                 repositories::max_cost_per_task_nanos
                     .eq(s.max_cost_per_task_usd.map(Usd::to_nanos)),
                 repositories::monthly_budget_nanos.eq(s.monthly_budget_usd.map(Usd::to_nanos)),
+                repositories::egress_allow.eq(egress_json(&s)?),
                 repositories::connected_at.eq(to_db(now)),
                 repositories::created_at.eq(to_db(now)),
                 repositories::updated_at.eq(to_db(now)),
@@ -238,6 +248,7 @@ pub fn update_settings(
                     .eq(settings.max_cost_per_task_usd.map(Usd::to_nanos)),
                 repositories::monthly_budget_nanos
                     .eq(settings.monthly_budget_usd.map(Usd::to_nanos)),
+                repositories::egress_allow.eq(egress_json(settings)?),
                 repositories::updated_at.eq(to_db(now)),
             ))
             .execute(conn)?;

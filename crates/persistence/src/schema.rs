@@ -29,6 +29,7 @@ diesel::table! {
         created_at -> Timestamp,
         updated_at -> Timestamp,
         monthly_budget_nanos -> Nullable<BigInt>,
+        egress_allow -> Text,
     }
 }
 

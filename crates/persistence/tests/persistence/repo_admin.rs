@@ -84,7 +84,10 @@ agentry_persistence::backend_tests! {
             auto_review: false,
             max_cost_per_task_usd: Some(usd("12.345678901")),
             monthly_budget_usd: Some(usd("250.000000001")),
-            egress_allow: Vec::new(),
+            egress_allow: ["pypi.org", "*.npmjs.org", "10.0.0.7", "::1"]
+                .iter()
+                .map(|p| p.parse().unwrap())
+                .collect(),
         };
         let updated = repos::update_settings(&mut conn, repo.id, &custom, at(5)).unwrap();
         assert_eq!(updated.settings, custom);
