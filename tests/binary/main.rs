@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod gateway;
 mod real_agents;
 
 use agentry_persistence::test_support::TestDb;
@@ -23,6 +24,19 @@ use agentry_testkit::git::source_repo;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentry");
+
+/// The directives that make the fake Claude Code make one model call through the gateway
+/// (sandboxed runs), answered with 1,000 input and 100 output tokens of claude-sonnet-5.
+const ONE_CALL: &str = "[fake:model-calls=1] [model:usage=1000,100,0,0]";
+
+/// What that call costs ($2 and $10 per million tokens).
+const CALL_COST: &str = "0.003";
+
+/// Whether agents run sandboxed here, so through the model gateway (their cost is then what
+/// it metered, not what they printed).
+fn metered() -> bool {
+    agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto
+}
 
 /// What a child wrote on stderr, read line by line by a thread as it comes, so the child
 /// never blocks on a full pipe and the test can still look at all of it afterwards.
@@ -703,10 +717,14 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     let claude =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
     let api = fake.base_url();
+    let models = agentry_fake_models::FakeModels::start();
+    let (upstream, key) = (models.base_url(), models.key());
     let env = [
         ("AGENTRY_CODEHOST_API_URL", api.as_str()),
         ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
         ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
+        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
+        ("ANTHROPIC_API_KEY", key.as_str()),
     ];
     let mut server = Server::start_with(&data, None, true, &env);
     let admin = server.read_token();
@@ -715,7 +733,7 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
         &admin,
         GH,
         "Slow work",
-        "Take time [fake:sleep=3]",
+        &format!("Take time [fake:sleep=3] {ONE_CALL}"),
     );
     // The fake agent writes this once it runs (its own pid, which differs inside a sandbox).
     let home = data.join("runs").join(&id).join("1/home");
@@ -758,7 +776,14 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     assert_eq!(runs[0]["outcome"], "lost");
     assert_eq!(runs[0]["attempt"], 1);
     assert_eq!(runs[1]["outcome"], "succeeded");
-    assert_eq!(last["costUsd"], "0.123456");
+    // Sandboxed, each attempt's cost is its one metered call; unsandboxed, what the agent
+    // printed (the lost attempt printed none).
+    if sandboxed {
+        assert_eq!(runs[0]["costUsd"], CALL_COST, "{last}");
+        assert_eq!(last["costUsd"], "0.006", "{last}");
+    } else {
+        assert_eq!(last["costUsd"], "0.123456");
+    }
     assert!(
         last["events"]
             .as_array()
@@ -794,6 +819,8 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
     let claude =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
     let api = fake.base_url();
+    let models = agentry_fake_models::FakeModels::start();
+    let (upstream, key) = (models.base_url(), models.key());
     let env = [
         ("AGENTRY_CODEHOST_API_URL", api.as_str()),
         ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
@@ -804,10 +831,23 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
             "AGENTRY_MASTER_KEY",
             "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
         ),
+        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
+        ("ANTHROPIC_API_KEY", key.as_str()),
     ];
+    let (one, both) = if metered() {
+        (CALL_COST, "0.006")
+    } else {
+        ("0.123456", "0.246912")
+    };
     let mut a = Server::start_with(&dir.path().join("a"), Some(&db.url), true, &env);
     let admin = a.read_token();
-    let id = connect_and_create_task(&a.base, &admin, GH, "Publish slowly", "Some work");
+    let id = connect_and_create_task(
+        &a.base,
+        &admin,
+        GH,
+        "Publish slowly",
+        &format!("Some work {ONE_CALL}"),
+    );
     let mut last = Value::Null;
     eventually(
         Duration::from_secs(30),
@@ -817,8 +857,8 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
             last["state"] == "running" && last["runs"].as_array().is_some_and(|r| r.len() == 1)
         },
     );
-    assert_eq!(last["runs"][0]["costUsd"], "0.123456", "{last}");
-    assert_eq!(last["costUsd"], "0.123456", "{last}");
+    assert_eq!(last["runs"][0]["costUsd"], one, "{last}");
+    assert_eq!(last["costUsd"], one, "{last}");
     a.signal("KILL");
     drop(a);
 
@@ -839,8 +879,8 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
         (1.into(), 2.into())
     );
     assert_eq!(runs[0]["outcome"], "succeeded");
-    assert_eq!(runs[0]["costUsd"], "0.123456");
-    assert_eq!(last["costUsd"], "0.246912", "{last}");
+    assert_eq!(runs[0]["costUsd"], one);
+    assert_eq!(last["costUsd"], both, "{last}");
     assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
 
@@ -874,6 +914,8 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
     let claude =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
     let api = fake.base_url();
+    let models = agentry_fake_models::FakeModels::start();
+    let (upstream, key) = (models.base_url(), models.key());
     let env = [
         ("AGENTRY_CODEHOST_API_URL", api.as_str()),
         ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
@@ -883,11 +925,24 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
             "AGENTRY_MASTER_KEY",
             "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
         ),
+        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
+        ("ANTHROPIC_API_KEY", key.as_str()),
     ];
+    let (one, both) = if metered() {
+        (CALL_COST, "0.006")
+    } else {
+        ("0.123456", "0.246912")
+    };
     let b_data = dir.path().join("b");
     let mut b = Server::start_with(&b_data, Some(&db.url), true, &env);
     let admin = b.read_token();
-    let id = connect_and_create_task(&b.base, &admin, GH, "Push slowly", "Some work");
+    let id = connect_and_create_task(
+        &b.base,
+        &admin,
+        GH,
+        "Push slowly",
+        &format!("Some work {ONE_CALL}"),
+    );
     eventually(Duration::from_secs(30), "B's push hanging", || {
         std::fs::read_to_string(&mark).is_ok_and(|pid| !pid.trim().is_empty())
     });
@@ -905,10 +960,10 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
         last["state"] == "pr_opened"
     });
     assert_eq!(last["attempt"], 2, "{last}");
-    assert_eq!(
-        last["costUsd"], "0.123456",
-        "only attempt 2 is known yet: {last}"
-    );
+    // Metered, A records attempt 1 as it recovers the task: B's call is in the database
+    // even though B's output is out of A's reach. Else only attempt 2 is known yet.
+    let after_a = if metered() { both } else { one };
+    assert_eq!(last["costUsd"], after_a, "{last}");
 
     let b = Server::start_with(&b_data, Some(&db.url), true, &env);
     eventually(Duration::from_secs(20), "B recording attempt 1", || {
@@ -918,8 +973,8 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
     let runs = last["runs"].as_array().unwrap();
     let first = runs.iter().find(|r| r["attempt"] == 1).unwrap();
     assert_eq!(first["outcome"], "lost", "{last}");
-    assert_eq!(first["costUsd"], "0.123456", "{last}");
-    assert_eq!(last["costUsd"], "0.246912", "{last}");
+    assert_eq!(first["costUsd"], one, "{last}");
+    assert_eq!(last["costUsd"], both, "{last}");
     assert_eq!(last["state"], "pr_opened");
     assert_eq!(fake.pulls("acme", "web").len(), 1);
     assert!(

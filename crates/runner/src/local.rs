@@ -403,6 +403,12 @@ impl LocalRunner {
             Ended::Stopped => {
                 Verdict::Failed(budget_stop_message(cost_so_far, job.agent.max_budget_usd))
             }
+            // The gateway refused a call for the budget and the agent ended by itself before
+            // it was stopped: the run ended at its allowance all the same.
+            Ended::Exited { .. } if meter.as_ref().is_some_and(|m| m.is_exhausted()) => {
+                report.outcome = AgentOutcome::MaxBudget;
+                Verdict::Failed(budget_stop_message(cost_so_far, job.agent.max_budget_usd))
+            }
             Ended::Exited { code, signal } => {
                 match agent_failure(&report, *code, *signal, &outcome.stderr_tail) {
                     Some(message) => Verdict::Failed(message),

@@ -676,7 +676,9 @@ async fn the_forwarder_outlives_the_stop_signals_and_reports_the_programs_death(
         "--",
         "bash",
         "-c",
-        "trap 'echo interrupted; exit 0' INT; echo ready; sleep 300 & wait",
+        // A foreground sleep: it dies of the group's SIGINT, then the trap runs, and no
+        // background child is left holding stdout open.
+        "trap 'echo interrupted; exit 0' INT; echo ready; while :; do sleep 0.1; done",
     ]);
     let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
