@@ -215,10 +215,7 @@ impl From<Run> for RunDto {
             finished_at: r.finished_at,
             sandboxed: r.sandboxed,
             model_calls: r.model_calls,
-            metered_cost_usd: r
-                .model_calls
-                .and(r.cost_usd)
-                .map(|c| c.to_string()),
+            metered_cost_usd: r.model_calls.and(r.cost_usd).map(|c| c.to_string()),
             reported_cost_usd: r.reported_cost_usd.map(|c| c.to_string()),
         }
     }

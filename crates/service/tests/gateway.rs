@@ -332,8 +332,14 @@ async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_th
     let seen = up.seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
     let upstream_head = seen[0].head.to_ascii_lowercase();
-    assert!(upstream_head.starts_with("post /v1/messages?beta=true "), "{upstream_head}");
-    assert!(upstream_head.contains(&format!("x-api-key: {REAL_KEY}")), "{upstream_head}");
+    assert!(
+        upstream_head.starts_with("post /v1/messages?beta=true "),
+        "{upstream_head}"
+    );
+    assert!(
+        upstream_head.contains(&format!("x-api-key: {REAL_KEY}")),
+        "{upstream_head}"
+    );
     assert!(!upstream_head.contains(&key.to_ascii_lowercase()));
     assert!(upstream_head.contains("anthropic-version: 2023-06-01"));
     assert_eq!(seen[0].body, MESSAGE);
@@ -343,7 +349,12 @@ async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_th
     assert_eq!(calls.len(), 1);
     let call = &calls[0];
     assert_eq!(
-        (call.input_tokens, call.output_tokens, call.status, call.outcome.as_str()),
+        (
+            call.input_tokens,
+            call.output_tokens,
+            call.status,
+            call.outcome.as_str()
+        ),
         (1000, 500, 200, "completed")
     );
     assert_eq!(call.model.as_deref(), Some("claude-sonnet-5"));
@@ -363,7 +374,14 @@ async fn a_run_key_works_only_for_its_own_run_and_only_while_it_lasts() {
     let (socket1, key1, _, gate1) = rig.open(1, AgentType::ClaudeCode, None).await;
     let (socket2, key2, _, _gate2) = rig.open(2, AgentType::ClaudeCode, None).await;
     assert_ne!(key1, key2);
-    let (_, status, _) = send(&socket1, "POST", "/v1/messages", &[("x-api-key", &key1)], MESSAGE).await;
+    let (_, status, _) = send(
+        &socket1,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", &key1)],
+        MESSAGE,
+    )
+    .await;
     assert_eq!(status, 200);
     // Another run's key, no key, the upstream's own key: refused, in Anthropic's shape.
     for headers in [
@@ -398,11 +416,21 @@ async fn upstream_errors_pass_through_unchanged_and_are_recorded() {
     let up = upstream(Script::Json(529, body.into())).await;
     let rig = Rig::new(&up.url);
     let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
-    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &[("x-api-key", &key)], MESSAGE).await;
+    let (reader, status, _) = send(
+        &socket,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", &key)],
+        MESSAGE,
+    )
+    .await;
     assert_eq!(status, 529);
     assert_eq!(rest(reader).await, body);
     let calls = rig.calls(1).await;
-    assert_eq!((calls[0].status, calls[0].outcome.as_str()), (529, "upstream_error"));
+    assert_eq!(
+        (calls[0].status, calls[0].outcome.as_str()),
+        (529, "upstream_error")
+    );
     assert_eq!(calls[0].cost_usd, Some(Usd::ZERO));
 }
 
@@ -411,9 +439,18 @@ async fn a_stream_the_upstream_breaks_off_breaks_off_for_the_agent_and_keeps_wha
     let up = upstream(Script::BreakOff(START.into())).await;
     let rig = Rig::new(&up.url);
     let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
-    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &[("x-api-key", &key)], MESSAGE).await;
+    let (reader, status, _) = send(
+        &socket,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", &key)],
+        MESSAGE,
+    )
+    .await;
     assert_eq!(status, 200);
-    let body = tokio::time::timeout(Duration::from_secs(10), rest(reader)).await.unwrap();
+    let body = tokio::time::timeout(Duration::from_secs(10), rest(reader))
+        .await
+        .unwrap();
     assert!(body.contains("message_start"));
     // The chunked body never ends properly: no terminating zero-length chunk.
     assert!(!body.ends_with("0\r\n\r\n"), "{body:?}");
@@ -514,16 +551,37 @@ async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openai
     let (socket, key, _, _gate) = rig.open(1, AgentType::Codex, None).await;
     let bearer = format!("Bearer {key}");
     let body = br#"{"model":"gpt-6.1-sol","stream":true,"input":[]}"#;
-    let (reader, status, _) = send(&socket, "POST", "/v1/responses", &[("authorization", &bearer)], body).await;
+    let (reader, status, _) = send(
+        &socket,
+        "POST",
+        "/v1/responses",
+        &[("authorization", &bearer)],
+        body,
+    )
+    .await;
     assert_eq!(status, 200);
     assert!(rest(reader).await.contains("response.completed"));
     let seen = up.seen.lock().unwrap().clone();
     // The OpenAI base URL carries its /v1: the path is joined to it once.
-    assert!(seen[0].head.starts_with("POST /v1/responses "), "{}", seen[0].head);
-    assert!(seen[0].head.to_ascii_lowercase().contains(&format!("authorization: bearer {REAL_KEY}")));
+    assert!(
+        seen[0].head.starts_with("POST /v1/responses "),
+        "{}",
+        seen[0].head
+    );
+    assert!(
+        seen[0]
+            .head
+            .to_ascii_lowercase()
+            .contains(&format!("authorization: bearer {REAL_KEY}"))
+    );
     let calls = rig.calls(1).await;
     assert_eq!(
-        (calls[0].input_tokens, calls[0].cache_read_tokens, calls[0].output_tokens, calls[0].reasoning_tokens),
+        (
+            calls[0].input_tokens,
+            calls[0].cache_read_tokens,
+            calls[0].output_tokens,
+            calls[0].reasoning_tokens
+        ),
         (1000, 2000, 100, 40)
     );
     // gpt-6.1-sol: $2 input, $0.1 cached, $10 output per million.
