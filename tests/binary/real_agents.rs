@@ -90,6 +90,10 @@ impl Rig {
             // The keys as an operator sets them; Codex gets its own as CODEX_API_KEY.
             ("ANTHROPIC_API_KEY", &key),
             ("OPENAI_API_KEY", &key),
+            // Sandboxed, the agents reach the fake only through agentry's model gateway,
+            // whose upstreams these are; unsandboxed, they are given the fake directly.
+            ("AGENTRY_ANTHROPIC_UPSTREAM", &anthropic),
+            ("AGENTRY_OPENAI_UPSTREAM", &openai),
             ("ANTHROPIC_BASE_URL", &anthropic),
             ("OPENAI_BASE_URL", &openai),
             ("AGENTRY_AGENT_ENV", "ANTHROPIC_BASE_URL OPENAI_BASE_URL"),
@@ -235,15 +239,99 @@ impl Rig {
     }
 }
 
-/// What the task's run of `agent` spent by the agent's own account, the figure its recorded
-/// cost must equal: Claude's as it printed it, Codex's as the fake's answered calls priced
-/// from the table (for agentry's default Codex model); with the task's log, for messages.
-fn spent_by(rig: &Rig, agent: AgentType, id: &str) -> (Decimal, String) {
+/// What the task's (first) run spent, checked from outside: the fake model API's own record
+/// of the calls it answered, each priced from the built-in table for the model it named. The
+/// run's metered calls (`GET /api/tasks/{id}/calls`) that reached the fake are the first
+/// ones at or after `from` (the fake's call count when the task was assigned; tasks of a
+/// rig run one after another); their tokens must be the fake's. Unsandboxed (no gateway),
+/// the agent's own word is all there is: Claude's printed cost, Codex's calls priced for
+/// the launched model. Returns the figure and the task's log, for messages.
+fn spent_by(rig: &Rig, agent: AgentType, id: &str, from: usize) -> (Decimal, String) {
     let log = rig.log(id);
-    let spent = match agent {
-        AgentType::ClaudeCode => printed_claude_cost(&log),
-        AgentType::Codex => rig.priced_calls(&run_tag(&log), "gpt-6.1-sol"),
-    };
+    let task = rig.task(id);
+    if task["runs"][0]["modelCalls"].is_null() {
+        let spent = match agent {
+            AgentType::ClaudeCode => printed_claude_cost(&log),
+            AgentType::Codex => rig.priced_calls(&run_tag(&log), "gpt-6.1-sol"),
+        };
+        return (spent, log);
+    }
+    let (_, listed) = get(
+        &rig.server.base,
+        &format!("/api/tasks/{id}/calls?attempt=1"),
+        &rig.admin,
+    );
+    let metered: Vec<&Value> = listed["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outcome"] != "refused")
+        .collect();
+    let upstream: Vec<agentry_fake_models::Call> = rig
+        .models
+        .calls()
+        .into_iter()
+        .skip(from)
+        .filter(|c| {
+            c.method == "POST" && (c.path == "/v1/messages" || c.path.starts_with("/v1/responses"))
+        })
+        .take(metered.len())
+        .collect();
+    assert_eq!(upstream.len(), metered.len(), "{listed:#}\n{log}");
+    let prices = PriceTable::builtin();
+    let mut spent = Decimal::ZERO;
+    // Calls may overlap (a side call beside a main one): compared as sets of token counts.
+    let mut theirs_tokens = Vec::new();
+    for theirs in &upstream {
+        assert!(
+            theirs.key_ok,
+            "the upstream got another key than the real one"
+        );
+        assert!(
+            theirs.transport != Transport::WebSocket,
+            "a call went around the gateway: {theirs:?}"
+        );
+        // A call the fake still held when the run stopped was never answered: nothing of
+        // it was spent.
+        let usage = match theirs.answered_at {
+            Some(_) => theirs.usage.unwrap_or_default(),
+            None => agentry_fake_models::Usage::default(),
+        };
+        let n = |v: u64| i64::try_from(v).unwrap();
+        let tokens = match theirs.provider {
+            Provider::Anthropic => Tokens {
+                input: n(usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens),
+                cache_read: n(usage.cache_read_tokens),
+                cache_write: n(usage.cache_write_tokens),
+                output: n(usage.output_tokens),
+            },
+            Provider::OpenAi => Tokens {
+                input: n(usage.input_tokens),
+                cache_read: n(usage.cache_read_tokens),
+                cache_write: n(usage.cache_write_tokens),
+                output: n(usage.output_tokens),
+            },
+        };
+        theirs_tokens.push((tokens.input, tokens.output));
+        let model = theirs.model.clone().unwrap_or_default();
+        let price = prices
+            .get(&model)
+            .unwrap_or_else(|| panic!("the test's table has no price for {model}"));
+        spent += price.cost(tokens).unwrap().as_decimal();
+    }
+    let mut ours_tokens: Vec<(i64, i64)> = metered
+        .iter()
+        .map(|c| {
+            let n = |k: &str| c[k].as_i64().unwrap();
+            (
+                n("inputTokens") + n("cacheReadTokens") + n("cacheWriteTokens"),
+                n("outputTokens"),
+            )
+        })
+        .collect();
+    ours_tokens.sort_unstable();
+    theirs_tokens.sort_unstable();
+    assert_eq!(ours_tokens, theirs_tokens, "{listed:#}\n{log}");
     (spent, log)
 }
 
@@ -322,6 +410,7 @@ fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
     let cli = real_cli(agent)?;
     let rig = Rig::start(agent, &cli, &[]);
     let started = Instant::now();
+    let from = rig.models.calls().len();
     let id = rig.assign("Add agent notes", "Write the notes file.");
     let task = rig.wait_task(&id, "pr_opened", Duration::from_secs(120), |t| {
         matches!(state(t), "pr_opened" | "failed")
@@ -344,24 +433,22 @@ fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
         "{notes}"
     );
 
-    // Every dollar: Claude's as it printed it; Codex's as its calls priced from the table.
+    // Every dollar: the calls the upstream answered, priced from the table, are the bill;
+    // what the agent printed is kept beside it.
     let cost = money(&task["costUsd"]);
-    assert_eq!(cost, spent_by(&rig, agent, &id).0, "{log}");
-    match agent {
-        AgentType::ClaudeCode => {}
-        AgentType::Codex => {
-            assert_eq!(run["model"], "gpt-6.1-sol", "{task:#}");
-            // Codex stayed on the WebSocket transport (no 6 s fallback).
-            assert!(
-                rig.models
-                    .calls_where(
-                        |c| c.run_tag.as_deref() == Some(tag.as_str()) && c.kind == CallKind::Main
-                    )
-                    .iter()
-                    .all(|c| c.transport == Transport::WebSocket)
-            );
-        }
+    assert_eq!(cost, spent_by(&rig, agent, &id, from).0, "{log}");
+    assert_eq!(money(&run["meteredCostUsd"]), cost, "{task:#}");
+    if agent == AgentType::ClaudeCode {
+        assert_eq!(
+            money(&run["reportedCostUsd"]),
+            printed_claude_cost(&log),
+            "{task:#}"
+        );
+    } else {
+        assert_eq!(run["model"], "gpt-6.1-sol", "{task:#}");
     }
+    // The agent never held the real key: it is nowhere in what it printed.
+    assert!(!log.contains(&rig.models.key()));
     assert!(cost > Decimal::ZERO);
 
     // The review agent saw the diff: the command it was told to run, and what it gave.
@@ -423,6 +510,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
     };
 
     // Cancel.
+    let from = rig.models.calls().len();
     let id = rig.assign("Slow notes", "Write notes. [model:calls=2] [model:slow=60]");
     assert!(
         rig.models.wait_for(Duration::from_secs(60), waiting),
@@ -441,7 +529,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
     let run = &task["runs"][0];
     assert_eq!(state(&task), "cancelled");
     assert_eq!(run["outcome"], "cancelled", "{task:#}");
-    let (spent, log) = spent_by(&rig, agent, &id);
+    let (spent, log) = spent_by(&rig, agent, &id, from);
     assert!(spent > Decimal::ZERO);
     assert_eq!(money(&run["costUsd"]), spent, "{task:#}\n{log}");
     assert_eq!(money(&task["costUsd"]), spent);
@@ -452,6 +540,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
 
     // The time limit.
 
+    let from = rig.models.calls().len();
     let id = rig.assign(
         "Slower notes",
         "Write notes. [model:calls=2] [model:slow=600]",
@@ -468,7 +557,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
             .contains("longer than the limit"),
         "{task:#}"
     );
-    let (spent, log) = spent_by(&rig, agent, &id);
+    let (spent, log) = spent_by(&rig, agent, &id, from);
     assert!(spent > Decimal::ZERO);
     assert_eq!(money(&run["costUsd"]), spent, "{task:#}\n{log}");
 }
@@ -492,6 +581,7 @@ fn budgets_and_api_errors(agent: AgentType) {
     rig.settings(json!({ "autoReview": false, "maxCostPerTaskUsd": "0.5" }));
 
     // Each main call costs more than the whole allowance.
+    let from = rig.models.calls().len();
     let id = rig.assign(
         "Costly notes",
         "Write notes. [model:usage=400000,20000,0,0] [model:calls=3] [model:slow=30]",
@@ -503,8 +593,21 @@ fn budgets_and_api_errors(agent: AgentType) {
     assert!(message.contains("budget reached"), "{task:#}");
     // Codex stopped within one call: only the first was answered before the stop.
     let cost = money(&task["costUsd"]);
-    let (spent, log) = spent_by(&rig, agent, &id);
+    let (spent, log) = spent_by(&rig, agent, &id, from);
     assert_eq!(cost, spent, "{log}");
+    // One costly call went out, and no second: the overshoot is at most that one call.
+    let (_, calls) = get(
+        &rig.server.base,
+        &format!("/api/tasks/{id}/calls"),
+        &rig.admin,
+    );
+    let costly = calls["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outputTokens"] == 20000)
+        .count();
+    assert_eq!(costly, 1, "{calls:#}");
     assert!(cost >= Decimal::new(5, 1), "{task:#}");
     assert!(rig.github.pulls(OWNER, NAME).is_empty());
 
@@ -517,7 +620,11 @@ fn budgets_and_api_errors(agent: AgentType) {
         task["errorMessage"]
             .as_str()
             .unwrap_or_default()
-            .contains("model API error 400: fake-models refuses this request (API-ERROR)"),
+            .contains("fake-models refuses this request (API-ERROR)")
+            && task["errorMessage"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("model API error"),
         "{task:#}\n{}",
         rig.log(&id)
     );

@@ -877,10 +877,13 @@ async fn settle(
                 Published::Stopped => return Ok(()),
             }
         }
+        // A metered run's cost is known from its calls: no note about the agent's own figure.
+        Verdict::NoChanges if execution.metered => fail_with("the agent made no changes".into()),
         Verdict::NoChanges => fail_with(with_cost_note(
             "the agent made no changes".into(),
             execution.report.as_ref(),
         )),
+        Verdict::Failed(m) | Verdict::TimedOut(m) if execution.metered => fail_with(m.clone()),
         Verdict::Failed(m) | Verdict::TimedOut(m) => {
             fail_with(with_cost_note(m.clone(), execution.report.as_ref()))
         }
