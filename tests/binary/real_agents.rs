@@ -447,6 +447,12 @@ fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
     } else {
         assert_eq!(run["model"], "gpt-6.1-sol", "{task:#}");
     }
+    // Where the CLI tried to go besides its model API (refused: egressAllow is empty).
+    eprintln!(
+        "figure: {} egress refused: {}",
+        agent.as_str(),
+        task["egressBlocked"]
+    );
     // The agent never held the real key: it is nowhere in what it printed.
     assert!(!log.contains(&rig.models.key()));
     assert!(cost > Decimal::ZERO);
