@@ -213,6 +213,22 @@ export interface DailyCost {
   taskCount: number;
 }
 
+/** Connections the egress proxy refused to one destination during one run. */
+export interface EgressBlockedDto {
+  /** The run's attempt. */
+  attempt: number;
+  /** The host asked for (a name or an IP literal). */
+  host: string;
+  /** The port asked for. */
+  port: number;
+  /** How many connections were refused. */
+  count: number;
+  /** The first refusal. */
+  firstAt: string;
+  /** The last refusal. */
+  lastAt: string;
+}
+
 /** The body of every error response. */
 export interface ErrorBody {
   /** The error. */
@@ -237,6 +253,11 @@ export interface EventDto {
   reason: string;
   /** When. */
   at: string;
+  /**
+   * `transition` (a state change), or `cost_mismatch` (a metered run whose agent printed
+   * a different cost; `from` = `to`, the state at the time).
+   */
+  kind: string;
 }
 
 /** The month forecast. Money is a decimal string with exactly 4 decimals. */
@@ -329,6 +350,49 @@ export interface LinkedTaskDto {
   state: string;
   /** Its pull request, once opened. */
   prUrl?: string | null;
+}
+
+/** One model call of a run, as the model gateway metered it. */
+export interface ModelCallDto {
+  /** Call id. */
+  id: string;
+  /** The run's attempt. */
+  attempt: number;
+  /** When the gateway received it. */
+  at: string;
+  /** `anthropic` or `openai`. */
+  provider: string;
+  /** The model that answered (else the one asked for). */
+  model?: string | null;
+  /** The HTTP status the agent got. */
+  status: number;
+  /**
+   * `completed`, `refused` (by the gateway, e.g. `budget reached`), `upstream_error`
+   * or `interrupted` (the answer broke off, or the agent hung up).
+   */
+  outcome: string;
+  /** Uncached input tokens. */
+  inputTokens: number;
+  /** Input tokens read from the prompt cache. */
+  cacheReadTokens: number;
+  /** Input tokens written to the prompt cache. */
+  cacheWriteTokens: number;
+  /** Output tokens (reasoning included). */
+  outputTokens: number;
+  /** The part of the output spent on reasoning. */
+  reasoningTokens: number;
+  /** Its priced cost, exact decimal USD; null when the model has no price. */
+  costUsd?: string | null;
+  /** Until its answer ended, in milliseconds. */
+  durationMs: number;
+}
+
+/** The metered model calls of a task. */
+export interface ModelCallListDto {
+  /** Oldest first, by attempt (at most 10,000). */
+  calls: Array<ModelCallDto>;
+  /** Their summed cost, exact decimal USD; null when one of them has no price. */
+  totalCostUsd?: string | null;
 }
 
 /** Costs of one model in the period (all task types). */
@@ -543,6 +607,23 @@ export interface RunDto {
    * died, or recorded before this was kept).
    */
   sandboxed?: boolean | null;
+  /**
+   * How many model calls the model gateway metered for this run; null for a run whose
+   * calls did not go through the gateway (unsandboxed), whose `costUsd` is then the
+   * agent's own word.
+   */
+  modelCalls?: number | null;
+  /**
+   * The sum of the run's metered calls (exact decimal USD): for a metered run, the same
+   * as `costUsd`; null for a run that was not metered or whose calls include an unpriced
+   * model.
+   */
+  meteredCostUsd?: string | null;
+  /**
+   * What the agent itself printed as its cost (exact decimal USD), kept beside the
+   * metered cost; null when it printed none.
+   */
+  reportedCostUsd?: string | null;
 }
 
 /** A stored secret (never its value). */
@@ -608,6 +689,8 @@ export type TaskDetailDto = TaskDto & {
   issue?: IssueRefDto | null;
   /** Its review subtasks (without their prompts). */
   reviews: Array<TaskSummaryDto>;
+  /** The connections its runs' egress proxy refused, by destination. */
+  egressBlocked: Array<EgressBlockedDto>;
 };
 
 /** A task (docs/contract.md#21-task) with its prompt. */
