@@ -209,7 +209,10 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
     let mut checks = vec![git, sandbox, claude, codex];
     for agent in [AgentType::ClaudeCode, AgentType::Codex] {
         if agents.required(agent) {
-            checks.push(check_credentials(agent, env));
+            checks.push(match config.agent_sandbox {
+                SandboxMode::Auto => check_gateway_key(agent, config, &stored.secrets),
+                SandboxMode::Off => check_credentials(agent, env),
+            });
         }
     }
     if agents.required(AgentType::ClaudeCode)
@@ -523,6 +526,46 @@ fn check_credentials(agent: AgentType, env: &ServiceEnv) -> Check {
     }
 }
 
+/// Sandboxed agents hold no key: the model gateway needs `agent`'s provider key, a stored
+/// secret or the service's variable (names only; a value is never shown).
+fn check_gateway_key(agent: AgentType, config: &Config, stored: &[String]) -> Check {
+    let (name, secret, from_env) = match agent {
+        AgentType::ClaudeCode => (
+            "claude-code-key",
+            crate::gateway::ANTHROPIC_KEY,
+            config.anthropic_key.is_some(),
+        ),
+        AgentType::Codex => (
+            "codex-key",
+            crate::gateway::OPENAI_KEY,
+            config.openai_key.is_some(),
+        ),
+    };
+    if stored.iter().any(|s| s == secret) {
+        Check::ok(
+            name,
+            format!("the model gateway's key is the stored secret {secret}"),
+        )
+    } else if from_env {
+        Check::ok(
+            name,
+            format!("the model gateway's key is {secret} of this environment (no secret stored)"),
+        )
+    } else {
+        Check::fail(
+            name,
+            format!(
+                "the model gateway has no key for {}: no secret {secret} is stored and it is \
+                 not set in this environment; the agent's calls would be refused",
+                version::supported(agent).name
+            ),
+            Some(format!(
+                "PUT /api/secrets/{secret} with the key, or export {secret}=… for `agentry serve`"
+            )),
+        )
+    }
+}
+
 /// The variables that make Claude Code 2.1.197 print no `result` event on `SIGINT`, so that
 /// a cancelled or timed-out run's cost is lost: a warning when `AGENTRY_AGENT_ENV` passes one.
 fn check_claude_telemetry(env: &ServiceEnv) -> Option<Check> {
@@ -627,6 +670,8 @@ struct Stored {
     repos: Option<Vec<Repository>>,
     /// The stored code-host token (`None`: none stored); `Err` when it could not be read.
     token: Result<Option<SecretValue>, String>,
+    /// The names of the stored secrets (the model gateway's keys among them).
+    secrets: Vec<String>,
 }
 
 impl Stored {
@@ -635,6 +680,7 @@ impl Stored {
             database: Check::fail("database", detail.clone(), None),
             repos: None,
             token: Err(detail),
+            secrets: Vec::new(),
         }
     }
 }
@@ -678,6 +724,7 @@ fn read_database(config: &Config, key: Option<&MasterKey>) -> Stored {
             ),
             repos: Some(Vec::new()),
             token: Ok(None),
+            secrets: Vec::new(),
         };
     }
     let mut conn = match url.connect() {
@@ -697,6 +744,7 @@ fn read_database(config: &Config, key: Option<&MasterKey>) -> Stored {
                 database: Check::fail(NAME, detail, Some(fix.into())),
                 repos: None,
                 token: Err("the database cannot be reached".into()),
+                secrets: Vec::new(),
             };
         }
     };
@@ -717,6 +765,7 @@ fn read_stored(conn: &mut AnyConnection, shown: &str, key: Option<&MasterKey>) -
                 database: Check::fail(NAME, detail.clone(), None),
                 repos: None,
                 token: Err(detail),
+                secrets: Vec::new(),
             };
         }
     };
@@ -751,10 +800,14 @@ fn read_stored(conn: &mut AnyConnection, shown: &str, key: Option<&MasterKey>) -
             Some("run `agentry migrate`, or start `agentry serve`, which applies them".into()),
         ),
     };
+    let secrets = secrets::list(conn)
+        .map(|list| list.into_iter().map(|s| s.name).collect())
+        .unwrap_or_default();
     Stored {
         database,
         repos: repos.ok(),
         token,
+        secrets,
     }
 }
 
@@ -1215,6 +1268,37 @@ mod tests {
     }
 
     /// Passing what silences Claude Code's last word is a warning, not a failure.
+    #[test]
+    fn the_gateway_key_is_a_stored_secret_or_the_environments() {
+        let config = |key: Option<&str>| {
+            let key = key.map(str::to_owned);
+            Config::from_lookup(move |name| match name {
+                "AGENTRY_DATA_DIR" => Some("/srv/agentry".into()),
+                "ANTHROPIC_API_KEY" => key.clone(),
+                _ => None,
+            })
+            .unwrap()
+        };
+        let none = check_gateway_key(AgentType::ClaudeCode, &config(None), &[]);
+        assert_eq!(none.status, Status::Fail, "{none}");
+        assert!(
+            none.detail
+                .contains("no secret ANTHROPIC_API_KEY is stored"),
+            "{none}"
+        );
+        let stored = check_gateway_key(
+            AgentType::ClaudeCode,
+            &config(None),
+            &["ANTHROPIC_API_KEY".to_owned()],
+        );
+        assert_eq!(stored.status, Status::Ok, "{stored}");
+        let env = check_gateway_key(AgentType::ClaudeCode, &config(Some("sk-ant-secret")), &[]);
+        assert_eq!(env.status, Status::Ok);
+        assert!(!env.detail.contains("sk-ant-secret"), "{env}");
+        let codex = check_gateway_key(AgentType::Codex, &config(Some("sk-ant")), &[]);
+        assert_eq!(codex.status, Status::Fail, "{codex}");
+    }
+
     #[test]
     fn claude_telemetry_switches_are_a_warning() {
         let quiet = ServiceEnv::read(&["DISABLE_TELEMETRY".to_owned()], |name| {
