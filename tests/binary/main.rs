@@ -1286,7 +1286,8 @@ fn doctor_says_what_a_run_needs() {
     let line = doctor_line(&report, "claude-code-key");
     assert!(
         line.starts_with("FAIL ")
-            && line.contains("export ANTHROPIC_API_KEY=… in the environment of `agentry serve`"),
+            && (line.contains("export ANTHROPIC_API_KEY=… in the environment of `agentry serve`")
+                || line.contains("PUT /api/secrets/ANTHROPIC_API_KEY")),
         "{report}"
     );
 
