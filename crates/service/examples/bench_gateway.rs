@@ -44,7 +44,7 @@ use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::TestDb;
 use agentry_runner::network::RunInfo;
 use agentry_runner::{AgentSpec, PriceTable};
-use agentry_service::gateway::{Gateway, GatewayConfig};
+use agentry_service::gateway::{Gateway, GatewayConfig, MAX_CONNECTIONS_PER_RUN};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -621,13 +621,36 @@ async fn bench(a: &Args) -> Result<(), Error> {
     let gateway_total = stats(&gateway_times, |t| t.total);
     let gateway_ttfb = stats(&gateway_times, |t| t.ttfb);
 
-    // 2. Memory per concurrent streamed call.
-    let socket_path = socket.clone();
-    let run_key = key.clone();
+    // 2. Memory per concurrent streamed call. One run holds at most
+    // MAX_CONNECTIONS_PER_RUN connections to its gateway: the held calls are spread over as
+    // many runs (attempts 2, 3, …) as they need, opened before the first measurement.
+    let held_runs = a.concurrency.div_ceil(MAX_CONNECTIONS_PER_RUN);
+    let mut held = Vec::with_capacity(held_runs);
+    for i in 0..held_runs {
+        let socket = dir.path().join(format!("held-{i}.sock"));
+        let attempt = i32::try_from(i + 2)?;
+        let (key, _meter, gate) = gateway
+            .open_run(
+                &RunInfo {
+                    attempt,
+                    ..run.clone()
+                },
+                &socket,
+            )
+            .await?;
+        held.push((socket, key, gate, attempt));
+    }
+    let targets: Arc<Vec<(std::path::PathBuf, String)>> = Arc::new(
+        held.iter()
+            .map(|(socket, key, _, _)| (socket.clone(), key.clone()))
+            .collect(),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
     let gateway_delta = held_calls(
         a.concurrency,
         move || {
-            let (socket, key) = (socket_path.clone(), run_key.clone());
+            let i = next.fetch_add(1, Ordering::Relaxed) % targets.len();
+            let (socket, key) = targets[i].clone();
             async move { Client::unix(&socket, &key).await }
         },
         &body,
@@ -639,11 +662,16 @@ async fn bench(a: &Args) -> Result<(), Error> {
 
     // 3. Every metered call recorded.
     let metered = WARMUP + a.calls + a.concurrency;
-    if !gateway.drain(task_id, 1, Duration::from_secs(60)).await {
-        return Err("the gateway's calls were not all written within 60 s".into());
+    for attempt in std::iter::once(1).chain(held.iter().map(|h| h.3)) {
+        if !gateway
+            .drain(task_id, attempt, Duration::from_secs(60))
+            .await
+        {
+            return Err("the gateway's calls were not all written within 60 s".into());
+        }
     }
     let mut conn = test_db.db.conn()?;
-    let recorded = metering::task_calls(&mut conn, task_id, Some(1))?;
+    let recorded = metering::task_calls(&mut conn, task_id, None)?;
     let completed = recorded.iter().filter(|c| c.outcome == "completed").count();
     if recorded.len() != metered || completed != metered {
         return Err(format!(
@@ -654,6 +682,7 @@ async fn bench(a: &Args) -> Result<(), Error> {
     }
     let upstream_requests = upstream.requests.load(Ordering::Relaxed);
     drop(gate);
+    drop(held);
 
     // 4. The report.
     let per_call = |kib: u64| kib as f64 / a.concurrency as f64;

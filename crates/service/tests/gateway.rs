@@ -590,3 +590,50 @@ async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openai
     assert_eq!(status, 401);
     assert!(rest(reader).await.contains("invalid_api_key"));
 }
+
+#[tokio::test]
+async fn a_run_holds_at_most_its_share_of_connections() {
+    use agentry_service::gateway::MAX_CONNECTIONS_PER_RUN;
+    let go = Arc::new(Notify::new());
+    let up = upstream(Script::Stream {
+        first: START.into(),
+        go: go.clone(),
+        rest: END.into(),
+    })
+    .await;
+    let rig = Rig::new(&up.url);
+    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let mut open = Vec::new();
+    for _ in 0..MAX_CONNECTIONS_PER_RUN {
+        let (reader, status, _) = send(
+            &socket,
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", &key)],
+            MESSAGE,
+        )
+        .await;
+        assert_eq!(status, 200);
+        open.push(reader);
+    }
+    // One more is closed at once, while the others stream on.
+    let (_, status, head) = send(
+        &socket,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", &key)],
+        MESSAGE,
+    )
+    .await;
+    assert_eq!(status, 0, "{head}");
+    for _ in 0..MAX_CONNECTIONS_PER_RUN {
+        go.notify_one();
+    }
+    for reader in open {
+        let body = tokio::time::timeout(Duration::from_secs(10), rest(reader))
+            .await
+            .unwrap();
+        assert!(body.contains("message_stop"), "{body}");
+    }
+    assert_eq!(rig.calls(1).await.len(), MAX_CONNECTIONS_PER_RUN);
+}

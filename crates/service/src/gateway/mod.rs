@@ -346,14 +346,28 @@ struct RunCtx {
     shared: Arc<Shared>,
 }
 
+/// The most connections one run may hold open to its gateway at once (each may buffer a
+/// request body of up to [`MAX_BODY_BYTES`]); more are closed as they come.
+pub const MAX_CONNECTIONS_PER_RUN: usize = 16;
+
 async fn accept_loop(listener: UnixListener, run: Arc<RunCtx>) {
     let mut connections = JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS_PER_RUN));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        tracing::warn!(
+                            task = %run.task_id,
+                            "the agent holds {MAX_CONNECTIONS_PER_RUN} connections to the gateway; closing another"
+                        );
+                        drop(stream);
+                        continue;
+                    };
                     let run = run.clone();
                     connections.spawn(async move {
+                        let _slot = slot;
                         let service = hyper::service::service_fn(move |req| {
                             let run = run.clone();
                             async move { Ok::<_, Infallible>(handle(run, req).await) }
