@@ -271,6 +271,143 @@ async fn bad_list_parameters_are_refused_naming_the_parameter() {
 }
 
 #[actix_web::test]
+async fn a_metered_runs_calls_refusals_and_cost_mismatch_are_served() {
+    use agentry_persistence::metering::{self, ModelCall};
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let now = agentry_persistence::now();
+    let task = create(
+        &db.db,
+        &new_task("https://github.com/o/r", TaskType::Coding, now),
+    );
+    {
+        let mut conn = db.db.conn().unwrap();
+        for (i, cost) in [Some("0.003"), None].into_iter().enumerate() {
+            metering::record_call(
+                &mut conn,
+                &ModelCall {
+                    id: Uuid::now_v7(),
+                    task_id: task.id,
+                    attempt: 1,
+                    provider: "anthropic".into(),
+                    model: Some("claude-sonnet-5".into()),
+                    status: if cost.is_some() { 200 } else { 429 },
+                    outcome: if cost.is_some() {
+                        "completed"
+                    } else {
+                        "refused"
+                    }
+                    .into(),
+                    input_tokens: if cost.is_some() { 1000 } else { 0 },
+                    cache_read_tokens: 0,
+                    cache_write_tokens: 0,
+                    output_tokens: if cost.is_some() { 100 } else { 0 },
+                    reasoning_tokens: 0,
+                    cost_usd: Some(Usd::parse(cost.unwrap_or("0")).unwrap()),
+                    started_at: now + Duration::seconds(i as i64),
+                    duration_ms: 1200,
+                },
+            )
+            .unwrap();
+        }
+        metering::record_blocked(&mut conn, task.id, 1, "169.254.169.254", 80, now).unwrap();
+        tasks::record_run(
+            &mut conn,
+            &Run {
+                id: Uuid::new_v4(),
+                task_id: task.id,
+                attempt: 1,
+                agent_type: AgentType::ClaudeCode,
+                model: Some("claude-sonnet-5".into()),
+                cost_usd: Some(Usd::parse("0.003").unwrap()),
+                input_tokens: 1000,
+                cache_read_tokens: 0,
+                cache_write_tokens: 0,
+                output_tokens: 100,
+                turns: Some(2),
+                outcome: RunOutcome::Failed,
+                exit_code: Some(1),
+                error_message: Some("budget reached".into()),
+                started_at: now,
+                finished_at: Some(now),
+                sandboxed: Some(true),
+                model_calls: Some(2),
+                reported_cost_usd: Some(Usd::parse("0.000001").unwrap()),
+            },
+        )
+        .unwrap();
+        tasks::record_note(
+            &mut conn,
+            task.id,
+            tasks::EventKind::CostMismatch,
+            "cost_mismatch: metered 0.003 USD, reported 0.000001 USD",
+            now,
+        )
+        .unwrap();
+    }
+    let app = service(&db.db).await;
+    let (code, body) = call(&app, get(&format!("/api/tasks/{}", task.id), &t.viewer)).await;
+    assert_eq!(code, 200);
+    let run = &body["runs"][0];
+    assert_eq!(
+        (
+            &run["modelCalls"],
+            &run["meteredCostUsd"],
+            &run["reportedCostUsd"]
+        ),
+        (&json!(2), &json!("0.003"), &json!("0.000001"))
+    );
+    assert_eq!(body["events"][1]["kind"], "cost_mismatch");
+    assert_eq!(body["events"][1]["from"], body["events"][1]["to"]);
+    assert_eq!(
+        body["egressBlocked"],
+        json!([{
+            "attempt": 1, "host": "169.254.169.254", "port": 80, "count": 1,
+            "firstAt": body["egressBlocked"][0]["firstAt"], "lastAt": body["egressBlocked"][0]["lastAt"]
+        }])
+    );
+
+    let (code, calls) = call(
+        &app,
+        get(&format!("/api/tasks/{}/calls", task.id), &t.viewer),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(calls["totalCostUsd"], "0.003");
+    let outcomes: Vec<&str> = calls["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["completed", "refused"]);
+    assert_eq!(calls["calls"][1]["status"], 429);
+    let (code, one) = call(
+        &app,
+        get(
+            &format!("/api/tasks/{}/calls?attempt=2", task.id),
+            &t.viewer,
+        ),
+    )
+    .await;
+    assert_eq!((code, one["calls"].as_array().unwrap().len()), (200, 0));
+    for bad in ["attempt=0", "attempt=x", "attempt=99999999999", "other=1"] {
+        let (code, body) = call(
+            &app,
+            get(&format!("/api/tasks/{}/calls?{bad}", task.id), &t.viewer),
+        )
+        .await;
+        assert_eq!(code, 400, "{bad}: {body}");
+    }
+    let (code, _) = call(
+        &app,
+        get(&format!("/api/tasks/{}/calls", Uuid::new_v4()), &t.viewer),
+    )
+    .await;
+    assert_eq!(code, 404);
+}
+
+#[actix_web::test]
 async fn task_detail_has_runs_events_issue_and_reviews() {
     let db = sqlite();
     let t = tokens(&db.db);
@@ -417,7 +554,7 @@ async fn import_writes_all_or_nothing_and_skips_known_ids() {
     assert_eq!(detail["imported"], true);
     assert_eq!(
         detail["events"],
-        json!([{ "from": null, "to": "completed", "reason": "imported", "at": "2026-10-01T12:00:00Z" }])
+        json!([{ "from": null, "to": "completed", "reason": "imported", "at": "2026-10-01T12:00:00Z", "kind": "transition" }])
     );
 
     let (code, reply) = call(&app, import_req(&t.admin, with_id.clone())).await;
@@ -719,6 +856,7 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         ("POST", "/api/tasks/import"),
         ("POST", "/api/tasks/{id}/cancel"),
         ("POST", "/api/tasks/{id}/retry"),
+        ("GET", "/api/tasks/{id}/calls"),
         ("GET", "/api/tasks/{id}/log"),
         ("GET", "/api/tokens"),
         ("POST", "/api/tokens"),
