@@ -23,34 +23,78 @@ pub const WEBHOOK_LIMIT: usize = 25 * 1024 * 1024;
 /// Longest accepted `X-GitHub-Delivery` / `X-GitHub-Event` value.
 const MAX_HEADER_CHARS: usize = 200;
 
-/// What one server allows the webhook: how many bodies are read at once (each up to
-/// [`WEBHOOK_LIMIT`] in memory), how long a delivery waits for its turn before a 503, and
-/// how long reading one body may take before a 408. One value is shared by all the workers
-/// of a server (`app_data`).
+/// What one server allows the webhook, so that unauthenticated uploads (anyone can send
+/// them) cannot starve signed deliveries:
+///
+/// - **memory**: bodies are read into at most [`WebhookLimits::MEMORY`] bytes at once, each
+///   taking its declared length of it; a delivery waits up to `queue_wait` for its share,
+///   then gets 503 with `Retry-After`;
+/// - **large bodies** (over [`WebhookLimits::LARGE_BODY`]) are also read at most
+///   `concurrent_reads` at a time, so they can never take more than half the memory: small
+///   deliveries (nearly all of GitHub's) always find room;
+/// - **pace**: a body must arrive within 1 s plus its length at [`WebhookLimits::MIN_RATE`],
+///   and never more than `read_timeout`; a slow upload is cut off (408) in about a second
+///   unless it is large, so holding memory costs an attacker a connection per second.
+///
+/// One value is shared by all the workers of a server (`app_data`).
 #[derive(Debug, Clone)]
 pub struct WebhookLimits {
-    reads: Arc<Semaphore>,
+    memory: Arc<Semaphore>,
+    memory_kib: usize,
+    large: Arc<Semaphore>,
     queue_wait: Duration,
     read_timeout: Duration,
+    min_rate: usize,
 }
 
 impl WebhookLimits {
-    /// Bodies read at once by default (4 × 25 MiB of memory at most).
-    pub const CONCURRENT_READS: usize = 4;
-    /// How long a delivery waits for a free read slot by default.
+    /// Large bodies read at once by default.
+    pub const CONCURRENT_READS: usize = 2;
+    /// How long a delivery waits for its share by default.
     pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
-    /// The default time limit of one body read. GitHub itself gives up on a delivery after
-    /// 10 seconds, so a read that takes longer is never a real delivery.
+    /// The longest a body may take. GitHub itself gives up on a delivery after 10 seconds,
+    /// so a read that takes longer is never a real delivery.
     pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Bytes of bodies held at once by default (4 × the largest body).
+    pub const MEMORY: usize = 4 * WEBHOOK_LIMIT;
+    /// A body above this many bytes is large.
+    pub const LARGE_BODY: usize = 1024 * 1024;
+    /// The slowest pace a body may arrive at, in bytes per second.
+    pub const MIN_RATE: usize = 256 * 1024;
 
-    /// Limits of `concurrent_reads` bodies at once, `queue_wait` for a slot and
-    /// `read_timeout` per body.
+    /// Limits of `concurrent_reads` large bodies at once, `queue_wait` for a share of the
+    /// memory and `read_timeout` per body at most (the memory and pace are the defaults).
     pub fn new(concurrent_reads: usize, queue_wait: Duration, read_timeout: Duration) -> Self {
+        let memory_kib = Self::MEMORY / 1024;
         WebhookLimits {
-            reads: Arc::new(Semaphore::new(concurrent_reads)),
+            memory: Arc::new(Semaphore::new(memory_kib)),
+            memory_kib,
+            large: Arc::new(Semaphore::new(concurrent_reads)),
             queue_wait,
             read_timeout,
+            min_rate: Self::MIN_RATE,
         }
+    }
+
+    /// These limits with `bytes` of bodies held at once (at least 1 KiB).
+    pub fn with_memory(mut self, bytes: usize) -> Self {
+        self.memory_kib = bytes.div_ceil(1024).max(1);
+        self.memory = Arc::new(Semaphore::new(self.memory_kib));
+        self
+    }
+
+    /// These limits with bodies allowed to arrive as slowly as `bytes_per_second` (at least
+    /// 1), still within `read_timeout`.
+    pub fn with_min_rate(mut self, bytes_per_second: usize) -> Self {
+        self.min_rate = bytes_per_second.max(1);
+        self
+    }
+
+    /// How long a body of `length` bytes may take to arrive.
+    fn deadline(&self, length: usize) -> Duration {
+        let pace = Duration::from_secs(1)
+            + Duration::from_secs_f64(length as f64 / self.min_rate.max(1) as f64);
+        pace.min(self.read_timeout)
     }
 }
 
@@ -189,28 +233,43 @@ pub async fn codehost_webhook(
     let limits = req
         .app_data::<web::Data<WebhookLimits>>()
         .map_or_else(WebhookLimits::default, |l| l.get_ref().clone());
-    let Ok(Ok(permit)) =
-        tokio::time::timeout(limits.queue_wait, limits.reads.clone().acquire_owned()).await
-    else {
+    let length = declared_length(&req)?;
+    let busy = || {
         let mut res = closing(ApiError::busy(
             "too many webhook deliveries are being received; retry shortly",
         ));
         res.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        return Ok(res);
+        res
     };
-    let body = match tokio::time::timeout(limits.read_timeout, read_limited(payload, WEBHOOK_LIMIT))
-        .await
-    {
+    let queued = tokio::time::Instant::now() + limits.queue_wait;
+    // A large body takes a large slot first, then its share of the memory.
+    let large = if length > WebhookLimits::LARGE_BODY {
+        match tokio::time::timeout_at(queued, limits.large.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Some(permit),
+            _ => return Ok(busy()),
+        }
+    } else {
+        None
+    };
+    let share =
+        u32::try_from(length.div_ceil(1024).clamp(1, limits.memory_kib)).unwrap_or(u32::MAX);
+    let Ok(Ok(memory)) =
+        tokio::time::timeout_at(queued, limits.memory.clone().acquire_many_owned(share)).await
+    else {
+        return Ok(busy());
+    };
+    let deadline = limits.deadline(length);
+    let body = match tokio::time::timeout(deadline, read_limited(payload, WEBHOOK_LIMIT)).await {
         Ok(body) => body?,
         Err(_) => {
             return Ok(closing(ApiError::request_timeout(format!(
-                "the body was not received within {} seconds",
-                limits.read_timeout.as_secs_f32()
+                "the body ({length} bytes) was not received within {:.1} seconds",
+                deadline.as_secs_f32()
             ))));
         }
     };
-    drop(permit);
+    drop((memory, large));
     let Some(secret) = state.service.codehost.webhook_secret() else {
         return Err(ApiError::webhook_disabled());
     };

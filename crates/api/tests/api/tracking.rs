@@ -869,11 +869,14 @@ async fn a_slow_webhook_body_is_cut_off() {
 async fn webhook_bodies_are_read_a_few_at_a_time() {
     use agentry_api::routes::webhooks::WebhookLimits;
     let env = Env::new(sqlite()).with_webhook();
+    let body = fixture("ping");
+    // Memory for one body, and no pace limit: a half-sent body holds it.
     let (addr, server) = listen(
         &env,
-        WebhookLimits::new(1, Duration::from_millis(100), Duration::from_secs(20)),
+        WebhookLimits::new(1, Duration::from_millis(100), Duration::from_secs(20))
+            .with_memory(body.len())
+            .with_min_rate(1),
     );
-    let body = fixture("ping");
     let signature = sign(SECRET.as_bytes(), &body);
     let head = |id: &str| {
         webhook_head(
@@ -925,6 +928,76 @@ async fn webhook_bodies_are_read_a_few_at_a_time() {
         .await
         .unwrap();
     assert_eq!(status, 200, "{text}");
+    server.stop(false).await;
+}
+
+/// Slow unauthenticated uploads (anyone can send them) cannot starve signed deliveries:
+/// small ones are cut off after about a second, large ones hold at most the large-body
+/// slots, and a genuine delivery sent meanwhile is answered 200.
+#[actix_web::test]
+async fn slow_uploads_cannot_starve_signed_deliveries() {
+    use agentry_api::routes::webhooks::WebhookLimits;
+    let env = Env::new(sqlite()).with_webhook();
+    let (addr, server) = listen(&env, WebhookLimits::default());
+    let body = fixture("ping");
+    let signature = sign(SECRET.as_bytes(), &body);
+    let head = |id: &str, length: usize| {
+        webhook_head(
+            &[
+                ("X-Hub-Signature-256", &signature),
+                ("X-GitHub-Event", "ping"),
+                ("X-GitHub-Delivery", id),
+            ],
+            Some(length),
+        )
+    };
+    // Eight slow small uploads and four slow large ones, each stalled after a few bytes.
+    let mut slow = Vec::new();
+    for i in 0..8 {
+        let mut conn = connect(addr).await;
+        send(&mut conn, head(&format!("slow-{i}"), 5000).as_bytes()).await;
+        send(&mut conn, &body[..10]).await;
+        slow.push(conn);
+    }
+    let mut large = Vec::new();
+    for i in 0..4 {
+        let mut conn = connect(addr).await;
+        send(
+            &mut conn,
+            head(&format!("large-{i}"), 20 * 1024 * 1024).as_bytes(),
+        )
+        .await;
+        send(&mut conn, &body[..10]).await;
+        large.push(conn);
+    }
+    // Genuine deliveries go through meanwhile.
+    for i in 0..3 {
+        let mut conn = connect(addr).await;
+        send(&mut conn, head(&format!("real-{i}"), body.len()).as_bytes()).await;
+        send(&mut conn, &body).await;
+        let (status, text) = read_answer(&mut conn, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+    // The small slow ones were cut off by their pace deadline.
+    for mut conn in slow {
+        let (status, text) = read_answer(&mut conn, Duration::from_secs(5))
+            .await
+            .expect("a slow small upload is answered within seconds");
+        assert_eq!(status, 408, "{text}");
+    }
+    // Of the large ones, two hold the large slots; the others were turned away.
+    let mut busy = 0;
+    for mut conn in large {
+        if let Some((status, _)) = read_answer(&mut conn, Duration::from_secs(4)).await
+            && status == 503
+        {
+            busy += 1;
+        }
+    }
+    assert_eq!(busy, 2);
+    assert_eq!(env.count("webhook_deliveries"), 3);
     server.stop(false).await;
 }
 
