@@ -243,8 +243,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let report =
                 agentry_service::costs::cost_report(&mut *db.conn()?, window, repo.as_ref())?;
             if json {
-                let text = serde_json::to_string_pretty(&report)
-                    .map_err(|e| CliError::Other(e.to_string()))?;
+                let text =
+                    json_for_terminal(&report).map_err(|e| CliError::Other(e.to_string()))?;
                 println!("{text}");
             } else {
                 print!("{}", crate::costs_table::render(&report, repo.as_ref()));
@@ -255,9 +255,99 @@ fn run(cli: Cli) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Pretty JSON in which every character of [`crate::costs_table::is_unsafe_for_terminal`]
+/// is written as a `\uXXXX` escape (serde_json escapes only C0 itself), so that strings
+/// from issues (titles) printed by `agentry costs --json` cannot act on the terminal. The
+/// document means the same.
+fn json_for_terminal<T: serde::Serialize>(value: &T) -> Result<String, serde_json::Error> {
+    use serde_json::ser::{Formatter, PrettyFormatter};
+    use std::io::{self, Write};
+
+    struct Safe(PrettyFormatter<'static>);
+    impl Formatter for Safe {
+        fn write_string_fragment<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            fragment: &str,
+        ) -> io::Result<()> {
+            let mut start = 0;
+            for (i, c) in fragment.char_indices() {
+                if crate::costs_table::is_unsafe_for_terminal(c) {
+                    w.write_all(&fragment.as_bytes()[start..i])?;
+                    let mut units = [0u16; 2];
+                    for unit in c.encode_utf16(&mut units) {
+                        write!(w, "\\u{unit:04x}")?;
+                    }
+                    start = i + c.len_utf8();
+                }
+            }
+            w.write_all(&fragment.as_bytes()[start..])
+        }
+        fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            self.0.begin_array(w)
+        }
+        fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            self.0.end_array(w)
+        }
+        fn begin_array_value<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> io::Result<()> {
+            self.0.begin_array_value(w, first)
+        }
+        fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            self.0.end_array_value(w)
+        }
+        fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            self.0.begin_object(w)
+        }
+        fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            self.0.end_object(w)
+        }
+        fn begin_object_key<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> io::Result<()> {
+            self.0.begin_object_key(w, first)
+        }
+        fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            self.0.begin_object_value(w)
+        }
+        fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            self.0.end_object_value(w)
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Safe(PrettyFormatter::new()));
+    value.serialize(&mut ser)?;
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).map_err(|e| serde::ser::Error::custom(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_for_terminal_escapes_controls_and_bidi_overrides_and_still_parses() {
+        let title = "\x1b]0;pwned\x07 a\u{202e}b\u{9b}c \"q\" é";
+        let text = json_for_terminal(&serde_json::json!({ "title": title, "n": [1, 2] })).unwrap();
+        assert!(
+            !text
+                .chars()
+                .any(|c| crate::costs_table::is_unsafe_for_terminal(c) && c != '\n'),
+            "{text:?}"
+        );
+        assert!(
+            text.contains("\\u001b]0;pwned\\u0007 a\\u202eb\\u009bc"),
+            "{text}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["title"], title);
+        assert_eq!(back["n"], serde_json::json!([1, 2]));
+    }
 
     /// `sandbox-net` takes everything after it as the forwarder's arguments, `--` and
     /// options included.

@@ -6,13 +6,41 @@
 use agentry_analytics::{CostReport, Outcomes};
 use agentry_domain::{RepoUrl, format_decimal};
 
+/// Whether `c` must not reach a terminal as it is: a control character (C0, DEL, C1: escape
+/// sequences start with ESC or CSI and can retitle, recolour or rewrite the operator's
+/// terminal) or a Unicode bidirectional override or isolate (U+202A..U+202E,
+/// U+2066..U+2069), which reorders what is shown after it.
+pub fn is_unsafe_for_terminal(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` with every character of [`is_unsafe_for_terminal`] written as a Rust-style escape
+/// (`\u{1b}`, `\u{202e}`), so text from issues (titles) cannot act on the terminal.
+pub fn escape_for_terminal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if is_unsafe_for_terminal(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `-` for a missing value.
 fn or_dash(v: Option<&str>) -> String {
     v.unwrap_or("-").to_owned()
 }
 
 /// Left-aligned columns separated by two spaces; numeric-looking columns right-aligned.
+/// Every cell is escaped with [`escape_for_terminal`] first.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| escape_for_terminal(c)).collect())
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -67,7 +95,9 @@ fn short(s: &str, max: usize) -> String {
 pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
     let s = &report.summary;
     let f = &report.forecast;
-    let scope = repo.map_or("all repositories".to_owned(), |r| r.to_string());
+    let scope = repo.map_or("all repositories".to_owned(), |r| {
+        escape_for_terminal(r.as_str())
+    });
     let mut out = format!("Costs over the last {} days, {scope}\n\n", s.days);
     out.push_str(&table(
         &[
@@ -408,5 +438,40 @@ mod tests {
         let cells: Vec<&str> = budget.split_whitespace().collect();
         // 3.3 in 23 days of 31: 4.4478 for the month; it lasts the month.
         assert_eq!(cells, ["(instance)", "10.0000", "3.3000", "4.4478", "-"]);
+    }
+
+    #[test]
+    fn escapes_control_characters_and_bidi_overrides_in_every_cell() {
+        assert_eq!(
+            escape_for_terminal("a\x1b]0;pwned\x07b\u{202e}c\u{7f}\u{9b}d\u{2066}\té"),
+            "a\\u{1b}]0;pwned\\u{7}b\\u{202e}c\\u{7f}\\u{9b}d\\u{2066}\\u{9}é"
+        );
+        assert_eq!(
+            escape_for_terminal("Fix the login — ok"),
+            "Fix the login — ok"
+        );
+        let web = "https://github.com/acme/web";
+        let evil = "\x1b]0;pwned\x07 Fix \u{202e}txt.exe";
+        let out = render(
+            &report_of(
+                &[
+                    fact(1, evil, web, TaskState::Completed, "30", None),
+                    fact(2, "a", web, TaskState::Completed, "1", None),
+                    fact(3, "b", web, TaskState::Completed, "1", None),
+                ],
+                Vec::new(),
+            ),
+            None,
+        );
+        assert!(
+            !out.chars().any(|c| is_unsafe_for_terminal(c) && c != '\n'),
+            "{out:?}"
+        );
+        assert!(
+            out.contains("\\u{1b}]0;pwned\\u{7} Fix \\u{202e}txt.exe"),
+            "{out}"
+        );
+        // Both the costliest tasks and the anomalies show the title, escaped.
+        assert_eq!(out.matches("\\u{1b}]0;pwned").count(), 2, "{out}");
     }
 }

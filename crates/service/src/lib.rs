@@ -26,6 +26,7 @@
 pub mod agent_network;
 pub mod alerts;
 pub mod budgets;
+pub mod closing_refs;
 pub mod codehost;
 pub mod config;
 pub mod costs;

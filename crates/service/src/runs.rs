@@ -21,7 +21,8 @@
 //!   the task. One run per attempt: a recoverer that salvages the output of an attempt
 //!   already recorded records nothing, and a run that ends after its task was recovered
 //!   elsewhere is still recorded (its cost was spent) but publishes nothing.
-//! - Publishing: a pushed coding run opens the pull request (title = task title, body with
+//! - Publishing: a pushed coding run opens the pull request (title = task title with closing
+//!   keywords neutralised by [`crate::closing_refs`], body with
 //!   `Closes #N`, the task id and the run's cost); an uncertain creation (timeout, 5xx, rate
 //!   limit, or a 422) is resolved by looking up the branch's open pull request, so none is
 //!   ever opened twice. A review run posts its text as a review carrying a marker, looked
@@ -475,7 +476,12 @@ fn prepare(
     let (kind, agent, prompt, parent) = match task.task_type {
         TaskType::Coding => (
             JobKind::Coding {
-                commit_message: format!("{}\n\nagentry task {}", task.title, task.id),
+                // The title cannot close other issues (crate::closing_refs).
+                commit_message: format!(
+                    "{}\n\nagentry task {}",
+                    crate::closing_refs::neutralise(&task.title),
+                    task.id
+                ),
             },
             AgentSpec {
                 agent_type: task.agent_type,
@@ -1041,6 +1047,9 @@ async fn open_pull_request(
     };
     let repo = &prepared.repo;
     let (owner, name) = (repo.url.owner(), repo.url.name());
+    // The title cannot close other issues (crate::closing_refs); the body closes the task's
+    // own issue only.
+    let title = crate::closing_refs::neutralise(&task.title);
     let mut body = String::new();
     if let Some(n) = task.issue_number {
         body.push_str(&format!("Closes #{n}\n\n"));
@@ -1053,14 +1062,7 @@ async fn open_pull_request(
     ));
     loop {
         let created = github
-            .create_pull(
-                owner,
-                name,
-                &task.title,
-                branch,
-                &repo.default_branch,
-                &body,
-            )
+            .create_pull(owner, name, &title, branch, &repo.default_branch, &body)
             .await;
         let failure = match created {
             Ok(pull) => return pull_request_ref(pull.number, pull.html_url),

@@ -350,6 +350,53 @@ async fn issue_to_merged_pull_request_postgres() {
     }
 }
 
+/// An issue titled "fixes #7 and Closes acme/web#8": the commit message and the pull
+/// request's title carry the title with its closing keywords broken, so merging closes no
+/// other issue; the body still closes the task's own issue.
+#[actix_web::test]
+async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
+    use agentry_service::closing_refs::{BREAK, closing_references};
+    let mut rig = Rig::new(TestDb::sqlite());
+    let app = app!(rig);
+    let title = "fixes #7 and Closes acme/web#8";
+    let issue = rig
+        .env
+        .fake
+        .add_issue(OWNER, NAME, title, Some("body"), &[]);
+    let (status, assigned) = call(
+        &app,
+        json_req(
+            "POST",
+            "/api/issues/assign",
+            &rig.env.t.member,
+            &json!({"issueNumber": issue, "repoId": rig.repo_id, "title": title, "body": "body"}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{assigned}");
+    let id = assigned["task"]["id"].as_str().unwrap().to_owned();
+    let t = rig.env.t.viewer.clone();
+    wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+
+    let pulls = rig.env.fake.pulls(OWNER, NAME);
+    assert_eq!(pulls.len(), 1);
+    let pull = &pulls[0];
+    assert!(
+        closing_references(&pull.title).is_empty(),
+        "{:?}",
+        pull.title
+    );
+    assert_eq!(pull.title.replace(BREAK, ""), title);
+    let body = pull.body.clone().unwrap();
+    assert_eq!(closing_references(&body), [format!("#{issue}")], "{body}");
+
+    let branch = format!("agentry/task-{}", id.replace('-', ""));
+    let message = git(&["log", "-1", "--format=%B", &branch], &rig.source);
+    assert!(closing_references(&message).is_empty(), "{message:?}");
+    assert!(message.replace(BREAK, "").starts_with(title), "{message:?}");
+    assert!(message.contains(&format!("agentry task {id}")), "{message}");
+}
+
 /// Creates a manual task with `prompt` through the API; returns its id.
 async fn manual_task<S, B>(app: &S, rig: &Rig, prompt: &str) -> String
 where
