@@ -85,6 +85,16 @@ const MAX_STDERR_CHARS: usize = 2000;
 /// clone URL on their command line.
 const MIRROR_CONFIG: &str =
     "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n";
+/// The most bytes of the worktree's `.git` file read: `git worktree add` writes
+/// `gitdir: <path>\n`, a few hundred bytes; anything longer is tampering.
+const MAX_DOT_GIT_BYTES: u64 = 4096;
+/// The most entries of a worktree walked for nested repositories before the run is refused.
+const MAX_WORKTREE_ENTRIES: u64 = 2_000_000;
+/// The deepest directory level of a worktree walked before the run is refused (one open
+/// directory handle per level).
+const MAX_WORKTREE_DEPTH: usize = 256;
+/// The gitlink mode of a tree entry (a submodule's commit).
+const GITLINK_MODE: &str = "160000";
 /// The trailer that marks a commit as made by a task.
 const TASK_TRAILER: &str = "Agentry-Task";
 /// Configuration given to every git process on its command line; it overrides the
@@ -189,6 +199,15 @@ pub enum GitError {
     /// The agent changed git metadata it must not touch; nothing was committed or pushed.
     #[error("the agent modified {0}; nothing was committed or pushed")]
     Tampered(String),
+    /// The agent planted a git repository (a `.git`, or a name git or a case-insensitive
+    /// file system treats as one) below the worktree's root; nothing was committed or
+    /// pushed, and no git command ran on the worktree.
+    #[error("the agent created a nested git repository at {0}; nothing was committed or pushed")]
+    NestedRepository(String),
+    /// The worktree could not be checked for nested repositories (too large, too deep or
+    /// unreadable); nothing was committed or pushed.
+    #[error("the worktree could not be checked ({0}); nothing was committed or pushed")]
+    Unchecked(String),
     /// The remote branch exists and its head is not a commit of this task.
     #[error(
         "the branch {branch} already exists on the remote with a commit that is not this \
@@ -496,9 +515,11 @@ impl Workspaces {
         add.push(path_str(&path)?);
         add.push(&base_commit);
         git.run(&self.root, &add, &[], LOCAL_TIMEOUT).await?;
-        let dot_git = tokio::fs::read(path.join(".git"))
+        let dot_git = read_small(&path.join(".git"), MAX_DOT_GIT_BYTES)
             .await
-            .map_err(|e| GitError::Io(format!("cannot read the worktree's .git: {e}")))?;
+            .ok_or_else(|| {
+                GitError::Io("cannot read the worktree's .git (a small regular file)".into())
+            })?;
         let meta = worktree_meta(&mirror, &dot_git)?;
         drop(_held);
         Ok(Worktree {
@@ -543,12 +564,33 @@ impl Worktree {
     /// Fails with [`GitError::Tampered`] when the worktree's `.git` or the mirror's
     /// configuration changed since the worktree was made.
     pub async fn commit_all(&self, message: &str) -> Result<Option<String>, GitError> {
+        // First of all, before anything (git included) reads a file the agent wrote.
+        self.check_no_nested_repository().await?;
         self.check_untampered().await?;
         remove_path(&self.index).await?;
         let result = async {
             self.with_index(&["read-tree", &self.base_commit], &self.mirror)
                 .await?;
+            // Submodules are the base's, whatever the agent did: `add` never sees a gitlink
+            // (so it never runs git inside a submodule's directory), and the base's are put
+            // back afterwards, replacing whatever was added under their paths.
+            let gitlinks = self.base_gitlinks().await?;
+            for (_, path) in &gitlinks {
+                self.with_index(
+                    &["update-index", "--force-remove", "--", path],
+                    &self.mirror,
+                )
+                .await?;
+            }
             self.with_index(&["add", "--all"], &self.path).await?;
+            for (sha, path) in &gitlinks {
+                let entry = format!("{GITLINK_MODE},{sha},{path}");
+                self.with_index(
+                    &["update-index", "--add", "--replace", "--cacheinfo", &entry],
+                    &self.mirror,
+                )
+                .await?;
+            }
             let tree = self.with_index(&["write-tree"], &self.mirror).await?;
             let tree = tree.trim();
             let base_tree = format!("{}^{{tree}}", self.base_commit);
@@ -579,6 +621,67 @@ impl Worktree {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = commit.clone();
         Ok(commit)
+    }
+
+    /// The gitlinks (submodule commits) of the base commit: `(commit id, path)`, read from
+    /// the mirror's objects only.
+    async fn base_gitlinks(&self) -> Result<Vec<(String, String)>, GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let listed = self
+            .git
+            .run(
+                &self.root(),
+                &[
+                    &git_dir,
+                    "ls-tree",
+                    "-r",
+                    "-z",
+                    "--full-tree",
+                    &self.base_commit,
+                ],
+                &[],
+                LOCAL_TIMEOUT,
+            )
+            .await?;
+        let mut gitlinks = Vec::new();
+        for entry in listed.split('\0').filter(|e| !e.is_empty()) {
+            // `<mode> SP <type> SP <object> TAB <path>`
+            let Some((meta, path)) = entry.split_once('\t') else {
+                return Err(GitError::Io(format!("unexpected ls-tree entry {entry:?}")));
+            };
+            let mut fields = meta.split(' ');
+            if fields.next() != Some(GITLINK_MODE) {
+                continue;
+            }
+            let sha = fields.nth(1).unwrap_or_default();
+            if sha.is_empty() || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(GitError::Io(format!("unexpected ls-tree entry {entry:?}")));
+            }
+            if path.contains('\u{FFFD}') {
+                return Err(GitError::Io(format!(
+                    "the base commit has a submodule whose path is not UTF-8: {path:?}"
+                )));
+            }
+            gitlinks.push((sha.to_owned(), path.to_owned()));
+        }
+        Ok(gitlinks)
+    }
+
+    /// Fails with [`GitError::NestedRepository`] when anything below the worktree's root
+    /// is named `.git` or a name git or a case-insensitive file system takes for it
+    /// ([`is_git_name`]), without following a symbolic link or reading a file.
+    async fn check_no_nested_repository(&self) -> Result<(), GitError> {
+        let root = self.path.clone();
+        let found =
+            tokio::task::spawn_blocking(move || find_nested_git(&root, MAX_WORKTREE_ENTRIES))
+                .await
+                .map_err(|e| GitError::Io(format!("the worktree check failed: {e}")))??;
+        match found {
+            None => Ok(()),
+            Some(relative) => Err(GitError::NestedRepository(
+                relative.to_string_lossy().into_owned(),
+            )),
+        }
     }
 
     /// Runs a local git command on the mirror and the worktree's files, with the task's own
@@ -748,18 +851,14 @@ impl Worktree {
             return Err(GitError::Tampered("the worktree directory".into()));
         }
         let dot_git = self.path.join(".git");
-        let is_file = tokio::fs::symlink_metadata(&dot_git)
-            .await
-            .is_ok_and(|m| m.is_file());
-        if !is_file || tokio::fs::read(&dot_git).await.ok() != Some(self.dot_git.clone()) {
+        if read_small(&dot_git, MAX_DOT_GIT_BYTES).await.as_ref() != Some(&self.dot_git) {
             return Err(GitError::Tampered("the worktree's .git".into()));
         }
         let config = self.mirror.join("config");
-        let is_file = tokio::fs::symlink_metadata(&config)
+        if read_small(&config, MIRROR_CONFIG.len() as u64)
             .await
-            .is_ok_and(|m| m.is_file());
-        if !is_file
-            || tokio::fs::read(&config).await.ok().as_deref() != Some(MIRROR_CONFIG.as_bytes())
+            .as_deref()
+            != Some(MIRROR_CONFIG.as_bytes())
         {
             return Err(GitError::Tampered(
                 "the git configuration of the repository's mirror".into(),
@@ -772,10 +871,11 @@ impl Worktree {
 /// Writes the mirror's fixed configuration (atomically, and only when it differs).
 async fn write_mirror_config(mirror: &Path) -> Result<(), GitError> {
     let config = mirror.join("config");
-    let is_file = tokio::fs::symlink_metadata(&config)
+    if read_small(&config, MIRROR_CONFIG.len() as u64)
         .await
-        .is_ok_and(|m| m.is_file());
-    if is_file && tokio::fs::read(&config).await.ok().as_deref() == Some(MIRROR_CONFIG.as_bytes()) {
+        .as_deref()
+        == Some(MIRROR_CONFIG.as_bytes())
+    {
         return Ok(());
     }
     let io = |e: std::io::Error| GitError::Io(format!("cannot write {}: {e}", config.display()));
@@ -805,6 +905,105 @@ fn worktree_meta(mirror: &Path, dot_git: &[u8]) -> Result<PathBuf, GitError> {
             "unexpected .git file of a new worktree: {text:?}"
         ))),
     }
+}
+
+/// The content of the regular file `path` (not a symbolic link) when it is at most `max`
+/// bytes long; `None` when it is absent, not a regular file, longer, or unreadable. Never
+/// reads more than `max + 1` bytes, whatever the file grows to after its size was checked.
+async fn read_small(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let meta = tokio::fs::symlink_metadata(path).await.ok()?;
+    if !meta.is_file() || meta.len() > max {
+        return None;
+    }
+    let file = tokio::fs::OpenOptions::new()
+        .read(true)
+        // Never follow a symbolic link swapped in after the check, never block on a FIFO.
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .await
+        .ok()?;
+    if !file.metadata().await.ok()?.is_file() {
+        return None;
+    }
+    let mut content = Vec::new();
+    file.take(max + 1).read_to_end(&mut content).await.ok()?;
+    (content.len() as u64 <= max).then_some(content)
+}
+
+/// Whether git, or a file system it may be checked out on (case-insensitive, NTFS, HFS+),
+/// takes a file name for `.git`: `.git` in any case, with trailing dots or spaces, an NTFS
+/// stream suffix (`.git::$INDEX_ALLOCATION`), the NTFS short name `git~1`, or with code
+/// points HFS+ ignores (zero-width and directional marks, U+FEFF) anywhere in it.
+pub fn is_git_name(name: &std::ffi::OsStr) -> bool {
+    let name = name.to_string_lossy();
+    let visible: String = name
+        .chars()
+        .filter(|c| !is_hfs_ignorable(*c))
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let before_stream = visible.split(':').next().unwrap_or_default();
+    let trimmed = before_stream.trim_end_matches(['.', ' ']);
+    trimmed == ".git" || trimmed == "git~1"
+}
+
+/// The code points HFS+ ignores in file names (as git's `is_hfs_dotgit` lists them).
+fn is_hfs_ignorable(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200C}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{206A}'..='\u{206F}' | '\u{FEFF}'
+    )
+}
+
+/// Walks the directory `root` with `lstat` semantics (never following a symbolic link)
+/// and returns the path, relative to `root`, of the first entry below it that
+/// [`is_git_name`] (the root's own `.git` excepted: it is the worktree's, checked apart).
+/// Streams the walk: it holds one open directory per level, at most
+/// [`MAX_WORKTREE_DEPTH`] levels, and fails after `max_entries` entries.
+fn find_nested_git(root: &Path, max_entries: u64) -> Result<Option<PathBuf>, GitError> {
+    let unchecked = |why: String| GitError::Unchecked(why);
+    let meta = std::fs::symlink_metadata(root)
+        .map_err(|e| unchecked(format!("cannot read {}: {e}", root.display())))?;
+    if !meta.is_dir() {
+        return Err(GitError::Tampered("the worktree directory".into()));
+    }
+    let open = |dir: &Path| {
+        std::fs::read_dir(dir).map_err(|e| unchecked(format!("cannot list {}: {e}", dir.display())))
+    };
+    // One (directory relative to the root, its open listing) per level.
+    let mut stack = vec![(PathBuf::new(), open(root)?)];
+    let mut seen: u64 = 0;
+    while let Some((dir, listing)) = stack.last_mut() {
+        let Some(entry) = listing.next() else {
+            stack.pop();
+            continue;
+        };
+        let entry = entry.map_err(|e| unchecked(format!("cannot list {}: {e}", dir.display())))?;
+        seen += 1;
+        if seen > max_entries {
+            return Err(unchecked(format!("it has more than {max_entries} entries")));
+        }
+        let name = entry.file_name();
+        let relative = dir.join(&name);
+        let at_root = dir.as_os_str().is_empty();
+        if is_git_name(&name) && !(at_root && name == ".git") {
+            return Ok(Some(relative));
+        }
+        // `DirEntry::file_type` does not follow symbolic links.
+        let kind = entry
+            .file_type()
+            .map_err(|e| unchecked(format!("cannot read {}: {e}", relative.display())))?;
+        if kind.is_dir() {
+            if stack.len() >= MAX_WORKTREE_DEPTH {
+                return Err(unchecked(format!(
+                    "it is deeper than {MAX_WORKTREE_DEPTH} directories"
+                )));
+            }
+            let listing = open(&root.join(&relative))?;
+            stack.push((relative, listing));
+        }
+    }
+    Ok(None)
 }
 
 /// Removes a file, a directory tree or a symbolic link (never what it points to); absent
@@ -1060,6 +1259,114 @@ mod tests {
         ] {
             assert!(!is_loopback_url(no), "{no}");
         }
+    }
+
+    #[test]
+    fn names_git_takes_for_dot_git() {
+        use std::ffi::OsStr;
+        for yes in [
+            ".git",
+            ".GIT",
+            ".Git",
+            ".git.",
+            ".git ",
+            ".git. .",
+            ".git::$INDEX_ALLOCATION",
+            "git~1",
+            "GIT~1",
+            ".g\u{200C}it",
+            "\u{200D}.git",
+            ".git\u{200E}",
+            ".g\u{200F}i\u{202A}t",
+            ".gi\u{202E}t",
+            ".\u{206A}git\u{206F}",
+            "\u{FEFF}.git",
+        ] {
+            assert!(is_git_name(OsStr::new(yes)), "{yes:?}");
+        }
+        for no in [
+            "git",
+            ".gitignore",
+            ".gitmodules",
+            ".gitattributes",
+            "x.git",
+            ".git2",
+            "git~2",
+            ".g.it",
+            "",
+            ".",
+        ] {
+            assert!(!is_git_name(OsStr::new(no)), "{no:?}");
+        }
+    }
+
+    #[test]
+    fn the_walk_finds_nested_git_names_without_following_links() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let root = dir.path().join("tree");
+        std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+        std::fs::write(root.join(".git"), "gitdir: x\n").unwrap();
+        std::fs::write(root.join("a/b/c/file"), "x").unwrap();
+        // The root's own `.git` is not nested.
+        assert_eq!(find_nested_git(&root, 100).unwrap(), None);
+        // A symbolic link to a directory holding a `.git` is not followed.
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(outside.join(".git")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("a/link")).unwrap();
+        assert_eq!(find_nested_git(&root, 100).unwrap(), None);
+        // A symbolic link named `.git` is refused, wherever it points.
+        std::os::unix::fs::symlink("/nonexistent", root.join("a/b/.git")).unwrap();
+        assert_eq!(
+            find_nested_git(&root, 100).unwrap(),
+            Some(PathBuf::from("a/b/.git"))
+        );
+        std::fs::remove_file(root.join("a/b/.git")).unwrap();
+        std::fs::write(root.join("a/b/c/.GIT."), "").unwrap();
+        assert_eq!(
+            find_nested_git(&root, 100).unwrap(),
+            Some(PathBuf::from("a/b/c/.GIT."))
+        );
+        std::fs::remove_file(root.join("a/b/c/.GIT.")).unwrap();
+        // At the root, only the exact `.git` is the worktree's.
+        std::fs::create_dir(root.join(".GIT")).unwrap();
+        assert_eq!(
+            find_nested_git(&root, 100).unwrap(),
+            Some(PathBuf::from(".GIT"))
+        );
+        std::fs::remove_dir(root.join(".GIT")).unwrap();
+        // Bounded: too many entries, or too deep, is refused.
+        assert!(matches!(
+            find_nested_git(&root, 3),
+            Err(GitError::Unchecked(_))
+        ));
+        let mut deep = root.clone();
+        for _ in 0..=MAX_WORKTREE_DEPTH {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        assert!(matches!(
+            find_nested_git(&root, 100_000),
+            Err(GitError::Unchecked(why)) if why.contains("deeper")
+        ));
+        // The root itself must be a directory.
+        assert!(matches!(
+            find_nested_git(&root.join("a/b/c/file"), 100),
+            Err(GitError::Tampered(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn small_reads_are_bounded() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "gitdir: x\n").unwrap();
+        assert_eq!(read_small(&file, 64).await.unwrap(), b"gitdir: x\n");
+        assert_eq!(read_small(&file, 4).await, None);
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_small(&link, 64).await, None);
+        assert_eq!(read_small(dir.path(), 64).await, None);
+        assert_eq!(read_small(&dir.path().join("missing"), 64).await, None);
     }
 
     #[test]

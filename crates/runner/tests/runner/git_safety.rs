@@ -76,13 +76,15 @@ struct Rig {
     dir: TempDir,
     root: PathBuf,
     bare: PathBuf,
+    /// The working clone that seeded `bare`, for commits of the base.
+    seed: PathBuf,
     runner: Arc<LocalRunner>,
 }
 
 impl Rig {
     fn new() -> Rig {
         let dir = TempDir::new().unwrap();
-        let (bare, _) = seeded_bare(dir.path(), "seed");
+        let (bare, seed) = seeded_bare(dir.path(), "seed");
         let root = dir.path().join("agentry");
         std::fs::create_dir_all(&root).unwrap();
         // Unsandboxed: the agent can reach the mirror through the worktree's `.git`.
@@ -103,6 +105,7 @@ impl Rig {
             dir,
             root,
             bare,
+            seed,
             runner,
         }
     }
@@ -137,6 +140,33 @@ impl Rig {
             started: None,
         };
         self.runner.execute(job, control).await
+    }
+
+    /// Makes `main`'s head a commit with a submodule at `sub` (a gitlink to a made-up
+    /// commit, and its `.gitmodules` entry); returns the gitlink's commit id.
+    fn add_submodule(&self) -> String {
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        std::fs::write(
+            self.seed.join(".gitmodules"),
+            "[submodule \"sub\"]\n\tpath = sub\n\turl = https://github.com/o/sub.git\n",
+        )
+        .unwrap();
+        git(&["add", ".gitmodules"], &self.seed);
+        git(
+            &[
+                "update-index",
+                "--add",
+                "--cacheinfo",
+                &format!("160000,{sha},sub"),
+            ],
+            &self.seed,
+        );
+        git(&["commit", "-q", "-m", "a submodule"], &self.seed);
+        git(
+            &["push", "-q", "origin", "HEAD:refs/heads/main"],
+            &self.seed,
+        );
+        sha.to_owned()
     }
 
     fn home(&self, task_id: Uuid) -> PathBuf {
@@ -291,4 +321,177 @@ async fn a_rewritten_mirror_config_fails_the_run_and_is_repaired_for_the_next() 
     );
     rig.assert_nothing_leaked(again, &listener);
     rig.assert_nothing_leaked(task, &listener);
+}
+
+/// The fake's planted filter ran (as the service) if `$HOME/tampered-filter` or the marker
+/// exists.
+fn assert_filter_never_ran(rig: &Rig, task: Uuid, marker: &std::path::Path) {
+    assert!(
+        rig.home(task).join("filter-clean").exists(),
+        "the fake planted no filter"
+    );
+    assert!(
+        !rig.home(task).join("tampered-filter").exists() && !marker.exists(),
+        "the planted clean filter ran"
+    );
+}
+
+/// A git repository the agent plants in a plain directory (with a `clean` filter in its
+/// own configuration): the run is refused before git touches the worktree, nothing is
+/// pushed, the filter never runs.
+#[tokio::test]
+async fn a_nested_repository_is_refused_and_its_filter_never_runs() {
+    let rig = Rig::new();
+    let listener = Listener::start();
+    let task = Uuid::new_v4();
+    let marker = rig.dir.path().join("filter-ran");
+    let execution = rig
+        .run(
+            task,
+            &format!("Fix it [fake:nested-repo=lib/vendor,{}]", marker.display()),
+        )
+        .await;
+    let message = failure(&execution);
+    assert!(
+        message.contains(
+            "the agent created a nested git repository at lib/vendor/.git; nothing was \
+             committed or pushed"
+        ),
+        "{message}"
+    );
+    assert_filter_never_ran(&rig, task, &marker);
+    assert_eq!(rig.remote_branch(task), "");
+    rig.assert_nothing_leaked(task, &listener);
+}
+
+/// The base commit has a submodule at `sub/` and the agent makes `sub/.git` a repository
+/// of its own whose `clean` filter `git add` would run inside the submodule (the finding):
+/// refused, nothing pushed, the filter never runs.
+#[tokio::test]
+async fn a_repository_planted_in_a_submodule_is_refused_and_its_filter_never_runs() {
+    let rig = Rig::new();
+    rig.add_submodule();
+    let listener = Listener::start();
+    let task = Uuid::new_v4();
+    let marker = rig.dir.path().join("filter-ran");
+    let execution = rig
+        .run(
+            task,
+            &format!("Fix it [fake:nested-repo=sub,{}]", marker.display()),
+        )
+        .await;
+    let message = failure(&execution);
+    assert!(
+        message.contains(
+            "the agent created a nested git repository at sub/.git; nothing was committed or \
+             pushed"
+        ),
+        "{message}"
+    );
+    assert_filter_never_ran(&rig, task, &marker);
+    assert_eq!(rig.remote_branch(task), "");
+    rig.assert_nothing_leaked(task, &listener);
+}
+
+/// The names a case-insensitive, NTFS or HFS+ file system (or git itself) takes for
+/// `.git` are refused as well.
+#[tokio::test]
+async fn names_git_takes_for_dot_git_are_refused() {
+    let rig = Rig::new();
+    for name in [
+        ".GIT",
+        ".git.",
+        ".git ",
+        "GIT~1",
+        ".g\u{200C}it",
+        "\u{FEFF}.Git",
+    ] {
+        let task = Uuid::new_v4();
+        let execution = rig
+            .run(task, &format!("Fix it [fake:plant-dir=deep/{name}]"))
+            .await;
+        let message = failure(&execution);
+        assert!(
+            message.contains(&format!(
+                "the agent created a nested git repository at deep/{name}; nothing was \
+                 committed or pushed"
+            )),
+            "{name:?}: {message}"
+        );
+        assert_eq!(rig.remote_branch(task), "", "{name:?}");
+    }
+}
+
+/// The peak resident memory of this test process, in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The agent replaces the worktree's `.git` with a 3 GiB sparse file: refused as tampering
+/// without reading it (the service's peak memory stays flat), quickly.
+#[tokio::test]
+async fn a_huge_dot_git_is_refused_without_reading_it() {
+    let rig = Rig::new();
+    let task = Uuid::new_v4();
+    let before = peak_rss_kib();
+    let started = std::time::Instant::now();
+    let execution = rig.run(task, "Fix it [fake:sparse-git=3]").await;
+    let took = started.elapsed();
+    let grown = peak_rss_kib().saturating_sub(before);
+    eprintln!("sparse 3 GiB .git: refused in {took:?}, peak RSS grew by {grown} KiB");
+    let message = failure(&execution);
+    assert!(
+        message.contains("the agent modified the worktree's .git; nothing was committed or pushed"),
+        "{message}"
+    );
+    assert!(grown < 200 * 1024, "the peak RSS grew by {grown} KiB");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    assert_eq!(rig.remote_branch(task), "");
+}
+
+/// The base's submodules are pushed as they were: files the agent wrote in a submodule's
+/// directory (without a `.git`) are not committed, and the gitlink keeps its commit.
+#[tokio::test]
+async fn the_base_gitlinks_are_kept_in_the_pushed_commit() {
+    let rig = Rig::new();
+    let sha = rig.add_submodule();
+    let task = Uuid::new_v4();
+    let execution = rig.run(task, "Fix it [fake:plant-dir=sub/inner]").await;
+    let Verdict::Pushed { commit, .. } = &execution.verdict else {
+        panic!("{:?}: {}", execution.verdict, execution.output);
+    };
+    assert_eq!(&rig.remote_branch(task), commit);
+    assert_eq!(
+        git(&["ls-tree", commit, "sub"], &rig.bare),
+        format!("160000 commit {sha}\tsub")
+    );
+    let files = git(&["ls-tree", "-r", "--name-only", commit], &rig.bare);
+    let files: Vec<&str> = files.lines().collect();
+    assert_eq!(
+        files,
+        [".gitmodules", "AGENT_CHANGES.md", "README.md", "sub"],
+        "{files:?}"
+    );
+}
+
+/// The agent deletes a submodule's directory: the pushed commit still has the submodule at
+/// the base's commit (git would otherwise record the deletion).
+#[tokio::test]
+async fn a_deleted_submodule_directory_keeps_its_gitlink() {
+    let rig = Rig::new();
+    let sha = rig.add_submodule();
+    let task = Uuid::new_v4();
+    let execution = rig.run(task, "Fix it [fake:remove-path=sub]").await;
+    let Verdict::Pushed { commit, .. } = &execution.verdict else {
+        panic!("{:?}: {}", execution.verdict, execution.output);
+    };
+    assert_eq!(
+        git(&["ls-tree", commit, "sub"], &rig.bare),
+        format!("160000 commit {sha}\tsub")
+    );
 }
