@@ -36,6 +36,14 @@
 //!   (`read-tree` of the base commit, `add --all`, `write-tree`, `commit-tree` with the base
 //!   commit as parent), so a forged `HEAD`, `index` or `commondir` has no effect, and no
 //!   porcelain command that runs hooks is involved.
+//! - Before anything reads a file of the worktree after the agent, the worktree is walked
+//!   (`lstat`, no symbolic link followed, bounded) and the run fails with
+//!   [`GitError::NestedRepository`] if any entry below its root is named `.git` or a name
+//!   git or a case-insensitive file system takes for it ([`is_git_name`]): git would run
+//!   commands (e.g. `git status` in a submodule's directory during `add`) with that
+//!   agent-written repository's configuration, filters included.
+//! - The commit's index never holds a gitlink while `add --all` runs: the base's gitlinks
+//!   are taken out before and put back as they were after, so submodules stay the base's.
 //! - Before the commit and before the push, the worktree's `.git` must be exactly what
 //!   `git worktree add` wrote, and the mirror's `config` exactly the fixed text agentry
 //!   writes; otherwise the run fails with [`GitError::Tampered`] and nothing is committed
