@@ -167,7 +167,7 @@ impl Gateway {
             .read_timeout(READ_TIMEOUT)
             .pool_idle_timeout(Duration::from_secs(90))
             .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
+            // The service's own HTTPS_PROXY/NO_PROXY apply (an operator behind a proxy).
             .build()
             .map_err(|e| format!("cannot build the model gateway's HTTP client: {e}"))?;
         Ok(Gateway {
