@@ -54,7 +54,7 @@ pub use codex::parse_codex;
 pub use job::{Control, Execution, Job, JobKind, Runner, Salvaged, Verdict};
 pub use local::{LocalConfig, LocalRunner, NetworkConfig};
 pub use prices::{ModelPrice, PRICES_AS_OF, PriceError, PriceTable, Tokens};
-pub use sandbox::{InvalidSandboxMode, Sandbox, SandboxMode};
+pub use sandbox::{AgentLimits, BwrapFeatures, InvalidSandboxMode, Sandbox, SandboxMode};
 
 /// What one agent run reported, as read from its output.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -125,11 +125,31 @@ impl LocalRunner {
                 );
             }
         }
+        let runner_forwarder = config
+            .network
+            .as_ref()
+            .map(|n| n.forwarder.as_slice())
+            .or(config.sandbox.forwarder());
+        if config.sandbox.mode() == SandboxMode::Auto && runner_forwarder.is_none() {
+            tracing::warn!(
+                "no forwarder is configured: sandboxed agents run without their rlimits \
+                 (processes, open files, file size, memory)"
+            );
+        }
         let workspaces = Workspaces::new(config.root.join("workspaces"));
         LocalRunner {
             config,
             workspaces,
             checked: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The forwarder started as the first process of every sandbox (it sets the agent's
+    /// rlimits): the network's, else the sandbox's ([`Sandbox::with_forwarder`]).
+    fn forwarder(&self) -> Option<&[String]> {
+        match &self.config.network {
+            Some(network) => Some(&network.forwarder),
+            None => self.config.sandbox.forwarder(),
         }
     }
 
@@ -206,7 +226,7 @@ impl LocalRunner {
         let started_at = now();
         let agent_type = job.agent.agent_type;
         // Checked before anything is prepared: without its sandbox, no agent starts.
-        let launcher = self.config.sandbox.launcher().await;
+        let launcher = self.config.sandbox.probed().await;
         let sandboxed = matches!(launcher, Ok(Some(_)));
         let fail = |message: String| Execution {
             verdict: Verdict::Failed(message),
@@ -219,8 +239,9 @@ impl LocalRunner {
             started_at,
             finished_at: now(),
         };
-        let bwrap = match launcher {
-            Ok(bwrap) => bwrap,
+        let (bwrap, features) = match launcher {
+            Ok(Some((bwrap, features))) => (Some(bwrap), features),
+            Ok(None) => (None, sandbox::BwrapFeatures::default()),
             Err(message) => return fail(message),
         };
         // Without a supported CLI the agent could not run (or would misread its options).
@@ -317,13 +338,10 @@ impl LocalRunner {
                         .join(format!("{}.git", job.repo.key)),
                     review: launch.review,
                     readable: &readable,
-                    network: match (&network, &self.config.network) {
-                        (Some((_, dir)), Some(config)) => Some(sandbox::NetLayout {
-                            dir,
-                            forwarder: &config.forwarder,
-                        }),
-                        _ => None,
-                    },
+                    network: network.as_ref().map(|(_, dir)| sandbox::NetLayout { dir }),
+                    forwarder: self.forwarder(),
+                    limits: self.config.sandbox.limits(),
+                    features,
                 };
                 match sandbox::wrap(bwrap, command, layout) {
                     Ok(command) => command,

@@ -133,6 +133,171 @@ impl FromStr for SandboxMode {
     }
 }
 
+/// The resource limits of a sandboxed agent (docs/security.md#resource-limits): its `/tmp`
+/// is a tmpfs of [`AgentLimits::tmp_bytes`] (`bwrap --size`), and the forwarder, the
+/// sandbox's first process, sets the others as rlimits on itself before it starts the
+/// agent, so that every process of the sandbox inherits them (`agentry sandbox-net
+/// --rlimit NAME=VALUE`). Zero means no limit (for the rlimits; `/tmp` always has a size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentLimits {
+    /// The size of the sandbox's `/tmp` in bytes (`AGENTRY_AGENT_TMP_BYTES`, default 1 GiB):
+    /// writing more fails with `ENOSPC`.
+    pub tmp_bytes: u64,
+    /// `RLIMIT_NPROC`: processes and threads (`AGENTRY_AGENT_MAX_PROCESSES`, default 512).
+    /// The sandbox has a user namespace of its own, where the count is the sandbox's own
+    /// processes, not the service's; the kernel does not apply it to a service running as
+    /// `root` (uid 0 outside the sandbox).
+    pub max_processes: u64,
+    /// `RLIMIT_NOFILE`: open files per process (`AGENTRY_AGENT_MAX_OPEN_FILES`, default
+    /// 4096).
+    pub max_open_files: u64,
+    /// `RLIMIT_FSIZE`: the largest file a process may write, in bytes
+    /// (`AGENTRY_AGENT_MAX_FILE_BYTES`, default 1 GiB): writing past it fails with `EFBIG`.
+    pub max_file_bytes: u64,
+    /// `RLIMIT_DATA`: the heap and private writable memory of each process, in bytes
+    /// (`AGENTRY_AGENT_MAX_MEMORY_BYTES`, default 4 GiB). Not `RLIMIT_AS`: V8 and other
+    /// runtimes reserve large ranges of address space they never use.
+    pub max_memory_bytes: u64,
+}
+
+/// One GiB.
+const GIB: u64 = 1 << 30;
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        AgentLimits {
+            tmp_bytes: GIB,
+            max_processes: 512,
+            max_open_files: 4096,
+            max_file_bytes: GIB,
+            max_memory_bytes: 4 * GIB,
+        }
+    }
+}
+
+/// The variables of [`AgentLimits`], each with the smallest value accepted (0 is accepted
+/// by the rlimits: no limit).
+pub const AGENT_LIMIT_VARS: &[&str] = &[
+    "AGENTRY_AGENT_TMP_BYTES",
+    "AGENTRY_AGENT_MAX_PROCESSES",
+    "AGENTRY_AGENT_MAX_OPEN_FILES",
+    "AGENTRY_AGENT_MAX_FILE_BYTES",
+    "AGENTRY_AGENT_MAX_MEMORY_BYTES",
+];
+
+impl AgentLimits {
+    /// The limits read through `get` (a variable's value, `None` when unset or blank): each
+    /// of [`AGENT_LIMIT_VARS`] a whole number, bytes possibly with a binary suffix
+    /// (`K`, `M`, `G`, `T`: `512M`, `2G`). Unset ones keep their default.
+    ///
+    /// # Errors
+    ///
+    /// The variable with a bad value and why: not a number, a `/tmp` under 1 MiB, fewer
+    /// than 16 processes, fewer than 64 open files, files or memory under 1 MiB (0, no
+    /// limit, is accepted for the rlimits).
+    pub fn from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<AgentLimits, (&'static str, String)> {
+        let mut limits = AgentLimits::default();
+        let read = |name: &'static str, bytes: bool, min: u64, zero: bool| {
+            let Some(text) = get(name) else {
+                return Ok(None);
+            };
+            let value = parse_amount(text.trim(), bytes).ok_or_else(|| {
+                (
+                    name,
+                    format!(
+                        "{text:?}; expected a whole number{}",
+                        if bytes {
+                            " of bytes, optionally with K, M, G or T (binary: 512M, 2G)"
+                        } else {
+                            ""
+                        }
+                    ),
+                )
+            })?;
+            if value < min && !(zero && value == 0) {
+                let unit = if bytes {
+                    format!("{} MiB", min >> 20)
+                } else {
+                    min.to_string()
+                };
+                return Err((
+                    name,
+                    format!(
+                        "{text:?} is too small: at least {unit}{}",
+                        if zero { " (or 0: no limit)" } else { "" }
+                    ),
+                ));
+            }
+            Ok(Some(value))
+        };
+        const MIB: u64 = 1 << 20;
+        if let Some(v) = read("AGENTRY_AGENT_TMP_BYTES", true, MIB, false)? {
+            limits.tmp_bytes = v;
+        }
+        if let Some(v) = read("AGENTRY_AGENT_MAX_PROCESSES", false, 16, true)? {
+            limits.max_processes = v;
+        }
+        if let Some(v) = read("AGENTRY_AGENT_MAX_OPEN_FILES", false, 64, true)? {
+            limits.max_open_files = v;
+        }
+        if let Some(v) = read("AGENTRY_AGENT_MAX_FILE_BYTES", true, MIB, true)? {
+            limits.max_file_bytes = v;
+        }
+        if let Some(v) = read("AGENTRY_AGENT_MAX_MEMORY_BYTES", true, MIB, true)? {
+            limits.max_memory_bytes = v;
+        }
+        Ok(limits)
+    }
+
+    /// The forwarder's `--rlimit NAME=VALUE` arguments of the limits that are set (not 0).
+    pub fn rlimit_args(&self) -> Vec<String> {
+        [
+            ("NPROC", self.max_processes),
+            ("NOFILE", self.max_open_files),
+            ("FSIZE", self.max_file_bytes),
+            ("DATA", self.max_memory_bytes),
+        ]
+        .into_iter()
+        .filter(|(_, value)| *value != 0)
+        .flat_map(|(name, value)| ["--rlimit".to_owned(), format!("{name}={value}")])
+        .collect()
+    }
+}
+
+/// A whole number, with a binary suffix (`K`, `M`, `G`, `T`, optionally followed by `iB`
+/// or `B`) when `bytes`.
+fn parse_amount(text: &str, bytes: bool) -> Option<u64> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &text[digits.len()..];
+    let number: u64 = digits.parse().ok()?;
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" => 0,
+        _ if !bytes => return None,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1_u64 << shift)
+}
+
+/// What the installed `bwrap` supports beyond the basics, found at probe time from its
+/// `--help`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BwrapFeatures {
+    /// `--size` before `--tmpfs` (bubblewrap 0.5): the sandbox's `/tmp` gets
+    /// [`AgentLimits::tmp_bytes`]; without it, a tmpfs of the kernel's default size (half
+    /// the memory).
+    pub tmpfs_size: bool,
+    /// `--unshare-user --disable-userns` (bubblewrap 0.8): the sandbox has a user namespace
+    /// of its own (so [`AgentLimits::max_processes`] counts the sandbox's processes only)
+    /// and the agent cannot create nested user namespaces.
+    pub disable_userns: bool,
+}
+
 /// The sandbox agents run in, per a [`SandboxMode`]. Cheap to build and to clone: `bwrap`
 /// is found and probed once, on first use ([`Sandbox::check`]), and the answer is shared
 /// by the clones.
@@ -141,7 +306,12 @@ pub struct Sandbox {
     mode: SandboxMode,
     /// The `bwrap` to use instead of searching for one.
     bwrap: Option<PathBuf>,
-    probed: Arc<OnceCell<Result<PathBuf, String>>>,
+    /// The resource limits of every agent.
+    limits: AgentLimits,
+    /// The forwarder started inside every sandbox in front of the agent, which sets the
+    /// rlimits (see [`Sandbox::with_forwarder`]).
+    forwarder: Option<Vec<String>>,
+    probed: Arc<OnceCell<Result<(PathBuf, BwrapFeatures), String>>>,
 }
 
 impl Default for Sandbox {
@@ -157,8 +327,38 @@ impl Sandbox {
         Sandbox {
             mode,
             bwrap: None,
+            limits: AgentLimits::default(),
+            forwarder: None,
             probed: Arc::new(OnceCell::new()),
         }
+    }
+
+    /// This sandbox with `limits` for every agent.
+    pub fn with_limits(self, limits: AgentLimits) -> Self {
+        Sandbox { limits, ..self }
+    }
+
+    /// This sandbox with `forwarder` (its program, an absolute path or a name found on the
+    /// agent's `PATH`, and leading arguments: `["/usr/local/bin/agentry", "sandbox-net"]`,
+    /// see [`crate::network::forwarder_main`]) started as the first process of every sandbox,
+    /// with the rlimits of [`AgentLimits`] and, for a run with a network, its listeners. A
+    /// [`crate::local::NetworkConfig`]'s forwarder takes precedence. Without any, agents run
+    /// without the rlimits (a warning is logged when the runner is built).
+    pub fn with_forwarder(self, forwarder: Vec<String>) -> Self {
+        Sandbox {
+            forwarder: Some(forwarder),
+            ..self
+        }
+    }
+
+    /// The limits of every agent.
+    pub fn limits(&self) -> AgentLimits {
+        self.limits
+    }
+
+    /// The forwarder given with [`Sandbox::with_forwarder`].
+    pub fn forwarder(&self) -> Option<&[String]> {
+        self.forwarder.as_deref()
     }
 
     /// [`SandboxMode::Auto`] with the `bwrap` executable at `path` (not searched for).
@@ -185,6 +385,16 @@ impl Sandbox {
         Ok(self.launcher().await?.is_some())
     }
 
+    /// What the probed `bwrap` supports ([`BwrapFeatures`]), `None` when agents run
+    /// unsandboxed.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sandbox::check`].
+    pub async fn features(&self) -> Result<Option<BwrapFeatures>, String> {
+        Ok(self.probed().await?.map(|(_, features)| features))
+    }
+
     /// The `bwrap` agents are launched with (found and probed once), `None` when agents run
     /// unsandboxed ([`SandboxMode::Off`]).
     ///
@@ -192,6 +402,12 @@ impl Sandbox {
     ///
     /// As [`Sandbox::check`].
     pub async fn launcher(&self) -> Result<Option<PathBuf>, String> {
+        Ok(self.probed().await?.map(|(bwrap, _)| bwrap))
+    }
+
+    /// The `bwrap` and its features (found and probed once), `None` when agents run
+    /// unsandboxed.
+    pub(crate) async fn probed(&self) -> Result<Option<(PathBuf, BwrapFeatures)>, String> {
         if self.mode == SandboxMode::Off {
             return Ok(None);
         }
@@ -203,21 +419,39 @@ impl Sandbox {
                     None => find_bwrap(),
                 };
                 let result = match found {
-                    Ok(bwrap) => probe(&bwrap).await.map(|()| bwrap),
+                    Ok(bwrap) => probe(&bwrap).await.map(|features| (bwrap, features)),
                     Err(e) => Err(e),
                 };
                 match &result {
-                    Ok(bwrap) => tracing::info!(
-                        bwrap = %bwrap.display(),
-                        "agents run in a bubblewrap sandbox"
-                    ),
+                    Ok((bwrap, features)) => {
+                        tracing::info!(
+                            bwrap = %bwrap.display(),
+                            tmpfs_size = features.tmpfs_size,
+                            disable_userns = features.disable_userns,
+                            "agents run in a bubblewrap sandbox"
+                        );
+                        if !features.tmpfs_size {
+                            tracing::warn!(
+                                "this bwrap cannot size a tmpfs (--size, bubblewrap 0.5): \
+                                 agents' /tmp is not limited by AGENTRY_AGENT_TMP_BYTES"
+                            );
+                        }
+                        if !features.disable_userns {
+                            tracing::warn!(
+                                "this bwrap cannot give the sandbox a user namespace of its \
+                                 own with --disable-userns (bubblewrap 0.8): agents may create \
+                                 nested user namespaces, and AGENTRY_AGENT_MAX_PROCESSES counts \
+                                 every process of the service's user"
+                            );
+                        }
+                    }
                     Err(why) => tracing::error!("{}", unavailable(why)),
                 }
                 result
             })
             .await;
         match probed {
-            Ok(bwrap) => Ok(Some(bwrap.clone())),
+            Ok(found) => Ok(Some(found.clone())),
             Err(why) => Err(unavailable(why)),
         }
     }
@@ -291,15 +525,83 @@ fn find_bwrap() -> Result<PathBuf, String> {
     ))
 }
 
-/// Runs `true` in a sandbox like an agent's (with a network namespace), to know `bwrap`
-/// works here. When only the network namespace fails, the message says so.
-async fn probe(bwrap: &Path) -> Result<(), String> {
-    let failed = match trial(bwrap, PROBE_ARGS).await {
-        Ok(()) => return Ok(()),
+/// What `bwrap --help` says `bwrap` supports.
+async fn features_of(bwrap: &Path) -> BwrapFeatures {
+    let help = tokio::time::timeout(
+        PROBE_TIMEOUT,
+        tokio::process::Command::new(bwrap)
+            .arg("--help")
+            .env_clear()
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await;
+    let text = match help {
+        Ok(Ok(out)) => {
+            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.push_str(&String::from_utf8_lossy(&out.stderr));
+            text
+        }
+        _ => String::new(),
+    };
+    let has = |option: &str| text.split_whitespace().any(|word| word == option);
+    BwrapFeatures {
+        tmpfs_size: has("--size"),
+        disable_userns: has("--disable-userns") && has("--unshare-user"),
+    }
+}
+
+/// The options a sandbox gets for `features`, before its mounts, besides [`BASE_ARGS`]: a
+/// user namespace of its own where nested ones are disabled.
+fn feature_args(features: BwrapFeatures) -> &'static [&'static str] {
+    if features.disable_userns {
+        &["--unshare-user", "--disable-userns"]
+    } else {
+        &[]
+    }
+}
+
+/// Runs `true` in a sandbox like an agent's (with a network namespace, and what the
+/// features of `bwrap` add: a user namespace without nested ones, a sized `/tmp`), to know
+/// `bwrap` works here. A feature that fails is left out (the sandbox still works without
+/// it). When only the network namespace fails, the message says so.
+async fn probe(bwrap: &Path) -> Result<BwrapFeatures, String> {
+    let mut features = features_of(bwrap).await;
+    let args = |features: BwrapFeatures, net: bool| {
+        let mut args: Vec<&str> = feature_args(features).to_vec();
+        if net {
+            args.push("--unshare-net");
+        }
+        if features.tmpfs_size {
+            args.extend(["--size", "1048576"]);
+        }
+        args.extend(["--tmpfs", "/tmp", "--", "true"]);
+        args
+    };
+    if features != BwrapFeatures::default() && trial(bwrap, &args(features, true)).await.is_err() {
+        for fewer in [
+            BwrapFeatures {
+                disable_userns: false,
+                ..features
+            },
+            BwrapFeatures {
+                tmpfs_size: false,
+                ..features
+            },
+            BwrapFeatures::default(),
+        ] {
+            if trial(bwrap, &args(fewer, true)).await.is_ok() {
+                features = fewer;
+                break;
+            }
+        }
+    }
+    let failed = match trial(bwrap, &args(features, true)).await {
+        Ok(()) => return Ok(features),
         Err(failed) => failed,
     };
-    let without_net = PROBE_ARGS.get(1..).unwrap_or_default();
-    if trial(bwrap, without_net).await.is_ok() {
+    if trial(bwrap, &args(features, false)).await.is_ok() {
         return Err(format!(
             "{failed}; {} works here without a network namespace, but agents get one of \
              their own (--unshare-net), which cannot be created here",
@@ -380,8 +682,17 @@ pub(crate) struct Layout<'a> {
     /// directory come back read-only. Never anything of the data directory.
     pub readable: &'a [PathBuf],
     /// The run's network, if it has one: then the sandbox gets a network namespace of its
-    /// own and the agent is started by the forwarder.
+    /// own and the forwarder listens for it.
     pub network: Option<NetLayout<'a>>,
+    /// The forwarder's program and leading arguments (`agentry sandbox-net`), started in
+    /// front of the agent with the rlimits of `limits` ([`AgentLimits::rlimit_args`]),
+    /// [`crate::network::forwarder_args`] for a network, and the agent's command line after
+    /// them. Required with a network; without one, the agent gets no rlimits.
+    pub forwarder: Option<&'a [String]>,
+    /// The agent's resource limits.
+    pub limits: AgentLimits,
+    /// What the `bwrap` used supports.
+    pub features: BwrapFeatures,
 }
 
 /// The network part of a [`Layout`].
@@ -390,9 +701,6 @@ pub(crate) struct NetLayout<'a> {
     /// The run's network directory (holding the sockets), mounted read-only at
     /// [`crate::network::SANDBOX_NET_DIR`].
     pub dir: &'a Path,
-    /// The forwarder's program and leading arguments (`agentry sandbox-net`); it gets
-    /// [`crate::network::forwarder_args`] and the agent's command line after them.
-    pub forwarder: &'a [String],
 }
 
 /// `cmd` run inside the sandbox by `bwrap`: the same stdin, working directory and
@@ -448,11 +756,10 @@ fn wrap_with_home(
         &tmpfs,
         &mut program_binds,
     )?;
-    let forwarder = match layout.network {
+    let forwarder = match layout.forwarder {
         None => None,
-        Some(net) => {
-            let (first, leading) = net
-                .forwarder
+        Some(command) => {
+            let (first, leading) = command
                 .split_first()
                 .ok_or_else(|| "the network forwarder's command is empty".to_owned())?;
             let forwarder = resolve_program(Path::new(first), &cmd.env)
@@ -465,6 +772,15 @@ fn wrap_with_home(
                 &tmpfs,
                 &mut program_binds,
             )?;
+            Some((forwarder, leading))
+        }
+    };
+    let net_dir = match layout.network {
+        None => None,
+        Some(net) => {
+            if forwarder.is_none() {
+                return Err("a run with a network needs the network forwarder".to_owned());
+            }
             let run = Path::new(SANDBOX_RUN);
             if !tmpfs.iter().any(|h| h == run) {
                 return Err(format!(
@@ -472,7 +788,7 @@ fn wrap_with_home(
                      cannot be mounted in the sandbox"
                 ));
             }
-            Some((forwarder, leading, canonical(net.dir)?))
+            Some(canonical(net.dir)?)
         }
     };
     for file in layout.readable {
@@ -488,8 +804,12 @@ fn wrap_with_home(
         }
     }
 
-    let mut args: Vec<String> = BASE_ARGS.iter().map(|a| (*a).to_owned()).collect();
-    if forwarder.is_some() {
+    let mut args: Vec<String> = BASE_ARGS
+        .iter()
+        .chain(feature_args(layout.features))
+        .map(|a| (*a).to_owned())
+        .collect();
+    if net_dir.is_some() {
         args.push("--unshare-net".to_owned());
     }
     let text = |path: &Path| {
@@ -498,13 +818,16 @@ fn wrap_with_home(
             .ok_or_else(|| format!("the path {} is not valid UTF-8", path.display()))
     };
     for dir in &tmpfs {
+        if dir == Path::new("/tmp") && layout.features.tmpfs_size {
+            args.extend(["--size".to_owned(), layout.limits.tmp_bytes.to_string()]);
+        }
         args.extend(["--tmpfs".to_owned(), text(dir)?]);
     }
     for path in &program_binds {
         let path = text(path)?;
         args.extend(["--ro-bind".to_owned(), path.clone(), path]);
     }
-    if let Some((_, _, net_dir)) = &forwarder {
+    if let Some(net_dir) = &net_dir {
         // In the `/run` tmpfs, which is made read-only below like every hiding tmpfs.
         args.extend([
             "--ro-bind".to_owned(),
@@ -547,10 +870,15 @@ fn wrap_with_home(
         }
     }
     args.extend(["--chdir".to_owned(), text(&worktree)?, "--".to_owned()]);
-    if let Some((forwarder, leading, _)) = &forwarder {
+    if let Some((forwarder, leading)) = &forwarder {
         args.push(text(forwarder)?);
         args.extend(leading.iter().cloned());
-        args.extend(crate::network::forwarder_args());
+        args.extend(layout.limits.rlimit_args());
+        if net_dir.is_some() {
+            args.extend(crate::network::forwarder_args());
+        } else {
+            args.push("--".to_owned());
+        }
     }
     args.push(text(&program)?);
     args.extend(cmd.args);
@@ -762,6 +1090,9 @@ mod tests {
             review: false,
             readable: &[],
             network: None,
+            forwarder: None,
+            limits: AgentLimits::default(),
+            features: BwrapFeatures::default(),
         };
         let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
         assert_eq!(wrapped.program, bwrap);
@@ -850,10 +1181,10 @@ mod tests {
             mirror: &root.join("workspaces/mirrors/r.git"),
             review: false,
             readable: &[],
-            network: Some(NetLayout {
-                dir: &net,
-                forwarder: &forwarder_cmd,
-            }),
+            network: Some(NetLayout { dir: &net }),
+            forwarder: Some(&forwarder_cmd),
+            limits: AgentLimits::default(),
+            features: BwrapFeatures::default(),
         };
         let bwrap = Path::new("/usr/bin/bwrap");
         let wrapped = wrap_with_home(bwrap, cmd.clone(), layout, Some(&service_home)).unwrap();
@@ -871,7 +1202,8 @@ mod tests {
         let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
         assert!(
             args.ends_with(&format!(
-                "-- {} sandbox-net --listen 4810=/run/agentry/gateway.sock --listen \
+                "-- {} sandbox-net --rlimit NPROC=512 --rlimit NOFILE=4096 --rlimit \
+                 FSIZE=1073741824 --rlimit DATA=4294967296 --listen 4810=/run/agentry/gateway.sock --listen \
                  4811=/run/agentry/proxy.sock -- {} -c true",
                 forwarder.display(),
                 sh.display()
@@ -884,6 +1216,7 @@ mod tests {
             cmd.clone(),
             Layout {
                 network: None,
+                forwarder: None,
                 ..layout
             },
             Some(&service_home),
@@ -907,10 +1240,7 @@ mod tests {
             bwrap,
             cmd.clone(),
             Layout {
-                network: Some(NetLayout {
-                    dir: &net,
-                    forwarder: &inside,
-                }),
+                forwarder: Some(&inside),
                 ..layout
             },
             Some(&service_home),
@@ -924,16 +1254,191 @@ mod tests {
             bwrap,
             cmd,
             Layout {
-                network: Some(NetLayout {
-                    dir: &net,
-                    forwarder: &[],
-                }),
+                forwarder: Some(&[]),
                 ..layout
             },
             Some(&service_home),
         )
         .unwrap_err();
         assert!(refused.contains("command is empty"), "{refused}");
+    }
+
+    /// The limits' variables: defaults, binary suffixes, 0 for no rlimit, and a bad or too
+    /// small value named with its variable.
+    #[test]
+    fn limits_are_read_from_their_variables() {
+        let read = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            AgentLimits::from_lookup(|name| {
+                vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            })
+        };
+        assert_eq!(read(&[]).unwrap(), AgentLimits::default());
+        let limits = read(&[
+            ("AGENTRY_AGENT_TMP_BYTES", "512M"),
+            ("AGENTRY_AGENT_MAX_PROCESSES", "64"),
+            ("AGENTRY_AGENT_MAX_OPEN_FILES", "1024"),
+            ("AGENTRY_AGENT_MAX_FILE_BYTES", "2GiB"),
+            ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "0"),
+        ])
+        .unwrap();
+        assert_eq!(
+            limits,
+            AgentLimits {
+                tmp_bytes: 512 << 20,
+                max_processes: 64,
+                max_open_files: 1024,
+                max_file_bytes: 2 << 30,
+                max_memory_bytes: 0,
+            }
+        );
+        assert_eq!(
+            limits.rlimit_args().join(" "),
+            "--rlimit NPROC=64 --rlimit NOFILE=1024 --rlimit FSIZE=2147483648"
+        );
+        for (name, bad, why) in [
+            ("AGENTRY_AGENT_TMP_BYTES", "0", "too small"),
+            ("AGENTRY_AGENT_TMP_BYTES", "1K", "too small"),
+            ("AGENTRY_AGENT_TMP_BYTES", "lots", "expected a whole number"),
+            ("AGENTRY_AGENT_MAX_PROCESSES", "4", "at least 16"),
+            (
+                "AGENTRY_AGENT_MAX_PROCESSES",
+                "1K",
+                "expected a whole number",
+            ),
+            (
+                "AGENTRY_AGENT_MAX_OPEN_FILES",
+                "-1",
+                "expected a whole number",
+            ),
+            (
+                "AGENTRY_AGENT_MAX_FILE_BYTES",
+                "1.5G",
+                "expected a whole number",
+            ),
+            ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "99999999999T", "expected"),
+        ] {
+            let (var, message) = read(&[(name, bad)]).unwrap_err();
+            assert_eq!(var, name, "{bad}");
+            assert!(message.contains(why), "{name}={bad}: {message}");
+        }
+    }
+
+    /// Without a network, the forwarder still starts the agent, with the rlimits and no
+    /// listener; the sandbox's `/tmp` is sized and it gets a user namespace without nested
+    /// ones when `bwrap` supports them.
+    #[test]
+    fn without_a_network_the_forwarder_only_sets_the_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let root = base.join("data");
+        let worktree = root.join("workspaces/worktrees/t");
+        let home = root.join("runs/t/1/home");
+        for d in [&worktree, &home] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let cmd = AgentCommand {
+            program: PathBuf::from("sh"),
+            args: vec!["-c".into(), "true".into()],
+            stdin: String::new(),
+            cwd: worktree.clone(),
+            env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
+            stop: StopTarget::Group,
+        };
+        let forwarder = ["/bin/true".to_owned(), "sandbox-net".to_owned()];
+        let limits = AgentLimits {
+            tmp_bytes: 1 << 20,
+            max_memory_bytes: 0,
+            ..AgentLimits::default()
+        };
+        let layout = Layout {
+            root: &root,
+            worktree: &worktree,
+            home: &home,
+            mirror: &root.join("workspaces/mirrors/r.git"),
+            review: false,
+            readable: &[],
+            network: None,
+            forwarder: Some(&forwarder),
+            limits,
+            features: BwrapFeatures {
+                tmpfs_size: true,
+                disable_userns: true,
+            },
+        };
+        let bwrap = Path::new("/usr/bin/bwrap");
+        let args = wrap_with_home(bwrap, cmd.clone(), layout, None)
+            .unwrap()
+            .args
+            .join(" ");
+        let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
+        assert!(
+            args.ends_with(&format!(
+                "-- /bin/true sandbox-net --rlimit NPROC=512 --rlimit NOFILE=4096 --rlimit \
+                 FSIZE=1073741824 -- {} -c true",
+                sh.display()
+            )),
+            "{args}"
+        );
+        assert!(args.contains("--size 1048576 --tmpfs /tmp "), "{args}");
+        assert!(args.contains("--unshare-user --disable-userns"), "{args}");
+        assert!(!args.contains("--unshare-net"), "{args}");
+        // Without the features, neither option.
+        let plain = wrap_with_home(
+            bwrap,
+            cmd.clone(),
+            Layout {
+                features: BwrapFeatures::default(),
+                ..layout
+            },
+            None,
+        )
+        .unwrap()
+        .args
+        .join(" ");
+        assert!(
+            !plain.contains("--size") && !plain.contains("--unshare-user"),
+            "{plain}"
+        );
+        // A network without a forwarder is refused.
+        let net = root.join("runs/t/1/net");
+        std::fs::create_dir_all(&net).unwrap();
+        let refused = wrap_with_home(
+            bwrap,
+            cmd,
+            Layout {
+                network: Some(NetLayout { dir: &net }),
+                forwarder: None,
+                ..layout
+            },
+            None,
+        )
+        .unwrap_err();
+        assert!(refused.contains("needs the network forwarder"), "{refused}");
+    }
+
+    /// The installed `bwrap` is probed with its features; on this machine (bubblewrap
+    /// 0.8) both are there.
+    #[tokio::test]
+    async fn the_probe_records_what_bwrap_supports() {
+        let Ok(bwrap) = find_bwrap() else {
+            panic!("these tests need bubblewrap (bwrap) installed");
+        };
+        let features = probe(&bwrap).await.unwrap();
+        let help = std::process::Command::new(&bwrap)
+            .arg("--help")
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        assert_eq!(features.tmpfs_size, help.contains("--size"), "{features:?}");
+        assert_eq!(
+            features.disable_userns,
+            help.contains("--disable-userns"),
+            "{features:?}"
+        );
     }
 
     #[test]

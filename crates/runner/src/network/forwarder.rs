@@ -3,11 +3,18 @@
 //! every connection to a Unix socket of the service, and runs the agent.
 //!
 //! ```text
-//! agentry sandbox-net --listen 4810=/run/agentry/gateway.sock \
+//! agentry sandbox-net [--rlimit NAME=VALUE]... [--listen PORT=SOCKET_PATH]... \
+//!                     -- PROGRAM [ARGS...]
+//! agentry sandbox-net --rlimit NPROC=512 --rlimit NOFILE=4096 \
+//!                     --listen 4810=/run/agentry/gateway.sock \
 //!                     --listen 4811=/run/agentry/proxy.sock -- PROGRAM [ARGS...]
 //! ```
 //!
-//! In this order: `SIGINT`, `SIGTERM` and `SIGHUP` are caught and ignored (the stop ladder
+//! It is the first process of every sandbox (docs/security.md#resource-limits), with no
+//! `--listen` at all when the sandbox has no network of its own. In this order: each
+//! `--rlimit` (`NPROC`, `NOFILE`, `FSIZE`, `DATA`, `AS`; the value a whole number) is set
+//! as both the soft and the hard limit of the forwarder itself, so that the program and
+//! everything it starts inherit it and cannot raise it; `SIGINT`, `SIGTERM` and `SIGHUP` are caught and ignored (the stop ladder
 //! signals every process of the sandbox's process group: the agent must get the time to
 //! print what it spent, with its connections still forwarded, so the forwarder never dies
 //! of them first; handlers, unlike an ignored disposition, are not inherited by the
@@ -52,7 +59,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// What the forwarder was asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwarderArgs {
-    /// The loopback ports to listen on, each with the Unix socket its connections go to.
+    /// The resource limits to set (soft and hard) before the program starts.
+    pub rlimits: Vec<(Rlimit, u64)>,
+    /// The loopback ports to listen on, each with the Unix socket its connections go to
+    /// (none: nothing is forwarded).
     pub listen: Vec<(u16, PathBuf)>,
     /// The program to run.
     pub program: OsString,
@@ -61,16 +71,17 @@ pub struct ForwarderArgs {
 }
 
 impl ForwarderArgs {
-    /// Reads `--listen PORT=SOCKET_PATH` (or `--listen=PORT=SOCKET_PATH`; at least one,
-    /// each port once) then `--` then the program and its arguments (`args` without the
-    /// forwarder's own name). The `--` may be left out when the program's name does not
-    /// start with `-`.
+    /// Reads `--rlimit NAME=VALUE` (each name once) and `--listen PORT=SOCKET_PATH` (or
+    /// `--listen=PORT=SOCKET_PATH`; each port once), then `--` then the program and its
+    /// arguments (`args` without the forwarder's own name). The `--` may be left out when
+    /// the program's name does not start with `-`.
     ///
     /// # Errors
     ///
     /// A sentence saying what is wrong with the arguments.
     pub fn parse(args: Vec<OsString>) -> Result<ForwarderArgs, String> {
         let mut listen: Vec<(u16, PathBuf)> = Vec::new();
+        let mut rlimits: Vec<(Rlimit, u64)> = Vec::new();
         let mut rest = args.into_iter();
         let program = loop {
             let Some(arg) = rest.next() else {
@@ -80,6 +91,22 @@ impl ForwarderArgs {
                 break rest.next().ok_or_else(|| {
                     "no program to run after `--`: expected `-- PROGRAM [ARGS...]`".to_owned()
                 })?;
+            } else if arg == "--rlimit" || arg.to_string_lossy().starts_with("--rlimit=") {
+                let value = match arg.to_str().and_then(|a| a.strip_prefix("--rlimit=")) {
+                    Some(value) => OsString::from(value),
+                    None => rest
+                        .next()
+                        .ok_or_else(|| "--rlimit needs a value NAME=VALUE".to_owned())?,
+                };
+                let (resource, value) = rlimit_value(&value)?;
+                if rlimits.iter().any(|(r, _)| *r == resource) {
+                    return Err(format!(
+                        "--rlimit {} is given more than once",
+                        resource.name()
+                    ));
+                }
+                rlimits.push((resource, value));
+                continue;
             } else if arg == "--listen" {
                 rest.next()
                     .ok_or_else(|| "--listen needs a value PORT=SOCKET_PATH".to_owned())?
@@ -87,7 +114,8 @@ impl ForwarderArgs {
                 OsString::from(value)
             } else if arg.to_string_lossy().starts_with('-') {
                 return Err(format!(
-                    "unknown option {:?}: expected --listen PORT=SOCKET_PATH or `--`",
+                    "unknown option {:?}: expected --rlimit NAME=VALUE, --listen \
+                     PORT=SOCKET_PATH or `--`",
                     arg.to_string_lossy()
                 ));
             } else {
@@ -99,15 +127,88 @@ impl ForwarderArgs {
             }
             listen.push((port, path));
         };
-        if listen.is_empty() {
-            return Err("nothing to forward: give at least one --listen PORT=SOCKET_PATH".into());
-        }
         Ok(ForwarderArgs {
+            rlimits,
             listen,
             program,
             args: rest.collect(),
         })
     }
+}
+
+/// A resource `--rlimit` limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rlimit {
+    /// `NPROC`: processes (and threads) of the user.
+    Nproc,
+    /// `NOFILE`: open file descriptors.
+    Nofile,
+    /// `FSIZE`: the largest file written, in bytes.
+    Fsize,
+    /// `DATA`: the data segment (heap, private writable mappings), in bytes.
+    Data,
+    /// `AS`: the address space, in bytes.
+    As,
+}
+
+impl Rlimit {
+    /// Every resource, with its name.
+    const ALL: [(Rlimit, &'static str); 5] = [
+        (Rlimit::Nproc, "NPROC"),
+        (Rlimit::Nofile, "NOFILE"),
+        (Rlimit::Fsize, "FSIZE"),
+        (Rlimit::Data, "DATA"),
+        (Rlimit::As, "AS"),
+    ];
+
+    /// The name used by `--rlimit` (`NPROC`…).
+    pub fn name(self) -> &'static str {
+        Rlimit::ALL
+            .iter()
+            .find(|(r, _)| *r == self)
+            .map(|(_, name)| *name)
+            .unwrap_or_default()
+    }
+
+    fn resource(self) -> nix::sys::resource::Resource {
+        use nix::sys::resource::Resource;
+        match self {
+            Rlimit::Nproc => Resource::RLIMIT_NPROC,
+            Rlimit::Nofile => Resource::RLIMIT_NOFILE,
+            Rlimit::Fsize => Resource::RLIMIT_FSIZE,
+            Rlimit::Data => Resource::RLIMIT_DATA,
+            Rlimit::As => Resource::RLIMIT_AS,
+        }
+    }
+}
+
+/// One `--rlimit` value: `NAME=VALUE`, the name one of [`Rlimit`]'s, the value a whole
+/// number.
+fn rlimit_value(value: &OsStr) -> Result<(Rlimit, u64), String> {
+    let text = value.to_string_lossy();
+    let (name, number) = text
+        .split_once('=')
+        .ok_or_else(|| format!("bad --rlimit value {text:?}: expected NAME=VALUE"))?;
+    let resource = Rlimit::ALL
+        .iter()
+        .find(|(_, n)| *n == name)
+        .map(|(r, _)| *r)
+        .ok_or_else(|| {
+            format!("unknown --rlimit {name:?}: expected NPROC, NOFILE, FSIZE, DATA or AS")
+        })?;
+    let number = number
+        .parse::<u64>()
+        .map_err(|_| format!("bad --rlimit value {text:?}: expected a whole number"))?;
+    Ok((resource, number))
+}
+
+/// Sets each limit as the soft and hard limit of this process.
+fn set_rlimits(rlimits: &[(Rlimit, u64)]) -> Result<(), String> {
+    for (resource, value) in rlimits {
+        nix::sys::resource::setrlimit(resource.resource(), *value, *value)
+            .map_err(|e| format!("cannot set the limit {}={value}: {e}", resource.name()))?;
+    }
+    Ok(())
 }
 
 /// One `--listen` value: `PORT=SOCKET_PATH`, the port from 1 to 65535, the path not empty.
@@ -148,6 +249,10 @@ pub fn forwarder_main(args: Vec<OsString>) -> i32 {
             return EXIT_FAILED;
         }
     };
+    if let Err(message) = set_rlimits(&args.rlimits) {
+        eprintln!("{PREFIX} {message}");
+        return EXIT_FAILED;
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -276,6 +381,7 @@ mod tests {
         assert_eq!(
             parsed,
             ForwarderArgs {
+                rlimits: Vec::new(),
                 listen: vec![
                     (4810, PathBuf::from("/run/agentry/gateway.sock")),
                     (4811, PathBuf::from("/run/agentry/proxy.sock")),
@@ -303,8 +409,20 @@ mod tests {
             &["--listen", "4810=/s", "--"],
             "no program to run after `--`",
         );
-        refused(&["--", "prog"], "nothing to forward");
-        refused(&["prog"], "nothing to forward");
+        refused(&["--rlimit"], "--rlimit needs a value");
+        refused(&["--rlimit", "NPROC", "--", "p"], "expected NAME=VALUE");
+        refused(
+            &["--rlimit", "CPU=1", "--", "p"],
+            "unknown --rlimit \"CPU\"",
+        );
+        refused(
+            &["--rlimit", "NPROC=-1", "--", "p"],
+            "expected a whole number",
+        );
+        refused(
+            &["--rlimit", "NPROC=1", "--rlimit=NPROC=2", "--", "p"],
+            "--rlimit NPROC is given more than once",
+        );
         refused(&["--listen"], "--listen needs a value");
         refused(
             &["--listen", "4810", "--", "p"],
@@ -323,6 +441,31 @@ mod tests {
             "port 1 is given more than once",
         );
         refused(&["--verbose", "--", "p"], "unknown option \"--verbose\"");
+    }
+
+    /// Limits and no listener at all (a sandbox without a network): the forwarder only
+    /// sets the limits and runs the program.
+    #[test]
+    fn rlimits_without_listeners() {
+        let parsed = ForwarderArgs::parse(args(&[
+            "--rlimit",
+            "NPROC=512",
+            "--rlimit=FSIZE=1073741824",
+            "--",
+            "prog",
+            "x",
+        ]))
+        .unwrap();
+        assert_eq!(
+            parsed.rlimits,
+            vec![(Rlimit::Nproc, 512), (Rlimit::Fsize, 1 << 30)]
+        );
+        assert!(parsed.listen.is_empty());
+        assert_eq!(parsed.program, "prog");
+        assert_eq!(
+            ForwarderArgs::parse(args(&["prog"])).unwrap().program,
+            "prog"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod budget;
 mod fake_agents;
 mod git_safety;
+mod limits;
 mod network;
 mod parsers;
 mod process;

@@ -726,7 +726,11 @@ async fn the_forwarder_fails_with_a_line_and_a_code() {
             125,
             "bad --listen value",
         ),
-        (vec!["--", "true"], 125, "nothing to forward"),
+        (
+            vec!["--rlimit", "CPU=1", "--", "true"],
+            125,
+            "unknown --rlimit \"CPU\"",
+        ),
         (
             vec!["--listen", &taken_listen, "--", "true"],
             125,

@@ -1,0 +1,193 @@
+//! The resource limits of a sandboxed agent (docs/security.md#resource-limits), through
+//! [`LocalRunner`] with bubblewrap and the forwarder of this crate (`agentry-sandbox-net`,
+//! the sandbox's first process, which sets the rlimits): a process bomb stops at the
+//! process limit, a huge file at the file-size limit, filling `/tmp` at its size, and
+//! opening files at the open-file limit. Each agent is a script posing as Claude Code that
+//! prints what it got on its stdout.
+#![allow(
+    clippy::unwrap_used,
+    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
+)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agentry_runner::{AgentLimits, Execution, LocalConfig, LocalRunner, Sandbox, Verdict};
+use uuid::Uuid;
+
+use crate::sandbox::{Rig, run, sandbox_works_here};
+
+/// The forwarder built with this crate.
+const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
+
+/// The head of every agent script: answers the version check, reads its prompt.
+const HEAD: &str = "#!/bin/bash\n\
+    if [ \"${1:-}\" = --version ]; then echo \"2.1.197 (Claude Code)\"; exit 0; fi\n\
+    cat >/dev/null\n";
+
+/// The last line of every agent script: a successful result.
+const TAIL: &str = "printf '%s\\n' '{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\
+    \"num_turns\":1,\"result\":\"done\",\"total_cost_usd\":0.01,\"modelUsage\":{}}'\n";
+
+/// Writes the agent script `body` (between [`HEAD`] and [`TAIL`]) next to the rig's data
+/// directory, readable and executable by everyone.
+fn agent(rig: &Rig, name: &str, body: &str) -> PathBuf {
+    let path = rig.root.parent().unwrap().join(name);
+    std::fs::write(&path, format!("{HEAD}{body}{TAIL}")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A runner of `rig` with `sandbox`, its agent (posing as Claude Code) `program`.
+fn runner(rig: &Rig, sandbox: Sandbox, program: &Path) -> Arc<LocalRunner> {
+    Arc::new(LocalRunner::new(LocalConfig {
+        claude_bin: program.to_owned(),
+        ..rig.config(sandbox)
+    }))
+}
+
+/// The value of the line `key VALUE` of the agent's output.
+fn reported<'a>(execution: &'a Execution, key: &str) -> &'a str {
+    execution
+        .output
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {key:?} in the output:\n{}", execution.output))
+}
+
+fn number(execution: &Execution, key: &str) -> u64 {
+    reported(execution, key)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number in the output:\n{}", execution.output))
+}
+
+/// A file larger than the file-size limit stops at it, in the worktree and in `/tmp`;
+/// `/tmp` is full at its size (`ENOSPC`) though each file is under the limit; opening
+/// files stops at the open-file limit; memory beyond the data limit is refused. What the
+/// service writes is not limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_tmp_open_files_and_memory_stop_at_their_limits() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let rig = Rig::new();
+    let program = agent(
+        &rig,
+        "limited",
+        r#"echo "limits $(ulimit -n) $(ulimit -f) $(ulimit -d)"
+head -c 6M /dev/zero >big; echo "worktree-big $? $(stat -c %s big)"; rm -f big
+head -c 6M /dev/zero >/tmp/big; echo "tmp-big $? $(stat -c %s /tmp/big)"; rm -f /tmp/big
+for i in 1 2 3 4; do
+	if ! out=$(dd if=/dev/zero of=/tmp/part$i bs=1M count=3 2>&1); then
+		echo "tmp-full $i ${out%%$'\n'*}"; break
+	fi
+done
+echo "tmp-size $(df -B1 --output=size /tmp | tail -n 1 | tr -d ' ')"
+n=0
+for i in $(seq 1 200); do exec {fd}</dev/null 2>/dev/null || break; n=$((n+1)); done
+echo "opened $n"
+python3 -c 'bytearray(256 << 20)' 2>/dev/null; echo "memory-256M $?"
+"#,
+    );
+    let limits = AgentLimits {
+        tmp_bytes: 8 << 20,
+        max_processes: 512,
+        max_open_files: 64,
+        max_file_bytes: 4 << 20,
+        max_memory_bytes: 128 << 20,
+    };
+    let sandbox = Sandbox::new(agentry_runner::SandboxMode::Auto)
+        .with_limits(limits)
+        .with_forwarder(vec![FORWARDER.to_owned()]);
+    let execution = run(
+        &runner(&rig, sandbox, &program),
+        rig.job(Uuid::new_v4(), "Fill everything"),
+    )
+    .await;
+    assert!(
+        matches!(execution.verdict, Verdict::NoChanges),
+        "{:?}\n{}",
+        execution.verdict,
+        execution.output
+    );
+    assert!(execution.sandboxed);
+    // ulimit -f and -d are in KiB.
+    assert_eq!(reported(&execution, "limits"), "64 4096 131072");
+    // Killed by SIGXFSZ (128 + 25) at exactly the limit.
+    assert_eq!(reported(&execution, "worktree-big"), "153 4194304");
+    assert_eq!(reported(&execution, "tmp-big"), "153 4194304");
+    let full = reported(&execution, "tmp-full");
+    assert!(
+        full.starts_with("3 ") && full.contains("No space left on device"),
+        "{full}"
+    );
+    assert_eq!(number(&execution, "tmp-size"), 8 << 20);
+    let opened = number(&execution, "opened");
+    assert!((50..64).contains(&opened), "opened {opened} files");
+    assert_eq!(reported(&execution, "memory-256M"), "1");
+}
+
+/// A process bomb stops at the process limit and the service is unaffected. The kernel
+/// never applies `RLIMIT_NPROC` to uid 0, so `bwrap` is run as `nobody` here (as the service
+/// should run: as a user of its own); in the sandbox's own user namespace the limit counts
+/// the sandbox's processes only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_bomb_stops_at_the_process_limit() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let rig = Rig::new();
+    let dir = rig.root.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Everything `nobody` runs must be reachable by it: the forwarder out of the target
+    // directory (under root's HOME), and `bwrap` through `setpriv`.
+    let forwarder = dir.join("agentry-sandbox-net");
+    std::fs::copy(FORWARDER, &forwarder).unwrap();
+    let bwrap = dir.join("bwrap-as-nobody");
+    std::fs::write(
+        &bwrap,
+        "#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/bwrap \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&bwrap, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = agent(
+        &rig,
+        "bomb",
+        r#"echo "nproc $(ulimit -u) uid $(id -u)"
+timeout 20 sh -c 'i=0; while [ $i -lt 300 ]; do sleep 3 & i=$((i+1)); echo $i >/tmp/count; done' 2>/dev/null
+read -r started </tmp/count
+echo "started $started"
+"#,
+    );
+    let limits = AgentLimits {
+        max_processes: 64,
+        ..AgentLimits::default()
+    };
+    let sandbox = Sandbox::with_bwrap(&bwrap)
+        .with_limits(limits)
+        .with_forwarder(vec![forwarder.display().to_string()]);
+    let execution = run(
+        &runner(&rig, sandbox, &program),
+        rig.job(Uuid::new_v4(), "Fork away"),
+    )
+    .await;
+    assert!(
+        matches!(execution.verdict, Verdict::NoChanges),
+        "{:?}\n{}",
+        execution.verdict,
+        execution.output
+    );
+    assert_eq!(reported(&execution, "nproc"), "64 uid 65534");
+    // The sandbox's own processes (bwrap's init, the forwarder, the agent, `timeout`, `sh`)
+    // and the bomb's share the 64.
+    let started = number(&execution, "started");
+    assert!((40..64).contains(&started), "the bomb started {started}");
+    // The service still starts processes, as its user and as the sandbox's.
+    let status = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "true"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
