@@ -62,6 +62,11 @@ pub struct Config {
     /// `AGENTRY_ALERT_WEBHOOK_URL`: where budget alerts are POSTed (https, or http only to
     /// loopback); `None` records them without sending. Shown without its path in `Debug`.
     pub alert_webhook_url: Option<crate::alerts::WebhookUrl>,
+    /// `AGENTRY_AGENT_TMP_BYTES`, `AGENTRY_AGENT_MAX_PROCESSES`,
+    /// `AGENTRY_AGENT_MAX_OPEN_FILES`, `AGENTRY_AGENT_MAX_FILE_BYTES`,
+    /// `AGENTRY_AGENT_MAX_MEMORY_BYTES`: the resource limits of sandboxed agents
+    /// (docs/security.md#resource-limits).
+    pub agent_limits: agentry_runner::AgentLimits,
     /// `AGENTRY_AGENT_ENV`: the names of the service's environment variables passed to
     /// every agent (proxies, CA bundles, base URLs…), besides `PATH`, the run's `HOME` and
     /// the agent's own credentials. Empty by default.
@@ -249,6 +254,8 @@ impl Config {
                 message: format!("{e}"),
             })?,
         };
+        let agent_limits = agentry_runner::AgentLimits::from_lookup(get)
+            .map_err(|(name, message)| ConfigError { name, message })?;
         let alert_webhook_url = get("AGENTRY_ALERT_WEBHOOK_URL")
             .map(|text| {
                 crate::alerts::WebhookUrl::parse(&text).map_err(|message| ConfigError {
@@ -303,6 +310,7 @@ impl Config {
             run_time_limit,
             run_lease,
             agent_sandbox,
+            agent_limits,
             alert_webhook_url,
             agent_env,
             egress_allow,
@@ -657,6 +665,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.agent_sandbox, SandboxMode::Off);
+        assert_eq!(c.agent_limits, agentry_runner::AgentLimits::default());
         assert_eq!(c.max_concurrent_runs, 5);
         assert_eq!(c.claude_bin, PathBuf::from("/opt/claude/bin/claude"));
         assert_eq!(c.codex_bin, PathBuf::from("codex-nightly"));
@@ -744,6 +753,42 @@ mod tests {
                 .starts_with("AGENTRY_EGRESS_ALLOW: \"https://x\": a URL"),
             "{e}"
         );
+    }
+
+    /// The agents' resource limits: each variable read, a bad value named with its
+    /// variable.
+    #[test]
+    fn agent_limits_are_read_and_checked() {
+        let c = cfg(&[
+            ("AGENTRY_AGENT_TMP_BYTES", "256M"),
+            ("AGENTRY_AGENT_MAX_PROCESSES", "1024"),
+            ("AGENTRY_AGENT_MAX_OPEN_FILES", "8192"),
+            ("AGENTRY_AGENT_MAX_FILE_BYTES", "2G"),
+            ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "0"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.agent_limits,
+            agentry_runner::AgentLimits {
+                tmp_bytes: 256 << 20,
+                max_processes: 1024,
+                max_open_files: 8192,
+                max_file_bytes: 2 << 30,
+                max_memory_bytes: 0,
+            }
+        );
+        for (name, value) in [
+            ("AGENTRY_AGENT_TMP_BYTES", "1K"),
+            ("AGENTRY_AGENT_TMP_BYTES", "big"),
+            ("AGENTRY_AGENT_MAX_PROCESSES", "8"),
+            ("AGENTRY_AGENT_MAX_OPEN_FILES", "many"),
+            ("AGENTRY_AGENT_MAX_FILE_BYTES", "-1"),
+            ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "4X"),
+        ] {
+            let e = cfg(&[(name, value)]).unwrap_err();
+            assert_eq!(e.name, name, "{value}");
+            assert!(e.to_string().starts_with(&format!("{name}: ")), "{e}");
+        }
     }
 
     /// `AGENTRY_AGENT_ENV` lists the variables passed to agents; agentry's own settings,

@@ -80,6 +80,9 @@ pub struct RunSettings {
     pub keep_run_dirs: bool,
     /// Whether agents run sandboxed (`AGENTRY_AGENT_SANDBOX`).
     pub sandbox: agentry_runner::SandboxMode,
+    /// The resource limits of sandboxed agents (`AGENTRY_AGENT_TMP_BYTES`,
+    /// `AGENTRY_AGENT_MAX_*`).
+    pub agent_limits: agentry_runner::AgentLimits,
     /// The first wait before publishing is tried again after a code-host failure whose
     /// outcome is unknown (5xx, timeout, rate limit); it doubles up to 30 s.
     pub publish_backoff: Duration,
@@ -96,6 +99,7 @@ impl Default for RunSettings {
             idle: Duration::from_secs(2),
             keep_run_dirs: false,
             sandbox: agentry_runner::SandboxMode::Auto,
+            agent_limits: agentry_runner::AgentLimits::default(),
             publish_backoff: Duration::from_secs(1),
             publish_patience: Duration::from_secs(3600),
         }
@@ -176,7 +180,8 @@ impl Runs {
                 std::env::var(name).ok()
             }),
             stop_grace: STOP_GRACE,
-            sandbox: agentry_runner::Sandbox::new(settings.sandbox),
+            sandbox: agentry_runner::Sandbox::new(settings.sandbox)
+                .with_limits(settings.agent_limits),
             network: network.map(|n| agentry_runner::local::NetworkConfig {
                 provider: Arc::new(n.network),
                 forwarder: n.forwarder,

@@ -149,6 +149,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
             lease: config.run_lease,
             wall_time: config.run_time_limit,
             sandbox: config.agent_sandbox,
+            agent_limits: config.agent_limits,
             ..RunSettings::default()
         },
         network,

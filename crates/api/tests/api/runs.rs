@@ -57,6 +57,7 @@ impl Rig {
             idle: Duration::from_millis(100),
             keep_run_dirs: true,
             sandbox: agentry_runner::sandbox::mode_for_tests(),
+            agent_limits: agentry_runner::AgentLimits::default(),
             publish_backoff: Duration::from_millis(50),
             publish_patience: Duration::from_secs(30),
         };
