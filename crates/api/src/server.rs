@@ -87,7 +87,11 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
     let service = Service::open(&config)?;
     let first_token_file =
         bootstrap_admin_token(&service.db, &config.data_dir)?.map(web::Data::new);
-    let state = web::Data::new(AppState::new(service.clone()).map_err(StartError::Io)?);
+    let state = web::Data::new(
+        AppState::new(service.clone())
+            .map_err(StartError::Io)?
+            .with_metrics_public(config.metrics_public),
+    );
     let cors = config.cors_origins.clone();
     let app_state = state.clone();
     // One set of webhook limits for all the workers, so the limits are per process.

@@ -17,6 +17,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The OpenAPI document, rendered once at start.
     pub openapi_json: String,
+    /// `AGENTRY_METRICS_PUBLIC=1`: `/metrics` answers without a token (by default it
+    /// requires a valid API token of any role).
+    pub metrics_public: bool,
 }
 
 impl AppState {
@@ -28,7 +31,15 @@ impl AppState {
             metrics: Arc::new(Metrics::new().map_err(|e| format!("cannot create metrics: {e}"))?),
             openapi_json: serde_json::to_string(&crate::app::openapi())
                 .map_err(|e| format!("cannot render the OpenAPI document: {e}"))?,
+            metrics_public: false,
         })
+    }
+
+    /// This state with `/metrics` served without a token (`true`) or only to a valid API
+    /// token (`false`, the default).
+    pub fn with_metrics_public(mut self, public: bool) -> Self {
+        self.metrics_public = public;
+        self
     }
 
     /// Runs blocking database work (a read, or a write no loop cares about) on the blocking

@@ -340,6 +340,18 @@ pub fn all_set(
     only: Option<&str>,
     now: OffsetDateTime,
 ) -> Result<Vec<SetBudget>, DbError> {
+    all_set_with(conn, only, now, spent_nanos)
+}
+
+/// [`all_set`] with the month's spend of a repository (or of all, `None`) computed by
+/// `spent` (e.g. from the run cost rollup, for `/metrics`).
+pub fn all_set_with(
+    conn: &mut AnyConnection,
+    only: Option<&str>,
+    now: OffsetDateTime,
+    spent: fn(&mut AnyConnection, Option<Uuid>, OffsetDateTime) -> Result<i64, DbError>,
+) -> Result<Vec<SetBudget>, DbError> {
+    let spent_nanos = spent;
     let mut set = Vec::new();
     if let Some(budget) = instance_budget(conn)? {
         set.push(SetBudget {

@@ -31,6 +31,7 @@ pub mod repos;
 pub mod rollups;
 pub mod runner;
 pub mod schema;
+pub mod scrape;
 pub mod secrets;
 pub mod tasks;
 #[cfg(any(test, feature = "test-support"))]

@@ -268,7 +268,7 @@ pub fn record_blocked(
     };
     let recorded: Result<(), DbError> = write_tx(conn, |conn| {
         if count_one(conn)? {
-            return Ok(());
+            return crate::scrape::add_blocked(conn, &task);
         }
         diesel::insert_into(egress_blocked::table)
             .values((
@@ -281,11 +281,16 @@ pub fn record_blocked(
                 egress_blocked::last_at.eq(at),
             ))
             .execute(conn)?;
-        Ok(())
+        crate::scrape::add_blocked(conn, &task)
     });
     match recorded {
         // A concurrent refusal of the same destination inserted its row first: count on it.
-        Err(e) if e.is_unique_violation() => write_tx(conn, |conn| count_one(conn).map(|_| ())),
+        Err(e) if e.is_unique_violation() => write_tx(conn, |conn| {
+            if count_one(conn)? {
+                crate::scrape::add_blocked(conn, &task)?;
+            }
+            Ok(())
+        }),
         other => other,
     }
 }

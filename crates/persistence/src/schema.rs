@@ -248,6 +248,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     budget_alerts,
     model_calls,
     egress_blocked,
+    run_cost_rollup,
+    egress_blocked_repo,
 );
 
 diesel::table! {
@@ -312,5 +314,23 @@ diesel::table! {
         next_attempt_at -> Timestamp,
         delivered_at -> Nullable<Timestamp>,
         last_error -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    run_cost_rollup (month, repo_id, repo_url, task_type, model) {
+        month -> Text,
+        repo_id -> Text,
+        repo_url -> Text,
+        task_type -> Text,
+        model -> Text,
+        cost_nanos -> BigInt,
+    }
+}
+
+diesel::table! {
+    egress_blocked_repo (repo_url) {
+        repo_url -> Text,
+        count -> BigInt,
     }
 }

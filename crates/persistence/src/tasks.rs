@@ -731,6 +731,15 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             tasks::updated_at.eq(to_db(run.finished_at.unwrap_or(run.started_at))),
         ))
         .execute(conn)?;
+    if let Some(cost) = run.cost_usd {
+        crate::scrape::add_run_cost(
+            conn,
+            &task,
+            run.model.as_deref(),
+            cost.to_nanos(),
+            run.finished_at,
+        )?;
+    }
     let after = get_task(conn, run.task_id)?;
     rollups::apply(conn, Deltas::change(Some(&task), Some(&after))?)?;
     Ok(())

@@ -88,6 +88,9 @@ pub struct Config {
     /// `OPENAI_API_KEY` (else `CODEX_API_KEY`) of the service's environment: the gateway's
     /// OpenAI key when no `OPENAI_API_KEY` secret is stored. Redacted in `Debug`.
     pub openai_key: Option<SecretValue>,
+    /// `AGENTRY_METRICS_PUBLIC`: `1` serves `/metrics` without a token; `0` or unset
+    /// (default) requires a valid API token of any role.
+    pub metrics_public: bool,
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -292,6 +295,16 @@ impl Config {
                 message,
             })?,
         };
+        let metrics_public = match get("AGENTRY_METRICS_PUBLIC").as_deref().map(str::trim) {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(other) => {
+                return Err(ConfigError {
+                    name: "AGENTRY_METRICS_PUBLIC",
+                    message: format!("{other:?} is neither 1 nor 0"),
+                });
+            }
+        };
         Ok(Config {
             data_dir,
             database_url,
@@ -318,6 +331,7 @@ impl Config {
             openai_upstream,
             anthropic_key,
             openai_key,
+            metrics_public,
         })
     }
 }
@@ -793,6 +807,17 @@ mod tests {
 
     /// `AGENTRY_AGENT_ENV` lists the variables passed to agents; agentry's own settings,
     /// `PATH`, `HOME` and credentials cannot be listed, and a bad name is named.
+    #[test]
+    fn metrics_need_a_token_unless_made_public() {
+        assert!(!cfg(&[]).unwrap().metrics_public);
+        assert!(!cfg(&[("AGENTRY_METRICS_PUBLIC", "0")]).unwrap().metrics_public);
+        assert!(cfg(&[("AGENTRY_METRICS_PUBLIC", "1")]).unwrap().metrics_public);
+        for bad in ["true", "yes", "2", "on"] {
+            let e = cfg(&[("AGENTRY_METRICS_PUBLIC", bad)]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_METRICS_PUBLIC", "{bad}");
+        }
+    }
+
     #[test]
     fn agent_env_lists_variable_names() {
         assert!(cfg(&[]).unwrap().agent_env.is_empty());

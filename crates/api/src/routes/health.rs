@@ -1,11 +1,14 @@
-//! Liveness, readiness, metrics and the OpenAPI document (no token needed).
+//! Liveness, readiness, metrics and the OpenAPI document (no token needed, except for
+//! `/metrics` unless `AGENTRY_METRICS_PUBLIC=1`).
 
-use actix_web::{HttpResponse, get, web};
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpRequest, HttpResponse, get, web};
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use rust_decimal::Decimal;
 
+use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::metrics::{BudgetUse, RunCost};
 use crate::state::AppState;
@@ -36,21 +39,36 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<web::Json<Status>, Api
 }
 
 /// Prometheus metrics in the text exposition format: HTTP requests and latencies,
-/// `agentry_cost_usd_total{repo,model,task_type}`, the recorded cost of agent runs, and
-/// `agentry_budget_used_ratio{scope,repo}`, the share of each monthly budget spent this month
-/// (both read from the database at each scrape, so every replica reports the same values).
+/// `agentry_cost_usd_total{repo,model,task_type}`, the recorded cost of agent runs,
+/// `agentry_budget_used_ratio{scope,repo}`, the share of each monthly budget spent this month,
+/// and `agentry_egress_blocked_total{repo}` (read from the database's rollups at each scrape,
+/// so every replica reports the same values; per-repository series only for connected
+/// repositories).
+///
+/// Needs a valid API token of any role unless `AGENTRY_METRICS_PUBLIC=1`.
 #[utoipa::path(
     tag = "operations",
     responses(
         (status = 200, content_type = "text/plain; version=0.0.4", body = String),
+        (status = 401, body = ErrorBody),
         (status = 503, body = ErrorBody)
-    )
+    ),
+    security(("bearer" = []))
 )]
 #[get("/metrics")]
-pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let costs = state
-        .db(|conn| Ok(agentry_persistence::rollups::run_cost_totals(conn)?))
-        .await?
+pub async fn metrics(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    if !state.metrics_public {
+        Caller::from_request(&req, &mut Payload::None).await?;
+    }
+    let at = agentry_persistence::now();
+    let scrape = state
+        .db(move |conn| Ok(agentry_persistence::scrape::scrape(conn, at)?))
+        .await?;
+    let costs = scrape
+        .costs
         .into_iter()
         .map(|((repo, task_type, model), nanos)| RunCost {
             repo,
@@ -63,10 +81,8 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
             usd: Decimal::from_i128_with_scale(i128::from(nanos), 9),
         })
         .collect::<Vec<_>>();
-    let at = agentry_persistence::now();
-    let budgets = state
-        .db(move |conn| Ok(agentry_persistence::budgets::all_set(conn, None, at)?))
-        .await?
+    let budgets = scrape
+        .budgets
         .into_iter()
         .map(|b| BudgetUse {
             scope: if b.repo_url.is_some() {
@@ -80,12 +96,9 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
             budget: b.budget.as_decimal(),
         })
         .collect::<Vec<_>>();
-    let egress = state
-        .db(|conn| Ok(agentry_persistence::metering::blocked_by_repo(conn)?))
-        .await?;
     let text = state
         .metrics
-        .render_scrape(&costs, &budgets, &egress)
+        .render_scrape(&costs, &budgets, &scrape.egress_blocked)
         .map_err(|e| ApiError::internal(&e))?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")

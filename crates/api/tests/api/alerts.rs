@@ -444,13 +444,7 @@ async fn a_run_that_ends_records_the_alerts_and_the_gauge_shows_the_use() {
     assert_eq!(page["nextCursor"], Value::Null);
 
     // The gauge: 0.6 of the repository's dollar, 0.15 of the instance's four.
-    let res = actix_web::test::call_service(
-        &app,
-        actix_web::test::TestRequest::get()
-            .uri("/metrics")
-            .to_request(),
-    )
-    .await;
+    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
     let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
     assert!(
         text.contains("# TYPE agentry_budget_used_ratio gauge"),

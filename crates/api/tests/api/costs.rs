@@ -559,7 +559,7 @@ async fn an_empty_database_gives_an_all_zero_report() {
     }
 }
 
-async fn metrics_text<S, B>(app: &S) -> String
+async fn metrics_text<S, B>(app: &S, token: &str) -> String
 where
     S: actix_web::dev::Service<
             actix_http::Request,
@@ -568,13 +568,7 @@ where
         >,
     B: actix_web::body::MessageBody,
 {
-    let res = actix_web::test::call_service(
-        app,
-        actix_web::test::TestRequest::get()
-            .uri("/metrics")
-            .to_request(),
-    )
-    .await;
+    let res = actix_web::test::call_service(app, get("/metrics", token)).await;
     assert_eq!(res.status(), 200);
     String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap()
 }
@@ -589,8 +583,15 @@ fn cost_series(text: &str, repo: &str, model: &str, task_type: &str) -> Option<S
 
 async fn run_cost_counter(db: TestDb) {
     let app = service(&db.db).await;
+    let t = tokens(&db.db);
+    // Per-repository series name connected repositories only.
+    let repo_ids: Vec<Uuid> = REPOS.iter().map(|r| connect_url(&db.db, r)).collect();
     // Nothing recorded yet: no series.
-    assert!(!metrics_text(&app).await.contains("agentry_cost_usd_total{"));
+    assert!(
+        !metrics_text(&app, &t.viewer)
+            .await
+            .contains("agentry_cost_usd_total{")
+    );
 
     let now = OffsetDateTime::now_utc();
     let mut conn = db.db.conn().unwrap();
@@ -604,7 +605,7 @@ async fn run_cost_counter(db: TestDb) {
     let review = create(&db.db, &new_task(REPOS[1], TaskType::Review, now)).id;
     pay(&mut conn, review, Some("haiku"), 1_234_567_891);
 
-    let text = metrics_text(&app).await;
+    let text = metrics_text(&app, &t.viewer).await;
     assert!(
         text.contains("# TYPE agentry_cost_usd_total counter"),
         "{text}"
@@ -635,7 +636,7 @@ async fn run_cost_counter(db: TestDb) {
     // Imported costs are not run costs; `seed` also records 40 live runs: each series is
     // the exact sum of the ledger, and there is no other.
     seed(&db.db, 5);
-    let text = metrics_text(&app).await;
+    let text = metrics_text(&app, &t.viewer).await;
     let series: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("agentry_cost_usd_total{"))
@@ -671,6 +672,26 @@ async fn run_cost_counter(db: TestDb) {
         assert_eq!(shown, exact.to_string().parse::<f64>().unwrap());
     }
     assert_eq!(series.len(), expected.len(), "{series:?}");
+
+    // A disconnected repository's series are gone; the others stay as they were.
+    agentry_persistence::repos::disconnect_repository(
+        &mut conn,
+        repo_ids[3],
+        agentry_persistence::now(),
+    )
+    .unwrap();
+    let after = metrics_text(&app, &t.viewer).await;
+    assert!(!after.contains(REPOS[3]), "{after}");
+    let kept: Vec<&str> = series
+        .iter()
+        .copied()
+        .filter(|l| !l.contains(REPOS[3]))
+        .collect();
+    let now_series: Vec<&str> = after
+        .lines()
+        .filter(|l| l.starts_with("agentry_cost_usd_total{"))
+        .collect();
+    assert_eq!(now_series, kept);
 }
 
 #[actix_web::test]

@@ -986,8 +986,8 @@ async fn made_up_methods_and_paths_do_not_grow_the_metrics() {
             );
         }
     }
-    let res =
-        actix_web::test::call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
+    let t = tokens(&db.db);
+    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
     let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
     let label = |name: &str| -> std::collections::BTreeSet<String> {
         text.lines()
@@ -1066,8 +1066,7 @@ async fn metrics_count_requests_by_route_pattern() {
         )
         .await;
     }
-    let res =
-        actix_web::test::call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
+    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
     assert_eq!(res.status(), 200);
     let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
     assert!(
@@ -1077,6 +1076,127 @@ async fn metrics_count_requests_by_route_pattern() {
         "{text}"
     );
     assert!(text.contains("agentry_http_request_duration_seconds_bucket"));
+}
+
+#[actix_web::test]
+async fn metrics_need_a_token_unless_public() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let (code, body) = call(&app, TestRequest::get().uri("/metrics").to_request()).await;
+    assert_eq!(code, 401, "{body}");
+    envelope(&body, "unauthenticated");
+    let (code, body) = call(&app, get("/metrics", "agt_not-a-real-token")).await;
+    assert_eq!(code, 401, "{body}");
+    envelope(&body, "unauthenticated");
+    // Any role will do.
+    for token in [&t.viewer, &t.member, &t.admin] {
+        let res = actix_web::test::call_service(&app, get("/metrics", token)).await;
+        assert_eq!(res.status(), 200);
+    }
+
+    // AGENTRY_METRICS_PUBLIC=1: no token needed.
+    let public = service_with(state_public_metrics(&db.db)).await;
+    actix_web::test::call_service(&public, TestRequest::get().uri("/healthz").to_request()).await;
+    let res =
+        actix_web::test::call_service(&public, TestRequest::get().uri("/metrics").to_request())
+            .await;
+    assert_eq!(res.status(), 200);
+    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    assert!(
+        text.contains("# TYPE agentry_http_requests_total counter"),
+        "{text}"
+    );
+}
+
+/// Records a run costing `nanos` and `blocked` refused connections for a new task of `repo`.
+#[allow(clippy::unwrap_used, reason = "a test helper")]
+fn spend(db: &agentry_persistence::Db, repo: &str, nanos: i64, blocked: usize) {
+    use agentry_persistence::metering;
+    let now = agentry_persistence::now();
+    let task = create(db, &new_task(repo, TaskType::Coding, now));
+    let mut conn = db.conn().unwrap();
+    for i in 0..blocked {
+        let host = if i % 2 == 0 {
+            "169.254.169.254"
+        } else {
+            "evil.example"
+        };
+        metering::record_blocked(&mut conn, task.id, 1, host, 80, now).unwrap();
+    }
+    tasks::record_run(
+        &mut conn,
+        &Run {
+            id: Uuid::new_v4(),
+            task_id: task.id,
+            attempt: 1,
+            agent_type: AgentType::ClaudeCode,
+            model: Some("opus".into()),
+            cost_usd: Some(Usd::from_nanos(nanos).unwrap()),
+            input_tokens: 1,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 1,
+            turns: None,
+            outcome: RunOutcome::Succeeded,
+            exit_code: Some(0),
+            error_message: None,
+            started_at: now,
+            finished_at: Some(now),
+            sandboxed: Some(true),
+            model_calls: None,
+            reported_cost_usd: None,
+        },
+    )
+    .unwrap();
+}
+
+/// Per-repository series name connected repositories only: not a disconnected one, not
+/// history whose repository was never connected; the values are the exact sums.
+#[actix_web::test]
+async fn metrics_name_connected_repositories_only() {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let (web_repo, gone, never) = (
+        "https://github.com/acme/web",
+        "https://github.com/acme/secret-project",
+        "https://github.com/acme/imported-only",
+    );
+    connect_url(&db.db, web_repo);
+    let gone_id = connect_url(&db.db, gone);
+    spend(&db.db, web_repo, 100_000_000, 3);
+    spend(&db.db, web_repo, 200_000_000, 1);
+    spend(&db.db, gone, 5_000_000_000, 2);
+    spend(&db.db, never, 7_000_000_000, 2);
+    agentry_persistence::repos::disconnect_repository(
+        &mut db.db.conn().unwrap(),
+        gone_id,
+        agentry_persistence::now(),
+    )
+    .unwrap();
+
+    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
+    assert_eq!(res.status(), 200);
+    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    assert!(
+        text.contains(
+            "agentry_cost_usd_total{model=\"opus\",repo=\"https://github.com/acme/web\",task_type=\"coding\"} 0.3\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("agentry_egress_blocked_total{repo=\"https://github.com/acme/web\"} 4\n"),
+        "{text}"
+    );
+    assert!(!text.contains("secret-project"), "{text}");
+    assert!(!text.contains("imported-only"), "{text}");
+    // The rollup holds every repository's exact sum, equal to the ledger's.
+    let mut conn = db.db.conn().unwrap();
+    assert_eq!(
+        agentry_persistence::scrape::run_cost_totals(&mut conn).unwrap(),
+        agentry_persistence::rollups::run_cost_totals(&mut conn).unwrap()
+    );
 }
 
 #[actix_web::test]

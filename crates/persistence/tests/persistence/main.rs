@@ -17,6 +17,7 @@ mod repo_admin;
 mod rollups;
 mod runner;
 mod runs;
+mod scrape;
 mod secrets;
 mod tasks;
 mod tokens;

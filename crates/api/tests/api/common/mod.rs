@@ -93,6 +93,37 @@ pub fn state_of(service: agentry_service::Service) -> web::Data<AppState> {
     web::Data::new(AppState::new(service).unwrap())
 }
 
+/// Application state over `db` (no reachable code host) that serves `/metrics` without a
+/// token, as with `AGENTRY_METRICS_PUBLIC=1`.
+pub fn state_public_metrics(db: &Db) -> web::Data<AppState> {
+    let runs = Runs::disabled(std::env::temp_dir().join("agentry-api-tests-idle-runner"));
+    let codehost = code_host_with(
+        "http://127.0.0.1:9",
+        MasterKey::generate().unwrap(),
+        test_timing(),
+    );
+    let service = agentry_service::Service::new(db.clone(), codehost, runs);
+    web::Data::new(AppState::new(service).unwrap().with_metrics_public(true))
+}
+
+/// Connects `url` straight in the database; returns the repository's id.
+pub fn connect_url(db: &Db, url: &str) -> Uuid {
+    let new = agentry_persistence::repos::NewRepository {
+        url: RepoUrl::parse(url).unwrap(),
+        default_branch: "main".into(),
+        clone_url: format!("{url}.git"),
+        codehost_id: None,
+    };
+    agentry_persistence::repos::connect_repository(
+        &mut db.conn().unwrap(),
+        &new,
+        agentry_persistence::now(),
+    )
+    .unwrap()
+    .0
+    .id
+}
+
 /// Application state over `db` whose code host is `api_url`, with a fresh master key.
 pub fn state_with(db: &Db, api_url: &str) -> web::Data<AppState> {
     state_with_key(db, api_url, MasterKey::generate().unwrap())

@@ -1,0 +1,2 @@
+DROP TABLE egress_blocked_repo;
+DROP TABLE run_cost_rollup;
