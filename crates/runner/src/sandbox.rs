@@ -30,7 +30,15 @@
 //!   network is reachable, not even the host's loopback. Without one (the runner was given
 //!   no network) the network is shared with the host, as the agent needs its API;
 //! - no capabilities (`--cap-drop ALL`, and bwrap sets `no_new_privs`), a new session (no
-//!   terminal to inject into), and `--die-with-parent`.
+//!   terminal to inject into), and `--die-with-parent`;
+//! - where the installed `bwrap` supports them ([`BwrapFeatures`], found at probe time): a
+//!   user namespace of its own in which no nested one can be created (`--unshare-user
+//!   --disable-userns`; the agent keeps the service's user id) and a `/tmp` of
+//!   [`AgentLimits::tmp_bytes`] (`--size`);
+//! - the rlimits of [`AgentLimits`] (processes, open files, file size, memory), set by the
+//!   forwarder ([`crate::network::forwarder`]), which is the sandbox's first process with a
+//!   network or without one (then it listens on nothing) whenever the runner knows it
+//!   ([`Sandbox::with_forwarder`] or a [`crate::local::NetworkConfig`]).
 //!
 //! Killing the `bwrap` process (the pid the runner records, leader of the process group the
 //! runner kills) ends the whole sandbox: the namespace's init dies with it and the kernel
