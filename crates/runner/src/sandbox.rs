@@ -984,7 +984,8 @@ fn interpreter(program: &Path, env: &[(String, String)]) -> Option<PathBuf> {
 /// `.git` file), or `None` if the worktree's git directory is not an entry of `mirror`.
 fn git_dirs(worktree: &Path, mirror: &Path) -> Option<(PathBuf, PathBuf)> {
     let mirror = std::fs::canonicalize(mirror).ok()?;
-    let dotgit = std::fs::read_to_string(worktree.join(".git")).ok()?;
+    // What `git worktree add` wrote is a short line; anything longer is not read.
+    let dotgit = crate::local::read_small(&worktree.join(".git"), 4096)?;
     let gitdir = dotgit.trim().strip_prefix("gitdir:")?.trim();
     let gitdir = std::fs::canonicalize(worktree.join(gitdir)).ok()?;
     let entries = mirror.join("worktrees");
