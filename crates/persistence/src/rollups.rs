@@ -993,7 +993,8 @@ pub fn day_before(d: Date) -> Date {
 }
 
 /// The exact recorded cost of every agent run (the run ledger), summed per repository, task
-/// type and model of the run (`""` = unknown): the counter `agentry_cost_usd_total`.
+/// type and model of the run (`""` = unknown), computed by a scan of the ledger: the
+/// reference for [`crate::scrape::run_cost_totals`], which `/metrics` reads instead.
 ///
 /// Runs are never changed once recorded, so each sum only grows. Imported tasks carry a cost
 /// but no runs, so they are not part of it. The sums are exact integers: a sum beyond the
