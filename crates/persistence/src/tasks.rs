@@ -731,6 +731,11 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             tasks::updated_at.eq(to_db(run.finished_at.unwrap_or(run.started_at))),
         ))
         .execute(conn)?;
+    let after = get_task(conn, run.task_id)?;
+    rollups::apply(conn, Deltas::change(Some(&task), Some(&after))?)?;
+    // After the cost rollups: a run with a cost changed them, so on PostgreSQL this
+    // transaction holds their lock before it takes the scrape rollup's row (one order for
+    // every writer of both).
     if let Some(cost) = run.cost_usd {
         crate::scrape::add_run_cost(
             conn,
@@ -740,8 +745,6 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             run.finished_at,
         )?;
     }
-    let after = get_task(conn, run.task_id)?;
-    rollups::apply(conn, Deltas::change(Some(&task), Some(&after))?)?;
     Ok(())
 }
 
