@@ -810,8 +810,16 @@ mod tests {
     #[test]
     fn metrics_need_a_token_unless_made_public() {
         assert!(!cfg(&[]).unwrap().metrics_public);
-        assert!(!cfg(&[("AGENTRY_METRICS_PUBLIC", "0")]).unwrap().metrics_public);
-        assert!(cfg(&[("AGENTRY_METRICS_PUBLIC", "1")]).unwrap().metrics_public);
+        assert!(
+            !cfg(&[("AGENTRY_METRICS_PUBLIC", "0")])
+                .unwrap()
+                .metrics_public
+        );
+        assert!(
+            cfg(&[("AGENTRY_METRICS_PUBLIC", "1")])
+                .unwrap()
+                .metrics_public
+        );
         for bad in ["true", "yes", "2", "on"] {
             let e = cfg(&[("AGENTRY_METRICS_PUBLIC", bad)]).unwrap_err();
             assert_eq!(e.name, "AGENTRY_METRICS_PUBLIC", "{bad}");
