@@ -6,10 +6,11 @@
 //!
 //! The keywords are `close`, `closes`, `closed`, `fix`, `fixes`, `fixed`, `resolve`,
 //! `resolves`, `resolved` (any case), followed by an optional `:`, whitespace and a
-//! reference: `#N`, `owner/repo#N` or an issue or pull request URL. The text stays readable:
-//! a ZERO WIDTH SPACE (U+200B) is inserted right after the keyword (GitHub needs the keyword
-//! to be followed by `:` or whitespace) and right after the `#` of the reference (GitHub
-//! reads `#` directly followed by digits as a reference; `#\u{200b}7` is plain text).
+//! reference: `#N`, `GH-N`, `owner/repo#N` or an issue or pull request URL. The text stays
+//! readable: a ZERO WIDTH SPACE (U+200B) is inserted right after the keyword (GitHub needs
+//! the keyword to be followed by `:` or whitespace) and right after the `#` (or `GH-`) of
+//! the reference (GitHub reads `#` directly followed by digits as a reference;
+//! `#\u{200b}7` is plain text).
 
 /// The closing keywords, longest first so that `fixes` is matched before `fix`.
 const KEYWORDS: [&str; 9] = [
@@ -33,13 +34,17 @@ fn keyword_at(s: &str) -> Option<usize> {
     })
 }
 
-/// The length in bytes of the issue reference at the start of `s`: `#N`, `owner/repo#N` or
-/// an `http(s)://…/issues/N` or `…/pull/N` URL.
+/// The length in bytes of the issue reference at the start of `s`: `#N`, `GH-N`,
+/// `owner/repo#N` or an `http(s)://…/issues/N` or `…/pull/N` URL.
 fn reference_at(s: &str) -> Option<usize> {
     let digits = |t: &str| t.chars().take_while(char::is_ascii_digit).count();
     if let Some(rest) = s.strip_prefix('#') {
         let n = digits(rest);
         return (n > 0).then_some(1 + n);
+    }
+    if s.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("gh-")) {
+        let n = digits(&s[3..]);
+        return (n > 0).then_some(3 + n);
     }
     let lower = s.get(..8).map(str::to_ascii_lowercase).unwrap_or_default();
     if lower.starts_with("http://") || lower.starts_with("https://") {
@@ -93,7 +98,18 @@ pub fn neutralise(text: &str) -> String {
                 out.push(BREAK);
                 out.push_str(&rest[k..start]);
                 let reference = &rest[start..start + r];
-                match reference.find('#') {
+                // After the `#`, or the `-` of `GH-N`; a URL keeps its text.
+                let mark = if reference.contains("://") {
+                    None
+                } else {
+                    reference.find('#').or_else(|| {
+                        reference
+                            .get(..3)
+                            .is_some_and(|p| p.eq_ignore_ascii_case("gh-"))
+                            .then_some(2)
+                    })
+                };
+                match mark {
                     Some(h) => {
                         out.push_str(&reference[..=h]);
                         out.push(BREAK);
@@ -152,6 +168,10 @@ mod tests {
             out,
             "fixes\u{200b} #\u{200b}7 and Closes\u{200b} acme/web#\u{200b}8"
         );
+        assert_eq!(
+            neutralise("Fixes GH-5; closes my-org/my.repo#6"),
+            "Fixes\u{200b} GH-\u{200b}5; closes\u{200b} my-org/my.repo#\u{200b}6"
+        );
         assert_eq!(closing_references(title), ["#7", "acme/web#8"]);
         assert!(closing_references(&out).is_empty(), "{out:?}");
         // Removing the inserted character gives the title back.
@@ -169,6 +189,8 @@ mod tests {
                 "resolves http://github.com/a/b/pull/4",
                 vec!["http://github.com/a/b/pull/4"],
             ),
+            ("Fixes GH-5", vec!["GH-5"]),
+            ("closes my-org/my.repo#6", vec!["my-org/my.repo#6"]),
         ] {
             assert_eq!(closing_references(text), refs, "{text}");
             let out = neutralise(text);
