@@ -449,7 +449,7 @@ fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
     }
     // Where the CLI tried to go besides its model API (refused: egressAllow is empty).
     eprintln!(
-        "figure: {} egress refused: {}",
+        "note: {} egress refused: {}",
         agent.as_str(),
         task["egressBlocked"]
     );
