@@ -17,8 +17,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// The service's configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The service's configuration. Its `Debug` never shows a secret: the master key, the
+/// webhook secret and the model keys are redacted, and so is a password in the database URL.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Config {
     /// `AGENTRY_DATA_DIR`: SQLite database, admin token file, later workspaces and logs.
     pub data_dir: PathBuf,
@@ -91,6 +92,52 @@ pub struct Config {
     /// `AGENTRY_METRICS_PUBLIC`: `1` serves `/metrics` without a token; `0` or unset
     /// (default) requires a valid API token of any role.
     pub metrics_public: bool,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("database_url", &redacted_url(&self.database_url))
+            .field("data_dir", &self.data_dir)
+            .field("bind", &self.bind)
+            .field("cors_origins", &self.cors_origins)
+            .field("log_format", &self.log_format)
+            .field("codehost_api_url", &self.codehost_api_url)
+            .field("master_key", &self.master_key)
+            .field("issue_sync_interval", &self.issue_sync_interval)
+            .field("poll_interval", &self.poll_interval)
+            .field("webhook_secret", &self.webhook_secret)
+            .field("max_concurrent_runs", &self.max_concurrent_runs)
+            .field("claude_bin", &self.claude_bin)
+            .field("codex_bin", &self.codex_bin)
+            .field("prices_file", &self.prices_file)
+            .field("run_time_limit", &self.run_time_limit)
+            .field("run_lease", &self.run_lease)
+            .field("agent_sandbox", &self.agent_sandbox)
+            .field("alert_webhook_url", &self.alert_webhook_url)
+            .field("agent_limits", &self.agent_limits)
+            .field("agent_env", &self.agent_env)
+            .field("egress_allow", &self.egress_allow)
+            .field("anthropic_upstream", &self.anthropic_upstream)
+            .field("openai_upstream", &self.openai_upstream)
+            .field("anthropic_key", &self.anthropic_key)
+            .field("openai_key", &self.openai_key)
+            .field("metrics_public", &self.metrics_public)
+            .finish()
+    }
+}
+
+/// `url` with its password, if any, shown as `***` (a URL that does not parse is shown as
+/// its scheme only).
+fn redacted_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => format!("{}:…", url.split(':').next().unwrap_or("")),
+    }
 }
 
 /// The longest interval accepted for the periodic loops (one day).
@@ -729,6 +776,21 @@ mod tests {
 
     /// `AGENTRY_EGRESS_ALLOW` lists patterns separated by commas, normalised and each once;
     /// a bad one is named with the variable and why.
+    #[test]
+    fn debug_never_shows_the_database_password() {
+        let c = cfg(&[(
+            "AGENTRY_DATABASE_URL",
+            "postgres://agentry:s3cr3t-pw@db.internal/agentry?sslmode=verify-full",
+        )])
+        .unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cr3t-pw"), "{shown}");
+        assert!(
+            shown.contains("postgres://agentry:***@db.internal/agentry"),
+            "{shown}"
+        );
+    }
+
     #[test]
     fn egress_allow_lists_host_patterns() {
         let c = cfg(&[(
