@@ -226,6 +226,9 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
         checks.push(check);
     }
     checks.push(check_runner(config.max_concurrent_runs));
+    if let Some(check) = check_user(effective_uid(), config.max_concurrent_runs) {
+        checks.push(check);
+    }
     checks.push(stored.database);
     checks.push(codehost);
     checks.push(check_prices(
@@ -609,6 +612,27 @@ fn check_codex_home(data_dir: &Path, temp: &Path) -> Option<Check> {
                 temp.display()
             ),
             Some("set AGENTRY_DATA_DIR to a directory outside it".into()),
+        )
+    })
+}
+
+/// The effective user id of this process, read from `/proc/self/status` (`None` where
+/// there is no such file).
+pub fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// A service run as root runs its agents as root: a warning (agents are not refused yet).
+fn check_user(uid: Option<u32>, max_concurrent: usize) -> Option<Check> {
+    (uid == Some(0) && max_concurrent > 0).then(|| {
+        Check::warn(
+            "user",
+            "agentry runs as root, so its agents do too: inside the sandbox they hold no \
+             capabilities, but they read what root owns (such as /etc/shadow) and the \
+             process limit does not apply to them",
+            Some("run `agentry serve` as a user of its own (docs/security.md)".into()),
         )
     })
 }
@@ -1268,6 +1292,16 @@ mod tests {
     }
 
     /// Passing what silences Claude Code's last word is a warning, not a failure.
+    #[test]
+    fn root_is_a_warning_when_agents_run() {
+        let warn = check_user(Some(0), 2).unwrap();
+        assert_eq!(warn.status, Status::Warn, "{warn}");
+        assert!(warn.detail.contains("runs as root"), "{warn}");
+        assert!(check_user(Some(1000), 2).is_none());
+        assert!(check_user(Some(0), 0).is_none());
+        assert!(effective_uid().is_some());
+    }
+
     #[test]
     fn the_gateway_key_is_a_stored_secret_or_the_environments() {
         let config = |key: Option<&str>| {

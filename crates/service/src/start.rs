@@ -190,6 +190,12 @@ impl Service {
     /// outbox, the budget alerts (a check, then their webhook), the pull-request poller and
     /// the pruning of webhook delivery ids.
     pub async fn start_background(&self, config: &Config) -> Background {
+        if config.max_concurrent_runs > 0 && crate::doctor::effective_uid() == Some(0) {
+            tracing::warn!(
+                "agentry runs as root, so its agents do too (without capabilities, inside the \
+                 sandbox): run it as a user of its own (docs/security.md)"
+            );
+        }
         runs::recover_at_start(self, self.db.backend()).await;
         Background {
             loops: vec![
