@@ -45,7 +45,7 @@ use base64::Engine;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -480,31 +480,50 @@ async fn handle(run: Arc<RunCtx>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let started_at = agentry_persistence::now();
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return error(
-                provider,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                &format!(
-                    "the request body is larger than the gateway's limit of {} MiB",
-                    MAX_BODY_BYTES / (1024 * 1024)
-                ),
-            );
-        }
-        Err(e) => {
-            return error(
-                provider,
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                &format!("could not read the request body: {e}"),
-            );
-        }
+    let too_large = || {
+        error(
+            provider,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            &format!(
+                "the request body is larger than the gateway's limit of {} MiB",
+                MAX_BODY_BYTES / (1024 * 1024)
+            ),
+        )
     };
+    // One buffer of the declared length (a long conversation is hundreds of KB): the body
+    // is copied once, into memory that does not grow and move as it arrives.
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return too_large();
+    }
+    let mut buffer =
+        bytes::BytesMut::with_capacity(declared.map_or(0, |n| usize::try_from(n).unwrap_or(0)));
+    let mut incoming = body;
+    while let Some(frame) = incoming.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                return error(
+                    provider,
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("could not read the request body: {e}"),
+                );
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > MAX_BODY_BYTES {
+                return too_large();
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    let body = buffer.freeze();
     let mut call = None;
     if route == Route::Metered {
         let model = match serde_json::from_slice::<Value>(&body) {
