@@ -338,6 +338,7 @@ impl LocalRunner {
                         .join(format!("{}.git", job.repo.key)),
                     review: launch.review,
                     readable: &readable,
+                    extra_ro: self.config.sandbox.extra_ro(),
                     network: network.as_ref().map(|(_, dir)| sandbox::NetLayout { dir }),
                     forwarder: self.forwarder(),
                     limits: self.config.sandbox.limits(),

@@ -3,13 +3,17 @@
 //! An agent reads untrusted text (the issue) and runs whatever commands it decides to run, so
 //! it is treated as hostile. Inside the sandbox it sees:
 //!
-//! - the system read-only (`--ro-bind / /`), without the data directory, the service user's
-//!   `HOME`, `/tmp`, `/var/tmp` and `/run`, each hidden under an empty read-only tmpfs
-//!   (`/tmp` is a fresh writable one). If the agent program lives under a hidden directory,
-//!   just its directory comes back, read-only (for a program of an npm package, the
-//!   `node_modules` directory it lies in, where its platform binary is; for a script, its
-//!   interpreter's directory too), and so do the files named by the variables the operator
-//!   passes to agents (`AGENTRY_AGENT_ENV`, e.g. a CA bundle);
+//! - only an allow-list of the system, read-only, on an empty read-only root: `/usr`, `/bin`
+//!   and its siblings (symlinks where they are), the [`ETC_ENTRIES`] of `/etc` programs need
+//!   and the operator's `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`]); `/dev`, a
+//!   fresh `/proc`, a fresh writable `/tmp`, and `/var/tmp`, `/run` and the data directory
+//!   as empty read-only tmpfs holding only the run's mount points. Nothing else of the
+//!   machine (`/etc/default`, `/var/log`, `/home`, `/srv`, `/opt`, the service user's `HOME`)
+//!   is there. The agent program comes along wherever it lives outside those: its
+//!   directory, read-only (for a program of an npm package, the `node_modules` directory it
+//!   lies in, where its platform binary is; for a script, its interpreter's directory too),
+//!   and so do the files named by the variables the operator passes to agents
+//!   (`AGENTRY_AGENT_ENV`, e.g. a CA bundle);
 //! - writable: its worktree and its run's `HOME` (`runs/<task>/<attempt>/home`), nothing
 //!   else of the data directory: not the master key, the database, the admin token, other
 //!   runs' logs or worktrees, nor its own `output.log`;
@@ -74,11 +78,45 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most characters of the probe's stderr quoted in a message.
 const PROBE_STDERR_CHARS: usize = 300;
 
+/// The probe's view of the system (an agent's sandbox mounts only [`system_mounts`]).
+const PROBE_ROOT_ARGS: &[&str] = &["--ro-bind", "/", "/"];
+
+/// The directories of the system an agent sees read-only, if they exist (`/bin` and its
+/// siblings as the symlinks they are on a merged-`/usr` system).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// What of `/etc` an agent sees read-only, if it exists: what programs need to resolve
+/// users, hosts and time, find libraries, and check certificates; nothing else (no
+/// `/etc/default`, no systemd units, no `.env` files).
+const ETC_ENTRIES: &[&str] = &[
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "resolv.conf",
+    "host.conf",
+    "gai.conf",
+    "localtime",
+    "timezone",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "gitconfig",
+    "mime.types",
+    "protocols",
+    "services",
+    "os-release",
+];
+
 /// The options every sandbox gets, before its mounts (also those of the probe).
 const BASE_ARGS: &[&str] = &[
-    "--ro-bind",
-    "/",
-    "/",
     "--dev",
     "/dev",
     "--proc",
@@ -319,6 +357,9 @@ pub struct Sandbox {
     /// The forwarder started inside every sandbox in front of the agent, which sets the
     /// rlimits (see [`Sandbox::with_forwarder`]).
     forwarder: Option<Vec<String>>,
+    /// Directories (or files) the operator adds to what agents see read-only
+    /// (`AGENTRY_SANDBOX_EXTRA_RO`, see [`Sandbox::with_extra_ro`]).
+    extra_ro: Vec<PathBuf>,
     probed: Arc<OnceCell<Result<(PathBuf, BwrapFeatures), String>>>,
 }
 
@@ -337,6 +378,7 @@ impl Sandbox {
             bwrap: None,
             limits: AgentLimits::default(),
             forwarder: None,
+            extra_ro: Vec::new(),
             probed: Arc::new(OnceCell::new()),
         }
     }
@@ -357,6 +399,22 @@ impl Sandbox {
             forwarder: Some(forwarder),
             ..self
         }
+    }
+
+    /// This sandbox with `paths` (absolute) also visible, read-only, to every agent
+    /// (`AGENTRY_SANDBOX_EXTRA_RO`: a toolchain outside `/usr`, such as `/opt/toolchain`).
+    /// Paths that do not exist, and any that is, holds or lies in the data directory, are
+    /// left out.
+    pub fn with_extra_ro(self, paths: Vec<PathBuf>) -> Self {
+        Sandbox {
+            extra_ro: paths,
+            ..self
+        }
+    }
+
+    /// The paths given with [`Sandbox::with_extra_ro`].
+    pub fn extra_ro(&self) -> &[PathBuf] {
+        &self.extra_ro
     }
 
     /// The limits of every agent.
@@ -478,6 +536,7 @@ impl Sandbox {
 pub fn mode_for_tests() -> SandboxMode {
     let works = find_bwrap().and_then(|bwrap| {
         let status = std::process::Command::new(&bwrap)
+            .args(PROBE_ROOT_ARGS)
             .args(BASE_ARGS)
             .args(PROBE_ARGS)
             .env_clear()
@@ -624,6 +683,7 @@ async fn probe(bwrap: &Path) -> Result<BwrapFeatures, String> {
 async fn trial(bwrap: &Path, args: &[&str]) -> Result<(), String> {
     let mut command = tokio::process::Command::new(bwrap);
     command
+        .args(PROBE_ROOT_ARGS)
         .args(BASE_ARGS)
         .args(args)
         .env_clear()
@@ -686,9 +746,12 @@ pub(crate) struct Layout<'a> {
     /// and `git status` work; nothing of git can be changed).
     pub review: bool,
     /// Files the agent is given by name (the values of `AGENTRY_AGENT_ENV` variables that
-    /// are absolute paths of existing files, such as a CA bundle): those under a hidden
-    /// directory come back read-only. Never anything of the data directory.
+    /// are absolute paths of existing files, such as a CA bundle): those outside the
+    /// system's allow-list are bound read-only. Never anything of the data directory.
     pub readable: &'a [PathBuf],
+    /// What the operator adds to the system agents see (`AGENTRY_SANDBOX_EXTRA_RO`),
+    /// read-only; never anything of the data directory.
+    pub extra_ro: &'a [PathBuf],
     /// The run's network, if it has one: then the sandbox gets a network namespace of its
     /// own and the forwarder listens for it.
     pub network: Option<NetLayout<'a>>,
@@ -741,18 +804,26 @@ fn wrap_with_home(
     let worktree = canonical(layout.worktree)?;
     let home = canonical(layout.home)?;
 
-    // What is hidden, parents first (a hidden directory inside another one gets its own
-    // tmpfs too, so that it can be made read-only).
-    let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", "/run"]
+    // The system the agent sees, read-only; every other path of the machine is absent
+    // (the sandbox's root is an empty tmpfs, made read-only once its mount points exist).
+    let (system, visible) = system_mounts(&root, layout.extra_ro);
+    // Empty tmpfs of their own, parents first: `/tmp` (writable), `/var/tmp`, `/run` and
+    // the data directory (read-only, holding only the run's mount points, even where it
+    // lies in `/tmp`).
+    let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", SANDBOX_RUN]
         .into_iter()
         .map(PathBuf::from)
-        .chain(service_home.map(Path::to_owned))
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .filter(|p| p.is_dir() && p.parent().is_some())
         .chain(std::iter::once(root.clone()))
         .collect();
     tmpfs.sort_by_key(|p| p.components().count());
     tmpfs.dedup();
+    // Directories never bound whole for a program lying directly in one of them.
+    let whole_refused: Vec<PathBuf> = tmpfs
+        .iter()
+        .cloned()
+        .chain(service_home.and_then(|h| std::fs::canonicalize(h).ok()))
+        .chain(service_home.map(Path::to_owned))
+        .collect();
 
     let program = resolve_program(&cmd.program, &cmd.env)?;
     let mut program_binds: Vec<PathBuf> = Vec::new();
@@ -761,7 +832,8 @@ fn wrap_with_home(
         &program,
         &cmd.env,
         &root,
-        &tmpfs,
+        &visible,
+        &whole_refused,
         &mut program_binds,
     )?;
     let forwarder = match layout.forwarder {
@@ -777,7 +849,8 @@ fn wrap_with_home(
                 &forwarder,
                 &cmd.env,
                 &root,
-                &tmpfs,
+                &visible,
+                &whole_refused,
                 &mut program_binds,
             )?;
             Some((forwarder, leading))
@@ -789,13 +862,6 @@ fn wrap_with_home(
             if forwarder.is_none() {
                 return Err("a run with a network needs the network forwarder".to_owned());
             }
-            let run = Path::new(SANDBOX_RUN);
-            if !tmpfs.iter().any(|h| h == run) {
-                return Err(format!(
-                    "{SANDBOX_RUN} is not a directory here, so the run's network directory \
-                     cannot be mounted in the sandbox"
-                ));
-            }
             Some(canonical(net.dir)?)
         }
     };
@@ -805,7 +871,7 @@ fn wrap_with_home(
         };
         if file.is_file()
             && !file.starts_with(&root)
-            && tmpfs.iter().any(|h| file.starts_with(h))
+            && !visible.iter().any(|v| file.starts_with(v))
             && !program_binds.contains(&file)
         {
             program_binds.push(file);
@@ -825,6 +891,9 @@ fn wrap_with_home(
             .map(str::to_owned)
             .ok_or_else(|| format!("the path {} is not valid UTF-8", path.display()))
     };
+    for (option, source, dest) in &system {
+        args.extend([(*option).to_owned(), text(source)?, text(dest)?]);
+    }
     for dir in &tmpfs {
         if dir == Path::new("/tmp") && layout.features.tmpfs_size {
             args.extend(["--size".to_owned(), layout.limits.tmp_bytes.to_string()]);
@@ -870,13 +939,14 @@ fn wrap_with_home(
         let dir = text(dir)?;
         args.extend(["--bind".to_owned(), dir.clone(), dir]);
     }
-    // The hiding tmpfs mounts read-only once the mount points in them exist (only `/tmp`
-    // stays writable), so nothing the agent writes there looks kept.
+    // The tmpfs mounts (the root's too) read-only once the mount points in them exist
+    // (only `/tmp` stays writable), so nothing the agent writes there looks kept.
     for dir in tmpfs.iter().chain(&hidden_git) {
         if dir != Path::new("/tmp") {
             args.extend(["--remount-ro".to_owned(), text(dir)?]);
         }
     }
+    args.extend(["--remount-ro".to_owned(), "/".to_owned()]);
     args.extend(["--chdir".to_owned(), text(&worktree)?, "--".to_owned()]);
     if let Some((forwarder, leading)) = &forwarder {
         args.push(text(forwarder)?);
@@ -901,17 +971,18 @@ fn wrap_with_home(
 }
 
 /// Adds to `binds` what makes `program` (`what`, for messages) runnable in the sandbox
-/// when it lies under a hidden directory (`tmpfs`): the program, its symlink's target and
+/// when it is not `visible` already (the system's allow-list): the program, its symlink's target and
 /// the interpreter of a script (`#!/usr/bin/env node` for an npm-installed Codex), each by
 /// its directory (the whole `node_modules` of an npm package's program, where its platform
-/// binary is), or just the file when its directory is itself hidden or holds the data
-/// directory (`root`). A program in the data directory is refused.
+/// binary is), or just the file when its directory is `/`, one of `whole_refused` (`/tmp`,
+/// the service's `HOME`…) or holds the data directory (`root`). A program in the data directory is refused.
 fn bind_program(
     what: &str,
     program: &Path,
     env: &[(String, String)],
     root: &Path,
-    tmpfs: &[PathBuf],
+    visible: &[PathBuf],
+    whole_refused: &[PathBuf],
     binds: &mut Vec<PathBuf>,
 ) -> Result<(), String> {
     let canonical_program = std::fs::canonicalize(program)
@@ -924,18 +995,22 @@ fn bind_program(
         }
     }
     for path in programs {
-        if !tmpfs.iter().any(|h| path.starts_with(h)) {
-            continue;
-        }
         if path.starts_with(root) {
             return Err(format!(
                 "{what} {} lies in the data directory, which agents cannot see",
                 path.display()
             ));
         }
+        if visible.iter().any(|v| path.starts_with(v)) {
+            continue;
+        }
         let bind = match (node_modules_of(&path), path.parent()) {
             (Some(modules), _) if !root.starts_with(&modules) => modules,
-            (_, Some(dir)) if !tmpfs.iter().any(|h| h == dir) && !root.starts_with(dir) => {
+            (_, Some(dir))
+                if dir.parent().is_some()
+                    && !whole_refused.iter().any(|h| h == dir)
+                    && !root.starts_with(dir) =>
+            {
                 dir.to_owned()
             }
             _ => path.clone(),
@@ -947,8 +1022,69 @@ fn bind_program(
     Ok(())
 }
 
-/// The directory the run's network directory is mounted in (hidden under a tmpfs).
+/// The directory the run's network directory is mounted in (an empty read-only tmpfs).
 const SANDBOX_RUN: &str = "/run";
+
+/// The read-only mounts of the system an agent sees (`(option, source, destination)`, in
+/// order): [`SYSTEM_DIRS`] (a symlink as a symlink), the [`ETC_ENTRIES`] (each as what
+/// it resolves to here, so that a symlink out of `/etc` still works), and the operator's
+/// `extra` (`AGENTRY_SANDBOX_EXTRA_RO`; those that exist and have nothing to do with the
+/// data directory `root`). Also the paths visible through them.
+#[allow(clippy::type_complexity, reason = "a private helper's plain tuple")]
+fn system_mounts(
+    root: &Path,
+    extra: &[PathBuf],
+) -> (Vec<(&'static str, PathBuf, PathBuf)>, Vec<PathBuf>) {
+    let mut mounts = Vec::new();
+    let mut visible = Vec::new();
+    for dir in SYSTEM_DIRS {
+        let path = PathBuf::from(dir);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            if let Ok(target) = std::fs::read_link(&path) {
+                mounts.push(("--symlink", target, path.clone()));
+                visible.push(path);
+            }
+        } else if meta.is_dir() {
+            mounts.push(("--ro-bind", path.clone(), path.clone()));
+            visible.push(path);
+        }
+    }
+    for name in ETC_ENTRIES {
+        let path = Path::new("/etc").join(name);
+        // What it resolves to (a symlink's target), mounted at its own path.
+        let Ok(resolved) = std::fs::canonicalize(&path) else {
+            continue;
+        };
+        if resolved.starts_with(root) || root.starts_with(&resolved) {
+            continue;
+        }
+        mounts.push(("--ro-bind", resolved, path.clone()));
+        visible.push(path);
+    }
+    for path in extra {
+        let Ok(resolved) = std::fs::canonicalize(path) else {
+            continue;
+        };
+        if !path.is_absolute()
+            || resolved.starts_with(root)
+            || root.starts_with(&resolved)
+            || path.starts_with(root)
+            || root.starts_with(path)
+        {
+            continue;
+        }
+        for dest in [resolved.clone(), path.clone()] {
+            if !visible.contains(&dest) {
+                mounts.push(("--ro-bind", resolved.clone(), dest.clone()));
+                visible.push(dest);
+            }
+        }
+    }
+    (mounts, visible)
+}
 
 /// The outermost `node_modules` directory `path` lies in, if any.
 fn node_modules_of(path: &Path) -> Option<PathBuf> {
@@ -1098,6 +1234,7 @@ mod tests {
             mirror: &root.join("workspaces/mirrors/r.git"),
             review: false,
             readable: &[],
+            extra_ro: &[],
             network: None,
             forwarder: None,
             limits: AgentLimits::default(),
@@ -1105,13 +1242,15 @@ mod tests {
         };
         let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
         assert_eq!(wrapped.program, bwrap);
-        let hides = |dir: &Path| {
-            wrapped
-                .args
-                .windows(2)
-                .any(|w| w[0] == "--tmpfs" && Path::new(&w[1]) == dir)
-        };
-        assert!(hides(&service_home) && hides(&root), "{:?}", wrapped.args);
+        // Nothing of the machine but what is listed: no `--ro-bind / /`, and neither the
+        // service's HOME nor the data directory is mounted.
+        let joined = wrapped.args.join(" ");
+        assert!(!joined.contains("--ro-bind / /"), "{joined}");
+        assert!(joined.contains("--ro-bind /usr /usr"), "{joined}");
+        assert!(
+            !wrapped.args.iter().any(|a| Path::new(a) == service_home),
+            "{joined}"
+        );
         let out = std::process::Command::new(&wrapped.program)
             .args(&wrapped.args)
             .current_dir(&wrapped.cwd)
@@ -1190,6 +1329,7 @@ mod tests {
             mirror: &root.join("workspaces/mirrors/r.git"),
             review: false,
             readable: &[],
+            extra_ro: &[],
             network: Some(NetLayout { dir: &net }),
             forwarder: Some(&forwarder_cmd),
             limits: AgentLimits::default(),
@@ -1370,6 +1510,7 @@ mod tests {
             mirror: &root.join("workspaces/mirrors/r.git"),
             review: false,
             readable: &[],
+            extra_ro: &[],
             network: None,
             forwarder: Some(&forwarder),
             limits,

@@ -68,6 +68,11 @@ pub struct Config {
     /// `AGENTRY_AGENT_MAX_MEMORY_BYTES`: the resource limits of sandboxed agents
     /// (docs/security.md#resource-limits).
     pub agent_limits: agentry_runner::AgentLimits,
+    /// `AGENTRY_SANDBOX_EXTRA_RO`: colon-separated absolute paths sandboxed agents also see,
+    /// read-only, besides the system's allow-list (a toolchain outside `/usr`, such as
+    /// `/opt/toolchain`; docs/security.md#agent-sandbox). Never the data directory, one in
+    /// it or one holding it. Empty by default.
+    pub sandbox_extra_ro: Vec<PathBuf>,
     /// `AGENTRY_AGENT_ENV`: the names of the service's environment variables passed to
     /// every agent (proxies, CA bundles, base URLs…), besides `PATH`, the run's `HOME` and
     /// the agent's own credentials. Empty by default.
@@ -116,6 +121,7 @@ impl std::fmt::Debug for Config {
             .field("agent_sandbox", &self.agent_sandbox)
             .field("alert_webhook_url", &self.alert_webhook_url)
             .field("agent_limits", &self.agent_limits)
+            .field("sandbox_extra_ro", &self.sandbox_extra_ro)
             .field("agent_env", &self.agent_env)
             .field("egress_allow", &self.egress_allow)
             .field("anthropic_upstream", &self.anthropic_upstream)
@@ -306,6 +312,13 @@ impl Config {
         };
         let agent_limits = agentry_runner::AgentLimits::from_lookup(get)
             .map_err(|(name, message)| ConfigError { name, message })?;
+        let sandbox_extra_ro = match get("AGENTRY_SANDBOX_EXTRA_RO") {
+            None => Vec::new(),
+            Some(text) => sandbox_extra_ro(&text, &data_dir).map_err(|message| ConfigError {
+                name: "AGENTRY_SANDBOX_EXTRA_RO",
+                message,
+            })?,
+        };
         let alert_webhook_url = get("AGENTRY_ALERT_WEBHOOK_URL")
             .map(|text| {
                 crate::alerts::WebhookUrl::parse(&text).map_err(|message| ConfigError {
@@ -371,6 +384,7 @@ impl Config {
             run_lease,
             agent_sandbox,
             agent_limits,
+            sandbox_extra_ro,
             alert_webhook_url,
             agent_env,
             egress_allow,
@@ -424,6 +438,43 @@ fn upstream(
 /// own `HOME`), agentry's own configuration (`AGENTRY_*`,
 /// `CODEHOST_WEBHOOK_SECRET`), and the agents' credentials, which reach the agent that uses
 /// them without being listed (listed, they would reach every agent).
+/// The paths of `AGENTRY_SANDBOX_EXTRA_RO` (`text`, colon-separated, empty entries
+/// skipped): each absolute, none the data directory `data_dir`, in it or holding it (also
+/// once symlinks are resolved). One that does not exist is accepted with a warning (it is
+/// left out of the sandbox until it does).
+fn sandbox_extra_ro(text: &str, data_dir: &std::path::Path) -> Result<Vec<PathBuf>, String> {
+    let resolved_data = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+    let mut paths = Vec::new();
+    for entry in text.split(':').map(str::trim).filter(|e| !e.is_empty()) {
+        let path = PathBuf::from(entry);
+        if !path.is_absolute() {
+            return Err(format!("{entry:?} is not an absolute path"));
+        }
+        let resolved = std::fs::canonicalize(&path).ok();
+        let overlaps = |p: &std::path::Path| {
+            [data_dir, resolved_data.as_path()]
+                .iter()
+                .any(|d| p.starts_with(d) || d.starts_with(p))
+        };
+        if overlaps(&path) || resolved.as_deref().is_some_and(overlaps) {
+            return Err(format!(
+                "{entry:?} is, holds or lies in the data directory ({}), which agents must \
+                 never see",
+                data_dir.display()
+            ));
+        }
+        if resolved.is_none() {
+            tracing::warn!(
+                path = entry,
+                "AGENTRY_SANDBOX_EXTRA_RO names a path that does not exist here; agents will \
+                 not see it until it does"
+            );
+        }
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
 fn agent_env_names(text: &str) -> Result<Vec<String>, String> {
     let mut names: Vec<String> = Vec::new();
     for name in text
@@ -885,6 +936,34 @@ mod tests {
         for bad in ["true", "yes", "2", "on"] {
             let e = cfg(&[("AGENTRY_METRICS_PUBLIC", bad)]).unwrap_err();
             assert_eq!(e.name, "AGENTRY_METRICS_PUBLIC", "{bad}");
+        }
+    }
+
+    #[test]
+    fn sandbox_extra_ro_is_absolute_and_never_the_data_dir() {
+        assert!(cfg(&[]).unwrap().sandbox_extra_ro.is_empty());
+        let c = cfg(&[
+            ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
+            ("AGENTRY_SANDBOX_EXTRA_RO", "/opt/toolchain::/nix/store"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.sandbox_extra_ro,
+            vec![PathBuf::from("/opt/toolchain"), PathBuf::from("/nix/store")]
+        );
+        for bad in [
+            "relative/dir",
+            "/var/lib/agentry",
+            "/var/lib",
+            "/",
+            "/var/lib/agentry/runs",
+        ] {
+            let err = cfg(&[
+                ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
+                ("AGENTRY_SANDBOX_EXTRA_RO", &format!("/opt/toolchain:{bad}")),
+            ])
+            .unwrap_err();
+            assert_eq!(err.name, "AGENTRY_SANDBOX_EXTRA_RO", "{bad}");
         }
     }
 

@@ -170,6 +170,31 @@ impl Runs {
         settings: RunSettings,
         network: Option<SandboxNetwork>,
     ) -> Self {
+        Runs::local_with_extra_ro(
+            root,
+            claude_bin,
+            codex_bin,
+            prices,
+            agent_env,
+            settings,
+            Vec::new(),
+            network,
+        )
+    }
+
+    /// [`Runs::local`], sandboxed agents also seeing `extra_ro` read-only
+    /// (`AGENTRY_SANDBOX_EXTRA_RO`, [`agentry_runner::Sandbox::with_extra_ro`]).
+    #[allow(clippy::too_many_arguments, reason = "Runs::local's, plus one")]
+    pub fn local_with_extra_ro(
+        root: std::path::PathBuf,
+        claude_bin: std::path::PathBuf,
+        codex_bin: std::path::PathBuf,
+        prices: PriceTable,
+        agent_env: &[String],
+        settings: RunSettings,
+        extra_ro: Vec<std::path::PathBuf>,
+        network: Option<SandboxNetwork>,
+    ) -> Self {
         let gateway = network.as_ref().map(|n| n.network.gateway().clone());
         let runner = agentry_runner::LocalRunner::new(agentry_runner::LocalConfig {
             root,
@@ -181,7 +206,8 @@ impl Runs {
             }),
             stop_grace: STOP_GRACE,
             sandbox: agentry_runner::Sandbox::new(settings.sandbox)
-                .with_limits(settings.agent_limits),
+                .with_limits(settings.agent_limits)
+                .with_extra_ro(extra_ro),
             network: network.map(|n| agentry_runner::local::NetworkConfig {
                 provider: Arc::new(n.network),
                 forwarder: n.forwarder,

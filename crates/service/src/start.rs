@@ -138,7 +138,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
             })
         }
     };
-    Ok(Runs::local(
+    Ok(Runs::local_with_extra_ro(
         config.data_dir.clone(),
         config.claude_bin.clone(),
         config.codex_bin.clone(),
@@ -152,6 +152,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
             agent_limits: config.agent_limits,
             ..RunSettings::default()
         },
+        config.sandbox_extra_ro.clone(),
         network,
     ))
 }

@@ -253,15 +253,27 @@ fn plant_secrets(rig: &Rig, own_task: Uuid, marked: &Marked) -> Vec<(String, Str
 
 /// Runs the snooping fake under `sandbox`: the run, what the agent saw, the planted secrets.
 async fn snoop(sandbox: Sandbox) -> (Rig, Execution, String, Vec<(String, String)>) {
+    snoop_also(sandbox, Vec::new()).await
+}
+
+/// [`snoop`], the agent also trying the files `also` ((path, contents)), which are listed
+/// after the planted secrets.
+async fn snoop_also(
+    sandbox: Sandbox,
+    also: Vec<(String, String)>,
+) -> (Rig, Execution, String, Vec<(String, String)>) {
     let rig = Rig::new();
     let marked = Marked::spawn().await;
     let task = Uuid::new_v4();
-    let secrets = plant_secrets(&rig, task, &marked);
+    let mut secrets = plant_secrets(&rig, task, &marked);
+    secrets.extend(also);
     let paths: Vec<&str> = secrets.iter().map(|(p, _)| p.as_str()).collect();
     let prompt = format!("Snoop around\n[fake:snoop={}]", paths.join(","));
     let runner = rig.runner(sandbox);
     let execution = run(&runner, rig.job(task, &prompt)).await;
-    let seen = std::fs::read_to_string(rig.home(task).join("snoop")).unwrap();
+    // Binaries read (`/usr/bin/git`) are not UTF-8.
+    let seen =
+        String::from_utf8_lossy(&std::fs::read(rig.home(task).join("snoop")).unwrap()).into_owned();
     // The agent's own work happened and was pushed.
     assert!(
         matches!(execution.verdict, Verdict::Pushed { .. }),
@@ -299,6 +311,114 @@ async fn a_sandboxed_agent_reads_no_secret_no_other_run_and_no_other_process() {
             );
         }
     }
+}
+
+/// Files planted for a test outside its temporary directory, removed when dropped.
+struct Planted(Vec<PathBuf>);
+
+impl Planted {
+    /// Writes `contents` at `path` (creating its directory, removed afterwards when it is
+    /// created here); `false` when this user cannot write there.
+    fn plant(&mut self, path: PathBuf, dir_to_remove: Option<PathBuf>, contents: &str) -> bool {
+        let parent = path.parent().unwrap().to_owned();
+        if std::fs::create_dir_all(&parent).is_err() || std::fs::write(&path, contents).is_err() {
+            return false;
+        }
+        self.0.push(dir_to_remove.unwrap_or(path));
+        true
+    }
+}
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            if path.is_dir() {
+                let _ = std::fs::remove_dir_all(path);
+            } else {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// The sandbox mounts an allow-list of the system, not all of it: a directory outside it
+/// (under the build's temporary directory, and `/srv`), `/etc/default` and `/var/log` are
+/// absent, while `/etc/passwd` and `/usr/bin/git` are readable, and so is a directory the
+/// operator lists in `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_agent_sees_only_the_allowed_system_and_the_extra_paths() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let tag = Uuid::new_v4().simple().to_string();
+    let mut planted = Planted(Vec::new());
+    let outside_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("outside-{tag}"));
+    let extra_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("toolchain-{tag}"));
+    let mut hidden = Vec::new();
+    let outside = outside_dir.join(".env");
+    assert!(planted.plant(
+        outside.clone(),
+        Some(outside_dir.clone()),
+        &format!("OUTSIDE-{tag}")
+    ));
+    hidden.push((
+        outside.to_str().unwrap().to_owned(),
+        format!("OUTSIDE-{tag}"),
+    ));
+    // Where this user may write (root in CI containers): the system's own places.
+    let srv_dir = PathBuf::from(format!("/srv/agentry-test-{tag}"));
+    for (path, dir) in [
+        (srv_dir.join("app.env"), Some(srv_dir.clone())),
+        (
+            PathBuf::from(format!("/etc/default/agentry-test-{tag}")),
+            None,
+        ),
+        (
+            PathBuf::from(format!("/var/log/agentry-test-{tag}.log")),
+            None,
+        ),
+    ] {
+        let contents = format!("SYSTEM-SECRET-{tag}-{}", hidden.len());
+        if planted.plant(path.clone(), dir, &contents) {
+            hidden.push((path.to_str().unwrap().to_owned(), contents));
+        } else {
+            eprintln!("note: cannot plant {} here; not tried", path.display());
+        }
+    }
+    let tool = extra_dir.join("bin/tool-version");
+    assert!(planted.plant(
+        tool.clone(),
+        Some(extra_dir.clone()),
+        &format!("TOOLCHAIN-{tag}")
+    ));
+    let readable = [
+        "/etc/passwd".to_owned(),
+        "/usr/bin/git".to_owned(),
+        tool.to_str().unwrap().to_owned(),
+    ];
+    let also: Vec<(String, String)> = hidden
+        .iter()
+        .cloned()
+        .chain(readable.iter().map(|p| (p.clone(), String::new())))
+        .collect();
+    let sandbox = Sandbox::new(SandboxMode::Auto).with_extra_ro(vec![extra_dir.clone()]);
+    let (_rig, execution, seen, _) = snoop_also(sandbox, also).await;
+    assert!(execution.sandboxed);
+    for (path, contents) in &hidden {
+        assert!(
+            seen.contains(&format!("DENIED {path}\n")),
+            "{path} was readable:\n{seen}"
+        );
+        assert!(!seen.contains(contents.as_str()), "{contents} leaked");
+    }
+    for path in &readable {
+        assert!(
+            seen.contains(&format!("READ {path}\n")),
+            "{path} was not readable"
+        );
+    }
+    assert!(seen.contains("root:"), "/etc/passwd was empty");
+    assert!(seen.contains(&format!("TOOLCHAIN-{tag}")), "{seen}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
