@@ -742,6 +742,19 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     });
     let (_, running) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
     assert_eq!(running["state"], "running", "{running}");
+    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    if sandboxed {
+        // The fake writes its pid before its model call: the kill waits for the call to be
+        // metered, so the lost attempt has it on record.
+        eventually(
+            Duration::from_secs(20),
+            "the first attempt's call metered",
+            || {
+                let (_, calls) = get(&server.base, &format!("/api/tasks/{id}/calls"), &admin);
+                calls["calls"].as_array().is_some_and(|c| c.len() == 1)
+            },
+        );
+    }
     let home_var = format!("HOME={}", home.display());
     assert!(!processes_with_env(&home_var).is_empty());
 
@@ -749,7 +762,6 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     drop(server);
     // Unsandboxed, the agent outlives the killed service (its own process group) until the
     // next start stops it; sandboxed, bubblewrap ends it with the service.
-    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
     if !sandboxed {
         assert!(!processes_with_env(&home_var).is_empty());
     }
