@@ -4,7 +4,7 @@
 //! it is treated as hostile. Inside the sandbox it sees:
 //!
 //! - only an allow-list of the system, read-only, on an empty read-only root: `/usr`, `/bin`
-//!   and its siblings (symlinks where they are), the [`ETC_ENTRIES`] of `/etc` programs need
+//!   and its siblings (symlinks where they are), the entries of `/etc` (`ETC_ENTRIES`) programs need
 //!   and the operator's `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`]); `/dev`, a
 //!   fresh `/proc`, a fresh writable `/tmp`, and `/var/tmp`, `/run` and the data directory
 //!   as empty read-only tmpfs holding only the run's mount points. Nothing else of the
