@@ -75,6 +75,26 @@ fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::new()
 }
 
+/// Through `base`: stores the code-host token `gh` and connects `acme/web`; returns the
+/// repository.
+fn connect_repo(base: &str, admin: &str, gh: &str) -> Value {
+    let put = client()
+        .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
+        .bearer_auth(admin)
+        .json(&json!({ "value": gh }))
+        .send()
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    client()
+        .post(format!("{base}/api/repos"))
+        .bearer_auth(admin)
+        .json(&json!({ "repoUrl": "https://github.com/acme/web" }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap()
+}
+
 fn patch_settings(base: &str, admin: &str, patch: Value) {
     let repos: Value = client()
         .get(format!("{base}/api/repos"))
@@ -154,21 +174,7 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     );
     // The repository's egressAllow must be set before the task runs: connect, set, then
     // create the task (the runner takes it at once).
-    let connect = client()
-        .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
-        .bearer_auth(&admin)
-        .json(&json!({ "value": GH }))
-        .send()
-        .unwrap();
-    assert_eq!(connect.status(), 200);
-    let repo: Value = client()
-        .post(format!("{base}/api/repos"))
-        .bearer_auth(&admin)
-        .json(&json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let repo = connect_repo(&base, &admin, GH);
     patch_settings(&base, &admin, json!({ "egressAllow": ["localhost"] }));
     let task: Value = client()
         .post(format!("{base}/api/tasks"))
@@ -325,21 +331,7 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     let mut server = Server::start_with(&dir.path().join("data"), None, false, &env);
     let admin = server.read_token();
     let base = server.base.clone();
-    let put = client()
-        .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
-        .bearer_auth(&admin)
-        .json(&json!({ "value": GH }))
-        .send()
-        .unwrap();
-    assert_eq!(put.status(), 200);
-    let repo: Value = client()
-        .post(format!("{base}/api/repos"))
-        .bearer_auth(&admin)
-        .json(&json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let repo = connect_repo(&base, &admin, GH);
     patch_settings(
         &base,
         &admin,
