@@ -17,8 +17,9 @@
 //! * 5xx answers, timeouts and connection errors are retried up to
 //!   [`ClientConfig::max_retries`] times after a capped exponential backoff with full jitter
 //!   (`uniform(0, min(backoff_max, backoff_base × 2^retry))`). POST and PATCH are retried
-//!   too where doing them twice is harmless (labels, closing an issue); a request that
-//!   reached GitHub before failing may take effect twice, so [`GitHub::create_comment`],
+//!   too where doing them twice is harmless (labels, closing an issue, reactions); a
+//!   request that reached GitHub before failing may take effect twice, so
+//!   [`GitHub::create_comment`],
 //!   [`GitHub::create_pull`] and [`GitHub::create_review`] are never sent again after such
 //!   a failure: their callers look for what they may have created first;
 //! * rate limits: a 403/429 with `Retry-After` waits that long; a 403 with
@@ -53,8 +54,14 @@ use crate::error::CodeHostError;
 use crate::policy::{
     Jitter, backoff_delay, encode_segment, link_target, next_link, parse_retry_after, until_epoch,
 };
-use crate::types::{Comment, Conditional, Issue, IssueChanges, PullRequest, RepoInfo, User};
-use crate::wire::{CommentJson, ErrorJson, IssueJson, PullJson, RepoJson, ReviewJson, UserJson};
+use crate::types::{
+    Comment, Conditional, Issue, IssueChanges, Permission, PullRequest, ReactionTarget, RepoInfo,
+    Review, ReviewComment, User,
+};
+use crate::wire::{
+    CommentJson, ErrorJson, IssueJson, PermissionJson, PullJson, RepoJson, ReviewCommentJson,
+    ReviewJson, UserJson,
+};
 
 /// Which failed requests are sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -475,21 +482,27 @@ impl GitHub {
         name: &str,
         number: u64,
     ) -> Result<Vec<Comment>, CodeHostError> {
+        self.issue_comments_since(owner, name, number, None).await
+    }
+
+    /// The comments of an issue or pull request (its conversation, not the review comments
+    /// on its diff), oldest first, every page (`GET …/issues/{number}/comments?per_page=100`).
+    /// With `since`, only those updated (created or edited) at or after it: `&since=` in
+    /// whole UTC seconds, rounded down, as GitHub's `since` is inclusive and second-granular.
+    pub async fn issue_comments_since(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+        since: Option<OffsetDateTime>,
+    ) -> Result<Vec<Comment>, CodeHostError> {
         let first = format!(
-            "{}?per_page={PER_PAGE}",
-            repo_path(owner, name, &format!("/issues/{number}/comments"))
+            "{}?per_page={PER_PAGE}{}",
+            repo_path(owner, name, &format!("/issues/{number}/comments")),
+            since_query(since)
         );
-        let pages = self
-            .get_pages::<CommentJson>(first, None, |_: &[CommentJson]| true)
-            .await?;
-        match pages {
-            Conditional::Modified { value, .. } => {
-                Ok(value.into_iter().map(Comment::from).collect())
-            }
-            Conditional::NotModified => Err(CodeHostError::InvalidResponse(
-                "304 to a request without If-None-Match".into(),
-            )),
-        }
+        let items = self.get_all::<CommentJson>(first).await?;
+        Ok(items.into_iter().map(Comment::from).collect())
     }
 
     /// Posts a comment on an issue or pull request. Unlike other calls it is **not sent
@@ -615,29 +628,117 @@ impl GitHub {
         Ok(())
     }
 
-    /// The bodies of every review of a pull request, oldest first, every page.
+    /// The bodies of every review of a pull request, oldest first, every page (the bodies of
+    /// [`reviews`](Self::reviews), `""` for a review without one).
     pub async fn review_bodies(
         &self,
         owner: &str,
         name: &str,
         number: u64,
     ) -> Result<Vec<String>, CodeHostError> {
+        let reviews = self.reviews(owner, name, number).await?;
+        Ok(reviews.into_iter().map(|r| r.body).collect())
+    }
+
+    /// Every review of a pull request, oldest first, every page
+    /// (`GET …/pulls/{number}/reviews?per_page=100`). [`Review::state`] is GitHub's, upper
+    /// case (`CHANGES_REQUESTED`, `COMMENTED`, `APPROVED`, `DISMISSED`, `PENDING`).
+    pub async fn reviews(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+    ) -> Result<Vec<Review>, CodeHostError> {
         let first = format!(
             "{}?per_page={PER_PAGE}",
             repo_path(owner, name, &format!("/pulls/{number}/reviews"))
         );
-        let pages = self
-            .get_pages::<ReviewJson>(first, None, |_: &[ReviewJson]| true)
-            .await?;
-        match pages {
-            Conditional::Modified { value, .. } => Ok(value
-                .into_iter()
-                .map(|r| r.body.unwrap_or_default())
-                .collect()),
-            Conditional::NotModified => Err(CodeHostError::InvalidResponse(
-                "304 to a request without If-None-Match".into(),
-            )),
+        let items = self.get_all::<ReviewJson>(first).await?;
+        Ok(items.into_iter().map(Review::from).collect())
+    }
+
+    /// The review comments of a pull request (the comments on lines of its diff), in
+    /// GitHub's order (oldest first), every page (`GET …/pulls/{number}/comments?per_page=100`).
+    /// With `since`, only those updated at or after it (`&since=`, whole UTC seconds, rounded
+    /// down).
+    pub async fn review_comments(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+        since: Option<OffsetDateTime>,
+    ) -> Result<Vec<ReviewComment>, CodeHostError> {
+        let first = format!(
+            "{}?per_page={PER_PAGE}{}",
+            repo_path(owner, name, &format!("/pulls/{number}/comments")),
+            since_query(since)
+        );
+        let items = self.get_all::<ReviewCommentJson>(first).await?;
+        Ok(items.into_iter().map(ReviewComment::from).collect())
+    }
+
+    /// The permission `login` has on the repository
+    /// (`GET …/collaborators/{login}/permission`): its `role_name` when that is one of
+    /// GitHub's base roles (`admin`, `maintain`, `write`, `triage`, `read`), else the legacy
+    /// `permission` (`admin`, `write`, `read`, `none`; an organisation's custom role is
+    /// reported there as its base). A 404 is [`Permission::None`], not an error: GitHub
+    /// answers it for a login that is no user, and also for a repository the token cannot
+    /// see, without saying which. An answer naming no known permission is
+    /// [`CodeHostError::InvalidResponse`].
+    pub async fn collaborator_permission(
+        &self,
+        owner: &str,
+        name: &str,
+        login: &str,
+    ) -> Result<Permission, CodeHostError> {
+        let target = self.route(&repo_path(
+            owner,
+            name,
+            &format!("/collaborators/{}/permission", encode_segment(login)),
+        ));
+        let reply = self.send(&Method::GET, &target, None, None).await?;
+        match reply.status {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Ok(Permission::None),
+            _ => return Err(self.error_of(&Method::GET, &target, &reply)),
         }
+        let answer: PermissionJson = parse(&Method::GET, &target, &reply.body)?;
+        answer.permission().ok_or_else(|| {
+            CodeHostError::InvalidResponse(format!(
+                "GET {}: no known permission in the answer",
+                path_only(&target)
+            ))
+        })
+    }
+
+    /// Adds the reaction `content` (`+1`, `-1`, `laugh`, `confused`, `heart`, `hooray`,
+    /// `rocket` or `eyes`) of the token's user to a comment
+    /// (`POST …/issues/comments/{id}/reactions` or `POST …/pulls/comments/{id}/reactions`,
+    /// `{"content": …}`). GitHub answers 201 when it creates the reaction and 200 when the
+    /// user already reacted so: both are `Ok`. A 404 (no such comment) is
+    /// [`CodeHostError::NotFound`], a 422 (unknown content) [`CodeHostError::Rejected`].
+    ///
+    /// Unlike [`create_comment`](Self::create_comment), it **is** sent again after a 5xx, a
+    /// timeout or a broken connection: a user has at most one reaction of each content on a
+    /// comment, so sending it twice stores nothing twice.
+    pub async fn add_reaction(
+        &self,
+        owner: &str,
+        name: &str,
+        target: ReactionTarget,
+        content: &str,
+    ) -> Result<(), CodeHostError> {
+        let rest = match target {
+            ReactionTarget::IssueComment(id) => format!("/issues/comments/{id}/reactions"),
+            ReactionTarget::ReviewComment(id) => format!("/pulls/comments/{id}/reactions"),
+        };
+        self.send_expect(
+            Method::POST,
+            repo_path(owner, name, &rest),
+            &json!({"content": content}),
+        )
+        .await
+        .map(drop)
     }
 
     // ----- request helpers -----
@@ -690,6 +791,16 @@ impl GitHub {
             return Err(self.error_of(&Method::POST, &target, &reply));
         }
         Ok((reply, target))
+    }
+
+    /// Reads every page of a list, unconditionally.
+    async fn get_all<T: DeserializeOwned>(&self, first: String) -> Result<Vec<T>, CodeHostError> {
+        match self.get_pages(first, None, |_: &[T]| true).await? {
+            Conditional::Modified { value, .. } => Ok(value),
+            Conditional::NotModified => Err(CodeHostError::InvalidResponse(
+                "304 to a request without If-None-Match".into(),
+            )),
+        }
     }
 
     /// Reads a list: the first page (conditional on `etag`), then each `rel="next"` page
@@ -1093,6 +1204,11 @@ fn since_param(since: OffsetDateTime) -> String {
     )
 }
 
+/// `&since=…` for a list query, or nothing.
+fn since_query(since: Option<OffsetDateTime>) -> String {
+    since.map_or_else(String::new, |t| format!("&since={}", since_param(t)))
+}
+
 /// A target without its query, for messages and logs.
 fn path_only(target: &str) -> &str {
     target.split_once('?').map_or(target, |(path, _)| path)
@@ -1257,6 +1373,11 @@ mod tests {
         send(gh.pulls_updated_since("o", "r", None, None));
         send(gh.ensure_label("o", "r", "l", "ffffff"));
         send(gh.create_comment("o", "r", 1, "b"));
+        send(gh.reviews("o", "r", 1));
+        send(gh.review_comments("o", "r", 1, None));
+        send(gh.issue_comments_since("o", "r", 1, None));
+        send(gh.collaborator_permission("o", "r", "u"));
+        send(gh.add_reaction("o", "r", ReactionTarget::IssueComment(1), "eyes"));
         send(gh.clone());
     }
 

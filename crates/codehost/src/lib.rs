@@ -30,5 +30,8 @@ mod wire;
 
 pub use client::{ClientConfig, GitHub};
 pub use error::CodeHostError;
-pub use types::{Comment, Conditional, Issue, IssueChanges, Label, PullRequest, RepoInfo, User};
+pub use types::{
+    Comment, Conditional, Issue, IssueChanges, Label, Permission, PullRequest, ReactionTarget,
+    RepoInfo, Review, ReviewComment, User,
+};
 pub use webhook::{RepoRef, SignatureError, WebhookEvent, WebhookParseError};

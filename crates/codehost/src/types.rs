@@ -129,6 +129,102 @@ pub struct Comment {
     pub author: String,
     /// Creation time (UTC).
     pub created_at: OffsetDateTime,
+    /// Web page of the comment, e.g. `https://github.com/o/r/issues/7#issuecomment-1`
+    /// (`/pull/7#…` on a pull request); `""` when GitHub gave none.
+    pub html_url: String,
+}
+
+/// A review of a pull request (`GET /repos/{owner}/{repo}/pulls/{number}/reviews`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Review {
+    /// Review id.
+    pub id: u64,
+    /// Login of the reviewer (`ghost` for a deleted account).
+    pub author: String,
+    /// The state as the REST API writes it, upper case: `CHANGES_REQUESTED`, `COMMENTED`,
+    /// `APPROVED`, `DISMISSED` or `PENDING`.
+    pub state: String,
+    /// Markdown body (`""` when GitHub has none).
+    pub body: String,
+    /// Web page of the review (`…/pull/{number}#pullrequestreview-{id}`); `""` when GitHub
+    /// gave none.
+    pub html_url: String,
+    /// When it was submitted (UTC); `None` for a pending review.
+    pub submitted_at: Option<OffsetDateTime>,
+}
+
+/// A review comment: a comment on a line of a pull request's diff
+/// (`GET /repos/{owner}/{repo}/pulls/{number}/comments`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewComment {
+    /// Comment id.
+    pub id: u64,
+    /// Login of the author (`ghost` for a deleted account).
+    pub author: String,
+    /// Markdown body.
+    pub body: String,
+    /// The file it is on, relative to the repository root.
+    pub path: String,
+    /// The line of the file it is on (`line`, or `original_line` when the line is no longer
+    /// in the diff); `None` for a comment on the whole file.
+    pub line: Option<u64>,
+    /// Web page of the comment (`…/pull/{number}#discussion_r{id}`); `""` when GitHub gave
+    /// none.
+    pub html_url: String,
+    /// Creation time (UTC).
+    pub created_at: OffsetDateTime,
+    /// The review it belongs to (`pull_request_review_id`).
+    pub review_id: Option<u64>,
+}
+
+/// A user's permission on a repository
+/// (`GET /repos/{owner}/{repo}/collaborators/{username}/permission`), strongest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permission {
+    /// Full control.
+    Admin,
+    /// Manages the repository without access to sensitive actions.
+    Maintain,
+    /// May push.
+    Write,
+    /// May manage issues and pull requests, not push.
+    Triage,
+    /// May read and comment.
+    Read,
+    /// No access (or no such user).
+    None,
+}
+
+impl Permission {
+    /// Whether the user may push to the repository: [`Permission::Admin`],
+    /// [`Permission::Maintain`] or [`Permission::Write`].
+    pub fn can_write(self) -> bool {
+        matches!(
+            self,
+            Permission::Admin | Permission::Maintain | Permission::Write
+        )
+    }
+
+    /// GitHub's name of the role: `admin`, `maintain`, `write`, `triage`, `read` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Permission::Admin => "admin",
+            Permission::Maintain => "maintain",
+            Permission::Write => "write",
+            Permission::Triage => "triage",
+            Permission::Read => "read",
+            Permission::None => "none",
+        }
+    }
+}
+
+/// What a reaction is added to ([`crate::GitHub::add_reaction`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReactionTarget {
+    /// A comment on an issue or pull request (its conversation), by id.
+    IssueComment(u64),
+    /// A review comment (on a line of a pull request's diff), by id.
+    ReviewComment(u64),
 }
 
 /// A pull request.

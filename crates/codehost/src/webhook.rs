@@ -167,6 +167,64 @@ pub enum WebhookEvent {
         /// `pull_request.head.ref`: the branch the pull request was opened from.
         head_ref: String,
     },
+    /// `pull_request_review` with action `submitted`: a review was submitted on a pull
+    /// request.
+    PullRequestReviewSubmitted {
+        /// The pull request's (base) repository.
+        repo: RepoRef,
+        /// `pull_request.number`.
+        number: u64,
+        /// `review.id`.
+        review_id: u64,
+        /// `review.user.login`: the reviewer.
+        author: String,
+        /// `review.state`, upper case like the REST API's [`crate::Review::state`]
+        /// (`CHANGES_REQUESTED`, `COMMENTED`, `APPROVED`): webhooks send it in lower case.
+        state: String,
+        /// `review.body` (`""` when null).
+        body: String,
+        /// `review.html_url`.
+        html_url: String,
+    },
+    /// `issue_comment` with action `created`: a comment on an issue or on a pull request's
+    /// conversation.
+    IssueCommentCreated {
+        /// The issue's repository.
+        repo: RepoRef,
+        /// `issue.number` (a pull request's number when `is_pull_request`).
+        issue_number: u64,
+        /// Whether the issue is a pull request (`issue.pull_request` is present and not null).
+        is_pull_request: bool,
+        /// `comment.id`.
+        comment_id: u64,
+        /// `comment.user.login`.
+        author: String,
+        /// `comment.body` (`""` when null).
+        body: String,
+        /// `comment.html_url`.
+        html_url: String,
+    },
+    /// `pull_request_review_comment` with action `created`: a comment on a line of a pull
+    /// request's diff.
+    ReviewCommentCreated {
+        /// The pull request's (base) repository.
+        repo: RepoRef,
+        /// `pull_request.number`.
+        number: u64,
+        /// `comment.id`.
+        comment_id: u64,
+        /// `comment.user.login`.
+        author: String,
+        /// `comment.body` (`""` when null).
+        body: String,
+        /// `comment.path`: the file, relative to the repository root.
+        path: String,
+        /// `comment.line`, or `comment.original_line` when that is null (like
+        /// [`crate::ReviewComment::line`]); `None` for a comment on the whole file.
+        line: Option<u64>,
+        /// `comment.html_url`.
+        html_url: String,
+    },
     /// Anything else (other events, other actions): acknowledged and ignored.
     Other {
         /// The event name, as given.
@@ -184,6 +242,9 @@ impl WebhookEvent {
             WebhookEvent::Ping { .. } => None,
             WebhookEvent::IssueLabeled { .. } => Some("labeled"),
             WebhookEvent::PullRequestClosed { .. } => Some("closed"),
+            WebhookEvent::PullRequestReviewSubmitted { .. } => Some("submitted"),
+            WebhookEvent::IssueCommentCreated { .. }
+            | WebhookEvent::ReviewCommentCreated { .. } => Some("created"),
             WebhookEvent::Other { action, .. } => action.as_deref(),
         }
     }
@@ -200,11 +261,16 @@ pub struct WebhookParseError(pub String);
 /// * `ping` → [`WebhookEvent::Ping`];
 /// * `issues` with action `labeled` → [`WebhookEvent::IssueLabeled`];
 /// * `pull_request` with action `closed` → [`WebhookEvent::PullRequestClosed`];
+/// * `pull_request_review` with action `submitted` →
+///   [`WebhookEvent::PullRequestReviewSubmitted`];
+/// * `issue_comment` with action `created` → [`WebhookEvent::IssueCommentCreated`];
+/// * `pull_request_review_comment` with action `created` →
+///   [`WebhookEvent::ReviewCommentCreated`];
 /// * any other event or action → [`WebhookEvent::Other`].
 ///
 /// Only the members needed are read, so unknown or extra members never break it. A body that
-/// is not a JSON object, or an `issues`/`pull_request` payload of a recognised action missing
-/// a member it needs (or holding one of the wrong type), is an error. Never panics.
+/// is not a JSON object, or a payload of a recognised event and action missing a member it
+/// needs (or holding one of the wrong type), is an error. Never panics.
 pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookParseError> {
     // The body must be one JSON object whatever the event, so this pass runs for all of them.
     let envelope: EnvelopeJson = read(body).map_err(not_an_object)?;
@@ -238,6 +304,48 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
                 merged_at,
                 html_url: pr.html_url,
                 head_ref: pr.head.git_ref,
+            })
+        }
+        ("pull_request_review", Some("submitted")) => {
+            let p: ReviewSubmittedJson =
+                read(body).map_err(|e| in_event(event, Some("submitted"), e))?;
+            let review = p.review;
+            Ok(WebhookEvent::PullRequestReviewSubmitted {
+                repo: p.repository.into(),
+                number: p.pull_request.number,
+                review_id: review.id,
+                author: review.user.login,
+                state: review.state.to_ascii_uppercase(),
+                body: review.body.unwrap_or_default(),
+                html_url: review.html_url,
+            })
+        }
+        ("issue_comment", Some("created")) => {
+            let p: IssueCommentCreatedJson =
+                read(body).map_err(|e| in_event(event, Some("created"), e))?;
+            Ok(WebhookEvent::IssueCommentCreated {
+                repo: p.repository.into(),
+                issue_number: p.issue.number,
+                is_pull_request: p.issue.pull_request.is_some(),
+                comment_id: p.comment.id,
+                author: p.comment.user.login,
+                body: p.comment.body.unwrap_or_default(),
+                html_url: p.comment.html_url,
+            })
+        }
+        ("pull_request_review_comment", Some("created")) => {
+            let p: ReviewCommentCreatedJson =
+                read(body).map_err(|e| in_event(event, Some("created"), e))?;
+            let c = p.comment;
+            Ok(WebhookEvent::ReviewCommentCreated {
+                repo: p.repository.into(),
+                number: p.pull_request.number,
+                comment_id: c.id,
+                author: c.user.login,
+                body: c.body.unwrap_or_default(),
+                path: c.path,
+                line: c.line.or(c.original_line),
+                html_url: c.html_url,
             })
         }
         _ => Ok(WebhookEvent::Other {
@@ -404,6 +512,80 @@ struct PullJson {
 struct RefJson {
     #[serde(rename = "ref")]
     git_ref: String,
+}
+
+#[derive(Deserialize)]
+struct ReviewSubmittedJson {
+    #[serde(deserialize_with = "object")]
+    repository: RepoJson,
+    #[serde(deserialize_with = "object")]
+    pull_request: NumberJson,
+    #[serde(deserialize_with = "object")]
+    review: ReviewJson,
+}
+
+#[derive(Deserialize)]
+struct ReviewJson {
+    id: u64,
+    #[serde(deserialize_with = "object")]
+    user: LoginJson,
+    state: String,
+    #[serde(default)]
+    body: Option<String>,
+    html_url: String,
+}
+
+#[derive(Deserialize)]
+struct IssueCommentCreatedJson {
+    #[serde(deserialize_with = "object")]
+    repository: RepoJson,
+    #[serde(deserialize_with = "object")]
+    issue: CommentedIssueJson,
+    #[serde(deserialize_with = "object")]
+    comment: CommentJson,
+}
+
+#[derive(Deserialize)]
+struct CommentedIssueJson {
+    number: u64,
+    /// An object when the issue is a pull request; absent or null otherwise.
+    #[serde(default)]
+    pull_request: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct CommentJson {
+    id: u64,
+    #[serde(deserialize_with = "object")]
+    user: LoginJson,
+    #[serde(default)]
+    body: Option<String>,
+    html_url: String,
+}
+
+#[derive(Deserialize)]
+struct ReviewCommentCreatedJson {
+    #[serde(deserialize_with = "object")]
+    repository: RepoJson,
+    #[serde(deserialize_with = "object")]
+    pull_request: NumberJson,
+    #[serde(deserialize_with = "object")]
+    comment: ReviewCommentJson,
+}
+
+#[derive(Deserialize)]
+struct ReviewCommentJson {
+    id: u64,
+    #[serde(deserialize_with = "object")]
+    user: LoginJson,
+    #[serde(default)]
+    body: Option<String>,
+    path: String,
+    #[serde(default)]
+    line: Option<u64>,
+    #[serde(default)]
+    original_line: Option<u64>,
+    html_url: String,
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 use serde::Deserialize;
 use time::{OffsetDateTime, UtcOffset};
 
-use crate::types::{Comment, Issue, Label, PullRequest, RepoInfo, User};
+use crate::types::{
+    Comment, Issue, Label, Permission, PullRequest, RepoInfo, Review, ReviewComment, User,
+};
 
 /// GitHub shows a deleted account as this user.
 const GHOST: &str = "ghost";
@@ -156,6 +158,8 @@ pub(crate) struct CommentJson {
     pub user: Option<UserRef>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    #[serde(default)]
+    pub html_url: Option<String>,
 }
 
 impl From<CommentJson> for Comment {
@@ -165,6 +169,7 @@ impl From<CommentJson> for Comment {
             body: c.body.unwrap_or_default(),
             author: login_of(c.user),
             created_at: utc(c.created_at),
+            html_url: c.html_url.unwrap_or_default(),
         }
     }
 }
@@ -176,11 +181,104 @@ pub(crate) struct BranchJson {
     pub ref_name: String,
 }
 
-/// A review of a pull request (only its body is read).
+/// A review of a pull request (`pull-request-review`).
 #[derive(Debug, Deserialize)]
 pub(crate) struct ReviewJson {
+    pub id: u64,
+    #[serde(default)]
+    pub user: Option<UserRef>,
+    pub state: String,
     #[serde(default)]
     pub body: Option<String>,
+    #[serde(default)]
+    pub html_url: Option<String>,
+    /// Absent for a pending review.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub submitted_at: Option<OffsetDateTime>,
+}
+
+impl From<ReviewJson> for Review {
+    fn from(r: ReviewJson) -> Self {
+        Review {
+            id: r.id,
+            author: login_of(r.user),
+            state: r.state,
+            body: r.body.unwrap_or_default(),
+            html_url: r.html_url.unwrap_or_default(),
+            submitted_at: r.submitted_at.map(utc),
+        }
+    }
+}
+
+/// A review comment (`pull-request-review-comment`).
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReviewCommentJson {
+    pub id: u64,
+    #[serde(default)]
+    pub user: Option<UserRef>,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub line: Option<u64>,
+    #[serde(default)]
+    pub original_line: Option<u64>,
+    #[serde(default)]
+    pub html_url: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(default)]
+    pub pull_request_review_id: Option<u64>,
+}
+
+impl From<ReviewCommentJson> for ReviewComment {
+    fn from(c: ReviewCommentJson) -> Self {
+        ReviewComment {
+            id: c.id,
+            author: login_of(c.user),
+            body: c.body.unwrap_or_default(),
+            path: c.path.unwrap_or_default(),
+            line: c.line.or(c.original_line),
+            html_url: c.html_url.unwrap_or_default(),
+            created_at: utc(c.created_at),
+            review_id: c.pull_request_review_id,
+        }
+    }
+}
+
+/// `GET /repos/{owner}/{repo}/collaborators/{username}/permission`
+/// (`repository-collaborator-permission`).
+#[derive(Debug, Deserialize)]
+pub(crate) struct PermissionJson {
+    /// The legacy summary: `admin`, `write`, `read` or `none` (maintain counts as write,
+    /// triage as read).
+    #[serde(default)]
+    pub permission: Option<String>,
+    /// The role: `admin`, `maintain`, `write`, `triage`, `read`, or an organisation's custom
+    /// role name.
+    #[serde(default)]
+    pub role_name: Option<String>,
+}
+
+impl PermissionJson {
+    /// The permission: `role_name` when it is one of GitHub's base roles, else
+    /// `permission`; `None` when neither says anything known.
+    pub fn permission(&self) -> Option<Permission> {
+        let known = |name: &str| match name.trim().to_ascii_lowercase().as_str() {
+            "admin" => Some(Permission::Admin),
+            "maintain" => Some(Permission::Maintain),
+            "write" | "push" => Some(Permission::Write),
+            "triage" => Some(Permission::Triage),
+            "read" | "pull" => Some(Permission::Read),
+            "none" => Some(Permission::None),
+            _ => None,
+        };
+        self.role_name
+            .as_deref()
+            .and_then(known)
+            .or_else(|| self.permission.as_deref().and_then(known))
+    }
 }
 
 /// A pull request, list (`pull-request-simple`) or full shape.
@@ -308,6 +406,59 @@ mod tests {
         assert_eq!(issue.labels[1].color, "6f42c1");
         assert_eq!(issue.updated_at, issue.created_at);
         assert_eq!(issue.updated_at.offset(), UtcOffset::UTC);
+    }
+
+    #[test]
+    fn reviews_and_review_comments_with_nulls_parse() {
+        let review: ReviewJson = serde_json::from_str(
+            r#"{"id": 3, "user": null, "state": "PENDING", "body": null, "html_url": "h"}"#,
+        )
+        .unwrap();
+        let review = Review::from(review);
+        assert_eq!(
+            (
+                review.author.as_str(),
+                review.body.as_str(),
+                review.submitted_at
+            ),
+            ("ghost", "", None)
+        );
+        let comment: ReviewCommentJson = serde_json::from_str(
+            r#"{"id": 4, "user": {"login": "u"}, "body": "b", "path": "src/a.rs", "line": null,
+                "original_line": 12, "created_at": "2024-01-02T03:04:05Z",
+                "pull_request_review_id": 3}"#,
+        )
+        .unwrap();
+        let comment = ReviewComment::from(comment);
+        assert_eq!(comment.line, Some(12));
+        assert_eq!(comment.review_id, Some(3));
+        assert_eq!(comment.html_url, "");
+    }
+
+    #[test]
+    fn permissions_prefer_the_role_name() {
+        let of = |json: &str| {
+            serde_json::from_str::<PermissionJson>(json)
+                .unwrap()
+                .permission()
+        };
+        assert_eq!(
+            of(r#"{"permission": "write", "role_name": "maintain"}"#),
+            Some(Permission::Maintain)
+        );
+        assert_eq!(
+            of(r#"{"permission": "read", "role_name": "triage"}"#),
+            Some(Permission::Triage)
+        );
+        // A custom role: the legacy summary decides.
+        assert_eq!(
+            of(r#"{"permission": "write", "role_name": "release-manager"}"#),
+            Some(Permission::Write)
+        );
+        assert_eq!(of(r#"{"permission": "admin"}"#), Some(Permission::Admin));
+        assert_eq!(of(r#"{"permission": "none"}"#), Some(Permission::None));
+        assert_eq!(of(r#"{}"#), None);
+        assert_eq!(of(r#"{"permission": "owner"}"#), None);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 use super::model::{
-    DEFAULT_LABEL_COLOR, FaultMode, Item, Label, RATE_LIMIT, Repo, Review, State, repo_key,
+    DEFAULT_LABEL_COLOR, FaultMode, Item, Label, RATE_LIMIT, REACTION_CONTENTS, Reaction, Repo,
+    Review, State, repo_key,
 };
 use super::util::{etag_of, parse_query, parse_time, percent_decode, percent_encode};
 use super::{Fault, RequestRecord};
@@ -59,7 +60,11 @@ enum Route {
     Pulls,
     Pull(u64),
     PullReviews(u64),
+    PullComments(u64),
     PullMerge(u64),
+    IssueCommentReactions(u64),
+    PullCommentReactions(u64),
+    CollaboratorPermission(String),
 }
 
 impl Route {
@@ -77,7 +82,17 @@ impl Route {
             Route::Pulls => "/repos/{owner}/{repo}/pulls",
             Route::Pull(_) => "/repos/{owner}/{repo}/pulls/{pull_number}",
             Route::PullReviews(_) => "/repos/{owner}/{repo}/pulls/{pull_number}/reviews",
+            Route::PullComments(_) => "/repos/{owner}/{repo}/pulls/{pull_number}/comments",
             Route::PullMerge(_) => "/repos/{owner}/{repo}/pulls/{pull_number}/merge",
+            Route::IssueCommentReactions(_) => {
+                "/repos/{owner}/{repo}/issues/comments/{comment_id}/reactions"
+            }
+            Route::PullCommentReactions(_) => {
+                "/repos/{owner}/{repo}/pulls/comments/{comment_id}/reactions"
+            }
+            Route::CollaboratorPermission(_) => {
+                "/repos/{owner}/{repo}/collaborators/{username}/permission"
+            }
         }
     }
 }
@@ -110,6 +125,15 @@ fn parse_route(path: &str) -> Option<Matched> {
         ["user"] => (Route::User, "", ""),
         ["repos", o, r] => (Route::Repo, *o, *r),
         ["repos", o, r, "issues"] => (Route::Issues, *o, *r),
+        ["repos", o, r, "issues", "comments", id, "reactions"] => {
+            (Route::IssueCommentReactions(number(id)?), *o, *r)
+        }
+        ["repos", o, r, "pulls", "comments", id, "reactions"] => {
+            (Route::PullCommentReactions(number(id)?), *o, *r)
+        }
+        ["repos", o, r, "collaborators", login, "permission"] => {
+            (Route::CollaboratorPermission((*login).to_owned()), *o, *r)
+        }
         ["repos", o, r, "issues", n] => (Route::Issue(number(n)?), *o, *r),
         ["repos", o, r, "issues", n, "comments"] => (Route::IssueComments(number(n)?), *o, *r),
         ["repos", o, r, "issues", n, "labels"] => (Route::IssueLabels(number(n)?), *o, *r),
@@ -121,6 +145,7 @@ fn parse_route(path: &str) -> Option<Matched> {
         ["repos", o, r, "pulls"] => (Route::Pulls, *o, *r),
         ["repos", o, r, "pulls", n] => (Route::Pull(number(n)?), *o, *r),
         ["repos", o, r, "pulls", n, "reviews"] => (Route::PullReviews(number(n)?), *o, *r),
+        ["repos", o, r, "pulls", n, "comments"] => (Route::PullComments(number(n)?), *o, *r),
         ["repos", o, r, "pulls", n, "merge"] => (Route::PullMerge(number(n)?), *o, *r),
         _ => return None,
     };
@@ -806,6 +831,10 @@ fn dispatch(
         ("PATCH", Route::Pull(n)) => update_pull(state, &ctx, n),
         ("GET", Route::PullReviews(n)) => list_reviews(state, &ctx, n),
         ("POST", Route::PullReviews(n)) => create_review(state, &ctx, n),
+        ("GET", Route::PullComments(n)) => list_review_comments(state, &ctx, n),
+        ("POST", Route::IssueCommentReactions(id)) => add_reaction(state, &ctx, id, false),
+        ("POST", Route::PullCommentReactions(id)) => add_reaction(state, &ctx, id, true),
+        ("GET", Route::CollaboratorPermission(login)) => get_permission(state, &key, &login),
         ("GET", Route::PullMerge(n)) => {
             let (_, item) = pull_of(state, &key, n)?;
             let merged = item.pull.as_ref().is_some_and(|p| p.merged_at.is_some());
@@ -1445,9 +1474,17 @@ fn update_pull(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
     get_pull(state, ctx.key, n)
 }
 
+/// A pull request's reviews, oldest first; a pending review only to its author, as on
+/// GitHub.
 fn list_reviews(state: &State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
     let (repo, item) = pull_of(state, ctx.key, n)?;
-    let reviews = item.pull.as_ref().map_or(&[][..], |p| p.reviews.as_slice());
+    let reviews: Vec<&Review> = item
+        .pull
+        .as_ref()
+        .map_or(&[][..], |p| p.reviews.as_slice())
+        .iter()
+        .filter(|r| r.state != "PENDING" || r.user.eq_ignore_ascii_case(ctx.actor))
+        .collect();
     let w = window(&state.base_url, ctx.path, ctx.query, reviews.len());
     let page: Vec<Value> = reviews
         .get(w.start..w.end)
@@ -1540,6 +1577,118 @@ fn create_review(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
         .and_then(|p| p.reviews.last())
         .ok_or_else(|| ApiError::new(500, "Server Error"))?;
     Ok(Reply::ok(state.review_json(repo, item, review)))
+}
+
+/// A pull request's review comments (`sort` `created`|`updated`, `direction` `asc`|`desc`,
+/// default oldest first; `since` keeps those updated at or after it).
+fn list_review_comments(state: &State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
+    let q = ctx.query;
+    let since = q.since()?;
+    let sort = q.one_of("sort", &["created", "updated"], "created")?;
+    let direction = q.one_of("direction", &["asc", "desc"], "asc")?;
+    let (repo, item) = pull_of(state, ctx.key, n)?;
+    let mut comments: Vec<_> = item
+        .pull
+        .as_ref()
+        .map_or(&[][..], |p| p.review_comments.as_slice())
+        .iter()
+        .filter(|c| since.is_none_or(|s| c.updated_at >= s))
+        .collect();
+    if sort == "updated" {
+        comments.sort_by_key(|c| (c.updated_at, c.id));
+    } else {
+        comments.sort_by_key(|c| (c.created_at, c.id));
+    }
+    if direction == "desc" {
+        comments.reverse();
+    }
+    let w = window(&state.base_url, ctx.path, q, comments.len());
+    let page: Vec<Value> = comments
+        .get(w.start..w.end)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| state.review_comment_json(repo, item, c))
+        .collect();
+    Ok(Reply {
+        link: w.link,
+        ..Reply::ok(Value::Array(page))
+    })
+}
+
+/// Adds the actor's reaction to an issue comment or a review comment: 201 when new, 200
+/// with the existing one when the actor already reacted so; 404 for an unknown comment, 422
+/// for an unknown content.
+fn add_reaction(
+    state: &mut State,
+    ctx: &Ctx<'_>,
+    comment_id: u64,
+    review_comment: bool,
+) -> Result<Reply> {
+    let repo = repo_of(state, ctx.key)?;
+    let exists = if review_comment {
+        repo.review_comment(comment_id).is_some()
+    } else {
+        repo.issue_comment(comment_id).is_some()
+    };
+    if !exists {
+        return Err(ApiError::not_found());
+    }
+    let obj = parse_object(ctx.body)?;
+    let content = match string_field(&obj, "content")? {
+        Field::Str(s) => s,
+        Field::Absent | Field::Null => {
+            return Err(ApiError::field("Reaction", "content", "missing_field"));
+        }
+    };
+    if !REACTION_CONTENTS.contains(&content.as_str()) {
+        return Err(ApiError::validation(json!({
+            "resource": "Reaction",
+            "code": "custom",
+            "field": "content",
+            "message": "content is not included in the list"
+        })));
+    }
+    let same = |r: &&Reaction| {
+        r.comment_id == comment_id
+            && r.review_comment == review_comment
+            && r.content == content
+            && r.user.eq_ignore_ascii_case(ctx.actor)
+    };
+    if let Some(existing) = repo.reactions.iter().find(same) {
+        return Ok(Reply::ok(state.reaction_json(existing)));
+    }
+    state.ensure_user(ctx.actor);
+    let reaction = Reaction {
+        id: state.new_id(),
+        comment_id,
+        review_comment,
+        content,
+        user: ctx.actor.to_owned(),
+        created_at: state.now(),
+    };
+    let json = state.reaction_json(&reaction);
+    if let Some(repo) = state.repos.get_mut(ctx.key) {
+        repo.reactions.push(reaction);
+    }
+    Ok(Reply {
+        status: 201,
+        ..Reply::ok(json)
+    })
+}
+
+/// A user's permission on the repository: the role set for them
+/// ([`super::FakeGitHub::set_permission`]), `admin` for the owner, `read` for any other user
+/// the fake knows (every repository of the fake is public, and GitHub reports `read` for a
+/// user who is not a collaborator of a public repository), and 404 for a login that is no
+/// user at all, as GitHub does.
+fn get_permission(state: &State, key: &str, login: &str) -> Result<Reply> {
+    let repo = repo_of(state, key)?;
+    let role = match repo.role_of(login) {
+        Some(role) => role,
+        None if state.users.contains_key(&login.to_ascii_lowercase()) => "read",
+        None => return Err(ApiError::not_found()),
+    };
+    Ok(Reply::ok(state.permission_json(login, role)))
 }
 
 fn merge_pull(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {

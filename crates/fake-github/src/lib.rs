@@ -26,10 +26,18 @@
 //! `GET|POST …/issues/{issue_number}/labels`; `DELETE …/issues/{issue_number}/labels/{name}`;
 //! `GET|POST /repos/{owner}/{repo}/labels`; `GET …/labels/{name}`;
 //! `GET|POST /repos/{owner}/{repo}/pulls`; `GET|PATCH …/pulls/{pull_number}`;
-//! `GET|POST …/pulls/{pull_number}/reviews`; `GET|PUT …/pulls/{pull_number}/merge`.
+//! `GET|POST …/pulls/{pull_number}/reviews`; `GET …/pulls/{pull_number}/comments` (review
+//! comments); `GET|PUT …/pulls/{pull_number}/merge`;
+//! `POST /repos/{owner}/{repo}/issues/comments/{comment_id}/reactions`;
+//! `POST /repos/{owner}/{repo}/pulls/comments/{comment_id}/reactions`;
+//! `GET /repos/{owner}/{repo}/collaborators/{username}/permission`.
+//!
+//! [`payloads`] builds webhook payloads (`pull_request_review`, `issue_comment`,
+//! `pull_request_review_comment`) from the fake's state, for tests that deliver webhooks.
 
 mod handler;
 mod model;
+pub mod payloads;
 mod util;
 
 use std::net::{SocketAddr, TcpListener};
@@ -125,6 +133,19 @@ pub struct IssueState {
     pub is_pull_request: bool,
     /// `updated_at` as the API writes it.
     pub updated_at: String,
+}
+
+/// A reaction to a comment, as [`FakeGitHub::reactions`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaction {
+    /// The id of the comment reacted to.
+    pub comment_id: u64,
+    /// Whether that is a review comment (on a diff line) rather than an issue comment.
+    pub review_comment: bool,
+    /// `+1`, `-1`, `laugh`, `confused`, `heart`, `hooray`, `rocket` or `eyes`.
+    pub content: String,
+    /// Login of the user who reacted.
+    pub user: String,
 }
 
 /// A pull request, as [`FakeGitHub::pulls`] reports it.
@@ -346,6 +367,8 @@ impl FakeGitHub {
                 labels: Vec::new(),
                 items: Default::default(),
                 next_number: 1,
+                reactions: Vec::new(),
+                permissions: Default::default(),
             },
         );
         id
@@ -661,6 +684,121 @@ impl FakeGitHub {
         }
     }
 
+    /// Submits a review of pull request `number` as `login`, with `state` as the REST API
+    /// writes it (`APPROVED`, `CHANGES_REQUESTED`, `COMMENTED`, `DISMISSED` or `PENDING`), on
+    /// the head commit; returns the review id. Like GitHub, a submitted (not pending) review
+    /// touches the pull request's `updated_at`.
+    ///
+    /// # Panics
+    /// If the pull request does not exist or `state` is none of those.
+    #[track_caller]
+    pub fn add_review(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+        login: &str,
+        state: &str,
+        body: &str,
+    ) -> u64 {
+        const STATES: [&str; 5] = [
+            "APPROVED",
+            "CHANGES_REQUESTED",
+            "COMMENTED",
+            "DISMISSED",
+            "PENDING",
+        ];
+        if !STATES.contains(&state) {
+            panic!("fake GitHub: review state {state:?} is none of {STATES:?}");
+        }
+        let id = {
+            let mut s = self.state();
+            let key = repo_key(owner, name);
+            s.push_review(&key, number, login, state, body)
+        };
+        id.unwrap_or_else(|| no_pull(owner, name, number))
+    }
+
+    /// Comments on line `line` of `path` in pull request `number`'s diff as `login` (a
+    /// "single comment" on github.com): like GitHub, this submits a `COMMENTED` review with
+    /// an empty body holding the comment (its `pull_request_review_id`), and touches the pull
+    /// request's `updated_at`. Returns the review comment's id.
+    ///
+    /// # Panics
+    /// If the pull request does not exist.
+    #[track_caller]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "mirrors the comment's own members"
+    )]
+    pub fn add_review_comment(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+        login: &str,
+        path: &str,
+        line: u64,
+        body: &str,
+    ) -> u64 {
+        let id = {
+            let mut s = self.state();
+            let key = repo_key(owner, name);
+            s.push_review(&key, number, login, "COMMENTED", "")
+                .and_then(|review_id| {
+                    let id = s.new_id();
+                    let now = s.now();
+                    let pull = s
+                        .repos
+                        .get_mut(&key)
+                        .and_then(|r| r.items.get_mut(&number))
+                        .and_then(|i| i.pull.as_mut())?;
+                    pull.review_comments.push(model::ReviewComment {
+                        id,
+                        body: body.to_owned(),
+                        user: login.to_owned(),
+                        path: path.to_owned(),
+                        line,
+                        created_at: now,
+                        updated_at: now,
+                        review_id,
+                        commit_id: pull.head_sha.clone(),
+                    });
+                    Some(id)
+                })
+        };
+        id.unwrap_or_else(|| no_pull(owner, name, number))
+    }
+
+    /// Gives `login` the role `role` on the repository (`admin`, `maintain`, `write`,
+    /// `triage`, `read` or `none`), as `GET …/collaborators/{login}/permission` reports it
+    /// (`none` answers `permission: none`). Without a role set, that endpoint answers `admin`
+    /// for the owner, `read` for any other user the fake knows (its repositories are public)
+    /// and 404 for a login that is no user, like GitHub.
+    ///
+    /// # Panics
+    /// If the repository does not exist or `role` is none of those.
+    #[track_caller]
+    pub fn set_permission(&self, owner: &str, name: &str, login: &str, role: &str) {
+        if !model::ROLES.contains(&role) {
+            panic!("fake GitHub: role {role:?} is none of {:?}", model::ROLES);
+        }
+        let found = {
+            let mut s = self.state();
+            s.ensure_user(login);
+            s.repos
+                .get_mut(&repo_key(owner, name))
+                .map(|r| {
+                    r.permissions
+                        .insert(login.to_ascii_lowercase(), role.to_owned())
+                })
+                .is_some()
+        };
+        if !found {
+            no_repo(owner, name);
+        }
+    }
+
     // ----- inspection -----
 
     /// The issue (or pull request) `number`, or `None`.
@@ -748,6 +886,58 @@ impl FakeGitHub {
             .and_then(|i| i.pull.as_ref())
             .map(|p| p.reviews.iter().map(|r| r.body.clone()).collect())
             .unwrap_or_default()
+    }
+
+    /// The reactions to the repository's comments (issue and review comments), oldest first
+    /// (empty for an unknown repository).
+    pub fn reactions(&self, owner: &str, name: &str) -> Vec<Reaction> {
+        self.state()
+            .repos
+            .get(&repo_key(owner, name))
+            .map(|r| {
+                r.reactions
+                    .iter()
+                    .map(|x| Reaction {
+                        comment_id: x.comment_id,
+                        review_comment: x.review_comment,
+                        content: x.content.clone(),
+                        user: x.user.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The comments of issue or pull request `number` as `(id, author, body)`, oldest first
+    /// (empty when there is no such issue); the same as [`Self::issue`]'s `comments`.
+    pub fn issue_comments(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+    ) -> Vec<(u64, String, String)> {
+        self.state()
+            .repos
+            .get(&repo_key(owner, name))
+            .and_then(|r| r.items.get(&number))
+            .map(|i| {
+                i.comments
+                    .iter()
+                    .map(|c| (c.id, c.user.clone(), c.body.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The head branch (`head.ref`, without an `owner:` prefix) of pull request `number`, or
+    /// `None` when there is no such pull request.
+    pub fn pull_head(&self, owner: &str, name: &str, number: u64) -> Option<String> {
+        self.state()
+            .repos
+            .get(&repo_key(owner, name))
+            .and_then(|r| r.items.get(&number))
+            .and_then(|i| i.pull.as_ref())
+            .map(|p| p.head_ref.clone())
     }
 
     // ----- request accounting -----
@@ -916,6 +1106,6 @@ fn no_issue(owner: &str, name: &str, number: u64) -> ! {
 }
 
 #[track_caller]
-fn no_pull(owner: &str, name: &str, number: u64) -> ! {
+pub(crate) fn no_pull(owner: &str, name: &str, number: u64) -> ! {
     panic!("fake GitHub: no pull request {owner}/{name}#{number}")
 }

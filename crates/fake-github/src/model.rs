@@ -64,6 +64,41 @@ pub(crate) struct Review {
     pub commit_id: String,
 }
 
+/// A review comment: a comment on a line of a pull request's diff.
+#[derive(Debug, Clone)]
+pub(crate) struct ReviewComment {
+    pub id: u64,
+    pub body: String,
+    pub user: String,
+    pub path: String,
+    pub line: u64,
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// The review it belongs to (GitHub wraps a single comment in a `COMMENTED` review).
+    pub review_id: u64,
+    pub commit_id: String,
+}
+
+/// A reaction to an issue comment or a review comment.
+#[derive(Debug, Clone)]
+pub(crate) struct Reaction {
+    pub id: u64,
+    pub comment_id: u64,
+    /// On a review comment (`true`) or an issue comment.
+    pub review_comment: bool,
+    pub content: String,
+    pub user: String,
+    pub created_at: i64,
+}
+
+/// The reaction contents GitHub accepts.
+pub(crate) const REACTION_CONTENTS: [&str; 8] = [
+    "+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes",
+];
+
+/// The roles [`super::FakeGitHub::set_permission`] accepts, strongest first.
+pub(crate) const ROLES: [&str; 6] = ["admin", "maintain", "write", "triage", "read", "none"];
+
 /// What a pull request has on top of its issue.
 #[derive(Debug, Clone)]
 pub(crate) struct Pull {
@@ -78,6 +113,7 @@ pub(crate) struct Pull {
     pub merge_commit_sha: Option<String>,
     pub draft: bool,
     pub reviews: Vec<Review>,
+    pub review_comments: Vec<ReviewComment>,
 }
 
 /// An issue, or the issue side of a pull request (numbers are shared, like GitHub's).
@@ -114,12 +150,44 @@ pub(crate) struct Repo {
     pub labels: Vec<Label>,
     pub items: BTreeMap<u64, Item>,
     pub next_number: u64,
+    /// Reactions to the repository's comments, oldest first.
+    pub reactions: Vec<Reaction>,
+    /// Roles set by [`super::FakeGitHub::set_permission`], keyed by lower-case login.
+    pub permissions: BTreeMap<String, String>,
 }
 
 impl Repo {
     /// `owner/name`.
     pub fn full_name(&self) -> String {
         format!("{}/{}", self.owner, self.name)
+    }
+
+    /// The issue (or pull request) and its comment `id`, if the repository has it.
+    pub fn issue_comment(&self, id: u64) -> Option<(&Item, &Comment)> {
+        self.items
+            .values()
+            .find_map(|i| i.comments.iter().find(|c| c.id == id).map(|c| (i, c)))
+    }
+
+    /// The pull request and the review comment `id`, if the repository has it.
+    pub fn review_comment(&self, id: u64) -> Option<(&Item, &ReviewComment)> {
+        self.items.values().find_map(|i| {
+            i.pull
+                .as_ref()?
+                .review_comments
+                .iter()
+                .find(|c| c.id == id)
+                .map(|c| (i, c))
+        })
+    }
+
+    /// The role `login` has: the one set, `admin` for the owner, else `None`.
+    pub fn role_of(&self, login: &str) -> Option<&str> {
+        match self.permissions.get(&login.to_ascii_lowercase()) {
+            Some(role) => Some(role.as_str()),
+            None if self.owner.eq_ignore_ascii_case(login) => Some("admin"),
+            None => None,
+        }
     }
 
     /// The repository label of that name (case-insensitive, like GitHub).
@@ -334,6 +402,7 @@ impl State {
             merge_commit_sha: None,
             draft,
             reviews: Vec::new(),
+            review_comments: Vec::new(),
         });
         repo.items.insert(
             number,
@@ -356,6 +425,40 @@ impl State {
             },
         );
         Some(number)
+    }
+
+    /// Submits a review of pull request `number` as `login` on its head commit; returns its
+    /// id, or `None` when there is no such pull request. A submitted (not pending) review
+    /// touches the pull request.
+    pub fn push_review(
+        &mut self,
+        key: &str,
+        number: u64,
+        login: &str,
+        state: &str,
+        body: &str,
+    ) -> Option<u64> {
+        self.ensure_user(login);
+        let id = self.new_id();
+        let now = self.now();
+        let pull = self
+            .repos
+            .get_mut(key)
+            .and_then(|r| r.items.get_mut(&number))
+            .and_then(|i| i.pull.as_mut())?;
+        let commit_id = pull.head_sha.clone();
+        pull.reviews.push(Review {
+            id,
+            body: body.to_owned(),
+            state: state.to_owned(),
+            user: login.to_owned(),
+            submitted_at: now,
+            commit_id,
+        });
+        if state != "PENDING" {
+            self.touch(key, number);
+        }
+        Some(id)
     }
 
     /// Closes or reopens an item; true if its state changed.
@@ -657,12 +760,38 @@ impl State {
         }
     }
 
-    fn reactions_json(url: &str) -> Value {
-        json!({
-            "url": format!("{url}/reactions"),
-            "total_count": 0, "+1": 0, "-1": 0, "laugh": 0, "hooray": 0,
-            "confused": 0, "heart": 0, "rocket": 0, "eyes": 0
-        })
+    /// The `reactions` roll-up of a subject: its url and a count per content.
+    fn reactions_json<'r>(url: &str, reactions: impl Iterator<Item = &'r Reaction>) -> Value {
+        let mut counts = [0usize; REACTION_CONTENTS.len()];
+        let mut total = 0usize;
+        for reaction in reactions {
+            if let Some(i) = REACTION_CONTENTS
+                .iter()
+                .position(|c| *c == reaction.content)
+                && let Some(count) = counts.get_mut(i)
+            {
+                *count += 1;
+                total += 1;
+            }
+        }
+        let mut map = Map::new();
+        map.insert("url".to_owned(), json!(format!("{url}/reactions")));
+        map.insert("total_count".to_owned(), json!(total));
+        for (content, count) in REACTION_CONTENTS.iter().zip(counts) {
+            map.insert((*content).to_owned(), json!(count));
+        }
+        Value::Object(map)
+    }
+
+    /// The reactions of one comment.
+    fn reactions_of(
+        repo: &Repo,
+        comment_id: u64,
+        review_comment: bool,
+    ) -> impl Iterator<Item = &Reaction> {
+        repo.reactions
+            .iter()
+            .filter(move |r| r.comment_id == comment_id && r.review_comment == review_comment)
     }
 
     /// An issue (`issue`); pull requests carry a `pull_request` object. `full` adds the
@@ -700,7 +829,7 @@ impl State {
             "author_association": Self::association(repo, &item.user),
             "active_lock_reason": null,
             "body": item.body,
-            "reactions": Self::reactions_json(&api),
+            "reactions": Self::reactions_json(&api, std::iter::empty()),
             "timeline_url": format!("{api}/timeline"),
             "performed_via_github_app": null,
             "state_reason": item.state_reason
@@ -760,7 +889,7 @@ impl State {
             "updated_at": format_time(comment.updated_at),
             "author_association": Self::association(repo, &comment.user),
             "body": comment.body,
-            "reactions": Self::reactions_json(&url),
+            "reactions": Self::reactions_json(&url, Self::reactions_of(repo, comment.id, false)),
             "performed_via_github_app": null
         })
     }
@@ -854,7 +983,7 @@ impl State {
                 "mergeable_state": if item.open { "clean" } else { "unknown" },
                 "merged_by": pull.merged_by.as_deref().map_or(Value::Null, |l| self.user_json(l)),
                 "comments": item.comments.len(),
-                "review_comments": 0,
+                "review_comments": pull.review_comments.len(),
                 "maintainer_can_modify": false,
                 "commits": 1,
                 "additions": 1,
@@ -868,7 +997,8 @@ impl State {
         value
     }
 
-    /// A pull-request review (`pull-request-review`).
+    /// A pull-request review (`pull-request-review`); a pending review has no
+    /// `submitted_at`, like GitHub's.
     pub fn review_json(&self, repo: &Repo, item: &Item, review: &Review) -> Value {
         let full_name = repo.full_name();
         let html = format!(
@@ -876,7 +1006,7 @@ impl State {
             item.number, review.id
         );
         let pull_api = format!("{}/repos/{full_name}/pulls/{}", self.base_url, item.number);
-        json!({
+        let mut value = json!({
             "id": review.id,
             "node_id": node_id("PullRequestReview", review.id),
             "user": self.user_json(&review.user),
@@ -888,6 +1018,105 @@ impl State {
             "_links": {"html": {"href": html}, "pull_request": {"href": pull_api}},
             "submitted_at": format_time(review.submitted_at),
             "commit_id": review.commit_id
+        });
+        if review.state == "PENDING"
+            && let Value::Object(map) = &mut value
+        {
+            map.remove("submitted_at");
+        }
+        value
+    }
+
+    /// A review comment (`pull-request-review-comment`), on the right side of the diff.
+    pub fn review_comment_json(&self, repo: &Repo, item: &Item, comment: &ReviewComment) -> Value {
+        let full_name = repo.full_name();
+        let url = format!(
+            "{}/repos/{full_name}/pulls/comments/{}",
+            self.base_url, comment.id
+        );
+        let pull_api = format!("{}/repos/{full_name}/pulls/{}", self.base_url, item.number);
+        let html = format!(
+            "{HTML_BASE}/{full_name}/pull/{}#discussion_r{}",
+            item.number, comment.id
+        );
+        let hunk_start = comment.line.saturating_sub(1).max(1);
+        json!({
+            "url": url,
+            "pull_request_review_id": comment.review_id,
+            "id": comment.id,
+            "node_id": node_id("PullRequestReviewComment", comment.id),
+            "diff_hunk": format!(
+                "@@ -{hunk_start},2 +{hunk_start},3 @@\n context\n+{}",
+                comment.body.lines().next().unwrap_or_default()
+            ),
+            "path": comment.path,
+            "position": 3,
+            "original_position": 3,
+            "commit_id": comment.commit_id,
+            "original_commit_id": comment.commit_id,
+            "user": self.user_json(&comment.user),
+            "body": comment.body,
+            "created_at": format_time(comment.created_at),
+            "updated_at": format_time(comment.updated_at),
+            "html_url": html,
+            "pull_request_url": pull_api,
+            "author_association": Self::association(repo, &comment.user),
+            "_links": {
+                "self": {"href": url},
+                "html": {"href": html},
+                "pull_request": {"href": pull_api}
+            },
+            "reactions": Self::reactions_json(&url, Self::reactions_of(repo, comment.id, true)),
+            "start_line": null,
+            "original_start_line": null,
+            "start_side": null,
+            "line": comment.line,
+            "original_line": comment.line,
+            "side": "RIGHT",
+            "subject_type": "line",
+            "performed_via_github_app": null
         })
+    }
+
+    /// A reaction (`reaction`).
+    pub fn reaction_json(&self, reaction: &Reaction) -> Value {
+        json!({
+            "id": reaction.id,
+            "node_id": node_id("Reaction", reaction.id),
+            "user": self.user_json(&reaction.user),
+            "content": reaction.content,
+            "created_at": format_time(reaction.created_at)
+        })
+    }
+
+    /// `GET …/collaborators/{username}/permission` (`repository-collaborator-permission`)
+    /// for `login` with `role` (one of [`ROLES`]).
+    pub fn permission_json(&self, login: &str, role: &str) -> Value {
+        // The legacy summary: maintain counts as write, triage as read.
+        let permission = match role {
+            "admin" => "admin",
+            "maintain" | "write" => "write",
+            "triage" | "read" => "read",
+            _ => "none",
+        };
+        let at_least = |r: &str| {
+            let rank = |x: &str| ROLES.iter().position(|y| *y == x).unwrap_or(ROLES.len());
+            rank(role) <= rank(r)
+        };
+        let mut user = self.user_json(login);
+        if let Value::Object(map) = &mut user {
+            map.insert(
+                "permissions".to_owned(),
+                json!({
+                    "admin": at_least("admin"),
+                    "maintain": at_least("maintain"),
+                    "push": at_least("write"),
+                    "triage": at_least("triage"),
+                    "pull": at_least("read")
+                }),
+            );
+            map.insert("role_name".to_owned(), json!(role));
+        }
+        json!({"permission": permission, "role_name": role, "user": user})
     }
 }

@@ -1533,3 +1533,376 @@ fn random_requests_never_break_the_fake() {
     assert_eq!(get(&fake, "/user").status(), StatusCode::OK);
     assert_eq!(fake.count_status(500), 0);
 }
+
+// ----- reviews, review comments, reactions, permissions -----
+
+#[test]
+fn reviews_list_with_etags_and_touch_the_pull() {
+    let fake = fake();
+    let n = fake.add_pull("acme", "widgets", "Fix", "agentry/fix", "main");
+    let path = format!("/repos/acme/widgets/pulls/{n}/reviews");
+    let pulls = "/repos/acme/widgets/pulls?state=all&sort=updated&direction=desc";
+    let first = get(&fake, &path);
+    let etag = header(&first, "etag").unwrap();
+    assert_eq!(json_of(first), json!([]));
+    let pulls_etag = header(&get(&fake, pulls), "etag").unwrap();
+    let before = fake.pulls("acme", "widgets");
+
+    fake.advance_clock(Duration::from_secs(5));
+    let id = fake.add_review(
+        "acme",
+        "widgets",
+        n,
+        "alice",
+        "CHANGES_REQUESTED",
+        "Rename it.",
+    );
+    // The list and the pull requests sorted by update both changed.
+    let resp = req(&fake, reqwest::Method::GET, &path)
+        .header("If-None-Match", &etag)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let etag = header(&resp, "etag").unwrap();
+    let reviews = json_of(resp);
+    let r = &reviews[0];
+    assert_eq!(r["id"], id);
+    assert_eq!(r["user"]["login"], "alice");
+    assert_eq!(r["state"], "CHANGES_REQUESTED");
+    assert_eq!(r["body"], "Rename it.");
+    assert_eq!(
+        r["html_url"],
+        format!("https://github.com/acme/widgets/pull/{n}#pullrequestreview-{id}")
+    );
+    assert!(r["submitted_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(r["commit_id"].as_str().unwrap().len(), 40);
+    assert_eq!(
+        r["pull_request_url"],
+        format!("{}/repos/acme/widgets/pulls/{n}", fake.base_url())
+    );
+    let resp = req(&fake, reqwest::Method::GET, &path)
+        .header("If-None-Match", &etag)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+    let resp = req(&fake, reqwest::Method::GET, pulls)
+        .header("If-None-Match", &pulls_etag)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let listed = json_of(resp);
+    assert_ne!(listed[0]["updated_at"], listed[0]["created_at"]);
+    assert_eq!(before.len(), 1);
+
+    // A pending review is seen by its author only, and has no submitted_at.
+    fake.add_review("acme", "widgets", n, "agentry-bot", "PENDING", "draft");
+    fake.add_review("acme", "widgets", n, "alice", "PENDING", "hers");
+    let reviews = json_of(get(&fake, &path));
+    assert_eq!(reviews.as_array().unwrap().len(), 2);
+    assert_eq!(reviews[1]["state"], "PENDING");
+    assert!(reviews[1].get("submitted_at").is_none());
+    assert_eq!(
+        fake.reviews("acme", "widgets", n),
+        ["Rename it.", "draft", "hers"]
+    );
+}
+
+#[test]
+fn review_comments_page_filter_by_since_and_count_on_the_pull() {
+    let fake = fake();
+    fake.freeze_clock();
+    let n = fake.add_pull("acme", "widgets", "Fix", "agentry/fix", "main");
+    for i in 0..35 {
+        fake.add_review_comment("acme", "widgets", n, "alice", "src/lib.rs", i + 1, "old");
+    }
+    fake.advance_clock(Duration::from_secs(30));
+    let since = fake.now_unix();
+    let newer = fake.add_review_comment("acme", "widgets", n, "bob", "README.md", 7, "Typo.");
+    let path = format!("/repos/acme/widgets/pulls/{n}/comments");
+
+    // Default page size 30, Link to the next page.
+    let resp = get(&fake, &path);
+    let link = header(&resp, "link").unwrap();
+    assert!(link.contains("rel=\"next\""), "{link}");
+    assert_eq!(json_of(resp).as_array().unwrap().len(), 30);
+    let page2 = json_of(get(&fake, &format!("{path}?page=2")));
+    assert_eq!(page2.as_array().unwrap().len(), 6);
+    let c = &page2[5];
+    assert_eq!(c["id"], newer);
+    assert_eq!(c["user"]["login"], "bob");
+    assert_eq!(c["path"], "README.md");
+    assert_eq!(
+        (c["line"].clone(), c["original_line"].clone()),
+        (json!(7), json!(7))
+    );
+    assert_eq!(
+        c["html_url"],
+        format!("https://github.com/acme/widgets/pull/{n}#discussion_r{newer}")
+    );
+    assert!(c["pull_request_review_id"].as_u64().is_some());
+    assert_eq!(c["created_at"], c["updated_at"]);
+
+    // `since` keeps those updated at or after it.
+    let since_text = time::OffsetDateTime::from_unix_timestamp(since)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let recent = json_of(get(&fake, &format!("{path}?since={since_text}")));
+    assert_eq!(recent.as_array().unwrap().len(), 1);
+    assert_eq!(recent[0]["id"], newer);
+    let bad = get(&fake, &format!("{path}?since=yesterday"));
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // ETags: a 304 until something changes.
+    let resp = get(&fake, &path);
+    let etag = header(&resp, "etag").unwrap();
+    let resp = req(&fake, reqwest::Method::GET, &path)
+        .header("If-None-Match", &etag)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+
+    let pull = json_of(get(&fake, &format!("/repos/acme/widgets/pulls/{n}")));
+    assert_eq!(pull["review_comments"], 36);
+    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls/{n}/comments"), 6);
+    // An issue number is no pull request.
+    let issue = fake.add_issue("acme", "widgets", "x", None, &[]);
+    let resp = get(
+        &fake,
+        &format!("/repos/acme/widgets/pulls/{issue}/comments"),
+    );
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+}
+
+#[test]
+fn issue_comments_filter_by_since_and_touch_the_pull() {
+    let fake = fake();
+    fake.freeze_clock();
+    let n = fake.add_pull("acme", "widgets", "Fix", "agentry/fix", "main");
+    let old = fake.add_comment("acme", "widgets", n, "alice", "old");
+    let pulls = "/repos/acme/widgets/pulls?state=all&sort=updated&direction=desc";
+    let pulls_etag = header(&get(&fake, pulls), "etag").unwrap();
+    fake.advance_clock(Duration::from_secs(30));
+    let since = time::OffsetDateTime::from_unix_timestamp(fake.now_unix())
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let id = fake.add_comment("acme", "widgets", n, "bob", "@agentry again");
+    let path = format!("/repos/acme/widgets/issues/{n}/comments");
+    let recent = json_of(get(&fake, &format!("{path}?since={since}")));
+    assert_eq!(recent.as_array().unwrap().len(), 1);
+    assert_eq!(recent[0]["id"], id);
+    assert_eq!(
+        recent[0]["html_url"],
+        format!("https://github.com/acme/widgets/pull/{n}#issuecomment-{id}")
+    );
+    let resp = req(&fake, reqwest::Method::GET, pulls)
+        .header("If-None-Match", &pulls_etag)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        fake.issue_comments("acme", "widgets", n),
+        [
+            (old, "alice".to_owned(), "old".to_owned()),
+            (id, "bob".to_owned(), "@agentry again".to_owned())
+        ]
+    );
+    assert_eq!(
+        fake.pull_head("acme", "widgets", n).as_deref(),
+        Some("agentry/fix")
+    );
+    assert_eq!(fake.pull_head("acme", "widgets", 999), None);
+}
+
+#[test]
+fn reactions_201_then_200_and_422_404() {
+    let fake = fake();
+    let n = fake.add_pull("acme", "widgets", "Fix", "agentry/fix", "main");
+    let comment = fake.add_comment("acme", "widgets", n, "alice", "@agentry fix");
+    let review_comment = fake.add_review_comment("acme", "widgets", n, "alice", "a.rs", 1, "here");
+    let issue_path = format!("/repos/acme/widgets/issues/comments/{comment}/reactions");
+    let review_path = format!("/repos/acme/widgets/pulls/comments/{review_comment}/reactions");
+
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        &issue_path,
+        &json!({"content": "eyes"}),
+    );
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let created = json_of(resp);
+    assert_eq!(created["content"], "eyes");
+    assert_eq!(created["user"]["login"], "agentry-bot");
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        &issue_path,
+        &json!({"content": "eyes"}),
+    );
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(json_of(resp)["id"], created["id"]);
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        &review_path,
+        &json!({"content": "+1"}),
+    );
+    assert_eq!(resp.status(), StatusCode::CREATED);
+
+    let reactions = fake.reactions("acme", "widgets");
+    assert_eq!(
+        reactions,
+        [
+            agentry_fake_github::Reaction {
+                comment_id: comment,
+                review_comment: false,
+                content: "eyes".into(),
+                user: "agentry-bot".into(),
+            },
+            agentry_fake_github::Reaction {
+                comment_id: review_comment,
+                review_comment: true,
+                content: "+1".into(),
+                user: "agentry-bot".into(),
+            }
+        ]
+    );
+    // The comments' roll-ups count them.
+    let listed = json_of(get(
+        &fake,
+        &format!("/repos/acme/widgets/issues/{n}/comments"),
+    ));
+    assert_eq!(listed[0]["reactions"]["eyes"], 1);
+    assert_eq!(listed[0]["reactions"]["total_count"], 1);
+    let listed = json_of(get(
+        &fake,
+        &format!("/repos/acme/widgets/pulls/{n}/comments"),
+    ));
+    assert_eq!(listed[0]["reactions"]["+1"], 1);
+
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        &issue_path,
+        &json!({"content": "tada"}),
+    );
+    assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(json_of(resp)["message"], "Validation Failed");
+    let resp = send_json(&fake, reqwest::Method::POST, &issue_path, &json!({}));
+    assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // An issue comment's id is no review comment's, and the other way round.
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        &format!("/repos/acme/widgets/pulls/comments/{comment}/reactions"),
+        &json!({"content": "eyes"}),
+    );
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        &format!("/repos/acme/widgets/issues/comments/{review_comment}/reactions"),
+        &json!({"content": "eyes"}),
+    );
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+
+    // Faults apply to the new routes like to the others.
+    let route = "/repos/{o}/{r}/issues/comments/{id}/reactions";
+    fake.fail_next(Some(("POST", route)), 1, Fault::Status(502));
+    let resp = send_json(
+        &fake,
+        reqwest::Method::POST,
+        &issue_path,
+        &json!({"content": "heart"}),
+    );
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(fake.reactions("acme", "widgets").len(), 2);
+    assert_eq!(fake.count("POST", route), 6);
+}
+
+#[test]
+fn permissions_by_role_owner_stranger_and_unknown() {
+    let fake = fake();
+    fake.set_permission("acme", "widgets", "maria", "maintain");
+    fake.set_permission("acme", "widgets", "tri", "triage");
+    fake.add_token("ghp_stranger", "stranger");
+    let raw = |login: &str| {
+        let resp = get(
+            &fake,
+            &format!("/repos/acme/widgets/collaborators/{login}/permission"),
+        );
+        (resp.status(), json_of(resp))
+    };
+    // (octocrab 0.54's model of this answer expects `push`/`pull` in `permission`, where
+    // GitHub writes `write`/`read`: the shape is checked here member by member.)
+    let (status, body) = raw("maria");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["user"]["login"], "maria");
+    assert_eq!(body["user"]["role_name"], "maintain");
+    assert_eq!(
+        body["user"]["permissions"],
+        json!({"admin": false, "maintain": true, "push": true, "triage": true, "pull": true})
+    );
+    assert_eq!(
+        (body["permission"].clone(), body["role_name"].clone()),
+        (json!("write"), json!("maintain"))
+    );
+    let (_, body) = raw("tri");
+    assert_eq!(
+        (body["permission"].clone(), body["role_name"].clone()),
+        (json!("read"), json!("triage"))
+    );
+    let (_, body) = raw("acme");
+    assert_eq!(body["permission"], "admin");
+    let (_, body) = raw("stranger");
+    assert_eq!(
+        (body["permission"].clone(), body["role_name"].clone()),
+        (json!("read"), json!("read"))
+    );
+    let (status, body) = raw("nobody");
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["message"], "Not Found");
+    fake.set_permission("acme", "widgets", "maria", "none");
+    let (_, body) = raw("maria");
+    assert_eq!(body["permission"], "none");
+
+    // ETags on the new GET like on the others.
+    let path = "/repos/acme/widgets/collaborators/tri/permission";
+    let etag = header(&get(&fake, path), "etag").unwrap();
+    let resp = req(&fake, reqwest::Method::GET, path)
+        .header("If-None-Match", &etag)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(
+        fake.count("GET", "/repos/{o}/{r}/collaborators/{u}/permission"),
+        8
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn octocrab_reads_reviews_and_review_comments() {
+    let fake = fake();
+    let n = fake.add_pull("acme", "widgets", "Fix", "agentry/fix", "main");
+    let review = fake.add_review("acme", "widgets", n, "alice", "CHANGES_REQUESTED", "No.");
+    let comment = fake.add_review_comment("acme", "widgets", n, "bob", "src/a.rs", 3, "Hm.");
+    let octo = octo(&fake);
+    let reviews = octo
+        .pulls("acme", "widgets")
+        .list_reviews(n)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reviews.items.len(), 2);
+    assert_eq!(reviews.items[0].id.0, review);
+    let comments = octo
+        .pulls("acme", "widgets")
+        .list_comments(Some(n))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(comments.items.len(), 1);
+    assert_eq!(comments.items[0].id.0, comment);
+    assert_eq!(comments.items[0].line, Some(3));
+}

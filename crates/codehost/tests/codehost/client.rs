@@ -10,7 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub};
+use agentry_codehost::{
+    ClientConfig, CodeHostError, Conditional, GitHub, Permission, ReactionTarget,
+};
 use agentry_fake_github::{FakeGitHub, Fault};
 use time::OffsetDateTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -555,6 +557,279 @@ async fn create_pull_pull_and_create_review() {
         gh.pull(OWNER, REPO, issue).await.unwrap_err(),
         CodeHostError::NotFound(_)
     ));
+}
+
+// ----- revisions: reviews, review comments, permissions, reactions -----
+
+#[tokio::test]
+async fn reviews_every_page_oldest_first() {
+    let fake = fake();
+    let pr = fake.add_pull(OWNER, REPO, "Fix", "agentry/fix", "main");
+    for i in 0..130 {
+        let state = if i % 2 == 0 { "COMMENTED" } else { "APPROVED" };
+        fake.add_review(OWNER, REPO, pr, "alice", state, &format!("review {i}"));
+    }
+    let last = fake.add_review(OWNER, REPO, pr, "bob", "CHANGES_REQUESTED", "Rename it.");
+    let gh = client(&fake);
+
+    let reviews = gh.reviews(OWNER, REPO, pr).await.unwrap();
+    assert_eq!(reviews.len(), 131);
+    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls/{n}/reviews"), 2);
+    assert_eq!(reviews[0].body, "review 0");
+    assert_eq!(reviews[1].state, "APPROVED");
+    let r = &reviews[130];
+    assert_eq!(r.id, last);
+    assert_eq!(r.author, "bob");
+    assert_eq!(r.state, "CHANGES_REQUESTED");
+    assert_eq!(r.body, "Rename it.");
+    assert_eq!(
+        r.html_url,
+        format!("https://github.com/acme/widgets/pull/{pr}#pullrequestreview-{last}")
+    );
+    assert!(r.submitted_at.is_some());
+    // review_bodies reads the same list.
+    let bodies = gh.review_bodies(OWNER, REPO, pr).await.unwrap();
+    assert_eq!(bodies.len(), 131);
+    assert_eq!(bodies[130], "Rename it.");
+    // An issue has no reviews.
+    let issue = fake.add_issue(OWNER, REPO, "x", None, &[]);
+    assert!(matches!(
+        gh.reviews(OWNER, REPO, issue).await.unwrap_err(),
+        CodeHostError::NotFound(_)
+    ));
+}
+
+#[tokio::test]
+async fn review_comments_every_page_and_since() {
+    let fake = fake();
+    fake.freeze_clock();
+    let pr = fake.add_pull(OWNER, REPO, "Fix", "agentry/fix", "main");
+    for i in 0..120 {
+        fake.add_review_comment(
+            OWNER,
+            REPO,
+            pr,
+            "alice",
+            "src/lib.rs",
+            i + 1,
+            &format!("c{i}"),
+        );
+    }
+    fake.advance_clock(Duration::from_secs(60));
+    let since = OffsetDateTime::from_unix_timestamp(fake.now_unix()).unwrap();
+    let newer = fake.add_review_comment(OWNER, REPO, pr, "bob", "README.md", 3, "Typo here.");
+    let gh = client(&fake);
+
+    let all = gh.review_comments(OWNER, REPO, pr, None).await.unwrap();
+    assert_eq!(all.len(), 121);
+    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls/{n}/comments"), 2);
+    assert_eq!(all[0].body, "c0");
+    assert_eq!(all[0].line, Some(1));
+    assert_eq!(all[0].path, "src/lib.rs");
+    // Each single comment sits in a review of its own, as on GitHub.
+    let reviews = gh.reviews(OWNER, REPO, pr).await.unwrap();
+    assert_eq!(reviews.len(), 121);
+    assert_eq!(all[0].review_id, Some(reviews[0].id));
+    assert_eq!(
+        (reviews[0].state.as_str(), reviews[0].body.as_str()),
+        ("COMMENTED", "")
+    );
+
+    fake.reset_counts();
+    let recent = gh
+        .review_comments(
+            OWNER,
+            REPO,
+            pr,
+            Some(since + time::Duration::milliseconds(700)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(recent.len(), 1);
+    let c = &recent[0];
+    assert_eq!(c.id, newer);
+    assert_eq!(c.author, "bob");
+    assert_eq!(c.body, "Typo here.");
+    assert_eq!((c.path.as_str(), c.line), ("README.md", Some(3)));
+    assert_eq!(
+        c.html_url,
+        format!("https://github.com/acme/widgets/pull/{pr}#discussion_r{newer}")
+    );
+    assert_eq!(c.created_at, since);
+    // `since` goes out in whole UTC seconds.
+    let query = &fake.requests()[0].query;
+    let expected = format!(
+        "since={}",
+        since
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+            .replace(':', "%3A")
+    );
+    assert!(
+        query.contains(&expected) || query.contains(&expected.replace("%3A", ":")),
+        "{query}"
+    );
+}
+
+#[tokio::test]
+async fn issue_comments_since_and_html_urls() {
+    let fake = fake();
+    fake.freeze_clock();
+    let pr = fake.add_pull(OWNER, REPO, "Fix", "agentry/fix", "main");
+    let issue = fake.add_issue(OWNER, REPO, "Bug", None, &[]);
+    let old = fake.add_comment(OWNER, REPO, pr, "alice", "old");
+    fake.add_comment(OWNER, REPO, issue, "alice", "on the issue");
+    fake.advance_clock(Duration::from_secs(10));
+    let since = OffsetDateTime::from_unix_timestamp(fake.now_unix()).unwrap();
+    let new = fake.add_comment(OWNER, REPO, pr, "bob", "@agentry please fix the test");
+    let gh = client(&fake);
+
+    let all = gh.issue_comments(OWNER, REPO, pr).await.unwrap();
+    assert_eq!(all.iter().map(|c| c.id).collect::<Vec<_>>(), [old, new]);
+    assert_eq!(
+        all[1].html_url,
+        format!("https://github.com/acme/widgets/pull/{pr}#issuecomment-{new}")
+    );
+    let recent = gh
+        .issue_comments_since(OWNER, REPO, pr, Some(since))
+        .await
+        .unwrap();
+    assert_eq!(recent.len(), 1);
+    assert_eq!(recent[0].id, new);
+    assert_eq!(recent[0].author, "bob");
+    assert_eq!(
+        gh.issue_comments_since(OWNER, REPO, pr, None)
+            .await
+            .unwrap(),
+        all
+    );
+    let on_issue = gh.issue_comments(OWNER, REPO, issue).await.unwrap();
+    assert!(
+        on_issue[0].html_url.starts_with(&format!(
+            "https://github.com/acme/widgets/issues/{issue}#issuecomment-"
+        )),
+        "{}",
+        on_issue[0].html_url
+    );
+}
+
+#[tokio::test]
+async fn collaborator_permission_roles_and_404() {
+    let fake = fake();
+    fake.set_permission(OWNER, REPO, "maria", "maintain");
+    fake.set_permission(OWNER, REPO, "wes", "write");
+    fake.set_permission(OWNER, REPO, "tri", "triage");
+    fake.set_permission(OWNER, REPO, "gone", "none");
+    fake.set_permission(OWNER, REPO, "ad.min", "admin");
+    fake.add_token("ghp_other_user_token", "stranger");
+    let gh = client(&fake);
+
+    let of = |login: &'static str| {
+        let gh = gh.clone();
+        async move {
+            gh.collaborator_permission(OWNER, REPO, login)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(of("acme").await, Permission::Admin, "the owner");
+    assert_eq!(of("ad.min").await, Permission::Admin);
+    assert_eq!(of("maria").await, Permission::Maintain);
+    assert_eq!(of("wes").await, Permission::Write);
+    assert_eq!(of("tri").await, Permission::Triage);
+    assert_eq!(of("gone").await, Permission::None);
+    // A user without a role on a public repository may read it.
+    assert_eq!(of("stranger").await, Permission::Read);
+    // No such user: GitHub's 404 is "no permission", not an error.
+    assert_eq!(of("nobody-at-all").await, Permission::None);
+    assert_eq!(of("a/b?c").await, Permission::None);
+    assert!(
+        fake.requests()
+            .iter()
+            .any(|r| r.path == "/repos/acme/widgets/collaborators/a%2Fb%3Fc/permission")
+    );
+    assert!(Permission::Maintain.can_write());
+    assert!(!Permission::Triage.can_write());
+    assert_eq!(Permission::Maintain.as_str(), "maintain");
+    // GitHub's 404 does not say what is missing: an unknown repository is no permission too.
+    assert_eq!(
+        gh.collaborator_permission(OWNER, "nope", "wes")
+            .await
+            .unwrap(),
+        Permission::None
+    );
+}
+
+#[tokio::test]
+async fn reactions_are_added_once_and_repeating_is_ok() {
+    let fake = fake();
+    let pr = fake.add_pull(OWNER, REPO, "Fix", "agentry/fix", "main");
+    let comment = fake.add_comment(OWNER, REPO, pr, "alice", "@agentry fix it");
+    let review_comment =
+        fake.add_review_comment(OWNER, REPO, pr, "alice", "src/lib.rs", 4, "rename");
+    let gh = client(&fake);
+    let route = "/repos/{o}/{r}/issues/comments/{id}/reactions";
+
+    gh.add_reaction(OWNER, REPO, ReactionTarget::IssueComment(comment), "eyes")
+        .await
+        .unwrap();
+    gh.add_reaction(OWNER, REPO, ReactionTarget::IssueComment(comment), "eyes")
+        .await
+        .unwrap();
+    let statuses: Vec<u16> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(statuses, [201, 200]);
+    gh.add_reaction(
+        OWNER,
+        REPO,
+        ReactionTarget::ReviewComment(review_comment),
+        "+1",
+    )
+    .await
+    .unwrap();
+    let reactions = fake.reactions(OWNER, REPO);
+    assert_eq!(reactions.len(), 2);
+    assert_eq!(
+        (reactions[0].comment_id, reactions[0].review_comment),
+        (comment, false)
+    );
+    assert_eq!(reactions[0].content, "eyes");
+    assert_eq!(reactions[0].user, "agentry-bot");
+    assert_eq!(
+        (reactions[1].comment_id, reactions[1].review_comment),
+        (review_comment, true)
+    );
+    assert_eq!(
+        fake.count("POST", "/repos/{o}/{r}/pulls/comments/{id}/reactions"),
+        1
+    );
+
+    // Safe to repeat, so sent again after a 5xx, even one whose answer was lost.
+    fake.fail_next(Some(("POST", route)), 1, Fault::AnswerLost(502));
+    fake.reset_counts();
+    gh.add_reaction(OWNER, REPO, ReactionTarget::IssueComment(comment), "rocket")
+        .await
+        .unwrap();
+    assert_eq!(fake.count("POST", route), 2);
+    assert_eq!(fake.reactions(OWNER, REPO).len(), 3);
+
+    let err = gh
+        .add_reaction(OWNER, REPO, ReactionTarget::IssueComment(comment), "tada")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CodeHostError::Rejected { status: 422, .. }),
+        "{err:?}"
+    );
+    let err = gh
+        .add_reaction(OWNER, REPO, ReactionTarget::ReviewComment(comment), "eyes")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CodeHostError::NotFound(_)), "{err:?}");
 }
 
 #[tokio::test]

@@ -37,9 +37,12 @@ const PR_CLOSED: &[u8] = fixture!("pull_request.closed");
 const PR_OPENED: &[u8] = fixture!("pull_request.opened");
 const PR_LABELED: &[u8] = fixture!("pull_request.labeled");
 const PR_REOPENED: &[u8] = fixture!("pull_request.reopened");
+const REVIEW_SUBMITTED: &[u8] = fixture!("pull_request_review.submitted");
+const ISSUE_COMMENT_CREATED: &[u8] = fixture!("issue_comment.created");
+const REVIEW_COMMENT_CREATED: &[u8] = fixture!("pull_request_review_comment.created");
 
 /// Every fixture with the event it was delivered as.
-const FIXTURES: [(&str, &[u8]); 8] = [
+const FIXTURES: [(&str, &[u8]); 11] = [
     ("ping", PING),
     ("issues", ISSUES_LABELED),
     ("issues", ISSUES_OPENED),
@@ -48,6 +51,9 @@ const FIXTURES: [(&str, &[u8]); 8] = [
     ("pull_request", PR_OPENED),
     ("pull_request", PR_LABELED),
     ("pull_request", PR_REOPENED),
+    ("pull_request_review", REVIEW_SUBMITTED),
+    ("issue_comment", ISSUE_COMMENT_CREATED),
+    ("pull_request_review_comment", REVIEW_COMMENT_CREATED),
 ];
 
 fn hello_world() -> RepoRef {
@@ -244,6 +250,301 @@ fn other_pull_request_actions_are_other() {
 }
 
 #[test]
+fn pull_request_review_submitted_has_an_upper_case_state() {
+    let event = parse_event("pull_request_review", REVIEW_SUBMITTED).unwrap();
+    assert_eq!(
+        event,
+        WebhookEvent::PullRequestReviewSubmitted {
+            repo: hello_world(),
+            number: 2,
+            review_id: 237_895_671,
+            author: "Codertocat".into(),
+            state: "CHANGES_REQUESTED".into(),
+            body: "Please rename the section before this goes in.".into(),
+            html_url:
+                "https://github.com/Codertocat/Hello-World/pull/2#pullrequestreview-237895671"
+                    .into(),
+        }
+    );
+    assert_eq!(event.action(), Some("submitted"));
+    // A review without a body (an approval, say) has `body: null`.
+    let approved = with_json(REVIEW_SUBMITTED, |v| {
+        v["review"]["state"] = json!("approved");
+        v["review"]["body"] = Value::Null;
+    });
+    assert!(matches!(
+        parse_event("pull_request_review", &approved).unwrap(),
+        WebhookEvent::PullRequestReviewSubmitted { state, body, .. }
+            if state == "APPROVED" && body.is_empty()
+    ));
+    // Other actions are ignored.
+    let dismissed = with_json(REVIEW_SUBMITTED, |v| v["action"] = json!("dismissed"));
+    assert_eq!(
+        parse_event("pull_request_review", &dismissed).unwrap(),
+        other("pull_request_review", Some("dismissed"))
+    );
+}
+
+#[test]
+fn issue_comment_created_says_whether_it_is_on_a_pull_request() {
+    let event = parse_event("issue_comment", ISSUE_COMMENT_CREATED).unwrap();
+    assert_eq!(
+        event,
+        WebhookEvent::IssueCommentCreated {
+            repo: hello_world(),
+            issue_number: 2,
+            is_pull_request: true,
+            comment_id: 492_700_400,
+            author: "Codertocat".into(),
+            body: "@agentry please also update the changelog.".into(),
+            html_url: "https://github.com/Codertocat/Hello-World/pull/2#issuecomment-492700400"
+                .into(),
+        }
+    );
+    assert_eq!(event.action(), Some("created"));
+    // On a plain issue `issue.pull_request` is absent (or null).
+    for change in [
+        (|v: &mut Value| {
+            v["issue"].as_object_mut().unwrap().remove("pull_request");
+        }) as Edit,
+        |v| v["issue"]["pull_request"] = Value::Null,
+    ] {
+        assert!(matches!(
+            parse_event("issue_comment", &with_json(ISSUE_COMMENT_CREATED, change)).unwrap(),
+            WebhookEvent::IssueCommentCreated {
+                is_pull_request: false,
+                ..
+            }
+        ));
+    }
+    for action in ["edited", "deleted"] {
+        let body = with_json(ISSUE_COMMENT_CREATED, |v| v["action"] = json!(action));
+        assert_eq!(
+            parse_event("issue_comment", &body).unwrap(),
+            other("issue_comment", Some(action))
+        );
+    }
+}
+
+#[test]
+fn pull_request_review_comment_created_has_the_line() {
+    let event = parse_event("pull_request_review_comment", REVIEW_COMMENT_CREATED).unwrap();
+    assert_eq!(
+        event,
+        WebhookEvent::ReviewCommentCreated {
+            repo: hello_world(),
+            number: 2,
+            comment_id: 284_312_630,
+            author: "Codertocat".into(),
+            body: "Maybe you should use more emojji on this line.".into(),
+            path: "README.md".into(),
+            line: Some(1),
+            html_url: "https://github.com/Codertocat/Hello-World/pull/2#discussion_r284312630"
+                .into(),
+        }
+    );
+    assert_eq!(event.action(), Some("created"));
+    // An outdated comment has `line: null`: `original_line` stands in; a file comment has
+    // neither.
+    let outdated = with_json(REVIEW_COMMENT_CREATED, |v| {
+        v["comment"]["line"] = Value::Null;
+        v["comment"]["original_line"] = json!(7);
+    });
+    assert!(matches!(
+        parse_event("pull_request_review_comment", &outdated).unwrap(),
+        WebhookEvent::ReviewCommentCreated { line: Some(7), .. }
+    ));
+    let file = with_json(REVIEW_COMMENT_CREATED, |v| {
+        v["comment"]["line"] = Value::Null;
+        v["comment"]["original_line"] = Value::Null;
+        v["comment"]["subject_type"] = json!("file");
+    });
+    assert!(matches!(
+        parse_event("pull_request_review_comment", &file).unwrap(),
+        WebhookEvent::ReviewCommentCreated { line: None, .. }
+    ));
+}
+
+#[test]
+fn new_events_missing_a_needed_member_are_errors_naming_it() {
+    let cases: [(&str, &[u8], &str, &str, Edit); 8] = [
+        (
+            "pull_request_review",
+            REVIEW_SUBMITTED,
+            "submitted",
+            "review.state",
+            |v| {
+                v["review"].as_object_mut().unwrap().remove("state");
+            },
+        ),
+        (
+            "pull_request_review",
+            REVIEW_SUBMITTED,
+            "submitted",
+            "review.user",
+            |v| {
+                v["review"]["user"] = Value::Null;
+            },
+        ),
+        (
+            "pull_request_review",
+            REVIEW_SUBMITTED,
+            "submitted",
+            "pull_request.number",
+            |v| {
+                v["pull_request"]["number"] = json!("2");
+            },
+        ),
+        (
+            "issue_comment",
+            ISSUE_COMMENT_CREATED,
+            "created",
+            "comment.id",
+            |v| {
+                v["comment"].as_object_mut().unwrap().remove("id");
+            },
+        ),
+        (
+            "issue_comment",
+            ISSUE_COMMENT_CREATED,
+            "created",
+            "issue.number",
+            |v| {
+                v["issue"]["number"] = json!(-1);
+            },
+        ),
+        (
+            "issue_comment",
+            ISSUE_COMMENT_CREATED,
+            "created",
+            "comment.html_url",
+            |v| {
+                v["comment"].as_object_mut().unwrap().remove("html_url");
+            },
+        ),
+        (
+            "pull_request_review_comment",
+            REVIEW_COMMENT_CREATED,
+            "created",
+            "comment.path",
+            |v| {
+                v["comment"].as_object_mut().unwrap().remove("path");
+            },
+        ),
+        (
+            "pull_request_review_comment",
+            REVIEW_COMMENT_CREATED,
+            "created",
+            "comment.line",
+            |v| {
+                v["comment"]["line"] = json!("one");
+            },
+        ),
+    ];
+    for (event, fixture, action, member, change) in cases {
+        let message = parse_error(event, &with_json(fixture, change));
+        assert!(
+            message.contains(&format!("`{event}` event, action `{action}`")),
+            "{message}"
+        );
+        let (parent, leaf) = member.rsplit_once('.').unwrap_or(("", member));
+        assert!(
+            message.contains(member)
+                || message.contains(&format!("{parent}: missing field `{leaf}`")),
+            "{member}: {message}"
+        );
+    }
+}
+
+#[test]
+fn the_fakes_payloads_parse_and_agree_with_its_state() {
+    use agentry_fake_github::{FakeGitHub, payloads};
+    let fake = FakeGitHub::start();
+    fake.add_repo("acme", "widgets", "main");
+    let pr = fake.add_pull("acme", "widgets", "Fix it", "agentry/issue-1", "main");
+    let issue = fake.add_issue("acme", "widgets", "Bug", None, &[]);
+
+    let review = fake.add_review("acme", "widgets", pr, "alice", "CHANGES_REQUESTED", "No.");
+    let payload = payloads::pull_request_review_submitted(&fake, "acme", "widgets", pr, review);
+    assert_eq!(payload["review"]["state"], "changes_requested");
+    let body = serde_json::to_vec(&payload).unwrap();
+    assert_eq!(
+        parse_event("pull_request_review", &body).unwrap(),
+        WebhookEvent::PullRequestReviewSubmitted {
+            repo: RepoRef {
+                owner: "acme".into(),
+                name: "widgets".into(),
+                html_url: "https://github.com/acme/widgets".into(),
+            },
+            number: pr,
+            review_id: review,
+            author: "alice".into(),
+            state: "CHANGES_REQUESTED".into(),
+            body: "No.".into(),
+            html_url: format!(
+                "https://github.com/acme/widgets/pull/{pr}#pullrequestreview-{review}"
+            ),
+        }
+    );
+
+    for (number, is_pr) in [(pr, true), (issue, false)] {
+        let id = fake.add_comment("acme", "widgets", number, "bob", "@agentry again");
+        let payload = payloads::issue_comment_created(&fake, "acme", "widgets", number, id);
+        let body = serde_json::to_vec(&payload).unwrap();
+        let kind = if is_pr { "pull" } else { "issues" };
+        match parse_event("issue_comment", &body).unwrap() {
+            WebhookEvent::IssueCommentCreated {
+                issue_number,
+                is_pull_request,
+                comment_id,
+                author,
+                body,
+                html_url,
+                ..
+            } => {
+                assert_eq!(
+                    (issue_number, is_pull_request, comment_id),
+                    (number, is_pr, id)
+                );
+                assert_eq!((author.as_str(), body.as_str()), ("bob", "@agentry again"));
+                assert_eq!(
+                    html_url,
+                    format!("https://github.com/acme/widgets/{kind}/{number}#issuecomment-{id}")
+                );
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+
+    let id = fake.add_review_comment("acme", "widgets", pr, "carol", "src/lib.rs", 42, "Typo.");
+    let payload = payloads::pull_request_review_comment_created(&fake, "acme", "widgets", pr, id);
+    let body = serde_json::to_vec(&payload).unwrap();
+    assert_eq!(
+        parse_event("pull_request_review_comment", &body).unwrap(),
+        WebhookEvent::ReviewCommentCreated {
+            repo: RepoRef {
+                owner: "acme".into(),
+                name: "widgets".into(),
+                html_url: "https://github.com/acme/widgets".into(),
+            },
+            number: pr,
+            comment_id: id,
+            author: "carol".into(),
+            body: "Typo.".into(),
+            path: "src/lib.rs".into(),
+            line: Some(42),
+            html_url: format!("https://github.com/acme/widgets/pull/{pr}#discussion_r{id}"),
+        }
+    );
+    // The payloads have the members of GitHub's.
+    for key in ["action", "repository", "sender"] {
+        assert!(payload.get(key).is_some(), "{key}");
+    }
+    assert_eq!(payload["comment"]["user"]["login"], "carol");
+    assert_eq!(payload["pull_request"]["head"]["ref"], "agentry/issue-1");
+}
+
+#[test]
 fn the_event_header_decides_not_the_body() {
     // An `issues.labeled` body announced as a pull-request event is a pull request `labeled`.
     assert_eq!(
@@ -270,8 +571,8 @@ fn the_event_header_decides_not_the_body() {
         other("push", None)
     );
     assert_eq!(
-        parse_event("issue_comment", br#"{"action": "created"}"#).unwrap(),
-        other("issue_comment", Some("created"))
+        parse_event("issue_comment", br#"{"action": "edited"}"#).unwrap(),
+        other("issue_comment", Some("edited"))
     );
     assert_eq!(parse_event("", b"{}").unwrap(), other("", None));
     // A ping body under `issues` has no action: ignored, not an error.
@@ -625,6 +926,9 @@ fn event_name() -> impl Strategy<Value = String> {
         Just("ping".to_owned()),
         Just("issues".to_owned()),
         Just("pull_request".to_owned()),
+        Just("pull_request_review".to_owned()),
+        Just("issue_comment".to_owned()),
+        Just("pull_request_review_comment".to_owned()),
         ".{0,20}",
     ]
 }
@@ -649,6 +953,15 @@ fn json_shaped() -> impl Strategy<Value = Value> {
         "ref",
         "hook_id",
         "zen",
+        "review",
+        "comment",
+        "user",
+        "state",
+        "body",
+        "id",
+        "path",
+        "line",
+        "original_line",
         "other",
     ]);
     let leaf = prop_oneof![
@@ -661,6 +974,8 @@ fn json_shaped() -> impl Strategy<Value = Value> {
             "labeled",
             "closed",
             "opened",
+            "submitted",
+            "created",
             "2019-05-15T15:21:18Z",
             "2019-13-45T99:99:99Z",
             "+99999-01-01T00:00:00Z",

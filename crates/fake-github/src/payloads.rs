@@ -1,0 +1,137 @@
+//! Webhook payloads built from the fake's state, for tests that deliver webhooks: the ids,
+//! users, bodies and `html_url`s agree with what the fake's REST endpoints serve, and the
+//! shapes are GitHub's (`action`, the subject, `repository`, `sender`), so that a webhook
+//! parser written against GitHub's documented payloads reads them.
+//!
+//! Sign and send them yourself (`X-GitHub-Event` is the function's event name). Every
+//! function panics, naming what is missing, when the pull request or the subject does not
+//! exist: they are test helpers, called after the test created it.
+
+use serde_json::{Value, json};
+
+use super::model::{Repo, State, repo_key};
+use super::{FakeGitHub, no_pull};
+
+/// The `repository` of a webhook payload: the repository without the members only the
+/// REST API adds for the token's user.
+fn repository(state: &State, repo: &Repo) -> Value {
+    let mut value = state.repo_json(repo);
+    if let Value::Object(map) = &mut value {
+        for member in ["permissions", "network_count", "subscribers_count"] {
+            map.remove(member);
+        }
+    }
+    value
+}
+
+/// `X-GitHub-Event: pull_request_review`, action `submitted`, for review `review_id` of pull
+/// request `number`: `review` (its `state` in lower case, as webhooks send it, e.g.
+/// `changes_requested`), `pull_request` (the list shape, as in GitHub's payloads),
+/// `repository` and `sender` (the reviewer).
+///
+/// # Panics
+/// If the pull request or the review does not exist.
+#[track_caller]
+pub fn pull_request_review_submitted(
+    fake: &FakeGitHub,
+    owner: &str,
+    name: &str,
+    number: u64,
+    review_id: u64,
+) -> Value {
+    let state = fake.state();
+    let Some((repo, item, pull)) = pull_in(&state, owner, name, number) else {
+        no_pull(owner, name, number)
+    };
+    let Some(review) = pull.reviews.iter().find(|r| r.id == review_id) else {
+        panic!("fake GitHub: no review {review_id} on {owner}/{name}#{number}")
+    };
+    let mut review_json = state.review_json(repo, item, review);
+    if let Value::Object(map) = &mut review_json {
+        map.insert("state".to_owned(), json!(review.state.to_ascii_lowercase()));
+    }
+    json!({
+        "action": "submitted",
+        "review": review_json,
+        "pull_request": state.pull_json(repo, item, pull, false),
+        "repository": repository(&state, repo),
+        "sender": state.user_json(&review.user)
+    })
+}
+
+/// `X-GitHub-Event: issue_comment`, action `created`, for comment `comment_id` of issue or
+/// pull request `number`: `issue` (with its `pull_request` member when it is one),
+/// `comment`, `repository` and `sender` (the author).
+///
+/// # Panics
+/// If the issue or the comment does not exist.
+#[track_caller]
+pub fn issue_comment_created(
+    fake: &FakeGitHub,
+    owner: &str,
+    name: &str,
+    number: u64,
+    comment_id: u64,
+) -> Value {
+    let state = fake.state();
+    let Some((repo, item)) = state
+        .repos
+        .get(&repo_key(owner, name))
+        .and_then(|r| r.items.get(&number).map(|i| (r, i)))
+    else {
+        panic!("fake GitHub: no issue {owner}/{name}#{number}")
+    };
+    let Some(comment) = item.comments.iter().find(|c| c.id == comment_id) else {
+        panic!("fake GitHub: no comment {comment_id} on {owner}/{name}#{number}")
+    };
+    json!({
+        "action": "created",
+        "issue": state.issue_json(repo, item, false),
+        "comment": state.comment_json(repo, item, comment),
+        "repository": repository(&state, repo),
+        "sender": state.user_json(&comment.user)
+    })
+}
+
+/// `X-GitHub-Event: pull_request_review_comment`, action `created`, for review comment
+/// `comment_id` of pull request `number`: `comment`, `pull_request` (the list shape),
+/// `repository` and `sender` (the author).
+///
+/// # Panics
+/// If the pull request or the review comment does not exist.
+#[track_caller]
+pub fn pull_request_review_comment_created(
+    fake: &FakeGitHub,
+    owner: &str,
+    name: &str,
+    number: u64,
+    comment_id: u64,
+) -> Value {
+    let state = fake.state();
+    let Some((repo, item, pull)) = pull_in(&state, owner, name, number) else {
+        no_pull(owner, name, number)
+    };
+    let Some(comment) = pull.review_comments.iter().find(|c| c.id == comment_id) else {
+        panic!("fake GitHub: no review comment {comment_id} on {owner}/{name}#{number}")
+    };
+    json!({
+        "action": "created",
+        "comment": state.review_comment_json(repo, item, comment),
+        "pull_request": state.pull_json(repo, item, pull, false),
+        "repository": repository(&state, repo),
+        "sender": state.user_json(&comment.user)
+    })
+}
+
+/// The repository, item and pull-request side of pull request `number`.
+fn pull_in<'s>(
+    state: &'s State,
+    owner: &str,
+    name: &str,
+    number: u64,
+) -> Option<(&'s Repo, &'s super::model::Item, &'s super::model::Pull)> {
+    let repo = state.repos.get(&repo_key(owner, name))?;
+    let item = repo.items.get(&number)?;
+    let pull = item.pull.as_ref()?;
+    Some((repo, item, pull))
+}
