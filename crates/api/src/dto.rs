@@ -2,6 +2,7 @@
 
 use agentry_domain::Task;
 use agentry_persistence::metering::{EgressBlocked, ModelCall};
+use agentry_persistence::revisions::{Feedback, RunTrigger, RunTriggerKind};
 use agentry_persistence::tasks::{Run, TaskEvent};
 use serde::Serialize;
 use time::OffsetDateTime;
@@ -99,6 +100,9 @@ pub struct TaskSummaryDto {
     /// History brought in by an import (docs/contract.md#39-import): never run here, and a
     /// retry of it is refused.
     pub imported: bool,
+    /// How many revision rounds review feedback started on the task's pull request
+    /// (docs/contract.md#57-revisions).
+    pub revisions: i32,
 }
 
 impl From<Task> for TaskSummaryDto {
@@ -128,6 +132,7 @@ impl From<Task> for TaskSummaryDto {
             blocked_reason: t.blocked_by.map(|_| "budget_exhausted".to_owned()),
             blocked_by: t.blocked_by.map(|b| b.as_str().to_owned()),
             imported: t.imported,
+            revisions: t.revisions,
         }
     }
 }
@@ -193,11 +198,43 @@ pub struct RunDto {
     /// What the agent itself printed as its cost (exact decimal USD), kept beside the
     /// metered cost; null when it printed none.
     pub reported_cost_usd: Option<String>,
+    /// Why the run happened: `assignment` (the first attempt), `retry` (a retry or a
+    /// recovery) or `revision` (review feedback; docs/contract.md#57-revisions).
+    #[schema(example = "assignment")]
+    pub trigger: String,
+    /// For a revision: the web address of the feedback that started its round.
+    pub trigger_url: Option<String>,
+    /// For a revision: that feedback's author (a code-host login).
+    pub trigger_author: Option<String>,
+}
+
+impl RunDto {
+    /// The run with why it happened.
+    pub fn with_trigger(r: Run, trigger: Option<RunTrigger>) -> Self {
+        let trigger = trigger.unwrap_or(RunTrigger {
+            kind: if r.attempt > 1 {
+                RunTriggerKind::Retry
+            } else {
+                RunTriggerKind::Assignment
+            },
+            url: None,
+            author: None,
+        });
+        RunDto {
+            trigger: trigger.kind.as_str().to_owned(),
+            trigger_url: trigger.url,
+            trigger_author: trigger.author,
+            ..RunDto::from(r)
+        }
+    }
 }
 
 impl From<Run> for RunDto {
     fn from(r: Run) -> Self {
         RunDto {
+            trigger: if r.attempt > 1 { "retry" } else { "assignment" }.to_owned(),
+            trigger_url: None,
+            trigger_author: None,
             id: r.id,
             attempt: r.attempt,
             agent_type: r.agent_type.to_string(),
@@ -379,6 +416,54 @@ pub struct TaskDetailDto {
     pub reviews: Vec<TaskSummaryDto>,
     /// The connections its runs' egress proxy refused, by destination.
     pub egress_blocked: Vec<EgressBlockedDto>,
+    /// The review feedback that asked for changes on its pull request, oldest first, with
+    /// the round that took each (docs/contract.md#57-revisions).
+    pub feedback: Vec<FeedbackDto>,
+}
+
+/// Review feedback that asked for changes on a task's pull request.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FeedbackDto {
+    /// `review` (changes requested), `issue_comment` or `review_comment` (a mention), or
+    /// `agent_review` (agentry's own review agent).
+    #[schema(example = "review")]
+    pub source: String,
+    /// Its author (a code-host login).
+    pub author: String,
+    /// What it says.
+    pub body: String,
+    /// Its web address.
+    pub url: String,
+    /// The file of a review comment.
+    pub path: Option<String>,
+    /// The line of a review comment.
+    pub line: Option<i64>,
+    /// When agentry received it.
+    #[serde(with = "time::serde::rfc3339")]
+    pub received_at: OffsetDateTime,
+    /// The attempt that started the revision round that took it; null when none did.
+    pub round_attempt: Option<i32>,
+    /// `waiting` (for the next round), `taken`, `over_limit` (maxRevisions reached) or
+    /// `dropped` (the pull request closed first).
+    #[schema(example = "taken")]
+    pub outcome: String,
+}
+
+impl From<Feedback> for FeedbackDto {
+    fn from(f: Feedback) -> Self {
+        FeedbackDto {
+            source: f.source.as_str().to_owned(),
+            author: f.author,
+            body: f.body,
+            url: f.url,
+            path: f.path,
+            line: f.line,
+            received_at: f.received_at,
+            round_attempt: f.round_attempt,
+            outcome: f.outcome.as_str().to_owned(),
+        }
+    }
 }
 
 /// Result of an import.

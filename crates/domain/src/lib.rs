@@ -46,5 +46,5 @@ pub use role::Role;
 pub use settings::RepoSettings;
 pub use task::{
     AgentType, BudgetScope, MAX_ATTEMPTS, Task, TaskState, TaskType, Transition, TransitionError,
-    Trigger, UnknownValue, transition,
+    Revision, Trigger, UnknownValue, transition, transition_in,
 };

@@ -28,7 +28,7 @@ const MAX_MODEL_CHARS: usize = 100;
 pub const MAX_EGRESS_ALLOW: usize = 100;
 
 /// The JSON member names, in declaration order.
-const MEMBERS: [&str; 9] = [
+const MEMBERS: [&str; 11] = [
     CODING_MODEL,
     REVIEW_MODEL,
     MAX_TURNS_CODING,
@@ -38,6 +38,8 @@ const MEMBERS: [&str; 9] = [
     MAX_COST_PER_TASK_USD,
     MONTHLY_BUDGET_USD,
     EGRESS_ALLOW,
+    MAX_REVISIONS,
+    REVISE_ON_AGENT_REVIEW,
 ];
 const CODING_MODEL: &str = "codingModel";
 const REVIEW_MODEL: &str = "reviewModel";
@@ -48,6 +50,11 @@ const AUTO_REVIEW: &str = "autoReview";
 const MAX_COST_PER_TASK_USD: &str = "maxCostPerTaskUsd";
 const MONTHLY_BUDGET_USD: &str = "monthlyBudgetUsd";
 const EGRESS_ALLOW: &str = "egressAllow";
+const MAX_REVISIONS: &str = "maxRevisions";
+const REVISE_ON_AGENT_REVIEW: &str = "reviseOnAgentReview";
+/// The most revision rounds [`RepoSettings::max_revisions`] allows.
+pub const MAX_MAX_REVISIONS: i32 = 50;
+const REVISIONS_RULE: &str = "must be an integer from 0 (no revisions) to 50";
 
 const MODEL_RULE: &str = "must be 1 to 100 characters of A-Z, a-z, 0-9 and . _ : / -, not starting \
      with -";
@@ -97,6 +104,12 @@ pub struct RepoSettings {
     /// besides the instance's (`AGENTRY_EGRESS_ALLOW`): at most [`MAX_EGRESS_ALLOW`]
     /// patterns, in normal form, each once. Default: none.
     pub egress_allow: Vec<EgressPattern>,
+    /// How many revision rounds review feedback may start on one pull request, 0–50; 0
+    /// turns revisions off (docs/contract.md#57-revisions). Default 3.
+    pub max_revisions: i32,
+    /// Whether the findings of agentry's own review agent start a revision round like a
+    /// reviewer's "changes requested". Default `false`.
+    pub revise_on_agent_review: bool,
 }
 
 impl Default for RepoSettings {
@@ -112,6 +125,8 @@ impl Default for RepoSettings {
             max_cost_per_task_usd: None,
             monthly_budget_usd: None,
             egress_allow: Vec::new(),
+            max_revisions: 3,
+            revise_on_agent_review: false,
         }
     }
 }
@@ -135,6 +150,9 @@ impl RepoSettings {
         }
         if self.egress_allow.len() > MAX_EGRESS_ALLOW {
             return Err(FieldError::new(EGRESS_ALLOW, EGRESS_RULE));
+        }
+        if !(0..=MAX_MAX_REVISIONS).contains(&self.max_revisions) {
+            return Err(FieldError::new(MAX_REVISIONS, REVISIONS_RULE));
         }
         Ok(())
     }
@@ -199,6 +217,18 @@ impl RepoSettings {
                     }
                 }
                 EGRESS_ALLOW => next.egress_allow = egress_value(value)?,
+                MAX_REVISIONS => {
+                    next.max_revisions = value
+                        .as_i64()
+                        .filter(|n| (0..=i64::from(MAX_MAX_REVISIONS)).contains(n))
+                        .and_then(|n| i32::try_from(n).ok())
+                        .ok_or_else(|| FieldError::new(MAX_REVISIONS, REVISIONS_RULE))?;
+                }
+                REVISE_ON_AGENT_REVIEW => {
+                    next.revise_on_agent_review = value
+                        .as_bool()
+                        .ok_or_else(|| FieldError::new(REVISE_ON_AGENT_REVIEW, BOOL_RULE))?;
+                }
                 unknown => {
                     return Err(FieldError::new(
                         unknown,
@@ -360,7 +390,7 @@ mod tests {
     fn serialization_shape() {
         assert_eq!(
             serde_json::to_string(&RepoSettings::default()).unwrap(),
-            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null,"monthlyBudgetUsd":null,"egressAllow":[]}"#
+            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null,"monthlyBudgetUsd":null,"egressAllow":[],"maxRevisions":3,"reviseOnAgentReview":false}"#
         );
         let s = patch(json!({"maxTurnsCoding": null, "maxCostPerTaskUsd": "2.50"})).unwrap();
         let v = serde_json::to_value(&s).unwrap();
@@ -393,6 +423,8 @@ mod tests {
             "maxCostPerTaskUsd": "0.01",
             "monthlyBudgetUsd": "0",
             "egressAllow": ["PyPI.org", "*.githubusercontent.com"],
+            "maxRevisions": 7,
+            "reviseOnAgentReview": true,
         }))
         .unwrap();
         assert_eq!(
@@ -410,6 +442,8 @@ mod tests {
                     EgressPattern::parse("pypi.org").unwrap(),
                     EgressPattern::parse("*.githubusercontent.com").unwrap(),
                 ],
+                max_revisions: 7,
+                revise_on_agent_review: true,
             }
         );
         assert_eq!(s.validate(), Ok(()));
@@ -558,6 +592,24 @@ mod tests {
         assert_eq!(claude.model_for(AgentType::Codex, false), "gpt-6.1-sol");
         assert_eq!(claude.model_for(AgentType::Codex, true), "gpt-6-luna");
         assert_eq!(named.model_for(AgentType::Codex, false), "gpt-5.5");
+    }
+
+    #[test]
+    fn revision_settings() {
+        let d = RepoSettings::default();
+        assert_eq!((d.max_revisions, d.revise_on_agent_review), (3, false));
+        let next = patch(json!({"maxRevisions": 0, "reviseOnAgentReview": true})).unwrap();
+        assert_eq!((next.max_revisions, next.revise_on_agent_review), (0, true));
+        assert_eq!(
+            patch(json!({"maxRevisions": 50})).unwrap().max_revisions,
+            50
+        );
+        for bad in [json!(-1), json!(51), json!(2.5), json!("3"), json!(null)] {
+            let err = patch(json!({ "maxRevisions": bad })).unwrap_err();
+            assert_eq!(err.field, "maxRevisions");
+        }
+        let err = patch(json!({"reviseOnAgentReview": "yes"})).unwrap_err();
+        assert_eq!(err.field, "reviseOnAgentReview");
     }
 
     #[test]

@@ -19,6 +19,14 @@
 //! | provisioning, running                | `fail`                        | failed                     |
 //! | failed, cancelled                    | `retry`                       | queued, attempt + 1        |
 //! | provisioning, running                | `lease_expired`               | queued, attempt + 1, or failed at [`MAX_ATTEMPTS`] |
+//! | pr_opened                            | `revision_requested` (coding) | queued, attempt + 1        |
+//!
+//! While a coding task's revision round runs (see [`transition_in`] and
+//! [`Revision`]), the pull request stands whatever the run does: `cancel`
+//! and `fail` from queued, provisioning or running lead back to pr_opened,
+//! `lease_expired` past [`MAX_ATTEMPTS`] within the round too, and the pull
+//! request's merge or close (`pull_request_merged` / `pull_request_closed`)
+//! applies from those states as from pr_opened.
 
 use std::fmt;
 use std::str::FromStr;
@@ -225,11 +233,15 @@ pub enum Trigger {
     /// queued with the attempt number incremented while the attempt is below
     /// [`MAX_ATTEMPTS`], otherwise → failed with the attempt unchanged.
     LeaseExpired,
+    /// Review feedback asks for changes on the task's open pull request: pr_opened →
+    /// queued with the attempt number incremented, the start of a revision round.
+    /// Coding tasks only.
+    RevisionRequested,
 }
 
 impl Trigger {
     /// Every trigger, in declaration order.
-    pub const ALL: [Trigger; 10] = [
+    pub const ALL: [Trigger; 11] = [
         Trigger::Claim,
         Trigger::AgentStarted,
         Trigger::PullRequestOpened,
@@ -240,6 +252,7 @@ impl Trigger {
         Trigger::Fail,
         Trigger::Retry,
         Trigger::LeaseExpired,
+        Trigger::RevisionRequested,
     ];
 
     /// The snake_case name, used as the default reason of a task event.
@@ -255,6 +268,7 @@ impl Trigger {
             Trigger::Fail => "fail",
             Trigger::Retry => "retry",
             Trigger::LeaseExpired => "lease_expired",
+            Trigger::RevisionRequested => "revision_requested",
         }
     }
 }
@@ -291,22 +305,98 @@ pub struct TransitionError {
 }
 
 /// The task state machine: applies `trigger` to a `task_type` task in state
-/// `from` whose attempt number is `attempt`.
+/// `from` whose attempt number is `attempt`, outside any revision round.
 ///
 /// Returns the resulting [`Transition`] (new state and attempt number), or a
 /// [`TransitionError`] for every combination not listed on [`Trigger`].
-/// Attempt increments saturate at `i32::MAX`.
+/// Attempt increments saturate at `i32::MAX`. The same as [`transition_in`]
+/// with no revision round.
 pub fn transition(
     from: TaskState,
     trigger: Trigger,
     task_type: TaskType,
     attempt: i32,
 ) -> Result<Transition, TransitionError> {
+    transition_in(from, trigger, task_type, attempt, None)
+}
+
+/// A coding task's revision round: the runs that answer review feedback on
+/// its open pull request (docs/contract.md#57-revisions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Revision {
+    /// The attempt number the round started with (the one
+    /// [`Trigger::RevisionRequested`] gave the task).
+    pub first_attempt: i32,
+}
+
+impl Revision {
+    /// The round a task is in: `Some` when the task is queued, provisioning
+    /// or running and its latest revision round started at or before its
+    /// current attempt.
+    pub fn of(state: TaskState, attempt: i32, round_start: Option<i32>) -> Option<Revision> {
+        let working = matches!(
+            state,
+            TaskState::Queued | TaskState::Provisioning | TaskState::Running
+        );
+        match round_start {
+            Some(first_attempt) if working && attempt >= first_attempt => {
+                Some(Revision { first_attempt })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The task state machine with the revision round the task is in, if any
+/// (see the module's table).
+///
+/// Within a round the pull request stands: what would fail or cancel the
+/// task leads back to pr_opened instead, the attempt limit of
+/// [`Trigger::LeaseExpired`] counts the round's attempts only, and the pull
+/// request's merge or close applies from queued, provisioning and running.
+pub fn transition_in(
+    from: TaskState,
+    trigger: Trigger,
+    task_type: TaskType,
+    attempt: i32,
+    revision: Option<Revision>,
+) -> Result<Transition, TransitionError> {
     use TaskState as S;
     use TaskType as T;
     use Trigger as G;
 
     let next = attempt.saturating_add(1);
+    let refused = TransitionError {
+        from,
+        trigger,
+        task_type,
+    };
+    if let (Some(round), T::Coding) = (revision, task_type)
+        && matches!(from, S::Queued | S::Provisioning | S::Running)
+    {
+        let within = attempt
+            .saturating_sub(round.first_attempt)
+            .saturating_add(1);
+        let to = match (from, trigger) {
+            (_, G::Cancel) => Some((S::PrOpened, attempt)),
+            (S::Provisioning | S::Running, G::Fail) => Some((S::PrOpened, attempt)),
+            (S::Provisioning | S::Running, G::LeaseExpired) if within < MAX_ATTEMPTS => {
+                Some((S::Queued, next))
+            }
+            (S::Provisioning | S::Running, G::LeaseExpired) => Some((S::PrOpened, attempt)),
+            (_, G::PullRequestMerged) => Some((S::Completed, attempt)),
+            (_, G::PullRequestClosed) => Some((S::Failed, attempt)),
+            _ => None,
+        };
+        if let Some((to, attempt)) = to {
+            return Ok(Transition {
+                from,
+                to,
+                trigger,
+                attempt,
+            });
+        }
+    }
     let (to, attempt) = match (from, trigger, task_type) {
         (S::Queued, G::Claim, _) => (S::Provisioning, attempt),
         (S::Provisioning, G::AgentStarted, _) => (S::Running, attempt),
@@ -314,6 +404,7 @@ pub fn transition(
         (S::Running, G::ReviewPosted, T::Review) => (S::Completed, attempt),
         (S::PrOpened, G::PullRequestMerged, _) => (S::Completed, attempt),
         (S::PrOpened, G::PullRequestClosed, _) => (S::Failed, attempt),
+        (S::PrOpened, G::RevisionRequested, T::Coding) => (S::Queued, next),
         (S::Queued | S::Provisioning | S::Running, G::Cancel, _) => (S::Cancelled, attempt),
         (S::Provisioning | S::Running, G::Fail, _) => (S::Failed, attempt),
         (S::Failed | S::Cancelled, G::Retry, _) => (S::Queued, next),
@@ -321,13 +412,7 @@ pub fn transition(
             (S::Queued, next)
         }
         (S::Provisioning | S::Running, G::LeaseExpired, _) => (S::Failed, attempt),
-        _ => {
-            return Err(TransitionError {
-                from,
-                trigger,
-                task_type,
-            });
-        }
+        _ => return Err(refused),
     };
     Ok(Transition {
         from,
@@ -395,6 +480,19 @@ pub struct Task {
     /// History brought in by an import (docs/contract.md#39-import): never claimed, and a
     /// retry of it is refused.
     pub imported: bool,
+    /// How many revision rounds review feedback started on the task's pull request
+    /// (docs/contract.md#57-revisions).
+    pub revisions: i32,
+    /// The first attempt of the task's latest revision round, if one started since the
+    /// task was last retried.
+    pub revision_attempt: Option<i32>,
+}
+
+impl Task {
+    /// The revision round the task is in, if any (see [`Revision::of`]).
+    pub fn revision(&self) -> Option<Revision> {
+        Revision::of(self.state, self.attempt, self.revision_attempt)
+    }
 }
 
 /// Which monthly budget a limit comes from.
@@ -572,6 +670,13 @@ mod tests {
             S::Cancelled,
             G::Retry,
             T::Review,
+            S::Queued,
+            Attempt::Increment,
+        ),
+        (
+            S::PrOpened,
+            G::RevisionRequested,
+            T::Coding,
             S::Queued,
             Attempt::Increment,
         ),
@@ -774,5 +879,49 @@ mod tests {
             assert!(name.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
         }
         assert_eq!(G::LeaseExpired.to_string(), "lease_expired");
+    }
+
+    #[test]
+    fn a_revision_round_keeps_the_pull_request() {
+        let round = Some(Revision { first_attempt: 2 });
+        for from in [S::Queued, S::Provisioning, S::Running] {
+            let t = transition_in(from, G::Cancel, T::Coding, 2, round).unwrap();
+            assert_eq!((t.to, t.attempt), (S::PrOpened, 2));
+            let merged = transition_in(from, G::PullRequestMerged, T::Coding, 2, round).unwrap();
+            assert_eq!(merged.to, S::Completed);
+            let closed = transition_in(from, G::PullRequestClosed, T::Coding, 2, round).unwrap();
+            assert_eq!(closed.to, S::Failed);
+        }
+        for from in [S::Provisioning, S::Running] {
+            let t = transition_in(from, G::Fail, T::Coding, 2, round).unwrap();
+            assert_eq!(t.to, S::PrOpened);
+            // The round's attempts count, not the task's: 2 and 3 requeue, 4 gives up.
+            for (attempt, to) in [(2, S::Queued), (3, S::Queued), (4, S::PrOpened)] {
+                let t = transition_in(from, G::LeaseExpired, T::Coding, attempt, round).unwrap();
+                assert_eq!(t.to, to, "attempt {attempt}");
+            }
+        }
+        // Everything else is the ordinary machine.
+        let t = transition_in(S::Running, G::PullRequestOpened, T::Coding, 2, round).unwrap();
+        assert_eq!(t.to, S::PrOpened);
+        assert!(transition_in(S::PrOpened, G::Cancel, T::Coding, 2, round).is_err());
+        // Outside a round a merge applies only to pr_opened.
+        assert!(transition(S::Running, G::PullRequestMerged, T::Coding, 2).is_err());
+        assert!(transition(S::PrOpened, G::RevisionRequested, T::Review, 1).is_err());
+    }
+
+    #[test]
+    fn the_round_is_the_current_attempts_only() {
+        assert_eq!(
+            Revision::of(S::Queued, 2, Some(2)),
+            Some(Revision { first_attempt: 2 })
+        );
+        assert_eq!(
+            Revision::of(S::Running, 3, Some(2)),
+            Some(Revision { first_attempt: 2 })
+        );
+        assert_eq!(Revision::of(S::PrOpened, 2, Some(2)), None);
+        assert_eq!(Revision::of(S::Queued, 1, Some(2)), None);
+        assert_eq!(Revision::of(S::Queued, 2, None), None);
     }
 }

@@ -10,7 +10,7 @@
 //! (connected repositories, settings, issue-sync state), [`issues`] (the synced copy of open
 //! code-host issues behind the issues view), [`outbox`] (code-host side effects),
 //! [`pulls`] (pull-request tracking: what the poller visits, applying a pull request's fate),
-//! [`webhooks`] (delivery de-duplication), [`leader`] (an exclusive role among replicas, such
+//! [`webhooks`] (delivery de-duplication), [`revisions`] (review feedback and revision rounds), [`leader`] (an exclusive role among replicas, such
 //! as the poller), [`runner`] (task claims and leases, run logs), [`rollups`] (cost rollups), [`tokens`], [`secrets`] and [`meta`].
 //!
 //! Storage conventions (shared by both backends): ids are UUID text, times are UTC
@@ -28,6 +28,7 @@ pub mod metering;
 pub mod outbox;
 pub mod pulls;
 pub mod repos;
+pub mod revisions;
 pub mod rollups;
 pub mod runner;
 pub mod schema;

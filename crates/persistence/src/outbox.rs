@@ -28,22 +28,31 @@ pub enum EffectKind {
     Comment,
     /// Close the linked issue (its pull request was merged).
     CloseIssue,
+    /// Post a comment that carries its own marker, on an issue or pull request; a task may
+    /// have several (the replies of its revision rounds), so these are written without a task.
+    Reply,
+    /// Add a reaction to a comment or review comment (the acknowledgement of feedback).
+    React,
 }
 
 impl EffectKind {
     /// Every kind.
-    pub const ALL: [EffectKind; 3] = [
+    pub const ALL: [EffectKind; 5] = [
         EffectKind::AddLabel,
         EffectKind::Comment,
         EffectKind::CloseIssue,
+        EffectKind::Reply,
+        EffectKind::React,
     ];
 
-    /// The stored name: `add_label`, `comment` or `close_issue`.
+    /// The stored name: `add_label`, `comment`, `close_issue`, `reply` or `react`.
     pub const fn as_str(self) -> &'static str {
         match self {
             EffectKind::AddLabel => "add_label",
             EffectKind::Comment => "comment",
             EffectKind::CloseIssue => "close_issue",
+            EffectKind::Reply => "reply",
+            EffectKind::React => "react",
         }
     }
 }
@@ -56,7 +65,7 @@ impl fmt::Display for EffectKind {
 
 /// A string that names no [`EffectKind`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown effect kind {0:?} (expected add_label, comment or close_issue)")]
+#[error("unknown effect kind {0:?} (expected add_label, comment, close_issue, reply or react)")]
 pub struct UnknownEffectKind(pub String);
 
 impl FromStr for EffectKind {
@@ -96,6 +105,28 @@ pub enum Action {
         /// The issue.
         issue_number: i64,
     },
+    /// Post `body` on the issue or pull request unless a comment there already holds
+    /// `marker` (which `body` contains).
+    Reply {
+        /// The issue or pull request.
+        issue_number: i64,
+        /// The comment's text.
+        body: String,
+        /// The text that identifies this reply among the comments.
+        marker: String,
+    },
+    /// React with `content` (GitHub's names: `eyes`, `+1`, …) to a comment.
+    React {
+        /// The issue or pull request the comment is on.
+        issue_number: i64,
+        /// The comment's id.
+        comment_id: i64,
+        /// Whether it is a review comment (on a line of the diff) rather than an issue
+        /// comment.
+        review_comment: bool,
+        /// The reaction.
+        content: String,
+    },
 }
 
 /// The stored form of an [`Action`]'s fields.
@@ -107,6 +138,14 @@ struct Payload {
     label: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     body: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    marker: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    comment_id: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    review_comment: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
 }
 
 impl Action {
@@ -116,6 +155,8 @@ impl Action {
             Action::AddLabel { .. } => EffectKind::AddLabel,
             Action::Comment { .. } => EffectKind::Comment,
             Action::CloseIssue { .. } => EffectKind::CloseIssue,
+            Action::Reply { .. } => EffectKind::Reply,
+            Action::React { .. } => EffectKind::React,
         }
     }
 
@@ -124,21 +165,42 @@ impl Action {
         match self {
             Action::AddLabel { issue_number, .. }
             | Action::Comment { issue_number, .. }
-            | Action::CloseIssue { issue_number } => *issue_number,
+            | Action::CloseIssue { issue_number }
+            | Action::Reply { issue_number, .. }
+            | Action::React { issue_number, .. } => *issue_number,
         }
     }
 
     fn payload(&self) -> Payload {
-        let (label, body) = match self {
-            Action::AddLabel { label, .. } => (Some(label.clone()), None),
-            Action::Comment { body, .. } => (None, Some(body.clone())),
-            Action::CloseIssue { .. } => (None, None),
-        };
-        Payload {
+        let mut p = Payload {
             issue_number: self.issue_number(),
-            label,
-            body,
+            label: None,
+            body: None,
+            marker: None,
+            comment_id: None,
+            review_comment: None,
+            content: None,
+        };
+        match self {
+            Action::AddLabel { label, .. } => p.label = Some(label.clone()),
+            Action::Comment { body, .. } => p.body = Some(body.clone()),
+            Action::CloseIssue { .. } => {}
+            Action::Reply { body, marker, .. } => {
+                p.body = Some(body.clone());
+                p.marker = Some(marker.clone());
+            }
+            Action::React {
+                comment_id,
+                review_comment,
+                content,
+                ..
+            } => {
+                p.comment_id = Some(*comment_id);
+                p.review_comment = Some(*review_comment);
+                p.content = Some(content.clone());
+            }
         }
+        p
     }
 
     fn from_stored(kind: EffectKind, payload: &str) -> Result<Action, DbError> {
@@ -157,6 +219,17 @@ impl Action {
             },
             EffectKind::CloseIssue => Action::CloseIssue {
                 issue_number: p.issue_number,
+            },
+            EffectKind::Reply => Action::Reply {
+                issue_number: p.issue_number,
+                body: p.body.ok_or_else(|| missing("body"))?,
+                marker: p.marker.ok_or_else(|| missing("marker"))?,
+            },
+            EffectKind::React => Action::React {
+                issue_number: p.issue_number,
+                comment_id: p.comment_id.ok_or_else(|| missing("commentId"))?,
+                review_comment: p.review_comment.unwrap_or(false),
+                content: p.content.ok_or_else(|| missing("content"))?,
             },
         })
     }

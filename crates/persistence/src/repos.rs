@@ -51,6 +51,8 @@ struct RepoRow {
     max_cost_per_task_nanos: Option<i64>,
     monthly_budget_nanos: Option<i64>,
     egress_allow: String,
+    max_revisions: i32,
+    revise_on_agent_review: bool,
     connected_at: PrimitiveDateTime,
     disconnected_at: Option<PrimitiveDateTime>,
     created_at: PrimitiveDateTime,
@@ -79,6 +81,8 @@ impl TryFrom<RepoRow> for Repository {
                 egress_allow: serde_json::from_str(&r.egress_allow).map_err(|e| {
                     DbError::Corrupt(format!("invalid egressAllow {:?}: {e}", r.egress_allow))
                 })?,
+                max_revisions: r.max_revisions,
+                revise_on_agent_review: r.revise_on_agent_review,
             },
             connected_at: from_db(r.connected_at),
             disconnected_at: opt_from_db(r.disconnected_at),
@@ -151,6 +155,8 @@ pub fn connect_repository(
                     .eq(s.max_cost_per_task_usd.map(Usd::to_nanos)),
                 repositories::monthly_budget_nanos.eq(s.monthly_budget_usd.map(Usd::to_nanos)),
                 repositories::egress_allow.eq(egress_json(&s)?),
+                repositories::max_revisions.eq(s.max_revisions),
+                repositories::revise_on_agent_review.eq(s.revise_on_agent_review),
                 repositories::connected_at.eq(to_db(now)),
                 repositories::created_at.eq(to_db(now)),
                 repositories::updated_at.eq(to_db(now)),
@@ -249,6 +255,8 @@ pub fn update_settings(
                 repositories::monthly_budget_nanos
                     .eq(settings.monthly_budget_usd.map(Usd::to_nanos)),
                 repositories::egress_allow.eq(egress_json(settings)?),
+                repositories::max_revisions.eq(settings.max_revisions),
+                repositories::revise_on_agent_review.eq(settings.revise_on_agent_review),
                 repositories::updated_at.eq(to_db(now)),
             ))
             .execute(conn)?;

@@ -30,6 +30,8 @@ diesel::table! {
         updated_at -> Timestamp,
         monthly_budget_nanos -> Nullable<BigInt>,
         egress_allow -> Text,
+        max_revisions -> Integer,
+        revise_on_agent_review -> Bool,
     }
 }
 
@@ -63,6 +65,9 @@ diesel::table! {
         blocked_at -> Nullable<Timestamp>,
         budget_reserve_nanos -> Nullable<BigInt>,
         imported -> Bool,
+        revisions -> Integer,
+        revision_attempt -> Nullable<Integer>,
+        revision_due_at -> Nullable<Timestamp>,
     }
 }
 
@@ -96,6 +101,27 @@ diesel::table! {
         sandboxed -> Nullable<Bool>,
         model_calls -> Nullable<BigInt>,
         reported_cost_nanos -> Nullable<BigInt>,
+        run_trigger -> Text,
+        trigger_url -> Nullable<Text>,
+        trigger_author -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    revision_feedback (repo_id, source, external_id) {
+        repo_id -> Text,
+        source -> Text,
+        external_id -> Text,
+        task_id -> Text,
+        pr_number -> BigInt,
+        author -> Text,
+        body -> Text,
+        path -> Nullable<Text>,
+        line -> Nullable<BigInt>,
+        url -> Text,
+        received_at -> Timestamp,
+        round_attempt -> Nullable<Integer>,
+        outcome -> Text,
     }
 }
 
@@ -226,6 +252,7 @@ diesel::joinable!(tasks -> repositories (repo_id));
 diesel::joinable!(issue_links -> tasks (task_id));
 diesel::joinable!(task_runs -> tasks (task_id));
 diesel::joinable!(task_events -> tasks (task_id));
+diesel::joinable!(revision_feedback -> tasks (task_id));
 diesel::joinable!(run_logs -> task_runs (run_id));
 diesel::joinable!(synced_issues -> repositories (repo_id));
 
@@ -250,6 +277,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     egress_blocked,
     run_cost_rollup,
     egress_blocked_repo,
+    revision_feedback,
 );
 
 diesel::table! {

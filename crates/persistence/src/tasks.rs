@@ -3,7 +3,7 @@
 
 use agentry_domain::{
     AgentType, PullRequestRef, RepoUrl, Task, TaskState, TaskType, Transition, Trigger, Usd,
-    transition,
+    transition_in,
 };
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
@@ -41,6 +41,8 @@ struct TaskRow {
     finished_at: Option<PrimitiveDateTime>,
     blocked_by: Option<String>,
     imported: bool,
+    revisions: i32,
+    revision_attempt: Option<i32>,
 }
 
 impl TryFrom<TaskRow> for Task {
@@ -76,6 +78,8 @@ impl TryFrom<TaskRow> for Task {
                 .map(|b| convert::parse("budget scope", b))
                 .transpose()?,
             imported: r.imported,
+            revisions: r.revisions,
+            revision_attempt: r.revision_attempt,
         })
     }
 }
@@ -312,6 +316,8 @@ struct TransitionChanges<'a> {
     pr_number: Option<Option<i64>>,
     lease_owner: Option<Option<&'a str>>,
     lease_expires_at: Option<Option<PrimitiveDateTime>>,
+    revisions: Option<i32>,
+    revision_attempt: Option<Option<i32>>,
 }
 
 /// Applies `trigger` to a task as a compare-and-set on its current state and attempt, and
@@ -346,7 +352,13 @@ pub fn transition_task(
         }
         for _ in 0..8 {
             let current = get_task(conn, id)?;
-            let t = transition(current.state, trigger, current.task_type, current.attempt)?;
+            let t = transition_in(
+                current.state,
+                trigger,
+                current.task_type,
+                current.attempt,
+                current.revision(),
+            )?;
             let at = to_db(now);
             // The runner's lease goes with the task out of provisioning/running (and stays
             // through provisioning → running).
@@ -382,6 +394,14 @@ pub fn transition_task(
                 pr_number: details.pull_request.as_ref().map(|pr| Some(pr.number)),
                 lease_owner: leaving_work.then_some(None),
                 lease_expires_at: leaving_work.then_some(None),
+                // A revision round starts with its attempt; a retry starts the task afresh.
+                revisions: (trigger == Trigger::RevisionRequested)
+                    .then(|| current.revisions.saturating_add(1)),
+                revision_attempt: match trigger {
+                    Trigger::RevisionRequested => Some(Some(t.attempt)),
+                    Trigger::Retry => Some(None),
+                    _ => None,
+                },
             };
             let updated = diesel::update(
                 tasks::table
@@ -398,6 +418,7 @@ pub fn transition_task(
             diesel::insert_into(task_events::table)
                 .values(EventInsert::new(id, Some(t.from), t.to, reason, now))
                 .execute(conn)?;
+            revision_feedback_follows(conn, id, t, now)?;
             let after = get_task(conn, id)?;
             rollups::apply(conn, Deltas::change(Some(&current), Some(&after))?)?;
             return Ok((after, t));
@@ -406,6 +427,32 @@ pub fn transition_task(
             "task {id} kept changing; try again"
         )))
     })
+}
+
+/// What a transition means for the task's review feedback (docs/contract.md#57-revisions):
+/// back at pr_opened with feedback waiting (it arrived during a round), the next round is
+/// due at once; once the task is over, waiting feedback is dropped.
+fn revision_feedback_follows(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    t: Transition,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    use crate::revisions::{self, FeedbackOutcome};
+    match t.to {
+        TaskState::PrOpened => {
+            if revisions::count(conn, id, FeedbackOutcome::Waiting)? > 0 {
+                revisions::set_due(conn, id, Some(now))?;
+            }
+        }
+        TaskState::Completed | TaskState::Failed | TaskState::Cancelled => {
+            if revisions::settle_waiting(conn, id, FeedbackOutcome::Dropped, None)? > 0 {
+                revisions::set_due(conn, id, None)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// One recorded state change of a task.
@@ -622,6 +669,9 @@ struct RunRow {
     sandboxed: Option<bool>,
     model_calls: Option<i64>,
     reported_cost_nanos: Option<i64>,
+    run_trigger: String,
+    trigger_url: Option<String>,
+    trigger_author: Option<String>,
 }
 
 impl TryFrom<RunRow> for Run {
@@ -684,6 +734,7 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
         return Err(DbError::NotFound);
     }
     let task = get_task(conn, run.task_id)?;
+    let trigger = crate::revisions::trigger_of(conn, &task, run.attempt)?;
     // Summed here with overflow checks (SQLite would silently turn an overflowing sum into
     // a float).
     let input_total = task.input_tokens.checked_add(input).ok_or_else(overflow)?;
@@ -719,6 +770,9 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             sandboxed: run.sandboxed,
             model_calls: run.model_calls,
             reported_cost_nanos: run.reported_cost_usd.map(Usd::to_nanos),
+            run_trigger: trigger.kind.as_str().to_owned(),
+            trigger_url: trigger.url,
+            trigger_author: trigger.author,
         })
         .execute(conn)?;
     let model = run.model.clone().or_else(|| task.model_used.clone());

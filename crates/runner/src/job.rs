@@ -38,6 +38,15 @@ pub enum JobKind {
         /// The pull request's head branch.
         branch: String,
     },
+    /// A revision of a coding task's open pull request: its head branch checked out, the
+    /// agent's changes committed on top and pushed as a fast-forward (never a force push),
+    /// so the pull request keeps its number and its history.
+    Revision {
+        /// The pull request's head branch.
+        branch: String,
+        /// The commit message of the agent's changes.
+        commit_message: String,
+    },
 }
 
 /// One agent run to execute.

@@ -46,6 +46,9 @@ use crate::version;
 use crate::workspace::{Workspaces, Worktree};
 use crate::{AgentOutcome, PriceTable, RunReport};
 
+/// The longest diff summary a revision's prompt gets.
+const MAX_DIFF_SUMMARY_CHARS: usize = 8_000;
+
 /// The most characters of the agent's stderr kept in a failure message.
 const STDERR_IN_MESSAGE: usize = 500;
 
@@ -286,6 +289,11 @@ impl LocalRunner {
                     .prepare_review(&job.repo, job.task_id, branch, &job.auth)
                     .await
             }
+            JobKind::Revision { branch, .. } => {
+                self.workspaces
+                    .prepare_revision(&job.repo, job.task_id, branch, &job.auth)
+                    .await
+            }
         };
         let worktree = match prepared {
             Ok(w) => w,
@@ -306,11 +314,31 @@ impl LocalRunner {
         if let Some((opened, _)) = &network {
             env = network::agent_environment(agent_type, env, &opened.key);
         }
+        // A revision's prompt ends with what its pull request changes so far.
+        let prompt = match &job.kind {
+            JobKind::Revision { .. } => {
+                match worktree
+                    .diff_summary(&job.repo.default_branch, MAX_DIFF_SUMMARY_CHARS)
+                    .await
+                {
+                    Ok(stat) if !stat.is_empty() => format!(
+                        "{}\n\n## What the pull request changes so far (`git diff --stat`)\n\n```\n{stat}\n```\n",
+                        job.prompt.trim_end()
+                    ),
+                    Ok(_) => job.prompt.clone(),
+                    Err(e) => {
+                        tracing::warn!(task = %job.task_id, error = %e, "no diff summary for the revision");
+                        job.prompt.clone()
+                    }
+                }
+            }
+            _ => job.prompt.clone(),
+        };
         let command = agent::command(
             &job.agent,
             launch,
             self.program(agent_type),
-            &job.prompt,
+            &prompt,
             worktree.path(),
             env,
         );
@@ -690,7 +718,7 @@ async fn publish(job: &Job, worktree: &Worktree, report: &RunReport) -> Verdict 
             },
             _ => Verdict::Failed("the review agent produced no review text".to_owned()),
         },
-        JobKind::Coding { commit_message } => {
+        JobKind::Coding { commit_message } | JobKind::Revision { commit_message, .. } => {
             let commit = match worktree.commit_all(commit_message).await {
                 Ok(Some(commit)) => commit,
                 Ok(None) => return Verdict::NoChanges,

@@ -368,6 +368,8 @@ pub struct Worktree {
     base_commit: String,
     committed: Mutex<Option<String>>,
     lock: Arc<tokio::sync::Mutex<()>>,
+    /// A revision's worktree: its push is a fast-forward of the branch, never a force.
+    fast_forward: bool,
 }
 
 impl Workspaces {
@@ -402,6 +404,25 @@ impl Workspaces {
         );
         self.prepare(repo, task_id, auth, Some(branch), &start)
             .await
+    }
+
+    /// A revision's worktree on the pull request's branch `branch`, at its head on the
+    /// remote: the agent's commit goes on top and [`Worktree::push`] pushes it as a
+    /// fast-forward only.
+    pub async fn prepare_revision(
+        &self,
+        repo: &RepoSpec,
+        task_id: Uuid,
+        branch: &str,
+        auth: &GitAuth,
+    ) -> Result<Worktree, GitError> {
+        let branch = valid_branch(branch)?.to_owned();
+        let start = format!("refs/remotes/origin/{branch}");
+        let mut worktree = self
+            .prepare(repo, task_id, auth, Some(branch), &start)
+            .await?;
+        worktree.fast_forward = true;
+        Ok(worktree)
     }
 
     /// A review task's detached worktree at the pull request's branch `branch`.
@@ -544,6 +565,7 @@ impl Workspaces {
             base_commit,
             committed: Mutex::new(None),
             lock,
+            fast_forward: false,
         })
     }
 }
@@ -562,6 +584,39 @@ impl Worktree {
     /// The commit it started at.
     pub fn base_commit(&self) -> &str {
         &self.base_commit
+    }
+
+    /// What the base commit changes against the remote branch `base` (a revision's pull
+    /// request so far): `git diff --stat` of `origin/<base>...<base commit>`, read from the
+    /// mirror's objects only (nothing the agent can write), at most `max_chars` long.
+    pub async fn diff_summary(&self, base: &str, max_chars: usize) -> Result<String, GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let range = format!(
+            "refs/remotes/origin/{}...{}",
+            valid_branch(base)?,
+            self.base_commit
+        );
+        let stat = self
+            .git
+            .run(
+                &self.root(),
+                &[
+                    &git_dir,
+                    "diff",
+                    "--no-ext-diff",
+                    "--no-color",
+                    "--stat=100",
+                    &range,
+                ],
+                &[],
+                LOCAL_TIMEOUT,
+            )
+            .await?;
+        let mut stat = stat.trim_end().to_owned();
+        if stat.chars().count() > max_chars {
+            stat = stat.chars().take(max_chars).collect::<String>() + "\n…";
+        }
+        Ok(stat)
     }
 
     /// Commits the whole worktree as one commit on top of the base commit, as
@@ -722,6 +777,28 @@ impl Worktree {
         let git_dir = git_dir_arg(&self.mirror)?;
         let url = self.clone_url.as_str();
         let remote_ref = format!("refs/heads/{branch}");
+        if self.fast_forward {
+            // A revision: the commit's parent is the branch's head when the run started, so
+            // this is a fast-forward; without `+` or a lease the remote refuses anything
+            // else (someone pushed meanwhile), and nothing of the pull request is lost.
+            return self
+                .git
+                .run(
+                    &self.root(),
+                    &[
+                        &git_dir,
+                        "push",
+                        "--quiet",
+                        "--no-recurse-submodules",
+                        url,
+                        &format!("{commit}:{remote_ref}"),
+                    ],
+                    &auth.env(url),
+                    REMOTE_TIMEOUT,
+                )
+                .await
+                .map(drop);
+        }
         let listed = self
             .git
             .run(

@@ -8,7 +8,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue};
+use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue, ReactionTarget};
 use agentry_domain::{AgentType, RepoUrl, Task, TaskType};
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
@@ -83,6 +83,8 @@ pub struct CodeHost {
     sync_lock: tokio::sync::Mutex<()>,
     /// `CODEHOST_WEBHOOK_SECRET`; the webhook is disabled without it.
     webhook_secret: Option<SecretValue>,
+    /// Revisions from review feedback: settings, caches, the loop's wake-up.
+    revisions: crate::revisions::Revisions,
 }
 
 impl std::fmt::Debug for CodeHost {
@@ -104,7 +106,20 @@ impl CodeHost {
             outbox_wake: tokio::sync::Notify::new(),
             sync_lock: tokio::sync::Mutex::new(()),
             webhook_secret: None,
+            revisions: crate::revisions::Revisions::default(),
         }
+    }
+
+    /// The same integration with these revision settings (`AGENTRY_MENTION`,
+    /// `AGENTRY_REVISION_QUIET_SECS`).
+    pub fn with_revisions(mut self, settings: crate::revisions::RevisionSettings) -> Self {
+        self.revisions = crate::revisions::Revisions::new(settings);
+        self
+    }
+
+    /// The revision part of the integration.
+    pub fn revisions(&self) -> &crate::revisions::Revisions {
+        &self.revisions
     }
 
     /// The same integration with the webhook's shared secret (`None`: webhook disabled).
@@ -141,6 +156,8 @@ impl CodeHost {
         }
         let client =
             GitHub::new(&self.client_config, token.expose()).map_err(ServiceError::from)?;
+        // Another token may be another user.
+        self.revisions.forget_login();
         *cached = Some((token.clone(), client.clone()));
         Ok(client)
     }
@@ -712,8 +729,9 @@ pub fn retry_delay(attempts: i32, base: Duration, max: Duration) -> Duration {
 }
 
 /// Carries out one effect on the code host. Each kind is safe to repeat: adding a label the
-/// issue has changes nothing, a comment whose marker is already on the issue is not posted
-/// again, and an issue already closed is left alone.
+/// issue has changes nothing, a comment or reply whose marker is already on the issue is not
+/// posted again, an issue already closed is left alone, and a reaction already there is
+/// answered 200.
 pub async fn deliver(
     github: &GitHub,
     repo: &Repository,
@@ -751,6 +769,32 @@ pub async fn deliver(
                 github.close_issue(owner, name, number).await?;
             }
             Ok(())
+        }
+        Action::Reply { body, marker, .. } => {
+            let posted = github.issue_comments(owner, name, number).await?;
+            if posted.iter().any(|c| c.body.contains(marker.as_str())) {
+                return Ok(());
+            }
+            github
+                .create_comment(owner, name, number, body)
+                .await
+                .map(drop)
+        }
+        Action::React {
+            comment_id,
+            review_comment,
+            content,
+            ..
+        } => {
+            let id = u64::try_from(*comment_id).map_err(|_| {
+                CodeHostError::InvalidResponse("the effect's comment id is negative".into())
+            })?;
+            let target = if *review_comment {
+                ReactionTarget::ReviewComment(id)
+            } else {
+                ReactionTarget::IssueComment(id)
+            };
+            github.add_reaction(owner, name, target, content).await
         }
     }
 }

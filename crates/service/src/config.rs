@@ -97,6 +97,12 @@ pub struct Config {
     /// `AGENTRY_METRICS_PUBLIC`: `1` serves `/metrics` without a token; `0` or unset
     /// (default) requires a valid API token of any role.
     pub metrics_public: bool,
+    /// `AGENTRY_MENTION`: the handle whose mention in a pull-request comment asks for a
+    /// revision (docs/contract.md#57-revisions); default `@agentry`.
+    pub mention: String,
+    /// `AGENTRY_REVISION_QUIET_SECS`: how long after the latest feedback a revision round
+    /// starts, so a burst of comments is one round (0 to 3600, default 5).
+    pub revision_quiet: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -111,6 +117,8 @@ impl std::fmt::Debug for Config {
             .field("master_key", &self.master_key)
             .field("issue_sync_interval", &self.issue_sync_interval)
             .field("poll_interval", &self.poll_interval)
+            .field("mention", &self.mention)
+            .field("revision_quiet", &self.revision_quiet)
             .field("webhook_secret", &self.webhook_secret)
             .field("max_concurrent_runs", &self.max_concurrent_runs)
             .field("claude_bin", &self.claude_bin)
@@ -365,6 +373,39 @@ impl Config {
                 });
             }
         };
+        let mention = match get("AGENTRY_MENTION") {
+            None => DEFAULT_MENTION.to_owned(),
+            Some(text) => {
+                let handle = text.trim();
+                let name = handle.strip_prefix('@').unwrap_or_default();
+                if name.is_empty()
+                    || name.len() > 39
+                    || !name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                {
+                    return Err(ConfigError {
+                        name: "AGENTRY_MENTION",
+                        message: format!(
+                            "{text:?}; expected @ and a code-host login (letters, digits, - and _)"
+                        ),
+                    });
+                }
+                handle.to_owned()
+            }
+        };
+        let revision_quiet = match get("AGENTRY_REVISION_QUIET_SECS") {
+            None => Duration::from_secs(5),
+            Some(text) => match text.trim().parse::<u64>() {
+                Ok(secs) if secs <= 3600 => Duration::from_secs(secs),
+                _ => {
+                    return Err(ConfigError {
+                        name: "AGENTRY_REVISION_QUIET_SECS",
+                        message: format!("{text:?}; expected whole seconds from 0 to 3600"),
+                    });
+                }
+            },
+        };
         Ok(Config {
             data_dir,
             database_url,
@@ -393,9 +434,14 @@ impl Config {
             anthropic_key,
             openai_key,
             metrics_public,
+            mention,
+            revision_quiet,
         })
     }
 }
+
+/// The mention handle unless `AGENTRY_MENTION` names another.
+pub const DEFAULT_MENTION: &str = "@agentry";
 
 /// A model API upstream: an absolute `https` URL (or `http` to a loopback host, for a
 /// local relay or a test fake), without credentials, query or fragment.

@@ -35,6 +35,7 @@ pub mod egress;
 pub mod error;
 pub mod gateway;
 pub mod import;
+pub mod revisions;
 pub mod runs;
 pub mod start;
 pub mod tasks;

@@ -40,6 +40,7 @@ use agentry_codehost::CodeHostError;
 use agentry_domain::money::Usd;
 use agentry_domain::{PullRequestRef, Task, TaskState, TaskType, Trigger};
 use agentry_persistence::metering;
+use agentry_persistence::outbox::{self, Action, NewEffect};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::runner::{self as claims, ExpiredLease, RunLog, RunRecorded};
 use agentry_persistence::tasks::{self, EventKind, NewTask, Run, RunOutcome, TransitionDetails};
@@ -505,6 +506,31 @@ fn prepare(
         (cap, reserve) => cap.or(reserve),
     };
     let (kind, agent, prompt, parent) = match task.task_type {
+        TaskType::Coding if task.revision().is_some() => {
+            let Some(number) = task.pr_number else {
+                return Ok(Err("a revision of a task without a pull request".into()));
+            };
+            let feedback = crate::revisions::round_feedback(conn, task)?;
+            (
+                JobKind::Revision {
+                    branch: branch_name(task.id),
+                    commit_message: format!(
+                        "Revise: {}\n\nagentry task {} (revision {})",
+                        crate::closing_refs::neutralise(&task.title),
+                        task.id,
+                        task.revisions
+                    ),
+                },
+                AgentSpec {
+                    agent_type: task.agent_type,
+                    model: s.model_for(task.agent_type, false).to_owned(),
+                    max_turns: s.max_turns_coding,
+                    max_budget_usd: budget,
+                },
+                revision_prompt(&repo, task, number, &feedback),
+                None,
+            )
+        }
         TaskType::Coding => (
             JobKind::Coding {
                 // The title cannot close other issues (crate::closing_refs).
@@ -577,6 +603,40 @@ fn coding_prompt(task: &Task) -> String {
     } else {
         format!("{}\n\n{}", task.title, task.prompt)
     }
+}
+
+/// A revision's instructions: the task, then every review and comment that asked for
+/// changes in this round (the runner adds what the pull request changes so far).
+fn revision_prompt(
+    repo: &Repository,
+    task: &Task,
+    number: i64,
+    feedback: &[agentry_persistence::revisions::Feedback],
+) -> String {
+    use agentry_persistence::revisions::FeedbackSource;
+    let mut prompt = format!(
+        "You opened pull request #{number} of {url} for the task below, and reviewers asked          for changes. Its branch is checked out here with the work so far; make the changes          they ask for on top of it (do not start over). Your changes are committed and pushed          to the same pull request.\n\n## The task\n\n{task}\n\n## What the reviewers asked for\n",
+        url = repo.url,
+        task = coding_prompt(task),
+    );
+    for f in feedback {
+        let what = match (f.source, &f.path, f.line) {
+            (FeedbackSource::Review, _, _) => "Review".to_owned(),
+            (FeedbackSource::AgentReview, _, _) => "Automated review".to_owned(),
+            (FeedbackSource::ReviewComment, Some(path), Some(line)) => {
+                format!("Comment on `{path}` line {line}")
+            }
+            (FeedbackSource::ReviewComment, Some(path), None) => format!("Comment on `{path}`"),
+            _ => "Comment".to_owned(),
+        };
+        prompt.push_str(&format!(
+            "\n### {what} by @{author} ({url})\n\n{body}\n",
+            author = f.author,
+            url = f.url,
+            body = f.body.trim(),
+        ));
+    }
+    prompt
 }
 
 /// The review agent's instructions.
@@ -806,6 +866,8 @@ fn log_warnings(task: &Task, report: Option<&RunReport>) {
 struct Settlement {
     trigger: Option<(Trigger, TransitionDetails)>,
     review: Option<NewTask>,
+    /// What agentry says on the pull request (a revision that changed nothing or failed).
+    reply: Option<Action>,
 }
 
 fn fail_with(message: String) -> Settlement {
@@ -819,6 +881,7 @@ fn fail_with(message: String) -> Settlement {
             },
         )),
         review: None,
+        reply: None,
     }
 }
 
@@ -872,7 +935,33 @@ async fn settle(
     // The reserve went back with the recording: blocked tasks may run now.
     money_freed(state).await;
     let mut patience = Patience::new(&state.runs.settings, cancel);
+    let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
     let settlement = match &execution.verdict {
+        Verdict::Pushed { .. } if revision => {
+            let pull_request = PullRequestRef {
+                url: task.pr_url.clone().unwrap_or_default(),
+                number: task.pr_number.unwrap_or_default(),
+            };
+            Settlement {
+                trigger: Some((
+                    Trigger::PullRequestOpened,
+                    TransitionDetails {
+                        reason: Some(format!(
+                            "revision pushed to pull request #{}",
+                            pull_request.number
+                        )),
+                        error_message: None,
+                        pull_request: Some(pull_request),
+                    },
+                )),
+                review: prepared
+                    .repo
+                    .settings
+                    .auto_review
+                    .then(|| review_task(task, &prepared.repo)),
+                reply: None,
+            }
+        }
         Verdict::Pushed { branch, .. } => {
             match open_pull_request(state, prepared, task, branch, cost, &mut patience).await {
                 Published::Done(pull_request) => Settlement {
@@ -889,6 +978,7 @@ async fn settle(
                         .settings
                         .auto_review
                         .then(|| review_task(task, &prepared.repo)),
+                    reply: None,
                 },
                 Published::Refused(message) => fail_with(message),
                 Published::Stopped => return Ok(()),
@@ -909,6 +999,7 @@ async fn settle(
                         },
                     )),
                     review: None,
+                    reply: None,
                 },
                 Published::Refused(message) => fail_with(message),
                 Published::Stopped => return Ok(()),
@@ -927,9 +1018,24 @@ async fn settle(
         Verdict::Cancelled => Settlement {
             trigger: None,
             review: None,
+            reply: None,
         },
     };
+    // A revision that pushed nothing leaves the pull request as it was: say so there.
+    let settlement = match (&settlement.trigger, revision) {
+        (Some((Trigger::Fail, details)), true) => {
+            let why = details.reason.clone().unwrap_or_default();
+            Settlement {
+                reply: Some(revision_end_reply(task, &why)),
+                ..settlement
+            }
+        }
+        _ => settlement,
+    };
+    let reply = settlement.reply.clone();
+    let repo_id = prepared.repo.id;
     let queued_review = settlement.review.is_some();
+    let settlement_replied = settlement.reply.is_some();
     let moved = state
         .db(move |conn| {
             Ok(write_tx::<_, DbError, _>(conn, |conn| {
@@ -944,6 +1050,14 @@ async fn settle(
                             if let Some(review) = &settlement.review {
                                 tasks::create_task(conn, review, "review launched")?;
                             }
+                            if let Some(action) = &reply {
+                                let effect = NewEffect {
+                                    task_id: None,
+                                    repo_id,
+                                    action: action.clone(),
+                                };
+                                outbox::enqueue(conn, &effect, now())?;
+                            }
                         }
                         // Cancelled meanwhile: the run is recorded all the same.
                         Err(DbError::InvalidTransition(_)) => return Ok(false),
@@ -957,7 +1071,32 @@ async fn settle(
     if moved && queued_review {
         state.runs.wake();
     }
+    if moved && settlement_replied {
+        state.codehost.wake_outbox();
+    }
+    if moved
+        && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
+        && prepared.repo.settings.revise_on_agent_review
+    {
+        crate::revisions::agent_review_feedback(state, &prepared.repo, task.id, parent, text).await;
+    }
     Ok(())
+}
+
+/// The reply on a pull request whose revision round pushed nothing: why.
+fn revision_end_reply(task: &Task, why: &str) -> Action {
+    let marker = crate::revisions::round_end_marker(task.id, task.attempt);
+    let said = if why.starts_with("the agent made no changes") {
+        "The agent made no change in this revision round, so the pull request is as it was."
+            .to_owned()
+    } else {
+        format!("The revision round ended without a change to the pull request: {why}")
+    };
+    Action::Reply {
+        issue_number: task.pr_number.unwrap_or_default(),
+        body: format!("{said} Task `{}`.\n\n{marker}", task.id),
+        marker,
+    }
 }
 
 /// How publishing ended.

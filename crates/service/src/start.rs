@@ -78,7 +78,11 @@ pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
     .map_err(|e| io_error("cannot load the master key", e))?;
     Ok(
         CodeHost::new(master_key, client_config(config), Timing::default())
-            .with_webhook_secret(config.webhook_secret.clone()),
+            .with_webhook_secret(config.webhook_secret.clone())
+            .with_revisions(crate::revisions::RevisionSettings {
+                mention: config.mention.clone(),
+                quiet: config.revision_quiet,
+            }),
     )
 }
 
@@ -202,6 +206,7 @@ impl Service {
             loops: vec![
                 tokio::spawn(runs::runner_loop(self.clone())),
                 tokio::spawn(runs::recovery_loop(self.clone())),
+                tokio::spawn(crate::revisions::revision_loop(self.clone())),
                 tokio::spawn(codehost::issue_sync_loop(
                     self.clone(),
                     config.issue_sync_interval,

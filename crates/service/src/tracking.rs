@@ -113,6 +113,13 @@ async fn poll_repository(
             return outcome;
         }
     };
+    // Review feedback on the open pull requests that changed, before the watermark moves:
+    // a failure leaves it where it was, and the next poll asks again.
+    if let Err(e) = poll_feedback(state, github, &repo, &prs, since).await {
+        tracing::warn!(repo = %repo.url, error = %e, "review feedback poll failed; will retry");
+        outcome.error = Some(e.to_string());
+        return outcome;
+    }
     let url = repo.url.clone();
     let stored = state
         .db(move |conn| {
@@ -142,6 +149,58 @@ async fn poll_repository(
         }
     }
     outcome
+}
+
+/// Considers the reviews and comments of the open pull requests in `prs` updated since
+/// `since` whose coding task may be revised.
+async fn poll_feedback(
+    state: &Service,
+    github: &GitHub,
+    repo: &Repository,
+    prs: &[PullRequest],
+    since: Option<OffsetDateTime>,
+) -> Result<(), ServiceError> {
+    if repo.settings.max_revisions == 0 {
+        return Ok(());
+    }
+    let open: Vec<u64> = prs
+        .iter()
+        .filter(|p| since.is_none_or(|w| p.updated_at >= w))
+        .filter(|p| {
+            PullRequestState::from_codehost(&p.state, p.merged_at.is_some())
+                == PullRequestState::Open
+        })
+        .map(|p| p.number)
+        .collect();
+    if open.is_empty() {
+        return Ok(());
+    }
+    let repo_id = repo.id;
+    let tracked = state
+        .db(move |conn| {
+            let mut tracked = Vec::new();
+            for number in open {
+                let Ok(n) = i64::try_from(number) else {
+                    continue;
+                };
+                if let Some(task) = pulls::task_of_pull(conn, repo_id, n)?
+                    && (task.state == agentry_domain::TaskState::PrOpened
+                        || task.revision().is_some())
+                {
+                    tracked.push(number);
+                }
+            }
+            Ok(tracked)
+        })
+        .await?;
+    if tracked.is_empty() {
+        return Ok(());
+    }
+    let candidates = crate::revisions::collect_feedback(github, repo, &tracked, since).await?;
+    for candidate in candidates {
+        crate::revisions::consider(state, github, repo, candidate, "the poller").await?;
+    }
+    Ok(())
 }
 
 /// One poll of every repository with tasks in `pr_opened`: one conditional request each,
@@ -236,8 +295,7 @@ pub fn handle_webhook(
         let action = match event {
             WebhookEvent::Ping { .. } => None,
             WebhookEvent::IssueLabeled { .. } => Some("labeled"),
-            WebhookEvent::PullRequestClosed { .. } => Some("closed"),
-            WebhookEvent::Other { action, .. } => action.as_deref(),
+            other => other.action(),
         };
         if !webhooks::record_delivery(conn, delivery_id, event_name, action, now)? {
             return Ok((WebhookOutcome::Duplicate, None));
@@ -272,6 +330,17 @@ pub fn handle_webhook(
                     Ok((WebhookOutcome::Ignored, None))
                 }
             }
+            // Review feedback: what it asks for needs the code host (the author's
+            // permission), so it is decided after the delivery is recorded
+            // (`Service::webhook_event`); its own id keeps it once.
+            WebhookEvent::PullRequestReviewSubmitted { repo, .. }
+            | WebhookEvent::IssueCommentCreated { repo, .. }
+            | WebhookEvent::ReviewCommentCreated { repo, .. } => {
+                match connected(conn, &repo.html_url)? {
+                    Some(_) => Ok((WebhookOutcome::Handled, None)),
+                    None => Ok((WebhookOutcome::Ignored, None)),
+                }
+            }
             WebhookEvent::IssueLabeled { .. } | WebhookEvent::Other { .. } => {
                 Ok((WebhookOutcome::Ignored, None))
             }
@@ -297,6 +366,13 @@ impl Service {
         event_name: String,
         event: WebhookEvent,
     ) -> Result<WebhookOutcome, ServiceError> {
+        let feedback = (matches!(
+            event,
+            WebhookEvent::PullRequestReviewSubmitted { .. }
+                | WebhookEvent::IssueCommentCreated { .. }
+                | WebhookEvent::ReviewCommentCreated { .. }
+        ))
+        .then(|| event.clone());
         let (outcome, sync) = self
             .db(move |conn| {
                 Ok(handle_webhook(
@@ -308,6 +384,17 @@ impl Service {
                 )?)
             })
             .await?;
+        if let (WebhookOutcome::Handled, Some(event)) = (&outcome, feedback) {
+            // Decided in the background: the author's permission may need the code host,
+            // and GitHub waits 10 s at most for the answer.
+            let state = self.clone();
+            tokio::spawn(async move {
+                if let Some(Err(e)) = state.feedback_event(&event).await {
+                    tracing::warn!(error = %e, "review feedback from a webhook not decided; the poll finds it again");
+                }
+            });
+            return Ok(outcome);
+        }
         if let Some(repo_id) = sync {
             tokio::spawn(sync_after_webhook(self.clone(), repo_id));
         }

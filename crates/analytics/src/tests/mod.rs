@@ -110,6 +110,8 @@ fn task_fact_from_a_stored_task() {
         finished_at: None,
         blocked_by: None,
         imported: false,
+        revisions: 0,
+        revision_attempt: None,
     };
     let fact = TaskFact::from(task);
     assert_eq!(

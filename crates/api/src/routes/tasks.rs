@@ -4,8 +4,8 @@
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use agentry_domain::{AgentType, Role, TaskState, TaskType, Usd};
-use agentry_persistence::metering;
 use agentry_persistence::tasks::{self, TaskCursor, TaskFilter};
+use agentry_persistence::{metering, revisions};
 use base64::Engine;
 use serde::Deserialize;
 use time::OffsetDateTime;
@@ -16,8 +16,8 @@ use crate::auth::Caller;
 use crate::body::{JsonBody, read_limited, require_content_type};
 use crate::dto::names::{AgentTypeName, TaskStateName, TaskTypeName};
 use crate::dto::{
-    EgressBlockedDto, EventDto, ImportResultDto, IssueRefDto, ModelCallDto, ModelCallListDto,
-    RunDto, TaskDetailDto, TaskDto, TaskListDto, TaskSummaryDto,
+    EgressBlockedDto, EventDto, FeedbackDto, ImportResultDto, IssueRefDto, ModelCallDto,
+    ModelCallListDto, RunDto, TaskDetailDto, TaskDto, TaskListDto, TaskSummaryDto,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
@@ -135,21 +135,31 @@ pub async fn get_task(
             let events = tasks::task_events(conn, id)?;
             let reviews = tasks::review_tasks(conn, id)?;
             let blocked = metering::task_blocked(conn, id)?;
-            Ok((task, runs, events, reviews, blocked))
+            let triggers = revisions::run_triggers(conn, id)?;
+            let feedback = revisions::of_task(conn, id)?;
+            Ok((task, runs, events, reviews, blocked, triggers, feedback))
         })
         .await?;
-    let (task, runs, events, reviews, blocked) = detail;
+    let (task, runs, events, reviews, blocked, triggers, feedback) = detail;
+    let mut triggers: std::collections::HashMap<_, _> = triggers.into_iter().collect();
     let issue = task.issue_number.map(|number| IssueRefDto {
         number,
         html_url: format!("{}/issues/{number}", task.repo_url),
     });
     Ok(web::Json(TaskDetailDto {
         task: TaskDto::from(task),
-        runs: runs.into_iter().map(RunDto::from).collect(),
+        runs: runs
+            .into_iter()
+            .map(|r| {
+                let trigger = triggers.remove(&r.id);
+                RunDto::with_trigger(r, trigger)
+            })
+            .collect(),
         events: events.into_iter().map(EventDto::from).collect(),
         issue,
         reviews: reviews.into_iter().map(TaskSummaryDto::from).collect(),
         egress_blocked: blocked.into_iter().map(EgressBlockedDto::from).collect(),
+        feedback: feedback.into_iter().map(FeedbackDto::from).collect(),
     }))
 }
 

@@ -27,6 +27,17 @@ fn action(kind: EffectKind, issue_number: i64) -> Action {
             body: format!("on #{issue_number}"),
         },
         EffectKind::CloseIssue => Action::CloseIssue { issue_number },
+        EffectKind::Reply => Action::Reply {
+            issue_number,
+            body: "revising <!-- m -->".into(),
+            marker: "<!-- m -->".into(),
+        },
+        EffectKind::React => Action::React {
+            issue_number,
+            comment_id: 42,
+            review_comment: true,
+            content: "eyes".into(),
+        },
     }
 }
 
@@ -108,6 +119,16 @@ agentry_persistence::backend_tests! {
                 ("add_label".to_owned(), r#"{"issueNumber":7,"label":"agentry"}"#.to_owned()),
                 ("close_issue".to_owned(), r#"{"issueNumber":7}"#.to_owned()),
                 ("comment".to_owned(), r#"{"issueNumber":7,"body":"on #7"}"#.to_owned()),
+                (
+                    "react".to_owned(),
+                    r#"{"issueNumber":7,"commentId":42,"reviewComment":true,"content":"eyes"}"#
+                        .to_owned()
+                ),
+                (
+                    "reply".to_owned(),
+                    r#"{"issueNumber":7,"body":"revising <!-- m -->","marker":"<!-- m -->"}"#
+                        .to_owned()
+                ),
             ]
         );
     }

@@ -88,6 +88,8 @@ agentry_persistence::backend_tests! {
                 .iter()
                 .map(|p| p.parse().unwrap())
                 .collect(),
+            max_revisions: 0,
+            revise_on_agent_review: true,
         };
         let updated = repos::update_settings(&mut conn, repo.id, &custom, at(5)).unwrap();
         assert_eq!(updated.settings, custom);

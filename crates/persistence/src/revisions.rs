@@ -1,0 +1,501 @@
+//! Revisions (docs/contract.md#57-revisions): the review feedback that asks for changes on a
+//! pull request agentry opened, kept once per code-host id, the quiet period before a round
+//! starts, and why each run happened.
+//!
+//! The service decides what counts as feedback and composes what agentry says on the code
+//! host; these functions store it, inside the caller's transaction (each goes through
+//! [`write_tx`] or is a single statement, so it nests as a savepoint).
+
+use std::fmt;
+use std::str::FromStr;
+
+use agentry_domain::Task;
+use diesel::prelude::*;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{self, from_db, to_db};
+use crate::schema::{revision_feedback, task_runs, tasks};
+use crate::{AnyConnection, DbError, write_tx};
+
+/// Where a piece of feedback comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FeedbackSource {
+    /// A pull-request review submitted with "changes requested".
+    Review,
+    /// A comment on the pull request's conversation that mentions agentry.
+    IssueComment,
+    /// A comment on a line of the pull request's diff that mentions agentry.
+    ReviewComment,
+    /// The findings of agentry's own review agent (repository setting
+    /// `reviseOnAgentReview`).
+    AgentReview,
+}
+
+impl FeedbackSource {
+    /// Every source.
+    pub const ALL: [FeedbackSource; 4] = [
+        FeedbackSource::Review,
+        FeedbackSource::IssueComment,
+        FeedbackSource::ReviewComment,
+        FeedbackSource::AgentReview,
+    ];
+
+    /// The stored and API name: `review`, `issue_comment`, `review_comment` or
+    /// `agent_review`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FeedbackSource::Review => "review",
+            FeedbackSource::IssueComment => "issue_comment",
+            FeedbackSource::ReviewComment => "review_comment",
+            FeedbackSource::AgentReview => "agent_review",
+        }
+    }
+}
+
+impl fmt::Display for FeedbackSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FeedbackSource {
+    type Err = DbError;
+
+    fn from_str(s: &str) -> Result<Self, DbError> {
+        FeedbackSource::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| DbError::Corrupt(format!("unknown feedback source {s:?}")))
+    }
+}
+
+/// What became of a piece of feedback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FeedbackOutcome {
+    /// It waits for the next revision round.
+    Waiting,
+    /// A revision round took it (`round_attempt` says which).
+    Taken,
+    /// The repository's `maxRevisions` was reached: nothing runs for it.
+    OverLimit,
+    /// The pull request was merged or closed before a round took it.
+    Dropped,
+}
+
+impl FeedbackOutcome {
+    /// Every outcome.
+    pub const ALL: [FeedbackOutcome; 4] = [
+        FeedbackOutcome::Waiting,
+        FeedbackOutcome::Taken,
+        FeedbackOutcome::OverLimit,
+        FeedbackOutcome::Dropped,
+    ];
+
+    /// The stored and API name: `waiting`, `taken`, `over_limit` or `dropped`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FeedbackOutcome::Waiting => "waiting",
+            FeedbackOutcome::Taken => "taken",
+            FeedbackOutcome::OverLimit => "over_limit",
+            FeedbackOutcome::Dropped => "dropped",
+        }
+    }
+}
+
+impl FromStr for FeedbackOutcome {
+    type Err = DbError;
+
+    fn from_str(s: &str) -> Result<Self, DbError> {
+        FeedbackOutcome::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| DbError::Corrupt(format!("unknown feedback outcome {s:?}")))
+    }
+}
+
+/// Feedback to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewFeedback {
+    /// The repository.
+    pub repo_id: Uuid,
+    /// Where it comes from.
+    pub source: FeedbackSource,
+    /// Its id on the code host (a review task's id for [`FeedbackSource::AgentReview`]).
+    pub external_id: String,
+    /// The coding task whose pull request it is on.
+    pub task_id: Uuid,
+    /// The pull request.
+    pub pr_number: i64,
+    /// Who wrote it (a code-host login; `agentry` for its own review agent).
+    pub author: String,
+    /// What it says.
+    pub body: String,
+    /// The file a review comment is on.
+    pub path: Option<String>,
+    /// The line a review comment is on.
+    pub line: Option<i64>,
+    /// Its web address.
+    pub url: String,
+}
+
+/// Recorded feedback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Feedback {
+    /// Where it comes from.
+    pub source: FeedbackSource,
+    /// Its id on the code host.
+    pub external_id: String,
+    /// The pull request.
+    pub pr_number: i64,
+    /// Who wrote it.
+    pub author: String,
+    /// What it says.
+    pub body: String,
+    /// The file a review comment is on.
+    pub path: Option<String>,
+    /// The line a review comment is on.
+    pub line: Option<i64>,
+    /// Its web address.
+    pub url: String,
+    /// When agentry received it.
+    pub received_at: OffsetDateTime,
+    /// The first attempt of the revision round that took it.
+    pub round_attempt: Option<i32>,
+    /// What became of it.
+    pub outcome: FeedbackOutcome,
+}
+
+#[derive(Queryable, Selectable)]
+#[diesel(table_name = revision_feedback)]
+struct FeedbackRow {
+    source: String,
+    external_id: String,
+    pr_number: i64,
+    author: String,
+    body: String,
+    path: Option<String>,
+    line: Option<i64>,
+    url: String,
+    received_at: PrimitiveDateTime,
+    round_attempt: Option<i32>,
+    outcome: String,
+}
+
+impl TryFrom<FeedbackRow> for Feedback {
+    type Error = DbError;
+
+    fn try_from(r: FeedbackRow) -> Result<Feedback, DbError> {
+        Ok(Feedback {
+            source: r.source.parse()?,
+            external_id: r.external_id,
+            pr_number: r.pr_number,
+            author: r.author,
+            body: r.body,
+            path: r.path,
+            line: r.line,
+            url: r.url,
+            received_at: from_db(r.received_at),
+            round_attempt: r.round_attempt,
+            outcome: r.outcome.parse()?,
+        })
+    }
+}
+
+/// Whether feedback with this key is already recorded (so the poller need not ask the code
+/// host about its author again).
+pub fn is_recorded(
+    conn: &mut AnyConnection,
+    repo_id: Uuid,
+    source: FeedbackSource,
+    external_id: &str,
+) -> Result<bool, DbError> {
+    let found = revision_feedback::table
+        .find((repo_id.to_string(), source.as_str(), external_id))
+        .select(revision_feedback::external_id)
+        .first::<String>(conn)
+        .optional()?;
+    Ok(found.is_some())
+}
+
+/// Records feedback as `outcome`, unless feedback with its key is already there: `false`
+/// then, and nothing changes. A concurrent insert of the same key (another replica, the
+/// webhook and the poller at once) also gives `false` and leaves the caller's transaction
+/// usable.
+pub fn insert(
+    conn: &mut AnyConnection,
+    new: &NewFeedback,
+    outcome: FeedbackOutcome,
+    now: OffsetDateTime,
+) -> Result<bool, DbError> {
+    if is_recorded(conn, new.repo_id, new.source, &new.external_id)? {
+        return Ok(false);
+    }
+    let inserted = write_tx::<_, DbError, _>(conn, |conn| {
+        diesel::insert_into(revision_feedback::table)
+            .values((
+                revision_feedback::repo_id.eq(new.repo_id.to_string()),
+                revision_feedback::source.eq(new.source.as_str()),
+                revision_feedback::external_id.eq(&new.external_id),
+                revision_feedback::task_id.eq(new.task_id.to_string()),
+                revision_feedback::pr_number.eq(new.pr_number),
+                revision_feedback::author.eq(&new.author),
+                revision_feedback::body.eq(&new.body),
+                revision_feedback::path.eq(&new.path),
+                revision_feedback::line.eq(new.line),
+                revision_feedback::url.eq(&new.url),
+                revision_feedback::received_at.eq(to_db(now)),
+                revision_feedback::round_attempt.eq(None::<i32>),
+                revision_feedback::outcome.eq(outcome.as_str()),
+            ))
+            .execute(conn)?;
+        Ok(())
+    });
+    match inserted {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_unique_violation() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Locks the task's row until the caller's transaction ends (PostgreSQL; SQLite's writer
+/// lock already serialises), so decisions on its feedback (is this the first over the
+/// limit?) see every earlier one. `NotFound` when there is no such task.
+pub fn lock_task(conn: &mut AnyConnection, task_id: Uuid) -> Result<(), DbError> {
+    let locked = diesel::update(tasks::table.find(task_id.to_string()))
+        .set(tasks::updated_at.eq(tasks::updated_at))
+        .execute(conn)?;
+    if locked == 0 {
+        return Err(DbError::NotFound);
+    }
+    Ok(())
+}
+
+/// How many of the task's feedback have `outcome`.
+pub fn count(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    outcome: FeedbackOutcome,
+) -> Result<i64, DbError> {
+    Ok(revision_feedback::table
+        .filter(revision_feedback::task_id.eq(task_id.to_string()))
+        .filter(revision_feedback::outcome.eq(outcome.as_str()))
+        .count()
+        .get_result(conn)?)
+}
+
+/// Sets when the task's next revision round may start (the end of the quiet period after
+/// its latest feedback).
+pub fn set_due(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    due_at: Option<OffsetDateTime>,
+) -> Result<(), DbError> {
+    diesel::update(tasks::table.find(task_id.to_string()))
+        .set(tasks::revision_due_at.eq(due_at.map(to_db)))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The tasks whose quiet period ended by `now`, at most `limit`, earliest first.
+pub fn due_tasks(
+    conn: &mut AnyConnection,
+    now: OffsetDateTime,
+    limit: i64,
+) -> Result<Vec<Uuid>, DbError> {
+    let ids: Vec<String> = tasks::table
+        .filter(tasks::revision_due_at.le(to_db(now)))
+        .order(tasks::revision_due_at.asc())
+        .select(tasks::id)
+        .limit(limit)
+        .load(conn)?;
+    ids.iter().map(|id| convert::uuid(id)).collect()
+}
+
+/// The earliest time a task's quiet period ends, if any waits.
+pub fn next_due(conn: &mut AnyConnection) -> Result<Option<OffsetDateTime>, DbError> {
+    let at: Option<Option<PrimitiveDateTime>> = tasks::table
+        .filter(tasks::revision_due_at.is_not_null())
+        .order(tasks::revision_due_at.asc())
+        .select(tasks::revision_due_at)
+        .first(conn)
+        .optional()?;
+    Ok(at.flatten().map(from_db))
+}
+
+/// The task's feedback with `outcome`, oldest first.
+pub fn with_outcome(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    outcome: FeedbackOutcome,
+) -> Result<Vec<Feedback>, DbError> {
+    let rows: Vec<FeedbackRow> = revision_feedback::table
+        .filter(revision_feedback::task_id.eq(task_id.to_string()))
+        .filter(revision_feedback::outcome.eq(outcome.as_str()))
+        .order((
+            revision_feedback::received_at.asc(),
+            revision_feedback::external_id.asc(),
+        ))
+        .select(FeedbackRow::as_select())
+        .load(conn)?;
+    rows.into_iter().map(Feedback::try_from).collect()
+}
+
+/// The feedback the revision round that started at `round_attempt` took, oldest first.
+pub fn of_round(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    round_attempt: i32,
+) -> Result<Vec<Feedback>, DbError> {
+    let rows: Vec<FeedbackRow> = revision_feedback::table
+        .filter(revision_feedback::task_id.eq(task_id.to_string()))
+        .filter(revision_feedback::round_attempt.eq(round_attempt))
+        .order((
+            revision_feedback::received_at.asc(),
+            revision_feedback::external_id.asc(),
+        ))
+        .select(FeedbackRow::as_select())
+        .load(conn)?;
+    rows.into_iter().map(Feedback::try_from).collect()
+}
+
+/// All of the task's feedback, oldest first.
+pub fn of_task(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<Feedback>, DbError> {
+    let rows: Vec<FeedbackRow> = revision_feedback::table
+        .filter(revision_feedback::task_id.eq(task_id.to_string()))
+        .order((
+            revision_feedback::received_at.asc(),
+            revision_feedback::external_id.asc(),
+        ))
+        .select(FeedbackRow::as_select())
+        .load(conn)?;
+    rows.into_iter().map(Feedback::try_from).collect()
+}
+
+/// Moves every waiting feedback of the task to `outcome` (with `round_attempt` for
+/// [`FeedbackOutcome::Taken`]); returns how many moved.
+pub fn settle_waiting(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    outcome: FeedbackOutcome,
+    round_attempt: Option<i32>,
+) -> Result<usize, DbError> {
+    Ok(diesel::update(
+        revision_feedback::table
+            .filter(revision_feedback::task_id.eq(task_id.to_string()))
+            .filter(revision_feedback::outcome.eq(FeedbackOutcome::Waiting.as_str())),
+    )
+    .set((
+        revision_feedback::outcome.eq(outcome.as_str()),
+        revision_feedback::round_attempt.eq(round_attempt),
+    ))
+    .execute(conn)?)
+}
+
+/// Why a run happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunTriggerKind {
+    /// The task's first attempt.
+    Assignment,
+    /// A later attempt: a user's retry or a recovery after a lost run.
+    Retry,
+    /// A revision round.
+    Revision,
+}
+
+impl RunTriggerKind {
+    /// Every kind.
+    pub const ALL: [RunTriggerKind; 3] = [
+        RunTriggerKind::Assignment,
+        RunTriggerKind::Retry,
+        RunTriggerKind::Revision,
+    ];
+
+    /// The stored and API name: `assignment`, `retry` or `revision`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RunTriggerKind::Assignment => "assignment",
+            RunTriggerKind::Retry => "retry",
+            RunTriggerKind::Revision => "revision",
+        }
+    }
+}
+
+impl FromStr for RunTriggerKind {
+    type Err = DbError;
+
+    fn from_str(s: &str) -> Result<Self, DbError> {
+        RunTriggerKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| DbError::Corrupt(format!("unknown run trigger {s:?}")))
+    }
+}
+
+/// Why a run happened, with the feedback that started a revision round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTrigger {
+    /// Assignment, retry or revision.
+    pub kind: RunTriggerKind,
+    /// The web address of the round's first feedback (revisions).
+    pub url: Option<String>,
+    /// Its author (revisions).
+    pub author: Option<String>,
+}
+
+/// Why the run of `attempt` of `task` happened, from the task as it is now: a revision when
+/// the task's latest revision round started at or before `attempt` (a retry clears the
+/// round), a retry for any other attempt after the first.
+pub fn trigger_of(
+    conn: &mut AnyConnection,
+    task: &Task,
+    attempt: i32,
+) -> Result<RunTrigger, DbError> {
+    match task.revision_attempt {
+        Some(round) if attempt >= round => {
+            let first = of_round(conn, task.id, round)?.into_iter().next();
+            Ok(RunTrigger {
+                kind: RunTriggerKind::Revision,
+                url: first.as_ref().map(|f| f.url.clone()),
+                author: first.map(|f| f.author),
+            })
+        }
+        _ => Ok(RunTrigger {
+            kind: if attempt > 1 {
+                RunTriggerKind::Retry
+            } else {
+                RunTriggerKind::Assignment
+            },
+            url: None,
+            author: None,
+        }),
+    }
+}
+
+/// Why each run of the task happened, by run id.
+pub fn run_triggers(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+) -> Result<Vec<(Uuid, RunTrigger)>, DbError> {
+    let rows: Vec<(String, String, Option<String>, Option<String>)> = task_runs::table
+        .filter(task_runs::task_id.eq(task_id.to_string()))
+        .select((
+            task_runs::id,
+            task_runs::run_trigger,
+            task_runs::trigger_url,
+            task_runs::trigger_author,
+        ))
+        .load(conn)?;
+    rows.into_iter()
+        .map(|(id, kind, url, author)| {
+            Ok((
+                convert::uuid(&id)?,
+                RunTrigger {
+                    kind: kind.parse()?,
+                    url,
+                    author,
+                },
+            ))
+        })
+        .collect()
+}

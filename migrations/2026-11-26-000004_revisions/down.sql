@@ -1,0 +1,11 @@
+ALTER TABLE repositories DROP COLUMN revise_on_agent_review;
+ALTER TABLE repositories DROP COLUMN max_revisions;
+ALTER TABLE task_runs DROP COLUMN trigger_author;
+ALTER TABLE task_runs DROP COLUMN trigger_url;
+ALTER TABLE task_runs DROP COLUMN run_trigger;
+DROP INDEX tasks_revision_due;
+ALTER TABLE tasks DROP COLUMN revision_due_at;
+ALTER TABLE tasks DROP COLUMN revision_attempt;
+ALTER TABLE tasks DROP COLUMN revisions;
+DROP INDEX revision_feedback_task;
+DROP TABLE revision_feedback;
