@@ -8,5 +8,8 @@ mod common;
 mod costs;
 mod hardening;
 mod http;
+// Before `revisions`, which uses its `app!`.
+#[macro_use]
 mod runs;
+mod revisions;
 mod tracking;

@@ -18,32 +18,44 @@ use actix_web::web;
 use agentry_api::state::AppState;
 use agentry_fake_github::Fault;
 use agentry_persistence::test_support::TestDb;
-use agentry_service::runs::{self, RunSettings, Runs};
+use agentry_service::runs::{RunSettings, Runs};
 use agentry_testkit::git::{git, source_repo};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-const OWNER: &str = "acme";
-const NAME: &str = "web";
+pub(crate) const OWNER: &str = "acme";
+pub(crate) const NAME: &str = "web";
 
-fn fake_agent(name: &str) -> PathBuf {
+pub(crate) fn fake_agent(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../runner/tests/fake-agents/{name}"))
 }
 
-struct Rig {
-    env: Env,
-    state: web::Data<AppState>,
-    data: TempDir,
-    source: PathBuf,
-    repo_id: String,
+pub(crate) struct Rig {
+    pub(crate) env: Env,
+    pub(crate) state: web::Data<AppState>,
+    pub(crate) data: TempDir,
+    pub(crate) source: PathBuf,
+    pub(crate) repo_id: String,
 }
 
 impl Rig {
-    fn new(db: TestDb) -> Rig {
+    pub(crate) fn new(db: TestDb) -> Rig {
         Rig::with_settings(db, |_| {})
     }
 
     fn with_settings(db: TestDb, tweak: impl FnOnce(&mut RunSettings)) -> Rig {
+        Rig::build(db, tweak, |codehost| codehost)
+    }
+
+    /// A rig whose code-host integration `codehost` adjusts (revision settings, a webhook
+    /// secret).
+    pub(crate) fn build(
+        db: TestDb,
+        tweak: impl FnOnce(&mut RunSettings),
+        codehost: impl FnOnce(
+            agentry_service::codehost::CodeHost,
+        ) -> agentry_service::codehost::CodeHost,
+    ) -> Rig {
         let env = Env::new(db);
         env.store_token();
         let data = TempDir::new().unwrap();
@@ -64,11 +76,11 @@ impl Rig {
         tweak(&mut settings);
         let state = common::state_of(agentry_service::Service::new(
             env.db().clone(),
-            code_host_with(
+            codehost(code_host_with(
                 &env.fake.base_url(),
                 env.state.service.codehost.master_key().clone(),
                 test_timing(),
-            ),
+            )),
             Runs::local(
                 data.path().join("agentry"),
                 fake_agent("claude"),
@@ -88,7 +100,7 @@ impl Rig {
         }
     }
 
-    fn run_dir(&self, task: &str, attempt: i64) -> PathBuf {
+    pub(crate) fn run_dir(&self, task: &str, attempt: i64) -> PathBuf {
         self.data
             .path()
             .join("agentry/runs")
@@ -98,7 +110,7 @@ impl Rig {
 }
 
 /// Polls the task until `done(task)` holds (at most 30 s).
-async fn wait_for<S, B>(
+pub(crate) async fn wait_for<S, B>(
     app: &S,
     token: &str,
     id: &str,
@@ -128,7 +140,7 @@ where
     }
 }
 
-fn state_of(task: &Value) -> &str {
+pub(crate) fn state_of(task: &Value) -> &str {
     task["state"].as_str().unwrap()
 }
 
@@ -164,20 +176,20 @@ fn processes_with_env(var: &str) -> Vec<i32> {
 
 macro_rules! app {
     ($rig:expr) => {{
-        let app = common::service_with($rig.state.clone()).await;
-        let (status, repo) = call(
+        let app = crate::common::service_with($rig.state.clone()).await;
+        let (status, repo) = crate::common::call(
             &app,
-            json_req(
+            crate::common::env::json_req(
                 "POST",
                 "/api/repos",
                 &$rig.env.t.admin,
-                &json!({"repoUrl": "https://github.com/acme/web"}),
+                &serde_json::json!({"repoUrl": "https://github.com/acme/web"}),
             ),
         )
         .await;
         assert_eq!(status, 201, "{repo}");
         $rig.repo_id = repo["id"].as_str().unwrap().to_owned();
-        actix_web::rt::spawn(runs::runner_loop($rig.state.service.clone()));
+        actix_web::rt::spawn(agentry_service::runs::runner_loop($rig.state.service.clone()));
         app
     }};
 }
