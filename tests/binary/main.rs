@@ -807,6 +807,131 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
 
+/// `kill -9` of `serve` while a revision round's agent runs, then `serve` again: the round is
+/// recovered once (its lost run recorded with its cost, a new attempt of the same round),
+/// pushes one commit on top of the pull request's branch, and the task is back at
+/// `pr_opened` with one pull request and the cost of every run.
+#[test]
+fn a_revision_killed_with_the_service_is_recovered_once() {
+    const GH: &str = "ghp_RevisionKillTestToken0123456789ab";
+    let (fake, dir, source) = fake_with_repo(GH);
+    let data = dir.path().join("data");
+    let claude =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
+    let api = fake.base_url();
+    let models = agentry_fake_models::FakeModels::start();
+    let (upstream, key) = (models.base_url(), models.key());
+    let env = [
+        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
+        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
+        ("AGENTRY_POLL_INTERVAL_SECS", "1"),
+        ("AGENTRY_REVISION_QUIET_SECS", "0"),
+        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
+        ("ANTHROPIC_API_KEY", key.as_str()),
+    ];
+    let mut server = Server::start_with(&data, None, true, &env);
+    let admin = server.read_token();
+    let id = connect_and_create_task(&server.base, &admin, GH, "Add caching", ONE_CALL);
+    let client = reqwest::blocking::Client::new();
+    let repo_id = get(&server.base, &format!("/api/tasks/{id}"), &admin).1["repoId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let patched = client
+        .patch(format!("{}/api/repos/{repo_id}/settings", server.base))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({"autoReview": false}))
+        .send()
+        .unwrap();
+    assert_eq!(patched.status(), 200);
+    let mut last = Value::Null;
+    eventually(Duration::from_secs(30), "the pull request", || {
+        last = get(&server.base, &format!("/api/tasks/{id}"), &admin).1;
+        last["state"] == "pr_opened"
+    });
+    let number = last["prNumber"].as_u64().unwrap();
+    let branch = format!("agentry/task-{}", id.replace('-', ""));
+    let head = agentry_testkit::git::git(&["rev-parse", &branch], &source);
+
+    fake.set_permission("acme", "web", "alice", "write");
+    fake.advance_clock(Duration::from_secs(2));
+    fake.add_comment(
+        "acme",
+        "web",
+        number,
+        "alice",
+        &format!("@agentry please add a test [fake:sleep=3] {ONE_CALL}"),
+    );
+    let home = data.join("runs").join(&id).join("2/home");
+    eventually(
+        Duration::from_secs(30),
+        "the revision's agent running",
+        || home.join("agent.pid").exists(),
+    );
+    if metered() {
+        eventually(
+            Duration::from_secs(20),
+            "the revision's call metered",
+            || {
+                let (_, calls) = get(
+                    &server.base,
+                    &format!("/api/tasks/{id}/calls?attempt=2"),
+                    &admin,
+                );
+                calls["calls"].as_array().is_some_and(|c| c.len() == 1)
+            },
+        );
+    }
+    server.signal("KILL");
+    drop(server);
+
+    let server = Server::start_with(&data, None, true, &env);
+    eventually(
+        Duration::from_secs(40),
+        "the recovered revision pushed",
+        || {
+            last = get(&server.base, &format!("/api/tasks/{id}"), &admin).1;
+            last["state"] == "pr_opened" && last["runs"].as_array().is_some_and(|r| r.len() == 3)
+        },
+    );
+    assert_eq!(last["revisions"], 1, "{last}");
+    assert_eq!(last["attempt"], 3, "{last}");
+    let runs = last["runs"].as_array().unwrap();
+    let seen: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["trigger"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("assignment", "succeeded"),
+            ("revision", "lost"),
+            ("revision", "succeeded")
+        ],
+        "{last}"
+    );
+    assert_eq!(runs[1]["triggerAuthor"], "alice");
+    if metered() {
+        // Each run's one metered call: the lost one's too.
+        for run in runs {
+            assert_eq!(run["costUsd"], CALL_COST, "{last}");
+        }
+        assert_eq!(last["costUsd"], "0.009", "{last}");
+    }
+    let feedback = last["feedback"].as_array().unwrap();
+    assert_eq!(feedback.len(), 1, "{last}");
+    assert_eq!(feedback[0]["outcome"], "taken");
+    // One commit on top of the old head, on the same pull request.
+    let parent = agentry_testkit::git::git(&["rev-parse", &format!("{branch}^")], &source);
+    assert_eq!(parent, head);
+    assert_eq!(fake.pulls("acme", "web").len(), 1);
+}
+
 /// Two replicas on one PostgreSQL: replica A's agent ends with its cost reported, then A is
 /// killed while the code host holds its pull request's creation. Replica B, which cannot
 /// read A's run directory, recovers the task once A's lease expired. A's cost is on record
