@@ -1030,3 +1030,82 @@ async fn delivery_ids_older_than_a_week_are_forgotten() {
         assert!(find_delivery(&mut conn, "new").unwrap().is_some());
     }
 }
+
+/// With 100 open agentry pull requests and no new comment, a poll cycle is one request for
+/// the repository (a 304), whatever the revisions; a new mention on one of them costs that
+/// pull request's reviews, comments and review comments, and its author's permission.
+#[actix_web::test]
+async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on() {
+    for db in TestDb::all() {
+        let env = Env::new(db);
+        env.store_token();
+        let repo = env.repo(env.connect("acme", "web"));
+        let mut pulls = Vec::new();
+        for i in 0..100 {
+            let issue = env
+                .fake
+                .add_issue("acme", "web", &format!("Issue {i}"), None, &[]);
+            let pr = env
+                .fake
+                .add_pull("acme", "web", "Fix", &format!("agentry/task-{i}"), "main");
+            env.task_with_pull(&repo, issue, pr);
+            pulls.push(pr);
+        }
+        // The first poll reads every pull request's feedback once.
+        tracking::poll_pull_requests(&env.state.service)
+            .await
+            .unwrap();
+        env.fake.reset_counts();
+        for _ in 0..3 {
+            let again = tracking::poll_pull_requests(&env.state.service)
+                .await
+                .unwrap();
+            assert!(again[0].1.unchanged, "{again:?}");
+        }
+        assert_eq!(env.fake.requests().len(), 3, "{:?}", env.fake.requests());
+
+        env.fake.set_permission("acme", "web", "alice", "write");
+        env.fake.advance_clock(Duration::from_secs(60));
+        env.fake
+            .add_comment("acme", "web", pulls[42], "alice", "@agentry add a test");
+        env.fake.reset_counts();
+        let polled = tracking::poll_pull_requests(&env.state.service)
+            .await
+            .unwrap();
+        assert!(polled[0].1.error.is_none(), "{polled:?}");
+        let sent: Vec<String> = env
+            .fake
+            .requests()
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.route.as_deref().unwrap_or(&r.path)))
+            .collect();
+        // The list; the reviews, comments and review comments of the pull requests updated
+        // since the watermark (that one, and those updated in the watermark's own second,
+        // which the rule `updated_at >= watermark` reads again); agentry's own login (asked
+        // once per process) and alice's permission.
+        let per_pull = env
+            .fake
+            .count("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews");
+        assert!((1..=10).contains(&per_pull), "{sent:?}");
+        assert_eq!(sent.len(), 1 + 3 * per_pull + 2, "{sent:?}");
+        assert_eq!(env.fake.count("GET", "/user"), 1, "{sent:?}");
+        assert_eq!(env.fake.count("GET", PULLS), 1, "{sent:?}");
+        let task = tasks::find_task(&mut env.db().conn().unwrap(), {
+            agentry_persistence::pulls::task_of_pull(
+                &mut env.db().conn().unwrap(),
+                repo.id,
+                i64::try_from(pulls[42]).unwrap(),
+            )
+            .unwrap()
+            .unwrap()
+            .id
+        })
+        .unwrap()
+        .unwrap();
+        let feedback =
+            agentry_persistence::revisions::of_task(&mut env.db().conn().unwrap(), task.id)
+                .unwrap();
+        assert_eq!(feedback.len(), 1);
+        assert_eq!(feedback[0].author, "alice");
+    }
+}
