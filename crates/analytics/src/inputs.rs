@@ -117,10 +117,15 @@ pub struct TaskFact {
     /// The coding task a review task reviews (`None` for coding tasks and for review tasks
     /// without a parent).
     pub parent_task_id: Option<Uuid>,
+    /// The revision rounds started on the task's pull request (docs/contract.md#57-revisions).
+    pub revisions: i32,
+    /// What the task's revision runs cost, exactly; part of `cost`.
+    pub revision_cost: Usd,
 }
 
 /// The report's view of a stored task: its identity, repository (as the normalised URL
-/// string), kind, state, model, exact cost, tokens and creation time; the rest is dropped.
+/// string), kind, state, model, exact cost, tokens, creation time, parent and revisions; the
+/// rest is dropped.
 impl From<Task> for TaskFact {
     fn from(t: Task) -> TaskFact {
         TaskFact {
@@ -135,6 +140,8 @@ impl From<Task> for TaskFact {
             output_tokens: t.output_tokens,
             created_at: t.created_at,
             parent_task_id: t.parent_task_id,
+            revisions: t.revisions,
+            revision_cost: t.revision_cost_usd,
         }
     }
 }
@@ -157,6 +164,10 @@ pub struct OutcomeTotals {
     pub merged_cost: Decimal,
     /// The cost of the units that ended `failed` or `cancelled`.
     pub failed_cost: Decimal,
+    /// The revision rounds of the merged units (their heads' revision rounds).
+    pub merged_revisions: i64,
+    /// What the revision runs of the units cost, whatever their outcome; part of `cost`.
+    pub revision_cost: Decimal,
 }
 
 impl OutcomeTotals {
@@ -171,6 +182,12 @@ impl OutcomeTotals {
             cost,
             merged_cost: if merged { cost } else { Decimal::ZERO },
             failed_cost: if failed { cost } else { Decimal::ZERO },
+            merged_revisions: if merged && task.id == head.id {
+                i64::from(task.revisions)
+            } else {
+                0
+            },
+            revision_cost: task.revision_cost.as_decimal(),
         }
     }
 
@@ -181,6 +198,8 @@ impl OutcomeTotals {
         self.cost = self.cost.saturating_add(other.cost);
         self.merged_cost = self.merged_cost.saturating_add(other.merged_cost);
         self.failed_cost = self.failed_cost.saturating_add(other.failed_cost);
+        self.merged_revisions = self.merged_revisions.saturating_add(other.merged_revisions);
+        self.revision_cost = self.revision_cost.saturating_add(other.revision_cost);
     }
 }
 

@@ -84,6 +84,15 @@ pub struct Outcomes {
     #[serde(serialize_with = "wire::number")]
     #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub failed_share: Decimal,
+    /// What the revision runs of the units cost (runs answering review feedback on their
+    /// pull requests, docs/contract.md#57-revisions), whatever the units' outcome. Part of
+    /// `mergedCost`, `failedCost` and the open units' spend, not in addition to them.
+    pub revision_cost: String,
+    /// The revision rounds of the merged units divided by `mergedPullRequests`, 2 decimals
+    /// (a JSON number); null when nothing was merged.
+    #[serde(serialize_with = "wire::opt_number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
+    pub avg_revisions_per_merged_pull_request: Option<Decimal>,
     /// The same figures per repository, highest spend first.
     pub by_repo: Vec<RepoOutcome>,
     /// The same figures per model of the coding task (`"unknown"` when null), highest spend
@@ -111,6 +120,13 @@ pub struct RepoOutcome {
     #[serde(serialize_with = "wire::number")]
     #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub failed_share: Decimal,
+    /// What the revision runs of the units cost (4 decimals).
+    pub revision_cost: String,
+    /// Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
+    /// number); null when nothing was merged.
+    #[serde(serialize_with = "wire::opt_number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
+    pub avg_revisions_per_merged_pull_request: Option<Decimal>,
 }
 
 /// Cost per outcome of one model (the model of the units' coding tasks). `failedShare` is a
@@ -133,6 +149,13 @@ pub struct ModelOutcome {
     #[serde(serialize_with = "wire::number")]
     #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub failed_share: Decimal,
+    /// What the revision runs of the units cost (4 decimals).
+    pub revision_cost: String,
+    /// Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
+    /// number); null when nothing was merged.
+    #[serde(serialize_with = "wire::opt_number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
+    pub avg_revisions_per_merged_pull_request: Option<Decimal>,
 }
 
 /// The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
@@ -454,14 +477,17 @@ pub fn report(inputs: &ReportInputs) -> CostReport {
     }
 }
 
-/// The five figures of an outcome group: merged pull requests, cost per merged pull request,
-/// merged cost, failed cost, and the failed share of `total`.
+/// The figures of an outcome group: merged pull requests, cost per merged pull request,
+/// merged cost, failed cost, the failed share of `total`, revision cost and revision rounds
+/// per merged pull request.
 struct Figures {
     merged: i64,
     per_merged: Option<String>,
     merged_cost: String,
     failed_cost: String,
     failed_share: Decimal,
+    revision_cost: String,
+    revisions_per_merged: Option<Decimal>,
 }
 
 fn figures(t: &OutcomeTotals, total: Decimal) -> Figures {
@@ -476,6 +502,9 @@ fn figures(t: &OutcomeTotals, total: Decimal) -> Figures {
         } else {
             div_round(mul(t.failed_cost, Decimal::ONE_HUNDRED), total, 1)
         },
+        revision_cost: format_decimal(t.revision_cost, 4),
+        revisions_per_merged: (t.merged > 0)
+            .then(|| div_round(count(t.merged_revisions), count(t.merged), 2)),
     }
 }
 
@@ -519,6 +548,8 @@ fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
                 merged_cost: f.merged_cost,
                 failed_cost: f.failed_cost,
                 failed_share: f.failed_share,
+                revision_cost: f.revision_cost,
+                avg_revisions_per_merged_pull_request: f.revisions_per_merged,
             }
         })
         .collect();
@@ -538,6 +569,8 @@ fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
             merged_cost: f.merged_cost,
             failed_cost: f.failed_cost,
             failed_share: f.failed_share,
+            revision_cost: f.revision_cost,
+            avg_revisions_per_merged_pull_request: f.revisions_per_merged,
         }
     })
     .collect();
@@ -547,6 +580,8 @@ fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
         merged_cost: overall.merged_cost,
         failed_cost: overall.failed_cost,
         failed_share: overall.failed_share,
+        revision_cost: overall.revision_cost,
+        avg_revisions_per_merged_pull_request: overall.revisions_per_merged,
         by_repo,
         by_model,
     }

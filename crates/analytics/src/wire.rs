@@ -17,6 +17,17 @@ pub(crate) fn number<S: Serializer>(value: &Decimal, serializer: S) -> Result<S:
     serializer.serialize_f64(float)
 }
 
+/// Serialises an optional exact [`Decimal`] as a JSON number (as [`number`]) or null.
+pub(crate) fn opt_number<S: Serializer>(
+    value: &Option<Decimal>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(v) => number(v, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// Serialises a [`Date`] as `YYYY-MM-DD`.
 pub(crate) fn date<S: Serializer>(value: &Date, serializer: S) -> Result<S::Ok, S::Error> {
     let text = value

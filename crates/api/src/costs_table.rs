@@ -5,6 +5,7 @@
 
 use agentry_analytics::{CostReport, Outcomes};
 use agentry_domain::{RepoUrl, format_decimal};
+use rust_decimal::Decimal;
 
 /// Whether `c` must not reach a terminal as it is: a control character (C0, DEL, C1: escape
 /// sequences start with ESC or CSI and can retitle, recolour or rewrite the operator's
@@ -216,17 +217,37 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
     out
 }
 
+/// One row's figures of the `outcomes` tables (a repository or a model).
+struct Figures<'a> {
+    merged: i64,
+    per_merged: &'a Option<String>,
+    merged_cost: &'a str,
+    failed_cost: &'a str,
+    failed_share: &'a Decimal,
+    revision_cost: &'a str,
+    rounds: &'a Option<Decimal>,
+}
+
+/// Revision rounds per merged pull request with its 2 decimals (`1.50`), if any.
+fn rounds(v: Option<Decimal>) -> Option<String> {
+    v.map(|v| format_decimal(v, 2))
+}
+
 /// The `outcomes` member: the overall figures, then per repository and per model.
 fn outcomes(o: &Outcomes) -> String {
     let mut out = format!(
         "\nCost per outcome (a coding task with its retries and reviews)\n\
          Merged pull requests: {}; cost per merged pull request: {} USD; merged: {} USD; \
-         failed or cancelled: {} USD ({}% of the total).\n",
+         failed or cancelled: {} USD ({}% of the total).\n\
+         Revision runs (answering review feedback): {} USD; revision rounds per merged pull \
+         request: {}.\n",
         o.merged_pull_requests,
         or_dash(o.cost_per_merged_pull_request.as_deref()),
         o.merged_cost,
         o.failed_cost,
         format_decimal(o.failed_share, 1),
+        o.revision_cost,
+        or_dash(rounds(o.avg_revisions_per_merged_pull_request).as_deref()),
     );
     let headers = [
         "merged PRs",
@@ -234,20 +255,19 @@ fn outcomes(o: &Outcomes) -> String {
         "merged (USD)",
         "failed (USD)",
         "failed %",
+        "revisions (USD)",
+        "rounds per merged PR",
     ];
-    let row = |name: &str,
-               merged: i64,
-               per: &Option<String>,
-               merged_cost: &str,
-               failed: &str,
-               share: &rust_decimal::Decimal| {
+    let row = |name: &str, f: Figures<'_>| {
         vec![
             short(name, 45),
-            merged.to_string(),
-            or_dash(per.as_deref()),
-            merged_cost.to_owned(),
-            failed.to_owned(),
-            format_decimal(*share, 1),
+            f.merged.to_string(),
+            or_dash(f.per_merged.as_deref()),
+            f.merged_cost.to_owned(),
+            f.failed_cost.to_owned(),
+            format_decimal(*f.failed_share, 1),
+            f.revision_cost.to_owned(),
+            or_dash(rounds(*f.rounds).as_deref()),
         ]
     };
     let by_repo: Vec<Vec<String>> = o
@@ -256,11 +276,15 @@ fn outcomes(o: &Outcomes) -> String {
         .map(|r| {
             row(
                 &r.repo_url,
-                r.merged_pull_requests,
-                &r.cost_per_merged_pull_request,
-                &r.merged_cost,
-                &r.failed_cost,
-                &r.failed_share,
+                Figures {
+                    merged: r.merged_pull_requests,
+                    per_merged: &r.cost_per_merged_pull_request,
+                    merged_cost: &r.merged_cost,
+                    failed_cost: &r.failed_cost,
+                    failed_share: &r.failed_share,
+                    revision_cost: &r.revision_cost,
+                    rounds: &r.avg_revisions_per_merged_pull_request,
+                },
             )
         })
         .collect();
@@ -270,11 +294,15 @@ fn outcomes(o: &Outcomes) -> String {
         .map(|m| {
             row(
                 &m.model,
-                m.merged_pull_requests,
-                &m.cost_per_merged_pull_request,
-                &m.merged_cost,
-                &m.failed_cost,
-                &m.failed_share,
+                Figures {
+                    merged: m.merged_pull_requests,
+                    per_merged: &m.cost_per_merged_pull_request,
+                    merged_cost: &m.merged_cost,
+                    failed_cost: &m.failed_cost,
+                    failed_share: &m.failed_share,
+                    revision_cost: &m.revision_cost,
+                    rounds: &m.avg_revisions_per_merged_pull_request,
+                },
             )
         })
         .collect();
@@ -355,6 +383,8 @@ mod tests {
             output_tokens: 7,
             created_at: datetime!(2026-05-20 12:00 UTC),
             parent_task_id: parent.map(Uuid::from_u128),
+            revisions: 0,
+            revision_cost: Usd::ZERO,
         }
     }
 
@@ -405,7 +435,12 @@ mod tests {
         let out = render(
             &report_of(
                 &[
-                    fact(1, "Merged", web, TaskState::Completed, "1.7", None),
+                    // Merged after one revision round whose run cost 0.4 of its 1.7.
+                    TaskFact {
+                        revisions: 1,
+                        revision_cost: Usd::parse("0.4").unwrap(),
+                        ..fact(1, "Merged", web, TaskState::Completed, "1.7", None)
+                    },
                     fact(2, "Its review", web, TaskState::Completed, "0.1", Some(1)),
                     fact(3, "Gave up", api, TaskState::Failed, "1.5", None),
                 ],
@@ -424,12 +459,31 @@ mod tests {
             ),
             "{out}"
         );
-        let api_row = out
-            .lines()
-            .find(|l| l.starts_with(api))
-            .unwrap_or_else(|| panic!("{out}"));
-        let cells: Vec<&str> = api_row.split_whitespace().collect();
-        assert_eq!(cells, [api, "0", "-", "0.0000", "1.5000", "100.0"]);
+        assert!(
+            out.contains(
+                "Revision runs (answering review feedback): 0.4000 USD; revision rounds per \
+                 merged pull request: 1.00."
+            ),
+            "{out}"
+        );
+        let cells = |start: &str| -> Vec<String> {
+            out.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{out}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(
+            cells(api),
+            [api, "0", "-", "0.0000", "1.5000", "100.0", "0.0000", "-"]
+        );
+        assert_eq!(
+            cells(web),
+            [
+                web, "1", "1.8000", "1.8000", "0.0000", "0.0", "0.4000", "1.00"
+            ]
+        );
         assert!(out.lines().any(|l| l.starts_with("model ")), "{out}");
         let budget = out
             .lines()

@@ -486,6 +486,9 @@ pub struct Task {
     /// The first attempt of the task's latest revision round, if one started since the
     /// task was last retried.
     pub revision_attempt: Option<i32>,
+    /// What the task's revision runs cost (runs of a revision round), exactly; part of
+    /// `cost_usd`, which sums every run. Zero when none recorded a cost.
+    pub revision_cost_usd: Usd,
 }
 
 impl Task {

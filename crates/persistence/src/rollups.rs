@@ -67,6 +67,32 @@ pub struct OutcomeSums {
     pub merged_cost_nanos: i64,
     /// The cost of the units whose head is `failed` or `cancelled`.
     pub failed_cost_nanos: i64,
+    /// The revision rounds of the merged heads (their `revisions`).
+    pub merged_revisions: i64,
+    /// What the revision runs of the units' tasks cost (every class), in nano-dollars; part
+    /// of `cost_nanos`.
+    pub revision_cost_nanos: i64,
+}
+
+/// What the tasks of one unit (or one task of it) add to its outcome: costed tasks, their
+/// cost, the revision rounds (of the head only) and what the revision runs cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct UnitPart {
+    costed: i64,
+    cost_nanos: i64,
+    revisions: i64,
+    revision_cost_nanos: i64,
+}
+
+impl UnitPart {
+    fn of(task: &Task, sums: &Sums) -> UnitPart {
+        UnitPart {
+            costed: sums.costed,
+            cost_nanos: sums.cost_nanos,
+            revisions: i64::from(task.revisions),
+            revision_cost_nanos: task.revision_cost_usd.to_nanos(),
+        }
+    }
 }
 
 /// How a unit ended, decided by its head.
@@ -88,23 +114,26 @@ impl Class {
 }
 
 impl OutcomeSums {
-    /// `costed` costed tasks costing `cost_nanos` in a unit of class `class`; `merged_head`
-    /// when the head itself is among them.
-    fn new(class: Class, merged_head: bool, costed: i64, cost_nanos: i64) -> OutcomeSums {
+    /// The tasks of `part` in a unit of class `class`; `merged_head` when the head itself is
+    /// among them (only the head's revision rounds count, and only once it is merged).
+    fn new(class: Class, merged_head: bool, part: UnitPart) -> OutcomeSums {
+        let merged = merged_head && class == Class::Merged;
         OutcomeSums {
-            merged: i64::from(merged_head && class == Class::Merged),
-            costed,
-            cost_nanos,
+            merged: i64::from(merged),
+            costed: part.costed,
+            cost_nanos: part.cost_nanos,
             merged_cost_nanos: if class == Class::Merged {
-                cost_nanos
+                part.cost_nanos
             } else {
                 0
             },
             failed_cost_nanos: if class == Class::Failed {
-                cost_nanos
+                part.cost_nanos
             } else {
                 0
             },
+            merged_revisions: if merged { part.revisions } else { 0 },
+            revision_cost_nanos: part.revision_cost_nanos,
         }
     }
 
@@ -120,6 +149,8 @@ impl OutcomeSums {
             cost_nanos: f(self.cost_nanos, o.cost_nanos)?,
             merged_cost_nanos: f(self.merged_cost_nanos, o.merged_cost_nanos)?,
             failed_cost_nanos: f(self.failed_cost_nanos, o.failed_cost_nanos)?,
+            merged_revisions: f(self.merged_revisions, o.merged_revisions)?,
+            revision_cost_nanos: f(self.revision_cost_nanos, o.revision_cost_nanos)?,
         })
     }
 
@@ -187,8 +218,7 @@ impl Head {
 struct ReviewPart {
     parent: Uuid,
     own: Head,
-    costed: i64,
-    cost_nanos: i64,
+    part: UnitPart,
     sign: i64,
 }
 
@@ -317,7 +347,7 @@ impl Deltas {
         if let [.., a, b] = d.reviews.as_slice()
             && a.parent == b.parent
             && a.own == b.own
-            && (a.costed, a.cost_nanos) == (b.costed, b.cost_nanos)
+            && a.part == b.part
         {
             d.reviews.clear();
         }
@@ -345,19 +375,19 @@ impl Deltas {
             sign,
         )?;
         let head = Head::of(task);
+        let part = UnitPart::of(task, &sums);
         match (task.task_type, task.parent_task_id) {
             (TaskType::Review, Some(parent)) => {
                 self.reviews.push(ReviewPart {
                     parent,
                     own: head,
-                    costed: sums.costed,
-                    cost_nanos: sums.cost_nanos,
+                    part,
                     sign,
                 });
                 Ok(())
             }
             _ => {
-                let outcome = OutcomeSums::new(head.class, true, sums.costed, sums.cost_nanos);
+                let outcome = OutcomeSums::new(head.class, true, part);
                 self.add_outcome(head.combo, head.day, outcome, sign)
             }
         }
@@ -375,7 +405,13 @@ impl Deltas {
             c.model.unwrap_or_default().to_owned(),
         );
         let class = Class::of(c.task_type, c.state);
-        let outcome = OutcomeSums::new(class, true, c.sums.costed, c.sums.cost_nanos);
+        // Imported history has no revision rounds and no runs.
+        let part = UnitPart {
+            costed: c.sums.costed,
+            cost_nanos: c.sums.cost_nanos,
+            ..UnitPart::default()
+        };
+        let outcome = OutcomeSums::new(class, true, part);
         let e = self.cumulative.entry((combo, day)).or_default();
         *e = e.combine(
             Cum {
@@ -467,27 +503,37 @@ impl Deltas {
                 // Not a coding task's review: a unit by itself.
                 _ => part.own,
             };
-            let outcome = OutcomeSums::new(head.class, false, part.costed, part.cost_nanos);
+            let outcome = OutcomeSums::new(head.class, false, part.part);
             self.add_outcome(head.combo, head.day, outcome, part.sign)?;
         }
         for (id, from, to) in std::mem::take(&mut self.moves) {
-            // Summed here with overflow checks (a task has few review subtasks).
-            let costs: Vec<i64> = tasks::table
+            // Summed here with overflow checks (a task has few review subtasks). A revision
+            // cost is part of a recorded cost, so uncosted reviews have none.
+            let costs: Vec<(i64, i64)> = tasks::table
                 .filter(tasks::parent_task_id.eq(id.to_string()))
                 .filter(tasks::task_type.eq(TaskType::Review.as_str()))
                 .filter(tasks::cost_nanos.is_not_null())
-                .select(tasks::cost_nanos.assume_not_null())
+                .select((
+                    tasks::cost_nanos.assume_not_null(),
+                    tasks::revision_cost_nanos,
+                ))
                 .load(conn)?;
             if costs.is_empty() {
                 continue;
             }
-            let costed = i64::try_from(costs.len())
-                .map_err(|_| DbError::Conflict("cost rollup overflow".into()))?;
-            let cost = costs.iter().try_fold(0_i64, |a, c| {
-                a.checked_add(*c)
-                    .ok_or_else(|| DbError::Conflict("cost rollup overflow".into()))
-            })?;
-            let moved = |class| OutcomeSums::new(class, false, costed, cost);
+            let overflow = || DbError::Conflict("cost rollup overflow".into());
+            let mut part = UnitPart {
+                costed: i64::try_from(costs.len()).map_err(|_| overflow())?,
+                ..UnitPart::default()
+            };
+            for (cost, revision_cost) in costs {
+                part.cost_nanos = part.cost_nanos.checked_add(cost).ok_or_else(overflow)?;
+                part.revision_cost_nanos = part
+                    .revision_cost_nanos
+                    .checked_add(revision_cost)
+                    .ok_or_else(overflow)?;
+            }
+            let moved = |class| OutcomeSums::new(class, false, part);
             self.add_outcome(from.combo, from.day, moved(from.class), -1)?;
             self.add_outcome(to.combo, to.day, moved(to.class), 1)?;
         }
@@ -505,6 +551,8 @@ type CumRow = (
     String,
     String,
     String,
+    i64,
+    i64,
     i64,
     i64,
     i64,
@@ -539,6 +587,8 @@ const CUM_COLUMNS: (
     cc::outcome_cost_nanos,
     cc::merged_cost_nanos,
     cc::failed_cost_nanos,
+    cc::merged_revisions,
+    cc::revision_cost_nanos,
 ) = (
     cc::repo_url,
     cc::task_type,
@@ -555,6 +605,8 @@ const CUM_COLUMNS: (
     cc::outcome_cost_nanos,
     cc::merged_cost_nanos,
     cc::failed_cost_nanos,
+    cc::merged_revisions,
+    cc::revision_cost_nanos,
 );
 
 fn cum_of(r: &CumRow) -> Cum {
@@ -573,6 +625,8 @@ fn cum_of(r: &CumRow) -> Cum {
             cost_nanos: r.12,
             merged_cost_nanos: r.13,
             failed_cost_nanos: r.14,
+            merged_revisions: r.15,
+            revision_cost_nanos: r.16,
         },
     }
 }
@@ -595,6 +649,8 @@ struct CumInsert<'a> {
     outcome_cost_nanos: i64,
     merged_cost_nanos: i64,
     failed_cost_nanos: i64,
+    merged_revisions: i64,
+    revision_cost_nanos: i64,
 }
 
 impl<'a> CumInsert<'a> {
@@ -615,6 +671,8 @@ impl<'a> CumInsert<'a> {
             outcome_cost_nanos: c.outcome.cost_nanos,
             merged_cost_nanos: c.outcome.merged_cost_nanos,
             failed_cost_nanos: c.outcome.failed_cost_nanos,
+            merged_revisions: c.outcome.merged_revisions,
+            revision_cost_nanos: c.outcome.revision_cost_nanos,
         }
     }
 }

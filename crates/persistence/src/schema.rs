@@ -68,6 +68,7 @@ diesel::table! {
         revisions -> Integer,
         revision_attempt -> Nullable<Integer>,
         revision_due_at -> Nullable<Timestamp>,
+        revision_cost_nanos -> BigInt,
     }
 }
 
@@ -307,6 +308,8 @@ diesel::table! {
         outcome_cost_nanos -> BigInt,
         merged_cost_nanos -> BigInt,
         failed_cost_nanos -> BigInt,
+        merged_revisions -> BigInt,
+        revision_cost_nanos -> BigInt,
     }
 }
 

@@ -43,6 +43,7 @@ struct TaskRow {
     imported: bool,
     revisions: i32,
     revision_attempt: Option<i32>,
+    revision_cost_nanos: i64,
 }
 
 impl TryFrom<TaskRow> for Task {
@@ -80,6 +81,9 @@ impl TryFrom<TaskRow> for Task {
             imported: r.imported,
             revisions: r.revisions,
             revision_attempt: r.revision_attempt,
+            revision_cost_usd: Usd::from_nanos(r.revision_cost_nanos).map_err(|e| {
+                DbError::Corrupt(format!("revision cost {}: {e}", r.revision_cost_nanos))
+            })?,
         })
     }
 }
@@ -775,10 +779,19 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             trigger_author: trigger.author,
         })
         .execute(conn)?;
+    // A revision run's cost is also kept apart (docs/analytics.md: `revisionCost`).
+    let revision_cost = match (trigger.kind, run.cost_usd) {
+        (crate::revisions::RunTriggerKind::Revision, Some(c)) => task
+            .revision_cost_usd
+            .checked_add(c)
+            .ok_or_else(|| DbError::Conflict("task cost overflow".into()))?,
+        _ => task.revision_cost_usd,
+    };
     let model = run.model.clone().or_else(|| task.model_used.clone());
     diesel::update(tasks::table.find(run.task_id.to_string()))
         .set((
             tasks::cost_nanos.eq(cost.map(Usd::to_nanos)),
+            tasks::revision_cost_nanos.eq(revision_cost.to_nanos()),
             tasks::input_tokens.eq(input_total),
             tasks::output_tokens.eq(output_total),
             tasks::model_used.eq(model),

@@ -57,6 +57,8 @@ fn outcome_totals(s: OutcomeSums) -> OutcomeTotals {
         cost: usd(s.cost_nanos),
         merged_cost: usd(s.merged_cost_nanos),
         failed_cost: usd(s.failed_cost_nanos),
+        merged_revisions: s.merged_revisions,
+        revision_cost: usd(s.revision_cost_nanos),
     }
 }
 

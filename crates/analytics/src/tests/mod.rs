@@ -46,6 +46,8 @@ fn task(
         output_tokens: 10 * id as i64,
         created_at,
         parent_task_id: None,
+        revisions: 0,
+        revision_cost: Usd::ZERO,
     }
 }
 
@@ -110,8 +112,9 @@ fn task_fact_from_a_stored_task() {
         finished_at: None,
         blocked_by: None,
         imported: false,
-        revisions: 0,
+        revisions: 2,
         revision_attempt: None,
+        revision_cost_usd: Usd::parse("0.25").unwrap(),
     };
     let fact = TaskFact::from(task);
     assert_eq!(
@@ -128,6 +131,8 @@ fn task_fact_from_a_stored_task() {
             output_tokens: 34,
             created_at,
             parent_task_id: Some(Uuid::from_u128(8)),
+            revisions: 2,
+            revision_cost: Usd::parse("0.25").unwrap(),
         }
     );
     assert_eq!(fact.day(), date!(2025 - 03 - 05));
@@ -179,6 +184,8 @@ fn empty_input() {
             merged_cost: "0.0000".into(),
             failed_cost: "0.0000".into(),
             failed_share: Decimal::ZERO,
+            revision_cost: "0.0000".into(),
+            avg_revisions_per_merged_pull_request: None,
             by_repo: Vec::new(),
             by_model: Vec::new(),
         }
@@ -256,14 +263,17 @@ fn one_task_full_json() {
             "outcomes": {
                 "mergedPullRequests": 1, "costPerMergedPullRequest": "1.2500",
                 "mergedCost": "1.2500", "failedCost": "0.0000", "failedShare": 0.0,
+                "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": 0.0,
                 "byRepo": [{
                     "repoUrl": A, "mergedPullRequests": 1, "costPerMergedPullRequest": "1.2500",
-                    "mergedCost": "1.2500", "failedCost": "0.0000", "failedShare": 0.0
+                    "mergedCost": "1.2500", "failedCost": "0.0000", "failedShare": 0.0,
+                    "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": 0.0
                 }],
                 "byModel": [{
                     "model": "sonnet", "mergedPullRequests": 1,
                     "costPerMergedPullRequest": "1.2500", "mergedCost": "1.2500",
-                    "failedCost": "0.0000", "failedShare": 0.0
+                    "failedCost": "0.0000", "failedShare": 0.0,
+                    "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": 0.0
                 }]
             }
         })
@@ -1454,21 +1464,29 @@ fn outcomes_count_reviews_with_their_coding_task() {
             "failedCost": "1.6000",
             // 1.6 / 4.6 = 34.78…%
             "failedShare": 34.8,
+            "revisionCost": "0.0000",
+            "avgRevisionsPerMergedPullRequest": 0.0,
             "byRepo": [
                 {"repoUrl": B, "mergedPullRequests": 0, "costPerMergedPullRequest": null,
-                 "mergedCost": "0.0000", "failedCost": "1.5000", "failedShare": 75.0},
+                 "mergedCost": "0.0000", "failedCost": "1.5000", "failedShare": 75.0,
+                 "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": null},
                 {"repoUrl": A, "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000",
-                 "mergedCost": "1.8000", "failedCost": "0.1000", "failedShare": 5.3}
+                 "mergedCost": "1.8000", "failedCost": "0.1000", "failedShare": 5.3,
+                 "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": 0.0}
             ],
             "byModel": [
                 {"model": "opus", "mergedPullRequests": 2, "costPerMergedPullRequest": "0.9000",
-                 "mergedCost": "1.8000", "failedCost": "0.0000", "failedShare": 0.0},
+                 "mergedCost": "1.8000", "failedCost": "0.0000", "failedShare": 0.0,
+                 "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": 0.0},
                 {"model": "sonnet", "mergedPullRequests": 0, "costPerMergedPullRequest": null,
-                 "mergedCost": "0.0000", "failedCost": "1.2000", "failedShare": 70.6},
+                 "mergedCost": "0.0000", "failedCost": "1.2000", "failedShare": 70.6,
+                 "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": null},
                 {"model": "unknown", "mergedPullRequests": 0, "costPerMergedPullRequest": null,
-                 "mergedCost": "0.0000", "failedCost": "0.3000", "failedShare": 100.0},
+                 "mergedCost": "0.0000", "failedCost": "0.3000", "failedShare": 100.0,
+                 "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": null},
                 {"model": "haiku", "mergedPullRequests": 0, "costPerMergedPullRequest": null,
-                 "mergedCost": "0.0000", "failedCost": "0.1000", "failedShare": 100.0}
+                 "mergedCost": "0.0000", "failedCost": "0.1000", "failedShare": 100.0,
+                 "revisionCost": "0.0000", "avgRevisionsPerMergedPullRequest": null}
             ]
         })
     );
@@ -1478,4 +1496,160 @@ fn outcomes_count_reviews_with_their_coding_task() {
     assert_eq!(r.outcomes.failed_cost, "1.5000");
     // 1.5 / 2.0
     assert_eq!(r.outcomes.failed_share, dec("75.0"));
+}
+
+/// A coding task of `repo` in `state` with `revisions` rounds, costing `cost` of which the
+/// revision runs cost `revision_cost`.
+fn revised(
+    id: u128,
+    repo: &str,
+    state: TaskState,
+    model: &str,
+    (cost, revisions, revision_cost): (&str, i32, &str),
+    created_at: OffsetDateTime,
+) -> TaskFact {
+    TaskFact {
+        revisions,
+        revision_cost: Usd::parse(revision_cost).unwrap(),
+        ..task(
+            id,
+            repo,
+            TaskType::Coding,
+            state,
+            Some(model),
+            Some(cost),
+            created_at,
+        )
+    }
+}
+
+#[test]
+fn outcomes_revision_cost_and_rounds_per_merged_pull_request() {
+    let today = date!(2024 - 05 - 10);
+    let at = noon(today);
+    // Merged after 2 rounds that cost 0.33333 of its 1.2; its review is no revision run.
+    let head = revised(
+        1,
+        A,
+        TaskState::Completed,
+        "opus",
+        ("1.2", 2, "0.33333"),
+        at,
+    );
+    let tasks = [
+        review_of(2, &head, TaskState::Completed, "haiku", "0.1"),
+        head,
+        // Merged with no round, and merged with 1 round: 3 rounds over 3 merged = 1.00.
+        revised(3, A, TaskState::Completed, "opus", ("0.5", 0, "0"), at),
+        revised(
+            4,
+            A,
+            TaskState::Completed,
+            "sonnet",
+            ("0.7", 1, "0.000049"),
+            at,
+        ),
+        // A round started, then the pull request was closed: its revision runs count in
+        // revisionCost (all outcomes) but its round not in the merged average.
+        revised(5, B, TaskState::Failed, "sonnet", ("0.9", 1, "0.4"), at),
+        // Still open, in its second round.
+        revised(6, B, TaskState::Queued, "sonnet", ("0.2", 2, "0.05"), at),
+        // Created before the period: not one of its units.
+        revised(
+            7,
+            A,
+            TaskState::Completed,
+            "opus",
+            ("9", 5, "4"),
+            noon(date!(2024 - 04 - 01)),
+        ),
+    ];
+    let r = run(today, 10, None, &tasks);
+    let o = &r.outcomes;
+    assert_eq!(o.merged_pull_requests, 3);
+    // The cost of a merged pull request still holds its revision runs: 1.2 + 0.1 + 0.5 + 0.7.
+    assert_eq!(o.merged_cost, "2.5000");
+    // 0.33333 + 0.000049 + 0.4 + 0.05 = 0.783379, rounded once.
+    assert_eq!(o.revision_cost, "0.7834");
+    assert_eq!(o.avg_revisions_per_merged_pull_request, Some(dec("1.00")));
+    let v = serde_json::to_value(o).unwrap();
+    assert_eq!(v["revisionCost"], json!("0.7834"));
+    assert_eq!(v["avgRevisionsPerMergedPullRequest"], json!(1.0));
+    let repo = |url: &str| o.by_repo.iter().find(|g| g.repo_url == url).unwrap();
+    // A: 2 + 0 + 1 rounds over 3 merged, 0.33333 + 0.000049 = 0.333379; B: nothing merged.
+    assert_eq!(repo(A).revision_cost, "0.3334");
+    assert_eq!(
+        repo(A).avg_revisions_per_merged_pull_request,
+        Some(dec("1.00"))
+    );
+    assert_eq!(repo(B).revision_cost, "0.4500");
+    assert_eq!(repo(B).avg_revisions_per_merged_pull_request, None);
+    let model = |name: &str| o.by_model.iter().find(|g| g.model == name).unwrap();
+    assert_eq!(
+        model("opus").avg_revisions_per_merged_pull_request,
+        Some(dec("1.00"))
+    );
+    // sonnet: 1 round over 1 merged; 0.000049 + 0.4 + 0.05 = 0.450049.
+    assert_eq!(
+        model("sonnet").avg_revisions_per_merged_pull_request,
+        Some(dec("1.00"))
+    );
+    assert_eq!(model("sonnet").revision_cost, "0.4500");
+    let v = serde_json::to_value(&o.by_repo).unwrap();
+    assert_eq!(v[1]["avgRevisionsPerMergedPullRequest"], json!(null), "{v}");
+    assert_eq!(v[1]["revisionCost"], json!("0.4500"), "{v}");
+}
+
+#[test]
+fn revisions_per_merged_pull_request_round_half_away_from_zero_to_2_decimals() {
+    let today = date!(2024 - 05 - 10);
+    let at = noon(today);
+    let merged = |id, revisions| {
+        revised(
+            id,
+            A,
+            TaskState::Completed,
+            "opus",
+            ("1", revisions, "0"),
+            at,
+        )
+    };
+    let avg = |tasks: &[TaskFact]| {
+        let o = run(today, 1, None, tasks).outcomes;
+        (
+            o.avg_revisions_per_merged_pull_request,
+            serde_json::to_value(&o).unwrap()["avgRevisionsPerMergedPullRequest"].clone(),
+        )
+    };
+    // 2 / 3 = 0.666… → 0.67; 1 / 3 = 0.333… → 0.33.
+    assert_eq!(
+        avg(&[merged(1, 2), merged(2, 0), merged(3, 0)]),
+        (Some(dec("0.67")), json!(0.67))
+    );
+    assert_eq!(
+        avg(&[merged(1, 1), merged(2, 0), merged(3, 0)]),
+        (Some(dec("0.33")), json!(0.33))
+    );
+    // 1 / 8 = 0.125 → 0.13 (half away from zero); 5 / 8 = 0.625 → 0.63.
+    let eight = |rounds: &[i32]| -> Vec<TaskFact> {
+        (0..8)
+            .map(|i| merged(i + 1, rounds.get(i as usize).copied().unwrap_or(0)))
+            .collect()
+    };
+    assert_eq!(avg(&eight(&[1])), (Some(dec("0.13")), json!(0.13)));
+    assert_eq!(avg(&eight(&[5])), (Some(dec("0.63")), json!(0.63)));
+    // 7 / 2 = 3.5.
+    assert_eq!(
+        avg(&[merged(1, 3), merged(2, 4)]),
+        (Some(dec("3.50")), json!(3.5))
+    );
+    // Nothing merged: null, even with revision rounds on open or failed units.
+    let open = revised(1, A, TaskState::PrOpened, "opus", ("1", 3, "0.5"), at);
+    let closed = revised(2, A, TaskState::Failed, "opus", ("1", 1, "0.25"), at);
+    let (value, wire) = avg(&[open.clone(), closed.clone()]);
+    assert_eq!((value, wire), (None, json!(null)));
+    let o = run(today, 1, None, &[open, closed]).outcomes;
+    assert_eq!(o.revision_cost, "0.7500");
+    assert_eq!(o.by_repo[0].avg_revisions_per_merged_pull_request, None);
+    assert_eq!(o.by_model[0].avg_revisions_per_merged_pull_request, None);
 }

@@ -128,6 +128,8 @@ fn generate(seed: u64) -> Case {
             output_tokens: rng.below(100_000) as i64,
             created_at,
             parent_task_id: None,
+            revisions: 0,
+            revision_cost: Usd::ZERO,
         });
     }
     // Review subtasks: most of a coding task (any day, any repository: the data is random),
@@ -152,6 +154,17 @@ fn generate(seed: u64) -> Case {
                 7 => Some(Uuid::from_u128(u128::from(rng.next_u64()))),
                 _ => None,
             };
+        }
+    }
+    // Revision rounds of coding tasks, in any state (a round may start and the pull request
+    // be merged or closed later); their revision runs cost part of the task's cost.
+    for t in tasks.iter_mut().filter(|t| t.task_type == TaskType::Coding) {
+        if rng.chance(40) {
+            t.revisions = rng.range(1, 6) as i32;
+            if let Some(cost) = t.cost {
+                let nanos = cost.to_nanos() as u64;
+                t.revision_cost = Usd::from_nanos(rng.below(nanos + 1) as i64).unwrap();
+            }
         }
     }
     let filter = match rng.below(if spiky { 4 } else { 10 }) {
@@ -512,6 +525,21 @@ struct Outcome {
     cost: i128,
     merged_cost: i128,
     failed_cost: i128,
+    merged_revisions: i64,
+    revision_cost: i128,
+}
+
+/// `revisionCost` and `avgRevisionsPerMergedPullRequest` of a group.
+fn revision_figures(o: &Outcome) -> (String, Option<Decimal>) {
+    (
+        fixed(round_half_away(o.revision_cost, NANOS_PER_4DP), 4),
+        (o.merged > 0).then(|| {
+            Decimal::from_i128_with_scale(
+                round_half_away(i128::from(o.merged_revisions) * 100, i128::from(o.merged)),
+                2,
+            )
+        }),
+    )
 }
 
 /// The five figures, with the failed share of `total` nano-dollars.
@@ -575,7 +603,9 @@ fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
         ] {
             if merged && t.id == head.id {
                 o.merged += 1;
+                o.merged_revisions += i64::from(t.revisions);
             }
+            o.revision_cost += i128::from(t.revision_cost.to_nanos());
             if t.cost.is_some() {
                 o.costed += 1;
             }
@@ -602,16 +632,20 @@ fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
         rows
     };
     let (merged, per, merged_cost, failed_cost, share) = five(&all, total);
+    let (revision_cost, per_revisions) = revision_figures(&all);
     Outcomes {
         merged_pull_requests: merged,
         cost_per_merged_pull_request: per,
         merged_cost,
         failed_cost,
         failed_share: share,
+        revision_cost,
+        avg_revisions_per_merged_pull_request: per_revisions,
         by_repo: rows(by_repo)
             .into_iter()
             .map(|(repo_url, o)| {
                 let (m, p, mc, fc, fs) = five(&o, o.cost);
+                let (rc, rp) = revision_figures(&o);
                 RepoOutcome {
                     repo_url,
                     merged_pull_requests: m,
@@ -619,6 +653,8 @@ fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
                     merged_cost: mc,
                     failed_cost: fc,
                     failed_share: fs,
+                    revision_cost: rc,
+                    avg_revisions_per_merged_pull_request: rp,
                 }
             })
             .collect(),
@@ -626,6 +662,7 @@ fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
             .into_iter()
             .map(|(model, o)| {
                 let (m, p, mc, fc, fs) = five(&o, o.cost);
+                let (rc, rp) = revision_figures(&o);
                 ModelOutcome {
                     model,
                     merged_pull_requests: m,
@@ -633,6 +670,8 @@ fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
                     merged_cost: mc,
                     failed_cost: fc,
                     failed_share: fs,
+                    revision_cost: rc,
+                    avg_revisions_per_merged_pull_request: rp,
                 }
             })
             .collect(),
@@ -697,6 +736,8 @@ fn per_task_inputs(case: &Case, window: Window) -> ReportInputs {
                     cost: t.cost / Decimal::TWO,
                     merged_cost: t.merged_cost / Decimal::TWO,
                     failed_cost: t.failed_cost / Decimal::TWO,
+                    merged_revisions: t.merged_revisions / 2,
+                    revision_cost: t.revision_cost / Decimal::TWO,
                 };
                 let rest = OutcomeTotals {
                     merged: t.merged - half.merged,
@@ -704,6 +745,8 @@ fn per_task_inputs(case: &Case, window: Window) -> ReportInputs {
                     cost: t.cost - half.cost,
                     merged_cost: t.merged_cost - half.merged_cost,
                     failed_cost: t.failed_cost - half.failed_cost,
+                    merged_revisions: t.merged_revisions - half.merged_revisions,
+                    revision_cost: t.revision_cost - half.revision_cost,
                 };
                 [(repo.clone(), model.clone(), half), (repo, model, rest)]
             })

@@ -203,8 +203,9 @@ fn pay(conn: &mut AnyConnection, id: Uuid, model: Option<&str>, nanos: i64) {
 
 /// Live outcome units through the real write paths: coding tasks with review subtasks
 /// (created on a later day than their coding task, costed before and after the coding task
-/// ends), merges, closes, retries after a failure, cancellations, a model that changes after
-/// the reviews cost something, and reviews without a parent.
+/// ends), revision rounds with costed revision runs, merges, closes, retries after a
+/// failure, cancellations, a model that changes after the reviews cost something, and
+/// reviews without a parent.
 fn seed_outcomes(db: &Db, seed: u64) {
     let mut rng = Rng(seed);
     let now = OffsetDateTime::now_utc();
@@ -239,6 +240,14 @@ fn seed_outcomes(db: &Db, seed: u64) {
             pay(&mut conn, coding, model, rng.below(2_000_000_000) as i64);
         }
         step(&mut conn, coding, Trigger::PullRequestOpened);
+        // Revision rounds: review feedback sends the task back; each round's run costs.
+        for _ in 0..rng.below(3) {
+            step(&mut conn, coding, Trigger::RevisionRequested);
+            step(&mut conn, coding, Trigger::Claim);
+            step(&mut conn, coding, Trigger::AgentStarted);
+            pay(&mut conn, coding, model, rng.below(1_000_000_000) as i64);
+            step(&mut conn, coding, Trigger::PullRequestOpened);
+        }
         let mut reviews = Vec::new();
         for _ in 0..rng.below(3) {
             let mut review = new_task(
@@ -296,28 +305,30 @@ fn seed_outcomes(db: &Db, seed: u64) {
 }
 
 /// The outcome columns of the cumulative rollup, in key order.
-fn outcome_columns(db: &Db) -> Vec<(String, String, String, String, [i64; 5])> {
+fn outcome_columns(db: &Db) -> Vec<(String, String, String, String, [i64; 7])> {
     use agentry_persistence::schema::cost_cumulative as cc;
     use diesel::prelude::*;
-    type Row = (String, String, String, String, i64, i64, i64, i64, i64);
-    let rows: Vec<Row> = cc::table
+    type Key = (String, String, String, String);
+    type Sums = (i64, i64, i64, i64, i64, i64, i64);
+    let rows: Vec<(Key, Sums)> = cc::table
         .order((cc::repo_url, cc::task_type, cc::model, cc::day))
         .select((
-            cc::repo_url,
-            cc::task_type,
-            cc::model,
-            cc::day,
-            cc::outcome_merged,
-            cc::outcome_costed,
-            cc::outcome_cost_nanos,
-            cc::merged_cost_nanos,
-            cc::failed_cost_nanos,
+            (cc::repo_url, cc::task_type, cc::model, cc::day),
+            (
+                cc::outcome_merged,
+                cc::outcome_costed,
+                cc::outcome_cost_nanos,
+                cc::merged_cost_nanos,
+                cc::failed_cost_nanos,
+                cc::merged_revisions,
+                cc::revision_cost_nanos,
+            ),
         ))
         .load(&mut *db.conn().unwrap())
         .unwrap();
     rows.into_iter()
-        .map(|r| (r.0, r.1, r.2, r.3, [r.4, r.5, r.6, r.7, r.8]))
-        .filter(|r| r.4 != [0; 5])
+        .map(|(k, s)| (k.0, k.1, k.2, k.3, [s.0, s.1, s.2, s.3, s.4, s.5, s.6]))
+        .filter(|r| r.4 != [0; 7])
         .collect()
 }
 
@@ -347,7 +358,14 @@ async fn equivalence(db: TestDb) {
         maintained,
         "outcome rollups vs a rebuild"
     );
-    // The migration's backfill of existing data gives the same columns.
+    // The migration's backfill of existing data gives the same columns (the five it fills:
+    // the revision columns came later, without a backfill, when no revision had happened).
+    let backfilled = |rows: Vec<(String, String, String, String, [i64; 7])>| {
+        rows.into_iter()
+            .map(|(a, b, c, d, s)| (a, b, c, d, [s[0], s[1], s[2], s[3], s[4]]))
+            .filter(|r| r.4 != [0; 5])
+            .collect::<Vec<_>>()
+    };
     {
         use diesel::connection::SimpleConnection;
         let up = include_str!("../../../../migrations/2026-11-23-000010_outcome_rollups/up.sql");
@@ -359,12 +377,12 @@ async fn equivalence(db: TestDb) {
              outcome_cost_nanos = 0, merged_cost_nanos = 0, failed_cost_nanos = 0",
         )
         .unwrap();
-        assert!(outcome_columns(&db.db).is_empty());
+        assert!(backfilled(outcome_columns(&db.db)).is_empty());
         conn.batch_execute(backfill).unwrap();
     }
     assert_eq!(
-        outcome_columns(&db.db),
-        maintained,
+        backfilled(outcome_columns(&db.db)),
+        backfilled(maintained),
         "outcome rollups vs the backfill"
     );
     let t = tokens(&db.db);
@@ -797,4 +815,113 @@ async fn a_kept_report_is_served_until_a_write_feeds_it_on_sqlite() {
 async fn a_kept_report_is_served_until_a_write_feeds_it_on_postgresql() {
     let Some(db) = TestDb::postgres() else { return };
     kept_report(db).await;
+}
+
+/// Revision rounds through the persistence write paths (feedback → queued → a revision run →
+/// the pull request again), then the merge or the close: `outcomes.revisionCost` and
+/// `avgRevisionsPerMergedPullRequest`, overall and per repository, and the merged pull
+/// request's cost still holding every run.
+async fn revision_outcomes(db: TestDb) {
+    use agentry_persistence::schema::task_runs as r;
+    use diesel::prelude::*;
+    let t = tokens(&db.db);
+    let app = service(&db.db).await;
+    let now = OffsetDateTime::now_utc();
+    let mut conn = db.db.conn().unwrap();
+    let opened = |conn: &mut AnyConnection, repo: &str, nanos: i64| {
+        let id = create(&db.db, &new_task(repo, TaskType::Coding, now)).id;
+        step(conn, id, Trigger::Claim);
+        step(conn, id, Trigger::AgentStarted);
+        pay(conn, id, Some("opus"), nanos);
+        step(conn, id, Trigger::PullRequestOpened);
+        id
+    };
+    let revise = |conn: &mut AnyConnection, id: Uuid, nanos: i64| {
+        step(conn, id, Trigger::RevisionRequested);
+        step(conn, id, Trigger::Claim);
+        step(conn, id, Trigger::AgentStarted);
+        pay(conn, id, Some("opus"), nanos);
+    };
+    // Two rounds (0.25 and 0.125), merged while the second runs: 1.375 in all.
+    let twice = opened(&mut conn, REPOS[0], 1_000_000_000);
+    revise(&mut conn, twice, 250_000_000);
+    step(&mut conn, twice, Trigger::PullRequestOpened);
+    revise(&mut conn, twice, 125_000_000);
+    step(&mut conn, twice, Trigger::PullRequestMerged);
+    // Merged without a round.
+    let plain = opened(&mut conn, REPOS[0], 500_000_000);
+    step(&mut conn, plain, Trigger::PullRequestMerged);
+    // One round (0.1), then the pull request was closed.
+    let closed = opened(&mut conn, REPOS[1], 200_000_000);
+    revise(&mut conn, closed, 100_000_000);
+    step(&mut conn, closed, Trigger::PullRequestClosed);
+
+    let twice_task = tasks::get_task(&mut conn, twice).unwrap();
+    assert_eq!(twice_task.state, TaskState::Completed);
+    assert_eq!(twice_task.revisions, 2);
+    assert_eq!(twice_task.revision_cost_usd, Usd::parse("0.375").unwrap());
+    assert_eq!(twice_task.cost_usd, Some(Usd::parse("1.375").unwrap()));
+    let triggers: Vec<String> = r::table
+        .filter(r::task_id.eq(twice.to_string()))
+        .order(r::attempt)
+        .select(r::run_trigger)
+        .load(&mut conn)
+        .unwrap();
+    assert_eq!(triggers, ["assignment", "revision", "revision"]);
+
+    let (code, body) = call(&app, get("/api/analytics/costs?days=30", &t.viewer)).await;
+    assert_eq!(code, 200, "{body}");
+    let o = &body["outcomes"];
+    assert_eq!(o["mergedPullRequests"], json!(2), "{o}");
+    // Every run of the merged tasks, revision runs included: 1.375 + 0.5.
+    assert_eq!(o["mergedCost"], json!("1.8750"), "{o}");
+    assert_eq!(o["costPerMergedPullRequest"], json!("0.9375"), "{o}");
+    assert_eq!(o["failedCost"], json!("0.3000"), "{o}");
+    // The revision runs of every unit: 0.25 + 0.125 + 0.1.
+    assert_eq!(o["revisionCost"], json!("0.4750"), "{o}");
+    // 2 rounds over 2 merged pull requests (the closed one's round is not counted).
+    assert_eq!(o["avgRevisionsPerMergedPullRequest"], json!(1.0), "{o}");
+    let repo = |url: &str| {
+        o["byRepo"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["repoUrl"] == url)
+            .unwrap_or_else(|| panic!("{o}"))
+            .clone()
+    };
+    assert_eq!(repo(REPOS[0])["revisionCost"], json!("0.3750"), "{o}");
+    assert_eq!(
+        repo(REPOS[0])["avgRevisionsPerMergedPullRequest"],
+        json!(1.0)
+    );
+    assert_eq!(repo(REPOS[1])["revisionCost"], json!("0.1000"), "{o}");
+    assert_eq!(
+        repo(REPOS[1])["avgRevisionsPerMergedPullRequest"],
+        json!(null)
+    );
+    let opus = &o["byModel"][0];
+    assert_eq!(opus["model"], json!("opus"), "{o}");
+    assert_eq!(opus["revisionCost"], json!("0.4750"), "{o}");
+    assert_eq!(opus["avgRevisionsPerMergedPullRequest"], json!(1.0), "{o}");
+
+    // The maintained rollups equal a rebuild from the task table.
+    let maintained = outcome_columns(&db.db);
+    write_tx::<_, DbError, _>(&mut db.db.conn().unwrap(), rollups::rebuild).unwrap();
+    assert_eq!(outcome_columns(&db.db), maintained);
+}
+
+#[actix_web::test]
+async fn revision_cost_and_rounds_per_merged_pull_request_on_sqlite() {
+    revision_outcomes(TestDb::sqlite()).await;
+}
+
+#[actix_web::test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+async fn revision_cost_and_rounds_per_merged_pull_request_on_postgresql() {
+    let Some(db) = TestDb::postgres() else { return };
+    revision_outcomes(db).await;
 }

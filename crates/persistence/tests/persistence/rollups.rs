@@ -45,20 +45,30 @@ fn snapshot(conn: &mut AnyConnection) -> Snapshot {
         .select((cd::day, cd::repo_url, cd::tasks, cd::costed, cd::cost_nanos))
         .load(conn)
         .unwrap();
-    type Row = (String, String, String, String, i64, i64, i64, i64, i64, i64);
-    let cum: Vec<Row> = cc::table
+    type Key = (String, String, String, String);
+    type Row = (i64, i64, i64, i64, i64, i64);
+    type Outcome = (i64, i64, i64, i64, i64, i64, i64);
+    let cum: Vec<(Key, Row, Outcome)> = cc::table
         .order((cc::repo_url, cc::task_type, cc::model, cc::day))
         .select((
-            cc::repo_url,
-            cc::task_type,
-            cc::model,
-            cc::day,
-            cc::tasks,
-            cc::costed,
-            cc::cost_nanos,
-            cc::succeeded,
-            cc::input_tokens,
-            cc::output_tokens,
+            (cc::repo_url, cc::task_type, cc::model, cc::day),
+            (
+                cc::tasks,
+                cc::costed,
+                cc::cost_nanos,
+                cc::succeeded,
+                cc::input_tokens,
+                cc::output_tokens,
+            ),
+            (
+                cc::outcome_merged,
+                cc::outcome_costed,
+                cc::outcome_cost_nanos,
+                cc::merged_cost_nanos,
+                cc::failed_cost_nanos,
+                cc::merged_revisions,
+                cc::revision_cost_nanos,
+            ),
         ))
         .load(conn)
         .unwrap();
@@ -66,7 +76,17 @@ fn snapshot(conn: &mut AnyConnection) -> Snapshot {
     // zeros; they read as zero, so the comparison ignores them.
     let cum = cum
         .into_iter()
-        .map(|r| (r.0, r.1, r.2, r.3, vec![r.4, r.5, r.6, r.7, r.8, r.9]))
+        .map(|(k, r, o)| {
+            (
+                k.0,
+                k.1,
+                k.2,
+                k.3,
+                vec![
+                    r.0, r.1, r.2, r.3, r.4, r.5, o.0, o.1, o.2, o.3, o.4, o.5, o.6,
+                ],
+            )
+        })
         .filter(|r| r.4.iter().any(|v| *v != 0))
         .collect();
     let daily = daily
@@ -135,8 +155,59 @@ fn run_of(task: &Task, rng: &mut SplitMix64) -> Run {
     }
 }
 
-/// Applies a random workload and checks the invariants.
-fn workload(db: &Db, seed: u64) {
+/// The next step of a task along the way a coding task goes, revision rounds included: the
+/// trigger to apply in its state (`None`: leave it).
+fn next_step(task: &Task, rng: &mut SplitMix64) -> Option<Trigger> {
+    Some(match task.state {
+        TaskState::Queued => Trigger::Claim,
+        TaskState::Provisioning => Trigger::AgentStarted,
+        TaskState::Running if task.task_type == TaskType::Review => Trigger::ReviewPosted,
+        TaskState::Running => match rng.below(6) {
+            0 => Trigger::Fail,
+            // Merged while a revision round runs (the pull request stands).
+            1 if task.revision().is_some() => Trigger::PullRequestMerged,
+            _ => Trigger::PullRequestOpened,
+        },
+        TaskState::PrOpened => match rng.below(10) {
+            0..=5 => Trigger::RevisionRequested,
+            6..=8 => Trigger::PullRequestMerged,
+            _ => Trigger::PullRequestClosed,
+        },
+        TaskState::Failed | TaskState::Cancelled => Trigger::Retry,
+        TaskState::Completed => return None,
+    })
+}
+
+/// The revision figures from the tasks: per head combination (a review with a coding
+/// parent counts at its parent), the revision rounds of merged heads and the cost of the
+/// revision runs of every task.
+fn brute_revisions(tasks: &[Task]) -> BTreeMap<(String, String, String), (i64, i64)> {
+    let by_id: BTreeMap<Uuid, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
+    let mut m: BTreeMap<(String, String, String), (i64, i64)> = BTreeMap::new();
+    for t in tasks {
+        let head = match (t.task_type, t.parent_task_id.and_then(|p| by_id.get(&p))) {
+            (TaskType::Review, Some(p)) if p.task_type == TaskType::Coding => *p,
+            _ => t,
+        };
+        let e = m
+            .entry((
+                head.repo_url.to_string(),
+                head.task_type.as_str().to_owned(),
+                head.model_used.clone().unwrap_or_default(),
+            ))
+            .or_default();
+        if t.id == head.id && t.task_type == TaskType::Coding && t.state == TaskState::Completed {
+            e.0 += i64::from(t.revisions);
+        }
+        e.1 += t.revision_cost_usd.to_nanos();
+    }
+    m.retain(|_, v| *v != (0, 0));
+    m
+}
+
+/// Applies a random workload and checks the invariants; returns how many revision runs
+/// with a cost it recorded.
+fn workload(db: &Db, seed: u64) -> usize {
     let mut rng = SplitMix64::new(seed);
     let repos = [
         connect(db, "acme", "web"),
@@ -145,8 +216,8 @@ fn workload(db: &Db, seed: u64) {
     ];
     let mut conn = db.conn().unwrap();
     let mut created: Vec<Uuid> = Vec::new();
-    for step in 0..160 {
-        match rng.below(10) {
+    for step in 0..200 {
+        match rng.below(13) {
             0..=3 => {
                 let repo = &repos[rng.below(3) as usize];
                 // Days out of order, including days before and after earlier ones.
@@ -174,6 +245,32 @@ fn workload(db: &Db, seed: u64) {
                 };
                 // Refused transitions are part of the workload: they must change nothing.
                 let _ = tasks::transition_task(&mut conn, id, trigger, &details, at(step));
+            }
+            // A task (most often a coding task) one step further along, revision rounds
+            // included, and often a run of its attempt (a revision run within a round).
+            // A task (most often a coding task) a few steps further along, revision rounds
+            // included, with runs of its attempts (revision runs within a round).
+            10..=12 if !created.is_empty() => {
+                let id = created[rng.below(created.len() as u64) as usize];
+                for _ in 0..rng.range(1, 6) {
+                    let task = tasks::get_task(&mut conn, id).unwrap();
+                    if let Some(trigger) = next_step(&task, &mut rng) {
+                        let details = TransitionDetails {
+                            pull_request: Some(agentry_domain::PullRequestRef {
+                                url: "https://github.com/o/r/pull/2".into(),
+                                number: 2,
+                            }),
+                            ..Default::default()
+                        };
+                        let _ = tasks::transition_task(&mut conn, id, trigger, &details, at(step));
+                    }
+                    if rng.below(2) == 0 {
+                        let task = tasks::get_task(&mut conn, id).unwrap();
+                        let run = run_of(&task, &mut rng);
+                        write_tx::<_, DbError, _>(&mut conn, |c| tasks::record_run(c, &run))
+                            .unwrap();
+                    }
+                }
             }
             _ => {
                 let records: Vec<Result<ImportTask, DbError>> = (0..rng.below(30))
@@ -215,6 +312,42 @@ fn workload(db: &Db, seed: u64) {
 
     let tasks = all_tasks(&mut conn);
     let incremental = snapshot(&mut conn);
+
+    // Each task's revision cost is the cost of its runs recorded as revision runs.
+    let runs: Vec<(String, String, Option<i64>)> = {
+        use agentry_persistence::schema::task_runs as r;
+        r::table
+            .select((r::task_id, r::run_trigger, r::cost_nanos))
+            .load(&mut conn)
+            .unwrap()
+    };
+    let mut revision_runs: BTreeMap<String, i64> = BTreeMap::new();
+    let mut costed_revision_runs = 0;
+    for (task_id, trigger, cost) in &runs {
+        if trigger == "revision" {
+            *revision_runs.entry(task_id.clone()).or_default() += cost.unwrap_or(0);
+            costed_revision_runs += usize::from(cost.is_some_and(|c| c > 0));
+        }
+    }
+    for t in &tasks {
+        assert_eq!(
+            t.revision_cost_usd.to_nanos(),
+            revision_runs.get(&t.id.to_string()).copied().unwrap_or(0),
+            "revision cost of {}",
+            t.id
+        );
+        assert!(t.revision_cost_usd <= t.cost_usd.unwrap_or(Usd::ZERO));
+    }
+    // The outcome sums at the latest day hold every unit's revision figures.
+    let latest_day = rollups::latest_day(&mut conn).unwrap().unwrap();
+    let mut read: BTreeMap<(String, String, String), (i64, i64)> = BTreeMap::new();
+    for (_, combo, _, o) in rollups::cumulative_with_outcomes_at(&mut conn, &[latest_day]).unwrap()
+    {
+        if (o.merged_revisions, o.revision_cost_nanos) != (0, 0) {
+            read.insert(combo, (o.merged_revisions, o.revision_cost_nanos));
+        }
+    }
+    assert_eq!(read, brute_revisions(&tasks), "revision outcome sums");
 
     // Dense: every combination has a row for every day from its first through the latest.
     let latest = rollups::latest_day(&mut conn).unwrap().unwrap();
@@ -313,14 +446,17 @@ fn workload(db: &Db, seed: u64) {
         "cumulative differs: {only_incremental:?} vs {only_rebuilt:?}"
     );
     assert!(incremental.0 == rebuilt.0, "daily differs");
+    costed_revision_runs
 }
 
 backend_tests! {
     fn rollups_follow_every_write_exactly(db) {
+        let mut revision_runs = 0;
         for seed in [1_u64, 2, 3] {
-            workload(db, seed);
+            revision_runs += workload(db, seed);
             let mut conn = db.conn().unwrap();
             // Start the next seed from empty tables of the same database.
+            diesel::sql_query("DELETE FROM revision_feedback").execute(&mut conn).unwrap();
             diesel::sql_query("DELETE FROM cost_cumulative").execute(&mut conn).unwrap();
             diesel::sql_query("DELETE FROM cost_daily").execute(&mut conn).unwrap();
             diesel::sql_query("DELETE FROM task_runs").execute(&mut conn).unwrap();
@@ -328,6 +464,8 @@ backend_tests! {
             diesel::sql_query("DELETE FROM tasks").execute(&mut conn).unwrap();
             diesel::sql_query("DELETE FROM repositories").execute(&mut conn).unwrap();
         }
+        // The histories held revision rounds with costed revision runs.
+        assert!(revision_runs > 0);
     }
 
     fn a_refused_write_leaves_the_rollups_unchanged(db) {
