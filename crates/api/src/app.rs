@@ -17,7 +17,7 @@ use crate::dto::names::{TaskStateName, TaskTypeName};
 use crate::error::{ApiError, ErrorBody, envelope_fallback};
 use crate::routes::webhooks::WebhookLimits;
 use crate::routes::{
-    self, analytics, budget, health, issues, repos, secrets, tasks, tokens, webhooks,
+    self, analytics, budget, health, issues, me, repos, secrets, tasks, tokens, webhooks,
 };
 use crate::state::AppState;
 
@@ -65,6 +65,7 @@ fn routes(cfg: &mut ServiceConfig) {
                 .service(tasks::retry_task)
                 .service(tasks::task_log)
                 .service(tasks::task_calls)
+                .service(me::me)
                 .service(tokens::create_token)
                 .service(tokens::list_tokens)
                 .service(tokens::revoke_token)

@@ -260,6 +260,34 @@ export interface EventDto {
   kind: string;
 }
 
+/** Review feedback that asked for changes on a task's pull request. */
+export interface FeedbackDto {
+  /**
+   * `review` (changes requested), `issue_comment` or `review_comment` (a mention), or
+   * `agent_review` (agentry's own review agent).
+   */
+  source: string;
+  /** Its author (a code-host login). */
+  author: string;
+  /** What it says. */
+  body: string;
+  /** Its web address. */
+  url: string;
+  /** The file of a review comment. */
+  path?: string | null;
+  /** The line of a review comment. */
+  line?: number | null;
+  /** When agentry received it. */
+  receivedAt: string;
+  /** The attempt that started the revision round that took it; null when none did. */
+  roundAttempt?: number | null;
+  /**
+   * `waiting` (for the next round), `taken`, `over_limit` (maxRevisions reached) or
+   * `dropped` (the pull request closed first).
+   */
+  outcome: string;
+}
+
 /** The month forecast. Money is a decimal string with exactly 4 decimals. */
 export interface Forecast {
   /** `totalCost / days` (idle days count as zero). */
@@ -350,6 +378,14 @@ export interface LinkedTaskDto {
   state: string;
   /** Its pull request, once opened. */
   prUrl?: string | null;
+}
+
+/** The calling token (never the token itself). */
+export interface MeDto {
+  /** The token's name. */
+  name: string;
+  /** `viewer`, `member` or `admin`. */
+  role: RoleName;
 }
 
 /** One model call of a run, as the model gateway metered it. */
@@ -624,6 +660,15 @@ export interface RunDto {
    * metered cost; null when it printed none.
    */
   reportedCostUsd?: string | null;
+  /**
+   * Why the run happened: `assignment` (the first attempt), `retry` (a retry or a
+   * recovery) or `revision` (review feedback; docs/contract.md#57-revisions).
+   */
+  trigger: string;
+  /** For a revision: the web address of the feedback that started its round. */
+  triggerUrl?: string | null;
+  /** For a revision: that feedback's author (a code-host login). */
+  triggerAuthor?: string | null;
 }
 
 /** A stored secret (never its value). */
@@ -691,6 +736,11 @@ export type TaskDetailDto = TaskDto & {
   reviews: Array<TaskSummaryDto>;
   /** The connections its runs' egress proxy refused, by destination. */
   egressBlocked: Array<EgressBlockedDto>;
+  /**
+   * The review feedback that asked for changes on its pull request, oldest first, with
+   * the round that took each (docs/contract.md#57-revisions).
+   */
+  feedback: Array<FeedbackDto>;
 };
 
 /** A task (docs/contract.md#21-task) with its prompt. */
@@ -769,6 +819,11 @@ export interface TaskSummaryDto {
    * retry of it is refused.
    */
   imported: boolean;
+  /**
+   * How many revision rounds review feedback started on the task's pull request
+   * (docs/contract.md#57-revisions).
+   */
+  revisions: number;
 }
 
 /** A task type. */

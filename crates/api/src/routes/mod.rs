@@ -5,6 +5,7 @@ pub mod analytics;
 pub mod budget;
 pub mod health;
 pub mod issues;
+pub mod me;
 pub mod repos;
 pub mod secrets;
 pub mod tasks;

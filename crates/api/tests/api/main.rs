@@ -8,6 +8,7 @@ mod common;
 mod costs;
 mod hardening;
 mod http;
+mod me;
 // Before `revisions`, which uses its `app!`.
 #[macro_use]
 mod runs;
