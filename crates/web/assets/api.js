@@ -1,13 +1,15 @@
 // @ts-check
 /**
- * The API client: base URL, the token kept in this browser, the role it has, JSON errors.
- * A 401 forgets the token and asks for one again.
+ * The API client: base URL, the token kept in this browser with its name and role (from
+ * `GET /api/me`), JSON errors. A 401 forgets the token and asks for one again.
  */
 
 /** @typedef {import('../types/api').RoleName} Role */
+/** @typedef {import('../types/api').MeDto} MeDto */
 
 const TOKEN_KEY = 'agentry.token';
 const ROLE_KEY = 'agentry.role';
+const NAME_KEY = 'agentry.name';
 
 /** An error answer of the API (or a network failure, status 0). */
 export class ApiError extends Error {
@@ -43,13 +45,14 @@ export function token() {
 }
 
 /**
- * Keeps `value` (and its role) in this browser.
+ * Keeps `value` (and its name and role) in this browser.
  * @param {string} value
- * @param {Role} role
+ * @param {MeDto} me
  */
-export function keepToken(value, role) {
+export function keepToken(value, me) {
   localStorage.setItem(TOKEN_KEY, value);
-  localStorage.setItem(ROLE_KEY, role);
+  localStorage.setItem(ROLE_KEY, me.role);
+  localStorage.setItem(NAME_KEY, me.name);
 }
 
 /** Forgets the token. */
@@ -57,9 +60,15 @@ export function forgetToken() {
   try {
     localStorage.removeItem(TOKEN_KEY);
     localStorage.removeItem(ROLE_KEY);
+    localStorage.removeItem(NAME_KEY);
   } catch {
     // Storage refused: nothing was kept.
   }
+}
+
+/** @returns {string | null} the name of the kept token, as found at sign-in. */
+export function tokenName() {
+  return localStorage.getItem(NAME_KEY);
 }
 
 /** @returns {Role | null} the role of the kept token, as found at sign-in. */
@@ -184,20 +193,15 @@ export async function apiText(path, options = {}) {
 }
 
 /**
- * The role of `candidate`: admin if it may list tokens; otherwise member if it may cancel a
- * task (asked about a task id that cannot exist, so nothing changes: 404 for a member, 403
- * for a viewer). Rejects with the API's 401 when the token is refused.
+ * The name and role of `candidate` (`GET /api/me`). Rejects with the API's 401 when the
+ * token is refused.
  * @param {string} candidate
- * @returns {Promise<Role>}
+ * @returns {Promise<MeDto>}
  */
-export async function findRole(candidate) {
-  const tokens = await send('/api/tokens', { tokenOverride: candidate });
-  if (tokens.status === 401) throw await failure(tokens, { tokenOverride: candidate });
-  if (tokens.ok) return 'admin';
-  const nil = '00000000-0000-0000-0000-000000000000';
-  const probe = await send(`/api/tasks/${nil}/cancel`, {
-    method: 'POST',
-    tokenOverride: candidate,
-  });
-  return probe.status === 403 ? 'viewer' : 'member';
+export async function whoIs(candidate) {
+  const res = await send('/api/me', { tokenOverride: candidate });
+  if (!res.ok) throw await failure(res, { tokenOverride: candidate });
+  /** @type {MeDto} */
+  const me = await res.json();
+  return me;
 }

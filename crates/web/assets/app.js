@@ -3,7 +3,7 @@
  * The entry point of every page: sign-in (a token kept in this browser), sign-out, the
  * navigation, and the page the path names.
  */
-import { ApiError, findRole, forgetToken, keepToken, role, token, whenUnauthenticated } from './api.js';
+import { ApiError, forgetToken, keepToken, role, token, tokenName, whenUnauthenticated, whoIs } from './api.js';
 import { byId, fill, h } from './dom.js';
 import { costsPage } from './costs.js';
 import { issuesPage } from './issues.js';
@@ -40,7 +40,8 @@ function route() {
 function showSession() {
   const r = role();
   session.hidden = r === null;
-  byId('session-role').textContent = r ? `Signed in (${r})` : '';
+  const name = tokenName();
+  byId('session-role').textContent = r ? `Signed in${name ? ` as ${name}` : ''} (${r})` : '';
 }
 
 /**
@@ -68,8 +69,7 @@ form.addEventListener('submit', async (e) => {
   const button = /** @type {HTMLButtonElement} */ (form.querySelector('button'));
   button.disabled = true;
   try {
-    const r = await findRole(candidate);
-    keepToken(candidate, r);
+    keepToken(candidate, await whoIs(candidate));
     dialog.close();
     showSession();
     route();
@@ -106,9 +106,10 @@ async function start() {
     askForToken();
     return;
   }
+  // The role decides what a page offers: asked once (`GET /api/me`), kept with the token.
   if (!role()) {
     try {
-      keepToken(t, await findRole(t));
+      keepToken(t, await whoIs(t));
     } catch (err) {
       forgetToken();
       askForToken(err instanceof ApiError ? err.message : 'The API could not be reached.');

@@ -5,10 +5,11 @@
  * table), hover tooltips with the exact values, and keyboard access: the chart takes focus,
  * the arrow keys move between its points and the tooltip follows.
  *
- * Geometry uses floating point (pixels); every value shown is the API's exact value.
+ * Geometry uses floating point (pixels); values are shown to the cent (format.js), the exact
+ * values in the data tables.
  */
 import { h, s } from './dom.js';
-import { count, money, plainDecimal, repoName, utcDay } from './format.js';
+import { count, exactMoney, money, percent, plainDecimal, repoName, utcDay } from './format.js';
 
 /** @typedef {import('../types/api').DailyCost} DailyCost */
 /** @typedef {import('../types/api').RepoCost} RepoCost */
@@ -19,13 +20,16 @@ import { count, money, plainDecimal, repoName, utcDay } from './format.js';
  * Round axis ticks from 0 to at least `max`: steps of 1, 2, 2.5 or 5 × 10^k.
  * @param {number} max
  * @param {number} [wanted]
+ * @param {number} [minStep] the smallest step (a cent for money axes)
  * @returns {{ticks: number[], decimals: number}}
  */
-export function niceTicks(max, wanted = 4) {
+export function niceTicks(max, wanted = 4, minStep = 0) {
   if (!(max > 0)) return { ticks: [0, 1], decimals: 0 };
-  const raw = max / wanted;
+  const raw = Math.max(max / wanted, minStep);
   const power = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((st) => st >= raw) ?? 10 * power;
+  // 2.5 × the smallest step would need a decimal more than the step has.
+  const multiples = minStep > 0 && power < minStep * 1.5 ? [1, 2, 5, 10] : [1, 2, 2.5, 5, 10];
+  const step = multiples.map((m) => m * power).find((st) => st >= raw * (1 - 1e-9)) ?? 10 * power;
   const ticks = [];
   for (let i = 0; i * step < max + step * 1e-9; i += 1) ticks.push(i * step);
   if (ticks[ticks.length - 1] < max) ticks.push(ticks.length * step);
@@ -34,13 +38,16 @@ export function niceTicks(max, wanted = 4) {
 }
 
 /**
- * A tick label as money: `$1,500`, `$0.25`.
+ * A tick label as money: `$1,500`, `$0.25` (ticks are at least a cent apart).
  * @param {number} v
  * @param {number} decimals
  */
 function moneyTick(v, decimals) {
-  return money(v.toFixed(decimals));
+  return money(plainDecimal(v), { places: decimals === 0 ? 0 : 2 });
 }
+
+/** A cent: the smallest step of a money axis. */
+const CENT = 0.01;
 
 /** The shared tooltip element (in the shell). */
 function tooltipEl() {
@@ -203,7 +210,7 @@ export function dailyChart(days) {
   const plotH = H - top - bottom;
   const costs = days.map((d) => d.cost);
   const counts = days.map((d) => d.taskCount);
-  const cy = niceTicks(Math.max(0, ...costs));
+  const cy = niceTicks(Math.max(0, ...costs), 4, CENT);
   const ny = niceTicks(Math.max(0, ...counts), 4);
   const cMax = cy.ticks[cy.ticks.length - 1];
   const nMax = ny.ticks[ny.ticks.length - 1];
@@ -285,7 +292,7 @@ export function dailyChart(days) {
   const table = dataTable(
     'Daily costs (UTC days)',
     ['Day (UTC)', 'Cost', 'Costed tasks'],
-    days.map((d) => [d.date, money(d.cost), count(d.taskCount)]),
+    days.map((d) => [d.date, exactMoney(d.cost), count(d.taskCount)]),
     [false, true, true],
   );
   return figure(svg, summary, legend, table, points, highlight);
@@ -306,7 +313,7 @@ export function repoChart(repos) {
   const axis = 28;
   const H = top + shown.length * (barH + gap) + axis;
   const plotW = W - left - right;
-  const xs = niceTicks(Math.max(0, ...shown.map((r) => r.totalCost)));
+  const xs = niceTicks(Math.max(0, ...shown.map((r) => r.totalCost)), 4, CENT);
   const xMax = xs.ticks[xs.ticks.length - 1];
   /** @param {number} v */
   const x = (v) => left + (v / xMax) * plotW;
@@ -329,7 +336,7 @@ export function repoChart(repos) {
     svg.append(
       s('text', { class: 'bar-label', x: left - 8, y: y + barH / 2 + 4, 'text-anchor': 'end' }, name.length > 24 ? `${name.slice(0, 23)}…` : name),
       bar,
-      s('text', { class: 'bar-value', x: x(r.totalCost) + 6, y: y + barH / 2 + 4 }, money(r.totalCost)),
+      s('text', { class: 'bar-value', x: x(r.totalCost) + 6, y: y + barH / 2 + 4 }, money(r.totalCost, { total: true })),
     );
     return { target: bar, lines: [name, `Cost ${money(r.totalCost)}`, `Tasks ${count(r.taskCount)}`] };
   });
@@ -348,20 +355,19 @@ export function repoChart(repos) {
   const table = dataTable(
     'Cost by repository',
     ['Repository', 'Cost', 'Costed tasks'],
-    repos.map((r) => [repoName(r.repoUrl), money(r.totalCost), count(r.taskCount)]),
+    repos.map((r) => [repoName(r.repoUrl), exactMoney(r.totalCost), count(r.taskCount)]),
     [false, true, true],
   );
   return figure(svg, summary, note, table, points, highlight);
 }
 
 /**
- * The share of `part` in `whole` as a percentage with one decimal, from the exact decimal
- * texts (a label only).
+ * The share of `part` in `whole` as a percentage with one decimal (a label only).
  * @param {number} part
  * @param {number} whole
  */
 function share(part, whole) {
-  return whole > 0 ? `${((part / whole) * 100).toFixed(1)}%` : '0.0%';
+  return percent(whole > 0 ? (part / whole) * 100 : 0);
 }
 
 /**
@@ -413,7 +419,7 @@ export function typeChart(types) {
   const table = dataTable(
     'Cost by task type',
     ['Task type', 'Cost', 'Costed tasks'],
-    types.map((t) => [t.taskType, money(plainDecimal(t.totalCost)), count(t.taskCount)]),
+    types.map((t) => [t.taskType, exactMoney(t.totalCost), count(t.taskCount)]),
     [false, true, true],
   );
   return figure(svg, summary, legend, table, points, highlight);

@@ -5,8 +5,8 @@
  * never replaces a newer one.
  */
 import { api, ApiError } from './api.js';
-import { fill, h, region } from './dom.js';
-import { count, money, repoName, signedPercent, stateBadge } from './format.js';
+import { fill, h, region, uid } from './dom.js';
+import { count, exactMoney, money, moneyEl, oneDecimal, percent, repoName, signedPercent, stateBadge, utcDay } from './format.js';
 import { dailyChart, repoChart, typeChart } from './charts.js';
 
 /** @typedef {import('../types/api').CostReport} CostReport */
@@ -60,15 +60,89 @@ function cards(r) {
   return h(
     'div',
     { class: 'cards' },
-    card('Total cost', money(r.summary.totalCost), `over the last ${r.summary.days} days`),
+    card('Total cost', moneyEl(r.summary.totalCost, { total: true }), `over the last ${r.summary.days} days`),
     card('Task count', count(r.summary.tasksWithCost), `tasks with a recorded cost, of ${count(r.summary.taskCount)} created`),
-    card('Average cost', money(r.summary.avgCost), 'per task with a recorded cost'),
+    card('Average cost', moneyEl(r.summary.avgCost), 'per task with a recorded cost'),
     card(
       'Cost trend',
       h('span', { class: `trend trend-${direction}` }, h('span', { 'aria-hidden': 'true' }, `${arrow} `), signedPercent(trend), h('span', { class: 'sr-only' }, ` (${words})`)),
-      `previous ${r.summary.days} days: ${money(r.summary.prevPeriodCost)}`,
+      h('span', {}, `previous ${r.summary.days} days: `, moneyEl(r.summary.prevPeriodCost, { total: true })),
     ),
   );
+}
+
+/**
+ * A compact table: a caption for screen readers, column heads, rows of cells; the first
+ * cell of a row is its header.
+ * @param {string} caption
+ * @param {string[]} head
+ * @param {boolean[]} numeric which columns are numbers (aligned right)
+ * @param {(Node | string)[][]} rows
+ */
+function table(caption, head, numeric, rows) {
+  return h(
+    'div',
+    { class: 'table-wrap' },
+    h(
+      'table',
+      { class: 'compact' },
+      h('caption', { class: 'sr-only' }, caption),
+      h('thead', {}, h('tr', {}, ...head.map((c, i) => h('th', { scope: 'col', class: numeric[i] ? 'num' : '' }, c)))),
+      h(
+        'tbody',
+        {},
+        ...rows.map((row) =>
+          h('tr', {}, ...row.map((c, i) => (i === 0 ? h('th', { scope: 'row' }, c) : h('td', { class: numeric[i] ? 'num' : '' }, c)))),
+        ),
+      ),
+    ),
+  );
+}
+
+/** How many model suggestions show before the disclosure. */
+const SHOWN_SUGGESTIONS = 3;
+
+/** @param {CostReport} r */
+function suggestionsRegion(r) {
+  const all = r.modelSuggestions;
+  const section = region('Model suggestions', { class: 'notice' + (all.length ? ' tip wide' : '') });
+  if (all.length === 0) {
+    section.append(h('p', {}, 'No cheaper model with proven results to suggest.'));
+    return section;
+  }
+  const head = ['Repository', 'Current model', 'Suggested model', 'Tasks', 'Saving'];
+  const numeric = [false, false, false, true, true];
+  /** @param {import('../types/api').ModelSuggestion} m */
+  const row = (m) => [
+    repoName(m.repoUrl),
+    m.currentModel,
+    h('strong', {}, m.suggestedModel),
+    count(m.taskCount),
+    h(
+      'span',
+      {
+        class: 'money',
+        title: `${exactMoney(m.estimatedSavings)}: ${exactMoney(m.cheaperModelAvgCost)} instead of ${exactMoney(m.avgCost)} a task`,
+      },
+      money(m.estimatedSavings),
+    ),
+  ];
+  section.append(
+    h('p', { class: 'note' }, 'A cheaper model with at least the same success rate, and what it would have saved in this period.'),
+    table('Model suggestions, largest saving first', head, numeric, all.slice(0, SHOWN_SUGGESTIONS).map(row)),
+  );
+  const rest = all.slice(SHOWN_SUGGESTIONS);
+  if (rest.length > 0) {
+    section.append(
+      h(
+        'details',
+        { class: 'more' },
+        h('summary', {}, `${rest.length} more ${rest.length === 1 ? 'suggestion' : 'suggestions'}`),
+        table('More model suggestions', head, numeric, rest.map(row)),
+      ),
+    );
+  }
+  return section;
 }
 
 /** @param {CostReport} r */
@@ -81,10 +155,12 @@ function notices(r) {
       'p',
       {},
       'Month so far (UTC): ',
-      h('strong', {}, money(f.monthCostSoFar)),
+      h('strong', {}, moneyEl(f.monthCostSoFar, { total: true })),
       '. Forecast for the month: ',
-      h('strong', {}, money(f.forecastedMonthTotal)),
-      ` at ${money(f.dailyAvgCost)} a day, with ${count(f.daysRemaining)} ${f.daysRemaining === 1 ? 'day' : 'days'} left.`,
+      h('strong', {}, moneyEl(f.forecastedMonthTotal, { total: true })),
+      ' at ',
+      moneyEl(f.dailyAvgCost),
+      ` a day, with ${count(f.daysRemaining)} ${f.daysRemaining === 1 ? 'day' : 'days'} left.`,
     ),
   );
   const anomalies = region(
@@ -100,31 +176,177 @@ function notices(r) {
               'li',
               {},
               h('a', { href: `/tasks/${a.id}` }, a.title),
-              ` (${repoName(a.repoUrl)}) cost ${money(a.costUsd)}, ${a.costRatio.toFixed(1)}× the repository’s average of ${money(a.repoAvgCost)}.`,
+              ` (${repoName(a.repoUrl)}) cost `,
+              moneyEl(a.costUsd),
+              `, ${oneDecimal(a.costRatio)}× the repository’s average of `,
+              moneyEl(a.repoAvgCost),
+              '.',
             ),
           ),
         ),
   );
-  const suggestions = region(
-    'Model suggestions',
-    { class: 'notice' + (r.modelSuggestions.length ? ' tip' : '') },
-    r.modelSuggestions.length === 0
-      ? h('p', {}, 'No cheaper model with proven results to suggest.')
-      : h(
-          'ul',
-          {},
-          ...r.modelSuggestions.map((m) =>
-            h(
-              'li',
-              {},
-              `${repoName(m.repoUrl)}: `,
-              h('strong', {}, m.suggestedModel),
-              ` instead of ${m.currentModel} would have saved about ${money(m.estimatedSavings)} over ${count(m.taskCount)} tasks (${money(m.cheaperModelAvgCost)} instead of ${money(m.avgCost)} a task).`,
-            ),
-          ),
-        ),
+  return h('div', { class: 'notices' }, forecast, anomalies, suggestionsRegion(r));
+}
+
+/**
+ * A member an older API does not send (`revisionCost`, `avgRevisionsPerMergedPullRequest`),
+ * read without assuming it: undefined when absent, null when sent as null.
+ * @param {object} o
+ * @param {string} name
+ * @returns {string | number | null | undefined}
+ */
+function optional(o, name) {
+  if (!(name in o)) return undefined;
+  const v = /** @type {Record<string, unknown>} */ (o)[name];
+  return typeof v === 'string' || typeof v === 'number' ? v : null;
+}
+
+/**
+ * A figure of the Outcomes region: a term and its value.
+ * @param {string} term
+ * @param {Node | string} value
+ * @param {Node | string | null} [note]
+ */
+function figure(term, value, note = null) {
+  return h('div', { class: 'figure' }, h('dt', {}, term), h('dd', {}, h('span', { class: 'value' }, value), note ? h('span', { class: 'note' }, ' ', note) : null));
+}
+
+/** How many repositories the Outcomes table shows before the disclosure. */
+const SHOWN_REPOS = 5;
+
+/** @param {CostReport} r */
+function outcomesRegion(r) {
+  const o = r.outcomes;
+  const revisionCost = optional(o, 'revisionCost');
+  const revisions = optional(o, 'avgRevisionsPerMergedPullRequest');
+  const figures = h(
+    'dl',
+    { class: 'figures' },
+    figure('Merged pull requests', count(o.mergedPullRequests)),
+    figure('Cost per merged pull request', o.costPerMergedPullRequest == null ? 'none merged' : moneyEl(o.costPerMergedPullRequest), h('span', {}, 'of ', moneyEl(o.mergedCost, { total: true }), ' on merged work')),
+    figure('Failed spend', moneyEl(o.failedCost, { total: true }), `${percent(o.failedShare)} of the period’s spend`),
+    revisionCost === undefined ? null : figure('Revision cost', moneyEl(revisionCost, { total: true })),
+    revisions === undefined ? null : figure('Revisions per merged PR', revisions === null ? '–' : oneDecimal(revisions)),
   );
-  return h('div', { class: 'notices' }, forecast, anomalies, suggestions);
+  const section = region('Outcomes', { class: 'panel wide outcomes' }, figures);
+  if (o.byRepo.length === 0) {
+    section.append(h('p', { class: 'state' }, 'No merged pull request or costed task in this period.'));
+    return section;
+  }
+  const withRevisions = o.byRepo.some((g) => optional(g, 'revisionCost') !== undefined);
+  const head = ['Repository', 'Merged PRs', 'Cost per merged PR', 'Merged cost', 'Failed cost', 'Failed share'];
+  if (withRevisions) head.push('Revision cost');
+  const numeric = head.map((_, i) => i > 0);
+  const rows = o.byRepo.map((g) => {
+    /** @type {(Node | string)[]} */
+    const row = [
+      repoName(g.repoUrl),
+      count(g.mergedPullRequests),
+      g.costPerMergedPullRequest == null ? '–' : moneyEl(g.costPerMergedPullRequest),
+      moneyEl(g.mergedCost),
+      moneyEl(g.failedCost),
+      percent(g.failedShare),
+    ];
+    if (withRevisions) row.push(moneyEl(optional(g, 'revisionCost')));
+    return row;
+  });
+  section.append(h('h3', {}, 'By repository'), table('Outcomes by repository, highest spend first', head, numeric, rows.slice(0, SHOWN_REPOS)));
+  const rest = rows.slice(SHOWN_REPOS);
+  if (rest.length > 0) {
+    section.append(
+      h(
+        'details',
+        { class: 'more' },
+        h('summary', {}, `${rest.length} more ${rest.length === 1 ? 'repository' : 'repositories'}`),
+        table('More outcomes by repository', head, numeric, rest),
+      ),
+    );
+  }
+  return section;
+}
+
+/**
+ * The state of a budget from its exact figures: under 80 %, 80 % reached, 100 % reached.
+ * @param {string} spent decimal
+ * @param {string} limit decimal
+ * @returns {{level: 'ok' | 'warn' | 'over', used: string}} `used` the percentage, 1 decimal
+ */
+export function budgetState(spent, limit) {
+  const s = nanos(spent);
+  const l = nanos(limit);
+  if (l <= 0n) return { level: s > 0n ? 'over' : 'ok', used: s > 0n ? '100.0' : '0.0' };
+  // Tenths of a percent, rounded half up: (s / l × 1000), all in integers.
+  const tenths = (s * 2000n + l) / (2n * l);
+  const used = `${tenths / 10n}.${tenths % 10n}`;
+  const level = s >= l ? 'over' : s * 10n >= l * 8n ? 'warn' : 'ok';
+  return { level, used };
+}
+
+/**
+ * A non-negative decimal string as an integer of nanodollars (exact; 9 decimals at most
+ * count).
+ * @param {string} decimal
+ */
+function nanos(decimal) {
+  const m = /^(\d+)(?:\.(\d+))?$/.exec(decimal);
+  if (!m) return 0n;
+  return BigInt(m[1]) * 1000000000n + BigInt((m[2] ?? '').slice(0, 9).padEnd(9, '0'));
+}
+
+/** @param {CostReport} r */
+function budgetsRegion(r) {
+  const section = region('Budgets', { class: 'panel wide budgets' });
+  if (r.budgets.length === 0) {
+    section.append(h('p', { class: 'state' }, 'No monthly budget is set (Settings sets the instance’s; each repository’s settings its own).'));
+    return section;
+  }
+  const words = { ok: 'under 80 %', warn: '80 % reached', over: '100 % reached: over budget' };
+  const icons = { ok: '✓', warn: '⚠', over: '‼' };
+  section.append(
+    h(
+      'ul',
+      { class: 'plain budget-list' },
+      ...r.budgets.map((b) => {
+        const name = b.scope === 'instance' ? 'Instance' : repoName(b.repoUrl ?? '');
+        const { level, used } = budgetState(b.monthToDateUsd, b.monthlyBudgetUsd);
+        const meterId = uid('budget');
+        const limit = Number(b.monthlyBudgetUsd);
+        return h(
+          'li',
+          { class: `budget budget-${level}` },
+          h('h3', { id: meterId }, name, b.scope === 'instance' ? ' (all repositories)' : ''),
+          h(
+            'p',
+            { class: 'budget-line' },
+            h('meter', {
+              'aria-labelledby': meterId,
+              min: 0,
+              max: limit > 0 ? limit : 1,
+              low: limit * 0.8,
+              // Over the budget the bar is drawn as "bad" (past `high`), not only "warning".
+              high: level === 'over' ? limit * 0.8 : limit,
+              optimum: 0,
+              value: Math.min(Number(b.monthToDateUsd), limit > 0 ? limit : 1),
+            }),
+            h('span', { class: 'budget-state' }, h('span', { 'aria-hidden': 'true' }, `${icons[level]} `), words[level]),
+          ),
+          h(
+            'p',
+            {},
+            'Month to date ',
+            h('strong', {}, moneyEl(b.monthToDateUsd, { total: true })),
+            ' of ',
+            moneyEl(b.monthlyBudgetUsd, { total: true }),
+            ` (${used}%). Forecast for the month: `,
+            moneyEl(b.forecastUsd, { total: true }),
+            '. ',
+            b.exhaustsOn ? `Runs out on ${utcDay(b.exhaustsOn)} (UTC).` : 'Lasts the month at this rate.',
+          ),
+        );
+      }),
+    ),
+  );
+  return section;
 }
 
 /** @param {CostReport} r */
@@ -143,7 +365,7 @@ function topTable(r) {
       h('td', {}, t.modelUsed ?? 'unknown'),
       h('td', { class: 'num' }, count(t.inputTokens)),
       h('td', { class: 'num' }, count(t.outputTokens)),
-      h('td', { class: 'num' }, money(t.costUsd)),
+      h('td', { class: 'num' }, moneyEl(t.costUsd)),
     );
     row.addEventListener('click', (e) => {
       if (!(e.target instanceof HTMLAnchorElement)) location.assign(href);
@@ -174,13 +396,14 @@ function topTable(r) {
  */
 function report(r) {
   if (r.summary.taskCount === 0) {
-    return h('div', {}, cards(r), h('p', { class: 'state empty' }, 'No tasks in this period.'), notices(r));
+    return h('div', {}, cards(r), h('p', { class: 'state empty' }, 'No tasks in this period.'), notices(r), budgetsRegion(r));
   }
   return h(
     'div',
     {},
     cards(r),
     notices(r),
+    h('div', { class: 'charts' }, outcomesRegion(r), budgetsRegion(r)),
     h(
       'div',
       { class: 'charts' },

@@ -1,11 +1,12 @@
 // @ts-check
 /**
- * /settings: the code-host token (a secret, never shown back), the repositories with their
- * agent settings, and the API tokens. What a token's role may not do is not offered.
+ * /settings: the instance's monthly budget and this month's budget alerts, the code-host
+ * token (a secret, never shown back), the repositories with their agent settings, and the
+ * API tokens. What a token's role may not do is not offered.
  */
 import { api, ApiError, can } from './api.js';
 import { fill, h, region, uid } from './dom.js';
-import { repoName, time } from './format.js';
+import { moneyEl, repoName, time, utcDay } from './format.js';
 
 /** @typedef {import('../types/api').RepoDto} RepoDto */
 /** @typedef {import('../types/api').RepoListDto} RepoListDto */
@@ -13,6 +14,9 @@ import { repoName, time } from './format.js';
 /** @typedef {import('../types/api').SecretDto} SecretDto */
 /** @typedef {import('../types/api').TokenListDto} TokenListDto */
 /** @typedef {import('../types/api').CreatedTokenDto} CreatedTokenDto */
+/** @typedef {import('../types/api').BudgetDto} BudgetDto */
+/** @typedef {import('../types/api').BudgetAlertDto} BudgetAlertDto */
+/** @typedef {import('../types/api').BudgetAlertListDto} BudgetAlertListDto */
 
 /**
  * The agent settings of docs/contract.md#35-repository-settings (the API documents them as a
@@ -60,6 +64,133 @@ function problemLine() {
 /** @param {unknown} err */
 function messageOf(err) {
   return err instanceof ApiError ? err.message : 'The API could not be reached.';
+}
+
+/**
+ * The instance's monthly budget (`GET /api/budget`): shown to every role, set or removed by
+ * an admin (`PUT /api/budget`).
+ */
+function budgetRegion() {
+  const section = region('Monthly budget', { class: 'panel' });
+  const figures = h('dl', { class: 'fields' });
+  const problem = problemLine();
+  const done = h('p', { class: 'ok', role: 'status' });
+  section.append(
+    h('p', { class: 'note' }, 'What all repositories together may spend per UTC calendar month. Queued tasks wait while the month has nothing left.'),
+    figures,
+  );
+  const admin = can('admin');
+  const inputId = uid('budget');
+  const helpId = uid('help');
+  const input = h('input', { id: inputId, type: 'text', inputmode: 'decimal', autocomplete: 'off', spellcheck: 'false', 'aria-describedby': helpId });
+  if (admin) {
+    const remove = h('button', { type: 'button', class: 'danger' }, 'Remove budget');
+    const form = h(
+      'form',
+      { class: 'stack' },
+      h('label', { for: inputId }, 'Monthly budget (USD)'),
+      input,
+      h('p', { id: helpId, class: 'note' }, 'A decimal such as 500.00 (at most 9 decimals).'),
+      h('div', { class: 'actions' }, h('button', { type: 'submit' }, 'Save budget'), remove),
+      problem,
+      done,
+    );
+    /** @param {string | null} value */
+    const save = async (value) => {
+      problem.textContent = '';
+      done.textContent = '';
+      input.removeAttribute('aria-invalid');
+      try {
+        /** @type {BudgetDto} */
+        const b = await api('/api/budget', { method: 'PUT', body: { monthlyBudgetUsd: value } });
+        show(b);
+        done.textContent = value === null ? 'The budget is removed.' : 'Saved.';
+      } catch (err) {
+        problem.textContent = messageOf(err);
+        input.setAttribute('aria-invalid', 'true');
+        input.focus();
+      }
+    };
+    form.addEventListener('submit', (e) => {
+      e.preventDefault();
+      const text = input.value.trim();
+      void save(text === '' ? null : text);
+    });
+    remove.addEventListener('click', () => void save(null));
+    section.append(form);
+  } else {
+    section.append(h('p', { class: 'note' }, 'Only an admin token changes the budget.'));
+  }
+  /** @param {BudgetDto} b */
+  const show = (b) => {
+    /** @type {[string, Node | string][]} */
+    const rows = [
+      ['Budget', b.monthlyBudgetUsd === null || b.monthlyBudgetUsd === undefined ? 'none' : moneyEl(b.monthlyBudgetUsd)],
+      ['Month (UTC)', b.month],
+      ['Month to date', moneyEl(b.monthToDateUsd)],
+      ['Reserved by runs in progress', moneyEl(b.reservedUsd)],
+    ];
+    if (b.monthlyBudgetUsd !== null && b.monthlyBudgetUsd !== undefined) {
+      rows.push(['Remaining', moneyEl(b.remainingUsd)]);
+      rows.push(['Forecast for the month', moneyEl(b.forecastUsd)]);
+      rows.push(['Runs out', b.exhaustsOn ? `${utcDay(b.exhaustsOn)} (UTC)` : 'lasts the month at this rate']);
+    }
+    fill(figures, ...rows.flatMap(([term, value]) => [h('dt', {}, term), h('dd', {}, value)]));
+    if (admin && document.activeElement !== input) input.value = b.monthlyBudgetUsd ?? '';
+  };
+  const load = async () => {
+    /** @type {BudgetDto} */
+    const b = await api('/api/budget');
+    show(b);
+    return b.month;
+  };
+  return { section, load };
+}
+
+/**
+ * The budget alerts sent this month (`GET /api/budget/alerts`, newest first).
+ */
+function alertsRegion() {
+  const section = region('Budget alerts', { class: 'panel' });
+  const list = h('ul', { class: 'plain alerts' });
+  section.append(h('p', { class: 'note' }, 'Each budget alerts once a month at 50 %, 80 % and 100 %.'), list);
+  const delivery = { pending: 'being delivered', delivered: 'delivered', unsent: 'recorded (no alert webhook is set)' };
+  /** @param {string} month `YYYY-MM` */
+  const load = async (month) => {
+    /** @type {BudgetAlertDto[]} */
+    const alerts = [];
+    /** @type {string | null | undefined} */
+    let cursor = null;
+    // Newest first: this month's alerts come first; stop at the first older one.
+    for (let page = 0; page < 10; page += 1) {
+      /** @type {BudgetAlertListDto} */
+      const r = await api(`/api/budget/alerts?limit=200${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ''}`);
+      const mine = r.alerts.filter((a) => a.month === month);
+      alerts.push(...mine);
+      cursor = r.nextCursor;
+      if (!cursor || mine.length < r.alerts.length) break;
+    }
+    fill(
+      list,
+      ...(alerts.length === 0
+        ? [h('li', { class: 'state' }, `No budget alert in ${month}.`)]
+        : alerts.map((a) =>
+            h(
+              'li',
+              { class: `alert-${a.threshold >= 100 ? 'over' : a.threshold >= 80 ? 'warn' : 'ok'}` },
+              h('strong', {}, `${a.threshold} % reached`),
+              ` · ${a.scope === 'instance' ? 'the instance' : repoName(a.repoUrl ?? '')}: `,
+              moneyEl(a.spentUsd),
+              ' of ',
+              moneyEl(a.monthlyBudgetUsd),
+              ' · ',
+              time(a.createdAt),
+              ` · ${delivery[/** @type {keyof typeof delivery} */ (a.delivery)] ?? a.delivery}`,
+            ),
+          )),
+    );
+  };
+  return { section, load };
 }
 
 /**
@@ -397,8 +528,20 @@ export function settingsPage(main) {
   const repos = reposRegion();
   const secrets = secretsRegion(() => repos.tokenKnown(true));
   const tokens = tokensRegion();
-  fill(main, h('h1', {}, 'Settings'), status, h('div', { class: 'settings' }, secrets.section, repos.section, tokens.section));
-  Promise.all([secrets.load().then((has) => can('admin') && repos.tokenKnown(has)), repos.load(), tokens.load()])
+  const alerts = alertsRegion();
+  const budget = budgetRegion();
+  fill(
+    main,
+    h('h1', {}, 'Settings'),
+    status,
+    h('div', { class: 'settings' }, h('div', { class: 'columns' }, budget.section, alerts.section), secrets.section, repos.section, tokens.section),
+  );
+  Promise.all([
+    budget.load().then((month) => alerts.load(month)),
+    secrets.load().then((has) => can('admin') && repos.tokenKnown(has)),
+    repos.load(),
+    tokens.load(),
+  ])
     .then(() => {
       status.textContent = '';
       main.dataset.ready = 'settings';

@@ -6,7 +6,7 @@
  */
 import { api, apiText, ApiError, can } from './api.js';
 import { fill, h, region } from './dom.js';
-import { count, money, repoName, stateBadge, stateLabel, time } from './format.js';
+import { count, moneyEl, repoName, stateBadge, stateLabel, time } from './format.js';
 
 /** @typedef {import('../types/api').TaskDetailDto} TaskDetailDto */
 /** @typedef {import('../types/api').TaskDto} TaskDto */
@@ -36,7 +36,7 @@ function overview(t) {
     ['Task type', t.taskType],
     ['Agent', t.agentType],
     ['Model', t.modelUsed ?? '–'],
-    ['Cost', money(t.costUsd ?? null)],
+    ['Cost', moneyEl(t.costUsd ?? null)],
     ['Input tokens', count(t.inputTokens)],
     ['Output tokens', count(t.outputTokens)],
     ['Attempt', String(t.attempt)],
@@ -103,9 +103,9 @@ function runs(t) {
                   h(
                     'td',
                     { class: 'num' },
-                    money(r.costUsd ?? null),
+                    moneyEl(r.costUsd ?? null),
                     r.modelCalls !== null && r.modelCalls !== undefined
-                      ? h('span', { class: 'note' }, ' metered', r.reportedCostUsd ? `; agent said ${r.reportedCostUsd}` : '')
+                      ? h('span', { class: 'note' }, ' metered', r.reportedCostUsd ? h('span', {}, '; agent said ', moneyEl(r.reportedCostUsd)) : '')
                       : null,
                   ),
                 ),
@@ -159,7 +159,7 @@ function reviews(t) {
     { class: 'panel' },
     t.reviews.length === 0
       ? h('p', { class: 'state' }, 'No review subtasks.')
-      : h('ul', {}, ...t.reviews.map((r) => h('li', {}, h('a', { href: `/tasks/${r.id}` }, r.title), ' ', stateBadge(r.state), ' ', money(r.costUsd ?? null)))),
+      : h('ul', {}, ...t.reviews.map((r) => h('li', {}, h('a', { href: `/tasks/${r.id}` }, r.title), ' ', stateBadge(r.state), ' ', moneyEl(r.costUsd ?? null)))),
   );
 }
 

@@ -1,7 +1,7 @@
 // The same files served from a second origin reach the API through AGENTRY_CORS_ORIGINS.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startService, startStaticHost, fixtureTasks, launch, signIn, usd } from './harness.mjs';
+import { startService, startStaticHost, fixtureTasks, launch, signIn, cents } from './harness.mjs';
 
 /** @type {import('./harness.mjs').Stack} */
 let stack;
@@ -50,7 +50,7 @@ test('the pages work from a second origin listed in AGENTRY_CORS_ORIGINS', { tim
   await page.locator('main[data-ready="days=7&repoUrl="]').waitFor();
   const r = await stack.api('/api/analytics/costs?days=7');
   const total = await page.getByRole('region', { name: 'Total cost', exact: true }).locator('.value').innerText();
-  assert.equal(total, usd(r.summary.totalCost));
+  assert.equal(total, cents(r.summary.totalCost, { total: true }));
   assert.ok(origins.length > 0 && origins.every((o) => o === stack.base), origins.join(' '));
   // A page of the other origin's own paths, and a write (cancel) across origins.
   const queued = (await stack.api('/api/tasks?state=queued&limit=1')).tasks[0];

@@ -1,7 +1,7 @@
 // /costs, sign-in and /tasks/{id} in Chromium against the real binary on imported tasks.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startService, fixtureTasks, launch, signIn, screenshot, axeViolations, usd, until } from './harness.mjs';
+import { startService, fixtureTasks, launch, signIn, screenshot, axeViolations, usd, cents, OVER_PRECISE, until } from './harness.mjs';
 
 /** @type {import('./harness.mjs').Stack} */
 let stack;
@@ -52,18 +52,38 @@ async function expectReport(page, days, repoUrl) {
   await page.locator(`main[data-ready="days=${days}&repoUrl=${repoUrl}"]`).waitFor();
   const r = await report(days, repoUrl);
   const value = (/** @type {string} */ name) => region(page, name).locator('.value').innerText();
-  assert.equal(await value('Total cost'), usd(r.summary.totalCost));
+  // Money to the cent (a total of $1,000 or more to the dollar), the exact value in the tooltip.
+  assert.equal(await value('Total cost'), cents(r.summary.totalCost, { total: true }));
+  assert.equal(await region(page, 'Total cost').locator('.value .money').getAttribute('title'), usd(r.summary.totalCost));
   assert.equal(await value('Task count'), r.summary.tasksWithCost.toLocaleString('en-US'));
-  assert.equal(await value('Average cost'), usd(r.summary.avgCost));
+  assert.equal(await value('Average cost'), cents(r.summary.avgCost));
   const trend = await value('Cost trend');
   const sign = r.summary.costTrend.startsWith('-') ? '' : r.summary.costTrend === '0.0' ? '' : '+';
   assert.ok(trend.includes(`${sign}${r.summary.costTrend.replace('-', '−')}%`), `${trend} vs ${r.summary.costTrend}`);
-  assert.ok((await region(page, 'Cost trend').innerText()).includes(usd(r.summary.prevPeriodCost)));
+  assert.ok((await region(page, 'Cost trend').innerText()).includes(cents(r.summary.prevPeriodCost, { total: true })));
   const forecast = await region(page, 'Forecast').innerText();
-  assert.ok(forecast.includes(usd(r.forecast.monthCostSoFar)), forecast);
-  assert.ok(forecast.includes(usd(r.forecast.forecastedMonthTotal)), forecast);
+  assert.ok(forecast.includes(cents(r.forecast.monthCostSoFar, { total: true })), forecast);
+  assert.ok(forecast.includes(cents(r.forecast.forecastedMonthTotal, { total: true })), forecast);
   assert.equal(await region(page, 'Anomalies').locator('li').count(), r.anomalies.length);
-  assert.equal(await region(page, 'Model suggestions').locator('li').count(), r.modelSuggestions.length);
+  // Model suggestions: a table of the top three, the rest behind a disclosure.
+  const suggestions = region(page, 'Model suggestions');
+  assert.equal(await suggestions.locator('tbody tr').count(), r.modelSuggestions.length);
+  assert.equal(await suggestions.locator('tbody tr:visible').count(), Math.min(3, r.modelSuggestions.length));
+  assert.equal(await suggestions.locator('details').count(), r.modelSuggestions.length > 3 ? 1 : 0);
+  // Outcomes: the report's figures, and one row per repository.
+  const outcomes = region(page, 'Outcomes');
+  const figures = await outcomes.locator('dl').innerText();
+  assert.ok(figures.includes(`Merged pull requests\n${r.outcomes.mergedPullRequests.toLocaleString('en-US')}`), figures);
+  if (r.outcomes.costPerMergedPullRequest !== null) assert.ok(figures.includes(cents(r.outcomes.costPerMergedPullRequest)), figures);
+  assert.ok(figures.includes(cents(r.outcomes.failedCost, { total: true })), figures);
+  assert.ok(figures.includes(`${r.outcomes.failedShare.toFixed(1)}%`), figures);
+  assert.deepEqual(
+    await outcomes.locator('tbody th').allTextContents(),
+    r.outcomes.byRepo.map((/** @type {any} */ g) => repoName(g.repoUrl)),
+  );
+  // Nothing visible shows money with more than two decimals.
+  const text = await page.locator('body').innerText();
+  assert.doesNotMatch(text, OVER_PRECISE);
   // Charts: an image with a text alternative, and the data behind it.
   const daily = region(page, 'Daily costs');
   assert.match((await daily.getByRole('img').getAttribute('aria-label')) ?? '', new RegExp(`over ${days} UTC days`));
@@ -83,7 +103,7 @@ async function expectReport(page, days, repoUrl) {
     types.map((t) => t.split(':')[0]),
     r.costByType.map((/** @type {any} */ t) => t.taskType),
   );
-  r.costByType.forEach((/** @type {any} */ t, /** @type {number} */ i) => assert.ok(types[i].includes(usd(t.totalCost)), types[i]));
+  r.costByType.forEach((/** @type {any} */ t, /** @type {number} */ i) => assert.ok(types[i].includes(cents(t.totalCost)), types[i]));
   // The table of the ten costliest tasks.
   const rows = region(page, 'Most expensive tasks').locator('tbody tr');
   assert.equal(await rows.count(), r.topTasks.length);
@@ -96,7 +116,7 @@ async function expectReport(page, days, repoUrl) {
     assert.equal(cells[4], t.modelUsed);
     assert.equal(cells[5], t.inputTokens.toLocaleString('en-US'));
     assert.equal(cells[6], t.outputTokens.toLocaleString('en-US'));
-    assert.equal(cells[7], usd(t.costUsd));
+    assert.equal(cells[7], cents(t.costUsd));
   }
   return r;
 }
@@ -130,9 +150,11 @@ test('every card, chart, notice and the table show the API numbers; screenshot a
   await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
   const r = await expectReport(page, 30, '');
   assert.ok(r.summary.tasksWithCost > 10 && r.topTasks.length === 10);
-  // Money keeps the API's exact digits, grouped: the $1,234.567891234 task is the first row.
+  // Money to the cent, the exact digits in the tooltip: the $1,234.567891234 task is the first row.
   assert.equal(r.topTasks[0].costUsd, '1234.567891234');
-  assert.ok((await region(page, 'Most expensive tasks').innerText()).includes('$1,234.567891234'));
+  const first = region(page, 'Most expensive tasks').locator('tbody tr').first().locator('.money');
+  assert.equal(await first.innerText(), '$1,234.57');
+  assert.equal(await first.getAttribute('title'), '$1,234.567891234');
   // Labelled filters.
   assert.equal(await page.getByLabel('Period', { exact: true }).inputValue(), '30');
   assert.equal(await page.getByLabel('Repository', { exact: true }).inputValue(), '');
@@ -142,7 +164,7 @@ test('every card, chart, notice and the table show the API numbers; screenshot a
   await page.keyboard.press('End');
   const last = r.dailyCosts[r.dailyCosts.length - 1];
   const said = await daily.locator('[aria-live]').innerText();
-  assert.ok(said.includes(last.date) && said.includes(usd(last.cost)), said);
+  assert.ok(said.includes(last.date) && said.includes(cents(last.cost)), said);
   assert.ok(await page.locator('#tooltip').isVisible());
   await page.keyboard.press('Home');
   assert.ok((await daily.locator('[aria-live]').innerText()).includes(r.dailyCosts[0].date));
@@ -242,7 +264,8 @@ test('a top-task row opens its detail page; a viewer sees no actions, a member n
   await page.locator('main[data-ready^="task:"]').waitFor();
   assert.equal(await page.getByRole('heading', { level: 1 }).innerText(), top.title);
   const fields = await page.locator('dl.fields').innerText();
-  assert.ok(fields.includes(usd(top.costUsd)), fields);
+  assert.ok(fields.includes(cents(top.costUsd)), fields);
+  assert.equal(await page.locator('dl.fields .money').first().getAttribute('title'), usd(top.costUsd));
   assert.ok(fields.includes('98,765,432'), fields);
   // Times in the browser's zone, UTC in the tooltip.
   const created = page.locator('dl.fields time').first();
@@ -297,5 +320,110 @@ test('the empty state and the error state', { timeout: 60000 }, async () => {
   await page.getByLabel('Period', { exact: true }).selectOption('7');
   await page.locator('main[data-ready="error"]').waitFor();
   await page.getByRole('status').filter({ hasText: 'the database is not answering' }).waitFor();
+  await page.close();
+});
+
+test('the page asks /api/me for the role at sign-in, never probes', { timeout: 60000 }, async () => {
+  for (const [role, token] of Object.entries(stack.tokens)) {
+    const page = await browser.newPage();
+    /** @type {string[]} */
+    const requests = [];
+    page.on('request', (req) => {
+      if (req.url().includes('/api/')) requests.push(`${req.method()} ${new URL(req.url()).pathname}`);
+    });
+    await signIn(page, `${stack.base}/costs`, token);
+    await expectReport(page, 30, '');
+    assert.ok(requests.includes('GET /api/me'), requests.join(', '));
+    assert.deepEqual(requests.filter((r) => r.includes('/api/tokens') || r.includes('/cancel')), [], requests.join(', '));
+    assert.equal(await page.evaluate(() => localStorage.getItem('agentry.role')), role);
+    assert.equal(await page.locator('#session-role').innerText(), `Signed in as browser ${role} (${role})`);
+    // Another page of the same browser keeps the role: no request at all to learn it.
+    requests.length = 0;
+    await page.goto(`${stack.base}/settings`);
+    await page.locator('main[data-ready="settings"]').waitFor();
+    assert.deepEqual(requests.filter((r) => r.includes('/api/me') || r.includes('/cancel')), [], requests.join(', '));
+    await page.close();
+  }
+});
+
+test('Outcomes and Budgets from the API; a budget set in Settings shows on the page', { timeout: 60000 }, async () => {
+  await stack.api('/api/budget', { method: 'PUT', body: { monthlyBudgetUsd: '2500.005' } });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
+    const r = await expectReport(page, 30, '');
+    const budgets = region(page, 'Budgets');
+    assert.equal(r.budgets.length, 1);
+    const b = r.budgets[0];
+    const text = await budgets.innerText();
+    assert.ok(text.includes('Instance'), text);
+    assert.ok(text.includes(`Month to date ${cents(b.monthToDateUsd, { total: true })} of ${cents(b.monthlyBudgetUsd, { total: true })}`), text);
+    assert.ok(text.includes('under 80 %'), text);
+    assert.equal(await budgets.getByRole('meter').count(), 1);
+    assert.deepEqual(await axeViolations(page), []);
+    await page.close();
+  } finally {
+    await stack.api('/api/budget', { method: 'PUT', body: { monthlyBudgetUsd: null } });
+  }
+});
+
+test('suggestions top three and a disclosure, budgets at 80 % and 100 % in words, revision figures when sent', { timeout: 60000 }, async () => {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  const month = new Date().toISOString().slice(0, 7);
+  // The report as the API gives it, with five suggestions (the first the page once printed
+  // with 16 decimals), three budgets (under 80 %, at 80 %, over) and the revision figures.
+  await page.route(costsOf(30), async (route) => {
+    const response = await route.fetch();
+    const r = await response.json();
+    r.modelSuggestions = [0, 1, 2, 3, 4].map((i) => ({
+      repoUrl: `https://github.com/acme/repo-${i}`,
+      currentModel: 'claude-opus-4-1',
+      taskCount: 682 - i,
+      avgCost: 2.1464740601173022,
+      cheaperModelAvgCost: 2.0069648099399235,
+      suggestedModel: 'claude-sonnet-4-5',
+      estimatedSavings: 95.14530682097214 - i,
+    }));
+    r.budgets = [
+      { scope: 'instance', repoUrl: null, monthlyBudgetUsd: '500.0000', monthToDateUsd: '123.4567', forecastUsd: '456.7891', exhaustsOn: null },
+      { scope: 'repository', repoUrl: 'https://github.com/acme/web', monthlyBudgetUsd: '100.0000', monthToDateUsd: '80.0000', forecastUsd: '140.1234', exhaustsOn: `${month}-27` },
+      { scope: 'repository', repoUrl: 'https://github.com/acme/api', monthlyBudgetUsd: '10.0000', monthToDateUsd: '12.3456', forecastUsd: '30.0001', exhaustsOn: `${month}-02` },
+    ];
+    r.outcomes.revisionCost = '12.3456789';
+    r.outcomes.avgRevisionsPerMergedPullRequest = 1.25;
+    await route.fulfill({ response, json: r });
+  });
+  await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
+  await page.locator('main[data-ready="days=30&repoUrl="]').waitFor();
+  const suggestions = region(page, 'Model suggestions');
+  const rows = suggestions.locator('tbody tr');
+  assert.equal(await rows.count(), 5);
+  assert.equal(await suggestions.locator('tbody tr:visible').count(), 3);
+  assert.deepEqual(await rows.first().locator('th, td').allInnerTexts(), ['acme/repo-0', 'claude-opus-4-1', 'claude-sonnet-4-5', '682', '$95.15']);
+  assert.equal(
+    await rows.first().locator('.money').getAttribute('title'),
+    '$95.14530682097214: $2.0069648099399235 instead of $2.1464740601173022 a task',
+  );
+  const more = suggestions.getByText('2 more suggestions');
+  await more.click();
+  assert.equal(await suggestions.locator('tbody tr:visible').count(), 5);
+
+  const budgets = region(page, 'Budgets');
+  const items = budgets.locator('li');
+  assert.equal(await items.count(), 3);
+  const [ok, warn, over] = await items.allInnerTexts();
+  assert.ok(ok.includes('under 80 %') && ok.includes('Month to date $123.46 of $500.00 (24.7%)') && ok.includes('Forecast for the month: $456.79') && ok.includes('Lasts the month'), ok);
+  assert.ok(warn.includes('80 % reached') && warn.includes('(80.0%)') && /Runs out on \w+ 27 \(UTC\)/.test(warn), warn);
+  assert.ok(over.includes('over budget') && over.includes('(123.5%)'), over);
+  assert.equal(await budgets.getByRole('meter').count(), 3);
+
+  const outcomes = await region(page, 'Outcomes').locator('dl').innerText();
+  assert.ok(outcomes.includes('Revision cost\n$12.35'), outcomes);
+  assert.ok(outcomes.includes('Revisions per merged PR\n1.3'), outcomes);
+
+  // Every money string on the page, the disclosure open, has at most two decimals.
+  assert.doesNotMatch(await page.locator('body').innerText(), OVER_PRECISE);
+  await screenshot(page, 'costs-outcomes-budgets');
+  assert.deepEqual(await axeViolations(page), []);
   await page.close();
 });

@@ -255,6 +255,33 @@ export function usd(v) {
   return `${text.startsWith('-') ? '−' : ''}$${grouped}${frac !== undefined ? '.' + frac : ''}`;
 }
 
+/**
+ * Money as the page shows it outside the data tables: the API's exact text rounded half up
+ * to the cent (computed here on the digits with BigInt, independently of the page), a total
+ * of $1,000 or more to the dollar: `$1,234.57`, `$433,740`.
+ * @param {string | number} v
+ * @param {{total?: boolean}} [options]
+ */
+export function cents(v, options = {}) {
+  let text = String(v);
+  const e = /^(-?\d+(?:\.\d+)?)e([+-]\d+)$/.exec(text);
+  if (e) text = Number(v).toFixed(20).replace(/0+$/, '');
+  const negative = text.startsWith('-');
+  const [int, frac = ''] = text.replace('-', '').split('.');
+  const places = options.total && int.length >= 4 ? 0 : 2;
+  const scaled = BigInt(int + frac.padEnd(places + 1, '0').slice(0, places + 1));
+  const rounded = (scaled + 5n) / 10n;
+  const digits = rounded.toString().padStart(places + 1, '0');
+  const whole = digits.slice(0, digits.length - places);
+  const decimals = places ? '.' + digits.slice(digits.length - places) : '';
+  const grouped = whole.replace(/\B(?=(\d{3})+(?!\d))/g, ',');
+  const zero = /^[0.]+$/.test(whole + decimals.slice(1));
+  return `${negative && !zero ? '−' : ''}$${grouped}${decimals}`;
+}
+
+/** A money text with more than two decimals (the page shows none outside closed data tables). */
+export const OVER_PRECISE = /\$[0-9,]+\.[0-9]{3,}/;
+
 const TYPES = {
   '.js': 'text/javascript; charset=utf-8',
   '.css': 'text/css; charset=utf-8',
