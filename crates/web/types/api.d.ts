@@ -469,6 +469,13 @@ export interface ModelOutcome {
   failedCost: string;
   /** `failedCost` as a percent of the spend on the model's units (a JSON number). */
   failedShare: number;
+  /** What the revision runs of the units cost (4 decimals). */
+  revisionCost: string;
+  /**
+   * Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
+   * number); null when nothing was merged.
+   */
+  avgRevisionsPerMergedPullRequest?: number | null;
 }
 
 /** A cheaper model with proven results for a repository's current coding model. */
@@ -516,6 +523,17 @@ export interface Outcomes {
    * nothing was spent.
    */
   failedShare: number;
+  /**
+   * What the revision runs of the units cost (runs answering review feedback on their
+   * pull requests, docs/contract.md#57-revisions), whatever the units' outcome. Part of
+   * `mergedCost`, `failedCost` and the open units' spend, not in addition to them.
+   */
+  revisionCost: string;
+  /**
+   * The revision rounds of the merged units divided by `mergedPullRequests`, 2 decimals
+   * (a JSON number); null when nothing was merged.
+   */
+  avgRevisionsPerMergedPullRequest?: number | null;
   /** The same figures per repository, highest spend first. */
   byRepo: Array<RepoOutcome>;
   /**
@@ -600,6 +618,13 @@ export interface RepoOutcome {
   failedCost: string;
   /** `failedCost` as a percent of the repository's spend on its units (a JSON number). */
   failedShare: number;
+  /** What the revision runs of the units cost (4 decimals). */
+  revisionCost: string;
+  /**
+   * Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
+   * number); null when nothing was merged.
+   */
+  avgRevisionsPerMergedPullRequest?: number | null;
 }
 
 /** A token's role. */
