@@ -858,6 +858,7 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         ("POST", "/api/tasks/{id}/retry"),
         ("GET", "/api/tasks/{id}/calls"),
         ("GET", "/api/tasks/{id}/log"),
+        ("GET", "/api/me"),
         ("GET", "/api/tokens"),
         ("POST", "/api/tokens"),
         ("DELETE", "/api/tokens/{id}"),
