@@ -315,6 +315,7 @@ pub fn command(
         cwd: cwd.to_owned(),
         env,
         stop: crate::process::StopTarget::Group,
+        pass_fd: None,
     }
 }
 

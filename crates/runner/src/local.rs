@@ -133,6 +133,15 @@ impl LocalRunner {
             .as_ref()
             .map(|n| n.forwarder.as_slice())
             .or(config.sandbox.forwarder());
+        if config.sandbox.mode() == SandboxMode::Auto {
+            if !config.sandbox.seccomp() {
+                tracing::warn!(
+                    "sandboxed agents run without the seccomp filter: AGENTRY_SANDBOX_SECCOMP=off"
+                );
+            } else if let Err(why) = sandbox::seccomp::program() {
+                tracing::warn!("sandboxed agents run without a seccomp filter: {why}");
+            }
+        }
         if config.sandbox.mode() == SandboxMode::Auto && runner_forwarder.is_none() {
             tracing::warn!(
                 "no forwarder is configured: sandboxed agents run without their rlimits \
@@ -342,6 +351,18 @@ impl LocalRunner {
             worktree.path(),
             env,
         );
+        // The sandbox's seccomp filter, unless turned off or unknown on this architecture
+        // (the run goes on without it, which the log says).
+        let seccomp = match (&bwrap, self.config.sandbox.seccomp()) {
+            (Some(_), true) => match sandbox::seccomp::program() {
+                Ok(program) => Some(program),
+                Err(why) => {
+                    tracing::warn!(task = %job.task_id, "the agent runs without a seccomp filter: {why}");
+                    None
+                }
+            },
+            _ => None,
+        };
         let command = match &bwrap {
             None => command,
             Some(bwrap) => {
@@ -371,6 +392,7 @@ impl LocalRunner {
                     forwarder: self.forwarder(),
                     limits: self.config.sandbox.limits(),
                     features,
+                    seccomp: seccomp.as_deref(),
                 };
                 match sandbox::wrap(bwrap, command, layout) {
                     Ok(command) => command,

@@ -19,11 +19,14 @@
 //! direct child is reaped.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
+use command_fds::{CommandFdExt, FdMapping};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -74,7 +77,31 @@ pub struct AgentCommand {
     pub env: Vec<(String, String)>,
     /// Which processes the stop signals go to.
     pub stop: StopTarget,
+    /// A descriptor the process inherits, at the same number (the sandbox's seccomp
+    /// filter, which `bwrap --seccomp N` reads); no other process does.
+    pub pass_fd: Option<PassedFd>,
 }
+
+/// A descriptor given to one started process only ([`AgentCommand::pass_fd`]): open in
+/// the service with close-on-exec, it is made inheritable in the child alone, between
+/// `fork` and `exec`, so that no other process the service starts meanwhile gets it.
+#[derive(Debug, Clone)]
+pub struct PassedFd(pub Arc<OwnedFd>);
+
+impl PassedFd {
+    /// The descriptor's number, in the service and in the started process.
+    pub fn number(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl PartialEq for PassedFd {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PassedFd {}
 
 /// Which processes `SIGINT` and `SIGTERM` go to when a run is stopped (`SIGKILL` always
 /// goes to the whole process group of the started process).
@@ -258,6 +285,7 @@ pub async fn run_process(
 ///   last [`STDOUT_MEMORY_CAP`] bytes are kept in memory.
 ///   Stderr goes to [`stderr_log_path`]`(log_path)`, rotated the same way, and its tail is
 ///   kept.
+/// - [`AgentCommand::pass_fd`], if any, is inherited by the process alone.
 /// - `on_start(pid)` is called once the process is spawned.
 /// - The run ends when the process exits ([`Ended::Exited`]), when `limits.wall_time` has
 ///   passed ([`Ended::TimedOut`]), when `cancel` becomes `true` ([`Ended::Cancelled`]; a
@@ -314,7 +342,22 @@ pub async fn run_process_with<S: OutputSink>(
         cwd: cmd.cwd.display().to_string(),
         source,
     };
+    if let Some(passed) = &cmd.pass_fd {
+        // A duplicate (close-on-exec) put at the original's number in the child only, where
+        // it is inheritable: the original is open here, so nothing else of the child has
+        // that number.
+        let duplicate = passed.0.try_clone().map_err(spawn_error)?;
+        command
+            .fd_mappings(vec![FdMapping {
+                parent_fd: duplicate,
+                child_fd: passed.number(),
+            }])
+            .map_err(|e| spawn_error(io::Error::other(e)))?;
+    }
     let mut child = command.spawn().map_err(spawn_error)?;
+    // The child has its copy of a passed descriptor: the duplicate is closed here with
+    // the command (the original when `cmd` goes).
+    drop(command);
     let Some(pid) = child.id() else {
         return Err(spawn_error(io::Error::other(
             "the process has no id right after spawning",

@@ -42,7 +42,10 @@
 //! - the rlimits of [`AgentLimits`] (processes, open files, file size, memory), set by the
 //!   forwarder ([`crate::network::forwarder`]), which is the sandbox's first process with a
 //!   network or without one (then it listens on nothing) whenever the runner knows it
-//!   ([`Sandbox::with_forwarder`] or a [`crate::local::NetworkConfig`]).
+//!   ([`Sandbox::with_forwarder`] or a [`crate::local::NetworkConfig`]);
+//! - a seccomp filter ([`seccomp`], `bwrap --seccomp`) refusing with `EPERM` the system
+//!   calls a coding agent never needs (mounts, namespaces, kernel modules, keyrings, `bpf`…),
+//!   unless [`Sandbox::with_seccomp`] turns it off (`AGENTRY_SANDBOX_SECCOMP=off`).
 //!
 //! Killing the `bwrap` process (the pid the runner records, leader of the process group the
 //! runner kills) ends the whole sandbox: the namespace's init dies with it and the kernel
@@ -63,7 +66,9 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
-use crate::process::{AgentCommand, StopTarget};
+use crate::process::{AgentCommand, PassedFd, StopTarget};
+
+pub mod seccomp;
 
 /// The options of the probe of `bwrap` (after [`BASE_ARGS`]): a network namespace, as a
 /// run with a network gets, and a writable `/tmp`.
@@ -360,6 +365,8 @@ pub struct Sandbox {
     /// Directories (or files) the operator adds to what agents see read-only
     /// (`AGENTRY_SANDBOX_EXTRA_RO`, see [`Sandbox::with_extra_ro`]).
     extra_ro: Vec<PathBuf>,
+    /// Whether agents get the seccomp filter ([`seccomp`]; `AGENTRY_SANDBOX_SECCOMP`).
+    seccomp: bool,
     probed: Arc<OnceCell<Result<(PathBuf, BwrapFeatures), String>>>,
 }
 
@@ -379,6 +386,7 @@ impl Sandbox {
             limits: AgentLimits::default(),
             forwarder: None,
             extra_ro: Vec::new(),
+            seccomp: true,
             probed: Arc::new(OnceCell::new()),
         }
     }
@@ -410,6 +418,21 @@ impl Sandbox {
             extra_ro: paths,
             ..self
         }
+    }
+
+    /// This sandbox with the seccomp filter ([`seccomp`]) on (the default) or off
+    /// (`AGENTRY_SANDBOX_SECCOMP=off`: for an operator whose tools need a refused call).
+    pub fn with_seccomp(self, on: bool) -> Self {
+        Sandbox {
+            seccomp: on,
+            ..self
+        }
+    }
+
+    /// Whether agents get the seccomp filter (where one exists for the architecture:
+    /// [`seccomp::supported`]).
+    pub fn seccomp(&self) -> bool {
+        self.seccomp
     }
 
     /// The paths given with [`Sandbox::with_extra_ro`].
@@ -764,6 +787,9 @@ pub(crate) struct Layout<'a> {
     pub limits: AgentLimits,
     /// What the `bwrap` used supports.
     pub features: BwrapFeatures,
+    /// The seccomp filter ([`seccomp::program`]), if the agent gets one: given to `bwrap`
+    /// on a pipe it alone inherits (`--seccomp N`, [`AgentCommand::pass_fd`]).
+    pub seccomp: Option<&'a [u8]>,
 }
 
 /// The network part of a [`Layout`].
@@ -947,6 +973,14 @@ fn wrap_with_home(
         }
     }
     args.extend(["--remount-ro".to_owned(), "/".to_owned()]);
+    let pass_fd = match layout.seccomp {
+        None => None,
+        Some(program) => {
+            let passed = seccomp_pipe(program)?;
+            args.extend(["--seccomp".to_owned(), passed.number().to_string()]);
+            Some(passed)
+        }
+    };
     args.extend(["--chdir".to_owned(), text(&worktree)?, "--".to_owned()]);
     if let Some((forwarder, leading)) = &forwarder {
         args.push(text(forwarder)?);
@@ -967,7 +1001,21 @@ fn wrap_with_home(
         cwd: cmd.cwd,
         env: cmd.env,
         stop: StopTarget::Sandbox,
+        pass_fd,
     })
+}
+
+/// A pipe holding `program` whole, its writing end closed: what `bwrap --seccomp` reads to
+/// its end. (The program is far smaller than a pipe's buffer, so writing never waits.)
+fn seccomp_pipe(program: &[u8]) -> Result<PassedFd, String> {
+    use std::io::Write;
+    let (reader, mut writer) =
+        std::io::pipe().map_err(|e| format!("cannot create a pipe for the seccomp filter: {e}"))?;
+    writer
+        .write_all(program)
+        .map_err(|e| format!("cannot write the seccomp filter: {e}"))?;
+    drop(writer);
+    Ok(PassedFd(Arc::new(reader.into())))
 }
 
 /// Adds to `binds` what makes `program` (`what`, for messages) runnable in the sandbox
@@ -1226,6 +1274,7 @@ mod tests {
                 ("HOME".to_owned(), home.display().to_string()),
             ],
             stop: StopTarget::Group,
+            pass_fd: None,
         };
         let layout = Layout {
             root: &root,
@@ -1239,6 +1288,7 @@ mod tests {
             forwarder: None,
             limits: AgentLimits::default(),
             features: BwrapFeatures::default(),
+            seccomp: None,
         };
         let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
         assert_eq!(wrapped.program, bwrap);
@@ -1287,6 +1337,7 @@ mod tests {
             cwd: worktree.clone(),
             env: Vec::new(),
             stop: StopTarget::Group,
+            pass_fd: None,
         };
         std::fs::copy(&program, root.join("agent")).unwrap();
         let refused = wrap_with_home(&bwrap, inside, layout, None).unwrap_err();
@@ -1320,6 +1371,7 @@ mod tests {
             cwd: worktree.clone(),
             env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
             stop: StopTarget::Group,
+            pass_fd: None,
         };
         let forwarder_cmd = [forwarder.display().to_string(), "sandbox-net".to_owned()];
         let layout = Layout {
@@ -1334,6 +1386,7 @@ mod tests {
             forwarder: Some(&forwarder_cmd),
             limits: AgentLimits::default(),
             features: BwrapFeatures::default(),
+            seccomp: None,
         };
         let bwrap = Path::new("/usr/bin/bwrap");
         let wrapped = wrap_with_home(bwrap, cmd.clone(), layout, Some(&service_home)).unwrap();
@@ -1496,6 +1549,7 @@ mod tests {
             cwd: worktree.clone(),
             env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
             stop: StopTarget::Group,
+            pass_fd: None,
         };
         let forwarder = ["/bin/true".to_owned(), "sandbox-net".to_owned()];
         let limits = AgentLimits {
@@ -1518,6 +1572,7 @@ mod tests {
                 tmpfs_size: true,
                 disable_userns: true,
             },
+            seccomp: None,
         };
         let bwrap = Path::new("/usr/bin/bwrap");
         let args = wrap_with_home(bwrap, cmd.clone(), layout, None)

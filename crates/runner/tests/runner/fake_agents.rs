@@ -1609,6 +1609,7 @@ fn spawn_fake(
         cwd: cwd.path().to_owned(),
         env: agent_env(home.path()),
         stop: StopTarget::Group,
+        pass_fd: None,
     };
     let limits = Limits {
         wall_time: wall,

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use crate::sandbox::{Rig, run, sandbox_works_here};
 
 /// The forwarder built with this crate.
-const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
+pub(crate) const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
 
 /// The head of every agent script: answers the version check, reads its prompt.
 const HEAD: &str = "#!/bin/bash\n\
@@ -32,7 +32,7 @@ const TAIL: &str = "printf '%s\\n' '{\"type\":\"result\",\"subtype\":\"success\"
 
 /// Writes the agent script `body` (between [`HEAD`] and [`TAIL`]) next to the rig's data
 /// directory, readable and executable by everyone.
-fn agent(rig: &Rig, name: &str, body: &str) -> PathBuf {
+pub(crate) fn agent(rig: &Rig, name: &str, body: &str) -> PathBuf {
     let path = rig.root.parent().unwrap().join(name);
     std::fs::write(&path, format!("{HEAD}{body}{TAIL}")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -40,7 +40,7 @@ fn agent(rig: &Rig, name: &str, body: &str) -> PathBuf {
 }
 
 /// A runner of `rig` with `sandbox`, its agent (posing as Claude Code) `program`.
-fn runner(rig: &Rig, sandbox: Sandbox, program: &Path) -> Arc<LocalRunner> {
+pub(crate) fn runner(rig: &Rig, sandbox: Sandbox, program: &Path) -> Arc<LocalRunner> {
     Arc::new(LocalRunner::new(LocalConfig {
         claude_bin: program.to_owned(),
         ..rig.config(sandbox)
@@ -48,7 +48,7 @@ fn runner(rig: &Rig, sandbox: Sandbox, program: &Path) -> Arc<LocalRunner> {
 }
 
 /// The value of the line `key VALUE` of the agent's output.
-fn reported<'a>(execution: &'a Execution, key: &str) -> &'a str {
+pub(crate) fn reported<'a>(execution: &'a Execution, key: &str) -> &'a str {
     execution
         .output
         .lines()

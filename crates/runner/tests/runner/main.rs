@@ -9,5 +9,6 @@ mod network;
 mod parsers;
 mod process;
 mod sandbox;
+mod seccomp;
 mod support;
 mod workspace;

@@ -33,6 +33,7 @@ fn sh(dir: &Path, script: &str) -> AgentCommand {
             ("HOME".into(), dir.display().to_string()),
         ],
         stop: StopTarget::Group,
+        pass_fd: None,
     }
 }
 
