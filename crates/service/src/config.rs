@@ -73,6 +73,10 @@ pub struct Config {
     /// `/opt/toolchain`; docs/security.md#agent-sandbox). Never the data directory, one in
     /// it or one holding it. Empty by default.
     pub sandbox_extra_ro: Vec<PathBuf>,
+    /// `AGENTRY_SANDBOX_SECCOMP`: `on` (default: sandboxed agents get the seccomp filter
+    /// refusing the system calls they never need, docs/security.md#the-seccomp-filter) or
+    /// `off` (for tools that need a refused call).
+    pub sandbox_seccomp: bool,
     /// `AGENTRY_AGENT_ENV`: the names of the service's environment variables passed to
     /// every agent (proxies, CA bundles, base URLs…), besides `PATH`, the run's `HOME` and
     /// the agent's own credentials. Empty by default.
@@ -130,6 +134,7 @@ impl std::fmt::Debug for Config {
             .field("alert_webhook_url", &self.alert_webhook_url)
             .field("agent_limits", &self.agent_limits)
             .field("sandbox_extra_ro", &self.sandbox_extra_ro)
+            .field("sandbox_seccomp", &self.sandbox_seccomp)
             .field("agent_env", &self.agent_env)
             .field("egress_allow", &self.egress_allow)
             .field("anthropic_upstream", &self.anthropic_upstream)
@@ -327,6 +332,19 @@ impl Config {
                 message,
             })?,
         };
+        let sandbox_seccomp = match get("AGENTRY_SANDBOX_SECCOMP").as_deref().map(str::trim) {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(ConfigError {
+                    name: "AGENTRY_SANDBOX_SECCOMP",
+                    message: format!(
+                        "{other:?}: expected \"on\" (sandboxed agents get the seccomp filter, \
+                         the default) or \"off\""
+                    ),
+                });
+            }
+        };
         let alert_webhook_url = get("AGENTRY_ALERT_WEBHOOK_URL")
             .map(|text| {
                 crate::alerts::WebhookUrl::parse(&text).map_err(|message| ConfigError {
@@ -426,6 +444,7 @@ impl Config {
             agent_sandbox,
             agent_limits,
             sandbox_extra_ro,
+            sandbox_seccomp,
             alert_webhook_url,
             agent_env,
             egress_allow,
@@ -982,6 +1001,27 @@ mod tests {
         for bad in ["true", "yes", "2", "on"] {
             let e = cfg(&[("AGENTRY_METRICS_PUBLIC", bad)]).unwrap_err();
             assert_eq!(e.name, "AGENTRY_METRICS_PUBLIC", "{bad}");
+        }
+    }
+
+    /// `AGENTRY_SANDBOX_SECCOMP` is `on` by default, `off` turns the filter off, anything
+    /// else is refused.
+    #[test]
+    fn the_seccomp_filter_is_on_unless_turned_off() {
+        assert!(cfg(&[]).unwrap().sandbox_seccomp);
+        assert!(
+            cfg(&[("AGENTRY_SANDBOX_SECCOMP", "on")])
+                .unwrap()
+                .sandbox_seccomp
+        );
+        assert!(
+            !cfg(&[("AGENTRY_SANDBOX_SECCOMP", "off")])
+                .unwrap()
+                .sandbox_seccomp
+        );
+        for bad in ["0", "false", "auto", "OFF"] {
+            let e = cfg(&[("AGENTRY_SANDBOX_SECCOMP", bad)]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_SANDBOX_SECCOMP", "{bad}");
         }
     }
 

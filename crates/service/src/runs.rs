@@ -84,6 +84,8 @@ pub struct RunSettings {
     /// The resource limits of sandboxed agents (`AGENTRY_AGENT_TMP_BYTES`,
     /// `AGENTRY_AGENT_MAX_*`).
     pub agent_limits: agentry_runner::AgentLimits,
+    /// Whether sandboxed agents get the seccomp filter (`AGENTRY_SANDBOX_SECCOMP`).
+    pub sandbox_seccomp: bool,
     /// The first wait before publishing is tried again after a code-host failure whose
     /// outcome is unknown (5xx, timeout, rate limit); it doubles up to 30 s.
     pub publish_backoff: Duration,
@@ -101,6 +103,7 @@ impl Default for RunSettings {
             keep_run_dirs: false,
             sandbox: agentry_runner::SandboxMode::Auto,
             agent_limits: agentry_runner::AgentLimits::default(),
+            sandbox_seccomp: true,
             publish_backoff: Duration::from_secs(1),
             publish_patience: Duration::from_secs(3600),
         }
@@ -208,7 +211,8 @@ impl Runs {
             stop_grace: STOP_GRACE,
             sandbox: agentry_runner::Sandbox::new(settings.sandbox)
                 .with_limits(settings.agent_limits)
-                .with_extra_ro(extra_ro),
+                .with_extra_ro(extra_ro)
+                .with_seccomp(settings.sandbox_seccomp),
             network: network.map(|n| agentry_runner::local::NetworkConfig {
                 provider: Arc::new(n.network),
                 forwarder: n.forwarder,

@@ -154,6 +154,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
             wall_time: config.run_time_limit,
             sandbox: config.agent_sandbox,
             agent_limits: config.agent_limits,
+            sandbox_seccomp: config.sandbox_seccomp,
             ..RunSettings::default()
         },
         config.sandbox_extra_ro.clone(),
