@@ -45,6 +45,6 @@ pub use repo_url::{RepoUrl, RepoUrlError};
 pub use role::Role;
 pub use settings::RepoSettings;
 pub use task::{
-    AgentType, BudgetScope, MAX_ATTEMPTS, Task, TaskState, TaskType, Transition, TransitionError,
-    Revision, Trigger, UnknownValue, transition, transition_in,
+    AgentType, BudgetScope, MAX_ATTEMPTS, Revision, Task, TaskState, TaskType, Transition,
+    TransitionError, Trigger, UnknownValue, transition, transition_in,
 };

@@ -443,18 +443,18 @@ fn revision_feedback_follows(
     now: OffsetDateTime,
 ) -> Result<(), DbError> {
     use crate::revisions::{self, FeedbackOutcome};
-    match t.to {
+    let due = match t.to {
         TaskState::PrOpened => {
-            if revisions::count(conn, id, FeedbackOutcome::Waiting)? > 0 {
-                revisions::set_due(conn, id, Some(now))?;
-            }
+            (revisions::count(conn, id, FeedbackOutcome::Waiting)? > 0).then_some(Some(now))
         }
         TaskState::Completed | TaskState::Failed | TaskState::Cancelled => {
-            if revisions::settle_waiting(conn, id, FeedbackOutcome::Dropped, None)? > 0 {
-                revisions::set_due(conn, id, None)?;
-            }
+            (revisions::settle_waiting(conn, id, FeedbackOutcome::Dropped, None)? > 0)
+                .then_some(None)
         }
-        _ => {}
+        _ => None,
+    };
+    if let Some(due) = due {
+        revisions::set_due(conn, id, due)?;
     }
     Ok(())
 }

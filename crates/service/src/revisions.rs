@@ -696,7 +696,7 @@ fn start_round(
 }
 
 /// Starts due rounds as their quiet periods end: sleeps until the earliest due time (at
-/// most [`LOOP_TICK`], since feedback recorded by another replica wakes nobody here) or a
+/// most `LOOP_TICK`, since feedback recorded by another replica wakes nobody here) or a
 /// wake-up.
 pub async fn revision_loop(state: Service) {
     loop {

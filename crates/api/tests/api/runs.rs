@@ -72,6 +72,7 @@ impl Rig {
             agent_limits: agentry_runner::AgentLimits::default(),
             publish_backoff: Duration::from_millis(50),
             publish_patience: Duration::from_secs(30),
+            ..RunSettings::default()
         };
         tweak(&mut settings);
         let state = common::state_of(agentry_service::Service::new(
