@@ -559,3 +559,48 @@ async fn the_revision_limit_and_a_round_without_change() {
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
     assert_eq!(task["revisions"], 1);
 }
+
+/// With `reviseOnAgentReview`, the review agent's findings start a round like a reviewer's;
+/// the review after that round is past `maxRevisions` 1, so it starts nothing more.
+#[actix_web::test]
+async fn the_review_agents_findings_revise_when_the_repository_asks() {
+    let mut rig = rig(TestDb::sqlite(), Duration::ZERO);
+    let app = app!(rig);
+    settings!(
+        app,
+        rig,
+        json!({"reviseOnAgentReview": true, "maxRevisions": 1})
+    );
+    let (id, _number) = open_pull!(app, rig, "Handle errors");
+    eventually("the agent review's feedback", async || {
+        task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
+    })
+    .await;
+    let task = task!(app, rig, id);
+    assert_eq!(task["feedback"][0]["source"], "agent_review", "{task:#}");
+    assert_eq!(task["feedback"][0]["author"], "agentry");
+    assert_eq!(
+        revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
+            .await
+            .unwrap(),
+        1
+    );
+    let t = rig.env.t.viewer.clone();
+    wait_for(&app, &t, &id, "the revision and its review", |t| {
+        state_of(t) == "pr_opened"
+            && runs_of(t).len() == 2
+            && t["feedback"].as_array().is_some_and(|f| f.len() == 2)
+    })
+    .await;
+    let prompt = prompt_of(&rig, &id, 2);
+    assert!(prompt.contains("Automated review by @agentry"), "{prompt}");
+    let task = task!(app, rig, id);
+    let outcomes: Vec<&str> = task["feedback"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["taken", "over_limit"]);
+    assert_eq!(task["revisions"], 1);
+}
