@@ -1,8 +1,9 @@
 // @ts-check
 /**
- * /tasks/{id}: a task's fields, state history, runs, pull request, review subtasks and the
- * tail of its agent output (refreshed while it runs), with Cancel and Retry for members (no
- * Retry for imported history, which the API refuses).
+ * /tasks/{id}: a task's fields, state history, runs (each with why it ran), pull request,
+ * review subtasks, the revision rounds review feedback started, and the tail of its agent
+ * output (refreshed while it runs), with Cancel and Retry for members (no Retry for imported
+ * history, which the API refuses).
  */
 import { api, apiText, ApiError, can } from './api.js';
 import { fill, h, region } from './dom.js';
@@ -40,6 +41,7 @@ function overview(t) {
     ['Input tokens', count(t.inputTokens)],
     ['Output tokens', count(t.outputTokens)],
     ['Attempt', String(t.attempt)],
+    ['Revisions', t.revisions > 0 ? String(t.revisions) : null],
     ['Origin', t.imported ? 'Imported history: it is not run here and cannot be retried' : null],
     ['Issue', t.issue ? h('a', { href: t.issue.htmlUrl, rel: 'noopener noreferrer' }, `#${t.issue.number}`) : null],
     ['Pull request', t.prUrl ? h('a', { href: t.prUrl, rel: 'noopener noreferrer' }, t.prNumber ? `#${t.prNumber}` : t.prUrl) : null],
@@ -71,8 +73,8 @@ function history(t) {
 
 /** @param {TaskDetailDto} t */
 function runs(t) {
-  const head = ['Attempt', 'Started', 'Outcome', 'Model', 'Input tokens', 'Output tokens', 'Turns', 'Model calls', 'Cost'];
-  const numeric = [true, false, false, false, true, true, true, true, true];
+  const head = ['Attempt', 'Why', 'Started', 'Outcome', 'Model', 'Input tokens', 'Output tokens', 'Turns', 'Model calls', 'Cost'];
+  const numeric = [true, false, false, false, false, true, true, true, true, true];
   return region(
     'Runs',
     { class: 'panel wide' },
@@ -93,6 +95,7 @@ function runs(t) {
                   'tr',
                   {},
                   h('td', { class: 'num' }, String(r.attempt)),
+                  h('td', {}, why(r)),
                   h('td', {}, time(r.startedAt)),
                   h('td', {}, r.outcome, r.errorMessage ? h('span', { class: 'note' }, `: ${r.errorMessage}`) : null, r.sandboxed === false ? h('span', { class: 'note' }, ' (unsandboxed)') : null),
                   h('td', {}, r.model ?? '–'),
@@ -114,6 +117,76 @@ function runs(t) {
           ),
         ),
   );
+}
+
+/**
+ * Why a run happened: its first run, a retry (or a recovery), or a revision with the
+ * feedback that started its round.
+ * @param {TaskDetailDto['runs'][number]} r
+ */
+function why(r) {
+  if (r.trigger === 'revision') {
+    const who = r.triggerAuthor ? ` for @${r.triggerAuthor}` : '';
+    return r.triggerUrl ? h('a', { href: r.triggerUrl, rel: 'noopener noreferrer' }, `revision${who}`) : `revision${who}`;
+  }
+  return r.trigger === 'retry' ? 'retry' : 'first run';
+}
+
+const SOURCES = {
+  review: 'changes requested',
+  issue_comment: 'comment',
+  review_comment: 'comment on the diff',
+  agent_review: 'agentry’s review',
+};
+
+/**
+ * One piece of feedback: who, what kind (with file and line), a link, and its text.
+ * @param {TaskDetailDto['feedback'][number]} f
+ */
+function feedbackItem(f) {
+  const kind = SOURCES[/** @type {keyof typeof SOURCES} */ (f.source)] ?? f.source;
+  const where = f.path ? ` on ${f.path}${f.line ? `:${f.line}` : ''}` : '';
+  return h(
+    'li',
+    {},
+    h('a', { href: f.url, rel: 'noopener noreferrer' }, `@${f.author}`),
+    ` (${kind}${where}, ${time(f.receivedAt)})`,
+    h('blockquote', {}, f.body.length > 400 ? `${f.body.slice(0, 400)}…` : f.body),
+  );
+}
+
+/**
+ * The revision rounds: the feedback each round took (by the attempt that started it), and
+ * what waits or was not acted on.
+ * @param {TaskDetailDto} t
+ */
+function rounds(t) {
+  if (!t.feedback || t.feedback.length === 0) return null;
+  /** @type {Map<number, TaskDetailDto['feedback']>} */
+  const taken = new Map();
+  const waiting = [];
+  const over = [];
+  const dropped = [];
+  for (const f of t.feedback) {
+    if (f.outcome === 'taken' && f.roundAttempt !== null && f.roundAttempt !== undefined) {
+      taken.set(f.roundAttempt, [...(taken.get(f.roundAttempt) ?? []), f]);
+    } else if (f.outcome === 'waiting') waiting.push(f);
+    else if (f.outcome === 'over_limit') over.push(f);
+    else dropped.push(f);
+  }
+  const parts = [];
+  let n = 0;
+  for (const [attempt, items] of [...taken.entries()].sort((a, b) => a[0] - b[0])) {
+    n += 1;
+    parts.push(
+      h('h3', {}, `Round ${n} (attempt ${attempt})`),
+      h('ul', { class: 'feedback' }, ...items.map(feedbackItem)),
+    );
+  }
+  if (waiting.length) parts.push(h('h3', {}, 'Waiting for the next round'), h('ul', { class: 'feedback' }, ...waiting.map(feedbackItem)));
+  if (over.length) parts.push(h('h3', {}, 'Past the repository’s revision limit (not acted on)'), h('ul', { class: 'feedback' }, ...over.map(feedbackItem)));
+  if (dropped.length) parts.push(h('h3', {}, 'Left when the pull request closed'), h('ul', { class: 'feedback' }, ...dropped.map(feedbackItem)));
+  return region('Revision rounds', { class: 'panel wide' }, ...parts);
 }
 
 /** @param {TaskDetailDto} t */
@@ -240,6 +313,7 @@ export function taskPage(main, id) {
         t.prompt ? h('details', { class: 'prompt' }, h('summary', {}, 'Prompt'), h('pre', {}, t.prompt)) : null,
         h('div', { class: 'columns' }, history(t), reviews(t)),
         runs(t),
+        rounds(t),
         egress(t),
       );
       status.textContent = '';
