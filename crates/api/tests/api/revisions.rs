@@ -24,6 +24,33 @@ use agentry_service::{codehost, tracking};
 use agentry_testkit::git::git;
 use serde_json::{Value, json};
 
+/// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
+/// reported ignored, where the suite has no server), as `$name::sqlite` and
+/// `$name::postgres`.
+macro_rules! on_both_backends {
+    ($name:ident) => {
+        mod $name {
+            use agentry_persistence::test_support::TestDb;
+
+            #[actix_web::test]
+            async fn sqlite() {
+                super::$name(TestDb::sqlite()).await;
+            }
+
+            #[actix_web::test]
+            #[cfg_attr(
+                agentry_pg_skipped,
+                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+            )]
+            async fn postgres() {
+                if let Some(db) = TestDb::postgres() {
+                    super::$name(db).await;
+                }
+            }
+        }
+    };
+}
+
 const SECRET: &str = "whsec-revisions-shared-secret";
 
 /// A rig with the webhook on and revisions after a quiet period of `quiet`.
@@ -278,28 +305,13 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     assert_eq!(done["costUsd"], "0.246912");
 }
 
-#[actix_web::test]
-async fn changes_requested_revises_the_same_pull_request_sqlite() {
-    changes_requested_revises_the_same_pull_request(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn changes_requested_revises_the_same_pull_request_postgres() {
-    if let Some(db) = TestDb::postgres() {
-        changes_requested_revises_the_same_pull_request(db).await;
-    }
-}
+on_both_backends!(changes_requested_revises_the_same_pull_request);
 
 /// Mentions from readers, strangers and agentry's own account start nothing and get no
 /// answer; a writer's mention on a line of the diff starts a revision, seen by the poll,
 /// with a reaction on that comment only.
-#[actix_web::test]
-async fn only_a_writers_mention_starts_a_revision() {
-    let mut rig = rig(TestDb::sqlite(), Duration::ZERO);
+async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
+    let mut rig = rig(db, Duration::ZERO);
     let app = app!(rig);
     settings!(app, rig, json!({"autoReview": false}));
     let (id, number) = open_pull!(app, rig, "Add the cache");
@@ -329,6 +341,9 @@ async fn only_a_writers_mention_starts_a_revision() {
         "@agentry talking to myself",
     );
     fake.add_comment(OWNER, NAME, number, "carol", "Looks fine to me.");
+    // A writer's mention on a pull request agentry did not open.
+    let foreign = fake.add_pull(OWNER, NAME, "Someone's change", "feature/x", "main");
+    fake.add_comment(OWNER, NAME, foreign, "carol", "@agentry take this over");
     tracking::poll_pull_requests(&rig.state.service)
         .await
         .unwrap();
@@ -397,12 +412,13 @@ async fn only_a_writers_mention_starts_a_revision() {
     );
 }
 
+on_both_backends!(only_a_writers_mention_starts_a_revision);
+
 /// The same delivery twice, another delivery of the same review, and the poll seeing it
 /// too: one piece of feedback, one revision. A burst of three mentions within the quiet
 /// period is one round that holds all three.
-#[actix_web::test]
-async fn each_feedback_counts_once_and_a_burst_is_one_round() {
-    let mut rig = rig(TestDb::sqlite(), Duration::from_secs(2));
+async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
+    let mut rig = rig(db, Duration::from_secs(2));
     let app = app!(rig);
     settings!(app, rig, json!({"autoReview": false}));
     let (id, number) = open_pull!(app, rig, "Tidy the module");
@@ -476,11 +492,12 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round() {
     assert_eq!(task["revisions"], 1);
 }
 
+on_both_backends!(each_feedback_counts_once_and_a_burst_is_one_round);
+
 /// `maxRevisions` reached: one comment says so, nothing runs, and further feedback adds no
 /// comment. A round whose agent changes nothing says so once and leaves the pull request.
-#[actix_web::test]
-async fn the_revision_limit_and_a_round_without_change() {
-    let mut rig = rig(TestDb::sqlite(), Duration::ZERO);
+async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
+    let mut rig = rig(db, Duration::ZERO);
     let app = app!(rig);
     settings!(app, rig, json!({"autoReview": false, "maxRevisions": 1}));
     let (id, number) = open_pull!(app, rig, "Speed it up");
@@ -558,13 +575,29 @@ async fn the_revision_limit_and_a_round_without_change() {
         .unwrap();
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
     assert_eq!(task["revisions"], 1);
+    // A mention on the closed pull request is ignored, and nothing is said.
+    let late = fake.add_comment(OWNER, NAME, number, "alice", "@agentry one last thing");
+    let payload = payloads::issue_comment_created(fake, OWNER, NAME, number, late);
+    let event = agentry_codehost::webhook::parse_event(
+        "issue_comment",
+        &serde_json::to_vec(&payload).unwrap(),
+    )
+    .unwrap();
+    match rig.state.service.feedback_event(&event).await {
+        Some(Ok(revisions::Considered::Ignored(why))) => {
+            assert!(why.contains("no longer open"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(task!(app, rig, id)["feedback"].as_array().unwrap().len(), 3);
 }
+
+on_both_backends!(the_revision_limit_and_a_round_without_change);
 
 /// With `reviseOnAgentReview`, the review agent's findings start a round like a reviewer's;
 /// the review after that round is past `maxRevisions` 1, so it starts nothing more.
-#[actix_web::test]
-async fn the_review_agents_findings_revise_when_the_repository_asks() {
-    let mut rig = rig(TestDb::sqlite(), Duration::ZERO);
+async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) {
+    let mut rig = rig(db, Duration::ZERO);
     let app = app!(rig);
     settings!(
         app,
@@ -604,3 +637,5 @@ async fn the_review_agents_findings_revise_when_the_repository_asks() {
     assert_eq!(outcomes, ["taken", "over_limit"]);
     assert_eq!(task["revisions"], 1);
 }
+
+on_both_backends!(the_review_agents_findings_revise_when_the_repository_asks);
