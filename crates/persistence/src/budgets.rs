@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::convert::{self, to_db};
-use crate::schema::{instance_budget, repositories, task_runs, tasks};
+use crate::schema::{instance_budget, repositories, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
 /// Midnight UTC of the first day of `now`'s month.
@@ -64,30 +64,19 @@ pub fn set_instance_budget(
     })
 }
 
-/// Nano-dollars spent in `now`'s month: the runs that finished since it began, of one
+/// Nano-dollars spent in `now`'s month: the runs that finished in it (UTC), of one
 /// repository or (`None`) of every task.
+///
+/// Read from the run-cost rollup that `tasks::record_run` adds to in its transaction
+/// ([`crate::scrape::month_spent_nanos`]), so a claim's budget check costs the same at a
+/// million runs as at ten: it reads one row per repository, task type and model of the
+/// month, never the run ledger.
 pub fn spent_nanos(
     conn: &mut AnyConnection,
     repo: Option<Uuid>,
     now: OffsetDateTime,
 ) -> Result<i64, DbError> {
-    let since = to_db(month_start(now));
-    let mut query = task_runs::table
-        .filter(task_runs::finished_at.ge(since))
-        .filter(task_runs::cost_nanos.is_not_null())
-        .select(task_runs::cost_nanos)
-        .into_boxed();
-    if let Some(repo) = repo {
-        query = query.filter(
-            task_runs::task_id.eq_any(
-                tasks::table
-                    .filter(tasks::repo_id.eq(repo.to_string()))
-                    .select(tasks::id),
-            ),
-        );
-    }
-    let costs: Vec<Option<i64>> = query.load(conn)?;
-    Ok(costs.into_iter().flatten().fold(0i64, i64::saturating_add))
+    crate::scrape::month_spent_nanos(conn, repo, now)
 }
 
 /// Nano-dollars reserved by the tasks being provisioned or run, of one repository or of
