@@ -18,7 +18,44 @@ use crate::convert::{self, from_db, to_db};
 use crate::schema::{revision_feedback, task_runs, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
-/// Where a piece of feedback comes from.
+/// Implements `ALL`, `as_str`, `Display` and `FromStr` (a stored value that names no variant
+/// is [`DbError::Corrupt`]) for a fieldless enum from its stored names.
+macro_rules! stored_enum {
+    ($ty:ident, $kind:literal, [$($variant:ident => $wire:literal),+ $(,)?]) => {
+        impl $ty {
+            /// Every variant, in declaration order.
+            pub const ALL: [$ty; <[&str]>::len(&[$(stringify!($variant)),+])] =
+                [$($ty::$variant),+];
+
+            /// The stored and API name.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $wire),+
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = DbError;
+
+            fn from_str(s: &str) -> Result<Self, DbError> {
+                Self::ALL
+                    .into_iter()
+                    .find(|k| k.as_str() == s)
+                    .ok_or_else(|| DbError::Corrupt(format!(concat!("unknown ", $kind, " {:?}"), s)))
+            }
+        }
+    };
+}
+
+/// Where a piece of feedback comes from; stored as `review`, `issue_comment`,
+/// `review_comment` or `agent_review`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FeedbackSource {
     /// A pull-request review submitted with "changes requested".
@@ -32,45 +69,15 @@ pub enum FeedbackSource {
     AgentReview,
 }
 
-impl FeedbackSource {
-    /// Every source.
-    pub const ALL: [FeedbackSource; 4] = [
-        FeedbackSource::Review,
-        FeedbackSource::IssueComment,
-        FeedbackSource::ReviewComment,
-        FeedbackSource::AgentReview,
-    ];
+stored_enum!(FeedbackSource, "feedback source", [
+    Review => "review",
+    IssueComment => "issue_comment",
+    ReviewComment => "review_comment",
+    AgentReview => "agent_review",
+]);
 
-    /// The stored and API name: `review`, `issue_comment`, `review_comment` or
-    /// `agent_review`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            FeedbackSource::Review => "review",
-            FeedbackSource::IssueComment => "issue_comment",
-            FeedbackSource::ReviewComment => "review_comment",
-            FeedbackSource::AgentReview => "agent_review",
-        }
-    }
-}
-
-impl fmt::Display for FeedbackSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for FeedbackSource {
-    type Err = DbError;
-
-    fn from_str(s: &str) -> Result<Self, DbError> {
-        FeedbackSource::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| DbError::Corrupt(format!("unknown feedback source {s:?}")))
-    }
-}
-
-/// What became of a piece of feedback.
+/// What became of a piece of feedback; stored as `waiting`, `taken`, `over_limit` or
+/// `dropped`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FeedbackOutcome {
     /// It waits for the next revision round.
@@ -83,36 +90,12 @@ pub enum FeedbackOutcome {
     Dropped,
 }
 
-impl FeedbackOutcome {
-    /// Every outcome.
-    pub const ALL: [FeedbackOutcome; 4] = [
-        FeedbackOutcome::Waiting,
-        FeedbackOutcome::Taken,
-        FeedbackOutcome::OverLimit,
-        FeedbackOutcome::Dropped,
-    ];
-
-    /// The stored and API name: `waiting`, `taken`, `over_limit` or `dropped`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            FeedbackOutcome::Waiting => "waiting",
-            FeedbackOutcome::Taken => "taken",
-            FeedbackOutcome::OverLimit => "over_limit",
-            FeedbackOutcome::Dropped => "dropped",
-        }
-    }
-}
-
-impl FromStr for FeedbackOutcome {
-    type Err = DbError;
-
-    fn from_str(s: &str) -> Result<Self, DbError> {
-        FeedbackOutcome::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| DbError::Corrupt(format!("unknown feedback outcome {s:?}")))
-    }
-}
+stored_enum!(FeedbackOutcome, "feedback outcome", [
+    Waiting => "waiting",
+    Taken => "taken",
+    OverLimit => "over_limit",
+    Dropped => "dropped",
+]);
 
 /// Feedback to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,7 +375,7 @@ pub fn settle_waiting(
     .execute(conn)?)
 }
 
-/// Why a run happened.
+/// Why a run happened; stored as `assignment`, `retry` or `revision`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RunTriggerKind {
     /// The task's first attempt.
@@ -403,34 +386,11 @@ pub enum RunTriggerKind {
     Revision,
 }
 
-impl RunTriggerKind {
-    /// Every kind.
-    pub const ALL: [RunTriggerKind; 3] = [
-        RunTriggerKind::Assignment,
-        RunTriggerKind::Retry,
-        RunTriggerKind::Revision,
-    ];
-
-    /// The stored and API name: `assignment`, `retry` or `revision`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RunTriggerKind::Assignment => "assignment",
-            RunTriggerKind::Retry => "retry",
-            RunTriggerKind::Revision => "revision",
-        }
-    }
-}
-
-impl FromStr for RunTriggerKind {
-    type Err = DbError;
-
-    fn from_str(s: &str) -> Result<Self, DbError> {
-        RunTriggerKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| DbError::Corrupt(format!("unknown run trigger {s:?}")))
-    }
-}
+stored_enum!(RunTriggerKind, "run trigger", [
+    Assignment => "assignment",
+    Retry => "retry",
+    Revision => "revision",
+]);
 
 /// Why a run happened, with the feedback that started a revision round.
 #[derive(Debug, Clone, PartialEq, Eq)]

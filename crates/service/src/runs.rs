@@ -874,6 +874,32 @@ struct Settlement {
     reply: Option<Action>,
 }
 
+/// The coding task's work is on its pull request (opened, or a revision pushed to it):
+/// `pr_opened`, and the review task when the repository reviews automatically.
+fn published(
+    prepared: &Prepared,
+    task: &Task,
+    pull_request: PullRequestRef,
+    reason: String,
+) -> Settlement {
+    Settlement {
+        trigger: Some((
+            Trigger::PullRequestOpened,
+            TransitionDetails {
+                reason: Some(reason),
+                error_message: None,
+                pull_request: Some(pull_request),
+            },
+        )),
+        review: prepared
+            .repo
+            .settings
+            .auto_review
+            .then(|| review_task(task, &prepared.repo)),
+        reply: None,
+    }
+}
+
 fn fail_with(message: String) -> Settlement {
     Settlement {
         trigger: Some((
@@ -946,44 +972,15 @@ async fn settle(
                 url: task.pr_url.clone().unwrap_or_default(),
                 number: task.pr_number.unwrap_or_default(),
             };
-            Settlement {
-                trigger: Some((
-                    Trigger::PullRequestOpened,
-                    TransitionDetails {
-                        reason: Some(format!(
-                            "revision pushed to pull request #{}",
-                            pull_request.number
-                        )),
-                        error_message: None,
-                        pull_request: Some(pull_request),
-                    },
-                )),
-                review: prepared
-                    .repo
-                    .settings
-                    .auto_review
-                    .then(|| review_task(task, &prepared.repo)),
-                reply: None,
-            }
+            let reason = format!("revision pushed to pull request #{}", pull_request.number);
+            published(prepared, task, pull_request, reason)
         }
         Verdict::Pushed { branch, .. } => {
             match open_pull_request(state, prepared, task, branch, cost, &mut patience).await {
-                Published::Done(pull_request) => Settlement {
-                    trigger: Some((
-                        Trigger::PullRequestOpened,
-                        TransitionDetails {
-                            reason: Some(format!("pull request #{} opened", pull_request.number)),
-                            error_message: None,
-                            pull_request: Some(pull_request),
-                        },
-                    )),
-                    review: prepared
-                        .repo
-                        .settings
-                        .auto_review
-                        .then(|| review_task(task, &prepared.repo)),
-                    reply: None,
-                },
+                Published::Done(pull_request) => {
+                    let reason = format!("pull request #{} opened", pull_request.number);
+                    published(prepared, task, pull_request, reason)
+                }
                 Published::Refused(message) => fail_with(message),
                 Published::Stopped => return Ok(()),
             }

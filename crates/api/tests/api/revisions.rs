@@ -95,6 +95,13 @@ fn runs_of(task: &Value) -> &Vec<Value> {
     task["runs"].as_array().unwrap()
 }
 
+/// One pass of the revision scheduler now: how many rounds it started.
+async fn start_rounds(rig: &Rig) -> usize {
+    revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
+        .await
+        .unwrap()
+}
+
 /// The prompt the fake agent got in the run of `attempt` of task `id`.
 fn prompt_of(rig: &Rig, id: &str, attempt: i64) -> String {
     let path = rig.run_dir(id, attempt).join("home/prompt");
@@ -196,12 +203,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
         task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
     })
     .await;
-    assert_eq!(
-        revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(start_rounds(&rig).await, 1);
     let task = wait_for(&app, &t, &id, "the revision pushed", |t| {
         state_of(t) == "pr_opened" && runs_of(t).len() == 2
     })
@@ -347,12 +349,7 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     tracking::poll_pull_requests(&rig.state.service)
         .await
         .unwrap();
-    assert_eq!(
-        revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(start_rounds(&rig).await, 0);
     let task = task!(app, rig, id);
     assert_eq!(state_of(&task), "pr_opened");
     assert_eq!(task["feedback"].as_array().unwrap().len(), 0, "{task:#}");
@@ -372,12 +369,7 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     tracking::poll_pull_requests(&rig.state.service)
         .await
         .unwrap();
-    assert_eq!(
-        revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(start_rounds(&rig).await, 1);
     let t = rig.env.t.viewer.clone();
     let task = wait_for(&app, &t, &id, "the revision", |t| {
         state_of(t) == "pr_opened" && runs_of(t).len() == 2
@@ -446,12 +438,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
     })
     .await;
     // Within the quiet period nothing starts.
-    assert_eq!(
-        revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(start_rounds(&rig).await, 0);
     // Two more in the burst, through the webhook.
     for (n, text) in [(3, "@agentry and rename it"), (4, "@agentry add a test")] {
         let comment = fake.add_comment(OWNER, NAME, number, "alice", text);
@@ -514,9 +501,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     tracking::poll_pull_requests(&rig.state.service)
         .await
         .unwrap();
-    revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
-        .await
-        .unwrap();
+    assert_eq!(start_rounds(&rig).await, 1);
     let t = rig.env.t.viewer.clone();
     let task = wait_for(&app, &t, &id, "the revision", |t| {
         state_of(t) == "pr_opened" && runs_of(t).len() == 2
@@ -535,12 +520,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
             .await
             .unwrap();
     }
-    assert_eq!(
-        revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(start_rounds(&rig).await, 0);
     let task = task!(app, rig, id);
     assert_eq!(runs_of(&task).len(), 2, "no run past the limit");
     let outcomes: Vec<&str> = task["feedback"]
@@ -612,12 +592,7 @@ async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) 
     let task = task!(app, rig, id);
     assert_eq!(task["feedback"][0]["source"], "agent_review", "{task:#}");
     assert_eq!(task["feedback"][0]["author"], "agentry");
-    assert_eq!(
-        revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(start_rounds(&rig).await, 1);
     let t = rig.env.t.viewer.clone();
     wait_for(&app, &t, &id, "the revision and its review", |t| {
         state_of(t) == "pr_opened"
