@@ -306,22 +306,39 @@ pub fn next_due(conn: &mut AnyConnection) -> Result<Option<OffsetDateTime>, DbEr
     Ok(at.flatten().map(from_db))
 }
 
+/// Which of a task's feedback to read.
+enum Which {
+    All,
+    Outcome(FeedbackOutcome),
+    Round(i32),
+}
+
+/// The task's feedback that `which` selects, oldest first.
+fn load(conn: &mut AnyConnection, task_id: Uuid, which: Which) -> Result<Vec<Feedback>, DbError> {
+    let mut query = revision_feedback::table
+        .filter(revision_feedback::task_id.eq(task_id.to_string()))
+        .order((
+            revision_feedback::received_at.asc(),
+            revision_feedback::external_id.asc(),
+        ))
+        .select(FeedbackRow::as_select())
+        .into_boxed();
+    query = match which {
+        Which::All => query,
+        Which::Outcome(outcome) => query.filter(revision_feedback::outcome.eq(outcome.as_str())),
+        Which::Round(attempt) => query.filter(revision_feedback::round_attempt.eq(attempt)),
+    };
+    let rows: Vec<FeedbackRow> = query.load(conn)?;
+    rows.into_iter().map(Feedback::try_from).collect()
+}
+
 /// The task's feedback with `outcome`, oldest first.
 pub fn with_outcome(
     conn: &mut AnyConnection,
     task_id: Uuid,
     outcome: FeedbackOutcome,
 ) -> Result<Vec<Feedback>, DbError> {
-    let rows: Vec<FeedbackRow> = revision_feedback::table
-        .filter(revision_feedback::task_id.eq(task_id.to_string()))
-        .filter(revision_feedback::outcome.eq(outcome.as_str()))
-        .order((
-            revision_feedback::received_at.asc(),
-            revision_feedback::external_id.asc(),
-        ))
-        .select(FeedbackRow::as_select())
-        .load(conn)?;
-    rows.into_iter().map(Feedback::try_from).collect()
+    load(conn, task_id, Which::Outcome(outcome))
 }
 
 /// The feedback the revision round that started at `round_attempt` took, oldest first.
@@ -330,29 +347,12 @@ pub fn of_round(
     task_id: Uuid,
     round_attempt: i32,
 ) -> Result<Vec<Feedback>, DbError> {
-    let rows: Vec<FeedbackRow> = revision_feedback::table
-        .filter(revision_feedback::task_id.eq(task_id.to_string()))
-        .filter(revision_feedback::round_attempt.eq(round_attempt))
-        .order((
-            revision_feedback::received_at.asc(),
-            revision_feedback::external_id.asc(),
-        ))
-        .select(FeedbackRow::as_select())
-        .load(conn)?;
-    rows.into_iter().map(Feedback::try_from).collect()
+    load(conn, task_id, Which::Round(round_attempt))
 }
 
 /// All of the task's feedback, oldest first.
 pub fn of_task(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<Feedback>, DbError> {
-    let rows: Vec<FeedbackRow> = revision_feedback::table
-        .filter(revision_feedback::task_id.eq(task_id.to_string()))
-        .order((
-            revision_feedback::received_at.asc(),
-            revision_feedback::external_id.asc(),
-        ))
-        .select(FeedbackRow::as_select())
-        .load(conn)?;
-    rows.into_iter().map(Feedback::try_from).collect()
+    load(conn, task_id, Which::All)
 }
 
 /// Moves every waiting feedback of the task to `outcome` (with `round_attempt` for
