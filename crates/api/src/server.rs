@@ -29,8 +29,6 @@ fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let mut file = options.open(path)?;
     #[cfg(unix)]
-    std::os::unix::fs::PermissionsExt::set_mode(&mut file.metadata()?.permissions(), 0o600);
-    #[cfg(unix)]
     file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     file.write_all(contents.as_bytes())?;
     file.sync_all()
