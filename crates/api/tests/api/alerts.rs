@@ -1,10 +1,6 @@
 //! Budget alerts (docs/contract.md#67-budgets): recorded when a budget changes or a run
 //! ends, listed at `GET /api/budget/alerts`, exported as `agentry_budget_used_ratio`, and
 //! delivered to a webhook on 127.0.0.1 exactly once through its failures and a restart.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,10 +1,6 @@
 //! The code-host capability end to end, in process, against the fake GitHub over HTTP on
 //! 127.0.0.1: secrets, repositories and settings, the issues view and its sync, assignment,
 //! and the outbox's exactly-once label and comment (docs/contract.md#33-secrets–#37-assign, #51-token–#54-effects-of-assignment).
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::env::*;
 use crate::common::*;

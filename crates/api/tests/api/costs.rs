@@ -2,10 +2,6 @@
 //! rollup-fed report with the straightforward one computed from every task, on a randomized
 //! data set (both backends). The straightforward path is itself checked against an
 //! independent reference implementation in agentry-analytics' tests.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_analytics::{ReportInputs, TaskFact, Window, report};

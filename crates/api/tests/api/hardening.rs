@@ -1,9 +1,5 @@
 //! Randomised input against the real application: no query string, path, header or body may
 //! produce a 5xx, a non-envelope error, or a write (docs/contract.md#32-errors, #7-reliability-and-security).
-#![allow(
-    clippy::expect_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use actix_web::test::TestRequest;

@@ -2,10 +2,6 @@
 //! agentry opened sends the fake agent back to the same pull request. The fake GitHub on
 //! 127.0.0.1 serves reviews, comments, review comments, reactions and permissions; a local
 //! bare repository is the clone URL; the real `git` pushes.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::time::{Duration, Instant};
 

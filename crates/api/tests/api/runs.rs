@@ -2,10 +2,6 @@
 //! 127.0.0.1, a local bare repository as the clone URL, the real `git`, and the fake
 //! Claude Code executable (crates/runner/tests/fake-agents) printing what the real CLI
 //! prints.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common;
 

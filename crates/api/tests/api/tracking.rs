@@ -2,10 +2,6 @@
 //! poller (one conditional request per repository, watermark only after success), the signed
 //! webhook with GitHub's real payloads, the race between them, and the poller role among
 //! replicas on PostgreSQL (docs/contract.md#55-pull-request-tracking–#56-webhook, #22-states-and-transitions).
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::time::Duration;
 

@@ -1,11 +1,6 @@
 //! The GitHub client against the fake GitHub (and, for the exact bytes on the wire, a tiny
 //! scripted HTTP server): every method, pagination, conditional requests, retries, timeouts,
 //! rate limits, error mapping, and that the token never shows.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,10 +1,6 @@
 //! Webhook signatures and event parsing against GitHub's real payloads
 //! (`tests/fixtures/github-webhooks`, see its README), plus properties: a signature made by
 //! `sign` always verifies and nothing else does, and no input makes either function panic.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use agentry_codehost::webhook::{
     self, DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, SIGNATURE_PREFIX, parse_event, sign,

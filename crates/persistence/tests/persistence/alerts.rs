@@ -1,10 +1,6 @@
 //! Budget alerts (docs/contract.md#67-budgets): each threshold of each budget recorded once
 //! per month however often and by however many callers it is checked, and their delivery
 //! leases; on both backends.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_domain::{AgentType, BudgetScope};

@@ -1,9 +1,5 @@
 //! Monthly budgets (docs/contract.md#67-budgets): what a claim reserves, which tasks are
 //! blocked, and when they are candidates again; on both backends.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_domain::{AgentType, BudgetScope, TaskState, Trigger};

@@ -1,8 +1,4 @@
 //! Bulk import of task history (docs/contract.md#39-import): batches, skips, all-or-nothing.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::collections::HashMap;
 
@@ -444,7 +440,6 @@ agentry_persistence::backend_tests! {
         assert_eq!(row_count(db, "cost_daily"), 0);
         assert_eq!(row_count(db, "cost_cumulative"), 0);
     }
-
 
     // Into empty tables, the import builds the secondary indexes after the rows (SQLite): a
     // record source failing after a full batch was written, i.e. after the indexes were

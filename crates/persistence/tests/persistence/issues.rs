@@ -1,10 +1,5 @@
 //! The synced copy of open issues (docs/contract.md#36-issues-view, #53-issue-sync): replacing it, the sync state on the
 //! repository, the issues view and its order, and the labelled issues the sync assigns.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_domain::{TaskState, Trigger};

@@ -1,9 +1,5 @@
 //! The leader lock (docs/contract.md#55-pull-request-tracking, #8-scale-out): on PostgreSQL one holder per key among the processes
 //! sharing the database, lost with its session; on SQLite always held.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,4 @@
 //! The task list (docs/contract.md#38-tasks): newest first, keyset cursor, filters.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::collections::HashSet;
 

@@ -1,5 +1,10 @@
 //! Every integration test of this crate, in one test binary (one link step instead of
 //! 17); each module is one area, named as its file.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is the test failing; clippy.toml's allow-*-in-tests covers #[test] functions, not their helpers"
+)]
 
 mod alerts;
 mod budgets;

@@ -1,8 +1,4 @@
 //! Migrations, database URLs and connecting.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::time::{Duration, Instant};
 

@@ -1,9 +1,5 @@
 //! The outbox (docs/contract.md#54-effects-of-assignment): effects written with the change that causes them, at most one per
 //! (task, kind), claimed under a lease by one worker at a time, retried until delivered.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::collections::HashSet;
 use std::sync::Barrier;

@@ -1,10 +1,6 @@
 //! Pull-request tracking (docs/contract.md#55-pull-request-tracking–#56-webhook): the repositories to poll and their poll state, the
 //! task of a pull request, and applying a pull request's fate (transition + closing effect in
 //! one transaction, exactly once among concurrent actors).
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Trigger};

@@ -2,11 +2,6 @@
 //! a deep page of the task list and a page of the issues view. Their plans are checked on
 //! SQLite with `EXPLAIN QUERY PLAN` of the statements the functions actually send; the pages
 //! themselves are checked on both backends against the reference order.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::sync::{Arc, Mutex};
 

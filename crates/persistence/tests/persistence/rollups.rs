@@ -1,10 +1,6 @@
 //! The cost rollups are maintained exactly: after any mix of creations, runs, transitions
 //! and imports, the incrementally maintained tables equal a rebuild from the task table, and
 //! the sums of any window read from them equal the same sums computed from the tasks.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::collections::BTreeMap;
 

@@ -1,10 +1,6 @@
 //! The rollups `/metrics` reads (crates/persistence/src/scrape.rs): kept in the writing
 //! transactions equal to the run ledger and the refusal ledger, filled from them by the
 //! migration, and naming connected repositories only.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_domain::AgentType;

@@ -1,9 +1,5 @@
 //! The secret store: AES-256-GCM with the name as associated data; plaintext never stored,
 //! never printed by Debug; the master key from the environment or a generated 0600 file.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_persistence::backend_tests;

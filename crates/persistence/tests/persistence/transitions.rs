@@ -1,8 +1,4 @@
 //! Task transitions (docs/contract.md#22-states-and-transitions): compare-and-set on the state, with their events.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use crate::common::*;
 use agentry_domain::{MAX_ATTEMPTS, Task, TaskState, TaskType, Trigger, transition};

@@ -3,11 +3,6 @@
 //! others; a writer whose turn does not come in time, or that finds the file locked by
 //! someone else, gets `DbError::Busy`.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
-
 use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
 

@@ -10,10 +10,6 @@
 //! once the priced calls reach the allowance, fails with "budget reached", and records
 //! exactly the cost of the calls it made. The overshoot (recorded cost − allowance) is
 //! measured: less than the cost of that last call.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::path::PathBuf;
 use std::sync::Arc;

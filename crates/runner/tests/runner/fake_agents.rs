@@ -2,10 +2,6 @@
 //! the output the parsers expect, launched with the command lines agentry builds, and the
 //! output (and Codex's session file) keeps the shape of what the real CLIs printed
 //! (`tests/fixtures/*_real_*`), so the fakes cannot drift from the real formats.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};

@@ -4,10 +4,6 @@
 //! listener standing in for the remote the agent plants. Nothing the agent planted runs,
 //! nothing connects to the listener, the token is written nowhere, and a rewritten `.git`
 //! or mirror configuration fails the run with nothing committed or pushed.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::io::Read;
 use std::net::TcpListener;

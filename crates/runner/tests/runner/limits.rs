@@ -4,10 +4,6 @@
 //! process limit, a huge file at the file-size limit, filling `/tmp` at its size, and
 //! opening files at the open-file limit. Each agent is a script posing as Claude Code that
 //! prints what it got on its stdout.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

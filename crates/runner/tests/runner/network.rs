@@ -6,11 +6,6 @@
 //! the run's key, never the service's; a cancel, an exit code and a budget stop pass through
 //! the forwarder. The forwarder itself is also run on its own (no sandbox needed). No test
 //! sends anything off the machine.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

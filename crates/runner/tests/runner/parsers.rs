@@ -1,9 +1,5 @@
 //! The parsers over recorded samples of each CLI's output, the price table, and
 //! never-panic properties.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;

@@ -1,10 +1,6 @@
 //! `run_process`: output capture and log files, stdin, the exact environment, exit
 //! statuses, wall time, cancellation, killing the whole process group, large output; and
 //! `agent_env`.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

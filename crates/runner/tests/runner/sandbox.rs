@@ -2,10 +2,6 @@
 //! fake `claude` and a local bare repository as the remote: what a hostile agent can read,
 //! that its own work still happens, that nothing it started outlives a cancel or a
 //! recovery, and that without a working `bwrap` no agent starts.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::path::PathBuf;
 use std::process::{Child, Command};

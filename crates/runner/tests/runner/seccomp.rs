@@ -3,10 +3,6 @@
 //! sandbox the refused calls fail with `EPERM` while ordinary work (git, files, child
 //! processes, Python, Node.js) goes on; with the filter off, a call it refuses works again.
 //! The agent is a script posing as Claude Code that prints what it got.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use agentry_runner::{Execution, Sandbox, SandboxMode, Verdict};
 use uuid::Uuid;

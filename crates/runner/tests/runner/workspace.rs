@@ -1,9 +1,5 @@
 //! Git workspaces with the real `git`: mirrors, task worktrees, commit and push, retries,
 //! reviews, concurrency, crash leftovers, and the token reaching git only as a header.
-#![allow(
-    clippy::unwrap_used,
-    reason = "clippy.toml's allow-*-in-tests covers #[test] functions, not these helpers"
-)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
