@@ -152,7 +152,7 @@ impl Server {
     /// Starts `agentry serve` and waits until `/healthz` answers; collects what stdout printed
     /// before that (the first-start token, if any).
     fn start(data_dir: &Path, database_url: Option<&str>, json_logs: bool) -> Server {
-        Server::start_with(data_dir, database_url, json_logs, &[])
+        Server::start_with(data_dir, database_url, json_logs, &[] as &[(&str, &str)])
     }
 
     /// [`Server::start`] with extra environment variables.
@@ -160,10 +160,10 @@ impl Server {
         data_dir: &Path,
         database_url: Option<&str>,
         json_logs: bool,
-        env: &[(&str, &str)],
+        env: &[(impl AsRef<std::ffi::OsStr>, impl AsRef<std::ffi::OsStr>)],
     ) -> Server {
         let mut cmd = agentry(data_dir, database_url);
-        cmd.envs(env.iter().copied());
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("serve").stdout(Stdio::piped());
         if json_logs {
             cmd.env("AGENTRY_LOG_FORMAT", "json");
@@ -676,6 +676,32 @@ fn fake_with_repo(
     (fake, dir, source)
 }
 
+/// `serve`'s environment for runs of the fake Claude Code on `fake`'s repositories, its
+/// model calls going to `models` (the gateway's upstream and key), with `extra` added.
+fn fake_agent_env(
+    fake: &agentry_fake_github::FakeGitHub,
+    models: &agentry_fake_models::FakeModels,
+    extra: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let claude =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
+    let mut env = vec![
+        ("AGENTRY_CODEHOST_API_URL".to_owned(), fake.base_url()),
+        (
+            "AGENTRY_CLAUDE_BIN".to_owned(),
+            claude.display().to_string(),
+        ),
+        ("AGENTRY_ANTHROPIC_UPSTREAM".to_owned(), models.base_url()),
+        ("ANTHROPIC_API_KEY".to_owned(), models.key()),
+    ];
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    env
+}
+
 /// Through `base`: stores the code-host token `gh`, connects `acme/web` and creates a
 /// coding task `title` with `prompt`; returns the task's id.
 fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, prompt: &str) -> String {
@@ -714,18 +740,8 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     const GH: &str = "ghp_RestartTestToken0123456789abcdef";
     let (fake, dir, _source) = fake_with_repo(GH);
     let data = dir.path().join("data");
-    let claude =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
-    let api = fake.base_url();
     let models = agentry_fake_models::FakeModels::start();
-    let (upstream, key) = (models.base_url(), models.key());
-    let env = [
-        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
-        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
-        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
-        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
-        ("ANTHROPIC_API_KEY", key.as_str()),
-    ];
+    let env = fake_agent_env(&fake, &models, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
     let mut server = Server::start_with(&data, None, true, &env);
     let admin = server.read_token();
     let id = connect_and_create_task(
@@ -816,19 +832,15 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
     const GH: &str = "ghp_RevisionKillTestToken0123456789ab";
     let (fake, dir, source) = fake_with_repo(GH);
     let data = dir.path().join("data");
-    let claude =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
-    let api = fake.base_url();
     let models = agentry_fake_models::FakeModels::start();
-    let (upstream, key) = (models.base_url(), models.key());
-    let env = [
-        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
-        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
-        ("AGENTRY_POLL_INTERVAL_SECS", "1"),
-        ("AGENTRY_REVISION_QUIET_SECS", "0"),
-        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
-        ("ANTHROPIC_API_KEY", key.as_str()),
-    ];
+    let env = fake_agent_env(
+        &fake,
+        &models,
+        &[
+            ("AGENTRY_POLL_INTERVAL_SECS", "1"),
+            ("AGENTRY_REVISION_QUIET_SECS", "0"),
+        ],
+    );
     let mut server = Server::start_with(&data, None, true, &env);
     let admin = server.read_token();
     let id = connect_and_create_task(&server.base, &admin, GH, "Add caching", ONE_CALL);
@@ -953,24 +965,20 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
         1,
         Fault::Timeout(Duration::from_secs(120)),
     );
-    let claude =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
-    let api = fake.base_url();
     let models = agentry_fake_models::FakeModels::start();
-    let (upstream, key) = (models.base_url(), models.key());
-    let env = [
-        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
-        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
-        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
-        ("AGENTRY_RUN_LEASE_SECS", "3"),
-        // Both replicas decrypt the stored code-host token.
-        (
-            "AGENTRY_MASTER_KEY",
-            "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
-        ),
-        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
-        ("ANTHROPIC_API_KEY", key.as_str()),
-    ];
+    let env = fake_agent_env(
+        &fake,
+        &models,
+        &[
+            ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
+            ("AGENTRY_RUN_LEASE_SECS", "3"),
+            // Both replicas decrypt the stored code-host token.
+            (
+                "AGENTRY_MASTER_KEY",
+                "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+            ),
+        ],
+    );
     let (one, both) = if metered() {
         (CALL_COST, "0.006")
     } else {
@@ -1048,23 +1056,19 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
     )
     .unwrap();
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let claude =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
-    let api = fake.base_url();
     let models = agentry_fake_models::FakeModels::start();
-    let (upstream, key) = (models.base_url(), models.key());
-    let env = [
-        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
-        ("AGENTRY_CLAUDE_BIN", claude.to_str().unwrap()),
-        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
-        ("AGENTRY_RUN_LEASE_SECS", "3"),
-        (
-            "AGENTRY_MASTER_KEY",
-            "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
-        ),
-        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
-        ("ANTHROPIC_API_KEY", key.as_str()),
-    ];
+    let env = fake_agent_env(
+        &fake,
+        &models,
+        &[
+            ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
+            ("AGENTRY_RUN_LEASE_SECS", "3"),
+            (
+                "AGENTRY_MASTER_KEY",
+                "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+            ),
+        ],
+    );
     let (one, both) = if metered() {
         (CALL_COST, "0.006")
     } else {
