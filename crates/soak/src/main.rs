@@ -1,5 +1,5 @@
-//! The soak harness behind `scripts/soak.sh` (docs/soak.md): two `agentry serve` replicas on
-//! one PostgreSQL, a fake code host failing a share of its calls, a fake agent with random
+//! The soak harness behind `scripts/soak-replicas.sh` (docs/soak.md): two `agentry serve`
+//! replicas on one PostgreSQL, a fake code host failing a share of its calls, a fake agent with random
 //! costs and durations, issues assigned through the API and by labelling, pull requests
 //! merged and announced by webhook or left to the poll, and a replica killed with SIGKILL
 //! and restarted every so often. At the end, with the faults off, it waits for quiescence

@@ -3,8 +3,8 @@
 # time, then the counts. With --load, a CPU hog (one busy loop per core) runs beside the
 # suite, as on a loaded CI machine; it is stopped at the end whatever happens.
 #
-# Usage: scripts/soak-tests.sh N [--load] [-- extra cargo test arguments]
-# Example: scripts/soak-tests.sh 10 --load
+# Usage: scripts/repeat-tests.sh N [--load] [-- extra cargo test arguments]
+# Example: scripts/repeat-tests.sh 10 --load
 # Each failed run's output is kept in the log directory printed at the end. Exits non-zero
 # if any run failed. Combine with scripts/with-postgres.sh to soak the PostgreSQL variants.
 set -uo pipefail
@@ -35,7 +35,7 @@ done
 
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
-logs=$(mktemp -d "${TMPDIR:-/tmp}/agentry-soak.XXXXXX")
+logs=$(mktemp -d "${TMPDIR:-/tmp}/agentry-repeat-tests.XXXXXX")
 
 hogs=()
 stop_hogs() {

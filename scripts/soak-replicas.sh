@@ -4,7 +4,7 @@
 # 20-40 s; at the end, with faults off, it waits for quiescence and checks that nothing was
 # lost, doubled or left stuck and that every cost adds up. Exits non-zero on any violation.
 #
-#   scripts/soak.sh [--ci] [harness options]
+#   scripts/soak-replicas.sh [--ci] [harness options]
 #
 # Defaults (the full run): --issues 200 --minutes 10 --fault-rate 0.3 --kill-every 20-40
 # --seed 1 --agent-secs 1-8. --ci is the short version CI runs: 40 issues, 2 minutes, the
