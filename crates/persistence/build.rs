@@ -1,18 +1,10 @@
 //! Rebuild when a migration is added, so `embed_migrations!` picks it up.
 //!
-//! Also tells this crate's tests whether a PostgreSQL server is configured: without
-//! `AGENTRY_TEST_PG_URL` (and without `AGENTRY_TEST_REQUIRE_PG=1`, which makes a missing
-//! server a failure) the cfg `agentry_pg_skipped` is set, and `backend_tests!` marks its
-//! PostgreSQL variants `#[ignore]`, so `cargo test` counts them as ignored instead of
-//! passing them silently.
+//! Also marks the PostgreSQL variants of `backend_tests!` `#[ignore]` when no server is
+//! configured (see `crates/testkit/build/postgres_cfg.rs`).
+include!("../testkit/build/postgres_cfg.rs");
+
 fn main() {
+    declare_postgres_cfg();
     println!("cargo:rerun-if-changed=../../migrations");
-    println!("cargo::rustc-check-cfg=cfg(agentry_pg_skipped)");
-    println!("cargo:rerun-if-env-changed=AGENTRY_TEST_PG_URL");
-    println!("cargo:rerun-if-env-changed=AGENTRY_TEST_REQUIRE_PG");
-    let configured = std::env::var("AGENTRY_TEST_PG_URL").is_ok_and(|url| !url.is_empty());
-    let required = std::env::var("AGENTRY_TEST_REQUIRE_PG").is_ok_and(|v| v == "1");
-    if !configured && !required {
-        println!("cargo:rustc-cfg=agentry_pg_skipped");
-    }
 }

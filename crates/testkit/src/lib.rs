@@ -4,9 +4,12 @@
 //!   fake GitHub's fault injection, so that every failure is reproducible from its seed;
 //! * [`git`]: the real `git` with no user or system configuration, and a bare source
 //!   repository with a README committed on `main` ([`git::seeded_bare`],
-//!   [`git::source_repo`]) for runs against a local clone URL.
+//!   [`git::source_repo`]) for runs against a local clone URL;
+//! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
+//!   until it holds or a deadline passes (tests never sleep a fixed time).
 
 pub mod git;
+pub mod wait;
 
 /// SplitMix64 (Steele, Lea and Flood): a tiny, fast and deterministic generator.
 ///

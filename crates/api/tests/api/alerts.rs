@@ -3,7 +3,7 @@
 //! delivered to a webhook on 127.0.0.1 exactly once through its failures and a restart.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::env::json_req;
 use crate::common::*;
@@ -17,6 +17,7 @@ use agentry_persistence::tasks::{self, Run, RunOutcome};
 use agentry_persistence::test_support::TestDb;
 use agentry_service::alerts::{AlertTiming, Alerts, WebhookUrl};
 use agentry_service::runs::{self, Runs};
+use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
@@ -66,15 +67,15 @@ impl Receiver {
 
     /// Waits (at most 30 s) until `n` requests were answered 200.
     async fn wait_for_deliveries(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.delivered().len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {n} deliveries: {:#?}",
-                self.receipts()
-            );
-            actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("{n} deliveries");
+        eventually_async(PATIENCE, what, async || {
+            if self.delivered().len() >= n {
+                Ok(())
+            } else {
+                Err(format!("{:#?}", self.receipts()))
+            }
+        })
+        .await;
     }
 }
 
@@ -222,19 +223,19 @@ fn spend(db: &Db, repo: &Repository, cost: &str) {
 /// Waits (at most 30 s) until the worker has recorded every alert as delivered (the receiver
 /// answers before the worker records it).
 async fn wait_until_all_delivered(state: &web::Data<AppState>) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually_async(PATIENCE, "every alert delivered", async || {
         let page = state.service.budget_alerts(200, None).await.unwrap();
         if page
             .alerts
             .iter()
             .all(|a| a.delivery == agentry_persistence::alerts::Delivery::Delivered)
         {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{page:#?}"))
         }
-        assert!(Instant::now() < deadline, "not delivered: {page:#?}");
-        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 fn this_month() -> String {
@@ -299,17 +300,17 @@ async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(db: T
 
     // The record shows each delivered (the receiver answers before the worker records
     // it), with the failed attempts it took.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let page = loop {
+    let page = eventually_async(PATIENCE, "every alert marked delivered", async || {
         let (status, page) = call(&app, get("/api/budget/alerts", &t.viewer)).await;
         assert_eq!(status, 200, "{page}");
         let alerts = page["alerts"].as_array().unwrap();
         if alerts.iter().all(|a| a["delivery"] == "delivered") {
-            break page;
+            Ok(page)
+        } else {
+            Err(format!("{page:#}"))
         }
-        assert!(Instant::now() < deadline, "not marked delivered: {page:#}");
-        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     let alerts = page["alerts"].as_array().unwrap();
     assert_eq!(alerts.len(), 2, "{page:#}");
     assert_eq!(page["nextCursor"], Value::Null);
@@ -376,21 +377,7 @@ async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(db: T
     assert_eq!(receiver.delivered().len(), 3);
 }
 
-#[actix_web::test]
-async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart_sqlite() {
-    alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart_postgres() {
-    if let Some(db) = TestDb::postgres() {
-        alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(db).await;
-    }
-}
+on_both_backends!(alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart);
 
 /// A repository's budget reached by spend recorded elsewhere: the end of the next run here
 /// records the alert (without a webhook, `unsent`). The gauge shows each budget's use, and

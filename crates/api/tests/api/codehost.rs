@@ -737,20 +737,16 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
     assert_eq!(env.count("synced_issues"), 4);
     // Once the full read is due (1 s after the last one), a sync reads every issue and
     // drops the one gone. Until then each sync is incremental and keeps it.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    agentry_testkit::wait::eventually_async(PATIENCE, "a full read", async || {
         env.fake.reset_counts();
         codehost::sync_issues(&state.service, None).await.unwrap();
         if env.count("synced_issues") == 3 {
-            break;
+            return true;
         }
         assert_eq!(env.count("synced_issues"), 4);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no full read within 30 s"
-        );
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        false
+    })
+    .await;
     // The missing issue was looked up once before it left the copy.
     assert_eq!(env.fake.count("GET", "/repos/acme/web/issues/99"), 1);
 }

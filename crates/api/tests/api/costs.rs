@@ -448,20 +448,7 @@ async fn equivalence(db: TestDb) {
     );
 }
 
-#[actix_web::test]
-async fn the_report_from_rollups_equals_the_report_from_every_task_on_sqlite() {
-    equivalence(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn the_report_from_rollups_equals_the_report_from_every_task_on_postgresql() {
-    let Some(db) = TestDb::postgres() else { return };
-    equivalence(db).await;
-}
+on_both_backends!(the_report_from_rollups_equals_the_report_from_every_task => equivalence);
 
 #[actix_web::test]
 async fn bad_parameters_are_refused_with_the_envelope() {
@@ -708,20 +695,7 @@ async fn run_cost_counter(db: TestDb) {
     assert_eq!(now_series, kept);
 }
 
-#[actix_web::test]
-async fn the_recorded_run_cost_is_a_prometheus_counter_on_sqlite() {
-    run_cost_counter(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn the_recorded_run_cost_is_a_prometheus_counter_on_postgresql() {
-    let Some(db) = TestDb::postgres() else { return };
-    run_cost_counter(db).await;
-}
+on_both_backends!(the_recorded_run_cost_is_a_prometheus_counter => run_cost_counter);
 
 /// The summary's total and the top task's (title, state) of a report answer.
 fn total_and_top(body: &Value) -> (Value, Value, Value) {
@@ -798,20 +772,7 @@ async fn kept_report(db: TestDb) {
     );
 }
 
-#[actix_web::test]
-async fn a_kept_report_is_served_until_a_write_feeds_it_on_sqlite() {
-    kept_report(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn a_kept_report_is_served_until_a_write_feeds_it_on_postgresql() {
-    let Some(db) = TestDb::postgres() else { return };
-    kept_report(db).await;
-}
+on_both_backends!(a_kept_report_is_served_until_a_write_feeds_it => kept_report);
 
 /// Revision rounds through the persistence write paths (feedback → queued → a revision run →
 /// the pull request again), then the merge or the close: `outcomes.revisionCost` and
@@ -907,17 +868,4 @@ async fn revision_outcomes(db: TestDb) {
     assert_eq!(outcome_columns(&db.db), maintained);
 }
 
-#[actix_web::test]
-async fn revision_cost_and_rounds_per_merged_pull_request_on_sqlite() {
-    revision_outcomes(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn revision_cost_and_rounds_per_merged_pull_request_on_postgresql() {
-    let Some(db) = TestDb::postgres() else { return };
-    revision_outcomes(db).await;
-}
+on_both_backends!(revision_cost_and_rounds_per_merged_pull_request => revision_outcomes);

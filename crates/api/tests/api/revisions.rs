@@ -3,11 +3,11 @@
 //! 127.0.0.1 serves reviews, comments, review comments, reactions and permissions; a local
 //! bare repository is the clone URL; the real `git` pushes.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common;
-use crate::common::call;
 use crate::common::env::json_req;
+use crate::common::{PATIENCE, call, on_both_backends};
 use crate::runs::{NAME, OWNER, Rig, state_of, wait_for};
 use actix_http::Request;
 use actix_web::test::TestRequest;
@@ -18,34 +18,8 @@ use agentry_persistence::test_support::TestDb;
 use agentry_service::revisions::{self, RevisionSettings};
 use agentry_service::{codehost, tracking};
 use agentry_testkit::git::git;
+use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
-
-/// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
-/// reported ignored, where the suite has no server), as `$name::sqlite` and
-/// `$name::postgres`.
-macro_rules! on_both_backends {
-    ($name:ident) => {
-        mod $name {
-            use agentry_persistence::test_support::TestDb;
-
-            #[actix_web::test]
-            async fn sqlite() {
-                super::$name(TestDb::sqlite()).await;
-            }
-
-            #[actix_web::test]
-            #[cfg_attr(
-                agentry_pg_skipped,
-                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-            )]
-            async fn postgres() {
-                if let Some(db) = TestDb::postgres() {
-                    super::$name(db).await;
-                }
-            }
-        }
-    };
-}
 
 const SECRET: &str = "whsec-revisions-shared-secret";
 
@@ -76,15 +50,6 @@ fn delivery(event: &str, id: &str, body: &Value) -> Request {
         .insert_header(("X-Hub-Signature-256", sign(SECRET.as_bytes(), &body)))
         .set_payload(body)
         .to_request()
-}
-
-/// Polls `check` until it holds (at most 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn runs_of(task: &Value) -> &Vec<Value> {
@@ -195,7 +160,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
         payloads::pull_request_review_submitted(&rig.env.fake, OWNER, NAME, number, review);
     let (status, body) = call(&app, delivery("pull_request_review", "d-1", &payload)).await;
     assert!(status == 200 || status == 202, "{status} {body}");
-    eventually("the feedback recorded", async || {
+    eventually_async(PATIENCE, "the feedback recorded", async || {
         task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
     })
     .await;
@@ -429,7 +394,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
     tracking::poll_pull_requests(&rig.state.service)
         .await
         .unwrap();
-    eventually("the feedback recorded", async || {
+    eventually_async(PATIENCE, "the feedback recorded", async || {
         task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
     })
     .await;
@@ -443,7 +408,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
             call(&app, delivery("issue_comment", &format!("r-{n}"), &payload)).await;
         assert!(status < 300, "{status} {body}");
     }
-    eventually("the burst recorded", async || {
+    eventually_async(PATIENCE, "the burst recorded", async || {
         task!(app, rig, id)["feedback"].as_array().unwrap().len() == 3
     })
     .await;
@@ -581,7 +546,7 @@ async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) 
         json!({"reviseOnAgentReview": true, "maxRevisions": 1})
     );
     let (id, _number) = open_pull!(app, rig, "Handle errors");
-    eventually("the agent review's feedback", async || {
+    eventually_async(PATIENCE, "the agent review's feedback", async || {
         task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
     })
     .await;

@@ -9,13 +9,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::common::env::{Env, bare, json_req};
-use crate::common::{call, code_host_with, get, test_timing};
+use crate::common::{PATIENCE, call, code_host_with, get, on_both_backends, test_timing};
 use actix_web::web;
 use agentry_api::state::AppState;
 use agentry_fake_github::Fault;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::runs::{RunSettings, Runs};
 use agentry_testkit::git::{git, source_repo};
+use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -122,19 +123,16 @@ where
         >,
     B: actix_web::body::MessageBody,
 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually_async(PATIENCE, what, async || {
         let (status, task) = call(app, get(&format!("/api/tasks/{id}"), token)).await;
         assert_eq!(status, 200, "{task}");
         if done(&task) {
-            return task;
+            Ok(task)
+        } else {
+            Err(format!("{task:#}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {task:#}"
-        );
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 pub(crate) fn state_of(task: &Value) -> &str {
@@ -344,21 +342,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     assert!(left.is_empty(), "{left:?}");
 }
 
-#[actix_web::test]
-async fn issue_to_merged_pull_request_sqlite() {
-    issue_to_merged_pull_request(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn issue_to_merged_pull_request_postgres() {
-    if let Some(db) = TestDb::postgres() {
-        issue_to_merged_pull_request(db).await;
-    }
-}
+on_both_backends!(issue_to_merged_pull_request);
 
 /// An issue titled "fixes #7 and Closes acme/web#8": the commit message and the pull
 /// request's title carry the title with its closing keywords broken, so merging closes no
@@ -493,14 +477,10 @@ async fn cancel_while_running_kills_the_process_group() {
     let id = manual_task(&app, &rig, "Take long [fake:sleep=60]").await;
     wait_for(&app, &t, &id, "running", |t| state_of(t) == "running").await;
     let home = rig.run_dir(&id, 1).join("home");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !home.join("child.pid").exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the agent never started its child"
-        );
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(Duration::from_secs(20), "the agent's child", async || {
+        home.join("child.pid").exists()
+    })
+    .await;
     // The agent and its `sleep` child (pids in the files differ inside a sandbox, so they
     // are found by their HOME).
     let home_var = format!("HOME={}", home.display());
@@ -854,16 +834,20 @@ async fn runs_are_limited_to_the_concurrency_setting() {
             .filter(|s| *s == "provisioning" || *s == "running")
             .count()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let now = states().await;
-        assert!(working(&now) <= max_concurrent, "{now:?}");
-        if now.iter().all(|s| s == "pr_opened") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not all finished: {now:?}");
-        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        Duration::from_secs(60),
+        "all four pull requests",
+        async || {
+            let now = states().await;
+            assert!(working(&now) <= max_concurrent, "{now:?}");
+            if now.iter().all(|s| s == "pr_opened") {
+                Ok(())
+            } else {
+                Err(format!("{now:?}"))
+            }
+        },
+    )
+    .await;
     assert_eq!(rig.env.fake.pulls(OWNER, NAME).len(), 4);
 
     let intervals: Vec<(u128, u128)> = ids.iter().map(|id| agent_interval(&rig, id)).collect();
@@ -1167,21 +1151,7 @@ async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
     assert_eq!(args[budget + 1], "1", "{args:?}");
 }
 
-#[actix_web::test]
-async fn a_monthly_budget_stops_spending_at_its_line_sqlite() {
-    a_monthly_budget_stops_spending_at_its_line(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn a_monthly_budget_stops_spending_at_its_line_postgres() {
-    if let Some(db) = TestDb::postgres() {
-        a_monthly_budget_stops_spending_at_its_line(db).await;
-    }
-}
+on_both_backends!(a_monthly_budget_stops_spending_at_its_line);
 
 /// A Codex repository with a $0.02 monthly budget: Codex has no budget option, so agentry
 /// prices each model call Codex records in its session file and stops the run after the
@@ -1246,18 +1216,4 @@ async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
     );
 }
 
-#[actix_web::test]
-async fn a_codex_run_is_stopped_at_its_allowance_sqlite() {
-    a_codex_run_is_stopped_at_its_allowance(TestDb::sqlite()).await;
-}
-
-#[actix_web::test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-async fn a_codex_run_is_stopped_at_its_allowance_postgres() {
-    if let Some(db) = TestDb::postgres() {
-        a_codex_run_is_stopped_at_its_allowance(db).await;
-    }
-}
+on_both_backends!(a_codex_run_is_stopped_at_its_allowance);

@@ -19,6 +19,7 @@ use agentry_persistence::tasks;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::codehost;
 use agentry_service::tracking;
+use agentry_testkit::wait::eventually_async;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -443,12 +444,10 @@ async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
     .await;
     assert_eq!((status, reply), (200, json!({ "ok": true })));
     // The sync runs after the answer.
-    let mut waited = 0;
-    while env.count("tasks") == 0 {
-        assert!(waited < 100, "no task after the webhook");
-        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-        waited += 1;
-    }
+    eventually_async(PATIENCE, "a task after the webhook", async || {
+        env.count("tasks") > 0
+    })
+    .await;
     let view = agentry_persistence::issues::open_issues(&mut env.db().conn().unwrap(), Some(repo))
         .unwrap();
     assert_eq!(view.len(), 1);
@@ -579,15 +578,15 @@ async fn of_two_pollers_on_one_postgresql_only_one_polls() {
         sent.sort_unstable();
         sent
     };
-    let deadline = started + Duration::from_secs(30);
-    while sent().await.iter().sum::<u64>() < 5 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no 5 polls within 30 s: {:?}",
-            sent().await
-        );
-        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(PATIENCE, "5 polls", async || {
+        let sent = sent().await;
+        if sent.iter().sum::<u64>() >= 5 {
+            Ok(())
+        } else {
+            Err(format!("{sent:?}"))
+        }
+    })
+    .await;
     for l in loops {
         l.abort();
     }

@@ -1,7 +1,7 @@
 //! A test environment for the code-host capability: the fake GitHub on 127.0.0.1 with a
 //! token and the repository `acme/web`, a database, one API token per role, and application
 //! state pointed at the fake.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code)]
 
 use actix_http::Request;
 use actix_web::test::TestRequest;

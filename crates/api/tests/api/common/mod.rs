@@ -1,6 +1,6 @@
 //! A test instance of the API: the real application over a fresh database, with one token
 //! of each role.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code)]
 
 pub mod env;
 
@@ -23,6 +23,41 @@ use agentry_service::runs::Runs;
 use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
+
+/// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
+/// reported ignored, where the suite has no server), as `$name::sqlite` and
+/// `$name::postgres`; `on_both_backends!(test_name => function)` names the pair
+/// `test_name` instead.
+macro_rules! on_both_backends {
+    ($name:ident) => {
+        $crate::common::on_both_backends!($name => $name);
+    };
+    ($test:ident => $name:ident) => {
+        mod $test {
+            use agentry_persistence::test_support::TestDb;
+
+            #[actix_web::test]
+            async fn sqlite() {
+                super::$name(TestDb::sqlite()).await;
+            }
+
+            #[actix_web::test]
+            #[cfg_attr(
+                agentry_pg_skipped,
+                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+            )]
+            async fn postgres() {
+                if let Some(db) = TestDb::postgres() {
+                    super::$name(db).await;
+                }
+            }
+        }
+    };
+}
+pub(crate) use on_both_backends;
+
+/// How long a test waits for something the service does in the background.
+pub const PATIENCE: Duration = Duration::from_secs(30);
 
 pub struct Tokens {
     pub admin: String,
