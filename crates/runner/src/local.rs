@@ -43,7 +43,7 @@ use crate::network::{self, Network, RunInfo, RunMeter};
 use crate::process::{self, Ended, Limits, OutputSink};
 use crate::sandbox::{self, Sandbox, SandboxMode};
 use crate::version;
-use crate::workspace::{Workspaces, Worktree};
+use crate::workspace::{GitSandbox, Workspaces, Worktree};
 use crate::{AgentOutcome, PriceTable, RunReport};
 
 /// The longest diff summary a revision's prompt gets.
@@ -148,7 +148,14 @@ impl LocalRunner {
                  (processes, open files, file size, memory)"
             );
         }
-        let workspaces = Workspaces::new(config.root.join("workspaces"));
+        // The git steps that read what the agent wrote run in a sandbox like the agent's.
+        let git_sandbox = GitSandbox {
+            sandbox: config.sandbox.clone(),
+            data_dir: config.root.clone(),
+            forwarder: runner_forwarder.map(<[String]>::to_vec),
+        };
+        let workspaces =
+            Workspaces::new(config.root.join("workspaces")).with_git_sandbox(git_sandbox);
         LocalRunner {
             config,
             workspaces,

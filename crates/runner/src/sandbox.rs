@@ -68,6 +68,7 @@ use tokio::sync::OnceCell;
 
 use crate::process::{AgentCommand, PassedFd, StopTarget};
 
+pub(crate) mod git_jail;
 pub mod seccomp;
 
 /// The options of the probe of `bwrap` (after [`BASE_ARGS`]): a network namespace, as a

@@ -5,7 +5,7 @@
 //! ```text
 //! mirrors/<repo key>.git   one bare clone per repository, fetched before each run
 //! worktrees/<task id>      the worktree of a task's run, removed afterwards
-//! indexes/<task id>        the index of a task's commit, made after the agent
+//! indexes/<task id>/index  the index of a task's commit, made after the agent
 //! git-home/                HOME of every git process (empty; git reads no user config)
 //! ```
 //!
@@ -44,6 +44,12 @@
 //!   agent-written repository's configuration, filters included.
 //! - The commit's index never holds a gitlink while `add --all` runs: the base's gitlinks
 //!   are taken out before and put back as they were after, so submodules stay the base's.
+//! - With sandboxed agents ([`Workspaces::with_git_sandbox`]), the steps that read what the
+//!   agent wrote (`read-tree`, `update-index`, `add`, `write-tree`, `commit-tree`) run in a
+//!   bubblewrap sandbox of their own, as confined as the agent was and without any network:
+//!   the worktree read-only, only the mirror's `objects/` and the task's own index directory
+//!   writable (docs/security.md#git-after-the-agent). The steps that carry the token
+//!   (`fetch`, `ls-remote`, `push`) never read the worktree: they work on the mirror alone.
 //! - Before the commit and before the push, the worktree's `.git` must be exactly what
 //!   `git worktree add` wrote, and the mirror's `config` exactly the fixed text agentry
 //!   writes; otherwise the run fails with [`GitError::Tampered`] and nothing is committed
@@ -80,8 +86,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
+use command_fds::{CommandFdExt, FdMapping};
 use tokio::process::Command;
 use uuid::Uuid;
+
+use crate::sandbox::Sandbox;
+use crate::sandbox::git_jail::{GitJail, GitJailLayout, JailedCommand};
 
 /// Time limit of git commands that talk to the remote (clone, fetch, push).
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -347,6 +357,21 @@ fn clone_protocol(url: &str, repo_host: &str, allow_local: bool) -> Result<&'sta
 pub struct Workspaces {
     root: PathBuf,
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    /// Where the git steps after the agent run ([`Workspaces::with_git_sandbox`]).
+    git_sandbox: Option<Arc<GitSandbox>>,
+}
+
+/// The sandbox of the git steps that read what the agent wrote (`read-tree`, `add`,
+/// `write-tree`, `commit-tree`; docs/security.md#git-after-the-agent): the agents' own
+/// settings. In [`crate::sandbox::SandboxMode::Off`] those steps run as plain processes.
+#[derive(Debug, Clone)]
+pub struct GitSandbox {
+    /// The agents' sandbox (mode, `bwrap`, limits, extra read-only paths, seccomp).
+    pub sandbox: Sandbox,
+    /// The data directory, hidden in the sandbox but for the run's own paths.
+    pub data_dir: PathBuf,
+    /// The forwarder that sets the agents' rlimits (`agentry sandbox-net`), if any.
+    pub forwarder: Option<Vec<String>>,
 }
 
 /// A task's checked-out worktree.
@@ -363,6 +388,9 @@ pub struct Worktree {
     meta: PathBuf,
     /// The content of `<path>/.git` as `git worktree add` wrote it.
     dot_git: Vec<u8>,
+    /// The directory of the task's own index (`indexes/<task id>`).
+    index_dir: PathBuf,
+    /// The index file in it.
     index: PathBuf,
     branch: Option<String>,
     base_commit: String,
@@ -370,6 +398,7 @@ pub struct Worktree {
     lock: Arc<tokio::sync::Mutex<()>>,
     /// A revision's worktree: its push is a fast-forward of the branch, never a force.
     fast_forward: bool,
+    git_sandbox: Option<Arc<GitSandbox>>,
 }
 
 impl Workspaces {
@@ -378,6 +407,16 @@ impl Workspaces {
         Workspaces {
             root: root.into(),
             locks: Mutex::new(HashMap::new()),
+            git_sandbox: None,
+        }
+    }
+
+    /// These workspaces with the git steps after the agent run in a sandbox like the
+    /// agent's ([`GitSandbox`]), when its mode sandboxes agents.
+    pub fn with_git_sandbox(self, git_sandbox: GitSandbox) -> Self {
+        Workspaces {
+            git_sandbox: Some(Arc::new(git_sandbox)),
+            ..self
         }
     }
 
@@ -470,7 +509,8 @@ impl Workspaces {
         }
         let mirror = self.root.join("mirrors").join(format!("{}.git", repo.key));
         let path = self.root.join("worktrees").join(task_id.to_string());
-        let index = self.root.join("indexes").join(task_id.to_string());
+        let index_dir = self.root.join("indexes").join(task_id.to_string());
+        let index = index_dir.join("index");
         let lock = self.lock_of(&mirror);
         let _held = lock.lock().await;
         if !mirror.join("HEAD").exists() {
@@ -504,7 +544,7 @@ impl Workspaces {
         .await?;
         // What a crashed earlier attempt of this task left behind.
         remove_path(&path).await?;
-        remove_path(&index).await?;
+        remove_path(&index_dir).await?;
         remove_path(&mirror.join("worktrees").join(task_id.to_string())).await?;
         let git_dir = git_dir_arg(&mirror)?;
         git.run(
@@ -560,12 +600,14 @@ impl Workspaces {
             path,
             meta,
             dot_git,
+            index_dir,
             index,
             branch,
             base_commit,
             committed: Mutex::new(None),
             lock,
             fast_forward: false,
+            git_sandbox: self.git_sandbox.clone(),
         })
     }
 }
@@ -630,9 +672,16 @@ impl Worktree {
         // First of all, before anything (git included) reads a file the agent wrote.
         self.check_no_nested_repository().await?;
         self.check_untampered().await?;
-        remove_path(&self.index).await?;
+        remove_path(&self.index_dir).await?;
+        tokio::fs::create_dir_all(&self.index_dir)
+            .await
+            .map_err(|e| {
+                GitError::Io(format!("cannot create {}: {e}", self.index_dir.display()))
+            })?;
+        let jail = self.git_jail().await?;
+        let jail = jail.as_ref();
         let result = async {
-            self.with_index(&["read-tree", &self.base_commit], &self.mirror)
+            self.with_index(jail, &["read-tree", &self.base_commit], &self.mirror)
                 .await?;
             // Submodules are the base's, whatever the agent did: `add` never sees a gitlink
             // (so it never runs git inside a submodule's directory), and the base's are put
@@ -640,25 +689,27 @@ impl Worktree {
             let gitlinks = self.base_gitlinks().await?;
             for (_, path) in &gitlinks {
                 self.with_index(
+                    jail,
                     &["update-index", "--force-remove", "--", path],
                     &self.mirror,
                 )
                 .await?;
             }
-            self.with_index(&["add", "--all"], &self.path).await?;
+            self.with_index(jail, &["add", "--all"], &self.path).await?;
             for (sha, path) in &gitlinks {
                 let entry = format!("{GITLINK_MODE},{sha},{path}");
                 self.with_index(
+                    jail,
                     &["update-index", "--add", "--replace", "--cacheinfo", &entry],
                     &self.mirror,
                 )
                 .await?;
             }
-            let tree = self.with_index(&["write-tree"], &self.mirror).await?;
+            let tree = self.with_index(jail, &["write-tree"], &self.mirror).await?;
             let tree = tree.trim();
             let base_tree = format!("{}^{{tree}}", self.base_commit);
             let base_tree = self
-                .with_index(&["rev-parse", "--verify", &base_tree], &self.mirror)
+                .with_index(jail, &["rev-parse", "--verify", &base_tree], &self.mirror)
                 .await?;
             if tree == base_tree.trim() {
                 return Ok(None);
@@ -670,6 +721,7 @@ impl Worktree {
             );
             let commit = self
                 .with_index(
+                    jail,
                     &["commit-tree", tree, "-p", &self.base_commit, "-m", &message],
                     &self.mirror,
                 )
@@ -677,7 +729,7 @@ impl Worktree {
             Ok(Some(commit.trim().to_owned()))
         }
         .await;
-        let _ = remove_path(&self.index).await;
+        let _ = remove_path(&self.index_dir).await;
         let commit = result?;
         *self
             .committed
@@ -748,14 +800,64 @@ impl Worktree {
     }
 
     /// Runs a local git command on the mirror and the worktree's files, with the task's own
-    /// index file (never the worktree's), from `cwd`.
-    async fn with_index(&self, args: &[&str], cwd: &Path) -> Result<String, GitError> {
+    /// index file (never the worktree's), from `cwd`: in `jail` when there is one.
+    async fn with_index(
+        &self,
+        jail: Option<&GitJail>,
+        args: &[&str],
+        cwd: &Path,
+    ) -> Result<String, GitError> {
         let git_dir = git_dir_arg(&self.mirror)?;
         let work_tree = format!("--work-tree={}", path_str(&self.path)?);
         let mut full = vec![git_dir.as_str(), work_tree.as_str()];
         full.extend_from_slice(args);
         let env = [("GIT_INDEX_FILE", path_str(&self.index)?.to_owned())];
-        self.git.run(cwd, &full, &env, LOCAL_TIMEOUT).await
+        match jail {
+            None => self.git.run(cwd, &full, &env, LOCAL_TIMEOUT).await,
+            Some(jail) => {
+                let jailed = jail
+                    .command(cwd)
+                    .map_err(|e| GitError::Io(format!("cannot sandbox git: {e}")))?;
+                self.git
+                    .run_jailed(jailed, &self.root, &full, &env, LOCAL_TIMEOUT)
+                    .await
+            }
+        }
+    }
+
+    /// The sandbox of the git steps after the agent, `None` when agents run unsandboxed.
+    async fn git_jail(&self) -> Result<Option<GitJail>, GitError> {
+        let Some(settings) = &self.git_sandbox else {
+            return Ok(None);
+        };
+        let unavailable = |e: String| GitError::Io(format!("cannot sandbox git: {e}"));
+        let Some((bwrap, features)) = settings.sandbox.probed().await.map_err(unavailable)? else {
+            return Ok(None);
+        };
+        // The agents' seccomp filter, when they get one.
+        let seccomp = if settings.sandbox.seccomp() {
+            crate::sandbox::seccomp::program().ok()
+        } else {
+            None
+        };
+        let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+        GitJail::new(
+            &bwrap,
+            features,
+            settings.sandbox.limits(),
+            settings.sandbox.extra_ro(),
+            settings.forwarder.as_deref(),
+            seccomp,
+            &path,
+            GitJailLayout {
+                root: &settings.data_dir,
+                mirror: &self.mirror,
+                worktree: &self.path,
+                index_dir: &self.index_dir,
+            },
+        )
+        .map(Some)
+        .map_err(unavailable)
     }
 
     /// Pushes the commit of [`Worktree::commit_all`] from the mirror to the task's branch at
@@ -891,7 +993,7 @@ impl Worktree {
         let _held = self.lock.lock().await;
         remove_path(&self.path).await?;
         remove_path(&self.meta).await?;
-        remove_path(&self.index).await?;
+        remove_path(&self.index_dir).await?;
         let git_dir = git_dir_arg(&self.mirror)?;
         let root = self.root();
         self.git
@@ -1118,6 +1220,8 @@ struct Git {
 }
 
 impl Git {
+    /// Runs git with `args` from `cwd`, with `env` on top of the clean environment, within
+    /// `limit`; its stdout.
     async fn run(
         &self,
         cwd: &Path,
@@ -1125,14 +1229,56 @@ impl Git {
         env: &[(&str, String)],
         limit: Duration,
     ) -> Result<String, GitError> {
-        let shown = args.join(" ");
         let mut command = Command::new("git");
+        command.current_dir(cwd);
+        self.finish(command, args, env, limit).await
+    }
+
+    /// [`Git::run`] inside the sandbox `jailed` (it names its working directory), started
+    /// from `outside` (any directory of the service).
+    async fn run_jailed(
+        &self,
+        jailed: JailedCommand,
+        outside: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+        limit: Duration,
+    ) -> Result<String, GitError> {
+        let mut command = Command::new(&jailed.program);
+        command.args(&jailed.args).current_dir(outside);
+        if let Some(passed) = &jailed.pass_fd {
+            // As for an agent (crate::process): a duplicate at the original's number, in
+            // the child only.
+            let duplicate = passed
+                .0
+                .try_clone()
+                .map_err(|e| GitError::Io(format!("cannot pass the seccomp filter: {e}")))?;
+            command
+                .fd_mappings(vec![FdMapping {
+                    parent_fd: duplicate,
+                    child_fd: passed.number(),
+                }])
+                .map_err(|e| GitError::Io(format!("cannot pass the seccomp filter: {e}")))?;
+        }
+        self.finish(command, args, env, limit).await
+    }
+
+    /// Adds git's safe configuration, `args` and the clean environment to `command` (git
+    /// itself, or a sandbox whose command line ends with git), runs it and returns its
+    /// stdout.
+    async fn finish(
+        &self,
+        mut command: Command,
+        args: &[&str],
+        env: &[(&str, String)],
+        limit: Duration,
+    ) -> Result<String, GitError> {
+        let shown = args.join(" ");
         for config in SAFE_CONFIG {
             command.args(["-c", config]);
         }
         command
             .args(args)
-            .current_dir(cwd)
             .env_clear()
             .env(
                 "PATH",

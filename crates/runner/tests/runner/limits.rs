@@ -140,13 +140,16 @@ async fn a_process_bomb_stops_at_the_process_limit() {
     let dir = rig.root.parent().unwrap();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Everything `nobody` runs must be reachable by it: the forwarder out of the target
-    // directory (under root's HOME), and `bwrap` through `setpriv`.
+    // directory (under root's HOME), and `bwrap` through `setpriv`. The runner's own git
+    // steps after the agent (their command line names `--work-tree=`) run in their sandbox
+    // as the service, as they would for a service that runs its agents as another user.
     let forwarder = dir.join("agentry-sandbox-net");
     std::fs::copy(FORWARDER, &forwarder).unwrap();
     let bwrap = dir.join("bwrap-as-nobody");
     std::fs::write(
         &bwrap,
-        "#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/bwrap \"$@\"\n",
+        "#!/bin/sh\ncase \"$*\" in *--work-tree=*) exec /usr/bin/bwrap \"$@\";; esac\n\
+         exec setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/bwrap \"$@\"\n",
     )
     .unwrap();
     std::fs::set_permissions(&bwrap, std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -1,0 +1,371 @@
+//! The sandbox of the runner's own git steps after the agent (docs/security.md#git-after-the-agent).
+//!
+//! After an agent, the runner builds the commit from the worktree the agent wrote:
+//! `read-tree`, `update-index`, `add --all`, `write-tree`, `commit-tree`. Those steps read
+//! agent-written files, so whatever git could be made to execute because of them (a filter,
+//! a nested repository's configuration, a bug in git's parsing) must be as confined as the
+//! agent was. In a sandboxed runner they run in a `bwrap` sandbox of their own:
+//!
+//! - the same system allow-list as an agent (`/usr`, `/bin`…, the needed `/etc` entries,
+//!   `AGENTRY_SANDBOX_EXTRA_RO`), the data directory and `/run` hidden by empty read-only
+//!   tmpfs, a small writable `/tmp`;
+//! - **no network at all** (`--unshare-net` and nothing listening: none of these steps needs
+//!   the remote, so no token is ever in reach; fetch and push run outside and never read the
+//!   worktree);
+//! - the worktree **read-only**; the repository's mirror read-only except its `objects/`
+//!   (where `add` and `commit-tree` write); the task's own index directory writable; the
+//!   mirror's `worktrees/` hidden;
+//! - the agent's namespaces, `--cap-drop ALL`, a new session, the seccomp filter and the
+//!   rlimits (through the forwarder, when the runner has one).
+//!
+//! The commands keep their paths (every mount is at its own path), so a command line is the
+//! same inside and outside.
+
+use std::path::{Path, PathBuf};
+
+use super::{
+    AgentLimits, BASE_ARGS, BwrapFeatures, SANDBOX_RUN, bind_program, feature_args,
+    resolve_program, seccomp_pipe, system_mounts,
+};
+use crate::process::PassedFd;
+
+/// What a jailed git step may touch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GitJailLayout<'a> {
+    /// The data directory (hidden but for the paths below).
+    pub root: &'a Path,
+    /// The repository's bare mirror (read-only but its `objects/`).
+    pub mirror: &'a Path,
+    /// The worktree the agent wrote (read-only).
+    pub worktree: &'a Path,
+    /// The directory of the task's own index file (writable).
+    pub index_dir: &'a Path,
+}
+
+/// How to start git in a sandbox of its own: `bwrap` and the options before the command.
+#[derive(Debug, Clone)]
+pub(crate) struct GitJail {
+    bwrap: PathBuf,
+    /// `bwrap`'s options up to `--chdir`, without `--seccomp` (a pipe is read once: each
+    /// command gets its own, see [`GitJail::command`]).
+    mounts: Vec<String>,
+    /// The forwarder's command line up to the jailed command (it sets the rlimits), if any.
+    forwarder: Vec<String>,
+    /// The git executable, by its absolute path.
+    git: PathBuf,
+    /// The seccomp filter, if the agents get one.
+    seccomp: Option<Vec<u8>>,
+}
+
+/// One jailed git command: run `program` with `args` (the git arguments appended by the
+/// caller), giving it `pass_fd`.
+#[derive(Debug)]
+pub(crate) struct JailedCommand {
+    /// `bwrap`.
+    pub program: PathBuf,
+    /// Everything up to and including the git executable.
+    pub args: Vec<String>,
+    /// The seccomp filter's pipe, to be passed at its own number.
+    pub pass_fd: Option<PassedFd>,
+}
+
+impl GitJail {
+    /// The jail for `layout`, with what the agents get: `features` of the probed `bwrap`,
+    /// `limits`, `extra_ro`, the forwarder (for the rlimits) and the seccomp filter.
+    /// `path` is the `PATH` git is looked for on.
+    ///
+    /// # Errors
+    ///
+    /// A path that cannot be resolved or is not UTF-8, or a git inside the data directory.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the agent sandbox's settings, one by one"
+    )]
+    pub(crate) fn new(
+        bwrap: &Path,
+        features: BwrapFeatures,
+        limits: AgentLimits,
+        extra_ro: &[PathBuf],
+        forwarder: Option<&[String]>,
+        seccomp: Option<Vec<u8>>,
+        path: &str,
+        layout: GitJailLayout<'_>,
+    ) -> Result<GitJail, String> {
+        let canonical = |path: &Path| {
+            std::fs::canonicalize(path)
+                .map_err(|e| format!("cannot resolve {}: {e}", path.display()))
+        };
+        let text = |path: &Path| {
+            path.to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("the path {} is not valid UTF-8", path.display()))
+        };
+        let root = canonical(layout.root)?;
+        if root.parent().is_none() {
+            return Err("the data directory cannot be the root directory".to_owned());
+        }
+        let mirror = canonical(layout.mirror)?;
+        let worktree = canonical(layout.worktree)?;
+        let index_dir = canonical(layout.index_dir)?;
+        let env = [("PATH".to_owned(), path.to_owned())];
+        let (system, visible) = system_mounts(&root, extra_ro);
+        let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", SANDBOX_RUN]
+            .into_iter()
+            .map(PathBuf::from)
+            .chain(std::iter::once(root.clone()))
+            .collect();
+        tmpfs.sort_by_key(|p| p.components().count());
+        tmpfs.dedup();
+        let git = resolve_program(Path::new("git"), &env)
+            .map_err(|e| format!("git for the commit: {e}"))?;
+        let mut binds = Vec::new();
+        bind_program("git", &git, &env, &root, &visible, &tmpfs, &mut binds)?;
+        let forwarder = match forwarder {
+            None => Vec::new(),
+            Some(command) => {
+                let (first, leading) = command
+                    .split_first()
+                    .ok_or_else(|| "the forwarder's command is empty".to_owned())?;
+                let program = resolve_program(Path::new(first), &env)
+                    .map_err(|e| format!("the forwarder: {e}"))?;
+                bind_program(
+                    "the forwarder",
+                    &program,
+                    &env,
+                    &root,
+                    &visible,
+                    &tmpfs,
+                    &mut binds,
+                )?;
+                let mut line = vec![text(&program)?];
+                line.extend(leading.iter().cloned());
+                line.extend(limits.rlimit_args());
+                line.push("--".to_owned());
+                line
+            }
+        };
+
+        let mut mounts: Vec<String> = BASE_ARGS
+            .iter()
+            .chain(feature_args(features))
+            .map(|a| (*a).to_owned())
+            .collect();
+        mounts.push("--unshare-net".to_owned());
+        for (option, source, dest) in &system {
+            mounts.extend([(*option).to_owned(), text(source)?, text(dest)?]);
+        }
+        for dir in &tmpfs {
+            if dir == Path::new("/tmp") && features.tmpfs_size {
+                mounts.extend(["--size".to_owned(), limits.tmp_bytes.to_string()]);
+            }
+            mounts.extend(["--tmpfs".to_owned(), text(dir)?]);
+        }
+        for path in &binds {
+            let path = text(path)?;
+            mounts.extend(["--ro-bind".to_owned(), path.clone(), path]);
+        }
+        let hidden = mirror.join("worktrees");
+        let objects = text(&mirror.join("objects"))?;
+        let mirror_text = text(&mirror)?;
+        let worktree = text(&worktree)?;
+        let index_dir = text(&index_dir)?;
+        mounts.extend([
+            "--ro-bind".to_owned(),
+            mirror_text.clone(),
+            mirror_text,
+            "--bind".to_owned(),
+            objects.clone(),
+            objects,
+            "--ro-bind".to_owned(),
+            worktree.clone(),
+            worktree,
+            "--bind".to_owned(),
+            index_dir.clone(),
+            index_dir,
+        ]);
+        if hidden.is_dir() {
+            mounts.extend(["--tmpfs".to_owned(), text(&hidden)?]);
+            mounts.extend(["--remount-ro".to_owned(), text(&hidden)?]);
+        }
+        for dir in &tmpfs {
+            if dir != Path::new("/tmp") {
+                mounts.extend(["--remount-ro".to_owned(), text(dir)?]);
+            }
+        }
+        mounts.extend(["--remount-ro".to_owned(), "/".to_owned()]);
+        Ok(GitJail {
+            bwrap: bwrap.to_owned(),
+            mounts,
+            forwarder,
+            git,
+            seccomp,
+        })
+    }
+
+    /// The command line that runs git in the jail from `cwd` (a path the jail shows: the
+    /// mirror, the worktree or the index directory); the caller appends git's arguments.
+    ///
+    /// # Errors
+    ///
+    /// `cwd` not UTF-8, or the seccomp filter's pipe could not be made.
+    pub(crate) fn command(&self, cwd: &Path) -> Result<JailedCommand, String> {
+        let mut args = self.mounts.clone();
+        let pass_fd = match &self.seccomp {
+            None => None,
+            Some(program) => {
+                let passed = seccomp_pipe(program)?;
+                args.extend(["--seccomp".to_owned(), passed.number().to_string()]);
+                Some(passed)
+            }
+        };
+        let cwd = cwd
+            .to_str()
+            .ok_or_else(|| format!("the path {} is not valid UTF-8", cwd.display()))?;
+        args.extend(["--chdir".to_owned(), cwd.to_owned(), "--".to_owned()]);
+        args.extend(self.forwarder.iter().cloned());
+        let git = self
+            .git
+            .to_str()
+            .ok_or_else(|| format!("the path {} is not valid UTF-8", self.git.display()))?;
+        args.push(git.to_owned());
+        Ok(JailedCommand {
+            program: self.bwrap.clone(),
+            args,
+            pass_fd,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Sandbox, SandboxMode, mode_for_tests};
+    use command_fds::{CommandFdExt, FdMapping};
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    /// Runs `script` with `sh` as a git alias inside the jail (what git would run if
+    /// agent-written content could make it run a command) and returns what it printed.
+    fn run_in_jail(jail: &GitJail, cwd: &Path, script: &str) -> String {
+        let jailed = jail.command(cwd).unwrap();
+        let mut command = std::process::Command::new(&jailed.program);
+        command
+            .args(&jailed.args)
+            .args(["-c", &format!("alias.probe=!sh -c '{script}'"), "probe"])
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .stdin(std::process::Stdio::null());
+        if let Some(passed) = &jailed.pass_fd {
+            command
+                .fd_mappings(vec![FdMapping {
+                    parent_fd: passed.0.try_clone().unwrap(),
+                    child_fd: passed.number(),
+                }])
+                .unwrap();
+        }
+        let out = command.output().unwrap();
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        text
+    }
+
+    #[tokio::test]
+    async fn git_after_the_agent_sees_no_secret_no_network_and_writes_only_objects_and_its_index() {
+        if mode_for_tests() == SandboxMode::Off {
+            return;
+        }
+        let data = tempfile::TempDir::new().unwrap();
+        let root = data.path();
+        std::fs::write(root.join("master.key"), "the master key").unwrap();
+        let mirror = root.join("workspaces/mirrors/repo.git");
+        let worktree = root.join("workspaces/worktrees/task");
+        let index_dir = root.join("workspaces/indexes/task");
+        for dir in [
+            mirror.join("objects"),
+            mirror.join("worktrees/other"),
+            worktree.clone(),
+            index_dir.clone(),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
+        std::fs::write(mirror.join("worktrees/other/index"), "other").unwrap();
+        std::fs::write(worktree.join("file.txt"), "agent's file").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+
+        let sandbox = Sandbox::new(SandboxMode::Auto);
+        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
+        let jail = GitJail::new(
+            &bwrap,
+            features,
+            AgentLimits::default(),
+            &[],
+            None,
+            crate::sandbox::seccomp::program().ok(),
+            "/usr/local/bin:/usr/bin:/bin",
+            GitJailLayout {
+                root,
+                mirror: &mirror,
+                worktree: &worktree,
+                index_dir: &index_dir,
+            },
+        )
+        .unwrap();
+        let key = root.join("master.key");
+        let script = format!(
+            "cat {key} 2>/dev/null && echo READ-KEY; \
+             cat {worktree}/file.txt; echo; \
+             touch {worktree}/planted 2>/dev/null && echo WROTE-WORKTREE; \
+             echo x >> {config} 2>/dev/null && echo WROTE-CONFIG; \
+             ls {mirror}/worktrees; \
+             touch {objects}/ok && echo WROTE-OBJECTS; \
+             touch {index}/index && echo WROTE-INDEX; \
+             touch /tmp/ok && echo WROTE-TMP; \
+             grep -c : /proc/net/dev; \
+             curl -s -m 3 http://127.0.0.1:{port}/ >/dev/null 2>&1 || echo NO-NETWORK",
+            key = key.display(),
+            worktree = worktree.display(),
+            config = mirror.join("config").display(),
+            mirror = mirror.display(),
+            objects = mirror.join("objects").display(),
+            index = index_dir.display(),
+        );
+        let out = run_in_jail(&jail, &worktree, &script);
+        assert!(
+            !out.contains("READ-KEY") && !out.contains("the master key"),
+            "{out}"
+        );
+        assert!(out.contains("agent's file"), "{out}");
+        assert!(!out.contains("WROTE-WORKTREE"), "{out}");
+        assert!(!worktree.join("planted").exists());
+        assert!(!out.contains("WROTE-CONFIG"), "{out}");
+        assert!(
+            !out.contains("other"),
+            "another run's worktree entry is hidden: {out}"
+        );
+        assert!(
+            out.contains("WROTE-OBJECTS") && out.contains("WROTE-INDEX"),
+            "{out}"
+        );
+        assert!(out.contains("WROTE-TMP"), "{out}");
+        // `lo` alone: the header's two lines have no `:`.
+        assert!(out.lines().any(|l| l.trim() == "1"), "{out}");
+        assert!(out.contains("NO-NETWORK"), "{out}");
+        let mut buf = [0_u8; 1];
+        match listener.accept() {
+            Ok((mut stream, _)) => panic!(
+                "git's sandbox reached the host: {:?}",
+                stream.read(&mut buf)
+            ),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+        }
+        assert_eq!(
+            std::fs::read_to_string(mirror.join("config")).unwrap(),
+            "[core]\n\tbare = true\n"
+        );
+    }
+}
