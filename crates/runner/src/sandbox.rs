@@ -834,16 +834,7 @@ fn wrap_with_home(
     // The system the agent sees, read-only; every other path of the machine is absent
     // (the sandbox's root is an empty tmpfs, made read-only once its mount points exist).
     let (system, visible) = system_mounts(&root, layout.extra_ro);
-    // Empty tmpfs of their own, parents first: `/tmp` (writable), `/var/tmp`, `/run` and
-    // the data directory (read-only, holding only the run's mount points, even where it
-    // lies in `/tmp`).
-    let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", SANDBOX_RUN]
-        .into_iter()
-        .map(PathBuf::from)
-        .chain(std::iter::once(root.clone()))
-        .collect();
-    tmpfs.sort_by_key(|p| p.components().count());
-    tmpfs.dedup();
+    let tmpfs = hiding_tmpfs(&root);
     // Directories never bound whole for a program lying directly in one of them.
     let whole_refused: Vec<PathBuf> = tmpfs
         .iter()
@@ -913,29 +904,19 @@ fn wrap_with_home(
     if net_dir.is_some() {
         args.push("--unshare-net".to_owned());
     }
-    let text = |path: &Path| {
-        path.to_str()
-            .map(str::to_owned)
-            .ok_or_else(|| format!("the path {} is not valid UTF-8", path.display()))
-    };
-    for (option, source, dest) in &system {
-        args.extend([(*option).to_owned(), text(source)?, text(dest)?]);
-    }
-    for dir in &tmpfs {
-        if dir == Path::new("/tmp") && layout.features.tmpfs_size {
-            args.extend(["--size".to_owned(), layout.limits.tmp_bytes.to_string()]);
-        }
-        args.extend(["--tmpfs".to_owned(), text(dir)?]);
-    }
-    for path in &program_binds {
-        let path = text(path)?;
-        args.extend(["--ro-bind".to_owned(), path.clone(), path]);
-    }
+    push_system(
+        &mut args,
+        &system,
+        &tmpfs,
+        &program_binds,
+        layout.features,
+        layout.limits,
+    )?;
     if let Some(net_dir) = &net_dir {
         // In the `/run` tmpfs, which is made read-only below like every hiding tmpfs.
         args.extend([
             "--ro-bind".to_owned(),
-            text(net_dir)?,
+            utf8(net_dir)?,
             crate::network::SANDBOX_NET_DIR.to_owned(),
         ]);
     }
@@ -943,14 +924,14 @@ fn wrap_with_home(
     match git_dirs(&worktree, layout.mirror) {
         Some((mirror, gitdir)) => {
             let entries = mirror.join("worktrees");
-            let mirror = text(&mirror)?;
-            let gitdir = text(&gitdir)?;
+            let mirror = utf8(&mirror)?;
+            let gitdir = utf8(&gitdir)?;
             args.extend([
                 "--ro-bind".to_owned(),
                 mirror.clone(),
                 mirror,
                 "--tmpfs".to_owned(),
-                text(&entries)?,
+                utf8(&entries)?,
                 if layout.review { "--ro-bind" } else { "--bind" }.to_owned(),
                 gitdir.clone(),
                 gitdir,
@@ -963,17 +944,10 @@ fn wrap_with_home(
         ),
     }
     for dir in [&worktree, &home] {
-        let dir = text(dir)?;
+        let dir = utf8(dir)?;
         args.extend(["--bind".to_owned(), dir.clone(), dir]);
     }
-    // The tmpfs mounts (the root's too) read-only once the mount points in them exist
-    // (only `/tmp` stays writable), so nothing the agent writes there looks kept.
-    for dir in tmpfs.iter().chain(&hidden_git) {
-        if dir != Path::new("/tmp") {
-            args.extend(["--remount-ro".to_owned(), text(dir)?]);
-        }
-    }
-    args.extend(["--remount-ro".to_owned(), "/".to_owned()]);
+    push_remount_ro(&mut args, tmpfs.iter().chain(&hidden_git))?;
     let pass_fd = match layout.seccomp {
         None => None,
         Some(program) => {
@@ -982,9 +956,9 @@ fn wrap_with_home(
             Some(passed)
         }
     };
-    args.extend(["--chdir".to_owned(), text(&worktree)?, "--".to_owned()]);
+    args.extend(["--chdir".to_owned(), utf8(&worktree)?, "--".to_owned()]);
     if let Some((forwarder, leading)) = &forwarder {
-        args.push(text(forwarder)?);
+        args.push(utf8(forwarder)?);
         args.extend(leading.iter().cloned());
         args.extend(layout.limits.rlimit_args());
         if net_dir.is_some() {
@@ -993,7 +967,7 @@ fn wrap_with_home(
             args.push("--".to_owned());
         }
     }
-    args.push(text(&program)?);
+    args.push(utf8(&program)?);
     args.extend(cmd.args);
     Ok(AgentCommand {
         program: bwrap.to_owned(),
@@ -1004,6 +978,69 @@ fn wrap_with_home(
         stop: StopTarget::Sandbox,
         pass_fd,
     })
+}
+
+/// The empty tmpfs every sandbox gets, parents first: `/tmp` (writable), `/var/tmp`, `/run`
+/// and the data directory `root` (read-only, holding only the run's mount points, even where
+/// it lies in `/tmp`).
+fn hiding_tmpfs(root: &Path) -> Vec<PathBuf> {
+    let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", SANDBOX_RUN]
+        .into_iter()
+        .map(PathBuf::from)
+        .chain(std::iter::once(root.to_owned()))
+        .collect();
+    tmpfs.sort_by_key(|p| p.components().count());
+    tmpfs.dedup();
+    tmpfs
+}
+
+/// `path` as text for `bwrap`'s command line.
+fn utf8(path: &Path) -> Result<String, String> {
+    path.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("the path {} is not valid UTF-8", path.display()))
+}
+
+/// Adds the mounts every sandbox starts with: the `system` allow-list ([`system_mounts`]),
+/// the hiding `tmpfs` ([`hiding_tmpfs`]; `/tmp` sized by `limits` where `features` allow)
+/// and the programs' `binds`, read-only.
+fn push_system(
+    args: &mut Vec<String>,
+    system: &[(&'static str, PathBuf, PathBuf)],
+    tmpfs: &[PathBuf],
+    binds: &[PathBuf],
+    features: BwrapFeatures,
+    limits: AgentLimits,
+) -> Result<(), String> {
+    for (option, source, dest) in system {
+        args.extend([(*option).to_owned(), utf8(source)?, utf8(dest)?]);
+    }
+    for dir in tmpfs {
+        if dir == Path::new("/tmp") && features.tmpfs_size {
+            args.extend(["--size".to_owned(), limits.tmp_bytes.to_string()]);
+        }
+        args.extend(["--tmpfs".to_owned(), utf8(dir)?]);
+    }
+    for path in binds {
+        let path = utf8(path)?;
+        args.extend(["--ro-bind".to_owned(), path.clone(), path]);
+    }
+    Ok(())
+}
+
+/// Makes the tmpfs mounts `dirs` (but `/tmp`) and the root read-only, once the mount points
+/// in them exist, so nothing written there looks kept.
+fn push_remount_ro<'a>(
+    args: &mut Vec<String>,
+    dirs: impl Iterator<Item = &'a PathBuf>,
+) -> Result<(), String> {
+    for dir in dirs {
+        if dir != Path::new("/tmp") {
+            args.extend(["--remount-ro".to_owned(), utf8(dir)?]);
+        }
+    }
+    args.extend(["--remount-ro".to_owned(), "/".to_owned()]);
+    Ok(())
 }
 
 /// A pipe holding `program` whole, its writing end closed: what `bwrap --seccomp` reads to
@@ -1214,6 +1251,65 @@ fn is_executable(path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// A run's directories under `base/data`: the worktree and `HOME` (made), the mirror and
+    /// the network directory (made by the tests that need them).
+    struct RunDirs {
+        root: PathBuf,
+        worktree: PathBuf,
+        home: PathBuf,
+        mirror: PathBuf,
+        net: PathBuf,
+    }
+
+    impl RunDirs {
+        fn new(base: &Path) -> RunDirs {
+            let root = base.join("data");
+            let dirs = RunDirs {
+                worktree: root.join("workspaces/worktrees/t"),
+                home: root.join("runs/t/1/home"),
+                mirror: root.join("workspaces/mirrors/r.git"),
+                net: root.join("runs/t/1/net"),
+                root,
+            };
+            for d in [&dirs.worktree, &dirs.home] {
+                std::fs::create_dir_all(d).unwrap();
+            }
+            dirs
+        }
+
+        /// `sh -c true` in the worktree.
+        fn sh_true(&self) -> AgentCommand {
+            AgentCommand {
+                program: PathBuf::from("sh"),
+                args: vec!["-c".into(), "true".into()],
+                stdin: String::new(),
+                cwd: self.worktree.clone(),
+                env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
+                stop: StopTarget::Group,
+                pass_fd: None,
+            }
+        }
+
+        /// The layout of a coding run without a network, a forwarder or a seccomp filter,
+        /// with the default limits and no `bwrap` feature.
+        fn layout(&self) -> Layout<'_> {
+            Layout {
+                root: &self.root,
+                worktree: &self.worktree,
+                home: &self.home,
+                mirror: &self.mirror,
+                review: false,
+                readable: &[],
+                extra_ro: &[],
+                network: None,
+                forwarder: None,
+                limits: AgentLimits::default(),
+                features: BwrapFeatures::default(),
+                seccomp: None,
+            }
+        }
+    }
+
     #[test]
     fn mode_parses_auto_and_off_only() {
         assert_eq!("auto".parse::<SandboxMode>(), Ok(SandboxMode::Auto));
@@ -1255,12 +1351,8 @@ mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let root = base.join("data");
-        let worktree = root.join("workspaces/worktrees/t");
-        let home = root.join("runs/t/1/home");
-        for d in [&worktree, &home] {
-            std::fs::create_dir_all(d).unwrap();
-        }
+        let dirs = RunDirs::new(&base);
+        let (root, worktree, home) = (&dirs.root, &dirs.worktree, &dirs.home);
         std::fs::write(root.join("master.key"), "DATA-SECRET").unwrap();
         let cmd = AgentCommand {
             program: program.clone(),
@@ -1268,29 +1360,13 @@ mod tests {
                 service_home.join("credentials").display().to_string(),
                 root.join("master.key").display().to_string(),
             ],
-            stdin: String::new(),
-            cwd: worktree.clone(),
             env: vec![
                 ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
                 ("HOME".to_owned(), home.display().to_string()),
             ],
-            stop: StopTarget::Group,
-            pass_fd: None,
+            ..dirs.sh_true()
         };
-        let layout = Layout {
-            root: &root,
-            worktree: &worktree,
-            home: &home,
-            mirror: &root.join("workspaces/mirrors/r.git"),
-            review: false,
-            readable: &[],
-            extra_ro: &[],
-            network: None,
-            forwarder: None,
-            limits: AgentLimits::default(),
-            features: BwrapFeatures::default(),
-            seccomp: None,
-        };
+        let layout = dirs.layout();
         let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
         assert_eq!(wrapped.program, bwrap);
         // Nothing of the machine but what is listed: no `--ro-bind / /`, and neither the
@@ -1358,36 +1434,15 @@ mod tests {
         let forwarder = bin.join("agentry");
         std::fs::write(&forwarder, "").unwrap();
         std::fs::set_permissions(&forwarder, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let root = base.join("data");
-        let worktree = root.join("workspaces/worktrees/t");
-        let home = root.join("runs/t/1/home");
-        let net = root.join("runs/t/1/net");
-        for d in [&worktree, &home, &net] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        let cmd = AgentCommand {
-            program: PathBuf::from("sh"),
-            args: vec!["-c".into(), "true".into()],
-            stdin: String::new(),
-            cwd: worktree.clone(),
-            env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
-            stop: StopTarget::Group,
-            pass_fd: None,
-        };
+        let dirs = RunDirs::new(&base);
+        let (root, net) = (&dirs.root, &dirs.net);
+        std::fs::create_dir_all(net).unwrap();
+        let cmd = dirs.sh_true();
         let forwarder_cmd = [forwarder.display().to_string(), "sandbox-net".to_owned()];
         let layout = Layout {
-            root: &root,
-            worktree: &worktree,
-            home: &home,
-            mirror: &root.join("workspaces/mirrors/r.git"),
-            review: false,
-            readable: &[],
-            extra_ro: &[],
-            network: Some(NetLayout { dir: &net }),
+            network: Some(NetLayout { dir: net }),
             forwarder: Some(&forwarder_cmd),
-            limits: AgentLimits::default(),
-            features: BwrapFeatures::default(),
-            seccomp: None,
+            ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
         let wrapped = wrap_with_home(bwrap, cmd.clone(), layout, Some(&service_home)).unwrap();
@@ -1537,21 +1592,8 @@ mod tests {
     fn without_a_network_the_forwarder_only_sets_the_limits() {
         let dir = tempfile::tempdir().unwrap();
         let base = std::fs::canonicalize(dir.path()).unwrap();
-        let root = base.join("data");
-        let worktree = root.join("workspaces/worktrees/t");
-        let home = root.join("runs/t/1/home");
-        for d in [&worktree, &home] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        let cmd = AgentCommand {
-            program: PathBuf::from("sh"),
-            args: vec!["-c".into(), "true".into()],
-            stdin: String::new(),
-            cwd: worktree.clone(),
-            env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
-            stop: StopTarget::Group,
-            pass_fd: None,
-        };
+        let dirs = RunDirs::new(&base);
+        let cmd = dirs.sh_true();
         let forwarder = ["/bin/true".to_owned(), "sandbox-net".to_owned()];
         let limits = AgentLimits {
             tmp_bytes: 1 << 20,
@@ -1559,21 +1601,13 @@ mod tests {
             ..AgentLimits::default()
         };
         let layout = Layout {
-            root: &root,
-            worktree: &worktree,
-            home: &home,
-            mirror: &root.join("workspaces/mirrors/r.git"),
-            review: false,
-            readable: &[],
-            extra_ro: &[],
-            network: None,
             forwarder: Some(&forwarder),
             limits,
             features: BwrapFeatures {
                 tmpfs_size: true,
                 disable_userns: true,
             },
-            seccomp: None,
+            ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
         let args = wrap_with_home(bwrap, cmd.clone(), layout, None)
@@ -1610,13 +1644,12 @@ mod tests {
             "{plain}"
         );
         // A network without a forwarder is refused.
-        let net = root.join("runs/t/1/net");
-        std::fs::create_dir_all(&net).unwrap();
+        std::fs::create_dir_all(&dirs.net).unwrap();
         let refused = wrap_with_home(
             bwrap,
             cmd,
             Layout {
-                network: Some(NetLayout { dir: &net }),
+                network: Some(NetLayout { dir: &dirs.net }),
                 forwarder: None,
                 ..layout
             },

@@ -24,8 +24,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    AgentLimits, BASE_ARGS, BwrapFeatures, SANDBOX_RUN, bind_program, feature_args,
-    resolve_program, seccomp_pipe, system_mounts,
+    AgentLimits, BASE_ARGS, BwrapFeatures, bind_program, feature_args, hiding_tmpfs,
+    push_remount_ro, push_system, resolve_program, seccomp_pipe, system_mounts, utf8,
 };
 use crate::process::PassedFd;
 
@@ -95,11 +95,6 @@ impl GitJail {
             std::fs::canonicalize(path)
                 .map_err(|e| format!("cannot resolve {}: {e}", path.display()))
         };
-        let text = |path: &Path| {
-            path.to_str()
-                .map(str::to_owned)
-                .ok_or_else(|| format!("the path {} is not valid UTF-8", path.display()))
-        };
         let root = canonical(layout.root)?;
         if root.parent().is_none() {
             return Err("the data directory cannot be the root directory".to_owned());
@@ -109,13 +104,7 @@ impl GitJail {
         let index_dir = canonical(layout.index_dir)?;
         let env = [("PATH".to_owned(), path.to_owned())];
         let (system, visible) = system_mounts(&root, extra_ro);
-        let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", SANDBOX_RUN]
-            .into_iter()
-            .map(PathBuf::from)
-            .chain(std::iter::once(root.clone()))
-            .collect();
-        tmpfs.sort_by_key(|p| p.components().count());
-        tmpfs.dedup();
+        let tmpfs = hiding_tmpfs(&root);
         let git = resolve_program(Path::new("git"), &env)
             .map_err(|e| format!("git for the commit: {e}"))?;
         let mut binds = Vec::new();
@@ -137,7 +126,7 @@ impl GitJail {
                     &tmpfs,
                     &mut binds,
                 )?;
-                let mut line = vec![text(&program)?];
+                let mut line = vec![utf8(&program)?];
                 line.extend(leading.iter().cloned());
                 line.extend(limits.rlimit_args());
                 line.push("--".to_owned());
@@ -151,24 +140,12 @@ impl GitJail {
             .map(|a| (*a).to_owned())
             .collect();
         mounts.push("--unshare-net".to_owned());
-        for (option, source, dest) in &system {
-            mounts.extend([(*option).to_owned(), text(source)?, text(dest)?]);
-        }
-        for dir in &tmpfs {
-            if dir == Path::new("/tmp") && features.tmpfs_size {
-                mounts.extend(["--size".to_owned(), limits.tmp_bytes.to_string()]);
-            }
-            mounts.extend(["--tmpfs".to_owned(), text(dir)?]);
-        }
-        for path in &binds {
-            let path = text(path)?;
-            mounts.extend(["--ro-bind".to_owned(), path.clone(), path]);
-        }
+        push_system(&mut mounts, &system, &tmpfs, &binds, features, limits)?;
         let hidden = mirror.join("worktrees");
-        let objects = text(&mirror.join("objects"))?;
-        let mirror_text = text(&mirror)?;
-        let worktree = text(&worktree)?;
-        let index_dir = text(&index_dir)?;
+        let objects = utf8(&mirror.join("objects"))?;
+        let mirror_text = utf8(&mirror)?;
+        let worktree = utf8(&worktree)?;
+        let index_dir = utf8(&index_dir)?;
         mounts.extend([
             "--ro-bind".to_owned(),
             mirror_text.clone(),
@@ -183,16 +160,11 @@ impl GitJail {
             index_dir.clone(),
             index_dir,
         ]);
-        if hidden.is_dir() {
-            mounts.extend(["--tmpfs".to_owned(), text(&hidden)?]);
-            mounts.extend(["--remount-ro".to_owned(), text(&hidden)?]);
+        let hidden: Vec<PathBuf> = Some(hidden).filter(|h| h.is_dir()).into_iter().collect();
+        for dir in &hidden {
+            mounts.extend(["--tmpfs".to_owned(), utf8(dir)?]);
         }
-        for dir in &tmpfs {
-            if dir != Path::new("/tmp") {
-                mounts.extend(["--remount-ro".to_owned(), text(dir)?]);
-            }
-        }
-        mounts.extend(["--remount-ro".to_owned(), "/".to_owned()]);
+        push_remount_ro(&mut mounts, tmpfs.iter().chain(&hidden))?;
         Ok(GitJail {
             bwrap: bwrap.to_owned(),
             mounts,
