@@ -37,7 +37,7 @@ use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, TaskFilter};
 use agentry_persistence::{AnyConnection, Db, DbError, pulls, write_tx};
 use agentry_service::codehost::{self, CodeHost, Timing};
-use agentry_service::tracking::{self, POLL_CONCURRENCY};
+use agentry_service::tracking::POLL_CONCURRENCY;
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -305,7 +305,7 @@ fn poll_cost(
         fake.reset_counts();
         let units = fake.rate_limit_remaining();
         let t = Instant::now();
-        let outcomes = rt.block_on(tracking::poll_pull_requests(&state.service))?;
+        let outcomes = rt.block_on(state.service.poll_pull_requests())?;
         let elapsed = t.elapsed();
         let applied: usize = outcomes.iter().map(|(_, o)| o.applied).sum();
         let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();

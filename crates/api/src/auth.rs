@@ -9,7 +9,6 @@ use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{FromRequest, HttpRequest, web};
 use agentry_domain::Role;
-use agentry_persistence::tokens;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -139,9 +138,7 @@ impl FromRequest for Caller {
             let token = token?;
             let state = state.ok_or_else(|| ApiError::internal(&"application state missing"))?;
             let hash = hash_token(&token);
-            let found = state
-                .db(move |conn| Ok(tokens::find_by_hash(conn, &hash)?))
-                .await?;
+            let found = state.service.token_by_hash(hash).await?;
             let token =
                 found.ok_or_else(|| ApiError::unauthenticated("invalid or revoked token"))?;
             if let Some(file) = first_token_file {

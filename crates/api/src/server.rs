@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::Path;
 
 use actix_web::{HttpServer, web};
-use agentry_persistence::{Db, tokens};
 use agentry_service::Service;
 use agentry_service::start::io_error;
 pub use agentry_service::start::{StartError, open_database};
@@ -40,19 +39,16 @@ fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 /// The file is not kept: the returned [`FirstTokenFile`] (registered with the application)
 /// removes it when the token is first used. A file a previous start left behind is watched
 /// the same way while its token is still active, and removed at once otherwise.
-pub fn bootstrap_admin_token(
-    db: &Db,
+pub async fn bootstrap_admin_token(
+    service: &Service,
     data_dir: &Path,
 ) -> Result<Option<FirstTokenFile>, StartError> {
     let token = generate_token().map_err(|e| io("no randomness for the admin token", e))?;
-    let mut conn = db.conn()?;
     let path = data_dir.join("admin-token");
-    let created = tokens::bootstrap_admin(
-        &mut conn,
-        "initial admin",
-        &hash_token(&token),
-        agentry_persistence::now(),
-    )?;
+    let created = service
+        .bootstrap_admin_token("initial admin".to_owned(), hash_token(&token))
+        .await
+        .map_err(|e| io("cannot issue the first admin token", e))?;
     if let Some(created) = created {
         write_private(&path, &format!("{token}\n"))
             .map_err(|e| io(&format!("cannot write {}", path.display()), e))?;
@@ -68,7 +64,11 @@ pub fn bootstrap_admin_token(
     let Ok(left) = std::fs::read_to_string(&path) else {
         return Ok(None);
     };
-    match tokens::find_by_hash(&mut conn, &hash_token(left.trim()))? {
+    let left = service
+        .token_by_hash(hash_token(left.trim()))
+        .await
+        .map_err(|e| io("cannot read the API tokens", e))?;
+    match left {
         Some(active) => Ok(Some(FirstTokenFile::new(active.id, path))),
         None => {
             std::fs::remove_file(&path)
@@ -83,8 +83,9 @@ pub fn bootstrap_admin_token(
 /// in-flight requests finish (up to 30 s).
 pub async fn serve(config: Config) -> Result<(), StartError> {
     let service = Service::open(&config)?;
-    let first_token_file =
-        bootstrap_admin_token(&service.db, &config.data_dir)?.map(web::Data::new);
+    let first_token_file = bootstrap_admin_token(&service, &config.data_dir)
+        .await?
+        .map(web::Data::new);
     let state = web::Data::new(
         AppState::new(service.clone())
             .map_err(StartError::Io)?

@@ -2,10 +2,8 @@
 
 use std::sync::Arc;
 
-use agentry_persistence::AnyConnection;
 use agentry_service::Service;
 
-use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 /// Shared application state (one per process, behind `web::Data`): the product's use cases
@@ -40,15 +38,5 @@ impl AppState {
     pub fn with_metrics_public(mut self, public: bool) -> Self {
         self.metrics_public = public;
         self
-    }
-
-    /// Runs blocking database work (a read, or a write no loop cares about) on the blocking
-    /// pool with a pooled connection.
-    pub async fn db<T, F>(&self, f: F) -> Result<T, ApiError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut AnyConnection) -> Result<T, ApiError> + Send + 'static,
-    {
-        self.service.db_as(f).await
     }
 }

@@ -242,7 +242,7 @@ impl Service {
     /// Records the budget alerts reached this month and not yet recorded (by this process or
     /// any other), then wakes the delivery loop if there are new ones. Returns them.
     pub async fn check_budget_alerts(&self) -> Result<Vec<BudgetAlert>, ServiceError> {
-        let deliver = self.alerts.webhook_configured();
+        let deliver = self.parts.alerts.webhook_configured();
         let recorded = self
             .db(move |conn| Ok(alerts::check(conn, now(), deliver)?))
             .await?;
@@ -255,7 +255,7 @@ impl Service {
             );
         }
         if deliver && !recorded.is_empty() {
-            self.alerts.wake();
+            self.parts.alerts.wake();
         }
         Ok(recorded)
     }
@@ -300,10 +300,10 @@ impl Service {
         &self,
         at: time::OffsetDateTime,
     ) -> Result<usize, ServiceError> {
-        let Some((url, client)) = &self.alerts.webhook else {
+        let Some((url, client)) = &self.parts.alerts.webhook else {
             return Ok(0);
         };
-        let timing = self.alerts.timing;
+        let timing = self.parts.alerts.timing;
         let lease = time::Duration::try_from(timing.lease).unwrap_or(time::Duration::MINUTE);
         let claimed = self
             .db(move |conn| Ok(alerts::claim_due(conn, at, lease, BATCH)?))
@@ -339,10 +339,10 @@ impl Service {
 /// Without a webhook it only does the check.
 pub async fn alert_loop(state: Service) {
     state.check_budget_alerts_logged().await;
-    if !state.alerts.webhook_configured() {
+    if !state.parts.alerts.webhook_configured() {
         return;
     }
-    let idle = state.alerts.timing.idle;
+    let idle = state.parts.alerts.timing.idle;
     loop {
         if let Err(e) = state.deliver_due_alerts(now()).await {
             tracing::debug!(error = %e, "alert delivery round skipped");
@@ -359,7 +359,7 @@ pub async fn alert_loop(state: Service) {
         });
         tokio::select! {
             () = tokio::time::sleep(sleep.max(Duration::from_millis(10))) => {}
-            () = state.alerts.wake.notified() => {}
+            () = state.parts.alerts.wake.notified() => {}
         }
     }
 }

@@ -77,7 +77,7 @@ impl Service {
     ) -> Result<BudgetView, ServiceError> {
         self.db(move |conn| Ok(budgets::set_instance_budget(conn, budget, now())?))
             .await?;
-        self.runs.wake();
+        self.parts.runs.wake();
         // A lowered budget may be past a threshold already.
         self.check_budget_alerts_logged().await;
         self.instance_budget().await
@@ -103,7 +103,7 @@ impl Service {
                 }
             })
             .await?;
-        self.runs.wake();
+        self.parts.runs.wake();
         // A lowered budget may be past a threshold already.
         self.check_budget_alerts_logged().await;
         Ok(repo.settings)

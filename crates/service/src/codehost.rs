@@ -182,12 +182,12 @@ impl CodeHost {
 impl Service {
     /// The client of the stored `CODEHOST_TOKEN`; 412 `codehost_token_missing` without one.
     pub async fn github(&self) -> Result<GitHub, ServiceError> {
-        let key = self.codehost.master_key().clone();
+        let key = self.parts.codehost.master_key().clone();
         let token = self
             .db(move |conn| Ok(secrets::get(conn, &key, TOKEN_SECRET)?))
             .await?
             .ok_or(ServiceError::CodeHostTokenMissing)?;
-        self.codehost.client(&token)
+        self.parts.codehost.client(&token)
     }
 }
 
@@ -214,7 +214,7 @@ impl Service {
         &self,
         url: RepoUrl,
     ) -> Result<(Repository, bool), ServiceError> {
-        if let Some(host) = web_host_of(self.codehost.api_url())
+        if let Some(host) = web_host_of(self.parts.codehost.api_url())
             && url.host() != host
         {
             return Err(ServiceError::invalid(
@@ -269,10 +269,10 @@ impl Service {
                     "a token must not start or end with white space",
                 ));
             }
-            let user = self.codehost.check_token(&value).await?;
+            let user = self.parts.codehost.check_token(&value).await?;
             tracing::info!(login = %user.login, "code-host token accepted");
         }
-        let key = self.codehost.master_key().clone();
+        let key = self.parts.codehost.master_key().clone();
         self.db(move |conn| Ok(secrets::put(conn, &key, &name, &value, now())?))
             .await
     }
@@ -391,7 +391,7 @@ pub async fn sync_issues(
     only: Option<Uuid>,
 ) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ServiceError> {
     let github = state.github().await?;
-    let _one_at_a_time = state.codehost.sync_lock.lock().await;
+    let _one_at_a_time = state.parts.codehost.sync_lock.lock().await;
     let repos: Vec<Repository> = state
         .db(|conn| Ok(repos::issue_sync_states(conn)?))
         .await?
@@ -411,8 +411,8 @@ pub async fn sync_issues(
         .collect()
         .await;
     if outcomes.iter().any(|(_, o)| o.created > 0) {
-        state.codehost.wake_outbox();
-        state.runs.wake();
+        state.parts.codehost.wake_outbox();
+        state.parts.runs.wake();
     }
     Ok(outcomes)
 }
@@ -420,7 +420,7 @@ pub async fn sync_issues(
 async fn sync_repository(state: &Service, github: &GitHub, repo: Repository) -> RepoSyncOutcome {
     let mut outcome = RepoSyncOutcome::default();
     let repo_id = repo.id;
-    let full_every = state.codehost.timing.full_sync_every;
+    let full_every = state.parts.codehost.timing.full_sync_every;
     let read = match state
         .db(move |conn| Ok(issues::sync_cursor(conn, repo_id)?))
         .await
@@ -803,7 +803,7 @@ pub async fn deliver(
 /// Without a stored token nothing is claimed.
 pub async fn deliver_due(state: &Service, at: OffsetDateTime) -> Result<usize, ServiceError> {
     let github = state.github().await?;
-    let timing = state.codehost.timing;
+    let timing = state.parts.codehost.timing;
     let lease = time::Duration::try_from(timing.lease).unwrap_or(time::Duration::MINUTE);
     let claimed = state
         .db(move |conn| {
@@ -847,7 +847,7 @@ pub async fn deliver_due(state: &Service, at: OffsetDateTime) -> Result<usize, S
 /// The outbox worker: delivers due effects, then sleeps until the next one is due, it is
 /// woken ([`CodeHost::wake_outbox`]), or `idle` passes.
 pub async fn outbox_loop(state: Service) {
-    let idle = state.codehost.timing.idle;
+    let idle = state.parts.codehost.timing.idle;
     loop {
         if let Err(e) = deliver_due(&state, now()).await {
             tracing::debug!(error = %e, "outbox round skipped");
@@ -864,7 +864,7 @@ pub async fn outbox_loop(state: Service) {
         });
         tokio::select! {
             () = tokio::time::sleep(sleep.max(Duration::from_millis(10))) => {}
-            () = state.codehost.outbox_wake.notified() => {}
+            () = state.parts.codehost.outbox_wake.notified() => {}
         }
     }
 }

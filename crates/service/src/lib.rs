@@ -35,14 +35,19 @@ pub mod egress;
 pub mod error;
 pub mod gateway;
 pub mod import;
+pub mod repos;
 pub mod revisions;
 pub mod runs;
+pub mod secrets;
 pub mod start;
 pub mod tasks;
+pub mod tokens;
 pub mod tracking;
+pub mod views;
 
 use std::sync::Arc;
 
+use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, Db};
 
 pub use error::ServiceError;
@@ -50,7 +55,7 @@ pub use start::{Background, StartError};
 
 use crate::alerts::Alerts;
 use crate::codehost::CodeHost;
-use crate::runs::Runs;
+use crate::runs::{RunSettings, Runs};
 
 /// The product's use cases over one database (cheap to clone: a handle to shared parts).
 #[derive(Clone)]
@@ -58,16 +63,16 @@ pub struct Service {
     parts: Arc<Parts>,
 }
 
-/// What a [`Service`] is made of.
-pub struct Parts {
+/// What a [`Service`] is made of: only the service's own modules reach these.
+struct Parts {
     /// The database pool.
-    pub db: Db,
+    db: Db,
     /// The code-host integration: secrets key, client, outbox.
-    pub codehost: CodeHost,
+    codehost: CodeHost,
     /// The agent-run orchestrator.
-    pub runs: Runs,
+    runs: Runs,
     /// The budget alerts' webhook (docs/contract.md#67-budgets).
-    pub alerts: Alerts,
+    alerts: Alerts,
     /// One permit per pooled connection: [`Service::db`] takes one before it uses a blocking
     /// thread, so waiting calls wait as futures, not as parked blocking threads.
     db_permits: Arc<tokio::sync::Semaphore>,
@@ -83,14 +88,6 @@ impl std::fmt::Debug for Service {
             .field("runs", &self.parts.runs)
             .field("alerts", &self.parts.alerts)
             .finish()
-    }
-}
-
-impl std::ops::Deref for Service {
-    type Target = Parts;
-
-    fn deref(&self) -> &Parts {
-        &self.parts
     }
 }
 
@@ -119,7 +116,34 @@ impl Service {
         }
     }
 
-    /// Runs blocking database work on tokio's blocking pool with a pooled connection.
+    /// The webhook's shared secret, if the webhook is enabled.
+    pub fn webhook_secret(&self) -> Option<&SecretValue> {
+        self.parts.codehost.webhook_secret()
+    }
+
+    /// The key that encrypts stored secrets.
+    pub fn master_key(&self) -> &MasterKey {
+        self.parts.codehost.master_key()
+    }
+
+    /// The agent runs' settings.
+    pub fn run_settings(&self) -> &RunSettings {
+        self.parts.runs.settings()
+    }
+
+    /// How many agent runs are in progress in this process.
+    pub fn active_runs(&self) -> usize {
+        self.parts.runs.active()
+    }
+
+    /// How many connections the database pool holds at most.
+    pub fn max_connections(&self) -> u32 {
+        self.parts.db.max_connections()
+    }
+
+    /// Runs blocking database work on tokio's blocking pool with a pooled connection: the
+    /// use cases' own access, and reads for programs that embed the service. Changes go
+    /// through the use cases, which wake the loops that act on them.
     ///
     /// At most as many calls as the pool has connections run at once; the others wait (as
     /// futures) for a permit before they take a blocking thread.
@@ -127,17 +151,6 @@ impl Service {
     where
         T: Send + 'static,
         F: FnOnce(&mut AnyConnection) -> Result<T, ServiceError> + Send + 'static,
-    {
-        self.db_as(f).await
-    }
-
-    /// [`Service::db`] with the caller's error type, so an adapter can use its own (any type
-    /// a [`ServiceError`] converts into).
-    pub async fn db_as<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        T: Send + 'static,
-        E: From<ServiceError> + Send + 'static,
-        F: FnOnce(&mut AnyConnection) -> Result<T, E> + Send + 'static,
     {
         let db = self.parts.db.clone();
         // The semaphore is never closed, so acquiring fails only on a defect.
@@ -147,14 +160,13 @@ impl Service {
             .clone()
             .acquire_owned()
             .await
-            .map_err(|e| E::from(ServiceError::internal(&e)))?;
+            .map_err(|e| ServiceError::internal(&e))?;
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let mut conn = db.conn().map_err(|e| E::from(ServiceError::from(e)))?;
+            let mut conn = db.conn()?;
             f(&mut conn)
         })
-        .await
-        .map_err(|e| E::from(ServiceError::from(e)))?
+        .await?
     }
 
     /// Runs blocking work (file reads, CPU-heavy parsing) on tokio's blocking pool.

@@ -2,10 +2,10 @@
 //! sends its coding agent back to the same pull request.
 //!
 //! Feedback arrives through the signed webhook ([`Service::feedback_event`]) or the
-//! pull-request poll ([`collect_feedback`]); both end in [`consider`], which keeps what asks
+//! pull-request poll ([`collect_feedback`]); both end in [`Service::consider`], which keeps what asks
 //! for changes from someone who may write to the repository, once per code-host id
 //! ([`revisions::insert`]). A round starts when the quiet period after the latest feedback
-//! has passed ([`start_due_rounds`], driven by [`revision_loop`]): the task goes `pr_opened →
+//! has passed ([`Service::start_due_rounds`], driven by [`revision_loop`]): the task goes `pr_opened →
 //! queued` and the runner treats it as any queued task, with a revision's job
 //! (`runs.rs`).
 
@@ -33,7 +33,7 @@ use crate::{Service, ServiceError, now};
 pub const PERMISSION_TTL: Duration = Duration::from_secs(60);
 /// The reaction that acknowledges a comment.
 pub const ACK_REACTION: &str = "eyes";
-/// The most due tasks one pass of [`start_due_rounds`] starts.
+/// The most due tasks one pass of [`Service::start_due_rounds`] starts.
 const ROUNDS_PER_PASS: i64 = 32;
 /// The longest the revision loop sleeps without looking (feedback recorded by another
 /// replica wakes nobody here).
@@ -220,11 +220,11 @@ fn revisable_task(
 impl Service {
     /// The login of the stored token's user (asked once, then kept).
     async fn own_login(&self, github: &GitHub) -> Result<String, ServiceError> {
-        if let Some(login) = lock(&self.codehost.revisions().own_login).clone() {
+        if let Some(login) = lock(&self.parts.codehost.revisions().own_login).clone() {
             return Ok(login);
         }
         let login = github.current_user().await?.login;
-        *lock(&self.codehost.revisions().own_login) = Some(login.clone());
+        *lock(&self.parts.codehost.revisions().own_login) = Some(login.clone());
         Ok(login)
     }
 
@@ -236,7 +236,7 @@ impl Service {
         login: &str,
     ) -> Result<Permission, ServiceError> {
         let key = (repo.as_str().to_owned(), login.to_ascii_lowercase());
-        let cache = &self.codehost.revisions().permissions;
+        let cache = &self.parts.codehost.revisions().permissions;
         if let Some((permission, at)) = lock(cache).get(&key)
             && at.elapsed() < PERMISSION_TTL
         {
@@ -281,7 +281,7 @@ impl Service {
             ));
         };
         let github = self.github().await?;
-        consider(self, &github, &repo, candidate, seen_by).await
+        self.consider(&github, &repo, candidate, seen_by).await
     }
 }
 
@@ -359,91 +359,167 @@ fn candidate_of(event: &WebhookEvent) -> Option<(String, Candidate)> {
     }
 }
 
-/// Decides on one candidate and records it: the checks that need no code host first
-/// (asks for changes, not agentry's own, a pull request agentry opened and still open,
-/// revisions on, not seen before), then the author's permission, asked of the code host
-/// (cached for [`PERMISSION_TTL`]). Ignored candidates are logged, never answered.
-pub async fn consider(
-    state: &Service,
-    github: &GitHub,
-    repo: &Repository,
-    candidate: Candidate,
-    seen_by: &str,
-) -> Result<Considered, ServiceError> {
-    let settings = state.codehost.revisions().settings().clone();
-    let ignored = |why: String| {
-        tracing::info!(
-            repo = %repo.url, pull = candidate.pr_number, author = %candidate.author,
-            source = candidate.source.as_str(), seen_by, why = %why,
-            "feedback ignored"
-        );
-        Ok(Considered::Ignored(why))
-    };
-    if !asks_for_changes(&candidate, &settings.mention) {
-        // Most comments are not for agentry: not worth a log line each.
-        return Ok(Considered::Ignored("does not ask for changes".into()));
-    }
-    if candidate.source != FeedbackSource::AgentReview && is_agentrys(&candidate.body) {
-        return ignored("agentry's own text".into());
-    }
-    if candidate.source != FeedbackSource::AgentReview {
-        let own = state.own_login(github).await?;
-        if candidate.author.eq_ignore_ascii_case(&own) {
-            return ignored("written by agentry's own account".into());
-        }
-    }
-    if repo.settings.max_revisions == 0 {
-        return ignored("revisions are off for the repository (maxRevisions 0)".into());
-    }
-    let (repo_id, number, source, external_id) = (
-        repo.id,
-        candidate.pr_number,
-        candidate.source,
-        candidate.external_id.clone(),
-    );
-    let r = repo.clone();
-    let found = state
-        .db(move |conn| {
-            if revisions::is_recorded(conn, repo_id, source, &external_id)? {
-                return Ok(None);
-            }
-            Ok(Some(revisable_task(conn, &r, number)?))
-        })
-        .await?;
-    let task = match found {
-        None => return Ok(Considered::Duplicate),
-        Some(Err(why)) => return ignored(why),
-        Some(Ok(task)) => task,
-    };
-    if candidate.source != FeedbackSource::AgentReview {
-        let permission = state
-            .permission(github, &repo.url, &candidate.author)
-            .await?;
-        if !permission.can_write() {
-            return ignored(format!(
-                "@{} may not write to the repository ({})",
-                candidate.author,
-                permission.as_str()
-            ));
-        }
-    }
-    let recorded = record(state, repo, &task, &candidate, settings.quiet).await?;
-    match &recorded {
-        Considered::Waiting(due) => {
+impl Service {
+    /// Decides on one candidate and records it: the checks that need no code host first
+    /// (asks for changes, not agentry's own, a pull request agentry opened and still open,
+    /// revisions on, not seen before), then the author's permission, asked of the code host
+    /// (cached for [`PERMISSION_TTL`]). Ignored candidates are logged, never answered.
+    pub async fn consider(
+        &self,
+        github: &GitHub,
+        repo: &Repository,
+        candidate: Candidate,
+        seen_by: &str,
+    ) -> Result<Considered, ServiceError> {
+        let settings = self.parts.codehost.revisions().settings().clone();
+        let ignored = |why: String| {
             tracing::info!(
-                task = %task.id, pull = number, author = %candidate.author, seen_by,
-                source = candidate.source.as_str(), due = %due, "revision feedback recorded"
+                repo = %repo.url, pull = candidate.pr_number, author = %candidate.author,
+                source = candidate.source.as_str(), seen_by, why = %why,
+                "feedback ignored"
             );
-            state.codehost.revisions().wake();
-            state.codehost.wake_outbox();
+            Ok(Considered::Ignored(why))
+        };
+        if !asks_for_changes(&candidate, &settings.mention) {
+            // Most comments are not for agentry: not worth a log line each.
+            return Ok(Considered::Ignored("does not ask for changes".into()));
         }
-        Considered::OverLimit => {
-            tracing::info!(task = %task.id, pull = number, "feedback past maxRevisions: no revision");
-            state.codehost.wake_outbox();
+        if candidate.source != FeedbackSource::AgentReview && is_agentrys(&candidate.body) {
+            return ignored("agentry's own text".into());
         }
-        Considered::Duplicate | Considered::Ignored(_) => {}
+        if candidate.source != FeedbackSource::AgentReview {
+            let own = self.own_login(github).await?;
+            if candidate.author.eq_ignore_ascii_case(&own) {
+                return ignored("written by agentry's own account".into());
+            }
+        }
+        if repo.settings.max_revisions == 0 {
+            return ignored("revisions are off for the repository (maxRevisions 0)".into());
+        }
+        let (repo_id, number, source, external_id) = (
+            repo.id,
+            candidate.pr_number,
+            candidate.source,
+            candidate.external_id.clone(),
+        );
+        let r = repo.clone();
+        let found = self
+            .db(move |conn| {
+                if revisions::is_recorded(conn, repo_id, source, &external_id)? {
+                    return Ok(None);
+                }
+                Ok(Some(revisable_task(conn, &r, number)?))
+            })
+            .await?;
+        let task = match found {
+            None => return Ok(Considered::Duplicate),
+            Some(Err(why)) => return ignored(why),
+            Some(Ok(task)) => task,
+        };
+        if candidate.source != FeedbackSource::AgentReview {
+            let permission = self
+                .permission(github, &repo.url, &candidate.author)
+                .await?;
+            if !permission.can_write() {
+                return ignored(format!(
+                    "@{} may not write to the repository ({})",
+                    candidate.author,
+                    permission.as_str()
+                ));
+            }
+        }
+        let recorded = record(self, repo, &task, &candidate, settings.quiet).await?;
+        match &recorded {
+            Considered::Waiting(due) => {
+                tracing::info!(
+                    task = %task.id, pull = number, author = %candidate.author, seen_by,
+                    source = candidate.source.as_str(), due = %due, "revision feedback recorded"
+                );
+                self.parts.codehost.revisions().wake();
+                self.parts.codehost.wake_outbox();
+            }
+            Considered::OverLimit => {
+                tracing::info!(task = %task.id, pull = number, "feedback past maxRevisions: no revision");
+                self.parts.codehost.wake_outbox();
+            }
+            Considered::Duplicate | Considered::Ignored(_) => {}
+        }
+        Ok(recorded)
     }
-    Ok(recorded)
+
+    /// One pass of the revision scheduler: starts a round for every task whose quiet period
+    /// ended by `at` and that waits at `pr_opened`; returns how many started.
+    ///
+    /// A task busy with a round is left alone: its return to `pr_opened` makes it due again
+    /// (`tasks::transition_task`). Every step is a compare-and-set, so replicas running this at
+    /// once start each round once.
+    pub async fn start_due_rounds(&self, at: OffsetDateTime) -> Result<usize, ServiceError> {
+        let due = self
+            .db(move |conn| Ok(revisions::due_tasks(conn, at, ROUNDS_PER_PASS)?))
+            .await?;
+        let mut started = 0;
+        for task_id in due {
+            let round = self
+                .db(move |conn| Ok(start_round(conn, task_id, at)?))
+                .await;
+            match round {
+                Ok(Some(task)) => {
+                    started += 1;
+                    tracing::info!(task = %task.id, attempt = task.attempt, round = task.revisions, "revision round started");
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(task = %task_id, error = %e, "could not start a revision round")
+                }
+            }
+        }
+        if started > 0 {
+            self.parts.runs.wake();
+            self.parts.codehost.wake_outbox();
+        }
+        Ok(started)
+    }
+
+    /// Records the findings of agentry's own review agent as feedback on the coding task's pull
+    /// request, when the repository asks for that (`reviseOnAgentReview`).
+    pub async fn agent_review_feedback(
+        &self,
+        repo: &Repository,
+        review_task: Uuid,
+        coding_task: &Task,
+        text: &str,
+    ) {
+        let (Some(number), Some(url)) = (coding_task.pr_number, coding_task.pr_url.clone()) else {
+            return;
+        };
+        let Ok(number) = u64::try_from(number) else {
+            return;
+        };
+        let candidate = Candidate {
+            source: FeedbackSource::AgentReview,
+            external_id: review_task.to_string(),
+            pr_number: number,
+            author: "agentry".to_owned(),
+            body: text.to_owned(),
+            path: None,
+            line: None,
+            url,
+            review_state: None,
+        };
+        let github = match self.github().await {
+            Ok(github) => github,
+            Err(e) => {
+                tracing::warn!(task = %coding_task.id, error = %e, "the agent review's feedback is not recorded");
+                return;
+            }
+        };
+        if let Err(e) = self
+            .consider(&github, repo, candidate, "the review agent")
+            .await
+        {
+            tracing::warn!(task = %coding_task.id, error = %e, "the agent review's feedback is not recorded");
+        }
+    }
 }
 
 /// The marker of the one comment saying a task's revision limit is reached.
@@ -478,7 +554,7 @@ fn limit_notice(task: &Task, max: i32) -> Action {
 /// Records `candidate` for `task` in one transaction, with its acknowledgement (a reaction
 /// on a comment) or, past the repository's limit, the one comment saying so.
 async fn record(
-    state: &Service,
+    service: &Service,
     repo: &Repository,
     task: &Task,
     candidate: &Candidate,
@@ -512,7 +588,7 @@ async fn record(
     let max = repo.settings.max_revisions;
     let (repo_id, task_id) = (repo.id, task.id);
     let quiet = time::Duration::try_from(quiet).unwrap_or(time::Duration::ZERO);
-    state
+    service
         .db(move |conn| {
             Ok(write_tx::<_, DbError, _>(conn, |conn| {
                 revisions::lock_task(conn, task_id)?;
@@ -603,39 +679,6 @@ fn round_reply(task: &Task, attempt: i32, round: i32, max: i32, feedback: &[Feed
     }
 }
 
-/// One pass of the revision scheduler: starts a round for every task whose quiet period
-/// ended by `at` and that waits at `pr_opened`; returns how many started.
-///
-/// A task busy with a round is left alone: its return to `pr_opened` makes it due again
-/// (`tasks::transition_task`). Every step is a compare-and-set, so replicas running this at
-/// once start each round once.
-pub async fn start_due_rounds(state: &Service, at: OffsetDateTime) -> Result<usize, ServiceError> {
-    let due = state
-        .db(move |conn| Ok(revisions::due_tasks(conn, at, ROUNDS_PER_PASS)?))
-        .await?;
-    let mut started = 0;
-    for task_id in due {
-        let round = state
-            .db(move |conn| Ok(start_round(conn, task_id, at)?))
-            .await;
-        match round {
-            Ok(Some(task)) => {
-                started += 1;
-                tracing::info!(task = %task.id, attempt = task.attempt, round = task.revisions, "revision round started");
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(task = %task_id, error = %e, "could not start a revision round")
-            }
-        }
-    }
-    if started > 0 {
-        state.runs.wake();
-        state.codehost.wake_outbox();
-    }
-    Ok(started)
-}
-
 /// Starts the task's round if it is due and waits at `pr_opened`, in one transaction: the
 /// transition, the feedback taken, the acknowledgement. `None` when nothing started.
 fn start_round(
@@ -698,12 +741,12 @@ fn start_round(
 /// Starts due rounds as their quiet periods end: sleeps until the earliest due time (at
 /// most `LOOP_TICK`, since feedback recorded by another replica wakes nobody here) or a
 /// wake-up.
-pub async fn revision_loop(state: Service) {
+pub async fn revision_loop(service: Service) {
     loop {
-        if let Err(e) = start_due_rounds(&state, now()).await {
+        if let Err(e) = service.start_due_rounds(now()).await {
             tracing::debug!(error = %e, "revision rounds skipped");
         }
-        let next = state
+        let next = service
             .db(|conn| Ok(revisions::next_due(conn)?))
             .await
             .ok()
@@ -724,14 +767,14 @@ pub async fn revision_loop(state: Service) {
         }
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = state.codehost.revisions().wake.notified() => {}
+            () = service.parts.codehost.revisions().wake.notified() => {}
         }
     }
 }
 
 /// Collects the feedback of the open pull requests `numbers` of `repo` that changed since
 /// `since` (the poll's watermark): each one's reviews, comments and review comments, as
-/// candidates for [`consider`]. Comments are asked for `since` a minute before the
+/// candidates for [`Service::consider`]. Comments are asked for `since` a minute before the
 /// watermark (clocks differ); what was seen before is then found recorded.
 pub async fn collect_feedback(
     github: &GitHub,
@@ -798,44 +841,6 @@ pub fn round_feedback(conn: &mut AnyConnection, task: &Task) -> Result<Vec<Feedb
     match task.revision() {
         Some(round) => revisions::of_round(conn, task.id, round.first_attempt),
         None => Ok(Vec::new()),
-    }
-}
-
-/// Records the findings of agentry's own review agent as feedback on the coding task's pull
-/// request, when the repository asks for that (`reviseOnAgentReview`).
-pub async fn agent_review_feedback(
-    state: &Service,
-    repo: &Repository,
-    review_task: Uuid,
-    coding_task: &Task,
-    text: &str,
-) {
-    let (Some(number), Some(url)) = (coding_task.pr_number, coding_task.pr_url.clone()) else {
-        return;
-    };
-    let Ok(number) = u64::try_from(number) else {
-        return;
-    };
-    let candidate = Candidate {
-        source: FeedbackSource::AgentReview,
-        external_id: review_task.to_string(),
-        pr_number: number,
-        author: "agentry".to_owned(),
-        body: text.to_owned(),
-        path: None,
-        line: None,
-        url,
-        review_state: None,
-    };
-    let github = match state.github().await {
-        Ok(github) => github,
-        Err(e) => {
-            tracing::warn!(task = %coding_task.id, error = %e, "the agent review's feedback is not recorded");
-            return;
-        }
-    };
-    if let Err(e) = consider(state, &github, repo, candidate, "the review agent").await {
-        tracing::warn!(task = %coding_task.id, error = %e, "the agent review's feedback is not recorded");
     }
 }
 

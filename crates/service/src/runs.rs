@@ -297,8 +297,8 @@ fn lease_of(settings: &RunSettings) -> time::Duration {
 }
 
 /// The runner loop (see the module docs). Returns at once when runs are disabled.
-pub async fn runner_loop(state: Service) {
-    let runs = &state.runs;
+pub async fn runner_loop(service: Service) {
+    let runs = &service.parts.runs;
     if runs.settings.max_concurrent == 0 {
         return;
     }
@@ -309,14 +309,14 @@ pub async fn runner_loop(state: Service) {
         if runs.stopping.load(Ordering::SeqCst) {
             return;
         }
-        match claim(&state).await {
+        match claim(&service).await {
             Ok(Some(task)) => {
-                let state = state.clone();
+                let service = service.clone();
                 tokio::spawn(async move {
-                    run_task(&state, task).await;
-                    money_freed(&state).await;
+                    run_task(&service, task).await;
+                    money_freed(&service).await;
                     drop(slot);
-                    state.runs.wake();
+                    service.parts.runs.wake();
                 });
                 continue;
             }
@@ -333,30 +333,101 @@ pub async fn runner_loop(state: Service) {
     }
 }
 
-async fn claim(state: &Service) -> Result<Option<Task>, ServiceError> {
-    let owner = state.runs.owner.clone();
-    let lease = lease_of(&state.runs.settings);
-    state
+async fn claim(service: &Service) -> Result<Option<Task>, ServiceError> {
+    let owner = service.parts.runs.owner.clone();
+    let lease = lease_of(&service.parts.runs.settings);
+    service
         .db(move |conn| Ok(claims::claim_next(conn, &owner, now(), lease)?))
         .await
 }
 
-/// Claims the oldest queued task and runs it to its end; returns its id, or `None` when
-/// nothing was queued. (The loop does the same with several slots; tests use this.)
-pub async fn run_next(state: &Service) -> Result<Option<Uuid>, ServiceError> {
-    let Some(task) = claim(state).await? else {
-        return Ok(None);
-    };
-    let id = task.id;
-    run_task(state, task).await;
-    money_freed(state).await;
-    Ok(Some(id))
+impl Service {
+    /// Claims the oldest queued task and runs it to its end; returns its id, or `None` when
+    /// nothing was queued. (The loop does the same with several slots; tests use this.)
+    pub async fn run_next(&self) -> Result<Option<Uuid>, ServiceError> {
+        let Some(task) = claim(self).await? else {
+            return Ok(None);
+        };
+        let id = task.id;
+        run_task(self, task).await;
+        money_freed(self).await;
+        Ok(Some(id))
+    }
+
+    /// Recovers every task whose lease expired before `before` (see the module docs); returns
+    /// how many were recovered.
+    pub async fn recover_expired(&self, before: OffsetDateTime) -> Result<usize, ServiceError> {
+        let expired = self
+            .db(move |conn| Ok(claims::expired_leases(conn, before, 100)?))
+            .await?;
+        let mut recovered = 0;
+        for lease in expired {
+            let task = lease.task.clone();
+            if lock(&self.parts.runs.active).contains_key(&task.id)
+                && lease.owner == self.parts.runs.owner
+            {
+                // Ours and still running (a renewal is late): leave it.
+                continue;
+            }
+            let lost = lost_run(self, &lease).await?;
+            let done = self
+                .db(move |conn| {
+                    let lost = with_metered_calls(conn, &lease, lost)?;
+                    let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
+                    Ok(claims::recover_expired(conn, &lease, before, lost, now())?)
+                })
+                .await?;
+            if let Some((after, t)) = done {
+                tracing::warn!(
+                    task = %after.id, from = t.from.as_str(), to = t.to.as_str(), attempt = after.attempt,
+                    "recovered a task whose runner died"
+                );
+                self.parts.runs.runner.discard(task.id, task.attempt);
+                recovered += 1;
+            }
+        }
+        if recovered > 0 {
+            money_freed(self).await;
+            self.parts.runs.wake();
+        }
+        Ok(recovered)
+    }
+
+    /// At start, before the runner loop claims anything: on SQLite (one process per database)
+    /// every lease found belongs to a dead process and is recovered at once; on PostgreSQL only
+    /// expired ones (other replicas may be running).
+    pub async fn recover_at_start(&self, backend: Backend) {
+        let before = match backend {
+            Backend::Sqlite => now() + time::Duration::days(36_500),
+            Backend::Postgres => now(),
+        };
+        match self.recover_expired(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                tasks = n,
+                "recovered tasks left running by a stopped process"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not recover the tasks of a stopped process")
+            }
+        }
+        match record_leftovers(self).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                runs = n,
+                "recorded the cost of runs a stopped process left unrecorded"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the runs a stopped process left")
+            }
+        }
+    }
 }
 
 /// After a run's reserve went back (the run ended, was recovered or cancelled): the tasks a
 /// budget blocked are candidates again, and the next claim decides anew with what is left.
-async fn money_freed(state: &Service) {
-    let unblocked = state
+async fn money_freed(service: &Service) {
+    let unblocked = service
         .db(|conn| Ok(agentry_persistence::budgets::unblock(conn, None)?))
         .await;
     match unblocked {
@@ -365,7 +436,7 @@ async fn money_freed(state: &Service) {
         Err(e) => tracing::warn!(error = %e, "could not unblock tasks after a run"),
     }
     // The run's cost is recorded: a budget may have reached an alert threshold.
-    state.check_budget_alerts_logged().await;
+    service.check_budget_alerts_logged().await;
 }
 
 /// What a run needs besides the job.
@@ -378,24 +449,24 @@ struct Prepared {
 }
 
 /// Runs one claimed task to its end. Never fails: problems become the task's failure.
-async fn run_task(state: &Service, task: Task) {
+async fn run_task(service: &Service, task: Task) {
     let id = task.id;
     let attempt = task.attempt;
     tracing::info!(task = %id, attempt, kind = task.task_type.as_str(), "run started");
     let prepared = {
-        let key = state.codehost.master_key().clone();
+        let key = service.parts.codehost.master_key().clone();
         let task = task.clone();
-        let settings = state.runs.settings.clone();
+        let settings = service.parts.runs.settings.clone();
         // Local clone URLs only when the code host is a local fake (tests).
-        let allow_local = is_loopback_url(state.codehost.api_url());
-        state
+        let allow_local = is_loopback_url(service.parts.codehost.api_url());
+        service
             .db(move |conn| prepare(conn, &key, &task, &settings, allow_local))
             .await
     };
     let prepared = match prepared {
         Ok(Ok(p)) => p,
         Ok(Err(refusal)) => {
-            settle_without_run(state, &task, &refusal).await;
+            settle_without_run(service, &task, &refusal).await;
             return;
         }
         Err(e) => {
@@ -405,17 +476,17 @@ async fn run_task(state: &Service, task: Task) {
         }
     };
     let (cancel, cancelled) = watch::channel(false);
-    lock(&state.runs.active).insert(id, cancel.clone());
+    lock(&service.parts.runs.active).insert(id, cancel.clone());
     let (started, on_start) = oneshot::channel();
-    let renewer = tokio::spawn(renew_lease(state.clone(), id, cancel.clone()));
+    let renewer = tokio::spawn(renew_lease(service.clone(), id, cancel.clone()));
     let running = {
-        let state = state.clone();
+        let service = service.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
             if on_start.await.is_err() {
                 return;
             }
-            let moved = state
+            let moved = service
                 .db(move |conn| {
                     Ok(tasks::transition_task(
                         conn,
@@ -436,28 +507,29 @@ async fn run_task(state: &Service, task: Task) {
         cancel: cancelled,
         started: Some(started),
     };
-    let execution = state
+    let execution = service
+        .parts
         .runs
         .runner
         .execute(prepared.job.clone(), control)
         .await;
     let _ = running.await;
-    if state.runs.stopping.load(Ordering::SeqCst) {
+    if service.parts.runs.stopping.load(Ordering::SeqCst) {
         // Shutting down: the task stays leased and is recovered after the restart, with
         // the cost its output shows.
         renewer.abort();
-        lock(&state.runs.active).remove(&id);
+        lock(&service.parts.runs.active).remove(&id);
         return;
     }
     // The lease is still renewed while the outcome is published (which may wait out a
     // failing code host); a refused renewal (cancelled, or recovered elsewhere) stops that.
-    let settled = settle(state, &task, &prepared, execution, cancel.subscribe()).await;
+    let settled = settle(service, &task, &prepared, execution, cancel.subscribe()).await;
     renewer.abort();
-    lock(&state.runs.active).remove(&id);
+    lock(&service.parts.runs.active).remove(&id);
     match settled {
         Ok(()) => {
-            if !state.runs.settings.keep_run_dirs {
-                state.runs.runner.discard(id, attempt);
+            if !service.parts.runs.settings.keep_run_dirs {
+                service.parts.runs.runner.discard(id, attempt);
             }
         }
         Err(e) => {
@@ -661,13 +733,13 @@ fn review_prompt(repo: &Repository, parent: &Task, number: i64) -> String {
 }
 
 /// Renews the lease every third of its length; a refused renewal stops the agent.
-async fn renew_lease(state: Service, id: Uuid, cancel: watch::Sender<bool>) {
-    let every = state.runs.settings.lease / 3;
-    let lease = lease_of(&state.runs.settings);
+async fn renew_lease(service: Service, id: Uuid, cancel: watch::Sender<bool>) {
+    let every = service.parts.runs.settings.lease / 3;
+    let lease = lease_of(&service.parts.runs.settings);
     loop {
         tokio::time::sleep(every).await;
-        let owner = state.runs.owner.clone();
-        let renewed = state
+        let owner = service.parts.runs.owner.clone();
+        let renewed = service
             .db(move |conn| Ok(claims::renew_lease(conn, id, &owner, now() + lease)?))
             .await;
         match renewed {
@@ -683,14 +755,14 @@ async fn renew_lease(state: Service, id: Uuid, cancel: watch::Sender<bool>) {
 }
 
 /// Fails a task that could not run at all (no agent ran, so no run is recorded).
-async fn settle_without_run(state: &Service, task: &Task, message: &str) {
+async fn settle_without_run(service: &Service, task: &Task, message: &str) {
     let id = task.id;
     let details = TransitionDetails {
         reason: Some(message.to_owned()),
         error_message: Some(message.to_owned()),
         pull_request: None,
     };
-    let failed = state
+    let failed = service
         .db(move |conn| {
             Ok(tasks::transition_task(
                 conn,
@@ -922,7 +994,7 @@ fn fail_with(message: String) -> Settlement {
 /// task. Publishing then waits out code-host failures whose outcome is unknown; only a
 /// definite refusal fails the task.
 async fn settle(
-    state: &Service,
+    service: &Service,
     task: &Task,
     prepared: &Prepared,
     execution: Execution,
@@ -943,12 +1015,12 @@ async fn settle(
     let attempt = task.attempt;
     let metered = execution.metered;
     if metered
-        && let Some(gateway) = &state.runs.gateway
+        && let Some(gateway) = &service.parts.runs.gateway
         && !gateway.drain(id, attempt, DRAIN_WAIT).await
     {
         tracing::warn!(task = %id, attempt, "metered calls of the run are still being written; recording what is there");
     }
-    let (recorded, cost) = state
+    let (recorded, cost) = service
         .db(move |conn| record_run(conn, run, metered, &log))
         .await?;
     match recorded {
@@ -963,8 +1035,8 @@ async fn settle(
         }
     }
     // The reserve went back with the recording: blocked tasks may run now.
-    money_freed(state).await;
-    let mut patience = Patience::new(&state.runs.settings, cancel);
+    money_freed(service).await;
+    let mut patience = Patience::new(&service.parts.runs.settings, cancel);
     let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
     let settlement = match &execution.verdict {
         Verdict::Pushed { .. } if revision => {
@@ -976,7 +1048,7 @@ async fn settle(
             published(prepared, task, pull_request, reason)
         }
         Verdict::Pushed { branch, .. } => {
-            match open_pull_request(state, prepared, task, branch, cost, &mut patience).await {
+            match open_pull_request(service, prepared, task, branch, cost, &mut patience).await {
                 Published::Done(pull_request) => {
                     let reason = format!("pull request #{} opened", pull_request.number);
                     published(prepared, task, pull_request, reason)
@@ -986,7 +1058,7 @@ async fn settle(
             }
         }
         Verdict::Reviewed { text } => {
-            match post_review(state, prepared, task, text, cost, &mut patience).await {
+            match post_review(service, prepared, task, text, cost, &mut patience).await {
                 Published::Done(pull_request) => Settlement {
                     trigger: Some((
                         Trigger::ReviewPosted,
@@ -1037,7 +1109,7 @@ async fn settle(
     let repo_id = prepared.repo.id;
     let queued_review = settlement.review.is_some();
     let settlement_replied = settlement.reply.is_some();
-    let moved = state
+    let moved = service
         .db(move |conn| {
             Ok(write_tx::<_, DbError, _>(conn, |conn| {
                 let current = tasks::get_task(conn, id)?;
@@ -1070,16 +1142,18 @@ async fn settle(
         })
         .await?;
     if moved && queued_review {
-        state.runs.wake();
+        service.parts.runs.wake();
     }
     if moved && settlement_replied {
-        state.codehost.wake_outbox();
+        service.parts.codehost.wake_outbox();
     }
     if moved
         && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
         && prepared.repo.settings.revise_on_agent_review
     {
-        crate::revisions::agent_review_feedback(state, &prepared.repo, task.id, parent, text).await;
+        service
+            .agent_review_feedback(&prepared.repo, task.id, parent, text)
+            .await;
     }
     Ok(())
 }
@@ -1142,14 +1216,14 @@ impl Patience {
         }
     }
 
-    fn stopped(&self, state: &Service) -> bool {
-        state.runs.stopping.load(Ordering::SeqCst) || *self.cancel.borrow()
+    fn stopped(&self, service: &Service) -> bool {
+        service.parts.runs.stopping.load(Ordering::SeqCst) || *self.cancel.borrow()
     }
 
     /// After an uncertain failure `why`: waits for the next try (`None`), or says how
     /// publishing ends instead.
-    async fn wait(&mut self, state: &Service, task: &Task, why: &str) -> Option<Published> {
-        if self.stopped(state) {
+    async fn wait(&mut self, service: &Service, task: &Task, why: &str) -> Option<Published> {
+        if self.stopped(service) {
             return Some(Published::Stopped);
         }
         let elapsed = self.started.elapsed();
@@ -1169,7 +1243,7 @@ impl Patience {
             () = tokio::time::sleep(self.delay) => {}
             _ = self.cancel.changed() => {}
         }
-        if self.stopped(state) {
+        if self.stopped(service) {
             return Some(Published::Stopped);
         }
         self.delay = (self.delay * 2).min(MAX_PUBLISH_BACKOFF);
@@ -1204,7 +1278,7 @@ fn cost_text(cost: Option<Usd>) -> String {
 /// already has one), the branch's open pull request is looked up before anything is sent
 /// again, so none is ever opened twice; only a definite refusal ends it.
 async fn open_pull_request(
-    state: &Service,
+    service: &Service,
     prepared: &Prepared,
     task: &Task,
     branch: &str,
@@ -1212,7 +1286,7 @@ async fn open_pull_request(
     patience: &mut Patience,
 ) -> Published {
     const FAILED: &str = "the pull request could not be opened";
-    let github = match state.codehost.client(&prepared.token) {
+    let github = match service.parts.codehost.client(&prepared.token) {
         Ok(github) => github,
         Err(e) => return Published::Refused(format!("no code-host client: {e}")),
     };
@@ -1250,7 +1324,7 @@ async fn open_pull_request(
             Err(e) if uncertain(&e) => format!("{FAILED}: {failure}; then looking it up: {e}"),
             Err(e) => return Published::Refused(format!("{FAILED}: {failure}; {e}")),
         };
-        if let Some(end) = patience.wait(state, task, &why).await {
+        if let Some(end) = patience.wait(service, task, &why).await {
             return end;
         }
     }
@@ -1274,7 +1348,7 @@ pub fn review_marker(task_id: Uuid) -> String {
 /// there. Before every try the pull request's reviews are searched for the marker, so a
 /// post whose answer was lost is never repeated; only a definite refusal ends it.
 async fn post_review(
-    state: &Service,
+    service: &Service,
     prepared: &Prepared,
     task: &Task,
     text: &str,
@@ -1288,7 +1362,7 @@ async fn post_review(
     let (Some(number), Some(url)) = (parent.pr_number, parent.pr_url.clone()) else {
         return Published::Refused("the reviewed task has no pull request".into());
     };
-    let github = match state.codehost.client(&prepared.token) {
+    let github = match service.parts.codehost.client(&prepared.token) {
         Ok(github) => github,
         Err(e) => return Published::Refused(format!("no code-host client: {e}")),
     };
@@ -1318,62 +1392,22 @@ async fn post_review(
             return Published::Refused(format!("{FAILED}: {failure}"));
         }
         let why = format!("{FAILED}: {failure}");
-        if let Some(end) = patience.wait(state, task, &why).await {
+        if let Some(end) = patience.wait(service, task, &why).await {
             return end;
         }
     }
 }
 
-/// Recovers every task whose lease expired before `before` (see the module docs); returns
-/// how many were recovered.
-pub async fn recover_expired(
-    state: &Service,
-    before: OffsetDateTime,
-) -> Result<usize, ServiceError> {
-    let expired = state
-        .db(move |conn| Ok(claims::expired_leases(conn, before, 100)?))
-        .await?;
-    let mut recovered = 0;
-    for lease in expired {
-        let task = lease.task.clone();
-        if lock(&state.runs.active).contains_key(&task.id) && lease.owner == state.runs.owner {
-            // Ours and still running (a renewal is late): leave it.
-            continue;
-        }
-        let lost = lost_run(state, &lease).await?;
-        let done = state
-            .db(move |conn| {
-                let lost = with_metered_calls(conn, &lease, lost)?;
-                let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
-                Ok(claims::recover_expired(conn, &lease, before, lost, now())?)
-            })
-            .await?;
-        if let Some((after, t)) = done {
-            tracing::warn!(
-                task = %after.id, from = t.from.as_str(), to = t.to.as_str(), attempt = after.attempt,
-                "recovered a task whose runner died"
-            );
-            state.runs.runner.discard(task.id, task.attempt);
-            recovered += 1;
-        }
-    }
-    if recovered > 0 {
-        money_freed(state).await;
-        state.runs.wake();
-    }
-    Ok(recovered)
-}
-
 /// The ledger row of a dead runner's run, from what it left (its output, and what the
 /// agent recorded elsewhere, such as Codex's session files), if the runner can reach it.
 async fn lost_run(
-    state: &Service,
+    service: &Service,
     lease: &ExpiredLease,
 ) -> Result<Option<(Run, RunLog)>, ServiceError> {
     let task = lease.task.clone();
     let repo = match task.repo_id {
         Some(id) => Some(
-            state
+            service
                 .db(move |conn| Ok(repos::get_repository(conn, id)?))
                 .await?,
         ),
@@ -1390,7 +1424,12 @@ async fn lost_run(
         max_turns: None,
         max_budget_usd: None,
     };
-    let Some(Salvaged { output, report }) = state.runs.runner.salvage(task.id, task.attempt, &spec)
+    let Some(Salvaged { output, report }) =
+        service
+            .parts
+            .runs
+            .runner
+            .salvage(task.id, task.attempt, &spec)
     else {
         return Ok(None);
     };
@@ -1478,45 +1517,19 @@ fn with_metered_calls(
     Ok(Some((run, log)))
 }
 
-/// At start, before the runner loop claims anything: on SQLite (one process per database)
-/// every lease found belongs to a dead process and is recovered at once; on PostgreSQL only
-/// expired ones (other replicas may be running).
-pub async fn recover_at_start(state: &Service, backend: Backend) {
-    let before = match backend {
-        Backend::Sqlite => now() + time::Duration::days(36_500),
-        Backend::Postgres => now(),
-    };
-    match recover_expired(state, before).await {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(
-            tasks = n,
-            "recovered tasks left running by a stopped process"
-        ),
-        Err(e) => tracing::warn!(error = %e, "could not recover the tasks of a stopped process"),
-    }
-    match record_leftovers(state).await {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(
-            runs = n,
-            "recorded the cost of runs a stopped process left unrecorded"
-        ),
-        Err(e) => tracing::warn!(error = %e, "could not record the runs a stopped process left"),
-    }
-}
-
 /// At start, before any run: records every run this process's runner still holds whose
 /// attempt has no run on record, with the cost its output shows, and forgets the runs on
 /// record. These are runs whose agent ended (or was stopped by salvaging) after the
 /// previous process died and before it recorded them. On PostgreSQL another replica may
 /// recover such a task; it cannot read this runner's directory, so without this the cost
 /// would be lost. Returns how many runs were recorded.
-async fn record_leftovers(state: &Service) -> Result<usize, ServiceError> {
+async fn record_leftovers(service: &Service) -> Result<usize, ServiceError> {
     let mut recorded = 0;
-    for (task_id, attempt) in state.runs.runner.leftovers() {
-        if lock(&state.runs.active).contains_key(&task_id) {
+    for (task_id, attempt) in service.parts.runs.runner.leftovers() {
+        if lock(&service.parts.runs.active).contains_key(&task_id) {
             continue;
         }
-        let found = state
+        let found = service
             .db(move |conn| {
                 let task = match tasks::get_task(conn, task_id) {
                     Ok(task) => task,
@@ -1528,8 +1541,8 @@ async fn record_leftovers(state: &Service) -> Result<usize, ServiceError> {
             })
             .await?;
         let Some((task, false)) = found else {
-            if !state.runs.settings.keep_run_dirs {
-                state.runs.runner.discard(task_id, attempt);
+            if !service.parts.runs.settings.keep_run_dirs {
+                service.parts.runs.runner.discard(task_id, attempt);
             }
             continue;
         };
@@ -1538,8 +1551,8 @@ async fn record_leftovers(state: &Service) -> Result<usize, ServiceError> {
             owner: String::new(),
             task: Task { attempt, ..task },
         };
-        let lost = lost_run(state, &lease).await?;
-        let written = state
+        let lost = lost_run(service, &lease).await?;
+        let written = service
             .db(move |conn| match with_metered_calls(conn, &lease, lost)? {
                 Some((run, log)) => Ok(claims::record_finished_run(conn, &run, &log, now())?),
                 None => Ok(RunRecorded::AlreadyRecorded),
@@ -1549,22 +1562,22 @@ async fn record_leftovers(state: &Service) -> Result<usize, ServiceError> {
             tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");
             recorded += 1;
         }
-        if !state.runs.settings.keep_run_dirs {
-            state.runs.runner.discard(task_id, attempt);
+        if !service.parts.runs.settings.keep_run_dirs {
+            service.parts.runs.runner.discard(task_id, attempt);
         }
     }
     if recorded > 0 {
-        money_freed(state).await;
+        money_freed(service).await;
     }
     Ok(recorded)
 }
 
 /// The recovery loop: every half lease, recovers the tasks whose lease expired.
-pub async fn recovery_loop(state: Service) {
-    let every = (state.runs.settings.lease / 2).max(Duration::from_secs(1));
+pub async fn recovery_loop(service: Service) {
+    let every = (service.parts.runs.settings.lease / 2).max(Duration::from_secs(1));
     loop {
         tokio::time::sleep(every).await;
-        if let Err(e) = recover_expired(&state, now()).await {
+        if let Err(e) = service.recover_expired(now()).await {
             tracing::warn!(error = %e, "lease recovery skipped");
         }
     }

@@ -202,7 +202,7 @@ impl Service {
                  sandbox): run it as a user of its own (docs/security.md)"
             );
         }
-        runs::recover_at_start(self, self.db.backend()).await;
+        self.recover_at_start(self.parts.db.backend()).await;
         Background {
             loops: vec![
                 tokio::spawn(runs::runner_loop(self.clone())),
@@ -232,7 +232,7 @@ impl Service {
     /// Every effect and sync is recorded as it happens, so stopping loops mid-way loses
     /// nothing.
     pub async fn shut_down(&self, background: Background) {
-        self.runs.shut_down(SHUTDOWN_WAIT).await;
+        self.parts.runs.shut_down(SHUTDOWN_WAIT).await;
         drop(background);
     }
 }

@@ -126,7 +126,7 @@ impl Service {
                 Ok(tasks::create_task(conn, &new, "created")?)
             })
             .await?;
-        self.runs.wake();
+        self.parts.runs.wake();
         Ok(task)
     }
 
@@ -156,14 +156,14 @@ impl Service {
     /// is stopped (other replicas notice at their next lease renewal).
     pub async fn cancel_task(&self, id: Uuid, reason: String) -> Result<Task, ServiceError> {
         let task = self.user_transition(id, Trigger::Cancel, reason).await?;
-        self.runs.stop_local(id);
+        self.parts.runs.stop_local(id);
         Ok(task)
     }
 
     /// Queues a failed or cancelled task again (attempt + 1) and wakes the runner.
     pub async fn retry_task(&self, id: Uuid, reason: String) -> Result<Task, ServiceError> {
         let task = self.user_transition(id, Trigger::Retry, reason).await?;
-        self.runs.wake();
+        self.parts.runs.wake();
         Ok(task)
     }
 
@@ -217,8 +217,8 @@ impl Service {
             })
             .await?;
         if created {
-            self.codehost.wake_outbox();
-            self.runs.wake();
+            self.parts.codehost.wake_outbox();
+            self.parts.runs.wake();
         }
         Ok((task, created))
     }
@@ -247,6 +247,7 @@ impl Service {
             let attempt = task.attempt;
             self.blocking(move || {
                 service
+                    .parts
                     .runs
                     .runner()
                     .live_output(id, attempt)

@@ -84,7 +84,7 @@ fn next_watermark(prs: &[PullRequest], old: Option<OffsetDateTime>) -> Option<Of
 }
 
 async fn poll_repository(
-    state: &Service,
+    service: &Service,
     github: &GitHub,
     repo: Repository,
     poll: PullPollState,
@@ -115,13 +115,13 @@ async fn poll_repository(
     };
     // Review feedback on the open pull requests that changed, before the watermark moves:
     // a failure leaves it where it was, and the next poll asks again.
-    if let Err(e) = poll_feedback(state, github, &repo, &prs, since).await {
+    if let Err(e) = poll_feedback(service, github, &repo, &prs, since).await {
         tracing::warn!(repo = %repo.url, error = %e, "review feedback poll failed; will retry");
         outcome.error = Some(e.to_string());
         return outcome;
     }
     let url = repo.url.clone();
-    let stored = state
+    let stored = service
         .db(move |conn| {
             let watermark = next_watermark(&prs, since);
             let mut applied = 0;
@@ -154,7 +154,7 @@ async fn poll_repository(
 /// Considers the reviews and comments of the open pull requests in `prs` updated since
 /// `since` whose coding task may be revised.
 async fn poll_feedback(
-    state: &Service,
+    service: &Service,
     github: &GitHub,
     repo: &Repository,
     prs: &[PullRequest],
@@ -176,7 +176,7 @@ async fn poll_feedback(
         return Ok(());
     }
     let repo_id = repo.id;
-    let tracked = state
+    let tracked = service
         .db(move |conn| {
             let mut tracked = Vec::new();
             for number in open {
@@ -198,39 +198,56 @@ async fn poll_feedback(
     }
     let candidates = crate::revisions::collect_feedback(github, repo, &tracked, since).await?;
     for candidate in candidates {
-        crate::revisions::consider(state, github, repo, candidate, "the poller").await?;
+        service
+            .consider(github, repo, candidate, "the poller")
+            .await?;
     }
     Ok(())
 }
 
-/// One poll of every repository with tasks in `pr_opened`: one conditional request each,
-/// more pages only while they hold pull requests updated since the last successful poll.
-/// A failure leaves that repository's watermark where it was. 412 without a token.
-pub async fn poll_pull_requests(
-    state: &Service,
-) -> Result<Vec<(Uuid, RepoPollOutcome)>, ServiceError> {
-    let github = state.github().await?;
-    let repos = state.db(|conn| Ok(pulls::repos_to_poll(conn)?)).await?;
-    let outcomes: Vec<(Uuid, RepoPollOutcome)> = futures_util::stream::iter(repos)
-        .map(|(repo, poll)| {
-            let github = github.clone();
-            async move {
-                let id = repo.id;
-                (id, poll_repository(state, &github, repo, poll).await)
-            }
-        })
-        .buffer_unordered(POLL_CONCURRENCY)
-        .collect()
-        .await;
-    if outcomes.iter().any(|(_, o)| o.applied > 0) {
-        state.codehost.wake_outbox();
+impl Service {
+    /// One poll of every repository with tasks in `pr_opened`: one conditional request each,
+    /// more pages only while they hold pull requests updated since the last successful poll.
+    /// A failure leaves that repository's watermark where it was. 412 without a token.
+    pub async fn poll_pull_requests(&self) -> Result<Vec<(Uuid, RepoPollOutcome)>, ServiceError> {
+        let github = self.github().await?;
+        let repos = self.db(|conn| Ok(pulls::repos_to_poll(conn)?)).await?;
+        let outcomes: Vec<(Uuid, RepoPollOutcome)> = futures_util::stream::iter(repos)
+            .map(|(repo, poll)| {
+                let github = github.clone();
+                async move {
+                    let id = repo.id;
+                    (id, poll_repository(self, &github, repo, poll).await)
+                }
+            })
+            .buffer_unordered(POLL_CONCURRENCY)
+            .collect()
+            .await;
+        if outcomes.iter().any(|(_, o)| o.applied > 0) {
+            self.parts.codehost.wake_outbox();
+        }
+        Ok(outcomes)
     }
-    Ok(outcomes)
+
+    /// Forgets the delivery ids recorded more than [`DELIVERY_RETENTION`] before `now`; returns
+    /// how many.
+    pub async fn forget_old_deliveries(
+        &self,
+        now: time::OffsetDateTime,
+    ) -> Result<usize, ServiceError> {
+        self.db(move |conn| {
+            Ok(agentry_persistence::webhooks::forget_deliveries_before(
+                conn,
+                now - DELIVERY_RETENTION,
+            )?)
+        })
+        .await
+    }
 }
 
 /// The poller: every `interval`, if this process holds the poller role (on PostgreSQL an
 /// advisory lock, so of several replicas one polls; on SQLite always), polls once.
-pub async fn poll_loop(state: Service, interval: Duration, database_url: String) {
+pub async fn poll_loop(service: Service, interval: Duration, database_url: String) {
     let lock = match LeaderLock::new(&database_url, POLLER_LOCK_KEY) {
         Ok(lock) => std::sync::Arc::new(std::sync::Mutex::new(lock)),
         Err(e) => {
@@ -252,7 +269,7 @@ pub async fn poll_loop(state: Service, interval: Duration, database_url: String)
             .await
         };
         match held {
-            Ok(Ok(true)) => match poll_pull_requests(&state).await {
+            Ok(Ok(true)) => match service.poll_pull_requests().await {
                 Ok(outcomes) => {
                     let applied: usize = outcomes.iter().map(|(_, o)| o.applied).sum();
                     tracing::debug!(
@@ -350,8 +367,8 @@ pub fn handle_webhook(
 
 /// Syncs one repository's issues after a webhook said one was labelled; failures are logged
 /// (the periodic sync catches up).
-async fn sync_after_webhook(state: Service, repo_id: Uuid) {
-    if let Err(e) = codehost::sync_issues(&state, Some(repo_id)).await {
+async fn sync_after_webhook(service: Service, repo_id: Uuid) {
+    if let Err(e) = codehost::sync_issues(&service, Some(repo_id)).await {
         tracing::warn!(repo = %repo_id, error = %e, "issue sync after a webhook failed");
     }
 }
@@ -399,7 +416,7 @@ impl Service {
             tokio::spawn(sync_after_webhook(self.clone(), repo_id));
         }
         if outcome == WebhookOutcome::Handled {
-            self.codehost.wake_outbox();
+            self.parts.codehost.wake_outbox();
         }
         Ok(outcome)
     }
@@ -409,27 +426,14 @@ impl Service {
 /// days only, so an older id can never arrive again.
 pub const DELIVERY_RETENTION: time::Duration = time::Duration::days(7);
 
-/// Forgets the delivery ids recorded more than [`DELIVERY_RETENTION`] before `now`; returns
-/// how many.
-pub async fn forget_old_deliveries(
-    state: &Service,
-    now: time::OffsetDateTime,
-) -> Result<usize, ServiceError> {
-    state
-        .db(move |conn| {
-            Ok(agentry_persistence::webhooks::forget_deliveries_before(
-                conn,
-                now - DELIVERY_RETENTION,
-            )?)
-        })
-        .await
-}
-
 /// Forgets old delivery ids now and then every `every`, so the de-duplication table stays
 /// as small as GitHub's redelivery window. A failure is logged and tried again next time.
-pub async fn delivery_pruning_loop(state: Service, every: std::time::Duration) {
+pub async fn delivery_pruning_loop(service: Service, every: std::time::Duration) {
     loop {
-        match forget_old_deliveries(&state, agentry_persistence::now()).await {
+        match service
+            .forget_old_deliveries(agentry_persistence::now())
+            .await
+        {
             Ok(0) => {}
             Ok(n) => tracing::info!(forgotten = n, "forgot old webhook delivery ids"),
             Err(e) => tracing::warn!(error = %e, "could not forget old webhook delivery ids"),

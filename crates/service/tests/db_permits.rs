@@ -24,7 +24,7 @@ fn waiting_database_calls_do_not_hold_blocking_threads() {
     })
     .unwrap();
     let service = Service::open(&config).unwrap();
-    let pool = service.db.max_connections() as usize;
+    let pool = service.max_connections() as usize;
     // One blocking thread more than the pool has connections.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -149,13 +149,12 @@ async fn use_cases_refuse_bad_input_with_typed_errors_and_change_nothing() {
     let bad_import = service.import(b"{\"title\":\"x\"}".to_vec()).await;
     assert!(matches!(bad_import, Err(ServiceError::Malformed(ref m)) if m.contains("line 1")));
 
-    let mut conn = service.db.conn().unwrap();
-    assert_eq!(agentry_persistence::meta::task_count(&mut conn).unwrap(), 0);
-    assert!(
-        agentry_persistence::secrets::list(&mut conn)
-            .unwrap()
-            .is_empty()
-    );
+    let tasks = service
+        .db(|conn| Ok(agentry_persistence::meta::task_count(conn)?))
+        .await
+        .unwrap();
+    assert_eq!(tasks, 0);
+    assert!(service.secrets().await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -166,5 +165,5 @@ async fn the_background_loops_start_on_plain_tokio_and_stop() {
     let background = service.start_background(&config).await;
     let stopped = tokio::time::timeout(Duration::from_secs(20), service.shut_down(background));
     assert!(stopped.await.is_ok(), "the service did not stop");
-    assert_eq!(service.runs.active(), 0);
+    assert_eq!(service.active_runs(), 0);
 }

@@ -34,7 +34,7 @@ pub async fn healthz() -> web::Json<Status> {
 )]
 #[get("/readyz")]
 pub async fn readyz(state: web::Data<AppState>) -> Result<web::Json<Status>, ApiError> {
-    state.db(|_conn| Ok(())).await?;
+    state.service.check_database().await?;
     Ok(web::Json(Status { status: "ready" }))
 }
 
@@ -63,10 +63,7 @@ pub async fn metrics(
     if !state.metrics_public {
         Caller::from_request(&req, &mut Payload::None).await?;
     }
-    let at = agentry_persistence::now();
-    let scrape = state
-        .db(move |conn| Ok(agentry_persistence::scrape::scrape(conn, at)?))
-        .await?;
+    let scrape = state.service.metrics_scrape().await?;
     let costs = scrape
         .costs
         .into_iter()

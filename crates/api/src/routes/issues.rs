@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use agentry_domain::{AgentType, Role};
-use agentry_persistence::issues::{self, IssueView, IssueViewCursor};
-use agentry_persistence::repos;
+use agentry_persistence::issues::{IssueView, IssueViewCursor};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -19,6 +18,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::state::AppState;
 use agentry_service::tasks::Assignment;
+use agentry_service::views::IssuesView;
 
 /// A label on an issue.
 #[derive(Serialize, ToSchema)]
@@ -189,41 +189,27 @@ async fn issue_list(state: &AppState, view: ViewQuery) -> Result<IssueListDto, A
         limit,
         cursor,
     } = view;
-    state
-        .db(move |conn| {
-            let states = repos::issue_sync_states(conn)?;
-            if let Some(id) = repo_id
-                && !states.iter().any(|(r, _)| r.id == id)
-            {
-                return Err(ApiError::not_found(format!(
-                    "repository {id} is not connected"
-                )));
-            }
-            let page = issues::open_issues_page(conn, repo_id, limit, cursor.as_ref())?;
-            let mut synced_at = BTreeMap::new();
-            let mut errors = Vec::new();
-            for (repo, sync) in states {
-                if repo_id.is_some_and(|id| id != repo.id) {
-                    continue;
-                }
-                if let Some(at) = sync.synced_at {
-                    synced_at.insert(repo.id, crate::dto::rfc3339(at));
-                }
-                if let Some(message) = sync.error {
-                    errors.push(SyncErrorDto {
-                        repo_id: repo.id,
-                        message,
-                    });
-                }
-            }
-            Ok(IssueListDto {
-                issues: page.issues.into_iter().map(IssueDto::from).collect(),
-                next_cursor: page.next.as_ref().map(encode_cursor),
-                synced_at,
-                errors,
-            })
-        })
-        .await
+    let IssuesView { page, sync_states } =
+        state.service.issues_view(repo_id, limit, cursor).await?;
+    let mut synced_at = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (repo, sync) in sync_states {
+        if let Some(at) = sync.synced_at {
+            synced_at.insert(repo.id, crate::dto::rfc3339(at));
+        }
+        if let Some(message) = sync.error {
+            errors.push(SyncErrorDto {
+                repo_id: repo.id,
+                message,
+            });
+        }
+    }
+    Ok(IssueListDto {
+        issues: page.issues.into_iter().map(IssueDto::from).collect(),
+        next_cursor: page.next.as_ref().map(encode_cursor),
+        synced_at,
+        errors,
+    })
 }
 
 /// The view's query string: `repoId`, `limit` (1–200), `cursor` (`sync`: no cursor, the

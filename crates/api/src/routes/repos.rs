@@ -3,8 +3,7 @@
 
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use agentry_domain::{RepoSettings, RepoUrl, Role};
-use agentry_persistence::DbError;
-use agentry_persistence::repos::{self, Repository};
+use agentry_persistence::repos::Repository;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -143,7 +142,7 @@ pub async fn list_repos(
     _caller: Caller,
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoListDto>, ApiError> {
-    let list = state.db(|conn| Ok(repos::list_connected(conn)?)).await?;
+    let list = state.service.connected_repositories().await?;
     let budgets = state.service.budget_forecasts().await?;
     Ok(web::Json(RepoListDto {
         repos: list
@@ -151,20 +150,6 @@ pub async fn list_repos(
             .map(|r| with_budget(r.into(), &budgets))
             .collect(),
     }))
-}
-
-/// A storage error about repository `id` as an API error (404 naming it).
-fn repo_error(id: Uuid) -> impl Fn(DbError) -> ApiError {
-    move |e| match e {
-        DbError::NotFound => ApiError::not_found(format!("repository {id} not found")),
-        other => other.into(),
-    }
-}
-
-async fn load(state: &AppState, id: Uuid) -> Result<Repository, ApiError> {
-    state
-        .db(move |conn| repos::get_repository(conn, id).map_err(repo_error(id)))
-        .await
 }
 
 /// One repository (also a disconnected one, with `disconnectedAt`).
@@ -186,7 +171,7 @@ pub async fn get_repo(
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoDto>, ApiError> {
     let id = path_uuid("id", &path)?;
-    let repo = load(&state, id).await?;
+    let repo = state.service.repository(id).await?;
     let budgets = state.service.budget_forecasts().await?;
     Ok(web::Json(with_budget(repo.into(), &budgets)))
 }
@@ -224,12 +209,7 @@ pub async fn disconnect_repo(
 ) -> Result<web::Json<RepoDto>, ApiError> {
     caller.require(Role::Admin)?;
     let id = path_uuid("id", &path)?;
-    let repo = state
-        .db(move |conn| {
-            repos::disconnect_repository(conn, id, agentry_persistence::now())
-                .map_err(repo_error(id))
-        })
-        .await?;
+    let repo = state.service.disconnect_repository(id).await?;
     tracing::info!(repo = %repo.url, by = %caller.token_id, "repository disconnected");
     Ok(web::Json(repo.into()))
 }
@@ -253,7 +233,7 @@ pub async fn get_settings(
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoSettings>, ApiError> {
     let id = path_uuid("id", &path)?;
-    Ok(web::Json(load(&state, id).await?.settings))
+    Ok(web::Json(state.service.repository(id).await?.settings))
 }
 
 /// Changes any subset of a repository's settings. An unknown member or any bad value is a

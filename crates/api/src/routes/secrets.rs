@@ -3,7 +3,7 @@
 
 use actix_web::{HttpResponse, delete, get, put, web};
 use agentry_domain::Role;
-use agentry_persistence::secrets::{self, SecretInfo, SecretValue};
+use agentry_persistence::secrets::{SecretInfo, SecretValue};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -133,7 +133,7 @@ pub async fn list_secrets(
     state: web::Data<AppState>,
 ) -> Result<web::Json<SecretListDto>, ApiError> {
     caller.require(Role::Admin)?;
-    let list = state.db(|conn| Ok(secrets::list(conn)?)).await?;
+    let list = state.service.secrets().await?;
     Ok(web::Json(SecretListDto {
         secrets: list.into_iter().map(SecretDto::from).collect(),
     }))
@@ -162,10 +162,7 @@ pub async fn delete_secret(
     caller.require(Role::Admin)?;
     let name = path.into_inner();
     check_name(&name)?;
-    let stored_name = name.clone();
-    let deleted = state
-        .db(move |conn| Ok(secrets::delete(conn, &stored_name)?))
-        .await?;
+    let deleted = state.service.delete_secret(name.clone()).await?;
     if !deleted {
         return Err(ApiError::not_found(format!("secret {name} not found")));
     }

@@ -4,8 +4,7 @@
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use agentry_domain::{AgentType, Role, TaskState, TaskType, Usd};
-use agentry_persistence::tasks::{self, TaskCursor, TaskFilter};
-use agentry_persistence::{metering, revisions};
+use agentry_persistence::tasks::{TaskCursor, TaskFilter};
 use base64::Engine;
 use serde::Deserialize;
 use time::OffsetDateTime;
@@ -24,6 +23,7 @@ use crate::query::Query;
 use crate::routes::path_uuid;
 use crate::state::AppState;
 use agentry_service::tasks::{NewCodingTask, OutputTail};
+use agentry_service::views::TaskDetail;
 
 /// Default page size of the task list.
 pub const DEFAULT_LIMIT: i64 = 50;
@@ -93,9 +93,7 @@ pub async fn list_tasks(
     };
     let limit = q.int_in("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT);
     let cursor = q.get("cursor").map(decode_cursor).transpose()?;
-    let page = state
-        .db(move |conn| Ok(tasks::list_tasks(conn, &filter, limit, cursor.as_ref())?))
-        .await?;
+    let page = state.service.tasks(filter, limit, cursor).await?;
     Ok(web::Json(TaskListDto {
         next_cursor: page.next.as_ref().map(encode_cursor),
         tasks: page.tasks.into_iter().map(TaskSummaryDto::from).collect(),
@@ -127,21 +125,16 @@ pub async fn get_task(
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDetailDto>, ApiError> {
     let id = path_uuid("id", &path)?;
-    let detail = state
-        .db(move |conn| {
-            let task = tasks::find_task(conn, id)?
-                .ok_or_else(|| ApiError::not_found(format!("task {id} not found")))?;
-            let runs = tasks::task_runs(conn, id)?;
-            let events = tasks::task_events(conn, id)?;
-            let reviews = tasks::review_tasks(conn, id)?;
-            let blocked = metering::task_blocked(conn, id)?;
-            let triggers = revisions::run_triggers(conn, id)?;
-            let feedback = revisions::of_task(conn, id)?;
-            Ok((task, runs, events, reviews, blocked, triggers, feedback))
-        })
-        .await?;
-    let (task, runs, events, reviews, blocked, triggers, feedback) = detail;
-    let mut triggers: std::collections::HashMap<_, _> = triggers.into_iter().collect();
+    let TaskDetail {
+        task,
+        runs,
+        events,
+        reviews,
+        egress_blocked: blocked,
+        run_triggers,
+        feedback,
+    } = state.service.task_detail(id).await?;
+    let mut triggers: std::collections::HashMap<_, _> = run_triggers.into_iter().collect();
     let issue = task.issue_number.map(|number| IssueRefDto {
         number,
         html_url: format!("{}/issues/{number}", task.repo_url),
@@ -193,13 +186,7 @@ pub async fn task_calls(
     let attempt = q
         .int_in("attempt", 1, i64::from(i32::MAX))?
         .and_then(|n| i32::try_from(n).ok());
-    let calls = state
-        .db(move |conn| {
-            tasks::find_task(conn, id)?
-                .ok_or_else(|| ApiError::not_found(format!("task {id} not found")))?;
-            Ok(metering::task_calls(conn, id, attempt)?)
-        })
-        .await?;
+    let calls = state.service.task_calls(id, attempt).await?;
     let mut total = Some(Usd::ZERO);
     for call in &calls {
         total = match (total, call.cost_usd) {

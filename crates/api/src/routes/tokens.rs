@@ -2,7 +2,7 @@
 
 use actix_web::{HttpResponse, delete, get, post, web};
 use agentry_domain::Role;
-use agentry_persistence::tokens::{self, ApiToken};
+use agentry_persistence::tokens::ApiToken;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -104,17 +104,7 @@ pub async fn create_token(
     }
     let token = generate_token().map_err(|e| ApiError::internal(&e))?;
     let hash = hash_token(&token);
-    let record = state
-        .db(move |conn| {
-            Ok(tokens::create_token(
-                conn,
-                &name,
-                role,
-                &hash,
-                agentry_persistence::now(),
-            )?)
-        })
-        .await?;
+    let record = state.service.create_token(name, role, hash).await?;
     tracing::info!(token_id = %record.id, role = %record.role, by = %caller.token_id, "API token created");
     Ok(HttpResponse::Created().json(CreatedTokenDto {
         record: record.into(),
@@ -138,7 +128,7 @@ pub async fn list_tokens(
     state: web::Data<AppState>,
 ) -> Result<web::Json<TokenListDto>, ApiError> {
     caller.require(Role::Admin)?;
-    let list = state.db(|conn| Ok(tokens::list_active(conn)?)).await?;
+    let list = state.service.active_tokens().await?;
     Ok(web::Json(TokenListDto {
         tokens: list.into_iter().map(TokenDto::from).collect(),
     }))
@@ -165,9 +155,7 @@ pub async fn revoke_token(
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Role::Admin)?;
     let id = path_uuid("id", &path)?;
-    let revoked = state
-        .db(move |conn| Ok(tokens::revoke(conn, id, agentry_persistence::now())?))
-        .await?;
+    let revoked = state.service.revoke_token(id).await?;
     if !revoked {
         return Err(ApiError::not_found(format!("token {id} not found")));
     }

@@ -160,7 +160,7 @@ fn declared_length(req: &HttpRequest) -> Result<usize, ApiError> {
 /// delivery headers are present (400), and the declared length is within the limit (413,
 /// 411). Returns the event name and the delivery id.
 fn check_head(req: &HttpRequest, state: &AppState) -> Result<(String, String), ApiError> {
-    let Some(secret) = state.service.codehost.webhook_secret() else {
+    let Some(secret) = state.service.webhook_secret() else {
         return Err(ApiError::webhook_disabled());
     };
     // The MAC of an empty body is computed only to reuse the header's parsing: a missing or
@@ -270,7 +270,7 @@ pub async fn codehost_webhook(
         }
     };
     drop((memory, large));
-    let Some(secret) = state.service.codehost.webhook_secret() else {
+    let Some(secret) = state.service.webhook_secret() else {
         return Err(ApiError::webhook_disabled());
     };
     webhook::verify_signature(

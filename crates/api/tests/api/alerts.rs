@@ -16,7 +16,7 @@ use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::tasks::{self, Run, RunOutcome};
 use agentry_persistence::test_support::TestDb;
 use agentry_service::alerts::{AlertTiming, Alerts, WebhookUrl};
-use agentry_service::runs::{self, Runs};
+use agentry_service::runs::Runs;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -410,7 +410,7 @@ async fn a_run_that_ends_records_the_alerts_and_the_gauge_shows_the_use() {
 
     // The run fails at once (no code-host token is stored); its end checks the budgets.
     let task = queued(&db.db, &web);
-    assert_eq!(runs::run_next(&state.service).await.unwrap(), Some(task.id));
+    assert_eq!(state.service.run_next().await.unwrap(), Some(task.id));
     let (status, page) = call(&app, get("/api/budget/alerts?limit=1", &t.viewer)).await;
     assert_eq!(status, 200, "{page}");
     let alert = &page["alerts"][0];

@@ -84,7 +84,7 @@ async fn secrets_are_checked_encrypted_and_never_returned() {
     env.fake.clear_faults();
     let stored = secrets::get(
         &mut env.db().conn().unwrap(),
-        env.state.service.codehost.master_key(),
+        env.state.service.master_key(),
         "CODEHOST_TOKEN",
     )
     .unwrap()
@@ -402,7 +402,7 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
         let restarted = state_with_key(
             env.db(),
             &env.fake.base_url(),
-            env.state.service.codehost.master_key().clone(),
+            env.state.service.master_key().clone(),
         );
         let at = agentry_persistence::now();
         assert_eq!(
@@ -658,7 +658,7 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
         let restarted = state_with_key(
             env.db(),
             &env.fake.base_url(),
-            env.state.service.codehost.master_key().clone(),
+            env.state.service.master_key().clone(),
         );
         env.fake.close_issue("acme", "web", 1);
         env.fake.add_label("acme", "web", 2, "bug");
@@ -698,7 +698,7 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
         env.db(),
         code_host_with(
             &env.fake.base_url(),
-            env.state.service.codehost.master_key().clone(),
+            env.state.service.master_key().clone(),
             codehost::Timing {
                 // Long enough that the incremental sync below comes before it even on a
                 // loaded machine; the test waits for it by polling.

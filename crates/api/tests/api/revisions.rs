@@ -15,8 +15,8 @@ use agentry_codehost::webhook::sign;
 use agentry_fake_github::payloads;
 use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
+use agentry_service::codehost;
 use agentry_service::revisions::{self, RevisionSettings};
-use agentry_service::{codehost, tracking};
 use agentry_testkit::git::git;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
@@ -58,7 +58,9 @@ fn runs_of(task: &Value) -> &Vec<Value> {
 
 /// One pass of the revision scheduler now: how many rounds it started.
 async fn start_rounds(rig: &Rig) -> usize {
-    revisions::start_due_rounds(&rig.state.service, agentry_persistence::now())
+    rig.state
+        .service
+        .start_due_rounds(agentry_persistence::now())
         .await
         .unwrap()
 }
@@ -261,9 +263,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
 
     // Merging completes the task; outcomes count both runs in its cost.
     rig.env.fake.merge_pull(OWNER, NAME, number);
-    tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     let done = wait_for(&app, &t, &id, "completed", |t| state_of(t) == "completed").await;
     assert_eq!(done["costUsd"], "0.246912");
 }
@@ -307,9 +307,7 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     // A writer's mention on a pull request agentry did not open.
     let foreign = fake.add_pull(OWNER, NAME, "Someone's change", "feature/x", "main");
     fake.add_comment(OWNER, NAME, foreign, "carol", "@agentry take this over");
-    tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(start_rounds(&rig).await, 0);
     let task = task!(app, rig, id);
     assert_eq!(state_of(&task), "pr_opened");
@@ -327,9 +325,7 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
         1,
         "@agentry use a bounded cache here",
     );
-    tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(start_rounds(&rig).await, 1);
     let t = rig.env.t.viewer.clone();
     let task = wait_for(&app, &t, &id, "the revision", |t| {
@@ -391,9 +387,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
             call(&app, delivery("pull_request_review", delivery_id, &payload)).await;
         assert!(status < 300, "{status} {body}");
     }
-    tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     eventually_async(PATIENCE, "the feedback recorded", async || {
         task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
     })
@@ -432,9 +426,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
         assert!(prompt.contains(text), "{text}: {prompt}");
     }
     // Seen again by the poll after the round: still one.
-    tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     let task = task!(app, rig, id);
     assert_eq!(task["feedback"].as_array().unwrap().len(), 3);
     assert_eq!(task["revisions"], 1);
@@ -459,9 +451,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
         "alice",
         "@agentry nothing to do here [fake:no-changes]",
     );
-    tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(start_rounds(&rig).await, 1);
     let t = rig.env.t.viewer.clone();
     let task = wait_for(&app, &t, &id, "the revision", |t| {
@@ -477,9 +467,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     for text in ["@agentry one more thing", "@agentry and another"] {
         fake.advance_clock(Duration::from_secs(2));
         fake.add_comment(OWNER, NAME, number, "alice", text);
-        tracking::poll_pull_requests(&rig.state.service)
-            .await
-            .unwrap();
+        rig.state.service.poll_pull_requests().await.unwrap();
     }
     assert_eq!(start_rounds(&rig).await, 0);
     let task = task!(app, rig, id);
@@ -511,9 +499,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     // The pull request closed: the task fails as before.
     fake.advance_clock(Duration::from_secs(2));
     fake.close_pull(OWNER, NAME, number);
-    tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
     assert_eq!(task["revisions"], 1);
     // A mention on the closed pull request is ignored, and nothing is said.

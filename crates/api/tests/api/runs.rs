@@ -76,7 +76,7 @@ impl Rig {
             env.db().clone(),
             codehost(code_host_with(
                 &env.fake.base_url(),
-                env.state.service.codehost.master_key().clone(),
+                env.state.service.master_key().clone(),
                 test_timing(),
             )),
             Runs::local(
@@ -321,9 +321,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
 
     // Merging on the fake completes the task; the issue is closed.
     rig.env.fake.merge_pull(OWNER, NAME, pull.number);
-    agentry_service::tracking::poll_pull_requests(&rig.state.service)
-        .await
-        .unwrap();
+    rig.state.service.poll_pull_requests().await.unwrap();
     let done = wait_for(&app, &t, &id, "completed", |t| state_of(t) == "completed").await;
     assert_eq!(done["costUsd"], "0.123456");
     agentry_service::codehost::deliver_due(&rig.state.service, agentry_persistence::now())
@@ -804,7 +802,7 @@ fn agent_interval(rig: &Rig, id: &str) -> (u128, u128) {
 #[actix_web::test]
 async fn runs_are_limited_to_the_concurrency_setting() {
     let mut rig = Rig::new(TestDb::sqlite());
-    let max_concurrent = rig.state.service.runs.settings().max_concurrent;
+    let max_concurrent = rig.state.service.run_settings().max_concurrent;
     assert_eq!(max_concurrent, 2);
     let app = app!(rig);
     patch_settings(&app, &rig, json!({"autoReview": false})).await;

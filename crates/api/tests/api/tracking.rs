@@ -62,7 +62,7 @@ fn delivery(event: &str, id: &str, body: &[u8], secret: Option<&str>) -> Request
 impl Env {
     /// The same environment with the webhook enabled (same database and master key).
     fn with_webhook(mut self) -> Env {
-        let key = self.state.service.codehost.master_key().clone();
+        let key = self.state.service.master_key().clone();
         self.state = state_from(
             self.db(),
             code_host_with(&self.fake.base_url(), key, test_timing())
@@ -137,14 +137,10 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
         let b = env.task_with_pull(&repo, issue_b, pr_b);
 
         // Open pull requests: nothing happens; then an unchanged poll is one 304.
-        let first = tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        let first = env.state.service.poll_pull_requests().await.unwrap();
         assert_eq!(first[0].1.applied, 0);
         env.fake.reset_counts();
-        let again = tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        let again = env.state.service.poll_pull_requests().await.unwrap();
         assert!(again[0].1.unchanged);
         assert_eq!(env.fake.requests().len(), 1);
         assert_eq!(env.fake.count_status(304), 1);
@@ -152,9 +148,7 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
         env.fake.advance_clock(Duration::from_secs(60));
         env.fake.merge_pull("acme", "web", pr_a);
         env.fake.close_pull("acme", "web", pr_b);
-        let polled = tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        let polled = env.state.service.poll_pull_requests().await.unwrap();
         assert_eq!(polled[0].1.applied, 2, "{polled:?}");
         let (a, b) = (env.task(a.id), env.task(b.id));
         assert_eq!(
@@ -187,9 +181,7 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
 
         // No task is left in pr_opened: the repository is no longer polled.
         env.fake.reset_counts();
-        let idle = tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        let idle = env.state.service.poll_pull_requests().await.unwrap();
         assert!(idle.is_empty());
         assert_eq!(env.fake.requests().len(), 0);
     }
@@ -235,16 +227,12 @@ async fn a_first_poll_does_not_read_the_whole_history() {
         .unwrap()
     };
     env.fake.reset_counts();
-    tracking::poll_pull_requests(&env.state.service)
-        .await
-        .unwrap();
+    env.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(env.fake.count("GET", PULLS), 1, "{:?}", env.fake.requests());
 
     env.fake.advance_clock(Duration::from_secs(60));
     env.fake.merge_pull("acme", "web", pr);
-    let polled = tracking::poll_pull_requests(&env.state.service)
-        .await
-        .unwrap();
+    let polled = env.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(polled[0].1.applied, 1);
     assert_eq!(env.task(task.id).state, TaskState::Completed);
 }
@@ -259,25 +247,19 @@ async fn a_failed_poll_does_not_move_the_watermark_and_the_merge_is_seen_later()
         .fake
         .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
     let task = env.task_with_pull(&repo, issue, pr);
-    tracking::poll_pull_requests(&env.state.service)
-        .await
-        .unwrap();
+    env.state.service.poll_pull_requests().await.unwrap();
 
     env.fake.advance_clock(Duration::from_secs(60));
     env.fake.merge_pull("acme", "web", pr);
     env.fake
         .fail_next(Some(("GET", PULLS)), 10, Fault::Status(502));
-    let failed = tracking::poll_pull_requests(&env.state.service)
-        .await
-        .unwrap();
+    let failed = env.state.service.poll_pull_requests().await.unwrap();
     assert!(failed[0].1.error.is_some());
     assert_eq!(env.task(task.id).state, TaskState::PrOpened);
     // Later polls, once the code host is back: the merge is not lost.
     env.fake.clear_faults();
     env.fake.advance_clock(Duration::from_secs(60));
-    let polled = tracking::poll_pull_requests(&env.state.service)
-        .await
-        .unwrap();
+    let polled = env.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(polled[0].1.applied, 1);
     assert_eq!(env.task(task.id).state, TaskState::Completed);
 }
@@ -473,16 +455,14 @@ async fn poller_and_webhook_racing_on_one_merge_apply_it_once() {
         }
         assert_eq!(pr, 2);
         let task = env.task_with_pull(&repo, issue, 2);
-        tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        env.state.service.poll_pull_requests().await.unwrap();
         env.fake.advance_clock(Duration::from_secs(60));
         env.fake.merge_pull("Codertocat", "Hello-World", 2);
 
         let app = service_with(env.state.clone()).await;
         let body = merged_fixture();
         let (polled, (status, _)) = futures_util::join!(
-            tracking::poll_pull_requests(&env.state.service),
+            env.state.service.poll_pull_requests(),
             call(
                 &app,
                 delivery("pull_request", "race-1", &body, Some(SECRET))
@@ -552,7 +532,7 @@ async fn of_two_pollers_on_one_postgresql_only_one_polls() {
         .fake
         .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
     env.task_with_pull(&repo, issue, pr);
-    let key = env.state.service.codehost.master_key().clone();
+    let key = env.state.service.master_key().clone();
     let replicas = [
         state_with_key(env.db(), &env.fake.base_url(), key.clone()),
         state_with_key(env.db(), &env.fake.base_url(), key),
@@ -1015,7 +995,7 @@ async fn slow_uploads_cannot_starve_signed_deliveries() {
 #[actix_web::test]
 async fn delivery_ids_older_than_a_week_are_forgotten() {
     use agentry_persistence::webhooks::{find_delivery, record_delivery};
-    use agentry_service::tracking::{DELIVERY_RETENTION, forget_old_deliveries};
+    use agentry_service::tracking::DELIVERY_RETENTION;
     for db in TestDb::all() {
         let env = Env::new(db);
         let now = agentry_persistence::now();
@@ -1030,9 +1010,7 @@ async fn delivery_ids_older_than_a_week_are_forgotten() {
             }
         }
         assert_eq!(
-            forget_old_deliveries(&env.state.service, now)
-                .await
-                .unwrap(),
+            env.state.service.forget_old_deliveries(now).await.unwrap(),
             1
         );
         let mut conn = env.db().conn().unwrap();
@@ -1065,20 +1043,14 @@ async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on() {
         // The first poll reads every pull request's feedback once. Then one more change a
         // minute later moves the watermark to a second of its own (the 100 were made within
         // a second or two, and a poll reads again what was updated in the watermark's second).
-        tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        env.state.service.poll_pull_requests().await.unwrap();
         env.fake.advance_clock(Duration::from_secs(60));
         env.fake
             .add_comment("acme", "web", pulls[0], "bob", "Looks good.");
-        tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        env.state.service.poll_pull_requests().await.unwrap();
         env.fake.reset_counts();
         for _ in 0..3 {
-            let again = tracking::poll_pull_requests(&env.state.service)
-                .await
-                .unwrap();
+            let again = env.state.service.poll_pull_requests().await.unwrap();
             assert!(again[0].1.unchanged, "{again:?}");
         }
         assert_eq!(env.fake.requests().len(), 3, "{:?}", env.fake.requests());
@@ -1088,9 +1060,7 @@ async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on() {
         env.fake
             .add_comment("acme", "web", pulls[42], "alice", "@agentry add a test");
         env.fake.reset_counts();
-        let polled = tracking::poll_pull_requests(&env.state.service)
-            .await
-            .unwrap();
+        let polled = env.state.service.poll_pull_requests().await.unwrap();
         assert!(polled[0].1.error.is_none(), "{polled:?}");
         let sent: Vec<String> = env
             .fake

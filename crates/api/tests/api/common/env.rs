@@ -45,7 +45,7 @@ impl Env {
     pub fn store_token(&self) {
         secrets::put(
             &mut self.db().conn().unwrap(),
-            self.state.service.codehost.master_key(),
+            self.state.service.master_key(),
             codehost::TOKEN_SECRET,
             &secrets::SecretValue::new(GH_TOKEN),
             agentry_persistence::now(),
