@@ -20,6 +20,7 @@ use agentry_persistence::alerts::{self, BudgetAlert};
 use uuid::Uuid;
 
 use crate::codehost::retry_delay;
+use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// How many due alerts one delivery round takes.
@@ -254,9 +255,7 @@ impl Service {
                 "budget alert"
             );
         }
-        if deliver && !recorded.is_empty() {
-            self.parts.alerts.wake();
-        }
+        self.wake(Loops::ALERTS.when(deliver && !recorded.is_empty()));
         Ok(recorded)
     }
 

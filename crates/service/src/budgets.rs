@@ -7,6 +7,7 @@ use agentry_persistence::budgets::{self, MonthToDate};
 use agentry_persistence::repos;
 use uuid::Uuid;
 
+use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// A monthly budget and what its month has used so far.
@@ -75,9 +76,11 @@ impl Service {
         &self,
         budget: Option<Usd>,
     ) -> Result<BudgetView, ServiceError> {
-        self.db(move |conn| Ok(budgets::set_instance_budget(conn, budget, now())?))
-            .await?;
-        self.parts.runs.wake();
+        self.commit(
+            move |conn| Ok(budgets::set_instance_budget(conn, budget, now())?),
+            |_| Loops::RUNNER,
+        )
+        .await?;
         // A lowered budget may be past a threshold already.
         self.check_budget_alerts_logged().await;
         self.instance_budget().await
@@ -91,19 +94,20 @@ impl Service {
         patch: serde_json::Value,
     ) -> Result<RepoSettings, ServiceError> {
         let repo = self
-            .db(move |conn| {
-                match repos::patch_settings(conn, id, now(), |current| current.apply_patch(&patch))
-                {
+            .commit(
+                move |conn| match repos::patch_settings(conn, id, now(), |current| {
+                    current.apply_patch(&patch)
+                }) {
                     Ok(Ok(repo)) => Ok(repo),
                     Ok(Err(field)) => Err(ServiceError::from(field)),
                     Err(agentry_persistence::DbError::NotFound) => {
                         Err(ServiceError::NotFound(format!("repository {id} not found")))
                     }
                     Err(e) => Err(e.into()),
-                }
-            })
+                },
+                |_| Loops::RUNNER,
+            )
             .await?;
-        self.parts.runs.wake();
         // A lowered budget may be past a threshold already.
         self.check_budget_alerts_logged().await;
         Ok(repo.settings)

@@ -20,6 +20,7 @@ use futures_util::StreamExt;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// The secret holding the code-host token.
@@ -410,10 +411,11 @@ pub async fn sync_issues(
         .buffer_unordered(SYNC_CONCURRENCY)
         .collect()
         .await;
-    if outcomes.iter().any(|(_, o)| o.created > 0) {
-        state.parts.codehost.wake_outbox();
-        state.parts.runs.wake();
-    }
+    state.wake(
+        Loops::OUTBOX
+            .and(Loops::RUNNER)
+            .when(outcomes.iter().any(|(_, o)| o.created > 0)),
+    );
     Ok(outcomes)
 }
 

@@ -44,6 +44,7 @@ pub mod tasks;
 pub mod tokens;
 pub mod tracking;
 pub mod views;
+mod wake;
 
 use std::sync::Arc;
 

@@ -27,6 +27,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::config::DEFAULT_MENTION;
+use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// How long a collaborator's permission, as the code host answered, is trusted.
@@ -435,12 +436,9 @@ impl Service {
                     task = %task.id, pull = number, author = %candidate.author, seen_by,
                     source = candidate.source.as_str(), due = %due, "revision feedback recorded"
                 );
-                self.parts.codehost.revisions().wake();
-                self.parts.codehost.wake_outbox();
             }
             Considered::OverLimit => {
                 tracing::info!(task = %task.id, pull = number, "feedback past maxRevisions: no revision");
-                self.parts.codehost.wake_outbox();
             }
             Considered::Duplicate | Considered::Ignored(_) => {}
         }
@@ -460,7 +458,10 @@ impl Service {
         let mut started = 0;
         for task_id in due {
             let round = self
-                .db(move |conn| Ok(start_round(conn, task_id, at)?))
+                .commit(
+                    move |conn| Ok(start_round(conn, task_id, at)?),
+                    |started| Loops::RUNNER.and(Loops::OUTBOX).when(started.is_some()),
+                )
                 .await;
             match round {
                 Ok(Some(task)) => {
@@ -472,10 +473,6 @@ impl Service {
                     tracing::warn!(task = %task_id, error = %e, "could not start a revision round")
                 }
             }
-        }
-        if started > 0 {
-            self.parts.runs.wake();
-            self.parts.codehost.wake_outbox();
         }
         Ok(started)
     }
@@ -589,52 +586,59 @@ async fn record(
     let (repo_id, task_id) = (repo.id, task.id);
     let quiet = time::Duration::try_from(quiet).unwrap_or(time::Duration::ZERO);
     service
-        .db(move |conn| {
-            Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                revisions::lock_task(conn, task_id)?;
-                let task = tasks::get_task(conn, task_id)?;
-                if task.state != TaskState::PrOpened && task.revision().is_none() {
-                    return Ok(Considered::Ignored(
-                        "the pull request is no longer open".into(),
-                    ));
-                }
-                let at = now();
-                let over = task.revisions >= max;
-                let outcome = if over {
-                    FeedbackOutcome::OverLimit
-                } else {
-                    FeedbackOutcome::Waiting
-                };
-                if !revisions::insert(conn, &new, outcome, at)? {
-                    return Ok(Considered::Duplicate);
-                }
-                if over {
-                    if revisions::count(conn, task_id, FeedbackOutcome::OverLimit)? == 1 {
-                        let effect = NewEffect {
-                            task_id: None,
-                            repo_id,
-                            action: limit_notice(&task, max),
-                        };
-                        outbox::enqueue(conn, &effect, at)?;
+        .commit(
+            move |conn| {
+                Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                    revisions::lock_task(conn, task_id)?;
+                    let task = tasks::get_task(conn, task_id)?;
+                    if task.state != TaskState::PrOpened && task.revision().is_none() {
+                        return Ok(Considered::Ignored(
+                            "the pull request is no longer open".into(),
+                        ));
                     }
-                    return Ok(Considered::OverLimit);
-                }
-                let due = at + quiet;
-                revisions::set_due(conn, task_id, Some(due))?;
-                if let Some(action) = react {
-                    outbox::enqueue(
-                        conn,
-                        &NewEffect {
-                            task_id: None,
-                            repo_id,
-                            action,
-                        },
-                        at,
-                    )?;
-                }
-                Ok(Considered::Waiting(due))
-            })?)
-        })
+                    let at = now();
+                    let over = task.revisions >= max;
+                    let outcome = if over {
+                        FeedbackOutcome::OverLimit
+                    } else {
+                        FeedbackOutcome::Waiting
+                    };
+                    if !revisions::insert(conn, &new, outcome, at)? {
+                        return Ok(Considered::Duplicate);
+                    }
+                    if over {
+                        if revisions::count(conn, task_id, FeedbackOutcome::OverLimit)? == 1 {
+                            let effect = NewEffect {
+                                task_id: None,
+                                repo_id,
+                                action: limit_notice(&task, max),
+                            };
+                            outbox::enqueue(conn, &effect, at)?;
+                        }
+                        return Ok(Considered::OverLimit);
+                    }
+                    let due = at + quiet;
+                    revisions::set_due(conn, task_id, Some(due))?;
+                    if let Some(action) = react {
+                        outbox::enqueue(
+                            conn,
+                            &NewEffect {
+                                task_id: None,
+                                repo_id,
+                                action,
+                            },
+                            at,
+                        )?;
+                    }
+                    Ok(Considered::Waiting(due))
+                })?)
+            },
+            |considered| match considered {
+                Considered::Waiting(_) => Loops::REVISIONS.and(Loops::OUTBOX),
+                Considered::OverLimit => Loops::OUTBOX,
+                Considered::Duplicate | Considered::Ignored(_) => Loops::NONE,
+            },
+        )
         .await
 }
 

@@ -56,6 +56,7 @@ use uuid::Uuid;
 use crate::agent_network::AgentNetwork;
 use crate::codehost::TOKEN_SECRET;
 use crate::gateway::Gateway;
+use crate::wake::Loops;
 use crate::{Service, ServiceError};
 
 /// How long a stopped agent has at each step of the stop ladder: after SIGINT (when Claude
@@ -316,7 +317,7 @@ pub async fn runner_loop(service: Service) {
                     run_task(&service, task).await;
                     money_freed(&service).await;
                     drop(slot);
-                    service.parts.runs.wake();
+                    service.wake(Loops::RUNNER);
                 });
                 continue;
             }
@@ -388,7 +389,7 @@ impl Service {
         }
         if recovered > 0 {
             money_freed(self).await;
-            self.parts.runs.wake();
+            self.wake(Loops::RUNNER);
         }
         Ok(recovered)
     }
@@ -1110,43 +1111,44 @@ async fn settle(
     let queued_review = settlement.review.is_some();
     let settlement_replied = settlement.reply.is_some();
     let moved = service
-        .db(move |conn| {
-            Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                let current = tasks::get_task(conn, id)?;
-                if current.attempt != attempt {
-                    // Recovered by someone else meanwhile: that attempt is theirs now.
-                    return Ok(false);
-                }
-                if let Some((trigger, details)) = &settlement.trigger {
-                    match tasks::transition_task(conn, id, *trigger, details, now()) {
-                        Ok(_) => {
-                            if let Some(review) = &settlement.review {
-                                tasks::create_task(conn, review, "review launched")?;
-                            }
-                            if let Some(action) = &reply {
-                                let effect = NewEffect {
-                                    task_id: None,
-                                    repo_id,
-                                    action: action.clone(),
-                                };
-                                outbox::enqueue(conn, &effect, now())?;
-                            }
-                        }
-                        // Cancelled meanwhile: the run is recorded all the same.
-                        Err(DbError::InvalidTransition(_)) => return Ok(false),
-                        Err(e) => return Err(e),
+        .commit(
+            move |conn| {
+                Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                    let current = tasks::get_task(conn, id)?;
+                    if current.attempt != attempt {
+                        // Recovered by someone else meanwhile: that attempt is theirs now.
+                        return Ok(false);
                     }
-                }
-                Ok(true)
-            })?)
-        })
+                    if let Some((trigger, details)) = &settlement.trigger {
+                        match tasks::transition_task(conn, id, *trigger, details, now()) {
+                            Ok(_) => {
+                                if let Some(review) = &settlement.review {
+                                    tasks::create_task(conn, review, "review launched")?;
+                                }
+                                if let Some(action) = &reply {
+                                    let effect = NewEffect {
+                                        task_id: None,
+                                        repo_id,
+                                        action: action.clone(),
+                                    };
+                                    outbox::enqueue(conn, &effect, now())?;
+                                }
+                            }
+                            // Cancelled meanwhile: the run is recorded all the same.
+                            Err(DbError::InvalidTransition(_)) => return Ok(false),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(true)
+                })?)
+            },
+            |moved| {
+                (Loops::RUNNER.when(queued_review))
+                    .and(Loops::OUTBOX.when(settlement_replied))
+                    .when(*moved)
+            },
+        )
         .await?;
-    if moved && queued_review {
-        service.parts.runs.wake();
-    }
-    if moved && settlement_replied {
-        service.parts.codehost.wake_outbox();
-    }
     if moved
         && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
         && prepared.repo.settings.revise_on_agent_review

@@ -10,6 +10,7 @@ use agentry_persistence::{AnyConnection, DbError};
 use uuid::Uuid;
 
 use crate::import::{self, ImportError};
+use crate::wake::Loops;
 use crate::{Service, ServiceError, codehost, now, runs};
 
 /// The longest task title accepted.
@@ -108,8 +109,8 @@ impl Service {
                 format!("must be at most {MAX_PROMPT_BYTES} bytes"),
             ));
         }
-        let task = self
-            .db(move |conn| {
+        self.commit(
+            move |conn| {
                 let repo = connected_repository(conn, repo_id)?;
                 let new = NewTask {
                     id: Uuid::new_v4(),
@@ -124,47 +125,53 @@ impl Service {
                     created_at: now(),
                 };
                 Ok(tasks::create_task(conn, &new, "created")?)
-            })
-            .await?;
-        self.parts.runs.wake();
-        Ok(task)
+            },
+            |_| Loops::RUNNER,
+        )
+        .await
     }
 
-    /// Applies a user's trigger (cancel, retry) to a task, with `reason` in its history.
+    /// Applies a user's trigger (cancel, retry) to a task, with `reason` in its history,
+    /// then wakes `wake`.
     async fn user_transition(
         &self,
         id: Uuid,
         trigger: Trigger,
         reason: String,
+        wake: Loops,
     ) -> Result<Task, ServiceError> {
         let details = TransitionDetails {
             reason: Some(reason),
             error_message: None,
             pull_request: None,
         };
-        self.db(move |conn| {
-            if tasks::find_task(conn, id)?.is_none() {
-                return Err(ServiceError::NotFound(format!("task {id} not found")));
-            }
-            let (task, _) = tasks::transition_task(conn, id, trigger, &details, now())?;
-            Ok(task)
-        })
+        self.commit(
+            move |conn| {
+                if tasks::find_task(conn, id)?.is_none() {
+                    return Err(ServiceError::NotFound(format!("task {id} not found")));
+                }
+                let (task, _) = tasks::transition_task(conn, id, trigger, &details, now())?;
+                Ok(task)
+            },
+            |_| wake,
+        )
         .await
     }
 
     /// Cancels a queued, provisioning or running task; an agent running it in this process
     /// is stopped (other replicas notice at their next lease renewal).
     pub async fn cancel_task(&self, id: Uuid, reason: String) -> Result<Task, ServiceError> {
-        let task = self.user_transition(id, Trigger::Cancel, reason).await?;
+        let task = self
+            .user_transition(id, Trigger::Cancel, reason, Loops::NONE)
+            .await?;
         self.parts.runs.stop_local(id);
         Ok(task)
     }
 
     /// Queues a failed or cancelled task again (attempt + 1) and wakes the runner.
     pub async fn retry_task(&self, id: Uuid, reason: String) -> Result<Task, ServiceError> {
-        let task = self.user_transition(id, Trigger::Retry, reason).await?;
-        self.parts.runs.wake();
-        Ok(task)
+        self.user_transition(id, Trigger::Retry, reason, Loops::RUNNER)
+            .await
     }
 
     /// Assigns an issue: creates its coding task with the label and comment effects, or
@@ -201,8 +208,8 @@ impl Service {
                  exist)"
             )));
         }
-        let (task, created) = self
-            .db(move |conn| {
+        self.commit(
+            move |conn| {
                 let repo = connected_repository(conn, repo_id)?;
                 let agent = agent_type.unwrap_or(repo.settings.agent_type);
                 Ok(codehost::assign(
@@ -214,13 +221,10 @@ impl Service {
                     agent,
                     now(),
                 )?)
-            })
-            .await?;
-        if created {
-            self.parts.codehost.wake_outbox();
-            self.parts.runs.wake();
-        }
-        Ok((task, created))
+            },
+            |(_, created)| Loops::OUTBOX.and(Loops::RUNNER).when(*created),
+        )
+        .await
     }
 
     /// Imports historical task records (JSON Lines): every line is validated first; one bad

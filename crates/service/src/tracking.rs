@@ -19,6 +19,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::codehost::{self, SERVICE_LABEL};
+use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// The advisory-lock key of the poller role ("agentry" and 2; the migration lock is 1).
@@ -223,9 +224,7 @@ impl Service {
             .buffer_unordered(POLL_CONCURRENCY)
             .collect()
             .await;
-        if outcomes.iter().any(|(_, o)| o.applied > 0) {
-            self.parts.codehost.wake_outbox();
-        }
+        self.wake(Loops::OUTBOX.when(outcomes.iter().any(|(_, o)| o.applied > 0)));
         Ok(outcomes)
     }
 
@@ -390,23 +389,30 @@ impl Service {
                 | WebhookEvent::ReviewCommentCreated { .. }
         ))
         .then(|| event.clone());
+        // Feedback is decided (and wakes what it concerns) after this answer.
+        let decided_later = feedback.is_some();
         let (outcome, sync) = self
-            .db(move |conn| {
-                Ok(handle_webhook(
-                    conn,
-                    &delivery_id,
-                    &event_name,
-                    &event,
-                    now(),
-                )?)
-            })
+            .commit(
+                move |conn| {
+                    Ok(handle_webhook(
+                        conn,
+                        &delivery_id,
+                        &event_name,
+                        &event,
+                        now(),
+                    )?)
+                },
+                |(outcome, _)| {
+                    Loops::OUTBOX.when(*outcome == WebhookOutcome::Handled && !decided_later)
+                },
+            )
             .await?;
         if let (WebhookOutcome::Handled, Some(event)) = (&outcome, feedback) {
             // Decided in the background: the author's permission may need the code host,
             // and GitHub waits 10 s at most for the answer.
-            let state = self.clone();
+            let service = self.clone();
             tokio::spawn(async move {
-                if let Some(Err(e)) = state.feedback_event(&event).await {
+                if let Some(Err(e)) = service.feedback_event(&event).await {
                     tracing::warn!(error = %e, "review feedback from a webhook not decided; the poll finds it again");
                 }
             });
@@ -414,9 +420,6 @@ impl Service {
         }
         if let Some(repo_id) = sync {
             tokio::spawn(sync_after_webhook(self.clone(), repo_id));
-        }
-        if outcome == WebhookOutcome::Handled {
-            self.parts.codehost.wake_outbox();
         }
         Ok(outcome)
     }
