@@ -315,7 +315,8 @@ pub fn command(
         cwd: cwd.to_owned(),
         env,
         stop: crate::process::StopTarget::Group,
-        pass_fd: None,
+        pass_fds: Vec::new(),
+        user: None,
     }
 }
 

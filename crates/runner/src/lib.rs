@@ -43,6 +43,7 @@ pub mod network;
 pub mod prices;
 pub mod process;
 pub mod sandbox;
+pub mod user;
 pub mod version;
 pub mod workspace;
 

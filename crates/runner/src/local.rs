@@ -42,6 +42,7 @@ use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salv
 use crate::network::{self, Network, RunInfo, RunMeter};
 use crate::process::{self, Ended, Limits, OutputSink};
 use crate::sandbox::{self, Sandbox, SandboxMode};
+use crate::user::{self, UserIds};
 use crate::version;
 use crate::workspace::{GitSandbox, Workspaces, Worktree};
 use crate::{AgentOutcome, PriceTable, RunReport};
@@ -172,6 +173,38 @@ impl LocalRunner {
         }
     }
 
+    /// Opens the data directory to the agents' user `ids` (group traversal only) and checks
+    /// that it reaches the agent program, the forwarder and the data directory.
+    fn reachable_by(&self, ids: &UserIds, agent_type: AgentType) -> Result<(), String> {
+        user::open_data_dir(&self.config.root, ids)?;
+        let env = [(
+            "PATH".to_owned(),
+            self.config.env.path.clone().unwrap_or_default(),
+        )];
+        let mut needed = vec![(self.config.root.clone(), false)];
+        let programs = std::iter::once(self.program(agent_type).to_owned())
+            .chain(self.forwarder().and_then(|f| f.first()).map(PathBuf::from));
+        for program in programs {
+            let resolved = sandbox::resolve_program(&program, &env)?;
+            needed.push((std::fs::canonicalize(&resolved).unwrap_or(resolved), true));
+        }
+        for (path, run) in needed {
+            if let Some(blocked) = user::unreachable(&path, ids, run) {
+                return Err(format!(
+                    "agents run as {} (the service runs as root), who cannot reach {}{}: make                      it readable by that user (for example, install the agent CLI and agentry                      under /usr/local or /opt, and keep the data directory out of root's                      HOME), or set AGENTRY_ALLOW_ROOT=1 to run agents as root",
+                    ids.name,
+                    blocked.display(),
+                    if blocked == path {
+                        String::new()
+                    } else {
+                        format!(" (on the way to {})", path.display())
+                    }
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The directory of one run.
     pub fn run_dir(&self, task_id: Uuid, attempt: i32) -> PathBuf {
         self.config
@@ -267,6 +300,12 @@ impl LocalRunner {
         if let Err(problem) = self.check_cli(agent_type).await {
             return fail(problem.to_string());
         }
+        // An agent of another user must reach its program, the forwarder and its paths.
+        if let Some(ids) = self.config.sandbox.agent_user().ids()
+            && let Err(message) = self.reachable_by(ids, agent_type)
+        {
+            return fail(message);
+        }
         // A run whose allowance cannot be enforced does not start.
         if let Err(message) = agent::budget_enforceable(&job.agent, &self.config.prices) {
             return fail(message);
@@ -329,6 +368,37 @@ impl LocalRunner {
         let mut env = agent::environment(agent_type, launch, &home, &self.config.env);
         if let Some((opened, _)) = &network {
             env = network::agent_environment(agent_type, env, &opened.key);
+        }
+        // An agent of another user (the service runs as root) gets its worktree, its git
+        // metadata, its HOME and its network directory.
+        let user = self.config.sandbox.agent_user().ids().cloned();
+        if let Some(ids) = &user {
+            let given = async {
+                if bwrap.is_none() {
+                    return Err("agents run as another user only in the sandbox".to_owned());
+                }
+                worktree
+                    .give_to(ids.uid, ids.gid)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut dirs = vec![home.clone()];
+                dirs.extend(network.as_ref().map(|(_, dir)| dir.clone()));
+                let (uid, gid) = (ids.uid, ids.gid);
+                tokio::task::spawn_blocking(move || {
+                    dirs.iter()
+                        .try_for_each(|dir| crate::user::chown_tree(dir, uid, gid))
+                })
+                .await
+                .map_err(|e| e.to_string())?
+            }
+            .await;
+            if let Err(e) = given {
+                remove_worktree(worktree).await;
+                return fail(format!(
+                    "could not give the run's files to the agent's user {}: {e}",
+                    ids.name
+                ));
+            }
         }
         // A revision's prompt ends with what its pull request changes so far.
         let prompt = match &job.kind {
@@ -400,6 +470,7 @@ impl LocalRunner {
                     limits: self.config.sandbox.limits(),
                     features,
                     seccomp: seccomp.as_deref(),
+                    user: user.as_ref(),
                 };
                 match sandbox::wrap(bwrap, command, layout) {
                     Ok(command) => command,
@@ -448,6 +519,15 @@ impl LocalRunner {
                 return fail(format!("could not start the agent: {e}"));
             }
         };
+        // What the agent's user wrote is the service's again before anything reads it.
+        if user.is_some()
+            && let Err(e) = worktree.take_back().await
+        {
+            remove_worktree(worktree).await;
+            return fail(format!(
+                "could not take the worktree back from the agent: {e}"
+            ));
+        }
         // The parser read all of stdout as it arrived; only its end is kept for the log.
         // Stopped because the gateway refused a call for the run's budget, the run spent
         // what the gateway metered.

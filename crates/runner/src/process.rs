@@ -33,6 +33,8 @@ use nix::unistd::Pid;
 use tokio::fs::File;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
+
+use crate::user::UserIds;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -77,12 +79,16 @@ pub struct AgentCommand {
     pub env: Vec<(String, String)>,
     /// Which processes the stop signals go to.
     pub stop: StopTarget,
-    /// A descriptor the process inherits, at the same number (the sandbox's seccomp
-    /// filter, which `bwrap --seccomp N` reads); no other process does.
-    pub pass_fd: Option<PassedFd>,
+    /// Descriptors the process inherits, each at its own number (the sandbox's seccomp
+    /// filter, which `bwrap --seccomp N` reads, and the paths `bwrap --bind-fd N` mounts);
+    /// no other process does.
+    pub pass_fds: Vec<PassedFd>,
+    /// The user the process runs as, if not the service's (the service runs as root:
+    /// [`crate::user::AgentUser::Switch`]); its supplementary groups are dropped.
+    pub user: Option<UserIds>,
 }
 
-/// A descriptor given to one started process only ([`AgentCommand::pass_fd`]): open in
+/// A descriptor given to one started process only ([`AgentCommand::pass_fds`]): open in
 /// the service with close-on-exec, it is made inheritable in the child alone, between
 /// `fork` and `exec`, so that no other process the service starts meanwhile gets it.
 #[derive(Debug, Clone)]
@@ -92,6 +98,24 @@ impl PassedFd {
     /// The descriptor's number, in the service and in the started process.
     pub fn number(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+
+    /// The mappings that give `passed` to a child at their own numbers: a duplicate of each
+    /// (close-on-exec here) put at the original's number in the child only.
+    ///
+    /// # Errors
+    ///
+    /// A descriptor that cannot be duplicated.
+    pub fn mappings(passed: &[PassedFd]) -> io::Result<Vec<FdMapping>> {
+        passed
+            .iter()
+            .map(|p| {
+                Ok(FdMapping {
+                    parent_fd: p.0.try_clone()?,
+                    child_fd: p.number(),
+                })
+            })
+            .collect()
     }
 }
 
@@ -285,7 +309,8 @@ pub async fn run_process(
 ///   last [`STDOUT_MEMORY_CAP`] bytes are kept in memory.
 ///   Stderr goes to [`stderr_log_path`]`(log_path)`, rotated the same way, and its tail is
 ///   kept.
-/// - [`AgentCommand::pass_fd`], if any, is inherited by the process alone.
+/// - [`AgentCommand::pass_fds`] are inherited by the process alone.
+/// - It runs as [`AgentCommand::user`] when one is given.
 /// - `on_start(pid)` is called once the process is spawned.
 /// - The run ends when the process exits ([`Ended::Exited`]), when `limits.wall_time` has
 ///   passed ([`Ended::TimedOut`]), when `cancel` becomes `true` ([`Ended::Cancelled`]; a
@@ -342,17 +367,17 @@ pub async fn run_process_with<S: OutputSink>(
         cwd: cmd.cwd.display().to_string(),
         source,
     };
-    if let Some(passed) = &cmd.pass_fd {
-        // A duplicate (close-on-exec) put at the original's number in the child only, where
-        // it is inheritable: the original is open here, so nothing else of the child has
-        // that number.
-        let duplicate = passed.0.try_clone().map_err(spawn_error)?;
+    if !cmd.pass_fds.is_empty() {
+        // Duplicates (close-on-exec) put at the originals' numbers in the child only, where
+        // they are inheritable: the originals are open here, so nothing else of the child
+        // has those numbers.
         command
-            .fd_mappings(vec![FdMapping {
-                parent_fd: duplicate,
-                child_fd: passed.number(),
-            }])
+            .fd_mappings(PassedFd::mappings(&cmd.pass_fds).map_err(spawn_error)?)
             .map_err(|e| spawn_error(io::Error::other(e)))?;
+    }
+    if let Some(user) = &cmd.user {
+        // As root, std drops the supplementary groups when it switches the user id.
+        command.uid(user.uid).gid(user.gid);
     }
     let mut child = command.spawn().map_err(spawn_error)?;
     // The child has its copy of a passed descriptor: the duplicate is closed here with

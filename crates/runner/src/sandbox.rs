@@ -67,6 +67,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
 use crate::process::{AgentCommand, PassedFd, StopTarget};
+use crate::user::{AgentUser, UserIds};
 
 pub(crate) mod git_jail;
 pub mod seccomp;
@@ -368,6 +369,8 @@ pub struct Sandbox {
     extra_ro: Vec<PathBuf>,
     /// Whether agents get the seccomp filter ([`seccomp`]; `AGENTRY_SANDBOX_SECCOMP`).
     seccomp: bool,
+    /// The user agents run as ([`Sandbox::with_agent_user`]).
+    agent_user: AgentUser,
     probed: Arc<OnceCell<Result<(PathBuf, BwrapFeatures), String>>>,
 }
 
@@ -388,6 +391,7 @@ impl Sandbox {
             forwarder: None,
             extra_ro: Vec::new(),
             seccomp: true,
+            agent_user: AgentUser::Service,
             probed: Arc::new(OnceCell::new()),
         }
     }
@@ -428,6 +432,22 @@ impl Sandbox {
             seccomp: on,
             ..self
         }
+    }
+
+    /// This sandbox with agents run as `user` (see [`crate::user`]): `bwrap` (or an
+    /// unsandboxed agent) is started as that user, and the probe of `bwrap` too. A
+    /// [`AgentUser::Refused`] refuses every agent with its reason.
+    pub fn with_agent_user(self, user: AgentUser) -> Self {
+        Sandbox {
+            agent_user: user,
+            probed: Arc::new(OnceCell::new()),
+            ..self
+        }
+    }
+
+    /// The user agents run as.
+    pub fn agent_user(&self) -> &AgentUser {
+        &self.agent_user
     }
 
     /// Whether agents get the seccomp filter (where one exists for the architecture:
@@ -498,6 +518,9 @@ impl Sandbox {
     /// The `bwrap` and its features (found and probed once), `None` when agents run
     /// unsandboxed.
     pub(crate) async fn probed(&self) -> Result<Option<(PathBuf, BwrapFeatures)>, String> {
+        if let AgentUser::Refused(why) = &self.agent_user {
+            return Err(why.clone());
+        }
         if self.mode == SandboxMode::Off {
             return Ok(None);
         }
@@ -509,7 +532,9 @@ impl Sandbox {
                     None => find_bwrap(),
                 };
                 let result = match found {
-                    Ok(bwrap) => probe(&bwrap).await.map(|features| (bwrap, features)),
+                    Ok(bwrap) => probe(&bwrap, self.agent_user.ids())
+                        .await
+                        .map(|features| (bwrap, features)),
                     Err(e) => Err(e),
                 };
                 match &result {
@@ -518,6 +543,7 @@ impl Sandbox {
                             bwrap = %bwrap.display(),
                             tmpfs_size = features.tmpfs_size,
                             disable_userns = features.disable_userns,
+                            user = self.agent_user.ids().map(|u| u.name.as_str()),
                             "agents run in a bubblewrap sandbox"
                         );
                         if !features.tmpfs_size {
@@ -657,7 +683,7 @@ fn feature_args(features: BwrapFeatures) -> &'static [&'static str] {
 /// features of `bwrap` add: a user namespace without nested ones, a sized `/tmp`), to know
 /// `bwrap` works here. A feature that fails is left out (the sandbox still works without
 /// it). When only the network namespace fails, the message says so.
-async fn probe(bwrap: &Path) -> Result<BwrapFeatures, String> {
+async fn probe(bwrap: &Path, user: Option<&UserIds>) -> Result<BwrapFeatures, String> {
     let mut features = features_of(bwrap).await;
     let args = |features: BwrapFeatures, net: bool| {
         let mut args: Vec<&str> = feature_args(features).to_vec();
@@ -670,7 +696,9 @@ async fn probe(bwrap: &Path) -> Result<BwrapFeatures, String> {
         args.extend(["--tmpfs", "/tmp", "--", "true"]);
         args
     };
-    if features != BwrapFeatures::default() && trial(bwrap, &args(features, true)).await.is_err() {
+    if features != BwrapFeatures::default()
+        && trial(bwrap, user, &args(features, true)).await.is_err()
+    {
         for fewer in [
             BwrapFeatures {
                 disable_userns: false,
@@ -682,17 +710,17 @@ async fn probe(bwrap: &Path) -> Result<BwrapFeatures, String> {
             },
             BwrapFeatures::default(),
         ] {
-            if trial(bwrap, &args(fewer, true)).await.is_ok() {
+            if trial(bwrap, user, &args(fewer, true)).await.is_ok() {
                 features = fewer;
                 break;
             }
         }
     }
-    let failed = match trial(bwrap, &args(features, true)).await {
+    let failed = match trial(bwrap, user, &args(features, true)).await {
         Ok(()) => return Ok(features),
         Err(failed) => failed,
     };
-    if trial(bwrap, &args(features, false)).await.is_ok() {
+    if trial(bwrap, user, &args(features, false)).await.is_ok() {
         return Err(format!(
             "{failed}; {} works here without a network namespace, but agents get one of \
              their own (--unshare-net), which cannot be created here",
@@ -704,8 +732,11 @@ async fn probe(bwrap: &Path) -> Result<BwrapFeatures, String> {
 
 /// Runs `bwrap` with [`BASE_ARGS`] and `args` (ending with the command), within
 /// [`PROBE_TIMEOUT`].
-async fn trial(bwrap: &Path, args: &[&str]) -> Result<(), String> {
+async fn trial(bwrap: &Path, user: Option<&UserIds>, args: &[&str]) -> Result<(), String> {
     let mut command = tokio::process::Command::new(bwrap);
+    if let Some(user) = user {
+        command.uid(user.uid).gid(user.gid);
+    }
     command
         .args(PROBE_ROOT_ARGS)
         .args(BASE_ARGS)
@@ -789,8 +820,11 @@ pub(crate) struct Layout<'a> {
     /// What the `bwrap` used supports.
     pub features: BwrapFeatures,
     /// The seccomp filter ([`seccomp::program`]), if the agent gets one: given to `bwrap`
-    /// on a pipe it alone inherits (`--seccomp N`, [`AgentCommand::pass_fd`]).
+    /// on a pipe it alone inherits (`--seccomp N`, [`AgentCommand::pass_fds`]).
     pub seccomp: Option<&'a [u8]>,
+    /// The user `bwrap` is started as, if not the service's (it then starts from `/`: the
+    /// paths it mounts must be reachable by that user, [`crate::user::unreachable`]).
+    pub user: Option<&'a UserIds>,
 }
 
 /// The network part of a [`Layout`].
@@ -948,14 +982,12 @@ fn wrap_with_home(
         args.extend(["--bind".to_owned(), dir.clone(), dir]);
     }
     push_remount_ro(&mut args, tmpfs.iter().chain(&hidden_git))?;
-    let pass_fd = match layout.seccomp {
-        None => None,
-        Some(program) => {
-            let passed = seccomp_pipe(program)?;
-            args.extend(["--seccomp".to_owned(), passed.number().to_string()]);
-            Some(passed)
-        }
-    };
+    let mut pass_fds = Vec::new();
+    if let Some(program) = layout.seccomp {
+        let passed = seccomp_pipe(program)?;
+        args.extend(["--seccomp".to_owned(), passed.number().to_string()]);
+        pass_fds.push(passed);
+    }
     args.extend(["--chdir".to_owned(), utf8(&worktree)?, "--".to_owned()]);
     if let Some((forwarder, leading)) = &forwarder {
         args.push(utf8(forwarder)?);
@@ -973,10 +1005,17 @@ fn wrap_with_home(
         program: bwrap.to_owned(),
         args,
         stdin: cmd.stdin,
-        cwd: cmd.cwd,
+        // Another user may not be able to enter the worktree from outside; `--chdir` takes
+        // the agent there inside.
+        cwd: if layout.user.is_some() {
+            PathBuf::from("/")
+        } else {
+            cmd.cwd
+        },
         env: cmd.env,
         stop: StopTarget::Sandbox,
-        pass_fd,
+        pass_fds,
+        user: layout.user.cloned(),
     })
 }
 
@@ -1286,7 +1325,8 @@ mod tests {
                 cwd: self.worktree.clone(),
                 env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
                 stop: StopTarget::Group,
-                pass_fd: None,
+                pass_fds: Vec::new(),
+                user: None,
             }
         }
 
@@ -1306,6 +1346,7 @@ mod tests {
                 limits: AgentLimits::default(),
                 features: BwrapFeatures::default(),
                 seccomp: None,
+                user: None,
             }
         }
     }
@@ -1414,7 +1455,8 @@ mod tests {
             cwd: worktree.clone(),
             env: Vec::new(),
             stop: StopTarget::Group,
-            pass_fd: None,
+            pass_fds: Vec::new(),
+            user: None,
         };
         std::fs::copy(&program, root.join("agent")).unwrap();
         let refused = wrap_with_home(&bwrap, inside, layout, None).unwrap_err();
@@ -1666,7 +1708,7 @@ mod tests {
         let Ok(bwrap) = find_bwrap() else {
             panic!("these tests need bubblewrap (bwrap) installed");
         };
-        let features = probe(&bwrap).await.unwrap();
+        let features = probe(&bwrap, None).await.unwrap();
         let help = std::process::Command::new(&bwrap)
             .arg("--help")
             .output()

@@ -86,10 +86,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use command_fds::{CommandFdExt, FdMapping};
+use command_fds::CommandFdExt;
 use tokio::process::Command;
 use uuid::Uuid;
 
+use crate::process::PassedFd;
 use crate::sandbox::Sandbox;
 use crate::sandbox::git_jail::{GitJail, GitJailLayout, JailedCommand};
 
@@ -626,6 +627,41 @@ impl Worktree {
     /// The commit it started at.
     pub fn base_commit(&self) -> &str {
         &self.base_commit
+    }
+
+    /// Gives the worktree and its git metadata entry to the user `uid`:`gid` the agent runs
+    /// as (see [`crate::user`]), so it can write there and git trusts the repository.
+    ///
+    /// # Errors
+    ///
+    /// An entry that cannot be changed.
+    pub async fn give_to(&self, uid: u32, gid: u32) -> Result<(), GitError> {
+        self.chown(uid, gid).await
+    }
+
+    /// Takes the worktree and its metadata entry back for the service's own user once the
+    /// agent has ended, before anything of it is read for the commit (a file the agent
+    /// made readable to itself alone is then readable to the git steps).
+    ///
+    /// # Errors
+    ///
+    /// An entry that cannot be changed.
+    pub async fn take_back(&self) -> Result<(), GitError> {
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        self.chown(uid, gid).await
+    }
+
+    async fn chown(&self, uid: u32, gid: u32) -> Result<(), GitError> {
+        let paths = [self.path.clone(), self.meta.clone()];
+        tokio::task::spawn_blocking(move || {
+            paths
+                .iter()
+                .try_for_each(|path| crate::user::chown_tree(path, uid, gid))
+        })
+        .await
+        .map_err(|e| GitError::Io(format!("the change of owner failed: {e}")))?
+        .map_err(GitError::Io)
     }
 
     /// What the base commit changes against the remote branch `base` (a revision's pull
@@ -1249,15 +1285,10 @@ impl Git {
         if let Some(passed) = &jailed.pass_fd {
             // As for an agent (crate::process): a duplicate at the original's number, in
             // the child only.
-            let duplicate = passed
-                .0
-                .try_clone()
+            let mappings = PassedFd::mappings(std::slice::from_ref(passed))
                 .map_err(|e| GitError::Io(format!("cannot pass the seccomp filter: {e}")))?;
             command
-                .fd_mappings(vec![FdMapping {
-                    parent_fd: duplicate,
-                    child_fd: passed.number(),
-                }])
+                .fd_mappings(mappings)
                 .map_err(|e| GitError::Io(format!("cannot pass the seccomp filter: {e}")))?;
         }
         self.finish(command, args, env, limit).await

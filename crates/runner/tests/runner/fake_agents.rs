@@ -1605,7 +1605,8 @@ fn spawn_fake(
         cwd: cwd.path().to_owned(),
         env: agent_env(home.path()),
         stop: StopTarget::Group,
-        pass_fd: None,
+        pass_fds: Vec::new(),
+        user: None,
     };
     let limits = Limits {
         wall_time: wall,

@@ -9,7 +9,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agentry_runner::{AgentLimits, Execution, LocalConfig, LocalRunner, Sandbox, Verdict};
+use agentry_runner::user::AgentUser;
+use agentry_runner::{
+    AgentLimits, Execution, LocalConfig, LocalRunner, Sandbox, SandboxMode, Verdict,
+};
 use uuid::Uuid;
 
 use crate::sandbox::{Rig, run, sandbox_works_here};
@@ -128,31 +131,21 @@ python3 -c 'bytearray(256 << 20)' 2>/dev/null; echo "memory-256M $?"
 
 /// A process bomb stops at the process limit and the service is unaffected, and the
 /// service's own processes (80 of the same user, outside) do not count against it. The kernel
-/// never applies `RLIMIT_NPROC` to uid 0, so `bwrap` is run as `nobody` here (as the service
-/// should run: as a user of its own); in the sandbox's own user namespace the limit counts
-/// the sandbox's processes only.
+/// never applies `RLIMIT_NPROC` to uid 0: a service run as root runs its agents as `nobody`
+/// (docs/security.md#the-agents-user), and in the sandbox's own user namespace the limit
+/// counts the sandbox's processes only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_bomb_stops_at_the_process_limit() {
     if !sandbox_works_here() {
         return;
     }
     let rig = Rig::new();
+    // Everything `nobody` runs must be reachable by it: the forwarder out of the target
+    // directory (which may lie under root's HOME).
     let dir = rig.root.parent().unwrap();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // Everything `nobody` runs must be reachable by it: the forwarder out of the target
-    // directory (under root's HOME), and `bwrap` through `setpriv`. The runner's own git
-    // steps after the agent (their command line names `--work-tree=`) run in their sandbox
-    // as the service, as they would for a service that runs its agents as another user.
     let forwarder = dir.join("agentry-sandbox-net");
     std::fs::copy(FORWARDER, &forwarder).unwrap();
-    let bwrap = dir.join("bwrap-as-nobody");
-    std::fs::write(
-        &bwrap,
-        "#!/bin/sh\ncase \"$*\" in *--work-tree=*) exec /usr/bin/bwrap \"$@\";; esac\n\
-         exec setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/bwrap \"$@\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&bwrap, std::fs::Permissions::from_mode(0o755)).unwrap();
     let program = agent(
         &rig,
         "bomb",
@@ -166,9 +159,11 @@ echo "started $started"
         max_processes: 64,
         ..AgentLimits::default()
     };
-    let sandbox = Sandbox::with_bwrap(&bwrap)
+    let user = AgentUser::resolve(0, None, false, true).unwrap();
+    let sandbox = Sandbox::new(SandboxMode::Auto)
         .with_limits(limits)
-        .with_forwarder(vec![forwarder.display().to_string()]);
+        .with_forwarder(vec![forwarder.display().to_string()])
+        .with_agent_user(user);
     // 80 processes of the same user outside the sandbox (the service's, say): more than the
     // sandbox's limit, which they must not count against.
     let mut outside = std::process::Command::new("setpriv")

@@ -6,6 +6,7 @@
     reason = "test code: a failed unwrap is the test failing; clippy.toml's allow-*-in-tests covers #[test] functions, not their helpers"
 )]
 
+mod agent_user;
 mod budget;
 mod fake_agents;
 mod git_safety;

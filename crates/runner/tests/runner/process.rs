@@ -29,7 +29,8 @@ fn sh(dir: &Path, script: &str) -> AgentCommand {
             ("HOME".into(), dir.display().to_string()),
         ],
         stop: StopTarget::Group,
-        pass_fd: None,
+        pass_fds: Vec::new(),
+        user: None,
     }
 }
 

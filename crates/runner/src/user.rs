@@ -1,0 +1,320 @@
+//! Which user agents run as (docs/security.md#the-agents-user).
+//!
+//! A service run as its own user runs its agents as that user, inside the sandbox. A service
+//! run as `root` never runs them as root on the host: they run as an unprivileged user
+//! (`AGENTRY_AGENT_USER`, default `nobody`). The runner gives that user the run's worktree,
+//! its git metadata entry, its `HOME` and its network directory before the agent starts,
+//! starts `bwrap` as that user (which mounts the run's paths from descriptors the service
+//! opened, so the user needs no access to the data directory), and takes the worktree back
+//! before the git steps that follow. Where no such user can be had, agents are refused with
+//! the reason, unless the operator allows root (`AGENTRY_ALLOW_ROOT=1`).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The user agents run as.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AgentUser {
+    /// The service's own user (a service not run as root, or root with
+    /// `AGENTRY_ALLOW_ROOT=1`).
+    #[default]
+    Service,
+    /// Another user: the runner switches to it (the service runs as root).
+    Switch(UserIds),
+    /// Agents are refused, for this reason (a sentence naming the fix).
+    Refused(String),
+}
+
+/// A user's name, id and primary group id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserIds {
+    /// The name (or the number as given).
+    pub name: String,
+    /// The user id.
+    pub uid: u32,
+    /// The primary group id.
+    pub gid: u32,
+}
+
+/// The user `AGENTRY_AGENT_USER` names when it is not set.
+pub const DEFAULT_AGENT_USER: &str = "nobody";
+
+impl AgentUser {
+    /// The user agents run as, for a service of effective user id `service_uid`, with
+    /// `configured` (`AGENTRY_AGENT_USER`: a user name or a numeric id, `None` when unset),
+    /// `allow_root` (`AGENTRY_ALLOW_ROOT=1`) and `sandboxed` (whether agents run in the
+    /// sandbox). The user is looked up in the system's user database.
+    ///
+    /// # Errors
+    ///
+    /// `AGENTRY_AGENT_USER` set while the service does not run as root (it cannot switch
+    /// users): a sentence saying so. Every other problem refuses agents
+    /// ([`AgentUser::Refused`]) rather than the service.
+    pub fn resolve(
+        service_uid: u32,
+        configured: Option<&str>,
+        allow_root: bool,
+        sandboxed: bool,
+    ) -> Result<AgentUser, String> {
+        if service_uid != 0 {
+            return match configured {
+                Some(name) => Err(format!(
+                    "AGENTRY_AGENT_USER={name:?} needs the service to run as root (only root \
+                     can start agents as another user); unset it to run agents as the \
+                     service's own user"
+                )),
+                None => Ok(AgentUser::Service),
+            };
+        }
+        if allow_root {
+            return Ok(AgentUser::Service);
+        }
+        if !sandboxed {
+            return Ok(AgentUser::Refused(
+                "the service runs as root and agents run unsandboxed \
+                 (AGENTRY_AGENT_SANDBOX=off), so they would run as root on the host: run the \
+                 service as a user of its own, turn the sandbox on (agents then run as \
+                 AGENTRY_AGENT_USER), or set AGENTRY_ALLOW_ROOT=1"
+                    .to_owned(),
+            ));
+        }
+        let name = configured.unwrap_or(DEFAULT_AGENT_USER);
+        Ok(match lookup(name) {
+            Ok(ids) if ids.uid == 0 => AgentUser::Refused(format!(
+                "AGENTRY_AGENT_USER={name:?} is root: agents never run as root on the host \
+                 unless AGENTRY_ALLOW_ROOT=1"
+            )),
+            Ok(ids) => AgentUser::Switch(ids),
+            Err(why) => AgentUser::Refused(format!(
+                "the service runs as root and agents run as AGENTRY_AGENT_USER={name:?}, \
+                 but {why}: create that user, name another one in AGENTRY_AGENT_USER, or \
+                 set AGENTRY_ALLOW_ROOT=1 to run agents as root"
+            )),
+        })
+    }
+
+    /// The ids to switch to, if any.
+    pub fn ids(&self) -> Option<&UserIds> {
+        match self {
+            AgentUser::Switch(ids) => Some(ids),
+            _ => None,
+        }
+    }
+}
+
+/// The user `name` (or numeric id) of the system's user database.
+fn lookup(name: &str) -> Result<UserIds, String> {
+    use nix::unistd::{Uid, User};
+    let found = match name.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+        Err(_) => User::from_name(name),
+    };
+    match found {
+        Ok(Some(user)) => Ok(UserIds {
+            name: user.name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+        }),
+        Ok(None) => Err(format!("there is no user {name:?} on this machine")),
+        Err(e) => Err(format!("the user {name:?} cannot be looked up: {e}")),
+    }
+}
+
+/// The most entries [`chown_tree`] changes before it gives up (a worktree the agent filled
+/// with more is refused anyway by the nested-repository walk's own bound).
+const MAX_ENTRIES: u64 = 2_000_000;
+
+/// Gives `root` and everything below it to `uid`:`gid`, without following a symbolic link
+/// (`lchown`), so a link the agent made cannot hand a file elsewhere to anyone.
+///
+/// # Errors
+///
+/// An entry that cannot be read or changed, or more than two million entries.
+pub fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    let mut stack: Vec<PathBuf> = vec![root.to_owned()];
+    let mut seen: u64 = 0;
+    while let Some(path) = stack.pop() {
+        seen += 1;
+        if seen > MAX_ENTRIES {
+            return Err(format!(
+                "{} holds more than {MAX_ENTRIES} entries",
+                root.display()
+            ));
+        }
+        let meta = std::fs::symlink_metadata(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if meta.uid() != uid || meta.gid() != gid {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                .map_err(|e| format!("cannot give {} to {uid}:{gid}: {e}", path.display()))?;
+        }
+        if meta.is_dir() {
+            let entries = std::fs::read_dir(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first of `path`'s ancestors that `user` cannot pass through (no `x` for it), or
+/// `path` itself when `user` cannot pass through it (a directory) or read it (nor, with
+/// `run`, run it: a file), by the permission bits
+/// (owner, primary group, others; ACLs are not read). `None` when `user` reaches it.
+pub fn unreachable(path: &Path, user: &UserIds, run: bool) -> Option<PathBuf> {
+    let allows = |meta: &std::fs::Metadata, bits: u32| {
+        let mode = meta.mode();
+        let class = if meta.uid() == user.uid {
+            mode >> 6
+        } else if meta.gid() == user.gid {
+            mode >> 3
+        } else {
+            mode
+        };
+        class & bits == bits
+    };
+    let ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
+    for dir in ancestors.into_iter().rev() {
+        match std::fs::metadata(dir) {
+            Ok(meta) if allows(&meta, 0o1) => {}
+            _ => return Some(dir.to_owned()),
+        }
+    }
+    let wanted = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => 0o1,
+        Ok(_) if run => 0o5,
+        Ok(_) => 0o4,
+        Err(_) => return Some(path.to_owned()),
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if allows(&meta, wanted) => None,
+        _ => Some(path.to_owned()),
+    }
+}
+
+/// Lets `user` (and nobody else but the owner) pass through the data directory `dir` to
+/// the run's paths: its group becomes the user's primary group, its mode `0710` (no listing,
+/// no reading of the files in it by name unless they allow it: the master key and the
+/// database stay the owner's).
+///
+/// # Errors
+///
+/// The directory cannot be changed.
+pub fn open_data_dir(dir: &Path, user: &UserIds) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    if meta.gid() != user.gid {
+        std::os::unix::fs::chown(dir, None, Some(user.gid))
+            .map_err(|e| format!("cannot give {} to group {}: {e}", dir.display(), user.gid))?;
+    }
+    if meta.mode() & 0o7777 != 0o710 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
+            .map_err(|e| format!("cannot change the mode of {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_of_its_own_runs_agents_as_itself_and_refuses_a_switch() {
+        assert_eq!(
+            AgentUser::resolve(1000, None, false, true),
+            Ok(AgentUser::Service)
+        );
+        let err = AgentUser::resolve(1000, Some("nobody"), false, true).unwrap_err();
+        assert!(err.contains("needs the service to run as root"), "{err}");
+    }
+
+    #[test]
+    fn root_switches_to_nobody_by_default_and_refuses_what_it_cannot_use() {
+        let nobody = AgentUser::resolve(0, None, false, true).unwrap();
+        let ids = nobody.ids().expect("nobody exists here");
+        assert_eq!((ids.name.as_str(), ids.uid), ("nobody", 65534));
+        assert_eq!(
+            AgentUser::resolve(0, Some("65534"), false, true).unwrap(),
+            nobody
+        );
+        for (configured, expected) in [
+            (
+                Some("no-such-user-here"),
+                "there is no user \"no-such-user-here\"",
+            ),
+            (Some("root"), "is root"),
+            (Some("0"), "is root"),
+        ] {
+            match AgentUser::resolve(0, configured, false, true).unwrap() {
+                AgentUser::Refused(why) => {
+                    assert!(why.contains(expected), "{why}");
+                    assert!(why.contains("AGENTRY_ALLOW_ROOT=1"), "{why}");
+                }
+                other => panic!("{configured:?}: {other:?}"),
+            }
+        }
+        match AgentUser::resolve(0, None, false, false).unwrap() {
+            AgentUser::Refused(why) => assert!(why.contains("unsandboxed"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            AgentUser::resolve(0, None, true, false),
+            Ok(AgentUser::Service)
+        );
+    }
+
+    #[test]
+    fn what_another_user_can_reach_follows_the_permission_bits() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let open = base.join("open");
+        let closed = base.join("closed");
+        for d in [&open, &closed] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let tool = open.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hidden = closed.join("tool");
+        std::fs::write(&hidden, "").unwrap();
+        let other = UserIds {
+            name: "other".into(),
+            uid: 4_000_000,
+            gid: 4_000_000,
+        };
+        assert_eq!(unreachable(&tool, &other, true), None);
+        assert_eq!(unreachable(&hidden, &other, false), Some(closed.clone()));
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(unreachable(&tool, &other, true), Some(tool.clone()));
+        assert_eq!(unreachable(&tool, &other, false), None);
+        assert_eq!(
+            unreachable(&base.join("missing"), &other, false),
+            Some(base.join("missing"))
+        );
+    }
+
+    #[test]
+    fn chown_tree_never_follows_a_link() {
+        if nix::unistd::geteuid().as_raw() != 0 {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("tree");
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        std::fs::write(tree.join("a/b/f"), "x").unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "kept").unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("link")).unwrap();
+        chown_tree(&tree, 65534, 65534).unwrap();
+        for path in ["", "a", "a/b", "a/b/f", "link"] {
+            let meta = std::fs::symlink_metadata(tree.join(path)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{path}");
+        }
+        assert_eq!(std::fs::metadata(&outside).unwrap().uid(), 0);
+    }
+}

@@ -1,0 +1,88 @@
+//! A service run as root runs its agents as another user (docs/security.md#the-agents-user):
+//! the agent works in its worktree and `HOME` as that user, git trusts the repository, and
+//! what it wrote (a file only it may read included) is committed by the service.
+
+use std::os::unix::fs::MetadataExt;
+
+use crate::limits::{agent, reported, runner};
+use crate::sandbox::{Rig, run, sandbox_works_here};
+use crate::support::git;
+use agentry_runner::user::AgentUser;
+use agentry_runner::{Sandbox, SandboxMode, Verdict};
+use uuid::Uuid;
+
+/// As root, the agent runs as `nobody` (uid 65534) without a way into the data directory:
+/// its run's paths are mounted from descriptors. Its private file is in the commit, and the
+/// worktree is the service's again once it has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_root_the_agent_runs_as_nobody_and_its_work_is_committed() {
+    if !sandbox_works_here() || nix_is_not_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let program = agent(
+        &rig,
+        "as-nobody",
+        r#"echo "uid $(id -u)"
+echo private >private.txt && chmod 600 private.txt
+mkdir -p own && chmod 700 own && echo inner >own/f
+echo home >"$HOME/h" && echo "home writable"
+if git status --porcelain >/dev/null 2>&1; then echo "git-status ok"; else echo "git-status $(git status 2>&1 | head -1)"; fi
+"#,
+    );
+    let user = AgentUser::resolve(0, None, false, true).unwrap();
+    assert_eq!(user.ids().map(|u| u.uid), Some(65534));
+    let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user);
+    let task = Uuid::new_v4();
+    let execution = run(
+        &runner(&rig, sandbox, &program),
+        rig.job(task, "Work as nobody"),
+    )
+    .await;
+    let Verdict::Pushed { branch, .. } = &execution.verdict else {
+        panic!("{:?}\n{}", execution.verdict, execution.output);
+    };
+    assert_eq!(reported(&execution, "uid"), "65534");
+    assert_eq!(reported(&execution, "git-status"), "ok");
+    assert_eq!(reported(&execution, "home"), "writable");
+    let bare = &rig.bare;
+    assert_eq!(
+        git(&["show", &format!("{branch}:private.txt")], bare),
+        "private"
+    );
+    assert_eq!(git(&["show", &format!("{branch}:own/f")], bare), "inner");
+    // The run's HOME stays the agent's until the next attempt; the data directory is root's.
+    let home = std::fs::metadata(rig.home(task).join("h")).unwrap();
+    assert_eq!(home.uid(), 65534);
+    assert_eq!(std::fs::metadata(&rig.root).unwrap().uid(), 0);
+}
+
+/// Where no usable user exists, the agent is refused with the reason and nothing is
+/// prepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_agent_user_refuses_the_agent_with_its_reason() {
+    let rig = Rig::new();
+    let program = agent(&rig, "never", "echo ran >&2\n");
+    let refused = AgentUser::resolve(0, Some("no-such-user-here"), false, true).unwrap();
+    let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(refused);
+    let execution = run(
+        &runner(&rig, sandbox, &program),
+        rig.job(Uuid::new_v4(), "Never runs"),
+    )
+    .await;
+    let Verdict::Failed(message) = &execution.verdict else {
+        panic!("{:?}", execution.verdict);
+    };
+    assert!(
+        message.contains("there is no user \"no-such-user-here\"")
+            && message.contains("AGENTRY_ALLOW_ROOT=1"),
+        "{message}"
+    );
+    assert!(!rig.root.join("workspaces/worktrees").exists());
+}
+
+fn nix_is_not_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() != 0)
+        .unwrap_or(true)
+}
