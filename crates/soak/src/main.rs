@@ -1,9 +1,10 @@
 //! The soak harness behind `scripts/soak-replicas.sh` (docs/soak.md): two `agentry serve`
-//! replicas on one PostgreSQL, a fake code host failing a share of its calls, a fake agent with random
-//! costs and durations, issues assigned through the API and by labelling, pull requests
-//! merged and announced by webhook or left to the poll, and a replica killed with SIGKILL
-//! and restarted every so often. At the end, with the faults off, it waits for quiescence
-//! and checks that nothing was lost, doubled or left stuck, and that every cost adds up.
+//! replicas on one PostgreSQL, a fake code host failing a share of its calls, a fake agent
+//! with random costs and durations, issues assigned through the API and by labelling, pull
+//! requests merged and announced by webhook or left to the poll, and a replica killed with
+//! SIGKILL and restarted every so often. At the end, with the faults off, it waits for
+//! quiescence and checks that nothing was lost, doubled or left stuck, and that every cost
+//! adds up.
 //!
 //! Exit status: 0 when every check passed, 1 when one failed (each violation printed), 2
 //! when the harness itself could not run.
