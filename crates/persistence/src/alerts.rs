@@ -7,21 +7,22 @@
 //! in its own savepoint, so of two replicas (or a process and its restart) that find the
 //! same threshold reached, exactly one records it and the other gets nothing back.
 //!
-//! A recorded alert is also its own outbox entry: `pending` alerts are taken by
-//! [`claim_due`] with a lease (a compare-and-set that moves `next_attempt_at` forward),
-//! and reported with [`mark_delivered`] or [`mark_failed`] (which schedules the retry). An
-//! alert recorded while no webhook is configured is `unsent` and never delivered.
+//! A recorded alert is also its own outbox entry: `pending` alerts are delivered through the
+//! alerts' leased delivery [`QUEUE`] ([`crate::delivery`]): claimed under a lease, then
+//! marked delivered or failed (which schedules the retry). An alert recorded while no
+//! webhook is configured is `unsent` and never delivered.
 
 use std::fmt;
 use std::str::FromStr;
 
 use agentry_domain::{BudgetScope, RepoUrl, Usd};
 use diesel::prelude::*;
-use time::{Duration, OffsetDateTime, PrimitiveDateTime};
+use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::budgets::{instance_budget, month_start, spent_nanos};
 use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::delivery::{Entry, Queue};
 use crate::schema::{budget_alerts, repositories};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -339,106 +340,32 @@ pub fn list(
         .collect()
 }
 
-/// Claims up to `limit` pending alerts that are due (`next_attempt_at <= now`), oldest
-/// first, for one worker: each is leased by moving `next_attempt_at` to `now + lease` with
-/// a compare-and-set on the value just read, so of two workers (or replicas) only one gets
-/// a given alert, and it is not due again before the lease ends (a dead worker's alerts
-/// become due again then). The returned alerts carry the new `next_attempt_at`.
-pub fn claim_due(
-    conn: &mut AnyConnection,
-    now: OffsetDateTime,
-    lease: Duration,
-    limit: i64,
-) -> Result<Vec<BudgetAlert>, DbError> {
-    if limit <= 0 {
-        return Ok(Vec::new());
+/// The alerts as a leased delivery queue ([`crate::delivery`]): `pending` alerts, claimed
+/// oldest first; delivery makes them `delivered` and sets `delivered_at`.
+pub const QUEUE: Queue<BudgetAlert> = Queue::new(
+    "budget_alerts",
+    "delivery = 'pending'",
+    "delivery = 'delivered', delivered_at = #1",
+    "id",
+    load,
+);
+
+impl Entry for BudgetAlert {
+    fn id(&self) -> Uuid {
+        self.id
     }
-    let due = to_db(now);
-    let until = to_db(now + lease.max(Duration::microseconds(1)));
-    write_tx(conn, |conn| {
-        let candidates: Vec<AlertRow> = budget_alerts::table
-            .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str()))
-            .filter(budget_alerts::next_attempt_at.le(due))
-            .order(budget_alerts::id.asc())
-            .limit(limit)
-            .select(AlertRow::as_select())
-            .load(conn)?;
-        let mut claimed = Vec::with_capacity(candidates.len());
-        for mut row in candidates {
-            let won = diesel::update(
-                budget_alerts::table
-                    .find(&row.id)
-                    .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str()))
-                    .filter(budget_alerts::next_attempt_at.eq(row.next_attempt_at)),
-            )
-            .set(budget_alerts::next_attempt_at.eq(until))
-            .execute(conn)?;
-            if won == 1 {
-                row.next_attempt_at = until;
-                claimed.push(BudgetAlert::try_from(row)?);
-            }
-        }
-        Ok(claimed)
-    })
+
+    fn attempts(&self) -> i32 {
+        self.attempts
+    }
 }
 
-/// Records that the webhook took an alert. Idempotent: a delivered alert keeps its first
-/// delivery time. [`DbError::NotFound`] for an unknown id.
-pub fn mark_delivered(
-    conn: &mut AnyConnection,
-    id: Uuid,
-    now: OffsetDateTime,
-) -> Result<(), DbError> {
-    let updated = diesel::update(
-        budget_alerts::table
-            .find(id.to_string())
-            .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str())),
-    )
-    .set((
-        budget_alerts::delivery.eq(Delivery::Delivered.as_str()),
-        budget_alerts::delivered_at.eq(Some(to_db(now))),
-    ))
-    .execute(conn)?;
-    if updated == 0 {
-        get(conn, id)?;
-    }
-    Ok(())
-}
-
-/// Records a failed delivery attempt: `attempts + 1`, `last_error = error`,
-/// `next_attempt_at = retry_at`. Does nothing to an alert no longer pending.
-/// [`DbError::NotFound`] for an unknown id.
-pub fn mark_failed(
-    conn: &mut AnyConnection,
-    id: Uuid,
-    error: &str,
-    retry_at: OffsetDateTime,
-) -> Result<(), DbError> {
-    let updated = diesel::update(
-        budget_alerts::table
-            .find(id.to_string())
-            .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str())),
-    )
-    .set((
-        budget_alerts::attempts.eq(budget_alerts::attempts + 1),
-        budget_alerts::last_error.eq(Some(error)),
-        budget_alerts::next_attempt_at.eq(to_db(retry_at)),
-    ))
-    .execute(conn)?;
-    if updated == 0 {
-        get(conn, id)?;
-    }
-    Ok(())
-}
-
-/// When the next pending alert is due (possibly already past), or `None` when none is
-/// pending: lets the worker sleep exactly until there is work.
-pub fn next_due(conn: &mut AnyConnection) -> Result<Option<OffsetDateTime>, DbError> {
-    Ok(budget_alerts::table
-        .filter(budget_alerts::delivery.eq(Delivery::Pending.as_str()))
-        .order(budget_alerts::next_attempt_at.asc())
-        .select(budget_alerts::next_attempt_at)
-        .first::<PrimitiveDateTime>(conn)
-        .optional()?
-        .map(from_db))
+fn load(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<BudgetAlert>, DbError> {
+    budget_alerts::table
+        .filter(budget_alerts::id.eq_any(ids))
+        .select(AlertRow::as_select())
+        .load(conn)?
+        .into_iter()
+        .map(BudgetAlert::try_from)
+        .collect()
 }

@@ -9,6 +9,7 @@
 //! Modules by resource: [`tasks`] (creation, transitions, runs, listing, import), [`repos`]
 //! (connected repositories, settings, issue-sync state), [`issues`] (the synced copy of open
 //! code-host issues behind the issues view), [`outbox`] (code-host side effects),
+//! [`delivery`] (the leased, retried delivery of the outbox and of the budget [`alerts`]),
 //! [`pulls`] (pull-request tracking: what the poller visits, applying a pull request's fate),
 //! [`webhooks`] (delivery de-duplication), [`revisions`] (review feedback and revision rounds), [`leader`] (an exclusive role among replicas, such
 //! as the poller), [`runner`] (task claims and leases, run logs), [`rollups`] (cost rollups), [`tokens`], [`secrets`] and [`meta`].
@@ -20,6 +21,7 @@ pub mod alerts;
 pub mod budgets;
 pub mod connection;
 mod convert;
+pub mod delivery;
 mod error;
 pub mod issues;
 pub mod leader;

@@ -2,20 +2,21 @@
 //! change that causes them and delivered after commit by a worker.
 //!
 //! An effect is written with [`enqueue`] inside the caller's transaction, so it exists if
-//! and only if the change committed. A worker takes due effects with [`claim_due`], which
-//! leases them (moves `next_attempt_at` forward with a compare-and-set), performs them, and
-//! reports [`mark_delivered`] or [`mark_failed`] (which schedules the retry). A worker that
-//! dies leaves its effects to become due again when the lease runs out. At most one effect
-//! of each kind exists per task (the unique index on `(task_id, kind)`).
+//! and only if the change committed. Workers deliver effects through the outbox's leased
+//! delivery [`QUEUE`] ([`crate::delivery`]): claimed under a lease, performed, then marked
+//! delivered or failed (which schedules the retry); a worker that dies leaves its effects to
+//! become due again when the lease runs out. At most one effect of each kind exists per task
+//! (the unique index on `(task_id, kind)`).
 
 use std::fmt;
 use std::str::FromStr;
 
 use diesel::prelude::*;
-use time::{Duration, OffsetDateTime, PrimitiveDateTime};
+use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::delivery::{Entry, Queue};
 use crate::schema::outbox;
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -366,123 +367,34 @@ pub fn enqueue(
     })
 }
 
-/// Claims up to `limit` undelivered effects that are due (`next_attempt_at <= now`), oldest
-/// written first, for one worker.
-///
-/// Each is claimed by moving its `next_attempt_at` to `now + lease` with a compare-and-set on
-/// the value just read, so of two workers (or replicas) claiming at once only one gets a
-/// given effect, and an effect is not due again before the lease ends. If the worker dies
-/// before reporting, the effect becomes due again when the lease runs out. The returned
-/// effects carry the new `next_attempt_at`. A lease shorter than a microsecond counts as one.
-pub fn claim_due(
-    conn: &mut AnyConnection,
-    now: OffsetDateTime,
-    lease: Duration,
-    limit: i64,
-) -> Result<Vec<Effect>, DbError> {
-    if limit <= 0 {
-        return Ok(Vec::new());
+/// The outbox as a leased delivery queue ([`crate::delivery`]): undelivered effects, claimed
+/// oldest written first; delivery sets `delivered_at`.
+pub const QUEUE: Queue<Effect> = Queue::new(
+    "outbox",
+    "delivered_at IS NULL",
+    "delivered_at = #1",
+    "created_at, id",
+    load,
+);
+
+impl Entry for Effect {
+    fn id(&self) -> Uuid {
+        self.id
     }
-    let due = to_db(now);
-    // Strictly later than any due value, so the compare-and-set of a competitor can't match.
-    let until = to_db(now + lease.max(Duration::microseconds(1)));
-    write_tx(conn, |conn| {
-        let candidates: Vec<EffectRow> = outbox::table
-            .filter(outbox::delivered_at.is_null())
-            .filter(outbox::next_attempt_at.le(due))
-            .order((outbox::created_at.asc(), outbox::id.asc()))
-            .limit(limit)
-            .select(EffectRow::as_select())
-            .load(conn)?;
-        let mut claimed = Vec::with_capacity(candidates.len());
-        for mut row in candidates {
-            let won = diesel::update(
-                outbox::table
-                    .find(&row.id)
-                    .filter(outbox::delivered_at.is_null())
-                    .filter(outbox::next_attempt_at.eq(row.next_attempt_at)),
-            )
-            .set(outbox::next_attempt_at.eq(until))
-            .execute(conn)?;
-            if won == 1 {
-                row.next_attempt_at = until;
-                claimed.push(Effect::try_from(row)?);
-            }
-        }
-        Ok(claimed)
-    })
+
+    fn attempts(&self) -> i32 {
+        self.attempts
+    }
 }
 
-/// Records that an effect was delivered: `delivered_at = now`. Idempotent: an effect
-/// already delivered keeps its first delivery time. [`DbError::NotFound`] for an unknown id.
-pub fn mark_delivered(
-    conn: &mut AnyConnection,
-    id: Uuid,
-    now: OffsetDateTime,
-) -> Result<(), DbError> {
-    write_tx(conn, |conn| {
-        let updated = diesel::update(
-            outbox::table
-                .find(id.to_string())
-                .filter(outbox::delivered_at.is_null()),
-        )
-        .set(outbox::delivered_at.eq(Some(to_db(now))))
-        .execute(conn)?;
-        if updated == 0 {
-            ensure_exists(conn, id)?;
-        }
-        Ok(())
-    })
-}
-
-/// Records a failed delivery attempt: `attempts + 1`, `last_error = error`,
-/// `next_attempt_at = retry_at`. Does nothing to an effect already delivered (a worker whose
-/// lease ran out while another delivered it). [`DbError::NotFound`] for an unknown id.
-pub fn mark_failed(
-    conn: &mut AnyConnection,
-    id: Uuid,
-    error: &str,
-    retry_at: OffsetDateTime,
-) -> Result<(), DbError> {
-    write_tx(conn, |conn| {
-        let updated = diesel::update(
-            outbox::table
-                .find(id.to_string())
-                .filter(outbox::delivered_at.is_null()),
-        )
-        .set((
-            outbox::attempts.eq(outbox::attempts + 1),
-            outbox::last_error.eq(Some(error)),
-            outbox::next_attempt_at.eq(to_db(retry_at)),
-        ))
-        .execute(conn)?;
-        if updated == 0 {
-            ensure_exists(conn, id)?;
-        }
-        Ok(())
-    })
-}
-
-fn ensure_exists(conn: &mut AnyConnection, id: Uuid) -> Result<(), DbError> {
+fn load(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<Effect>, DbError> {
     outbox::table
-        .find(id.to_string())
-        .select(outbox::id)
-        .first::<String>(conn)
-        .optional()?
-        .map(|_| ())
-        .ok_or(DbError::NotFound)
-}
-
-/// When the next undelivered effect is due (possibly already past), or `None` when nothing
-/// is pending: lets the worker sleep exactly until there is work.
-pub fn next_due(conn: &mut AnyConnection) -> Result<Option<OffsetDateTime>, DbError> {
-    Ok(outbox::table
-        .filter(outbox::delivered_at.is_null())
-        .order(outbox::next_attempt_at.asc())
-        .select(outbox::next_attempt_at)
-        .first::<PrimitiveDateTime>(conn)
-        .optional()?
-        .map(from_db))
+        .filter(outbox::id.eq_any(ids))
+        .select(EffectRow::as_select())
+        .load(conn)?
+        .into_iter()
+        .map(Effect::try_from)
+        .collect()
 }
 
 /// All effects of a task, oldest written first (tests and task detail).

@@ -7,24 +7,23 @@
 //! start (a process that died between recording a run and checking finds it then). The
 //! storage's unique key makes each alert one row however many replicas check at once.
 //!
-//! Delivery goes through the alert rows as an outbox: [`alert_loop`] claims due alerts with
-//! a lease, POSTs each (its id also in the `Idempotency-Key` header), marks it delivered on
-//! a 2xx answer, and otherwise retries with capped exponential backoff. A receiver sees an
-//! alert once, unless it took one and the answer was lost (then the same id comes again).
+//! Delivery goes through the alert rows as an outbox, with the service's one leased delivery
+//! worker (the code-host outbox's too): [`alert_loop`] claims due alerts with a lease, POSTs
+//! each (its id also in the `Idempotency-Key` header), marks it delivered on a 2xx answer,
+//! and otherwise retries with capped exponential backoff. A receiver sees an alert once,
+//! unless it took one and the answer was lost (then the same id comes again).
 
 use std::fmt;
 use std::time::Duration;
 
 use agentry_domain::BudgetScope;
 use agentry_persistence::alerts::{self, BudgetAlert};
+use agentry_persistence::delivery::Backoff;
 use uuid::Uuid;
 
-use crate::codehost::retry_delay;
+use crate::delivery::{self, Worker};
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
-
-/// How many due alerts one delivery round takes.
-const BATCH: i64 = 20;
 
 /// The outbound webhook's URL. Its `Debug` and `Display` show only the scheme and host: the
 /// path of a chat webhook (Slack's `/services/…`) is itself the credential.
@@ -117,7 +116,8 @@ impl Default for AlertTiming {
 pub struct Alerts {
     webhook: Option<(WebhookUrl, reqwest::Client)>,
     timing: AlertTiming,
-    wake: tokio::sync::Notify,
+    /// The alerts' delivery worker.
+    delivery: Worker<BudgetAlert>,
 }
 
 impl fmt::Debug for Alerts {
@@ -132,11 +132,7 @@ impl fmt::Debug for Alerts {
 impl Alerts {
     /// Alerts recorded only (no webhook): each is stored as `unsent`.
     pub fn disabled() -> Alerts {
-        Alerts {
-            webhook: None,
-            timing: AlertTiming::default(),
-            wake: tokio::sync::Notify::new(),
-        }
+        Alerts::with_webhook(None, AlertTiming::default())
     }
 
     /// Alerts delivered to `webhook` (when given) with `timing`. Fails only if the HTTP
@@ -156,11 +152,25 @@ impl Alerts {
                 Some((url, client))
             }
         };
-        Ok(Alerts {
+        Ok(Alerts::with_webhook(webhook, timing))
+    }
+
+    fn with_webhook(webhook: Option<(WebhookUrl, reqwest::Client)>, timing: AlertTiming) -> Self {
+        let backoff = Backoff {
+            base: timing.retry_base,
+            max: timing.retry_max,
+        };
+        Alerts {
             webhook,
             timing,
-            wake: tokio::sync::Notify::new(),
-        })
+            delivery: Worker::new(
+                &alerts::QUEUE,
+                "budget alert",
+                timing.lease,
+                backoff,
+                timing.idle,
+            ),
+        }
     }
 
     /// Whether a webhook is configured.
@@ -170,7 +180,7 @@ impl Alerts {
 
     /// Wakes the delivery loop (an alert was recorded).
     pub fn wake(&self) {
-        self.wake.notify_one();
+        self.delivery.wake();
     }
 }
 
@@ -302,34 +312,13 @@ impl Service {
         let Some((url, client)) = &self.parts.alerts.webhook else {
             return Ok(0);
         };
-        let timing = self.parts.alerts.timing;
-        let lease = time::Duration::try_from(timing.lease).unwrap_or(time::Duration::MINUTE);
-        let claimed = self
-            .db(move |conn| Ok(alerts::claim_due(conn, at, lease, BATCH)?))
-            .await?;
-        let mut delivered = 0;
-        for alert in claimed {
-            let id = alert.id;
-            match post(client, url, &alert).await {
-                Ok(()) => {
-                    self.db(move |conn| Ok(alerts::mark_delivered(conn, id, now())?))
-                        .await?;
-                    tracing::info!(alert = %id, "budget alert delivered");
-                    delivered += 1;
-                }
-                Err(message) => {
-                    let delay = retry_delay(alert.attempts, timing.retry_base, timing.retry_max);
-                    tracing::warn!(
-                        alert = %id, attempts = alert.attempts + 1, retry_in = ?delay,
-                        error = %message, "budget alert delivery failed; will retry"
-                    );
-                    let retry_at = now() + delay;
-                    self.db(move |conn| Ok(alerts::mark_failed(conn, id, &message, retry_at)?))
-                        .await?;
-                }
-            }
-        }
-        Ok(delivered)
+        delivery::deliver_due(
+            self,
+            &self.parts.alerts.delivery,
+            at,
+            |alert: BudgetAlert| async move { post(client, url, &alert).await },
+        )
+        .await
     }
 }
 
@@ -341,26 +330,10 @@ pub async fn alert_loop(state: Service) {
     if !state.parts.alerts.webhook_configured() {
         return;
     }
-    let idle = state.parts.alerts.timing.idle;
-    loop {
-        if let Err(e) = state.deliver_due_alerts(now()).await {
-            tracing::debug!(error = %e, "alert delivery round skipped");
-        }
-        let next = state
-            .db(|conn| Ok(alerts::next_due(conn)?))
-            .await
-            .ok()
-            .flatten();
-        let sleep = next.map_or(idle, |due| {
-            Duration::try_from(due - now())
-                .unwrap_or(Duration::ZERO)
-                .min(idle)
-        });
-        tokio::select! {
-            () = tokio::time::sleep(sleep.max(Duration::from_millis(10))) => {}
-            () = state.parts.alerts.wake.notified() => {}
-        }
-    }
+    delivery::run(&state, &state.parts.alerts.delivery, || {
+        state.deliver_due_alerts(now())
+    })
+    .await;
 }
 
 #[cfg(test)]

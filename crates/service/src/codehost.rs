@@ -2,14 +2,17 @@
 //! token and the one client built from it, assignment of an issue (the task and its outbox
 //! effects in one transaction), issue sync, and delivery of the outbox.
 //!
-//! Decisions live in plain functions ([`assign`], [`comment_body`], [`retry_delay`]); the
-//! async functions around them read, call the code host through [`GitHub`], and write.
+//! Decisions live in plain functions ([`assign`], [`comment_body`]); the async functions
+//! around them read, call the code host through [`GitHub`], and write. The outbox is
+//! delivered by the service's one leased delivery worker (the same as the budget alerts');
+//! this module gives it the send step, [`deliver`].
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue, ReactionTarget};
 use agentry_domain::{AgentType, RepoUrl, Task, TaskType};
+use agentry_persistence::delivery::Backoff;
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
 use agentry_persistence::repos::{self, NewRepository, Repository};
@@ -20,6 +23,7 @@ use futures_util::StreamExt;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::delivery::{self, Worker};
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
@@ -31,8 +35,6 @@ pub const SERVICE_LABEL: &str = "agentry";
 pub const SERVICE_LABEL_COLOR: &str = "6f42c1";
 /// Repositories synced at once.
 const SYNC_CONCURRENCY: usize = 4;
-/// Effects claimed per round of the outbox worker.
-const OUTBOX_BATCH: i64 = 20;
 /// How far before the watermark an incremental issue read starts. GitHub's `since` is
 /// inclusive but has whole seconds, and an update may show in the list a moment after the
 /// `updated_at` it carries; re-reading a few seconds costs nothing (the answer is the same
@@ -79,7 +81,8 @@ pub struct CodeHost {
     timing: Timing,
     /// The client of the stored token, rebuilt when the token changes.
     cached: Mutex<Option<(SecretValue, GitHub)>>,
-    outbox_wake: tokio::sync::Notify,
+    /// The outbox's delivery worker.
+    outbox: Worker<Effect>,
     /// One issue sync at a time in this process.
     sync_lock: tokio::sync::Mutex<()>,
     /// `CODEHOST_WEBHOOK_SECRET`; the webhook is disabled without it.
@@ -104,7 +107,16 @@ impl CodeHost {
             client_config,
             timing,
             cached: Mutex::new(None),
-            outbox_wake: tokio::sync::Notify::new(),
+            outbox: Worker::new(
+                &outbox::QUEUE,
+                "code-host effect",
+                timing.lease,
+                Backoff {
+                    base: timing.retry_base,
+                    max: timing.retry_max,
+                },
+                timing.idle,
+            ),
             sync_lock: tokio::sync::Mutex::new(()),
             webhook_secret: None,
             revisions: crate::revisions::Revisions::default(),
@@ -176,7 +188,7 @@ impl CodeHost {
 
     /// Tells the outbox worker that new effects are waiting.
     pub fn wake_outbox(&self) {
-        self.outbox_wake.notify_one();
+        self.outbox.wake();
     }
 }
 
@@ -723,13 +735,6 @@ pub async fn issue_sync_loop(state: Service, interval: Duration) {
     }
 }
 
-/// The delay before attempt `attempts + 1` of a failed effect: doubling from `base`, at most
-/// `max`.
-pub fn retry_delay(attempts: i32, base: Duration, max: Duration) -> Duration {
-    let exponent = u32::try_from(attempts.clamp(0, 20)).unwrap_or(20);
-    base.saturating_mul(2u32.saturating_pow(exponent)).min(max)
-}
-
 /// Carries out one effect on the code host. Each kind is safe to repeat: adding a label the
 /// issue has changes nothing, a comment or reply whose marker is already on the issue is not
 /// posted again, an issue already closed is left alone, and a reaction already there is
@@ -801,74 +806,35 @@ pub async fn deliver(
     }
 }
 
-/// Claims the effects due at `at` and delivers them; returns how many were delivered.
-/// Without a stored token nothing is claimed.
+/// Claims the effects due at `at` and delivers them ([`deliver`]); returns how many were
+/// delivered. Without a stored token nothing is claimed.
 pub async fn deliver_due(state: &Service, at: OffsetDateTime) -> Result<usize, ServiceError> {
-    let github = state.github().await?;
-    let timing = state.parts.codehost.timing;
-    let lease = time::Duration::try_from(timing.lease).unwrap_or(time::Duration::MINUTE);
-    let claimed = state
-        .db(move |conn| {
-            let effects = outbox::claim_due(conn, at, lease, OUTBOX_BATCH)?;
-            effects
-                .into_iter()
-                .map(|e| Ok((repos::get_repository(conn, e.repo_id)?, e)))
-                .collect::<Result<Vec<_>, DbError>>()
-                .map_err(ServiceError::from)
-        })
-        .await?;
-    let mut delivered = 0;
-    for (repo, effect) in claimed {
-        let result = deliver(&github, &repo, &effect).await;
-        let id = effect.id;
-        match result {
-            Ok(()) => {
-                state
-                    .db(move |conn| Ok(outbox::mark_delivered(conn, id, now())?))
-                    .await?;
-                delivered += 1;
-            }
-            Err(e) => {
-                let delay = retry_delay(effect.attempts, timing.retry_base, timing.retry_max);
-                tracing::warn!(
-                    effect = %id, kind = effect.kind().as_str(), repo = %repo.url,
-                    attempts = effect.attempts + 1, retry_in = ?delay, error = %e,
-                    "code-host effect failed; will retry"
-                );
-                let message = e.to_string();
-                let retry_at = now() + delay;
-                state
-                    .db(move |conn| Ok(outbox::mark_failed(conn, id, &message, retry_at)?))
-                    .await?;
-            }
-        }
-    }
-    Ok(delivered)
+    let github = &state.github().await?;
+    delivery::deliver_due(
+        state,
+        &state.parts.codehost.outbox,
+        at,
+        |effect: Effect| async move {
+            let repo_id = effect.repo_id;
+            let repo = state
+                .db(move |conn| Ok(repos::get_repository(conn, repo_id)?))
+                .await
+                .map_err(|e| e.to_string())?;
+            deliver(github, &repo, &effect)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
 }
 
-/// The outbox worker: delivers due effects, then sleeps until the next one is due, it is
-/// woken ([`CodeHost::wake_outbox`]), or `idle` passes.
+/// The outbox worker: rounds of [`deliver_due`], sleeping in between until the next effect
+/// is due or [`CodeHost::wake_outbox`] wakes it.
 pub async fn outbox_loop(state: Service) {
-    let idle = state.parts.codehost.timing.idle;
-    loop {
-        if let Err(e) = deliver_due(&state, now()).await {
-            tracing::debug!(error = %e, "outbox round skipped");
-        }
-        let next = state
-            .db(|conn| Ok(outbox::next_due(conn)?))
-            .await
-            .ok()
-            .flatten();
-        let sleep = next.map_or(idle, |due| {
-            Duration::try_from(due - now())
-                .unwrap_or(Duration::ZERO)
-                .min(idle)
-        });
-        tokio::select! {
-            () = tokio::time::sleep(sleep.max(Duration::from_millis(10))) => {}
-            () = state.parts.codehost.outbox_wake.notified() => {}
-        }
-    }
+    delivery::run(&state, &state.parts.codehost.outbox, || {
+        deliver_due(&state, now())
+    })
+    .await;
 }
 
 /// Locks a mutex; a poisoned one (a panicked holder) is still usable: the data it guards
@@ -892,17 +858,6 @@ mod tests {
             Some("ghe.example.com")
         );
         assert_eq!(web_host_of("http://127.0.0.1:4000"), None);
-    }
-
-    #[test]
-    fn retries_back_off_by_doubling_up_to_the_cap() {
-        let (base, max) = (Duration::from_secs(5), Duration::from_secs(600));
-        let delays: Vec<u64> = (0..9)
-            .map(|a| retry_delay(a, base, max).as_secs())
-            .collect();
-        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 320, 600, 600]);
-        assert_eq!(retry_delay(-3, base, max), base);
-        assert_eq!(retry_delay(i32::MAX, base, max), max);
     }
 
     #[test]

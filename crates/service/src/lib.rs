@@ -30,6 +30,7 @@ pub mod closing_refs;
 pub mod codehost;
 pub mod config;
 pub mod costs;
+mod delivery;
 pub mod doctor;
 pub mod egress;
 pub mod error;

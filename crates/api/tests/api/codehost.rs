@@ -382,13 +382,14 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
         assert!(created);
 
         // A worker claims the effects and posts the comment, then dies before marking it.
-        let claimed = outbox::claim_due(
-            &mut env.db().conn().unwrap(),
-            agentry_persistence::now(),
-            time::Duration::minutes(2),
-            10,
-        )
-        .unwrap();
+        let claimed = outbox::QUEUE
+            .claim_due(
+                &mut env.db().conn().unwrap(),
+                agentry_persistence::now(),
+                time::Duration::minutes(2),
+                10,
+            )
+            .unwrap();
         let comment = claimed
             .iter()
             .find(|e| e.kind() == EffectKind::Comment)

@@ -12,7 +12,7 @@ use agentry_persistence::{AnyConnection, Db};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
 
-fn set_budget(db: &Db, repo: &Repository, budget: &str) {
+pub(crate) fn set_budget(db: &Db, repo: &Repository, budget: &str) {
     let mut conn = db.conn().unwrap();
     repos::patch_settings(&mut conn, repo.id, T0, |s| {
         s.apply_patch(&serde_json::json!({ "monthlyBudgetUsd": budget }))
@@ -22,7 +22,7 @@ fn set_budget(db: &Db, repo: &Repository, budget: &str) {
 }
 
 /// Records a run of a new task of `repo` that cost `cost` and finished at `finished`.
-fn spend(db: &Db, repo: &Repository, cost: &str, finished: OffsetDateTime) {
+pub(crate) fn spend(db: &Db, repo: &Repository, cost: &str, finished: OffsetDateTime) {
     let task = create(db, repo, finished);
     let mut conn = db.conn().unwrap();
     tasks::record_run(
@@ -189,8 +189,8 @@ agentry_persistence::backend_tests! {
             [row(BudgetScope::Repository, Some("https://github.com/acme/web"), "2026-01", 50, "3", "5")]
         );
         assert_eq!(recorded[0].delivery, Delivery::Unsent);
-        assert!(alerts::claim_due(&mut conn, at(13), Duration::minutes(1), 10).unwrap().is_empty());
-        assert_eq!(alerts::next_due(&mut conn).unwrap(), None);
+        assert!(alerts::QUEUE.claim_due(&mut conn, at(13), Duration::minutes(1), 10).unwrap().is_empty());
+        assert_eq!(alerts::QUEUE.next_due(&mut conn).unwrap(), None);
         repos::disconnect_repository(&mut conn, web.id, at(14)).unwrap();
         drop(conn);
         spend(db, &web, "5", at(15));
@@ -206,28 +206,28 @@ agentry_persistence::backend_tests! {
         let alert = check(db, at(1)).remove(0);
         let mut conn = db.conn().unwrap();
         let lease = Duration::seconds(60);
-        assert_eq!(alerts::next_due(&mut conn).unwrap(), Some(at(1)));
-        let claimed = alerts::claim_due(&mut conn, at(2), lease, 10).unwrap();
+        assert_eq!(alerts::QUEUE.next_due(&mut conn).unwrap(), Some(at(1)));
+        let claimed = alerts::QUEUE.claim_due(&mut conn, at(2), lease, 10).unwrap();
         assert_eq!(claimed.len(), 1);
         assert_eq!(claimed[0].id, alert.id);
         assert_eq!(claimed[0].next_attempt_at, at(62));
-        assert!(alerts::claim_due(&mut conn, at(3), lease, 10).unwrap().is_empty(), "leased");
-        alerts::mark_failed(&mut conn, alert.id, "HTTP 500", at(10)).unwrap();
+        assert!(alerts::QUEUE.claim_due(&mut conn, at(3), lease, 10).unwrap().is_empty(), "leased");
+        alerts::QUEUE.mark_failed(&mut conn, alert.id, "HTTP 500", at(10)).unwrap();
         let failed = alerts::get(&mut conn, alert.id).unwrap();
         assert_eq!((failed.attempts, failed.last_error.as_deref()), (1, Some("HTTP 500")));
-        assert!(alerts::claim_due(&mut conn, at(9), lease, 10).unwrap().is_empty(), "not yet due");
-        assert_eq!(alerts::claim_due(&mut conn, at(10), lease, 10).unwrap().len(), 1);
-        alerts::mark_delivered(&mut conn, alert.id, at(11)).unwrap();
-        alerts::mark_delivered(&mut conn, alert.id, at(12)).unwrap();
-        alerts::mark_failed(&mut conn, alert.id, "late", at(13)).unwrap();
+        assert!(alerts::QUEUE.claim_due(&mut conn, at(9), lease, 10).unwrap().is_empty(), "not yet due");
+        assert_eq!(alerts::QUEUE.claim_due(&mut conn, at(10), lease, 10).unwrap().len(), 1);
+        alerts::QUEUE.mark_delivered(&mut conn, alert.id, at(11)).unwrap();
+        alerts::QUEUE.mark_delivered(&mut conn, alert.id, at(12)).unwrap();
+        alerts::QUEUE.mark_failed(&mut conn, alert.id, "late", at(13)).unwrap();
         let delivered = alerts::get(&mut conn, alert.id).unwrap();
         assert_eq!(delivered.delivery, Delivery::Delivered);
         assert_eq!(delivered.delivered_at, Some(at(11)));
         assert_eq!(delivered.attempts, 1);
-        assert_eq!(alerts::next_due(&mut conn).unwrap(), None);
-        assert!(alerts::claim_due(&mut conn, at(500), lease, 10).unwrap().is_empty());
+        assert_eq!(alerts::QUEUE.next_due(&mut conn).unwrap(), None);
+        assert!(alerts::QUEUE.claim_due(&mut conn, at(500), lease, 10).unwrap().is_empty());
         assert!(matches!(
-            alerts::mark_delivered(&mut conn, Uuid::new_v4(), at(1)),
+            alerts::QUEUE.mark_delivered(&mut conn, Uuid::new_v4(), at(1)),
             Err(agentry_persistence::DbError::NotFound)
         ));
     }

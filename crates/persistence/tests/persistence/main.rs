@@ -9,6 +9,7 @@
 mod alerts;
 mod budgets;
 mod common;
+mod delivery;
 mod import;
 mod issues;
 mod leader;

@@ -158,7 +158,7 @@ agentry_persistence::backend_tests! {
         assert!(!outbox::enqueue(&mut conn, &again, at(2)).unwrap());
         assert_eq!(outbox::effects_of_task(&mut conn, task.id).unwrap(), stored);
         // Also after delivery: at most once per task, ever.
-        outbox::mark_delivered(&mut conn, e.id, at(3)).unwrap();
+        outbox::QUEUE.mark_delivered(&mut conn, e.id, at(3)).unwrap();
         assert!(!outbox::enqueue(&mut conn, &label, at(4)).unwrap());
 
         assert!(outbox::enqueue(&mut conn, &effect(&repo, Some(task.id), EffectKind::Comment), at(5)).unwrap());
@@ -277,23 +277,23 @@ agentry_persistence::backend_tests! {
         let mut conn = db.conn().unwrap();
         let lease = Duration::seconds(60);
 
-        let first = outbox::claim_due(&mut conn, at(5), lease, 2).unwrap();
+        let first = outbox::QUEUE.claim_due(&mut conn, at(5), lease, 2).unwrap();
         assert_eq!(ids(&first), vec![e0, e1]);
         assert!(first.iter().all(|e| e.next_attempt_at == at(65)));
         assert_eq!(first[0].action, Action::CloseIssue { issue_number: at(0).unix_timestamp() });
-        assert_eq!(ids(&outbox::claim_due(&mut conn, at(5), lease, 2).unwrap()), vec![e2]);
-        assert_eq!(outbox::claim_due(&mut conn, at(5), lease, 2).unwrap(), vec![]);
+        assert_eq!(ids(&outbox::QUEUE.claim_due(&mut conn, at(5), lease, 2).unwrap()), vec![e2]);
+        assert_eq!(outbox::QUEUE.claim_due(&mut conn, at(5), lease, 2).unwrap(), vec![]);
         // Leased: not claimed again before the lease ends (only `later` became due).
-        assert_eq!(ids(&outbox::claim_due(&mut conn, at(64), lease, 10).unwrap()), vec![later]);
-        assert_eq!(outbox::claim_due(&mut conn, at(64), lease, 10).unwrap(), vec![]);
+        assert_eq!(ids(&outbox::QUEUE.claim_due(&mut conn, at(64), lease, 10).unwrap()), vec![later]);
+        assert_eq!(outbox::QUEUE.claim_due(&mut conn, at(64), lease, 10).unwrap(), vec![]);
         // The worker never reported: due again when the lease runs out, oldest first.
-        let again = outbox::claim_due(&mut conn, at(65), lease, 10).unwrap();
+        let again = outbox::QUEUE.claim_due(&mut conn, at(65), lease, 10).unwrap();
         assert_eq!(ids(&again), vec![e0, e1, e2]);
         assert!(again.iter().all(|e| e.next_attempt_at == at(125) && e.attempts == 0));
         // A non-positive limit claims nothing.
-        assert_eq!(outbox::claim_due(&mut conn, at(1_000), lease, 0).unwrap(), vec![]);
+        assert_eq!(outbox::QUEUE.claim_due(&mut conn, at(1_000), lease, 0).unwrap(), vec![]);
         // A zero lease still moves the due time strictly forward.
-        let zero = outbox::claim_due(&mut conn, at(1_000), Duration::ZERO, 1).unwrap();
+        let zero = outbox::QUEUE.claim_due(&mut conn, at(1_000), Duration::ZERO, 1).unwrap();
         assert_eq!(ids(&zero), vec![e0]);
         assert_eq!(zero[0].next_attempt_at, at(1_000) + Duration::microseconds(1));
     }
@@ -303,48 +303,48 @@ agentry_persistence::backend_tests! {
     fn mark_failed_mark_delivered_and_next_due(db) {
         let repo = repo(db);
         let mut conn = db.conn().unwrap();
-        assert_eq!(outbox::next_due(&mut conn).unwrap(), None);
+        assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), None);
         let task = create(db, &repo, T0);
         outbox::enqueue(&mut conn, &effect(&repo, Some(task.id), EffectKind::Comment), at(10)).unwrap();
-        assert_eq!(outbox::next_due(&mut conn).unwrap(), Some(at(10)));
-        let claimed = outbox::claim_due(&mut conn, at(12), Duration::seconds(60), 10).unwrap();
+        assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(10)));
+        let claimed = outbox::QUEUE.claim_due(&mut conn, at(12), Duration::seconds(60), 10).unwrap();
         let id = claimed[0].id;
-        assert_eq!(outbox::next_due(&mut conn).unwrap(), Some(at(72)));
+        assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(72)));
 
-        outbox::mark_failed(&mut conn, id, "502 Bad Gateway", at(30)).unwrap();
+        outbox::QUEUE.mark_failed(&mut conn, id, "502 Bad Gateway", at(30)).unwrap();
         let e = &outbox::effects_of_task(&mut conn, task.id).unwrap()[0];
         assert_eq!((e.attempts, e.last_error.as_deref()), (1, Some("502 Bad Gateway")));
         assert_eq!(e.next_attempt_at, at(30));
         assert_eq!(e.delivered_at, None);
-        assert_eq!(outbox::next_due(&mut conn).unwrap(), Some(at(30)));
-        assert_eq!(outbox::claim_due(&mut conn, at(29), Duration::seconds(60), 10).unwrap(), vec![]);
-        let retried = outbox::claim_due(&mut conn, at(30), Duration::seconds(60), 10).unwrap();
+        assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(30)));
+        assert_eq!(outbox::QUEUE.claim_due(&mut conn, at(29), Duration::seconds(60), 10).unwrap(), vec![]);
+        let retried = outbox::QUEUE.claim_due(&mut conn, at(30), Duration::seconds(60), 10).unwrap();
         assert_eq!((ids(&retried), retried[0].attempts), (vec![id], 1));
-        outbox::mark_failed(&mut conn, id, "timed out", at(40)).unwrap();
+        outbox::QUEUE.mark_failed(&mut conn, id, "timed out", at(40)).unwrap();
         let e = &outbox::effects_of_task(&mut conn, task.id).unwrap()[0];
         assert_eq!((e.attempts, e.last_error.as_deref()), (2, Some("timed out")));
 
-        outbox::mark_delivered(&mut conn, id, at(41)).unwrap();
+        outbox::QUEUE.mark_delivered(&mut conn, id, at(41)).unwrap();
         let e = outbox::effects_of_task(&mut conn, task.id).unwrap()[0].clone();
         assert_eq!(e.delivered_at, Some(at(41)));
         assert_eq!(e.attempts, 2);
-        assert_eq!(outbox::next_due(&mut conn).unwrap(), None);
-        assert_eq!(outbox::claim_due(&mut conn, at(10_000), Duration::seconds(60), 10).unwrap(), vec![]);
+        assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), None);
+        assert_eq!(outbox::QUEUE.claim_due(&mut conn, at(10_000), Duration::seconds(60), 10).unwrap(), vec![]);
         // Idempotent: the first delivery time stays; a late failure report changes nothing.
-        outbox::mark_delivered(&mut conn, id, at(50)).unwrap();
-        outbox::mark_failed(&mut conn, id, "late", at(60)).unwrap();
+        outbox::QUEUE.mark_delivered(&mut conn, id, at(50)).unwrap();
+        outbox::QUEUE.mark_failed(&mut conn, id, "late", at(60)).unwrap();
         assert_eq!(outbox::effects_of_task(&mut conn, task.id).unwrap(), vec![e]);
 
         // next_due is the earliest pending one, even if it is already past.
         enqueue_at(db, &repo, at(500));
         let early = enqueue_at(db, &repo, at(400));
-        assert_eq!(outbox::next_due(&mut conn).unwrap(), Some(at(400)));
-        outbox::mark_failed(&mut conn, early, "x", at(900)).unwrap();
-        assert_eq!(outbox::next_due(&mut conn).unwrap(), Some(at(500)));
+        assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(400)));
+        outbox::QUEUE.mark_failed(&mut conn, early, "x", at(900)).unwrap();
+        assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(500)));
 
         let unknown = Uuid::new_v4();
-        assert!(matches!(outbox::mark_delivered(&mut conn, unknown, at(1)), Err(DbError::NotFound)));
-        assert!(matches!(outbox::mark_failed(&mut conn, unknown, "x", at(1)), Err(DbError::NotFound)));
+        assert!(matches!(outbox::QUEUE.mark_delivered(&mut conn, unknown, at(1)), Err(DbError::NotFound)));
+        assert!(matches!(outbox::QUEUE.mark_failed(&mut conn, unknown, "x", at(1)), Err(DbError::NotFound)));
     }
 
     // Workers claiming at the same moment (threads here, replicas in production) never get
@@ -359,7 +359,7 @@ agentry_persistence::backend_tests! {
         let claimed = race(&pool, 8, |_, conn| {
             let mut mine = Vec::new();
             loop {
-                let batch = outbox::claim_due(conn, at(100), Duration::seconds(600), 4).unwrap();
+                let batch = outbox::QUEUE.claim_due(conn, at(100), Duration::seconds(600), 4).unwrap();
                 if batch.is_empty() {
                     break mine;
                 }

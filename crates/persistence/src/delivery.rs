@@ -1,0 +1,306 @@
+//! Leased delivery: a table whose rows are delivered somewhere after they are written, at
+//! least once, by workers in any number of replicas. The [`outbox`](crate::outbox) (code-host
+//! effects) and the [`budget alerts`](crate::alerts) are such tables; each declares its
+//! [`Queue`], and everything about claiming, leasing, retrying and marking is here, once.
+//!
+//! A queue's rows carry `id` (UUID text), `attempts`, `next_attempt_at`, `delivered_at` and
+//! `last_error`; the queue says which rows are pending and how a row is marked delivered.
+//!
+//! * [`Queue::claim_due`] leases the pending rows that are due (`next_attempt_at <= now`):
+//!   it moves `next_attempt_at` to the end of the lease with a compare-and-set on the value
+//!   just read, so of two workers claiming at once only one gets a given row, and a row is
+//!   not due again before its lease ends. A worker that dies leaves its rows to become due
+//!   again when the lease runs out, and another worker (or replica) claims them then.
+//! * The worker then reports [`Queue::mark_delivered`] (final, idempotent) or
+//!   [`Queue::mark_failed`], which counts the attempt and sets the retry time, normally
+//!   [`Backoff::retry_at`].
+//! * [`Queue::next_due`] tells a worker how long it may sleep.
+//!
+//! Every write runs in [`write_tx`]: on its own it is one transaction, and inside a caller's
+//! transaction it is a savepoint that commits or rolls back with the caller.
+//!
+//! The queries are written once for every queue as SQL over the queue's table name and
+//! conditions (static text, never input); values go in as bind parameters.
+
+use std::time::Duration as StdDuration;
+
+use diesel::query_dsl::methods::ExecuteDsl;
+use diesel::query_dsl::{LoadQuery, RunQueryDsl};
+use diesel::sql_types::{BigInt, Text, Timestamp};
+use diesel::{PgConnection, QueryResult, QueryableByName, SqliteConnection};
+use time::{Duration, OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::convert::{from_db, to_db};
+use crate::{AnyConnection, DbError, write_tx};
+
+/// A row of a delivery queue, as its module reads it.
+pub trait Entry {
+    /// Its id.
+    fn id(&self) -> Uuid;
+    /// Failed delivery attempts so far.
+    fn attempts(&self) -> i32;
+}
+
+/// A table used as a leased delivery queue of entries `T` (see the [module](self)).
+pub struct Queue<T> {
+    /// The table.
+    table: &'static str,
+    /// The SQL condition of a row still to be delivered.
+    pending: &'static str,
+    /// The SQL assignments that mark a row delivered; `#1` is the delivery time, which goes
+    /// into `delivered_at`.
+    delivered: &'static str,
+    /// The SQL order in which due rows are claimed (oldest first).
+    order: &'static str,
+    /// Reads the entries of the given ids, in any order.
+    load: fn(&mut AnyConnection, &[String]) -> Result<Vec<T>, DbError>,
+}
+
+impl<T> std::fmt::Debug for Queue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The id and due time of a candidate for a claim.
+#[derive(QueryableByName)]
+struct Due {
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = Timestamp)]
+    next_attempt_at: PrimitiveDateTime,
+}
+
+#[derive(QueryableByName)]
+struct At {
+    #[diesel(sql_type = Timestamp)]
+    next_attempt_at: PrimitiveDateTime,
+}
+
+impl<T: Entry> Queue<T> {
+    /// The queue of `table`, whose pending rows match the SQL condition `pending`, which a
+    /// delivery updates with the SQL assignments `delivered` (`#1`: the delivery time), which
+    /// are claimed in the SQL order `order`, and whose entries `load` reads by id.
+    pub(crate) const fn new(
+        table: &'static str,
+        pending: &'static str,
+        delivered: &'static str,
+        order: &'static str,
+        load: fn(&mut AnyConnection, &[String]) -> Result<Vec<T>, DbError>,
+    ) -> Queue<T> {
+        Queue {
+            table,
+            pending,
+            delivered,
+            order,
+            load,
+        }
+    }
+
+    /// Claims up to `limit` pending entries that are due (`next_attempt_at <= now`), oldest
+    /// first, for one worker, leased until `now + lease` (see the [module](self)). The
+    /// returned entries carry the new `next_attempt_at`. A lease shorter than a microsecond
+    /// counts as one, so the due time always moves strictly forward.
+    pub fn claim_due(
+        &self,
+        conn: &mut AnyConnection,
+        now: OffsetDateTime,
+        lease: Duration,
+        limit: i64,
+    ) -> Result<Vec<T>, DbError> {
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let due = to_db(now);
+        // Strictly later than any due value, so the compare-and-set of a competitor can't match.
+        let until = to_db(now + lease.max(Duration::microseconds(1)));
+        let select = format!(
+            "SELECT id, next_attempt_at FROM {} WHERE {} AND next_attempt_at <= #1 \
+             ORDER BY {} LIMIT #2",
+            self.table, self.pending, self.order
+        );
+        let lease_one = format!(
+            "UPDATE {} SET next_attempt_at = #1 WHERE id = #2 AND {} AND next_attempt_at = #3",
+            self.table, self.pending
+        );
+        write_tx(conn, |conn| {
+            let candidates: Vec<Due> = load(
+                conn,
+                sql(conn, &select)
+                    .bind::<Timestamp, _>(due)
+                    .bind::<BigInt, _>(limit),
+            )?;
+            let mut won = Vec::with_capacity(candidates.len());
+            for candidate in candidates {
+                let updated = execute(
+                    conn,
+                    sql(conn, &lease_one)
+                        .bind::<Timestamp, _>(until)
+                        .bind::<Text, _>(&candidate.id)
+                        .bind::<Timestamp, _>(candidate.next_attempt_at),
+                )?;
+                if updated == 1 {
+                    won.push(candidate.id);
+                }
+            }
+            if won.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut entries = (self.load)(conn, &won)?;
+            // In claim order.
+            entries.sort_by_cached_key(|e| {
+                let id = e.id().to_string();
+                won.iter().position(|w| *w == id)
+            });
+            Ok(entries)
+        })
+    }
+
+    /// Records that an entry was delivered at `now`. Idempotent: a delivered entry keeps its
+    /// first delivery time (a worker whose lease ran out may report after another did).
+    /// [`DbError::NotFound`] for an unknown id.
+    pub fn mark_delivered(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+        now: OffsetDateTime,
+    ) -> Result<(), DbError> {
+        let update = format!(
+            "UPDATE {} SET {} WHERE id = #2 AND {}",
+            self.table, self.delivered, self.pending
+        );
+        let id = id.to_string();
+        write_tx(conn, |conn| {
+            let updated = execute(
+                conn,
+                sql(conn, &update)
+                    .bind::<Timestamp, _>(to_db(now))
+                    .bind::<Text, _>(&id),
+            )?;
+            if updated == 0 {
+                self.ensure_exists(conn, &id)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Records a failed delivery attempt: `attempts + 1`, `last_error = error`,
+    /// `next_attempt_at = retry_at`. Does nothing to an entry no longer pending (delivered
+    /// by another worker after this one's lease ran out). [`DbError::NotFound`] for an
+    /// unknown id.
+    pub fn mark_failed(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> Result<(), DbError> {
+        let update = format!(
+            "UPDATE {} SET attempts = attempts + 1, last_error = #1, next_attempt_at = #2 \
+             WHERE id = #3 AND {}",
+            self.table, self.pending
+        );
+        let id = id.to_string();
+        write_tx(conn, |conn| {
+            let updated = execute(
+                conn,
+                sql(conn, &update)
+                    .bind::<Text, _>(error)
+                    .bind::<Timestamp, _>(to_db(retry_at))
+                    .bind::<Text, _>(&id),
+            )?;
+            if updated == 0 {
+                self.ensure_exists(conn, &id)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// When the next pending entry is due (possibly already past), or `None` when none is
+    /// pending: lets a worker sleep exactly until there is work.
+    pub fn next_due(&self, conn: &mut AnyConnection) -> Result<Option<OffsetDateTime>, DbError> {
+        let select = format!(
+            "SELECT next_attempt_at FROM {} WHERE {} ORDER BY next_attempt_at LIMIT 1",
+            self.table, self.pending
+        );
+        let first: Vec<At> = load(conn, sql(conn, &select))?;
+        Ok(first.into_iter().next().map(|a| from_db(a.next_attempt_at)))
+    }
+
+    fn ensure_exists(&self, conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
+        let select = format!("SELECT next_attempt_at FROM {} WHERE id = #1", self.table);
+        let found: Vec<At> = load(conn, sql(conn, &select).bind::<Text, _>(id))?;
+        if found.is_empty() {
+            Err(DbError::NotFound)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The retry schedule of failed deliveries: the delay before the next attempt starts at
+/// `base` and doubles with each failed attempt, up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay after the first failure.
+    pub base: StdDuration,
+    /// The longest delay.
+    pub max: StdDuration,
+}
+
+impl Backoff {
+    /// The delay before attempt `attempts + 1`, after `attempts` failed ones before the one
+    /// that just failed: `base × 2^attempts`, at most `max` (a negative count counts as 0).
+    pub fn delay(&self, attempts: i32) -> StdDuration {
+        let exponent = u32::try_from(attempts.clamp(0, 20)).unwrap_or(20);
+        self.base
+            .saturating_mul(2u32.saturating_pow(exponent))
+            .min(self.max)
+    }
+
+    /// When to retry an entry that had failed `attempts` times before the attempt that just
+    /// failed at `now`.
+    pub fn retry_at(&self, attempts: i32, now: OffsetDateTime) -> OffsetDateTime {
+        now + self.delay(attempts)
+    }
+}
+
+/// `text` with its `#n` placeholders written for the backend of `conn`.
+fn sql(conn: &AnyConnection, text: &str) -> diesel::query_builder::SqlQuery {
+    let mark = match conn {
+        AnyConnection::Postgresql(_) => "$",
+        AnyConnection::Sqlite(_) => "?",
+    };
+    diesel::sql_query(text.replace('#', mark))
+}
+
+/// Runs a statement built by [`sql`] on either backend.
+fn execute<Q>(conn: &mut AnyConnection, query: Q) -> QueryResult<usize>
+where
+    Q: RunQueryDsl<PgConnection>
+        + RunQueryDsl<SqliteConnection>
+        + ExecuteDsl<PgConnection>
+        + ExecuteDsl<SqliteConnection>,
+{
+    match conn {
+        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::execute(query, c),
+        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::execute(query, c),
+    }
+}
+
+/// Runs a query built by [`sql`] on either backend.
+fn load<'q, Q, U>(conn: &mut AnyConnection, query: Q) -> QueryResult<Vec<U>>
+where
+    Q: RunQueryDsl<PgConnection>
+        + RunQueryDsl<SqliteConnection>
+        + LoadQuery<'q, PgConnection, U>
+        + LoadQuery<'q, SqliteConnection, U>,
+{
+    match conn {
+        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::load(query, c),
+        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::load(query, c),
+    }
+}

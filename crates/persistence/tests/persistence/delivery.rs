@@ -1,0 +1,182 @@
+//! The leased delivery queue, once for both of its tables (the outbox and the budget alerts)
+//! and both backends: a claim leases, a dead worker's entries are claimed by another worker
+//! when the lease runs out, failures are retried on the backoff schedule, and the marks
+//! commit or roll back with the caller's transaction.
+
+use std::time::Duration as StdDuration;
+
+use crate::alerts::{set_budget, spend};
+use crate::common::*;
+use agentry_persistence::delivery::{Backoff, Entry, Queue};
+use agentry_persistence::outbox::{self, Action, NewEffect};
+use agentry_persistence::{Db, DbError, alerts, write_tx};
+use time::{Duration, OffsetDateTime};
+use uuid::Uuid;
+
+/// Writes one entry of the outbox, due at `due`; returns its id.
+fn effect_due(db: &Db, due: OffsetDateTime) -> Uuid {
+    let repo = repo(db);
+    let task = create(db, &repo, T0);
+    let mut conn = db.conn().unwrap();
+    let effect = NewEffect {
+        task_id: Some(task.id),
+        repo_id: repo.id,
+        action: Action::CloseIssue { issue_number: 7 },
+    };
+    assert!(outbox::enqueue(&mut conn, &effect, due).unwrap());
+    outbox::effects_of_task(&mut conn, task.id).unwrap()[0].id
+}
+
+/// Records one budget alert, due at `due`; returns its id.
+fn alert_due(db: &Db, due: OffsetDateTime) -> Uuid {
+    let web = repo(db);
+    set_budget(db, &web, "1");
+    spend(db, &web, "0.5", due - Duration::seconds(1));
+    let recorded = alerts::check(&mut db.conn().unwrap(), due, true).unwrap();
+    assert_eq!(recorded.len(), 1);
+    recorded[0].id
+}
+
+fn ids<T: Entry>(entries: &[T]) -> Vec<Uuid> {
+    entries.iter().map(Entry::id).collect()
+}
+
+/// Worker A claims an entry and dies; worker B (another connection: another replica)
+/// finds it leased until the lease ends, then claims it. A's late reports change nothing
+/// once B delivered it.
+fn lease_expiry<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
+    let lease = Duration::seconds(60);
+    let (mut a, mut b) = (db.conn().unwrap(), db.conn().unwrap());
+    assert_eq!(
+        ids(&queue.claim_due(&mut a, at(1), lease, 10).unwrap()),
+        [id]
+    );
+    assert_eq!(queue.next_due(&mut b).unwrap(), Some(at(61)));
+    assert!(
+        queue
+            .claim_due(&mut b, at(60), lease, 10)
+            .unwrap()
+            .is_empty(),
+        "leased"
+    );
+    let reclaimed = queue.claim_due(&mut b, at(61), lease, 10).unwrap();
+    assert_eq!(ids(&reclaimed), [id]);
+    assert_eq!(
+        reclaimed[0].attempts(),
+        0,
+        "a lost lease is no failed attempt"
+    );
+    assert!(
+        queue
+            .claim_due(&mut a, at(62), lease, 10)
+            .unwrap()
+            .is_empty(),
+        "B's lease"
+    );
+    queue.mark_delivered(&mut b, id, at(63)).unwrap();
+    queue.mark_failed(&mut a, id, "late", at(64)).unwrap();
+    queue.mark_delivered(&mut a, id, at(65)).unwrap();
+    assert_eq!(queue.next_due(&mut a).unwrap(), None);
+    assert!(
+        queue
+            .claim_due(&mut a, at(10_000), lease, 10)
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Each failure counts an attempt and makes the entry due at the backoff's retry time.
+fn retry_backoff<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
+    let backoff = Backoff {
+        base: StdDuration::from_secs(5),
+        max: StdDuration::from_secs(20),
+    };
+    let lease = Duration::seconds(60);
+    let mut conn = db.conn().unwrap();
+    let mut now = at(1);
+    for (failed, delay) in [(0, 5), (1, 10), (2, 20), (3, 20)] {
+        let claimed = queue.claim_due(&mut conn, now, lease, 10).unwrap();
+        assert_eq!((ids(&claimed), claimed[0].attempts()), (vec![id], failed));
+        let retry_at = backoff.retry_at(claimed[0].attempts(), now);
+        assert_eq!(retry_at, now + Duration::seconds(delay));
+        queue
+            .mark_failed(&mut conn, id, "HTTP 502", retry_at)
+            .unwrap();
+        assert_eq!(queue.next_due(&mut conn).unwrap(), Some(retry_at));
+        let early = retry_at - Duration::microseconds(1);
+        assert!(
+            queue
+                .claim_due(&mut conn, early, lease, 10)
+                .unwrap()
+                .is_empty()
+        );
+        now = retry_at;
+    }
+    let last = queue.claim_due(&mut conn, now, lease, 10).unwrap();
+    assert_eq!(last[0].attempts(), 4);
+}
+
+/// The marks are writes of the caller's transaction when called inside one: rolled back
+/// with it, the entry is as before; committed, it is delivered.
+fn marks_in_transaction<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
+    let lease = Duration::seconds(60);
+    let mut conn = db.conn().unwrap();
+    assert_eq!(
+        ids(&queue.claim_due(&mut conn, at(1), lease, 10).unwrap()),
+        [id]
+    );
+    let rolled_back = write_tx::<(), DbError, _>(&mut conn, |conn| {
+        queue.mark_failed(conn, id, "HTTP 500", at(5))?;
+        queue.mark_delivered(conn, id, at(6))?;
+        Err(DbError::Conflict("the caller gives up".into()))
+    });
+    assert!(matches!(rolled_back, Err(DbError::Conflict(_))));
+    assert_eq!(
+        queue.next_due(&mut conn).unwrap(),
+        Some(at(61)),
+        "still leased, pending"
+    );
+    let again = queue.claim_due(&mut conn, at(61), lease, 10).unwrap();
+    assert_eq!((ids(&again), again[0].attempts()), (vec![id], 0));
+    write_tx::<(), DbError, _>(&mut conn, |conn| queue.mark_delivered(conn, id, at(62))).unwrap();
+    assert_eq!(queue.next_due(&mut conn).unwrap(), None);
+    for unknown in [
+        queue.mark_delivered(&mut conn, Uuid::new_v4(), at(1)),
+        queue.mark_failed(&mut conn, Uuid::new_v4(), "x", at(1)),
+    ] {
+        assert!(matches!(unknown, Err(DbError::NotFound)));
+    }
+}
+
+#[test]
+fn the_backoff_doubles_up_to_its_cap() {
+    let backoff = Backoff {
+        base: StdDuration::from_secs(5),
+        max: StdDuration::from_secs(600),
+    };
+    let delays: Vec<u64> = (0..9).map(|a| backoff.delay(a).as_secs()).collect();
+    assert_eq!(delays, [5, 10, 20, 40, 80, 160, 320, 600, 600]);
+    assert_eq!(backoff.delay(-3), backoff.base);
+    assert_eq!(backoff.delay(i32::MAX), backoff.max);
+}
+
+agentry_persistence::backend_tests! {
+    fn outbox_lease_expiry_hands_an_effect_to_another_worker(db) {
+        lease_expiry(db, &outbox::QUEUE, effect_due(db, at(0)));
+    }
+    fn alert_lease_expiry_hands_an_alert_to_another_worker(db) {
+        lease_expiry(db, &alerts::QUEUE, alert_due(db, at(0)));
+    }
+    fn outbox_failures_retry_on_the_backoff_schedule(db) {
+        retry_backoff(db, &outbox::QUEUE, effect_due(db, at(0)));
+    }
+    fn alert_failures_retry_on_the_backoff_schedule(db) {
+        retry_backoff(db, &alerts::QUEUE, alert_due(db, at(0)));
+    }
+    fn outbox_marks_commit_with_the_callers_transaction(db) {
+        marks_in_transaction(db, &outbox::QUEUE, effect_due(db, at(0)));
+    }
+    fn alert_marks_commit_with_the_callers_transaction(db) {
+        marks_in_transaction(db, &alerts::QUEUE, alert_due(db, at(0)));
+    }
+}

@@ -1,0 +1,152 @@
+//! The worker of a leased delivery queue ([`agentry_persistence::delivery`]), once for the
+//! outbox (code-host effects, [`crate::codehost`]) and the budget alerts' webhook
+//! ([`crate::alerts`]).
+//!
+//! A round ([`deliver_due`]) claims the due entries under a lease, hands each to the
+//! queue's own send step, and marks it delivered, or failed with the retry time of the
+//! [`Backoff`]. The loop ([`run`]) does rounds and sleeps in between until the next entry is
+//! due, it is woken (an entry was written), or the idle time passes. Entries of a worker
+//! that dies are claimed again, by any replica, when their lease runs out; so an entry may
+//! be sent more than once, and each send step is safe to repeat.
+
+use std::future::Future;
+use std::time::Duration;
+
+use agentry_persistence::delivery::{Backoff, Entry, Queue};
+use time::OffsetDateTime;
+
+use crate::{Service, ServiceError, now};
+
+/// How many due entries one round claims.
+const BATCH: i64 = 20;
+
+/// The shortest sleep between two rounds.
+const MIN_SLEEP: Duration = Duration::from_millis(10);
+
+/// One queue's worker: what it delivers, its timing, and its wake-up.
+pub(crate) struct Worker<T: 'static> {
+    /// The queue.
+    queue: &'static Queue<T>,
+    /// What an entry is, for the log (`code-host effect`, `budget alert`).
+    what: &'static str,
+    /// How long a claimed entry stays this worker's.
+    lease: time::Duration,
+    /// When a failed entry is tried again.
+    backoff: Backoff,
+    /// The longest sleep when nothing is due.
+    idle: Duration,
+    /// Wakes the loop (an entry was written).
+    wake: tokio::sync::Notify,
+}
+
+impl<T> std::fmt::Debug for Worker<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("what", &self.what)
+            .field("lease", &self.lease)
+            .field("backoff", &self.backoff)
+            .field("idle", &self.idle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Entry + Send + 'static> Worker<T> {
+    /// The worker of `queue`, whose entries are `what`, with these timings (a lease beyond
+    /// what a timestamp holds counts as a minute).
+    pub(crate) fn new(
+        queue: &'static Queue<T>,
+        what: &'static str,
+        lease: Duration,
+        backoff: Backoff,
+        idle: Duration,
+    ) -> Self {
+        Worker {
+            queue,
+            what,
+            lease: time::Duration::try_from(lease).unwrap_or(time::Duration::MINUTE),
+            backoff,
+            idle,
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Wakes the loop: entries were written.
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// One round: claims the entries due at `at`, sends each with `send` (`Err` holds why it
+/// failed, stored as the entry's last error), and marks it delivered or failed. Returns how
+/// many were delivered.
+pub(crate) async fn deliver_due<T, S, F>(
+    state: &Service,
+    worker: &Worker<T>,
+    at: OffsetDateTime,
+    mut send: S,
+) -> Result<usize, ServiceError>
+where
+    T: Entry + Send + 'static,
+    S: FnMut(T) -> F,
+    F: Future<Output = Result<(), String>>,
+{
+    let (queue, lease) = (worker.queue, worker.lease);
+    let claimed = state
+        .db(move |conn| Ok(queue.claim_due(conn, at, lease, BATCH)?))
+        .await?;
+    let mut delivered = 0;
+    for entry in claimed {
+        let (id, attempts) = (entry.id(), entry.attempts());
+        match send(entry).await {
+            Ok(()) => {
+                state
+                    .db(move |conn| Ok(queue.mark_delivered(conn, id, now())?))
+                    .await?;
+                tracing::info!(what = worker.what, id = %id, "delivered");
+                delivered += 1;
+            }
+            Err(message) => {
+                let delay = worker.backoff.delay(attempts);
+                tracing::warn!(
+                    what = worker.what, id = %id, attempts = attempts + 1, retry_in = ?delay,
+                    error = %message, "delivery failed; will retry"
+                );
+                let retry_at = now() + delay;
+                state
+                    .db(move |conn| Ok(queue.mark_failed(conn, id, &message, retry_at)?))
+                    .await?;
+            }
+        }
+    }
+    Ok(delivered)
+}
+
+/// The loop: runs `round` (a [`deliver_due`] with the queue's send step), then sleeps until
+/// the next entry is due, the worker is woken, or its idle time passes; forever.
+pub(crate) async fn run<T, R, F>(state: &Service, worker: &Worker<T>, mut round: R)
+where
+    T: Entry + Send + 'static,
+    R: FnMut() -> F,
+    F: Future<Output = Result<usize, ServiceError>>,
+{
+    let queue = worker.queue;
+    loop {
+        if let Err(e) = round().await {
+            tracing::debug!(what = worker.what, error = %e, "delivery round skipped");
+        }
+        let next = state
+            .db(move |conn| Ok(queue.next_due(conn)?))
+            .await
+            .ok()
+            .flatten();
+        let sleep = next.map_or(worker.idle, |due| {
+            Duration::try_from(due - now())
+                .unwrap_or(Duration::ZERO)
+                .min(worker.idle)
+        });
+        tokio::select! {
+            () = tokio::time::sleep(sleep.max(MIN_SLEEP)) => {}
+            () = worker.wake.notified() => {}
+        }
+    }
+}
