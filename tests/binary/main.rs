@@ -122,10 +122,23 @@ fn spawn_serve(cmd: &mut Command) -> (Child, String, StderrLog) {
 /// `AGENTRY_AGENT_SANDBOX=off` where bubblewrap does not work on this machine (the suite
 /// runs on a machine with only the Rust toolchain; CI requires the sandbox); else nothing,
 /// so `serve` uses its default, `auto`.
+///
+/// Run as root (as CI runs), also `AGENTRY_ALLOW_ROOT=1`: a service run as root runs its
+/// agents as `nobody`, who cannot reach this binary (the forwarder) in a target directory
+/// under root's HOME. `the_readme_defaults_take_an_issue_to_a_pull_request` runs them as
+/// `nobody`, from copies it can reach.
 fn sandbox_env(cmd: &mut Command) {
     if agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Off {
         cmd.env("AGENTRY_AGENT_SANDBOX", "off");
     }
+    if running_as_root() {
+        cmd.env("AGENTRY_ALLOW_ROOT", "1");
+    }
+}
+
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 fn agentry(data_dir: &Path, database_url: Option<&str>) -> Command {
@@ -1139,14 +1152,17 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
     let dir = tempfile::tempdir().unwrap();
     let source = source_repo(dir.path());
     fake.set_clone_url("acme", "web", source.to_str().unwrap());
-    // `claude` on PATH, as an operator installs it.
+    // `claude` on PATH and agentry itself where any user can run them, as an operator
+    // installs them: run as root, the service runs its agents as `nobody`.
     let bin = dir.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(
+    std::fs::copy(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude"),
         bin.join("claude"),
     )
     .unwrap();
+    let agentry = bin.join("agentry");
+    std::fs::copy(BIN, &agentry).unwrap();
     let cwd = dir.path().join("newcomer");
     std::fs::create_dir_all(&cwd).unwrap();
     let path = format!(
@@ -1154,7 +1170,7 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(&agentry);
     cmd.arg("serve")
         .current_dir(&cwd)
         .env_clear()
@@ -1162,6 +1178,11 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         .env("AGENTRY_CODEHOST_API_URL", fake.base_url())
         .stdout(Stdio::null());
     sandbox_env(&mut cmd);
+    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    if sandboxed {
+        // The defaults, whoever runs them.
+        cmd.env_remove("AGENTRY_ALLOW_ROOT");
+    }
     let (mut child, base, mut stderr) = spawn_serve(&mut cmd);
     let client = reqwest::blocking::Client::new();
     eventually(Duration::from_secs(20), "serve healthy", || {
@@ -1223,6 +1244,14 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         stderr.all()
     );
     assert_eq!(fake.pulls("acme", "web").len(), 1);
+    if sandboxed && running_as_root() {
+        // Run as root, the agent ran as `nobody`.
+        let log = stderr.all();
+        assert!(
+            log.contains("its agents run as another user") && log.contains("nobody"),
+            "{log}"
+        );
+    }
     // Everything lives under ./agentry-data, and nothing was nested inside it.
     assert!(data.join("agentry.db").is_file());
     assert!(data.join("workspaces/mirrors").is_dir());

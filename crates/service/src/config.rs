@@ -73,6 +73,10 @@ pub struct Config {
     /// `/opt/toolchain`; docs/security.md#agent-sandbox). Never the data directory, one in
     /// it or one holding it. Empty by default.
     pub sandbox_extra_ro: Vec<PathBuf>,
+    /// The user agents run as (docs/security.md#the-agents-user): the service's own, unless
+    /// the service runs as root; then `AGENTRY_AGENT_USER` (default `nobody`), or root itself
+    /// with `AGENTRY_ALLOW_ROOT=1`. A user that cannot be used refuses agents with its reason.
+    pub agent_user: agentry_runner::user::AgentUser,
     /// `AGENTRY_SANDBOX_SECCOMP`: `on` (default: sandboxed agents get the seccomp filter
     /// refusing the system calls they never need, docs/security.md#the-seccomp-filter) or
     /// `off` (for tools that need a refused call).
@@ -135,6 +139,7 @@ impl std::fmt::Debug for Config {
             .field("agent_limits", &self.agent_limits)
             .field("sandbox_extra_ro", &self.sandbox_extra_ro)
             .field("sandbox_seccomp", &self.sandbox_seccomp)
+            .field("agent_user", &self.agent_user)
             .field("agent_env", &self.agent_env)
             .field("egress_allow", &self.egress_allow)
             .field("anthropic_upstream", &self.anthropic_upstream)
@@ -323,6 +328,29 @@ impl Config {
                 message: format!("{e}"),
             })?,
         };
+        let allow_root = match get("AGENTRY_ALLOW_ROOT").as_deref().map(str::trim) {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(other) => {
+                return Err(ConfigError {
+                    name: "AGENTRY_ALLOW_ROOT",
+                    message: format!(
+                        "{other:?}: expected \"1\" (a service run as root runs its agents as \
+                         root) or \"0\" (the default: they run as AGENTRY_AGENT_USER)"
+                    ),
+                });
+            }
+        };
+        let agent_user = agentry_runner::user::AgentUser::resolve(
+            crate::doctor::effective_uid().unwrap_or(u32::MAX),
+            get("AGENTRY_AGENT_USER").as_deref().map(str::trim),
+            allow_root,
+            agent_sandbox == SandboxMode::Auto,
+        )
+        .map_err(|message| ConfigError {
+            name: "AGENTRY_AGENT_USER",
+            message,
+        })?;
         let agent_limits = agentry_runner::AgentLimits::from_lookup(get)
             .map_err(|(name, message)| ConfigError { name, message })?;
         let sandbox_extra_ro = match get("AGENTRY_SANDBOX_EXTRA_RO") {
@@ -445,6 +473,7 @@ impl Config {
             agent_limits,
             sandbox_extra_ro,
             sandbox_seccomp,
+            agent_user,
             alert_webhook_url,
             agent_env,
             egress_allow,
@@ -1022,6 +1051,40 @@ mod tests {
         for bad in ["0", "false", "auto", "OFF"] {
             let e = cfg(&[("AGENTRY_SANDBOX_SECCOMP", bad)]).unwrap_err();
             assert_eq!(e.name, "AGENTRY_SANDBOX_SECCOMP", "{bad}");
+        }
+    }
+
+    /// As root, agents run as `nobody` by default, as `AGENTRY_AGENT_USER`, or as root with
+    /// `AGENTRY_ALLOW_ROOT=1`; as another user, as that user, and naming an agent user is an
+    /// error. `AGENTRY_ALLOW_ROOT` is `1` or `0`.
+    #[test]
+    fn the_agents_user_follows_the_services() {
+        use agentry_runner::user::AgentUser;
+        let user = |vars: &[(&str, &str)]| cfg(vars).map(|c| c.agent_user);
+        if crate::doctor::effective_uid() == Some(0) {
+            let nobody = user(&[]).unwrap();
+            assert_eq!(nobody.ids().map(|u| u.uid), Some(65534));
+            assert_eq!(user(&[("AGENTRY_AGENT_USER", "65534")]).unwrap(), nobody);
+            assert_eq!(
+                user(&[("AGENTRY_ALLOW_ROOT", "1")]).unwrap(),
+                AgentUser::Service
+            );
+            assert!(matches!(
+                user(&[("AGENTRY_AGENT_USER", "no-such-user-here")]).unwrap(),
+                AgentUser::Refused(_)
+            ));
+            assert!(matches!(
+                user(&[("AGENTRY_AGENT_SANDBOX", "off")]).unwrap(),
+                AgentUser::Refused(_)
+            ));
+        } else {
+            assert_eq!(user(&[]).unwrap(), AgentUser::Service);
+            let e = user(&[("AGENTRY_AGENT_USER", "nobody")]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_AGENT_USER");
+        }
+        for bad in ["true", "yes", "2"] {
+            let e = user(&[("AGENTRY_ALLOW_ROOT", bad)]).unwrap_err();
+            assert_eq!(e.name, "AGENTRY_ALLOW_ROOT", "{bad}");
         }
     }
 

@@ -15,6 +15,7 @@
 //! `agentry migrate` and `/readyz` do; opening an SQLite database may create its `-wal` and
 //! `-shm` files beside it.
 
+use agentry_runner::user::AgentUser;
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -226,7 +227,11 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
         checks.push(check);
     }
     checks.push(check_runner(config.max_concurrent_runs));
-    if let Some(check) = check_user(effective_uid(), config.max_concurrent_runs) {
+    if let Some(check) = check_user(
+        effective_uid(),
+        &config.agent_user,
+        config.max_concurrent_runs,
+    ) {
         checks.push(check);
     }
     checks.push(stored.database);
@@ -624,16 +629,29 @@ pub fn effective_uid() -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
-/// A service run as root runs its agents as root: a warning (agents are not refused yet).
-fn check_user(uid: Option<u32>, max_concurrent: usize) -> Option<Check> {
-    (uid == Some(0) && max_concurrent > 0).then(|| {
-        Check::warn(
-            "user",
-            "agentry runs as root, so its agents do too: inside the sandbox they hold no \
-             capabilities, but they read what root owns (such as /etc/shadow) and the \
-             process limit does not apply to them",
+/// A service run as root: its agents run as another user (ok), as root because
+/// `AGENTRY_ALLOW_ROOT=1` (a warning), or are refused (a failure with the reason).
+fn check_user(uid: Option<u32>, user: &AgentUser, max_concurrent: usize) -> Option<Check> {
+    const NAME: &str = "user";
+    if uid != Some(0) || max_concurrent == 0 {
+        return None;
+    }
+    Some(match user {
+        AgentUser::Switch(ids) => Check::ok(
+            NAME,
+            format!(
+                "agentry runs as root; its agents run as {} (uid {})",
+                ids.name, ids.uid
+            ),
+        ),
+        AgentUser::Service => Check::warn(
+            NAME,
+            "agentry runs as root and AGENTRY_ALLOW_ROOT=1, so its agents do too: inside the \
+             sandbox they hold no capabilities, but they read what root owns (such as \
+             /etc/shadow) and the process limit does not apply to them",
             Some("run `agentry serve` as a user of its own (docs/security.md)".into()),
-        )
+        ),
+        AgentUser::Refused(why) => Check::fail(NAME, why.clone(), None),
     })
 }
 
@@ -1291,14 +1309,27 @@ mod tests {
         );
     }
 
-    /// Passing what silences Claude Code's last word is a warning, not a failure.
+    /// As root, agents of another user are fine, root's own (allowed) a warning, and a
+    /// refused user a failure with its reason; a service of its own user says nothing.
     #[test]
-    fn root_is_a_warning_when_agents_run() {
-        let warn = check_user(Some(0), 2).unwrap();
+    fn root_runs_agents_as_another_user_or_says_why_not() {
+        let nobody = AgentUser::Switch(agentry_runner::user::UserIds {
+            name: "nobody".into(),
+            uid: 65534,
+            gid: 65534,
+        });
+        let ok = check_user(Some(0), &nobody, 2).unwrap();
+        assert_eq!(ok.status, Status::Ok, "{ok}");
+        assert!(ok.detail.contains("run as nobody (uid 65534)"), "{ok}");
+        let warn = check_user(Some(0), &AgentUser::Service, 2).unwrap();
         assert_eq!(warn.status, Status::Warn, "{warn}");
-        assert!(warn.detail.contains("runs as root"), "{warn}");
-        assert!(check_user(Some(1000), 2).is_none());
-        assert!(check_user(Some(0), 0).is_none());
+        assert!(warn.detail.contains("AGENTRY_ALLOW_ROOT=1"), "{warn}");
+        let refused = AgentUser::Refused("there is no user \"x\"".into());
+        let fail = check_user(Some(0), &refused, 2).unwrap();
+        assert_eq!(fail.status, Status::Fail, "{fail}");
+        assert!(fail.detail.contains("no user"), "{fail}");
+        assert!(check_user(Some(1000), &AgentUser::Service, 2).is_none());
+        assert!(check_user(Some(0), &nobody, 0).is_none());
         assert!(effective_uid().is_some());
     }
 

@@ -87,6 +87,8 @@ pub struct RunSettings {
     pub agent_limits: agentry_runner::AgentLimits,
     /// Whether sandboxed agents get the seccomp filter (`AGENTRY_SANDBOX_SECCOMP`).
     pub sandbox_seccomp: bool,
+    /// The user agents run as (`AGENTRY_AGENT_USER`, `AGENTRY_ALLOW_ROOT`).
+    pub agent_user: agentry_runner::user::AgentUser,
     /// The first wait before publishing is tried again after a code-host failure whose
     /// outcome is unknown (5xx, timeout, rate limit); it doubles up to 30 s.
     pub publish_backoff: Duration,
@@ -105,6 +107,7 @@ impl Default for RunSettings {
             sandbox: agentry_runner::SandboxMode::Auto,
             agent_limits: agentry_runner::AgentLimits::default(),
             sandbox_seccomp: true,
+            agent_user: agentry_runner::user::AgentUser::Service,
             publish_backoff: Duration::from_secs(1),
             publish_patience: Duration::from_secs(3600),
         }
@@ -213,7 +216,8 @@ impl Runs {
             sandbox: agentry_runner::Sandbox::new(settings.sandbox)
                 .with_limits(settings.agent_limits)
                 .with_extra_ro(extra_ro)
-                .with_seccomp(settings.sandbox_seccomp),
+                .with_seccomp(settings.sandbox_seccomp)
+                .with_agent_user(settings.agent_user.clone()),
             network: network.map(|n| agentry_runner::local::NetworkConfig {
                 provider: Arc::new(n.network),
                 forwarder: n.forwarder,

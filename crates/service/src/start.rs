@@ -155,6 +155,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
             sandbox: config.agent_sandbox,
             agent_limits: config.agent_limits,
             sandbox_seccomp: config.sandbox_seccomp,
+            agent_user: config.agent_user.clone(),
             ..RunSettings::default()
         },
         config.sandbox_extra_ro.clone(),
@@ -197,10 +198,20 @@ impl Service {
     /// the pruning of webhook delivery ids.
     pub async fn start_background(&self, config: &Config) -> Background {
         if config.max_concurrent_runs > 0 && crate::doctor::effective_uid() == Some(0) {
-            tracing::warn!(
-                "agentry runs as root, so its agents do too (without capabilities, inside the \
-                 sandbox): run it as a user of its own (docs/security.md)"
-            );
+            use agentry_runner::user::AgentUser;
+            match &config.agent_user {
+                AgentUser::Switch(user) => tracing::info!(
+                    user = %user.name,
+                    uid = user.uid,
+                    "agentry runs as root: its agents run as another user"
+                ),
+                AgentUser::Service => tracing::warn!(
+                    "agentry runs as root and AGENTRY_ALLOW_ROOT=1, so its agents do too \
+                     (without capabilities, inside the sandbox): run it as a user of its own \
+                     (docs/security.md)"
+                ),
+                AgentUser::Refused(why) => tracing::error!("agents are refused: {why}"),
+            }
         }
         self.recover_at_start(self.parts.db.backend()).await;
         Background {

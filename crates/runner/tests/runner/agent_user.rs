@@ -86,3 +86,50 @@ fn nix_is_not_root() -> bool {
         .map(|m| m.uid() != 0)
         .unwrap_or(true)
 }
+
+/// An agent of another user with a network: its forwarder (as that user) reaches the
+/// gateway and the proxy through the run's sockets, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_of_another_user_reaches_the_gateway_and_the_proxy() {
+    use agentry_runner::network::Network;
+    use agentry_runner::{LocalConfig, LocalRunner, NetworkConfig};
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
+    if !sandbox_works_here() || nix_is_not_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let dir = rig.root.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let forwarder = dir.join("agentry-sandbox-net");
+    std::fs::copy(crate::limits::FORWARDER, &forwarder).unwrap();
+    let (host_port, _) = crate::network::host_server().await;
+    let checker = crate::network::network_checker(&rig, host_port);
+    let network = Arc::new(crate::network::TestNetwork::default());
+    let user = AgentUser::resolve(0, None, false, true).unwrap();
+    let runner = Arc::new(LocalRunner::new(LocalConfig {
+        claude_bin: checker,
+        network: Some(NetworkConfig {
+            provider: Arc::clone(&network) as Arc<dyn Network>,
+            forwarder: vec![forwarder.display().to_string()],
+        }),
+        ..rig.config(Sandbox::new(SandboxMode::Auto).with_agent_user(user))
+    }));
+    let task = Uuid::new_v4();
+    let execution = run(&runner, rig.job(task, "Check the network")).await;
+    assert_eq!(
+        execution.verdict,
+        Verdict::NoChanges,
+        "{}",
+        execution.output
+    );
+    let seen = std::fs::read_to_string(rig.home(task).join("net")).unwrap();
+    assert_eq!(
+        seen,
+        "gateway reached: gateway GET /v1/messages\n\
+         proxy reached: proxy GET /\n\
+         host unreachable\n\
+         routes 0\n\
+         interfaces lo \n"
+    );
+}

@@ -53,7 +53,7 @@ struct Opened {
 
 /// Serves each run's sockets with [`respond`]; refuses to open any when `refuse` is set.
 #[derive(Debug, Default)]
-struct TestNetwork {
+pub(crate) struct TestNetwork {
     refuse: Option<String>,
     opened: Mutex<Vec<Opened>>,
 }
@@ -154,7 +154,7 @@ async fn respond<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(stream
 
 /// A TCP server on the host's loopback (a random port) answering as [`respond`] does, and
 /// how many connections it accepted.
-async fn host_server() -> (u16, Arc<AtomicUsize>) {
+pub(crate) async fn host_server() -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let accepted = Arc::new(AtomicUsize::new(0));
@@ -201,7 +201,7 @@ fn metered_runner(rig: &Rig, network: &Arc<TestNetwork>, sandbox: Sandbox) -> Ar
 /// reaches and writes it to `$HOME/net`: the gateway and the proxy through the forwarder,
 /// the host's server on `host_port`, the routes and the interfaces. Then it succeeds
 /// without changing anything.
-fn network_checker(rig: &Rig, host_port: u16) -> PathBuf {
+pub(crate) fn network_checker(rig: &Rig, host_port: u16) -> PathBuf {
     let path = rig.root.parent().unwrap().join("netcheck");
     std::fs::write(
         &path,
