@@ -1,6 +1,7 @@
-//! The service side of the code-host integration (docs/contract.md#33-secrets–#37-assign, #51-token–#54-effects-of-assignment): the stored
-//! token and the one client built from it, assignment of an issue (the task and its outbox
-//! effects in one transaction), issue sync, and delivery of the outbox.
+//! The service side of the code-host integration (docs/contract.md#33-secrets–#37-assign, #51-token–#54-effects-of-assignment): the one
+//! client built from the stored token (a secret, [`crate::secrets`]), assignment of an issue
+//! (the task and its outbox effects in one transaction), issue sync, and delivery of the
+//! outbox.
 //!
 //! Decisions live in plain functions ([`assign`], [`comment_body`]); the async functions
 //! around them read, call the code host through [`GitHub`], and write. The outbox is
@@ -16,7 +17,7 @@ use agentry_persistence::delivery::Backoff;
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
 use agentry_persistence::repos::{self, NewRepository, Repository};
-use agentry_persistence::secrets::{self, MasterKey, SecretInfo, SecretValue};
+use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::{AnyConnection, DbError};
 use futures_util::StreamExt;
@@ -27,8 +28,8 @@ use crate::delivery::{self, Worker};
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
-/// The secret holding the code-host token.
-pub const TOKEN_SECRET: &str = "CODEHOST_TOKEN";
+pub use crate::secrets::TOKEN_SECRET;
+
 /// The service's label on the code host.
 pub const SERVICE_LABEL: &str = "agentry";
 /// The colour the service's label is created with (purple).
@@ -195,11 +196,7 @@ impl CodeHost {
 impl Service {
     /// The client of the stored `CODEHOST_TOKEN`; 412 `codehost_token_missing` without one.
     pub async fn github(&self) -> Result<GitHub, ServiceError> {
-        let key = self.parts.codehost.master_key().clone();
-        let token = self
-            .db(move |conn| Ok(secrets::get(conn, &key, TOKEN_SECRET)?))
-            .await?
-            .ok_or(ServiceError::CodeHostTokenMissing)?;
+        let token = self.codehost_token().await?;
         self.parts.codehost.client(&token)
     }
 }
@@ -265,29 +262,6 @@ impl Service {
             }
         });
         Ok((repo, created))
-    }
-
-    /// Stores (or replaces) a secret, encrypted. The code-host token is checked with the
-    /// code host first and refused ([`ServiceError::CodeHostRejected`]) if it does not
-    /// work; nothing is stored then.
-    pub async fn store_secret(
-        &self,
-        name: String,
-        value: SecretValue,
-    ) -> Result<SecretInfo, ServiceError> {
-        if name == TOKEN_SECRET {
-            if value.expose().trim() != value.expose() {
-                return Err(ServiceError::invalid(
-                    "value",
-                    "a token must not start or end with white space",
-                ));
-            }
-            let user = self.parts.codehost.check_token(&value).await?;
-            tracing::info!(login = %user.login, "code-host token accepted");
-        }
-        let key = self.parts.codehost.master_key().clone();
-        self.db(move |conn| Ok(secrets::put(conn, &key, &name, &value, now())?))
-            .await
     }
 
     /// Syncs the issues of every connected repository (or of `only`) now; see

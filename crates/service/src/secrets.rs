@@ -1,12 +1,38 @@
-//! Stored secrets as admins see them (docs/contract.md#33-secrets): their names and dates,
-//! and deleting one. Storing a secret checks it with the code host, so it lives with the
-//! code-host use cases ([`Service::store_secret`]).
+//! Stored secrets (docs/contract.md#33-secrets), encrypted with the master key: storing one
+//! (the code-host token is checked with the code host first), their names and dates,
+//! deleting one, and reading the code-host token, the one secret the service itself uses.
 
-use agentry_persistence::secrets::{self, SecretInfo};
+use agentry_persistence::secrets::{self, SecretInfo, SecretValue};
 
-use crate::{Service, ServiceError};
+use crate::{Service, ServiceError, now};
+
+/// The secret holding the code-host token.
+pub const TOKEN_SECRET: &str = "CODEHOST_TOKEN";
 
 impl Service {
+    /// Stores (or replaces) a secret, encrypted. The code-host token is checked with the
+    /// code host first and refused ([`ServiceError::CodeHostRejected`]) if it does not
+    /// work; nothing is stored then.
+    pub async fn store_secret(
+        &self,
+        name: String,
+        value: SecretValue,
+    ) -> Result<SecretInfo, ServiceError> {
+        if name == TOKEN_SECRET {
+            if value.expose().trim() != value.expose() {
+                return Err(ServiceError::invalid(
+                    "value",
+                    "a token must not start or end with white space",
+                ));
+            }
+            let user = self.parts.codehost.check_token(&value).await?;
+            tracing::info!(login = %user.login, "code-host token accepted");
+        }
+        let key = self.master_key().clone();
+        self.db(move |conn| Ok(secrets::put(conn, &key, &name, &value, now())?))
+            .await
+    }
+
     /// The stored secrets' names and dates (never their values), by name.
     pub async fn secrets(&self) -> Result<Vec<SecretInfo>, ServiceError> {
         self.db(|conn| Ok(secrets::list(conn)?)).await
@@ -15,5 +41,13 @@ impl Service {
     /// Deletes secret `name`; `false` when there is none of that name.
     pub async fn delete_secret(&self, name: String) -> Result<bool, ServiceError> {
         self.db(move |conn| Ok(secrets::delete(conn, &name)?)).await
+    }
+
+    /// The stored code-host token, decrypted; 412 `codehost_token_missing` without one.
+    pub(crate) async fn codehost_token(&self) -> Result<SecretValue, ServiceError> {
+        let key = self.master_key().clone();
+        self.db(move |conn| Ok(secrets::get(conn, &key, TOKEN_SECRET)?))
+            .await?
+            .ok_or(ServiceError::CodeHostTokenMissing)
     }
 }
