@@ -14,83 +14,22 @@
 //! ```
 //! Without `--pg` only SQLite is measured.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use actix_web::{HttpServer, web};
 use agentry_analytics::{ReportInputs, Totals, Window, report};
-use agentry_api::auth::{generate_token, hash_token};
-use agentry_api::state::AppState;
-use agentry_domain::{Role, TaskState, TaskType};
+use agentry_domain::{TaskState, TaskType};
 use agentry_persistence::tasks::costliest_in_window;
 use agentry_persistence::{AnyConnection, Db};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text, Timestamp};
 use time::{OffsetDateTime, PrimitiveDateTime, Time};
 
+#[path = "common/bench.rs"]
+mod bench;
 #[path = "common/demo.rs"]
 mod demo;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-struct Args {
-    sizes: Vec<u64>,
-    requests: usize,
-    pg: Option<String>,
-}
-
-fn args() -> Result<Args, Error> {
-    let mut a = Args {
-        sizes: vec![10_000, 100_000, 1_000_000],
-        requests: 50,
-        pg: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--sizes" => a.sizes = value.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            "--requests" => a.requests = value.parse()?,
-            "--pg" => a.pg = Some(value),
-            other => return Err(format!("unknown flag {other}").into()),
-        }
-    }
-    Ok(a)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1_000.0
-}
-
-/// A fresh database for one measurement.
-fn fresh(
-    backend: &str,
-    pg: Option<&str>,
-    size: u64,
-    dir: &std::path::Path,
-) -> Result<String, Error> {
-    match backend {
-        "sqlite" => Ok(format!(
-            "sqlite://{}",
-            dir.join(format!("bench-{size}.db")).display()
-        )),
-        _ => {
-            let server = pg.ok_or("no PostgreSQL URL")?;
-            let name = format!("agentry_bench_{size}");
-            let mut admin = diesel::PgConnection::establish(server)?;
-            diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .execute(&mut admin)?;
-            diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin)?;
-            Ok(agentry_persistence::test_support::database_url(
-                server, &name,
-            ))
-        }
-    }
-}
+use bench::{Error, ms, percentile};
 
 #[derive(QueryableByName)]
 struct Group {
@@ -271,47 +210,10 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
     let imported = agentry_service::import::import(&mut *db.conn()?, &body)?;
     let import_time = started.elapsed();
     drop(body);
-    let token = generate_token().map_err(|e| e.to_string())?;
-    agentry_persistence::tokens::create_token(
-        &mut *db.conn()?,
-        "bench",
-        Role::Viewer,
-        &hash_token(&token),
-        agentry_persistence::now(),
-    )?;
-
-    // The cost report never calls the code host; nothing listens on port 9. Benchmarks
-    // run no agents.
-    let service = agentry_service::Service::new(
-        db.clone(),
-        agentry_service::codehost::CodeHost::new(
-            agentry_persistence::secrets::MasterKey::generate()?,
-            agentry_codehost::ClientConfig {
-                api_url: "http://127.0.0.1:9".into(),
-                ..agentry_codehost::ClientConfig::default()
-            },
-            agentry_service::codehost::Timing::default(),
-        ),
-        agentry_service::runs::Runs::disabled(
-            std::env::temp_dir().join("agentry-bench-idle-runner"),
-        ),
-    );
-    let state = web::Data::new(AppState::new(service)?);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let server_thread = std::thread::spawn(move || -> std::io::Result<()> {
-        actix_web::rt::System::new().block_on(async move {
-            let server =
-                HttpServer::new(move || agentry_api::app::build_app(state.clone(), Vec::new()))
-                    .workers(2)
-                    .listen(listener)?
-                    .run();
-            let _ = tx.send(server.handle());
-            server.await
-        })
-    });
-    let handle = rx.recv()?;
+    let token = bench::viewer_token(&db)?;
+    // The cost report never calls the code host. Benchmarks run no agents.
+    let server = bench::serve(bench::offline_state(&db)?)?;
+    let addr = server.addr;
     let client = reqwest::blocking::Client::new();
     let mut line = format!(
         "{backend:8} {size:>9} tasks (import {:.1} s)",
@@ -320,21 +222,11 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
     let window90 = Window::new(OffsetDateTime::now_utc().date(), 90)?;
     for days in [90, 7] {
         let uri = format!("http://{addr}/api/analytics/costs?days={days}");
-        let mut times = Vec::with_capacity(requests);
-        for i in 0..requests + 5 {
-            let t = Instant::now();
-            let res = client.get(&uri).bearer_auth(&token).send()?;
-            let status = res.status();
-            let bytes = res.bytes()?;
-            let elapsed = t.elapsed();
-            if !status.is_success() {
-                return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)).into());
-            }
-            if i >= 5 {
-                times.push(elapsed);
-            }
-        }
-        line.push_str(&format!("  days={days}: {:.2} ms", ms(median(times))));
+        let (mut times, _) = bench::timed_gets(&client, &uri, &token, requests)?;
+        line.push_str(&format!(
+            "  days={days}: {:.2} ms",
+            ms(percentile(&mut times, 50))
+        ));
     }
     // The baseline on the same database; it must agree with the endpoint.
     let mut conn = db.conn()?;
@@ -357,7 +249,7 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
     }
     line.push_str(&format!(
         "  baseline days=90: {:.1} ms  ({} imported)",
-        ms(median(times)),
+        ms(percentile(&mut times, 50)),
         imported.imported
     ));
     // The endpoint serves a kept report while nothing changed (a memo hit); this is the
@@ -369,31 +261,19 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
         std::hint::black_box(report(&inputs));
         times.push(t.elapsed());
     }
-    line.push_str(&format!("  computed days=90: {:.2} ms", ms(median(times))));
+    line.push_str(&format!(
+        "  computed days=90: {:.2} ms",
+        ms(percentile(&mut times, 50))
+    ));
     println!("{line}");
-    actix_web::rt::System::new().block_on(handle.stop(true));
-    server_thread
-        .join()
-        .map_err(|_| "server thread panicked")??;
-    Ok(())
+    server.stop()
 }
 
 fn main() -> Result<(), Error> {
-    let args = args()?;
-    let dir = tempfile::tempdir()?;
-    let mut backends = vec!["sqlite"];
-    if args.pg.is_some() {
-        backends.push("postgres");
-    }
+    let args = bench::size_args(&[10_000, 100_000, 1_000_000])?;
     println!(
         "median latency of GET /api/analytics/costs over HTTP ({} requests each)",
         args.requests
     );
-    for backend in backends {
-        for &size in &args.sizes {
-            let url = fresh(backend, args.pg.as_deref(), size, dir.path())?;
-            measure(backend, &url, size, args.requests)?;
-        }
-    }
-    Ok(())
+    bench::each_backend_and_size(&args, "bench", measure)
 }

@@ -18,18 +18,18 @@
 //! ```
 //! Without `--pg` only SQLite is measured.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use actix_web::{HttpServer, web};
-use agentry_api::auth::{generate_token, hash_token};
-use agentry_api::state::AppState;
-use agentry_domain::{RepoUrl, Role, Usd};
+use agentry_domain::{RepoUrl, Usd};
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::{AnyConnection, Db};
 use diesel::prelude::*;
 use time::OffsetDateTime;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[path = "common/bench.rs"]
+mod bench;
+
+use bench::{Error, ms, percentile};
 
 /// The migration that created the scrape's rollups; its `INSERT`s fill them from the ledgers.
 const ROLLUP_MIGRATION: &str =
@@ -38,66 +38,6 @@ const ROLLUP_MIGRATION: &str =
 const RUNS_PER_TASK: u64 = 10;
 const REPOS: u64 = 60;
 const CONNECTED: u64 = 50;
-
-struct Args {
-    sizes: Vec<u64>,
-    requests: usize,
-    pg: Option<String>,
-}
-
-fn args() -> Result<Args, Error> {
-    let mut a = Args {
-        sizes: vec![100_000, 1_000_000],
-        requests: 50,
-        pg: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--sizes" => a.sizes = value.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            "--requests" => a.requests = value.parse()?,
-            "--pg" => a.pg = Some(value),
-            other => return Err(format!("unknown flag {other}").into()),
-        }
-    }
-    Ok(a)
-}
-
-fn percentile(v: &mut [Duration], p: usize) -> Duration {
-    v.sort();
-    v[(v.len() * p / 100).min(v.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1_000.0
-}
-
-/// A fresh database for one measurement.
-fn fresh(
-    backend: &str,
-    pg: Option<&str>,
-    size: u64,
-    dir: &std::path::Path,
-) -> Result<String, Error> {
-    match backend {
-        "sqlite" => Ok(format!(
-            "sqlite://{}",
-            dir.join(format!("bench-metrics-{size}.db")).display()
-        )),
-        _ => {
-            let server = pg.ok_or("no PostgreSQL URL")?;
-            let name = format!("agentry_bench_metrics_{size}");
-            let mut admin = diesel::PgConnection::establish(server)?;
-            diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .execute(&mut admin)?;
-            diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin)?;
-            Ok(agentry_persistence::test_support::database_url(
-                server, &name,
-            ))
-        }
-    }
-}
 
 fn exec(conn: &mut AnyConnection, sql: &str) -> Result<(), Error> {
     match conn {
@@ -245,64 +185,13 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
     let started = Instant::now();
     seed(&db, size, now)?;
     let seed_time = started.elapsed();
-    let token = generate_token().map_err(|e| e.to_string())?;
-    agentry_persistence::tokens::create_token(
-        &mut *db.conn()?,
-        "bench",
-        Role::Viewer,
-        &hash_token(&token),
-        agentry_persistence::now(),
-    )?;
-    // A scrape never calls the code host; nothing listens on port 9. Benchmarks run no
-    // agents.
-    let service = agentry_service::Service::new(
-        db.clone(),
-        agentry_service::codehost::CodeHost::new(
-            agentry_persistence::secrets::MasterKey::generate()?,
-            agentry_codehost::ClientConfig {
-                api_url: "http://127.0.0.1:9".into(),
-                ..agentry_codehost::ClientConfig::default()
-            },
-            agentry_service::codehost::Timing::default(),
-        ),
-        agentry_service::runs::Runs::disabled(
-            std::env::temp_dir().join("agentry-bench-idle-runner"),
-        ),
-    );
-    let state = web::Data::new(AppState::new(service)?);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let server_thread = std::thread::spawn(move || -> std::io::Result<()> {
-        actix_web::rt::System::new().block_on(async move {
-            let server =
-                HttpServer::new(move || agentry_api::app::build_app(state.clone(), Vec::new()))
-                    .workers(2)
-                    .listen(listener)?
-                    .run();
-            let _ = tx.send(server.handle());
-            server.await
-        })
-    });
-    let handle = rx.recv()?;
+    let token = bench::viewer_token(&db)?;
+    // A scrape never calls the code host. Benchmarks run no agents.
+    let served = bench::serve(bench::offline_state(&db)?)?;
+    let addr = served.addr;
     let client = reqwest::blocking::Client::new();
     let uri = format!("http://{addr}/metrics");
-    let mut times = Vec::with_capacity(requests);
-    let mut text = String::new();
-    for i in 0..requests + 5 {
-        let t = Instant::now();
-        let res = client.get(&uri).bearer_auth(&token).send()?;
-        let status = res.status();
-        let body = res.text()?;
-        let elapsed = t.elapsed();
-        if !status.is_success() {
-            return Err(format!("{status}: {body}").into());
-        }
-        if i >= 5 {
-            times.push(elapsed);
-        }
-        text = body;
-    }
+    let (mut times, text) = bench::timed_gets(&client, &uri, &token, requests)?;
     let unauthenticated = client.get(&uri).send()?.status();
     if unauthenticated.as_u16() != 401 {
         return Err(format!("a scrape without a token answered {unauthenticated}").into());
@@ -335,29 +224,14 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
         text.len(),
         ms(percentile(&mut old, 50)),
     );
-    actix_web::rt::System::new().block_on(handle.stop(true));
-    server_thread
-        .join()
-        .map_err(|_| "server thread panicked")??;
-    Ok(())
+    served.stop()
 }
 
 fn main() -> Result<(), Error> {
-    let args = args()?;
-    let dir = tempfile::tempdir()?;
-    let mut backends = vec!["sqlite"];
-    if args.pg.is_some() {
-        backends.push("postgres");
-    }
+    let args = bench::size_args(&[100_000, 1_000_000])?;
     println!(
         "GET /metrics over HTTP with a viewer token ({} scrapes each)",
         args.requests
     );
-    for backend in backends {
-        for &size in &args.sizes {
-            let url = fresh(backend, args.pg.as_deref(), size, dir.path())?;
-            measure(backend, &url, size, args.requests)?;
-        }
-    }
-    Ok(())
+    bench::each_backend_and_size(&args, "bench-metrics", measure)
 }

@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix_web::{HttpServer, web};
+use actix_web::web;
 use agentry_api::state::AppState;
 use agentry_codehost::{ClientConfig, Conditional, GitHub};
 use agentry_domain::{AgentType, RepoUrl, TaskState};
@@ -36,13 +36,16 @@ use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, TaskFilter};
 use agentry_persistence::{AnyConnection, Db, DbError, pulls, write_tx};
-use agentry_service::codehost::{self, CodeHost, Timing};
+use agentry_service::codehost;
 use agentry_service::tracking::POLL_CONCURRENCY;
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[path = "common/bench.rs"]
+mod bench;
+
+use bench::{Error, ms};
 
 const TOKEN: &str = "ghp_benchmarkTokenValue0123456789";
 const SECRET: &str = "whsec-benchmark-secret";
@@ -91,23 +94,9 @@ fn args() -> Result<Args, Error> {
 }
 
 fn state(db: &Db, api_url: &str, key: MasterKey) -> Result<web::Data<AppState>, Error> {
-    // Benchmarks run no agents.
-    let service = agentry_service::Service::new(
-        db.clone(),
-        CodeHost::new(
-            key,
-            ClientConfig {
-                api_url: api_url.into(),
-                ..ClientConfig::default()
-            },
-            Timing::default(),
-        )
-        .with_webhook_secret(Some(SecretValue::new(SECRET))),
-        agentry_service::runs::Runs::disabled(
-            std::env::temp_dir().join("agentry-bench-idle-runner"),
-        ),
-    );
-    Ok(web::Data::new(AppState::new(service)?))
+    let codehost =
+        bench::code_host(api_url, key).with_webhook_secret(Some(SecretValue::new(SECRET)));
+    bench::state(db, codehost)
 }
 
 fn connect(conn: &mut AnyConnection, owner: &str, name: &str) -> Result<Repository, Error> {
@@ -217,10 +206,6 @@ fn start_delay_proxy(
         }
     });
     Ok(addr)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// The poll benchmark: `repos` repositories holding `pulls` open agent pull requests (spread
@@ -456,21 +441,8 @@ fn webhook_latency(db: &Db, deliveries: usize, rate: u32) -> Result<(), Error> {
         .collect();
 
     let state = state(db, "http://127.0.0.1:9", MasterKey::generate()?)?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let server_thread = std::thread::spawn(move || -> std::io::Result<()> {
-        actix_web::rt::System::new().block_on(async move {
-            let server =
-                HttpServer::new(move || agentry_api::app::build_app(state.clone(), Vec::new()))
-                    .workers(2)
-                    .listen(listener)?
-                    .run();
-            let _ = tx.send(server.handle());
-            server.await
-        })
-    });
-    let handle = rx.recv()?;
+    let served = bench::serve(state)?;
+    let addr = served.addr;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -512,10 +484,7 @@ fn webhook_latency(db: &Db, deliveries: usize, rate: u32) -> Result<(), Error> {
         Ok::<_, Error>(out)
     })?;
     let wall = started.elapsed();
-    actix_web::rt::System::new().block_on(handle.stop(true));
-    server_thread
-        .join()
-        .map_err(|_| "server thread panicked")??;
+    served.stop()?;
     let completed = count_in(&mut *db.conn()?, TaskState::Completed)?;
     if completed != deliveries {
         return Err(format!("{completed} of {deliveries} tasks completed").into());
