@@ -193,3 +193,53 @@ mod tests {
         assert_eq!(database_url("postgres://h", "z"), "postgres://h/z");
     }
 }
+
+/// A run of `task_id` at `attempt` on Claude Code that started and finished at `at` and
+/// succeeded (exit code 0), with no model, cost, tokens or turns reported. Tests and
+/// benchmarks set what they exercise with struct update syntax
+/// (`Run { cost_usd, ..succeeded_run(task, 1, at) }`) and pass it to
+/// [`record_run`](crate::tasks::record_run).
+pub fn succeeded_run(task_id: Uuid, attempt: i32, at: time::OffsetDateTime) -> crate::tasks::Run {
+    crate::tasks::Run {
+        id: Uuid::new_v4(),
+        task_id,
+        attempt,
+        agent_type: agentry_domain::AgentType::ClaudeCode,
+        model: None,
+        cost_usd: None,
+        input_tokens: 0,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
+        output_tokens: 0,
+        turns: None,
+        outcome: crate::tasks::RunOutcome::Succeeded,
+        exit_code: Some(0),
+        error_message: None,
+        started_at: at,
+        finished_at: Some(at),
+        sandboxed: None,
+        model_calls: None,
+        reported_cost_usd: None,
+    }
+}
+
+/// A new coding task on `repo` for Claude Code, created at `created_at`, titled "A task"
+/// with an empty prompt, no issue and no parent; tests set what they need with struct
+/// update syntax and pass it to [`create_task`](crate::tasks::create_task).
+pub fn coding_task(
+    repo: &crate::repos::Repository,
+    created_at: time::OffsetDateTime,
+) -> crate::tasks::NewTask {
+    crate::tasks::NewTask {
+        id: Uuid::new_v4(),
+        title: "A task".into(),
+        prompt: String::new(),
+        repo_id: Some(repo.id),
+        repo_url: repo.url.clone(),
+        task_type: agentry_domain::TaskType::Coding,
+        agent_type: agentry_domain::AgentType::ClaudeCode,
+        issue_number: None,
+        parent_task_id: None,
+        created_at,
+    }
+}

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agentry_domain::{AgentType, RepoUrl, TaskType, Usd};
+use agentry_domain::{AgentType, RepoUrl, Usd};
 use agentry_persistence::metering;
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::secrets::{MasterKey, SecretValue};
@@ -443,14 +443,7 @@ fn database() -> Result<(TestDb, Uuid), Error> {
         &NewTask {
             id: task_id,
             title: "gateway benchmark".into(),
-            prompt: String::new(),
-            repo_id: Some(repo.id),
-            repo_url: repo.url.clone(),
-            task_type: TaskType::Coding,
-            agent_type: AgentType::ClaudeCode,
-            issue_number: None,
-            parent_task_id: None,
-            created_at: now,
+            ..agentry_persistence::test_support::coding_task(&repo, now)
         },
         "created",
     )?;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentry_domain::{AgentType, RepoUrl, TaskType, Usd};
+use agentry_domain::{AgentType, RepoUrl, Usd};
 use agentry_persistence::metering;
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::secrets::{MasterKey, SecretValue};
@@ -159,14 +159,7 @@ impl Rig {
             &NewTask {
                 id: task_id,
                 title: "t".into(),
-                prompt: String::new(),
-                repo_id: Some(repo.id),
-                repo_url: repo.url.clone(),
-                task_type: TaskType::Coding,
-                agent_type: AgentType::ClaudeCode,
-                issue_number: None,
-                parent_task_id: None,
-                created_at: now,
+                ..agentry_persistence::test_support::coding_task(&repo, now)
             },
             "created",
         )

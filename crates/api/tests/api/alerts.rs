@@ -9,18 +9,17 @@ use crate::common::env::json_req;
 use crate::common::*;
 use actix_web::web;
 use agentry_api::state::AppState;
-use agentry_domain::{AgentType, Usd};
+use agentry_domain::Usd;
 use agentry_persistence::Db;
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::secrets::MasterKey;
-use agentry_persistence::tasks::{self, Run, RunOutcome};
+use agentry_persistence::tasks::{self, Run};
 use agentry_persistence::test_support::TestDb;
 use agentry_service::alerts::{AlertTiming, Alerts, WebhookUrl};
 use agentry_service::runs::Runs;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use uuid::Uuid;
 
 /// One request the receiver got, and what it answered.
 #[derive(Debug, Clone)]
@@ -188,25 +187,13 @@ fn spend(db: &Db, repo: &Repository, cost: &str) {
     tasks::record_run(
         &mut db.conn().unwrap(),
         &Run {
-            id: Uuid::new_v4(),
-            task_id: task.id,
-            attempt: task.attempt,
-            agent_type: AgentType::ClaudeCode,
             model: Some("sonnet".into()),
             cost_usd: Some(Usd::parse(cost).unwrap()),
             input_tokens: 1,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
             output_tokens: 1,
             turns: Some(1),
-            outcome: RunOutcome::Succeeded,
-            exit_code: Some(0),
-            error_message: None,
-            started_at: at,
-            finished_at: Some(at),
             sandboxed: Some(true),
-            model_calls: None,
-            reported_cost_usd: None,
+            ..agentry_persistence::test_support::succeeded_run(task.id, task.attempt, at)
         },
     )
     .unwrap();

@@ -43,7 +43,7 @@ async fn the_instance_budget_is_read_by_viewers_and_set_by_admins() {
     assert_eq!(body["forecastUsd"], "0.0000");
     assert_eq!(body["exhaustsOn"], Value::Null);
     // The cost report lists it too (this month's, whatever the period).
-    let (status, report) = call(&app, get("/api/analytics/costs?days=7", &t.viewer)).await;
+    let (status, report) = client(&app, &t.viewer).report("days=7").await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(
         report["budgets"],

@@ -34,51 +34,35 @@ fn comments_of(fake: &FakeGitHub, number: u64) -> Vec<String> {
 async fn secrets_are_checked_encrypted_and_never_returned() {
     let env = Env::new(sqlite());
     let app = service_with(env.state.clone()).await;
-    let put = |value: &str| {
-        json_req(
-            "PUT",
-            "/api/secrets/CODEHOST_TOKEN",
-            &env.t.admin,
-            &json!({ "value": value }),
-        )
-    };
+    let admin = client(&app, &env.t.admin);
 
     // A token the code host refuses is not stored.
-    let (status, body) = call(&app, put("ghp_unknown")).await;
+    let (status, body) = admin.put_secret("CODEHOST_TOKEN", "ghp_unknown").await;
     assert_eq!(status, 422, "{body}");
     envelope(&body, "codehost_rejected");
     assert_eq!(env.count("secrets"), 0);
 
     // A good one is checked with GET /user and stored encrypted.
-    let (status, body) = call(&app, put(GH_TOKEN)).await;
+    let (status, body) = admin.put_secret("CODEHOST_TOKEN", GH_TOKEN).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["name"], "CODEHOST_TOKEN");
     assert!(!body.to_string().contains(GH_TOKEN));
     assert_eq!(env.fake.count("GET", "/user"), 2);
-    let (status, body) = call(&app, get("/api/secrets", &env.t.admin)).await;
+    let (status, body) = admin.get("/api/secrets").await;
     assert_eq!(status, 200);
     assert_eq!(body["secrets"].as_array().unwrap().len(), 1);
     assert_eq!(body["secrets"][0].as_object().unwrap().len(), 3, "{body}");
     assert!(!body.to_string().contains(GH_TOKEN));
 
     // Other secrets are stored without a code-host call; names are checked.
-    let (status, _) = call(
-        &app,
-        json_req(
-            "PUT",
-            "/api/secrets/ANTHROPIC_API_KEY",
-            &env.t.admin,
-            &json!({ "value": "sk-ant-x" }),
-        ),
-    )
-    .await;
+    let (status, _) = admin.put_secret("ANTHROPIC_API_KEY", "sk-ant-x").await;
     assert_eq!(status, 200);
     assert_eq!(env.fake.count("GET", "/user"), 2);
 
     // The code host down: 503, nothing stored or replaced.
     env.fake
         .fail_next(Some(("GET", "/user")), 10, Fault::Status(502));
-    let (status, body) = call(&app, put("ghp_other")).await;
+    let (status, body) = admin.put_secret("CODEHOST_TOKEN", "ghp_other").await;
     assert_eq!(status, 503, "{body}");
     envelope(&body, "codehost_unavailable");
     env.fake.clear_faults();
@@ -110,34 +94,27 @@ async fn secrets_are_checked_encrypted_and_never_returned() {
 async fn repositories_connect_once_and_settings_change_all_or_nothing() {
     let env = Env::new(sqlite());
     let app = service_with(env.state.clone()).await;
-    let connect = |url: &str| {
-        json_req(
-            "POST",
-            "/api/repos",
-            &env.t.admin,
-            &json!({ "repoUrl": url }),
-        )
-    };
+    let admin = client(&app, &env.t.admin);
 
     // No token yet: 412, nothing written.
-    let (status, body) = call(&app, connect("https://github.com/acme/web")).await;
+    let (status, body) = admin.connect_repo("https://github.com/acme/web").await;
     assert_eq!(status, 412);
     envelope(&body, "codehost_token_missing");
     env.store_token();
 
-    let (status, body) = call(&app, connect("https://github.com/acme/missing")).await;
+    let (status, body) = admin.connect_repo("https://github.com/acme/missing").await;
     assert_eq!(status, 422, "{body}");
     envelope(&body, "codehost_rejected");
     assert_eq!(env.count("repositories"), 0);
 
     env.fake.set_default_branch("acme", "web", "trunk");
-    let (status, first) = call(&app, connect("git@github.com:Acme/Web.git")).await;
+    let (status, first) = admin.connect_repo("git@github.com:Acme/Web.git").await;
     assert_eq!(status, 201, "{first}");
     assert_eq!(first["repoUrl"], "https://github.com/acme/web");
     assert_eq!(first["defaultBranch"], "trunk");
     assert_eq!(first["cloneUrl"], "https://github.com/acme/web.git");
     assert_eq!(first["settings"]["codingModel"], "sonnet");
-    let (status, again) = call(&app, connect("https://github.com/acme/web/")).await;
+    let (status, again) = admin.connect_repo("https://github.com/acme/web/").await;
     assert_eq!((status, &again["id"]), (200, &first["id"]));
     assert_eq!(env.count("repositories"), 1);
 
@@ -208,7 +185,7 @@ async fn repositories_connect_once_and_settings_change_all_or_nothing() {
     assert!(gone["disconnectedAt"].is_string());
     let (_, list) = call(&app, get("/api/repos", &env.t.viewer)).await;
     assert_eq!(list["repos"].as_array().unwrap().len(), 0);
-    let (status, back) = call(&app, connect("https://github.com/acme/web")).await;
+    let (status, back) = admin.connect_repo("https://github.com/acme/web").await;
     assert_eq!((status, &back["id"]), (200, &first["id"]));
     assert!(back["disconnectedAt"].is_null());
     assert_eq!(back["settings"]["reviewModel"], "haiku-4-5");
@@ -229,18 +206,8 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
         );
         let app = service_with(env.state.clone()).await;
 
-        let answers = futures_util::future::join_all((0..50).map(|_| {
-            call(
-                &app,
-                json_req(
-                    "POST",
-                    "/api/issues/assign",
-                    &env.t.member,
-                    &assign_body(repo, number),
-                ),
-            )
-        }))
-        .await;
+        let (member, body) = (client(&app, &env.t.member), assign_body(repo, number));
+        let answers = futures_util::future::join_all((0..50).map(|_| member.assign(&body))).await;
         let created: Vec<&Value> = answers
             .iter()
             .filter(|(s, _)| *s == 201)
@@ -277,16 +244,9 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
         assert_eq!(env.fake.count("POST", COMMENTS), 1);
 
         // Re-assignment: 200, nothing created, nothing posted.
-        let (status, body) = call(
-            &app,
-            json_req(
-                "POST",
-                "/api/issues/assign",
-                &env.t.member,
-                &assign_body(repo, number),
-            ),
-        )
-        .await;
+        let (status, body) = client(&app, &env.t.member)
+            .assign(&assign_body(repo, number))
+            .await;
         assert_eq!(
             (status, &body["created"], &body["task"]["id"]),
             (200, &json!(false), &task_id)
@@ -304,16 +264,9 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     let repo = env.connect("acme", "web");
     let number = env.fake.add_issue("acme", "web", "Flaky", None, &[]);
     let app = service_with(env.state.clone()).await;
-    let (status, _) = call(
-        &app,
-        json_req(
-            "POST",
-            "/api/issues/assign",
-            &env.t.member,
-            &assign_body(repo, number),
-        ),
-    )
-    .await;
+    let (status, _) = client(&app, &env.t.member)
+        .assign(&assign_body(repo, number))
+        .await;
     assert_eq!(status, 201);
 
     // The next 5 label and comment calls fail. The client retries a label call twice
@@ -841,16 +794,9 @@ async fn only_known_open_issues_are_assigned() {
         // A pull request's number, a closed issue, a number that does not exist: 404, and
         // nothing created, labelled or commented on.
         for number in [pull, closed, 999] {
-            let (status, body) = call(
-                &app,
-                json_req(
-                    "POST",
-                    "/api/issues/assign",
-                    &env.t.member,
-                    &assign_body(repo, number),
-                ),
-            )
-            .await;
+            let (status, body) = client(&app, &env.t.member)
+                .assign(&assign_body(repo, number))
+                .await;
             assert_eq!(status, 404, "#{number}: {body}");
             let message = envelope(&body, "not_found");
             assert!(message.contains(&format!("#{number}")), "{message}");
@@ -869,30 +815,16 @@ async fn only_known_open_issues_are_assigned() {
 
         // An issue opened on the code host after the last sync: looked up, then assigned.
         let fresh = env.fake.add_issue("acme", "web", "New", None, &[]);
-        let (status, body) = call(
-            &app,
-            json_req(
-                "POST",
-                "/api/issues/assign",
-                &env.t.member,
-                &assign_body(repo, fresh),
-            ),
-        )
-        .await;
+        let (status, body) = client(&app, &env.t.member)
+            .assign(&assign_body(repo, fresh))
+            .await;
         assert_eq!(status, 201, "{body}");
         assert_eq!(body["task"]["issueNumber"], fresh);
         // A known one is assigned without asking the code host.
         env.fake.reset_counts();
-        let (status, _) = call(
-            &app,
-            json_req(
-                "POST",
-                "/api/issues/assign",
-                &env.t.member,
-                &assign_body(repo, issue),
-            ),
-        )
-        .await;
+        let (status, _) = client(&app, &env.t.member)
+            .assign(&assign_body(repo, issue))
+            .await;
         assert_eq!(status, 201);
         assert_eq!(env.fake.requests().len(), 0);
         assert_eq!(env.count("tasks"), 2);

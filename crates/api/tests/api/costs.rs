@@ -7,7 +7,7 @@ use crate::common::*;
 use agentry_analytics::{ReportInputs, TaskFact, Window, report};
 use agentry_domain::{AgentType, RepoUrl, TaskState, TaskType, Trigger, Usd};
 use agentry_persistence::tasks::{
-    self, ImportTask, Run, RunOutcome, TaskCursor, TaskFilter, TransitionDetails,
+    self, ImportTask, Run, TaskCursor, TaskFilter, TransitionDetails,
 };
 use agentry_persistence::test_support::TestDb;
 use agentry_persistence::{AnyConnection, Db, DbError, rollups, write_tx};
@@ -102,10 +102,6 @@ fn seed(db: &Db, seed: u64) {
             .unwrap();
         }
         let run = Run {
-            id: Uuid::new_v4(),
-            task_id: task.id,
-            attempt: 1,
-            agent_type: AgentType::ClaudeCode,
             model: MODELS[rng.below(5) as usize].map(str::to_owned),
             cost_usd: Some(Usd::from_nanos(rng.below(2_000_000_000) as i64).unwrap()),
             input_tokens: 100,
@@ -113,14 +109,7 @@ fn seed(db: &Db, seed: u64) {
             cache_write_tokens: 1,
             output_tokens: 50,
             turns: Some(4),
-            outcome: RunOutcome::Succeeded,
-            exit_code: Some(0),
-            error_message: None,
-            started_at: now,
-            finished_at: Some(now),
-            sandboxed: None,
-            model_calls: None,
-            reported_cost_usd: None,
+            ..agentry_persistence::test_support::succeeded_run(task.id, 1, now)
         };
         write_tx::<_, DbError, _>(&mut conn, |c| {
             tasks::record_run(c, &run)?;
@@ -173,25 +162,12 @@ fn pay(conn: &mut AnyConnection, id: Uuid, model: Option<&str>, nanos: i64) {
     tasks::record_run(
         conn,
         &Run {
-            id: Uuid::new_v4(),
-            task_id: id,
-            attempt,
-            agent_type: AgentType::ClaudeCode,
             model: model.map(str::to_owned),
             cost_usd: Some(Usd::from_nanos(nanos).unwrap()),
             input_tokens: 10,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
             output_tokens: 5,
             turns: Some(1),
-            outcome: RunOutcome::Succeeded,
-            exit_code: Some(0),
-            error_message: None,
-            started_at: now,
-            finished_at: Some(now),
-            sandboxed: None,
-            model_calls: None,
-            reported_cost_usd: None,
+            ..agentry_persistence::test_support::succeeded_run(id, attempt, now)
         },
     )
     .unwrap();
@@ -423,7 +399,7 @@ async fn equivalence(db: TestDb) {
         }
     }
     // The data set exercises what it should.
-    let (_, body) = call(&app, get("/api/analytics/costs?days=90", &t.viewer)).await;
+    let (_, body) = client(&app, &t.viewer).report("days=90").await;
     assert!(
         !body["anomalies"].as_array().unwrap().is_empty(),
         "no anomaly in the data set"
@@ -471,11 +447,7 @@ async fn bad_parameters_are_refused_with_the_envelope() {
         ),
         ("period=30", "period"),
     ] {
-        let (code, body) = call(
-            &app,
-            get(&format!("/api/analytics/costs?{query}"), &t.viewer),
-        )
-        .await;
+        let (code, body) = client(&app, &t.viewer).report(query).await;
         assert_eq!(code, 400, "{query}");
         assert!(
             envelope(&body, "invalid_parameter").starts_with(&format!("{field}:")),
@@ -534,7 +506,7 @@ async fn a_filter_that_matches_nothing_gives_zeros_and_thirty_zero_days() {
         assert_eq!(body[member], json!([]), "{member}");
     }
     // And the default (all repositories) is not empty on the same data.
-    let (_, body) = call(&app, get("/api/analytics/costs", &t.viewer)).await;
+    let (_, body) = client(&app, &t.viewer).report("").await;
     assert_ne!(body["summary"]["taskCount"], json!(0));
     assert_eq!(body["dailyCosts"].as_array().unwrap().len(), 30);
     let _: Value = body;
@@ -546,11 +518,9 @@ async fn an_empty_database_gives_an_all_zero_report() {
     let t = tokens(&db.db);
     let app = service(&db.db).await;
     for days in [1, 30, 365] {
-        let (code, body) = call(
-            &app,
-            get(&format!("/api/analytics/costs?days={days}"), &t.viewer),
-        )
-        .await;
+        let (code, body) = client(&app, &t.viewer)
+            .report(&format!("days={days}"))
+            .await;
         assert_eq!(code, 200, "{body}");
         assert_eq!(body["summary"]["totalCost"], "0.0000");
         assert_eq!(body["summary"]["taskCount"], 0);
@@ -731,7 +701,7 @@ async fn kept_report(db: TestDb) {
     let (_, again) = call(&app, get(uri, &t.viewer)).await;
     assert_eq!(again, first, "served from the kept report");
     // Other parameters are another report, computed now.
-    let (_, other) = call(&app, get("/api/analytics/costs?days=7", &t.viewer)).await;
+    let (_, other) = client(&app, &t.viewer).report("days=7").await;
     assert_eq!(total_and_top(&other).1, json!("Renamed by hand"));
 
     // A recorded run: the next report shows it.
@@ -826,7 +796,7 @@ async fn revision_outcomes(db: TestDb) {
         .unwrap();
     assert_eq!(triggers, ["assignment", "revision", "revision"]);
 
-    let (code, body) = call(&app, get("/api/analytics/costs?days=30", &t.viewer)).await;
+    let (code, body) = client(&app, &t.viewer).report("days=30").await;
     assert_eq!(code, 200, "{body}");
     let o = &body["outcomes"];
     assert_eq!(o["mergedPullRequests"], json!(2), "{o}");

@@ -4,7 +4,7 @@
 
 use crate::common::*;
 use actix_web::test::TestRequest;
-use agentry_domain::{AgentType, TaskState, TaskType, Trigger, Usd};
+use agentry_domain::{TaskState, TaskType, Trigger, Usd};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::write_tx;
 use serde_json::{Value, json};
@@ -314,25 +314,18 @@ async fn a_metered_runs_calls_refusals_and_cost_mismatch_are_served() {
         tasks::record_run(
             &mut conn,
             &Run {
-                id: Uuid::new_v4(),
-                task_id: task.id,
-                attempt: 1,
-                agent_type: AgentType::ClaudeCode,
                 model: Some("claude-sonnet-5".into()),
                 cost_usd: Some(Usd::parse("0.003").unwrap()),
                 input_tokens: 1000,
-                cache_read_tokens: 0,
-                cache_write_tokens: 0,
                 output_tokens: 100,
                 turns: Some(2),
                 outcome: RunOutcome::Failed,
                 exit_code: Some(1),
                 error_message: Some("budget reached".into()),
-                started_at: now,
-                finished_at: Some(now),
                 sandboxed: Some(true),
                 model_calls: Some(2),
                 reported_cost_usd: Some(Usd::parse("0.000001").unwrap()),
+                ..agentry_persistence::test_support::succeeded_run(task.id, 1, now)
             },
         )
         .unwrap();
@@ -346,7 +339,7 @@ async fn a_metered_runs_calls_refusals_and_cost_mismatch_are_served() {
         .unwrap();
     }
     let app = service(&db.db).await;
-    let (code, body) = call(&app, get(&format!("/api/tasks/{}", task.id), &t.viewer)).await;
+    let (code, body) = client(&app, &t.viewer).task(task.id).await;
     assert_eq!(code, 200);
     let run = &body["runs"][0];
     assert_eq!(
@@ -438,10 +431,6 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
             tasks::record_run(
                 conn,
                 &Run {
-                    id: Uuid::new_v4(),
-                    task_id: coding.id,
-                    attempt: 1,
-                    agent_type: AgentType::ClaudeCode,
                     model: Some("claude-sonnet-4-5".into()),
                     cost_usd: Some(Usd::parse("0.123456").unwrap()),
                     input_tokens: 10,
@@ -449,14 +438,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
                     cache_write_tokens: 30,
                     output_tokens: 40,
                     turns: Some(7),
-                    outcome: RunOutcome::Succeeded,
-                    exit_code: Some(0),
-                    error_message: None,
-                    started_at: now,
-                    finished_at: Some(now),
-                    sandboxed: None,
-                    model_calls: None,
-                    reported_cost_usd: None,
+                    ..agentry_persistence::test_support::succeeded_run(coding.id, 1, now)
                 },
             )?;
             tasks::transition_task(
@@ -477,7 +459,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
         .unwrap();
     }
     let app = service(&db.db).await;
-    let (code, body) = call(&app, get(&format!("/api/tasks/{}", coding.id), &t.viewer)).await;
+    let (code, body) = client(&app, &t.viewer).task(coding.id).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["state"], "pr_opened");
     assert_eq!(body["costUsd"], "0.123456");
@@ -522,15 +504,11 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
     assert_eq!(body["reviews"].as_array().unwrap().len(), 1);
     assert_eq!(body["reviews"][0]["id"], review.id.to_string());
 
-    let (code, body) = call(
-        &app,
-        get(&format!("/api/tasks/{}", Uuid::new_v4()), &t.viewer),
-    )
-    .await;
+    let (code, body) = client(&app, &t.viewer).task(Uuid::new_v4()).await;
     assert_eq!(code, 404);
     envelope(&body, "not_found");
     for bad in ["not-a-uuid", "123", "%00"] {
-        let (code, body) = call(&app, get(&format!("/api/tasks/{bad}"), &t.viewer)).await;
+        let (code, body) = client(&app, &t.viewer).task(bad).await;
         assert_eq!(code, 400, "{bad}");
         assert!(envelope(&body, "invalid_parameter").starts_with("id:"));
     }
@@ -546,7 +524,7 @@ async fn import_writes_all_or_nothing_and_skips_known_ids() {
     let body = format!("{GOOD_LINE}\n{with_id}\n\n{GOOD_LINE}\r\n");
     let (code, reply) = call(&app, import_req(&t.admin, body.clone())).await;
     assert_eq!((code, reply), (200, json!({ "imported": 3, "skipped": 0 })));
-    let (code, detail) = call(&app, get(&format!("/api/tasks/{id}"), &t.viewer)).await;
+    let (code, detail) = client(&app, &t.viewer).task(id).await;
     assert_eq!(code, 200);
     assert_eq!(detail["repoUrl"], "https://github.com/acme/widgets");
     assert_eq!(detail["costUsd"], "0.123456");
@@ -1061,11 +1039,7 @@ async fn metrics_count_requests_by_route_pattern() {
     let t = tokens(&db.db);
     let app = service(&db.db).await;
     for _ in 0..3 {
-        call(
-            &app,
-            get(&format!("/api/tasks/{}", Uuid::new_v4()), &t.viewer),
-        )
-        .await;
+        client(&app, &t.viewer).task(Uuid::new_v4()).await;
     }
     let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
     assert_eq!(res.status(), 200);
@@ -1128,25 +1102,12 @@ fn spend(db: &agentry_persistence::Db, repo: &str, nanos: i64, blocked: usize) {
     tasks::record_run(
         &mut conn,
         &Run {
-            id: Uuid::new_v4(),
-            task_id: task.id,
-            attempt: 1,
-            agent_type: AgentType::ClaudeCode,
             model: Some("opus".into()),
             cost_usd: Some(Usd::from_nanos(nanos).unwrap()),
             input_tokens: 1,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
             output_tokens: 1,
-            turns: None,
-            outcome: RunOutcome::Succeeded,
-            exit_code: Some(0),
-            error_message: None,
-            started_at: now,
-            finished_at: Some(now),
             sandboxed: Some(true),
-            model_calls: None,
-            reported_cost_usd: None,
+            ..agentry_persistence::test_support::succeeded_run(task.id, 1, now)
         },
     )
     .unwrap();
@@ -1251,7 +1212,7 @@ async fn the_api_works_on_postgresql_too() {
     assert_eq!(page2["tasks"].as_array().unwrap().len(), 1);
     assert_ne!(page2["tasks"][0]["id"], list["tasks"][0]["id"]);
     assert_eq!(page2["nextCursor"], Value::Null);
-    let (code, detail) = call(&app, get(&format!("/api/tasks/{id}"), &t.viewer)).await;
+    let (code, detail) = client(&app, &t.viewer).task(id).await;
     assert_eq!(code, 200);
     assert_eq!(detail["costUsd"], "0.123456");
     let bad = format!("{GOOD_LINE}\n{{oops");

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::env::json_req;
-use crate::common::{PATIENCE, call, on_both_backends};
+use crate::common::{PATIENCE, call, client, on_both_backends};
 use crate::runs::{NAME, OWNER, Rig, state_of, wait_for};
 use actix_http::Request;
 use actix_web::test::TestRequest;
@@ -76,16 +76,8 @@ fn prompt_of(rig: &Rig, id: &str, attempt: i64) -> String {
 macro_rules! open_pull {
     ($app:expr, $rig:expr, $title:expr) => {{
         let issue = $rig.env.fake.add_issue(OWNER, NAME, $title, Some("The body."), &[]);
-        let (status, assigned) = call(
-            &$app,
-            json_req(
-                "POST",
-                "/api/issues/assign",
-                &$rig.env.t.member,
-                &json!({"issueNumber": issue, "repoId": $rig.repo_id, "title": $title,
-                        "body": "The body."}),
-            ),
-        )
+        let (status, assigned) = client(&$app, &$rig.env.t.member).assign(&json!({"issueNumber": issue, "repoId": $rig.repo_id, "title": $title,
+                        "body": "The body."}))
         .await;
         assert_eq!(status, 201, "{assigned}");
         let id = assigned["task"]["id"].as_str().unwrap().to_owned();

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::common::env::{Env, bare, json_req};
-use crate::common::{PATIENCE, call, code_host_with, get, on_both_backends, test_timing};
+use crate::common::{PATIENCE, call, client, code_host_with, get, on_both_backends, test_timing};
 use actix_web::web;
 use agentry_api::state::AppState;
 use agentry_fake_github::Fault;
@@ -124,7 +124,7 @@ where
     B: actix_web::body::MessageBody,
 {
     eventually_async(PATIENCE, what, async || {
-        let (status, task) = call(app, get(&format!("/api/tasks/{id}"), token)).await;
+        let (status, task) = client(app, token).task(id).await;
         assert_eq!(status, 200, "{task}");
         if done(&task) {
             Ok(task)
@@ -172,19 +172,14 @@ fn processes_with_env(var: &str) -> Vec<i32> {
 macro_rules! app {
     ($rig:expr) => {{
         let app = crate::common::service_with($rig.state.clone()).await;
-        let (status, repo) = crate::common::call(
-            &app,
-            crate::common::env::json_req(
-                "POST",
-                "/api/repos",
-                &$rig.env.t.admin,
-                &serde_json::json!({"repoUrl": "https://github.com/acme/web"}),
-            ),
-        )
-        .await;
+        let (status, repo) = crate::common::client(&app, &$rig.env.t.admin)
+            .connect_repo("https://github.com/acme/web")
+            .await;
         assert_eq!(status, 201, "{repo}");
         $rig.repo_id = repo["id"].as_str().unwrap().to_owned();
-        actix_web::rt::spawn(agentry_service::runs::runner_loop($rig.state.service.clone()));
+        actix_web::rt::spawn(agentry_service::runs::runner_loop(
+            $rig.state.service.clone(),
+        ));
         app
     }};
 }
@@ -202,17 +197,12 @@ async fn issue_to_merged_pull_request(db: TestDb) {
         Some("The parser panics on \"empty\" input."),
         &[],
     );
-    let (status, assigned) = call(
-        &app,
-        json_req(
-            "POST",
-            "/api/issues/assign",
-            &rig.env.t.member,
+    let (status, assigned) = client(&app, &rig.env.t.member)
+        .assign(
             &json!({"issueNumber": issue, "repoId": rig.repo_id, "title": "Fix the parser",
                     "body": "The parser panics on \"empty\" input."}),
-        ),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 201, "{assigned}");
     let id = assigned["task"]["id"].as_str().unwrap().to_owned();
     let t = rig.env.t.viewer.clone();
@@ -298,7 +288,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     assert!(log.contains("\"type\":\"result\""), "{log}");
 
     // The costs report: the exact cost of both tasks, coding and review.
-    let (status, report) = call(&app, get("/api/analytics/costs?days=30", &t)).await;
+    let (status, report) = client(&app, &t).report("days=30").await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["summary"]["totalCost"], "0.2469");
     let top: Vec<(&str, &str)> = report["topTasks"]
@@ -355,16 +345,11 @@ async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
         .env
         .fake
         .add_issue(OWNER, NAME, title, Some("body"), &[]);
-    let (status, assigned) = call(
-        &app,
-        json_req(
-            "POST",
-            "/api/issues/assign",
-            &rig.env.t.member,
+    let (status, assigned) = client(&app, &rig.env.t.member)
+        .assign(
             &json!({"issueNumber": issue, "repoId": rig.repo_id, "title": title, "body": "body"}),
-        ),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, 201, "{assigned}");
     let id = assigned["task"]["id"].as_str().unwrap().to_owned();
     let t = rig.env.t.viewer.clone();
@@ -399,16 +384,9 @@ where
         >,
     B: actix_web::body::MessageBody,
 {
-    let (status, task) = call(
-        app,
-        json_req(
-            "POST",
-            "/api/tasks",
-            &rig.env.t.member,
-            &json!({"repoId": rig.repo_id, "title": "Manual task", "prompt": prompt}),
-        ),
-    )
-    .await;
+    let (status, task) = client(app, &rig.env.t.member)
+        .create_task(&json!({"repoId": rig.repo_id, "title": "Manual task", "prompt": prompt}))
+        .await;
     assert_eq!(status, 201, "{task}");
     assert_eq!(task["state"], "queued");
     assert_eq!(task["taskType"], "coding");
@@ -857,7 +835,7 @@ async fn runs_are_limited_to_the_concurrency_setting() {
     // Oldest first: both older tasks were claimed before either newer one.
     let mut claimed = Vec::new();
     for id in &ids {
-        let (_, task) = call(&app, get(&format!("/api/tasks/{id}"), &t)).await;
+        let (_, task) = client(&app, &t).task(id).await;
         let at = task["events"]
             .as_array()
             .unwrap()
@@ -1039,20 +1017,13 @@ async fn bad_task_requests_are_refused() {
             "invalid_parameter",
         ),
     ] {
-        let (status, reply) = call(&app, json_req("POST", "/api/tasks", &m, &body)).await;
+        let (status, reply) = client(&app, &m).create_task(&body).await;
         assert!(status == 400 || status == 404, "{body} → {status} {reply}");
         common::envelope(&reply, code);
     }
-    let (status, reply) = call(
-        &app,
-        json_req(
-            "POST",
-            "/api/tasks",
-            &rig.env.t.viewer,
-            &json!({"repoId": rig.repo_id, "title": "x"}),
-        ),
-    )
-    .await;
+    let (status, reply) = client(&app, &rig.env.t.viewer)
+        .create_task(&json!({"repoId": rig.repo_id, "title": "x"}))
+        .await;
     assert_eq!(status, 403, "{reply}");
     assert_eq!(rig.env.count("tasks"), before);
     let unknown = uuid::Uuid::new_v4();
@@ -1113,7 +1084,7 @@ async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
     assert_eq!(fourth["blockedBy"], "repository");
     assert!(rig.env.fake.pulls(OWNER, NAME).len() == 2);
     // The report's budgets member: the month is spent, so it ran out today.
-    let (status, report) = call(&app, get("/api/analytics/costs?days=7", &t)).await;
+    let (status, report) = client(&app, &t).report("days=7").await;
     assert_eq!(status, 200, "{report}");
     let today = time::OffsetDateTime::now_utc().date();
     assert_eq!(

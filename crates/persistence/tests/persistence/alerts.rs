@@ -3,11 +3,11 @@
 //! leases; on both backends.
 
 use crate::common::*;
-use agentry_domain::{AgentType, BudgetScope};
+use agentry_domain::BudgetScope;
 use agentry_persistence::alerts::{self, BudgetAlert, Delivery};
 use agentry_persistence::budgets;
 use agentry_persistence::repos::{self, Repository};
-use agentry_persistence::tasks::{self, Run, RunOutcome};
+use agentry_persistence::tasks::{self, Run};
 use agentry_persistence::{AnyConnection, Db};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
@@ -28,25 +28,13 @@ pub(crate) fn spend(db: &Db, repo: &Repository, cost: &str, finished: OffsetDate
     tasks::record_run(
         &mut conn,
         &Run {
-            id: Uuid::new_v4(),
-            task_id: task.id,
-            attempt: task.attempt,
-            agent_type: AgentType::ClaudeCode,
             model: Some("sonnet".into()),
             cost_usd: Some(usd(cost)),
             input_tokens: 1,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
             output_tokens: 1,
             turns: Some(1),
-            outcome: RunOutcome::Succeeded,
-            exit_code: Some(0),
-            error_message: None,
-            started_at: finished,
-            finished_at: Some(finished),
             sandboxed: Some(true),
-            model_calls: None,
-            reported_cost_usd: None,
+            ..agentry_persistence::test_support::succeeded_run(task.id, task.attempt, finished)
         },
     )
     .unwrap();

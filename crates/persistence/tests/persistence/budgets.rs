@@ -2,7 +2,7 @@
 //! blocked, and when they are candidates again; on both backends.
 
 use crate::common::*;
-use agentry_domain::{AgentType, BudgetScope, TaskState, Trigger};
+use agentry_domain::{BudgetScope, TaskState, Trigger};
 use agentry_persistence::budgets::{self, MonthToDate};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::runner;
@@ -26,25 +26,16 @@ fn settle(conn: &mut AnyConnection, task: Uuid, cost: &str, finished: time::Offs
     tasks::record_run(
         conn,
         &Run {
-            id: Uuid::new_v4(),
-            task_id: task,
-            attempt: current.attempt,
-            agent_type: AgentType::ClaudeCode,
             model: Some("sonnet".into()),
             cost_usd: Some(usd(cost)),
             input_tokens: 1,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
             output_tokens: 1,
             turns: Some(1),
             outcome: RunOutcome::Failed,
             exit_code: Some(1),
             error_message: Some("budget reached".into()),
-            started_at: finished,
-            finished_at: Some(finished),
             sandboxed: Some(true),
-            model_calls: None,
-            reported_cost_usd: None,
+            ..agentry_persistence::test_support::succeeded_run(task, current.attempt, finished)
         },
     )
     .unwrap();

@@ -4,7 +4,7 @@
 use crate::common::*;
 use agentry_domain::{AgentType, TaskState};
 use agentry_persistence::metering::{self, ModelCall};
-use agentry_persistence::tasks::{self, EventKind, Run, RunOutcome};
+use agentry_persistence::tasks::{self, EventKind, Run};
 use uuid::Uuid;
 
 fn call(task: uuid::Uuid, attempt: i32, secs: i64, model: &str, cost: Option<&str>) -> ModelCall {
@@ -110,25 +110,16 @@ agentry_persistence::backend_tests! {
         let task = create(db, &repo, T0);
         let mut conn = db.conn().unwrap();
         let run = Run {
-            id: Uuid::new_v4(),
-            task_id: task.id,
-            attempt: 1,
             agent_type: AgentType::Codex,
             model: Some("gpt-6.1-sol".into()),
             cost_usd: Some(usd("0.42")),
             input_tokens: 1,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
             output_tokens: 1,
-            turns: None,
-            outcome: RunOutcome::Succeeded,
-            exit_code: Some(0),
-            error_message: None,
-            started_at: at(0),
             finished_at: Some(at(1)),
             sandboxed: Some(true),
             model_calls: Some(7),
             reported_cost_usd: Some(usd("0.000001")),
+            ..agentry_persistence::test_support::succeeded_run(task.id, 1, at(0))
         };
         tasks::record_run(&mut conn, &run).unwrap();
         assert_eq!(tasks::task_runs(&mut conn, task.id).unwrap(), vec![run]);

@@ -19,25 +19,13 @@ agentry_persistence::backend_tests! {
         let task = create(db, &repo, T0);
         let mut conn = db.conn().unwrap();
         let run = tasks::Run {
-            id: Uuid::new_v4(),
-            task_id: task.id,
-            attempt: 1,
-            agent_type: AgentType::ClaudeCode,
             model: Some("sonnet".into()),
             cost_usd: Some(usd("1.25")),
             input_tokens: 10,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
             output_tokens: 5,
             turns: Some(2),
-            outcome: tasks::RunOutcome::Succeeded,
-            exit_code: Some(0),
-            error_message: None,
-            started_at: at(1),
             finished_at: Some(at(2)),
-            sandboxed: None,
-            model_calls: None,
-            reported_cost_usd: None,
+            ..agentry_persistence::test_support::succeeded_run(task.id, 1, at(1))
         };
         write_tx(&mut conn, |conn| tasks::record_run(conn, &run)).unwrap();
 

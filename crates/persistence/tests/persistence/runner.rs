@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use crate::common::*;
-use agentry_domain::{AgentType, TaskState, Trigger};
+use agentry_domain::{TaskState, Trigger};
 use agentry_persistence::runner::{self, MAX_LOG_BYTES, RunLog, RunRecorded};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use time::Duration;
@@ -14,25 +14,14 @@ const LEASE: Duration = Duration::seconds(60);
 
 fn lost_run(task: &agentry_domain::Task, cost: Option<&str>) -> Run {
     Run {
-        id: Uuid::new_v4(),
-        task_id: task.id,
-        attempt: task.attempt,
-        agent_type: AgentType::ClaudeCode,
-        model: None,
         cost_usd: cost.map(usd),
         input_tokens: 10,
-        cache_read_tokens: 0,
-        cache_write_tokens: 0,
         output_tokens: 5,
-        turns: None,
         outcome: RunOutcome::Lost,
         exit_code: None,
         error_message: Some("the runner died".into()),
-        started_at: at(1),
         finished_at: None,
-        sandboxed: None,
-        model_calls: None,
-        reported_cost_usd: None,
+        ..agentry_persistence::test_support::succeeded_run(task.id, task.attempt, at(1))
     }
 }
 

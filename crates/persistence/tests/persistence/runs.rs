@@ -9,25 +9,11 @@ use uuid::Uuid;
 /// A succeeded run of `task` started at `at(secs)`, with the given cost.
 fn run(task: &Task, secs: i64, cost: Option<&str>) -> Run {
     Run {
-        id: Uuid::new_v4(),
-        task_id: task.id,
-        attempt: task.attempt,
-        agent_type: AgentType::ClaudeCode,
         model: Some("claude-sonnet-4".into()),
         cost_usd: cost.map(usd),
-        input_tokens: 0,
-        cache_read_tokens: 0,
-        cache_write_tokens: 0,
-        output_tokens: 0,
         turns: Some(3),
-        outcome: RunOutcome::Succeeded,
-        exit_code: Some(0),
-        error_message: None,
-        started_at: at(secs),
         finished_at: Some(at(secs + 1)),
-        sandboxed: None,
-        model_calls: None,
-        reported_cost_usd: None,
+        ..agentry_persistence::test_support::succeeded_run(task.id, task.attempt, at(secs))
     }
 }
 

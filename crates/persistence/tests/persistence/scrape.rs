@@ -3,8 +3,7 @@
 //! migration, and naming connected repositories only.
 
 use crate::common::*;
-use agentry_domain::AgentType;
-use agentry_persistence::tasks::{self, Run, RunOutcome};
+use agentry_persistence::tasks::{self, Run};
 use agentry_persistence::{AnyConnection, budgets, metering, rollups, scrape};
 use diesel::RunQueryDsl;
 use time::OffsetDateTime;
@@ -19,25 +18,13 @@ fn run(
     finished: Option<OffsetDateTime>,
 ) -> Run {
     Run {
-        id: Uuid::new_v4(),
-        task_id: task,
-        attempt,
-        agent_type: AgentType::ClaudeCode,
         model: model.map(str::to_owned),
         cost_usd: cost.map(usd),
         input_tokens: 1,
-        cache_read_tokens: 0,
-        cache_write_tokens: 0,
         output_tokens: 1,
-        turns: None,
-        outcome: RunOutcome::Succeeded,
-        exit_code: Some(0),
-        error_message: None,
-        started_at: T0,
         finished_at: finished,
         sandboxed: Some(true),
-        model_calls: None,
-        reported_cost_usd: None,
+        ..agentry_persistence::test_support::succeeded_run(task, attempt, T0)
     }
 }
 

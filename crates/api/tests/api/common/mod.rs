@@ -226,6 +226,71 @@ pub fn envelope(body: &Value, code: &str) -> String {
     message
 }
 
+/// A caller of the API under test: the application and one bearer token, with one method
+/// per request the tests send (each returns the status and the parsed JSON body, or Null).
+pub struct Client<'a, S> {
+    app: &'a S,
+    token: &'a str,
+}
+
+/// The caller of `app` with `token`.
+pub fn client<'a, S>(app: &'a S, token: &'a str) -> Client<'a, S> {
+    Client { app, token }
+}
+
+impl<S, B> Client<'_, S>
+where
+    S: Service<Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: actix_web::body::MessageBody,
+{
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        call(self.app, get(path, self.token)).await
+    }
+
+    /// `method path` with the JSON `body`.
+    pub async fn send(&self, method: &str, path: &str, body: &Value) -> (u16, Value) {
+        call(self.app, env::json_req(method, path, self.token, body)).await
+    }
+
+    /// `GET /api/tasks/{id}`: one task's detail.
+    pub async fn task(&self, id: impl std::fmt::Display) -> (u16, Value) {
+        self.get(&format!("/api/tasks/{id}")).await
+    }
+
+    /// `POST /api/tasks`: a new task.
+    pub async fn create_task(&self, body: &Value) -> (u16, Value) {
+        self.send("POST", "/api/tasks", body).await
+    }
+
+    /// `POST /api/issues/assign`: a task for an issue.
+    pub async fn assign(&self, body: &Value) -> (u16, Value) {
+        self.send("POST", "/api/issues/assign", body).await
+    }
+
+    /// `GET /api/analytics/costs?{query}`: the cost report (its defaults when `query` is
+    /// empty).
+    pub async fn report(&self, query: &str) -> (u16, Value) {
+        match query {
+            "" => self.get("/api/analytics/costs").await,
+            _ => self.get(&format!("/api/analytics/costs?{query}")).await,
+        }
+    }
+
+    /// `PUT /api/secrets/{name}` with `value`.
+    pub async fn put_secret(&self, name: &str, value: &str) -> (u16, Value) {
+        let body = serde_json::json!({ "value": value });
+        self.send("PUT", &format!("/api/secrets/{name}"), &body)
+            .await
+    }
+
+    /// `POST /api/repos`: connects `url`.
+    pub async fn connect_repo(&self, url: &str) -> (u16, Value) {
+        let body = serde_json::json!({ "repoUrl": url });
+        self.send("POST", "/api/repos", &body).await
+    }
+}
+
 pub fn get(path: &str, token: &str) -> Request {
     test::TestRequest::get()
         .uri(path)

@@ -1,7 +1,7 @@
 //! Helpers shared by the persistence integration tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use agentry_domain::{AgentType, RepoUrl, TaskType, Usd};
+use agentry_domain::{RepoUrl, Usd};
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::{PG_URL_VAR, database_url};
@@ -9,7 +9,6 @@ use agentry_persistence::{AnyConnection, Db};
 use diesel::prelude::*;
 use diesel::sql_types::{Integer, Text};
 use time::{Duration, OffsetDateTime, macros::datetime};
-use uuid::Uuid;
 
 /// A fixed instant with a non-zero microsecond part, so that precision loss would show.
 pub const T0: OffsetDateTime = datetime!(2026-01-15 10:20:30.123456 UTC);
@@ -50,16 +49,9 @@ pub fn connect(db: &Db, owner: &str, name: &str) -> Repository {
 /// A coding task on `repo`, created at `created_at`.
 pub fn new_task(repo: &Repository, created_at: OffsetDateTime) -> NewTask {
     NewTask {
-        id: Uuid::new_v4(),
         title: "Fix the flaky test".into(),
         prompt: "It fails one run in ten.".into(),
-        repo_id: Some(repo.id),
-        repo_url: repo.url.clone(),
-        task_type: TaskType::Coding,
-        agent_type: AgentType::ClaudeCode,
-        issue_number: None,
-        parent_task_id: None,
-        created_at,
+        ..agentry_persistence::test_support::coding_task(repo, created_at)
     }
 }
 
