@@ -23,16 +23,19 @@ use agentry_domain::{RepoUrl, TaskState};
 use agentry_fake_github::{FakeGitHub, payloads};
 use agentry_persistence::Db;
 use agentry_persistence::repos::{self, NewRepository};
-use agentry_persistence::secrets::{self, MasterKey, SecretValue};
+use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::tasks;
 use agentry_runner::{AgentLimits, PriceTable, SandboxMode};
 use agentry_service::Service;
-use agentry_service::codehost::{self, CodeHost, Timing};
+use agentry_service::codehost::{CodeHost, Timing};
 use agentry_service::revisions::{self, RevisionSettings};
 use agentry_service::runs::{self, RunSettings, Runs};
 use agentry_service::tasks::NewCodingTask;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[path = "common/bench.rs"]
+mod bench;
+
+use bench::{Error, ms};
 
 const TOKEN: &str = "ghp_benchmarkRevisionsToken0123456789";
 
@@ -105,13 +108,7 @@ async fn main() -> Result<(), Error> {
     let now = agentry_persistence::now();
     let repo = {
         let mut conn = db.conn()?;
-        secrets::put(
-            &mut conn,
-            &key,
-            codehost::TOKEN_SECRET,
-            &SecretValue::new(TOKEN),
-            now,
-        )?;
+        bench::store_codehost_token(&mut conn, &key, TOKEN)?;
         let (repo, _) = repos::connect_repository(
             &mut conn,
             &NewRepository {
@@ -234,7 +231,6 @@ async fn main() -> Result<(), Error> {
         .await?;
     }
     samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
         "webhook (changes requested) -> revision agent start, {} revisions, quiet period 0, sandbox {:?}, {}:",
         samples.len(),

@@ -33,7 +33,7 @@ use agentry_codehost::{ClientConfig, Conditional, GitHub};
 use agentry_domain::{AgentType, RepoUrl, TaskState};
 use agentry_fake_github::FakeGitHub;
 use agentry_persistence::repos::{self, NewRepository, Repository};
-use agentry_persistence::secrets::{self, MasterKey, SecretValue};
+use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, TaskFilter};
 use agentry_persistence::{AnyConnection, Db, DbError, pulls, write_tx};
 use agentry_service::codehost;
@@ -222,13 +222,7 @@ fn poll_cost(
     fake.add_token(TOKEN, "agentry-bot");
     let key = MasterKey::generate()?;
     let mut conn = db.conn()?;
-    secrets::put(
-        &mut conn,
-        &key,
-        codehost::TOKEN_SECRET,
-        &SecretValue::new(TOKEN),
-        agentry_persistence::now(),
-    )?;
+    bench::store_codehost_token(&mut conn, &key, TOKEN)?;
     let setup = Instant::now();
     let mut by_repo: Vec<(String, Vec<u64>)> = Vec::with_capacity(repos);
     let name_of = |r: usize| format!("repo{r:05}");

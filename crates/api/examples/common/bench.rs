@@ -121,6 +121,22 @@ pub fn viewer_token(db: &Db) -> Result<String, Error> {
     Ok(token)
 }
 
+/// Stores `token` as the code-host token, encrypted with `key`.
+pub fn store_codehost_token(
+    conn: &mut agentry_persistence::AnyConnection,
+    key: &MasterKey,
+    token: &str,
+) -> Result<(), Error> {
+    agentry_persistence::secrets::put(
+        conn,
+        key,
+        agentry_service::codehost::TOKEN_SECRET,
+        &agentry_persistence::secrets::SecretValue::new(token),
+        agentry_persistence::now(),
+    )?;
+    Ok(())
+}
+
 /// A code-host integration at `api_url` with `key` and default timings.
 pub fn code_host(api_url: &str, key: MasterKey) -> CodeHost {
     CodeHost::new(
