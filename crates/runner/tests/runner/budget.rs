@@ -11,20 +11,17 @@
 //! exactly the cost of the calls it made. The overshoot (recorded cost − allowance) is
 //! measured: less than the cost of that last call.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::{PATH, fake, git, seeded_bare};
+use crate::sandbox;
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::process::{Ended, POLL_INTERVAL};
-use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
 use agentry_runner::{
-    AgentOutcome, AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner,
-    PriceTable, Runner, Sandbox, Verdict,
+    AgentOutcome, AgentSpec, Control, Execution, Job, LocalRunner, Runner, Sandbox, Verdict,
 };
-use tempfile::TempDir;
+use agentry_testkit::wait::eventually_async;
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -51,64 +48,37 @@ fn usd(text: &str) -> Usd {
     Usd::parse(text).unwrap()
 }
 
-/// A data directory next to a bare repository with a README on `main`.
+/// The shared rig with a runner sandboxed as the tests' mode asks.
 struct Rig {
-    _dir: TempDir,
-    root: PathBuf,
-    bare: PathBuf,
+    base: sandbox::Rig,
     runner: Arc<LocalRunner>,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = sandbox::Rig;
+    fn deref(&self) -> &sandbox::Rig {
+        &self.base
+    }
 }
 
 impl Rig {
     fn new() -> Rig {
-        let dir = TempDir::new().unwrap();
-        let (bare, _) = seeded_bare(dir.path(), "seed");
-        let root = dir.path().join("agentry");
-        std::fs::create_dir_all(&root).unwrap();
-        let runner = Arc::new(LocalRunner::new(LocalConfig {
-            root: root.clone(),
-            claude_bin: fake("claude"),
-            codex_bin: fake("codex"),
-            prices: PriceTable::builtin(),
-            env: agentry_runner::agent::ServiceEnv {
-                path: Some(PATH.into()),
-                ..Default::default()
-            },
-            stop_grace: Duration::from_secs(1),
-            sandbox: Sandbox::new(agentry_runner::sandbox::mode_for_tests()),
-            network: None,
-        }));
-        Rig {
-            _dir: dir,
-            root,
-            bare,
-            runner,
-        }
+        let base = sandbox::Rig::new();
+        let runner = base.runner(Sandbox::new(agentry_runner::sandbox::mode_for_tests()));
+        Rig { base, runner }
     }
 
+    /// A Codex job on `model` with the allowance `allowance`.
     fn job(&self, task_id: Uuid, model: &str, allowance: Option<Usd>, prompt: &str) -> Job {
         Job {
-            task_id,
-            attempt: 1,
-            kind: JobKind::Coding {
-                commit_message: "agent work".into(),
-            },
-            repo: RepoSpec {
-                key: "repo-1".into(),
-                clone_url: self.bare.to_str().unwrap().to_owned(),
-                default_branch: "main".into(),
-                host: "github.com".into(),
-                allow_local: true,
-            },
             agent: AgentSpec {
                 agent_type: AgentType::Codex,
                 model: model.into(),
                 max_turns: None,
                 max_budget_usd: allowance,
             },
-            prompt: prompt.to_owned(),
-            auth: GitAuth::none(),
             wall_time: Duration::from_secs(600),
+            ..self.base.job(task_id, prompt)
         }
     }
 
@@ -150,25 +120,6 @@ impl Rig {
             }
         }
         found
-    }
-
-    fn home(&self, task_id: Uuid) -> PathBuf {
-        self.root
-            .join("runs")
-            .join(task_id.to_string())
-            .join("1/home")
-    }
-
-    fn remote_branch(&self, task_id: Uuid) -> String {
-        git(
-            &[
-                "branch",
-                "--list",
-                "--format=%(objectname)",
-                &branch_name(task_id),
-            ],
-            &self.bare,
-        )
     }
 }
 
@@ -342,11 +293,10 @@ async fn a_cancelled_codex_run_records_the_cost_of_its_calls() {
     );
     let run = rig.run_until(job, cancelled);
     let watch = async {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while rig.calls_recorded(task_id).len() < 2 {
-            assert!(Instant::now() < deadline, "the calls were never recorded");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_async(Duration::from_secs(60), "both calls recorded", async || {
+            rig.calls_recorded(task_id).len() >= 2
+        })
+        .await;
         cancel.send(true).unwrap();
     };
     let (execution, ()) = tokio::join!(run, watch);

@@ -19,6 +19,7 @@ use agentry_runner::process::{
     AgentCommand, Ended, Limits, ProcessError, ProcessOutcome, StopTarget, run_process,
 };
 use agentry_runner::{AgentOutcome, PriceTable, RunReport, parse_claude, parse_codex};
+use agentry_testkit::wait::{eventually, eventually_async};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -145,16 +146,23 @@ fn records<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
+/// The fake `name` with `args`, run in `cwd` with only `PATH` and `HOME` (`home`) set.
+fn fake_command(name: &str, args: &[String], home: &Path, cwd: &Path) -> Command {
+    let mut command = Command::new(fake(name));
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", PATH)
+        .env("HOME", home);
+    command
+}
+
 /// Runs a fake with only `PATH` and `HOME` (a fresh directory), in a fresh directory.
 fn run_fake_any(name: &str, args: &[String], prompt: &str) -> Run {
     let home = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
-    let mut child = Command::new(fake(name))
-        .args(args)
-        .current_dir(cwd.path())
-        .env_clear()
-        .env("PATH", PATH)
-        .env("HOME", home.path())
+    let mut child = fake_command(name, args, home.path(), cwd.path())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -200,6 +208,19 @@ fn codex_report(stdout: &str, home: &Path, model: &str) -> RunReport {
     parser.finish()
 }
 
+/// What `name --version` prints (it must succeed).
+fn version(name: &str) -> String {
+    let out = Command::new(fake(name))
+        .arg("--version")
+        .env_clear()
+        .env("PATH", PATH)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn cost(report: &RunReport) -> Option<String> {
     report.cost_usd.map(|c| c.to_string())
 }
@@ -211,6 +232,39 @@ fn last_event(stdout: &str, kind: &str) -> Value {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .rfind(|e| e["type"] == kind)
         .unwrap_or_else(|| panic!("no {kind} event in {stdout}"))
+}
+
+/// `[fake:api-error=400]`: exit 1, the model API's refusal with its status.
+fn assert_refused_with_400(run: &Run, r: &RunReport) {
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        r.outcome,
+        AgentOutcome::ApiError {
+            status: Some(400),
+            message: "The model API refused this request (fake:api-error)".into()
+        }
+    );
+}
+
+/// `[fake:garbage]`: exit 0, but nothing agentry can read, so no cost.
+fn assert_unparseable(run: &Run, r: &RunReport) {
+    assert_eq!(run.code, Some(0));
+    assert!(matches!(r.outcome, AgentOutcome::Unparseable(_)), "{r:?}");
+    assert_eq!(r.cost_usd, None);
+}
+
+/// Exit 0, a success, and the cost `usd`.
+fn assert_succeeded_at(run: &Run, r: &RunReport, usd: &str) {
+    assert_eq!(run.code, Some(0));
+    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_eq!(cost(r).as_deref(), Some(usd));
+}
+
+/// The fake was launched with `args` (it wrote them to `$HOME/args`) and saw the minimal
+/// environment.
+fn assert_launched_with(run: &Run, args: &[String]) {
+    assert_eq!(run.home_file("args"), args.join("\n") + "\n");
+    assert_minimal_env(run);
 }
 
 /// The environment the fake saw is the minimal one (plus what sh adds itself).
@@ -243,12 +297,7 @@ impl Live {
     fn start(name: &str, args: &[String], prompt: &str) -> Live {
         let home = tempfile::tempdir().unwrap();
         let cwd = tempfile::tempdir().unwrap();
-        let mut child = Command::new(fake(name))
-            .args(args)
-            .current_dir(cwd.path())
-            .env_clear()
-            .env("PATH", PATH)
-            .env("HOME", home.path())
+        let mut child = fake_command(name, args, home.path(), cwd.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -287,11 +336,14 @@ impl Live {
 
     /// Waits until stdout holds `text`.
     fn wait_for(&self, text: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.stdout().contains(text) {
-            assert!(Instant::now() < deadline, "no {text} in {}", self.stdout());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually(Duration::from_secs(20), text, || {
+            let stdout = self.stdout();
+            if stdout.contains(text) {
+                Ok(())
+            } else {
+                Err(stdout)
+            }
+        });
     }
 
     /// Sends `signal` to the fake alone and waits for it to exit: how, and how long it took.
@@ -329,9 +381,7 @@ impl Live {
 #[test]
 fn claude_success() {
     let (run, r) = claude("Fix the bug in parse\nMore details here.");
-    assert_eq!(run.code, Some(0));
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    assert_eq!(cost(&r).as_deref(), Some("0.123456"));
+    assert_succeeded_at(&run, &r, "0.123456");
     assert_eq!(r.input_tokens, 1200 + 5000 + 800);
     assert_eq!(r.cache_read_tokens, 5000);
     assert_eq!(r.cache_write_tokens, 800);
@@ -342,11 +392,7 @@ fn claude_success() {
     assert_eq!(r.final_text.as_deref(), Some("Done: Fix the bug in parse"));
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
     assert_eq!(run.changes().as_deref(), Some("Fix the bug in parse\n"));
-    assert_eq!(
-        run.home_file("args"),
-        claude_args(CLAUDE_MODEL).join("\n") + "\n"
-    );
-    assert_minimal_env(&run);
+    assert_launched_with(&run, &claude_args(CLAUDE_MODEL));
     // The change is a Write tool call creating the file, and its result.
     let tool = run
         .stdout
@@ -423,15 +469,15 @@ fn claude_appends_to_an_existing_changes_file() {
     let home = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
     std::fs::write(cwd.path().join("AGENT_CHANGES.md"), "earlier\n").unwrap();
-    let output = Command::new(fake("claude"))
-        .args(claude_args(CLAUDE_MODEL))
-        .current_dir(cwd.path())
-        .env_clear()
-        .env("PATH", PATH)
-        .env("HOME", home.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let output = fake_command(
+        "claude",
+        &claude_args(CLAUDE_MODEL),
+        home.path(),
+        cwd.path(),
+    )
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
     assert!(output.status.success());
     assert_eq!(
         std::fs::read_to_string(cwd.path().join("AGENT_CHANGES.md")).unwrap(),
@@ -482,9 +528,7 @@ fn claude_cost_directive() {
 #[test]
 fn claude_no_changes() {
     let (run, r) = claude("Look only [fake:no-changes]");
-    assert_eq!(run.code, Some(0));
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    assert_eq!(cost(&r).as_deref(), Some("0.123456"));
+    assert_succeeded_at(&run, &r, "0.123456");
     assert_eq!(
         r.final_text.as_deref(),
         Some("Done: Look only [fake:no-changes]")
@@ -519,14 +563,7 @@ fn claude_fail() {
 #[test]
 fn claude_api_error() {
     let (run, r) = claude("Refused [fake:api-error=400]");
-    assert_eq!(run.code, Some(1));
-    assert_eq!(
-        r.outcome,
-        AgentOutcome::ApiError {
-            status: Some(400),
-            message: "The model API refused this request (fake:api-error)".into()
-        }
-    );
+    assert_refused_with_400(&run, &r);
     assert_eq!(
         r.outcome.describe(),
         "model API error 400: The model API refused this request (fake:api-error)"
@@ -594,9 +631,7 @@ fn claude_max_budget() {
 #[test]
 fn claude_garbage() {
     let (run, r) = claude("Whatever [fake:garbage]");
-    assert_eq!(run.code, Some(0));
-    assert!(matches!(r.outcome, AgentOutcome::Unparseable(_)), "{r:?}");
-    assert_eq!(r.cost_usd, None);
+    assert_unparseable(&run, &r);
     assert_eq!(run.changes(), None);
 }
 
@@ -612,18 +647,7 @@ fn claude_exit_code() {
 
 #[test]
 fn claude_version() {
-    let out = Command::new(fake("claude"))
-        .arg("--version")
-        .env_clear()
-        .env("PATH", PATH)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        "2.1.197 (Claude Code)\n"
-    );
+    assert_eq!(version("claude"), "2.1.197 (Claude Code)\n");
 }
 
 /// SIGINT, what agentry sends first to stop a run: at once (not after the wait it
@@ -702,11 +726,7 @@ fn codex_success() {
     assert_eq!(r.final_text.as_deref(), Some("Done: Implement the feature"));
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
     assert_eq!(run.changes().as_deref(), Some("Implement the feature\n"));
-    assert_eq!(
-        run.home_file("args"),
-        codex_args(CODEX_MODEL).join("\n") + "\n"
-    );
-    assert_minimal_env(&run);
+    assert_launched_with(&run, &codex_args(CODEX_MODEL));
     // The change, as the real CLI shows it: a shell command.
     let command = last_event(&run.stdout, "item.completed");
     assert_eq!(command["item"]["type"], "agent_message");
@@ -772,18 +792,7 @@ fn codex_refuses_full_auto() {
 
 #[test]
 fn codex_version() {
-    let out = Command::new(fake("codex"))
-        .arg("--version")
-        .env_clear()
-        .env("PATH", PATH)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        "codex-cli 0.169.0\n"
-    );
+    assert_eq!(version("codex"), "codex-cli 0.169.0\n");
 }
 
 #[test]
@@ -832,14 +841,7 @@ fn codex_fail() {
 #[test]
 fn codex_api_error() {
     let (run, r) = codex("Refused [fake:api-error=400]");
-    assert_eq!(run.code, Some(1));
-    assert_eq!(
-        r.outcome,
-        AgentOutcome::ApiError {
-            status: Some(400),
-            message: "The model API refused this request (fake:api-error)".into()
-        }
-    );
+    assert_refused_with_400(&run, &r);
     assert_eq!(r.cost_usd, None);
     assert_eq!(run.changes(), None);
     let failed = last_event(&run.stdout, "turn.failed");
@@ -856,9 +858,7 @@ fn codex_api_error() {
 #[test]
 fn codex_reconnect_noise_before_a_successful_turn() {
     let (run, r) = codex("Flaky network [fake:reconnect=2]");
-    assert_eq!(run.code, Some(0));
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    assert_eq!(cost(&r).as_deref(), Some("0.0049375"));
+    assert_succeeded_at(&run, &r, "0.0049375");
     assert!(
         run.stdout
             .contains("{\"type\":\"error\",\"message\":\"Reconnecting... 2/5\"}")
@@ -873,9 +873,7 @@ fn codex_reconnect_noise_before_a_successful_turn() {
 #[test]
 fn codex_garbage() {
     let (run, r) = codex("Whatever [fake:garbage]");
-    assert_eq!(run.code, Some(0));
-    assert!(matches!(r.outcome, AgentOutcome::Unparseable(_)), "{r:?}");
-    assert_eq!(r.cost_usd, None);
+    assert_unparseable(&run, &r);
 }
 
 #[test]
@@ -983,11 +981,10 @@ async fn codex_pause_directive_keeps_running_until_stopped() {
         Duration::from_secs(600),
         Duration::from_secs(5),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while records(&session_lines(home.path()), "token_usage_record").is_empty() {
-        assert!(Instant::now() < deadline, "no call recorded");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(Duration::from_secs(20), "a call recorded", async || {
+        !records(&session_lines(home.path()), "token_usage_record").is_empty()
+    })
+    .await;
     assert!(
         std::fs::read_to_string(&log)
             .unwrap()
@@ -1032,11 +1029,9 @@ fn codex_hold_directive_withholds_the_usage_until_the_end() {
         "Held [fake:turns=2] [fake:hold=60]",
     );
     live.wait_for("\"text\":\"Done: Held");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while records(&session_lines(live.home.path()), "token_usage_record").len() < 2 {
-        assert!(Instant::now() < deadline, "the calls were not recorded");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(Duration::from_secs(20), "both calls recorded", || {
+        records(&session_lines(live.home.path()), "token_usage_record").len() >= 2
+    });
     assert!(live.child.try_wait().unwrap().is_none(), "it did not hold");
     let (status, took) = live.signal(Signal::SIGINT);
     // Codex exits 1 on SIGINT, printing nothing more.
@@ -1087,15 +1082,16 @@ async fn sleep_directive(name: &str, args: Vec<String>, started_marker: &str) ->
     );
 
     // The start is visible in the log while the agent sleeps.
-    loop {
+    eventually_async(Duration::from_secs(10), started_marker, async || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains(started_marker) {
-            assert!(!task.is_finished(), "the log showed nothing before the end");
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let started = text.contains(started_marker);
+        assert!(
+            !started || !task.is_finished(),
+            "the log showed nothing before the end"
+        );
+        started
+    })
+    .await;
     let out = task.await.unwrap().unwrap();
     assert!(start.elapsed() >= Duration::from_secs(1));
     assert!(
@@ -1122,19 +1118,16 @@ async fn sleep_directive(name: &str, args: Vec<String>, started_marker: &str) ->
         .parse()
         .unwrap();
     // The background `sleep 300` is gone (or an unreaped zombie).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let what = format!("the end of background child {child}");
+    eventually_async(Duration::from_secs(5), what, async || {
         let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), None).is_ok();
         let zombie = std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|s| {
             s.rsplit_once(')')
                 .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
         });
-        if !alive || zombie {
-            break;
-        }
-        assert!(Instant::now() < deadline, "background child {child} lives");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        !alive || zombie
+    })
+    .await;
     assert!(cwd.path().join("AGENT_CHANGES.md").exists());
     out.stdout
 }
@@ -1175,14 +1168,12 @@ async fn a_cancelled_claude_run_reports_its_cost_so_far() {
         Duration::from_secs(600),
         Duration::from_secs(5),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("\"subtype\":\"init\"")
-    {
-        assert!(Instant::now() < deadline, "no init event");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(Duration::from_secs(20), "the init event", async || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("\"subtype\":\"init\"")
+    })
+    .await;
     let stopping = Instant::now();
     cancel.send(true).unwrap();
     let out = task.await.unwrap().unwrap();
@@ -1221,26 +1212,25 @@ fn types(events: &[serde_json::Map<String, Value>]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The keys of the first event of type `kind`.
-fn keys_of(events: &[serde_json::Map<String, Value>], kind: &str) -> BTreeSet<String> {
-    events
-        .iter()
-        .find(|e| e["type"] == kind)
+type Event = serde_json::Map<String, Value>;
+
+/// The keys of `event`, the one of type `kind` that was looked for.
+fn keys(event: Option<&Event>, kind: &str) -> BTreeSet<String> {
+    event
         .unwrap_or_else(|| panic!("no {kind} event"))
         .keys()
         .cloned()
         .collect()
 }
 
+/// The keys of the first event of type `kind`.
+fn keys_of(events: &[Event], kind: &str) -> BTreeSet<String> {
+    keys(events.iter().find(|e| e["type"] == kind), kind)
+}
+
 /// The keys of the last event of type `kind`.
-fn keys_of_last(events: &[serde_json::Map<String, Value>], kind: &str) -> BTreeSet<String> {
-    events
-        .iter()
-        .rfind(|e| e["type"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} event"))
-        .keys()
-        .cloned()
-        .collect()
+fn keys_of_last(events: &[Event], kind: &str) -> BTreeSet<String> {
+    keys(events.iter().rfind(|e| e["type"] == kind), kind)
 }
 
 /// Object keys at a path inside the first event of type `kind`.

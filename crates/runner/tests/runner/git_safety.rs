@@ -7,19 +7,14 @@
 
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::{PATH, fake, git, seeded_bare};
-use agentry_domain::AgentType;
-use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
-use agentry_runner::{
-    AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner, PriceTable, Runner,
-    Sandbox, SandboxMode, Verdict,
-};
+use crate::sandbox;
+use crate::support::git;
+use agentry_runner::workspace::{GitAuth, branch_name};
+use agentry_runner::{Control, Execution, Job, LocalRunner, Runner, Sandbox, SandboxMode, Verdict};
 use base64::Engine;
-use tempfile::TempDir;
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -67,68 +62,32 @@ impl Listener {
     }
 }
 
-/// A data directory next to a bare repository with a README on `main`.
+/// The shared rig with an unsandboxed runner: the agent can reach the mirror through the
+/// worktree's `.git`.
 struct Rig {
-    dir: TempDir,
-    root: PathBuf,
-    bare: PathBuf,
-    /// The working clone that seeded `bare`, for commits of the base.
-    seed: PathBuf,
+    base: sandbox::Rig,
     runner: Arc<LocalRunner>,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = sandbox::Rig;
+    fn deref(&self) -> &sandbox::Rig {
+        &self.base
+    }
 }
 
 impl Rig {
     fn new() -> Rig {
-        let dir = TempDir::new().unwrap();
-        let (bare, seed) = seeded_bare(dir.path(), "seed");
-        let root = dir.path().join("agentry");
-        std::fs::create_dir_all(&root).unwrap();
-        // Unsandboxed: the agent can reach the mirror through the worktree's `.git`.
-        let runner = Arc::new(LocalRunner::new(LocalConfig {
-            root: root.clone(),
-            claude_bin: fake("claude"),
-            codex_bin: fake("codex"),
-            prices: PriceTable::builtin(),
-            env: agentry_runner::agent::ServiceEnv {
-                path: Some(PATH.into()),
-                ..Default::default()
-            },
-            stop_grace: Duration::from_secs(1),
-            sandbox: Sandbox::new(SandboxMode::Off),
-            network: None,
-        }));
-        Rig {
-            dir,
-            root,
-            bare,
-            seed,
-            runner,
-        }
+        let base = sandbox::Rig::new();
+        let runner = base.runner(Sandbox::new(SandboxMode::Off));
+        Rig { base, runner }
     }
 
+    /// Runs the job of `prompt` with a code-host token, to completion.
     async fn run(&self, task_id: Uuid, prompt: &str) -> Execution {
         let job = Job {
-            task_id,
-            attempt: 1,
-            kind: JobKind::Coding {
-                commit_message: "agent work".into(),
-            },
-            repo: RepoSpec {
-                key: "repo-1".into(),
-                clone_url: self.bare.to_str().unwrap().to_owned(),
-                default_branch: "main".into(),
-                host: "github.com".into(),
-                allow_local: true,
-            },
-            agent: AgentSpec {
-                agent_type: AgentType::ClaudeCode,
-                model: "claude-sonnet-4-5-20250929".into(),
-                max_turns: None,
-                max_budget_usd: None,
-            },
-            prompt: prompt.to_owned(),
             auth: GitAuth::token(TOKEN),
-            wall_time: Duration::from_secs(120),
+            ..self.base.job(task_id, prompt)
         };
         let (_cancel, cancel) = watch::channel(false);
         let control = Control {
@@ -165,25 +124,6 @@ impl Rig {
         sha.to_owned()
     }
 
-    fn home(&self, task_id: Uuid) -> PathBuf {
-        self.root
-            .join("runs")
-            .join(task_id.to_string())
-            .join("1/home")
-    }
-
-    fn remote_branch(&self, task_id: Uuid) -> String {
-        git(
-            &[
-                "branch",
-                "--list",
-                "--format=%(objectname)",
-                &branch_name(task_id),
-            ],
-            &self.bare,
-        )
-    }
-
     /// Nothing the agent planted ran, nothing connected to the planted remote, and no file
     /// anywhere under the rig (the agent's HOME, the mirror, the remote) holds the token.
     fn assert_nothing_leaked(&self, task_id: Uuid, listener: &Listener) {
@@ -201,7 +141,7 @@ impl Rig {
         );
         let encoded =
             base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{TOKEN}"));
-        let mut stack = vec![self.dir.path().to_owned()];
+        let mut stack = vec![self.dir().to_owned()];
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).unwrap().flatten() {
                 let path = entry.path();
@@ -340,7 +280,7 @@ async fn a_nested_repository_is_refused_and_its_filter_never_runs() {
     let rig = Rig::new();
     let listener = Listener::start();
     let task = Uuid::new_v4();
-    let marker = rig.dir.path().join("filter-ran");
+    let marker = rig.dir().join("filter-ran");
     let execution = rig
         .run(
             task,
@@ -369,7 +309,7 @@ async fn a_repository_planted_in_a_submodule_is_refused_and_its_filter_never_run
     rig.add_submodule();
     let listener = Listener::start();
     let task = Uuid::new_v4();
-    let marker = rig.dir.path().join("filter-ran");
+    let marker = rig.dir().join("filter-ran");
     let execution = rig
         .run(
             task,

@@ -29,7 +29,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use uuid::Uuid;
 
-use crate::sandbox::{Rig, processes_with_env, run, sandbox_works_here, start, wait_until};
+use crate::sandbox::{Rig, processes_with_env, run, sandbox_works_here, start};
+use agentry_testkit::wait::eventually_async;
 
 /// The forwarder built with this crate.
 const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
@@ -454,7 +455,7 @@ async fn a_cancelled_metered_run_still_reports_and_exit_codes_pass_through() {
     let task = Uuid::new_v4();
     let mut started = start(&runner, rig.job(task, "Sleep\n[fake:sleep=300]"));
     (&mut started.started).await.unwrap();
-    wait_until("the agent's init event", DEADLINE, || {
+    eventually_async(DEADLINE, "the agent's init event", async || {
         runner
             .live_output(task, 1)
             .is_some_and(|output| output.contains("\"subtype\":\"init\""))
@@ -488,7 +489,7 @@ async fn a_cancelled_metered_run_still_reports_and_exit_codes_pass_through() {
         report.cost_usd.map(|c| c.to_string()).as_deref(),
         Some("0.123456")
     );
-    wait_until("every process of the run to end", DEADLINE, || {
+    eventually_async(DEADLINE, "every process of the run to end", async || {
         processes_with_env(&home).is_empty()
     })
     .await;
@@ -520,7 +521,7 @@ async fn an_exhausted_meter_stops_the_run_at_its_budget() {
     job.agent.max_budget_usd = Some(Usd::parse("0.5").unwrap());
     let mut started = start(&runner, job);
     (&mut started.started).await.unwrap();
-    wait_until("the agent's init event", DEADLINE, || {
+    eventually_async(DEADLINE, "the agent's init event", async || {
         runner
             .live_output(task, 1)
             .is_some_and(|output| output.contains("\"subtype\":\"init\""))

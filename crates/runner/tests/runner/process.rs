@@ -13,6 +13,7 @@ use agentry_runner::process::{
     stderr_log_path,
 };
 use agentry_runner::{AgentOutcome, RunReport};
+use agentry_testkit::wait::{eventually, eventually_async};
 use tokio::sync::watch;
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -65,15 +66,10 @@ fn gone(pid: i32) -> bool {
 }
 
 /// Waits up to 5 s for `pid` to be gone.
-fn eventually_gone(pid: i32) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        if gone(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+fn wait_gone(pid: i32) {
+    eventually(Duration::from_secs(5), format!("the end of {pid}"), || {
+        gone(pid)
+    });
 }
 
 fn read_pid(path: &Path) -> i32 {
@@ -142,17 +138,11 @@ async fn log_file_is_truncated_and_written_while_running() {
         .await
     });
     // The first line is on disk long before the process ends.
-    let start = Instant::now();
-    loop {
-        if std::fs::read_to_string(&log).unwrap_or_default() == "early\n" {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_millis(1500),
-            "the log did not show the first line while the process ran"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = "the first line in the log while the process ran";
+    eventually_async(Duration::from_millis(1500), what, async || {
+        std::fs::read_to_string(&log).unwrap_or_default() == "early\n"
+    })
+    .await;
     let out = task.await.unwrap().unwrap();
     assert_eq!(out.stdout, "early\nlate\n");
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "early\nlate\n");
@@ -309,10 +299,12 @@ async fn cancel_stops_the_process_and_its_grandchildren() {
     let cmd = sh(dir.path(), &script);
     let task = tokio::spawn(async move { run_process(cmd, &log, limits(300.0), rx, |_| {}).await });
     let start = Instant::now();
-    while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        Duration::from_secs(10),
+        "the grandchild's pid",
+        async || std::fs::read_to_string(&pidfile).is_ok_and(|pid| !pid.trim().is_empty()),
+    )
+    .await;
     let grandchild = read_pid(&pidfile);
     assert!(!gone(grandchild));
     tx.send(true).unwrap();
@@ -320,7 +312,7 @@ async fn cancel_stops_the_process_and_its_grandchildren() {
     assert_eq!(out.ended, Ended::Cancelled);
     assert_eq!(out.stdout, "waiting\n");
     assert!(start.elapsed() < Duration::from_secs(10));
-    assert!(eventually_gone(grandchild), "grandchild {grandchild} lives");
+    wait_gone(grandchild);
     // The direct child was reaped: not even a zombie is left.
     assert!(
         matches!(
@@ -396,7 +388,7 @@ async fn grandchildren_left_after_a_normal_exit_are_killed() {
     );
     assert_eq!(out.stdout, "done\n");
     let grandchild = read_pid(&pidfile);
-    assert!(eventually_gone(grandchild), "grandchild {grandchild} lives");
+    wait_gone(grandchild);
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::{PATH, fake, git, seeded_bare};
 use agentry_domain::AgentType;
@@ -15,28 +15,37 @@ use agentry_runner::{
     AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner, PriceTable, Runner,
     Sandbox, SandboxMode, Verdict,
 };
+use agentry_testkit::wait::eventually_async;
 use tempfile::TempDir;
 use tokio::sync::{oneshot, watch};
 use uuid::Uuid;
 
 /// A data directory (`root`) next to a bare repository with a README on `main`.
 pub(crate) struct Rig {
-    _dir: TempDir,
+    dir: TempDir,
     pub(crate) root: PathBuf,
     pub(crate) bare: PathBuf,
+    /// The working clone that seeded `bare`, for commits of the base.
+    pub(crate) seed: PathBuf,
 }
 
 impl Rig {
     pub(crate) fn new() -> Rig {
         let dir = TempDir::new().unwrap();
-        let (bare, _) = seeded_bare(dir.path(), "seed");
+        let (bare, seed) = seeded_bare(dir.path(), "seed");
         let root = dir.path().join("agentry");
         std::fs::create_dir_all(&root).unwrap();
         Rig {
-            _dir: dir,
+            dir,
             root,
             bare,
+            seed,
         }
+    }
+
+    /// The directory that holds everything of the rig.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub(crate) fn config(&self, sandbox: Sandbox) -> LocalConfig {
@@ -91,6 +100,19 @@ impl Rig {
             .join(task_id.to_string())
             .join("1/home")
     }
+
+    /// The head of the task's branch in the bare repository (empty when it was not pushed).
+    pub(crate) fn remote_branch(&self, task_id: Uuid) -> String {
+        git(
+            &[
+                "branch",
+                "--list",
+                "--format=%(objectname)",
+                &branch_name(task_id),
+            ],
+            &self.bare,
+        )
+    }
 }
 
 /// A job started on its own task, with its cancel switch and its start signal.
@@ -134,15 +156,6 @@ pub(crate) async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
     let execution = started.handle.await.unwrap();
     drop(started.cancel);
     execution
-}
-
-/// Polls `done` every 20 ms until it holds, for at most `limit`.
-pub(crate) async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The processes of this machine whose environment holds `var` (e.g. `HOME=…`).
@@ -189,10 +202,12 @@ impl Marked {
             .unwrap();
         let environ = format!("/proc/{}/environ", child.id());
         let wanted = marker.clone();
-        wait_until(
-            "the marked process to start",
+        eventually_async(
             Duration::from_secs(10),
-            || std::fs::read(&environ).is_ok_and(|e| String::from_utf8_lossy(&e).contains(&wanted)),
+            "the marked process to start",
+            async || {
+                std::fs::read(&environ).is_ok_and(|e| String::from_utf8_lossy(&e).contains(&wanted))
+            },
         )
         .await;
         Marked { child, marker }
@@ -433,18 +448,18 @@ async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Sta
     let mut started = start(runner, rig.job(task, "Sleep\n[fake:sleep=300]"));
     (&mut started.started).await.unwrap();
     let child_pid = rig.home(task).join("child.pid");
-    wait_until(
-        "the agent's background child",
+    eventually_async(
         Duration::from_secs(20),
-        || child_pid.exists(),
+        "the agent's background child",
+        async || child_pid.exists(),
     )
     .await;
     // The agent writes child.pid before it prints its first event: wait for that event to
     // reach the run's output too (on a loaded machine it can come much later).
-    wait_until(
-        "the agent's init event in the output",
+    eventually_async(
         Duration::from_secs(20),
-        || {
+        "the agent's init event in the output",
+        async || {
             runner
                 .live_output(task, 1)
                 .is_some_and(|output| output.contains("\"subtype\":\"init\""))
@@ -493,10 +508,10 @@ async fn a_cancelled_sandboxed_run_leaves_no_process_behind() {
         report.cost_usd.map(|c| c.to_string()).as_deref(),
         Some("0.123456")
     );
-    wait_until(
-        "every process of the run to end",
+    eventually_async(
         Duration::from_secs(10),
-        || processes_with_env(&home).is_empty(),
+        "every process of the run to end",
+        async || processes_with_env(&home).is_empty(),
     )
     .await;
 }
@@ -592,10 +607,10 @@ async fn salvaging_a_dead_services_run_ends_its_whole_sandbox() {
     };
     let output = restarted.salvage(task, 1, &spec).unwrap().output;
     assert!(output.contains("\"subtype\":\"init\""), "{output}");
-    wait_until(
-        "every process of the run to end",
+    eventually_async(
         Duration::from_secs(10),
-        || processes_with_env(&home).is_empty(),
+        "every process of the run to end",
+        async || processes_with_env(&home).is_empty(),
     )
     .await;
     let execution = started.handle.await.unwrap();
