@@ -48,10 +48,32 @@ fn send_json(fake: &FakeGitHub, method: reqwest::Method, path: &str, body: &Valu
     req(fake, method, path).json(body).send().unwrap()
 }
 
+fn post(fake: &FakeGitHub, path: &str, body: &Value) -> Response {
+    send_json(fake, reqwest::Method::POST, path, body)
+}
+
+/// `GET path` with `If-None-Match: etag`.
+fn get_if_none_match(fake: &FakeGitHub, path: &str, etag: &str) -> Response {
+    req(fake, reqwest::Method::GET, path)
+        .header("If-None-Match", etag)
+        .send()
+        .unwrap()
+}
+
 fn header(resp: &Response, name: &str) -> Option<String> {
     resp.headers()
         .get(name)
         .map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// The `message` of an error answer.
+fn message(resp: Response) -> String {
+    json_of(resp)["message"].as_str().unwrap().to_owned()
+}
+
+/// How many items a list answer holds.
+fn len_of(resp: Response) -> usize {
+    json_of(resp).as_array().unwrap().len()
 }
 
 fn json_of(resp: Response) -> Value {
@@ -122,12 +144,7 @@ fn auth_user_agent_and_repo_access() {
         .send()
         .unwrap();
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
-    assert!(
-        json_of(resp)["message"]
-            .as_str()
-            .unwrap()
-            .contains("User-Agent")
-    );
+    assert!(message(resp).contains("User-Agent"));
 
     // `token x` works like `Bearer x`.
     let resp = client()
@@ -275,7 +292,7 @@ fn issues_paginate_with_link_headers_and_include_pulls() {
     for rel in ["prev", "next", "last", "first"] {
         assert!(link.contains(&format!("rel=\"{rel}\"")), "{link}");
     }
-    assert_eq!(json_of(page2).as_array().unwrap().len(), 100);
+    assert_eq!(len_of(page2), 100);
 
     let page3 = get(
         &fake,
@@ -308,18 +325,9 @@ fn issues_paginate_with_link_headers_and_include_pulls() {
     assert!(pulls[0]["html_url"].as_str().unwrap().contains("/pull/"));
 
     // Default page size 30, capped at 100; a single page has no Link header.
+    assert_eq!(len_of(get(&fake, "/repos/acme/widgets/issues")), 30);
     assert_eq!(
-        json_of(get(&fake, "/repos/acme/widgets/issues"))
-            .as_array()
-            .unwrap()
-            .len(),
-        30
-    );
-    assert_eq!(
-        json_of(get(&fake, "/repos/acme/widgets/issues?per_page=1000"))
-            .as_array()
-            .unwrap()
-            .len(),
+        len_of(get(&fake, "/repos/acme/widgets/issues?per_page=1000")),
         100
     );
     let one = get(&fake, "/repos/acme/widgets/issues?labels=nothing-has-this");
@@ -390,10 +398,7 @@ fn etags_give_304s_that_cost_no_rate_limit() {
     assert_eq!(etag, format!("\"{}\"", sha256_hex(&bytes)));
 
     for _ in 0..3 {
-        let again = req(&fake, reqwest::Method::GET, &path)
-            .header("If-None-Match", &etag)
-            .send()
-            .unwrap();
+        let again = get_if_none_match(&fake, &path, &etag);
         assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
         assert_eq!(remaining(&again), before, "a 304 costs nothing");
         assert_eq!(header(&again, "etag").as_deref(), Some(etag.as_str()));
@@ -401,10 +406,7 @@ fn etags_give_304s_that_cost_no_rate_limit() {
         assert!(again.bytes().unwrap().is_empty());
     }
     // A non-matching ETag is a normal 200 that costs one.
-    let other = req(&fake, reqwest::Method::GET, &path)
-        .header("If-None-Match", "\"0000\"")
-        .send()
-        .unwrap();
+    let other = get_if_none_match(&fake, &path, "\"0000\"");
     assert_eq!(other.status(), StatusCode::OK);
     assert_eq!(remaining(&other), before - 1);
     assert_eq!(fake.rate_limit_remaining(), before - 1);
@@ -438,28 +440,19 @@ fn etags_give_304s_that_cost_no_rate_limit() {
     ];
     for change in changes {
         change();
-        let resp = req(&fake, reqwest::Method::GET, &path)
-            .header("If-None-Match", &issue_etag)
-            .send()
-            .unwrap();
+        let resp = get_if_none_match(&fake, &path, &issue_etag);
         assert_eq!(resp.status(), StatusCode::OK);
         let new = header(&resp, "etag").unwrap();
         assert_ne!(new, issue_etag);
         issue_etag = new;
-        let resp = req(&fake, reqwest::Method::GET, list_path)
-            .header("If-None-Match", &list_etag)
-            .send()
-            .unwrap();
+        let resp = get_if_none_match(&fake, list_path, &list_etag);
         assert_eq!(resp.status(), StatusCode::OK);
         let new = header(&resp, "etag").unwrap();
         assert_ne!(new, list_etag);
         list_etag = new;
     }
     // And without a change, the list is a 304 again.
-    let resp = req(&fake, reqwest::Method::GET, list_path)
-        .header("If-None-Match", &list_etag)
-        .send()
-        .unwrap();
+    let resp = get_if_none_match(&fake, list_path, &list_etag);
     assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
 }
 
@@ -490,12 +483,7 @@ fn rate_limit_counts_down_and_blocks_at_zero() {
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     assert_eq!(remaining(&resp), 0);
     assert!(header(&resp, "x-ratelimit-reset").is_some());
-    assert!(
-        json_of(resp)["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("API rate limit exceeded")
-    );
+    assert!(message(resp).starts_with("API rate limit exceeded"));
 
     // When the window ends, the budget comes back.
     fake.set_rate_limit_reset_in(Duration::ZERO);
@@ -515,9 +503,8 @@ fn labels_create_exists_and_add() {
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     assert_eq!(json_of(missing)["message"], "Not Found");
 
-    let created = send_json(
+    let created = post(
         &fake,
-        reqwest::Method::POST,
         "/repos/acme/widgets/labels",
         &json!({"name": "agentry", "color": "6f42c1", "description": "Worked on by agentry"}),
     );
@@ -532,9 +519,8 @@ fn labels_create_exists_and_add() {
     assert_eq!(label["color"], "6f42c1");
     assert_eq!(label["default"], false);
 
-    let again = send_json(
+    let again = post(
         &fake,
-        reqwest::Method::POST,
         "/repos/acme/widgets/labels",
         &json!({"name": "Agentry", "color": "000000"}),
     );
@@ -551,9 +537,8 @@ fn labels_create_exists_and_add() {
         StatusCode::OK
     );
 
-    let added = send_json(
+    let added = post(
         &fake,
-        reqwest::Method::POST,
         &format!("/repos/acme/widgets/issues/{n}/labels"),
         &json!({"labels": ["agentry", "good first issue"]}),
     );
@@ -572,9 +557,8 @@ fn labels_create_exists_and_add() {
         StatusCode::OK
     );
     // Adding again changes nothing.
-    let labels = json_of(send_json(
+    let labels = json_of(post(
         &fake,
-        reqwest::Method::POST,
         &format!("/repos/acme/widgets/issues/{n}/labels"),
         &json!(["agentry"]),
     ));
@@ -601,7 +585,7 @@ fn labels_create_exists_and_add() {
     .send()
     .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(json_of(resp).as_array().unwrap().len(), 1);
+    assert_eq!(len_of(resp), 1);
 }
 
 #[test]
@@ -611,12 +595,7 @@ fn comments_post_and_list() {
     let path = format!("/repos/acme/widgets/issues/{n}/comments");
     assert_eq!(json_of(get(&fake, &path)), json!([]));
 
-    let resp = send_json(
-        &fake,
-        reqwest::Method::POST,
-        &path,
-        &json!({"body": "agentry is on it"}),
-    );
+    let resp = post(&fake, &path, &json!({"body": "agentry is on it"}));
     assert_eq!(resp.status(), StatusCode::CREATED);
     let comment = json_of(resp);
     assert_eq!(comment["body"], "agentry is on it");
@@ -634,13 +613,12 @@ fn comments_post_and_list() {
     let issue = json_of(get(&fake, &format!("/repos/acme/widgets/issues/{n}")));
     assert_eq!(issue["comments"], 1);
 
-    let empty = send_json(&fake, reqwest::Method::POST, &path, &json!({"body": ""}));
+    let empty = post(&fake, &path, &json!({"body": ""}));
     assert_eq!(empty.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let missing = send_json(&fake, reqwest::Method::POST, &path, &json!({}));
+    let missing = post(&fake, &path, &json!({}));
     assert_eq!(missing.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let nowhere = send_json(
+    let nowhere = post(
         &fake,
-        reqwest::Method::POST,
         "/repos/acme/widgets/issues/999/comments",
         &json!({"body": "x"}),
     );
@@ -874,9 +852,8 @@ fn pulls_raw_filters_reviews_and_merge() {
     );
 
     // A review comment from the author's own token is fine, approving it is not.
-    let review = send_json(
+    let review = post(
         &fake,
-        reqwest::Method::POST,
         &format!("/repos/acme/widgets/pulls/{p}/reviews"),
         &json!({"body": "Looks fine to me", "event": "COMMENT"}),
     );
@@ -963,9 +940,8 @@ fn a_lost_answer_still_takes_effect() {
         1,
         Fault::AnswerLost(502),
     );
-    let resp = send_json(
+    let resp = post(
         &fake,
-        reqwest::Method::POST,
         "/repos/acme/widgets/issues",
         &serde_json::json!({"title": "Created though unanswered"}),
     );
@@ -1010,12 +986,7 @@ fn rate_limit_faults() {
     let reset: i64 = header(&resp, "x-ratelimit-reset").unwrap().parse().unwrap();
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     assert!((now + 5..=now + 9).contains(&reset));
-    assert!(
-        json_of(resp)["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("API rate limit exceeded")
-    );
+    assert!(message(resp).starts_with("API rate limit exceeded"));
 
     fake.fail_next(
         None,
@@ -1027,12 +998,7 @@ fn rate_limit_faults() {
     let resp = get(&fake, "/user");
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&resp, "retry-after").as_deref(), Some("3"));
-    assert!(
-        json_of(resp)["message"]
-            .as_str()
-            .unwrap()
-            .contains("secondary rate limit")
-    );
+    assert!(message(resp).contains("secondary rate limit"));
 
     assert_eq!(get(&fake, "/user").status(), StatusCode::OK);
     // Faults cost no rate limit: only the last request counted.
@@ -1070,12 +1036,7 @@ fn timeout_fault_outlasts_the_client_timeout() {
     fake.fail_next(None, 1, Fault::Timeout(Duration::from_millis(200)));
     let resp = get(&fake, "/user");
     assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert!(
-        json_of(resp)["message"]
-            .as_str()
-            .unwrap()
-            .contains("in time")
-    );
+    assert!(message(resp).contains("in time"));
 }
 
 #[test]
@@ -1116,9 +1077,8 @@ fn counters_per_route_and_reset() {
     get(&fake, "/repos/acme/widgets/issues");
     get(&fake, "/repos/acme/widgets/issues?state=closed");
     get(&fake, &format!("/repos/acme/widgets/issues/{n}"));
-    send_json(
+    post(
         &fake,
-        reqwest::Method::POST,
         &format!("/repos/acme/widgets/issues/{n}/comments"),
         &json!({"body": "hi"}),
     );
@@ -1287,9 +1247,8 @@ fn malformed_requests_get_json_errors() {
 #[test]
 fn created_issues_and_state_reasons() {
     let fake = fake();
-    let resp = send_json(
+    let resp = post(
         &fake,
-        reqwest::Method::POST,
         "/repos/acme/widgets/issues",
         &json!({"title": "From the API", "body": "b", "labels": ["agentry"]}),
     );
@@ -1558,10 +1517,7 @@ fn reviews_list_with_etags_and_touch_the_pull() {
         "Rename it.",
     );
     // The list and the pull requests sorted by update both changed.
-    let resp = req(&fake, reqwest::Method::GET, &path)
-        .header("If-None-Match", &etag)
-        .send()
-        .unwrap();
+    let resp = get_if_none_match(&fake, &path, &etag);
     assert_eq!(resp.status(), StatusCode::OK);
     let etag = header(&resp, "etag").unwrap();
     let reviews = json_of(resp);
@@ -1580,15 +1536,9 @@ fn reviews_list_with_etags_and_touch_the_pull() {
         r["pull_request_url"],
         format!("{}/repos/acme/widgets/pulls/{n}", fake.base_url())
     );
-    let resp = req(&fake, reqwest::Method::GET, &path)
-        .header("If-None-Match", &etag)
-        .send()
-        .unwrap();
+    let resp = get_if_none_match(&fake, &path, &etag);
     assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
-    let resp = req(&fake, reqwest::Method::GET, pulls)
-        .header("If-None-Match", &pulls_etag)
-        .send()
-        .unwrap();
+    let resp = get_if_none_match(&fake, pulls, &pulls_etag);
     assert_eq!(resp.status(), StatusCode::OK);
     let listed = json_of(resp);
     assert_ne!(listed[0]["updated_at"], listed[0]["created_at"]);
@@ -1624,7 +1574,7 @@ fn review_comments_page_filter_by_since_and_count_on_the_pull() {
     let resp = get(&fake, &path);
     let link = header(&resp, "link").unwrap();
     assert!(link.contains("rel=\"next\""), "{link}");
-    assert_eq!(json_of(resp).as_array().unwrap().len(), 30);
+    assert_eq!(len_of(resp), 30);
     let page2 = json_of(get(&fake, &format!("{path}?page=2")));
     assert_eq!(page2.as_array().unwrap().len(), 6);
     let c = &page2[5];
@@ -1656,10 +1606,7 @@ fn review_comments_page_filter_by_since_and_count_on_the_pull() {
     // ETags: a 304 until something changes.
     let resp = get(&fake, &path);
     let etag = header(&resp, "etag").unwrap();
-    let resp = req(&fake, reqwest::Method::GET, &path)
-        .header("If-None-Match", &etag)
-        .send()
-        .unwrap();
+    let resp = get_if_none_match(&fake, &path, &etag);
     assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
 
     let pull = json_of(get(&fake, &format!("/repos/acme/widgets/pulls/{n}")));
@@ -1696,10 +1643,7 @@ fn issue_comments_filter_by_since_and_touch_the_pull() {
         recent[0]["html_url"],
         format!("https://github.com/acme/widgets/pull/{n}#issuecomment-{id}")
     );
-    let resp = req(&fake, reqwest::Method::GET, pulls)
-        .header("If-None-Match", &pulls_etag)
-        .send()
-        .unwrap();
+    let resp = get_if_none_match(&fake, pulls, &pulls_etag);
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(
         fake.issue_comments("acme", "widgets", n),
@@ -1724,30 +1668,15 @@ fn reactions_201_then_200_and_422_404() {
     let issue_path = format!("/repos/acme/widgets/issues/comments/{comment}/reactions");
     let review_path = format!("/repos/acme/widgets/pulls/comments/{review_comment}/reactions");
 
-    let resp = send_json(
-        &fake,
-        reqwest::Method::POST,
-        &issue_path,
-        &json!({"content": "eyes"}),
-    );
+    let resp = post(&fake, &issue_path, &json!({"content": "eyes"}));
     assert_eq!(resp.status(), StatusCode::CREATED);
     let created = json_of(resp);
     assert_eq!(created["content"], "eyes");
     assert_eq!(created["user"]["login"], "agentry-bot");
-    let resp = send_json(
-        &fake,
-        reqwest::Method::POST,
-        &issue_path,
-        &json!({"content": "eyes"}),
-    );
+    let resp = post(&fake, &issue_path, &json!({"content": "eyes"}));
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(json_of(resp)["id"], created["id"]);
-    let resp = send_json(
-        &fake,
-        reqwest::Method::POST,
-        &review_path,
-        &json!({"content": "+1"}),
-    );
+    let resp = post(&fake, &review_path, &json!({"content": "+1"}));
     assert_eq!(resp.status(), StatusCode::CREATED);
 
     let reactions = fake.reactions("acme", "widgets");
@@ -1781,27 +1710,20 @@ fn reactions_201_then_200_and_422_404() {
     ));
     assert_eq!(listed[0]["reactions"]["+1"], 1);
 
-    let resp = send_json(
-        &fake,
-        reqwest::Method::POST,
-        &issue_path,
-        &json!({"content": "tada"}),
-    );
+    let resp = post(&fake, &issue_path, &json!({"content": "tada"}));
     assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(json_of(resp)["message"], "Validation Failed");
-    let resp = send_json(&fake, reqwest::Method::POST, &issue_path, &json!({}));
+    let resp = post(&fake, &issue_path, &json!({}));
     assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
     // An issue comment's id is no review comment's, and the other way round.
-    let resp = send_json(
+    let resp = post(
         &fake,
-        reqwest::Method::POST,
         &format!("/repos/acme/widgets/pulls/comments/{comment}/reactions"),
         &json!({"content": "eyes"}),
     );
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
-    let resp = send_json(
+    let resp = post(
         &fake,
-        reqwest::Method::POST,
         &format!("/repos/acme/widgets/issues/comments/{review_comment}/reactions"),
         &json!({"content": "eyes"}),
     );
@@ -1810,12 +1732,7 @@ fn reactions_201_then_200_and_422_404() {
     // Faults apply to the new routes like to the others.
     let route = "/repos/{o}/{r}/issues/comments/{id}/reactions";
     fake.fail_next(Some(("POST", route)), 1, Fault::Status(502));
-    let resp = send_json(
-        &fake,
-        reqwest::Method::POST,
-        &issue_path,
-        &json!({"content": "heart"}),
-    );
+    let resp = post(&fake, &issue_path, &json!({"content": "heart"}));
     assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(fake.reactions("acme", "widgets").len(), 2);
     assert_eq!(fake.count("POST", route), 6);
@@ -1870,10 +1787,7 @@ fn permissions_by_role_owner_stranger_and_unknown() {
     // ETags on the new GET like on the others.
     let path = "/repos/acme/widgets/collaborators/tri/permission";
     let etag = header(&get(&fake, path), "etag").unwrap();
-    let resp = req(&fake, reqwest::Method::GET, path)
-        .header("If-None-Match", &etag)
-        .send()
-        .unwrap();
+    let resp = get_if_none_match(&fake, path, &etag);
     assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
     assert_eq!(
         fake.count("GET", "/repos/{o}/{r}/collaborators/{u}/permission"),
