@@ -243,3 +243,50 @@ pub fn coding_task(
         created_at,
     }
 }
+
+/// A row of the cumulative cost rollup: repository URL, task type, model, day, and its
+/// thirteen sums in column order (tasks, costed, cost, succeeded, input tokens, output
+/// tokens, then the outcome columns: merged, costed, cost, merged cost, failed cost, merged
+/// revisions, revision cost).
+pub type CumulativeRow = (String, String, String, String, [i64; 13]);
+
+/// Every row of the cumulative cost rollup, in key order, for tests that compare what the
+/// rollup holds with what it should.
+pub fn cumulative_rows(conn: &mut crate::AnyConnection) -> Vec<CumulativeRow> {
+    use crate::schema::cost_cumulative as cc;
+    type Key = (String, String, String, String);
+    type Sums = (i64, i64, i64, i64, i64, i64);
+    type Outcomes = (i64, i64, i64, i64, i64, i64, i64);
+    let rows: Vec<(Key, Sums, Outcomes)> = cc::table
+        .order((cc::repo_url, cc::task_type, cc::model, cc::day))
+        .select((
+            (cc::repo_url, cc::task_type, cc::model, cc::day),
+            (
+                cc::tasks,
+                cc::costed,
+                cc::cost_nanos,
+                cc::succeeded,
+                cc::input_tokens,
+                cc::output_tokens,
+            ),
+            (
+                cc::outcome_merged,
+                cc::outcome_costed,
+                cc::outcome_cost_nanos,
+                cc::merged_cost_nanos,
+                cc::failed_cost_nanos,
+                cc::merged_revisions,
+                cc::revision_cost_nanos,
+            ),
+        ))
+        .load(conn)
+        .unwrap();
+    rows.into_iter()
+        .map(|(k, s, o)| {
+            let sums = [
+                s.0, s.1, s.2, s.3, s.4, s.5, o.0, o.1, o.2, o.3, o.4, o.5, o.6,
+            ];
+            (k.0, k.1, k.2, k.3, sums)
+        })
+        .collect()
+}

@@ -278,28 +278,13 @@ fn seed_outcomes(db: &Db, seed: u64) {
 
 /// The outcome columns of the cumulative rollup, in key order.
 fn outcome_columns(db: &Db) -> Vec<(String, String, String, String, [i64; 7])> {
-    use agentry_persistence::schema::cost_cumulative as cc;
-    use diesel::prelude::*;
-    type Key = (String, String, String, String);
-    type Sums = (i64, i64, i64, i64, i64, i64, i64);
-    let rows: Vec<(Key, Sums)> = cc::table
-        .order((cc::repo_url, cc::task_type, cc::model, cc::day))
-        .select((
-            (cc::repo_url, cc::task_type, cc::model, cc::day),
-            (
-                cc::outcome_merged,
-                cc::outcome_costed,
-                cc::outcome_cost_nanos,
-                cc::merged_cost_nanos,
-                cc::failed_cost_nanos,
-                cc::merged_revisions,
-                cc::revision_cost_nanos,
-            ),
-        ))
-        .load(&mut *db.conn().unwrap())
-        .unwrap();
-    rows.into_iter()
-        .map(|(k, s)| (k.0, k.1, k.2, k.3, [s.0, s.1, s.2, s.3, s.4, s.5, s.6]))
+    agentry_persistence::test_support::cumulative_rows(&mut db.conn().unwrap())
+        .into_iter()
+        .map(|(repo, kind, model, day, sums)| {
+            let mut outcomes = [0; 7];
+            outcomes.copy_from_slice(&sums[6..]);
+            (repo, kind, model, day, outcomes)
+        })
         .filter(|r| r.4 != [0; 7])
         .collect()
 }
@@ -530,15 +515,7 @@ async fn an_empty_database_gives_an_all_zero_report() {
     }
 }
 
-async fn metrics_text<S, B>(app: &S, token: &str) -> String
-where
-    S: actix_web::dev::Service<
-            actix_http::Request,
-            Response = actix_web::dev::ServiceResponse<B>,
-            Error = actix_web::Error,
-        >,
-    B: actix_web::body::MessageBody,
-{
+async fn metrics_text<S: TestApp>(app: &S, token: &str) -> String {
     let res = actix_web::test::call_service(app, get("/metrics", token)).await;
     assert_eq!(res.status(), 200);
     String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap()

@@ -110,37 +110,13 @@ fn assert_indexes_match_rows(db: &Db) {
 
 /// Every row of both cost rollups, as text.
 fn rollup_rows(db: &Db) -> Vec<String> {
-    use agentry_persistence::schema::{cost_cumulative as cc, cost_daily as cd};
+    use agentry_persistence::schema::cost_daily as cd;
     let mut conn = db.conn().unwrap();
     let daily: Vec<(String, String, i64, i64, i64)> = cd::table
         .order((cd::day, cd::repo_url))
         .load(&mut conn)
         .unwrap();
-    type Key = (String, String, String, String);
-    type Sums = (i64, i64, i64, i64, i64, i64);
-    type Outcomes = (i64, i64, i64, i64, i64);
-    let cumulative: Vec<(Key, Sums, Outcomes)> = cc::table
-        .select((
-            (cc::repo_url, cc::task_type, cc::model, cc::day),
-            (
-                cc::tasks,
-                cc::costed,
-                cc::cost_nanos,
-                cc::succeeded,
-                cc::input_tokens,
-                cc::output_tokens,
-            ),
-            (
-                cc::outcome_merged,
-                cc::outcome_costed,
-                cc::outcome_cost_nanos,
-                cc::merged_cost_nanos,
-                cc::failed_cost_nanos,
-            ),
-        ))
-        .order((cc::repo_url, cc::task_type, cc::model, cc::day))
-        .load(&mut conn)
-        .unwrap();
+    let cumulative = agentry_persistence::test_support::cumulative_rows(&mut conn);
     daily
         .iter()
         .map(|r| format!("{r:?}"))

@@ -1,24 +1,19 @@
 //! The leader lock (docs/contract.md#55-pull-request-tracking, #8-scale-out): on PostgreSQL one holder per key among the processes
 //! sharing the database, lost with its session; on SQLite always held.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentry_persistence::DbError;
 use agentry_persistence::leader::LeaderLock;
 use agentry_persistence::test_support::TestDb;
+use agentry_testkit::wait::eventually;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer};
 
 const KEY: i64 = 0x0070_6f6c_6c65_7201;
 
-/// Waits (up to 10 s) for `done` to become true; panics naming `what` otherwise.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+/// How long a test waits for a session or lock to change.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 /// A plain connection to the test database, to watch and kill sessions.
 fn admin(test_db: &TestDb) -> PgConnection {
@@ -59,7 +54,7 @@ fn kill(admin: &mut PgConnection, pid: i32) {
     diesel::sql_query(format!("SELECT pg_terminate_backend({pid})"))
         .execute(admin)
         .unwrap();
-    eventually("the killed session to end", || {
+    eventually(PATIENCE, "the killed session to end", || {
         let alive: Vec<Pid> = diesel::sql_query(format!(
             "SELECT pid FROM pg_stat_activity WHERE pid = {pid}"
         ))
@@ -147,7 +142,7 @@ fn postgres_one_holder_per_key() {
 
     // Dropping the holder closes its session, which frees the lock.
     drop(b);
-    eventually("the dropped holder's lock to be freed", || {
+    eventually(PATIENCE, "the dropped holder's lock to be freed", || {
         a.try_hold().unwrap()
     });
 
@@ -181,7 +176,9 @@ fn postgres_killed_session_loses_the_role() {
     // former holder notices (its session does not answer) instead of still claiming the role.
     let killed = holder(&mut admin, KEY).unwrap();
     kill(&mut admin, killed);
-    eventually("the other to take the role", || b.try_hold().unwrap());
+    eventually(PATIENCE, "the other to take the role", || {
+        b.try_hold().unwrap()
+    });
     assert!(!a.try_hold().unwrap());
     assert!(!a.is_held());
     assert!(b.try_hold().unwrap());
@@ -191,9 +188,11 @@ fn postgres_killed_session_loses_the_role() {
     let killed = holder(&mut admin, KEY).unwrap();
     a.release();
     kill(&mut admin, killed);
-    eventually("the lock of the killed session to be freed", || {
-        holder(&mut admin, KEY).is_none()
-    });
+    eventually(
+        PATIENCE,
+        "the lock of the killed session to be freed",
+        || holder(&mut admin, KEY).is_none(),
+    );
     assert!(b.try_hold().unwrap());
     let now = holder(&mut admin, KEY).unwrap();
     assert_ne!(now, killed);

@@ -75,6 +75,19 @@ fn seed(db: &Db) -> (Repository, Repository, Vec<Task>) {
     (a, b, all)
 }
 
+/// The filter of `state`, `repo_id` and `task_type` (`None`: any).
+fn filter(
+    state: Option<TaskState>,
+    repo_id: Option<Uuid>,
+    task_type: Option<TaskType>,
+) -> TaskFilter {
+    TaskFilter {
+        state,
+        repo_id,
+        task_type,
+    }
+}
+
 agentry_persistence::backend_tests! {
     // Pages of 10 following the cursor visit every task exactly once, in (created_at desc,
     // id desc) order, ties on created_at included.
@@ -109,59 +122,20 @@ agentry_persistence::backend_tests! {
     // Filters by state, repository and type, each alone and combined, through every page.
     fn filters_alone_and_combined(db) {
         let (a, b, all) = seed(db);
+        // (state, repository, type)
         let filters = [
-            TaskFilter {
-                state: Some(TaskState::Queued),
-                ..Default::default()
-            },
-            TaskFilter {
-                state: Some(TaskState::Provisioning),
-                ..Default::default()
-            },
-            TaskFilter {
-                state: Some(TaskState::Completed),
-                ..Default::default()
-            },
-            TaskFilter {
-                repo_id: Some(a.id),
-                ..Default::default()
-            },
-            TaskFilter {
-                repo_id: Some(b.id),
-                ..Default::default()
-            },
-            TaskFilter {
-                repo_id: Some(Uuid::new_v4()),
-                ..Default::default()
-            },
-            TaskFilter {
-                task_type: Some(TaskType::Review),
-                ..Default::default()
-            },
-            TaskFilter {
-                task_type: Some(TaskType::Coding),
-                ..Default::default()
-            },
-            TaskFilter {
-                state: Some(TaskState::Provisioning),
-                repo_id: Some(b.id),
-                ..Default::default()
-            },
-            TaskFilter {
-                state: Some(TaskState::Queued),
-                task_type: Some(TaskType::Coding),
-                ..Default::default()
-            },
-            TaskFilter {
-                repo_id: Some(a.id),
-                task_type: Some(TaskType::Review),
-                ..Default::default()
-            },
-            TaskFilter {
-                state: Some(TaskState::Provisioning),
-                repo_id: Some(a.id),
-                task_type: Some(TaskType::Review),
-            },
+            filter(Some(TaskState::Queued), None, None),
+            filter(Some(TaskState::Provisioning), None, None),
+            filter(Some(TaskState::Completed), None, None),
+            filter(None, Some(a.id), None),
+            filter(None, Some(b.id), None),
+            filter(None, Some(Uuid::new_v4()), None),
+            filter(None, None, Some(TaskType::Review)),
+            filter(None, None, Some(TaskType::Coding)),
+            filter(Some(TaskState::Provisioning), Some(b.id), None),
+            filter(Some(TaskState::Queued), None, Some(TaskType::Coding)),
+            filter(None, Some(a.id), Some(TaskType::Review)),
+            filter(Some(TaskState::Provisioning), Some(a.id), Some(TaskType::Review)),
         ];
         for filter in filters {
             let matching: Vec<&Task> = all

@@ -35,54 +35,17 @@ type Snapshot = (
 );
 
 fn snapshot(conn: &mut AnyConnection) -> Snapshot {
-    use agentry_persistence::schema::{cost_cumulative as cc, cost_daily as cd};
+    use agentry_persistence::schema::cost_daily as cd;
     let daily = cd::table
         .order((cd::day, cd::repo_url))
         .select((cd::day, cd::repo_url, cd::tasks, cd::costed, cd::cost_nanos))
         .load(conn)
         .unwrap();
-    type Key = (String, String, String, String);
-    type Row = (i64, i64, i64, i64, i64, i64);
-    type Outcome = (i64, i64, i64, i64, i64, i64, i64);
-    let cum: Vec<(Key, Row, Outcome)> = cc::table
-        .order((cc::repo_url, cc::task_type, cc::model, cc::day))
-        .select((
-            (cc::repo_url, cc::task_type, cc::model, cc::day),
-            (
-                cc::tasks,
-                cc::costed,
-                cc::cost_nanos,
-                cc::succeeded,
-                cc::input_tokens,
-                cc::output_tokens,
-            ),
-            (
-                cc::outcome_merged,
-                cc::outcome_costed,
-                cc::outcome_cost_nanos,
-                cc::merged_cost_nanos,
-                cc::failed_cost_nanos,
-                cc::merged_revisions,
-                cc::revision_cost_nanos,
-            ),
-        ))
-        .load(conn)
-        .unwrap();
     // A combination whose tasks all moved elsewhere (a model set by a run) keeps rows of
     // zeros; they read as zero, so the comparison ignores them.
-    let cum = cum
+    let cum = agentry_persistence::test_support::cumulative_rows(conn)
         .into_iter()
-        .map(|(k, r, o)| {
-            (
-                k.0,
-                k.1,
-                k.2,
-                k.3,
-                vec![
-                    r.0, r.1, r.2, r.3, r.4, r.5, o.0, o.1, o.2, o.3, o.4, o.5, o.6,
-                ],
-            )
-        })
+        .map(|(repo, kind, model, day, sums)| (repo, kind, model, day, sums.to_vec()))
         .filter(|r| r.4.iter().any(|v| *v != 0))
         .collect();
     let daily = daily

@@ -17,6 +17,22 @@ fn run(task: &Task, secs: i64, cost: Option<&str>) -> Run {
     }
 }
 
+/// `bad` is refused and changes nothing: its task is still `before`, with its one run.
+fn assert_refused(conn: &mut AnyConnection, bad: &Run, before: &Task) {
+    let result = record(conn, bad);
+    assert!(result.is_err(), "{bad:?} must be refused");
+    assert_eq!(
+        &tasks::get_task(conn, bad.task_id).unwrap(),
+        before,
+        "{bad:?}"
+    );
+    assert_eq!(
+        tasks::task_runs(conn, bad.task_id).unwrap().len(),
+        1,
+        "{bad:?}"
+    );
+}
+
 /// Records `run` in its own write transaction.
 fn record(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
     write_tx(conn, |conn| tasks::record_run(conn, run))
@@ -374,18 +390,7 @@ agentry_persistence::backend_tests! {
                 ..base.clone()
             },
         ] {
-            let result = record(&mut conn, &bad);
-            assert!(result.is_err(), "{bad:?} must be refused");
-            assert_eq!(
-                tasks::get_task(&mut conn, task.id).unwrap(),
-                before,
-                "{bad:?}"
-            );
-            assert_eq!(
-                tasks::task_runs(&mut conn, task.id).unwrap().len(),
-                1,
-                "{bad:?}"
-            );
+            assert_refused(&mut conn, &bad, &before);
         }
     }
 
@@ -434,18 +439,7 @@ agentry_persistence::backend_tests! {
                 ..base.clone()
             },
         ] {
-            let result = record(&mut conn, &bad);
-            assert!(result.is_err(), "{bad:?} must be refused");
-            assert_eq!(
-                tasks::get_task(&mut conn, task.id).unwrap(),
-                before,
-                "{bad:?}"
-            );
-            assert_eq!(
-                tasks::task_runs(&mut conn, task.id).unwrap().len(),
-                1,
-                "{bad:?}"
-            );
+            assert_refused(&mut conn, &bad, &before);
         }
     }
 
