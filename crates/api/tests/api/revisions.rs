@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::env::json_req;
-use crate::common::{PATIENCE, call, client, on_both_backends};
-use crate::runs::{NAME, OWNER, Rig, state_of, wait_for};
+use crate::common::{PATIENCE, TestApp, call, client, on_both_backends};
+use crate::runs::{NAME, OWNER, Rig, state_of, wait_for, wait_for_state};
 use actix_http::Request;
 use actix_web::test::TestRequest;
 use agentry_codehost::webhook::sign;
@@ -52,6 +52,15 @@ fn delivery(event: &str, id: &str, body: &Value) -> Request {
         .to_request()
 }
 
+/// Polls the task until its revision (a second run) has pushed and it is back in
+/// `pr_opened`.
+async fn wait_for_revision<S: TestApp>(app: &S, token: &str, id: &str, what: &str) -> Value {
+    wait_for(app, token, id, what, |t| {
+        state_of(t) == "pr_opened" && runs_of(t).len() == 2
+    })
+    .await
+}
+
 fn runs_of(task: &Value) -> &Vec<Value> {
     task["runs"].as_array().unwrap()
 }
@@ -82,7 +91,7 @@ macro_rules! open_pull {
         assert_eq!(status, 201, "{assigned}");
         let id = assigned["task"]["id"].as_str().unwrap().to_owned();
         let t = $rig.env.t.viewer.clone();
-        let task = wait_for(&$app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+        let task = wait_for_state(&$app, &t, &id, "pr_opened").await;
         (id, task["prNumber"].as_u64().unwrap())
     }};
 }
@@ -159,10 +168,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     })
     .await;
     assert_eq!(start_rounds(&rig).await, 1);
-    let task = wait_for(&app, &t, &id, "the revision pushed", |t| {
-        state_of(t) == "pr_opened" && runs_of(t).len() == 2
-    })
-    .await;
+    let task = wait_for_revision(&app, &t, &id, "the revision pushed").await;
 
     // The task: one revision, two runs, the cost of both.
     assert_eq!(task["revisions"], 1, "{task:#}");
@@ -256,7 +262,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     // Merging completes the task; outcomes count both runs in its cost.
     rig.env.fake.merge_pull(OWNER, NAME, number);
     rig.state.service.poll_pull_requests().await.unwrap();
-    let done = wait_for(&app, &t, &id, "completed", |t| state_of(t) == "completed").await;
+    let done = wait_for_state(&app, &t, &id, "completed").await;
     assert_eq!(done["costUsd"], "0.246912");
 }
 
@@ -319,11 +325,7 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     );
     rig.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(start_rounds(&rig).await, 1);
-    let t = rig.env.t.viewer.clone();
-    let task = wait_for(&app, &t, &id, "the revision", |t| {
-        state_of(t) == "pr_opened" && runs_of(t).len() == 2
-    })
-    .await;
+    let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
     assert_eq!(task["revisions"], 1);
     assert_eq!(runs_of(&task)[1]["triggerAuthor"], "carol");
     let prompt = prompt_of(&rig, &id, 2);
@@ -400,11 +402,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
     .await;
     // The loop starts the round once the quiet period has passed.
     actix_web::rt::spawn(revisions::revision_loop(rig.state.service.clone()));
-    let t = rig.env.t.viewer.clone();
-    let task = wait_for(&app, &t, &id, "the revision", |t| {
-        state_of(t) == "pr_opened" && runs_of(t).len() == 2
-    })
-    .await;
+    let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
     assert_eq!(task["revisions"], 1, "{task:#}");
     let rounds: Vec<&Value> = task["feedback"]
         .as_array()
@@ -445,11 +443,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     );
     rig.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(start_rounds(&rig).await, 1);
-    let t = rig.env.t.viewer.clone();
-    let task = wait_for(&app, &t, &id, "the revision", |t| {
-        state_of(t) == "pr_opened" && runs_of(t).len() == 2
-    })
-    .await;
+    let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
     assert_eq!(task["revisions"], 1);
     assert_eq!(runs_of(&task)[1]["outcome"], "succeeded");
     assert_eq!(task["errorMessage"], Value::Null);
@@ -492,7 +486,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     fake.advance_clock(Duration::from_secs(2));
     fake.close_pull(OWNER, NAME, number);
     rig.state.service.poll_pull_requests().await.unwrap();
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &rig.env.t.viewer, &id, "failed").await;
     assert_eq!(task["revisions"], 1);
     // A mention on the closed pull request is ignored, and nothing is said.
     let late = fake.add_comment(OWNER, NAME, number, "alice", "@agentry one last thing");

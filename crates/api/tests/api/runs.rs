@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::common::env::{Env, bare, json_req};
-use crate::common::{PATIENCE, call, client, code_host_with, get, on_both_backends, test_timing};
+use crate::common::{
+    PATIENCE, TestApp, call, client, code_host_with, get, on_both_backends, test_timing,
+};
 use actix_web::web;
 use agentry_api::state::AppState;
 use agentry_fake_github::Fault;
@@ -108,21 +110,13 @@ impl Rig {
 }
 
 /// Polls the task until `done(task)` holds (at most 30 s).
-pub(crate) async fn wait_for<S, B>(
+pub(crate) async fn wait_for<S: TestApp>(
     app: &S,
     token: &str,
     id: &str,
     what: &str,
     done: impl Fn(&Value) -> bool,
-) -> Value
-where
-    S: actix_web::dev::Service<
-            actix_http::Request,
-            Response = actix_web::dev::ServiceResponse<B>,
-            Error = actix_web::Error,
-        >,
-    B: actix_web::body::MessageBody,
-{
+) -> Value {
     eventually_async(PATIENCE, what, async || {
         let (status, task) = client(app, token).task(id).await;
         assert_eq!(status, 200, "{task}");
@@ -133,6 +127,16 @@ where
         }
     })
     .await
+}
+
+/// Polls the task until it is in `state` (at most 30 s).
+pub(crate) async fn wait_for_state<S: TestApp>(
+    app: &S,
+    token: &str,
+    id: &str,
+    state: &str,
+) -> Value {
+    wait_for(app, token, id, state, |t| state_of(t) == state).await
 }
 
 pub(crate) fn state_of(task: &Value) -> &str {
@@ -206,7 +210,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     assert_eq!(status, 201, "{assigned}");
     let id = assigned["task"]["id"].as_str().unwrap().to_owned();
     let t = rig.env.t.viewer.clone();
-    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
 
     // The state history.
     let path: Vec<(Value, Value)> = task["events"]
@@ -312,7 +316,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     // Merging on the fake completes the task; the issue is closed.
     rig.env.fake.merge_pull(OWNER, NAME, pull.number);
     rig.state.service.poll_pull_requests().await.unwrap();
-    let done = wait_for(&app, &t, &id, "completed", |t| state_of(t) == "completed").await;
+    let done = wait_for_state(&app, &t, &id, "completed").await;
     assert_eq!(done["costUsd"], "0.123456");
     agentry_service::codehost::deliver_due(&rig.state.service, agentry_persistence::now())
         .await
@@ -353,7 +357,7 @@ async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
     assert_eq!(status, 201, "{assigned}");
     let id = assigned["task"]["id"].as_str().unwrap().to_owned();
     let t = rig.env.t.viewer.clone();
-    wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    wait_for_state(&app, &t, &id, "pr_opened").await;
 
     let pulls = rig.env.fake.pulls(OWNER, NAME);
     assert_eq!(pulls.len(), 1);
@@ -375,15 +379,7 @@ async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
 }
 
 /// Creates a manual task with `prompt` through the API; returns its id.
-async fn manual_task<S, B>(app: &S, rig: &Rig, prompt: &str) -> String
-where
-    S: actix_web::dev::Service<
-            actix_http::Request,
-            Response = actix_web::dev::ServiceResponse<B>,
-            Error = actix_web::Error,
-        >,
-    B: actix_web::body::MessageBody,
-{
+async fn manual_task<S: TestApp>(app: &S, rig: &Rig, prompt: &str) -> String {
     let (status, task) = client(app, &rig.env.t.member)
         .create_task(&json!({"repoId": rig.repo_id, "title": "Manual task", "prompt": prompt}))
         .await;
@@ -401,7 +397,7 @@ async fn failed_agent_keeps_its_cost_and_a_retry_adds() {
     let app = app!(rig);
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Break it [fake:fail]").await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     assert!(error_of(&task).contains("the agent failed"), "{task:#}");
     assert_eq!(task["costUsd"], "0.123456");
     assert_eq!(task["runs"][0]["outcome"], "failed");
@@ -421,7 +417,7 @@ async fn failed_agent_keeps_its_cost_and_a_retry_adds() {
 
     // A retry of a task that is not failed or cancelled is refused.
     let ok = manual_task(&app, &rig, "Fine").await;
-    wait_for(&app, &t, &ok, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    wait_for_state(&app, &t, &ok, "pr_opened").await;
     let (status, body) = call(&app, bare("POST", &format!("/api/tasks/{ok}/retry"), &t)).await;
     assert_eq!(status, 409, "{body}");
     common::envelope(&body, "invalid_transition");
@@ -435,7 +431,7 @@ async fn no_changes_fails_without_a_pull_request() {
     let app = app!(rig);
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Look only [fake:no-changes]").await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     assert_eq!(task["errorMessage"], "the agent made no changes");
     assert_eq!(task["costUsd"], "0.123456");
     assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
@@ -451,7 +447,7 @@ async fn cancel_while_running_kills_the_process_group() {
     let app = app!(rig);
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Take long [fake:sleep=60]").await;
-    wait_for(&app, &t, &id, "running", |t| state_of(t) == "running").await;
+    wait_for_state(&app, &t, &id, "running").await;
     let home = rig.run_dir(&id, 1).join("home");
     eventually_async(Duration::from_secs(20), "the agent's child", async || {
         home.join("child.pid").exists()
@@ -484,15 +480,7 @@ async fn cancel_while_running_kills_the_process_group() {
 }
 
 /// Changes the repository's settings through the API.
-async fn patch_settings<S, B>(app: &S, rig: &Rig, patch: Value)
-where
-    S: actix_web::dev::Service<
-            actix_http::Request,
-            Response = actix_web::dev::ServiceResponse<B>,
-            Error = actix_web::Error,
-        >,
-    B: actix_web::body::MessageBody,
-{
+async fn patch_settings<S: TestApp>(app: &S, rig: &Rig, patch: Value) {
     let path = format!("/api/repos/{}/settings", rig.repo_id);
     let (status, body) = call(app, json_req("PATCH", &path, &rig.env.t.admin, &patch)).await;
     assert_eq!(status, 200, "{body}");
@@ -542,7 +530,7 @@ async fn settings_reach_the_agent_and_secrets_do_not() {
     .await;
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Try [fake:fail]").await;
-    wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    wait_for_state(&app, &t, &id, "failed").await;
     let claude_args = |budget: &str| -> Vec<String> {
         [
             "-p",
@@ -652,7 +640,7 @@ async fn codex_runs_are_priced_from_the_price_table() {
     .await;
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Add a test").await;
-    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
     assert_eq!(task["agentType"], "codex");
     assert_eq!(
         home_lines(&rig, &id, 1, "args"),
@@ -685,10 +673,7 @@ async fn codex_runs_are_priced_from_the_price_table() {
 
     patch_settings(&app, &rig, json!({"codingModel": "in-house-model"})).await;
     let unpriced = manual_task(&app, &rig, "Add another test").await;
-    let task = wait_for(&app, &t, &unpriced, "pr_opened", |t| {
-        state_of(t) == "pr_opened"
-    })
-    .await;
+    let task = wait_for_state(&app, &t, &unpriced, "pr_opened").await;
     assert_eq!(task["costUsd"], Value::Null, "{task:#}");
     assert_eq!(task["runs"][0]["costUsd"], Value::Null);
     assert_eq!(task["inputTokens"], 2000);
@@ -703,7 +688,7 @@ async fn a_run_past_the_wall_time_is_stopped() {
     let app = app!(rig);
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Take long [fake:sleep=60]").await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     assert!(
         error_of(&task).contains("longer than the limit"),
         "{task:#}"
@@ -874,7 +859,7 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::Status(502));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::AnswerLost(502));
     let id = manual_task(&app, &rig, "Flaky code host").await;
-    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
     let pulls = fake.pulls(OWNER, NAME);
     assert_eq!(pulls.len(), 1);
     assert_eq!(task["prNumber"], pulls[0].number);
@@ -916,7 +901,7 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::AnswerLost(502));
     let id = manual_task(&app, &rig, "Answer lost").await;
-    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
     let pulls = fake.pulls(OWNER, NAME);
     assert_eq!(pulls.len(), 1);
     assert_eq!(task["prNumber"], pulls[0].number);
@@ -924,7 +909,7 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(422));
     let id = manual_task(&app, &rig, "Refused").await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     assert!(
         error_of(&task).starts_with("the pull request could not be opened"),
         "{task:#}"
@@ -932,7 +917,7 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
     assert_eq!(task["costUsd"], "0.123456");
     assert_eq!(fake.pulls(OWNER, NAME).len(), 1);
     call(&app, bare("POST", &format!("/api/tasks/{id}/retry"), &t)).await;
-    let task = wait_for(&app, &t, &id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
     assert_eq!(task["costUsd"], "0.246912");
     assert_eq!(fake.pulls(OWNER, NAME).len(), 2);
 
@@ -944,7 +929,7 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
     .unwrap();
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let id = manual_task(&app, &rig, "Push refused").await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     assert!(
         error_of(&task).contains("push declined: protected branches only"),
         "{task:#}"
@@ -962,7 +947,7 @@ async fn unreadable_output_and_limits_fail_the_task_clearly() {
     let app = app!(rig);
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Mumble [fake:garbage]").await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     assert!(
         error_of(&task).starts_with("the agent's output could not be read"),
         "{task:#}"
@@ -981,7 +966,7 @@ async fn unreadable_output_and_limits_fail_the_task_clearly() {
     assert!(!String::from_utf8_lossy(&log).contains("\"type\":\"result\""));
 
     let id = manual_task(&app, &rig, "Too long [fake:max-turns]").await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     assert_eq!(
         task["errorMessage"],
         "the agent reached its turn limit (maxTurns)"
@@ -1066,10 +1051,10 @@ async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
         ids.push(manual_task(&app, &rig, &format!("Task {i} [fake:cost=0.40]")).await);
     }
     for id in &ids[..2] {
-        let task = wait_for(&app, &t, id, "pr_opened", |t| state_of(t) == "pr_opened").await;
+        let task = wait_for_state(&app, &t, id, "pr_opened").await;
         assert_eq!(task["costUsd"], "0.4", "{task:#}");
     }
-    let third = wait_for(&app, &t, &ids[2], "failed", |t| state_of(t) == "failed").await;
+    let third = wait_for_state(&app, &t, &ids[2], "failed").await;
     assert!(error_of(&third).starts_with("budget reached"), "{third:#}");
     assert_eq!(third["costUsd"], "0.2", "{third:#}");
     // The agent was given exactly what the budget had left.
@@ -1109,10 +1094,7 @@ async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
     assert_eq!(repo["budget"], report["budgets"][0], "{repo:#}");
 
     patch_settings(&app, &rig, json!({"monthlyBudgetUsd": "2"})).await;
-    let fourth = wait_for(&app, &t, &ids[3], "pr_opened", |t| {
-        state_of(t) == "pr_opened"
-    })
-    .await;
+    let fourth = wait_for_state(&app, &t, &ids[3], "pr_opened").await;
     assert_eq!(fourth["blockedReason"], Value::Null);
     assert_eq!(fourth["costUsd"], "0.4");
     let args = home_lines(&rig, &ids[3], 1, "args");
@@ -1152,7 +1134,7 @@ async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
         "Costly work [fake:turns=3] [fake:pause=1] [fake:hold=300]",
     )
     .await;
-    let task = wait_for(&app, &t, &id, "failed", |t| state_of(t) == "failed").await;
+    let task = wait_for_state(&app, &t, &id, "failed").await;
     // Long before the fake's hold would have ended, and before the run's wall time.
     assert!(started.elapsed() < Duration::from_secs(60));
     let message = error_of(&task);

@@ -77,8 +77,18 @@ impl Env {
 
     /// An assigned issue whose task ran and opened pull request `pr`.
     fn task_with_pull(&self, repo: &Repository, issue: u64, pr: u64) -> Task {
+        self.task_with_pull_at(repo, issue, pr, agentry_persistence::now())
+    }
+
+    /// [`Env::task_with_pull`] with every step at `at`.
+    fn task_with_pull_at(
+        &self,
+        repo: &Repository,
+        issue: u64,
+        pr: u64,
+        at: time::OffsetDateTime,
+    ) -> Task {
         let mut conn = self.db().conn().unwrap();
-        let now = agentry_persistence::now();
         let (task, _) = codehost::assign(
             &mut conn,
             repo,
@@ -86,14 +96,14 @@ impl Env {
             "Fix it",
             "",
             AgentType::ClaudeCode,
-            now,
+            at,
         )
         .unwrap();
         agentry_persistence::test_support::open_pull_request(
             &mut conn,
             task.id,
             i64::try_from(pr).unwrap(),
-            now,
+            at,
         )
         .unwrap()
     }
@@ -206,26 +216,7 @@ async fn a_first_poll_does_not_read_the_whole_history() {
         .fake
         .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
     let later = agentry_persistence::now() + time::Duration::days(2);
-    let task = {
-        let mut conn = env.db().conn().unwrap();
-        let (task, _) = codehost::assign(
-            &mut conn,
-            &repo,
-            i64::try_from(issue).unwrap(),
-            "Fix it",
-            "",
-            AgentType::ClaudeCode,
-            later,
-        )
-        .unwrap();
-        agentry_persistence::test_support::open_pull_request(
-            &mut conn,
-            task.id,
-            i64::try_from(pr).unwrap(),
-            later,
-        )
-        .unwrap()
-    };
+    let task = env.task_with_pull_at(&repo, issue, pr, later);
     env.fake.reset_counts();
     env.state.service.poll_pull_requests().await.unwrap();
     assert_eq!(env.fake.count("GET", PULLS), 1, "{:?}", env.fake.requests());

@@ -38,7 +38,14 @@ fn config(api_url: &str) -> ClientConfig {
 }
 
 fn client(fake: &FakeGitHub) -> GitHub {
-    GitHub::new(&config(&fake.base_url()), TOKEN).unwrap()
+    client_with(fake, |_| {})
+}
+
+/// A client of `fake` whose configuration `adjust` changed.
+fn client_with(fake: &FakeGitHub, adjust: impl FnOnce(&mut ClientConfig)) -> GitHub {
+    let mut config = config(&fake.base_url());
+    adjust(&mut config);
+    GitHub::new(&config, TOKEN).unwrap()
 }
 
 fn modified<T: std::fmt::Debug>(c: Conditional<T>) -> (T, String) {
@@ -945,14 +952,7 @@ async fn server_errors_are_retried() {
 #[tokio::test]
 async fn a_comment_is_not_sent_again_after_a_failure_but_after_a_rate_limit() {
     let fake = fake();
-    let gh = GitHub::new(
-        &ClientConfig {
-            request_timeout: Duration::from_millis(300),
-            ..config(&fake.base_url())
-        },
-        TOKEN,
-    )
-    .unwrap();
+    let gh = client_with(&fake, |c| c.request_timeout = Duration::from_millis(300));
     let n = fake.add_issue(OWNER, REPO, "x", None, &[]);
     let route = ("POST", "/repos/{o}/{r}/issues/{n}/comments");
     fake.fail_next(Some(route), 1, Fault::Status(502));
@@ -987,14 +987,7 @@ async fn a_comment_is_not_sent_again_after_a_failure_but_after_a_rate_limit() {
 #[tokio::test]
 async fn too_many_server_errors_are_unavailable() {
     let fake = fake();
-    let gh = GitHub::new(
-        &ClientConfig {
-            max_retries: 2,
-            ..config(&fake.base_url())
-        },
-        TOKEN,
-    )
-    .unwrap();
+    let gh = client_with(&fake, |c| c.max_retries = 2);
     fake.fail_next(None, 10, Fault::Status(503));
 
     let err = gh.repository(OWNER, REPO).await.unwrap_err();
@@ -1011,14 +1004,7 @@ async fn too_many_server_errors_are_unavailable() {
 #[tokio::test]
 async fn a_hung_request_times_out_and_is_retried() {
     let fake = fake();
-    let gh = GitHub::new(
-        &ClientConfig {
-            request_timeout: Duration::from_millis(300),
-            ..config(&fake.base_url())
-        },
-        TOKEN,
-    )
-    .unwrap();
+    let gh = client_with(&fake, |c| c.request_timeout = Duration::from_millis(300));
     fake.fail_next(
         Some(("GET", "/user")),
         1,
@@ -1037,15 +1023,10 @@ async fn a_hung_request_times_out_and_is_retried() {
     assert_eq!(gh.requests_sent(), 2);
 
     // Always hung: Unavailable after 1 + max_retries attempts.
-    let gh = GitHub::new(
-        &ClientConfig {
-            request_timeout: Duration::from_millis(200),
-            max_retries: 1,
-            ..config(&fake.base_url())
-        },
-        TOKEN,
-    )
-    .unwrap();
+    let gh = client_with(&fake, |c| {
+        c.request_timeout = Duration::from_millis(200);
+        c.max_retries = 1;
+    });
     fake.fail_next(
         Some(("GET", "/user")),
         2,
@@ -1137,14 +1118,7 @@ async fn a_used_up_window_waits_until_the_reset() {
 #[tokio::test]
 async fn a_long_rate_limit_is_an_error_and_sends_nothing_more() {
     let fake = fake();
-    let gh = GitHub::new(
-        &ClientConfig {
-            max_rate_limit_wait: Duration::from_secs(2),
-            ..config(&fake.base_url())
-        },
-        TOKEN,
-    )
-    .unwrap();
+    let gh = client_with(&fake, |c| c.max_rate_limit_wait = Duration::from_secs(2));
     fake.fail_next(
         None,
         1,
@@ -1205,15 +1179,10 @@ async fn the_last_request_of_a_window_makes_the_next_call_wait() {
 #[tokio::test]
 async fn the_token_never_shows() {
     let fake = fake();
-    let gh = GitHub::new(
-        &ClientConfig {
-            max_retries: 0,
-            max_rate_limit_wait: Duration::from_millis(100),
-            ..config(&fake.base_url())
-        },
-        TOKEN,
-    )
-    .unwrap();
+    let gh = client_with(&fake, |c| {
+        c.max_retries = 0;
+        c.max_rate_limit_wait = Duration::from_millis(100);
+    });
     assert_no_token(&format!("{gh:?}"));
     assert_no_token(&format!("{:?}", gh.clone()));
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use agentry_fake_models::{Call, CallKind, FakeModels, Provider, Transport, Usage};
 use agentry_testkit::git::git;
+use agentry_testkit::wait::eventually;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -793,18 +794,15 @@ fn codex_on_sigint_prints_no_usage_but_its_session_file_has_the_answered_calls()
         ws.output()
     );
     // The session file has the first call's usage while the run goes on.
-    let until = Instant::now() + Duration::from_secs(10);
-    while !ws
-        .rollout()
-        .iter()
-        .any(|e| e["type"] == "token_usage_record")
-    {
-        assert!(
-            Instant::now() < until,
-            "no token_usage_record while running"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        Duration::from_secs(10),
+        "a token_usage_record while running",
+        || {
+            ws.rollout()
+                .iter()
+                .any(|e| e["type"] == "token_usage_record")
+        },
+    );
     let natives = children(child.id());
     let signalled = Instant::now();
     send_signal(child.id(), "-INT");
@@ -814,14 +812,8 @@ fn codex_on_sigint_prints_no_usage_but_its_session_file_has_the_answered_calls()
         signalled.elapsed()
     );
     for pid in natives {
-        let until = Instant::now() + Duration::from_secs(10);
-        while alive(pid) {
-            assert!(
-                Instant::now() < until,
-                "the native codex {pid} outlived the signal"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("the end of the native codex {pid} after the signal");
+        eventually(Duration::from_secs(10), what, || !alive(pid));
     }
     assert!(!status.success());
     let events = ws.events();

@@ -226,6 +226,22 @@ pub fn envelope(body: &Value, code: &str) -> String {
     message
 }
 
+/// The application under test, as the helpers take it (any `init_service` result).
+pub trait TestApp:
+    Service<Request, Response = ServiceResponse<Self::Body>, Error = actix_web::Error>
+{
+    /// Its response body.
+    type Body: actix_web::body::MessageBody;
+}
+
+impl<S, B> TestApp for S
+where
+    S: Service<Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: actix_web::body::MessageBody,
+{
+    type Body = B;
+}
+
 /// A caller of the API under test: the application and one bearer token, with one method
 /// per request the tests send (each returns the status and the parsed JSON body, or Null).
 pub struct Client<'a, S> {
