@@ -11,16 +11,13 @@
 //! exactly the cost of the calls it made. The overshoot (recorded cost − allowance) is
 //! measured: less than the cost of that last call.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::sandbox;
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::process::{Ended, POLL_INTERVAL};
-use agentry_runner::{
-    AgentOutcome, AgentSpec, Control, Execution, Job, LocalRunner, Runner, Sandbox, Verdict,
-};
+use agentry_runner::{AgentOutcome, AgentSpec, Control, Execution, Job, Runner, Sandbox, Verdict};
 use agentry_testkit::wait::eventually_async;
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -49,27 +46,15 @@ fn usd(text: &str) -> Usd {
 }
 
 /// The shared rig with a runner sandboxed as the tests' mode asks.
-struct Rig {
-    base: sandbox::Rig,
-    runner: Arc<LocalRunner>,
-}
+type Rig = sandbox::RunnerRig;
 
-impl std::ops::Deref for Rig {
-    type Target = sandbox::Rig;
-    fn deref(&self) -> &sandbox::Rig {
-        &self.base
-    }
+fn rig() -> Rig {
+    Rig::new(Sandbox::new(agentry_runner::sandbox::mode_for_tests()))
 }
 
 impl Rig {
-    fn new() -> Rig {
-        let base = sandbox::Rig::new();
-        let runner = base.runner(Sandbox::new(agentry_runner::sandbox::mode_for_tests()));
-        Rig { base, runner }
-    }
-
     /// A Codex job on `model` with the allowance `allowance`.
-    fn job(&self, task_id: Uuid, model: &str, allowance: Option<Usd>, prompt: &str) -> Job {
+    fn codex_job(&self, task_id: Uuid, model: &str, allowance: Option<Usd>, prompt: &str) -> Job {
         Job {
             agent: AgentSpec {
                 agent_type: AgentType::Codex,
@@ -78,7 +63,7 @@ impl Rig {
                 max_budget_usd: allowance,
             },
             wall_time: Duration::from_secs(600),
-            ..self.base.job(task_id, prompt)
+            ..self.job(task_id, prompt)
         }
     }
 
@@ -139,7 +124,7 @@ fn failure(execution: &Execution) -> &str {
 /// usage of the calls made, no usage printed (Codex prints it only at the end), nothing
 /// committed or pushed. Returns the measured overshoot.
 async fn stopped_after(allowance: Usd, calls: i64, stop: i64) -> Usd {
-    let rig = Rig::new();
+    let rig = rig();
     let task_id = Uuid::new_v4();
     let prompt = format!(
         "Costly work [fake:turns={calls}] [fake:pause={}] [fake:hold={HOLD_SECS}]",
@@ -147,7 +132,7 @@ async fn stopped_after(allowance: Usd, calls: i64, stop: i64) -> Usd {
     );
     let started = Instant::now();
     let execution = rig
-        .run(rig.job(task_id, MODEL, Some(allowance), &prompt))
+        .run(rig.codex_job(task_id, MODEL, Some(allowance), &prompt))
         .await;
     let elapsed = started.elapsed();
 
@@ -251,10 +236,10 @@ async fn a_codex_run_reaching_its_allowance_on_its_last_call_is_stopped_before_i
 /// usage printed at the end agrees with its session file.
 #[tokio::test]
 async fn a_codex_run_under_its_allowance_finishes() {
-    let rig = Rig::new();
+    let rig = rig();
     let task_id = Uuid::new_v4();
     let execution = rig
-        .run(rig.job(
+        .run(rig.codex_job(
             task_id,
             MODEL,
             Some(usd("0.05")),
@@ -282,10 +267,10 @@ async fn a_codex_run_under_its_allowance_finishes() {
 /// calls it made, exactly.
 #[tokio::test]
 async fn a_cancelled_codex_run_records_the_cost_of_its_calls() {
-    let rig = Rig::new();
+    let rig = rig();
     let task_id = Uuid::new_v4();
     let (cancel, cancelled) = watch::channel(false);
-    let job = rig.job(
+    let job = rig.codex_job(
         task_id,
         MODEL,
         None,
@@ -318,10 +303,10 @@ async fn a_cancelled_codex_run_records_the_cost_of_its_calls() {
 /// fails before its agent starts, saying so.
 #[tokio::test]
 async fn a_capped_codex_run_of_an_unpriced_model_does_not_start() {
-    let rig = Rig::new();
+    let rig = rig();
     let task_id = Uuid::new_v4();
     let execution = rig
-        .run(rig.job(task_id, "gpt-9-unpriced", Some(usd("1")), "Anything"))
+        .run(rig.codex_job(task_id, "gpt-9-unpriced", Some(usd("1")), "Anything"))
         .await;
     let message = failure(&execution);
     assert!(
@@ -339,7 +324,7 @@ async fn a_capped_codex_run_of_an_unpriced_model_does_not_start() {
     // recorded but not priced.
     let task_id = Uuid::new_v4();
     let execution = rig
-        .run(rig.job(task_id, "gpt-9-unpriced", None, "Anything"))
+        .run(rig.codex_job(task_id, "gpt-9-unpriced", None, "Anything"))
         .await;
     assert!(
         matches!(execution.verdict, Verdict::Pushed { .. }),

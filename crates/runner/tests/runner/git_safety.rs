@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::sandbox;
 use crate::support::git;
 use agentry_runner::workspace::{GitAuth, branch_name};
-use agentry_runner::{Control, Execution, Job, LocalRunner, Runner, Sandbox, SandboxMode, Verdict};
+use agentry_runner::{Control, Execution, Job, Runner, Sandbox, SandboxMode, Verdict};
 use base64::Engine;
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -64,30 +64,18 @@ impl Listener {
 
 /// The shared rig with an unsandboxed runner: the agent can reach the mirror through the
 /// worktree's `.git`.
-struct Rig {
-    base: sandbox::Rig,
-    runner: Arc<LocalRunner>,
-}
+type Rig = sandbox::RunnerRig;
 
-impl std::ops::Deref for Rig {
-    type Target = sandbox::Rig;
-    fn deref(&self) -> &sandbox::Rig {
-        &self.base
-    }
+fn rig() -> Rig {
+    Rig::new(Sandbox::new(SandboxMode::Off))
 }
 
 impl Rig {
-    fn new() -> Rig {
-        let base = sandbox::Rig::new();
-        let runner = base.runner(Sandbox::new(SandboxMode::Off));
-        Rig { base, runner }
-    }
-
     /// Runs the job of `prompt` with a code-host token, to completion.
-    async fn run(&self, task_id: Uuid, prompt: &str) -> Execution {
+    async fn run_with_token(&self, task_id: Uuid, prompt: &str) -> Execution {
         let job = Job {
             auth: GitAuth::token(TOKEN),
-            ..self.base.job(task_id, prompt)
+            ..self.job(task_id, prompt)
         };
         let (_cancel, cancel) = watch::channel(false);
         let control = Control {
@@ -176,11 +164,11 @@ fn failure(execution: &Execution) -> &str {
 /// committed or pushed, nothing planted runs, the planted remote hears nothing.
 #[tokio::test]
 async fn a_rewritten_dot_git_fails_the_run_with_nothing_pushed_or_run() {
-    let rig = Rig::new();
+    let rig = rig();
     let listener = Listener::start();
     let task = Uuid::new_v4();
     let execution = rig
-        .run(task, &format!("Fix it [fake:tamper-git={}]", listener.port))
+        .run_with_token(task, &format!("Fix it [fake:tamper-git={}]", listener.port))
         .await;
     let message = failure(&execution);
     assert!(
@@ -200,11 +188,11 @@ async fn a_rewritten_dot_git_fails_the_run_with_nothing_pushed_or_run() {
 /// alone: none of it is used; the push reaches the real remote.
 #[tokio::test]
 async fn planted_hooks_and_metadata_never_run_and_the_push_reaches_the_real_remote() {
-    let rig = Rig::new();
+    let rig = rig();
     let listener = Listener::start();
     let task = Uuid::new_v4();
     let execution = rig
-        .run(
+        .run_with_token(
             task,
             &format!("Fix it [fake:tamper-git={}:metadata]", listener.port),
         )
@@ -227,11 +215,11 @@ async fn planted_hooks_and_metadata_never_run_and_the_push_reaches_the_real_remo
 /// next run repairs the mirror and pushes normally.
 #[tokio::test]
 async fn a_rewritten_mirror_config_fails_the_run_and_is_repaired_for_the_next() {
-    let rig = Rig::new();
+    let rig = rig();
     let listener = Listener::start();
     let task = Uuid::new_v4();
     let execution = rig
-        .run(
+        .run_with_token(
             task,
             &format!("Fix it [fake:tamper-git={}:config]", listener.port),
         )
@@ -248,7 +236,7 @@ async fn a_rewritten_mirror_config_fails_the_run_and_is_repaired_for_the_next() 
     rig.assert_nothing_leaked(task, &listener);
 
     let again = Uuid::new_v4();
-    let execution = rig.run(again, "Fix it properly").await;
+    let execution = rig.run_with_token(again, "Fix it properly").await;
     assert!(
         matches!(execution.verdict, Verdict::Pushed { .. }),
         "{:?}: {}",
@@ -277,12 +265,12 @@ fn assert_filter_never_ran(rig: &Rig, task: Uuid, marker: &std::path::Path) {
 /// pushed, the filter never runs.
 #[tokio::test]
 async fn a_nested_repository_is_refused_and_its_filter_never_runs() {
-    let rig = Rig::new();
+    let rig = rig();
     let listener = Listener::start();
     let task = Uuid::new_v4();
     let marker = rig.dir().join("filter-ran");
     let execution = rig
-        .run(
+        .run_with_token(
             task,
             &format!("Fix it [fake:nested-repo=lib/vendor,{}]", marker.display()),
         )
@@ -305,13 +293,13 @@ async fn a_nested_repository_is_refused_and_its_filter_never_runs() {
 /// refused, nothing pushed, the filter never runs.
 #[tokio::test]
 async fn a_repository_planted_in_a_submodule_is_refused_and_its_filter_never_runs() {
-    let rig = Rig::new();
+    let rig = rig();
     rig.add_submodule();
     let listener = Listener::start();
     let task = Uuid::new_v4();
     let marker = rig.dir().join("filter-ran");
     let execution = rig
-        .run(
+        .run_with_token(
             task,
             &format!("Fix it [fake:nested-repo=sub,{}]", marker.display()),
         )
@@ -333,7 +321,7 @@ async fn a_repository_planted_in_a_submodule_is_refused_and_its_filter_never_run
 /// `.git` are refused as well.
 #[tokio::test]
 async fn names_git_takes_for_dot_git_are_refused() {
-    let rig = Rig::new();
+    let rig = rig();
     for name in [
         ".GIT",
         ".git.",
@@ -344,7 +332,7 @@ async fn names_git_takes_for_dot_git_are_refused() {
     ] {
         let task = Uuid::new_v4();
         let execution = rig
-            .run(task, &format!("Fix it [fake:plant-dir=deep/{name}]"))
+            .run_with_token(task, &format!("Fix it [fake:plant-dir=deep/{name}]"))
             .await;
         let message = failure(&execution);
         assert!(
@@ -372,11 +360,11 @@ fn peak_rss_kib() -> u64 {
 /// without reading it (the service's peak memory stays flat), quickly.
 #[tokio::test]
 async fn a_huge_dot_git_is_refused_without_reading_it() {
-    let rig = Rig::new();
+    let rig = rig();
     let task = Uuid::new_v4();
     let before = peak_rss_kib();
     let started = std::time::Instant::now();
-    let execution = rig.run(task, "Fix it [fake:sparse-git=3]").await;
+    let execution = rig.run_with_token(task, "Fix it [fake:sparse-git=3]").await;
     let took = started.elapsed();
     let grown = peak_rss_kib().saturating_sub(before);
     eprintln!("sparse 3 GiB .git: refused in {took:?}, peak RSS grew by {grown} KiB");
@@ -394,10 +382,12 @@ async fn a_huge_dot_git_is_refused_without_reading_it() {
 /// directory (without a `.git`) are not committed, and the gitlink keeps its commit.
 #[tokio::test]
 async fn the_base_gitlinks_are_kept_in_the_pushed_commit() {
-    let rig = Rig::new();
+    let rig = rig();
     let sha = rig.add_submodule();
     let task = Uuid::new_v4();
-    let execution = rig.run(task, "Fix it [fake:plant-dir=sub/inner]").await;
+    let execution = rig
+        .run_with_token(task, "Fix it [fake:plant-dir=sub/inner]")
+        .await;
     let Verdict::Pushed { commit, .. } = &execution.verdict else {
         panic!("{:?}: {}", execution.verdict, execution.output);
     };
@@ -419,10 +409,12 @@ async fn the_base_gitlinks_are_kept_in_the_pushed_commit() {
 /// the base's commit (git would otherwise record the deletion).
 #[tokio::test]
 async fn a_deleted_submodule_directory_keeps_its_gitlink() {
-    let rig = Rig::new();
+    let rig = rig();
     let sha = rig.add_submodule();
     let task = Uuid::new_v4();
-    let execution = rig.run(task, "Fix it [fake:remove-path=sub]").await;
+    let execution = rig
+        .run_with_token(task, "Fix it [fake:remove-path=sub]")
+        .await;
     let Verdict::Pushed { commit, .. } = &execution.verdict else {
         panic!("{:?}: {}", execution.verdict, execution.output);
     };

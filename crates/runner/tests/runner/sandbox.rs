@@ -20,6 +20,29 @@ use tempfile::TempDir;
 use tokio::sync::{oneshot, watch};
 use uuid::Uuid;
 
+/// A [`Rig`] with its runner; a test module adds the methods it needs in an `impl` of its
+/// own.
+pub(crate) struct RunnerRig {
+    rig: Rig,
+    pub(crate) runner: Arc<LocalRunner>,
+}
+
+impl RunnerRig {
+    /// A fresh rig whose runner sandboxes agents as `sandbox` says.
+    pub(crate) fn new(sandbox: Sandbox) -> RunnerRig {
+        let rig = Rig::new();
+        let runner = rig.runner(sandbox);
+        RunnerRig { rig, runner }
+    }
+}
+
+impl std::ops::Deref for RunnerRig {
+    type Target = Rig;
+    fn deref(&self) -> &Rig {
+        &self.rig
+    }
+}
+
 /// A data directory (`root`) next to a bare repository with a README on `main`.
 pub(crate) struct Rig {
     dir: TempDir,
