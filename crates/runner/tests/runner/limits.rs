@@ -39,6 +39,30 @@ pub(crate) fn agent(rig: &Rig, name: &str, body: &str) -> PathBuf {
 }
 
 /// A runner of `rig` with `sandbox`, its agent (posing as Claude Code) `program`.
+/// Runs `program` as the agent in `sandbox` (with the forwarder) on a job of `prompt`;
+/// asserts that it ran sandboxed and changed nothing (a probe reports, it does not edit).
+pub(crate) async fn probe_run(
+    rig: &Rig,
+    sandbox: Sandbox,
+    program: &Path,
+    prompt: &str,
+) -> Execution {
+    let sandbox = sandbox.with_forwarder(vec![FORWARDER.to_owned()]);
+    let execution = run(
+        &runner(rig, sandbox, program),
+        rig.job(Uuid::new_v4(), prompt),
+    )
+    .await;
+    assert!(
+        matches!(execution.verdict, Verdict::NoChanges),
+        "{:?}\n{}",
+        execution.verdict,
+        execution.output
+    );
+    assert!(execution.sandboxed);
+    execution
+}
+
 pub(crate) fn runner(rig: &Rig, sandbox: Sandbox, program: &Path) -> Arc<LocalRunner> {
     Arc::new(LocalRunner::new(LocalConfig {
         claude_bin: program.to_owned(),
@@ -97,21 +121,8 @@ python3 -c 'bytearray(256 << 20)' 2>/dev/null; echo "memory-256M $?"
         max_file_bytes: 4 << 20,
         max_memory_bytes: 128 << 20,
     };
-    let sandbox = Sandbox::new(agentry_runner::SandboxMode::Auto)
-        .with_limits(limits)
-        .with_forwarder(vec![FORWARDER.to_owned()]);
-    let execution = run(
-        &runner(&rig, sandbox, &program),
-        rig.job(Uuid::new_v4(), "Fill everything"),
-    )
-    .await;
-    assert!(
-        matches!(execution.verdict, Verdict::NoChanges),
-        "{:?}\n{}",
-        execution.verdict,
-        execution.output
-    );
-    assert!(execution.sandboxed);
+    let sandbox = Sandbox::new(agentry_runner::SandboxMode::Auto).with_limits(limits);
+    let execution = probe_run(&rig, sandbox, &program, "Fill everything").await;
     // ulimit -f and -d are in KiB.
     assert_eq!(reported(&execution, "limits"), "64 4096 131072");
     // Killed by SIGXFSZ (128 + 25) at exactly the limit.

@@ -4,11 +4,10 @@
 //! processes, Python, Node.js) goes on; with the filter off, a call it refuses works again.
 //! The agent is a script posing as Claude Code that prints what it got.
 
-use agentry_runner::{Execution, Sandbox, SandboxMode, Verdict};
-use uuid::Uuid;
+use agentry_runner::{Execution, Sandbox, SandboxMode};
 
-use crate::limits::{FORWARDER, agent, reported, runner};
-use crate::sandbox::{Rig, run, sandbox_works_here};
+use crate::limits::{agent, probe_run, reported};
+use crate::sandbox::{Rig, sandbox_works_here};
 
 /// The probes: `unshare` of util-linux (a new user namespace), then refused and allowed
 /// calls made straight from Python (their numbers for this architecture from libc), then
@@ -69,22 +68,8 @@ async fn probe(rig: &Rig, filter: bool) -> Execution {
         if filter { "filtered" } else { "unfiltered" },
         &script(),
     );
-    let sandbox = Sandbox::new(SandboxMode::Auto)
-        .with_forwarder(vec![FORWARDER.to_owned()])
-        .with_seccomp(filter);
-    let execution = run(
-        &runner(rig, sandbox, &program),
-        rig.job(Uuid::new_v4(), "Probe the system calls"),
-    )
-    .await;
-    assert!(
-        matches!(execution.verdict, Verdict::NoChanges),
-        "{:?}\n{}",
-        execution.verdict,
-        execution.output
-    );
-    assert!(execution.sandboxed);
-    execution
+    let sandbox = Sandbox::new(SandboxMode::Auto).with_seccomp(filter);
+    probe_run(rig, sandbox, &program, "Probe the system calls").await
 }
 
 /// The refused calls fail with `EPERM` (`unshare` says "Operation not permitted"), the
