@@ -967,50 +967,33 @@ fn codex_turns_directive() {
 /// file prices the calls made before it.
 #[tokio::test]
 async fn codex_pause_directive_keeps_running_until_stopped() {
-    let Spawned {
-        home,
-        log,
-        cancel,
-        task,
-        cwd: _cwd,
-        _logs,
-    } = spawn_fake(
+    let mut run = spawn_stoppable(
         "codex",
         codex_args(CODEX_MODEL),
         "Paused [fake:turns=2] [fake:pause=300]",
-        Duration::from_secs(600),
-        Duration::from_secs(5),
     );
+    let home = run.home.path().to_owned();
     eventually_async(Duration::from_secs(20), "a call recorded", async || {
-        !records(&session_lines(home.path()), "token_usage_record").is_empty()
+        !records(&session_lines(&home), "token_usage_record").is_empty()
     })
     .await;
     assert!(
-        std::fs::read_to_string(&log)
+        std::fs::read_to_string(&run.log)
             .unwrap()
             .contains("\"agent_message\"")
     );
-    assert!(!task.is_finished(), "the fake did not keep running");
-    let stopping = Instant::now();
-    cancel.send(true).unwrap();
-    let out = task.await.unwrap().unwrap();
-    assert_eq!(out.ended, Ended::Cancelled);
-    // SIGINT ended it, not the SIGTERM that would follow a grace of 5 s.
-    assert!(
-        stopping.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        stopping.elapsed()
-    );
+    assert!(!run.task.is_finished(), "the fake did not keep running");
+    let out = run.stop().await;
     assert_eq!(out.stdout.matches("\"turn.completed\"").count(), 0);
     assert_eq!(out.stdout.matches("\"agent_message\"").count(), 1);
-    let r = codex_report(&out.stdout, home.path(), CODEX_MODEL);
+    let r = codex_report(&out.stdout, &home, CODEX_MODEL);
     assert_eq!(cost(&r).as_deref(), Some("0.0049375"));
     assert_eq!((r.input_tokens, r.output_tokens), (2000, 300));
     // Without the session file nothing is known.
     let r = parse_codex(&out.stdout, CODEX_MODEL, &PriceTable::builtin());
     assert_eq!(r.cost_usd, None);
     // The session file says why it ended.
-    let aborted: Vec<Value> = records(&session_lines(home.path()), "event_msg")
+    let aborted: Vec<Value> = records(&session_lines(&home), "event_msg")
         .into_iter()
         .filter(|p| p["type"] == "turn_aborted")
         .cloned()
@@ -1154,35 +1137,18 @@ async fn codex_sleep_directive() {
 /// stopped run is known.
 #[tokio::test]
 async fn a_cancelled_claude_run_reports_its_cost_so_far() {
-    let Spawned {
-        home: _home,
-        log,
-        cancel,
-        task,
-        cwd: _cwd,
-        _logs,
-    } = spawn_fake(
+    let mut run = spawn_stoppable(
         "claude",
         claude_args(CLAUDE_MODEL),
         "Long [fake:sleep=300] [fake:cost=0.25]",
-        Duration::from_secs(600),
-        Duration::from_secs(5),
     );
     eventually_async(Duration::from_secs(20), "the init event", async || {
-        std::fs::read_to_string(&log)
+        std::fs::read_to_string(&run.log)
             .unwrap_or_default()
             .contains("\"subtype\":\"init\"")
     })
     .await;
-    let stopping = Instant::now();
-    cancel.send(true).unwrap();
-    let out = task.await.unwrap().unwrap();
-    assert_eq!(out.ended, Ended::Cancelled);
-    assert!(
-        stopping.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        stopping.elapsed()
-    );
+    let out = run.stop().await;
     let r = parse_claude(&out.stdout);
     assert_eq!(cost(&r).as_deref(), Some("0.25"));
     assert!(
@@ -1573,6 +1539,35 @@ struct Spawned {
     cwd: tempfile::TempDir,
     /// The log's directory, kept for the run.
     _logs: tempfile::TempDir,
+}
+
+/// [`spawn_fake`] with a wall time of 10 minutes and a stop grace of 5 s: a run that only
+/// a stop ends.
+fn spawn_stoppable(name: &str, args: Vec<String>, stdin: &str) -> Spawned {
+    spawn_fake(
+        name,
+        args,
+        stdin,
+        Duration::from_secs(600),
+        Duration::from_secs(5),
+    )
+}
+
+impl Spawned {
+    /// Cancels the run and waits for it: cancelled, and by the SIGINT sent first, not the
+    /// SIGTERM that would follow the 5 s grace of [`spawn_stoppable`].
+    async fn stop(&mut self) -> ProcessOutcome {
+        let stopping = Instant::now();
+        self.cancel.send(true).unwrap();
+        let out = (&mut self.task).await.unwrap().unwrap();
+        assert_eq!(out.ended, Ended::Cancelled);
+        assert!(
+            stopping.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            stopping.elapsed()
+        );
+        out
+    }
 }
 
 /// Starts the fake `name` with `args` and the prompt `stdin` under `run_process`, with a
