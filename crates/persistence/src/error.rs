@@ -77,3 +77,24 @@ impl DbError {
         )
     }
 }
+
+/// Why a write transaction rolled back when the caller's own check can refuse it as well as
+/// the database fail: `Refused` carries the caller's reason, `Db` the database's error.
+pub(crate) enum Rollback<E> {
+    /// The caller's check (a bad record, a refused change) stopped the transaction.
+    Refused(E),
+    /// A read or write failed.
+    Db(DbError),
+}
+
+impl<E> From<diesel::result::Error> for Rollback<E> {
+    fn from(e: diesel::result::Error) -> Self {
+        Rollback::Db(e.into())
+    }
+}
+
+impl<E> From<DbError> for Rollback<E> {
+    fn from(e: DbError) -> Self {
+        Rollback::Db(e)
+    }
+}

@@ -287,36 +287,22 @@ pub fn patch_settings<E, F>(
 where
     F: FnOnce(&RepoSettings) -> Result<RepoSettings, E>,
 {
-    /// Why the transaction is rolled back.
-    enum Failure<E> {
-        Refused(E),
-        Db(DbError),
-    }
-    impl<E> From<diesel::result::Error> for Failure<E> {
-        fn from(e: diesel::result::Error) -> Self {
-            Failure::Db(e.into())
-        }
-    }
-    impl<E> From<DbError> for Failure<E> {
-        fn from(e: DbError) -> Self {
-            Failure::Db(e)
-        }
-    }
+    use crate::error::Rollback;
     let result = write_tx(conn, |conn| {
         let locked = diesel::update(repositories::table.find(id.to_string()))
             .set(repositories::updated_at.eq(to_db(now)))
             .execute(conn)?;
         if locked == 0 {
-            return Err(Failure::Db(DbError::NotFound));
+            return Err(Rollback::Db(DbError::NotFound));
         }
         let current = get_repository(conn, id)?;
-        let settings = change(&current.settings).map_err(Failure::Refused)?;
+        let settings = change(&current.settings).map_err(Rollback::Refused)?;
         Ok(update_settings(conn, id, &settings, now)?)
     });
     match result {
         Ok(repo) => Ok(Ok(repo)),
-        Err(Failure::Refused(e)) => Ok(Err(e)),
-        Err(Failure::Db(e)) => Err(e),
+        Err(Rollback::Refused(e)) => Ok(Err(e)),
+        Err(Rollback::Db(e)) => Err(e),
     }
 }
 

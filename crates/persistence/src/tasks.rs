@@ -990,21 +990,9 @@ where
     I::IntoIter: Send,
     E: From<DbError> + Send,
 {
-    /// The transaction fails either because a record was bad or because a write failed.
-    enum Failure<E> {
-        Record(E),
-        Db(DbError),
-    }
-    impl<E> From<diesel::result::Error> for Failure<E> {
-        fn from(e: diesel::result::Error) -> Self {
-            Failure::Db(e.into())
-        }
-    }
-    impl<E> From<DbError> for Failure<E> {
-        fn from(e: DbError) -> Self {
-            Failure::Db(e)
-        }
-    }
+    // The transaction fails either because a record was bad (`Refused`) or because a write
+    // failed.
+    use crate::error::Rollback;
     // A bulk insert into tables keyed by random UUIDs touches index pages all over the
     // file; SQLite's default 2 MB page cache turns that into a storm of reads. Give this
     // connection a large cache for the import (memory is only taken as pages are used).
@@ -1073,7 +1061,7 @@ where
                                 .join()
                                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                             match failed {
-                                Some(e) => Err(Failure::Db(e)),
+                                Some(e) => Err(Rollback::Db(e)),
                                 None => Ok((written, prepared)),
                             }
                         }
@@ -1091,15 +1079,15 @@ where
                                     failed.is_none()
                                 });
                             match failed {
-                                Some(e) => Err(Failure::Db(e)),
+                                Some(e) => Err(Rollback::Db(e)),
                                 None => Ok((written, prepared)),
                             }
                         }
                     }
                 })?;
                 let (skipped, deltas) = prepared.map_err(|e| match e {
-                    Prepared::Record(e) => Failure::Record(e),
-                    Prepared::Db(e) => Failure::Db(e),
+                    Prepared::Record(e) => Rollback::Refused(e),
+                    Prepared::Db(e) => Rollback::Db(e),
                 })?;
                 let outcome = ImportOutcome {
                     imported: written as u64,
@@ -1112,7 +1100,7 @@ where
                 let mut deltas = Deltas::default();
                 let mut batch = Vec::with_capacity(IMPORT_BATCH);
                 for record in records {
-                    batch.push(record.map_err(Failure::Record)?);
+                    batch.push(record.map_err(Rollback::Refused)?);
                     if batch.len() == IMPORT_BATCH {
                         import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
                     }
@@ -1168,8 +1156,8 @@ where
             .map_err(DbError::from)?;
     }
     result.map_err(|f| match f {
-        Failure::Record(e) => e,
-        Failure::Db(e) => E::from(e),
+        Rollback::Refused(e) => e,
+        Rollback::Db(e) => E::from(e),
     })
 }
 

@@ -176,24 +176,6 @@ pub fn open_pull_request(
     Ok(transition_task(conn, task_id, Trigger::PullRequestOpened, &details, now)?.0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::database_url;
-
-    #[test]
-    fn database_url_replaces_only_the_name() {
-        assert_eq!(
-            database_url("postgres://postgres@127.0.0.1:55432/postgres", "x"),
-            "postgres://postgres@127.0.0.1:55432/x"
-        );
-        assert_eq!(
-            database_url("postgres://u:p@h/db?sslmode=require", "y"),
-            "postgres://u:p@h/y?sslmode=require"
-        );
-        assert_eq!(database_url("postgres://h", "z"), "postgres://h/z");
-    }
-}
-
 /// A run of `task_id` at `attempt` on Claude Code that started and finished at `at` and
 /// succeeded (exit code 0), with no model, cost, tokens or turns reported. Tests and
 /// benchmarks set what they exercise with struct update syntax
@@ -289,4 +271,22 @@ pub fn cumulative_rows(conn: &mut crate::AnyConnection) -> Vec<CumulativeRow> {
             (k.0, k.1, k.2, k.3, sums)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::database_url;
+
+    #[test]
+    fn database_url_replaces_only_the_name() {
+        assert_eq!(
+            database_url("postgres://postgres@127.0.0.1:55432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:55432/x"
+        );
+        assert_eq!(
+            database_url("postgres://u:p@h/db?sslmode=require", "y"),
+            "postgres://u:p@h/y?sslmode=require"
+        );
+        assert_eq!(database_url("postgres://h", "z"), "postgres://h/z");
+    }
 }
