@@ -1085,7 +1085,6 @@ async fn metrics_need_a_token_unless_public() {
 }
 
 /// Records a run costing `nanos` and `blocked` refused connections for a new task of `repo`.
-#[allow(clippy::unwrap_used, reason = "a test helper")]
 fn spend(db: &agentry_persistence::Db, repo: &str, nanos: i64, blocked: usize) {
     use agentry_persistence::metering;
     let now = agentry_persistence::now();

@@ -1,5 +1,5 @@
 //! Helpers shared by the persistence integration tests.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code, clippy::panic)]
 
 use agentry_domain::{RepoUrl, Usd};
 use agentry_persistence::repos::{self, NewRepository, Repository};

@@ -1,6 +1,6 @@
 //! What the runner's integration tests share: the fake agents, the real `git` with no user
 //! configuration, and a bare "remote" repository with one commit on `main`.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
