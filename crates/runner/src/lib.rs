@@ -34,6 +34,7 @@
 //! be understood becomes an [`AgentOutcome::Unparseable`] outcome or a warning.
 
 pub mod agent;
+pub mod cgroup;
 pub mod claude;
 pub mod codex;
 pub mod codex_session;

@@ -38,6 +38,7 @@ use agentry_domain::money::Usd;
 use uuid::Uuid;
 
 use crate::agent::{self, AgentSpec, Launch, ServiceEnv};
+use crate::cgroup::RunCgroup;
 use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salvaged, Verdict};
 use crate::network::{self, Network, RunInfo, RunMeter};
 use crate::process::{self, Ended, Limits, OutputSink};
@@ -97,6 +98,8 @@ pub struct LocalRunner {
     workspaces: Workspaces,
     /// The last check of each agent CLI, kept while its executable is unchanged.
     checked: std::sync::Mutex<Vec<CliCheck>>,
+    /// Whether the log already said that no cgroup can be made here.
+    cgroup_refused: std::sync::atomic::AtomicBool,
 }
 
 /// One agent CLI's check ([`version::check`]) and the executable it was made of.
@@ -161,6 +164,7 @@ impl LocalRunner {
             config,
             workspaces,
             checked: std::sync::Mutex::new(Vec::new()),
+            cgroup_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -203,6 +207,27 @@ impl LocalRunner {
             }
         }
         Ok(())
+    }
+
+    /// The control group of `job`'s run, `None` where none can be made here (said once in
+    /// the log).
+    fn run_cgroup(&self, job: &Job) -> Option<Arc<RunCgroup>> {
+        let limits = self.config.sandbox.limits();
+        let name = format!("{}-{}", job.task_id.simple(), job.attempt);
+        match RunCgroup::create(&name, limits.total_memory_bytes, limits.max_processes) {
+            Ok(group) => Some(Arc::new(group)),
+            Err(why) => {
+                if !self
+                    .cgroup_refused
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        "sandboxes run without a cgroup (their rlimits still apply): {why}"
+                    );
+                }
+                None
+            }
+        }
     }
 
     /// The directory of one run.
@@ -485,6 +510,31 @@ impl LocalRunner {
             wall_time: job.wall_time,
             stop_grace: self.config.stop_grace,
         };
+        // A sandbox's control group, where one can be made: `bwrap` holds the sandbox's
+        // first process (`--block-fd`) until both are in it.
+        let mut command = command;
+        let cgroup = match &bwrap {
+            Some(_) => self.run_cgroup(&job),
+            None => None,
+        };
+        let unblock = match &cgroup {
+            None => None,
+            Some(_) => match std::io::pipe() {
+                Ok((reader, writer)) => {
+                    let passed = process::PassedFd(Arc::new(reader.into()));
+                    command
+                        .args
+                        .splice(0..0, ["--block-fd".to_owned(), passed.number().to_string()]);
+                    command.pass_fds.push(passed);
+                    Some(writer)
+                }
+                Err(e) => {
+                    remove_worktree(worktree).await;
+                    return fail(format!("could not hold the sandbox for its cgroup: {e}"));
+                }
+            },
+        };
+        let attach = cgroup.clone();
         let pid_file = run_dir.join("agent.pid");
         let started = control.started.take();
         let meter = network
@@ -504,12 +554,26 @@ impl LocalRunner {
             move |pid| {
                 // Best effort: only used to stop an orphaned agent after a crash.
                 let _ = std::fs::write(&pid_file, pid.to_string());
+                if let (Some(group), Some(mut writer)) = (attach, unblock) {
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = group.attach_tree(pid) {
+                            tracing::warn!("the sandbox runs outside its cgroup: {e}");
+                        }
+                        // Whatever happened, the sandbox goes on (a closed pipe would too).
+                        let _ = std::io::Write::write_all(&mut writer, b"x");
+                    });
+                }
                 if let Some(started) = started {
                     let _ = started.send(());
                 }
             },
         )
         .await;
+        let oom_kills = cgroup.as_ref().map_or(0, |group| group.oom_kills());
+        if let Some(group) = cgroup {
+            // Removing the group may wait a moment for the kernel to let go of it.
+            tokio::task::spawn_blocking(move || drop(group));
+        }
         // The agent has ended: its network closes.
         drop(network);
         let (outcome, RunSink { parser, .. }) = match outcome {
@@ -571,6 +635,14 @@ impl LocalRunner {
                     None => publish(&job, &worktree, &report).await,
                 }
             }
+        };
+        let verdict = match verdict {
+            Verdict::Failed(message) if oom_kills > 0 => Verdict::Failed(format!(
+                "the sandbox ran out of memory (AGENTRY_AGENT_TOTAL_MEMORY_BYTES, {} bytes) \
+                 and the kernel stopped the agent: {message}",
+                self.config.sandbox.limits().total_memory_bytes
+            )),
+            other => other,
         };
         if !outcome.stderr_tail.trim().is_empty() && !matches!(verdict, Verdict::Pushed { .. }) {
             output.push_str("\n--- agent stderr (end) ---\n");

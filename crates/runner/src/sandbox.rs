@@ -211,6 +211,11 @@ pub struct AgentLimits {
     /// (`AGENTRY_AGENT_MAX_MEMORY_BYTES`, default 4 GiB). Not `RLIMIT_AS`: V8 and other
     /// runtimes reserve large ranges of address space they never use.
     pub max_memory_bytes: u64,
+    /// The memory of the whole sandbox, page cache included, where a control group can be
+    /// made ([`crate::cgroup`]; `AGENTRY_AGENT_TOTAL_MEMORY_BYTES`, default 8 GiB, 0: no
+    /// limit): past it the kernel ends a process of the sandbox. The group also counts
+    /// [`AgentLimits::max_processes`] for the sandbox, whatever its user.
+    pub total_memory_bytes: u64,
 }
 
 /// One GiB.
@@ -224,6 +229,7 @@ impl Default for AgentLimits {
             max_open_files: 4096,
             max_file_bytes: GIB,
             max_memory_bytes: 4 * GIB,
+            total_memory_bytes: 8 * GIB,
         }
     }
 }
@@ -236,6 +242,7 @@ pub const AGENT_LIMIT_VARS: &[&str] = &[
     "AGENTRY_AGENT_MAX_OPEN_FILES",
     "AGENTRY_AGENT_MAX_FILE_BYTES",
     "AGENTRY_AGENT_MAX_MEMORY_BYTES",
+    "AGENTRY_AGENT_TOTAL_MEMORY_BYTES",
 ];
 
 impl AgentLimits {
@@ -300,6 +307,9 @@ impl AgentLimits {
         }
         if let Some(v) = read("AGENTRY_AGENT_MAX_MEMORY_BYTES", true, MIB, true)? {
             limits.max_memory_bytes = v;
+        }
+        if let Some(v) = read("AGENTRY_AGENT_TOTAL_MEMORY_BYTES", true, 16 * MIB, true)? {
+            limits.total_memory_bytes = v;
         }
         Ok(limits)
     }
@@ -1583,6 +1593,7 @@ mod tests {
             ("AGENTRY_AGENT_MAX_OPEN_FILES", "1024"),
             ("AGENTRY_AGENT_MAX_FILE_BYTES", "2GiB"),
             ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "0"),
+            ("AGENTRY_AGENT_TOTAL_MEMORY_BYTES", "2G"),
         ])
         .unwrap();
         assert_eq!(
@@ -1593,6 +1604,7 @@ mod tests {
                 max_open_files: 1024,
                 max_file_bytes: 2 << 30,
                 max_memory_bytes: 0,
+                total_memory_bytes: 2 << 30,
             }
         );
         assert_eq!(

@@ -986,6 +986,7 @@ mod tests {
             ("AGENTRY_AGENT_MAX_OPEN_FILES", "8192"),
             ("AGENTRY_AGENT_MAX_FILE_BYTES", "2G"),
             ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "0"),
+            ("AGENTRY_AGENT_TOTAL_MEMORY_BYTES", "0"),
         ])
         .unwrap();
         assert_eq!(
@@ -996,6 +997,7 @@ mod tests {
                 max_open_files: 8192,
                 max_file_bytes: 2 << 30,
                 max_memory_bytes: 0,
+                total_memory_bytes: 0,
             }
         );
         for (name, value) in [
@@ -1005,6 +1007,7 @@ mod tests {
             ("AGENTRY_AGENT_MAX_OPEN_FILES", "many"),
             ("AGENTRY_AGENT_MAX_FILE_BYTES", "-1"),
             ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "4X"),
+            ("AGENTRY_AGENT_TOTAL_MEMORY_BYTES", "1M"),
         ] {
             let e = cfg(&[(name, value)]).unwrap_err();
             assert_eq!(e.name, name, "{value}");

@@ -120,6 +120,7 @@ python3 -c 'bytearray(256 << 20)' 2>/dev/null; echo "memory-256M $?"
         max_open_files: 64,
         max_file_bytes: 4 << 20,
         max_memory_bytes: 128 << 20,
+        ..AgentLimits::default()
     };
     let sandbox = Sandbox::new(agentry_runner::SandboxMode::Auto).with_limits(limits);
     let execution = probe_run(&rig, sandbox, &program, "Fill everything").await;
@@ -221,4 +222,56 @@ echo "started $started"
         .status()
         .unwrap();
     assert!(status.success());
+}
+
+/// Where a cgroup can be made (as root here), the sandbox as a whole has its memory limit:
+/// one process touching more than it is stopped by the kernel while the same run without a
+/// limit completes; and the process limit holds for a sandbox whose user is root, which
+/// `RLIMIT_NPROC` never limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cgroup_limits_the_sandbox_memory_and_processes_even_for_root() {
+    if !sandbox_works_here()
+        || agentry_runner::cgroup::RunCgroup::create("probe-limits", 0, 0).is_err()
+    {
+        return;
+    }
+    let rig = Rig::new();
+    let program = agent(
+        &rig,
+        "hog",
+        r#"dd if=/dev/zero of=/dev/null bs=300M count=1 2>/dev/null
+echo "dd-status $?"
+timeout 20 sh -c 'i=0; while [ $i -lt 300 ]; do sleep 3 & i=$((i+1)); echo $i >/tmp/count; done' 2>/dev/null
+read -r started </tmp/count
+echo "started $started"
+"#,
+    );
+    let run_with = |total_memory_bytes: u64| {
+        let sandbox = Sandbox::new(SandboxMode::Auto).with_limits(AgentLimits {
+            total_memory_bytes,
+            max_processes: 64,
+            ..AgentLimits::default()
+        });
+        let runner = runner(&rig, sandbox, &program);
+        let job = rig.job(Uuid::new_v4(), "Use memory");
+        async move { run(&runner, job).await }
+    };
+    let limited = run_with(128 << 20).await;
+    assert!(
+        matches!(limited.verdict, Verdict::NoChanges),
+        "{:?}\n{}",
+        limited.verdict,
+        limited.output
+    );
+    // SIGKILL from the OOM killer: 128 + 9.
+    assert_eq!(reported(&limited, "dd-status"), "137", "{}", limited.output);
+    let started = number(&limited, "started");
+    assert!((40..64).contains(&started), "the bomb started {started}");
+    let unlimited = run_with(0).await;
+    assert_eq!(
+        reported(&unlimited, "dd-status"),
+        "0",
+        "{}",
+        unlimited.output
+    );
 }
