@@ -147,7 +147,7 @@ fn doctor() -> ExitCode {
                 .enable_all()
                 .build();
             match runtime {
-                Ok(runtime) => runtime.block_on(doctor::diagnose(&config)),
+                Ok(runtime) => runtime.block_on(doctor::diagnose(&config.service)),
                 Err(e) => {
                     eprintln!("agentry: error: cannot start the async runtime: {e}");
                     return ExitCode::FAILURE;
@@ -188,7 +188,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve => actix_web::rt::System::new().block_on(crate::server::serve(config))?,
         Command::Migrate => {
-            let db = open_database(&config)?;
+            let db = open_database(&config.service)?;
             let pending = agentry_persistence::meta::pending_migrations(&mut *db.conn()?)?;
             println!("database is up to date ({} pending)", pending.len());
         }
@@ -199,7 +199,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             if name.is_empty() || name.chars().count() > 100 {
                 return Err(CliError::Other("--name must be 1 to 100 characters".into()));
             }
-            let db = open_database(&config)?;
+            let db = open_database(&config.service)?;
             let token = generate_token().map_err(|e| CliError::Other(e.to_string()))?;
             let record = tokens::create_token(
                 &mut *db.conn()?,
@@ -218,7 +218,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let started = Instant::now();
             let body = std::fs::read(&file)
                 .map_err(|e| CliError::Other(format!("cannot read {}: {e}", file.display())))?;
-            let db = open_database(&config)?;
+            let db = open_database(&config.service)?;
             let outcome = agentry_service::import::import(&mut *db.conn()?, &body)?;
             eprintln!(
                 "imported {} and skipped {} records from {} in {:.1} s",
@@ -239,7 +239,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 .map_err(|e| CliError::Other(format!("--repo: {e}")))?;
             let window = agentry_service::costs::window_ending_now(days)
                 .map_err(|e| CliError::Other(e.to_string()))?;
-            let db = open_database(&config)?;
+            let db = open_database(&config.service)?;
             let report =
                 agentry_service::costs::cost_report(&mut *db.conn()?, window, repo.as_ref())?;
             if json {

@@ -3,18 +3,16 @@
 //! [`app::build_app`] assembles the actix-web application (routes, authentication, the error
 //! envelope, metrics, CORS) over an [`state::AppState`]; [`server::serve`] runs it;
 //! [`cli::main`] is the `agentry` binary. Handlers stay thin: they check the caller and the
-//! request's shape, call a use case of `agentry-service` (or read through
-//! `agentry-persistence` on the blocking pool), and map results to the JSON shapes of
-//! [`dto`] and errors to the envelope of [`error`].
+//! request's shape, call a use case or a read view of `agentry-service`, and map results to
+//! the JSON shapes of [`dto`] and errors to the envelope of [`error`].
 //!
-//! The configuration is `agentry-service`'s, re-exported as [`config`].
-
-pub use agentry_service::config;
+//! The configuration is [`config::Config`]: `agentry-service`'s and the HTTP server's own.
 
 pub mod app;
 pub mod auth;
 pub mod body;
 pub mod cli;
+pub mod config;
 pub mod costs_table;
 pub mod dto;
 pub mod error;

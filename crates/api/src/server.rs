@@ -82,8 +82,8 @@ pub async fn bootstrap_admin_token(
 /// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets
 /// in-flight requests finish (up to 30 s).
 pub async fn serve(config: Config) -> Result<(), StartError> {
-    let service = Service::open(&config)?;
-    let first_token_file = bootstrap_admin_token(&service, &config.data_dir)
+    let service = Service::open(&config.service)?;
+    let first_token_file = bootstrap_admin_token(&service, &config.service.data_dir)
         .await?
         .map(web::Data::new);
     let state = web::Data::new(
@@ -115,7 +115,7 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
     for addr in server.addrs() {
         tracing::info!(%addr, "agentry listening on http://{addr}");
     }
-    let background = service.start_background(&config).await;
+    let background = service.start_background(&config.service).await;
     let served = server.run().await;
     service.shut_down(background).await;
     served.map_err(|e| io("server stopped", e))?;

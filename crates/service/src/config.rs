@@ -1,21 +1,11 @@
 //! Configuration from environment variables; every one has a default (docs/contract.md#1-running-it).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use agentry_domain::{AgentType, EgressPattern};
 use agentry_persistence::secrets::SecretValue;
 use agentry_runner::SandboxMode;
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Pretty,
-    /// One JSON object per line.
-    Json,
-}
 
 /// The service's configuration. Its `Debug` never shows a secret: the master key, the
 /// webhook secret and the model keys are redacted, and so is a password in the database URL.
@@ -25,12 +15,6 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `AGENTRY_DATABASE_URL`: `sqlite://PATH` or `postgres://…`.
     pub database_url: String,
-    /// `AGENTRY_BIND`: listen address.
-    pub bind: SocketAddr,
-    /// `AGENTRY_CORS_ORIGINS`: origins of the separately deployed frontend.
-    pub cors_origins: Vec<String>,
-    /// `AGENTRY_LOG_FORMAT`: `pretty` or `json`.
-    pub log_format: LogFormat,
     /// `AGENTRY_CODEHOST_API_URL`: the code host's REST base URL (no trailing `/`).
     pub codehost_api_url: String,
     /// `AGENTRY_MASTER_KEY`: base64 of 32 bytes; `None` means the generated key file
@@ -102,9 +86,6 @@ pub struct Config {
     /// `OPENAI_API_KEY` (else `CODEX_API_KEY`) of the service's environment: the gateway's
     /// OpenAI key when no `OPENAI_API_KEY` secret is stored. Redacted in `Debug`.
     pub openai_key: Option<SecretValue>,
-    /// `AGENTRY_METRICS_PUBLIC`: `1` serves `/metrics` without a token; `0` or unset
-    /// (default) requires a valid API token of any role.
-    pub metrics_public: bool,
     /// `AGENTRY_MENTION`: the handle whose mention in a pull-request comment asks for a
     /// revision (docs/contract.md#57-revisions); default `@agentry`.
     pub mention: String,
@@ -118,9 +99,6 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("database_url", &redacted_url(&self.database_url))
             .field("data_dir", &self.data_dir)
-            .field("bind", &self.bind)
-            .field("cors_origins", &self.cors_origins)
-            .field("log_format", &self.log_format)
             .field("codehost_api_url", &self.codehost_api_url)
             .field("master_key", &self.master_key)
             .field("issue_sync_interval", &self.issue_sync_interval)
@@ -146,7 +124,6 @@ impl std::fmt::Debug for Config {
             .field("openai_upstream", &self.openai_upstream)
             .field("anthropic_key", &self.anthropic_key)
             .field("openai_key", &self.openai_key)
-            .field("metrics_public", &self.metrics_public)
             .finish()
     }
 }
@@ -200,50 +177,6 @@ impl Config {
             name: "AGENTRY_DATABASE_URL",
             message: e.to_string(),
         })?;
-        let bind = get("AGENTRY_BIND")
-            .unwrap_or_else(|| "127.0.0.1:8080".into())
-            .parse()
-            .map_err(|e| ConfigError {
-                name: "AGENTRY_BIND",
-                message: format!("{e} (expected HOST:PORT)"),
-            })?;
-        let cors_origins = get("AGENTRY_CORS_ORIGINS")
-            .map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|o| !o.is_empty())
-                    .map(|o| {
-                        let u = url::Url::parse(o).map_err(|e| ConfigError {
-                            name: "AGENTRY_CORS_ORIGINS",
-                            message: format!("{o:?}: {e}"),
-                        })?;
-                        if u.path() != "/"
-                            || u.query().is_some()
-                            || !matches!(u.scheme(), "http" | "https")
-                        {
-                            return Err(ConfigError {
-                                name: "AGENTRY_CORS_ORIGINS",
-                                message: format!(
-                                    "{o:?} is not an origin like https://app.example.com"
-                                ),
-                            });
-                        }
-                        Ok(o.trim_end_matches('/').to_owned())
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?
-            .unwrap_or_default();
-        let log_format = match get("AGENTRY_LOG_FORMAT").as_deref() {
-            None | Some("pretty") => LogFormat::Pretty,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                return Err(ConfigError {
-                    name: "AGENTRY_LOG_FORMAT",
-                    message: format!("{other:?}; expected pretty or json"),
-                });
-            }
-        };
         let codehost_api_url =
             get("AGENTRY_CODEHOST_API_URL").unwrap_or_else(|| "https://api.github.com".into());
         let parsed = url::Url::parse(&codehost_api_url).map_err(|e| ConfigError {
@@ -409,16 +342,6 @@ impl Config {
                 message,
             })?,
         };
-        let metrics_public = match get("AGENTRY_METRICS_PUBLIC").as_deref().map(str::trim) {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(other) => {
-                return Err(ConfigError {
-                    name: "AGENTRY_METRICS_PUBLIC",
-                    message: format!("{other:?} is neither 1 nor 0"),
-                });
-            }
-        };
         let mention = match get("AGENTRY_MENTION") {
             None => DEFAULT_MENTION.to_owned(),
             Some(text) => {
@@ -455,9 +378,6 @@ impl Config {
         Ok(Config {
             data_dir,
             database_url,
-            bind,
-            cors_origins,
-            log_format,
             codehost_api_url,
             master_key,
             issue_sync_interval,
@@ -481,7 +401,6 @@ impl Config {
             openai_upstream,
             anthropic_key,
             openai_key,
-            metrics_public,
             mention,
             revision_quiet,
         })
@@ -749,9 +668,6 @@ mod tests {
             c.database_url,
             format!("sqlite://{}", cwd.join("agentry-data/agentry.db").display())
         );
-        assert_eq!(c.bind.to_string(), "127.0.0.1:8080");
-        assert!(c.cors_origins.is_empty());
-        assert_eq!(c.log_format, LogFormat::Pretty);
         assert_eq!(c.codehost_api_url, "https://api.github.com");
         assert_eq!(c.master_key, None);
         assert_eq!(c.issue_sync_interval, Duration::from_secs(60));
@@ -828,33 +744,10 @@ mod tests {
             "sqlite:///srv/a/agentry.db"
         );
         assert_eq!(
-            cfg(&[("AGENTRY_BIND", "nope")]).unwrap_err().name,
-            "AGENTRY_BIND"
-        );
-        assert_eq!(
             cfg(&[("AGENTRY_DATABASE_URL", "mysql://x")])
                 .unwrap_err()
                 .name,
             "AGENTRY_DATABASE_URL"
-        );
-        assert_eq!(
-            cfg(&[("AGENTRY_LOG_FORMAT", "xml")]).unwrap_err().name,
-            "AGENTRY_LOG_FORMAT"
-        );
-        assert_eq!(
-            cfg(&[("AGENTRY_CORS_ORIGINS", "https://a.example/path")])
-                .unwrap_err()
-                .name,
-            "AGENTRY_CORS_ORIGINS"
-        );
-        let c = cfg(&[(
-            "AGENTRY_CORS_ORIGINS",
-            "https://a.example, http://localhost:5173/",
-        )])
-        .unwrap();
-        assert_eq!(
-            c.cors_origins,
-            ["https://a.example", "http://localhost:5173"]
         );
     }
 
@@ -1015,27 +908,6 @@ mod tests {
         }
     }
 
-    /// `AGENTRY_AGENT_ENV` lists the variables passed to agents; agentry's own settings,
-    /// `PATH`, `HOME` and credentials cannot be listed, and a bad name is named.
-    #[test]
-    fn metrics_need_a_token_unless_made_public() {
-        assert!(!cfg(&[]).unwrap().metrics_public);
-        assert!(
-            !cfg(&[("AGENTRY_METRICS_PUBLIC", "0")])
-                .unwrap()
-                .metrics_public
-        );
-        assert!(
-            cfg(&[("AGENTRY_METRICS_PUBLIC", "1")])
-                .unwrap()
-                .metrics_public
-        );
-        for bad in ["true", "yes", "2", "on"] {
-            let e = cfg(&[("AGENTRY_METRICS_PUBLIC", bad)]).unwrap_err();
-            assert_eq!(e.name, "AGENTRY_METRICS_PUBLIC", "{bad}");
-        }
-    }
-
     /// `AGENTRY_SANDBOX_SECCOMP` is `on` by default, `off` turns the filter off, anything
     /// else is refused.
     #[test]
@@ -1119,6 +991,8 @@ mod tests {
         }
     }
 
+    /// `AGENTRY_AGENT_ENV` lists the variables passed to agents; agentry's own settings,
+    /// `PATH`, `HOME` and credentials cannot be listed, and a bad name is named.
     #[test]
     fn agent_env_lists_variable_names() {
         assert!(cfg(&[]).unwrap().agent_env.is_empty());
