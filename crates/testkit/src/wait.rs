@@ -42,13 +42,39 @@ impl<T, E: Display> Outcome for Result<T, E> {
     }
 }
 
-/// Panics once `within` has passed since `start`, naming `what` and the last `seen`.
-fn check_deadline(start: Instant, within: Duration, what: &dyn Display, seen: &str) {
-    if start.elapsed() >= within {
-        if seen.is_empty() {
-            panic!("timed out after {within:?} waiting for {what}");
+/// One wait: what is awaited, since when and for how long.
+struct Deadline<W> {
+    what: W,
+    start: Instant,
+    within: Duration,
+}
+
+impl<W: Display> Deadline<W> {
+    /// A wait for `what` of at most `within`, from now.
+    fn start(what: W, within: Duration) -> Self {
+        let start = Instant::now();
+        Deadline {
+            what,
+            start,
+            within,
         }
-        panic!("timed out after {within:?} waiting for {what}; last seen: {seen}");
+    }
+
+    /// The value of a done `outcome`; `None` while not done and in time; a panic naming
+    /// what was awaited and the last thing seen once the time is up.
+    fn check<O: Outcome>(&self, outcome: O) -> Option<O::Value> {
+        let seen = match outcome.settle() {
+            Ok(value) => return Some(value),
+            Err(seen) => seen,
+        };
+        let (within, what) = (self.within, &self.what);
+        if self.start.elapsed() >= within {
+            if seen.is_empty() {
+                panic!("timed out after {within:?} waiting for {what}");
+            }
+            panic!("timed out after {within:?} waiting for {what}; last seen: {seen}");
+        }
+        None
     }
 }
 
@@ -59,11 +85,10 @@ pub fn eventually<O: Outcome>(
     what: impl Display,
     mut probe: impl FnMut() -> O,
 ) -> O::Value {
-    let start = Instant::now();
+    let deadline = Deadline::start(what, within);
     loop {
-        match probe().settle() {
-            Ok(value) => return value,
-            Err(seen) => check_deadline(start, within, &what, &seen),
+        if let Some(value) = deadline.check(probe()) {
+            return value;
         }
         std::thread::sleep(EVERY);
     }
@@ -76,11 +101,10 @@ pub async fn eventually_async<O: Outcome>(
     what: impl Display,
     mut probe: impl AsyncFnMut() -> O,
 ) -> O::Value {
-    let start = Instant::now();
+    let deadline = Deadline::start(what, within);
     loop {
-        match probe().await.settle() {
-            Ok(value) => return value,
-            Err(seen) => check_deadline(start, within, &what, &seen),
+        if let Some(value) = deadline.check(probe().await) {
+            return value;
         }
         tokio::time::sleep(EVERY).await;
     }

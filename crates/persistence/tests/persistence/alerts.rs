@@ -7,7 +7,7 @@ use agentry_domain::BudgetScope;
 use agentry_persistence::alerts::{self, BudgetAlert, Delivery};
 use agentry_persistence::budgets;
 use agentry_persistence::repos::{self, Repository};
-use agentry_persistence::tasks::{self, Run};
+use agentry_persistence::tasks;
 use agentry_persistence::{AnyConnection, Db};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
@@ -27,15 +27,7 @@ pub(crate) fn spend(db: &Db, repo: &Repository, cost: &str, finished: OffsetDate
     let mut conn = db.conn().unwrap();
     tasks::record_run(
         &mut conn,
-        &Run {
-            model: Some("sonnet".into()),
-            cost_usd: Some(usd(cost)),
-            input_tokens: 1,
-            output_tokens: 1,
-            turns: Some(1),
-            sandboxed: Some(true),
-            ..agentry_persistence::test_support::succeeded_run(task.id, task.attempt, finished)
-        },
+        &sonnet_run(task.id, task.attempt, cost, finished),
     )
     .unwrap();
 }

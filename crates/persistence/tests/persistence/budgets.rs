@@ -26,16 +26,10 @@ fn settle(conn: &mut AnyConnection, task: Uuid, cost: &str, finished: time::Offs
     tasks::record_run(
         conn,
         &Run {
-            model: Some("sonnet".into()),
-            cost_usd: Some(usd(cost)),
-            input_tokens: 1,
-            output_tokens: 1,
-            turns: Some(1),
             outcome: RunOutcome::Failed,
             exit_code: Some(1),
             error_message: Some("budget reached".into()),
-            sandboxed: Some(true),
-            ..agentry_persistence::test_support::succeeded_run(task, current.attempt, finished)
+            ..sonnet_run(task, current.attempt, cost, finished)
         },
     )
     .unwrap();

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::sandbox;
+use crate::sandbox::{self, failure};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::process::{Ended, POLL_INTERVAL};
@@ -105,16 +105,6 @@ impl Rig {
             }
         }
         found
-    }
-}
-
-fn failure(execution: &Execution) -> &str {
-    match &execution.verdict {
-        Verdict::Failed(message) => message,
-        other => panic!(
-            "expected a failure, got {other:?}; output: {}",
-            execution.output
-        ),
     }
 }
 

@@ -10,7 +10,7 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::sandbox;
+use crate::sandbox::{self, failure};
 use crate::support::git;
 use agentry_runner::workspace::{GitAuth, branch_name};
 use agentry_runner::{Control, Execution, Job, Runner, Sandbox, SandboxMode, Verdict};
@@ -146,16 +146,6 @@ impl Rig {
                 }
             }
         }
-    }
-}
-
-fn failure(execution: &Execution) -> &str {
-    match &execution.verdict {
-        Verdict::Failed(message) => message,
-        other => panic!(
-            "expected a failure, got {other:?}; output: {}",
-            execution.output
-        ),
     }
 }
 

@@ -181,6 +181,17 @@ pub(crate) async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
     execution
 }
 
+/// The message of a failed run (panics, with the output, on any other verdict).
+pub(crate) fn failure(execution: &Execution) -> &str {
+    match &execution.verdict {
+        Verdict::Failed(message) => message,
+        other => panic!(
+            "expected a failure, got {other:?}; output: {}",
+            execution.output
+        ),
+    }
+}
+
 /// The processes of this machine whose environment holds `var` (e.g. `HOME=…`).
 pub(crate) fn processes_with_env(var: &str) -> Vec<i32> {
     let mut pids = Vec::new();

@@ -46,6 +46,25 @@ pub fn connect(db: &Db, owner: &str, name: &str) -> Repository {
         .0
 }
 
+/// A run of `task` at `attempt` on sonnet that cost `cost` (one token in and out, one turn,
+/// sandboxed) and finished at `finished`.
+pub fn sonnet_run(
+    task: uuid::Uuid,
+    attempt: i32,
+    cost: &str,
+    finished: OffsetDateTime,
+) -> tasks::Run {
+    tasks::Run {
+        model: Some("sonnet".into()),
+        cost_usd: Some(usd(cost)),
+        input_tokens: 1,
+        output_tokens: 1,
+        turns: Some(1),
+        sandboxed: Some(true),
+        ..agentry_persistence::test_support::succeeded_run(task, attempt, finished)
+    }
+}
+
 /// A coding task on `repo`, created at `created_at`.
 pub fn new_task(repo: &Repository, created_at: OffsetDateTime) -> NewTask {
     NewTask {
