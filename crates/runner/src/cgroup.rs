@@ -117,7 +117,7 @@ impl RunCgroup {
     }
 
     /// Moves `pid` and its children (`bwrap` and the sandbox's first process, held by
-    /// `--block-fd`) into the group, waiting up to [`CHILD_WAIT`] for a child to appear.
+    /// `--block-fd`) into the group, waiting up to 5 s for a child to appear.
     ///
     /// # Errors
     ///
