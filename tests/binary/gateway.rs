@@ -25,7 +25,7 @@ use super::{Server, connect_and_create_task, eventually, fake_with_repo, get};
 const MASTER_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
 fn sandboxed() -> bool {
-    let on = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    let on = super::sandboxed();
     if !on {
         eprintln!(
             "note: bubblewrap does not work here; the gateway's end-to-end test does nothing"

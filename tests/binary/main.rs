@@ -35,7 +35,14 @@ const CALL_COST: &str = "0.003";
 /// Whether agents run sandboxed here, so through the model gateway (their cost is then what
 /// it metered, not what they printed).
 fn metered() -> bool {
-    agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto
+    sandboxed()
+}
+
+/// Whether agents run sandboxed here (where bubblewrap works; CI requires it).
+fn sandboxed() -> bool {
+    static SANDBOXED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SANDBOXED
+        .get_or_init(|| agentry_testkit::sandbox::sandboxed(agentry_runner::sandbox::works_here()))
 }
 
 /// What a child wrote on stderr, read line by line by a thread as it comes, so the child
@@ -128,7 +135,7 @@ fn spawn_serve(cmd: &mut Command) -> (Child, String, StderrLog) {
 /// under root's HOME. `the_readme_defaults_take_an_issue_to_a_pull_request` runs them as
 /// `nobody`, from copies it can reach.
 fn sandbox_env(cmd: &mut Command) {
-    if agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Off {
+    if !sandboxed() {
         cmd.env("AGENTRY_AGENT_SANDBOX", "off");
     }
     if running_as_root() {
@@ -771,7 +778,7 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     });
     let (_, running) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
     assert_eq!(running["state"], "running", "{running}");
-    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    let sandboxed = sandboxed();
     if sandboxed {
         // The fake writes its pid before its model call: the kill waits for the call to be
         // metered, so the lost attempt has it on record.
@@ -1178,7 +1185,7 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         .env("AGENTRY_CODEHOST_API_URL", fake.base_url())
         .stdout(Stdio::null());
     sandbox_env(&mut cmd);
-    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    let sandboxed = sandboxed();
     if sandboxed {
         // The defaults, whoever runs them.
         cmd.env_remove("AGENTRY_ALLOW_ROOT");
@@ -1321,7 +1328,7 @@ fn doctor_says_what_a_run_needs() {
     let agents = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents");
     let claude = agents.join("claude");
     let codex = agents.join("codex");
-    let sandboxed = agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto;
+    let sandboxed = sandboxed();
     let doctor = |env: &[(&str, &str)]| -> (Option<i32>, String) {
         let out = run(agentry(&data, None).envs(env.iter().copied()).arg("doctor"));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

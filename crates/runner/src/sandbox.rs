@@ -583,49 +583,34 @@ impl Sandbox {
     }
 }
 
-/// The mode test suites run agents in: [`SandboxMode::Auto`] where a sandbox works on this
-/// machine, else [`SandboxMode::Off`], so that the suite also passes on a machine with only
-/// the Rust toolchain (the sandbox's own tests skip there). With
-/// `AGENTRY_TEST_REQUIRE_SANDBOX=1` (CI sets it) a missing sandbox panics instead, so the
-/// sandboxed variant can never be skipped silently. Blocking: it runs the probe once per
-/// call.
+/// Whether bubblewrap works on this machine: found as a runner finds it and tried once,
+/// blocking, with the namespaces an agent's sandbox gets (a network namespace included).
+/// For callers outside an async runtime, such as a test suite deciding whether its agents
+/// run sandboxed; a runner probes on its own ([`Sandbox::check`]).
 ///
-/// # Panics
+/// # Errors
 ///
-/// When the sandbox does not work here and `AGENTRY_TEST_REQUIRE_SANDBOX=1`.
-pub fn mode_for_tests() -> SandboxMode {
-    let works = find_bwrap().and_then(|bwrap| {
-        let status = std::process::Command::new(&bwrap)
-            .args(PROBE_ROOT_ARGS)
-            .args(BASE_ARGS)
-            .args(PROBE_ARGS)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("cannot start {}: {e}", bwrap.display()))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "a trial run of {} failed ({status})",
-                bwrap.display()
-            ))
-        }
-    });
-    match works {
-        Ok(()) => SandboxMode::Auto,
-        Err(why) => {
-            assert!(
-                std::env::var("AGENTRY_TEST_REQUIRE_SANDBOX").as_deref() != Ok("1"),
-                "AGENTRY_TEST_REQUIRE_SANDBOX=1 but {}",
-                unavailable(&why)
-            );
-            eprintln!("note: agents run unsandboxed in this test: {why}");
-            SandboxMode::Off
-        }
+/// Why not: no `bwrap`, or its trial run failed (with its exit status).
+pub fn works_here() -> Result<(), String> {
+    let bwrap = find_bwrap()?;
+    let status = std::process::Command::new(&bwrap)
+        .args(PROBE_ROOT_ARGS)
+        .args(BASE_ARGS)
+        .args(PROBE_ARGS)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot start {}: {e}", bwrap.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "a trial run of {} failed ({status})",
+            bwrap.display()
+        ))
     }
 }
 

@@ -6,9 +6,11 @@
 //!   repository with a README committed on `main` ([`git::seeded_bare`],
 //!   [`git::source_repo`]) for runs against a local clone URL;
 //! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
-//!   until it holds or a deadline passes (tests never sleep a fixed time).
+//!   until it holds or a deadline passes (tests never sleep a fixed time);
+//! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI.
 
 pub mod git;
+pub mod sandbox;
 pub mod wait;
 
 /// SplitMix64 (Steele, Lea and Flood): a tiny, fast and deterministic generator.

@@ -67,7 +67,11 @@ impl Rig {
             wall_time: Duration::from_secs(60),
             idle: Duration::from_millis(100),
             keep_run_dirs: true,
-            sandbox: agentry_runner::sandbox::mode_for_tests(),
+            sandbox: if sandboxed() {
+                agentry_runner::SandboxMode::Auto
+            } else {
+                agentry_runner::SandboxMode::Off
+            },
             agent_limits: agentry_runner::AgentLimits::default(),
             publish_backoff: Duration::from_millis(50),
             publish_patience: Duration::from_secs(30),
@@ -709,9 +713,8 @@ async fn a_run_past_the_wall_time_is_stopped() {
 /// Whether the agents of these tests run in the sandbox (where bubblewrap works).
 fn sandboxed() -> bool {
     static SANDBOXED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SANDBOXED.get_or_init(|| {
-        agentry_runner::sandbox::mode_for_tests() == agentry_runner::SandboxMode::Auto
-    })
+    *SANDBOXED
+        .get_or_init(|| agentry_testkit::sandbox::sandboxed(agentry_runner::sandbox::works_here()))
 }
 
 fn max_overlap(intervals: &[(u128, u128)]) -> usize {

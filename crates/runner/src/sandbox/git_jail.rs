@@ -211,7 +211,7 @@ impl GitJail {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{Sandbox, SandboxMode, mode_for_tests};
+    use crate::sandbox::{Sandbox, SandboxMode, works_here};
     use command_fds::{CommandFdExt, FdMapping};
     use std::io::Read;
     use std::net::TcpListener;
@@ -245,7 +245,7 @@ mod tests {
 
     #[tokio::test]
     async fn git_after_the_agent_sees_no_secret_no_network_and_writes_only_objects_and_its_index() {
-        if mode_for_tests() == SandboxMode::Off {
+        if !agentry_testkit::sandbox::sandboxed(works_here()) {
             return;
         }
         let data = tempfile::TempDir::new().unwrap();

@@ -49,7 +49,7 @@ fn usd(text: &str) -> Usd {
 type Rig = sandbox::RunnerRig;
 
 fn rig() -> Rig {
-    Rig::new(Sandbox::new(agentry_runner::sandbox::mode_for_tests()))
+    Rig::new(Sandbox::new(crate::sandbox::sandbox_mode()))
 }
 
 impl Rig {

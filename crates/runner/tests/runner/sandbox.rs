@@ -171,7 +171,18 @@ pub(crate) fn start(runner: &Arc<LocalRunner>, job: Job) -> Started {
 /// nothing to test and return (CI sets `AGENTRY_TEST_REQUIRE_SANDBOX=1`, which makes that a
 /// failure instead).
 pub(crate) fn sandbox_works_here() -> bool {
-    agentry_runner::sandbox::mode_for_tests() == SandboxMode::Auto
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS
+        .get_or_init(|| agentry_testkit::sandbox::sandboxed(agentry_runner::sandbox::works_here()))
+}
+
+/// The sandbox mode these tests run agents in: `auto` where bubblewrap works here.
+pub(crate) fn sandbox_mode() -> SandboxMode {
+    if sandbox_works_here() {
+        SandboxMode::Auto
+    } else {
+        SandboxMode::Off
+    }
 }
 
 pub(crate) async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
