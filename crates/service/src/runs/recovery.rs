@@ -1,0 +1,261 @@
+//! Recovery: the tasks of runners that died (their leases expired, or a stopped process
+//! left them) are requeued or failed with the cost their output shows, and the runs a
+//! stopped process left unrecorded are recorded (see the [parent module](super)).
+
+use super::*;
+
+impl Service {
+    /// Recovers every task whose lease expired before `before` (see the module docs); returns
+    /// how many were recovered.
+    pub async fn recover_expired(&self, before: OffsetDateTime) -> Result<usize, ServiceError> {
+        let expired = self
+            .db(move |conn| Ok(claims::expired_leases(conn, before, 100)?))
+            .await?;
+        let mut recovered = 0;
+        for lease in expired {
+            let task = lease.task.clone();
+            if lock(&self.parts.runs.active).contains_key(&task.id)
+                && lease.owner == self.parts.runs.owner
+            {
+                // Ours and still running (a renewal is late): leave it.
+                continue;
+            }
+            let lost = lost_run(self, &lease).await?;
+            let done = self
+                .db(move |conn| {
+                    let lost = with_metered_calls(conn, &lease, lost)?;
+                    let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
+                    Ok(claims::recover_expired(conn, &lease, before, lost, now())?)
+                })
+                .await?;
+            if let Some((after, t)) = done {
+                tracing::warn!(
+                    task = %after.id, from = t.from.as_str(), to = t.to.as_str(), attempt = after.attempt,
+                    "recovered a task whose runner died"
+                );
+                self.parts.runs.runner.discard(task.id, task.attempt);
+                recovered += 1;
+            }
+        }
+        if recovered > 0 {
+            money_freed(self).await;
+            self.wake(Loops::RUNNER);
+        }
+        Ok(recovered)
+    }
+
+    /// At start, before the runner loop claims anything: on SQLite (one process per database)
+    /// every lease found belongs to a dead process and is recovered at once; on PostgreSQL only
+    /// expired ones (other replicas may be running).
+    pub async fn recover_at_start(&self, backend: Backend) {
+        let before = match backend {
+            Backend::Sqlite => now() + time::Duration::days(36_500),
+            Backend::Postgres => now(),
+        };
+        match self.recover_expired(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                tasks = n,
+                "recovered tasks left running by a stopped process"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not recover the tasks of a stopped process")
+            }
+        }
+        match record_leftovers(self).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                runs = n,
+                "recorded the cost of runs a stopped process left unrecorded"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the runs a stopped process left")
+            }
+        }
+    }
+}
+
+/// The ledger row of a dead runner's run, from what it left (its output, and what the
+/// agent recorded elsewhere, such as Codex's session files), if the runner can reach it.
+pub(super) async fn lost_run(
+    service: &Service,
+    lease: &ExpiredLease,
+) -> Result<Option<(Run, RunLog)>, ServiceError> {
+    let task = lease.task.clone();
+    let repo = match task.repo_id {
+        Some(id) => Some(
+            service
+                .db(move |conn| Ok(repos::get_repository(conn, id)?))
+                .await?,
+        ),
+        None => None,
+    };
+    let model = repo.as_ref().map_or_else(String::new, |r| {
+        r.settings
+            .model_for(task.agent_type, task.task_type == TaskType::Review)
+            .to_owned()
+    });
+    let spec = AgentSpec {
+        agent_type: task.agent_type,
+        model: model.clone(),
+        max_turns: None,
+        max_budget_usd: None,
+    };
+    let Some(Salvaged { output, report }) =
+        service
+            .parts
+            .runs
+            .runner
+            .salvage(task.id, task.attempt, &spec)
+    else {
+        return Ok(None);
+    };
+    log_warnings(&task, Some(&report));
+    let at = now();
+    let execution = Execution {
+        verdict: Verdict::Cancelled,
+        agent_type: task.agent_type,
+        report: None,
+        ended: None,
+        output: String::new(),
+        sandboxed: false,
+        metered: false,
+        started_at: task.started_at.unwrap_or(lease.expired_at),
+        finished_at: at,
+    };
+    let mut run = run_from_report(
+        &task,
+        model,
+        &execution,
+        Some(&report),
+        RunOutcome::Lost,
+        Some(with_cost_note(
+            "the runner stopped during the run (its lease expired)".into(),
+            Some(&report),
+        )),
+    );
+    run.finished_at = None;
+    // Which sandbox the dead process ran it in is not known here.
+    run.sandboxed = None;
+    Ok(Some((run, RunLog::of(&output))))
+}
+
+/// The run of an expired lease as it is recorded: what the dead runner's output showed
+/// (`lost`, if reachable from here), with the cost and tokens of its metered model calls
+/// when the gateway metered any. Those are in the database whichever replica ran the
+/// agent, so a run recovered elsewhere keeps every metered call even when its output is
+/// out of reach.
+pub(super) fn with_metered_calls(
+    conn: &mut AnyConnection,
+    lease: &ExpiredLease,
+    lost: Option<(Run, RunLog)>,
+) -> Result<Option<(Run, RunLog)>, ServiceError> {
+    let task = &lease.task;
+    let totals = metering::run_totals(conn, task.id, task.attempt)?;
+    if totals.calls == 0 {
+        return Ok(lost);
+    }
+    let reachable = lost.is_some();
+    let (mut run, log) = lost.unwrap_or_else(|| {
+        let run = Run {
+            id: Uuid::new_v4(),
+            task_id: task.id,
+            attempt: task.attempt,
+            agent_type: task.agent_type,
+            model: None,
+            cost_usd: None,
+            input_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 0,
+            turns: None,
+            outcome: RunOutcome::Lost,
+            exit_code: None,
+            error_message: None,
+            started_at: task.started_at.unwrap_or(lease.expired_at),
+            finished_at: None,
+            // Only sandboxed runs go through the gateway.
+            sandboxed: Some(true),
+            model_calls: None,
+            reported_cost_usd: None,
+        };
+        (run, RunLog::of(""))
+    });
+    run.error_message = Some(if reachable {
+        "the runner stopped during the run (its lease expired)".to_owned()
+    } else {
+        "the runner stopped during the run (its lease expired); its output is out of reach, \
+         its cost is that of its metered model calls"
+            .to_owned()
+    });
+    if let Some(text) = apply_metering(&mut run, &totals) {
+        tracing::warn!(task = %task.id, attempt = task.attempt, "{text}");
+    }
+    Ok(Some((run, log)))
+}
+
+/// At start, before any run: records every run this process's runner still holds whose
+/// attempt has no run on record, with the cost its output shows, and forgets the runs on
+/// record. These are runs whose agent ended (or was stopped by salvaging) after the
+/// previous process died and before it recorded them. On PostgreSQL another replica may
+/// recover such a task; it cannot read this runner's directory, so without this the cost
+/// would be lost. Returns how many runs were recorded.
+pub(super) async fn record_leftovers(service: &Service) -> Result<usize, ServiceError> {
+    let mut recorded = 0;
+    for (task_id, attempt) in service.parts.runs.runner.leftovers() {
+        if lock(&service.parts.runs.active).contains_key(&task_id) {
+            continue;
+        }
+        let found = service
+            .db(move |conn| {
+                let task = match tasks::get_task(conn, task_id) {
+                    Ok(task) => task,
+                    Err(DbError::NotFound) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                let on_record = claims::attempt_recorded(conn, task_id, attempt)?;
+                Ok(Some((task, on_record)))
+            })
+            .await?;
+        let Some((task, false)) = found else {
+            if !service.parts.runs.settings.keep_run_dirs {
+                service.parts.runs.runner.discard(task_id, attempt);
+            }
+            continue;
+        };
+        let lease = ExpiredLease {
+            expired_at: task.started_at.unwrap_or_else(now),
+            owner: String::new(),
+            task: Task { attempt, ..task },
+        };
+        let lost = lost_run(service, &lease).await?;
+        let written = service
+            .db(move |conn| match with_metered_calls(conn, &lease, lost)? {
+                Some((run, log)) => Ok(claims::record_finished_run(conn, &run, &log, now())?),
+                None => Ok(RunRecorded::AlreadyRecorded),
+            })
+            .await?;
+        if written != RunRecorded::AlreadyRecorded {
+            tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");
+            recorded += 1;
+        }
+        if !service.parts.runs.settings.keep_run_dirs {
+            service.parts.runs.runner.discard(task_id, attempt);
+        }
+    }
+    if recorded > 0 {
+        money_freed(service).await;
+    }
+    Ok(recorded)
+}
+
+/// The recovery loop: every half lease, recovers the tasks whose lease expired.
+pub async fn recovery_loop(service: Service) {
+    let every = (service.parts.runs.settings.lease / 2).max(Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = service.recover_expired(now()).await {
+            tracing::warn!(error = %e, "lease recovery skipped");
+        }
+    }
+}
