@@ -325,13 +325,13 @@ impl Service {
 /// The alert loop: checks the budgets once at start, then delivers due alerts and sleeps
 /// until the next is due, it is woken (an alert was recorded), or the idle time passes.
 /// Without a webhook it only does the check.
-pub async fn alert_loop(state: Service) {
-    state.check_budget_alerts_logged().await;
-    if !state.parts.alerts.webhook_configured() {
+pub async fn alert_loop(service: Service) {
+    service.check_budget_alerts_logged().await;
+    if !service.parts.alerts.webhook_configured() {
         return;
     }
-    delivery::run(&state, &state.parts.alerts.delivery, || {
-        state.deliver_due_alerts(now())
+    delivery::run(&service, &service.parts.alerts.delivery, || {
+        service.deliver_due_alerts(now())
     })
     .await;
 }

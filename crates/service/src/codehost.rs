@@ -257,20 +257,95 @@ impl Service {
         let service = self.clone();
         let repo_id = repo.id;
         tokio::spawn(async move {
-            if let Err(e) = sync_issues(&service, Some(repo_id)).await {
+            if let Err(e) = service.sync_issues(Some(repo_id)).await {
                 tracing::warn!(error = %e, "first issue sync of a new repository failed");
             }
         });
         Ok((repo, created))
     }
 
-    /// Syncs the issues of every connected repository (or of `only`) now; see
-    /// [`sync_issues`].
+    /// Syncs the open issues of every connected repository (or of `only`), then turns each
+    /// open issue carrying the service's label and no task into a task
+    /// (docs/contract.md#53-issue-sync). One repository's failure is recorded for it and
+    /// does not stop the others. 412 without a token.
     pub async fn sync_issues(
         &self,
         only: Option<Uuid>,
     ) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ServiceError> {
-        sync_issues(self, only).await
+        let service = self;
+        let github = service.github().await?;
+        let _one_at_a_time = service.parts.codehost.sync_lock.lock().await;
+        let repos: Vec<Repository> = service
+            .db(|conn| Ok(repos::issue_sync_states(conn)?))
+            .await?
+            .into_iter()
+            .map(|(r, _)| r)
+            .filter(|r| only.is_none_or(|id| r.id == id))
+            .collect();
+        let outcomes: Vec<(Uuid, RepoSyncOutcome)> = futures_util::stream::iter(repos)
+            .map(|repo| {
+                let github = github.clone();
+                async move {
+                    let id = repo.id;
+                    (id, sync_repository(service, &github, repo).await)
+                }
+            })
+            .buffer_unordered(SYNC_CONCURRENCY)
+            .collect()
+            .await;
+        service.wake(
+            Loops::OUTBOX
+                .and(Loops::RUNNER)
+                .when(outcomes.iter().any(|(_, o)| o.created > 0)),
+        );
+        Ok(outcomes)
+    }
+
+    /// Makes sure `number` is an open issue of `repo_id` in the synced copy, syncing that
+    /// repository once when it is not there yet: `Ok(true)` if it is (now), `Ok(false)` if
+    /// the code host does not list it as an open issue (a pull request, a closed issue, or
+    /// no such number). A sync that fails answers the code host's error (503 or 422); no
+    /// token, 412.
+    pub(crate) async fn known_open_issue(
+        &self,
+        repo_id: Uuid,
+        number: i64,
+    ) -> Result<bool, ServiceError> {
+        let known = self
+            .db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
+            .await?;
+        if known {
+            return Ok(true);
+        }
+        let outcomes = self.sync_issues(Some(repo_id)).await?;
+        if let Some(message) = outcomes.into_iter().find_map(|(_, o)| o.error) {
+            return Err(ServiceError::CodeHostUnavailable(message));
+        }
+        self.db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
+            .await
+    }
+
+    /// Claims the code-host effects due at `at` and delivers them ([`deliver`]); returns
+    /// how many were delivered. Without a stored token nothing is claimed.
+    pub async fn deliver_due_effects(&self, at: OffsetDateTime) -> Result<usize, ServiceError> {
+        let service = self;
+        let github = &service.github().await?;
+        delivery::deliver_due(
+            service,
+            &service.parts.codehost.outbox,
+            at,
+            |effect: Effect| async move {
+                let repo_id = effect.repo_id;
+                let repo = service
+                    .db(move |conn| Ok(repos::get_repository(conn, repo_id)?))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                deliver(github, &repo, &effect)
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await
     }
 }
 
@@ -370,50 +445,15 @@ pub struct RepoSyncOutcome {
     pub error: Option<String>,
 }
 
-/// Syncs the open issues of every connected repository (or of `only`), then turns each open
-/// issue carrying the service's label and no task into a task (docs/contract.md#53-issue-sync). One repository's
-/// failure is recorded for it and does not stop the others. 412 without a token.
-pub async fn sync_issues(
-    state: &Service,
-    only: Option<Uuid>,
-) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ServiceError> {
-    let github = state.github().await?;
-    let _one_at_a_time = state.parts.codehost.sync_lock.lock().await;
-    let repos: Vec<Repository> = state
-        .db(|conn| Ok(repos::issue_sync_states(conn)?))
-        .await?
-        .into_iter()
-        .map(|(r, _)| r)
-        .filter(|r| only.is_none_or(|id| r.id == id))
-        .collect();
-    let outcomes: Vec<(Uuid, RepoSyncOutcome)> = futures_util::stream::iter(repos)
-        .map(|repo| {
-            let github = github.clone();
-            async move {
-                let id = repo.id;
-                (id, sync_repository(state, &github, repo).await)
-            }
-        })
-        .buffer_unordered(SYNC_CONCURRENCY)
-        .collect()
-        .await;
-    state.wake(
-        Loops::OUTBOX
-            .and(Loops::RUNNER)
-            .when(outcomes.iter().any(|(_, o)| o.created > 0)),
-    );
-    Ok(outcomes)
-}
-
-async fn sync_repository(state: &Service, github: &GitHub, repo: Repository) -> RepoSyncOutcome {
+async fn sync_repository(service: &Service, github: &GitHub, repo: Repository) -> RepoSyncOutcome {
     let mut outcome = RepoSyncOutcome::default();
     let repo_id = repo.id;
-    let full_every = state.parts.codehost.timing.full_sync_every;
-    let read = match state
+    let full_every = service.parts.codehost.timing.full_sync_every;
+    let read = match service
         .db(move |conn| Ok(issues::sync_cursor(conn, repo_id)?))
         .await
     {
-        Ok(cursor) => read_issues(state, github, &repo, cursor, full_every).await,
+        Ok(cursor) => read_issues(service, github, &repo, cursor, full_every).await,
         Err(e) => Err(SyncFailure::Storage(e.to_string())),
     };
     match read {
@@ -422,7 +462,7 @@ async fn sync_repository(state: &Service, github: &GitHub, repo: Repository) -> 
             let message = format!("syncing {}: {e}", repo.url);
             tracing::warn!(repo = %repo.url, error = %e, "issue sync failed");
             outcome.error = Some(message.clone());
-            if let Err(e) = state
+            if let Err(e) = service
                 .db(move |conn| Ok(issues::mark_issues_sync_failed(conn, repo_id, &message)?))
                 .await
             {
@@ -436,7 +476,7 @@ async fn sync_repository(state: &Service, github: &GitHub, repo: Repository) -> 
     }
     // Labelled issues become tasks even when the list did not change: an earlier attempt
     // may have failed after the sync was stored.
-    let assigned = state
+    let assigned = service
         .db(move |conn| {
             let mut created = 0;
             for issue in issues::unlinked_with_label(conn, repo.id, SERVICE_LABEL)? {
@@ -495,7 +535,7 @@ impl From<ServiceError> for SyncFailure {
 /// * The last full read found no open issue (no watermark): its query again, conditionally.
 /// * Otherwise the issues updated since a little before the watermark ([`read_changes`]).
 async fn read_issues(
-    state: &Service,
+    service: &Service,
     github: &GitHub,
     repo: &Repository,
     cursor: IssueSyncCursor,
@@ -512,23 +552,23 @@ async fn read_issues(
                 // First the changes since the last sync, so that issues closed since leave
                 // the copy as closings and only issues gone without a trace (deleted,
                 // transferred) are left for the full read to check one by one.
-                read_changes(state, github, repo, watermark, cursor.etag.as_deref()).await?;
+                read_changes(service, github, repo, watermark, cursor.etag.as_deref()).await?;
             }
             let etag = cursor
                 .etag
                 .as_deref()
                 .filter(|_| !due && cursor.watermark.is_none());
-            match read_all_open(state, github, repo, etag).await? {
+            match read_all_open(service, github, repo, etag).await? {
                 None => return Ok(true),
                 Some(None) => return Ok(false),
                 Some(Some(watermark)) => {
-                    read_changes(state, github, repo, watermark, None).await?;
+                    read_changes(service, github, repo, watermark, None).await?;
                     return Ok(false);
                 }
             }
         }
     };
-    read_changes(state, github, repo, watermark, cursor.etag.as_deref()).await
+    read_changes(service, github, repo, watermark, cursor.etag.as_deref()).await
 }
 
 /// Reads every open issue and stores them as the copy (`etag`: conditional, for a
@@ -538,7 +578,7 @@ async fn read_issues(
 /// list read while an issue on an earlier page closes shifts by one and skips an issue,
 /// and that issue must not vanish from the view.
 async fn read_all_open(
-    state: &Service,
+    service: &Service,
     github: &GitHub,
     repo: &Repository,
     etag: Option<&str>,
@@ -547,7 +587,7 @@ async fn read_all_open(
     let repo_id = repo.id;
     let (list, etag) = match github.open_issues(owner, name, etag).await? {
         Conditional::NotModified => {
-            state
+            service
                 .db(move |conn| Ok(issues::mark_issues_unchanged(conn, repo_id, now())?))
                 .await?;
             return Ok(None);
@@ -561,7 +601,7 @@ async fn read_all_open(
         ),
     };
     let watermark = list.iter().map(|i| i.updated_at).max();
-    let stored = state
+    let stored = service
         .db(move |conn| Ok(issues::synced_numbers(conn, repo_id)?))
         .await?;
     let listed: std::collections::HashSet<i64> = list.iter().map(|i| i.number).collect();
@@ -592,7 +632,7 @@ async fn read_all_open(
     // incremental query, whose ETag is stored by `read_changes`.
     let etag = etag.filter(|_| watermark.is_none());
     let read = list.clone();
-    state
+    service
         .db(move |conn| {
             Ok(issues::store_full_read(
                 conn,
@@ -618,7 +658,7 @@ async fn read_all_open(
 /// later page and leave the first unchanged, so such an answer is read again without
 /// `If-None-Match` until a later update moves the watermark on.
 async fn read_changes(
-    state: &Service,
+    service: &Service,
     github: &GitHub,
     repo: &Repository,
     watermark: time::OffsetDateTime,
@@ -632,7 +672,7 @@ async fn read_changes(
         .await?
     {
         Conditional::NotModified => {
-            state
+            service
                 .db(move |conn| Ok(issues::mark_issues_unchanged(conn, repo_id, now())?))
                 .await?;
             return Ok(true);
@@ -652,7 +692,7 @@ async fn read_changes(
             closed.push((number, issue.updated_at));
         }
     }
-    state
+    service
         .db(move |conn| {
             Ok(issues::apply_issue_changes(
                 conn,
@@ -668,38 +708,14 @@ async fn read_changes(
     Ok(false)
 }
 
-/// Makes sure `number` is an open issue of `repo` in the synced copy, syncing that
-/// repository once when it is not there yet: `Ok(true)` if it is (now), `Ok(false)` if the
-/// code host does not list it as an open issue (a pull request, a closed issue, or no such
-/// number). A sync that fails answers the code host's error (503 or 422); no token, 412.
-pub async fn known_open_issue(
-    state: &Service,
-    repo_id: Uuid,
-    number: i64,
-) -> Result<bool, ServiceError> {
-    let known = state
-        .db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
-        .await?;
-    if known {
-        return Ok(true);
-    }
-    let outcomes = sync_issues(state, Some(repo_id)).await?;
-    if let Some(message) = outcomes.into_iter().find_map(|(_, o)| o.error) {
-        return Err(ServiceError::CodeHostUnavailable(message));
-    }
-    state
-        .db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
-        .await
-}
-
 /// The periodic issue sync: every `interval`, while the process runs. Without a stored token
 /// it waits for one.
-pub async fn issue_sync_loop(state: Service, interval: Duration) {
+pub async fn issue_sync_loop(service: Service, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match sync_issues(&state, None).await {
+        match service.sync_issues(None).await {
             Ok(outcomes) => {
                 let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
                 tracing::debug!(repositories = outcomes.len(), failed, "issue sync done");
@@ -780,33 +796,11 @@ pub async fn deliver(
     }
 }
 
-/// Claims the effects due at `at` and delivers them ([`deliver`]); returns how many were
-/// delivered. Without a stored token nothing is claimed.
-pub async fn deliver_due(state: &Service, at: OffsetDateTime) -> Result<usize, ServiceError> {
-    let github = &state.github().await?;
-    delivery::deliver_due(
-        state,
-        &state.parts.codehost.outbox,
-        at,
-        |effect: Effect| async move {
-            let repo_id = effect.repo_id;
-            let repo = state
-                .db(move |conn| Ok(repos::get_repository(conn, repo_id)?))
-                .await
-                .map_err(|e| e.to_string())?;
-            deliver(github, &repo, &effect)
-                .await
-                .map_err(|e| e.to_string())
-        },
-    )
-    .await
-}
-
-/// The outbox worker: rounds of [`deliver_due`], sleeping in between until the next effect
+/// The outbox worker: rounds of [`Service::deliver_due_effects`], sleeping in between until the next effect
 /// is due or [`CodeHost::wake_outbox`] wakes it.
-pub async fn outbox_loop(state: Service) {
-    delivery::run(&state, &state.parts.codehost.outbox, || {
-        deliver_due(&state, now())
+pub async fn outbox_loop(service: Service) {
+    delivery::run(&service, &service.parts.codehost.outbox, || {
+        service.deliver_due_effects(now())
     })
     .await;
 }

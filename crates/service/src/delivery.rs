@@ -80,7 +80,7 @@ impl<T: Entry + Send + 'static> Worker<T> {
 /// failed, stored as the entry's last error), and marks it delivered or failed. Returns how
 /// many were delivered.
 pub(crate) async fn deliver_due<T, S, F>(
-    state: &Service,
+    service: &Service,
     worker: &Worker<T>,
     at: OffsetDateTime,
     mut send: S,
@@ -91,7 +91,7 @@ where
     F: Future<Output = Result<(), String>>,
 {
     let (queue, lease) = (worker.queue, worker.lease);
-    let claimed = state
+    let claimed = service
         .db(move |conn| Ok(queue.claim_due(conn, at, lease, BATCH)?))
         .await?;
     let mut delivered = 0;
@@ -99,7 +99,7 @@ where
         let (id, attempts) = (entry.id(), entry.attempts());
         match send(entry).await {
             Ok(()) => {
-                state
+                service
                     .db(move |conn| Ok(queue.mark_delivered(conn, id, now())?))
                     .await?;
                 tracing::info!(what = worker.what, id = %id, "delivered");
@@ -112,7 +112,7 @@ where
                     error = %message, "delivery failed; will retry"
                 );
                 let retry_at = now() + delay;
-                state
+                service
                     .db(move |conn| Ok(queue.mark_failed(conn, id, &message, retry_at)?))
                     .await?;
             }
@@ -123,7 +123,7 @@ where
 
 /// The loop: runs `round` (a [`deliver_due`] with the queue's send step), then sleeps until
 /// the next entry is due, the worker is woken, or its idle time passes; forever.
-pub(crate) async fn run<T, R, F>(state: &Service, worker: &Worker<T>, mut round: R)
+pub(crate) async fn run<T, R, F>(service: &Service, worker: &Worker<T>, mut round: R)
 where
     T: Entry + Send + 'static,
     R: FnMut() -> F,
@@ -134,7 +134,7 @@ where
         if let Err(e) = round().await {
             tracing::debug!(what = worker.what, error = %e, "delivery round skipped");
         }
-        let next = state
+        let next = service
             .db(move |conn| Ok(queue.next_due(conn)?))
             .await
             .ok()

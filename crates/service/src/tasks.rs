@@ -201,7 +201,7 @@ impl Service {
                 Ok((repo.url, linked.is_some()))
             })
             .await?;
-        if !linked && !codehost::known_open_issue(self, repo_id, issue_number).await? {
+        if !linked && !self.known_open_issue(repo_id, issue_number).await? {
             return Err(ServiceError::NotFound(format!(
                 "issue #{issue_number} is not an open issue of {repo_url}: the code host lists \
                  no open issue with that number (it is a pull request, closed, or does not \

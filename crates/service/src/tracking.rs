@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::codehost::{self, SERVICE_LABEL};
+use crate::codehost::SERVICE_LABEL;
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
@@ -367,7 +367,7 @@ pub fn handle_webhook(
 /// Syncs one repository's issues after a webhook said one was labelled; failures are logged
 /// (the periodic sync catches up).
 async fn sync_after_webhook(service: Service, repo_id: Uuid) {
-    if let Err(e) = codehost::sync_issues(&service, Some(repo_id)).await {
+    if let Err(e) = service.sync_issues(Some(repo_id)).await {
         tracing::warn!(repo = %repo_id, error = %e, "issue sync after a webhook failed");
     }
 }

@@ -359,16 +359,11 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
             env.state.service.master_key().clone(),
         );
         let at = agentry_persistence::now();
-        assert_eq!(
-            codehost::deliver_due(&restarted.service, at).await.unwrap(),
-            0
-        );
+        assert_eq!(restarted.service.deliver_due_effects(at).await.unwrap(), 0);
         // …then both effects are delivered, and the comment is recognised by its marker.
         let later = at + time::Duration::minutes(3);
         assert_eq!(
-            codehost::deliver_due(&restarted.service, later)
-                .await
-                .unwrap(),
+            restarted.service.deliver_due_effects(later).await.unwrap(),
             2
         );
         assert_eq!(comments_of(&env.fake, number).len(), 1);
@@ -494,14 +489,10 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
         env.connect("acme", &name);
     }
     let before = env.fake.rate_limit_remaining();
-    codehost::sync_issues(&env.state.service, None)
-        .await
-        .unwrap();
+    env.state.service.sync_issues(None).await.unwrap();
     assert_eq!(env.count("synced_issues"), 60);
     env.fake.reset_counts();
-    let outcomes = codehost::sync_issues(&env.state.service, None)
-        .await
-        .unwrap();
+    let outcomes = env.state.service.sync_issues(None).await.unwrap();
     assert!(
         outcomes
             .iter()
@@ -602,9 +593,7 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
                 .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
             env.fake.advance_clock(std::time::Duration::from_secs(1));
         }
-        codehost::sync_issues(&env.state.service, None)
-            .await
-            .unwrap();
+        env.state.service.sync_issues(None).await.unwrap();
         assert_eq!(env.count("synced_issues"), 150);
 
         // A new process on the same database; meanwhile #1 (page 2 of the open issues)
@@ -617,9 +606,7 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
         env.fake.close_issue("acme", "web", 1);
         env.fake.add_label("acme", "web", 2, "bug");
         env.fake.reset_counts();
-        let outcomes = codehost::sync_issues(&restarted.service, None)
-            .await
-            .unwrap();
+        let outcomes = restarted.service.sync_issues(None).await.unwrap();
         assert!(
             outcomes.iter().all(|(_, o)| o.error.is_none()),
             "{outcomes:?}"
@@ -665,7 +652,7 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
         env.fake
             .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
     }
-    codehost::sync_issues(&state.service, None).await.unwrap();
+    state.service.sync_issues(None).await.unwrap();
     // An issue the copy holds but the code host no longer lists (deleted there: updates
     // never report it).
     let mut gone = agentry_persistence::issues::open_issues(&mut env.db().conn().unwrap(), None)
@@ -687,13 +674,13 @@ async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
     .unwrap();
     assert_eq!(env.count("synced_issues"), 4);
     // Before the full read is due, an incremental sync does not notice.
-    codehost::sync_issues(&state.service, None).await.unwrap();
+    state.service.sync_issues(None).await.unwrap();
     assert_eq!(env.count("synced_issues"), 4);
     // Once the full read is due (1 s after the last one), a sync reads every issue and
     // drops the one gone. Until then each sync is incremental and keeps it.
     agentry_testkit::wait::eventually_async(PATIENCE, "a full read", async || {
         env.fake.reset_counts();
-        codehost::sync_issues(&state.service, None).await.unwrap();
+        state.service.sync_issues(None).await.unwrap();
         if env.count("synced_issues") == 3 {
             return true;
         }

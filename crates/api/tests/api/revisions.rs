@@ -15,7 +15,6 @@ use agentry_codehost::webhook::sign;
 use agentry_fake_github::payloads;
 use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
-use agentry_service::codehost;
 use agentry_service::revisions::{self, RevisionSettings};
 use agentry_testkit::git::git;
 use agentry_testkit::wait::eventually_async;
@@ -241,7 +240,9 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     .await;
 
     // The round is acknowledged once on the pull request.
-    codehost::deliver_due(&rig.state.service, agentry_persistence::now())
+    rig.state
+        .service
+        .deliver_due_effects(agentry_persistence::now())
         .await
         .unwrap();
     let replies: Vec<String> = rig
@@ -333,7 +334,9 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     assert!(prompt.contains("AGENT_CHANGES.md` line 1"), "{prompt}");
     assert!(!prompt.contains("rewrite everything"), "{prompt}");
 
-    codehost::deliver_due(&rig.state.service, agentry_persistence::now())
+    rig.state
+        .service
+        .deliver_due_effects(agentry_persistence::now())
         .await
         .unwrap();
     let reactions = fake.reactions(OWNER, NAME);
@@ -465,7 +468,9 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
         .map(|f| f["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(outcomes, ["taken", "over_limit", "over_limit"]);
-    codehost::deliver_due(&rig.state.service, agentry_persistence::now())
+    rig.state
+        .service
+        .deliver_due_effects(agentry_persistence::now())
         .await
         .unwrap();
     let ours: Vec<String> = fake

@@ -322,7 +322,9 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     rig.state.service.poll_pull_requests().await.unwrap();
     let done = wait_for_state(&app, &t, &id, "completed").await;
     assert_eq!(done["costUsd"], "0.123456");
-    agentry_service::codehost::deliver_due(&rig.state.service, agentry_persistence::now())
+    rig.state
+        .service
+        .deliver_due_effects(agentry_persistence::now())
         .await
         .unwrap();
     assert_eq!(

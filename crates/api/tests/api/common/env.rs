@@ -76,9 +76,7 @@ impl Env {
     /// leases run out); returns how many were delivered.
     pub async fn deliver(&self, ahead: i64) -> usize {
         let at = agentry_persistence::now() + time::Duration::seconds(ahead);
-        codehost::deliver_due(&self.state.service, at)
-            .await
-            .unwrap()
+        self.state.service.deliver_due_effects(at).await.unwrap()
     }
 
     pub fn count(&self, table: &str) -> i64 {

@@ -87,7 +87,7 @@ pub fn tokens(db: &Db) -> Tokens {
 }
 
 /// Timings for tests: retry delays long enough that a test decides when time passes (see
-/// `codehost::deliver_due`), and no full issue read within a test.
+/// `Service::deliver_due_effects`), and no full issue read within a test.
 pub fn test_timing() -> Timing {
     Timing {
         full_sync_every: Duration::from_secs(3600),
