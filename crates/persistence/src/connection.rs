@@ -393,6 +393,43 @@ pub fn run_migrations(conn: &mut AnyConnection) -> Result<Vec<String>, DbError> 
     result
 }
 
+/// Runs the reads of `f` on one snapshot of the database, so that what they return is
+/// consistent (a task and its runs, say, never a run the task's totals do not count yet):
+/// `BEGIN` on SQLite (in WAL mode the snapshot is taken at the first read), `BEGIN
+/// ISOLATION LEVEL REPEATABLE READ, READ ONLY` on PostgreSQL, where READ COMMITTED would give
+/// each statement a snapshot of its own. Inside an open transaction, `f` simply runs in it.
+pub fn read_tx<T, E, F>(conn: &mut AnyConnection, f: F) -> Result<T, E>
+where
+    F: FnOnce(&mut AnyConnection) -> Result<T, E>,
+    E: From<DbError>,
+{
+    let failed = |e: diesel::result::Error| E::from(DbError::from(e));
+    let depth =
+        <AnyConnection as Connection>::TransactionManager::transaction_manager_status_mut(conn)
+            .transaction_depth()
+            .map_err(failed)?;
+    if depth.is_some() {
+        return f(conn);
+    }
+    match conn {
+        AnyConnection::Sqlite(c) => {
+            AnsiTransactionManager::begin_transaction_sql(c, "BEGIN").map_err(failed)?;
+        }
+        AnyConnection::Postgresql(c) => {
+            AnsiTransactionManager::begin_transaction_sql(
+                c,
+                "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+            )
+            .map_err(failed)?;
+        }
+    }
+    let result = f(conn);
+    // Nothing was written: the end of the transaction only releases the snapshot. A failed
+    // end leaves the connection marked broken and the pool discards it.
+    let _ = <AnyConnection as Connection>::TransactionManager::rollback_transaction(conn);
+    result
+}
+
 /// Runs `f` in a write transaction and commits when it returns `Ok`, rolls back otherwise.
 ///
 /// On SQLite the writer first waits its turn in the process's FIFO queue of writers of that

@@ -42,6 +42,8 @@ pub mod test_support;
 pub mod tokens;
 pub mod webhooks;
 
-pub use connection::{AnyConnection, Backend, DatabaseUrl, Db, PooledConnection, write_tx};
+pub use connection::{
+    AnyConnection, Backend, DatabaseUrl, Db, PooledConnection, read_tx, write_tx,
+};
 pub use convert::now;
 pub use error::DbError;

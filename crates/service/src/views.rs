@@ -72,17 +72,22 @@ impl Service {
 
     /// Task `id` with its runs, state history, review subtasks, blocked egress, run triggers
     /// and feedback.
+    ///
+    /// All of it is read on one snapshot (a run is never shown that the task's totals do not
+    /// count yet).
     pub async fn task_detail(&self, id: Uuid) -> Result<TaskDetail, ServiceError> {
         self.db(move |conn| {
-            let task = tasks::find_task(conn, id)?.ok_or_else(|| task_not_found(id))?;
-            Ok(TaskDetail {
-                task,
-                runs: tasks::task_runs(conn, id)?,
-                events: tasks::task_events(conn, id)?,
-                reviews: tasks::review_tasks(conn, id)?,
-                egress_blocked: metering::task_blocked(conn, id)?,
-                run_triggers: revisions::run_triggers(conn, id)?,
-                feedback: revisions::of_task(conn, id)?,
+            agentry_persistence::read_tx(conn, |conn| {
+                let task = tasks::find_task(conn, id)?.ok_or_else(|| task_not_found(id))?;
+                Ok(TaskDetail {
+                    task,
+                    runs: tasks::task_runs(conn, id)?,
+                    events: tasks::task_events(conn, id)?,
+                    reviews: tasks::review_tasks(conn, id)?,
+                    egress_blocked: metering::task_blocked(conn, id)?,
+                    run_triggers: revisions::run_triggers(conn, id)?,
+                    feedback: revisions::of_task(conn, id)?,
+                })
             })
         })
         .await

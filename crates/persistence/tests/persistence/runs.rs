@@ -39,6 +39,32 @@ fn record(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
 }
 
 agentry_persistence::backend_tests! {
+    // A task and its runs read in one `read_tx` are one snapshot: a run recorded by another
+    // connection between the two reads is in neither (never a run the task's cost does not
+    // count yet), and both afterwards.
+    fn a_task_and_its_runs_read_together_are_consistent(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, T0);
+        let mut reader = db.conn().unwrap();
+        let mut writer = db.conn().unwrap();
+        let (cost, runs) = agentry_persistence::read_tx(&mut reader, |conn| {
+            let cost = tasks::get_task(conn, task.id)?.cost_usd;
+            tasks::record_run(&mut writer, &run(&task, 0, Some("0.25")))?;
+            let runs = tasks::task_runs(conn, task.id)?.len();
+            Ok::<_, DbError>((cost, runs))
+        })
+        .unwrap();
+        assert_eq!((cost, runs), (None, 0));
+        let (cost, runs) = agentry_persistence::read_tx(&mut reader, |conn| {
+            Ok::<_, DbError>((
+                tasks::get_task(conn, task.id)?.cost_usd,
+                tasks::task_runs(conn, task.id)?.len(),
+            ))
+        })
+        .unwrap();
+        assert_eq!((cost, runs), (Some(usd("0.25")), 1));
+    }
+
     // Recording a run and its log needs no transaction of the caller's: each wraps itself.
     fn a_run_and_its_log_are_recorded_without_a_callers_transaction(db) {
         let repo = repo(db);
