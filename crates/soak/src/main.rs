@@ -183,6 +183,9 @@ fn run(p: &Params) -> Result<bool, String> {
         ("AGENTRY_RUN_LEASE_SECS".into(), p.lease_secs.to_string()),
         ("AGENTRY_RUN_TIME_LIMIT_SECS".into(), "300".into()),
         ("AGENTRY_AGENT_SANDBOX".into(), "off".into()),
+        // The fake agent runs unsandboxed as the harness's user, which is root in CI: a root
+        // service refuses unsandboxed agents unless allowed (docs/security.md#the-agents-user).
+        ("AGENTRY_ALLOW_ROOT".into(), "1".into()),
         (
             "RUST_LOG".into(),
             std::env::var("SOAK_RUST_LOG").unwrap_or_else(|_| "info".into()),
