@@ -123,13 +123,5 @@ async fn an_agent_of_another_user_reaches_the_gateway_and_the_proxy() {
         "{}",
         execution.output
     );
-    let seen = std::fs::read_to_string(rig.home(task).join("net")).unwrap();
-    assert_eq!(
-        seen,
-        "gateway reached: gateway GET /v1/messages\n\
-         proxy reached: proxy GET /\n\
-         host unreachable\n\
-         routes 0\n\
-         interfaces lo \n"
-    );
+    crate::network::assert_only_gateway_and_proxy(&rig, task);
 }

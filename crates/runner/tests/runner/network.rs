@@ -198,6 +198,20 @@ fn metered_runner(rig: &Rig, network: &Arc<TestNetwork>, sandbox: Sandbox) -> Ar
     }))
 }
 
+/// What [`network_checker`] wrote for `task` of `rig`: the gateway and the proxy reached
+/// through the forwarder, the host's server not, no route and no interface but `lo`.
+pub(crate) fn assert_only_gateway_and_proxy(rig: &Rig, task: Uuid) {
+    let seen = std::fs::read_to_string(rig.home(task).join("net")).unwrap();
+    assert_eq!(
+        seen,
+        "gateway reached: gateway GET /v1/messages\n\
+         proxy reached: proxy GET /\n\
+         host unreachable\n\
+         routes 0\n\
+         interfaces lo \n"
+    );
+}
+
 /// An agent (posing as Claude Code) that checks what the network inside its sandbox
 /// reaches and writes it to `$HOME/net`: the gateway and the proxy through the forwarder,
 /// the host's server on `host_port`, the routes and the interfaces. Then it succeeds
@@ -263,15 +277,7 @@ async fn inside_the_sandbox_only_the_gateway_and_the_proxy_are_reachable() {
         execution.output
     );
     assert!(execution.sandboxed && execution.metered);
-    let seen = std::fs::read_to_string(rig.home(task).join("net")).unwrap();
-    assert_eq!(
-        seen,
-        "gateway reached: gateway GET /v1/messages\n\
-         proxy reached: proxy GET /\n\
-         host unreachable\n\
-         routes 0\n\
-         interfaces lo \n"
-    );
+    assert_only_gateway_and_proxy(&rig, task);
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
     let opened = network.opened();
     assert_eq!(opened.len(), 1);
