@@ -7,7 +7,7 @@
 //! ([`revisions::insert`]). A round starts when the quiet period after the latest feedback
 //! has passed ([`Service::start_due_rounds`], driven by [`revision_loop`]): the task goes `pr_opened →
 //! queued` and the runner treats it as any queued task, with a revision's job
-//! (`runs.rs`).
+//! (`runs/prepare.rs`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

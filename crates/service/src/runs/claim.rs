@@ -1,0 +1,151 @@
+//! Claiming and running: a queued task is claimed with a lease, its job prepared
+//! ([`super::prepare`]) and handed to the runner, and its lease renewed while the agent
+//! runs and its outcome is published (see the [parent module](super)).
+
+use super::*;
+
+/// Claims the oldest queued task this process may run, with a lease in this runner's name.
+pub(super) async fn claim(service: &Service) -> Result<Option<Task>, ServiceError> {
+    let owner = service.parts.runs.owner.clone();
+    let lease = lease_of(&service.parts.runs.settings);
+    service
+        .db(move |conn| Ok(claims::claim_next(conn, &owner, now(), lease)?))
+        .await
+}
+
+impl Service {
+    /// Claims the oldest queued task and runs it to its end; returns its id, or `None` when
+    /// nothing was queued. (The loop does the same with several slots; tests use this.)
+    pub async fn run_next(&self) -> Result<Option<Uuid>, ServiceError> {
+        let Some(task) = claim(self).await? else {
+            return Ok(None);
+        };
+        let id = task.id;
+        run_task(self, task).await;
+        money_freed(self).await;
+        Ok(Some(id))
+    }
+}
+
+/// After a run's reserve went back (the run ended, was recovered or cancelled): the tasks a
+/// budget blocked are candidates again, and the next claim decides anew with what is left.
+pub(super) async fn money_freed(service: &Service) {
+    let unblocked = service
+        .db(|conn| Ok(agentry_persistence::budgets::unblock(conn, None)?))
+        .await;
+    match unblocked {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(tasks = n, "blocked tasks are candidates again"),
+        Err(e) => tracing::warn!(error = %e, "could not unblock tasks after a run"),
+    }
+    // The run's cost is recorded: a budget may have reached an alert threshold.
+    service.check_budget_alerts_logged().await;
+}
+
+/// Runs one claimed task to its end. Never fails: problems become the task's failure.
+pub(super) async fn run_task(service: &Service, task: Task) {
+    let id = task.id;
+    let attempt = task.attempt;
+    tracing::info!(task = %id, attempt, kind = task.task_type.as_str(), "run started");
+    let prepared = {
+        let key = service.parts.codehost.master_key().clone();
+        let task = task.clone();
+        let settings = service.parts.runs.settings.clone();
+        // Local clone URLs only when the code host is a local fake (tests).
+        let allow_local = is_loopback_url(service.parts.codehost.api_url());
+        service
+            .db(move |conn| prepare(conn, &key, &task, &settings, allow_local))
+            .await
+    };
+    let prepared = match prepared {
+        Ok(Ok(p)) => p,
+        Ok(Err(refusal)) => {
+            settle_without_run(service, &task, &refusal).await;
+            return;
+        }
+        Err(e) => {
+            // The database is unreachable: leave the lease to expire; recovery requeues.
+            tracing::error!(task = %id, error = %e, "could not prepare a run");
+            return;
+        }
+    };
+    let (cancel, cancelled) = watch::channel(false);
+    lock(&service.parts.runs.active).insert(id, cancel.clone());
+    let (started, on_start) = oneshot::channel();
+    let renewer = tokio::spawn(renew_lease(service.clone(), id, cancel.clone()));
+    let running = {
+        let service = service.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if on_start.await.is_err() {
+                return;
+            }
+            let moved = transition(
+                &service,
+                id,
+                Trigger::AgentStarted,
+                TransitionDetails::default(),
+            )
+            .await;
+            if let Err(e) = moved {
+                tracing::info!(task = %id, error = %e, "the task left provisioning; stopping the agent");
+                let _ = cancel.send(true);
+            }
+        })
+    };
+    let control = Control {
+        cancel: cancelled,
+        started: Some(started),
+    };
+    let execution = service
+        .parts
+        .runs
+        .runner
+        .execute(prepared.job.clone(), control)
+        .await;
+    let _ = running.await;
+    if service.parts.runs.stopping.load(Ordering::SeqCst) {
+        // Shutting down: the task stays leased and is recovered after the restart, with
+        // the cost its output shows.
+        renewer.abort();
+        lock(&service.parts.runs.active).remove(&id);
+        return;
+    }
+    // The lease is still renewed while the outcome is published (which may wait out a
+    // failing code host); a refused renewal (cancelled, or recovered elsewhere) stops that.
+    let settled = settle(service, &task, &prepared, execution, cancel.subscribe()).await;
+    renewer.abort();
+    lock(&service.parts.runs.active).remove(&id);
+    match settled {
+        Ok(()) => {
+            if !service.parts.runs.settings.keep_run_dirs {
+                service.parts.runs.runner.discard(id, attempt);
+            }
+        }
+        Err(e) => {
+            tracing::error!(task = %id, error = %e, "could not record a run; it is recovered when its lease expires");
+        }
+    }
+}
+
+/// Renews the lease every third of its length; a refused renewal stops the agent.
+async fn renew_lease(service: Service, id: Uuid, cancel: watch::Sender<bool>) {
+    let every = service.parts.runs.settings.lease / 3;
+    let lease = lease_of(&service.parts.runs.settings);
+    loop {
+        tokio::time::sleep(every).await;
+        let owner = service.parts.runs.owner.clone();
+        let renewed = service
+            .db(move |conn| Ok(claims::renew_lease(conn, id, &owner, now() + lease)?))
+            .await;
+        match renewed {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(task = %id, "the task is no longer this runner's (cancelled or recovered); stopping the agent");
+                let _ = cancel.send(true);
+                return;
+            }
+            Err(e) => tracing::warn!(task = %id, error = %e, "could not renew a lease"),
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Settling a run: its cost recorded first, then what it produced published, then the
+//! task's state change in one transaction (see the [parent module](super)).
+
+use super::*;
+
+/// Fails a task that could not run at all (no agent ran, so no run is recorded).
+pub(super) async fn settle_without_run(service: &Service, task: &Task, message: &str) {
+    let id = task.id;
+    let details = TransitionDetails {
+        reason: Some(message.to_owned()),
+        error_message: Some(message.to_owned()),
+        pull_request: None,
+    };
+    let failed = transition(service, id, Trigger::Fail, details).await;
+    match failed {
+        Ok(_) => tracing::warn!(task = %id, reason = message, "task failed before its agent ran"),
+        Err(e) => tracing::info!(task = %id, error = %e, "could not fail a task"),
+    }
+}
+
+/// What the settling transaction does besides recording the run.
+struct Settlement {
+    trigger: Option<(Trigger, TransitionDetails)>,
+    review: Option<NewTask>,
+    /// What agentry says on the pull request (a revision that changed nothing or failed).
+    reply: Option<Action>,
+}
+
+/// The coding task's work is on its pull request (opened, or a revision pushed to it):
+/// `pr_opened`, and the review task when the repository reviews automatically.
+fn published(
+    prepared: &Prepared,
+    task: &Task,
+    pull_request: PullRequestRef,
+    reason: String,
+) -> Settlement {
+    Settlement {
+        trigger: Some((
+            Trigger::PullRequestOpened,
+            TransitionDetails {
+                reason: Some(reason),
+                error_message: None,
+                pull_request: Some(pull_request),
+            },
+        )),
+        review: prepared
+            .repo
+            .settings
+            .auto_review
+            .then(|| review_task(task, &prepared.repo)),
+        reply: None,
+    }
+}
+
+/// The task fails with `message` (its reason and its error).
+fn fail_with(message: String) -> Settlement {
+    Settlement {
+        trigger: Some((
+            Trigger::Fail,
+            TransitionDetails {
+                reason: Some(message.clone()),
+                error_message: Some(message),
+                pull_request: None,
+            },
+        )),
+        review: None,
+        reply: None,
+    }
+}
+
+/// Records the run, publishes what it produced, then makes the state change.
+///
+/// The run (its cost) is recorded first, as soon as the agent's result is known, so that no
+/// cost depends on this process surviving the publishing or on which replica recovers the
+/// task. Publishing then waits out code-host failures whose outcome is unknown; only a
+/// definite refusal fails the task.
+pub(super) async fn settle(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: Execution,
+    cancel: watch::Receiver<bool>,
+) -> Result<(), ServiceError> {
+    let outcome = match &execution.verdict {
+        Verdict::Pushed { .. } | Verdict::Reviewed { .. } | Verdict::NoChanges => {
+            RunOutcome::Succeeded
+        }
+        Verdict::Failed(_) => RunOutcome::Failed,
+        Verdict::Cancelled => RunOutcome::Cancelled,
+        Verdict::TimedOut(_) => RunOutcome::TimedOut,
+    };
+    let run = run_record(task, &prepared.job, &execution, outcome);
+    log_warnings(task, execution.report.as_ref());
+    let log = RunLog::of(&execution.output);
+    let id = task.id;
+    let attempt = task.attempt;
+    let metered = execution.metered;
+    if metered
+        && let Some(gateway) = &service.parts.runs.gateway
+        && !gateway.drain(id, attempt, DRAIN_WAIT).await
+    {
+        tracing::warn!(task = %id, attempt, "metered calls of the run are still being written; recording what is there");
+    }
+    let (recorded, cost) = service
+        .db(move |conn| record_run(conn, run, metered, &log))
+        .await?;
+    match recorded {
+        RunRecorded::Current => {}
+        RunRecorded::Late => {
+            tracing::warn!(task = %id, attempt, "the task was recovered elsewhere during the run; its cost is recorded, its outcome not published");
+            return Ok(());
+        }
+        RunRecorded::AlreadyRecorded => {
+            tracing::info!(task = %id, attempt, "the run was already recorded by a recoverer; nothing is published");
+            return Ok(());
+        }
+    }
+    // The reserve went back with the recording: blocked tasks may run now.
+    money_freed(service).await;
+    let mut patience = Patience::new(&service.parts.runs.settings, cancel);
+    let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
+    let settlement = match &execution.verdict {
+        Verdict::Pushed { .. } if revision => {
+            let pull_request = PullRequestRef {
+                url: task.pr_url.clone().unwrap_or_default(),
+                number: task.pr_number.unwrap_or_default(),
+            };
+            let reason = format!("revision pushed to pull request #{}", pull_request.number);
+            published(prepared, task, pull_request, reason)
+        }
+        Verdict::Pushed { branch, .. } => {
+            match open_pull_request(service, prepared, task, branch, cost, &mut patience).await {
+                Published::Done(pull_request) => {
+                    let reason = format!("pull request #{} opened", pull_request.number);
+                    published(prepared, task, pull_request, reason)
+                }
+                Published::Refused(message) => fail_with(message),
+                Published::Stopped => return Ok(()),
+            }
+        }
+        Verdict::Reviewed { text } => {
+            match post_review(service, prepared, task, text, cost, &mut patience).await {
+                Published::Done(pull_request) => Settlement {
+                    trigger: Some((
+                        Trigger::ReviewPosted,
+                        TransitionDetails {
+                            reason: Some(format!(
+                                "review posted on pull request #{}",
+                                pull_request.number
+                            )),
+                            error_message: None,
+                            pull_request: Some(pull_request),
+                        },
+                    )),
+                    review: None,
+                    reply: None,
+                },
+                Published::Refused(message) => fail_with(message),
+                Published::Stopped => return Ok(()),
+            }
+        }
+        // A metered run's cost is known from its calls: no note about the agent's own figure.
+        Verdict::NoChanges if execution.metered => fail_with("the agent made no changes".into()),
+        Verdict::NoChanges => fail_with(with_cost_note(
+            "the agent made no changes".into(),
+            execution.report.as_ref(),
+        )),
+        Verdict::Failed(m) | Verdict::TimedOut(m) if execution.metered => fail_with(m.clone()),
+        Verdict::Failed(m) | Verdict::TimedOut(m) => {
+            fail_with(with_cost_note(m.clone(), execution.report.as_ref()))
+        }
+        Verdict::Cancelled => Settlement {
+            trigger: None,
+            review: None,
+            reply: None,
+        },
+    };
+    // A revision that pushed nothing leaves the pull request as it was: say so there.
+    let settlement = match (&settlement.trigger, revision) {
+        (Some((Trigger::Fail, details)), true) => {
+            let why = details.reason.clone().unwrap_or_default();
+            Settlement {
+                reply: Some(revision_end_reply(task, &why)),
+                ..settlement
+            }
+        }
+        _ => settlement,
+    };
+    let reply = settlement.reply.clone();
+    let repo_id = prepared.repo.id;
+    let queued_review = settlement.review.is_some();
+    let settlement_replied = settlement.reply.is_some();
+    let moved = service
+        .commit(
+            move |conn| {
+                Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                    let current = tasks::get_task(conn, id)?;
+                    if current.attempt != attempt {
+                        // Recovered by someone else meanwhile: that attempt is theirs now.
+                        return Ok(false);
+                    }
+                    if let Some((trigger, details)) = &settlement.trigger {
+                        match tasks::transition_task(conn, id, *trigger, details, now()) {
+                            Ok(_) => {
+                                if let Some(review) = &settlement.review {
+                                    tasks::create_task(conn, review, "review launched")?;
+                                }
+                                if let Some(action) = &reply {
+                                    let effect = NewEffect {
+                                        task_id: None,
+                                        repo_id,
+                                        action: action.clone(),
+                                    };
+                                    outbox::enqueue(conn, &effect, now())?;
+                                }
+                            }
+                            // Cancelled meanwhile: the run is recorded all the same.
+                            Err(DbError::InvalidTransition(_)) => return Ok(false),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(true)
+                })?)
+            },
+            |moved| {
+                (Loops::RUNNER.when(queued_review))
+                    .and(Loops::OUTBOX.when(settlement_replied))
+                    .when(*moved)
+            },
+        )
+        .await?;
+    if moved
+        && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
+        && prepared.repo.settings.revise_on_agent_review
+    {
+        service
+            .agent_review_feedback(&prepared.repo, task.id, parent, text)
+            .await;
+    }
+    Ok(())
+}
+
+/// The reply on a pull request whose revision round pushed nothing: why.
+fn revision_end_reply(task: &Task, why: &str) -> Action {
+    let marker = crate::revisions::round_end_marker(task.id, task.attempt);
+    let said = if why.starts_with("the agent made no changes") {
+        "The agent made no change in this revision round, so the pull request is as it was."
+            .to_owned()
+    } else {
+        format!("The revision round ended without a change to the pull request: {why}")
+    };
+    Action::Reply {
+        issue_number: task.pr_number.unwrap_or_default(),
+        body: format!("{said} Task `{}`.\n\n{marker}", task.id),
+        marker,
+    }
+}
+
+/// The review task of a coding task that opened its pull request.
+fn review_task(task: &Task, repo: &Repository) -> NewTask {
+    NewTask {
+        id: Uuid::new_v4(),
+        title: format!("Review: {}", task.title),
+        prompt: String::new(),
+        repo_id: Some(repo.id),
+        repo_url: repo.url.clone(),
+        task_type: TaskType::Review,
+        agent_type: repo.settings.agent_type,
+        issue_number: None,
+        parent_task_id: Some(task.id),
+        created_at: now(),
+    }
+}
