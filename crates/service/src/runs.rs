@@ -109,6 +109,9 @@ pub struct RunSettings {
     pub agent_limits: agentry_runner::AgentLimits,
     /// Whether sandboxed agents get the seccomp filter (`AGENTRY_SANDBOX_SECCOMP`).
     pub sandbox_seccomp: bool,
+    /// What sandboxed agents also see read-only (`AGENTRY_SANDBOX_EXTRA_RO`,
+    /// [`agentry_runner::Sandbox::with_extra_ro`]).
+    pub sandbox_extra_ro: Vec<std::path::PathBuf>,
     /// The user agents run as (`AGENTRY_AGENT_USER`, `AGENTRY_ALLOW_ROOT`).
     pub agent_user: agentry_runner::user::AgentUser,
     /// The first wait before publishing is tried again after a code-host failure whose
@@ -129,6 +132,7 @@ impl Default for RunSettings {
             sandbox: agentry_runner::SandboxMode::Auto,
             agent_limits: agentry_runner::AgentLimits::default(),
             sandbox_seccomp: true,
+            sandbox_extra_ro: Vec::new(),
             agent_user: agentry_runner::user::AgentUser::Service,
             publish_backoff: Duration::from_secs(1),
             publish_patience: Duration::from_secs(3600),
@@ -200,31 +204,6 @@ impl Runs {
         settings: RunSettings,
         network: Option<SandboxNetwork>,
     ) -> Self {
-        Runs::local_with_extra_ro(
-            root,
-            claude_bin,
-            codex_bin,
-            prices,
-            agent_env,
-            settings,
-            Vec::new(),
-            network,
-        )
-    }
-
-    /// [`Runs::local`], sandboxed agents also seeing `extra_ro` read-only
-    /// (`AGENTRY_SANDBOX_EXTRA_RO`, [`agentry_runner::Sandbox::with_extra_ro`]).
-    #[allow(clippy::too_many_arguments, reason = "Runs::local's, plus one")]
-    pub fn local_with_extra_ro(
-        root: std::path::PathBuf,
-        claude_bin: std::path::PathBuf,
-        codex_bin: std::path::PathBuf,
-        prices: PriceTable,
-        agent_env: &[String],
-        settings: RunSettings,
-        extra_ro: Vec<std::path::PathBuf>,
-        network: Option<SandboxNetwork>,
-    ) -> Self {
         let gateway = network.as_ref().map(|n| n.network.gateway().clone());
         let runner = agentry_runner::LocalRunner::new(agentry_runner::LocalConfig {
             root,
@@ -237,7 +216,7 @@ impl Runs {
             stop_grace: STOP_GRACE,
             sandbox: agentry_runner::Sandbox::new(settings.sandbox)
                 .with_limits(settings.agent_limits)
-                .with_extra_ro(extra_ro)
+                .with_extra_ro(settings.sandbox_extra_ro.clone())
                 .with_seccomp(settings.sandbox_seccomp)
                 .with_agent_user(settings.agent_user.clone()),
             network: network.map(|n| agentry_runner::local::NetworkConfig {

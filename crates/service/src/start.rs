@@ -142,7 +142,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
             })
         }
     };
-    Ok(Runs::local_with_extra_ro(
+    Ok(Runs::local(
         config.data_dir.clone(),
         config.claude_bin.clone(),
         config.codex_bin.clone(),
@@ -156,9 +156,9 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
             agent_limits: config.agent_limits,
             sandbox_seccomp: config.sandbox_seccomp,
             agent_user: config.agent_user.clone(),
+            sandbox_extra_ro: config.sandbox_extra_ro.clone(),
             ..RunSettings::default()
         },
-        config.sandbox_extra_ro.clone(),
         network,
     ))
 }
