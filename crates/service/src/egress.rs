@@ -797,6 +797,21 @@ mod tests {
         async fn exchange(&self, request: &[u8]) -> String {
             exchange(&self.socket, request).await
         }
+
+        /// Sends `request`, asserting that the answer's status line starts with `expected`
+        /// (`"HTTP/1.1 403"`) and that the answer contains each of `contains`.
+        async fn expect(&self, request: impl AsRef<[u8]>, expected: &str, contains: &[&str]) {
+            let request = request.as_ref();
+            let answer = self.exchange(request).await;
+            assert!(
+                status(&answer).starts_with(expected),
+                "{:?}: {answer}",
+                String::from_utf8_lossy(request)
+            );
+            for part in contains {
+                assert!(answer.contains(part), "{part:?} missing: {answer}");
+            }
+        }
     }
 
     impl Drop for Proxy {
@@ -846,6 +861,11 @@ mod tests {
         let request = format!("GET /inside HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         read_to_end(&mut stream).await
+    }
+
+    /// The event of a refused `host:port` that the policy does not list.
+    fn unlisted_event(host: &str, port: u16) -> (String, u16, String) {
+        (host.to_owned(), port, "not in egressAllow".to_owned())
     }
 
     fn status(answer: &str) -> &str {
@@ -1086,43 +1106,34 @@ mod tests {
         let origin = Origin::start().await;
         let proxy = Proxy::start(policy(&["pypi.org", "*.example.com"]));
         let port = origin.port();
-        let answer = proxy
-            .exchange(format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        proxy
+            .expect(
+                format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n"),
+                "HTTP/1.1 403",
+                &["localhost is not in egressAllow", "add \"localhost\""],
+            )
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
-        assert!(
-            answer.contains("localhost is not in egressAllow"),
-            "{answer}"
-        );
-        assert!(answer.contains("add \"localhost\""), "{answer}");
-        let answer = proxy
-            .exchange(b"GET http://Files.PythonHosted.org/x HTTP/1.1\r\n\r\n")
+        proxy
+            .expect(
+                b"GET http://Files.PythonHosted.org/x HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 403",
+                &["\"*.pythonhosted.org\""],
+            )
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
-        assert!(answer.contains("\"*.pythonhosted.org\""), "{answer}");
         // Wildcards cover names strictly below their domain only.
-        let answer = proxy
-            .exchange(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
+        proxy
+            .expect(
+                b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 403",
+                &[],
+            )
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
         assert_eq!(
             proxy.events.events(),
             [
-                (
-                    "localhost".to_owned(),
-                    port,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "files.pythonhosted.org".to_owned(),
-                    80,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "example.com".to_owned(),
-                    443,
-                    "not in egressAllow".to_owned()
-                ),
+                unlisted_event("localhost", port),
+                unlisted_event("files.pythonhosted.org", 80),
+                unlisted_event("example.com", 443),
             ]
         );
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
@@ -1137,15 +1148,16 @@ mod tests {
         let hosts: &[(&str, &[IpAddr])] = &[("api.example.test", &loopback)];
         let proxy = Proxy::start(policy_with_hosts(&["*.example.test"], hosts));
         let authority = format!("api.example.test:{}", origin.port());
-        let answer = proxy
-            .exchange(format!("CONNECT {authority} HTTP/1.1\r\n\r\n").as_bytes())
+        proxy
+            .expect(
+                format!("CONNECT {authority} HTTP/1.1\r\n\r\n"),
+                "HTTP/1.1 403",
+                &[
+                    "resolves to 127.0.0.1, a loopback address",
+                    "add \"api.example.test\"",
+                ],
+            )
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
-        assert!(
-            answer.contains("resolves to 127.0.0.1, a loopback address"),
-            "{answer}"
-        );
-        assert!(answer.contains("add \"api.example.test\""), "{answer}");
         let events = proxy.events.events();
         assert_eq!(events.len(), 1);
         assert_eq!(
@@ -1207,39 +1219,21 @@ mod tests {
             format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
             format!("GET http://[::ffff:127.0.0.1]:{port}/ HTTP/1.1\r\n\r\n"),
         ] {
-            let answer = proxy.exchange(request.as_bytes()).await;
-            assert!(
-                status(&answer).starts_with("HTTP/1.1 403"),
-                "{request}: {answer}"
-            );
-            assert!(
-                answer.contains("wildcards never cover an IP address"),
-                "{answer}"
-            );
+            proxy
+                .expect(
+                    request,
+                    "HTTP/1.1 403",
+                    &["wildcards never cover an IP address"],
+                )
+                .await;
         }
         assert_eq!(
             proxy.events.events(),
             [
-                (
-                    "169.254.169.254".to_owned(),
-                    80,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "169.254.169.254".to_owned(),
-                    80,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "127.0.0.1".to_owned(),
-                    port,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "127.0.0.1".to_owned(),
-                    port,
-                    "not in egressAllow".to_owned()
-                ),
+                unlisted_event("169.254.169.254", 80),
+                unlisted_event("169.254.169.254", 80),
+                unlisted_event("127.0.0.1", port),
+                unlisted_event("127.0.0.1", port),
             ]
         );
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
@@ -1257,17 +1251,15 @@ mod tests {
             b"GET http://example.com/ HTTP/2.0\r\n\r\n",
             b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
         ] {
-            let answer = proxy.exchange(request).await;
-            assert!(
-                status(&answer).starts_with("HTTP/1.1 400"),
-                "{:?}: {answer}",
-                String::from_utf8_lossy(request)
-            );
+            proxy.expect(request, "HTTP/1.1 400", &[]).await;
         }
-        let answer = proxy
-            .exchange(b"CONNECT example.com HTTP/1.1\r\n\r\n")
+        proxy
+            .expect(
+                b"CONNECT example.com HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 400",
+                &["CONNECT pypi.org:443"],
+            )
             .await;
-        assert!(answer.contains("CONNECT pypi.org:443"), "{answer}");
         assert!(proxy.events.events().is_empty());
     }
 
@@ -1276,15 +1268,17 @@ mod tests {
         let proxy = Proxy::start(policy(&["example.com"]));
         let mut request = b"GET http://example.com/ HTTP/1.1\r\nX-Big: ".to_vec();
         request.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES + 1024));
-        let answer = proxy.exchange(&request).await;
-        assert!(status(&answer).starts_with("HTTP/1.1 431"), "{answer}");
+        proxy.expect(request, "HTTP/1.1 431", &[]).await;
         let many: String = (0..MAX_HEADERS + 1)
             .map(|i| format!("X-{i}: 1\r\n"))
             .collect();
-        let answer = proxy
-            .exchange(format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n").as_bytes())
+        proxy
+            .expect(
+                format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n"),
+                "HTTP/1.1 431",
+                &[],
+            )
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 431"), "{answer}");
         assert!(proxy.events.events().is_empty());
     }
 
@@ -1296,18 +1290,20 @@ mod tests {
         drop(closed);
         let hosts: &[(&str, &[IpAddr])] = &[];
         let proxy = Proxy::start(policy_with_hosts(&["127.0.0.1", "gone.example.com"], hosts));
-        let answer = proxy
-            .exchange(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        proxy
+            .expect(
+                format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
+                "HTTP/1.1 502",
+                &[],
+            )
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 502"), "{answer}");
-        let answer = proxy
-            .exchange(b"CONNECT gone.example.com:443 HTTP/1.1\r\n\r\n")
+        proxy
+            .expect(
+                b"CONNECT gone.example.com:443 HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 502",
+                &["cannot resolve gone.example.com"],
+            )
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 502"), "{answer}");
-        assert!(
-            answer.contains("cannot resolve gone.example.com"),
-            "{answer}"
-        );
         assert!(proxy.events.events().is_empty());
     }
 
