@@ -108,7 +108,7 @@ pub struct OutcomeFigures {
     pub revision_cost: String,
     /// The revision rounds of the merged units divided by `mergedPullRequests`, 2 decimals
     /// (a JSON number); null when nothing was merged.
-    #[serde(serialize_with = "wire::opt_number")]
+    #[serde(serialize_with = "wire::opt")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
     pub avg_revisions_per_merged_pull_request: Option<Decimal>,
 }
