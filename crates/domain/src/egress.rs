@@ -21,8 +21,6 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 /// The longest host name, in characters (RFC 1035).
 const MAX_NAME_CHARS: usize = 253;
 /// The longest label of a host name, in characters (RFC 1035).
@@ -251,18 +249,10 @@ impl FromStr for EgressPattern {
     }
 }
 
-impl Serialize for EgressPattern {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for EgressPattern {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        EgressPattern::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
+serde_as_text!(
+    EgressPattern,
+    "an egress pattern such as \"pypi.org\" or \"*.example.com\""
+);
 
 /// How a host is allowed by an [`EgressAllow`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

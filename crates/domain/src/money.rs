@@ -22,7 +22,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use rust_decimal::{Decimal, RoundingStrategy};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The number of decimal places of a [`Usd`]: amounts are whole nano-dollars.
 pub const NANOS_SCALE: u32 = 9;
@@ -228,31 +227,7 @@ impl FromStr for Usd {
     }
 }
 
-impl Serialize for Usd {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Usd {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct UsdVisitor;
-
-        impl serde::de::Visitor<'_> for UsdVisitor {
-            type Value = Usd;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a decimal string such as \"1.25\"")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Usd, E> {
-                Usd::parse(v).map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_str(UsdVisitor)
-    }
-}
+serde_as_text!(Usd, "a decimal string such as \"1.25\"");
 
 /// Formats `value` rounded half away from zero to exactly `decimals`
 /// decimal places, in plain notation.

@@ -18,7 +18,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use url::Url;
 
 /// The longest allowed owner or repository name, in characters.
@@ -336,31 +335,10 @@ impl FromStr for RepoUrl {
     }
 }
 
-impl Serialize for RepoUrl {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.url)
-    }
-}
-
-impl<'de> Deserialize<'de> for RepoUrl {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct RepoUrlVisitor;
-
-        impl serde::de::Visitor<'_> for RepoUrlVisitor {
-            type Value = RepoUrl;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a repository URL such as \"https://github.com/org/repo\"")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RepoUrl, E> {
-                RepoUrl::parse(v).map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_str(RepoUrlVisitor)
-    }
-}
+serde_as_text!(
+    RepoUrl,
+    "a repository URL such as \"https://github.com/org/repo\""
+);
 
 #[cfg(test)]
 mod tests {
