@@ -19,7 +19,6 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::str::FromStr;
 
 /// The longest host name, in characters (RFC 1035).
 const MAX_NAME_CHARS: usize = 253;
@@ -30,8 +29,8 @@ const MAX_LABEL_CHARS: usize = 63;
 /// `*.example.com`, in normal form (see the [module documentation](self)).
 ///
 /// Every value is valid: the only ways to make one are [`EgressPattern::parse`] and its
-/// [`FromStr`] and [`Deserialize`] forms. It is displayed (and serialised) in normal form,
-/// which parses back to the same pattern.
+/// [`FromStr`](std::str::FromStr) and [`Deserialize`](serde::Deserialize) forms. It is
+/// displayed (and serialised) in normal form, which parses back to the same pattern.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EgressPattern(Kind);
 
@@ -241,16 +240,9 @@ impl fmt::Display for EgressPattern {
     }
 }
 
-impl FromStr for EgressPattern {
-    type Err = EgressPatternError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        EgressPattern::parse(text)
-    }
-}
-
-serde_as_text!(
+text_form!(
     EgressPattern,
+    EgressPatternError,
     "an egress pattern such as \"pypi.org\" or \"*.example.com\""
 );
 

@@ -28,10 +28,20 @@
 //! The crate performs no I/O at all, and money never passes through
 //! floating point.
 
-/// `Serialize` as the `Display` text and `Deserialize` from a string through `FromStr`, for
-/// a type whose wire form is its text; `$expecting` words what a string must hold.
-macro_rules! serde_as_text {
-    ($ty:ty, $expecting:literal) => {
+/// For a type whose wire form is its text: `FromStr` through the type's `parse` (failing
+/// with `$err`), `Serialize` as the `Display` text and `Deserialize` from a string through
+/// `parse`; `$expecting` words what a string must hold.
+macro_rules! text_form {
+    ($ty:ident, $err:ty, $expecting:literal) => {
+        impl std::str::FromStr for $ty {
+            type Err = $err;
+
+            /// Same as the type's `parse`.
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $ty::parse(s)
+            }
+        }
+
         impl serde::Serialize for $ty {
             fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 serializer.collect_str(self)

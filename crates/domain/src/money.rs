@@ -19,7 +19,6 @@
 //! decimals, for summaries and percentages.
 
 use std::fmt;
-use std::str::FromStr;
 
 use rust_decimal::{Decimal, RoundingStrategy};
 
@@ -218,16 +217,7 @@ impl fmt::Display for Usd {
     }
 }
 
-impl FromStr for Usd {
-    type Err = MoneyError;
-
-    /// Same as [`Usd::parse`].
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Usd::parse(s)
-    }
-}
-
-serde_as_text!(Usd, "a decimal string such as \"1.25\"");
+text_form!(Usd, MoneyError, "a decimal string such as \"1.25\"");
 
 /// Formats `value` rounded half away from zero to exactly `decimals`
 /// decimal places, in plain notation.

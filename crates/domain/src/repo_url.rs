@@ -16,7 +16,6 @@
 //! URLs carrying credentials are refused, so a token is never stored.
 
 use std::fmt;
-use std::str::FromStr;
 
 use url::Url;
 
@@ -326,17 +325,9 @@ impl fmt::Display for RepoUrl {
     }
 }
 
-impl FromStr for RepoUrl {
-    type Err = RepoUrlError;
-
-    /// Same as [`RepoUrl::parse`].
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RepoUrl::parse(s)
-    }
-}
-
-serde_as_text!(
+text_form!(
     RepoUrl,
+    RepoUrlError,
     "a repository URL such as \"https://github.com/org/repo\""
 );
 
