@@ -798,18 +798,28 @@ mod tests {
             exchange(&self.socket, request).await
         }
 
-        /// Sends `request`, asserting that the answer's status line starts with `expected`
-        /// (`"HTTP/1.1 403"`) and that the answer contains each of `contains`.
-        async fn expect(&self, request: impl AsRef<[u8]>, expected: &str, contains: &[&str]) {
-            let request = request.as_ref();
-            let answer = self.exchange(request).await;
-            assert!(
-                status(&answer).starts_with(expected),
-                "{:?}: {answer}",
-                String::from_utf8_lossy(request)
-            );
-            for part in contains {
-                assert!(answer.contains(part), "{part:?} missing: {answer}");
+        /// A GET to the origin at `authority` through a new tunnel, asserting that the
+        /// origin answered; the whole answer.
+        async fn get_from_origin(&self, authority: &str) -> String {
+            let answer = get_through(tunnel(&self.socket, authority).await, authority).await;
+            assert!(answer.ends_with("hello from origin"), "{answer}");
+            answer
+        }
+
+        /// Sends each request of `cases` on a new connection, asserting that the answer's
+        /// status is `code` and that the answer contains each of the case's parts.
+        async fn expect(&self, code: u16, cases: &[(&[u8], &[&str])]) {
+            let expected = format!("HTTP/1.1 {code}");
+            for (request, parts) in cases {
+                let answer = self.exchange(request).await;
+                assert!(
+                    status(&answer).starts_with(&expected),
+                    "{:?}: {answer}",
+                    String::from_utf8_lossy(request)
+                );
+                for part in *parts {
+                    assert!(answer.contains(part), "{part:?} missing: {answer}");
+                }
             }
         }
     }
@@ -1024,9 +1034,8 @@ mod tests {
         let origin = Origin::start().await;
         let proxy = Proxy::start(policy(&["127.0.0.1"]));
         let authority = format!("127.0.0.1:{}", origin.port());
-        let answer = get_through(tunnel(&proxy.socket, &authority).await, &authority).await;
+        let answer = proxy.get_from_origin(&authority).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
-        assert!(answer.ends_with("hello from origin"), "{answer}");
         let requests = origin.requests();
         assert_eq!(requests.len(), 1);
         assert!(
@@ -1088,8 +1097,7 @@ mod tests {
         let origin = Origin::start().await;
         let proxy = Proxy::start(policy(&["localhost"]));
         let authority = format!("localhost:{}", origin.port());
-        let answer = get_through(tunnel(&proxy.socket, &authority).await, &authority).await;
-        assert!(answer.ends_with("hello from origin"), "{answer}");
+        proxy.get_from_origin(&authority).await;
         let answer = proxy
             .exchange(format!("GET http://{authority}/plain HTTP/1.1\r\n\r\n").as_bytes())
             .await;
@@ -1106,28 +1114,20 @@ mod tests {
         let origin = Origin::start().await;
         let proxy = Proxy::start(policy(&["pypi.org", "*.example.com"]));
         let port = origin.port();
-        proxy
-            .expect(
-                format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n"),
-                "HTTP/1.1 403",
+        let localhost = format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n");
+        let cases: &[(&[u8], &[&str])] = &[
+            (
+                localhost.as_bytes(),
                 &["localhost is not in egressAllow", "add \"localhost\""],
-            )
-            .await;
-        proxy
-            .expect(
+            ),
+            (
                 b"GET http://Files.PythonHosted.org/x HTTP/1.1\r\n\r\n",
-                "HTTP/1.1 403",
                 &["\"*.pythonhosted.org\""],
-            )
-            .await;
-        // Wildcards cover names strictly below their domain only.
-        proxy
-            .expect(
-                b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
-                "HTTP/1.1 403",
-                &[],
-            )
-            .await;
+            ),
+            // Wildcards cover names strictly below their domain only.
+            (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", &[]),
+        ];
+        proxy.expect(403, cases).await;
         assert_eq!(
             proxy.events.events(),
             [
@@ -1148,16 +1148,12 @@ mod tests {
         let hosts: &[(&str, &[IpAddr])] = &[("api.example.test", &loopback)];
         let proxy = Proxy::start(policy_with_hosts(&["*.example.test"], hosts));
         let authority = format!("api.example.test:{}", origin.port());
-        proxy
-            .expect(
-                format!("CONNECT {authority} HTTP/1.1\r\n\r\n"),
-                "HTTP/1.1 403",
-                &[
-                    "resolves to 127.0.0.1, a loopback address",
-                    "add \"api.example.test\"",
-                ],
-            )
-            .await;
+        let connect = format!("CONNECT {authority} HTTP/1.1\r\n\r\n");
+        let parts = [
+            "resolves to 127.0.0.1, a loopback address",
+            "add \"api.example.test\"",
+        ];
+        proxy.expect(403, &[(connect.as_bytes(), &parts)]).await;
         let events = proxy.events.events();
         assert_eq!(events.len(), 1);
         assert_eq!(
@@ -1171,8 +1167,7 @@ mod tests {
             &["*.example.test", "api.example.test"],
             hosts,
         ));
-        let answer = get_through(tunnel(&listed.socket, &authority).await, &authority).await;
-        assert!(answer.ends_with("hello from origin"), "{answer}");
+        listed.get_from_origin(&authority).await;
         assert!(listed.events.events().is_empty());
     }
 
@@ -1219,13 +1214,8 @@ mod tests {
             format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
             format!("GET http://[::ffff:127.0.0.1]:{port}/ HTTP/1.1\r\n\r\n"),
         ] {
-            proxy
-                .expect(
-                    request,
-                    "HTTP/1.1 403",
-                    &["wildcards never cover an IP address"],
-                )
-                .await;
+            let parts = ["wildcards never cover an IP address"];
+            proxy.expect(403, &[(request.as_bytes(), &parts)]).await;
         }
         assert_eq!(
             proxy.events.events(),
@@ -1251,14 +1241,11 @@ mod tests {
             b"GET http://example.com/ HTTP/2.0\r\n\r\n",
             b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
         ] {
-            proxy.expect(request, "HTTP/1.1 400", &[]).await;
+            proxy.expect(400, &[(request, &[])]).await;
         }
+        let example = b"CONNECT example.com HTTP/1.1\r\n\r\n";
         proxy
-            .expect(
-                b"CONNECT example.com HTTP/1.1\r\n\r\n",
-                "HTTP/1.1 400",
-                &["CONNECT pypi.org:443"],
-            )
+            .expect(400, &[(example, &["CONNECT pypi.org:443"])])
             .await;
         assert!(proxy.events.events().is_empty());
     }
@@ -1268,16 +1255,12 @@ mod tests {
         let proxy = Proxy::start(policy(&["example.com"]));
         let mut request = b"GET http://example.com/ HTTP/1.1\r\nX-Big: ".to_vec();
         request.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES + 1024));
-        proxy.expect(request, "HTTP/1.1 431", &[]).await;
         let many: String = (0..MAX_HEADERS + 1)
             .map(|i| format!("X-{i}: 1\r\n"))
             .collect();
+        let many_headers = format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n");
         proxy
-            .expect(
-                format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n"),
-                "HTTP/1.1 431",
-                &[],
-            )
+            .expect(431, &[(&request, &[]), (many_headers.as_bytes(), &[])])
             .await;
         assert!(proxy.events.events().is_empty());
     }
@@ -1290,20 +1273,15 @@ mod tests {
         drop(closed);
         let hosts: &[(&str, &[IpAddr])] = &[];
         let proxy = Proxy::start(policy_with_hosts(&["127.0.0.1", "gone.example.com"], hosts));
-        proxy
-            .expect(
-                format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
-                "HTTP/1.1 502",
-                &[],
-            )
-            .await;
-        proxy
-            .expect(
+        let closed_port = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+        let cases: &[(&[u8], &[&str])] = &[
+            (closed_port.as_bytes(), &[]),
+            (
                 b"CONNECT gone.example.com:443 HTTP/1.1\r\n\r\n",
-                "HTTP/1.1 502",
                 &["cannot resolve gone.example.com"],
-            )
-            .await;
+            ),
+        ];
+        proxy.expect(502, cases).await;
         assert!(proxy.events.events().is_empty());
     }
 
