@@ -39,7 +39,7 @@ pub struct BudgetForecast {
     pub forecast_usd: String,
     /// The day the budget runs out at the current daily average (today when it is spent
     /// already); null when nothing was spent or it lasts the month.
-    #[serde(serialize_with = "wire::opt_date")]
+    #[serde(serialize_with = "wire::opt")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = Date))]
     pub exhausts_on: Option<Date>,
 }

@@ -49,23 +49,36 @@ impl Totals {
             },
         }
     }
-
-    /// Adds `other` into `self`, member by member.
-    pub fn add(&mut self, other: &Totals) {
-        self.tasks = self.tasks.saturating_add(other.tasks);
-        self.costed = self.costed.saturating_add(other.costed);
-        self.cost = self.cost.saturating_add(other.cost);
-        self.succeeded = self.succeeded.saturating_add(other.succeeded);
-        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-    }
 }
 
-impl AddAssign for Totals {
-    fn add_assign(&mut self, other: Totals) {
-        self.add(&other);
-    }
+/// `add` (member by member, saturating) and `+=` for a struct of sums; every member must be
+/// listed.
+macro_rules! saturating_sums {
+    ($sums:ident { $($member:ident),+ $(,)? }) => {
+        impl $sums {
+            /// Adds `other` into `self`, member by member.
+            pub fn add(&mut self, other: &$sums) {
+                let $sums { $($member),+ } = other;
+                $(self.$member = self.$member.saturating_add(*$member);)+
+            }
+        }
+
+        impl AddAssign for $sums {
+            fn add_assign(&mut self, other: $sums) {
+                self.add(&other);
+            }
+        }
+    };
 }
+
+saturating_sums!(Totals {
+    tasks,
+    costed,
+    cost,
+    succeeded,
+    input_tokens,
+    output_tokens,
+});
 
 impl AddAssign<&Totals> for Totals {
     fn add_assign(&mut self, other: &Totals) {
@@ -190,24 +203,17 @@ impl OutcomeTotals {
             revision_cost: task.revision_cost.as_decimal(),
         }
     }
-
-    /// Adds `other` into `self`, member by member.
-    pub fn add(&mut self, other: &OutcomeTotals) {
-        self.merged = self.merged.saturating_add(other.merged);
-        self.costed = self.costed.saturating_add(other.costed);
-        self.cost = self.cost.saturating_add(other.cost);
-        self.merged_cost = self.merged_cost.saturating_add(other.merged_cost);
-        self.failed_cost = self.failed_cost.saturating_add(other.failed_cost);
-        self.merged_revisions = self.merged_revisions.saturating_add(other.merged_revisions);
-        self.revision_cost = self.revision_cost.saturating_add(other.revision_cost);
-    }
 }
 
-impl AddAssign for OutcomeTotals {
-    fn add_assign(&mut self, other: OutcomeTotals) {
-        self.add(&other);
-    }
-}
+saturating_sums!(OutcomeTotals {
+    merged,
+    costed,
+    cost,
+    merged_cost,
+    failed_cost,
+    merged_revisions,
+    revision_cost,
+});
 
 impl TaskFact {
     /// The UTC calendar day of `created_at`, the day the task belongs to.

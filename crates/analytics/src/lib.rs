@@ -29,8 +29,8 @@ mod wire;
 
 pub use inputs::{OutcomeTotals, ReportInputs, TaskFact, Totals, anomaly_threshold_nanos};
 pub use report::{
-    Anomaly, CostReport, DailyCost, Forecast, ModelCost, ModelOutcome, ModelSuggestion, Outcomes,
-    RepoCost, RepoOutcome, Summary, TopTask, TypeCost, report,
+    Anomaly, CostReport, DailyCost, Forecast, ModelCost, ModelOutcome, ModelSuggestion,
+    OutcomeFigures, Outcomes, RepoCost, RepoOutcome, Summary, TopTask, TypeCost, report,
 };
 pub use window::{MAX_DAYS, Window, WindowError};
 

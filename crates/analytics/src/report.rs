@@ -70,6 +70,24 @@ pub struct CostReport {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Outcomes {
+    /// The figures of all the units of the period; `failedShare` is a percent of
+    /// `summary.totalCost`.
+    #[serde(flatten)]
+    pub figures: OutcomeFigures,
+    /// The same figures per repository, highest spend first.
+    pub by_repo: Vec<RepoOutcome>,
+    /// The same figures per model of the coding task (`"unknown"` when null), highest spend
+    /// first.
+    pub by_model: Vec<ModelOutcome>,
+}
+
+/// The figures of a group of outcome units: the whole period (`failedShare` a percent of
+/// `summary.totalCost`), one repository or one model (a percent of the group's spend on its
+/// units).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct OutcomeFigures {
     /// Pull requests merged: coding tasks of the period in `completed`.
     pub merged_pull_requests: i64,
     /// `mergedCost / mergedPullRequests`; null when nothing was merged.
@@ -79,8 +97,8 @@ pub struct Outcomes {
     pub merged_cost: String,
     /// Everything the units that ended `failed` or `cancelled` cost.
     pub failed_cost: String,
-    /// `failedCost` as a percent of `summary.totalCost`, 1 decimal (a JSON number); 0 when
-    /// nothing was spent.
+    /// `failedCost` as a percent of the group's spend (of `summary.totalCost` for the whole
+    /// period), 1 decimal (a JSON number); 0 when nothing was spent.
     #[serde(serialize_with = "wire::number")]
     #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub failed_share: Decimal,
@@ -90,14 +108,9 @@ pub struct Outcomes {
     pub revision_cost: String,
     /// The revision rounds of the merged units divided by `mergedPullRequests`, 2 decimals
     /// (a JSON number); null when nothing was merged.
-    #[serde(serialize_with = "wire::opt_number")]
+    #[serde(serialize_with = "wire::opt")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
     pub avg_revisions_per_merged_pull_request: Option<Decimal>,
-    /// The same figures per repository, highest spend first.
-    pub by_repo: Vec<RepoOutcome>,
-    /// The same figures per model of the coding task (`"unknown"` when null), highest spend
-    /// first.
-    pub by_model: Vec<ModelOutcome>,
 }
 
 /// Cost per outcome of one repository. `failedShare` is a percent of the repository's
@@ -108,25 +121,9 @@ pub struct Outcomes {
 pub struct RepoOutcome {
     /// The normalised repository URL.
     pub repo_url: String,
-    /// Pull requests merged.
-    pub merged_pull_requests: i64,
-    /// `mergedCost / mergedPullRequests`; null when nothing was merged.
-    pub cost_per_merged_pull_request: Option<String>,
-    /// The cost of the merged units (4 decimals).
-    pub merged_cost: String,
-    /// The cost of the units that ended failed or cancelled (4 decimals).
-    pub failed_cost: String,
-    /// `failedCost` as a percent of the repository's spend on its units (a JSON number).
-    #[serde(serialize_with = "wire::number")]
-    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
-    pub failed_share: Decimal,
-    /// What the revision runs of the units cost (4 decimals).
-    pub revision_cost: String,
-    /// Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
-    /// number); null when nothing was merged.
-    #[serde(serialize_with = "wire::opt_number")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
-    pub avg_revisions_per_merged_pull_request: Option<Decimal>,
+    /// The repository's figures.
+    #[serde(flatten)]
+    pub figures: OutcomeFigures,
 }
 
 /// Cost per outcome of one model (the model of the units' coding tasks). `failedShare` is a
@@ -137,26 +134,23 @@ pub struct RepoOutcome {
 pub struct ModelOutcome {
     /// The coding task's model, or `"unknown"`.
     pub model: String,
-    /// Pull requests merged.
-    pub merged_pull_requests: i64,
-    /// `mergedCost / mergedPullRequests`; null when nothing was merged.
-    pub cost_per_merged_pull_request: Option<String>,
-    /// The cost of the merged units (4 decimals).
-    pub merged_cost: String,
-    /// The cost of the units that ended failed or cancelled (4 decimals).
-    pub failed_cost: String,
-    /// `failedCost` as a percent of the spend on the model's units (a JSON number).
-    #[serde(serialize_with = "wire::number")]
-    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
-    pub failed_share: Decimal,
-    /// What the revision runs of the units cost (4 decimals).
-    pub revision_cost: String,
-    /// Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
-    /// number); null when nothing was merged.
-    #[serde(serialize_with = "wire::opt_number")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
-    pub avg_revisions_per_merged_pull_request: Option<Decimal>,
+    /// The model's figures.
+    #[serde(flatten)]
+    pub figures: OutcomeFigures,
 }
+
+/// The figures read as the outcome's own members (`outcomes.merged_cost`).
+macro_rules! figures_deref {
+    ($($outcome:ty),*) => {$(
+        impl std::ops::Deref for $outcome {
+            type Target = OutcomeFigures;
+            fn deref(&self) -> &OutcomeFigures {
+                &self.figures
+            }
+        }
+    )*};
+}
+figures_deref!(Outcomes, RepoOutcome, ModelOutcome);
 
 /// The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
 /// from zero once from the exact value.
@@ -477,34 +471,24 @@ pub fn report(inputs: &ReportInputs) -> CostReport {
     }
 }
 
-/// The figures of an outcome group: merged pull requests, cost per merged pull request,
-/// merged cost, failed cost, the failed share of `total`, revision cost and revision rounds
-/// per merged pull request.
-struct Figures {
-    merged: i64,
-    per_merged: Option<String>,
-    merged_cost: String,
-    failed_cost: String,
-    failed_share: Decimal,
-    revision_cost: String,
-    revisions_per_merged: Option<Decimal>,
-}
-
-fn figures(t: &OutcomeTotals, total: Decimal) -> Figures {
-    Figures {
-        merged: t.merged,
-        per_merged: (t.merged > 0)
-            .then(|| format_decimal(div_round(t.merged_cost, count(t.merged), 4), 4)),
-        merged_cost: format_decimal(t.merged_cost, 4),
-        failed_cost: format_decimal(t.failed_cost, 4),
-        failed_share: if total.is_zero() {
-            Decimal::ZERO
-        } else {
-            div_round(mul(t.failed_cost, Decimal::ONE_HUNDRED), total, 1)
-        },
-        revision_cost: format_decimal(t.revision_cost, 4),
-        revisions_per_merged: (t.merged > 0)
-            .then(|| div_round(count(t.merged_revisions), count(t.merged), 2)),
+impl OutcomeFigures {
+    /// The figures of the units summed in `t`, `failedShare` a percent of `total`.
+    fn of(t: &OutcomeTotals, total: Decimal) -> OutcomeFigures {
+        OutcomeFigures {
+            merged_pull_requests: t.merged,
+            cost_per_merged_pull_request: (t.merged > 0)
+                .then(|| format_decimal(div_round(t.merged_cost, count(t.merged), 4), 4)),
+            merged_cost: format_decimal(t.merged_cost, 4),
+            failed_cost: format_decimal(t.failed_cost, 4),
+            failed_share: if total.is_zero() {
+                Decimal::ZERO
+            } else {
+                div_round(mul(t.failed_cost, Decimal::ONE_HUNDRED), total, 1)
+            },
+            revision_cost: format_decimal(t.revision_cost, 4),
+            avg_revisions_per_merged_pull_request: (t.merged > 0)
+                .then(|| div_round(count(t.merged_revisions), count(t.merged), 2)),
+        }
     }
 }
 
@@ -536,22 +520,11 @@ fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
     for (_, _, t) in &inputs.outcomes {
         all += *t;
     }
-    let overall = figures(&all, total_cost);
+    let group = |(key, t): (&str, OutcomeTotals)| (key.to_owned(), OutcomeFigures::of(&t, t.cost));
     let by_repo = outcome_groups(inputs.outcomes.iter().map(|(r, _, t)| (r.as_str(), *t)))
         .into_iter()
-        .map(|(repo, t)| {
-            let f = figures(&t, t.cost);
-            RepoOutcome {
-                repo_url: repo.to_owned(),
-                merged_pull_requests: f.merged,
-                cost_per_merged_pull_request: f.per_merged,
-                merged_cost: f.merged_cost,
-                failed_cost: f.failed_cost,
-                failed_share: f.failed_share,
-                revision_cost: f.revision_cost,
-                avg_revisions_per_merged_pull_request: f.revisions_per_merged,
-            }
-        })
+        .map(group)
+        .map(|(repo_url, figures)| RepoOutcome { repo_url, figures })
         .collect();
     let by_model = outcome_groups(
         inputs
@@ -560,28 +533,11 @@ fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
             .map(|(_, m, t)| (m.as_deref().unwrap_or(UNKNOWN_MODEL), *t)),
     )
     .into_iter()
-    .map(|(model, t)| {
-        let f = figures(&t, t.cost);
-        ModelOutcome {
-            model: model.to_owned(),
-            merged_pull_requests: f.merged,
-            cost_per_merged_pull_request: f.per_merged,
-            merged_cost: f.merged_cost,
-            failed_cost: f.failed_cost,
-            failed_share: f.failed_share,
-            revision_cost: f.revision_cost,
-            avg_revisions_per_merged_pull_request: f.revisions_per_merged,
-        }
-    })
+    .map(group)
+    .map(|(model, figures)| ModelOutcome { model, figures })
     .collect();
     Outcomes {
-        merged_pull_requests: overall.merged,
-        cost_per_merged_pull_request: overall.per_merged,
-        merged_cost: overall.merged_cost,
-        failed_cost: overall.failed_cost,
-        failed_share: overall.failed_share,
-        revision_cost: overall.revision_cost,
-        avg_revisions_per_merged_pull_request: overall.revisions_per_merged,
+        figures: OutcomeFigures::of(&all, total_cost),
         by_repo,
         by_model,
     }

@@ -17,17 +17,6 @@ pub(crate) fn number<S: Serializer>(value: &Decimal, serializer: S) -> Result<S:
     serializer.serialize_f64(float)
 }
 
-/// Serialises an optional exact [`Decimal`] as a JSON number (as [`number`]) or null.
-pub(crate) fn opt_number<S: Serializer>(
-    value: &Option<Decimal>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match value {
-        Some(v) => number(v, serializer),
-        None => serializer.serialize_none(),
-    }
-}
-
 /// Serialises a [`Date`] as `YYYY-MM-DD`.
 pub(crate) fn date<S: Serializer>(value: &Date, serializer: S) -> Result<S::Ok, S::Error> {
     let text = value
@@ -36,13 +25,32 @@ pub(crate) fn date<S: Serializer>(value: &Date, serializer: S) -> Result<S::Ok, 
     serializer.serialize_str(&text)
 }
 
-/// Serialises an optional [`Date`] as `YYYY-MM-DD` or null.
-pub(crate) fn opt_date<S: Serializer>(
-    value: &Option<Date>,
+/// A value with a wire form of its own: [`number`] for a [`Decimal`], [`date`] for a
+/// [`Date`].
+pub(crate) trait WireForm {
+    /// Serialises `self` in its wire form.
+    fn serialize_wire<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error>;
+}
+
+impl WireForm for Decimal {
+    fn serialize_wire<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        number(self, serializer)
+    }
+}
+
+impl WireForm for Date {
+    fn serialize_wire<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        date(self, serializer)
+    }
+}
+
+/// Serialises an optional value in its wire form ([`WireForm`]), or null.
+pub(crate) fn opt<T: WireForm, S: Serializer>(
+    value: &Option<T>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     match value {
-        Some(day) => date(day, serializer),
+        Some(v) => v.serialize_wire(serializer),
         None => serializer.serialize_none(),
     }
 }

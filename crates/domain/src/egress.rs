@@ -19,9 +19,6 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::str::FromStr;
-
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The longest host name, in characters (RFC 1035).
 const MAX_NAME_CHARS: usize = 253;
@@ -32,8 +29,8 @@ const MAX_LABEL_CHARS: usize = 63;
 /// `*.example.com`, in normal form (see the [module documentation](self)).
 ///
 /// Every value is valid: the only ways to make one are [`EgressPattern::parse`] and its
-/// [`FromStr`] and [`Deserialize`] forms. It is displayed (and serialised) in normal form,
-/// which parses back to the same pattern.
+/// [`FromStr`](std::str::FromStr) and [`Deserialize`](serde::Deserialize) forms. It is
+/// displayed (and serialised) in normal form, which parses back to the same pattern.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EgressPattern(Kind);
 
@@ -243,26 +240,11 @@ impl fmt::Display for EgressPattern {
     }
 }
 
-impl FromStr for EgressPattern {
-    type Err = EgressPatternError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        EgressPattern::parse(text)
-    }
-}
-
-impl Serialize for EgressPattern {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for EgressPattern {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        EgressPattern::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
+text_form!(
+    EgressPattern,
+    EgressPatternError,
+    "an egress pattern such as \"pypi.org\" or \"*.example.com\""
+);
 
 /// How a host is allowed by an [`EgressAllow`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,6 +28,48 @@
 //! The crate performs no I/O at all, and money never passes through
 //! floating point.
 
+/// For a type whose wire form is its text: `FromStr` through the type's `parse` (failing
+/// with `$err`), `Serialize` as the `Display` text and `Deserialize` from a string through
+/// `parse`; `$expecting` words what a string must hold.
+macro_rules! text_form {
+    ($ty:ident, $err:ty, $expecting:literal) => {
+        impl std::str::FromStr for $ty {
+            type Err = $err;
+
+            /// Same as the type's `parse`.
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $ty::parse(s)
+            }
+        }
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Visitor;
+
+                impl serde::de::Visitor<'_> for Visitor {
+                    type Value = $ty;
+
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str($expecting)
+                    }
+
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$ty, E> {
+                        v.parse().map_err(E::custom)
+                    }
+                }
+
+                deserializer.deserialize_str(Visitor)
+            }
+        }
+    };
+}
+
 pub mod egress;
 pub mod error;
 pub mod money;

@@ -19,10 +19,8 @@
 //! decimals, for summaries and percentages.
 
 use std::fmt;
-use std::str::FromStr;
 
 use rust_decimal::{Decimal, RoundingStrategy};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The number of decimal places of a [`Usd`]: amounts are whole nano-dollars.
 pub const NANOS_SCALE: u32 = 9;
@@ -219,40 +217,7 @@ impl fmt::Display for Usd {
     }
 }
 
-impl FromStr for Usd {
-    type Err = MoneyError;
-
-    /// Same as [`Usd::parse`].
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Usd::parse(s)
-    }
-}
-
-impl Serialize for Usd {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Usd {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct UsdVisitor;
-
-        impl serde::de::Visitor<'_> for UsdVisitor {
-            type Value = Usd;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a decimal string such as \"1.25\"")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Usd, E> {
-                Usd::parse(v).map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_str(UsdVisitor)
-    }
-}
+text_form!(Usd, MoneyError, "a decimal string such as \"1.25\"");
 
 /// Formats `value` rounded half away from zero to exactly `decimals`
 /// decimal places, in plain notation.
@@ -459,31 +424,45 @@ mod tests {
         assert_eq!(usd("1.50"), usd("1.5"));
     }
 
-    #[test]
-    fn parse_refuses_everything_else() {
-        for input in [
-            "", " ", " 1", "1 ", "+1", "1e3", "1E3", "1_000", "1,5", ".5", "5.", ".", "1.2.3",
-            "abc", "0x10", "NaN", "inf", "--1", "-", "١", "1.٥",
-        ] {
+    /// Asserts that `parse` refuses each of `invalid` as [`MoneyError::Invalid`] and each
+    /// input of `refused` with its error.
+    fn assert_refusals(
+        parse: fn(&str) -> Result<Usd, MoneyError>,
+        invalid: &[&str],
+        refused: &[(&str, MoneyError)],
+    ) {
+        for input in invalid {
             assert!(
-                matches!(Usd::parse(input), Err(MoneyError::Invalid(_))),
+                matches!(parse(input), Err(MoneyError::Invalid(_))),
                 "{input:?} must be invalid"
             );
         }
-        assert_eq!(Usd::parse("-1"), Err(MoneyError::Negative));
-        assert_eq!(Usd::parse("-0.5"), Err(MoneyError::Negative));
-        assert_eq!(Usd::parse("-0"), Err(MoneyError::Negative));
-        assert!(matches!(Usd::parse("-1e3"), Err(MoneyError::Invalid(_))));
-        assert_eq!(Usd::parse("0.0000000001"), Err(MoneyError::TooPrecise));
-        assert_eq!(Usd::parse("1.1234567891"), Err(MoneyError::TooPrecise));
-        assert_eq!(
-            Usd::parse("9223372036.854775808"),
-            Err(MoneyError::TooLarge)
-        );
-        assert_eq!(Usd::parse("10000000000"), Err(MoneyError::TooLarge));
-        assert_eq!(
-            Usd::parse("99999999999999999999999999999999999999999"),
-            Err(MoneyError::TooLarge)
+        for (input, error) in refused {
+            assert_eq!(parse(input), Err(error.clone()), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn parse_refuses_everything_else() {
+        assert_refusals(
+            Usd::parse,
+            &[
+                "", " ", " 1", "1 ", "+1", "1e3", "1E3", "1_000", "1,5", ".5", "5.", ".", "1.2.3",
+                "abc", "0x10", "NaN", "inf", "--1", "-", "١", "1.٥", "-1e3",
+            ],
+            &[
+                ("-1", MoneyError::Negative),
+                ("-0.5", MoneyError::Negative),
+                ("-0", MoneyError::Negative),
+                ("0.0000000001", MoneyError::TooPrecise),
+                ("1.1234567891", MoneyError::TooPrecise),
+                ("9223372036.854775808", MoneyError::TooLarge),
+                ("10000000000", MoneyError::TooLarge),
+                (
+                    "99999999999999999999999999999999999999999",
+                    MoneyError::TooLarge,
+                ),
+            ],
         );
     }
 
@@ -537,26 +516,20 @@ mod tests {
 
     #[test]
     fn from_json_number_refusals() {
-        assert_eq!(Usd::from_json_number("-1"), Err(MoneyError::Negative));
-        assert_eq!(Usd::from_json_number("-1e-20"), Err(MoneyError::Negative));
-        assert_eq!(
-            Usd::from_json_number("9223372036.8547758075"),
-            Err(MoneyError::TooLarge)
+        assert_refusals(
+            Usd::from_json_number,
+            &[
+                "", " 1", "1 ", "+1", "01", "1.", ".5", "1e", "1e+", "e5", "1.5e5.5", "0x1", "NaN",
+                "Infinity", "--1", "1_0", "\"1\"",
+            ],
+            &[
+                ("-1", MoneyError::Negative),
+                ("-1e-20", MoneyError::Negative),
+                ("9223372036.8547758075", MoneyError::TooLarge),
+                ("1e10", MoneyError::TooLarge),
+                ("1e999999999999999", MoneyError::TooLarge),
+            ],
         );
-        assert_eq!(Usd::from_json_number("1e10"), Err(MoneyError::TooLarge));
-        assert_eq!(
-            Usd::from_json_number("1e999999999999999"),
-            Err(MoneyError::TooLarge)
-        );
-        for input in [
-            "", " 1", "1 ", "+1", "01", "1.", ".5", "1e", "1e+", "e5", "1.5e5.5", "0x1", "NaN",
-            "Infinity", "--1", "1_0", "\"1\"",
-        ] {
-            assert!(
-                matches!(Usd::from_json_number(input), Err(MoneyError::Invalid(_))),
-                "{input:?} must be invalid"
-            );
-        }
     }
 
     #[test]

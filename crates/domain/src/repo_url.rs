@@ -16,9 +16,7 @@
 //! URLs carrying credentials are refused, so a token is never stored.
 
 use std::fmt;
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use url::Url;
 
 /// The longest allowed owner or repository name, in characters.
@@ -327,40 +325,11 @@ impl fmt::Display for RepoUrl {
     }
 }
 
-impl FromStr for RepoUrl {
-    type Err = RepoUrlError;
-
-    /// Same as [`RepoUrl::parse`].
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RepoUrl::parse(s)
-    }
-}
-
-impl Serialize for RepoUrl {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.url)
-    }
-}
-
-impl<'de> Deserialize<'de> for RepoUrl {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct RepoUrlVisitor;
-
-        impl serde::de::Visitor<'_> for RepoUrlVisitor {
-            type Value = RepoUrl;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a repository URL such as \"https://github.com/org/repo\"")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RepoUrl, E> {
-                RepoUrl::parse(v).map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_str(RepoUrlVisitor)
-    }
-}
+text_form!(
+    RepoUrl,
+    RepoUrlError,
+    "a repository URL such as \"https://github.com/org/repo\""
+);
 
 #[cfg(test)]
 mod tests {
@@ -476,133 +445,73 @@ mod tests {
     fn refused_forms() {
         use RepoUrlError as E;
         let long = "a".repeat(101);
-        let cases: Vec<(String, RepoUrlError)> = vec![
-            ("".into(), E::Empty),
-            ("   ".into(), E::Empty),
-            ("github.com/org/repo".into(), E::NotARepoUrl),
-            ("org/repo".into(), E::NotARepoUrl),
-            ("https://github.com/org /repo".into(), E::NotARepoUrl),
-            ("https://github.com/org/re\tpo".into(), E::NotARepoUrl),
-            ("https://github.com\\org\\repo".into(), E::NotARepoUrl),
-            ("https://github.com/org/%2e%2e".into(), E::NotARepoUrl),
-            ("./org:repo".into(), E::NotARepoUrl),
-            ("@github.com:org/repo".into(), E::NotARepoUrl),
+        let long_owner = format!("https://github.com/{long}/r");
+        let long_name = format!("https://github.com/o/{long}");
+        let long_ssh_name = format!("git@github.com:o/{long}.git");
+        let invalid_name = |part, value: &str| E::InvalidName {
+            part,
+            value: value.into(),
+        };
+        let scheme = |s: &str| E::UnsupportedScheme(s.into());
+        let invalid_character = |part| E::InvalidCharacter { part };
+        let cases: Vec<(&str, RepoUrlError)> = vec![
+            ("", E::Empty),
+            ("   ", E::Empty),
+            ("github.com/org/repo", E::NotARepoUrl),
+            ("org/repo", E::NotARepoUrl),
+            ("https://github.com/org /repo", E::NotARepoUrl),
+            ("https://github.com/org/re\tpo", E::NotARepoUrl),
+            ("https://github.com\\org\\repo", E::NotARepoUrl),
+            ("https://github.com/org/%2e%2e", E::NotARepoUrl),
+            ("./org:repo", E::NotARepoUrl),
+            ("@github.com:org/repo", E::NotARepoUrl),
+            ("ftp://github.com/org/repo", scheme("ftp")),
+            ("file:///org/repo", scheme("file")),
+            ("git://github.com/org/repo", scheme("git")),
+            ("https://user:tok@github.com/o/r", E::Credentials),
+            ("https://ghp_token@github.com/o/r", E::Credentials),
+            ("https://user:@github.com/o/r", E::Credentials),
+            ("ssh://git:secret@github.com/o/r", E::Credentials),
+            ("https://github.com/o/r?tab=readme", E::QueryOrFragment),
+            ("https://github.com/o/r#readme", E::QueryOrFragment),
+            ("https://github.com/o/r?", E::QueryOrFragment),
+            ("https:///o/r", E::InvalidHost),
+            ("https:////o/r", E::InvalidHost),
+            ("ssh:///o/r", E::InvalidHost),
+            ("https:x://github.com/o/r", E::NotARepoUrl),
+            ("https://github.com/org", E::SegmentCount(1)),
+            ("https://github.com/org/", E::SegmentCount(1)),
+            ("https://github.com", E::SegmentCount(0)),
+            ("https://github.com/", E::SegmentCount(0)),
+            ("https://github.com/org/repo/issues/1", E::SegmentCount(4)),
+            ("https://github.com/org/repo/tree", E::SegmentCount(3)),
+            ("https://github.com/org/repo//", E::EmptySegment),
+            ("git@github.com:org", E::SegmentCount(1)),
+            ("https://github.com//repo", E::EmptySegment),
+            ("git@github.com:/org/repo", E::EmptySegment),
+            ("https://github.com/org//", E::EmptySegment),
+            ("https://github.com/or~g/repo", invalid_character("owner")),
+            ("https://github.com/org/re+po", invalid_character("name")),
+            ("https://github.com/org/répo", invalid_character("name")),
+            ("git@github.com:org/re:po", invalid_character("name")),
+            ("https://github.com/org/..", invalid_name("name", "..")),
+            ("https://github.com/./repo", invalid_name("owner", ".")),
+            ("https://github.com/x/../org/repo", E::SegmentCount(4)),
+            ("https://github.com/org/.git", invalid_name("name", "")),
             (
-                "ftp://github.com/org/repo".into(),
-                E::UnsupportedScheme("ftp".into()),
+                "https://github.com/org/x.git.git",
+                invalid_name("name", "x.git"),
             ),
-            (
-                "file:///org/repo".into(),
-                E::UnsupportedScheme("file".into()),
-            ),
-            (
-                "git://github.com/org/repo".into(),
-                E::UnsupportedScheme("git".into()),
-            ),
-            ("https://user:tok@github.com/o/r".into(), E::Credentials),
-            ("https://ghp_token@github.com/o/r".into(), E::Credentials),
-            ("https://user:@github.com/o/r".into(), E::Credentials),
-            ("ssh://git:secret@github.com/o/r".into(), E::Credentials),
-            (
-                "https://github.com/o/r?tab=readme".into(),
-                E::QueryOrFragment,
-            ),
-            ("https://github.com/o/r#readme".into(), E::QueryOrFragment),
-            ("https://github.com/o/r?".into(), E::QueryOrFragment),
-            ("https:///o/r".into(), E::InvalidHost),
-            ("https:////o/r".into(), E::InvalidHost),
-            ("ssh:///o/r".into(), E::InvalidHost),
-            ("https:x://github.com/o/r".into(), E::NotARepoUrl),
-            ("https://github.com/org".into(), E::SegmentCount(1)),
-            ("https://github.com/org/".into(), E::SegmentCount(1)),
-            ("https://github.com".into(), E::SegmentCount(0)),
-            ("https://github.com/".into(), E::SegmentCount(0)),
-            (
-                "https://github.com/org/repo/issues/1".into(),
-                E::SegmentCount(4),
-            ),
-            (
-                "https://github.com/org/repo/tree".into(),
-                E::SegmentCount(3),
-            ),
-            ("https://github.com/org/repo//".into(), E::EmptySegment),
-            ("git@github.com:org".into(), E::SegmentCount(1)),
-            ("https://github.com//repo".into(), E::EmptySegment),
-            ("git@github.com:/org/repo".into(), E::EmptySegment),
-            ("https://github.com/org//".into(), E::EmptySegment),
-            (
-                "https://github.com/or~g/repo".into(),
-                E::InvalidCharacter { part: "owner" },
-            ),
-            (
-                "https://github.com/org/re+po".into(),
-                E::InvalidCharacter { part: "name" },
-            ),
-            (
-                "https://github.com/org/répo".into(),
-                E::InvalidCharacter { part: "name" },
-            ),
-            (
-                "git@github.com:org/re:po".into(),
-                E::InvalidCharacter { part: "name" },
-            ),
-            (
-                "https://github.com/org/..".into(),
-                E::InvalidName {
-                    part: "name",
-                    value: "..".into(),
-                },
-            ),
-            (
-                "https://github.com/./repo".into(),
-                E::InvalidName {
-                    part: "owner",
-                    value: ".".into(),
-                },
-            ),
-            (
-                "https://github.com/x/../org/repo".into(),
-                E::SegmentCount(4),
-            ),
-            (
-                "https://github.com/org/.git".into(),
-                E::InvalidName {
-                    part: "name",
-                    value: "".into(),
-                },
-            ),
-            (
-                "https://github.com/org/x.git.git".into(),
-                E::InvalidName {
-                    part: "name",
-                    value: "x.git".into(),
-                },
-            ),
-            (
-                "https://github.com/org/...git".into(),
-                E::InvalidName {
-                    part: "name",
-                    value: "..".into(),
-                },
-            ),
-            (
-                format!("https://github.com/{long}/r"),
-                E::TooLong { part: "owner" },
-            ),
-            (
-                format!("https://github.com/o/{long}"),
-                E::TooLong { part: "name" },
-            ),
-            (
-                format!("git@github.com:o/{long}.git"),
-                E::TooLong { part: "name" },
-            ),
-            ("git@:org/repo".into(), E::InvalidHost),
-            ("git@git?hub.com:org/repo".into(), E::InvalidHost),
-            ("https://exa mple.com/o/r".into(), E::NotARepoUrl),
+            ("https://github.com/org/...git", invalid_name("name", "..")),
+            (&long_owner, E::TooLong { part: "owner" }),
+            (&long_name, E::TooLong { part: "name" }),
+            (&long_ssh_name, E::TooLong { part: "name" }),
+            ("git@:org/repo", E::InvalidHost),
+            ("git@git?hub.com:org/repo", E::InvalidHost),
+            ("https://exa mple.com/o/r", E::NotARepoUrl),
         ];
         for (input, expected) in cases {
-            assert_eq!(RepoUrl::parse(&input), Err(expected), "{input:?}");
+            assert_eq!(RepoUrl::parse(input), Err(expected), "{input:?}");
         }
     }
 

@@ -9,7 +9,7 @@ use crate::script::{self, Directives, Mode, NOTES_FILE, Step, ToolAction};
 use crate::state::{State, lock};
 use crate::{
     ANTHROPIC_MAIN_USAGE, ANTHROPIC_SIDE_USAGE, Body, Call, CallKind, Incoming, Provider, Reply,
-    Shared, Transport, Usage,
+    Shared, Transport, Usage, parse_body,
 };
 
 /// The message of an error asked for by `[model:api-error=CODE]`.
@@ -28,12 +28,7 @@ pub(crate) fn looks_anthropic(incoming: &Incoming) -> bool {
 /// Whether the request carries the key: `x-api-key`, or `Authorization: Bearer` (what
 /// Claude Code sends with `ANTHROPIC_AUTH_TOKEN`).
 fn authorized(incoming: &Incoming, key: &str) -> bool {
-    incoming.header("x-api-key") == Some(key)
-        || incoming
-            .header("authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            == Some(key)
+    incoming.header("x-api-key") == Some(key) || incoming.bearer().map(str::trim) == Some(key)
 }
 
 /// The `error.type` Anthropic gives a status.
@@ -131,20 +126,9 @@ pub(crate) fn models(incoming: &Incoming, state: &Shared) -> Reply {
     )
 }
 
-/// Parses a request body, or says why not (status, message).
-fn parse_body(body: Result<Vec<u8>, u16>) -> Result<Value, (u16, String)> {
-    match body {
-        Err(413) => Err((413, "fake-models: the request body is too large".into())),
-        Err(_) => Err((
-            400,
-            "fake-models: the request body could not be read".into(),
-        )),
-        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
-            Ok(v) if v.is_object() => Ok(v),
-            Ok(_) => Err((400, "fake-models: the body is not a JSON object".into())),
-            Err(e) => Err((400, format!("fake-models: the body is not JSON: {e}"))),
-        },
-    }
+/// Anthropic's 400 message for a body that is not JSON.
+fn not_json(e: &serde_json::Error) -> String {
+    format!("fake-models: the body is not JSON: {e}")
 }
 
 /// `POST /v1/messages/count_tokens`: a rough count (a quarter of the body's bytes).
@@ -157,7 +141,7 @@ pub(crate) fn count_tokens(
     let mut call = incoming.call(Provider::Anthropic, Transport::Json, CallKind::CountTokens);
     call.key_ok = authorized(incoming, &s.key);
     let len = body.as_ref().map(Vec::len).unwrap_or(0);
-    let parsed = parse_body(body);
+    let parsed = parse_body(body, not_json);
     if let Ok(v) = &parsed {
         call.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
         call.body = Some(v.clone());
@@ -388,7 +372,7 @@ pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &
     let mut s = lock(state);
     let mut call = incoming.call(Provider::Anthropic, Transport::Json, CallKind::Main);
     call.key_ok = authorized(incoming, &s.key);
-    let parsed = parse_body(body);
+    let parsed = parse_body(body, not_json);
     if let Ok(v) = &parsed {
         call.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
         call.kind = if is_side(v) {

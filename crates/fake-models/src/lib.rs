@@ -363,6 +363,35 @@ impl Call {
     }
 }
 
+/// Parses a request body as a JSON object, or says why not (status, message); `not_json`
+/// words the provider's message for a body that is not JSON.
+pub(crate) fn parse_body(
+    body: Result<Vec<u8>, u16>,
+    not_json: fn(&serde_json::Error) -> String,
+) -> Result<serde_json::Value, (u16, String)> {
+    match body {
+        Err(413) => Err((413, "fake-models: the request body is too large".into())),
+        Err(_) => Err((
+            400,
+            "fake-models: the request body could not be read".into(),
+        )),
+        Ok(bytes) => parse_object(&bytes, not_json),
+    }
+}
+
+/// Parses a JSON object, or says why not (400 and a message, worded by `not_json` for
+/// bytes that are not JSON).
+pub(crate) fn parse_object(
+    bytes: &[u8],
+    not_json: fn(&serde_json::Error) -> String,
+) -> Result<serde_json::Value, (u16, String)> {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err((400, "fake-models: the body is not a JSON object".into())),
+        Err(e) => Err((400, not_json(&e))),
+    }
+}
+
 /// A request as the handlers see it.
 #[derive(Debug, Clone)]
 pub(crate) struct Incoming {
@@ -399,6 +428,12 @@ impl Incoming {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The token of `Authorization: Bearer TOKEN`, if sent (untrimmed).
+    pub(crate) fn bearer(&self) -> Option<&str> {
+        self.header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
     }
 
     /// A call record of this request, to complete.

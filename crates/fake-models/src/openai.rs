@@ -13,7 +13,7 @@ use crate::script::{self, Directives, Mode, NOTES_FILE, Step, ToolAction};
 use crate::state::{Conversation, State, lock, unix_now};
 use crate::{
     Body, Call, CallKind, Incoming, MAX_BODY_BYTES, OPENAI_MAIN_USAGE, OPENAI_SIDE_USAGE, Provider,
-    Reply, Shared, Transport, Usage,
+    Reply, Shared, Transport, Usage, parse_body, parse_object,
 };
 
 /// Whether a request asks to become a WebSocket.
@@ -26,11 +26,7 @@ pub(crate) fn is_websocket_upgrade(incoming: &Incoming) -> bool {
 
 /// Whether the request carries `Authorization: Bearer KEY`.
 fn authorized(incoming: &Incoming, key: &str) -> bool {
-    incoming
-        .header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        == Some(key)
+    incoming.bearer().map(str::trim) == Some(key)
 }
 
 /// The `error.type` OpenAI gives a status.
@@ -54,10 +50,7 @@ pub(crate) fn error_body(status: u16, message: &str, code: Option<&str>) -> Valu
 
 /// The 401 message, with the key shown the way OpenAI redacts it.
 fn bad_key_message(incoming: &Incoming) -> String {
-    let given = incoming
-        .header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
+    let given = incoming.bearer().unwrap_or_default();
     if given.is_empty() {
         "You didn't provide an API key. You need to provide your API key in an Authorization \
          header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
@@ -752,35 +745,16 @@ fn model_call(
     }
 }
 
-/// Parses a request body, or says why not (status, message).
-fn parse_body(body: Result<Vec<u8>, u16>) -> Result<Value, (u16, String)> {
-    match body {
-        Err(413) => Err((413, "fake-models: the request body is too large".into())),
-        Err(_) => Err((
-            400,
-            "fake-models: the request body could not be read".into(),
-        )),
-        Ok(bytes) => parse_json(&bytes),
-    }
-}
-
-/// Parses a JSON object.
-fn parse_json(bytes: &[u8]) -> Result<Value, (u16, String)> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(v) if v.is_object() => Ok(v),
-        Ok(_) => Err((400, "fake-models: the body is not a JSON object".into())),
-        Err(e) => Err((
-            400,
-            format!("We could not parse the JSON body of your request. (fake-models: {e})"),
-        )),
-    }
+/// OpenAI's 400 message for a body that is not JSON.
+fn not_json(e: &serde_json::Error) -> String {
+    format!("We could not parse the JSON body of your request. (fake-models: {e})")
 }
 
 /// `POST /v1/responses`.
 pub(crate) fn responses(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &Shared) -> Reply {
     let mut s = lock(state);
     let key_ok = authorized(incoming, &s.key);
-    let parsed = parse_body(body);
+    let parsed = parse_body(body, not_json);
     let streaming = parsed
         .as_ref()
         .ok()
@@ -950,7 +924,7 @@ fn websocket_frame(
     incoming: &Incoming,
     bytes: &[u8],
 ) -> (Vec<String>, Option<Duration>, Option<u64>) {
-    let parsed = parse_json(bytes).and_then(|mut v| {
+    let parsed = parse_object(bytes, not_json).and_then(|mut v| {
         let kind = v
             .as_object_mut()
             .and_then(|o| o.remove("type"))

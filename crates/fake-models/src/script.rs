@@ -340,16 +340,17 @@ mod tests {
 
     #[test]
     fn review_command_found_in_backticks() {
-        assert_eq!(
-            review_command("Review it: run `git diff origin/main...HEAD` and judge."),
-            Some("git diff origin/main...HEAD".to_owned())
-        );
-        assert_eq!(
-            review_command("`git log` then `git diff`"),
-            Some("git diff".to_owned())
-        );
-        assert_eq!(review_command("git diff origin/main"), None);
-        assert_eq!(review_command("`git difftool`"), None);
+        for (text, expected) in [
+            (
+                "Review it: run `git diff origin/main...HEAD` and judge.",
+                Some("git diff origin/main...HEAD"),
+            ),
+            ("`git log` then `git diff`", Some("git diff")),
+            ("git diff origin/main", None),
+            ("`git difftool`", None),
+        ] {
+            assert_eq!(review_command(text).as_deref(), expected, "{text}");
+        }
     }
 
     #[test]
@@ -385,15 +386,13 @@ mod tests {
 
     #[test]
     fn tags_and_reminders() {
-        assert_eq!(
-            find_tag("x [fake-models run r12ab34cd] y"),
-            Some("r12ab34cd".into())
-        );
-        assert_eq!(
-            find_tag("fake-models run ab. fake-models run cdef1"),
-            Some("cdef1".into())
-        );
-        assert_eq!(find_tag("nothing"), None);
+        for (text, expected) in [
+            ("x [fake-models run r12ab34cd] y", Some("r12ab34cd")),
+            ("fake-models run ab. fake-models run cdef1", Some("cdef1")),
+            ("nothing", None),
+        ] {
+            assert_eq!(find_tag(text).as_deref(), expected, "{text}");
+        }
         assert_eq!(
             strip_system_reminders(
                 "a<system-reminder>`git diff`</system-reminder>b<system-reminder>c"

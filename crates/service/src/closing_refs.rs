@@ -24,6 +24,11 @@ fn is_word(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
+/// The length in bytes of the longest prefix of `s` whose characters all satisfy `f`.
+fn prefix_len(s: &str, f: impl Fn(char) -> bool) -> usize {
+    s.chars().take_while(|c| f(*c)).map(char::len_utf8).sum()
+}
+
 /// The length in bytes of the closing keyword at the start of `s`, if one is there (and ends
 /// at a word boundary).
 fn keyword_at(s: &str) -> Option<usize> {
@@ -37,7 +42,7 @@ fn keyword_at(s: &str) -> Option<usize> {
 /// The length in bytes of the issue reference at the start of `s`: `#N`, `GH-N`,
 /// `owner/repo#N` or an `http(s)://…/issues/N` or `…/pull/N` URL.
 fn reference_at(s: &str) -> Option<usize> {
-    let digits = |t: &str| t.chars().take_while(char::is_ascii_digit).count();
+    let digits = |t: &str| prefix_len(t, |c| c.is_ascii_digit());
     if let Some(rest) = s.strip_prefix('#') {
         let n = digits(rest);
         return (n > 0).then_some(1 + n);
@@ -57,17 +62,9 @@ fn reference_at(s: &str) -> Option<usize> {
     }
     // owner/repo#N
     let name = |c: char| c.is_alphanumeric() || matches!(c, '-' | '_' | '.');
-    let owner = s
-        .chars()
-        .take_while(|c| name(*c))
-        .map(char::len_utf8)
-        .sum::<usize>();
+    let owner = prefix_len(s, name);
     let rest = s[owner..].strip_prefix('/')?;
-    let repo = rest
-        .chars()
-        .take_while(|c| name(*c))
-        .map(char::len_utf8)
-        .sum::<usize>();
+    let repo = prefix_len(rest, name);
     let after = rest[repo..].strip_prefix('#')?;
     let n = digits(after);
     (owner > 0 && repo > 0 && n > 0).then_some(owner + 1 + repo + 1 + n)
@@ -87,11 +84,7 @@ pub fn neutralise(text: &str) -> String {
             // Optional `:`, then whitespace (GitHub also accepts none after the colon).
             let after = &rest[k..];
             let colon = usize::from(after.starts_with(':'));
-            let space: usize = after[colon..]
-                .chars()
-                .take_while(|c| c.is_whitespace())
-                .map(char::len_utf8)
-                .sum();
+            let space = prefix_len(&after[colon..], char::is_whitespace);
             let start = k + colon + space;
             if let Some(r) = reference_at(&rest[start..]) {
                 out.push_str(&rest[..k]);
@@ -141,11 +134,7 @@ pub fn closing_references(text: &str) -> Vec<String> {
         {
             let after = &text[i + k..];
             let colon = usize::from(after.starts_with(':'));
-            let space: usize = after[colon..]
-                .chars()
-                .take_while(|c| c.is_whitespace())
-                .map(char::len_utf8)
-                .sum();
+            let space = prefix_len(&after[colon..], char::is_whitespace);
             let start = i + k + colon + space;
             if let Some(r) = reference_at(&text[start..]) {
                 found.push(text[start..start + r].to_owned());

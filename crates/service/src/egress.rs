@@ -797,6 +797,31 @@ mod tests {
         async fn exchange(&self, request: &[u8]) -> String {
             exchange(&self.socket, request).await
         }
+
+        /// A GET to the origin at `authority` through a new tunnel, asserting that the
+        /// origin answered; the whole answer.
+        async fn get_from_origin(&self, authority: &str) -> String {
+            let answer = get_through(tunnel(&self.socket, authority).await, authority).await;
+            assert!(answer.ends_with("hello from origin"), "{answer}");
+            answer
+        }
+
+        /// Sends each request of `cases` on a new connection, asserting that the answer's
+        /// status is `code` and that the answer contains each of the case's parts.
+        async fn expect(&self, code: u16, cases: &[(&[u8], &[&str])]) {
+            let expected = format!("HTTP/1.1 {code}");
+            for (request, parts) in cases {
+                let answer = self.exchange(request).await;
+                assert!(
+                    status(&answer).starts_with(&expected),
+                    "{:?}: {answer}",
+                    String::from_utf8_lossy(request)
+                );
+                for part in *parts {
+                    assert!(answer.contains(part), "{part:?} missing: {answer}");
+                }
+            }
+        }
     }
 
     impl Drop for Proxy {
@@ -846,6 +871,11 @@ mod tests {
         let request = format!("GET /inside HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         read_to_end(&mut stream).await
+    }
+
+    /// The event of a refused `host:port` that the policy does not list.
+    fn unlisted_event(host: &str, port: u16) -> (String, u16, String) {
+        (host.to_owned(), port, "not in egressAllow".to_owned())
     }
 
     fn status(answer: &str) -> &str {
@@ -1004,9 +1034,8 @@ mod tests {
         let origin = Origin::start().await;
         let proxy = Proxy::start(policy(&["127.0.0.1"]));
         let authority = format!("127.0.0.1:{}", origin.port());
-        let answer = get_through(tunnel(&proxy.socket, &authority).await, &authority).await;
+        let answer = proxy.get_from_origin(&authority).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
-        assert!(answer.ends_with("hello from origin"), "{answer}");
         let requests = origin.requests();
         assert_eq!(requests.len(), 1);
         assert!(
@@ -1068,8 +1097,7 @@ mod tests {
         let origin = Origin::start().await;
         let proxy = Proxy::start(policy(&["localhost"]));
         let authority = format!("localhost:{}", origin.port());
-        let answer = get_through(tunnel(&proxy.socket, &authority).await, &authority).await;
-        assert!(answer.ends_with("hello from origin"), "{answer}");
+        proxy.get_from_origin(&authority).await;
         let answer = proxy
             .exchange(format!("GET http://{authority}/plain HTTP/1.1\r\n\r\n").as_bytes())
             .await;
@@ -1086,43 +1114,26 @@ mod tests {
         let origin = Origin::start().await;
         let proxy = Proxy::start(policy(&["pypi.org", "*.example.com"]));
         let port = origin.port();
-        let answer = proxy
-            .exchange(format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n").as_bytes())
-            .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
-        assert!(
-            answer.contains("localhost is not in egressAllow"),
-            "{answer}"
-        );
-        assert!(answer.contains("add \"localhost\""), "{answer}");
-        let answer = proxy
-            .exchange(b"GET http://Files.PythonHosted.org/x HTTP/1.1\r\n\r\n")
-            .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
-        assert!(answer.contains("\"*.pythonhosted.org\""), "{answer}");
-        // Wildcards cover names strictly below their domain only.
-        let answer = proxy
-            .exchange(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
-            .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
+        let localhost = format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n");
+        let cases: &[(&[u8], &[&str])] = &[
+            (
+                localhost.as_bytes(),
+                &["localhost is not in egressAllow", "add \"localhost\""],
+            ),
+            (
+                b"GET http://Files.PythonHosted.org/x HTTP/1.1\r\n\r\n",
+                &["\"*.pythonhosted.org\""],
+            ),
+            // Wildcards cover names strictly below their domain only.
+            (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", &[]),
+        ];
+        proxy.expect(403, cases).await;
         assert_eq!(
             proxy.events.events(),
             [
-                (
-                    "localhost".to_owned(),
-                    port,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "files.pythonhosted.org".to_owned(),
-                    80,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "example.com".to_owned(),
-                    443,
-                    "not in egressAllow".to_owned()
-                ),
+                unlisted_event("localhost", port),
+                unlisted_event("files.pythonhosted.org", 80),
+                unlisted_event("example.com", 443),
             ]
         );
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
@@ -1137,15 +1148,12 @@ mod tests {
         let hosts: &[(&str, &[IpAddr])] = &[("api.example.test", &loopback)];
         let proxy = Proxy::start(policy_with_hosts(&["*.example.test"], hosts));
         let authority = format!("api.example.test:{}", origin.port());
-        let answer = proxy
-            .exchange(format!("CONNECT {authority} HTTP/1.1\r\n\r\n").as_bytes())
-            .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 403"), "{answer}");
-        assert!(
-            answer.contains("resolves to 127.0.0.1, a loopback address"),
-            "{answer}"
-        );
-        assert!(answer.contains("add \"api.example.test\""), "{answer}");
+        let connect = format!("CONNECT {authority} HTTP/1.1\r\n\r\n");
+        let parts = [
+            "resolves to 127.0.0.1, a loopback address",
+            "add \"api.example.test\"",
+        ];
+        proxy.expect(403, &[(connect.as_bytes(), &parts)]).await;
         let events = proxy.events.events();
         assert_eq!(events.len(), 1);
         assert_eq!(
@@ -1159,8 +1167,7 @@ mod tests {
             &["*.example.test", "api.example.test"],
             hosts,
         ));
-        let answer = get_through(tunnel(&listed.socket, &authority).await, &authority).await;
-        assert!(answer.ends_with("hello from origin"), "{answer}");
+        listed.get_from_origin(&authority).await;
         assert!(listed.events.events().is_empty());
     }
 
@@ -1207,39 +1214,16 @@ mod tests {
             format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
             format!("GET http://[::ffff:127.0.0.1]:{port}/ HTTP/1.1\r\n\r\n"),
         ] {
-            let answer = proxy.exchange(request.as_bytes()).await;
-            assert!(
-                status(&answer).starts_with("HTTP/1.1 403"),
-                "{request}: {answer}"
-            );
-            assert!(
-                answer.contains("wildcards never cover an IP address"),
-                "{answer}"
-            );
+            let parts = ["wildcards never cover an IP address"];
+            proxy.expect(403, &[(request.as_bytes(), &parts)]).await;
         }
         assert_eq!(
             proxy.events.events(),
             [
-                (
-                    "169.254.169.254".to_owned(),
-                    80,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "169.254.169.254".to_owned(),
-                    80,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "127.0.0.1".to_owned(),
-                    port,
-                    "not in egressAllow".to_owned()
-                ),
-                (
-                    "127.0.0.1".to_owned(),
-                    port,
-                    "not in egressAllow".to_owned()
-                ),
+                unlisted_event("169.254.169.254", 80),
+                unlisted_event("169.254.169.254", 80),
+                unlisted_event("127.0.0.1", port),
+                unlisted_event("127.0.0.1", port),
             ]
         );
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
@@ -1257,17 +1241,12 @@ mod tests {
             b"GET http://example.com/ HTTP/2.0\r\n\r\n",
             b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
         ] {
-            let answer = proxy.exchange(request).await;
-            assert!(
-                status(&answer).starts_with("HTTP/1.1 400"),
-                "{:?}: {answer}",
-                String::from_utf8_lossy(request)
-            );
+            proxy.expect(400, &[(request, &[])]).await;
         }
-        let answer = proxy
-            .exchange(b"CONNECT example.com HTTP/1.1\r\n\r\n")
+        let example = b"CONNECT example.com HTTP/1.1\r\n\r\n";
+        proxy
+            .expect(400, &[(example, &["CONNECT pypi.org:443"])])
             .await;
-        assert!(answer.contains("CONNECT pypi.org:443"), "{answer}");
         assert!(proxy.events.events().is_empty());
     }
 
@@ -1276,15 +1255,13 @@ mod tests {
         let proxy = Proxy::start(policy(&["example.com"]));
         let mut request = b"GET http://example.com/ HTTP/1.1\r\nX-Big: ".to_vec();
         request.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES + 1024));
-        let answer = proxy.exchange(&request).await;
-        assert!(status(&answer).starts_with("HTTP/1.1 431"), "{answer}");
         let many: String = (0..MAX_HEADERS + 1)
             .map(|i| format!("X-{i}: 1\r\n"))
             .collect();
-        let answer = proxy
-            .exchange(format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n").as_bytes())
+        let many_headers = format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n");
+        proxy
+            .expect(431, &[(&request, &[]), (many_headers.as_bytes(), &[])])
             .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 431"), "{answer}");
         assert!(proxy.events.events().is_empty());
     }
 
@@ -1296,18 +1273,15 @@ mod tests {
         drop(closed);
         let hosts: &[(&str, &[IpAddr])] = &[];
         let proxy = Proxy::start(policy_with_hosts(&["127.0.0.1", "gone.example.com"], hosts));
-        let answer = proxy
-            .exchange(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
-            .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 502"), "{answer}");
-        let answer = proxy
-            .exchange(b"CONNECT gone.example.com:443 HTTP/1.1\r\n\r\n")
-            .await;
-        assert!(status(&answer).starts_with("HTTP/1.1 502"), "{answer}");
-        assert!(
-            answer.contains("cannot resolve gone.example.com"),
-            "{answer}"
-        );
+        let closed_port = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+        let cases: &[(&[u8], &[&str])] = &[
+            (closed_port.as_bytes(), &[]),
+            (
+                b"CONNECT gone.example.com:443 HTTP/1.1\r\n\r\n",
+                &["cannot resolve gone.example.com"],
+            ),
+        ];
+        proxy.expect(502, cases).await;
         assert!(proxy.events.events().is_empty());
     }
 

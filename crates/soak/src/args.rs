@@ -1,6 +1,8 @@
 //! The command line: every parameter has the full run's default.
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 /// What one soak run does.
@@ -70,10 +72,7 @@ impl Params {
                 "--database-url" => database_url = Some(value.clone()),
                 "--work" => work = Some(PathBuf::from(&value)),
                 "--issues" => {
-                    p.issues = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (2..=100_000).contains(n))
+                    p.issues = within(&value, 2..=100_000)
                         .ok_or_else(|| bad("a whole number from 2 to 100000"))?;
                 }
                 "--minutes" => p.chaos = minutes(&value).ok_or_else(|| bad("minutes > 0"))?,
@@ -81,11 +80,8 @@ impl Params {
                     p.quiesce = minutes(&value).ok_or_else(|| bad("minutes > 0"))?;
                 }
                 "--fault-rate" => {
-                    p.fault_rate = value
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|f| (0.0..=0.9).contains(f))
-                        .ok_or_else(|| bad("a fraction from 0 to 0.9"))?;
+                    p.fault_rate =
+                        within(&value, 0.0..=0.9).ok_or_else(|| bad("a fraction from 0 to 0.9"))?;
                 }
                 "--kill-every" => {
                     p.kill_every = range(&value)
@@ -98,18 +94,10 @@ impl Params {
                 }
                 "--seed" => p.seed = value.parse().map_err(|_| bad("a whole number"))?,
                 "--runs-per-replica" => {
-                    p.runs_per_replica = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=16).contains(n))
-                        .ok_or_else(|| bad("1 to 16"))?;
+                    p.runs_per_replica = within(&value, 1..=16).ok_or_else(|| bad("1 to 16"))?;
                 }
                 "--lease-secs" => {
-                    p.lease_secs = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (3..=600).contains(n))
-                        .ok_or_else(|| bad("3 to 600"))?;
+                    p.lease_secs = within(&value, 3..=600).ok_or_else(|| bad("3 to 600"))?;
                 }
                 _ => return Err(format!("unknown option {flag}\n{USAGE}")),
             }
@@ -120,6 +108,11 @@ impl Params {
         p.work = work.ok_or_else(|| format!("--work is required\n{USAGE}"))?;
         Ok(p)
     }
+}
+
+/// `text` parsed, if it lies in `range`.
+fn within<T: FromStr + PartialOrd>(text: &str, range: RangeInclusive<T>) -> Option<T> {
+    text.parse().ok().filter(|n| range.contains(n))
 }
 
 fn minutes(text: &str) -> Option<Duration> {

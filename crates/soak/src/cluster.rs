@@ -282,27 +282,44 @@ impl Api {
         body: Option<&Value>,
         first: usize,
     ) -> Result<Answer, String> {
-        let deadline = Instant::now() + self.patience;
-        let mut i = first % self.urls.len();
-        loop {
-            let url = format!("{}{path}", self.urls[i]);
-            let method_ = reqwest::Method::from_bytes(method.as_bytes())
-                .map_err(|e| format!("{method}: {e}"))?;
-            let mut req = self.http.request(method_, &url).bearer_auth(&self.token);
+        let method_ =
+            reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| format!("{method}: {e}"))?;
+        let resp = self.failover(first, &format!("{method} {path}"), false, |base| {
+            let mut req = self
+                .http
+                .request(method_.clone(), format!("{base}{path}"))
+                .bearer_auth(&self.token);
             if let Some(body) = body {
                 req = req.json(body);
             }
-            match req.send() {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let text = resp.text().unwrap_or_default();
-                    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-                    return Ok(Answer { status, body });
+            req.send()
+        })?;
+        let status = resp.status().as_u16();
+        let text = resp.text().unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Answer { status, body })
+    }
+
+    /// Sends `send(replica URL)` to replica `first`, then the others in turn while none
+    /// answers (and, with `retry_5xx`, while the answer is a 5xx) until `patience` has
+    /// passed: then the last answer, or the error naming `what`.
+    fn failover(
+        &self,
+        first: usize,
+        what: &str,
+        retry_5xx: bool,
+        send: impl Fn(&str) -> reqwest::Result<reqwest::blocking::Response>,
+    ) -> Result<reqwest::blocking::Response, String> {
+        let deadline = Instant::now() + self.patience;
+        let mut i = first % self.urls.len();
+        loop {
+            match send(&self.urls[i]) {
+                Ok(resp) if !retry_5xx || resp.status().as_u16() < 500 => return Ok(resp),
+                Ok(resp) if Instant::now() >= deadline => return Ok(resp),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("{what}: no replica answered: {e}"));
                 }
-                Err(e) => {
-                    if Instant::now() >= deadline {
-                        return Err(format!("{method} {path}: no replica answered: {e}"));
-                    }
+                _ => {
                     i = (i + 1) % self.urls.len();
                     std::thread::sleep(Duration::from_millis(200));
                 }
@@ -340,31 +357,17 @@ impl Api {
         signature: &str,
         first: usize,
     ) -> Result<u16, String> {
-        let deadline = Instant::now() + self.patience;
-        let mut i = first % self.urls.len();
-        loop {
-            let url = format!("{}/api/webhooks/codehost", self.urls[i]);
-            let sent = self
-                .http
-                .post(&url)
+        let resp = self.failover(first, &format!("webhook {delivery}"), true, |base| {
+            self.http
+                .post(format!("{base}/api/webhooks/codehost"))
                 .header("Content-Type", "application/json")
                 .header("X-GitHub-Event", event)
                 .header("X-GitHub-Delivery", delivery)
                 .header("X-Hub-Signature-256", signature)
                 .body(body.to_vec())
-                .send();
-            match sent {
-                Ok(resp) if resp.status().as_u16() < 500 => return Ok(resp.status().as_u16()),
-                Ok(resp) if Instant::now() >= deadline => return Ok(resp.status().as_u16()),
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!("webhook {delivery}: no replica answered: {e}"));
-                }
-                _ => {
-                    i = (i + 1) % self.urls.len();
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
-        }
+                .send()
+        })?;
+        Ok(resp.status().as_u16())
     }
 
     /// Waits until replica `i` answers `GET /readyz` with 200, or `within` passes.

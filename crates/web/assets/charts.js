@@ -8,7 +8,7 @@
  * Geometry uses floating point (pixels); values are shown to the cent (format.js), the exact
  * values in the data tables.
  */
-import { h, s } from './dom.js';
+import { h, headedRows, s, tableHead } from './dom.js';
 import { count, exactMoney, money, percent, plainDecimal, repoName, utcDay } from './format.js';
 
 /** @typedef {import('../types/api').DailyCost} DailyCost */
@@ -172,24 +172,21 @@ function figure(svg, summary, legend, table, points, highlight) {
 }
 
 /**
- * A table of rows of text.
+ * The data table of a chart: per entry its label, exact cost and costed tasks.
  * @param {string} caption
- * @param {string[]} head
- * @param {string[][]} rows
- * @param {boolean[]} numeric which columns are numbers (aligned right)
+ * @param {string} label the heading of the labels' column
+ * @param {[string, number, number][]} rows label, cost and costed tasks of each entry
  */
-function dataTable(caption, head, rows, numeric) {
+function dataTable(caption, label, rows) {
+  const numeric = [false, true, true];
   return h(
     'table',
     {},
     h('caption', {}, caption),
-    h('thead', {}, h('tr', {}, ...head.map((c, i) => h('th', { scope: 'col', class: numeric[i] ? 'num' : '' }, c)))),
-    h(
-      'tbody',
-      {},
-      ...rows.map((r) =>
-        h('tr', {}, ...r.map((c, i) => (i === 0 ? h('th', { scope: 'row' }, c) : h('td', { class: numeric[i] ? 'num' : '' }, c)))),
-      ),
+    tableHead([label, 'Cost', 'Costed tasks'], numeric),
+    headedRows(
+      rows.map(([name, cost, tasks]) => [name, exactMoney(cost), count(tasks)]),
+      numeric,
     ),
   );
 }
@@ -291,9 +288,8 @@ export function dailyChart(days) {
   );
   const table = dataTable(
     'Daily costs (UTC days)',
-    ['Day (UTC)', 'Cost', 'Costed tasks'],
-    days.map((d) => [d.date, exactMoney(d.cost), count(d.taskCount)]),
-    [false, true, true],
+    'Day (UTC)',
+    days.map((d) => [d.date, d.cost, d.taskCount]),
   );
   return figure(svg, summary, legend, table, points, highlight);
 }
@@ -354,9 +350,8 @@ export function repoChart(repos) {
   const note = repos.length > shown.length ? h('p', { class: 'legend' }, `The ${shown.length} costliest of ${repos.length} repositories; the data table lists all.`) : null;
   const table = dataTable(
     'Cost by repository',
-    ['Repository', 'Cost', 'Costed tasks'],
-    repos.map((r) => [repoName(r.repoUrl), exactMoney(r.totalCost), count(r.taskCount)]),
-    [false, true, true],
+    'Repository',
+    repos.map((r) => [repoName(r.repoUrl), r.totalCost, r.taskCount]),
   );
   return figure(svg, summary, note, table, points, highlight);
 }
@@ -418,9 +413,8 @@ export function typeChart(types) {
       : 'Cost by task type: ' + types.map((t) => `${t.taskType} ${money(t.totalCost)} (${share(t.totalCost, total)})`).join(', ');
   const table = dataTable(
     'Cost by task type',
-    ['Task type', 'Cost', 'Costed tasks'],
-    types.map((t) => [t.taskType, exactMoney(t.totalCost), count(t.taskCount)]),
-    [false, true, true],
+    'Task type',
+    types.map((t) => [t.taskType, t.totalCost, t.taskCount]),
   );
   return figure(svg, summary, legend, table, points, highlight);
 }

@@ -5,7 +5,7 @@
  * never replaces a newer one.
  */
 import { api, ApiError } from './api.js';
-import { fill, h, region, uid } from './dom.js';
+import { fill, h, headedRows, region, tableHead, tablePanel, uid } from './dom.js';
 import { count, exactMoney, money, moneyEl, oneDecimal, percent, repoName, signedPercent, stateBadge, utcDay } from './format.js';
 import { dailyChart, repoChart, typeChart } from './charts.js';
 
@@ -87,14 +87,8 @@ function table(caption, head, numeric, rows) {
       'table',
       { class: 'compact' },
       h('caption', { class: 'sr-only' }, caption),
-      h('thead', {}, h('tr', {}, ...head.map((c, i) => h('th', { scope: 'col', class: numeric[i] ? 'num' : '' }, c)))),
-      h(
-        'tbody',
-        {},
-        ...rows.map((row) =>
-          h('tr', {}, ...row.map((c, i) => (i === 0 ? h('th', { scope: 'row' }, c) : h('td', { class: numeric[i] ? 'num' : '' }, c)))),
-        ),
-      ),
+      tableHead(head, numeric),
+      headedRows(rows, numeric),
     ),
   );
 }
@@ -372,22 +366,7 @@ function topTable(r) {
     });
     return row;
   });
-  return region(
-    'Most expensive tasks',
-    { class: 'panel wide' },
-    r.topTasks.length === 0
-      ? h('p', { class: 'state' }, 'No task with a recorded cost in this period.')
-      : h(
-          'div',
-          { class: 'table-wrap' },
-          h(
-            'table',
-            {},
-            h('thead', {}, h('tr', {}, ...head.map((c, i) => h('th', { scope: 'col', class: numeric[i] ? 'num' : '' }, c)))),
-            h('tbody', {}, ...rows),
-          ),
-        ),
-  );
+  return tablePanel('Most expensive tasks', head, numeric, rows, 'No task with a recorded cost in this period.');
 }
 
 /**

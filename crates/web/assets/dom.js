@@ -90,6 +90,47 @@ export function region(name, attrs, ...children) {
 }
 
 /**
+ * The column heads of a table.
+ * @param {string[]} head
+ * @param {boolean[]} numeric which columns are numbers (aligned right)
+ */
+export function tableHead(head, numeric) {
+  return h('thead', {}, h('tr', {}, ...head.map((c, i) => h('th', { scope: 'col', class: numeric[i] ? 'num' : '' }, c))));
+}
+
+/**
+ * A table body of rows of cells; the first cell of a row is its header.
+ * @param {Child[][]} rows
+ * @param {boolean[]} numeric which columns are numbers (aligned right)
+ */
+export function headedRows(rows, numeric) {
+  return h(
+    'tbody',
+    {},
+    ...rows.map((row) => h('tr', {}, ...row.map((c, i) => (i === 0 ? h('th', { scope: 'row' }, c) : h('td', { class: numeric[i] ? 'num' : '' }, c))))),
+  );
+}
+
+/**
+ * A wide panel named `name` holding a table with the column heads `head` and the table rows
+ * `rows`, or the note `empty` when there are no rows.
+ * @param {string} name
+ * @param {string[]} head
+ * @param {boolean[]} numeric which columns are numbers (aligned right)
+ * @param {HTMLTableRowElement[]} rows
+ * @param {string} empty
+ */
+export function tablePanel(name, head, numeric, rows, empty) {
+  return region(
+    name,
+    { class: 'panel wide' },
+    rows.length === 0
+      ? h('p', { class: 'state' }, empty)
+      : h('div', { class: 'table-wrap' }, h('table', {}, tableHead(head, numeric), h('tbody', {}, ...rows))),
+  );
+}
+
+/**
  * Replaces the children of `el`.
  * @param {Element} el
  * @param {...Child} children

@@ -6,7 +6,7 @@
  * history, which the API refuses).
  */
 import { api, apiText, ApiError, can } from './api.js';
-import { fill, h, region } from './dom.js';
+import { fill, h, region, tablePanel } from './dom.js';
 import { count, moneyEl, repoName, stateBadge, stateLabel, time } from './format.js';
 
 /** @typedef {import('../types/api').TaskDetailDto} TaskDetailDto */
@@ -75,48 +75,30 @@ function history(t) {
 function runs(t) {
   const head = ['Attempt', 'Why', 'Started', 'Outcome', 'Model', 'Input tokens', 'Output tokens', 'Turns', 'Model calls', 'Cost'];
   const numeric = [true, false, false, false, false, true, true, true, true, true];
-  return region(
-    'Runs',
-    { class: 'panel wide' },
-    t.runs.length === 0
-      ? h('p', { class: 'state' }, 'No runs yet.')
-      : h(
-          'div',
-          { class: 'table-wrap' },
-          h(
-            'table',
-            {},
-            h('thead', {}, h('tr', {}, ...head.map((c, i) => h('th', { scope: 'col', class: numeric[i] ? 'num' : '' }, c)))),
-            h(
-              'tbody',
-              {},
-              ...t.runs.map((r) =>
-                h(
-                  'tr',
-                  {},
-                  h('td', { class: 'num' }, String(r.attempt)),
-                  h('td', {}, why(r)),
-                  h('td', {}, time(r.startedAt)),
-                  h('td', {}, r.outcome, r.errorMessage ? h('span', { class: 'note' }, `: ${r.errorMessage}`) : null, r.sandboxed === false ? h('span', { class: 'note' }, ' (unsandboxed)') : null),
-                  h('td', {}, r.model ?? '–'),
-                  h('td', { class: 'num' }, count(r.inputTokens)),
-                  h('td', { class: 'num' }, count(r.outputTokens)),
-                  h('td', { class: 'num' }, r.turns === null || r.turns === undefined ? '–' : String(r.turns)),
-                  h('td', { class: 'num' }, r.modelCalls === null || r.modelCalls === undefined ? '–' : count(r.modelCalls)),
-                  h(
-                    'td',
-                    { class: 'num' },
-                    moneyEl(r.costUsd ?? null),
-                    r.modelCalls !== null && r.modelCalls !== undefined
-                      ? h('span', { class: 'note' }, ' metered', r.reportedCostUsd ? h('span', {}, '; agent said ', moneyEl(r.reportedCostUsd)) : '')
-                      : null,
-                  ),
-                ),
-              ),
-            ),
-          ),
-        ),
+  const rows = t.runs.map((r) =>
+    h(
+      'tr',
+      {},
+      h('td', { class: 'num' }, String(r.attempt)),
+      h('td', {}, why(r)),
+      h('td', {}, time(r.startedAt)),
+      h('td', {}, r.outcome, r.errorMessage ? h('span', { class: 'note' }, `: ${r.errorMessage}`) : null, r.sandboxed === false ? h('span', { class: 'note' }, ' (unsandboxed)') : null),
+      h('td', {}, r.model ?? '–'),
+      h('td', { class: 'num' }, count(r.inputTokens)),
+      h('td', { class: 'num' }, count(r.outputTokens)),
+      h('td', { class: 'num' }, r.turns === null || r.turns === undefined ? '–' : String(r.turns)),
+      h('td', { class: 'num' }, r.modelCalls === null || r.modelCalls === undefined ? '–' : count(r.modelCalls)),
+      h(
+        'td',
+        { class: 'num' },
+        moneyEl(r.costUsd ?? null),
+        r.modelCalls !== null && r.modelCalls !== undefined
+          ? h('span', { class: 'note' }, ' metered', r.reportedCostUsd ? h('span', {}, '; agent said ', moneyEl(r.reportedCostUsd)) : '')
+          : null,
+      ),
+    ),
   );
+  return tablePanel('Runs', head, numeric, rows, 'No runs yet.');
 }
 
 /**

@@ -456,27 +456,10 @@ export interface ModelCost {
  * Cost per outcome of one model (the model of the units' coding tasks). `failedShare` is a
  * percent of the spend on the units of that model.
  */
-export interface ModelOutcome {
+export type ModelOutcome = OutcomeFigures & {
   /** The coding task's model, or `"unknown"`. */
   model: string;
-  /** Pull requests merged. */
-  mergedPullRequests: number;
-  /** `mergedCost / mergedPullRequests`; null when nothing was merged. */
-  costPerMergedPullRequest?: string | null;
-  /** The cost of the merged units (4 decimals). */
-  mergedCost: string;
-  /** The cost of the units that ended failed or cancelled (4 decimals). */
-  failedCost: string;
-  /** `failedCost` as a percent of the spend on the model's units (a JSON number). */
-  failedShare: number;
-  /** What the revision runs of the units cost (4 decimals). */
-  revisionCost: string;
-  /**
-   * Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
-   * number); null when nothing was merged.
-   */
-  avgRevisionsPerMergedPullRequest?: number | null;
-}
+};
 
 /** A cheaper model with proven results for a repository's current coding model. */
 export interface ModelSuggestion {
@@ -500,13 +483,11 @@ export interface ModelSuggestion {
 }
 
 /**
- * Cost per outcome over the period (docs/contract.md#42-members, docs/analytics.md).
- *
- * An outcome unit is a coding task with its review subtasks; it belongs to the creation
- * day, repository and model of its coding task and ends as that task does. Money strings
- * have exactly 4 decimals, rounded half away from zero once from the exact value.
+ * The figures of a group of outcome units: the whole period (`failedShare` a percent of
+ * `summary.totalCost`), one repository or one model (a percent of the group's spend on its
+ * units).
  */
-export interface Outcomes {
+export interface OutcomeFigures {
   /** Pull requests merged: coding tasks of the period in `completed`. */
   mergedPullRequests: number;
   /** `mergedCost / mergedPullRequests`; null when nothing was merged. */
@@ -519,8 +500,8 @@ export interface Outcomes {
   /** Everything the units that ended `failed` or `cancelled` cost. */
   failedCost: string;
   /**
-   * `failedCost` as a percent of `summary.totalCost`, 1 decimal (a JSON number); 0 when
-   * nothing was spent.
+   * `failedCost` as a percent of the group's spend (of `summary.totalCost` for the whole
+   * period), 1 decimal (a JSON number); 0 when nothing was spent.
    */
   failedShare: number;
   /**
@@ -534,6 +515,16 @@ export interface Outcomes {
    * (a JSON number); null when nothing was merged.
    */
   avgRevisionsPerMergedPullRequest?: number | null;
+}
+
+/**
+ * Cost per outcome over the period (docs/contract.md#42-members, docs/analytics.md).
+ *
+ * An outcome unit is a coding task with its review subtasks; it belongs to the creation
+ * day, repository and model of its coding task and ends as that task does. Money strings
+ * have exactly 4 decimals, rounded half away from zero once from the exact value.
+ */
+export type Outcomes = OutcomeFigures & {
   /** The same figures per repository, highest spend first. */
   byRepo: Array<RepoOutcome>;
   /**
@@ -541,7 +532,7 @@ export interface Outcomes {
    * first.
    */
   byModel: Array<ModelOutcome>;
-}
+};
 
 /** A new instance-wide budget. */
 export interface PutBudget {
@@ -605,27 +596,10 @@ export interface RepoListDto {
  * Cost per outcome of one repository. `failedShare` is a percent of the repository's
  * spend on the units of the period.
  */
-export interface RepoOutcome {
+export type RepoOutcome = OutcomeFigures & {
   /** The normalised repository URL. */
   repoUrl: string;
-  /** Pull requests merged. */
-  mergedPullRequests: number;
-  /** `mergedCost / mergedPullRequests`; null when nothing was merged. */
-  costPerMergedPullRequest?: string | null;
-  /** The cost of the merged units (4 decimals). */
-  mergedCost: string;
-  /** The cost of the units that ended failed or cancelled (4 decimals). */
-  failedCost: string;
-  /** `failedCost` as a percent of the repository's spend on its units (a JSON number). */
-  failedShare: number;
-  /** What the revision runs of the units cost (4 decimals). */
-  revisionCost: string;
-  /**
-   * Revision rounds of the merged units per merged pull request, 2 decimals (a JSON
-   * number); null when nothing was merged.
-   */
-  avgRevisionsPerMergedPullRequest?: number | null;
-}
+};
 
 /** A token's role. */
 export type RoleName = "viewer" | "member" | "admin";

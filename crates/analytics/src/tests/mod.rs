@@ -179,13 +179,15 @@ fn empty_input() {
     assert_eq!(
         r.outcomes,
         Outcomes {
-            merged_pull_requests: 0,
-            cost_per_merged_pull_request: None,
-            merged_cost: "0.0000".into(),
-            failed_cost: "0.0000".into(),
-            failed_share: Decimal::ZERO,
-            revision_cost: "0.0000".into(),
-            avg_revisions_per_merged_pull_request: None,
+            figures: OutcomeFigures {
+                merged_pull_requests: 0,
+                cost_per_merged_pull_request: None,
+                merged_cost: "0.0000".into(),
+                failed_cost: "0.0000".into(),
+                failed_share: Decimal::ZERO,
+                revision_cost: "0.0000".into(),
+                avg_revisions_per_merged_pull_request: None,
+            },
             by_repo: Vec::new(),
             by_model: Vec::new(),
         }

@@ -529,38 +529,32 @@ struct Outcome {
     revision_cost: i128,
 }
 
-/// `revisionCost` and `avgRevisionsPerMergedPullRequest` of a group.
-fn revision_figures(o: &Outcome) -> (String, Option<Decimal>) {
-    (
-        fixed(round_half_away(o.revision_cost, NANOS_PER_4DP), 4),
-        (o.merged > 0).then(|| {
-            Decimal::from_i128_with_scale(
-                round_half_away(i128::from(o.merged_revisions) * 100, i128::from(o.merged)),
-                2,
-            )
-        }),
-    )
-}
-
-/// The five figures, with the failed share of `total` nano-dollars.
-fn five(o: &Outcome, total: i128) -> (i64, Option<String>, String, String, Decimal) {
+/// The figures of a group, with the failed share of `total` nano-dollars.
+fn figures(o: &Outcome, total: i128) -> OutcomeFigures {
     let money = |n: i128| fixed(round_half_away(n, NANOS_PER_4DP), 4);
-    (
-        o.merged,
-        (o.merged > 0).then(|| {
+    OutcomeFigures {
+        merged_pull_requests: o.merged,
+        cost_per_merged_pull_request: (o.merged > 0).then(|| {
             fixed(
                 round_half_away(o.merged_cost, i128::from(o.merged) * NANOS_PER_4DP),
                 4,
             )
         }),
-        money(o.merged_cost),
-        money(o.failed_cost),
-        if total == 0 {
+        merged_cost: money(o.merged_cost),
+        failed_cost: money(o.failed_cost),
+        failed_share: if total == 0 {
             Decimal::ZERO
         } else {
             Decimal::from_i128_with_scale(round_half_away(o.failed_cost * 1000, total), 1)
         },
-    )
+        revision_cost: money(o.revision_cost),
+        avg_revisions_per_merged_pull_request: (o.merged > 0).then(|| {
+            Decimal::from_i128_with_scale(
+                round_half_away(i128::from(o.merged_revisions) * 100, i128::from(o.merged)),
+                2,
+            )
+        }),
+    }
 }
 
 /// The `outcomes` member straight from the task list: each task goes to the unit of its
@@ -631,48 +625,20 @@ fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
         });
         rows
     };
-    let (merged, per, merged_cost, failed_cost, share) = five(&all, total);
-    let (revision_cost, per_revisions) = revision_figures(&all);
     Outcomes {
-        merged_pull_requests: merged,
-        cost_per_merged_pull_request: per,
-        merged_cost,
-        failed_cost,
-        failed_share: share,
-        revision_cost,
-        avg_revisions_per_merged_pull_request: per_revisions,
+        figures: figures(&all, total),
         by_repo: rows(by_repo)
             .into_iter()
-            .map(|(repo_url, o)| {
-                let (m, p, mc, fc, fs) = five(&o, o.cost);
-                let (rc, rp) = revision_figures(&o);
-                RepoOutcome {
-                    repo_url,
-                    merged_pull_requests: m,
-                    cost_per_merged_pull_request: p,
-                    merged_cost: mc,
-                    failed_cost: fc,
-                    failed_share: fs,
-                    revision_cost: rc,
-                    avg_revisions_per_merged_pull_request: rp,
-                }
+            .map(|(repo_url, o)| RepoOutcome {
+                repo_url,
+                figures: figures(&o, o.cost),
             })
             .collect(),
         by_model: rows(by_model)
             .into_iter()
-            .map(|(model, o)| {
-                let (m, p, mc, fc, fs) = five(&o, o.cost);
-                let (rc, rp) = revision_figures(&o);
-                ModelOutcome {
-                    model,
-                    merged_pull_requests: m,
-                    cost_per_merged_pull_request: p,
-                    merged_cost: mc,
-                    failed_cost: fc,
-                    failed_share: fs,
-                    revision_cost: rc,
-                    avg_revisions_per_merged_pull_request: rp,
-                }
+            .map(|(model, o)| ModelOutcome {
+                model,
+                figures: figures(&o, o.cost),
             })
             .collect(),
     }

@@ -2,7 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::common::{anthropic_text, assemble_anthropic, dedup_names, parse_sse, tag_in};
+use super::common::{
+    anthropic_text, assemble_anthropic, dedup_names, item_of_type, sse_events, tag_in,
+    two_main_calls,
+};
 use agentry_fake_models::{
     ANTHROPIC_MAIN_USAGE, ANTHROPIC_SIDE_USAGE, CallKind, DEFAULT_KEY, FakeModels, Provider,
     Transport, Usage,
@@ -56,26 +59,14 @@ fn post(fake: &FakeModels, body: &Value) -> Response {
 
 /// Posts a streaming request and assembles the answer.
 fn stream(fake: &FakeModels, body: &Value) -> (Vec<(String, Value)>, Value) {
-    let response = post(fake, body);
-    assert_eq!(response.status(), 200);
-    assert_eq!(
-        response.headers()["content-type"].to_str().unwrap(),
-        "text/event-stream"
-    );
-    let events = parse_sse(&response.text().unwrap());
+    let events = sse_events(post(fake, body));
     let message = assemble_anthropic(&events);
     (events, message)
 }
 
 /// The answer's `tool_use` block.
 fn tool_use(message: &Value) -> Value {
-    message["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["type"] == "tool_use")
-        .cloned()
-        .unwrap_or_else(|| panic!("no tool_use in {message}"))
+    item_of_type(message, "content", "tool_use")
 }
 
 /// The history after `first`'s answer and a tool result `result`.
@@ -162,17 +153,17 @@ fn a_coding_conversation_streams_a_write_then_the_final_text() {
         format!("Done: added a line to AGENT_NOTES.md. (fake-models run {tag})")
     );
 
-    let calls = fake.main_calls();
-    assert_eq!(calls.len(), 2);
-    for (step, call) in calls.iter().enumerate() {
-        assert_eq!(call.provider, Provider::Anthropic);
-        assert_eq!(call.transport, Transport::Sse);
+    let calls = two_main_calls(
+        &fake,
+        Provider::Anthropic,
+        Transport::Sse,
+        ANTHROPIC_MAIN_USAGE,
+        &tag,
+    );
+    for call in &calls {
         assert_eq!(call.path, "/v1/messages");
         assert_eq!(call.query, "beta=true");
         assert_eq!(call.model.as_deref(), Some("claude-sonnet-5"));
-        assert_eq!(call.run_tag.as_deref(), Some(tag.as_str()));
-        assert_eq!(call.step, Some(step as u32));
-        assert_eq!(call.usage, Some(ANTHROPIC_MAIN_USAGE));
         assert_eq!(call.status, 200);
         assert!(call.key_ok);
         assert!(call.answered_at.is_some());

@@ -1,6 +1,7 @@
 //! Helpers shared by the fake model API's tests: server-sent events, and the answers they
 //! assemble into.
 
+use agentry_fake_models::{Call, FakeModels, Provider, Transport, Usage};
 use serde_json::Value;
 
 /// The events of a server-sent event stream, as (event name, data).
@@ -22,6 +23,48 @@ pub fn parse_sse(text: &str) -> Vec<(String, Value)> {
             (name, value)
         })
         .collect()
+}
+
+/// The events of a `200` server-sent event stream (asserting the status and content type).
+pub fn sse_events(response: reqwest::blocking::Response) -> Vec<(String, Value)> {
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    parse_sse(&response.text().unwrap())
+}
+
+/// The first item of the array `container[list]` whose `type` is `kind`.
+pub fn item_of_type(container: &Value, list: &str, kind: &str) -> Value {
+    container[list]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == kind)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {kind} in {container}"))
+}
+
+/// The fake's main calls, asserting that there are two (steps 0 and 1) to `provider` over
+/// `transport`, each with `usage` and the run tag `tag`.
+pub fn two_main_calls(
+    fake: &FakeModels,
+    provider: Provider,
+    transport: Transport,
+    usage: Usage,
+    tag: &str,
+) -> Vec<Call> {
+    let calls = fake.main_calls();
+    assert_eq!(calls.len(), 2);
+    for (step, call) in calls.iter().enumerate() {
+        assert_eq!(call.provider, provider);
+        assert_eq!(call.transport, transport);
+        assert_eq!(call.step, Some(step as u32));
+        assert_eq!(call.usage, Some(usage));
+        assert_eq!(call.run_tag.as_deref(), Some(tag));
+    }
+    calls
 }
 
 /// `names` with consecutive repeats removed.

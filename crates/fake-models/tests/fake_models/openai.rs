@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::common::{assemble_openai, openai_text, parse_sse, tag_in};
+use super::common::{
+    assemble_openai, item_of_type, openai_text, sse_events, tag_in, two_main_calls,
+};
 use agentry_fake_models::{
     CallKind, DEFAULT_KEY, FakeModels, OPENAI_MAIN_USAGE, OPENAI_SIDE_USAGE, Provider, Transport,
     Usage,
@@ -53,13 +55,7 @@ fn code_mode_body(input: &[Value], stream: bool) -> Value {
 
 /// The `custom_tool_call` item of a response.
 fn custom_call(response: &Value) -> Value {
-    response["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "custom_tool_call")
-        .cloned()
-        .unwrap_or_else(|| panic!("no custom tool call in {response}"))
+    item_of_type(response, "output", "custom_tool_call")
 }
 
 /// What Codex sends back for a finished `exec`: a status text, then what `text(…)` gave.
@@ -110,13 +106,7 @@ mod http {
 
     /// Posts a streaming request; the events and the final response.
     fn stream(fake: &FakeModels, body: &Value) -> (Vec<Value>, Value) {
-        let response = post(fake, body);
-        assert_eq!(response.status(), 200);
-        assert_eq!(
-            response.headers()["content-type"].to_str().unwrap(),
-            "text/event-stream"
-        );
-        let events: Vec<Value> = parse_sse(&response.text().unwrap())
+        let events: Vec<Value> = sse_events(post(fake, body))
             .into_iter()
             .map(|(name, data)| {
                 assert_eq!(data["type"].as_str(), Some(name.as_str()));
@@ -128,13 +118,7 @@ mod http {
     }
 
     fn function_call(response: &Value) -> Value {
-        response["output"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|i| i["type"] == "function_call")
-            .cloned()
-            .unwrap_or_else(|| panic!("no function call in {response}"))
+        item_of_type(response, "output", "function_call")
     }
 
     #[test]
@@ -193,15 +177,13 @@ mod http {
             openai_text(&response2),
             format!("Done: added a line to AGENT_NOTES.md. (fake-models run {tag})")
         );
-        let calls = fake.main_calls();
-        assert_eq!(calls.len(), 2);
-        for (step, call) in calls.iter().enumerate() {
-            assert_eq!(call.provider, Provider::OpenAi);
-            assert_eq!(call.transport, Transport::Sse);
-            assert_eq!(call.step, Some(step as u32));
-            assert_eq!(call.usage, Some(OPENAI_MAIN_USAGE));
-            assert_eq!(call.run_tag.as_deref(), Some(tag.as_str()));
-        }
+        two_main_calls(
+            &fake,
+            Provider::OpenAi,
+            Transport::Sse,
+            OPENAI_MAIN_USAGE,
+            &tag,
+        );
     }
 
     #[test]

@@ -18,6 +18,12 @@ use tempfile::TempDir;
 /// How long one CLI run may take.
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
 
+/// What the review runs ask for.
+const REVIEW_PROMPT: &str = "Review this branch: run `git diff origin/main...HEAD` and report.";
+
+/// A coding prompt whose second main call the fake answers after 30 s.
+const SLOW_PROMPT: &str = "Please add a line to the notes. [model:slow=30]";
+
 const REQUIRE_VAR: &str = "AGENTRY_TEST_REQUIRE_REAL_AGENTS";
 
 /// The CLI named by `var`, or `None` (after saying so) when it is not set.
@@ -136,6 +142,13 @@ impl Workspace {
     fn notes(&self) -> String {
         std::fs::read_to_string(self.repo.join("AGENT_NOTES.md"))
             .unwrap_or_else(|e| panic!("no AGENT_NOTES.md ({e}); {}", self.output()))
+    }
+
+    /// Asserts that the agent wrote its line, tagged with the run `tag`, to the notes.
+    fn assert_notes_written(&self, tag: &str) {
+        let line = format!("notes written by a real agent CLI (fake-models run {tag})");
+        let notes = self.notes();
+        assert!(notes.lines().any(|l| l == line), "{notes}");
     }
 
     /// Waits for `child` to exit, polling until `deadline` (then kills it and panics).
@@ -272,6 +285,98 @@ fn claude_result(ws: &Workspace) -> Value {
     last
 }
 
+/// Asserts that Claude Code's `total_cost_usd` is what the fake's `calls` cost.
+fn assert_claude_cost(result: &Value, calls: &[Call], what: &str) {
+    let cost = result["total_cost_usd"].as_f64().unwrap();
+    let expected = claude_cost(calls);
+    assert!(
+        (cost - expected).abs() < 1e-9,
+        "total_cost_usd {cost}, from the fake's {what} {expected}"
+    );
+}
+
+/// A CLI and how it is started.
+enum Agent<'a> {
+    /// Claude Code with these extra arguments.
+    Claude(&'a [&'a str]),
+    /// Codex with this model.
+    Codex(&'a str),
+}
+
+/// A CLI run started in a new workspace against a new fake.
+struct Started {
+    fake: FakeModels,
+    ws: Workspace,
+    child: Child,
+    /// When the CLI was spawned.
+    at: Instant,
+}
+
+impl Started {
+    /// Starts `agent` on `prompt` in a new [`Workspace`] (`with_feature` as for
+    /// [`Workspace::new`]) against a new fake that `setup` prepares; `None` when the CLI is
+    /// not set (see [`cli`]).
+    fn new(
+        agent: Agent<'_>,
+        with_feature: bool,
+        prompt: &str,
+        setup: impl FnOnce(&FakeModels),
+    ) -> Option<Started> {
+        let bin = cli(match agent {
+            Agent::Claude(_) => "AGENTRY_TEST_CLAUDE_BIN",
+            Agent::Codex(_) => "AGENTRY_TEST_CODEX_BIN",
+        })?;
+        let fake = FakeModels::start();
+        setup(&fake);
+        let ws = Workspace::new(with_feature);
+        let command = match agent {
+            Agent::Claude(extra) => claude_command(&ws, &bin, &fake, extra),
+            Agent::Codex(model) => codex_command(&ws, &bin, &fake, model),
+        };
+        let at = Instant::now();
+        let child = ws.spawn(command, prompt);
+        Some(Started {
+            fake,
+            ws,
+            child,
+            at,
+        })
+    }
+
+    /// Waits up to [`RUN_DEADLINE`] for the CLI to exit, says how long `what` took and
+    /// asserts it succeeded; returns that duration.
+    fn succeed(&mut self, what: &str) -> Duration {
+        let status = self.ws.wait(&mut self.child, RUN_DEADLINE);
+        let took = self.at.elapsed();
+        eprintln!("{what}: {took:?}");
+        assert!(status.success(), "{status}; {}", self.ws.output());
+        took
+    }
+
+    /// Waits until the second main call (step 1, slow) has been made.
+    fn wait_for_the_second_main_call(&self) {
+        assert!(
+            self.fake.wait_for(Duration::from_secs(60), |calls| calls
+                .iter()
+                .any(|c| c.step == Some(1))),
+            "no second main call; {}",
+            self.ws.output()
+        );
+    }
+
+    /// Sends SIGINT and waits up to 20 s for the exit.
+    fn interrupt(&mut self, what: &str) -> ExitStatus {
+        let signalled = Instant::now();
+        send_signal(self.child.id(), "-INT");
+        let status = self.ws.wait(&mut self.child, Duration::from_secs(20));
+        eprintln!(
+            "{what} exited {status} {:?} after SIGINT",
+            signalled.elapsed()
+        );
+        status
+    }
+}
+
 #[test]
 fn claude_code_writes_the_notes_and_reports_the_fake_cost() {
     claude_coding_run(None);
@@ -284,51 +389,32 @@ fn claude_code_retries_a_failed_model_call() {
 
 /// Runs a coding conversation with Claude Code, the first main call failing with `fault`.
 fn claude_coding_run(fault: Option<u16>) {
-    let Some(bin) = cli("AGENTRY_TEST_CLAUDE_BIN") else {
+    let Some(mut run) = Started::new(
+        Agent::Claude(&["--permission-mode", "bypassPermissions"]),
+        false,
+        "Please add a line to the notes.",
+        |fake| {
+            if let Some(status) = fault {
+                fake.fail_next(1, status);
+            }
+        },
+    ) else {
         return;
     };
-    let fake = FakeModels::start();
-    if let Some(status) = fault {
-        fake.fail_next(1, status);
-    }
-    let ws = Workspace::new(false);
-    let started = Instant::now();
-    let mut child = ws.spawn(
-        claude_command(
-            &ws,
-            &bin,
-            &fake,
-            &["--permission-mode", "bypassPermissions"],
-        ),
-        "Please add a line to the notes.",
-    );
-    let status = ws.wait(&mut child, RUN_DEADLINE);
-    eprintln!("claude run: {:?}", started.elapsed());
-    assert!(status.success(), "{status}; {}", ws.output());
+    run.succeed("claude run");
+    let Started { fake, ws, .. } = run;
 
     let result = claude_result(&ws);
     assert_eq!(result["subtype"], "success", "{result}");
     assert_eq!(result["is_error"], false);
-    let tags = fake.run_tags();
-    assert_eq!(tags.len(), 1, "{tags:?}");
-    let tag = &tags[0];
+    let tag = &one_run_tag(&fake);
     assert_eq!(
         result["result"],
         format!("Done: added a line to AGENT_NOTES.md. (fake-models run {tag})")
     );
-    assert!(
-        ws.notes()
-            .lines()
-            .any(|l| l == format!("notes written by a real agent CLI (fake-models run {tag})")),
-        "{}",
-        ws.notes()
-    );
+    ws.assert_notes_written(tag);
     let calls = fake.calls();
-    let main: Vec<Call> = fake
-        .main_calls()
-        .into_iter()
-        .filter(|c| c.status == 200)
-        .collect();
+    let main = answered_main_calls(&fake);
     assert_eq!(main.len(), 2);
     assert!(main.iter().all(|c| c.transport == Transport::Sse));
     let failed = fake.calls_where(|c| c.status != 200 && c.kind == CallKind::Main);
@@ -337,12 +423,7 @@ fn claude_coding_run(fault: Option<u16>) {
         !fake.side_calls().is_empty(),
         "Claude Code asks for a session title"
     );
-    let cost = result["total_cost_usd"].as_f64().unwrap();
-    let expected = claude_cost(&calls);
-    assert!(
-        (cost - expected).abs() < 1e-9,
-        "total_cost_usd {cost}, from the fake's calls {expected}"
-    );
+    assert_claude_cost(&result, &calls, "calls");
     // The top-level usage counts the main calls only (side calls are in modelUsage).
     let usage = Usage::sum(main.iter().filter_map(|c| c.usage.as_ref()));
     assert_eq!(result["usage"]["input_tokens"], usage.input_tokens);
@@ -370,30 +451,23 @@ fn claude_coding_run(fault: Option<u16>) {
 
 #[test]
 fn claude_code_reviews_with_git_diff_allowed_in_accept_edits_mode() {
-    let Some(bin) = cli("AGENTRY_TEST_CLAUDE_BIN") else {
+    let Some(mut run) = Started::new(
+        Agent::Claude(&[
+            "--permission-mode",
+            "acceptEdits",
+            "--allowedTools",
+            "Bash(git diff:*)",
+            "Bash(git log:*)",
+            "Bash(git status:*)",
+        ]),
+        true,
+        REVIEW_PROMPT,
+        |_| {},
+    ) else {
         return;
     };
-    let fake = FakeModels::start();
-    let ws = Workspace::new(true);
-    let mut child = ws.spawn(
-        claude_command(
-            &ws,
-            &bin,
-            &fake,
-            &[
-                "--permission-mode",
-                "acceptEdits",
-                "--allowedTools",
-                "Bash(git diff:*)",
-                "Bash(git log:*)",
-                "Bash(git status:*)",
-            ],
-        ),
-        "Review this branch: run `git diff origin/main...HEAD` and report.",
-    );
-    let status = ws.wait(&mut child, RUN_DEADLINE);
-    assert!(status.success(), "{status}; {}", ws.output());
-    let result = claude_result(&ws);
+    run.succeed("claude review");
+    let result = claude_result(&run.ws);
     let text = result["result"].as_str().unwrap();
     assert!(
         text.starts_with("fake-models review (fake-models run "),
@@ -408,50 +482,27 @@ fn claude_code_reviews_with_git_diff_allowed_in_accept_edits_mode() {
 
 #[test]
 fn claude_code_reports_the_cost_so_far_on_sigint() {
-    let Some(bin) = cli("AGENTRY_TEST_CLAUDE_BIN") else {
+    let Some(mut run) = Started::new(
+        Agent::Claude(&["--permission-mode", "bypassPermissions"]),
+        false,
+        SLOW_PROMPT,
+        |_| {},
+    ) else {
         return;
     };
-    let fake = FakeModels::start();
-    let ws = Workspace::new(false);
-    let mut child = ws.spawn(
-        claude_command(
-            &ws,
-            &bin,
-            &fake,
-            &["--permission-mode", "bypassPermissions"],
-        ),
-        "Please add a line to the notes. [model:slow=30]",
-    );
-    assert!(
-        fake.wait_for(Duration::from_secs(60), |calls| calls
-            .iter()
-            .any(|c| c.step == Some(1))),
-        "no second main call; {}",
-        ws.output()
-    );
-    let signalled = Instant::now();
-    send_signal(child.id(), "-INT");
-    let status = ws.wait(&mut child, Duration::from_secs(20));
-    eprintln!(
-        "claude exited {status} {:?} after SIGINT",
-        signalled.elapsed()
-    );
-    let result = claude_result(&ws);
+    run.wait_for_the_second_main_call();
+    run.interrupt("claude");
+    let result = claude_result(&run.ws);
     assert_eq!(result["subtype"], "error_during_execution", "{result}");
     assert_eq!(result["is_error"], true);
-    let calls = fake.calls();
+    let calls = run.fake.calls();
     assert!(
         calls
             .iter()
             .any(|c| c.step == Some(1) && c.answered_at.is_none()),
         "the slow call was not answered"
     );
-    let cost = result["total_cost_usd"].as_f64().unwrap();
-    let expected = claude_cost(&calls);
-    assert!(
-        (cost - expected).abs() < 1e-9,
-        "total_cost_usd {cost}, from the fake's answered calls {expected}"
-    );
+    assert_claude_cost(&result, &calls, "answered calls");
 }
 
 // ----- Codex -----
@@ -465,6 +516,39 @@ fn codex_command(ws: &Workspace, bin: &Path, fake: &FakeModels, model: &str) -> 
         .args(["--dangerously-bypass-approvals-and-sandbox", "-"])
         .env("CODEX_API_KEY", fake.key());
     command
+}
+
+/// The main calls the fake answered with 200.
+fn answered_main_calls(fake: &FakeModels) -> Vec<Call> {
+    fake.main_calls()
+        .into_iter()
+        .filter(|c| c.status == 200)
+        .collect()
+}
+
+/// Codex's events, its last one (`turn.completed`, asserted) and the one run tag of the
+/// fake.
+fn codex_turn(ws: &Workspace, fake: &FakeModels) -> (Vec<Value>, Value, String) {
+    let events = ws.events();
+    let turn = events.last().cloned().unwrap_or_default();
+    assert_eq!(turn["type"], "turn.completed", "{}", ws.output());
+    (events, turn, one_run_tag(fake))
+}
+
+/// The fake's run tag; there must be exactly one.
+fn one_run_tag(fake: &FakeModels) -> String {
+    let tags = fake.run_tags();
+    assert_eq!(tags.len(), 1, "{tags:?}");
+    tags[0].clone()
+}
+
+/// The texts of Codex's agent messages, in order.
+fn codex_messages(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
+        .map(|e| e["item"]["text"].as_str().unwrap())
+        .collect()
 }
 
 /// Checks `turn.completed`'s usage against the fake's answered OpenAI calls.
@@ -579,31 +663,17 @@ fn codex_coding_run(
     websocket: bool,
     fault: Option<u16>,
 ) -> Option<Duration> {
-    let bin = cli("AGENTRY_TEST_CODEX_BIN")?;
-    let fake = FakeModels::start();
-    fake.set_websocket_enabled(websocket);
-    if let Some(status) = fault {
-        fake.fail_next(1, status);
-    }
-    let ws = Workspace::new(false);
-    let started = Instant::now();
-    let mut child = ws.spawn(codex_command(&ws, &bin, &fake, model), prompt);
-    let status = ws.wait(&mut child, RUN_DEADLINE);
-    let took = started.elapsed();
-    eprintln!("codex run ({model}, websocket {websocket}): {took:?}");
-    assert!(status.success(), "{status}; {}", ws.output());
+    let mut run = Started::new(Agent::Codex(model), false, prompt, |fake| {
+        fake.set_websocket_enabled(websocket);
+        if let Some(status) = fault {
+            fake.fail_next(1, status);
+        }
+    })?;
+    let took = run.succeed(&format!("codex run ({model}, websocket {websocket})"));
+    let Started { fake, ws, .. } = run;
 
-    let events = ws.events();
-    let turn = events.last().cloned().unwrap_or_default();
-    assert_eq!(turn["type"], "turn.completed", "{}", ws.output());
-    let tags = fake.run_tags();
-    assert_eq!(tags.len(), 1, "{tags:?}");
-    let tag = &tags[0];
-    let messages: Vec<&str> = events
-        .iter()
-        .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
-        .map(|e| e["item"]["text"].as_str().unwrap())
-        .collect();
+    let (events, turn, tag) = codex_turn(&ws, &fake);
+    let messages = codex_messages(&events);
     assert!(
         messages
             .last()
@@ -611,13 +681,7 @@ fn codex_coding_run(
                 && m.ends_with(&format!("(fake-models run {tag})"))),
         "{messages:?}"
     );
-    assert!(
-        ws.notes()
-            .lines()
-            .any(|l| l == format!("notes written by a real agent CLI (fake-models run {tag})")),
-        "{}",
-        ws.notes()
-    );
+    ws.assert_notes_written(&tag);
     let calls = fake.calls();
     eprintln!(
         "codex calls: {:?}",
@@ -629,11 +693,7 @@ fn codex_coding_run(
     assert_codex_usage(&turn, &calls);
     assert_codex_rollout(&ws, &calls);
     assert_codex_tools(model, &calls);
-    let main: Vec<Call> = fake
-        .main_calls()
-        .into_iter()
-        .filter(|c| c.status == 200)
-        .collect();
+    let main = answered_main_calls(&fake);
     let expected = if websocket {
         Transport::WebSocket
     } else {
@@ -725,33 +785,19 @@ fn codex_reviews_the_diff() {
 
 /// Runs a review conversation with Codex on a branch one commit ahead of `origin/main`.
 fn codex_review_run(model: &str) {
-    let Some(bin) = cli("AGENTRY_TEST_CODEX_BIN") else {
+    let Some(mut run) = Started::new(Agent::Codex(model), true, REVIEW_PROMPT, |_| {}) else {
         return;
     };
-    let fake = FakeModels::start();
-    let ws = Workspace::new(true);
-    let mut child = ws.spawn(
-        codex_command(&ws, &bin, &fake, model),
-        "Review this branch: run `git diff origin/main...HEAD` and report.",
-    );
-    let status = ws.wait(&mut child, RUN_DEADLINE);
-    assert!(status.success(), "{status}; {}", ws.output());
-    let events = ws.events();
-    let turn = events.last().cloned().unwrap_or_default();
-    assert_eq!(turn["type"], "turn.completed", "{}", ws.output());
-    let tags = fake.run_tags();
-    assert_eq!(tags.len(), 1, "{tags:?}");
-    let text = events
-        .iter()
-        .filter(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
-        .filter_map(|e| e["item"]["text"].as_str())
-        .next_back()
-        .unwrap_or_else(|| panic!("no agent message; {}", ws.output()))
-        .to_owned();
+    run.succeed(&format!("codex review ({model})"));
+    let Started { fake, ws, .. } = run;
+    let (events, turn, tag) = codex_turn(&ws, &fake);
+    let text = codex_messages(&events)
+        .last()
+        .copied()
+        .unwrap_or_else(|| panic!("no agent message; {}", ws.output()));
     assert!(
         text.starts_with(&format!(
-            "fake-models review (fake-models run {}). What the command gave:\n",
-            tags[0]
+            "fake-models review (fake-models run {tag}). What the command gave:\n"
         )),
         "{text}"
     );
@@ -777,40 +823,24 @@ fn codex_review_run(model: &str) {
 
 #[test]
 fn codex_on_sigint_prints_no_usage_but_its_session_file_has_the_answered_calls() {
-    let Some(bin) = cli("AGENTRY_TEST_CODEX_BIN") else {
+    let Some(mut run) = Started::new(Agent::Codex("gpt-5.5"), false, SLOW_PROMPT, |_| {}) else {
         return;
     };
-    let fake = FakeModels::start();
-    let ws = Workspace::new(false);
-    let mut child = ws.spawn(
-        codex_command(&ws, &bin, &fake, "gpt-5.5"),
-        "Please add a line to the notes. [model:slow=30]",
-    );
-    assert!(
-        fake.wait_for(Duration::from_secs(60), |calls| calls
-            .iter()
-            .any(|c| c.step == Some(1))),
-        "no second main call; {}",
-        ws.output()
-    );
+    run.wait_for_the_second_main_call();
     // The session file has the first call's usage while the run goes on.
     eventually(
         Duration::from_secs(10),
         "a token_usage_record while running",
         || {
-            ws.rollout()
+            run.ws
+                .rollout()
                 .iter()
                 .any(|e| e["type"] == "token_usage_record")
         },
     );
-    let natives = children(child.id());
-    let signalled = Instant::now();
-    send_signal(child.id(), "-INT");
-    let status = ws.wait(&mut child, Duration::from_secs(20));
-    eprintln!(
-        "codex exited {status} {:?} after SIGINT (native processes {natives:?})",
-        signalled.elapsed()
-    );
+    let natives = children(run.child.id());
+    let status = run.interrupt(&format!("codex (native processes {natives:?})"));
+    let Started { fake, ws, .. } = run;
     for pid in natives {
         let what = format!("the end of the native codex {pid} after the signal");
         eventually(Duration::from_secs(10), what, || !alive(pid));

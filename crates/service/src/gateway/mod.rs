@@ -960,32 +960,30 @@ mod tests {
 
     #[test]
     fn routes_are_what_each_provider_serves() {
-        let post = Method::POST;
-        let get = Method::GET;
-        assert_eq!(
-            route(Provider::Anthropic, &post, "/v1/messages"),
-            Some(Route::Metered)
-        );
-        assert_eq!(
-            route(Provider::Anthropic, &post, "/v1/messages/count_tokens"),
-            Some(Route::Free)
-        );
-        assert_eq!(route(Provider::Anthropic, &post, "/v1/responses"), None);
-        assert_eq!(
-            route(Provider::OpenAi, &post, "/v1/responses"),
-            Some(Route::Metered)
-        );
-        assert_eq!(
-            route(Provider::OpenAi, &post, "/v1/responses/compact"),
-            Some(Route::Metered)
-        );
-        assert_eq!(
-            route(Provider::OpenAi, &get, "/v1/models"),
-            Some(Route::Free)
-        );
-        assert_eq!(route(Provider::OpenAi, &get, "/v1/responses"), None);
-        assert_eq!(route(Provider::OpenAi, &post, "/v1/files"), None);
-        assert_eq!(route(Provider::Anthropic, &post, "/v1/messages/../x"), None);
+        use Provider::{Anthropic, OpenAi};
+        let (post, get) = (Method::POST, Method::GET);
+        for (provider, method, path, expected) in [
+            (Anthropic, &post, "/v1/messages", Some(Route::Metered)),
+            (
+                Anthropic,
+                &post,
+                "/v1/messages/count_tokens",
+                Some(Route::Free),
+            ),
+            (Anthropic, &post, "/v1/responses", None),
+            (OpenAi, &post, "/v1/responses", Some(Route::Metered)),
+            (OpenAi, &post, "/v1/responses/compact", Some(Route::Metered)),
+            (OpenAi, &get, "/v1/models", Some(Route::Free)),
+            (OpenAi, &get, "/v1/responses", None),
+            (OpenAi, &post, "/v1/files", None),
+            (Anthropic, &post, "/v1/messages/../x", None),
+        ] {
+            assert_eq!(
+                route(provider, method, path),
+                expected,
+                "{provider:?} {method} {path}"
+            );
+        }
     }
 
     #[test]
