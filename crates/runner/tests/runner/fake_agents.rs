@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{PATH, fake};
+use crate::support::{EXITED_0, PATH, fake};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, Launch, OutputParser, arguments};
@@ -1082,13 +1082,7 @@ async fn sleep_directive(name: &str, args: Vec<String>, started_marker: &str) ->
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(
-        out.ended,
-        Ended::Exited {
-            code: Some(0),
-            signal: None
-        }
-    );
+    assert_eq!(out.ended, EXITED_0);
     let agent_pid: u32 = std::fs::read_to_string(home.path().join("agent.pid"))
         .unwrap()
         .trim()

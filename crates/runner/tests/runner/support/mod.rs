@@ -4,8 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
+use agentry_runner::process::Ended;
+
 #[allow(unused_imports, reason = "not every test binary uses both")]
 pub use agentry_testkit::git::{git, seeded_bare};
+
+/// How a process that exited with status 0 ended.
+pub const EXITED_0: Ended = Ended::Exited {
+    code: Some(0),
+    signal: None,
+};
 
 /// The `PATH` the agents get in these tests.
 pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
