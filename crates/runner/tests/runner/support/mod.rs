@@ -24,3 +24,10 @@ pub fn fake(name: &str) -> PathBuf {
         .join("tests/fake-agents")
         .join(name)
 }
+
+/// Writes the program `text` to `path`, readable and executable by everyone.
+pub fn write_program(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
