@@ -540,8 +540,35 @@ async fn an_unsandboxed_agent_reads_them_all() {
     }
 }
 
-/// Starts `[fake:sleep=300]` (which leaves `sleep 300 &` behind) sandboxed, and waits until
-/// its processes run: their host pids, all carrying the run's `HOME`.
+/// A sandboxed run of `[fake:sleep=300]` (which leaves `sleep 300 &` behind), started on a
+/// rig of its own.
+struct Sleeper {
+    rig: Rig,
+    task: Uuid,
+    started: Started,
+    /// `HOME=…` of the run, which all its processes carry.
+    home: String,
+}
+
+/// A [`Sleeper`] whose processes run, or `None` where the sandbox does not work.
+async fn sleeper() -> Option<Sleeper> {
+    if !sandbox_works_here() {
+        return None;
+    }
+    let rig = Rig::new();
+    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
+    let task = Uuid::new_v4();
+    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    Some(Sleeper {
+        rig,
+        task,
+        started,
+        home,
+    })
+}
+
+/// Starts `[fake:sleep=300]` sandboxed, and waits until its processes run: their host pids,
+/// all carrying the run's `HOME`.
 async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Started, String) {
     let mut started = start(runner, rig.job(task, "Sleep\n[fake:sleep=300]"));
     (&mut started.started).await.unwrap();
@@ -574,13 +601,15 @@ async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Sta
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_sandboxed_run_leaves_no_process_behind() {
-    if !sandbox_works_here() {
+    let Some(Sleeper {
+        rig: _rig,
+        started,
+        home,
+        ..
+    }) = sleeper().await
+    else {
         return;
-    }
-    let rig = Rig::new();
-    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
-    let task = Uuid::new_v4();
-    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    };
     started.cancel.send(true).unwrap();
     let execution = started.handle.await.unwrap();
     assert_eq!(execution.verdict, Verdict::Cancelled);
@@ -659,13 +688,15 @@ printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn salvaging_a_dead_services_run_ends_its_whole_sandbox() {
-    if !sandbox_works_here() {
+    let Some(Sleeper {
+        rig,
+        task,
+        started,
+        home,
+    }) = sleeper().await
+    else {
         return;
-    }
-    let rig = Rig::new();
-    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
-    let task = Uuid::new_v4();
-    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    };
     // Another runner over the same data directory (the restarted service) recovers it.
     let restarted = rig.runner(Sandbox::new(SandboxMode::Auto));
     let spec = agentry_runner::AgentSpec {
