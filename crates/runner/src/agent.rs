@@ -52,6 +52,18 @@ pub struct AgentSpec {
     pub max_budget_usd: Option<Usd>,
 }
 
+impl AgentSpec {
+    /// `agent_type` launched with `model`, with no turn limit and no budget.
+    pub fn unlimited(agent_type: AgentType, model: impl Into<String>) -> Self {
+        AgentSpec {
+            agent_type,
+            model: model.into(),
+            max_turns: None,
+            max_budget_usd: None,
+        }
+    }
+}
+
 /// Where and for what an agent is launched, besides its [`AgentSpec`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Launch {

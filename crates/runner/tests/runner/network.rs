@@ -405,12 +405,7 @@ async fn a_metered_codex_gets_the_run_key_and_the_gateway_base_url() {
     };
     let task = Uuid::new_v4();
     let mut job = rig.job(task, "Do it");
-    job.agent = AgentSpec {
-        agent_type: AgentType::Codex,
-        model: "gpt-5-codex".into(),
-        max_turns: None,
-        max_budget_usd: None,
-    };
+    job.agent = AgentSpec::unlimited(AgentType::Codex, "gpt-5-codex");
     let execution = run(&runner, job).await;
     assert_pushed(&execution);
     assert!(execution.metered);

@@ -321,10 +321,8 @@ fn codex_truncated_is_unparseable() {
 fn codex_cost_so_far_prices_each_usage_event_as_it_arrives() {
     let output = fixture("codex_success.jsonl");
     let spec = |allowance: &str| AgentSpec {
-        agent_type: AgentType::Codex,
-        model: "gpt-5-codex".into(),
-        max_turns: None,
         max_budget_usd: Some(usd(allowance)),
+        ..AgentSpec::unlimited(AgentType::Codex, "gpt-5-codex")
     };
     // (315·1.25 + 24448·0.125 + 122·10) / 10⁶ for the first turn; both turns as above.
     let (first, both) = (usd("0.00466975"), usd("1.69216975"));

@@ -105,12 +105,7 @@ impl Rig {
                 host: "github.com".into(),
                 allow_local: true,
             },
-            agent: AgentSpec {
-                agent_type: AgentType::ClaudeCode,
-                model: "claude-sonnet-4-5-20250929".into(),
-                max_turns: None,
-                max_budget_usd: None,
-            },
+            agent: AgentSpec::unlimited(AgentType::ClaudeCode, "claude-sonnet-4-5-20250929"),
             prompt: prompt.to_owned(),
             auth: GitAuth::none(),
             wall_time: Duration::from_secs(120),
@@ -699,12 +694,8 @@ async fn salvaging_a_dead_services_run_ends_its_whole_sandbox() {
     };
     // Another runner over the same data directory (the restarted service) recovers it.
     let restarted = rig.runner(Sandbox::new(SandboxMode::Auto));
-    let spec = agentry_runner::AgentSpec {
-        agent_type: agentry_domain::AgentType::ClaudeCode,
-        model: "sonnet".into(),
-        max_turns: None,
-        max_budget_usd: None,
-    };
+    let spec =
+        agentry_runner::AgentSpec::unlimited(agentry_domain::AgentType::ClaudeCode, "sonnet");
     let output = restarted.salvage(task, 1, &spec).unwrap().output;
     assert!(output.contains("\"subtype\":\"init\""), "{output}");
     wait_for_no_process_with(&home).await;
