@@ -225,6 +225,44 @@ pub enum ProcessError {
     },
 }
 
+/// What a short-lived helper process (a `--version`, a trial run) ended with: how it
+/// exited and what it printed on its piped stdout and stderr (`""` for one not piped).
+#[derive(Debug)]
+pub struct HelperOutput {
+    /// Its exit status, or why waiting for it failed.
+    pub status: io::Result<std::process::ExitStatus>,
+    /// What it printed on stdout (up to the first invalid UTF-8, if any).
+    pub stdout: String,
+    /// What it printed on stderr (up to the first invalid UTF-8, if any).
+    pub stderr: String,
+}
+
+/// Waits up to `limit` for `child` to exit, reading its piped stdout and stderr to their
+/// end meanwhile; `None` when it did not finish in time (a child spawned with
+/// `kill_on_drop` is then killed).
+pub async fn helper_output(
+    mut child: tokio::process::Child,
+    limit: Duration,
+) -> Option<HelperOutput> {
+    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+    tokio::time::timeout(limit, async {
+        let (mut out, mut err) = (String::new(), String::new());
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.read_to_string(&mut out).await;
+        }
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.read_to_string(&mut err).await;
+        }
+        HelperOutput {
+            status: child.wait().await,
+            stdout: out,
+            stderr: err,
+        }
+    })
+    .await
+    .ok()
+}
+
 /// The path stderr is appended to: `log_path` with `.stderr` added to its name.
 pub fn stderr_log_path(log_path: &Path) -> PathBuf {
     let mut name = log_path.as_os_str().to_owned();

@@ -15,8 +15,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use agentry_domain::AgentType;
-use tokio::io::AsyncReadExt;
 
+use crate::process::{HelperOutput, helper_output};
 use crate::sandbox::resolve_program;
 
 /// How long `--version` may take.
@@ -227,7 +227,7 @@ pub async fn check(
 
 /// What `path --version` prints (stdout, then stderr), run with exactly `env`.
 async fn version_output(path: &Path, env: &[(String, String)]) -> Result<String, String> {
-    let mut child = tokio::process::Command::new(path)
+    let child = tokio::process::Command::new(path)
         .arg("--version")
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -237,20 +237,12 @@ async fn version_output(path: &Path, env: &[(String, String)]) -> Result<String,
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start it: {e}"))?;
-    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
-    let waited = tokio::time::timeout(VERSION_TIMEOUT, async {
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.read_to_string(&mut out).await;
-        }
-        if let Some(s) = stderr.as_mut() {
-            let _ = s.read_to_string(&mut err).await;
-        }
-        (child.wait().await, out, err)
-    })
-    .await;
-    let Ok((status, out, err)) = waited else {
+    let Some(HelperOutput {
+        status,
+        stdout: out,
+        stderr: err,
+    }) = helper_output(child, VERSION_TIMEOUT).await
+    else {
         return Err(format!(
             "`--version` did not finish within {} s",
             VERSION_TIMEOUT.as_secs()

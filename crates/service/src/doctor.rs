@@ -28,10 +28,10 @@ use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, DatabaseUrl};
 use agentry_runner::agent::{self, Launch, ServiceEnv};
+use agentry_runner::process::{HelperOutput, helper_output};
 use agentry_runner::sandbox::search_path;
 use agentry_runner::version::{self, CliProblem};
 use agentry_runner::{PriceTable, Sandbox, SandboxMode};
-use tokio::io::AsyncReadExt;
 
 use crate::ServiceError;
 use crate::codehost::{CodeHost, TOKEN_SECRET, Timing};
@@ -348,7 +348,7 @@ async fn check_git(path: Option<&str>) -> Check {
 
 /// What `program --version` prints on stdout, within [`GIT_TIMEOUT`].
 async fn version_output(program: &Path) -> Result<String, String> {
-    let mut child = tokio::process::Command::new(program)
+    let child = tokio::process::Command::new(program)
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -356,16 +356,12 @@ async fn version_output(program: &Path) -> Result<String, String> {
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start it: {e}"))?;
-    let mut stdout = child.stdout.take();
-    let waited = tokio::time::timeout(GIT_TIMEOUT, async {
-        let mut out = String::new();
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.read_to_string(&mut out).await;
-        }
-        (child.wait().await, out)
-    })
-    .await;
-    let Ok((status, out)) = waited else {
+    let Some(HelperOutput {
+        status,
+        stdout: out,
+        ..
+    }) = helper_output(child, GIT_TIMEOUT).await
+    else {
         return Err(format!(
             "it did not finish within {} s",
             GIT_TIMEOUT.as_secs()
