@@ -237,13 +237,40 @@ pub struct HelperOutput {
     pub stderr: String,
 }
 
-/// Waits up to `limit` for `child` to exit, reading its piped stdout and stderr to their
-/// end meanwhile; `None` when it did not finish in time (a child spawned with
-/// `kill_on_drop` is then killed).
+/// Why [`helper_output`] has no output for a helper process.
+#[derive(Debug)]
+pub enum HelperFailure {
+    /// It could not be started.
+    Start(io::Error),
+    /// It did not finish within the limit (it was killed).
+    TimedOut(Duration),
+}
+
+impl std::fmt::Display for HelperFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HelperFailure::Start(e) => write!(f, "cannot start it: {e}"),
+            HelperFailure::TimedOut(limit) => {
+                write!(f, "it did not finish within {} s", limit.as_secs())
+            }
+        }
+    }
+}
+
+/// Starts `command` (killed if it outlives `limit`) and waits up to `limit` for it to exit,
+/// reading its piped stdout and stderr to their end meanwhile.
+///
+/// # Errors
+///
+/// It could not be started, or did not finish in time.
 pub async fn helper_output(
-    mut child: tokio::process::Child,
+    command: &mut tokio::process::Command,
     limit: Duration,
-) -> Option<HelperOutput> {
+) -> Result<HelperOutput, HelperFailure> {
+    let mut child = command
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(HelperFailure::Start)?;
     let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
     tokio::time::timeout(limit, async {
         let (mut out, mut err) = (String::new(), String::new());
@@ -260,7 +287,7 @@ pub async fn helper_output(
         }
     })
     .await
-    .ok()
+    .map_err(|_| HelperFailure::TimedOut(limit))
 }
 
 /// The path stderr is appended to: `log_path` with `.stderr` added to its name.

@@ -65,7 +65,9 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
-use crate::process::{AgentCommand, HelperOutput, PassedFd, StopTarget, helper_output};
+use crate::process::{
+    AgentCommand, HelperFailure, HelperOutput, PassedFd, StopTarget, helper_output,
+};
 use crate::user::{AgentUser, UserIds};
 
 pub(crate) mod git_jail;
@@ -739,18 +741,16 @@ async fn trial(bwrap: &Path, user: Option<&UserIds>, args: &[&str]) -> Result<()
     if let Some(user) = user {
         command.uid(user.uid).gid(user.gid);
     }
-    command.kill_on_drop(true);
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bwrap.display()))?;
-    let Some(HelperOutput { status, stderr, .. }) = helper_output(child, PROBE_TIMEOUT).await
-    else {
-        return Err(format!(
-            "{} did not finish a trial run within {} s",
-            bwrap.display(),
-            PROBE_TIMEOUT.as_secs()
-        ));
-    };
+    let HelperOutput { status, stderr, .. } = helper_output(&mut command, PROBE_TIMEOUT)
+        .await
+        .map_err(|failure| match failure {
+            HelperFailure::Start(e) => format!("cannot start {}: {e}", bwrap.display()),
+            HelperFailure::TimedOut(limit) => format!(
+                "{} did not finish a trial run within {} s",
+                bwrap.display(),
+                limit.as_secs()
+            ),
+        })?;
     let status = status.map_err(|e| format!("waiting for {}: {e}", bwrap.display()))?;
     if status.success() {
         return Ok(());

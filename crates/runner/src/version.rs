@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use agentry_domain::AgentType;
 
-use crate::process::{HelperOutput, helper_output};
+use crate::process::{HelperFailure, HelperOutput, helper_output};
 use crate::sandbox::resolve_program;
 
 /// How long `--version` may take.
@@ -227,27 +227,26 @@ pub async fn check(
 
 /// What `path --version` prints (stdout, then stderr), run with exactly `env`.
 async fn version_output(path: &Path, env: &[(String, String)]) -> Result<String, String> {
-    let child = tokio::process::Command::new(path)
+    let mut command = tokio::process::Command::new(path);
+    command
         .arg("--version")
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start it: {e}"))?;
-    let Some(HelperOutput {
+        .stderr(Stdio::piped());
+    let HelperOutput {
         status,
         stdout: out,
         stderr: err,
-    }) = helper_output(child, VERSION_TIMEOUT).await
-    else {
-        return Err(format!(
-            "`--version` did not finish within {} s",
-            VERSION_TIMEOUT.as_secs()
-        ));
-    };
+    } = helper_output(&mut command, VERSION_TIMEOUT)
+        .await
+        .map_err(|failure| match failure {
+            HelperFailure::TimedOut(limit) => {
+                format!("`--version` did not finish within {} s", limit.as_secs())
+            }
+            HelperFailure::Start(_) => failure.to_string(),
+        })?;
     let status = status.map_err(|e| format!("waiting for it: {e}"))?;
     if !status.success() && Version::find(&out).is_none() {
         let quoted: String = format!("{out}{err}")

@@ -348,25 +348,19 @@ async fn check_git(path: Option<&str>) -> Check {
 
 /// What `program --version` prints on stdout, within [`GIT_TIMEOUT`].
 async fn version_output(program: &Path) -> Result<String, String> {
-    let child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start it: {e}"))?;
-    let Some(HelperOutput {
+        .stderr(Stdio::null());
+    let HelperOutput {
         status,
         stdout: out,
         ..
-    }) = helper_output(child, GIT_TIMEOUT).await
-    else {
-        return Err(format!(
-            "it did not finish within {} s",
-            GIT_TIMEOUT.as_secs()
-        ));
-    };
+    } = helper_output(&mut command, GIT_TIMEOUT)
+        .await
+        .map_err(|failure| failure.to_string())?;
     match status {
         Ok(status) if status.success() => Ok(out),
         Ok(status) => Err(format!("{status}")),
