@@ -65,7 +65,7 @@ use crate::wire::{
 
 mod transport;
 
-use transport::{parse, parse_base_url, path_only, repo_path, since_param, since_query};
+use transport::{parse, parse_base_url, path_only, repo_path, since_param};
 
 /// Which failed requests are sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,21 +319,14 @@ impl GitHub {
         let pages = self
             .get_pages::<IssueJson>(first, etag, |_: &[IssueJson]| true)
             .await?;
-        Ok(match pages {
-            Conditional::NotModified => Conditional::NotModified,
-            Conditional::Modified { value, etag } => {
-                let mut seen = std::collections::HashSet::new();
-                let issues = value
-                    .into_iter()
-                    .filter(|i| !i.is_pull_request() && seen.insert(i.number))
-                    .map(Issue::from)
-                    .collect();
-                Conditional::Modified {
-                    value: issues,
-                    etag,
-                }
-            }
-        })
+        Ok(pages.map(|items| {
+            let mut seen = std::collections::HashSet::new();
+            items
+                .into_iter()
+                .filter(|i| !i.is_pull_request() && seen.insert(i.number))
+                .map(Issue::from)
+                .collect()
+        }))
     }
 
     /// The issues and pull requests updated at or after `since` (`state=all`,
@@ -364,40 +357,31 @@ impl GitHub {
         let pages = self
             .get_counted_pages::<IssueJson>(first, etag, |_: &[IssueJson]| true)
             .await?;
-        Ok(match pages {
-            Conditional::NotModified => Conditional::NotModified,
-            Conditional::Modified {
-                value: (items, pages),
-                etag,
-            } => {
-                let newest = items.iter().map(|i| i.updated_at).max();
-                let tied = newest.map_or(0, |newest| {
-                    items.iter().filter(|i| i.updated_at == newest).count()
-                });
-                let etag_covers_all = tied < PER_PAGE as usize;
-                // One copy per number, the latest (pages can shift while they are read).
-                let mut latest: std::collections::BTreeMap<u64, Issue> =
-                    std::collections::BTreeMap::new();
-                for item in items.into_iter().filter(|i| !i.is_pull_request()) {
-                    let issue = Issue::from(item);
-                    let newer = latest
-                        .get(&issue.number)
-                        .is_none_or(|known| issue.updated_at > known.updated_at);
-                    if newer {
-                        latest.insert(issue.number, issue);
-                    }
-                }
-                Conditional::Modified {
-                    value: IssueChanges {
-                        issues: latest.into_values().collect(),
-                        newest: newest.map(|t| t.to_offset(time::UtcOffset::UTC)),
-                        pages,
-                        etag_covers_all,
-                    },
-                    etag,
+        Ok(pages.map(|(items, pages)| {
+            let newest = items.iter().map(|i| i.updated_at).max();
+            let tied = newest.map_or(0, |newest| {
+                items.iter().filter(|i| i.updated_at == newest).count()
+            });
+            let etag_covers_all = tied < PER_PAGE as usize;
+            // One copy per number, the latest (pages can shift while they are read).
+            let mut latest: std::collections::BTreeMap<u64, Issue> =
+                std::collections::BTreeMap::new();
+            for item in items.into_iter().filter(|i| !i.is_pull_request()) {
+                let issue = Issue::from(item);
+                let newer = latest
+                    .get(&issue.number)
+                    .is_none_or(|known| issue.updated_at > known.updated_at);
+                if newer {
+                    latest.insert(issue.number, issue);
                 }
             }
-        })
+            IssueChanges {
+                issues: latest.into_values().collect(),
+                newest: newest.map(|t| t.to_offset(time::UtcOffset::UTC)),
+                pages,
+                etag_covers_all,
+            }
+        }))
     }
 
     /// One issue (`GET /repos/{owner}/{repo}/issues/{number}`). GitHub answers a pull
@@ -500,13 +484,9 @@ impl GitHub {
         number: u64,
         since: Option<OffsetDateTime>,
     ) -> Result<Vec<Comment>, CodeHostError> {
-        let first = format!(
-            "{}?per_page={PER_PAGE}{}",
-            repo_path(owner, name, &format!("/issues/{number}/comments")),
-            since_query(since)
-        );
-        let items = self.get_all::<CommentJson>(first).await?;
-        Ok(items.into_iter().map(Comment::from).collect())
+        let path = format!("/issues/{number}/comments");
+        self.list_all::<CommentJson, _>(owner, name, &path, since)
+            .await
     }
 
     /// Posts a comment on an issue or pull request. Unlike other calls it is **not sent
@@ -522,9 +502,8 @@ impl GitHub {
         body: &str,
     ) -> Result<Comment, CodeHostError> {
         let path = repo_path(owner, name, &format!("/issues/{number}/comments"));
-        let (reply, target) = self.post_once(&path, &json!({"body": body})).await?;
-        let comment: CommentJson = parse(&Method::POST, &target, &reply.body)?;
-        Ok(comment.into())
+        self.post_once_as::<CommentJson, _>(&path, &json!({"body": body}))
+            .await
     }
 
     /// Pull requests, most recently updated first (`state=all`, `sort=updated`,
@@ -549,13 +528,7 @@ impl GitHub {
             since.is_none_or(|since| page.last().is_some_and(|p| p.updated_at >= since))
         };
         let pages = self.get_pages::<PullJson>(first, etag, more).await?;
-        Ok(match pages {
-            Conditional::NotModified => Conditional::NotModified,
-            Conditional::Modified { value, etag } => Conditional::Modified {
-                value: value.into_iter().map(PullRequest::from).collect(),
-                etag,
-            },
-        })
+        Ok(pages.map(|pulls| pulls.into_iter().map(PullRequest::from).collect()))
     }
 
     /// One pull request (`GET /repos/{owner}/{repo}/pulls/{number}`).
@@ -587,14 +560,8 @@ impl GitHub {
         body: &str,
     ) -> Result<PullRequest, CodeHostError> {
         let path = repo_path(owner, name, "/pulls");
-        let (reply, target) = self
-            .post_once(
-                &path,
-                &json!({"title": title, "head": head, "base": base, "body": body}),
-            )
-            .await?;
-        let pull: PullJson = parse(&Method::POST, &target, &reply.body)?;
-        Ok(pull.into())
+        let body = json!({"title": title, "head": head, "base": base, "body": body});
+        self.post_once_as::<PullJson, _>(&path, &body).await
     }
 
     /// The open pull request whose head is `branch` of this repository, if any (one page of
@@ -653,12 +620,9 @@ impl GitHub {
         name: &str,
         number: u64,
     ) -> Result<Vec<Review>, CodeHostError> {
-        let first = format!(
-            "{}?per_page={PER_PAGE}",
-            repo_path(owner, name, &format!("/pulls/{number}/reviews"))
-        );
-        let items = self.get_all::<ReviewJson>(first).await?;
-        Ok(items.into_iter().map(Review::from).collect())
+        let path = format!("/pulls/{number}/reviews");
+        self.list_all::<ReviewJson, _>(owner, name, &path, None)
+            .await
     }
 
     /// The review comments of a pull request (the comments on lines of its diff), in
@@ -672,13 +636,9 @@ impl GitHub {
         number: u64,
         since: Option<OffsetDateTime>,
     ) -> Result<Vec<ReviewComment>, CodeHostError> {
-        let first = format!(
-            "{}?per_page={PER_PAGE}{}",
-            repo_path(owner, name, &format!("/pulls/{number}/comments")),
-            since_query(since)
-        );
-        let items = self.get_all::<ReviewCommentJson>(first).await?;
-        Ok(items.into_iter().map(ReviewComment::from).collect())
+        let path = format!("/pulls/{number}/comments");
+        self.list_all::<ReviewCommentJson, _>(owner, name, &path, since)
+            .await
     }
 
     /// The permission `login` has on the repository

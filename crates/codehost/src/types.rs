@@ -27,6 +27,17 @@ impl<T> Conditional<T> {
         }
     }
 
+    /// The same answer with `f` applied to the new value, if there is one.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Conditional<U> {
+        match self {
+            Conditional::NotModified => Conditional::NotModified,
+            Conditional::Modified { value, etag } => Conditional::Modified {
+                value: f(value),
+                etag,
+            },
+        }
+    }
+
     /// Whether the answer was `304 Not Modified`.
     pub fn is_not_modified(&self) -> bool {
         matches!(self, Conditional::NotModified)

@@ -277,15 +277,14 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
     let action = envelope.action;
     match (event, action.as_deref()) {
         ("ping", _) => {
-            let ping: PingJson = read(body).map_err(|e| in_event(event, None, e))?;
+            let ping: PingJson = read_in(event, None, body)?;
             Ok(WebhookEvent::Ping {
                 hook_id: ping.hook_id,
                 zen: ping.zen,
             })
         }
         ("issues", Some("labeled")) => {
-            let p: IssueLabeledJson =
-                read(body).map_err(|e| in_event(event, Some("labeled"), e))?;
+            let p: IssueLabeledJson = read_in(event, Some("labeled"), body)?;
             Ok(WebhookEvent::IssueLabeled {
                 repo: p.repository.into(),
                 issue_number: p.issue.number,
@@ -293,8 +292,7 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
             })
         }
         ("pull_request", Some("closed")) => {
-            let p: PullRequestClosedJson =
-                read(body).map_err(|e| in_event(event, Some("closed"), e))?;
+            let p: PullRequestClosedJson = read_in(event, Some("closed"), body)?;
             let pr = p.pull_request;
             let merged_at = pr.merged_at.map(|t| t.to_offset(UtcOffset::UTC));
             Ok(WebhookEvent::PullRequestClosed {
@@ -307,8 +305,7 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
             })
         }
         ("pull_request_review", Some("submitted")) => {
-            let p: ReviewSubmittedJson =
-                read(body).map_err(|e| in_event(event, Some("submitted"), e))?;
+            let p: ReviewSubmittedJson = read_in(event, Some("submitted"), body)?;
             let review = p.review;
             Ok(WebhookEvent::PullRequestReviewSubmitted {
                 repo: p.repository.into(),
@@ -321,8 +318,7 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
             })
         }
         ("issue_comment", Some("created")) => {
-            let p: IssueCommentCreatedJson =
-                read(body).map_err(|e| in_event(event, Some("created"), e))?;
+            let p: IssueCommentCreatedJson = read_in(event, Some("created"), body)?;
             Ok(WebhookEvent::IssueCommentCreated {
                 repo: p.repository.into(),
                 issue_number: p.issue.number,
@@ -334,8 +330,7 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
             })
         }
         ("pull_request_review_comment", Some("created")) => {
-            let p: ReviewCommentCreatedJson =
-                read(body).map_err(|e| in_event(event, Some("created"), e))?;
+            let p: ReviewCommentCreatedJson = read_in(event, Some("created"), body)?;
             let c = p.comment;
             Ok(WebhookEvent::ReviewCommentCreated {
                 repo: p.repository.into(),
@@ -367,6 +362,15 @@ fn read<T: DeserializeOwned>(body: &[u8]) -> Result<T, ReadError> {
         serde_path_to_error::Error::new(serde_path_to_error::Track::new().path(), e)
     })?;
     Ok(value)
+}
+
+/// [`read`] for the payload of `event` with `action`, its error saying which.
+fn read_in<T: DeserializeOwned>(
+    event: &str,
+    action: Option<&str>,
+    body: &[u8],
+) -> Result<T, WebhookParseError> {
+    read(body).map_err(|e| in_event(event, action, e))
 }
 
 /// The first pass failed: the body is not (exactly) one JSON object.

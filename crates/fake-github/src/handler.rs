@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 use super::model::{
-    DEFAULT_LABEL_COLOR, FaultMode, Item, Label, RATE_LIMIT, REACTION_CONTENTS, Reaction, Repo,
-    Review, State, repo_key,
+    DEFAULT_LABEL_COLOR, FaultMode, Item, Label, Pull, RATE_LIMIT, REACTION_CONTENTS, Reaction,
+    Repo, Review, State, repo_key,
 };
 use super::util::{etag_of, parse_query, parse_time, percent_decode, percent_encode};
 use super::{Fault, RequestRecord};
@@ -260,6 +260,14 @@ impl ApiError {
         Self::validation(json!({"resource": resource, "code": "custom", "message": message}))
     }
 
+    /// The refusal to reopen (or rebase) `resource`, a merged pull request.
+    fn merged(resource: &str) -> Self {
+        Self::custom(
+            resource,
+            "state cannot be changed. The pull request has been merged.",
+        )
+    }
+
     fn body(&self) -> Value {
         let mut value = json!({
             "message": self.message,
@@ -464,6 +472,22 @@ fn window(base_url: &str, path: &str, query: &Query, total: usize) -> Window {
         start,
         end,
         link: (!links.is_empty()).then(|| links.join(", ")),
+    }
+}
+
+/// The page of `items` the request asks for, each item as `json` makes it, with the
+/// page's `Link` header.
+fn page_of<T>(state: &State, ctx: &Ctx<'_>, items: &[T], json: impl FnMut(&T) -> Value) -> Reply {
+    let w = window(&state.base_url, ctx.path, ctx.query, items.len());
+    let page = items
+        .get(w.start..w.end)
+        .unwrap_or_default()
+        .iter()
+        .map(json)
+        .collect();
+    Reply {
+        link: w.link,
+        ..Reply::ok(Value::Array(page))
     }
 }
 
@@ -919,6 +943,30 @@ fn sort_items(items: &mut [&Item], sort: &str, descending: bool, same_second_by_
     }
 }
 
+/// The items of `repo` a list request asks for: in the state `state_filter` names (`open`,
+/// `closed`, `all`), kept by `keep`, ordered by `sort` in `direction` (`asc`, `desc`).
+fn listed<'r>(
+    state: &State,
+    repo: &'r Repo,
+    state_filter: &str,
+    sort: &str,
+    direction: &str,
+    keep: impl Fn(&Item) -> bool,
+) -> Vec<&'r Item> {
+    let mut items: Vec<&Item> = repo
+        .items
+        .values()
+        .filter(|i| state_matches(state_filter, i) && keep(i))
+        .collect();
+    sort_items(
+        &mut items,
+        sort,
+        direction == "desc",
+        state.same_second_by_number,
+    );
+    items
+}
+
 fn state_matches(filter: &str, item: &Item) -> bool {
     match filter {
         "open" => item.open,
@@ -946,35 +994,16 @@ fn list_issues(state: &State, ctx: &Ctx<'_>) -> Result<Reply> {
         .unwrap_or_default();
     let creator = q.get("creator").filter(|c| !c.is_empty());
     let repo = repo_of(state, ctx.key)?;
-    let mut items: Vec<&Item> = repo
-        .items
-        .values()
-        .filter(|i| state_matches(&state_filter, i))
-        .filter(|i| since.is_none_or(|s| i.updated_at >= s))
-        .filter(|i| {
-            labels
+    let items = listed(state, repo, &state_filter, &sort, &direction, |i| {
+        since.is_none_or(|s| i.updated_at >= s)
+            && labels
                 .iter()
                 .all(|want| i.labels.iter().any(|l| l.eq_ignore_ascii_case(want)))
-        })
-        .filter(|i| creator.is_none_or(|c| i.user.eq_ignore_ascii_case(c)))
-        .collect();
-    sort_items(
-        &mut items,
-        &sort,
-        direction == "desc",
-        state.same_second_by_number,
-    );
-    let w = window(&state.base_url, ctx.path, q, items.len());
-    let page: Vec<Value> = items
-        .get(w.start..w.end)
-        .unwrap_or_default()
-        .iter()
-        .map(|i| state.issue_json(repo, i, false))
-        .collect();
-    Ok(Reply {
-        link: w.link,
-        ..Reply::ok(Value::Array(page))
-    })
+            && creator.is_none_or(|c| i.user.eq_ignore_ascii_case(c))
+    });
+    Ok(page_of(state, ctx, &items, |i| {
+        state.issue_json(repo, i, false)
+    }))
 }
 
 fn get_issue(state: &State, key: &str, n: u64) -> Result<Reply> {
@@ -1072,17 +1101,10 @@ fn update_issue(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
             .as_ref()
             .is_some_and(|p| p.merged_at.is_some())
     {
-        return Err(ApiError::custom(
-            "Issue",
-            "state cannot be changed. The pull request has been merged.",
-        ));
+        return Err(ApiError::merged("Issue"));
     }
     let mut changed = false;
-    if let Some(item) = state
-        .repos
-        .get_mut(ctx.key)
-        .and_then(|r| r.items.get_mut(&n))
-    {
+    if let Some(item) = state.item_mut(ctx.key, n) {
         changed |= set_title_and_body(item, title, body);
     }
     if let Some(labels) = labels {
@@ -1092,10 +1114,7 @@ fn update_issue(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
                 canonical.push(name);
             }
         }
-        if let Some(item) = state
-            .repos
-            .get_mut(ctx.key)
-            .and_then(|r| r.items.get_mut(&n))
+        if let Some(item) = state.item_mut(ctx.key, n)
             && item.labels != canonical
         {
             item.labels = canonical;
@@ -1109,10 +1128,7 @@ fn update_issue(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
         }
         None => {
             if let Some(reason) = reason
-                && let Some(item) = state
-                    .repos
-                    .get_mut(ctx.key)
-                    .and_then(|r| r.items.get_mut(&n))
+                && let Some(item) = state.item_mut(ctx.key, n)
                 && !item.open
                 && item.state_reason != reason
             {
@@ -1137,17 +1153,9 @@ fn list_comments(state: &State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
         .iter()
         .filter(|c| since.is_none_or(|s| c.updated_at >= s))
         .collect();
-    let w = window(&state.base_url, ctx.path, ctx.query, comments.len());
-    let page: Vec<Value> = comments
-        .get(w.start..w.end)
-        .unwrap_or_default()
-        .iter()
-        .map(|c| state.comment_json(repo, item, c))
-        .collect();
-    Ok(Reply {
-        link: w.link,
-        ..Reply::ok(Value::Array(page))
-    })
+    Ok(page_of(state, ctx, &comments, |c| {
+        state.comment_json(repo, item, c)
+    }))
 }
 
 fn create_comment(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
@@ -1168,11 +1176,7 @@ fn create_comment(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
     state.ensure_user(ctx.actor);
     let id = state.new_id();
     let now = state.now();
-    if let Some(item) = state
-        .repos
-        .get_mut(ctx.key)
-        .and_then(|r| r.items.get_mut(&n))
-    {
+    if let Some(item) = state.item_mut(ctx.key, n) {
         item.comments.push(super::model::Comment {
             id,
             body,
@@ -1203,13 +1207,7 @@ fn create_comment(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
 fn list_issue_labels(state: &State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
     let (repo, item) = item_of(state, ctx.key, n)?;
     let all = state.item_labels_json(repo, item);
-    let w = window(&state.base_url, ctx.path, ctx.query, all.len());
-    Ok(Reply {
-        link: w.link,
-        ..Reply::ok(Value::Array(
-            all.get(w.start..w.end).unwrap_or_default().to_vec(),
-        ))
-    })
+    Ok(page_of(state, ctx, &all, Value::clone))
 }
 
 fn add_issue_labels(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
@@ -1223,7 +1221,7 @@ fn add_issue_labels(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
 fn remove_issue_label(state: &mut State, key: &str, n: u64, name: &str) -> Result<Reply> {
     item_of(state, key, n)?;
     let mut removed = false;
-    if let Some(item) = state.repos.get_mut(key).and_then(|r| r.items.get_mut(&n)) {
+    if let Some(item) = state.item_mut(key, n) {
         let before = item.labels.len();
         item.labels.retain(|l| !l.eq_ignore_ascii_case(name));
         removed = item.labels.len() != before;
@@ -1238,18 +1236,9 @@ fn remove_issue_label(state: &mut State, key: &str, n: u64, name: &str) -> Resul
 
 fn list_labels(state: &State, ctx: &Ctx<'_>) -> Result<Reply> {
     let repo = repo_of(state, ctx.key)?;
-    let w = window(&state.base_url, ctx.path, ctx.query, repo.labels.len());
-    let page: Vec<Value> = repo
-        .labels
-        .get(w.start..w.end)
-        .unwrap_or_default()
-        .iter()
-        .map(|l| state.label_json(repo, l))
-        .collect();
-    Ok(Reply {
-        link: w.link,
-        ..Reply::ok(Value::Array(page))
-    })
+    Ok(page_of(state, ctx, &repo.labels, |l| {
+        state.label_json(repo, l)
+    }))
 }
 
 fn create_label(state: &mut State, ctx: &Ctx<'_>) -> Result<Reply> {
@@ -1322,37 +1311,22 @@ fn list_pulls(state: &State, ctx: &Ctx<'_>) -> Result<Reply> {
     let head = q.get("head").filter(|h| !h.is_empty());
     let base = q.get("base").filter(|b| !b.is_empty());
     let repo = repo_of(state, ctx.key)?;
-    let mut items: Vec<&Item> = repo
-        .items
-        .values()
-        .filter(|i| i.pull.is_some() && state_matches(&state_filter, i))
-        .filter(|i| {
-            let Some(pull) = &i.pull else { return false };
-            let head_ok = head.is_none_or(|h| match h.split_once(':') {
-                Some(_) => pull.head_label.eq_ignore_ascii_case(h),
-                None => pull.head_ref == h,
-            });
-            let base_ok = base.is_none_or(|b| pull.base_ref == b);
-            head_ok && base_ok
-        })
-        .collect();
-    sort_items(
-        &mut items,
-        &sort,
-        direction == "desc",
-        state.same_second_by_number,
-    );
-    let w = window(&state.base_url, ctx.path, q, items.len());
-    let page: Vec<Value> = items
-        .get(w.start..w.end)
-        .unwrap_or_default()
+    let items = listed(state, repo, &state_filter, &sort, &direction, |i| {
+        let Some(pull) = &i.pull else { return false };
+        let head_ok = head.is_none_or(|h| match h.split_once(':') {
+            Some(_) => pull.head_label.eq_ignore_ascii_case(h),
+            None => pull.head_ref == h,
+        });
+        let base_ok = base.is_none_or(|b| pull.base_ref == b);
+        head_ok && base_ok
+    });
+    let pulls: Vec<(&Item, &Pull)> = items
         .iter()
-        .filter_map(|i| i.pull.as_ref().map(|p| state.pull_json(repo, i, p, false)))
+        .filter_map(|i| i.pull.as_ref().map(|p| (*i, p)))
         .collect();
-    Ok(Reply {
-        link: w.link,
-        ..Reply::ok(Value::Array(page))
-    })
+    Ok(page_of(state, ctx, &pulls, |(i, p)| {
+        state.pull_json(repo, i, p, false)
+    }))
 }
 
 fn get_pull(state: &State, key: &str, n: u64) -> Result<Reply> {
@@ -1438,17 +1412,10 @@ fn update_pull(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
         }
     };
     if merged && (open == Some(true) || base.is_some()) {
-        return Err(ApiError::custom(
-            "PullRequest",
-            "state cannot be changed. The pull request has been merged.",
-        ));
+        return Err(ApiError::merged("PullRequest"));
     }
     let mut changed = false;
-    if let Some(item) = state
-        .repos
-        .get_mut(ctx.key)
-        .and_then(|r| r.items.get_mut(&n))
-    {
+    if let Some(item) = state.item_mut(ctx.key, n) {
         changed |= set_title_and_body(item, title, body);
         if let (Some(base), Some(pull)) = (base, item.pull.as_mut())
             && pull.base_ref != base
@@ -1459,11 +1426,7 @@ fn update_pull(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
     }
     if let Some(open) = open {
         state.set_item_open(ctx.key, n, open, None, ctx.actor);
-        if let Some(item) = state
-            .repos
-            .get_mut(ctx.key)
-            .and_then(|r| r.items.get_mut(&n))
-        {
+        if let Some(item) = state.item_mut(ctx.key, n) {
             // Pull requests carry no state_reason.
             item.state_reason = None;
         }
@@ -1485,17 +1448,9 @@ fn list_reviews(state: &State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
         .iter()
         .filter(|r| r.state != "PENDING" || r.user.eq_ignore_ascii_case(ctx.actor))
         .collect();
-    let w = window(&state.base_url, ctx.path, ctx.query, reviews.len());
-    let page: Vec<Value> = reviews
-        .get(w.start..w.end)
-        .unwrap_or_default()
-        .iter()
-        .map(|r| state.review_json(repo, item, r))
-        .collect();
-    Ok(Reply {
-        link: w.link,
-        ..Reply::ok(Value::Array(page))
-    })
+    Ok(page_of(state, ctx, &reviews, |r| {
+        state.review_json(repo, item, r)
+    }))
 }
 
 fn create_review(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
@@ -1552,12 +1507,7 @@ fn create_review(state: &mut State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
     state.ensure_user(ctx.actor);
     let id = state.new_id();
     let now = state.now();
-    if let Some(pull) = state
-        .repos
-        .get_mut(ctx.key)
-        .and_then(|r| r.items.get_mut(&n))
-        .and_then(|i| i.pull.as_mut())
-    {
+    if let Some(pull) = state.item_mut(ctx.key, n).and_then(|i| i.pull.as_mut()) {
         pull.reviews.push(Review {
             id,
             body,
@@ -1602,17 +1552,9 @@ fn list_review_comments(state: &State, ctx: &Ctx<'_>, n: u64) -> Result<Reply> {
     if direction == "desc" {
         comments.reverse();
     }
-    let w = window(&state.base_url, ctx.path, q, comments.len());
-    let page: Vec<Value> = comments
-        .get(w.start..w.end)
-        .unwrap_or_default()
-        .iter()
-        .map(|c| state.review_comment_json(repo, item, c))
-        .collect();
-    Ok(Reply {
-        link: w.link,
-        ..Reply::ok(Value::Array(page))
-    })
+    Ok(page_of(state, ctx, &comments, |c| {
+        state.review_comment_json(repo, item, c)
+    }))
 }
 
 /// Adds the actor's reaction to an issue comment or a review comment: 201 when new, 200

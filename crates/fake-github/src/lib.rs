@@ -307,31 +307,98 @@ impl FakeGitHub {
         lock(&self.state)
     }
 
+    /// Runs `change` on the repository `owner/name`.
+    ///
+    /// # Panics
+    /// If the repository does not exist.
+    #[track_caller]
+    fn change_repo(&self, owner: &str, name: &str, change: impl FnOnce(&mut model::Repo)) {
+        let found = self
+            .state()
+            .repos
+            .get_mut(&repo_key(owner, name))
+            .map(change)
+            .is_some();
+        if !found {
+            no_repo(owner, name);
+        }
+    }
+
+    /// Runs `change` on the locked state for issue or pull request `number` of `owner/name`
+    /// (a pull request only, when `pull`), given the repository's key and its owner, and
+    /// returns what it returns.
+    ///
+    /// # Panics
+    /// If there is no such issue (or pull request).
+    #[track_caller]
+    fn change_item<T>(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+        pull: bool,
+        change: impl FnOnce(&mut State, &str, &str) -> T,
+    ) -> T {
+        let done = {
+            let mut s = self.state();
+            let key = repo_key(owner, name);
+            let repo_owner = s
+                .repos
+                .get(&key)
+                .filter(|r| {
+                    r.items
+                        .get(&number)
+                        .is_some_and(|i| !pull || i.pull.is_some())
+                })
+                .map(|r| r.owner.clone());
+            repo_owner.map(|repo_owner| change(&mut s, &key, &repo_owner))
+        };
+        done.unwrap_or_else(|| {
+            if pull {
+                no_pull(owner, name, number)
+            } else {
+                no_issue(owner, name, number)
+            }
+        })
+    }
+
+    /// What `read` finds in issue or pull request `number` of `owner/name` (`None` when
+    /// there is no such issue).
+    fn read_item<T>(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+        read: impl FnOnce(&model::Repo, &model::Item) -> Option<T>,
+    ) -> Option<T> {
+        let s = self.state();
+        let repo = s.repos.get(&repo_key(owner, name))?;
+        read(repo, repo.items.get(&number)?)
+    }
+
     // ----- tokens -----
 
     /// Accepts `token` (as `Bearer` or `token`) for the user `login`, on every repository.
     pub fn add_token(&self, token: &str, login: &str) {
-        let mut s = self.state();
-        s.ensure_user(login);
-        s.tokens.insert(
-            token.to_owned(),
-            Token {
-                login: login.to_owned(),
-                repos: None,
-            },
-        );
+        self.insert_token(token, login, None);
     }
 
     /// Accepts `token` for `login`, seeing only the repositories `repos` (`owner/name`); the
     /// others answer 404, like GitHub does for a fine-grained token without access.
     pub fn add_token_with_access(&self, token: &str, login: &str, repos: &[&str]) {
+        let repos = repos.iter().map(|r| r.to_ascii_lowercase()).collect();
+        self.insert_token(token, login, Some(repos));
+    }
+
+    /// Accepts `token` for `login` on `repos` (lower-case `owner/name`; `None` for all).
+    fn insert_token(&self, token: &str, login: &str, repos: Option<Vec<String>>) {
         let mut s = self.state();
         s.ensure_user(login);
         s.tokens.insert(
             token.to_owned(),
             Token {
                 login: login.to_owned(),
-                repos: Some(repos.iter().map(|r| r.to_ascii_lowercase()).collect()),
+                repos,
             },
         );
     }
@@ -381,15 +448,7 @@ impl FakeGitHub {
     /// If the repository does not exist.
     #[track_caller]
     pub fn set_clone_url(&self, owner: &str, name: &str, url: &str) {
-        let found = self
-            .state()
-            .repos
-            .get_mut(&repo_key(owner, name))
-            .map(|r| r.clone_url = Some(url.to_owned()))
-            .is_some();
-        if !found {
-            no_repo(owner, name);
-        }
+        self.change_repo(owner, name, |r| r.clone_url = Some(url.to_owned()));
     }
 
     /// Sets the default branch the repository reports.
@@ -398,15 +457,7 @@ impl FakeGitHub {
     /// If the repository does not exist.
     #[track_caller]
     pub fn set_default_branch(&self, owner: &str, name: &str, branch: &str) {
-        let found = self
-            .state()
-            .repos
-            .get_mut(&repo_key(owner, name))
-            .map(|r| r.default_branch = branch.to_owned())
-            .is_some();
-        if !found {
-            no_repo(owner, name);
-        }
+        self.change_repo(owner, name, |r| r.default_branch = branch.to_owned());
     }
 
     // ----- issues -----
@@ -435,7 +486,7 @@ impl FakeGitHub {
                 let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
                 s.add_item_labels(&key, n, &labels);
                 // Labels given at creation are part of the creation, not a later update.
-                if let Some(item) = s.repos.get_mut(&key).and_then(|r| r.items.get_mut(&n)) {
+                if let Some(item) = s.item_mut(&key, n) {
                     item.updated_at = item.created_at;
                 }
             }
@@ -464,21 +515,9 @@ impl FakeGitHub {
 
     #[track_caller]
     fn set_open(&self, owner: &str, name: &str, number: u64, open: bool) {
-        let found = {
-            let mut s = self.state();
-            let key = repo_key(owner, name);
-            match s.repos.get(&key) {
-                Some(repo) if repo.items.contains_key(&number) => {
-                    let actor = repo.owner.clone();
-                    s.set_item_open(&key, number, open, None, &actor);
-                    true
-                }
-                _ => false,
-            }
-        };
-        if !found {
-            no_issue(owner, name, number);
-        }
+        self.change_item(owner, name, number, false, |s, key, actor| {
+            s.set_item_open(key, number, open, None, actor);
+        });
     }
 
     /// Adds a label to an issue or pull request (creating the repository label with colour
@@ -488,21 +527,9 @@ impl FakeGitHub {
     /// If the issue does not exist.
     #[track_caller]
     pub fn add_label(&self, owner: &str, name: &str, number: u64, label: &str) {
-        let found = {
-            let mut s = self.state();
-            let key = repo_key(owner, name);
-            let exists = s
-                .repos
-                .get(&key)
-                .is_some_and(|r| r.items.contains_key(&number));
-            if exists {
-                s.add_item_labels(&key, number, &[label.to_owned()]);
-            }
-            exists
-        };
-        if !found {
-            no_issue(owner, name, number);
-        }
+        self.change_item(owner, name, number, false, |s, key, _| {
+            s.add_item_labels(key, number, &[label.to_owned()]);
+        });
     }
 
     /// Creates a repository label (`color` without `#`), or recolours an existing one.
@@ -535,24 +562,12 @@ impl FakeGitHub {
     /// If the issue does not exist.
     #[track_caller]
     pub fn set_issue_body(&self, owner: &str, name: &str, number: u64, body: Option<&str>) {
-        let found = {
-            let mut s = self.state();
-            let key = repo_key(owner, name);
-            let found = match s.repos.get_mut(&key).and_then(|r| r.items.get_mut(&number)) {
-                Some(item) => {
-                    item.body = body.map(str::to_owned);
-                    true
-                }
-                None => false,
-            };
-            if found {
-                s.touch(&key, number);
+        self.change_item(owner, name, number, false, |s, key, _| {
+            if let Some(item) = s.item_mut(key, number) {
+                item.body = body.map(str::to_owned);
             }
-            found
-        };
-        if !found {
-            no_issue(owner, name, number);
-        }
+            s.touch(key, number);
+        });
     }
 
     /// Adds a comment to an issue or pull request as `login`; returns the comment id.
@@ -568,31 +583,22 @@ impl FakeGitHub {
         login: &str,
         body: &str,
     ) -> u64 {
-        let id = {
-            let mut s = self.state();
-            let key = repo_key(owner, name);
+        self.change_item(owner, name, number, false, |s, key, _| {
             s.ensure_user(login);
             let id = s.new_id();
             let now = s.now();
-            let found = match s.repos.get_mut(&key).and_then(|r| r.items.get_mut(&number)) {
-                Some(item) => {
-                    item.comments.push(model::Comment {
-                        id,
-                        body: body.to_owned(),
-                        user: login.to_owned(),
-                        created_at: now,
-                        updated_at: now,
-                    });
-                    true
-                }
-                None => false,
-            };
-            if found {
-                s.touch(&key, number);
+            if let Some(item) = s.item_mut(key, number) {
+                item.comments.push(model::Comment {
+                    id,
+                    body: body.to_owned(),
+                    user: login.to_owned(),
+                    created_at: now,
+                    updated_at: now,
+                });
             }
-            found.then_some(id)
-        };
-        id.unwrap_or_else(|| no_issue(owner, name, number))
+            s.touch(key, number);
+            id
+        })
     }
 
     // ----- pull requests -----
@@ -640,21 +646,9 @@ impl FakeGitHub {
     /// If the pull request does not exist.
     #[track_caller]
     pub fn merge_pull(&self, owner: &str, name: &str, number: u64) {
-        let found = {
-            let mut s = self.state();
-            let key = repo_key(owner, name);
-            match s.repos.get(&key) {
-                Some(repo) if repo.items.get(&number).is_some_and(|i| i.pull.is_some()) => {
-                    let actor = repo.owner.clone();
-                    s.merge(&key, number, &actor);
-                    true
-                }
-                _ => false,
-            }
-        };
-        if !found {
-            no_pull(owner, name, number);
-        }
+        self.change_item(owner, name, number, true, |s, key, actor| {
+            s.merge(key, number, actor);
+        });
     }
 
     /// Closes a pull request without merging it.
@@ -663,25 +657,12 @@ impl FakeGitHub {
     /// If the pull request does not exist.
     #[track_caller]
     pub fn close_pull(&self, owner: &str, name: &str, number: u64) {
-        let found = {
-            let mut s = self.state();
-            let key = repo_key(owner, name);
-            match s.repos.get(&key) {
-                Some(repo) if repo.items.get(&number).is_some_and(|i| i.pull.is_some()) => {
-                    let actor = repo.owner.clone();
-                    s.set_item_open(&key, number, false, None, &actor);
-                    if let Some(item) = s.repos.get_mut(&key).and_then(|r| r.items.get_mut(&number))
-                    {
-                        item.state_reason = None;
-                    }
-                    true
-                }
-                _ => false,
+        self.change_item(owner, name, number, true, |s, key, actor| {
+            s.set_item_open(key, number, false, None, actor);
+            if let Some(item) = s.item_mut(key, number) {
+                item.state_reason = None;
             }
-        };
-        if !found {
-            no_pull(owner, name, number);
-        }
+        });
     }
 
     /// Submits a review of pull request `number` as `login`, with `state` as the REST API
@@ -748,11 +729,7 @@ impl FakeGitHub {
                 .and_then(|review_id| {
                     let id = s.new_id();
                     let now = s.now();
-                    let pull = s
-                        .repos
-                        .get_mut(&key)
-                        .and_then(|r| r.items.get_mut(&number))
-                        .and_then(|i| i.pull.as_mut())?;
+                    let pull = s.item_mut(&key, number).and_then(|i| i.pull.as_mut())?;
                     pull.review_comments.push(model::ReviewComment {
                         id,
                         body: body.to_owned(),
@@ -783,57 +760,47 @@ impl FakeGitHub {
         if !model::ROLES.contains(&role) {
             panic!("fake GitHub: role {role:?} is none of {:?}", model::ROLES);
         }
-        let found = {
-            let mut s = self.state();
-            s.ensure_user(login);
-            s.repos
-                .get_mut(&repo_key(owner, name))
-                .map(|r| {
-                    r.permissions
-                        .insert(login.to_ascii_lowercase(), role.to_owned())
-                })
-                .is_some()
-        };
-        if !found {
-            no_repo(owner, name);
-        }
+        self.state().ensure_user(login);
+        self.change_repo(owner, name, |r| {
+            r.permissions
+                .insert(login.to_ascii_lowercase(), role.to_owned());
+        });
     }
 
     // ----- inspection -----
 
     /// The issue (or pull request) `number`, or `None`.
     pub fn issue(&self, owner: &str, name: &str, number: u64) -> Option<IssueState> {
-        let s = self.state();
-        let repo = s.repos.get(&repo_key(owner, name))?;
-        let item = repo.items.get(&number)?;
-        Some(IssueState {
-            number,
-            title: item.title.clone(),
-            body: item.body.clone(),
-            state: if item.open { "open" } else { "closed" }.to_owned(),
-            state_reason: item.state_reason.clone(),
-            labels: item
-                .labels
-                .iter()
-                .map(|l| {
-                    let color = repo.label(l).map_or_else(
-                        || model::DEFAULT_LABEL_COLOR.to_owned(),
-                        |x| x.color.clone(),
-                    );
-                    (l.clone(), color)
-                })
-                .collect(),
-            comments: item
-                .comments
-                .iter()
-                .map(|c| CommentState {
-                    id: c.id,
-                    body: c.body.clone(),
-                    user: c.user.clone(),
-                })
-                .collect(),
-            is_pull_request: item.pull.is_some(),
-            updated_at: util::format_time(item.updated_at),
+        self.read_item(owner, name, number, |repo, item| {
+            Some(IssueState {
+                number,
+                title: item.title.clone(),
+                body: item.body.clone(),
+                state: if item.open { "open" } else { "closed" }.to_owned(),
+                state_reason: item.state_reason.clone(),
+                labels: item
+                    .labels
+                    .iter()
+                    .map(|l| {
+                        let color = repo.label(l).map_or_else(
+                            || model::DEFAULT_LABEL_COLOR.to_owned(),
+                            |x| x.color.clone(),
+                        );
+                        (l.clone(), color)
+                    })
+                    .collect(),
+                comments: item
+                    .comments
+                    .iter()
+                    .map(|c| CommentState {
+                        id: c.id,
+                        body: c.body.clone(),
+                        user: c.user.clone(),
+                    })
+                    .collect(),
+                is_pull_request: item.pull.is_some(),
+                updated_at: util::format_time(item.updated_at),
+            })
         })
     }
 
@@ -879,13 +846,11 @@ impl FakeGitHub {
 
     /// The bodies of the reviews posted on pull request `number`, oldest first.
     pub fn reviews(&self, owner: &str, name: &str, number: u64) -> Vec<String> {
-        self.state()
-            .repos
-            .get(&repo_key(owner, name))
-            .and_then(|r| r.items.get(&number))
-            .and_then(|i| i.pull.as_ref())
-            .map(|p| p.reviews.iter().map(|r| r.body.clone()).collect())
-            .unwrap_or_default()
+        self.read_item(owner, name, number, |_, i| {
+            let pull = i.pull.as_ref()?;
+            Some(pull.reviews.iter().map(|r| r.body.clone()).collect())
+        })
+        .unwrap_or_default()
     }
 
     /// The reactions to the repository's comments (issue and review comments), oldest first
@@ -916,28 +881,23 @@ impl FakeGitHub {
         name: &str,
         number: u64,
     ) -> Vec<(u64, String, String)> {
-        self.state()
-            .repos
-            .get(&repo_key(owner, name))
-            .and_then(|r| r.items.get(&number))
-            .map(|i| {
+        self.read_item(owner, name, number, |_, i| {
+            Some(
                 i.comments
                     .iter()
                     .map(|c| (c.id, c.user.clone(), c.body.clone()))
-                    .collect()
-            })
-            .unwrap_or_default()
+                    .collect(),
+            )
+        })
+        .unwrap_or_default()
     }
 
     /// The head branch (`head.ref`, without an `owner:` prefix) of pull request `number`, or
     /// `None` when there is no such pull request.
     pub fn pull_head(&self, owner: &str, name: &str, number: u64) -> Option<String> {
-        self.state()
-            .repos
-            .get(&repo_key(owner, name))
-            .and_then(|r| r.items.get(&number))
-            .and_then(|i| i.pull.as_ref())
-            .map(|p| p.head_ref.clone())
+        self.read_item(owner, name, number, |_, i| {
+            i.pull.as_ref().map(|p| p.head_ref.clone())
+        })
     }
 
     // ----- request accounting -----

@@ -289,6 +289,13 @@ impl State {
         self.next_id
     }
 
+    /// Issue or pull request `number` of the repository `key`, to change it.
+    pub fn item_mut(&mut self, key: &str, number: u64) -> Option<&mut Item> {
+        self.repos
+            .get_mut(key)
+            .and_then(|r| r.items.get_mut(&number))
+    }
+
     /// The next update sequence number.
     pub fn next_seq(&mut self) -> u64 {
         self.seq += 1;
@@ -320,11 +327,7 @@ impl State {
     pub fn touch(&mut self, key: &str, number: u64) {
         let now = self.now();
         let seq = self.next_seq();
-        if let Some(item) = self
-            .repos
-            .get_mut(key)
-            .and_then(|r| r.items.get_mut(&number))
-        {
+        if let Some(item) = self.item_mut(key, number) {
             item.updated_at = now;
             item.updated_seq = seq;
         }
@@ -353,10 +356,7 @@ impl State {
             let Some(canonical) = self.ensure_label(key, name, DEFAULT_LABEL_COLOR) else {
                 return changed;
             };
-            if let Some(item) = self
-                .repos
-                .get_mut(key)
-                .and_then(|r| r.items.get_mut(&number))
+            if let Some(item) = self.item_mut(key, number)
                 && !item
                     .labels
                     .iter()
@@ -441,11 +441,7 @@ impl State {
         self.ensure_user(login);
         let id = self.new_id();
         let now = self.now();
-        let pull = self
-            .repos
-            .get_mut(key)
-            .and_then(|r| r.items.get_mut(&number))
-            .and_then(|i| i.pull.as_mut())?;
+        let pull = self.item_mut(key, number).and_then(|i| i.pull.as_mut())?;
         let commit_id = pull.head_sha.clone();
         pull.reviews.push(Review {
             id,
@@ -471,11 +467,7 @@ impl State {
         actor: &str,
     ) -> bool {
         let now = self.now();
-        let Some(item) = self
-            .repos
-            .get_mut(key)
-            .and_then(|r| r.items.get_mut(&number))
-        else {
+        let Some(item) = self.item_mut(key, number) else {
             return false;
         };
         if item.open == open {
@@ -504,10 +496,7 @@ impl State {
     /// open pull request.
     pub fn merge(&mut self, key: &str, number: u64, actor: &str) -> Option<String> {
         let now = self.now();
-        let item = self
-            .repos
-            .get_mut(key)
-            .and_then(|r| r.items.get_mut(&number))?;
+        let item = self.item_mut(key, number)?;
         if !item.open {
             return None;
         }

@@ -27,9 +27,13 @@ fn fake() -> FakeGitHub {
 }
 
 fn client() -> Client {
+    client_timing_out_after(Duration::from_secs(10))
+}
+
+fn client_timing_out_after(timeout: Duration) -> Client {
     Client::builder()
         .user_agent(UA)
-        .timeout(Duration::from_secs(10))
+        .timeout(timeout)
         .build()
         .unwrap()
 }
@@ -87,6 +91,29 @@ fn remaining(resp: &Response) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// Makes the next `n` requests `GET /repos/{owner}/{repo}` answer 502.
+fn fail_repo_gets(fake: &FakeGitHub, n: usize) {
+    fake.fail_next(
+        Some(("GET", "/repos/{owner}/{repo}")),
+        n,
+        Fault::Status(502),
+    );
+}
+
+/// Asserts that `resp` is a 502 with GitHub's message.
+#[track_caller]
+fn assert_bad_gateway(resp: Response) {
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(json_of(resp)["message"], "Bad Gateway");
+}
+
+/// The answer to `GET path` once the next request (whatever its route) is made to fail with
+/// `fault`.
+fn faulted(fake: &FakeGitHub, fault: Fault, path: &str) -> Response {
+    fake.fail_next(None, 1, fault);
+    get(fake, path)
 }
 
 fn octo(fake: &FakeGitHub) -> Octocrab {
@@ -914,15 +941,9 @@ fn pulls_raw_filters_reviews_and_merge() {
 #[test]
 fn fail_next_502_then_success() {
     let fake = fake();
-    fake.fail_next(
-        Some(("GET", "/repos/{owner}/{repo}")),
-        3,
-        Fault::Status(502),
-    );
+    fail_repo_gets(&fake, 3);
     for _ in 0..3 {
-        let resp = get(&fake, "/repos/acme/widgets");
-        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(json_of(resp)["message"], "Bad Gateway");
+        assert_bad_gateway(get(&fake, "/repos/acme/widgets"));
     }
     // Other routes are not affected.
     assert_eq!(get(&fake, "/user").status(), StatusCode::OK);
@@ -945,8 +966,7 @@ fn a_lost_answer_still_takes_effect() {
         "/repos/acme/widgets/issues",
         &serde_json::json!({"title": "Created though unanswered"}),
     );
-    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-    assert_eq!(json_of(resp)["message"], "Bad Gateway");
+    assert_bad_gateway(resp);
     let issue = fake
         .issue("acme", "widgets", 1)
         .expect("the issue was created");
@@ -957,11 +977,7 @@ fn a_lost_answer_still_takes_effect() {
 #[tokio::test(flavor = "multi_thread")]
 async fn octocrab_retries_through_three_502s() {
     let fake = fake();
-    fake.fail_next(
-        Some(("GET", "/repos/{owner}/{repo}")),
-        3,
-        Fault::Status(502),
-    );
+    fail_repo_gets(&fake, 3);
     let repo = octo(&fake).repos("acme", "widgets").get().await.unwrap();
     assert_eq!(repo.name, "widgets");
     assert_eq!(fake.count("GET", "/repos/{owner}/{repo}"), 4);
@@ -972,14 +988,10 @@ async fn octocrab_retries_through_three_502s() {
 #[test]
 fn rate_limit_faults() {
     let fake = fake();
-    fake.fail_next(
-        None,
-        1,
-        Fault::RateLimited {
-            retry_after_secs: 7,
-        },
-    );
-    let resp = get(&fake, "/repos/acme/widgets/issues");
+    let limit = Fault::RateLimited {
+        retry_after_secs: 7,
+    };
+    let resp = faulted(&fake, limit, "/repos/acme/widgets/issues");
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     assert_eq!(header(&resp, "retry-after").as_deref(), Some("7"));
     assert_eq!(remaining(&resp), 0);
@@ -988,14 +1000,10 @@ fn rate_limit_faults() {
     assert!((now + 5..=now + 9).contains(&reset));
     assert!(message(resp).starts_with("API rate limit exceeded"));
 
-    fake.fail_next(
-        None,
-        1,
-        Fault::SecondaryRateLimit {
-            retry_after_secs: 3,
-        },
-    );
-    let resp = get(&fake, "/user");
+    let limit = Fault::SecondaryRateLimit {
+        retry_after_secs: 3,
+    };
+    let resp = faulted(&fake, limit, "/user");
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&resp, "retry-after").as_deref(), Some("3"));
     assert!(message(resp).contains("secondary rate limit"));
@@ -1015,11 +1023,7 @@ fn timeout_fault_outlasts_the_client_timeout() {
         1,
         Fault::Timeout(Duration::from_secs(3)),
     );
-    let short = Client::builder()
-        .user_agent(UA)
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let short = client_timing_out_after(Duration::from_millis(300));
     let started = Instant::now();
     let err = short
         .get(format!("{}/user", fake.base_url()))
@@ -1033,8 +1037,7 @@ fn timeout_fault_outlasts_the_client_timeout() {
     assert_eq!(get(&fake, "/user").status(), StatusCode::OK);
 
     // A client that waits gets the 504.
-    fake.fail_next(None, 1, Fault::Timeout(Duration::from_millis(200)));
-    let resp = get(&fake, "/user");
+    let resp = faulted(&fake, Fault::Timeout(Duration::from_millis(200)), "/user");
     assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
     assert!(message(resp).contains("in time"));
 }

@@ -52,6 +52,18 @@ pub struct AgentSpec {
     pub max_budget_usd: Option<Usd>,
 }
 
+impl AgentSpec {
+    /// `agent_type` launched with `model`, with no turn limit and no budget.
+    pub fn unlimited(agent_type: AgentType, model: impl Into<String>) -> Self {
+        AgentSpec {
+            agent_type,
+            model: model.into(),
+            max_turns: None,
+            max_budget_usd: None,
+        }
+    }
+}
+
 /// Where and for what an agent is launched, besides its [`AgentSpec`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Launch {
@@ -742,6 +754,15 @@ macro_rules! strings {
     };
 }
 
+/// Visitor methods giving `$value` for every JSON scalar.
+macro_rules! scalars {
+    ($value:expr) => {
+        other_scalars!($value);
+        integers!($value);
+        strings!($value);
+    };
+}
+
 /// Visitor methods skipping arrays and objects, giving `$value`.
 macro_rules! containers {
     ($value:expr) => {
@@ -756,142 +777,111 @@ macro_rules! containers {
     };
 }
 
-impl<'de> Deserialize<'de> for Skip {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Skip;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            other_scalars!(Skip);
-            integers!(Skip);
-            strings!(Skip);
-            containers!(Skip);
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-impl<'de> Deserialize<'de> for LooseStr {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = LooseStr;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<LooseStr, E> {
-                Ok(LooseStr(Some(v.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<LooseStr, E> {
-                Ok(LooseStr(Some(v)))
-            }
-            other_scalars!(LooseStr(None));
-            integers!(LooseStr(None));
-            containers!(LooseStr(None));
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Count;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
-                Ok(Count(Some(v).filter(|n| *n >= 0)))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
-                Ok(Count(i64::try_from(v).ok()))
-            }
-            other_scalars!(Count(None));
-            strings!(Count(None));
-            containers!(Count(None));
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-impl<'de, F: Fields> Deserialize<'de> for Object<F> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V<F>(PhantomData<F>);
-        impl<'de, F: Fields> Visitor<'de> for V<F> {
-            type Value = Object<F>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<F>, A::Error> {
-                Ok(Object(Some(read_fields(map)?)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Object<F>, A::Error> {
-                skip_seq(seq)?;
-                Ok(Object(None))
-            }
-            other_scalars!(Object(None));
-            integers!(Object(None));
-            strings!(Object(None));
-        }
-        deserializer.deserialize_any(V(PhantomData))
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
-            type Value = List<T>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List<T>, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element()? {
-                    items.push(item);
+/// `Deserialize` for a type that accepts any JSON value: a visitor `V` (a unit struct, or
+/// one holding a `PhantomData` of the type parameter) whose `Value` is the type, with the
+/// given visitor methods, through `deserialize_any`.
+macro_rules! any_json {
+    (impl<$($param:ident: $bound:path)?> for $ty:ty, V $(<$p:ident>(PhantomData<$q:ident>))? {
+        $($methods:tt)*
+    }) => {
+        impl<'de, $($param: $bound)?> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct V $(<$p>(PhantomData<$q>))?;
+                impl<'de, $($param: $bound)?> Visitor<'de> for V $(<$p>)? {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("any JSON value")
+                    }
+                    $($methods)*
                 }
-                Ok(List(Some(items)))
+                deserializer.deserialize_any(V $((PhantomData::<$p>))?)
             }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List<T>, A::Error> {
-                skip_map(map)?;
-                Ok(List(None))
-            }
-            other_scalars!(List(None));
-            integers!(List(None));
-            strings!(List(None));
         }
-        deserializer.deserialize_any(V(PhantomData))
+    };
+}
+
+any_json! {
+    impl<> for Skip, V {
+        scalars!(Skip);
+        containers!(Skip);
     }
 }
 
-impl<'de, F: Fields> Deserialize<'de> for StrOr<F> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V<F>(PhantomData<F>);
-        impl<'de, F: Fields> Visitor<'de> for V<F> {
-            type Value = StrOr<F>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOr<F>, E> {
-                Ok(StrOr::Str(v.to_owned()))
-            }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<StrOr<F>, E> {
-                Ok(StrOr::Str(v))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StrOr<F>, A::Error> {
-                Ok(StrOr::Object(read_fields(map)?))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StrOr<F>, A::Error> {
-                skip_seq(seq)?;
-                Ok(StrOr::Other)
-            }
-            other_scalars!(StrOr::Other);
-            integers!(StrOr::Other);
+any_json! {
+    impl<> for LooseStr, V {
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<LooseStr, E> {
+            Ok(LooseStr(Some(v.to_owned())))
         }
-        deserializer.deserialize_any(V(PhantomData))
+        fn visit_string<E: de::Error>(self, v: String) -> Result<LooseStr, E> {
+            Ok(LooseStr(Some(v)))
+        }
+        other_scalars!(LooseStr(None));
+        integers!(LooseStr(None));
+        containers!(LooseStr(None));
+    }
+}
+
+any_json! {
+    impl<> for Count, V {
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
+            Ok(Count(Some(v).filter(|n| *n >= 0)))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
+            Ok(Count(i64::try_from(v).ok()))
+        }
+        other_scalars!(Count(None));
+        strings!(Count(None));
+        containers!(Count(None));
+    }
+}
+
+any_json! {
+    impl<F: Fields> for Object<F>, V<F>(PhantomData<F>) {
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<F>, A::Error> {
+            Ok(Object(Some(read_fields(map)?)))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Object<F>, A::Error> {
+            skip_seq(seq)?;
+            Ok(Object(None))
+        }
+        scalars!(Object(None));
+    }
+}
+
+any_json! {
+    impl<T: Deserialize<'de>> for List<T>, V<T>(PhantomData<T>) {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List<T>, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element()? {
+                items.push(item);
+            }
+            Ok(List(Some(items)))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List<T>, A::Error> {
+            skip_map(map)?;
+            Ok(List(None))
+        }
+        scalars!(List(None));
+    }
+}
+
+any_json! {
+    impl<F: Fields> for StrOr<F>, V<F>(PhantomData<F>) {
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOr<F>, E> {
+            Ok(StrOr::Str(v.to_owned()))
+        }
+        fn visit_string<E: de::Error>(self, v: String) -> Result<StrOr<F>, E> {
+            Ok(StrOr::Str(v))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StrOr<F>, A::Error> {
+            Ok(StrOr::Object(read_fields(map)?))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StrOr<F>, A::Error> {
+            skip_seq(seq)?;
+            Ok(StrOr::Other)
+        }
+        other_scalars!(StrOr::Other);
+        integers!(StrOr::Other);
     }
 }
 

@@ -1064,12 +1064,7 @@ mod tests {
         std::fs::write(dir.join("output.log.1"), format!("{init}\n{head}")).unwrap();
         std::fs::write(dir.join("output.log"), format!("{tail}\n")).unwrap();
 
-        let spec = agent::AgentSpec {
-            agent_type: AgentType::ClaudeCode,
-            model: "m".into(),
-            max_turns: None,
-            max_budget_usd: None,
-        };
+        let spec = agent::AgentSpec::unlimited(AgentType::ClaudeCode, "m");
         let Salvaged { output, report } = runner.salvage(task, attempt, &spec).unwrap();
         assert!(output.ends_with(&format!("{result}\n")), "{output}");
         assert_eq!(
@@ -1118,12 +1113,7 @@ mod tests {
 "#,
         )
         .unwrap();
-        let spec = agent::AgentSpec {
-            agent_type: AgentType::Codex,
-            model: "gpt-5.5".into(),
-            max_turns: None,
-            max_budget_usd: None,
-        };
+        let spec = agent::AgentSpec::unlimited(AgentType::Codex, "gpt-5.5");
         let Salvaged { report, .. } = runner.salvage(task, attempt, &spec).unwrap();
         // 2000·5 + 1000·0.5 + 100·30 = 13 500 µ$.
         assert_eq!(report.cost_usd.unwrap().to_string(), "0.0135");

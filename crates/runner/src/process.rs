@@ -225,6 +225,71 @@ pub enum ProcessError {
     },
 }
 
+/// What a short-lived helper process (a `--version`, a trial run) ended with: how it
+/// exited and what it printed on its piped stdout and stderr (`""` for one not piped).
+#[derive(Debug)]
+pub struct HelperOutput {
+    /// Its exit status, or why waiting for it failed.
+    pub status: io::Result<std::process::ExitStatus>,
+    /// What it printed on stdout (up to the first invalid UTF-8, if any).
+    pub stdout: String,
+    /// What it printed on stderr (up to the first invalid UTF-8, if any).
+    pub stderr: String,
+}
+
+/// Why [`helper_output`] has no output for a helper process.
+#[derive(Debug)]
+pub enum HelperFailure {
+    /// It could not be started.
+    Start(io::Error),
+    /// It did not finish within the limit (it was killed).
+    TimedOut(Duration),
+}
+
+impl std::fmt::Display for HelperFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HelperFailure::Start(e) => write!(f, "cannot start it: {e}"),
+            HelperFailure::TimedOut(limit) => {
+                write!(f, "it did not finish within {} s", limit.as_secs())
+            }
+        }
+    }
+}
+
+/// Starts `command` (killed if it outlives `limit`) and waits up to `limit` for it to exit,
+/// reading its piped stdout and stderr to their end meanwhile.
+///
+/// # Errors
+///
+/// It could not be started, or did not finish in time.
+pub async fn helper_output(
+    command: &mut tokio::process::Command,
+    limit: Duration,
+) -> Result<HelperOutput, HelperFailure> {
+    let mut child = command
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(HelperFailure::Start)?;
+    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+    tokio::time::timeout(limit, async {
+        let (mut out, mut err) = (String::new(), String::new());
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.read_to_string(&mut out).await;
+        }
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.read_to_string(&mut err).await;
+        }
+        HelperOutput {
+            status: child.wait().await,
+            stdout: out,
+            stderr: err,
+        }
+    })
+    .await
+    .map_err(|_| HelperFailure::TimedOut(limit))
+}
+
 /// The path stderr is appended to: `log_path` with `.stderr` added to its name.
 pub fn stderr_log_path(log_path: &Path) -> PathBuf {
     let mut name = log_path.as_os_str().to_owned();

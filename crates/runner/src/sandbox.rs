@@ -63,10 +63,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
-use crate::process::{AgentCommand, PassedFd, StopTarget};
+use crate::process::{
+    AgentCommand, HelperFailure, HelperOutput, PassedFd, StopTarget, helper_output,
+};
 use crate::user::{AgentUser, UserIds};
 
 pub(crate) mod git_jail;
@@ -593,15 +594,7 @@ impl Sandbox {
 /// Why not: no `bwrap`, or its trial run failed (with its exit status).
 pub fn works_here() -> Result<(), String> {
     let bwrap = find_bwrap()?;
-    let status = std::process::Command::new(&bwrap)
-        .args(PROBE_ROOT_ARGS)
-        .args(BASE_ARGS)
-        .args(PROBE_ARGS)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+    let status = trial_command(&bwrap, PROBE_ARGS, Stdio::null())
         .status()
         .map_err(|e| format!("cannot start {}: {e}", bwrap.display()))?;
     if status.success() {
@@ -725,13 +718,10 @@ async fn probe(bwrap: &Path, user: Option<&UserIds>) -> Result<BwrapFeatures, St
     Err(failed)
 }
 
-/// Runs `bwrap` with [`BASE_ARGS`] and `args` (ending with the command), within
-/// [`PROBE_TIMEOUT`].
-async fn trial(bwrap: &Path, user: Option<&UserIds>, args: &[&str]) -> Result<(), String> {
-    let mut command = tokio::process::Command::new(bwrap);
-    if let Some(user) = user {
-        command.uid(user.uid).gid(user.gid);
-    }
+/// A trial run of `bwrap`: [`PROBE_ROOT_ARGS`], [`BASE_ARGS`] and `args` (ending with the
+/// command), with only a `PATH`, its stdin and stdout to nothing, its stderr to `stderr`.
+fn trial_command(bwrap: &Path, args: &[&str], stderr: Stdio) -> std::process::Command {
+    let mut command = std::process::Command::new(bwrap);
     command
         .args(PROBE_ROOT_ARGS)
         .args(BASE_ARGS)
@@ -740,30 +730,27 @@ async fn trial(bwrap: &Path, user: Option<&UserIds>, args: &[&str]) -> Result<()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bwrap.display()))?;
-    let mut stderr = child.stderr.take();
-    let waited = tokio::time::timeout(PROBE_TIMEOUT, async {
-        let mut text = String::new();
-        if let Some(stderr) = stderr.as_mut() {
-            let _ = stderr.read_to_string(&mut text).await;
-        }
-        (child.wait().await, text)
-    })
-    .await;
-    let (status, stderr) = match waited {
-        Ok(done) => done,
-        Err(_) => {
-            return Err(format!(
+        .stderr(stderr);
+    command
+}
+
+/// Runs `bwrap` with [`BASE_ARGS`] and `args` (ending with the command), within
+/// [`PROBE_TIMEOUT`].
+async fn trial(bwrap: &Path, user: Option<&UserIds>, args: &[&str]) -> Result<(), String> {
+    let mut command = tokio::process::Command::from(trial_command(bwrap, args, Stdio::piped()));
+    if let Some(user) = user {
+        command.uid(user.uid).gid(user.gid);
+    }
+    let HelperOutput { status, stderr, .. } = helper_output(&mut command, PROBE_TIMEOUT)
+        .await
+        .map_err(|failure| match failure {
+            HelperFailure::Start(e) => format!("cannot start {}: {e}", bwrap.display()),
+            HelperFailure::TimedOut(limit) => format!(
                 "{} did not finish a trial run within {} s",
                 bwrap.display(),
-                PROBE_TIMEOUT.as_secs()
-            ));
-        }
-    };
+                limit.as_secs()
+            ),
+        })?;
     let status = status.map_err(|e| format!("waiting for {}: {e}", bwrap.display()))?;
     if status.success() {
         return Ok(());

@@ -15,8 +15,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use agentry_domain::AgentType;
-use tokio::io::AsyncReadExt;
 
+use crate::process::{HelperFailure, HelperOutput, helper_output};
 use crate::sandbox::resolve_program;
 
 /// How long `--version` may take.
@@ -227,35 +227,26 @@ pub async fn check(
 
 /// What `path --version` prints (stdout, then stderr), run with exactly `env`.
 async fn version_output(path: &Path, env: &[(String, String)]) -> Result<String, String> {
-    let mut child = tokio::process::Command::new(path)
+    let mut command = tokio::process::Command::new(path);
+    command
         .arg("--version")
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start it: {e}"))?;
-    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
-    let waited = tokio::time::timeout(VERSION_TIMEOUT, async {
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.read_to_string(&mut out).await;
-        }
-        if let Some(s) = stderr.as_mut() {
-            let _ = s.read_to_string(&mut err).await;
-        }
-        (child.wait().await, out, err)
-    })
-    .await;
-    let Ok((status, out, err)) = waited else {
-        return Err(format!(
-            "`--version` did not finish within {} s",
-            VERSION_TIMEOUT.as_secs()
-        ));
-    };
+        .stderr(Stdio::piped());
+    let HelperOutput {
+        status,
+        stdout: out,
+        stderr: err,
+    } = helper_output(&mut command, VERSION_TIMEOUT)
+        .await
+        .map_err(|failure| match failure {
+            HelperFailure::TimedOut(limit) => {
+                format!("`--version` did not finish within {} s", limit.as_secs())
+            }
+            HelperFailure::Start(_) => failure.to_string(),
+        })?;
     let status = status.map_err(|e| format!("waiting for it: {e}"))?;
     if !status.success() && Version::find(&out).is_none() {
         let quoted: String = format!("{out}{err}")

@@ -28,10 +28,10 @@ use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, DatabaseUrl};
 use agentry_runner::agent::{self, Launch, ServiceEnv};
+use agentry_runner::process::{HelperOutput, helper_output};
 use agentry_runner::sandbox::search_path;
 use agentry_runner::version::{self, CliProblem};
 use agentry_runner::{PriceTable, Sandbox, SandboxMode};
-use tokio::io::AsyncReadExt;
 
 use crate::ServiceError;
 use crate::codehost::{CodeHost, TOKEN_SECRET, Timing};
@@ -348,29 +348,19 @@ async fn check_git(path: Option<&str>) -> Check {
 
 /// What `program --version` prints on stdout, within [`GIT_TIMEOUT`].
 async fn version_output(program: &Path) -> Result<String, String> {
-    let mut child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start it: {e}"))?;
-    let mut stdout = child.stdout.take();
-    let waited = tokio::time::timeout(GIT_TIMEOUT, async {
-        let mut out = String::new();
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.read_to_string(&mut out).await;
-        }
-        (child.wait().await, out)
-    })
-    .await;
-    let Ok((status, out)) = waited else {
-        return Err(format!(
-            "it did not finish within {} s",
-            GIT_TIMEOUT.as_secs()
-        ));
-    };
+        .stderr(Stdio::null());
+    let HelperOutput {
+        status,
+        stdout: out,
+        ..
+    } = helper_output(&mut command, GIT_TIMEOUT)
+        .await
+        .map_err(|failure| failure.to_string())?;
     match status {
         Ok(status) if status.success() => Ok(out),
         Ok(status) => Err(format!("{status}")),

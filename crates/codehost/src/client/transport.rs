@@ -62,6 +62,35 @@ impl GitHub {
         Ok((reply, target))
     }
 
+    /// Every item of the repository's list `path` (`?per_page=100`, updated at or after
+    /// `since` if given), every page, as `T`.
+    pub(super) async fn list_all<J: DeserializeOwned, T: From<J>>(
+        &self,
+        owner: &str,
+        name: &str,
+        path: &str,
+        since: Option<OffsetDateTime>,
+    ) -> Result<Vec<T>, CodeHostError> {
+        let first = format!(
+            "{}?per_page={PER_PAGE}{}",
+            repo_path(owner, name, path),
+            since_query(since)
+        );
+        let items = self.get_all::<J>(first).await?;
+        Ok(items.into_iter().map(T::from).collect())
+    }
+
+    /// [`Self::post_once`], the answer read as `J` and given as `T`.
+    pub(super) async fn post_once_as<J: DeserializeOwned, T: From<J>>(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<T, CodeHostError> {
+        let (reply, target) = self.post_once(path, body).await?;
+        let created: J = parse(&Method::POST, &target, &reply.body)?;
+        Ok(created.into())
+    }
+
     /// Reads every page of a list, unconditionally.
     pub(super) async fn get_all<T: DeserializeOwned>(
         &self,
@@ -83,13 +112,8 @@ impl GitHub {
         etag: Option<&str>,
         more: impl FnMut(&[T]) -> bool,
     ) -> Result<Conditional<Vec<T>>, CodeHostError> {
-        Ok(match self.get_counted_pages(first, etag, more).await? {
-            Conditional::NotModified => Conditional::NotModified,
-            Conditional::Modified {
-                value: (items, _),
-                etag,
-            } => Conditional::Modified { value: items, etag },
-        })
+        let pages = self.get_counted_pages(first, etag, more).await?;
+        Ok(pages.map(|(items, _)| items))
     }
 
     /// [`Self::get_pages`] that also says how many pages it read.

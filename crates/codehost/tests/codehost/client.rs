@@ -55,6 +55,30 @@ fn modified<T: std::fmt::Debug>(c: Conditional<T>) -> (T, String) {
     }
 }
 
+/// Asserts that `result` is [`CodeHostError::NotFound`].
+#[track_caller]
+fn assert_not_found<T: std::fmt::Debug>(result: Result<T, CodeHostError>) {
+    assert!(
+        matches!(result, Err(CodeHostError::NotFound(_))),
+        "{result:?}"
+    );
+}
+
+/// Awaits `call`, asserting that it succeeds, no sooner than `wait`, and that the fake
+/// answered `statuses` in all.
+async fn assert_waited<T>(
+    fake: &FakeGitHub,
+    call: impl Future<Output = Result<T, CodeHostError>>,
+    wait: Duration,
+    statuses: &[u16],
+) {
+    let started = Instant::now();
+    call.await.unwrap();
+    assert!(started.elapsed() >= wait, "{:?}", started.elapsed());
+    let answered: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
+    assert_eq!(answered, statuses);
+}
+
 fn assert_no_token(text: &str) {
     assert!(!text.contains(TOKEN), "the token leaked: {text}");
     assert!(
@@ -114,17 +138,11 @@ async fn unknown_token_unknown_repo_and_no_access() {
     assert!(matches!(err, CodeHostError::NotFound(_)), "{err:?}");
     assert!(err.to_string().contains("/repos/acme/nope"), "{err}");
     assert_eq!(err.status(), Some(404));
-    assert!(matches!(
-        gh.issue(OWNER, REPO, 999).await.unwrap_err(),
-        CodeHostError::NotFound(_)
-    ));
+    assert_not_found(gh.issue(OWNER, REPO, 999).await);
 
     let narrow = GitHub::new(&config(&fake.base_url()), "ghp_narrow_token").unwrap();
     narrow.repository(OWNER, REPO).await.unwrap();
-    assert!(matches!(
-        narrow.repository(OWNER, "secret").await.unwrap_err(),
-        CodeHostError::NotFound(_)
-    ));
+    assert_not_found(narrow.repository(OWNER, "secret").await);
 }
 
 // ----- issues -----
@@ -325,10 +343,7 @@ async fn issue_and_close_issue() {
     assert!(closed.closed_at.is_some());
     // Closing again is fine.
     gh.close_issue(OWNER, REPO, n).await.unwrap();
-    assert!(matches!(
-        gh.close_issue(OWNER, REPO, 999).await.unwrap_err(),
-        CodeHostError::NotFound(_)
-    ));
+    assert_not_found(gh.close_issue(OWNER, REPO, 999).await);
 }
 
 #[tokio::test]
@@ -555,10 +570,7 @@ async fn create_pull_pull_and_create_review() {
     assert_eq!((closed.state.as_str(), closed.merged_at), ("closed", None));
 
     let issue = fake.add_issue(OWNER, REPO, "not a pull", None, &[]);
-    assert!(matches!(
-        gh.pull(OWNER, REPO, issue).await.unwrap_err(),
-        CodeHostError::NotFound(_)
-    ));
+    assert_not_found(gh.pull(OWNER, REPO, issue).await);
 }
 
 // ----- revisions: reviews, review comments, permissions, reactions -----
@@ -595,10 +607,7 @@ async fn reviews_every_page_oldest_first() {
     assert_eq!(bodies[130], "Rename it.");
     // An issue has no reviews.
     let issue = fake.add_issue(OWNER, REPO, "x", None, &[]);
-    assert!(matches!(
-        gh.reviews(OWNER, REPO, issue).await.unwrap_err(),
-        CodeHostError::NotFound(_)
-    ));
+    assert_not_found(gh.reviews(OWNER, REPO, issue).await);
 }
 
 #[tokio::test]
@@ -1094,11 +1103,13 @@ async fn a_secondary_rate_limit_is_waited_out() {
             retry_after_secs: 1,
         },
     );
-    let started = Instant::now();
-    gh.repository(OWNER, REPO).await.unwrap();
-    assert!(started.elapsed() >= Duration::from_secs(1));
-    let statuses: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
-    assert_eq!(statuses, [429, 200]);
+    assert_waited(
+        &fake,
+        gh.repository(OWNER, REPO),
+        Duration::from_secs(1),
+        &[429, 200],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1108,11 +1119,13 @@ async fn a_used_up_window_waits_until_the_reset() {
     let gh = client(&fake);
     fake.set_rate_limit_remaining(0);
     fake.set_rate_limit_reset_in(Duration::from_secs(1));
-    let started = Instant::now();
-    gh.current_user().await.unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(900));
-    let statuses: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
-    assert_eq!(statuses, [403, 200]);
+    assert_waited(
+        &fake,
+        gh.current_user(),
+        Duration::from_millis(900),
+        &[403, 200],
+    )
+    .await;
 }
 
 #[tokio::test]

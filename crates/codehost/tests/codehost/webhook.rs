@@ -52,6 +52,15 @@ const FIXTURES: [(&str, &[u8]); 11] = [
     ("pull_request_review_comment", REVIEW_COMMENT_CREATED),
 ];
 
+/// The fake's `acme/widgets`.
+fn acme_widgets() -> RepoRef {
+    RepoRef {
+        owner: "acme".into(),
+        name: "widgets".into(),
+        html_url: "https://github.com/acme/widgets".into(),
+    }
+}
+
 fn hello_world() -> RepoRef {
     RepoRef {
         owner: "Codertocat".into(),
@@ -89,6 +98,13 @@ fn other(event: &str, action: Option<&str>) -> WebhookEvent {
         event: event.into(),
         action: action.map(str::to_owned),
     }
+}
+
+/// Asserts that `body` delivered as `event` parses as an event agentry does not act on,
+/// with `action`.
+#[track_caller]
+fn assert_other(event: &str, body: &[u8], action: Option<&str>) {
+    assert_eq!(parse_event(event, body).unwrap(), other(event, action));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,18 +247,9 @@ fn merged_is_true_when_either_member_says_so() {
 
 #[test]
 fn other_pull_request_actions_are_other() {
-    assert_eq!(
-        parse_event("pull_request", PR_OPENED).unwrap(),
-        other("pull_request", Some("opened"))
-    );
-    assert_eq!(
-        parse_event("pull_request", PR_LABELED).unwrap(),
-        other("pull_request", Some("labeled"))
-    );
-    assert_eq!(
-        parse_event("pull_request", PR_REOPENED).unwrap(),
-        other("pull_request", Some("reopened"))
-    );
+    assert_other("pull_request", PR_OPENED, Some("opened"));
+    assert_other("pull_request", PR_LABELED, Some("labeled"));
+    assert_other("pull_request", PR_REOPENED, Some("reopened"));
 }
 
 #[test]
@@ -275,10 +282,7 @@ fn pull_request_review_submitted_has_an_upper_case_state() {
     ));
     // Other actions are ignored.
     let dismissed = with_json(REVIEW_SUBMITTED, |v| v["action"] = json!("dismissed"));
-    assert_eq!(
-        parse_event("pull_request_review", &dismissed).unwrap(),
-        other("pull_request_review", Some("dismissed"))
-    );
+    assert_other("pull_request_review", &dismissed, Some("dismissed"));
 }
 
 #[test]
@@ -315,10 +319,7 @@ fn issue_comment_created_says_whether_it_is_on_a_pull_request() {
     }
     for action in ["edited", "deleted"] {
         let body = with_json(ISSUE_COMMENT_CREATED, |v| v["action"] = json!(action));
-        assert_eq!(
-            parse_event("issue_comment", &body).unwrap(),
-            other("issue_comment", Some(action))
-        );
+        assert_other("issue_comment", &body, Some(action));
     }
 }
 
@@ -439,16 +440,7 @@ fn new_events_missing_a_needed_member_are_errors_naming_it() {
     ];
     for (event, fixture, action, member, change) in cases {
         let message = parse_error(event, &with_json(fixture, change));
-        assert!(
-            message.contains(&format!("`{event}` event, action `{action}`")),
-            "{message}"
-        );
-        let (parent, leaf) = member.rsplit_once('.').unwrap_or(("", member));
-        assert!(
-            message.contains(member)
-                || message.contains(&format!("{parent}: missing field `{leaf}`")),
-            "{member}: {message}"
-        );
+        assert_names_member(&message, event, action, member);
     }
 }
 
@@ -467,11 +459,7 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
     assert_eq!(
         parse_event("pull_request_review", &body).unwrap(),
         WebhookEvent::PullRequestReviewSubmitted {
-            repo: RepoRef {
-                owner: "acme".into(),
-                name: "widgets".into(),
-                html_url: "https://github.com/acme/widgets".into(),
-            },
+            repo: acme_widgets(),
             number: pr,
             review_id: review,
             author: "alice".into(),
@@ -518,11 +506,7 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
     assert_eq!(
         parse_event("pull_request_review_comment", &body).unwrap(),
         WebhookEvent::ReviewCommentCreated {
-            repo: RepoRef {
-                owner: "acme".into(),
-                name: "widgets".into(),
-                html_url: "https://github.com/acme/widgets".into(),
-            },
+            repo: acme_widgets(),
             number: pr,
             comment_id: id,
             author: "carol".into(),
@@ -543,41 +527,23 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
 #[test]
 fn the_event_header_decides_not_the_body() {
     // An `issues.labeled` body announced as a pull-request event is a pull request `labeled`.
-    assert_eq!(
-        parse_event("pull_request", ISSUES_LABELED).unwrap(),
-        other("pull_request", Some("labeled"))
-    );
-    assert_eq!(
-        parse_event("issues", PR_CLOSED).unwrap(),
-        other("issues", Some("closed"))
-    );
+    assert_other("pull_request", ISSUES_LABELED, Some("labeled"));
+    assert_other("issues", PR_CLOSED, Some("closed"));
     // Any body (a JSON object) under `ping` is a ping.
     assert!(matches!(
         parse_event("ping", PR_CLOSED).unwrap(),
         WebhookEvent::Ping { hook_id: None, .. }
     ));
     // Names are GitHub's, exactly: no case folding.
-    assert_eq!(
-        parse_event("Issues", ISSUES_LABELED).unwrap(),
-        other("Issues", Some("labeled"))
-    );
+    assert_other("Issues", ISSUES_LABELED, Some("labeled"));
     // Events agentry does not act on, with and without an action.
-    assert_eq!(
-        parse_event("push", br#"{"ref": "refs/heads/main"}"#).unwrap(),
-        other("push", None)
-    );
-    assert_eq!(
-        parse_event("issue_comment", br#"{"action": "edited"}"#).unwrap(),
-        other("issue_comment", Some("edited"))
-    );
-    assert_eq!(parse_event("", b"{}").unwrap(), other("", None));
+    assert_other("push", br#"{"ref": "refs/heads/main"}"#, None);
+    assert_other("issue_comment", br#"{"action": "edited"}"#, Some("edited"));
+    assert_other("", b"{}", None);
     // A ping body under `issues` has no action: ignored, not an error.
-    assert_eq!(parse_event("issues", PING).unwrap(), other("issues", None));
+    assert_other("issues", PING, None);
     // An action that is not a string is no action.
-    assert_eq!(
-        parse_event("issues", br#"{"action": 7}"#).unwrap(),
-        other("issues", None)
-    );
+    assert_other("issues", br#"{"action": 7}"#, None);
 }
 
 #[test]
@@ -643,6 +609,21 @@ fn a_body_that_is_not_one_json_object_is_an_error_for_every_event() {
 type Edit = fn(&mut Value);
 
 /// The error of `parse_event(event, body)`, which must fail.
+/// Asserts that the parse error `message` names the `event`, its `action` and the `member`
+/// (a dotted path), or its parent missing its last part.
+#[track_caller]
+fn assert_names_member(message: &str, event: &str, action: &str, member: &str) {
+    assert!(
+        message.contains(&format!("`{event}` event, action `{action}`")),
+        "{message}"
+    );
+    let (parent, leaf) = member.rsplit_once('.').unwrap_or(("", member));
+    assert!(
+        message.contains(member) || message.contains(&format!("{parent}: missing field `{leaf}`")),
+        "{member}: {message}"
+    );
+}
+
 fn parse_error(event: &str, body: &[u8]) -> String {
     match parse_event(event, body) {
         Ok(e) => panic!("parsed as {e:?}"),
@@ -718,16 +699,7 @@ fn a_pull_request_closed_missing_a_needed_member_is_an_error_naming_it() {
     ];
     for (member, change) in cases {
         let message = parse_error("pull_request", &with_json(PR_CLOSED, change));
-        assert!(
-            message.contains("`pull_request` event, action `closed`"),
-            "{message}"
-        );
-        let (parent, leaf) = member.rsplit_once('.').unwrap_or(("", member));
-        assert!(
-            message.contains(member)
-                || message.contains(&format!("{parent}: missing field `{leaf}`")),
-            "{member}: {message}"
-        );
+        assert_names_member(&message, "pull_request", "closed", member);
     }
 }
 

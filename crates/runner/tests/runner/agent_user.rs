@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use crate::limits::{agent, reported, runner};
-use crate::sandbox::{Rig, run, sandbox_works_here};
+use crate::sandbox::{Rig, assert_verdict, failure, run, sandbox_works_here};
 use crate::support::git;
 use agentry_runner::user::AgentUser;
 use agentry_runner::{Sandbox, SandboxMode, Verdict};
@@ -70,9 +70,7 @@ async fn an_unusable_agent_user_refuses_the_agent_with_its_reason() {
         rig.job(Uuid::new_v4(), "Never runs"),
     )
     .await;
-    let Verdict::Failed(message) = &execution.verdict else {
-        panic!("{:?}", execution.verdict);
-    };
+    let message = failure(&execution);
     assert!(
         message.contains("there is no user \"no-such-user-here\"")
             && message.contains("AGENTRY_ALLOW_ROOT=1"),
@@ -91,8 +89,7 @@ fn nix_is_not_root() -> bool {
 /// gateway and the proxy through the run's sockets, and nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_of_another_user_reaches_the_gateway_and_the_proxy() {
-    use agentry_runner::network::Network;
-    use agentry_runner::{LocalConfig, LocalRunner, NetworkConfig};
+    use agentry_runner::{LocalConfig, LocalRunner};
     use std::os::unix::fs::PermissionsExt;
     use std::sync::Arc;
     if !sandbox_works_here() || nix_is_not_root() {
@@ -109,19 +106,11 @@ async fn an_agent_of_another_user_reaches_the_gateway_and_the_proxy() {
     let user = AgentUser::resolve(0, None, false, true).unwrap();
     let runner = Arc::new(LocalRunner::new(LocalConfig {
         claude_bin: checker,
-        network: Some(NetworkConfig {
-            provider: Arc::clone(&network) as Arc<dyn Network>,
-            forwarder: vec![forwarder.display().to_string()],
-        }),
+        network: crate::network::network_config(&network, &forwarder.display().to_string()),
         ..rig.config(Sandbox::new(SandboxMode::Auto).with_agent_user(user))
     }));
     let task = Uuid::new_v4();
     let execution = run(&runner, rig.job(task, "Check the network")).await;
-    assert_eq!(
-        execution.verdict,
-        Verdict::NoChanges,
-        "{}",
-        execution.output
-    );
+    assert_verdict(&execution, Verdict::NoChanges);
     crate::network::assert_only_gateway_and_proxy(&rig, task);
 }

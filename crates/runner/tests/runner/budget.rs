@@ -57,10 +57,8 @@ impl Rig {
     fn codex_job(&self, task_id: Uuid, model: &str, allowance: Option<Usd>, prompt: &str) -> Job {
         Job {
             agent: AgentSpec {
-                agent_type: AgentType::Codex,
-                model: model.into(),
-                max_turns: None,
                 max_budget_usd: allowance,
+                ..AgentSpec::unlimited(AgentType::Codex, model)
             },
             wall_time: Duration::from_secs(600),
             ..self.job(task_id, prompt)

@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{PATH, fake};
+use crate::support::{EXITED_0, PATH, fake};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, Launch, OutputParser, arguments};
@@ -55,12 +55,7 @@ fn claude_args(model: &str) -> Vec<String> {
 /// (`--dangerously-bypass-approvals-and-sandbox`) unless `workspace_write`, with `-c
 /// openai_base_url=…` when `base_url` is given.
 fn codex_args_with(model: &str, workspace_write: bool, base_url: Option<&str>) -> Vec<String> {
-    let spec = AgentSpec {
-        agent_type: AgentType::Codex,
-        model: model.into(),
-        max_turns: None,
-        max_budget_usd: None,
-    };
+    let spec = AgentSpec::unlimited(AgentType::Codex, model);
     let launch = Launch {
         sandboxed: !workspace_write,
         review: false,
@@ -158,16 +153,24 @@ fn fake_command(name: &str, args: &[String], home: &Path, cwd: &Path) -> Command
     command
 }
 
-/// Runs a fake with only `PATH` and `HOME` (a fresh directory), in a fresh directory.
-fn run_fake_any(name: &str, args: &[String], prompt: &str) -> Run {
+/// Starts the fake `name` with `args` ([`fake_command`]) in a fresh working directory with
+/// a fresh `HOME`, its stdin and stdout piped and its stderr to `stderr`; returns it, its
+/// `HOME` and its working directory.
+fn start_fake(name: &str, args: &[String], stderr: Stdio) -> (Child, TempDir, TempDir) {
     let home = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
-    let mut child = fake_command(name, args, home.path(), cwd.path())
+    let child = fake_command(name, args, home.path(), cwd.path())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .unwrap();
+    (child, home, cwd)
+}
+
+/// Runs a fake with only `PATH` and `HOME` (a fresh directory), in a fresh directory.
+fn run_fake_any(name: &str, args: &[String], prompt: &str) -> Run {
+    let (mut child, home, cwd) = start_fake(name, args, Stdio::piped());
     // A fake that refuses its arguments reads no prompt.
     let _ = child.stdin.take().unwrap().write_all(prompt.as_bytes());
     let output = child.wait_with_output().unwrap();
@@ -199,6 +202,21 @@ fn codex(prompt: &str) -> (Run, RunReport) {
     (run, report)
 }
 
+/// The fake Claude Code on `prompt`, once it printed its init event.
+fn claude_live(prompt: &str) -> Live {
+    Live::start(
+        "claude",
+        &claude_args(CLAUDE_MODEL),
+        prompt,
+        "\"subtype\":\"init\"",
+    )
+}
+
+/// The fake Codex on `prompt`, once its stdout holds `until`.
+fn codex_live(prompt: &str, until: &str) -> Live {
+    Live::start("codex", &codex_args(CODEX_MODEL), prompt, until)
+}
+
 /// The report of a Codex run read as agentry reads it: stdout and the session files of its
 /// `HOME`.
 fn codex_report(stdout: &str, home: &Path, model: &str) -> RunReport {
@@ -223,6 +241,14 @@ fn version(name: &str) -> String {
 
 fn cost(report: &RunReport) -> Option<String> {
     report.cost_usd.map(|c| c.to_string())
+}
+
+/// Asserts that every line of `stdout` is JSON.
+#[track_caller]
+fn assert_json_lines(stdout: &str) {
+    for line in stdout.lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    }
 }
 
 /// The JSON object of the last line of `stdout` whose `type` is `kind`.
@@ -294,15 +320,10 @@ struct Live {
 }
 
 impl Live {
-    fn start(name: &str, args: &[String], prompt: &str) -> Live {
-        let home = tempfile::tempdir().unwrap();
-        let cwd = tempfile::tempdir().unwrap();
-        let mut child = fake_command(name, args, home.path(), cwd.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+    /// Starts the fake `name` with `args` on `prompt`, and waits until its stdout holds
+    /// `until`.
+    fn start(name: &str, args: &[String], prompt: &str, until: &str) -> Live {
+        let (mut child, home, cwd) = start_fake(name, args, Stdio::null());
         child
             .stdin
             .take()
@@ -321,13 +342,15 @@ impl Live {
                 sink.lock().unwrap().extend_from_slice(&buf[..n]);
             }
         });
-        Live {
+        let live = Live {
             child,
             stdout,
             reader: Some(reader),
             home,
             cwd,
-        }
+        };
+        live.wait_for(until);
+        live
     }
 
     fn stdout(&self) -> String {
@@ -419,12 +442,7 @@ fn claude_reports_the_model_it_was_given_its_cwd_and_permission_mode() {
         run.cwd.path().canonicalize().unwrap()
     );
     // Inside agentry's sandbox the permission mode is bypassPermissions: echoed.
-    let spec = AgentSpec {
-        agent_type: AgentType::ClaudeCode,
-        model: CLAUDE_MODEL.into(),
-        max_turns: None,
-        max_budget_usd: None,
-    };
+    let spec = AgentSpec::unlimited(AgentType::ClaudeCode, CLAUDE_MODEL);
     let sandboxed = Launch {
         sandboxed: true,
         review: false,
@@ -447,9 +465,7 @@ fn claude_prompt_with_quotes_backslashes_and_newlines_parses() {
         r.final_text.as_deref(),
         Some("Done: Fix \"quoted\" C:\\path\\ {\"a\":1} \\nand é✓ [fake:no-changes]")
     );
-    for line in run.stdout.lines() {
-        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    }
+    assert_json_lines(&run.stdout);
 }
 
 #[test]
@@ -457,9 +473,7 @@ fn claude_prompt_with_quotes_is_written_to_the_changes_file() {
     let (run, r) = claude("Say \"hi\" \\o/ it's\nrest");
     assert!(r.outcome.is_success());
     assert_eq!(run.changes().as_deref(), Some("Say \"hi\" \\o/ it's\n"));
-    for line in run.stdout.lines() {
-        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    }
+    assert_json_lines(&run.stdout);
     let tool = last_event(&run.stdout, "assistant");
     assert!(tool["message"]["content"][0]["text"].is_string());
 }
@@ -654,12 +668,7 @@ fn claude_version() {
 /// interrupts), the real CLI's `error_during_execution` result with the cost so far, exit 0.
 #[test]
 fn claude_on_sigint_reports_the_cost_so_far_and_exits_0() {
-    let mut live = Live::start(
-        "claude",
-        &claude_args(CLAUDE_MODEL),
-        "Interrupted [fake:sleep=60] [fake:cost=0.006500000000000001]",
-    );
-    live.wait_for("\"subtype\":\"init\"");
+    let mut live = claude_live("Interrupted [fake:sleep=60] [fake:cost=0.006500000000000001]");
     let (status, took) = live.signal(Signal::SIGINT);
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(took < SIGNAL_DEADLINE, "{took:?}");
@@ -692,12 +701,7 @@ fn claude_on_sigint_reports_the_cost_so_far_and_exits_0() {
 /// SIGTERM: nothing more printed, exit 143, at once.
 #[test]
 fn claude_on_sigterm_prints_nothing_more_and_exits_143() {
-    let mut live = Live::start(
-        "claude",
-        &claude_args(CLAUDE_MODEL),
-        "Terminated [fake:sleep=60]",
-    );
-    live.wait_for("\"subtype\":\"init\"");
+    let mut live = claude_live("Terminated [fake:sleep=60]");
     let (status, _) = live.signal(Signal::SIGTERM);
     assert_eq!(status.code(), Some(143), "{status:?}");
     let (stdout, _, _) = live.finish();
@@ -808,9 +812,7 @@ fn codex_prompt_with_quotes_backslashes_and_newlines_parses() {
         run.changes().as_deref(),
         Some("Use \"x\" \\ y\t{} it's $HOME `z`\n")
     );
-    for line in run.stdout.lines() {
-        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    }
+    assert_json_lines(&run.stdout);
 }
 
 #[test]
@@ -1006,12 +1008,10 @@ async fn codex_pause_directive_keeps_running_until_stopped() {
 /// stdout has no usage and the session file has every call.
 #[test]
 fn codex_hold_directive_withholds_the_usage_until_the_end() {
-    let mut live = Live::start(
-        "codex",
-        &codex_args(CODEX_MODEL),
+    let mut live = codex_live(
         "Held [fake:turns=2] [fake:hold=60]",
+        "\"text\":\"Done: Held",
     );
-    live.wait_for("\"text\":\"Done: Held");
     eventually(Duration::from_secs(20), "both calls recorded", || {
         records(&session_lines(live.home.path()), "token_usage_record").len() >= 2
     });
@@ -1031,12 +1031,10 @@ fn codex_hold_directive_withholds_the_usage_until_the_end() {
 /// SIGTERM kills the fake Codex at once, with nothing more printed.
 #[test]
 fn codex_on_sigterm_dies_of_it() {
-    let mut live = Live::start(
-        "codex",
-        &codex_args(CODEX_MODEL),
+    let mut live = codex_live(
         "Terminated [fake:turns=2] [fake:pause=60]",
+        "\"agent_message\"",
     );
-    live.wait_for("\"agent_message\"");
     let (status, _) = live.signal(Signal::SIGTERM);
     assert_eq!(status.signal(), Some(15), "{status:?}");
     let (stdout, _, _) = live.finish();
@@ -1082,13 +1080,7 @@ async fn sleep_directive(name: &str, args: Vec<String>, started_marker: &str) ->
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(
-        out.ended,
-        Ended::Exited {
-            code: Some(0),
-            signal: None
-        }
-    );
+    assert_eq!(out.ended, EXITED_0);
     let agent_pid: u32 = std::fs::read_to_string(home.path().join("agent.pid"))
         .unwrap()
         .trim()

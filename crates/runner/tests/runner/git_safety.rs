@@ -112,6 +112,50 @@ impl Rig {
         sha.to_owned()
     }
 
+    /// Runs a new task whose agent tampers with git (`[fake:tamper-git=PORT{how}]`), planting
+    /// a remote on a new [`Listener`]'s port.
+    async fn run_tampering(&self, how: &str) -> (Uuid, Execution, Listener) {
+        let listener = Listener::start();
+        let task = Uuid::new_v4();
+        let prompt = format!("Fix it [fake:tamper-git={}{how}]", listener.port);
+        let execution = self.run_with_token(task, &prompt).await;
+        (task, execution, listener)
+    }
+
+    /// Asserts that the run of `task_id` failed because the agent `did` something to git
+    /// (the message says so, and that nothing was committed or pushed), and that the remote
+    /// has no branch of it.
+    #[track_caller]
+    fn assert_refused(&self, task_id: Uuid, execution: &Execution, did: &str) {
+        let message = failure(execution);
+        assert!(
+            message.contains(&format!("{did}; nothing was committed or pushed")),
+            "{message}"
+        );
+        assert_eq!(self.remote_branch(task_id), "", "{did}");
+    }
+
+    /// Plants a repository with a `clean` filter at `path` of the worktree: asserts that the
+    /// run is refused, that the filter never ran and that nothing leaked.
+    async fn assert_nested_repository_refused(&self, path: &str) {
+        let listener = Listener::start();
+        let task = Uuid::new_v4();
+        let marker = self.dir().join("filter-ran");
+        let execution = self
+            .run_with_token(
+                task,
+                &format!("Fix it [fake:nested-repo={path},{}]", marker.display()),
+            )
+            .await;
+        self.assert_refused(
+            task,
+            &execution,
+            &format!("the agent created a nested git repository at {path}/.git"),
+        );
+        assert_filter_never_ran(self, task, &marker);
+        self.assert_nothing_leaked(task, &listener);
+    }
+
     /// Nothing the agent planted ran, nothing connected to the planted remote, and no file
     /// anywhere under the rig (the agent's HOME, the mirror, the remote) holds the token.
     fn assert_nothing_leaked(&self, task_id: Uuid, listener: &Listener) {
@@ -155,21 +199,12 @@ impl Rig {
 #[tokio::test]
 async fn a_rewritten_dot_git_fails_the_run_with_nothing_pushed_or_run() {
     let rig = rig();
-    let listener = Listener::start();
-    let task = Uuid::new_v4();
-    let execution = rig
-        .run_with_token(task, &format!("Fix it [fake:tamper-git={}]", listener.port))
-        .await;
-    let message = failure(&execution);
-    assert!(
-        message.contains("the agent modified the worktree's .git; nothing was committed or pushed"),
-        "{message}"
-    );
+    let (task, execution, listener) = rig.run_tampering("").await;
+    rig.assert_refused(task, &execution, "the agent modified the worktree's .git");
     // The fake really did rewrite it, with a usable git dir of its own.
     let evil = rig.home(task).join("evil.git");
     assert!(evil.join("config").exists());
     assert!(git(&["config", "remote.origin.url"], &evil).contains(&listener.port.to_string()));
-    assert_eq!(rig.remote_branch(task), "");
     rig.assert_nothing_leaked(task, &listener);
 }
 
@@ -179,19 +214,10 @@ async fn a_rewritten_dot_git_fails_the_run_with_nothing_pushed_or_run() {
 #[tokio::test]
 async fn planted_hooks_and_metadata_never_run_and_the_push_reaches_the_real_remote() {
     let rig = rig();
-    let listener = Listener::start();
-    let task = Uuid::new_v4();
-    let execution = rig
-        .run_with_token(
-            task,
-            &format!("Fix it [fake:tamper-git={}:metadata]", listener.port),
-        )
-        .await;
-    let Verdict::Pushed { branch, commit } = &execution.verdict else {
-        panic!("{:?}: {}", execution.verdict, execution.output);
-    };
-    assert_eq!(branch, &branch_name(task));
-    assert_eq!(&rig.remote_branch(task), commit);
+    let (task, execution, listener) = rig.run_tampering(":metadata").await;
+    let (branch, commit) = pushed(&execution);
+    assert_eq!(branch, branch_name(task));
+    assert_eq!(rig.remote_branch(task), commit);
     // The hooks were really planted in the mirror.
     let hook = rig
         .root
@@ -206,35 +232,28 @@ async fn planted_hooks_and_metadata_never_run_and_the_push_reaches_the_real_remo
 #[tokio::test]
 async fn a_rewritten_mirror_config_fails_the_run_and_is_repaired_for_the_next() {
     let rig = rig();
-    let listener = Listener::start();
-    let task = Uuid::new_v4();
-    let execution = rig
-        .run_with_token(
-            task,
-            &format!("Fix it [fake:tamper-git={}:config]", listener.port),
-        )
-        .await;
-    let message = failure(&execution);
-    assert!(
-        message.contains(
-            "the agent modified the git configuration of the repository's mirror; nothing was \
-             committed or pushed"
-        ),
-        "{message}"
+    let (task, execution, listener) = rig.run_tampering(":config").await;
+    rig.assert_refused(
+        task,
+        &execution,
+        "the agent modified the git configuration of the repository's mirror",
     );
-    assert_eq!(rig.remote_branch(task), "");
     rig.assert_nothing_leaked(task, &listener);
 
     let again = Uuid::new_v4();
     let execution = rig.run_with_token(again, "Fix it properly").await;
-    assert!(
-        matches!(execution.verdict, Verdict::Pushed { .. }),
-        "{:?}: {}",
-        execution.verdict,
-        execution.output
-    );
+    pushed(&execution);
     rig.assert_nothing_leaked(again, &listener);
     rig.assert_nothing_leaked(task, &listener);
+}
+
+/// The branch and the commit a run pushed (panics, with the output, on any other verdict).
+#[track_caller]
+fn pushed(execution: &Execution) -> (&str, &str) {
+    match &execution.verdict {
+        Verdict::Pushed { branch, commit } => (branch, commit),
+        other => panic!("{other:?}: {}", execution.output),
+    }
 }
 
 /// The fake's planted filter ran (as the service) if `$HOME/tampered-filter` or the marker
@@ -255,27 +274,7 @@ fn assert_filter_never_ran(rig: &Rig, task: Uuid, marker: &std::path::Path) {
 /// pushed, the filter never runs.
 #[tokio::test]
 async fn a_nested_repository_is_refused_and_its_filter_never_runs() {
-    let rig = rig();
-    let listener = Listener::start();
-    let task = Uuid::new_v4();
-    let marker = rig.dir().join("filter-ran");
-    let execution = rig
-        .run_with_token(
-            task,
-            &format!("Fix it [fake:nested-repo=lib/vendor,{}]", marker.display()),
-        )
-        .await;
-    let message = failure(&execution);
-    assert!(
-        message.contains(
-            "the agent created a nested git repository at lib/vendor/.git; nothing was \
-             committed or pushed"
-        ),
-        "{message}"
-    );
-    assert_filter_never_ran(&rig, task, &marker);
-    assert_eq!(rig.remote_branch(task), "");
-    rig.assert_nothing_leaked(task, &listener);
+    rig().assert_nested_repository_refused("lib/vendor").await;
 }
 
 /// The base commit has a submodule at `sub/` and the agent makes `sub/.git` a repository
@@ -285,26 +284,7 @@ async fn a_nested_repository_is_refused_and_its_filter_never_runs() {
 async fn a_repository_planted_in_a_submodule_is_refused_and_its_filter_never_runs() {
     let rig = rig();
     rig.add_submodule();
-    let listener = Listener::start();
-    let task = Uuid::new_v4();
-    let marker = rig.dir().join("filter-ran");
-    let execution = rig
-        .run_with_token(
-            task,
-            &format!("Fix it [fake:nested-repo=sub,{}]", marker.display()),
-        )
-        .await;
-    let message = failure(&execution);
-    assert!(
-        message.contains(
-            "the agent created a nested git repository at sub/.git; nothing was committed or \
-             pushed"
-        ),
-        "{message}"
-    );
-    assert_filter_never_ran(&rig, task, &marker);
-    assert_eq!(rig.remote_branch(task), "");
-    rig.assert_nothing_leaked(task, &listener);
+    rig.assert_nested_repository_refused("sub").await;
 }
 
 /// The names a case-insensitive, NTFS or HFS+ file system (or git itself) takes for
@@ -324,15 +304,11 @@ async fn names_git_takes_for_dot_git_are_refused() {
         let execution = rig
             .run_with_token(task, &format!("Fix it [fake:plant-dir=deep/{name}]"))
             .await;
-        let message = failure(&execution);
-        assert!(
-            message.contains(&format!(
-                "the agent created a nested git repository at deep/{name}; nothing was \
-                 committed or pushed"
-            )),
-            "{name:?}: {message}"
+        rig.assert_refused(
+            task,
+            &execution,
+            &format!("the agent created a nested git repository at deep/{name}"),
         );
-        assert_eq!(rig.remote_branch(task), "", "{name:?}");
     }
 }
 
@@ -358,35 +334,34 @@ async fn a_huge_dot_git_is_refused_without_reading_it() {
     let took = started.elapsed();
     let grown = peak_rss_kib().saturating_sub(before);
     eprintln!("sparse 3 GiB .git: refused in {took:?}, peak RSS grew by {grown} KiB");
-    let message = failure(&execution);
-    assert!(
-        message.contains("the agent modified the worktree's .git; nothing was committed or pushed"),
-        "{message}"
-    );
+    rig.assert_refused(task, &execution, "the agent modified the worktree's .git");
     assert!(grown < 200 * 1024, "the peak RSS grew by {grown} KiB");
     assert!(took < Duration::from_secs(60), "took {took:?}");
-    assert_eq!(rig.remote_branch(task), "");
+}
+
+/// Runs a task of `prompt` on a base with a submodule at `sub`: asserts that it pushed a
+/// commit in which `sub` is still the base's gitlink; returns the rig, the task and the
+/// commit.
+async fn run_over_a_submodule(prompt: &str) -> (Rig, Uuid, String) {
+    let rig = rig();
+    let sha = rig.add_submodule();
+    let task = Uuid::new_v4();
+    let execution = rig.run_with_token(task, prompt).await;
+    let commit = pushed(&execution).1.to_owned();
+    assert_eq!(
+        git(&["ls-tree", &commit, "sub"], &rig.bare),
+        format!("160000 commit {sha}\tsub")
+    );
+    (rig, task, commit)
 }
 
 /// The base's submodules are pushed as they were: files the agent wrote in a submodule's
 /// directory (without a `.git`) are not committed, and the gitlink keeps its commit.
 #[tokio::test]
 async fn the_base_gitlinks_are_kept_in_the_pushed_commit() {
-    let rig = rig();
-    let sha = rig.add_submodule();
-    let task = Uuid::new_v4();
-    let execution = rig
-        .run_with_token(task, "Fix it [fake:plant-dir=sub/inner]")
-        .await;
-    let Verdict::Pushed { commit, .. } = &execution.verdict else {
-        panic!("{:?}: {}", execution.verdict, execution.output);
-    };
-    assert_eq!(&rig.remote_branch(task), commit);
-    assert_eq!(
-        git(&["ls-tree", commit, "sub"], &rig.bare),
-        format!("160000 commit {sha}\tsub")
-    );
-    let files = git(&["ls-tree", "-r", "--name-only", commit], &rig.bare);
+    let (rig, task, commit) = run_over_a_submodule("Fix it [fake:plant-dir=sub/inner]").await;
+    assert_eq!(rig.remote_branch(task), commit);
+    let files = git(&["ls-tree", "-r", "--name-only", &commit], &rig.bare);
     let files: Vec<&str> = files.lines().collect();
     assert_eq!(
         files,
@@ -399,17 +374,5 @@ async fn the_base_gitlinks_are_kept_in_the_pushed_commit() {
 /// the base's commit (git would otherwise record the deletion).
 #[tokio::test]
 async fn a_deleted_submodule_directory_keeps_its_gitlink() {
-    let rig = rig();
-    let sha = rig.add_submodule();
-    let task = Uuid::new_v4();
-    let execution = rig
-        .run_with_token(task, "Fix it [fake:remove-path=sub]")
-        .await;
-    let Verdict::Pushed { commit, .. } = &execution.verdict else {
-        panic!("{:?}: {}", execution.verdict, execution.output);
-    };
-    assert_eq!(
-        git(&["ls-tree", commit, "sub"], &rig.bare),
-        format!("160000 commit {sha}\tsub")
-    );
+    run_over_a_submodule("Fix it [fake:remove-path=sub]").await;
 }

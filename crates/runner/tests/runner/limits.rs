@@ -16,6 +16,7 @@ use agentry_runner::{
 use uuid::Uuid;
 
 use crate::sandbox::{Rig, run, sandbox_works_here};
+use crate::support::write_program;
 
 /// The forwarder built with this crate.
 pub(crate) const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
@@ -33,8 +34,7 @@ const TAIL: &str = "printf '%s\\n' '{\"type\":\"result\",\"subtype\":\"success\"
 /// directory, readable and executable by everyone.
 pub(crate) fn agent(rig: &Rig, name: &str, body: &str) -> PathBuf {
     let path = rig.root.parent().unwrap().join(name);
-    std::fs::write(&path, format!("{HEAD}{body}{TAIL}")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_program(&path, &format!("{HEAD}{body}{TAIL}"));
     path
 }
 

@@ -22,15 +22,18 @@ use agentry_runner::network::{
 };
 use agentry_runner::process::Ended;
 use agentry_runner::{
-    AgentOutcome, AgentSpec, Execution, LocalConfig, LocalRunner, NetworkConfig, Runner, Sandbox,
+    AgentOutcome, AgentSpec, Execution, LocalConfig, LocalRunner, NetworkConfig, Sandbox,
     SandboxMode, Verdict,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use uuid::Uuid;
 
-use crate::sandbox::{Rig, processes_with_env, run, sandbox_works_here, start};
-use agentry_testkit::wait::eventually_async;
+use crate::sandbox::{
+    Rig, assert_pushed, assert_stopped_agent_reported, assert_verdict, failure, processes_with_env,
+    run, sandbox_works_here, start, wait_for_init, wait_for_no_process_with,
+};
+use crate::support::write_program;
 
 /// The forwarder built with this crate.
 const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
@@ -169,6 +172,26 @@ pub(crate) async fn host_server() -> (u16, Arc<AtomicUsize>) {
     (port, accepted)
 }
 
+/// `network` as a runner's, with `forwarder` run in the sandbox.
+pub(crate) fn network_config(network: &Arc<TestNetwork>, forwarder: &str) -> Option<NetworkConfig> {
+    Some(NetworkConfig {
+        provider: Arc::clone(network) as Arc<dyn Network>,
+        forwarder: vec![forwarder.to_owned()],
+    })
+}
+
+/// A rig with a sandboxed runner metered by a new [`TestNetwork`] ([`metered_runner`]), or
+/// `None` where the sandbox does not work.
+fn metered_rig() -> Option<(Rig, Arc<TestNetwork>, Arc<LocalRunner>)> {
+    if !sandbox_works_here() {
+        return None;
+    }
+    let rig = Rig::new();
+    let network = Arc::new(TestNetwork::default());
+    let runner = metered_runner(&rig, &network, Sandbox::new(SandboxMode::Auto));
+    Some((rig, network, runner))
+}
+
 /// A sandboxed runner of `rig` with `network`, the service holding [`SERVICE_KEY`] (and an
 /// OpenAI key, and a corporate proxy passed to agents).
 fn metered_runner(rig: &Rig, network: &Arc<TestNetwork>, sandbox: Sandbox) -> Arc<LocalRunner> {
@@ -190,10 +213,7 @@ fn metered_runner(rig: &Rig, network: &Arc<TestNetwork>, sandbox: Sandbox) -> Ar
                 ),
             ],
         },
-        network: Some(NetworkConfig {
-            provider: Arc::clone(network) as Arc<dyn Network>,
-            forwarder: vec![FORWARDER.to_owned()],
-        }),
+        network: network_config(network, FORWARDER),
         ..rig.config(sandbox)
     }))
 }
@@ -218,9 +238,9 @@ pub(crate) fn assert_only_gateway_and_proxy(rig: &Rig, task: Uuid) {
 /// without changing anything.
 pub(crate) fn network_checker(rig: &Rig, host_port: u16) -> PathBuf {
     let path = rig.root.parent().unwrap().join("netcheck");
-    std::fs::write(
+    write_program(
         &path,
-        format!(
+        &format!(
             r#"#!/bin/bash
 if [ "${{1:-}}" = --version ]; then echo "2.1.197 (Claude Code)"; exit 0; fi
 cat >/dev/null
@@ -241,9 +261,7 @@ printf 'interfaces %s\n' "$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' |
 printf '{{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"checked","total_cost_usd":0.01,"modelUsage":{{}}}}\n'
 "#
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     path
 }
 
@@ -262,20 +280,12 @@ async fn inside_the_sandbox_only_the_gateway_and_the_proxy_are_reachable() {
     let network = Arc::new(TestNetwork::default());
     let runner = Arc::new(LocalRunner::new(LocalConfig {
         claude_bin: checker.clone(),
-        network: Some(NetworkConfig {
-            provider: Arc::clone(&network) as Arc<dyn Network>,
-            forwarder: vec![FORWARDER.to_owned()],
-        }),
+        network: network_config(&network, FORWARDER),
         ..rig.config(Sandbox::new(SandboxMode::Auto))
     }));
     let task = Uuid::new_v4();
     let execution = run(&runner, rig.job(task, "Check the network")).await;
-    assert_eq!(
-        execution.verdict,
-        Verdict::NoChanges,
-        "{}",
-        execution.output
-    );
+    assert_verdict(&execution, Verdict::NoChanges);
     assert!(execution.sandboxed && execution.metered);
     assert_only_gateway_and_proxy(&rig, task);
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
@@ -293,12 +303,7 @@ async fn inside_the_sandbox_only_the_gateway_and_the_proxy_are_reachable() {
     }));
     let task = Uuid::new_v4();
     let execution = run(&shared, rig.job(task, "Check the network")).await;
-    assert_eq!(
-        execution.verdict,
-        Verdict::NoChanges,
-        "{}",
-        execution.output
-    );
+    assert_verdict(&execution, Verdict::NoChanges);
     assert!(execution.sandboxed && !execution.metered);
     let seen = std::fs::read_to_string(rig.home(task).join("net")).unwrap();
     assert!(seen.contains("host reached: host GET /\n"), "{seen}");
@@ -332,21 +337,13 @@ fn assert_no_service_key(home: &Path, execution: &Execution) {
 /// closed once it ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metered_claude_holds_the_run_key_and_not_the_service_credential() {
-    if !sandbox_works_here() {
+    let Some((rig, network, runner)) = metered_rig() else {
         return;
-    }
-    let rig = Rig::new();
-    let network = Arc::new(TestNetwork::default());
-    let runner = metered_runner(&rig, &network, Sandbox::new(SandboxMode::Auto));
+    };
     let task = Uuid::new_v4();
     let job = rig.job(task, "Do it");
     let execution = run(&runner, job.clone()).await;
-    assert!(
-        matches!(execution.verdict, Verdict::Pushed { .. }),
-        "{:?}\n{}",
-        execution.verdict,
-        execution.output
-    );
+    assert_pushed(&execution);
     assert!(execution.sandboxed && execution.metered);
     let opened = network.opened();
     assert_eq!(opened.len(), 1);
@@ -403,27 +400,14 @@ async fn a_metered_claude_holds_the_run_key_and_not_the_service_credential() {
 /// `openai_base_url` (on its command line).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metered_codex_gets_the_run_key_and_the_gateway_base_url() {
-    if !sandbox_works_here() {
+    let Some((rig, network, runner)) = metered_rig() else {
         return;
-    }
-    let rig = Rig::new();
-    let network = Arc::new(TestNetwork::default());
-    let runner = metered_runner(&rig, &network, Sandbox::new(SandboxMode::Auto));
+    };
     let task = Uuid::new_v4();
     let mut job = rig.job(task, "Do it");
-    job.agent = AgentSpec {
-        agent_type: AgentType::Codex,
-        model: "gpt-5-codex".into(),
-        max_turns: None,
-        max_budget_usd: None,
-    };
+    job.agent = AgentSpec::unlimited(AgentType::Codex, "gpt-5-codex");
     let execution = run(&runner, job).await;
-    assert!(
-        matches!(execution.verdict, Verdict::Pushed { .. }),
-        "{:?}\n{}",
-        execution.verdict,
-        execution.output
-    );
+    assert_pushed(&execution);
     assert!(execution.metered);
     let key = network.opened()[0].key.clone();
     let home = rig.home(task);
@@ -452,21 +436,13 @@ async fn a_metered_codex_gets_the_run_key_and_the_gateway_base_url() {
 /// and the network is closed. An agent's exit code passes through the forwarder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_metered_run_still_reports_and_exit_codes_pass_through() {
-    if !sandbox_works_here() {
+    let Some((rig, network, runner)) = metered_rig() else {
         return;
-    }
-    let rig = Rig::new();
-    let network = Arc::new(TestNetwork::default());
-    let runner = metered_runner(&rig, &network, Sandbox::new(SandboxMode::Auto));
+    };
     let task = Uuid::new_v4();
     let mut started = start(&runner, rig.job(task, "Sleep\n[fake:sleep=300]"));
     (&mut started.started).await.unwrap();
-    eventually_async(DEADLINE, "the agent's init event", async || {
-        runner
-            .live_output(task, 1)
-            .is_some_and(|output| output.contains("\"subtype\":\"init\""))
-    })
-    .await;
+    wait_for_init(&runner, task).await;
     let home = format!("HOME={}", rig.home(task).display());
     let pids = processes_with_env(&home);
     let cmdlines: Vec<String> = pids
@@ -485,20 +461,8 @@ async fn a_cancelled_metered_run_still_reports_and_exit_codes_pass_through() {
     let execution = started.handle.await.unwrap();
     assert_eq!(execution.verdict, Verdict::Cancelled);
     assert!(execution.sandboxed && execution.metered);
-    assert!(
-        execution.output.contains("\"error_during_execution\""),
-        "{}",
-        execution.output
-    );
-    let report = execution.report.as_ref().unwrap();
-    assert_eq!(
-        report.cost_usd.map(|c| c.to_string()).as_deref(),
-        Some("0.123456")
-    );
-    eventually_async(DEADLINE, "every process of the run to end", async || {
-        processes_with_env(&home).is_empty()
-    })
-    .await;
+    assert_stopped_agent_reported(&execution);
+    wait_for_no_process_with(&home).await;
     assert!(network.opened()[0].closed.load(Ordering::SeqCst));
 
     let task = Uuid::new_v4();
@@ -516,23 +480,15 @@ async fn a_cancelled_metered_run_still_reports_and_exit_codes_pass_through() {
 /// cost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_meter_stops_the_run_at_its_budget() {
-    if !sandbox_works_here() {
+    let Some((rig, network, runner)) = metered_rig() else {
         return;
-    }
-    let rig = Rig::new();
-    let network = Arc::new(TestNetwork::default());
-    let runner = metered_runner(&rig, &network, Sandbox::new(SandboxMode::Auto));
+    };
     let task = Uuid::new_v4();
     let mut job = rig.job(task, "Sleep\n[fake:sleep=300]");
     job.agent.max_budget_usd = Some(Usd::parse("0.5").unwrap());
     let mut started = start(&runner, job);
     (&mut started.started).await.unwrap();
-    eventually_async(DEADLINE, "the agent's init event", async || {
-        runner
-            .live_output(task, 1)
-            .is_some_and(|output| output.contains("\"subtype\":\"init\""))
-    })
-    .await;
+    wait_for_init(&runner, task).await;
     let meter = Arc::clone(&network.opened()[0].meter);
     meter.add(Some(Usd::parse("0.42").unwrap()));
     meter.add(None);
@@ -543,9 +499,7 @@ async fn an_exhausted_meter_stops_the_run_at_its_budget() {
         .unwrap();
     drop(started.cancel);
     assert_eq!(execution.ended, Some(Ended::Stopped));
-    let Verdict::Failed(message) = &execution.verdict else {
-        panic!("{:?}", execution.verdict);
-    };
+    let message = failure(&execution);
     assert!(
         message.starts_with("budget reached")
             && message.contains("its priced usage reached 0.42 USD; this run's limit was 0.5 USD"),

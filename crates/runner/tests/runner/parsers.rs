@@ -22,70 +22,120 @@ fn cost(report: &RunReport) -> Option<String> {
     report.cost_usd.map(|c| c.to_string())
 }
 
+/// What the sample tests check of a report, compared at once: all of it but the reason a
+/// cost is unknown and the warnings' text; the cost as its decimal text, the tokens as
+/// (all input, cache read, cache write, output).
+#[derive(Debug, PartialEq)]
+struct Figures<'a> {
+    outcome: AgentOutcome,
+    cost: Option<&'a str>,
+    model: Option<&'a str>,
+    tokens: (i64, i64, i64, i64),
+    turns: Option<i32>,
+    final_text: Option<&'a str>,
+    warnings: usize,
+}
+
+/// Checks `report` against `expected`, showing the whole report when they differ.
+#[track_caller]
+fn assert_figures(report: &RunReport, expected: Figures<'_>) {
+    let cost = cost(report);
+    let actual = Figures {
+        outcome: report.outcome.clone(),
+        cost: cost.as_deref(),
+        model: report.model.as_deref(),
+        tokens: (
+            report.input_tokens,
+            report.cache_read_tokens,
+            report.cache_write_tokens,
+            report.output_tokens,
+        ),
+        turns: report.turns,
+        final_text: report.final_text.as_deref(),
+        warnings: report.warnings.len(),
+    };
+    assert_eq!(actual, expected, "{report:#?}");
+}
+
+/// The fixture `name` as Codex output of `model`, priced with the built-in table.
+fn codex_fixture(name: &str, model: &str) -> RunReport {
+    parse_codex(&fixture(name), model, &PriceTable::builtin())
+}
+
 // ---------------------------------------------------------------- Claude Code
 
 #[test]
 fn claude_success() {
     let r = parse_claude(&fixture("claude_success.jsonl"));
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    assert_eq!(cost(&r).as_deref(), Some("0.123456"));
-    // The costlier of the two models, not the first nor the init one by accident.
-    assert_eq!(r.model.as_deref(), Some("claude-sonnet-4-5-20250929"));
-    // haiku 1203 + sonnet (26 + 74989 read + 9624 write).
-    assert_eq!(r.input_tokens, 1203 + 26 + 74_989 + 9_624);
-    assert_eq!(r.cache_read_tokens, 74_989);
-    assert_eq!(r.cache_write_tokens, 9_624);
-    assert_eq!(r.output_tokens, 61 + 1562);
-    assert_eq!(r.turns, Some(7));
-    assert_eq!(
-        r.final_text.as_deref(),
-        Some("Fixed the panic in `parse` by returning a `Result`; all tests pass.")
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::Success,
+            cost: Some("0.123456"),
+            // The costlier of the two models, not the first nor the init one by accident.
+            model: Some("claude-sonnet-4-5-20250929"),
+            // haiku 1203 + sonnet (26 + 74989 read + 9624 write).
+            tokens: (1203 + 26 + 74_989 + 9_624, 74_989, 9_624, 61 + 1562),
+            turns: Some(7),
+            final_text: Some("Fixed the panic in `parse` by returning a `Result`; all tests pass."),
+            warnings: 0,
+        },
     );
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
     assert!(r.outcome.is_success());
 }
 
 #[test]
 fn claude_max_turns_rounds_float_noise() {
-    let r = parse_claude(&fixture("claude_max_turns.jsonl"));
-    assert_eq!(r.outcome, AgentOutcome::MaxTurns);
-    // 0.10837215000000001 in the JSON text, rounded to nano-dollars.
-    assert_eq!(cost(&r).as_deref(), Some("0.10837215"));
-    assert_eq!(r.model.as_deref(), Some("claude-opus-4-1-20250805"));
-    assert_eq!(r.input_tokens, 61 + 210_455 + 31_077);
-    assert_eq!(r.cache_read_tokens, 210_455);
-    assert_eq!(r.cache_write_tokens, 31_077);
-    assert_eq!(r.output_tokens, 2208);
-    assert_eq!(r.turns, Some(11));
-    assert_eq!(r.final_text, None);
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_figures(
+        &parse_claude(&fixture("claude_max_turns.jsonl")),
+        Figures {
+            outcome: AgentOutcome::MaxTurns,
+            // 0.10837215000000001 in the JSON text, rounded to nano-dollars.
+            cost: Some("0.10837215"),
+            model: Some("claude-opus-4-1-20250805"),
+            tokens: (61 + 210_455 + 31_077, 210_455, 31_077, 2208),
+            turns: Some(11),
+            final_text: None,
+            warnings: 0,
+        },
+    );
 }
 
 #[test]
 fn claude_max_budget_with_exponent_cost() {
-    let r = parse_claude(&fixture("claude_max_budget.jsonl"));
-    assert_eq!(r.outcome, AgentOutcome::MaxBudget);
-    assert_eq!(r.cost_usd, Some(usd("0.000012")));
-    assert_eq!(r.turns, Some(23));
-    assert_eq!((r.input_tokens, r.output_tokens), (5, 1));
+    assert_figures(
+        &parse_claude(&fixture("claude_max_budget.jsonl")),
+        Figures {
+            outcome: AgentOutcome::MaxBudget,
+            cost: Some("0.000012"),
+            model: Some("claude-sonnet-4-5-20250929"),
+            tokens: (5, 0, 0, 1),
+            turns: Some(23),
+            final_text: None,
+            warnings: 0,
+        },
+    );
 }
 
 #[test]
 fn claude_error_during_execution() {
     let r = parse_claude(&fixture("claude_error_during_execution.jsonl"));
-    let AgentOutcome::Error(message) = &r.outcome else {
-        panic!("{:?}", r.outcome);
-    };
-    assert!(
-        message.starts_with("error_during_execution: API Error: 529"),
-        "{message}"
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::Error(
+                r#"error_during_execution: API Error: 529 {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+                    .into(),
+            ),
+            cost: Some("0.0311535"),
+            model: Some("claude-sonnet-4-5-20250929"),
+            tokens: (8003, 0, 8000, 20),
+            turns: Some(2),
+            final_text: None,
+            warnings: 1,
+        },
     );
-    assert!(message.contains("Overloaded"), "{message}");
-    assert_eq!(cost(&r).as_deref(), Some("0.0311535"));
-    assert_eq!(r.input_tokens, 8003);
-    assert_eq!(r.turns, Some(2));
     // The stderr noise on line 2 is skipped with a warning naming the line.
-    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
     assert!(
         r.warnings[0].starts_with("line 2: not JSON"),
         "{:?}",
@@ -96,16 +146,23 @@ fn claude_error_during_execution() {
 #[test]
 fn claude_truncated_is_unparseable_without_cost() {
     let r = parse_claude(&fixture("claude_truncated.jsonl"));
-    let AgentOutcome::Unparseable(message) = &r.outcome else {
-        panic!("{:?}", r.outcome);
-    };
-    assert!(message.contains("without a result event"), "{message}");
-    assert!(message.contains("none are known"), "{message}");
-    assert_eq!(r.cost_usd, None);
-    assert_eq!((r.input_tokens, r.output_tokens), (0, 0));
-    assert_eq!(r.turns, None);
-    // The init event's model is still reported.
-    assert_eq!(r.model.as_deref(), Some("claude-haiku-4-5-20251001"));
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::Unparseable(
+                "the output ended without a result event (cut off?); Claude Code reports cost \
+                 and tokens only in that event, so none are known"
+                    .into(),
+            ),
+            cost: None,
+            // The init event's model is still reported.
+            model: Some("claude-haiku-4-5-20251001"),
+            tokens: (0, 0, 0, 0),
+            turns: None,
+            final_text: None,
+            warnings: 1,
+        },
+    );
     assert!(r.warnings.iter().any(|w| w.starts_with("line 3: not JSON")));
 }
 
@@ -171,34 +228,24 @@ fn claude_success_subtype_with_is_error_is_an_error() {
 
 #[test]
 fn codex_success_prices_tokens_exactly() {
-    let r = parse_codex(
-        &fixture("codex_success.jsonl"),
-        "gpt-5-codex",
-        &PriceTable::builtin(),
+    assert_figures(
+        &codex_fixture("codex_success.jsonl", "gpt-5-codex"),
+        Figures {
+            outcome: AgentOutcome::Success,
+            // (500315·1.25 + 524448·0.125 + 100122·10) / 10⁶ = 1.69216975
+            cost: Some("1.69216975"),
+            model: Some("gpt-5-codex"),
+            tokens: (24_763 + 1_000_000, 24_448 + 500_000, 0, 122 + 100_000),
+            turns: Some(2),
+            final_text: Some("Fixed the off-by-one in `split_at`; all 13 tests pass."),
+            warnings: 0,
+        },
     );
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    assert_eq!(r.input_tokens, 24_763 + 1_000_000);
-    assert_eq!(r.cache_read_tokens, 24_448 + 500_000);
-    assert_eq!(r.cache_write_tokens, 0);
-    assert_eq!(r.output_tokens, 122 + 100_000);
-    assert_eq!(r.turns, Some(2));
-    assert_eq!(r.model.as_deref(), Some("gpt-5-codex"));
-    assert_eq!(
-        r.final_text.as_deref(),
-        Some("Fixed the off-by-one in `split_at`; all 13 tests pass.")
-    );
-    // (500315·1.25 + 524448·0.125 + 100122·10) / 10⁶ = 1.69216975
-    assert_eq!(cost(&r).as_deref(), Some("1.69216975"));
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 #[test]
 fn codex_unpriced_model_has_no_cost_and_a_warning() {
-    let r = parse_codex(
-        &fixture("codex_success.jsonl"),
-        "gpt-9-turbo",
-        &PriceTable::builtin(),
-    );
+    let r = codex_fixture("codex_success.jsonl", "gpt-9-turbo");
     assert_eq!(r.cost_usd, None);
     assert_eq!(r.output_tokens, 100_122);
     assert_eq!(r.warnings.len(), 1);
@@ -211,25 +258,23 @@ fn codex_unpriced_model_has_no_cost_and_a_warning() {
 
 #[test]
 fn codex_turn_failed() {
-    let r = parse_codex(
-        &fixture("codex_turn_failed.jsonl"),
-        "gpt-5-codex",
-        &PriceTable::builtin(),
+    assert_figures(
+        &codex_fixture("codex_turn_failed.jsonl", "gpt-5-codex"),
+        Figures {
+            outcome: AgentOutcome::Error(
+                "turn failed: stream disconnected before completion: Rate limit reached for \
+                 gpt-5-codex"
+                    .into(),
+            ),
+            // The completed turn's tokens are still priced: (5000·1.25 + 300·10) / 10⁶.
+            cost: Some("0.00925"),
+            model: Some("gpt-5-codex"),
+            tokens: (5000, 0, 0, 300),
+            turns: Some(1),
+            final_text: Some("Starting on the migration."),
+            warnings: 0,
+        },
     );
-    assert_eq!(
-        r.outcome,
-        AgentOutcome::Error(
-            "turn failed: stream disconnected before completion: Rate limit reached for gpt-5-codex"
-                .into()
-        )
-    );
-    assert_eq!(
-        (r.input_tokens, r.output_tokens, r.turns),
-        (5000, 300, Some(1))
-    );
-    // The completed turn's tokens are still priced: (5000·1.25 + 300·10) / 10⁶.
-    assert_eq!(cost(&r).as_deref(), Some("0.00925"));
-    assert_eq!(r.final_text.as_deref(), Some("Starting on the migration."));
 }
 
 #[test]
@@ -247,18 +292,21 @@ fn codex_error_then_completed_turn_is_a_warning() {
 
 #[test]
 fn codex_truncated_is_unparseable() {
-    let r = parse_codex(
-        &fixture("codex_truncated.jsonl"),
-        "gpt-5",
-        &PriceTable::builtin(),
+    let r = codex_fixture("codex_truncated.jsonl", "gpt-5");
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::Unparseable(
+                "the output has no turn.completed event (cut off?); no token usage is known".into(),
+            ),
+            cost: None,
+            model: Some("gpt-5"),
+            tokens: (0, 0, 0, 0),
+            turns: Some(0),
+            final_text: None,
+            warnings: 2,
+        },
     );
-    assert!(
-        matches!(r.outcome, AgentOutcome::Unparseable(_)),
-        "{:?}",
-        r.outcome
-    );
-    assert_eq!(r.cost_usd, None);
-    assert_eq!(r.turns, Some(0));
     assert!(
         r.warnings.iter().any(|w| w.starts_with("line 4: not JSON")),
         "{:?}",
@@ -273,10 +321,8 @@ fn codex_truncated_is_unparseable() {
 fn codex_cost_so_far_prices_each_usage_event_as_it_arrives() {
     let output = fixture("codex_success.jsonl");
     let spec = |allowance: &str| AgentSpec {
-        agent_type: AgentType::Codex,
-        model: "gpt-5-codex".into(),
-        max_turns: None,
         max_budget_usd: Some(usd(allowance)),
+        ..AgentSpec::unlimited(AgentType::Codex, "gpt-5-codex")
     };
     // (315·1.25 + 24448·0.125 + 122·10) / 10⁶ for the first turn; both turns as above.
     let (first, both) = (usd("0.00466975"), usd("1.69216975"));
@@ -348,182 +394,190 @@ fn recorded_from_float(printed: &str) -> Usd {
     Usd::from_nanos((float * 1e9).round() as i64).unwrap()
 }
 
+/// The recorded Claude Code output `name`, parsed, after checking that it printed the cost
+/// `printed` and that the report has it as [`recorded_from_float`] rounds it.
+fn claude_real(name: &str, printed: &str) -> RunReport {
+    let text = fixture(name);
+    assert_eq!(printed_number(&text, "total_cost_usd"), printed);
+    let r = parse_claude(&text);
+    assert_eq!(r.cost_usd, Some(recorded_from_float(printed)), "{name}");
+    r
+}
+
 #[test]
 fn claude_real_success() {
-    let text = fixture("claude_real_success.jsonl");
-    let r = parse_claude(&text);
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    assert_eq!(printed_number(&text, "total_cost_usd"), "0.0195");
-    assert_eq!(cost(&r).as_deref(), Some("0.0195"));
-    assert_eq!(r.model.as_deref(), Some("claude-sonnet-5"));
-    // modelUsage, the side request included: 2400 in + 8000 cache read + 2000 cache write.
-    assert_eq!(r.input_tokens, 2400 + 8000 + 2000);
-    assert_eq!(r.cache_read_tokens, 8000);
-    assert_eq!(r.cache_write_tokens, 2000);
-    assert_eq!(r.output_tokens, 160);
-    // One tool call and the final answer.
-    assert_eq!(r.turns, Some(2));
-    assert_eq!(
-        r.final_text.as_deref(),
-        Some("Done: added a line to AGENT_NOTES.md. (fake-models run r7e74d5b2fb9d)")
+    assert_figures(
+        &claude_real("claude_real_success.jsonl", "0.0195"),
+        Figures {
+            outcome: AgentOutcome::Success,
+            cost: Some("0.0195"),
+            model: Some("claude-sonnet-5"),
+            // modelUsage, the side request included: 2400 in + 8000 cache read + 2000 cache
+            // write.
+            tokens: (2400 + 8000 + 2000, 8000, 2000, 160),
+            // One tool call and the final answer.
+            turns: Some(2),
+            final_text: Some(
+                "Done: added a line to AGENT_NOTES.md. (fake-models run r7e74d5b2fb9d)",
+            ),
+            warnings: 0,
+        },
     );
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 /// A binary-float cost (`0.006500000000000001`) is recorded as the printed number rounded
 /// to 9 decimals: 0.0065.
 #[test]
 fn claude_real_review_in_a_bare_mirror_worktree() {
-    let text = fixture("claude_real_review_bare_mirror_worktree.jsonl");
-    let r = parse_claude(&text);
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    let printed = printed_number(&text, "total_cost_usd");
-    assert_eq!(printed, "0.006500000000000001");
-    assert_eq!(r.cost_usd, Some(usd("0.0065")));
-    assert_eq!(r.cost_usd, Some(recorded_from_float(&printed)));
-    assert_eq!(r.cost_usd, Some(Usd::from_json_number(&printed).unwrap()));
-    assert_eq!(r.model.as_deref(), Some("claude-haiku-4-5-20251001"));
-    assert_eq!(r.turns, Some(2));
-    assert_eq!(
-        (
-            r.input_tokens,
-            r.cache_read_tokens,
-            r.cache_write_tokens,
-            r.output_tokens
-        ),
-        (2400 + 8000 + 2000, 8000, 2000, 160)
+    let printed = "0.006500000000000001";
+    let r = claude_real("claude_real_review_bare_mirror_worktree.jsonl", printed);
+    assert_eq!(r.cost_usd, Some(Usd::from_json_number(printed).unwrap()));
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::Success,
+            cost: Some("0.0065"),
+            model: Some("claude-haiku-4-5-20251001"),
+            tokens: (2400 + 8000 + 2000, 8000, 2000, 160),
+            turns: Some(2),
+            // The refused `git diff` is in the final text, not an error of the run.
+            final_text: Some(
+                "fake-models review (fake-models run rc80d4f1502e1). Looks fine. What the \
+                 command gave: refused: This command requires approval",
+            ),
+            warnings: 0,
+        },
     );
-    // The refused `git diff` is in the final text, not an error of the run.
-    assert_eq!(
-        r.final_text.as_deref(),
-        Some(
-            "fake-models review (fake-models run rc80d4f1502e1). Looks fine. What the command \
-             gave: refused: This command requires approval"
-        )
-    );
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 #[test]
 fn claude_real_max_budget() {
-    let text = fixture("claude_real_max_budget.jsonl");
-    let r = parse_claude(&text);
-    assert_eq!(r.outcome, AgentOutcome::MaxBudget);
-    let printed = printed_number(&text, "total_cost_usd");
-    assert_eq!(printed, "1.5007500000000003");
-    // Over the $0.5 cap by the one call that crossed it.
-    assert_eq!(r.cost_usd, Some(usd("1.50075")));
-    assert_eq!(r.cost_usd, Some(recorded_from_float(&printed)));
-    assert_eq!(r.turns, Some(1));
-    assert_eq!((r.input_tokens, r.output_tokens), (400_200, 20_010));
-    assert_eq!(r.final_text, None);
+    let r = claude_real("claude_real_max_budget.jsonl", "1.5007500000000003");
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::MaxBudget,
+            // Over the $0.5 cap by the one call that crossed it.
+            cost: Some("1.50075"),
+            model: Some("claude-sonnet-5"),
+            tokens: (400_200, 0, 0, 20_010),
+            turns: Some(1),
+            final_text: None,
+            warnings: 0,
+        },
+    );
     assert_eq!(r.outcome.describe(), "the spending limit was reached");
 }
 
 #[test]
 fn claude_real_api_error() {
     let r = parse_claude(&fixture("claude_real_api_error.jsonl"));
-    assert_eq!(
-        r.outcome,
-        AgentOutcome::ApiError {
-            status: Some(400),
-            message: "fake-models refuses this request (API-ERROR)".into()
-        }
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::ApiError {
+                status: Some(400),
+                message: "fake-models refuses this request (API-ERROR)".into(),
+            },
+            // The session-title side request was answered and is paid for.
+            cost: Some("0.00075"),
+            model: Some("claude-sonnet-5"),
+            tokens: (200, 0, 0, 10),
+            turns: Some(1),
+            final_text: Some("API Error: 400 fake-models refuses this request (API-ERROR)"),
+            warnings: 0,
+        },
     );
     assert_eq!(
         r.outcome.describe(),
         "model API error 400: fake-models refuses this request (API-ERROR)"
     );
     assert!(!r.outcome.is_success());
-    // The session-title side request was answered and is paid for.
-    assert_eq!(cost(&r).as_deref(), Some("0.00075"));
-    assert_eq!(r.model.as_deref(), Some("claude-sonnet-5"));
-    assert_eq!((r.input_tokens, r.output_tokens), (200, 10));
-    assert_eq!(r.turns, Some(1));
 }
 
 /// Recorded here: Claude Code answering SIGINT (what agentry sends first to stop a run)
 /// with an `error_during_execution` result that has the cost so far.
 #[test]
 fn claude_real_sigint() {
-    let r = parse_claude(&fixture("claude_real_sigint.jsonl"));
-    assert_eq!(
-        r.outcome,
-        AgentOutcome::Error(
-            "error_during_execution: [ede_diagnostic] result_type=user last_content_type=n/a \
-             stop_reason=tool_use"
-                .into()
-        )
+    assert_figures(
+        &parse_claude(&fixture("claude_real_sigint.jsonl")),
+        Figures {
+            outcome: AgentOutcome::Error(
+                "error_during_execution: [ede_diagnostic] result_type=user \
+                 last_content_type=n/a stop_reason=tool_use"
+                    .into(),
+            ),
+            // The first call and the title request; the call interrupted is not in it.
+            cost: Some("0.0129"),
+            model: Some("claude-sonnet-5"),
+            tokens: (1200 + 3000 + 2000, 3000, 2000, 60),
+            turns: Some(3),
+            final_text: None,
+            warnings: 0,
+        },
     );
-    // The first call and the title request; the call interrupted is not in it.
-    assert_eq!(cost(&r).as_deref(), Some("0.0129"));
-    assert_eq!(r.turns, Some(3));
-    assert_eq!((r.input_tokens, r.output_tokens), (1200 + 3000 + 2000, 60));
-    assert_eq!(r.final_text, None);
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 /// Recorded here: `--max-turns 2`; the real CLI counts one more turn than its limit.
 #[test]
 fn claude_real_max_turns() {
-    let r = parse_claude(&fixture("claude_real_max_turns.jsonl"));
-    assert_eq!(r.outcome, AgentOutcome::MaxTurns);
-    assert_eq!(r.turns, Some(3));
-    assert_eq!(cost(&r).as_deref(), Some("0.02505"));
-    assert_eq!(r.final_text, None);
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_figures(
+        &parse_claude(&fixture("claude_real_max_turns.jsonl")),
+        Figures {
+            outcome: AgentOutcome::MaxTurns,
+            cost: Some("0.02505"),
+            model: Some("claude-sonnet-5"),
+            tokens: (12_200, 6000, 4000, 110),
+            turns: Some(3),
+            final_text: None,
+            warnings: 0,
+        },
+    );
 }
 
 /// `codex exec --json --model gpt-5`: one `turn.completed` at the end with every call
 /// summed, priced with the built-in table; the metadata noise (an `error` item) is ignored.
 #[test]
 fn codex_real_exec() {
-    let r = parse_codex(
-        &fixture("codex_real_exec.jsonl"),
-        "gpt-5",
-        &PriceTable::builtin(),
+    assert_figures(
+        &codex_fixture("codex_real_exec.jsonl", "gpt-5"),
+        Figures {
+            outcome: AgentOutcome::Success,
+            // (5000 × 1.25 + 4000 × 0.125 + 210 × 10) / 10⁶
+            cost: Some("0.00885"),
+            model: Some("gpt-5"),
+            tokens: (9000, 4000, 0, 210),
+            turns: Some(1),
+            final_text: Some(
+                "Done: added a line to AGENT_NOTES.md. (fake-models run caca84b6f5718)",
+            ),
+            warnings: 0,
+        },
     );
-    assert_eq!(r.outcome, AgentOutcome::Success);
-    assert_eq!(
-        (
-            r.input_tokens,
-            r.cache_read_tokens,
-            r.cache_write_tokens,
-            r.output_tokens
-        ),
-        (9000, 4000, 0, 210)
-    );
-    // (5000 × 1.25 + 4000 × 0.125 + 210 × 10) / 10⁶
-    assert_eq!(cost(&r).as_deref(), Some("0.00885"));
-    assert_eq!(r.turns, Some(1));
-    assert_eq!(r.model.as_deref(), Some("gpt-5"));
-    assert_eq!(
-        r.final_text.as_deref(),
-        Some("Done: added a line to AGENT_NOTES.md. (fake-models run caca84b6f5718)")
-    );
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 #[test]
 fn codex_real_api_error() {
-    let r = parse_codex(
-        &fixture("codex_real_api_error.jsonl"),
-        "gpt-5",
-        &PriceTable::builtin(),
-    );
-    assert_eq!(
-        r.outcome,
-        AgentOutcome::ApiError {
-            status: Some(400),
-            message: "fake-models refuses this request (API-ERROR)".into()
-        }
+    let r = codex_fixture("codex_real_api_error.jsonl", "gpt-5");
+    assert_figures(
+        &r,
+        Figures {
+            outcome: AgentOutcome::ApiError {
+                status: Some(400),
+                message: "fake-models refuses this request (API-ERROR)".into(),
+            },
+            cost: None,
+            model: Some("gpt-5"),
+            tokens: (0, 0, 0, 0),
+            turns: Some(0),
+            final_text: None,
+            warnings: 1,
+        },
     );
     assert_eq!(
         r.outcome.describe(),
         "model API error 400: fake-models refuses this request (API-ERROR)"
     );
-    assert_eq!(r.cost_usd, None);
-    assert_eq!(r.turns, Some(0));
 }
 
 /// Recorded here: Codex stopped by SIGINT after one answered call prints no usage; its

@@ -14,9 +14,9 @@ use agentry_runner::process::{
 };
 use agentry_runner::{AgentOutcome, RunReport};
 use agentry_testkit::wait::{eventually, eventually_async};
-use tokio::sync::watch;
 
-const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+use crate::support::{EXITED_0, PATH};
+use tokio::sync::watch;
 
 /// `sh -c script` in `dir`, with only `PATH` and `HOME` set.
 fn sh(dir: &Path, script: &str) -> AgentCommand {
@@ -45,9 +45,40 @@ fn limits(wall_secs: f64) -> Limits {
 /// Runs `cmd` with a cancel channel nobody uses, logging to `dir/logs/run.log`.
 async fn run(cmd: AgentCommand, dir: &Path, limits: Limits) -> ProcessOutcome {
     let (_tx, rx) = watch::channel(false);
-    run_process(cmd, &dir.join("logs/run.log"), limits, rx, |_| {})
+    run_cancellable(cmd, &dir.join("logs"), limits, rx)
         .await
         .unwrap()
+}
+
+/// Runs `cmd` logging to `log_dir/run.log`, cancelled when `cancel` turns true.
+async fn run_cancellable(
+    cmd: AgentCommand,
+    log_dir: &Path,
+    limits: Limits,
+    cancel: watch::Receiver<bool>,
+) -> Result<ProcessOutcome, ProcessError> {
+    run_process(cmd, &log_dir.join("run.log"), limits, cancel, |_| {}).await
+}
+
+/// Runs `script` in `dir` with 300 ms of wall time and `grace` between the stop signals;
+/// checks that it timed out within 10 s having printed `stdout`, and returns how long it
+/// took.
+async fn run_past_wall_time(dir: &Path, script: &str, grace: Duration, stdout: &str) -> Duration {
+    let start = Instant::now();
+    let out = run(
+        sh(dir, script),
+        dir,
+        Limits {
+            wall_time: Duration::from_millis(300),
+            stop_grace: grace,
+        },
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert_eq!(out.ended, Ended::TimedOut);
+    assert_eq!(out.stdout, stdout);
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    elapsed
 }
 
 /// Whether `pid` is gone: no such process, or a zombie nobody reaped yet (in a container
@@ -95,13 +126,7 @@ async fn output_is_captured_and_logged() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        out.ended,
-        Ended::Exited {
-            code: Some(0),
-            signal: None
-        }
-    );
+    assert_eq!(out.ended, EXITED_0);
     assert_eq!(out.stdout, "one\ntwo\n");
     assert!(!out.stdout_truncated);
     assert_eq!(out.stdout_bytes, 8);
@@ -240,7 +265,7 @@ async fn a_missing_program_is_an_error_naming_it() {
     let mut cmd = sh(dir.path(), "true");
     cmd.program = dir.path().join("absent/claude");
     let (_tx, rx) = watch::channel(false);
-    let err = run_process(cmd, &dir.path().join("run.log"), limits(30.0), rx, |_| {})
+    let err = run_cancellable(cmd, dir.path(), limits(30.0), rx)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("absent/claude"), "{err}");
@@ -253,15 +278,9 @@ async fn an_uncreatable_log_is_an_error_and_nothing_runs() {
     let marker = dir.path().join("ran");
     let cmd = sh(dir.path(), &format!("touch '{}'", marker.display()));
     let (_tx, rx) = watch::channel(false);
-    let err = run_process(
-        cmd,
-        &dir.path().join("file/run.log"),
-        limits(30.0),
-        rx,
-        |_| {},
-    )
-    .await
-    .unwrap_err();
+    let err = run_cancellable(cmd, &dir.path().join("file"), limits(30.0), rx)
+        .await
+        .unwrap_err();
     assert!(matches!(err, ProcessError::Log { .. }), "{err:?}");
     assert!(!marker.exists());
 }
@@ -269,21 +288,14 @@ async fn an_uncreatable_log_is_an_error_and_nothing_runs() {
 #[tokio::test]
 async fn wall_time_stops_the_process() {
     let dir = tempfile::tempdir().unwrap();
-    let start = Instant::now();
-    let out = run(
-        sh(dir.path(), "echo started; sleep 30"),
+    let elapsed = run_past_wall_time(
         dir.path(),
-        limits(0.3),
+        "echo started; sleep 30",
+        limits(0.3).stop_grace,
+        "started\n",
     )
     .await;
-    assert_eq!(out.ended, Ended::TimedOut);
-    assert_eq!(out.stdout, "started\n");
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        start.elapsed()
-    );
-    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(elapsed >= Duration::from_millis(300));
 }
 
 #[tokio::test]
@@ -295,9 +307,9 @@ async fn cancel_stops_the_process_and_its_grandchildren() {
         pidfile.display()
     );
     let (tx, rx) = watch::channel(false);
-    let log = dir.path().join("run.log");
+    let log_dir = dir.path().to_owned();
     let cmd = sh(dir.path(), &script);
-    let task = tokio::spawn(async move { run_process(cmd, &log, limits(300.0), rx, |_| {}).await });
+    let task = tokio::spawn(async move { run_cancellable(cmd, &log_dir, limits(300.0), rx).await });
     let start = Instant::now();
     eventually_async(
         Duration::from_secs(10),
@@ -329,15 +341,9 @@ async fn cancel_before_start_stops_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let (_tx, rx) = watch::channel(true);
     let start = Instant::now();
-    let out = run_process(
-        sh(dir.path(), "sleep 30"),
-        &dir.path().join("run.log"),
-        limits(300.0),
-        rx,
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let out = run_cancellable(sh(dir.path(), "sleep 30"), dir.path(), limits(300.0), rx)
+        .await
+        .unwrap();
     assert_eq!(out.ended, Ended::Cancelled);
     assert!(start.elapsed() < Duration::from_secs(10));
 }
@@ -347,22 +353,15 @@ async fn a_dropped_cancel_sender_does_not_cancel() {
     let dir = tempfile::tempdir().unwrap();
     let (tx, rx) = watch::channel(false);
     drop(tx);
-    let out = run_process(
+    let out = run_cancellable(
         sh(dir.path(), "sleep 0.3; echo finished"),
-        &dir.path().join("run.log"),
+        dir.path(),
         limits(30.0),
         rx,
-        |_| {},
     )
     .await
     .unwrap();
-    assert_eq!(
-        out.ended,
-        Ended::Exited {
-            code: Some(0),
-            signal: None
-        }
-    );
+    assert_eq!(out.ended, EXITED_0);
     assert_eq!(out.stdout, "finished\n");
 }
 
@@ -379,13 +378,7 @@ async fn grandchildren_left_after_a_normal_exit_are_killed() {
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(
-        out.ended,
-        Ended::Exited {
-            code: Some(0),
-            signal: None
-        }
-    );
+    assert_eq!(out.ended, EXITED_0);
     assert_eq!(out.stdout, "done\n");
     let grandchild = read_pid(&pidfile);
     wait_gone(grandchild);
@@ -428,76 +421,38 @@ fn which(name: &str) -> Result<PathBuf, ()> {
         .ok_or(())
 }
 
-/// A stop climbs the ladder: a process ignoring SIGINT and SIGTERM is killed after two
-/// graces.
+/// A stop climbs the ladder: SIGINT, SIGTERM after one grace, SIGKILL after two.
 #[tokio::test]
-async fn a_process_ignoring_sigint_and_sigterm_is_killed_after_the_graces() {
+async fn a_stop_climbs_the_ladder() {
     let dir = tempfile::tempdir().unwrap();
-    let start = Instant::now();
-    let out = run(
-        sh(dir.path(), "trap '' INT TERM; echo stubborn; sleep 300"),
-        dir.path(),
-        Limits {
-            wall_time: Duration::from_millis(300),
-            stop_grace: Duration::from_millis(700),
-        },
-    )
-    .await;
-    let elapsed = start.elapsed();
-    assert_eq!(out.ended, Ended::TimedOut);
-    assert_eq!(out.stdout, "stubborn\n");
-    assert!(elapsed >= Duration::from_millis(1700), "{elapsed:?}");
-    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
-}
-
-/// A stopped agent is interrupted first (SIGINT, as Ctrl-C), so it can print what it spent
-/// before it exits: here at once, long before the grace is over.
-#[tokio::test]
-async fn a_stop_interrupts_first_so_the_agent_can_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let start = Instant::now();
-    let out = run(
-        sh(
-            dir.path(),
+    for (script, grace, stdout, at_least) in [
+        // A stopped agent is interrupted first (SIGINT, as Ctrl-C), so it can print what it
+        // spent before it exits: here at once, long before the grace is over.
+        (
             "trap 'echo \"interrupted, spent 0.25\"; exit 130' INT; \
              trap 'echo terminated; exit 143' TERM; echo started; sleep 300 & wait",
+            Duration::from_secs(30),
+            "started\ninterrupted, spent 0.25\n",
+            Duration::ZERO,
         ),
-        dir.path(),
-        Limits {
-            wall_time: Duration::from_millis(300),
-            stop_grace: Duration::from_secs(30),
-        },
-    )
-    .await;
-    let elapsed = start.elapsed();
-    assert_eq!(out.ended, Ended::TimedOut);
-    assert_eq!(out.stdout, "started\ninterrupted, spent 0.25\n");
-    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
-}
-
-/// An agent that ignores SIGINT gets SIGTERM after the grace.
-#[tokio::test]
-async fn an_agent_deaf_to_sigint_is_terminated_after_the_grace() {
-    let dir = tempfile::tempdir().unwrap();
-    let start = Instant::now();
-    let out = run(
-        sh(
-            dir.path(),
-            "trap '' INT; trap 'echo terminated; exit 143' TERM; echo started; \
-             sleep 300 & wait",
+        // An agent that ignores SIGINT gets SIGTERM after the grace.
+        (
+            "trap '' INT; trap 'echo terminated; exit 143' TERM; echo started; sleep 300 & wait",
+            Duration::from_millis(500),
+            "started\nterminated\n",
+            Duration::from_millis(800),
         ),
-        dir.path(),
-        Limits {
-            wall_time: Duration::from_millis(300),
-            stop_grace: Duration::from_millis(500),
-        },
-    )
-    .await;
-    let elapsed = start.elapsed();
-    assert_eq!(out.ended, Ended::TimedOut);
-    assert_eq!(out.stdout, "started\nterminated\n");
-    assert!(elapsed >= Duration::from_millis(800), "{elapsed:?}");
-    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+        // A process ignoring SIGINT and SIGTERM is killed after two graces.
+        (
+            "trap '' INT TERM; echo stubborn; sleep 300",
+            Duration::from_millis(700),
+            "stubborn\n",
+            Duration::from_millis(1700),
+        ),
+    ] {
+        let elapsed = run_past_wall_time(dir.path(), script, grace, stdout).await;
+        assert!(elapsed >= at_least, "{stdout}: {elapsed:?}");
+    }
 }
 
 #[tokio::test]
@@ -507,13 +462,7 @@ async fn large_output_does_not_deadlock_and_is_complete() {
     let script = "(head -c 2000000 /dev/zero | tr '\\0' e >&2) & \
                   head -c 20000000 /dev/zero | tr '\\0' o; wait";
     let out = run(sh(dir.path(), script), dir.path(), limits(120.0)).await;
-    assert_eq!(
-        out.ended,
-        Ended::Exited {
-            code: Some(0),
-            signal: None
-        }
-    );
+    assert_eq!(out.ended, EXITED_0);
     // Memory keeps the end only; the log has all of it.
     assert_eq!(out.stdout.len(), STDOUT_MEMORY_CAP);
     assert!(out.stdout.bytes().all(|b| b == b'o'));
@@ -592,13 +541,7 @@ async fn output_beyond_every_cap_keeps_the_exact_cost_in_bounded_memory_and_disk
          echo '{RESULT}'; wait"
     );
     let (out, report) = run_claude(dir.path(), &script).await;
-    assert_eq!(
-        out.ended,
-        Ended::Exited {
-            code: Some(0),
-            signal: None
-        }
-    );
+    assert_eq!(out.ended, EXITED_0);
     assert_eq!(
         report.outcome,
         AgentOutcome::Success,

@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{PATH, fake, git, seeded_bare};
+use crate::support::{PATH, fake, git, seeded_bare, write_program};
 use agentry_domain::AgentType;
 use agentry_runner::workspace::{GitAuth, RepoSpec, branch_name};
 use agentry_runner::{
@@ -105,12 +105,7 @@ impl Rig {
                 host: "github.com".into(),
                 allow_local: true,
             },
-            agent: AgentSpec {
-                agent_type: AgentType::ClaudeCode,
-                model: "claude-sonnet-4-5-20250929".into(),
-                max_turns: None,
-                max_budget_usd: None,
-            },
+            agent: AgentSpec::unlimited(AgentType::ClaudeCode, "claude-sonnet-4-5-20250929"),
             prompt: prompt.to_owned(),
             auth: GitAuth::none(),
             wall_time: Duration::from_secs(120),
@@ -190,6 +185,64 @@ pub(crate) async fn run(runner: &Arc<LocalRunner>, job: Job) -> Execution {
     let execution = started.handle.await.unwrap();
     drop(started.cancel);
     execution
+}
+
+/// Asserts the run ended with `verdict`, showing its output if not.
+#[track_caller]
+pub(crate) fn assert_verdict(execution: &Execution, verdict: Verdict) {
+    assert_eq!(execution.verdict, verdict, "{}", execution.output);
+}
+
+/// Asserts the run pushed its change, showing its verdict and output if not.
+#[track_caller]
+pub(crate) fn assert_pushed(execution: &Execution) {
+    assert!(
+        matches!(execution.verdict, Verdict::Pushed { .. }),
+        "{:?}\n{}",
+        execution.verdict,
+        execution.output
+    );
+}
+
+/// Waits until the agent of `task`'s first attempt printed its init event, as the run's
+/// live output shows.
+pub(crate) async fn wait_for_init(runner: &LocalRunner, task: Uuid) {
+    eventually_async(
+        Duration::from_secs(30),
+        "the agent's init event in the output",
+        async || {
+            runner
+                .live_output(task, 1)
+                .is_some_and(|output| output.contains("\"subtype\":\"init\""))
+        },
+    )
+    .await;
+}
+
+/// Waits until no process carries `home` (`HOME=…`, the run's) any more.
+pub(crate) async fn wait_for_no_process_with(home: &str) {
+    eventually_async(
+        Duration::from_secs(30),
+        "every process of the run to end",
+        async || processes_with_env(home).is_empty(),
+    )
+    .await;
+}
+
+/// Asserts that the stopped fake agent (`[fake:sleep=…]`) got the stop and, like Claude Code
+/// on SIGINT, printed what it had spent.
+#[track_caller]
+pub(crate) fn assert_stopped_agent_reported(execution: &Execution) {
+    assert!(
+        execution.output.contains("\"error_during_execution\""),
+        "{}",
+        execution.output
+    );
+    let report = execution.report.as_ref().unwrap();
+    assert_eq!(
+        report.cost_usd.map(|c| c.to_string()).as_deref(),
+        Some("0.123456")
+    );
 }
 
 /// The message of a failed run (panics, with the output, on any other verdict).
@@ -331,12 +384,7 @@ async fn snoop_also(
     let seen =
         String::from_utf8_lossy(&std::fs::read(rig.home(task).join("snoop")).unwrap()).into_owned();
     // The agent's own work happened and was pushed.
-    assert!(
-        matches!(execution.verdict, Verdict::Pushed { .. }),
-        "{:?}\n{}",
-        execution.verdict,
-        execution.output
-    );
+    assert_pushed(&execution);
     let branch = format!("refs/heads/{}", branch_name(task));
     assert_eq!(
         git(&["show", &format!("{branch}:AGENT_CHANGES.md")], &rig.bare),
@@ -487,8 +535,35 @@ async fn an_unsandboxed_agent_reads_them_all() {
     }
 }
 
-/// Starts `[fake:sleep=300]` (which leaves `sleep 300 &` behind) sandboxed, and waits until
-/// its processes run: their host pids, all carrying the run's `HOME`.
+/// A sandboxed run of `[fake:sleep=300]` (which leaves `sleep 300 &` behind), started on a
+/// rig of its own.
+struct Sleeper {
+    rig: Rig,
+    task: Uuid,
+    started: Started,
+    /// `HOME=…` of the run, which all its processes carry.
+    home: String,
+}
+
+/// A [`Sleeper`] whose processes run, or `None` where the sandbox does not work.
+async fn sleeper() -> Option<Sleeper> {
+    if !sandbox_works_here() {
+        return None;
+    }
+    let rig = Rig::new();
+    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
+    let task = Uuid::new_v4();
+    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    Some(Sleeper {
+        rig,
+        task,
+        started,
+        home,
+    })
+}
+
+/// Starts `[fake:sleep=300]` sandboxed, and waits until its processes run: their host pids,
+/// all carrying the run's `HOME`.
 async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Started, String) {
     let mut started = start(runner, rig.job(task, "Sleep\n[fake:sleep=300]"));
     (&mut started.started).await.unwrap();
@@ -501,16 +576,7 @@ async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Sta
     .await;
     // The agent writes child.pid before it prints its first event: wait for that event to
     // reach the run's output too (on a loaded machine it can come much later).
-    eventually_async(
-        Duration::from_secs(20),
-        "the agent's init event in the output",
-        async || {
-            runner
-                .live_output(task, 1)
-                .is_some_and(|output| output.contains("\"subtype\":\"init\""))
-        },
-    )
-    .await;
+    wait_for_init(runner, task).await;
     let home = format!("HOME={}", rig.home(task).display());
     let pids = processes_with_env(&home);
     assert!(
@@ -530,35 +596,23 @@ async fn start_sleeper(rig: &Rig, runner: &Arc<LocalRunner>, task: Uuid) -> (Sta
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_sandboxed_run_leaves_no_process_behind() {
-    if !sandbox_works_here() {
+    let Some(Sleeper {
+        rig: _rig,
+        started,
+        home,
+        ..
+    }) = sleeper().await
+    else {
         return;
-    }
-    let rig = Rig::new();
-    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
-    let task = Uuid::new_v4();
-    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    };
     started.cancel.send(true).unwrap();
     let execution = started.handle.await.unwrap();
     assert_eq!(execution.verdict, Verdict::Cancelled);
     assert!(execution.sandboxed);
     // The stop reached the agent inside the sandbox (not bwrap, whose death would have
     // killed it silently): like Claude Code on SIGINT, it printed what it had spent.
-    assert!(
-        execution.output.contains("\"error_during_execution\""),
-        "{}",
-        execution.output
-    );
-    let report = execution.report.as_ref().unwrap();
-    assert_eq!(
-        report.cost_usd.map(|c| c.to_string()).as_deref(),
-        Some("0.123456")
-    );
-    eventually_async(
-        Duration::from_secs(10),
-        "every process of the run to end",
-        async || processes_with_env(&home).is_empty(),
-    )
-    .await;
+    assert_stopped_agent_reported(&execution);
+    wait_for_no_process_with(&home).await;
 }
 
 /// A review agent sees the change with git inside the sandbox (`git diff <base>...HEAD`,
@@ -581,7 +635,7 @@ async fn a_sandboxed_review_agent_reads_the_change_and_writes_no_git_metadata() 
     git(&["push", "-q", "origin", &branch], &work);
     // A review agent that runs the commands and tries to write its git metadata.
     let agent = rig.root.parent().unwrap().join("reviewer");
-    std::fs::write(
+    write_program(
         &agent,
         r#"#!/bin/sh
 if [ "${1:-}" = --version ]; then echo "2.1.197 (Claude Code)"; exit 0; fi
@@ -595,11 +649,7 @@ if git update-ref refs/heads/evil HEAD 2>/dev/null; then echo written >"$HOME/re
 printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"Looks fine.","total_cost_usd":0.01,"modelUsage":{}}
 '
 "#,
-    )
-    .unwrap();
-    let mut perms = std::fs::metadata(&agent).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&agent, perms).unwrap();
+    );
     let runner = Arc::new(LocalRunner::new(LocalConfig {
         claude_bin: agent,
         ..rig.config(Sandbox::new(SandboxMode::Auto))
@@ -612,13 +662,11 @@ printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"res
     };
     let execution = run(&runner, job).await;
     assert!(execution.sandboxed);
-    assert_eq!(
-        execution.verdict,
+    assert_verdict(
+        &execution,
         Verdict::Reviewed {
-            text: "Looks fine.".into()
+            text: "Looks fine.".into(),
         },
-        "{}",
-        execution.output
     );
     let home = rig.home(task);
     let read = |name: &str| std::fs::read_to_string(home.join(name)).unwrap();
@@ -635,29 +683,22 @@ printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn salvaging_a_dead_services_run_ends_its_whole_sandbox() {
-    if !sandbox_works_here() {
+    let Some(Sleeper {
+        rig,
+        task,
+        started,
+        home,
+    }) = sleeper().await
+    else {
         return;
-    }
-    let rig = Rig::new();
-    let runner = rig.runner(Sandbox::new(SandboxMode::Auto));
-    let task = Uuid::new_v4();
-    let (started, home) = start_sleeper(&rig, &runner, task).await;
+    };
     // Another runner over the same data directory (the restarted service) recovers it.
     let restarted = rig.runner(Sandbox::new(SandboxMode::Auto));
-    let spec = agentry_runner::AgentSpec {
-        agent_type: agentry_domain::AgentType::ClaudeCode,
-        model: "sonnet".into(),
-        max_turns: None,
-        max_budget_usd: None,
-    };
+    let spec =
+        agentry_runner::AgentSpec::unlimited(agentry_domain::AgentType::ClaudeCode, "sonnet");
     let output = restarted.salvage(task, 1, &spec).unwrap().output;
     assert!(output.contains("\"subtype\":\"init\""), "{output}");
-    eventually_async(
-        Duration::from_secs(10),
-        "every process of the run to end",
-        async || processes_with_env(&home).is_empty(),
-    )
-    .await;
+    wait_for_no_process_with(&home).await;
     let execution = started.handle.await.unwrap();
     assert!(
         matches!(execution.verdict, Verdict::Failed(_)),
@@ -711,18 +752,14 @@ async fn without_a_working_bwrap_agents_are_refused_and_nothing_starts() {
 async fn a_bwrap_without_network_namespaces_is_refused_with_the_reason() {
     let dir = TempDir::new().unwrap();
     let bwrap = dir.path().join("bwrap");
-    std::fs::write(
+    write_program(
         &bwrap,
         "#!/bin/sh\n\
          case \" $* \" in *\" --unshare-net \"*)\n\
          \techo 'bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted' >&2; exit 1 ;;\n\
          esac\n\
          exit 0\n",
-    )
-    .unwrap();
-    let mut perms = std::fs::metadata(&bwrap).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&bwrap, perms).unwrap();
+    );
     let refused = Sandbox::with_bwrap(&bwrap).check().await.unwrap_err();
     assert!(
         refused.contains("a trial run of")

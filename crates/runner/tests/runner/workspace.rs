@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::support::git;
-use agentry_runner::workspace::{GitAuth, GitError, RepoSpec, Workspaces, branch_name};
+use agentry_runner::workspace::{GitAuth, GitError, RepoSpec, Workspaces, Worktree, branch_name};
 use base64::Engine;
 use tempfile::TempDir;
 use uuid::Uuid;
@@ -40,11 +40,25 @@ impl Source {
     }
 
     fn commit(&self, file: &str, text: &str) -> String {
+        self.commit_to("main", file, text, file)
+    }
+
+    /// Commits `file` holding `text` in the working clone with `message`, pushes it to
+    /// `branch` of the bare repository, and returns the commit.
+    fn commit_to(&self, branch: &str, file: &str, text: &str, message: &str) -> String {
         std::fs::write(self.work.join(file), text).unwrap();
         git(&["add", file], &self.work);
-        git(&["commit", "-m", file], &self.work);
-        git(&["push", "origin", "HEAD:refs/heads/main"], &self.work);
+        git(&["commit", "-m", message], &self.work);
+        git(
+            &["push", "origin", &format!("HEAD:refs/heads/{branch}")],
+            &self.work,
+        );
         git(&["rev-parse", "HEAD"], &self.work)
+    }
+
+    /// The commit `branch` of the bare repository points at.
+    fn head_of(&self, branch: &str) -> String {
+        git(&["rev-parse", branch], &self.bare)
     }
 
     fn spec(&self) -> RepoSpec {
@@ -58,27 +72,65 @@ impl Source {
     }
 }
 
+/// A source repository and a workspace root to prepare its worktrees in.
+struct Rig {
+    source: Source,
+    root: TempDir,
+    ws: Workspaces,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let root = TempDir::new().unwrap();
+        let ws = Workspaces::new(root.path());
+        Rig {
+            source: Source::new(),
+            root,
+            ws,
+        }
+    }
+
+    /// A coding worktree for `task` on the source's `main`.
+    async fn coding(&self, task: Uuid) -> Worktree {
+        self.ws
+            .prepare_coding(&self.source.spec(), task, &GitAuth::none())
+            .await
+            .unwrap()
+    }
+
+    /// One attempt at `task`: its worktree with `text` committed into `fix.txt`, pushed,
+    /// then removed. Returns the commit and what the push answered.
+    async fn attempt(&self, task: Uuid, text: &str) -> (String, Result<(), GitError>) {
+        let wt = self.coding(task).await;
+        let commit = fix(&wt, text).await.unwrap().unwrap();
+        let pushed = wt.push(&GitAuth::none()).await;
+        wt.remove().await.unwrap();
+        (commit, pushed)
+    }
+}
+
+/// Writes `text` into `fix.txt` of `wt` and commits all as "Fix it".
+async fn fix(wt: &Worktree, text: &str) -> Result<Option<String>, GitError> {
+    std::fs::write(wt.path().join("fix.txt"), text).unwrap();
+    wt.commit_all("Fix it").await
+}
+
 #[tokio::test]
 async fn coding_worktree_commit_push_and_remove() {
-    let source = Source::new();
-    let main = git(&["rev-parse", "main"], &source.bare);
-    let root = TempDir::new().unwrap();
-    let ws = Workspaces::new(root.path());
+    let rig = Rig::new();
+    let Rig { source, root, .. } = &rig;
+    let main = source.head_of("main");
     let task = Uuid::new_v4();
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let wt = rig.coding(task).await;
     let branch = branch_name(task);
     assert_eq!(wt.branch(), Some(branch.as_str()));
     assert_eq!(wt.base_commit(), main);
     assert!(wt.path().join("README.md").exists());
     // Nothing changed: nothing to publish.
     assert_eq!(wt.commit_all("nothing").await.unwrap(), None);
-    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
-    let commit = wt.commit_all("Fix it").await.unwrap().unwrap();
+    let commit = fix(&wt, "fixed\n").await.unwrap().unwrap();
     wt.push(&GitAuth::none()).await.unwrap();
-    assert_eq!(git(&["rev-parse", &branch], &source.bare), commit);
+    assert_eq!(source.head_of(&branch), commit);
     assert_eq!(
         git(&["show", &format!("{branch}:fix.txt")], &source.bare),
         "fixed"
@@ -111,14 +163,10 @@ async fn coding_worktree_commit_push_and_remove() {
 
 #[tokio::test]
 async fn agent_commits_count_retries_reuse_the_branch_and_fetch_sees_new_commits() {
-    let source = Source::new();
-    let root = TempDir::new().unwrap();
-    let ws = Workspaces::new(root.path());
+    let rig = Rig::new();
+    let Rig { source, ws, .. } = &rig;
     let task = Uuid::new_v4();
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let wt = rig.coding(task).await;
     // The agent committed by itself; nothing is left uncommitted. Its commit is folded into
     // agentry's one commit on the base.
     std::fs::write(wt.path().join("a.txt"), "a\n").unwrap();
@@ -142,19 +190,13 @@ async fn agent_commits_count_retries_reuse_the_branch_and_fetch_sees_new_commits
     // A new commit on main, then a retry of the same task: a fresh branch from the new main,
     // force-pushed over the old one.
     let new_main = source.commit("CHANGELOG.md", "v2\n");
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let wt = rig.coding(task).await;
     assert_eq!(wt.base_commit(), new_main);
     assert!(!wt.path().join("a.txt").exists());
     std::fs::write(wt.path().join("b.txt"), "b\n").unwrap();
     let commit = wt.commit_all("second try").await.unwrap().unwrap();
     wt.push(&GitAuth::none()).await.unwrap();
-    assert_eq!(
-        git(&["rev-parse", &branch_name(task)], &source.bare),
-        commit
-    );
+    assert_eq!(source.head_of(&branch_name(task)), commit);
     wt.remove().await.unwrap();
 
     // A review checks the pushed branch out, detached.
@@ -175,21 +217,13 @@ async fn agent_commits_count_retries_reuse_the_branch_and_fetch_sees_new_commits
 
 #[tokio::test]
 async fn leftovers_of_a_crashed_run_are_repaired() {
-    let source = Source::new();
-    let root = TempDir::new().unwrap();
-    let ws = Workspaces::new(root.path());
+    let rig = Rig::new();
     let task = Uuid::new_v4();
-    let first = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let first = rig.coding(task).await;
     std::fs::write(first.path().join("half.txt"), "half\n").unwrap();
     // The process "died": the worktree was never removed.
     std::mem::forget(first);
-    let again = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let again = rig.coding(task).await;
     assert!(!again.path().join("half.txt").exists());
     again.remove().await.unwrap();
 }
@@ -327,9 +361,8 @@ async fn the_token_reaches_git_only_as_a_header() {
 /// A clone URL the code host reports is checked before any git command runs.
 #[tokio::test]
 async fn refused_clone_urls_run_no_git_at_all() {
-    let source = Source::new();
-    let root = TempDir::new().unwrap();
-    let ws = Workspaces::new(root.path());
+    let rig = Rig::new();
+    let Rig { source, root, ws } = &rig;
     for (url, allow_local) in [
         (source.bare.to_str().unwrap().to_owned(), false),
         ("https://evil.example/o/r.git".to_owned(), false),
@@ -361,86 +394,42 @@ async fn refused_clone_urls_run_no_git_at_all() {
 /// A branch of the task's name that holds someone else's commit is never overwritten.
 #[tokio::test]
 async fn a_foreign_branch_of_the_same_name_is_refused_and_left_as_it_was() {
-    let source = Source::new();
-    let root = TempDir::new().unwrap();
-    let ws = Workspaces::new(root.path());
+    let rig = Rig::new();
+    let Rig { source, .. } = &rig;
     let task = Uuid::new_v4();
     let branch = branch_name(task);
     // Someone else's commit on that branch, even one naming the task in its message.
-    std::fs::write(source.work.join("theirs.txt"), "theirs\n").unwrap();
-    git(&["add", "theirs.txt"], &source.work);
-    git(
-        &[
-            "commit",
-            "-m",
-            &format!("theirs\n\nAgentry-Task: {}", Uuid::new_v4()),
-        ],
-        &source.work,
+    let theirs = source.commit_to(
+        &branch,
+        "theirs.txt",
+        "theirs\n",
+        &format!("theirs\n\nAgentry-Task: {}", Uuid::new_v4()),
     );
-    git(
-        &["push", "origin", &format!("HEAD:refs/heads/{branch}")],
-        &source.work,
-    );
-    let theirs = git(&["rev-parse", &branch], &source.bare);
 
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
-    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
-    wt.commit_all("Fix it").await.unwrap().unwrap();
-    let err = wt.push(&GitAuth::none()).await.unwrap_err();
+    let err = rig.attempt(task, "fixed\n").await.1.unwrap_err();
     assert!(matches!(err, GitError::BranchTaken { .. }), "{err}");
     assert!(err.to_string().contains("is not this task's"), "{err}");
-    assert_eq!(git(&["rev-parse", &branch], &source.bare), theirs);
-    wt.remove().await.unwrap();
+    assert_eq!(source.head_of(&branch), theirs);
 
     // A retry replaces the task's own branch, but not once someone else pushed onto it.
     git(
         &["push", "origin", &format!(":refs/heads/{branch}")],
         &source.work,
     );
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
-    std::fs::write(wt.path().join("fix.txt"), "first\n").unwrap();
-    let first = wt.commit_all("Fix it").await.unwrap().unwrap();
-    wt.push(&GitAuth::none()).await.unwrap();
-    assert_eq!(git(&["rev-parse", &branch], &source.bare), first);
-    wt.remove().await.unwrap();
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
-    std::fs::write(wt.path().join("fix.txt"), "second\n").unwrap();
-    let second = wt.commit_all("Fix it").await.unwrap().unwrap();
-    wt.push(&GitAuth::none()).await.unwrap();
-    assert_eq!(git(&["rev-parse", &branch], &source.bare), second);
-    wt.remove().await.unwrap();
+    for text in ["first\n", "second\n"] {
+        let (commit, pushed) = rig.attempt(task, text).await;
+        pushed.unwrap();
+        assert_eq!(source.head_of(&branch), commit);
+    }
     git(&["fetch", "origin"], &source.work);
     git(
         &["checkout", "-q", "-B", "human", &format!("origin/{branch}")],
         &source.work,
     );
-    std::fs::write(source.work.join("human.txt"), "human\n").unwrap();
-    git(&["add", "human.txt"], &source.work);
-    git(&["commit", "-m", "a human's fix on top"], &source.work);
-    git(
-        &["push", "origin", &format!("HEAD:refs/heads/{branch}")],
-        &source.work,
-    );
-    let human = git(&["rev-parse", &branch], &source.bare);
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
-    std::fs::write(wt.path().join("fix.txt"), "third\n").unwrap();
-    wt.commit_all("Fix it").await.unwrap().unwrap();
-    let err = wt.push(&GitAuth::none()).await.unwrap_err();
+    let human = source.commit_to(&branch, "human.txt", "human\n", "a human's fix on top");
+    let err = rig.attempt(task, "third\n").await.1.unwrap_err();
     assert!(matches!(err, GitError::BranchTaken { .. }), "{err}");
-    assert_eq!(git(&["rev-parse", &branch], &source.bare), human);
-    wt.remove().await.unwrap();
+    assert_eq!(source.head_of(&branch), human);
 }
 
 /// What an agent writes into git metadata: a rewritten `.git` or a changed mirror
@@ -448,9 +437,8 @@ async fn a_foreign_branch_of_the_same_name_is_refused_and_left_as_it_was() {
 /// planted in the mirror never run.
 #[tokio::test]
 async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
-    let source = Source::new();
-    let root = TempDir::new().unwrap();
-    let ws = Workspaces::new(root.path());
+    let rig = Rig::new();
+    let Rig { source, root, .. } = &rig;
     let mirror = root.path().join("mirrors/repo-1.git");
     let marker_dir = TempDir::new().unwrap();
     let marker = |name: &str| marker_dir.path().join(name);
@@ -467,10 +455,7 @@ async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
 
     // 1. The `.git` file rewritten: nothing is committed.
     let task = Uuid::new_v4();
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let wt = rig.coding(task).await;
     std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
     let elsewhere = marker_dir.path().join("evil.git");
     git(
@@ -494,10 +479,7 @@ async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
     // 2. Hooks and an fsmonitor planted in the mirror and the worktree's metadata (the
     //    mirror's own configuration untouched): they never run; the push happens.
     let task = Uuid::new_v4();
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let wt = rig.coding(task).await;
     let meta = mirror.join("worktrees").join(task.to_string());
     for hook in [
         "pre-commit",
@@ -520,13 +502,9 @@ async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
         ),
     )
     .unwrap();
-    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
-    let commit = wt.commit_all("Fix it").await.unwrap().unwrap();
+    let commit = fix(&wt, "fixed\n").await.unwrap().unwrap();
     wt.push(&GitAuth::none()).await.unwrap();
-    assert_eq!(
-        git(&["rev-parse", &branch_name(task)], &source.bare),
-        commit
-    );
+    assert_eq!(source.head_of(&branch_name(task)), commit);
     wt.remove().await.unwrap();
     let ran: Vec<_> = std::fs::read_dir(marker_dir.path())
         .unwrap()
@@ -538,10 +516,7 @@ async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
 
     // 3. The mirror's configuration changed: refused; the next run repairs it.
     let task = Uuid::new_v4();
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
+    let wt = rig.coding(task).await;
     let mut config = std::fs::OpenOptions::new()
         .append(true)
         .open(mirror.join("config"))
@@ -553,17 +528,12 @@ async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
     )
     .unwrap();
     drop(config);
-    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
-    let err = wt.commit_all("Fix it").await.unwrap_err();
+    let err = fix(&wt, "fixed\n").await.unwrap_err();
     assert!(matches!(err, GitError::Tampered(_)), "{err}");
     wt.remove().await.unwrap();
     assert!(git(&["branch", "--list", &branch_name(task)], &source.bare).is_empty());
-    let wt = ws
-        .prepare_coding(&source.spec(), task, &GitAuth::none())
-        .await
-        .unwrap();
-    std::fs::write(wt.path().join("fix.txt"), "fixed\n").unwrap();
-    wt.commit_all("Fix it").await.unwrap().unwrap();
+    let wt = rig.coding(task).await;
+    fix(&wt, "fixed\n").await.unwrap().unwrap();
     wt.push(&GitAuth::none()).await.unwrap();
     wt.remove().await.unwrap();
 }

@@ -4,8 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
+use agentry_runner::process::Ended;
+
 #[allow(unused_imports, reason = "not every test binary uses both")]
 pub use agentry_testkit::git::{git, seeded_bare};
+
+/// How a process that exited with status 0 ended.
+pub const EXITED_0: Ended = Ended::Exited {
+    code: Some(0),
+    signal: None,
+};
 
 /// The `PATH` the agents get in these tests.
 pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -15,4 +23,11 @@ pub fn fake(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fake-agents")
         .join(name)
+}
+
+/// Writes the program `text` to `path`, readable and executable by everyone.
+pub fn write_program(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
