@@ -29,7 +29,6 @@
 //! applies from those states as from pr_opened.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -58,8 +57,11 @@ pub struct UnknownValue {
     pub expected: String,
 }
 
-/// Implements `ALL`, `as_str`, `Display` and `FromStr` for a fieldless enum
-/// whose serde wire names are the given strings.
+/// Implements `ALL`, `as_str`, `Display` and `FromStr` (a string that names no
+/// variant is an [`UnknownValue`]) for a fieldless enum whose wire names are the
+/// given strings: the serde names of this crate's enums, and the stored names of
+/// other crates' (which convert [`UnknownValue`] into their own error).
+#[macro_export]
 macro_rules! wire_enum {
     ($ty:ident, $kind:literal, [$($variant:ident => $wire:literal),+ $(,)?]) => {
         impl $ty {
@@ -75,14 +77,14 @@ macro_rules! wire_enum {
             }
         }
 
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.as_str())
             }
         }
 
-        impl FromStr for $ty {
-            type Err = UnknownValue;
+        impl ::std::str::FromStr for $ty {
+            type Err = $crate::UnknownValue;
 
             /// Parses an exact wire name (case-sensitive, no surrounding
             /// whitespace).
@@ -90,7 +92,7 @@ macro_rules! wire_enum {
                 Self::ALL
                     .into_iter()
                     .find(|v| v.as_str() == s)
-                    .ok_or_else(|| UnknownValue {
+                    .ok_or_else(|| $crate::UnknownValue {
                         kind: $kind,
                         value: s.to_owned(),
                         expected: Self::ALL.map(Self::as_str).join(", "),

@@ -1,4 +1,4 @@
-use agentry_domain::TransitionError;
+use agentry_domain::{TransitionError, UnknownValue};
 
 /// Everything a storage call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +35,13 @@ pub enum DbError {
     /// Any other database error.
     #[error("database error: {0}")]
     Query(#[source] diesel::result::Error),
+}
+
+/// A stored name that names no variant of its enumeration: the row does not decode.
+impl From<UnknownValue> for DbError {
+    fn from(e: UnknownValue) -> Self {
+        DbError::Corrupt(e.to_string())
+    }
 }
 
 impl From<diesel::result::Error> for DbError {

@@ -6,9 +6,6 @@
 //! host; these functions store it, inside the caller's transaction (each goes through
 //! [`write_tx`] or is a single statement, so it nests as a savepoint).
 
-use std::fmt;
-use std::str::FromStr;
-
 use agentry_domain::Task;
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
@@ -17,42 +14,6 @@ use uuid::Uuid;
 use crate::convert::{self, from_db, to_db};
 use crate::schema::{revision_feedback, task_runs, tasks};
 use crate::{AnyConnection, DbError, write_tx};
-
-/// Implements `ALL`, `as_str`, `Display` and `FromStr` (a stored value that names no variant
-/// is [`DbError::Corrupt`]) for a fieldless enum from its stored names.
-macro_rules! stored_enum {
-    ($ty:ident, $kind:literal, [$($variant:ident => $wire:literal),+ $(,)?]) => {
-        impl $ty {
-            /// Every variant, in declaration order.
-            pub const ALL: [$ty; <[&str]>::len(&[$(stringify!($variant)),+])] =
-                [$($ty::$variant),+];
-
-            /// The stored and API name.
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $($ty::$variant => $wire),+
-                }
-            }
-        }
-
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl FromStr for $ty {
-            type Err = DbError;
-
-            fn from_str(s: &str) -> Result<Self, DbError> {
-                Self::ALL
-                    .into_iter()
-                    .find(|k| k.as_str() == s)
-                    .ok_or_else(|| DbError::Corrupt(format!(concat!("unknown ", $kind, " {:?}"), s)))
-            }
-        }
-    };
-}
 
 /// Where a piece of feedback comes from; stored as `review`, `issue_comment`,
 /// `review_comment` or `agent_review`.
@@ -69,7 +30,7 @@ pub enum FeedbackSource {
     AgentReview,
 }
 
-stored_enum!(FeedbackSource, "feedback source", [
+agentry_domain::wire_enum!(FeedbackSource, "feedback source", [
     Review => "review",
     IssueComment => "issue_comment",
     ReviewComment => "review_comment",
@@ -90,7 +51,7 @@ pub enum FeedbackOutcome {
     Dropped,
 }
 
-stored_enum!(FeedbackOutcome, "feedback outcome", [
+agentry_domain::wire_enum!(FeedbackOutcome, "feedback outcome", [
     Waiting => "waiting",
     Taken => "taken",
     OverLimit => "over_limit",
@@ -386,7 +347,7 @@ pub enum RunTriggerKind {
     Revision,
 }
 
-stored_enum!(RunTriggerKind, "run trigger", [
+agentry_domain::wire_enum!(RunTriggerKind, "run trigger", [
     Assignment => "assignment",
     Retry => "retry",
     Revision => "revision",

@@ -35,9 +35,31 @@ const ROLLUP_LOCK_KEY: i64 = 0x6167_656e_7472_7902;
 /// The one row of `report_generation`.
 const GENERATION_ROW: i32 = 1;
 
+/// `a + sign × b`, checked: an overflow is a [`DbError::Conflict`].
+fn signed_add(a: i64, b: i64, sign: i64) -> Result<i64, DbError> {
+    b.checked_mul(sign)
+        .and_then(|b| a.checked_add(b))
+        .ok_or_else(|| DbError::Conflict("cost rollup overflow".into()))
+}
+
+/// Implements `combine(self, o, sign)` for a struct of `i64` sums: field by field,
+/// `self + sign × o`, checked ([`signed_add`]).
+macro_rules! combine_fields {
+    ($ty:ident: $($field:ident),+) => {
+        impl $ty {
+            fn combine(self, o: $ty, sign: i64) -> Result<$ty, DbError> {
+                Ok($ty {
+                    $($field: signed_add(self.$field, o.$field, sign)?,)+
+                })
+            }
+        }
+    };
+}
+
 /// Sums over a set of tasks, as stored in the rollups. `tasks` counts every task; the other
 /// members cover costed tasks (a recorded cost, zero included).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Queryable, Selectable, Insertable)]
+#[diesel(table_name = cc)]
 pub struct Sums {
     /// All tasks.
     pub tasks: i64,
@@ -53,15 +75,21 @@ pub struct Sums {
     pub output_tokens: i64,
 }
 
+combine_fields!(Sums: tasks, costed, cost_nanos, succeeded, input_tokens, output_tokens);
+
 /// Outcome sums over the units whose head is in a combination (docs/analytics.md): what a
 /// cumulative row holds besides [`Sums`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Queryable, Selectable, Insertable)]
+#[diesel(table_name = cc)]
 pub struct OutcomeSums {
     /// Merged pull requests: coding heads in `completed`.
+    #[diesel(column_name = outcome_merged)]
     pub merged: i64,
     /// Costed tasks of the units (heads and review subtasks).
+    #[diesel(column_name = outcome_costed)]
     pub costed: i64,
     /// The exact cost of the units' tasks, in nano-dollars.
+    #[diesel(column_name = outcome_cost_nanos)]
     pub cost_nanos: i64,
     /// The cost of the units whose head is merged.
     pub merged_cost_nanos: i64,
@@ -73,6 +101,9 @@ pub struct OutcomeSums {
     /// of `cost_nanos`.
     pub revision_cost_nanos: i64,
 }
+
+combine_fields!(OutcomeSums: merged, costed, cost_nanos, merged_cost_nanos, failed_cost_nanos,
+    merged_revisions, revision_cost_nanos);
 
 /// What the tasks of one unit (or one task of it) add to its outcome: costed tasks, their
 /// cost, the revision rounds (of the head only) and what the revision runs cost.
@@ -137,23 +168,6 @@ impl OutcomeSums {
         }
     }
 
-    fn combine(self, o: OutcomeSums, sign: i64) -> Result<OutcomeSums, DbError> {
-        let f = |a: i64, b: i64| {
-            b.checked_mul(sign)
-                .and_then(|b| a.checked_add(b))
-                .ok_or_else(|| DbError::Conflict("cost rollup overflow".into()))
-        };
-        Ok(OutcomeSums {
-            merged: f(self.merged, o.merged)?,
-            costed: f(self.costed, o.costed)?,
-            cost_nanos: f(self.cost_nanos, o.cost_nanos)?,
-            merged_cost_nanos: f(self.merged_cost_nanos, o.merged_cost_nanos)?,
-            failed_cost_nanos: f(self.failed_cost_nanos, o.failed_cost_nanos)?,
-            merged_revisions: f(self.merged_revisions, o.merged_revisions)?,
-            revision_cost_nanos: f(self.revision_cost_nanos, o.revision_cost_nanos)?,
-        })
-    }
-
     /// `self − other`, checked.
     pub fn minus(self, other: OutcomeSums) -> Result<OutcomeSums, DbError> {
         self.combine(other, -1)
@@ -161,10 +175,13 @@ impl OutcomeSums {
 }
 
 /// One cumulative row's figures: the task sums and the outcome sums.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Cum {
-    sums: Sums,
-    outcome: OutcomeSums,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Queryable, Selectable, Insertable)]
+#[diesel(table_name = cc)]
+pub(crate) struct Cum {
+    #[diesel(embed)]
+    pub(crate) sums: Sums,
+    #[diesel(embed)]
+    pub(crate) outcome: OutcomeSums,
 }
 
 impl Cum {
@@ -186,7 +203,8 @@ pub(crate) struct Contribution<'a> {
     pub(crate) repo_url: &'a str,
     pub(crate) task_type: TaskType,
     pub(crate) model: Option<&'a str>,
-    /// The task's state; the task is the head of its own outcome unit (it has no parent).
+    /// The task's state; where [`Deltas::add_parts`] places the outcome, the task is the head
+    /// of its own outcome unit (it has no parent).
     pub(crate) state: TaskState,
     pub(crate) sums: Sums,
 }
@@ -202,10 +220,10 @@ struct Head {
 impl Head {
     fn of(task: &Task) -> Head {
         Head {
-            combo: (
-                task.repo_url.as_str().to_owned(),
-                task.task_type.as_str().to_owned(),
-                task.model_used.clone().unwrap_or_default(),
+            combo: combo_of(
+                task.repo_url.as_str(),
+                task.task_type,
+                task.model_used.as_deref(),
             ),
             day: utc_day(task.created_at),
             class: Class::of(task.task_type, task.state),
@@ -252,22 +270,6 @@ impl Sums {
         }
     }
 
-    fn combine(self, o: Sums, sign: i64) -> Result<Sums, DbError> {
-        let f = |a: i64, b: i64| {
-            b.checked_mul(sign)
-                .and_then(|b| a.checked_add(b))
-                .ok_or_else(|| DbError::Conflict("cost rollup overflow".into()))
-        };
-        Ok(Sums {
-            tasks: f(self.tasks, o.tasks)?,
-            costed: f(self.costed, o.costed)?,
-            cost_nanos: f(self.cost_nanos, o.cost_nanos)?,
-            succeeded: f(self.succeeded, o.succeeded)?,
-            input_tokens: f(self.input_tokens, o.input_tokens)?,
-            output_tokens: f(self.output_tokens, o.output_tokens)?,
-        })
-    }
-
     /// `self + other`, checked.
     pub fn plus(self, other: Sums) -> Result<Sums, DbError> {
         self.combine(other, 1)
@@ -285,6 +287,15 @@ impl Sums {
 
 /// A (repository, task type, model) combination; model `""` is unknown.
 pub type Combo = (String, String, String);
+
+/// The combination of a repository, a task type and a model (`None`: unknown).
+fn combo_of(repo_url: &str, task_type: TaskType, model: Option<&str>) -> Combo {
+    (
+        repo_url.to_owned(),
+        task_type.as_str().to_owned(),
+        model.unwrap_or_default().to_owned(),
+    )
+}
 
 /// The UTC calendar day of a time.
 pub fn utc_day(t: OffsetDateTime) -> Date {
@@ -366,14 +377,15 @@ impl Deltas {
     /// review subtasks are not included: they contribute by themselves).
     pub fn add(&mut self, task: &Task, sign: i64) -> Result<(), DbError> {
         let sums = Sums::of(task);
-        self.add_task_sums(
-            task.created_at,
-            task.repo_url.as_str(),
-            task.task_type,
-            task.model_used.as_deref(),
+        let own = Contribution {
+            created_at: task.created_at,
+            repo_url: task.repo_url.as_str(),
+            task_type: task.task_type,
+            model: task.model_used.as_deref(),
+            state: task.state,
             sums,
-            sign,
-        )?;
+        };
+        self.add_sums(&own, OutcomeSums::default(), sign)?;
         let head = Head::of(task);
         let part = UnitPart::of(task, &sums);
         match (task.task_type, task.parent_task_id) {
@@ -398,12 +410,6 @@ impl Deltas {
     /// The task heads its own outcome unit, so its sums and its outcome go to the same
     /// cumulative row: one update (an import adds a million of these).
     pub(crate) fn add_parts(&mut self, c: Contribution<'_>, sign: i64) -> Result<(), DbError> {
-        let day = utc_day(c.created_at);
-        let combo = (
-            c.repo_url.to_owned(),
-            c.task_type.as_str().to_owned(),
-            c.model.unwrap_or_default().to_owned(),
-        );
         let class = Class::of(c.task_type, c.state);
         // Imported history has no revision rounds and no runs.
         let part = UnitPart {
@@ -411,7 +417,19 @@ impl Deltas {
             cost_nanos: c.sums.cost_nanos,
             ..UnitPart::default()
         };
-        let outcome = OutcomeSums::new(class, true, part);
+        self.add_sums(&c, OutcomeSums::new(class, true, part), sign)
+    }
+
+    /// Adds or removes a task's sums, with `outcome`, at its combination and day, and its
+    /// sums at its repository and day.
+    fn add_sums(
+        &mut self,
+        c: &Contribution<'_>,
+        outcome: OutcomeSums,
+        sign: i64,
+    ) -> Result<(), DbError> {
+        let day = utc_day(c.created_at);
+        let combo = combo_of(c.repo_url, c.task_type, c.model);
         let e = self.cumulative.entry((combo, day)).or_default();
         *e = e.combine(
             Cum {
@@ -422,34 +440,6 @@ impl Deltas {
         )?;
         let d = self.daily.entry((day, c.repo_url.to_owned())).or_default();
         *d = d.combine(c.sums, sign)?;
-        Ok(())
-    }
-
-    fn add_task_sums(
-        &mut self,
-        created_at: OffsetDateTime,
-        repo_url: &str,
-        task_type: TaskType,
-        model: Option<&str>,
-        sums: Sums,
-        sign: i64,
-    ) -> Result<(), DbError> {
-        let day = utc_day(created_at);
-        let combo = (
-            repo_url.to_owned(),
-            task_type.as_str().to_owned(),
-            model.unwrap_or_default().to_owned(),
-        );
-        let e = self.cumulative.entry((combo, day)).or_default();
-        *e = e.combine(
-            Cum {
-                sums,
-                ..Cum::default()
-            },
-            sign,
-        )?;
-        let d = self.daily.entry((day, repo_url.to_owned())).or_default();
-        *d = d.combine(sums, sign)?;
         Ok(())
     }
 
@@ -546,134 +536,37 @@ impl Deltas {
     }
 }
 
-type CumRow = (
-    String,
-    String,
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-);
-
-/// The columns of a [`CumRow`], in order.
-#[allow(
-    clippy::type_complexity,
-    reason = "the column list is the type; naming it would only repeat it"
-)]
-const CUM_COLUMNS: (
-    cc::repo_url,
-    cc::task_type,
-    cc::model,
-    cc::day,
-    cc::tasks,
-    cc::costed,
-    cc::cost_nanos,
-    cc::succeeded,
-    cc::input_tokens,
-    cc::output_tokens,
-    cc::outcome_merged,
-    cc::outcome_costed,
-    cc::outcome_cost_nanos,
-    cc::merged_cost_nanos,
-    cc::failed_cost_nanos,
-    cc::merged_revisions,
-    cc::revision_cost_nanos,
-) = (
-    cc::repo_url,
-    cc::task_type,
-    cc::model,
-    cc::day,
-    cc::tasks,
-    cc::costed,
-    cc::cost_nanos,
-    cc::succeeded,
-    cc::input_tokens,
-    cc::output_tokens,
-    cc::outcome_merged,
-    cc::outcome_costed,
-    cc::outcome_cost_nanos,
-    cc::merged_cost_nanos,
-    cc::failed_cost_nanos,
-    cc::merged_revisions,
-    cc::revision_cost_nanos,
-);
-
-fn cum_of(r: &CumRow) -> Cum {
-    Cum {
-        sums: Sums {
-            tasks: r.4,
-            costed: r.5,
-            cost_nanos: r.6,
-            succeeded: r.7,
-            input_tokens: r.8,
-            output_tokens: r.9,
-        },
-        outcome: OutcomeSums {
-            merged: r.10,
-            costed: r.11,
-            cost_nanos: r.12,
-            merged_cost_nanos: r.13,
-            failed_cost_nanos: r.14,
-            merged_revisions: r.15,
-            revision_cost_nanos: r.16,
-        },
-    }
-}
-
-#[derive(Insertable)]
+/// A row of `cost_cumulative`, as read and as written: a combination, a day (`YYYY-MM-DD`)
+/// and the cumulative figures through that day.
+#[derive(Debug, Clone, Queryable, Selectable, Insertable)]
 #[diesel(table_name = cc)]
-struct CumInsert<'a> {
-    repo_url: &'a str,
-    task_type: &'a str,
-    model: &'a str,
-    day: String,
-    tasks: i64,
-    costed: i64,
-    cost_nanos: i64,
-    succeeded: i64,
-    input_tokens: i64,
-    output_tokens: i64,
-    outcome_merged: i64,
-    outcome_costed: i64,
-    outcome_cost_nanos: i64,
-    merged_cost_nanos: i64,
-    failed_cost_nanos: i64,
-    merged_revisions: i64,
-    revision_cost_nanos: i64,
+pub(crate) struct CumRecord {
+    pub(crate) repo_url: String,
+    pub(crate) task_type: String,
+    pub(crate) model: String,
+    pub(crate) day: String,
+    #[diesel(embed)]
+    pub(crate) cum: Cum,
 }
 
-impl<'a> CumInsert<'a> {
-    fn new(combo: (&'a str, &'a str, &'a str), day: String, c: Cum) -> CumInsert<'a> {
-        CumInsert {
-            repo_url: combo.0,
-            task_type: combo.1,
-            model: combo.2,
-            day,
-            tasks: c.sums.tasks,
-            costed: c.sums.costed,
-            cost_nanos: c.sums.cost_nanos,
-            succeeded: c.sums.succeeded,
-            input_tokens: c.sums.input_tokens,
-            output_tokens: c.sums.output_tokens,
-            outcome_merged: c.outcome.merged,
-            outcome_costed: c.outcome.costed,
-            outcome_cost_nanos: c.outcome.cost_nanos,
-            merged_cost_nanos: c.outcome.merged_cost_nanos,
-            failed_cost_nanos: c.outcome.failed_cost_nanos,
-            merged_revisions: c.outcome.merged_revisions,
-            revision_cost_nanos: c.outcome.revision_cost_nanos,
+impl CumRecord {
+    fn new(combo: &Combo, day: Date, cum: Cum) -> CumRecord {
+        let (repo_url, task_type, model) = combo.clone();
+        CumRecord {
+            repo_url,
+            task_type,
+            model,
+            day: day_text(day),
+            cum,
         }
+    }
+
+    fn combo(&self) -> Combo {
+        (
+            self.repo_url.clone(),
+            self.task_type.clone(),
+            self.model.clone(),
+        )
     }
 }
 
@@ -806,26 +699,25 @@ pub fn report_stamp(conn: &mut AnyConnection) -> Result<ReportStamp, DbError> {
 
 /// Copies every combination's row of day `from` to each day after it through `to`.
 fn carry_forward(conn: &mut AnyConnection, from: Date, to: Date) -> Result<(), DbError> {
-    let rows: Vec<CumRow> = cc::table
+    let rows: Vec<CumRecord> = cc::table
         .filter(cc::day.eq(day_text(from)))
-        .select(CUM_COLUMNS)
+        .select(CumRecord::as_select())
         .load(conn)?;
     let mut day = from;
     while day < to {
         day = day
             .next_day()
             .ok_or_else(|| DbError::Conflict("date overflow".into()))?;
-        let text = day_text(day);
-        let inserts: Vec<CumInsert> = rows
+        let inserts: Vec<CumRecord> = rows
             .iter()
-            .map(|r| CumInsert::new((&r.0, &r.1, &r.2), text.clone(), cum_of(r)))
+            .map(|r| CumRecord::new(&r.combo(), day, r.cum))
             .collect();
         insert_cumulative(conn, &inserts)?;
     }
     Ok(())
 }
 
-fn insert_cumulative(conn: &mut AnyConnection, rows: &[CumInsert]) -> Result<(), DbError> {
+fn insert_cumulative(conn: &mut AnyConnection, rows: &[CumRecord]) -> Result<(), DbError> {
     match conn {
         AnyConnection::Sqlite(c) => {
             for row in rows {
@@ -841,6 +733,15 @@ fn insert_cumulative(conn: &mut AnyConnection, rows: &[CumInsert]) -> Result<(),
     Ok(())
 }
 
+/// Whether a `cost_cumulative` row is of `combo`.
+#[diesel::dsl::auto_type]
+fn is_combo<'a>(repo: &'a str, task_type: &'a str, model: &'a str) -> _ {
+    cc::repo_url
+        .eq(repo)
+        .and(cc::task_type.eq(task_type))
+        .and(cc::model.eq(model))
+}
+
 fn rewrite_combo(
     conn: &mut AnyConnection,
     combo: &Combo,
@@ -851,28 +752,24 @@ fn rewrite_combo(
     let Some(first) = changes.iter().map(|(d, _)| *d).min() else {
         return Ok(());
     };
-    let base: Option<CumRow> = cc::table
-        .filter(cc::repo_url.eq(repo))
-        .filter(cc::task_type.eq(task_type))
-        .filter(cc::model.eq(model))
+    let base: Option<Cum> = cc::table
+        .filter(is_combo(repo, task_type, model))
         .filter(cc::day.lt(day_text(first)))
         .order(cc::day.desc())
-        .select(CUM_COLUMNS)
+        .select(Cum::as_select())
         .first(conn)
         .optional()?;
-    let existing: Vec<CumRow> = cc::table
-        .filter(cc::repo_url.eq(repo))
-        .filter(cc::task_type.eq(task_type))
-        .filter(cc::model.eq(model))
+    let existing: Vec<CumRecord> = cc::table
+        .filter(is_combo(repo, task_type, model))
         .filter(cc::day.ge(day_text(first)))
         .order(cc::day.asc())
-        .select(CUM_COLUMNS)
+        .select(CumRecord::as_select())
         .load(conn)?;
     let mut old: BTreeMap<Date, Cum> = BTreeMap::new();
     for r in &existing {
-        old.insert(parse_day(&r.3)?, cum_of(r));
+        old.insert(parse_day(&r.day)?, r.cum);
     }
-    let mut carried = base.as_ref().map(cum_of).unwrap_or_default();
+    let mut carried = base.unwrap_or_default();
     let mut added = Cum::default();
     let mut changes = changes.to_vec();
     changes.sort_by_key(|(d, _)| *d);
@@ -891,7 +788,7 @@ fn rewrite_combo(
             pending.next();
         }
         let s = carried.combine(added, 1)?;
-        rows.push(CumInsert::new((repo, task_type, model), day_text(day), s));
+        rows.push(CumRecord::new(combo, day, s));
         if day >= end {
             break;
         }
@@ -901,9 +798,7 @@ fn rewrite_combo(
     }
     diesel::delete(
         cc::table
-            .filter(cc::repo_url.eq(repo))
-            .filter(cc::task_type.eq(task_type))
-            .filter(cc::model.eq(model))
+            .filter(is_combo(repo, task_type, model))
             .filter(cc::day.ge(day_text(first))),
     )
     .execute(conn)?;
@@ -964,22 +859,16 @@ pub fn cumulative_with_outcomes_at(
         return Ok(Vec::new());
     };
     let clamped: Vec<String> = days.iter().map(|d| day_text((*d).min(latest))).collect();
-    let rows: Vec<CumRow> = cc::table
+    let rows: Vec<CumRecord> = cc::table
         .filter(cc::day.eq_any(&clamped))
-        .select(CUM_COLUMNS)
+        .select(CumRecord::as_select())
         .load(conn)?;
     let mut out = Vec::with_capacity(rows.len() * days.len());
     for r in &rows {
-        let stored = parse_day(&r.3)?;
+        let stored = parse_day(&r.day)?;
         for d in days {
             if (*d).min(latest) == stored {
-                let c = cum_of(r);
-                out.push((
-                    *d,
-                    (r.0.clone(), r.1.clone(), r.2.clone()),
-                    c.sums,
-                    c.outcome,
-                ));
+                out.push((*d, r.combo(), r.cum.sums, r.cum.outcome));
             }
         }
     }

@@ -236,39 +236,30 @@ pub type CumulativeRow = (String, String, String, String, [i64; 13]);
 /// rollup holds with what it should.
 pub fn cumulative_rows(conn: &mut crate::AnyConnection) -> Vec<CumulativeRow> {
     use crate::schema::cost_cumulative as cc;
-    type Key = (String, String, String, String);
-    type Sums = (i64, i64, i64, i64, i64, i64);
-    type Outcomes = (i64, i64, i64, i64, i64, i64, i64);
-    let rows: Vec<(Key, Sums, Outcomes)> = cc::table
+    let rows: Vec<crate::rollups::CumRecord> = cc::table
         .order((cc::repo_url, cc::task_type, cc::model, cc::day))
-        .select((
-            (cc::repo_url, cc::task_type, cc::model, cc::day),
-            (
-                cc::tasks,
-                cc::costed,
-                cc::cost_nanos,
-                cc::succeeded,
-                cc::input_tokens,
-                cc::output_tokens,
-            ),
-            (
-                cc::outcome_merged,
-                cc::outcome_costed,
-                cc::outcome_cost_nanos,
-                cc::merged_cost_nanos,
-                cc::failed_cost_nanos,
-                cc::merged_revisions,
-                cc::revision_cost_nanos,
-            ),
-        ))
+        .select(crate::rollups::CumRecord::as_select())
         .load(conn)
         .unwrap();
     rows.into_iter()
-        .map(|(k, s, o)| {
+        .map(|r| {
+            let (s, o) = (r.cum.sums, r.cum.outcome);
             let sums = [
-                s.0, s.1, s.2, s.3, s.4, s.5, o.0, o.1, o.2, o.3, o.4, o.5, o.6,
+                s.tasks,
+                s.costed,
+                s.cost_nanos,
+                s.succeeded,
+                s.input_tokens,
+                s.output_tokens,
+                o.merged,
+                o.costed,
+                o.cost_nanos,
+                o.merged_cost_nanos,
+                o.failed_cost_nanos,
+                o.merged_revisions,
+                o.revision_cost_nanos,
             ];
-            (k.0, k.1, k.2, k.3, sums)
+            (r.repo_url, r.task_type, r.model, r.day, sums)
         })
         .collect()
 }
