@@ -16,6 +16,7 @@ use crate::body::JsonBody;
 use crate::dto::TaskDto;
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
+use crate::routes::{BodyErrors, ChangeErrors, LookupErrors, path_uuid};
 use crate::state::AppState;
 use agentry_service::tasks::Assignment;
 use agentry_service::views::IssuesView;
@@ -223,9 +224,7 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
     let q = Query::parse(req.query_string(), allowed)?;
     let repo_id = q
         .get("repoId")
-        .map(|v| {
-            Uuid::parse_str(v).map_err(|_| ApiError::invalid_parameter("repoId", "must be a UUID"))
-        })
+        .map(|v| path_uuid("repoId", v))
         .transpose()?;
     let limit = q.int_in("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT);
     let cursor = q.get("cursor").map(decode_cursor).transpose()?;
@@ -247,12 +246,7 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
         ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
             description = "`nextCursor` of the previous page, unchanged"),
     ),
-    responses(
-        (status = 200, body = IssueListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = IssueListDto), LookupErrors),
     security(("bearer" = []))
 )]
 #[get("/issues")]
@@ -276,10 +270,7 @@ pub async fn list_issues(
     ),
     responses(
         (status = 200, body = IssueListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        ChangeErrors,
         (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -349,10 +340,7 @@ pub struct AssignedDto {
     responses(
         (status = 201, description = "The task was created", body = AssignedDto),
         (status = 200, description = "The issue already had a task", body = AssignedDto),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
+        BodyErrors,
         (status = 404, description = "Unknown repository, or not an open issue of it", body = ErrorBody),
         (status = 412, description = "No CODEHOST_TOKEN stored (the issue had to be looked up)", body = ErrorBody),
         (status = 503, description = "The code host failed while the issue was looked up", body = ErrorBody),

@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::Caller;
+use crate::auth::{Caller, MemberRole};
 use crate::body::{JsonBody, read_limited, require_content_type};
 use crate::dto::names::{AgentTypeName, TaskStateName, TaskTypeName};
 use crate::dto::{
@@ -20,7 +20,9 @@ use crate::dto::{
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
-use crate::routes::path_uuid;
+use crate::routes::{
+    BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, path_uuid,
+};
 use crate::state::AppState;
 use agentry_service::tasks::{NewCodingTask, OutputTail};
 use agentry_service::views::TaskDetail;
@@ -66,11 +68,7 @@ pub fn decode_cursor(s: &str) -> Result<TaskCursor, ApiError> {
         ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
             description = "`nextCursor` of the previous page, unchanged"),
     ),
-    responses(
-        (status = 200, body = TaskListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskListDto), QueryErrors),
     security(("bearer" = []))
 )]
 #[get("/tasks")]
@@ -110,21 +108,14 @@ fn not_the_import_path(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
 #[utoipa::path(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
-    responses(
-        (status = 200, body = TaskDetailDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskDetailDto), LookupErrors),
     security(("bearer" = []))
 )]
 #[get("/tasks/{id}", guard = "not_the_import_path")]
 pub async fn get_task(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDetailDto>, ApiError> {
-    let id = path_uuid("id", &path)?;
     let TaskDetail {
         task,
         runs,
@@ -166,22 +157,15 @@ pub async fn get_task(
         ("attempt" = Option<i32>, Query, minimum = 1,
             description = "Only the calls of this attempt"),
     ),
-    responses(
-        (status = 200, body = ModelCallListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = ModelCallListDto), LookupErrors),
     security(("bearer" = []))
 )]
 #[get("/tasks/{id}/calls")]
 pub async fn task_calls(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<web::Json<ModelCallListDto>, ApiError> {
-    let id = path_uuid("id", &path)?;
     let q = Query::parse(req.query_string(), &["attempt"])?;
     let attempt = q
         .int_in("attempt", 1, i64::from(i32::MAX))?
@@ -224,14 +208,7 @@ pub struct CreateTask {
 #[utoipa::path(
     tag = "tasks",
     request_body = CreateTask,
-    responses(
-        (status = 201, body = TaskDto),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 201, body = TaskDto), BodyChangeErrors),
     security(("bearer" = []))
 )]
 #[post("/tasks")]
@@ -265,24 +242,14 @@ pub async fn create_task(
 #[utoipa::path(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
-    responses(
-        (status = 200, body = TaskDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskDto), TransitionErrors),
     security(("bearer" = []))
 )]
 #[post("/tasks/{id}/cancel")]
 pub async fn cancel_task(
-    caller: Caller,
-    path: web::Path<String>,
+    Target { caller, id, .. }: Target<MemberRole>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDto>, ApiError> {
-    caller.require(Role::Member)?;
-    let id = path_uuid("id", &path)?;
     let reason = format!("cancelled by token {}", caller.token_id);
     let task = state.service.cancel_task(id, reason).await?;
     tracing::info!(task = %id, by = %caller.token_id, "task cancelled");
@@ -294,24 +261,14 @@ pub async fn cancel_task(
 #[utoipa::path(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
-    responses(
-        (status = 200, body = TaskDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskDto), TransitionErrors),
     security(("bearer" = []))
 )]
 #[post("/tasks/{id}/retry")]
 pub async fn retry_task(
-    caller: Caller,
-    path: web::Path<String>,
+    Target { caller, id, .. }: Target<MemberRole>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDto>, ApiError> {
-    caller.require(Role::Member)?;
-    let id = path_uuid("id", &path)?;
     let reason = format!("retried by token {}", caller.token_id);
     let task = state.service.retry_task(id, reason).await?;
     tracing::info!(task = %id, attempt = task.attempt, by = %caller.token_id, "task retried");
@@ -327,19 +284,15 @@ pub async fn retry_task(
     params(("id" = Uuid, Path, description = "Task id")),
     responses(
         (status = 200, content_type = "text/plain", body = String),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        LookupErrors,
     ),
     security(("bearer" = []))
 )]
 #[get("/tasks/{id}/log")]
 pub async fn task_log(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path_uuid("id", &path)?;
     let Some(OutputTail { content, truncated }) = state.service.task_output(id).await? else {
         return Err(ApiError::not_found(format!("task {id} has no run log yet")));
     };
