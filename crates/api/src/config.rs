@@ -81,14 +81,12 @@ impl Config {
         let log_format = choice(
             "AGENTRY_LOG_FORMAT",
             get("AGENTRY_LOG_FORMAT").as_deref(),
-            LogFormat::Pretty,
             &[("pretty", LogFormat::Pretty), ("json", LogFormat::Json)],
             "; expected pretty or json",
         )?;
         let metrics_public = choice(
             "AGENTRY_METRICS_PUBLIC",
             get("AGENTRY_METRICS_PUBLIC").as_deref().map(str::trim),
-            false,
             &[("0", false), ("1", true)],
             " is neither 1 nor 0",
         )?;

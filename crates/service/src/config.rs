@@ -171,19 +171,16 @@ pub fn pairs<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 
     }
 }
 
-/// A variable that takes one of a few words: `default` when unset (`value` is `None`), the
-/// value paired with the word given in `choices`, or an error naming `name` with the word
-/// given (quoted) followed by `refusal`.
+/// A variable that takes one of a few words: the value paired with the word given in
+/// `choices`, that of the first word (the default) when unset (`value` is `None`), or an
+/// error naming `name` with the word given (quoted) followed by `refusal`.
 pub fn choice<T: Copy>(
     name: &'static str,
     value: Option<&str>,
-    default: T,
     choices: &[(&str, T)],
     refusal: &str,
 ) -> Result<T, ConfigError> {
-    let Some(word) = value else {
-        return Ok(default);
-    };
+    let word = value.unwrap_or_else(|| choices.first().map_or("", |(w, _)| w));
     choices
         .iter()
         .find(|(w, _)| *w == word)
@@ -340,7 +337,6 @@ impl Config {
         let allow_root = choice(
             "AGENTRY_ALLOW_ROOT",
             get("AGENTRY_ALLOW_ROOT").as_deref().map(str::trim),
-            false,
             &[("0", false), ("1", true)],
             ": expected \"1\" (a service run as root runs its agents as root) or \"0\" (the \
              default: they run as AGENTRY_AGENT_USER)",
@@ -362,7 +358,6 @@ impl Config {
         let sandbox_seccomp = choice(
             "AGENTRY_SANDBOX_SECCOMP",
             get("AGENTRY_SANDBOX_SECCOMP").as_deref().map(str::trim),
-            true,
             &[("on", true), ("off", false)],
             ": expected \"on\" (sandboxed agents get the seccomp filter, the default) or \
              \"off\"",
