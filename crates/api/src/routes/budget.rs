@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::ApiError;
-use crate::routes::{AuthErrors, BodyErrors, QueryErrors};
+use crate::routes::{AuthErrors, BodyErrors, QueryErrors, cursor};
 use crate::state::AppState;
 
 /// The instance-wide monthly budget and its month so far.
@@ -216,11 +216,7 @@ pub async fn list_budget_alerts(
         .unwrap_or(50);
     let after = q
         .get("cursor")
-        .map(|c| {
-            uuid::Uuid::parse_str(c).map_err(|_| {
-                ApiError::invalid_parameter("cursor", "malformed cursor; pass nextCursor unchanged")
-            })
-        })
+        .map(cursor::field::<uuid::Uuid>)
         .transpose()?;
     let page = state.service.budget_alerts(limit, after).await?;
     Ok(web::Json(BudgetAlertListDto {

@@ -3,6 +3,7 @@
 
 pub mod analytics;
 pub mod budget;
+mod cursor;
 pub mod health;
 pub mod issues;
 pub mod me;
@@ -135,6 +136,16 @@ error_sets! {
     BodyErrors: [400, 401, 403, 413];
     /// 400, 401, 403, 404, 413: a JSON body about one resource, for some roles only.
     BodyChangeErrors: [400, 401, 403, 404, 413];
+}
+
+/// The answer of an idempotent creation: 201 with `body` when this call created it, else 200
+/// with what was already there.
+pub(crate) fn created_or_existing(created: bool, body: impl serde::Serialize) -> HttpResponse {
+    if created {
+        HttpResponse::Created().json(body)
+    } else {
+        HttpResponse::Ok().json(body)
+    }
 }
 
 /// The answer for a route that does not exist.

@@ -12,7 +12,10 @@ use uuid::Uuid;
 use crate::auth::{AdminRole, Caller};
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody};
-use crate::routes::{AuthErrors, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, Target};
+use crate::routes::{
+    AuthErrors, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, Target,
+    created_or_existing,
+};
 use crate::state::AppState;
 
 /// A repository to connect.
@@ -117,12 +120,7 @@ pub async fn connect_repo(
     if created {
         tracing::info!(repo = %repo.url, id = %repo.id, by = %caller.token_id, "repository connected");
     }
-    let dto = RepoDto::from(repo);
-    Ok(if created {
-        HttpResponse::Created().json(dto)
-    } else {
-        HttpResponse::Ok().json(dto)
-    })
+    Ok(created_or_existing(created, RepoDto::from(repo)))
 }
 
 /// Lists the connected repositories.

@@ -5,9 +5,7 @@
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use agentry_domain::{AgentType, Role, TaskState, TaskType, Usd};
 use agentry_persistence::tasks::{TaskCursor, TaskFilter};
-use base64::Engine;
 use serde::Deserialize;
-use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -21,7 +19,7 @@ use crate::dto::{
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::routes::{
-    BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, path_uuid,
+    BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, cursor, path_uuid,
 };
 use crate::state::AppState;
 use agentry_service::tasks::{NewCodingTask, OutputTail};
@@ -34,26 +32,19 @@ pub const MAX_LIMIT: i64 = 200;
 /// Largest import body accepted over HTTP (the CLI has no limit).
 pub const IMPORT_LIMIT: usize = 256 * 1024 * 1024;
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-
 /// Encodes a list position as an opaque cursor.
 pub fn encode_cursor(c: &TaskCursor) -> String {
-    let micros = c.created_at.unix_timestamp_nanos() / 1_000;
-    B64.encode(format!("{micros}:{}", c.id))
+    cursor::encode(format!("{}:{}", cursor::micros(c.created_at), c.id))
 }
 
 /// Decodes a cursor made by [`encode_cursor`]; anything else is refused.
 pub fn decode_cursor(s: &str) -> Result<TaskCursor, ApiError> {
-    let bad =
-        || ApiError::invalid_parameter("cursor", "malformed cursor; pass nextCursor unchanged");
-    let text = String::from_utf8(B64.decode(s).map_err(|_| bad())?).map_err(|_| bad())?;
-    let (micros, id) = text.split_once(':').ok_or_else(bad)?;
-    let micros: i128 = micros.parse().map_err(|_| bad())?;
-    let created_at =
-        OffsetDateTime::from_unix_timestamp_nanos(micros.checked_mul(1_000).ok_or_else(bad)?)
-            .map_err(|_| bad())?;
-    let id = Uuid::parse_str(id).map_err(|_| bad())?;
-    Ok(TaskCursor { created_at, id })
+    let text = cursor::decode(s)?;
+    let (micros, id) = text.split_once(':').ok_or_else(cursor::malformed)?;
+    Ok(TaskCursor {
+        created_at: cursor::time(micros)?,
+        id: cursor::field(id)?,
+    })
 }
 
 /// Lists tasks, newest first, with cursor pagination.
@@ -337,6 +328,7 @@ pub async fn import_tasks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use time::OffsetDateTime;
 
     #[test]
     fn cursors_round_trip_and_garbage_is_refused() {
@@ -350,8 +342,8 @@ mod tests {
             "",
             "!!",
             "bm9wZQ",
-            &B64.encode("12:not-a-uuid"),
-            &B64.encode(format!("x:{}", c.id)),
+            &cursor::encode("12:not-a-uuid"),
+            &cursor::encode(format!("x:{}", c.id)),
         ] {
             assert_eq!(
                 decode_cursor(bad).unwrap_err().code(),
