@@ -80,16 +80,15 @@ async fn main() -> Result<(), Error> {
     let mut count = 30usize;
     let mut sandbox = SandboxMode::Off;
     let mut pg = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    bench::flag_values(|flag, value| {
+        match flag {
             "--tasks" => count = value.parse()?,
             "--sandbox" => sandbox = value.parse().map_err(|e| format!("--sandbox: {e}"))?,
             "--pg" => pg = Some(value),
-            other => return Err(format!("unknown flag {other}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     let dir = tempfile::tempdir()?;
     let fake = FakeGitHub::start();
     fake.add_token(TOKEN, "agentry-bot");

@@ -70,10 +70,8 @@ fn args() -> Result<Args, Error> {
         rate: 200,
         pg: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    bench::flag_values(|flag, value| {
+        match flag {
             "--repos" => a.repos = value.parse()?,
             "--pulls" => a.pulls = value.parse()?,
             "--history" => a.history = value.parse()?,
@@ -81,9 +79,10 @@ fn args() -> Result<Args, Error> {
             "--deliveries" => a.deliveries = value.parse()?,
             "--rate" => a.rate = value.parse()?,
             "--pg" => a.pg = Some(value),
-            other => return Err(format!("unknown flag {other}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     if a.repos == 0 {
         return Err("--repos must be at least 1".into());
     }

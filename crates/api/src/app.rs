@@ -200,21 +200,39 @@ async fn security_headers(
     Ok(res)
 }
 
+/// The service factory inside the application [`build_app`] builds, whatever the type of
+/// its responses' bodies (what an `HttpServer` or a test service takes).
+pub trait AppFactory:
+    ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<Self::Body>,
+        Error = actix_web::Error,
+        InitError = (),
+    >
+{
+    /// The body of its responses.
+    type Body: MessageBody;
+}
+
+impl<T, B> AppFactory for T
+where
+    T: ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<B>,
+            Error = actix_web::Error,
+            InitError = (),
+        >,
+    B: MessageBody,
+{
+    type Body = B;
+}
+
 /// The application: routes, shared state, CORS for the configured origins, metrics and
 /// request logging, and the error envelope for every error; the webhook gets limits of its
 /// own (see [`build_app_with`] to share them between the workers of a server).
-pub fn build_app(
-    state: web::Data<AppState>,
-    cors_origins: Vec<String>,
-) -> App<
-    impl ServiceFactory<
-        ServiceRequest,
-        Config = (),
-        Response = ServiceResponse<impl MessageBody>,
-        Error = actix_web::Error,
-        InitError = (),
-    >,
-> {
+pub fn build_app(state: web::Data<AppState>, cors_origins: Vec<String>) -> App<impl AppFactory> {
     build_app_with(
         state,
         cors_origins,
@@ -227,15 +245,7 @@ pub fn build_app_with(
     state: web::Data<AppState>,
     cors_origins: Vec<String>,
     limits: web::Data<WebhookLimits>,
-) -> App<
-    impl ServiceFactory<
-        ServiceRequest,
-        Config = (),
-        Response = ServiceResponse<impl MessageBody>,
-        Error = actix_web::Error,
-        InitError = (),
-    >,
-> {
+) -> App<impl AppFactory> {
     let (app, _) = App::new()
         .into_utoipa_app()
         .configure(routes)

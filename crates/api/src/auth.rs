@@ -65,6 +65,37 @@ impl Caller {
     }
 }
 
+/// A role as a type, for extractors that require it of their caller (see
+/// [`crate::routes::Target`]).
+pub trait RequiredRole {
+    /// The least role accepted.
+    const LEAST: Role;
+}
+
+/// Any valid token (viewer and up).
+#[derive(Debug)]
+pub enum AnyRole {}
+
+/// A member's or admin's token.
+#[derive(Debug)]
+pub enum MemberRole {}
+
+/// An admin's token.
+#[derive(Debug)]
+pub enum AdminRole {}
+
+impl RequiredRole for AnyRole {
+    const LEAST: Role = Role::Viewer;
+}
+
+impl RequiredRole for MemberRole {
+    const LEAST: Role = Role::Member;
+}
+
+impl RequiredRole for AdminRole {
+    const LEAST: Role = Role::Admin;
+}
+
 /// The file `serve` writes the first admin token to (`$AGENTRY_DATA_DIR/admin-token`), so
 /// that the plain-text token does not stay on disk longer than needed: it is removed the
 /// first time that token authenticates a request (its owner evidently has it by then).

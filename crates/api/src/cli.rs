@@ -263,6 +263,20 @@ fn json_for_terminal<T: serde::Serialize>(value: &T) -> Result<String, serde_jso
     use serde_json::ser::{Formatter, PrettyFormatter};
     use std::io::{self, Write};
 
+    /// The layout methods of `Formatter`, passed on to the pretty formatter as they are
+    /// (`(first)`: the method also takes whether this is the first member).
+    macro_rules! delegate_to_pretty {
+        ($($method:ident $(($first:ident))?),+ $(,)?) => {$(
+            fn $method<W: ?Sized + Write>(
+                &mut self,
+                w: &mut W,
+                $($first: bool,)?
+            ) -> io::Result<()> {
+                self.0.$method(w, $($first)?)
+            }
+        )+};
+    }
+
     struct Safe(PrettyFormatter<'static>);
     impl Formatter for Safe {
         fn write_string_fragment<W: ?Sized + Write>(
@@ -283,40 +297,10 @@ fn json_for_terminal<T: serde::Serialize>(value: &T) -> Result<String, serde_jso
             }
             w.write_all(&fragment.as_bytes()[start..])
         }
-        fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-            self.0.begin_array(w)
-        }
-        fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-            self.0.end_array(w)
-        }
-        fn begin_array_value<W: ?Sized + Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> io::Result<()> {
-            self.0.begin_array_value(w, first)
-        }
-        fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-            self.0.end_array_value(w)
-        }
-        fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-            self.0.begin_object(w)
-        }
-        fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-            self.0.end_object(w)
-        }
-        fn begin_object_key<W: ?Sized + Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> io::Result<()> {
-            self.0.begin_object_key(w, first)
-        }
-        fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-            self.0.begin_object_value(w)
-        }
-        fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-            self.0.end_object_value(w)
+        delegate_to_pretty! {
+            begin_array, end_array, begin_array_value(first), end_array_value,
+            begin_object, end_object, begin_object_key(first), begin_object_value,
+            end_object_value,
         }
     }
     let mut out = Vec::new();
@@ -353,9 +337,7 @@ mod tests {
     /// options included.
     #[test]
     fn sandbox_net_passes_its_arguments_through() {
-        let cli = Cli::try_parse_from([
-            "agentry",
-            "sandbox-net",
+        let forwarded = [
             "--listen",
             "4810=/run/agentry/gateway.sock",
             "--listen",
@@ -366,27 +348,13 @@ mod tests {
             "--help",
             "--",
             "x",
-        ])
-        .unwrap();
+        ];
+        let cli =
+            Cli::try_parse_from(["agentry", "sandbox-net"].into_iter().chain(forwarded)).unwrap();
         let Command::SandboxNet { args } = cli.command else {
             panic!("not sandbox-net");
         };
-        assert_eq!(
-            args,
-            [
-                "--listen",
-                "4810=/run/agentry/gateway.sock",
-                "--listen",
-                "4811=/run/agentry/proxy.sock",
-                "--",
-                "/usr/bin/claude",
-                "-p",
-                "--help",
-                "--",
-                "x"
-            ]
-            .map(std::ffi::OsString::from)
-        );
+        assert_eq!(args, forwarded.map(std::ffi::OsString::from));
         let parsed = agentry_runner::network::forwarder::ForwarderArgs::parse(args).unwrap();
         assert_eq!(parsed.program, "/usr/bin/claude");
         assert_eq!(

@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 
 pub use agentry_service::config::ConfigError;
+use agentry_service::config::choice;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,26 +78,18 @@ impl Config {
             })
             .transpose()?
             .unwrap_or_default();
-        let log_format = match get("AGENTRY_LOG_FORMAT").as_deref() {
-            None | Some("pretty") => LogFormat::Pretty,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                return Err(ConfigError {
-                    name: "AGENTRY_LOG_FORMAT",
-                    message: format!("{other:?}; expected pretty or json"),
-                });
-            }
-        };
-        let metrics_public = match get("AGENTRY_METRICS_PUBLIC").as_deref().map(str::trim) {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(other) => {
-                return Err(ConfigError {
-                    name: "AGENTRY_METRICS_PUBLIC",
-                    message: format!("{other:?} is neither 1 nor 0"),
-                });
-            }
-        };
+        let log_format = choice(
+            "AGENTRY_LOG_FORMAT",
+            get("AGENTRY_LOG_FORMAT").as_deref(),
+            &[("pretty", LogFormat::Pretty), ("json", LogFormat::Json)],
+            "; expected pretty or json",
+        )?;
+        let metrics_public = choice(
+            "AGENTRY_METRICS_PUBLIC",
+            get("AGENTRY_METRICS_PUBLIC").as_deref().map(str::trim),
+            &[("0", false), ("1", true)],
+            " is neither 1 nor 0",
+        )?;
         Ok(Config {
             service,
             bind,
@@ -110,14 +103,14 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(|k| map.get(k).cloned())
+        Config::from_lookup(agentry_service::config::pairs(vars))
+    }
+
+    /// Checks that `name` set to `value` alone is refused, naming that variable.
+    fn refused(name: &str, value: &str) {
+        assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
     }
 
     #[test]
@@ -134,20 +127,9 @@ mod tests {
 
     #[test]
     fn bad_http_values_are_named() {
-        assert_eq!(
-            cfg(&[("AGENTRY_BIND", "nope")]).unwrap_err().name,
-            "AGENTRY_BIND"
-        );
-        assert_eq!(
-            cfg(&[("AGENTRY_LOG_FORMAT", "xml")]).unwrap_err().name,
-            "AGENTRY_LOG_FORMAT"
-        );
-        assert_eq!(
-            cfg(&[("AGENTRY_CORS_ORIGINS", "https://a.example/path")])
-                .unwrap_err()
-                .name,
-            "AGENTRY_CORS_ORIGINS"
-        );
+        refused("AGENTRY_BIND", "nope");
+        refused("AGENTRY_LOG_FORMAT", "xml");
+        refused("AGENTRY_CORS_ORIGINS", "https://a.example/path");
         let c = cfg(&[(
             "AGENTRY_CORS_ORIGINS",
             "https://a.example, http://localhost:5173/",
@@ -158,30 +140,18 @@ mod tests {
             ["https://a.example", "http://localhost:5173"]
         );
         // The service's variables are read too, and named the same way.
-        assert_eq!(
-            cfg(&[("AGENTRY_DATABASE_URL", "mysql://x")])
-                .unwrap_err()
-                .name,
-            "AGENTRY_DATABASE_URL"
-        );
+        refused("AGENTRY_DATABASE_URL", "mysql://x");
     }
 
     #[test]
     fn metrics_need_a_token_unless_made_public() {
         assert!(!cfg(&[]).unwrap().metrics_public);
-        assert!(
-            !cfg(&[("AGENTRY_METRICS_PUBLIC", "0")])
-                .unwrap()
-                .metrics_public
-        );
-        assert!(
-            cfg(&[("AGENTRY_METRICS_PUBLIC", "1")])
-                .unwrap()
-                .metrics_public
-        );
+        for (value, public) in [("0", false), ("1", true)] {
+            let c = cfg(&[("AGENTRY_METRICS_PUBLIC", value)]).unwrap();
+            assert_eq!(c.metrics_public, public, "{value}");
+        }
         for bad in ["true", "yes", "2", "on"] {
-            let e = cfg(&[("AGENTRY_METRICS_PUBLIC", bad)]).unwrap_err();
-            assert_eq!(e.name, "AGENTRY_METRICS_PUBLIC", "{bad}");
+            refused("AGENTRY_METRICS_PUBLIC", bad);
         }
     }
 }

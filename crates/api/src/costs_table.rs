@@ -122,10 +122,20 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
         "\nThis month so far: {} USD; daily average {} USD; forecast for the month {} USD ({} days left).\n",
         f.month_cost_so_far, f.daily_avg_cost, f.forecasted_month_total, f.days_remaining,
     ));
-    let top: Vec<Vec<String>> = report
-        .top_tasks
-        .iter()
-        .map(|t| {
+    out.push_str(&section(
+        "Costliest tasks",
+        &[
+            "cost (USD)",
+            "title",
+            "repository",
+            "type",
+            "state",
+            "model",
+            "input tok",
+            "output tok",
+        ],
+        &report.top_tasks,
+        |t| {
             vec![
                 short(&t.cost_usd.to_string(), 20),
                 short(&t.title, 40),
@@ -136,30 +146,21 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
                 t.input_tokens.to_string(),
                 t.output_tokens.to_string(),
             ]
-        })
-        .collect();
-    out.push_str("\nCostliest tasks\n");
-    if top.is_empty() {
-        out.push_str("(none)\n");
-    } else {
-        out.push_str(&table(
-            &[
-                "cost (USD)",
-                "title",
-                "repository",
-                "type",
-                "state",
-                "model",
-                "input tok",
-                "output tok",
-            ],
-            &top,
-        ));
-    }
-    let anomalies: Vec<Vec<String>> = report
-        .anomalies
-        .iter()
-        .map(|a| {
+        },
+        Some("(none)"),
+    ));
+    out.push_str(&section(
+        "Anomalies (at least 3x the average of the repository's other tasks)",
+        &[
+            "cost (USD)",
+            "ratio",
+            "repo avg (USD)",
+            "title",
+            "repository",
+            "state",
+        ],
+        &report.anomalies,
+        |a| {
             vec![
                 short(&a.cost_usd.to_string(), 20),
                 format_decimal(a.cost_ratio, 2),
@@ -168,28 +169,20 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
                 short(&a.repo_url, 45),
                 a.state.to_string(),
             ]
-        })
-        .collect();
-    out.push_str("\nAnomalies (at least 3x the average of the repository's other tasks)\n");
-    if anomalies.is_empty() {
-        out.push_str("(none)\n");
-    } else {
-        out.push_str(&table(
-            &[
-                "cost (USD)",
-                "ratio",
-                "repo avg (USD)",
-                "title",
-                "repository",
-                "state",
-            ],
-            &anomalies,
-        ));
-    }
-    let suggestions: Vec<Vec<String>> = report
-        .model_suggestions
-        .iter()
-        .map(|m| {
+        },
+        Some("(none)"),
+    ));
+    out.push_str(&section(
+        "Cheaper models with proven results",
+        &[
+            "repository",
+            "current",
+            "suggested",
+            "tasks",
+            "savings (USD)",
+        ],
+        &report.model_suggestions,
+        |m| {
             vec![
                 short(&m.repo_url, 45),
                 short(&m.current_model, 24),
@@ -197,21 +190,9 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
                 m.task_count.to_string(),
                 format_decimal(m.estimated_savings, 4),
             ]
-        })
-        .collect();
-    if !suggestions.is_empty() {
-        out.push_str("\nCheaper models with proven results\n");
-        out.push_str(&table(
-            &[
-                "repository",
-                "current",
-                "suggested",
-                "tasks",
-                "savings (USD)",
-            ],
-            &suggestions,
-        ));
-    }
+        },
+        None,
+    ));
     out.push_str(&outcomes(&report.outcomes));
     out.push_str(&budgets(report));
     out
@@ -270,41 +251,29 @@ fn outcomes(o: &Outcomes) -> String {
             or_dash(rounds(*f.rounds).as_deref()),
         ]
     };
+    // A repository's and a model's outcome carry the same figures.
+    macro_rules! figures {
+        ($o:expr) => {
+            Figures {
+                merged: $o.merged_pull_requests,
+                per_merged: &$o.cost_per_merged_pull_request,
+                merged_cost: &$o.merged_cost,
+                failed_cost: &$o.failed_cost,
+                failed_share: &$o.failed_share,
+                revision_cost: &$o.revision_cost,
+                rounds: &$o.avg_revisions_per_merged_pull_request,
+            }
+        };
+    }
     let by_repo: Vec<Vec<String>> = o
         .by_repo
         .iter()
-        .map(|r| {
-            row(
-                &r.repo_url,
-                Figures {
-                    merged: r.merged_pull_requests,
-                    per_merged: &r.cost_per_merged_pull_request,
-                    merged_cost: &r.merged_cost,
-                    failed_cost: &r.failed_cost,
-                    failed_share: &r.failed_share,
-                    revision_cost: &r.revision_cost,
-                    rounds: &r.avg_revisions_per_merged_pull_request,
-                },
-            )
-        })
+        .map(|r| row(&r.repo_url, figures!(r)))
         .collect();
     let by_model: Vec<Vec<String>> = o
         .by_model
         .iter()
-        .map(|m| {
-            row(
-                &m.model,
-                Figures {
-                    merged: m.merged_pull_requests,
-                    per_merged: &m.cost_per_merged_pull_request,
-                    merged_cost: &m.merged_cost,
-                    failed_cost: &m.failed_cost,
-                    failed_share: &m.failed_share,
-                    revision_cost: &m.revision_cost,
-                    rounds: &m.avg_revisions_per_merged_pull_request,
-                },
-            )
-        })
+        .map(|m| row(&m.model, figures!(m)))
         .collect();
     for (title, rows) in [("repository", by_repo), ("model", by_model)] {
         if !rows.is_empty() {
@@ -319,13 +288,17 @@ fn outcomes(o: &Outcomes) -> String {
 
 /// The `budgets` member: each monthly budget that is set, with its forecast.
 fn budgets(report: &CostReport) -> String {
-    if report.budgets.is_empty() {
-        return String::new();
-    }
-    let rows: Vec<Vec<String>> = report
-        .budgets
-        .iter()
-        .map(|b| {
+    section(
+        "Monthly budgets (this month)",
+        &[
+            "budget",
+            "budget (USD)",
+            "spent (USD)",
+            "forecast (USD)",
+            "runs out on",
+        ],
+        &report.budgets,
+        |b| {
             vec![
                 short(b.repo_url.as_deref().unwrap_or("(instance)"), 45),
                 b.monthly_budget_usd.clone(),
@@ -333,21 +306,25 @@ fn budgets(report: &CostReport) -> String {
                 b.forecast_usd.clone(),
                 b.exhausts_on.map_or("-".to_owned(), |d| d.to_string()),
             ]
-        })
-        .collect();
-    format!(
-        "\nMonthly budgets (this month)\n{}",
-        table(
-            &[
-                "budget",
-                "budget (USD)",
-                "spent (USD)",
-                "forecast (USD)",
-                "runs out on",
-            ],
-            &rows,
-        )
+        },
+        None,
     )
+}
+
+/// A titled table of `items`, a `row` each. Without items: the title and `when_empty`
+/// (`(none)`), or nothing at all when that is `None`.
+fn section<T>(
+    title: &str,
+    headers: &[&str],
+    items: &[T],
+    row: impl Fn(&T) -> Vec<String>,
+    when_empty: Option<&str>,
+) -> String {
+    if items.is_empty() {
+        return when_empty.map_or(String::new(), |text| format!("\n{title}\n{text}\n"));
+    }
+    let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+    format!("\n{title}\n{}", table(headers, &rows))
 }
 
 #[cfg(test)]

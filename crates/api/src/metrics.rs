@@ -7,6 +7,8 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::web;
+use prometheus::core::Collector;
+use prometheus::proto::MetricFamily;
 use prometheus::{
     CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
     TextEncoder,
@@ -55,10 +57,34 @@ impl BudgetUse {
             .spent
             .checked_div(self.budget)
             .ok_or_else(|| prometheus::Error::Msg("budget ratio overflows".into()))?;
-        let text = ratio.normalize().to_string();
-        text.parse()
-            .map_err(|e| prometheus::Error::Msg(format!("{text}: {e}")))
+        exposed(ratio)
     }
+}
+
+/// An exact value as the nearest `f64`, through its decimal text (never by float
+/// arithmetic on parts).
+fn exposed(value: Decimal) -> Result<f64, prometheus::Error> {
+    let text = value.normalize().to_string();
+    text.parse()
+        .map_err(|e| prometheus::Error::Msg(format!("{text}: {e}")))
+}
+
+/// The families of a metric computed at a scrape: `metric`, registered alone under the
+/// `agentry` prefix, with a series `set` for each of `items`; none without items.
+fn scraped<M: Collector + Clone + 'static, T>(
+    metric: M,
+    items: &[T],
+    set: impl Fn(&M, &T) -> Result<(), prometheus::Error>,
+) -> Result<Vec<MetricFamily>, prometheus::Error> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let scrape = Registry::new_custom(Some("agentry".into()), None)?;
+    scrape.register(Box::new(metric.clone()))?;
+    for item in items {
+        set(&metric, item)?;
+    }
+    Ok(scrape.gather())
 }
 
 /// The service's metric registry.
@@ -139,61 +165,49 @@ impl Metrics {
         egress: &[(String, i64)],
     ) -> Result<String, prometheus::Error> {
         let mut families = self.registry.gather();
-        if !egress.is_empty() {
-            let scrape = Registry::new_custom(Some("agentry".into()), None)?;
-            let counter = IntCounterVec::new(
-                Opts::new(
-                    "egress_blocked_total",
-                    "Connections of sandboxed agents the egress proxy refused, by repository.",
-                ),
-                &["repo"],
-            )?;
-            scrape.register(Box::new(counter.clone()))?;
-            for (repo, count) in egress {
+        let egress_blocked = IntCounterVec::new(
+            Opts::new(
+                "egress_blocked_total",
+                "Connections of sandboxed agents the egress proxy refused, by repository.",
+            ),
+            &["repo"],
+        )?;
+        families.extend(scraped(
+            egress_blocked,
+            egress,
+            |counter, (repo, count)| {
                 counter
                     .with_label_values(&[repo.as_str()])
                     .inc_by(u64::try_from(*count).unwrap_or(0));
-            }
-            families.extend(scrape.gather());
-        }
-        if !budgets.is_empty() {
-            let scrape = Registry::new_custom(Some("agentry".into()), None)?;
-            let gauge = GaugeVec::new(
-                Opts::new(
-                    "budget_used_ratio",
-                    "Share of each monthly budget spent this UTC month (1 = all of it), by scope and repository.",
-                ),
-                &["scope", "repo"],
-            )?;
-            scrape.register(Box::new(gauge.clone()))?;
-            for b in budgets {
-                gauge
-                    .with_label_values(&[b.scope.as_str(), b.repo.as_str()])
-                    .set(b.ratio()?);
-            }
-            families.extend(scrape.gather());
-        }
-        if !costs.is_empty() {
-            let scrape = Registry::new_custom(Some("agentry".into()), None)?;
-            let counter = CounterVec::new(
-                Opts::new(
-                    "cost_usd_total",
-                    "Recorded cost of agent runs in US dollars, by repository, model and task type.",
-                ),
-                &["repo", "model", "task_type"],
-            )?;
-            scrape.register(Box::new(counter.clone()))?;
-            for c in costs {
-                let text = c.usd.normalize().to_string();
-                let value: f64 = text
-                    .parse()
-                    .map_err(|e| prometheus::Error::Msg(format!("{text}: {e}")))?;
-                counter
-                    .with_label_values(&[c.repo.as_str(), c.model.as_str(), c.task_type.as_str()])
-                    .inc_by(value);
-            }
-            families.extend(scrape.gather());
-        }
+                Ok(())
+            },
+        )?);
+        let budget_used = GaugeVec::new(
+            Opts::new(
+                "budget_used_ratio",
+                "Share of each monthly budget spent this UTC month (1 = all of it), by scope and repository.",
+            ),
+            &["scope", "repo"],
+        )?;
+        families.extend(scraped(budget_used, budgets, |gauge, b| {
+            gauge
+                .with_label_values(&[b.scope.as_str(), b.repo.as_str()])
+                .set(b.ratio()?);
+            Ok(())
+        })?);
+        let cost = CounterVec::new(
+            Opts::new(
+                "cost_usd_total",
+                "Recorded cost of agent runs in US dollars, by repository, model and task type.",
+            ),
+            &["repo", "model", "task_type"],
+        )?;
+        families.extend(scraped(cost, costs, |counter, c| {
+            counter
+                .with_label_values(&[c.repo.as_str(), c.model.as_str(), c.task_type.as_str()])
+                .inc_by(exposed(c.usd)?);
+            Ok(())
+        })?);
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
         TextEncoder::new().encode(&families, &mut out)?;

@@ -41,7 +41,7 @@ impl WebhookUrl {
         if !url.username().is_empty() || url.password().is_some() {
             return Err("a user name or password in the URL is not accepted".into());
         }
-        if url.scheme() == "http" && !is_loopback(&url) {
+        if url.scheme() == "http" && !crate::config::is_loopback(&url) {
             return Err(
                 "plain http would send budget figures unencrypted; use https (http is allowed \
                  only for 127.0.0.0/8, ::1 and localhost)"
@@ -71,15 +71,6 @@ impl fmt::Display for WebhookUrl {
             self.0.scheme(),
             self.0.host_str().unwrap_or("")
         )
-    }
-}
-
-fn is_loopback(url: &url::Url) -> bool {
-    match url.host() {
-        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
     }
 }
 

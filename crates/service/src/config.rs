@@ -154,6 +154,84 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// A `ConfigError` of `name` for any refusal that is only its message.
+    pub fn of(name: &'static str) -> impl FnOnce(String) -> ConfigError {
+        move |message| ConfigError { name, message }
+    }
+}
+
+/// A lookup for [`Config::from_lookup`] over fixed `(name, value)` pairs (the last pair of
+/// a name counts), for tests and tools that do not read the environment.
+pub fn pairs<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name| {
+        vars.iter()
+            .rfind(|(n, _)| *n == name)
+            .map(|(_, v)| (*v).to_owned())
+    }
+}
+
+/// A variable that takes one of a few words: the value paired with the word given in
+/// `choices`, that of the first word (the default) when unset (`value` is `None`), or an
+/// error naming `name` with the word given (quoted) followed by `refusal`.
+pub fn choice<T: Copy>(
+    name: &'static str,
+    value: Option<&str>,
+    choices: &[(&str, T)],
+    refusal: &str,
+) -> Result<T, ConfigError> {
+    let word = value.unwrap_or_else(|| choices.first().map_or("", |(w, _)| w));
+    choices
+        .iter()
+        .find(|(w, _)| *w == word)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| ConfigError {
+            name,
+            message: format!("{word:?}{refusal}"),
+        })
+}
+
+/// A variable that is a whole number in `range` (blanks around it ignored): `default` when
+/// unset (`value` is `None`), else the number, or an error naming `name` that says
+/// "expected `unit` from START to END".
+pub fn whole_number<T>(
+    name: &'static str,
+    value: Option<String>,
+    default: T,
+    range: std::ops::RangeInclusive<T>,
+    unit: &str,
+) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let Some(text) = value else {
+        return Ok(default);
+    };
+    match text.trim().parse::<T>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(ConfigError {
+            name,
+            message: format!(
+                "{text:?}; expected {unit} from {} to {}",
+                range.start(),
+                range.end()
+            ),
+        }),
+    }
+}
+
+/// A list variable: empty when unset (`value` is `None`), else what `parse` makes of it, its
+/// refusal named with `name`.
+fn list<T>(
+    name: &'static str,
+    value: Option<String>,
+    parse: impl FnOnce(&str) -> Result<Vec<T>, String>,
+) -> Result<Vec<T>, ConfigError> {
+    value.map_or(Ok(Vec::new()), |text| {
+        parse(&text).map_err(ConfigError::of(name))
+    })
+}
+
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -222,18 +300,13 @@ impl Config {
                 ),
             });
         }
-        let max_concurrent_runs = match get("AGENTRY_MAX_CONCURRENT_RUNS") {
-            None => 2,
-            Some(text) => match text.trim().parse::<usize>() {
-                Ok(n) if n <= 64 => n,
-                _ => {
-                    return Err(ConfigError {
-                        name: "AGENTRY_MAX_CONCURRENT_RUNS",
-                        message: format!("{text:?}; expected a whole number from 0 to 64"),
-                    });
-                }
-            },
-        };
+        let max_concurrent_runs = whole_number(
+            "AGENTRY_MAX_CONCURRENT_RUNS",
+            get("AGENTRY_MAX_CONCURRENT_RUNS"),
+            2,
+            0..=64,
+            "a whole number",
+        )?;
         // Blank values count as unset, like every other variable here.
         let claude_bin = program(
             "AGENTRY_CLAUDE_BIN",
@@ -261,66 +334,45 @@ impl Config {
                 message: format!("{e}"),
             })?,
         };
-        let allow_root = match get("AGENTRY_ALLOW_ROOT").as_deref().map(str::trim) {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(other) => {
-                return Err(ConfigError {
-                    name: "AGENTRY_ALLOW_ROOT",
-                    message: format!(
-                        "{other:?}: expected \"1\" (a service run as root runs its agents as \
-                         root) or \"0\" (the default: they run as AGENTRY_AGENT_USER)"
-                    ),
-                });
-            }
-        };
+        let allow_root = choice(
+            "AGENTRY_ALLOW_ROOT",
+            get("AGENTRY_ALLOW_ROOT").as_deref().map(str::trim),
+            &[("0", false), ("1", true)],
+            ": expected \"1\" (a service run as root runs its agents as root) or \"0\" (the \
+             default: they run as AGENTRY_AGENT_USER)",
+        )?;
         let agent_user = agentry_runner::user::AgentUser::resolve(
             crate::doctor::effective_uid().unwrap_or(u32::MAX),
             get("AGENTRY_AGENT_USER").as_deref().map(str::trim),
             allow_root,
             agent_sandbox == SandboxMode::Auto,
         )
-        .map_err(|message| ConfigError {
-            name: "AGENTRY_AGENT_USER",
-            message,
-        })?;
+        .map_err(ConfigError::of("AGENTRY_AGENT_USER"))?;
         let agent_limits = agentry_runner::AgentLimits::from_lookup(get)
             .map_err(|(name, message)| ConfigError { name, message })?;
-        let sandbox_extra_ro = match get("AGENTRY_SANDBOX_EXTRA_RO") {
-            None => Vec::new(),
-            Some(text) => sandbox_extra_ro(&text, &data_dir).map_err(|message| ConfigError {
-                name: "AGENTRY_SANDBOX_EXTRA_RO",
-                message,
-            })?,
-        };
-        let sandbox_seccomp = match get("AGENTRY_SANDBOX_SECCOMP").as_deref().map(str::trim) {
-            None | Some("on") => true,
-            Some("off") => false,
-            Some(other) => {
-                return Err(ConfigError {
-                    name: "AGENTRY_SANDBOX_SECCOMP",
-                    message: format!(
-                        "{other:?}: expected \"on\" (sandboxed agents get the seccomp filter, \
-                         the default) or \"off\""
-                    ),
-                });
-            }
-        };
+        let sandbox_extra_ro = list(
+            "AGENTRY_SANDBOX_EXTRA_RO",
+            get("AGENTRY_SANDBOX_EXTRA_RO"),
+            |text| sandbox_extra_ro(text, &data_dir),
+        )?;
+        let sandbox_seccomp = choice(
+            "AGENTRY_SANDBOX_SECCOMP",
+            get("AGENTRY_SANDBOX_SECCOMP").as_deref().map(str::trim),
+            &[("on", true), ("off", false)],
+            ": expected \"on\" (sandboxed agents get the seccomp filter, the default) or \
+             \"off\"",
+        )?;
         let alert_webhook_url = get("AGENTRY_ALERT_WEBHOOK_URL")
             .map(|text| {
-                crate::alerts::WebhookUrl::parse(&text).map_err(|message| ConfigError {
-                    name: "AGENTRY_ALERT_WEBHOOK_URL",
-                    message,
-                })
+                crate::alerts::WebhookUrl::parse(&text)
+                    .map_err(ConfigError::of("AGENTRY_ALERT_WEBHOOK_URL"))
             })
             .transpose()?;
-        let agent_env = match get("AGENTRY_AGENT_ENV") {
-            None => Vec::new(),
-            Some(text) => agent_env_names(&text).map_err(|message| ConfigError {
-                name: "AGENTRY_AGENT_ENV",
-                message,
-            })?,
-        };
+        let agent_env = list(
+            "AGENTRY_AGENT_ENV",
+            get("AGENTRY_AGENT_ENV"),
+            agent_env_names,
+        )?;
         let anthropic_upstream = upstream(
             "AGENTRY_ANTHROPIC_UPSTREAM",
             get("AGENTRY_ANTHROPIC_UPSTREAM"),
@@ -335,13 +387,11 @@ impl Config {
         let openai_key = get("OPENAI_API_KEY")
             .or_else(|| get("CODEX_API_KEY"))
             .map(SecretValue::new);
-        let egress_allow = match get("AGENTRY_EGRESS_ALLOW") {
-            None => Vec::new(),
-            Some(text) => egress_patterns(&text).map_err(|message| ConfigError {
-                name: "AGENTRY_EGRESS_ALLOW",
-                message,
-            })?,
-        };
+        let egress_allow = list(
+            "AGENTRY_EGRESS_ALLOW",
+            get("AGENTRY_EGRESS_ALLOW"),
+            egress_patterns,
+        )?;
         let mention = match get("AGENTRY_MENTION") {
             None => DEFAULT_MENTION.to_owned(),
             Some(text) => {
@@ -363,18 +413,13 @@ impl Config {
                 handle.to_owned()
             }
         };
-        let revision_quiet = match get("AGENTRY_REVISION_QUIET_SECS") {
-            None => Duration::from_secs(5),
-            Some(text) => match text.trim().parse::<u64>() {
-                Ok(secs) if secs <= 3600 => Duration::from_secs(secs),
-                _ => {
-                    return Err(ConfigError {
-                        name: "AGENTRY_REVISION_QUIET_SECS",
-                        message: format!("{text:?}; expected whole seconds from 0 to 3600"),
-                    });
-                }
-            },
-        };
+        let revision_quiet = Duration::from_secs(whole_number(
+            "AGENTRY_REVISION_QUIET_SECS",
+            get("AGENTRY_REVISION_QUIET_SECS"),
+            5,
+            0..=3600,
+            "whole seconds",
+        )?);
         Ok(Config {
             data_dir,
             database_url,
@@ -421,15 +466,9 @@ fn upstream(
     let error = |message: String| ConfigError { name, message };
     let url = url::Url::parse(text.trim())
         .map_err(|e| error(format!("{text:?} is not an absolute URL: {e}")))?;
-    let loopback = match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
     match url.scheme() {
         "https" => {}
-        "http" if loopback => {}
+        "http" if is_loopback(&url) => {}
         _ => {
             return Err(error(format!(
                 "{text:?}: expected an https URL (http only to a loopback host)"
@@ -581,7 +620,7 @@ fn absolute_sqlite_url(url: String) -> Result<String, ConfigError> {
 pub const MIN_WEBHOOK_SECRET_BYTES: usize = 16;
 
 /// Whether `url`'s host is this machine: `localhost`, 127.0.0.0/8 or `::1`.
-fn is_loopback(url: &url::Url) -> bool {
+pub(crate) fn is_loopback(url: &url::Url) -> bool {
     match url.host() {
         Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
@@ -596,29 +635,29 @@ fn interval(
     name: &'static str,
     default_secs: u64,
 ) -> Result<Duration, ConfigError> {
-    let Some(text) = get(name) else {
-        return Ok(Duration::from_secs(default_secs));
-    };
-    match text.trim().parse::<u64>() {
-        Ok(secs) if (1..=MAX_INTERVAL_SECS).contains(&secs) => Ok(Duration::from_secs(secs)),
-        _ => Err(ConfigError {
-            name,
-            message: format!("{text:?}; expected whole seconds from 1 to {MAX_INTERVAL_SECS}"),
-        }),
-    }
+    let secs = whole_number(
+        name,
+        get(name),
+        default_secs,
+        1..=MAX_INTERVAL_SECS,
+        "whole seconds",
+    )?;
+    Ok(Duration::from_secs(secs))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(|k| map.get(k).cloned())
+        Config::from_lookup(pairs(vars))
+    }
+
+    /// The error of `name` set to `value` alone, checked to name that variable.
+    fn refused(name: &str, value: &str) -> ConfigError {
+        let e = cfg(&[(name, value)]).unwrap_err();
+        assert_eq!(e.name, name, "{value}");
+        e
     }
 
     #[test]
@@ -632,15 +671,14 @@ mod tests {
         );
         let ok = cfg(&[("CODEHOST_WEBHOOK_SECRET", "sixteen-bytes!!!")]).unwrap();
         assert!(ok.webhook_secret.is_some());
-        for refused in [
+        for url in [
             "http://api.github.com",
             "http://ghe.example/api/v3",
             "http://10.0.0.1:8080",
             "http://[fe80::1]/",
             "http://localhost.evil.example",
         ] {
-            let e = cfg(&[("AGENTRY_CODEHOST_API_URL", refused)]).unwrap_err();
-            assert_eq!(e.name, "AGENTRY_CODEHOST_API_URL", "{refused}");
+            let e = refused("AGENTRY_CODEHOST_API_URL", url);
             assert!(e.to_string().contains("https"), "{e}");
         }
         for allowed in [
@@ -697,13 +735,12 @@ mod tests {
             "https://hooks.slack.com/services/T0/B0/s3cr3t"
         );
         assert!(!format!("{c:?}").contains("s3cr3t"));
-        for refused in [
+        for url in [
             "http://hooks.example.com/x",
             "hooks.slack.com/x",
             "ftp://a.example/",
         ] {
-            let e = cfg(&[("AGENTRY_ALERT_WEBHOOK_URL", refused)]).unwrap_err();
-            assert_eq!(e.name, "AGENTRY_ALERT_WEBHOOK_URL", "{refused}");
+            refused("AGENTRY_ALERT_WEBHOOK_URL", url);
         }
         assert!(cfg(&[("AGENTRY_ALERT_WEBHOOK_URL", "http://127.0.0.1:9/hook")]).is_ok());
     }
@@ -731,10 +768,8 @@ mod tests {
             ("AGENTRY_ISSUE_SYNC_INTERVAL_SECS", "86401"),
             ("AGENTRY_POLL_INTERVAL_SECS", "-1"),
         ] {
-            assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
+            refused(name, value);
         }
-        let blank = cfg(&[("AGENTRY_CLAUDE_BIN", " ")]).unwrap();
-        assert_eq!(blank.claude_bin, PathBuf::from("claude"));
     }
 
     #[test]
@@ -743,12 +778,7 @@ mod tests {
             cfg(&[("AGENTRY_DATA_DIR", "/srv/a")]).unwrap().database_url,
             "sqlite:///srv/a/agentry.db"
         );
-        assert_eq!(
-            cfg(&[("AGENTRY_DATABASE_URL", "mysql://x")])
-                .unwrap_err()
-                .name,
-            "AGENTRY_DATABASE_URL"
-        );
+        refused("AGENTRY_DATABASE_URL", "mysql://x");
     }
 
     #[test]
@@ -783,7 +813,7 @@ mod tests {
             ("AGENTRY_AGENT_SANDBOX", "no"),
             ("AGENTRY_AGENT_SANDBOX", "bwrap"),
         ] {
-            assert_eq!(cfg(&[(name, value)]).unwrap_err().name, name, "{value}");
+            refused(name, value);
         }
         let blank = cfg(&[("AGENTRY_CLAUDE_BIN", " ")]).unwrap();
         assert_eq!(blank.claude_bin, PathBuf::from("claude"));
@@ -857,8 +887,7 @@ mod tests {
             ("*.com", "a wildcard must stand for hosts below"),
             ("pypi org", "no white space"),
         ] {
-            let e = cfg(&[("AGENTRY_EGRESS_ALLOW", bad)]).unwrap_err();
-            assert_eq!(e.name, "AGENTRY_EGRESS_ALLOW");
+            let e = refused("AGENTRY_EGRESS_ALLOW", bad);
             assert!(e.message.contains(why), "{bad}: {}", e.message);
         }
         let e = cfg(&[("AGENTRY_EGRESS_ALLOW", "a.org, https://x")]).unwrap_err();
@@ -902,8 +931,7 @@ mod tests {
             ("AGENTRY_AGENT_MAX_MEMORY_BYTES", "4X"),
             ("AGENTRY_AGENT_TOTAL_MEMORY_BYTES", "1M"),
         ] {
-            let e = cfg(&[(name, value)]).unwrap_err();
-            assert_eq!(e.name, name, "{value}");
+            let e = refused(name, value);
             assert!(e.to_string().starts_with(&format!("{name}: ")), "{e}");
         }
     }
@@ -913,19 +941,12 @@ mod tests {
     #[test]
     fn the_seccomp_filter_is_on_unless_turned_off() {
         assert!(cfg(&[]).unwrap().sandbox_seccomp);
-        assert!(
-            cfg(&[("AGENTRY_SANDBOX_SECCOMP", "on")])
-                .unwrap()
-                .sandbox_seccomp
-        );
-        assert!(
-            !cfg(&[("AGENTRY_SANDBOX_SECCOMP", "off")])
-                .unwrap()
-                .sandbox_seccomp
-        );
+        for (value, on) in [("on", true), ("off", false)] {
+            let c = cfg(&[("AGENTRY_SANDBOX_SECCOMP", value)]).unwrap();
+            assert_eq!(c.sandbox_seccomp, on, "{value}");
+        }
         for bad in ["0", "false", "auto", "OFF"] {
-            let e = cfg(&[("AGENTRY_SANDBOX_SECCOMP", bad)]).unwrap_err();
-            assert_eq!(e.name, "AGENTRY_SANDBOX_SECCOMP", "{bad}");
+            refused("AGENTRY_SANDBOX_SECCOMP", bad);
         }
     }
 
@@ -1020,8 +1041,7 @@ mod tests {
             ("1BAD", "not an environment variable name"),
             ("A-B", "not an environment variable name"),
         ] {
-            let e = cfg(&[("AGENTRY_AGENT_ENV", bad)]).unwrap_err();
-            assert_eq!(e.name, "AGENTRY_AGENT_ENV");
+            let e = refused("AGENTRY_AGENT_ENV", bad);
             assert!(e.message.contains(why), "{bad}: {}", e.message);
         }
     }

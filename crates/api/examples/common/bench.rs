@@ -35,17 +35,29 @@ pub fn size_args(sizes: &[u64]) -> Result<SizeArgs, Error> {
         requests: 50,
         pg: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    flag_values(|flag, value| {
+        match flag {
             "--sizes" => a.sizes = value.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--requests" => a.requests = value.parse()?,
             "--pg" => a.pg = Some(value),
-            other => return Err(format!("unknown flag {other}").into()),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    })?;
+    Ok(a)
+}
+
+/// Reads the command line as `--flag value` pairs, each given to `set`, which answers
+/// whether it takes that flag: an unknown flag, or one without a value, is an error.
+pub fn flag_values(mut set: impl FnMut(&str, String) -> Result<bool, Error>) -> Result<(), Error> {
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        if !set(&flag, value)? {
+            return Err(format!("unknown flag {flag}").into());
         }
     }
-    Ok(a)
+    Ok(())
 }
 
 /// Calls `measure(backend, url, size, requests)` on a fresh database for each size, on

@@ -4,8 +4,9 @@ use actix_web::{HttpRequest, HttpResponse, get, web};
 use agentry_domain::RepoUrl;
 
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::query::Query;
+use crate::routes::QueryErrors;
 use crate::state::AppState;
 use agentry_service::costs;
 
@@ -25,8 +26,7 @@ pub const DEFAULT_DAYS: i64 = 30;
     ),
     responses(
         (status = 200, description = "The cost report (docs/contract.md#4-cost-report)", body = agentry_analytics::CostReport),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
+        QueryErrors,
     ),
     security(("bearer" = []))
 )]

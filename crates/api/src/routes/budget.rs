@@ -9,7 +9,8 @@ use utoipa::ToSchema;
 
 use crate::auth::Caller;
 use crate::body::JsonBody;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
+use crate::routes::{AuthErrors, BodyErrors, QueryErrors, cursor};
 use crate::state::AppState;
 
 /// The instance-wide monthly budget and its month so far.
@@ -84,10 +85,7 @@ pub struct PutBudget {
 /// The instance-wide monthly budget and what this month has spent and reserved (viewer).
 #[utoipa::path(
     tag = "budget",
-    responses(
-        (status = 200, body = BudgetDto),
-        (status = 401, body = ErrorBody),
-    ),
+    responses((status = 200, body = BudgetDto), AuthErrors),
     security(("bearer" = []))
 )]
 #[get("/budget")]
@@ -103,13 +101,7 @@ pub async fn get_budget(
 #[utoipa::path(
     tag = "budget",
     request_body = PutBudget,
-    responses(
-        (status = 200, body = BudgetDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-    ),
+    responses((status = 200, body = BudgetDto), BodyErrors),
     security(("bearer" = []))
 )]
 #[put("/budget")]
@@ -209,11 +201,7 @@ pub struct BudgetAlertListDto {
         ("cursor" = Option<String>, Query, format = Uuid,
             description = "`nextCursor` of the previous page, unchanged"),
     ),
-    responses(
-        (status = 200, body = BudgetAlertListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-    ),
+    responses((status = 200, body = BudgetAlertListDto), QueryErrors),
     security(("bearer" = []))
 )]
 #[get("/budget/alerts")]
@@ -228,11 +216,7 @@ pub async fn list_budget_alerts(
         .unwrap_or(50);
     let after = q
         .get("cursor")
-        .map(|c| {
-            uuid::Uuid::parse_str(c).map_err(|_| {
-                ApiError::invalid_parameter("cursor", "malformed cursor; pass nextCursor unchanged")
-            })
-        })
+        .map(cursor::field::<uuid::Uuid>)
         .transpose()?;
     let page = state.service.budget_alerts(limit, after).await?;
     Ok(web::Json(BudgetAlertListDto {

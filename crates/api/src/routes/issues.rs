@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use agentry_domain::{AgentType, Role};
 use agentry_persistence::issues::{IssueView, IssueViewCursor};
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -16,6 +15,9 @@ use crate::body::JsonBody;
 use crate::dto::TaskDto;
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
+use crate::routes::{
+    BodyErrors, ChangeErrors, LookupErrors, created_or_existing, cursor, path_uuid,
+};
 use crate::state::AppState;
 use agentry_service::tasks::Assignment;
 use agentry_service::views::IssuesView;
@@ -133,14 +135,12 @@ pub const DEFAULT_LIMIT: i64 = 100;
 /// Largest page size of the issues view.
 pub const MAX_LIMIT: i64 = 200;
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-
 /// Encodes a position of the issues view as an opaque cursor.
 pub fn encode_cursor(c: &IssueViewCursor) -> String {
-    let micros = c.updated_at.unix_timestamp_nanos() / 1_000;
-    B64.encode(format!(
-        "{}:{micros}:{}:{}",
+    cursor::encode(format!(
+        "{}:{}:{}:{}",
         u8::from(c.linked),
+        cursor::micros(c.updated_at),
         c.number,
         c.repo_url
     ))
@@ -148,25 +148,20 @@ pub fn encode_cursor(c: &IssueViewCursor) -> String {
 
 /// Decodes a cursor made by [`encode_cursor`]; anything else is refused.
 pub fn decode_cursor(s: &str) -> Result<IssueViewCursor, ApiError> {
-    let bad =
-        || ApiError::invalid_parameter("cursor", "malformed cursor; pass nextCursor unchanged");
-    let text = String::from_utf8(B64.decode(s).map_err(|_| bad())?).map_err(|_| bad())?;
+    let text = cursor::decode(s)?;
     let mut parts = text.splitn(4, ':');
-    let mut next = || parts.next().ok_or_else(bad);
+    let mut next = || parts.next().ok_or_else(cursor::malformed);
     let linked = match next()? {
         "0" => false,
         "1" => true,
-        _ => return Err(bad()),
+        _ => return Err(cursor::malformed()),
     };
-    let micros: i128 = next()?.parse().map_err(|_| bad())?;
-    let number: i64 = next()?.parse().map_err(|_| bad())?;
+    let updated_at = cursor::time(next()?)?;
+    let number: i64 = cursor::field(next()?)?;
     let repo_url = next()?.to_owned();
     if repo_url.is_empty() || number < 1 {
-        return Err(bad());
+        return Err(cursor::malformed());
     }
-    let updated_at =
-        OffsetDateTime::from_unix_timestamp_nanos(micros.checked_mul(1_000).ok_or_else(bad)?)
-            .map_err(|_| bad())?;
     Ok(IssueViewCursor {
         linked,
         updated_at,
@@ -223,9 +218,7 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
     let q = Query::parse(req.query_string(), allowed)?;
     let repo_id = q
         .get("repoId")
-        .map(|v| {
-            Uuid::parse_str(v).map_err(|_| ApiError::invalid_parameter("repoId", "must be a UUID"))
-        })
+        .map(|v| path_uuid("repoId", v))
         .transpose()?;
     let limit = q.int_in("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT);
     let cursor = q.get("cursor").map(decode_cursor).transpose()?;
@@ -247,12 +240,7 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
         ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
             description = "`nextCursor` of the previous page, unchanged"),
     ),
-    responses(
-        (status = 200, body = IssueListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = IssueListDto), LookupErrors),
     security(("bearer" = []))
 )]
 #[get("/issues")]
@@ -276,10 +264,7 @@ pub async fn list_issues(
     ),
     responses(
         (status = 200, body = IssueListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        ChangeErrors,
         (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -349,10 +334,7 @@ pub struct AssignedDto {
     responses(
         (status = 201, description = "The task was created", body = AssignedDto),
         (status = 200, description = "The issue already had a task", body = AssignedDto),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
+        BodyErrors,
         (status = 404, description = "Unknown repository, or not an open issue of it", body = ErrorBody),
         (status = 412, description = "No CODEHOST_TOKEN stored (the issue had to be looked up)", body = ErrorBody),
         (status = 503, description = "The code host failed while the issue was looked up", body = ErrorBody),
@@ -390,11 +372,7 @@ pub async fn assign_issue(
         task: task.into(),
         created,
     };
-    Ok(if created {
-        HttpResponse::Created().json(dto)
-    } else {
-        HttpResponse::Ok().json(dto)
-    })
+    Ok(created_or_existing(created, dto))
 }
 
 #[cfg(test)]
@@ -414,12 +392,12 @@ mod tests {
             "",
             "%%",
             "bm90IGEgY3Vyc29y",
-            &B64.encode("2:1:1:https://github.com/a/b"),
-            &B64.encode("0:x:1:https://github.com/a/b"),
-            &B64.encode("0:1:0:https://github.com/a/b"),
-            &B64.encode("0:1:1:"),
-            &B64.encode("0:1:1"),
-            &B64.encode(format!("0:{}:1:u", i128::MAX)),
+            &cursor::encode("2:1:1:https://github.com/a/b"),
+            &cursor::encode("0:x:1:https://github.com/a/b"),
+            &cursor::encode("0:1:0:https://github.com/a/b"),
+            &cursor::encode("0:1:1:"),
+            &cursor::encode("0:1:1"),
+            &cursor::encode(format!("0:{}:1:u", i128::MAX)),
         ] {
             assert_eq!(
                 decode_cursor(bad).map_err(|e| e.code()).err(),

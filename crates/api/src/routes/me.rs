@@ -7,7 +7,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
+use crate::routes::AuthErrors;
 
 /// The calling token (never the token itself).
 #[derive(Serialize, ToSchema)]
@@ -23,10 +24,7 @@ pub struct MeDto {
 /// The name and role of the token that makes the request (any role).
 #[utoipa::path(
     tag = "tokens",
-    responses(
-        (status = 200, body = MeDto),
-        (status = 401, body = ErrorBody),
-    ),
+    responses((status = 200, body = MeDto), AuthErrors),
     security(("bearer" = []))
 )]
 #[get("/me")]

@@ -3,6 +3,7 @@
 
 pub mod analytics;
 pub mod budget;
+mod cursor;
 pub mod health;
 pub mod issues;
 pub mod me;
@@ -12,15 +13,139 @@ pub mod tasks;
 pub mod tokens;
 pub mod webhooks;
 
-use actix_web::HttpResponse;
-use actix_web::ResponseError;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, web};
+use utoipa::IntoResponses;
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use uuid::Uuid;
 
+use crate::auth::{AnyRole, Caller, RequiredRole};
 use crate::error::ApiError;
 
 /// Parses a path segment as a UUID, naming the parameter on failure.
 pub(crate) fn path_uuid(name: &str, value: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(value).map_err(|_| ApiError::invalid_parameter(name, "must be a UUID"))
+}
+
+/// The one parameter in a route's path, read from its (percent-decoded) text.
+pub trait PathParam: Sized {
+    /// The parameter, or the 400 naming it.
+    fn parse(segment: &str) -> Result<Self, ApiError>;
+}
+
+/// `{id}`: a UUID.
+impl PathParam for Uuid {
+    fn parse(segment: &str) -> Result<Uuid, ApiError> {
+        path_uuid("id", segment)
+    }
+}
+
+/// A request on one resource: its caller, authenticated and holding at least the role `R`,
+/// and the resource's identifier `P` from the path (a UUID `{id}` unless said otherwise).
+/// The checks answer in the order a handler would make them: 401, then 403, then 400 for a
+/// malformed identifier.
+#[derive(Debug)]
+pub struct Target<R = AnyRole, P = Uuid> {
+    /// The caller.
+    pub caller: Caller,
+    /// The resource's identifier.
+    pub id: P,
+    role: PhantomData<R>,
+}
+
+impl<R: RequiredRole + 'static, P: PathParam + 'static> FromRequest for Target<R, P> {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let caller = Caller::from_request(req, payload);
+        let req = req.clone();
+        Box::pin(async move {
+            let caller = caller.await?;
+            caller.require(R::LEAST)?;
+            let segment = web::Path::<String>::extract(&req)
+                .await
+                .map(web::Path::into_inner)
+                .unwrap_or_default();
+            Ok(Target {
+                caller,
+                id: P::parse(&segment)?,
+                role: PhantomData,
+            })
+        })
+    }
+}
+
+/// The document's entry for an error answer: the JSON envelope ([`ErrorBody`]).
+///
+/// [`ErrorBody`]: crate::error::ErrorBody
+fn error_response(status: u16) -> RefOr<Response> {
+    let description = match status {
+        413 => "The body is over 1 MiB",
+        _ => "",
+    };
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build()
+        .into()
+}
+
+/// Declares sets of error answers for `responses(...)` of `#[utoipa::path]`, each listing
+/// its statuses once for all the operations that can answer them.
+macro_rules! error_sets {
+    ($($(#[doc = $doc:literal])+ $name:ident: [$($status:literal),+];)+) => {$(
+        $(#[doc = $doc])+
+        pub struct $name;
+
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                [$($status),+]
+                    .into_iter()
+                    .map(|status: u16| (status.to_string(), error_response(status)))
+                    .collect()
+            }
+        }
+    )+};
+}
+
+error_sets! {
+    /// 401: any authenticated operation without parameters.
+    AuthErrors: [401];
+    /// 401, 403: an admin's read without parameters.
+    AdminReadErrors: [401, 403];
+    /// 400, 401: a read with query parameters.
+    QueryErrors: [400, 401];
+    /// 400, 401, 404: a read of one resource.
+    LookupErrors: [400, 401, 404];
+    /// 400, 401, 403, 404: a change to one resource, for some roles only.
+    ChangeErrors: [400, 401, 403, 404];
+    /// 400, 401, 403, 404, 409: a state transition of one resource.
+    TransitionErrors: [400, 401, 403, 404, 409];
+    /// 400, 401, 403, 413: a JSON body, for some roles only.
+    BodyErrors: [400, 401, 403, 413];
+    /// 400, 401, 403, 404, 413: a JSON body about one resource, for some roles only.
+    BodyChangeErrors: [400, 401, 403, 404, 413];
+}
+
+/// The answer of an idempotent creation: 201 with `body` when this call created it, else 200
+/// with what was already there.
+pub(crate) fn created_or_existing(created: bool, body: impl serde::Serialize) -> HttpResponse {
+    if created {
+        HttpResponse::Created().json(body)
+    } else {
+        HttpResponse::Ok().json(body)
+    }
 }
 
 /// The answer for a route that does not exist.

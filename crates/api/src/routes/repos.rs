@@ -9,10 +9,13 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::Caller;
+use crate::auth::{AdminRole, Caller};
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody};
-use crate::routes::path_uuid;
+use crate::routes::{
+    AuthErrors, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, Target,
+    created_or_existing,
+};
 use crate::state::AppState;
 
 /// A repository to connect.
@@ -97,10 +100,7 @@ pub struct RepoListDto {
     responses(
         (status = 201, description = "Connected now", body = RepoDto),
         (status = 200, description = "Already connected", body = RepoDto),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
+        BodyErrors,
         (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
         (status = 422, description = "Unknown or inaccessible on the code host", body = ErrorBody),
         (status = 503, description = "The code host could not be reached", body = ErrorBody),
@@ -120,21 +120,13 @@ pub async fn connect_repo(
     if created {
         tracing::info!(repo = %repo.url, id = %repo.id, by = %caller.token_id, "repository connected");
     }
-    let dto = RepoDto::from(repo);
-    Ok(if created {
-        HttpResponse::Created().json(dto)
-    } else {
-        HttpResponse::Ok().json(dto)
-    })
+    Ok(created_or_existing(created, RepoDto::from(repo)))
 }
 
 /// Lists the connected repositories.
 #[utoipa::path(
     tag = "repos",
-    responses(
-        (status = 200, body = RepoListDto),
-        (status = 401, body = ErrorBody),
-    ),
+    responses((status = 200, body = RepoListDto), AuthErrors),
     security(("bearer" = []))
 )]
 #[get("/repos")]
@@ -156,21 +148,14 @@ pub async fn list_repos(
 #[utoipa::path(
     tag = "repos",
     params(("id" = Uuid, Path, description = "Repository id")),
-    responses(
-        (status = 200, body = RepoDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = RepoDto), LookupErrors),
     security(("bearer" = []))
 )]
 #[get("/repos/{id}")]
 pub async fn get_repo(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoDto>, ApiError> {
-    let id = path_uuid("id", &path)?;
     let repo = state.service.repository(id).await?;
     let budgets = state.service.budget_forecasts().await?;
     Ok(web::Json(with_budget(repo.into(), &budgets)))
@@ -192,23 +177,14 @@ fn with_budget(
 #[utoipa::path(
     tag = "repos",
     params(("id" = Uuid, Path, description = "Repository id")),
-    responses(
-        (status = 200, body = RepoDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = RepoDto), ChangeErrors),
     security(("bearer" = []))
 )]
 #[delete("/repos/{id}")]
 pub async fn disconnect_repo(
-    caller: Caller,
-    path: web::Path<String>,
+    Target { caller, id, .. }: Target<AdminRole>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoDto>, ApiError> {
-    caller.require(Role::Admin)?;
-    let id = path_uuid("id", &path)?;
     let repo = state.service.disconnect_repository(id).await?;
     tracing::info!(repo = %repo.url, by = %caller.token_id, "repository disconnected");
     Ok(web::Json(repo.into()))
@@ -220,19 +196,15 @@ pub async fn disconnect_repo(
     params(("id" = Uuid, Path, description = "Repository id")),
     responses(
         (status = 200, description = "The settings (docs/contract.md#35-repository-settings)", body = Object),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        LookupErrors,
     ),
     security(("bearer" = []))
 )]
 #[get("/repos/{id}/settings")]
 pub async fn get_settings(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoSettings>, ApiError> {
-    let id = path_uuid("id", &path)?;
     Ok(web::Json(state.service.repository(id).await?.settings))
 }
 
@@ -246,23 +218,16 @@ pub async fn get_settings(
         monthlyBudgetUsd, egressAllow"),
     responses(
         (status = 200, description = "The settings after the change", body = Object),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        BodyChangeErrors,
     ),
     security(("bearer" = []))
 )]
 #[patch("/repos/{id}/settings")]
 pub async fn patch_settings(
-    caller: Caller,
-    path: web::Path<String>,
+    Target { caller, id, .. }: Target<AdminRole>,
     state: web::Data<AppState>,
     body: JsonBody<serde_json::Value>,
 ) -> Result<web::Json<RepoSettings>, ApiError> {
-    caller.require(Role::Admin)?;
-    let id = path_uuid("id", &path)?;
     let settings = state.service.patch_repo_settings(id, body.0).await?;
     tracing::info!(repo = %id, by = %caller.token_id, "repository settings changed");
     Ok(web::Json(settings))

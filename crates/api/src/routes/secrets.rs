@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
-use crate::auth::Caller;
+use crate::auth::{AdminRole, Caller};
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody};
+use crate::routes::{AdminReadErrors, BodyErrors, ChangeErrors, PathParam, Target};
 use crate::state::AppState;
 
 /// Longest secret name.
@@ -58,6 +59,16 @@ pub struct SecretListDto {
     pub secrets: Vec<SecretDto>,
 }
 
+/// `{name}`: a secret's name, checked by [`check_name`].
+pub struct SecretName(pub String);
+
+impl PathParam for SecretName {
+    fn parse(segment: &str) -> Result<SecretName, ApiError> {
+        check_name(segment)?;
+        Ok(SecretName(segment.to_owned()))
+    }
+}
+
 /// Checks a secret name: an upper-case letter, then upper-case letters, digits and `_`.
 fn check_name(name: &str) -> Result<(), ApiError> {
     let mut chars = name.chars();
@@ -86,10 +97,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     request_body = PutSecret,
     responses(
         (status = 200, body = SecretDto),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
+        BodyErrors,
         (status = 422, description = "The code host refused the token", body = ErrorBody),
         (status = 503, description = "The code host could not be reached", body = ErrorBody),
     ),
@@ -97,14 +105,14 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 )]
 #[put("/secrets/{name}")]
 pub async fn put_secret(
-    caller: Caller,
-    path: web::Path<String>,
+    Target {
+        caller,
+        id: SecretName(name),
+        ..
+    }: Target<AdminRole, SecretName>,
     state: web::Data<AppState>,
     body: JsonBody<PutSecret>,
 ) -> Result<web::Json<SecretDto>, ApiError> {
-    caller.require(Role::Admin)?;
-    let name = path.into_inner();
-    check_name(&name)?;
     let value = SecretValue::new(body.0.value);
     if value.expose().trim().is_empty() || value.expose().len() > MAX_VALUE_BYTES {
         return Err(ApiError::invalid_parameter(
@@ -120,11 +128,7 @@ pub async fn put_secret(
 /// Lists the stored secrets: names and times, never values.
 #[utoipa::path(
     tag = "secrets",
-    responses(
-        (status = 200, body = SecretListDto),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-    ),
+    responses((status = 200, body = SecretListDto), AdminReadErrors),
     security(("bearer" = []))
 )]
 #[get("/secrets")]
@@ -144,24 +148,18 @@ pub async fn list_secrets(
     tag = "secrets",
     params(("name" = String, Path, pattern = "^[A-Z][A-Z0-9_]{0,63}$",
         description = "Secret name")),
-    responses(
-        (status = 204),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 204), ChangeErrors),
     security(("bearer" = []))
 )]
 #[delete("/secrets/{name}")]
 pub async fn delete_secret(
-    caller: Caller,
-    path: web::Path<String>,
+    Target {
+        caller,
+        id: SecretName(name),
+        ..
+    }: Target<AdminRole, SecretName>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require(Role::Admin)?;
-    let name = path.into_inner();
-    check_name(&name)?;
     let deleted = state.service.delete_secret(name.clone()).await?;
     if !deleted {
         return Err(ApiError::not_found(format!("secret {name} not found")));

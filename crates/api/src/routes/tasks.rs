@@ -5,13 +5,11 @@
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use agentry_domain::{AgentType, Role, TaskState, TaskType, Usd};
 use agentry_persistence::tasks::{TaskCursor, TaskFilter};
-use base64::Engine;
 use serde::Deserialize;
-use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::Caller;
+use crate::auth::{Caller, MemberRole};
 use crate::body::{JsonBody, read_limited, require_content_type};
 use crate::dto::names::{AgentTypeName, TaskStateName, TaskTypeName};
 use crate::dto::{
@@ -20,7 +18,9 @@ use crate::dto::{
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
-use crate::routes::path_uuid;
+use crate::routes::{
+    BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, cursor, path_uuid,
+};
 use crate::state::AppState;
 use agentry_service::tasks::{NewCodingTask, OutputTail};
 use agentry_service::views::TaskDetail;
@@ -32,26 +32,19 @@ pub const MAX_LIMIT: i64 = 200;
 /// Largest import body accepted over HTTP (the CLI has no limit).
 pub const IMPORT_LIMIT: usize = 256 * 1024 * 1024;
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-
 /// Encodes a list position as an opaque cursor.
 pub fn encode_cursor(c: &TaskCursor) -> String {
-    let micros = c.created_at.unix_timestamp_nanos() / 1_000;
-    B64.encode(format!("{micros}:{}", c.id))
+    cursor::encode(format!("{}:{}", cursor::micros(c.created_at), c.id))
 }
 
 /// Decodes a cursor made by [`encode_cursor`]; anything else is refused.
 pub fn decode_cursor(s: &str) -> Result<TaskCursor, ApiError> {
-    let bad =
-        || ApiError::invalid_parameter("cursor", "malformed cursor; pass nextCursor unchanged");
-    let text = String::from_utf8(B64.decode(s).map_err(|_| bad())?).map_err(|_| bad())?;
-    let (micros, id) = text.split_once(':').ok_or_else(bad)?;
-    let micros: i128 = micros.parse().map_err(|_| bad())?;
-    let created_at =
-        OffsetDateTime::from_unix_timestamp_nanos(micros.checked_mul(1_000).ok_or_else(bad)?)
-            .map_err(|_| bad())?;
-    let id = Uuid::parse_str(id).map_err(|_| bad())?;
-    Ok(TaskCursor { created_at, id })
+    let text = cursor::decode(s)?;
+    let (micros, id) = text.split_once(':').ok_or_else(cursor::malformed)?;
+    Ok(TaskCursor {
+        created_at: cursor::time(micros)?,
+        id: cursor::field(id)?,
+    })
 }
 
 /// Lists tasks, newest first, with cursor pagination.
@@ -66,11 +59,7 @@ pub fn decode_cursor(s: &str) -> Result<TaskCursor, ApiError> {
         ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
             description = "`nextCursor` of the previous page, unchanged"),
     ),
-    responses(
-        (status = 200, body = TaskListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskListDto), QueryErrors),
     security(("bearer" = []))
 )]
 #[get("/tasks")]
@@ -110,21 +99,14 @@ fn not_the_import_path(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
 #[utoipa::path(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
-    responses(
-        (status = 200, body = TaskDetailDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskDetailDto), LookupErrors),
     security(("bearer" = []))
 )]
 #[get("/tasks/{id}", guard = "not_the_import_path")]
 pub async fn get_task(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDetailDto>, ApiError> {
-    let id = path_uuid("id", &path)?;
     let TaskDetail {
         task,
         runs,
@@ -166,22 +148,15 @@ pub async fn get_task(
         ("attempt" = Option<i32>, Query, minimum = 1,
             description = "Only the calls of this attempt"),
     ),
-    responses(
-        (status = 200, body = ModelCallListDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 200, body = ModelCallListDto), LookupErrors),
     security(("bearer" = []))
 )]
 #[get("/tasks/{id}/calls")]
 pub async fn task_calls(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<web::Json<ModelCallListDto>, ApiError> {
-    let id = path_uuid("id", &path)?;
     let q = Query::parse(req.query_string(), &["attempt"])?;
     let attempt = q
         .int_in("attempt", 1, i64::from(i32::MAX))?
@@ -224,14 +199,7 @@ pub struct CreateTask {
 #[utoipa::path(
     tag = "tasks",
     request_body = CreateTask,
-    responses(
-        (status = 201, body = TaskDto),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 201, body = TaskDto), BodyChangeErrors),
     security(("bearer" = []))
 )]
 #[post("/tasks")]
@@ -265,24 +233,14 @@ pub async fn create_task(
 #[utoipa::path(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
-    responses(
-        (status = 200, body = TaskDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskDto), TransitionErrors),
     security(("bearer" = []))
 )]
 #[post("/tasks/{id}/cancel")]
 pub async fn cancel_task(
-    caller: Caller,
-    path: web::Path<String>,
+    Target { caller, id, .. }: Target<MemberRole>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDto>, ApiError> {
-    caller.require(Role::Member)?;
-    let id = path_uuid("id", &path)?;
     let reason = format!("cancelled by token {}", caller.token_id);
     let task = state.service.cancel_task(id, reason).await?;
     tracing::info!(task = %id, by = %caller.token_id, "task cancelled");
@@ -294,24 +252,14 @@ pub async fn cancel_task(
 #[utoipa::path(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
-    responses(
-        (status = 200, body = TaskDto),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody),
-    ),
+    responses((status = 200, body = TaskDto), TransitionErrors),
     security(("bearer" = []))
 )]
 #[post("/tasks/{id}/retry")]
 pub async fn retry_task(
-    caller: Caller,
-    path: web::Path<String>,
+    Target { caller, id, .. }: Target<MemberRole>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDto>, ApiError> {
-    caller.require(Role::Member)?;
-    let id = path_uuid("id", &path)?;
     let reason = format!("retried by token {}", caller.token_id);
     let task = state.service.retry_task(id, reason).await?;
     tracing::info!(task = %id, attempt = task.attempt, by = %caller.token_id, "task retried");
@@ -327,19 +275,15 @@ pub async fn retry_task(
     params(("id" = Uuid, Path, description = "Task id")),
     responses(
         (status = 200, content_type = "text/plain", body = String),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        LookupErrors,
     ),
     security(("bearer" = []))
 )]
 #[get("/tasks/{id}/log")]
 pub async fn task_log(
-    _caller: Caller,
-    path: web::Path<String>,
+    Target { id, .. }: Target,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path_uuid("id", &path)?;
     let Some(OutputTail { content, truncated }) = state.service.task_output(id).await? else {
         return Err(ApiError::not_found(format!("task {id} has no run log yet")));
     };
@@ -384,6 +328,7 @@ pub async fn import_tasks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use time::OffsetDateTime;
 
     #[test]
     fn cursors_round_trip_and_garbage_is_refused() {
@@ -397,8 +342,8 @@ mod tests {
             "",
             "!!",
             "bm9wZQ",
-            &B64.encode("12:not-a-uuid"),
-            &B64.encode(format!("x:{}", c.id)),
+            &cursor::encode("12:not-a-uuid"),
+            &cursor::encode(format!("x:{}", c.id)),
         ] {
             assert_eq!(
                 decode_cursor(bad).unwrap_err().code(),

@@ -8,10 +8,10 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::{Caller, generate_token, hash_token};
+use crate::auth::{AdminRole, Caller, generate_token, hash_token};
 use crate::body::JsonBody;
-use crate::error::{ApiError, ErrorBody};
-use crate::routes::path_uuid;
+use crate::error::ApiError;
+use crate::routes::{AdminReadErrors, BodyErrors, ChangeErrors, Target};
 use crate::state::AppState;
 
 /// Longest token name.
@@ -78,13 +78,7 @@ pub struct TokenListDto {
 #[utoipa::path(
     tag = "tokens",
     request_body = CreateToken,
-    responses(
-        (status = 201, body = CreatedTokenDto),
-        (status = 400, body = ErrorBody),
-        (status = 413, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-    ),
+    responses((status = 201, body = CreatedTokenDto), BodyErrors),
     security(("bearer" = []))
 )]
 #[post("/tokens")]
@@ -115,11 +109,7 @@ pub async fn create_token(
 /// Lists the active API tokens.
 #[utoipa::path(
     tag = "tokens",
-    responses(
-        (status = 200, body = TokenListDto),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-    ),
+    responses((status = 200, body = TokenListDto), AdminReadErrors),
     security(("bearer" = []))
 )]
 #[get("/tokens")]
@@ -138,23 +128,14 @@ pub async fn list_tokens(
 #[utoipa::path(
     tag = "tokens",
     params(("id" = Uuid, Path, description = "Token id")),
-    responses(
-        (status = 204),
-        (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-    ),
+    responses((status = 204), ChangeErrors),
     security(("bearer" = []))
 )]
 #[delete("/tokens/{id}")]
 pub async fn revoke_token(
-    caller: Caller,
-    path: web::Path<String>,
+    Target { caller, id, .. }: Target<AdminRole>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require(Role::Admin)?;
-    let id = path_uuid("id", &path)?;
     let revoked = state.service.revoke_token(id).await?;
     if !revoked {
         return Err(ApiError::not_found(format!("token {id} not found")));
