@@ -2,7 +2,6 @@
 //! streaming through chunk by chunk, metering into a real SQLite file, the per-call budget,
 //! and the errors it passes on or gives itself. The upstream is a scripted HTTP/1.1 server
 //! on 127.0.0.1 written here, so each test controls exactly when each byte goes out.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
