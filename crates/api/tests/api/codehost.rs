@@ -6,11 +6,8 @@ use crate::common::env::*;
 use crate::common::*;
 use actix_web::test::TestRequest;
 use agentry_fake_github::{FakeGitHub, Fault};
-use agentry_persistence::outbox::{self, EffectKind};
-use agentry_persistence::repos;
 use agentry_persistence::secrets;
 use agentry_persistence::test_support::TestDb;
-use agentry_service::codehost;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -258,125 +255,6 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
 }
 
 #[actix_web::test]
-async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
-    let env = Env::new(sqlite());
-    env.store_token();
-    let repo = env.connect("acme", "web");
-    let number = env.fake.add_issue("acme", "web", "Flaky", None, &[]);
-    let app = service_with(env.state.clone()).await;
-    let (status, _) = client(&app, &env.t.member)
-        .assign(&assign_body(repo, number))
-        .await;
-    assert_eq!(status, 201);
-
-    // The next 5 label and comment calls fail. The client retries a label call twice
-    // itself; a comment it never sends again after a failure (GitHub may have stored it), so
-    // the outbox retries it, looking for its marker first.
-    env.fake
-        .fail_next(Some(("POST", ISSUE_LABELS)), 5, Fault::Status(500));
-    env.fake
-        .fail_next(Some(("POST", COMMENTS)), 5, Fault::Status(502));
-    assert_eq!(env.deliver(0).await, 0);
-    let task_id = Uuid::parse_str(&env.fake_task_id()).unwrap();
-    let failed = outbox::effects_of_task(&mut env.db().conn().unwrap(), task_id).unwrap();
-    assert!(
-        failed
-            .iter()
-            .all(|e| e.attempts == 1 && e.delivered_at.is_none() && e.last_error.is_some()),
-        "{failed:?}"
-    );
-    // Not due again before its retry delay.
-    assert_eq!(env.deliver(0).await, 0);
-    assert_eq!(env.fake.count("POST", COMMENTS), 1);
-    // Time passes, the code host recovers.
-    let mut delivered = 0;
-    let mut rounds = 1;
-    while delivered < 2 {
-        rounds += 1;
-        assert!(rounds <= 6, "still not delivered after {rounds} rounds");
-        delivered += env.deliver(3600 * rounds).await;
-    }
-    assert_eq!(rounds, 6, "the comment needed five failed rounds");
-    assert_eq!(comments_of(&env.fake, number).len(), 1);
-    assert_eq!(env.fake.count("POST", COMMENTS), 6);
-    assert_eq!(
-        env.fake.issue("acme", "web", number).unwrap().labels.len(),
-        1
-    );
-    let done = outbox::effects_of_task(&mut env.db().conn().unwrap(), task_id).unwrap();
-    let attempts: Vec<(EffectKind, i32)> = done.iter().map(|e| (e.kind(), e.attempts)).collect();
-    assert!(
-        attempts.contains(&(EffectKind::AddLabel, 1)),
-        "{attempts:?}"
-    );
-    assert!(attempts.contains(&(EffectKind::Comment, 5)), "{attempts:?}");
-    assert_eq!(env.deliver(3600 * 10).await, 0);
-    assert_eq!(comments_of(&env.fake, number).len(), 1);
-}
-
-#[actix_web::test]
-async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment() {
-    for db in TestDb::all() {
-        let env = Env::new(db);
-        env.store_token();
-        let repo_id = env.connect("acme", "web");
-        let number = env.fake.add_issue("acme", "web", "Crash me", None, &[]);
-        let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
-        let (task, created) = codehost::assign(
-            &mut env.db().conn().unwrap(),
-            &repo,
-            i64::try_from(number).unwrap(),
-            "Crash me",
-            "",
-            agentry_domain::AgentType::ClaudeCode,
-            agentry_persistence::now(),
-        )
-        .unwrap();
-        assert!(created);
-
-        // A worker claims the effects and posts the comment, then dies before marking it.
-        let claimed = outbox::QUEUE
-            .claim_due(
-                &mut env.db().conn().unwrap(),
-                agentry_persistence::now(),
-                time::Duration::minutes(2),
-                10,
-            )
-            .unwrap();
-        let comment = claimed
-            .iter()
-            .find(|e| e.kind() == EffectKind::Comment)
-            .unwrap();
-        let github = env.state.service.github().await.unwrap();
-        codehost::deliver(&github, &repo, comment).await.unwrap();
-        assert_eq!(comments_of(&env.fake, number).len(), 1);
-        drop(github);
-
-        // A new process on the same database: nothing is due while the lease runs…
-        let restarted = state_with_key(
-            env.db(),
-            &env.fake.base_url(),
-            env.state.service.master_key().clone(),
-        );
-        let at = agentry_persistence::now();
-        assert_eq!(restarted.service.deliver_due_effects(at).await.unwrap(), 0);
-        // …then both effects are delivered, and the comment is recognised by its marker.
-        let later = at + time::Duration::minutes(3);
-        assert_eq!(
-            restarted.service.deliver_due_effects(later).await.unwrap(),
-            2
-        );
-        assert_eq!(comments_of(&env.fake, number).len(), 1);
-        assert_eq!(env.fake.count("POST", COMMENTS), 1);
-        let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task.id).unwrap();
-        assert!(
-            effects.iter().all(|e| e.delivered_at.is_some()),
-            "{effects:?}"
-        );
-    }
-}
-
-#[actix_web::test]
 async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task() {
     for db in TestDb::all() {
         let env = Env::new(db);
@@ -475,45 +353,6 @@ async fn one_repository_failing_does_not_stop_the_others() {
     assert_eq!(view["errors"], json!([]));
 }
 
-#[actix_web::test]
-async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304() {
-    let env = Env::new(sqlite());
-    env.store_token();
-    for i in 0..20 {
-        let name = format!("repo{i:02}");
-        env.fake.add_repo("acme", &name, "main");
-        for n in 0..3 {
-            env.fake
-                .add_issue("acme", &name, &format!("Issue {n}"), None, &[]);
-        }
-        env.connect("acme", &name);
-    }
-    let before = env.fake.rate_limit_remaining();
-    env.state.service.sync_issues(None).await.unwrap();
-    assert_eq!(env.count("synced_issues"), 60);
-    env.fake.reset_counts();
-    let outcomes = env.state.service.sync_issues(None).await.unwrap();
-    assert!(
-        outcomes
-            .iter()
-            .all(|(_, o)| o.unchanged && o.error.is_none())
-    );
-    let requests = env.fake.requests();
-    assert_eq!(requests.len(), 20, "{requests:?}");
-    assert!(requests.iter().all(|r| r.status == 304 && r.if_none_match));
-    // 304s cost no rate limit: only the first sync's 40 requests were counted (per
-    // repository, the full read of its open issues, then the changes since it, whose ETag
-    // the later syncs send).
-    let used = before - env.fake.rate_limit_remaining();
-    assert_eq!(used, 40);
-    eprintln!(
-        "unchanged sync of 20 repositories: {} requests, {} answered 304; rate-limit units \
-         used by both syncs: {used}",
-        requests.len(),
-        requests.iter().filter(|r| r.status == 304).count()
-    );
-}
-
 /// The numbers of the issues of a view, in order.
 fn numbers_of(view: &Value) -> Vec<u64> {
     view["issues"]
@@ -521,14 +360,6 @@ fn numbers_of(view: &Value) -> Vec<u64> {
         .unwrap()
         .iter()
         .map(|i| i["number"].as_u64().unwrap())
-        .collect()
-}
-
-/// GETs of the issue list since the last `reset_counts`.
-fn list_reads(fake: &FakeGitHub) -> Vec<agentry_fake_github::RequestRecord> {
-    fake.requests()
-        .into_iter()
-        .filter(|r| r.method == "GET" && r.route.as_deref() == Some("/repos/{owner}/{repo}/issues"))
         .collect()
 }
 
@@ -579,117 +410,6 @@ async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next
         assert_eq!(view["errors"], json!([]));
         assert!(view["syncedAt"][repo.to_string()].is_string());
     }
-}
-
-#[actix_web::test]
-async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
-    for db in TestDb::all() {
-        let env = Env::new(db);
-        env.store_token();
-        env.connect("acme", "web");
-        env.fake.freeze_clock();
-        for n in 1..=150 {
-            env.fake
-                .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
-            env.fake.advance_clock(std::time::Duration::from_secs(1));
-        }
-        env.state.service.sync_issues(None).await.unwrap();
-        assert_eq!(env.count("synced_issues"), 150);
-
-        // A new process on the same database; meanwhile #1 (page 2 of the open issues)
-        // closes and #2 gets a label.
-        let restarted = state_with_key(
-            env.db(),
-            &env.fake.base_url(),
-            env.state.service.master_key().clone(),
-        );
-        env.fake.close_issue("acme", "web", 1);
-        env.fake.add_label("acme", "web", 2, "bug");
-        env.fake.reset_counts();
-        let outcomes = restarted.service.sync_issues(None).await.unwrap();
-        assert!(
-            outcomes.iter().all(|(_, o)| o.error.is_none()),
-            "{outcomes:?}"
-        );
-        // One request: the changes since the stored watermark, not the 2 pages of all issues.
-        let reads = list_reads(&env.fake);
-        assert_eq!(reads.len(), 1, "{reads:?}");
-        assert!(reads[0].query.contains("since="), "{reads:?}");
-        assert!(reads[0].query.contains("state=all"), "{reads:?}");
-        assert_eq!(env.count("synced_issues"), 149);
-        let app = service_with(restarted.clone()).await;
-        let (_, view) = call(&app, get("/api/issues?limit=200", &env.t.viewer)).await;
-        let two = view["issues"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|i| i["number"] == 2)
-            .unwrap();
-        assert_eq!(two["labels"][0]["name"], "bug");
-        assert!(!numbers_of(&view).contains(&1));
-    }
-}
-
-#[actix_web::test]
-async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
-    let env = Env::new(sqlite());
-    env.store_token();
-    let repo = env.connect("acme", "web");
-    let state = state_from(
-        env.db(),
-        code_host_with(
-            &env.fake.base_url(),
-            env.state.service.master_key().clone(),
-            codehost::Timing {
-                // Long enough that the incremental sync below comes before it even on a
-                // loaded machine; the test waits for it by polling.
-                full_sync_every: std::time::Duration::from_secs(1),
-                ..test_timing()
-            },
-        ),
-    );
-    for n in 1..=3 {
-        env.fake
-            .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
-    }
-    state.service.sync_issues(None).await.unwrap();
-    // An issue the copy holds but the code host no longer lists (deleted there: updates
-    // never report it).
-    let mut gone = agentry_persistence::issues::open_issues(&mut env.db().conn().unwrap(), None)
-        .unwrap()
-        .into_iter()
-        .map(|v| v.issue)
-        .collect::<Vec<_>>();
-    gone.push(agentry_persistence::issues::SyncedIssue {
-        number: 99,
-        ..gone[0].clone()
-    });
-    agentry_persistence::issues::replace_open_issues(
-        &mut env.db().conn().unwrap(),
-        repo,
-        &gone,
-        None,
-        agentry_persistence::now(),
-    )
-    .unwrap();
-    assert_eq!(env.count("synced_issues"), 4);
-    // Before the full read is due, an incremental sync does not notice.
-    state.service.sync_issues(None).await.unwrap();
-    assert_eq!(env.count("synced_issues"), 4);
-    // Once the full read is due (1 s after the last one), a sync reads every issue and
-    // drops the one gone. Until then each sync is incremental and keeps it.
-    agentry_testkit::wait::eventually_async(PATIENCE, "a full read", async || {
-        env.fake.reset_counts();
-        state.service.sync_issues(None).await.unwrap();
-        if env.count("synced_issues") == 3 {
-            return true;
-        }
-        assert_eq!(env.count("synced_issues"), 4);
-        false
-    })
-    .await;
-    // The missing issue was looked up once before it left the copy.
-    assert_eq!(env.fake.count("GET", "/repos/acme/web/issues/99"), 1);
 }
 
 #[actix_web::test]

@@ -2,27 +2,27 @@
 //! of each role.
 #![allow(dead_code)]
 
+#[path = "../../../../testkit/rigs/cost_data.rs"]
+pub mod cost_data;
 pub mod env;
+#[path = "../../../../testkit/rigs/service.rs"]
+pub mod rig;
+
+pub use rig::{PATIENCE, code_host_with, connect_url, create, new_task, service_from, test_timing};
 
 use actix_http::Request;
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::test;
 use actix_web::web;
-use std::time::Duration;
 
 use agentry_api::auth::{generate_token, hash_token};
 use agentry_api::state::AppState;
-use agentry_codehost::ClientConfig;
-use agentry_domain::{AgentType, RepoUrl, Role, TaskType};
+use agentry_domain::Role;
 use agentry_persistence::Db;
 use agentry_persistence::secrets::MasterKey;
-use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::TestDb;
-use agentry_service::codehost::{CodeHost, Timing};
-use agentry_service::runs::Runs;
+use agentry_service::codehost::CodeHost;
 use serde_json::Value;
-use time::OffsetDateTime;
-use uuid::Uuid;
 
 /// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
 /// reported ignored, where the suite has no server), as `$name::sqlite` and
@@ -56,9 +56,6 @@ macro_rules! on_both_backends {
 }
 pub(crate) use on_both_backends;
 
-/// How long a test waits for something the service does in the background.
-pub const PATIENCE: Duration = Duration::from_secs(30);
-
 pub struct Tokens {
     pub admin: String,
     pub member: String,
@@ -86,41 +83,9 @@ pub fn tokens(db: &Db) -> Tokens {
     }
 }
 
-/// Timings for tests: retry delays long enough that a test decides when time passes (see
-/// `Service::deliver_due_effects`), and no full issue read within a test.
-pub fn test_timing() -> Timing {
-    Timing {
-        full_sync_every: Duration::from_secs(3600),
-        retry_base: Duration::from_secs(1),
-        retry_max: Duration::from_secs(10),
-        lease: Duration::from_secs(60),
-        idle: Duration::from_millis(200),
-    }
-}
-
-/// A code-host integration pointed at `api_url` with `key`, fast client retries and
-/// `timing`.
-pub fn code_host_with(api_url: &str, key: MasterKey, timing: Timing) -> CodeHost {
-    CodeHost::new(
-        key,
-        ClientConfig {
-            api_url: api_url.into(),
-            request_timeout: Duration::from_secs(5),
-            max_retries: 2,
-            backoff_base: Duration::from_millis(5),
-            backoff_max: Duration::from_millis(50),
-            max_rate_limit_wait: Duration::from_secs(5),
-            ..ClientConfig::default()
-        },
-        timing,
-    )
-}
-
 /// Application state over `db` with the code-host integration `codehost`.
 pub fn state_from(db: &Db, codehost: CodeHost) -> web::Data<AppState> {
-    // No runner loop runs in these tests; tests of runs build their own state.
-    let runs = Runs::disabled(std::env::temp_dir().join("agentry-api-tests-idle-runner"));
-    state_of(agentry_service::Service::new(db.clone(), codehost, runs))
+    state_of(service_from(db, codehost))
 }
 
 /// Application state over `service`.
@@ -131,48 +96,22 @@ pub fn state_of(service: agentry_service::Service) -> web::Data<AppState> {
 /// Application state over `db` (no reachable code host) that serves `/metrics` without a
 /// token, as with `AGENTRY_METRICS_PUBLIC=1`.
 pub fn state_public_metrics(db: &Db) -> web::Data<AppState> {
-    let runs = Runs::disabled(std::env::temp_dir().join("agentry-api-tests-idle-runner"));
-    let codehost = code_host_with(
-        "http://127.0.0.1:9",
-        MasterKey::generate().unwrap(),
-        test_timing(),
-    );
-    let service = agentry_service::Service::new(db.clone(), codehost, runs);
-    web::Data::new(AppState::new(service).unwrap().with_metrics_public(true))
-}
-
-/// Connects `url` straight in the database; returns the repository's id.
-pub fn connect_url(db: &Db, url: &str) -> Uuid {
-    let new = agentry_persistence::repos::NewRepository {
-        url: RepoUrl::parse(url).unwrap(),
-        default_branch: "main".into(),
-        clone_url: format!("{url}.git"),
-        codehost_id: None,
-    };
-    agentry_persistence::repos::connect_repository(
-        &mut db.conn().unwrap(),
-        &new,
-        agentry_persistence::now(),
+    web::Data::new(
+        AppState::new(rig::service_of(db))
+            .unwrap()
+            .with_metrics_public(true),
     )
-    .unwrap()
-    .0
-    .id
-}
-
-/// Application state over `db` whose code host is `api_url`, with a fresh master key.
-pub fn state_with(db: &Db, api_url: &str) -> web::Data<AppState> {
-    state_with_key(db, api_url, MasterKey::generate().unwrap())
 }
 
 /// Application state over `db` whose code host is `api_url` and master key `key` (a
 /// "restarted process" reuses the key of the first).
 pub fn state_with_key(db: &Db, api_url: &str, key: MasterKey) -> web::Data<AppState> {
-    state_from(db, code_host_with(api_url, key, test_timing()))
+    state_of(rig::service_with_key(db, api_url, key))
 }
 
 /// Application state over `db` with no reachable code host (port 9 refuses connections).
 pub fn state(db: &Db) -> web::Data<AppState> {
-    state_with(db, "http://127.0.0.1:9")
+    state_of(rig::service_of(db))
 }
 
 pub async fn service(
@@ -316,25 +255,6 @@ pub fn get(path: &str, token: &str) -> Request {
 
 pub fn task_count(db: &Db) -> i64 {
     agentry_persistence::meta::task_count(&mut db.conn().unwrap()).unwrap()
-}
-
-pub fn new_task(repo: &str, task_type: TaskType, created_at: OffsetDateTime) -> NewTask {
-    NewTask {
-        id: Uuid::new_v4(),
-        title: "A task".into(),
-        prompt: "Do it".into(),
-        repo_id: None,
-        repo_url: RepoUrl::parse(repo).unwrap(),
-        task_type,
-        agent_type: AgentType::ClaudeCode,
-        issue_number: None,
-        parent_task_id: None,
-        created_at,
-    }
-}
-
-pub fn create(db: &Db, new: &NewTask) -> agentry_domain::Task {
-    tasks::create_task(&mut db.conn().unwrap(), new, "test").unwrap()
 }
 
 pub fn sqlite() -> TestDb {

@@ -2,7 +2,6 @@
 //! streaming through chunk by chunk, metering into a real SQLite file, the per-call budget,
 //! and the errors it passes on or gives itself. The upstream is a scripted HTTP/1.1 server
 //! on 127.0.0.1 written here, so each test controls exactly when each byte goes out.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -17,7 +16,7 @@ use agentry_persistence::test_support::TestDb;
 use agentry_runner::AgentSpec;
 use agentry_runner::network::{RunInfo, RunMeter};
 use agentry_service::gateway::{Gateway, GatewayConfig, RunGate};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
@@ -37,6 +36,26 @@ enum Script {
     },
     /// Streams `first`, then closes the connection without ending the body.
     BreakOff(String),
+}
+
+impl Script {
+    /// A message of claude-sonnet-5 that used `input` and `output` tokens, as one JSON answer.
+    fn message(input: u32, output: u32) -> Script {
+        let usage = format!(r#"{{"input_tokens":{input},"output_tokens":{output}}}"#);
+        Script::Json(
+            200,
+            format!(r#"{{"model":"claude-sonnet-5","usage":{usage}}}"#),
+        )
+    }
+
+    /// Anthropic's stream of one message: [`START`], then (once `go` is notified) [`END`].
+    fn message_stream(go: &Arc<Notify>) -> Script {
+        Script::Stream {
+            first: START.into(),
+            go: go.clone(),
+            rest: END.into(),
+        }
+    }
 }
 
 /// One request the upstream received.
@@ -66,17 +85,9 @@ async fn upstream(script: Script) -> Upstream {
             tokio::spawn(async move {
                 let mut stream = BufReader::new(stream);
                 loop {
-                    let mut head = String::new();
-                    loop {
-                        let mut line = String::new();
-                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        head.push_str(&line);
-                        if line == "\r\n" {
-                            break;
-                        }
-                    }
+                    let Some(head) = read_head(&mut stream).await else {
+                        return;
+                    };
                     let length = head
                         .lines()
                         .find_map(|l| {
@@ -98,19 +109,13 @@ async fn upstream(script: Script) -> Upstream {
                             out.write_all(text.as_bytes()).await.unwrap();
                         }
                         Script::Stream { first, go, rest } => {
-                            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-                            out.write_all(head.as_bytes()).await.unwrap();
-                            out.write_all(chunk(first).as_bytes()).await.unwrap();
-                            out.flush().await.unwrap();
+                            start_stream(out, first).await;
                             go.notified().await;
                             out.write_all(chunk(rest).as_bytes()).await.unwrap();
                             out.write_all(b"0\r\n\r\n").await.unwrap();
                         }
                         Script::BreakOff(first) => {
-                            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-                            out.write_all(head.as_bytes()).await.unwrap();
-                            out.write_all(chunk(first).as_bytes()).await.unwrap();
-                            out.flush().await.unwrap();
+                            start_stream(out, first).await;
                             return;
                         }
                     }
@@ -121,14 +126,41 @@ async fn upstream(script: Script) -> Upstream {
     Upstream { url, seen }
 }
 
+/// Reads the lines of an HTTP head, up to and including the blank line that ends it; `None`
+/// when the connection ends (or fails) before.
+async fn read_head<R: AsyncBufRead + Unpin>(reader: &mut R) -> Option<String> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return None;
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            return Some(head);
+        }
+    }
+}
+
 fn chunk(text: &str) -> String {
     format!("{:x}\r\n{text}\r\n", text.len())
+}
+
+/// Sends a streaming answer's head and its first chunk, `first`, at once.
+async fn start_stream(out: &mut tokio::net::TcpStream, first: &str) {
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    out.write_all(head.as_bytes()).await.unwrap();
+    out.write_all(chunk(first).as_bytes()).await.unwrap();
+    out.flush().await.unwrap();
 }
 
 const START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-sonnet-5\",\"usage\":{\"input_tokens\":1000,\"cache_read_input_tokens\":0,\"cache_creation_input_tokens\":0,\"output_tokens\":1}}}\n\n";
 const END: &str = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"done\"}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":500}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
+/// The gateway over a fresh SQLite database with one task, its upstream scripted.
 struct Rig {
+    up: Upstream,
     _db: TestDb,
     db: agentry_persistence::Db,
     gateway: Gateway,
@@ -137,7 +169,9 @@ struct Rig {
 }
 
 impl Rig {
-    fn new(upstream: &str) -> Rig {
+    /// The gateway in front of an upstream that follows `script`.
+    async fn start(script: Script) -> Rig {
+        let up = upstream(script).await;
         let test_db = TestDb::sqlite();
         let db = test_db.db.clone();
         let mut conn = db.conn().unwrap();
@@ -164,7 +198,7 @@ impl Rig {
             "created",
         )
         .unwrap();
-        let url = url::Url::parse(upstream).unwrap();
+        let url = url::Url::parse(&up.url).unwrap();
         let gateway = Gateway::new(
             GatewayConfig {
                 anthropic_upstream: url.clone(),
@@ -178,6 +212,7 @@ impl Rig {
         )
         .unwrap();
         Rig {
+            up,
             _db: test_db,
             db,
             gateway,
@@ -186,12 +221,13 @@ impl Rig {
         }
     }
 
-    async fn open(
-        &self,
-        attempt: i32,
-        agent_type: AgentType,
-        allowance: Option<&str>,
-    ) -> (PathBuf, String, Arc<RunMeter>, RunGate) {
+    /// The requests the upstream received.
+    fn seen(&self) -> Vec<Seen> {
+        self.up.seen.lock().unwrap().clone()
+    }
+
+    /// Opens attempt `attempt` of the task's run with `agent_type` and `allowance`.
+    async fn open(&self, attempt: i32, agent_type: AgentType, allowance: Option<&str>) -> OpenRun {
         let socket = self.dir.path().join(format!("gateway-{attempt}.sock"));
         let run = RunInfo {
             task_id: self.task_id,
@@ -205,7 +241,17 @@ impl Rig {
             },
         };
         let (key, meter, gate) = self.gateway.open_run(&run, &socket).await.unwrap();
-        (socket, key, meter, gate)
+        OpenRun {
+            socket,
+            key,
+            meter,
+            gate,
+        }
+    }
+
+    /// Opens attempt 1 of a Claude Code run without an allowance.
+    async fn open_claude(&self) -> OpenRun {
+        self.open(1, AgentType::ClaudeCode, None).await
     }
 
     async fn calls(&self, attempt: i32) -> Vec<metering::ModelCall> {
@@ -216,6 +262,40 @@ impl Rig {
         );
         let mut conn = self.db.conn().unwrap();
         metering::task_calls(&mut conn, self.task_id, Some(attempt)).unwrap()
+    }
+}
+
+/// A run the gateway serves: its socket and key, its meter, and the gate that closes it when
+/// dropped.
+struct OpenRun {
+    socket: PathBuf,
+    key: String,
+    meter: Arc<RunMeter>,
+    gate: RunGate,
+}
+
+impl OpenRun {
+    /// `POST /v1/messages` of [`MESSAGE`] with the run's key in `x-api-key`.
+    async fn message(&self) -> (BufReader<UnixStream>, u16, String) {
+        let auth = [("x-api-key", self.key.as_str())];
+        send(&self.socket, "POST", "/v1/messages", &auth, MESSAGE).await
+    }
+
+    /// `POST path` of `body` with the run's key as a bearer token.
+    async fn post_with_bearer(
+        &self,
+        path: &str,
+        body: &[u8],
+    ) -> (BufReader<UnixStream>, u16, String) {
+        let bearer = format!("Bearer {}", self.key);
+        send(
+            &self.socket,
+            "POST",
+            path,
+            &[("authorization", &bearer)],
+            body,
+        )
+        .await
     }
 }
 
@@ -241,17 +321,7 @@ async fn send(
     // The gateway may answer (and stop reading) before a refused body is all sent.
     let _ = stream.write_all(body).await;
     let mut reader = BufReader::new(stream);
-    let mut response = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await.is_err() {
-            break;
-        }
-        response.push_str(&line);
-        if line == "\r\n" || line.is_empty() {
-            break;
-        }
-    }
+    let response = read_head(&mut reader).await.unwrap_or_default();
     let status = response
         .split_whitespace()
         .nth(1)
@@ -271,19 +341,14 @@ const MESSAGE: &[u8] = br#"{"model":"claude-sonnet-5","stream":true,"max_tokens"
 #[tokio::test]
 async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_the_real_key() {
     let go = Arc::new(Notify::new());
-    let up = upstream(Script::Stream {
-        first: START.into(),
-        go: go.clone(),
-        rest: END.into(),
-    })
-    .await;
-    let rig = Rig::new(&up.url);
-    let (socket, key, meter, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let rig = Rig::start(Script::message_stream(&go)).await;
+    let run = rig.open_claude().await;
+    let key = &run.key;
     let (mut reader, status, head) = send(
-        &socket,
+        &run.socket,
         "POST",
         "/v1/messages?beta=true",
-        &[("x-api-key", &key), ("anthropic-version", "2023-06-01")],
+        &[("x-api-key", key), ("anthropic-version", "2023-06-01")],
         MESSAGE,
     )
     .await;
@@ -322,7 +387,7 @@ async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_th
     assert!(all.contains("message_stop"), "{all}");
 
     // The upstream saw the real key, never the run's.
-    let seen = up.seen.lock().unwrap().clone();
+    let seen = rig.seen();
     assert_eq!(seen.len(), 1);
     let upstream_head = seen[0].head.to_ascii_lowercase();
     assert!(
@@ -352,71 +417,44 @@ async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_th
     );
     assert_eq!(call.model.as_deref(), Some("claude-sonnet-5"));
     assert_eq!(call.cost_usd, Some(Usd::parse("0.007").unwrap()));
-    assert_eq!(meter.spent(), Usd::parse("0.007").unwrap());
-    assert_eq!(meter.calls(), 1);
+    assert_eq!(run.meter.spent(), Usd::parse("0.007").unwrap());
+    assert_eq!(run.meter.calls(), 1);
 }
 
 #[tokio::test]
 async fn a_run_key_works_only_for_its_own_run_and_only_while_it_lasts() {
-    let up = upstream(Script::Json(
-        200,
-        r#"{"model":"claude-sonnet-5","usage":{"input_tokens":10,"output_tokens":1}}"#.into(),
-    ))
-    .await;
-    let rig = Rig::new(&up.url);
-    let (socket1, key1, _, gate1) = rig.open(1, AgentType::ClaudeCode, None).await;
-    let (socket2, key2, _, _gate2) = rig.open(2, AgentType::ClaudeCode, None).await;
-    assert_ne!(key1, key2);
-    let (_, status, _) = send(
-        &socket1,
-        "POST",
-        "/v1/messages",
-        &[("x-api-key", &key1)],
-        MESSAGE,
-    )
-    .await;
+    let rig = Rig::start(Script::message(10, 1)).await;
+    let run1 = rig.open_claude().await;
+    let run2 = rig.open(2, AgentType::ClaudeCode, None).await;
+    assert_ne!(run1.key, run2.key);
+    let (_, status, _) = run1.message().await;
     assert_eq!(status, 200);
     // Another run's key, no key, the upstream's own key: refused, in Anthropic's shape.
     for headers in [
-        vec![("x-api-key", key1.as_str())],
+        vec![("x-api-key", run1.key.as_str())],
         vec![],
         vec![("x-api-key", REAL_KEY)],
     ] {
-        let (reader, status, _) = send(&socket2, "POST", "/v1/messages", &headers, MESSAGE).await;
+        let (reader, status, _) =
+            send(&run2.socket, "POST", "/v1/messages", &headers, MESSAGE).await;
         assert_eq!(status, 401);
         let body = rest(reader).await;
         assert!(body.contains("authentication_error"), "{body}");
     }
-    let (_, status, _) = send(
-        &socket2,
-        "POST",
-        "/v1/messages",
-        &[("authorization", &format!("Bearer {key2}"))],
-        MESSAGE,
-    )
-    .await;
+    let (_, status, _) = run2.post_with_bearer("/v1/messages", MESSAGE).await;
     assert_eq!(status, 200);
-    assert_eq!(up.seen.lock().unwrap().len(), 2);
+    assert_eq!(rig.seen().len(), 2);
     // After the run, its socket is gone.
-    drop(gate1);
-    assert!(UnixStream::connect(&socket1).await.is_err());
-    assert!(!socket1.exists());
+    drop(run1.gate);
+    assert!(UnixStream::connect(&run1.socket).await.is_err());
+    assert!(!run1.socket.exists());
 }
 
 #[tokio::test]
 async fn upstream_errors_pass_through_unchanged_and_are_recorded() {
     let body = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
-    let up = upstream(Script::Json(529, body.into())).await;
-    let rig = Rig::new(&up.url);
-    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
-    let (reader, status, _) = send(
-        &socket,
-        "POST",
-        "/v1/messages",
-        &[("x-api-key", &key)],
-        MESSAGE,
-    )
-    .await;
+    let rig = Rig::start(Script::Json(529, body.into())).await;
+    let (reader, status, _) = rig.open_claude().await.message().await;
     assert_eq!(status, 529);
     assert_eq!(rest(reader).await, body);
     let calls = rig.calls(1).await;
@@ -429,17 +467,8 @@ async fn upstream_errors_pass_through_unchanged_and_are_recorded() {
 
 #[tokio::test]
 async fn a_stream_the_upstream_breaks_off_breaks_off_for_the_agent_and_keeps_what_it_used() {
-    let up = upstream(Script::BreakOff(START.into())).await;
-    let rig = Rig::new(&up.url);
-    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
-    let (reader, status, _) = send(
-        &socket,
-        "POST",
-        "/v1/messages",
-        &[("x-api-key", &key)],
-        MESSAGE,
-    )
-    .await;
+    let rig = Rig::start(Script::BreakOff(START.into())).await;
+    let (reader, status, _) = rig.open_claude().await.message().await;
     assert_eq!(status, 200);
     let body = tokio::time::timeout(Duration::from_secs(10), rest(reader))
         .await
@@ -455,17 +484,16 @@ async fn a_stream_the_upstream_breaks_off_breaks_off_for_the_agent_and_keeps_wha
 
 #[tokio::test]
 async fn bad_requests_get_clear_errors_in_the_providers_shape_and_reach_nothing() {
-    let up = upstream(Script::Json(200, "{}".into())).await;
-    let rig = Rig::new(&up.url);
-    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
-    let auth = [("x-api-key", key.as_str())];
+    let rig = Rig::start(Script::Json(200, "{}".into())).await;
+    let run = rig.open_claude().await;
+    let (socket, auth) = (&run.socket, [("x-api-key", run.key.as_str())]);
     for (method, path, body, want, text) in [
         ("POST", "/v1/messages", &b"not json"[..], 400, "JSON object"),
         ("POST", "/v1/messages", br#"{"messages":[]}"#, 400, "model"),
         ("POST", "/v1/complete", b"{}", 404, "does not serve"),
         ("DELETE", "/v1/messages", b"", 404, "does not serve"),
     ] {
-        let (reader, status, _) = send(&socket, method, path, &auth, body).await;
+        let (reader, status, _) = send(socket, method, path, &auth, body).await;
         assert_eq!(status, want, "{method} {path}");
         let answer = rest(reader).await;
         assert!(answer.contains(text), "{answer}");
@@ -473,12 +501,12 @@ async fn bad_requests_get_clear_errors_in_the_providers_shape_and_reach_nothing(
     }
     // Oversized: refused once the limit is passed.
     let big = vec![b' '; 33 * 1024 * 1024];
-    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &auth, &big).await;
+    let (reader, status, _) = send(socket, "POST", "/v1/messages", &auth, &big).await;
     assert_eq!(status, 413);
     assert!(rest(reader).await.contains("request_too_large"));
     // Codex's WebSocket transport: 426, on which it falls back to HTTP.
     let (_, status, _) = send(
-        &socket,
+        socket,
         "GET",
         "/v1/responses",
         &[("upgrade", "websocket"), ("connection", "Upgrade")],
@@ -487,25 +515,20 @@ async fn bad_requests_get_clear_errors_in_the_providers_shape_and_reach_nothing(
     .await;
     assert_eq!(status, 426);
     // Claude Code's connectivity check needs no key.
-    let (_, status, _) = send(&socket, "HEAD", "/", &[], b"").await;
+    let (_, status, _) = send(socket, "HEAD", "/", &[], b"").await;
     assert_eq!(status, 200);
-    assert!(up.seen.lock().unwrap().is_empty());
+    assert!(rig.seen().is_empty());
     assert!(rig.calls(1).await.is_empty());
 }
 
 #[tokio::test]
 async fn once_the_allowance_is_spent_the_next_call_is_refused_and_the_run_marked_exhausted() {
     // Each call: 1000 input + 500 output tokens of claude-sonnet-5 = $0.007.
-    let up = upstream(Script::Json(
-        200,
-        r#"{"model":"claude-sonnet-5","usage":{"input_tokens":1000,"output_tokens":500}}"#.into(),
-    ))
-    .await;
-    let rig = Rig::new(&up.url);
-    let (socket, key, meter, _gate) = rig.open(1, AgentType::ClaudeCode, Some("0.01")).await;
-    let auth = [("x-api-key", key.as_str())];
+    let rig = Rig::start(Script::message(1000, 500)).await;
+    let run = rig.open(1, AgentType::ClaudeCode, Some("0.01")).await;
+    let meter = &run.meter;
     for _ in 0..2 {
-        let (reader, status, _) = send(&socket, "POST", "/v1/messages", &auth, MESSAGE).await;
+        let (reader, status, _) = run.message().await;
         assert_eq!(status, 200);
         rest(reader).await;
         rig.gateway
@@ -513,14 +536,14 @@ async fn once_the_allowance_is_spent_the_next_call_is_refused_and_the_run_marked
             .await;
     }
     assert!(!meter.is_exhausted());
-    let (reader, status, _) = send(&socket, "POST", "/v1/messages", &auth, MESSAGE).await;
+    let (reader, status, _) = run.message().await;
     assert_eq!(status, 429);
     let answer = rest(reader).await;
     assert!(answer.contains("budget reached"), "{answer}");
     assert!(answer.contains("rate_limit_error"), "{answer}");
     assert!(meter.is_exhausted());
     // Two calls went out: one over the allowance at most.
-    assert_eq!(up.seen.lock().unwrap().len(), 2);
+    assert_eq!(rig.seen().len(), 2);
     assert_eq!(meter.spent(), Usd::parse("0.014").unwrap());
     let calls = rig.calls(1).await;
     assert_eq!(
@@ -534,27 +557,17 @@ async fn once_the_allowance_is_spent_the_next_call_is_refused_and_the_run_marked
 async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openais_shape() {
     let go = Arc::new(Notify::new());
     go.notify_one();
-    let up = upstream(Script::Stream {
+    let rig = Rig::start(Script::Stream {
         first: "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"model\":\"gpt-6.1-sol\"}}\n\n".into(),
         go,
         rest: "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-6.1-sol\",\"usage\":{\"input_tokens\":3000,\"input_tokens_details\":{\"cached_tokens\":2000},\"output_tokens\":100,\"output_tokens_details\":{\"reasoning_tokens\":40}}}}\n\n".into(),
-    })
-    .await;
-    let rig = Rig::new(&up.url);
-    let (socket, key, _, _gate) = rig.open(1, AgentType::Codex, None).await;
-    let bearer = format!("Bearer {key}");
+    }).await;
+    let run = rig.open(1, AgentType::Codex, None).await;
     let body = br#"{"model":"gpt-6.1-sol","stream":true,"input":[]}"#;
-    let (reader, status, _) = send(
-        &socket,
-        "POST",
-        "/v1/responses",
-        &[("authorization", &bearer)],
-        body,
-    )
-    .await;
+    let (reader, status, _) = run.post_with_bearer("/v1/responses", body).await;
     assert_eq!(status, 200);
     assert!(rest(reader).await.contains("response.completed"));
-    let seen = up.seen.lock().unwrap().clone();
+    let seen = rig.seen();
     // The OpenAI base URL carries its /v1: the path is joined to it once.
     assert!(
         seen[0].head.starts_with("POST /v1/responses "),
@@ -579,7 +592,7 @@ async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openai
     );
     // gpt-6.1-sol: $2 input, $0.1 cached, $10 output per million.
     assert_eq!(calls[0].cost_usd, Some(Usd::parse("0.0032").unwrap()));
-    let (reader, status, _) = send(&socket, "POST", "/v1/responses", &[], body).await;
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/responses", &[], body).await;
     assert_eq!(status, 401);
     assert!(rest(reader).await.contains("invalid_api_key"));
 }
@@ -588,36 +601,16 @@ async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openai
 async fn a_run_holds_at_most_its_share_of_connections() {
     use agentry_service::gateway::MAX_CONNECTIONS_PER_RUN;
     let go = Arc::new(Notify::new());
-    let up = upstream(Script::Stream {
-        first: START.into(),
-        go: go.clone(),
-        rest: END.into(),
-    })
-    .await;
-    let rig = Rig::new(&up.url);
-    let (socket, key, _, _gate) = rig.open(1, AgentType::ClaudeCode, None).await;
+    let rig = Rig::start(Script::message_stream(&go)).await;
+    let run = rig.open_claude().await;
     let mut open = Vec::new();
     for _ in 0..MAX_CONNECTIONS_PER_RUN {
-        let (reader, status, _) = send(
-            &socket,
-            "POST",
-            "/v1/messages",
-            &[("x-api-key", &key)],
-            MESSAGE,
-        )
-        .await;
+        let (reader, status, _) = run.message().await;
         assert_eq!(status, 200);
         open.push(reader);
     }
     // One more is closed at once, while the others stream on.
-    let (_, status, head) = send(
-        &socket,
-        "POST",
-        "/v1/messages",
-        &[("x-api-key", &key)],
-        MESSAGE,
-    )
-    .await;
+    let (_, status, head) = run.message().await;
     assert_eq!(status, 0, "{head}");
     for _ in 0..MAX_CONNECTIONS_PER_RUN {
         go.notify_one();

@@ -1,26 +1,14 @@
 //! The use cases driven straight through `agentry-service`, as another Rust program would:
 //! no HTTP, no actix; a real SQLite file under a temporary data directory.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
 use agentry_persistence::secrets::SecretValue;
-use agentry_service::config::Config;
 use agentry_service::tasks::{Assignment, NewCodingTask};
 use agentry_service::{Service, ServiceError};
 use uuid::Uuid;
 
-fn config(dir: &std::path::Path) -> Config {
-    let data_dir = dir.to_str().unwrap().to_owned();
-    Config::from_lookup(|name| match name {
-        "AGENTRY_DATA_DIR" => Some(data_dir.clone()),
-        // Nothing listens on port 9: no test here reaches the code host.
-        "AGENTRY_CODEHOST_API_URL" => Some("http://127.0.0.1:9".into()),
-        "AGENTRY_MAX_CONCURRENT_RUNS" => Some("0".into()),
-        _ => None,
-    })
-    .unwrap()
-}
+use crate::common::config;
 
 fn record(day: u32, cost: &str, repo: &str) -> String {
     format!(

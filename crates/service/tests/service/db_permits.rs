@@ -1,7 +1,6 @@
 //! `Service::db` waits for a database permit as a future, before it takes a blocking thread:
 //! calls queued behind a busy pool leave tokio's blocking pool free for other work (and do
 //! not each hold a parked thread with its own allocator arena).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,20 +8,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
-use agentry_service::config::Config;
 use agentry_service::{Service, ServiceError};
+
+use crate::common::config;
 
 #[test]
 fn waiting_database_calls_do_not_hold_blocking_threads() {
     let dir = tempfile::tempdir().unwrap();
-    let data_dir = dir.path().to_str().unwrap().to_owned();
-    let config = Config::from_lookup(|name| match name {
-        "AGENTRY_DATA_DIR" => Some(data_dir.clone()),
-        "AGENTRY_CODEHOST_API_URL" => Some("http://127.0.0.1:9".into()),
-        "AGENTRY_MAX_CONCURRENT_RUNS" => Some("0".into()),
-        _ => None,
-    })
-    .unwrap();
+    let config = config(dir.path());
     let service = Service::open(&config).unwrap();
     let pool = service.max_connections() as usize;
     // One blocking thread more than the pool has connections.
