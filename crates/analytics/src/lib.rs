@@ -29,8 +29,9 @@ mod wire;
 
 pub use inputs::{OutcomeTotals, ReportInputs, TaskFact, Totals, anomaly_threshold_nanos};
 pub use report::{
-    Anomaly, CostReport, DailyCost, Forecast, ModelCost, ModelOutcome, ModelSuggestion,
-    OutcomeFigures, Outcomes, RepoCost, RepoOutcome, Summary, TopTask, TypeCost, report,
+    Anomaly, ChartCost, CostReport, CostedTask, DailyCost, Forecast, ModelCost, ModelOutcome,
+    ModelSuggestion, OutcomeFigures, Outcomes, RepoCost, RepoOutcome, Summary, TopTask, TypeCost,
+    report,
 };
 pub use window::{MAX_DAYS, Window, WindowError};
 

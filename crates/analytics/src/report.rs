@@ -2,6 +2,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashSet};
+use std::ops::AddAssign;
 
 use agentry_domain::{TaskState, TaskType, Usd, format_decimal};
 use rust_decimal::Decimal;
@@ -139,18 +140,29 @@ pub struct ModelOutcome {
     pub figures: OutcomeFigures,
 }
 
-/// The figures read as the outcome's own members (`outcomes.merged_cost`).
-macro_rules! figures_deref {
-    ($($outcome:ty),*) => {$(
-        impl std::ops::Deref for $outcome {
-            type Target = OutcomeFigures;
-            fn deref(&self) -> &OutcomeFigures {
-                &self.figures
+/// The flattened member read as the row's own members (`outcomes.merged_cost`,
+/// `anomaly.title`), as on the wire.
+macro_rules! flattened_deref {
+    ($($row:ty => $member:ident: $target:ty),* $(,)?) => {$(
+        impl std::ops::Deref for $row {
+            type Target = $target;
+            fn deref(&self) -> &$target {
+                &self.$member
             }
         }
     )*};
 }
-figures_deref!(Outcomes, RepoOutcome, ModelOutcome);
+
+flattened_deref!(
+    Outcomes => figures: OutcomeFigures,
+    RepoOutcome => figures: OutcomeFigures,
+    ModelOutcome => figures: OutcomeFigures,
+    Anomaly => task: CostedTask,
+    TopTask => task: CostedTask,
+    RepoCost => cost: ChartCost,
+    TypeCost => cost: ChartCost,
+    ModelCost => cost: ChartCost,
+);
 
 /// The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
 /// from zero once from the exact value.
@@ -209,6 +221,29 @@ pub struct DailyCost {
     pub task_count: i64,
 }
 
+/// The costs of a chart entry in the period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ChartCost {
+    /// Sum of the costs of its costed tasks (a JSON number).
+    #[serde(serialize_with = "wire::number")]
+    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
+    pub total_cost: Decimal,
+    /// Its costed tasks.
+    pub task_count: i64,
+}
+
+impl ChartCost {
+    /// The costs summed in `t`.
+    fn of(t: &Totals) -> ChartCost {
+        ChartCost {
+            total_cost: t.cost,
+            task_count: t.costed,
+        }
+    }
+}
+
 /// Costs of one repository in the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -216,12 +251,9 @@ pub struct DailyCost {
 pub struct RepoCost {
     /// The normalised repository URL.
     pub repo_url: String,
-    /// Sum of the costs of its costed tasks (a JSON number).
-    #[serde(serialize_with = "wire::number")]
-    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
-    pub total_cost: Decimal,
-    /// Its costed tasks.
-    pub task_count: i64,
+    /// Its costs.
+    #[serde(flatten)]
+    pub cost: ChartCost,
 }
 
 /// Costs of one task type in the period.
@@ -232,12 +264,9 @@ pub struct TypeCost {
     /// `coding` or `review`.
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "coding"))]
     pub task_type: TaskType,
-    /// Sum of the costs of its costed tasks (a JSON number).
-    #[serde(serialize_with = "wire::number")]
-    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
-    pub total_cost: Decimal,
-    /// Its costed tasks.
-    pub task_count: i64,
+    /// Its costs.
+    #[serde(flatten)]
+    pub cost: ChartCost,
 }
 
 /// Costs of one model in the period (all task types).
@@ -247,12 +276,9 @@ pub struct TypeCost {
 pub struct ModelCost {
     /// The model as stored, or `"unknown"`.
     pub model: String,
-    /// Sum of the costs of its costed tasks (a JSON number).
-    #[serde(serialize_with = "wire::number")]
-    #[cfg_attr(feature = "openapi", schema(value_type = f64))]
-    pub total_cost: Decimal,
-    /// Its costed tasks.
-    pub task_count: i64,
+    /// Its costs.
+    #[serde(flatten)]
+    pub cost: ChartCost,
     /// Percent of its costed tasks in `pr_opened` or `completed`, rounded half away from
     /// zero to 1 decimal (a JSON number).
     #[serde(serialize_with = "wire::number")]
@@ -268,12 +294,12 @@ pub struct ModelCost {
     pub total_output_tokens: i64,
 }
 
-/// A task costing at least three times the average of the other costed tasks of its
-/// repository in the period.
+/// A costed task of the period as the report lists it (in anomalies and the costliest
+/// tasks).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
-pub struct Anomaly {
+pub struct CostedTask {
     /// The task's id.
     pub id: Uuid,
     /// The task's title.
@@ -291,6 +317,37 @@ pub struct Anomaly {
     pub cost_usd: Usd,
     /// The model used, or null.
     pub model_used: Option<String>,
+    /// When the task was created, RFC 3339 UTC.
+    #[serde(with = "time::serde::rfc3339")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
+    pub created_at: OffsetDateTime,
+}
+
+impl CostedTask {
+    /// `task` with its exact `cost`.
+    fn of(task: &TaskFact, cost: Usd) -> CostedTask {
+        CostedTask {
+            id: task.id,
+            title: task.title.clone(),
+            repo_url: task.repo_url.clone(),
+            task_type: task.task_type,
+            state: task.state,
+            cost_usd: cost,
+            model_used: task.model_used.clone(),
+            created_at: utc(task.created_at),
+        }
+    }
+}
+
+/// A task costing at least three times the average of the other costed tasks of its
+/// repository in the period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Anomaly {
+    /// The task.
+    #[serde(flatten)]
+    pub task: CostedTask,
     /// The leave-one-out average: the average cost of the repository's other costed tasks
     /// in the period (a JSON number).
     #[serde(serialize_with = "wire::number")]
@@ -300,10 +357,6 @@ pub struct Anomaly {
     #[serde(serialize_with = "wire::number")]
     #[cfg_attr(feature = "openapi", schema(value_type = f64))]
     pub cost_ratio: Decimal,
-    /// When the task was created, RFC 3339 UTC.
-    #[serde(with = "time::serde::rfc3339")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
-    pub created_at: OffsetDateTime,
 }
 
 /// A cheaper model with proven results for a repository's current coding model.
@@ -339,31 +392,13 @@ pub struct ModelSuggestion {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TopTask {
-    /// The task's id.
-    pub id: Uuid,
-    /// The task's title.
-    pub title: String,
-    /// The task's repository.
-    pub repo_url: String,
-    /// The task's type.
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "coding"))]
-    pub task_type: TaskType,
-    /// The task's state.
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "completed"))]
-    pub state: TaskState,
-    /// The task's exact cost, a plain decimal string.
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "0.123456"))]
-    pub cost_usd: Usd,
+    /// The task.
+    #[serde(flatten)]
+    pub task: CostedTask,
     /// The task's input tokens.
     pub input_tokens: i64,
     /// The task's output tokens.
     pub output_tokens: i64,
-    /// The model used, or null.
-    pub model_used: Option<String>,
-    /// When the task was created, RFC 3339 UTC.
-    #[serde(with = "time::serde::rfc3339")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
-    pub created_at: OffsetDateTime,
 }
 
 /// Computes the cost report (docs/contract.md#4-cost-report) from its inputs.
@@ -421,34 +456,36 @@ pub fn report(inputs: &ReportInputs) -> CostReport {
                 }
             })
             .collect(),
-        cost_by_repo: cost_groups(inputs.by_repo.iter().map(|(repo, t)| (repo.clone(), t)))
+        cost_by_repo: groups(inputs.by_repo.iter().map(|(repo, t)| (repo.clone(), *t)))
             .into_iter()
             .map(|(repo_url, t)| RepoCost {
                 repo_url,
-                total_cost: t.cost,
-                task_count: t.costed,
+                cost: ChartCost::of(&t),
             })
             .collect(),
         // Keyed by (wire name, type) so that ties order by the name.
-        cost_by_type: cost_groups(inputs.by_type.iter().map(|(ty, t)| ((ty.as_str(), *ty), t)))
-            .into_iter()
-            .map(|((_, task_type), t)| TypeCost {
-                task_type,
-                total_cost: t.cost,
-                task_count: t.costed,
-            })
-            .collect(),
-        cost_by_model: cost_groups(
+        cost_by_type: groups(
+            inputs
+                .by_type
+                .iter()
+                .map(|(ty, t)| ((ty.as_str(), *ty), *t)),
+        )
+        .into_iter()
+        .map(|((_, task_type), t)| TypeCost {
+            task_type,
+            cost: ChartCost::of(&t),
+        })
+        .collect(),
+        cost_by_model: groups(
             inputs
                 .by_model
                 .iter()
-                .map(|(model, t)| (model.as_deref().unwrap_or(UNKNOWN_MODEL), t)),
+                .map(|(model, t)| (model.as_deref().unwrap_or(UNKNOWN_MODEL), *t)),
         )
         .into_iter()
         .map(|(model, t)| ModelCost {
             model: model.to_owned(),
-            total_cost: t.cost,
-            task_count: t.costed,
+            cost: ChartCost::of(&t),
             success_rate: div_round(
                 mul(count(t.succeeded), Decimal::ONE_HUNDRED),
                 count(t.costed),
@@ -492,28 +529,6 @@ impl OutcomeFigures {
     }
 }
 
-/// Merges outcome groups by key, keeps those with a merged pull request or a costed task,
-/// and orders them by spend desc, merged pull requests desc, then key asc.
-fn outcome_groups<K: Ord>(
-    entries: impl Iterator<Item = (K, OutcomeTotals)>,
-) -> Vec<(K, OutcomeTotals)> {
-    let mut groups: BTreeMap<K, OutcomeTotals> = BTreeMap::new();
-    for (key, totals) in entries {
-        *groups.entry(key).or_default() += totals;
-    }
-    let mut rows: Vec<(K, OutcomeTotals)> = groups
-        .into_iter()
-        .filter(|(_, t)| t.merged > 0 || t.costed > 0)
-        .collect();
-    rows.sort_by(|(ka, a), (kb, b)| {
-        b.cost
-            .cmp(&a.cost)
-            .then_with(|| b.merged.cmp(&a.merged))
-            .then_with(|| ka.cmp(kb))
-    });
-    rows
-}
-
 /// The `outcomes` member; `total_cost` is the summary's `totalCost` (exact).
 fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
     let mut all = OutcomeTotals::default();
@@ -521,12 +536,12 @@ fn outcomes(inputs: &ReportInputs, total_cost: Decimal) -> Outcomes {
         all += *t;
     }
     let group = |(key, t): (&str, OutcomeTotals)| (key.to_owned(), OutcomeFigures::of(&t, t.cost));
-    let by_repo = outcome_groups(inputs.outcomes.iter().map(|(r, _, t)| (r.as_str(), *t)))
+    let by_repo = groups(inputs.outcomes.iter().map(|(r, _, t)| (r.as_str(), *t)))
         .into_iter()
         .map(group)
         .map(|(repo_url, figures)| RepoOutcome { repo_url, figures })
         .collect();
-    let by_model = outcome_groups(
+    let by_model = groups(
         inputs
             .outcomes
             .iter()
@@ -586,20 +601,38 @@ fn forecast(period: &Totals, month: &Totals, days: u32, days_remaining: u32) -> 
     }
 }
 
-/// Merges `(key, totals)` entries by key, keeps the groups with costed tasks and orders them
-/// by cost desc, costed tasks desc, then key asc.
-fn cost_groups<'a, K: Ord>(entries: impl Iterator<Item = (K, &'a Totals)>) -> Vec<(K, Totals)> {
-    let mut groups: BTreeMap<K, Totals> = BTreeMap::new();
-    for (key, totals) in entries {
-        *groups.entry(key).or_default() += totals;
+/// Sums of tasks grouped for a chart ([`Totals`]) or an outcome table ([`OutcomeTotals`]).
+trait Group: Default + AddAssign {
+    /// The group's order (greatest first), or `None` when it is not listed: its exact cost,
+    /// then its costed tasks (a chart entry with some) or merged pull requests (an outcome
+    /// group with a merged pull request or a costed task).
+    fn order(&self) -> Option<(Decimal, i64)>;
+}
+
+impl Group for Totals {
+    fn order(&self) -> Option<(Decimal, i64)> {
+        (self.costed > 0).then_some((self.cost, self.costed))
     }
-    let mut rows: Vec<(K, Totals)> = groups.into_iter().filter(|(_, t)| t.costed > 0).collect();
-    rows.sort_by(|(ka, a), (kb, b)| {
-        b.cost
-            .cmp(&a.cost)
-            .then_with(|| b.costed.cmp(&a.costed))
-            .then_with(|| ka.cmp(kb))
-    });
+}
+
+impl Group for OutcomeTotals {
+    fn order(&self) -> Option<(Decimal, i64)> {
+        (self.merged > 0 || self.costed > 0).then_some((self.cost, self.merged))
+    }
+}
+
+/// Merges `(key, sums)` entries by key, keeps the listed groups and orders them by
+/// [`Group::order`] desc, then key asc.
+fn groups<K: Ord, T: Group>(entries: impl Iterator<Item = (K, T)>) -> Vec<(K, T)> {
+    let mut groups: BTreeMap<K, T> = BTreeMap::new();
+    for (key, sums) in entries {
+        *groups.entry(key).or_default() += sums;
+    }
+    let mut rows: Vec<(K, T)> = groups
+        .into_iter()
+        .filter(|(_, t)| t.order().is_some())
+        .collect();
+    rows.sort_by(|(ka, a), (kb, b)| b.order().cmp(&a.order()).then_with(|| ka.cmp(kb)));
     rows
 }
 
@@ -674,16 +707,9 @@ fn anomalies(inputs: &ReportInputs) -> Vec<Anomaly> {
     found
         .into_iter()
         .map(|f| Anomaly {
-            id: f.task.id,
-            title: f.task.title.clone(),
-            repo_url: f.task.repo_url.clone(),
-            task_type: f.task.task_type,
-            state: f.task.state,
-            cost_usd: f.cost,
-            model_used: f.task.model_used.clone(),
+            task: CostedTask::of(f.task, f.cost),
             repo_avg_cost: quotient(f.others_cost, f.others_count),
             cost_ratio: quotient(mul(f.cost.as_decimal(), f.others_count), f.others_cost),
-            created_at: utc(f.task.created_at),
         })
         .collect()
 }
@@ -783,16 +809,9 @@ fn top_tasks(inputs: &ReportInputs) -> Vec<TopTask> {
     tasks
         .into_iter()
         .map(|(task, cost)| TopTask {
-            id: task.id,
-            title: task.title.clone(),
-            repo_url: task.repo_url.clone(),
-            task_type: task.task_type,
-            state: task.state,
-            cost_usd: cost,
+            task: CostedTask::of(task, cost),
             input_tokens: task.input_tokens,
             output_tokens: task.output_tokens,
-            model_used: task.model_used.clone(),
-            created_at: utc(task.created_at),
         })
         .collect()
 }

@@ -856,6 +856,16 @@ mod tests {
         String::from_utf8_lossy(&out).to_string()
     }
 
+    /// What `stream` still sends until it closes (within the deadline).
+    async fn rest_of(stream: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
+        let mut rest = Vec::new();
+        timeout(DEADLINE, stream.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        rest
+    }
+
     /// Opens a CONNECT tunnel to `authority`, asserting it is established.
     async fn tunnel(socket: &Path, authority: &str) -> UnixStream {
         let mut stream = UnixStream::connect(socket).await.unwrap();
@@ -1308,18 +1318,8 @@ mod tests {
         assert_eq!(&got, b"pong");
 
         proxy.task.abort();
-        let mut rest = Vec::new();
-        timeout(DEADLINE, client.read_to_end(&mut rest))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(rest.is_empty());
-        let mut rest = Vec::new();
-        timeout(DEADLINE, upstream.read_to_end(&mut rest))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(rest.is_empty());
+        assert!(rest_of(&mut client).await.is_empty());
+        assert!(rest_of(&mut upstream).await.is_empty());
         // The listener went with the task: nothing accepts on the socket any more.
         assert!(UnixStream::connect(&proxy.socket).await.is_err());
     }

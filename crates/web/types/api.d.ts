@@ -8,21 +8,7 @@ export type AgentTypeName = "claude-code" | "codex";
  * A task costing at least three times the average of the other costed tasks of its
  * repository in the period.
  */
-export interface Anomaly {
-  /** The task's id. */
-  id: string;
-  /** The task's title. */
-  title: string;
-  /** The task's repository. */
-  repoUrl: string;
-  /** The task's type. */
-  taskType: string;
-  /** The task's state. */
-  state: string;
-  /** The task's exact cost, a plain decimal string. */
-  costUsd: string;
-  /** The model used, or null. */
-  modelUsed?: string | null;
+export type Anomaly = CostedTask & {
   /**
    * The leave-one-out average: the average cost of the repository's other costed tasks
    * in the period (a JSON number).
@@ -30,9 +16,7 @@ export interface Anomaly {
   repoAvgCost: number;
   /** `costUsd / repoAvgCost` (a JSON number). */
   costRatio: number;
-  /** When the task was created, RFC 3339 UTC. */
-  createdAt: string;
-}
+};
 
 /** An issue to assign. Unknown members are ignored. */
 export interface AssignIssue {
@@ -140,6 +124,14 @@ export interface BudgetForecast {
   exhaustsOn?: string | null;
 }
 
+/** The costs of a chart entry in the period. */
+export interface ChartCost {
+  /** Sum of the costs of its costed tasks (a JSON number). */
+  totalCost: number;
+  /** Its costed tasks. */
+  taskCount: number;
+}
+
 /** A repository to connect. */
 export interface ConnectRepo {
   /** Any accepted form: `https://github.com/org/repo`, `git@github.com:org/repo.git`, … */
@@ -176,6 +168,29 @@ export interface CostReport {
   outcomes: Outcomes;
   /** Each monthly budget that is set, for the current UTC month whatever the period. */
   budgets: Array<BudgetForecast>;
+}
+
+/**
+ * A costed task of the period as the report lists it (in anomalies and the costliest
+ * tasks).
+ */
+export interface CostedTask {
+  /** The task's id. */
+  id: string;
+  /** The task's title. */
+  title: string;
+  /** The task's repository. */
+  repoUrl: string;
+  /** The task's type. */
+  taskType: string;
+  /** The task's state. */
+  state: string;
+  /** The task's exact cost, a plain decimal string. */
+  costUsd: string;
+  /** The model used, or null. */
+  modelUsed?: string | null;
+  /** When the task was created, RFC 3339 UTC. */
+  createdAt: string;
 }
 
 /** A manual coding task. Unknown members are ignored. */
@@ -432,13 +447,9 @@ export interface ModelCallListDto {
 }
 
 /** Costs of one model in the period (all task types). */
-export interface ModelCost {
+export type ModelCost = ChartCost & {
   /** The model as stored, or `"unknown"`. */
   model: string;
-  /** Sum of the costs of its costed tasks (a JSON number). */
-  totalCost: number;
-  /** Its costed tasks. */
-  taskCount: number;
   /**
    * Percent of its costed tasks in `pr_opened` or `completed`, rounded half away from
    * zero to 1 decimal (a JSON number).
@@ -450,7 +461,7 @@ export interface ModelCost {
   totalInputTokens: number;
   /** Output tokens of its costed tasks. */
   totalOutputTokens: number;
-}
+};
 
 /**
  * Cost per outcome of one model (the model of the units' coding tasks). `failedShare` is a
@@ -550,14 +561,10 @@ export interface PutSecret {
 }
 
 /** Costs of one repository in the period. */
-export interface RepoCost {
+export type RepoCost = ChartCost & {
   /** The normalised repository URL. */
   repoUrl: string;
-  /** Sum of the costs of its costed tasks (a JSON number). */
-  totalCost: number;
-  /** Its costed tasks. */
-  taskCount: number;
-}
+};
 
 /** A repository known to the service. */
 export interface RepoDto {
@@ -847,38 +854,18 @@ export interface TokenListDto {
 }
 
 /** One of the costliest tasks of the period. */
-export interface TopTask {
-  /** The task's id. */
-  id: string;
-  /** The task's title. */
-  title: string;
-  /** The task's repository. */
-  repoUrl: string;
-  /** The task's type. */
-  taskType: string;
-  /** The task's state. */
-  state: string;
-  /** The task's exact cost, a plain decimal string. */
-  costUsd: string;
+export type TopTask = CostedTask & {
   /** The task's input tokens. */
   inputTokens: number;
   /** The task's output tokens. */
   outputTokens: number;
-  /** The model used, or null. */
-  modelUsed?: string | null;
-  /** When the task was created, RFC 3339 UTC. */
-  createdAt: string;
-}
+};
 
 /** Costs of one task type in the period. */
-export interface TypeCost {
+export type TypeCost = ChartCost & {
   /** `coding` or `review`. */
   taskType: string;
-  /** Sum of the costs of its costed tasks (a JSON number). */
-  totalCost: number;
-  /** Its costed tasks. */
-  taskCount: number;
-}
+};
 
 /** The answer to a delivery. */
 export interface WebhookAck {

@@ -319,8 +319,10 @@ fn repository_of_free_tasks() {
         r.cost_by_repo,
         [RepoCost {
             repo_url: A.into(),
-            total_cost: Decimal::ZERO,
-            task_count: 5
+            cost: ChartCost {
+                total_cost: Decimal::ZERO,
+                task_count: 5
+            }
         }]
     );
     assert_eq!(r.cost_by_model[0].avg_cost, Decimal::ZERO);
@@ -532,8 +534,10 @@ fn cost_by_model_figures() {
         r.cost_by_model[0],
         ModelCost {
             model: "m".into(),
-            total_cost: dec("3"),
-            task_count: 3,
+            cost: ChartCost {
+                total_cost: dec("3"),
+                task_count: 3,
+            },
             success_rate: dec("66.7"),
             avg_cost: dec("1"),
             total_input_tokens: 600,

@@ -4,6 +4,7 @@
 //! tasks, sums integer nano-dollars in `i128`, compares fractions by cross-multiplying
 //! integers and rounds with integer division.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use agentry_domain::{TaskState, TaskType, Usd};
@@ -247,6 +248,23 @@ fn chart<K: Ord + Clone>(groups: &BTreeMap<K, Sum>) -> Vec<(K, Sum)> {
     rows
 }
 
+/// The rows of a cost chart made by `row` from each group's key, costs and sums.
+fn chart_rows<T>(
+    groups: &BTreeMap<String, Sum>,
+    row: impl Fn(String, ChartCost, &Sum) -> T,
+) -> Vec<T> {
+    chart(groups)
+        .into_iter()
+        .map(|(key, s)| {
+            let cost = ChartCost {
+                total_cost: usd(s.cost),
+                task_count: s.n as i64,
+            };
+            row(key, cost, &s)
+        })
+        .collect()
+}
+
 fn reference(case: &Case) -> CostReport {
     let today = case.today;
     let days = i64::from(case.days);
@@ -277,18 +295,18 @@ fn reference(case: &Case) -> CostReport {
 
     // Summary and forecast.
     let total: i128 = costed.iter().map(|(_, c)| c).sum();
-    let prev: i128 = case
-        .tasks
-        .iter()
-        .filter(|t| selected(t) && prev_start <= utc_day(t) && utc_day(t) < start)
-        .filter_map(nanos)
-        .sum();
-    let month: i128 = case
-        .tasks
-        .iter()
-        .filter(|t| selected(t) && month_start <= utc_day(t) && utc_day(t) <= today)
-        .filter_map(nanos)
-        .sum();
+    // The cost of the selected tasks created from `first` up to (not including) `end`.
+    let cost_between = |first: Date, end: Date| -> i128 {
+        let between = |t: &&TaskFact| first <= utc_day(t) && utc_day(t) < end;
+        case.tasks
+            .iter()
+            .filter(|t| selected(t))
+            .filter(between)
+            .filter_map(nanos)
+            .sum()
+    };
+    let prev = cost_between(prev_start, start);
+    let month = cost_between(month_start, add_days(today, 1));
     let n_costed = costed.len() as i128;
     let summary = Summary {
         total_cost: fixed(round_half_away(total, NANOS_PER_4DP), 4),
@@ -350,34 +368,19 @@ fn reference(case: &Case) -> CostReport {
         let model = t.model_used.clone().unwrap_or_else(|| "unknown".to_owned());
         by_model.entry(model).or_default().push(t, *c);
     }
-    let cost_by_repo = chart(&by_repo)
-        .into_iter()
-        .map(|(repo_url, s)| RepoCost {
-            repo_url,
-            total_cost: usd(s.cost),
-            task_count: s.n as i64,
-        })
-        .collect();
-    let cost_by_type = chart(&by_type)
-        .into_iter()
-        .map(|(name, s)| TypeCost {
-            task_type: name.parse().unwrap(),
-            total_cost: usd(s.cost),
-            task_count: s.n as i64,
-        })
-        .collect();
-    let cost_by_model = chart(&by_model)
-        .into_iter()
-        .map(|(model, s)| ModelCost {
-            model,
-            total_cost: usd(s.cost),
-            task_count: s.n as i64,
-            success_rate: Decimal::from_i128_with_scale(round_half_away(s.ok * 1000, s.n), 1),
-            avg_cost: usd(s.cost) / Decimal::from(s.n as i64),
-            total_input_tokens: s.input,
-            total_output_tokens: s.output,
-        })
-        .collect();
+    let cost_by_repo = chart_rows(&by_repo, |repo_url, cost, _| RepoCost { repo_url, cost });
+    let cost_by_type = chart_rows(&by_type, |name, cost, _| TypeCost {
+        task_type: name.parse().unwrap(),
+        cost,
+    });
+    let cost_by_model = chart_rows(&by_model, |model, cost, s| ModelCost {
+        model,
+        cost,
+        success_rate: Decimal::from_i128_with_scale(round_half_away(s.ok * 1000, s.n), 1),
+        avg_cost: usd(s.cost) / Decimal::from(s.n as i64),
+        total_input_tokens: s.input,
+        total_output_tokens: s.output,
+    });
 
     // Anomalies: leave-one-out average of the repository's other costed tasks.
     let mut flagged: Vec<(&TaskFact, i128, i128, i128)> = Vec::new(); // (task, c, n − 1, S − c)
@@ -403,16 +406,9 @@ fn reference(case: &Case) -> CostReport {
         .iter()
         .take(20)
         .map(|(t, c, k, others)| Anomaly {
-            id: t.id,
-            title: t.title.clone(),
-            repo_url: t.repo_url.clone(),
-            task_type: t.task_type,
-            state: t.state,
-            cost_usd: t.cost.unwrap(),
-            model_used: t.model_used.clone(),
+            task: costed_task(t),
             repo_avg_cost: usd(*others) / Decimal::from(*k as i64),
             cost_ratio: usd(c * k) / usd(*others),
-            created_at: t.created_at.to_offset(UtcOffset::UTC),
         })
         .collect();
 
@@ -487,16 +483,9 @@ fn reference(case: &Case) -> CostReport {
         .iter()
         .take(10)
         .map(|(t, _)| TopTask {
-            id: t.id,
-            title: t.title.clone(),
-            repo_url: t.repo_url.clone(),
-            task_type: t.task_type,
-            state: t.state,
-            cost_usd: t.cost.unwrap(),
+            task: costed_task(t),
             input_tokens: t.input_tokens,
             output_tokens: t.output_tokens,
-            model_used: t.model_used.clone(),
-            created_at: t.created_at.to_offset(UtcOffset::UTC),
         })
         .collect();
 
@@ -527,6 +516,20 @@ struct Outcome {
     failed_cost: i128,
     merged_revisions: i64,
     revision_cost: i128,
+}
+
+/// A costed task as the report lists it.
+fn costed_task(t: &TaskFact) -> CostedTask {
+    CostedTask {
+        id: t.id,
+        title: t.title.clone(),
+        repo_url: t.repo_url.clone(),
+        task_type: t.task_type,
+        state: t.state,
+        cost_usd: t.cost.unwrap(),
+        model_used: t.model_used.clone(),
+        created_at: t.created_at.to_offset(UtcOffset::UTC),
+    }
 }
 
 /// The figures of a group, with the failed share of `total` nano-dollars.
@@ -613,33 +616,18 @@ fn reference_outcomes(case: &Case, total: i128) -> Outcomes {
         }
     }
     let rows = |groups: BTreeMap<String, Outcome>| {
-        let mut rows: Vec<(String, Outcome)> = groups
-            .into_iter()
-            .filter(|(_, o)| o.merged > 0 || o.costed > 0)
-            .collect();
-        rows.sort_by(|(ka, a), (kb, b)| {
-            b.cost
-                .cmp(&a.cost)
-                .then(b.merged.cmp(&a.merged))
-                .then(ka.cmp(kb))
-        });
-        rows
+        let mut rows: Vec<(String, Outcome)> = groups.into_iter().collect();
+        rows.retain(|(_, o)| o.merged > 0 || o.costed > 0);
+        rows.sort_by_key(|(key, o)| (Reverse(o.cost), Reverse(o.merged), key.clone()));
+        rows.into_iter().map(|(key, o)| (key, figures(&o, o.cost)))
     };
     Outcomes {
         figures: figures(&all, total),
         by_repo: rows(by_repo)
-            .into_iter()
-            .map(|(repo_url, o)| RepoOutcome {
-                repo_url,
-                figures: figures(&o, o.cost),
-            })
+            .map(|(repo_url, figures)| RepoOutcome { repo_url, figures })
             .collect(),
         by_model: rows(by_model)
-            .into_iter()
-            .map(|(model, o)| ModelOutcome {
-                model,
-                figures: figures(&o, o.cost),
-            })
+            .map(|(model, figures)| ModelOutcome { model, figures })
             .collect(),
     }
 }

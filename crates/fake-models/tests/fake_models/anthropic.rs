@@ -266,42 +266,28 @@ fn the_key_is_checked() {
     assert_eq!(fake.key(), "sk-right");
     let b = body(json!([user("Add notes")]), false);
     let url = format!("{}/v1/messages", fake.base_url());
-    let missing = client().post(&url).json(&b).send().unwrap();
+    // A message with the key sent as `x-api-key` (or none), or as a bearer token.
+    let send = |key: Option<&str>, bearer: bool| {
+        let request = client().post(&url).json(&b);
+        let request = match (key, bearer) {
+            (Some(key), false) => request.header("x-api-key", key),
+            (Some(key), true) => request.bearer_auth(key),
+            (None, _) => request,
+        };
+        request.send().unwrap()
+    };
+    let missing = send(None, false);
     assert_eq!(missing.status(), 401);
     let error: Value = missing.json().unwrap();
     assert_eq!(error["type"], "error");
     assert_eq!(error["error"]["type"], "authentication_error");
-    let wrong = client()
-        .post(&url)
-        .header("x-api-key", "sk-wrong")
-        .json(&b)
-        .send()
-        .unwrap();
-    assert_eq!(wrong.status(), 401);
-    let bearer = client()
-        .post(&url)
-        .bearer_auth("sk-right")
-        .json(&b)
-        .send()
-        .unwrap();
-    assert_eq!(bearer.status(), 200);
-    let key = client()
-        .post(&url)
-        .header("x-api-key", "sk-right")
-        .json(&b)
-        .send()
-        .unwrap();
-    assert_eq!(key.status(), 200);
+    assert_eq!(send(Some("sk-wrong"), false).status(), 401);
+    assert_eq!(send(Some("sk-right"), true).status(), 200);
+    assert_eq!(send(Some("sk-right"), false).status(), 200);
     let oks: Vec<bool> = fake.calls().iter().map(|c| c.key_ok).collect();
     assert_eq!(oks, [false, false, true, true]);
     fake.set_key("sk-new");
-    let old = client()
-        .post(&url)
-        .header("x-api-key", "sk-right")
-        .json(&b)
-        .send()
-        .unwrap();
-    assert_eq!(old.status(), 401);
+    assert_eq!(send(Some("sk-right"), false).status(), 401);
 }
 
 #[test]

@@ -231,22 +231,20 @@ mod http {
         let fake = FakeModels::start();
         let url = format!("{}/responses", fake.openai_base_url());
         let client = Client::new();
-        let no_key = client
-            .post(&url)
-            .json(&body(&first_input("x"), true))
-            .send()
-            .unwrap();
-        assert_eq!(no_key.status(), 401);
-        let error: Value = no_key.json().unwrap();
+        // A request with no key or the wrong one: 401 and OpenAI's error JSON.
+        let refused_without = |key: Option<&str>| -> Value {
+            let request = client.post(&url).json(&body(&first_input("x"), true));
+            let request = match key {
+                Some(key) => request.bearer_auth(key),
+                None => request,
+            };
+            let response = request.send().unwrap();
+            assert_eq!(response.status(), 401);
+            response.json().unwrap()
+        };
+        let error = refused_without(None);
         assert_eq!(error["error"]["type"], "invalid_request_error");
-        let wrong = client
-            .post(&url)
-            .bearer_auth("nope")
-            .json(&body(&first_input("x"), true))
-            .send()
-            .unwrap();
-        assert_eq!(wrong.status(), 401);
-        let error: Value = wrong.json().unwrap();
+        let error = refused_without(Some("nope"));
         assert_eq!(error["error"]["code"], "invalid_api_key");
 
         let refused = post(&fake, &body(&first_input("x [model:api-error=429]"), true));
