@@ -43,9 +43,8 @@ pub fn pull_request_review_submitted(
     let Some((repo, item, pull)) = pull_in(&state, owner, name, number) else {
         no_pull(owner, name, number)
     };
-    let Some(review) = pull.reviews.iter().find(|r| r.id == review_id) else {
-        panic!("fake GitHub: no review {review_id} on {owner}/{name}#{number}")
-    };
+    let on = format!("{owner}/{name}#{number}");
+    let review = by_id(&pull.reviews, review_id, |r| r.id, "review", &on);
     let mut review_json = state.review_json(repo, item, review);
     if let Value::Object(map) = &mut review_json {
         map.insert("state".to_owned(), json!(review.state.to_ascii_lowercase()));
@@ -74,16 +73,11 @@ pub fn issue_comment_created(
     comment_id: u64,
 ) -> Value {
     let state = fake.state();
-    let Some((repo, item)) = state
-        .repos
-        .get(&repo_key(owner, name))
-        .and_then(|r| r.items.get(&number).map(|i| (r, i)))
-    else {
-        panic!("fake GitHub: no issue {owner}/{name}#{number}")
+    let on = format!("{owner}/{name}#{number}");
+    let Some((repo, item)) = item_in(&state, owner, name, number) else {
+        panic!("fake GitHub: no issue {on}")
     };
-    let Some(comment) = item.comments.iter().find(|c| c.id == comment_id) else {
-        panic!("fake GitHub: no comment {comment_id} on {owner}/{name}#{number}")
-    };
+    let comment = by_id(&item.comments, comment_id, |c| c.id, "comment", &on);
     json!({
         "action": "created",
         "issue": state.issue_json(repo, item, false),
@@ -111,9 +105,14 @@ pub fn pull_request_review_comment_created(
     let Some((repo, item, pull)) = pull_in(&state, owner, name, number) else {
         no_pull(owner, name, number)
     };
-    let Some(comment) = pull.review_comments.iter().find(|c| c.id == comment_id) else {
-        panic!("fake GitHub: no review comment {comment_id} on {owner}/{name}#{number}")
-    };
+    let on = format!("{owner}/{name}#{number}");
+    let comment = by_id(
+        &pull.review_comments,
+        comment_id,
+        |c| c.id,
+        "review comment",
+        &on,
+    );
     json!({
         "action": "created",
         "comment": state.review_comment_json(repo, item, comment),
@@ -123,6 +122,17 @@ pub fn pull_request_review_comment_created(
     })
 }
 
+/// The repository and the item of issue or pull request `number`.
+fn item_in<'s>(
+    state: &'s State,
+    owner: &str,
+    name: &str,
+    number: u64,
+) -> Option<(&'s Repo, &'s super::model::Item)> {
+    let repo = state.repos.get(&repo_key(owner, name))?;
+    Some((repo, repo.items.get(&number)?))
+}
+
 /// The repository, item and pull-request side of pull request `number`.
 fn pull_in<'s>(
     state: &'s State,
@@ -130,8 +140,18 @@ fn pull_in<'s>(
     name: &str,
     number: u64,
 ) -> Option<(&'s Repo, &'s super::model::Item, &'s super::model::Pull)> {
-    let repo = state.repos.get(&repo_key(owner, name))?;
-    let item = repo.items.get(&number)?;
-    let pull = item.pull.as_ref()?;
-    Some((repo, item, pull))
+    let (repo, item) = item_in(state, owner, name, number)?;
+    Some((repo, item, item.pull.as_ref()?))
+}
+
+/// The one of `items` whose id (as `id_of` reads it) is `id`.
+///
+/// # Panics
+/// If there is none: "no `what` `id` on `on`".
+#[track_caller]
+fn by_id<'a, T>(items: &'a [T], id: u64, id_of: impl Fn(&T) -> u64, what: &str, on: &str) -> &'a T {
+    items
+        .iter()
+        .find(|x| id_of(x) == id)
+        .unwrap_or_else(|| panic!("fake GitHub: no {what} {id} on {on}"))
 }

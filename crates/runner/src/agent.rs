@@ -621,6 +621,50 @@ pub(crate) trait Fields: Default {
     fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error>;
 }
 
+/// `impl Fields for $ty`: the value of each `"key"` is read into `self.field` by the reader
+/// named after it ([`value`], [`object`] or [`present`]); any other key is skipped.
+macro_rules! fields {
+    ($ty:ty { $($key:literal => $field:tt: $read:ident),* $(,)? }) => {
+        impl $crate::agent::Fields for $ty {
+            fn field<'de, A: ::serde::de::MapAccess<'de>>(
+                &mut self,
+                key: &str,
+                map: &mut A,
+            ) -> Result<(), A::Error> {
+                match key {
+                    $($key => self.$field = $crate::agent::$read(map)?,)*
+                    _ => {
+                        map.next_value::<$crate::agent::Skip>()?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    };
+}
+pub(crate) use fields;
+
+/// A [`fields!`] reader: the value as its own type.
+pub(crate) fn value<'de, T: Deserialize<'de>, A: MapAccess<'de>>(
+    map: &mut A,
+) -> Result<T, A::Error> {
+    map.next_value()
+}
+
+/// A [`fields!`] reader: the fields `F` if the value is an object, else `None`.
+pub(crate) fn object<'de, F: Fields, A: MapAccess<'de>>(
+    map: &mut A,
+) -> Result<Option<F>, A::Error> {
+    Ok(map.next_value::<Object<F>>()?.0)
+}
+
+/// A [`fields!`] reader: the value as its own type, `Some` since the key is present.
+pub(crate) fn present<'de, T: Deserialize<'de>, A: MapAccess<'de>>(
+    map: &mut A,
+) -> Result<Option<T>, A::Error> {
+    map.next_value().map(Some)
+}
+
 /// The fields `F` of one line of output if it is a JSON object. A line that is not JSON or
 /// not an object is skipped with a warning quoting it, exactly as a `serde_json::Value`
 /// parse would tell them apart (every value is fully checked, none is kept).
@@ -681,16 +725,7 @@ pub(crate) enum StrOr<F> {
 #[derive(Debug, Default)]
 pub(crate) struct Message(pub(crate) LooseStr);
 
-impl Fields for Message {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
-        if key == "message" {
-            self.0 = map.next_value()?;
-        } else {
-            map.next_value::<Skip>()?;
-        }
-        Ok(())
-    }
-}
+fields!(Message { "message" => 0: value });
 
 /// A map key, borrowed from the line when it has no escapes.
 struct Key<'de>(Cow<'de, str>);

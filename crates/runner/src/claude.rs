@@ -18,10 +18,9 @@ use std::collections::BTreeMap;
 
 use agentry_domain::money::Usd;
 use serde::Deserialize;
-use serde::de::MapAccess;
 use serde_json::value::RawValue;
 
-use crate::agent::{Fields, List, LooseStr, Message, OutputParser, Skip, StrOr, read_object};
+use crate::agent::{List, LooseStr, Message, OutputParser, StrOr, fields, read_object};
 use crate::{AgentOutcome, RunReport, Warnings, excerpt, token_count};
 
 /// The fields of the final `result` event that agentry reads. Money fields stay raw JSON
@@ -66,19 +65,11 @@ struct Event {
     model: LooseStr,
 }
 
-impl Fields for Event {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
-        match key {
-            "type" => self.kind = map.next_value()?,
-            "subtype" => self.subtype = map.next_value()?,
-            "model" => self.model = map.next_value()?,
-            _ => {
-                map.next_value::<Skip>()?;
-            }
-        }
-        Ok(())
-    }
-}
+fields!(Event {
+    "type" => kind: value,
+    "subtype" => subtype: value,
+    "model" => model: value,
+});
 
 /// Reads Claude Code output line by line (see [`parse_claude`]).
 #[derive(Debug, Default)]

@@ -10,9 +10,8 @@
 //! Codex reports no money: the cost is computed from the tokens with a [`PriceTable`].
 
 use agentry_domain::money::Usd;
-use serde::de::MapAccess;
 
-use crate::agent::{Count, Fields, LooseStr, Message, Object, OutputParser, Skip, read_object};
+use crate::agent::{Count, LooseStr, Message, OutputParser, fields, read_object};
 use std::path::Path;
 
 use crate::codex_session::SessionMeter;
@@ -54,21 +53,13 @@ struct Event {
     item: Option<Item>,
 }
 
-impl Fields for Event {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
-        match key {
-            "type" => self.kind = map.next_value()?,
-            "usage" => self.usage = map.next_value::<Object<Usage>>()?.0,
-            "error" => self.error = map.next_value::<Object<Message>>()?.0,
-            "message" => self.message = map.next_value()?,
-            "item" => self.item = map.next_value::<Object<Item>>()?.0,
-            _ => {
-                map.next_value::<Skip>()?;
-            }
-        }
-        Ok(())
-    }
-}
+fields!(Event {
+    "type" => kind: value,
+    "usage" => usage: object,
+    "error" => error: object,
+    "message" => message: value,
+    "item" => item: object,
+});
 
 /// The token counts of a `turn.completed` event.
 #[derive(Debug, Default)]
@@ -79,20 +70,12 @@ struct Usage {
     output_tokens: Count,
 }
 
-impl Fields for Usage {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
-        match key {
-            "input_tokens" => self.input_tokens = map.next_value()?,
-            "cached_input_tokens" => self.cached_input_tokens = map.next_value()?,
-            "cache_write_input_tokens" => self.cache_write_input_tokens = map.next_value()?,
-            "output_tokens" => self.output_tokens = map.next_value()?,
-            _ => {
-                map.next_value::<Skip>()?;
-            }
-        }
-        Ok(())
-    }
-}
+fields!(Usage {
+    "input_tokens" => input_tokens: value,
+    "cached_input_tokens" => cached_input_tokens: value,
+    "cache_write_input_tokens" => cache_write_input_tokens: value,
+    "output_tokens" => output_tokens: value,
+});
 
 /// The fields of an item that the parser reads.
 #[derive(Debug, Default)]
@@ -104,19 +87,11 @@ struct Item {
     text: LooseStr,
 }
 
-impl Fields for Item {
-    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
-        match key {
-            "type" => self.kind = Some(map.next_value()?),
-            "item_type" => self.item_type = map.next_value()?,
-            "text" => self.text = map.next_value()?,
-            _ => {
-                map.next_value::<Skip>()?;
-            }
-        }
-        Ok(())
-    }
-}
+fields!(Item {
+    "type" => kind: present,
+    "item_type" => item_type: value,
+    "text" => text: value,
+});
 
 /// Reads Codex output line by line (see [`parse_codex`]).
 #[derive(Debug)]

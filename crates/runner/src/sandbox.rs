@@ -861,15 +861,18 @@ fn wrap_with_home(
 
     let program = resolve_program(&cmd.program, &cmd.env)?;
     let mut program_binds: Vec<PathBuf> = Vec::new();
-    bind_program(
-        "the agent program",
-        &program,
-        &cmd.env,
-        &root,
-        &visible,
-        &whole_refused,
-        &mut program_binds,
-    )?;
+    let mut bind = |what: &str, program: &Path| {
+        bind_program(
+            what,
+            program,
+            &cmd.env,
+            &root,
+            &visible,
+            &whole_refused,
+            &mut program_binds,
+        )
+    };
+    bind("the agent program", &program)?;
     let forwarder = match layout.forwarder {
         None => None,
         Some(command) => {
@@ -878,15 +881,7 @@ fn wrap_with_home(
                 .ok_or_else(|| "the network forwarder's command is empty".to_owned())?;
             let forwarder = resolve_program(Path::new(first), &cmd.env)
                 .map_err(|e| format!("the network forwarder: {e}"))?;
-            bind_program(
-                "the network forwarder",
-                &forwarder,
-                &cmd.env,
-                &root,
-                &visible,
-                &whole_refused,
-                &mut program_binds,
-            )?;
+            bind("the network forwarder", &forwarder)?;
             Some((forwarder, leading))
         }
     };

@@ -668,27 +668,13 @@ impl Worktree {
     /// request so far): `git diff --stat` of `origin/<base>...<base commit>`, read from the
     /// mirror's objects only (nothing the agent can write), at most `max_chars` long.
     pub async fn diff_summary(&self, base: &str, max_chars: usize) -> Result<String, GitError> {
-        let git_dir = git_dir_arg(&self.mirror)?;
         let range = format!(
             "refs/remotes/origin/{}...{}",
             valid_branch(base)?,
             self.base_commit
         );
         let stat = self
-            .git
-            .run(
-                &self.root(),
-                &[
-                    &git_dir,
-                    "diff",
-                    "--no-ext-diff",
-                    "--no-color",
-                    "--stat=100",
-                    &range,
-                ],
-                &[],
-                LOCAL_TIMEOUT,
-            )
+            .mirror_git(&["diff", "--no-ext-diff", "--no-color", "--stat=100", &range])
             .await?;
         let mut stat = stat.trim_end().to_owned();
         if stat.chars().count() > max_chars {
@@ -777,22 +763,8 @@ impl Worktree {
     /// The gitlinks (submodule commits) of the base commit: `(commit id, path)`, read from
     /// the mirror's objects only.
     async fn base_gitlinks(&self) -> Result<Vec<(String, String)>, GitError> {
-        let git_dir = git_dir_arg(&self.mirror)?;
         let listed = self
-            .git
-            .run(
-                &self.root(),
-                &[
-                    &git_dir,
-                    "ls-tree",
-                    "-r",
-                    "-z",
-                    "--full-tree",
-                    &self.base_commit,
-                ],
-                &[],
-                LOCAL_TIMEOUT,
-            )
+            .mirror_git(&["ls-tree", "-r", "-z", "--full-tree", &self.base_commit])
             .await?;
         let mut gitlinks = Vec::new();
         for entry in listed.split('\0').filter(|e| !e.is_empty()) {
@@ -912,39 +884,23 @@ impl Worktree {
             .clone()
             .ok_or_else(|| GitError::Io("there is no commit to push".into()))?;
         self.check_untampered().await?;
-        let git_dir = git_dir_arg(&self.mirror)?;
         let url = self.clone_url.as_str();
         let remote_ref = format!("refs/heads/{branch}");
+        let refspec = format!("{commit}:{remote_ref}");
         if self.fast_forward {
             // A revision: the commit's parent is the branch's head when the run started, so
             // this is a fast-forward; without `+` or a lease the remote refuses anything
             // else (someone pushed meanwhile), and nothing of the pull request is lost.
             return self
-                .git
-                .run(
-                    &self.root(),
-                    &[
-                        &git_dir,
-                        "push",
-                        "--quiet",
-                        "--no-recurse-submodules",
-                        url,
-                        &format!("{commit}:{remote_ref}"),
-                    ],
-                    &auth.env(url),
-                    REMOTE_TIMEOUT,
+                .remote_git(
+                    auth,
+                    &["push", "--quiet", "--no-recurse-submodules", url, &refspec],
                 )
                 .await
                 .map(drop);
         }
         let listed = self
-            .git
-            .run(
-                &self.root(),
-                &[&git_dir, "ls-remote", url, &remote_ref],
-                &auth.env(url),
-                REMOTE_TIMEOUT,
-            )
+            .remote_git(auth, &["ls-remote", url, &remote_ref])
             .await?;
         let seen = listed
             .lines()
@@ -954,47 +910,19 @@ impl Worktree {
             None => String::new(),
             Some(_) => {
                 let tracking = format!("refs/remotes/origin/{branch}");
-                self.git
-                    .run(
-                        &self.root(),
-                        &[
-                            &git_dir,
-                            "fetch",
-                            "--quiet",
-                            "--no-write-fetch-head",
-                            url,
-                            &format!("+{remote_ref}:{tracking}"),
-                        ],
-                        &auth.env(url),
-                        REMOTE_TIMEOUT,
-                    )
-                    .await?;
+                let fetched = format!("+{remote_ref}:{tracking}");
+                self.remote_git(
+                    auth,
+                    &["fetch", "--quiet", "--no-write-fetch-head", url, &fetched],
+                )
+                .await?;
                 let head = self
-                    .git
-                    .run(
-                        &self.root(),
-                        &[
-                            &git_dir,
-                            "rev-parse",
-                            "--verify",
-                            &format!("{tracking}^{{commit}}"),
-                        ],
-                        &[],
-                        LOCAL_TIMEOUT,
-                    )
+                    .mirror_git(&["rev-parse", "--verify", &format!("{tracking}^{{commit}}")])
                     .await?
                     .trim()
                     .to_owned();
                 let format = format!("--format=%(trailers:key={TASK_TRAILER},valueonly)");
-                let owners = self
-                    .git
-                    .run(
-                        &self.root(),
-                        &[&git_dir, "show", "-s", &format, &head],
-                        &[],
-                        LOCAL_TIMEOUT,
-                    )
-                    .await?;
+                let owners = self.mirror_git(&["show", "-s", &format, &head]).await?;
                 let ours = self.task_id.hyphenated().to_string();
                 if !owners.lines().any(|owner| owner.trim() == ours) {
                     return Err(GitError::BranchTaken {
@@ -1005,23 +933,20 @@ impl Worktree {
                 head
             }
         };
-        self.git
-            .run(
-                &self.root(),
-                &[
-                    &git_dir,
-                    "push",
-                    "--quiet",
-                    "--no-recurse-submodules",
-                    &format!("--force-with-lease={remote_ref}:{expected}"),
-                    url,
-                    &format!("{commit}:{remote_ref}"),
-                ],
-                &auth.env(url),
-                REMOTE_TIMEOUT,
-            )
-            .await
-            .map(drop)
+        let lease = format!("--force-with-lease={remote_ref}:{expected}");
+        self.remote_git(
+            auth,
+            &[
+                "push",
+                "--quiet",
+                "--no-recurse-submodules",
+                &lease,
+                url,
+                &refspec,
+            ],
+        )
+        .await
+        .map(drop)
     }
 
     /// Removes the worktree, its metadata and its local branch. Idempotent.
@@ -1030,30 +955,11 @@ impl Worktree {
         remove_path(&self.path).await?;
         remove_path(&self.meta).await?;
         remove_path(&self.index_dir).await?;
-        let git_dir = git_dir_arg(&self.mirror)?;
-        let root = self.root();
-        self.git
-            .run(&root, &[&git_dir, "worktree", "prune"], &[], LOCAL_TIMEOUT)
-            .await?;
+        self.mirror_git(&["worktree", "prune"]).await?;
         if let Some(branch) = &self.branch {
-            let exists = self
-                .git
-                .run(
-                    &root,
-                    &[&git_dir, "branch", "--list", branch],
-                    &[],
-                    LOCAL_TIMEOUT,
-                )
-                .await?;
+            let exists = self.mirror_git(&["branch", "--list", branch]).await?;
             if !exists.trim().is_empty() {
-                self.git
-                    .run(
-                        &root,
-                        &[&git_dir, "branch", "-D", branch],
-                        &[],
-                        LOCAL_TIMEOUT,
-                    )
-                    .await?;
+                self.mirror_git(&["branch", "-D", branch]).await?;
             }
         }
         Ok(())
@@ -1062,6 +968,32 @@ impl Worktree {
     /// The workspace root: the working directory of git commands that need no worktree.
     fn root(&self) -> PathBuf {
         self.root.clone()
+    }
+
+    /// `git --git-dir=<mirror> args` in the workspace root, on the mirror's own objects and
+    /// configuration only (no worktree), within [`LOCAL_TIMEOUT`].
+    async fn mirror_git(&self, args: &[&str]) -> Result<String, GitError> {
+        self.mirror_git_with(args, &[], LOCAL_TIMEOUT).await
+    }
+
+    /// [`Self::mirror_git`] for a command reaching the remote: with `auth` for the clone
+    /// URL, within [`REMOTE_TIMEOUT`].
+    async fn remote_git(&self, auth: &GitAuth, args: &[&str]) -> Result<String, GitError> {
+        self.mirror_git_with(args, &auth.env(&self.clone_url), REMOTE_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::mirror_git`] with `env`, within `limit`.
+    async fn mirror_git_with(
+        &self,
+        args: &[&str],
+        env: &[(&str, String)],
+        limit: Duration,
+    ) -> Result<String, GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let mut full = vec![git_dir.as_str()];
+        full.extend_from_slice(args);
+        self.git.run(&self.root(), &full, env, limit).await
     }
 
     /// Fails with [`GitError::Tampered`] unless the worktree is still a directory whose

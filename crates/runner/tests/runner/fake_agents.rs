@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{EXITED_0, PATH, fake};
+use crate::support::{EXITED_0, PATH, assert_warned, fake};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, Launch, OutputParser, arguments};
@@ -865,11 +865,7 @@ fn codex_reconnect_noise_before_a_successful_turn() {
         run.stdout
             .contains("{\"type\":\"error\",\"message\":\"Reconnecting... 2/5\"}")
     );
-    assert!(
-        r.warnings.iter().any(|w| w.contains("Reconnecting")),
-        "{:?}",
-        r.warnings
-    );
+    assert_warned(&r, "Reconnecting");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The parsers over recorded samples of each CLI's output, the price table, and
 //! never-panic properties.
 
+use crate::support::assert_warned;
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, MAX_LINE_BYTES, OutputParser};
@@ -191,7 +192,7 @@ fn claude_bad_figures_are_warnings_never_fake_numbers() {
     assert_eq!((r.input_tokens, r.output_tokens), (0, 7));
     assert_eq!(r.model, None);
     assert_eq!(r.warnings.len(), 4, "{:?}", r.warnings);
-    assert!(r.warnings.iter().any(|w| w.contains("total_cost_usd")));
+    assert_warned(&r, "total_cost_usd");
     // A result event of the wrong shape is unparseable, not a crash.
     let r = parse_claude(r#"{"type":"result","subtype":7}"#);
     assert!(
@@ -207,7 +208,7 @@ fn claude_bad_figures_are_warnings_never_fake_numbers() {
         (r.outcome.clone(), r.cost_usd),
         (AgentOutcome::Success, Some(usd("2")))
     );
-    assert!(r.warnings.iter().any(|w| w.contains("2 result events")));
+    assert_warned(&r, "2 result events");
     // Empty output.
     assert!(matches!(
         parse_claude("").outcome,
@@ -283,11 +284,7 @@ fn codex_error_then_completed_turn_is_a_warning() {
                 {\"type\":\"turn.completed\",\"usage\":{\"input_tokens\":10,\"cached_input_tokens\":0,\"output_tokens\":1}}";
     let r = parse_codex(text, "gpt-5", &PriceTable::builtin());
     assert_eq!(r.outcome, AgentOutcome::Success);
-    assert!(
-        r.warnings.iter().any(|w| w.contains("Reconnecting")),
-        "{:?}",
-        r.warnings
-    );
+    assert_warned(&r, "Reconnecting");
 }
 
 #[test]

@@ -81,13 +81,10 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
+        let source = Source::new();
         let root = TempDir::new().unwrap();
         let ws = Workspaces::new(root.path());
-        Rig {
-            source: Source::new(),
-            root,
-            ws,
-        }
+        Rig { source, root, ws }
     }
 
     /// A coding worktree for `task` on the source's `main`.

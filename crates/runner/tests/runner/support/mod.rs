@@ -31,3 +31,13 @@ pub fn write_program(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
+
+/// Asserts that one of `report`'s warnings contains `text`, showing them all if none does.
+#[track_caller]
+pub fn assert_warned(report: &agentry_runner::RunReport, text: &str) {
+    assert!(
+        report.warnings.iter().any(|w| w.contains(text)),
+        "no warning with {text:?}: {:?}",
+        report.warnings
+    );
+}
