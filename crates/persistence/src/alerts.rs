@@ -12,19 +12,17 @@
 //! marked delivered or failed (which schedules the retry). An alert recorded while no
 //! webhook is configured is `unsent` and never delivered.
 
-use std::fmt;
-use std::str::FromStr;
-
 use agentry_domain::{BudgetScope, RepoUrl, Usd};
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
-use crate::budgets::{instance_budget, month_start, spent_nanos};
+use crate::budgets::{instance_budget, month_start, repository_budgets, spent_nanos};
+use crate::connection::insert_once;
 use crate::convert::{self, from_db, opt_from_db, to_db};
 use crate::delivery::{Entry, Queue};
-use crate::schema::{budget_alerts, repositories};
-use crate::{AnyConnection, DbError, write_tx};
+use crate::schema::budget_alerts;
+use crate::{AnyConnection, DbError};
 
 /// The thresholds, in percent of the budget, at which an alert is recorded.
 pub const THRESHOLDS: [i32; 3] = [50, 80, 100];
@@ -43,37 +41,11 @@ pub enum Delivery {
     Unsent,
 }
 
-impl Delivery {
-    /// Every state.
-    pub const ALL: [Delivery; 3] = [Delivery::Pending, Delivery::Delivered, Delivery::Unsent];
-
-    /// The stored and wire name: `pending`, `delivered` or `unsent`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Delivery::Pending => "pending",
-            Delivery::Delivered => "delivered",
-            Delivery::Unsent => "unsent",
-        }
-    }
-}
-
-impl fmt::Display for Delivery {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Delivery {
-    type Err = DbError;
-
-    /// Parses an exact stored name.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Delivery::ALL
-            .into_iter()
-            .find(|d| d.as_str() == s)
-            .ok_or_else(|| DbError::Corrupt(format!("unknown alert delivery state {s:?}")))
-    }
-}
+agentry_domain::wire_enum!(Delivery, "alert delivery state", [
+    Pending => "pending",
+    Delivered => "delivered",
+    Unsent => "unsent",
+]);
 
 /// A recorded budget alert.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,18 +185,7 @@ pub fn check(
             nanos: budget.to_nanos(),
         });
     }
-    let rows: Vec<(String, String, Option<i64>)> = repositories::table
-        .filter(repositories::monthly_budget_nanos.is_not_null())
-        .filter(repositories::disconnected_at.is_null())
-        .select((
-            repositories::id,
-            repositories::url,
-            repositories::monthly_budget_nanos,
-        ))
-        .order(repositories::url.asc())
-        .load(conn)?;
-    for (id, url, nanos) in rows {
-        let Some(nanos) = nanos else { continue };
+    for (id, url, nanos) in repository_budgets(conn, None)? {
         set.push(Budget {
             key: id.clone(),
             scope: BudgetScope::Repository,
@@ -277,7 +238,7 @@ fn record(
     };
     // Its own savepoint: a concurrent insert of the same key (a unique violation) leaves a
     // caller's transaction usable.
-    let inserted = write_tx::<_, DbError, _>(conn, |conn| {
+    let inserted = insert_once(conn, |conn| {
         diesel::insert_into(budget_alerts::table)
             .values((
                 budget_alerts::id.eq(&id),
@@ -296,14 +257,12 @@ fn record(
                 budget_alerts::delivered_at.eq(None::<PrimitiveDateTime>),
                 budget_alerts::last_error.eq(None::<String>),
             ))
-            .execute(conn)?;
-        Ok(())
-    });
-    match inserted {
-        Ok(()) => Ok(Some(get(conn, convert::uuid(&id)?)?)),
-        Err(e) if e.is_unique_violation() => Ok(None),
-        Err(e) => Err(e),
+            .execute(conn)
+    })?;
+    if !inserted {
+        return Ok(None);
     }
+    Ok(Some(get(conn, convert::uuid(&id)?)?))
 }
 
 /// One alert. [`DbError::NotFound`] for an unknown id.

@@ -322,6 +322,28 @@ pub struct SetBudget {
     pub spent: Usd,
 }
 
+/// The connected repositories with a monthly budget, by URL (only the repository whose
+/// normalised URL is `only`, when given): (id, URL, budget in nano-dollars).
+pub(crate) fn repository_budgets(
+    conn: &mut AnyConnection,
+    only: Option<&str>,
+) -> Result<Vec<(String, String, i64)>, DbError> {
+    let mut query = repositories::table
+        .filter(repositories::monthly_budget_nanos.is_not_null())
+        .filter(repositories::disconnected_at.is_null())
+        .select((
+            repositories::id,
+            repositories::url,
+            repositories::monthly_budget_nanos.assume_not_null(),
+        ))
+        .order(repositories::url.asc())
+        .into_boxed();
+    if let Some(url) = only {
+        query = query.filter(repositories::url.eq(url.to_owned()));
+    }
+    Ok(query.load(conn)?)
+}
+
 /// Every monthly budget that is set: the instance's first, then those of connected
 /// repositories by URL (only the repository whose normalised URL is `only`, when given).
 pub fn all_set(
@@ -349,22 +371,8 @@ pub fn all_set_with(
             spent: usd(spent_nanos(conn, None, now)?)?,
         });
     }
-    let mut query = repositories::table
-        .filter(repositories::monthly_budget_nanos.is_not_null())
-        .filter(repositories::disconnected_at.is_null())
-        .select((
-            repositories::id,
-            repositories::url,
-            repositories::monthly_budget_nanos,
-        ))
-        .order(repositories::url.asc())
-        .into_boxed();
-    if let Some(url) = only {
-        query = query.filter(repositories::url.eq(url.to_owned()));
-    }
-    let rows: Vec<(String, String, Option<i64>)> = query.load(conn)?;
-    for (id, url, budget) in rows {
-        let Some(budget) = convert::usd(budget)? else {
+    for (id, url, budget) in repository_budgets(conn, only)? {
+        let Some(budget) = convert::usd(Some(budget))? else {
             continue;
         };
         set.push(SetBudget {

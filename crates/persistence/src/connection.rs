@@ -485,3 +485,17 @@ where
         }
     }
 }
+
+/// Runs the insert `insert` in its own savepoint ([`write_tx`]): `true` when it wrote a row,
+/// `false` when it met a unique violation (the key is already there, e.g. written at the same
+/// moment by another replica). Either way the caller's transaction stays usable.
+pub(crate) fn insert_once<F>(conn: &mut AnyConnection, insert: F) -> Result<bool, DbError>
+where
+    F: FnOnce(&mut AnyConnection) -> QueryResult<usize>,
+{
+    match write_tx::<_, DbError, _>(conn, |conn| Ok(insert(conn)?)) {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_unique_violation() => Ok(false),
+        Err(e) => Err(e),
+    }
+}

@@ -37,6 +37,15 @@ pub enum DbError {
     Query(#[source] diesel::result::Error),
 }
 
+/// `Ok` when a write by key touched `rows` > 0 rows, [`DbError::NotFound`] when it touched
+/// none (there is no row with that key).
+pub(crate) fn touched(rows: usize) -> Result<(), DbError> {
+    if rows == 0 {
+        return Err(DbError::NotFound);
+    }
+    Ok(())
+}
+
 /// A stored name that names no variant of its enumeration: the row does not decode.
 impl From<UnknownValue> for DbError {
     fn from(e: UnknownValue) -> Self {

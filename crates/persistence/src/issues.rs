@@ -17,6 +17,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::error::touched;
 use crate::schema::{issue_links, repositories, synced_issues, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -54,8 +55,10 @@ pub struct SyncedIssue {
     pub updated_at: OffsetDateTime,
 }
 
-#[derive(Queryable, Selectable)]
-#[diesel(table_name = synced_issues)]
+/// The columns of a synced issue that come from the code host, as read and as written
+/// (`number`, part of the key, is not updated).
+#[derive(Debug, PartialEq, Eq, Queryable, Selectable, Insertable, AsChangeset)]
+#[diesel(table_name = synced_issues, primary_key(number))]
 struct IssueRow {
     number: i64,
     title: String,
@@ -80,6 +83,22 @@ impl TryFrom<IssueRow> for SyncedIssue {
             author: r.author,
             created_at: from_db(r.created_at),
             updated_at: from_db(r.updated_at),
+        })
+    }
+}
+
+impl IssueRow {
+    /// The row that stores `issue`.
+    fn of(issue: &SyncedIssue) -> Result<IssueRow, DbError> {
+        Ok(IssueRow {
+            number: issue.number,
+            title: issue.title.clone(),
+            body: issue.body.clone(),
+            html_url: issue.html_url.clone(),
+            author: issue.author.clone(),
+            labels: encode_labels(&issue.labels)?,
+            created_at: to_db(issue.created_at),
+            updated_at: to_db(issue.updated_at),
         })
     }
 }
@@ -183,16 +202,7 @@ fn replace(
     write_tx(conn, |conn| {
         // First, so that a second sync of the same repository waits for this one (on
         // PostgreSQL the row lock; on SQLite the immediate transaction already serialises).
-        let updated = diesel::update(repositories::table.find(&repo))
-            .set((
-                repositories::issues_etag.eq(etag),
-                repositories::issues_synced_at.eq(Some(at)),
-                repositories::issues_sync_error.eq(None::<String>),
-            ))
-            .execute(conn)?;
-        if updated == 0 {
-            return Err(DbError::NotFound);
-        }
+        mark_synced(conn, &repo, etag, at)?;
         if let Some(watermark) = full_read {
             diesel::update(repositories::table.find(&repo))
                 .set(repositories::issues_full_synced_at.eq(Some(at)))
@@ -229,6 +239,25 @@ fn replace(
     })
 }
 
+/// Stores a successful sync on the repository row: its ETag, `issues_synced_at = at` and
+/// `issues_sync_error = NULL`. [`DbError::NotFound`] if there is no such row.
+fn mark_synced(
+    conn: &mut AnyConnection,
+    repo: &str,
+    etag: Option<&str>,
+    at: PrimitiveDateTime,
+) -> Result<(), DbError> {
+    touched(
+        diesel::update(repositories::table.find(repo))
+            .set((
+                repositories::issues_etag.eq(etag),
+                repositories::issues_synced_at.eq(Some(at)),
+                repositories::issues_sync_error.eq(None::<String>),
+            ))
+            .execute(conn)?,
+    )
+}
+
 /// Inserts or updates one open issue of the copy (`stored`: its current row, if any); an
 /// identical copy is left alone. `linked`: whether the issue has a linked task (written on
 /// insert; an existing row keeps its own, which [`mark_linked`] maintains).
@@ -240,30 +269,14 @@ fn store_issue(
     linked: bool,
     at: PrimitiveDateTime,
 ) -> Result<(), DbError> {
-    let number = issue.number;
-    let labels = encode_labels(&issue.labels)?;
-    let created_at = to_db(issue.created_at);
-    let updated_at = to_db(issue.updated_at);
+    let row = IssueRow::of(issue)?;
     match stored {
-        Some(row)
-            if row.title == issue.title
-                && row.body == issue.body
-                && row.html_url == issue.html_url
-                && row.author == issue.author
-                && row.labels == labels
-                && row.created_at == created_at
-                && row.updated_at == updated_at => {}
+        Some(old) if *old == row => {}
         Some(_) => {
-            diesel::update(synced_issues::table.find((repo, number)))
+            diesel::update(synced_issues::table.find((repo, issue.number)))
                 .set((
-                    synced_issues::title.eq(&issue.title),
-                    synced_issues::body.eq(&issue.body),
-                    synced_issues::html_url.eq(&issue.html_url),
-                    synced_issues::author.eq(&issue.author),
-                    synced_issues::labels.eq(&labels),
+                    &row,
                     synced_issues::state.eq(OPEN),
-                    synced_issues::created_at.eq(created_at),
-                    synced_issues::updated_at.eq(updated_at),
                     synced_issues::synced_at.eq(at),
                 ))
                 .execute(conn)?;
@@ -272,15 +285,8 @@ fn store_issue(
             diesel::insert_into(synced_issues::table)
                 .values((
                     synced_issues::repo_id.eq(repo),
-                    synced_issues::number.eq(number),
-                    synced_issues::title.eq(&issue.title),
-                    synced_issues::body.eq(&issue.body),
-                    synced_issues::html_url.eq(&issue.html_url),
-                    synced_issues::author.eq(&issue.author),
-                    synced_issues::labels.eq(&labels),
+                    &row,
                     synced_issues::state.eq(OPEN),
-                    synced_issues::created_at.eq(created_at),
-                    synced_issues::updated_at.eq(updated_at),
                     synced_issues::synced_at.eq(at),
                     synced_issues::linked.eq(linked),
                 ))
@@ -420,16 +426,7 @@ pub fn apply_issue_changes(
     let repo = repo_id.to_string();
     let at = to_db(now);
     write_tx(conn, |conn| {
-        let updated = diesel::update(repositories::table.find(&repo))
-            .set((
-                repositories::issues_etag.eq(etag),
-                repositories::issues_synced_at.eq(Some(at)),
-                repositories::issues_sync_error.eq(None::<String>),
-            ))
-            .execute(conn)?;
-        if updated == 0 {
-            return Err(DbError::NotFound);
-        }
+        mark_synced(conn, &repo, etag, at)?;
         raise_watermark(conn, &repo, watermark)?;
         let numbers: Vec<i64> = open
             .iter()
@@ -496,8 +493,8 @@ pub fn mark_issues_unchanged(
     repo_id: Uuid,
     now: OffsetDateTime,
 ) -> Result<(), DbError> {
-    let updated = write_tx::<_, DbError, _>(conn, |conn| {
-        Ok(
+    write_tx(conn, |conn| {
+        touched(
             diesel::update(repositories::table.find(repo_id.to_string()))
                 .set((
                     repositories::issues_synced_at.eq(Some(to_db(now))),
@@ -505,11 +502,7 @@ pub fn mark_issues_unchanged(
                 ))
                 .execute(conn)?,
         )
-    })?;
-    if updated == 0 {
-        return Err(DbError::NotFound);
-    }
-    Ok(())
+    })
 }
 
 /// Records that a sync of the repository failed: `issues_sync_error = message`. The synced
@@ -520,17 +513,13 @@ pub fn mark_issues_sync_failed(
     repo_id: Uuid,
     message: &str,
 ) -> Result<(), DbError> {
-    let updated = write_tx::<_, DbError, _>(conn, |conn| {
-        Ok(
+    write_tx(conn, |conn| {
+        touched(
             diesel::update(repositories::table.find(repo_id.to_string()))
                 .set(repositories::issues_sync_error.eq(Some(message)))
                 .execute(conn)?,
         )
-    })?;
-    if updated == 0 {
-        return Err(DbError::NotFound);
-    }
-    Ok(())
+    })
 }
 
 /// The task linked to an issue, as the issues view shows it.
@@ -569,6 +558,30 @@ type ViewRow = (
     String,
 );
 
+/// Every synced issue ([`ViewRow`]) with its repository and its linked task, if any.
+#[diesel::dsl::auto_type]
+fn view_rows() -> _ {
+    let issue: diesel::dsl::AsSelect<IssueRow, <AnyConnection as Connection>::Backend> =
+        IssueRow::as_select();
+    synced_issues::table
+        .inner_join(repositories::table)
+        .left_join(
+            issue_links::table.on(issue_links::repo_id
+                .eq(synced_issues::repo_id)
+                .and(issue_links::issue_number.eq(synced_issues::number))),
+        )
+        .left_join(tasks::table.on(tasks::id.eq(issue_links::task_id)))
+        .select((
+            repositories::id,
+            repositories::url,
+            issue,
+            tasks::id.nullable(),
+            tasks::state.nullable(),
+            tasks::pr_url.nullable(),
+            synced_issues::state,
+        ))
+}
+
 /// The open synced issues of every connected repository, or of the repository `repo_id`
 /// (nothing if it is disconnected), each with its linked task.
 ///
@@ -580,25 +593,9 @@ pub fn open_issues(
     conn: &mut AnyConnection,
     repo_id: Option<Uuid>,
 ) -> Result<Vec<IssueView>, DbError> {
-    let mut query = synced_issues::table
-        .inner_join(repositories::table)
-        .left_join(
-            issue_links::table.on(issue_links::repo_id
-                .eq(synced_issues::repo_id)
-                .and(issue_links::issue_number.eq(synced_issues::number))),
-        )
-        .left_join(tasks::table.on(tasks::id.eq(issue_links::task_id)))
+    let mut query = view_rows()
         .filter(repositories::disconnected_at.is_null())
         .filter(synced_issues::state.eq(OPEN))
-        .select((
-            repositories::id,
-            repositories::url,
-            IssueRow::as_select(),
-            tasks::id.nullable(),
-            tasks::state.nullable(),
-            tasks::pr_url.nullable(),
-            synced_issues::state,
-        ))
         .into_boxed();
     if let Some(id) = repo_id {
         query = query.filter(synced_issues::repo_id.eq(id.to_string()));
@@ -904,25 +901,9 @@ fn load_views(
     repo: &str,
     numbers: &[i64],
 ) -> Result<Vec<IssueView>, DbError> {
-    let rows = synced_issues::table
-        .inner_join(repositories::table)
-        .left_join(
-            issue_links::table.on(issue_links::repo_id
-                .eq(synced_issues::repo_id)
-                .and(issue_links::issue_number.eq(synced_issues::number))),
-        )
-        .left_join(tasks::table.on(tasks::id.eq(issue_links::task_id)))
+    let rows = view_rows()
         .filter(synced_issues::repo_id.eq(repo))
         .filter(synced_issues::number.eq_any(numbers))
-        .select((
-            repositories::id,
-            repositories::url,
-            IssueRow::as_select(),
-            tasks::id.nullable(),
-            tasks::state.nullable(),
-            tasks::pr_url.nullable(),
-            synced_issues::state,
-        ))
         .load::<ViewRow>(conn)?;
     // Open issues only, checked here: with `state` in the statement SQLite reads the
     // repository's whole `synced_issues_repo_view` range (every open issue of it) and

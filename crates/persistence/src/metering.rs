@@ -182,22 +182,14 @@ pub fn run_totals(
     let overflow = || DbError::Conflict("metered total overflow".into());
     for call in calls {
         totals.calls += 1;
-        totals.input_tokens = totals
-            .input_tokens
-            .checked_add(call.input_tokens)
-            .ok_or_else(overflow)?;
-        totals.cache_read_tokens = totals
-            .cache_read_tokens
-            .checked_add(call.cache_read_tokens)
-            .ok_or_else(overflow)?;
-        totals.cache_write_tokens = totals
-            .cache_write_tokens
-            .checked_add(call.cache_write_tokens)
-            .ok_or_else(overflow)?;
-        totals.output_tokens = totals
-            .output_tokens
-            .checked_add(call.output_tokens)
-            .ok_or_else(overflow)?;
+        for (total, tokens) in [
+            (&mut totals.input_tokens, call.input_tokens),
+            (&mut totals.cache_read_tokens, call.cache_read_tokens),
+            (&mut totals.cache_write_tokens, call.cache_write_tokens),
+            (&mut totals.output_tokens, call.output_tokens),
+        ] {
+            *total = total.checked_add(tokens).ok_or_else(overflow)?;
+        }
         let used = call.input_tokens
             + call.cache_read_tokens
             + call.cache_write_tokens

@@ -8,19 +8,18 @@
 //! become due again when the lease runs out. At most one effect of each kind exists per task
 //! (the unique index on `(task_id, kind)`).
 
-use std::fmt;
-use std::str::FromStr;
-
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
+use crate::connection::insert_once;
 use crate::convert::{self, from_db, opt_from_db, to_db};
 use crate::delivery::{Entry, Queue};
 use crate::schema::outbox;
 use crate::{AnyConnection, DbError, write_tx};
 
-/// What an effect does on the code host.
+/// What an effect does on the code host; stored as `add_label`, `comment`, `close_issue`,
+/// `reply` or `react`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EffectKind {
     /// Create the service's label in the repository if missing and add it to the issue.
@@ -36,50 +35,13 @@ pub enum EffectKind {
     React,
 }
 
-impl EffectKind {
-    /// Every kind.
-    pub const ALL: [EffectKind; 5] = [
-        EffectKind::AddLabel,
-        EffectKind::Comment,
-        EffectKind::CloseIssue,
-        EffectKind::Reply,
-        EffectKind::React,
-    ];
-
-    /// The stored name: `add_label`, `comment`, `close_issue`, `reply` or `react`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            EffectKind::AddLabel => "add_label",
-            EffectKind::Comment => "comment",
-            EffectKind::CloseIssue => "close_issue",
-            EffectKind::Reply => "reply",
-            EffectKind::React => "react",
-        }
-    }
-}
-
-impl fmt::Display for EffectKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A string that names no [`EffectKind`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown effect kind {0:?} (expected add_label, comment, close_issue, reply or react)")]
-pub struct UnknownEffectKind(pub String);
-
-impl FromStr for EffectKind {
-    type Err = UnknownEffectKind;
-
-    /// Parses an exact stored name.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        EffectKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| UnknownEffectKind(s.to_owned()))
-    }
-}
+agentry_domain::wire_enum!(EffectKind, "effect kind", [
+    AddLabel => "add_label",
+    Comment => "comment",
+    CloseIssue => "close_issue",
+    Reply => "reply",
+    React => "react",
+]);
 
 /// What an effect does on the code host, with what the worker needs to do it.
 ///
@@ -342,7 +304,7 @@ pub fn enqueue(
             }
         }
         let at = to_db(now);
-        let inserted = write_tx::<_, DbError, _>(conn, |conn| {
+        insert_once(conn, |conn| {
             diesel::insert_into(outbox::table)
                 .values((
                     outbox::id.eq(Uuid::now_v7().to_string()),
@@ -356,14 +318,8 @@ pub fn enqueue(
                     outbox::last_error.eq(None::<String>),
                     outbox::created_at.eq(at),
                 ))
-                .execute(conn)?;
-            Ok(())
-        });
-        match inserted {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_unique_violation() => Ok(false),
-            Err(e) => Err(e),
-        }
+                .execute(conn)
+        })
     })
 }
 

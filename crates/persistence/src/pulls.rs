@@ -14,6 +14,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, opt_from_db, opt_to_db};
+use crate::error::touched;
 use crate::outbox::{self, Action, NewEffect};
 use crate::repos::{self, Repository};
 use crate::schema::{repositories, tasks};
@@ -155,16 +156,14 @@ pub fn record_pull_poll(
     watermark: Option<OffsetDateTime>,
 ) -> Result<(), DbError> {
     write_tx(conn, |conn| {
-        let updated = diesel::update(repositories::table.find(repo_id.to_string()))
-            .set((
-                repositories::pulls_etag.eq(etag),
-                repositories::pulls_watermark.eq(opt_to_db(watermark)),
-            ))
-            .execute(conn)?;
-        if updated == 0 {
-            return Err(DbError::NotFound);
-        }
-        Ok(())
+        touched(
+            diesel::update(repositories::table.find(repo_id.to_string()))
+                .set((
+                    repositories::pulls_etag.eq(etag),
+                    repositories::pulls_watermark.eq(opt_to_db(watermark)),
+                ))
+                .execute(conn)?,
+        )
     })
 }
 

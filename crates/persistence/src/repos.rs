@@ -6,6 +6,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::error::touched;
 use crate::schema::repositories;
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -42,17 +43,8 @@ struct RepoRow {
     default_branch: String,
     clone_url: String,
     codehost_id: Option<i64>,
-    coding_model: String,
-    review_model: String,
-    max_turns_coding: Option<i32>,
-    max_turns_review: i32,
-    agent_type: String,
-    auto_review: bool,
-    max_cost_per_task_nanos: Option<i64>,
-    monthly_budget_nanos: Option<i64>,
-    egress_allow: String,
-    max_revisions: i32,
-    revise_on_agent_review: bool,
+    #[diesel(embed)]
+    settings: SettingsRow,
     connected_at: PrimitiveDateTime,
     disconnected_at: Option<PrimitiveDateTime>,
     created_at: PrimitiveDateTime,
@@ -68,22 +60,7 @@ impl TryFrom<RepoRow> for Repository {
             default_branch: r.default_branch,
             clone_url: r.clone_url,
             codehost_id: r.codehost_id,
-            settings: RepoSettings {
-                coding_model: r.coding_model,
-                review_model: r.review_model,
-                max_turns_coding: r.max_turns_coding,
-                max_turns_review: r.max_turns_review,
-                agent_type: convert::parse::<AgentType>("agent type", &r.agent_type)?,
-                auto_review: r.auto_review,
-                max_cost_per_task_usd: convert::usd(r.max_cost_per_task_nanos)?,
-                monthly_budget_usd: convert::usd(r.monthly_budget_nanos)?,
-                // Each pattern is parsed (so validated) again as it is read.
-                egress_allow: serde_json::from_str(&r.egress_allow).map_err(|e| {
-                    DbError::Corrupt(format!("invalid egressAllow {:?}: {e}", r.egress_allow))
-                })?,
-                max_revisions: r.max_revisions,
-                revise_on_agent_review: r.revise_on_agent_review,
-            },
+            settings: r.settings.try_into()?,
             connected_at: from_db(r.connected_at),
             disconnected_at: opt_from_db(r.disconnected_at),
             created_at: from_db(r.created_at),
@@ -92,10 +69,68 @@ impl TryFrom<RepoRow> for Repository {
     }
 }
 
-/// The stored form of `settings.egress_allow`: a JSON array of its patterns' strings.
-fn egress_json(settings: &RepoSettings) -> Result<String, DbError> {
-    serde_json::to_string(&settings.egress_allow)
-        .map_err(|e| DbError::Conflict(format!("egressAllow cannot be stored: {e}")))
+/// The settings columns of a repository row, as read and as written (`egress_allow`: a JSON
+/// array of the patterns' strings).
+#[derive(Queryable, Selectable, Insertable, AsChangeset)]
+#[diesel(
+    table_name = repositories,
+    treat_none_as_null = true,
+    treat_none_as_default_value = false
+)]
+struct SettingsRow {
+    coding_model: String,
+    review_model: String,
+    max_turns_coding: Option<i32>,
+    max_turns_review: i32,
+    agent_type: String,
+    auto_review: bool,
+    max_cost_per_task_nanos: Option<i64>,
+    monthly_budget_nanos: Option<i64>,
+    egress_allow: String,
+    max_revisions: i32,
+    revise_on_agent_review: bool,
+}
+
+impl SettingsRow {
+    /// The columns that store `s`.
+    fn of(s: &RepoSettings) -> Result<SettingsRow, DbError> {
+        Ok(SettingsRow {
+            coding_model: s.coding_model.clone(),
+            review_model: s.review_model.clone(),
+            max_turns_coding: s.max_turns_coding,
+            max_turns_review: s.max_turns_review,
+            agent_type: s.agent_type.as_str().to_owned(),
+            auto_review: s.auto_review,
+            max_cost_per_task_nanos: s.max_cost_per_task_usd.map(Usd::to_nanos),
+            monthly_budget_nanos: s.monthly_budget_usd.map(Usd::to_nanos),
+            egress_allow: serde_json::to_string(&s.egress_allow)
+                .map_err(|e| DbError::Conflict(format!("egressAllow cannot be stored: {e}")))?,
+            max_revisions: s.max_revisions,
+            revise_on_agent_review: s.revise_on_agent_review,
+        })
+    }
+}
+
+impl TryFrom<SettingsRow> for RepoSettings {
+    type Error = DbError;
+    fn try_from(r: SettingsRow) -> Result<RepoSettings, DbError> {
+        Ok(RepoSettings {
+            coding_model: r.coding_model,
+            review_model: r.review_model,
+            max_turns_coding: r.max_turns_coding,
+            max_turns_review: r.max_turns_review,
+            agent_type: convert::parse::<AgentType>("agent type", &r.agent_type)?,
+            auto_review: r.auto_review,
+            max_cost_per_task_usd: convert::usd(r.max_cost_per_task_nanos)?,
+            monthly_budget_usd: convert::usd(r.monthly_budget_nanos)?,
+            // Each pattern is parsed (so validated) again as it is read.
+            egress_allow: serde_json::from_str(&r.egress_allow).map_err(|e| {
+                DbError::Corrupt(format!("invalid egressAllow {:?}: {e}", r.egress_allow))
+            })?,
+            max_revisions: r.max_revisions,
+            revise_on_agent_review: r.revise_on_agent_review,
+        })
+    }
 }
 
 /// A repository to connect, as the code host describes it.
@@ -135,7 +170,6 @@ pub fn connect_repository(
             return Ok((existing, false));
         }
         let id = Uuid::new_v4();
-        let s = RepoSettings::default();
         diesel::insert_into(repositories::table)
             .values((
                 repositories::id.eq(id.to_string()),
@@ -145,18 +179,7 @@ pub fn connect_repository(
                 repositories::default_branch.eq(&new.default_branch),
                 repositories::clone_url.eq(&new.clone_url),
                 repositories::codehost_id.eq(new.codehost_id),
-                repositories::coding_model.eq(&s.coding_model),
-                repositories::review_model.eq(&s.review_model),
-                repositories::max_turns_coding.eq(s.max_turns_coding),
-                repositories::max_turns_review.eq(s.max_turns_review),
-                repositories::agent_type.eq(s.agent_type.as_str()),
-                repositories::auto_review.eq(s.auto_review),
-                repositories::max_cost_per_task_nanos
-                    .eq(s.max_cost_per_task_usd.map(Usd::to_nanos)),
-                repositories::monthly_budget_nanos.eq(s.monthly_budget_usd.map(Usd::to_nanos)),
-                repositories::egress_allow.eq(egress_json(&s)?),
-                repositories::max_revisions.eq(s.max_revisions),
-                repositories::revise_on_agent_review.eq(s.revise_on_agent_review),
+                SettingsRow::of(&RepoSettings::default())?,
                 repositories::connected_at.eq(to_db(now)),
                 repositories::created_at.eq(to_db(now)),
                 repositories::updated_at.eq(to_db(now)),
@@ -242,27 +265,14 @@ pub fn update_settings(
     now: OffsetDateTime,
 ) -> Result<Repository, DbError> {
     write_tx(conn, |conn| {
-        let updated = diesel::update(repositories::table.find(id.to_string()))
-            .set((
-                repositories::coding_model.eq(&settings.coding_model),
-                repositories::review_model.eq(&settings.review_model),
-                repositories::max_turns_coding.eq(settings.max_turns_coding),
-                repositories::max_turns_review.eq(settings.max_turns_review),
-                repositories::agent_type.eq(settings.agent_type.as_str()),
-                repositories::auto_review.eq(settings.auto_review),
-                repositories::max_cost_per_task_nanos
-                    .eq(settings.max_cost_per_task_usd.map(Usd::to_nanos)),
-                repositories::monthly_budget_nanos
-                    .eq(settings.monthly_budget_usd.map(Usd::to_nanos)),
-                repositories::egress_allow.eq(egress_json(settings)?),
-                repositories::max_revisions.eq(settings.max_revisions),
-                repositories::revise_on_agent_review.eq(settings.revise_on_agent_review),
-                repositories::updated_at.eq(to_db(now)),
-            ))
-            .execute(conn)?;
-        if updated == 0 {
-            return Err(DbError::NotFound);
-        }
+        touched(
+            diesel::update(repositories::table.find(id.to_string()))
+                .set((
+                    SettingsRow::of(settings)?,
+                    repositories::updated_at.eq(to_db(now)),
+                ))
+                .execute(conn)?,
+        )?;
         // A changed budget may pay for the repository's blocked tasks: they are candidates
         // again (a claim blocks them anew if not).
         crate::budgets::unblock(conn, Some(id))?;

@@ -4,16 +4,18 @@
 //!
 //! The service decides what counts as feedback and composes what agentry says on the code
 //! host; these functions store it, inside the caller's transaction (each goes through
-//! [`write_tx`] or is a single statement, so it nests as a savepoint).
+//! [`write_tx`](crate::write_tx) or is a single statement, so it nests as a savepoint).
 
 use agentry_domain::Task;
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
+use crate::connection::insert_once;
 use crate::convert::{self, from_db, to_db};
+use crate::error::touched;
 use crate::schema::{revision_feedback, task_runs, tasks};
-use crate::{AnyConnection, DbError, write_tx};
+use crate::{AnyConnection, DbError};
 
 /// Where a piece of feedback comes from; stored as `review`, `issue_comment`,
 /// `review_comment` or `agent_review`.
@@ -175,7 +177,7 @@ pub fn insert(
     if is_recorded(conn, new.repo_id, new.source, &new.external_id)? {
         return Ok(false);
     }
-    let inserted = write_tx::<_, DbError, _>(conn, |conn| {
+    insert_once(conn, |conn| {
         diesel::insert_into(revision_feedback::table)
             .values((
                 revision_feedback::repo_id.eq(new.repo_id.to_string()),
@@ -192,27 +194,19 @@ pub fn insert(
                 revision_feedback::round_attempt.eq(None::<i32>),
                 revision_feedback::outcome.eq(outcome.as_str()),
             ))
-            .execute(conn)?;
-        Ok(())
-    });
-    match inserted {
-        Ok(()) => Ok(true),
-        Err(e) if e.is_unique_violation() => Ok(false),
-        Err(e) => Err(e),
-    }
+            .execute(conn)
+    })
 }
 
 /// Locks the task's row until the caller's transaction ends (PostgreSQL; SQLite's writer
 /// lock already serialises), so decisions on its feedback (is this the first over the
 /// limit?) see every earlier one. `NotFound` when there is no such task.
 pub fn lock_task(conn: &mut AnyConnection, task_id: Uuid) -> Result<(), DbError> {
-    let locked = diesel::update(tasks::table.find(task_id.to_string()))
-        .set(tasks::updated_at.eq(tasks::updated_at))
-        .execute(conn)?;
-    if locked == 0 {
-        return Err(DbError::NotFound);
-    }
-    Ok(())
+    touched(
+        diesel::update(tasks::table.find(task_id.to_string()))
+            .set(tasks::updated_at.eq(tasks::updated_at))
+            .execute(conn)?,
+    )
 }
 
 /// How many of the task's feedback have `outcome`.

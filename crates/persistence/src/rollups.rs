@@ -669,7 +669,7 @@ pub struct ReportStamp {
 /// The current [`ReportStamp`]: three reads of one row or a few (the generation, the
 /// instance budget, the repositories with a budget).
 pub fn report_stamp(conn: &mut AnyConnection) -> Result<ReportStamp, DbError> {
-    use crate::schema::{instance_budget, repositories};
+    use crate::schema::instance_budget;
 
     let generation: Option<i64> = rg::table
         .find(GENERATION_ROW)
@@ -681,18 +681,13 @@ pub fn report_stamp(conn: &mut AnyConnection) -> Result<ReportStamp, DbError> {
         .select(instance_budget::monthly_budget_nanos)
         .first(conn)
         .optional()?;
-    let repository_budgets: Vec<(String, Option<i64>)> = repositories::table
-        .filter(repositories::monthly_budget_nanos.is_not_null())
-        .filter(repositories::disconnected_at.is_null())
-        .select((repositories::url, repositories::monthly_budget_nanos))
-        .order(repositories::url.asc())
-        .load(conn)?;
+    let repository_budgets = crate::budgets::repository_budgets(conn, None)?;
     Ok(ReportStamp {
         generation: generation.unwrap_or(-1),
         instance_budget_nanos: instance_budget_nanos.flatten(),
         repository_budgets: repository_budgets
             .into_iter()
-            .filter_map(|(url, budget)| budget.map(|b| (url, b)))
+            .map(|(_, url, budget)| (url, budget))
             .collect(),
     })
 }

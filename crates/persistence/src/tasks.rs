@@ -568,7 +568,8 @@ pub fn task_events(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<TaskEv
         .collect()
 }
 
-/// How an agent run ended.
+/// How an agent run ended; stored as `succeeded`, `failed`, `cancelled`, `timed_out` or
+/// `lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunOutcome {
     /// The agent finished and reported success.
@@ -583,32 +584,13 @@ pub enum RunOutcome {
     Lost,
 }
 
-impl RunOutcome {
-    /// Stored and serialised name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunOutcome::Succeeded => "succeeded",
-            RunOutcome::Failed => "failed",
-            RunOutcome::Cancelled => "cancelled",
-            RunOutcome::TimedOut => "timed_out",
-            RunOutcome::Lost => "lost",
-        }
-    }
-}
-
-impl std::str::FromStr for RunOutcome {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        Ok(match s {
-            "succeeded" => RunOutcome::Succeeded,
-            "failed" => RunOutcome::Failed,
-            "cancelled" => RunOutcome::Cancelled,
-            "timed_out" => RunOutcome::TimedOut,
-            "lost" => RunOutcome::Lost,
-            _ => return Err(()),
-        })
-    }
-}
+agentry_domain::wire_enum!(RunOutcome, "run outcome", [
+    Succeeded => "succeeded",
+    Failed => "failed",
+    Cancelled => "cancelled",
+    TimedOut => "timed_out",
+    Lost => "lost",
+]);
 
 /// One agent run, as recorded in the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -654,6 +636,42 @@ pub struct Run {
     /// The cost the agent itself printed, kept beside the metered `cost_usd` of a metered
     /// run (and equal to it for a run that is not metered).
     pub reported_cost_usd: Option<Usd>,
+}
+
+impl Run {
+    /// A run of `task_id` at `attempt` by `agent_type` that started at `started_at` and ended
+    /// as `outcome`, with a new id and nothing else known: no model, cost, tokens, turns,
+    /// exit code, error, end time, sandbox flag, metered calls or reported cost. Callers set
+    /// what they know with struct update syntax (`Run { exit_code: Some(0), ..Run::new(…) }`).
+    pub fn new(
+        task_id: Uuid,
+        attempt: i32,
+        agent_type: AgentType,
+        outcome: RunOutcome,
+        started_at: OffsetDateTime,
+    ) -> Run {
+        Run {
+            id: Uuid::new_v4(),
+            task_id,
+            attempt,
+            agent_type,
+            outcome,
+            started_at,
+            model: None,
+            cost_usd: None,
+            input_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 0,
+            turns: None,
+            exit_code: None,
+            error_message: None,
+            finished_at: None,
+            sandboxed: None,
+            model_calls: None,
+            reported_cost_usd: None,
+        }
+    }
 }
 
 #[derive(Queryable, Selectable, Insertable)]
@@ -736,12 +754,7 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
     let output = non_negative("output tokens", run.output_tokens)?;
     // Lock the task's row before reading its totals: on PostgreSQL (READ COMMITTED) two runs
     // recorded at once would otherwise both add to the same old total and one would be lost.
-    let locked = diesel::update(tasks::table.find(run.task_id.to_string()))
-        .set(tasks::updated_at.eq(tasks::updated_at))
-        .execute(conn)?;
-    if locked == 0 {
-        return Err(DbError::NotFound);
-    }
+    crate::revisions::lock_task(conn, run.task_id)?;
     let task = get_task(conn, run.task_id)?;
     let trigger = crate::revisions::trigger_of(conn, &task, run.attempt)?;
     // Summed here with overflow checks (SQLite would silently turn an overflowing sum into

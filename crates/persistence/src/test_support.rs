@@ -182,26 +182,17 @@ pub fn open_pull_request(
 /// (`Run { cost_usd, ..succeeded_run(task, 1, at) }`) and pass it to
 /// [`record_run`](crate::tasks::record_run).
 pub fn succeeded_run(task_id: Uuid, attempt: i32, at: time::OffsetDateTime) -> crate::tasks::Run {
-    crate::tasks::Run {
-        id: Uuid::new_v4(),
-        task_id,
-        attempt,
-        agent_type: agentry_domain::AgentType::ClaudeCode,
-        model: None,
-        cost_usd: None,
-        input_tokens: 0,
-        cache_read_tokens: 0,
-        cache_write_tokens: 0,
-        output_tokens: 0,
-        turns: None,
-        outcome: crate::tasks::RunOutcome::Succeeded,
+    use crate::tasks::{Run, RunOutcome};
+    Run {
         exit_code: Some(0),
-        error_message: None,
-        started_at: at,
         finished_at: Some(at),
-        sandboxed: None,
-        model_calls: None,
-        reported_cost_usd: None,
+        ..Run::new(
+            task_id,
+            attempt,
+            agentry_domain::AgentType::ClaudeCode,
+            RunOutcome::Succeeded,
+            at,
+        )
     }
 }
 

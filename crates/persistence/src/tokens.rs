@@ -33,7 +33,8 @@ fn decode(row: TokenRow) -> Result<ApiToken, DbError> {
     })
 }
 
-fn insert(
+/// Stores a new token by its hash.
+pub fn create_token(
     conn: &mut AnyConnection,
     name: &str,
     role: Role,
@@ -46,27 +47,18 @@ fn insert(
         role,
         created_at: now,
     };
-    diesel::insert_into(api_tokens::table)
-        .values((
-            api_tokens::id.eq(token.id.to_string()),
-            api_tokens::name.eq(name),
-            api_tokens::role.eq(role.as_str()),
-            api_tokens::token_hash.eq(token_hash),
-            api_tokens::created_at.eq(to_db(now)),
-        ))
-        .execute(conn)?;
-    Ok(token)
-}
-
-/// Stores a new token by its hash.
-pub fn create_token(
-    conn: &mut AnyConnection,
-    name: &str,
-    role: Role,
-    token_hash: &str,
-    now: OffsetDateTime,
-) -> Result<ApiToken, DbError> {
-    write_tx(conn, |conn| insert(conn, name, role, token_hash, now))
+    write_tx(conn, |conn| {
+        diesel::insert_into(api_tokens::table)
+            .values((
+                api_tokens::id.eq(token.id.to_string()),
+                api_tokens::name.eq(name),
+                api_tokens::role.eq(role.as_str()),
+                api_tokens::token_hash.eq(token_hash),
+                api_tokens::created_at.eq(to_db(now)),
+            ))
+            .execute(conn)?;
+        Ok(token)
+    })
 }
 
 /// The active (not revoked) token with this hash.
@@ -116,7 +108,7 @@ pub fn bootstrap_admin(
                 service_meta::updated_at.eq(to_db(now)),
             ))
             .execute(conn)?;
-        insert(conn, name, Role::Admin, token_hash, now).map(Some)
+        create_token(conn, name, Role::Admin, token_hash, now).map(Some)
     });
     match result {
         Err(e) if e.is_unique_violation() => Ok(None),

@@ -5,6 +5,7 @@
 use diesel::prelude::*;
 use time::OffsetDateTime;
 
+use crate::connection::insert_once;
 use crate::convert::to_db;
 use crate::schema::webhook_deliveries;
 use crate::{AnyConnection, DbError, write_tx};
@@ -34,7 +35,7 @@ pub fn record_delivery(
         if seen.is_some() {
             return Ok(false);
         }
-        let inserted = write_tx::<_, DbError, _>(conn, |conn| {
+        insert_once(conn, |conn| {
             diesel::insert_into(webhook_deliveries::table)
                 .values((
                     webhook_deliveries::delivery_id.eq(delivery_id),
@@ -42,14 +43,8 @@ pub fn record_delivery(
                     webhook_deliveries::action.eq(action),
                     webhook_deliveries::received_at.eq(to_db(now)),
                 ))
-                .execute(conn)?;
-            Ok(())
-        });
-        match inserted {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_unique_violation() => Ok(false),
-            Err(e) => Err(e),
-        }
+                .execute(conn)
+        })
     })
 }
 

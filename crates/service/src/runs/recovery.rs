@@ -158,26 +158,15 @@ pub(super) fn with_metered_calls(
     let reachable = lost.is_some();
     let (mut run, log) = lost.unwrap_or_else(|| {
         let run = Run {
-            id: Uuid::new_v4(),
-            task_id: task.id,
-            attempt: task.attempt,
-            agent_type: task.agent_type,
-            model: None,
-            cost_usd: None,
-            input_tokens: 0,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
-            output_tokens: 0,
-            turns: None,
-            outcome: RunOutcome::Lost,
-            exit_code: None,
-            error_message: None,
-            started_at: task.started_at.unwrap_or(lease.expired_at),
-            finished_at: None,
             // Only sandboxed runs go through the gateway.
             sandboxed: Some(true),
-            model_calls: None,
-            reported_cost_usd: None,
+            ..Run::new(
+                task.id,
+                task.attempt,
+                task.agent_type,
+                RunOutcome::Lost,
+                task.started_at.unwrap_or(lease.expired_at),
+            )
         };
         (run, RunLog::of(""))
     });
