@@ -59,7 +59,8 @@ pub struct SecretListDto {
     pub secrets: Vec<SecretDto>,
 }
 
-/// `{name}`: a secret's name, checked by [`check_name`].
+/// `{name}`: a secret's name (an upper-case letter, then upper-case letters, digits and
+/// `_`, at most 64 characters).
 pub struct SecretName(pub String);
 
 impl PathParam for SecretName {
