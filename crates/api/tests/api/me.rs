@@ -7,9 +7,7 @@ use serde_json::json;
 
 #[actix_web::test]
 async fn me_names_the_calling_token_and_its_role() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     // `tokens` names each token after its role.
     for (token, role) in [
         (&t.viewer, "viewer"),
@@ -24,9 +22,7 @@ async fn me_names_the_calling_token_and_its_role() {
 
 #[actix_web::test]
 async fn me_without_a_valid_token_is_the_401_envelope() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let (status, body) = call(&app, TestRequest::get().uri("/api/me").to_request()).await;
     assert_eq!(status, 401, "{body}");
     envelope(&body, "unauthenticated");
