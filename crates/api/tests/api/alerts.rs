@@ -416,12 +416,5 @@ async fn a_run_that_ends_records_the_alerts_and_the_gauge_shows_the_use() {
         assert_eq!(status, 400, "{bad}: {body}");
         envelope(&body, "invalid_parameter");
     }
-    let (status, body) = call(
-        &app,
-        actix_web::test::TestRequest::get()
-            .uri("/api/budget/alerts")
-            .to_request(),
-    )
-    .await;
-    assert_eq!(status, 401, "{body}");
+    assert_unauthenticated(&app, anonymous_get("/api/budget/alerts")).await;
 }

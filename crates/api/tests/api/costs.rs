@@ -28,15 +28,7 @@ async fn bad_parameters_are_refused_with_the_envelope() {
         ("period=30", "period"),
     ];
     assert_bad_parameters(&app, &t.viewer, "/api/analytics/costs", &cases).await;
-    let (code, body) = call(
-        &app,
-        actix_web::test::TestRequest::get()
-            .uri("/api/analytics/costs")
-            .to_request(),
-    )
-    .await;
-    assert_eq!(code, 401);
-    envelope(&body, "unauthenticated");
+    assert_unauthenticated(&app, anonymous_get("/api/analytics/costs")).await;
 }
 
 /// The value of the `agentry_cost_usd_total` series with these labels, if exposed.

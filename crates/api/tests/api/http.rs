@@ -29,7 +29,7 @@ async fn health_and_readiness_need_no_token() {
     let db = sqlite();
     let app = service(&db.db).await;
     for (path, status) in [("/healthz", "ok"), ("/readyz", "ready")] {
-        let (code, body) = call(&app, TestRequest::get().uri(path).to_request()).await;
+        let (code, body) = call(&app, anonymous_get(path)).await;
         assert_eq!((code, body), (200, json!({ "status": status })));
     }
 }
@@ -646,9 +646,7 @@ async fn tokens_are_created_listed_used_and_revoked() {
             .to_request()
     };
     assert_eq!(call(&app, revoke(id)).await.0, 204);
-    let (code, body) = call(&app, get("/api/tasks", &new_token)).await;
-    assert_eq!(code, 401);
-    envelope(&body, "unauthenticated");
+    assert_unauthenticated(&app, get("/api/tasks", &new_token)).await;
     let (code, body) = call(&app, revoke(id)).await;
     assert_eq!(code, 404);
     envelope(&body, "not_found");
@@ -767,11 +765,7 @@ async fn bad_json_bodies_are_refused_and_nothing_is_written() {
 #[actix_web::test]
 async fn the_openapi_document_lists_exactly_the_served_routes() {
     let (_db, t, app) = sqlite_app().await;
-    let (code, doc) = call(
-        &app,
-        TestRequest::get().uri("/api/openapi.json").to_request(),
-    )
-    .await;
+    let (code, doc) = call(&app, anonymous_get("/api/openapi.json")).await;
     assert_eq!(code, 200);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
     let mut operations: Vec<(String, String)> = doc["paths"]
@@ -959,8 +953,8 @@ async fn responses_are_not_sniffed_and_api_answers_are_not_cached() {
         (get("/api/tasks", "agt_wrong"), 401, true),
         (get("/api/nope", &t.viewer), 404, true),
         (get("/api/openapi.json", &t.viewer), 200, true),
-        (TestRequest::get().uri("/healthz").to_request(), 200, false),
-        (TestRequest::get().uri("/nothing").to_request(), 404, false),
+        (anonymous_get("/healthz"), 200, false),
+        (anonymous_get("/nothing"), 404, false),
     ] {
         let what = format!("{} {}", req.method(), req.path());
         let res = actix_web::test::call_service(&app, req).await;
@@ -998,12 +992,8 @@ async fn metrics_count_requests_by_route_pattern() {
 #[actix_web::test]
 async fn metrics_need_a_token_unless_public() {
     let (db, t, app) = sqlite_app().await;
-    let (code, body) = call(&app, TestRequest::get().uri("/metrics").to_request()).await;
-    assert_eq!(code, 401, "{body}");
-    envelope(&body, "unauthenticated");
-    let (code, body) = call(&app, get("/metrics", "agt_not-a-real-token")).await;
-    assert_eq!(code, 401, "{body}");
-    envelope(&body, "unauthenticated");
+    assert_unauthenticated(&app, anonymous_get("/metrics")).await;
+    assert_unauthenticated(&app, get("/metrics", "agt_not-a-real-token")).await;
     // Any role will do.
     for token in [&t.viewer, &t.member, &t.admin] {
         let res = actix_web::test::call_service(&app, get("/metrics", token)).await;
@@ -1012,8 +1002,8 @@ async fn metrics_need_a_token_unless_public() {
 
     // AGENTRY_METRICS_PUBLIC=1: no token needed.
     let public = service_with(state_public_metrics(&db.db)).await;
-    actix_web::test::call_service(&public, TestRequest::get().uri("/healthz").to_request()).await;
-    let (status, text) = call_text(&public, TestRequest::get().uri("/metrics").to_request()).await;
+    actix_web::test::call_service(&public, anonymous_get("/healthz")).await;
+    let (status, text) = call_text(&public, anonymous_get("/metrics")).await;
     assert_eq!(status, 200);
     assert!(
         text.contains("# TYPE agentry_http_requests_total counter"),

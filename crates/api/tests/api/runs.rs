@@ -926,15 +926,10 @@ async fn unreadable_output_and_limits_fail_the_task_clearly() {
     assert_eq!(task["costUsd"], Value::Null);
     assert_eq!(task["runs"][0]["costUsd"], Value::Null);
     assert_eq!(task["runs"][0]["outcome"], "failed");
-    let req = actix_web::test::TestRequest::get()
-        .uri(&format!("/api/tasks/{id}/log"))
-        .insert_header(("Authorization", format!("Bearer {t}")))
-        .to_request();
-    let resp = actix_web::test::call_service(&app, req).await;
-    assert_eq!(resp.status(), 200);
-    let log = actix_web::test::read_body(resp).await;
+    let (status, log) = common::call_text(&app, get(&format!("/api/tasks/{id}/log"), &t)).await;
+    assert_eq!(status, 200);
     assert!(!log.is_empty());
-    assert!(!String::from_utf8_lossy(&log).contains("\"type\":\"result\""));
+    assert!(!log.contains("\"type\":\"result\""));
 
     let (_, task) = manual_task_until(&app, &rig, "Too long [fake:max-turns]", "failed").await;
     assert_eq!(

@@ -168,12 +168,12 @@ where
     (status, body)
 }
 
-/// Sends a request and returns (status, body as text).
+/// Sends a request and returns (status, body as text, any invalid UTF-8 replaced).
 pub async fn call_text<S: TestApp>(app: &S, req: Request) -> (u16, String) {
     let res = test::call_service(app, req).await;
     let status = res.status().as_u16();
     let bytes = test::read_body(res).await;
-    (status, String::from_utf8(bytes.to_vec()).unwrap())
+    (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// `GET /metrics` with `token`: the exposition text (asserting a 200).
@@ -181,6 +181,14 @@ pub async fn metrics_text<S: TestApp>(app: &S, token: &str) -> String {
     let (status, text) = call_text(app, get("/metrics", token)).await;
     assert_eq!(status, 200, "{text}");
     text
+}
+
+/// Asserts that `req` is refused 401 with the `unauthenticated` envelope; returns its
+/// message.
+pub async fn assert_unauthenticated<S: TestApp>(app: &S, req: Request) -> String {
+    let (code, body) = call(app, req).await;
+    assert_eq!(code, 401, "{body}");
+    envelope(&body, "unauthenticated")
 }
 
 /// Asserts the docs/contract.md#32-errors envelope with `code`, returning the message.
@@ -294,6 +302,11 @@ where
         let body = serde_json::json!({ "repoUrl": url });
         self.send("POST", "/api/repos", &body).await
     }
+}
+
+/// `GET path` without a token.
+pub fn anonymous_get(path: &str) -> Request {
+    test::TestRequest::get().uri(path).to_request()
 }
 
 pub fn get(path: &str, token: &str) -> Request {
