@@ -22,6 +22,7 @@ mod real_agents;
 use agentry_persistence::test_support::TestDb;
 use agentry_testkit::git::source_repo;
 use agentry_testkit::process::processes_with_env;
+use agentry_testkit::wait::eventually;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentry");
@@ -549,22 +550,13 @@ fn costs_prints_tables_and_the_api_json_from_the_database() {
     }
 }
 
-/// Polls `check` every 50 ms until it holds or `within` passes.
-fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Task `id` as `base` serves it to `token`.
 fn task_of(base: &str, id: &str, token: &str) -> Value {
     get(base, &format!("/api/tasks/{id}"), token).1
 }
 
-/// Polls task `id` through `base` until `done` holds for it or `within` passes (waiting for
-/// `what`); returns it as last seen.
+/// Polls task `id` through `base` until `done` holds for it, and returns it; panics with
+/// the task as last seen once `within` has passed (waiting for `what`).
 fn task_when(
     base: &str,
     id: &str,
@@ -572,18 +564,16 @@ fn task_when(
     (within, what): (Duration, &str),
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let mut last = Value::Null;
     eventually(within, what, || {
-        last = task_of(base, id, token);
-        done(&last)
-    });
-    last
+        let task = task_of(base, id, token);
+        if done(&task) { Ok(task) } else { Err(task) }
+    })
 }
 
 /// Waits up to `within` until `base` has `n` model calls on record for task `id` (`query`
 /// narrows them, e.g. `?attempt=2`).
 fn wait_for_calls(base: &str, id: &str, token: &str, query: &str, n: usize, within: Duration) {
-    eventually(within, &format!("{n} metered calls{query}"), || {
+    eventually(within, format!("{n} metered calls{query}"), || {
         let (_, calls) = get(base, &format!("/api/tasks/{id}/calls{query}"), token);
         calls["calls"].as_array().is_some_and(|c| c.len() == n)
     });
