@@ -460,6 +460,13 @@ fn webhook_head(headers: &[(&str, &str)], length: Option<usize>) -> String {
     head
 }
 
+/// GitHub's `ping` payload and its signature with the shared secret.
+fn signed_ping() -> (Vec<u8>, String) {
+    let body = fixture("ping");
+    let signature = sign(SECRET.as_bytes(), &body);
+    (body, signature)
+}
+
 /// The head of a signed `ping` delivery `id` whose body has `length` bytes.
 fn ping_head(signature: &str, id: &str, length: usize) -> String {
     webhook_head(
@@ -529,8 +536,7 @@ async fn send(conn: &mut tokio::net::TcpStream, bytes: &[u8]) {
 async fn a_webhook_is_refused_on_its_headers_before_its_body_is_sent() {
     let env = Env::new(sqlite()).with_webhook();
     let (addr, server) = listen(&env, Default::default());
-    let body = fixture("ping");
-    let good_signature = sign(SECRET.as_bytes(), &body);
+    let (body, good_signature) = signed_ping();
     let twenty_mib = 20 * 1024 * 1024;
     for (name, headers, length, status, code) in [
         (
@@ -631,8 +637,7 @@ async fn a_slow_webhook_body_is_cut_off() {
         &env,
         WebhookLimits::new(4, Duration::from_secs(1), read_timeout),
     );
-    let body = fixture("ping");
-    let signature = sign(SECRET.as_bytes(), &body);
+    let (body, signature) = signed_ping();
     let mut conn = connect(addr).await;
     let head = ping_head(&signature, "slow-1", body.len());
     send(&mut conn, head.as_bytes()).await;
@@ -654,7 +659,7 @@ async fn a_slow_webhook_body_is_cut_off() {
 async fn webhook_bodies_are_read_a_few_at_a_time() {
     use agentry_api::routes::webhooks::WebhookLimits;
     let env = Env::new(sqlite()).with_webhook();
-    let body = fixture("ping");
+    let (body, signature) = signed_ping();
     // Memory for one body, and no pace limit: a half-sent body holds it.
     let (addr, server) = listen(
         &env,
@@ -662,7 +667,6 @@ async fn webhook_bodies_are_read_a_few_at_a_time() {
             .with_memory(body.len())
             .with_min_rate(1),
     );
-    let signature = sign(SECRET.as_bytes(), &body);
     let head = |id: &str| ping_head(&signature, id, body.len());
     // A delivery whose body is half sent holds the only read slot…
     let mut holder = connect(addr).await;
@@ -715,8 +719,7 @@ async fn slow_uploads_cannot_starve_signed_deliveries() {
     use agentry_api::routes::webhooks::WebhookLimits;
     let env = Env::new(sqlite()).with_webhook();
     let (addr, server) = listen(&env, WebhookLimits::default());
-    let body = fixture("ping");
-    let signature = sign(SECRET.as_bytes(), &body);
+    let (body, signature) = signed_ping();
     let head = |id: &str, length: usize| ping_head(&signature, id, length);
     // Eight slow small uploads and four slow large ones, each stalled after a few bytes.
     let mut slow = Vec::new();
