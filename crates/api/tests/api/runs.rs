@@ -224,9 +224,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     assert_eq!(author.trim(), "agentry <agentry@localhost>");
 
     // The pull request on the fake.
-    let pulls = rig.env.fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    let pull = &pulls[0];
+    let pull = the_one_pull(&rig);
     assert_eq!(pull.head, branch);
     assert_eq!(pull.base, "main");
     assert_eq!(pull.title, "Fix the parser");
@@ -332,9 +330,7 @@ async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
     let t = rig.env.t.viewer.clone();
     wait_for_state(&app, &t, &id, "pr_opened").await;
 
-    let pulls = rig.env.fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    let pull = &pulls[0];
+    let pull = the_one_pull(&rig);
     assert!(
         closing_references(&pull.title).is_empty(),
         "{:?}",
@@ -349,6 +345,13 @@ async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
     assert!(closing_references(&message).is_empty(), "{message:?}");
     assert!(message.replace(BREAK, "").starts_with(title), "{message:?}");
     assert!(message.contains(&format!("agentry task {id}")), "{message}");
+}
+
+/// The one pull request of the repository on the fake (asserting there is only one).
+pub(crate) fn the_one_pull(rig: &Rig) -> agentry_fake_github::PullState {
+    let mut pulls = rig.env.fake.pulls(OWNER, NAME);
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    pulls.remove(0)
 }
 
 /// Creates a manual task with `prompt` through the API; returns its id.
@@ -835,9 +838,8 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::Status(502));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::AnswerLost(502));
     let (_, task) = manual_task_until(&app, &rig, "Flaky code host", "pr_opened").await;
-    let pulls = fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    assert_eq!(task["prNumber"], pulls[0].number);
+    let pull = the_one_pull(&rig);
+    assert_eq!(task["prNumber"], pull.number);
     assert_eq!(
         fake.count("POST", PULLS),
         2,
@@ -851,7 +853,7 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
     })
     .await;
     assert_eq!(review["costUsd"], "0.123456", "{review:#}");
-    let posted = fake.reviews(OWNER, NAME, pulls[0].number);
+    let posted = fake.reviews(OWNER, NAME, pull.number);
     assert_eq!(posted.len(), 1, "{posted:?}");
     assert!(posted[0].contains(&format!("agentry:review:{review_id}")));
     assert_eq!(
@@ -876,9 +878,8 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::AnswerLost(502));
     let (_, task) = manual_task_until(&app, &rig, "Answer lost", "pr_opened").await;
-    let pulls = fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    assert_eq!(task["prNumber"], pulls[0].number);
+    let pull = the_one_pull(&rig);
+    assert_eq!(task["prNumber"], pull.number);
     assert_eq!(fake.count("POST", PULLS), 1, "the creation was sent again");
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(422));
