@@ -295,13 +295,8 @@ async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
             "the view reads the synced copy"
         );
         let (_, view) = call(&app, sync()).await;
-        let numbers: Vec<&Value> = view["issues"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| &i["number"])
-            .collect();
-        assert!(!numbers.contains(&&json!(plain)), "{view}");
+        let numbers = numbers_of(&view);
+        assert!(!numbers.contains(&plain), "{view}");
         assert_eq!(numbers.len(), 2);
     }
 }

@@ -424,9 +424,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
     actix_web::rt::spawn(revisions::revision_loop(rig.state.service.clone()));
     let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
     assert_eq!(task["revisions"], 1, "{task:#}");
-    let rounds: Vec<&Value> = task["feedback"]
-        .as_array()
-        .unwrap()
+    let rounds: Vec<&Value> = feedback_of(&task)
         .iter()
         .map(|f| &f["roundAttempt"])
         .collect();
