@@ -11,18 +11,18 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentry_fake_models::FakeModels;
-use agentry_persistence::test_support::TestDb;
+use agentry_testkit::json::strings_of;
 use serde_json::{Value, json};
 
-use super::{Server, connect_and_create_task, eventually, fake_with_repo, get};
-
-const MASTER_KEY: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+use super::{
+    Replicas, Server, connect_repo, create_task, fake_agent, fake_agent_env, fake_with_repo, get,
+    patch_settings, task_when, wait_for_calls,
+};
 
 fn sandboxed() -> bool {
     let on = super::sandboxed();
@@ -32,15 +32,6 @@ fn sandboxed() -> bool {
         );
     }
     on
-}
-
-fn fake_agent(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/runner/tests/fake-agents")
-        .join(name)
-        .to_str()
-        .unwrap()
-        .to_owned()
 }
 
 /// An HTTP server on 127.0.0.1 that answers `ok` to every request; counts connections.
@@ -75,48 +66,16 @@ fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::new()
 }
 
-/// Through `base`: stores the code-host token `gh` and connects `acme/web`; returns the
-/// repository.
-fn connect_repo(base: &str, admin: &str, gh: &str) -> Value {
-    let put = client()
-        .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
-        .bearer_auth(admin)
-        .json(&json!({ "value": gh }))
-        .send()
-        .unwrap();
-    assert_eq!(put.status(), 200);
-    client()
-        .post(format!("{base}/api/repos"))
-        .bearer_auth(admin)
-        .json(&json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap()
+/// Waiting up to a minute for the task to end (at its pull request or failed).
+fn ended() -> (Duration, &'static str) {
+    (Duration::from_secs(60), "the task to end")
 }
 
-fn patch_settings(base: &str, admin: &str, patch: Value) {
-    let repos: Value = client()
-        .get(format!("{base}/api/repos"))
-        .bearer_auth(admin)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = repos["repos"][0]["id"].as_str().unwrap().to_owned();
-    let res = client()
-        .patch(format!("{base}/api/repos/{id}/settings"))
-        .bearer_auth(admin)
-        .json(&patch)
-        .send()
-        .unwrap();
-    assert_eq!(res.status(), 200, "{}", res.text().unwrap_or_default());
-}
-
-fn log_of(base: &str, admin: &str, id: &str) -> String {
+/// The text `base` serves at `path` to `token`.
+fn text_of(base: &str, path: &str, token: &str) -> String {
     client()
-        .get(format!("{base}/api/tasks/{id}/log"))
-        .bearer_auth(admin)
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
         .send()
         .unwrap()
         .text()
@@ -139,17 +98,8 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     let (github, dir, _source) = fake_with_repo(GH);
     let (allowed, allowed_hits) = counting_server();
     let (refused, refused_hits) = counting_server();
-    let api = github.base_url();
-    let upstream = models.base_url();
-    let key = models.key();
-    let claude = fake_agent("claude");
-    let env = [
-        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
-        ("AGENTRY_CLAUDE_BIN", claude.as_str()),
-        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
-        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
-        ("ANTHROPIC_API_KEY", key.as_str()),
-    ];
+    let (api, upstream, key) = (github.base_url(), models.base_url(), models.key());
+    let env = fake_agent_env(&github, &models, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
     let mut server = Server::start_with(&dir.path().join("data"), None, false, &env);
     let admin = server.read_token();
     let base = server.base.clone();
@@ -175,20 +125,11 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     // The repository's egressAllow must be set before the task runs: connect, set, then
     // create the task (the runner takes it at once).
     let repo = connect_repo(&base, &admin, GH);
-    patch_settings(&base, &admin, json!({ "egressAllow": ["localhost"] }));
-    let task: Value = client()
-        .post(format!("{base}/api/tasks"))
-        .bearer_auth(&admin)
-        .json(&json!({ "repoId": repo["id"], "title": "Meter me", "prompt": prompt }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = task["id"].as_str().unwrap().to_owned();
-    let mut last = Value::Null;
-    eventually(Duration::from_secs(60), "the pull request", || {
-        last = get(&base, &format!("/api/tasks/{id}"), &admin).1;
-        last["state"] == "pr_opened" || last["state"] == "failed"
+    let egress = json!({ "egressAllow": ["localhost"] });
+    patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &egress);
+    let id = create_task(&base, &admin, &repo, "Meter me", &prompt);
+    let last = task_when(&base, &id, &admin, ended(), |t| {
+        t["state"] == "pr_opened" || t["state"] == "failed"
     });
     assert_eq!(
         last["state"],
@@ -248,7 +189,7 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     assert_eq!(models.calls().len(), 2);
 
     // What the agent saw, as it printed it.
-    let log = log_of(&base, &admin, &id);
+    let log = text_of(&base, &format!("/api/tasks/{id}/log"), &admin);
     assert!(
         !log.contains(&key),
         "the real key reached the agent:\n{log}"
@@ -292,13 +233,7 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
         ),
         (&json!(1), &json!("127.0.0.1"), &json!(refused), &json!(1))
     );
-    let metrics = client()
-        .get(format!("{base}/metrics"))
-        .bearer_auth(&admin)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = text_of(&base, "/metrics", &admin);
     assert!(
         metrics.contains("agentry_egress_blocked_total{repo=\"https://github.com/acme/web\"} 1"),
         "{metrics}"
@@ -317,9 +252,7 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     const GH: &str = "ghp_GatewayBudgetToken0123456789abcdef";
     let models = FakeModels::start();
     let (github, dir, _source) = fake_with_repo(GH);
-    let api = github.base_url();
-    let upstream = models.openai_base_url();
-    let key = models.key();
+    let (api, upstream, key) = (github.base_url(), models.openai_base_url(), models.key());
     let codex = fake_agent("codex");
     let env = [
         ("AGENTRY_CODEHOST_API_URL", api.as_str()),
@@ -332,29 +265,14 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     let admin = server.read_token();
     let base = server.base.clone();
     let repo = connect_repo(&base, &admin, GH);
-    patch_settings(
-        &base,
-        &admin,
-        json!({ "agentType": "codex", "maxCostPerTaskUsd": "0.01" }),
-    );
+    let allowance = json!({ "agentType": "codex", "maxCostPerTaskUsd": "0.01" });
+    patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &allowance);
     // Each call: 3,000 input (1,000 cached) and 100 output tokens of gpt-6.1-sol
     // ($2, $0.1 cached, $10 per million) = $0.0051.
-    let task: Value = client()
-        .post(format!("{base}/api/tasks"))
-        .bearer_auth(&admin)
-        .json(&json!({
-            "repoId": repo["id"], "title": "Spend",
-            "prompt": "Spend [fake:turns=10] [fake:model-calls=1] [model:usage=3000,100,1000,0]"
-        }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = task["id"].as_str().unwrap().to_owned();
-    let mut last = Value::Null;
-    eventually(Duration::from_secs(60), "the task failing", || {
-        last = get(&base, &format!("/api/tasks/{id}"), &admin).1;
-        last["state"] == "failed" || last["state"] == "pr_opened"
+    let prompt = "Spend [fake:turns=10] [fake:model-calls=1] [model:usage=3000,100,1000,0]";
+    let id = create_task(&base, &admin, &repo, "Spend", prompt);
+    let last = task_when(&base, &id, &admin, ended(), |t| {
+        t["state"] == "failed" || t["state"] == "pr_opened"
     });
     assert_eq!(
         last["state"],
@@ -370,12 +288,7 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     assert_eq!(run["costUsd"], "0.0102", "{run}");
     assert_eq!(models.calls().len(), 2);
     let (_, calls) = get(&base, &format!("/api/tasks/{id}/calls"), &admin);
-    let outcomes: Vec<&str> = calls["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["outcome"].as_str().unwrap())
-        .collect();
+    let outcomes = strings_of(&calls, "calls", "outcome");
     assert_eq!(outcomes, ["completed", "completed", "refused"]);
     assert_eq!(calls["calls"][2]["status"], 429);
     assert!(github.pulls("acme", "web").is_empty());
@@ -394,43 +307,19 @@ fn a_metered_run_recovered_by_the_other_replica_keeps_every_call() {
         return;
     }
     const GH: &str = "ghp_GatewayReplicaToken0123456789abcdef";
-    let Some(db) = TestDb::postgres() else { return };
-    let models = FakeModels::start();
-    let (github, dir, _source) = fake_with_repo(GH);
-    let api = github.base_url();
-    let upstream = models.base_url();
-    let key = models.key();
-    let claude = fake_agent("claude");
-    let env = [
-        ("AGENTRY_CODEHOST_API_URL", api.as_str()),
-        ("AGENTRY_CLAUDE_BIN", claude.as_str()),
-        ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
-        ("AGENTRY_RUN_LEASE_SECS", "3"),
-        ("AGENTRY_MASTER_KEY", MASTER_KEY),
-        ("AGENTRY_ANTHROPIC_UPSTREAM", upstream.as_str()),
-        ("ANTHROPIC_API_KEY", key.as_str()),
-    ];
-    let mut a = Server::start_with(&dir.path().join("a"), Some(&db.url), true, &env);
-    let admin = a.read_token();
-    let id = connect_and_create_task(
-        &a.base,
-        &admin,
-        GH,
-        "Metered then lost",
-        "Work [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:sleep=120]",
-    );
-    eventually(Duration::from_secs(30), "two metered calls", || {
-        let (_, calls) = get(&a.base, &format!("/api/tasks/{id}/calls"), &admin);
-        calls["calls"].as_array().is_some_and(|c| c.len() == 2)
-    });
+    let Some(replicas) = Replicas::new(GH) else {
+        return;
+    };
+    let prompt = "Work [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:sleep=120]";
+    let (a, admin, id) = replicas.start_first("a", "Metered then lost", prompt);
+    wait_for_calls(&a.base, &id, &admin, "", 2, Duration::from_secs(30));
     a.signal("KILL");
     drop(a);
 
-    let b = Server::start_with(&dir.path().join("b"), Some(&db.url), true, &env);
-    let mut last = Value::Null;
-    eventually(Duration::from_secs(60), "the recovered task", || {
-        last = get(&b.base, &format!("/api/tasks/{id}"), &admin).1;
-        last["runs"].as_array().is_some_and(|r| !r.is_empty())
+    let b = replicas.start("b");
+    let wait = (Duration::from_secs(60), "the recovered task");
+    let last = task_when(&b.base, &id, &admin, wait, |t| {
+        t["runs"].as_array().is_some_and(|r| !r.is_empty())
     });
     let first = &last["runs"][0];
     assert_eq!(first["attempt"], 1, "{last:#}");

@@ -21,6 +21,8 @@ mod real_agents;
 
 use agentry_persistence::test_support::TestDb;
 use agentry_testkit::git::source_repo;
+use agentry_testkit::process::processes_with_env;
+use agentry_testkit::wait::eventually;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentry");
@@ -548,13 +550,33 @@ fn costs_prints_tables_and_the_api_json_from_the_database() {
     }
 }
 
-/// Polls `check` every 50 ms until it holds or `within` passes.
-fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Task `id` as `base` serves it to `token`.
+fn task_of(base: &str, id: &str, token: &str) -> Value {
+    get(base, &format!("/api/tasks/{id}"), token).1
+}
+
+/// Polls task `id` through `base` until `done` holds for it, and returns it; panics with
+/// the task as last seen once `within` has passed (waiting for `what`).
+fn task_when(
+    base: &str,
+    id: &str,
+    token: &str,
+    (within, what): (Duration, &str),
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    eventually(within, what, || {
+        let task = task_of(base, id, token);
+        if done(&task) { Ok(task) } else { Err(task) }
+    })
+}
+
+/// Waits up to `within` until `base` has `n` model calls on record for task `id` (`query`
+/// narrows them, e.g. `?attempt=2`).
+fn wait_for_calls(base: &str, id: &str, token: &str, query: &str, n: usize, within: Duration) {
+    eventually(within, format!("{n} metered calls{query}"), || {
+        let (_, calls) = get(base, &format!("/api/tasks/{id}/calls{query}"), token);
+        calls["calls"].as_array().is_some_and(|c| c.len() == n)
+    });
 }
 
 #[test]
@@ -654,30 +676,6 @@ fn serve_syncs_labelled_issues_posts_once_and_never_logs_a_secret() {
     );
 }
 
-/// The processes whose environment holds `var` (`NAME=value`) exactly: how a run's agent
-/// and its children are found from outside a sandbox, whose process ids differ inside.
-fn processes_with_env(var: &str) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            pid_alive(*pid)
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()))
-        })
-        .collect()
-}
-
-fn pid_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-    })
-}
-
 /// A fake GitHub that knows the token `gh` and `acme/web`, whose clone URL is a real git
 /// repository (returned) in a temporary directory (returned, to keep it alive).
 fn fake_with_repo(
@@ -696,6 +694,89 @@ fn fake_with_repo(
     (fake, dir, source)
 }
 
+/// The fake agent CLI `name` (`claude` or `codex`) of the runner's tests.
+fn fake_agent(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/runner/tests/fake-agents")
+        .join(name)
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// What replicas of `serve` on one PostgreSQL add to their environment: no pull-request
+/// poll, a 3-second run lease, and one master key (both decrypt the stored code-host token).
+const REPLICA_ENV: [(&str, &str); 3] = [
+    ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
+    ("AGENTRY_RUN_LEASE_SECS", "3"),
+    (
+        "AGENTRY_MASTER_KEY",
+        "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+    ),
+];
+
+/// Replicas of `serve` on one PostgreSQL, each on its own data directory, sharing the fake
+/// GitHub (`acme/web` cloned from `source`) and the fake model API, with [`REPLICA_ENV`].
+struct Replicas {
+    gh: String,
+    db: TestDb,
+    fake: agentry_fake_github::FakeGitHub,
+    dir: tempfile::TempDir,
+    source: std::path::PathBuf,
+    env: Vec<(String, String)>,
+    _models: agentry_fake_models::FakeModels,
+}
+
+impl Replicas {
+    /// The replicas' world with the code-host token `gh`; `None` (the test does nothing)
+    /// where the suite has no PostgreSQL.
+    fn new(gh: &str) -> Option<Replicas> {
+        let db = TestDb::postgres()?;
+        let (fake, dir, source) = fake_with_repo(gh);
+        let models = agentry_fake_models::FakeModels::start();
+        let env = fake_agent_env(&fake, &models, &REPLICA_ENV);
+        Some(Replicas {
+            gh: gh.to_owned(),
+            db,
+            fake,
+            dir,
+            source,
+            env,
+            _models: models,
+        })
+    }
+
+    /// The data directory of replica `name`.
+    fn data(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Starts replica `name` (again, on the same data directory).
+    fn start(&self, name: &str) -> Server {
+        Server::start_with(&self.data(name), Some(&self.db.url), true, &self.env)
+    }
+
+    /// Starts replica `name` first, which prints the admin token; through it connects
+    /// `acme/web` and creates the task `title` with `prompt`. Returns the replica, the token
+    /// and the task's id.
+    fn start_first(&self, name: &str, title: &str, prompt: &str) -> (Server, String, String) {
+        let mut server = self.start(name);
+        let admin = server.read_token();
+        let id = connect_and_create_task(&server.base, &admin, &self.gh, title, prompt);
+        (server, admin, id)
+    }
+}
+
+/// The cost of one run of [`ONE_CALL`] and of two: metered, the call's; unsandboxed, what
+/// the fake agent prints.
+fn one_and_two_runs_cost() -> (&'static str, &'static str) {
+    if metered() {
+        (CALL_COST, "0.006")
+    } else {
+        ("0.123456", "0.246912")
+    }
+}
+
 /// `serve`'s environment for runs of the fake Claude Code on `fake`'s repositories, its
 /// model calls going to `models` (the gateway's upstream and key), with `extra` added.
 fn fake_agent_env(
@@ -703,14 +784,9 @@ fn fake_agent_env(
     models: &agentry_fake_models::FakeModels,
     extra: &[(&str, &str)],
 ) -> Vec<(String, String)> {
-    let claude =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude");
     let mut env = vec![
         ("AGENTRY_CODEHOST_API_URL".to_owned(), fake.base_url()),
-        (
-            "AGENTRY_CLAUDE_BIN".to_owned(),
-            claude.display().to_string(),
-        ),
+        ("AGENTRY_CLAUDE_BIN".to_owned(), fake_agent("claude")),
         ("AGENTRY_ANTHROPIC_UPSTREAM".to_owned(), models.base_url()),
         ("ANTHROPIC_API_KEY".to_owned(), models.key()),
     ];
@@ -722,9 +798,9 @@ fn fake_agent_env(
     env
 }
 
-/// Through `base`: stores the code-host token `gh`, connects `acme/web` and creates a
-/// coding task `title` with `prompt`; returns the task's id.
-fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, prompt: &str) -> String {
+/// Through `base`: stores the code-host token `gh` and connects `acme/web`; returns the
+/// repository.
+fn connect_repo(base: &str, admin: &str, gh: &str) -> Value {
     let client = reqwest::blocking::Client::new();
     let put = client
         .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
@@ -733,15 +809,20 @@ fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, promp
         .send()
         .unwrap();
     assert_eq!(put.status(), 200);
-    let repo: Value = client
+    client
         .post(format!("{base}/api/repos"))
         .bearer_auth(admin)
         .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
         .send()
         .unwrap()
         .json()
-        .unwrap();
-    let task: Value = client
+        .unwrap()
+}
+
+/// Through `base`: creates a coding task `title` with `prompt` in the repository `repo`;
+/// returns the task's id.
+fn create_task(base: &str, admin: &str, repo: &Value, title: &str, prompt: &str) -> String {
+    let task: Value = reqwest::blocking::Client::new()
         .post(format!("{base}/api/tasks"))
         .bearer_auth(admin)
         .json(&serde_json::json!({ "repoId": repo["id"], "title": title, "prompt": prompt }))
@@ -752,6 +833,27 @@ fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, promp
     task["id"].as_str().unwrap().to_owned()
 }
 
+/// Through `base`: stores the code-host token `gh`, connects `acme/web` and creates a
+/// coding task `title` with `prompt`; returns the task's id.
+fn connect_and_create_task(base: &str, admin: &str, gh: &str, title: &str, prompt: &str) -> String {
+    let repo = connect_repo(base, admin, gh);
+    create_task(base, admin, &repo, title, prompt)
+}
+
+/// Through `base`: applies `patch` to the settings of the repository `repo_id`.
+fn patch_settings(base: &str, admin: &str, repo_id: &str, patch: &Value) {
+    let res = reqwest::blocking::Client::new()
+        .patch(format!("{base}/api/repos/{repo_id}/settings"))
+        .bearer_auth(admin)
+        .json(patch)
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 200, "{}", res.text().unwrap_or_default());
+}
+
+/// `kill -9` of `serve` while an agent runs, then `serve` again: the task is recovered (the
+/// lost run recorded, attempt 2), its orphaned agent stopped, and it reaches `pr_opened`
+/// with exactly one pull request.
 /// `kill -9` of `serve` while an agent runs, then `serve` again: the task is recovered (the
 /// lost run recorded, attempt 2), its orphaned agent stopped, and it reaches `pr_opened`
 /// with exactly one pull request.
@@ -776,20 +878,13 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
     eventually(Duration::from_secs(20), "the agent running", || {
         home.join("agent.pid").exists()
     });
-    let (_, running) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
+    let running = task_of(&server.base, &id, &admin);
     assert_eq!(running["state"], "running", "{running}");
     let sandboxed = sandboxed();
     if sandboxed {
         // The fake writes its pid before its model call: the kill waits for the call to be
         // metered, so the lost attempt has it on record.
-        eventually(
-            Duration::from_secs(20),
-            "the first attempt's call metered",
-            || {
-                let (_, calls) = get(&server.base, &format!("/api/tasks/{id}/calls"), &admin);
-                calls["calls"].as_array().is_some_and(|c| c.len() == 1)
-            },
-        );
+        wait_for_calls(&server.base, &id, &admin, "", 1, Duration::from_secs(20));
     }
     let home_var = format!("HOME={}", home.display());
     assert!(!processes_with_env(&home_var).is_empty());
@@ -809,15 +904,10 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
         "no process of the dead run left",
         || processes_with_env(&home_var).is_empty(),
     );
-    let mut last = Value::Null;
-    eventually(
-        Duration::from_secs(30),
-        "the recovered task's pull request",
-        || {
-            last = get(&server.base, &format!("/api/tasks/{id}"), &admin).1;
-            last["state"] == "pr_opened"
-        },
-    );
+    let wait = (Duration::from_secs(30), "the recovered task's pull request");
+    let last = task_when(&server.base, &id, &admin, wait, |t| {
+        t["state"] == "pr_opened"
+    });
     assert_eq!(last["attempt"], 2, "{last}");
     let runs = last["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2, "{last}");
@@ -864,22 +954,15 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
     let mut server = Server::start_with(&data, None, true, &env);
     let admin = server.read_token();
     let id = connect_and_create_task(&server.base, &admin, GH, "Add caching", ONE_CALL);
-    let client = reqwest::blocking::Client::new();
-    let repo_id = get(&server.base, &format!("/api/tasks/{id}"), &admin).1["repoId"]
+    let repo_id = task_of(&server.base, &id, &admin)["repoId"]
         .as_str()
         .unwrap()
         .to_owned();
-    let patched = client
-        .patch(format!("{}/api/repos/{repo_id}/settings", server.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({"autoReview": false}))
-        .send()
-        .unwrap();
-    assert_eq!(patched.status(), 200);
-    let mut last = Value::Null;
-    eventually(Duration::from_secs(30), "the pull request", || {
-        last = get(&server.base, &format!("/api/tasks/{id}"), &admin).1;
-        last["state"] == "pr_opened"
+    let no_review = serde_json::json!({"autoReview": false});
+    patch_settings(&server.base, &admin, &repo_id, &no_review);
+    let wait = (Duration::from_secs(30), "the pull request");
+    let last = task_when(&server.base, &id, &admin, wait, |t| {
+        t["state"] == "pr_opened"
     });
     let number = last["prNumber"].as_u64().unwrap();
     let branch = format!("agentry/task-{}", id.replace('-', ""));
@@ -901,31 +984,17 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
         || home.join("agent.pid").exists(),
     );
     if metered() {
-        eventually(
-            Duration::from_secs(20),
-            "the revision's call metered",
-            || {
-                let (_, calls) = get(
-                    &server.base,
-                    &format!("/api/tasks/{id}/calls?attempt=2"),
-                    &admin,
-                );
-                calls["calls"].as_array().is_some_and(|c| c.len() == 1)
-            },
-        );
+        let within = Duration::from_secs(20);
+        wait_for_calls(&server.base, &id, &admin, "?attempt=2", 1, within);
     }
     server.signal("KILL");
     drop(server);
 
     let server = Server::start_with(&data, None, true, &env);
-    eventually(
-        Duration::from_secs(40),
-        "the recovered revision pushed",
-        || {
-            last = get(&server.base, &format!("/api/tasks/{id}"), &admin).1;
-            last["state"] == "pr_opened" && last["runs"].as_array().is_some_and(|r| r.len() == 3)
-        },
-    );
+    let wait = (Duration::from_secs(40), "the recovered revision pushed");
+    let last = task_when(&server.base, &id, &admin, wait, |t| {
+        t["state"] == "pr_opened" && t["runs"].as_array().is_some_and(|r| r.len() == 3)
+    });
     assert_eq!(last["revisions"], 1, "{last}");
     assert_eq!(last["attempt"], 3, "{last}");
     let runs = last["runs"].as_array().unwrap();
@@ -977,65 +1046,34 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
 fn a_reported_cost_survives_its_replica_dying_while_publishing() {
     use agentry_fake_github::Fault;
     const GH: &str = "ghp_ReplicaTestToken0123456789abcdef";
-    let Some(db) = TestDb::postgres() else { return };
-    let (fake, dir, _source) = fake_with_repo(GH);
+    let Some(replicas) = Replicas::new(GH) else {
+        return;
+    };
+    let fake = &replicas.fake;
     // A's creation hangs (as a code host that stopped answering) until A is gone.
     fake.fail_next(
         Some(("POST", "/repos/{o}/{r}/pulls")),
         1,
         Fault::Timeout(Duration::from_secs(120)),
     );
-    let models = agentry_fake_models::FakeModels::start();
-    let env = fake_agent_env(
-        &fake,
-        &models,
-        &[
-            ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
-            ("AGENTRY_RUN_LEASE_SECS", "3"),
-            // Both replicas decrypt the stored code-host token.
-            (
-                "AGENTRY_MASTER_KEY",
-                "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
-            ),
-        ],
-    );
-    let (one, both) = if metered() {
-        (CALL_COST, "0.006")
-    } else {
-        ("0.123456", "0.246912")
-    };
-    let mut a = Server::start_with(&dir.path().join("a"), Some(&db.url), true, &env);
-    let admin = a.read_token();
-    let id = connect_and_create_task(
-        &a.base,
-        &admin,
-        GH,
-        "Publish slowly",
-        &format!("Some work {ONE_CALL}"),
-    );
-    let mut last = Value::Null;
-    eventually(
+    let (one, both) = one_and_two_runs_cost();
+    let prompt = format!("Some work {ONE_CALL}");
+    let (a, admin, id) = replicas.start_first("a", "Publish slowly", &prompt);
+    let wait = (
         Duration::from_secs(30),
         "attempt 1's run on record while its pull request is being opened",
-        || {
-            last = get(&a.base, &format!("/api/tasks/{id}"), &admin).1;
-            last["state"] == "running" && last["runs"].as_array().is_some_and(|r| r.len() == 1)
-        },
     );
+    let last = task_when(&a.base, &id, &admin, wait, |t| {
+        t["state"] == "running" && t["runs"].as_array().is_some_and(|r| r.len() == 1)
+    });
     assert_eq!(last["runs"][0]["costUsd"], one, "{last}");
     assert_eq!(last["costUsd"], one, "{last}");
     a.signal("KILL");
     drop(a);
 
-    let b = Server::start_with(&dir.path().join("b"), Some(&db.url), true, &env);
-    eventually(
-        Duration::from_secs(60),
-        "the recovered task's pull request",
-        || {
-            last = get(&b.base, &format!("/api/tasks/{id}"), &admin).1;
-            last["state"] == "pr_opened"
-        },
-    );
+    let b = replicas.start("b");
+    let wait = (Duration::from_secs(60), "the recovered task's pull request");
+    let last = task_when(&b.base, &id, &admin, wait, |t| t["state"] == "pr_opened");
     assert_eq!(last["attempt"], 2, "{last}");
     let runs = last["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2, "{last}");
@@ -1062,11 +1100,12 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
 )]
 fn a_restarted_replica_records_the_run_it_left_behind() {
     const GH: &str = "ghp_LeftoverTestToken0123456789abcdef";
-    let Some(db) = TestDb::postgres() else { return };
-    let (fake, dir, source) = fake_with_repo(GH);
+    let Some(replicas) = Replicas::new(GH) else {
+        return;
+    };
     // The first push hangs (its hook's pid in `mark`); later pushes go through.
-    let mark = dir.path().join("push-hung");
-    let hook = source.join("hooks/pre-receive");
+    let mark = replicas.dir.path().join("push-hung");
+    let hook = replicas.source.join("hooks/pre-receive");
     std::fs::write(
         &hook,
         format!(
@@ -1076,60 +1115,32 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
     )
     .unwrap();
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let models = agentry_fake_models::FakeModels::start();
-    let env = fake_agent_env(
-        &fake,
-        &models,
-        &[
-            ("AGENTRY_POLL_INTERVAL_SECS", "3600"),
-            ("AGENTRY_RUN_LEASE_SECS", "3"),
-            (
-                "AGENTRY_MASTER_KEY",
-                "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
-            ),
-        ],
-    );
-    let (one, both) = if metered() {
-        (CALL_COST, "0.006")
-    } else {
-        ("0.123456", "0.246912")
-    };
-    let b_data = dir.path().join("b");
-    let mut b = Server::start_with(&b_data, Some(&db.url), true, &env);
-    let admin = b.read_token();
-    let id = connect_and_create_task(
-        &b.base,
-        &admin,
-        GH,
-        "Push slowly",
-        &format!("Some work {ONE_CALL}"),
-    );
+    let (one, both) = one_and_two_runs_cost();
+    let prompt = format!("Some work {ONE_CALL}");
+    let (b, admin, id) = replicas.start_first("b", "Push slowly", &prompt);
     eventually(Duration::from_secs(30), "B's push hanging", || {
         std::fs::read_to_string(&mark).is_ok_and(|pid| !pid.trim().is_empty())
     });
-    let (_, during) = get(&b.base, &format!("/api/tasks/{id}"), &admin);
+    let during = task_of(&b.base, &id, &admin);
     assert_eq!(during["state"], "running", "{during}");
     b.signal("KILL");
     drop(b);
     let hung = std::fs::read_to_string(&mark).unwrap();
     let _ = Command::new("kill").arg(hung.trim()).status();
 
-    let a = Server::start_with(&dir.path().join("a"), Some(&db.url), true, &env);
-    let mut last = Value::Null;
-    eventually(Duration::from_secs(60), "A's pull request", || {
-        last = get(&a.base, &format!("/api/tasks/{id}"), &admin).1;
-        last["state"] == "pr_opened"
-    });
+    let a = replicas.start("a");
+    let wait = (Duration::from_secs(60), "A's pull request");
+    let last = task_when(&a.base, &id, &admin, wait, |t| t["state"] == "pr_opened");
     assert_eq!(last["attempt"], 2, "{last}");
     // Metered, A records attempt 1 as it recovers the task: B's call is in the database
     // even though B's output is out of A's reach. Else only attempt 2 is known yet.
     let after_a = if metered() { both } else { one };
     assert_eq!(last["costUsd"], after_a, "{last}");
 
-    let b = Server::start_with(&b_data, Some(&db.url), true, &env);
-    eventually(Duration::from_secs(20), "B recording attempt 1", || {
-        last = get(&b.base, &format!("/api/tasks/{id}"), &admin).1;
-        last["runs"].as_array().is_some_and(|r| r.len() == 2)
+    let b = replicas.start("b");
+    let wait = (Duration::from_secs(20), "B recording attempt 1");
+    let last = task_when(&b.base, &id, &admin, wait, |t| {
+        t["runs"].as_array().is_some_and(|r| r.len() == 2)
     });
     let runs = last["runs"].as_array().unwrap();
     let first = runs.iter().find(|r| r["attempt"] == 1).unwrap();
@@ -1137,9 +1148,9 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
     assert_eq!(first["costUsd"], one, "{last}");
     assert_eq!(last["costUsd"], both, "{last}");
     assert_eq!(last["state"], "pr_opened");
-    assert_eq!(fake.pulls("acme", "web").len(), 1);
+    assert_eq!(replicas.fake.pulls("acme", "web").len(), 1);
     assert!(
-        !b_data.join("runs").join(&id).exists(),
+        !replicas.data("b").join("runs").join(&id).exists(),
         "the recorded leftover is forgotten"
     );
 }
@@ -1163,11 +1174,7 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
     // installs them: run as root, the service runs its agents as `nobody`.
     let bin = dir.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents/claude"),
-        bin.join("claude"),
-    )
-    .unwrap();
+    std::fs::copy(fake_agent("claude"), bin.join("claude")).unwrap();
     let agentry = bin.join("agentry");
     std::fs::copy(BIN, &agentry).unwrap();
     let cwd = dir.path().join("newcomer");
@@ -1203,21 +1210,7 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         .unwrap()
         .trim()
         .to_owned();
-    let put = client
-        .put(format!("{base}/api/secrets/CODEHOST_TOKEN"))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "value": GH }))
-        .send()
-        .unwrap();
-    assert_eq!(put.status(), 200);
-    let repo: Value = client
-        .post(format!("{base}/api/repos"))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let repo = connect_repo(&base, &admin, GH);
     let assigned = client
         .post(format!("{base}/api/issues/assign"))
         .bearer_auth(&admin)
@@ -1233,7 +1226,7 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
     let reached = {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            last = get(&base, &format!("/api/tasks/{id}"), &admin).1;
+            last = task_of(&base, &id, &admin);
             if last["state"] == "pr_opened" || last["state"] == "failed" {
                 break last["state"] == "pr_opened";
             }
@@ -1403,22 +1396,7 @@ fn doctor_says_what_a_run_needs() {
         ],
     );
     let admin = server.read_token();
-    let client = reqwest::blocking::Client::new();
-    let put = client
-        .put(format!("{}/api/secrets/CODEHOST_TOKEN", server.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "value": GH }))
-        .send()
-        .unwrap();
-    assert_eq!(put.status(), 200);
-    let repo: Value = client
-        .post(format!("{}/api/repos", server.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({ "repoUrl": "https://github.com/acme/web" }))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let repo = connect_repo(&server.base, &admin, GH);
     let repo_id = repo["id"].as_str().unwrap().to_owned();
 
     // `doctor` beside the running `serve`.
@@ -1470,15 +1448,10 @@ fn doctor_says_what_a_run_needs() {
 
     // The repository moves to Codex with a model that has no price: Codex and its key are
     // now what a run needs, Claude Code is not, and the price is a warning.
-    let patched = client
-        .patch(format!("{}/api/repos/{repo_id}/settings", server.base))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({
-            "agentType": "codex", "codingModel": "gpt-doctor-unpriced", "reviewModel": "gpt-5"
-        }))
-        .send()
-        .unwrap();
-    assert_eq!(patched.status(), 200);
+    let codex_unpriced = serde_json::json!({
+        "agentType": "codex", "codingModel": "gpt-doctor-unpriced", "reviewModel": "gpt-5"
+    });
+    patch_settings(&server.base, &admin, &repo_id, &codex_unpriced);
     let (code, report) = doctor(&[
         ("AGENTRY_CODEHOST_API_URL", api.as_str()),
         ("AGENTRY_CLAUDE_BIN", missing.to_str().unwrap()),

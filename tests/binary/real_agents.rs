@@ -27,6 +27,21 @@ use serde_json::{Value, json};
 
 use super::{BIN, Server, get, sandbox_env};
 
+/// The test `$claude` runs the scenario `$scenario` with Claude Code, `$codex` with Codex.
+macro_rules! for_each_agent {
+    ($scenario:ident => $claude:ident, $codex:ident) => {
+        #[test]
+        fn $claude() {
+            $scenario(AgentType::ClaudeCode);
+        }
+
+        #[test]
+        fn $codex() {
+            $scenario(AgentType::Codex);
+        }
+    };
+}
+
 const GH: &str = "ghp_RealAgentsTestToken0123456789abcdef";
 const OWNER: &str = "acme";
 const NAME: &str = "web";
@@ -102,22 +117,7 @@ impl Rig {
         let data = dir.path().join("data");
         let mut server = Server::start_with(&data, None, false, &env);
         let admin = server.read_token();
-        let client = reqwest::blocking::Client::new();
-        let put = client
-            .put(format!("{}/api/secrets/CODEHOST_TOKEN", server.base))
-            .bearer_auth(&admin)
-            .json(&json!({ "value": GH }))
-            .send()
-            .unwrap();
-        assert_eq!(put.status(), 200);
-        let repo: Value = client
-            .post(format!("{}/api/repos", server.base))
-            .bearer_auth(&admin)
-            .json(&json!({ "repoUrl": "https://github.com/acme/web" }))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
+        let repo = super::connect_repo(&server.base, &admin, GH);
         let repo_id = repo["id"].as_str().unwrap().to_owned();
         let rig = Rig {
             models,
@@ -133,16 +133,7 @@ impl Rig {
     }
 
     fn settings(&self, patch: Value) {
-        let res = reqwest::blocking::Client::new()
-            .patch(format!(
-                "{}/api/repos/{}/settings",
-                self.server.base, self.repo_id
-            ))
-            .bearer_auth(&self.admin)
-            .json(&patch)
-            .send()
-            .unwrap();
-        assert_eq!(res.status(), 200, "{}", res.text().unwrap_or_default());
+        super::patch_settings(&self.server.base, &self.admin, &self.repo_id, &patch);
     }
 
     /// Opens the issue `title`/`body` on the fake GitHub and assigns it; returns the task id.
@@ -568,15 +559,9 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
     assert_eq!(money(&run["costUsd"]), spent, "{task:#}\n{log}");
 }
 
-#[test]
-fn claude_code_runs_stopped_midway_record_what_they_spent() {
-    stopped_runs_record_what_they_spent(AgentType::ClaudeCode);
-}
-
-#[test]
-fn codex_runs_stopped_midway_record_what_they_spent() {
-    stopped_runs_record_what_they_spent(AgentType::Codex);
-}
+for_each_agent!(stopped_runs_record_what_they_spent =>
+    claude_code_runs_stopped_midway_record_what_they_spent,
+    codex_runs_stopped_midway_record_what_they_spent);
 
 /// A run that goes over its budget stops there (Claude by itself, Codex by agentry from its
 /// recorded calls) and its whole cost is recorded; a model API error fails the task with the
@@ -636,15 +621,9 @@ fn budgets_and_api_errors(agent: AgentType) {
     );
 }
 
-#[test]
-fn claude_code_budget_stops_and_api_errors() {
-    budgets_and_api_errors(AgentType::ClaudeCode);
-}
-
-#[test]
-fn codex_budget_stops_and_api_errors() {
-    budgets_and_api_errors(AgentType::Codex);
-}
+for_each_agent!(budgets_and_api_errors =>
+    claude_code_budget_stops_and_api_errors,
+    codex_budget_stops_and_api_errors);
 
 /// A missing CLI and an unsupported version fail the task with what to do, and `agentry
 /// doctor` says the same. Needs no real CLI.

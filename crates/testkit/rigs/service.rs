@@ -30,6 +30,12 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 /// The code-host token the fake accepts (user `agentry-bot`).
 pub const GH_TOKEN: &str = "ghp_0123456789abcdefFAKEtokenForTests";
 
+/// The fake GitHub's route of an issue's comments.
+pub const COMMENTS: &str = "/repos/{o}/{r}/issues/{n}/comments";
+
+/// The fake GitHub's route of an issue's labels.
+pub const ISSUE_LABELS: &str = "/repos/{o}/{r}/issues/{n}/labels";
+
 /// Where no code host listens (port 9 refuses connections).
 pub const NO_CODE_HOST: &str = "http://127.0.0.1:9";
 
@@ -63,6 +69,11 @@ pub fn code_host_with(api_url: &str, key: MasterKey, timing: Timing) -> CodeHost
     )
 }
 
+/// A code-host integration that reaches no code host, with a fresh master key.
+pub fn no_code_host() -> CodeHost {
+    code_host_with(NO_CODE_HOST, MasterKey::generate().unwrap(), test_timing())
+}
+
 /// An orchestrator that starts no run (tests of runs build their own).
 pub fn idle_runs() -> Runs {
     Runs::disabled(std::env::temp_dir().join("agentry-tests-idle-runner"))
@@ -81,7 +92,7 @@ pub fn service_with_key(db: &Db, api_url: &str, key: MasterKey) -> Service {
 
 /// The service over `db` with no reachable code host and a fresh master key.
 pub fn service_of(db: &Db) -> Service {
-    service_with_key(db, NO_CODE_HOST, MasterKey::generate().unwrap())
+    service_from(db, no_code_host())
 }
 
 /// Connects `url` straight in the database (no code-host call, no first sync); returns the
@@ -172,6 +183,13 @@ impl HostEnv {
         .unwrap();
     }
 
+    /// Stores the token and connects `acme/web`, both straight in the database; returns the
+    /// repository's id.
+    pub fn store_token_and_connect(&self) -> Uuid {
+        self.store_token();
+        self.connect("acme", "web")
+    }
+
     /// Connects `owner/name` straight in the database (no code-host call, no first sync).
     pub fn connect(&self, owner: &str, name: &str) -> Uuid {
         connect_url(self.db(), &format!("https://github.com/{owner}/{name}"))
@@ -182,6 +200,17 @@ impl HostEnv {
     pub async fn deliver(&self, ahead: i64) -> usize {
         let at = agentry_persistence::now() + time::Duration::seconds(ahead);
         self.service.deliver_due_effects(at).await.unwrap()
+    }
+
+    /// The bodies of the comments on issue `number` of `acme/web`.
+    pub fn comments_of(&self, number: u64) -> Vec<String> {
+        self.fake
+            .issue("acme", "web", number)
+            .unwrap()
+            .comments
+            .into_iter()
+            .map(|c| c.body)
+            .collect()
     }
 
     /// The number of rows of `table`.

@@ -7,9 +7,20 @@
 //!   [`git::source_repo`]) for runs against a local clone URL;
 //! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
 //!   until it holds or a deadline passes (tests never sleep a fixed time);
-//! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI.
+//! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI;
+//! * [`http::content_length`]: the body length an HTTP head announces;
+//! * [`json::strings_of`]: one string field of each element of a JSON answer's list;
+//! * [`process::processes_with_env`]: the live processes a run's agent left, found by their
+//!   environment.
+//!
+//! Beside the library, `rigs/` holds the test rigs of the crates that drive the service
+//! (`agentry-service`'s and `agentry-api`'s test binaries take them in as modules): this
+//! crate cannot depend on the service, since the fake GitHub depends on this crate.
 
 pub mod git;
+pub mod http;
+pub mod json;
+pub mod process;
 pub mod sandbox;
 pub mod wait;
 

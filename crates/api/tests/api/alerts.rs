@@ -12,11 +12,9 @@ use agentry_api::state::AppState;
 use agentry_domain::Usd;
 use agentry_persistence::Db;
 use agentry_persistence::repos::{self, NewRepository, Repository};
-use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::tasks::{self, Run};
 use agentry_persistence::test_support::TestDb;
 use agentry_service::alerts::{AlertTiming, Alerts, WebhookUrl};
-use agentry_service::runs::Runs;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -139,12 +137,8 @@ fn state_with_alerts(db: &Db, webhook: Option<&str>) -> web::Data<AppState> {
     .unwrap();
     state_of(agentry_service::Service::with_alerts(
         db.clone(),
-        code_host_with(
-            "http://127.0.0.1:9",
-            MasterKey::generate().unwrap(),
-            test_timing(),
-        ),
-        Runs::disabled(std::env::temp_dir().join("agentry-api-tests-alerts")),
+        rig::no_code_host(),
+        rig::idle_runs(),
         alerts,
     ))
 }
@@ -322,30 +316,17 @@ async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(db: T
     // A restart: a new service over the same database checks at start and finds nothing
     // new, and nothing is due even an hour on.
     let state = state_with_alerts(&db.db, Some(&receiver.url));
-    assert!(
-        state
-            .service
-            .check_budget_alerts()
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    let check = async || state.service.check_budget_alerts().await.unwrap();
+    assert!(check().await.is_empty());
     let later = agentry_persistence::now() + time::Duration::hours(1);
     assert_eq!(state.service.deliver_due_alerts(later).await.unwrap(), 0);
     assert_eq!(receiver.receipts().len(), 5);
     // Past 100 %: recorded once, delivered once.
     spend(&db.db, &web, "0.15");
-    let recorded = state.service.check_budget_alerts().await.unwrap();
+    let recorded = check().await;
     assert_eq!(recorded.len(), 1);
     assert_eq!(recorded[0].threshold, 100);
-    assert!(
-        state
-            .service
-            .check_budget_alerts()
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(check().await.is_empty());
     let worker = actix_web::rt::spawn(agentry_service::alerts::alert_loop(state.service.clone()));
     receiver.wait_for_deliveries(3).await;
     wait_until_all_delivered(&state).await;
@@ -414,8 +395,7 @@ async fn a_run_that_ends_records_the_alerts_and_the_gauge_shows_the_use() {
     assert_eq!(page["nextCursor"], Value::Null);
 
     // The gauge: 0.6 of the repository's dollar, 0.15 of the instance's four.
-    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
-    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    let text = metrics_text(&app, &t.viewer).await;
     assert!(
         text.contains("# TYPE agentry_budget_used_ratio gauge"),
         "{text}"
@@ -436,12 +416,5 @@ async fn a_run_that_ends_records_the_alerts_and_the_gauge_shows_the_use() {
         assert_eq!(status, 400, "{bad}: {body}");
         envelope(&body, "invalid_parameter");
     }
-    let (status, body) = call(
-        &app,
-        actix_web::test::TestRequest::get()
-            .uri("/api/budget/alerts")
-            .to_request(),
-    )
-    .await;
-    assert_eq!(status, 401, "{body}");
+    assert_unauthenticated(&app, anonymous_get("/api/budget/alerts")).await;
 }

@@ -8,9 +8,7 @@ use serde_json::{Value, json};
 
 #[actix_web::test]
 async fn the_instance_budget_is_read_by_viewers_and_set_by_admins() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let (status, body) = call(&app, get("/api/budget", &t.viewer)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["monthlyBudgetUsd"], Value::Null);

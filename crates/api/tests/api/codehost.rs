@@ -3,28 +3,17 @@
 //! and the outbox's exactly-once label and comment (docs/contract.md#33-secrets–#37-assign, #51-token–#54-effects-of-assignment).
 
 use crate::common::env::*;
+use crate::common::rig::{COMMENTS, ISSUE_LABELS};
 use crate::common::*;
 use actix_web::test::TestRequest;
-use agentry_fake_github::{FakeGitHub, Fault};
+use agentry_fake_github::Fault;
 use agentry_persistence::secrets;
 use agentry_persistence::test_support::TestDb;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-const COMMENTS: &str = "/repos/{o}/{r}/issues/{n}/comments";
-const ISSUE_LABELS: &str = "/repos/{o}/{r}/issues/{n}/labels";
-
 fn assign_body(repo: Uuid, number: u64) -> Value {
     json!({ "issueNumber": number, "repoId": repo, "title": "Fix the login redirect", "body": "It loops." })
-}
-
-fn comments_of(fake: &FakeGitHub, number: u64) -> Vec<String> {
-    fake.issue("acme", "web", number)
-        .unwrap()
-        .comments
-        .into_iter()
-        .map(|c| c.body)
-        .collect()
 }
 
 #[actix_web::test]
@@ -192,8 +181,7 @@ async fn repositories_connect_once_and_settings_change_all_or_nothing() {
 async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
     for db in TestDb::all() {
         let env = Env::new(db);
-        env.store_token();
-        let repo = env.connect("acme", "web");
+        let repo = env.store_token_and_connect();
         let number = env.fake.add_issue(
             "acme",
             "web",
@@ -234,7 +222,7 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
             env.fake.labels("acme", "web"),
             [("agentry".to_owned(), "6f42c1".to_owned())]
         );
-        let comments = comments_of(&env.fake, number);
+        let comments = env.comments_of(number);
         assert_eq!(comments.len(), 1);
         assert!(comments[0].contains(task_id.as_str().unwrap()));
         assert_eq!(env.fake.count("POST", ISSUE_LABELS), 1);
@@ -258,8 +246,7 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
 async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task() {
     for db in TestDb::all() {
         let env = Env::new(db);
-        env.store_token();
-        let repo = env.connect("acme", "web");
+        let repo = env.store_token_and_connect();
         let plain = env
             .fake
             .add_issue("acme", "web", "Not for agents", None, &["bug"]);
@@ -297,7 +284,7 @@ async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
         call(&app, sync()).await;
         assert_eq!(env.count("tasks"), 1);
         assert_eq!(env.deliver(0).await, 2);
-        assert_eq!(comments_of(&env.fake, labelled).len(), 1);
+        assert_eq!(env.comments_of(labelled).len(), 1);
 
         // An issue closed on the code host leaves the view.
         env.fake.close_issue("acme", "web", plain);
@@ -308,13 +295,8 @@ async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
             "the view reads the synced copy"
         );
         let (_, view) = call(&app, sync()).await;
-        let numbers: Vec<&Value> = view["issues"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| &i["number"])
-            .collect();
-        assert!(!numbers.contains(&&json!(plain)), "{view}");
+        let numbers = numbers_of(&view);
+        assert!(!numbers.contains(&plain), "{view}");
         assert_eq!(numbers.len(), 2);
     }
 }
@@ -367,8 +349,7 @@ fn numbers_of(view: &Value) -> Vec<u64> {
 async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync() {
     for db in TestDb::all() {
         let env = Env::new(db);
-        env.store_token();
-        let repo = env.connect("acme", "web");
+        let repo = env.store_token_and_connect();
         // GitHub's timestamps have whole seconds and it does not order one second's updates:
         // the fake puts them by number, so an update does not move an issue to the front.
         env.fake.freeze_clock();
@@ -415,8 +396,7 @@ async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next
 #[actix_web::test]
 async fn the_issues_view_is_paginated_in_its_order_and_refuses_bad_bounds() {
     let env = Env::new(sqlite());
-    env.store_token();
-    env.connect("acme", "web");
+    env.store_token_and_connect();
     for n in 1..=7 {
         env.fake
             .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
@@ -485,8 +465,7 @@ async fn the_issues_view_is_paginated_in_its_order_and_refuses_bad_bounds() {
 async fn only_known_open_issues_are_assigned() {
     for db in TestDb::all() {
         let env = Env::new(db);
-        env.store_token();
-        let repo = env.connect("acme", "web");
+        let repo = env.store_token_and_connect();
         let issue = env.fake.add_issue("acme", "web", "Real", None, &[]);
         let pull = env
             .fake
@@ -541,8 +520,7 @@ async fn only_known_open_issues_are_assigned() {
 #[actix_web::test]
 async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_nothing() {
     let env = Env::new(sqlite());
-    env.store_token();
-    let repo = env.connect("acme", "web");
+    let repo = env.store_token_and_connect();
     let app = service_with(env.state.clone()).await;
     let before = env.written();
     let missing = Uuid::new_v4();
@@ -842,13 +820,7 @@ async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_noth
         ("POST", "/api/issues/assign".into()),
     ] {
         for (content_type, payload) in [("application/json", "{not json"), ("text/plain", "{}")] {
-            let req = TestRequest::default()
-                .method(method.parse().unwrap())
-                .uri(&path)
-                .insert_header(("Authorization", format!("Bearer {a}")))
-                .insert_header(("Content-Type", content_type))
-                .set_payload(payload)
-                .to_request();
+            let req = raw_req(method, &path, a, content_type, payload);
             let (got, answer) = call(&app, req).await;
             assert_eq!(got, 400, "{method} {path} {content_type}: {answer}");
             envelope(&answer, "invalid_request");

@@ -10,10 +10,8 @@ use uuid::Uuid;
 
 #[actix_web::test]
 async fn bad_parameters_are_refused_with_the_envelope() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
-    for (query, field) in [
+    let (_db, t, app) = sqlite_app().await;
+    let cases = [
         ("days=0", "days"),
         ("days=366", "days"),
         ("days=abc", "days"),
@@ -28,29 +26,9 @@ async fn bad_parameters_are_refused_with_the_envelope() {
             "repoUrl",
         ),
         ("period=30", "period"),
-    ] {
-        let (code, body) = client(&app, &t.viewer).report(query).await;
-        assert_eq!(code, 400, "{query}");
-        assert!(
-            envelope(&body, "invalid_parameter").starts_with(&format!("{field}:")),
-            "{query}: {body}"
-        );
-    }
-    let (code, body) = call(
-        &app,
-        actix_web::test::TestRequest::get()
-            .uri("/api/analytics/costs")
-            .to_request(),
-    )
-    .await;
-    assert_eq!(code, 401);
-    envelope(&body, "unauthenticated");
-}
-
-async fn metrics_text<S: TestApp>(app: &S, token: &str) -> String {
-    let res = actix_web::test::call_service(app, get("/metrics", token)).await;
-    assert_eq!(res.status(), 200);
-    String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap()
+    ];
+    assert_bad_parameters(&app, &t.viewer, "/api/analytics/costs", &cases).await;
+    assert_unauthenticated(&app, anonymous_get("/api/analytics/costs")).await;
 }
 
 /// The value of the `agentry_cost_usd_total` series with these labels, if exposed.

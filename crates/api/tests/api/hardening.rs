@@ -1,8 +1,8 @@
 //! Randomised input against the real application: no query string, path, header or body may
 //! produce a 5xx, a non-envelope error, or a write (docs/contract.md#32-errors, #7-reliability-and-security).
 
+use crate::common::env::raw_req;
 use crate::common::*;
-use actix_web::test::TestRequest;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, TestRunner};
 
@@ -24,9 +24,7 @@ fn check(code: u16, body: &serde_json::Value, what: &str) {
 
 #[actix_web::test]
 async fn random_query_strings_and_paths_never_fail_the_server() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (db, t, app) = sqlite_app().await;
     let mut runner = TestRunner::new(Config::default());
     let query = proptest::string::string_regex(
         "((state|repoId|taskType|limit|cursor|days|x)=([a-zA-Z0-9%._~-]|%[0-9A-F]{2}){0,40}&?){0,5}",
@@ -52,9 +50,7 @@ async fn random_query_strings_and_paths_never_fail_the_server() {
 
 #[actix_web::test]
 async fn random_bodies_never_fail_the_server_or_write() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (db, t, app) = sqlite_app().await;
     let mut runner = TestRunner::new(Config::default());
     // Mostly JSON-looking text with the real member names, plus arbitrary bytes.
     let jsonish = proptest::string::string_regex(
@@ -68,20 +64,12 @@ async fn random_bodies_never_fail_the_server_or_write() {
         } else {
             sample(&mut runner, &jsonish).into_bytes()
         };
-        let import = TestRequest::post()
-            .uri("/api/tasks/import")
-            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-            .insert_header(("Content-Type", "application/x-ndjson"))
-            .set_payload(body.clone())
-            .to_request();
+        let ndjson = "application/x-ndjson";
+        let import = raw_req("POST", "/api/tasks/import", &t.admin, ndjson, body.clone());
         let (code, reply) = call(&app, import).await;
         check(code, &reply, &String::from_utf8_lossy(&body));
-        let token = TestRequest::post()
-            .uri("/api/tokens")
-            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-            .insert_header(("Content-Type", "application/json"))
-            .set_payload(body.clone())
-            .to_request();
+        let json = "application/json";
+        let token = raw_req("POST", "/api/tokens", &t.admin, json, body.clone());
         let (code, reply) = call(&app, token).await;
         check(code, &reply, &String::from_utf8_lossy(&body));
         assert_ne!(
@@ -96,9 +84,7 @@ async fn random_bodies_never_fail_the_server_or_write() {
 
 #[actix_web::test]
 async fn random_input_on_the_code_host_endpoints_never_fails_or_writes_when_refused() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (db, t, app) = sqlite_app().await;
     let repo = agentry_persistence::repos::connect_repository(
         &mut db.db.conn().unwrap(),
         &agentry_persistence::repos::NewRepository {
@@ -137,13 +123,7 @@ async fn random_input_on_the_code_host_endpoints_never_fails_or_writes_when_refu
         let body = sample(&mut runner, &jsonish);
         for (method, path) in &targets {
             let before = rows();
-            let req = TestRequest::default()
-                .method(method.parse().unwrap())
-                .uri(path)
-                .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-                .insert_header(("Content-Type", "application/json"))
-                .set_payload(body.clone())
-                .to_request();
+            let req = raw_req(method, path, &t.admin, "application/json", body.clone());
             let (code, reply) = call(&app, req).await;
             check(code, &reply, &format!("{method} {path} {body}"));
             if code >= 400 {
@@ -172,14 +152,8 @@ async fn a_locked_database_is_503_unavailable_with_retry_after() {
     db.migrate().expect("migrate");
     let t = tokens(&db);
     let app = service(&db).await;
-    let create = || {
-        TestRequest::post()
-            .uri("/api/tokens")
-            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-            .insert_header(("Content-Type", "application/json"))
-            .set_payload(r#"{"name":"ci","role":"viewer"}"#)
-            .to_request()
-    };
+    let body = r#"{"name":"ci","role":"viewer"}"#;
+    let create = || raw_req("POST", "/api/tokens", &t.admin, "application/json", body);
     let count = |db: &agentry_persistence::Db| {
         agentry_persistence::tokens::list_active(&mut db.conn().expect("connection"))
             .expect("tokens")

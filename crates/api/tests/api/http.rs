@@ -2,11 +2,13 @@
 //! every kind of bad input (with nothing written), task listing and detail, import, tokens,
 //! health, metrics and the OpenAPI document.
 
+use crate::common::env::bare;
 use crate::common::*;
 use actix_web::test::TestRequest;
 use agentry_domain::{TaskState, TaskType, Trigger, Usd};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::write_tx;
+use agentry_testkit::json::strings_of;
 use serde_json::{Value, json};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
@@ -27,16 +29,14 @@ async fn health_and_readiness_need_no_token() {
     let db = sqlite();
     let app = service(&db.db).await;
     for (path, status) in [("/healthz", "ok"), ("/readyz", "ready")] {
-        let (code, body) = call(&app, TestRequest::get().uri(path).to_request()).await;
+        let (code, body) = call(&app, anonymous_get(path)).await;
         assert_eq!((code, body), (200, json!({ "status": status })));
     }
 }
 
 #[actix_web::test]
 async fn every_api_route_needs_a_valid_token() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let cases: [(&str, Option<String>, &str); 6] = [
         ("missing", None, "missing Authorization"),
         (
@@ -92,9 +92,7 @@ async fn every_api_route_needs_a_valid_token() {
 
 #[actix_web::test]
 async fn roles_gate_writes() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (db, t, app) = sqlite_app().await;
     for token in [&t.viewer, &t.member, &t.admin] {
         assert_eq!(call(&app, get("/api/tasks", token)).await.0, 200);
     }
@@ -111,9 +109,7 @@ async fn roles_gate_writes() {
 
 #[actix_web::test]
 async fn unknown_routes_and_methods_answer_the_envelope() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     for (method, path) in [
         ("GET", "/api/nope"),
         ("GET", "/api"),
@@ -122,11 +118,7 @@ async fn unknown_routes_and_methods_answer_the_envelope() {
         ("PUT", "/api/tasks/import"),
         ("GET", "/nothing-here"),
     ] {
-        let req = TestRequest::default()
-            .method(method.parse().unwrap())
-            .uri(path)
-            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-            .to_request();
+        let req = bare(method, path, &t.admin);
         let (code, body) = call(&app, req).await;
         assert!(code == 404 || code == 405, "{method} {path} -> {code}");
         assert!(body["error"]["code"].is_string(), "{method} {path}: {body}");
@@ -239,10 +231,8 @@ async fn task_list_pages_newest_first_with_filters() {
 
 #[actix_web::test]
 async fn bad_list_parameters_are_refused_naming_the_parameter() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
-    for (query, field) in [
+    let (_db, t, app) = sqlite_app().await;
+    let cases = [
         ("limit=0", "limit"),
         ("limit=201", "limit"),
         ("limit=500", "limit"),
@@ -259,15 +249,8 @@ async fn bad_list_parameters_are_refused_naming_the_parameter() {
         ("cursor=", "cursor"),
         ("sort=asc", "sort"),
         ("limit=10&x%00=1", "x\0"),
-    ] {
-        let (code, body) = call(&app, get(&format!("/api/tasks?{query}"), &t.viewer)).await;
-        assert_eq!(code, 400, "{query}");
-        let message = envelope(&body, "invalid_parameter");
-        assert!(
-            message.starts_with(&format!("{field}:")),
-            "{query}: {message}"
-        );
-    }
+    ];
+    assert_bad_parameters(&app, &t.viewer, "/api/tasks", &cases).await;
 }
 
 #[actix_web::test]
@@ -367,12 +350,7 @@ async fn a_metered_runs_calls_refusals_and_cost_mismatch_are_served() {
     .await;
     assert_eq!(code, 200);
     assert_eq!(calls["totalCostUsd"], "0.003");
-    let outcomes: Vec<&str> = calls["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["outcome"].as_str().unwrap())
-        .collect();
+    let outcomes = strings_of(&calls, "calls", "outcome");
     assert_eq!(outcomes, ["completed", "refused"]);
     assert_eq!(calls["calls"][1]["status"], 429);
     let (code, one) = call(
@@ -486,12 +464,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
         ),
         (Some(20), Some(7), Some("succeeded"))
     );
-    let transitions: Vec<(Value, Value)> = body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["from"].clone(), e["to"].clone()))
-        .collect();
+    let transitions = transitions(&body);
     assert_eq!(
         transitions,
         vec![
@@ -516,9 +489,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
 
 #[actix_web::test]
 async fn import_writes_all_or_nothing_and_skips_known_ids() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (db, t, app) = sqlite_app().await;
     let id = Uuid::new_v4();
     let with_id = GOOD_LINE.replacen('{', &format!(r#"{{"id":"{id}","#), 1);
     let body = format!("{GOOD_LINE}\n{with_id}\n\n{GOOD_LINE}\r\n");
@@ -555,9 +526,7 @@ async fn import_writes_all_or_nothing_and_skips_known_ids() {
 
 #[actix_web::test]
 async fn import_refuses_bad_bodies_and_writes_nothing() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (db, t, app) = sqlite_app().await;
     let bad_lines = [
         ("{\"title\":", "line 1: not valid JSON"),
         ("[]", "line 1: not a task record"),
@@ -645,9 +614,7 @@ fn token_req(
 
 #[actix_web::test]
 async fn tokens_are_created_listed_used_and_revoked() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let (code, created) = call(
         &app,
         token_req(
@@ -679,9 +646,7 @@ async fn tokens_are_created_listed_used_and_revoked() {
             .to_request()
     };
     assert_eq!(call(&app, revoke(id)).await.0, 204);
-    let (code, body) = call(&app, get("/api/tasks", &new_token)).await;
-    assert_eq!(code, 401);
-    envelope(&body, "unauthenticated");
+    assert_unauthenticated(&app, get("/api/tasks", &new_token)).await;
     let (code, body) = call(&app, revoke(id)).await;
     assert_eq!(code, 404);
     envelope(&body, "not_found");
@@ -692,9 +657,7 @@ async fn tokens_are_created_listed_used_and_revoked() {
 
 #[actix_web::test]
 async fn bad_json_bodies_are_refused_and_nothing_is_written() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let json = Some("application/json");
     // (content type, body, status, code, message fragment)
     type Case<'a> = (Option<&'a str>, Vec<u8>, u16, &'a str, &'a str);
@@ -801,14 +764,8 @@ async fn bad_json_bodies_are_refused_and_nothing_is_written() {
 /// the document lists is served (never the unknown-route answer).
 #[actix_web::test]
 async fn the_openapi_document_lists_exactly_the_served_routes() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
-    let (code, doc) = call(
-        &app,
-        TestRequest::get().uri("/api/openapi.json").to_request(),
-    )
-    .await;
+    let (_db, t, app) = sqlite_app().await;
+    let (code, doc) = call(&app, anonymous_get("/api/openapi.json")).await;
     assert_eq!(code, 200);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
     let mut operations: Vec<(String, String)> = doc["paths"]
@@ -867,11 +824,7 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
         let uri = path
             .replace("{id}", &Uuid::new_v4().to_string())
             .replace("{name}", "SOME_SECRET");
-        let req = TestRequest::default()
-            .method(method.parse().unwrap())
-            .uri(&uri)
-            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-            .to_request();
+        let req = bare(method, &uri, &t.admin);
         let (_, body) = call(&app, req).await;
         let message = body["error"]["message"].as_str().unwrap_or("");
         assert!(
@@ -892,9 +845,7 @@ async fn the_openapi_document_lists_exactly_the_served_routes() {
 
 #[actix_web::test]
 async fn undeclared_methods_on_known_paths_answer_405_with_allow() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let id = Uuid::new_v4();
     for (method, path, allow) in [
         ("TRACE", "/api/tasks".to_owned(), "GET, POST"),
@@ -909,11 +860,7 @@ async fn undeclared_methods_on_known_paths_answer_405_with_allow() {
         ("POST", "/healthz".to_owned(), "GET"),
         ("PATCH", format!("/api/repos/{id}"), "GET, DELETE"),
     ] {
-        let req = TestRequest::default()
-            .method(method.parse().unwrap())
-            .uri(&path)
-            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-            .to_request();
+        let req = bare(method, &path, &t.admin);
         let res = actix_web::test::call_service(&app, req).await;
         assert_eq!(res.status(), 405, "{method} {path}");
         assert_eq!(
@@ -930,11 +877,7 @@ async fn undeclared_methods_on_known_paths_answer_405_with_allow() {
         ("GET", "/api/tasks/"),
         ("GET", "/nothing-here"),
     ] {
-        let req = TestRequest::default()
-            .method(method.parse().unwrap())
-            .uri(path)
-            .insert_header(("Authorization", format!("Bearer {}", t.admin)))
-            .to_request();
+        let req = bare(method, path, &t.admin);
         let (code, body) = call(&app, req).await;
         assert_eq!(code, 404, "{method} {path}");
         envelope(&body, "not_found");
@@ -966,8 +909,7 @@ async fn made_up_methods_and_paths_do_not_grow_the_metrics() {
         }
     }
     let t = tokens(&db.db);
-    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
-    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    let text = metrics_text(&app, &t.viewer).await;
     let label = |name: &str| -> std::collections::BTreeSet<String> {
         text.lines()
             .filter(|l| l.starts_with("agentry_http_requests_total{"))
@@ -998,9 +940,7 @@ async fn made_up_methods_and_paths_do_not_grow_the_metrics() {
 
 #[actix_web::test]
 async fn responses_are_not_sniffed_and_api_answers_are_not_cached() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let created = TestRequest::post()
         .uri("/api/tokens")
         .insert_header(("Authorization", format!("Bearer {}", t.admin)))
@@ -1013,8 +953,8 @@ async fn responses_are_not_sniffed_and_api_answers_are_not_cached() {
         (get("/api/tasks", "agt_wrong"), 401, true),
         (get("/api/nope", &t.viewer), 404, true),
         (get("/api/openapi.json", &t.viewer), 200, true),
-        (TestRequest::get().uri("/healthz").to_request(), 200, false),
-        (TestRequest::get().uri("/nothing").to_request(), 404, false),
+        (anonymous_get("/healthz"), 200, false),
+        (anonymous_get("/nothing"), 404, false),
     ] {
         let what = format!("{} {}", req.method(), req.path());
         let res = actix_web::test::call_service(&app, req).await;
@@ -1035,15 +975,11 @@ async fn responses_are_not_sniffed_and_api_answers_are_not_cached() {
 
 #[actix_web::test]
 async fn metrics_count_requests_by_route_pattern() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     for _ in 0..3 {
         client(&app, &t.viewer).task(Uuid::new_v4()).await;
     }
-    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
-    assert_eq!(res.status(), 200);
-    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    let text = metrics_text(&app, &t.viewer).await;
     assert!(
         text.contains(
             r#"agentry_http_requests_total{method="GET",route="/api/tasks/{id}",status="404"} 3"#
@@ -1055,15 +991,9 @@ async fn metrics_count_requests_by_route_pattern() {
 
 #[actix_web::test]
 async fn metrics_need_a_token_unless_public() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
-    let (code, body) = call(&app, TestRequest::get().uri("/metrics").to_request()).await;
-    assert_eq!(code, 401, "{body}");
-    envelope(&body, "unauthenticated");
-    let (code, body) = call(&app, get("/metrics", "agt_not-a-real-token")).await;
-    assert_eq!(code, 401, "{body}");
-    envelope(&body, "unauthenticated");
+    let (db, t, app) = sqlite_app().await;
+    assert_unauthenticated(&app, anonymous_get("/metrics")).await;
+    assert_unauthenticated(&app, get("/metrics", "agt_not-a-real-token")).await;
     // Any role will do.
     for token in [&t.viewer, &t.member, &t.admin] {
         let res = actix_web::test::call_service(&app, get("/metrics", token)).await;
@@ -1072,12 +1002,9 @@ async fn metrics_need_a_token_unless_public() {
 
     // AGENTRY_METRICS_PUBLIC=1: no token needed.
     let public = service_with(state_public_metrics(&db.db)).await;
-    actix_web::test::call_service(&public, TestRequest::get().uri("/healthz").to_request()).await;
-    let res =
-        actix_web::test::call_service(&public, TestRequest::get().uri("/metrics").to_request())
-            .await;
-    assert_eq!(res.status(), 200);
-    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    actix_web::test::call_service(&public, anonymous_get("/healthz")).await;
+    let (status, text) = call_text(&public, anonymous_get("/metrics")).await;
+    assert_eq!(status, 200);
     assert!(
         text.contains("# TYPE agentry_http_requests_total counter"),
         "{text}"
@@ -1116,9 +1043,7 @@ fn spend(db: &agentry_persistence::Db, repo: &str, nanos: i64, blocked: usize) {
 /// history whose repository was never connected; the values are the exact sums.
 #[actix_web::test]
 async fn metrics_name_connected_repositories_only() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (db, t, app) = sqlite_app().await;
     let (web_repo, gone, never) = (
         "https://github.com/acme/web",
         "https://github.com/acme/secret-project",
@@ -1137,9 +1062,7 @@ async fn metrics_name_connected_repositories_only() {
     )
     .unwrap();
 
-    let res = actix_web::test::call_service(&app, get("/metrics", &t.viewer)).await;
-    assert_eq!(res.status(), 200);
-    let text = String::from_utf8(actix_web::test::read_body(res).await.to_vec()).unwrap();
+    let text = metrics_text(&app, &t.viewer).await;
     assert!(
         text.contains(
             "agentry_cost_usd_total{model=\"opus\",repo=\"https://github.com/acme/web\",task_type=\"coding\"} 0.3\n"
@@ -1285,9 +1208,7 @@ async fn the_cost_report_schema_has_every_member() {
 
 #[actix_web::test]
 async fn integral_json_numbers_count_as_integers_and_the_document_states_the_limits() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     let assign = |number: &str| {
         TestRequest::post()
             .uri("/api/issues/assign")

@@ -7,9 +7,7 @@ use serde_json::json;
 
 #[actix_web::test]
 async fn me_names_the_calling_token_and_its_role() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
+    let (_db, t, app) = sqlite_app().await;
     // `tokens` names each token after its role.
     for (token, role) in [
         (&t.viewer, "viewer"),
@@ -24,12 +22,8 @@ async fn me_names_the_calling_token_and_its_role() {
 
 #[actix_web::test]
 async fn me_without_a_valid_token_is_the_401_envelope() {
-    let db = sqlite();
-    let t = tokens(&db.db);
-    let app = service(&db.db).await;
-    let (status, body) = call(&app, TestRequest::get().uri("/api/me").to_request()).await;
-    assert_eq!(status, 401, "{body}");
-    envelope(&body, "unauthenticated");
+    let (_db, t, app) = sqlite_app().await;
+    assert_unauthenticated(&app, anonymous_get("/api/me")).await;
     for header in [
         "Bearer agt_nope".to_owned(),
         format!("Basic {}", t.admin),
@@ -57,7 +51,5 @@ async fn me_without_a_valid_token_is_the_401_envelope() {
         .to_request();
     let (status, _) = call(&app, revoke).await;
     assert_eq!(status, 204);
-    let (status, body) = call(&app, get("/api/me", &t.viewer)).await;
-    assert_eq!(status, 401, "{body}");
-    envelope(&body, "unauthenticated");
+    assert_unauthenticated(&app, get("/api/me", &t.viewer)).await;
 }

@@ -17,6 +17,7 @@ use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::revisions::{self, RevisionSettings};
 use agentry_testkit::git::git;
+use agentry_testkit::json::strings_of;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 
@@ -64,6 +65,35 @@ fn runs_of(task: &Value) -> &Vec<Value> {
     task["runs"].as_array().unwrap()
 }
 
+fn feedback_of(task: &Value) -> &Vec<Value> {
+    task["feedback"].as_array().unwrap()
+}
+
+/// The outcome of each piece of the task's feedback, in order.
+fn outcomes_of(task: &Value) -> Vec<&str> {
+    strings_of(task, "feedback", "outcome")
+}
+
+/// Delivers the code-host effects due now.
+async fn deliver_now(rig: &Rig) {
+    rig.state
+        .service
+        .deliver_due_effects(agentry_persistence::now())
+        .await
+        .unwrap();
+}
+
+/// The bodies of the comments on pull request `number` whose (author, body) `keep` accepts.
+fn comments_on(rig: &Rig, number: u64, keep: impl Fn(&str, &str) -> bool) -> Vec<String> {
+    rig.env
+        .fake
+        .issue_comments(OWNER, NAME, number)
+        .into_iter()
+        .filter(|(_, author, body)| keep(author, body))
+        .map(|(_, _, body)| body)
+        .collect()
+}
+
 /// One pass of the revision scheduler now: how many rounds it started.
 async fn start_rounds(rig: &Rig) -> usize {
     rig.state
@@ -71,6 +101,21 @@ async fn start_rounds(rig: &Rig) -> usize {
         .start_due_rounds(agentry_persistence::now())
         .await
         .unwrap()
+}
+
+/// One poll of the pull requests now.
+async fn poll(rig: &Rig) {
+    rig.state.service.poll_pull_requests().await.unwrap();
+}
+
+/// Polls the pull requests, starts the one round that is due and waits for its revision:
+/// the task, revised once.
+async fn poll_and_revise<S: TestApp>(app: &S, rig: &Rig, id: &str) -> Value {
+    poll(rig).await;
+    assert_eq!(start_rounds(rig).await, 1);
+    let task = wait_for_revision(app, &rig.env.t.viewer, id, "the revision").await;
+    assert_eq!(task["revisions"], 1);
+    task
 }
 
 /// The prompt the fake agent got in the run of `attempt` of task `id`.
@@ -163,7 +208,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     let (status, body) = call(&app, delivery("pull_request_review", "d-1", &payload)).await;
     assert!(status == 200 || status == 202, "{status} {body}");
     eventually_async(PATIENCE, "the feedback recorded", async || {
-        task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
+        feedback_of(&task!(app, rig, id)).len() == 1
     })
     .await;
     assert_eq!(start_rounds(&rig).await, 1);
@@ -182,12 +227,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     assert_eq!(runs[1]["triggerUrl"], review_url);
     assert_eq!(task["feedback"][0]["outcome"], "taken");
     assert_eq!(task["feedback"][0]["roundAttempt"], 2);
-    let reasons: Vec<&str> = task["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["reason"].as_str().unwrap())
-        .collect();
+    let reasons = strings_of(&task, "events", "reason");
     assert!(
         reasons.contains(&format!("revision requested by @alice ({review_url})").as_str()),
         "{reasons:?}"
@@ -240,19 +280,8 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     .await;
 
     // The round is acknowledged once on the pull request.
-    rig.state
-        .service
-        .deliver_due_effects(agentry_persistence::now())
-        .await
-        .unwrap();
-    let replies: Vec<String> = rig
-        .env
-        .fake
-        .issue_comments(OWNER, NAME, number)
-        .into_iter()
-        .map(|(_, _, body)| body)
-        .filter(|b| b.contains("agentry:revision:"))
-        .collect();
+    deliver_now(&rig).await;
+    let replies = comments_on(&rig, number, |_, body| body.contains("agentry:revision:"));
     assert_eq!(replies.len(), 1, "{replies:?}");
     assert!(
         replies[0].contains("@alice") && replies[0].contains(&id),
@@ -262,7 +291,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
 
     // Merging completes the task; outcomes count both runs in its cost.
     rig.env.fake.merge_pull(OWNER, NAME, number);
-    rig.state.service.poll_pull_requests().await.unwrap();
+    poll(&rig).await;
     let done = wait_for_state(&app, &t, &id, "completed").await;
     assert_eq!(done["costUsd"], "0.246912");
 }
@@ -306,11 +335,11 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     // A writer's mention on a pull request agentry did not open.
     let foreign = fake.add_pull(OWNER, NAME, "Someone's change", "feature/x", "main");
     fake.add_comment(OWNER, NAME, foreign, "carol", "@agentry take this over");
-    rig.state.service.poll_pull_requests().await.unwrap();
+    poll(&rig).await;
     assert_eq!(start_rounds(&rig).await, 0);
     let task = task!(app, rig, id);
     assert_eq!(state_of(&task), "pr_opened");
-    assert_eq!(task["feedback"].as_array().unwrap().len(), 0, "{task:#}");
+    assert_eq!(feedback_of(&task).len(), 0, "{task:#}");
 
     // GitHub's times have whole seconds: a change in the same second as the last poll's
     // would look unchanged, as it would on GitHub.
@@ -324,33 +353,21 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
         1,
         "@agentry use a bounded cache here",
     );
-    rig.state.service.poll_pull_requests().await.unwrap();
-    assert_eq!(start_rounds(&rig).await, 1);
-    let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
-    assert_eq!(task["revisions"], 1);
+    let task = poll_and_revise(&app, &rig, &id).await;
     assert_eq!(runs_of(&task)[1]["triggerAuthor"], "carol");
     let prompt = prompt_of(&rig, &id, 2);
     assert!(prompt.contains("use a bounded cache here"), "{prompt}");
     assert!(prompt.contains("AGENT_CHANGES.md` line 1"), "{prompt}");
     assert!(!prompt.contains("rewrite everything"), "{prompt}");
 
-    rig.state
-        .service
-        .deliver_due_effects(agentry_persistence::now())
-        .await
-        .unwrap();
+    deliver_now(&rig).await;
     let reactions = fake.reactions(OWNER, NAME);
     assert_eq!(reactions.len(), 1, "{reactions:?}");
     assert_eq!(reactions[0].comment_id, comment);
     assert!(reactions[0].review_comment);
     assert_eq!(reactions[0].content, "eyes");
     // Nobody else was answered.
-    let answered: Vec<String> = fake
-        .issue_comments(OWNER, NAME, number)
-        .into_iter()
-        .filter(|(_, author, _)| author == "agentry-bot")
-        .map(|(_, _, body)| body)
-        .collect();
+    let answered = comments_on(&rig, number, |author, _| author == "agentry-bot");
     assert_eq!(
         answered.len(),
         2,
@@ -384,9 +401,9 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
             call(&app, delivery("pull_request_review", delivery_id, &payload)).await;
         assert!(status < 300, "{status} {body}");
     }
-    rig.state.service.poll_pull_requests().await.unwrap();
+    poll(&rig).await;
     eventually_async(PATIENCE, "the feedback recorded", async || {
-        task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
+        feedback_of(&task!(app, rig, id)).len() == 1
     })
     .await;
     // Within the quiet period nothing starts.
@@ -400,16 +417,14 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
         assert!(status < 300, "{status} {body}");
     }
     eventually_async(PATIENCE, "the burst recorded", async || {
-        task!(app, rig, id)["feedback"].as_array().unwrap().len() == 3
+        feedback_of(&task!(app, rig, id)).len() == 3
     })
     .await;
     // The loop starts the round once the quiet period has passed.
     actix_web::rt::spawn(revisions::revision_loop(rig.state.service.clone()));
     let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
     assert_eq!(task["revisions"], 1, "{task:#}");
-    let rounds: Vec<&Value> = task["feedback"]
-        .as_array()
-        .unwrap()
+    let rounds: Vec<&Value> = feedback_of(&task)
         .iter()
         .map(|f| &f["roundAttempt"])
         .collect();
@@ -419,9 +434,9 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
         assert!(prompt.contains(text), "{text}: {prompt}");
     }
     // Seen again by the poll after the round: still one.
-    rig.state.service.poll_pull_requests().await.unwrap();
+    poll(&rig).await;
     let task = task!(app, rig, id);
-    assert_eq!(task["feedback"].as_array().unwrap().len(), 3);
+    assert_eq!(feedback_of(&task).len(), 3);
     assert_eq!(task["revisions"], 1);
 }
 
@@ -444,10 +459,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
         "alice",
         "@agentry nothing to do here [fake:no-changes]",
     );
-    rig.state.service.poll_pull_requests().await.unwrap();
-    assert_eq!(start_rounds(&rig).await, 1);
-    let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
-    assert_eq!(task["revisions"], 1);
+    let task = poll_and_revise(&app, &rig, &id).await;
     assert_eq!(runs_of(&task)[1]["outcome"], "succeeded");
     assert_eq!(task["errorMessage"], Value::Null);
     let head_after = git(&["rev-parse", &branch_of(&id)], &rig.source);
@@ -456,29 +468,14 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     for text in ["@agentry one more thing", "@agentry and another"] {
         fake.advance_clock(Duration::from_secs(2));
         fake.add_comment(OWNER, NAME, number, "alice", text);
-        rig.state.service.poll_pull_requests().await.unwrap();
+        poll(&rig).await;
     }
     assert_eq!(start_rounds(&rig).await, 0);
     let task = task!(app, rig, id);
     assert_eq!(runs_of(&task).len(), 2, "no run past the limit");
-    let outcomes: Vec<&str> = task["feedback"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["outcome"].as_str().unwrap())
-        .collect();
-    assert_eq!(outcomes, ["taken", "over_limit", "over_limit"]);
-    rig.state
-        .service
-        .deliver_due_effects(agentry_persistence::now())
-        .await
-        .unwrap();
-    let ours: Vec<String> = fake
-        .issue_comments(OWNER, NAME, number)
-        .into_iter()
-        .map(|(_, _, body)| body)
-        .filter(|b| b.contains("<!-- agentry:"))
-        .collect();
+    assert_eq!(outcomes_of(&task), ["taken", "over_limit", "over_limit"]);
+    deliver_now(&rig).await;
+    let ours = comments_on(&rig, number, |_, body| body.contains("<!-- agentry:"));
     let count = |marker: &str| ours.iter().filter(|b| b.contains(marker)).count();
     assert_eq!(count("agentry:revision-limit:"), 1, "{ours:?}");
     assert_eq!(count("agentry:revision-end:"), 1, "{ours:?}");
@@ -490,7 +487,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     // The pull request closed: the task fails as before.
     fake.advance_clock(Duration::from_secs(2));
     fake.close_pull(OWNER, NAME, number);
-    rig.state.service.poll_pull_requests().await.unwrap();
+    poll(&rig).await;
     let task = wait_for_state(&app, &rig.env.t.viewer, &id, "failed").await;
     assert_eq!(task["revisions"], 1);
     // A mention on the closed pull request is ignored, and nothing is said.
@@ -507,7 +504,7 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(task!(app, rig, id)["feedback"].as_array().unwrap().len(), 3);
+    assert_eq!(feedback_of(&task!(app, rig, id)).len(), 3);
 }
 
 on_both_backends!(the_revision_limit_and_a_round_without_change);
@@ -524,7 +521,7 @@ async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) 
     );
     let (id, _number) = open_pull!(app, rig, "Handle errors");
     eventually_async(PATIENCE, "the agent review's feedback", async || {
-        task!(app, rig, id)["feedback"].as_array().unwrap().len() == 1
+        feedback_of(&task!(app, rig, id)).len() == 1
     })
     .await;
     let task = task!(app, rig, id);
@@ -541,13 +538,7 @@ async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) 
     let prompt = prompt_of(&rig, &id, 2);
     assert!(prompt.contains("Automated review by @agentry"), "{prompt}");
     let task = task!(app, rig, id);
-    let outcomes: Vec<&str> = task["feedback"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["outcome"].as_str().unwrap())
-        .collect();
-    assert_eq!(outcomes, ["taken", "over_limit"]);
+    assert_eq!(outcomes_of(&task), ["taken", "over_limit"]);
     assert_eq!(task["revisions"], 1);
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::common::env::{Env, bare, json_req};
 use crate::common::{
     PATIENCE, TestApp, call, client, code_host_with, get, on_both_backends, test_timing,
+    transitions,
 };
 use actix_web::web;
 use agentry_api::state::AppState;
@@ -18,6 +19,8 @@ use agentry_fake_github::Fault;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::runs::{RunSettings, Runs};
 use agentry_testkit::git::{git, source_repo};
+use agentry_testkit::json::strings_of;
+use agentry_testkit::process::processes_with_env;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -151,32 +154,6 @@ fn error_of(task: &Value) -> &str {
     task["errorMessage"].as_str().unwrap()
 }
 
-fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => false,
-        // A zombie is gone for our purpose (nothing runs; its parent reaps it).
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-/// The live processes whose environment holds `var` (`NAME=value`) exactly: how a run's
-/// agent and its children are found from outside a sandbox, whose process ids differ inside.
-fn processes_with_env(var: &str) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            pid_alive(*pid)
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()))
-        })
-        .collect()
-}
-
 macro_rules! app {
     ($rig:expr) => {{
         let app = crate::common::service_with($rig.state.clone()).await;
@@ -217,12 +194,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     let task = wait_for_state(&app, &t, &id, "pr_opened").await;
 
     // The state history.
-    let path: Vec<(Value, Value)> = task["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["from"].clone(), e["to"].clone()))
-        .collect();
+    let path = transitions(&task);
     assert_eq!(
         path,
         [
@@ -252,9 +224,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     assert_eq!(author.trim(), "agentry <agentry@localhost>");
 
     // The pull request on the fake.
-    let pulls = rig.env.fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    let pull = &pulls[0];
+    let pull = the_one_pull(&rig);
     assert_eq!(pull.head, branch);
     assert_eq!(pull.base, "main");
     assert_eq!(pull.title, "Fix the parser");
@@ -306,12 +276,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
         .map(|t| (t["id"].as_str().unwrap(), t["costUsd"].as_str().unwrap()))
         .collect();
     assert!(top.contains(&(id.as_str(), "0.123456")), "{top:?}");
-    let by_type: Vec<&str> = report["costByType"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["taskType"].as_str().unwrap())
-        .collect();
+    let by_type = strings_of(&report, "costByType", "taskType");
     assert!(
         by_type.contains(&"coding") && by_type.contains(&"review"),
         "{by_type:?}"
@@ -365,9 +330,7 @@ async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
     let t = rig.env.t.viewer.clone();
     wait_for_state(&app, &t, &id, "pr_opened").await;
 
-    let pulls = rig.env.fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    let pull = &pulls[0];
+    let pull = the_one_pull(&rig);
     assert!(
         closing_references(&pull.title).is_empty(),
         "{:?}",
@@ -384,6 +347,13 @@ async fn a_title_with_closing_keywords_closes_only_the_tasks_own_issue() {
     assert!(message.contains(&format!("agentry task {id}")), "{message}");
 }
 
+/// The one pull request of the repository on the fake (asserting there is only one).
+pub(crate) fn the_one_pull(rig: &Rig) -> agentry_fake_github::PullState {
+    let mut pulls = rig.env.fake.pulls(OWNER, NAME);
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    pulls.remove(0)
+}
+
 /// Creates a manual task with `prompt` through the API; returns its id.
 async fn manual_task<S: TestApp>(app: &S, rig: &Rig, prompt: &str) -> String {
     let (status, task) = client(app, &rig.env.t.member)
@@ -395,6 +365,18 @@ async fn manual_task<S: TestApp>(app: &S, rig: &Rig, prompt: &str) -> String {
     task["id"].as_str().unwrap().to_owned()
 }
 
+/// [`manual_task`], then waits until the task is in `state`: its id and detail.
+async fn manual_task_until<S: TestApp>(
+    app: &S,
+    rig: &Rig,
+    prompt: &str,
+    state: &str,
+) -> (String, Value) {
+    let id = manual_task(app, rig, prompt).await;
+    let task = wait_for_state(app, &rig.env.t.member, &id, state).await;
+    (id, task)
+}
+
 /// A failing agent: the task fails with the agent's message and the run's cost is still
 /// recorded; a retry runs again and the costs add.
 #[actix_web::test]
@@ -402,8 +384,7 @@ async fn failed_agent_keeps_its_cost_and_a_retry_adds() {
     let mut rig = Rig::new(TestDb::sqlite());
     let app = app!(rig);
     let t = rig.env.t.member.clone();
-    let id = manual_task(&app, &rig, "Break it [fake:fail]").await;
-    let task = wait_for_state(&app, &t, &id, "failed").await;
+    let (id, task) = manual_task_until(&app, &rig, "Break it [fake:fail]", "failed").await;
     assert!(error_of(&task).contains("the agent failed"), "{task:#}");
     assert_eq!(task["costUsd"], "0.123456");
     assert_eq!(task["runs"][0]["outcome"], "failed");
@@ -435,9 +416,7 @@ async fn failed_agent_keeps_its_cost_and_a_retry_adds() {
 async fn no_changes_fails_without_a_pull_request() {
     let mut rig = Rig::new(TestDb::sqlite());
     let app = app!(rig);
-    let t = rig.env.t.member.clone();
-    let id = manual_task(&app, &rig, "Look only [fake:no-changes]").await;
-    let task = wait_for_state(&app, &t, &id, "failed").await;
+    let (_, task) = manual_task_until(&app, &rig, "Look only [fake:no-changes]", "failed").await;
     assert_eq!(task["errorMessage"], "the agent made no changes");
     assert_eq!(task["costUsd"], "0.123456");
     assert!(rig.env.fake.pulls(OWNER, NAME).is_empty());
@@ -644,9 +623,7 @@ async fn codex_runs_are_priced_from_the_price_table() {
         json!({"agentType": "codex", "codingModel": "gpt-5-codex", "autoReview": false}),
     )
     .await;
-    let t = rig.env.t.member.clone();
-    let id = manual_task(&app, &rig, "Add a test").await;
-    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
+    let (id, task) = manual_task_until(&app, &rig, "Add a test", "pr_opened").await;
     assert_eq!(task["agentType"], "codex");
     assert_eq!(
         home_lines(&rig, &id, 1, "args"),
@@ -678,8 +655,7 @@ async fn codex_runs_are_priced_from_the_price_table() {
     assert_eq!(run["outcome"], "succeeded");
 
     patch_settings(&app, &rig, json!({"codingModel": "in-house-model"})).await;
-    let unpriced = manual_task(&app, &rig, "Add another test").await;
-    let task = wait_for_state(&app, &t, &unpriced, "pr_opened").await;
+    let (_, task) = manual_task_until(&app, &rig, "Add another test", "pr_opened").await;
     assert_eq!(task["costUsd"], Value::Null, "{task:#}");
     assert_eq!(task["runs"][0]["costUsd"], Value::Null);
     assert_eq!(task["inputTokens"], 2000);
@@ -692,9 +668,7 @@ async fn codex_runs_are_priced_from_the_price_table() {
 async fn a_run_past_the_wall_time_is_stopped() {
     let mut rig = Rig::with_settings(TestDb::sqlite(), |s| s.wall_time = Duration::from_secs(1));
     let app = app!(rig);
-    let t = rig.env.t.member.clone();
-    let id = manual_task(&app, &rig, "Take long [fake:sleep=60]").await;
-    let task = wait_for_state(&app, &t, &id, "failed").await;
+    let (id, task) = manual_task_until(&app, &rig, "Take long [fake:sleep=60]", "failed").await;
     assert!(
         error_of(&task).contains("longer than the limit"),
         "{task:#}"
@@ -863,11 +837,9 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(500));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::Status(502));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::AnswerLost(502));
-    let id = manual_task(&app, &rig, "Flaky code host").await;
-    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
-    let pulls = fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    assert_eq!(task["prNumber"], pulls[0].number);
+    let (_, task) = manual_task_until(&app, &rig, "Flaky code host", "pr_opened").await;
+    let pull = the_one_pull(&rig);
+    assert_eq!(task["prNumber"], pull.number);
     assert_eq!(
         fake.count("POST", PULLS),
         2,
@@ -881,7 +853,7 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
     })
     .await;
     assert_eq!(review["costUsd"], "0.123456", "{review:#}");
-    let posted = fake.reviews(OWNER, NAME, pulls[0].number);
+    let posted = fake.reviews(OWNER, NAME, pull.number);
     assert_eq!(posted.len(), 1, "{posted:?}");
     assert!(posted[0].contains(&format!("agentry:review:{review_id}")));
     assert_eq!(
@@ -905,16 +877,13 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
     let fake = &rig.env.fake;
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::AnswerLost(502));
-    let id = manual_task(&app, &rig, "Answer lost").await;
-    let task = wait_for_state(&app, &t, &id, "pr_opened").await;
-    let pulls = fake.pulls(OWNER, NAME);
-    assert_eq!(pulls.len(), 1);
-    assert_eq!(task["prNumber"], pulls[0].number);
+    let (_, task) = manual_task_until(&app, &rig, "Answer lost", "pr_opened").await;
+    let pull = the_one_pull(&rig);
+    assert_eq!(task["prNumber"], pull.number);
     assert_eq!(fake.count("POST", PULLS), 1, "the creation was sent again");
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(422));
-    let id = manual_task(&app, &rig, "Refused").await;
-    let task = wait_for_state(&app, &t, &id, "failed").await;
+    let (id, task) = manual_task_until(&app, &rig, "Refused", "failed").await;
     assert!(
         error_of(&task).starts_with("the pull request could not be opened"),
         "{task:#}"
@@ -933,8 +902,7 @@ async fn publishing_survives_lost_answers_and_reports_refusals() {
     )
     .unwrap();
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let id = manual_task(&app, &rig, "Push refused").await;
-    let task = wait_for_state(&app, &t, &id, "failed").await;
+    let (_, task) = manual_task_until(&app, &rig, "Push refused", "failed").await;
     assert!(
         error_of(&task).contains("push declined: protected branches only"),
         "{task:#}"
@@ -951,8 +919,7 @@ async fn unreadable_output_and_limits_fail_the_task_clearly() {
     let mut rig = Rig::new(TestDb::sqlite());
     let app = app!(rig);
     let t = rig.env.t.member.clone();
-    let id = manual_task(&app, &rig, "Mumble [fake:garbage]").await;
-    let task = wait_for_state(&app, &t, &id, "failed").await;
+    let (id, task) = manual_task_until(&app, &rig, "Mumble [fake:garbage]", "failed").await;
     assert!(
         error_of(&task).starts_with("the agent's output could not be read"),
         "{task:#}"
@@ -960,18 +927,12 @@ async fn unreadable_output_and_limits_fail_the_task_clearly() {
     assert_eq!(task["costUsd"], Value::Null);
     assert_eq!(task["runs"][0]["costUsd"], Value::Null);
     assert_eq!(task["runs"][0]["outcome"], "failed");
-    let req = actix_web::test::TestRequest::get()
-        .uri(&format!("/api/tasks/{id}/log"))
-        .insert_header(("Authorization", format!("Bearer {t}")))
-        .to_request();
-    let resp = actix_web::test::call_service(&app, req).await;
-    assert_eq!(resp.status(), 200);
-    let log = actix_web::test::read_body(resp).await;
+    let (status, log) = common::call_text(&app, get(&format!("/api/tasks/{id}/log"), &t)).await;
+    assert_eq!(status, 200);
     assert!(!log.is_empty());
-    assert!(!String::from_utf8_lossy(&log).contains("\"type\":\"result\""));
+    assert!(!log.contains("\"type\":\"result\""));
 
-    let id = manual_task(&app, &rig, "Too long [fake:max-turns]").await;
-    let task = wait_for_state(&app, &t, &id, "failed").await;
+    let (_, task) = manual_task_until(&app, &rig, "Too long [fake:max-turns]", "failed").await;
     assert_eq!(
         task["errorMessage"],
         "the agent reached its turn limit (maxTurns)"

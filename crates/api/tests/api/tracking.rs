@@ -319,8 +319,7 @@ async fn of_two_pollers_on_one_postgresql_only_one_polls() {
         return;
     };
     let env = Env::new(db);
-    env.store_token();
-    let mut repo = env.repo(env.connect("acme", "web"));
+    let mut repo = env.repo(env.store_token_and_connect());
     // Revisions off: a poll is then exactly its one conditional request (with revisions on,
     // a repository's first poll also reads its open pull requests' reviews and comments).
     repo.settings.max_revisions = 0;
@@ -461,6 +460,25 @@ fn webhook_head(headers: &[(&str, &str)], length: Option<usize>) -> String {
     head
 }
 
+/// GitHub's `ping` payload and its signature with the shared secret.
+fn signed_ping() -> (Vec<u8>, String) {
+    let body = fixture("ping");
+    let signature = sign(SECRET.as_bytes(), &body);
+    (body, signature)
+}
+
+/// The head of a signed `ping` delivery `id` whose body has `length` bytes.
+fn ping_head(signature: &str, id: &str, length: usize) -> String {
+    webhook_head(
+        &[
+            ("X-Hub-Signature-256", signature),
+            ("X-GitHub-Event", "ping"),
+            ("X-GitHub-Delivery", id),
+        ],
+        Some(length),
+    )
+}
+
 /// Reads from `conn` until an answer's head and `Content-Length` bytes of body are in, or
 /// the connection closes, within `deadline`; `None` when no whole answer came in time.
 async fn read_answer(
@@ -474,14 +492,7 @@ async fn read_answer(
         loop {
             let text = String::from_utf8_lossy(&got).to_string();
             if let Some(end) = text.find("\r\n\r\n") {
-                let length = text[..end]
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().parse::<usize>().unwrap())
-                    })
-                    .unwrap_or(0);
+                let length = agentry_testkit::http::content_length(&text[..end]);
                 if got.len() >= end + 4 + length {
                     let status = text[9..12].parse().unwrap();
                     return Some((status, text));
@@ -525,8 +536,7 @@ async fn send(conn: &mut tokio::net::TcpStream, bytes: &[u8]) {
 async fn a_webhook_is_refused_on_its_headers_before_its_body_is_sent() {
     let env = Env::new(sqlite()).with_webhook();
     let (addr, server) = listen(&env, Default::default());
-    let body = fixture("ping");
-    let good_signature = sign(SECRET.as_bytes(), &body);
+    let (body, good_signature) = signed_ping();
     let twenty_mib = 20 * 1024 * 1024;
     for (name, headers, length, status, code) in [
         (
@@ -607,14 +617,7 @@ async fn a_webhook_is_refused_on_its_headers_before_its_body_is_sent() {
     }
     // The same headers with the body are accepted.
     let mut conn = connect(addr).await;
-    let head = webhook_head(
-        &[
-            ("X-Hub-Signature-256", &good_signature),
-            ("X-GitHub-Event", "ping"),
-            ("X-GitHub-Delivery", "h-6"),
-        ],
-        Some(body.len()),
-    );
+    let head = ping_head(&good_signature, "h-6", body.len());
     send(&mut conn, head.as_bytes()).await;
     send(&mut conn, &body).await;
     let (got, text) = read_answer(&mut conn, Duration::from_secs(5))
@@ -634,17 +637,9 @@ async fn a_slow_webhook_body_is_cut_off() {
         &env,
         WebhookLimits::new(4, Duration::from_secs(1), read_timeout),
     );
-    let body = fixture("ping");
-    let signature = sign(SECRET.as_bytes(), &body);
+    let (body, signature) = signed_ping();
     let mut conn = connect(addr).await;
-    let head = webhook_head(
-        &[
-            ("X-Hub-Signature-256", &signature),
-            ("X-GitHub-Event", "ping"),
-            ("X-GitHub-Delivery", "slow-1"),
-        ],
-        Some(body.len()),
-    );
+    let head = ping_head(&signature, "slow-1", body.len());
     send(&mut conn, head.as_bytes()).await;
     send(&mut conn, &body[..10]).await;
     let (status, text) = read_answer(&mut conn, Duration::from_secs(5))
@@ -664,7 +659,7 @@ async fn a_slow_webhook_body_is_cut_off() {
 async fn webhook_bodies_are_read_a_few_at_a_time() {
     use agentry_api::routes::webhooks::WebhookLimits;
     let env = Env::new(sqlite()).with_webhook();
-    let body = fixture("ping");
+    let (body, signature) = signed_ping();
     // Memory for one body, and no pace limit: a half-sent body holds it.
     let (addr, server) = listen(
         &env,
@@ -672,17 +667,7 @@ async fn webhook_bodies_are_read_a_few_at_a_time() {
             .with_memory(body.len())
             .with_min_rate(1),
     );
-    let signature = sign(SECRET.as_bytes(), &body);
-    let head = |id: &str| {
-        webhook_head(
-            &[
-                ("X-Hub-Signature-256", &signature),
-                ("X-GitHub-Event", "ping"),
-                ("X-GitHub-Delivery", id),
-            ],
-            Some(body.len()),
-        )
-    };
+    let head = |id: &str| ping_head(&signature, id, body.len());
     // A delivery whose body is half sent holds the only read slot…
     let mut holder = connect(addr).await;
     send(&mut holder, head("holder").as_bytes()).await;
@@ -734,18 +719,8 @@ async fn slow_uploads_cannot_starve_signed_deliveries() {
     use agentry_api::routes::webhooks::WebhookLimits;
     let env = Env::new(sqlite()).with_webhook();
     let (addr, server) = listen(&env, WebhookLimits::default());
-    let body = fixture("ping");
-    let signature = sign(SECRET.as_bytes(), &body);
-    let head = |id: &str, length: usize| {
-        webhook_head(
-            &[
-                ("X-Hub-Signature-256", &signature),
-                ("X-GitHub-Event", "ping"),
-                ("X-GitHub-Delivery", id),
-            ],
-            Some(length),
-        )
-    };
+    let (body, signature) = signed_ping();
+    let head = |id: &str, length: usize| ping_head(&signature, id, length);
     // Eight slow small uploads and four slow large ones, each stalled after a few bytes.
     let mut slow = Vec::new();
     for i in 0..8 {

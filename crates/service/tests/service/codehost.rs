@@ -11,10 +11,7 @@ use agentry_service::codehost;
 use agentry_service::tasks::Assignment;
 use uuid::Uuid;
 
-use crate::rig::{HostEnv, PATIENCE, test_timing};
-
-const COMMENTS: &str = "/repos/{o}/{r}/issues/{n}/comments";
-const ISSUE_LABELS: &str = "/repos/{o}/{r}/issues/{n}/labels";
+use crate::rig::{COMMENTS, HostEnv, ISSUE_LABELS, PATIENCE, test_timing};
 
 /// The assignment of issue `number` of repository `repo` (the repository's agent).
 fn assignment(repo: Uuid, number: u64) -> Assignment {
@@ -25,15 +22,6 @@ fn assignment(repo: Uuid, number: u64) -> Assignment {
         body: "It loops.".into(),
         agent_type: None,
     }
-}
-
-fn comments_of(fake: &FakeGitHub, number: u64) -> Vec<String> {
-    fake.issue("acme", "web", number)
-        .unwrap()
-        .comments
-        .into_iter()
-        .map(|c| c.body)
-        .collect()
 }
 
 /// GETs of the issue list since the last `reset_counts`.
@@ -47,8 +35,7 @@ fn list_reads(fake: &FakeGitHub) -> Vec<agentry_fake_github::RequestRecord> {
 #[tokio::test]
 async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     let env = HostEnv::new(TestDb::sqlite());
-    env.store_token();
-    let repo = env.connect("acme", "web");
+    let repo = env.store_token_and_connect();
     let number = env.fake.add_issue("acme", "web", "Flaky", None, &[]);
     let (_, created) = env
         .service
@@ -85,7 +72,7 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
         delivered += env.deliver(3600 * rounds).await;
     }
     assert_eq!(rounds, 6, "the comment needed five failed rounds");
-    assert_eq!(comments_of(&env.fake, number).len(), 1);
+    assert_eq!(env.comments_of(number).len(), 1);
     assert_eq!(env.fake.count("POST", COMMENTS), 6);
     assert_eq!(
         env.fake.issue("acme", "web", number).unwrap().labels.len(),
@@ -99,15 +86,14 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     );
     assert!(attempts.contains(&(EffectKind::Comment, 5)), "{attempts:?}");
     assert_eq!(env.deliver(3600 * 10).await, 0);
-    assert_eq!(comments_of(&env.fake, number).len(), 1);
+    assert_eq!(env.comments_of(number).len(), 1);
 }
 
 #[tokio::test]
 async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment() {
     for db in TestDb::all() {
         let env = HostEnv::new(db);
-        env.store_token();
-        let repo_id = env.connect("acme", "web");
+        let repo_id = env.store_token_and_connect();
         let number = env.fake.add_issue("acme", "web", "Crash me", None, &[]);
         let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
         let (task, created) = codehost::assign(
@@ -137,7 +123,7 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
             .unwrap();
         let github = env.service.github().await.unwrap();
         codehost::deliver(&github, &repo, comment).await.unwrap();
-        assert_eq!(comments_of(&env.fake, number).len(), 1);
+        assert_eq!(env.comments_of(number).len(), 1);
         drop(github);
 
         // A new process on the same database: nothing is due while the lease runs…
@@ -147,7 +133,7 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
         // …then both effects are delivered, and the comment is recognised by its marker.
         let later = at + time::Duration::minutes(3);
         assert_eq!(restarted.deliver_due_effects(later).await.unwrap(), 2);
-        assert_eq!(comments_of(&env.fake, number).len(), 1);
+        assert_eq!(env.comments_of(number).len(), 1);
         assert_eq!(env.fake.count("POST", COMMENTS), 1);
         let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task.id).unwrap();
         assert!(
@@ -200,8 +186,7 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
 async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
     for db in TestDb::all() {
         let env = HostEnv::new(db);
-        env.store_token();
-        env.connect("acme", "web");
+        env.store_token_and_connect();
         env.fake.freeze_clock();
         for n in 1..=150 {
             env.fake
@@ -243,8 +228,7 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
 #[tokio::test]
 async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
     let env = HostEnv::new(TestDb::sqlite());
-    env.store_token();
-    let repo = env.connect("acme", "web");
+    let repo = env.store_token_and_connect();
     let service = env.restarted_with(codehost::Timing {
         // Long enough that the incremental sync below comes before it even on a loaded
         // machine; the test waits for it by polling.

@@ -88,14 +88,7 @@ async fn upstream(script: Script) -> Upstream {
                     let Some(head) = read_head(&mut stream).await else {
                         return;
                     };
-                    let length = head
-                        .lines()
-                        .find_map(|l| {
-                            let (k, v) = l.split_once(':')?;
-                            k.eq_ignore_ascii_case("content-length")
-                                .then(|| v.trim().parse::<usize>().ok())?
-                        })
-                        .unwrap_or(0);
+                    let length = agentry_testkit::http::content_length(&head);
                     let mut body = vec![0; length];
                     stream.read_exact(&mut body).await.unwrap();
                     record.lock().unwrap().push(Seen { head, body });

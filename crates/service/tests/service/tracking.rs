@@ -19,8 +19,7 @@ const PULLS: &str = "/repos/{o}/{r}/pulls";
 async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once() {
     for db in TestDb::all() {
         let env = HostEnv::new(db);
-        env.store_token();
-        let repo = env.repo(env.connect("acme", "web"));
+        let repo = env.repo(env.store_token_and_connect());
         let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
         let issue_b = env.fake.add_issue("acme", "web", "B", None, &[]);
         let pr_a = env
@@ -88,8 +87,7 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
 #[tokio::test]
 async fn a_first_poll_does_not_read_the_whole_history() {
     let env = HostEnv::new(TestDb::sqlite());
-    env.store_token();
-    let repo = env.repo(env.connect("acme", "web"));
+    let repo = env.repo(env.store_token_and_connect());
     for i in 0..250 {
         let n = env
             .fake
@@ -117,8 +115,7 @@ async fn a_first_poll_does_not_read_the_whole_history() {
 #[tokio::test]
 async fn a_failed_poll_does_not_move_the_watermark_and_the_merge_is_seen_later() {
     let env = HostEnv::new(TestDb::sqlite());
-    env.store_token();
-    let repo = env.repo(env.connect("acme", "web"));
+    let repo = env.repo(env.store_token_and_connect());
     let issue = env.fake.add_issue("acme", "web", "A", None, &[]);
     let pr = env
         .fake
@@ -173,8 +170,7 @@ async fn delivery_ids_older_than_a_week_are_forgotten() {
 async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on() {
     for db in TestDb::all() {
         let env = HostEnv::new(db);
-        env.store_token();
-        let repo = env.repo(env.connect("acme", "web"));
+        let repo = env.repo(env.store_token_and_connect());
         let mut pulls = Vec::new();
         for i in 0..100 {
             let issue = env

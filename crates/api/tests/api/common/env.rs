@@ -52,6 +52,23 @@ pub fn json_req(method: &str, path: &str, token: &str, body: &Value) -> Request 
         .to_request()
 }
 
+/// A request with the raw `payload` of `content_type` and a bearer token.
+pub fn raw_req(
+    method: &str,
+    path: &str,
+    token: &str,
+    content_type: &str,
+    payload: impl Into<actix_web::web::Bytes>,
+) -> Request {
+    TestRequest::default()
+        .method(method.parse().unwrap())
+        .uri(path)
+        .insert_header(("Authorization", format!("Bearer {token}")))
+        .insert_header(("Content-Type", content_type))
+        .set_payload(payload)
+        .to_request()
+}
+
 /// A request without a body.
 pub fn bare(method: &str, path: &str, token: &str) -> Request {
     TestRequest::default()

@@ -124,6 +124,22 @@ pub async fn service(
     service_with(state(db)).await
 }
 
+/// A fresh SQLite database, one token of each role, and the application over it.
+pub async fn sqlite_app() -> (
+    TestDb,
+    Tokens,
+    impl Service<
+        Request,
+        Response = ServiceResponse<impl actix_web::body::MessageBody>,
+        Error = actix_web::Error,
+    >,
+) {
+    let db = sqlite();
+    let t = tokens(&db.db);
+    let app = service_with(state(&db.db)).await;
+    (db, t, app)
+}
+
 /// The application over `state`.
 pub async fn service_with(
     state: web::Data<AppState>,
@@ -152,6 +168,29 @@ where
     (status, body)
 }
 
+/// Sends a request and returns (status, body as text, any invalid UTF-8 replaced).
+pub async fn call_text<S: TestApp>(app: &S, req: Request) -> (u16, String) {
+    let res = test::call_service(app, req).await;
+    let status = res.status().as_u16();
+    let bytes = test::read_body(res).await;
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// `GET /metrics` with `token`: the exposition text (asserting a 200).
+pub async fn metrics_text<S: TestApp>(app: &S, token: &str) -> String {
+    let (status, text) = call_text(app, get("/metrics", token)).await;
+    assert_eq!(status, 200, "{text}");
+    text
+}
+
+/// Asserts that `req` is refused 401 with the `unauthenticated` envelope; returns its
+/// message.
+pub async fn assert_unauthenticated<S: TestApp>(app: &S, req: Request) -> String {
+    let (code, body) = call(app, req).await;
+    assert_eq!(code, 401, "{body}");
+    envelope(&body, "unauthenticated")
+}
+
 /// Asserts the docs/contract.md#32-errors envelope with `code`, returning the message.
 pub fn envelope(body: &Value, code: &str) -> String {
     let err = body
@@ -163,6 +202,25 @@ pub fn envelope(body: &Value, code: &str) -> String {
     assert_eq!(body.as_object().unwrap().len(), 1, "{body}");
     assert_eq!(err.as_object().unwrap().len(), 2, "{body}");
     message
+}
+
+/// Asserts that `GET path?query` (with `token`) answers 400 `invalid_parameter` naming
+/// `field` first, for each (query, field) of `cases`.
+pub async fn assert_bad_parameters<S: TestApp>(
+    app: &S,
+    token: &str,
+    path: &str,
+    cases: &[(&str, &str)],
+) {
+    for (query, field) in cases {
+        let (code, body) = call(app, get(&format!("{path}?{query}"), token)).await;
+        assert_eq!(code, 400, "{query}");
+        let message = envelope(&body, "invalid_parameter");
+        assert!(
+            message.starts_with(&format!("{field}:")),
+            "{query}: {message}"
+        );
+    }
 }
 
 /// The application under test, as the helpers take it (any `init_service` result).
@@ -246,11 +304,26 @@ where
     }
 }
 
+/// `GET path` without a token.
+pub fn anonymous_get(path: &str) -> Request {
+    test::TestRequest::get().uri(path).to_request()
+}
+
 pub fn get(path: &str, token: &str) -> Request {
     test::TestRequest::get()
         .uri(path)
         .insert_header(("Authorization", format!("Bearer {token}")))
         .to_request()
+}
+
+/// A task detail's events as (from, to) states, in order.
+pub fn transitions(task: &Value) -> Vec<(Value, Value)> {
+    task["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["from"].clone(), e["to"].clone()))
+        .collect()
 }
 
 pub fn task_count(db: &Db) -> i64 {
