@@ -140,30 +140,6 @@ pub struct ModelOutcome {
     pub figures: OutcomeFigures,
 }
 
-/// The flattened member read as the row's own members (`outcomes.merged_cost`,
-/// `anomaly.title`), as on the wire.
-macro_rules! flattened_deref {
-    ($($row:ty => $member:ident: $target:ty),* $(,)?) => {$(
-        impl std::ops::Deref for $row {
-            type Target = $target;
-            fn deref(&self) -> &$target {
-                &self.$member
-            }
-        }
-    )*};
-}
-
-flattened_deref!(
-    Outcomes => figures: OutcomeFigures,
-    RepoOutcome => figures: OutcomeFigures,
-    ModelOutcome => figures: OutcomeFigures,
-    Anomaly => task: CostedTask,
-    TopTask => task: CostedTask,
-    RepoCost => cost: ChartCost,
-    TypeCost => cost: ChartCost,
-    ModelCost => cost: ChartCost,
-);
-
 /// The summary cards. Money is a decimal string with exactly 4 decimals, rounded half away
 /// from zero once from the exact value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

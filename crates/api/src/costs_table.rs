@@ -3,7 +3,7 @@
 //! aligned text tables. It renders the typed report (the value the API serialises), so
 //! both always show the same figures.
 
-use agentry_analytics::{CostReport, Outcomes};
+use agentry_analytics::{CostReport, OutcomeFigures, Outcomes};
 use agentry_domain::{RepoUrl, format_decimal};
 use rust_decimal::Decimal;
 
@@ -137,12 +137,12 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
         &report.top_tasks,
         |t| {
             vec![
-                short(&t.cost_usd.to_string(), 20),
-                short(&t.title, 40),
-                short(&t.repo_url, 45),
-                t.task_type.to_string(),
-                t.state.to_string(),
-                short(&or_dash(t.model_used.as_deref()), 24),
+                short(&t.task.cost_usd.to_string(), 20),
+                short(&t.task.title, 40),
+                short(&t.task.repo_url, 45),
+                t.task.task_type.to_string(),
+                t.task.state.to_string(),
+                short(&or_dash(t.task.model_used.as_deref()), 24),
                 t.input_tokens.to_string(),
                 t.output_tokens.to_string(),
             ]
@@ -162,12 +162,12 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
         &report.anomalies,
         |a| {
             vec![
-                short(&a.cost_usd.to_string(), 20),
+                short(&a.task.cost_usd.to_string(), 20),
                 format_decimal(a.cost_ratio, 2),
                 format_decimal(a.repo_avg_cost, 4),
-                short(&a.title, 40),
-                short(&a.repo_url, 45),
-                a.state.to_string(),
+                short(&a.task.title, 40),
+                short(&a.task.repo_url, 45),
+                a.task.state.to_string(),
             ]
         },
         Some("(none)"),
@@ -198,17 +198,6 @@ pub fn render(report: &CostReport, repo: Option<&RepoUrl>) -> String {
     out
 }
 
-/// One row's figures of the `outcomes` tables (a repository or a model).
-struct Figures<'a> {
-    merged: i64,
-    per_merged: &'a Option<String>,
-    merged_cost: &'a str,
-    failed_cost: &'a str,
-    failed_share: &'a Decimal,
-    revision_cost: &'a str,
-    rounds: &'a Option<Decimal>,
-}
-
 /// Revision rounds per merged pull request with its 2 decimals (`1.50`), if any.
 fn rounds(v: Option<Decimal>) -> Option<String> {
     v.map(|v| format_decimal(v, 2))
@@ -222,13 +211,13 @@ fn outcomes(o: &Outcomes) -> String {
          failed or cancelled: {} USD ({}% of the total).\n\
          Revision runs (answering review feedback): {} USD; revision rounds per merged pull \
          request: {}.\n",
-        o.merged_pull_requests,
-        or_dash(o.cost_per_merged_pull_request.as_deref()),
-        o.merged_cost,
-        o.failed_cost,
-        format_decimal(o.failed_share, 1),
-        o.revision_cost,
-        or_dash(rounds(o.avg_revisions_per_merged_pull_request).as_deref()),
+        o.figures.merged_pull_requests,
+        or_dash(o.figures.cost_per_merged_pull_request.as_deref()),
+        o.figures.merged_cost,
+        o.figures.failed_cost,
+        format_decimal(o.figures.failed_share, 1),
+        o.figures.revision_cost,
+        or_dash(rounds(o.figures.avg_revisions_per_merged_pull_request).as_deref()),
     );
     let headers = [
         "merged PRs",
@@ -239,41 +228,28 @@ fn outcomes(o: &Outcomes) -> String {
         "revisions (USD)",
         "rounds per merged PR",
     ];
-    let row = |name: &str, f: Figures<'_>| {
+    // A repository's and a model's outcome carry the same figures.
+    let row = |name: &str, f: &OutcomeFigures| {
         vec![
             short(name, 45),
-            f.merged.to_string(),
-            or_dash(f.per_merged.as_deref()),
+            f.merged_pull_requests.to_string(),
+            or_dash(f.cost_per_merged_pull_request.as_deref()),
             f.merged_cost.to_owned(),
             f.failed_cost.to_owned(),
-            format_decimal(*f.failed_share, 1),
+            format_decimal(f.failed_share, 1),
             f.revision_cost.to_owned(),
-            or_dash(rounds(*f.rounds).as_deref()),
+            or_dash(rounds(f.avg_revisions_per_merged_pull_request).as_deref()),
         ]
     };
-    // A repository's and a model's outcome carry the same figures.
-    macro_rules! figures {
-        ($o:expr) => {
-            Figures {
-                merged: $o.merged_pull_requests,
-                per_merged: &$o.cost_per_merged_pull_request,
-                merged_cost: &$o.merged_cost,
-                failed_cost: &$o.failed_cost,
-                failed_share: &$o.failed_share,
-                revision_cost: &$o.revision_cost,
-                rounds: &$o.avg_revisions_per_merged_pull_request,
-            }
-        };
-    }
     let by_repo: Vec<Vec<String>> = o
         .by_repo
         .iter()
-        .map(|r| row(&r.repo_url, figures!(r)))
+        .map(|r| row(&r.repo_url, &r.figures))
         .collect();
     let by_model: Vec<Vec<String>> = o
         .by_model
         .iter()
-        .map(|m| row(&m.model, figures!(m)))
+        .map(|m| row(&m.model, &m.figures))
         .collect();
     for (title, rows) in [("repository", by_repo), ("model", by_model)] {
         if !rows.is_empty() {

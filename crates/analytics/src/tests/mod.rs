@@ -295,9 +295,9 @@ fn uncosted_tasks_count_only_in_task_count() {
     assert_eq!(r.summary.tasks_with_cost, 2);
     assert_eq!(r.summary.avg_cost, "1.0000");
     assert_eq!(r.daily_costs[6].task_count, 2);
-    assert_eq!(r.cost_by_repo[0].task_count, 2);
+    assert_eq!(r.cost_by_repo[0].cost.task_count, 2);
     assert_eq!(r.cost_by_model[0].total_input_tokens, 500);
-    assert_eq!(ids(r.top_tasks.iter().map(|t| t.id)), [3, 2]);
+    assert_eq!(ids(r.top_tasks.iter().map(|t| t.task.id)), [3, 2]);
     // A repository whose only tasks are uncosted has no row.
     let r = run(today, 7, None, &[coding(1, A, None, noon(today))]);
     assert!(r.cost_by_repo.is_empty() && r.cost_by_type.is_empty());
@@ -341,10 +341,10 @@ fn anomaly_uses_the_average_of_the_others() {
     let r = run(today, 7, None, &[t(1, "4"), t(2, "1"), t(3, "1")]);
     assert_eq!(r.anomalies.len(), 1);
     let a = &r.anomalies[0];
-    assert_eq!(a.id, Uuid::from_u128(1));
+    assert_eq!(a.task.id, Uuid::from_u128(1));
     assert_eq!(a.repo_avg_cost, dec("1"));
     assert_eq!(a.cost_ratio, dec("4"));
-    assert_eq!(a.cost_usd.to_string(), "4");
+    assert_eq!(a.task.cost_usd.to_string(), "4");
     let v = serde_json::to_value(a).unwrap();
     assert_eq!(v["repoAvgCost"], json!(1.0));
     assert_eq!(v["costRatio"], json!(4.0));
@@ -416,7 +416,7 @@ fn anomaly_order_and_limit() {
     repo_of(D, (0x50, "10"), "1", &mut next); // ratio 10
     let r = run(today, 7, None, &tasks);
     assert_eq!(
-        ids(r.anomalies.iter().map(|a| a.id)),
+        ids(r.anomalies.iter().map(|a| a.task.id)),
         [0x50, 0x10, 0x20, 0x05]
     );
     let ratios: Vec<_> = r.anomalies.iter().map(|a| a.cost_ratio).collect();
@@ -433,7 +433,7 @@ fn anomaly_order_and_limit() {
     let r = run(today, 7, None, &tasks);
     assert_eq!(r.anomalies.len(), 20);
     assert_eq!(
-        ids(r.anomalies.iter().map(|a| a.id)),
+        ids(r.anomalies.iter().map(|a| a.task.id)),
         (5..25).rev().collect::<Vec<_>>()
     );
 }
@@ -458,7 +458,7 @@ fn repo_type_and_model_order() {
     let repos: Vec<_> = r
         .cost_by_repo
         .iter()
-        .map(|g| (g.repo_url.as_str(), g.total_cost, g.task_count))
+        .map(|g| (g.repo_url.as_str(), g.cost.total_cost, g.cost.task_count))
         .collect();
     assert_eq!(
         repos,
@@ -473,14 +473,14 @@ fn repo_type_and_model_order() {
     let types: Vec<_> = r
         .cost_by_type
         .iter()
-        .map(|g| (g.task_type, g.task_count))
+        .map(|g| (g.task_type, g.cost.task_count))
         .collect();
     assert_eq!(types, [(Coding, 3), (Review, 3)]);
     // z 3; b 2 (2 tasks); unknown 2 (2 tasks); a 2 (1 task).
     let models: Vec<_> = r
         .cost_by_model
         .iter()
-        .map(|g| (g.model.as_str(), g.task_count))
+        .map(|g| (g.model.as_str(), g.cost.task_count))
         .collect();
     assert_eq!(models, [("z", 1), ("b", 2), ("unknown", 2), ("a", 1)]);
     assert!(r.cost_by_model.iter().all(|g| g.success_rate.is_zero()));
@@ -546,7 +546,7 @@ fn cost_by_model_figures() {
     );
     let unknown = &r.cost_by_model[1];
     assert_eq!(unknown.model, "unknown");
-    assert_eq!(unknown.total_cost, dec("0.3"));
+    assert_eq!(unknown.cost.total_cost, dec("0.3"));
     assert_eq!(unknown.success_rate, dec("33.3"));
     assert_eq!(unknown.avg_cost, dec("0.1"));
     let v = serde_json::to_value(unknown).unwrap();
@@ -592,7 +592,7 @@ fn a_model_named_unknown_shares_the_unknown_row() {
     ];
     let r = run(today, 7, None, &tasks);
     assert_eq!(r.cost_by_model.len(), 1);
-    assert_eq!(r.cost_by_model[0].task_count, 2);
+    assert_eq!(r.cost_by_model[0].cost.task_count, 2);
     assert_eq!(r.cost_by_model[0].success_rate, dec("50"));
 }
 
@@ -800,6 +800,7 @@ fn exact_sums_without_drift() {
             .iter()
             .find(|g| g.repo_url == url)
             .unwrap()
+            .cost
             .total_cost
     };
     assert_eq!(repo(A), dec("123.456789"));
@@ -814,8 +815,8 @@ fn exact_sums_without_drift() {
     assert!(text.contains(r#""totalCost":123.456789,"#), "{text}");
     assert!(text.contains(r#""totalCost":9.99e-7,"#), "{text}");
     assert_eq!(r.cost_by_model.len(), 1);
-    assert_eq!(r.cost_by_model[0].total_cost, dec("124.756789989"));
-    assert_eq!(r.cost_by_model[0].task_count, 2004);
+    assert_eq!(r.cost_by_model[0].cost.total_cost, dec("124.756789989"));
+    assert_eq!(r.cost_by_model[0].cost.task_count, 2004);
 }
 
 #[test]
@@ -832,11 +833,11 @@ fn top_tasks_order() {
     tasks.extend((10..20).map(|i| coding(i, C, Some("1"), datetime!(2024-05-08 11:00 UTC))));
     let r = run(today, 7, None, &tasks);
     assert_eq!(
-        ids(r.top_tasks.iter().map(|t| t.id)),
+        ids(r.top_tasks.iter().map(|t| t.task.id)),
         [1, 2, 3, 10, 11, 12, 13, 14, 15, 16]
     );
     let r = run(today, 7, Some(A), &tasks);
-    assert_eq!(ids(r.top_tasks.iter().map(|t| t.id)), [2, 3, 6]);
+    assert_eq!(ids(r.top_tasks.iter().map(|t| t.task.id)), [2, 3, 6]);
     let v = serde_json::to_value(&r.top_tasks[2]).unwrap();
     assert_eq!(v["costUsd"], json!("0"));
     assert_eq!(v["inputTokens"], json!(600));
@@ -1165,7 +1166,7 @@ fn candidate_lists_may_be_supersets() {
     let window = Window::new(today, 7).unwrap();
     let inputs = ReportInputs::from_tasks(window, Some(A), &tasks);
     let base = report(&inputs);
-    assert_eq!(ids(base.anomalies.iter().map(|a| a.id)), [1]);
+    assert_eq!(ids(base.anomalies.iter().map(|a| a.task.id)), [1]);
     let mut padded = inputs.clone();
     // Out of period, uncosted, duplicated, and (anomalies only) another repository.
     padded.anomaly_candidates = [&tasks[..], &tasks[..]].concat();
@@ -1498,10 +1499,10 @@ fn outcomes_count_reviews_with_their_coding_task() {
     );
     // The repository filter applies to the units.
     let r = run(today, 10, Some(B), &tasks);
-    assert_eq!(r.outcomes.merged_pull_requests, 0);
-    assert_eq!(r.outcomes.failed_cost, "1.5000");
+    assert_eq!(r.outcomes.figures.merged_pull_requests, 0);
+    assert_eq!(r.outcomes.figures.failed_cost, "1.5000");
     // 1.5 / 2.0
-    assert_eq!(r.outcomes.failed_share, dec("75.0"));
+    assert_eq!(r.outcomes.figures.failed_share, dec("75.0"));
 }
 
 /// A coding task of `repo` in `state` with `revisions` rounds, costing `cost` of which the
@@ -1572,35 +1573,40 @@ fn outcomes_revision_cost_and_rounds_per_merged_pull_request() {
     ];
     let r = run(today, 10, None, &tasks);
     let o = &r.outcomes;
-    assert_eq!(o.merged_pull_requests, 3);
+    assert_eq!(o.figures.merged_pull_requests, 3);
     // The cost of a merged pull request still holds its revision runs: 1.2 + 0.1 + 0.5 + 0.7.
-    assert_eq!(o.merged_cost, "2.5000");
+    assert_eq!(o.figures.merged_cost, "2.5000");
     // 0.33333 + 0.000049 + 0.4 + 0.05 = 0.783379, rounded once.
-    assert_eq!(o.revision_cost, "0.7834");
-    assert_eq!(o.avg_revisions_per_merged_pull_request, Some(dec("1.00")));
+    assert_eq!(o.figures.revision_cost, "0.7834");
+    assert_eq!(
+        o.figures.avg_revisions_per_merged_pull_request,
+        Some(dec("1.00"))
+    );
     let v = serde_json::to_value(o).unwrap();
     assert_eq!(v["revisionCost"], json!("0.7834"));
     assert_eq!(v["avgRevisionsPerMergedPullRequest"], json!(1.0));
     let repo = |url: &str| o.by_repo.iter().find(|g| g.repo_url == url).unwrap();
     // A: 2 + 0 + 1 rounds over 3 merged, 0.33333 + 0.000049 = 0.333379; B: nothing merged.
-    assert_eq!(repo(A).revision_cost, "0.3334");
+    assert_eq!(repo(A).figures.revision_cost, "0.3334");
     assert_eq!(
-        repo(A).avg_revisions_per_merged_pull_request,
+        repo(A).figures.avg_revisions_per_merged_pull_request,
         Some(dec("1.00"))
     );
-    assert_eq!(repo(B).revision_cost, "0.4500");
-    assert_eq!(repo(B).avg_revisions_per_merged_pull_request, None);
+    assert_eq!(repo(B).figures.revision_cost, "0.4500");
+    assert_eq!(repo(B).figures.avg_revisions_per_merged_pull_request, None);
     let model = |name: &str| o.by_model.iter().find(|g| g.model == name).unwrap();
     assert_eq!(
-        model("opus").avg_revisions_per_merged_pull_request,
+        model("opus").figures.avg_revisions_per_merged_pull_request,
         Some(dec("1.00"))
     );
     // sonnet: 1 round over 1 merged; 0.000049 + 0.4 + 0.05 = 0.450049.
     assert_eq!(
-        model("sonnet").avg_revisions_per_merged_pull_request,
+        model("sonnet")
+            .figures
+            .avg_revisions_per_merged_pull_request,
         Some(dec("1.00"))
     );
-    assert_eq!(model("sonnet").revision_cost, "0.4500");
+    assert_eq!(model("sonnet").figures.revision_cost, "0.4500");
     let v = serde_json::to_value(&o.by_repo).unwrap();
     assert_eq!(v[1]["avgRevisionsPerMergedPullRequest"], json!(null), "{v}");
     assert_eq!(v[1]["revisionCost"], json!("0.4500"), "{v}");
@@ -1623,7 +1629,7 @@ fn revisions_per_merged_pull_request_round_half_away_from_zero_to_2_decimals() {
     let avg = |tasks: &[TaskFact]| {
         let o = run(today, 1, None, tasks).outcomes;
         (
-            o.avg_revisions_per_merged_pull_request,
+            o.figures.avg_revisions_per_merged_pull_request,
             serde_json::to_value(&o).unwrap()["avgRevisionsPerMergedPullRequest"].clone(),
         )
     };
@@ -1655,7 +1661,13 @@ fn revisions_per_merged_pull_request_round_half_away_from_zero_to_2_decimals() {
     let (value, wire) = avg(&[open.clone(), closed.clone()]);
     assert_eq!((value, wire), (None, json!(null)));
     let o = run(today, 1, None, &[open, closed]).outcomes;
-    assert_eq!(o.revision_cost, "0.7500");
-    assert_eq!(o.by_repo[0].avg_revisions_per_merged_pull_request, None);
-    assert_eq!(o.by_model[0].avg_revisions_per_merged_pull_request, None);
+    assert_eq!(o.figures.revision_cost, "0.7500");
+    assert_eq!(
+        o.by_repo[0].figures.avg_revisions_per_merged_pull_request,
+        None
+    );
+    assert_eq!(
+        o.by_model[0].figures.avg_revisions_per_merged_pull_request,
+        None
+    );
 }

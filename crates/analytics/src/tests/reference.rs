@@ -769,8 +769,11 @@ fn report_matches_the_reference_on_random_data() {
             ("10 top tasks", got.top_tasks.len() == 10),
             ("costed", got.summary.tasks_with_cost > 0),
             ("negative trend", got.summary.cost_trend.starts_with('-')),
-            ("merged", got.outcomes.merged_pull_requests > 0),
-            ("failed spend", got.outcomes.failed_share > Decimal::ZERO),
+            ("merged", got.outcomes.figures.merged_pull_requests > 0),
+            (
+                "failed spend",
+                got.outcomes.figures.failed_share > Decimal::ZERO,
+            ),
             (
                 "merged with reviews",
                 case.tasks.iter().any(|r| {
