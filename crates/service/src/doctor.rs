@@ -28,7 +28,7 @@ use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, DatabaseUrl};
 use agentry_runner::agent::{self, Launch, ServiceEnv};
-use agentry_runner::process::{HelperOutput, helper_output};
+use agentry_runner::process::helper_output;
 use agentry_runner::sandbox::search_path;
 use agentry_runner::version::{self, CliProblem};
 use agentry_runner::{PriceTable, Sandbox, SandboxMode};
@@ -354,15 +354,11 @@ async fn version_output(program: &Path) -> Result<String, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    let HelperOutput {
-        status,
-        stdout: out,
-        ..
-    } = helper_output(&mut command, GIT_TIMEOUT)
+    let output = helper_output(&mut command, GIT_TIMEOUT)
         .await
         .map_err(|failure| failure.to_string())?;
-    match status {
-        Ok(status) if status.success() => Ok(out),
+    match output.status {
+        Ok(status) if status.success() => Ok(output.stdout),
         Ok(status) => Err(format!("{status}")),
         Err(e) => Err(format!("waiting for it: {e}")),
     }
