@@ -14,7 +14,7 @@ use agentry_testkit::SplitMix64;
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
 
-use super::rig::{create, new_task};
+use super::rig::{create, new_task, opening_pull};
 
 /// The repositories of the data.
 pub const REPOS: [&str; 4] = [
@@ -107,19 +107,7 @@ pub fn seed(db: &Db, seed: u64) {
             } else {
                 Trigger::Fail
             };
-            tasks::transition_task(
-                c,
-                task.id,
-                trigger,
-                &TransitionDetails {
-                    pull_request: Some(agentry_domain::PullRequestRef {
-                        url: "https://github.com/acme/web/pull/1".into(),
-                        number: 1,
-                    }),
-                    ..Default::default()
-                },
-                now,
-            )?;
+            tasks::transition_task(c, task.id, trigger, &opening_pull("acme/web", 1), now)?;
             Ok(())
         })
         .unwrap();
@@ -132,14 +120,10 @@ pub fn step(conn: &mut AnyConnection, id: Uuid, trigger: Trigger) {
         conn,
         id,
         trigger,
-        &TransitionDetails {
-            pull_request: (trigger == Trigger::PullRequestOpened).then(|| {
-                agentry_domain::PullRequestRef {
-                    url: "https://github.com/acme/web/pull/2".into(),
-                    number: 2,
-                }
-            }),
-            ..Default::default()
+        &if trigger == Trigger::PullRequestOpened {
+            opening_pull("acme/web", 2)
+        } else {
+            TransitionDetails::default()
         },
         OffsetDateTime::now_utc(),
     )

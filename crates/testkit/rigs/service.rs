@@ -16,7 +16,7 @@ use agentry_persistence::Db;
 use agentry_persistence::outbox::{self, EffectKind};
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
-use agentry_persistence::tasks::{self, NewTask};
+use agentry_persistence::tasks::{self, NewTask, TransitionDetails};
 use agentry_persistence::test_support::TestDb;
 use agentry_service::Service;
 use agentry_service::codehost::{self, CodeHost, Timing};
@@ -123,6 +123,17 @@ pub fn new_task(repo: &str, task_type: TaskType, created_at: OffsetDateTime) -> 
         issue_number: None,
         parent_task_id: None,
         created_at,
+    }
+}
+
+/// The details of a transition that opens pull request `number` of `repo` (`owner/name`).
+pub fn opening_pull(repo: &str, number: i64) -> TransitionDetails {
+    TransitionDetails {
+        pull_request: Some(agentry_domain::PullRequestRef {
+            url: format!("https://github.com/{repo}/pull/{number}"),
+            number,
+        }),
+        ..Default::default()
     }
 }
 

@@ -423,13 +423,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
                 conn,
                 coding.id,
                 Trigger::PullRequestOpened,
-                &TransitionDetails {
-                    pull_request: Some(agentry_domain::PullRequestRef {
-                        url: "https://github.com/o/r/pull/9".into(),
-                        number: 9,
-                    }),
-                    ..Default::default()
-                },
+                &rig::opening_pull("o/r", 9),
                 now,
             )?;
             Ok(())
