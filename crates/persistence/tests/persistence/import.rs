@@ -24,6 +24,30 @@ impl From<DbError> for ImportError {
     }
 }
 
+/// Imports 12,500 records from a source that fails at record `fail` (0-based): the import
+/// fails with the source's own error, for line `fail + 1`.
+fn import_failing_at(conn: &mut AnyConnection, fail: usize) {
+    let source = (0..12_500).map(|i| {
+        if i == fail {
+            Err(ImportError::BadLine(i + 1))
+        } else {
+            Ok(record(i))
+        }
+    });
+    let result = tasks::import_tasks(conn, source);
+    assert!(
+        matches!(result, Err(ImportError::BadLine(line)) if line == fail + 1),
+        "{result:?}"
+    );
+}
+
+/// No task, no event and no rollup row is stored.
+fn assert_nothing_written(db: &Db) {
+    assert_tasks_and_events(db, 0);
+    assert_eq!(row_count(db, "cost_daily"), 0);
+    assert_eq!(row_count(db, "cost_cumulative"), 0);
+}
+
 /// Record `i`: alternating repositories, states and types, with a distinct exact cost.
 fn record(i: usize) -> ImportTask {
     let states = TaskState::ALL;
@@ -62,6 +86,17 @@ fn record(i: usize) -> ImportTask {
 fn import(db: &Db, records: &[ImportTask]) -> ImportOutcome {
     let mut conn = db.conn().unwrap();
     tasks::import_tasks::<DbError, _>(&mut conn, records.iter().cloned().map(Ok)).unwrap()
+}
+
+/// Imports `records`: `imported` of them are written and `skipped` skipped.
+fn assert_import(db: &Db, records: &[ImportTask], imported: u64, skipped: u64) {
+    assert_eq!(import(db, records), ImportOutcome { imported, skipped });
+}
+
+/// `n` tasks are stored, and `n` task events (one creation event each).
+fn assert_tasks_and_events(db: &Db, n: i64) {
+    assert_eq!(task_count(db), n);
+    assert_eq!(row_count(db, "task_events"), n);
 }
 
 /// The indexes of the tables an import writes, as (name, definition) in name order: what
@@ -177,16 +212,8 @@ agentry_persistence::backend_tests! {
         // also hold the sum of every task of a day.
         records[1].cost_usd = Some(Usd::from_nanos(4_611_686_018_427_387_905).unwrap());
         records[2].cost_usd = Some(Usd::from_nanos(9_000_000_000_000_000_001).unwrap());
-        let outcome = import(db, &records);
-        assert_eq!(
-            outcome,
-            ImportOutcome {
-                imported: 2_500,
-                skipped: 0
-            }
-        );
-        assert_eq!(task_count(db), 2_500);
-        assert_eq!(row_count(db, "task_events"), 2_500);
+        assert_import(db, &records, 2_500, 0);
+        assert_tasks_and_events(db, 2_500);
         assert_eq!(
             row_count(db, "issue_links"),
             0,
@@ -270,15 +297,8 @@ agentry_persistence::backend_tests! {
                 ..r
             })
             .collect();
-        assert_eq!(
-            import(db, &changed),
-            ImportOutcome {
-                imported: 0,
-                skipped: 2_500
-            }
-        );
-        assert_eq!(task_count(db), 2_500);
-        assert_eq!(row_count(db, "task_events"), 2_500);
+        assert_import(db, &changed, 0, 2_500);
+        assert_tasks_and_events(db, 2_500);
         let mut conn = db.conn().unwrap();
         assert_eq!(
             tasks::get_task(&mut conn, records[1_234].id).unwrap(),
@@ -288,13 +308,7 @@ agentry_persistence::backend_tests! {
 
         let mut mixed: Vec<ImportTask> = (2_500..2_510).map(record).collect();
         mixed.extend(records[..5].iter().cloned());
-        assert_eq!(
-            import(db, &mixed),
-            ImportOutcome {
-                imported: 10,
-                skipped: 5
-            }
-        );
+        assert_import(db, &mixed, 10, 5);
         assert_eq!(task_count(db), 2_510);
     }
 
@@ -312,13 +326,7 @@ agentry_persistence::backend_tests! {
         };
         records.insert(5, same_batch);
         records.insert(10_200, next_batch);
-        assert_eq!(
-            import(db, &records),
-            ImportOutcome {
-                imported: 10_500,
-                skipped: 2
-            }
-        );
+        assert_import(db, &records, 10_500, 2);
         let mut conn = db.conn().unwrap();
         assert_eq!(
             tasks::get_task(&mut conn, records[3].id).unwrap().title,
@@ -342,8 +350,7 @@ agentry_persistence::backend_tests! {
         assert_eq!(import(db, &records).imported, 10_000);
         let records: Vec<ImportTask> = (0..10_001).map(record).collect();
         assert_eq!(import(db, &records).imported, 10_001);
-        assert_eq!(task_count(db), 20_001);
-        assert_eq!(row_count(db, "task_events"), 20_001);
+        assert_tasks_and_events(db, 20_001);
     }
 
     // A record source that fails at record 11,700 (after a full batch was written inside the
@@ -351,19 +358,8 @@ agentry_persistence::backend_tests! {
     // written: the all-or-nothing rule.
     fn failing_record_source_writes_nothing(db) {
         let existing = create(db, &repo(db), T0);
-        let source = (0..12_500).map(|i| {
-            if i == 11_700 {
-                Err(ImportError::BadLine(i + 1))
-            } else {
-                Ok(record(i))
-            }
-        });
         let mut conn = db.conn().unwrap();
-        let result = tasks::import_tasks(&mut conn, source);
-        assert!(
-            matches!(result, Err(ImportError::BadLine(11_701))),
-            "{result:?}"
-        );
+        import_failing_at(&mut conn, 11_700);
         assert_eq!(task_count(db), 1, "only the task created before the import");
         assert_eq!(row_count(db, "task_events"), 1);
         assert_eq!(tasks::get_task(&mut conn, existing.id).unwrap(), existing);
@@ -411,10 +407,7 @@ agentry_persistence::backend_tests! {
         let result = tasks::import_tasks::<DbError, _>(&mut conn, records.into_iter().map(Ok));
         assert!(matches!(result, Err(DbError::Conflict(_))), "{result:?}");
         drop(conn);
-        assert_eq!(task_count(db), 0);
-        assert_eq!(row_count(db, "task_events"), 0);
-        assert_eq!(row_count(db, "cost_daily"), 0);
-        assert_eq!(row_count(db, "cost_cumulative"), 0);
+        assert_nothing_written(db);
     }
 
     // Into empty tables, the import builds the secondary indexes after the rows (SQLite): a
@@ -428,24 +421,10 @@ agentry_persistence::backend_tests! {
             indexes.iter().any(|(name, _)| name == "tasks_cost"),
             "{indexes:?}"
         );
-        let source = (0..12_500).map(|i| {
-            if i == 12_345 {
-                Err(ImportError::BadLine(i + 1))
-            } else {
-                Ok(record(i))
-            }
-        });
         let mut conn = db.conn().unwrap();
-        let result = tasks::import_tasks(&mut conn, source);
-        assert!(
-            matches!(result, Err(ImportError::BadLine(12_346))),
-            "{result:?}"
-        );
+        import_failing_at(&mut conn, 12_345);
         drop(conn);
-        assert_eq!(task_count(db), 0);
-        assert_eq!(row_count(db, "task_events"), 0);
-        assert_eq!(row_count(db, "cost_daily"), 0);
-        assert_eq!(row_count(db, "cost_cumulative"), 0);
+        assert_nothing_written(db);
         assert_eq!(import_indexes(db), indexes);
         assert_indexes_match_rows(db);
 
@@ -468,15 +447,8 @@ agentry_persistence::backend_tests! {
         assert_eq!(import(db, &first).imported, 12_000);
         let mut second: Vec<ImportTask> = (12_000..13_000).map(spread).collect();
         second.extend(first[5_000..5_100].iter().cloned());
-        assert_eq!(
-            import(db, &second),
-            ImportOutcome {
-                imported: 1_000,
-                skipped: 100
-            }
-        );
-        assert_eq!(task_count(db), 13_000);
-        assert_eq!(row_count(db, "task_events"), 13_000);
+        assert_import(db, &second, 1_000, 100);
+        assert_tasks_and_events(db, 13_000);
         assert_indexes_match_rows(db);
 
         let incremental = rollup_rows(db);

@@ -43,6 +43,22 @@ fn keys(views: &[IssueView]) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The repository's issue sync state is this ETag, sync time and error.
+fn assert_sync_state(
+    db: &agentry_persistence::Db,
+    id: Uuid,
+    etag: Option<&str>,
+    synced_at: Option<time::OffsetDateTime>,
+    error: Option<&str>,
+) {
+    let expected = IssueSyncState {
+        etag: etag.map(str::to_owned),
+        synced_at,
+        error: error.map(str::to_owned),
+    };
+    assert_eq!(sync_state(db, id), expected);
+}
+
 agentry_persistence::backend_tests! {
     // A 200 stores exactly the list: new issues inserted, changed ones updated, the ones no
     // longer open deleted; the repository gets the ETag, the sync time and no error.
@@ -57,14 +73,7 @@ agentry_persistence::backend_tests! {
         ];
         issues::replace_open_issues(&mut conn, repo.id, &first, Some("\"e1\""), at(100)).unwrap();
         assert_eq!(stored(db, repo.id), first);
-        assert_eq!(
-            sync_state(db, repo.id),
-            IssueSyncState {
-                etag: Some("\"e1\"".into()),
-                synced_at: Some(at(100)),
-                error: None,
-            }
-        );
+        assert_sync_state(db, repo.id, Some("\"e1\""), Some(at(100)), None);
 
         // A failure in between; the next 200 clears it.
         issues::mark_issues_sync_failed(&mut conn, repo.id, "502 from the code host").unwrap();
@@ -76,23 +85,13 @@ agentry_persistence::backend_tests! {
         issues::replace_open_issues(&mut conn, repo.id, &second, Some("W/\"e2\""), at(200)).unwrap();
         assert_eq!(stored(db, repo.id), vec![changed, second[2].clone(), second[0].clone()]);
         assert_eq!(row_count(db, "synced_issues"), 3);
-        assert_eq!(
-            sync_state(db, repo.id),
-            IssueSyncState {
-                etag: Some("W/\"e2\"".into()),
-                synced_at: Some(at(200)),
-                error: None,
-            }
-        );
+        assert_sync_state(db, repo.id, Some("W/\"e2\""), Some(at(200)), None);
 
         // An answer without an ETag stores none; an empty list empties the copy.
         issues::replace_open_issues(&mut conn, repo.id, &[], None, at(300)).unwrap();
         assert_eq!(stored(db, repo.id), vec![]);
         assert_eq!(row_count(db, "synced_issues"), 0);
-        assert_eq!(
-            sync_state(db, repo.id),
-            IssueSyncState { etag: None, synced_at: Some(at(300)), error: None }
-        );
+        assert_sync_state(db, repo.id, None, Some(at(300)), None);
     }
 
     // Replacing one repository's issues leaves another repository's alone, even with the
@@ -157,29 +156,16 @@ agentry_persistence::backend_tests! {
 
         issues::mark_issues_sync_failed(&mut conn, repo.id, "timed out").unwrap();
         assert_eq!(stored(db, repo.id), list);
-        assert_eq!(
-            sync_state(db, repo.id),
-            IssueSyncState {
-                etag: Some("e1".into()),
-                synced_at: Some(at(100)),
-                error: Some("timed out".into()),
-            }
-        );
+        assert_sync_state(db, repo.id, Some("e1"), Some(at(100)), Some("timed out"));
 
         issues::mark_issues_unchanged(&mut conn, repo.id, at(200)).unwrap();
         assert_eq!(stored(db, repo.id), list);
-        assert_eq!(
-            sync_state(db, repo.id),
-            IssueSyncState { etag: Some("e1".into()), synced_at: Some(at(200)), error: None }
-        );
+        assert_sync_state(db, repo.id, Some("e1"), Some(at(200)), None);
 
         // A failure before any successful sync: no copy, no time, just the error.
         let other = connect(db, "o", "other");
         issues::mark_issues_sync_failed(&mut conn, other.id, "404").unwrap();
-        assert_eq!(
-            sync_state(db, other.id),
-            IssueSyncState { etag: None, synced_at: None, error: Some("404".into()) }
-        );
+        assert_sync_state(db, other.id, None, None, Some("404"));
     }
 
     // Unknown repositories are refused and nothing is written.

@@ -42,6 +42,19 @@ fn expected_order<'a>(tasks: impl IntoIterator<Item = &'a Task>) -> Vec<Uuid> {
     tasks.iter().map(|t| t.id).collect()
 }
 
+/// With each page size of `limits`, the pages of the unfiltered list hold exactly `all`, in
+/// list order.
+fn assert_listed_in_order(db: &Db, all: &[Task], limits: &[i64]) {
+    for &limit in limits {
+        let listed: Vec<Uuid> = all_pages(db, &TaskFilter::default(), limit)
+            .iter()
+            .flatten()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(listed, expected_order(all), "limit {limit}");
+    }
+}
+
 /// 25 tasks over two repositories, types and states, with groups of identical creation
 /// times (so that the id tie-break matters).
 fn seed(db: &Db) -> (Repository, Repository, Vec<Task>) {
@@ -109,14 +122,7 @@ agentry_persistence::backend_tests! {
             assert_eq!(&t, by_id.get(&t.id).unwrap());
         }
         // Any page size gives the same sequence.
-        for limit in [1, 3, 5, 7, 24, 25, 26, 200] {
-            let listed: Vec<Uuid> = all_pages(db, &TaskFilter::default(), limit)
-                .iter()
-                .flatten()
-                .map(|t| t.id)
-                .collect();
-            assert_eq!(listed, expected_order(&all), "limit {limit}");
-        }
+        assert_listed_in_order(db, &all, &[1, 3, 5, 7, 24, 25, 26, 200]);
     }
 
     // Filters by state, repository and type, each alone and combined, through every page.
@@ -292,13 +298,6 @@ agentry_persistence::backend_tests! {
             all.push(tasks::create_task(&mut conn, &new, "created").unwrap());
         }
         drop(conn);
-        for limit in [1, 2, 3] {
-            let listed: Vec<Uuid> = all_pages(db, &TaskFilter::default(), limit)
-                .iter()
-                .flatten()
-                .map(|t| t.id)
-                .collect();
-            assert_eq!(listed, expected_order(&all), "limit {limit}");
-        }
+        assert_listed_in_order(db, &all, &[1, 2, 3]);
     }
 }

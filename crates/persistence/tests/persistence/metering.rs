@@ -30,9 +30,7 @@ fn call(task: uuid::Uuid, attempt: i32, secs: i64, model: &str, cost: Option<&st
 agentry_persistence::backend_tests! {
     // A run's metered cost is the exact sum of its calls; other attempts do not count.
     fn calls_sum_exactly_per_run(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let first = call(task.id, 1, 0, "claude-sonnet-5", Some("0.000000001"));
         metering::record_call(&mut conn, &first).unwrap();
         for (i, cost) in ["0.1", "0.2", "12345.678901234"].iter().enumerate() {
@@ -56,9 +54,7 @@ agentry_persistence::backend_tests! {
 
     // One unpriced call that used tokens makes the run's cost unknown, naming the model.
     fn an_unpriced_call_makes_the_cost_unknown(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         metering::record_call(&mut conn, &call(task.id, 1, 0, "claude-sonnet-5", Some("0.5"))).unwrap();
         metering::record_call(&mut conn, &call(task.id, 1, 1, "mystery-model", None)).unwrap();
         let totals = metering::run_totals(&mut conn, task.id, 1).unwrap();
@@ -68,9 +64,7 @@ agentry_persistence::backend_tests! {
 
     // Refusals are counted per run and destination, first and last time kept.
     fn refused_connections_are_counted_per_destination(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         metering::record_blocked(&mut conn, task.id, 1, "169.254.169.254", 80, at(1)).unwrap();
         metering::record_blocked(&mut conn, task.id, 1, "169.254.169.254", 80, at(5)).unwrap();
         metering::record_blocked(&mut conn, task.id, 1, "evil.example", 443, at(3)).unwrap();
@@ -92,9 +86,7 @@ agentry_persistence::backend_tests! {
 
     // A note changes no state: it lands in the history as from = to = the current state.
     fn a_note_joins_the_history_without_a_transition(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         tasks::record_note(&mut conn, task.id, EventKind::CostMismatch, "cost_mismatch: x", at(2)).unwrap();
         let events = tasks::task_events(&mut conn, task.id).unwrap();
         assert_eq!(events.len(), 2);
@@ -106,9 +98,7 @@ agentry_persistence::backend_tests! {
 
     // A metered run keeps its call count and the agent's own figure beside the cost.
     fn metered_run_fields_round_trip(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let run = Run {
             agent_type: AgentType::Codex,
             model: Some("gpt-6.1-sol".into()),

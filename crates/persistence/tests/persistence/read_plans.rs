@@ -53,6 +53,35 @@ fn plan(conn: &mut AnyConnection, sql: &str) -> Vec<String> {
         .collect()
 }
 
+/// An SQLite test database with `n` tasks on the default repository ([`repo`]), created at
+/// `at(0)`, `at(1)`, ….
+fn sqlite_with_tasks(n: i64) -> (TestDb, repos::Repository) {
+    let test_db = TestDb::sqlite();
+    let repo = repo(&test_db.db);
+    for i in 0..n {
+        create(&test_db.db, &repo, at(i));
+    }
+    (test_db, repo)
+}
+
+/// Asserts that SQLite's plan of `sql` has a step that is `expected` and none that is
+/// `refused`.
+fn assert_plan(
+    conn: &mut AnyConnection,
+    sql: &str,
+    expected: impl Fn(&str) -> bool,
+    refused: impl Fn(&str) -> bool,
+) {
+    let steps = plan(conn, sql);
+    assert!(steps.iter().any(|s| expected(s)), "{sql}: {steps:?}");
+    assert!(!steps.iter().any(|s| refused(s)), "{sql}: {steps:?}");
+}
+
+/// Whether a plan step sorts (a temporary B-tree) instead of reading in index order.
+fn sorts(step: &str) -> bool {
+    step.contains("TEMP B-TREE")
+}
+
 /// (repository URL, issue number) of each entry, in order.
 fn keys(views: &[IssueView]) -> Vec<(String, i64)> {
     views
@@ -86,13 +115,8 @@ fn all_pages(conn: &mut AnyConnection, repo: Option<uuid::Uuid>, limit: i64) -> 
 // filter.
 #[test]
 fn a_deep_task_cursor_is_an_index_range() {
-    let test_db = TestDb::sqlite();
-    let db = &test_db.db;
-    let repo = repo(db);
-    for i in 0..5 {
-        create(db, &repo, at(i));
-    }
-    let mut conn = db.conn().unwrap();
+    let (test_db, repo) = sqlite_with_tasks(5);
+    let mut conn = test_db.db.conn().unwrap();
     let first = tasks::list_tasks(&mut conn, &TaskFilter::default(), 2, None).unwrap();
     let cursor: TaskCursor = first.next.unwrap();
     let filters = [
@@ -121,16 +145,11 @@ fn a_deep_task_cursor_is_an_index_range() {
             .iter()
             .find(|s| s.contains("FROM `tasks`") || s.contains("FROM \"tasks\""))
             .expect("the page's statement");
-        let steps = plan(&mut conn, select);
-        assert!(
-            steps.iter().any(|s| s.starts_with("SEARCH")
-                && s.contains(index)
-                && s.contains("created_at<?")),
-            "{filter:?}: {steps:?}"
-        );
-        assert!(
-            !steps.iter().any(|s| s.contains("TEMP B-TREE")),
-            "{steps:?}"
+        assert_plan(
+            &mut conn,
+            select,
+            |s| s.starts_with("SEARCH") && s.contains(index) && s.contains("created_at<?"),
+            sorts,
         );
     }
 }
@@ -139,13 +158,8 @@ fn a_deep_task_cursor_is_an_index_range() {
 // every queued task (a backlog made each run's end a scan of the whole queue).
 #[test]
 fn unblocking_reads_only_the_blocked_tasks() {
-    let test_db = TestDb::sqlite();
-    let db = &test_db.db;
-    let repo = repo(db);
-    for i in 0..3 {
-        create(db, &repo, at(i));
-    }
-    let mut conn = db.conn().unwrap();
+    let (test_db, _) = sqlite_with_tasks(3);
+    let mut conn = test_db.db.conn().unwrap();
     let (unblocked, sent) = statements(&mut conn, |c| {
         agentry_persistence::budgets::unblock(c, None).unwrap()
     });
@@ -156,16 +170,11 @@ fn unblocking_reads_only_the_blocked_tasks() {
         .collect();
     assert!(!reads.is_empty(), "{sent:?}");
     for read in reads {
-        let steps = plan(&mut conn, read);
-        assert!(
-            steps
-                .iter()
-                .all(|s| !s.starts_with("SCAN") && !s.contains("tasks_state_created")),
-            "{read}: {steps:?}"
-        );
-        assert!(
-            steps.iter().any(|s| s.contains("tasks_blocked")),
-            "{read}: {steps:?}"
+        assert_plan(
+            &mut conn,
+            read,
+            |s| s.contains("tasks_blocked"),
+            |s| s.starts_with("SCAN") || s.contains("tasks_state_created"),
         );
     }
 }
@@ -188,17 +197,14 @@ fn a_claim_reads_the_queue_index() {
         .iter()
         .find(|s| s.contains("NOT imported"))
         .expect("the claim's candidate query");
-    let steps = plan(&mut conn, pick);
-    assert!(
-        steps
-            .iter()
-            .any(|s| s.starts_with("SCAN") && s.contains("tasks_queue")
-                || s.starts_with("SEARCH") && s.contains("tasks_queue")),
-        "{steps:?}"
-    );
-    assert!(
-        !steps.iter().any(|s| s.contains("TEMP B-TREE")),
-        "{steps:?}"
+    assert_plan(
+        &mut conn,
+        pick,
+        |s| {
+            s.starts_with("SCAN") && s.contains("tasks_queue")
+                || s.starts_with("SEARCH") && s.contains("tasks_queue")
+        },
+        sorts,
     );
 }
 
@@ -230,43 +236,38 @@ fn an_issues_view_page_is_an_index_range() {
             let loads: Vec<&String> = sent.iter().filter(|s| s.contains("body")).collect();
             assert!(!loads.is_empty(), "{sent:?}");
             for sql in loads {
-                let steps = plan(&mut conn, sql);
-                assert!(
-                    steps
-                        .iter()
-                        .any(|s| s.starts_with("SEARCH synced_issues USING")
-                            && s.contains("(repo_id=? AND number=?)")),
-                    "{steps:?}"
+                assert_plan(
+                    &mut conn,
+                    sql,
+                    |s| {
+                        s.starts_with("SEARCH synced_issues USING")
+                            && s.contains("(repo_id=? AND number=?)")
+                    },
+                    |_| false,
                 );
             }
             // The repositories of a timestamp's group: one seek each, never the whole group.
             for sql in sent.iter().filter(|s| s.contains("MIN(repo_id)")) {
                 group_reads += 1;
-                let steps = plan(&mut conn, sql);
-                assert!(
-                    steps.iter().any(
-                        |s| s.contains("INDEX synced_issues_view (") && s.contains("repo_id>?")
-                    ),
-                    "{steps:?}"
+                assert_plan(
+                    &mut conn,
+                    sql,
+                    |s| s.contains("INDEX synced_issues_view (") && s.contains("repo_id>?"),
+                    |_| false,
                 );
             }
             let key_reads: Vec<&String> = sent.iter().filter(|s| s.contains("linked")).collect();
             assert!(!key_reads.is_empty());
             for sql in key_reads {
-                let steps = plan(&mut conn, sql);
-                assert!(
-                    steps
-                        .iter()
-                        .any(|s| s.starts_with("SEARCH synced_issues USING")
+                assert_plan(
+                    &mut conn,
+                    sql,
+                    |s| {
+                        s.starts_with("SEARCH synced_issues USING")
                             && s.contains("INDEX synced_issues_")
-                            && s.contains("_view (")),
-                    "{repo:?} {after:?}: {steps:?}"
-                );
-                assert!(
-                    !steps
-                        .iter()
-                        .any(|s| s.contains("TEMP B-TREE") || s.starts_with("SCAN synced_issues")),
-                    "{repo:?} {after:?}: {steps:?}"
+                            && s.contains("_view (")
+                    },
+                    |s| sorts(s) || s.starts_with("SCAN synced_issues"),
                 );
             }
         }

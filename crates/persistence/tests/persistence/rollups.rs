@@ -164,6 +164,17 @@ fn brute_revisions(tasks: &[Task]) -> BTreeMap<(String, String, String), (i64, i
     m
 }
 
+/// Transition details naming pull request `number` of the test repository.
+fn pull_request(number: i64) -> TransitionDetails {
+    TransitionDetails {
+        pull_request: Some(agentry_domain::PullRequestRef {
+            url: format!("https://github.com/o/r/pull/{number}"),
+            number,
+        }),
+        ..Default::default()
+    }
+}
+
 /// Applies a random workload and checks the invariants; returns how many revision runs
 /// with a cost it recorded.
 fn workload(db: &Db, seed: u64) -> usize {
@@ -195,13 +206,7 @@ fn workload(db: &Db, seed: u64) -> usize {
             6..=8 if !created.is_empty() => {
                 let id = created[rng.below(created.len() as u64) as usize];
                 let trigger = Trigger::ALL[rng.below(Trigger::ALL.len() as u64) as usize];
-                let details = TransitionDetails {
-                    pull_request: Some(agentry_domain::PullRequestRef {
-                        url: "https://github.com/o/r/pull/1".into(),
-                        number: 1,
-                    }),
-                    ..Default::default()
-                };
+                let details = pull_request(1);
                 // Refused transitions are part of the workload: they must change nothing.
                 let _ = tasks::transition_task(&mut conn, id, trigger, &details, at(step));
             }
@@ -214,13 +219,7 @@ fn workload(db: &Db, seed: u64) -> usize {
                 for _ in 0..rng.range(1, 6) {
                     let task = tasks::get_task(&mut conn, id).unwrap();
                     if let Some(trigger) = next_step(&task, &mut rng) {
-                        let details = TransitionDetails {
-                            pull_request: Some(agentry_domain::PullRequestRef {
-                                url: "https://github.com/o/r/pull/2".into(),
-                                number: 2,
-                            }),
-                            ..Default::default()
-                        };
+                        let details = pull_request(2);
                         let _ = tasks::transition_task(&mut conn, id, trigger, &details, at(step));
                     }
                     if rng.below(2) == 0 {
@@ -428,9 +427,7 @@ backend_tests! {
     }
 
     fn a_refused_write_leaves_the_rollups_unchanged(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let before = snapshot(&mut conn);
         let refused = tasks::transition_task(&mut conn, task.id, Trigger::PullRequestMerged, &TransitionDetails::default(), T0);
         assert!(matches!(refused, Err(DbError::InvalidTransition(_))));

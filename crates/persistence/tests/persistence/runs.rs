@@ -3,7 +3,7 @@
 use crate::common::*;
 use agentry_domain::{AgentType, Task, Trigger, Usd};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
-use agentry_persistence::{AnyConnection, DbError, write_tx};
+use agentry_persistence::{AnyConnection, Db, DbError, write_tx};
 use uuid::Uuid;
 
 /// A succeeded run of `task` started at `at(secs)`, with the given cost.
@@ -31,6 +31,30 @@ fn assert_refused(conn: &mut AnyConnection, bad: &Run, before: &Task) {
         1,
         "{bad:?}"
     );
+}
+
+/// After a run of `cost` with 10 input and 10 output tokens, a run of `cost` with each of
+/// `bad`'s token counts (input, cache read, cache write, output) is refused and changes
+/// nothing.
+fn assert_token_counts_refused(db: &Db, cost: Option<&str>, bad: &[[i64; 4]]) {
+    let (task, mut conn) = a_task(db);
+    let first = Run {
+        input_tokens: 10,
+        output_tokens: 10,
+        ..run(&task, 0, cost)
+    };
+    record(&mut conn, &first).unwrap();
+    let before = tasks::get_task(&mut conn, task.id).unwrap();
+    for &tokens in bad {
+        let mut bad = run(&task, 10, cost);
+        [
+            bad.input_tokens,
+            bad.cache_read_tokens,
+            bad.cache_write_tokens,
+            bad.output_tokens,
+        ] = tokens;
+        assert_refused(&mut conn, &bad, &before);
+    }
 }
 
 /// Records `run` in its own write transaction.
@@ -67,9 +91,7 @@ agentry_persistence::backend_tests! {
 
     // Recording a run and its log needs no transaction of the caller's: each wraps itself.
     fn a_run_and_its_log_are_recorded_without_a_callers_transaction(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let run = run(&task, 0, Some("0.25"));
         tasks::record_run(&mut conn, &run).unwrap();
         let log = agentry_persistence::runner::RunLog::of("output");
@@ -82,9 +104,7 @@ agentry_persistence::backend_tests! {
 
     // Whether a run was sandboxed is kept as recorded: yes, no, or not known.
     fn the_sandbox_flag_round_trips(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         for (i, sandboxed) in [Some(true), Some(false), None].into_iter().enumerate() {
             let run = Run { sandboxed, ..run(&task, i as i64 * 10, Some("0.1")) };
             record(&mut conn, &run).unwrap();
@@ -100,9 +120,7 @@ agentry_persistence::backend_tests! {
     // Costs add exactly in nano-dollars: 0.123456789 + 0.000000001 + 1.1 = 1.22345679,
     // displayed normalised; every run keeps its own exact cost.
     fn run_costs_sum_exactly(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let costs = ["0.123456789", "0.000000001", "1.1"];
         for (i, cost) in costs.iter().enumerate() {
             record(&mut conn, &run(&task, i as i64 * 10, Some(cost))).unwrap();
@@ -123,9 +141,7 @@ agentry_persistence::backend_tests! {
     // A run without a cost leaves the task's cost as it was: None stays None until a run
     // reports one, and Some + None = Some.
     fn runs_without_cost_do_not_change_the_total(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         record(&mut conn, &run(&task, 0, None)).unwrap();
         assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().cost_usd, None);
         record(&mut conn, &run(&task, 10, Some("0"))).unwrap();
@@ -153,9 +169,7 @@ agentry_persistence::backend_tests! {
     // Task input tokens = Σ(input + cache read + cache write), output summed; the ledger keeps
     // the split; the task's model is the latest run's (kept when a run reports none).
     fn tokens_sum_and_model_follows_the_runs(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let first = Run {
             input_tokens: 100,
             cache_read_tokens: 2_000,
@@ -205,9 +219,7 @@ agentry_persistence::backend_tests! {
 
     // Every field of a run round-trips, including a failed run without a finish time.
     fn run_fields_round_trip(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let lost = Run {
             agent_type: AgentType::Codex,
             model: None,
@@ -259,9 +271,7 @@ agentry_persistence::backend_tests! {
     // A retried task's runs add to the totals of the first attempt; nothing is overwritten.
     // The run is recorded in the same transaction as the transition it ends in.
     fn retries_add_to_the_totals(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let no_details = TransitionDetails::default();
         tasks::transition_task(&mut conn, task.id, Trigger::Claim, &no_details, at(1)).unwrap();
         tasks::transition_task(
@@ -318,9 +328,7 @@ agentry_persistence::backend_tests! {
     // Recording a run and a transition in one write_tx: if the transition is refused, the
     // run is rolled back with it (the cost is not counted).
     fn run_rolls_back_with_a_refused_transition(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let result = write_tx::<_, DbError, _>(&mut conn, |conn| {
             tasks::record_run(conn, &run(&task, 0, Some("5")))?;
             // Merged is refused on a queued task.
@@ -379,52 +387,16 @@ agentry_persistence::backend_tests! {
     // Negative token counts of any kind are refused and nothing is written (no run row, no
     // change to the task's totals).
     fn negative_token_counts_are_refused(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
-        record(
-            &mut conn,
-            &Run {
-                input_tokens: 10,
-                output_tokens: 10,
-                ..run(&task, 0, Some("1"))
-            },
-        )
-        .unwrap();
-        let before = tasks::get_task(&mut conn, task.id).unwrap();
-        let base = run(&task, 10, Some("1"));
-        for bad in [
-            Run {
-                input_tokens: -1,
-                ..base.clone()
-            },
-            Run {
-                cache_read_tokens: -5,
-                ..base.clone()
-            },
-            Run {
-                cache_write_tokens: -7,
-                ..base.clone()
-            },
-            Run {
-                output_tokens: -1,
-                ..base.clone()
-            },
-            Run {
-                input_tokens: i64::MIN,
-                cache_read_tokens: 1,
-                ..base.clone()
-            },
-        ] {
-            assert_refused(&mut conn, &bad, &before);
-        }
+        assert_token_counts_refused(
+            db,
+            Some("1"),
+            &[[-1, 0, 0, 0], [0, -5, 0, 0], [0, 0, -7, 0], [0, 0, 0, -1], [i64::MIN, 1, 0, 0]],
+        );
     }
 
     // A run of an unknown task is NotFound and writes nothing.
     fn run_of_unknown_task_is_not_found(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let orphan = Run {
             task_id: Uuid::new_v4(),
             ..run(&task, 0, Some("1"))
@@ -436,37 +408,11 @@ agentry_persistence::backend_tests! {
     // Token totals that would overflow are refused and nothing is written (on SQLite an
     // overflowing integer sum would silently become a float).
     fn token_total_overflow_is_refused(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
-        record(
-            &mut conn,
-            &Run {
-                input_tokens: 10,
-                output_tokens: 10,
-                ..run(&task, 0, None)
-            },
-        )
-        .unwrap();
-        let before = tasks::get_task(&mut conn, task.id).unwrap();
-        let base = run(&task, 10, None);
-        for bad in [
-            Run {
-                input_tokens: i64::MAX - 5,
-                ..base.clone()
-            },
-            Run {
-                output_tokens: i64::MAX - 5,
-                ..base.clone()
-            },
-            Run {
-                input_tokens: i64::MAX,
-                cache_write_tokens: 1,
-                ..base.clone()
-            },
-        ] {
-            assert_refused(&mut conn, &bad, &before);
-        }
+        assert_token_counts_refused(
+            db,
+            None,
+            &[[i64::MAX - 5, 0, 0, 0], [0, 0, 0, i64::MAX - 5], [i64::MAX, 0, 1, 0]],
+        );
     }
 
     // Runs of one task recorded concurrently (each in its own transaction on its own

@@ -63,9 +63,7 @@ agentry_persistence::backend_tests! {
     // queued → provisioning → running → pr_opened → completed, with the pull request, the
     // start and finish times and one event per step (reason = trigger name by default).
     fn happy_path_records_every_step(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
 
         let (t, tr) = tasks::transition_task(
             &mut conn,
@@ -151,9 +149,7 @@ agentry_persistence::backend_tests! {
 
     // Events recorded within the same microsecond still come back in the order applied.
     fn events_at_the_same_instant_keep_their_order(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         for trigger in [
             Trigger::Claim,
             Trigger::Fail,
@@ -210,9 +206,7 @@ agentry_persistence::backend_tests! {
 
     // Refused transitions change nothing: state, updated_at, fields, events.
     fn refused_transitions_change_nothing(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         for trigger in [
             Trigger::PullRequestMerged,
             Trigger::PullRequestClosed,
@@ -249,9 +243,7 @@ agentry_persistence::backend_tests! {
     // Fail stores the error message (a default one when none is given); Retry re-queues with
     // attempt + 1 and clears the error and the finish time.
     fn fail_then_retry(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         apply(&mut conn, task.id, Trigger::Claim, at(1));
         apply(&mut conn, task.id, Trigger::AgentStarted, at(2));
         let details = TransitionDetails {
@@ -322,9 +314,7 @@ agentry_persistence::backend_tests! {
 
     // A closed (unmerged) pull request fails the task with a message.
     fn closed_pull_request_fails_the_task(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         apply(&mut conn, task.id, Trigger::Claim, at(1));
         apply(&mut conn, task.id, Trigger::AgentStarted, at(2));
         let pr = TransitionDetails {
@@ -356,9 +346,7 @@ agentry_persistence::backend_tests! {
     // Expired leases re-queue with attempt + 1 until MAX_ATTEMPTS; at attempt 3 the task fails
     // (attempt unchanged).
     fn lease_expiry_requeues_then_fails_at_max_attempts(db) {
-        let repo = repo(db);
-        let task = create(db, &repo, T0);
-        let mut conn = db.conn().unwrap();
+        let (task, mut conn) = a_task(db);
         let mut triggers = vec![];
         for attempt in 1..MAX_ATTEMPTS {
             apply(

@@ -5,7 +5,7 @@ use agentry_domain::{RepoUrl, Usd};
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::{PG_URL_VAR, database_url};
-use agentry_persistence::{AnyConnection, Db};
+use agentry_persistence::{AnyConnection, Db, PooledConnection};
 use diesel::prelude::*;
 use diesel::sql_types::{Integer, Text};
 use time::{Duration, OffsetDateTime, macros::datetime};
@@ -86,6 +86,13 @@ pub fn issue_task(repo: &Repository, issue_number: i64) -> NewTask {
 pub fn create(db: &Db, repo: &Repository, created_at: OffsetDateTime) -> agentry_domain::Task {
     let mut conn = db.conn().unwrap();
     tasks::create_task(&mut conn, &new_task(repo, created_at), "created").unwrap()
+}
+
+/// A coding task created at T0 on the default repository ([`repo`]), and a connection.
+pub fn a_task(db: &Db) -> (agentry_domain::Task, PooledConnection) {
+    let repo = repo(db);
+    let task = create(db, &repo, T0);
+    (task, db.conn().unwrap())
 }
 
 /// Number of rows in `tasks`.
