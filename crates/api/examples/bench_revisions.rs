@@ -124,7 +124,6 @@ async fn main() -> Result<(), Error> {
         repos::update_settings(&mut conn, repo.id, &settings, now)?
     };
     let codehost = CodeHost::new(
-        key,
         agentry_codehost::ClientConfig {
             api_url: fake.base_url(),
             ..agentry_codehost::ClientConfig::default()
@@ -143,6 +142,7 @@ async fn main() -> Result<(), Error> {
     };
     let service = Service::new(
         db,
+        key,
         codehost,
         Runs::local(
             dir.path().join("agentry"),

@@ -93,9 +93,8 @@ fn args() -> Result<Args, Error> {
 }
 
 fn state(db: &Db, api_url: &str, key: MasterKey) -> Result<web::Data<AppState>, Error> {
-    let codehost =
-        bench::code_host(api_url, key).with_webhook_secret(Some(SecretValue::new(SECRET)));
-    bench::state(db, codehost)
+    let codehost = bench::code_host(api_url).with_webhook_secret(Some(SecretValue::new(SECRET)));
+    bench::state(db, key, codehost)
 }
 
 fn connect(conn: &mut AnyConnection, owner: &str, name: &str) -> Result<Repository, Error> {

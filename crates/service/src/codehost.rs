@@ -17,7 +17,7 @@ use agentry_persistence::delivery::Backoff;
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
 use agentry_persistence::repos::{self, NewRepository, Repository};
-use agentry_persistence::secrets::{MasterKey, SecretValue};
+use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::{AnyConnection, DbError};
 use futures_util::StreamExt;
@@ -77,7 +77,6 @@ impl Default for Timing {
 
 /// The code-host side of the application state.
 pub struct CodeHost {
-    master_key: MasterKey,
     client_config: ClientConfig,
     timing: Timing,
     /// The client of the stored token, rebuilt when the token changes.
@@ -101,10 +100,9 @@ impl std::fmt::Debug for CodeHost {
 }
 
 impl CodeHost {
-    /// The code-host integration with its master key, client settings and outbox timing.
-    pub fn new(master_key: MasterKey, client_config: ClientConfig, timing: Timing) -> Self {
+    /// The code-host integration with its client settings and outbox timing.
+    pub fn new(client_config: ClientConfig, timing: Timing) -> Self {
         CodeHost {
-            master_key,
             client_config,
             timing,
             cached: Mutex::new(None),
@@ -150,11 +148,6 @@ impl CodeHost {
     /// The code host's REST base URL.
     pub fn api_url(&self) -> &str {
         &self.client_config.api_url
-    }
-
-    /// The key that encrypts stored secrets.
-    pub fn master_key(&self) -> &MasterKey {
-        &self.master_key
     }
 
     /// The one way to a code-host client: the client of `token`, reusing the previous one

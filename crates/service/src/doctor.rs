@@ -847,8 +847,8 @@ async fn check_codehost(
     token: &Result<Option<SecretValue>, String>,
 ) -> Check {
     const NAME: &str = "code-host";
-    let key = match key {
-        Ok(key) => key,
+    match key {
+        Ok(_) => {}
         Err(KeyProblem::Missing(path)) => {
             return Check::fail(
                 NAME,
@@ -874,7 +874,7 @@ async fn check_codehost(
                 ),
             );
         }
-    };
+    }
     let token = match token {
         Ok(Some(token)) => token,
         Ok(None) => {
@@ -904,7 +904,7 @@ async fn check_codehost(
         max_rate_limit_wait: Duration::ZERO,
         ..crate::start::client_config(config)
     };
-    let codehost = CodeHost::new(key.clone(), client, Timing::default());
+    let codehost = CodeHost::new(client, Timing::default());
     let api = &config.codehost_api_url;
     match codehost.check_token(token).await {
         Ok(user) => Check::ok(

@@ -69,7 +69,9 @@ pub struct Service {
 struct Parts {
     /// The database pool.
     db: Db,
-    /// The code-host integration: secrets key, client, outbox.
+    /// The key that encrypts stored secrets (docs/contract.md#33-secrets).
+    master_key: MasterKey,
+    /// The code-host integration: client, outbox, webhook secret, revisions.
     codehost: CodeHost,
     /// The agent-run orchestrator.
     runs: Runs,
@@ -94,15 +96,22 @@ impl std::fmt::Debug for Service {
 }
 
 impl Service {
-    /// The service over `db`, the code-host integration `codehost` and the orchestrator
-    /// `runs`. No loop runs until [`Service::start_background`].
-    /// Budget alerts are recorded but go to no webhook ([`Service::with_alerts`] sends them).
-    pub fn new(db: Db, codehost: CodeHost, runs: Runs) -> Self {
-        Service::with_alerts(db, codehost, runs, Alerts::disabled())
+    /// The service over `db`, its secrets encrypted with `master_key`, the code-host
+    /// integration `codehost` and the orchestrator `runs`. No loop runs until
+    /// [`Service::start_background`]. Budget alerts are recorded but go to no webhook
+    /// ([`Service::with_alerts`] sends them).
+    pub fn new(db: Db, master_key: MasterKey, codehost: CodeHost, runs: Runs) -> Self {
+        Service::with_alerts(db, master_key, codehost, runs, Alerts::disabled())
     }
 
     /// [`Service::new`] with budget alerts delivered as `alerts` says.
-    pub fn with_alerts(db: Db, codehost: CodeHost, runs: Runs, alerts: Alerts) -> Self {
+    pub fn with_alerts(
+        db: Db,
+        master_key: MasterKey,
+        codehost: CodeHost,
+        runs: Runs,
+        alerts: Alerts,
+    ) -> Self {
         let permits = usize::try_from(db.max_connections())
             .unwrap_or(usize::MAX)
             .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
@@ -111,6 +120,7 @@ impl Service {
                 db_permits: Arc::new(tokio::sync::Semaphore::new(permits)),
                 reports_computed: std::sync::atomic::AtomicU64::new(0),
                 db,
+                master_key,
                 codehost,
                 runs,
                 alerts,
@@ -125,7 +135,7 @@ impl Service {
 
     /// The key that encrypts stored secrets.
     pub fn master_key(&self) -> &MasterKey {
-        self.parts.codehost.master_key()
+        &self.parts.master_key
     }
 
     /// The agent runs' settings.

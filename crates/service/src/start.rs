@@ -68,22 +68,25 @@ pub fn open_database(config: &Config) -> Result<Db, StartError> {
     Ok(db)
 }
 
-/// The code-host integration of `config`: the master key (`AGENTRY_MASTER_KEY`, or the key
-/// file `$AGENTRY_DATA_DIR/master.key`, generated on first start) and the client settings.
-pub fn code_host(config: &Config) -> Result<CodeHost, StartError> {
-    let master_key = MasterKey::load_or_create(
+/// The master key of `config`: `AGENTRY_MASTER_KEY`, or the key file
+/// `$AGENTRY_DATA_DIR/master.key`, generated on first start.
+pub fn master_key(config: &Config) -> Result<MasterKey, StartError> {
+    MasterKey::load_or_create(
         config.master_key.as_ref().map(SecretValue::expose),
         &config.data_dir.join("master.key"),
     )
-    .map_err(|e| io_error("cannot load the master key", e))?;
-    Ok(
-        CodeHost::new(master_key, client_config(config), Timing::default())
-            .with_webhook_secret(config.webhook_secret.clone())
-            .with_revisions(crate::revisions::RevisionSettings {
-                mention: config.mention.clone(),
-                quiet: config.revision_quiet,
-            }),
-    )
+    .map_err(|e| io_error("cannot load the master key", e))
+}
+
+/// The code-host integration of `config`: the client settings, the webhook secret and the
+/// revision settings.
+pub fn code_host(config: &Config) -> CodeHost {
+    CodeHost::new(client_config(config), Timing::default())
+        .with_webhook_secret(config.webhook_secret.clone())
+        .with_revisions(crate::revisions::RevisionSettings {
+            mention: config.mention.clone(),
+            quiet: config.revision_quiet,
+        })
 }
 
 /// The code-host client settings of `config`: its base URL and agentry's user agent.
@@ -187,9 +190,15 @@ impl Service {
         )
         .map_err(StartError::Io)?;
         let db = open_database(config)?;
-        let code_host = code_host(config)?;
-        let runs = runs(config, &db, code_host.master_key())?;
-        Ok(Service::with_alerts(db, code_host, runs, alerts))
+        let master_key = master_key(config)?;
+        let runs = runs(config, &db, &master_key)?;
+        Ok(Service::with_alerts(
+            db,
+            master_key,
+            code_host(config),
+            runs,
+            alerts,
+        ))
     }
 
     /// Recovers the tasks a stopped process left leased, then starts the background loops on

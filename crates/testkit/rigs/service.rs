@@ -51,11 +51,9 @@ pub fn test_timing() -> Timing {
     }
 }
 
-/// A code-host integration pointed at `api_url` with `key`, fast client retries and
-/// `timing`.
-pub fn code_host_with(api_url: &str, key: MasterKey, timing: Timing) -> CodeHost {
+/// A code-host integration pointed at `api_url`, with fast client retries and `timing`.
+pub fn code_host_with(api_url: &str, timing: Timing) -> CodeHost {
     CodeHost::new(
-        key,
         ClientConfig {
             api_url: api_url.into(),
             request_timeout: Duration::from_secs(5),
@@ -69,9 +67,9 @@ pub fn code_host_with(api_url: &str, key: MasterKey, timing: Timing) -> CodeHost
     )
 }
 
-/// A code-host integration that reaches no code host, with a fresh master key.
+/// A code-host integration that reaches no code host.
 pub fn no_code_host() -> CodeHost {
-    code_host_with(NO_CODE_HOST, MasterKey::generate().unwrap(), test_timing())
+    code_host_with(NO_CODE_HOST, test_timing())
 }
 
 /// An orchestrator that starts no run (tests of runs build their own).
@@ -79,15 +77,26 @@ pub fn idle_runs() -> Runs {
     Runs::disabled(std::env::temp_dir().join("agentry-tests-idle-runner"))
 }
 
-/// The service over `db` with the code-host integration `codehost` and no runner.
+/// The service over `db` with the code-host integration `codehost`, a fresh master key and
+/// no runner.
 pub fn service_from(db: &Db, codehost: CodeHost) -> Service {
-    Service::new(db.clone(), codehost, idle_runs())
+    Service::new(
+        db.clone(),
+        MasterKey::generate().unwrap(),
+        codehost,
+        idle_runs(),
+    )
 }
 
 /// The service over `db` whose code host is `api_url` and master key `key` (a "restarted
-/// process" reuses the key of the first).
-pub fn service_with_key(db: &Db, api_url: &str, key: MasterKey) -> Service {
-    service_from(db, code_host_with(api_url, key, test_timing()))
+/// process" reuses the key of the first), with `timing` and no runner.
+pub fn service_with_key(db: &Db, api_url: &str, key: MasterKey, timing: Timing) -> Service {
+    Service::new(
+        db.clone(),
+        key,
+        code_host_with(api_url, timing),
+        idle_runs(),
+    )
 }
 
 /// The service over `db` with no reachable code host and a fresh master key.
@@ -159,7 +168,12 @@ impl HostEnv {
         let fake = FakeGitHub::start();
         fake.add_token(GH_TOKEN, "agentry-bot");
         fake.add_repo("acme", "web", "main");
-        let service = service_with_key(&db.db, &fake.base_url(), MasterKey::generate().unwrap());
+        let service = service_with_key(
+            &db.db,
+            &fake.base_url(),
+            MasterKey::generate().unwrap(),
+            test_timing(),
+        );
         HostEnv { fake, db, service }
     }
 
@@ -171,10 +185,7 @@ impl HostEnv {
     /// `timing`.
     pub fn restarted_with(&self, timing: Timing) -> Service {
         let key = self.service.master_key().clone();
-        service_from(
-            self.db(),
-            code_host_with(&self.fake.base_url(), key, timing),
-        )
+        service_with_key(self.db(), &self.fake.base_url(), key, timing)
     }
 
     /// Another process on the same database and master key.

@@ -149,10 +149,9 @@ pub fn store_codehost_token(
     Ok(())
 }
 
-/// A code-host integration at `api_url` with `key` and default timings.
-pub fn code_host(api_url: &str, key: MasterKey) -> CodeHost {
+/// A code-host integration at `api_url` with default timings.
+pub fn code_host(api_url: &str) -> CodeHost {
     CodeHost::new(
-        key,
         ClientConfig {
             api_url: api_url.into(),
             ..ClientConfig::default()
@@ -161,10 +160,12 @@ pub fn code_host(api_url: &str, key: MasterKey) -> CodeHost {
     )
 }
 
-/// Application state over `db` with `codehost`; benchmarks run no agents.
-pub fn state(db: &Db, codehost: CodeHost) -> Result<web::Data<AppState>, Error> {
+/// Application state over `db` with its secrets under `key` and `codehost`; benchmarks run
+/// no agents.
+pub fn state(db: &Db, key: MasterKey, codehost: CodeHost) -> Result<web::Data<AppState>, Error> {
     let service = agentry_service::Service::new(
         db.clone(),
+        key,
         codehost,
         agentry_service::runs::Runs::disabled(
             std::env::temp_dir().join("agentry-bench-idle-runner"),
@@ -176,7 +177,7 @@ pub fn state(db: &Db, codehost: CodeHost) -> Result<web::Data<AppState>, Error> 
 /// Application state over `db` for an endpoint that never calls the code host (nothing
 /// listens on port 9).
 pub fn offline_state(db: &Db) -> Result<web::Data<AppState>, Error> {
-    state(db, code_host("http://127.0.0.1:9", MasterKey::generate()?))
+    state(db, MasterKey::generate()?, code_host("http://127.0.0.1:9"))
 }
 
 /// The real application served on 127.0.0.1 (2 workers) in a thread of its own.

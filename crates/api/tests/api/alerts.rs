@@ -137,6 +137,7 @@ fn state_with_alerts(db: &Db, webhook: Option<&str>) -> web::Data<AppState> {
     .unwrap();
     state_of(agentry_service::Service::with_alerts(
         db.clone(),
+        agentry_persistence::secrets::MasterKey::generate().unwrap(),
         rig::no_code_host(),
         rig::idle_runs(),
         alerts,

@@ -83,11 +83,8 @@ impl Rig {
         tweak(&mut settings);
         let state = common::state_of(agentry_service::Service::new(
             env.db().clone(),
-            codehost(code_host_with(
-                &env.fake.base_url(),
-                env.state.service.master_key().clone(),
-                test_timing(),
-            )),
+            env.state.service.master_key().clone(),
+            codehost(code_host_with(&env.fake.base_url(), test_timing())),
             Runs::local(
                 data.path().join("agentry"),
                 fake_agent("claude"),

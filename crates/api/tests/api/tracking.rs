@@ -58,10 +58,12 @@ impl Env {
     /// The same environment with the webhook enabled (same database and master key).
     fn with_webhook(mut self) -> Env {
         let key = self.service.master_key().clone();
-        self.host.service = service_from(
-            self.db(),
-            code_host_with(&self.fake.base_url(), key, test_timing())
+        self.host.service = agentry_service::Service::new(
+            self.db().clone(),
+            key,
+            code_host_with(&self.fake.base_url(), test_timing())
                 .with_webhook_secret(Some(SecretValue::new(SECRET))),
+            rig::idle_runs(),
         );
         self.state = state_of(self.host.service.clone());
         self

@@ -48,7 +48,7 @@ pub(super) async fn run_task(service: &Service, task: Task) {
     let attempt = task.attempt;
     tracing::info!(task = %id, attempt, kind = task.task_type.as_str(), "run started");
     let prepared = {
-        let key = service.parts.codehost.master_key().clone();
+        let key = service.master_key().clone();
         let task = task.clone();
         let settings = service.parts.runs.settings.clone();
         // Local clone URLs only when the code host is a local fake (tests).

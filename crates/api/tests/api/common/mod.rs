@@ -106,7 +106,7 @@ pub fn state_public_metrics(db: &Db) -> web::Data<AppState> {
 /// Application state over `db` whose code host is `api_url` and master key `key` (a
 /// "restarted process" reuses the key of the first).
 pub fn state_with_key(db: &Db, api_url: &str, key: MasterKey) -> web::Data<AppState> {
-    state_of(rig::service_with_key(db, api_url, key))
+    state_of(rig::service_with_key(db, api_url, key, rig::test_timing()))
 }
 
 /// Application state over `db` with no reachable code host (port 9 refuses connections).
