@@ -41,14 +41,12 @@ pub mod payloads;
 mod util;
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use actix_web::dev::ServerHandle;
 use actix_web::http::StatusCode;
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use actix_web::{HttpRequest, HttpResponse, web};
+use agentry_testkit::served::Served;
 
 use agentry_testkit::SplitMix64;
 use handler::{Incoming, MAX_BODY_BYTES, Outcome};
@@ -176,8 +174,8 @@ pub struct PullState {
 pub struct FakeGitHub {
     base_url: String,
     state: Arc<Mutex<State>>,
-    handle: ServerHandle,
-    thread: Option<JoinHandle<()>>,
+    /// The server; dropping the fake stops it.
+    _served: Served,
 }
 
 /// Locks the state; a poisoned lock (a panicking test thread) is still usable.
@@ -253,48 +251,18 @@ impl FakeGitHub {
         let base_url = format!("http://{addr}");
         let state = Arc::new(Mutex::new(State::new(base_url.clone())));
         let data = web::Data::new(Arc::clone(&state));
-        let (tx, rx) = mpsc::channel::<std::io::Result<ServerHandle>>();
-        let thread = std::thread::Builder::new()
-            .name("fake-github".to_owned())
-            .spawn(move || {
-                let system = actix_web::rt::System::new();
-                system.block_on(async move {
-                    let server = HttpServer::new(move || {
-                        App::new()
-                            .app_data(data.clone())
-                            .default_service(web::to(handle))
-                    })
-                    .workers(2)
-                    // Longer than clients' idle-connection timeouts (hyper, reqwest: 90 s), so
-                    // the server never closes a pooled connection just as it is reused.
-                    .keep_alive(Duration::from_secs(300))
-                    .disable_signals()
-                    .shutdown_timeout(0)
-                    .listen(listener);
-                    match server {
-                        Ok(server) => {
-                            let server = server.run();
-                            let _ = tx.send(Ok(server.handle()));
-                            let _ = server.await;
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
-                        }
-                    }
-                });
-            })?;
-        let handle = match rx.recv() {
-            Ok(Ok(handle)) => handle,
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(std::io::Error::other("the server thread exited"));
-            }
-        };
+        let served = Served::start(
+            "fake-github",
+            listener,
+            data,
+            handle,
+            // actix-web's default time for a request's head.
+            Duration::from_secs(5),
+        )?;
         Ok(Self {
             base_url,
             state,
-            handle,
-            thread: Some(thread),
+            _served: served,
         })
     }
 
@@ -1042,16 +1010,6 @@ impl FakeGitHub {
         let mut s = self.state();
         let secs = i64::try_from(by.as_secs()).unwrap_or(i64::MAX / 2);
         s.clock_offset_secs = s.clock_offset_secs.saturating_add(secs);
-    }
-}
-
-impl Drop for FakeGitHub {
-    fn drop(&mut self) {
-        // Sends the stop command at once; the future only waits for its completion.
-        drop(self.handle.stop(false));
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

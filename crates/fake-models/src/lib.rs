@@ -174,14 +174,12 @@ mod script;
 mod state;
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use actix_web::dev::ServerHandle;
 use actix_web::http::StatusCode;
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use actix_web::{HttpRequest, HttpResponse, web};
+use agentry_testkit::served::Served;
 use serde::Serialize;
 
 use state::{State, lock};
@@ -589,8 +587,8 @@ async fn send(reply: Reply, state: &Shared) -> HttpResponse {
 pub struct FakeModels {
     base_url: String,
     state: Shared,
-    handle: ServerHandle,
-    thread: Option<JoinHandle<()>>,
+    /// The server; dropping the fake stops it.
+    _served: Served,
 }
 
 impl FakeModels {
@@ -630,46 +628,18 @@ impl FakeModels {
             state::seed(addr.port()),
         )));
         let data = web::Data::new(Arc::clone(&state));
-        let (tx, rx) = mpsc::channel::<std::io::Result<ServerHandle>>();
-        let thread = std::thread::Builder::new()
-            .name("fake-models".to_owned())
-            .spawn(move || {
-                let system = actix_web::rt::System::new();
-                system.block_on(async move {
-                    let server = HttpServer::new(move || {
-                        App::new()
-                            .app_data(data.clone())
-                            .default_service(web::to(handle))
-                    })
-                    .workers(2)
-                    .keep_alive(Duration::from_secs(300))
-                    // Agents send a whole conversation in one request.
-                    .client_request_timeout(Duration::from_secs(60))
-                    .disable_signals()
-                    .shutdown_timeout(0)
-                    .listen(listener);
-                    match server {
-                        Ok(server) => {
-                            let server = server.run();
-                            let _ = tx.send(Ok(server.handle()));
-                            let _ = server.await;
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
-                        }
-                    }
-                });
-            })?;
-        let handle = match rx.recv() {
-            Ok(Ok(handle)) => handle,
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(std::io::Error::other("the server thread exited")),
-        };
+        let served = Served::start(
+            "fake-models",
+            listener,
+            data,
+            handle,
+            // Agents send a whole conversation in one request.
+            Duration::from_secs(60),
+        )?;
         Ok(Self {
             base_url,
             state,
-            handle,
-            thread: Some(thread),
+            _served: served,
         })
     }
 
@@ -796,14 +766,5 @@ impl FakeModels {
     /// Drops the faults not used yet.
     pub fn clear_faults(&self) {
         self.state().faults.clear();
-    }
-}
-
-impl Drop for FakeModels {
-    fn drop(&mut self) {
-        drop(self.handle.stop(false));
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }

@@ -11,7 +11,9 @@
 //! * [`http::content_length`]: the body length an HTTP head announces;
 //! * [`json::strings_of`]: one string field of each element of a JSON answer's list;
 //! * [`process::processes_with_env`]: the live processes a run's agent left, found by their
-//!   environment.
+//!   environment;
+//! * [`served::Served`]: an HTTP fake (the fake GitHub, the fake model APIs) served on a
+//!   thread of its own.
 //!
 //! Beside the library, `rigs/` holds the test rigs of the crates that drive the service
 //! (`agentry-service`'s and `agentry-api`'s test binaries take them in as modules): this
@@ -22,6 +24,7 @@ pub mod http;
 pub mod json;
 pub mod process;
 pub mod sandbox;
+pub mod served;
 pub mod wait;
 
 /// SplitMix64 (Steele, Lea and Flood): a tiny, fast and deterministic generator.
