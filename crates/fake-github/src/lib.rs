@@ -40,7 +40,6 @@ mod model;
 pub mod payloads;
 mod util;
 
-use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -172,10 +171,9 @@ pub struct PullState {
 /// A running fake GitHub REST API server. See the [module docs](self).
 #[derive(Debug)]
 pub struct FakeGitHub {
-    base_url: String,
     state: Arc<Mutex<State>>,
     /// The server; dropping the fake stops it.
-    _served: Served,
+    served: Served,
 }
 
 /// Locks the state; a poisoned lock (a panicking test thread) is still usable.
@@ -246,29 +244,19 @@ impl FakeGitHub {
 
     /// Starts a fake on `127.0.0.1` and a free port, or says why it could not.
     pub fn try_start() -> std::io::Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))?;
-        let addr: SocketAddr = listener.local_addr()?;
-        let base_url = format!("http://{addr}");
-        let state = Arc::new(Mutex::new(State::new(base_url.clone())));
-        let data = web::Data::new(Arc::clone(&state));
-        let served = Served::start(
+        let (served, state) = Served::on_loopback(
             "fake-github",
-            listener,
-            data,
+            |addr| Arc::new(Mutex::new(State::new(format!("http://{addr}")))),
             handle,
             // actix-web's default time for a request's head.
             Duration::from_secs(5),
         )?;
-        Ok(Self {
-            base_url,
-            state,
-            _served: served,
-        })
+        Ok(Self { state, served })
     }
 
     /// `http://127.0.0.1:PORT`, without a trailing slash: the client's base URI.
     pub fn base_url(&self) -> String {
-        self.base_url.clone()
+        self.served.base_url().to_owned()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

@@ -173,7 +173,6 @@ mod openai;
 mod script;
 mod state;
 
-use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -585,10 +584,9 @@ async fn send(reply: Reply, state: &Shared) -> HttpResponse {
 /// A running fake model API server. See the [module docs](self).
 #[derive(Debug)]
 pub struct FakeModels {
-    base_url: String,
     state: Shared,
     /// The server; dropping the fake stops it.
-    _served: Served,
+    served: Served,
 }
 
 impl FakeModels {
@@ -620,38 +618,30 @@ impl FakeModels {
 
     /// Starts a fake accepting only `key`, or says why it could not.
     pub fn try_start_with_key(key: &str) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))?;
-        let addr: SocketAddr = listener.local_addr()?;
-        let base_url = format!("http://{addr}");
-        let state: Shared = Arc::new(Mutex::new(State::new(
-            key.to_owned(),
-            state::seed(addr.port()),
-        )));
-        let data = web::Data::new(Arc::clone(&state));
-        let served = Served::start(
+        let (served, state) = Served::on_loopback(
             "fake-models",
-            listener,
-            data,
+            |addr| -> Shared {
+                Arc::new(Mutex::new(State::new(
+                    key.to_owned(),
+                    state::seed(addr.port()),
+                )))
+            },
             handle,
             // Agents send a whole conversation in one request.
             Duration::from_secs(60),
         )?;
-        Ok(Self {
-            base_url,
-            state,
-            _served: served,
-        })
+        Ok(Self { state, served })
     }
 
     /// `http://127.0.0.1:PORT`, without a trailing slash: Claude Code's `ANTHROPIC_BASE_URL`.
     pub fn base_url(&self) -> String {
-        self.base_url.clone()
+        self.served.base_url().to_owned()
     }
 
     /// `http://127.0.0.1:PORT/v1`: Codex's `openai_base_url` (`-c
     /// 'openai_base_url="…"'`), or any OpenAI client's base URL.
     pub fn openai_base_url(&self) -> String {
-        format!("{}/v1", self.base_url)
+        format!("{}/v1", self.served.base_url())
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
