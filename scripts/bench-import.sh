@@ -39,7 +39,7 @@ trap cleanup EXIT
 server=
 if [ -n "$pg" ]; then
   pg_dir=$(mktemp -d /tmp/agentry-bench-pg.XXXXXX)
-  server=$("$here/scripts/pg-throwaway.sh" start "$pg_dir" "${AGENTRY_BENCH_PG_PORT:-$((20000 + RANDOM % 20000))}")
+  server=$("$here/scripts/pg-throwaway.sh" start "$pg_dir" "${AGENTRY_BENCH_PG_PORT:-$((20000 + RANDOM % 12000))}")
   psql_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)/psql
 fi
 backend=sqlite

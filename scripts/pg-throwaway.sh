@@ -7,7 +7,7 @@
 set -euo pipefail
 cmd=${1:?usage: pg-throwaway.sh start|stop DIR [PORT]}
 dir=${2:?give a scratch directory}
-port=${3:-55432}
+port=${3:-31432}
 
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }  # initdb refuses root

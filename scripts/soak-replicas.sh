@@ -9,7 +9,7 @@
 # Defaults (the full run): --issues 200 --minutes 10 --fault-rate 0.3 --kill-every 20-40
 # --seed 1 --agent-secs 1-8. --ci is the short version CI runs: 40 issues, 2 minutes, the
 # debug binary the workspace tests already built. Other options go to the harness
-# (crates/soak, `--help`); later options win. SOAK_PG_PORT (default 55433) is the server's
+# (crates/soak, `--help`); later options win. SOAK_PG_PORT (default 31433) is the server's
 # port; SOAK_KEEP=1 keeps the work directory (it is kept anyway when the soak fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +50,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-url=$(scripts/pg-throwaway.sh start "$pg" "${SOAK_PG_PORT:-55433}")
+url=$(scripts/pg-throwaway.sh start "$pg" "${SOAK_PG_PORT:-31433}")
 set +e
 "$soak" --agentry "$agentry" --database-url "$url" --work "$work" \
 	"${defaults[@]}" "${args[@]}"

@@ -5,7 +5,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d /tmp/agentry-pg.XXXXXX)
-port=${AGENTRY_TEST_PG_PORT:-$((20000 + RANDOM % 20000))}
+port=${AGENTRY_TEST_PG_PORT:-$((20000 + RANDOM % 12000))}  # below the ephemeral range
 url=$("$here/pg-throwaway.sh" start "$dir" "$port")
 trap '"$here/pg-throwaway.sh" stop "$dir"' EXIT
 echo "PostgreSQL test server: $url" >&2

@@ -1,5 +1,5 @@
 //! Databases for tests: a fresh SQLite file, or a fresh database on the PostgreSQL server
-//! named by `AGENTRY_TEST_PG_URL` (e.g. `postgres://postgres@127.0.0.1:55432/postgres`).
+//! named by `AGENTRY_TEST_PG_URL` (e.g. `postgres://postgres@127.0.0.1:31432/postgres`).
 //!
 //! When `AGENTRY_TEST_REQUIRE_PG=1` (CI sets it), a missing or unreachable server fails the
 //! test instead of skipping it, so the PostgreSQL suite can never silently not run.
