@@ -1191,8 +1191,13 @@ async fn the_cost_report_schema_has_every_member() {
         ]
     );
     assert_eq!(schemas["DailyCost"]["properties"]["cost"]["type"], "number");
+    // A top task is a costed task (its money a string) with its tokens.
     assert_eq!(
-        schemas["TopTask"]["properties"]["costUsd"]["type"],
+        schemas["TopTask"]["allOf"][0]["$ref"],
+        "#/components/schemas/CostedTask"
+    );
+    assert_eq!(
+        schemas["CostedTask"]["properties"]["costUsd"]["type"],
         "string"
     );
     let op = &doc["paths"]["/api/analytics/costs"]["get"]["responses"]["200"]["content"]["application/json"]
