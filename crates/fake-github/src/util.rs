@@ -50,16 +50,13 @@ pub(crate) fn node_id(kind: &str, id: u64) -> String {
 
 /// GitHub's timestamp format: RFC 3339, UTC, whole seconds, `Z`.
 pub(crate) fn format_time(unix: i64) -> String {
-    let t = OffsetDateTime::from_unix_timestamp(unix).unwrap_or(OffsetDateTime::UNIX_EPOCH);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
+    let format =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+    // Cannot fail: an OffsetDateTime has every component the description names.
+    OffsetDateTime::from_unix_timestamp(unix)
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+        .format(format)
+        .unwrap_or_default()
 }
 
 /// Parses an ISO 8601 / RFC 3339 timestamp (or a bare `YYYY-MM-DD` date) into unix seconds.

@@ -492,16 +492,13 @@ pub(super) fn repo_path(owner: &str, name: &str, rest: &str) -> String {
 
 /// `since` as GitHub's query takes it: UTC, whole seconds (rounded down), `Z`.
 pub(super) fn since_param(since: OffsetDateTime) -> String {
-    let t = since.to_offset(time::UtcOffset::UTC);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
+    let format =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+    // Cannot fail: an OffsetDateTime has every component the description names.
+    since
+        .to_offset(time::UtcOffset::UTC)
+        .format(format)
+        .unwrap_or_default()
 }
 
 /// `&since=…` for a list query, or nothing.
