@@ -43,6 +43,8 @@ impl Modify for BearerAuth {
                        `{\"error\": {\"code\", \"message\"}}`."
     ),
     modifiers(&BearerAuth),
+    // Every operation needs a bearer token unless its `#[utoipa::path]` says `security()`.
+    security(("bearer" = [])),
     // Schemas named only by query parameters, which utoipa does not collect by itself.
     components(schemas(ErrorBody, TaskStateName, TaskTypeName))
 )]
@@ -268,4 +270,40 @@ pub fn build_app_with(
         .wrap(cors)
         .wrap(from_fn(security_headers))
         .wrap(from_fn(crate::metrics::track))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The document needs the bearer token for every operation but the health checks, the
+    /// document itself and the code host's (signed) webhook, which opt out with an empty
+    /// list.
+    #[test]
+    fn every_operation_but_the_public_ones_needs_the_bearer_token() {
+        let doc = serde_json::to_value(openapi()).expect("the document serialises");
+        assert_eq!(doc["security"], serde_json::json!([{ "bearer": [] }]));
+        let mut public = Vec::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().expect("path item") {
+                match op.get("security") {
+                    None => {}
+                    Some(s) if s == &serde_json::json!([]) => {
+                        public.push(format!("{method} {path}"))
+                    }
+                    Some(other) => panic!("{method} {path}: {other}"),
+                }
+            }
+        }
+        public.sort();
+        assert_eq!(
+            public,
+            [
+                "get /api/openapi.json",
+                "get /healthz",
+                "get /readyz",
+                "post /api/webhooks/codehost"
+            ]
+        );
+    }
 }

@@ -28,7 +28,6 @@ pub const DEFAULT_DAYS: i64 = 30;
         (status = 200, description = "The cost report (docs/contract.md#4-cost-report)", body = agentry_analytics::CostReport),
         QueryErrors,
     ),
-    security(("bearer" = []))
 )]
 #[get("/analytics/costs")]
 pub async fn cost_report(

@@ -86,7 +86,6 @@ pub struct PutBudget {
 #[utoipa::path(
     tag = "budget",
     responses((status = 200, body = BudgetDto), AuthErrors),
-    security(("bearer" = []))
 )]
 #[get("/budget")]
 pub async fn get_budget(
@@ -102,7 +101,6 @@ pub async fn get_budget(
     tag = "budget",
     request_body = PutBudget,
     responses((status = 200, body = BudgetDto), BodyErrors),
-    security(("bearer" = []))
 )]
 #[put("/budget")]
 pub async fn put_budget(
@@ -202,7 +200,6 @@ pub struct BudgetAlertListDto {
             description = "`nextCursor` of the previous page, unchanged"),
     ),
     responses((status = 200, body = BudgetAlertListDto), QueryErrors),
-    security(("bearer" = []))
 )]
 #[get("/budget/alerts")]
 pub async fn list_budget_alerts(

@@ -21,7 +21,11 @@ pub struct Status {
 }
 
 /// The process is up.
-#[utoipa::path(tag = "operations", responses((status = 200, body = Status)))]
+#[utoipa::path(
+    tag = "operations",
+    responses((status = 200, body = Status)),
+    security()
+)]
 #[get("/healthz")]
 pub async fn healthz() -> web::Json<Status> {
     web::Json(Status { status: "ok" })
@@ -30,7 +34,8 @@ pub async fn healthz() -> web::Json<Status> {
 /// The database answers.
 #[utoipa::path(
     tag = "operations",
-    responses((status = 200, body = Status), (status = 503, body = ErrorBody))
+    responses((status = 200, body = Status), (status = 503, body = ErrorBody)),
+    security()
 )]
 #[get("/readyz")]
 pub async fn readyz(state: web::Data<AppState>) -> Result<web::Json<Status>, ApiError> {
@@ -53,7 +58,6 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<web::Json<Status>, Api
         (status = 401, body = ErrorBody),
         (status = 503, body = ErrorBody)
     ),
-    security(("bearer" = []))
 )]
 #[get("/metrics")]
 pub async fn metrics(
@@ -105,7 +109,8 @@ pub async fn metrics(
 /// This API's OpenAPI 3 document.
 #[utoipa::path(
     tag = "operations",
-    responses((status = 200, content_type = "application/json", body = Object))
+    responses((status = 200, content_type = "application/json", body = Object)),
+    security()
 )]
 #[get("/openapi.json")]
 pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {

@@ -241,7 +241,6 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
             description = "`nextCursor` of the previous page, unchanged"),
     ),
     responses((status = 200, body = IssueListDto), LookupErrors),
-    security(("bearer" = []))
 )]
 #[get("/issues")]
 pub async fn list_issues(
@@ -267,7 +266,6 @@ pub async fn list_issues(
         ChangeErrors,
         (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
     ),
-    security(("bearer" = []))
 )]
 #[post("/issues/sync")]
 pub async fn sync_issues(
@@ -339,7 +337,6 @@ pub struct AssignedDto {
         (status = 412, description = "No CODEHOST_TOKEN stored (the issue had to be looked up)", body = ErrorBody),
         (status = 503, description = "The code host failed while the issue was looked up", body = ErrorBody),
     ),
-    security(("bearer" = []))
 )]
 #[post("/issues/assign")]
 pub async fn assign_issue(

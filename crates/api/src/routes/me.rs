@@ -25,7 +25,6 @@ pub struct MeDto {
 #[utoipa::path(
     tag = "tokens",
     responses((status = 200, body = MeDto), AuthErrors),
-    security(("bearer" = []))
 )]
 #[get("/me")]
 pub async fn me(caller: Caller) -> Result<web::Json<MeDto>, ApiError> {

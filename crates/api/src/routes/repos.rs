@@ -105,7 +105,6 @@ pub struct RepoListDto {
         (status = 422, description = "Unknown or inaccessible on the code host", body = ErrorBody),
         (status = 503, description = "The code host could not be reached", body = ErrorBody),
     ),
-    security(("bearer" = []))
 )]
 #[post("/repos")]
 pub async fn connect_repo(
@@ -127,7 +126,6 @@ pub async fn connect_repo(
 #[utoipa::path(
     tag = "repos",
     responses((status = 200, body = RepoListDto), AuthErrors),
-    security(("bearer" = []))
 )]
 #[get("/repos")]
 pub async fn list_repos(
@@ -149,7 +147,6 @@ pub async fn list_repos(
     tag = "repos",
     params(("id" = Uuid, Path, description = "Repository id")),
     responses((status = 200, body = RepoDto), LookupErrors),
-    security(("bearer" = []))
 )]
 #[get("/repos/{id}")]
 pub async fn get_repo(
@@ -178,7 +175,6 @@ fn with_budget(
     tag = "repos",
     params(("id" = Uuid, Path, description = "Repository id")),
     responses((status = 200, body = RepoDto), ChangeErrors),
-    security(("bearer" = []))
 )]
 #[delete("/repos/{id}")]
 pub async fn disconnect_repo(
@@ -198,7 +194,6 @@ pub async fn disconnect_repo(
         (status = 200, description = "The settings (docs/contract.md#35-repository-settings)", body = Object),
         LookupErrors,
     ),
-    security(("bearer" = []))
 )]
 #[get("/repos/{id}/settings")]
 pub async fn get_settings(
@@ -220,7 +215,6 @@ pub async fn get_settings(
         (status = 200, description = "The settings after the change", body = Object),
         BodyChangeErrors,
     ),
-    security(("bearer" = []))
 )]
 #[patch("/repos/{id}/settings")]
 pub async fn patch_settings(

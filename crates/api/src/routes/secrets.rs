@@ -102,7 +102,6 @@ fn check_name(name: &str) -> Result<(), ApiError> {
         (status = 422, description = "The code host refused the token", body = ErrorBody),
         (status = 503, description = "The code host could not be reached", body = ErrorBody),
     ),
-    security(("bearer" = []))
 )]
 #[put("/secrets/{name}")]
 pub async fn put_secret(
@@ -130,7 +129,6 @@ pub async fn put_secret(
 #[utoipa::path(
     tag = "secrets",
     responses((status = 200, body = SecretListDto), AdminReadErrors),
-    security(("bearer" = []))
 )]
 #[get("/secrets")]
 pub async fn list_secrets(
@@ -150,7 +148,6 @@ pub async fn list_secrets(
     params(("name" = String, Path, pattern = "^[A-Z][A-Z0-9_]{0,63}$",
         description = "Secret name")),
     responses((status = 204), ChangeErrors),
-    security(("bearer" = []))
 )]
 #[delete("/secrets/{name}")]
 pub async fn delete_secret(

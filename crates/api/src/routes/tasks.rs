@@ -60,7 +60,6 @@ pub fn decode_cursor(s: &str) -> Result<TaskCursor, ApiError> {
             description = "`nextCursor` of the previous page, unchanged"),
     ),
     responses((status = 200, body = TaskListDto), QueryErrors),
-    security(("bearer" = []))
 )]
 #[get("/tasks")]
 pub async fn list_tasks(
@@ -100,7 +99,6 @@ fn not_the_import_path(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
     responses((status = 200, body = TaskDetailDto), LookupErrors),
-    security(("bearer" = []))
 )]
 #[get("/tasks/{id}", guard = "not_the_import_path")]
 pub async fn get_task(
@@ -149,7 +147,6 @@ pub async fn get_task(
             description = "Only the calls of this attempt"),
     ),
     responses((status = 200, body = ModelCallListDto), LookupErrors),
-    security(("bearer" = []))
 )]
 #[get("/tasks/{id}/calls")]
 pub async fn task_calls(
@@ -200,7 +197,6 @@ pub struct CreateTask {
     tag = "tasks",
     request_body = CreateTask,
     responses((status = 201, body = TaskDto), BodyChangeErrors),
-    security(("bearer" = []))
 )]
 #[post("/tasks")]
 pub async fn create_task(
@@ -234,7 +230,6 @@ pub async fn create_task(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
     responses((status = 200, body = TaskDto), TransitionErrors),
-    security(("bearer" = []))
 )]
 #[post("/tasks/{id}/cancel")]
 pub async fn cancel_task(
@@ -253,7 +248,6 @@ pub async fn cancel_task(
     tag = "tasks",
     params(("id" = Uuid, Path, description = "Task id")),
     responses((status = 200, body = TaskDto), TransitionErrors),
-    security(("bearer" = []))
 )]
 #[post("/tasks/{id}/retry")]
 pub async fn retry_task(
@@ -277,7 +271,6 @@ pub async fn retry_task(
         (status = 200, content_type = "text/plain", body = String),
         LookupErrors,
     ),
-    security(("bearer" = []))
 )]
 #[get("/tasks/{id}/log")]
 pub async fn task_log(
@@ -306,7 +299,6 @@ pub async fn task_log(
         (status = 403, body = ErrorBody),
         (status = 413, body = ErrorBody),
     ),
-    security(("bearer" = []))
 )]
 #[post("/tasks/import")]
 pub async fn import_tasks(

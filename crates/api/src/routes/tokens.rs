@@ -79,7 +79,6 @@ pub struct TokenListDto {
     tag = "tokens",
     request_body = CreateToken,
     responses((status = 201, body = CreatedTokenDto), BodyErrors),
-    security(("bearer" = []))
 )]
 #[post("/tokens")]
 pub async fn create_token(
@@ -110,7 +109,6 @@ pub async fn create_token(
 #[utoipa::path(
     tag = "tokens",
     responses((status = 200, body = TokenListDto), AdminReadErrors),
-    security(("bearer" = []))
 )]
 #[get("/tokens")]
 pub async fn list_tokens(
@@ -129,7 +127,6 @@ pub async fn list_tokens(
     tag = "tokens",
     params(("id" = Uuid, Path, description = "Token id")),
     responses((status = 204), ChangeErrors),
-    security(("bearer" = []))
 )]
 #[delete("/tokens/{id}")]
 pub async fn revoke_token(

@@ -217,7 +217,9 @@ fn closing(error: ApiError) -> HttpResponse {
         (status = 413, body = ErrorBody),
         (status = 503, description = "Too many deliveries being read; retry after Retry-After",
             body = ErrorBody),
-    )
+    ),
+    // Signed by the code host instead of a bearer token.
+    security()
 )]
 #[post("/webhooks/codehost")]
 pub async fn codehost_webhook(
