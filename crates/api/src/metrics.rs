@@ -69,13 +69,63 @@ fn exposed(value: Decimal) -> Result<f64, prometheus::Error> {
         .map_err(|e| prometheus::Error::Msg(format!("{text}: {e}")))
 }
 
-/// The families of a metric computed at a scrape: `metric`, registered alone under the
-/// `agentry` prefix, with a series `set` for each of `items`; none without items.
+/// A labelled metric: its name under the `agentry` prefix, its help text and its label
+/// names.
+struct MetricSpec {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+}
+
+impl MetricSpec {
+    /// The metric, made by `make` (`IntCounterVec::new`, `GaugeVec::new`, …) from its name,
+    /// help and labels.
+    fn build<M>(
+        &self,
+        make: impl FnOnce(Opts, &[&str]) -> Result<M, prometheus::Error>,
+    ) -> Result<M, prometheus::Error> {
+        make(Opts::new(self.name, self.help), self.labels)
+    }
+}
+
+/// `agentry_http_requests_total`.
+const HTTP_REQUESTS: MetricSpec = MetricSpec {
+    name: "http_requests_total",
+    help: "HTTP requests answered, by route and status.",
+    labels: &["method", "route", "status"],
+};
+
+/// `agentry_egress_blocked_total`.
+const EGRESS_BLOCKED: MetricSpec = MetricSpec {
+    name: "egress_blocked_total",
+    help: "Connections of sandboxed agents the egress proxy refused, by repository.",
+    labels: &["repo"],
+};
+
+/// `agentry_budget_used_ratio`.
+const BUDGET_USED: MetricSpec = MetricSpec {
+    name: "budget_used_ratio",
+    help: "Share of each monthly budget spent this UTC month (1 = all of it), by scope and repository.",
+    labels: &["scope", "repo"],
+};
+
+/// `agentry_cost_usd_total`.
+const COST: MetricSpec = MetricSpec {
+    name: "cost_usd_total",
+    help: "Recorded cost of agent runs in US dollars, by repository, model and task type.",
+    labels: &["repo", "model", "task_type"],
+};
+
+/// The families of a metric computed at a scrape: the metric of `spec` (made by `make`),
+/// registered alone under the `agentry` prefix, with a series `set` for each of `items`;
+/// none without items.
 fn scraped<M: Collector + Clone + 'static, T>(
-    metric: M,
+    spec: &MetricSpec,
+    make: impl FnOnce(Opts, &[&str]) -> Result<M, prometheus::Error>,
     items: &[T],
     set: impl Fn(&M, &T) -> Result<(), prometheus::Error>,
 ) -> Result<Vec<MetricFamily>, prometheus::Error> {
+    let metric = spec.build(make)?;
     if items.is_empty() {
         return Ok(Vec::new());
     }
@@ -98,13 +148,7 @@ impl Metrics {
     /// Creates the registry with the HTTP metrics registered.
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new_custom(Some("agentry".into()), None)?;
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "http_requests_total",
-                "HTTP requests answered, by route and status.",
-            ),
-            &["method", "route", "status"],
-        )?;
+        let requests = HTTP_REQUESTS.build(IntCounterVec::new)?;
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "http_request_duration_seconds",
@@ -165,15 +209,9 @@ impl Metrics {
         egress: &[(String, i64)],
     ) -> Result<String, prometheus::Error> {
         let mut families = self.registry.gather();
-        let egress_blocked = IntCounterVec::new(
-            Opts::new(
-                "egress_blocked_total",
-                "Connections of sandboxed agents the egress proxy refused, by repository.",
-            ),
-            &["repo"],
-        )?;
         families.extend(scraped(
-            egress_blocked,
+            &EGRESS_BLOCKED,
+            IntCounterVec::new,
             egress,
             |counter, (repo, count)| {
                 counter
@@ -182,27 +220,18 @@ impl Metrics {
                 Ok(())
             },
         )?);
-        let budget_used = GaugeVec::new(
-            Opts::new(
-                "budget_used_ratio",
-                "Share of each monthly budget spent this UTC month (1 = all of it), by scope and repository.",
-            ),
-            &["scope", "repo"],
-        )?;
-        families.extend(scraped(budget_used, budgets, |gauge, b| {
-            gauge
-                .with_label_values(&[b.scope.as_str(), b.repo.as_str()])
-                .set(b.ratio()?);
-            Ok(())
-        })?);
-        let cost = CounterVec::new(
-            Opts::new(
-                "cost_usd_total",
-                "Recorded cost of agent runs in US dollars, by repository, model and task type.",
-            ),
-            &["repo", "model", "task_type"],
-        )?;
-        families.extend(scraped(cost, costs, |counter, c| {
+        families.extend(scraped(
+            &BUDGET_USED,
+            GaugeVec::new,
+            budgets,
+            |gauge, b| {
+                gauge
+                    .with_label_values(&[b.scope.as_str(), b.repo.as_str()])
+                    .set(b.ratio()?);
+                Ok(())
+            },
+        )?);
+        families.extend(scraped(&COST, CounterVec::new, costs, |counter, c| {
             counter
                 .with_label_values(&[c.repo.as_str(), c.model.as_str(), c.task_type.as_str()])
                 .inc_by(exposed(c.usd)?);
