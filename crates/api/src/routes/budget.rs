@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::ApiError;
+use crate::routes::page::{IdCursor, Limit};
 use crate::routes::{AuthErrors, BodyErrors, QueryErrors, cursor};
 use crate::state::AppState;
 
@@ -190,14 +191,15 @@ pub struct BudgetAlertListDto {
     pub next_cursor: Option<String>,
 }
 
+/// The alert list's `limit`.
+type AlertLimit = Limit<50, { agentry_persistence::alerts::MAX_PAGE }>;
+
 /// The budget alerts recorded, newest first (viewer). Cursor-paginated.
 #[utoipa::path(
     tag = "budget",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
-            description = "Page size, 1 to 200 (default 50)"),
-        ("cursor" = Option<String>, Query, format = Uuid,
-            description = "`nextCursor` of the previous page, unchanged"),
+        AlertLimit,
+        IdCursor,
     ),
     responses((status = 200, body = BudgetAlertListDto), QueryErrors),
 )]
@@ -208,9 +210,7 @@ pub async fn list_budget_alerts(
     state: web::Data<AppState>,
 ) -> Result<web::Json<BudgetAlertListDto>, ApiError> {
     let q = crate::query::Query::parse(req.query_string(), &["limit", "cursor"])?;
-    let limit = q
-        .int_in("limit", 1, agentry_persistence::alerts::MAX_PAGE)?
-        .unwrap_or(50);
+    let limit = AlertLimit::read(&q)?;
     let after = q
         .get("cursor")
         .map(cursor::field::<uuid::Uuid>)

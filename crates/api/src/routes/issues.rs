@@ -15,6 +15,7 @@ use crate::body::JsonBody;
 use crate::dto::TaskDto;
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
+use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
     BodyErrors, ChangeErrors, LookupErrors, created_or_existing, cursor, path_uuid,
 };
@@ -134,6 +135,8 @@ pub struct IssueListDto {
 pub const DEFAULT_LIMIT: i64 = 100;
 /// Largest page size of the issues view.
 pub const MAX_LIMIT: i64 = 200;
+/// The issues view's `limit`.
+type PageLimit = Limit<DEFAULT_LIMIT, MAX_LIMIT>;
 
 /// Encodes a position of the issues view as an opaque cursor.
 pub fn encode_cursor(c: &IssueViewCursor) -> String {
@@ -220,7 +223,7 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
         .get("repoId")
         .map(|v| path_uuid("repoId", v))
         .transpose()?;
-    let limit = q.int_in("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT);
+    let limit = PageLimit::read(&q)?;
     let cursor = q.get("cursor").map(decode_cursor).transpose()?;
     Ok(ViewQuery {
         repo_id,
@@ -235,10 +238,8 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
     tag = "issues",
     params(
         ("repoId" = Option<Uuid>, Query, description = "Only this repository"),
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
-            description = "Page size, 1 to 200 (default 100)"),
-        ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
-            description = "`nextCursor` of the previous page, unchanged"),
+        PageLimit,
+        OpaqueCursor,
     ),
     responses((status = 200, body = IssueListDto), LookupErrors),
 )]
@@ -258,8 +259,7 @@ pub async fn list_issues(
     tag = "issues",
     params(
         ("repoId" = Option<Uuid>, Query, description = "Only this repository"),
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
-            description = "Page size, 1 to 200 (default 100)"),
+        PageLimit,
     ),
     responses(
         (status = 200, body = IssueListDto),

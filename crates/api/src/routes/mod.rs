@@ -7,6 +7,7 @@ mod cursor;
 pub mod health;
 pub mod issues;
 pub mod me;
+mod page;
 pub mod repos;
 pub mod secrets;
 pub mod tasks;

@@ -18,6 +18,7 @@ use crate::dto::{
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
+use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
     BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, cursor, path_uuid,
 };
@@ -29,6 +30,8 @@ use agentry_service::views::TaskDetail;
 pub const DEFAULT_LIMIT: i64 = 50;
 /// Largest page size of the task list.
 pub const MAX_LIMIT: i64 = 200;
+/// The task list's `limit`.
+type PageLimit = Limit<DEFAULT_LIMIT, MAX_LIMIT>;
 /// Largest import body accepted over HTTP (the CLI has no limit).
 pub const IMPORT_LIMIT: usize = 256 * 1024 * 1024;
 
@@ -54,10 +57,8 @@ pub fn decode_cursor(s: &str) -> Result<TaskCursor, ApiError> {
         ("state" = Option<TaskStateName>, Query, description = "Only tasks in this state"),
         ("repoId" = Option<Uuid>, Query, description = "Only tasks of this repository"),
         ("taskType" = Option<TaskTypeName>, Query, description = "`coding` or `review`"),
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200,
-            description = "Page size, 1 to 200 (default 50)"),
-        ("cursor" = Option<String>, Query, pattern = "^[A-Za-z0-9_-]+$",
-            description = "`nextCursor` of the previous page, unchanged"),
+        PageLimit,
+        OpaqueCursor,
     ),
     responses((status = 200, body = TaskListDto), QueryErrors),
 )]
@@ -79,7 +80,7 @@ pub async fn list_tasks(
             .transpose()?,
         task_type: q.parsed::<TaskType>("taskType")?,
     };
-    let limit = q.int_in("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT);
+    let limit = PageLimit::read(&q)?;
     let cursor = q.get("cursor").map(decode_cursor).transpose()?;
     let page = state.service.tasks(filter, limit, cursor).await?;
     Ok(web::Json(TaskListDto {
