@@ -10,14 +10,14 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::Caller;
+use crate::auth::{Caller, MemberRole};
 use crate::body::JsonBody;
 use crate::dto::TaskDto;
 use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
-    BodyErrors, ChangeErrors, LookupErrors, created_or_existing, cursor, path_uuid,
+    Authorized, BodyErrors, ChangeErrors, LookupErrors, created_or_existing, cursor, path_uuid,
 };
 use crate::state::AppState;
 use agentry_service::tasks::Assignment;
@@ -269,11 +269,10 @@ pub async fn list_issues(
 )]
 #[post("/issues/sync")]
 pub async fn sync_issues(
-    caller: Caller,
+    _member: Authorized<MemberRole>,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<web::Json<IssueListDto>, ApiError> {
-    caller.require(Role::Member)?;
     let view = view_query(&req, false)?;
     let repo_id = view.repo_id;
     if let Some(id) = repo_id {

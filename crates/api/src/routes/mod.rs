@@ -46,6 +46,31 @@ impl PathParam for Uuid {
     }
 }
 
+/// A request by a caller authenticated and holding at least the role `R`: 401, then 403.
+#[derive(Debug)]
+pub struct Authorized<R = AnyRole> {
+    /// The caller.
+    pub caller: Caller,
+    role: PhantomData<R>,
+}
+
+impl<R: RequiredRole + 'static> FromRequest for Authorized<R> {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let caller = Caller::from_request(req, payload);
+        Box::pin(async move {
+            let caller = caller.await?;
+            caller.require(R::LEAST)?;
+            Ok(Authorized {
+                caller,
+                role: PhantomData,
+            })
+        })
+    }
+}
+
 /// A request on one resource: its caller, authenticated and holding at least the role `R`,
 /// and the resource's identifier `P` from the path (a UUID `{id}` unless said otherwise).
 /// The checks answer in the order a handler would make them: 401, then 403, then 400 for a
@@ -64,11 +89,10 @@ impl<R: RequiredRole + 'static, P: PathParam + 'static> FromRequest for Target<R
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let caller = Caller::from_request(req, payload);
+        let authorized = Authorized::<R>::from_request(req, payload);
         let req = req.clone();
         Box::pin(async move {
-            let caller = caller.await?;
-            caller.require(R::LEAST)?;
+            let Authorized { caller, .. } = authorized.await?;
             let segment = web::Path::<String>::extract(&req)
                 .await
                 .map(web::Path::into_inner)

@@ -2,16 +2,15 @@
 //! docs/contract.md#33-secrets). Values are encrypted at rest and never returned or logged.
 
 use actix_web::{HttpResponse, delete, get, put, web};
-use agentry_domain::Role;
 use agentry_persistence::secrets::{SecretInfo, SecretValue};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
-use crate::auth::{AdminRole, Caller};
+use crate::auth::AdminRole;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody};
-use crate::routes::{AdminReadErrors, BodyErrors, ChangeErrors, PathParam, Target};
+use crate::routes::{AdminReadErrors, Authorized, BodyErrors, ChangeErrors, PathParam, Target};
 use crate::state::AppState;
 
 /// Longest secret name.
@@ -132,10 +131,9 @@ pub async fn put_secret(
 )]
 #[get("/secrets")]
 pub async fn list_secrets(
-    caller: Caller,
+    _admin: Authorized<AdminRole>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<SecretListDto>, ApiError> {
-    caller.require(Role::Admin)?;
     let list = state.service.secrets().await?;
     Ok(web::Json(SecretListDto {
         secrets: list.into_iter().map(SecretDto::from).collect(),

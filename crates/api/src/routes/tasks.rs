@@ -9,7 +9,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::{Caller, MemberRole};
+use crate::auth::{AdminRole, Caller, MemberRole};
 use crate::body::{JsonBody, read_limited, require_content_type};
 use crate::dto::names::{AgentTypeName, TaskStateName, TaskTypeName};
 use crate::dto::{
@@ -20,7 +20,8 @@ use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
-    BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, cursor, path_uuid,
+    Authorized, BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, cursor,
+    path_uuid,
 };
 use crate::state::AppState;
 use agentry_service::tasks::{NewCodingTask, OutputTail};
@@ -303,12 +304,11 @@ pub async fn task_log(
 )]
 #[post("/tasks/import")]
 pub async fn import_tasks(
-    caller: Caller,
+    _admin: Authorized<AdminRole>,
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<web::Json<ImportResultDto>, ApiError> {
-    caller.require(Role::Admin)?;
     require_content_type(&req, "application/x-ndjson")?;
     let body = read_limited(payload, IMPORT_LIMIT).await?;
     let outcome = state.service.import(body.to_vec()).await?;

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::auth::{AdminRole, Caller, generate_token, hash_token};
 use crate::body::JsonBody;
 use crate::error::ApiError;
-use crate::routes::{AdminReadErrors, BodyErrors, ChangeErrors, Target};
+use crate::routes::{AdminReadErrors, Authorized, BodyErrors, ChangeErrors, Target};
 use crate::state::AppState;
 
 /// Longest token name.
@@ -112,10 +112,9 @@ pub async fn create_token(
 )]
 #[get("/tokens")]
 pub async fn list_tokens(
-    caller: Caller,
+    _admin: Authorized<AdminRole>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TokenListDto>, ApiError> {
-    caller.require(Role::Admin)?;
     let list = state.service.active_tokens().await?;
     Ok(web::Json(TokenListDto {
         tokens: list.into_iter().map(TokenDto::from).collect(),
