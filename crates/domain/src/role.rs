@@ -1,11 +1,6 @@
 //! API roles. Each role includes the rights of the ones before it.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
-
-use crate::task::UnknownValue;
 
 /// What an API token may do: `viewer` reads; `member` also assigns, creates, cancels and
 /// retries tasks; `admin` also manages secrets, repositories, settings, imports and tokens.
@@ -21,40 +16,11 @@ pub enum Role {
     Admin,
 }
 
-impl Role {
-    /// All roles, least privileged first.
-    pub const ALL: [Role; 3] = [Role::Viewer, Role::Member, Role::Admin];
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Member => "member",
-            Role::Admin => "admin",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = UnknownValue;
-
-    fn from_str(s: &str) -> Result<Role, UnknownValue> {
-        Role::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| UnknownValue {
-                kind: "role",
-                value: s.to_owned(),
-                expected: "viewer, member, admin".to_owned(),
-            })
-    }
-}
+crate::wire_enum!(Role, "role", [
+    Viewer => "viewer",
+    Member => "member",
+    Admin => "admin",
+]);
 
 #[cfg(test)]
 mod tests {

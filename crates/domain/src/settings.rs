@@ -185,10 +185,9 @@ impl RepoSettings {
                 CODING_MODEL => next.coding_model = model_value(CODING_MODEL, value)?,
                 REVIEW_MODEL => next.review_model = model_value(REVIEW_MODEL, value)?,
                 MAX_TURNS_CODING => {
-                    next.max_turns_coding = match value {
-                        Value::Null => None,
-                        _ => Some(turns_value(MAX_TURNS_CODING, value, NULLABLE_TURNS_RULE)?),
-                    }
+                    next.max_turns_coding = nullable(value, |v| {
+                        turns_value(MAX_TURNS_CODING, v, NULLABLE_TURNS_RULE)
+                    })?;
                 }
                 MAX_TURNS_REVIEW => {
                     next.max_turns_review = turns_value(MAX_TURNS_REVIEW, value, TURNS_RULE)?;
@@ -199,23 +198,9 @@ impl RepoSettings {
                         .and_then(|s| s.parse().ok())
                         .ok_or_else(|| FieldError::new(AGENT_TYPE, AGENT_RULE))?;
                 }
-                AUTO_REVIEW => {
-                    next.auto_review = value
-                        .as_bool()
-                        .ok_or_else(|| FieldError::new(AUTO_REVIEW, BOOL_RULE))?;
-                }
-                MAX_COST_PER_TASK_USD => {
-                    next.max_cost_per_task_usd = match value {
-                        Value::Null => None,
-                        _ => Some(cost_value(value)?),
-                    }
-                }
-                MONTHLY_BUDGET_USD => {
-                    next.monthly_budget_usd = match value {
-                        Value::Null => None,
-                        _ => Some(budget_value(value)?),
-                    }
-                }
+                AUTO_REVIEW => next.auto_review = bool_value(AUTO_REVIEW, value)?,
+                MAX_COST_PER_TASK_USD => next.max_cost_per_task_usd = nullable(value, cost_value)?,
+                MONTHLY_BUDGET_USD => next.monthly_budget_usd = nullable(value, budget_value)?,
                 EGRESS_ALLOW => next.egress_allow = egress_value(value)?,
                 MAX_REVISIONS => {
                     next.max_revisions = value
@@ -225,9 +210,7 @@ impl RepoSettings {
                         .ok_or_else(|| FieldError::new(MAX_REVISIONS, REVISIONS_RULE))?;
                 }
                 REVISE_ON_AGENT_REVIEW => {
-                    next.revise_on_agent_review = value
-                        .as_bool()
-                        .ok_or_else(|| FieldError::new(REVISE_ON_AGENT_REVIEW, BOOL_RULE))?;
+                    next.revise_on_agent_review = bool_value(REVISE_ON_AGENT_REVIEW, value)?;
                 }
                 unknown => {
                     return Err(FieldError::new(
@@ -298,6 +281,25 @@ fn model_value(field: &str, value: &Value) -> Result<String, FieldError> {
         .ok_or_else(|| FieldError::new(field, MODEL_RULE))?;
     check_model(field, model)?;
     Ok(model.to_owned())
+}
+
+/// Reads a patch member that `null` clears: `None` for `null`, else what `read` makes of
+/// the value.
+fn nullable<T>(
+    value: &Value,
+    read: impl FnOnce(&Value) -> Result<T, FieldError>,
+) -> Result<Option<T>, FieldError> {
+    match value {
+        Value::Null => Ok(None),
+        _ => read(value).map(Some),
+    }
+}
+
+/// Reads a JSON boolean from a patch member.
+fn bool_value(field: &str, value: &Value) -> Result<bool, FieldError> {
+    value
+        .as_bool()
+        .ok_or_else(|| FieldError::new(field, BOOL_RULE))
 }
 
 /// Reads a (non-null) turn limit from a patch member.

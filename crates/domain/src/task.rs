@@ -28,8 +28,6 @@
 //! request's merge or close (`pull_request_merged` / `pull_request_closed`)
 //! applies from those states as from pr_opened.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -241,45 +239,19 @@ pub enum Trigger {
     RevisionRequested,
 }
 
-impl Trigger {
-    /// Every trigger, in declaration order.
-    pub const ALL: [Trigger; 11] = [
-        Trigger::Claim,
-        Trigger::AgentStarted,
-        Trigger::PullRequestOpened,
-        Trigger::ReviewPosted,
-        Trigger::PullRequestMerged,
-        Trigger::PullRequestClosed,
-        Trigger::Cancel,
-        Trigger::Fail,
-        Trigger::Retry,
-        Trigger::LeaseExpired,
-        Trigger::RevisionRequested,
-    ];
-
-    /// The snake_case name, used as the default reason of a task event.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Claim => "claim",
-            Trigger::AgentStarted => "agent_started",
-            Trigger::PullRequestOpened => "pull_request_opened",
-            Trigger::ReviewPosted => "review_posted",
-            Trigger::PullRequestMerged => "pull_request_merged",
-            Trigger::PullRequestClosed => "pull_request_closed",
-            Trigger::Cancel => "cancel",
-            Trigger::Fail => "fail",
-            Trigger::Retry => "retry",
-            Trigger::LeaseExpired => "lease_expired",
-            Trigger::RevisionRequested => "revision_requested",
-        }
-    }
-}
-
-impl fmt::Display for Trigger {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+wire_enum!(Trigger, "trigger", [
+    Claim => "claim",
+    AgentStarted => "agent_started",
+    PullRequestOpened => "pull_request_opened",
+    ReviewPosted => "review_posted",
+    PullRequestMerged => "pull_request_merged",
+    PullRequestClosed => "pull_request_closed",
+    Cancel => "cancel",
+    Fail => "fail",
+    Retry => "retry",
+    LeaseExpired => "lease_expired",
+    RevisionRequested => "revision_requested",
+]);
 
 /// An allowed state change, as computed by [`transition`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use agentry_runner::network::{
 use uuid::Uuid;
 
 use crate::egress::{self, EgressEvents, EgressPolicy};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, SocketServer};
 
 /// Serves the gateway and the egress proxy of every sandboxed run.
 #[derive(Debug, Clone)]
@@ -47,13 +47,6 @@ impl AgentNetwork {
             .gateway
             .open_run(run, &dir.join(GATEWAY_SOCKET))
             .await?;
-        let proxy_socket = dir.join(PROXY_SOCKET);
-        let listener = crate::gateway::bind_unix(&proxy_socket).map_err(|e| {
-            format!(
-                "cannot listen on the egress proxy socket {}: {e}",
-                proxy_socket.display()
-            )
-        })?;
         let mut allow = repo_allow;
         allow.extend(self.instance_allow.iter().cloned());
         let events = Arc::new(Refusals {
@@ -62,15 +55,13 @@ impl AgentNetwork {
             attempt: run.attempt,
             repo_key: run.repo_key.clone(),
         });
-        let proxy = egress::serve(listener, EgressPolicy::new(allow), events);
+        let proxy = SocketServer::start(&dir.join(PROXY_SOCKET), "the egress proxy socket", |l| {
+            egress::serve(l, EgressPolicy::new(allow), events)
+        })?;
         Ok(RunNetwork {
             key,
             meter,
-            guard: Box::new(Guard {
-                _gate: gate,
-                proxy,
-                proxy_socket,
-            }),
+            guard: Box::new((proxy, gate)),
         })
     }
 
@@ -95,20 +86,6 @@ impl AgentNetwork {
 impl Network for AgentNetwork {
     fn open<'a>(&'a self, run: &'a RunInfo, dir: &'a Path) -> OpenFuture<'a> {
         Box::pin(self.open_run(run, dir))
-    }
-}
-
-/// Keeps a run's gateway and proxy open.
-struct Guard {
-    _gate: crate::gateway::RunGate,
-    proxy: tokio::task::JoinHandle<()>,
-    proxy_socket: std::path::PathBuf,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        self.proxy.abort();
-        let _ = std::fs::remove_file(&self.proxy_socket);
     }
 }
 

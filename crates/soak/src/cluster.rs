@@ -282,9 +282,33 @@ impl Api {
         body: Option<&Value>,
         first: usize,
     ) -> Result<Answer, String> {
+        self.send(method, path, body, first, false)
+    }
+
+    /// Like [`Self::call`], but also retries 5xx answers (a code host failing under the
+    /// request, a database restarting) until `patience`; any other status is returned.
+    pub fn call_retrying(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        first: usize,
+    ) -> Result<Answer, String> {
+        self.send(method, path, body, first, true)
+    }
+
+    /// [`Self::call`] and, with `retry_5xx`, [`Self::call_retrying`].
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        first: usize,
+        retry_5xx: bool,
+    ) -> Result<Answer, String> {
         let method_ =
             reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| format!("{method}: {e}"))?;
-        let resp = self.failover(first, &format!("{method} {path}"), false, |base| {
+        let resp = self.failover(first, &format!("{method} {path}"), retry_5xx, |base| {
             let mut req = self
                 .http
                 .request(method_.clone(), format!("{base}{path}"))
@@ -324,27 +348,6 @@ impl Api {
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
-        }
-    }
-
-    /// Like [`Self::call`], but also retries 5xx answers (a code host failing under the
-    /// request, a database restarting) until `patience`; any other status is returned.
-    pub fn call_retrying(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-        first: usize,
-    ) -> Result<Answer, String> {
-        let deadline = Instant::now() + self.patience;
-        let mut i = first;
-        loop {
-            let answer = self.call(method, path, body, i)?;
-            if answer.status < 500 || Instant::now() >= deadline {
-                return Ok(answer);
-            }
-            i += 1;
-            std::thread::sleep(Duration::from_millis(500));
         }
     }
 

@@ -93,6 +93,34 @@ function table(caption, head, numeric, rows) {
   );
 }
 
+/**
+ * A table of the first `shown` rows and, when there are more, a disclosure "N more …" with
+ * a table of the rest.
+ * @param {{ caption: string, more: string, one: string, many: string }} names the tables'
+ *   captions and what one row and several rows are
+ * @param {string[]} head
+ * @param {boolean[]} numeric
+ * @param {(Node | string)[][]} rows
+ * @param {number} shown
+ * @returns {Node[]}
+ */
+function tableWithMore(names, head, numeric, rows, shown) {
+  /** @type {Node[]} */
+  const nodes = [table(names.caption, head, numeric, rows.slice(0, shown))];
+  const rest = rows.slice(shown);
+  if (rest.length > 0) {
+    nodes.push(
+      h(
+        'details',
+        { class: 'more' },
+        h('summary', {}, `${rest.length} more ${rest.length === 1 ? names.one : names.many}`),
+        table(names.more, head, numeric, rest),
+      ),
+    );
+  }
+  return nodes;
+}
+
 /** How many model suggestions show before the disclosure. */
 const SHOWN_SUGGESTIONS = 3;
 
@@ -123,19 +151,14 @@ function suggestionsRegion(r) {
   ];
   section.append(
     h('p', { class: 'note' }, 'A cheaper model with at least the same success rate, and what it would have saved in this period.'),
-    table('Model suggestions, largest saving first', head, numeric, all.slice(0, SHOWN_SUGGESTIONS).map(row)),
+    ...tableWithMore(
+      { caption: 'Model suggestions, largest saving first', more: 'More model suggestions', one: 'suggestion', many: 'suggestions' },
+      head,
+      numeric,
+      all.map(row),
+      SHOWN_SUGGESTIONS,
+    ),
   );
-  const rest = all.slice(SHOWN_SUGGESTIONS);
-  if (rest.length > 0) {
-    section.append(
-      h(
-        'details',
-        { class: 'more' },
-        h('summary', {}, `${rest.length} more ${rest.length === 1 ? 'suggestion' : 'suggestions'}`),
-        table('More model suggestions', head, numeric, rest.map(row)),
-      ),
-    );
-  }
   return section;
 }
 
@@ -244,18 +267,16 @@ function outcomesRegion(r) {
     if (withRevisions) row.push(moneyEl(optional(g, 'revisionCost')));
     return row;
   });
-  section.append(h('h3', {}, 'By repository'), table('Outcomes by repository, highest spend first', head, numeric, rows.slice(0, SHOWN_REPOS)));
-  const rest = rows.slice(SHOWN_REPOS);
-  if (rest.length > 0) {
-    section.append(
-      h(
-        'details',
-        { class: 'more' },
-        h('summary', {}, `${rest.length} more ${rest.length === 1 ? 'repository' : 'repositories'}`),
-        table('More outcomes by repository', head, numeric, rest),
-      ),
-    );
-  }
+  section.append(
+    h('h3', {}, 'By repository'),
+    ...tableWithMore(
+      { caption: 'Outcomes by repository, highest spend first', more: 'More outcomes by repository', one: 'repository', many: 'repositories' },
+      head,
+      numeric,
+      rows,
+      SHOWN_REPOS,
+    ),
+  );
   return section;
 }
 

@@ -219,12 +219,6 @@ impl Gateway {
         }
         let key = run_key()?;
         let meter = Arc::new(RunMeter::default());
-        let listener = bind_unix(socket).map_err(|e| {
-            format!(
-                "cannot listen on the gateway socket {}: {e}",
-                socket.display()
-            )
-        })?;
         let run = Arc::new(RunCtx {
             task_id: run.task_id,
             attempt: run.attempt,
@@ -236,14 +230,15 @@ impl Gateway {
             revoked: AtomicBool::new(false),
             shared: self.shared.clone(),
         });
-        let accept = tokio::spawn(accept_loop(listener, run.clone()));
+        let server = SocketServer::start(socket, "the gateway socket", |listener| {
+            tokio::spawn(accept_loop(listener, run.clone()))
+        })?;
         Ok((
             key,
             meter,
             RunGate {
                 run,
-                accept,
-                socket: socket.to_owned(),
+                _server: server,
             },
         ))
     }
@@ -290,6 +285,37 @@ pub fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
     listener
 }
 
+/// A task serving a Unix socket: dropping it stops the task (and with it the connections
+/// the task holds) and removes the socket's file.
+pub struct SocketServer {
+    task: tokio::task::JoinHandle<()>,
+    path: PathBuf,
+}
+
+impl SocketServer {
+    /// Listens at `path` ([`bind_unix`]) and hands the listener to `serve`, which spawns the
+    /// task that serves it. The error names the socket as `what`.
+    pub fn start(
+        path: &Path,
+        what: &str,
+        serve: impl FnOnce(UnixListener) -> tokio::task::JoinHandle<()>,
+    ) -> Result<SocketServer, String> {
+        let listener = bind_unix(path)
+            .map_err(|e| format!("cannot listen on {what} {}: {e}", path.display()))?;
+        Ok(SocketServer {
+            task: serve(listener),
+            path: path.to_owned(),
+        })
+    }
+}
+
+impl Drop for SocketServer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// The name of `provider`'s key.
 pub fn key_name(provider: Provider) -> &'static str {
     match provider {
@@ -311,8 +337,8 @@ fn run_key() -> Result<String, String> {
 /// A run's gateway, open while this value lives.
 pub struct RunGate {
     run: Arc<RunCtx>,
-    accept: tokio::task::JoinHandle<()>,
-    socket: PathBuf,
+    /// The accept loop; its connections (each in its JoinSet) end with it.
+    _server: SocketServer,
 }
 
 impl std::fmt::Debug for RunGate {
@@ -326,10 +352,8 @@ impl std::fmt::Debug for RunGate {
 
 impl Drop for RunGate {
     fn drop(&mut self) {
+        // Calls already accepted see the revocation; `_server` then stops accepting.
         self.run.revoked.store(true, Ordering::SeqCst);
-        // Aborting the accept loop drops its connections (each in its JoinSet).
-        self.accept.abort();
-        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
