@@ -8,7 +8,7 @@ use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::Value;
 
 use crate::agent::Entry;
-use crate::cluster::{Api, Kill};
+use crate::cluster::{Api, Kill, On5xx};
 
 /// The service's label.
 const LABEL: &str = "agentry";
@@ -78,7 +78,7 @@ pub fn tasks(api: &Api) -> Result<Vec<TaskRow>, String> {
             None => "/api/tasks?limit=200".to_owned(),
             Some(c) => format!("/api/tasks?limit=200&cursor={c}"),
         };
-        let a = api.call_retrying("GET", &path, None, page)?;
+        let a = api.call("GET", &path, None, page, On5xx::Retry)?;
         if a.status != 200 {
             return Err(format!("GET {path}: {} {}", a.status, a.body));
         }
@@ -501,7 +501,7 @@ pub fn verify(
     let mut runs: BTreeMap<(String, i64), Vec<RunRow>> = BTreeMap::new();
     for (i, t) in snap.tasks.iter().enumerate() {
         let path = format!("/api/tasks/{}", t.id);
-        let a = world.api.call_retrying("GET", &path, None, i)?;
+        let a = world.api.call("GET", &path, None, i, On5xx::Retry)?;
         if a.status != 200 {
             return Err(format!("GET {path}: {} {}", a.status, a.body));
         }
@@ -602,7 +602,7 @@ pub fn verify(
     // midnight UTC).
     let a = world
         .api
-        .call_retrying("GET", "/api/analytics/costs?days=2", None, 0)?;
+        .call("GET", "/api/analytics/costs?days=2", None, 0, On5xx::Retry)?;
     if a.status != 200 {
         return Err(format!("GET /api/analytics/costs: {} {}", a.status, a.body));
     }

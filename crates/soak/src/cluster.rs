@@ -247,6 +247,15 @@ pub struct Answer {
     pub body: Value,
 }
 
+/// What [`Api::call`] does with a 5xx answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On5xx {
+    /// Returns it.
+    Return,
+    /// Sends the request again, to the next replica, until `patience` has passed.
+    Retry,
+}
+
 /// The API of the replicas, with failover: a request that cannot reach its replica (killed
 /// and restarting) is sent to the next one, until `patience` has passed.
 #[derive(Debug, Clone)]
@@ -274,40 +283,20 @@ impl Api {
     }
 
     /// Sends `method path` (with a JSON `body`) to replica `first`, then the others in turn
-    /// while none answers. An answer of any status is returned as it is.
+    /// while none answers; with [`On5xx::Retry`], also while the answer is a 5xx (a code
+    /// host failing under the request, a database restarting), until `patience`. Any other
+    /// answer is returned as it is.
     pub fn call(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
         first: usize,
-    ) -> Result<Answer, String> {
-        self.send(method, path, body, first, false)
-    }
-
-    /// Like [`Self::call`], but also retries 5xx answers (a code host failing under the
-    /// request, a database restarting) until `patience`; any other status is returned.
-    pub fn call_retrying(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-        first: usize,
-    ) -> Result<Answer, String> {
-        self.send(method, path, body, first, true)
-    }
-
-    /// [`Self::call`] and, with `retry_5xx`, [`Self::call_retrying`].
-    fn send(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-        first: usize,
-        retry_5xx: bool,
+        on_5xx: On5xx,
     ) -> Result<Answer, String> {
         let method_ =
             reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| format!("{method}: {e}"))?;
+        let retry_5xx = on_5xx == On5xx::Retry;
         let resp = self.failover(first, &format!("{method} {path}"), retry_5xx, |base| {
             let mut req = self
                 .http

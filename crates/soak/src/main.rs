@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use crate::args::Params;
-use crate::cluster::{Api, Cluster};
+use crate::cluster::{Api, Cluster, On5xx};
 
 const OWNER: &str = "soak";
 const NAME: &str = "app";
@@ -247,21 +247,23 @@ fn run(p: &Params) -> Result<bool, String> {
     };
     expect(
         "PUT /api/secrets/CODEHOST_TOKEN",
-        api.call_retrying(
+        api.call(
             "PUT",
             "/api/secrets/CODEHOST_TOKEN",
             Some(&json!({"value": CODEHOST_TOKEN})),
             0,
+            On5xx::Retry,
         )?,
         &[200],
     )?;
     let repo = expect(
         "POST /api/repos",
-        api.call_retrying(
+        api.call(
             "POST",
             "/api/repos",
             Some(&json!({"repoUrl": format!("https://github.com/{OWNER}/{NAME}")})),
             1,
+            On5xx::Retry,
         )?,
         &[200, 201],
     )?;
@@ -271,11 +273,12 @@ fn run(p: &Params) -> Result<bool, String> {
         .to_owned();
     expect(
         "PATCH settings",
-        api.call_retrying(
+        api.call(
             "PATCH",
             &format!("/api/repos/{repo_id}/settings"),
             Some(&json!({"autoReview": true})),
             0,
+            On5xx::Retry,
         )?,
         &[200],
     )?;
@@ -679,7 +682,7 @@ fn assign(api: &Api, body: &Value, replica: usize) -> Result<(), String> {
     let mut i = replica;
     let mut last = String::new();
     while Instant::now() < deadline {
-        let a = api.call("POST", "/api/issues/assign", Some(body), i)?;
+        let a = api.call("POST", "/api/issues/assign", Some(body), i, On5xx::Return)?;
         match a.status {
             200 | 201 => return Ok(()),
             // 503: the code host failed during the lookup; 404: the issue was not in the
