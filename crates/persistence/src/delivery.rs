@@ -65,6 +65,58 @@ impl<T> std::fmt::Debug for Queue<T> {
     }
 }
 
+/// Declares the leased delivery queue of a table, once for every queue: the [`Queue`]
+/// constant `NAME` over the table `TABLE` (its schema module, whose name is the table's),
+/// the [`Entry`] implementation of its entries (their `id` and `attempts` fields), and the
+/// read of entries by id, selected as `ROW` and decoded into the entry type.
+///
+/// ```ignore
+/// queue! {
+///     /// What the queue holds.
+///     pub const NAME: Queue<EntryType> = TABLE as ROW {
+///         pending: "SQL condition",
+///         delivered: "SQL assignments (#1: the delivery time)",
+///         order: "SQL order",
+///     }
+/// }
+/// ```
+macro_rules! queue {
+    (
+        $(#[$doc:meta])*
+        $vis:vis const $name:ident: Queue<$entry:ty> = $table:ident as $row:ty {
+            pending: $pending:literal,
+            delivered: $delivered:literal,
+            order: $order:literal $(,)?
+        }
+    ) => {
+        $(#[$doc])*
+        $vis const $name: $crate::delivery::Queue<$entry> = $crate::delivery::Queue::new(
+            stringify!($table),
+            $pending,
+            $delivered,
+            $order,
+            |conn, ids| {
+                use $crate::fetch::Fetch;
+                $table::table
+                    .filter($table::id.eq_any(ids))
+                    .select(<$row>::as_select())
+                    .load_as(conn)
+            },
+        );
+
+        impl $crate::delivery::Entry for $entry {
+            fn id(&self) -> ::uuid::Uuid {
+                self.id
+            }
+
+            fn attempts(&self) -> i32 {
+                self.attempts
+            }
+        }
+    };
+}
+pub(crate) use queue;
+
 /// The id and due time of a candidate for a claim.
 #[derive(QueryableByName)]
 struct Due {
