@@ -225,17 +225,13 @@ impl<T: Entry> Queue<T> {
             self.table, self.delivered, self.pending
         );
         let id = id.to_string();
-        write_tx(conn, |conn| {
-            let updated = execute(
+        self.mark(conn, &id, |conn| {
+            execute(
                 conn,
                 sql(conn, &update)
                     .bind::<Timestamp, _>(to_db(now))
                     .bind::<Text, _>(&id),
-            )?;
-            if updated == 0 {
-                self.ensure_exists(conn, &id)?;
-            }
-            Ok(())
+            )
         })
     }
 
@@ -256,18 +252,14 @@ impl<T: Entry> Queue<T> {
             self.table, self.pending
         );
         let id = id.to_string();
-        write_tx(conn, |conn| {
-            let updated = execute(
+        self.mark(conn, &id, |conn| {
+            execute(
                 conn,
                 sql(conn, &update)
                     .bind::<Text, _>(error)
                     .bind::<Timestamp, _>(to_db(retry_at))
                     .bind::<Text, _>(&id),
-            )?;
-            if updated == 0 {
-                self.ensure_exists(conn, &id)?;
-            }
-            Ok(())
+            )
         })
     }
 
@@ -280,6 +272,21 @@ impl<T: Entry> Queue<T> {
         );
         let first: Vec<At> = load(conn, sql(conn, &select))?;
         Ok(first.into_iter().next().map(|a| from_db(a.next_attempt_at)))
+    }
+
+    /// Runs `update`, a write of the pending entry `id`, in [`write_tx`]; an update that
+    /// matched nothing is fine for an entry no longer pending, and [`DbError::NotFound`] for
+    /// an unknown id.
+    fn mark<F>(&self, conn: &mut AnyConnection, id: &str, update: F) -> Result<(), DbError>
+    where
+        F: FnOnce(&mut AnyConnection) -> QueryResult<usize>,
+    {
+        write_tx(conn, |conn| {
+            if update(conn)? == 0 {
+                self.ensure_exists(conn, id)?;
+            }
+            Ok(())
+        })
     }
 
     fn ensure_exists(&self, conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
