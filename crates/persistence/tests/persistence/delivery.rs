@@ -160,23 +160,31 @@ fn the_backoff_doubles_up_to_its_cap() {
     assert_eq!(backoff.delay(i32::MAX), backoff.max);
 }
 
-agentry_persistence::backend_tests! {
-    fn outbox_lease_expiry_hands_an_effect_to_another_worker(db) {
-        lease_expiry(db, &outbox::QUEUE, effect_due(db, at(0)));
-    }
-    fn alert_lease_expiry_hands_an_alert_to_another_worker(db) {
-        lease_expiry(db, &alerts::QUEUE, alert_due(db, at(0)));
-    }
-    fn outbox_failures_retry_on_the_backoff_schedule(db) {
-        retry_backoff(db, &outbox::QUEUE, effect_due(db, at(0)));
-    }
-    fn alert_failures_retry_on_the_backoff_schedule(db) {
-        retry_backoff(db, &alerts::QUEUE, alert_due(db, at(0)));
-    }
-    fn outbox_marks_commit_with_the_callers_transaction(db) {
-        marks_in_transaction(db, &outbox::QUEUE, effect_due(db, at(0)));
-    }
-    fn alert_marks_commit_with_the_callers_transaction(db) {
-        marks_in_transaction(db, &alerts::QUEUE, alert_due(db, at(0)));
-    }
+/// Each behaviour, once for each queue: the outbox's (on an effect) and the alerts' (on an
+/// alert), due at `at(0)`; `check: outbox_test, alert_test;` names the two tests of `check`.
+macro_rules! on_both_queues {
+    ($($check:ident: $outbox_test:ident, $alert_test:ident;)*) => {
+        agentry_persistence::backend_tests! {
+            $(
+                fn $outbox_test(db) {
+                    $check(db, &outbox::QUEUE, effect_due(db, at(0)));
+                }
+                fn $alert_test(db) {
+                    $check(db, &alerts::QUEUE, alert_due(db, at(0)));
+                }
+            )*
+        }
+    };
+}
+
+on_both_queues! {
+    lease_expiry:
+        outbox_lease_expiry_hands_an_effect_to_another_worker,
+        alert_lease_expiry_hands_an_alert_to_another_worker;
+    retry_backoff:
+        outbox_failures_retry_on_the_backoff_schedule,
+        alert_failures_retry_on_the_backoff_schedule;
+    marks_in_transaction:
+        outbox_marks_commit_with_the_callers_transaction,
+        alert_marks_commit_with_the_callers_transaction;
 }

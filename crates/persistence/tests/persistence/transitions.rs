@@ -14,6 +14,10 @@ fn apply(conn: &mut AnyConnection, id: Uuid, trigger: Trigger, now: OffsetDateTi
         .0
 }
 
+/// A state on a task's way, in a test that walks it: the triggers refused there, then the
+/// steps (trigger, at second) that lead on.
+type Stage = (&'static [Trigger], &'static [(Trigger, i64)]);
+
 /// Asserts that `trigger` is refused on the task and that nothing changed.
 fn assert_refused(conn: &mut AnyConnection, id: Uuid, trigger: Trigger) {
     let before = tasks::get_task(conn, id).unwrap();
@@ -207,35 +211,45 @@ agentry_persistence::backend_tests! {
     // Refused transitions change nothing: state, updated_at, fields, events.
     fn refused_transitions_change_nothing(db) {
         let (task, mut conn) = a_task(db);
-        for trigger in [
-            Trigger::PullRequestMerged,
-            Trigger::PullRequestClosed,
-            Trigger::Retry,
-            Trigger::Fail,
-            Trigger::AgentStarted,
-            Trigger::LeaseExpired,
-            Trigger::PullRequestOpened,
-            Trigger::ReviewPosted,
-        ] {
-            assert_refused(&mut conn, task.id, trigger);
-        }
-        apply(&mut conn, task.id, Trigger::Claim, at(1));
-        apply(&mut conn, task.id, Trigger::AgentStarted, at(2));
-        apply(&mut conn, task.id, Trigger::PullRequestOpened, at(3));
-        for trigger in [
-            Trigger::Claim,
-            Trigger::Cancel,
-            Trigger::Fail,
-            Trigger::Retry,
-            Trigger::LeaseExpired,
-            Trigger::AgentStarted,
-        ] {
-            assert_refused(&mut conn, task.id, trigger);
-        }
-        apply(&mut conn, task.id, Trigger::PullRequestMerged, at(4));
-        // Every trigger is refused on a completed task.
-        for trigger in Trigger::ALL {
-            assert_refused(&mut conn, task.id, trigger);
+        let stages: [Stage; 3] = [
+            (
+                &[
+                    Trigger::PullRequestMerged,
+                    Trigger::PullRequestClosed,
+                    Trigger::Retry,
+                    Trigger::Fail,
+                    Trigger::AgentStarted,
+                    Trigger::LeaseExpired,
+                    Trigger::PullRequestOpened,
+                    Trigger::ReviewPosted,
+                ],
+                &[
+                    (Trigger::Claim, 1),
+                    (Trigger::AgentStarted, 2),
+                    (Trigger::PullRequestOpened, 3),
+                ],
+            ),
+            (
+                &[
+                    Trigger::Claim,
+                    Trigger::Cancel,
+                    Trigger::Fail,
+                    Trigger::Retry,
+                    Trigger::LeaseExpired,
+                    Trigger::AgentStarted,
+                ],
+                &[(Trigger::PullRequestMerged, 4)],
+            ),
+            // Every trigger is refused on a completed task.
+            (&Trigger::ALL, &[]),
+        ];
+        for (refused, steps) in stages {
+            for trigger in refused {
+                assert_refused(&mut conn, task.id, *trigger);
+            }
+            for (trigger, secs) in steps {
+                apply(&mut conn, task.id, *trigger, at(*secs));
+            }
         }
         assert_eq!(tasks::task_events(&mut conn, task.id).unwrap().len(), 5);
     }
