@@ -24,13 +24,12 @@
 
 use std::time::Duration as StdDuration;
 
-use diesel::query_dsl::methods::ExecuteDsl;
-use diesel::query_dsl::{LoadQuery, RunQueryDsl};
 use diesel::sql_types::{BigInt, Text, Timestamp};
-use diesel::{PgConnection, QueryResult, QueryableByName, SqliteConnection};
+use diesel::{QueryResult, QueryableByName};
 use time::{Duration, OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
+use crate::connection::{native_execute as execute, native_load as load};
 use crate::convert::{from_db, to_db};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -334,32 +333,4 @@ fn sql(conn: &AnyConnection, text: &str) -> diesel::query_builder::SqlQuery {
         AnyConnection::Sqlite(_) => "?",
     };
     diesel::sql_query(text.replace('#', mark))
-}
-
-/// Runs a statement built by [`sql`] on either backend.
-fn execute<Q>(conn: &mut AnyConnection, query: Q) -> QueryResult<usize>
-where
-    Q: RunQueryDsl<PgConnection>
-        + RunQueryDsl<SqliteConnection>
-        + ExecuteDsl<PgConnection>
-        + ExecuteDsl<SqliteConnection>,
-{
-    match conn {
-        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::execute(query, c),
-        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::execute(query, c),
-    }
-}
-
-/// Runs a query built by [`sql`] on either backend.
-fn load<'q, Q, U>(conn: &mut AnyConnection, query: Q) -> QueryResult<Vec<U>>
-where
-    Q: RunQueryDsl<PgConnection>
-        + RunQueryDsl<SqliteConnection>
-        + LoadQuery<'q, PgConnection, U>
-        + LoadQuery<'q, SqliteConnection, U>,
-{
-    match conn {
-        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::load(query, c),
-        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::load(query, c),
-    }
 }
