@@ -9,7 +9,18 @@ use uuid::Uuid;
 
 /// Applies `trigger` with no details.
 fn apply(conn: &mut AnyConnection, id: Uuid, trigger: Trigger, now: OffsetDateTime) -> Task {
-    tasks::transition_task(conn, id, trigger, &TransitionDetails::default(), now)
+    apply_with(conn, id, trigger, &TransitionDetails::default(), now)
+}
+
+/// Applies `trigger` with `details`.
+fn apply_with(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    trigger: Trigger,
+    details: &TransitionDetails,
+    now: OffsetDateTime,
+) -> Task {
+    tasks::transition_task(conn, id, trigger, details, now)
         .unwrap_or_else(|e| panic!("{trigger}: {e}"))
         .0
 }
@@ -96,14 +107,7 @@ agentry_persistence::backend_tests! {
             pull_request: Some(agentry_domain::PullRequestRef { url: "https://github.com/o/r/pull/17".into(), number: 17 }),
             ..Default::default()
         };
-        let (t, _) = tasks::transition_task(
-            &mut conn,
-            task.id,
-            Trigger::PullRequestOpened,
-            &details,
-            at(3),
-        )
-        .unwrap();
+        let t = apply_with(&mut conn, task.id, Trigger::PullRequestOpened, &details, at(3));
         assert_eq!(t.state, TaskState::PrOpened);
         assert_eq!(t.pr_url.as_deref(), Some("https://github.com/o/r/pull/17"));
         assert_eq!(t.pr_number, Some(17));
@@ -264,8 +268,7 @@ agentry_persistence::backend_tests! {
             error_message: Some("the agent made no changes".into()),
             ..Default::default()
         };
-        let (t, _) =
-            tasks::transition_task(&mut conn, task.id, Trigger::Fail, &details, at(3)).unwrap();
+        let t = apply_with(&mut conn, task.id, Trigger::Fail, &details, at(3));
         assert_eq!(t.state, TaskState::Failed);
         assert_eq!(
             t.error_message.as_deref(),
@@ -335,19 +338,12 @@ agentry_persistence::backend_tests! {
             pull_request: Some(agentry_domain::PullRequestRef { url: "https://github.com/o/r/pull/3".into(), number: 3 }),
             ..Default::default()
         };
-        tasks::transition_task(&mut conn, task.id, Trigger::PullRequestOpened, &pr, at(3)).unwrap();
+        apply_with(&mut conn, task.id, Trigger::PullRequestOpened, &pr, at(3));
         let closed = TransitionDetails {
             error_message: Some("the pull request was closed without being merged".into()),
             ..Default::default()
         };
-        let (t, _) = tasks::transition_task(
-            &mut conn,
-            task.id,
-            Trigger::PullRequestClosed,
-            &closed,
-            at(4),
-        )
-        .unwrap();
+        let t = apply_with(&mut conn, task.id, Trigger::PullRequestClosed, &closed, at(4));
         assert_eq!(t.state, TaskState::Failed);
         assert_eq!(
             t.error_message.as_deref(),
