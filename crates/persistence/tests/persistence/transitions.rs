@@ -25,6 +25,26 @@ fn apply_with(
         .0
 }
 
+/// Applies `trigger` with the error `message` at `now`; asserts that the task failed then,
+/// with that message.
+fn fails_with(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    trigger: Trigger,
+    message: &str,
+    now: OffsetDateTime,
+) -> Task {
+    let details = TransitionDetails {
+        error_message: Some(message.into()),
+        ..Default::default()
+    };
+    let t = apply_with(conn, id, trigger, &details, now);
+    assert_eq!(t.state, TaskState::Failed);
+    assert_eq!(t.error_message.as_deref(), Some(message));
+    assert_eq!(t.finished_at, Some(now));
+    t
+}
+
 /// A state on a task's way, in a test that walks it: the triggers refused there, then the
 /// steps (trigger, at second) that lead on.
 type Stage = (&'static [Trigger], &'static [(Trigger, i64)]);
@@ -264,17 +284,7 @@ agentry_persistence::backend_tests! {
         let (task, mut conn) = a_task(db);
         apply(&mut conn, task.id, Trigger::Claim, at(1));
         apply(&mut conn, task.id, Trigger::AgentStarted, at(2));
-        let details = TransitionDetails {
-            error_message: Some("the agent made no changes".into()),
-            ..Default::default()
-        };
-        let t = apply_with(&mut conn, task.id, Trigger::Fail, &details, at(3));
-        assert_eq!(t.state, TaskState::Failed);
-        assert_eq!(
-            t.error_message.as_deref(),
-            Some("the agent made no changes")
-        );
-        assert_eq!(t.finished_at, Some(at(3)));
+        fails_with(&mut conn, task.id, Trigger::Fail, "the agent made no changes", at(3));
         assert_eq!(
             tasks::task_events(&mut conn, task.id)
                 .unwrap()
@@ -339,17 +349,8 @@ agentry_persistence::backend_tests! {
             ..Default::default()
         };
         apply_with(&mut conn, task.id, Trigger::PullRequestOpened, &pr, at(3));
-        let closed = TransitionDetails {
-            error_message: Some("the pull request was closed without being merged".into()),
-            ..Default::default()
-        };
-        let t = apply_with(&mut conn, task.id, Trigger::PullRequestClosed, &closed, at(4));
-        assert_eq!(t.state, TaskState::Failed);
-        assert_eq!(
-            t.error_message.as_deref(),
-            Some("the pull request was closed without being merged")
-        );
-        assert_eq!(t.finished_at, Some(at(4)));
+        let message = "the pull request was closed without being merged";
+        let t = fails_with(&mut conn, task.id, Trigger::PullRequestClosed, message, at(4));
         assert_eq!(t.pr_number, Some(3));
     }
 
