@@ -29,7 +29,7 @@ use diesel::{QueryResult, QueryableByName};
 use time::{Duration, OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
-use crate::connection::{native_execute as execute, native_load as load};
+use crate::connection::{native_execute, native_load};
 use crate::convert::{from_db, to_db};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -95,6 +95,7 @@ macro_rules! queue {
             $delivered,
             $order,
             |conn, ids| {
+                use ::diesel::prelude::*;
                 use $crate::fetch::Fetch;
                 $table::table
                     .filter($table::id.eq_any(ids))
@@ -178,7 +179,7 @@ impl<T: Entry> Queue<T> {
             self.table, self.pending
         );
         write_tx(conn, |conn| {
-            let candidates: Vec<Due> = load(
+            let candidates: Vec<Due> = native_load(
                 conn,
                 sql(conn, &select)
                     .bind::<Timestamp, _>(due)
@@ -186,7 +187,7 @@ impl<T: Entry> Queue<T> {
             )?;
             let mut won = Vec::with_capacity(candidates.len());
             for candidate in candidates {
-                let updated = execute(
+                let updated = native_execute(
                     conn,
                     sql(conn, &lease_one)
                         .bind::<Timestamp, _>(until)
@@ -225,7 +226,7 @@ impl<T: Entry> Queue<T> {
         );
         let id = id.to_string();
         self.mark(conn, &id, |conn| {
-            execute(
+            native_execute(
                 conn,
                 sql(conn, &update)
                     .bind::<Timestamp, _>(to_db(now))
@@ -252,7 +253,7 @@ impl<T: Entry> Queue<T> {
         );
         let id = id.to_string();
         self.mark(conn, &id, |conn| {
-            execute(
+            native_execute(
                 conn,
                 sql(conn, &update)
                     .bind::<Text, _>(error)
@@ -269,7 +270,7 @@ impl<T: Entry> Queue<T> {
             "SELECT next_attempt_at FROM {} WHERE {} ORDER BY next_attempt_at LIMIT 1",
             self.table, self.pending
         );
-        let first: Vec<At> = load(conn, sql(conn, &select))?;
+        let first: Vec<At> = native_load(conn, sql(conn, &select))?;
         Ok(first.into_iter().next().map(|a| from_db(a.next_attempt_at)))
     }
 
@@ -290,7 +291,7 @@ impl<T: Entry> Queue<T> {
 
     fn ensure_exists(&self, conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
         let select = format!("SELECT next_attempt_at FROM {} WHERE id = #1", self.table);
-        let found: Vec<At> = load(conn, sql(conn, &select).bind::<Text, _>(id))?;
+        let found: Vec<At> = native_load(conn, sql(conn, &select).bind::<Text, _>(id))?;
         if found.is_empty() {
             Err(DbError::NotFound)
         } else {
