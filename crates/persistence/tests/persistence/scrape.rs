@@ -57,8 +57,8 @@ fn backfill(conn: &mut AnyConnection) {
     }
 }
 
-/// Two tasks created at `T0`: one on the test repository, one on `https://github.com/o/{other}`;
-/// returns the repositories and the tasks, in that order.
+/// Connects the test repository and `https://github.com/o/{other}` and creates a task on
+/// each at `T0`; returns the repositories and the tasks, in that order.
 fn two_repositories(db: &Db, other: &str) -> ([Repository; 2], [Task; 2]) {
     let (first, second) = (repo(db), connect(db, "o", other));
     let tasks = [create(db, &first, T0), create(db, &second, T0)];

@@ -13,7 +13,7 @@ fn hash(n: u32) -> String {
 
 /// `token` was issued as `name` with `role` at `T0`, and its hash `hash(n)` finds it, every
 /// field intact.
-fn assert_issued(conn: &mut AnyConnection, token: &ApiToken, (name, role): (&str, Role), n: u32) {
+fn assert_issued(conn: &mut AnyConnection, token: &ApiToken, name: &str, role: Role, n: u32) {
     assert_eq!(
         (token.name.as_str(), token.role, token.created_at),
         (name, role, T0)
@@ -30,7 +30,7 @@ agentry_persistence::backend_tests! {
     fn create_and_find_by_hash(db) {
         let mut conn = db.conn().unwrap();
         let token = tokens::create_token(&mut conn, "ci", Role::Member, &hash(1), T0).unwrap();
-        assert_issued(&mut conn, &token, ("ci", Role::Member), 1);
+        assert_issued(&mut conn, &token, "ci", Role::Member, 1);
         assert_eq!(tokens::find_by_hash(&mut conn, &hash(2)).unwrap(), None);
         assert_eq!(tokens::find_by_hash(&mut conn, "").unwrap(), None);
         for role in Role::ALL {
@@ -107,7 +107,7 @@ agentry_persistence::backend_tests! {
         let admin = tokens::bootstrap_admin(&mut conn, "admin", &hash(1), T0)
             .unwrap()
             .unwrap();
-        assert_issued(&mut conn, &admin, ("admin", Role::Admin), 1);
+        assert_issued(&mut conn, &admin, "admin", Role::Admin, 1);
         assert_eq!(
             tokens::bootstrap_admin(&mut conn, "admin", &hash(2), at(1)).unwrap(),
             None
