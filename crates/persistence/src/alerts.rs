@@ -20,7 +20,7 @@ use uuid::Uuid;
 use crate::budgets::{instance_budget, month_start, repository_budgets, spent_nanos};
 use crate::connection::insert_once;
 use crate::convert::{self, from_db, opt_from_db, to_db};
-use crate::delivery::{Entry, Queue};
+use crate::fetch::Fetch;
 use crate::schema::budget_alerts;
 use crate::{AnyConnection, DbError};
 
@@ -270,10 +270,7 @@ pub fn get(conn: &mut AnyConnection, id: Uuid) -> Result<BudgetAlert, DbError> {
     budget_alerts::table
         .find(id.to_string())
         .select(AlertRow::as_select())
-        .first(conn)
-        .optional()?
-        .ok_or(DbError::NotFound)
-        .and_then(BudgetAlert::try_from)
+        .get_as(conn)
 }
 
 /// Up to `limit` alerts (1 to [`MAX_PAGE`] + 1, so a caller can ask one more than a page to
@@ -292,39 +289,15 @@ pub fn list(
     if let Some(after) = after {
         query = query.filter(budget_alerts::id.lt(after.to_string()));
     }
-    query
-        .load(conn)?
-        .into_iter()
-        .map(BudgetAlert::try_from)
-        .collect()
+    query.load_as(conn)
 }
 
-/// The alerts as a leased delivery queue ([`crate::delivery`]): `pending` alerts, claimed
-/// oldest first; delivery makes them `delivered` and sets `delivered_at`.
-pub const QUEUE: Queue<BudgetAlert> = Queue::new(
-    "budget_alerts",
-    "delivery = 'pending'",
-    "delivery = 'delivered', delivered_at = #1",
-    "id",
-    load,
-);
-
-impl Entry for BudgetAlert {
-    fn id(&self) -> Uuid {
-        self.id
+crate::delivery::queue! {
+    /// The alerts as a leased delivery queue ([`crate::delivery`]): `pending` alerts, claimed
+    /// oldest first; delivery makes them `delivered` and sets `delivered_at`.
+    pub const QUEUE: Queue<BudgetAlert> = budget_alerts as AlertRow {
+        pending: "delivery = 'pending'",
+        delivered: "delivery = 'delivered', delivered_at = #1",
+        order: "id",
     }
-
-    fn attempts(&self) -> i32 {
-        self.attempts
-    }
-}
-
-fn load(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<BudgetAlert>, DbError> {
-    budget_alerts::table
-        .filter(budget_alerts::id.eq_any(ids))
-        .select(AlertRow::as_select())
-        .load(conn)?
-        .into_iter()
-        .map(BudgetAlert::try_from)
-        .collect()
 }

@@ -14,6 +14,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::convert::{self, to_db};
+use crate::fetch::Fetch;
 use crate::schema::{instance_budget, repositories, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -132,9 +133,7 @@ pub fn repository_month(
     let budget: Option<i64> = repositories::table
         .find(repo.to_string())
         .select(repositories::monthly_budget_nanos)
-        .first(conn)
-        .optional()?
-        .ok_or(DbError::NotFound)?;
+        .existing(conn)?;
     Ok(MonthToDate {
         budget: convert::usd(budget)?,
         spent: usd(spent_nanos(conn, Some(repo), now)?)?,
@@ -305,9 +304,7 @@ pub fn reserve_of(conn: &mut AnyConnection, task: Uuid) -> Result<Option<Usd>, D
     let nanos: Option<i64> = tasks::table
         .find(task.to_string())
         .select(tasks::budget_reserve_nanos)
-        .first(conn)
-        .optional()?
-        .ok_or(DbError::NotFound)?;
+        .existing(conn)?;
     convert::usd(nanos)
 }
 

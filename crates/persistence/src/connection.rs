@@ -11,8 +11,11 @@ use diesel::connection::{
     TransactionManager,
 };
 use diesel::prelude::*;
+use diesel::query_dsl::LoadQuery;
+use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::r2d2::R2D2Connection;
 use diesel::result::DatabaseErrorKind;
+use diesel::{PgConnection, SqliteConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::DbError;
@@ -497,5 +500,36 @@ where
         Ok(_) => Ok(true),
         Err(e) if e.is_unique_violation() => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Runs a statement that the backends' own connections can run but [`AnyConnection`] cannot
+/// (an upsert, or raw SQL: queries that are not written for the multi-backend) on the
+/// backend of `conn`, built once for both.
+pub(crate) fn native_execute<Q>(conn: &mut AnyConnection, query: Q) -> QueryResult<usize>
+where
+    Q: RunQueryDsl<PgConnection>
+        + RunQueryDsl<SqliteConnection>
+        + ExecuteDsl<PgConnection>
+        + ExecuteDsl<SqliteConnection>,
+{
+    match conn {
+        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::execute(query, c),
+        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::execute(query, c),
+    }
+}
+
+/// Loads the rows of a query that the backends' own connections can run but
+/// [`AnyConnection`] cannot (see [`native_execute`]), on the backend of `conn`.
+pub(crate) fn native_load<'q, Q, U>(conn: &mut AnyConnection, query: Q) -> QueryResult<Vec<U>>
+where
+    Q: RunQueryDsl<PgConnection>
+        + RunQueryDsl<SqliteConnection>
+        + LoadQuery<'q, PgConnection, U>
+        + LoadQuery<'q, SqliteConnection, U>,
+{
+    match conn {
+        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::load(query, c),
+        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::load(query, c),
     }
 }

@@ -24,13 +24,12 @@
 
 use std::time::Duration as StdDuration;
 
-use diesel::query_dsl::methods::ExecuteDsl;
-use diesel::query_dsl::{LoadQuery, RunQueryDsl};
 use diesel::sql_types::{BigInt, Text, Timestamp};
-use diesel::{PgConnection, QueryResult, QueryableByName, SqliteConnection};
+use diesel::{QueryResult, QueryableByName};
 use time::{Duration, OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
+use crate::connection::{native_execute, native_load};
 use crate::convert::{from_db, to_db};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -64,6 +63,59 @@ impl<T> std::fmt::Debug for Queue<T> {
             .finish_non_exhaustive()
     }
 }
+
+/// Declares the leased delivery queue of a table, once for every queue: the [`Queue`]
+/// constant `NAME` over the table `TABLE` (its schema module, whose name is the table's),
+/// the [`Entry`] implementation of its entries (their `id` and `attempts` fields), and the
+/// read of entries by id, selected as `ROW` and decoded into the entry type.
+///
+/// ```ignore
+/// queue! {
+///     /// What the queue holds.
+///     pub const NAME: Queue<EntryType> = TABLE as ROW {
+///         pending: "SQL condition",
+///         delivered: "SQL assignments (#1: the delivery time)",
+///         order: "SQL order",
+///     }
+/// }
+/// ```
+macro_rules! queue {
+    (
+        $(#[$doc:meta])*
+        $vis:vis const $name:ident: Queue<$entry:ty> = $table:ident as $row:ty {
+            pending: $pending:literal,
+            delivered: $delivered:literal,
+            order: $order:literal $(,)?
+        }
+    ) => {
+        $(#[$doc])*
+        $vis const $name: $crate::delivery::Queue<$entry> = $crate::delivery::Queue::new(
+            stringify!($table),
+            $pending,
+            $delivered,
+            $order,
+            |conn, ids| {
+                use ::diesel::prelude::*;
+                use $crate::fetch::Fetch;
+                $table::table
+                    .filter($table::id.eq_any(ids))
+                    .select(<$row>::as_select())
+                    .load_as(conn)
+            },
+        );
+
+        impl $crate::delivery::Entry for $entry {
+            fn id(&self) -> ::uuid::Uuid {
+                self.id
+            }
+
+            fn attempts(&self) -> i32 {
+                self.attempts
+            }
+        }
+    };
+}
+pub(crate) use queue;
 
 /// The id and due time of a candidate for a claim.
 #[derive(QueryableByName)]
@@ -127,7 +179,7 @@ impl<T: Entry> Queue<T> {
             self.table, self.pending
         );
         write_tx(conn, |conn| {
-            let candidates: Vec<Due> = load(
+            let candidates: Vec<Due> = native_load(
                 conn,
                 sql(conn, &select)
                     .bind::<Timestamp, _>(due)
@@ -135,7 +187,7 @@ impl<T: Entry> Queue<T> {
             )?;
             let mut won = Vec::with_capacity(candidates.len());
             for candidate in candidates {
-                let updated = execute(
+                let updated = native_execute(
                     conn,
                     sql(conn, &lease_one)
                         .bind::<Timestamp, _>(until)
@@ -173,17 +225,13 @@ impl<T: Entry> Queue<T> {
             self.table, self.delivered, self.pending
         );
         let id = id.to_string();
-        write_tx(conn, |conn| {
-            let updated = execute(
+        self.mark(conn, &id, |conn| {
+            native_execute(
                 conn,
                 sql(conn, &update)
                     .bind::<Timestamp, _>(to_db(now))
                     .bind::<Text, _>(&id),
-            )?;
-            if updated == 0 {
-                self.ensure_exists(conn, &id)?;
-            }
-            Ok(())
+            )
         })
     }
 
@@ -204,18 +252,14 @@ impl<T: Entry> Queue<T> {
             self.table, self.pending
         );
         let id = id.to_string();
-        write_tx(conn, |conn| {
-            let updated = execute(
+        self.mark(conn, &id, |conn| {
+            native_execute(
                 conn,
                 sql(conn, &update)
                     .bind::<Text, _>(error)
                     .bind::<Timestamp, _>(to_db(retry_at))
                     .bind::<Text, _>(&id),
-            )?;
-            if updated == 0 {
-                self.ensure_exists(conn, &id)?;
-            }
-            Ok(())
+            )
         })
     }
 
@@ -226,13 +270,28 @@ impl<T: Entry> Queue<T> {
             "SELECT next_attempt_at FROM {} WHERE {} ORDER BY next_attempt_at LIMIT 1",
             self.table, self.pending
         );
-        let first: Vec<At> = load(conn, sql(conn, &select))?;
+        let first: Vec<At> = native_load(conn, sql(conn, &select))?;
         Ok(first.into_iter().next().map(|a| from_db(a.next_attempt_at)))
+    }
+
+    /// Runs `update`, a write of the pending entry `id`, in [`write_tx`]; an update that
+    /// matched nothing is fine for an entry no longer pending, and [`DbError::NotFound`] for
+    /// an unknown id.
+    fn mark<F>(&self, conn: &mut AnyConnection, id: &str, update: F) -> Result<(), DbError>
+    where
+        F: FnOnce(&mut AnyConnection) -> QueryResult<usize>,
+    {
+        write_tx(conn, |conn| {
+            if update(conn)? == 0 {
+                self.ensure_exists(conn, id)?;
+            }
+            Ok(())
+        })
     }
 
     fn ensure_exists(&self, conn: &mut AnyConnection, id: &str) -> Result<(), DbError> {
         let select = format!("SELECT next_attempt_at FROM {} WHERE id = #1", self.table);
-        let found: Vec<At> = load(conn, sql(conn, &select).bind::<Text, _>(id))?;
+        let found: Vec<At> = native_load(conn, sql(conn, &select).bind::<Text, _>(id))?;
         if found.is_empty() {
             Err(DbError::NotFound)
         } else {
@@ -275,32 +334,4 @@ fn sql(conn: &AnyConnection, text: &str) -> diesel::query_builder::SqlQuery {
         AnyConnection::Sqlite(_) => "?",
     };
     diesel::sql_query(text.replace('#', mark))
-}
-
-/// Runs a statement built by [`sql`] on either backend.
-fn execute<Q>(conn: &mut AnyConnection, query: Q) -> QueryResult<usize>
-where
-    Q: RunQueryDsl<PgConnection>
-        + RunQueryDsl<SqliteConnection>
-        + ExecuteDsl<PgConnection>
-        + ExecuteDsl<SqliteConnection>,
-{
-    match conn {
-        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::execute(query, c),
-        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::execute(query, c),
-    }
-}
-
-/// Runs a query built by [`sql`] on either backend.
-fn load<'q, Q, U>(conn: &mut AnyConnection, query: Q) -> QueryResult<Vec<U>>
-where
-    Q: RunQueryDsl<PgConnection>
-        + RunQueryDsl<SqliteConnection>
-        + LoadQuery<'q, PgConnection, U>
-        + LoadQuery<'q, SqliteConnection, U>,
-{
-    match conn {
-        AnyConnection::Postgresql(c) => RunQueryDsl::<PgConnection>::load(query, c),
-        AnyConnection::Sqlite(c) => RunQueryDsl::<SqliteConnection>::load(query, c),
-    }
 }

@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::convert::{self, from_db, opt_from_db, to_db};
 use crate::error::touched;
+use crate::fetch::Fetch;
 use crate::schema::{issue_links, repositories, synced_issues, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -384,20 +385,18 @@ pub struct IssueSyncCursor {
 
 /// The sync state of one repository. [`DbError::NotFound`] if no repository has this id.
 pub fn sync_cursor(conn: &mut AnyConnection, repo_id: Uuid) -> Result<IssueSyncCursor, DbError> {
-    let row: Option<(
+    let (etag, watermark, full): (
         Option<String>,
         Option<PrimitiveDateTime>,
         Option<PrimitiveDateTime>,
-    )> = repositories::table
+    ) = repositories::table
         .find(repo_id.to_string())
         .select((
             repositories::issues_etag,
             repositories::issues_watermark,
             repositories::issues_full_synced_at,
         ))
-        .first(conn)
-        .optional()?;
-    let (etag, watermark, full) = row.ok_or(DbError::NotFound)?;
+        .existing(conn)?;
     Ok(IssueSyncCursor {
         etag,
         watermark: opt_from_db(watermark),

@@ -23,6 +23,7 @@ pub mod connection;
 mod convert;
 pub mod delivery;
 mod error;
+mod fetch;
 pub mod issues;
 pub mod leader;
 pub mod meta;

@@ -12,6 +12,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, from_db, to_db};
+use crate::fetch::Fetch;
 use crate::schema::{egress_blocked, model_calls};
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -143,10 +144,7 @@ pub fn task_calls(
         ))
         .limit(MAX_CALLS_LISTED)
         .select(CallRow::as_select())
-        .load(conn)?
-        .into_iter()
-        .map(ModelCall::try_from)
-        .collect()
+        .load_as(conn)
 }
 
 /// What the metered calls of one run add up to.

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::connection::insert_once;
 use crate::convert::{self, from_db, opt_from_db, to_db};
-use crate::delivery::{Entry, Queue};
+use crate::fetch::Fetch;
 use crate::schema::outbox;
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -323,34 +323,14 @@ pub fn enqueue(
     })
 }
 
-/// The outbox as a leased delivery queue ([`crate::delivery`]): undelivered effects, claimed
-/// oldest written first; delivery sets `delivered_at`.
-pub const QUEUE: Queue<Effect> = Queue::new(
-    "outbox",
-    "delivered_at IS NULL",
-    "delivered_at = #1",
-    "created_at, id",
-    load,
-);
-
-impl Entry for Effect {
-    fn id(&self) -> Uuid {
-        self.id
+crate::delivery::queue! {
+    /// The outbox as a leased delivery queue ([`crate::delivery`]): undelivered effects,
+    /// claimed oldest written first; delivery sets `delivered_at`.
+    pub const QUEUE: Queue<Effect> = outbox as EffectRow {
+        pending: "delivered_at IS NULL",
+        delivered: "delivered_at = #1",
+        order: "created_at, id",
     }
-
-    fn attempts(&self) -> i32 {
-        self.attempts
-    }
-}
-
-fn load(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<Effect>, DbError> {
-    outbox::table
-        .filter(outbox::id.eq_any(ids))
-        .select(EffectRow::as_select())
-        .load(conn)?
-        .into_iter()
-        .map(Effect::try_from)
-        .collect()
 }
 
 /// All effects of a task, oldest written first (tests and task detail).
@@ -359,8 +339,5 @@ pub fn effects_of_task(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<Ef
         .filter(outbox::task_id.eq(task_id.to_string()))
         .order((outbox::created_at.asc(), outbox::id.asc()))
         .select(EffectRow::as_select())
-        .load(conn)?
-        .into_iter()
-        .map(Effect::try_from)
-        .collect()
+        .load_as(conn)
 }

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::convert::{self, opt_from_db, opt_to_db};
 use crate::error::touched;
+use crate::fetch::Fetch;
 use crate::outbox::{self, Action, NewEffect};
 use crate::repos::{self, Repository};
 use crate::schema::{repositories, tasks};
@@ -130,9 +131,7 @@ pub fn pull_poll_state(conn: &mut AnyConnection, repo_id: Uuid) -> Result<PullPo
     let (etag, watermark) = repositories::table
         .find(repo_id.to_string())
         .select((repositories::pulls_etag, repositories::pulls_watermark))
-        .first::<(Option<String>, Option<PrimitiveDateTime>)>(conn)
-        .optional()?
-        .ok_or(DbError::NotFound)?;
+        .existing::<(Option<String>, Option<PrimitiveDateTime>)>(conn)?;
     let watermark = opt_from_db(watermark);
     let oldest = match watermark {
         Some(_) => None,

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::convert::{self, from_db, opt_from_db, to_db};
 use crate::error::touched;
+use crate::fetch::Fetch;
 use crate::schema::repositories;
 use crate::{AnyConnection, DbError, write_tx};
 
@@ -202,10 +203,7 @@ pub fn get_repository(conn: &mut AnyConnection, id: Uuid) -> Result<Repository, 
     repositories::table
         .find(id.to_string())
         .select(RepoRow::as_select())
-        .first(conn)
-        .optional()?
-        .ok_or(DbError::NotFound)
-        .and_then(Repository::try_from)
+        .get_as(conn)
 }
 
 /// The repository stored for a normalised URL, if any.
@@ -213,10 +211,7 @@ pub fn find_by_url(conn: &mut AnyConnection, url: &RepoUrl) -> Result<Option<Rep
     repositories::table
         .filter(repositories::url.eq(url.as_str()))
         .select(RepoRow::as_select())
-        .first(conn)
-        .optional()?
-        .map(Repository::try_from)
-        .transpose()
+        .first_as(conn)
 }
 
 /// Connected repositories, by URL.
@@ -225,10 +220,7 @@ pub fn list_connected(conn: &mut AnyConnection) -> Result<Vec<Repository>, DbErr
         .filter(repositories::disconnected_at.is_null())
         .order(repositories::url.asc())
         .select(RepoRow::as_select())
-        .load(conn)?
-        .into_iter()
-        .map(Repository::try_from)
-        .collect()
+        .load_as(conn)
 }
 
 /// Marks a connected repository disconnected. Its row, tasks, costs and synced issues stay;

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::connection::insert_once;
 use crate::convert::{self, from_db, to_db};
 use crate::error::touched;
+use crate::fetch::Fetch;
 use crate::schema::{revision_feedback, task_runs, tasks};
 use crate::{AnyConnection, DbError};
 
@@ -283,8 +284,7 @@ fn load(conn: &mut AnyConnection, task_id: Uuid, which: Which) -> Result<Vec<Fee
         Which::Outcome(outcome) => query.filter(revision_feedback::outcome.eq(outcome.as_str())),
         Which::Round(attempt) => query.filter(revision_feedback::round_attempt.eq(attempt)),
     };
-    let rows: Vec<FeedbackRow> = query.load(conn)?;
-    rows.into_iter().map(Feedback::try_from).collect()
+    query.load_as(conn)
 }
 
 /// The task's feedback with `outcome`, oldest first.

@@ -962,10 +962,7 @@ pub fn run_cost_totals(conn: &mut AnyConnection) -> Result<Vec<(Combo, i64)>, Db
          WHERE r.cost_nanos IS NOT NULL \
          GROUP BY t.repo_url, t.task_type, COALESCE(r.model, '') \
          ORDER BY 1, 2, 3";
-    let rows: Vec<Row> = match conn {
-        AnyConnection::Sqlite(c) => diesel::sql_query(SQL).load(c)?,
-        AnyConnection::Postgresql(c) => diesel::sql_query(SQL).load(c)?,
-    };
+    let rows: Vec<Row> = crate::connection::native_load(conn, diesel::sql_query(SQL))?;
     Ok(rows
         .into_iter()
         .map(|r| ((r.repo_url, r.task_type, r.model), r.cost_nanos))

@@ -16,6 +16,7 @@ use diesel::prelude::*;
 use time::{OffsetDateTime, UtcOffset};
 
 use crate::budgets::{self, SetBudget};
+use crate::connection::native_execute;
 use crate::rollups::Combo;
 use crate::schema::{egress_blocked_repo as ebr, repositories, run_cost_rollup as rcr, tasks};
 use crate::{AnyConnection, DbError};
@@ -63,20 +64,14 @@ pub(crate) fn add_run_cost(
         rcr::model,
     );
     let add = rcr::cost_nanos.eq(rcr::cost_nanos + cost_nanos);
-    match conn {
-        AnyConnection::Sqlite(c) => diesel::insert_into(rcr::table)
+    native_execute(
+        conn,
+        diesel::insert_into(rcr::table)
             .values(row)
             .on_conflict(key)
             .do_update()
-            .set(add)
-            .execute(c)?,
-        AnyConnection::Postgresql(c) => diesel::insert_into(rcr::table)
-            .values(row)
-            .on_conflict(key)
-            .do_update()
-            .set(add)
-            .execute(c)?,
-    };
+            .set(add),
+    )?;
     Ok(())
 }
 
@@ -92,20 +87,14 @@ pub(crate) fn add_blocked(conn: &mut AnyConnection, task_id: &str) -> Result<(),
     let Some(url) = url else { return Ok(()) };
     let row = (ebr::repo_url.eq(url), ebr::count.eq(1_i64));
     let add = ebr::count.eq(ebr::count + 1_i64);
-    match conn {
-        AnyConnection::Sqlite(c) => diesel::insert_into(ebr::table)
+    native_execute(
+        conn,
+        diesel::insert_into(ebr::table)
             .values(row)
             .on_conflict(ebr::repo_url)
             .do_update()
-            .set(add)
-            .execute(c)?,
-        AnyConnection::Postgresql(c) => diesel::insert_into(ebr::table)
-            .values(row)
-            .on_conflict(ebr::repo_url)
-            .do_update()
-            .set(add)
-            .execute(c)?,
-    };
+            .set(add),
+    )?;
     Ok(())
 }
 

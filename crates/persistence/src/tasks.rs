@@ -11,6 +11,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, from_db, opt_from_db, opt_to_db, to_db};
+use crate::fetch::Fetch;
 use crate::rollups::{self, Deltas};
 use crate::schema::{issue_links, task_events, task_runs, tasks};
 use crate::{AnyConnection, DbError, write_tx};
@@ -275,14 +276,12 @@ pub fn linked_task(
     repo_id: Uuid,
     issue_number: i64,
 ) -> Result<Option<Task>, DbError> {
-    let row = tasks::table
+    tasks::table
         .inner_join(issue_links::table.on(issue_links::task_id.eq(tasks::id)))
         .filter(issue_links::repo_id.eq(repo_id.to_string()))
         .filter(issue_links::issue_number.eq(issue_number))
         .select(TaskRow::as_select())
-        .first(conn)
-        .optional()?;
-    row.map(Task::try_from).transpose()
+        .first_as(conn)
 }
 
 /// One task by id.
@@ -295,10 +294,7 @@ pub fn find_task(conn: &mut AnyConnection, id: Uuid) -> Result<Option<Task>, DbE
     tasks::table
         .find(id.to_string())
         .select(TaskRow::as_select())
-        .first(conn)
-        .optional()?
-        .map(Task::try_from)
-        .transpose()
+        .first_as(conn)
 }
 
 /// What a transition records beside the new state.
@@ -350,9 +346,7 @@ pub fn transition_task(
             let imported: bool = tasks::table
                 .find(id.to_string())
                 .select(tasks::imported)
-                .first(conn)
-                .optional()?
-                .ok_or(DbError::NotFound)?;
+                .existing(conn)?;
             if imported {
                 return Err(DbError::Conflict(format!(
                     "task {id} was imported: it is history, with no prompt to run again"
@@ -839,10 +833,7 @@ pub fn task_runs(conn: &mut AnyConnection, task_id: Uuid) -> Result<Vec<Run>, Db
         .filter(task_runs::task_id.eq(task_id.to_string()))
         .order((task_runs::started_at.asc(), task_runs::id.asc()))
         .select(RunRow::as_select())
-        .load(conn)?
-        .into_iter()
-        .map(Run::try_from)
-        .collect()
+        .load_as(conn)
 }
 
 /// The review subtasks of a coding task, oldest first.
@@ -851,10 +842,7 @@ pub fn review_tasks(conn: &mut AnyConnection, parent_id: Uuid) -> Result<Vec<Tas
         .filter(tasks::parent_task_id.eq(parent_id.to_string()))
         .order((tasks::created_at.asc(), tasks::id.asc()))
         .select(TaskRow::as_select())
-        .load(conn)?
-        .into_iter()
-        .map(Task::try_from)
-        .collect()
+        .load_as(conn)
 }
 
 /// Filters of the task list.

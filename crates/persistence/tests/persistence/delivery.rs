@@ -9,7 +9,7 @@ use crate::alerts::{set_budget, spend};
 use crate::common::*;
 use agentry_persistence::delivery::{Backoff, Entry, Queue};
 use agentry_persistence::outbox::{self, Action, NewEffect};
-use agentry_persistence::{Db, DbError, alerts, write_tx};
+use agentry_persistence::{AnyConnection, Db, DbError, alerts, write_tx};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
 
@@ -41,48 +41,35 @@ fn ids<T: Entry>(entries: &[T]) -> Vec<Uuid> {
     entries.iter().map(Entry::id).collect()
 }
 
+/// The lease of every claim in these tests.
+const LEASE: Duration = Duration::seconds(60);
+
+/// Claims up to 10 due entries of `queue` at `now`, leased for [`LEASE`].
+fn claim<T: Entry>(queue: &Queue<T>, conn: &mut AnyConnection, now: OffsetDateTime) -> Vec<T> {
+    queue.claim_due(conn, now, LEASE, 10).unwrap()
+}
+
 /// Worker A claims an entry and dies; worker B (another connection: another replica)
 /// finds it leased until the lease ends, then claims it. A's late reports change nothing
 /// once B delivered it.
 fn lease_expiry<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
-    let lease = Duration::seconds(60);
     let (mut a, mut b) = (db.conn().unwrap(), db.conn().unwrap());
-    assert_eq!(
-        ids(&queue.claim_due(&mut a, at(1), lease, 10).unwrap()),
-        [id]
-    );
+    assert_eq!(ids(&claim(queue, &mut a, at(1))), [id]);
     assert_eq!(queue.next_due(&mut b).unwrap(), Some(at(61)));
-    assert!(
-        queue
-            .claim_due(&mut b, at(60), lease, 10)
-            .unwrap()
-            .is_empty(),
-        "leased"
-    );
-    let reclaimed = queue.claim_due(&mut b, at(61), lease, 10).unwrap();
+    assert!(claim(queue, &mut b, at(60)).is_empty(), "leased");
+    let reclaimed = claim(queue, &mut b, at(61));
     assert_eq!(ids(&reclaimed), [id]);
     assert_eq!(
         reclaimed[0].attempts(),
         0,
         "a lost lease is no failed attempt"
     );
-    assert!(
-        queue
-            .claim_due(&mut a, at(62), lease, 10)
-            .unwrap()
-            .is_empty(),
-        "B's lease"
-    );
+    assert!(claim(queue, &mut a, at(62)).is_empty(), "B's lease");
     queue.mark_delivered(&mut b, id, at(63)).unwrap();
     queue.mark_failed(&mut a, id, "late", at(64)).unwrap();
     queue.mark_delivered(&mut a, id, at(65)).unwrap();
     assert_eq!(queue.next_due(&mut a).unwrap(), None);
-    assert!(
-        queue
-            .claim_due(&mut a, at(10_000), lease, 10)
-            .unwrap()
-            .is_empty()
-    );
+    assert!(claim(queue, &mut a, at(10_000)).is_empty());
 }
 
 /// Each failure counts an attempt and makes the entry due at the backoff's retry time.
@@ -91,11 +78,10 @@ fn retry_backoff<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
         base: StdDuration::from_secs(5),
         max: StdDuration::from_secs(20),
     };
-    let lease = Duration::seconds(60);
     let mut conn = db.conn().unwrap();
     let mut now = at(1);
     for (failed, delay) in [(0, 5), (1, 10), (2, 20), (3, 20)] {
-        let claimed = queue.claim_due(&mut conn, now, lease, 10).unwrap();
+        let claimed = claim(queue, &mut conn, now);
         assert_eq!((ids(&claimed), claimed[0].attempts()), (vec![id], failed));
         let retry_at = backoff.retry_at(claimed[0].attempts(), now);
         assert_eq!(retry_at, now + Duration::seconds(delay));
@@ -104,27 +90,18 @@ fn retry_backoff<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
             .unwrap();
         assert_eq!(queue.next_due(&mut conn).unwrap(), Some(retry_at));
         let early = retry_at - Duration::microseconds(1);
-        assert!(
-            queue
-                .claim_due(&mut conn, early, lease, 10)
-                .unwrap()
-                .is_empty()
-        );
+        assert!(claim(queue, &mut conn, early).is_empty());
         now = retry_at;
     }
-    let last = queue.claim_due(&mut conn, now, lease, 10).unwrap();
+    let last = claim(queue, &mut conn, now);
     assert_eq!(last[0].attempts(), 4);
 }
 
 /// The marks are writes of the caller's transaction when called inside one: rolled back
 /// with it, the entry is as before; committed, it is delivered.
 fn marks_in_transaction<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
-    let lease = Duration::seconds(60);
     let mut conn = db.conn().unwrap();
-    assert_eq!(
-        ids(&queue.claim_due(&mut conn, at(1), lease, 10).unwrap()),
-        [id]
-    );
+    assert_eq!(ids(&claim(queue, &mut conn, at(1))), [id]);
     let rolled_back = write_tx::<(), DbError, _>(&mut conn, |conn| {
         queue.mark_failed(conn, id, "HTTP 500", at(5))?;
         queue.mark_delivered(conn, id, at(6))?;
@@ -136,7 +113,7 @@ fn marks_in_transaction<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
         Some(at(61)),
         "still leased, pending"
     );
-    let again = queue.claim_due(&mut conn, at(61), lease, 10).unwrap();
+    let again = claim(queue, &mut conn, at(61));
     assert_eq!((ids(&again), again[0].attempts()), (vec![id], 0));
     write_tx::<(), DbError, _>(&mut conn, |conn| queue.mark_delivered(conn, id, at(62))).unwrap();
     assert_eq!(queue.next_due(&mut conn).unwrap(), None);
@@ -160,23 +137,31 @@ fn the_backoff_doubles_up_to_its_cap() {
     assert_eq!(backoff.delay(i32::MAX), backoff.max);
 }
 
-agentry_persistence::backend_tests! {
-    fn outbox_lease_expiry_hands_an_effect_to_another_worker(db) {
-        lease_expiry(db, &outbox::QUEUE, effect_due(db, at(0)));
-    }
-    fn alert_lease_expiry_hands_an_alert_to_another_worker(db) {
-        lease_expiry(db, &alerts::QUEUE, alert_due(db, at(0)));
-    }
-    fn outbox_failures_retry_on_the_backoff_schedule(db) {
-        retry_backoff(db, &outbox::QUEUE, effect_due(db, at(0)));
-    }
-    fn alert_failures_retry_on_the_backoff_schedule(db) {
-        retry_backoff(db, &alerts::QUEUE, alert_due(db, at(0)));
-    }
-    fn outbox_marks_commit_with_the_callers_transaction(db) {
-        marks_in_transaction(db, &outbox::QUEUE, effect_due(db, at(0)));
-    }
-    fn alert_marks_commit_with_the_callers_transaction(db) {
-        marks_in_transaction(db, &alerts::QUEUE, alert_due(db, at(0)));
-    }
+/// Each behaviour, once for each queue: the outbox's (on an effect) and the alerts' (on an
+/// alert), due at `at(0)`; `check: outbox_test, alert_test;` names the two tests of `check`.
+macro_rules! on_both_queues {
+    ($($check:ident: $outbox_test:ident, $alert_test:ident;)*) => {
+        agentry_persistence::backend_tests! {
+            $(
+                fn $outbox_test(db) {
+                    $check(db, &outbox::QUEUE, effect_due(db, at(0)));
+                }
+                fn $alert_test(db) {
+                    $check(db, &alerts::QUEUE, alert_due(db, at(0)));
+                }
+            )*
+        }
+    };
+}
+
+on_both_queues! {
+    lease_expiry:
+        outbox_lease_expiry_hands_an_effect_to_another_worker,
+        alert_lease_expiry_hands_an_alert_to_another_worker;
+    retry_backoff:
+        outbox_failures_retry_on_the_backoff_schedule,
+        alert_failures_retry_on_the_backoff_schedule;
+    marks_in_transaction:
+        outbox_marks_commit_with_the_callers_transaction,
+        alert_marks_commit_with_the_callers_transaction;
 }

@@ -55,6 +55,15 @@ fn snapshot(conn: &mut AnyConnection) -> Snapshot {
     (daily, cum)
 }
 
+/// The rollup combination a task counts in: its repository, type and model (`""` for none).
+fn combo(t: &Task) -> rollups::Combo {
+    (
+        t.repo_url.to_string(),
+        t.task_type.as_str().to_owned(),
+        t.model_used.clone().unwrap_or_default(),
+    )
+}
+
 fn brute_sums(tasks: &[Task], through: Date) -> BTreeMap<(String, String, String), Sums> {
     let mut m: BTreeMap<(String, String, String), Sums> = BTreeMap::new();
     for t in tasks
@@ -62,13 +71,7 @@ fn brute_sums(tasks: &[Task], through: Date) -> BTreeMap<(String, String, String
         .filter(|t| rollups::utc_day(t.created_at) <= through)
     {
         let costed = t.cost_usd.is_some();
-        let s = m
-            .entry((
-                t.repo_url.to_string(),
-                t.task_type.as_str().to_owned(),
-                t.model_used.clone().unwrap_or_default(),
-            ))
-            .or_default();
+        let s = m.entry(combo(t)).or_default();
         s.tasks += 1;
         if costed {
             s.costed += 1;
@@ -148,13 +151,7 @@ fn brute_revisions(tasks: &[Task]) -> BTreeMap<(String, String, String), (i64, i
             (TaskType::Review, Some(p)) if p.task_type == TaskType::Coding => *p,
             _ => t,
         };
-        let e = m
-            .entry((
-                head.repo_url.to_string(),
-                head.task_type.as_str().to_owned(),
-                head.model_used.clone().unwrap_or_default(),
-            ))
-            .or_default();
+        let e = m.entry(combo(head)).or_default();
         if t.id == head.id && t.task_type == TaskType::Coding && t.state == TaskState::Completed {
             e.0 += i64::from(t.revisions);
         }

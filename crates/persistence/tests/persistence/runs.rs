@@ -170,51 +170,36 @@ agentry_persistence::backend_tests! {
     // the split; the task's model is the latest run's (kept when a run reports none).
     fn tokens_sum_and_model_follows_the_runs(db) {
         let (task, mut conn) = a_task(db);
-        let first = Run {
-            input_tokens: 100,
-            cache_read_tokens: 2_000,
-            cache_write_tokens: 30_000,
-            output_tokens: 400,
-            model: Some("claude-sonnet-4".into()),
-            ..run(&task, 0, Some("0.5"))
-        };
-        let second = Run {
-            input_tokens: 5,
-            cache_read_tokens: 60,
-            cache_write_tokens: 700,
-            output_tokens: 8_000,
-            model: Some("claude-opus-4".into()),
-            ..run(&task, 10, Some("0.5"))
-        };
-        let third = Run {
-            model: None,
-            output_tokens: 1,
-            ..run(&task, 20, None)
-        };
-        record(&mut conn, &first).unwrap();
+        // (start second, model, cost, tokens [input, cache read, cache write, output]) of
+        // each run, then the task's (input, output) tokens and model after it.
+        let cases = [
+            (0, Some("claude-sonnet-4"), Some("0.5"), [100, 2_000, 30_000, 400], (32_100, 400), "claude-sonnet-4"),
+            (10, Some("claude-opus-4"), Some("0.5"), [5, 60, 700, 8_000], (32_865, 8_400), "claude-opus-4"),
+            // The model is kept when a run reports none.
+            (20, None, None, [0, 0, 0, 1], (32_865, 8_401), "claude-opus-4"),
+        ];
+        let mut recorded = Vec::new();
+        for (secs, model, cost, [input, cache_read, cache_write, output], totals, model_after) in cases {
+            let r = Run {
+                input_tokens: input,
+                cache_read_tokens: cache_read,
+                cache_write_tokens: cache_write,
+                output_tokens: output,
+                model: model.map(str::to_owned),
+                ..run(&task, secs, cost)
+            };
+            record(&mut conn, &r).unwrap();
+            recorded.push(r);
+            let t = tasks::get_task(&mut conn, task.id).unwrap();
+            assert_eq!((t.input_tokens, t.output_tokens), totals, "after the run at {secs}");
+            assert_eq!(t.model_used.as_deref(), Some(model_after), "after the run at {secs}");
+            assert_eq!(t.updated_at, at(secs + 1), "updated at the run's end");
+        }
         let t = tasks::get_task(&mut conn, task.id).unwrap();
-        assert_eq!((t.input_tokens, t.output_tokens), (32_100, 400));
-        assert_eq!(t.model_used.as_deref(), Some("claude-sonnet-4"));
-        assert_eq!(t.updated_at, at(1), "updated at the run's end");
-        record(&mut conn, &second).unwrap();
-        let t = tasks::get_task(&mut conn, task.id).unwrap();
-        assert_eq!((t.input_tokens, t.output_tokens), (32_865, 8_400));
-        assert_eq!(t.model_used.as_deref(), Some("claude-opus-4"));
-        record(&mut conn, &third).unwrap();
-        let t = tasks::get_task(&mut conn, task.id).unwrap();
-        assert_eq!((t.input_tokens, t.output_tokens), (32_865, 8_401));
-        assert_eq!(
-            t.model_used.as_deref(),
-            Some("claude-opus-4"),
-            "kept when a run reports none"
-        );
         assert_eq!(t.cost_usd, Some(usd("1")));
 
         // The ledger keeps each run as recorded, oldest first.
-        assert_eq!(
-            tasks::task_runs(&mut conn, task.id).unwrap(),
-            vec![first, second, third]
-        );
+        assert_eq!(tasks::task_runs(&mut conn, task.id).unwrap(), recorded);
     }
 
     // Every field of a run round-trips, including a failed run without a finish time.

@@ -3,8 +3,10 @@
 //! migration, and naming connected repositories only.
 
 use crate::common::*;
+use agentry_domain::Task;
+use agentry_persistence::repos::Repository;
 use agentry_persistence::tasks::{self, Run};
-use agentry_persistence::{AnyConnection, budgets, metering, rollups, scrape};
+use agentry_persistence::{AnyConnection, Db, budgets, metering, rollups, scrape};
 use diesel::RunQueryDsl;
 use time::OffsetDateTime;
 use time::macros::datetime;
@@ -47,19 +49,20 @@ fn figures(conn: &mut AnyConnection, repos: &[Uuid], now: OffsetDateTime) -> Fig
     (scrape::run_cost_totals(conn).unwrap(), spent, blocked)
 }
 
-/// The `INSERT` statements of the migration that created the rollups (its backfill).
+/// Runs the `INSERT` statements of the migration that created the rollups (its backfill).
 fn backfill(conn: &mut AnyConnection) {
     let sql = include_str!("../../../../migrations/2026-11-26-000003_metrics_rollups/up.sql");
-    for statement in sql.split(';') {
-        let code: String = statement
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        if code.trim_start().starts_with("INSERT") {
-            diesel::sql_query(code).execute(conn).unwrap();
-        }
+    for statement in agentry_persistence::test_support::inserts_of(sql) {
+        diesel::sql_query(statement).execute(conn).unwrap();
     }
+}
+
+/// Connects the test repository and `https://github.com/o/{other}` and creates a task on
+/// each at `T0`; returns the repositories and the tasks, in that order.
+fn two_repositories(db: &Db, other: &str) -> ([Repository; 2], [Task; 2]) {
+    let (first, second) = (repo(db), connect(db, "o", other));
+    let tasks = [create(db, &first, T0), create(db, &second, T0)];
+    ([first, second], tasks)
 }
 
 agentry_persistence::backend_tests! {
@@ -67,10 +70,7 @@ agentry_persistence::backend_tests! {
     // equal the ledger's, the month's spend equals the budgets' own figure, and the
     // migration's backfill computes the same rows from the ledgers.
     fn the_rollups_equal_the_ledgers_and_the_backfill(db) {
-        let web = repo(db);
-        let api = connect(db, "o", "api");
-        let a = create(db, &web, T0);
-        let b = create(db, &api, T0);
+        let ([web, api], [a, b]) = two_repositories(db, "api");
         let mut conn = db.conn().unwrap();
         let now = datetime!(2026-01-20 00:00 UTC);
         let last_month = Some(datetime!(2025-12-31 23:59:59.999 UTC));
@@ -115,10 +115,7 @@ agentry_persistence::backend_tests! {
 
     // A scrape names connected repositories only; the budgets carry the month's spend.
     fn a_scrape_names_connected_repositories_only(db) {
-        let web = repo(db);
-        let gone = connect(db, "o", "gone");
-        let a = create(db, &web, T0);
-        let b = create(db, &gone, T0);
+        let ([_, gone], [a, b]) = two_repositories(db, "gone");
         let mut conn = db.conn().unwrap();
         tasks::record_run(&mut conn, &run(a.id, 1, Some("opus"), Some("0.5"), Some(at(1)))).unwrap();
         tasks::record_run(&mut conn, &run(b.id, 1, Some("opus"), Some("2"), Some(at(1)))).unwrap();

@@ -2,12 +2,26 @@
 
 use crate::common::*;
 use agentry_domain::Role;
-use agentry_persistence::tokens;
+use agentry_persistence::AnyConnection;
+use agentry_persistence::tokens::{self, ApiToken};
 use uuid::Uuid;
 
 /// A distinct fake SHA-256 hex digest.
 fn hash(n: u32) -> String {
     format!("{n:064x}")
+}
+
+/// `token` was issued as `name` with `role` at `T0`, and its hash `hash(n)` finds it, every
+/// field intact.
+fn assert_issued(conn: &mut AnyConnection, token: &ApiToken, name: &str, role: Role, n: u32) {
+    assert_eq!(
+        (token.name.as_str(), token.role, token.created_at),
+        (name, role, T0)
+    );
+    assert_eq!(
+        tokens::find_by_hash(conn, &hash(n)).unwrap(),
+        Some(token.clone())
+    );
 }
 
 agentry_persistence::backend_tests! {
@@ -16,14 +30,7 @@ agentry_persistence::backend_tests! {
     fn create_and_find_by_hash(db) {
         let mut conn = db.conn().unwrap();
         let token = tokens::create_token(&mut conn, "ci", Role::Member, &hash(1), T0).unwrap();
-        assert_eq!(
-            (token.name.as_str(), token.role, token.created_at),
-            ("ci", Role::Member, T0)
-        );
-        assert_eq!(
-            tokens::find_by_hash(&mut conn, &hash(1)).unwrap(),
-            Some(token.clone())
-        );
+        assert_issued(&mut conn, &token, "ci", Role::Member, 1);
         assert_eq!(tokens::find_by_hash(&mut conn, &hash(2)).unwrap(), None);
         assert_eq!(tokens::find_by_hash(&mut conn, "").unwrap(), None);
         for role in Role::ALL {
@@ -100,14 +107,7 @@ agentry_persistence::backend_tests! {
         let admin = tokens::bootstrap_admin(&mut conn, "admin", &hash(1), T0)
             .unwrap()
             .unwrap();
-        assert_eq!(
-            (admin.name.as_str(), admin.role, admin.created_at),
-            ("admin", Role::Admin, T0)
-        );
-        assert_eq!(
-            tokens::find_by_hash(&mut conn, &hash(1)).unwrap(),
-            Some(admin.clone())
-        );
+        assert_issued(&mut conn, &admin, "admin", Role::Admin, 1);
         assert_eq!(
             tokens::bootstrap_admin(&mut conn, "admin", &hash(2), at(1)).unwrap(),
             None

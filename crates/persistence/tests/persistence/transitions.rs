@@ -9,10 +9,45 @@ use uuid::Uuid;
 
 /// Applies `trigger` with no details.
 fn apply(conn: &mut AnyConnection, id: Uuid, trigger: Trigger, now: OffsetDateTime) -> Task {
-    tasks::transition_task(conn, id, trigger, &TransitionDetails::default(), now)
+    apply_with(conn, id, trigger, &TransitionDetails::default(), now)
+}
+
+/// Applies `trigger` with `details`.
+fn apply_with(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    trigger: Trigger,
+    details: &TransitionDetails,
+    now: OffsetDateTime,
+) -> Task {
+    tasks::transition_task(conn, id, trigger, details, now)
         .unwrap_or_else(|e| panic!("{trigger}: {e}"))
         .0
 }
+
+/// Applies `trigger` with the error `message` at `now`; asserts that the task failed then,
+/// with that message.
+fn fails_with(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    trigger: Trigger,
+    message: &str,
+    now: OffsetDateTime,
+) -> Task {
+    let details = TransitionDetails {
+        error_message: Some(message.into()),
+        ..Default::default()
+    };
+    let t = apply_with(conn, id, trigger, &details, now);
+    assert_eq!(t.state, TaskState::Failed);
+    assert_eq!(t.error_message.as_deref(), Some(message));
+    assert_eq!(t.finished_at, Some(now));
+    t
+}
+
+/// A state on a task's way, in a test that walks it: the triggers refused there, then the
+/// steps (trigger, at second) that lead on.
+type Stage = (&'static [Trigger], &'static [(Trigger, i64)]);
 
 /// Asserts that `trigger` is refused on the task and that nothing changed.
 fn assert_refused(conn: &mut AnyConnection, id: Uuid, trigger: Trigger) {
@@ -92,14 +127,7 @@ agentry_persistence::backend_tests! {
             pull_request: Some(agentry_domain::PullRequestRef { url: "https://github.com/o/r/pull/17".into(), number: 17 }),
             ..Default::default()
         };
-        let (t, _) = tasks::transition_task(
-            &mut conn,
-            task.id,
-            Trigger::PullRequestOpened,
-            &details,
-            at(3),
-        )
-        .unwrap();
+        let t = apply_with(&mut conn, task.id, Trigger::PullRequestOpened, &details, at(3));
         assert_eq!(t.state, TaskState::PrOpened);
         assert_eq!(t.pr_url.as_deref(), Some("https://github.com/o/r/pull/17"));
         assert_eq!(t.pr_number, Some(17));
@@ -207,35 +235,45 @@ agentry_persistence::backend_tests! {
     // Refused transitions change nothing: state, updated_at, fields, events.
     fn refused_transitions_change_nothing(db) {
         let (task, mut conn) = a_task(db);
-        for trigger in [
-            Trigger::PullRequestMerged,
-            Trigger::PullRequestClosed,
-            Trigger::Retry,
-            Trigger::Fail,
-            Trigger::AgentStarted,
-            Trigger::LeaseExpired,
-            Trigger::PullRequestOpened,
-            Trigger::ReviewPosted,
-        ] {
-            assert_refused(&mut conn, task.id, trigger);
-        }
-        apply(&mut conn, task.id, Trigger::Claim, at(1));
-        apply(&mut conn, task.id, Trigger::AgentStarted, at(2));
-        apply(&mut conn, task.id, Trigger::PullRequestOpened, at(3));
-        for trigger in [
-            Trigger::Claim,
-            Trigger::Cancel,
-            Trigger::Fail,
-            Trigger::Retry,
-            Trigger::LeaseExpired,
-            Trigger::AgentStarted,
-        ] {
-            assert_refused(&mut conn, task.id, trigger);
-        }
-        apply(&mut conn, task.id, Trigger::PullRequestMerged, at(4));
-        // Every trigger is refused on a completed task.
-        for trigger in Trigger::ALL {
-            assert_refused(&mut conn, task.id, trigger);
+        let stages: [Stage; 3] = [
+            (
+                &[
+                    Trigger::PullRequestMerged,
+                    Trigger::PullRequestClosed,
+                    Trigger::Retry,
+                    Trigger::Fail,
+                    Trigger::AgentStarted,
+                    Trigger::LeaseExpired,
+                    Trigger::PullRequestOpened,
+                    Trigger::ReviewPosted,
+                ],
+                &[
+                    (Trigger::Claim, 1),
+                    (Trigger::AgentStarted, 2),
+                    (Trigger::PullRequestOpened, 3),
+                ],
+            ),
+            (
+                &[
+                    Trigger::Claim,
+                    Trigger::Cancel,
+                    Trigger::Fail,
+                    Trigger::Retry,
+                    Trigger::LeaseExpired,
+                    Trigger::AgentStarted,
+                ],
+                &[(Trigger::PullRequestMerged, 4)],
+            ),
+            // Every trigger is refused on a completed task.
+            (&Trigger::ALL, &[]),
+        ];
+        for (refused, steps) in stages {
+            for trigger in refused {
+                assert_refused(&mut conn, task.id, *trigger);
+            }
+            for (trigger, secs) in steps {
+                apply(&mut conn, task.id, *trigger, at(*secs));
+            }
         }
         assert_eq!(tasks::task_events(&mut conn, task.id).unwrap().len(), 5);
     }
@@ -246,18 +284,7 @@ agentry_persistence::backend_tests! {
         let (task, mut conn) = a_task(db);
         apply(&mut conn, task.id, Trigger::Claim, at(1));
         apply(&mut conn, task.id, Trigger::AgentStarted, at(2));
-        let details = TransitionDetails {
-            error_message: Some("the agent made no changes".into()),
-            ..Default::default()
-        };
-        let (t, _) =
-            tasks::transition_task(&mut conn, task.id, Trigger::Fail, &details, at(3)).unwrap();
-        assert_eq!(t.state, TaskState::Failed);
-        assert_eq!(
-            t.error_message.as_deref(),
-            Some("the agent made no changes")
-        );
-        assert_eq!(t.finished_at, Some(at(3)));
+        fails_with(&mut conn, task.id, Trigger::Fail, "the agent made no changes", at(3));
         assert_eq!(
             tasks::task_events(&mut conn, task.id)
                 .unwrap()
@@ -321,25 +348,9 @@ agentry_persistence::backend_tests! {
             pull_request: Some(agentry_domain::PullRequestRef { url: "https://github.com/o/r/pull/3".into(), number: 3 }),
             ..Default::default()
         };
-        tasks::transition_task(&mut conn, task.id, Trigger::PullRequestOpened, &pr, at(3)).unwrap();
-        let closed = TransitionDetails {
-            error_message: Some("the pull request was closed without being merged".into()),
-            ..Default::default()
-        };
-        let (t, _) = tasks::transition_task(
-            &mut conn,
-            task.id,
-            Trigger::PullRequestClosed,
-            &closed,
-            at(4),
-        )
-        .unwrap();
-        assert_eq!(t.state, TaskState::Failed);
-        assert_eq!(
-            t.error_message.as_deref(),
-            Some("the pull request was closed without being merged")
-        );
-        assert_eq!(t.finished_at, Some(at(4)));
+        apply_with(&mut conn, task.id, Trigger::PullRequestOpened, &pr, at(3));
+        let message = "the pull request was closed without being merged";
+        let t = fails_with(&mut conn, task.id, Trigger::PullRequestClosed, message, at(4));
         assert_eq!(t.pr_number, Some(3));
     }
 
