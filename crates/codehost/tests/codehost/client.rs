@@ -64,21 +64,6 @@ fn assert_not_found<T: std::fmt::Debug>(result: Result<T, CodeHostError>) {
     );
 }
 
-/// Awaits `call`, asserting that it succeeds, no sooner than `wait`, and that the fake
-/// answered `statuses` in all.
-async fn assert_waited<T>(
-    fake: &FakeGitHub,
-    call: impl Future<Output = Result<T, CodeHostError>>,
-    wait: Duration,
-    statuses: &[u16],
-) {
-    let started = Instant::now();
-    call.await.unwrap();
-    assert!(started.elapsed() >= wait, "{:?}", started.elapsed());
-    let answered: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
-    assert_eq!(answered, statuses);
-}
-
 fn assert_no_token(text: &str) {
     assert!(!text.contains(TOKEN), "the token leaked: {text}");
     assert!(
@@ -1071,61 +1056,67 @@ async fn connection_errors_are_retried_then_unavailable() {
 
 // ----- rate limits -----
 
+/// Rate limits the client waits out: how the fake is set up, then `current_user` or
+/// `repository` succeeds no sooner than the wait, and the statuses the fake answered.
 #[tokio::test]
-async fn a_rate_limit_with_retry_after_is_waited_out() {
-    let fake = fake();
-    let gh = client(&fake);
-    fake.fail_next(
-        Some(("GET", "/user")),
-        1,
-        Fault::RateLimited {
-            retry_after_secs: 1,
-        },
-    );
-    let started = Instant::now();
-    gh.current_user().await.unwrap();
-    let took = started.elapsed();
-    assert!(took >= Duration::from_secs(1), "{took:?}");
-    assert!(took < Duration::from_secs(3), "{took:?}");
-    assert_eq!(fake.count("GET", "/user"), 2);
-    let statuses: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
-    assert_eq!(statuses, [403, 200]);
-}
-
-#[tokio::test]
-async fn a_secondary_rate_limit_is_waited_out() {
-    let fake = fake();
-    let gh = client(&fake);
-    fake.fail_next(
-        None,
-        1,
-        Fault::SecondaryRateLimit {
-            retry_after_secs: 1,
-        },
-    );
-    assert_waited(
-        &fake,
-        gh.repository(OWNER, REPO),
-        Duration::from_secs(1),
-        &[429, 200],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_used_up_window_waits_until_the_reset() {
-    // GitHub's primary limit: 403, X-RateLimit-Remaining 0, no Retry-After.
-    let fake = fake();
-    let gh = client(&fake);
-    fake.set_rate_limit_remaining(0);
-    fake.set_rate_limit_reset_in(Duration::from_secs(1));
-    assert_waited(
-        &fake,
-        gh.current_user(),
-        Duration::from_millis(900),
-        &[403, 200],
-    )
-    .await;
+async fn rate_limits_are_waited_out() {
+    let fault = |route: Option<(&'static str, &'static str)>, fault: Fault| {
+        move |fake: &FakeGitHub| fake.fail_next(route, 1, fault)
+    };
+    let cases: [(&str, Box<dyn FnOnce(&FakeGitHub)>, bool, Duration, [u16; 2]); 3] = [
+        (
+            "a primary limit with Retry-After",
+            Box::new(fault(
+                Some(("GET", "/user")),
+                Fault::RateLimited {
+                    retry_after_secs: 1,
+                },
+            )),
+            false,
+            Duration::from_secs(1),
+            [403, 200],
+        ),
+        (
+            "a secondary limit",
+            Box::new(fault(
+                None,
+                Fault::SecondaryRateLimit {
+                    retry_after_secs: 1,
+                },
+            )),
+            true,
+            Duration::from_secs(1),
+            [429, 200],
+        ),
+        (
+            // GitHub's primary limit: 403, X-RateLimit-Remaining 0, no Retry-After.
+            "a used-up window, until the reset",
+            Box::new(|fake: &FakeGitHub| {
+                fake.set_rate_limit_remaining(0);
+                fake.set_rate_limit_reset_in(Duration::from_secs(1));
+            }),
+            false,
+            Duration::from_millis(900),
+            [403, 200],
+        ),
+    ];
+    for (what, set_up, repository, wait, statuses) in cases {
+        let fake = fake();
+        let gh = client(&fake);
+        set_up(&fake);
+        let started = Instant::now();
+        if repository {
+            gh.repository(OWNER, REPO).await.map(drop)
+        } else {
+            gh.current_user().await.map(drop)
+        }
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        let took = started.elapsed();
+        assert!(took >= wait, "{what}: {took:?}");
+        assert!(took < wait + Duration::from_secs(2), "{what}: {took:?}");
+        let answered: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
+        assert_eq!(answered, statuses, "{what}");
+    }
 }
 
 #[tokio::test]
@@ -1330,15 +1321,14 @@ impl Scripted {
                     let head = String::from_utf8_lossy(&buf).into_owned();
                     seen.lock().unwrap().push(head.clone());
                     let (status, headers, body) = respond(&origin, &head);
-                    let mut out = format!(
-                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\nContent-Type: application/json\r\n",
+                    let headers: String = headers
+                        .iter()
+                        .map(|(k, v)| format!("{k}: {v}\r\n"))
+                        .collect();
+                    let out = format!(
+                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\nContent-Type: application/json\r\n{headers}\r\n{body}",
                         body.len()
                     );
-                    for (k, v) in headers {
-                        out.push_str(&format!("{k}: {v}\r\n"));
-                    }
-                    out.push_str("\r\n");
-                    out.push_str(&body);
                     let _ = socket.write_all(out.as_bytes()).await;
                     let _ = socket.shutdown().await;
                 });
