@@ -1277,6 +1277,19 @@ mod tests {
         net: PathBuf,
     }
 
+    /// The arguments of `bwrap` wrapping `cmd` (which must succeed), joined with spaces.
+    fn wrapped_args(
+        bwrap: &Path,
+        cmd: AgentCommand,
+        layout: Layout<'_>,
+        service_home: Option<&Path>,
+    ) -> String {
+        wrap_with_home(bwrap, cmd, layout, service_home)
+            .unwrap()
+            .args
+            .join(" ")
+    }
+
     impl RunDirs {
         fn new(base: &Path) -> RunDirs {
             let root = base.join("data");
@@ -1464,8 +1477,7 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let wrapped = wrap_with_home(bwrap, cmd.clone(), layout, Some(&service_home)).unwrap();
-        let args = wrapped.args.join(" ");
+        let args = wrapped_args(bwrap, cmd.clone(), layout, Some(&service_home));
         assert!(args.contains("--unshare-net"), "{args}");
         let net_bind = format!("--ro-bind {} /run/agentry", net.display());
         let run_tmpfs = args.find("--tmpfs /run ").unwrap();
@@ -1488,7 +1500,7 @@ mod tests {
             "{args}"
         );
         // Without a network, none of it.
-        let plain = wrap_with_home(
+        let plain = wrapped_args(
             bwrap,
             cmd.clone(),
             Layout {
@@ -1497,10 +1509,7 @@ mod tests {
                 ..layout
             },
             Some(&service_home),
-        )
-        .unwrap()
-        .args
-        .join(" ");
+        );
         assert!(
             !plain.contains("--unshare-net") && !plain.contains("/run/agentry"),
             "{plain}"
@@ -1631,10 +1640,7 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let args = wrap_with_home(bwrap, cmd.clone(), layout, None)
-            .unwrap()
-            .args
-            .join(" ");
+        let args = wrapped_args(bwrap, cmd.clone(), layout, None);
         let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
         assert!(
             args.ends_with(&format!(
@@ -1648,7 +1654,7 @@ mod tests {
         assert!(args.contains("--unshare-user --disable-userns"), "{args}");
         assert!(!args.contains("--unshare-net"), "{args}");
         // Without the features, neither option.
-        let plain = wrap_with_home(
+        let plain = wrapped_args(
             bwrap,
             cmd.clone(),
             Layout {
@@ -1656,10 +1662,7 @@ mod tests {
                 ..layout
             },
             None,
-        )
-        .unwrap()
-        .args
-        .join(" ");
+        );
         assert!(
             !plain.contains("--size") && !plain.contains("--unshare-user"),
             "{plain}"
