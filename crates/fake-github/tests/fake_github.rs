@@ -1146,6 +1146,8 @@ fn malformed_requests_get_json_errors() {
     let comments = format!("{issue}/comments");
     let missing_label = format!("{issue}/labels/nope");
     let too_deep = format!("/repos/acme/widgets/{}", "x/".repeat(500));
+    let (issues, pulls) = ("/repos/acme/widgets/issues", "/repos/acme/widgets/pulls");
+    let repo_labels = "/repos/acme/widgets/labels";
     // (method, path, body, status)
     let cases: [(M, &str, &'static str, u16); 27] = [
         (M::PATCH, &issue, "{not json", 400),
@@ -1161,36 +1163,26 @@ fn malformed_requests_get_json_errors() {
         (M::POST, &comments, r#"{"body": 12}"#, 422),
         (
             M::POST,
-            "/repos/acme/widgets/labels",
+            repo_labels,
             r#"{"name": "x", "color": "zzz"}"#,
             422,
         ),
-        (M::POST, "/repos/acme/widgets/labels", "{}", 422),
+        (M::POST, repo_labels, "{}", 422),
+        (M::POST, pulls, r#"{"title": "t", "base": "main"}"#, 422),
         (
             M::POST,
-            "/repos/acme/widgets/pulls",
-            r#"{"title": "t", "base": "main"}"#,
-            422,
-        ),
-        (
-            M::POST,
-            "/repos/acme/widgets/pulls",
+            pulls,
             r#"{"title": "t", "head": ":", "base": "main"}"#,
             422,
         ),
-        (M::POST, "/repos/acme/widgets/pulls/1/reviews", "{}", 404),
-        (M::GET, "/repos/acme/widgets/issues?state=sideways", "", 422),
+        (M::POST, &format!("{pulls}/1/reviews"), "{}", 404),
+        (M::GET, &format!("{issues}?state=sideways"), "", 422),
+        (M::GET, &format!("{issues}?since=yesterday"), "", 422),
+        (M::GET, &format!("{pulls}?direction=up"), "", 422),
+        (M::GET, &format!("{issues}/abc"), "", 404),
         (
             M::GET,
-            "/repos/acme/widgets/issues?since=yesterday",
-            "",
-            422,
-        ),
-        (M::GET, "/repos/acme/widgets/pulls?direction=up", "", 422),
-        (M::GET, "/repos/acme/widgets/issues/abc", "", 404),
-        (
-            M::GET,
-            "/repos/acme/widgets/issues/99999999999999999999999",
+            &format!("{issues}/99999999999999999999999"),
             "",
             404,
         ),
