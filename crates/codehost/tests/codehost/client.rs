@@ -64,6 +64,14 @@ fn assert_not_found<T: std::fmt::Debug>(result: Result<T, CodeHostError>) {
     );
 }
 
+/// Asserts that `list` has `len` items, read with `pages` GETs of `route` (the fake's
+/// route template).
+#[track_caller]
+fn assert_paged<T>(fake: &FakeGitHub, list: &[T], len: usize, route: &str, pages: usize) {
+    assert_eq!(list.len(), len);
+    assert_eq!(fake.count("GET", route), pages, "GETs of {route}");
+}
+
 fn assert_no_token(text: &str) {
     assert!(!text.contains(TOKEN), "the token leaked: {text}");
     assert!(
@@ -149,8 +157,7 @@ async fn open_issues_reads_every_page_skips_pulls_and_uses_the_etag() {
 
     // 260 open items (issues and pulls) at 100 a page: 3 pages.
     let (list, etag) = modified(gh.open_issues(OWNER, REPO, None).await.unwrap());
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/issues"), 3);
-    assert_eq!(list.len(), 250);
+    assert_paged(&fake, &list, 250, "/repos/{o}/{r}/issues", 3);
     let mut numbers: Vec<u64> = list.iter().map(|i| i.number).collect();
     numbers.sort_unstable();
     assert_eq!(numbers, issues);
@@ -270,27 +277,26 @@ async fn issues_updated_since_reads_closed_issues_every_page_and_skips_pulls() {
         (tail.issues.len(), tail.pages, tail.etag_covers_all),
         (1, 1, true)
     );
-    // Unchanged: 304 after one request; the earlier query changed with the new issue.
-    fake.reset_counts();
-    let again = gh
-        .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
-        .await
-        .unwrap();
-    assert!(again.is_not_modified());
+    // Unchanged: 304 after one request, before and after the earlier query changed with
+    // the new issue.
+    let unchanged = || async {
+        fake.reset_counts();
+        let again = gh
+            .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
+            .await
+            .unwrap();
+        assert!(again.is_not_modified());
+        assert_eq!(fake.count_status(304), 1);
+        assert_eq!(fake.requests().len(), 1);
+    };
+    unchanged().await;
     let (grown, _) = modified(
         gh.issues_updated_since(OWNER, REPO, since, Some(&etag))
             .await
             .unwrap(),
     );
     assert_eq!(grown.issues.len(), 151);
-    fake.reset_counts();
-    let again = gh
-        .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
-        .await
-        .unwrap();
-    assert!(again.is_not_modified());
-    assert_eq!(fake.count_status(304), 1);
-    assert_eq!(fake.requests().len(), 1);
+    unchanged().await;
 }
 
 #[tokio::test]
@@ -416,8 +422,13 @@ async fn comments_every_page_and_create_comment() {
     let gh = client(&fake);
 
     let comments = gh.issue_comments(OWNER, REPO, n).await.unwrap();
-    assert_eq!(comments.len(), 150);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/issues/{n}/comments"), 2);
+    assert_paged(
+        &fake,
+        &comments,
+        150,
+        "/repos/{o}/{r}/issues/{n}/comments",
+        2,
+    );
     assert_eq!(comments[0].body, "comment 0");
     assert_eq!(comments[149].body, "comment 149");
     assert!(comments.iter().all(|c| c.author == "someone"));
@@ -572,8 +583,7 @@ async fn reviews_every_page_oldest_first() {
     let gh = client(&fake);
 
     let reviews = gh.reviews(OWNER, REPO, pr).await.unwrap();
-    assert_eq!(reviews.len(), 131);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls/{n}/reviews"), 2);
+    assert_paged(&fake, &reviews, 131, "/repos/{o}/{r}/pulls/{n}/reviews", 2);
     assert_eq!(reviews[0].body, "review 0");
     assert_eq!(reviews[1].state, "APPROVED");
     let r = &reviews[130];
@@ -617,8 +627,7 @@ async fn review_comments_every_page_and_since() {
     let gh = client(&fake);
 
     let all = gh.review_comments(OWNER, REPO, pr, None).await.unwrap();
-    assert_eq!(all.len(), 121);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls/{n}/comments"), 2);
+    assert_paged(&fake, &all, 121, "/repos/{o}/{r}/pulls/{n}/comments", 2);
     assert_eq!(all[0].body, "c0");
     assert_eq!(all[0].line, Some(1));
     assert_eq!(all[0].path, "src/lib.rs");
@@ -843,8 +852,7 @@ async fn pulls_updated_since_stops_paging_early() {
             .await
             .unwrap(),
     );
-    assert_eq!(all.len(), 250);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls"), 3);
+    assert_paged(&fake, &all, 250, "/repos/{o}/{r}/pulls", 3);
     let query = &fake.requests()[0].query;
     for part in [
         "state=all",
