@@ -837,13 +837,7 @@ fn wrap_with_home(
     layout: Layout<'_>,
     service_home: Option<&Path>,
 ) -> Result<AgentCommand, String> {
-    let canonical = |path: &Path| {
-        std::fs::canonicalize(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
-    };
-    let root = canonical(layout.root)?;
-    if root.parent().is_none() {
-        return Err("the data directory cannot be the root directory".to_owned());
-    }
+    let root = data_dir(layout.root)?;
     let worktree = canonical(layout.worktree)?;
     let home = canonical(layout.home)?;
 
@@ -935,18 +929,10 @@ fn wrap_with_home(
     match git_dirs(&worktree, layout.mirror) {
         Some((mirror, gitdir)) => {
             let entries = mirror.join("worktrees");
-            let mirror = utf8(&mirror)?;
-            let gitdir = utf8(&gitdir)?;
-            args.extend([
-                "--ro-bind".to_owned(),
-                mirror.clone(),
-                mirror,
-                "--tmpfs".to_owned(),
-                utf8(&entries)?,
-                if layout.review { "--ro-bind" } else { "--bind" }.to_owned(),
-                gitdir.clone(),
-                gitdir,
-            ]);
+            push_bind(&mut args, "--ro-bind", &mirror)?;
+            args.extend(["--tmpfs".to_owned(), utf8(&entries)?]);
+            let option = if layout.review { "--ro-bind" } else { "--bind" };
+            push_bind(&mut args, option, &gitdir)?;
             hidden_git.push(entries);
         }
         None => tracing::warn!(
@@ -955,8 +941,7 @@ fn wrap_with_home(
         ),
     }
     for dir in [&worktree, &home] {
-        let dir = utf8(dir)?;
-        args.extend(["--bind".to_owned(), dir.clone(), dir]);
+        push_bind(&mut args, "--bind", dir)?;
     }
     push_remount_ro(&mut args, tmpfs.iter().chain(&hidden_git))?;
     let mut pass_fds = Vec::new();
@@ -1010,6 +995,21 @@ fn hiding_tmpfs(root: &Path) -> Vec<PathBuf> {
     tmpfs
 }
 
+/// `path` resolved (absolute, no symbolic links), or why it cannot be.
+fn canonical(path: &Path) -> Result<PathBuf, String> {
+    std::fs::canonicalize(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
+}
+
+/// The data directory `root`, resolved; never the root directory, which a sandbox could
+/// not hide.
+fn data_dir(root: &Path) -> Result<PathBuf, String> {
+    let root = canonical(root)?;
+    if root.parent().is_none() {
+        return Err("the data directory cannot be the root directory".to_owned());
+    }
+    Ok(root)
+}
+
 /// `path` as text for `bwrap`'s command line.
 fn utf8(path: &Path) -> Result<String, String> {
     path.to_str()
@@ -1038,9 +1038,15 @@ fn push_system(
         args.extend(["--tmpfs".to_owned(), utf8(dir)?]);
     }
     for path in binds {
-        let path = utf8(path)?;
-        args.extend(["--ro-bind".to_owned(), path.clone(), path]);
+        push_bind(args, "--ro-bind", path)?;
     }
+    Ok(())
+}
+
+/// Adds `option` (`--bind` or `--ro-bind`) mounting `path` at its own path.
+fn push_bind(args: &mut Vec<String>, option: &str, path: &Path) -> Result<(), String> {
+    let path = utf8(path)?;
+    args.extend([option.to_owned(), path.clone(), path]);
     Ok(())
 }
 
