@@ -819,20 +819,15 @@ async fn pulls_create_list_sorted_by_update_and_merge() {
     assert_eq!(open_one.body.as_deref(), Some("Closes #1"));
 
     // 422s: head == base, an open pull request for the same head, missing head.
-    let err = gh
-        .pulls("acme", "widgets")
-        .create("x", "main", "main")
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(status_of(&err), 422);
-    let err = gh
-        .pulls("acme", "widgets")
-        .create("x", "agentry/task-3", "main")
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(status_of(&err), 422);
+    for head in ["main", "agentry/task-3"] {
+        let err = gh
+            .pulls("acme", "widgets")
+            .create("x", head, "main")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(status_of(&err), 422, "{head}");
+    }
     let err = gh.pulls("acme", "widgets").get(issue).await.unwrap_err();
     assert_eq!(status_of(&err), 404, "an issue is not a pull request");
 
