@@ -1071,7 +1071,14 @@ async fn rate_limits_are_waited_out() {
     let fault = |route: Option<(&'static str, &'static str)>, fault: Fault| {
         move |fake: &FakeGitHub| fake.fail_next(route, 1, fault)
     };
-    let cases: [(&str, Box<dyn FnOnce(&FakeGitHub)>, bool, Duration, [u16; 2]); 3] = [
+    /// What makes the fake limit the next request.
+    type SetUp = Box<dyn FnOnce(&FakeGitHub)>;
+    /// The call that is limited.
+    enum Call {
+        CurrentUser,
+        Repository,
+    }
+    let cases: [(&str, SetUp, Call, Duration, [u16; 2]); 3] = [
         (
             "a primary limit with Retry-After",
             Box::new(fault(
@@ -1080,7 +1087,7 @@ async fn rate_limits_are_waited_out() {
                     retry_after_secs: 1,
                 },
             )),
-            false,
+            Call::CurrentUser,
             Duration::from_secs(1),
             [403, 200],
         ),
@@ -1092,7 +1099,7 @@ async fn rate_limits_are_waited_out() {
                     retry_after_secs: 1,
                 },
             )),
-            true,
+            Call::Repository,
             Duration::from_secs(1),
             [429, 200],
         ),
@@ -1103,20 +1110,19 @@ async fn rate_limits_are_waited_out() {
                 fake.set_rate_limit_remaining(0);
                 fake.set_rate_limit_reset_in(Duration::from_secs(1));
             }),
-            false,
+            Call::CurrentUser,
             Duration::from_millis(900),
             [403, 200],
         ),
     ];
-    for (what, set_up, repository, wait, statuses) in cases {
+    for (what, set_up, call, wait, statuses) in cases {
         let fake = fake();
         let gh = client(&fake);
         set_up(&fake);
         let started = Instant::now();
-        if repository {
-            gh.repository(OWNER, REPO).await.map(drop)
-        } else {
-            gh.current_user().await.map(drop)
+        match call {
+            Call::CurrentUser => gh.current_user().await.map(drop),
+            Call::Repository => gh.repository(OWNER, REPO).await.map(drop),
         }
         .unwrap_or_else(|e| panic!("{what}: {e:?}"));
         let took = started.elapsed();
