@@ -1767,20 +1767,11 @@ async fn octocrab_reads_reviews_and_review_comments() {
     let review = fake.add_review("acme", "widgets", n, "alice", "CHANGES_REQUESTED", "No.");
     let comment = fake.add_review_comment("acme", "widgets", n, "bob", "src/a.rs", 3, "Hm.");
     let octo = octo(&fake);
-    let reviews = octo
-        .pulls("acme", "widgets")
-        .list_reviews(n)
-        .send()
-        .await
-        .unwrap();
+    let pulls = octo.pulls("acme", "widgets");
+    let reviews = pulls.list_reviews(n).send().await.unwrap();
     assert_eq!(reviews.items.len(), 2);
     assert_eq!(reviews.items[0].id.0, review);
-    let comments = octo
-        .pulls("acme", "widgets")
-        .list_comments(Some(n))
-        .send()
-        .await
-        .unwrap();
+    let comments = pulls.list_comments(Some(n)).send().await.unwrap();
     assert_eq!(comments.items.len(), 1);
     assert_eq!(comments.items[0].id.0, comment);
     assert_eq!(comments.items[0].line, Some(3));
