@@ -427,6 +427,12 @@ fn new_events_missing_a_needed_member_are_errors_naming_it() {
     }
 }
 
+/// The event the fake's `payload` of `event` parses as.
+#[track_caller]
+fn parsed(event: &str, payload: &Value) -> WebhookEvent {
+    parse_event(event, &serde_json::to_vec(payload).unwrap()).unwrap()
+}
+
 #[test]
 fn the_fakes_payloads_parse_and_agree_with_its_state() {
     use agentry_fake_github::{FakeGitHub, payloads};
@@ -438,9 +444,8 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
     let review = fake.add_review("acme", "widgets", pr, "alice", "CHANGES_REQUESTED", "No.");
     let payload = payloads::pull_request_review_submitted(&fake, "acme", "widgets", pr, review);
     assert_eq!(payload["review"]["state"], "changes_requested");
-    let body = serde_json::to_vec(&payload).unwrap();
     assert_eq!(
-        parse_event("pull_request_review", &body).unwrap(),
+        parsed("pull_request_review", &payload),
         WebhookEvent::PullRequestReviewSubmitted {
             repo: acme_widgets(),
             number: pr,
@@ -457,9 +462,8 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
     for (number, is_pr) in [(pr, true), (issue, false)] {
         let id = fake.add_comment("acme", "widgets", number, "bob", "@agentry again");
         let payload = payloads::issue_comment_created(&fake, "acme", "widgets", number, id);
-        let body = serde_json::to_vec(&payload).unwrap();
         let kind = if is_pr { "pull" } else { "issues" };
-        match parse_event("issue_comment", &body).unwrap() {
+        match parsed("issue_comment", &payload) {
             WebhookEvent::IssueCommentCreated {
                 issue_number,
                 is_pull_request,
@@ -485,9 +489,8 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
 
     let id = fake.add_review_comment("acme", "widgets", pr, "carol", "src/lib.rs", 42, "Typo.");
     let payload = payloads::pull_request_review_comment_created(&fake, "acme", "widgets", pr, id);
-    let body = serde_json::to_vec(&payload).unwrap();
     assert_eq!(
-        parse_event("pull_request_review_comment", &body).unwrap(),
+        parsed("pull_request_review_comment", &payload),
         WebhookEvent::ReviewCommentCreated {
             repo: acme_widgets(),
             number: pr,
