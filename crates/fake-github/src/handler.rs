@@ -829,10 +829,7 @@ fn dispatch(
         actor,
     };
     match (method, m.route) {
-        ("GET", Route::Repo) => {
-            let repo = repo_of(state, &key)?;
-            Ok(Reply::ok(state.repo_json(repo)))
-        }
+        ("GET", Route::Repo) => Ok(Reply::ok(state.repo_json(repo_of(state, &key)?))),
         ("GET", Route::Issues) => list_issues(state, &ctx),
         ("POST", Route::Issues) => create_issue(state, &ctx),
         ("GET", Route::Issue(n)) => get_issue(state, &key, n),
@@ -844,11 +841,7 @@ fn dispatch(
         ("DELETE", Route::IssueLabel(n, name)) => remove_issue_label(state, &key, n, &name),
         ("GET", Route::Labels) => list_labels(state, &ctx),
         ("POST", Route::Labels) => create_label(state, &ctx),
-        ("GET", Route::Label(name)) => {
-            let repo = repo_of(state, &key)?;
-            let label = repo.label(&name).ok_or_else(ApiError::not_found)?;
-            Ok(Reply::ok(state.label_json(repo, label)))
-        }
+        ("GET", Route::Label(name)) => get_label(state, &key, &name),
         ("GET", Route::Pulls) => list_pulls(state, &ctx),
         ("POST", Route::Pulls) => create_pull(state, &ctx),
         ("GET", Route::Pull(n)) => get_pull(state, &key, n),
@@ -859,20 +852,7 @@ fn dispatch(
         ("POST", Route::IssueCommentReactions(id)) => add_reaction(state, &ctx, id, false),
         ("POST", Route::PullCommentReactions(id)) => add_reaction(state, &ctx, id, true),
         ("GET", Route::CollaboratorPermission(login)) => get_permission(state, &key, &login),
-        ("GET", Route::PullMerge(n)) => {
-            let (_, item) = pull_of(state, &key, n)?;
-            let merged = item.pull.as_ref().is_some_and(|p| p.merged_at.is_some());
-            if merged {
-                Ok(Reply {
-                    status: 204,
-                    body: None,
-                    link: None,
-                    location: None,
-                })
-            } else {
-                Err(ApiError::not_found())
-            }
-        }
+        ("GET", Route::PullMerge(n)) => get_merged(state, &key, n),
         ("PUT", Route::PullMerge(n)) => merge_pull(state, &ctx, n),
         _ => Err(ApiError::not_found()),
     }
@@ -1234,6 +1214,12 @@ fn remove_issue_label(state: &mut State, key: &str, n: u64, name: &str) -> Resul
     Ok(Reply::ok(Value::Array(state.item_labels_json(repo, item))))
 }
 
+fn get_label(state: &State, key: &str, name: &str) -> Result<Reply> {
+    let repo = repo_of(state, key)?;
+    let label = repo.label(name).ok_or_else(ApiError::not_found)?;
+    Ok(Reply::ok(state.label_json(repo, label)))
+}
+
 fn list_labels(state: &State, ctx: &Ctx<'_>) -> Result<Reply> {
     let repo = repo_of(state, ctx.key)?;
     Ok(page_of(state, ctx, &repo.labels, |l| {
@@ -1333,6 +1319,22 @@ fn get_pull(state: &State, key: &str, n: u64) -> Result<Reply> {
     let (repo, item) = pull_of(state, key, n)?;
     let pull = item.pull.as_ref().ok_or_else(ApiError::not_found)?;
     Ok(Reply::ok(state.pull_json(repo, item, pull, true)))
+}
+
+/// `GET …/pulls/{n}/merge`: 204 when merged, else 404.
+fn get_merged(state: &State, key: &str, n: u64) -> Result<Reply> {
+    let (_, item) = pull_of(state, key, n)?;
+    let merged = item.pull.as_ref().is_some_and(|p| p.merged_at.is_some());
+    if merged {
+        Ok(Reply {
+            status: 204,
+            body: None,
+            link: None,
+            location: None,
+        })
+    } else {
+        Err(ApiError::not_found())
+    }
 }
 
 fn create_pull(state: &mut State, ctx: &Ctx<'_>) -> Result<Reply> {

@@ -7,7 +7,7 @@
 //! function panics, naming what is missing, when the pull request or the subject does not
 //! exist: they are test helpers, called after the test created it.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::model::{Repo, State, repo_key};
 use super::{FakeGitHub, no_pull};
@@ -22,6 +22,25 @@ fn repository(state: &State, repo: &Repo) -> Value {
         }
     }
     value
+}
+
+/// A payload: `action`, the `subject`'s members, `repository` and `sender` (the user with
+/// this login).
+fn payload(
+    state: &State,
+    repo: &Repo,
+    action: &str,
+    subject: [(&str, Value); 2],
+    sender: &str,
+) -> Value {
+    let mut map = Map::new();
+    map.insert("action".to_owned(), json!(action));
+    for (member, value) in subject {
+        map.insert(member.to_owned(), value);
+    }
+    map.insert("repository".to_owned(), repository(state, repo));
+    map.insert("sender".to_owned(), state.user_json(sender));
+    Value::Object(map)
 }
 
 /// `X-GitHub-Event: pull_request_review`, action `submitted`, for review `review_id` of pull
@@ -40,22 +59,21 @@ pub fn pull_request_review_submitted(
     review_id: u64,
 ) -> Value {
     let state = fake.state();
-    let Some((repo, item, pull)) = pull_in(&state, owner, name, number) else {
-        no_pull(owner, name, number)
-    };
+    let (repo, item, pull) = pull_in(&state, owner, name, number);
     let on = format!("{owner}/{name}#{number}");
     let review = by_id(&pull.reviews, review_id, |r| r.id, "review", &on);
     let mut review_json = state.review_json(repo, item, review);
     if let Value::Object(map) = &mut review_json {
         map.insert("state".to_owned(), json!(review.state.to_ascii_lowercase()));
     }
-    json!({
-        "action": "submitted",
-        "review": review_json,
-        "pull_request": state.pull_json(repo, item, pull, false),
-        "repository": repository(&state, repo),
-        "sender": state.user_json(&review.user)
-    })
+    let pull_json = state.pull_json(repo, item, pull, false);
+    payload(
+        &state,
+        repo,
+        "submitted",
+        [("review", review_json), ("pull_request", pull_json)],
+        &review.user,
+    )
 }
 
 /// `X-GitHub-Event: issue_comment`, action `created`, for comment `comment_id` of issue or
@@ -74,17 +92,13 @@ pub fn issue_comment_created(
 ) -> Value {
     let state = fake.state();
     let on = format!("{owner}/{name}#{number}");
-    let Some((repo, item)) = item_in(&state, owner, name, number) else {
-        panic!("fake GitHub: no issue {on}")
-    };
+    let (repo, item) = item_in(&state, owner, name, number);
     let comment = by_id(&item.comments, comment_id, |c| c.id, "comment", &on);
-    json!({
-        "action": "created",
-        "issue": state.issue_json(repo, item, false),
-        "comment": state.comment_json(repo, item, comment),
-        "repository": repository(&state, repo),
-        "sender": state.user_json(&comment.user)
-    })
+    let subject = [
+        ("issue", state.issue_json(repo, item, false)),
+        ("comment", state.comment_json(repo, item, comment)),
+    ];
+    payload(&state, repo, "created", subject, &comment.user)
 }
 
 /// `X-GitHub-Event: pull_request_review_comment`, action `created`, for review comment
@@ -102,9 +116,7 @@ pub fn pull_request_review_comment_created(
     comment_id: u64,
 ) -> Value {
     let state = fake.state();
-    let Some((repo, item, pull)) = pull_in(&state, owner, name, number) else {
-        no_pull(owner, name, number)
-    };
+    let (repo, item, pull) = pull_in(&state, owner, name, number);
     let on = format!("{owner}/{name}#{number}");
     let comment = by_id(
         &pull.review_comments,
@@ -113,35 +125,47 @@ pub fn pull_request_review_comment_created(
         "review comment",
         &on,
     );
-    json!({
-        "action": "created",
-        "comment": state.review_comment_json(repo, item, comment),
-        "pull_request": state.pull_json(repo, item, pull, false),
-        "repository": repository(&state, repo),
-        "sender": state.user_json(&comment.user)
-    })
+    let subject = [
+        ("comment", state.review_comment_json(repo, item, comment)),
+        ("pull_request", state.pull_json(repo, item, pull, false)),
+    ];
+    payload(&state, repo, "created", subject, &comment.user)
 }
 
 /// The repository and the item of issue or pull request `number`.
+///
+/// # Panics
+/// If there is none.
+#[track_caller]
 fn item_in<'s>(
     state: &'s State,
     owner: &str,
     name: &str,
     number: u64,
-) -> Option<(&'s Repo, &'s super::model::Item)> {
-    let repo = state.repos.get(&repo_key(owner, name))?;
-    Some((repo, repo.items.get(&number)?))
+) -> (&'s Repo, &'s super::model::Item) {
+    state
+        .repos
+        .get(&repo_key(owner, name))
+        .and_then(|repo| Some((repo, repo.items.get(&number)?)))
+        .unwrap_or_else(|| panic!("fake GitHub: no issue {owner}/{name}#{number}"))
 }
 
 /// The repository, item and pull-request side of pull request `number`.
+///
+/// # Panics
+/// If there is none.
+#[track_caller]
 fn pull_in<'s>(
     state: &'s State,
     owner: &str,
     name: &str,
     number: u64,
-) -> Option<(&'s Repo, &'s super::model::Item, &'s super::model::Pull)> {
-    let (repo, item) = item_in(state, owner, name, number)?;
-    Some((repo, item, item.pull.as_ref()?))
+) -> (&'s Repo, &'s super::model::Item, &'s super::model::Pull) {
+    let found = state.repos.get(&repo_key(owner, name)).and_then(|repo| {
+        let item = repo.items.get(&number)?;
+        Some((repo, item, item.pull.as_ref()?))
+    });
+    found.unwrap_or_else(|| no_pull(owner, name, number))
 }
 
 /// The one of `items` whose id (as `id_of` reads it) is `id`.

@@ -276,11 +276,12 @@ fn a_frozen_clock_and_same_second_order_by_number() {
     assert!(fake.now_unix() >= t + 10);
 }
 
-#[test]
-fn issues_paginate_with_link_headers_and_include_pulls() {
+/// A fake whose acme/widgets holds 245 open issues (numbers 1–245, with this body and these
+/// labels) and then 5 open pull requests (246–250): three pages of 100.
+fn fake_with_245_issues_and_5_pulls(body: Option<&str>, labels: &[&str]) -> FakeGitHub {
     let fake = fake();
     for i in 0..245 {
-        fake.add_issue("acme", "widgets", &format!("issue {i}"), Some("body"), &[]);
+        fake.add_issue("acme", "widgets", &format!("issue {i}"), body, labels);
     }
     for i in 0..5 {
         fake.add_pull(
@@ -291,6 +292,12 @@ fn issues_paginate_with_link_headers_and_include_pulls() {
             "main",
         );
     }
+    fake
+}
+
+#[test]
+fn issues_paginate_with_link_headers_and_include_pulls() {
+    let fake = fake_with_245_issues_and_5_pulls(Some("body"), &[]);
     let base = fake.base_url();
 
     let page1 = get(&fake, "/repos/acme/widgets/issues?state=open&per_page=100");
@@ -369,19 +376,7 @@ fn issues_paginate_with_link_headers_and_include_pulls() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn octocrab_reads_every_page_of_issues() {
-    let fake = fake();
-    for i in 0..245 {
-        fake.add_issue("acme", "widgets", &format!("issue {i}"), None, &["bug"]);
-    }
-    for i in 0..5 {
-        fake.add_pull(
-            "acme",
-            "widgets",
-            &format!("pr {i}"),
-            &format!("feature-{i}"),
-            "main",
-        );
-    }
+    let fake = fake_with_245_issues_and_5_pulls(None, &["bug"]);
     let gh = octo(&fake);
     let first = gh
         .issues("acme", "widgets")
@@ -824,20 +819,15 @@ async fn pulls_create_list_sorted_by_update_and_merge() {
     assert_eq!(open_one.body.as_deref(), Some("Closes #1"));
 
     // 422s: head == base, an open pull request for the same head, missing head.
-    let err = gh
-        .pulls("acme", "widgets")
-        .create("x", "main", "main")
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(status_of(&err), 422);
-    let err = gh
-        .pulls("acme", "widgets")
-        .create("x", "agentry/task-3", "main")
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(status_of(&err), 422);
+    for head in ["main", "agentry/task-3"] {
+        let err = gh
+            .pulls("acme", "widgets")
+            .create("x", head, "main")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(status_of(&err), 422, "{head}");
+    }
     let err = gh.pulls("acme", "widgets").get(issue).await.unwrap_err();
     assert_eq!(status_of(&err), 404, "an issue is not a pull request");
 
@@ -1147,89 +1137,61 @@ fn malformed_requests_get_json_errors() {
         status
     };
     use reqwest::Method as M;
-    assert_eq!(raw(M::PATCH, &issue, "{not json"), 400);
-    assert_eq!(raw(M::PATCH, &issue, "[1,2]"), 422);
-    assert_eq!(raw(M::PATCH, &issue, "\"x\""), 422);
-    assert_eq!(raw(M::PATCH, &issue, r#"{"title": {"a": 1}}"#), 422);
-    assert_eq!(raw(M::PATCH, &issue, r#"{"state": "sideways"}"#), 422);
-    assert_eq!(raw(M::PATCH, &issue, r#"{"labels": 5}"#), 422);
-    assert_eq!(raw(M::PATCH, &issue, r#"{"state_reason": "bored"}"#), 422);
-    assert_eq!(
-        raw(M::POST, &format!("{issue}/labels"), r#"{"labels": [1]}"#),
-        422
-    );
-    assert_eq!(
-        raw(M::POST, &format!("{issue}/labels"), r#"{"labels": [""]}"#),
-        422
-    );
-    assert_eq!(raw(M::POST, &format!("{issue}/labels"), "null"), 422);
-    assert_eq!(
-        raw(M::POST, &format!("{issue}/comments"), r#"{"body": 12}"#),
-        422
-    );
-    assert_eq!(
-        raw(
+    let labels = format!("{issue}/labels");
+    let comments = format!("{issue}/comments");
+    let missing_label = format!("{issue}/labels/nope");
+    let too_deep = format!("/repos/acme/widgets/{}", "x/".repeat(500));
+    let (issues, pulls) = ("/repos/acme/widgets/issues", "/repos/acme/widgets/pulls");
+    let repo_labels = "/repos/acme/widgets/labels";
+    // (method, path, body, status)
+    let cases: [(M, &str, &'static str, u16); 27] = [
+        (M::PATCH, &issue, "{not json", 400),
+        (M::PATCH, &issue, "[1,2]", 422),
+        (M::PATCH, &issue, "\"x\"", 422),
+        (M::PATCH, &issue, r#"{"title": {"a": 1}}"#, 422),
+        (M::PATCH, &issue, r#"{"state": "sideways"}"#, 422),
+        (M::PATCH, &issue, r#"{"labels": 5}"#, 422),
+        (M::PATCH, &issue, r#"{"state_reason": "bored"}"#, 422),
+        (M::POST, &labels, r#"{"labels": [1]}"#, 422),
+        (M::POST, &labels, r#"{"labels": [""]}"#, 422),
+        (M::POST, &labels, "null", 422),
+        (M::POST, &comments, r#"{"body": 12}"#, 422),
+        (
             M::POST,
-            "/repos/acme/widgets/labels",
-            r#"{"name": "x", "color": "zzz"}"#
+            repo_labels,
+            r#"{"name": "x", "color": "zzz"}"#,
+            422,
         ),
-        422
-    );
-    assert_eq!(raw(M::POST, "/repos/acme/widgets/labels", "{}"), 422);
-    assert_eq!(
-        raw(
+        (M::POST, repo_labels, "{}", 422),
+        (M::POST, pulls, r#"{"title": "t", "base": "main"}"#, 422),
+        (
             M::POST,
-            "/repos/acme/widgets/pulls",
-            r#"{"title": "t", "base": "main"}"#
+            pulls,
+            r#"{"title": "t", "head": ":", "base": "main"}"#,
+            422,
         ),
-        422
-    );
-    assert_eq!(
-        raw(
-            M::POST,
-            "/repos/acme/widgets/pulls",
-            r#"{"title": "t", "head": ":", "base": "main"}"#
-        ),
-        422
-    );
-    assert_eq!(
-        raw(M::POST, "/repos/acme/widgets/pulls/1/reviews", "{}"),
-        404
-    );
-    assert_eq!(
-        raw(M::GET, "/repos/acme/widgets/issues?state=sideways", ""),
-        422
-    );
-    assert_eq!(
-        raw(M::GET, "/repos/acme/widgets/issues?since=yesterday", ""),
-        422
-    );
-    assert_eq!(
-        raw(M::GET, "/repos/acme/widgets/pulls?direction=up", ""),
-        422
-    );
-    assert_eq!(raw(M::GET, "/repos/acme/widgets/issues/abc", ""), 404);
-    assert_eq!(
-        raw(
+        (M::POST, &format!("{pulls}/1/reviews"), "{}", 404),
+        (M::GET, &format!("{issues}?state=sideways"), "", 422),
+        (M::GET, &format!("{issues}?since=yesterday"), "", 422),
+        (M::GET, &format!("{pulls}?direction=up"), "", 422),
+        (M::GET, &format!("{issues}/abc"), "", 404),
+        (
             M::GET,
-            "/repos/acme/widgets/issues/99999999999999999999999",
-            ""
+            &format!("{issues}/99999999999999999999999"),
+            "",
+            404,
         ),
-        404
-    );
-    assert_eq!(raw(M::GET, "/repos/%ff/widgets", ""), 404);
-    assert_eq!(raw(M::GET, "/repos/acme/widgets/labels/%zz", ""), 404);
-    assert_eq!(raw(M::GET, "//", ""), 404);
-    assert_eq!(raw(M::DELETE, "/repos/acme/widgets", ""), 404);
-    assert_eq!(raw(M::DELETE, &format!("{issue}/labels/nope"), ""), 404);
-    assert_eq!(
-        raw(
-            M::GET,
-            &format!("/repos/acme/widgets/{}", "x/".repeat(500)),
-            ""
-        ),
-        404
-    );
+        (M::GET, "/repos/%ff/widgets", "", 404),
+        (M::GET, "/repos/acme/widgets/labels/%zz", "", 404),
+        (M::GET, "//", "", 404),
+        (M::DELETE, "/repos/acme/widgets", "", 404),
+        (M::DELETE, &missing_label, "", 404),
+        (M::GET, &too_deep, "", 404),
+    ];
+    for (method, path, body, status) in cases {
+        let what = format!("{method} {path} {body}");
+        assert_eq!(raw(method, path, body), status, "{what}");
+    }
     // Odd pagination values are tolerated, like GitHub does.
     let odd = get(
         &fake,
@@ -1805,20 +1767,11 @@ async fn octocrab_reads_reviews_and_review_comments() {
     let review = fake.add_review("acme", "widgets", n, "alice", "CHANGES_REQUESTED", "No.");
     let comment = fake.add_review_comment("acme", "widgets", n, "bob", "src/a.rs", 3, "Hm.");
     let octo = octo(&fake);
-    let reviews = octo
-        .pulls("acme", "widgets")
-        .list_reviews(n)
-        .send()
-        .await
-        .unwrap();
+    let pulls = octo.pulls("acme", "widgets");
+    let reviews = pulls.list_reviews(n).send().await.unwrap();
     assert_eq!(reviews.items.len(), 2);
     assert_eq!(reviews.items[0].id.0, review);
-    let comments = octo
-        .pulls("acme", "widgets")
-        .list_comments(Some(n))
-        .send()
-        .await
-        .unwrap();
+    let comments = pulls.list_comments(Some(n)).send().await.unwrap();
     assert_eq!(comments.items.len(), 1);
     assert_eq!(comments.items[0].id.0, comment);
     assert_eq!(comments.items[0].line, Some(3));

@@ -753,39 +753,42 @@ fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
     Ok(())
 }
 
-/// Visitor methods giving `$value` for every JSON scalar but strings.
-macro_rules! other_scalars {
-    ($value:expr) => {
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
+/// Visitor methods giving `$value`: `visit_unit` when `unit` leads, then each
+/// `visit_…(type)` listed, its argument ignored.
+macro_rules! visits {
+    ($value:expr; unit $(, $method:ident($ty:ty))*) => {
         fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
             Ok($value)
         }
+        visits!($value; $($method($ty)),*);
+    };
+    ($value:expr; $($method:ident($ty:ty)),*) => {
+        $(
+            fn $method<E: de::Error>(self, _: $ty) -> Result<Self::Value, E> {
+                Ok($value)
+            }
+        )*
+    };
+}
+
+/// Visitor methods giving `$value` for every JSON scalar but strings.
+macro_rules! other_scalars {
+    ($value:expr) => {
+        visits!($value; unit, visit_bool(bool), visit_f64(f64));
     };
 }
 
 /// Visitor methods giving `$value` for integers.
 macro_rules! integers {
     ($value:expr) => {
-        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
+        visits!($value; visit_i64(i64), visit_u64(u64));
     };
 }
 
 /// Visitor methods giving `$value` for strings.
 macro_rules! strings {
     ($value:expr) => {
-        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($value)
-        }
+        visits!($value; visit_str(&str));
     };
 }
 

@@ -1049,15 +1049,23 @@ mod tests {
         })
     }
 
+    /// A runner under a fresh directory (removed with the guard returned), a new task, and
+    /// the run directory of its attempt `attempt`, made.
+    fn dead_run(attempt: i32) -> (tempfile::TempDir, LocalRunner, Uuid, PathBuf) {
+        let root = tempfile::tempdir().unwrap();
+        let runner = test_runner(root.path());
+        let task = Uuid::new_v4();
+        let dir = runner.run_dir(task, attempt);
+        std::fs::create_dir_all(&dir).unwrap();
+        (root, runner, task, dir)
+    }
+
     /// A dead run's cost is found even when its log was rotated in the middle of the final
     /// result event: salvage reads across both files.
     #[test]
     fn salvage_reads_a_rotated_log() {
-        let root = tempfile::tempdir().unwrap();
-        let runner = test_runner(root.path());
-        let (task, attempt) = (Uuid::new_v4(), 2);
-        let dir = runner.run_dir(task, attempt);
-        std::fs::create_dir_all(&dir).unwrap();
+        let attempt = 2;
+        let (root, runner, task, dir) = dead_run(attempt);
         let result = r#"{"type":"result","subtype":"success","num_turns":2,"result":"Done.","total_cost_usd":0.987654321,"modelUsage":{"m":{"inputTokens":5,"outputTokens":7,"costUSD":0.987654321}}}"#;
         let (head, tail) = result.split_at(40);
         let init = r#"{"type":"system","subtype":"init","model":"m"}"#;
@@ -1096,10 +1104,8 @@ mod tests {
     /// recorded in its session file, read back from the dead run's `HOME`.
     #[test]
     fn a_dead_codex_run_is_priced_from_its_session_file() {
-        let root = tempfile::tempdir().unwrap();
-        let runner = test_runner(root.path());
-        let (task, attempt) = (Uuid::new_v4(), 1);
-        let dir = runner.run_dir(task, attempt);
+        let attempt = 1;
+        let (_root, runner, task, dir) = dead_run(attempt);
         let sessions = dir.join("home/.codex/sessions/2026/11/25");
         std::fs::create_dir_all(&sessions).unwrap();
         std::fs::write(

@@ -837,13 +837,7 @@ fn wrap_with_home(
     layout: Layout<'_>,
     service_home: Option<&Path>,
 ) -> Result<AgentCommand, String> {
-    let canonical = |path: &Path| {
-        std::fs::canonicalize(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
-    };
-    let root = canonical(layout.root)?;
-    if root.parent().is_none() {
-        return Err("the data directory cannot be the root directory".to_owned());
-    }
+    let root = data_dir(layout.root)?;
     let worktree = canonical(layout.worktree)?;
     let home = canonical(layout.home)?;
 
@@ -935,18 +929,10 @@ fn wrap_with_home(
     match git_dirs(&worktree, layout.mirror) {
         Some((mirror, gitdir)) => {
             let entries = mirror.join("worktrees");
-            let mirror = utf8(&mirror)?;
-            let gitdir = utf8(&gitdir)?;
-            args.extend([
-                "--ro-bind".to_owned(),
-                mirror.clone(),
-                mirror,
-                "--tmpfs".to_owned(),
-                utf8(&entries)?,
-                if layout.review { "--ro-bind" } else { "--bind" }.to_owned(),
-                gitdir.clone(),
-                gitdir,
-            ]);
+            push_bind(&mut args, "--ro-bind", &mirror)?;
+            args.extend(["--tmpfs".to_owned(), utf8(&entries)?]);
+            let option = if layout.review { "--ro-bind" } else { "--bind" };
+            push_bind(&mut args, option, &gitdir)?;
             hidden_git.push(entries);
         }
         None => tracing::warn!(
@@ -955,8 +941,7 @@ fn wrap_with_home(
         ),
     }
     for dir in [&worktree, &home] {
-        let dir = utf8(dir)?;
-        args.extend(["--bind".to_owned(), dir.clone(), dir]);
+        push_bind(&mut args, "--bind", dir)?;
     }
     push_remount_ro(&mut args, tmpfs.iter().chain(&hidden_git))?;
     let mut pass_fds = Vec::new();
@@ -1010,6 +995,21 @@ fn hiding_tmpfs(root: &Path) -> Vec<PathBuf> {
     tmpfs
 }
 
+/// `path` resolved (absolute, no symbolic links), or why it cannot be.
+fn canonical(path: &Path) -> Result<PathBuf, String> {
+    std::fs::canonicalize(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
+}
+
+/// The data directory `root`, resolved; never the root directory, which a sandbox could
+/// not hide.
+fn data_dir(root: &Path) -> Result<PathBuf, String> {
+    let root = canonical(root)?;
+    if root.parent().is_none() {
+        return Err("the data directory cannot be the root directory".to_owned());
+    }
+    Ok(root)
+}
+
 /// `path` as text for `bwrap`'s command line.
 fn utf8(path: &Path) -> Result<String, String> {
     path.to_str()
@@ -1038,9 +1038,15 @@ fn push_system(
         args.extend(["--tmpfs".to_owned(), utf8(dir)?]);
     }
     for path in binds {
-        let path = utf8(path)?;
-        args.extend(["--ro-bind".to_owned(), path.clone(), path]);
+        push_bind(args, "--ro-bind", path)?;
     }
+    Ok(())
+}
+
+/// Adds `option` (`--bind` or `--ro-bind`) mounting `path` at its own path.
+fn push_bind(args: &mut Vec<String>, option: &str, path: &Path) -> Result<(), String> {
+    let path = utf8(path)?;
+    args.extend([option.to_owned(), path.clone(), path]);
     Ok(())
 }
 
@@ -1277,6 +1283,19 @@ mod tests {
         net: PathBuf,
     }
 
+    /// The arguments of `bwrap` wrapping `cmd` (which must succeed), joined with spaces.
+    fn wrapped_args(
+        bwrap: &Path,
+        cmd: AgentCommand,
+        layout: Layout<'_>,
+        service_home: Option<&Path>,
+    ) -> String {
+        wrap_with_home(bwrap, cmd, layout, service_home)
+            .unwrap()
+            .args
+            .join(" ")
+    }
+
     impl RunDirs {
         fn new(base: &Path) -> RunDirs {
             let root = base.join("data");
@@ -1464,8 +1483,7 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let wrapped = wrap_with_home(bwrap, cmd.clone(), layout, Some(&service_home)).unwrap();
-        let args = wrapped.args.join(" ");
+        let args = wrapped_args(bwrap, cmd.clone(), layout, Some(&service_home));
         assert!(args.contains("--unshare-net"), "{args}");
         let net_bind = format!("--ro-bind {} /run/agentry", net.display());
         let run_tmpfs = args.find("--tmpfs /run ").unwrap();
@@ -1488,7 +1506,7 @@ mod tests {
             "{args}"
         );
         // Without a network, none of it.
-        let plain = wrap_with_home(
+        let plain = wrapped_args(
             bwrap,
             cmd.clone(),
             Layout {
@@ -1497,10 +1515,7 @@ mod tests {
                 ..layout
             },
             Some(&service_home),
-        )
-        .unwrap()
-        .args
-        .join(" ");
+        );
         assert!(
             !plain.contains("--unshare-net") && !plain.contains("/run/agentry"),
             "{plain}"
@@ -1631,10 +1646,7 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let args = wrap_with_home(bwrap, cmd.clone(), layout, None)
-            .unwrap()
-            .args
-            .join(" ");
+        let args = wrapped_args(bwrap, cmd.clone(), layout, None);
         let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
         assert!(
             args.ends_with(&format!(
@@ -1648,7 +1660,7 @@ mod tests {
         assert!(args.contains("--unshare-user --disable-userns"), "{args}");
         assert!(!args.contains("--unshare-net"), "{args}");
         // Without the features, neither option.
-        let plain = wrap_with_home(
+        let plain = wrapped_args(
             bwrap,
             cmd.clone(),
             Layout {
@@ -1656,10 +1668,7 @@ mod tests {
                 ..layout
             },
             None,
-        )
-        .unwrap()
-        .args
-        .join(" ");
+        );
         assert!(
             !plain.contains("--size") && !plain.contains("--unshare-user"),
             "{plain}"

@@ -265,22 +265,16 @@ mod tests {
 
     #[test]
     fn versions_are_found_in_what_the_clis_print() {
-        assert_eq!(
-            Version::find("2.1.197 (Claude Code)"),
-            Some(Version::new(2, 1, 197))
-        );
-        assert_eq!(
-            Version::find("codex-cli 0.169.0"),
-            Some(Version::new(0, 169, 0))
-        );
-        assert_eq!(
-            Version::find("codex-cli 0.170.0-alpha.3"),
-            Some(Version::new(0, 170, 0))
-        );
-        assert_eq!(
-            Version::find("v1.2 then 3.4.5"),
-            Some(Version::new(3, 4, 5))
-        );
+        for (printed, version) in [
+            ("2.1.197 (Claude Code)", (2, 1, 197)),
+            ("codex-cli 0.169.0", (0, 169, 0)),
+            ("codex-cli 0.170.0-alpha.3", (0, 170, 0)),
+            ("v1.2 then 3.4.5", (3, 4, 5)),
+        ] {
+            let (major, minor, patch) = version;
+            let expected = Version::new(major, minor, patch);
+            assert_eq!(Version::find(printed), Some(expected), "{printed}");
+        }
         assert_eq!(Version::find("no version"), None);
         assert_eq!(Version::new(0, 169, 0).to_string(), "0.169.0");
     }

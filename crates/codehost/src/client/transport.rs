@@ -224,9 +224,8 @@ impl GitHub {
         let mut retries = 0u32;
         loop {
             self.wait_for_rate_window(method, target).await?;
-            let attempt = self
-                .attempt(method, target, body.clone(), if_none_match)
-                .await?;
+            let request = self.request(method, target, body.clone(), if_none_match)?;
+            let attempt = self.attempt(request).await?;
             let reason = match attempt {
                 Attempt::Failed(reason) => reason,
                 Attempt::Answer(status, headers, text) => {
@@ -295,16 +294,12 @@ impl GitHub {
         }
     }
 
-    /// One HTTP exchange, bounded by the request timeout.
+    /// One HTTP exchange of `request`, bounded by the request timeout.
     pub(super) async fn attempt(
         &self,
-        method: &Method,
-        target: &str,
-        body: Option<String>,
-        if_none_match: Option<&str>,
+        request: http::Request<OctoBody>,
     ) -> Result<Attempt, CodeHostError> {
         let transport = self.transport()?;
-        let request = self.request(method, target, body, if_none_match)?;
         self.inner.sent.fetch_add(1, Ordering::Relaxed);
         let timeout = self.inner.config.request_timeout;
         let exchange = async {

@@ -64,19 +64,12 @@ fn assert_not_found<T: std::fmt::Debug>(result: Result<T, CodeHostError>) {
     );
 }
 
-/// Awaits `call`, asserting that it succeeds, no sooner than `wait`, and that the fake
-/// answered `statuses` in all.
-async fn assert_waited<T>(
-    fake: &FakeGitHub,
-    call: impl Future<Output = Result<T, CodeHostError>>,
-    wait: Duration,
-    statuses: &[u16],
-) {
-    let started = Instant::now();
-    call.await.unwrap();
-    assert!(started.elapsed() >= wait, "{:?}", started.elapsed());
-    let answered: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
-    assert_eq!(answered, statuses);
+/// Asserts that `list` has `len` items, read with `pages` GETs of `route` (the fake's
+/// route template).
+#[track_caller]
+fn assert_paged<T>(fake: &FakeGitHub, list: &[T], len: usize, route: &str, pages: usize) {
+    assert_eq!(list.len(), len);
+    assert_eq!(fake.count("GET", route), pages, "GETs of {route}");
 }
 
 fn assert_no_token(text: &str) {
@@ -164,8 +157,7 @@ async fn open_issues_reads_every_page_skips_pulls_and_uses_the_etag() {
 
     // 260 open items (issues and pulls) at 100 a page: 3 pages.
     let (list, etag) = modified(gh.open_issues(OWNER, REPO, None).await.unwrap());
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/issues"), 3);
-    assert_eq!(list.len(), 250);
+    assert_paged(&fake, &list, 250, "/repos/{o}/{r}/issues", 3);
     let mut numbers: Vec<u64> = list.iter().map(|i| i.number).collect();
     numbers.sort_unstable();
     assert_eq!(numbers, issues);
@@ -285,27 +277,26 @@ async fn issues_updated_since_reads_closed_issues_every_page_and_skips_pulls() {
         (tail.issues.len(), tail.pages, tail.etag_covers_all),
         (1, 1, true)
     );
-    // Unchanged: 304 after one request; the earlier query changed with the new issue.
-    fake.reset_counts();
-    let again = gh
-        .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
-        .await
-        .unwrap();
-    assert!(again.is_not_modified());
+    // Unchanged: 304 after one request, before and after the earlier query changed with
+    // the new issue.
+    let unchanged = || async {
+        fake.reset_counts();
+        let again = gh
+            .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
+            .await
+            .unwrap();
+        assert!(again.is_not_modified());
+        assert_eq!(fake.count_status(304), 1);
+        assert_eq!(fake.requests().len(), 1);
+    };
+    unchanged().await;
     let (grown, _) = modified(
         gh.issues_updated_since(OWNER, REPO, since, Some(&etag))
             .await
             .unwrap(),
     );
     assert_eq!(grown.issues.len(), 151);
-    fake.reset_counts();
-    let again = gh
-        .issues_updated_since(OWNER, REPO, later, Some(&tail_etag))
-        .await
-        .unwrap();
-    assert!(again.is_not_modified());
-    assert_eq!(fake.count_status(304), 1);
-    assert_eq!(fake.requests().len(), 1);
+    unchanged().await;
 }
 
 #[tokio::test]
@@ -431,8 +422,13 @@ async fn comments_every_page_and_create_comment() {
     let gh = client(&fake);
 
     let comments = gh.issue_comments(OWNER, REPO, n).await.unwrap();
-    assert_eq!(comments.len(), 150);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/issues/{n}/comments"), 2);
+    assert_paged(
+        &fake,
+        &comments,
+        150,
+        "/repos/{o}/{r}/issues/{n}/comments",
+        2,
+    );
     assert_eq!(comments[0].body, "comment 0");
     assert_eq!(comments[149].body, "comment 149");
     assert!(comments.iter().all(|c| c.author == "someone"));
@@ -587,8 +583,7 @@ async fn reviews_every_page_oldest_first() {
     let gh = client(&fake);
 
     let reviews = gh.reviews(OWNER, REPO, pr).await.unwrap();
-    assert_eq!(reviews.len(), 131);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls/{n}/reviews"), 2);
+    assert_paged(&fake, &reviews, 131, "/repos/{o}/{r}/pulls/{n}/reviews", 2);
     assert_eq!(reviews[0].body, "review 0");
     assert_eq!(reviews[1].state, "APPROVED");
     let r = &reviews[130];
@@ -632,8 +627,7 @@ async fn review_comments_every_page_and_since() {
     let gh = client(&fake);
 
     let all = gh.review_comments(OWNER, REPO, pr, None).await.unwrap();
-    assert_eq!(all.len(), 121);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls/{n}/comments"), 2);
+    assert_paged(&fake, &all, 121, "/repos/{o}/{r}/pulls/{n}/comments", 2);
     assert_eq!(all[0].body, "c0");
     assert_eq!(all[0].line, Some(1));
     assert_eq!(all[0].path, "src/lib.rs");
@@ -858,8 +852,7 @@ async fn pulls_updated_since_stops_paging_early() {
             .await
             .unwrap(),
     );
-    assert_eq!(all.len(), 250);
-    assert_eq!(fake.count("GET", "/repos/{o}/{r}/pulls"), 3);
+    assert_paged(&fake, &all, 250, "/repos/{o}/{r}/pulls", 3);
     let query = &fake.requests()[0].query;
     for part in [
         "state=all",
@@ -1071,61 +1064,73 @@ async fn connection_errors_are_retried_then_unavailable() {
 
 // ----- rate limits -----
 
+/// Rate limits the client waits out: how the fake is set up, then `current_user` or
+/// `repository` succeeds no sooner than the wait, and the statuses the fake answered.
 #[tokio::test]
-async fn a_rate_limit_with_retry_after_is_waited_out() {
-    let fake = fake();
-    let gh = client(&fake);
-    fake.fail_next(
-        Some(("GET", "/user")),
-        1,
-        Fault::RateLimited {
-            retry_after_secs: 1,
-        },
-    );
-    let started = Instant::now();
-    gh.current_user().await.unwrap();
-    let took = started.elapsed();
-    assert!(took >= Duration::from_secs(1), "{took:?}");
-    assert!(took < Duration::from_secs(3), "{took:?}");
-    assert_eq!(fake.count("GET", "/user"), 2);
-    let statuses: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
-    assert_eq!(statuses, [403, 200]);
-}
-
-#[tokio::test]
-async fn a_secondary_rate_limit_is_waited_out() {
-    let fake = fake();
-    let gh = client(&fake);
-    fake.fail_next(
-        None,
-        1,
-        Fault::SecondaryRateLimit {
-            retry_after_secs: 1,
-        },
-    );
-    assert_waited(
-        &fake,
-        gh.repository(OWNER, REPO),
-        Duration::from_secs(1),
-        &[429, 200],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_used_up_window_waits_until_the_reset() {
-    // GitHub's primary limit: 403, X-RateLimit-Remaining 0, no Retry-After.
-    let fake = fake();
-    let gh = client(&fake);
-    fake.set_rate_limit_remaining(0);
-    fake.set_rate_limit_reset_in(Duration::from_secs(1));
-    assert_waited(
-        &fake,
-        gh.current_user(),
-        Duration::from_millis(900),
-        &[403, 200],
-    )
-    .await;
+async fn rate_limits_are_waited_out() {
+    let fault = |route: Option<(&'static str, &'static str)>, fault: Fault| {
+        move |fake: &FakeGitHub| fake.fail_next(route, 1, fault)
+    };
+    /// What makes the fake limit the next request.
+    type SetUp = Box<dyn FnOnce(&FakeGitHub)>;
+    /// The call that is limited.
+    enum Call {
+        CurrentUser,
+        Repository,
+    }
+    let cases: [(&str, SetUp, Call, Duration, [u16; 2]); 3] = [
+        (
+            "a primary limit with Retry-After",
+            Box::new(fault(
+                Some(("GET", "/user")),
+                Fault::RateLimited {
+                    retry_after_secs: 1,
+                },
+            )),
+            Call::CurrentUser,
+            Duration::from_secs(1),
+            [403, 200],
+        ),
+        (
+            "a secondary limit",
+            Box::new(fault(
+                None,
+                Fault::SecondaryRateLimit {
+                    retry_after_secs: 1,
+                },
+            )),
+            Call::Repository,
+            Duration::from_secs(1),
+            [429, 200],
+        ),
+        (
+            // GitHub's primary limit: 403, X-RateLimit-Remaining 0, no Retry-After.
+            "a used-up window, until the reset",
+            Box::new(|fake: &FakeGitHub| {
+                fake.set_rate_limit_remaining(0);
+                fake.set_rate_limit_reset_in(Duration::from_secs(1));
+            }),
+            Call::CurrentUser,
+            Duration::from_millis(900),
+            [403, 200],
+        ),
+    ];
+    for (what, set_up, call, wait, statuses) in cases {
+        let fake = fake();
+        let gh = client(&fake);
+        set_up(&fake);
+        let started = Instant::now();
+        match call {
+            Call::CurrentUser => gh.current_user().await.map(drop),
+            Call::Repository => gh.repository(OWNER, REPO).await.map(drop),
+        }
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        let took = started.elapsed();
+        assert!(took >= wait, "{what}: {took:?}");
+        assert!(took < wait + Duration::from_secs(2), "{what}: {took:?}");
+        let answered: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
+        assert_eq!(answered, statuses, "{what}");
+    }
 }
 
 #[tokio::test]
@@ -1330,15 +1335,14 @@ impl Scripted {
                     let head = String::from_utf8_lossy(&buf).into_owned();
                     seen.lock().unwrap().push(head.clone());
                     let (status, headers, body) = respond(&origin, &head);
-                    let mut out = format!(
-                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\nContent-Type: application/json\r\n",
+                    let headers: String = headers
+                        .iter()
+                        .map(|(k, v)| format!("{k}: {v}\r\n"))
+                        .collect();
+                    let out = format!(
+                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\nContent-Type: application/json\r\n{headers}\r\n{body}",
                         body.len()
                     );
-                    for (k, v) in headers {
-                        out.push_str(&format!("{k}: {v}\r\n"));
-                    }
-                    out.push_str("\r\n");
-                    out.push_str(&body);
                     let _ = socket.write_all(out.as_bytes()).await;
                     let _ = socket.shutdown().await;
                 });

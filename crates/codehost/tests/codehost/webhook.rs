@@ -304,13 +304,11 @@ fn issue_comment_created_says_whether_it_is_on_a_pull_request() {
     assert_eq!(event.action(), Some("created"));
     // On a plain issue `issue.pull_request` is absent (or null).
     for change in [
-        (|v: &mut Value| {
-            v["issue"].as_object_mut().unwrap().remove("pull_request");
-        }) as Edit,
-        |v| v["issue"]["pull_request"] = Value::Null,
+        Change::Remove("issue.pull_request"),
+        Change::Set("issue.pull_request", Value::Null),
     ] {
         assert!(matches!(
-            parse_event("issue_comment", &with_json(ISSUE_COMMENT_CREATED, change)).unwrap(),
+            parse_event("issue_comment", &change.made_to(ISSUE_COMMENT_CREATED)).unwrap(),
             WebhookEvent::IssueCommentCreated {
                 is_pull_request: false,
                 ..
@@ -364,84 +362,75 @@ fn pull_request_review_comment_created_has_the_line() {
 
 #[test]
 fn new_events_missing_a_needed_member_are_errors_naming_it() {
-    let cases: [(&str, &[u8], &str, &str, Edit); 8] = [
+    use Change::{Remove, Set};
+    let cases: [(&str, &[u8], &str, &str, Change); 8] = [
         (
             "pull_request_review",
             REVIEW_SUBMITTED,
             "submitted",
             "review.state",
-            |v| {
-                v["review"].as_object_mut().unwrap().remove("state");
-            },
+            Remove("review.state"),
         ),
         (
             "pull_request_review",
             REVIEW_SUBMITTED,
             "submitted",
             "review.user",
-            |v| {
-                v["review"]["user"] = Value::Null;
-            },
+            Set("review.user", Value::Null),
         ),
         (
             "pull_request_review",
             REVIEW_SUBMITTED,
             "submitted",
             "pull_request.number",
-            |v| {
-                v["pull_request"]["number"] = json!("2");
-            },
+            Set("pull_request.number", json!("2")),
         ),
         (
             "issue_comment",
             ISSUE_COMMENT_CREATED,
             "created",
             "comment.id",
-            |v| {
-                v["comment"].as_object_mut().unwrap().remove("id");
-            },
+            Remove("comment.id"),
         ),
         (
             "issue_comment",
             ISSUE_COMMENT_CREATED,
             "created",
             "issue.number",
-            |v| {
-                v["issue"]["number"] = json!(-1);
-            },
+            Set("issue.number", json!(-1)),
         ),
         (
             "issue_comment",
             ISSUE_COMMENT_CREATED,
             "created",
             "comment.html_url",
-            |v| {
-                v["comment"].as_object_mut().unwrap().remove("html_url");
-            },
+            Remove("comment.html_url"),
         ),
         (
             "pull_request_review_comment",
             REVIEW_COMMENT_CREATED,
             "created",
             "comment.path",
-            |v| {
-                v["comment"].as_object_mut().unwrap().remove("path");
-            },
+            Remove("comment.path"),
         ),
         (
             "pull_request_review_comment",
             REVIEW_COMMENT_CREATED,
             "created",
             "comment.line",
-            |v| {
-                v["comment"]["line"] = json!("one");
-            },
+            Set("comment.line", json!("one")),
         ),
     ];
     for (event, fixture, action, member, change) in cases {
-        let message = parse_error(event, &with_json(fixture, change));
+        let message = parse_error(event, &change.made_to(fixture));
         assert_names_member(&message, event, action, member);
     }
+}
+
+/// The event the fake's `payload` of `event` parses as.
+#[track_caller]
+fn parsed(event: &str, payload: &Value) -> WebhookEvent {
+    parse_event(event, &serde_json::to_vec(payload).unwrap()).unwrap()
 }
 
 #[test]
@@ -455,9 +444,8 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
     let review = fake.add_review("acme", "widgets", pr, "alice", "CHANGES_REQUESTED", "No.");
     let payload = payloads::pull_request_review_submitted(&fake, "acme", "widgets", pr, review);
     assert_eq!(payload["review"]["state"], "changes_requested");
-    let body = serde_json::to_vec(&payload).unwrap();
     assert_eq!(
-        parse_event("pull_request_review", &body).unwrap(),
+        parsed("pull_request_review", &payload),
         WebhookEvent::PullRequestReviewSubmitted {
             repo: acme_widgets(),
             number: pr,
@@ -474,9 +462,8 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
     for (number, is_pr) in [(pr, true), (issue, false)] {
         let id = fake.add_comment("acme", "widgets", number, "bob", "@agentry again");
         let payload = payloads::issue_comment_created(&fake, "acme", "widgets", number, id);
-        let body = serde_json::to_vec(&payload).unwrap();
         let kind = if is_pr { "pull" } else { "issues" };
-        match parse_event("issue_comment", &body).unwrap() {
+        match parsed("issue_comment", &payload) {
             WebhookEvent::IssueCommentCreated {
                 issue_number,
                 is_pull_request,
@@ -502,9 +489,8 @@ fn the_fakes_payloads_parse_and_agree_with_its_state() {
 
     let id = fake.add_review_comment("acme", "widgets", pr, "carol", "src/lib.rs", 42, "Typo.");
     let payload = payloads::pull_request_review_comment_created(&fake, "acme", "widgets", pr, id);
-    let body = serde_json::to_vec(&payload).unwrap();
     assert_eq!(
-        parse_event("pull_request_review_comment", &body).unwrap(),
+        parsed("pull_request_review_comment", &payload),
         WebhookEvent::ReviewCommentCreated {
             repo: acme_widgets(),
             number: pr,
@@ -605,8 +591,37 @@ fn a_body_that_is_not_one_json_object_is_an_error_for_every_event() {
     assert!(parse_event("pull_request", &PR_CLOSED[..PR_CLOSED.len() / 2]).is_err());
 }
 
-/// A change made to a payload's JSON.
-type Edit = fn(&mut Value);
+/// A change made to a payload's JSON, at a dotted path of members.
+enum Change {
+    /// Removes the member.
+    Remove(&'static str),
+    /// Sets the member to the value.
+    Set(&'static str, Value),
+}
+
+impl Change {
+    /// `body` with this change made.
+    fn made_to(self, body: &[u8]) -> Vec<u8> {
+        with_json(body, |v| {
+            let (path, value) = match self {
+                Change::Remove(path) => (path, None),
+                Change::Set(path, value) => (path, Some(value)),
+            };
+            let (parent, leaf) = match path.rsplit_once('.') {
+                Some((parent, leaf)) => (format!("/{}", parent.replace('.', "/")), leaf),
+                None => (String::new(), path),
+            };
+            let parent = v
+                .pointer_mut(&parent)
+                .and_then(Value::as_object_mut)
+                .unwrap_or_else(|| panic!("no object at {path}"));
+            match value {
+                None => parent.remove(leaf),
+                Some(value) => parent.insert(leaf.to_owned(), value),
+            };
+        })
+    }
+}
 
 /// The error of `parse_event(event, body)`, which must fail.
 /// Asserts that the parse error `message` names the `event`, its `action` and the `member`
@@ -633,29 +648,23 @@ fn parse_error(event: &str, body: &[u8]) -> String {
 
 #[test]
 fn an_issue_labeled_missing_a_needed_member_is_an_error_naming_it() {
-    let cases: [(&str, Edit); 6] = [
-        ("label", |v| {
-            v.as_object_mut().unwrap().remove("label");
-        }),
-        ("label.name", |v| {
-            v["label"].as_object_mut().unwrap().remove("name");
-        }),
-        ("issue.number", |v| v["issue"]["number"] = json!("1")),
-        ("repository.owner.login", |v| {
-            v["repository"]["owner"]
-                .as_object_mut()
-                .unwrap()
-                .remove("login");
-        }),
-        ("repository.html_url", |v| {
-            v["repository"]["html_url"] = json!(null)
-        }),
-        ("repository", |v| {
-            v["repository"] = json!(["Codertocat", "Hello-World"])
-        }),
+    use Change::{Remove, Set};
+    let cases: [(&str, Change); 6] = [
+        ("label", Remove("label")),
+        ("label.name", Remove("label.name")),
+        ("issue.number", Set("issue.number", json!("1"))),
+        ("repository.owner.login", Remove("repository.owner.login")),
+        (
+            "repository.html_url",
+            Set("repository.html_url", json!(null)),
+        ),
+        (
+            "repository",
+            Set("repository", json!(["Codertocat", "Hello-World"])),
+        ),
     ];
     for (member, change) in cases {
-        let message = parse_error("issues", &with_json(ISSUES_LABELED, change));
+        let message = parse_error("issues", &change.made_to(ISSUES_LABELED));
         assert!(message.contains("`issues`"), "{message}");
         assert!(message.contains("`labeled`"), "{message}");
         let leaf = member.rsplit('.').next().unwrap();
@@ -668,37 +677,24 @@ fn an_issue_labeled_missing_a_needed_member_is_an_error_naming_it() {
 
 #[test]
 fn a_pull_request_closed_missing_a_needed_member_is_an_error_naming_it() {
-    let cases: [(&str, Edit); 7] = [
-        ("pull_request", |v| {
-            v.as_object_mut().unwrap().remove("pull_request");
-        }),
-        ("pull_request.number", |v| {
-            v["pull_request"].as_object_mut().unwrap().remove("number");
-        }),
-        ("pull_request.number", |v| {
-            v["pull_request"]["number"] = json!(-2)
-        }),
-        ("pull_request.html_url", |v| {
-            v["pull_request"]
-                .as_object_mut()
-                .unwrap()
-                .remove("html_url");
-        }),
-        ("pull_request.head", |v| {
-            v["pull_request"]["head"]
-                .as_object_mut()
-                .unwrap()
-                .remove("ref");
-        }),
-        ("pull_request.merged_at", |v| {
-            v["pull_request"]["merged_at"] = json!("yesterday");
-        }),
-        ("pull_request.merged", |v| {
-            v["pull_request"]["merged"] = json!("yes")
-        }),
+    use Change::{Remove, Set};
+    let cases: [(&str, Change); 7] = [
+        ("pull_request", Remove("pull_request")),
+        ("pull_request.number", Remove("pull_request.number")),
+        ("pull_request.number", Set("pull_request.number", json!(-2))),
+        ("pull_request.html_url", Remove("pull_request.html_url")),
+        ("pull_request.head", Remove("pull_request.head.ref")),
+        (
+            "pull_request.merged_at",
+            Set("pull_request.merged_at", json!("yesterday")),
+        ),
+        (
+            "pull_request.merged",
+            Set("pull_request.merged", json!("yes")),
+        ),
     ];
     for (member, change) in cases {
-        let message = parse_error("pull_request", &with_json(PR_CLOSED, change));
+        let message = parse_error("pull_request", &change.made_to(PR_CLOSED));
         assert_names_member(&message, "pull_request", "closed", member);
     }
 }

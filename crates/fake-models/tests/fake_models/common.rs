@@ -35,11 +35,16 @@ pub fn sse_events(response: reqwest::blocking::Response) -> Vec<(String, Value)>
     parse_sse(&response.text().unwrap())
 }
 
-/// The first item of the array `container[list]` whose `type` is `kind`.
-pub fn item_of_type(container: &Value, list: &str, kind: &str) -> Value {
+/// The items of the array `container[list]`, which must be one.
+pub fn items<'v>(container: &'v Value, list: &str) -> &'v [Value] {
     container[list]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no array {list} in {container}"))
+}
+
+/// The first item of the array `container[list]` whose `type` is `kind`.
+pub fn item_of_type(container: &Value, list: &str, kind: &str) -> Value {
+    items(container, list)
         .iter()
         .find(|i| i["type"] == kind)
         .cloned()
@@ -139,9 +144,7 @@ pub fn assemble_anthropic(events: &[(String, Value)]) -> Value {
 
 /// The text of an assembled message's text blocks, joined.
 pub fn anthropic_text(message: &Value) -> String {
-    message["content"]
-        .as_array()
-        .unwrap()
+    items(message, "content")
         .iter()
         .filter(|b| b["type"] == "text")
         .map(|b| b["text"].as_str().unwrap())
@@ -190,12 +193,10 @@ pub fn assemble_openai(events: &[Value]) -> Value {
 
 /// The text of a response's message items, joined.
 pub fn openai_text(response: &Value) -> String {
-    response["output"]
-        .as_array()
-        .unwrap()
+    items(response, "output")
         .iter()
         .filter(|i| i["type"] == "message")
-        .flat_map(|i| i["content"].as_array().unwrap().iter())
+        .flat_map(|i| items(i, "content"))
         .map(|c| c["text"].as_str().unwrap())
         .collect::<Vec<_>>()
         .join("\n")

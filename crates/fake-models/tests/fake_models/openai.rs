@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::common::{
-    assemble_openai, item_of_type, openai_text, sse_events, tag_in, two_main_calls,
+    assemble_openai, item_of_type, items, openai_text, sse_events, tag_in, two_main_calls,
 };
 use agentry_fake_models::{
     CallKind, DEFAULT_KEY, FakeModels, OPENAI_MAIN_USAGE, OPENAI_SIDE_USAGE, Provider, Transport,
@@ -167,7 +167,7 @@ mod http {
         );
 
         let mut input2 = input.clone();
-        input2.extend(response["output"].as_array().unwrap().iter().cloned());
+        input2.extend(items(&response, "output").iter().cloned());
         input2.push(
             json!({"type": "function_call_output", "call_id": call["call_id"],
                            "output": "Process exited with code 0\nOutput:\n"}),
@@ -211,7 +211,7 @@ mod http {
         let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(arguments, json!({"cmd": "git diff origin/main...HEAD"}));
         let mut input2 = input.clone();
-        input2.extend(response["output"].as_array().unwrap().iter().cloned());
+        input2.extend(items(&response, "output").iter().cloned());
         input2.push(
             json!({"type": "function_call_output", "call_id": call["call_id"],
                            "output": [{"type": "input_text", "text": "diff --git a/x b/x"}]}),
@@ -356,7 +356,7 @@ mod http {
                 stream(&fake, &code_mode_body(&history, true)).1
             };
             let call = custom_call(&previous);
-            history.extend(previous["output"].as_array().unwrap().iter().cloned());
+            history.extend(items(&previous, "output").iter().cloned());
             history.push(custom_output(&call, ""));
         }
         let (_, last) = stream(&fake, &code_mode_body(&history, true));
@@ -389,7 +389,7 @@ mod http {
             ),
             "{call}"
         );
-        input.extend(response["output"].as_array().unwrap().iter().cloned());
+        input.extend(items(&response, "output").iter().cloned());
         input.push(custom_output(&call, "diff --git a/x b/x\n+hello\n"));
         let (_, response2) = stream(&fake, &code_mode_body(&input, true));
         let tag = tag_in(&openai_text(&response));
@@ -416,11 +416,8 @@ mod http {
         let list: Value = response.json().unwrap();
         assert_eq!(list["object"], "list");
         assert!(
-            list["data"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|m| m["id"] == "gpt-5.5")
+            items(&list, "data").iter().any(|m| m["id"] == "gpt-5.5"),
+            "{list}"
         );
     }
 }
@@ -529,13 +526,7 @@ mod websocket {
         let tag = tag_in(&openai_text(&response));
         let mut previous = response;
         for n in 1..=2 {
-            let call = previous["output"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|i| i["type"] == "function_call")
-                .unwrap()
-                .clone();
+            let call = item_of_type(&previous, "output", "function_call");
             let output =
                 json!({"type": "function_call_output", "call_id": call["call_id"], "output": "ok"});
             let events = create(

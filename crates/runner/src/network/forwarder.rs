@@ -399,48 +399,37 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_refused_with_a_reason() {
-        let refused = |list: &[&str], why: &str| {
-            let err = ForwarderArgs::parse(args(list)).unwrap_err();
+        // The command line's words, and what the refusal says.
+        let cases = [
+            ("", "no program to run"),
+            ("--listen 4810=/s", "no program to run"),
+            ("--listen 4810=/s --", "no program to run after `--`"),
+            ("--rlimit", "--rlimit needs a value"),
+            ("--rlimit NPROC -- p", "expected NAME=VALUE"),
+            ("--rlimit CPU=1 -- p", "unknown --rlimit \"CPU\""),
+            ("--rlimit NPROC=-1 -- p", "expected a whole number"),
+            (
+                "--rlimit NPROC=1 --rlimit=NPROC=2 -- p",
+                "--rlimit NPROC is given more than once",
+            ),
+            ("--listen", "--listen needs a value"),
+            ("--listen 4810 -- p", "expected PORT=SOCKET_PATH"),
+            ("--listen 4810= -- p", "expected PORT=SOCKET_PATH"),
+            ("--listen 0=/s -- p", "bad port"),
+            ("--listen 65536=/s -- p", "bad port"),
+            ("--listen x=/s -- p", "bad port"),
+            ("--listen =/s -- p", "bad port"),
+            (
+                "--listen 1=/a --listen 1=/b -- p",
+                "port 1 is given more than once",
+            ),
+            ("--verbose -- p", "unknown option \"--verbose\""),
+        ];
+        for (line, why) in cases {
+            let list: Vec<&str> = line.split_whitespace().collect();
+            let err = ForwarderArgs::parse(args(&list)).unwrap_err();
             assert!(err.contains(why), "{list:?}: {err}");
-        };
-        refused(&[], "no program to run");
-        refused(&["--listen", "4810=/s"], "no program to run");
-        refused(
-            &["--listen", "4810=/s", "--"],
-            "no program to run after `--`",
-        );
-        refused(&["--rlimit"], "--rlimit needs a value");
-        refused(&["--rlimit", "NPROC", "--", "p"], "expected NAME=VALUE");
-        refused(
-            &["--rlimit", "CPU=1", "--", "p"],
-            "unknown --rlimit \"CPU\"",
-        );
-        refused(
-            &["--rlimit", "NPROC=-1", "--", "p"],
-            "expected a whole number",
-        );
-        refused(
-            &["--rlimit", "NPROC=1", "--rlimit=NPROC=2", "--", "p"],
-            "--rlimit NPROC is given more than once",
-        );
-        refused(&["--listen"], "--listen needs a value");
-        refused(
-            &["--listen", "4810", "--", "p"],
-            "expected PORT=SOCKET_PATH",
-        );
-        refused(
-            &["--listen", "4810=", "--", "p"],
-            "expected PORT=SOCKET_PATH",
-        );
-        refused(&["--listen", "0=/s", "--", "p"], "bad port");
-        refused(&["--listen", "65536=/s", "--", "p"], "bad port");
-        refused(&["--listen", "x=/s", "--", "p"], "bad port");
-        refused(&["--listen", "=/s", "--", "p"], "bad port");
-        refused(
-            &["--listen", "1=/a", "--listen", "1=/b", "--", "p"],
-            "port 1 is given more than once",
-        );
-        refused(&["--verbose", "--", "p"], "unknown option \"--verbose\"");
+        }
     }
 
     /// Limits and no listener at all (a sandbox without a network): the forwarder only

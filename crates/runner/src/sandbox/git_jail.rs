@@ -24,8 +24,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    AgentLimits, BASE_ARGS, BwrapFeatures, bind_program, feature_args, hiding_tmpfs,
-    push_remount_ro, push_system, resolve_program, seccomp_pipe, system_mounts, utf8,
+    AgentLimits, BASE_ARGS, BwrapFeatures, bind_program, canonical, data_dir, feature_args,
+    hiding_tmpfs, push_bind, push_remount_ro, push_system, resolve_program, seccomp_pipe,
+    system_mounts, utf8,
 };
 use crate::process::PassedFd;
 
@@ -91,14 +92,7 @@ impl GitJail {
         path: &str,
         layout: GitJailLayout<'_>,
     ) -> Result<GitJail, String> {
-        let canonical = |path: &Path| {
-            std::fs::canonicalize(path)
-                .map_err(|e| format!("cannot resolve {}: {e}", path.display()))
-        };
-        let root = canonical(layout.root)?;
-        if root.parent().is_none() {
-            return Err("the data directory cannot be the root directory".to_owned());
-        }
+        let root = data_dir(layout.root)?;
         let mirror = canonical(layout.mirror)?;
         let worktree = canonical(layout.worktree)?;
         let index_dir = canonical(layout.index_dir)?;
@@ -142,24 +136,14 @@ impl GitJail {
         mounts.push("--unshare-net".to_owned());
         push_system(&mut mounts, &system, &tmpfs, &binds, features, limits)?;
         let hidden = mirror.join("worktrees");
-        let objects = utf8(&mirror.join("objects"))?;
-        let mirror_text = utf8(&mirror)?;
-        let worktree = utf8(&worktree)?;
-        let index_dir = utf8(&index_dir)?;
-        mounts.extend([
-            "--ro-bind".to_owned(),
-            mirror_text.clone(),
-            mirror_text,
-            "--bind".to_owned(),
-            objects.clone(),
-            objects,
-            "--ro-bind".to_owned(),
-            worktree.clone(),
-            worktree,
-            "--bind".to_owned(),
-            index_dir.clone(),
-            index_dir,
-        ]);
+        for (option, path) in [
+            ("--ro-bind", &mirror),
+            ("--bind", &mirror.join("objects")),
+            ("--ro-bind", &worktree),
+            ("--bind", &index_dir),
+        ] {
+            push_bind(&mut mounts, option, path)?;
+        }
         let hidden: Vec<PathBuf> = Some(hidden).filter(|h| h.is_dir()).into_iter().collect();
         for dir in &hidden {
             mounts.extend(["--tmpfs".to_owned(), utf8(dir)?]);

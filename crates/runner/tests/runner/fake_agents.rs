@@ -279,10 +279,16 @@ fn assert_unparseable(run: &Run, r: &RunReport) {
     assert_eq!(r.cost_usd, None);
 }
 
+/// Exit code `code` and the outcome `outcome`.
+#[track_caller]
+fn assert_ended(run: &Run, r: &RunReport, code: i32, outcome: AgentOutcome) {
+    assert_eq!(run.code, Some(code), "{}", run.stderr);
+    assert_eq!(r.outcome, outcome, "{r:?}");
+}
+
 /// Exit 0, a success, and the cost `usd`.
 fn assert_succeeded_at(run: &Run, r: &RunReport, usd: &str) {
-    assert_eq!(run.code, Some(0));
-    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_ended(run, r, 0, AgentOutcome::Success);
     assert_eq!(cost(r).as_deref(), Some(usd));
 }
 
@@ -610,8 +616,7 @@ fn claude_api_error() {
 #[test]
 fn claude_max_turns() {
     let (run, r) = claude("Long task [fake:max-turns]");
-    assert_eq!(run.code, Some(1));
-    assert_eq!(r.outcome, AgentOutcome::MaxTurns);
+    assert_ended(&run, &r, 1, AgentOutcome::MaxTurns);
     // --max-turns 30: the real CLI reports one more turn than its limit.
     assert_eq!(r.turns, Some(31));
     assert_eq!(cost(&r).as_deref(), Some("0.123456"));
@@ -627,8 +632,7 @@ fn claude_max_turns() {
 #[test]
 fn claude_max_budget() {
     let (run, r) = claude("Costly task [fake:max-budget] [fake:cost=2.5]");
-    assert_eq!(run.code, Some(1));
-    assert_eq!(r.outcome, AgentOutcome::MaxBudget);
+    assert_ended(&run, &r, 1, AgentOutcome::MaxBudget);
     assert_eq!(cost(&r).as_deref(), Some("2.5"));
     let result = last_event(&run.stdout, "result");
     assert_eq!(
@@ -637,8 +641,7 @@ fn claude_max_budget() {
     );
     // A cost beyond --max-budget-usd 2.5 stops there.
     let (run, r) = claude("Too costly [fake:cost=3.75]");
-    assert_eq!(run.code, Some(1));
-    assert_eq!(r.outcome, AgentOutcome::MaxBudget);
+    assert_ended(&run, &r, 1, AgentOutcome::MaxBudget);
     assert_eq!(cost(&r).as_deref(), Some("2.5"));
 }
 
@@ -652,8 +655,7 @@ fn claude_garbage() {
 #[test]
 fn claude_exit_code() {
     let (run, r) = claude("Odd exit [fake:exit=7]");
-    assert_eq!(run.code, Some(7));
-    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_ended(&run, &r, 7, AgentOutcome::Success);
     let (run, r) = claude("Odd fail [fake:fail] [fake:exit=0]");
     assert_eq!(run.code, Some(0));
     assert!(matches!(r.outcome, AgentOutcome::Error(_)));
@@ -717,8 +719,7 @@ fn claude_on_sigterm_prints_nothing_more_and_exits_143() {
 #[test]
 fn codex_success() {
     let (run, r) = codex("Implement the feature\nDetails.");
-    assert_eq!(run.code, Some(0));
-    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_ended(&run, &r, 0, AgentOutcome::Success);
     assert_eq!(r.input_tokens, 2000);
     assert_eq!(r.cache_read_tokens, 500);
     assert_eq!(r.cache_write_tokens, 0);
@@ -899,8 +900,7 @@ fn codex_exit_code_and_model() {
 #[test]
 fn codex_turns_directive() {
     let (run, r) = codex("Long job\nDetails [fake:turns=3]");
-    assert_eq!(run.code, Some(0));
-    assert_eq!(r.outcome, AgentOutcome::Success);
+    assert_ended(&run, &r, 0, AgentOutcome::Success);
     assert_eq!(r.turns, Some(1));
     // 1 + 2 + 3 = 6 times the one-call usage and cost.
     assert_eq!(

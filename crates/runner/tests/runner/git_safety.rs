@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::sandbox::{self, failure};
-use crate::support::git;
+use crate::support::{assert_no_file_holds, git};
 use agentry_runner::workspace::{GitAuth, branch_name};
 use agentry_runner::{Control, Execution, Job, Runner, Sandbox, SandboxMode, Verdict};
 use base64::Engine;
@@ -173,23 +173,7 @@ impl Rig {
         );
         let encoded =
             base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{TOKEN}"));
-        let mut stack = vec![self.dir().to_owned()];
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                let kind = entry.file_type().unwrap();
-                if kind.is_dir() {
-                    stack.push(path);
-                } else if kind.is_file() {
-                    let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
-                    assert!(
-                        !text.contains(TOKEN) && !text.contains(&encoded),
-                        "{} holds the token",
-                        path.display()
-                    );
-                }
-            }
-        }
+        assert_no_file_holds(self.dir(), &[TOKEN, &encoded]);
     }
 }
 

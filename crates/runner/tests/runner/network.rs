@@ -22,7 +22,7 @@ use agentry_runner::network::{
 };
 use agentry_runner::process::Ended;
 use agentry_runner::{
-    AgentOutcome, AgentSpec, Execution, LocalConfig, LocalRunner, NetworkConfig, Sandbox,
+    AgentOutcome, AgentSpec, Execution, Job, LocalConfig, LocalRunner, NetworkConfig, Sandbox,
     SandboxMode, Verdict,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -40,6 +40,17 @@ const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
 
 /// How long anything in these tests may take.
 const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Awaits `io`, which must end within [`DEADLINE`] and succeed; `what` names it.
+async fn within_deadline<T, E: std::fmt::Debug>(
+    what: &str,
+    io: impl Future<Output = Result<T, E>>,
+) -> T {
+    tokio::time::timeout(DEADLINE, io)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not end within {DEADLINE:?}"))
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+}
 
 /// The credential the service holds, which no agent with a network may ever see.
 const SERVICE_KEY: &str = "sk-ant-service-secret-0f3c";
@@ -192,6 +203,21 @@ fn metered_rig() -> Option<(Rig, Arc<TestNetwork>, Arc<LocalRunner>)> {
     Some((rig, network, runner))
 }
 
+/// A metered run of a new task's job "Do it", as `adjust` changed it, which must have
+/// pushed, sandboxed and metered: the rig, the network, the job and what the run gave;
+/// `None` where sandboxing does not work.
+async fn metered_run(
+    adjust: impl FnOnce(&mut Job),
+) -> Option<(Rig, Arc<TestNetwork>, Job, Execution)> {
+    let (rig, network, runner) = metered_rig()?;
+    let mut job = rig.job(Uuid::new_v4(), "Do it");
+    adjust(&mut job);
+    let execution = run(&runner, job.clone()).await;
+    assert_pushed(&execution);
+    assert!(execution.sandboxed && execution.metered);
+    Some((rig, network, job, execution))
+}
+
 /// A sandboxed runner of `rig` with `network`, the service holding [`SERVICE_KEY`] (and an
 /// OpenAI key, and a corporate proxy passed to agents).
 fn metered_runner(rig: &Rig, network: &Arc<TestNetwork>, sandbox: Sandbox) -> Arc<LocalRunner> {
@@ -337,14 +363,10 @@ fn assert_no_service_key(home: &Path, execution: &Execution) {
 /// closed once it ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metered_claude_holds_the_run_key_and_not_the_service_credential() {
-    let Some((rig, network, runner)) = metered_rig() else {
+    let Some((rig, network, job, execution)) = metered_run(|_| {}).await else {
         return;
     };
-    let task = Uuid::new_v4();
-    let job = rig.job(task, "Do it");
-    let execution = run(&runner, job.clone()).await;
-    assert_pushed(&execution);
-    assert!(execution.sandboxed && execution.metered);
+    let task = job.task_id;
     let opened = network.opened();
     assert_eq!(opened.len(), 1);
     let opened = &opened[0];
@@ -400,15 +422,14 @@ async fn a_metered_claude_holds_the_run_key_and_not_the_service_credential() {
 /// `openai_base_url` (on its command line).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metered_codex_gets_the_run_key_and_the_gateway_base_url() {
-    let Some((rig, network, runner)) = metered_rig() else {
+    let Some((rig, network, job, execution)) = metered_run(|job| {
+        job.agent = AgentSpec::unlimited(AgentType::Codex, "gpt-5-codex");
+    })
+    .await
+    else {
         return;
     };
-    let task = Uuid::new_v4();
-    let mut job = rig.job(task, "Do it");
-    job.agent = AgentSpec::unlimited(AgentType::Codex, "gpt-5-codex");
-    let execution = run(&runner, job).await;
-    assert_pushed(&execution);
-    assert!(execution.metered);
+    let task = job.task_id;
     let key = network.opened()[0].key.clone();
     let home = rig.home(task);
     let env = env_lines(&home);
@@ -493,10 +514,7 @@ async fn an_exhausted_meter_stops_the_run_at_its_budget() {
     meter.add(Some(Usd::parse("0.42").unwrap()));
     meter.add(None);
     meter.exhaust();
-    let execution = tokio::time::timeout(DEADLINE, started.handle)
-        .await
-        .expect("the exhausted run was not stopped")
-        .unwrap();
+    let execution = within_deadline("the exhausted run", started.handle).await;
     drop(started.cancel);
     assert_eq!(execution.ended, Some(Ended::Stopped));
     let message = failure(&execution);
@@ -579,10 +597,7 @@ fn forwarder(args: &[&str]) -> tokio::process::Child {
 
 /// Its exit code, stdout and stderr, within [`DEADLINE`].
 async fn finish(child: tokio::process::Child) -> (Option<i32>, String, String) {
-    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
-        .await
-        .expect("the forwarder did not end")
-        .unwrap();
+    let out = within_deadline("the forwarder", child.wait_with_output()).await;
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -639,24 +654,15 @@ async fn the_forwarder_outlives_the_stop_signals_and_reports_the_programs_death(
     let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    tokio::time::timeout(DEADLINE, stdout.read_line(&mut line))
-        .await
-        .unwrap()
-        .unwrap();
+    within_deadline("the first line", stdout.read_line(&mut line)).await;
     assert_eq!(line, "ready\n");
     kill(pid, Signal::SIGTERM).unwrap();
     kill(pid, Signal::SIGHUP).unwrap();
     killpg(pid, Signal::SIGINT).unwrap();
     let mut rest = String::new();
-    tokio::time::timeout(DEADLINE, stdout.read_to_string(&mut rest))
-        .await
-        .unwrap()
-        .unwrap();
+    within_deadline("the rest of the output", stdout.read_to_string(&mut rest)).await;
     assert_eq!(rest, "interrupted\n");
-    let status = tokio::time::timeout(DEADLINE, child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = within_deadline("the forwarder", child.wait()).await;
     assert_eq!(status.code(), Some(0), "{status:?}");
 
     let child = forwarder(&["--listen", &listen, "--", "sh", "-c", "kill -TERM $$"]);

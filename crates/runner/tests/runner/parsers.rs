@@ -58,6 +58,17 @@ fn assert_figures(report: &RunReport, expected: Figures<'_>) {
     assert_eq!(actual, expected, "{report:#?}");
 }
 
+/// Asserts that a warning says line `line` of the output was skipped as not JSON.
+#[track_caller]
+fn assert_skipped_line(report: &RunReport, line: usize) {
+    let start = format!("line {line}: not JSON");
+    assert!(
+        report.warnings.iter().any(|w| w.starts_with(&start)),
+        "no warning starting {start:?}: {:?}",
+        report.warnings
+    );
+}
+
 /// The fixture `name` as Codex output of `model`, priced with the built-in table.
 fn codex_fixture(name: &str, model: &str) -> RunReport {
     parse_codex(&fixture(name), model, &PriceTable::builtin())
@@ -137,11 +148,7 @@ fn claude_error_during_execution() {
         },
     );
     // The stderr noise on line 2 is skipped with a warning naming the line.
-    assert!(
-        r.warnings[0].starts_with("line 2: not JSON"),
-        "{:?}",
-        r.warnings
-    );
+    assert_skipped_line(&r, 2);
 }
 
 #[test]
@@ -164,7 +171,7 @@ fn claude_truncated_is_unparseable_without_cost() {
             warnings: 1,
         },
     );
-    assert!(r.warnings.iter().any(|w| w.starts_with("line 3: not JSON")));
+    assert_skipped_line(&r, 3);
 }
 
 #[test]
@@ -304,11 +311,7 @@ fn codex_truncated_is_unparseable() {
             warnings: 2,
         },
     );
-    assert!(
-        r.warnings.iter().any(|w| w.starts_with("line 4: not JSON")),
-        "{:?}",
-        r.warnings
-    );
+    assert_skipped_line(&r, 4);
 }
 
 /// The running cost of a Codex run is the exact price of the usage events read so far:
@@ -616,13 +619,7 @@ fn codex_real_sigint_is_priced_from_its_session_file() {
         ),
         (3000, 1000, 0, 100)
     );
-    assert!(
-        r.warnings
-            .iter()
-            .any(|w| w.contains("the 1 model calls Codex recorded")),
-        "{:?}",
-        r.warnings
-    );
+    assert_warned(&r, "the 1 model calls Codex recorded");
 }
 
 // ---------------------------------------------------------------- Price table

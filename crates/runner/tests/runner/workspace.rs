@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::support::git;
+use crate::support::{assert_no_file_holds, git};
 use agentry_runner::workspace::{GitAuth, GitError, RepoSpec, Workspaces, Worktree, branch_name};
 use base64::Engine;
 use tempfile::TempDir;
@@ -337,22 +337,7 @@ async fn the_token_reaches_git_only_as_a_header() {
     );
     // No file under the root holds the token or its header.
     let encoded = expected.rsplit(' ').next().unwrap().to_owned();
-    let mut stack = vec![root.path().to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if let Ok(bytes) = std::fs::read(&path) {
-                let text = String::from_utf8_lossy(&bytes);
-                assert!(
-                    !text.contains(TOKEN) && !text.contains(&encoded),
-                    "{} holds the token",
-                    path.display()
-                );
-            }
-        }
-    }
+    assert_no_file_holds(root.path(), &[TOKEN, &encoded]);
 }
 
 /// A clone URL the code host reports is checked before any git command runs.

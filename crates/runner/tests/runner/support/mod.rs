@@ -32,6 +32,31 @@ pub fn write_program(path: &Path, text: &str) {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
+/// Asserts that no regular file under `dir` (symbolic links are not followed) contains any
+/// of `secrets`, naming the first file that does.
+#[track_caller]
+pub fn assert_no_file_holds(dir: &Path, secrets: &[&str]) {
+    let mut stack = vec![dir.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let bytes =
+                    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let text = String::from_utf8_lossy(&bytes);
+                assert!(
+                    !secrets.iter().any(|secret| text.contains(secret)),
+                    "{} holds a secret",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
 /// Asserts that one of `report`'s warnings contains `text`, showing them all if none does.
 #[track_caller]
 pub fn assert_warned(report: &agentry_runner::RunReport, text: &str) {
