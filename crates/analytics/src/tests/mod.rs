@@ -6,6 +6,7 @@ mod reference;
 use std::str::FromStr;
 
 use agentry_domain::{TaskState, TaskType, Usd};
+use agentry_testkit::json::COST_REPORT_LISTS;
 use proptest::prelude::*;
 use rust_decimal::Decimal;
 use serde_json::json;
@@ -222,18 +223,11 @@ fn empty_input() {
     let v = serde_json::to_value(&r).unwrap();
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
     let mut expected = [
-        "summary",
-        "forecast",
-        "dailyCosts",
-        "costByRepo",
-        "costByType",
-        "costByModel",
-        "anomalies",
-        "modelSuggestions",
-        "topTasks",
-        "outcomes",
-        "budgets",
-    ];
+        &["summary", "forecast", "dailyCosts"][..],
+        &COST_REPORT_LISTS,
+        &["outcomes", "budgets"],
+    ]
+    .concat();
     expected.sort_unstable();
     let mut keys = keys;
     keys.sort_unstable();
@@ -916,11 +910,13 @@ fn suggestions(r: &CostReport) -> Vec<(&str, &str, &str, Decimal)> {
 #[test]
 fn suggestion_basics_and_ties() {
     let mut tasks = Tasks::default();
-    tasks.batch(D, "cheap-b", 5, 5, "1");
-    tasks.batch(D, "cheap-a", 5, 5, "1");
-    tasks.batch(B, "pricey", 3, 3, "2");
-    tasks.batch(A, "pricey2", 3, 3, "2");
-    tasks.batch(A, "pricey", 3, 3, "2");
+    // Two cheap models of D, 5 tasks at 1 each; pricier ones of A and B, 3 tasks at 2 each.
+    for cheap in ["cheap-b", "cheap-a"] {
+        tasks.batch(D, cheap, 5, 5, "1");
+    }
+    for (repo, pricey) in [(B, "pricey"), (A, "pricey2"), (A, "pricey")] {
+        tasks.batch(repo, pricey, 3, 3, "2");
+    }
     // Review tasks and unknown models never count.
     tasks.push(coding(900, A, Some("100"), NOON).review().by("pricey"));
     tasks.push(coding(901, A, Some("100"), NOON).by(None));
