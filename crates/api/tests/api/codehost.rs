@@ -9,6 +9,7 @@ use actix_web::test::TestRequest;
 use agentry_fake_github::Fault;
 use agentry_persistence::secrets;
 use agentry_persistence::test_support::TestDb;
+use agentry_testkit::json::elements_of;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -264,9 +265,7 @@ async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
         env.fake.add_label("acme", "web", labelled, "agentry");
         let (_, view) = call(&app, sync()).await;
         assert_eq!(env.count("tasks"), 1);
-        let linked: Vec<&Value> = view["issues"]
-            .as_array()
-            .unwrap()
+        let linked: Vec<&Value> = elements_of(&view, "issues")
             .iter()
             .filter(|i| !i["task"].is_null())
             .collect();
@@ -337,9 +336,7 @@ async fn one_repository_failing_does_not_stop_the_others() {
 
 /// The numbers of the issues of a view, in order.
 fn numbers_of(view: &Value) -> Vec<u64> {
-    view["issues"]
-        .as_array()
-        .unwrap()
+    elements_of(view, "issues")
         .iter()
         .map(|i| i["number"].as_u64().unwrap())
         .collect()
@@ -379,9 +376,7 @@ async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next
         let numbers = numbers_of(&view);
         assert_eq!(numbers.len(), 110, "the closed issue left the view");
         assert!(!numbers.contains(&3));
-        let five = view["issues"]
-            .as_array()
-            .unwrap()
+        let five = elements_of(&view, "issues")
             .iter()
             .find(|i| i["number"] == 5)
             .unwrap();
