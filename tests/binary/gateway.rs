@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agentry_fake_models::FakeModels;
-use agentry_testkit::json::strings_of;
+use agentry_testkit::json::{elements_of, strings_of};
 use serde_json::{Value, json};
 
 use super::{
-    Replicas, Server, connect_repo, create_task, fake_agent, fake_agent_env, fake_with_repo, get,
-    patch_settings, task_when, wait_for_calls,
+    Replicas, Server, World, connect_repo, create_task, error_of, fake_agent, get, patch_settings,
+    task_when, wait_for_calls,
 };
 
 fn sandboxed() -> bool {
@@ -94,13 +93,12 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
         return;
     }
     const GH: &str = "ghp_GatewayTestToken0123456789abcdef";
-    let models = FakeModels::start();
-    let (github, dir, _source) = fake_with_repo(GH);
+    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let (github, models) = (&world.fake, &world.models);
     let (allowed, allowed_hits) = counting_server();
     let (refused, refused_hits) = counting_server();
     let (api, upstream, key) = (github.base_url(), models.base_url(), models.key());
-    let env = fake_agent_env(&github, &models, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
-    let mut server = Server::start_with(&dir.path().join("data"), None, false, &env);
+    let mut server = world.serve(false);
     let admin = server.read_token();
     let base = server.base.clone();
     let api_port = port_of(&base);
@@ -147,9 +145,7 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     assert_eq!(run["meteredCostUsd"], "0.006", "{run}");
     assert_eq!(run["reportedCostUsd"], "0.000001", "{run}");
     assert_eq!(last["costUsd"], "0.006", "{last}");
-    let mismatch: Vec<&Value> = last["events"]
-        .as_array()
-        .unwrap()
+    let mismatch: Vec<&Value> = elements_of(&last, "events")
         .iter()
         .filter(|e| e["kind"] == "cost_mismatch")
         .collect();
@@ -250,8 +246,9 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
         return;
     }
     const GH: &str = "ghp_GatewayBudgetToken0123456789abcdef";
-    let models = FakeModels::start();
-    let (github, dir, _source) = fake_with_repo(GH);
+    // The fake Claude Code's environment is not used: the Codex one below replaces it.
+    let world = World::new(GH, &[]);
+    let (github, models) = (&world.fake, &world.models);
     let (api, upstream, key) = (github.base_url(), models.openai_base_url(), models.key());
     let codex = fake_agent("codex");
     let env = [
@@ -261,7 +258,7 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
         ("AGENTRY_OPENAI_UPSTREAM", upstream.as_str()),
         ("OPENAI_API_KEY", key.as_str()),
     ];
-    let mut server = Server::start_with(&dir.path().join("data"), None, false, &env);
+    let mut server = Server::start_with(&world.data_dir(), None, false, &env);
     let admin = server.read_token();
     let base = server.base.clone();
     let repo = connect_repo(&base, &admin, GH);
@@ -280,7 +277,7 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
         "{last:#}\n{}",
         server.stderr.so_far()
     );
-    let message = last["errorMessage"].as_str().unwrap();
+    let message = error_of(&last);
     assert!(message.starts_with("budget reached"), "{message}");
     let run = &last["runs"][0];
     // Two calls went out ($0.0102 ≥ $0.01 after the second); the third was refused.
@@ -326,11 +323,9 @@ fn a_metered_run_recovered_by_the_other_replica_keeps_every_call() {
     assert_eq!(first["outcome"], "lost", "{last:#}");
     assert_eq!(first["modelCalls"], 2, "{last:#}");
     assert_eq!(first["costUsd"], "0.006", "{last:#}");
+    let message = error_of(first);
     assert!(
-        first["errorMessage"]
-            .as_str()
-            .unwrap()
-            .contains("its cost is that of its metered model calls"),
+        message.contains("its cost is that of its metered model calls"),
         "{first}"
     );
 }

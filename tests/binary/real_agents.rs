@@ -22,10 +22,11 @@ use agentry_fake_github::FakeGitHub;
 use agentry_fake_models::{CallKind, FakeModels, Provider, Transport};
 use agentry_runner::{PriceTable, Tokens};
 use agentry_testkit::git::{git, source_repo};
+use agentry_testkit::json::elements_of;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{Value, json};
 
-use super::{BIN, Server, get, sandbox_env};
+use super::{BIN, Server, error_of, get, sandbox_env};
 
 /// The test `$claude` runs the scenario `$scenario` with Claude Code, `$codex` with Codex.
 macro_rules! for_each_agent {
@@ -252,9 +253,7 @@ fn spent_by(rig: &Rig, agent: AgentType, id: &str, from: usize) -> (Decimal, Str
         &format!("/api/tasks/{id}/calls?attempt=1"),
         &rig.admin,
     );
-    let metered: Vec<&Value> = listed["calls"]
-        .as_array()
-        .unwrap()
+    let metered: Vec<&Value> = elements_of(&listed, "calls")
         .iter()
         .filter(|c| c["outcome"] != "refused")
         .collect();
@@ -548,10 +547,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
     let run = &task["runs"][0];
     assert_eq!(run["outcome"], "timed_out", "{task:#}");
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap()
-            .contains("longer than the limit"),
+        error_of(&task).contains("longer than the limit"),
         "{task:#}"
     );
     let (spent, log) = spent_by(&rig, agent, &id, from);
@@ -580,7 +576,7 @@ fn budgets_and_api_errors(agent: AgentType) {
     let task = rig.wait_task(&id, "the budget stop", Duration::from_secs(90), |t| {
         state(t) == "failed"
     });
-    let message = task["errorMessage"].as_str().unwrap_or_default();
+    let message = error_of(&task);
     assert!(message.contains("budget reached"), "{task:#}");
     // Codex stopped within one call: only the first was answered before the stop.
     let cost = money(&task["costUsd"]);
@@ -592,9 +588,7 @@ fn budgets_and_api_errors(agent: AgentType) {
         &format!("/api/tasks/{id}/calls"),
         &rig.admin,
     );
-    let costly = calls["calls"]
-        .as_array()
-        .unwrap()
+    let costly = elements_of(&calls, "calls")
         .iter()
         .filter(|c| c["outputTokens"] == 20000)
         .count();
@@ -607,15 +601,10 @@ fn budgets_and_api_errors(agent: AgentType) {
     let task = rig.wait_task(&id, "the API error", Duration::from_secs(60), |t| {
         state(t) == "failed"
     });
+    let message = error_of(&task);
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("fake-models refuses this request (API-ERROR)")
-            && task["errorMessage"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("model API error"),
+        message.contains("fake-models refuses this request (API-ERROR)")
+            && message.starts_with("model API error"),
         "{task:#}\n{}",
         rig.log(&id)
     );
@@ -657,7 +646,7 @@ fn a_missing_or_unsupported_cli_is_a_clear_error() {
         let task = rig.wait_task(&id, "the task fails", Duration::from_secs(30), |t| {
             state(t) == "failed"
         });
-        let message = task["errorMessage"].as_str().unwrap_or_default();
+        let message = error_of(&task);
         assert!(message.contains(expected), "{task:#}");
         assert!(
             message.contains("npm install -g @openai/codex@0.169.0"),
