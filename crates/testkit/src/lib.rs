@@ -8,7 +8,8 @@
 //! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
 //!   until it holds or a deadline passes (tests never sleep a fixed time);
 //! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI;
-//! * [`http::content_length`]: the body length an HTTP head announces;
+//! * [`http::head`] and [`http::content_length`]: an HTTP head written, and the body length
+//!   one announces;
 //! * [`json::elements_of`] and [`json::strings_of`]: a JSON answer's list, and one string
 //!   field of each of its elements;
 //! * [`sql::statements_starting_with`]: the statements of one kind in an SQL script (a
