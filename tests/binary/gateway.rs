@@ -70,6 +70,17 @@ fn ended() -> (Duration, &'static str) {
     (Duration::from_secs(60), "the task to end")
 }
 
+/// Waits (as long as [`ended`] says) until task `id` opened its pull request or failed,
+/// asserts it ended `expected` (showing the service's log otherwise) and returns it.
+fn ends_as(server: &Server, id: &str, admin: &str, expected: &str) -> Value {
+    let last = task_when(&server.base, id, admin, ended(), |t| {
+        t["state"] == "pr_opened" || t["state"] == "failed"
+    });
+    let log = server.stderr.so_far();
+    assert_eq!(last["state"], expected, "{last:#}\n{log}");
+    last
+}
+
 /// The text `base` serves at `path` to `token`.
 fn text_of(base: &str, path: &str, token: &str) -> String {
     client()
@@ -126,15 +137,7 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     let egress = json!({ "egressAllow": ["localhost"] });
     patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &egress);
     let id = create_task(&base, &admin, &repo, "Meter me", &prompt);
-    let last = task_when(&base, &id, &admin, ended(), |t| {
-        t["state"] == "pr_opened" || t["state"] == "failed"
-    });
-    assert_eq!(
-        last["state"],
-        "pr_opened",
-        "{last:#}\n{}",
-        server.stderr.so_far()
-    );
+    let last = ends_as(&server, &id, &admin, "pr_opened");
 
     // The bill: two calls of 1,000 input and 100 output tokens of claude-sonnet-5
     // ($2 and $10 per million) = 2 × $0.003.
@@ -268,15 +271,7 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     // ($2, $0.1 cached, $10 per million) = $0.0051.
     let prompt = "Spend [fake:turns=10] [fake:model-calls=1] [model:usage=3000,100,1000,0]";
     let id = create_task(&base, &admin, &repo, "Spend", prompt);
-    let last = task_when(&base, &id, &admin, ended(), |t| {
-        t["state"] == "failed" || t["state"] == "pr_opened"
-    });
-    assert_eq!(
-        last["state"],
-        "failed",
-        "{last:#}\n{}",
-        server.stderr.so_far()
-    );
+    let last = ends_as(&server, &id, &admin, "failed");
     let message = error_of(&last);
     assert!(message.starts_with("budget reached"), "{message}");
     let run = &last["runs"][0];

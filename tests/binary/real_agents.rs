@@ -180,6 +180,11 @@ impl Rig {
         }
     }
 
+    /// [`Rig::wait_task`] until the task has failed.
+    fn wait_failed(&self, id: &str, what: &str, within: Duration) -> Value {
+        self.wait_task(id, what, within, |t| state(t) == "failed")
+    }
+
     /// The task's stored (or live) agent output.
     fn log(&self, id: &str) -> String {
         reqwest::blocking::Client::new()
@@ -541,9 +546,7 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
         "Slower notes",
         "Write notes. [model:calls=2] [model:slow=600]",
     );
-    let task = rig.wait_task(&id, "the timed-out run", Duration::from_secs(90), |t| {
-        state(t) == "failed"
-    });
+    let task = rig.wait_failed(&id, "the timed-out run", Duration::from_secs(90));
     let run = &task["runs"][0];
     assert_eq!(run["outcome"], "timed_out", "{task:#}");
     assert!(
@@ -573,9 +576,7 @@ fn budgets_and_api_errors(agent: AgentType) {
         "Costly notes",
         "Write notes. [model:usage=400000,20000,0,0] [model:calls=3] [model:slow=30]",
     );
-    let task = rig.wait_task(&id, "the budget stop", Duration::from_secs(90), |t| {
-        state(t) == "failed"
-    });
+    let task = rig.wait_failed(&id, "the budget stop", Duration::from_secs(90));
     let message = error_of(&task);
     assert!(message.contains("budget reached"), "{task:#}");
     // Codex stopped within one call: only the first was answered before the stop.
@@ -598,9 +599,7 @@ fn budgets_and_api_errors(agent: AgentType) {
 
     // A model API error.
     let id = rig.assign("Refused notes", "Write notes. [model:api-error=400]");
-    let task = rig.wait_task(&id, "the API error", Duration::from_secs(60), |t| {
-        state(t) == "failed"
-    });
+    let task = rig.wait_failed(&id, "the API error", Duration::from_secs(60));
     let message = error_of(&task);
     assert!(
         message.contains("fake-models refuses this request (API-ERROR)")
@@ -643,9 +642,7 @@ fn a_missing_or_unsupported_cli_is_a_clear_error() {
             &[("AGENTRY_CLAUDE_BIN", fake_claude.to_str().unwrap())],
         );
         let id = rig.assign("Notes", "Write notes.");
-        let task = rig.wait_task(&id, "the task fails", Duration::from_secs(30), |t| {
-            state(t) == "failed"
-        });
+        let task = rig.wait_failed(&id, "the task fails", Duration::from_secs(30));
         let message = error_of(&task);
         assert!(message.contains(expected), "{task:#}");
         assert!(
