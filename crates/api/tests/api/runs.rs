@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::env::{Env, bare, json_req};
 use crate::common::{
-    PATIENCE, TestApp, call, client, code_host_with, get, on_both_backends, test_timing,
-    transitions,
+    PATIENCE, PULLS, REVIEWS, TestApp, call, client, code_host_with, get, on_both_backends,
+    test_timing, transitions,
 };
 use actix_web::web;
 use agentry_api::state::AppState;
@@ -378,6 +378,19 @@ async fn manual_task_until<S: TestApp>(
     let id = manual_task(app, rig, prompt).await;
     let task = wait_for_state(app, &rig.env.t.member, &id, state).await;
     (id, task)
+}
+
+/// [`manual_task_until`] `pr_opened`: the task's detail and its pull request, the one on the
+/// fake (asserting the task shows its number).
+async fn manual_task_to_its_pull<S: TestApp>(
+    app: &S,
+    rig: &Rig,
+    prompt: &str,
+) -> (Value, agentry_fake_github::PullState) {
+    let (_, task) = manual_task_until(app, rig, prompt, "pr_opened").await;
+    let pull = the_one_pull(rig);
+    assert_eq!(task["prNumber"], pull.number);
+    (task, pull)
 }
 
 /// A failing agent: the task fails with the agent's message and the run's cost is still
@@ -820,8 +833,6 @@ async fn runs_are_limited_to_the_concurrency_setting() {
 /// with one pull request and one review.
 #[actix_web::test]
 async fn uncertain_publishing_failures_are_retried_not_fatal() {
-    const PULLS: &str = "/repos/{o}/{r}/pulls";
-    const REVIEWS: &str = "/repos/{o}/{r}/pulls/{n}/reviews";
     let mut rig = Rig::new(TestDb::sqlite());
     let app = app!(rig, json!({"autoReview": true}));
     let t = rig.env.t.member.clone();
@@ -830,9 +841,7 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(500));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::Status(502));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::AnswerLost(502));
-    let (_, task) = manual_task_until(&app, &rig, "Flaky code host", "pr_opened").await;
-    let pull = the_one_pull(&rig);
-    assert_eq!(task["prNumber"], pull.number);
+    let (task, pull) = manual_task_to_its_pull(&app, &rig, "Flaky code host").await;
     assert_eq!(
         fake.count("POST", PULLS),
         2,
@@ -862,16 +871,13 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
 /// task with git's message and opens nothing.
 #[actix_web::test]
 async fn publishing_survives_lost_answers_and_reports_refusals() {
-    const PULLS: &str = "/repos/{o}/{r}/pulls";
     let mut rig = Rig::new(TestDb::sqlite());
     let app = app!(rig, json!({"autoReview": false}));
     let t = rig.env.t.member.clone();
     let fake = &rig.env.fake;
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::AnswerLost(502));
-    let (_, task) = manual_task_until(&app, &rig, "Answer lost", "pr_opened").await;
-    let pull = the_one_pull(&rig);
-    assert_eq!(task["prNumber"], pull.number);
+    manual_task_to_its_pull(&app, &rig, "Answer lost").await;
     assert_eq!(fake.count("POST", PULLS), 1, "the creation was sent again");
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(422));

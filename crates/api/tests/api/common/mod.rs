@@ -8,6 +8,12 @@ pub mod env;
 #[path = "../../../../testkit/rigs/service.rs"]
 pub mod rig;
 
+/// The fake GitHub's route of a repository's pull requests, as its fault injection and
+/// request counts name it.
+pub const PULLS: &str = "/repos/{o}/{r}/pulls";
+/// The fake GitHub's route of a pull request's reviews.
+pub const REVIEWS: &str = "/repos/{o}/{r}/pulls/{n}/reviews";
+
 pub use rig::{PATIENCE, code_host_with, connect_url, create, new_task, service_from, test_timing};
 
 use actix_http::Request;
