@@ -181,8 +181,7 @@ async fn repositories_connect_once_and_settings_change_all_or_nothing() {
 #[actix_web::test]
 async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         let number = env.fake.add_issue(
             "acme",
             "web",
@@ -246,8 +245,7 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
 #[actix_web::test]
 async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         let plain = env
             .fake
             .add_issue("acme", "web", "Not for agents", None, &["bug"]);
@@ -345,8 +343,7 @@ fn numbers_of(view: &Value) -> Vec<u64> {
 #[actix_web::test]
 async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         // GitHub's timestamps have whole seconds and it does not order one second's updates:
         // the fake puts them by number, so an update does not move an issue to the front.
         env.fake.freeze_clock();
@@ -459,8 +456,7 @@ async fn the_issues_view_is_paginated_in_its_order_and_refuses_bad_bounds() {
 #[actix_web::test]
 async fn only_known_open_issues_are_assigned() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         let issue = env.fake.add_issue("acme", "web", "Real", None, &[]);
         let pull = env
             .fake
@@ -514,8 +510,7 @@ async fn only_known_open_issues_are_assigned() {
 
 #[actix_web::test]
 async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_nothing() {
-    let env = Env::new(sqlite());
-    let repo = env.store_token_and_connect();
+    let (env, repo) = Env::connected(sqlite());
     let app = service_with(env.state.clone()).await;
     let before = env.written();
     let missing = Uuid::new_v4();
