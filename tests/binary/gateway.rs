@@ -289,19 +289,10 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
 /// Two replicas on one PostgreSQL: A's agent makes two metered calls, then A is killed
 /// (the sandbox dies with it). B recovers the task once A's lease expired; A's run
 /// directory is out of its reach, yet the lost run is recorded with both metered calls.
-#[test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-fn a_metered_run_recovered_by_the_other_replica_keeps_every_call() {
+fn metered_replica_dies(replicas: &Replicas) {
     if !sandboxed() {
         return;
     }
-    const GH: &str = "ghp_GatewayReplicaToken0123456789abcdef";
-    let Some(replicas) = Replicas::new(GH) else {
-        return;
-    };
     let prompt = "Work [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:sleep=120]";
     let (a, admin, id) = replicas.start_first("a", "Metered then lost", prompt);
     wait_for_calls(&a.base, &id, &admin, "", 2, Duration::from_secs(30));
@@ -324,3 +315,6 @@ fn a_metered_run_recovered_by_the_other_replica_keeps_every_call() {
         "{first}"
     );
 }
+
+on_replicas!(metered_replica_dies =>
+    a_metered_run_recovered_by_the_other_replica_keeps_every_call);

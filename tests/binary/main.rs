@@ -16,6 +16,23 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The test `$test` runs the scenario `$scenario` on [`Replicas`]: reported ignored where
+/// the suite has no PostgreSQL (and doing nothing there if run all the same).
+macro_rules! on_replicas {
+    ($scenario:ident => $test:ident) => {
+        #[test]
+        #[cfg_attr(
+            agentry_pg_skipped,
+            ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+        )]
+        fn $test() {
+            if let Some(replicas) = crate::Replicas::new() {
+                $scenario(&replicas);
+            }
+        }
+    };
+}
+
 mod gateway;
 mod real_agents;
 
@@ -776,11 +793,11 @@ impl std::ops::Deref for Replicas {
 }
 
 impl Replicas {
-    /// The replicas' world with the code-host token `gh`; `None` (the test does nothing)
-    /// where the suite has no PostgreSQL.
-    fn new(gh: &str) -> Option<Replicas> {
+    /// The replicas' world; `None` (the test does nothing) where the suite has no
+    /// PostgreSQL.
+    fn new() -> Option<Replicas> {
         let db = TestDb::postgres()?;
-        let world = World::new(gh, &REPLICA_ENV);
+        let world = World::new("ghp_ReplicaTestToken0123456789abcdef", &REPLICA_ENV);
         Some(Replicas { db, world })
     }
 
@@ -1066,17 +1083,8 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
 /// read A's run directory, recovers the task once A's lease expired. A's cost is on record
 /// all the same (a run is recorded as soon as its agent ends, before publishing); attempt 2
 /// opens the one pull request; the task's cost is both runs'.
-#[test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-fn a_reported_cost_survives_its_replica_dying_while_publishing() {
+fn publishing_replica_dies(replicas: &Replicas) {
     use agentry_fake_github::Fault;
-    const GH: &str = "ghp_ReplicaTestToken0123456789abcdef";
-    let Some(replicas) = Replicas::new(GH) else {
-        return;
-    };
     let fake = &replicas.fake;
     // A's creation hangs (as a code host that stopped answering) until A is gone.
     fake.fail_next(
@@ -1115,22 +1123,16 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
     assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
 
+on_replicas!(publishing_replica_dies =>
+    a_reported_cost_survives_its_replica_dying_while_publishing);
+
 /// Two replicas on one PostgreSQL: replica B's agent ends, and B is killed while pushing
 /// (before its run could be recorded). Replica A recovers the task when B's lease expires
 /// (it cannot read B's run directory) and opens the pull request with attempt 2. When B
 /// starts again on its data directory, it records attempt 1 from the output it left, with
 /// the cost that output shows: no reported cost is lost because another replica recovered
 /// the task.
-#[test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-fn a_restarted_replica_records_the_run_it_left_behind() {
-    const GH: &str = "ghp_LeftoverTestToken0123456789abcdef";
-    let Some(replicas) = Replicas::new(GH) else {
-        return;
-    };
+fn pushing_replica_dies_and_restarts(replicas: &Replicas) {
     // The first push hangs (its hook's pid in `mark`); later pushes go through.
     let mark = replicas.dir.path().join("push-hung");
     let hook = replicas.source.join("hooks/pre-receive");
@@ -1182,6 +1184,9 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
         "the recorded leftover is forgotten"
     );
 }
+
+on_replicas!(pushing_replica_dies_and_restarts =>
+    a_restarted_replica_records_the_run_it_left_behind);
 
 /// The README's first command as a newcomer runs it: `agentry serve` in a fresh directory
 /// with no `AGENTRY_DATA_DIR` (so `./agentry-data`), the agent CLI found on `PATH`. An
