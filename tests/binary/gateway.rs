@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agentry_fake_models::FakeModels;
-use agentry_testkit::json::strings_of;
+use agentry_testkit::json::{elements_of, strings_of};
 use serde_json::{Value, json};
 
 use super::{
-    Replicas, Server, connect_repo, create_task, fake_agent, fake_agent_env, fake_with_repo, get,
-    patch_settings, task_when, wait_for_calls,
+    Replicas, Server, World, connect_repo, create_task, error_of, fake_agent, get, patch_settings,
+    task_when, wait_for_calls,
 };
 
 fn sandboxed() -> bool {
@@ -71,6 +70,17 @@ fn ended() -> (Duration, &'static str) {
     (Duration::from_secs(60), "the task to end")
 }
 
+/// Waits (as long as [`ended`] says) until task `id` opened its pull request or failed,
+/// asserts it ended `expected` (showing the service's log otherwise) and returns it.
+fn ends_as(server: &Server, id: &str, admin: &str, expected: &str) -> Value {
+    let last = task_when(&server.base, id, admin, ended(), |t| {
+        t["state"] == "pr_opened" || t["state"] == "failed"
+    });
+    let log = server.stderr.so_far();
+    assert_eq!(last["state"], expected, "{last:#}\n{log}");
+    last
+}
+
 /// The text `base` serves at `path` to `token`.
 fn text_of(base: &str, path: &str, token: &str) -> String {
     client()
@@ -94,13 +104,12 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
         return;
     }
     const GH: &str = "ghp_GatewayTestToken0123456789abcdef";
-    let models = FakeModels::start();
-    let (github, dir, _source) = fake_with_repo(GH);
+    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let (github, models) = (&world.fake, &world.models);
     let (allowed, allowed_hits) = counting_server();
     let (refused, refused_hits) = counting_server();
     let (api, upstream, key) = (github.base_url(), models.base_url(), models.key());
-    let env = fake_agent_env(&github, &models, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
-    let mut server = Server::start_with(&dir.path().join("data"), None, false, &env);
+    let mut server = world.serve(false);
     let admin = server.read_token();
     let base = server.base.clone();
     let api_port = port_of(&base);
@@ -128,15 +137,7 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     let egress = json!({ "egressAllow": ["localhost"] });
     patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &egress);
     let id = create_task(&base, &admin, &repo, "Meter me", &prompt);
-    let last = task_when(&base, &id, &admin, ended(), |t| {
-        t["state"] == "pr_opened" || t["state"] == "failed"
-    });
-    assert_eq!(
-        last["state"],
-        "pr_opened",
-        "{last:#}\n{}",
-        server.stderr.so_far()
-    );
+    let last = ends_as(&server, &id, &admin, "pr_opened");
 
     // The bill: two calls of 1,000 input and 100 output tokens of claude-sonnet-5
     // ($2 and $10 per million) = 2 × $0.003.
@@ -147,9 +148,7 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     assert_eq!(run["meteredCostUsd"], "0.006", "{run}");
     assert_eq!(run["reportedCostUsd"], "0.000001", "{run}");
     assert_eq!(last["costUsd"], "0.006", "{last}");
-    let mismatch: Vec<&Value> = last["events"]
-        .as_array()
-        .unwrap()
+    let mismatch: Vec<&Value> = elements_of(&last, "events")
         .iter()
         .filter(|e| e["kind"] == "cost_mismatch")
         .collect();
@@ -250,8 +249,9 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
         return;
     }
     const GH: &str = "ghp_GatewayBudgetToken0123456789abcdef";
-    let models = FakeModels::start();
-    let (github, dir, _source) = fake_with_repo(GH);
+    // The fake Claude Code's environment is not used: the Codex one below replaces it.
+    let world = World::new(GH, &[]);
+    let (github, models) = (&world.fake, &world.models);
     let (api, upstream, key) = (github.base_url(), models.openai_base_url(), models.key());
     let codex = fake_agent("codex");
     let env = [
@@ -261,7 +261,7 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
         ("AGENTRY_OPENAI_UPSTREAM", upstream.as_str()),
         ("OPENAI_API_KEY", key.as_str()),
     ];
-    let mut server = Server::start_with(&dir.path().join("data"), None, false, &env);
+    let mut server = Server::start_with(&world.data_dir(), None, false, &env);
     let admin = server.read_token();
     let base = server.base.clone();
     let repo = connect_repo(&base, &admin, GH);
@@ -271,16 +271,8 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     // ($2, $0.1 cached, $10 per million) = $0.0051.
     let prompt = "Spend [fake:turns=10] [fake:model-calls=1] [model:usage=3000,100,1000,0]";
     let id = create_task(&base, &admin, &repo, "Spend", prompt);
-    let last = task_when(&base, &id, &admin, ended(), |t| {
-        t["state"] == "failed" || t["state"] == "pr_opened"
-    });
-    assert_eq!(
-        last["state"],
-        "failed",
-        "{last:#}\n{}",
-        server.stderr.so_far()
-    );
-    let message = last["errorMessage"].as_str().unwrap();
+    let last = ends_as(&server, &id, &admin, "failed");
+    let message = error_of(&last);
     assert!(message.starts_with("budget reached"), "{message}");
     let run = &last["runs"][0];
     // Two calls went out ($0.0102 ≥ $0.01 after the second); the third was refused.
@@ -297,19 +289,10 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
 /// Two replicas on one PostgreSQL: A's agent makes two metered calls, then A is killed
 /// (the sandbox dies with it). B recovers the task once A's lease expired; A's run
 /// directory is out of its reach, yet the lost run is recorded with both metered calls.
-#[test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-fn a_metered_run_recovered_by_the_other_replica_keeps_every_call() {
+fn metered_replica_dies(replicas: &Replicas) {
     if !sandboxed() {
         return;
     }
-    const GH: &str = "ghp_GatewayReplicaToken0123456789abcdef";
-    let Some(replicas) = Replicas::new(GH) else {
-        return;
-    };
     let prompt = "Work [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:sleep=120]";
     let (a, admin, id) = replicas.start_first("a", "Metered then lost", prompt);
     wait_for_calls(&a.base, &id, &admin, "", 2, Duration::from_secs(30));
@@ -326,11 +309,12 @@ fn a_metered_run_recovered_by_the_other_replica_keeps_every_call() {
     assert_eq!(first["outcome"], "lost", "{last:#}");
     assert_eq!(first["modelCalls"], 2, "{last:#}");
     assert_eq!(first["costUsd"], "0.006", "{last:#}");
+    let message = error_of(first);
     assert!(
-        first["errorMessage"]
-            .as_str()
-            .unwrap()
-            .contains("its cost is that of its metered model calls"),
+        message.contains("its cost is that of its metered model calls"),
         "{first}"
     );
 }
+
+on_replicas!(metered_replica_dies =>
+    a_metered_run_recovered_by_the_other_replica_keeps_every_call);

@@ -16,11 +16,29 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The test `$test` runs the scenario `$scenario` on [`Replicas`]: reported ignored where
+/// the suite has no PostgreSQL (and doing nothing there if run all the same).
+macro_rules! on_replicas {
+    ($scenario:ident => $test:ident) => {
+        #[test]
+        #[cfg_attr(
+            agentry_pg_skipped,
+            ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+        )]
+        fn $test() {
+            if let Some(replicas) = crate::Replicas::new() {
+                $scenario(&replicas);
+            }
+        }
+    };
+}
+
 mod gateway;
 mod real_agents;
 
 use agentry_persistence::test_support::TestDb;
 use agentry_testkit::git::source_repo;
+use agentry_testkit::json::elements_of;
 use agentry_testkit::process::processes_with_env;
 use agentry_testkit::wait::eventually;
 use serde_json::Value;
@@ -555,6 +573,11 @@ fn task_of(base: &str, id: &str, token: &str) -> Value {
     get(base, &format!("/api/tasks/{id}"), token).1
 }
 
+/// The `errorMessage` of a task or run ("" where it has none).
+fn error_of(task: &Value) -> &str {
+    task["errorMessage"].as_str().unwrap_or_default()
+}
+
 /// Polls task `id` through `base` until `done` holds for it, and returns it; panics with
 /// the task as last seen once `within` has passed (waiting for `what`).
 fn task_when(
@@ -704,6 +727,45 @@ fn fake_agent(name: &str) -> String {
         .to_owned()
 }
 
+/// What `serve` under test runs against: the fake GitHub, which knows the code-host token
+/// `gh` and `acme/web` (cloned from `source`), the fake model API, and the environment that
+/// points the fake Claude Code at both ([`fake_agent_env`]), in one temporary directory.
+struct World {
+    gh: String,
+    fake: agentry_fake_github::FakeGitHub,
+    dir: tempfile::TempDir,
+    source: std::path::PathBuf,
+    models: agentry_fake_models::FakeModels,
+    env: Vec<(String, String)>,
+}
+
+impl World {
+    /// The world of the code-host token `gh`, with `extra` in the environment.
+    fn new(gh: &str, extra: &[(&str, &str)]) -> World {
+        let (fake, dir, source) = fake_with_repo(gh);
+        let models = agentry_fake_models::FakeModels::start();
+        let env = fake_agent_env(&fake, &models, extra);
+        World {
+            gh: gh.to_owned(),
+            fake,
+            dir,
+            source,
+            models,
+            env,
+        }
+    }
+
+    /// The data directory of a single `serve`.
+    fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts a single `serve` on SQLite (again, on [`World::data_dir`]).
+    fn serve(&self, json_logs: bool) -> Server {
+        Server::start_with(&self.data_dir(), None, json_logs, &self.env)
+    }
+}
+
 /// What replicas of `serve` on one PostgreSQL add to their environment: no pull-request
 /// poll, a 3-second run lease, and one master key (both decrypt the stored code-host token).
 const REPLICA_ENV: [(&str, &str); 3] = [
@@ -718,32 +780,25 @@ const REPLICA_ENV: [(&str, &str); 3] = [
 /// Replicas of `serve` on one PostgreSQL, each on its own data directory, sharing the fake
 /// GitHub (`acme/web` cloned from `source`) and the fake model API, with [`REPLICA_ENV`].
 struct Replicas {
-    gh: String,
     db: TestDb,
-    fake: agentry_fake_github::FakeGitHub,
-    dir: tempfile::TempDir,
-    source: std::path::PathBuf,
-    env: Vec<(String, String)>,
-    _models: agentry_fake_models::FakeModels,
+    world: World,
+}
+
+impl std::ops::Deref for Replicas {
+    type Target = World;
+
+    fn deref(&self) -> &World {
+        &self.world
+    }
 }
 
 impl Replicas {
-    /// The replicas' world with the code-host token `gh`; `None` (the test does nothing)
-    /// where the suite has no PostgreSQL.
-    fn new(gh: &str) -> Option<Replicas> {
+    /// The replicas' world; `None` (the test does nothing) where the suite has no
+    /// PostgreSQL.
+    fn new() -> Option<Replicas> {
         let db = TestDb::postgres()?;
-        let (fake, dir, source) = fake_with_repo(gh);
-        let models = agentry_fake_models::FakeModels::start();
-        let env = fake_agent_env(&fake, &models, &REPLICA_ENV);
-        Some(Replicas {
-            gh: gh.to_owned(),
-            db,
-            fake,
-            dir,
-            source,
-            env,
-            _models: models,
-        })
+        let world = World::new("ghp_ReplicaTestToken0123456789abcdef", &REPLICA_ENV);
+        Some(Replicas { db, world })
     }
 
     /// The data directory of replica `name`.
@@ -854,17 +909,12 @@ fn patch_settings(base: &str, admin: &str, repo_id: &str, patch: &Value) {
 /// `kill -9` of `serve` while an agent runs, then `serve` again: the task is recovered (the
 /// lost run recorded, attempt 2), its orphaned agent stopped, and it reaches `pr_opened`
 /// with exactly one pull request.
-/// `kill -9` of `serve` while an agent runs, then `serve` again: the task is recovered (the
-/// lost run recorded, attempt 2), its orphaned agent stopped, and it reaches `pr_opened`
-/// with exactly one pull request.
 #[test]
 fn a_run_killed_with_the_service_is_recovered_after_restart() {
     const GH: &str = "ghp_RestartTestToken0123456789abcdef";
-    let (fake, dir, _source) = fake_with_repo(GH);
-    let data = dir.path().join("data");
-    let models = agentry_fake_models::FakeModels::start();
-    let env = fake_agent_env(&fake, &models, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
-    let mut server = Server::start_with(&data, None, true, &env);
+    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let (fake, data) = (&world.fake, world.data_dir());
+    let mut server = world.serve(true);
     let admin = server.read_token();
     let id = connect_and_create_task(
         &server.base,
@@ -897,7 +947,7 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
         assert!(!processes_with_env(&home_var).is_empty());
     }
 
-    let server = Server::start_with(&data, None, true, &env);
+    let server = world.serve(true);
     // Recovery at start stops an orphaned agent before anything else runs.
     eventually(
         Duration::from_secs(10),
@@ -923,9 +973,7 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
         assert_eq!(last["costUsd"], "0.123456");
     }
     assert!(
-        last["events"]
-            .as_array()
-            .unwrap()
+        elements_of(&last, "events")
             .iter()
             .any(|e| e["from"] == "running" && e["to"] == "queued"),
         "{last}"
@@ -940,18 +988,15 @@ fn a_run_killed_with_the_service_is_recovered_after_restart() {
 #[test]
 fn a_revision_killed_with_the_service_is_recovered_once() {
     const GH: &str = "ghp_RevisionKillTestToken0123456789ab";
-    let (fake, dir, source) = fake_with_repo(GH);
-    let data = dir.path().join("data");
-    let models = agentry_fake_models::FakeModels::start();
-    let env = fake_agent_env(
-        &fake,
-        &models,
+    let world = World::new(
+        GH,
         &[
             ("AGENTRY_POLL_INTERVAL_SECS", "1"),
             ("AGENTRY_REVISION_QUIET_SECS", "0"),
         ],
     );
-    let mut server = Server::start_with(&data, None, true, &env);
+    let (fake, data, source) = (&world.fake, world.data_dir(), &world.source);
+    let mut server = world.serve(true);
     let admin = server.read_token();
     let id = connect_and_create_task(&server.base, &admin, GH, "Add caching", ONE_CALL);
     let repo_id = task_of(&server.base, &id, &admin)["repoId"]
@@ -966,7 +1011,7 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
     });
     let number = last["prNumber"].as_u64().unwrap();
     let branch = format!("agentry/task-{}", id.replace('-', ""));
-    let head = agentry_testkit::git::git(&["rev-parse", &branch], &source);
+    let head = agentry_testkit::git::git(&["rev-parse", &branch], source);
 
     fake.set_permission("acme", "web", "alice", "write");
     fake.advance_clock(Duration::from_secs(2));
@@ -990,7 +1035,7 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
     server.signal("KILL");
     drop(server);
 
-    let server = Server::start_with(&data, None, true, &env);
+    let server = world.serve(true);
     let wait = (Duration::from_secs(40), "the recovered revision pushed");
     let last = task_when(&server.base, &id, &admin, wait, |t| {
         t["state"] == "pr_opened" && t["runs"].as_array().is_some_and(|r| r.len() == 3)
@@ -1028,7 +1073,7 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
     assert_eq!(feedback.len(), 1, "{last}");
     assert_eq!(feedback[0]["outcome"], "taken");
     // One commit on top of the old head, on the same pull request.
-    let parent = agentry_testkit::git::git(&["rev-parse", &format!("{branch}^")], &source);
+    let parent = agentry_testkit::git::git(&["rev-parse", &format!("{branch}^")], source);
     assert_eq!(parent, head);
     assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
@@ -1038,17 +1083,8 @@ fn a_revision_killed_with_the_service_is_recovered_once() {
 /// read A's run directory, recovers the task once A's lease expired. A's cost is on record
 /// all the same (a run is recorded as soon as its agent ends, before publishing); attempt 2
 /// opens the one pull request; the task's cost is both runs'.
-#[test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-fn a_reported_cost_survives_its_replica_dying_while_publishing() {
+fn publishing_replica_dies(replicas: &Replicas) {
     use agentry_fake_github::Fault;
-    const GH: &str = "ghp_ReplicaTestToken0123456789abcdef";
-    let Some(replicas) = Replicas::new(GH) else {
-        return;
-    };
     let fake = &replicas.fake;
     // A's creation hangs (as a code host that stopped answering) until A is gone.
     fake.fail_next(
@@ -1087,22 +1123,16 @@ fn a_reported_cost_survives_its_replica_dying_while_publishing() {
     assert_eq!(fake.pulls("acme", "web").len(), 1);
 }
 
+on_replicas!(publishing_replica_dies =>
+    a_reported_cost_survives_its_replica_dying_while_publishing);
+
 /// Two replicas on one PostgreSQL: replica B's agent ends, and B is killed while pushing
 /// (before its run could be recorded). Replica A recovers the task when B's lease expires
 /// (it cannot read B's run directory) and opens the pull request with attempt 2. When B
 /// starts again on its data directory, it records attempt 1 from the output it left, with
 /// the cost that output shows: no reported cost is lost because another replica recovered
 /// the task.
-#[test]
-#[cfg_attr(
-    agentry_pg_skipped,
-    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-)]
-fn a_restarted_replica_records_the_run_it_left_behind() {
-    const GH: &str = "ghp_LeftoverTestToken0123456789abcdef";
-    let Some(replicas) = Replicas::new(GH) else {
-        return;
-    };
+fn pushing_replica_dies_and_restarts(replicas: &Replicas) {
     // The first push hangs (its hook's pid in `mark`); later pushes go through.
     let mark = replicas.dir.path().join("push-hung");
     let hook = replicas.source.join("hooks/pre-receive");
@@ -1154,6 +1184,9 @@ fn a_restarted_replica_records_the_run_it_left_behind() {
         "the recorded leftover is forgotten"
     );
 }
+
+on_replicas!(pushing_replica_dies_and_restarts =>
+    a_restarted_replica_records_the_run_it_left_behind);
 
 /// The README's first command as a newcomer runs it: `agentry serve` in a fresh directory
 /// with no `AGENTRY_DATA_DIR` (so `./agentry-data`), the agent CLI found on `PATH`. An

@@ -22,10 +22,11 @@ use agentry_fake_github::FakeGitHub;
 use agentry_fake_models::{CallKind, FakeModels, Provider, Transport};
 use agentry_runner::{PriceTable, Tokens};
 use agentry_testkit::git::{git, source_repo};
+use agentry_testkit::json::elements_of;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{Value, json};
 
-use super::{BIN, Server, get, sandbox_env};
+use super::{BIN, Server, error_of, get, sandbox_env};
 
 /// The test `$claude` runs the scenario `$scenario` with Claude Code, `$codex` with Codex.
 macro_rules! for_each_agent {
@@ -179,6 +180,11 @@ impl Rig {
         }
     }
 
+    /// [`Rig::wait_task`] until the task has failed.
+    fn wait_failed(&self, id: &str, what: &str, within: Duration) -> Value {
+        self.wait_task(id, what, within, |t| state(t) == "failed")
+    }
+
     /// The task's stored (or live) agent output.
     fn log(&self, id: &str) -> String {
         reqwest::blocking::Client::new()
@@ -252,9 +258,7 @@ fn spent_by(rig: &Rig, agent: AgentType, id: &str, from: usize) -> (Decimal, Str
         &format!("/api/tasks/{id}/calls?attempt=1"),
         &rig.admin,
     );
-    let metered: Vec<&Value> = listed["calls"]
-        .as_array()
-        .unwrap()
+    let metered: Vec<&Value> = elements_of(&listed, "calls")
         .iter()
         .filter(|c| c["outcome"] != "refused")
         .collect();
@@ -542,16 +546,11 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
         "Slower notes",
         "Write notes. [model:calls=2] [model:slow=600]",
     );
-    let task = rig.wait_task(&id, "the timed-out run", Duration::from_secs(90), |t| {
-        state(t) == "failed"
-    });
+    let task = rig.wait_failed(&id, "the timed-out run", Duration::from_secs(90));
     let run = &task["runs"][0];
     assert_eq!(run["outcome"], "timed_out", "{task:#}");
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap()
-            .contains("longer than the limit"),
+        error_of(&task).contains("longer than the limit"),
         "{task:#}"
     );
     let (spent, log) = spent_by(&rig, agent, &id, from);
@@ -577,10 +576,8 @@ fn budgets_and_api_errors(agent: AgentType) {
         "Costly notes",
         "Write notes. [model:usage=400000,20000,0,0] [model:calls=3] [model:slow=30]",
     );
-    let task = rig.wait_task(&id, "the budget stop", Duration::from_secs(90), |t| {
-        state(t) == "failed"
-    });
-    let message = task["errorMessage"].as_str().unwrap_or_default();
+    let task = rig.wait_failed(&id, "the budget stop", Duration::from_secs(90));
+    let message = error_of(&task);
     assert!(message.contains("budget reached"), "{task:#}");
     // Codex stopped within one call: only the first was answered before the stop.
     let cost = money(&task["costUsd"]);
@@ -592,9 +589,7 @@ fn budgets_and_api_errors(agent: AgentType) {
         &format!("/api/tasks/{id}/calls"),
         &rig.admin,
     );
-    let costly = calls["calls"]
-        .as_array()
-        .unwrap()
+    let costly = elements_of(&calls, "calls")
         .iter()
         .filter(|c| c["outputTokens"] == 20000)
         .count();
@@ -604,18 +599,11 @@ fn budgets_and_api_errors(agent: AgentType) {
 
     // A model API error.
     let id = rig.assign("Refused notes", "Write notes. [model:api-error=400]");
-    let task = rig.wait_task(&id, "the API error", Duration::from_secs(60), |t| {
-        state(t) == "failed"
-    });
+    let task = rig.wait_failed(&id, "the API error", Duration::from_secs(60));
+    let message = error_of(&task);
     assert!(
-        task["errorMessage"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("fake-models refuses this request (API-ERROR)")
-            && task["errorMessage"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("model API error"),
+        message.contains("fake-models refuses this request (API-ERROR)")
+            && message.starts_with("model API error"),
         "{task:#}\n{}",
         rig.log(&id)
     );
@@ -654,10 +642,8 @@ fn a_missing_or_unsupported_cli_is_a_clear_error() {
             &[("AGENTRY_CLAUDE_BIN", fake_claude.to_str().unwrap())],
         );
         let id = rig.assign("Notes", "Write notes.");
-        let task = rig.wait_task(&id, "the task fails", Duration::from_secs(30), |t| {
-            state(t) == "failed"
-        });
-        let message = task["errorMessage"].as_str().unwrap_or_default();
+        let task = rig.wait_failed(&id, "the task fails", Duration::from_secs(30));
+        let message = error_of(&task);
         assert!(message.contains(expected), "{task:#}");
         assert!(
             message.contains("npm install -g @openai/codex@0.169.0"),

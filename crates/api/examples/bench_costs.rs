@@ -59,6 +59,11 @@ fn midnight(d: time::Date) -> PrimitiveDateTime {
     PrimitiveDateTime::new(d, Time::MIDNIGHT)
 }
 
+/// The entries of a map keyed by pairs, as triples in key order.
+fn flatten<A, B, V>(map: std::collections::BTreeMap<(A, B), V>) -> Vec<(A, B, V)> {
+    map.into_iter().map(|((a, b), v)| (a, b, v)).collect()
+}
+
 /// The first-version way: GROUP BY over the raw task table for the whole span the report
 /// needs, folded into the same inputs, then the same report.
 fn baseline(
@@ -168,17 +173,11 @@ fn baseline(
         }
     }
     inputs.daily = daily.into_iter().collect();
-    inputs.outcomes = outcomes
-        .into_iter()
-        .map(|((repo, model), o)| (repo, model, o))
-        .collect();
+    inputs.outcomes = flatten(outcomes);
     inputs.by_repo = by_repo.into_iter().collect();
     inputs.by_type = by_type.into_iter().collect();
     inputs.by_model = by_model.into_iter().collect();
-    inputs.coding_by_repo_model = by_repo_model
-        .into_iter()
-        .map(|((r, m), t)| (r, m, t))
-        .collect();
+    inputs.coding_by_repo_model = flatten(by_repo_model);
     inputs.coding_by_model_all_repos = by_model_all.into_iter().collect();
     let start = window.start().with_time(Time::MIDNIGHT).assume_utc();
     let end = to.with_time(Time::MIDNIGHT).assume_utc();

@@ -23,6 +23,7 @@ use std::time::Instant;
 use agentry_domain::{RepoUrl, Usd};
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::{AnyConnection, Db};
+use agentry_testkit::sql::statements_starting_with;
 use diesel::prelude::*;
 use time::OffsetDateTime;
 
@@ -153,15 +154,8 @@ fn seed(db: &Db, runs: u64, now: OffsetDateTime) -> Result<(), Error> {
     exec(&mut conn, "DROP TABLE bench_repos")?;
     exec(&mut conn, "DELETE FROM run_cost_rollup")?;
     exec(&mut conn, "DELETE FROM egress_blocked_repo")?;
-    for statement in ROLLUP_MIGRATION.split(';') {
-        let code: String = statement
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        if code.trim_start().starts_with("INSERT") {
-            exec(&mut conn, &code)?;
-        }
+    for backfill in statements_starting_with(ROLLUP_MIGRATION, "INSERT") {
+        exec(&mut conn, &backfill)?;
     }
     if let AnyConnection::Postgresql(_) = &*conn {
         exec(&mut conn, "ANALYZE")?;

@@ -186,6 +186,10 @@ async fn main() -> Result<(), Error> {
 
     let mut samples = Vec::new();
     for (i, (&id, &number)) in ids.iter().zip(&numbers).enumerate() {
+        // Waits (at most a minute) until this task is as `done` says.
+        let wait = |what: &'static str, done: fn(&agentry_domain::Task) -> bool| {
+            wait_until(&service, what, Duration::from_secs(60), done, id)
+        };
         let review = fake.add_review(
             "acme",
             "web",
@@ -202,13 +206,9 @@ async fn main() -> Result<(), Error> {
         service
             .webhook_event(format!("bench-{i}"), "pull_request_review".into(), event)
             .await?;
-        wait_until(
-            &service,
-            "the revision's agent",
-            Duration::from_secs(60),
-            |t| t.state == TaskState::Running && t.attempt == 2,
-            id,
-        )
+        wait("the revision's agent", |t| {
+            t.state == TaskState::Running && t.attempt == 2
+        })
         .await?;
         let events = service
             .db(move |conn| Ok(tasks::task_events(conn, id)?))
@@ -220,13 +220,9 @@ async fn main() -> Result<(), Error> {
             .ok_or("no agent start")?
             .at;
         samples.push(Duration::try_from(started - sent)?);
-        wait_until(
-            &service,
-            "the revision pushed",
-            Duration::from_secs(60),
-            |t| t.state == TaskState::PrOpened && t.revisions == 1,
-            id,
-        )
+        wait("the revision pushed", |t| {
+            t.state == TaskState::PrOpened && t.revisions == 1
+        })
         .await?;
     }
     samples.sort();

@@ -80,16 +80,7 @@ pub fn seed(db: &Db, seed: u64) {
         );
         new.title = format!("live {i}");
         let task = create(db, &new);
-        for trigger in [Trigger::Claim, Trigger::AgentStarted] {
-            tasks::transition_task(
-                &mut conn,
-                task.id,
-                trigger,
-                &TransitionDetails::default(),
-                now,
-            )
-            .unwrap();
-        }
+        start_at(&mut conn, task.id, now);
         let run = Run {
             model: MODELS[rng.below(5) as usize].map(str::to_owned),
             cost_usd: Some(Usd::from_nanos(rng.below(2_000_000_000) as i64).unwrap()),
@@ -112,6 +103,18 @@ pub fn seed(db: &Db, seed: u64) {
         })
         .unwrap();
     }
+}
+
+/// Claims task `id` and starts its agent, both at `at`: the task is running.
+pub fn start_at(conn: &mut AnyConnection, id: Uuid, at: OffsetDateTime) {
+    for trigger in [Trigger::Claim, Trigger::AgentStarted] {
+        tasks::transition_task(conn, id, trigger, &TransitionDetails::default(), at).unwrap();
+    }
+}
+
+/// [`start_at`] now.
+pub fn start(conn: &mut AnyConnection, id: Uuid) {
+    start_at(conn, id, OffsetDateTime::now_utc());
 }
 
 /// Moves task `id` by `trigger` now (opening pull request #2 where it opens one).

@@ -177,6 +177,14 @@ impl HostEnv {
         HostEnv { fake, db, service }
     }
 
+    /// [`HostEnv::new`] with the token stored and `acme/web` connected
+    /// ([`HostEnv::store_token_and_connect`]): the environment and the repository's id.
+    pub fn connected(db: TestDb) -> (HostEnv, Uuid) {
+        let env = HostEnv::new(db);
+        let repo = env.store_token_and_connect();
+        (env, repo)
+    }
+
     pub fn db(&self) -> &Db {
         &self.db.db
     }

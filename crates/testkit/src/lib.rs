@@ -8,8 +8,12 @@
 //! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
 //!   until it holds or a deadline passes (tests never sleep a fixed time);
 //! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI;
-//! * [`http::content_length`]: the body length an HTTP head announces;
-//! * [`json::strings_of`]: one string field of each element of a JSON answer's list;
+//! * [`http::head`] and [`http::content_length`]: an HTTP head written, and the body length
+//!   one announces;
+//! * [`json::elements_of`] and [`json::strings_of`]: a JSON answer's list, and one string
+//!   field of each of its elements;
+//! * [`sql::statements_starting_with`]: the statements of one kind in an SQL script (a
+//!   migration's backfill, replayed);
 //! * [`process::processes_with_env`]: the live processes a run's agent left, found by their
 //!   environment;
 //! * [`served::Served`]: an HTTP fake (the fake GitHub, the fake model APIs) served on a
@@ -25,6 +29,7 @@ pub mod json;
 pub mod process;
 pub mod sandbox;
 pub mod served;
+pub mod sql;
 pub mod wait;
 
 /// SplitMix64 (Steele, Lea and Flood): a tiny, fast and deterministic generator.

@@ -6,6 +6,7 @@ mod reference;
 use std::str::FromStr;
 
 use agentry_domain::{TaskState, TaskType, Usd};
+use agentry_testkit::json::COST_REPORT_LISTS;
 use proptest::prelude::*;
 use rust_decimal::Decimal;
 use serde_json::json;
@@ -24,23 +25,16 @@ fn dec(s: &str) -> Decimal {
     Decimal::from_str(s).unwrap()
 }
 
-/// A costed-or-not task; `id` doubles as its title.
-fn task(
-    id: u128,
-    repo: &str,
-    task_type: TaskType,
-    state: TaskState,
-    model: Option<&str>,
-    cost: Option<&str>,
-    created_at: OffsetDateTime,
-) -> TaskFact {
+/// A completed coding task by model `sonnet`, costing `cost` (`None`: uncosted); `id`
+/// doubles as its title and sets its token counts. The builder methods below vary it.
+fn coding(id: u128, repo: &str, cost: Option<&str>, created_at: OffsetDateTime) -> TaskFact {
     TaskFact {
         id: Uuid::from_u128(id),
         title: format!("task {id}"),
         repo_url: repo.to_owned(),
-        task_type,
-        state,
-        model_used: model.map(str::to_owned),
+        task_type: TaskType::Coding,
+        state: TaskState::Completed,
+        model_used: Some("sonnet".to_owned()),
         cost: cost.map(|c| Usd::parse(c).unwrap()),
         input_tokens: 100 * id as i64,
         output_tokens: 10 * id as i64,
@@ -51,30 +45,64 @@ fn task(
     }
 }
 
-/// A completed coding task with model `sonnet`.
-fn coding(id: u128, repo: &str, cost: Option<&str>, created_at: OffsetDateTime) -> TaskFact {
-    task(
-        id,
-        repo,
-        TaskType::Coding,
-        TaskState::Completed,
-        Some("sonnet"),
-        cost,
-        created_at,
-    )
+/// Builder-style variations of a [`coding`] fixture.
+impl TaskFact {
+    /// The same task, of `task_type`.
+    fn of_type(self, task_type: TaskType) -> TaskFact {
+        TaskFact { task_type, ..self }
+    }
+
+    /// The same task, as a review.
+    fn review(self) -> TaskFact {
+        self.of_type(TaskType::Review)
+    }
+
+    /// The same task, in `state`.
+    fn in_state(self, state: TaskState) -> TaskFact {
+        TaskFact { state, ..self }
+    }
+
+    /// The same task, by `model` (`None`: no recorded model).
+    fn by<'a>(self, model: impl Into<Option<&'a str>>) -> TaskFact {
+        TaskFact {
+            model_used: model.into().map(str::to_owned),
+            ..self
+        }
+    }
+
+    /// The same task, after `revisions` rounds whose runs cost `revision_cost`.
+    fn with_revisions(self, revisions: i32, revision_cost: &str) -> TaskFact {
+        TaskFact {
+            revisions,
+            revision_cost: Usd::parse(revision_cost).unwrap(),
+            ..self
+        }
+    }
 }
+
+/// The last day of the report's window in most tests.
+const TODAY: Date = date!(2024 - 05 - 10);
+
+/// Noon UTC of [`TODAY`].
+const NOON: OffsetDateTime = datetime!(2024-05-10 12:00 UTC);
 
 /// Noon UTC of `day`.
 fn noon(day: Date) -> OffsetDateTime {
     day.midnight().assume_utc() + time::Duration::hours(12)
 }
 
+/// The report of the `days` up to `today` on `tasks`, of the repository `filter` or all.
 fn run(today: Date, days: u32, filter: Option<&str>, tasks: &[TaskFact]) -> CostReport {
     report(&ReportInputs::from_tasks(
         Window::new(today, days).unwrap(),
         filter,
         tasks,
     ))
+}
+
+/// The report of the 7 days up to [`TODAY`] on `tasks`, of all repositories.
+fn last_week(tasks: &[TaskFact]) -> CostReport {
+    run(TODAY, 7, None, tasks)
 }
 
 fn ids(ids: impl IntoIterator<Item = Uuid>) -> Vec<u128> {
@@ -140,7 +168,7 @@ fn task_fact_from_a_stored_task() {
 
 #[test]
 fn empty_input() {
-    let r = run(date!(2024 - 05 - 10), 30, None, &[]);
+    let r = run(TODAY, 30, None, &[]);
     assert_eq!(
         r.summary,
         Summary {
@@ -195,18 +223,11 @@ fn empty_input() {
     let v = serde_json::to_value(&r).unwrap();
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
     let mut expected = [
-        "summary",
-        "forecast",
-        "dailyCosts",
-        "costByRepo",
-        "costByType",
-        "costByModel",
-        "anomalies",
-        "modelSuggestions",
-        "topTasks",
-        "outcomes",
-        "budgets",
-    ];
+        &["summary", "forecast", "dailyCosts"][..],
+        &COST_REPORT_LISTS,
+        &["outcomes", "budgets"],
+    ]
+    .concat();
     expected.sort_unstable();
     let mut keys = keys;
     keys.sort_unstable();
@@ -219,16 +240,8 @@ fn empty_input() {
 
 #[test]
 fn one_task_full_json() {
-    let t = task(
-        7,
-        A,
-        TaskType::Coding,
-        TaskState::Completed,
-        Some("sonnet"),
-        Some("1.25"),
-        datetime!(2024-05-09 12:00 UTC),
-    );
-    let r = run(date!(2024 - 05 - 10), 3, None, &[t]);
+    let t = coding(7, A, Some("1.25"), datetime!(2024-05-09 12:00 UTC));
+    let r = run(TODAY, 3, None, &[t]);
     let v = serde_json::to_value(&r).unwrap();
     let id = Uuid::from_u128(7).to_string();
     assert_eq!(
@@ -284,13 +297,12 @@ fn one_task_full_json() {
 
 #[test]
 fn uncosted_tasks_count_only_in_task_count() {
-    let today = date!(2024 - 05 - 10);
     let tasks = [
-        coding(1, A, None, noon(today)),
-        coding(2, A, Some("0"), noon(today)),
-        coding(3, A, Some("2"), noon(today)),
+        coding(1, A, None, NOON),
+        coding(2, A, Some("0"), NOON),
+        coding(3, A, Some("2"), NOON),
     ];
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.summary.task_count, 3);
     assert_eq!(r.summary.tasks_with_cost, 2);
     assert_eq!(r.summary.avg_cost, "1.0000");
@@ -299,7 +311,7 @@ fn uncosted_tasks_count_only_in_task_count() {
     assert_eq!(r.cost_by_model[0].total_input_tokens, 500);
     assert_eq!(ids(r.top_tasks.iter().map(|t| t.task.id)), [3, 2]);
     // A repository whose only tasks are uncosted has no row.
-    let r = run(today, 7, None, &[coding(1, A, None, noon(today))]);
+    let r = last_week(&[coding(1, A, None, NOON)]);
     assert!(r.cost_by_repo.is_empty() && r.cost_by_type.is_empty());
     assert!(r.cost_by_model.is_empty() && r.top_tasks.is_empty());
     assert_eq!(r.summary.task_count, 1);
@@ -307,11 +319,8 @@ fn uncosted_tasks_count_only_in_task_count() {
 
 #[test]
 fn repository_of_free_tasks() {
-    let today = date!(2024 - 05 - 10);
-    let tasks: Vec<_> = (1..=5)
-        .map(|i| coding(i, A, Some("0"), noon(today)))
-        .collect();
-    let r = run(today, 7, None, &tasks);
+    let tasks: Vec<_> = (1..=5).map(|i| coding(i, A, Some("0"), NOON)).collect();
+    let r = last_week(&tasks);
     assert_eq!(r.summary.total_cost, "0.0000");
     assert_eq!(r.summary.avg_cost, "0.0000");
     assert!(r.anomalies.is_empty());
@@ -329,16 +338,15 @@ fn repository_of_free_tasks() {
     assert_eq!(r.cost_by_model[0].success_rate, dec("100"));
     // One paid task among free ones: the others average 0, so no anomaly either.
     let mut tasks = tasks;
-    tasks.push(coding(9, A, Some("5"), noon(today)));
-    assert!(run(today, 7, None, &tasks).anomalies.is_empty());
+    tasks.push(coding(9, A, Some("5"), NOON));
+    assert!(last_week(&tasks).anomalies.is_empty());
 }
 
 #[test]
 fn anomaly_uses_the_average_of_the_others() {
-    let today = date!(2024 - 05 - 10);
-    let t = |id, cost| coding(id, A, Some(cost), noon(today));
+    let t = |id, cost| coding(id, A, Some(cost), NOON);
     // 4 vs 1, 1: the average including itself is 2 (ratio 2), of the others 1 (ratio 4).
-    let r = run(today, 7, None, &[t(1, "4"), t(2, "1"), t(3, "1")]);
+    let r = last_week(&[t(1, "4"), t(2, "1"), t(3, "1")]);
     assert_eq!(r.anomalies.len(), 1);
     let a = &r.anomalies[0];
     assert_eq!(a.task.id, Uuid::from_u128(1));
@@ -354,45 +362,26 @@ fn anomaly_uses_the_average_of_the_others() {
     assert_eq!(v["taskType"], json!("coding"));
 
     // Exactly 3 × is an anomaly; a nano-dollar less is not.
-    let r = run(today, 7, None, &[t(1, "3"), t(2, "1"), t(3, "1")]);
+    let r = last_week(&[t(1, "3"), t(2, "1"), t(3, "1")]);
     assert_eq!(r.anomalies.len(), 1);
     assert_eq!(r.anomalies[0].cost_ratio, dec("3"));
-    let r = run(today, 7, None, &[t(1, "2.999999999"), t(2, "1"), t(3, "1")]);
+    let r = last_week(&[t(1, "2.999999999"), t(2, "1"), t(3, "1")]);
     assert!(r.anomalies.is_empty());
     // Two costed tasks are not enough.
-    assert!(
-        run(today, 7, None, &[t(1, "100"), t(2, "1")])
-            .anomalies
-            .is_empty()
-    );
+    assert!(last_week(&[t(1, "100"), t(2, "1")]).anomalies.is_empty());
     // Uncosted tasks do not count towards the three.
-    let r = run(
-        today,
-        7,
-        None,
-        &[t(1, "100"), t(2, "1"), coding(3, A, None, noon(today))],
-    );
+    let r = last_week(&[t(1, "100"), t(2, "1"), coding(3, A, None, NOON)]);
     assert!(r.anomalies.is_empty());
     // Tasks of other repositories and periods do not count.
-    let r = run(
-        today,
-        7,
-        None,
-        &[
-            t(1, "100"),
-            t(2, "1"),
-            coding(3, B, Some("1"), noon(today)),
-            coding(4, A, Some("1"), noon(date!(2024 - 05 - 01))),
-        ],
-    );
+    let r = last_week(&[
+        t(1, "100"),
+        t(2, "1"),
+        coding(3, B, Some("1"), NOON),
+        coding(4, A, Some("1"), noon(date!(2024 - 05 - 01))),
+    ]);
     assert!(r.anomalies.is_empty());
     // A non-terminating leave-one-out average: 10 vs 1, 1, 2 → avg 4/3, ratio 7.5.
-    let r = run(
-        today,
-        7,
-        None,
-        &[t(1, "10"), t(2, "1"), t(3, "1"), t(4, "2")],
-    );
+    let r = last_week(&[t(1, "10"), t(2, "1"), t(3, "1"), t(4, "2")]);
     assert_eq!(r.anomalies.len(), 1);
     assert_eq!(r.anomalies[0].repo_avg_cost, dec("4") / dec("3"));
     assert_eq!(r.anomalies[0].cost_ratio, dec("7.5"));
@@ -400,13 +389,12 @@ fn anomaly_uses_the_average_of_the_others() {
 
 #[test]
 fn anomaly_order_and_limit() {
-    let today = date!(2024 - 05 - 10);
     let mut tasks = Vec::new();
     let mut repo_of = |repo: &str, anomaly: (u128, &str), other: &str, next: &mut u128| {
-        tasks.push(coding(anomaly.0, repo, Some(anomaly.1), noon(today)));
+        tasks.push(coding(anomaly.0, repo, Some(anomaly.1), NOON));
         for _ in 0..2 {
             *next += 1;
-            tasks.push(coding(*next, repo, Some(other), noon(today)));
+            tasks.push(coding(*next, repo, Some(other), NOON));
         }
     };
     let mut next = 1000;
@@ -414,7 +402,7 @@ fn anomaly_order_and_limit() {
     repo_of(B, (0x20, "8"), "2", &mut next); // ratio 4, cost 8, id 0x20
     repo_of(C, (0x10, "8"), "2", &mut next); // ratio 4, cost 8, id 0x10
     repo_of(D, (0x50, "10"), "1", &mut next); // ratio 10
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(
         ids(r.anomalies.iter().map(|a| a.task.id)),
         [0x50, 0x10, 0x20, 0x05]
@@ -426,11 +414,11 @@ fn anomaly_order_and_limit() {
     let mut tasks = Vec::new();
     for i in 0..25_u128 {
         let repo = format!("https://github.com/o/r{i:02}");
-        tasks.push(coding(i, &repo, Some(&format!("{}", 10 + i)), noon(today)));
-        tasks.push(coding(100 + i, &repo, Some("1"), noon(today)));
-        tasks.push(coding(200 + i, &repo, Some("1"), noon(today)));
+        tasks.push(coding(i, &repo, Some(&format!("{}", 10 + i)), NOON));
+        tasks.push(coding(100 + i, &repo, Some("1"), NOON));
+        tasks.push(coding(200 + i, &repo, Some("1"), NOON));
     }
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.anomalies.len(), 20);
     assert_eq!(
         ids(r.anomalies.iter().map(|a| a.task.id)),
@@ -440,10 +428,11 @@ fn anomaly_order_and_limit() {
 
 #[test]
 fn repo_type_and_model_order() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
     let mk = |id, repo, ty, model: Option<&str>, cost| {
-        task(id, repo, ty, TaskState::Failed, model, Some(cost), at)
+        coding(id, repo, Some(cost), NOON)
+            .of_type(ty)
+            .in_state(TaskState::Failed)
+            .by(model)
     };
     use TaskType::{Coding, Review};
     let tasks = [
@@ -454,7 +443,7 @@ fn repo_type_and_model_order() {
         mk(5, C, Review, None, "1.5"),
         mk(6, D, Coding, Some("z"), "3"),
     ];
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     let repos: Vec<_> = r
         .cost_by_repo
         .iter()
@@ -486,24 +475,14 @@ fn repo_type_and_model_order() {
     assert!(r.cost_by_model.iter().all(|g| g.success_rate.is_zero()));
 
     // Type ties: equal cost and count → by name; equal cost → more tasks first.
-    let r = run(
-        today,
-        7,
-        None,
-        &[mk(1, A, Review, None, "2"), mk(2, A, Coding, None, "2")],
-    );
+    let r = last_week(&[mk(1, A, Review, None, "2"), mk(2, A, Coding, None, "2")]);
     let types: Vec<_> = r.cost_by_type.iter().map(|g| g.task_type).collect();
     assert_eq!(types, [Coding, Review]);
-    let r = run(
-        today,
-        7,
-        None,
-        &[
-            mk(1, A, Coding, None, "2"),
-            mk(2, A, Review, None, "1"),
-            mk(3, A, Review, None, "1"),
-        ],
-    );
+    let r = last_week(&[
+        mk(1, A, Coding, None, "2"),
+        mk(2, A, Review, None, "1"),
+        mk(3, A, Review, None, "1"),
+    ]);
     let types: Vec<_> = r.cost_by_type.iter().map(|g| g.task_type).collect();
     assert_eq!(types, [Review, Coding]);
     assert_eq!(
@@ -514,10 +493,8 @@ fn repo_type_and_model_order() {
 
 #[test]
 fn cost_by_model_figures() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
     let mk = |id, state, model: Option<&str>, cost: Option<&str>| {
-        task(id, A, TaskType::Coding, state, model, cost, at)
+        coding(id, A, cost, NOON).in_state(state).by(model)
     };
     use TaskState::*;
     let tasks = [
@@ -529,7 +506,7 @@ fn cost_by_model_figures() {
         mk(6, Completed, None, Some("0.2")),
         mk(7, Cancelled, None, Some("0")),
     ];
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(
         r.cost_by_model[0],
         ModelCost {
@@ -559,38 +536,22 @@ fn cost_by_model_figures() {
         .map(|i| mk(100 + i, Failed, Some("x"), Some("1")))
         .collect();
     tasks[0].state = Completed;
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.cost_by_model[0].success_rate, dec("6.3"));
     tasks.truncate(8);
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.cost_by_model[0].success_rate, dec("12.5"));
 }
 
 #[test]
 fn a_model_named_unknown_shares_the_unknown_row() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
     let tasks = [
-        task(
-            1,
-            A,
-            TaskType::Coding,
-            TaskState::Completed,
-            None,
-            Some("1"),
-            at,
-        ),
-        task(
-            2,
-            A,
-            TaskType::Coding,
-            TaskState::Failed,
-            Some("unknown"),
-            Some("2"),
-            at,
-        ),
+        coding(1, A, Some("1"), NOON).by(None),
+        coding(2, A, Some("2"), NOON)
+            .in_state(TaskState::Failed)
+            .by("unknown"),
     ];
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.cost_by_model.len(), 1);
     assert_eq!(r.cost_by_model[0].cost.task_count, 2);
     assert_eq!(r.cost_by_model[0].success_rate, dec("50"));
@@ -598,13 +559,12 @@ fn a_model_named_unknown_shares_the_unknown_row() {
 
 #[test]
 fn trend() {
-    let today = date!(2024 - 05 - 10);
     let trend = |now: &str, prev: &str| {
         let tasks = [
-            coding(1, A, Some(now), noon(today)),
+            coding(1, A, Some(now), NOON),
             coding(2, A, Some(prev), noon(date!(2024 - 05 - 01))),
         ];
-        let r = run(today, 7, None, &tasks);
+        let r = last_week(&tasks);
         (r.summary.cost_trend, r.summary.prev_period_cost)
     };
     assert_eq!(trend("1", "0"), ("0.0".into(), "0.0000".into()));
@@ -618,7 +578,7 @@ fn trend() {
     assert_eq!(trend("1.0005", "1").0, "0.1");
     assert_eq!(trend("0.9995", "1").0, "-0.1");
     // No previous task at all.
-    let r = run(today, 7, None, &[coding(1, A, Some("1"), noon(today))]);
+    let r = last_week(&[coding(1, A, Some("1"), NOON)]);
     assert_eq!(r.summary.cost_trend, "0.0");
     // Previous period boundaries: [2024-04-27, 2024-05-04).
     let tasks = [
@@ -627,72 +587,84 @@ fn trend() {
         coding(3, A, Some("4"), noon(date!(2024 - 05 - 03))),
         coding(4, A, Some("8"), noon(date!(2024 - 05 - 04))),
     ];
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.summary.prev_period_cost, "6.0000");
     assert_eq!(r.summary.total_cost, "8.0000");
 }
 
+/// The forecast of the `days` up to `today` on coding tasks of repository A, one a
+/// (cost, day of creation).
+fn forecast(today: Date, days: u32, tasks: &[(&str, Date)]) -> Forecast {
+    let tasks: Vec<_> = tasks
+        .iter()
+        .zip(1..)
+        .map(|(&(cost, day), id)| coding(id, A, Some(cost), noon(day)))
+        .collect();
+    run(today, days, None, &tasks).forecast
+}
+
+/// A forecast of `daily_avg_cost`, `month_cost_so_far`, `forecasted_month_total` and
+/// `days_remaining`, in that order.
+fn expected_forecast(daily_avg: &str, so_far: &str, total: &str, days_remaining: u32) -> Forecast {
+    Forecast {
+        daily_avg_cost: daily_avg.into(),
+        month_cost_so_far: so_far.into(),
+        forecasted_month_total: total.into(),
+        days_remaining,
+    }
+}
+
 #[test]
 fn forecast_at_month_and_year_ends() {
-    let f = |today: Date, days: u32, tasks: &[TaskFact]| run(today, days, None, tasks).forecast;
-
     // Dec 31: nothing remains; the forecast is the month so far.
-    let tasks = [
-        coding(1, A, Some("10"), noon(date!(2024 - 12 - 01))),
-        coding(2, A, Some("5"), noon(date!(2024 - 11 - 30))),
-    ];
-    let fc = f(date!(2024 - 12 - 31), 90, &tasks);
-    assert_eq!(fc.days_remaining, 0);
-    assert_eq!(fc.month_cost_so_far, "10.0000");
-    assert_eq!(fc.forecasted_month_total, "10.0000");
-    assert_eq!(fc.daily_avg_cost, "0.1667");
-
+    let tasks = [("10", date!(2024 - 12 - 01)), ("5", date!(2024 - 11 - 30))];
+    assert_eq!(
+        forecast(date!(2024 - 12 - 31), 90, &tasks),
+        expected_forecast("0.1667", "10.0000", "10.0000", 0)
+    );
     // Jan 1: the month is one day old; December's costs count for the average only.
-    let tasks = [
-        coding(1, A, Some("7"), noon(date!(2024 - 12 - 30))),
-        coding(2, A, Some("7"), noon(date!(2025 - 01 - 01))),
-    ];
-    let fc = f(date!(2025 - 01 - 01), 7, &tasks);
-    assert_eq!(fc.days_remaining, 30);
-    assert_eq!(fc.month_cost_so_far, "7.0000");
-    assert_eq!(fc.daily_avg_cost, "2.0000");
-    assert_eq!(fc.forecasted_month_total, "67.0000");
-
+    let tasks = [("7", date!(2024 - 12 - 30)), ("7", date!(2025 - 01 - 01))];
+    assert_eq!(
+        forecast(date!(2025 - 01 - 01), 7, &tasks),
+        expected_forecast("2.0000", "7.0000", "67.0000", 30)
+    );
     // February of a leap year.
-    assert_eq!(f(date!(2024 - 02 - 28), 30, &[]).days_remaining, 1);
-    assert_eq!(f(date!(2024 - 02 - 29), 30, &[]).days_remaining, 0);
-    assert_eq!(f(date!(2023 - 02 - 28), 30, &[]).days_remaining, 0);
-    assert_eq!(f(date!(2024 - 03 - 01), 30, &[]).days_remaining, 30);
-    let tasks = [coding(1, A, Some("2.9"), noon(date!(2024 - 02 - 29)))];
-    let fc = f(date!(2024 - 02 - 29), 29, &tasks);
-    assert_eq!(fc.days_remaining, 0);
-    assert_eq!(fc.month_cost_so_far, "2.9000");
-    assert_eq!(fc.daily_avg_cost, "0.1000");
-    assert_eq!(fc.forecasted_month_total, "2.9000");
-
+    let days_remaining = [
+        (date!(2024 - 02 - 28), 1),
+        (date!(2024 - 02 - 29), 0),
+        (date!(2023 - 02 - 28), 0),
+        (date!(2024 - 03 - 01), 30),
+    ];
+    for (today, remaining) in days_remaining {
+        let nothing = expected_forecast("0.0000", "0.0000", "0.0000", remaining);
+        assert_eq!(forecast(today, 30, &[]), nothing, "{today}");
+    }
+    let leap_day = date!(2024 - 02 - 29);
+    assert_eq!(
+        forecast(leap_day, 29, &[("2.9", leap_day)]),
+        expected_forecast("0.1000", "2.9000", "2.9000", 0)
+    );
     // The month figure ignores `days`: a 1-day window on the 20th still sums the month.
     let tasks = [
-        coding(1, A, Some("1"), noon(date!(2024 - 05 - 01))),
-        coding(2, A, Some("2"), noon(date!(2024 - 05 - 20))),
-        coding(3, A, Some("4"), noon(date!(2024 - 04 - 30))),
-        coding(4, A, Some("8"), noon(date!(2024 - 05 - 21))), // in the future
+        ("1", date!(2024 - 05 - 01)),
+        ("2", date!(2024 - 05 - 20)),
+        ("4", date!(2024 - 04 - 30)),
+        ("8", date!(2024 - 05 - 21)), // in the future
     ];
-    let fc = f(date!(2024 - 05 - 20), 1, &tasks);
-    assert_eq!(fc.month_cost_so_far, "3.0000");
-    assert_eq!(fc.days_remaining, 11);
-    assert_eq!(fc.forecasted_month_total, "25.0000");
+    assert_eq!(
+        forecast(date!(2024 - 05 - 20), 1, &tasks),
+        expected_forecast("2.0000", "3.0000", "25.0000", 11)
+    );
 }
 
 #[test]
 fn forecast_uses_the_exact_daily_average() {
     // total 1 over 3 days, 30 days remaining: 30 / 3 = 10 exactly, whereas the rounded
     // daily average would give 0.3333 × 30 = 9.999.
-    let tasks = [coding(1, A, Some("1"), noon(date!(2024 - 04 - 30)))];
-    let fc = run(date!(2024 - 05 - 01), 3, None, &tasks).forecast;
-    assert_eq!(fc.daily_avg_cost, "0.3333");
-    assert_eq!(fc.month_cost_so_far, "0.0000");
-    assert_eq!(fc.days_remaining, 30);
-    assert_eq!(fc.forecasted_month_total, "10.0000");
+    assert_eq!(
+        forecast(date!(2024 - 05 - 01), 3, &[("1", date!(2024 - 04 - 30))]),
+        expected_forecast("0.3333", "0.0000", "10.0000", 30)
+    );
 }
 
 #[test]
@@ -734,7 +706,6 @@ fn one_day_and_a_year() {
 
 #[test]
 fn days_are_utc_days() {
-    let today = date!(2024 - 05 - 10);
     let tasks = [
         // 2024-05-09T20:00Z: yesterday in UTC.
         coding(1, A, Some("1"), datetime!(2024-05-10 01:00 +5)),
@@ -756,7 +727,7 @@ fn days_are_utc_days() {
             datetime!(2024-05-03 23:59:59.999999999 UTC),
         ),
     ];
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.summary.total_cost, "13.0000");
     assert_eq!(r.summary.prev_period_cost, "16.0000");
     assert_eq!(r.daily_costs[5].cost, dec("1"));
@@ -781,15 +752,14 @@ fn days_are_utc_days() {
 
 #[test]
 fn exact_sums_without_drift() {
-    let today = date!(2024 - 05 - 10);
     let mut tasks: Vec<_> = (0..1000)
-        .map(|i| coding(i, A, Some("0.123456789"), noon(today)))
+        .map(|i| coding(i, A, Some("0.123456789"), NOON))
         .collect();
-    tasks.extend((0..999).map(|i| coding(10_000 + i, B, Some("0.000000001"), noon(today))));
+    tasks.extend((0..999).map(|i| coding(10_000 + i, B, Some("0.000000001"), NOON)));
     tasks.push(coding(20_000, C, Some("0.1"), noon(date!(2024 - 05 - 09))));
     tasks.push(coding(20_001, C, Some("0.2"), noon(date!(2024 - 05 - 09))));
-    tasks.extend((0..3).map(|i| coding(30_000 + i, D, Some("0.33333333"), noon(today))));
-    let r = run(today, 7, None, &tasks);
+    tasks.extend((0..3).map(|i| coding(30_000 + i, D, Some("0.33333333"), NOON)));
+    let r = last_week(&tasks);
     // 123.456789 + 0.000000999 + 0.3 + 0.99999999
     assert_eq!(r.daily_costs[6].cost, dec("124.456789989"));
     assert_eq!(r.daily_costs[5].cost, dec("0.3"));
@@ -821,7 +791,6 @@ fn exact_sums_without_drift() {
 
 #[test]
 fn top_tasks_order() {
-    let today = date!(2024 - 05 - 10);
     let mut tasks = vec![
         coding(3, A, Some("5"), datetime!(2024-05-10 10:00 UTC)),
         coding(2, A, Some("5"), datetime!(2024-05-10 11:00 UTC)),
@@ -831,28 +800,23 @@ fn top_tasks_order() {
         coding(6, A, Some("0"), datetime!(2024-05-09 11:00 UTC)),
     ];
     tasks.extend((10..20).map(|i| coding(i, C, Some("1"), datetime!(2024-05-08 11:00 UTC))));
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(
         ids(r.top_tasks.iter().map(|t| t.task.id)),
         [1, 2, 3, 10, 11, 12, 13, 14, 15, 16]
     );
-    let r = run(today, 7, Some(A), &tasks);
+    let r = run(TODAY, 7, Some(A), &tasks);
     assert_eq!(ids(r.top_tasks.iter().map(|t| t.task.id)), [2, 3, 6]);
     let v = serde_json::to_value(&r.top_tasks[2]).unwrap();
     assert_eq!(v["costUsd"], json!("0"));
     assert_eq!(v["inputTokens"], json!(600));
     assert_eq!(v["outputTokens"], json!(60));
     // A null model stays null.
-    let t = task(
-        1,
-        A,
-        TaskType::Review,
-        TaskState::Failed,
-        None,
-        Some("0.000000001"),
-        noon(today),
-    );
-    let r = run(today, 7, None, &[t]);
+    let t = coding(1, A, Some("0.000000001"), NOON)
+        .review()
+        .in_state(TaskState::Failed)
+        .by(None);
+    let r = last_week(&[t]);
     let v = serde_json::to_value(&r.top_tasks[0]).unwrap();
     assert_eq!(v["modelUsed"], json!(null));
     assert_eq!(v["costUsd"], json!("0.000000001"));
@@ -862,51 +826,82 @@ fn top_tasks_order() {
 
 #[test]
 fn repository_filter() {
-    let today = date!(2024 - 05 - 10);
     let tasks = [
-        coding(1, A, Some("1"), noon(today)),
-        coding(2, B, Some("2"), noon(today)),
+        coding(1, A, Some("1"), NOON),
+        coding(2, B, Some("2"), NOON),
         coding(3, B, Some("4"), noon(date!(2024 - 05 - 01))),
         coding(4, A, Some("8"), noon(date!(2024 - 05 - 01))),
     ];
-    let r = run(today, 7, Some(B), &tasks);
+    let r = run(TODAY, 7, Some(B), &tasks);
     assert_eq!(r.summary.total_cost, "2.0000");
     assert_eq!(r.summary.prev_period_cost, "4.0000");
     assert_eq!(r.forecast.month_cost_so_far, "6.0000");
     assert_eq!(r.cost_by_repo.len(), 1);
-    let r = run(today, 7, Some("https://github.com/o/none"), &tasks);
+    let r = run(TODAY, 7, Some("https://github.com/o/none"), &tasks);
     assert_eq!(r.summary.task_count, 0);
     assert_eq!(r.daily_costs.len(), 7);
     assert!(r.top_tasks.is_empty() && r.cost_by_repo.is_empty());
 }
 
-/// `count` completed-or-failed coding tasks of `model` in `repo`, each costing `cost`, the
-/// first `succeeded` of them completed.
-fn batch(
-    next_id: &mut u128,
-    repo: &str,
-    model: &str,
-    count: usize,
-    succeeded: usize,
-    cost: &str,
-    at: OffsetDateTime,
-) -> Vec<TaskFact> {
-    (0..count)
-        .map(|i| {
-            *next_id += 1;
+/// The tasks of one test, added batch by batch with ids handed out in order.
+#[derive(Clone, Default)]
+struct Tasks {
+    last_id: u128,
+    tasks: Vec<TaskFact>,
+}
+
+impl Tasks {
+    /// Adds `count` coding tasks of `model` in `repo` created at [`NOON`], each costing
+    /// `cost`, the first `succeeded` of them completed and the others failed.
+    fn batch(
+        &mut self,
+        repo: &str,
+        model: &str,
+        count: usize,
+        succeeded: usize,
+        cost: &str,
+    ) -> &mut Tasks {
+        for i in 0..count {
+            self.last_id += 1;
             let state = if i < succeeded {
                 TaskState::Completed
             } else {
                 TaskState::Failed
             };
-            task(
-                *next_id,
-                repo,
-                TaskType::Coding,
-                state,
-                Some(model),
-                Some(cost),
-                at,
+            self.tasks.push(
+                coding(self.last_id, repo, Some(cost), NOON)
+                    .in_state(state)
+                    .by(model),
+            );
+        }
+        self
+    }
+}
+
+impl std::ops::Deref for Tasks {
+    type Target = Vec<TaskFact>;
+
+    fn deref(&self) -> &Vec<TaskFact> {
+        &self.tasks
+    }
+}
+
+impl std::ops::DerefMut for Tasks {
+    fn deref_mut(&mut self) -> &mut Vec<TaskFact> {
+        &mut self.tasks
+    }
+}
+
+/// The report's model suggestions as (repository, current model, suggested model, savings).
+fn suggestions(r: &CostReport) -> Vec<(&str, &str, &str, Decimal)> {
+    r.model_suggestions
+        .iter()
+        .map(|s| {
+            (
+                s.repo_url.as_str(),
+                s.current_model.as_str(),
+                s.suggested_model.as_str(),
+                s.estimated_savings,
             )
         })
         .collect()
@@ -914,54 +909,26 @@ fn batch(
 
 #[test]
 fn suggestion_basics_and_ties() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
-    let mut id = 0;
-    let mut tasks = Vec::new();
-    tasks.extend(batch(&mut id, D, "cheap-b", 5, 5, "1", at));
-    tasks.extend(batch(&mut id, D, "cheap-a", 5, 5, "1", at));
-    tasks.extend(batch(&mut id, B, "pricey", 3, 3, "2", at));
-    tasks.extend(batch(&mut id, A, "pricey2", 3, 3, "2", at));
-    tasks.extend(batch(&mut id, A, "pricey", 3, 3, "2", at));
+    let mut tasks = Tasks::default();
+    // Two cheap models of D, 5 tasks at 1 each; pricier ones of A and B, 3 tasks at 2 each.
+    for cheap in ["cheap-b", "cheap-a"] {
+        tasks.batch(D, cheap, 5, 5, "1");
+    }
+    for (repo, pricey) in [(B, "pricey"), (A, "pricey2"), (A, "pricey")] {
+        tasks.batch(repo, pricey, 3, 3, "2");
+    }
     // Review tasks and unknown models never count.
-    tasks.push(task(
-        900,
-        A,
-        TaskType::Review,
-        TaskState::Completed,
-        Some("pricey"),
-        Some("100"),
-        at,
-    ));
-    tasks.push(task(
-        901,
-        A,
-        TaskType::Coding,
-        TaskState::Completed,
-        None,
-        Some("100"),
-        at,
-    ));
-    let r = run(today, 7, None, &tasks);
-    let rows: Vec<_> = r
-        .model_suggestions
-        .iter()
-        .map(|s| {
-            (
-                s.repo_url.as_str(),
-                s.current_model.as_str(),
-                s.suggested_model.as_str(),
-            )
-        })
-        .collect();
+    tasks.push(coding(900, A, Some("100"), NOON).review().by("pricey"));
+    tasks.push(coding(901, A, Some("100"), NOON).by(None));
+    let r = last_week(&tasks);
     // Equal savings (3) → repoUrl, then currentModel; equal candidate averages → name;
     // cheap-a and cheap-b (equal average 1) get no suggestion from each other.
     assert_eq!(
-        rows,
+        suggestions(&r),
         [
-            (A, "pricey", "cheap-a"),
-            (A, "pricey2", "cheap-a"),
-            (B, "pricey", "cheap-a")
+            (A, "pricey", "cheap-a", dec("3")),
+            (A, "pricey2", "cheap-a", dec("3")),
+            (B, "pricey", "cheap-a", dec("3"))
         ]
     );
     assert_eq!(
@@ -987,143 +954,94 @@ fn suggestion_basics_and_ties() {
 
 #[test]
 fn suggestions_need_a_strictly_cheaper_candidate() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
-    let mut id = 0;
-    let mut tasks = Vec::new();
-    tasks.extend(batch(&mut id, A, "cur", 3, 3, "1", at));
-    tasks.extend(batch(&mut id, B, "same", 5, 5, "1", at));
-    assert!(run(today, 7, None, &tasks).model_suggestions.is_empty());
+    let mut tasks = Tasks::default();
+    tasks.batch(A, "cur", 3, 3, "1");
+    tasks.batch(B, "same", 5, 5, "1");
+    assert!(last_week(&tasks).model_suggestions.is_empty());
     // A nano-dollar cheaper on average (5 × 0.999999999 / 5): suggested to both.
-    tasks.extend(batch(&mut id, B, "less", 5, 5, "0.999999999", at));
-    let r = run(today, 7, None, &tasks);
-    let rows: Vec<_> = r
-        .model_suggestions
-        .iter()
-        .map(|s| {
-            (
-                s.repo_url.as_str(),
-                s.current_model.as_str(),
-                s.suggested_model.as_str(),
-                s.estimated_savings,
-            )
-        })
-        .collect();
+    tasks.batch(B, "less", 5, 5, "0.999999999");
+    let r = last_week(&tasks);
     assert_eq!(
-        rows,
+        suggestions(&r),
         [
             (B, "same", "less", dec("0.000000005")),
             (A, "cur", "less", dec("0.000000003"))
         ]
     );
     // Only 2 costed tasks of the current model: no suggestion.
-    let mut few = Vec::new();
-    few.extend(batch(&mut id, A, "cur", 2, 2, "1", at));
-    let mut uncosted = coding(5000, A, None, at); // an uncosted third task does not help
-    uncosted.model_used = Some("cur".into());
-    few.push(uncosted);
-    few.extend(batch(&mut id, B, "less", 5, 5, "0.5", at));
-    assert!(run(today, 7, None, &few).model_suggestions.is_empty());
+    let mut few = Tasks::default();
+    few.batch(A, "cur", 2, 2, "1");
+    // An uncosted third task does not help.
+    few.push(coding(5000, A, None, NOON).by("cur"));
+    few.batch(B, "less", 5, 5, "0.5");
+    assert!(last_week(&few).model_suggestions.is_empty());
 }
 
 #[test]
 fn suggestion_candidates_need_five_costed_coding_tasks() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
-    let mut id = 0;
-    let mut tasks = Vec::new();
-    tasks.extend(batch(&mut id, A, "cur", 3, 0, "1", at));
-    tasks.extend(batch(&mut id, B, "four", 4, 4, "0.1", at));
+    let mut tasks = Tasks::default();
+    tasks.batch(A, "cur", 3, 0, "1");
+    tasks.batch(B, "four", 4, 4, "0.1");
     // Uncosted and review tasks of the candidate do not count towards the five.
-    let mut uncosted = coding(8000, B, None, at);
-    uncosted.model_used = Some("four".into());
-    tasks.push(uncosted);
-    tasks.push(task(
-        8001,
-        B,
-        TaskType::Review,
-        TaskState::Completed,
-        Some("four"),
-        Some("0.1"),
-        at,
-    ));
-    assert!(run(today, 7, None, &tasks).model_suggestions.is_empty());
-    tasks.extend(batch(&mut id, C, "four", 1, 1, "0.1", at));
-    let r = run(today, 7, None, &tasks);
-    assert_eq!(r.model_suggestions.len(), 1);
-    assert_eq!(r.model_suggestions[0].suggested_model, "four");
+    tasks.push(coding(8000, B, None, NOON).by("four"));
+    tasks.push(coding(8001, B, Some("0.1"), NOON).review().by("four"));
+    assert!(last_week(&tasks).model_suggestions.is_empty());
+    tasks.batch(C, "four", 1, 1, "0.1");
+    let r = last_week(&tasks);
+    assert_eq!(suggestions(&r), [(A, "cur", "four", dec("2.7"))]);
     assert_eq!(r.model_suggestions[0].cheaper_model_avg_cost, dec("0.1"));
-    assert_eq!(r.model_suggestions[0].estimated_savings, dec("2.7"));
     // Candidate tasks outside the period do not count either.
     let mut old = tasks.clone();
     old.last_mut().unwrap().created_at = noon(date!(2024 - 05 - 01));
-    assert!(run(today, 7, None, &old).model_suggestions.is_empty());
+    assert!(last_week(&old).model_suggestions.is_empty());
 }
 
 #[test]
 fn suggestion_success_rates_compare_exactly() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
-    let mut id = 0;
-    let mut tasks = Vec::new();
+    let mut tasks = Tasks::default();
     // Current: 2 of 3 succeeded (66.666…%), average 3.
-    tasks.extend(batch(&mut id, A, "big", 3, 2, "3", at));
+    tasks.batch(A, "big", 3, 2, "3");
     // 66.7 % at 1: accepted; 66.6 % at 0.5: rejected although cheapest; 4/6 = 2/3 at 0.75:
     // accepted (equal rate) and cheaper than 66.7 %.
-    tasks.extend(batch(&mut id, B, "m667", 1000, 667, "1", at));
-    tasks.extend(batch(&mut id, B, "m666", 1000, 666, "0.5", at));
-    tasks.extend(batch(&mut id, B, "m46", 6, 4, "0.75", at));
-    let r = run(today, 7, None, &tasks);
-    assert_eq!(r.model_suggestions.len(), 1, "{:?}", r.model_suggestions);
-    let s = &r.model_suggestions[0];
-    assert_eq!((s.repo_url.as_str(), s.current_model.as_str()), (A, "big"));
-    assert_eq!(s.suggested_model, "m46");
-    assert_eq!(s.cheaper_model_avg_cost, dec("0.75"));
-    assert_eq!(s.estimated_savings, dec("6.75"));
+    tasks.batch(B, "m667", 1000, 667, "1");
+    tasks.batch(B, "m666", 1000, 666, "0.5");
+    tasks.batch(B, "m46", 6, 4, "0.75");
+    let r = last_week(&tasks);
+    assert_eq!(suggestions(&r), [(A, "big", "m46", dec("6.75"))]);
+    assert_eq!(r.model_suggestions[0].cheaper_model_avg_cost, dec("0.75"));
     // Without the 2/3 candidate, the 66.7 % one is suggested.
     let without: Vec<_> = tasks
         .iter()
         .filter(|t| t.model_used.as_deref() != Some("m46"))
         .cloned()
         .collect();
-    let r = run(today, 7, None, &without);
+    let r = last_week(&without);
     assert_eq!(r.model_suggestions[0].suggested_model, "m667");
     assert_eq!(r.model_suggestions[0].estimated_savings, dec("6"));
 
     // Filtered to A: the candidates' figures still come from all repositories.
-    let r = run(today, 7, Some(A), &tasks);
+    let r = run(TODAY, 7, Some(A), &tasks);
     assert_eq!(r.model_suggestions.len(), 1);
     assert_eq!(r.model_suggestions[0].suggested_model, "m46");
     assert_eq!(r.cost_by_model.len(), 1);
     assert_eq!(r.cost_by_model[0].model, "big");
     assert_eq!(r.cost_by_model[0].success_rate, dec("66.7"));
     // Filtered to B: B's models get no rows from A's.
-    let r = run(today, 7, Some(B), &tasks);
+    let r = run(TODAY, 7, Some(B), &tasks);
     assert!(r.model_suggestions.iter().all(|s| s.repo_url == B));
 }
 
 #[test]
 fn suggestion_order_and_limit() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
-    let mut id = 0;
-    let mut tasks = Vec::new();
-    tasks.extend(batch(
-        &mut id,
-        "https://github.com/o/zz",
-        "cheap",
-        5,
-        5,
-        "1",
-        at,
-    ));
+    let mut tasks = Tasks::default();
+    tasks.batch("https://github.com/o/zz", "cheap", 5, 5, "1");
     // 12 repositories whose "big" model saves 3 × (1 + i/10 ... ) more each.
     for i in 0..12 {
         let repo = format!("https://github.com/o/r{i:02}");
         let cost = format!("{}", 2 + i);
-        tasks.extend(batch(&mut id, &repo, "big", 3, 3, &cost, at));
+        tasks.batch(&repo, "big", 3, 3, &cost);
     }
-    let r = run(today, 7, None, &tasks);
+    let r = last_week(&tasks);
     assert_eq!(r.model_suggestions.len(), 10);
     let repos: Vec<_> = r
         .model_suggestions
@@ -1138,12 +1056,11 @@ fn suggestion_order_and_limit() {
     assert_eq!(r.model_suggestions[0].estimated_savings, dec("36"));
     // Savings that are equal as fractions, written differently: 3 × (2 − 1) = 3 and
     // 4 × (1.75 − 1) = 3.
-    let mut id = 0;
-    let mut tasks = Vec::new();
-    tasks.extend(batch(&mut id, D, "cheap", 5, 5, "1", at));
-    tasks.extend(batch(&mut id, B, "x", 3, 3, "2", at));
-    tasks.extend(batch(&mut id, A, "y", 4, 4, "1.75", at));
-    let r = run(today, 7, None, &tasks);
+    let mut tasks = Tasks::default();
+    tasks.batch(D, "cheap", 5, 5, "1");
+    tasks.batch(B, "x", 3, 3, "2");
+    tasks.batch(A, "y", 4, 4, "1.75");
+    let r = last_week(&tasks);
     let rows: Vec<_> = r
         .model_suggestions
         .iter()
@@ -1154,16 +1071,15 @@ fn suggestion_order_and_limit() {
 
 #[test]
 fn candidate_lists_may_be_supersets() {
-    let today = date!(2024 - 05 - 10);
     let tasks = [
-        coding(1, A, Some("4"), noon(today)),
-        coding(2, A, Some("1"), noon(today)),
-        coding(3, A, Some("1"), noon(today)),
+        coding(1, A, Some("4"), NOON),
+        coding(2, A, Some("1"), NOON),
+        coding(3, A, Some("1"), NOON),
         coding(4, A, Some("100"), noon(date!(2024 - 05 - 01))),
-        coding(5, A, None, noon(today)),
-        coding(6, B, Some("50"), noon(today)),
+        coding(5, A, None, NOON),
+        coding(6, B, Some("50"), NOON),
     ];
-    let window = Window::new(today, 7).unwrap();
+    let window = Window::new(TODAY, 7).unwrap();
     let inputs = ReportInputs::from_tasks(window, Some(A), &tasks);
     let base = report(&inputs);
     assert_eq!(ids(base.anomalies.iter().map(|a| a.task.id)), [1]);
@@ -1253,15 +1169,14 @@ fn totals() {
 
 #[test]
 fn from_tasks_inputs() {
-    let today = date!(2024 - 05 - 10);
     let tasks = [
-        coding(1, A, Some("1"), noon(today)),
-        coding(2, B, Some("2"), noon(today)),
-        coding(3, A, None, noon(today)),
+        coding(1, A, Some("1"), NOON),
+        coding(2, B, Some("2"), NOON),
+        coding(3, A, None, NOON),
         coding(4, A, Some("4"), noon(date!(2024 - 05 - 01))),
         coding(5, B, Some("8"), noon(date!(2024 - 04 - 30))),
     ];
-    let inputs = ReportInputs::from_tasks(Window::new(today, 7).unwrap(), Some(A), &tasks);
+    let inputs = ReportInputs::from_tasks(Window::new(TODAY, 7).unwrap(), Some(A), &tasks);
     assert_eq!(inputs.daily.len(), 1);
     assert_eq!(inputs.daily[0].1.tasks, 2);
     assert_eq!(inputs.previous.cost, dec("4"));
@@ -1351,98 +1266,46 @@ fn task_fact_day_is_utc() {
 fn review_of(id: u128, parent: &TaskFact, state: TaskState, model: &str, cost: &str) -> TaskFact {
     TaskFact {
         parent_task_id: Some(parent.id),
-        ..task(
+        ..coding(
             id,
             &parent.repo_url,
-            TaskType::Review,
-            state,
-            Some(model),
             Some(cost),
             parent.created_at + time::Duration::hours(1),
         )
+        .review()
+        .in_state(state)
+        .by(model)
     }
 }
 
 #[test]
 fn outcomes_count_reviews_with_their_coding_task() {
-    let today = date!(2024 - 05 - 10);
     // Merged: 1.5 over its attempts, plus a review (0.25) and a failed review (0.05), the
     // reviews by another model and the failed one after the period's first day.
-    let merged = task(
-        1,
-        A,
-        TaskType::Coding,
-        TaskState::Completed,
-        Some("opus"),
-        Some("1.5"),
-        noon(date!(2024 - 05 - 01)),
-    );
+    let merged = coding(1, A, Some("1.5"), noon(date!(2024 - 05 - 01))).by("opus");
     let merged_review = review_of(2, &merged, TaskState::Completed, "haiku", "0.25");
     let failed_review = review_of(3, &merged, TaskState::Failed, "haiku", "0.05");
     // Second merged pull request, with no recorded cost.
-    let free = task(
-        4,
-        A,
-        TaskType::Coding,
-        TaskState::Completed,
-        Some("opus"),
-        None,
-        noon(today),
-    );
+    let free = coding(4, A, None, NOON).by("opus");
     // Failed and cancelled coding tasks (1 + 0.2 with its review), an open one (0.5).
-    let failed = task(
-        5,
-        B,
-        TaskType::Coding,
-        TaskState::Failed,
-        Some("sonnet"),
-        Some("1"),
-        noon(today),
-    );
+    let failed = coding(5, B, Some("1"), NOON).in_state(TaskState::Failed);
     let failed_child = review_of(6, &failed, TaskState::Completed, "haiku", "0.2");
-    let cancelled = task(
-        7,
-        B,
-        TaskType::Coding,
-        TaskState::Cancelled,
-        None,
-        Some("0.3"),
-        noon(today),
-    );
-    let open = task(
-        8,
-        B,
-        TaskType::Coding,
-        TaskState::PrOpened,
-        Some("sonnet"),
-        Some("0.5"),
-        noon(today),
-    );
+    let cancelled = coding(7, B, Some("0.3"), NOON)
+        .in_state(TaskState::Cancelled)
+        .by(None);
+    let open = coding(8, B, Some("0.5"), NOON).in_state(TaskState::PrOpened);
     // A review without a parent is its own unit: failed, by its own model.
     let orphan = TaskFact {
         parent_task_id: Some(Uuid::from_u128(999)),
-        ..task(
-            9,
-            A,
-            TaskType::Review,
-            TaskState::Failed,
-            Some("haiku"),
-            Some("0.1"),
-            noon(today),
-        )
+        ..coding(9, A, Some("0.1"), NOON)
+            .review()
+            .in_state(TaskState::Failed)
+            .by("haiku")
     };
     // Merged before the period: its review, created in the period, stays with it.
-    let old = task(
-        10,
-        A,
-        TaskType::Coding,
-        TaskState::Completed,
-        Some("opus"),
-        Some("2"),
-        noon(date!(2024 - 04 - 01)),
-    );
+    let old = coding(10, A, Some("2"), noon(date!(2024 - 04 - 01))).by("opus");
     let old_review = TaskFact {
-        created_at: noon(today),
+        created_at: NOON,
         ..review_of(11, &old, TaskState::Completed, "haiku", "0.7")
     };
     let tasks = [
@@ -1458,7 +1321,7 @@ fn outcomes_count_reviews_with_their_coding_task() {
         old,
         old_review,
     ];
-    let r = run(today, 10, None, &tasks);
+    let r = run(TODAY, 10, None, &tasks);
     // totalCost = 1.5 + 0.25 + 0.05 + 1 + 0.2 + 0.3 + 0.5 + 0.1 + 0.7 = 4.6
     assert_eq!(r.summary.total_cost, "4.6000");
     let v = serde_json::to_value(&r.outcomes).unwrap();
@@ -1498,80 +1361,44 @@ fn outcomes_count_reviews_with_their_coding_task() {
         })
     );
     // The repository filter applies to the units.
-    let r = run(today, 10, Some(B), &tasks);
+    let r = run(TODAY, 10, Some(B), &tasks);
     assert_eq!(r.outcomes.figures.merged_pull_requests, 0);
     assert_eq!(r.outcomes.figures.failed_cost, "1.5000");
     // 1.5 / 2.0
     assert_eq!(r.outcomes.figures.failed_share, dec("75.0"));
 }
 
-/// A coding task of `repo` in `state` with `revisions` rounds, costing `cost` of which the
-/// revision runs cost `revision_cost`.
-fn revised(
-    id: u128,
-    repo: &str,
-    state: TaskState,
-    model: &str,
-    (cost, revisions, revision_cost): (&str, i32, &str),
-    created_at: OffsetDateTime,
-) -> TaskFact {
-    TaskFact {
-        revisions,
-        revision_cost: Usd::parse(revision_cost).unwrap(),
-        ..task(
-            id,
-            repo,
-            TaskType::Coding,
-            state,
-            Some(model),
-            Some(cost),
-            created_at,
-        )
-    }
-}
-
 #[test]
 fn outcomes_revision_cost_and_rounds_per_merged_pull_request() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
     // Merged after 2 rounds that cost 0.33333 of its 1.2; its review is no revision run.
-    let head = revised(
-        1,
-        A,
-        TaskState::Completed,
-        "opus",
-        ("1.2", 2, "0.33333"),
-        at,
-    );
+    let head = coding(1, A, Some("1.2"), NOON)
+        .by("opus")
+        .with_revisions(2, "0.33333");
     let tasks = [
         review_of(2, &head, TaskState::Completed, "haiku", "0.1"),
         head,
         // Merged with no round, and merged with 1 round: 3 rounds over 3 merged = 1.00.
-        revised(3, A, TaskState::Completed, "opus", ("0.5", 0, "0"), at),
-        revised(
-            4,
-            A,
-            TaskState::Completed,
-            "sonnet",
-            ("0.7", 1, "0.000049"),
-            at,
-        ),
+        coding(3, A, Some("0.5"), NOON).by("opus"),
+        coding(4, A, Some("0.7"), NOON)
+            .by("sonnet")
+            .with_revisions(1, "0.000049"),
         // A round started, then the pull request was closed: its revision runs count in
         // revisionCost (all outcomes) but its round not in the merged average.
-        revised(5, B, TaskState::Failed, "sonnet", ("0.9", 1, "0.4"), at),
+        coding(5, B, Some("0.9"), NOON)
+            .in_state(TaskState::Failed)
+            .by("sonnet")
+            .with_revisions(1, "0.4"),
         // Still open, in its second round.
-        revised(6, B, TaskState::Queued, "sonnet", ("0.2", 2, "0.05"), at),
+        coding(6, B, Some("0.2"), NOON)
+            .in_state(TaskState::Queued)
+            .by("sonnet")
+            .with_revisions(2, "0.05"),
         // Created before the period: not one of its units.
-        revised(
-            7,
-            A,
-            TaskState::Completed,
-            "opus",
-            ("9", 5, "4"),
-            noon(date!(2024 - 04 - 01)),
-        ),
+        coding(7, A, Some("9"), noon(date!(2024 - 04 - 01)))
+            .by("opus")
+            .with_revisions(5, "4"),
     ];
-    let r = run(today, 10, None, &tasks);
+    let r = run(TODAY, 10, None, &tasks);
     let o = &r.outcomes;
     assert_eq!(o.figures.merged_pull_requests, 3);
     // The cost of a merged pull request still holds its revision runs: 1.2 + 0.1 + 0.5 + 0.7.
@@ -1614,20 +1441,13 @@ fn outcomes_revision_cost_and_rounds_per_merged_pull_request() {
 
 #[test]
 fn revisions_per_merged_pull_request_round_half_away_from_zero_to_2_decimals() {
-    let today = date!(2024 - 05 - 10);
-    let at = noon(today);
     let merged = |id, revisions| {
-        revised(
-            id,
-            A,
-            TaskState::Completed,
-            "opus",
-            ("1", revisions, "0"),
-            at,
-        )
+        coding(id, A, Some("1"), NOON)
+            .by("opus")
+            .with_revisions(revisions, "0")
     };
     let avg = |tasks: &[TaskFact]| {
-        let o = run(today, 1, None, tasks).outcomes;
+        let o = run(TODAY, 1, None, tasks).outcomes;
         (
             o.figures.avg_revisions_per_merged_pull_request,
             serde_json::to_value(&o).unwrap()["avgRevisionsPerMergedPullRequest"].clone(),
@@ -1656,11 +1476,17 @@ fn revisions_per_merged_pull_request_round_half_away_from_zero_to_2_decimals() {
         (Some(dec("3.50")), json!(3.5))
     );
     // Nothing merged: null, even with revision rounds on open or failed units.
-    let open = revised(1, A, TaskState::PrOpened, "opus", ("1", 3, "0.5"), at);
-    let closed = revised(2, A, TaskState::Failed, "opus", ("1", 1, "0.25"), at);
+    let open = coding(1, A, Some("1"), NOON)
+        .in_state(TaskState::PrOpened)
+        .by("opus")
+        .with_revisions(3, "0.5");
+    let closed = coding(2, A, Some("1"), NOON)
+        .in_state(TaskState::Failed)
+        .by("opus")
+        .with_revisions(1, "0.25");
     let (value, wire) = avg(&[open.clone(), closed.clone()]);
     assert_eq!((value, wire), (None, json!(null)));
-    let o = run(today, 1, None, &[open, closed]).outcomes;
+    let o = run(TODAY, 1, None, &[open, closed]).outcomes;
     assert_eq!(o.figures.revision_cost, "0.7500");
     assert_eq!(
         o.by_repo[0].figures.avg_revisions_per_merged_pull_request,

@@ -9,6 +9,7 @@ use actix_web::test::TestRequest;
 use agentry_fake_github::Fault;
 use agentry_persistence::secrets;
 use agentry_persistence::test_support::TestDb;
+use agentry_testkit::json::elements_of;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -180,8 +181,7 @@ async fn repositories_connect_once_and_settings_change_all_or_nothing() {
 #[actix_web::test]
 async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         let number = env.fake.add_issue(
             "acme",
             "web",
@@ -245,8 +245,7 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
 #[actix_web::test]
 async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         let plain = env
             .fake
             .add_issue("acme", "web", "Not for agents", None, &["bug"]);
@@ -264,9 +263,7 @@ async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
         env.fake.add_label("acme", "web", labelled, "agentry");
         let (_, view) = call(&app, sync()).await;
         assert_eq!(env.count("tasks"), 1);
-        let linked: Vec<&Value> = view["issues"]
-            .as_array()
-            .unwrap()
+        let linked: Vec<&Value> = elements_of(&view, "issues")
             .iter()
             .filter(|i| !i["task"].is_null())
             .collect();
@@ -337,9 +334,7 @@ async fn one_repository_failing_does_not_stop_the_others() {
 
 /// The numbers of the issues of a view, in order.
 fn numbers_of(view: &Value) -> Vec<u64> {
-    view["issues"]
-        .as_array()
-        .unwrap()
+    elements_of(view, "issues")
         .iter()
         .map(|i| i["number"].as_u64().unwrap())
         .collect()
@@ -348,8 +343,7 @@ fn numbers_of(view: &Value) -> Vec<u64> {
 #[actix_web::test]
 async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         // GitHub's timestamps have whole seconds and it does not order one second's updates:
         // the fake puts them by number, so an update does not move an issue to the front.
         env.fake.freeze_clock();
@@ -379,9 +373,7 @@ async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next
         let numbers = numbers_of(&view);
         assert_eq!(numbers.len(), 110, "the closed issue left the view");
         assert!(!numbers.contains(&3));
-        let five = view["issues"]
-            .as_array()
-            .unwrap()
+        let five = elements_of(&view, "issues")
             .iter()
             .find(|i| i["number"] == 5)
             .unwrap();
@@ -464,8 +456,7 @@ async fn the_issues_view_is_paginated_in_its_order_and_refuses_bad_bounds() {
 #[actix_web::test]
 async fn only_known_open_issues_are_assigned() {
     for db in TestDb::all() {
-        let env = Env::new(db);
-        let repo = env.store_token_and_connect();
+        let (env, repo) = Env::connected(db);
         let issue = env.fake.add_issue("acme", "web", "Real", None, &[]);
         let pull = env
             .fake
@@ -519,287 +510,235 @@ async fn only_known_open_issues_are_assigned() {
 
 #[actix_web::test]
 async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_nothing() {
-    let env = Env::new(sqlite());
-    let repo = env.store_token_and_connect();
+    let (env, repo) = Env::connected(sqlite());
     let app = service_with(env.state.clone()).await;
     let before = env.written();
     let missing = Uuid::new_v4();
     let (a, m, v) = (&env.t.admin, &env.t.member, &env.t.viewer);
-    let cases: Vec<(&str, String, &String, Value, u16, &str)> = vec![
+    /// A refusal: its status and error code.
+    type Refusal = (u16, &'static str);
+    const BAD_PARAMETER: Refusal = (400, "invalid_parameter");
+    const BAD_REQUEST: Refusal = (400, "invalid_request");
+    const FORBIDDEN: Refusal = (403, "forbidden");
+    const NOT_FOUND: Refusal = (404, "not_found");
+    const NO_BODY: Value = Value::Null;
+    let cases: Vec<(&str, String, &String, Value, Refusal)> = vec![
         (
             "PUT",
             "/api/secrets/CODEHOST_TOKEN".into(),
             m,
             json!({ "value": GH_TOKEN }),
-            403,
-            "forbidden",
+            FORBIDDEN,
         ),
         (
             "PUT",
             "/api/secrets/lower_case".into(),
             a,
             json!({ "value": "x" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "PUT",
             "/api/secrets/X".into(),
             a,
             json!({ "value": "" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "PUT",
             "/api/secrets/X".into(),
             a,
             json!({ "value": 5 }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "PUT",
             "/api/secrets/X".into(),
             a,
             json!({ "val": "x" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "PUT",
             "/api/secrets/X".into(),
             a,
             json!({ "value": "x".repeat(20_000) }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
-        (
-            "GET",
-            "/api/secrets".into(),
-            m,
-            Value::Null,
-            403,
-            "forbidden",
-        ),
+        ("GET", "/api/secrets".into(), m, NO_BODY, FORBIDDEN),
         (
             "DELETE",
             "/api/secrets/bad-name".into(),
             a,
-            Value::Null,
-            400,
-            "invalid_parameter",
+            NO_BODY,
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/repos".into(),
             m,
             json!({ "repoUrl": "https://github.com/acme/web" }),
-            403,
-            "forbidden",
+            FORBIDDEN,
         ),
         (
             "POST",
             "/api/repos".into(),
             a,
             json!({ "repoUrl": "not a url" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
-        (
-            "POST",
-            "/api/repos".into(),
-            a,
-            json!({}),
-            400,
-            "invalid_request",
-        ),
+        ("POST", "/api/repos".into(), a, json!({}), BAD_REQUEST),
         (
             "POST",
             "/api/repos".into(),
             a,
             json!({ "repoUrl": 7 }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
-        (
-            "GET",
-            "/api/repos/nope".into(),
-            v,
-            Value::Null,
-            400,
-            "invalid_parameter",
-        ),
+        ("GET", "/api/repos/nope".into(), v, NO_BODY, BAD_PARAMETER),
         (
             "GET",
             format!("/api/repos/{missing}"),
             v,
-            Value::Null,
-            404,
-            "not_found",
+            NO_BODY,
+            NOT_FOUND,
         ),
         (
             "DELETE",
             format!("/api/repos/{missing}"),
             a,
-            Value::Null,
-            404,
-            "not_found",
+            NO_BODY,
+            NOT_FOUND,
         ),
         (
             "DELETE",
             format!("/api/repos/{repo}"),
             m,
-            Value::Null,
-            403,
-            "forbidden",
+            NO_BODY,
+            FORBIDDEN,
         ),
         (
             "GET",
             format!("/api/repos/{missing}/settings"),
             v,
-            Value::Null,
-            404,
-            "not_found",
+            NO_BODY,
+            NOT_FOUND,
         ),
         (
             "PATCH",
             format!("/api/repos/{missing}/settings"),
             a,
             json!({ "autoReview": false }),
-            404,
-            "not_found",
+            NOT_FOUND,
         ),
         (
             "GET",
             "/api/issues?repoId=abc".into(),
             v,
-            Value::Null,
-            400,
-            "invalid_parameter",
+            NO_BODY,
+            BAD_PARAMETER,
         ),
         (
             "GET",
             "/api/issues?page=2".into(),
             v,
-            Value::Null,
-            400,
-            "invalid_parameter",
+            NO_BODY,
+            BAD_PARAMETER,
         ),
         (
             "GET",
             format!("/api/issues?repoId={missing}"),
             v,
-            Value::Null,
-            404,
-            "not_found",
+            NO_BODY,
+            NOT_FOUND,
         ),
-        (
-            "POST",
-            "/api/issues/sync".into(),
-            v,
-            Value::Null,
-            403,
-            "forbidden",
-        ),
+        ("POST", "/api/issues/sync".into(), v, NO_BODY, FORBIDDEN),
         (
             "POST",
             format!("/api/issues/sync?repoId={missing}"),
             m,
-            Value::Null,
-            404,
-            "not_found",
+            NO_BODY,
+            NOT_FOUND,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             v,
             assign_body(repo, 1),
-            403,
-            "forbidden",
+            FORBIDDEN,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 0, "repoId": repo, "title": "t" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": -3, "repoId": repo, "title": "t" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 1.5, "repoId": repo, "title": "t" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": "1", "repoId": repo, "title": "t" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 1, "repoId": "x", "title": "t" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 1, "repoId": repo, "title": "  " }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 1, "repoId": repo, "title": "t".repeat(501) }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 1, "repoId": repo }),
-            400,
-            "invalid_request",
+            BAD_REQUEST,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 1, "repoId": repo, "title": "t", "agentType": "gpt" }),
-            400,
-            "invalid_parameter",
+            BAD_PARAMETER,
         ),
         (
             "POST",
             "/api/issues/assign".into(),
             m,
             json!({ "issueNumber": 1, "repoId": missing, "title": "t" }),
-            404,
-            "not_found",
+            NOT_FOUND,
         ),
     ];
-    for (method, path, token, body, status, code) in cases {
+    for (method, path, token, body, (status, code)) in cases {
         let mut req = TestRequest::default()
             .method(method.parse().unwrap())
             .uri(&path)

@@ -1,9 +1,9 @@
 //! `GET /api/analytics/costs`'s parameters and the cost counter `/metrics` exposes. The
 //! report's figures are tested where the service computes them, in `agentry-service`.
 
-use crate::common::cost_data::{REPOS, pay, seed, step};
+use crate::common::cost_data::{REPOS, pay, seed, start};
 use crate::common::*;
-use agentry_domain::{TaskType, Trigger};
+use agentry_domain::TaskType;
 use agentry_persistence::test_support::TestDb;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -11,23 +11,20 @@ use uuid::Uuid;
 #[actix_web::test]
 async fn bad_parameters_are_refused_with_the_envelope() {
     let (_db, t, app) = sqlite_app().await;
-    let cases = [
-        ("days=0", "days"),
-        ("days=366", "days"),
-        ("days=abc", "days"),
-        ("days=7.5", "days"),
-        ("days=-7", "days"),
-        ("days=", "days"),
-        ("days=7&days=7", "days"),
-        ("repoUrl=not%20a%20repo", "repoUrl"),
-        ("repoUrl=", "repoUrl"),
-        (
-            "repoUrl=https://github.com/a/b&repoUrl=https://github.com/a/b",
-            "repoUrl",
-        ),
-        ("period=30", "period"),
+    let queries = [
+        "days=0",
+        "days=366",
+        "days=abc",
+        "days=7.5",
+        "days=-7",
+        "days=",
+        "days=7&days=7",
+        "repoUrl=not%20a%20repo",
+        "repoUrl=",
+        "repoUrl=https://github.com/a/b&repoUrl=https://github.com/a/b",
+        "period=30",
     ];
-    assert_bad_parameters(&app, &t.viewer, "/api/analytics/costs", &cases).await;
+    assert_bad_parameters(&app, &t.viewer, "/api/analytics/costs", &queries).await;
     assert_unauthenticated(&app, anonymous_get("/api/analytics/costs")).await;
 }
 
@@ -54,8 +51,7 @@ async fn run_cost_counter(db: TestDb) {
     let now = OffsetDateTime::now_utc();
     let mut conn = db.db.conn().unwrap();
     let coding = create(&db.db, &new_task(REPOS[0], TaskType::Coding, now)).id;
-    step(&mut conn, coding, Trigger::Claim);
-    step(&mut conn, coding, Trigger::AgentStarted);
+    start(&mut conn, coding);
     // 0.1 + 0.2 is exactly 0.3 (in floating point it would be 0.30000000000000004).
     pay(&mut conn, coding, Some("opus"), 100_000_000);
     pay(&mut conn, coding, Some("opus"), 200_000_000);

@@ -2,13 +2,14 @@
 //! every kind of bad input (with nothing written), task listing and detail, import, tokens,
 //! health, metrics and the OpenAPI document.
 
+use crate::common::cost_data::start_at;
 use crate::common::env::bare;
 use crate::common::*;
 use actix_web::test::TestRequest;
 use agentry_domain::{TaskState, TaskType, Trigger, Usd};
-use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
+use agentry_persistence::tasks::{self, Run, RunOutcome};
 use agentry_persistence::write_tx;
-use agentry_testkit::json::strings_of;
+use agentry_testkit::json::{elements_of, strings_of};
 use serde_json::{Value, json};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
@@ -110,18 +111,19 @@ async fn roles_gate_writes() {
 #[actix_web::test]
 async fn unknown_routes_and_methods_answer_the_envelope() {
     let (_db, t, app) = sqlite_app().await;
-    for (method, path) in [
-        ("GET", "/api/nope"),
-        ("GET", "/api"),
-        ("GET", "/api/tasks/1/2/3"),
-        ("DELETE", "/api/tasks"),
-        ("PUT", "/api/tasks/import"),
-        ("GET", "/nothing-here"),
+    const NOT_FOUND: (u16, &str) = (404, "not_found");
+    const NOT_ALLOWED: (u16, &str) = (405, "method_not_allowed");
+    for (method, path, (status, code)) in [
+        ("GET", "/api/nope", NOT_FOUND),
+        ("GET", "/api", NOT_FOUND),
+        ("GET", "/api/tasks/1/2/3", NOT_FOUND),
+        ("DELETE", "/api/tasks", NOT_ALLOWED),
+        ("PUT", "/api/tasks/import", NOT_ALLOWED),
+        ("GET", "/nothing-here", NOT_FOUND),
     ] {
-        let req = bare(method, path, &t.admin);
-        let (code, body) = call(&app, req).await;
-        assert!(code == 404 || code == 405, "{method} {path} -> {code}");
-        assert!(body["error"]["code"].is_string(), "{method} {path}: {body}");
+        let (answer, body) = call(&app, bare(method, path, &t.admin)).await;
+        assert_eq!(answer, status, "{method} {path}: {body}");
+        envelope(&body, code);
     }
 }
 
@@ -158,9 +160,7 @@ async fn task_list_pages_newest_first_with_filters() {
         let (code, body) = call(&app, get(&uri, &t.viewer)).await;
         assert_eq!(code, 200, "{body}");
         seen.extend(
-            body["tasks"]
-                .as_array()
-                .unwrap()
+            elements_of(&body, "tasks")
                 .iter()
                 .map(|t| t["id"].as_str().unwrap().to_owned()),
         );
@@ -232,25 +232,26 @@ async fn task_list_pages_newest_first_with_filters() {
 #[actix_web::test]
 async fn bad_list_parameters_are_refused_naming_the_parameter() {
     let (_db, t, app) = sqlite_app().await;
-    let cases = [
-        ("limit=0", "limit"),
-        ("limit=201", "limit"),
-        ("limit=500", "limit"),
-        ("limit=abc", "limit"),
-        ("limit=7.5", "limit"),
-        ("limit=-1", "limit"),
-        ("limit=", "limit"),
-        ("limit=5&limit=6", "limit"),
-        ("state=done", "state"),
-        ("state=QUEUED", "state"),
-        ("taskType=chat", "taskType"),
-        ("repoId=not-a-uuid", "repoId"),
-        ("cursor=garbage", "cursor"),
-        ("cursor=", "cursor"),
-        ("sort=asc", "sort"),
-        ("limit=10&x%00=1", "x\0"),
+    let queries = [
+        "limit=0",
+        "limit=201",
+        "limit=500",
+        "limit=abc",
+        "limit=7.5",
+        "limit=-1",
+        "limit=",
+        "limit=5&limit=6",
+        "state=done",
+        "state=QUEUED",
+        "taskType=chat",
+        "repoId=not-a-uuid",
+        "cursor=garbage",
+        "cursor=",
+        "sort=asc",
     ];
-    assert_bad_parameters(&app, &t.viewer, "/api/tasks", &cases).await;
+    assert_bad_parameters(&app, &t.viewer, "/api/tasks", &queries).await;
+    // An unknown parameter is named even after a good one.
+    assert_bad_parameter(&app, &t.viewer, "/api/tasks", "limit=10&x%00=1", "x\0").await;
 }
 
 #[actix_web::test]
@@ -395,16 +396,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
     let review = create(&db.db, &review);
     {
         let mut conn = db.db.conn().unwrap();
-        for trigger in [Trigger::Claim, Trigger::AgentStarted] {
-            tasks::transition_task(
-                &mut conn,
-                coding.id,
-                trigger,
-                &TransitionDetails::default(),
-                now,
-            )
-            .unwrap();
-        }
+        start_at(&mut conn, coding.id, now);
         write_tx::<_, agentry_persistence::DbError, _>(&mut conn, |conn| {
             tasks::record_run(
                 conn,
@@ -521,51 +513,38 @@ async fn import_writes_all_or_nothing_and_skips_known_ids() {
 #[actix_web::test]
 async fn import_refuses_bad_bodies_and_writes_nothing() {
     let (db, t, app) = sqlite_app().await;
+    // The good line with `from` replaced by `to`.
+    let altered = |from: &str, to: &str| GOOD_LINE.replace(from, to);
+    // Bad lines, each with the message it gets after its line number.
     let bad_lines = [
-        ("{\"title\":", "line 1: not valid JSON"),
-        ("[]", "line 1: not a task record"),
-        ("\"text\"", "line 1: not a task record"),
-        ("null", "line 1: not a task record"),
-        (&GOOD_LINE.replace("coding", "Coding"), "line 1: taskType:"),
+        ("{\"title\":".to_owned(), "not valid JSON"),
+        ("[]".to_owned(), "not a task record"),
+        ("\"text\"".to_owned(), "not a task record"),
+        ("null".to_owned(), "not a task record"),
+        (altered("coding", "Coding"), "taskType:"),
         (
-            &GOOD_LINE.replace("git@github.com:Acme/Widgets.git", "not a url"),
-            "line 1: repoUrl:",
+            altered("git@github.com:Acme/Widgets.git", "not a url"),
+            "repoUrl:",
         ),
+        // 1000 is the line's input tokens.
+        (altered("1000", "1.5"), "inputTokens:"),
+        (altered("1000", "\"1000\""), "inputTokens:"),
         (
-            &GOOD_LINE.replace("\"inputTokens\":1000", "\"inputTokens\":1.5"),
-            "line 1: inputTokens:",
+            altered("\"inputTokens\":1000,", ""),
+            "not a task record: missing field `inputTokens`",
         ),
-        (
-            &GOOD_LINE.replace("\"inputTokens\":1000", "\"inputTokens\":\"1000\""),
-            "line 1: inputTokens:",
-        ),
-        (
-            &GOOD_LINE.replace("\"inputTokens\":1000,", ""),
-            "line 1: not a task record: missing field `inputTokens`",
-        ),
-        (
-            &GOOD_LINE.replace("0.123456", "0.1234567891"),
-            "line 1: costUsd:",
-        ),
-        (&GOOD_LINE.replace("0.123456", "1e-3"), "line 1: costUsd:"),
-        (
-            &GOOD_LINE.replace("2026-10-01T12:00:00Z", "2026-10-01"),
-            "line 1: createdAt:",
-        ),
-        (
-            &GOOD_LINE.replacen('{', r#"{"id":"nope","#, 1),
-            "line 1: id:",
-        ),
-        (
-            &GOOD_LINE.replacen('{', r#"{"extra":1,"#, 1),
-            "line 1: extra:",
-        ),
+        (altered("0.123456", "0.1234567891"), "costUsd:"),
+        (altered("0.123456", "1e-3"), "costUsd:"),
+        (altered("2026-10-01T12:00:00Z", "2026-10-01"), "createdAt:"),
+        (altered("{", r#"{"id":"nope","#), "id:"),
+        (altered("{", r#"{"extra":1,"#), "extra:"),
     ];
     for (line, expected) in bad_lines {
         let (code, reply) = call(&app, import_req(&t.admin, format!("{line}\n{GOOD_LINE}"))).await;
         assert_eq!(code, 400, "{line}");
         let message = envelope(&reply, "invalid_request");
-        assert!(message.starts_with(expected), "{line}: {message}");
+        let expected = format!("line 1: {expected}");
+        assert!(message.starts_with(&expected), "{line}: {message}");
     }
     let invalid_utf8 = TestRequest::post()
         .uri("/api/tasks/import")

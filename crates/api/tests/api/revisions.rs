@@ -17,7 +17,7 @@ use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::revisions::{self, RevisionSettings};
 use agentry_testkit::git::git;
-use agentry_testkit::json::strings_of;
+use agentry_testkit::json::{elements_of, strings_of};
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 
@@ -265,9 +265,7 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
         t["reviews"].as_array().is_some_and(|r| r.len() == 2)
     })
     .await;
-    let second_review = again["reviews"]
-        .as_array()
-        .unwrap()
+    let second_review = elements_of(&again, "reviews")
         .iter()
         .find(|r| r["id"] != first_review.as_str())
         .unwrap()["id"]

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::env::{Env, bare, json_req};
 use crate::common::{
-    PATIENCE, TestApp, call, client, code_host_with, get, on_both_backends, test_timing,
-    transitions,
+    PATIENCE, PULLS, REVIEWS, TestApp, call, client, code_host_with, get, on_both_backends,
+    test_timing, transitions,
 };
 use actix_web::web;
 use agentry_api::state::AppState;
@@ -19,7 +19,7 @@ use agentry_fake_github::Fault;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::runs::{RunSettings, Runs};
 use agentry_testkit::git::{git, source_repo};
-use agentry_testkit::json::strings_of;
+use agentry_testkit::json::{elements_of, strings_of};
 use agentry_testkit::process::processes_with_env;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
@@ -151,7 +151,15 @@ fn error_of(task: &Value) -> &str {
     task["errorMessage"].as_str().unwrap()
 }
 
+/// The application over the rig's state with its repository connected (its id in
+/// `rig.repo_id`) and the runner loop started; `app!(rig, settings)` then patches the
+/// repository's settings with the JSON `settings`.
 macro_rules! app {
+    ($rig:expr, $settings:expr) => {{
+        let app = app!($rig);
+        crate::runs::patch_settings(&app, &$rig, $settings).await;
+        app
+    }};
     ($rig:expr) => {{
         let app = crate::common::service_with($rig.state.clone()).await;
         let (status, repo) = crate::common::client(&app, &$rig.env.t.admin)
@@ -266,9 +274,7 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     let (status, report) = client(&app, &t).report("days=30").await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["summary"]["totalCost"], "0.2469");
-    let top: Vec<(&str, &str)> = report["topTasks"]
-        .as_array()
-        .unwrap()
+    let top: Vec<(&str, &str)> = elements_of(&report, "topTasks")
         .iter()
         .map(|t| (t["id"].as_str().unwrap(), t["costUsd"].as_str().unwrap()))
         .collect();
@@ -374,6 +380,19 @@ async fn manual_task_until<S: TestApp>(
     (id, task)
 }
 
+/// [`manual_task_until`] `pr_opened`: the task's detail and its pull request, the one on the
+/// fake (asserting the task shows its number).
+async fn manual_task_to_its_pull<S: TestApp>(
+    app: &S,
+    rig: &Rig,
+    prompt: &str,
+) -> (Value, agentry_fake_github::PullState) {
+    let (_, task) = manual_task_until(app, rig, prompt, "pr_opened").await;
+    let pull = the_one_pull(rig);
+    assert_eq!(task["prNumber"], pull.number);
+    (task, pull)
+}
+
 /// A failing agent: the task fails with the agent's message and the run's cost is still
 /// recorded; a retry runs again and the costs add.
 #[actix_web::test]
@@ -462,7 +481,7 @@ async fn cancel_while_running_kills_the_process_group() {
 }
 
 /// Changes the repository's settings through the API.
-async fn patch_settings<S: TestApp>(app: &S, rig: &Rig, patch: Value) {
+pub(crate) async fn patch_settings<S: TestApp>(app: &S, rig: &Rig, patch: Value) {
     let path = format!("/api/repos/{}/settings", rig.repo_id);
     let (status, body) = call(app, json_req("PATCH", &path, &rig.env.t.admin, &patch)).await;
     assert_eq!(status, 200, "{body}");
@@ -503,13 +522,10 @@ fn files_below(dir: &Path) -> Vec<PathBuf> {
 #[actix_web::test]
 async fn settings_reach_the_agent_and_secrets_do_not() {
     let mut rig = Rig::new(TestDb::sqlite());
-    let app = app!(rig);
-    patch_settings(
-        &app,
-        &rig,
-        json!({"codingModel": "opus", "maxTurnsCoding": 7, "maxCostPerTaskUsd": "0.2"}),
-    )
-    .await;
+    let app = app!(
+        rig,
+        json!({"codingModel": "opus", "maxTurnsCoding": 7, "maxCostPerTaskUsd": "0.2"})
+    );
     let t = rig.env.t.member.clone();
     let id = manual_task(&app, &rig, "Try [fake:fail]").await;
     wait_for_state(&app, &t, &id, "failed").await;
@@ -613,13 +629,10 @@ async fn settings_reach_the_agent_and_secrets_do_not() {
 #[actix_web::test]
 async fn codex_runs_are_priced_from_the_price_table() {
     let mut rig = Rig::new(TestDb::sqlite());
-    let app = app!(rig);
-    patch_settings(
-        &app,
-        &rig,
-        json!({"agentType": "codex", "codingModel": "gpt-5-codex", "autoReview": false}),
-    )
-    .await;
+    let app = app!(
+        rig,
+        json!({"agentType": "codex", "codingModel": "gpt-5-codex", "autoReview": false})
+    );
     let (id, task) = manual_task_until(&app, &rig, "Add a test", "pr_opened").await;
     assert_eq!(task["agentType"], "codex");
     assert_eq!(
@@ -743,8 +756,7 @@ async fn runs_are_limited_to_the_concurrency_setting() {
     let mut rig = Rig::new(TestDb::sqlite());
     let max_concurrent = rig.state.service.run_settings().max_concurrent;
     assert_eq!(max_concurrent, 2);
-    let app = app!(rig);
-    patch_settings(&app, &rig, json!({"autoReview": false})).await;
+    let app = app!(rig, json!({"autoReview": false}));
     let t = rig.env.t.member.clone();
     let mut ids = Vec::new();
     for _ in 0..4 {
@@ -797,9 +809,7 @@ async fn runs_are_limited_to_the_concurrency_setting() {
     let mut claimed = Vec::new();
     for id in &ids {
         let (_, task) = client(&app, &t).task(id).await;
-        let at = task["events"]
-            .as_array()
-            .unwrap()
+        let at = elements_of(&task, "events")
             .iter()
             .find(|e| e["from"] == "queued" && e["to"] == "provisioning")
             .and_then(|e| e["at"].as_str())
@@ -823,20 +833,15 @@ async fn runs_are_limited_to_the_concurrency_setting() {
 /// with one pull request and one review.
 #[actix_web::test]
 async fn uncertain_publishing_failures_are_retried_not_fatal() {
-    const PULLS: &str = "/repos/{o}/{r}/pulls";
-    const REVIEWS: &str = "/repos/{o}/{r}/pulls/{n}/reviews";
     let mut rig = Rig::new(TestDb::sqlite());
-    let app = app!(rig);
-    patch_settings(&app, &rig, json!({"autoReview": true})).await;
+    let app = app!(rig, json!({"autoReview": true}));
     let t = rig.env.t.member.clone();
     let fake = &rig.env.fake;
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(500));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::Status(502));
     fake.fail_next(Some(("POST", REVIEWS)), 1, Fault::AnswerLost(502));
-    let (_, task) = manual_task_until(&app, &rig, "Flaky code host", "pr_opened").await;
-    let pull = the_one_pull(&rig);
-    assert_eq!(task["prNumber"], pull.number);
+    let (task, pull) = manual_task_to_its_pull(&app, &rig, "Flaky code host").await;
     assert_eq!(
         fake.count("POST", PULLS),
         2,
@@ -866,17 +871,13 @@ async fn uncertain_publishing_failures_are_retried_not_fatal() {
 /// task with git's message and opens nothing.
 #[actix_web::test]
 async fn publishing_survives_lost_answers_and_reports_refusals() {
-    const PULLS: &str = "/repos/{o}/{r}/pulls";
     let mut rig = Rig::new(TestDb::sqlite());
-    let app = app!(rig);
-    patch_settings(&app, &rig, json!({"autoReview": false})).await;
+    let app = app!(rig, json!({"autoReview": false}));
     let t = rig.env.t.member.clone();
     let fake = &rig.env.fake;
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::AnswerLost(502));
-    let (_, task) = manual_task_until(&app, &rig, "Answer lost", "pr_opened").await;
-    let pull = the_one_pull(&rig);
-    assert_eq!(task["prNumber"], pull.number);
+    manual_task_to_its_pull(&app, &rig, "Answer lost").await;
     assert_eq!(fake.count("POST", PULLS), 1, "the creation was sent again");
 
     fake.fail_next(Some(("POST", PULLS)), 1, Fault::Status(422));
@@ -1001,13 +1002,7 @@ async fn bad_task_requests_are_refused() {
 /// the fourth stays queued and blocked; raising the budget to $2 starts it.
 async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
     let mut rig = Rig::new(db);
-    let app = app!(rig);
-    patch_settings(
-        &app,
-        &rig,
-        json!({"autoReview": false, "monthlyBudgetUsd": "1"}),
-    )
-    .await;
+    let app = app!(rig, json!({"autoReview": false, "monthlyBudgetUsd": "1"}));
     let t = rig.env.t.member.clone();
     let mut ids = Vec::new();
     for i in 0..4 {
@@ -1077,18 +1072,15 @@ on_both_backends!(a_monthly_budget_stops_spending_at_its_line);
 /// of the last call ($0.0148125).
 async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
     let mut rig = Rig::new(db);
-    let app = app!(rig);
-    patch_settings(
-        &app,
-        &rig,
+    let app = app!(
+        rig,
         json!({
             "agentType": "codex",
             "codingModel": "gpt-5-codex",
             "autoReview": false,
             "monthlyBudgetUsd": "0.02",
-        }),
-    )
-    .await;
+        })
+    );
     let t = rig.env.t.member.clone();
     let started = Instant::now();
     let id = manual_task(

@@ -19,7 +19,6 @@ use agentry_testkit::wait::eventually_async;
 use serde_json::json;
 
 const SECRET: &str = "whsec-test-shared-secret";
-const PULLS: &str = "/repos/{o}/{r}/pulls";
 
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!(

@@ -34,8 +34,7 @@ fn list_reads(fake: &FakeGitHub) -> Vec<agentry_fake_github::RequestRecord> {
 
 #[tokio::test]
 async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
-    let env = HostEnv::new(TestDb::sqlite());
-    let repo = env.store_token_and_connect();
+    let (env, repo) = HostEnv::connected(TestDb::sqlite());
     let number = env.fake.add_issue("acme", "web", "Flaky", None, &[]);
     let (_, created) = env
         .service
@@ -92,8 +91,7 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
 #[tokio::test]
 async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment() {
     for db in TestDb::all() {
-        let env = HostEnv::new(db);
-        let repo_id = env.store_token_and_connect();
+        let (env, repo_id) = HostEnv::connected(db);
         let number = env.fake.add_issue("acme", "web", "Crash me", None, &[]);
         let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
         let (task, created) = codehost::assign(
@@ -227,8 +225,7 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
 
 #[tokio::test]
 async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {
-    let env = HostEnv::new(TestDb::sqlite());
-    let repo = env.store_token_and_connect();
+    let (env, repo) = HostEnv::connected(TestDb::sqlite());
     let service = env.restarted_with(codehost::Timing {
         // Long enough that the incremental sync below comes before it even on a loaded
         // machine; the test waits for it by polling.

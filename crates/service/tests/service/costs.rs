@@ -12,11 +12,12 @@ use agentry_persistence::test_support::TestDb;
 use agentry_persistence::{AnyConnection, Db, DbError, rollups, write_tx};
 use agentry_service::Service;
 use agentry_testkit::SplitMix64;
+use agentry_testkit::json::{COST_REPORT_LISTS, elements_of};
 use serde_json::{Value, json};
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
 
-use crate::cost_data::{MODELS, REPOS, pay, seed, step};
+use crate::cost_data::{MODELS, REPOS, pay, seed, start, step};
 use crate::rig::{create, new_task, service_of};
 
 /// The cost report of the last `days` days (of repository `repo`) as JSON, as the API
@@ -42,8 +43,7 @@ fn seed_outcomes(db: &Db, seed: u64) {
         new.title = format!("unit {i}");
         let coding = create(db, &new).id;
         let model = MODELS[rng.below(5) as usize];
-        step(&mut conn, coding, Trigger::Claim);
-        step(&mut conn, coding, Trigger::AgentStarted);
+        start(&mut conn, coding);
         pay(
             &mut conn,
             coding,
@@ -61,16 +61,14 @@ fn seed_outcomes(db: &Db, seed: u64) {
                 continue;
             }
             step(&mut conn, coding, Trigger::Retry);
-            step(&mut conn, coding, Trigger::Claim);
-            step(&mut conn, coding, Trigger::AgentStarted);
+            start(&mut conn, coding);
             pay(&mut conn, coding, model, rng.below(2_000_000_000) as i64);
         }
         step(&mut conn, coding, Trigger::PullRequestOpened);
         // Revision rounds: review feedback sends the task back; each round's run costs.
         for _ in 0..rng.below(3) {
             step(&mut conn, coding, Trigger::RevisionRequested);
-            step(&mut conn, coding, Trigger::Claim);
-            step(&mut conn, coding, Trigger::AgentStarted);
+            start(&mut conn, coding);
             pay(&mut conn, coding, model, rng.below(1_000_000_000) as i64);
             step(&mut conn, coding, Trigger::PullRequestOpened);
         }
@@ -83,8 +81,7 @@ fn seed_outcomes(db: &Db, seed: u64) {
             );
             review.parent_task_id = Some(coding);
             let review = create(db, &review).id;
-            step(&mut conn, review, Trigger::Claim);
-            step(&mut conn, review, Trigger::AgentStarted);
+            start(&mut conn, review);
             pay(
                 &mut conn,
                 review,
@@ -123,8 +120,7 @@ fn seed_outcomes(db: &Db, seed: u64) {
     for repo in REPOS {
         // Reviews without a parent: units by themselves.
         let review = create(db, &new_task(repo, TaskType::Review, now)).id;
-        step(&mut conn, review, Trigger::Claim);
-        step(&mut conn, review, Trigger::AgentStarted);
+        start(&mut conn, review);
         pay(&mut conn, review, Some("haiku"), 123_456_789);
         step(&mut conn, review, Trigger::Fail);
     }
@@ -250,9 +246,7 @@ async fn equivalence(db: TestDb) {
         "{outcomes}"
     );
     assert!(
-        body["costByModel"]
-            .as_array()
-            .unwrap()
+        elements_of(&body, "costByModel")
             .iter()
             .any(|m| m["model"] == "unknown")
     );
@@ -279,14 +273,7 @@ async fn a_filter_that_matches_nothing_gives_zeros_and_thirty_zero_days() {
     );
     let today = OffsetDateTime::now_utc().date();
     assert_eq!(daily[29]["date"], today.to_string());
-    for member in [
-        "costByRepo",
-        "costByType",
-        "costByModel",
-        "anomalies",
-        "modelSuggestions",
-        "topTasks",
-    ] {
+    for member in COST_REPORT_LISTS {
         assert_eq!(body[member], json!([]), "{member}");
     }
     // And the default (all repositories) is not empty on the same data.
@@ -397,16 +384,14 @@ async fn revision_outcomes(db: TestDb) {
     let mut conn = db.db.conn().unwrap();
     let opened = |conn: &mut AnyConnection, repo: &str, nanos: i64| {
         let id = create(&db.db, &new_task(repo, TaskType::Coding, now)).id;
-        step(conn, id, Trigger::Claim);
-        step(conn, id, Trigger::AgentStarted);
+        start(conn, id);
         pay(conn, id, Some("opus"), nanos);
         step(conn, id, Trigger::PullRequestOpened);
         id
     };
     let revise = |conn: &mut AnyConnection, id: Uuid, nanos: i64| {
         step(conn, id, Trigger::RevisionRequested);
-        step(conn, id, Trigger::Claim);
-        step(conn, id, Trigger::AgentStarted);
+        start(conn, id);
         pay(conn, id, Some("opus"), nanos);
     };
     // Two rounds (0.25 and 0.125), merged while the second runs: 1.375 in all.
@@ -448,9 +433,7 @@ async fn revision_outcomes(db: TestDb) {
     // 2 rounds over 2 merged pull requests (the closed one's round is not counted).
     assert_eq!(o["avgRevisionsPerMergedPullRequest"], json!(1.0), "{o}");
     let repo = |url: &str| {
-        o["byRepo"]
-            .as_array()
-            .unwrap()
+        elements_of(o, "byRepo")
             .iter()
             .find(|g| g["repoUrl"] == url)
             .unwrap_or_else(|| panic!("{o}"))

@@ -16,6 +16,7 @@ use agentry_persistence::test_support::TestDb;
 use agentry_runner::AgentSpec;
 use agentry_runner::network::{RunInfo, RunMeter};
 use agentry_service::gateway::{Gateway, GatewayConfig, RunGate};
+use agentry_testkit::http;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::{Notify, mpsc};
@@ -88,7 +89,7 @@ async fn upstream(script: Script) -> Upstream {
                     let Some(head) = read_head(&mut stream).await else {
                         return;
                     };
-                    let length = agentry_testkit::http::content_length(&head);
+                    let length = http::content_length(&head);
                     let mut body = vec![0; length];
                     stream.read_exact(&mut body).await.unwrap();
                     record.lock().unwrap().push(Seen { head, body });
@@ -302,14 +303,14 @@ async fn send(
     body: &[u8],
 ) -> (BufReader<UnixStream>, u16, String) {
     let mut stream = UnixStream::connect(socket).await.unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:4810\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
+    let length = body.len().to_string();
+    let mut all = vec![
+        ("host", "127.0.0.1:4810"),
+        ("connection", "close"),
+        ("content-length", length.as_str()),
+    ];
+    all.extend_from_slice(headers);
+    let head = http::head(&format!("{method} {path} HTTP/1.1"), &all);
     stream.write_all(head.as_bytes()).await.unwrap();
     // The gateway may answer (and stop reading) before a refused body is all sent.
     let _ = stream.write_all(body).await;

@@ -32,6 +32,14 @@ impl Env {
         let state = state_of(host.service.clone());
         Env { host, t, state }
     }
+
+    /// [`Env::new`] with the token stored and `acme/web` connected: the environment and the
+    /// repository's id.
+    pub fn connected(db: TestDb) -> (Env, uuid::Uuid) {
+        let env = Env::new(db);
+        let repo = env.store_token_and_connect();
+        (env, repo)
+    }
 }
 
 impl Deref for Env {

@@ -8,6 +8,12 @@ pub mod env;
 #[path = "../../../../testkit/rigs/service.rs"]
 pub mod rig;
 
+/// The fake GitHub's route of a repository's pull requests, as its fault injection and
+/// request counts name it.
+pub const PULLS: &str = "/repos/{o}/{r}/pulls";
+/// The fake GitHub's route of a pull request's reviews.
+pub const REVIEWS: &str = "/repos/{o}/{r}/pulls/{n}/reviews";
+
 pub use rig::{PATIENCE, code_host_with, connect_url, create, new_task, service_from, test_timing};
 
 use actix_http::Request;
@@ -22,6 +28,7 @@ use agentry_persistence::Db;
 use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::test_support::TestDb;
 use agentry_service::codehost::CodeHost;
+use agentry_testkit::json::elements_of;
 use serde_json::Value;
 
 /// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
@@ -205,21 +212,28 @@ pub fn envelope(body: &Value, code: &str) -> String {
 }
 
 /// Asserts that `GET path?query` (with `token`) answers 400 `invalid_parameter` naming
-/// `field` first, for each (query, field) of `cases`.
-pub async fn assert_bad_parameters<S: TestApp>(
+/// `field` first.
+pub async fn assert_bad_parameter<S: TestApp>(
     app: &S,
     token: &str,
     path: &str,
-    cases: &[(&str, &str)],
+    query: &str,
+    field: &str,
 ) {
-    for (query, field) in cases {
-        let (code, body) = call(app, get(&format!("{path}?{query}"), token)).await;
-        assert_eq!(code, 400, "{query}");
-        let message = envelope(&body, "invalid_parameter");
-        assert!(
-            message.starts_with(&format!("{field}:")),
-            "{query}: {message}"
-        );
+    let (code, body) = call(app, get(&format!("{path}?{query}"), token)).await;
+    assert_eq!(code, 400, "{query}");
+    let message = envelope(&body, "invalid_parameter");
+    assert!(
+        message.starts_with(&format!("{field}:")),
+        "{query}: {message}"
+    );
+}
+
+/// [`assert_bad_parameter`] for each of `queries`, naming the query's first parameter.
+pub async fn assert_bad_parameters<S: TestApp>(app: &S, token: &str, path: &str, queries: &[&str]) {
+    for query in queries {
+        let field = query.split(['=', '&']).next().unwrap_or_default();
+        assert_bad_parameter(app, token, path, query, field).await;
     }
 }
 
@@ -318,9 +332,7 @@ pub fn get(path: &str, token: &str) -> Request {
 
 /// A task detail's events as (from, to) states, in order.
 pub fn transitions(task: &Value) -> Vec<(Value, Value)> {
-    task["events"]
-        .as_array()
-        .unwrap()
+    elements_of(task, "events")
         .iter()
         .map(|e| (e["from"].clone(), e["to"].clone()))
         .collect()
