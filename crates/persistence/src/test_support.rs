@@ -255,20 +255,6 @@ pub fn cumulative_rows(conn: &mut crate::AnyConnection) -> Vec<CumulativeRow> {
         .collect()
 }
 
-/// The `INSERT` statements of a migration's SQL (its backfill), each without its comment
-/// lines: for tests and benchmarks that fill a table the way the migration did.
-pub fn inserts_of(sql: &str) -> impl Iterator<Item = String> + '_ {
-    sql.split(';')
-        .map(|statement| {
-            statement
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("--"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .filter(|code| code.trim_start().starts_with("INSERT"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::database_url;

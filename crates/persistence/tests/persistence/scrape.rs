@@ -52,7 +52,7 @@ fn figures(conn: &mut AnyConnection, repos: &[Uuid], now: OffsetDateTime) -> Fig
 /// Runs the `INSERT` statements of the migration that created the rollups (its backfill).
 fn backfill(conn: &mut AnyConnection) {
     let sql = include_str!("../../../../migrations/2026-11-26-000003_metrics_rollups/up.sql");
-    for statement in agentry_persistence::test_support::inserts_of(sql) {
+    for statement in agentry_testkit::sql::statements_starting_with(sql, "INSERT") {
         diesel::sql_query(statement).execute(conn).unwrap();
     }
 }
