@@ -22,6 +22,8 @@
 //!   JSON merge-patch style updates.
 //! - [`egress`]: [`EgressPattern`] and [`EgressAllow`], the hosts a sandboxed agent may
 //!   reach through the egress proxy.
+//! - [`tokens`]: [`Tokens`], the input, cache-read, cache-write and output token counts
+//!   of a run or a model call.
 //! - [`error`]: [`FieldError`], a validation error naming the offending JSON
 //!   member.
 //!
@@ -78,6 +80,7 @@ pub mod repo_url;
 pub mod role;
 pub mod settings;
 pub mod task;
+pub mod tokens;
 
 pub use egress::{EgressAllow, EgressMatch, EgressPattern, EgressPatternError};
 pub use error::FieldError;
@@ -90,3 +93,4 @@ pub use task::{
     AgentType, BudgetScope, MAX_ATTEMPTS, Revision, Task, TaskState, TaskType, Transition,
     TransitionError, Trigger, UnknownValue, transition, transition_in,
 };
+pub use tokens::Tokens;

@@ -6,7 +6,7 @@
 //! (the process that ran it, or the replica that recovered its task after a crash) reads the
 //! same rows, so no call is lost or counted twice.
 
-use agentry_domain::Usd;
+use agentry_domain::{Tokens, Usd};
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
@@ -38,14 +38,8 @@ pub struct ModelCall {
     /// `upstream_error` (the provider answered an error), `interrupted` (the stream broke
     /// off, or the agent hung up before it ended).
     pub outcome: String,
-    /// Uncached input tokens.
-    pub input_tokens: i64,
-    /// Input tokens read from the prompt cache.
-    pub cache_read_tokens: i64,
-    /// Input tokens written to the prompt cache.
-    pub cache_write_tokens: i64,
-    /// Output tokens (reasoning included).
-    pub output_tokens: i64,
+    /// Its tokens (all input, its cache reads and writes, output with reasoning).
+    pub tokens: Tokens,
     /// The part of the output spent on reasoning, where the provider says.
     pub reasoning_tokens: i64,
     /// Its priced cost; `None` when the model has no price.
@@ -87,10 +81,12 @@ impl TryFrom<CallRow> for ModelCall {
             model: r.model,
             status: r.status,
             outcome: r.outcome,
-            input_tokens: r.input_tokens,
-            cache_read_tokens: r.cache_read_tokens,
-            cache_write_tokens: r.cache_write_tokens,
-            output_tokens: r.output_tokens,
+            tokens: Tokens::from_uncached(
+                r.input_tokens,
+                r.cache_read_tokens,
+                r.cache_write_tokens,
+                r.output_tokens,
+            ),
             reasoning_tokens: r.reasoning_tokens,
             cost_usd: convert::usd(r.cost_nanos)?,
             started_at: from_db(r.started_at),
@@ -110,10 +106,10 @@ pub fn record_call(conn: &mut AnyConnection, call: &ModelCall) -> Result<(), DbE
             model: call.model.clone(),
             status: call.status,
             outcome: call.outcome.clone(),
-            input_tokens: call.input_tokens.max(0),
-            cache_read_tokens: call.cache_read_tokens.max(0),
-            cache_write_tokens: call.cache_write_tokens.max(0),
-            output_tokens: call.output_tokens.max(0),
+            input_tokens: call.tokens.uncached().max(0),
+            cache_read_tokens: call.tokens.cache_read.max(0),
+            cache_write_tokens: call.tokens.cache_write.max(0),
+            output_tokens: call.tokens.output.max(0),
             reasoning_tokens: call.reasoning_tokens.max(0),
             cost_nanos: call.cost_usd.map(Usd::to_nanos),
             started_at: to_db(call.started_at),
@@ -156,14 +152,8 @@ pub struct RunTotals {
     pub cost_usd: Option<Usd>,
     /// The models of calls that used tokens but have no price.
     pub unpriced: Vec<String>,
-    /// Uncached input tokens.
-    pub input_tokens: i64,
-    /// Input tokens read from the prompt cache.
-    pub cache_read_tokens: i64,
-    /// Input tokens written to the prompt cache.
-    pub cache_write_tokens: i64,
-    /// Output tokens.
-    pub output_tokens: i64,
+    /// Their summed tokens.
+    pub tokens: Tokens,
 }
 
 /// The totals of the metered calls of one run (summed here, exactly, over the rows).
@@ -180,19 +170,11 @@ pub fn run_totals(
     let overflow = || DbError::Conflict("metered total overflow".into());
     for call in calls {
         totals.calls += 1;
-        for (total, tokens) in [
-            (&mut totals.input_tokens, call.input_tokens),
-            (&mut totals.cache_read_tokens, call.cache_read_tokens),
-            (&mut totals.cache_write_tokens, call.cache_write_tokens),
-            (&mut totals.output_tokens, call.output_tokens),
-        ] {
-            *total = total.checked_add(tokens).ok_or_else(overflow)?;
-        }
-        let used = call.input_tokens
-            + call.cache_read_tokens
-            + call.cache_write_tokens
-            + call.output_tokens
-            > 0;
+        totals.tokens = totals
+            .tokens
+            .checked_add(call.tokens)
+            .ok_or_else(overflow)?;
+        let used = call.tokens.input + call.tokens.output > 0;
         match call.cost_usd {
             Some(cost) => {
                 totals.cost_usd = match totals.cost_usd {

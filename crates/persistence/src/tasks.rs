@@ -3,8 +3,8 @@
 //! its own).
 
 use agentry_domain::{
-    AgentType, PullRequestRef, RepoUrl, Task, TaskState, TaskType, Transition, Trigger, Usd,
-    transition_in,
+    AgentType, PullRequestRef, RepoUrl, Task, TaskState, TaskType, Tokens, Transition, Trigger,
+    Usd, transition_in,
 };
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
@@ -601,14 +601,9 @@ pub struct Run {
     pub model: Option<String>,
     /// Its cost; `None` when the agent reported none (e.g. an unpriced model).
     pub cost_usd: Option<Usd>,
-    /// Uncached input tokens.
-    pub input_tokens: i64,
-    /// Input tokens read from the prompt cache.
-    pub cache_read_tokens: i64,
-    /// Input tokens written to the prompt cache.
-    pub cache_write_tokens: i64,
-    /// Output tokens.
-    pub output_tokens: i64,
+    /// Its tokens (all input, its cache reads and writes, output); the ledger's columns
+    /// keep the uncached input apart.
+    pub tokens: Tokens,
     /// Agent turns, when reported.
     pub turns: Option<i32>,
     /// How it ended.
@@ -653,10 +648,7 @@ impl Run {
             started_at,
             model: None,
             cost_usd: None,
-            input_tokens: 0,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
-            output_tokens: 0,
+            tokens: Tokens::default(),
             turns: None,
             exit_code: None,
             error_message: None,
@@ -705,10 +697,12 @@ impl TryFrom<RunRow> for Run {
             agent_type: convert::parse("agent type", &r.agent_type)?,
             model: r.model,
             cost_usd: convert::usd(r.cost_nanos)?,
-            input_tokens: r.input_tokens,
-            cache_read_tokens: r.cache_read_tokens,
-            cache_write_tokens: r.cache_write_tokens,
-            output_tokens: r.output_tokens,
+            tokens: Tokens::from_uncached(
+                r.input_tokens,
+                r.cache_read_tokens,
+                r.cache_write_tokens,
+                r.output_tokens,
+            ),
             turns: r.turns,
             outcome: convert::parse("run outcome", &r.outcome)?,
             exit_code: r.exit_code,
@@ -739,13 +733,14 @@ pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
 
 fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
     let overflow = || DbError::Conflict("token count overflow".into());
-    let cache_read = non_negative("cache read tokens", run.cache_read_tokens)?;
-    let cache_write = non_negative("cache write tokens", run.cache_write_tokens)?;
-    let input = non_negative("input tokens", run.input_tokens)?
+    let cache_read = non_negative("cache read tokens", run.tokens.cache_read)?;
+    let cache_write = non_negative("cache write tokens", run.tokens.cache_write)?;
+    let uncached = non_negative("input tokens", run.tokens.uncached())?;
+    let input = uncached
         .checked_add(cache_read)
         .and_then(|n| n.checked_add(cache_write))
         .ok_or_else(overflow)?;
-    let output = non_negative("output tokens", run.output_tokens)?;
+    let output = non_negative("output tokens", run.tokens.output)?;
     // Lock the task's row before reading its totals: on PostgreSQL (READ COMMITTED) two runs
     // recorded at once would otherwise both add to the same old total and one would be lost.
     crate::revisions::lock_task(conn, run.task_id)?;
@@ -773,10 +768,10 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             agent_type: run.agent_type.as_str().to_owned(),
             model: run.model.clone(),
             cost_nanos: run.cost_usd.map(Usd::to_nanos),
-            input_tokens: run.input_tokens,
-            cache_read_tokens: run.cache_read_tokens,
-            cache_write_tokens: run.cache_write_tokens,
-            output_tokens: run.output_tokens,
+            input_tokens: uncached,
+            cache_read_tokens: cache_read,
+            cache_write_tokens: cache_write,
+            output_tokens: output,
             turns: run.turns,
             outcome: run.outcome.as_str().to_owned(),
             exit_code: run.exit_code,

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::agent::{List, LooseStr, Message, OutputParser, StrOr, fields, read_object};
-use crate::{AgentOutcome, RunReport, Warnings, excerpt, token_count};
+use crate::{AgentOutcome, RunReport, Tokens, Warnings, excerpt, token_count};
 
 /// The fields of the final `result` event that agentry reads. Money fields stay raw JSON
 /// text so they are parsed exactly by [`Usd::from_json_number`]; so do the counts, read at
@@ -221,14 +221,9 @@ impl ClaudeReader {
                 usage.cache_creation_input_tokens.as_ref(),
             );
             let output = count("outputTokens", usage.output_tokens.as_ref());
-            report.input_tokens = report
-                .input_tokens
-                .saturating_add(input)
-                .saturating_add(read)
-                .saturating_add(write);
-            report.cache_read_tokens = report.cache_read_tokens.saturating_add(read);
-            report.cache_write_tokens = report.cache_write_tokens.saturating_add(write);
-            report.output_tokens = report.output_tokens.saturating_add(output);
+            report.tokens = report
+                .tokens
+                .saturating_add(Tokens::from_uncached(input, read, write, output));
 
             if let Some(raw) = &usage.cost_usd {
                 match Usd::from_json_number(raw.get()) {

@@ -15,7 +15,7 @@ use crate::agent::{Count, LooseStr, Message, OutputParser, fields, read_object};
 use std::path::Path;
 
 use crate::codex_session::SessionMeter;
-use crate::prices::{ModelPrice, PriceTable};
+use crate::prices::{ModelPrice, PriceTable, Tokens};
 use crate::{AgentOutcome, RunReport, Warnings, excerpt};
 
 /// Parses the whole stdout of a Codex run launched with `model`, pricing it with `prices`.
@@ -198,11 +198,13 @@ impl CodexReader {
                 let output = count("output_tokens", usage.output_tokens);
                 // Newer Codex reports cache writes (part of the input); older has none.
                 let written = usage.cache_write_input_tokens.0.unwrap_or(0);
-                report.input_tokens = report.input_tokens.saturating_add(input);
-                report.cache_read_tokens = report.cache_read_tokens.saturating_add(cached);
-                report.cache_write_tokens = report.cache_write_tokens.saturating_add(written);
-                report.output_tokens = report.output_tokens.saturating_add(output);
-                self.running_cost = self.price.and_then(|price| price.cost(report.tokens()));
+                report.tokens = report.tokens.saturating_add(Tokens {
+                    input,
+                    cache_read: cached,
+                    cache_write: written,
+                    output,
+                });
+                self.running_cost = self.price.and_then(|price| price.cost(report.tokens));
             }
             Some("turn.failed") => {
                 let message = event.error.and_then(|e| e.0.0);
@@ -291,13 +293,13 @@ impl CodexReader {
                     None
                 }
                 Some(price) => {
-                    if report.cache_read_tokens > report.input_tokens {
+                    if report.tokens.cache_read > report.tokens.input {
                         warnings.push(
                             "more cached input tokens than input tokens; cached counted as input"
                                 .into(),
                         );
                     }
-                    let cost = price.cost(report.tokens());
+                    let cost = price.cost(report.tokens);
                     if cost.is_none() {
                         warnings.push("the token counts are too large to price".into());
                     }
@@ -309,20 +311,17 @@ impl CodexReader {
             // The calls Codex recorded one by one: the whole run's usage, also when it was
             // stopped before its final event.
             let metered = session.tokens();
-            if turns > 0 && metered != report.tokens() {
+            if turns > 0 && metered != report.tokens {
                 warnings.push(format!(
                     "Codex's final usage ({:?}) differs from the {} calls of its session \
                      records ({metered:?}); the session records are used",
-                    report.tokens(),
+                    report.tokens,
                     session.calls()
                 ));
             }
             // Turns count model calls, as Claude Code's `num_turns` does.
             report.turns = Some(i32::try_from(session.calls()).unwrap_or(i32::MAX));
-            report.input_tokens = metered.input;
-            report.cache_read_tokens = metered.cache_read;
-            report.cache_write_tokens = metered.cache_write;
-            report.output_tokens = metered.output;
+            report.tokens = metered;
             report.cost_usd = session.cost();
             report.cost_unknown = match session.cost() {
                 Some(_) => None,

@@ -151,12 +151,7 @@ impl SessionMeter {
             output: usage.output_tokens.unwrap_or(0),
         };
         self.calls += 1;
-        self.tokens = Tokens {
-            input: self.tokens.input.saturating_add(call.input),
-            cache_read: self.tokens.cache_read.saturating_add(call.cache_read),
-            cache_write: self.tokens.cache_write.saturating_add(call.cache_write),
-            output: self.tokens.output.saturating_add(call.output),
-        };
+        self.tokens = self.tokens.saturating_add(call);
         let model = self
             .files
             .get(path)

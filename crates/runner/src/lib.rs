@@ -67,14 +67,8 @@ pub struct RunReport {
     pub cost_usd: Option<Usd>,
     /// Why [`RunReport::cost_usd`] is unknown, one sentence (`None` when it is known).
     pub cost_unknown: Option<String>,
-    /// All input tokens: uncached input plus cache reads plus cache writes.
-    pub input_tokens: i64,
-    /// The part of [`RunReport::input_tokens`] read from the prompt cache.
-    pub cache_read_tokens: i64,
-    /// The part of [`RunReport::input_tokens`] written to the prompt cache.
-    pub cache_write_tokens: i64,
-    /// Output tokens.
-    pub output_tokens: i64,
+    /// The run's tokens (all input, its cache reads and writes, output).
+    pub tokens: Tokens,
     /// The number of turns, if reported.
     pub turns: Option<i32>,
     /// How the run ended.
@@ -87,26 +81,13 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// The run's tokens, as a price is applied to them.
-    pub fn tokens(&self) -> Tokens {
-        Tokens {
-            input: self.input_tokens,
-            cache_read: self.cache_read_tokens,
-            cache_write: self.cache_write_tokens,
-            output: self.output_tokens,
-        }
-    }
-
     /// An empty report with the given outcome: no model, no cost, zero tokens.
     fn empty(outcome: AgentOutcome) -> Self {
         RunReport {
             model: None,
             cost_usd: None,
             cost_unknown: None,
-            input_tokens: 0,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
-            output_tokens: 0,
+            tokens: Tokens::default(),
             turns: None,
             outcome,
             final_text: None,

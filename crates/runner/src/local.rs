@@ -1082,7 +1082,7 @@ mod tests {
             report.warnings
         );
         assert_eq!(report.cost_usd.unwrap().to_string(), "0.987654321");
-        assert_eq!((report.input_tokens, report.output_tokens), (5, 7));
+        assert_eq!((report.tokens.input, report.tokens.output), (5, 7));
         assert_eq!(runner.live_output(task, attempt), Some(output));
         assert!(runner.salvage(Uuid::new_v4(), 1, &spec).is_none());
 
@@ -1123,7 +1123,7 @@ mod tests {
         let Salvaged { report, .. } = runner.salvage(task, attempt, &spec).unwrap();
         // 2000·5 + 1000·0.5 + 100·30 = 13 500 µ$.
         assert_eq!(report.cost_usd.unwrap().to_string(), "0.0135");
-        assert_eq!((report.input_tokens, report.output_tokens), (3000, 100));
+        assert_eq!((report.tokens.input, report.tokens.output), (3000, 100));
         assert!(matches!(report.outcome, AgentOutcome::Unparseable(_)));
     }
 }

@@ -26,6 +26,8 @@
 
 use std::collections::BTreeMap;
 
+/// The token counts a price is applied to (defined in the domain).
+pub use agentry_domain::Tokens;
 use agentry_domain::money::Usd;
 use rust_decimal::{Decimal, RoundingStrategy};
 
@@ -42,19 +44,6 @@ pub struct ModelPrice {
     pub cache_write: Option<Decimal>,
     /// Per million output tokens (reasoning tokens included).
     pub output: Decimal,
-}
-
-/// The tokens of one run or one model call, as a price is applied to them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tokens {
-    /// All input tokens: uncached, read from the cache and written to it.
-    pub input: i64,
-    /// The part of `input` read from the prompt cache.
-    pub cache_read: i64,
-    /// The part of `input` written to the prompt cache.
-    pub cache_write: i64,
-    /// Output tokens (reasoning included).
-    pub output: i64,
 }
 
 impl ModelPrice {

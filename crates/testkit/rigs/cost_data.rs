@@ -84,10 +84,7 @@ pub fn seed(db: &Db, seed: u64) {
         let run = Run {
             model: MODELS[rng.below(5) as usize].map(str::to_owned),
             cost_usd: Some(Usd::from_nanos(rng.below(2_000_000_000) as i64).unwrap()),
-            input_tokens: 100,
-            cache_read_tokens: 10,
-            cache_write_tokens: 1,
-            output_tokens: 50,
+            tokens: agentry_domain::Tokens::from_uncached(100, 10, 1, 50),
             turns: Some(4),
             ..agentry_persistence::test_support::succeeded_run(task.id, 1, now)
         };
@@ -143,8 +140,7 @@ pub fn pay(conn: &mut AnyConnection, id: Uuid, model: Option<&str>, nanos: i64) 
         &Run {
             model: model.map(str::to_owned),
             cost_usd: Some(Usd::from_nanos(nanos).unwrap()),
-            input_tokens: 10,
-            output_tokens: 5,
+            tokens: agentry_domain::Tokens::from_uncached(10, 0, 0, 5),
             turns: Some(1),
             ..agentry_persistence::test_support::succeeded_run(id, attempt, now)
         },

@@ -184,8 +184,7 @@ fn spend(db: &Db, repo: &Repository, cost: &str) {
         &Run {
             model: Some("sonnet".into()),
             cost_usd: Some(Usd::parse(cost).unwrap()),
-            input_tokens: 1,
-            output_tokens: 1,
+            tokens: agentry_domain::Tokens::from_uncached(1, 0, 0, 1),
             turns: Some(1),
             sandboxed: Some(true),
             ..agentry_persistence::test_support::succeeded_run(task.id, task.attempt, at)

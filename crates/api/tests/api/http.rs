@@ -282,10 +282,11 @@ async fn a_metered_runs_calls_refusals_and_cost_mismatch_are_served() {
                         "refused"
                     }
                     .into(),
-                    input_tokens: if cost.is_some() { 1000 } else { 0 },
-                    cache_read_tokens: 0,
-                    cache_write_tokens: 0,
-                    output_tokens: if cost.is_some() { 100 } else { 0 },
+                    tokens: if cost.is_some() {
+                        agentry_domain::Tokens::from_uncached(1000, 0, 0, 100)
+                    } else {
+                        agentry_domain::Tokens::default()
+                    },
                     reasoning_tokens: 0,
                     cost_usd: Some(Usd::parse(cost.unwrap_or("0")).unwrap()),
                     started_at: now + Duration::seconds(i as i64),
@@ -300,8 +301,7 @@ async fn a_metered_runs_calls_refusals_and_cost_mismatch_are_served() {
             &Run {
                 model: Some("claude-sonnet-5".into()),
                 cost_usd: Some(Usd::parse("0.003").unwrap()),
-                input_tokens: 1000,
-                output_tokens: 100,
+                tokens: agentry_domain::Tokens::from_uncached(1000, 0, 0, 100),
                 turns: Some(2),
                 outcome: RunOutcome::Failed,
                 exit_code: Some(1),
@@ -403,10 +403,7 @@ async fn task_detail_has_runs_events_issue_and_reviews() {
                 &Run {
                     model: Some("claude-sonnet-4-5".into()),
                     cost_usd: Some(Usd::parse("0.123456").unwrap()),
-                    input_tokens: 10,
-                    cache_read_tokens: 20,
-                    cache_write_tokens: 30,
-                    output_tokens: 40,
+                    tokens: agentry_domain::Tokens::from_uncached(10, 20, 30, 40),
                     turns: Some(7),
                     ..agentry_persistence::test_support::succeeded_run(coding.id, 1, now)
                 },
@@ -1003,8 +1000,7 @@ fn spend(db: &agentry_persistence::Db, repo: &str, nanos: i64, blocked: usize) {
         &Run {
             model: Some("opus".into()),
             cost_usd: Some(Usd::from_nanos(nanos).unwrap()),
-            input_tokens: 1,
-            output_tokens: 1,
+            tokens: agentry_domain::Tokens::from_uncached(1, 0, 0, 1),
             sandboxed: Some(true),
             ..agentry_persistence::test_support::succeeded_run(task.id, 1, now)
         },

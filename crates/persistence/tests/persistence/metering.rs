@@ -2,7 +2,7 @@
 //! exactly per run, refused connections counted per destination, notes in the history.
 
 use crate::common::*;
-use agentry_domain::{AgentType, TaskState};
+use agentry_domain::{AgentType, TaskState, Tokens};
 use agentry_persistence::metering::{self, ModelCall};
 use agentry_persistence::tasks::{self, EventKind, Run};
 use uuid::Uuid;
@@ -16,10 +16,7 @@ fn call(task: uuid::Uuid, attempt: i32, secs: i64, model: &str, cost: Option<&st
         model: Some(model.into()),
         status: 200,
         outcome: "completed".into(),
-        input_tokens: 10,
-        cache_read_tokens: 100,
-        cache_write_tokens: 5,
-        output_tokens: 20,
+        tokens: Tokens::from_uncached(10, 100, 5, 20),
         reasoning_tokens: 0,
         cost_usd: cost.map(usd),
         started_at: at(secs),
@@ -40,10 +37,7 @@ agentry_persistence::backend_tests! {
         let totals = metering::run_totals(&mut conn, task.id, 1).unwrap();
         assert_eq!(totals.calls, 4);
         assert_eq!(totals.cost_usd, Some(usd("12345.978901235")));
-        assert_eq!(
-            (totals.input_tokens, totals.cache_read_tokens, totals.cache_write_tokens, totals.output_tokens),
-            (40, 400, 20, 80)
-        );
+        assert_eq!(totals.tokens, Tokens::from_uncached(40, 400, 20, 80));
         let listed = metering::task_calls(&mut conn, task.id, None).unwrap();
         assert_eq!(listed.len(), 5);
         assert_eq!(listed[0], first);
@@ -103,8 +97,7 @@ agentry_persistence::backend_tests! {
             agent_type: AgentType::Codex,
             model: Some("gpt-6.1-sol".into()),
             cost_usd: Some(usd("0.42")),
-            input_tokens: 1,
-            output_tokens: 1,
+            tokens: Tokens { input: 1, output: 1, ..Tokens::default() },
             finished_at: Some(at(1)),
             sandboxed: Some(true),
             model_calls: Some(7),

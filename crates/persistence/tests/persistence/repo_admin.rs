@@ -2,7 +2,7 @@
 //! state of connected repositories.
 
 use crate::common::*;
-use agentry_domain::{AgentType, RepoSettings};
+use agentry_domain::{AgentType, RepoSettings, Tokens};
 use agentry_persistence::issues;
 use agentry_persistence::repos::{self, IssueSyncState};
 use agentry_persistence::tasks;
@@ -21,8 +21,7 @@ agentry_persistence::backend_tests! {
         let run = tasks::Run {
             model: Some("sonnet".into()),
             cost_usd: Some(usd("1.25")),
-            input_tokens: 10,
-            output_tokens: 5,
+            tokens: Tokens { input: 10, output: 5, ..Tokens::default() },
             turns: Some(2),
             finished_at: Some(at(2)),
             ..agentry_persistence::test_support::succeeded_run(task.id, 1, at(1))

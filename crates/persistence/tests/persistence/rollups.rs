@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::common::*;
-use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Trigger, Usd};
+use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Tokens, Trigger, Usd};
 use agentry_persistence::rollups::{self, Sums};
 use agentry_persistence::tasks::{
     self, ImportTask, Run, RunOutcome, TaskCursor, TaskFilter, TransitionDetails,
@@ -101,10 +101,12 @@ fn run_of(task: &Task, rng: &mut SplitMix64) -> Run {
             1 => Some(Usd::ZERO),
             _ => Some(Usd::from_nanos(rng.below(5_000_000_000) as i64 + 1).unwrap()),
         },
-        input_tokens: rng.below(1000) as i64,
-        cache_read_tokens: rng.below(100) as i64,
-        cache_write_tokens: rng.below(100) as i64,
-        output_tokens: rng.below(500) as i64,
+        tokens: Tokens::from_uncached(
+            rng.below(1000) as i64,
+            rng.below(100) as i64,
+            rng.below(100) as i64,
+            rng.below(500) as i64,
+        ),
         turns: Some(3),
         outcome: RunOutcome::Succeeded,
         exit_code: Some(0),
@@ -428,7 +430,7 @@ backend_tests! {
         let before = snapshot(&mut conn);
         let refused = tasks::transition_task(&mut conn, task.id, Trigger::PullRequestMerged, &TransitionDetails::default(), T0);
         assert!(matches!(refused, Err(DbError::InvalidTransition(_))));
-        let bad_run = Run { input_tokens: -1, ..run_of(&task, &mut SplitMix64::new(7)) };
+        let bad_run = Run { tokens: Tokens { input: -1, ..Tokens::default() }, ..run_of(&task, &mut SplitMix64::new(7)) };
         assert!(write_tx::<_, DbError, _>(&mut conn, |c| tasks::record_run(c, &bad_run)).is_err());
         assert_eq!(snapshot(&mut conn), before);
     }

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use crate::common::*;
-use agentry_domain::{TaskState, Trigger};
+use agentry_domain::{TaskState, Tokens, Trigger};
 use agentry_persistence::runner::{self, MAX_LOG_BYTES, RunLog, RunRecorded};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use time::Duration;
@@ -15,8 +15,11 @@ const LEASE: Duration = Duration::seconds(60);
 fn lost_run(task: &agentry_domain::Task, cost: Option<&str>) -> Run {
     Run {
         cost_usd: cost.map(usd),
-        input_tokens: 10,
-        output_tokens: 5,
+        tokens: Tokens {
+            input: 10,
+            output: 5,
+            ..Tokens::default()
+        },
         outcome: RunOutcome::Lost,
         exit_code: None,
         error_message: Some("the runner died".into()),

@@ -1,7 +1,7 @@
 //! The run ledger (docs/contract.md#21-task, #23-money): exact costs, token sums, retries add.
 
 use crate::common::*;
-use agentry_domain::{AgentType, Task, Trigger, Usd};
+use agentry_domain::{AgentType, Task, Tokens, Trigger, Usd};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
 use agentry_persistence::{AnyConnection, Db, DbError, write_tx};
 use uuid::Uuid;
@@ -39,20 +39,19 @@ fn assert_refused(conn: &mut AnyConnection, bad: &Run, before: &Task) {
 fn assert_token_counts_refused(db: &Db, cost: Option<&str>, bad: &[[i64; 4]]) {
     let (task, mut conn) = a_task(db);
     let first = Run {
-        input_tokens: 10,
-        output_tokens: 10,
+        tokens: Tokens {
+            input: 10,
+            output: 10,
+            ..Tokens::default()
+        },
         ..run(&task, 0, cost)
     };
     record(&mut conn, &first).unwrap();
     let before = tasks::get_task(&mut conn, task.id).unwrap();
     for &tokens in bad {
         let mut bad = run(&task, 10, cost);
-        [
-            bad.input_tokens,
-            bad.cache_read_tokens,
-            bad.cache_write_tokens,
-            bad.output_tokens,
-        ] = tokens;
+        let [input, cache_read, cache_write, output] = tokens;
+        bad.tokens = Tokens::from_uncached(input, cache_read, cache_write, output);
         assert_refused(&mut conn, &bad, &before);
     }
 }
@@ -181,10 +180,7 @@ agentry_persistence::backend_tests! {
         let mut recorded = Vec::new();
         for (secs, model, cost, [input, cache_read, cache_write, output], totals, model_after) in cases {
             let r = Run {
-                input_tokens: input,
-                cache_read_tokens: cache_read,
-                cache_write_tokens: cache_write,
-                output_tokens: output,
+                tokens: Tokens::from_uncached(input, cache_read, cache_write, output),
                 model: model.map(str::to_owned),
                 ..run(&task, secs, cost)
             };
@@ -209,10 +205,7 @@ agentry_persistence::backend_tests! {
             agent_type: AgentType::Codex,
             model: None,
             cost_usd: Some(usd("0.000123")),
-            input_tokens: 1,
-            cache_read_tokens: 2,
-            cache_write_tokens: 3,
-            output_tokens: 4,
+            tokens: Tokens::from_uncached(1, 2, 3, 4),
             turns: None,
             outcome: RunOutcome::Lost,
             exit_code: None,
@@ -269,8 +262,7 @@ agentry_persistence::backend_tests! {
         .unwrap();
         let attempt1 = Run {
             outcome: RunOutcome::Failed,
-            input_tokens: 10,
-            output_tokens: 20,
+            tokens: Tokens { input: 10, output: 20, ..Tokens::default() },
             model: Some("sonnet".into()),
             ..run(&task, 2, Some("0.3"))
         };
@@ -291,8 +283,7 @@ agentry_persistence::backend_tests! {
         tasks::transition_task(&mut conn, task.id, Trigger::Claim, &no_details, at(5)).unwrap();
         let attempt2 = Run {
             attempt: 2,
-            input_tokens: 1,
-            output_tokens: 2,
+            tokens: Tokens { input: 1, output: 2, ..Tokens::default() },
             model: Some("opus".into()),
             ..run(&task, 6, Some("0.7"))
         };
@@ -409,9 +400,7 @@ agentry_persistence::backend_tests! {
         let wide = wide_pool(db, 16);
         let results = race(&wide, 16, |i, conn| {
             let r = Run {
-                input_tokens: 1,
-                cache_read_tokens: 10,
-                output_tokens: 100,
+                tokens: Tokens::from_uncached(1, 10, 0, 100),
                 ..run(&task, i as i64, Some("0.000000001"))
             };
             record(conn, &r)

@@ -3,7 +3,7 @@
 //! migration, and naming connected repositories only.
 
 use crate::common::*;
-use agentry_domain::Task;
+use agentry_domain::{Task, Tokens};
 use agentry_persistence::repos::Repository;
 use agentry_persistence::tasks::{self, Run};
 use agentry_persistence::{AnyConnection, Db, budgets, metering, rollups, scrape};
@@ -22,8 +22,11 @@ fn run(
     Run {
         model: model.map(str::to_owned),
         cost_usd: cost.map(usd),
-        input_tokens: 1,
-        output_tokens: 1,
+        tokens: Tokens {
+            input: 1,
+            output: 1,
+            ..Tokens::default()
+        },
         finished_at: finished,
         sandboxed: Some(true),
         ..agentry_persistence::test_support::succeeded_run(task, attempt, T0)

@@ -146,9 +146,9 @@ async fn stopped_after(allowance: Usd, calls: i64, stop: i64) -> Usd {
     let units = stop * (stop + 1) / 2;
     assert_eq!(
         (
-            report.input_tokens,
-            report.cache_read_tokens,
-            report.output_tokens
+            report.tokens.input,
+            report.tokens.cache_read,
+            report.tokens.output
         ),
         (2000 * units, 500 * units, 300 * units)
     );
@@ -283,7 +283,7 @@ async fn a_cancelled_codex_run_records_the_cost_of_its_calls() {
         "{:?}",
         report.warnings
     );
-    assert_eq!(report.output_tokens, 300 * 3);
+    assert_eq!(report.tokens.output, 300 * 3);
     assert!(rig.remote_branch(task_id).is_empty());
 }
 

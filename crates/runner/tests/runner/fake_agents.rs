@@ -411,10 +411,10 @@ impl Live {
 fn claude_success() {
     let (run, r) = claude("Fix the bug in parse\nMore details here.");
     assert_succeeded_at(&run, &r, "0.123456");
-    assert_eq!(r.input_tokens, 1200 + 5000 + 800);
-    assert_eq!(r.cache_read_tokens, 5000);
-    assert_eq!(r.cache_write_tokens, 800);
-    assert_eq!(r.output_tokens, 340);
+    assert_eq!(r.tokens.input, 1200 + 5000 + 800);
+    assert_eq!(r.tokens.cache_read, 5000);
+    assert_eq!(r.tokens.cache_write, 800);
+    assert_eq!(r.tokens.output, 340);
     assert_eq!(r.model.as_deref(), Some(CLAUDE_MODEL));
     // The tool call and the final answer, as the real CLI counts them.
     assert_eq!(r.turns, Some(2));
@@ -573,7 +573,7 @@ fn claude_fail() {
         other => panic!("{other:?}"),
     }
     assert_eq!(cost(&r).as_deref(), Some("0.123456"));
-    assert_eq!(r.output_tokens, 340);
+    assert_eq!(r.tokens.output, 340);
     assert_eq!(run.changes(), None);
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
@@ -720,10 +720,10 @@ fn claude_on_sigterm_prints_nothing_more_and_exits_143() {
 fn codex_success() {
     let (run, r) = codex("Implement the feature\nDetails.");
     assert_ended(&run, &r, 0, AgentOutcome::Success);
-    assert_eq!(r.input_tokens, 2000);
-    assert_eq!(r.cache_read_tokens, 500);
-    assert_eq!(r.cache_write_tokens, 0);
-    assert_eq!(r.output_tokens, 300);
+    assert_eq!(r.tokens.input, 2000);
+    assert_eq!(r.tokens.cache_read, 500);
+    assert_eq!(r.tokens.cache_write, 0);
+    assert_eq!(r.tokens.output, 300);
     assert_eq!(r.turns, Some(1));
     assert_eq!(r.model.as_deref(), Some(CODEX_MODEL));
     // (1500 × 1.25 + 500 × 0.125 + 300 × 10) / 10⁶
@@ -904,7 +904,7 @@ fn codex_turns_directive() {
     assert_eq!(r.turns, Some(1));
     // 1 + 2 + 3 = 6 times the one-call usage and cost.
     assert_eq!(
-        (r.input_tokens, r.cache_read_tokens, r.output_tokens),
+        (r.tokens.input, r.tokens.cache_read, r.tokens.output),
         (12_000, 3_000, 1_800)
     );
     assert_eq!(cost(&r).as_deref(), Some("0.029625"));
@@ -986,7 +986,7 @@ async fn codex_pause_directive_keeps_running_until_stopped() {
     assert_eq!(out.stdout.matches("\"agent_message\"").count(), 1);
     let r = codex_report(&out.stdout, &home, CODEX_MODEL);
     assert_eq!(cost(&r).as_deref(), Some("0.0049375"));
-    assert_eq!((r.input_tokens, r.output_tokens), (2000, 300));
+    assert_eq!((r.tokens.input, r.tokens.output), (2000, 300));
     // Without the session file nothing is known.
     let r = parse_codex(&out.stdout, CODEX_MODEL, &PriceTable::builtin());
     assert_eq!(r.cost_usd, None);

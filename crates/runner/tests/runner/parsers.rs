@@ -46,10 +46,10 @@ fn assert_figures(report: &RunReport, expected: Figures<'_>) {
         cost: cost.as_deref(),
         model: report.model.as_deref(),
         tokens: (
-            report.input_tokens,
-            report.cache_read_tokens,
-            report.cache_write_tokens,
-            report.output_tokens,
+            report.tokens.input,
+            report.tokens.cache_read,
+            report.tokens.cache_write,
+            report.tokens.output,
         ),
         turns: report.turns,
         final_text: report.final_text.as_deref(),
@@ -196,7 +196,7 @@ fn claude_bad_figures_are_warnings_never_fake_numbers() {
     let r = parse_claude(text);
     assert_eq!(r.cost_usd, None);
     assert_eq!(r.turns, None);
-    assert_eq!((r.input_tokens, r.output_tokens), (0, 7));
+    assert_eq!((r.tokens.input, r.tokens.output), (0, 7));
     assert_eq!(r.model, None);
     assert_eq!(r.warnings.len(), 4, "{:?}", r.warnings);
     assert_warned(&r, "total_cost_usd");
@@ -255,7 +255,7 @@ fn codex_success_prices_tokens_exactly() {
 fn codex_unpriced_model_has_no_cost_and_a_warning() {
     let r = codex_fixture("codex_success.jsonl", "gpt-9-turbo");
     assert_eq!(r.cost_usd, None);
-    assert_eq!(r.output_tokens, 100_122);
+    assert_eq!(r.tokens.output, 100_122);
     assert_eq!(r.warnings.len(), 1);
     assert!(
         r.warnings[0].contains("\"gpt-9-turbo\""),
@@ -612,10 +612,10 @@ fn codex_real_sigint_is_priced_from_its_session_file() {
     assert_eq!(r.cost_unknown, None);
     assert_eq!(
         (
-            r.input_tokens,
-            r.cache_read_tokens,
-            r.cache_write_tokens,
-            r.output_tokens
+            r.tokens.input,
+            r.tokens.cache_read,
+            r.tokens.cache_write,
+            r.tokens.output
         ),
         (3000, 1000, 0, 100)
     );

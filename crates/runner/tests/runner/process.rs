@@ -552,7 +552,7 @@ async fn output_beyond_every_cap_keeps_the_exact_cost_in_bounded_memory_and_disk
         report.cost_usd.map(|c| c.to_string()).as_deref(),
         Some("12.345678901")
     );
-    assert_eq!((report.input_tokens, report.output_tokens), (100, 200));
+    assert_eq!((report.tokens.input, report.tokens.output), (100, 200));
     assert_eq!(report.turns, Some(9));
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
 

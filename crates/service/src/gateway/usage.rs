@@ -54,15 +54,7 @@ pub struct Usage {
 impl Usage {
     /// The tokens as the price table applies to them (all input together).
     pub fn tokens(&self) -> Tokens {
-        Tokens {
-            input: self
-                .input
-                .saturating_add(self.cache_read)
-                .saturating_add(self.cache_write),
-            cache_read: self.cache_read,
-            cache_write: self.cache_write,
-            output: self.output,
-        }
+        Tokens::from_uncached(self.input, self.cache_read, self.cache_write, self.output)
     }
 
     /// Whether any token was used.

@@ -2,6 +2,7 @@
 //! metered model calls, and the notes that say why a cost is unknown.
 
 use super::*;
+use agentry_domain::Tokens;
 
 /// The ledger row of an execution. A metered run's cost comes from its metered calls
 /// ([`apply_metering`]), so its message carries no note about the agent's own figure.
@@ -45,9 +46,7 @@ pub(super) fn run_from_report(
     outcome: RunOutcome,
     error_message: Option<String>,
 ) -> Run {
-    let cache_read = report.map_or(0, |r| r.cache_read_tokens);
-    let cache_write = report.map_or(0, |r| r.cache_write_tokens);
-    let all_input = report.map_or(0, |r| r.input_tokens);
+    let tokens = report.map_or_else(Tokens::default, |r| r.tokens);
     Run {
         id: Uuid::new_v4(),
         task_id: task.id,
@@ -57,14 +56,14 @@ pub(super) fn run_from_report(
             .and_then(|r| r.model.clone())
             .or(Some(launched_model)),
         cost_usd: report.and_then(|r| r.cost_usd),
-        // The ledger keeps uncached input apart; the task's input total adds the cache.
-        input_tokens: all_input
-            .saturating_sub(cache_read)
-            .saturating_sub(cache_write)
-            .max(0),
-        cache_read_tokens: cache_read,
-        cache_write_tokens: cache_write,
-        output_tokens: report.map_or(0, |r| r.output_tokens),
+        // The ledger keeps uncached input apart, never negative; the task's input total
+        // adds the cache.
+        tokens: Tokens::from_uncached(
+            tokens.uncached().max(0),
+            tokens.cache_read,
+            tokens.cache_write,
+            tokens.output,
+        ),
         turns: report.and_then(|r| r.turns),
         outcome,
         exit_code: execution.exit_code(),
@@ -92,10 +91,7 @@ pub(super) fn apply_metering(run: &mut Run, totals: &metering::RunTotals) -> Opt
     run.reported_cost_usd = reported;
     run.model_calls = Some(totals.calls);
     run.cost_usd = totals.cost_usd;
-    run.input_tokens = totals.input_tokens;
-    run.cache_read_tokens = totals.cache_read_tokens;
-    run.cache_write_tokens = totals.cache_write_tokens;
-    run.output_tokens = totals.output_tokens;
+    run.tokens = totals.tokens;
     if totals.cost_usd.is_none() {
         let why = format!(
             "its cost is unknown: model {} has no price (add it to AGENTRY_PRICES_FILE)",

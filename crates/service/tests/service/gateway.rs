@@ -402,8 +402,8 @@ async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_th
     let call = &calls[0];
     assert_eq!(
         (
-            call.input_tokens,
-            call.output_tokens,
+            call.tokens.input,
+            call.tokens.output,
             call.status,
             call.outcome.as_str()
         ),
@@ -472,7 +472,7 @@ async fn a_stream_the_upstream_breaks_off_breaks_off_for_the_agent_and_keeps_wha
     assert!(!body.ends_with("0\r\n\r\n"), "{body:?}");
     let calls = rig.calls(1).await;
     assert_eq!(calls[0].outcome, "interrupted");
-    assert_eq!((calls[0].input_tokens, calls[0].output_tokens), (1000, 1));
+    assert_eq!((calls[0].tokens.input, calls[0].tokens.output), (1000, 1));
     assert_eq!(calls[0].cost_usd, Some(Usd::parse("0.00201").unwrap()));
 }
 
@@ -577,9 +577,9 @@ async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openai
     let calls = rig.calls(1).await;
     assert_eq!(
         (
-            calls[0].input_tokens,
-            calls[0].cache_read_tokens,
-            calls[0].output_tokens,
+            calls[0].tokens.uncached(),
+            calls[0].tokens.cache_read,
+            calls[0].tokens.output,
             calls[0].reasoning_tokens
         ),
         (1000, 2000, 100, 40)

@@ -1,7 +1,7 @@
 //! Helpers shared by the persistence integration tests.
 #![allow(dead_code, clippy::panic)]
 
-use agentry_domain::{RepoUrl, Usd};
+use agentry_domain::{RepoUrl, Tokens, Usd};
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::{PG_URL_VAR, database_url};
@@ -57,8 +57,11 @@ pub fn sonnet_run(
     tasks::Run {
         model: Some("sonnet".into()),
         cost_usd: Some(usd(cost)),
-        input_tokens: 1,
-        output_tokens: 1,
+        tokens: Tokens {
+            input: 1,
+            output: 1,
+            ..Tokens::default()
+        },
         turns: Some(1),
         sandboxed: Some(true),
         ..agentry_persistence::test_support::succeeded_run(task, attempt, finished)
