@@ -69,7 +69,7 @@ impl<T> std::fmt::Debug for Queue<T> {
 /// the [`Entry`] implementation of its entries (their `id` and `attempts` fields), and the
 /// read of entries by id, selected as `ROW` and decoded into the entry type.
 ///
-/// ```ignore
+/// ```text
 /// queue! {
 ///     /// What the queue holds.
 ///     pub const NAME: Queue<EntryType> = TABLE as ROW {
