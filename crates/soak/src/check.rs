@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use agentry_fake_github::{FakeGitHub, PullState};
 use rust_decimal::{Decimal, RoundingStrategy};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::agent::Entry;
@@ -19,8 +20,9 @@ const REVIEW_MARKER: &str = "<!-- agentry:review:";
 /// The error of a task whose runner died in each of its attempts (contract §2.2).
 const DIED_EACH_TIME: &str = "the runner died during each of";
 
-/// A task as `GET /api/tasks` lists it.
-#[derive(Debug, Clone)]
+/// A task as `GET /api/tasks` lists it (the members the checks read).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct TaskRow {
     /// Id.
     pub id: String,
@@ -29,14 +31,19 @@ pub struct TaskRow {
     /// State.
     pub state: String,
     /// The linked issue.
+    #[serde(rename = "issueNumber")]
     pub issue: Option<u64>,
     /// The pull request.
+    #[serde(rename = "prNumber")]
     pub pr: Option<u64>,
     /// A review task's coding task.
+    #[serde(rename = "parentTaskId")]
     pub parent: Option<String>,
-    /// The recorded cost.
+    /// The recorded cost (an exact decimal string).
+    #[serde(rename = "costUsd", with = "rust_decimal::serde::str_option")]
     pub cost: Option<Decimal>,
     /// Why it failed.
+    #[serde(rename = "errorMessage")]
     pub error: Option<String>,
 }
 
@@ -55,20 +62,6 @@ fn decimal(v: &Value) -> Result<Option<Decimal>, String> {
     }
 }
 
-fn row(t: &Value) -> Result<TaskRow, String> {
-    let s = |k: &str| t[k].as_str().map(str::to_owned);
-    Ok(TaskRow {
-        id: s("id").ok_or("a task without an id")?,
-        task_type: s("taskType").unwrap_or_default(),
-        state: s("state").unwrap_or_default(),
-        issue: t["issueNumber"].as_u64(),
-        pr: t["prNumber"].as_u64(),
-        parent: s("parentTaskId"),
-        cost: decimal(&t["costUsd"])?,
-        error: s("errorMessage"),
-    })
-}
-
 /// Every task, through the list's pages.
 pub fn tasks(api: &Api) -> Result<Vec<TaskRow>, String> {
     let mut out = Vec::new();
@@ -82,9 +75,9 @@ pub fn tasks(api: &Api) -> Result<Vec<TaskRow>, String> {
         if a.status != 200 {
             return Err(format!("GET {path}: {} {}", a.status, a.body));
         }
-        for t in a.body["tasks"].as_array().into_iter().flatten() {
-            out.push(row(t)?);
-        }
+        let page: Vec<TaskRow> = serde_json::from_value(a.body["tasks"].clone())
+            .map_err(|e| format!("GET {path}: the tasks: {e}"))?;
+        out.extend(page);
         match a.body["nextCursor"].as_str() {
             Some(c) => cursor = Some(c.to_owned()),
             None => break,
@@ -209,8 +202,11 @@ impl Findings {
 
 /// A run as the task detail lists it.
 #[derive(Debug, Clone)]
+/// A run as `GET /api/tasks/{id}` shows it (the members the checks read).
+#[derive(Deserialize)]
 struct RunRow {
     attempt: i64,
+    #[serde(rename = "costUsd", with = "rust_decimal::serde::str_option")]
     cost: Option<Decimal>,
     outcome: String,
 }
@@ -506,12 +502,9 @@ pub fn verify(
             return Err(format!("GET {path}: {} {}", a.status, a.body));
         }
         let mut sum: Option<Decimal> = None;
-        for r in a.body["runs"].as_array().into_iter().flatten() {
-            let run = RunRow {
-                attempt: r["attempt"].as_i64().unwrap_or(-1),
-                cost: decimal(&r["costUsd"])?,
-                outcome: r["outcome"].as_str().unwrap_or_default().to_owned(),
-            };
+        let task_runs: Vec<RunRow> = serde_json::from_value(a.body["runs"].clone())
+            .map_err(|e| format!("GET {path}: the runs: {e}"))?;
+        for run in task_runs {
             if let Some(c) = run.cost {
                 sum = Some(sum.unwrap_or_default() + c);
             }
