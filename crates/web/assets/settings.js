@@ -67,33 +67,53 @@ function messageOf(err) {
 }
 
 /**
+ * A form of one labelled input: its help text (the input's description), its buttons, and
+ * the lines that announce a problem (an alert) and a success (a status).
+ * @param {HTMLInputElement} input given an id and its description here
+ * @param {string} label
+ * @param {string} help
+ * @param {...HTMLElement} buttons
+ */
+function oneFieldForm(input, label, help, ...buttons) {
+  input.id = uid('field');
+  const helpId = uid('help');
+  input.setAttribute('aria-describedby', helpId);
+  const problem = problemLine();
+  const done = h('p', { class: 'ok', role: 'status' });
+  const form = h(
+    'form',
+    { class: 'stack' },
+    h('label', { for: input.id }, label),
+    input,
+    h('p', { id: helpId, class: 'note' }, help),
+    h('div', { class: 'actions' }, ...buttons),
+    problem,
+    done,
+  );
+  return { form, problem, done };
+}
+
+/**
  * The instance's monthly budget (`GET /api/budget`): shown to every role, set or removed by
  * an admin (`PUT /api/budget`).
  */
 function budgetRegion() {
   const section = region('Monthly budget', { class: 'panel' });
   const figures = h('dl', { class: 'fields' });
-  const problem = problemLine();
-  const done = h('p', { class: 'ok', role: 'status' });
   section.append(
     h('p', { class: 'note' }, 'What all repositories together may spend per UTC calendar month. Queued tasks wait while the month has nothing left.'),
     figures,
   );
   const admin = can('admin');
-  const inputId = uid('budget');
-  const helpId = uid('help');
-  const input = h('input', { id: inputId, type: 'text', inputmode: 'decimal', autocomplete: 'off', spellcheck: 'false', 'aria-describedby': helpId });
+  const input = h('input', { type: 'text', inputmode: 'decimal', autocomplete: 'off', spellcheck: 'false' });
   if (admin) {
     const remove = h('button', { type: 'button', class: 'danger' }, 'Remove budget');
-    const form = h(
-      'form',
-      { class: 'stack' },
-      h('label', { for: inputId }, 'Monthly budget (USD)'),
+    const { form, problem, done } = oneFieldForm(
       input,
-      h('p', { id: helpId, class: 'note' }, 'A decimal such as 500.00 (at most 9 decimals).'),
-      h('div', { class: 'actions' }, h('button', { type: 'submit' }, 'Save budget'), remove),
-      problem,
-      done,
+      'Monthly budget (USD)',
+      'A decimal such as 500.00 (at most 9 decimals).',
+      h('button', { type: 'submit' }, 'Save budget'),
+      remove,
     );
     /** @param {string | null} value */
     const save = async (value) => {
@@ -204,20 +224,12 @@ function secretsRegion(changed) {
     section.append(h('p', {}, 'Only an admin token manages secrets.'));
     return { section, load: async () => false };
   }
-  const inputId = uid('secret');
-  const helpId = uid('help');
-  const input = h('input', { id: inputId, type: 'password', autocomplete: 'off', spellcheck: 'false', required: true, 'aria-describedby': helpId });
-  const problem = problemLine();
-  const done = h('p', { class: 'ok', role: 'status' });
-  const form = h(
-    'form',
-    { class: 'stack' },
-    h('label', { for: inputId }, 'Code-host token (CODEHOST_TOKEN)'),
+  const input = h('input', { type: 'password', autocomplete: 'off', spellcheck: 'false', required: true });
+  const { form, problem, done } = oneFieldForm(
     input,
-    h('p', { id: helpId, class: 'note' }, 'A GitHub token with Issues, Pull requests and Contents read/write and Metadata read. It is checked with the code host, stored encrypted and never shown again.'),
-    h('div', { class: 'actions' }, h('button', { type: 'submit' }, 'Save token')),
-    problem,
-    done,
+    'Code-host token (CODEHOST_TOKEN)',
+    'A GitHub token with Issues, Pull requests and Contents read/write and Metadata read. It is checked with the code host, stored encrypted and never shown again.',
+    h('button', { type: 'submit' }, 'Save token'),
   );
   form.addEventListener('submit', async (e) => {
     e.preventDefault();
