@@ -1,24 +1,15 @@
 //! Small helpers of the fake GitHub: encodings, time formatting, a deterministic RNG.
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
-}
-
-/// Hex of the SHA-256 of `bytes`.
+/// Lower-case hex of the SHA-256 of `bytes`.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// A strong ETag (quoted hex SHA-256) of a response body.
@@ -26,27 +17,9 @@ pub(crate) fn etag_of(body: &[u8]) -> String {
     format!("\"{}\"", sha256_hex(body))
 }
 
-/// Standard base64 with padding.
-pub(crate) fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b0 = chunk.first().copied().unwrap_or(0);
-        let b1 = chunk.get(1).copied().unwrap_or(0);
-        let b2 = chunk.get(2).copied().unwrap_or(0);
-        let n = (u32::from(b0) << 16) | (u32::from(b1) << 8) | u32::from(b2);
-        let sextet = |shift: u32| char::from(ALPHABET[((n >> shift) & 0x3f) as usize]);
-        out.push(sextet(18));
-        out.push(sextet(12));
-        out.push(if chunk.len() > 1 { sextet(6) } else { '=' });
-        out.push(if chunk.len() > 2 { sextet(0) } else { '=' });
-    }
-    out
-}
-
 /// A legacy GitHub global node id, e.g. `MDQ6VXNlcjE=` for `04:User1`.
 pub(crate) fn node_id(kind: &str, id: u64) -> String {
-    base64(format!("0{}:{}{}", kind.len(), kind, id).as_bytes())
+    STANDARD.encode(format!("0{}:{}{}", kind.len(), kind, id))
 }
 
 /// GitHub's timestamp format: RFC 3339, UTC, whole seconds, `Z`.
@@ -128,8 +101,9 @@ mod tests {
             node_id("Repository", 186853002),
             "MDEwOlJlcG9zaXRvcnkxODY4NTMwMDI="
         );
-        assert_eq!(base64(b"ab"), "YWI=");
-        assert_eq!(base64(b"a"), "YQ==");
+        // Padding: `04:User12` needs none, `04:User123` two `=`.
+        assert_eq!(node_id("User", 12), "MDQ6VXNlcjEy");
+        assert_eq!(node_id("User", 123), "MDQ6VXNlcjEyMw==");
     }
 
     #[test]
