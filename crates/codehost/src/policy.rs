@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
 /// The longest exponential step before the cap (2^20 × base): keeps the arithmetic finite.
 const MAX_EXPONENT: u32 = 20;
 
@@ -126,18 +128,18 @@ pub(crate) fn until_epoch(epoch_secs: u64, now: SystemTime) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
+/// Every ASCII byte but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`); bytes
+/// outside ASCII are always encoded.
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// Percent-encodes one path segment (an owner, a repository or a label name): everything but
-/// RFC 3986's unreserved characters.
+/// RFC 3986's unreserved characters, as `%XX` with upper-case hex digits.
 pub(crate) fn encode_segment(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(segment, NOT_UNRESERVED).to_string()
 }
 
 #[cfg(test)]

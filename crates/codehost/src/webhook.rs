@@ -82,43 +82,23 @@ pub fn verify_signature(
 /// The value of [`SIGNATURE_HEADER`] for `body` under `secret`: `sha256=` + 64 lower-case hex
 /// digits. For tests and tools that send webhooks; [`verify_signature`] accepts it.
 pub fn sign(secret: &[u8], body: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     #[allow(
         clippy::expect_used,
         reason = "HMAC takes a key of any length: new_from_slice cannot fail here"
     )]
     let mut mac = keyed(secret).expect("HMAC accepts keys of any length");
     mac.update(body);
-    let digest = mac.finalize().into_bytes();
-    let mut out = String::with_capacity(SIGNATURE_PREFIX.len() + 2 * DIGEST_LEN);
-    out.push_str(SIGNATURE_PREFIX);
-    for byte in digest.iter() {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
-    out
+    format!(
+        "{SIGNATURE_PREFIX}{}",
+        hex::encode(mac.finalize().into_bytes())
+    )
 }
 
 /// Exactly 64 hex digits (either case) → the 32 bytes; anything else → `None`.
-fn decode_digest(hex: &str) -> Option<[u8; DIGEST_LEN]> {
-    let hex = hex.as_bytes();
-    if hex.len() != 2 * DIGEST_LEN {
-        return None;
-    }
+fn decode_digest(digits: &str) -> Option<[u8; DIGEST_LEN]> {
     let mut out = [0u8; DIGEST_LEN];
-    for (byte, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
-        *byte = (hex_value(pair[0])? << 4) | hex_value(pair[1])?;
-    }
+    hex::decode_to_slice(digits, &mut out).ok()?;
     Some(out)
-}
-
-fn hex_value(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        b'A'..=b'F' => Some(digit - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// A repository as a webhook payload names it (`payload.repository`).

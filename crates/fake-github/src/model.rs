@@ -253,6 +253,17 @@ pub(crate) fn fake_sha(seed: &str) -> String {
     sha256_hex(seed.as_bytes()).chars().take(40).collect()
 }
 
+/// The URLs of an issue or pull request (see [`State::item_urls`]).
+struct ItemUrls {
+    /// `{base_url}/repos/{owner}/{name}/issues/{number}`.
+    issue_api: String,
+    /// `{base_url}/repos/{owner}/{name}/pulls/{number}`.
+    pull_api: String,
+    /// `https://github.com/{owner}/{name}/pull/{number}` for a pull request,
+    /// `…/issues/{number}` for an issue.
+    html: String,
+}
+
 impl State {
     pub fn new(base_url: String) -> Self {
         let now = OffsetDateTime::now_utc().unix_timestamp();
@@ -741,6 +752,21 @@ impl State {
             .collect()
     }
 
+    /// The URLs of an issue or pull request, the one place the fake spells them.
+    fn item_urls(&self, repo: &Repo, item: &Item) -> ItemUrls {
+        let full_name = repo.full_name();
+        let kind = if item.pull.is_some() {
+            "pull"
+        } else {
+            "issues"
+        };
+        ItemUrls {
+            issue_api: format!("{}/repos/{full_name}/issues/{}", self.base_url, item.number),
+            pull_api: format!("{}/repos/{full_name}/pulls/{}", self.base_url, item.number),
+            html: format!("{HTML_BASE}/{full_name}/{kind}/{}", item.number),
+        }
+    }
+
     fn association(repo: &Repo, login: &str) -> &'static str {
         if repo.owner.eq_ignore_ascii_case(login) {
             "OWNER"
@@ -786,20 +812,15 @@ impl State {
     /// An issue (`issue`); pull requests carry a `pull_request` object. `full` adds the
     /// members GitHub only writes on the single-issue endpoints.
     pub fn issue_json(&self, repo: &Repo, item: &Item, full: bool) -> Value {
-        let full_name = repo.full_name();
-        let api = format!("{}/repos/{full_name}/issues/{}", self.base_url, item.number);
-        let html_kind = if item.pull.is_some() {
-            "pull"
-        } else {
-            "issues"
-        };
+        let urls = self.item_urls(repo, item);
+        let api = &urls.issue_api;
         let mut value = json!({
             "url": api,
-            "repository_url": format!("{}/repos/{full_name}", self.base_url),
+            "repository_url": format!("{}/repos/{}", self.base_url, repo.full_name()),
             "labels_url": format!("{api}/labels{{/name}}"),
             "comments_url": format!("{api}/comments"),
             "events_url": format!("{api}/events"),
-            "html_url": format!("{HTML_BASE}/{full_name}/{html_kind}/{}", item.number),
+            "html_url": urls.html,
             "id": item.id,
             "node_id": node_id("Issue", item.id),
             "number": item.number,
@@ -818,21 +839,19 @@ impl State {
             "author_association": Self::association(repo, &item.user),
             "active_lock_reason": null,
             "body": item.body,
-            "reactions": Self::reactions_json(&api, std::iter::empty()),
+            "reactions": Self::reactions_json(api, std::iter::empty()),
             "timeline_url": format!("{api}/timeline"),
             "performed_via_github_app": null,
             "state_reason": item.state_reason
         });
         if let Value::Object(map) = &mut value {
             if let Some(pull) = &item.pull {
-                let pulls_api =
-                    format!("{}/repos/{full_name}/pulls/{}", self.base_url, item.number);
-                let html = format!("{HTML_BASE}/{full_name}/pull/{}", item.number);
+                let html = &urls.html;
                 map.insert("draft".to_owned(), json!(pull.draft));
                 map.insert(
                     "pull_request".to_owned(),
                     json!({
-                        "url": pulls_api,
+                        "url": urls.pull_api,
                         "html_url": html,
                         "diff_url": format!("{html}.diff"),
                         "patch_url": format!("{html}.patch"),
@@ -854,23 +873,17 @@ impl State {
 
     /// An issue comment (`issue-comment`).
     pub fn comment_json(&self, repo: &Repo, item: &Item, comment: &Comment) -> Value {
-        let full_name = repo.full_name();
+        let urls = self.item_urls(repo, item);
         let url = format!(
-            "{}/repos/{full_name}/issues/comments/{}",
-            self.base_url, comment.id
+            "{}/repos/{}/issues/comments/{}",
+            self.base_url,
+            repo.full_name(),
+            comment.id
         );
-        let html_kind = if item.pull.is_some() {
-            "pull"
-        } else {
-            "issues"
-        };
         json!({
             "url": url,
-            "html_url": format!(
-                "{HTML_BASE}/{full_name}/{html_kind}/{}#issuecomment-{}",
-                item.number, comment.id
-            ),
-            "issue_url": format!("{}/repos/{full_name}/issues/{}", self.base_url, item.number),
+            "html_url": format!("{}#issuecomment-{}", urls.html, comment.id),
+            "issue_url": urls.issue_api,
             "id": comment.id,
             "node_id": node_id("IssueComment", comment.id),
             "user": self.user_json(&comment.user),
@@ -897,9 +910,11 @@ impl State {
     /// shape (`pull-request-simple`), which lacks `merged`, `mergeable`, counts and the like.
     pub fn pull_json(&self, repo: &Repo, item: &Item, pull: &Pull, full: bool) -> Value {
         let full_name = repo.full_name();
-        let api = format!("{}/repos/{full_name}/pulls/{}", self.base_url, item.number);
-        let issue_api = format!("{}/repos/{full_name}/issues/{}", self.base_url, item.number);
-        let html = format!("{HTML_BASE}/{full_name}/pull/{}", item.number);
+        let ItemUrls {
+            issue_api,
+            pull_api: api,
+            html,
+        } = self.item_urls(repo, item);
         let statuses = format!(
             "{}/repos/{full_name}/statuses/{}",
             self.base_url, pull.head_sha
@@ -989,12 +1004,8 @@ impl State {
     /// A pull-request review (`pull-request-review`); a pending review has no
     /// `submitted_at`, like GitHub's.
     pub fn review_json(&self, repo: &Repo, item: &Item, review: &Review) -> Value {
-        let full_name = repo.full_name();
-        let html = format!(
-            "{HTML_BASE}/{full_name}/pull/{}#pullrequestreview-{}",
-            item.number, review.id
-        );
-        let pull_api = format!("{}/repos/{full_name}/pulls/{}", self.base_url, item.number);
+        let ItemUrls { pull_api, html, .. } = self.item_urls(repo, item);
+        let html = format!("{html}#pullrequestreview-{}", review.id);
         let mut value = json!({
             "id": review.id,
             "node_id": node_id("PullRequestReview", review.id),
@@ -1018,16 +1029,14 @@ impl State {
 
     /// A review comment (`pull-request-review-comment`), on the right side of the diff.
     pub fn review_comment_json(&self, repo: &Repo, item: &Item, comment: &ReviewComment) -> Value {
-        let full_name = repo.full_name();
+        let ItemUrls { pull_api, html, .. } = self.item_urls(repo, item);
         let url = format!(
-            "{}/repos/{full_name}/pulls/comments/{}",
-            self.base_url, comment.id
+            "{}/repos/{}/pulls/comments/{}",
+            self.base_url,
+            repo.full_name(),
+            comment.id
         );
-        let pull_api = format!("{}/repos/{full_name}/pulls/{}", self.base_url, item.number);
-        let html = format!(
-            "{HTML_BASE}/{full_name}/pull/{}#discussion_r{}",
-            item.number, comment.id
-        );
+        let html = format!("{html}#discussion_r{}", comment.id);
         let hunk_start = comment.line.saturating_sub(1).max(1);
         json!({
             "url": url,

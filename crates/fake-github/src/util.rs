@@ -1,23 +1,15 @@
 //! Small helpers of the fake GitHub: encodings, time formatting, a deterministic RNG.
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
-}
-
-/// Hex of the SHA-256 of `bytes`.
+/// Lower-case hex of the SHA-256 of `bytes`.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// A strong ETag (quoted hex SHA-256) of a response body.
@@ -25,27 +17,9 @@ pub(crate) fn etag_of(body: &[u8]) -> String {
     format!("\"{}\"", sha256_hex(body))
 }
 
-/// Standard base64 with padding.
-pub(crate) fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b0 = chunk.first().copied().unwrap_or(0);
-        let b1 = chunk.get(1).copied().unwrap_or(0);
-        let b2 = chunk.get(2).copied().unwrap_or(0);
-        let n = (u32::from(b0) << 16) | (u32::from(b1) << 8) | u32::from(b2);
-        let sextet = |shift: u32| char::from(ALPHABET[((n >> shift) & 0x3f) as usize]);
-        out.push(sextet(18));
-        out.push(sextet(12));
-        out.push(if chunk.len() > 1 { sextet(6) } else { '=' });
-        out.push(if chunk.len() > 2 { sextet(0) } else { '=' });
-    }
-    out
-}
-
 /// A legacy GitHub global node id, e.g. `MDQ6VXNlcjE=` for `04:User1`.
 pub(crate) fn node_id(kind: &str, id: u64) -> String {
-    base64(format!("0{}:{}{}", kind.len(), kind, id).as_bytes())
+    STANDARD.encode(format!("0{}:{}{}", kind.len(), kind, id))
 }
 
 /// GitHub's timestamp format: RFC 3339, UTC, whole seconds, `Z`.
@@ -69,45 +43,35 @@ pub(crate) fn parse_time(s: &str) -> Option<i64> {
         .map(OffsetDateTime::unix_timestamp)
 }
 
-fn hex_value(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
+/// Every ASCII byte but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`); bytes
+/// outside ASCII are always encoded.
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
-/// Decodes `%XX` escapes of a path segment; `None` on a bad escape or invalid UTF-8.
+/// Decodes `%XX` escapes of a path segment; `None` on a bad escape (a `%` not followed by two
+/// hex digits) or invalid UTF-8.
 pub(crate) fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        if b == b'%' {
-            let hi = hex_value(*bytes.get(i + 1)?)?;
-            let lo = hex_value(*bytes.get(i + 2)?)?;
-            out.push(hi << 4 | lo);
-            i += 3;
-        } else {
-            out.push(b);
-            i += 1;
-        }
+    let well_formed = s.split('%').skip(1).all(|after| {
+        after
+            .as_bytes()
+            .get(..2)
+            .is_some_and(|digits| digits.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters.
 pub(crate) fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, NOT_UNRESERVED).to_string()
 }
 
 /// Decodes an `application/x-www-form-urlencoded` query string into pairs, in order.
@@ -137,8 +101,9 @@ mod tests {
             node_id("Repository", 186853002),
             "MDEwOlJlcG9zaXRvcnkxODY4NTMwMDI="
         );
-        assert_eq!(base64(b"ab"), "YWI=");
-        assert_eq!(base64(b"a"), "YQ==");
+        // Padding: `04:User12` needs none, `04:User123` two `=`.
+        assert_eq!(node_id("User", 12), "MDQ6VXNlcjEy");
+        assert_eq!(node_id("User", 123), "MDQ6VXNlcjEyMw==");
     }
 
     #[test]
@@ -158,6 +123,12 @@ mod tests {
         );
         assert_eq!(percent_decode("%zz"), None);
         assert_eq!(percent_decode("%"), None);
+        assert_eq!(percent_decode("%4"), None);
+        assert_eq!(percent_decode("a%41%"), None);
+        assert_eq!(percent_decode("%%41"), None);
+        assert_eq!(percent_decode("%FF"), None);
+        assert_eq!(percent_decode("%c3%A9%2F").as_deref(), Some("é/"));
+        assert_eq!(percent_encode("é/~"), "%C3%A9%2F~");
         assert_eq!(percent_encode("a b:c"), "a%20b%3Ac");
         assert_eq!(
             parse_query("state=open&labels=a%2Cb&x"),
