@@ -234,3 +234,38 @@ pub(crate) fn created_or_existing(created: bool, body: impl serde::Serialize) ->
 pub(crate) async fn unknown_route(req: actix_web::HttpRequest) -> HttpResponse {
     ApiError::not_found(format!("no route {} {}", req.method(), req.path())).error_response()
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every `{name}` of a documented path is one parameter `in: path` of that name, required,
+    /// and no operation documents a path parameter its path lacks: a handler that names the
+    /// wrong path type in `params(...)` is caught here.
+    #[test]
+    fn path_parameters_match_the_path_templates() {
+        let doc = serde_json::to_value(crate::app::openapi()).expect("the document serialises");
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            let mut templated: Vec<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            templated.sort_unstable();
+            for (method, op) in item.as_object().expect("path item") {
+                let params = op["parameters"].as_array().map(Vec::as_slice);
+                let in_path: Vec<&serde_json::Value> = params
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|p| p["in"] == "path")
+                    .collect();
+                let mut names: Vec<&str> = in_path
+                    .iter()
+                    .map(|p| p["name"].as_str().expect("a parameter's name"))
+                    .collect();
+                names.sort_unstable();
+                assert_eq!(names, templated, "{method} {path}");
+                for p in in_path {
+                    assert_eq!(p["required"], true, "{method} {path}: {p}");
+                }
+            }
+        }
+    }
+}
