@@ -21,8 +21,12 @@ use std::pin::Pin;
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, web};
-use utoipa::IntoResponses;
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::{
+    ContentBuilder, KnownFormat, ObjectBuilder, Ref, RefOr, Required, Response, ResponseBuilder,
+    SchemaFormat, Type,
+};
+use utoipa::{IntoParams, IntoResponses};
 use uuid::Uuid;
 
 use crate::auth::{AnyRole, Caller, RequiredRole};
@@ -33,17 +37,70 @@ pub(crate) fn path_uuid(name: &str, value: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(value).map_err(|_| ApiError::invalid_parameter(name, "must be a UUID"))
 }
 
-/// The one parameter in a route's path, read from its (percent-decoded) text.
-pub trait PathParam: Sized {
+/// The one parameter in a route's path: how it is read from its (percent-decoded) text, and
+/// (as [`IntoParams`], for `params(...)` of `#[utoipa::path]`) how the document describes it,
+/// declared once for every route that takes it.
+pub trait PathParam: IntoParams {
+    /// What the parameter reads as.
+    type Value;
+
     /// The parameter, or the 400 naming it.
-    fn parse(segment: &str) -> Result<Self, ApiError>;
+    fn parse(segment: &str) -> Result<Self::Value, ApiError>;
 }
 
-/// `{id}`: a UUID.
-impl PathParam for Uuid {
-    fn parse(segment: &str) -> Result<Uuid, ApiError> {
-        path_uuid("id", segment)
-    }
+/// A parameter of the document: in the path (required) or in the query (optional).
+pub(crate) fn parameter(
+    name: &str,
+    location: ParameterIn,
+    description: impl Into<String>,
+    schema: ObjectBuilder,
+) -> Parameter {
+    let required = match location {
+        ParameterIn::Path => Required::True,
+        _ => Required::False,
+    };
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(location)
+        .required(required)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
+}
+
+/// Declares path parameters `{id}` that are UUIDs, each with its description in the
+/// document.
+macro_rules! uuid_ids {
+    ($($(#[doc = $doc:literal])+ $name:ident: $description:literal;)+) => {$(
+        $(#[doc = $doc])+
+        pub struct $name;
+
+        impl PathParam for $name {
+            type Value = Uuid;
+
+            fn parse(segment: &str) -> Result<Uuid, ApiError> {
+                path_uuid("id", segment)
+            }
+        }
+
+        impl IntoParams for $name {
+            fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+                let schema = ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)));
+                vec![parameter("id", ParameterIn::Path, $description, schema)]
+            }
+        }
+    )+};
+}
+
+uuid_ids! {
+    /// `{id}`: a task's id.
+    TaskId: "Task id";
+    /// `{id}`: a repository's id.
+    RepoId: "Repository id";
+    /// `{id}`: an API token's id.
+    TokenId: "Token id";
 }
 
 /// A request by a caller authenticated and holding at least the role `R`: 401, then 403.
@@ -72,15 +129,15 @@ impl<R: RequiredRole + 'static> FromRequest for Authorized<R> {
 }
 
 /// A request on one resource: its caller, authenticated and holding at least the role `R`,
-/// and the resource's identifier `P` from the path (a UUID `{id}` unless said otherwise).
+/// and the resource's identifier from the path, read as the path parameter `P` says.
 /// The checks answer in the order a handler would make them: 401, then 403, then 400 for a
 /// malformed identifier.
 #[derive(Debug)]
-pub struct Target<R = AnyRole, P = Uuid> {
+pub struct Target<R, P: PathParam> {
     /// The caller.
     pub caller: Caller,
     /// The resource's identifier.
-    pub id: P,
+    pub id: P::Value,
     role: PhantomData<R>,
 }
 
@@ -176,4 +233,39 @@ pub(crate) fn created_or_existing(created: bool, body: impl serde::Serialize) ->
 /// The answer for a route that does not exist.
 pub(crate) async fn unknown_route(req: actix_web::HttpRequest) -> HttpResponse {
     ApiError::not_found(format!("no route {} {}", req.method(), req.path())).error_response()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every `{name}` of a documented path is one parameter `in: path` of that name, required,
+    /// and no operation documents a path parameter its path lacks: a handler that names the
+    /// wrong path type in `params(...)` is caught here.
+    #[test]
+    fn path_parameters_match_the_path_templates() {
+        let doc = serde_json::to_value(crate::app::openapi()).expect("the document serialises");
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            let mut templated: Vec<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            templated.sort_unstable();
+            for (method, op) in item.as_object().expect("path item") {
+                let params = op["parameters"].as_array().map(Vec::as_slice);
+                let in_path: Vec<&serde_json::Value> = params
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|p| p["in"] == "path")
+                    .collect();
+                let mut names: Vec<&str> = in_path
+                    .iter()
+                    .map(|p| p["name"].as_str().expect("a parameter's name"))
+                    .collect();
+                names.sort_unstable();
+                assert_eq!(names, templated, "{method} {path}");
+                for p in in_path {
+                    assert_eq!(p["required"], true, "{method} {path}: {p}");
+                }
+            }
+        }
+    }
 }

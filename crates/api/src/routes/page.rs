@@ -3,11 +3,12 @@
 //! for reading it from the query string, so that the two cannot drift apart.
 
 use utoipa::IntoParams;
-use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
-use utoipa::openapi::{KnownFormat, ObjectBuilder, Required, SchemaFormat, Type};
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 
 use crate::error::ApiError;
 use crate::query::Query;
+use crate::routes::parameter;
 
 /// `limit`: the page size, from 1 to `MAX`; `DEFAULT` when it is not given.
 pub struct Limit<const DEFAULT: i64, const MAX: i64>;
@@ -26,8 +27,9 @@ impl<const DEFAULT: i64, const MAX: i64> IntoParams for Limit<DEFAULT, MAX> {
             .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
             .minimum(Some(1))
             .maximum(Some(MAX));
-        vec![optional_query(
+        vec![parameter(
             "limit",
+            ParameterIn::Query,
             format!("Page size, 1 to {MAX} (default {DEFAULT})"),
             schema,
         )]
@@ -43,7 +45,7 @@ impl IntoParams for OpaqueCursor {
         let schema = ObjectBuilder::new()
             .schema_type(Type::String)
             .pattern(Some("^[A-Za-z0-9_-]+$"));
-        vec![optional_query("cursor", CURSOR, schema)]
+        vec![parameter("cursor", ParameterIn::Query, CURSOR, schema)]
     }
 }
 
@@ -55,20 +57,9 @@ impl IntoParams for IdCursor {
         let schema = ObjectBuilder::new()
             .schema_type(Type::String)
             .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)));
-        vec![optional_query("cursor", CURSOR, schema)]
+        vec![parameter("cursor", ParameterIn::Query, CURSOR, schema)]
     }
 }
 
 /// What a `cursor` parameter is.
 const CURSOR: &str = "`nextCursor` of the previous page, unchanged";
-
-/// An optional query parameter.
-fn optional_query(name: &str, description: impl Into<String>, schema: ObjectBuilder) -> Parameter {
-    ParameterBuilder::new()
-        .name(name)
-        .parameter_in(ParameterIn::Query)
-        .required(Required::False)
-        .description(Some(description))
-        .schema(Some(schema))
-        .build()
-}

@@ -9,11 +9,11 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::{AdminRole, Caller};
+use crate::auth::{AdminRole, AnyRole, Caller};
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody};
 use crate::routes::{
-    AuthErrors, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, Target,
+    AuthErrors, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, RepoId, Target,
     created_or_existing,
 };
 use crate::state::AppState;
@@ -145,12 +145,12 @@ pub async fn list_repos(
 /// One repository (also a disconnected one, with `disconnectedAt`).
 #[utoipa::path(
     tag = "repos",
-    params(("id" = Uuid, Path, description = "Repository id")),
+    params(RepoId),
     responses((status = 200, body = RepoDto), LookupErrors),
 )]
 #[get("/repos/{id}")]
 pub async fn get_repo(
-    Target { id, .. }: Target,
+    Target { id, .. }: Target<AnyRole, RepoId>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoDto>, ApiError> {
     let repo = state.service.repository(id).await?;
@@ -173,12 +173,12 @@ fn with_budget(
 /// Disconnects a repository: no more syncs or runs; its tasks and costs stay.
 #[utoipa::path(
     tag = "repos",
-    params(("id" = Uuid, Path, description = "Repository id")),
+    params(RepoId),
     responses((status = 200, body = RepoDto), ChangeErrors),
 )]
 #[delete("/repos/{id}")]
 pub async fn disconnect_repo(
-    Target { caller, id, .. }: Target<AdminRole>,
+    Target { caller, id, .. }: Target<AdminRole, RepoId>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoDto>, ApiError> {
     let repo = state.service.disconnect_repository(id).await?;
@@ -189,7 +189,7 @@ pub async fn disconnect_repo(
 /// A repository's settings.
 #[utoipa::path(
     tag = "repos",
-    params(("id" = Uuid, Path, description = "Repository id")),
+    params(RepoId),
     responses(
         (status = 200, description = "The settings (docs/contract.md#35-repository-settings)", body = Object),
         LookupErrors,
@@ -197,7 +197,7 @@ pub async fn disconnect_repo(
 )]
 #[get("/repos/{id}/settings")]
 pub async fn get_settings(
-    Target { id, .. }: Target,
+    Target { id, .. }: Target<AnyRole, RepoId>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<RepoSettings>, ApiError> {
     Ok(web::Json(state.service.repository(id).await?.settings))
@@ -207,7 +207,7 @@ pub async fn get_settings(
 /// 400 naming it, and nothing changes.
 #[utoipa::path(
     tag = "repos",
-    params(("id" = Uuid, Path, description = "Repository id")),
+    params(RepoId),
     request_body(content = Object, description = "Any subset of codingModel, reviewModel, \
         maxTurnsCoding, maxTurnsReview, agentType, autoReview, maxCostPerTaskUsd, \
         monthlyBudgetUsd, egressAllow"),
@@ -218,7 +218,7 @@ pub async fn get_settings(
 )]
 #[patch("/repos/{id}/settings")]
 pub async fn patch_settings(
-    Target { caller, id, .. }: Target<AdminRole>,
+    Target { caller, id, .. }: Target<AdminRole, RepoId>,
     state: web::Data<AppState>,
     body: JsonBody<serde_json::Value>,
 ) -> Result<web::Json<RepoSettings>, ApiError> {

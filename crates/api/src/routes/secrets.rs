@@ -5,12 +5,16 @@ use actix_web::{HttpResponse, delete, get, put, web};
 use agentry_persistence::secrets::{SecretInfo, SecretValue};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use utoipa::ToSchema;
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::{ObjectBuilder, Type};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::AdminRole;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody};
-use crate::routes::{AdminReadErrors, Authorized, BodyErrors, ChangeErrors, PathParam, Target};
+use crate::routes::{
+    AdminReadErrors, Authorized, BodyErrors, ChangeErrors, PathParam, Target, parameter,
+};
 use crate::state::AppState;
 
 /// Longest secret name.
@@ -60,12 +64,31 @@ pub struct SecretListDto {
 
 /// `{name}`: a secret's name (an upper-case letter, then upper-case letters, digits and
 /// `_`, at most 64 characters).
-pub struct SecretName(pub String);
+pub struct SecretName;
 
 impl PathParam for SecretName {
-    fn parse(segment: &str) -> Result<SecretName, ApiError> {
+    type Value = String;
+
+    fn parse(segment: &str) -> Result<String, ApiError> {
         check_name(segment)?;
-        Ok(SecretName(segment.to_owned()))
+        Ok(segment.to_owned())
+    }
+}
+
+impl IntoParams for SecretName {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let schema = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(format!(
+                "^[A-Z][A-Z0-9_]{{0,{}}}$",
+                MAX_NAME_CHARS - 1
+            )));
+        vec![parameter(
+            "name",
+            ParameterIn::Path,
+            "Secret name, e.g. CODEHOST_TOKEN",
+            schema,
+        )]
     }
 }
 
@@ -92,8 +115,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 /// the code host (`GET /user`); a token it refuses is not stored (422).
 #[utoipa::path(
     tag = "secrets",
-    params(("name" = String, Path, pattern = "^[A-Z][A-Z0-9_]{0,63}$",
-        description = "Secret name, e.g. CODEHOST_TOKEN")),
+    params(SecretName),
     request_body = PutSecret,
     responses(
         (status = 200, body = SecretDto),
@@ -105,9 +127,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 #[put("/secrets/{name}")]
 pub async fn put_secret(
     Target {
-        caller,
-        id: SecretName(name),
-        ..
+        caller, id: name, ..
     }: Target<AdminRole, SecretName>,
     state: web::Data<AppState>,
     body: JsonBody<PutSecret>,
@@ -143,16 +163,13 @@ pub async fn list_secrets(
 /// Deletes a secret.
 #[utoipa::path(
     tag = "secrets",
-    params(("name" = String, Path, pattern = "^[A-Z][A-Z0-9_]{0,63}$",
-        description = "Secret name")),
+    params(SecretName),
     responses((status = 204), ChangeErrors),
 )]
 #[delete("/secrets/{name}")]
 pub async fn delete_secret(
     Target {
-        caller,
-        id: SecretName(name),
-        ..
+        caller, id: name, ..
     }: Target<AdminRole, SecretName>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::{AdminRole, Caller, MemberRole};
+use crate::auth::{AdminRole, AnyRole, Caller, MemberRole};
 use crate::body::{JsonBody, read_limited, require_content_type};
 use crate::dto::names::{AgentTypeName, TaskStateName, TaskTypeName};
 use crate::dto::{
@@ -20,8 +20,8 @@ use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
-    Authorized, BodyChangeErrors, LookupErrors, QueryErrors, Target, TransitionErrors, cursor,
-    path_uuid,
+    Authorized, BodyChangeErrors, LookupErrors, QueryErrors, Target, TaskId, TransitionErrors,
+    cursor, path_uuid,
 };
 use crate::state::AppState;
 use agentry_service::tasks::{NewCodingTask, OutputTail};
@@ -99,12 +99,12 @@ fn not_the_import_path(ctx: &actix_web::guard::GuardContext<'_>) -> bool {
 /// One task with its runs, state history, linked issue and review subtasks.
 #[utoipa::path(
     tag = "tasks",
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(TaskId),
     responses((status = 200, body = TaskDetailDto), LookupErrors),
 )]
 #[get("/tasks/{id}", guard = "not_the_import_path")]
 pub async fn get_task(
-    Target { id, .. }: Target,
+    Target { id, .. }: Target<AnyRole, TaskId>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDetailDto>, ApiError> {
     let TaskDetail {
@@ -144,7 +144,7 @@ pub async fn get_task(
 #[utoipa::path(
     tag = "tasks",
     params(
-        ("id" = Uuid, Path, description = "Task id"),
+        TaskId,
         ("attempt" = Option<i32>, Query, minimum = 1,
             description = "Only the calls of this attempt"),
     ),
@@ -152,7 +152,7 @@ pub async fn get_task(
 )]
 #[get("/tasks/{id}/calls")]
 pub async fn task_calls(
-    Target { id, .. }: Target,
+    Target { id, .. }: Target<AnyRole, TaskId>,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<web::Json<ModelCallListDto>, ApiError> {
@@ -230,12 +230,12 @@ pub async fn create_task(
 /// is killed. Any other state → 409 `invalid_transition`.
 #[utoipa::path(
     tag = "tasks",
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(TaskId),
     responses((status = 200, body = TaskDto), TransitionErrors),
 )]
 #[post("/tasks/{id}/cancel")]
 pub async fn cancel_task(
-    Target { caller, id, .. }: Target<MemberRole>,
+    Target { caller, id, .. }: Target<MemberRole, TaskId>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDto>, ApiError> {
     let reason = format!("cancelled by token {}", caller.token_id);
@@ -248,12 +248,12 @@ pub async fn cancel_task(
 /// costs stay: the new run's cost adds to them.
 #[utoipa::path(
     tag = "tasks",
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(TaskId),
     responses((status = 200, body = TaskDto), TransitionErrors),
 )]
 #[post("/tasks/{id}/retry")]
 pub async fn retry_task(
-    Target { caller, id, .. }: Target<MemberRole>,
+    Target { caller, id, .. }: Target<MemberRole, TaskId>,
     state: web::Data<AppState>,
 ) -> Result<web::Json<TaskDto>, ApiError> {
     let reason = format!("retried by token {}", caller.token_id);
@@ -268,7 +268,7 @@ pub async fn retry_task(
 /// `X-Agentry-Log-Truncated: true` says the head of an oversized output was dropped.
 #[utoipa::path(
     tag = "tasks",
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(TaskId),
     responses(
         (status = 200, content_type = "text/plain", body = String),
         LookupErrors,
@@ -276,7 +276,7 @@ pub async fn retry_task(
 )]
 #[get("/tasks/{id}/log")]
 pub async fn task_log(
-    Target { id, .. }: Target,
+    Target { id, .. }: Target<AnyRole, TaskId>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let Some(OutputTail { content, truncated }) = state.service.task_output(id).await? else {

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::auth::{AdminRole, Caller, generate_token, hash_token};
 use crate::body::JsonBody;
 use crate::error::ApiError;
-use crate::routes::{AdminReadErrors, Authorized, BodyErrors, ChangeErrors, Target};
+use crate::routes::{AdminReadErrors, Authorized, BodyErrors, ChangeErrors, Target, TokenId};
 use crate::state::AppState;
 
 /// Longest token name.
@@ -124,12 +124,12 @@ pub async fn list_tokens(
 /// Revokes an API token.
 #[utoipa::path(
     tag = "tokens",
-    params(("id" = Uuid, Path, description = "Token id")),
+    params(TokenId),
     responses((status = 204), ChangeErrors),
 )]
 #[delete("/tokens/{id}")]
 pub async fn revoke_token(
-    Target { caller, id, .. }: Target<AdminRole>,
+    Target { caller, id, .. }: Target<AdminRole, TokenId>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let revoked = state.service.revoke_token(id).await?;
