@@ -642,6 +642,15 @@ mod tests {
         e
     }
 
+    /// Each `(value, why)` of `cases`, `name` set to `value` alone, is refused with a message
+    /// that contains `why`.
+    fn assert_refused(name: &str, cases: &[(&str, &str)]) {
+        for (bad, why) in cases {
+            let e = refused(name, bad);
+            assert!(e.message.contains(why), "{bad}: {}", e.message);
+        }
+    }
+
     #[test]
     fn a_short_webhook_secret_and_plain_http_off_this_machine_are_refused() {
         let short = cfg(&[("CODEHOST_WEBHOOK_SECRET", "fifteen-bytes!!")]).unwrap_err();
@@ -862,19 +871,19 @@ mod tests {
                 .egress_allow
                 .is_empty()
         );
-        for (bad, why) in [
-            (
-                "pypi.org, https://files.pythonhosted.org",
-                "a URL is not a host name",
-            ),
-            ("pypi.org:443", "a port is not part of a host name"),
-            ("*", "would allow every host"),
-            ("*.com", "a wildcard must stand for hosts below"),
-            ("pypi org", "no white space"),
-        ] {
-            let e = refused("AGENTRY_EGRESS_ALLOW", bad);
-            assert!(e.message.contains(why), "{bad}: {}", e.message);
-        }
+        assert_refused(
+            "AGENTRY_EGRESS_ALLOW",
+            &[
+                (
+                    "pypi.org, https://files.pythonhosted.org",
+                    "a URL is not a host name",
+                ),
+                ("pypi.org:443", "a port is not part of a host name"),
+                ("*", "would allow every host"),
+                ("*.com", "a wildcard must stand for hosts below"),
+                ("pypi org", "no white space"),
+            ],
+        );
         let e = cfg(&[("AGENTRY_EGRESS_ALLOW", "a.org, https://x")]).unwrap_err();
         assert!(
             e.to_string()
@@ -1016,18 +1025,18 @@ mod tests {
                 "ANTHROPIC_BASE_URL"
             ]
         );
-        for (bad, why) in [
-            ("PATH", "agentry sets it"),
-            ("HOME", "agentry sets it"),
-            ("CODEX_HOME", "agentry sets it"),
-            ("AGENTRY_MASTER_KEY", "agentry's own configuration"),
-            ("CODEHOST_WEBHOOK_SECRET", "agentry's own configuration"),
-            ("OPENAI_API_KEY", "credentials reach the agent"),
-            ("1BAD", "not an environment variable name"),
-            ("A-B", "not an environment variable name"),
-        ] {
-            let e = refused("AGENTRY_AGENT_ENV", bad);
-            assert!(e.message.contains(why), "{bad}: {}", e.message);
-        }
+        assert_refused(
+            "AGENTRY_AGENT_ENV",
+            &[
+                ("PATH", "agentry sets it"),
+                ("HOME", "agentry sets it"),
+                ("CODEX_HOME", "agentry sets it"),
+                ("AGENTRY_MASTER_KEY", "agentry's own configuration"),
+                ("CODEHOST_WEBHOOK_SECRET", "agentry's own configuration"),
+                ("OPENAI_API_KEY", "credentials reach the agent"),
+                ("1BAD", "not an environment variable name"),
+                ("A-B", "not an environment variable name"),
+            ],
+        );
     }
 }
