@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentry_runner::workspace::{GitAuth, GitSandbox, RepoSpec, Workspaces};
+use agentry_runner::workspace::{Checkout, GitAuth, GitSandbox, RepoSpec, Workspaces};
 use agentry_runner::{Sandbox, SandboxMode};
 use uuid::Uuid;
 
@@ -47,7 +47,7 @@ async fn rounds(ws: &Workspaces, spec: &RepoSpec, files: usize, rounds: usize) -
     let mut times = Vec::new();
     for round in 0..rounds {
         let worktree = ws
-            .prepare_coding(spec, Uuid::new_v4(), &GitAuth::none())
+            .prepare(spec, Uuid::new_v4(), Checkout::NewBranch, &GitAuth::none())
             .await
             .unwrap();
         for i in (0..files).step_by(10) {

@@ -45,7 +45,7 @@ use crate::process::{self, Ended, Limits, OutputSink};
 use crate::sandbox::{self, Sandbox, SandboxMode};
 use crate::user::{self, UserIds};
 use crate::version;
-use crate::workspace::{GitSandbox, Workspaces, Worktree};
+use crate::workspace::{Checkout, GitSandbox, Workspaces, Worktree};
 use crate::{AgentOutcome, PriceTable, RunReport};
 
 /// The longest diff summary a revision's prompt gets.
@@ -358,23 +358,15 @@ impl LocalRunner {
             metered,
             ..fail(message)
         };
-        let prepared = match &job.kind {
-            JobKind::Coding { .. } => {
-                self.workspaces
-                    .prepare_coding(&job.repo, job.task_id, &job.auth)
-                    .await
-            }
-            JobKind::Review { branch } => {
-                self.workspaces
-                    .prepare_review(&job.repo, job.task_id, branch, &job.auth)
-                    .await
-            }
-            JobKind::Revision { branch, .. } => {
-                self.workspaces
-                    .prepare_revision(&job.repo, job.task_id, branch, &job.auth)
-                    .await
-            }
+        let checkout = match &job.kind {
+            JobKind::Coding { .. } => Checkout::NewBranch,
+            JobKind::Review { branch } => Checkout::Detached(branch),
+            JobKind::Revision { branch, .. } => Checkout::Branch(branch),
         };
+        let prepared = self
+            .workspaces
+            .prepare(&job.repo, job.task_id, checkout, &job.auth)
+            .await;
         let worktree = match prepared {
             Ok(w) => w,
             Err(e) => return fail(format!("could not prepare the workspace: {e}")),

@@ -402,6 +402,19 @@ pub struct Worktree {
     git_sandbox: Option<Arc<GitSandbox>>,
 }
 
+/// What a task's worktree checks out ([`Workspaces::prepare`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checkout<'a> {
+    /// A coding task's fresh `agentry/task-…` branch ([`branch_name`]) from the remote
+    /// default branch (reset if a previous attempt left the branch).
+    NewBranch,
+    /// A revision's: the pull request's branch, at its head on the remote; the agent's
+    /// commit goes on top and [`Worktree::push`] pushes it as a fast-forward only.
+    Branch(&'a str),
+    /// A review's: the pull request's branch at its head on the remote, detached.
+    Detached(&'a str),
+}
+
 impl Workspaces {
     /// Workspaces under `root` (created on first use).
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -429,62 +442,21 @@ impl Workspaces {
         locks.entry(mirror.to_owned()).or_default().clone()
     }
 
-    /// A coding task's worktree on a fresh `agentry/task-…` branch from the remote default
-    /// branch (reset if a previous attempt left the branch).
-    pub async fn prepare_coding(
+    /// A task's worktree of `repo`, checked out as `checkout` says.
+    pub async fn prepare(
         &self,
         repo: &RepoSpec,
         task_id: Uuid,
+        checkout: Checkout<'_>,
         auth: &GitAuth,
     ) -> Result<Worktree, GitError> {
-        let branch = branch_name(task_id);
-        let start = format!(
-            "refs/remotes/origin/{}",
-            valid_branch(&repo.default_branch)?
-        );
-        self.prepare(repo, task_id, auth, Some(branch), &start)
-            .await
-    }
-
-    /// A revision's worktree on the pull request's branch `branch`, at its head on the
-    /// remote: the agent's commit goes on top and [`Worktree::push`] pushes it as a
-    /// fast-forward only.
-    pub async fn prepare_revision(
-        &self,
-        repo: &RepoSpec,
-        task_id: Uuid,
-        branch: &str,
-        auth: &GitAuth,
-    ) -> Result<Worktree, GitError> {
-        let branch = valid_branch(branch)?.to_owned();
-        let start = format!("refs/remotes/origin/{branch}");
-        let mut worktree = self
-            .prepare(repo, task_id, auth, Some(branch), &start)
-            .await?;
-        worktree.fast_forward = true;
-        Ok(worktree)
-    }
-
-    /// A review task's detached worktree at the pull request's branch `branch`.
-    pub async fn prepare_review(
-        &self,
-        repo: &RepoSpec,
-        task_id: Uuid,
-        branch: &str,
-        auth: &GitAuth,
-    ) -> Result<Worktree, GitError> {
-        let start = format!("refs/remotes/origin/{}", valid_branch(branch)?);
-        self.prepare(repo, task_id, auth, None, &start).await
-    }
-
-    async fn prepare(
-        &self,
-        repo: &RepoSpec,
-        task_id: Uuid,
-        auth: &GitAuth,
-        branch: Option<String>,
-        start: &str,
-    ) -> Result<Worktree, GitError> {
+        // The local branch, if any, and the remote branch it starts from.
+        let (branch, from) = match checkout {
+            Checkout::NewBranch => (Some(branch_name(task_id)), repo.default_branch.as_str()),
+            Checkout::Branch(branch) => (Some(branch.to_owned()), branch),
+            Checkout::Detached(branch) => (None, branch),
+        };
+        let start = format!("refs/remotes/origin/{}", valid_branch(from)?);
         if repo.key.is_empty()
             || !repo
                 .key
@@ -607,7 +579,7 @@ impl Workspaces {
             base_commit,
             committed: Mutex::new(None),
             lock,
-            fast_forward: false,
+            fast_forward: matches!(checkout, Checkout::Branch(_)),
             git_sandbox: self.git_sandbox.clone(),
         })
     }

@@ -7,6 +7,8 @@ use agentry_domain::{AgentType, EgressPattern};
 use agentry_persistence::secrets::SecretValue;
 use agentry_runner::SandboxMode;
 
+use crate::runs::RunSettings;
+
 /// The service's configuration. Its `Debug` never shows a secret: the master key, the
 /// webhook secret and the model keys are redacted, and so is a password in the database URL.
 #[derive(Clone, PartialEq, Eq)]
@@ -27,44 +29,22 @@ pub struct Config {
     /// `CODEHOST_WEBHOOK_SECRET`: the webhook's shared secret; `None` disables the webhook
     /// endpoint (404 `webhook_disabled`). Redacted in `Debug`.
     pub webhook_secret: Option<SecretValue>,
-    /// `AGENTRY_MAX_CONCURRENT_RUNS`: agent runs at once in this process (default 2, 0–64;
-    /// 0 runs no agents, e.g. for an API-only replica).
-    pub max_concurrent_runs: usize,
+    /// The orchestrator's settings: `AGENTRY_MAX_CONCURRENT_RUNS`, `AGENTRY_RUN_LEASE_SECS`,
+    /// `AGENTRY_RUN_TIME_LIMIT_SECS`, `AGENTRY_AGENT_SANDBOX`, the agents' resource limits
+    /// (`AGENTRY_AGENT_TMP_BYTES`, `AGENTRY_AGENT_MAX_*`, `AGENTRY_AGENT_TOTAL_MEMORY_BYTES`),
+    /// `AGENTRY_SANDBOX_SECCOMP`, `AGENTRY_SANDBOX_EXTRA_RO` and the agents' user
+    /// (`AGENTRY_AGENT_USER`, `AGENTRY_ALLOW_ROOT`), each described on its [`RunSettings`]
+    /// field; the settings no variable sets are [`RunSettings::default`]'s.
+    pub runs: RunSettings,
     /// `AGENTRY_CLAUDE_BIN`: the Claude Code executable (default `claude`, found on `PATH`).
     pub claude_bin: PathBuf,
     /// `AGENTRY_CODEX_BIN`: the Codex executable (default `codex`).
     pub codex_bin: PathBuf,
     /// `AGENTRY_PRICES_FILE`: a JSON price table merged over the built-in one.
     pub prices_file: Option<PathBuf>,
-    /// `AGENTRY_RUN_TIME_LIMIT_SECS`: wall-time limit of one agent run (default 3600 s).
-    pub run_time_limit: Duration,
-    /// `AGENTRY_RUN_LEASE_SECS`: how long a claimed task stays this process's without a
-    /// renewal (default 60 s); a dead process's tasks are recovered after it.
-    pub run_lease: Duration,
-    /// `AGENTRY_AGENT_SANDBOX`: `auto` (default: agents run in a bubblewrap sandbox and are
-    /// refused without one) or `off` (explicit: agents run unsandboxed).
-    pub agent_sandbox: SandboxMode,
     /// `AGENTRY_ALERT_WEBHOOK_URL`: where budget alerts are POSTed (https, or http only to
     /// loopback); `None` records them without sending. Shown without its path in `Debug`.
     pub alert_webhook_url: Option<crate::alerts::WebhookUrl>,
-    /// `AGENTRY_AGENT_TMP_BYTES`, `AGENTRY_AGENT_MAX_PROCESSES`,
-    /// `AGENTRY_AGENT_MAX_OPEN_FILES`, `AGENTRY_AGENT_MAX_FILE_BYTES`,
-    /// `AGENTRY_AGENT_MAX_MEMORY_BYTES`: the resource limits of sandboxed agents
-    /// (docs/security.md#resource-limits).
-    pub agent_limits: agentry_runner::AgentLimits,
-    /// `AGENTRY_SANDBOX_EXTRA_RO`: colon-separated absolute paths sandboxed agents also see,
-    /// read-only, besides the system's allow-list (a toolchain outside `/usr`, such as
-    /// `/opt/toolchain`; docs/security.md#agent-sandbox). Never the data directory, one in
-    /// it or one holding it. Empty by default.
-    pub sandbox_extra_ro: Vec<PathBuf>,
-    /// The user agents run as (docs/security.md#the-agents-user): the service's own, unless
-    /// the service runs as root; then `AGENTRY_AGENT_USER` (default `nobody`), or root itself
-    /// with `AGENTRY_ALLOW_ROOT=1`. A user that cannot be used refuses agents with its reason.
-    pub agent_user: agentry_runner::user::AgentUser,
-    /// `AGENTRY_SANDBOX_SECCOMP`: `on` (default: sandboxed agents get the seccomp filter
-    /// refusing the system calls they never need, docs/security.md#the-seccomp-filter) or
-    /// `off` (for tools that need a refused call).
-    pub sandbox_seccomp: bool,
     /// `AGENTRY_AGENT_ENV`: the names of the service's environment variables passed to
     /// every agent (proxies, CA bundles, base URLs…), besides `PATH`, the run's `HOME` and
     /// the agent's own credentials. Empty by default.
@@ -106,18 +86,11 @@ impl std::fmt::Debug for Config {
             .field("mention", &self.mention)
             .field("revision_quiet", &self.revision_quiet)
             .field("webhook_secret", &self.webhook_secret)
-            .field("max_concurrent_runs", &self.max_concurrent_runs)
+            .field("runs", &self.runs)
             .field("claude_bin", &self.claude_bin)
             .field("codex_bin", &self.codex_bin)
             .field("prices_file", &self.prices_file)
-            .field("run_time_limit", &self.run_time_limit)
-            .field("run_lease", &self.run_lease)
-            .field("agent_sandbox", &self.agent_sandbox)
             .field("alert_webhook_url", &self.alert_webhook_url)
-            .field("agent_limits", &self.agent_limits)
-            .field("sandbox_extra_ro", &self.sandbox_extra_ro)
-            .field("sandbox_seccomp", &self.sandbox_seccomp)
-            .field("agent_user", &self.agent_user)
             .field("agent_env", &self.agent_env)
             .field("egress_allow", &self.egress_allow)
             .field("anthropic_upstream", &self.anthropic_upstream)
@@ -300,10 +273,12 @@ impl Config {
                 ),
             });
         }
-        let max_concurrent_runs = whole_number(
+        // The run settings' defaults are those of `RunSettings`, declared once there.
+        let defaults = RunSettings::default();
+        let max_concurrent = whole_number(
             "AGENTRY_MAX_CONCURRENT_RUNS",
             get("AGENTRY_MAX_CONCURRENT_RUNS"),
-            2,
+            defaults.max_concurrent,
             0..=64,
             "a whole number",
         )?;
@@ -319,16 +294,20 @@ impl Config {
         let prices_file = get("AGENTRY_PRICES_FILE")
             .map(|p| absolute("AGENTRY_PRICES_FILE", PathBuf::from(p)))
             .transpose()?;
-        let run_time_limit = interval(&get, "AGENTRY_RUN_TIME_LIMIT_SECS", 3600)?;
-        let run_lease = interval(&get, "AGENTRY_RUN_LEASE_SECS", 60)?;
-        if run_lease < Duration::from_secs(3) {
+        let wall_time = interval(
+            &get,
+            "AGENTRY_RUN_TIME_LIMIT_SECS",
+            defaults.wall_time.as_secs(),
+        )?;
+        let lease = interval(&get, "AGENTRY_RUN_LEASE_SECS", defaults.lease.as_secs())?;
+        if lease < Duration::from_secs(3) {
             return Err(ConfigError {
                 name: "AGENTRY_RUN_LEASE_SECS",
                 message: "at least 3 seconds (the lease is renewed every third of it)".into(),
             });
         }
-        let agent_sandbox = match get("AGENTRY_AGENT_SANDBOX") {
-            None => SandboxMode::Auto,
+        let sandbox = match get("AGENTRY_AGENT_SANDBOX") {
+            None => defaults.sandbox,
             Some(text) => text.trim().parse().map_err(|e| ConfigError {
                 name: "AGENTRY_AGENT_SANDBOX",
                 message: format!("{e}"),
@@ -345,7 +324,7 @@ impl Config {
             crate::doctor::effective_uid().unwrap_or(u32::MAX),
             get("AGENTRY_AGENT_USER").as_deref().map(str::trim),
             allow_root,
-            agent_sandbox == SandboxMode::Auto,
+            sandbox == SandboxMode::Auto,
         )
         .map_err(ConfigError::of("AGENTRY_AGENT_USER"))?;
         let agent_limits = agentry_runner::AgentLimits::from_lookup(get)
@@ -428,17 +407,20 @@ impl Config {
             issue_sync_interval,
             poll_interval,
             webhook_secret,
-            max_concurrent_runs,
+            runs: RunSettings {
+                max_concurrent,
+                lease,
+                wall_time,
+                sandbox,
+                agent_limits,
+                sandbox_seccomp,
+                sandbox_extra_ro,
+                agent_user,
+                ..RunSettings::default()
+            },
             claude_bin,
             codex_bin,
             prices_file,
-            run_time_limit,
-            run_lease,
-            agent_sandbox,
-            agent_limits,
-            sandbox_extra_ro,
-            sandbox_seccomp,
-            agent_user,
             alert_webhook_url,
             agent_env,
             egress_allow,
@@ -660,6 +642,15 @@ mod tests {
         e
     }
 
+    /// Each `(value, why)` of `cases`, `name` set to `value` alone, is refused with a message
+    /// that contains `why`.
+    fn assert_refused(name: &str, cases: &[(&str, &str)]) {
+        for (bad, why) in cases {
+            let e = refused(name, bad);
+            assert!(e.message.contains(why), "{bad}: {}", e.message);
+        }
+    }
+
     #[test]
     fn a_short_webhook_secret_and_plain_http_off_this_machine_are_refused() {
         let short = cfg(&[("CODEHOST_WEBHOOK_SECRET", "fifteen-bytes!!")]).unwrap_err();
@@ -711,13 +702,13 @@ mod tests {
         assert_eq!(c.issue_sync_interval, Duration::from_secs(60));
         assert_eq!(c.poll_interval, Duration::from_secs(30));
         assert_eq!(c.webhook_secret, None);
-        assert_eq!(c.max_concurrent_runs, 2);
+        assert_eq!(c.runs.max_concurrent, 2);
         assert_eq!(c.claude_bin, PathBuf::from("claude"));
         assert_eq!(c.codex_bin, PathBuf::from("codex"));
         assert_eq!(c.prices_file, None);
-        assert_eq!(c.run_time_limit, Duration::from_secs(3600));
-        assert_eq!(c.run_lease, Duration::from_secs(60));
-        assert_eq!(c.agent_sandbox, SandboxMode::Auto);
+        assert_eq!(c.runs.wall_time, Duration::from_secs(3600));
+        assert_eq!(c.runs.lease, Duration::from_secs(60));
+        assert_eq!(c.runs.sandbox, SandboxMode::Auto);
         assert_eq!(c.alert_webhook_url, None);
         assert!(c.egress_allow.is_empty());
     }
@@ -793,17 +784,20 @@ mod tests {
             ("AGENTRY_AGENT_SANDBOX", "off"),
         ])
         .unwrap();
-        assert_eq!(c.agent_sandbox, SandboxMode::Off);
-        assert_eq!(c.agent_limits, agentry_runner::AgentLimits::default());
-        assert_eq!(c.max_concurrent_runs, 5);
+        assert_eq!(c.runs.sandbox, SandboxMode::Off);
+        assert_eq!(c.runs.agent_limits, agentry_runner::AgentLimits::default());
+        assert_eq!(c.runs.max_concurrent, 5);
         assert_eq!(c.claude_bin, PathBuf::from("/opt/claude/bin/claude"));
         assert_eq!(c.codex_bin, PathBuf::from("codex-nightly"));
         assert_eq!(
             c.prices_file,
             Some(PathBuf::from("/etc/agentry/prices.json"))
         );
-        assert_eq!(c.run_time_limit, Duration::from_secs(900));
-        assert_eq!(c.run_lease, Duration::from_secs(20));
+        assert_eq!(c.runs.wall_time, Duration::from_secs(900));
+        assert_eq!(c.runs.lease, Duration::from_secs(20));
+        let shown = format!("{c:?}");
+        assert!(shown.contains("max_concurrent: 5"), "{shown}");
+        assert!(shown.contains("sandbox: Off"), "{shown}");
         for (name, value) in [
             ("AGENTRY_MAX_CONCURRENT_RUNS", "65"),
             ("AGENTRY_MAX_CONCURRENT_RUNS", "-1"),
@@ -877,19 +871,19 @@ mod tests {
                 .egress_allow
                 .is_empty()
         );
-        for (bad, why) in [
-            (
-                "pypi.org, https://files.pythonhosted.org",
-                "a URL is not a host name",
-            ),
-            ("pypi.org:443", "a port is not part of a host name"),
-            ("*", "would allow every host"),
-            ("*.com", "a wildcard must stand for hosts below"),
-            ("pypi org", "no white space"),
-        ] {
-            let e = refused("AGENTRY_EGRESS_ALLOW", bad);
-            assert!(e.message.contains(why), "{bad}: {}", e.message);
-        }
+        assert_refused(
+            "AGENTRY_EGRESS_ALLOW",
+            &[
+                (
+                    "pypi.org, https://files.pythonhosted.org",
+                    "a URL is not a host name",
+                ),
+                ("pypi.org:443", "a port is not part of a host name"),
+                ("*", "would allow every host"),
+                ("*.com", "a wildcard must stand for hosts below"),
+                ("pypi org", "no white space"),
+            ],
+        );
         let e = cfg(&[("AGENTRY_EGRESS_ALLOW", "a.org, https://x")]).unwrap_err();
         assert!(
             e.to_string()
@@ -912,7 +906,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            c.agent_limits,
+            c.runs.agent_limits,
             agentry_runner::AgentLimits {
                 tmp_bytes: 256 << 20,
                 max_processes: 1024,
@@ -940,10 +934,10 @@ mod tests {
     /// else is refused.
     #[test]
     fn the_seccomp_filter_is_on_unless_turned_off() {
-        assert!(cfg(&[]).unwrap().sandbox_seccomp);
+        assert!(cfg(&[]).unwrap().runs.sandbox_seccomp);
         for (value, on) in [("on", true), ("off", false)] {
             let c = cfg(&[("AGENTRY_SANDBOX_SECCOMP", value)]).unwrap();
-            assert_eq!(c.sandbox_seccomp, on, "{value}");
+            assert_eq!(c.runs.sandbox_seccomp, on, "{value}");
         }
         for bad in ["0", "false", "auto", "OFF"] {
             refused("AGENTRY_SANDBOX_SECCOMP", bad);
@@ -956,7 +950,7 @@ mod tests {
     #[test]
     fn the_agents_user_follows_the_services() {
         use agentry_runner::user::AgentUser;
-        let user = |vars: &[(&str, &str)]| cfg(vars).map(|c| c.agent_user);
+        let user = |vars: &[(&str, &str)]| cfg(vars).map(|c| c.runs.agent_user);
         if crate::doctor::effective_uid() == Some(0) {
             let nobody = user(&[]).unwrap();
             assert_eq!(nobody.ids().map(|u| u.uid), Some(65534));
@@ -986,14 +980,14 @@ mod tests {
 
     #[test]
     fn sandbox_extra_ro_is_absolute_and_never_the_data_dir() {
-        assert!(cfg(&[]).unwrap().sandbox_extra_ro.is_empty());
+        assert!(cfg(&[]).unwrap().runs.sandbox_extra_ro.is_empty());
         let c = cfg(&[
             ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
             ("AGENTRY_SANDBOX_EXTRA_RO", "/opt/toolchain::/nix/store"),
         ])
         .unwrap();
         assert_eq!(
-            c.sandbox_extra_ro,
+            c.runs.sandbox_extra_ro,
             vec![PathBuf::from("/opt/toolchain"), PathBuf::from("/nix/store")]
         );
         for bad in [
@@ -1031,18 +1025,18 @@ mod tests {
                 "ANTHROPIC_BASE_URL"
             ]
         );
-        for (bad, why) in [
-            ("PATH", "agentry sets it"),
-            ("HOME", "agentry sets it"),
-            ("CODEX_HOME", "agentry sets it"),
-            ("AGENTRY_MASTER_KEY", "agentry's own configuration"),
-            ("CODEHOST_WEBHOOK_SECRET", "agentry's own configuration"),
-            ("OPENAI_API_KEY", "credentials reach the agent"),
-            ("1BAD", "not an environment variable name"),
-            ("A-B", "not an environment variable name"),
-        ] {
-            let e = refused("AGENTRY_AGENT_ENV", bad);
-            assert!(e.message.contains(why), "{bad}: {}", e.message);
-        }
+        assert_refused(
+            "AGENTRY_AGENT_ENV",
+            &[
+                ("PATH", "agentry sets it"),
+                ("HOME", "agentry sets it"),
+                ("CODEX_HOME", "agentry sets it"),
+                ("AGENTRY_MASTER_KEY", "agentry's own configuration"),
+                ("CODEHOST_WEBHOOK_SECRET", "agentry's own configuration"),
+                ("OPENAI_API_KEY", "credentials reach the agent"),
+                ("1BAD", "not an environment variable name"),
+                ("A-B", "not an environment variable name"),
+            ],
+        );
     }
 }

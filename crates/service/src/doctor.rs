@@ -202,7 +202,7 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
     let agents = Agents::of(stored.repos.as_deref());
     let (git, sandbox, claude, codex, codehost) = tokio::join!(
         check_git(env.path.as_deref()),
-        check_sandbox(config.agent_sandbox),
+        check_sandbox(config.runs.sandbox),
         check_cli(AgentType::ClaudeCode, &config.claude_bin, env, &agents),
         check_cli(AgentType::Codex, &config.codex_bin, env, &agents),
         check_codehost(config, &key, &stored.token),
@@ -210,7 +210,7 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
     let mut checks = vec![git, sandbox, claude, codex];
     for agent in [AgentType::ClaudeCode, AgentType::Codex] {
         if agents.required(agent) {
-            checks.push(match config.agent_sandbox {
+            checks.push(match config.runs.sandbox {
                 SandboxMode::Auto => check_gateway_key(agent, config, &stored.secrets),
                 SandboxMode::Off => check_credentials(agent, env),
             });
@@ -226,11 +226,11 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
     {
         checks.push(check);
     }
-    checks.push(check_runner(config.max_concurrent_runs));
+    checks.push(check_runner(config.runs.max_concurrent));
     if let Some(check) = check_user(
         effective_uid(),
-        &config.agent_user,
-        config.max_concurrent_runs,
+        &config.runs.agent_user,
+        config.runs.max_concurrent,
     ) {
         checks.push(check);
     }

@@ -89,30 +89,44 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How long recording a metered run waits for its last calls to be written.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
-/// How the orchestrator behaves.
-#[derive(Debug, Clone)]
+/// How the orchestrator behaves: the eight settings read from the environment into
+/// [`Config::runs`](crate::config::Config::runs), and the others, which keep their defaults
+/// outside tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunSettings {
-    /// Agent runs at once in this process (`AGENTRY_MAX_CONCURRENT_RUNS`); 0 runs none.
+    /// `AGENTRY_MAX_CONCURRENT_RUNS`: agent runs at once in this process (default 2, 0–64;
+    /// 0 runs no agents, e.g. for an API-only replica).
     pub max_concurrent: usize,
-    /// How long a claim lasts without renewal (`AGENTRY_RUN_LEASE_SECS`).
+    /// `AGENTRY_RUN_LEASE_SECS`: how long a claimed task stays this process's without a
+    /// renewal (default 60 s); a dead process's tasks are recovered after it.
     pub lease: Duration,
-    /// Wall-time limit of one run (`AGENTRY_RUN_TIME_LIMIT_SECS`).
+    /// `AGENTRY_RUN_TIME_LIMIT_SECS`: wall-time limit of one agent run (default 3600 s).
     pub wall_time: Duration,
     /// How often an idle runner looks for queued tasks it was not woken for.
     pub idle: Duration,
     /// Keep run directories after the run is recorded (for tests that inspect them).
     pub keep_run_dirs: bool,
-    /// Whether agents run sandboxed (`AGENTRY_AGENT_SANDBOX`).
+    /// `AGENTRY_AGENT_SANDBOX`: `auto` (default: agents run in a bubblewrap sandbox and are
+    /// refused without one) or `off` (explicit: agents run unsandboxed).
     pub sandbox: agentry_runner::SandboxMode,
-    /// The resource limits of sandboxed agents (`AGENTRY_AGENT_TMP_BYTES`,
-    /// `AGENTRY_AGENT_MAX_*`).
+    /// `AGENTRY_AGENT_TMP_BYTES`, `AGENTRY_AGENT_MAX_PROCESSES`,
+    /// `AGENTRY_AGENT_MAX_OPEN_FILES`, `AGENTRY_AGENT_MAX_FILE_BYTES`,
+    /// `AGENTRY_AGENT_MAX_MEMORY_BYTES`, `AGENTRY_AGENT_TOTAL_MEMORY_BYTES`: the resource
+    /// limits of sandboxed agents (docs/security.md#resource-limits).
     pub agent_limits: agentry_runner::AgentLimits,
-    /// Whether sandboxed agents get the seccomp filter (`AGENTRY_SANDBOX_SECCOMP`).
+    /// `AGENTRY_SANDBOX_SECCOMP`: `on` (default: sandboxed agents get the seccomp filter
+    /// refusing the system calls they never need, docs/security.md#the-seccomp-filter) or
+    /// `off` (for tools that need a refused call).
     pub sandbox_seccomp: bool,
-    /// What sandboxed agents also see read-only (`AGENTRY_SANDBOX_EXTRA_RO`,
-    /// [`agentry_runner::Sandbox::with_extra_ro`]).
+    /// `AGENTRY_SANDBOX_EXTRA_RO`: colon-separated absolute paths sandboxed agents also see,
+    /// read-only, besides the system's allow-list (a toolchain outside `/usr`, such as
+    /// `/opt/toolchain`; docs/security.md#agent-sandbox,
+    /// [`agentry_runner::Sandbox::with_extra_ro`]). Never the data directory, one in it or
+    /// one holding it. Empty by default.
     pub sandbox_extra_ro: Vec<std::path::PathBuf>,
-    /// The user agents run as (`AGENTRY_AGENT_USER`, `AGENTRY_ALLOW_ROOT`).
+    /// The user agents run as (docs/security.md#the-agents-user): the service's own, unless
+    /// the service runs as root; then `AGENTRY_AGENT_USER` (default `nobody`), or root itself
+    /// with `AGENTRY_ALLOW_ROOT=1`. A user that cannot be used refuses agents with its reason.
     pub agent_user: agentry_runner::user::AgentUser,
     /// The first wait before publishing is tried again after a code-host failure whose
     /// outcome is unknown (5xx, timeout, rate limit); it doubles up to 30 s.

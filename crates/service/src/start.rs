@@ -15,7 +15,7 @@ use crate::agent_network::AgentNetwork;
 use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
 use crate::gateway::{Gateway, GatewayConfig};
-use crate::runs::{self, RunSettings, Runs, SandboxNetwork};
+use crate::runs::{self, Runs, SandboxNetwork};
 
 /// How often webhook delivery ids older than their retention are forgotten.
 pub const DELIVERY_PRUNE_EVERY: Duration = Duration::from_secs(3600);
@@ -122,7 +122,7 @@ pub(crate) fn price_table(config: &Config) -> Result<PriceTable, StartError> {
 /// inside each sandbox is this very executable (`agentry sandbox-net`).
 pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, StartError> {
     let prices = price_table(config)?;
-    let network = match config.agent_sandbox {
+    let network = match config.runs.sandbox {
         agentry_runner::SandboxMode::Off => None,
         agentry_runner::SandboxMode::Auto => {
             let exe = std::env::current_exe()
@@ -151,17 +151,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
         config.codex_bin.clone(),
         prices,
         &config.agent_env,
-        RunSettings {
-            max_concurrent: config.max_concurrent_runs,
-            lease: config.run_lease,
-            wall_time: config.run_time_limit,
-            sandbox: config.agent_sandbox,
-            agent_limits: config.agent_limits,
-            sandbox_seccomp: config.sandbox_seccomp,
-            agent_user: config.agent_user.clone(),
-            sandbox_extra_ro: config.sandbox_extra_ro.clone(),
-            ..RunSettings::default()
-        },
+        config.runs.clone(),
         network,
     ))
 }
@@ -206,9 +196,9 @@ impl Service {
     /// outbox, the budget alerts (a check, then their webhook), the pull-request poller and
     /// the pruning of webhook delivery ids.
     pub async fn start_background(&self, config: &Config) -> Background {
-        if config.max_concurrent_runs > 0 && crate::doctor::effective_uid() == Some(0) {
+        if config.runs.max_concurrent > 0 && crate::doctor::effective_uid() == Some(0) {
             use agentry_runner::user::AgentUser;
-            match &config.agent_user {
+            match &config.runs.agent_user {
                 AgentUser::Switch(user) => tracing::info!(
                     user = %user.name,
                     uid = user.uid,

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::support::{assert_no_file_holds, git};
-use agentry_runner::workspace::{GitAuth, GitError, RepoSpec, Workspaces, Worktree, branch_name};
+use agentry_runner::workspace::{
+    Checkout, GitAuth, GitError, RepoSpec, Workspaces, Worktree, branch_name,
+};
 use base64::Engine;
 use tempfile::TempDir;
 use uuid::Uuid;
@@ -90,7 +92,12 @@ impl Rig {
     /// A coding worktree for `task` on the source's `main`.
     async fn coding(&self, task: Uuid) -> Worktree {
         self.ws
-            .prepare_coding(&self.source.spec(), task, &GitAuth::none())
+            .prepare(
+                &self.source.spec(),
+                task,
+                Checkout::NewBranch,
+                &GitAuth::none(),
+            )
             .await
             .unwrap()
     }
@@ -198,10 +205,10 @@ async fn agent_commits_count_retries_reuse_the_branch_and_fetch_sees_new_commits
 
     // A review checks the pushed branch out, detached.
     let review = ws
-        .prepare_review(
+        .prepare(
             &source.spec(),
             Uuid::new_v4(),
-            &branch_name(task),
+            Checkout::Detached(&branch_name(task)),
             &GitAuth::none(),
         )
         .await
@@ -238,7 +245,7 @@ async fn concurrent_tasks_on_one_repository() {
         handles.push(tokio::spawn(async move {
             let task = Uuid::new_v4();
             let wt = ws
-                .prepare_coding(&spec, task, &GitAuth::none())
+                .prepare(&spec, task, Checkout::NewBranch, &GitAuth::none())
                 .await
                 .unwrap();
             std::fs::write(wt.path().join(format!("f{i}.txt")), "x\n").unwrap();
@@ -266,18 +273,23 @@ async fn bad_keys_branches_and_unreachable_remotes_are_errors() {
         allow_local: true,
     };
     let err = ws
-        .prepare_coding(&spec, Uuid::new_v4(), &GitAuth::none())
+        .prepare(&spec, Uuid::new_v4(), Checkout::NewBranch, &GitAuth::none())
         .await
         .unwrap_err();
     assert!(matches!(err, GitError::InvalidKey(_)), "{err}");
     spec.key = "r".into();
     let err = ws
-        .prepare_coding(&spec, Uuid::new_v4(), &GitAuth::none())
+        .prepare(&spec, Uuid::new_v4(), Checkout::NewBranch, &GitAuth::none())
         .await
         .unwrap_err();
     assert!(err.to_string().contains("fetch"), "{err}");
     let err = ws
-        .prepare_review(&spec, Uuid::new_v4(), "--upload-pack=x", &GitAuth::none())
+        .prepare(
+            &spec,
+            Uuid::new_v4(),
+            Checkout::Detached("--upload-pack=x"),
+            &GitAuth::none(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, GitError::InvalidBranch(_)), "{err}");
@@ -322,7 +334,7 @@ async fn the_token_reaches_git_only_as_a_header() {
     let auth = GitAuth::token(TOKEN);
     assert!(!format!("{auth:?}").contains(TOKEN));
     let err = ws
-        .prepare_coding(&spec, Uuid::new_v4(), &auth)
+        .prepare(&spec, Uuid::new_v4(), Checkout::NewBranch, &auth)
         .await
         .unwrap_err();
     assert!(!err.to_string().contains(TOKEN), "{err}");
@@ -361,7 +373,7 @@ async fn refused_clone_urls_run_no_git_at_all() {
             ..source.spec()
         };
         let err = ws
-            .prepare_coding(&spec, Uuid::new_v4(), &GitAuth::none())
+            .prepare(&spec, Uuid::new_v4(), Checkout::NewBranch, &GitAuth::none())
             .await
             .unwrap_err();
         assert!(

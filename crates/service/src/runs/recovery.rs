@@ -4,6 +4,19 @@
 
 use super::*;
 
+/// Logs the outcome of a step of [`Service::recover_at_start`], a count or an error: a
+/// warning with the count as `$field` and `$done` when the step did anything, or with the
+/// error and `$failed` when it failed.
+macro_rules! log_start_step {
+    ($result:expr, $field:ident, $done:literal, $failed:literal $(,)?) => {
+        match $result {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!($field = n, $done),
+            Err(e) => tracing::warn!(error = %e, $failed),
+        }
+    };
+}
+
 impl Service {
     /// Recovers every task whose lease expired before `before` (see the module docs); returns
     /// how many were recovered.
@@ -52,26 +65,18 @@ impl Service {
             Backend::Sqlite => now() + time::Duration::days(36_500),
             Backend::Postgres => now(),
         };
-        match self.recover_expired(before).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(
-                tasks = n,
-                "recovered tasks left running by a stopped process"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not recover the tasks of a stopped process")
-            }
-        }
-        match record_leftovers(self).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(
-                runs = n,
-                "recorded the cost of runs a stopped process left unrecorded"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not record the runs a stopped process left")
-            }
-        }
+        log_start_step!(
+            self.recover_expired(before).await,
+            tasks,
+            "recovered tasks left running by a stopped process",
+            "could not recover the tasks of a stopped process"
+        );
+        log_start_step!(
+            record_leftovers(self).await,
+            runs,
+            "recorded the cost of runs a stopped process left unrecorded",
+            "could not record the runs a stopped process left"
+        );
     }
 }
 
