@@ -57,6 +57,13 @@ impl Query {
             .transpose()
     }
 
+    /// `name` as a UUID, naming the parameter on failure (like a UUID in the path).
+    pub fn uuid(&self, name: &str) -> Result<Option<uuid::Uuid>, ApiError> {
+        self.get(name)
+            .map(|v| crate::routes::path_uuid(name, v))
+            .transpose()
+    }
+
     /// An integer parameter within `min..=max` (plain decimal digits only).
     pub fn int_in(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
         let Some(v) = self.get(name) else {

@@ -17,7 +17,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
-    Authorized, BodyErrors, ChangeErrors, LookupErrors, created_or_existing, cursor, path_uuid,
+    Authorized, BodyErrors, ChangeErrors, LookupErrors, created_or_existing, cursor,
 };
 use crate::state::AppState;
 use agentry_service::tasks::Assignment;
@@ -219,10 +219,7 @@ fn view_query(req: &HttpRequest, paged: bool) -> Result<ViewQuery, ApiError> {
         &["repoId", "limit"]
     };
     let q = Query::parse(req.query_string(), allowed)?;
-    let repo_id = q
-        .get("repoId")
-        .map(|v| path_uuid("repoId", v))
-        .transpose()?;
+    let repo_id = q.uuid("repoId")?;
     let limit = PageLimit::read(&q)?;
     let cursor = q.get("cursor").map(decode_cursor).transpose()?;
     Ok(ViewQuery {

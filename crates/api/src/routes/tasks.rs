@@ -21,7 +21,7 @@ use crate::query::Query;
 use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
     Authorized, BodyChangeErrors, LookupErrors, QueryErrors, Target, TaskId, TransitionErrors,
-    cursor, path_uuid,
+    cursor,
 };
 use crate::state::AppState;
 use agentry_service::tasks::{NewCodingTask, OutputTail};
@@ -75,10 +75,7 @@ pub async fn list_tasks(
     )?;
     let filter = TaskFilter {
         state: q.parsed::<TaskState>("state")?,
-        repo_id: q
-            .get("repoId")
-            .map(|v| path_uuid("repoId", v))
-            .transpose()?,
+        repo_id: q.uuid("repoId")?,
         task_type: q.parsed::<TaskType>("taskType")?,
     };
     let limit = PageLimit::read(&q)?;
