@@ -34,10 +34,7 @@ pub fn generate_token() -> Result<String, getrandom::Error> {
 /// The stored form of a token: lower-case hex SHA-256. Tokens carry 256 random bits, so a
 /// fast hash is enough (no password stretching needed) and lookups stay one index probe.
 pub fn hash_token(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// The authenticated caller of a request.
