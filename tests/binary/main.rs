@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The test `$test` runs the scenario `$scenario` on [`Replicas`]: reported ignored where
 /// the suite has no PostgreSQL (and doing nothing there if run all the same).
@@ -208,30 +208,32 @@ impl Server {
         if json_logs {
             cmd.env("AGENTRY_LOG_FORMAT", "json");
         }
-        let (child, base, stderr) = spawn_serve(&mut cmd);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let client = reqwest::blocking::Client::new();
-        loop {
-            if client
-                .get(format!("{base}/healthz"))
-                .send()
-                .is_ok_and(|r| r.status() == 200)
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agentry serve did not become healthy:\n{}",
-                stderr.so_far()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Server {
+        Server::serve(&mut cmd)
+    }
+
+    /// Runs `cmd` (an `agentry serve` command line) and waits until `/healthz` answers; a
+    /// server that does not is killed, and its log is part of the failure.
+    fn serve(cmd: &mut Command) -> Server {
+        let (child, base, stderr) = spawn_serve(cmd);
+        let server = Server {
             child,
             base,
             stdout: Vec::new(),
             stderr,
-        }
+        };
+        let client = reqwest::blocking::Client::new();
+        eventually(Duration::from_secs(20), "agentry serve healthy", || {
+            let healthy = client
+                .get(format!("{}/healthz", server.base))
+                .send()
+                .is_ok_and(|r| r.status() == 200);
+            if healthy {
+                Ok(())
+            } else {
+                Err(format!("its log so far:\n{}", server.stderr.so_far()))
+            }
+        });
+        server
     }
 
     fn read_token(&mut self) -> String {
@@ -253,18 +255,17 @@ impl Server {
     }
 
     /// Waits for the process to exit; returns its exit status and everything on stderr.
+    /// (A server still running then is killed when it is dropped.)
     fn wait(mut self, within: Duration) -> (std::process::ExitStatus, String) {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return (status, self.stderr.all());
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("agentry did not exit within {within:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let status = eventually(within, "agentry to exit", || self.child.try_wait().unwrap());
+        (status, self.stderr.all())
+    }
+
+    /// Kills the process; returns everything it wrote on stderr.
+    fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stderr.all()
     }
 }
 
@@ -1230,14 +1231,9 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
         // The defaults, whoever runs them.
         cmd.env_remove("AGENTRY_ALLOW_ROOT");
     }
-    let (mut child, base, mut stderr) = spawn_serve(&mut cmd);
+    let server = Server::serve(&mut cmd);
+    let base = server.base.clone();
     let client = reqwest::blocking::Client::new();
-    eventually(Duration::from_secs(20), "serve healthy", || {
-        client
-            .get(format!("{base}/healthz"))
-            .send()
-            .is_ok_and(|r| r.status() == 200)
-    });
     let data = cwd.join("agentry-data");
     let admin = std::fs::read_to_string(data.join("admin-token"))
         .unwrap()
@@ -1255,31 +1251,18 @@ fn the_readme_defaults_take_an_issue_to_a_pull_request() {
     assert_eq!(assigned.status(), 201);
     let assigned: Value = assigned.json().unwrap();
     let id = assigned["task"]["id"].as_str().unwrap().to_owned();
-    let mut last;
-    let reached = {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            last = task_of(&base, &id, &admin);
-            if last["state"] == "pr_opened" || last["state"] == "failed" {
-                break last["state"] == "pr_opened";
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    let last = eventually(Duration::from_secs(60), "the task's pull request", || {
+        let task = task_of(&base, &id, &admin);
+        match task["state"].as_str() {
+            Some("pr_opened" | "failed") => Ok(task),
+            _ => Err(format!("{task}\n{}", server.stderr.so_far())),
         }
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        reached,
-        "the task did not reach pr_opened: {last}\n{}",
-        stderr.all()
-    );
+    });
+    let log = server.kill();
+    assert_eq!(last["state"], "pr_opened", "{last}\n{log}");
     assert_eq!(fake.pulls("acme", "web").len(), 1);
     if sandboxed && running_as_root() {
         // Run as root, the agent ran as `nobody`.
-        let log = stderr.all();
         assert!(
             log.contains("its agents run as another user") && log.contains("nobody"),
             "{log}"

@@ -23,6 +23,7 @@ use agentry_fake_models::{CallKind, FakeModels, Provider, Transport};
 use agentry_runner::{PriceTable, Tokens};
 use agentry_testkit::git::{git, source_repo};
 use agentry_testkit::json::elements_of;
+use agentry_testkit::wait::eventually;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{Value, json};
 
@@ -165,19 +166,17 @@ impl Rig {
         within: Duration,
         done: impl Fn(&Value) -> bool,
     ) -> Value {
-        let deadline = Instant::now() + within;
-        loop {
+        eventually(within, what, || {
             let task = self.task(id);
             if done(&task) {
-                return task;
+                Ok(task)
+            } else {
+                Err(format!(
+                    "{task:#}\n--- agentry's log ---\n{}",
+                    self.server.stderr.so_far()
+                ))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not reached within {within:?}: {task:#}\n--- agentry's log ---\n{}",
-                self.server.stderr.so_far()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        })
     }
 
     /// [`Rig::wait_task`] until the task has failed.
@@ -376,27 +375,25 @@ fn state(task: &Value) -> &str {
 
 /// The review task of the coding task `parent`, once it ended.
 fn review_of(rig: &Rig, parent: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    let id = eventually(Duration::from_secs(90), "a review task", || {
         let (_, list) = get(
             &rig.server.base,
             "/api/tasks?taskType=review&limit=50",
             &rig.admin,
         );
-        if let Some(review) = list["tasks"]
+        let review = list["tasks"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|t| t["parentTaskId"] == parent)
-        {
-            let id = review["id"].as_str().unwrap().to_owned();
-            return rig.wait_task(&id, "the review ends", Duration::from_secs(90), |t| {
-                matches!(state(t), "completed" | "failed")
-            });
+            .find(|t| t["parentTaskId"] == parent);
+        match review {
+            Some(review) => Ok(review["id"].as_str().unwrap().to_owned()),
+            None => Err(format!("{list:#}")),
         }
-        assert!(Instant::now() < deadline, "no review task: {list:#}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
+    rig.wait_task(&id, "the review ends", Duration::from_secs(90), |t| {
+        matches!(state(t), "completed" | "failed")
+    })
 }
 
 /// Issue → pull request → review, with the real CLI of `agent`; returns the seconds from

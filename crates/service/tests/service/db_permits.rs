@@ -6,9 +6,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentry_service::{Service, ServiceError};
+use agentry_testkit::wait::eventually;
 
 use crate::common::config;
 
@@ -46,12 +47,10 @@ fn waiting_database_calls_do_not_hold_blocking_threads() {
                     .await
             }));
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while entered.load(Ordering::SeqCst) < pool {
-            assert!(Instant::now() < deadline, "the pool never filled");
-            // A std sleep: this wait must not depend on the runtime's timer.
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        // `eventually` sleeps on this thread: this wait must not depend on the runtime's timer.
+        eventually(Duration::from_secs(10), "the pool to fill", || {
+            entered.load(Ordering::SeqCst) >= pool
+        });
         // More calls than there are threads left, each polled once so that it has gone as far
         // as it can (to its permit, or to a blocking thread) before the other work is sent.
         let mut waiting = Vec::new();
