@@ -416,7 +416,7 @@ impl Config {
                 sandbox_seccomp,
                 sandbox_extra_ro,
                 agent_user,
-                ..RunSettings::default()
+                ..defaults
             },
             claude_bin,
             codex_bin,
