@@ -240,6 +240,13 @@ impl ResponseError for ApiError {
     }
 }
 
+/// For extractors that cannot fail, such as `()`.
+impl From<std::convert::Infallible> for ApiError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
+
 impl From<FieldError> for ApiError {
     fn from(e: FieldError) -> Self {
         ApiError::invalid_parameter(&e.field, e.message)

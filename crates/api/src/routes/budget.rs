@@ -2,16 +2,15 @@
 //! `GET /api/budget/alerts`, the budget alerts recorded (docs/contract.md#67-budgets).
 
 use actix_web::{HttpRequest, get, put, web};
-use agentry_domain::Role;
 use agentry_service::budgets::BudgetView;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::auth::Caller;
+use crate::auth::{AdminRole, Caller};
 use crate::body::JsonBody;
 use crate::error::ApiError;
 use crate::routes::page::{IdCursor, Limit};
-use crate::routes::{AuthErrors, BodyErrors, QueryErrors, cursor};
+use crate::routes::{AuthErrors, Authorized, BodyErrors, QueryErrors, cursor};
 use crate::state::AppState;
 
 /// The instance-wide monthly budget and its month so far.
@@ -105,11 +104,9 @@ pub async fn get_budget(
 )]
 #[put("/budget")]
 pub async fn put_budget(
-    caller: Caller,
+    Authorized { caller, body, .. }: Authorized<AdminRole, JsonBody<PutBudget>>,
     state: web::Data<AppState>,
-    body: JsonBody<PutBudget>,
 ) -> Result<web::Json<BudgetDto>, ApiError> {
-    caller.require(Role::Admin)?;
     let budget = match &body.0.monthly_budget_usd {
         serde_json::Value::Null => None,
         value => Some(agentry_domain::settings::budget_value(value)?),

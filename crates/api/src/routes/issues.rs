@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
-use agentry_domain::{AgentType, Role};
+use agentry_domain::AgentType;
 use agentry_persistence::issues::{IssueView, IssueViewCursor};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -336,11 +336,9 @@ pub struct AssignedDto {
 )]
 #[post("/issues/assign")]
 pub async fn assign_issue(
-    caller: Caller,
+    Authorized { caller, body, .. }: Authorized<MemberRole, JsonBody<AssignIssue>>,
     state: web::Data<AppState>,
-    body: JsonBody<AssignIssue>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require(Role::Member)?;
     let AssignIssue {
         issue_number,
         repo_id,

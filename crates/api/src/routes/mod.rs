@@ -103,25 +103,42 @@ uuid_ids! {
     TokenId: "Token id";
 }
 
-/// A request by a caller authenticated and holding at least the role `R`: 401, then 403.
+/// A request by a caller authenticated and holding at least the role `R` (401, then 403),
+/// with what it carries, `B`: nothing (`()`), or a body such as [`JsonBody`].
+///
+/// The body is read only once the caller is authorized: a handler's own extractors run
+/// concurrently, so a body among them would answer 400 or 413 before the token is
+/// looked up, and would be read for a caller who may not call the route. `B`'s
+/// `from_request` must do no more than take the payload; its future does the reading.
+///
+/// [`JsonBody`]: crate::body::JsonBody
 #[derive(Debug)]
-pub struct Authorized<R = AnyRole> {
+pub struct Authorized<R = AnyRole, B = ()> {
     /// The caller.
     pub caller: Caller,
+    /// What the request carries, read after the caller was authorized.
+    pub body: B,
     role: PhantomData<R>,
 }
 
-impl<R: RequiredRole + 'static> FromRequest for Authorized<R> {
+impl<R, B> FromRequest for Authorized<R, B>
+where
+    R: RequiredRole + 'static,
+    B: FromRequest + 'static,
+    B::Error: Into<ApiError>,
+{
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let caller = Caller::from_request(req, payload);
+        let body = B::from_request(req, payload);
         Box::pin(async move {
             let caller = caller.await?;
             caller.require(R::LEAST)?;
             Ok(Authorized {
                 caller,
+                body: body.await.map_err(Into::into)?,
                 role: PhantomData,
             })
         })
@@ -129,24 +146,33 @@ impl<R: RequiredRole + 'static> FromRequest for Authorized<R> {
 }
 
 /// A request on one resource: its caller, authenticated and holding at least the role `R`,
-/// and the resource's identifier from the path, read as the path parameter `P` says.
-/// The checks answer in the order a handler would make them: 401, then 403, then 400 for a
-/// malformed identifier.
+/// the resource's identifier from the path, read as the path parameter `P` says, and what the
+/// request carries, `B`, as for [`Authorized`]. The checks answer in the order a handler
+/// would make them: 401, then 403, then 400 for a malformed identifier, then the body's.
 #[derive(Debug)]
-pub struct Target<R, P: PathParam> {
+pub struct Target<R, P: PathParam, B = ()> {
     /// The caller.
     pub caller: Caller,
     /// The resource's identifier.
     pub id: P::Value,
+    /// What the request carries, read after the caller was authorized and the id parsed.
+    pub body: B,
     role: PhantomData<R>,
 }
 
-impl<R: RequiredRole + 'static, P: PathParam + 'static> FromRequest for Target<R, P> {
+impl<R, P, B> FromRequest for Target<R, P, B>
+where
+    R: RequiredRole + 'static,
+    P: PathParam + 'static,
+    B: FromRequest + 'static,
+    B::Error: Into<ApiError>,
+{
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let authorized = Authorized::<R>::from_request(req, payload);
+        let body = B::from_request(req, payload);
         let req = req.clone();
         Box::pin(async move {
             let Authorized { caller, .. } = authorized.await?;
@@ -154,9 +180,11 @@ impl<R: RequiredRole + 'static, P: PathParam + 'static> FromRequest for Target<R
                 .await
                 .map(web::Path::into_inner)
                 .unwrap_or_default();
+            let id = P::parse(&segment)?;
             Ok(Target {
                 caller,
-                id: P::parse(&segment)?,
+                id,
+                body: body.await.map_err(Into::into)?,
                 role: PhantomData,
             })
         })

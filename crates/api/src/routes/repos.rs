@@ -2,7 +2,7 @@
 //! `GET|PATCH /api/repos/{id}/settings` (docs/contract.md#34-repositories–#35-repository-settings).
 
 use actix_web::{HttpResponse, delete, get, patch, post, web};
-use agentry_domain::{RepoSettings, RepoUrl, Role};
+use agentry_domain::{RepoSettings, RepoUrl};
 use agentry_persistence::repos::Repository;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -13,8 +13,8 @@ use crate::auth::{AdminRole, AnyRole, Caller};
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody};
 use crate::routes::{
-    AuthErrors, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, RepoId, Target,
-    created_or_existing,
+    AuthErrors, Authorized, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, RepoId,
+    Target, created_or_existing,
 };
 use crate::state::AppState;
 
@@ -108,11 +108,9 @@ pub struct RepoListDto {
 )]
 #[post("/repos")]
 pub async fn connect_repo(
-    caller: Caller,
+    Authorized { caller, body, .. }: Authorized<AdminRole, JsonBody<ConnectRepo>>,
     state: web::Data<AppState>,
-    body: JsonBody<ConnectRepo>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require(Role::Admin)?;
     let url =
         RepoUrl::parse(&body.0.repo_url).map_err(|e| ApiError::invalid_parameter("repoUrl", e))?;
     let (repo, created) = state.service.connect_repository(url).await?;
@@ -218,9 +216,10 @@ pub async fn get_settings(
 )]
 #[patch("/repos/{id}/settings")]
 pub async fn patch_settings(
-    Target { caller, id, .. }: Target<AdminRole, RepoId>,
+    Target {
+        caller, id, body, ..
+    }: Target<AdminRole, RepoId, JsonBody<serde_json::Value>>,
     state: web::Data<AppState>,
-    body: JsonBody<serde_json::Value>,
 ) -> Result<web::Json<RepoSettings>, ApiError> {
     let settings = state.service.patch_repo_settings(id, body.0).await?;
     tracing::info!(repo = %id, by = %caller.token_id, "repository settings changed");

@@ -127,10 +127,12 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 #[put("/secrets/{name}")]
 pub async fn put_secret(
     Target {
-        caller, id: name, ..
-    }: Target<AdminRole, SecretName>,
+        caller,
+        id: name,
+        body,
+        ..
+    }: Target<AdminRole, SecretName, JsonBody<PutSecret>>,
     state: web::Data<AppState>,
-    body: JsonBody<PutSecret>,
 ) -> Result<web::Json<SecretDto>, ApiError> {
     let value = SecretValue::new(body.0.value);
     if value.expose().trim().is_empty() || value.expose().len() > MAX_VALUE_BYTES {

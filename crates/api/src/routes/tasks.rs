@@ -3,7 +3,7 @@
 //! `GET /api/tasks/{id}/calls`.
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
-use agentry_domain::{AgentType, Role, TaskState, TaskType, Usd};
+use agentry_domain::{AgentType, TaskState, TaskType, Usd};
 use agentry_persistence::tasks::{TaskCursor, TaskFilter};
 use serde::Deserialize;
 use utoipa::ToSchema;
@@ -199,11 +199,9 @@ pub struct CreateTask {
 )]
 #[post("/tasks")]
 pub async fn create_task(
-    caller: Caller,
+    Authorized { caller, body, .. }: Authorized<MemberRole, JsonBody<CreateTask>>,
     state: web::Data<AppState>,
-    body: JsonBody<CreateTask>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require(Role::Member)?;
     let CreateTask {
         repo_id,
         title,

@@ -8,7 +8,7 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::auth::{AdminRole, Caller, generate_token, hash_token};
+use crate::auth::{AdminRole, generate_token, hash_token};
 use crate::body::JsonBody;
 use crate::error::ApiError;
 use crate::routes::{AdminReadErrors, Authorized, BodyErrors, ChangeErrors, Target, TokenId};
@@ -82,11 +82,9 @@ pub struct TokenListDto {
 )]
 #[post("/tokens")]
 pub async fn create_token(
-    caller: Caller,
+    Authorized { caller, body, .. }: Authorized<AdminRole, JsonBody<CreateToken>>,
     state: web::Data<AppState>,
-    body: JsonBody<CreateToken>,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require(Role::Admin)?;
     let JsonBody(CreateToken { name, role }) = body;
     let name = name.trim().to_owned();
     if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {

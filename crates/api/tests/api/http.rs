@@ -3,7 +3,7 @@
 //! health, metrics and the OpenAPI document.
 
 use crate::common::cost_data::start_at;
-use crate::common::env::bare;
+use crate::common::env::{bare, raw_req};
 use crate::common::*;
 use actix_web::test::TestRequest;
 use agentry_domain::{TaskState, TaskType, Trigger, Usd};
@@ -106,6 +106,72 @@ async fn roles_gate_writes() {
     }
     assert_eq!(task_count(&db.db), 0);
     assert_eq!(call(&app, import_req(&t.admin, GOOD_LINE)).await.0, 200);
+}
+
+/// A route that reads a JSON body checks the caller first: 401 for an unknown token, then 403
+/// for a role below the route's, whatever the body. The body is not read for them, so neither
+/// a malformed body, a wrong media type nor an oversized one answers first.
+#[actix_web::test]
+async fn callers_are_checked_before_the_body_is_read() {
+    let (db, t, app) = sqlite_app().await;
+    let unknown = agentry_api::auth::generate_token().unwrap();
+    let repo = Uuid::new_v4();
+    let settings = format!("/api/repos/{repo}/settings");
+    let routes: [(&str, &str, &[&str]); 7] = [
+        ("POST", "/api/tasks", &[&t.viewer]),
+        ("POST", "/api/issues/assign", &[&t.viewer]),
+        ("POST", "/api/tokens", &[&t.viewer, &t.member]),
+        (
+            "PUT",
+            "/api/secrets/CODEHOST_TOKEN",
+            &[&t.viewer, &t.member],
+        ),
+        ("PUT", "/api/budget", &[&t.viewer, &t.member]),
+        ("POST", "/api/repos", &[&t.viewer, &t.member]),
+        ("PATCH", &settings, &[&t.viewer, &t.member]),
+    ];
+    let oversized = format!("{{\"title\":\"{}\"}}", "x".repeat(1 << 20));
+    let bodies = [
+        ("application/json", "{".to_owned()),
+        ("application/json", "[1, 2]".to_owned()),
+        ("text/plain", "{}".to_owned()),
+        ("application/json", oversized),
+    ];
+    for round in 0..5 {
+        for (method, path, below) in &routes {
+            for (content_type, body) in &bodies {
+                let what = format!(
+                    "{method} {path} {content_type} {} bytes, round {round}",
+                    body.len()
+                );
+                let req = raw_req(method, path, &unknown, content_type, body.clone());
+                let (status, answer) = call(&app, req).await;
+                assert_eq!(status, 401, "{what}: {answer}");
+                envelope(&answer, "unauthenticated");
+                for token in below.iter() {
+                    let req = raw_req(method, path, token, content_type, body.clone());
+                    let (status, answer) = call(&app, req).await;
+                    assert_eq!(status, 403, "{what}: {answer}");
+                    envelope(&answer, "forbidden");
+                }
+            }
+        }
+    }
+    // Then the id in the path, before the body.
+    let req = raw_req(
+        "PATCH",
+        "/api/repos/nope/settings",
+        &t.admin,
+        "application/json",
+        "{",
+    );
+    let (status, answer) = call(&app, req).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        envelope(&answer, "invalid_parameter").starts_with("id"),
+        "{answer}"
+    );
+    assert_eq!(task_count(&db.db), 0);
 }
 
 #[actix_web::test]
