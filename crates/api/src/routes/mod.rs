@@ -46,6 +46,37 @@ pub trait PathParam: IntoParams {
 
     /// The parameter, or the 400 naming it.
     fn parse(segment: &str) -> Result<Self::Value, ApiError>;
+
+    /// The parameter read from the request's path.
+    fn read(req: &HttpRequest) -> Result<Self::Value, ApiError> {
+        let segment = web::Path::<String>::extract(req)
+            .into_inner()
+            .map(web::Path::into_inner)
+            .unwrap_or_default();
+        Self::parse(&segment)
+    }
+}
+
+/// No path parameter: a route on a collection, or on the instance.
+#[derive(Debug)]
+pub struct NoId;
+
+impl PathParam for NoId {
+    type Value = ();
+
+    fn parse(_: &str) -> Result<(), ApiError> {
+        Ok(())
+    }
+
+    fn read(_: &HttpRequest) -> Result<(), ApiError> {
+        Ok(())
+    }
+}
+
+impl IntoParams for NoId {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        Vec::new()
+    }
 }
 
 /// A parameter of the document: in the path (required) or in the query (optional).
@@ -103,87 +134,52 @@ uuid_ids! {
     TokenId: "Token id";
 }
 
-/// A request by a caller authenticated and holding at least the role `R` (401, then 403),
-/// with what it carries, `B`: nothing (`()`), or a body such as [`JsonBody`].
+/// A request by a caller authenticated and holding at least the role `R` (401, then 403), on
+/// the resource the path parameter `P` names ([`NoId`] for none; 400 if malformed), with what
+/// it carries, `B`: nothing (`()`) or a body such as [`JsonBody`] (its own 400 or 413). The
+/// checks answer in that order.
 ///
-/// The body is read only once the caller is authorized: a handler's own extractors run
-/// concurrently, so a body among them would answer 400 or 413 before the token is
-/// looked up, and would be read for a caller who may not call the route. `B`'s
+/// The body is read only once the caller is authorized and the id parsed: a handler's own
+/// extractors run concurrently, so a body among them would answer 400 or 413 before the
+/// token is looked up, and would be read for a caller who may not call the route. `B`'s
 /// `from_request` must do no more than take the payload; its future does the reading.
 ///
 /// [`JsonBody`]: crate::body::JsonBody
 #[derive(Debug)]
-pub struct Authorized<R = AnyRole, B = ()> {
+pub struct Authorized<R = AnyRole, B = (), P: PathParam = NoId> {
     /// The caller.
     pub caller: Caller,
-    /// What the request carries, read after the caller was authorized.
+    /// The resource's identifier from the path.
+    pub id: P::Value,
+    /// What the request carries, read after the checks above.
     pub body: B,
     role: PhantomData<R>,
 }
 
-impl<R, B> FromRequest for Authorized<R, B>
+/// A request on one resource, named by the path parameter `P`: [`Authorized`] with the
+/// parameters in the order a route reads them.
+pub type Target<R, P, B = ()> = Authorized<R, B, P>;
+
+impl<R, B, P> FromRequest for Authorized<R, B, P>
 where
     R: RequiredRole + 'static,
     B: FromRequest + 'static,
     B::Error: Into<ApiError>,
+    P: PathParam + 'static,
 {
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let caller = Caller::from_request(req, payload);
+        let id = P::read(req);
         let body = B::from_request(req, payload);
         Box::pin(async move {
             let caller = caller.await?;
             caller.require(R::LEAST)?;
             Ok(Authorized {
                 caller,
-                body: body.await.map_err(Into::into)?,
-                role: PhantomData,
-            })
-        })
-    }
-}
-
-/// A request on one resource: its caller, authenticated and holding at least the role `R`,
-/// the resource's identifier from the path, read as the path parameter `P` says, and what the
-/// request carries, `B`, as for [`Authorized`]. The checks answer in the order a handler
-/// would make them: 401, then 403, then 400 for a malformed identifier, then the body's.
-#[derive(Debug)]
-pub struct Target<R, P: PathParam, B = ()> {
-    /// The caller.
-    pub caller: Caller,
-    /// The resource's identifier.
-    pub id: P::Value,
-    /// What the request carries, read after the caller was authorized and the id parsed.
-    pub body: B,
-    role: PhantomData<R>,
-}
-
-impl<R, P, B> FromRequest for Target<R, P, B>
-where
-    R: RequiredRole + 'static,
-    P: PathParam + 'static,
-    B: FromRequest + 'static,
-    B::Error: Into<ApiError>,
-{
-    type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
-
-    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let authorized = Authorized::<R>::from_request(req, payload);
-        let body = B::from_request(req, payload);
-        let req = req.clone();
-        Box::pin(async move {
-            let Authorized { caller, .. } = authorized.await?;
-            let segment = web::Path::<String>::extract(&req)
-                .await
-                .map(web::Path::into_inner)
-                .unwrap_or_default();
-            let id = P::parse(&segment)?;
-            Ok(Target {
-                caller,
-                id,
+                id: id?,
                 body: body.await.map_err(Into::into)?,
                 role: PhantomData,
             })
