@@ -38,9 +38,13 @@ impl Service {
         self.db(|conn| Ok(secrets::list(conn)?)).await
     }
 
-    /// Deletes secret `name`; `false` when there is none of that name.
-    pub async fn delete_secret(&self, name: String) -> Result<bool, ServiceError> {
-        self.db(move |conn| Ok(secrets::delete(conn, &name)?)).await
+    /// Deletes secret `name`; [`ServiceError::NotFound`] when there is none of that name.
+    pub async fn delete_secret(&self, name: String) -> Result<(), ServiceError> {
+        let message = format!("secret {name} not found");
+        let deleted = self
+            .db(move |conn| Ok(secrets::delete(conn, &name)?))
+            .await?;
+        deleted.then_some(()).ok_or(ServiceError::NotFound(message))
     }
 
     /// The stored code-host token, decrypted; 412 `codehost_token_missing` without one.

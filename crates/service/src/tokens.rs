@@ -34,10 +34,14 @@ impl Service {
             .await
     }
 
-    /// Revokes token `id`; `false` when no active token has that id.
-    pub async fn revoke_token(&self, id: Uuid) -> Result<bool, ServiceError> {
-        self.db(move |conn| Ok(tokens::revoke(conn, id, now())?))
-            .await
+    /// Revokes token `id`; [`ServiceError::NotFound`] when no active token has that id.
+    pub async fn revoke_token(&self, id: Uuid) -> Result<(), ServiceError> {
+        let revoked = self
+            .db(move |conn| Ok(tokens::revoke(conn, id, now())?))
+            .await?;
+        revoked
+            .then_some(())
+            .ok_or_else(|| ServiceError::NotFound(format!("token {id} not found")))
     }
 
     /// On an installation that never had a token, stores an admin token named `name` by the

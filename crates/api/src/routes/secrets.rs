@@ -175,10 +175,7 @@ pub async fn delete_secret(
     }: Target<AdminRole, SecretName>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let deleted = state.service.delete_secret(name.clone()).await?;
-    if !deleted {
-        return Err(ApiError::not_found(format!("secret {name} not found")));
-    }
+    state.service.delete_secret(name.clone()).await?;
     tracing::info!(secret = %name, by = %caller.token_id, "secret deleted");
     Ok(HttpResponse::NoContent().finish())
 }

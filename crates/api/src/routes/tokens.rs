@@ -130,10 +130,7 @@ pub async fn revoke_token(
     Target { caller, id, .. }: Target<AdminRole, TokenId>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let revoked = state.service.revoke_token(id).await?;
-    if !revoked {
-        return Err(ApiError::not_found(format!("token {id} not found")));
-    }
+    state.service.revoke_token(id).await?;
     tracing::info!(token_id = %id, by = %caller.token_id, "API token revoked");
     Ok(HttpResponse::NoContent().finish())
 }
