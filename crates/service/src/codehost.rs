@@ -311,8 +311,8 @@ impl Service {
             return Ok(true);
         }
         let outcomes = self.sync_issues(Some(repo_id)).await?;
-        if let Some(message) = outcomes.into_iter().find_map(|(_, o)| o.error) {
-            return Err(ServiceError::CodeHostUnavailable(message));
+        if let Some(error) = outcomes.into_iter().find_map(|(_, o)| o.error) {
+            return Err(error);
         }
         self.db(move |conn| Ok(issues::is_open_issue(conn, repo_id, number)?))
             .await
@@ -434,8 +434,9 @@ pub struct RepoSyncOutcome {
     pub unchanged: bool,
     /// Tasks created for labelled issues.
     pub created: usize,
-    /// Why the sync failed (also stored and shown in the issues view).
-    pub error: Option<String>,
+    /// Why the sync failed: the code host refused or could not be reached (its message is
+    /// also stored and shown in the issues view), or the database failed.
+    pub error: Option<ServiceError>,
 }
 
 async fn sync_repository(service: &Service, github: &GitHub, repo: Repository) -> RepoSyncOutcome {
@@ -447,14 +448,15 @@ async fn sync_repository(service: &Service, github: &GitHub, repo: Repository) -
         .await
     {
         Ok(cursor) => read_issues(service, github, &repo, cursor, full_every).await,
-        Err(e) => Err(SyncFailure::Storage(e.to_string())),
+        Err(e) => Err(SyncFailure::Storage(e)),
     };
     match read {
         Ok(unchanged) => outcome.unchanged = unchanged,
         Err(SyncFailure::CodeHost(e)) => {
-            let message = format!("syncing {}: {e}", repo.url);
             tracing::warn!(repo = %repo.url, error = %e, "issue sync failed");
-            outcome.error = Some(message.clone());
+            let error = ServiceError::code_host(&format!("syncing {}", repo.url), &e);
+            let message = error.to_string();
+            outcome.error = Some(error);
             if let Err(e) = service
                 .db(move |conn| Ok(issues::mark_issues_sync_failed(conn, repo_id, &message)?))
                 .await
@@ -492,7 +494,7 @@ async fn sync_repository(service: &Service, github: &GitHub, repo: Repository) -
         Ok(n) => outcome.created = n,
         Err(e) => {
             tracing::error!(error = %e, "cannot create tasks for labelled issues");
-            outcome.error.get_or_insert_with(|| e.to_string());
+            outcome.error.get_or_insert(e);
         }
     }
     outcome
@@ -503,7 +505,7 @@ enum SyncFailure {
     /// The code host failed or refused: recorded as the repository's sync error.
     CodeHost(CodeHostError),
     /// The database failed.
-    Storage(String),
+    Storage(ServiceError),
 }
 
 impl From<CodeHostError> for SyncFailure {
@@ -514,7 +516,7 @@ impl From<CodeHostError> for SyncFailure {
 
 impl From<ServiceError> for SyncFailure {
     fn from(e: ServiceError) -> Self {
-        SyncFailure::Storage(e.to_string())
+        SyncFailure::Storage(e)
     }
 }
 

@@ -100,18 +100,31 @@ impl From<SecretError> for ServiceError {
 
 impl From<CodeHostError> for ServiceError {
     fn from(e: CodeHostError) -> Self {
+        let message = e.to_string();
+        ServiceError::of_code_host(&e, message)
+    }
+}
+
+impl ServiceError {
+    /// The code host's error `e` met while `doing` something: refused or unavailable as
+    /// for `From<CodeHostError>`, its message starting with what was being done.
+    pub fn code_host(doing: &str, e: &CodeHostError) -> Self {
+        ServiceError::of_code_host(e, format!("{doing}: {e}"))
+    }
+
+    fn of_code_host(e: &CodeHostError, message: String) -> Self {
         match e {
             CodeHostError::Unauthorized(_)
             | CodeHostError::Forbidden(_)
             | CodeHostError::NotFound(_)
-            | CodeHostError::Rejected { .. } => ServiceError::CodeHostRejected(e.to_string()),
+            | CodeHostError::Rejected { .. } => ServiceError::CodeHostRejected(message),
             CodeHostError::RateLimited { .. }
             | CodeHostError::Unavailable(_)
             | CodeHostError::InvalidResponse(_) => {
                 tracing::warn!(error = %e, "code host unavailable");
-                ServiceError::CodeHostUnavailable(e.to_string())
+                ServiceError::CodeHostUnavailable(message)
             }
-            CodeHostError::Config(_) => ServiceError::internal(&e),
+            CodeHostError::Config(_) => ServiceError::internal(e),
         }
     }
 }

@@ -17,7 +17,8 @@ use crate::error::{ApiError, ErrorBody};
 use crate::query::Query;
 use crate::routes::page::{Limit, OpaqueCursor};
 use crate::routes::{
-    Authorized, BodyErrors, ChangeErrors, LookupErrors, created_or_existing, cursor,
+    Authorized, BodyErrors, ChangeErrors, CodeHostErrors, LookupErrors, TokenErrors,
+    created_or_existing, cursor,
 };
 use crate::state::AppState;
 use agentry_service::tasks::Assignment;
@@ -261,7 +262,7 @@ pub async fn list_issues(
     responses(
         (status = 200, body = IssueListDto),
         ChangeErrors,
-        (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
+        TokenErrors,
     ),
 )]
 #[post("/issues/sync")]
@@ -330,8 +331,8 @@ pub struct AssignedDto {
         (status = 200, description = "The issue already had a task", body = AssignedDto),
         BodyErrors,
         (status = 404, description = "Unknown repository, or not an open issue of it", body = ErrorBody),
-        (status = 412, description = "No CODEHOST_TOKEN stored (the issue had to be looked up)", body = ErrorBody),
-        (status = 503, description = "The code host failed while the issue was looked up", body = ErrorBody),
+        TokenErrors,
+        CodeHostErrors,
     ),
 )]
 #[post("/issues/assign")]

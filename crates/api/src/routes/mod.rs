@@ -192,7 +192,10 @@ where
 /// [`ErrorBody`]: crate::error::ErrorBody
 fn error_response(status: u16) -> RefOr<Response> {
     let description = match status {
+        412 => "No CODEHOST_TOKEN stored",
         413 => "The body is over 1 MiB",
+        422 => "The code host refused: a bad token, no access, or an unknown repository",
+        503 => "The code host could not be reached, or failed",
         _ => "",
     };
     ResponseBuilder::new()
@@ -242,6 +245,10 @@ error_sets! {
     BodyErrors: [400, 401, 403, 413];
     /// 400, 401, 403, 404, 413: a JSON body about one resource, for some roles only.
     BodyChangeErrors: [400, 401, 403, 404, 413];
+    /// 412: a call to the code host with the stored `CODEHOST_TOKEN`, and none is stored.
+    TokenErrors: [412];
+    /// 422, 503: a call to the code host, which refused or could not be reached.
+    CodeHostErrors: [422, 503];
 }
 
 /// The answer of an idempotent creation: 201 with `body` when this call created it, else 200

@@ -11,10 +11,10 @@ use uuid::Uuid;
 
 use crate::auth::{AdminRole, AnyRole, Caller};
 use crate::body::JsonBody;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::routes::{
-    AuthErrors, Authorized, BodyChangeErrors, BodyErrors, ChangeErrors, LookupErrors, RepoId,
-    Target, created_or_existing,
+    AuthErrors, Authorized, BodyChangeErrors, BodyErrors, ChangeErrors, CodeHostErrors,
+    LookupErrors, RepoId, Target, TokenErrors, created_or_existing,
 };
 use crate::state::AppState;
 
@@ -101,9 +101,8 @@ pub struct RepoListDto {
         (status = 201, description = "Connected now", body = RepoDto),
         (status = 200, description = "Already connected", body = RepoDto),
         BodyErrors,
-        (status = 412, description = "No CODEHOST_TOKEN stored", body = ErrorBody),
-        (status = 422, description = "Unknown or inaccessible on the code host", body = ErrorBody),
-        (status = 503, description = "The code host could not be reached", body = ErrorBody),
+        TokenErrors,
+        CodeHostErrors,
     ),
 )]
 #[post("/repos")]

@@ -11,9 +11,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::AdminRole;
 use crate::body::JsonBody;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::routes::{
-    AdminReadErrors, Authorized, BodyErrors, ChangeErrors, PathParam, Target, parameter,
+    AdminReadErrors, Authorized, BodyErrors, ChangeErrors, CodeHostErrors, PathParam, Target,
+    parameter,
 };
 use crate::state::AppState;
 
@@ -120,8 +121,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     responses(
         (status = 200, body = SecretDto),
         BodyErrors,
-        (status = 422, description = "The code host refused the token", body = ErrorBody),
-        (status = 503, description = "The code host could not be reached", body = ErrorBody),
+        CodeHostErrors,
     ),
 )]
 #[put("/secrets/{name}")]

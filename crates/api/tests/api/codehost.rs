@@ -767,3 +767,75 @@ async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_noth
     }
     assert_eq!(env.written(), before);
 }
+
+/// Every route that calls the code host answers its failures as the contract says (412 with
+/// no token stored, 422 when the code host refuses, 503 when it cannot be reached; a sync
+/// answers 200 with the failure in `errors`), and the OpenAPI document lists each of those
+/// answers for the operation.
+#[actix_web::test]
+async fn code_host_failures_are_answered_and_documented() {
+    let (env, repo) = Env::connected(sqlite());
+    let app = service_with(env.state.clone()).await;
+    let (_, doc) = call(&app, get("/api/openapi.json", &env.t.admin)).await;
+    let token = json!({ "value": GH_TOKEN });
+    let other = json!({ "repoUrl": "https://github.com/acme/other" });
+    // (method, path as documented, path, body)
+    let routes = [
+        (
+            "PUT",
+            "/api/secrets/{name}",
+            "/api/secrets/CODEHOST_TOKEN",
+            &token,
+        ),
+        ("POST", "/api/repos", "/api/repos", &other),
+        ("POST", "/api/issues/sync", "/api/issues/sync", &Value::Null),
+        (
+            "POST",
+            "/api/issues/assign",
+            "/api/issues/assign",
+            &assign_body(repo, 999),
+        ),
+    ];
+    let documented = |method: &str, template: &str, status: u16| {
+        doc["paths"][template][method.to_ascii_lowercase()]["responses"][status.to_string()]
+            .is_object()
+    };
+    let answer = |method, path, body| call(&app, json_req(method, path, &env.t.admin, body));
+    for (fault, status, code) in [
+        (Fault::Status(401), 422, "codehost_rejected"),
+        (Fault::Status(502), 503, "codehost_unavailable"),
+    ] {
+        for (method, template, path, body) in routes {
+            env.fake.fail_next(None, 100, fault.clone());
+            let (answered, reply) = answer(method, path, body).await;
+            env.fake.clear_faults();
+            if path == "/api/issues/sync" {
+                assert_eq!(answered, 200, "{reply}");
+                assert_eq!(reply["errors"][0]["repoId"], repo.to_string(), "{reply}");
+                continue;
+            }
+            assert_eq!(answered, status, "{method} {path} with {fault:?}: {reply}");
+            envelope(&reply, code);
+            assert!(
+                documented(method, template, status),
+                "{method} {template} answers {status}, which its document does not list"
+            );
+        }
+    }
+    // Without a stored token, each route that needs it answers 412.
+    let (deleted, _) = call(
+        &app,
+        bare("DELETE", "/api/secrets/CODEHOST_TOKEN", &env.t.admin),
+    )
+    .await;
+    assert_eq!(deleted, 204);
+    for (method, template, path, body) in &routes[1..] {
+        let (answered, reply) = answer(method, path, body).await;
+        assert_eq!(answered, 412, "{method} {path}: {reply}");
+        envelope(&reply, "codehost_token_missing");
+        assert!(
+            documented(method, template, 412),
+            "{method} {template} answers 412, which its document does not list"
+        );
+    }
+}
