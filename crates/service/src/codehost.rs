@@ -287,9 +287,7 @@ impl Service {
             .collect()
             .await;
         service.wake(
-            Loops::OUTBOX
-                .and(Loops::RUNNER)
-                .when(outcomes.iter().any(|(_, o)| o.created > 0)),
+            (Loops::OUTBOX | Loops::RUNNER).when(outcomes.iter().any(|(_, o)| o.created > 0)),
         );
         Ok(outcomes)
     }

@@ -460,7 +460,7 @@ impl Service {
             let round = self
                 .commit(
                     move |conn| Ok(start_round(conn, task_id, at)?),
-                    |started| Loops::RUNNER.and(Loops::OUTBOX).when(started.is_some()),
+                    |started| (Loops::RUNNER | Loops::OUTBOX).when(started.is_some()),
                 )
                 .await;
             match round {
@@ -634,7 +634,7 @@ async fn record(
                 })?)
             },
             |considered| match considered {
-                Considered::Waiting(_) => Loops::REVISIONS.and(Loops::OUTBOX),
+                Considered::Waiting(_) => Loops::REVISIONS | Loops::OUTBOX,
                 Considered::OverLimit => Loops::OUTBOX,
                 Considered::Duplicate | Considered::Ignored(_) => Loops::NONE,
             },

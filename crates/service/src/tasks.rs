@@ -222,7 +222,7 @@ impl Service {
                     now(),
                 )?)
             },
-            |(_, created)| Loops::OUTBOX.and(Loops::RUNNER).when(*created),
+            |(_, created)| (Loops::OUTBOX | Loops::RUNNER).when(*created),
         )
         .await
     }

@@ -10,53 +10,24 @@ use agentry_persistence::AnyConnection;
 
 use crate::{Service, ServiceError};
 
-/// The background loops a committed change concerns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Loops {
-    runner: bool,
-    outbox: bool,
-    revisions: bool,
-    alerts: bool,
+bitflags::bitflags! {
+    /// The background loops a committed change concerns; `|` joins them.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub(crate) struct Loops: u8 {
+        /// The runner: a task may be claimed (queued, unblocked, a slot freed).
+        const RUNNER = 1;
+        /// The outbox: a code-host effect waits for delivery.
+        const OUTBOX = 1 << 1;
+        /// The revision scheduler: feedback waits for its round.
+        const REVISIONS = 1 << 2;
+        /// The budget alerts' delivery: an alert waits to be sent.
+        const ALERTS = 1 << 3;
+    }
 }
 
 impl Loops {
     /// No loop.
-    pub(crate) const NONE: Loops = Loops {
-        runner: false,
-        outbox: false,
-        revisions: false,
-        alerts: false,
-    };
-    /// The runner: a task may be claimed (queued, unblocked, a slot freed).
-    pub(crate) const RUNNER: Loops = Loops {
-        runner: true,
-        ..Loops::NONE
-    };
-    /// The outbox: a code-host effect waits for delivery.
-    pub(crate) const OUTBOX: Loops = Loops {
-        outbox: true,
-        ..Loops::NONE
-    };
-    /// The revision scheduler: feedback waits for its round.
-    pub(crate) const REVISIONS: Loops = Loops {
-        revisions: true,
-        ..Loops::NONE
-    };
-    /// The budget alerts' delivery: an alert waits to be sent.
-    pub(crate) const ALERTS: Loops = Loops {
-        alerts: true,
-        ..Loops::NONE
-    };
-
-    /// These loops and `other`'s.
-    pub(crate) const fn and(self, other: Loops) -> Loops {
-        Loops {
-            runner: self.runner || other.runner,
-            outbox: self.outbox || other.outbox,
-            revisions: self.revisions || other.revisions,
-            alerts: self.alerts || other.alerts,
-        }
-    }
+    pub(crate) const NONE: Loops = Loops::empty();
 
     /// These loops if `condition` holds, else none.
     pub(crate) const fn when(self, condition: bool) -> Loops {
@@ -81,16 +52,16 @@ impl Service {
     /// Wakes `loops` after changes that have committed: the end of a pass of several
     /// transactions (each use case of one transaction uses [`Service::commit`]).
     pub(crate) fn wake(&self, loops: Loops) {
-        if loops.runner {
+        if loops.contains(Loops::RUNNER) {
             self.parts.runs.wake();
         }
-        if loops.outbox {
+        if loops.contains(Loops::OUTBOX) {
             self.parts.codehost.wake_outbox();
         }
-        if loops.revisions {
+        if loops.contains(Loops::REVISIONS) {
             self.parts.codehost.revisions().wake();
         }
-        if loops.alerts {
+        if loops.contains(Loops::ALERTS) {
             self.parts.alerts.wake();
         }
     }

@@ -223,8 +223,7 @@ pub(super) async fn settle(
                 })?)
             },
             |moved| {
-                (Loops::RUNNER.when(queued_review))
-                    .and(Loops::OUTBOX.when(settlement_replied))
+                (Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(settlement_replied))
                     .when(*moved)
             },
         )
