@@ -100,14 +100,19 @@ impl From<SecretError> for ServiceError {
 
 impl From<CodeHostError> for ServiceError {
     fn from(e: CodeHostError) -> Self {
-        let message = e.to_string();
-        ServiceError::of_code_host(&e, message)
+        let error = ServiceError::of_code_host(&e, e.to_string());
+        if let ServiceError::CodeHostUnavailable(_) = error {
+            tracing::warn!(error = %e, "code host unavailable");
+        }
+        error
     }
 }
 
 impl ServiceError {
     /// The code host's error `e` met while `doing` something: refused or unavailable as
-    /// for `From<CodeHostError>`, its message starting with what was being done.
+    /// for `From<CodeHostError>`, its message starting with what was being done. Unlike
+    /// that conversion it logs nothing but a configuration error: the caller logs with
+    /// what it was doing.
     pub fn code_host(doing: &str, e: &CodeHostError) -> Self {
         ServiceError::of_code_host(e, format!("{doing}: {e}"))
     }
@@ -120,10 +125,7 @@ impl ServiceError {
             | CodeHostError::Rejected { .. } => ServiceError::CodeHostRejected(message),
             CodeHostError::RateLimited { .. }
             | CodeHostError::Unavailable(_)
-            | CodeHostError::InvalidResponse(_) => {
-                tracing::warn!(error = %e, "code host unavailable");
-                ServiceError::CodeHostUnavailable(message)
-            }
+            | CodeHostError::InvalidResponse(_) => ServiceError::CodeHostUnavailable(message),
             CodeHostError::Config(_) => ServiceError::internal(e),
         }
     }

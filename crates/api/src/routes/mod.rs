@@ -195,7 +195,10 @@ fn error_response(status: u16) -> RefOr<Response> {
         412 => "No CODEHOST_TOKEN stored",
         413 => "The body is over 1 MiB",
         422 => "The code host refused: a bad token, no access, or an unknown repository",
-        503 => "The code host could not be reached, or failed",
+        503 => {
+            "The code host could not be reached (codehost_unavailable), or the database is \
+                busy (unavailable); try again later"
+        }
         _ => "",
     };
     ResponseBuilder::new()
