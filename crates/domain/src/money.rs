@@ -203,6 +203,16 @@ impl Usd {
             .map(Usd::from_valid_nanos)
     }
 
+    /// The sum, or the largest amount (`i64::MAX` nano-dollars) if it would exceed it.
+    pub fn saturating_add(self, other: Usd) -> Usd {
+        Usd::from_valid_nanos(self.to_nanos().saturating_add(other.to_nanos()))
+    }
+
+    /// The difference, or zero if `other` is larger.
+    pub fn saturating_sub(self, other: Usd) -> Usd {
+        Usd::from_valid_nanos(self.to_nanos().saturating_sub(other.to_nanos()).max(0))
+    }
+
     /// Builds an amount from a nano-dollar count known to be non-negative.
     fn from_valid_nanos(nanos: i64) -> Usd {
         Usd(Decimal::new(nanos, NANOS_SCALE).normalize())
@@ -397,6 +407,16 @@ mod tests {
 
     fn dec(text: &str) -> Decimal {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn saturating_sums_and_differences_stay_in_range() {
+        let max = Usd::from_nanos(i64::MAX).unwrap();
+        assert_eq!(usd("1.5").saturating_add(usd("0.25")), usd("1.75"));
+        assert_eq!(max.saturating_add(usd("1")), max);
+        assert_eq!(usd("1.5").saturating_sub(usd("0.25")), usd("1.25"));
+        assert_eq!(usd("0.25").saturating_sub(usd("1.5")), Usd::ZERO);
+        assert_eq!(usd("0.25").saturating_sub(max), Usd::ZERO);
     }
 
     #[test]

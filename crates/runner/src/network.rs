@@ -21,8 +21,8 @@ use std::fmt;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use agentry_domain::money::Usd;
 use uuid::Uuid;
@@ -137,34 +137,78 @@ pub struct RunInfo {
     pub agent: AgentSpec,
 }
 
-/// What a run's metered calls add up to, shared between the gateway (which adds every call
-/// as it finishes and marks the run exhausted when it refuses a call for its budget) and the
-/// runner (which stops an exhausted run as at its allowance).
+/// What a run's metered calls add up to, shared between the gateway and the runner.
+///
+/// The gateway reserves each model call's largest possible cost before passing it on
+/// ([`RunMeter::reserve`]): a call is passed on only if what the run has spent, what its
+/// calls in flight have reserved and this call's reservation together stay within the run's
+/// allowance. When the call ends its reservation is replaced by its metered cost
+/// ([`RunMeter::settle`]). The gateway marks the run exhausted when it refuses a call for
+/// its budget, and the runner stops an exhausted run as at its allowance.
 #[derive(Debug, Default)]
 pub struct RunMeter {
-    spent_nanos: AtomicI64,
-    calls: AtomicI64,
+    ledger: Mutex<Ledger>,
     exhausted: AtomicBool,
 }
 
+/// The money of a run's calls, changed only under [`RunMeter`]'s lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// The metered cost of the calls that ended.
+    pub spent: Usd,
+    /// The reservations of the calls in flight.
+    pub reserved: Usd,
+    /// How many calls ended.
+    pub calls: i64,
+}
+
 impl RunMeter {
-    /// Adds one finished call and what it cost (`None`: unpriced, adds nothing).
-    pub fn add(&self, cost: Option<Usd>) {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        if let Some(cost) = cost {
-            self.spent_nanos
-                .fetch_add(cost.to_nanos(), Ordering::SeqCst);
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves `amount` for one call if the run's spend, its reservations in flight and
+    /// `amount` together stay within `allowance` (always, without one). On refusal returns
+    /// the ledger as it stood; nothing is reserved then.
+    pub fn reserve(&self, amount: Usd, allowance: Option<Usd>) -> Result<(), Ledger> {
+        let mut ledger = self.ledger();
+        let total = ledger
+            .spent
+            .saturating_add(ledger.reserved)
+            .saturating_add(amount);
+        if allowance.is_some_and(|allowance| total > allowance) {
+            return Err(*ledger);
         }
+        ledger.reserved = ledger.reserved.saturating_add(amount);
+        Ok(())
     }
 
-    /// The priced cost of the calls added so far.
+    /// Ends one call: releases its `reserved` amount and adds its metered `cost`.
+    pub fn settle(&self, reserved: Usd, cost: Usd) {
+        let mut ledger = self.ledger();
+        ledger.reserved = ledger.reserved.saturating_sub(reserved);
+        ledger.spent = ledger.spent.saturating_add(cost);
+        ledger.calls += 1;
+    }
+
+    /// Adds one finished call that reserved nothing, and what it cost.
+    pub fn add(&self, cost: Usd) {
+        self.settle(Usd::ZERO, cost);
+    }
+
+    /// The metered cost of the calls that ended.
     pub fn spent(&self) -> Usd {
-        Usd::from_nanos(self.spent_nanos.load(Ordering::SeqCst)).unwrap_or(Usd::ZERO)
+        self.ledger().spent
     }
 
-    /// How many calls were added.
+    /// What the calls in flight have reserved.
+    pub fn reserved(&self) -> Usd {
+        self.ledger().reserved
+    }
+
+    /// How many calls ended.
     pub fn calls(&self) -> i64 {
-        self.calls.load(Ordering::SeqCst)
+        self.ledger().calls
     }
 
     /// Marks the run as having spent its allowance: the runner stops it.
@@ -214,6 +258,36 @@ pub trait Network: Send + Sync + fmt::Debug {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_are_reserved_within_the_allowance_and_settled_at_their_cost() {
+        let usd = |s: &str| Usd::parse(s).unwrap();
+        let meter = RunMeter::default();
+        let allowance = Some(usd("5"));
+        // Reservations in flight count: a second $3 call does not fit a $5 allowance.
+        assert_eq!(meter.reserve(usd("3"), allowance), Ok(()));
+        let refused = meter.reserve(usd("3"), allowance).unwrap_err();
+        assert_eq!((refused.spent, refused.reserved), (Usd::ZERO, usd("3")));
+        assert_eq!(meter.reserve(usd("2"), allowance), Ok(()));
+        assert_eq!(meter.reserved(), usd("5"));
+        // Settled: the reservation is replaced by the metered cost.
+        meter.settle(usd("3"), usd("0.25"));
+        assert_eq!(
+            (meter.spent(), meter.reserved(), meter.calls()),
+            (usd("0.25"), usd("2"), 1)
+        );
+        assert_eq!(meter.reserve(usd("2.75"), allowance), Ok(()));
+        assert!(meter.reserve(usd("0.000000001"), allowance).is_err());
+        // A cost above the reservation counts whole; no allowance admits everything.
+        meter.settle(usd("2"), usd("4"));
+        meter.settle(usd("2.75"), usd("0"));
+        assert_eq!(
+            (meter.spent(), meter.reserved(), meter.calls()),
+            (usd("4.25"), Usd::ZERO, 3)
+        );
+        assert!(meter.reserve(usd("1"), allowance).is_err());
+        assert_eq!(meter.reserve(usd("1000"), None), Ok(()));
+    }
 
     #[test]
     fn the_urls_name_the_ports() {

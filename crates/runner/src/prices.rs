@@ -11,13 +11,16 @@
 //!
 //! One JSON object; each member is a model name mapped to an object with decimal *strings*
 //! (JSON numbers are refused, so no price ever passes through a float): `input`,
-//! `cachedInput` and `output` (required), and `cacheWrite` (optional; without it a cache
-//! write costs as much as uncached input):
+//! `cachedInput` and `output` (required), `cacheWrite` (optional; without it a cache
+//! write costs as much as uncached input), and `maxOutputTokens` (optional, a positive
+//! integer: the most output tokens one call of the model can produce; without it
+//! [`DEFAULT_MAX_OUTPUT_TOKENS`], used to reserve a call that does not name its own limit):
 //!
 //! ```json
 //! {
 //!   "gpt-6.1-sol": {"input": "2", "cachedInput": "0.1", "cacheWrite": "2.5", "output": "10"},
-//!   "my-proxy-model": {"input": "0.5", "cachedInput": "0.05", "output": "1.5"}
+//!   "my-proxy-model": {"input": "0.5", "cachedInput": "0.05", "output": "1.5",
+//!                      "maxOutputTokens": 16384}
 //! }
 //! ```
 //!
@@ -44,7 +47,14 @@ pub struct ModelPrice {
     pub cache_write: Option<Decimal>,
     /// Per million output tokens (reasoning tokens included).
     pub output: Decimal,
+    /// The most output tokens one call can produce; `None`: [`DEFAULT_MAX_OUTPUT_TOKENS`].
+    pub max_output_tokens: Option<u32>,
 }
+
+/// The most output tokens a call of a model is taken to produce when neither the call
+/// (`max_tokens`, `max_output_tokens`) nor the price table says: at least the largest
+/// output limit of the models listed, so a reservation made with it is never short.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 128_000;
 
 impl ModelPrice {
     /// The exact cost of `tokens`, rounded half away from zero to nano-dollars:
@@ -71,11 +81,32 @@ impl ModelPrice {
             .checked_add(Decimal::from(read).checked_mul(self.cached_input)?)?
             .checked_add(Decimal::from(write).checked_mul(self.cache_write.unwrap_or(self.input))?)?
             .checked_add(Decimal::from(output).checked_mul(self.output)?)?;
-        let dollars = total.checked_div(Decimal::from(1_000_000))?;
-        let rounded =
-            dollars.round_dp_with_strategy(Usd::SCALE, RoundingStrategy::MidpointAwayFromZero);
-        Usd::from_decimal(rounded).ok()
+        to_usd(total, RoundingStrategy::MidpointAwayFromZero)
     }
+
+    /// The most a call with at most `input` input tokens and `output` output tokens can
+    /// cost, rounded up to nano-dollars: every input token at the dearer of the input and
+    /// cache-write prices (a cache read is cheaper than both), every output token at the
+    /// output price. `None` on overflow.
+    pub fn max_cost(&self, input: u64, output: u64) -> Option<Usd> {
+        let input_price = self.input.max(self.cache_write.unwrap_or(self.input));
+        let total = Decimal::from(input)
+            .checked_mul(input_price)?
+            .checked_add(Decimal::from(output).checked_mul(self.output)?)?;
+        to_usd(total, RoundingStrategy::AwayFromZero)
+    }
+
+    /// The output limit of one call: [`ModelPrice::max_output_tokens`], else
+    /// [`DEFAULT_MAX_OUTPUT_TOKENS`].
+    pub fn output_limit(&self) -> u32 {
+        self.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS)
+    }
+}
+
+/// `total` USD-per-million-tokens × tokens, as dollars rounded to nano-dollars by `rounding`.
+fn to_usd(total: Decimal, rounding: RoundingStrategy) -> Option<Usd> {
+    let dollars = total.checked_div(Decimal::from(1_000_000))?;
+    Usd::from_decimal(dollars.round_dp_with_strategy(Usd::SCALE, rounding)).ok()
 }
 
 /// Why a price file was refused.
@@ -158,9 +189,11 @@ const BUILTIN: &[(&str, &str, &str, &str, &str)] = &[
 impl PriceTable {
     /// The built-in table: the list prices of current Anthropic and OpenAI models as of
     /// [`PRICES_AS_OF`] (standard tier; long-context, priority and batch tiers are not
-    /// applied). Names match exactly (no aliases: `sonnet` is not a model id). Prices
-    /// change: `AGENTRY_PRICES_FILE` ([`PriceTable::from_json`]) overrides any entry and
-    /// adds models; a model absent from both gives a null cost, never zero.
+    /// applied). Names match exactly or without a date suffix ([`PriceTable::get`]; no
+    /// aliases: `sonnet` is not a model id). Prices change: `AGENTRY_PRICES_FILE`
+    /// ([`PriceTable::from_json`]) overrides any entry and adds models; the gateway refuses
+    /// a call to a model absent from both, and a cost computed from an agent's report for
+    /// one is null, never zero.
     pub fn builtin() -> Self {
         let decimal = |text: &str| Decimal::from_str_exact(text).ok();
         let models = BUILTIN
@@ -175,6 +208,7 @@ impl PriceTable {
                         Some(decimal(write)?)
                     },
                     output: decimal(output)?,
+                    max_output_tokens: None,
                 };
                 Some((model.to_owned(), price))
             })
@@ -201,14 +235,14 @@ impl PriceTable {
             let serde_json::Value::Object(fields) = entry else {
                 return Err(bad(
                     "must be an object with \"input\", \"cachedInput\", \"output\" and \
-                     optionally \"cacheWrite\""
+                     optionally \"cacheWrite\" and \"maxOutputTokens\""
                         .into(),
                 ));
             };
             if let Some(unknown) = fields.keys().find(|k| {
                 !matches!(
                     k.as_str(),
-                    "input" | "cachedInput" | "cacheWrite" | "output"
+                    "input" | "cachedInput" | "cacheWrite" | "output" | "maxOutputTokens"
                 )
             }) {
                 return Err(bad(format!("unknown field {unknown:?}")));
@@ -235,6 +269,22 @@ impl PriceTable {
                     None
                 },
                 output: price("output")?,
+                max_output_tokens: match fields.get("maxOutputTokens") {
+                    None => None,
+                    Some(value) => Some(
+                        value
+                            .as_u64()
+                            .and_then(|n| u32::try_from(n).ok())
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| {
+                                bad(format!(
+                                    "maxOutputTokens: {value} is not a positive integer of at \
+                                     most {}",
+                                    u32::MAX
+                                ))
+                            })?,
+                    ),
+                },
             };
             models.insert(model, parsed);
         }
@@ -247,15 +297,40 @@ impl PriceTable {
         self
     }
 
-    /// The price of `model` (exact name match), if listed.
+    /// The price of `model`, if listed: by its exact name, else (for a dated id such as
+    /// `claude-haiku-4-5-20251001` or `gpt-5-2025-08-07` that is not listed itself) by the
+    /// name without its date.
     pub fn get(&self, model: &str) -> Option<&ModelPrice> {
-        self.models.get(model)
+        self.models
+            .get(model)
+            .or_else(|| undated(model).and_then(|base| self.models.get(base)))
     }
 
     /// The listed model names, sorted.
     pub fn models(&self) -> impl Iterator<Item = &str> {
         self.models.keys().map(String::as_str)
     }
+}
+
+/// `model` without a trailing date (`-YYYYMMDD` or `-YYYY-MM-DD`), if it has one.
+fn undated(model: &str) -> Option<&str> {
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    let compact = model.rsplit_once('-').filter(|(base, date)| {
+        !base.is_empty() && date.len() == 8 && digits(date) && date.starts_with("20")
+    });
+    if let Some((base, _)) = compact {
+        return Some(base);
+    }
+    let mut parts = model.rsplitn(4, '-');
+    let (day, month, year, base) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let dated = year.len() == 4
+        && year.starts_with("20")
+        && month.len() == 2
+        && day.len() == 2
+        && digits(year)
+        && digits(month)
+        && digits(day);
+    (dated && !base.is_empty()).then_some(base)
 }
 
 /// A non-negative plain decimal (`"1.25"`, `"10"`), or `None`.
@@ -269,4 +344,73 @@ fn parse_price(text: &str) -> Option<Decimal> {
         return None;
     }
     Decimal::from_str_exact(text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dated_ids_are_priced_as_their_model_and_nothing_else_is_guessed() {
+        let table = PriceTable::builtin();
+        let sonnet = table.get("claude-sonnet-5").copied();
+        assert!(sonnet.is_some());
+        assert_eq!(table.get("claude-sonnet-5-20261101").copied(), sonnet);
+        let gpt5 = table.get("gpt-5").copied();
+        assert_eq!(table.get("gpt-5-2025-08-07").copied(), gpt5);
+        // A listed dated id keeps its own entry.
+        assert!(table.get("claude-haiku-4-5-20251001").is_some());
+        for unknown in [
+            "sonnet",
+            "claude-sonnet-5-latest",
+            "claude-sonnet-5-2026110",
+            "claude-sonnet-5-19991231",
+            "gpt-5-2025-8-07",
+            "-20251001",
+            "20251001",
+            "claude-unknown-20251001",
+            "",
+        ] {
+            assert!(table.get(unknown).is_none(), "{unknown:?} was priced");
+        }
+    }
+
+    #[test]
+    fn the_largest_cost_of_a_call_rounds_up_at_the_dearest_input_price() {
+        let price = ModelPrice {
+            input: Decimal::from(2),
+            cached_input: Decimal::from_str_exact("0.2").unwrap(),
+            cache_write: Some(Decimal::from_str_exact("2.5").unwrap()),
+            output: Decimal::from(10),
+            max_output_tokens: None,
+        };
+        // 1,000 input at $2.5 + 100 output at $10 per million = $0.0035.
+        assert_eq!(price.max_cost(1_000, 100), Usd::parse("0.0035").ok());
+        // One token at $2.5 per million is $0.0000025: rounded up, never down.
+        assert_eq!(price.max_cost(1, 0), Usd::parse("0.000002500").ok());
+        let third = ModelPrice {
+            input: Decimal::from_str_exact("0.000001").unwrap(),
+            cache_write: None,
+            ..price
+        };
+        assert_eq!(third.max_cost(1, 0), Usd::parse("0.000000001").ok());
+        assert_eq!(price.output_limit(), DEFAULT_MAX_OUTPUT_TOKENS);
+        assert_eq!(price.max_cost(u64::MAX, u64::MAX), None);
+    }
+
+    #[test]
+    fn a_price_file_may_give_the_output_limit() {
+        let table = PriceTable::from_json(
+            r#"{"m": {"input": "1", "cachedInput": "0.1", "output": "2", "maxOutputTokens": 16384}}"#,
+        )
+        .unwrap();
+        assert_eq!(table.get("m").map(ModelPrice::output_limit), Some(16_384));
+        for bad in ["0", "-1", "1.5", "\"100\"", "4294967296"] {
+            let text = format!(
+                r#"{{"m": {{"input": "1", "cachedInput": "0.1", "output": "2", "maxOutputTokens": {bad}}}}}"#
+            );
+            let err = PriceTable::from_json(&text).unwrap_err().to_string();
+            assert!(err.contains("maxOutputTokens"), "{bad}: {err}");
+        }
+    }
 }

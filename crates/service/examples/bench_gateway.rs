@@ -566,6 +566,7 @@ async fn bench(a: &Args) -> Result<(), Error> {
             openai_upstream: base.join("/v1")?,
             anthropic_key: Some(SecretValue::new(REAL_KEY)),
             openai_key: None,
+            body_timeout: agentry_service::gateway::BODY_TIMEOUT,
         },
         PriceTable::builtin(),
         test_db.db.clone(),
@@ -585,7 +586,7 @@ async fn bench(a: &Args) -> Result<(), Error> {
             max_budget_usd: Some(Usd::parse("1000000")?),
         },
     };
-    let (key, _meter, gate) = gateway.open_run(&run, &socket).await?;
+    let (key, _meter, gate) = gateway.open_run(&run, &socket, false).await?;
     let body = request_body(a.request_kb);
 
     // 1. Added latency.
@@ -629,6 +630,7 @@ async fn bench(a: &Args) -> Result<(), Error> {
                     ..run.clone()
                 },
                 &socket,
+                false,
             )
             .await?;
         held.push((socket, key, gate, attempt));

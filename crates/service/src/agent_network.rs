@@ -45,7 +45,7 @@ impl AgentNetwork {
         let repo_allow = self.repo_allow(&run.repo_key).await?;
         let (key, meter, gate) = self
             .gateway
-            .open_run(run, &dir.join(GATEWAY_SOCKET))
+            .open_run(run, &dir.join(GATEWAY_SOCKET), false)
             .await?;
         let mut allow = repo_allow;
         allow.extend(self.instance_allow.iter().cloned());

@@ -133,6 +133,7 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
                     openai_upstream: config.openai_upstream.clone(),
                     anthropic_key: config.anthropic_key.clone(),
                     openai_key: config.openai_key.clone(),
+                    body_timeout: crate::gateway::BODY_TIMEOUT,
                 },
                 prices.clone(),
                 db.clone(),

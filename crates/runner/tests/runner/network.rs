@@ -511,8 +511,7 @@ async fn an_exhausted_meter_stops_the_run_at_its_budget() {
     (&mut started.started).await.unwrap();
     wait_for_init(&runner, task).await;
     let meter = Arc::clone(&network.opened()[0].meter);
-    meter.add(Some(Usd::parse("0.42").unwrap()));
-    meter.add(None);
+    meter.add(Usd::parse("0.42").unwrap());
     meter.exhaust();
     let execution = within_deadline("the exhausted run", started.handle).await;
     drop(started.cancel);

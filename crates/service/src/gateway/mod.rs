@@ -8,24 +8,34 @@
 //! `OPENAI_API_KEY` secret, else the service's environment variable) and passes the request
 //! to the configured upstream, streaming the answer back chunk by chunk as it arrives.
 //!
-//! - Model calls (Anthropic `POST /v1/messages`, OpenAI `POST /v1/responses…`) are metered:
-//!   the usage the provider returned is read from the answer as it passes ([`usage`]),
-//!   priced from the price table, and recorded as a [`ModelCall`] as soon as the answer
-//!   ends (or breaks off), so a crash or a kill loses none. Before a call is passed on, the
-//!   run's allowance is checked: once the run's metered calls have spent it, the call is
-//!   refused with `429` in the provider's error shape and the run is marked exhausted (the
-//!   runner stops it, "budget reached"). The overshoot is at most the calls in flight.
-//! - Token counting and model lists are passed on unmetered; `GET /` and `HEAD /` (Claude
-//!   Code's connectivity check) answer `200` here. Anything else answers `404`.
-//! - OpenAI's WebSocket transport is refused with `426`, on which Codex falls back to HTTP
-//!   streaming at once.
-//! - A body over [`MAX_BODY_BYTES`] answers `413`; a model call whose body is not a JSON
-//!   object with a `model` answers `400`; an upstream that cannot be reached answers `502`.
-//!   Errors of the upstream pass through unchanged.
+//! The gateway is a fail-closed meter and an allow-list ([`policy`]):
+//!
+//! - Only the endpoints the CLIs use pass, by their plain path (Anthropic `POST
+//!   /v1/messages` and `/v1/messages/count_tokens`, OpenAI `POST /v1/responses` and
+//!   `/v1/responses/compact`, `GET /v1/models`); a path with percent escapes, dot or empty
+//!   segments answers `400`, any other `404`. `GET` and `HEAD /` (Claude Code's
+//!   connectivity check) answer `200` here. OpenAI's WebSocket transport is refused with
+//!   `426`, on which Codex falls back to HTTP streaming at once.
+//! - A `POST` body must be a JSON object (else `400`), at most [`MAX_BODY_BYTES`] (else
+//!   `413`), arriving within [`BODY_TIMEOUT`] (else `408`); what goes upstream is the object
+//!   as the gateway read it. MCP servers and provider-side tools are refused (`400`) unless
+//!   the repository allows provider tools.
+//! - Model calls (Anthropic `POST /v1/messages`, OpenAI `POST /v1/responses…`) are metered.
+//!   A call to a model without a price is refused (`400`). Before a call is passed on, its
+//!   largest possible cost is reserved in the run's meter: the call goes only if the run's
+//!   spend, its calls in flight and this reservation fit its allowance; otherwise `429` in
+//!   the provider's error shape, and the run is marked exhausted (the runner stops it,
+//!   "budget reached"). The usage the provider returned is read from the answer as it passes
+//!   ([`usage`]), priced, and recorded as a [`ModelCall`] as soon as the answer ends (or
+//!   breaks off), so a crash or a kill loses none; a call whose final usage never came is
+//!   recorded at its reservation.
+//! - Token counting and model lists are passed on unmetered. An upstream that cannot be
+//!   reached answers `502`; errors of the upstream pass through unchanged.
 //!
 //! When the run ends its [`RunGate`] is dropped: the socket closes, its file is removed, and
 //! the key is refused on any connection still open.
 
+pub mod policy;
 pub mod usage;
 
 use std::convert::Infallible;
@@ -56,6 +66,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
+pub use policy::{CallPlan, Refusal, Route};
 pub use usage::{Provider, Usage, UsageReader};
 
 /// The largest request body passed on (a model call with a long conversation is a few MB).
@@ -76,6 +87,9 @@ pub const DEFAULT_OPENAI_UPSTREAM: &str = "https://api.openai.com/v1";
 /// How long connecting to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long the agent may take to send a request body; a slower one answers `408`.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How long the upstream may stay silent in the middle of an answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -94,6 +108,8 @@ pub struct GatewayConfig {
     /// `OPENAI_API_KEY` (else `CODEX_API_KEY`) of the service's environment, used when no
     /// such secret is stored.
     pub openai_key: Option<SecretValue>,
+    /// How long the agent may take to send a request body ([`BODY_TIMEOUT`]).
+    pub body_timeout: Duration,
 }
 
 /// The model gateway of one service process (cheap to clone).
@@ -199,11 +215,14 @@ impl Gateway {
     }
 
     /// Serves `run`'s gateway on a new Unix socket at `socket` until the returned
-    /// [`RunGate`] is dropped. Returns the run's key and its meter with it.
+    /// [`RunGate`] is dropped; the provider's outbound features pass only if
+    /// `allow_provider_tools` (the repository's `allowProviderTools`). Returns the run's key
+    /// and its meter with it.
     pub async fn open_run(
         &self,
         run: &RunInfo,
         socket: &Path,
+        allow_provider_tools: bool,
     ) -> Result<(String, Arc<RunMeter>, RunGate), String> {
         let provider = match run.agent.agent_type {
             AgentType::ClaudeCode => Provider::Anthropic,
@@ -226,6 +245,7 @@ impl Gateway {
             key_digest: Sha256::digest(key.as_bytes()).into(),
             upstream_key,
             allowance: run.agent.max_budget_usd,
+            allow_provider_tools,
             meter: meter.clone(),
             revoked: AtomicBool::new(false),
             shared: self.shared.clone(),
@@ -365,6 +385,8 @@ struct RunCtx {
     key_digest: [u8; 32],
     upstream_key: Option<SecretValue>,
     allowance: Option<Usd>,
+    /// Whether the provider's outbound features pass ([`policy::outbound_features`]).
+    allow_provider_tools: bool,
     meter: Arc<RunMeter>,
     revoked: AtomicBool,
     shared: Arc<Shared>,
@@ -414,29 +436,6 @@ async fn accept_loop(listener: UnixListener, run: Arc<RunCtx>) {
     }
 }
 
-/// What a request path is, for `provider`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
-    /// A model call: metered and checked against the allowance.
-    Metered,
-    /// Passed on unmetered (token counting, model lists).
-    Free,
-}
-
-fn route(provider: Provider, method: &Method, path: &str) -> Option<Route> {
-    match (provider, method.as_str(), path) {
-        (Provider::Anthropic, "POST", "/v1/messages") => Some(Route::Metered),
-        (Provider::Anthropic, "POST", "/v1/messages/count_tokens") => Some(Route::Free),
-        (Provider::OpenAi, "POST", p)
-            if p == "/v1/responses" || p.starts_with("/v1/responses/") =>
-        {
-            Some(Route::Metered)
-        }
-        (_, "GET", p) if p == "/v1/models" || p.starts_with("/v1/models/") => Some(Route::Free),
-        _ => None,
-    }
-}
-
 /// The upstream URL of `path_and_query` (which starts with `/v1/`).
 fn upstream_url(config: &GatewayConfig, provider: Provider, path_and_query: &str) -> String {
     match provider {
@@ -454,44 +453,40 @@ fn upstream_url(config: &GatewayConfig, provider: Provider, path_and_query: &str
     }
 }
 
+/// Serves one request of the agent: the answer, or the gateway's own refusal in the
+/// provider's error shape.
 async fn handle(run: Arc<RunCtx>, req: Request<Incoming>) -> Response<Body> {
+    match serve(&run, req).await {
+        Ok(response) => response,
+        Err(refusal) => error(run.provider, refusal.status, refusal.code, &refusal.message),
+    }
+}
+
+/// The steps of one request: the connectivity check, the transport, the key, the route,
+/// the body, the provider features, the call's plan and reservation, then the upstream.
+async fn serve(run: &Arc<RunCtx>, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
     let provider = run.provider;
-    let path = req.uri().path().to_owned();
-    if path == "/" && matches!(*req.method(), Method::GET | Method::HEAD) {
-        return plain(StatusCode::OK, "");
+    if req.uri().path() == "/" && matches!(*req.method(), Method::GET | Method::HEAD) {
+        return Ok(plain(StatusCode::OK, ""));
     }
     if req.headers().contains_key(header::UPGRADE) {
-        return error(
-            provider,
+        return Err(refusal(
             StatusCode::UPGRADE_REQUIRED,
             "websocket_not_supported",
             "the agentry model gateway speaks HTTP only: send the request without Upgrade",
-        );
+        ));
     }
-    if run.revoked.load(Ordering::SeqCst) || !authorized(&run, req.headers()) {
-        return error(
-            provider,
+    if run.revoked.load(Ordering::SeqCst) || !authorized(run, req.headers()) {
+        return Err(refusal(
             StatusCode::UNAUTHORIZED,
             "invalid_api_key",
             "invalid API key for this agentry run (it works only for its own run, while the \
              run lasts, through the gateway)",
-        );
+        ));
     }
-    let Some(route) = route(provider, req.method(), &path) else {
-        return error(
-            provider,
-            StatusCode::NOT_FOUND,
-            "not_found",
-            &format!(
-                "the agentry model gateway does not serve {} {}",
-                req.method(),
-                excerpt(&path, 100)
-            ),
-        );
-    };
+    let route = policy::route(provider, req.method(), req.uri().path())?;
     let Some(upstream_key) = run.upstream_key.clone() else {
-        return error(
-            provider,
+        return Err(refusal(
             StatusCode::UNAUTHORIZED,
             "invalid_api_key",
             &format!(
@@ -499,14 +494,50 @@ async fn handle(run: Arc<RunCtx>, req: Request<Incoming>) -> Response<Body> {
                  in the service's environment)",
                 key_name(provider)
             ),
-        );
+        ));
     };
     let started = Instant::now();
     let started_at = agentry_persistence::now();
     let (parts, body) = req.into_parts();
+    let body = read_body(&parts.headers, body, run.shared.config.body_timeout).await?;
+    let object = if parts.method == Method::POST {
+        Some(policy::json_object(&body)?)
+    } else {
+        None
+    };
+    policy::outbound_features(
+        provider,
+        &parts.headers,
+        object.as_ref(),
+        run.allow_provider_tools,
+    )?;
+    let call = match (route, &object) {
+        (Route::Metered, Some(object)) => {
+            Some(reserve(run, object, body.len(), started_at, started)?)
+        }
+        _ => None,
+    };
+    Ok(forward(run, parts, body, upstream_key, call).await)
+}
+
+/// A refusal of the gateway's own.
+fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
+    Refusal {
+        status,
+        code,
+        message: message.to_owned(),
+    }
+}
+
+/// Reads the request body: at most [`MAX_BODY_BYTES`] (else 413), within `timeout`
+/// ([`GatewayConfig::body_timeout`], else 408), so a slow or endless body holds neither memory nor a connection for long.
+async fn read_body(
+    headers: &HeaderMap,
+    mut incoming: Incoming,
+    timeout: Duration,
+) -> Result<Bytes, Refusal> {
     let too_large = || {
-        error(
-            provider,
+        refusal(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request_too_large",
             &format!(
@@ -517,85 +548,97 @@ async fn handle(run: Arc<RunCtx>, req: Request<Incoming>) -> Response<Body> {
     };
     // One buffer of the declared length (a long conversation is hundreds of KB): the body
     // is copied once, into memory that does not grow and move as it arrives.
-    let declared = parts
-        .headers
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return too_large();
+        return Err(too_large());
     }
     let mut buffer =
         bytes::BytesMut::with_capacity(declared.map_or(0, |n| usize::try_from(n).unwrap_or(0)));
-    let mut incoming = body;
-    while let Some(frame) = incoming.frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(e) => {
-                return error(
-                    provider,
+    let read = async {
+        while let Some(frame) = incoming.frame().await {
+            let frame = frame.map_err(|e| {
+                refusal(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
                     &format!("could not read the request body: {e}"),
-                );
-            }
-        };
-        if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > MAX_BODY_BYTES {
-                return too_large();
-            }
-            buffer.extend_from_slice(&data);
-        }
-    }
-    let body = buffer.freeze();
-    let mut call = None;
-    if route == Route::Metered {
-        let model = match serde_json::from_slice::<Value>(&body) {
-            Ok(Value::Object(object)) => match object.get("model") {
-                Some(Value::String(model)) if !model.is_empty() => model.clone(),
-                _ => {
-                    return error(
-                        provider,
-                        StatusCode::BAD_REQUEST,
-                        "invalid_request_error",
-                        "model: a model call names its model (a non-empty string)",
-                    );
+                )
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if buffer.len() + data.len() > MAX_BODY_BYTES {
+                    return Err(too_large());
                 }
-            },
-            _ => {
-                return error(
-                    provider,
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    "the body of a model call must be a JSON object",
-                );
-            }
-        };
-        let recorder = CallRecorder::new(run.clone(), model, started_at, started);
-        if let Some(allowance) = run.allowance {
-            let spent = run.meter.spent();
-            if spent >= allowance {
-                run.meter.exhaust();
-                let message = format!(
-                    "budget reached: this agentry run has spent {spent} USD of its {allowance} \
-                     USD allowance (the least of what is left of maxCostPerTaskUsd and of the \
-                     monthly budgets); the call was not sent"
-                );
-                recorder.refused(StatusCode::TOO_MANY_REQUESTS);
-                return error(
-                    provider,
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "budget_reached",
-                    &message,
-                );
+                buffer.extend_from_slice(&data);
             }
         }
-        call = Some(recorder);
+        Ok(())
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(())) => Ok(buffer.freeze()),
+        Ok(Err(refused)) => Err(refused),
+        Err(_) => Err(refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            &format!(
+                "the request body did not arrive within {} ms",
+                timeout.as_millis()
+            ),
+        )),
     }
+}
+
+/// Plans a model call and reserves its largest cost against the run's allowance: a call
+/// that does not fit beside the run's spend and its calls in flight is refused with 429
+/// (recorded as a refused call) and the run is marked exhausted.
+fn reserve(
+    run: &Arc<RunCtx>,
+    object: &serde_json::Map<String, Value>,
+    body_len: usize,
+    started_at: OffsetDateTime,
+    started: Instant,
+) -> Result<CallRecorder, Refusal> {
+    let plan = policy::plan(run.provider, object, body_len, &run.shared.prices)?;
+    let recorder = CallRecorder::new(run.clone(), plan, started_at, started);
+    match run.meter.reserve(recorder.plan.reservation, run.allowance) {
+        Ok(()) => Ok(recorder.reserved()),
+        Err(ledger) => {
+            run.meter.exhaust();
+            let message = format!(
+                "budget reached: this call may cost up to {} USD, and this agentry run has \
+                 spent {} USD with {} USD reserved by its calls in flight, of its {} USD \
+                 allowance (the least of what is left of maxCostPerTaskUsd and of the monthly \
+                 budgets); the call was not sent",
+                recorder.plan.reservation,
+                ledger.spent,
+                ledger.reserved,
+                run.allowance.unwrap_or(Usd::ZERO),
+            );
+            recorder.refused(StatusCode::TOO_MANY_REQUESTS);
+            Err(refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                "budget_reached",
+                &message,
+            ))
+        }
+    }
+}
+
+/// Sends the request upstream with the real key and streams the answer back, reading a
+/// model call's usage as it passes.
+async fn forward(
+    run: &Arc<RunCtx>,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+    upstream_key: SecretValue,
+    call: Option<CallRecorder>,
+) -> Response<Body> {
+    let provider = run.provider;
     let path_and_query = parts
         .uri
         .path_and_query()
-        .map_or(path.as_str(), |pq| pq.as_str())
+        .map_or_else(|| parts.uri.path(), |pq| pq.as_str())
         .to_owned();
     let url = upstream_url(&run.shared.config, provider, &path_and_query);
     let mut headers = forwarded_headers(&parts.headers);
@@ -804,23 +847,21 @@ fn error(provider: Provider, status: StatusCode, code: &str, message: &str) -> R
     response
 }
 
-fn excerpt(text: &str, max: usize) -> String {
-    let mut out: String = text.chars().take(max).collect();
-    if out.len() < text.len() {
-        out.push('…');
-    }
-    out
-}
-
 /// One metered call: reads its answer as it passes and records it once, when it is
-/// dropped (the answer ended, broke off, or the agent hung up).
+/// dropped (the answer ended, broke off, or the agent hung up). Its reservation is then
+/// replaced by its cost: the priced usage the answer reported or, when the answer did not
+/// carry its final usage, at least the reservation (unknown usage is spent, never free).
 struct CallRecorder {
     run: Arc<RunCtx>,
-    model: String,
+    plan: CallPlan,
+    /// What this call holds reserved in the run's meter (zero until it is reserved).
+    reserved: Usd,
     started_at: OffsetDateTime,
     started: Instant,
     status: StatusCode,
     outcome: &'static str,
+    /// Whether the request went upstream.
+    sent: bool,
     reader: Option<UsageReader>,
     /// The answer's length, when the upstream said it: once that much has passed, the
     /// answer is complete (the server may never ask for the end of a body it has all of).
@@ -830,20 +871,28 @@ struct CallRecorder {
 }
 
 impl CallRecorder {
-    fn new(run: Arc<RunCtx>, model: String, started_at: OffsetDateTime, started: Instant) -> Self {
+    fn new(run: Arc<RunCtx>, plan: CallPlan, started_at: OffsetDateTime, started: Instant) -> Self {
         run.shared.call_started((run.task_id, run.attempt));
         CallRecorder {
             run,
-            model,
+            plan,
+            reserved: Usd::ZERO,
             started_at,
             started,
             status: StatusCode::OK,
             outcome: "interrupted",
+            sent: false,
             reader: None,
             expected: None,
             received: 0,
             recorded: false,
         }
+    }
+
+    /// The call, its reservation made in the run's meter.
+    fn reserved(mut self) -> Self {
+        self.reserved = self.plan.reservation;
+        self
     }
 
     /// The gateway answered `status` itself; nothing was sent.
@@ -852,13 +901,15 @@ impl CallRecorder {
         self.outcome = "refused";
     }
 
-    /// The call failed before an answer came.
+    /// The call failed before an answer came (it may have reached the upstream).
     fn failed(mut self, status: StatusCode, outcome: &'static str) {
+        self.sent = true;
         self.status = status;
         self.outcome = outcome;
     }
 
     fn begin(&mut self, status: StatusCode, streamed: bool, length: Option<u64>) {
+        self.sent = true;
         self.status = status;
         self.reader = Some(UsageReader::new(self.run.provider, streamed));
         self.expected = length;
@@ -889,23 +940,40 @@ impl CallRecorder {
         };
     }
 
+    /// The call as recorded: its usage, model, outcome and cost.
     fn call(&mut self) -> ModelCall {
-        let (usage, model) = match &mut self.reader {
+        let (usage, model, finished) = match &mut self.reader {
             Some(reader) => {
                 reader.finish();
-                (
-                    reader.usage(),
-                    reader.model().unwrap_or(&self.model).to_owned(),
-                )
+                let model = reader.model().unwrap_or(&self.plan.model).to_owned();
+                (reader.usage(), model, reader.finished())
             }
-            None => (Usage::default(), self.model.clone()),
+            None => (Usage::default(), self.plan.model.clone(), false),
         };
-        let prices = &self.run.shared.prices;
-        let price = prices.get(&model).or_else(|| prices.get(&self.model));
-        let cost = match price {
-            Some(price) => price.cost(usage.tokens()),
-            None if usage.is_empty() => Some(Usd::ZERO),
-            None => None,
+        // Priced for the model that answered when it has a price, else as planned.
+        let price = self
+            .run
+            .shared
+            .prices
+            .get(&model)
+            .copied()
+            .unwrap_or(self.plan.price);
+        let priced = price.cost(usage.tokens());
+        // The usage is known when its final event came, or when the provider answered an
+        // error to its end (an error is not billed). Otherwise (a broken-off answer, one
+        // too large to read, a background request) the call cost at least its reservation.
+        let known = !self.plan.unknown_usage
+            && (finished || self.outcome == "upstream_error")
+            && priced.is_some();
+        let cost = if !self.sent {
+            Usd::ZERO
+        } else if known {
+            priced.unwrap_or(self.plan.reservation)
+        } else {
+            if self.outcome == "completed" {
+                self.outcome = "unmetered";
+            }
+            priced.map_or(self.plan.reservation, |p| p.max(self.plan.reservation))
         };
         ModelCall {
             id: Uuid::now_v7(),
@@ -917,7 +985,7 @@ impl CallRecorder {
             outcome: self.outcome.to_owned(),
             tokens: usage.tokens(),
             reasoning_tokens: usage.reasoning,
-            cost_usd: cost,
+            cost_usd: Some(cost),
             started_at: self.started_at,
             duration_ms: i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX),
         }
@@ -931,14 +999,9 @@ impl Drop for CallRecorder {
         }
         self.recorded = true;
         let call = self.call();
-        self.run.meter.add(call.cost_usd);
-        if call.cost_usd.is_none() {
-            tracing::warn!(
-                task = %call.task_id,
-                model = call.model.as_deref().unwrap_or(""),
-                "a metered model call has no price: the run's cost will be unknown"
-            );
-        }
+        self.run
+            .meter
+            .settle(self.reserved, call.cost_usd.unwrap_or(self.reserved));
         let shared = self.run.shared.clone();
         let write = move || {
             let written = shared
@@ -980,40 +1043,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes_are_what_each_provider_serves() {
-        use Provider::{Anthropic, OpenAi};
-        let (post, get) = (Method::POST, Method::GET);
-        for (provider, method, path, expected) in [
-            (Anthropic, &post, "/v1/messages", Some(Route::Metered)),
-            (
-                Anthropic,
-                &post,
-                "/v1/messages/count_tokens",
-                Some(Route::Free),
-            ),
-            (Anthropic, &post, "/v1/responses", None),
-            (OpenAi, &post, "/v1/responses", Some(Route::Metered)),
-            (OpenAi, &post, "/v1/responses/compact", Some(Route::Metered)),
-            (OpenAi, &get, "/v1/models", Some(Route::Free)),
-            (OpenAi, &get, "/v1/responses", None),
-            (OpenAi, &post, "/v1/files", None),
-            (Anthropic, &post, "/v1/messages/../x", None),
-        ] {
-            assert_eq!(
-                route(provider, method, path),
-                expected,
-                "{provider:?} {method} {path}"
-            );
-        }
-    }
-
-    #[test]
     fn upstream_urls_keep_the_query_and_join_the_base() {
         let config = GatewayConfig {
             anthropic_upstream: url::Url::parse("https://api.anthropic.com").unwrap(),
             openai_upstream: url::Url::parse("https://api.openai.com/v1/").unwrap(),
             anthropic_key: None,
             openai_key: None,
+            body_timeout: BODY_TIMEOUT,
         };
         assert_eq!(
             upstream_url(&config, Provider::Anthropic, "/v1/messages?beta=true"),

@@ -199,6 +199,7 @@ impl Rig {
                 openai_upstream: url.join("/v1").unwrap(),
                 anthropic_key: Some(SecretValue::new(REAL_KEY)),
                 openai_key: Some(SecretValue::new(REAL_KEY)),
+                body_timeout: Duration::from_millis(500),
             },
             agentry_runner::PriceTable::builtin(),
             db.clone(),
@@ -234,7 +235,7 @@ impl Rig {
                 max_budget_usd: allowance.map(|a| Usd::parse(a).unwrap()),
             },
         };
-        let (key, meter, gate) = self.gateway.open_run(&run, &socket).await.unwrap();
+        let (key, meter, gate) = self.gateway.open_run(&run, &socket, false).await.unwrap();
         OpenRun {
             socket,
             key,
@@ -486,6 +487,42 @@ async fn bad_requests_get_clear_errors_in_the_providers_shape_and_reach_nothing(
         ("POST", "/v1/messages", br#"{"messages":[]}"#, 400, "model"),
         ("POST", "/v1/complete", b"{}", 404, "does not serve"),
         ("DELETE", "/v1/messages", b"", 404, "does not serve"),
+        // Other resources, and paths that are not plain, never reach the upstream.
+        ("GET", "/v1/files", b"", 404, "does not serve"),
+        ("POST", "/v1/messages/batches", b"{}", 404, "does not serve"),
+        ("GET", "/v1/models/../files", b"", 400, "dot segment"),
+        ("GET", "/v1/models/%2e%2e/files", b"", 400, "percent escape"),
+        ("POST", "/v1//messages", MESSAGE, 400, "empty segment"),
+        ("POST", "/v1/messages/../messages", MESSAGE, 400, "dot segment"),
+        // A model without a price, a member named twice, provider-side tools.
+        (
+            "POST",
+            "/v1/messages",
+            br#"{"model":"claude-free-9","max_tokens":10,"messages":[]}"#,
+            400,
+            "AGENTRY_PRICES_FILE",
+        ),
+        (
+            "POST",
+            "/v1/messages",
+            br#"{"model":"claude-sonnet-5","model":"claude-free-9","max_tokens":10}"#,
+            400,
+            "named twice",
+        ),
+        (
+            "POST",
+            "/v1/messages",
+            br#"{"model":"claude-sonnet-5","max_tokens":10,"messages":[],"mcp_servers":[{"type":"url","url":"https://x.example"}]}"#,
+            400,
+            "allowProviderTools",
+        ),
+        (
+            "POST",
+            "/v1/messages/count_tokens",
+            br#"{"model":"claude-sonnet-5","messages":[],"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}]}"#,
+            400,
+            "allowProviderTools",
+        ),
     ] {
         let (reader, status, _) = send(socket, method, path, &auth, body).await;
         assert_eq!(status, want, "{method} {path}");
@@ -511,8 +548,178 @@ async fn bad_requests_get_clear_errors_in_the_providers_shape_and_reach_nothing(
     // Claude Code's connectivity check needs no key.
     let (_, status, _) = send(socket, "HEAD", "/", &[], b"").await;
     assert_eq!(status, 200);
+    // A beta value that switches a provider-side fetch on.
+    let beta = [
+        ("x-api-key", run.key.as_str()),
+        (
+            "anthropic-beta",
+            "claude-code-20250219,web-fetch-2025-09-10",
+        ),
+    ];
+    let (reader, status, _) = send(socket, "POST", "/v1/messages", &beta, MESSAGE).await;
+    assert_eq!(status, 400);
+    assert!(rest(reader).await.contains("web-fetch-2025-09-10"));
+    // A body that does not come in time: 408 (the rig allows 500 ms).
+    let mut stream = UnixStream::connect(socket).await.unwrap();
+    let head = http::head(
+        "POST /v1/messages HTTP/1.1",
+        &[
+            ("host", "127.0.0.1:4810"),
+            ("x-api-key", run.key.as_str()),
+            ("content-length", "1000"),
+        ],
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(b"{\"model\":").await.unwrap();
+    let mut reader = BufReader::new(stream);
+    let answer = tokio::time::timeout(Duration::from_secs(10), read_head(&mut reader))
+        .await
+        .expect("the gateway answers a slow body within its deadline")
+        .unwrap_or_default();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(rig.seen().is_empty());
     assert!(rig.calls(1).await.is_empty());
+}
+
+/// A body of `len` bytes asking claude-sonnet-5 for at most `max_tokens`, streamed.
+fn message_of(max_tokens: u64, len: usize) -> Vec<u8> {
+    let start = format!(
+        r#"{{"model":"claude-sonnet-5","stream":true,"max_tokens":{max_tokens},"messages":[{{"role":"user","content":""#
+    );
+    let end = r#""}]}"#;
+    let mut body = start.into_bytes();
+    body.resize(len - end.len(), b'x');
+    body.extend_from_slice(end.as_bytes());
+    body
+}
+
+/// What claude-sonnet-5 ($2.5 per million for a cache write, the dearest input; $10 per
+/// million output) may cost at most for a body of `len` bytes and `max_tokens`.
+fn reservation(len: usize, max_tokens: u64) -> Usd {
+    let nanos = len as i64 * 2_500 + max_tokens as i64 * 10_000;
+    Usd::from_nanos(nanos).unwrap()
+}
+
+#[tokio::test]
+async fn concurrent_calls_go_out_only_while_their_reservations_fit_the_allowance() {
+    let go = Arc::new(Notify::new());
+    let rig = Rig::start(Script::message_stream(&go)).await;
+    let run = rig.open(1, AgentType::ClaudeCode, Some("5")).await;
+    // Each call may cost $3.0025 (1,000 bytes, 300,000 output tokens); the upstream bills
+    // $0.007 (1,000 input and 500 output tokens) for each.
+    let body = message_of(300_000, 1000);
+    assert_eq!(reservation(1000, 300_000), Usd::parse("3.0025").unwrap());
+    let auth = [("x-api-key", run.key.as_str())];
+    let burst = (0..8).map(|_| send(&run.socket, "POST", "/v1/messages", &auth, &body));
+    let answers = futures_util::future::join_all(burst).await;
+    let mut streaming = Vec::new();
+    let mut refused = 0;
+    for (reader, status, head) in answers {
+        match status {
+            200 => streaming.push(reader),
+            429 => {
+                refused += 1;
+                let text = rest(reader).await;
+                assert!(text.contains("budget reached"), "{text}");
+                assert!(
+                    text.contains("3.0025 USD reserved by its calls in flight"),
+                    "{text}"
+                );
+            }
+            other => panic!("unexpected {other}: {head}"),
+        }
+    }
+    // One call fits a $5 allowance; the seven others would have overshot it.
+    assert_eq!((streaming.len(), refused), (1, 7));
+    assert_eq!(rig.seen().len(), 1);
+    assert_eq!(run.meter.reserved(), Usd::parse("3.0025").unwrap());
+    assert!(run.meter.is_exhausted());
+    go.notify_one();
+    for reader in streaming {
+        assert!(rest(reader).await.contains("message_stop"));
+    }
+    let calls = rig.calls(1).await;
+    assert_eq!(calls.len(), 8);
+    // Once it ended its reservation became its metered cost, and the next call fits again.
+    assert_eq!(run.meter.spent(), Usd::parse("0.007").unwrap());
+    assert_eq!(run.meter.reserved(), Usd::ZERO);
+    go.notify_one();
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &auth, &body).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+    assert_eq!(rig.seen().len(), 2);
+    let calls = rig.calls(1).await;
+    let outcomes: Vec<&str> = calls.iter().map(|c| c.outcome.as_str()).collect();
+    assert_eq!(outcomes.iter().filter(|o| **o == "refused").count(), 7);
+    assert_eq!(outcomes.iter().filter(|o| **o == "completed").count(), 2);
+    let billed: Usd = calls
+        .iter()
+        .filter_map(|c| c.cost_usd)
+        .fold(Usd::ZERO, |a, c| a.checked_add(c).unwrap());
+    assert_eq!(billed, Usd::parse("0.014").unwrap());
+}
+
+#[tokio::test]
+async fn a_call_whose_final_usage_never_came_costs_at_least_its_reservation() {
+    // Cut after message_start: the upstream billed the whole answer, which the gateway
+    // never saw; the call is recorded at its reservation, never at what passed.
+    let rig = Rig::start(Script::BreakOff(START.into())).await;
+    let run = rig.open_claude().await;
+    let body = message_of(200_000, 500);
+    let auth = [("x-api-key", run.key.as_str())];
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &auth, &body).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+    let calls = rig.calls(1).await;
+    assert_eq!(calls[0].outcome, "interrupted");
+    assert_eq!(calls[0].tokens.input, 1000);
+    assert_eq!(calls[0].cost_usd, Some(reservation(500, 200_000)));
+    assert_eq!(run.meter.spent(), reservation(500, 200_000));
+
+    // A whole answer that carries no usage: `unmetered`, at its reservation.
+    let rig = Rig::start(Script::Json(200, r#"{"id":"msg_1"}"#.into())).await;
+    let run = rig.open_claude().await;
+    let auth = [("x-api-key", run.key.as_str())];
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &auth, &body).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+    let calls = rig.calls(1).await;
+    assert_eq!(
+        (calls[0].outcome.as_str(), calls[0].cost_usd),
+        ("unmetered", Some(reservation(500, 200_000)))
+    );
+
+    // An OpenAI background request: answered before its work, billed at its reservation.
+    let queued = r#"{"id":"resp_1","status":"queued","model":"gpt-6.1-sol","usage":null}"#;
+    let rig = Rig::start(Script::Json(200, queued.into())).await;
+    let run = rig.open(1, AgentType::Codex, None).await;
+    let body = br#"{"model":"gpt-6.1-sol","background":true,"max_output_tokens":1000,"input":[]}"#;
+    let (reader, status, _) = run.post_with_bearer("/v1/responses", body).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+    let calls = rig.calls(1).await;
+    // gpt-6.1-sol: $2.5 per million for a cache write, $10 output.
+    let reserved = Usd::from_nanos(body.len() as i64 * 2_500 + 1000 * 10_000).unwrap();
+    assert_eq!(
+        (calls[0].outcome.as_str(), calls[0].cost_usd),
+        ("unmetered", Some(reserved))
+    );
+
+    // An error the provider answered whole is not billed.
+    let rig = Rig::start(Script::Json(
+        529,
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#.into(),
+    ))
+    .await;
+    let run = rig.open_claude().await;
+    let (reader, status, _) = run.message().await;
+    assert_eq!(status, 529);
+    rest(reader).await;
+    let calls = rig.calls(1).await;
+    assert_eq!(
+        (calls[0].outcome.as_str(), calls[0].cost_usd),
+        ("upstream_error", Some(Usd::ZERO))
+    );
 }
 
 #[tokio::test]
