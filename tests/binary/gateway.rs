@@ -240,9 +240,9 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     assert_eq!(github.pulls("acme", "web").len(), 1);
 }
 
-/// A Codex run with a small allowance: the gateway lets calls through until the run's
-/// metered calls have spent it, refuses the next (429 in OpenAI's shape), and the run fails
-/// with "budget reached", over its allowance by less than one call.
+/// A Codex run with a small allowance: the gateway lets a call through only while its
+/// largest cost fits beside what the run has spent, refuses the next (429 in OpenAI's
+/// shape), and the run fails with "budget reached", within its allowance.
 #[test]
 fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     if !sandboxed() {
@@ -265,24 +265,26 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     let admin = server.read_token();
     let base = server.base.clone();
     let repo = connect_repo(&base, &admin, GH);
-    let allowance = json!({ "agentType": "codex", "maxCostPerTaskUsd": "0.01" });
+    let allowance = json!({ "agentType": "codex", "maxCostPerTaskUsd": "1.5" });
     patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &allowance);
-    // Each call: 3,000 input (1,000 cached) and 100 output tokens of gpt-6.1-sol
-    // ($2, $0.1 cached, $10 per million) = $0.0051.
-    let prompt = "Spend [fake:turns=10] [fake:model-calls=1] [model:usage=3000,100,1000,0]";
+    // Each call: 1,000 input and 10,000 output tokens of gpt-6.1-sol ($2 and $10 per
+    // million) = $0.102. Each reserves $1.28 for Codex's output limit (it sends none: the
+    // model's 128,000 tokens at $10 per million) and $0.0000025 per byte of its body (under
+    // 5 KB here), so a call goes out while the run has spent at most about $0.21 of $1.5.
+    let prompt = "Spend [fake:turns=10] [fake:model-calls=1] [model:usage=1000,10000,0,0]";
     let id = create_task(&base, &admin, &repo, "Spend", prompt);
     let last = ends_as(&server, &id, &admin, "failed");
     let message = error_of(&last);
     assert!(message.starts_with("budget reached"), "{message}");
     let run = &last["runs"][0];
-    // Two calls went out ($0.0102 ≥ $0.01 after the second); the third was refused.
-    assert_eq!(run["modelCalls"], 3, "{run}");
-    assert_eq!(run["costUsd"], "0.0102", "{run}");
-    assert_eq!(models.calls().len(), 2);
+    // Three calls went out ($0.306, then $0.306 + $1.28 > $1.5); the fourth was refused.
+    assert_eq!(run["modelCalls"], 4, "{run}");
+    assert_eq!(run["costUsd"], "0.306", "{run}");
+    assert_eq!(models.calls().len(), 3);
     let (_, calls) = get(&base, &format!("/api/tasks/{id}/calls"), &admin);
     let outcomes = strings_of(&calls, "calls", "outcome");
-    assert_eq!(outcomes, ["completed", "completed", "refused"]);
-    assert_eq!(calls["calls"][2]["status"], 429);
+    assert_eq!(outcomes, ["completed", "completed", "completed", "refused"]);
+    assert_eq!(calls["calls"][3]["status"], 429);
     assert!(github.pulls("acme", "web").is_empty());
 }
 

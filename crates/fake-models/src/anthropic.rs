@@ -433,13 +433,16 @@ pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &
             vec![Block::Text(side_answer(&v, &tag))],
         )
     } else {
-        let usage = directives.usage.map_or(ANTHROPIC_MAIN_USAGE, |u| Usage {
-            input_tokens: u.input,
-            output_tokens: u.output,
-            cache_read_tokens: u.cache_read,
-            cache_write_tokens: u.cache_write,
-            reasoning_tokens: 0,
-        });
+        let usage = directives
+            .usage
+            .map_or(ANTHROPIC_MAIN_USAGE, |u| Usage {
+                input_tokens: u.input,
+                output_tokens: u.output,
+                cache_read_tokens: u.cache_read,
+                cache_write_tokens: u.cache_write,
+                reasoning_tokens: 0,
+            })
+            .capped(v.get("max_tokens").and_then(Value::as_u64));
         let mode = Mode::of(&conversation.prompt, &directives);
         let step = script::step(
             &mode,
@@ -449,11 +452,7 @@ pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &
         );
         (usage, main_answer(&mut s, &conversation, step))
     };
-    let delay = if !side && conversation.tool_results >= 1 {
-        directives.slow
-    } else {
-        None
-    };
+    let delay = directives.delay(!side && conversation.tool_results >= 1);
     call.usage = Some(usage);
     let streaming = call.transport == Transport::Sse;
     let message_id = s.new_id("msg_", 24);
@@ -470,13 +469,15 @@ pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &
         Reply {
             status: 200,
             headers: Vec::new(),
-            body: Body::Sse(sse_chunks(
-                &message_id,
-                &model,
-                &blocks,
-                stop_reason,
-                &usage,
-            )),
+            body: {
+                let chunks = sse_chunks(&message_id, &model, &blocks, stop_reason, &usage);
+                if directives.cut {
+                    // message_start and the first block's start: no message_delta.
+                    Body::SseCut(chunks.into_iter().take(2).collect())
+                } else {
+                    Body::Sse(chunks)
+                }
+            },
             delay: None,
             seq: None,
         }

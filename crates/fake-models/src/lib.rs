@@ -283,6 +283,17 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// This usage with its output (and reasoning) at most `limit` tokens, as a provider
+    /// stops at the call's `max_tokens` / `max_output_tokens`.
+    pub fn capped(self, limit: Option<u64>) -> Usage {
+        let Some(limit) = limit else { return self };
+        Usage {
+            output_tokens: self.output_tokens.min(limit),
+            reasoning_tokens: self.reasoning_tokens.min(limit),
+            ..self
+        }
+    }
+
     /// The sum of every field of `usages` (saturating).
     pub fn sum<'a>(usages: impl IntoIterator<Item = &'a Usage>) -> Usage {
         usages.into_iter().fold(Usage::default(), |a, u| Usage {
@@ -463,6 +474,8 @@ impl Incoming {
 pub(crate) enum Body {
     Json(serde_json::Value),
     Sse(Vec<String>),
+    /// These events, then the connection breaks off (no end of the chunked body).
+    SseCut(Vec<String>),
     Text(String),
     Empty,
 }
@@ -575,6 +588,19 @@ async fn send(reply: Reply, state: &Shared) -> HttpResponse {
                 chunks
                     .into_iter()
                     .map(|c| Ok::<_, std::convert::Infallible>(web::Bytes::from(c))),
+            )),
+        Body::SseCut(chunks) => builder
+            .content_type("text/event-stream")
+            .insert_header(("cache-control", "no-cache"))
+            .streaming(futures_util::StreamExt::chain(
+                futures_util::stream::iter(
+                    chunks
+                        .into_iter()
+                        .map(|c| Ok::<_, std::io::Error>(web::Bytes::from(c))),
+                ),
+                futures_util::stream::once(async {
+                    Err(std::io::Error::other("fake-models: [model:cut]"))
+                }),
             )),
         Body::Text(text) => builder.content_type("text/plain").body(text),
         Body::Empty => builder.finish(),

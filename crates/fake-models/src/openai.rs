@@ -694,13 +694,16 @@ fn model_call(
     let (usage, items) = match call.kind {
         CallKind::Prewarm => (Usage::default(), Vec::new()),
         CallKind::Main => {
-            let usage = directives.usage.map_or(OPENAI_MAIN_USAGE, |u| Usage {
-                input_tokens: u.input,
-                output_tokens: u.output,
-                cache_read_tokens: u.cache_read,
-                cache_write_tokens: u.cache_write,
-                reasoning_tokens: u.reasoning,
-            });
+            let usage = directives
+                .usage
+                .map_or(OPENAI_MAIN_USAGE, |u| Usage {
+                    input_tokens: u.input,
+                    output_tokens: u.output,
+                    cache_read_tokens: u.cache_read,
+                    cache_write_tokens: u.cache_write,
+                    reasoning_tokens: u.reasoning,
+                })
+                .capped(v.get("max_output_tokens").and_then(Value::as_u64));
             let mode = Mode::of(&conversation.prompt, &directives);
             let step = script::step(
                 &mode,
@@ -726,11 +729,7 @@ fn model_call(
             (OPENAI_SIDE_USAGE, vec![Item::Message { id, text }])
         }
     };
-    let delay = if call.kind == CallKind::Main && conversation.tool_results >= 1 {
-        directives.slow
-    } else {
-        None
-    };
+    let delay = directives.delay(call.kind == CallKind::Main && conversation.tool_results >= 1);
     call.usage = Some(usage);
     let id = s.new_id("resp_", 32);
     call.answer_id = Some(id.clone());

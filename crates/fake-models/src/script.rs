@@ -39,9 +39,24 @@ pub(crate) struct Directives {
     pub slow: Option<Duration>,
     /// `[model:calls=N]`: how many tool calls come before the final answer.
     pub calls: Option<u32>,
+    /// `[model:hold=SECS]`: how long every model call waits before answering.
+    pub hold: Option<Duration>,
+    /// `[model:cut]`: a streamed answer breaks off after its first events (the connection
+    /// closes without the events that carry the final usage).
+    pub cut: bool,
 }
 
 impl Directives {
+    /// How long a call waits before its answer: `[model:hold]`, or `[model:slow]` for a
+    /// main call after the first (`later_main`), whichever is longer.
+    pub(crate) fn delay(&self, later_main: bool) -> Option<Duration> {
+        let slow = self.slow.filter(|_| later_main);
+        match (self.hold, slow) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Reads every `[model:KEY=VALUE]` in `text`; unknown keys and bad values are ignored, and
     /// for a key given twice the last one wins.
     pub(crate) fn parse(text: &str) -> Self {
@@ -53,6 +68,9 @@ impl Directives {
             let body = &after[..end];
             rest = &after[end..];
             let Some((key, value)) = body.split_once('=') else {
+                if body.trim() == "cut" {
+                    out.cut = true;
+                }
                 continue;
             };
             let value = value.trim();
@@ -82,12 +100,17 @@ impl Directives {
                         });
                     }
                 }
-                "slow" => {
+                "slow" | "hold" => {
                     if let Ok(secs) = value.parse::<f64>()
                         && secs.is_finite()
                         && secs >= 0.0
                     {
-                        out.slow = Some(Duration::from_secs_f64(secs.min(MAX_SLOW_SECS)));
+                        let wait = Some(Duration::from_secs_f64(secs.min(MAX_SLOW_SECS)));
+                        if key.trim() == "slow" {
+                            out.slow = wait;
+                        } else {
+                            out.hold = wait;
+                        }
                     }
                 }
                 "calls" => {
@@ -336,6 +359,12 @@ mod tests {
         assert_eq!(Directives::parse("[model:slow=-1]").slow, None);
         assert_eq!(Directives::parse("[model:calls=0]").calls, Some(1));
         assert_eq!(Directives::parse("[model:calls=3"), Directives::default());
+        let d = Directives::parse("[model:hold=2] [model:slow=5] [model:cut]");
+        assert!(d.cut);
+        assert_eq!(d.delay(false), Some(Duration::from_secs(2)));
+        assert_eq!(d.delay(true), Some(Duration::from_secs(5)));
+        assert_eq!(Directives::parse("[model:cut=no]").cut, false);
+        assert_eq!(Directives::parse("[model:slow=1]").delay(false), None);
     }
 
     #[test]
