@@ -288,6 +288,125 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     assert!(github.pulls("acme", "web").is_empty());
 }
 
+/// A hostile agent (the fake Claude Code's `[fake:attack]`: escapes, an unpriced model,
+/// provider-side fetches, a cut stream, then a burst of costly calls at once) through
+/// `agentry serve`, sandboxed, under a $5 per-task cap: every escape is refused and never
+/// reaches the upstream; nothing the upstream billed is missing from the task's cost; the
+/// burst stays within the cap (one call of it fits, the others are refused before they go
+/// out), and the run stops at "budget reached".
+#[test]
+fn a_hostile_agent_cannot_spend_past_its_cap_or_reach_out_through_the_provider() {
+    if !sandboxed() {
+        return;
+    }
+    const GH: &str = "ghp_HostileAgentToken0123456789abcdef";
+    const BURST: usize = 8;
+    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let models = &world.models;
+    let mut server = world.serve(false);
+    let admin = server.read_token();
+    let base = server.base.clone();
+    let repo = connect_repo(&base, &admin, GH);
+    let cap = json!({ "maxCostPerTaskUsd": "5" });
+    patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &cap);
+    let prompt = format!("Attack [fake:attack={BURST}] [fake:cost=0.01]");
+    let id = create_task(&base, &admin, &repo, "Attack", &prompt);
+    let last = ends_as(&server, &id, &admin, "failed");
+    let message = error_of(&last);
+    assert!(message.starts_with("budget reached"), "{message}");
+
+    // What the agent was answered.
+    let log = text_of(&base, &format!("/api/tasks/{id}/log"), &admin);
+    for (attack, status) in [
+        ("files", 404),
+        ("dotdot", 400),
+        ("encoded", 400),
+        ("double-slash", 400),
+        ("batches", 404),
+        ("chat", 404),
+        ("unpriced", 400),
+        ("duplicate", 400),
+        ("mcp", 400),
+        ("web-fetch", 400),
+        ("beta", 400),
+        ("cut", 200),
+    ] {
+        assert!(
+            log.contains(&format!("FAKE attack {attack} {status}\n")),
+            "{attack} was not answered {status}:\n{log}"
+        );
+    }
+    // The burst: one call fits the cap and goes out; the others are refused (429) as they
+    // come, and the first refusal stops the run, so the agent may not see every answer.
+    let refused = (1..=BURST)
+        .filter(|i| log.contains(&format!("FAKE attack burst-{i} 429\n")))
+        .count();
+    assert!(refused >= 1, "{log}");
+    let answered = (1..=BURST)
+        .filter(|i| log.contains(&format!("FAKE attack burst-{i} 200\n")))
+        .count();
+    assert!(answered <= 1, "{log}");
+
+    // What reached the upstream: two model calls (the cut one, one of the burst), each of
+    // a priced model through the one endpoint, with no provider-side feature.
+    let reached = models.calls();
+    assert_eq!(reached.len(), 2, "{reached:#?}");
+    for call in &reached {
+        assert_eq!(
+            (call.method.as_str(), call.path.as_str()),
+            ("POST", "/v1/messages")
+        );
+        assert_eq!(call.model.as_deref(), Some("claude-sonnet-5"));
+        let body = call.body.as_ref().unwrap();
+        assert!(body.get("mcp_servers").is_none(), "{body}");
+        assert!(!body.to_string().contains("web_fetch"), "{body}");
+        assert!(call.header("anthropic-beta").is_none());
+    }
+
+    // The bill: what the upstream billed (the cut call's whole usage, the burst call's)
+    // is all in the task's cost, which stays within the cap.
+    let prices = agentry_runner::PriceTable::builtin();
+    let price = prices.get("claude-sonnet-5").unwrap();
+    let billed = reached
+        .iter()
+        .map(|c| {
+            let u = c.usage.unwrap();
+            let tokens = agentry_runner::Tokens::from_uncached(
+                u.input_tokens as i64,
+                u.cache_read_tokens as i64,
+                u.cache_write_tokens as i64,
+                u.output_tokens as i64,
+            );
+            price.cost(tokens).unwrap().as_decimal()
+        })
+        .sum::<rust_decimal::Decimal>();
+    // 1,000 input and 50,000 output, then 1,000 input and 300,000 output tokens.
+    assert_eq!(billed, rust_decimal::Decimal::new(3504, 3));
+    let cost: rust_decimal::Decimal = last["costUsd"].as_str().unwrap().parse().unwrap();
+    let (_, calls) = get(&base, &format!("/api/tasks/{id}/calls"), &admin);
+    assert!(
+        cost >= billed,
+        "recorded {cost}, billed {billed}\n{calls:#}\n{}",
+        server.stderr.so_far()
+    );
+    assert!(cost <= rust_decimal::Decimal::new(5, 0), "{last:#}");
+    let run = &last["runs"][0];
+    assert_eq!(run["sandboxed"], true, "{run}");
+    assert_eq!(run["costUsd"], last["costUsd"], "{run}");
+    let outcomes = strings_of(&calls, "calls", "outcome");
+    let recorded_refusals = outcomes.iter().filter(|o| **o == "refused").count();
+    assert!(
+        (refused..BURST).contains(&recorded_refusals),
+        "{refused} refusals seen by the agent\n{calls:#}"
+    );
+    assert!(
+        elements_of(&calls, "calls")
+            .iter()
+            .all(|c| c["costUsd"].is_string()),
+        "{calls:#}"
+    );
+}
+
 /// Two replicas on one PostgreSQL: A's agent makes two metered calls, then A is killed
 /// (the sandbox dies with it). B recovers the task once A's lease expired; A's run
 /// directory is out of its reach, yet the lost run is recorded with both metered calls.

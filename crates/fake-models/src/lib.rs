@@ -598,7 +598,10 @@ async fn send(reply: Reply, state: &Shared) -> HttpResponse {
                         .into_iter()
                         .map(|c| Ok::<_, std::io::Error>(web::Bytes::from(c))),
                 ),
+                // The events go out (the server flushes while the body waits), then the
+                // connection breaks off.
                 futures_util::stream::once(async {
+                    actix_web::rt::time::sleep(Duration::from_millis(50)).await;
                     Err(std::io::Error::other("fake-models: [model:cut]"))
                 }),
             )),

@@ -666,6 +666,12 @@ async fn forward(
             );
         }
     }
+    // From here the upstream may do (and bill) the work, whatever happens to this request
+    // (the agent hanging up, the run ending) before its answer comes.
+    let mut call = call;
+    if let Some(call) = &mut call {
+        call.sent = true;
+    }
     let sent = run
         .shared
         .client
@@ -678,7 +684,9 @@ async fn forward(
         Ok(response) => response,
         Err(e) => {
             if let Some(call) = call {
-                call.failed(StatusCode::BAD_GATEWAY, "upstream_error");
+                // Nothing went out when the connection could not be made; otherwise the
+                // upstream may have done (and billed) the work.
+                call.failed(StatusCode::BAD_GATEWAY, !e.is_connect());
             }
             tracing::warn!(task = %run.task_id, error = %e, "the model API could not be reached");
             return error(
@@ -901,15 +909,19 @@ impl CallRecorder {
         self.outcome = "refused";
     }
 
-    /// The call failed before an answer came (it may have reached the upstream).
-    fn failed(mut self, status: StatusCode, outcome: &'static str) {
-        self.sent = true;
+    /// The call failed before an answer came: `sent` if the request may have reached the
+    /// upstream (then its usage is unknown), else nothing went out.
+    fn failed(mut self, status: StatusCode, sent: bool) {
+        self.sent = sent;
         self.status = status;
-        self.outcome = outcome;
+        self.outcome = if sent {
+            "interrupted"
+        } else {
+            "upstream_error"
+        };
     }
 
     fn begin(&mut self, status: StatusCode, streamed: bool, length: Option<u64>) {
-        self.sent = true;
         self.status = status;
         self.reader = Some(UsageReader::new(self.run.provider, streamed));
         self.expected = length;

@@ -17,6 +17,7 @@ use agentry_runner::AgentSpec;
 use agentry_runner::network::{RunInfo, RunMeter};
 use agentry_service::gateway::{Gateway, GatewayConfig, RunGate};
 use agentry_testkit::http;
+use agentry_testkit::wait::eventually_async;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::{Notify, mpsc};
@@ -37,6 +38,8 @@ enum Script {
     },
     /// Streams `first`, then closes the connection without ending the body.
     BreakOff(String),
+    /// Reads the request and never answers.
+    Silent,
 }
 
 impl Script {
@@ -112,6 +115,7 @@ async fn upstream(script: Script) -> Upstream {
                             start_stream(out, first).await;
                             return;
                         }
+                        Script::Silent => std::future::pending::<()>().await,
                     }
                 }
             });
@@ -704,6 +708,37 @@ async fn a_call_whose_final_usage_never_came_costs_at_least_its_reservation() {
         (calls[0].outcome.as_str(), calls[0].cost_usd),
         ("unmetered", Some(reserved))
     );
+
+    // The run ends while the upstream works on a call (the agent stopped, its answer not
+    // yet begun): the upstream may bill it, so it costs its reservation.
+    let rig = Rig::start(Script::Silent).await;
+    let run = rig.open_claude().await;
+    let socket = run.socket.clone();
+    let key = run.key.clone();
+    let sent = message_of(100_000, 500);
+    let pending = tokio::spawn(async move {
+        send(
+            &socket,
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", &key)],
+            &sent,
+        )
+        .await
+    });
+    eventually_async(
+        Duration::from_secs(10),
+        "the call to reach the upstream",
+        async || !rig.seen().is_empty(),
+    )
+    .await;
+    drop(run);
+    let calls = rig.calls(1).await;
+    assert_eq!(
+        (calls[0].outcome.as_str(), calls[0].cost_usd),
+        ("interrupted", Some(reservation(500, 100_000)))
+    );
+    pending.abort();
 
     // An error the provider answered whole is not billed.
     let rig = Rig::start(Script::Json(
