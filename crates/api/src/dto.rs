@@ -339,8 +339,10 @@ pub struct ModelCallDto {
     pub model: Option<String>,
     /// The HTTP status the agent got.
     pub status: i32,
-    /// `completed`, `refused` (by the gateway, e.g. `budget reached`), `upstream_error`
-    /// or `interrupted` (the answer broke off, or the agent hung up).
+    /// `completed`, `refused` (by the gateway: `budget reached`), `upstream_error` (the
+    /// provider answered an error, or could not be reached), `interrupted` (the call broke off
+    /// before its usage came: the answer, the agent or the run ended) or `unmetered` (the
+    /// answer ended without its usage); the last two cost at least their reservation.
     pub outcome: String,
     /// Uncached input tokens.
     pub input_tokens: i64,
@@ -352,7 +354,8 @@ pub struct ModelCallDto {
     pub output_tokens: i64,
     /// The part of the output spent on reasoning.
     pub reasoning_tokens: i64,
-    /// Its priced cost, exact decimal USD; null when the model has no price.
+    /// Its priced cost, exact decimal USD; null only for a call recorded before the gateway
+    /// refused models without a price.
     pub cost_usd: Option<String>,
     /// Until its answer ended, in milliseconds.
     pub duration_ms: i64,

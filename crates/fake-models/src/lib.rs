@@ -117,7 +117,17 @@
 //! * `[model:slow=SECS]` (fractions allowed, at most 3600): the second and later main calls
 //!   wait SECS before answering, so a test can stop a run in the middle (the waiting call is
 //!   recorded at once, with `answered_at: None`);
-//! * `[model:calls=N]` (1–100): N tool calls before the final answer.
+//! * `[model:calls=N]` (1–100): N tool calls before the final answer;
+//! * `[model:hold=SECS]` (as `slow`): every model call of the conversation, the first and
+//!   side calls too, waits SECS before answering (a burst of calls stays in flight together);
+//! * `[model:cut]` (Anthropic): a streamed answer breaks off after `message_start` and its
+//!   first block's start (the connection closes without the events that carry the final
+//!   usage); the call is recorded with the usage the whole answer would have had, as a
+//!   provider bills the work it did.
+//!
+//! As the providers do, a call's output stops at its limit: the `output_tokens` (and
+//! reasoning) of its usage are at most its `max_tokens` (Anthropic) or `max_output_tokens`
+//! (OpenAI), when it gives one.
 //!
 //! # Codex's code mode
 //! With the GPT-6 family and `gpt-5.6-sol`, Codex 0.169.0 sends no top-level `tools` (and
