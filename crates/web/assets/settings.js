@@ -19,17 +19,8 @@ import { moneyEl, repoName, time, utcDay } from './format.js';
 /** @typedef {import('../types/api').BudgetAlertListDto} BudgetAlertListDto */
 
 /**
- * The agent settings of docs/contract.md#35-repository-settings (the API documents them as a
- * JSON object).
- * @typedef {object} RepoSettings
- * @property {string} codingModel
- * @property {string} reviewModel
- * @property {number | null} maxTurnsCoding
- * @property {number} maxTurnsReview
- * @property {string} agentType
- * @property {boolean} autoReview
- * @property {string | null} maxCostPerTaskUsd
- * @property {string | null} monthlyBudgetUsd
+ * The agent settings of docs/contract.md#35-repository-settings.
+ * @typedef {import('../types/api').RepoSettingsDto} RepoSettings
  */
 
 /**
