@@ -407,6 +407,51 @@ fn a_hostile_agent_cannot_spend_past_its_cap_or_reach_out_through_the_provider()
     );
 }
 
+/// A repository that allows provider tools (`allowProviderTools`): its agent's calls with
+/// MCP servers, the provider's web fetch and its beta value go out; every other rule holds.
+#[test]
+fn provider_tools_pass_only_for_a_repository_that_allows_them() {
+    if !sandboxed() {
+        return;
+    }
+    const GH: &str = "ghp_ProviderToolsToken0123456789abcdef";
+    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let models = &world.models;
+    let mut server = world.serve(false);
+    let admin = server.read_token();
+    let base = server.base.clone();
+    let repo = connect_repo(&base, &admin, GH);
+    let allow = json!({ "allowProviderTools": true, "maxCostPerTaskUsd": "5" });
+    patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &allow);
+    // One costly call fits the cap: the run goes on to its pull request.
+    let id = create_task(&base, &admin, &repo, "Tools", "Tools [fake:attack=1]");
+    ends_as(&server, &id, &admin, "pr_opened");
+    let log = text_of(&base, &format!("/api/tasks/{id}/log"), &admin);
+    for (attack, status) in [
+        ("mcp", 200),
+        ("web-fetch", 200),
+        ("beta", 200),
+        ("unpriced", 400),
+        ("duplicate", 400),
+        ("dotdot", 400),
+        ("files", 404),
+    ] {
+        assert!(
+            log.contains(&format!("FAKE attack {attack} {status}\n")),
+            "{attack} was not answered {status}:\n{log}"
+        );
+    }
+    let reached = models.calls();
+    assert!(
+        reached.iter().any(|c| c
+            .body
+            .as_ref()
+            .is_some_and(|b| b.get("mcp_servers").is_some())),
+        "{reached:#?}"
+    );
+    assert!(reached.iter().all(|c| c.path == "/v1/messages"));
+}
+
 /// Two replicas on one PostgreSQL: A's agent makes two metered calls, then A is killed
 /// (the sandbox dies with it). B recovers the task once A's lease expired; A's run
 /// directory is out of its reach, yet the lost run is recorded with both metered calls.

@@ -2,7 +2,8 @@
 //!
 //! [`RepoSettings`] holds the knobs a user can set for a repository: which
 //! models and agent to use, turn limits, automatic review, a cost cap per task, a
-//! monthly budget and the hosts its sandboxed agents may reach (`egressAllow`).
+//! monthly budget, the hosts its sandboxed agents may reach (`egressAllow`), revisions, and
+//! whether the model provider may reach out on an agent's behalf (`allowProviderTools`).
 //! Updates arrive as JSON merge-patch style objects and are applied with
 //! [`RepoSettings::apply_patch`], which validates every member and names the
 //! offending one in its [`FieldError`].
@@ -28,7 +29,7 @@ const MAX_MODEL_CHARS: usize = 100;
 pub const MAX_EGRESS_ALLOW: usize = 100;
 
 /// The JSON member names, in declaration order.
-const MEMBERS: [&str; 11] = [
+const MEMBERS: [&str; 12] = [
     CODING_MODEL,
     REVIEW_MODEL,
     MAX_TURNS_CODING,
@@ -40,6 +41,7 @@ const MEMBERS: [&str; 11] = [
     EGRESS_ALLOW,
     MAX_REVISIONS,
     REVISE_ON_AGENT_REVIEW,
+    ALLOW_PROVIDER_TOOLS,
 ];
 const CODING_MODEL: &str = "codingModel";
 const REVIEW_MODEL: &str = "reviewModel";
@@ -52,6 +54,7 @@ const MONTHLY_BUDGET_USD: &str = "monthlyBudgetUsd";
 const EGRESS_ALLOW: &str = "egressAllow";
 const MAX_REVISIONS: &str = "maxRevisions";
 const REVISE_ON_AGENT_REVIEW: &str = "reviseOnAgentReview";
+const ALLOW_PROVIDER_TOOLS: &str = "allowProviderTools";
 /// The most revision rounds [`RepoSettings::max_revisions`] allows.
 pub const MAX_MAX_REVISIONS: i32 = 50;
 const REVISIONS_RULE: &str = "must be an integer from 0 (no revisions) to 50";
@@ -110,6 +113,14 @@ pub struct RepoSettings {
     /// Whether the findings of agentry's own review agent start a revision round like a
     /// reviewer's "changes requested". Default `false`.
     pub revise_on_agent_review: bool,
+    /// Whether the model gateway passes on model calls that ask the provider to reach out
+    /// on the agent's behalf: Anthropic `mcp_servers`, server-side tools (web fetch, web
+    /// search, code execution, MCP toolsets) and their `anthropic-beta` values; OpenAI
+    /// `web_search`, `web_search_preview`, `file_search`, `mcp`, `code_interpreter` and
+    /// `image_generation` tools. Such a call reaches hosts from the provider's servers, past
+    /// the egress proxy and `egressAllow`, so it is refused unless this is on
+    /// (docs/security.md). Default `false`.
+    pub allow_provider_tools: bool,
 }
 
 impl Default for RepoSettings {
@@ -127,6 +138,7 @@ impl Default for RepoSettings {
             egress_allow: Vec::new(),
             max_revisions: 3,
             revise_on_agent_review: false,
+            allow_provider_tools: false,
         }
     }
 }
@@ -211,6 +223,9 @@ impl RepoSettings {
                 }
                 REVISE_ON_AGENT_REVIEW => {
                     next.revise_on_agent_review = bool_value(REVISE_ON_AGENT_REVIEW, value)?;
+                }
+                ALLOW_PROVIDER_TOOLS => {
+                    next.allow_provider_tools = bool_value(ALLOW_PROVIDER_TOOLS, value)?;
                 }
                 unknown => {
                     return Err(FieldError::new(
@@ -392,7 +407,7 @@ mod tests {
     fn serialization_shape() {
         assert_eq!(
             serde_json::to_string(&RepoSettings::default()).unwrap(),
-            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null,"monthlyBudgetUsd":null,"egressAllow":[],"maxRevisions":3,"reviseOnAgentReview":false}"#
+            r#"{"codingModel":"sonnet","reviewModel":"haiku","maxTurnsCoding":100,"maxTurnsReview":30,"agentType":"claude-code","autoReview":true,"maxCostPerTaskUsd":null,"monthlyBudgetUsd":null,"egressAllow":[],"maxRevisions":3,"reviseOnAgentReview":false,"allowProviderTools":false}"#
         );
         let s = patch(json!({"maxTurnsCoding": null, "maxCostPerTaskUsd": "2.50"})).unwrap();
         let v = serde_json::to_value(&s).unwrap();
@@ -427,6 +442,7 @@ mod tests {
             "egressAllow": ["PyPI.org", "*.githubusercontent.com"],
             "maxRevisions": 7,
             "reviseOnAgentReview": true,
+            "allowProviderTools": true,
         }))
         .unwrap();
         assert_eq!(
@@ -446,6 +462,7 @@ mod tests {
                 ],
                 max_revisions: 7,
                 revise_on_agent_review: true,
+                allow_provider_tools: true,
             }
         );
         assert_eq!(s.validate(), Ok(()));
@@ -612,6 +629,46 @@ mod tests {
         }
         let err = patch(json!({"reviseOnAgentReview": "yes"})).unwrap_err();
         assert_eq!(err.field, "reviseOnAgentReview");
+    }
+
+    /// `allowProviderTools` is off by default, a patch turns it on and off, and anything but
+    /// a JSON boolean is refused naming it, changing nothing.
+    #[test]
+    fn provider_tools_setting() {
+        let d = RepoSettings::default();
+        assert!(!d.allow_provider_tools);
+        let on = patch(json!({"allowProviderTools": true})).unwrap();
+        assert!(on.allow_provider_tools);
+        assert_eq!(
+            on,
+            RepoSettings {
+                allow_provider_tools: true,
+                ..RepoSettings::default()
+            }
+        );
+        let off = on
+            .apply_patch(&json!({"allowProviderTools": false}))
+            .unwrap();
+        assert!(!off.allow_provider_tools);
+        for bad in [
+            json!("true"),
+            json!(1),
+            json!(0),
+            json!(null),
+            json!([true]),
+        ] {
+            assert_eq!(refused(ALLOW_PROVIDER_TOOLS, bad).message, BOOL_RULE);
+        }
+        let err = on
+            .apply_patch(&json!({"allowProviderTools": false, "maxTurnsReview": 0}))
+            .unwrap_err();
+        assert_eq!(err.field, MAX_TURNS_REVIEW);
+        // The unknown-member message lists it.
+        assert!(
+            refused("allowProviderTool", json!(true))
+                .message
+                .contains("allowProviderTools")
+        );
     }
 
     #[test]

@@ -90,6 +90,7 @@ struct SettingsRow {
     egress_allow: String,
     max_revisions: i32,
     revise_on_agent_review: bool,
+    allow_provider_tools: bool,
 }
 
 impl SettingsRow {
@@ -108,6 +109,7 @@ impl SettingsRow {
                 .map_err(|e| DbError::Conflict(format!("egressAllow cannot be stored: {e}")))?,
             max_revisions: s.max_revisions,
             revise_on_agent_review: s.revise_on_agent_review,
+            allow_provider_tools: s.allow_provider_tools,
         })
     }
 }
@@ -130,6 +132,7 @@ impl TryFrom<SettingsRow> for RepoSettings {
             })?,
             max_revisions: r.max_revisions,
             revise_on_agent_review: r.revise_on_agent_review,
+            allow_provider_tools: r.allow_provider_tools,
         })
     }
 }

@@ -32,6 +32,7 @@ diesel::table! {
         egress_allow -> Text,
         max_revisions -> Integer,
         revise_on_agent_review -> Bool,
+        allow_provider_tools -> Bool,
     }
 }
 

@@ -42,12 +42,15 @@ impl AgentNetwork {
     }
 
     async fn open_run(&self, run: &RunInfo, dir: &Path) -> Result<RunNetwork, String> {
-        let repo_allow = self.repo_allow(&run.repo_key).await?;
+        let RepoNetwork {
+            egress_allow,
+            allow_provider_tools,
+        } = self.repo_network(&run.repo_key).await?;
         let (key, meter, gate) = self
             .gateway
-            .open_run(run, &dir.join(GATEWAY_SOCKET), false)
+            .open_run(run, &dir.join(GATEWAY_SOCKET), allow_provider_tools)
             .await?;
-        let mut allow = repo_allow;
+        let mut allow = egress_allow;
         allow.extend(self.instance_allow.iter().cloned());
         let events = Arc::new(Refusals {
             db: self.db.clone(),
@@ -65,10 +68,10 @@ impl AgentNetwork {
         })
     }
 
-    /// The repository's `egressAllow`.
-    async fn repo_allow(&self, repo_key: &str) -> Result<Vec<EgressPattern>, String> {
+    /// What the repository's settings allow its agents on the network.
+    async fn repo_network(&self, repo_key: &str) -> Result<RepoNetwork, String> {
         let Ok(repo_id) = repo_key.parse::<Uuid>() else {
-            return Ok(Vec::new());
+            return Ok(RepoNetwork::default());
         };
         let db = self.db.clone();
         let repo = tokio::task::spawn_blocking(move || {
@@ -78,9 +81,21 @@ impl AgentNetwork {
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r)
-        .map_err(|e| format!("cannot read the repository's egressAllow: {e}"))?;
-        Ok(repo.settings.egress_allow.clone())
+        .map_err(|e| format!("cannot read the repository's network settings: {e}"))?;
+        Ok(RepoNetwork {
+            egress_allow: repo.settings.egress_allow.clone(),
+            allow_provider_tools: repo.settings.allow_provider_tools,
+        })
     }
+}
+
+/// A repository's network settings, as a run of it gets them.
+#[derive(Debug, Default)]
+struct RepoNetwork {
+    /// `egressAllow`.
+    egress_allow: Vec<EgressPattern>,
+    /// `allowProviderTools`.
+    allow_provider_tools: bool,
 }
 
 impl Network for AgentNetwork {

@@ -19,17 +19,8 @@ import { moneyEl, repoName, time, utcDay } from './format.js';
 /** @typedef {import('../types/api').BudgetAlertListDto} BudgetAlertListDto */
 
 /**
- * The agent settings of docs/contract.md#35-repository-settings (the API documents them as a
- * JSON object).
- * @typedef {object} RepoSettings
- * @property {string} codingModel
- * @property {string} reviewModel
- * @property {number | null} maxTurnsCoding
- * @property {number} maxTurnsReview
- * @property {string} agentType
- * @property {boolean} autoReview
- * @property {string | null} maxCostPerTaskUsd
- * @property {string | null} monthlyBudgetUsd
+ * The agent settings of docs/contract.md#35-repository-settings.
+ * @typedef {import('../types/api').RepoSettingsDto} RepoSettings
  */
 
 /**
@@ -51,6 +42,12 @@ const FIELDS = [
   { name: 'autoReview', label: 'Review each pull request', kind: 'boolean', help: 'Queue a review task when a pull request opens.' },
   { name: 'maxCostPerTaskUsd', label: 'Cost limit per task (USD)', kind: 'text', nullable: true, help: 'A decimal such as 5.00; blank for none.' },
   { name: 'monthlyBudgetUsd', label: 'Monthly budget (USD)', kind: 'text', nullable: true, help: 'What this repository’s runs may spend per UTC month; blank for none.' },
+  {
+    name: 'allowProviderTools',
+    label: 'Provider-side tools',
+    kind: 'boolean',
+    help: 'Let model calls ask the provider to reach out for the agent: web fetch and search, MCP servers, code execution. Off by default: the provider’s servers would reach any host for the agent, past this repository’s egress allow-list.',
+  },
 ];
 
 /**

@@ -77,15 +77,33 @@ test('settings: the code-host token, connecting, the agent settings and API toke
   assert.equal(await turns.getAttribute('aria-invalid'), 'true');
   assert.deepEqual(await stack.api(`/api/repos/${repoId}/settings`), before);
 
+  // Provider-side tools are off by default; the checkbox says what it allows and why it is off.
+  const providerTools = form.getByRole('checkbox', { name: /Provider-side tools/ });
+  assert.equal(before.allowProviderTools, false);
+  assert.equal(await providerTools.isChecked(), false);
+  const providerHelp = await form.locator(`[id="${(await providerTools.getAttribute('aria-describedby'))?.split(' ')[0]}"]`).innerText();
+  assert.match(providerHelp, /web fetch and search, MCP servers, code execution/);
+  assert.match(providerHelp, /Off by default/);
+  assert.match(providerHelp, /egress allow-list/);
+
   // A valid change is saved.
   await turns.fill('250');
   await form.getByLabel('Monthly budget (USD)').fill('100.50');
+  await providerTools.check();
   await form.getByRole('button', { name: 'Save settings' }).click();
   await form.getByText('Saved.').waitFor();
   const after = await stack.api(`/api/repos/${repoId}/settings`);
   assert.equal(after.maxTurnsCoding, 250);
   assert.equal(after.monthlyBudgetUsd, '100.5');
   assert.equal(after.reviewModel, 'opus');
+  assert.equal(after.allowProviderTools, true);
+  assert.equal(await providerTools.isChecked(), true);
+
+  // Unchecking it turns it off again, and only it changes.
+  await providerTools.uncheck();
+  await form.getByRole('button', { name: 'Save settings' }).click();
+  await until(async () => (await stack.api(`/api/repos/${repoId}/settings`)).allowProviderTools === false, 'allowProviderTools off');
+  assert.deepEqual(await stack.api(`/api/repos/${repoId}/settings`), { ...after, allowProviderTools: false });
 
   // API tokens: created (shown once), listed, revoked.
   const tokens = region(page, 'API tokens');

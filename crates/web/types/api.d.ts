@@ -418,8 +418,10 @@ export interface ModelCallDto {
   /** The HTTP status the agent got. */
   status: number;
   /**
-   * `completed`, `refused` (by the gateway, e.g. `budget reached`), `upstream_error`
-   * or `interrupted` (the answer broke off, or the agent hung up).
+   * `completed`, `refused` (by the gateway: `budget reached`), `upstream_error` (the
+   * provider answered an error, or could not be reached), `interrupted` (the call broke off
+   * before its usage came: the answer, the agent or the run ended) or `unmetered` (the
+   * answer ended without its usage); the last two cost at least their reservation.
    */
   outcome: string;
   /** Uncached input tokens. */
@@ -432,7 +434,10 @@ export interface ModelCallDto {
   outputTokens: number;
   /** The part of the output spent on reasoning. */
   reasoningTokens: number;
-  /** Its priced cost, exact decimal USD; null when the model has no price. */
+  /**
+   * Its priced cost, exact decimal USD; null only for a call recorded before the gateway
+   * refused models without a price.
+   */
   costUsd?: string | null;
   /** Until its answer ended, in milliseconds. */
   durationMs: number;
@@ -581,7 +586,7 @@ export interface RepoDto {
   /** The clone URL the code host reports. */
   cloneUrl: string;
   /** Agent settings (docs/contract.md#35-repository-settings). */
-  settings: Record<string, unknown>;
+  settings: RepoSettingsDto;
   /** When it was (last) connected. */
   connectedAt: string;
   /** When it was disconnected; null while connected. */
@@ -607,6 +612,48 @@ export type RepoOutcome = OutcomeFigures & {
   /** The normalised repository URL. */
   repoUrl: string;
 };
+
+/**
+ * A repository's agent settings (docs/contract.md#35-repository-settings): every member,
+ * always present. `PATCH /api/repos/{id}/settings` takes any subset of the same members.
+ */
+export interface RepoSettingsDto {
+  /** The model of coding tasks (1 to 100 of `A-Za-z0-9._:/-`, not starting with `-`). */
+  codingModel: string;
+  /** The model of review tasks (same rule as `codingModel`). */
+  reviewModel: string;
+  /** The agent's turn limit of coding tasks, 1 to 1000; null for the agent's own limit. */
+  maxTurnsCoding: number | null;
+  /** The agent's turn limit of review tasks, 1 to 1000. */
+  maxTurnsReview: number;
+  /** The agent of assigned issues and of tasks created without one. */
+  agentType: AgentTypeName;
+  /** Whether a review task is queued for each pull request a coding task opens. */
+  autoReview: boolean;
+  /** The most one task may cost, a decimal string greater than 0; null for no cap. */
+  maxCostPerTaskUsd: string | null;
+  /**
+   * What this repository's runs may spend per UTC calendar month, a decimal string of at
+   * least 0; null for no budget.
+   */
+  monthlyBudgetUsd: string | null;
+  /**
+   * Hosts (names, addresses or `*.` wildcards, in normal form) the repository's sandboxed
+   * agents may reach through the egress proxy, besides the instance's; at most 100.
+   */
+  egressAllow: Array<string>;
+  /** How many revision rounds review feedback may start on one pull request, 0 (off) to 50. */
+  maxRevisions: number;
+  /** Whether the findings of agentry's own review agent start a revision round. */
+  reviseOnAgentReview: boolean;
+  /**
+   * Whether the model gateway passes on calls that ask the provider to reach out on the
+   * agent's behalf (MCP servers, server-side web fetch and search, code execution, …).
+   * Off by default: such calls reach hosts from the provider's servers, past the egress
+   * allow-list (docs/security.md).
+   */
+  allowProviderTools: boolean;
+}
 
 /** A token's role. */
 export type RoleName = "viewer" | "member" | "admin";

@@ -2,7 +2,7 @@
 //! `GET|PATCH /api/repos/{id}/settings` (docs/contract.md#34-repositories–#35-repository-settings).
 
 use actix_web::{HttpResponse, delete, get, patch, post, web};
-use agentry_domain::{RepoSettings, RepoUrl};
+use agentry_domain::{AgentType, EgressPattern, RepoSettings, RepoUrl, Usd};
 use agentry_persistence::repos::Repository;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -47,8 +47,7 @@ pub struct RepoDto {
     /// The clone URL the code host reports.
     pub clone_url: String,
     /// Agent settings (docs/contract.md#35-repository-settings).
-    #[schema(value_type = Object)]
-    pub settings: RepoSettings,
+    pub settings: RepoSettingsDto,
     /// When it was (last) connected.
     #[serde(with = "time::serde::rfc3339")]
     pub connected_at: OffsetDateTime,
@@ -75,12 +74,91 @@ impl From<Repository> for RepoDto {
             name: r.url.name().to_owned(),
             default_branch: r.default_branch,
             clone_url: r.clone_url,
-            settings: r.settings,
+            settings: r.settings.into(),
             connected_at: r.connected_at,
             disconnected_at: r.disconnected_at,
             created_at: r.created_at,
             updated_at: r.updated_at,
             budget: None,
+        }
+    }
+}
+
+/// A repository's agent settings (docs/contract.md#35-repository-settings): every member,
+/// always present. `PATCH /api/repos/{id}/settings` takes any subset of the same members.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepoSettingsDto {
+    /// The model of coding tasks (1 to 100 of `A-Za-z0-9._:/-`, not starting with `-`).
+    #[schema(example = "sonnet")]
+    pub coding_model: String,
+    /// The model of review tasks (same rule as `codingModel`).
+    #[schema(example = "haiku")]
+    pub review_model: String,
+    /// The agent's turn limit of coding tasks, 1 to 1000; null for the agent's own limit.
+    #[schema(required = true, minimum = 1, maximum = 1000)]
+    pub max_turns_coding: Option<i32>,
+    /// The agent's turn limit of review tasks, 1 to 1000.
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_turns_review: i32,
+    /// The agent of assigned issues and of tasks created without one.
+    #[schema(value_type = crate::dto::names::AgentTypeName)]
+    pub agent_type: AgentType,
+    /// Whether a review task is queued for each pull request a coding task opens.
+    pub auto_review: bool,
+    /// The most one task may cost, a decimal string greater than 0; null for no cap.
+    #[schema(value_type = Option<String>, required = true, example = "5.00")]
+    pub max_cost_per_task_usd: Option<Usd>,
+    /// What this repository's runs may spend per UTC calendar month, a decimal string of at
+    /// least 0; null for no budget.
+    #[schema(value_type = Option<String>, required = true, example = "500.00")]
+    pub monthly_budget_usd: Option<Usd>,
+    /// Hosts (names, addresses or `*.` wildcards, in normal form) the repository's sandboxed
+    /// agents may reach through the egress proxy, besides the instance's; at most 100.
+    #[schema(value_type = Vec<String>, max_items = 100)]
+    pub egress_allow: Vec<EgressPattern>,
+    /// How many revision rounds review feedback may start on one pull request, 0 (off) to 50.
+    #[schema(minimum = 0, maximum = 50)]
+    pub max_revisions: i32,
+    /// Whether the findings of agentry's own review agent start a revision round.
+    pub revise_on_agent_review: bool,
+    /// Whether the model gateway passes on calls that ask the provider to reach out on the
+    /// agent's behalf (MCP servers, server-side web fetch and search, code execution, …).
+    /// Off by default: such calls reach hosts from the provider's servers, past the egress
+    /// allow-list (docs/security.md).
+    pub allow_provider_tools: bool,
+}
+
+impl From<RepoSettings> for RepoSettingsDto {
+    fn from(s: RepoSettings) -> Self {
+        // Destructured in full, so that a new setting cannot be left out of the API.
+        let RepoSettings {
+            coding_model,
+            review_model,
+            max_turns_coding,
+            max_turns_review,
+            agent_type,
+            auto_review,
+            max_cost_per_task_usd,
+            monthly_budget_usd,
+            egress_allow,
+            max_revisions,
+            revise_on_agent_review,
+            allow_provider_tools,
+        } = s;
+        RepoSettingsDto {
+            coding_model,
+            review_model,
+            max_turns_coding,
+            max_turns_review,
+            agent_type,
+            auto_review,
+            max_cost_per_task_usd,
+            monthly_budget_usd,
+            egress_allow,
+            max_revisions,
+            revise_on_agent_review,
+            allow_provider_tools,
         }
     }
 }
@@ -188,7 +266,7 @@ pub async fn disconnect_repo(
     tag = "repos",
     params(RepoId),
     responses(
-        (status = 200, description = "The settings (docs/contract.md#35-repository-settings)", body = Object),
+        (status = 200, description = "The settings (docs/contract.md#35-repository-settings)", body = RepoSettingsDto),
         LookupErrors,
     ),
 )]
@@ -196,8 +274,10 @@ pub async fn disconnect_repo(
 pub async fn get_settings(
     Target { id, .. }: Target<AnyRole, RepoId>,
     state: web::Data<AppState>,
-) -> Result<web::Json<RepoSettings>, ApiError> {
-    Ok(web::Json(state.service.repository(id).await?.settings))
+) -> Result<web::Json<RepoSettingsDto>, ApiError> {
+    Ok(web::Json(
+        state.service.repository(id).await?.settings.into(),
+    ))
 }
 
 /// Changes any subset of a repository's settings. An unknown member or any bad value is a
@@ -205,11 +285,12 @@ pub async fn get_settings(
 #[utoipa::path(
     tag = "repos",
     params(RepoId),
-    request_body(content = Object, description = "Any subset of codingModel, reviewModel, \
-        maxTurnsCoding, maxTurnsReview, agentType, autoReview, maxCostPerTaskUsd, \
-        monthlyBudgetUsd, egressAllow"),
+    request_body(content = Object, description = "Any subset of the members of \
+        RepoSettingsDto: codingModel, reviewModel, maxTurnsCoding, maxTurnsReview, agentType, \
+        autoReview, maxCostPerTaskUsd, monthlyBudgetUsd, egressAllow, maxRevisions, \
+        reviseOnAgentReview, allowProviderTools"),
     responses(
-        (status = 200, description = "The settings after the change", body = Object),
+        (status = 200, description = "The settings after the change", body = RepoSettingsDto),
         BodyChangeErrors,
     ),
 )]
@@ -219,8 +300,8 @@ pub async fn patch_settings(
         caller, id, body, ..
     }: Target<AdminRole, RepoId, JsonBody<serde_json::Value>>,
     state: web::Data<AppState>,
-) -> Result<web::Json<RepoSettings>, ApiError> {
+) -> Result<web::Json<RepoSettingsDto>, ApiError> {
     let settings = state.service.patch_repo_settings(id, body.0).await?;
     tracing::info!(repo = %id, by = %caller.token_id, "repository settings changed");
-    Ok(web::Json(settings))
+    Ok(web::Json(settings.into()))
 }

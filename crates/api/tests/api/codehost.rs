@@ -178,6 +178,108 @@ async fn repositories_connect_once_and_settings_change_all_or_nothing() {
     assert_eq!(back["settings"]["reviewModel"], "haiku-4-5");
 }
 
+/// `allowProviderTools` is off for a new repository; an admin turns it on and off through
+/// the settings, a non-boolean is a 400 naming it that changes nothing, and a member may not
+/// change it. The document's settings schema lists exactly the members the API serves, all
+/// required.
+#[actix_web::test]
+async fn settings_allow_provider_tools_is_off_until_an_admin_turns_it_on() {
+    let (env, id) = Env::connected(sqlite());
+    let app = service_with(env.state.clone()).await;
+    let path = format!("/api/repos/{id}/settings");
+    let (status, initial) = call(&app, get(&path, &env.t.viewer)).await;
+    assert_eq!(status, 200, "{initial}");
+    assert_eq!(initial["allowProviderTools"], false);
+    let (_, repo) = call(&app, get(&format!("/api/repos/{id}"), &env.t.viewer)).await;
+    assert_eq!(repo["settings"], initial);
+
+    let patch = |token: &str, body: Value| json_req("PATCH", &path, token, &body);
+    let (status, on) = call(
+        &app,
+        patch(&env.t.admin, json!({ "allowProviderTools": true })),
+    )
+    .await;
+    assert_eq!(status, 200, "{on}");
+    assert_eq!(on["allowProviderTools"], true);
+    let mut expected = initial.clone();
+    expected["allowProviderTools"] = json!(true);
+    assert_eq!(on, expected, "nothing else changed");
+    let (_, stored) = call(&app, get(&path, &env.t.viewer)).await;
+    assert_eq!(stored, on);
+
+    for bad in [json!("true"), json!(1), json!(null)] {
+        let (status, body) = call(
+            &app,
+            patch(
+                &env.t.admin,
+                json!({ "allowProviderTools": bad, "autoReview": false }),
+            ),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}");
+        assert_eq!(
+            envelope(&body, "invalid_parameter"),
+            "allowProviderTools: must be true or false"
+        );
+    }
+    let (status, _) = call(
+        &app,
+        patch(&env.t.member, json!({ "allowProviderTools": false })),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (_, unchanged) = call(&app, get(&path, &env.t.viewer)).await;
+    assert_eq!(unchanged, on);
+
+    let (status, off) = call(
+        &app,
+        patch(&env.t.admin, json!({ "allowProviderTools": false })),
+    )
+    .await;
+    assert_eq!((status, off), (200, initial.clone()));
+
+    let doc = serde_json::to_value(agentry_api::app::openapi()).unwrap();
+    let schema = &doc["components"]["schemas"]["RepoSettingsDto"];
+    let mut served: Vec<&str> = initial
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    served.sort_unstable();
+    let mut documented: Vec<&str> = schema["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    documented.sort_unstable();
+    assert_eq!(documented, served);
+    let mut required: Vec<&str> = elements_of(schema, "required")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    required.sort_unstable();
+    assert_eq!(required, served);
+    assert_eq!(
+        schema["properties"]["allowProviderTools"]["type"],
+        "boolean"
+    );
+    for (route, method) in [("get", "200"), ("patch", "200")] {
+        assert_eq!(
+            doc["paths"]["/api/repos/{id}/settings"][route]["responses"][method]["content"]["application/json"]
+                ["schema"]["$ref"],
+            "#/components/schemas/RepoSettingsDto"
+        );
+    }
+    let patch_doc = doc["paths"]["/api/repos/{id}/settings"]["patch"]["requestBody"]["description"]
+        .as_str()
+        .unwrap();
+    for member in &served {
+        assert!(patch_doc.contains(member), "{member}: {patch_doc}");
+    }
+}
+
 #[actix_web::test]
 async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
     for db in TestDb::all() {

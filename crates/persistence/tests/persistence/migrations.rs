@@ -56,6 +56,57 @@ fn fresh_sqlite_database_is_migrated_once() {
     );
 }
 
+// A repository stored before the setting allowProviderTools existed has it off once the
+// migration that adds it has run, and its other settings are as they were.
+#[test]
+fn repositories_stored_before_allow_provider_tools_have_it_off() {
+    use agentry_persistence::connection::MIGRATIONS;
+    use agentry_persistence::repos;
+    use diesel::RunQueryDsl as _;
+    use diesel_migrations::MigrationHarness as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("old.db").display());
+    let mut conn = DatabaseUrl::parse(&url).unwrap().connect().unwrap();
+    let pending = conn.pending_migrations(MIGRATIONS).unwrap();
+    let before: Vec<_> = pending
+        .iter()
+        .take_while(|m| !m.name().to_string().ends_with("_allow_provider_tools"))
+        .collect();
+    assert!(before.len() < pending.len(), "the migration is embedded");
+    for migration in before {
+        conn.run_migration(migration.as_ref()).unwrap();
+    }
+    let id = uuid::Uuid::new_v4();
+    diesel::sql_query(format!(
+        "INSERT INTO repositories (id, url, owner, name, default_branch, clone_url, \
+         coding_model, review_model, max_turns_coding, max_turns_review, agent_type, \
+         auto_review, connected_at, created_at, updated_at, revise_on_agent_review) \
+         VALUES ('{id}', 'https://github.com/o/r', 'o', 'r', 'main', \
+         'https://github.com/o/r.git', 'opus', 'haiku', 100, 30, 'claude-code', TRUE, \
+         '2026-11-01 00:00:00', '2026-11-01 00:00:00', '2026-11-01 00:00:00', TRUE)"
+    ))
+    .execute(&mut conn)
+    .unwrap();
+    drop(conn);
+
+    let db = Db::connect(&url, 2).unwrap();
+    let applied = db.migrate().unwrap();
+    assert!(
+        applied[0].replace('-', "").starts_with("20261128000021"),
+        "{applied:?}"
+    );
+    let repo = repos::get_repository(&mut db.conn().unwrap(), id).unwrap();
+    assert!(!repo.settings.allow_provider_tools);
+    assert_eq!(
+        (
+            repo.settings.coding_model.as_str(),
+            repo.settings.revise_on_agent_review
+        ),
+        ("opus", true)
+    );
+}
+
 /// The page size recorded in an SQLite file's header (bytes 16–17, big-endian; 1 means 65,536).
 fn header_page_size(path: &std::path::Path) -> u32 {
     let header = std::fs::read(path).unwrap();

@@ -77,6 +77,7 @@ agentry_persistence::backend_tests! {
                 .collect(),
             max_revisions: 0,
             revise_on_agent_review: true,
+            allow_provider_tools: true,
         };
         let updated = repos::update_settings(&mut conn, repo.id, &custom, at(5)).unwrap();
         assert_eq!(updated.settings, custom);

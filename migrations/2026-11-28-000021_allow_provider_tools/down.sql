@@ -1,0 +1,1 @@
+ALTER TABLE repositories DROP COLUMN allow_provider_tools;
