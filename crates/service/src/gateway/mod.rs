@@ -530,7 +530,8 @@ fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
 }
 
 /// Reads the request body: at most [`MAX_BODY_BYTES`] (else 413), within `timeout`
-/// ([`GatewayConfig::body_timeout`], else 408), so a slow or endless body holds neither memory nor a connection for long.
+/// ([`GatewayConfig::body_timeout`], else 408), so a slow or endless body holds neither
+/// memory nor a connection for long.
 async fn read_body(
     headers: &HeaderMap,
     mut incoming: Incoming,
