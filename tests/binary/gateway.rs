@@ -288,6 +288,16 @@ fn a_codex_run_is_stopped_by_the_gateway_at_its_allowance() {
     assert!(github.pulls("acme", "web").is_empty());
 }
 
+/// Asserts that the probe agent's log shows each attack answered with its status.
+fn assert_answered(log: &str, expected: &[(&str, u16)]) {
+    for (attack, status) in expected {
+        assert!(
+            log.contains(&format!("FAKE attack {attack} {status}\n")),
+            "{attack} was not answered {status}:\n{log}"
+        );
+    }
+}
+
 /// A hostile agent (the fake Claude Code's `[fake:attack]`: escapes, an unpriced model,
 /// provider-side fetches, a cut stream, then a burst of costly calls at once) through
 /// `agentry serve`, sandboxed, under a $5 per-task cap: every escape is refused and never
@@ -317,25 +327,23 @@ fn a_hostile_agent_cannot_spend_past_its_cap_or_reach_out_through_the_provider()
 
     // What the agent was answered.
     let log = text_of(&base, &format!("/api/tasks/{id}/log"), &admin);
-    for (attack, status) in [
-        ("files", 404),
-        ("dotdot", 400),
-        ("encoded", 400),
-        ("double-slash", 400),
-        ("batches", 404),
-        ("chat", 404),
-        ("unpriced", 400),
-        ("duplicate", 400),
-        ("mcp", 400),
-        ("web-fetch", 400),
-        ("beta", 400),
-        ("cut", 200),
-    ] {
-        assert!(
-            log.contains(&format!("FAKE attack {attack} {status}\n")),
-            "{attack} was not answered {status}:\n{log}"
-        );
-    }
+    assert_answered(
+        &log,
+        &[
+            ("files", 404),
+            ("dotdot", 400),
+            ("encoded", 400),
+            ("double-slash", 400),
+            ("batches", 404),
+            ("chat", 404),
+            ("unpriced", 400),
+            ("duplicate", 400),
+            ("mcp", 400),
+            ("web-fetch", 400),
+            ("beta", 400),
+            ("cut", 200),
+        ],
+    );
     // The burst: one call fits the cap and goes out; the others are refused (429) as they
     // come, and the first refusal stops the run, so the agent may not see every answer.
     let refused = (1..=BURST)
@@ -427,20 +435,18 @@ fn provider_tools_pass_only_for_a_repository_that_allows_them() {
     let id = create_task(&base, &admin, &repo, "Tools", "Tools [fake:attack=1]");
     ends_as(&server, &id, &admin, "pr_opened");
     let log = text_of(&base, &format!("/api/tasks/{id}/log"), &admin);
-    for (attack, status) in [
-        ("mcp", 200),
-        ("web-fetch", 200),
-        ("beta", 200),
-        ("unpriced", 400),
-        ("duplicate", 400),
-        ("dotdot", 400),
-        ("files", 404),
-    ] {
-        assert!(
-            log.contains(&format!("FAKE attack {attack} {status}\n")),
-            "{attack} was not answered {status}:\n{log}"
-        );
-    }
+    assert_answered(
+        &log,
+        &[
+            ("mcp", 200),
+            ("web-fetch", 200),
+            ("beta", 200),
+            ("unpriced", 400),
+            ("duplicate", 400),
+            ("dotdot", 400),
+            ("files", 404),
+        ],
+    );
     let reached = models.calls();
     assert!(
         reached.iter().any(|c| c
