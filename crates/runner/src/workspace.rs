@@ -470,16 +470,23 @@ impl Workspaces {
             home: self.root.join("git-home"),
             protocol,
         };
-        for dir in [
-            &git.home,
-            &self.root.join("mirrors"),
-            &self.root.join("worktrees"),
-            &self.root.join("indexes"),
-        ] {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| GitError::Io(format!("cannot create {}: {e}", dir.display())))?;
-        }
+        // Passages for the agents' user to its worktree, its mirror and its index; git's
+        // HOME the service's alone (docs/security.md#the-agents-user).
+        let (root, home) = (self.root.clone(), git.home.clone());
+        tokio::task::spawn_blocking(move || {
+            let parent = root.parent().unwrap_or(Path::new("/"));
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            for dir in ["mirrors", "worktrees", "indexes"] {
+                crate::user::passage(parent, &root.join(dir))?;
+            }
+            std::fs::create_dir_all(&home)
+                .map_err(|e| format!("cannot create {}: {e}", home.display()))?;
+            crate::user::private(&home)
+        })
+        .await
+        .map_err(|e| GitError::Io(e.to_string()))?
+        .map_err(GitError::Io)?;
         let mirror = self.root.join("mirrors").join(format!("{}.git", repo.key));
         let path = self.root.join("worktrees").join(task_id.to_string());
         let index_dir = self.root.join("indexes").join(task_id.to_string());
@@ -557,6 +564,8 @@ impl Workspaces {
         add.push(path_str(&path)?);
         add.push(&base_commit);
         git.run(&self.root, &add, &[], LOCAL_TIMEOUT).await?;
+        // Every run's git metadata lies there: passed through to the run's own, not listed.
+        crate::user::passage(&mirror, &mirror.join("worktrees")).map_err(GitError::Io)?;
         let dot_git = read_small(&path.join(".git"), MAX_DOT_GIT_BYTES)
             .await
             .ok_or_else(|| {
@@ -672,6 +681,7 @@ impl Worktree {
             .map_err(|e| {
                 GitError::Io(format!("cannot create {}: {e}", self.index_dir.display()))
             })?;
+        crate::user::private(&self.index_dir).map_err(GitError::Io)?;
         let jail = self.git_jail().await?;
         let jail = jail.as_ref();
         let result = async {

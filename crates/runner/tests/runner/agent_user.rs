@@ -32,7 +32,7 @@ if git status --porcelain >/dev/null 2>&1; then echo "git-status ok"; else echo 
     );
     let user = AgentUser::resolve(0, None, false, true).unwrap();
     assert_eq!(user.ids().map(|u| u.uid), Some(65534));
-    let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user);
+    let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user.clone());
     let task = Uuid::new_v4();
     let execution = run(
         &runner(&rig, sandbox, &program),
@@ -55,6 +55,40 @@ if git status --porcelain >/dev/null 2>&1; then echo "git-status ok"; else echo 
     let home = std::fs::metadata(rig.home(task).join("h")).unwrap();
     assert_eq!(home.uid(), 65534);
     assert_eq!(std::fs::metadata(&rig.root).unwrap().uid(), 0);
+    // Of the data directory the agent's user passes through to its run's paths and its
+    // mirror, and reads nothing else: not its own log nor git's HOME.
+    let nobody = user.ids().unwrap();
+    let run_dir = rig.root.join("runs").join(task.to_string()).join("1");
+    let mirror = rig.root.join("workspaces/mirrors/repo-1.git");
+    let modes = [
+        (rig.root.clone(), 0o710),
+        (rig.root.join("runs"), 0o711),
+        (run_dir.clone(), 0o711),
+        (run_dir.join("output.log"), 0o600),
+        (run_dir.join("agent.pid"), 0o600),
+        (rig.root.join("workspaces"), 0o711),
+        (rig.root.join("workspaces/mirrors"), 0o711),
+        (rig.root.join("workspaces/worktrees"), 0o711),
+        (rig.root.join("workspaces/indexes"), 0o711),
+        (rig.root.join("workspaces/git-home"), 0o700),
+        (rig.root.join("cli-home"), 0o700),
+    ];
+    for (path, mode) in modes {
+        let meta =
+            std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(meta.mode() & 0o7777, mode, "{}", path.display());
+    }
+    assert_eq!(
+        agentry_runner::user::unreachable(&rig.home(task), nobody, false),
+        None
+    );
+    assert_eq!(
+        agentry_runner::user::unreachable(&mirror.join("HEAD"), nobody, false),
+        None
+    );
+    for closed in ["output.log", "agent.pid"] {
+        assert!(agentry_runner::user::unreachable(&run_dir.join(closed), nobody, false).is_some());
+    }
 }
 
 /// Where no usable user exists, the agent is refused with the reason and nothing is
