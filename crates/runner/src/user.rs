@@ -131,6 +131,24 @@ const MAX_ENTRIES: u64 = 2_000_000;
 ///
 /// An entry that cannot be read or changed, or more than two million entries.
 pub fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    walk_tree(root, uid, gid, false)
+}
+
+/// Gives `root` and everything below it to `uid`:`gid` as [`chown_tree`] does, and makes
+/// it readable by that group and nobody else: directories `0750`, files `0640`, or `0750`
+/// when their owner could run them (the one bit of the mode git records, so a commit is
+/// the same). The worktree after the agent, for the git steps that run as the agents'
+/// user, which is in no other way able to read a file the agent made private.
+///
+/// # Errors
+///
+/// An entry that cannot be read or changed, or more than two million entries.
+pub fn share_tree(root: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    walk_tree(root, uid, gid, true)
+}
+
+/// [`chown_tree`], and with `share` the modes of [`share_tree`].
+fn walk_tree(root: &Path, uid: u32, gid: u32, share: bool) -> Result<(), String> {
     let mut stack: Vec<PathBuf> = vec![root.to_owned()];
     let mut seen: u64 = 0;
     while let Some(path) = stack.pop() {
@@ -146,6 +164,14 @@ pub fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), String> {
         if meta.uid() != uid || meta.gid() != gid {
             std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
                 .map_err(|e| format!("cannot give {} to {uid}:{gid}: {e}", path.display()))?;
+        }
+        if share && !meta.file_type().is_symlink() {
+            let mode = if meta.is_dir() || meta.mode() & 0o100 != 0 {
+                0o750
+            } else {
+                0o640
+            };
+            set_mode(&path, mode)?;
         }
         if meta.is_dir() {
             let entries = std::fs::read_dir(&path)
@@ -633,6 +659,46 @@ mod tests {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
         drop(private_file(&file).unwrap());
         assert_eq!(mode(&file), 0o600);
+    }
+
+    /// The worktree shared with the git steps: readable by the group, writable by nobody
+    /// else, and the owner's execute bit (what git records) kept.
+    #[test]
+    fn share_tree_opens_the_tree_to_the_group_and_keeps_what_git_records() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("tree");
+        std::fs::create_dir_all(tree.join("private")).unwrap();
+        for (name, mode) in [
+            ("script.sh", 0o700),
+            ("secret", 0o600),
+            ("open", 0o666),
+            ("odd", 0o077),
+        ] {
+            std::fs::write(tree.join(name), "x").unwrap();
+            std::fs::set_permissions(tree.join(name), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        }
+        std::fs::set_permissions(tree.join("private"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("link")).unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        share_tree(&tree, uid, gid).unwrap();
+        for (name, expected) in [
+            ("", 0o750),
+            ("private", 0o750),
+            ("script.sh", 0o750),
+            ("secret", 0o640),
+            ("open", 0o640),
+            ("odd", 0o640),
+        ] {
+            assert_eq!(mode(&tree.join(name)), expected, "{name}");
+        }
+        assert_eq!(mode(&outside), 0o600);
     }
 
     #[test]

@@ -11,9 +11,9 @@ use agentry_runner::user::AgentUser;
 use agentry_runner::{Sandbox, SandboxMode, Verdict};
 use uuid::Uuid;
 
-/// As root, the agent runs as `nobody` (uid 65534) without a way into the data directory:
-/// its run's paths are mounted from descriptors. Its private file is in the commit, and the
-/// worktree is the service's again once it has ended.
+/// As root, the agent runs as `nobody` (uid 65534) and can pass through the data directory
+/// only to its run's paths. Its private file is in the commit (git's jail, which runs as
+/// `nobody` too, reads it), and the worktree is the service's again once it has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_root_the_agent_runs_as_nobody_and_its_work_is_committed() {
     if !sandbox_works_here() || nix_is_not_root() {
@@ -86,6 +86,19 @@ if git status --porcelain >/dev/null 2>&1; then echo "git-status ok"; else echo 
         agentry_runner::user::unreachable(&mirror.join("HEAD"), nobody, false),
         None
     );
+    // The commit's objects, which git wrote as the agent's user in its jail, were copied
+    // into the mirror as the service's: nothing of `nobody` is in the shared mirror.
+    let mut dirs = vec![mirror.join("objects")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            assert_eq!(meta.uid(), 0, "{}", path.display());
+            if meta.is_dir() {
+                dirs.push(path);
+            }
+        }
+    }
     for closed in ["output.log", "agent.pid"] {
         assert!(agentry_runner::user::unreachable(&run_dir.join(closed), nobody, false).is_some());
     }
