@@ -1112,7 +1112,9 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
             .custom_flags(libc::O_NOFOLLOW)
             .open(source)
             .map_err(|e| format!("cannot read {}: {e}", source.display()))?;
-        let partial = target.with_extension("agentry-tmp");
+        let mut partial = target.as_os_str().to_owned();
+        partial.push(".agentry-tmp");
+        let partial = PathBuf::from(partial);
         let mut output = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -1473,6 +1475,72 @@ fn valid_branch(branch: &str) -> Result<&str, GitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The jail's objects reach the mirror as new read-only files: loose objects and packs
+    /// (a pack before its index), never what the mirror has, a link or a stray name.
+    #[test]
+    fn the_jails_objects_are_copied_into_the_mirror_and_nothing_else() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+        let loose = "0123456789abcdef0123456789abcdef012345";
+        let pack = format!("pack-{}", "ab".repeat(20));
+        for d in [
+            from.join("ab"),
+            from.join("pack"),
+            from.join("info"),
+            to.join("ab"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(from.join("ab").join(loose), "new object").unwrap();
+        std::fs::write(from.join("ab/not-an-object"), "stray").unwrap();
+        std::fs::write(from.join("pack").join(format!("{pack}.pack")), "pack").unwrap();
+        std::fs::write(from.join("pack").join(format!("{pack}.idx")), "idx").unwrap();
+        std::fs::write(from.join("pack/other.keep"), "stray").unwrap();
+        std::fs::write(from.join("info/alternates"), "/elsewhere").unwrap();
+        let kept = "fedcba9876543210fedcba9876543210fedcba";
+        std::fs::write(from.join("ab").join(kept), "the jail's version").unwrap();
+        std::fs::write(to.join("ab").join(kept), "the mirror's").unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "not an object").unwrap();
+        let linked = "1111111111111111111111111111111111111a";
+        std::os::unix::fs::symlink(&secret, from.join("ab").join(linked)).unwrap();
+
+        copy_objects(&from, &to).unwrap();
+
+        let copied = to.join("ab").join(loose);
+        assert_eq!(std::fs::read_to_string(&copied).unwrap(), "new object");
+        let meta = std::fs::symlink_metadata(&copied).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o444);
+        assert_eq!(meta.uid(), nix::unistd::geteuid().as_raw());
+        for file in [format!("{pack}.pack"), format!("{pack}.idx")] {
+            assert!(to.join("pack").join(file).is_file());
+        }
+        assert_eq!(
+            std::fs::read_to_string(to.join("ab").join(kept)).unwrap(),
+            "the mirror's"
+        );
+        for absent in [
+            to.join("ab/not-an-object"),
+            to.join("pack/other.keep"),
+            to.join("info"),
+            to.join("ab").join(linked),
+        ] {
+            assert!(
+                std::fs::symlink_metadata(&absent).is_err(),
+                "{}",
+                absent.display()
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(to.join("ab"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".agentry-tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn branch_names_and_auth_debug() {
