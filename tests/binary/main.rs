@@ -35,6 +35,7 @@ macro_rules! on_replicas {
 
 mod gateway;
 mod real_agents;
+mod webhook;
 
 use agentry_persistence::test_support::TestDb;
 use agentry_testkit::git::source_repo;

@@ -312,6 +312,63 @@ impl r2d2::ManageConnection for ConnectionManager {
     }
 }
 
+/// The files of an SQLite database next to its main file: what SQLite writes beside it in
+/// WAL mode (`-wal`, `-shm`) and in rollback mode (`-journal`).
+pub const SQLITE_COMPANIONS: &[&str] = &["-wal", "-shm", "-journal"];
+
+/// Makes the SQLite database `path` readable and writable by the service's user alone
+/// (docs/security.md): a new file is created with mode 0600 before SQLite opens it (SQLite
+/// then gives its `-wal` and `-shm` files the database's mode), and an existing one and its
+/// companions ([`SQLITE_COMPANIONS`]) lose every permission of their group and of others.
+/// Names that are not files (`:memory:`, a `file:` URI) are left to SQLite.
+///
+/// # Errors
+///
+/// [`DbError::Connect`] naming the file, when it exists but its mode cannot be changed (it
+/// belongs to another user).
+pub fn private_sqlite_files(path: &str) -> Result<(), DbError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if path.is_empty() || path == ":memory:" || path.starts_with("file:") {
+        return Ok(());
+    }
+    // Created empty here (an empty file is an empty database) so that it never exists with
+    // SQLite's own mode, 0644. A directory that does not exist is SQLite's to report.
+    if let Err(e) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        && e.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        return Ok(());
+    }
+    let files = std::iter::once(PathBuf::from(path)).chain(
+        SQLITE_COMPANIONS
+            .iter()
+            .map(|suffix| PathBuf::from(format!("{path}{suffix}"))),
+    );
+    for file in files {
+        // Not following a symbolic link: the mode of what it points to is not ours to change.
+        let Ok(meta) = std::fs::symlink_metadata(&file) else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if !meta.is_file() || mode & 0o077 == 0 {
+            continue;
+        }
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode & 0o700)).map_err(
+            |e| {
+                DbError::Connect(format!(
+                    "the database file {} is readable by other users and its mode cannot be \
+                     made 0600: {e}",
+                    file.display()
+                ))
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// A pooled connection.
 pub type PooledConnection = r2d2::PooledConnection<ConnectionManager>;
 
@@ -338,6 +395,9 @@ impl Db {
     ) -> Result<Db, DbError> {
         let url = DatabaseUrl::parse(url)?;
         let backend = url.backend();
+        if let DatabaseUrl::Sqlite(path) = &url {
+            private_sqlite_files(path)?;
+        }
         // Open one connection first so that a bad URL reports the driver's own message.
         drop(url.connect_with(busy_timeout)?);
         let pool = r2d2::Pool::builder()

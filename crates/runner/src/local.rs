@@ -253,7 +253,11 @@ impl LocalRunner {
         agent_type: AgentType,
     ) -> Result<version::Found, version::CliProblem> {
         let home = self.config.root.join("cli-home");
-        if let Err(e) = tokio::fs::create_dir_all(&home).await {
+        let made = match tokio::fs::create_dir_all(&home).await {
+            Ok(()) => user::private(&home),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = made {
             tracing::warn!(dir = %home.display(), error = %e, "cannot create the CLI check's HOME");
         }
         let env = agent::environment(
@@ -337,7 +341,21 @@ impl LocalRunner {
         }
         let run_dir = self.run_dir(job.task_id, job.attempt);
         let home = run_dir.join("home");
-        if let Err(e) = fresh_dir(&home).await {
+        // The run's directory is a passage for the agents' user (to its HOME and network),
+        // its HOME the agent's alone; the log and the pid file beside them are the service's.
+        let made = match fresh_dir(&home).await {
+            Ok(()) => {
+                let (root, run_dir, home) =
+                    (self.config.root.clone(), run_dir.clone(), home.clone());
+                tokio::task::spawn_blocking(move || {
+                    user::passage(&root, &run_dir).and_then(|()| user::private(&home))
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = made {
             return fail(format!(
                 "could not create the run directory {}: {e}",
                 home.display()
@@ -545,7 +563,9 @@ impl LocalRunner {
             sink,
             move |pid| {
                 // Best effort: only used to stop an orphaned agent after a crash.
-                let _ = std::fs::write(&pid_file, pid.to_string());
+                let _ = user::private_file(&pid_file).and_then(|mut file| {
+                    std::io::Write::write_all(&mut file, pid.to_string().as_bytes())
+                });
                 if let (Some(group), Some(mut writer)) = (attach, unblock) {
                     tokio::task::spawn_blocking(move || {
                         if let Err(e) = group.attach_tree(pid) {

@@ -639,7 +639,7 @@ impl LogFile {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(log_error(&rotated, e)),
         }
-        let file = File::create(path).await.map_err(|e| log_error(path, e))?;
+        let file = private_log(path).await.map_err(|e| log_error(path, e))?;
         Ok(LogFile {
             path: path.to_owned(),
             file,
@@ -668,10 +668,20 @@ impl LogFile {
     async fn rotate(&mut self) -> io::Result<()> {
         self.file.flush().await?;
         tokio::fs::rename(&self.path, rotated_log_path(&self.path)).await?;
-        self.file = File::create(&self.path).await?;
+        self.file = private_log(&self.path).await?;
         self.written = 0;
         Ok(())
     }
+}
+
+/// A log file at `path`, created empty and readable by the service's user alone (mode
+/// 0600: an agent's output may quote what it read).
+async fn private_log(path: &Path) -> io::Result<File> {
+    let path = path.to_owned();
+    let file = tokio::task::spawn_blocking(move || crate::user::private_file(&path))
+        .await
+        .map_err(io::Error::other)??;
+    Ok(File::from_std(file))
 }
 
 /// The process group of the agent. Dropped before [`ProcessGroup::finish`] (the run's

@@ -131,6 +131,24 @@ const MAX_ENTRIES: u64 = 2_000_000;
 ///
 /// An entry that cannot be read or changed, or more than two million entries.
 pub fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    walk_tree(root, uid, gid, false)
+}
+
+/// Gives `root` and everything below it to `uid`:`gid` as [`chown_tree`] does, and makes
+/// it readable by that group and nobody else: directories `0750`, files `0640`, or `0750`
+/// when their owner could run them (the one bit of the mode git records, so a commit is
+/// the same). The worktree after the agent, for the git steps that run as the agents'
+/// user, which is in no other way able to read a file the agent made private.
+///
+/// # Errors
+///
+/// An entry that cannot be read or changed, or more than two million entries.
+pub fn share_tree(root: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    walk_tree(root, uid, gid, true)
+}
+
+/// [`chown_tree`], and with `share` the modes of [`share_tree`].
+fn walk_tree(root: &Path, uid: u32, gid: u32, share: bool) -> Result<(), String> {
     let mut stack: Vec<PathBuf> = vec![root.to_owned()];
     let mut seen: u64 = 0;
     while let Some(path) = stack.pop() {
@@ -146,6 +164,14 @@ pub fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), String> {
         if meta.uid() != uid || meta.gid() != gid {
             std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
                 .map_err(|e| format!("cannot give {} to {uid}:{gid}: {e}", path.display()))?;
+        }
+        if share && !meta.file_type().is_symlink() {
+            let mode = if meta.is_dir() || meta.mode() & 0o100 != 0 {
+                0o750
+            } else {
+                0o640
+            };
+            set_mode(&path, mode)?;
         }
         if meta.is_dir() {
             let entries = std::fs::read_dir(&path)
@@ -212,6 +238,181 @@ pub fn open_data_dir(dir: &Path, user: &UserIds) -> Result<(), String> {
     if meta.mode() & 0o7777 != 0o710 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
             .map_err(|e| format!("cannot change the mode of {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// The mode of the directories a run's paths lie in (`runs/`, `runs/<task>/<attempt>/`,
+/// `workspaces/`, `workspaces/mirrors/`, …): passed through by the agents' user, whose
+/// `bwrap` mounts those paths by name, but never listed or read.
+pub const PASSAGE_MODE: u32 = 0o711;
+
+/// Creates `dir` and its missing parents up to (not including) `base` as passages
+/// ([`PASSAGE_MODE`], whatever the process's umask), and makes `dir` and every directory
+/// between it and `base` one if it already exists.
+///
+/// # Errors
+///
+/// A directory that cannot be created or changed, or `dir` not inside `base`.
+pub fn passage(base: &Path, dir: &Path) -> Result<(), String> {
+    let relative = dir
+        .strip_prefix(base)
+        .map_err(|_| format!("{} is not inside {}", dir.display(), base.display()))?;
+    let mut path = base.to_owned();
+    for part in relative.components() {
+        path.push(part);
+        match std::fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", path.display())),
+        }
+        set_mode(&path, PASSAGE_MODE)?;
+    }
+    Ok(())
+}
+
+/// `path` created (or emptied) for writing, readable and writable by the service's user
+/// alone (mode 0600, whatever the umask).
+///
+/// # Errors
+///
+/// The file cannot be opened or changed.
+pub fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // A file an older version left keeps its mode through `open`.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
+/// Makes `path` of mode `mode` unless it is already, never following a symbolic link (a
+/// link is left alone: its own mode means nothing).
+fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.file_type().is_symlink() || meta.mode() & 0o7777 == mode {
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("cannot change the mode of {}: {e}", path.display()))
+}
+
+/// Takes every permission of the group and of others from `path` (`chmod go=`), never
+/// following a symbolic link.
+///
+/// # Errors
+///
+/// `path` cannot be read or changed.
+pub fn private(path: &Path) -> Result<(), String> {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.file_type().is_symlink() || meta.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    set_mode(path, meta.mode() & 0o7700)
+}
+
+/// The entries of the directory `dir` (none if it does not exist).
+fn entries(dir: &Path) -> Result<Vec<(PathBuf, std::fs::FileType)>, String> {
+    let read = match std::fs::read_dir(dir) {
+        Ok(read) => read,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
+    };
+    read.map(|entry| {
+        let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let kind = entry
+            .file_type()
+            .map_err(|e| format!("cannot read {}: {e}", entry.path().display()))?;
+        Ok((entry.path(), kind))
+    })
+    .collect()
+}
+
+/// Closes the data directory `dir` to everyone but the service's user, except the way to
+/// the paths agents must reach (docs/security.md#the-agents-user), whatever an older
+/// version or the umask left:
+///
+/// - `dir` itself: `0700`, or, for agents of another user `agent`, that user's group and
+///   `0710` ([`open_data_dir`]);
+/// - on the way to a run's paths, passages ([`PASSAGE_MODE`]: passed through, never
+///   listed): `runs/`, each `runs/<task>/` and `runs/<task>/<attempt>/`, `workspaces/`, its
+///   `mirrors/`, `worktrees/` and `indexes/`, and each mirror's `worktrees/`;
+/// - everything else at those levels loses its group's and others' permissions: the
+///   database and its WAL, the master key, the admin token, the CLI check's `HOME`, git's
+///   `HOME`, each run's `output.log` and `agent.pid`;
+/// - left as they are: a run's `home/` and `net/` and a task's worktree, index directory and
+///   git metadata entry (the agent's own while it runs), and the mirrors' content, which
+///   an agent reads (its own repository's history).
+///
+/// # Errors
+///
+/// An entry that cannot be read or changed.
+pub fn close_data_dir(dir: &Path, agent: Option<&UserIds>) -> Result<(), String> {
+    match agent {
+        Some(user) => open_data_dir(dir, user)?,
+        None => set_mode(dir, 0o700)?,
+    }
+    for (path, kind) in entries(dir)? {
+        match path.file_name().and_then(|n| n.to_str()) {
+            Some("runs") if kind.is_dir() => close_runs(&path)?,
+            Some("workspaces") if kind.is_dir() => close_workspaces(&path)?,
+            _ => private(&path)?,
+        }
+    }
+    Ok(())
+}
+
+/// [`close_data_dir`] for `runs/`.
+fn close_runs(runs: &Path) -> Result<(), String> {
+    set_mode(runs, PASSAGE_MODE)?;
+    for (task, kind) in entries(runs)? {
+        if !kind.is_dir() {
+            private(&task)?;
+            continue;
+        }
+        set_mode(&task, PASSAGE_MODE)?;
+        for (attempt, kind) in entries(&task)? {
+            if !kind.is_dir() {
+                private(&attempt)?;
+                continue;
+            }
+            set_mode(&attempt, PASSAGE_MODE)?;
+            for (path, _) in entries(&attempt)? {
+                let name = path.file_name().and_then(|n| n.to_str());
+                if !matches!(name, Some("home" | "net")) {
+                    private(&path)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`close_data_dir`] for `workspaces/`.
+fn close_workspaces(workspaces: &Path) -> Result<(), String> {
+    set_mode(workspaces, PASSAGE_MODE)?;
+    for (path, kind) in entries(workspaces)? {
+        let name = path.file_name().and_then(|n| n.to_str());
+        match name {
+            Some("worktrees" | "indexes") if kind.is_dir() => set_mode(&path, PASSAGE_MODE)?,
+            Some("mirrors") if kind.is_dir() => {
+                set_mode(&path, PASSAGE_MODE)?;
+                for (mirror, kind) in entries(&path)? {
+                    let metadata = mirror.join("worktrees");
+                    if kind.is_dir() && metadata.is_dir() {
+                        set_mode(&metadata, PASSAGE_MODE)?;
+                    }
+                }
+            }
+            _ => private(&path)?,
+        }
     }
     Ok(())
 }
@@ -296,6 +497,208 @@ mod tests {
             unreachable(&base.join("missing"), &other, false),
             Some(base.join("missing"))
         );
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    /// A data directory as an older version left it (everything 0755 or 0644) is closed to
+    /// everyone but the service's user, but for the passages to a run's paths.
+    #[test]
+    fn an_open_data_directory_is_closed_but_for_the_passages_to_the_runs() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("data");
+        let run = dir.join("runs/task-a/1");
+        let mirror = dir.join("workspaces/mirrors/repo.git");
+        let dirs = [
+            run.join("home/.codex"),
+            run.join("net"),
+            run.join("stray-dir"),
+            mirror.join("worktrees/task-a"),
+            mirror.join("objects/ab"),
+            dir.join("workspaces/worktrees/task-a/src"),
+            dir.join("workspaces/indexes/task-a"),
+            dir.join("workspaces/git-home"),
+            dir.join("cli-home/.claude"),
+        ];
+        for d in &dirs {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let files = [
+            dir.join("agentry.db"),
+            dir.join("agentry.db-wal"),
+            dir.join("agentry.db-shm"),
+            dir.join("backup.sql"),
+            dir.join("runs/task-a/1/output.log"),
+            dir.join("runs/task-a/1/output.log.1"),
+            dir.join("runs/task-a/1/agent.pid"),
+            dir.join("runs/stray-file"),
+            run.join("home/.codex/auth.json"),
+            mirror.join("objects/ab/cdef"),
+            mirror.join("config"),
+            dir.join("workspaces/worktrees/task-a/src/lib.rs"),
+        ];
+        for f in &files {
+            std::fs::write(f, "x").unwrap();
+        }
+        let outside = tmp.path().join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        let mut all: Vec<PathBuf> = walk(&dir);
+        all.push(dir.clone());
+        for path in &all {
+            let open = if path.is_dir() { 0o755 } else { 0o644 };
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(open)).unwrap();
+        }
+
+        close_data_dir(&dir, None).unwrap();
+
+        assert_eq!(mode(&dir), 0o700);
+        for passage in [
+            dir.join("runs"),
+            dir.join("runs/task-a"),
+            run.clone(),
+            dir.join("workspaces"),
+            dir.join("workspaces/mirrors"),
+            dir.join("workspaces/worktrees"),
+            dir.join("workspaces/indexes"),
+            mirror.join("worktrees"),
+        ] {
+            assert_eq!(mode(&passage), PASSAGE_MODE, "{}", passage.display());
+        }
+        for closed in [
+            "agentry.db",
+            "agentry.db-wal",
+            "agentry.db-shm",
+            "backup.sql",
+            "runs/task-a/1/output.log",
+            "runs/task-a/1/output.log.1",
+            "runs/task-a/1/agent.pid",
+            "runs/stray-file",
+        ] {
+            assert_eq!(mode(&dir.join(closed)), 0o600, "{closed}");
+        }
+        for closed in ["cli-home", "runs/task-a/1/stray-dir", "workspaces/git-home"] {
+            assert_eq!(mode(&dir.join(closed)), 0o700, "{closed}");
+        }
+        // What the agent reads or owns during its run is left as it was; so is what a
+        // symbolic link points to.
+        for kept in [
+            run.join("home"),
+            run.join("net"),
+            mirror.clone(),
+            mirror.join("objects/ab"),
+            dir.join("workspaces/worktrees/task-a"),
+            dir.join("workspaces/indexes/task-a"),
+        ] {
+            assert_eq!(mode(&kept), 0o755, "{}", kept.display());
+        }
+        assert_eq!(mode(&mirror.join("objects/ab/cdef")), 0o644);
+        assert_eq!(mode(&outside), 0o644);
+
+        // Idempotent, and with agents of another user the directory is theirs to pass.
+        close_data_dir(&dir, None).unwrap();
+        assert_eq!(mode(&dir.join("agentry.db")), 0o600);
+        if nix::unistd::geteuid().as_raw() == 0 {
+            let nobody = UserIds {
+                name: "nobody".into(),
+                uid: 65534,
+                gid: 65534,
+            };
+            close_data_dir(&dir, Some(&nobody)).unwrap();
+            let meta = std::fs::metadata(&dir).unwrap();
+            assert_eq!((meta.mode() & 0o7777, meta.gid()), (0o710, 65534));
+            // nobody reaches a run's HOME and its mirror, and nothing else by name.
+            assert_eq!(unreachable(&run.join("home"), &nobody, false), None);
+            assert_eq!(unreachable(&mirror.join("config"), &nobody, false), None);
+            for file in &files[..8] {
+                assert!(
+                    unreachable(file, &nobody, false).is_some(),
+                    "{}",
+                    file.display()
+                );
+            }
+        }
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+                found.extend(walk(&path));
+            }
+            if !std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+            {
+                found.push(path);
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn a_passage_is_made_whatever_the_umask_left() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path();
+        std::fs::create_dir(base.join("a")).unwrap();
+        std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        passage(base, &base.join("a/b/c")).unwrap();
+        for d in ["a", "a/b", "a/b/c"] {
+            assert_eq!(mode(&base.join(d)), PASSAGE_MODE, "{d}");
+        }
+        assert!(passage(&base.join("a"), base).is_err());
+        let file = base.join("a/f");
+        std::fs::write(&file, "x").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        drop(private_file(&file).unwrap());
+        assert_eq!(mode(&file), 0o600);
+    }
+
+    /// The worktree shared with the git steps: readable by the group, writable by nobody
+    /// else, and the owner's execute bit (what git records) kept.
+    #[test]
+    fn share_tree_opens_the_tree_to_the_group_and_keeps_what_git_records() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("tree");
+        std::fs::create_dir_all(tree.join("private")).unwrap();
+        for (name, mode) in [
+            ("script.sh", 0o700),
+            ("secret", 0o600),
+            ("open", 0o666),
+            ("odd", 0o077),
+        ] {
+            std::fs::write(tree.join(name), "x").unwrap();
+            std::fs::set_permissions(tree.join(name), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        }
+        std::fs::set_permissions(tree.join("private"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("link")).unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        share_tree(&tree, uid, gid).unwrap();
+        for (name, expected) in [
+            ("", 0o750),
+            ("private", 0o750),
+            ("script.sh", 0o750),
+            ("secret", 0o640),
+            ("open", 0o640),
+            ("odd", 0o640),
+        ] {
+            assert_eq!(mode(&tree.join(name)), expected, "{name}");
+        }
+        assert_eq!(mode(&outside), 0o600);
     }
 
     #[test]

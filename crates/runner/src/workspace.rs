@@ -46,9 +46,10 @@
 //!   are taken out before and put back as they were after, so submodules stay the base's.
 //! - With sandboxed agents ([`Workspaces::with_git_sandbox`]), the steps that read what the
 //!   agent wrote (`read-tree`, `update-index`, `add`, `write-tree`, `commit-tree`) run in a
-//!   bubblewrap sandbox of their own, as confined as the agent was and without any network:
-//!   the worktree read-only, only the mirror's `objects/` and the task's own index directory
-//!   writable (docs/security.md#git-after-the-agent). The steps that carry the token
+//!   bubblewrap sandbox of their own, as confined as the agent was and without any network,
+//!   as the agents' user: the worktree and the mirror read-only, only the task's own index
+//!   directory writable (its `objects/` receives the new objects, which the service copies
+//!   into the mirror; docs/security.md#git-after-the-agent). The steps that carry the token
 //!   (`fetch`, `ls-remote`, `push`) never read the worktree: they work on the mirror alone.
 //! - Before the commit and before the push, the worktree's `.git` must be exactly what
 //!   `git worktree add` wrote, and the mirror's `config` exactly the fixed text agentry
@@ -470,16 +471,23 @@ impl Workspaces {
             home: self.root.join("git-home"),
             protocol,
         };
-        for dir in [
-            &git.home,
-            &self.root.join("mirrors"),
-            &self.root.join("worktrees"),
-            &self.root.join("indexes"),
-        ] {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| GitError::Io(format!("cannot create {}: {e}", dir.display())))?;
-        }
+        // Passages for the agents' user to its worktree, its mirror and its index; git's
+        // HOME the service's alone (docs/security.md#the-agents-user).
+        let (root, home) = (self.root.clone(), git.home.clone());
+        tokio::task::spawn_blocking(move || {
+            let parent = root.parent().unwrap_or(Path::new("/"));
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            for dir in ["mirrors", "worktrees", "indexes"] {
+                crate::user::passage(parent, &root.join(dir))?;
+            }
+            std::fs::create_dir_all(&home)
+                .map_err(|e| format!("cannot create {}: {e}", home.display()))?;
+            crate::user::private(&home)
+        })
+        .await
+        .map_err(|e| GitError::Io(e.to_string()))?
+        .map_err(GitError::Io)?;
         let mirror = self.root.join("mirrors").join(format!("{}.git", repo.key));
         let path = self.root.join("worktrees").join(task_id.to_string());
         let index_dir = self.root.join("indexes").join(task_id.to_string());
@@ -557,6 +565,8 @@ impl Workspaces {
         add.push(path_str(&path)?);
         add.push(&base_commit);
         git.run(&self.root, &add, &[], LOCAL_TIMEOUT).await?;
+        // Every run's git metadata lies there: passed through to the run's own, not listed.
+        crate::user::passage(&mirror, &mirror.join("worktrees")).map_err(GitError::Io)?;
         let dot_git = read_small(&path.join(".git"), MAX_DOT_GIT_BYTES)
             .await
             .ok_or_else(|| {
@@ -621,7 +631,29 @@ impl Worktree {
     pub async fn take_back(&self) -> Result<(), GitError> {
         let uid = nix::unistd::geteuid().as_raw();
         let gid = nix::unistd::getegid().as_raw();
-        self.chown(uid, gid).await
+        let Some(jailed) = self.jail_user() else {
+            return self.chown(uid, gid).await;
+        };
+        // The git steps run as the agents' user: the worktree is the service's, readable by
+        // that user's group (nothing of it writable but by the service).
+        let (path, meta, group) = (self.path.clone(), self.meta.clone(), jailed.gid);
+        tokio::task::spawn_blocking(move || {
+            crate::user::chown_tree(&meta, uid, gid)?;
+            crate::user::share_tree(&path, uid, group)
+        })
+        .await
+        .map_err(|e| GitError::Io(format!("the change of owner failed: {e}")))?
+        .map_err(GitError::Io)
+    }
+
+    /// The user the git steps after the agent run as, if not the service's: the agents'
+    /// user of a root service, when those steps are sandboxed.
+    fn jail_user(&self) -> Option<&crate::user::UserIds> {
+        let settings = self.git_sandbox.as_ref()?;
+        if settings.sandbox.mode() != crate::sandbox::SandboxMode::Auto {
+            return None;
+        }
+        settings.sandbox.agent_user().ids()
     }
 
     async fn chown(&self, uid: u32, gid: u32) -> Result<(), GitError> {
@@ -672,8 +704,21 @@ impl Worktree {
             .map_err(|e| {
                 GitError::Io(format!("cannot create {}: {e}", self.index_dir.display()))
             })?;
+        crate::user::private(&self.index_dir).map_err(GitError::Io)?;
         let jail = self.git_jail().await?;
         let jail = jail.as_ref();
+        if jail.is_some() {
+            // The jail writes its objects here, as the user it runs as; the mirror is
+            // read-only to it.
+            let objects = self.index_dir.join("objects");
+            tokio::fs::create_dir(&objects)
+                .await
+                .map_err(|e| GitError::Io(format!("cannot create {}: {e}", objects.display())))?;
+            if let Some(user) = self.jail_user() {
+                crate::user::chown_tree(&self.index_dir, user.uid, user.gid)
+                    .map_err(GitError::Io)?;
+            }
+        }
         let result = async {
             self.with_index(jail, &["read-tree", &self.base_commit], &self.mirror)
                 .await?;
@@ -720,7 +765,11 @@ impl Worktree {
                     &self.mirror,
                 )
                 .await?;
-            Ok(Some(commit.trim().to_owned()))
+            let commit = commit.trim().to_owned();
+            if jail.is_some() {
+                self.import_objects(&commit).await?;
+            }
+            Ok(Some(commit))
         }
         .await;
         let _ = remove_path(&self.index_dir).await;
@@ -730,6 +779,29 @@ impl Worktree {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = commit.clone();
         Ok(commit)
+    }
+
+    /// Copies the objects the jail wrote (into the index directory's `objects/`, as the
+    /// agents' user) into the mirror, as files of the service (a copy, never a move: a file
+    /// of that user stays out of the shared mirror), then checks that the mirror holds
+    /// `commit` whole. Only regular files named as git names them are taken.
+    async fn import_objects(&self, commit: &str) -> Result<(), GitError> {
+        let from = self.index_dir.join("objects");
+        let to = self.mirror.join("objects");
+        tokio::task::spawn_blocking(move || copy_objects(&from, &to))
+            .await
+            .map_err(|e| GitError::Io(format!("the copy of the new objects failed: {e}")))?
+            .map_err(GitError::Io)?;
+        self.mirror_git(&[
+            "rev-list",
+            "--objects",
+            "--quiet",
+            commit,
+            "--not",
+            &self.base_commit,
+        ])
+        .await
+        .map(drop)
     }
 
     /// The gitlinks (submodule commits) of the base commit: `(commit id, path)`, read from
@@ -790,8 +862,20 @@ impl Worktree {
         let git_dir = git_dir_arg(&self.mirror)?;
         let work_tree = format!("--work-tree={}", path_str(&self.path)?);
         let mut full = vec![git_dir.as_str(), work_tree.as_str()];
+        let mut env = vec![("GIT_INDEX_FILE", path_str(&self.index)?.to_owned())];
+        if jail.is_some() {
+            // New objects go to the task's own directory, the mirror's are read through it;
+            // the mirror and the worktree belong to the service, not to the jail's user.
+            full.extend(["-c", "safe.directory=*"]);
+            let objects = self.index_dir.join("objects");
+            env.push(("GIT_OBJECT_DIRECTORY", path_str(&objects)?.to_owned()));
+            let mirror_objects = self.mirror.join("objects");
+            env.push((
+                "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+                path_str(&mirror_objects)?.to_owned(),
+            ));
+        }
         full.extend_from_slice(args);
-        let env = [("GIT_INDEX_FILE", path_str(&self.index)?.to_owned())];
         match jail {
             None => self.git.run(cwd, &full, &env, LOCAL_TIMEOUT).await,
             Some(jail) => {
@@ -834,6 +918,7 @@ impl Worktree {
                 mirror: &self.mirror,
                 worktree: &self.path,
                 index_dir: &self.index_dir,
+                user: self.jail_user(),
             },
         )
         .map(Some)
@@ -993,6 +1078,94 @@ impl Worktree {
         }
         Ok(())
     }
+}
+
+/// Copies the object files under `from` (`xx/<38 hex>` loose objects, `pack/pack-<hex>.pack`
+/// and `.idx`) that `to` does not have into `to`, as new files of this process (0444), never
+/// following a symbolic link; anything else under `from` is ignored.
+fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let hex =
+        |name: &str, len: usize| name.len() == len && name.bytes().all(|b| b.is_ascii_hexdigit());
+    let listed = |dir: &Path| -> Result<Vec<(String, std::fs::FileType)>, String> {
+        let mut found = Vec::new();
+        for entry in
+            std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        {
+            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+            let kind = entry
+                .file_type()
+                .map_err(|e| format!("cannot read {}: {e}", entry.path().display()))?;
+            if let Ok(name) = entry.file_name().into_string() {
+                found.push((name, kind));
+            }
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(found)
+    };
+    let copy = |source: &Path, target: &Path| -> Result<(), String> {
+        if std::fs::symlink_metadata(target).is_ok() {
+            return Ok(());
+        }
+        let mut input = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(source)
+            .map_err(|e| format!("cannot read {}: {e}", source.display()))?;
+        let mut partial = target.as_os_str().to_owned();
+        partial.push(".agentry-tmp");
+        let partial = PathBuf::from(partial);
+        let mut output = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o444)
+            .open(&partial)
+            .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+        std::io::copy(&mut input, &mut output)
+            .and_then(|_| output.sync_all())
+            .and_then(|()| output.set_permissions(std::fs::Permissions::from_mode(0o444)))
+            .and_then(|()| std::fs::rename(&partial, target))
+            .map_err(|e| {
+                format!(
+                    "cannot copy {} to {}: {e}",
+                    source.display(),
+                    target.display()
+                )
+            })
+    };
+    for (name, kind) in listed(from)? {
+        if kind.is_dir() && hex(&name, 2) {
+            let dir = to.join(&name);
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            for (object, kind) in listed(&from.join(&name))? {
+                if kind.is_file() && hex(&object, 38) {
+                    copy(&from.join(&name).join(&object), &dir.join(&object))?;
+                }
+            }
+        } else if kind.is_dir() && name == "pack" {
+            let dir = to.join("pack");
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            // Each pack before its index, so the mirror never has an index without its pack.
+            let mut files: Vec<(String, std::fs::FileType)> = listed(&from.join("pack"))?;
+            files.sort_by_key(|(n, _)| !n.ends_with(".pack"));
+            for (file, kind) in files {
+                let stem = file
+                    .strip_suffix(".pack")
+                    .or_else(|| file.strip_suffix(".idx"));
+                let named = stem
+                    .and_then(|s| s.strip_prefix("pack-"))
+                    .is_some_and(|h| hex(h, 40) || hex(h, 64));
+                if kind.is_file() && named {
+                    copy(&from.join("pack").join(&file), &dir.join(&file))?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes the mirror's fixed configuration (atomically, and only when it differs).
@@ -1186,6 +1359,10 @@ impl Git {
     ) -> Result<String, GitError> {
         let mut command = Command::new(&jailed.program);
         command.args(&jailed.args).current_dir(outside);
+        if let Some(user) = &jailed.user {
+            // As root, std drops the supplementary groups with the switch.
+            command.uid(user.uid).gid(user.gid);
+        }
         if let Some(passed) = &jailed.pass_fd {
             // As for an agent (crate::process): a duplicate at the original's number, in
             // the child only.
@@ -1298,6 +1475,72 @@ fn valid_branch(branch: &str) -> Result<&str, GitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The jail's objects reach the mirror as new read-only files: loose objects and packs
+    /// (a pack before its index), never what the mirror has, a link or a stray name.
+    #[test]
+    fn the_jails_objects_are_copied_into_the_mirror_and_nothing_else() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+        let loose = "0123456789abcdef0123456789abcdef012345";
+        let pack = format!("pack-{}", "ab".repeat(20));
+        for d in [
+            from.join("ab"),
+            from.join("pack"),
+            from.join("info"),
+            to.join("ab"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(from.join("ab").join(loose), "new object").unwrap();
+        std::fs::write(from.join("ab/not-an-object"), "stray").unwrap();
+        std::fs::write(from.join("pack").join(format!("{pack}.pack")), "pack").unwrap();
+        std::fs::write(from.join("pack").join(format!("{pack}.idx")), "idx").unwrap();
+        std::fs::write(from.join("pack/other.keep"), "stray").unwrap();
+        std::fs::write(from.join("info/alternates"), "/elsewhere").unwrap();
+        let kept = "fedcba9876543210fedcba9876543210fedcba";
+        std::fs::write(from.join("ab").join(kept), "the jail's version").unwrap();
+        std::fs::write(to.join("ab").join(kept), "the mirror's").unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "not an object").unwrap();
+        let linked = "1111111111111111111111111111111111111a";
+        std::os::unix::fs::symlink(&secret, from.join("ab").join(linked)).unwrap();
+
+        copy_objects(&from, &to).unwrap();
+
+        let copied = to.join("ab").join(loose);
+        assert_eq!(std::fs::read_to_string(&copied).unwrap(), "new object");
+        let meta = std::fs::symlink_metadata(&copied).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o444);
+        assert_eq!(meta.uid(), nix::unistd::geteuid().as_raw());
+        for file in [format!("{pack}.pack"), format!("{pack}.idx")] {
+            assert!(to.join("pack").join(file).is_file());
+        }
+        assert_eq!(
+            std::fs::read_to_string(to.join("ab").join(kept)).unwrap(),
+            "the mirror's"
+        );
+        for absent in [
+            to.join("ab/not-an-object"),
+            to.join("pack/other.keep"),
+            to.join("info"),
+            to.join("ab").join(linked),
+        ] {
+            assert!(
+                std::fs::symlink_metadata(&absent).is_err(),
+                "{}",
+                absent.display()
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(to.join("ab"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".agentry-tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn branch_names_and_auth_debug() {

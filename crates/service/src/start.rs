@@ -181,6 +181,9 @@ impl Service {
         )
         .map_err(StartError::Io)?;
         let db = open_database(config)?;
+        // What an older version or the umask left open to the agents' user is closed.
+        agentry_runner::user::close_data_dir(&config.data_dir, config.runs.agent_user.ids())
+            .map_err(|e| io_error("cannot restrict the data directory", e))?;
         let master_key = master_key(config)?;
         let runs = runs(config, &db, &master_key)?;
         Ok(Service::with_alerts(

@@ -9,11 +9,11 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError, post, web};
 use agentry_codehost::webhook::{
     self, DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, SignatureError,
 };
+use futures_util::StreamExt;
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use utoipa::ToSchema;
 
-use crate::body::read_limited;
 use crate::error::{ApiError, ErrorBody};
 use crate::state::AppState;
 use agentry_service::tracking::WebhookOutcome;
@@ -26,21 +26,23 @@ const MAX_HEADER_CHARS: usize = 200;
 /// What one server allows the webhook, so that unauthenticated uploads (anyone can send
 /// them) cannot starve signed deliveries:
 ///
-/// - **memory**: bodies are read into at most [`WebhookLimits::MEMORY`] bytes at once, each
-///   taking its declared length of it; a delivery waits up to `queue_wait` for its share,
-///   then gets 503 with `Retry-After`;
+/// - **memory**: bodies are held in at most [`WebhookLimits::MEMORY`] bytes at once, each
+///   taking what it has **received** so far (not what it declares: a body that is not
+///   arriving holds nothing); a body that finds the memory full waits up to `queue_wait`
+///   for more, then gets 503 with `Retry-After`. So a slow upload costs the server a
+///   connection and its buffer, and filling the memory takes sending that many bytes;
 /// - **large bodies** (over [`WebhookLimits::LARGE_BODY`]) are also read at most
-///   `concurrent_reads` at a time, so they can never take more than half the memory: small
-///   deliveries (nearly all of GitHub's) always find room;
-/// - **pace**: a body must arrive within 1 s plus its length at [`WebhookLimits::MIN_RATE`],
-///   and never more than `read_timeout`; a slow upload is cut off (408) in about a second
-///   unless it is large, so holding memory costs an attacker a connection per second.
+///   `concurrent_reads` at a time, waiting up to `queue_wait` for a slot;
+/// - **pace**: after its first second a body must keep arriving at
+///   [`WebhookLimits::MIN_RATE`] (at any moment `t`, at least `(t − 1 s) × MIN_RATE` bytes
+///   in), and take no more than `read_timeout` in all; a body that falls behind is cut off
+///   at once (408, the connection closed): a stalled or trickling upload lasts about a
+///   second, whatever length it declares.
 ///
 /// One value is shared by all the workers of a server (`app_data`).
 #[derive(Debug, Clone)]
 pub struct WebhookLimits {
     memory: Arc<Semaphore>,
-    memory_kib: usize,
     large: Arc<Semaphore>,
     queue_wait: Duration,
     read_timeout: Duration,
@@ -50,7 +52,7 @@ pub struct WebhookLimits {
 impl WebhookLimits {
     /// Large bodies read at once by default.
     pub const CONCURRENT_READS: usize = 2;
-    /// How long a delivery waits for its share by default.
+    /// How long a delivery waits for a large slot or for memory by default.
     pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
     /// The longest a body may take. GitHub itself gives up on a delivery after 10 seconds,
     /// so a read that takes longer is never a real delivery.
@@ -59,16 +61,16 @@ impl WebhookLimits {
     pub const MEMORY: usize = 4 * WEBHOOK_LIMIT;
     /// A body above this many bytes is large.
     pub const LARGE_BODY: usize = 1024 * 1024;
-    /// The slowest pace a body may arrive at, in bytes per second.
+    /// The slowest pace a body may arrive at after its first second, in bytes per second.
     pub const MIN_RATE: usize = 256 * 1024;
+    /// How long a body may take before it must keep [`WebhookLimits::MIN_RATE`].
+    pub const GRACE: Duration = Duration::from_secs(1);
 
-    /// Limits of `concurrent_reads` large bodies at once, `queue_wait` for a share of the
+    /// Limits of `concurrent_reads` large bodies at once, `queue_wait` for a large slot or
     /// memory and `read_timeout` per body at most (the memory and pace are the defaults).
     pub fn new(concurrent_reads: usize, queue_wait: Duration, read_timeout: Duration) -> Self {
-        let memory_kib = Self::MEMORY / 1024;
         WebhookLimits {
-            memory: Arc::new(Semaphore::new(memory_kib)),
-            memory_kib,
+            memory: Arc::new(Semaphore::new(Self::MEMORY / 1024)),
             large: Arc::new(Semaphore::new(concurrent_reads)),
             queue_wait,
             read_timeout,
@@ -78,8 +80,7 @@ impl WebhookLimits {
 
     /// These limits with `bytes` of bodies held at once (at least 1 KiB).
     pub fn with_memory(mut self, bytes: usize) -> Self {
-        self.memory_kib = bytes.div_ceil(1024).max(1);
-        self.memory = Arc::new(Semaphore::new(self.memory_kib));
+        self.memory = Arc::new(Semaphore::new(bytes.div_ceil(1024).max(1)));
         self
     }
 
@@ -90,12 +91,91 @@ impl WebhookLimits {
         self
     }
 
-    /// How long a body of `length` bytes may take to arrive.
-    fn deadline(&self, length: usize) -> Duration {
-        let pace = Duration::from_secs(1)
-            + Duration::from_secs_f64(length as f64 / self.min_rate.max(1) as f64);
-        pace.min(self.read_timeout)
+    /// When a body whose read started at `start` must have more than `received` bytes:
+    /// [`WebhookLimits::GRACE`] plus `received` at the minimum pace, and never later than
+    /// `read_timeout` after `start`.
+    fn due(&self, start: tokio::time::Instant, received: usize) -> tokio::time::Instant {
+        let pace =
+            Self::GRACE + Duration::from_secs_f64(received as f64 / self.min_rate.max(1) as f64);
+        start + pace.min(self.read_timeout)
     }
+
+    /// The memory of `more_kib` KiB more of a body, waiting up to `queue_wait` when it is
+    /// all taken; `None` when it did not come in time.
+    async fn memory(&self, more_kib: usize) -> Option<OwnedSemaphorePermit> {
+        let more = u32::try_from(more_kib).ok()?;
+        if let Ok(permit) = self.memory.clone().try_acquire_many_owned(more) {
+            return Some(permit);
+        }
+        match tokio::time::timeout(
+            self.queue_wait,
+            self.memory.clone().acquire_many_owned(more),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => Some(permit),
+            _ => None,
+        }
+    }
+}
+
+/// Why a webhook body was not read whole.
+enum Unread {
+    /// It cannot be accepted (larger than the limit, a broken stream).
+    Refused(ApiError),
+    /// There was no memory for it in time.
+    Busy,
+    /// It fell behind the pace: `received` bytes had arrived after `elapsed`.
+    Slow { received: usize, elapsed: Duration },
+}
+
+/// Reads a body of the declared `length`, holding the memory of what has arrived
+/// ([`WebhookLimits`]) until the returned permit is dropped, and cutting it off as soon as
+/// it falls behind the pace.
+async fn read_body(
+    mut payload: web::Payload,
+    limits: &WebhookLimits,
+) -> Result<(web::Bytes, Option<OwnedSemaphorePermit>), Unread> {
+    let start = tokio::time::Instant::now();
+    let mut body = web::BytesMut::new();
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut held_kib = 0_usize;
+    loop {
+        let chunk =
+            match tokio::time::timeout_at(limits.due(start, body.len()), payload.next()).await {
+                Err(_) => {
+                    return Err(Unread::Slow {
+                        received: body.len(),
+                        elapsed: start.elapsed(),
+                    });
+                }
+                Ok(None) => break,
+                Ok(Some(Err(actix_web::error::PayloadError::Overflow))) => {
+                    return Err(Unread::Refused(ApiError::payload_too_large(WEBHOOK_LIMIT)));
+                }
+                Ok(Some(Err(other))) => {
+                    return Err(Unread::Refused(ApiError::invalid_request(format!(
+                        "could not read the request body: {other}"
+                    ))));
+                }
+                Ok(Some(Ok(chunk))) => chunk,
+            };
+        let total = body.len() + chunk.len();
+        if total > WEBHOOK_LIMIT {
+            return Err(Unread::Refused(ApiError::payload_too_large(WEBHOOK_LIMIT)));
+        }
+        let kib = total.div_ceil(1024);
+        if kib > held_kib {
+            let more = limits.memory(kib - held_kib).await.ok_or(Unread::Busy)?;
+            match &mut held {
+                Some(permit) => permit.merge(more),
+                None => held = Some(more),
+            }
+            held_kib = kib;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body.freeze(), held))
 }
 
 impl Default for WebhookLimits {
@@ -244,34 +324,31 @@ pub async fn codehost_webhook(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         res
     };
-    let queued = tokio::time::Instant::now() + limits.queue_wait;
-    // A large body takes a large slot first, then its share of the memory.
+    // A large body takes a large slot first.
     let large = if length > WebhookLimits::LARGE_BODY {
-        match tokio::time::timeout_at(queued, limits.large.clone().acquire_owned()).await {
+        match tokio::time::timeout(limits.queue_wait, limits.large.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Some(permit),
             _ => return Ok(busy()),
         }
     } else {
         None
     };
-    let share =
-        u32::try_from(length.div_ceil(1024).clamp(1, limits.memory_kib)).unwrap_or(u32::MAX);
-    let Ok(Ok(memory)) =
-        tokio::time::timeout_at(queued, limits.memory.clone().acquire_many_owned(share)).await
-    else {
-        return Ok(busy());
-    };
-    let deadline = limits.deadline(length);
-    let body = match tokio::time::timeout(deadline, read_limited(payload, WEBHOOK_LIMIT)).await {
-        Ok(body) => body?,
-        Err(_) => {
+    let body = match read_body(payload, &limits).await {
+        Ok((body, memory)) => {
+            drop((memory, large));
+            body
+        }
+        Err(Unread::Refused(error)) => return Err(error),
+        Err(Unread::Busy) => return Ok(busy()),
+        Err(Unread::Slow { received, elapsed }) => {
             return Ok(closing(ApiError::request_timeout(format!(
-                "the body ({length} bytes) was not received within {:.1} seconds",
-                deadline.as_secs_f32()
+                "the body arrived too slowly: {received} of {length} bytes in {:.1} seconds \
+                 (after the first second, at least {} bytes per second)",
+                elapsed.as_secs_f32(),
+                limits.min_rate
             ))));
         }
     };
-    drop((memory, large));
     let Some(secret) = state.service.webhook_secret() else {
         return Err(ApiError::webhook_disabled());
     };

@@ -713,8 +713,8 @@ async fn webhook_bodies_are_read_a_few_at_a_time() {
 }
 
 /// Slow unauthenticated uploads (anyone can send them) cannot starve signed deliveries:
-/// small ones are cut off after about a second, large ones hold at most the large-body
-/// slots, and a genuine delivery sent meanwhile is answered 200.
+/// they are cut off after about a second, large ones hold at most the large-body slots
+/// meanwhile, and a genuine delivery sent meanwhile is answered 200.
 #[actix_web::test]
 async fn slow_uploads_cannot_starve_signed_deliveries() {
     use agentry_api::routes::webhooks::WebhookLimits;
@@ -758,16 +758,14 @@ async fn slow_uploads_cannot_starve_signed_deliveries() {
             .expect("a slow small upload is answered within seconds");
         assert_eq!(status, 408, "{text}");
     }
-    // Of the large ones, two hold the large slots; the others were turned away.
-    let mut busy = 0;
+    // The large ones held the two large slots a second each, or were turned away: each is
+    // answered 408 (behind the pace) or 503 (no slot), never accepted.
     for mut conn in large {
-        if let Some((status, _)) = read_answer(&mut conn, Duration::from_secs(4)).await
-            && status == 503
-        {
-            busy += 1;
-        }
+        let (status, text) = read_answer(&mut conn, Duration::from_secs(5))
+            .await
+            .expect("a slow large upload is answered within seconds");
+        assert!(status == 408 || status == 503, "{text}");
     }
-    assert_eq!(busy, 2);
     assert_eq!(env.count("webhook_deliveries"), 3);
     server.stop(false).await;
 }

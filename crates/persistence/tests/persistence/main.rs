@@ -10,6 +10,7 @@ mod alerts;
 mod budgets;
 mod common;
 mod delivery;
+mod file_modes;
 mod import;
 mod issues;
 mod leader;

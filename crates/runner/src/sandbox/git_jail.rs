@@ -12,11 +12,19 @@
 //! - **no network at all** (`--unshare-net` and nothing listening: none of these steps needs
 //!   the remote, so no token is ever in reach; fetch and push run outside and never read the
 //!   worktree);
-//! - the worktree **read-only**; the repository's mirror read-only except its `objects/`
-//!   (where `add` and `commit-tree` write); the task's own index directory writable; the
-//!   mirror's `worktrees/` hidden;
+//! - the worktree **read-only**; the repository's mirror **read-only**, its objects
+//!   included: git writes the new objects into `objects/` of the task's own index directory
+//!   (`GIT_OBJECT_DIRECTORY`, the mirror's objects an alternate), the only writable path,
+//!   and the runner copies them into the mirror afterwards; the mirror's `worktrees/`
+//!   hidden;
+//! - **the agents' user**, not the service's: when the service runs as root, `bwrap` starts
+//!   as `AGENTRY_AGENT_USER` with its supplementary groups dropped, so whatever git could
+//!   be made to run is an unprivileged process, like the agent, and files it writes are
+//!   that user's;
 //! - the agent's namespaces, `--cap-drop ALL`, a new session, the seccomp filter and the
-//!   rlimits (through the forwarder, when the runner has one).
+//!   rlimits (through the forwarder, when the runner has one), with at most
+//!   [`MAX_PROCESSES`] processes and threads (`RLIMIT_NPROC`, which the kernel applies to
+//!   any user but root: a reason more not to run the jail as root).
 //!
 //! The commands keep their paths (every mount is at its own path), so a command line is the
 //! same inside and outside.
@@ -29,6 +37,13 @@ use super::{
     system_mounts, utf8,
 };
 use crate::process::PassedFd;
+use crate::user::UserIds;
+
+/// The most processes and threads a jailed git step may have (`RLIMIT_NPROC`, set by the
+/// forwarder; lower when the agents' own limit is): git's own threads (at most 20 for
+/// `add`'s preloading of the index) and nothing else, since it runs no hook, filter or
+/// helper.
+pub(crate) const MAX_PROCESSES: u64 = 64;
 
 /// What a jailed git step may touch.
 #[derive(Debug, Clone, Copy)]
@@ -39,8 +54,11 @@ pub(crate) struct GitJailLayout<'a> {
     pub mirror: &'a Path,
     /// The worktree the agent wrote (read-only).
     pub worktree: &'a Path,
-    /// The directory of the task's own index file (writable).
+    /// The directory of the task's own index file and new objects (writable).
     pub index_dir: &'a Path,
+    /// The user git runs as, if not the service's (the agents' user of a root service): it
+    /// must own `index_dir` and be able to read the worktree.
+    pub user: Option<&'a UserIds>,
 }
 
 /// How to start git in a sandbox of its own: `bwrap` and the options before the command.
@@ -56,6 +74,8 @@ pub(crate) struct GitJail {
     git: PathBuf,
     /// The seccomp filter, if the agents get one.
     seccomp: Option<Vec<u8>>,
+    /// The user `bwrap` starts as, if not the service's.
+    user: Option<UserIds>,
 }
 
 /// One jailed git command: run `program` with `args` (the git arguments appended by the
@@ -68,6 +88,9 @@ pub(crate) struct JailedCommand {
     pub args: Vec<String>,
     /// The seccomp filter's pipe, to be passed at its own number.
     pub pass_fd: Option<PassedFd>,
+    /// The user to start `program` as (its supplementary groups dropped), if not the
+    /// service's.
+    pub user: Option<UserIds>,
 }
 
 impl GitJail {
@@ -122,7 +145,17 @@ impl GitJail {
                 )?;
                 let mut line = vec![utf8(&program)?];
                 line.extend(leading.iter().cloned());
-                line.extend(limits.rlimit_args());
+                let max_processes = match limits.max_processes {
+                    0 => MAX_PROCESSES,
+                    agents => agents.min(MAX_PROCESSES),
+                };
+                line.extend(
+                    AgentLimits {
+                        max_processes,
+                        ..limits
+                    }
+                    .rlimit_args(),
+                );
                 line.push("--".to_owned());
                 line
             }
@@ -138,7 +171,6 @@ impl GitJail {
         let hidden = mirror.join("worktrees");
         for (option, path) in [
             ("--ro-bind", &mirror),
-            ("--bind", &mirror.join("objects")),
             ("--ro-bind", &worktree),
             ("--bind", &index_dir),
         ] {
@@ -155,6 +187,7 @@ impl GitJail {
             forwarder,
             git,
             seccomp,
+            user: layout.user.cloned(),
         })
     }
 
@@ -188,6 +221,7 @@ impl GitJail {
             program: self.bwrap.clone(),
             args,
             pass_fd,
+            user: self.user.clone(),
         })
     }
 }
@@ -203,8 +237,17 @@ mod tests {
     /// Runs `script` with `sh` as a git alias inside the jail (what git would run if
     /// agent-written content could make it run a command) and returns what it printed.
     fn run_in_jail(jail: &GitJail, cwd: &Path, script: &str) -> String {
+        run_in_jail_as(jail, cwd, script, None)
+    }
+
+    /// [`run_in_jail`], `bwrap` started as `user` (from `/`) when there is one.
+    fn run_in_jail_as(jail: &GitJail, cwd: &Path, script: &str, user: Option<&UserIds>) -> String {
+        use std::os::unix::process::CommandExt;
         let jailed = jail.command(cwd).unwrap();
         let mut command = std::process::Command::new(&jailed.program);
+        if let Some(user) = user {
+            command.uid(user.uid).gid(user.gid).current_dir("/");
+        }
         command
             .args(&jailed.args)
             .args(["-c", &format!("alias.probe=!sh -c '{script}'"), "probe"])
@@ -228,7 +271,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn git_after_the_agent_sees_no_secret_no_network_and_writes_only_objects_and_its_index() {
+    async fn git_after_the_agent_sees_no_secret_no_network_and_writes_only_its_index_directory() {
         if !agentry_testkit::sandbox::sandboxed(works_here()) {
             return;
         }
@@ -268,6 +311,7 @@ mod tests {
                 mirror: &mirror,
                 worktree: &worktree,
                 index_dir: &index_dir,
+                user: None,
             },
         )
         .unwrap();
@@ -303,10 +347,8 @@ mod tests {
             !out.contains("other"),
             "another run's worktree entry is hidden: {out}"
         );
-        assert!(
-            out.contains("WROTE-OBJECTS") && out.contains("WROTE-INDEX"),
-            "{out}"
-        );
+        assert!(!out.contains("WROTE-OBJECTS"), "{out}");
+        assert!(out.contains("WROTE-INDEX"), "{out}");
         assert!(out.contains("WROTE-TMP"), "{out}");
         // `lo` alone: the header's two lines have no `:`.
         assert!(out.lines().any(|l| l.trim() == "1"), "{out}");
@@ -323,5 +365,143 @@ mod tests {
             std::fs::read_to_string(mirror.join("config")).unwrap(),
             "[core]\n\tbare = true\n"
         );
+    }
+
+    /// The forwarder built beside this test (`agentry-sandbox-net`, which `cargo test`
+    /// builds for the crate's integration tests), copied into `dir` where another user can
+    /// run it.
+    fn forwarder_in(dir: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let built = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.join("agentry-sandbox-net")))
+            .filter(|path| path.is_file())
+            .expect(
+                "the forwarder agentry-sandbox-net is built beside the tests \
+                 (cargo build -p agentry-runner --bin agentry-sandbox-net)",
+            );
+        let copy = dir.join("agentry-sandbox-net");
+        std::fs::copy(built, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        copy
+    }
+
+    /// As root, git's jail runs as the agents' user (`nobody`): what it writes is that
+    /// user's, it cannot write the worktree or the mirror (objects included), and it cannot
+    /// have more than [`MAX_PROCESSES`] processes, though `nobody` already runs more than
+    /// that outside.
+    #[tokio::test]
+    async fn as_root_git_runs_as_the_agents_user_with_a_process_limit() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::os::unix::process::CommandExt;
+        if !agentry_testkit::sandbox::sandboxed(works_here())
+            || nix::unistd::geteuid().as_raw() != 0
+        {
+            return;
+        }
+        let user = crate::user::AgentUser::resolve(0, None, false, true).unwrap();
+        let nobody = user.ids().unwrap().clone();
+        let tmp = tempfile::TempDir::new().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let root = tmp.path().join("agentry");
+        let mirror = root.join("workspaces/mirrors/repo.git");
+        let worktree = root.join("workspaces/worktrees/task");
+        let index_dir = root.join("workspaces/indexes/task");
+        for dir in [
+            mirror.join("objects/ab"),
+            mirror.join("worktrees/task"),
+            worktree.clone(),
+            index_dir.join("objects"),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(root.join("agentry.db"), "the database").unwrap();
+        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
+        std::fs::write(worktree.join("private.txt"), "the agent's private file").unwrap();
+        std::fs::set_permissions(
+            worktree.join("private.txt"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        crate::user::close_data_dir(&root, Some(&nobody)).unwrap();
+        crate::user::share_tree(&worktree, 0, nobody.gid).unwrap();
+        crate::user::chown_tree(&index_dir, nobody.uid, nobody.gid).unwrap();
+        let forwarder = vec![forwarder_in(tmp.path()).display().to_string()];
+        // 80 processes of `nobody` outside: the limit counts the jail's own.
+        let mut outside: Vec<std::process::Child> = (0..80)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("60")
+                    .uid(nobody.uid)
+                    .gid(nobody.gid)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+
+        let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user.clone());
+        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
+        let jail = GitJail::new(
+            &bwrap,
+            features,
+            AgentLimits::default(),
+            &[],
+            Some(&forwarder),
+            crate::sandbox::seccomp::program().ok(),
+            "/usr/local/bin:/usr/bin:/bin",
+            GitJailLayout {
+                root: &root,
+                mirror: &mirror,
+                worktree: &worktree,
+                index_dir: &index_dir,
+                user: Some(&nobody),
+            },
+        )
+        .unwrap();
+        let script = format!(
+            "echo uid-$(id -u); cat {worktree}/private.txt; echo; \
+             cat {db} 2>/dev/null && echo READ-DB; \
+             touch {worktree}/planted 2>/dev/null && echo WROTE-WORKTREE; \
+             touch {objects}/planted 2>/dev/null && echo WROTE-MIRROR; \
+             touch {index}/written && echo WROTE-INDEX",
+            worktree = worktree.display(),
+            db = root.join("agentry.db").display(),
+            objects = mirror.join("objects/ab").display(),
+            index = index_dir.join("objects").display(),
+        );
+        let out = run_in_jail_as(&jail, &worktree, &script, Some(&nobody));
+        assert!(out.contains("uid-65534"), "{out}");
+        assert!(out.contains("the agent's private file"), "{out}");
+        assert!(
+            !out.contains("READ-DB") && !out.contains("the database"),
+            "{out}"
+        );
+        assert!(!out.contains("WROTE-WORKTREE"), "{out}");
+        assert!(!out.contains("WROTE-MIRROR"), "{out}");
+        assert!(!mirror.join("objects/ab/planted").exists());
+        assert!(out.contains("WROTE-INDEX"), "{out}");
+        let written = std::fs::metadata(index_dir.join("objects/written")).unwrap();
+        assert_eq!((written.uid(), written.gid()), (nobody.uid, nobody.gid));
+
+        // Forking: 40 processes fit under the limit; 100 do not.
+        let forks = |n: u32| {
+            format!(
+                "i=0; while [ $i -lt {n} ]; do sleep 5 & i=$((i+1)); echo forked-$i; done; \
+                 echo ALL-FORKED"
+            )
+        };
+        let few = run_in_jail_as(&jail, &worktree, &forks(40), Some(&nobody));
+        assert!(few.contains("ALL-FORKED"), "{few}");
+        let many = run_in_jail_as(&jail, &worktree, &forks(100), Some(&nobody));
+        let forked = many.lines().filter(|l| l.starts_with("forked-")).count();
+        assert!(!many.contains("ALL-FORKED"), "{many}");
+        assert!(
+            (40..MAX_PROCESSES as usize).contains(&forked),
+            "{forked} forks: {many}"
+        );
+        for child in &mut outside {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -11,9 +11,9 @@ use agentry_runner::user::AgentUser;
 use agentry_runner::{Sandbox, SandboxMode, Verdict};
 use uuid::Uuid;
 
-/// As root, the agent runs as `nobody` (uid 65534) without a way into the data directory:
-/// its run's paths are mounted from descriptors. Its private file is in the commit, and the
-/// worktree is the service's again once it has ended.
+/// As root, the agent runs as `nobody` (uid 65534) and can pass through the data directory
+/// only to its run's paths. Its private file is in the commit (git's jail, which runs as
+/// `nobody` too, reads it), and the worktree is the service's again once it has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_root_the_agent_runs_as_nobody_and_its_work_is_committed() {
     if !sandbox_works_here() || nix_is_not_root() {
@@ -32,7 +32,7 @@ if git status --porcelain >/dev/null 2>&1; then echo "git-status ok"; else echo 
     );
     let user = AgentUser::resolve(0, None, false, true).unwrap();
     assert_eq!(user.ids().map(|u| u.uid), Some(65534));
-    let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user);
+    let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user.clone());
     let task = Uuid::new_v4();
     let execution = run(
         &runner(&rig, sandbox, &program),
@@ -55,6 +55,53 @@ if git status --porcelain >/dev/null 2>&1; then echo "git-status ok"; else echo 
     let home = std::fs::metadata(rig.home(task).join("h")).unwrap();
     assert_eq!(home.uid(), 65534);
     assert_eq!(std::fs::metadata(&rig.root).unwrap().uid(), 0);
+    // Of the data directory the agent's user passes through to its run's paths and its
+    // mirror, and reads nothing else: not its own log nor git's HOME.
+    let nobody = user.ids().unwrap();
+    let run_dir = rig.root.join("runs").join(task.to_string()).join("1");
+    let mirror = rig.root.join("workspaces/mirrors/repo-1.git");
+    let modes = [
+        (rig.root.clone(), 0o710),
+        (rig.root.join("runs"), 0o711),
+        (run_dir.clone(), 0o711),
+        (run_dir.join("output.log"), 0o600),
+        (run_dir.join("agent.pid"), 0o600),
+        (rig.root.join("workspaces"), 0o711),
+        (rig.root.join("workspaces/mirrors"), 0o711),
+        (rig.root.join("workspaces/worktrees"), 0o711),
+        (rig.root.join("workspaces/indexes"), 0o711),
+        (rig.root.join("workspaces/git-home"), 0o700),
+        (rig.root.join("cli-home"), 0o700),
+    ];
+    for (path, mode) in modes {
+        let meta =
+            std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(meta.mode() & 0o7777, mode, "{}", path.display());
+    }
+    assert_eq!(
+        agentry_runner::user::unreachable(&rig.home(task), nobody, false),
+        None
+    );
+    assert_eq!(
+        agentry_runner::user::unreachable(&mirror.join("HEAD"), nobody, false),
+        None
+    );
+    // The commit's objects, which git wrote as the agent's user in its jail, were copied
+    // into the mirror as the service's: nothing of `nobody` is in the shared mirror.
+    let mut dirs = vec![mirror.join("objects")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            assert_eq!(meta.uid(), 0, "{}", path.display());
+            if meta.is_dir() {
+                dirs.push(path);
+            }
+        }
+    }
+    for closed in ["output.log", "agent.pid"] {
+        assert!(agentry_runner::user::unreachable(&run_dir.join(closed), nobody, false).is_some());
+    }
 }
 
 /// Where no usable user exists, the agent is refused with the reason and nothing is

@@ -44,6 +44,52 @@ async fn a_program_without_http_imports_tasks_and_reads_the_cost_report() {
     assert_eq!(json["summary"]["totalCost"], "1.2501");
 }
 
+/// A data directory an older version left open to other users (SQLite's 0644, a umask's
+/// 0755) is closed when the service opens it: the database, its WAL and the run logs are
+/// the service's alone, the directories on the way to a run's paths are passages.
+#[tokio::test]
+async fn opening_an_older_installation_closes_its_data_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let open = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    drop(Service::open(&config(&dir)).unwrap());
+    let run = dir.join("runs").join(Uuid::new_v4().to_string()).join("1");
+    std::fs::create_dir_all(run.join("home")).unwrap();
+    std::fs::create_dir_all(dir.join("workspaces/mirrors")).unwrap();
+    std::fs::write(run.join("output.log"), "what the agent printed").unwrap();
+    for path in [dir.join("agentry.db"), run.join("output.log")] {
+        open(&path, 0o644);
+    }
+    for path in [&dir, &dir.join("runs"), &run, &dir.join("workspaces")] {
+        open(path, 0o755);
+    }
+
+    let config = config(&dir);
+    let service = Service::open(&config).unwrap();
+    // Passed through by the agents' group when agents run as another user (as root).
+    let own = match config.runs.agent_user.ids() {
+        Some(_) => 0o710,
+        None => 0o700,
+    };
+    assert_eq!(mode(&dir), own);
+    for file in ["agentry.db", "agentry.db-wal", "agentry.db-shm"] {
+        assert_eq!(mode(&dir.join(file)), 0o600, "{file}");
+    }
+    assert_eq!(mode(&run.join("output.log")), 0o600);
+    for passage in [
+        dir.join("runs"),
+        run.clone(),
+        dir.join("workspaces/mirrors"),
+    ] {
+        assert_eq!(mode(&passage), 0o711, "{}", passage.display());
+    }
+    drop(service);
+}
+
 /// Requests that miss the kept report at the same time compute it once; a write makes the
 /// next ones compute it again, once, and they see the write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
