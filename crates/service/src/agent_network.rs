@@ -53,8 +53,7 @@ impl AgentNetwork {
             .await?;
         let mut allow = repo_allow;
         allow.extend(self.instance_allow.iter().cloned());
-        let refusals =
-            RefusalsGuard::start(self.db.clone(), run.task_id, run.attempt, &run.repo_key);
+        let refusals = RunRefusals::start(self.db.clone(), run.task_id, run.attempt, &run.repo_key);
         let events = refusals.events();
         let proxy = SocketServer::start(&dir.join(PROXY_SOCKET), "the egress proxy socket", |l| {
             egress::serve(l, EgressPolicy::new(allow), events)
@@ -106,7 +105,7 @@ pub const WARN_INTERVAL: Duration = Duration::from_secs(60);
 /// [`metering::MAX_BLOCKED_TARGETS`] destinations of the run; any further one is counted
 /// under [`metering::OTHER_HOST`]), written in one transaction per [`FLUSH_INTERVAL`] at
 /// most ([`metering::record_blocked_batch`]) by the run's flusher and once more when the run's
-/// network closes ([`RefusalsGuard`]), and logged at most once per destination per
+/// network closes ([`RunRefusals`]), and logged at most once per destination per
 /// [`WARN_INTERVAL`] with the count of refusals since the last line (`suppressed`).
 struct Refusals {
     db: Db,
@@ -375,30 +374,38 @@ async fn flush_every_interval(refusals: Arc<Refusals>) {
     }
 }
 
-/// A run's record of refused connections, while its network is open: dropped (after the
-/// proxy, so nothing is refused any more), it stops the flusher and writes what is left.
-struct RefusalsGuard {
+/// A run's record of refused connections, while its network is open: hand
+/// [`RunRefusals::events`] to the run's egress proxy ([`egress::serve`]); dropped (after
+/// the proxy, so nothing is refused any more), it stops the flusher and writes what is
+/// left.
+pub struct RunRefusals {
     refusals: Arc<Refusals>,
     flusher: tokio::task::JoinHandle<()>,
 }
 
-impl RefusalsGuard {
+impl RunRefusals {
     /// Starts counting the refusals of the run `attempt` of `task_id` (of the repository
     /// `repo_key`, for the log) into `db`, with its flusher. Must be called within a Tokio
     /// runtime.
-    fn start(db: Db, task_id: Uuid, attempt: i32, repo_key: &str) -> RefusalsGuard {
+    pub fn start(db: Db, task_id: Uuid, attempt: i32, repo_key: &str) -> RunRefusals {
         let refusals = Arc::new(Refusals::new(db, task_id, attempt, repo_key));
         let flusher = tokio::spawn(flush_every_interval(Arc::clone(&refusals)));
-        RefusalsGuard { refusals, flusher }
+        RunRefusals { refusals, flusher }
     }
 
     /// Where the proxy reports refusals.
-    fn events(&self) -> Arc<dyn EgressEvents> {
+    pub fn events(&self) -> Arc<dyn EgressEvents> {
         Arc::clone(&self.refusals) as Arc<dyn EgressEvents>
+    }
+
+    /// How many write transactions were started so far (a flood should make about one a
+    /// second).
+    pub fn writes(&self) -> u64 {
+        self.refusals.writes.load(Ordering::Relaxed)
     }
 }
 
-impl Drop for RefusalsGuard {
+impl Drop for RunRefusals {
     fn drop(&mut self) {
         self.flusher.abort();
         self.refusals.close();
@@ -508,7 +515,7 @@ mod tests {
         // The runtime is this thread's only one: the proxy's tasks log here.
         let _logging = tracing::subscriber::set_default(subscriber);
 
-        let refusals = RefusalsGuard::start(db.clone(), task, 1, "repo-key");
+        let refusals = RunRefusals::start(db.clone(), task, 1, "repo-key");
         let counter = Arc::clone(&refusals.refusals);
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("proxy.sock");
