@@ -8,8 +8,9 @@
 //! refusals, it serves a run's egress proxy on a Unix socket (the real `egress::serve`, on a
 //! Tokio runtime of 2 workers, with an empty allow-list) and floods it from 8 concurrent
 //! clients, each sending `CONNECT host:port` and reading the 403; three connects in four go
-//! to one host, every fourth to a new `host:port`. Meanwhile one client reads the task
-//! being flooded and the task list alternately, as fast as answers come, each read timed.
+//! to one host, every fourth to a new `host:port`. Meanwhile (from the flood's start until
+//! its last refusal is in the database) one client reads the task being flooded and the
+//! task list alternately, as fast as answers come, each read timed.
 //! The ways:
 //!
 //! - `batched`: agentry's [`RunRefusals`]: counted in memory, written at most once a
@@ -231,34 +232,40 @@ fn flooded(
         let nothing: [EgressPattern; 0] = [];
         Ok::<_, Error>(egress::serve(listener, EgressPolicy::new(nothing), events))
     })?;
-    let done = Arc::new(AtomicBool::new(false));
-    let flood_done = Arc::clone(&done);
-    let flood_socket = socket.clone();
-    let handle = runtime.handle().clone();
-    let flooding = std::thread::spawn(move || {
-        let start = Instant::now();
-        let result = handle.block_on(flood(&flood_socket, connects));
-        flood_done.store(true, Ordering::SeqCst);
-        result.map(|()| start.elapsed())
-    });
     let (detail_uri, list_uri) = (
         format!("{base}/api/tasks/{task}"),
         format!("{base}/api/tasks"),
     );
-    let (mut detail, mut list) = (Vec::new(), Vec::new());
-    while !done.load(Ordering::SeqCst) {
-        for (uri, times) in [(&detail_uri, &mut detail), (&list_uri, &mut list)] {
-            let t = Instant::now();
-            let res = client.get(uri.as_str()).bearer_auth(token).send()?;
-            let status = res.status();
-            let body = res.bytes()?;
-            if !status.is_success() {
-                return Err(format!("{status}: {}", String::from_utf8_lossy(&body)).into());
+    // The reader: from the flood's start until its last refusal is in the database.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (stop, client) = (Arc::clone(&stop), client.clone());
+        let (detail_uri, list_uri, token) = (detail_uri.clone(), list_uri, token.to_owned());
+        std::thread::spawn(move || -> Result<(Vec<Duration>, Vec<Duration>), Error> {
+            let (mut detail, mut list) = (Vec::new(), Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                for (uri, times) in [(&detail_uri, &mut detail), (&list_uri, &mut list)] {
+                    let t = Instant::now();
+                    let res = client.get(uri.as_str()).bearer_auth(&token).send()?;
+                    let status = res.status();
+                    let body = res.bytes()?;
+                    if !status.is_success() {
+                        let body = String::from_utf8_lossy(&body);
+                        return Err(format!("{status}: {body}").into());
+                    }
+                    times.push(t.elapsed());
+                }
             }
-            times.push(t.elapsed());
-        }
+            Ok((detail, list))
+        })
+    };
+    let start = Instant::now();
+    let flooding = runtime.block_on(flood(&socket, connects));
+    let took = start.elapsed();
+    if let Err(e) = flooding {
+        stop.store(true, Ordering::SeqCst);
+        return Err(e);
     }
-    let took = flooding.join().map_err(|_| "the flood panicked")??;
     let writes = match &recorder {
         Some(r) => r.writes(),
         None => connects,
@@ -280,6 +287,8 @@ fn flooded(
         std::thread::sleep(Duration::from_millis(20));
     };
     let settled = settle.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let (mut detail, mut list) = reader.join().map_err(|_| "the reader panicked")??;
     runtime.shutdown_timeout(Duration::from_secs(5));
     let body = client
         .get(detail_uri.as_str())
@@ -296,7 +305,7 @@ fn flooded(
         body.len()
     );
     println!(
-        "              GET /api/tasks/{{id}} {} over {} reads; GET /api/tasks {} over {} reads",
+        "              meanwhile GET /api/tasks/{{id}} {} over {} reads; GET /api/tasks {} over {} reads",
         summary(&mut detail),
         detail.len(),
         summary(&mut list),
