@@ -134,7 +134,8 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
     // The repository's egressAllow must be set before the task runs: connect, set, then
     // create the task (the runner takes it at once).
     let repo = connect_repo(&base, &admin, GH);
-    let egress = json!({ "egressAllow": ["localhost"] });
+    // A member without a port allows 443 only: the test server's port is listed.
+    let egress = json!({ "egressAllow": [format!("localhost:{allowed}")] });
     patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &egress);
     let id = create_task(&base, &admin, &repo, "Meter me", &prompt);
     let last = ends_as(&server, &id, &admin, "pr_opened");

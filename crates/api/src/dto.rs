@@ -295,9 +295,10 @@ impl From<TaskEvent> for EventDto {
 pub struct EgressBlockedDto {
     /// The run's attempt.
     pub attempt: i32,
-    /// The host asked for (a name or an IP literal).
+    /// The host asked for (a name or an IP literal), or `*` for the row that sums the
+    /// run's refusals to destinations beyond its first 32.
     pub host: String,
-    /// The port asked for.
+    /// The port asked for; 0 in the `*` row.
     pub port: i32,
     /// How many connections were refused.
     pub count: i64,

@@ -5,7 +5,7 @@
 //! [`EgressPattern`]s, the union of the repository's `egressAllow` setting and the
 //! instance's `AGENTRY_EGRESS_ALLOW`, held as an [`EgressAllow`].
 //!
-//! A pattern is one of:
+//! A pattern is a host, optionally followed by `:port`; the host is one of:
 //!
 //! - an exact host name, `api.github.com`, which matches that host only;
 //! - an IP address, `127.0.0.1` or `::1` (`[::1]` is accepted too), which matches that
@@ -13,12 +13,20 @@
 //! - a wildcard, `*.example.com`, which matches any host strictly below `example.com`
 //!   (`a.example.com`, `a.b.example.com`), not `example.com` itself.
 //!
+//! A pattern allows its host on one port: the one it names (`pypi.org:8080`,
+//! `*.example.com:8443`, `10.0.0.7:5432`, `[::1]:8080`: an IPv6 address with a port is
+//! written in brackets), else [`DEFAULT_PORT`] (443) only. A host needed on several ports is
+//! listed once per port.
+//!
 //! Patterns are parsed case-insensitively and kept in a normal form: lower case, without a
-//! trailing dot, IPv6 without brackets, an IPv4-mapped IPv6 address as the IPv4 address.
-//! Every port of an allowed host is allowed.
+//! trailing dot, IPv6 without brackets unless a port follows, an IPv4-mapped IPv6 address as
+//! the IPv4 address, and `:443` left out.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The port a pattern without one allows: HTTPS.
+pub const DEFAULT_PORT: u16 = 443;
 
 /// The longest host name, in characters (RFC 1035).
 const MAX_NAME_CHARS: usize = 253;
@@ -26,13 +34,17 @@ const MAX_NAME_CHARS: usize = 253;
 const MAX_LABEL_CHARS: usize = 63;
 
 /// One entry of an egress allow-list: an exact host name, an IP address or a wildcard
-/// `*.example.com`, in normal form (see the [module documentation](self)).
+/// `*.example.com`, with the one port it allows (443 unless named), in normal form (see the
+/// [module documentation](self)).
 ///
 /// Every value is valid: the only ways to make one are [`EgressPattern::parse`] and its
 /// [`FromStr`](std::str::FromStr) and [`Deserialize`](serde::Deserialize) forms. It is
 /// displayed (and serialised) in normal form, which parses back to the same pattern.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EgressPattern(Kind);
+pub struct EgressPattern {
+    host: Kind,
+    port: u16,
+}
 
 /// What an [`EgressPattern`] is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -59,12 +71,12 @@ pub enum EgressPatternError {
     /// The text is (or looks like) a URL: it has a scheme, `/`, `@`, `?` or `#`.
     #[error("a URL is not a host name; give the host only, e.g. \"pypi.org\"")]
     Url,
-    /// The text names a port.
+    /// The text after the host's `:` is not a port from 1 to 65535.
     #[error(
-        "a port is not part of a host name; give the host only, e.g. \"pypi.org\" (every \
-         port of an allowed host is allowed)"
+        "{0:?} is not a port: give host:port with a port from 1 to 65535, e.g. \
+         \"pypi.org:8080\", or the host alone for port 443"
     )]
-    Port,
+    Port(String),
     /// The text is `*` alone.
     #[error(
         "\"*\" would allow every host; list the hosts, or a wildcard such as \"*.example.com\""
@@ -102,13 +114,16 @@ pub enum EgressPatternError {
 
 impl EgressPattern {
     /// Parses a pattern (an exact host name, an IP address, or `*.` and a domain of at least
-    /// two labels), case-insensitively, into its normal form.
+    /// two labels; then optionally `:port`), case-insensitively, into its normal form. An
+    /// IPv6 address with a port is written in brackets, `[::1]:8080`; without a port the
+    /// pattern allows [`DEFAULT_PORT`] (443).
     ///
     /// Refused, with a reason: an empty text, white space, a URL (`://`, `/`, `@`, `?`,
-    /// `#`), a port (`host:443`, `[::1]:443`), `*` alone or anywhere but a leading `*.`, a
-    /// wildcard over a single label (`*.com`), labels other than RFC 1123's (letters,
-    /// digits and `-`, not at either end, at most 63 characters), a name over 253
-    /// characters, and a last label of digits only that is not part of an IPv4 address.
+    /// `#`), a port that is not a number from 1 to 65535 (`host:`, `host:0`, `host:https`),
+    /// `*` alone or anywhere but a leading `*.`, a wildcard over a single label (`*.com`),
+    /// labels other than RFC 1123's (letters, digits and `-`, not at either end, at most 63
+    /// characters), a name over 253 characters, and a last label of digits only that is not
+    /// part of an IPv4 address.
     pub fn parse(text: &str) -> Result<EgressPattern, EgressPatternError> {
         if text.is_empty() {
             return Err(EgressPatternError::Empty);
@@ -121,88 +136,83 @@ impl EgressPattern {
         }
         let lower = text.to_ascii_lowercase();
         if let Some(rest) = lower.strip_prefix('[') {
-            return match rest.split_once(']') {
-                Some((inner, "")) => inner
-                    .parse::<Ipv6Addr>()
-                    .map(|ip| EgressPattern::ip(IpAddr::V6(ip)))
-                    .map_err(|_| EgressPatternError::InvalidIpv6(text.to_owned())),
-                Some((_, tail)) if tail.starts_with(':') => Err(EgressPatternError::Port),
-                _ => Err(EgressPatternError::InvalidIpv6(text.to_owned())),
+            let Some((inner, tail)) = rest.split_once(']') else {
+                return Err(EgressPatternError::InvalidIpv6(text.to_owned()));
             };
+            let port = match tail {
+                "" => DEFAULT_PORT,
+                _ => match tail.strip_prefix(':') {
+                    Some(port) => parse_port(port)?,
+                    None => return Err(EgressPatternError::InvalidIpv6(text.to_owned())),
+                },
+            };
+            let ip = inner
+                .parse::<Ipv6Addr>()
+                .map_err(|_| EgressPatternError::InvalidIpv6(text.to_owned()))?;
+            return Ok(EgressPattern::ip(IpAddr::V6(ip), port));
         }
         if lower.contains(':') {
             if let Ok(ip) = lower.parse::<Ipv6Addr>() {
-                return Ok(EgressPattern::ip(IpAddr::V6(ip)));
+                return Ok(EgressPattern::ip(IpAddr::V6(ip), DEFAULT_PORT));
             }
-            return Err(if lower.matches(':').count() == 1 {
-                EgressPatternError::Port
-            } else {
-                EgressPatternError::InvalidIpv6(text.to_owned())
-            });
+            return match lower.split_once(':') {
+                Some((host, port)) if !port.contains(':') => {
+                    let port = parse_port(port)?;
+                    Ok(EgressPattern {
+                        host: parse_host(host, text)?,
+                        port,
+                    })
+                }
+                _ => Err(EgressPatternError::InvalidIpv6(text.to_owned())),
+            };
         }
-        let name = lower.strip_suffix('.').unwrap_or(&lower);
-        if name.is_empty() {
-            return Err(EgressPatternError::Empty);
-        }
-        if let Ok(ip) = name.parse::<Ipv4Addr>() {
-            return Ok(EgressPattern::ip(IpAddr::V4(ip)));
-        }
-        if name == "*" {
-            return Err(EgressPatternError::Everything);
-        }
-        let (wildcard, domain) = match name.strip_prefix("*.") {
-            Some(domain) => (true, domain),
-            None => (false, name),
-        };
-        if domain.contains('*') {
-            return Err(EgressPatternError::MisplacedStar);
-        }
-        if name.chars().count() > MAX_NAME_CHARS {
-            return Err(EgressPatternError::TooLong);
-        }
-        let mut labels = 0;
-        let mut last = "";
-        for label in domain.split('.') {
-            check_label(label)?;
-            labels += 1;
-            last = label;
-        }
-        if last.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(EgressPatternError::NotAnAddress(text.to_owned()));
-        }
-        if wildcard {
-            if labels < 2 {
-                return Err(EgressPatternError::WildcardTooBroad);
-            }
-            Ok(EgressPattern(Kind::Wildcard(domain.to_owned())))
-        } else {
-            Ok(EgressPattern(Kind::Name(domain.to_owned())))
-        }
+        Ok(EgressPattern {
+            host: parse_host(&lower, text)?,
+            port: DEFAULT_PORT,
+        })
     }
 
     /// The pattern of exactly this address (an IPv4-mapped IPv6 address becomes IPv4).
-    fn ip(ip: IpAddr) -> EgressPattern {
-        EgressPattern(Kind::Ip(ip.to_canonical()))
+    fn ip(ip: IpAddr, port: u16) -> EgressPattern {
+        EgressPattern {
+            host: Kind::Ip(ip.to_canonical()),
+            port,
+        }
     }
 
     /// Whether this is a wildcard `*.example.com`.
     pub fn is_wildcard(&self) -> bool {
-        matches!(self.0, Kind::Wildcard(_))
+        matches!(self.host, Kind::Wildcard(_))
     }
 
     /// The address, when this pattern is an IP address.
     pub fn ip_addr(&self) -> Option<IpAddr> {
-        match self.0 {
+        match self.host {
             Kind::Ip(ip) => Some(ip),
             _ => None,
         }
     }
 
-    /// Whether this pattern matches `host` (a pattern that is not a wildcard, in normal
+    /// The port this pattern allows (443 when it names none).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The host part in normal form, without the port: `pypi.org`, `*.example.com`,
+    /// `127.0.0.1`, `::1` (no brackets).
+    pub fn host(&self) -> String {
+        match &self.host {
+            Kind::Name(name) => name.clone(),
+            Kind::Ip(ip) => ip.to_string(),
+            Kind::Wildcard(domain) => format!("*.{domain}"),
+        }
+    }
+
+    /// Whether this pattern's host matches `host` (a host that is not a wildcard, in normal
     /// form): an exact name or address matches itself, a wildcard the names strictly below
-    /// its domain.
-    fn matches(&self, host: &EgressPattern) -> bool {
-        match (&self.0, &host.0) {
+    /// its domain. Ports aside.
+    fn covers(&self, host: &Kind) -> bool {
+        match (&self.host, host) {
             (Kind::Wildcard(domain), Kind::Name(name)) => name
                 .strip_suffix(domain.as_str())
                 .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
@@ -210,6 +220,60 @@ impl EgressPattern {
             (exact, other) => exact == other,
         }
     }
+}
+
+/// The host of a pattern (`lower`, lower case, without a port): a name, an IPv4 address or a
+/// wildcard. `text` is the whole pattern, for the error.
+fn parse_host(lower: &str, text: &str) -> Result<Kind, EgressPatternError> {
+    if lower.contains(':') {
+        return Err(EgressPatternError::InvalidIpv6(text.to_owned()));
+    }
+    let name = lower.strip_suffix('.').unwrap_or(lower);
+    if name.is_empty() {
+        return Err(EgressPatternError::Empty);
+    }
+    if let Ok(ip) = name.parse::<Ipv4Addr>() {
+        return Ok(Kind::Ip(IpAddr::V4(ip)));
+    }
+    if name == "*" {
+        return Err(EgressPatternError::Everything);
+    }
+    let (wildcard, domain) = match name.strip_prefix("*.") {
+        Some(domain) => (true, domain),
+        None => (false, name),
+    };
+    if domain.contains('*') {
+        return Err(EgressPatternError::MisplacedStar);
+    }
+    if name.chars().count() > MAX_NAME_CHARS {
+        return Err(EgressPatternError::TooLong);
+    }
+    let mut labels = 0;
+    let mut last = "";
+    for label in domain.split('.') {
+        check_label(label)?;
+        labels += 1;
+        last = label;
+    }
+    if last.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(EgressPatternError::NotAnAddress(text.to_owned()));
+    }
+    if wildcard {
+        if labels < 2 {
+            return Err(EgressPatternError::WildcardTooBroad);
+        }
+        Ok(Kind::Wildcard(domain.to_owned()))
+    } else {
+        Ok(Kind::Name(domain.to_owned()))
+    }
+}
+
+/// A port: decimal digits only, from 1 to 65535.
+fn parse_port(text: &str) -> Result<u16, EgressPatternError> {
+    text.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0 && !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| EgressPatternError::Port(text.to_owned()))
 }
 
 /// Checks one label of a host name (RFC 1123).
@@ -231,11 +295,14 @@ fn check_label(label: &str) -> Result<(), EgressPatternError> {
 }
 
 impl fmt::Display for EgressPattern {
+    /// The normal form: the host, then `:port` unless the port is 443; an IPv6 address with
+    /// a port in brackets.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            Kind::Name(name) => f.write_str(name),
-            Kind::Ip(ip) => write!(f, "{ip}"),
-            Kind::Wildcard(domain) => write!(f, "*.{domain}"),
+        match (&self.host, self.port) {
+            (Kind::Ip(IpAddr::V6(ip)), DEFAULT_PORT) => write!(f, "{ip}"),
+            (Kind::Ip(IpAddr::V6(ip)), port) => write!(f, "[{ip}]:{port}"),
+            (_, DEFAULT_PORT) => f.write_str(&self.host()),
+            (_, port) => write!(f, "{}:{port}", self.host()),
         }
     }
 }
@@ -243,8 +310,41 @@ impl fmt::Display for EgressPattern {
 text_form!(
     EgressPattern,
     EgressPatternError,
-    "an egress pattern such as \"pypi.org\" or \"*.example.com\""
+    "an egress pattern such as \"pypi.org\", \"*.example.com\" or \"example.com:8080\""
 );
+
+/// `host:port` as a member of egressAllow that allows exactly it: `pypi.org` for port 443,
+/// `pypi.org:8080`, `[::1]:8080` (`host` in normal form, an IPv6 address without brackets).
+pub fn allow_member(host: &str, port: u16) -> String {
+    match (host.contains(':'), port) {
+        (_, DEFAULT_PORT) => host.to_owned(),
+        (true, port) => format!("[{host}]:{port}"),
+        (false, port) => format!("{host}:{port}"),
+    }
+}
+
+/// The host of `text` (a name or an address, in any case, with or without a trailing dot,
+/// an IPv6 address with or without brackets; no port and no wildcard), or `None`.
+fn host_of(text: &str) -> Option<Kind> {
+    let lower = text.to_ascii_lowercase();
+    let bare = match lower.strip_prefix('[') {
+        Some(rest) => rest.strip_suffix(']')?,
+        None => lower.as_str(),
+    };
+    if let Ok(ip) = bare.parse::<Ipv6Addr>() {
+        return Some(Kind::Ip(IpAddr::V6(ip).to_canonical()));
+    }
+    if bare.len() != lower.len() || text.chars().any(char::is_whitespace) {
+        return None;
+    }
+    if text.contains(['/', '@', '?', '#']) {
+        return None;
+    }
+    match parse_host(bare, text).ok()? {
+        Kind::Wildcard(_) => None,
+        host => Some(host),
+    }
+}
 
 /// How a host is allowed by an [`EgressAllow`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,22 +386,38 @@ impl EgressAllow {
     }
 
     /// Whether `host` (a host name or an IP address, in any case, with or without a
-    /// trailing dot, an IPv6 address with or without brackets; no port) is allowed, and
-    /// how: [`EgressMatch::Literal`] when it is listed itself, [`EgressMatch::Wildcard`]
-    /// when only a wildcard covers it, `None` when nothing does or `host` is not a valid
-    /// host name or address. An IP address is allowed only when listed itself.
-    pub fn check(&self, host: &str) -> Option<EgressMatch> {
-        let host = EgressPattern::parse(host).ok()?;
-        if host.is_wildcard() {
-            return None;
-        }
-        if self.patterns.contains(&host) {
+    /// trailing dot, an IPv6 address with or without brackets; no port) is allowed on
+    /// `port`, and how: [`EgressMatch::Literal`] when it is listed itself with that port,
+    /// [`EgressMatch::Wildcard`] when only a wildcard with that port covers it, `None` when
+    /// nothing does or `host` is not a valid host name or address. An IP address is
+    /// allowed only when listed itself.
+    pub fn check(&self, host: &str, port: u16) -> Option<EgressMatch> {
+        let host = host_of(host)?;
+        let on_port = || self.patterns.iter().filter(|p| p.port == port);
+        if on_port().any(|p| p.host == host) {
             Some(EgressMatch::Literal)
-        } else if self.patterns.iter().any(|p| p.matches(&host)) {
+        } else if on_port().any(|p| p.covers(&host)) {
             Some(EgressMatch::Wildcard)
         } else {
             None
         }
+    }
+
+    /// The ports on which `host` (as for [`EgressAllow::check`]) is allowed, ascending,
+    /// each once; empty when on none.
+    pub fn ports_of(&self, host: &str) -> Vec<u16> {
+        let Some(host) = host_of(host) else {
+            return Vec::new();
+        };
+        let mut ports: Vec<u16> = self
+            .patterns
+            .iter()
+            .filter(|p| p.covers(&host))
+            .map(|p| p.port)
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
     }
 }
 
@@ -340,6 +456,16 @@ mod tests {
             ("::ffff:10.0.0.1", "10.0.0.1"),
             ("*.example.com", "*.example.com"),
             ("*.GitHubUserContent.com.", "*.githubusercontent.com"),
+            ("pypi.org:443", "pypi.org"),
+            ("PyPI.org.:8080", "pypi.org:8080"),
+            ("*.Example.com:8443", "*.example.com:8443"),
+            ("127.0.0.1:80", "127.0.0.1:80"),
+            ("127.0.0.1:443", "127.0.0.1"),
+            ("[::1]:8080", "[::1]:8080"),
+            ("[::1]:443", "::1"),
+            ("[::ffff:10.0.0.1]:5432", "10.0.0.1:5432"),
+            ("localhost:65535", "localhost:65535"),
+            ("a.org:1", "a.org:1"),
         ] {
             assert_eq!(p(text).to_string(), normal, "{text}");
         }
@@ -348,6 +474,11 @@ mod tests {
         assert_eq!(p("[::1]").ip_addr(), Some(IpAddr::V6(Ipv6Addr::LOCALHOST)));
         assert_eq!(p("example.com").ip_addr(), None);
         assert_eq!("a.b".parse::<EgressPattern>(), Ok(p("a.b")));
+        assert_eq!((p("pypi.org").port(), p("pypi.org:80").port()), (443, 80));
+        assert_eq!(p("[::1]:8080").host(), "::1");
+        assert_eq!(p("*.a.org:81").host(), "*.a.org");
+        assert_eq!(p("pypi.org:443"), p("pypi.org"));
+        assert_ne!(p("pypi.org:80"), p("pypi.org"));
     }
 
     #[test]
@@ -361,10 +492,20 @@ mod tests {
             ("user@pypi.org", E::Url),
             ("pypi.org?x", E::Url),
             ("pypi.org#x", E::Url),
-            ("pypi.org:443", E::Port),
-            ("pypi.org:", E::Port),
-            ("127.0.0.1:80", E::Port),
-            ("[::1]:443", E::Port),
+            ("pypi.org:", E::Port("".into())),
+            ("pypi.org:0", E::Port("0".into())),
+            ("pypi.org:65536", E::Port("65536".into())),
+            ("pypi.org:+443", E::Port("+443".into())),
+            ("pypi.org:https", E::Port("https".into())),
+            ("127.0.0.1:-1", E::Port("-1".into())),
+            ("[::1]:", E::Port("".into())),
+            ("[::1]:x", E::Port("x".into())),
+            ("[::1]443", E::InvalidIpv6("[::1]443".into())),
+            ("[pypi.org]:443", E::InvalidIpv6("[pypi.org]:443".into())),
+            ("*:443", E::Everything),
+            ("*.com:443", E::WildcardTooBroad),
+            ("a_b.com:443", E::InvalidLabel("a_b".into())),
+            (":443", E::Empty),
             (" pypi.org", E::Whitespace),
             ("pypi .org", E::Whitespace),
             ("pypi.org\n", E::Whitespace),
@@ -419,6 +560,7 @@ mod tests {
             p("127.0.0.1"),
             p("::1"),
         ]);
+        let check = |host: &str| allow.check(host, 443);
         for (host, expected) in [
             ("api.github.com", Some(EgressMatch::Literal)),
             ("API.GITHUB.COM.", Some(EgressMatch::Literal)),
@@ -435,32 +577,80 @@ mod tests {
             ("127.0.0.2", None),
             ("*.example.com", None),
             ("a.example.com:443", None),
+            ("[a.example.com]", None),
+            ("[::1", None),
             ("", None),
         ] {
-            assert_eq!(allow.check(host), expected, "{host:?}");
+            assert_eq!(check(host), expected, "{host:?}");
         }
         // Listed itself and covered by a wildcard: literal.
         let both = EgressAllow::new([p("*.example.com"), p("a.example.com")]);
-        assert_eq!(both.check("a.example.com"), Some(EgressMatch::Literal));
-        assert_eq!(EgressAllow::default().check("a.example.com"), None);
+        assert_eq!(both.check("a.example.com", 443), Some(EgressMatch::Literal));
+        assert_eq!(EgressAllow::default().check("a.example.com", 443), None);
         assert!(EgressAllow::default().is_empty());
+    }
+
+    /// A pattern allows its own port only: the one it names, else 443.
+    #[test]
+    fn a_pattern_allows_its_port_only() {
+        let allow = EgressAllow::new([
+            p("pypi.org"),
+            p("pypi.org:8080"),
+            p("*.example.com:8443"),
+            p("a.example.com"),
+            p("10.0.0.7:5432"),
+            p("[::1]:8080"),
+        ]);
+        for (host, port, expected) in [
+            ("pypi.org", 443, Some(EgressMatch::Literal)),
+            ("pypi.org", 8080, Some(EgressMatch::Literal)),
+            ("pypi.org", 80, None),
+            ("pypi.org", 8443, None),
+            ("b.example.com", 8443, Some(EgressMatch::Wildcard)),
+            ("b.example.com", 443, None),
+            ("a.example.com", 443, Some(EgressMatch::Literal)),
+            // Listed itself on 443 only; on 8443 a wildcard covers it.
+            ("a.example.com", 8443, Some(EgressMatch::Wildcard)),
+            ("10.0.0.7", 5432, Some(EgressMatch::Literal)),
+            ("10.0.0.7", 443, None),
+            ("::1", 8080, Some(EgressMatch::Literal)),
+            ("[::1]", 8080, Some(EgressMatch::Literal)),
+            ("::1", 443, None),
+        ] {
+            assert_eq!(allow.check(host, port), expected, "{host}:{port}");
+        }
+        assert_eq!(allow.ports_of("PyPI.org"), [443, 8080]);
+        assert_eq!(allow.ports_of("a.example.com"), [443, 8443]);
+        assert_eq!(allow.ports_of("[::1]"), [8080]);
+        assert!(allow.ports_of("evil.example").is_empty());
+        assert_eq!(allow_member("pypi.org", 443), "pypi.org");
+        assert_eq!(allow_member("pypi.org", 80), "pypi.org:80");
+        assert_eq!(allow_member("::1", 8080), "[::1]:8080");
+        assert_eq!(allow_member("::1", 443), "::1");
+        for (host, port) in [("pypi.org", 80), ("::1", 8080), ("10.0.0.7", 443)] {
+            let member = p(&allow_member(host, port));
+            assert_eq!(
+                EgressAllow::new([member]).check(host, port),
+                Some(EgressMatch::Literal)
+            );
+        }
     }
 
     #[test]
     fn an_allow_list_holds_each_pattern_once_in_order() {
-        let allow: EgressAllow = ["b.org", "A.org", "B.ORG", "a.org."]
+        let allow: EgressAllow = ["b.org", "A.org", "B.ORG:443", "a.org.", "a.org:80"]
             .iter()
             .map(|t| p(t))
             .collect();
-        assert_eq!(allow.patterns(), [p("b.org"), p("a.org")]);
+        assert_eq!(allow.patterns(), [p("b.org"), p("a.org"), p("a.org:80")]);
     }
 
     #[test]
     fn patterns_serialise_as_their_normal_form() {
-        let json = serde_json::to_string(&[p("[::1]"), p("*.Example.com")]).unwrap();
-        assert_eq!(json, r#"["::1","*.example.com"]"#);
+        let json = serde_json::to_string(&[p("[::1]"), p("*.Example.com"), p("[::1]:81")]).unwrap();
+        assert_eq!(json, r#"["::1","*.example.com","[::1]:81"]"#);
         let back: Vec<EgressPattern> = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, [p("::1"), p("*.example.com")]);
+        assert_eq!(back, [p("::1"), p("*.example.com"), p("[::1]:81")]);
         assert!(serde_json::from_str::<EgressPattern>(r#""https://x""#).is_err());
     }
 
@@ -481,14 +671,20 @@ mod tests {
             })
     }
 
+    /// Any valid pattern's host.
+    fn host() -> impl Strategy<Value = Kind> {
+        prop_oneof![
+            name().prop_map(Kind::Name),
+            (label(), name()).prop_map(|(l, n)| Kind::Wildcard(format!("{l}.{n}"))),
+            any::<Ipv4Addr>().prop_map(|ip| Kind::Ip(IpAddr::V4(ip))),
+            any::<Ipv6Addr>().prop_map(|ip| Kind::Ip(IpAddr::V6(ip).to_canonical())),
+        ]
+    }
+
     /// Any valid pattern.
     fn pattern() -> impl Strategy<Value = EgressPattern> {
-        prop_oneof![
-            name().prop_map(|n| EgressPattern(Kind::Name(n))),
-            (label(), name()).prop_map(|(l, n)| EgressPattern(Kind::Wildcard(format!("{l}.{n}")))),
-            any::<Ipv4Addr>().prop_map(|ip| EgressPattern::ip(IpAddr::V4(ip))),
-            any::<Ipv6Addr>().prop_map(|ip| EgressPattern::ip(IpAddr::V6(ip))),
-        ]
+        (host(), prop_oneof![Just(DEFAULT_PORT), 1..=u16::MAX])
+            .prop_map(|(host, port)| EgressPattern { host, port })
     }
 
     proptest! {

@@ -69,9 +69,10 @@ const COST_RULE: &str = "must be a decimal string greater than 0, such as \"5.00
 const BUDGET_RULE: &str =
     "must be a decimal string of at least 0, such as \"500.00\", with at most 9 decimals, or null";
 const EGRESS_RULE: &str = "must be an array of at most 100 host names, IP addresses or \
-     wildcards, such as [\"pypi.org\", \"*.githubusercontent.com\"]";
-const EGRESS_MEMBER_RULE: &str =
-    "must be a host name, an IP address or a wildcard such as \"*.example.com\"";
+     wildcards, each with an optional :port (443 when none), such as [\"pypi.org\", \
+     \"*.githubusercontent.com\", \"example.com:8080\"]";
+const EGRESS_MEMBER_RULE: &str = "must be a host name, an IP address or a wildcard such as \
+     \"*.example.com\", with an optional :port (443 when none)";
 
 /// Settings of one repository.
 ///
@@ -105,7 +106,8 @@ pub struct RepoSettings {
     pub monthly_budget_usd: Option<Usd>,
     /// The hosts the repository's sandboxed agents may reach through the egress proxy,
     /// besides the instance's (`AGENTRY_EGRESS_ALLOW`): at most [`MAX_EGRESS_ALLOW`]
-    /// patterns, in normal form, each once. Default: none.
+    /// patterns (`host`, `host:port`; without a port, 443 only), in normal form, each once.
+    /// Default: none.
     pub egress_allow: Vec<EgressPattern>,
     /// How many revision rounds review feedback may start on one pull request, 0–50; 0
     /// turns revisions off (docs/contract.md#57-revisions). Default 3.
@@ -843,12 +845,21 @@ mod tests {
     #[test]
     fn egress_allow_holds_normalised_patterns() {
         let set = patch(json!({"egressAllow": [
-            "PyPI.org.", "*.GitHubUserContent.com", "[::1]", "127.0.0.1", "pypi.org"
+            "PyPI.org.", "*.GitHubUserContent.com", "[::1]", "127.0.0.1", "pypi.org",
+            "pypi.org:443", "PyPI.org:8080", "[::1]:8080", "*.npmjs.org:8443"
         ]}))
         .unwrap();
         assert_eq!(
             serde_json::to_value(&set).unwrap()["egressAllow"],
-            json!(["pypi.org", "*.githubusercontent.com", "::1", "127.0.0.1"])
+            json!([
+                "pypi.org",
+                "*.githubusercontent.com",
+                "::1",
+                "127.0.0.1",
+                "pypi.org:8080",
+                "[::1]:8080",
+                "*.npmjs.org:8443"
+            ])
         );
         assert_eq!(set.validate(), Ok(()));
         let replaced = set.apply_patch(&json!({"egressAllow": ["a.org"]})).unwrap();
@@ -878,7 +889,7 @@ mod tests {
             "egressAllow[2]: a URL is not a host name; give the host only, e.g. \"pypi.org\""
         );
         for (bad, field) in [
-            (json!(["pypi.org:443"]), "egressAllow[0]"),
+            (json!(["pypi.org:0"]), "egressAllow[0]"),
             (json!(["ok.org", "*"]), "egressAllow[1]"),
             (json!(["*.com"]), "egressAllow[0]"),
             (json!(["a b"]), "egressAllow[0]"),

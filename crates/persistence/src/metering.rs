@@ -195,14 +195,27 @@ pub fn run_totals(
     Ok(totals)
 }
 
+/// The most destinations listed per run in `egress_blocked`; refusals to any further
+/// destination are summed in the run's [`OTHER_HOST`] row, so an agent trying many hosts
+/// and ports keeps the task's record small.
+pub const MAX_BLOCKED_TARGETS: usize = 32;
+
+/// The host of a run's row that sums the refusals to destinations beyond its first
+/// [`MAX_BLOCKED_TARGETS`]; its port is [`OTHER_PORT`]. Never a valid host name.
+pub const OTHER_HOST: &str = "*";
+
+/// The port of the [`OTHER_HOST`] row.
+pub const OTHER_PORT: u16 = 0;
+
 /// Connections the egress proxy refused to one destination during one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressBlocked {
     /// The run's attempt.
     pub attempt: i32,
-    /// The host asked for (a name or an IP literal).
+    /// The host asked for (a name or an IP literal), or [`OTHER_HOST`] for the
+    /// destinations beyond the run's first [`MAX_BLOCKED_TARGETS`].
     pub host: String,
-    /// The port asked for.
+    /// The port asked for ([`OTHER_PORT`] for the [`OTHER_HOST`] row).
     pub port: i32,
     /// How many attempts were refused.
     pub count: i64,
@@ -212,7 +225,32 @@ pub struct EgressBlocked {
     pub last_at: OffsetDateTime,
 }
 
-/// Counts one refused connection of a run to `host:port`.
+impl EgressBlocked {
+    /// Whether this row sums the destinations beyond the run's first
+    /// [`MAX_BLOCKED_TARGETS`].
+    pub fn is_other(&self) -> bool {
+        self.host == OTHER_HOST
+    }
+}
+
+/// Refused connections of one run to one destination, counted in memory since the last
+/// write ([`record_blocked_batch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockedTally {
+    /// The host (normal form), or [`OTHER_HOST`] for refusals the caller already counts
+    /// beyond the run's listed destinations.
+    pub host: String,
+    /// The port ([`OTHER_PORT`] with [`OTHER_HOST`]).
+    pub port: u16,
+    /// How many were refused; at least 1.
+    pub count: i64,
+    /// The first of them.
+    pub first_at: OffsetDateTime,
+    /// The last of them.
+    pub last_at: OffsetDateTime,
+}
+
+/// Counts one refused connection of a run to `host:port` ([`record_blocked_batch`] of one).
 pub fn record_blocked(
     conn: &mut AnyConnection,
     task_id: Uuid,
@@ -221,53 +259,150 @@ pub fn record_blocked(
     port: u16,
     at: OffsetDateTime,
 ) -> Result<(), DbError> {
-    let task = task_id.to_string();
-    let port = i32::from(port);
-    let at = to_db(at);
-    let count_one = |conn: &mut AnyConnection| -> Result<bool, DbError> {
-        let key = egress_blocked::table
-            .filter(egress_blocked::task_id.eq(&task))
-            .filter(egress_blocked::attempt.eq(attempt))
-            .filter(egress_blocked::host.eq(host))
-            .filter(egress_blocked::port.eq(port));
-        Ok(diesel::update(key)
-            .set((
-                egress_blocked::count.eq(egress_blocked::count + 1),
-                egress_blocked::last_at.eq(at),
-            ))
-            .execute(conn)?
-            > 0)
+    let tally = BlockedTally {
+        host: host.to_owned(),
+        port,
+        count: 1,
+        first_at: at,
+        last_at: at,
     };
-    let recorded: Result<(), DbError> = write_tx(conn, |conn| {
-        if count_one(conn)? {
-            return crate::scrape::add_blocked(conn, &task);
-        }
-        diesel::insert_into(egress_blocked::table)
-            .values((
-                egress_blocked::task_id.eq(&task),
-                egress_blocked::attempt.eq(attempt),
-                egress_blocked::host.eq(host),
-                egress_blocked::port.eq(port),
-                egress_blocked::count.eq(1_i64),
-                egress_blocked::first_at.eq(at),
-                egress_blocked::last_at.eq(at),
-            ))
-            .execute(conn)?;
-        crate::scrape::add_blocked(conn, &task)
-    });
-    match recorded {
-        // A concurrent refusal of the same destination inserted its row first: count on it.
-        Err(e) if e.is_unique_violation() => write_tx(conn, |conn| {
-            if count_one(conn)? {
-                crate::scrape::add_blocked(conn, &task)?;
-            }
-            Ok(())
-        }),
+    record_blocked_batch(conn, task_id, attempt, std::slice::from_ref(&tally))
+}
+
+/// Adds `tallies` (refused connections of one run, counted in memory) to the run's rows in
+/// one write transaction, and their sum to the repository's counter
+/// (`agentry_egress_blocked_total`). A destination already listed for the run gets its count
+/// added and its last time moved on; a new one gets a row while the run lists fewer than
+/// [`MAX_BLOCKED_TARGETS`], else its refusals join the run's [`OTHER_HOST`] row (as do
+/// tallies of [`OTHER_HOST`] itself). A tally with a count below 1 is skipped.
+pub fn record_blocked_batch(
+    conn: &mut AnyConnection,
+    task_id: Uuid,
+    attempt: i32,
+    tallies: &[BlockedTally],
+) -> Result<(), DbError> {
+    let tallies: Vec<&BlockedTally> = tallies.iter().filter(|t| t.count > 0).collect();
+    if tallies.is_empty() {
+        return Ok(());
+    }
+    let task = task_id.to_string();
+    let write = |conn: &mut AnyConnection| {
+        write_tx(conn, |conn| write_tallies(conn, &task, attempt, &tallies))
+    };
+    match write(conn) {
+        // A concurrent writer of the same run inserted a row first: count on it.
+        Err(e) if e.is_unique_violation() => write(conn),
         other => other,
     }
 }
 
-/// The refused destinations of a task's runs, by attempt, then first refusal.
+/// [`record_blocked_batch`] within the caller's transaction.
+fn write_tallies(
+    conn: &mut AnyConnection,
+    task: &str,
+    attempt: i32,
+    tallies: &[&BlockedTally],
+) -> Result<(), DbError> {
+    let run = egress_blocked::table
+        .filter(egress_blocked::task_id.eq(task))
+        .filter(egress_blocked::attempt.eq(attempt));
+    let listed: i64 = run
+        .filter(egress_blocked::host.ne(OTHER_HOST))
+        .count()
+        .get_result(conn)?;
+    let mut listed = usize::try_from(listed).unwrap_or(usize::MAX);
+    let mut other: Option<(i64, OffsetDateTime, OffsetDateTime)> = None;
+    let mut total: i64 = 0;
+    let overflow = || DbError::Conflict("refused connection count overflow".into());
+    for tally in tallies {
+        total = total.checked_add(tally.count).ok_or_else(overflow)?;
+        let is_other = tally.host == OTHER_HOST;
+        if !is_other && add_to_row(conn, task, attempt, &tally.host, tally.port, tally)? {
+            continue;
+        }
+        if !is_other && listed < MAX_BLOCKED_TARGETS {
+            insert_row(conn, task, attempt, &tally.host, tally.port, tally)?;
+            listed += 1;
+            continue;
+        }
+        other = Some(match other {
+            None => (tally.count, tally.first_at, tally.last_at),
+            Some((count, first, last)) => (
+                count.checked_add(tally.count).ok_or_else(overflow)?,
+                first.min(tally.first_at),
+                last.max(tally.last_at),
+            ),
+        });
+    }
+    if let Some((count, first_at, last_at)) = other {
+        let tally = BlockedTally {
+            host: OTHER_HOST.to_owned(),
+            port: OTHER_PORT,
+            count,
+            first_at,
+            last_at,
+        };
+        if !add_to_row(conn, task, attempt, OTHER_HOST, OTHER_PORT, &tally)? {
+            insert_row(conn, task, attempt, OTHER_HOST, OTHER_PORT, &tally)?;
+        }
+    }
+    crate::scrape::add_blocked(conn, task, total)
+}
+
+/// Adds `tally` to the run's row of `host:port`; whether there was one.
+fn add_to_row(
+    conn: &mut AnyConnection,
+    task: &str,
+    attempt: i32,
+    host: &str,
+    port: u16,
+    tally: &BlockedTally,
+) -> Result<bool, DbError> {
+    let key = egress_blocked::table
+        .filter(egress_blocked::task_id.eq(task))
+        .filter(egress_blocked::attempt.eq(attempt))
+        .filter(egress_blocked::host.eq(host))
+        .filter(egress_blocked::port.eq(i32::from(port)));
+    let updated = diesel::update(key)
+        .set((
+            egress_blocked::count.eq(egress_blocked::count + tally.count),
+            egress_blocked::last_at.eq(to_db(tally.last_at)),
+        ))
+        .execute(conn)?;
+    if updated > 0 {
+        // An earlier first time (a tally written late) moves the first time back.
+        diesel::update(key.filter(egress_blocked::first_at.gt(to_db(tally.first_at))))
+            .set(egress_blocked::first_at.eq(to_db(tally.first_at)))
+            .execute(conn)?;
+    }
+    Ok(updated > 0)
+}
+
+/// The run's new row of `host:port` with `tally`.
+fn insert_row(
+    conn: &mut AnyConnection,
+    task: &str,
+    attempt: i32,
+    host: &str,
+    port: u16,
+    tally: &BlockedTally,
+) -> Result<(), DbError> {
+    diesel::insert_into(egress_blocked::table)
+        .values((
+            egress_blocked::task_id.eq(task),
+            egress_blocked::attempt.eq(attempt),
+            egress_blocked::host.eq(host),
+            egress_blocked::port.eq(i32::from(port)),
+            egress_blocked::count.eq(tally.count),
+            egress_blocked::first_at.eq(to_db(tally.first_at)),
+            egress_blocked::last_at.eq(to_db(tally.last_at)),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The refused destinations of a task's runs, by attempt, then first refusal; each run's
+/// [`OTHER_HOST`] row last. At most [`MAX_BLOCKED_TARGETS`] + 1 rows per run.
 pub fn task_blocked(
     conn: &mut AnyConnection,
     task_id: Uuid,
@@ -275,12 +410,6 @@ pub fn task_blocked(
     type Row = (i32, String, i32, i64, PrimitiveDateTime, PrimitiveDateTime);
     let rows: Vec<Row> = egress_blocked::table
         .filter(egress_blocked::task_id.eq(task_id.to_string()))
-        .order((
-            egress_blocked::attempt.asc(),
-            egress_blocked::first_at.asc(),
-            egress_blocked::host.asc(),
-            egress_blocked::port.asc(),
-        ))
         .select((
             egress_blocked::attempt,
             egress_blocked::host,
@@ -290,7 +419,7 @@ pub fn task_blocked(
             egress_blocked::last_at,
         ))
         .load(conn)?;
-    Ok(rows
+    let mut blocked: Vec<EgressBlocked> = rows
         .into_iter()
         .map(|(attempt, host, port, count, first, last)| EgressBlocked {
             attempt,
@@ -300,7 +429,17 @@ pub fn task_blocked(
             first_at: from_db(first),
             last_at: from_db(last),
         })
-        .collect())
+        .collect();
+    blocked.sort_by(|a, b| {
+        (a.attempt, a.is_other(), a.first_at, &a.host, a.port).cmp(&(
+            b.attempt,
+            b.is_other(),
+            b.first_at,
+            &b.host,
+            b.port,
+        ))
+    });
+    Ok(blocked)
 }
 
 /// Refused connections of all runs, summed by repository URL (for the counter

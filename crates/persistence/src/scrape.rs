@@ -4,7 +4,7 @@
 //! - `run_cost_rollup`: the recorded cost of agent runs per month the run finished in,
 //!   repository, task type and run model, added to by [`crate::tasks::record_run`];
 //! - `egress_blocked_repo`: the connections the egress proxy refused, per repository URL,
-//!   added to by [`crate::metering::record_blocked`].
+//!   added to by [`crate::metering::record_blocked_batch`].
 //!
 //! A scrape reads these, the budgets and the connected repositories: its cost depends on the
 //! number of repositories, models and months, not on the number of runs.
@@ -75,9 +75,13 @@ pub(crate) fn add_run_cost(
     Ok(())
 }
 
-/// Adds one refused connection of a task's run to `egress_blocked_repo`, in the caller's
-/// transaction.
-pub(crate) fn add_blocked(conn: &mut AnyConnection, task_id: &str) -> Result<(), DbError> {
+/// Adds `count` refused connections of a task's run to `egress_blocked_repo`, in the
+/// caller's transaction.
+pub(crate) fn add_blocked(
+    conn: &mut AnyConnection,
+    task_id: &str,
+    count: i64,
+) -> Result<(), DbError> {
     let url: Option<String> = tasks::table
         .find(task_id)
         .select(tasks::repo_url)
@@ -85,8 +89,8 @@ pub(crate) fn add_blocked(conn: &mut AnyConnection, task_id: &str) -> Result<(),
         .optional()?;
     // A refusal of an unknown task fails on the ledger's own insert; nothing to count here.
     let Some(url) = url else { return Ok(()) };
-    let row = (ebr::repo_url.eq(url), ebr::count.eq(1_i64));
-    let add = ebr::count.eq(ebr::count + 1_i64);
+    let row = (ebr::repo_url.eq(url), ebr::count.eq(count));
+    let add = ebr::count.eq(ebr::count + count);
     native_execute(
         conn,
         diesel::insert_into(ebr::table)

@@ -50,7 +50,8 @@ pub struct Config {
     /// the agent's own credentials. Empty by default.
     pub agent_env: Vec<String>,
     /// `AGENTRY_EGRESS_ALLOW`: comma-separated hosts (`pypi.org`), IP addresses and
-    /// wildcards (`*.githubusercontent.com`) every sandboxed agent may reach through the
+    /// wildcards (`*.githubusercontent.com`), each with an optional port (`host:8080`,
+    /// `[::1]:8080`; 443 only when none), every sandboxed agent may reach through the
     /// egress proxy, besides its repository's `egressAllow`. In normal form, each once.
     /// Empty by default.
     pub egress_allow: Vec<EgressPattern>,
@@ -857,13 +858,22 @@ mod tests {
     fn egress_allow_lists_host_patterns() {
         let c = cfg(&[(
             "AGENTRY_EGRESS_ALLOW",
-            " PyPI.org , *.githubusercontent.com,,[::1],127.0.0.1, pypi.org ",
+            " PyPI.org , *.githubusercontent.com,,[::1],127.0.0.1, pypi.org , pypi.org:443, \
+             PyPI.org:8080, [::1]:8080, *.npmjs.org:8443",
         )])
         .unwrap();
         let shown: Vec<String> = c.egress_allow.iter().map(ToString::to_string).collect();
         assert_eq!(
             shown,
-            ["pypi.org", "*.githubusercontent.com", "::1", "127.0.0.1"]
+            [
+                "pypi.org",
+                "*.githubusercontent.com",
+                "::1",
+                "127.0.0.1",
+                "pypi.org:8080",
+                "[::1]:8080",
+                "*.npmjs.org:8443"
+            ]
         );
         assert!(
             cfg(&[("AGENTRY_EGRESS_ALLOW", " , ")])
@@ -878,7 +888,8 @@ mod tests {
                     "pypi.org, https://files.pythonhosted.org",
                     "a URL is not a host name",
                 ),
-                ("pypi.org:443", "a port is not part of a host name"),
+                ("pypi.org:0", "\"0\" is not a port"),
+                ("pypi.org:https", "\"https\" is not a port"),
                 ("*", "would allow every host"),
                 ("*.com", "a wildcard must stand for hosts below"),
                 ("pypi org", "no white space"),

@@ -17,7 +17,9 @@
 //! - Anything else (an origin-form request, `https://` without `CONNECT`, bad syntax, a
 //!   `CONNECT` without a port) answers `400`.
 //!
-//! The decision: the host must be allowed ([`EgressAllow::check`]). An IP address is
+//! The decision: the host must be allowed on the port asked for ([`EgressAllow::check`]: a
+//! pattern allows the port it names, else 443 only, so a plain `http://` request to port 80
+//! needs `host:80`). An IP address is
 //! allowed only when listed itself. A name is resolved once; when any of its addresses is
 //! not public ([`special_use`]: loopback, private, link-local, CGNAT…), the name is refused
 //! unless it is listed itself (not only covered by a wildcard). The proxy connects to the
@@ -30,6 +32,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentry_domain::egress::allow_member;
 use agentry_domain::{EgressAllow, EgressMatch, EgressPattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
@@ -112,15 +115,15 @@ impl EgressPolicy {
         ip: Option<IpAddr>,
         port: u16,
     ) -> Result<Vec<SocketAddr>, Refusal> {
-        let matched = self.allow.check(host);
+        let matched = self.allow.check(host, port);
         if let Some(ip) = ip {
             return match matched {
                 Some(EgressMatch::Literal) => Ok(vec![SocketAddr::new(ip, port)]),
-                _ => Err(Refusal::not_listed(host, port, true)),
+                _ => Err(Refusal::not_listed(&self.allow, host, port, true)),
             };
         }
         let Some(matched) = matched else {
-            return Err(Refusal::not_listed(host, port, false));
+            return Err(Refusal::not_listed(&self.allow, host, port, false));
         };
         let addrs = self
             .resolve(host, port)
@@ -131,13 +134,14 @@ impl EgressPolicy {
                 .iter()
                 .find_map(|a| special_use(a.ip()).map(|kind| (a.ip(), kind)))
         {
+            let member = allow_member(host, port);
             return Err(Refusal::Blocked {
                 why: format!("resolves to {addr} ({kind}), allowed only through a wildcard"),
                 body: format!(
                     "agentry's egress proxy refused {host}:{port}: {host} resolves to {addr}, a \
                      {kind} address, and only a wildcard of egressAllow covers it. A host that \
                      resolves to a private address must be listed by its own name: to allow \
-                     it, add \"{host}\" to the repository's egressAllow setting, or to \
+                     it, add \"{member}\" to the repository's egressAllow setting, or to \
                      AGENTRY_EGRESS_ALLOW for every repository.\n"
                 ),
             });
@@ -186,24 +190,43 @@ enum Refusal {
 }
 
 impl Refusal {
-    /// `host` is not in the allow-list.
-    fn not_listed(host: &str, port: u16, address: bool) -> Refusal {
+    /// `host` is not in the allow-list of `allow` on `port` (perhaps on other ports).
+    fn not_listed(allow: &EgressAllow, host: &str, port: u16, address: bool) -> Refusal {
+        let member = allow_member(host, port);
         let how = if address {
-            format!("add \"{host}\" itself (wildcards never cover an IP address)")
+            format!("add \"{member}\" itself (wildcards never cover an IP address)")
         } else {
             match host.split_once('.') {
                 Some((_, parent)) if parent.contains('.') => {
-                    format!("add \"{host}\" (or a wildcard such as \"*.{parent}\")")
+                    let wildcard = allow_member(&format!("*.{parent}"), port);
+                    format!("add \"{member}\" (or a wildcard such as \"{wildcard}\")")
                 }
-                _ => format!("add \"{host}\""),
+                _ => format!("add \"{member}\""),
             }
         };
+        let ports = allow.ports_of(host);
+        let (why, what) = if ports.is_empty() {
+            (
+                "not in egressAllow".to_owned(),
+                format!("{host} is not in egressAllow"),
+            )
+        } else {
+            let listed: Vec<String> = ports.iter().map(u16::to_string).collect();
+            (
+                format!("port {port} not in egressAllow"),
+                format!(
+                    "egressAllow allows {host} on port {} only (a member without a port \
+                     allows 443 only)",
+                    listed.join(", ")
+                ),
+            )
+        };
         Refusal::Blocked {
-            why: "not in egressAllow".to_owned(),
+            why,
             body: format!(
-                "agentry's egress proxy refused {host}:{port}: {host} is not in egressAllow. \
-                 To allow it, {how} to the repository's egressAllow setting, or to \
-                 AGENTRY_EGRESS_ALLOW for every repository.\n"
+                "agentry's egress proxy refused {host}:{port}: {what}. To allow it, {how} to \
+                 the repository's egressAllow setting, or to AGENTRY_EGRESS_ALLOW for every \
+                 repository.\n"
             ),
         }
     }
@@ -484,9 +507,9 @@ fn authority(text: &str, default: Option<u16>) -> Result<(String, Option<IpAddr>
     };
     let pattern = EgressPattern::parse(&host)
         .ok()
-        .filter(|p| !p.is_wildcard())
+        .filter(|p| !p.is_wildcard() && p.port() == agentry_domain::egress::DEFAULT_PORT)
         .ok_or_else(|| format!("{host:?} is not a host name or an IP address"))?;
-    Ok((pattern.to_string(), pattern.ip_addr(), port))
+    Ok((pattern.host(), pattern.ip_addr(), port))
 }
 
 /// Serves one connection.
@@ -1042,7 +1065,8 @@ mod tests {
     #[tokio::test]
     async fn connect_tunnels_to_a_literally_listed_address() {
         let origin = Origin::start().await;
-        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let listed = format!("127.0.0.1:{}", origin.port());
+        let proxy = Proxy::start(policy(&[&listed]));
         let authority = format!("127.0.0.1:{}", origin.port());
         let answer = proxy.get_from_origin(&authority).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
@@ -1060,7 +1084,8 @@ mod tests {
     #[tokio::test]
     async fn bytes_sent_with_the_connect_head_are_passed_on() {
         let origin = Origin::start().await;
-        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let listed = format!("127.0.0.1:{}", origin.port());
+        let proxy = Proxy::start(policy(&[&listed]));
         let authority = format!("127.0.0.1:{}", origin.port());
         let answer = proxy
             .exchange(
@@ -1080,7 +1105,8 @@ mod tests {
     #[tokio::test]
     async fn plain_http_is_forwarded_in_origin_form_without_proxy_fields() {
         let origin = Origin::start().await;
-        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let listed = format!("127.0.0.1:{}", origin.port());
+        let proxy = Proxy::start(policy(&[&listed]));
         let port = origin.port();
         let request = format!(
             "POST http://127.0.0.1:{port}/upload?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
@@ -1105,7 +1131,8 @@ mod tests {
     #[tokio::test]
     async fn localhost_listed_by_name_is_reached_through_both_forms() {
         let origin = Origin::start().await;
-        let proxy = Proxy::start(policy(&["localhost"]));
+        let listed = format!("localhost:{}", origin.port());
+        let proxy = Proxy::start(policy(&[&listed]));
         let authority = format!("localhost:{}", origin.port());
         proxy.get_from_origin(&authority).await;
         let answer = proxy
@@ -1122,28 +1149,61 @@ mod tests {
     #[tokio::test]
     async fn a_host_not_listed_is_refused_with_403_and_an_event() {
         let origin = Origin::start().await;
-        let proxy = Proxy::start(policy(&["pypi.org", "*.example.com"]));
+        let proxy = Proxy::start(policy(&["pypi.org", "*.example.com", "*.example.org:8443"]));
         let port = origin.port();
         let localhost = format!("CONNECT localhost:{port} HTTP/1.1\r\n\r\n");
+        let add_localhost = format!("add \"localhost:{port}\"");
         let cases: &[(&[u8], &[&str])] = &[
             (
                 localhost.as_bytes(),
-                &["localhost is not in egressAllow", "add \"localhost\""],
+                &["localhost is not in egressAllow", &add_localhost],
             ),
             (
                 b"GET http://Files.PythonHosted.org/x HTTP/1.1\r\n\r\n",
-                &["\"*.pythonhosted.org\""],
+                &[
+                    "add \"files.pythonhosted.org:80\"",
+                    "\"*.pythonhosted.org:80\"",
+                ],
             ),
             // Wildcards cover names strictly below their domain only.
-            (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", &[]),
+            (
+                b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
+                &["add \"example.com\""],
+            ),
+            // A member without a port allows 443 only; the answer says which ports are.
+            (
+                b"CONNECT pypi.org:8080 HTTP/1.1\r\n\r\n",
+                &[
+                    "egressAllow allows pypi.org on port 443 only",
+                    "add \"pypi.org:8080\"",
+                ],
+            ),
+            (
+                b"GET http://a.example.com/ HTTP/1.1\r\n\r\n",
+                &["port 443 only"],
+            ),
+            (
+                b"CONNECT a.example.org:443 HTTP/1.1\r\n\r\n",
+                &["a.example.org on port 8443 only", "add \"a.example.org\""],
+            ),
         ];
         proxy.expect(403, cases).await;
+        let on_port = |host: &str, port: u16| {
+            (
+                host.to_owned(),
+                port,
+                format!("port {port} not in egressAllow"),
+            )
+        };
         assert_eq!(
             proxy.events.events(),
             [
                 unlisted_event("localhost", port),
                 unlisted_event("files.pythonhosted.org", 80),
                 unlisted_event("example.com", 443),
+                on_port("pypi.org", 8080),
+                on_port("a.example.com", 80),
+                on_port("a.example.org", 443),
             ]
         );
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
@@ -1156,12 +1216,13 @@ mod tests {
         let origin = Origin::start().await;
         let loopback = [ip("127.0.0.1")];
         let hosts: &[(&str, &[IpAddr])] = &[("api.example.test", &loopback)];
-        let proxy = Proxy::start(policy_with_hosts(&["*.example.test"], hosts));
+        let wildcard = format!("*.example.test:{}", origin.port());
+        let proxy = Proxy::start(policy_with_hosts(&[&wildcard], hosts));
         let authority = format!("api.example.test:{}", origin.port());
         let connect = format!("CONNECT {authority} HTTP/1.1\r\n\r\n");
         let parts = [
             "resolves to 127.0.0.1, a loopback address",
-            "add \"api.example.test\"",
+            &format!("add \"api.example.test:{}\"", origin.port()),
         ];
         proxy.expect(403, &[(connect.as_bytes(), &parts)]).await;
         let events = proxy.events.events();
@@ -1173,10 +1234,7 @@ mod tests {
         assert!(events[0].2.contains("127.0.0.1 (loopback)"), "{events:?}");
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
 
-        let listed = Proxy::start(policy_with_hosts(
-            &["*.example.test", "api.example.test"],
-            hosts,
-        ));
+        let listed = Proxy::start(policy_with_hosts(&[&wildcard, &authority], hosts));
         listed.get_from_origin(&authority).await;
         assert!(listed.events.events().is_empty());
     }
@@ -1216,26 +1274,48 @@ mod tests {
     #[tokio::test]
     async fn an_unlisted_ip_literal_is_refused_before_any_connection() {
         let origin = Origin::start().await;
-        let proxy = Proxy::start(policy(&["localhost", "*.example.com", "127.0.0.2"]));
         let port = origin.port();
+        let listed = [
+            format!("localhost:{port}"),
+            "*.example.com:80".to_owned(),
+            format!("127.0.0.2:{port}"),
+            "127.0.0.1".to_owned(),
+            "169.254.169.254".to_owned(),
+        ];
+        let proxy = Proxy::start(policy(
+            &listed.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
         for request in [
             "CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n".to_owned(),
             "GET http://169.254.169.254/latest/meta-data/ HTTP/1.1\r\n\r\n".to_owned(),
             format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
             format!("GET http://[::ffff:127.0.0.1]:{port}/ HTTP/1.1\r\n\r\n"),
+            "CONNECT 127.0.0.3:443 HTTP/1.1\r\n\r\n".to_owned(),
+            "CONNECT [::1]:8080 HTTP/1.1\r\n\r\n".to_owned(),
         ] {
             let parts = ["wildcards never cover an IP address"];
             proxy.expect(403, &[(request.as_bytes(), &parts)]).await;
         }
+        let on_443_only = |host: &str, port: u16| {
+            (
+                host.to_owned(),
+                port,
+                format!("port {port} not in egressAllow"),
+            )
+        };
         assert_eq!(
             proxy.events.events(),
             [
-                unlisted_event("169.254.169.254", 80),
-                unlisted_event("169.254.169.254", 80),
-                unlisted_event("127.0.0.1", port),
-                unlisted_event("127.0.0.1", port),
+                on_443_only("169.254.169.254", 80),
+                on_443_only("169.254.169.254", 80),
+                on_443_only("127.0.0.1", port),
+                on_443_only("127.0.0.1", port),
+                unlisted_event("127.0.0.3", 443),
+                unlisted_event("::1", 8080),
             ]
         );
+        let answer = proxy.exchange(b"CONNECT [::1]:8080 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.contains("add \"[::1]:8080\" itself"), "{answer}");
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
     }
 
@@ -1282,7 +1362,8 @@ mod tests {
         let port = closed.local_addr().unwrap().port();
         drop(closed);
         let hosts: &[(&str, &[IpAddr])] = &[];
-        let proxy = Proxy::start(policy_with_hosts(&["127.0.0.1", "gone.example.com"], hosts));
+        let listed = format!("127.0.0.1:{port}");
+        let proxy = Proxy::start(policy_with_hosts(&[&listed, "gone.example.com"], hosts));
         let closed_port = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
         let cases: &[(&[u8], &[&str])] = &[
             (closed_port.as_bytes(), &[]),
@@ -1300,7 +1381,8 @@ mod tests {
     async fn aborting_the_server_closes_live_tunnels() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let proxy = Proxy::start(policy(&["127.0.0.1"]));
+        let listed = format!("127.0.0.1:{port}");
+        let proxy = Proxy::start(policy(&[&listed]));
         let mut client = tunnel(&proxy.socket, &format!("127.0.0.1:{port}")).await;
         let (mut upstream, _) = timeout(DEADLINE, listener.accept()).await.unwrap().unwrap();
         client.write_all(b"ping").await.unwrap();

@@ -11,6 +11,7 @@ import { count, moneyEl, repoName, stateBadge, stateLabel, time } from './format
 
 /** @typedef {import('../types/api').TaskDetailDto} TaskDetailDto */
 /** @typedef {import('../types/api').TaskDto} TaskDto */
+/** @typedef {import('../types/api').EgressBlockedDto} EgressBlockedDto */
 
 const LIVE = ['queued', 'provisioning', 'running'];
 const TAIL_LINES = 200;
@@ -171,6 +172,15 @@ function rounds(t) {
   return region('Revision rounds', { class: 'panel wide' }, ...parts);
 }
 
+/**
+ * Where a refused connection went: host:port ([v6]:port), or the run's row of other destinations.
+ * @param {EgressBlockedDto} b
+ */
+function destination(b) {
+  if (b.host === '*') return 'other destinations';
+  return b.host.includes(':') ? `[${b.host}]:${b.port}` : `${b.host}:${b.port}`;
+}
+
 /** @param {TaskDetailDto} t */
 function egress(t) {
   if (!t.egressBlocked || t.egressBlocked.length === 0) return null;
@@ -178,7 +188,7 @@ function egress(t) {
   return region(
     'Blocked connections',
     { class: 'panel wide' },
-    h('p', { class: 'note' }, 'The agent tried to reach these hosts; they are not in the repository’s egressAllow (or resolve to a private address).'),
+    h('p', { class: 'note' }, 'The agent tried to reach these hosts and ports; they are not in the repository’s egressAllow (a member without a port allows 443 only), or resolve to a private address. Each run lists its first 32 destinations; “other destinations” sums the rest.'),
     h(
       'div',
       { class: 'table-wrap' },
@@ -194,7 +204,7 @@ function egress(t) {
               'tr',
               {},
               h('td', { class: 'num' }, String(b.attempt)),
-              h('td', {}, `${b.host}:${b.port}`),
+              h('td', {}, destination(b)),
               h('td', { class: 'num' }, count(b.count)),
               h('td', {}, time(b.firstAt)),
               h('td', {}, time(b.lastAt)),

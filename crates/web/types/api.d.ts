@@ -232,9 +232,12 @@ export interface DailyCost {
 export interface EgressBlockedDto {
   /** The run's attempt. */
   attempt: number;
-  /** The host asked for (a name or an IP literal). */
+  /**
+   * The host asked for (a name or an IP literal), or `*` for the row that sums the
+   * run's refusals to destinations beyond its first 32.
+   */
   host: string;
-  /** The port asked for. */
+  /** The port asked for; 0 in the `*` row. */
   port: number;
   /** How many connections were refused. */
   count: number;

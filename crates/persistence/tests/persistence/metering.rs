@@ -3,7 +3,7 @@
 
 use crate::common::*;
 use agentry_domain::{AgentType, TaskState, Tokens};
-use agentry_persistence::metering::{self, ModelCall};
+use agentry_persistence::metering::{self, BlockedTally, ModelCall};
 use agentry_persistence::tasks::{self, EventKind, Run};
 use uuid::Uuid;
 
@@ -76,6 +76,54 @@ agentry_persistence::backend_tests! {
                 (2, "evil.example", 443, 1, at(7), at(7)),
             ]
         );
+    }
+
+    // A batch adds its counts in one go; a run lists at most MAX_BLOCKED_TARGETS
+    // destinations, the rest summed in its "*" row (last of the run), exactly.
+    fn refusals_are_written_in_batches_and_bounded_per_run(db) {
+        let (task, mut conn) = a_task(db);
+        let tally = |host: &str, port: u16, count: i64, first: i64, last: i64| BlockedTally {
+            host: host.into(),
+            port,
+            count,
+            first_at: at(first),
+            last_at: at(last),
+        };
+        metering::record_blocked_batch(&mut conn, task.id, 1, &[
+            tally("evil.example", 443, 20_000, 1, 2),
+            tally("a.example", 80, 0, 1, 1),
+        ]).unwrap();
+        metering::record_blocked_batch(&mut conn, task.id, 1, &[tally("evil.example", 443, 5, 3, 4)])
+            .unwrap();
+        // 40 more destinations: 31 fit beside evil.example, 9 go to the "*" row.
+        let many: Vec<BlockedTally> =
+            (0..40).map(|i| tally(&format!("h{i:02}.example"), 443, 2, 5 + i, 5 + i)).collect();
+        metering::record_blocked_batch(&mut conn, task.id, 1, &many).unwrap();
+        // Listed ones still count on their own row; new ones and "*" tallies join "*".
+        metering::record_blocked_batch(&mut conn, task.id, 1, &[
+            tally("h00.example", 443, 1, 60, 60),
+            tally("late.example", 8080, 3, 61, 62),
+            tally(metering::OTHER_HOST, metering::OTHER_PORT, 7, 63, 64),
+        ]).unwrap();
+        metering::record_blocked(&mut conn, task.id, 2, "evil.example", 443, at(70)).unwrap();
+        let blocked = metering::task_blocked(&mut conn, task.id).unwrap();
+        let first_run: Vec<_> = blocked.iter().filter(|b| b.attempt == 1).collect();
+        assert_eq!(first_run.len(), metering::MAX_BLOCKED_TARGETS + 1);
+        assert_eq!(
+            (first_run[0].host.as_str(), first_run[0].count, first_run[0].first_at, first_run[0].last_at),
+            ("evil.example", 20_005, at(1), at(4))
+        );
+        assert_eq!((first_run[1].host.as_str(), first_run[1].count), ("h00.example", 3));
+        let other = first_run.last().unwrap();
+        assert!(other.is_other());
+        assert_eq!(
+            (other.port, other.count, other.first_at, other.last_at),
+            (0, 9 * 2 + 3 + 7, at(36), at(64))
+        );
+        assert!(first_run[..first_run.len() - 1].iter().all(|b| !b.is_other()));
+        let total: i64 = first_run.iter().map(|b| b.count).sum();
+        assert_eq!(total, 20_005 + 80 + 1 + 3 + 7);
+        assert_eq!(blocked.last().map(|b| (b.attempt, b.count)), Some((2, 1)));
     }
 
     // A note changes no state: it lands in the history as from = to = the current state.
