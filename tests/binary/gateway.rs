@@ -459,6 +459,46 @@ fn provider_tools_pass_only_for_a_repository_that_allows_them() {
     assert!(reached.iter().all(|c| c.path == "/v1/messages"));
 }
 
+/// An agent floods the egress proxy with refused connects: each is counted (the task lists
+/// the exact count for the destination), the service logs a few lines, not one per connect,
+/// and the task detail stays small.
+#[test]
+fn an_agent_flooding_the_egress_proxy_is_counted_exactly_and_logged_sparingly() {
+    if !sandboxed() {
+        return;
+    }
+    const GH: &str = "ghp_EgressFloodToken0123456789abcdef";
+    const FLOOD: usize = 2000;
+    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let mut server = world.serve(false);
+    let admin = server.read_token();
+    let base = server.base.clone();
+    let repo = connect_repo(&base, &admin, GH);
+    let prompt = format!("Flood [fake:egress-flood={FLOOD}]");
+    let id = create_task(&base, &admin, &repo, "Flood", &prompt);
+    let last = ends_as(&server, &id, &admin, "pr_opened");
+    let log = text_of(&base, &format!("/api/tasks/{id}/log"), &admin);
+    assert!(log.contains(&format!("FAKE flood {FLOOD} 403\n")), "{log}");
+    let blocked = last["egressBlocked"].as_array().unwrap();
+    assert_eq!(blocked.len(), 1, "{last:#}");
+    assert_eq!(
+        (
+            &blocked[0]["host"],
+            &blocked[0]["port"],
+            &blocked[0]["count"]
+        ),
+        (&json!("flood.example"), &json!(443), &json!(FLOOD))
+    );
+    let detail = text_of(&base, &format!("/api/tasks/{id}"), &admin);
+    assert!(detail.len() < 20_000, "{} bytes", detail.len());
+    let stderr = server.stderr.so_far();
+    let lines = stderr
+        .lines()
+        .filter(|l| l.contains("egress refused"))
+        .count();
+    assert!((1..=3).contains(&lines), "{lines} lines:\n{stderr}");
+}
+
 /// Two replicas on one PostgreSQL: A's agent makes two metered calls, then A is killed
 /// (the sandbox dies with it). B recovers the task once A's lease expired; A's run
 /// directory is out of its reach, yet the lost run is recorded with both metered calls.
