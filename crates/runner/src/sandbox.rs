@@ -5,7 +5,8 @@
 //!
 //! - only an allow-list of the system, read-only, on an empty read-only root: `/usr`, `/bin`
 //!   and its siblings (symlinks where they are), the entries of `/etc` (`ETC_ENTRIES`) programs need
-//!   and the operator's `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`]); `/dev`, a
+//!   and the operator's `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`], mounted
+//!   after the sandbox's own `/tmp`, `/var/tmp` and `/run` when it lies in one); `/dev`, a
 //!   fresh `/proc`, a fresh writable `/tmp`, and `/var/tmp`, `/run` and the data directory
 //!   as empty read-only tmpfs holding only the run's mount points. Nothing else of the
 //!   machine (`/etc/default`, `/var/log`, `/home`, `/srv`, `/opt`, the service user's `HOME`)
@@ -427,8 +428,10 @@ impl Sandbox {
 
     /// This sandbox with `paths` (absolute) also visible, read-only, to every agent
     /// (`AGENTRY_SANDBOX_EXTRA_RO`: a toolchain outside `/usr`, such as `/opt/toolchain`).
-    /// Paths that do not exist, and any that is, holds or lies in the data directory, are
-    /// left out.
+    /// Paths that do not exist, any that is, holds or lies in the data directory, and any
+    /// [`extra_ro_refusal`] refuses are left out. One in `/tmp`, `/var/tmp` or `/run`
+    /// ([`REPLACED_DIRS`]) is mounted after the sandbox's own empty directory there, so
+    /// agents see it.
     pub fn with_extra_ro(self, paths: Vec<PathBuf>) -> Self {
         Sandbox {
             extra_ro: paths,
@@ -981,12 +984,53 @@ fn wrap_with_home(
     })
 }
 
+/// The directories every sandbox replaces with an empty tmpfs of its own (besides the data
+/// directory): what the operator adds in them (`AGENTRY_SANDBOX_EXTRA_RO`) is mounted after
+/// them, but none of them can be added whole.
+pub const REPLACED_DIRS: &[&str] = &["/tmp", "/var/tmp", SANDBOX_RUN];
+
+/// The directories `bwrap` makes afresh in every sandbox (`--proc`, `--dev`): nothing in
+/// them can be added.
+const FRESH_DIRS: &[&str] = &["/proc", "/dev"];
+
+/// Why `path` (absolute, as given or resolved) cannot be one of the paths the operator
+/// adds to the sandbox (`AGENTRY_SANDBOX_EXTRA_RO`), or `None` when it can, as far as the
+/// sandbox's own directories go (the data directory is checked apart): one of
+/// [`REPLACED_DIRS`] itself (agents get an empty one of their own there), anything in
+/// `/proc` or `/dev` (made afresh in each sandbox), and the directory the run's network
+/// sockets are mounted at ([`crate::network::SANDBOX_NET_DIR`]) or anything in it. A path
+/// *in* one of [`REPLACED_DIRS`] (`/tmp/toolchain`) is accepted: it is mounted after that
+/// directory's tmpfs, so agents see it.
+pub fn extra_ro_refusal(path: &Path) -> Option<String> {
+    let shown = path.display();
+    if let Some(dir) = REPLACED_DIRS.iter().find(|d| path == Path::new(d)) {
+        return Some(format!(
+            "{shown} is {dir}, which the sandbox replaces with an empty directory of its own \
+             for each agent; name the directories in it that agents need instead"
+        ));
+    }
+    if let Some(dir) = FRESH_DIRS.iter().find(|d| path.starts_with(d)) {
+        return Some(format!(
+            "{shown} lies in {dir}, which the sandbox makes afresh for each agent; nothing \
+             of the machine's {dir} can be added"
+        ));
+    }
+    let net = Path::new(crate::network::SANDBOX_NET_DIR);
+    if path.starts_with(net) {
+        return Some(format!(
+            "{shown} lies in {}, where the sandbox mounts the run's network sockets",
+            net.display()
+        ));
+    }
+    None
+}
+
 /// The empty tmpfs every sandbox gets, parents first: `/tmp` (writable), `/var/tmp`, `/run`
 /// and the data directory `root` (read-only, holding only the run's mount points, even where
 /// it lies in `/tmp`).
 fn hiding_tmpfs(root: &Path) -> Vec<PathBuf> {
-    let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", SANDBOX_RUN]
-        .into_iter()
+    let mut tmpfs: Vec<PathBuf> = REPLACED_DIRS
+        .iter()
         .map(PathBuf::from)
         .chain(std::iter::once(root.to_owned()))
         .collect();
@@ -1019,7 +1063,10 @@ fn utf8(path: &Path) -> Result<String, String> {
 
 /// Adds the mounts every sandbox starts with: the `system` allow-list ([`system_mounts`]),
 /// the hiding `tmpfs` ([`hiding_tmpfs`]; `/tmp` sized by `limits` where `features` allow)
-/// and the programs' `binds`, read-only.
+/// and the programs' `binds`, read-only. A mount of `system` in one of the `tmpfs` (an
+/// `AGENTRY_SANDBOX_EXTRA_RO` path in `/tmp`) comes after it, so that the tmpfs does not
+/// hide it; one holding a tmpfs (`/var`, holding `/var/tmp`) comes before, so that the
+/// tmpfs still hides what it replaces.
 fn push_system(
     args: &mut Vec<String>,
     system: &[(&'static str, PathBuf, PathBuf)],
@@ -1028,7 +1075,10 @@ fn push_system(
     features: BwrapFeatures,
     limits: AgentLimits,
 ) -> Result<(), String> {
-    for (option, source, dest) in system {
+    let (inside, before): (Vec<_>, Vec<_>) = system
+        .iter()
+        .partition(|(_, _, dest)| tmpfs.iter().any(|t| dest != t && dest.starts_with(t)));
+    for (option, source, dest) in before {
         args.extend([(*option).to_owned(), utf8(source)?, utf8(dest)?]);
     }
     for dir in tmpfs {
@@ -1036,6 +1086,9 @@ fn push_system(
             args.extend(["--size".to_owned(), limits.tmp_bytes.to_string()]);
         }
         args.extend(["--tmpfs".to_owned(), utf8(dir)?]);
+    }
+    for (option, source, dest) in inside {
+        args.extend([(*option).to_owned(), utf8(source)?, utf8(dest)?]);
     }
     for path in binds {
         push_bind(args, "--ro-bind", path)?;
@@ -1182,6 +1235,10 @@ fn system_mounts(
             || path.starts_with(root)
             || root.starts_with(path)
         {
+            continue;
+        }
+        if let Some(why) = extra_ro_refusal(path).or_else(|| extra_ro_refusal(&resolved)) {
+            tracing::warn!("AGENTRY_SANDBOX_EXTRA_RO: {why}; agents do not see it");
             continue;
         }
         for dest in [resolved.clone(), path.clone()] {
@@ -1553,6 +1610,64 @@ mod tests {
         )
         .unwrap_err();
         assert!(refused.contains("command is empty"), "{refused}");
+    }
+
+    /// An extra path in a directory the sandbox replaces (`/tmp`) is mounted after that
+    /// directory's tmpfs; one holding such a directory (`/var`, holding `/var/tmp`) before
+    /// it, so that the tmpfs still hides what it replaces; the replaced directories
+    /// themselves and what lies in `/proc` or `/dev` are left out.
+    #[test]
+    fn extra_paths_in_replaced_directories_come_after_them() {
+        let dir = tempfile::Builder::new()
+            .prefix("agentry-extra-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let dirs = RunDirs::new(&base.join("run"));
+        let tool = base.join("toolchain");
+        std::fs::create_dir_all(&tool).unwrap();
+        let extra = [
+            tool.clone(),
+            PathBuf::from("/var"),
+            PathBuf::from("/tmp"),
+            PathBuf::from("/proc/self"),
+        ];
+        let layout = Layout {
+            extra_ro: &extra,
+            ..dirs.layout()
+        };
+        let args = wrapped_args(Path::new("/usr/bin/bwrap"), dirs.sh_true(), layout, None);
+        let at = |needle: &str| {
+            args.find(needle)
+                .unwrap_or_else(|| panic!("no {needle:?} in {args}"))
+        };
+        let tool_bind = format!("--ro-bind {0} {0} ", tool.display());
+        assert!(at("--tmpfs /tmp ") < at(&tool_bind), "{args}");
+        assert!(
+            at("--ro-bind /var /var ") < at("--tmpfs /var/tmp "),
+            "{args}"
+        );
+        assert!(!args.contains("--ro-bind /tmp /tmp"), "{args}");
+        assert!(!args.contains("/proc/self"), "{args}");
+        for refused in [
+            "/tmp",
+            "/var/tmp",
+            "/run",
+            "/proc",
+            "/dev/shm",
+            "/run/agentry/x",
+        ] {
+            assert!(extra_ro_refusal(Path::new(refused)).is_some(), "{refused}");
+        }
+        for accepted in [
+            "/tmp/x",
+            "/var/tmp/x",
+            "/run/current-system/sw",
+            "/var",
+            "/opt",
+        ] {
+            assert_eq!(extra_ro_refusal(Path::new(accepted)), None, "{accepted}");
+        }
     }
 
     /// The limits' variables: defaults, binary suffixes, 0 for no rlimit, and a bad or too
