@@ -45,7 +45,9 @@
 //!   network or without one (then it listens on nothing) whenever the runner knows it
 //!   ([`Sandbox::with_forwarder`] or a [`crate::local::NetworkConfig`]);
 //! - a seccomp filter ([`seccomp`], `bwrap --seccomp`) refusing with `EPERM` the system
-//!   calls a coding agent never needs (mounts, namespaces, kernel modules, keyrings, `bpf`…),
+//!   calls a coding agent never needs (mounts, namespaces, kernel modules, keyrings, `bpf`,
+//!   io_uring…) and sockets of every family but `AF_UNIX`, `AF_INET`, `AF_INET6` and
+//!   `NETLINK_ROUTE` (no `AF_VSOCK`),
 //!   unless [`Sandbox::with_seccomp`] turns it off (`AGENTRY_SANDBOX_SECCOMP=off`).
 //!
 //! Killing the `bwrap` process (the pid the runner records, leader of the process group the
