@@ -445,30 +445,17 @@ impl Drop for Planted {
     }
 }
 
-/// Where a test places an `AGENTRY_SANDBOX_EXTRA_RO` directory outside `/tmp`: a fresh
-/// directory in the first of the build's temporary directory, `/srv`, `/opt` and `/var/lib`
-/// that lies outside what the sandbox replaces (`/tmp`, `/var/tmp`, `/run`) and where this
-/// user may write; `None` (with a note) where there is none.
+/// Where a test places an `AGENTRY_SANDBOX_EXTRA_RO` directory outside `/tmp`
+/// ([`agentry_testkit::dirs::outside_tmp`]); `None` (with a note) where there is none.
 fn dir_outside_tmp() -> Option<TempDir> {
-    for candidate in [env!("CARGO_TARGET_TMPDIR"), "/srv", "/opt", "/var/lib"] {
-        let Ok(resolved) = std::fs::canonicalize(candidate) else {
-            continue;
-        };
-        if agentry_runner::sandbox::REPLACED_DIRS
-            .iter()
-            .any(|d| resolved.starts_with(d))
-        {
-            continue;
-        }
-        if let Ok(dir) = tempfile::Builder::new()
-            .prefix("agentry-test-")
-            .tempdir_in(&resolved)
-        {
-            return Some(dir);
-        }
+    let dir = agentry_testkit::dirs::outside_tmp(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "agentry-test-",
+    );
+    if dir.is_none() {
+        eprintln!("note: no writable directory outside /tmp here; only /tmp's extra path is tried");
     }
-    eprintln!("note: no writable directory outside /tmp here; only /tmp's extra path is tried");
-    None
+    dir
 }
 
 /// The sandbox mounts an allow-list of the system, not all of it: a directory outside it
