@@ -10,10 +10,11 @@
 //!   fresh `/proc`, a fresh writable `/tmp`, and `/var/tmp`, `/run` and the data directory
 //!   as empty read-only tmpfs holding only the run's mount points. Nothing else of the
 //!   machine (`/etc/default`, `/var/log`, `/home`, `/srv`, `/opt`, the service user's `HOME`)
-//!   is there. The agent program comes along wherever it lives outside those: its
-//!   directory, read-only (for a program of an npm package, the `node_modules` directory it
-//!   lies in, where its platform binary is; for a script, its interpreter's directory too),
-//!   and so do the files named by the variables the operator passes to agents
+//!   is there. The agent program and the forwarder come along wherever they live outside
+//!   those, read-only and without what lies beside them: their files
+//!   (a symbolic link as a link), a script's interpreter's, and for a program of an npm
+//!   package that package's directory (where its platform binary is); and so do the files
+//!   named by the variables the operator passes to agents
 //!   (`AGENTRY_AGENT_ENV`, e.g. a CA bundle);
 //! - writable: its worktree and its run's `HOME` (`runs/<task>/<attempt>/home`), nothing
 //!   else of the data directory: not the master key, the database, the admin token, other
@@ -831,17 +832,6 @@ pub(crate) fn wrap(
     cmd: AgentCommand,
     layout: Layout<'_>,
 ) -> Result<AgentCommand, String> {
-    let service_home = std::env::var_os("HOME").map(PathBuf::from);
-    wrap_with_home(bwrap, cmd, layout, service_home.as_deref())
-}
-
-/// [`wrap`], hiding `service_home` (the service user's `HOME`).
-fn wrap_with_home(
-    bwrap: &Path,
-    cmd: AgentCommand,
-    layout: Layout<'_>,
-    service_home: Option<&Path>,
-) -> Result<AgentCommand, String> {
     let root = data_dir(layout.root)?;
     let worktree = canonical(layout.worktree)?;
     let home = canonical(layout.home)?;
@@ -850,26 +840,11 @@ fn wrap_with_home(
     // (the sandbox's root is an empty tmpfs, made read-only once its mount points exist).
     let (system, visible) = system_mounts(&root, layout.extra_ro);
     let tmpfs = hiding_tmpfs(&root);
-    // Directories never bound whole for a program lying directly in one of them.
-    let whole_refused: Vec<PathBuf> = tmpfs
-        .iter()
-        .cloned()
-        .chain(service_home.and_then(|h| std::fs::canonicalize(h).ok()))
-        .chain(service_home.map(Path::to_owned))
-        .collect();
 
     let program = resolve_program(&cmd.program, &cmd.env)?;
-    let mut program_binds: Vec<PathBuf> = Vec::new();
+    let mut program_binds: Vec<ProgramMount> = Vec::new();
     let mut bind = |what: &str, program: &Path| {
-        bind_program(
-            what,
-            program,
-            &cmd.env,
-            &root,
-            &visible,
-            &whole_refused,
-            &mut program_binds,
-        )
+        bind_program(what, program, &cmd.env, &root, &visible, &mut program_binds)
     };
     bind("the agent program", &program)?;
     let forwarder = match layout.forwarder {
@@ -900,9 +875,9 @@ fn wrap_with_home(
         if file.is_file()
             && !file.starts_with(&root)
             && !visible.iter().any(|v| file.starts_with(v))
-            && !program_binds.contains(&file)
+            && !covered(&program_binds, &file)
         {
-            program_binds.push(file);
+            program_binds.push(ProgramMount::Bind(file));
         }
     }
 
@@ -1065,7 +1040,7 @@ fn utf8(path: &Path) -> Result<String, String> {
 
 /// Adds the mounts every sandbox starts with: the `system` allow-list ([`system_mounts`]),
 /// the hiding `tmpfs` ([`hiding_tmpfs`]; `/tmp` sized by `limits` where `features` allow)
-/// and the programs' `binds`, read-only. A mount of `system` in one of the `tmpfs` (an
+/// and the programs' `binds` ([`bind_program`]), read-only. A mount of `system` in one of the `tmpfs` (an
 /// `AGENTRY_SANDBOX_EXTRA_RO` path in `/tmp`) comes after it, so that the tmpfs does not
 /// hide it; one holding a tmpfs (`/var`, holding `/var/tmp`) comes before, so that the
 /// tmpfs still hides what it replaces.
@@ -1073,7 +1048,7 @@ fn push_system(
     args: &mut Vec<String>,
     system: &[(&'static str, PathBuf, PathBuf)],
     tmpfs: &[PathBuf],
-    binds: &[PathBuf],
+    binds: &[ProgramMount],
     features: BwrapFeatures,
     limits: AgentLimits,
 ) -> Result<(), String> {
@@ -1092,8 +1067,13 @@ fn push_system(
     for (option, source, dest) in inside {
         args.extend([(*option).to_owned(), utf8(source)?, utf8(dest)?]);
     }
-    for path in binds {
-        push_bind(args, "--ro-bind", path)?;
+    for mount in binds {
+        match mount {
+            ProgramMount::Bind(path) => push_bind(args, "--ro-bind", path)?,
+            ProgramMount::Link { target, path } => {
+                args.extend(["--symlink".to_owned(), utf8(target)?, utf8(path)?]);
+            }
+        }
     }
     Ok(())
 }
@@ -1133,56 +1113,141 @@ fn seccomp_pipe(program: &[u8]) -> Result<PassedFd, String> {
     Ok(PassedFd(Arc::new(reader.into())))
 }
 
+/// What a program brings into the sandbox, read-only ([`bind_program`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProgramMount {
+    /// A file, or an npm package's directory, mounted at its own path.
+    Bind(PathBuf),
+    /// A symbolic link at `path` to `target` (a program's real file).
+    Link {
+        /// What the link points to.
+        target: PathBuf,
+        /// Where the link is.
+        path: PathBuf,
+    },
+}
+
+/// Whether `path` is shown by one of `mounts` already (a bound file or directory, or a
+/// link).
+fn covered(mounts: &[ProgramMount], path: &Path) -> bool {
+    mounts.iter().any(|mount| match mount {
+        ProgramMount::Bind(bound) => path.starts_with(bound),
+        ProgramMount::Link { path: link, .. } => link == path,
+    })
+}
+
 /// Adds to `binds` what makes `program` (`what`, for messages) runnable in the sandbox
-/// when it is not `visible` already (the system's allow-list): the program, its symlink's target and
-/// the interpreter of a script (`#!/usr/bin/env node` for an npm-installed Codex), each by
-/// its directory (the whole `node_modules` of an npm package's program, where its platform
-/// binary is), or just the file when its directory is `/`, one of `whole_refused` (`/tmp`,
-/// the service's `HOME`…) or holds the data directory (`root`). A program in the data directory is refused.
+/// when it is not `visible` already (the system's allow-list), and nothing beside it: the
+/// program's real file, and a script's interpreter's (`#!/usr/bin/env node` for an
+/// npm-installed Codex), each alone, or the directory of the npm package it lies in (the
+/// package's own `node_modules`, where an npm CLI's platform binary is, included; not the
+/// other packages beside it); and the program's path as a symbolic link to its real file
+/// when it is one (`bin/claude`), so that nothing else of its directory comes along. A
+/// program in the data directory (`root`) is refused.
 fn bind_program(
     what: &str,
     program: &Path,
     env: &[(String, String)],
     root: &Path,
     visible: &[PathBuf],
-    whole_refused: &[PathBuf],
-    binds: &mut Vec<PathBuf>,
+    binds: &mut Vec<ProgramMount>,
 ) -> Result<(), String> {
     let canonical_program = std::fs::canonicalize(program)
         .map_err(|e| format!("cannot resolve {}: {e}", program.display()))?;
-    let mut programs = vec![program.to_owned(), canonical_program.clone()];
-    if let Some(interpreter) = interpreter(&canonical_program, env) {
-        programs.push(interpreter.clone());
-        if let Ok(target) = std::fs::canonicalize(&interpreter) {
-            programs.push(target);
-        }
+    let mut programs = vec![(program.to_owned(), canonical_program.clone())];
+    if let Some(interpreter) = interpreter(&canonical_program, env)
+        && let Ok(target) = std::fs::canonicalize(&interpreter)
+    {
+        programs.push((interpreter, target));
     }
-    for path in programs {
-        if path.starts_with(root) {
-            return Err(format!(
-                "{what} {} lies in the data directory, which agents cannot see",
-                path.display()
-            ));
-        }
-        if visible.iter().any(|v| path.starts_with(v)) {
-            continue;
-        }
-        let bind = match (node_modules_of(&path), path.parent()) {
-            (Some(modules), _) if !root.starts_with(&modules) => modules,
-            (_, Some(dir))
-                if dir.parent().is_some()
-                    && !whole_refused.iter().any(|h| h == dir)
-                    && !root.starts_with(dir) =>
-            {
-                dir.to_owned()
+    for (path, target) in programs {
+        for path in [&path, &target] {
+            if path.starts_with(root) {
+                return Err(format!(
+                    "{what} {} lies in the data directory, which agents cannot see",
+                    path.display()
+                ));
             }
-            _ => path.clone(),
+        }
+        let shown = |p: &Path, binds: &[ProgramMount]| {
+            visible.iter().any(|v| p.starts_with(v)) || covered(binds, p)
         };
-        if !binds.contains(&bind) {
-            binds.push(bind);
+        if !shown(&target, binds) {
+            let bind = match package_of(&target) {
+                Some(package) if !root.starts_with(&package) => package,
+                _ => target.clone(),
+            };
+            binds.push(ProgramMount::Bind(bind));
+        }
+        // The way to it: where the path (or a symbolic link it leads through) is not shown,
+        // a link to the real file.
+        let mut hop = path;
+        for _ in 0..MAX_LINKS {
+            if hop == target {
+                break;
+            }
+            if !shown(&hop, binds) {
+                binds.push(ProgramMount::Link {
+                    target: target.clone(),
+                    path: hop,
+                });
+                break;
+            }
+            match next_hop(&hop) {
+                Some(next) => hop = next,
+                None => break,
+            }
         }
     }
     Ok(())
+}
+
+/// The most symbolic links followed from a program's path to its file (the kernel's own
+/// limit).
+const MAX_LINKS: usize = 40;
+
+/// Where the symbolic link `link` leads (its target, relative to the link's real
+/// directory), or `None` if it is not a link.
+fn next_hop(link: &Path) -> Option<PathBuf> {
+    let target = std::fs::read_link(link).ok()?;
+    if target.is_absolute() {
+        return Some(normalized(&target));
+    }
+    let dir = std::fs::canonicalize(link.parent()?).ok()?;
+    Some(normalized(&dir.join(target)))
+}
+
+/// `path` with its `.` and `..` components resolved as text.
+fn normalized(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The directory of the npm package `path` lies in: the entry of the outermost
+/// `node_modules` directory that holds it (`node_modules/name` or
+/// `node_modules/@scope/name`), if any (not a hidden entry such as `.bin`).
+fn package_of(path: &Path) -> Option<PathBuf> {
+    let modules = node_modules_of(path)?;
+    let mut rest = path.strip_prefix(&modules).ok()?.components();
+    let first = rest.next()?.as_os_str().to_str()?;
+    if first.starts_with('.') {
+        return None;
+    }
+    let mut package = modules.join(first);
+    if first.starts_with('@') {
+        package.push(rest.next()?);
+    }
+    (package != path).then_some(package)
 }
 
 /// The directory the run's network directory is mounted in (an empty read-only tmpfs).
@@ -1343,16 +1408,8 @@ mod tests {
     }
 
     /// The arguments of `bwrap` wrapping `cmd` (which must succeed), joined with spaces.
-    fn wrapped_args(
-        bwrap: &Path,
-        cmd: AgentCommand,
-        layout: Layout<'_>,
-        service_home: Option<&Path>,
-    ) -> String {
-        wrap_with_home(bwrap, cmd, layout, service_home)
-            .unwrap()
-            .args
-            .join(" ")
+    fn wrapped_args(bwrap: &Path, cmd: AgentCommand, layout: Layout<'_>) -> String {
+        wrap(bwrap, cmd, layout).unwrap().args.join(" ")
     }
 
     impl RunDirs {
@@ -1418,7 +1475,7 @@ mod tests {
         assert_eq!(SandboxMode::Off.to_string(), "off");
     }
 
-    /// A program in the service user's `HOME` still runs (its directory comes back
+    /// A program in the service user's `HOME` still runs (its file comes back
     /// read-only) but sees nothing else of that `HOME` nor of the data directory, and
     /// writes only to its worktree and its own `HOME`.
     #[test]
@@ -1463,7 +1520,7 @@ mod tests {
             ..dirs.sh_true()
         };
         let layout = dirs.layout();
-        let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
+        let wrapped = wrap(&bwrap, cmd, layout).unwrap();
         assert_eq!(wrapped.program, bwrap);
         // Nothing of the machine but what is listed: no `--ro-bind / /`, and neither the
         // service's HOME nor the data directory is mounted.
@@ -1514,8 +1571,136 @@ mod tests {
             user: None,
         };
         std::fs::copy(&program, root.join("agent")).unwrap();
-        let refused = wrap_with_home(&bwrap, inside, layout, None).unwrap_err();
+        let refused = wrap(&bwrap, inside, layout).unwrap_err();
         assert!(refused.contains("lies in the data directory"), "{refused}");
+    }
+
+    /// An npm-installed CLI as `npm install -g --prefix` lays it out (`bin/cli`, a symbolic
+    /// link into `lib/node_modules/@scope/cli`, whose platform binary is in the package's
+    /// own `node_modules`) runs in the sandbox with its platform binary, while the other
+    /// packages beside it, the files beside its link and beside the forwarder are absent.
+    #[test]
+    fn only_the_programs_files_and_their_npm_package_come_along() {
+        let Ok(bwrap) = find_bwrap() else {
+            panic!("these tests need bubblewrap (bwrap) installed");
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let prefix = base.join("agents");
+        let modules = prefix.join("lib/node_modules");
+        let package = modules.join("@acme/cli");
+        let native = package.join("node_modules/@acme/cli-linux/bin/native");
+        let write = |path: &Path, text: &str, mode: u32| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write(
+            &package.join("bin/cli.sh"),
+            r#"#!/bin/sh
+here=$(dirname "$(readlink -f "$0")")
+"$here/../node_modules/@acme/cli-linux/bin/native"
+for f in "$@"; do cat "$f" 2>/dev/null || echo "hidden $f"; done
+"#,
+            0o755,
+        );
+        write(
+            &native,
+            "#!/bin/sh
+echo native-ran
+",
+            0o755,
+        );
+        write(&modules.join("other/SECRET"), "OTHER-PACKAGE", 0o644);
+        write(&prefix.join("bin/SECRET"), "BESIDE-THE-LINK", 0o644);
+        std::os::unix::fs::symlink(
+            "../lib/node_modules/@acme/cli/bin/cli.sh",
+            prefix.join("bin/cli"),
+        )
+        .unwrap();
+        let tools = base.join("tools");
+        let forwarder = tools.join("agentry");
+        // A stand-in for the forwarder: it starts what follows its `--`.
+        write(
+            &forwarder,
+            "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n",
+            0o755,
+        );
+        write(&tools.join("SECRET"), "BESIDE-THE-FORWARDER", 0o644);
+        let dirs = RunDirs::new(&base);
+        let secrets = [
+            modules.join("other/SECRET"),
+            prefix.join("bin/SECRET"),
+            tools.join("SECRET"),
+        ];
+        let cmd = AgentCommand {
+            program: prefix.join("bin/cli"),
+            args: secrets.iter().map(|p| p.display().to_string()).collect(),
+            ..dirs.sh_true()
+        };
+        let forwarder_cmd = [forwarder.display().to_string()];
+        let layout = Layout {
+            forwarder: Some(&forwarder_cmd),
+            ..dirs.layout()
+        };
+        let wrapped = wrap(&bwrap, cmd, layout).unwrap();
+        let args = wrapped.args.join(" ");
+        assert!(
+            args.contains(&format!("--ro-bind {0} {0} ", package.display())),
+            "{args}"
+        );
+        assert!(
+            args.contains(&format!(
+                "--symlink {} {} ",
+                package.join("bin/cli.sh").display(),
+                prefix.join("bin/cli").display()
+            )),
+            "{args}"
+        );
+        assert!(
+            args.contains(&format!("--ro-bind {0} {0} ", forwarder.display())),
+            "{args}"
+        );
+        let out = std::process::Command::new(&wrapped.program)
+            .args(&wrapped.args)
+            .current_dir(&wrapped.cwd)
+            .env_clear()
+            .envs(wrapped.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let expected: String = std::iter::once("native-ran\n".to_owned())
+            .chain(secrets.iter().map(|p| format!("hidden {}\n", p.display())))
+            .collect();
+        assert_eq!(stdout, expected);
+    }
+
+    /// The npm package a path lies in: the entry of the outermost `node_modules`, scoped or
+    /// not; none outside one or in `.bin`.
+    #[test]
+    fn the_package_of_a_path_is_the_outermost_node_modules_entry() {
+        let package = |p: &str| package_of(Path::new(p)).map(|p| p.display().to_string());
+        assert_eq!(
+            package("/p/lib/node_modules/@openai/codex/node_modules/@openai/codex-linux-x64/vendor/codex")
+                .as_deref(),
+            Some("/p/lib/node_modules/@openai/codex")
+        );
+        assert_eq!(
+            package("/p/lib/node_modules/left-pad/index.js").as_deref(),
+            Some("/p/lib/node_modules/left-pad")
+        );
+        assert_eq!(package("/p/node_modules/.bin/claude"), None);
+        assert_eq!(package("/p/node_modules/@scope"), None);
+        assert_eq!(package("/usr/local/bin/claude"), None);
+        assert_eq!(
+            normalized(Path::new("/a/b/../../c/./d")),
+            PathBuf::from("/c/d")
+        );
     }
 
     /// With a network, the sandbox gets its own namespace, the run's network directory
@@ -1542,15 +1727,20 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let args = wrapped_args(bwrap, cmd.clone(), layout, Some(&service_home));
+        let args = wrapped_args(bwrap, cmd.clone(), layout);
         assert!(args.contains("--unshare-net"), "{args}");
         let net_bind = format!("--ro-bind {} /run/agentry", net.display());
         let run_tmpfs = args.find("--tmpfs /run ").unwrap();
         let bound = args.find(&net_bind).unwrap();
         let run_ro = args.find("--remount-ro /run ").unwrap();
         assert!(run_tmpfs < bound && bound < run_ro, "{args}");
+        // The forwarder's file alone, not its directory.
         assert!(
-            args.contains(&format!("--ro-bind {} {}", bin.display(), bin.display())),
+            args.contains(&format!("--ro-bind {0} {0} ", forwarder.display())),
+            "{args}"
+        );
+        assert!(
+            !args.contains(&format!("--ro-bind {0} {0} ", bin.display())),
             "{args}"
         );
         let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
@@ -1573,7 +1763,6 @@ mod tests {
                 forwarder: None,
                 ..layout
             },
-            Some(&service_home),
         );
         assert!(
             !plain.contains("--unshare-net") && !plain.contains("/run/agentry"),
@@ -1587,28 +1776,26 @@ mod tests {
         // A forwarder in the data directory is refused, as an empty forwarder command.
         let inside = [root.join("agentry").display().to_string()];
         std::fs::copy(&forwarder, root.join("agentry")).unwrap();
-        let refused = wrap_with_home(
+        let refused = wrap(
             bwrap,
             cmd.clone(),
             Layout {
                 forwarder: Some(&inside),
                 ..layout
             },
-            Some(&service_home),
         )
         .unwrap_err();
         assert!(
             refused.contains("the network forwarder") && refused.contains("data directory"),
             "{refused}"
         );
-        let refused = wrap_with_home(
+        let refused = wrap(
             bwrap,
             cmd,
             Layout {
                 forwarder: Some(&[]),
                 ..layout
             },
-            Some(&service_home),
         )
         .unwrap_err();
         assert!(refused.contains("command is empty"), "{refused}");
@@ -1638,7 +1825,7 @@ mod tests {
             extra_ro: &extra,
             ..dirs.layout()
         };
-        let args = wrapped_args(Path::new("/usr/bin/bwrap"), dirs.sh_true(), layout, None);
+        let args = wrapped_args(Path::new("/usr/bin/bwrap"), dirs.sh_true(), layout);
         let at = |needle: &str| {
             args.find(needle)
                 .unwrap_or_else(|| panic!("no {needle:?} in {args}"))
@@ -1763,7 +1950,7 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let args = wrapped_args(bwrap, cmd.clone(), layout, None);
+        let args = wrapped_args(bwrap, cmd.clone(), layout);
         let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
         assert!(
             args.ends_with(&format!(
@@ -1784,7 +1971,6 @@ mod tests {
                 features: BwrapFeatures::default(),
                 ..layout
             },
-            None,
         );
         assert!(
             !plain.contains("--size") && !plain.contains("--unshare-user"),
@@ -1792,7 +1978,7 @@ mod tests {
         );
         // A network without a forwarder is refused.
         std::fs::create_dir_all(&dirs.net).unwrap();
-        let refused = wrap_with_home(
+        let refused = wrap(
             bwrap,
             cmd,
             Layout {
@@ -1800,7 +1986,6 @@ mod tests {
                 forwarder: None,
                 ..layout
             },
-            None,
         )
         .unwrap_err();
         assert!(refused.contains("needs the network forwarder"), "{refused}");

@@ -796,3 +796,51 @@ async fn a_bwrap_without_network_namespaces_is_refused_with_the_reason() {
         "{refused}"
     );
 }
+
+/// Of the agent program and the forwarder (the agentry binary), the sandbox shows their
+/// files, not their directories: a file placed beside the forwarder (in the build's
+/// directory, wherever it lies) and one beside the agent are not readable, and listing the
+/// forwarder's directory shows the forwarder alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_beside_the_forwarder_and_the_agent_are_not_visible() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let rig = Rig::new();
+    let tag = Uuid::new_v4().simple().to_string();
+    let forwarder = std::fs::canonicalize(crate::limits::FORWARDER).unwrap();
+    let forwarder_dir = forwarder.parent().unwrap().to_owned();
+    let mut planted = Planted(Vec::new());
+    let beside_forwarder = forwarder_dir.join(format!("agentry-test-beside-{tag}"));
+    assert!(planted.plant(beside_forwarder.clone(), None, &format!("BESIDE-{tag}")));
+    let beside_agent = rig.dir().join(format!("beside-agent-{tag}"));
+    assert!(planted.plant(beside_agent.clone(), None, &format!("AGENT-SIDE-{tag}")));
+    let program = crate::limits::agent(
+        &rig,
+        "lister",
+        &format!(
+            r#"echo "forwarder-dir $(ls -A '{dir}' 2>&1 | tr '\n' ' ')"
+echo "beside-forwarder $(cat '{forwarder_side}' 2>/dev/null || echo hidden)"
+echo "beside-agent $(cat '{agent_side}' 2>/dev/null || echo hidden)"
+"#,
+            dir = forwarder_dir.display(),
+            forwarder_side = beside_forwarder.display(),
+            agent_side = beside_agent.display(),
+        ),
+    );
+    let execution = crate::limits::probe_run(
+        &rig,
+        Sandbox::new(SandboxMode::Auto),
+        &program,
+        "List the directories",
+    )
+    .await;
+    let reported = |key: &str| crate::limits::reported(&execution, key).to_owned();
+    assert_eq!(reported("beside-forwarder"), "hidden");
+    assert_eq!(reported("beside-agent"), "hidden");
+    assert_eq!(
+        reported("forwarder-dir").trim_end(),
+        forwarder.file_name().unwrap().to_str().unwrap()
+    );
+    assert!(!execution.output.contains(&tag), "{}", execution.output);
+}
