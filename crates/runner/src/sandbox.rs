@@ -983,19 +983,21 @@ pub fn extra_ro_refusal(path: &Path) -> Option<String> {
     if let Some(dir) = REPLACED_DIRS.iter().find(|d| path == Path::new(d)) {
         return Some(format!(
             "{shown} is {dir}, which the sandbox replaces with an empty directory of its own \
-             for each agent; name the directories in it that agents need instead"
+             for each agent, so agents could never see it; name the directories in it that \
+             agents need instead"
         ));
     }
     if let Some(dir) = FRESH_DIRS.iter().find(|d| path.starts_with(d)) {
         return Some(format!(
-            "{shown} lies in {dir}, which the sandbox makes afresh for each agent; nothing \
-             of the machine's {dir} can be added"
+            "{shown} lies in {dir}, which the sandbox makes afresh for each agent, so agents \
+             could never see it"
         ));
     }
     let net = Path::new(crate::network::SANDBOX_NET_DIR);
     if path.starts_with(net) {
         return Some(format!(
-            "{shown} lies in {}, where the sandbox mounts the run's network sockets",
+            "{shown} lies in {}, where the sandbox mounts the run's network sockets, so \
+             agents could never see it",
             net.display()
         ));
     }
@@ -1305,7 +1307,7 @@ fn system_mounts(
             continue;
         }
         if let Some(why) = extra_ro_refusal(path).or_else(|| extra_ro_refusal(&resolved)) {
-            tracing::warn!("AGENTRY_SANDBOX_EXTRA_RO: {why}; agents do not see it");
+            tracing::warn!("AGENTRY_SANDBOX_EXTRA_RO: {why}; left out");
             continue;
         }
         for dest in [resolved.clone(), path.clone()] {

@@ -504,7 +504,7 @@ fn sandbox_extra_ro(text: &str, data_dir: &std::path::Path) -> Result<Vec<PathBu
                 .as_deref()
                 .and_then(agentry_runner::sandbox::extra_ro_refusal)
         }) {
-            return Err(format!("{why}, so agents could never see it"));
+            return Err(why);
         }
         if resolved.is_none() {
             tracing::warn!(
