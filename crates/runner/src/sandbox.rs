@@ -846,7 +846,7 @@ pub(crate) fn wrap(
     let mut bind = |what: &str, program: &Path| {
         bind_program(what, program, &cmd.env, &root, &visible, &mut program_binds)
     };
-    bind("the agent program", &program)?;
+    let program = bind("the agent program", &program)?;
     let forwarder = match layout.forwarder {
         None => None,
         Some(command) => {
@@ -855,7 +855,7 @@ pub(crate) fn wrap(
                 .ok_or_else(|| "the network forwarder's command is empty".to_owned())?;
             let forwarder = resolve_program(Path::new(first), &cmd.env)
                 .map_err(|e| format!("the network forwarder: {e}"))?;
-            bind("the network forwarder", &forwarder)?;
+            let forwarder = bind("the network forwarder", &forwarder)?;
             Some((forwarder, leading))
         }
     };
@@ -1145,7 +1145,9 @@ fn covered(mounts: &[ProgramMount], path: &Path) -> bool {
 /// package's own `node_modules`, where an npm CLI's platform binary is, included; not the
 /// other packages beside it); and the program's path as a symbolic link to its real file
 /// when it is one (`bin/claude`), so that nothing else of its directory comes along. A
-/// program in the data directory (`root`) is refused.
+/// program in the data directory (`root`) is refused. Returns the path to start the
+/// program by inside the sandbox: `program` without its `.` and `..` components (whose
+/// directories, `crates/api/..`, are not in the sandbox).
 fn bind_program(
     what: &str,
     program: &Path,
@@ -1153,7 +1155,7 @@ fn bind_program(
     root: &Path,
     visible: &[PathBuf],
     binds: &mut Vec<ProgramMount>,
-) -> Result<(), String> {
+) -> Result<PathBuf, String> {
     let canonical_program = std::fs::canonicalize(program)
         .map_err(|e| format!("cannot resolve {}: {e}", program.display()))?;
     let mut programs = vec![(program.to_owned(), canonical_program.clone())];
@@ -1183,7 +1185,7 @@ fn bind_program(
         }
         // The way to it: where the path (or a symbolic link it leads through) is not shown,
         // a link to the real file.
-        let mut hop = path;
+        let mut hop = normalized(&path);
         for _ in 0..MAX_LINKS {
             if hop == target {
                 break;
@@ -1201,7 +1203,7 @@ fn bind_program(
             }
         }
     }
-    Ok(())
+    Ok(normalized(program))
 }
 
 /// The most symbolic links followed from a program's path to its file (the kernel's own
@@ -1635,12 +1637,14 @@ echo native-ran
             prefix.join("bin/SECRET"),
             tools.join("SECRET"),
         ];
+        // Given with `..` (as a test's `crates/api/../runner/…`), through directories the
+        // sandbox does not have.
         let cmd = AgentCommand {
-            program: prefix.join("bin/cli"),
+            program: prefix.join("lib/../bin/cli"),
             args: secrets.iter().map(|p| p.display().to_string()).collect(),
             ..dirs.sh_true()
         };
-        let forwarder_cmd = [forwarder.display().to_string()];
+        let forwarder_cmd = [base.join("agents/../tools/agentry").display().to_string()];
         let layout = Layout {
             forwarder: Some(&forwarder_cmd),
             ..dirs.layout()
@@ -1663,6 +1667,8 @@ echo native-ran
             args.contains(&format!("--ro-bind {0} {0} ", forwarder.display())),
             "{args}"
         );
+        // Started by their paths without `..`, which the sandbox has.
+        assert!(!args.contains("/.."), "{args}");
         let out = std::process::Command::new(&wrapped.program)
             .args(&wrapped.args)
             .current_dir(&wrapped.cwd)
