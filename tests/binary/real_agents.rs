@@ -9,8 +9,9 @@
 //!
 //! A test whose CLI is not given says so and passes, unless
 //! `AGENTRY_TEST_REQUIRE_REAL_AGENTS=1` (CI), which makes that a failure. The data directory
-//! lives under `CARGO_TARGET_TMPDIR`, not `/tmp`: Codex refuses to create its helper
-//! binaries with a `HOME` under a temporary directory.
+//! lives outside `/tmp` ([`agentry_testkit::dirs::outside_tmp`]: under `CARGO_TARGET_TMPDIR`
+//! unless the build itself lies in `/tmp`): Codex refuses to create its helper binaries
+//! with a `HOME` under a temporary directory.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -87,7 +88,12 @@ impl Rig {
         let github = FakeGitHub::start();
         github.add_token(GH, "agentry-bot");
         github.add_repo(OWNER, NAME, "main");
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        // Outside the temporary directory wherever the build lies (see the module docs).
+        let dir = agentry_testkit::dirs::outside_tmp(
+            Path::new(env!("CARGO_TARGET_TMPDIR")),
+            "real-agents-",
+        )
+        .expect("a directory outside /tmp where this user may write, for Codex's HOME");
         let source = source_repo(dir.path());
         github.set_clone_url(OWNER, NAME, source.to_str().unwrap());
         let (bin_var, other_var) = match agent {

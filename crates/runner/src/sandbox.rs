@@ -5,14 +5,16 @@
 //!
 //! - only an allow-list of the system, read-only, on an empty read-only root: `/usr`, `/bin`
 //!   and its siblings (symlinks where they are), the entries of `/etc` (`ETC_ENTRIES`) programs need
-//!   and the operator's `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`]); `/dev`, a
+//!   and the operator's `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`], mounted
+//!   after the sandbox's own `/tmp`, `/var/tmp` and `/run` when it lies in one); `/dev`, a
 //!   fresh `/proc`, a fresh writable `/tmp`, and `/var/tmp`, `/run` and the data directory
 //!   as empty read-only tmpfs holding only the run's mount points. Nothing else of the
 //!   machine (`/etc/default`, `/var/log`, `/home`, `/srv`, `/opt`, the service user's `HOME`)
-//!   is there. The agent program comes along wherever it lives outside those: its
-//!   directory, read-only (for a program of an npm package, the `node_modules` directory it
-//!   lies in, where its platform binary is; for a script, its interpreter's directory too),
-//!   and so do the files named by the variables the operator passes to agents
+//!   is there. The agent program and the forwarder come along wherever they live outside
+//!   those, read-only and without what lies beside them: their files
+//!   (a symbolic link as a link), a script's interpreter's, and for a program of an npm
+//!   package that package's directory (where its platform binary is); and so do the files
+//!   named by the variables the operator passes to agents
 //!   (`AGENTRY_AGENT_ENV`, e.g. a CA bundle);
 //! - writable: its worktree and its run's `HOME` (`runs/<task>/<attempt>/home`), nothing
 //!   else of the data directory: not the master key, the database, the admin token, other
@@ -44,7 +46,9 @@
 //!   network or without one (then it listens on nothing) whenever the runner knows it
 //!   ([`Sandbox::with_forwarder`] or a [`crate::local::NetworkConfig`]);
 //! - a seccomp filter ([`seccomp`], `bwrap --seccomp`) refusing with `EPERM` the system
-//!   calls a coding agent never needs (mounts, namespaces, kernel modules, keyrings, `bpf`…),
+//!   calls a coding agent never needs (mounts, namespaces, kernel modules, keyrings, `bpf`,
+//!   io_uring…) and sockets of every family but `AF_UNIX`, `AF_INET`, `AF_INET6` and
+//!   `NETLINK_ROUTE` (no `AF_VSOCK`),
 //!   unless [`Sandbox::with_seccomp`] turns it off (`AGENTRY_SANDBOX_SECCOMP=off`).
 //!
 //! Killing the `bwrap` process (the pid the runner records, leader of the process group the
@@ -427,8 +431,10 @@ impl Sandbox {
 
     /// This sandbox with `paths` (absolute) also visible, read-only, to every agent
     /// (`AGENTRY_SANDBOX_EXTRA_RO`: a toolchain outside `/usr`, such as `/opt/toolchain`).
-    /// Paths that do not exist, and any that is, holds or lies in the data directory, are
-    /// left out.
+    /// Paths that do not exist, any that is, holds or lies in the data directory, and any
+    /// [`extra_ro_refusal`] refuses are left out. One in `/tmp`, `/var/tmp` or `/run`
+    /// ([`REPLACED_DIRS`]) is mounted after the sandbox's own empty directory there, so
+    /// agents see it.
     pub fn with_extra_ro(self, paths: Vec<PathBuf>) -> Self {
         Sandbox {
             extra_ro: paths,
@@ -826,17 +832,6 @@ pub(crate) fn wrap(
     cmd: AgentCommand,
     layout: Layout<'_>,
 ) -> Result<AgentCommand, String> {
-    let service_home = std::env::var_os("HOME").map(PathBuf::from);
-    wrap_with_home(bwrap, cmd, layout, service_home.as_deref())
-}
-
-/// [`wrap`], hiding `service_home` (the service user's `HOME`).
-fn wrap_with_home(
-    bwrap: &Path,
-    cmd: AgentCommand,
-    layout: Layout<'_>,
-    service_home: Option<&Path>,
-) -> Result<AgentCommand, String> {
     let root = data_dir(layout.root)?;
     let worktree = canonical(layout.worktree)?;
     let home = canonical(layout.home)?;
@@ -845,28 +840,13 @@ fn wrap_with_home(
     // (the sandbox's root is an empty tmpfs, made read-only once its mount points exist).
     let (system, visible) = system_mounts(&root, layout.extra_ro);
     let tmpfs = hiding_tmpfs(&root);
-    // Directories never bound whole for a program lying directly in one of them.
-    let whole_refused: Vec<PathBuf> = tmpfs
-        .iter()
-        .cloned()
-        .chain(service_home.and_then(|h| std::fs::canonicalize(h).ok()))
-        .chain(service_home.map(Path::to_owned))
-        .collect();
 
     let program = resolve_program(&cmd.program, &cmd.env)?;
-    let mut program_binds: Vec<PathBuf> = Vec::new();
+    let mut program_binds: Vec<ProgramMount> = Vec::new();
     let mut bind = |what: &str, program: &Path| {
-        bind_program(
-            what,
-            program,
-            &cmd.env,
-            &root,
-            &visible,
-            &whole_refused,
-            &mut program_binds,
-        )
+        bind_program(what, program, &cmd.env, &root, &visible, &mut program_binds)
     };
-    bind("the agent program", &program)?;
+    let program = bind("the agent program", &program)?;
     let forwarder = match layout.forwarder {
         None => None,
         Some(command) => {
@@ -875,7 +855,7 @@ fn wrap_with_home(
                 .ok_or_else(|| "the network forwarder's command is empty".to_owned())?;
             let forwarder = resolve_program(Path::new(first), &cmd.env)
                 .map_err(|e| format!("the network forwarder: {e}"))?;
-            bind("the network forwarder", &forwarder)?;
+            let forwarder = bind("the network forwarder", &forwarder)?;
             Some((forwarder, leading))
         }
     };
@@ -895,9 +875,9 @@ fn wrap_with_home(
         if file.is_file()
             && !file.starts_with(&root)
             && !visible.iter().any(|v| file.starts_with(v))
-            && !program_binds.contains(&file)
+            && !covered(&program_binds, &file)
         {
-            program_binds.push(file);
+            program_binds.push(ProgramMount::Bind(file));
         }
     }
 
@@ -981,12 +961,55 @@ fn wrap_with_home(
     })
 }
 
+/// The directories every sandbox replaces with an empty tmpfs of its own (besides the data
+/// directory): what the operator adds in them (`AGENTRY_SANDBOX_EXTRA_RO`) is mounted after
+/// them, but none of them can be added whole.
+pub const REPLACED_DIRS: &[&str] = &["/tmp", "/var/tmp", SANDBOX_RUN];
+
+/// The directories `bwrap` makes afresh in every sandbox (`--proc`, `--dev`): nothing in
+/// them can be added.
+const FRESH_DIRS: &[&str] = &["/proc", "/dev"];
+
+/// Why `path` (absolute, as given or resolved) cannot be one of the paths the operator
+/// adds to the sandbox (`AGENTRY_SANDBOX_EXTRA_RO`), or `None` when it can, as far as the
+/// sandbox's own directories go (the data directory is checked apart): one of
+/// [`REPLACED_DIRS`] itself (agents get an empty one of their own there), anything in
+/// `/proc` or `/dev` (made afresh in each sandbox), and the directory the run's network
+/// sockets are mounted at ([`crate::network::SANDBOX_NET_DIR`]) or anything in it. A path
+/// *in* one of [`REPLACED_DIRS`] (`/tmp/toolchain`) is accepted: it is mounted after that
+/// directory's tmpfs, so agents see it.
+pub fn extra_ro_refusal(path: &Path) -> Option<String> {
+    let shown = path.display();
+    if let Some(dir) = REPLACED_DIRS.iter().find(|d| path == Path::new(d)) {
+        return Some(format!(
+            "{shown} is {dir}, which the sandbox replaces with an empty directory of its own \
+             for each agent, so agents could never see it; name the directories in it that \
+             agents need instead"
+        ));
+    }
+    if let Some(dir) = FRESH_DIRS.iter().find(|d| path.starts_with(d)) {
+        return Some(format!(
+            "{shown} lies in {dir}, which the sandbox makes afresh for each agent, so agents \
+             could never see it"
+        ));
+    }
+    let net = Path::new(crate::network::SANDBOX_NET_DIR);
+    if path.starts_with(net) {
+        return Some(format!(
+            "{shown} lies in {}, where the sandbox mounts the run's network sockets, so \
+             agents could never see it",
+            net.display()
+        ));
+    }
+    None
+}
+
 /// The empty tmpfs every sandbox gets, parents first: `/tmp` (writable), `/var/tmp`, `/run`
 /// and the data directory `root` (read-only, holding only the run's mount points, even where
 /// it lies in `/tmp`).
 fn hiding_tmpfs(root: &Path) -> Vec<PathBuf> {
-    let mut tmpfs: Vec<PathBuf> = ["/tmp", "/var/tmp", SANDBOX_RUN]
-        .into_iter()
+    let mut tmpfs: Vec<PathBuf> = REPLACED_DIRS
+        .iter()
         .map(PathBuf::from)
         .chain(std::iter::once(root.to_owned()))
         .collect();
@@ -1019,16 +1042,22 @@ fn utf8(path: &Path) -> Result<String, String> {
 
 /// Adds the mounts every sandbox starts with: the `system` allow-list ([`system_mounts`]),
 /// the hiding `tmpfs` ([`hiding_tmpfs`]; `/tmp` sized by `limits` where `features` allow)
-/// and the programs' `binds`, read-only.
+/// and the programs' `binds` ([`bind_program`]), read-only. A mount of `system` in one of the `tmpfs` (an
+/// `AGENTRY_SANDBOX_EXTRA_RO` path in `/tmp`) comes after it, so that the tmpfs does not
+/// hide it; one holding a tmpfs (`/var`, holding `/var/tmp`) comes before, so that the
+/// tmpfs still hides what it replaces.
 fn push_system(
     args: &mut Vec<String>,
     system: &[(&'static str, PathBuf, PathBuf)],
     tmpfs: &[PathBuf],
-    binds: &[PathBuf],
+    binds: &[ProgramMount],
     features: BwrapFeatures,
     limits: AgentLimits,
 ) -> Result<(), String> {
-    for (option, source, dest) in system {
+    let (inside, before): (Vec<_>, Vec<_>) = system
+        .iter()
+        .partition(|(_, _, dest)| tmpfs.iter().any(|t| dest != t && dest.starts_with(t)));
+    for (option, source, dest) in before {
         args.extend([(*option).to_owned(), utf8(source)?, utf8(dest)?]);
     }
     for dir in tmpfs {
@@ -1037,8 +1066,16 @@ fn push_system(
         }
         args.extend(["--tmpfs".to_owned(), utf8(dir)?]);
     }
-    for path in binds {
-        push_bind(args, "--ro-bind", path)?;
+    for (option, source, dest) in inside {
+        args.extend([(*option).to_owned(), utf8(source)?, utf8(dest)?]);
+    }
+    for mount in binds {
+        match mount {
+            ProgramMount::Bind(path) => push_bind(args, "--ro-bind", path)?,
+            ProgramMount::Link { target, path } => {
+                args.extend(["--symlink".to_owned(), utf8(target)?, utf8(path)?]);
+            }
+        }
     }
     Ok(())
 }
@@ -1078,56 +1115,143 @@ fn seccomp_pipe(program: &[u8]) -> Result<PassedFd, String> {
     Ok(PassedFd(Arc::new(reader.into())))
 }
 
+/// What a program brings into the sandbox, read-only ([`bind_program`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProgramMount {
+    /// A file, or an npm package's directory, mounted at its own path.
+    Bind(PathBuf),
+    /// A symbolic link at `path` to `target` (a program's real file).
+    Link {
+        /// What the link points to.
+        target: PathBuf,
+        /// Where the link is.
+        path: PathBuf,
+    },
+}
+
+/// Whether `path` is shown by one of `mounts` already (a bound file or directory, or a
+/// link).
+fn covered(mounts: &[ProgramMount], path: &Path) -> bool {
+    mounts.iter().any(|mount| match mount {
+        ProgramMount::Bind(bound) => path.starts_with(bound),
+        ProgramMount::Link { path: link, .. } => link == path,
+    })
+}
+
 /// Adds to `binds` what makes `program` (`what`, for messages) runnable in the sandbox
-/// when it is not `visible` already (the system's allow-list): the program, its symlink's target and
-/// the interpreter of a script (`#!/usr/bin/env node` for an npm-installed Codex), each by
-/// its directory (the whole `node_modules` of an npm package's program, where its platform
-/// binary is), or just the file when its directory is `/`, one of `whole_refused` (`/tmp`,
-/// the service's `HOME`…) or holds the data directory (`root`). A program in the data directory is refused.
+/// when it is not `visible` already (the system's allow-list), and nothing beside it: the
+/// program's real file, and a script's interpreter's (`#!/usr/bin/env node` for an
+/// npm-installed Codex), each alone, or the directory of the npm package it lies in (the
+/// package's own `node_modules`, where an npm CLI's platform binary is, included; not the
+/// other packages beside it); and the program's path as a symbolic link to its real file
+/// when it is one (`bin/claude`), so that nothing else of its directory comes along. A
+/// program in the data directory (`root`) is refused. Returns the path to start the
+/// program by inside the sandbox: `program` without its `.` and `..` components (whose
+/// directories, `crates/api/..`, are not in the sandbox).
 fn bind_program(
     what: &str,
     program: &Path,
     env: &[(String, String)],
     root: &Path,
     visible: &[PathBuf],
-    whole_refused: &[PathBuf],
-    binds: &mut Vec<PathBuf>,
-) -> Result<(), String> {
+    binds: &mut Vec<ProgramMount>,
+) -> Result<PathBuf, String> {
     let canonical_program = std::fs::canonicalize(program)
         .map_err(|e| format!("cannot resolve {}: {e}", program.display()))?;
-    let mut programs = vec![program.to_owned(), canonical_program.clone()];
-    if let Some(interpreter) = interpreter(&canonical_program, env) {
-        programs.push(interpreter.clone());
-        if let Ok(target) = std::fs::canonicalize(&interpreter) {
-            programs.push(target);
-        }
+    let mut programs = vec![(program.to_owned(), canonical_program.clone())];
+    if let Some(interpreter) = interpreter(&canonical_program, env)
+        && let Ok(target) = std::fs::canonicalize(&interpreter)
+    {
+        programs.push((interpreter, target));
     }
-    for path in programs {
-        if path.starts_with(root) {
-            return Err(format!(
-                "{what} {} lies in the data directory, which agents cannot see",
-                path.display()
-            ));
-        }
-        if visible.iter().any(|v| path.starts_with(v)) {
-            continue;
-        }
-        let bind = match (node_modules_of(&path), path.parent()) {
-            (Some(modules), _) if !root.starts_with(&modules) => modules,
-            (_, Some(dir))
-                if dir.parent().is_some()
-                    && !whole_refused.iter().any(|h| h == dir)
-                    && !root.starts_with(dir) =>
-            {
-                dir.to_owned()
+    for (path, target) in programs {
+        for path in [&path, &target] {
+            if path.starts_with(root) {
+                return Err(format!(
+                    "{what} {} lies in the data directory, which agents cannot see",
+                    path.display()
+                ));
             }
-            _ => path.clone(),
+        }
+        let shown = |p: &Path, binds: &[ProgramMount]| {
+            visible.iter().any(|v| p.starts_with(v)) || covered(binds, p)
         };
-        if !binds.contains(&bind) {
-            binds.push(bind);
+        if !shown(&target, binds) {
+            let bind = match package_of(&target) {
+                Some(package) if !root.starts_with(&package) => package,
+                _ => target.clone(),
+            };
+            binds.push(ProgramMount::Bind(bind));
+        }
+        // The way to it: where the path (or a symbolic link it leads through) is not shown,
+        // a link to the real file.
+        let mut hop = normalized(&path);
+        for _ in 0..MAX_LINKS {
+            if hop == target {
+                break;
+            }
+            if !shown(&hop, binds) {
+                binds.push(ProgramMount::Link {
+                    target: target.clone(),
+                    path: hop,
+                });
+                break;
+            }
+            match next_hop(&hop) {
+                Some(next) => hop = next,
+                None => break,
+            }
         }
     }
-    Ok(())
+    Ok(normalized(program))
+}
+
+/// The most symbolic links followed from a program's path to its file (the kernel's own
+/// limit).
+const MAX_LINKS: usize = 40;
+
+/// Where the symbolic link `link` leads (its target, relative to the link's real
+/// directory), or `None` if it is not a link.
+fn next_hop(link: &Path) -> Option<PathBuf> {
+    let target = std::fs::read_link(link).ok()?;
+    if target.is_absolute() {
+        return Some(normalized(&target));
+    }
+    let dir = std::fs::canonicalize(link.parent()?).ok()?;
+    Some(normalized(&dir.join(target)))
+}
+
+/// `path` with its `.` and `..` components resolved as text.
+fn normalized(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The directory of the npm package `path` lies in: the entry of the outermost
+/// `node_modules` directory that holds it (`node_modules/name` or
+/// `node_modules/@scope/name`), if any (not a hidden entry such as `.bin`).
+fn package_of(path: &Path) -> Option<PathBuf> {
+    let modules = node_modules_of(path)?;
+    let mut rest = path.strip_prefix(&modules).ok()?.components();
+    let first = rest.next()?.as_os_str().to_str()?;
+    if first.starts_with('.') {
+        return None;
+    }
+    let mut package = modules.join(first);
+    if first.starts_with('@') {
+        package.push(rest.next()?);
+    }
+    (package != path).then_some(package)
 }
 
 /// The directory the run's network directory is mounted in (an empty read-only tmpfs).
@@ -1182,6 +1306,10 @@ fn system_mounts(
             || path.starts_with(root)
             || root.starts_with(path)
         {
+            continue;
+        }
+        if let Some(why) = extra_ro_refusal(path).or_else(|| extra_ro_refusal(&resolved)) {
+            tracing::warn!("AGENTRY_SANDBOX_EXTRA_RO: {why}; left out");
             continue;
         }
         for dest in [resolved.clone(), path.clone()] {
@@ -1284,16 +1412,8 @@ mod tests {
     }
 
     /// The arguments of `bwrap` wrapping `cmd` (which must succeed), joined with spaces.
-    fn wrapped_args(
-        bwrap: &Path,
-        cmd: AgentCommand,
-        layout: Layout<'_>,
-        service_home: Option<&Path>,
-    ) -> String {
-        wrap_with_home(bwrap, cmd, layout, service_home)
-            .unwrap()
-            .args
-            .join(" ")
+    fn wrapped_args(bwrap: &Path, cmd: AgentCommand, layout: Layout<'_>) -> String {
+        wrap(bwrap, cmd, layout).unwrap().args.join(" ")
     }
 
     impl RunDirs {
@@ -1359,7 +1479,7 @@ mod tests {
         assert_eq!(SandboxMode::Off.to_string(), "off");
     }
 
-    /// A program in the service user's `HOME` still runs (its directory comes back
+    /// A program in the service user's `HOME` still runs (its file comes back
     /// read-only) but sees nothing else of that `HOME` nor of the data directory, and
     /// writes only to its worktree and its own `HOME`.
     #[test]
@@ -1404,7 +1524,7 @@ mod tests {
             ..dirs.sh_true()
         };
         let layout = dirs.layout();
-        let wrapped = wrap_with_home(&bwrap, cmd, layout, Some(&service_home)).unwrap();
+        let wrapped = wrap(&bwrap, cmd, layout).unwrap();
         assert_eq!(wrapped.program, bwrap);
         // Nothing of the machine but what is listed: no `--ro-bind / /`, and neither the
         // service's HOME nor the data directory is mounted.
@@ -1455,8 +1575,140 @@ mod tests {
             user: None,
         };
         std::fs::copy(&program, root.join("agent")).unwrap();
-        let refused = wrap_with_home(&bwrap, inside, layout, None).unwrap_err();
+        let refused = wrap(&bwrap, inside, layout).unwrap_err();
         assert!(refused.contains("lies in the data directory"), "{refused}");
+    }
+
+    /// An npm-installed CLI as `npm install -g --prefix` lays it out (`bin/cli`, a symbolic
+    /// link into `lib/node_modules/@scope/cli`, whose platform binary is in the package's
+    /// own `node_modules`) runs in the sandbox with its platform binary, while the other
+    /// packages beside it, the files beside its link and beside the forwarder are absent.
+    #[test]
+    fn only_the_programs_files_and_their_npm_package_come_along() {
+        let Ok(bwrap) = find_bwrap() else {
+            panic!("these tests need bubblewrap (bwrap) installed");
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let prefix = base.join("agents");
+        let modules = prefix.join("lib/node_modules");
+        let package = modules.join("@acme/cli");
+        let native = package.join("node_modules/@acme/cli-linux/bin/native");
+        let write = |path: &Path, text: &str, mode: u32| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write(
+            &package.join("bin/cli.sh"),
+            r#"#!/bin/sh
+here=$(dirname "$(readlink -f "$0")")
+"$here/../node_modules/@acme/cli-linux/bin/native"
+for f in "$@"; do cat "$f" 2>/dev/null || echo "hidden $f"; done
+"#,
+            0o755,
+        );
+        write(
+            &native,
+            "#!/bin/sh
+echo native-ran
+",
+            0o755,
+        );
+        write(&modules.join("other/SECRET"), "OTHER-PACKAGE", 0o644);
+        write(&prefix.join("bin/SECRET"), "BESIDE-THE-LINK", 0o644);
+        std::os::unix::fs::symlink(
+            "../lib/node_modules/@acme/cli/bin/cli.sh",
+            prefix.join("bin/cli"),
+        )
+        .unwrap();
+        let tools = base.join("tools");
+        let forwarder = tools.join("agentry");
+        // A stand-in for the forwarder: it starts what follows its `--`.
+        write(
+            &forwarder,
+            "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n",
+            0o755,
+        );
+        write(&tools.join("SECRET"), "BESIDE-THE-FORWARDER", 0o644);
+        let dirs = RunDirs::new(&base);
+        let secrets = [
+            modules.join("other/SECRET"),
+            prefix.join("bin/SECRET"),
+            tools.join("SECRET"),
+        ];
+        // Given with `..` (as a test's `crates/api/../runner/…`), through directories the
+        // sandbox does not have.
+        let cmd = AgentCommand {
+            program: prefix.join("lib/../bin/cli"),
+            args: secrets.iter().map(|p| p.display().to_string()).collect(),
+            ..dirs.sh_true()
+        };
+        let forwarder_cmd = [base.join("agents/../tools/agentry").display().to_string()];
+        let layout = Layout {
+            forwarder: Some(&forwarder_cmd),
+            ..dirs.layout()
+        };
+        let wrapped = wrap(&bwrap, cmd, layout).unwrap();
+        let args = wrapped.args.join(" ");
+        assert!(
+            args.contains(&format!("--ro-bind {0} {0} ", package.display())),
+            "{args}"
+        );
+        assert!(
+            args.contains(&format!(
+                "--symlink {} {} ",
+                package.join("bin/cli.sh").display(),
+                prefix.join("bin/cli").display()
+            )),
+            "{args}"
+        );
+        assert!(
+            args.contains(&format!("--ro-bind {0} {0} ", forwarder.display())),
+            "{args}"
+        );
+        // Started by their paths without `..`, which the sandbox has.
+        assert!(!args.contains("/.."), "{args}");
+        let out = std::process::Command::new(&wrapped.program)
+            .args(&wrapped.args)
+            .current_dir(&wrapped.cwd)
+            .env_clear()
+            .envs(wrapped.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let expected: String = std::iter::once("native-ran\n".to_owned())
+            .chain(secrets.iter().map(|p| format!("hidden {}\n", p.display())))
+            .collect();
+        assert_eq!(stdout, expected);
+    }
+
+    /// The npm package a path lies in: the entry of the outermost `node_modules`, scoped or
+    /// not; none outside one or in `.bin`.
+    #[test]
+    fn the_package_of_a_path_is_the_outermost_node_modules_entry() {
+        let package = |p: &str| package_of(Path::new(p)).map(|p| p.display().to_string());
+        assert_eq!(
+            package("/p/lib/node_modules/@openai/codex/node_modules/@openai/codex-linux-x64/vendor/codex")
+                .as_deref(),
+            Some("/p/lib/node_modules/@openai/codex")
+        );
+        assert_eq!(
+            package("/p/lib/node_modules/left-pad/index.js").as_deref(),
+            Some("/p/lib/node_modules/left-pad")
+        );
+        assert_eq!(package("/p/node_modules/.bin/claude"), None);
+        assert_eq!(package("/p/node_modules/@scope"), None);
+        assert_eq!(package("/usr/local/bin/claude"), None);
+        assert_eq!(
+            normalized(Path::new("/a/b/../../c/./d")),
+            PathBuf::from("/c/d")
+        );
     }
 
     /// With a network, the sandbox gets its own namespace, the run's network directory
@@ -1483,15 +1735,20 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let args = wrapped_args(bwrap, cmd.clone(), layout, Some(&service_home));
+        let args = wrapped_args(bwrap, cmd.clone(), layout);
         assert!(args.contains("--unshare-net"), "{args}");
         let net_bind = format!("--ro-bind {} /run/agentry", net.display());
         let run_tmpfs = args.find("--tmpfs /run ").unwrap();
         let bound = args.find(&net_bind).unwrap();
         let run_ro = args.find("--remount-ro /run ").unwrap();
         assert!(run_tmpfs < bound && bound < run_ro, "{args}");
+        // The forwarder's file alone, not its directory.
         assert!(
-            args.contains(&format!("--ro-bind {} {}", bin.display(), bin.display())),
+            args.contains(&format!("--ro-bind {0} {0} ", forwarder.display())),
+            "{args}"
+        );
+        assert!(
+            !args.contains(&format!("--ro-bind {0} {0} ", bin.display())),
             "{args}"
         );
         let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
@@ -1514,7 +1771,6 @@ mod tests {
                 forwarder: None,
                 ..layout
             },
-            Some(&service_home),
         );
         assert!(
             !plain.contains("--unshare-net") && !plain.contains("/run/agentry"),
@@ -1528,31 +1784,87 @@ mod tests {
         // A forwarder in the data directory is refused, as an empty forwarder command.
         let inside = [root.join("agentry").display().to_string()];
         std::fs::copy(&forwarder, root.join("agentry")).unwrap();
-        let refused = wrap_with_home(
+        let refused = wrap(
             bwrap,
             cmd.clone(),
             Layout {
                 forwarder: Some(&inside),
                 ..layout
             },
-            Some(&service_home),
         )
         .unwrap_err();
         assert!(
             refused.contains("the network forwarder") && refused.contains("data directory"),
             "{refused}"
         );
-        let refused = wrap_with_home(
+        let refused = wrap(
             bwrap,
             cmd,
             Layout {
                 forwarder: Some(&[]),
                 ..layout
             },
-            Some(&service_home),
         )
         .unwrap_err();
         assert!(refused.contains("command is empty"), "{refused}");
+    }
+
+    /// An extra path in a directory the sandbox replaces (`/tmp`) is mounted after that
+    /// directory's tmpfs; one holding such a directory (`/var`, holding `/var/tmp`) before
+    /// it, so that the tmpfs still hides what it replaces; the replaced directories
+    /// themselves and what lies in `/proc` or `/dev` are left out.
+    #[test]
+    fn extra_paths_in_replaced_directories_come_after_them() {
+        let dir = tempfile::Builder::new()
+            .prefix("agentry-extra-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let dirs = RunDirs::new(&base.join("run"));
+        let tool = base.join("toolchain");
+        std::fs::create_dir_all(&tool).unwrap();
+        let extra = [
+            tool.clone(),
+            PathBuf::from("/var"),
+            PathBuf::from("/tmp"),
+            PathBuf::from("/proc/self"),
+        ];
+        let layout = Layout {
+            extra_ro: &extra,
+            ..dirs.layout()
+        };
+        let args = wrapped_args(Path::new("/usr/bin/bwrap"), dirs.sh_true(), layout);
+        let at = |needle: &str| {
+            args.find(needle)
+                .unwrap_or_else(|| panic!("no {needle:?} in {args}"))
+        };
+        let tool_bind = format!("--ro-bind {0} {0} ", tool.display());
+        assert!(at("--tmpfs /tmp ") < at(&tool_bind), "{args}");
+        assert!(
+            at("--ro-bind /var /var ") < at("--tmpfs /var/tmp "),
+            "{args}"
+        );
+        assert!(!args.contains("--ro-bind /tmp /tmp"), "{args}");
+        assert!(!args.contains("/proc/self"), "{args}");
+        for refused in [
+            "/tmp",
+            "/var/tmp",
+            "/run",
+            "/proc",
+            "/dev/shm",
+            "/run/agentry/x",
+        ] {
+            assert!(extra_ro_refusal(Path::new(refused)).is_some(), "{refused}");
+        }
+        for accepted in [
+            "/tmp/x",
+            "/var/tmp/x",
+            "/run/current-system/sw",
+            "/var",
+            "/opt",
+        ] {
+            assert_eq!(extra_ro_refusal(Path::new(accepted)), None, "{accepted}");
+        }
     }
 
     /// The limits' variables: defaults, binary suffixes, 0 for no rlimit, and a bad or too
@@ -1646,7 +1958,7 @@ mod tests {
             ..dirs.layout()
         };
         let bwrap = Path::new("/usr/bin/bwrap");
-        let args = wrapped_args(bwrap, cmd.clone(), layout, None);
+        let args = wrapped_args(bwrap, cmd.clone(), layout);
         let sh = resolve_program(Path::new("sh"), &cmd.env).unwrap();
         assert!(
             args.ends_with(&format!(
@@ -1667,7 +1979,6 @@ mod tests {
                 features: BwrapFeatures::default(),
                 ..layout
             },
-            None,
         );
         assert!(
             !plain.contains("--size") && !plain.contains("--unshare-user"),
@@ -1675,7 +1986,7 @@ mod tests {
         );
         // A network without a forwarder is refused.
         std::fs::create_dir_all(&dirs.net).unwrap();
-        let refused = wrap_with_home(
+        let refused = wrap(
             bwrap,
             cmd,
             Layout {
@@ -1683,7 +1994,6 @@ mod tests {
                 forwarder: None,
                 ..layout
             },
-            None,
         )
         .unwrap_err();
         assert!(refused.contains("needs the network forwarder"), "{refused}");

@@ -475,8 +475,10 @@ fn upstream(
 /// them without being listed (listed, they would reach every agent).
 /// The paths of `AGENTRY_SANDBOX_EXTRA_RO` (`text`, colon-separated, empty entries
 /// skipped): each absolute, none the data directory `data_dir`, in it or holding it (also
-/// once symlinks are resolved). One that does not exist is accepted with a warning (it is
-/// left out of the sandbox until it does).
+/// once symlinks are resolved), none a directory the sandbox replaces itself or one in
+/// `/proc` or `/dev` ([`agentry_runner::sandbox::extra_ro_refusal`]; one *in* `/tmp` is
+/// accepted: agents see it over their own `/tmp`). One that does not exist is accepted with
+/// a warning (it is left out of the sandbox until it does).
 fn sandbox_extra_ro(text: &str, data_dir: &std::path::Path) -> Result<Vec<PathBuf>, String> {
     let resolved_data = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
     let mut paths = Vec::new();
@@ -497,6 +499,13 @@ fn sandbox_extra_ro(text: &str, data_dir: &std::path::Path) -> Result<Vec<PathBu
                  never see",
                 data_dir.display()
             ));
+        }
+        if let Some(why) = agentry_runner::sandbox::extra_ro_refusal(&path).or_else(|| {
+            resolved
+                .as_deref()
+                .and_then(agentry_runner::sandbox::extra_ro_refusal)
+        }) {
+            return Err(why);
         }
         if resolved.is_none() {
             tracing::warn!(
@@ -1015,6 +1024,46 @@ mod tests {
             .unwrap_err();
             assert_eq!(err.name, "AGENTRY_SANDBOX_EXTRA_RO", "{bad}");
         }
+        // What the sandbox replaces with its own: refused with the path and why. A path in
+        // /tmp, /var/tmp or /run is accepted (agents see it over their own directory).
+        for (bad, why) in [
+            ("/tmp", "/tmp is /tmp, which the sandbox replaces"),
+            (
+                "/var/tmp/",
+                "/var/tmp/ is /var/tmp, which the sandbox replaces",
+            ),
+            ("/run", "/run is /run, which the sandbox replaces"),
+            (
+                "/proc/self",
+                "/proc/self lies in /proc, which the sandbox makes afresh",
+            ),
+            ("/dev/shm", "/dev/shm lies in /dev"),
+            (
+                "/run/agentry/x",
+                "where the sandbox mounts the run's network sockets",
+            ),
+        ] {
+            let err = cfg(&[
+                ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
+                ("AGENTRY_SANDBOX_EXTRA_RO", &format!("/opt/toolchain:{bad}")),
+            ])
+            .unwrap_err();
+            assert_eq!(err.name, "AGENTRY_SANDBOX_EXTRA_RO", "{bad}");
+            assert!(
+                err.message.contains(why) && err.message.contains("agents could never see it"),
+                "{bad}: {}",
+                err.message
+            );
+        }
+        let c = cfg(&[
+            ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
+            (
+                "AGENTRY_SANDBOX_EXTRA_RO",
+                "/tmp/toolchain:/var/tmp/cache:/run/current-system/sw",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.runs.sandbox_extra_ro.len(), 3);
     }
 
     /// `AGENTRY_AGENT_ENV` lists the variables passed to agents; agentry's own settings,

@@ -2,6 +2,8 @@
 //!
 //! * [`SplitMix64`]: the one small deterministic generator behind seeded test data and the
 //!   fake GitHub's fault injection, so that every failure is reproducible from its seed;
+//! * [`dirs::outside_tmp`]: a test directory outside `/tmp` and `$TMPDIR`, wherever the
+//!   build lies;
 //! * [`git`]: the real `git` with no user or system configuration, and a bare source
 //!   repository with a README committed on `main` ([`git::seeded_bare`],
 //!   [`git::source_repo`]) for runs against a local clone URL;
@@ -23,6 +25,7 @@
 //! (`agentry-service`'s and `agentry-api`'s test binaries take them in as modules): this
 //! crate cannot depend on the service, since the fake GitHub depends on this crate.
 
+pub mod dirs;
 pub mod git;
 pub mod http;
 pub mod json;

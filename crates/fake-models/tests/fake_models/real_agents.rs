@@ -2,8 +2,9 @@
 //! (`AGENTRY_TEST_CODEX_BIN`). A test whose CLI is not set says so and passes, unless
 //! `AGENTRY_TEST_REQUIRE_REAL_AGENTS=1`, which makes that a failure.
 //!
-//! Each run gets a scratch `HOME` and a scratch git repository under `CARGO_TARGET_TMPDIR`
-//! (Codex cannot create its helper binaries with a `HOME` under `/tmp`).
+//! Each run gets a scratch `HOME` and a scratch git repository outside `/tmp` wherever the
+//! build lies ([`agentry_testkit::dirs::outside_tmp`]; Codex cannot create its helper
+//! binaries with a `HOME` under `/tmp`).
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -58,10 +59,13 @@ struct Workspace {
 
 impl Workspace {
     fn new(with_feature: bool) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("fake-models-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap();
+        // Outside the temporary directory wherever the build lies: Codex will not create
+        // its helper binaries with a HOME under it.
+        let dir = agentry_testkit::dirs::outside_tmp(
+            Path::new(env!("CARGO_TARGET_TMPDIR")),
+            "fake-models-",
+        )
+        .expect("a directory outside /tmp where this user may write, for Codex's HOME");
         let home = dir.path().join("home");
         let repo = dir.path().join("repo");
         std::fs::create_dir_all(&home).unwrap();

@@ -125,7 +125,7 @@ impl GitJail {
         let git = resolve_program(Path::new("git"), &env)
             .map_err(|e| format!("git for the commit: {e}"))?;
         let mut binds = Vec::new();
-        bind_program("git", &git, &env, &root, &visible, &tmpfs, &mut binds)?;
+        let git = bind_program("git", &git, &env, &root, &visible, &mut binds)?;
         let forwarder = match forwarder {
             None => Vec::new(),
             Some(command) => {
@@ -134,15 +134,8 @@ impl GitJail {
                     .ok_or_else(|| "the forwarder's command is empty".to_owned())?;
                 let program = resolve_program(Path::new(first), &env)
                     .map_err(|e| format!("the forwarder: {e}"))?;
-                bind_program(
-                    "the forwarder",
-                    &program,
-                    &env,
-                    &root,
-                    &visible,
-                    &tmpfs,
-                    &mut binds,
-                )?;
+                let program =
+                    bind_program("the forwarder", &program, &env, &root, &visible, &mut binds)?;
                 let mut line = vec![utf8(&program)?];
                 line.extend(leading.iter().cloned());
                 let max_processes = match limits.max_processes {

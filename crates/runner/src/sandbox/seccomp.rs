@@ -24,11 +24,20 @@
 //! | `open_by_handle_at`, `name_to_handle_at` | Opening files by handle bypasses the mount view (a known container escape). |
 //! | `process_vm_readv`, `process_vm_writev` | Reading and writing another process's memory; no coding tool needs it (samplers such as `py-spy` fail). |
 //! | `fanotify_init` | Watching whole filesystems (tools use `inotify`, which stays allowed). |
+//! | `socket`, `socketpair` of any family but `AF_UNIX`, `AF_INET`, `AF_INET6` and `AF_NETLINK` ([`KEPT_FAMILIES`]); `socket` of `AF_NETLINK` with any protocol but `NETLINK_ROUTE` | `AF_VSOCK` reaches the hypervisor's side of a virtual machine, which the network namespace does not isolate; `AF_PACKET`, `AF_ALG`, `AF_KEY`, Bluetooth, CAN, TIPC, RDS, XDP and the rest are kernel attack surface no coding tool needs. |
+//! | `io_uring_setup`, `io_uring_enter`, `io_uring_register` | io_uring performs system calls (`socket` among them) without passing through this filter; libuv (Node.js) falls back to its thread pool when `io_uring_setup` fails, as in Docker's default profile. |
+//!
+//! The kept families, and why: `AF_UNIX` (local IPC: the forwarder's sockets, git, npm, language
+//! servers), `AF_INET` and `AF_INET6` (the model gateway and the egress proxy on the
+//! sandbox's loopback, test servers on `127.0.0.1`/`::1`) and `AF_NETLINK` with
+//! `NETLINK_ROUTE` only, which glibc's `getaddrinfo` (`AI_ADDRCONFIG`), `getifaddrs`
+//! (Node.js's `os.networkInterfaces()`, Python's `socket.if_nameindex()`) and `ip` use to
+//! read the namespace's own interfaces; other netlink protocols (audit, uevents, socket
+//! diagnostics, netfilter) are refused.
 //!
 //! Allowed on purpose, because real tools need them (Node.js, which both agent CLIs are,
 //! git, npm, Python, `cargo test`, debugging):
 //!
-//! - `io_uring_setup`, `io_uring_enter`, `io_uring_register`: libuv (Node.js) uses io_uring.
 //! - `ptrace`: `strace`, `gdb` and AddressSanitizer's leak checker (which stops the
 //!   process's threads with `ptrace`) need it. The sandbox's pid namespace confines it to
 //!   the sandbox's own processes, of the same user, without capabilities.
@@ -45,7 +54,7 @@
 
 use std::collections::BTreeMap;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
 
 /// The refused calls of this architecture, by name and number.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -96,7 +105,31 @@ const REFUSED: &[(&str, i64)] = &[
     ("process_vm_readv", libc::SYS_process_vm_readv),
     ("process_vm_writev", libc::SYS_process_vm_writev),
     ("fanotify_init", libc::SYS_fanotify_init),
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
 ];
+
+/// The socket families an agent may create sockets of (`socket`, `socketpair`); every other
+/// fails with `EPERM`. `AF_NETLINK` only with the protocol `NETLINK_ROUTE` (for `socket`).
+pub const KEPT_FAMILIES: &[(&str, i32)] = &[
+    ("AF_UNIX", libc::AF_UNIX),
+    ("AF_INET", libc::AF_INET),
+    ("AF_INET6", libc::AF_INET6),
+    ("AF_NETLINK", libc::AF_NETLINK),
+];
+
+/// The calls refused only for some arguments: `socket` and `socketpair` of a family not in
+/// [`KEPT_FAMILIES`], and `socket` of `AF_NETLINK` but for `NETLINK_ROUTE`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const FAMILY_CALLS: &[(&str, i64, bool)] = &[
+    ("socket", libc::SYS_socket, true),
+    ("socketpair", libc::SYS_socketpair, false),
+];
+
+/// None where there is no filter.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const FAMILY_CALLS: &[(&str, i64, bool)] = &[];
 
 /// No refused calls where there is no filter.
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -114,6 +147,10 @@ const X32_OWN: &[i64] = &[
     540, // process_vm_writev
 ];
 
+/// No x32 ABI elsewhere.
+#[cfg(not(target_arch = "x86_64"))]
+const X32_OWN: &[i64] = &[];
+
 /// The names of the calls the filter refuses on this architecture (none where there is no
 /// filter).
 pub fn refused_calls() -> Vec<&'static str> {
@@ -128,19 +165,66 @@ pub fn supported() -> bool {
 /// The call numbers the filter refuses: [`refused_calls`]' and, on x86_64, their x32
 /// numbers.
 fn refused_numbers() -> Vec<i64> {
-    #[allow(unused_mut, reason = "only x86_64 adds the x32 numbers")]
-    let mut numbers: Vec<i64> = REFUSED.iter().map(|(_, nr)| *nr).collect();
+    with_x32(REFUSED.iter().map(|(_, nr)| *nr).collect(), X32_OWN)
+}
+
+/// `numbers` and, on x86_64, their x32 numbers and the x32 ABI's `own` numbers.
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(
+        unused_mut,
+        unused_variables,
+        reason = "only x86_64 adds the x32 numbers"
+    )
+)]
+fn with_x32(mut numbers: Vec<i64>, own: &[i64]) -> Vec<i64> {
     #[cfg(target_arch = "x86_64")]
     {
-        let x32: Vec<i64> = REFUSED
+        let x32: Vec<i64> = numbers
             .iter()
-            .map(|(_, nr)| *nr)
-            .chain(X32_OWN.iter().copied())
+            .copied()
+            .chain(own.iter().copied())
             .map(|nr| nr | X32_BIT)
             .collect();
         numbers.extend(x32);
     }
     numbers
+}
+
+/// The rules of a call refused for some arguments ([`FAMILY_CALLS`]): its family (the
+/// first argument, an `int`) none of [`KEPT_FAMILIES`]; and, with `netlink`, the family
+/// `AF_NETLINK` with a protocol (the third argument) other than `NETLINK_ROUTE`.
+fn family_rules(netlink: bool) -> Result<Vec<SeccompRule>, String> {
+    use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition};
+    let condition = |arg: u8, op: SeccompCmpOp, value: i32| {
+        SeccompCondition::new(
+            arg,
+            SeccompCmpArgLen::Dword,
+            op,
+            u64::from(value.cast_unsigned()),
+        )
+        .map_err(|e| format!("the sandbox's seccomp filter: {e}"))
+    };
+    let mut rules = vec![
+        KEPT_FAMILIES
+            .iter()
+            .map(|(_, family)| condition(0, SeccompCmpOp::Ne, *family))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|c| {
+                SeccompRule::new(c).map_err(|e| format!("the sandbox's seccomp filter: {e}"))
+            })?,
+    ];
+    if netlink {
+        let conditions = vec![
+            condition(0, SeccompCmpOp::Eq, libc::AF_NETLINK)?,
+            condition(2, SeccompCmpOp::Ne, libc::NETLINK_ROUTE)?,
+        ];
+        rules.push(
+            SeccompRule::new(conditions)
+                .map_err(|e| format!("the sandbox's seccomp filter: {e}"))?,
+        );
+    }
+    Ok(rules)
 }
 
 /// The filter for this architecture as `bwrap --seccomp` reads it: the raw array of
@@ -159,10 +243,15 @@ pub fn program() -> Result<Vec<u8>, String> {
     }
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| format!("no seccomp filter for {}: {e}", std::env::consts::ARCH))?;
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = refused_numbers()
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = refused_numbers()
         .into_iter()
         .map(|nr| (nr, Vec::new()))
         .collect();
+    for (_, nr, netlink) in FAMILY_CALLS {
+        for nr in with_x32(vec![*nr], &[]) {
+            rules.insert(nr, family_rules(*netlink)?);
+        }
+    }
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -203,9 +292,12 @@ mod tests {
         for name in ["mount", "unshare", "keyctl", "bpf", "process_vm_readv"] {
             assert!(refused.contains(&name), "{name}");
         }
-        for name in ["ptrace", "personality", "io_uring_setup", "clone", "clone3"] {
+        for name in ["ptrace", "personality", "clone", "clone3", "socket"] {
             assert!(!refused.contains(&name), "{name}");
         }
+        assert!(refused.contains(&"io_uring_setup"));
+        assert_eq!(family_rules(true).unwrap().len(), 2);
+        assert_eq!(family_rules(false).unwrap().len(), 1);
         let numbers = refused_numbers();
         let mut unique = numbers.clone();
         unique.sort_unstable();

@@ -445,10 +445,25 @@ impl Drop for Planted {
     }
 }
 
+/// Where a test places an `AGENTRY_SANDBOX_EXTRA_RO` directory outside `/tmp`
+/// ([`agentry_testkit::dirs::outside_tmp`]); `None` (with a note) where there is none.
+fn dir_outside_tmp() -> Option<TempDir> {
+    let dir = agentry_testkit::dirs::outside_tmp(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "agentry-test-",
+    );
+    if dir.is_none() {
+        eprintln!("note: no writable directory outside /tmp here; only /tmp's extra path is tried");
+    }
+    dir
+}
+
 /// The sandbox mounts an allow-list of the system, not all of it: a directory outside it
-/// (under the build's temporary directory, and `/srv`), `/etc/default` and `/var/log` are
-/// absent, while `/etc/passwd` and `/usr/bin/git` are readable, and so is a directory the
-/// operator lists in `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`]).
+/// (beside each extra path), `/srv`, `/etc/default` and `/var/log` are absent, while
+/// `/etc/passwd` and `/usr/bin/git` are readable, and so are the directories the operator
+/// lists in `AGENTRY_SANDBOX_EXTRA_RO` ([`Sandbox::with_extra_ro`]): one in `/tmp` (which
+/// the sandbox replaces with its own, so the extra path is mounted over it) and one outside
+/// it. Nothing depends on where the build or the checkout lies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandboxed_agent_sees_only_the_allowed_system_and_the_extra_paths() {
     if !sandbox_works_here() {
@@ -456,19 +471,31 @@ async fn a_sandboxed_agent_sees_only_the_allowed_system_and_the_extra_paths() {
     }
     let tag = Uuid::new_v4().simple().to_string();
     let mut planted = Planted(Vec::new());
-    let outside_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("outside-{tag}"));
-    let extra_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("toolchain-{tag}"));
+    let in_tmp = tempfile::Builder::new()
+        .prefix("agentry-test-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let elsewhere = dir_outside_tmp();
+    let bases: Vec<PathBuf> = std::iter::once(&in_tmp)
+        .chain(elsewhere.as_ref())
+        .map(|d| std::fs::canonicalize(d.path()).unwrap())
+        .collect();
     let mut hidden = Vec::new();
-    let outside = outside_dir.join(".env");
-    assert!(planted.plant(
-        outside.clone(),
-        Some(outside_dir.clone()),
-        &format!("OUTSIDE-{tag}")
-    ));
-    hidden.push((
-        outside.to_str().unwrap().to_owned(),
-        format!("OUTSIDE-{tag}"),
-    ));
+    let mut tools = Vec::new();
+    let mut extra = Vec::new();
+    for base in &bases {
+        // Beside the extra directory, a directory nobody listed stays hidden.
+        let outside = base.join("outside/.env");
+        assert!(planted.plant(outside.clone(), None, &format!("OUTSIDE-{tag}")));
+        hidden.push((
+            outside.to_str().unwrap().to_owned(),
+            format!("OUTSIDE-{tag}"),
+        ));
+        let tool = base.join("toolchain/bin/tool-version");
+        assert!(planted.plant(tool.clone(), None, &format!("TOOLCHAIN-{tag}")));
+        tools.push(tool.to_str().unwrap().to_owned());
+        extra.push(base.join("toolchain"));
+    }
     // Where this user may write (root in CI containers): the system's own places.
     let srv_dir = PathBuf::from(format!("/srv/agentry-test-{tag}"));
     for (path, dir) in [
@@ -489,23 +516,16 @@ async fn a_sandboxed_agent_sees_only_the_allowed_system_and_the_extra_paths() {
             eprintln!("note: cannot plant {} here; not tried", path.display());
         }
     }
-    let tool = extra_dir.join("bin/tool-version");
-    assert!(planted.plant(
-        tool.clone(),
-        Some(extra_dir.clone()),
-        &format!("TOOLCHAIN-{tag}")
-    ));
-    let readable = [
-        "/etc/passwd".to_owned(),
-        "/usr/bin/git".to_owned(),
-        tool.to_str().unwrap().to_owned(),
-    ];
+    let readable: Vec<String> = ["/etc/passwd".to_owned(), "/usr/bin/git".to_owned()]
+        .into_iter()
+        .chain(tools.iter().cloned())
+        .collect();
     let also: Vec<(String, String)> = hidden
         .iter()
         .cloned()
         .chain(readable.iter().map(|p| (p.clone(), String::new())))
         .collect();
-    let sandbox = Sandbox::new(SandboxMode::Auto).with_extra_ro(vec![extra_dir.clone()]);
+    let sandbox = Sandbox::new(SandboxMode::Auto).with_extra_ro(extra);
     let (_rig, execution, seen, _) = snoop_also(sandbox, also).await;
     assert!(execution.sandboxed);
     for (path, contents) in &hidden {
@@ -518,11 +538,15 @@ async fn a_sandboxed_agent_sees_only_the_allowed_system_and_the_extra_paths() {
     for path in &readable {
         assert!(
             seen.contains(&format!("READ {path}\n")),
-            "{path} was not readable"
+            "{path} was not readable:\n{seen}"
         );
     }
     assert!(seen.contains("root:"), "/etc/passwd was empty");
-    assert!(seen.contains(&format!("TOOLCHAIN-{tag}")), "{seen}");
+    assert_eq!(
+        seen.matches(&format!("TOOLCHAIN-{tag}")).count(),
+        tools.len(),
+        "{seen}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -771,4 +795,52 @@ async fn a_bwrap_without_network_namespaces_is_refused_with_the_reason() {
             && refused.ends_with("set AGENTRY_AGENT_SANDBOX=off to run agents unsandboxed"),
         "{refused}"
     );
+}
+
+/// Of the agent program and the forwarder (the agentry binary), the sandbox shows their
+/// files, not their directories: a file placed beside the forwarder (in the build's
+/// directory, wherever it lies) and one beside the agent are not readable, and listing the
+/// forwarder's directory shows the forwarder alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_beside_the_forwarder_and_the_agent_are_not_visible() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let rig = Rig::new();
+    let tag = Uuid::new_v4().simple().to_string();
+    let forwarder = std::fs::canonicalize(crate::limits::FORWARDER).unwrap();
+    let forwarder_dir = forwarder.parent().unwrap().to_owned();
+    let mut planted = Planted(Vec::new());
+    let beside_forwarder = forwarder_dir.join(format!("agentry-test-beside-{tag}"));
+    assert!(planted.plant(beside_forwarder.clone(), None, &format!("BESIDE-{tag}")));
+    let beside_agent = rig.dir().join(format!("beside-agent-{tag}"));
+    assert!(planted.plant(beside_agent.clone(), None, &format!("AGENT-SIDE-{tag}")));
+    let program = crate::limits::agent(
+        &rig,
+        "lister",
+        &format!(
+            r#"echo "forwarder-dir $(ls -A '{dir}' 2>&1 | tr '\n' ' ')"
+echo "beside-forwarder $(cat '{forwarder_side}' 2>/dev/null || echo hidden)"
+echo "beside-agent $(cat '{agent_side}' 2>/dev/null || echo hidden)"
+"#,
+            dir = forwarder_dir.display(),
+            forwarder_side = beside_forwarder.display(),
+            agent_side = beside_agent.display(),
+        ),
+    );
+    let execution = crate::limits::probe_run(
+        &rig,
+        Sandbox::new(SandboxMode::Auto),
+        &program,
+        "List the directories",
+    )
+    .await;
+    let reported = |key: &str| crate::limits::reported(&execution, key).to_owned();
+    assert_eq!(reported("beside-forwarder"), "hidden");
+    assert_eq!(reported("beside-agent"), "hidden");
+    assert_eq!(
+        reported("forwarder-dir").trim_end(),
+        forwarder.file_name().unwrap().to_str().unwrap()
+    );
+    assert!(!execution.output.contains(&tag), "{}", execution.output);
 }

@@ -39,9 +39,39 @@ call("mount", {mount}, b"none", b"/tmp", b"tmpfs", ctypes.c_ulong(0), None)
 # Allowed: personality (a query) and getpid.
 call("personality", {personality}, ctypes.c_ulong(0xffffffff))
 call("getpid", {getpid})
+# io_uring, which would create sockets past the filter (params: 120 bytes of zeros).
+params = ctypes.create_string_buffer(120)
+call("io_uring_setup", {io_uring_setup}, ctypes.c_uint(4), params)
+# Socket families: (name, family, type, protocol).
+for name, family, kind, proto in [
+    ("vsock", 40, 1, 0),
+    ("alg", 38, 5, 0),
+    ("packet", 17, 2, 0),
+    ("netlink-audit", 16, 3, 9),
+    ("unix", 1, 1, 0),
+    ("inet", 2, 1, 0),
+    ("inet6", 10, 2, 0),
+    ("netlink-route", 16, 3, 0),
+]:
+    ctypes.set_errno(0)
+    fd = libc.socket(family, kind, proto)
+    print("socket", name, "ok" if fd >= 0 else "errno=%d" % ctypes.get_errno())
+pair = (ctypes.c_int * 2)()
+ctypes.set_errno(0)
+print("socketpair vsock", "ok" if libc.socketpair(40, 1, 0, pair) == 0 else "errno=%d" % ctypes.get_errno())
+ctypes.set_errno(0)
+print("socketpair unix", "ok" if libc.socketpair(1, 1, 0, pair) == 0 else "errno=%d" % ctypes.get_errno())
+import socket
+print("getaddrinfo", sorted({{a[4][0] for a in socket.getaddrinfo("localhost", 80, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)}}) and "ok")
+print("if_nameindex", ",".join(n for _, n in socket.if_nameindex()))
 PY
 else
 	echo "python absent"
+fi
+if [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; then
+	echo "ip-addr $(PATH=/usr/sbin:/sbin:$PATH ip -o addr show 2>&1 | awk '{{print $2}}' | sort -u | tr '\n' ' ')"
+else
+	echo "ip-addr absent"
 fi
 echo "worktree-file $(echo work >probe-file && cat probe-file && rm probe-file)"
 echo "tmp-file $(echo tmp >/tmp/probe && cat /tmp/probe)"
@@ -49,6 +79,12 @@ echo "child $(sh -c 'echo $((6 * 7))')"
 echo "git $(git status --porcelain >/dev/null 2>&1; echo $?) $(git rev-parse --is-inside-work-tree 2>&1)"
 if command -v node >/dev/null; then
 	echo "node $(node -e 'const fs = require("fs"); fs.writeFileSync("/tmp/n", "x"); fs.promises.readFile("/tmp/n", "utf8").then((t) => console.log(t === "x" ? "ok" : "bad"))' 2>&1 | tail -n 1)"
+	echo "node-net $(node -e '
+const net = require("net"), os = require("os");
+os.networkInterfaces();
+const server = net.createServer((c) => c.end("pong")).listen(0, "127.0.0.1", () => {{
+  net.connect(server.address().port, "127.0.0.1").on("data", (d) => {{ console.log(String(d)); server.close(); }});
+}});' 2>&1 | tail -n 1)"
 else
 	echo "node absent"
 fi
@@ -58,6 +94,7 @@ fi
         mount = libc::SYS_mount,
         personality = libc::SYS_personality,
         getpid = libc::SYS_getpid,
+        io_uring_setup = libc::SYS_io_uring_setup,
     )
 }
 
@@ -72,8 +109,11 @@ async fn probe(rig: &Rig, filter: bool) -> Execution {
     probe_run(rig, sandbox, &program, "Probe the system calls").await
 }
 
-/// The refused calls fail with `EPERM` (`unshare` says "Operation not permitted"), the
-/// allowed ones and ordinary work succeed; without the filter `name_to_handle_at` works.
+/// The refused calls fail with `EPERM` (`unshare` says "Operation not permitted"), and so
+/// do sockets of the refused families (`AF_VSOCK`, `AF_ALG`, `AF_PACKET`, netlink but
+/// `NETLINK_ROUTE`); the allowed calls, the kept families (`AF_UNIX`, `AF_INET`,
+/// `AF_INET6`, `NETLINK_ROUTE`) and ordinary work succeed (getaddrinfo, `ip addr`, a Node.js
+/// TCP server on the loopback); without the filter `name_to_handle_at` and io_uring work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_filter_refuses_the_listed_calls_and_nothing_ordinary() {
     if !sandbox_works_here() {
@@ -99,13 +139,36 @@ async fn the_filter_refuses_the_listed_calls_and_nothing_ordinary() {
         assert_eq!(out("call mount"), "errno=1");
         assert_eq!(out("call personality"), "ok");
         assert_eq!(out("call getpid"), "ok");
+        assert_eq!(out("call io_uring_setup"), "errno=1");
+        // The refused families fail with EPERM, the kept ones work.
+        for refused in ["vsock", "alg", "packet", "netlink-audit"] {
+            assert_eq!(out(&format!("socket {refused}")), "errno=1", "{refused}");
+        }
+        for kept in ["unix", "inet", "inet6", "netlink-route"] {
+            assert_eq!(out(&format!("socket {kept}")), "ok", "{kept}");
+        }
+        assert_eq!(out("socketpair vsock"), "errno=1");
+        assert_eq!(out("socketpair unix"), "ok");
+        // glibc's getaddrinfo (with AI_ADDRCONFIG, through netlink) and if_nameindex work
+        // (this run has no network of its own: it lists the machine's interfaces).
+        assert_eq!(out("getaddrinfo"), "ok");
+        let interfaces = out("if_nameindex");
+        assert!(interfaces.split(',').any(|i| i == "lo"), "{interfaces}");
     }
+    let ip = out("ip-addr");
+    assert!(
+        ip == "absent" || ip.split_whitespace().any(|i| i == "lo"),
+        "{ip}"
+    );
     assert_eq!(out("worktree-file"), "work");
     assert_eq!(out("tmp-file"), "tmp");
     assert_eq!(out("child"), "42");
     assert_eq!(out("git"), "0 true");
     let node = out("node");
     assert!(node == "ok" || node == "absent", "{node}");
+    if node == "ok" {
+        assert_eq!(out("node-net"), "pong");
+    }
 
     // Without the filter, a call it refuses (one needing no privilege) works.
     if python {
@@ -117,5 +180,17 @@ async fn the_filter_refuses_the_listed_calls_and_nothing_ordinary() {
             off.output
         );
         assert_eq!(reported(&off, "call getpid"), "ok");
+        // Unless the machine disables io_uring (kernel.io_uring_disabled).
+        if std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+            .map_or(true, |v| v.trim() == "0")
+        {
+            assert_eq!(
+                reported(&off, "call io_uring_setup"),
+                "ok",
+                "{}",
+                off.output
+            );
+        }
+        assert_eq!(reported(&off, "socket netlink-route"), "ok");
     }
 }
