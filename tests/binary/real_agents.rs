@@ -494,8 +494,9 @@ fn codex_takes_an_issue_to_a_reviewed_pull_request() {
 }
 
 /// A run is stopped while its second model call waits: by a cancel, or by the time limit.
-/// The calls already answered are on record: Claude prints them on SIGINT; Codex's come
-/// from its session file.
+/// The calls already answered are on record at what the upstream billed, and the call the
+/// upstream was working on when the run stopped at its reservation (its usage never came,
+/// and the provider may have billed it: unknown usage is spent, never free).
 fn stopped_runs_record_what_they_spent(agent: AgentType) {
     let Some(cli) = real_cli(agent) else { return };
     let rig = Rig::start(agent, &cli, &[("AGENTRY_RUN_TIME_LIMIT_SECS", "20")]);
@@ -535,8 +536,8 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
     assert_eq!(run["outcome"], "cancelled", "{task:#}");
     let (spent, log) = spent_by(&rig, agent, &id, from);
     assert!(spent > Decimal::ZERO);
-    assert_eq!(money(&run["costUsd"]), spent, "{task:#}\n{log}");
-    assert_eq!(money(&task["costUsd"]), spent);
+    assert_stopped_cost(&rig, &id, run, spent, &log);
+    assert_eq!(money(&task["costUsd"]), money(&run["costUsd"]));
     eprintln!(
         "figure: {} cancel to run recorded {stop_took:.2} s",
         agent.as_str()
@@ -558,7 +559,32 @@ fn stopped_runs_record_what_they_spent(agent: AgentType) {
     );
     let (spent, log) = spent_by(&rig, agent, &id, from);
     assert!(spent > Decimal::ZERO);
-    assert_eq!(money(&run["costUsd"]), spent, "{task:#}\n{log}");
+    assert_stopped_cost(&rig, &id, run, spent, &log);
+}
+
+/// A stopped run's cost: its answered calls at what the upstream billed (`billed`), plus the
+/// held call at its reservation (more than nothing).
+fn assert_stopped_cost(rig: &Rig, id: &str, run: &Value, billed: Decimal, log: &str) {
+    let (_, listed) = get(
+        &rig.server.base,
+        &format!("/api/tasks/{id}/calls?attempt=1"),
+        &rig.admin,
+    );
+    let sum = |outcomes: &[&str]| -> Decimal {
+        elements_of(&listed, "calls")
+            .iter()
+            .filter(|c| outcomes.contains(&c["outcome"].as_str().unwrap_or("")))
+            .map(|c| money(&c["costUsd"]))
+            .sum()
+    };
+    let (answered, held) = (sum(&["completed"]), sum(&["interrupted", "unmetered"]));
+    assert_eq!(answered, billed, "{listed:#}\n{log}");
+    assert!(held > Decimal::ZERO, "{listed:#}");
+    assert_eq!(
+        money(&run["costUsd"]),
+        answered + held,
+        "{run:#}\n{listed:#}"
+    );
 }
 
 for_each_agent!(stopped_runs_record_what_they_spent =>
