@@ -693,6 +693,24 @@ async fn a_call_whose_final_usage_never_came_costs_at_least_its_reservation() {
         ("unmetered", Some(reservation(500, 200_000)))
     );
 
+    // A whole answer too large to read for its usage (over 16 MiB, not streamed): its
+    // usage is unknown, so it costs its reservation, not the usage its end would show.
+    let padding = "x".repeat(17 * 1024 * 1024);
+    let large = format!(
+        r#"{{"id":"msg_2","padding":"{padding}","model":"claude-sonnet-5","usage":{{"input_tokens":1,"output_tokens":1}}}}"#
+    );
+    let rig = Rig::start(Script::Json(200, large)).await;
+    let run = rig.open_claude().await;
+    let auth = [("x-api-key", run.key.as_str())];
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &auth, &body).await;
+    assert_eq!(status, 200);
+    assert!(rest(reader).await.len() > 17 * 1024 * 1024);
+    let calls = rig.calls(1).await;
+    assert_eq!(
+        (calls[0].outcome.as_str(), calls[0].cost_usd),
+        ("unmetered", Some(reservation(500, 200_000)))
+    );
+
     // An OpenAI background request: answered before its work, billed at its reservation.
     let queued = r#"{"id":"resp_1","status":"queued","model":"gpt-6.1-sol","usage":null}"#;
     let rig = Rig::start(Script::Json(200, queued.into())).await;
