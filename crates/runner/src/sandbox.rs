@@ -1412,6 +1412,24 @@ mod tests {
     }
 
     /// The arguments of `bwrap` wrapping `cmd` (which must succeed), joined with spaces.
+    /// Runs `wrapped` with only its own environment; its standard output, once it succeeded.
+    fn run_wrapped(wrapped: &AgentCommand) -> String {
+        let out = std::process::Command::new(&wrapped.program)
+            .args(&wrapped.args)
+            .current_dir(&wrapped.cwd)
+            .env_clear()
+            .envs(wrapped.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
     fn wrapped_args(bwrap: &Path, cmd: AgentCommand, layout: Layout<'_>) -> String {
         wrap(bwrap, cmd, layout).unwrap().args.join(" ")
     }
@@ -1535,19 +1553,7 @@ mod tests {
             !wrapped.args.iter().any(|a| Path::new(a) == service_home),
             "{joined}"
         );
-        let out = std::process::Command::new(&wrapped.program)
-            .args(&wrapped.args)
-            .current_dir(&wrapped.cwd)
-            .env_clear()
-            .envs(wrapped.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = run_wrapped(&wrapped);
         assert_eq!(
             stdout,
             "program-readable\nhome-hidden\ndata-hidden\ndata-unwritable\n\
@@ -1669,19 +1675,7 @@ echo native-ran
         );
         // Started by their paths without `..`, which the sandbox has.
         assert!(!args.contains("/.."), "{args}");
-        let out = std::process::Command::new(&wrapped.program)
-            .args(&wrapped.args)
-            .current_dir(&wrapped.cwd)
-            .env_clear()
-            .envs(wrapped.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = run_wrapped(&wrapped);
         let expected: String = std::iter::once("native-ran\n".to_owned())
             .chain(secrets.iter().map(|p| format!("hidden {}\n", p.display())))
             .collect();
