@@ -127,13 +127,7 @@ fn seed(db: &Db, n: u64) -> Result<Vec<Uuid>, Error> {
             id: Uuid::now_v7(),
             title: format!("Task {i}"),
             prompt: "Do it".into(),
-            repo_id: Some(repo.id),
-            repo_url: repo.url.clone(),
-            task_type: agentry_domain::TaskType::Coding,
-            agent_type: agentry_domain::AgentType::ClaudeCode,
-            issue_number: None,
-            parent_task_id: None,
-            created_at: now,
+            ..agentry_persistence::test_support::coding_task(&repo, now)
         };
         tasks::create_task(&mut conn, &task, "created")?;
         ids.push(task.id);

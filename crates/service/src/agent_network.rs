@@ -306,31 +306,25 @@ impl Refusals {
     }
 
     fn warn(&self, host: &str, port: u16, why: &str, suppressed: u64, other: bool) {
-        if other {
-            tracing::warn!(
-                task = %self.task_id,
-                attempt = self.attempt,
-                repo = %self.repo_key,
-                host,
-                port,
-                why,
-                suppressed,
-                "egress refused (one of the run's destinations beyond the first {}; \
-                 counted together)",
+        let what = if other {
+            format!(
+                "egress refused (one of the run's destinations beyond the first {}; counted \
+                 together)",
                 metering::MAX_BLOCKED_TARGETS
-            );
+            )
         } else {
-            tracing::warn!(
-                task = %self.task_id,
-                attempt = self.attempt,
-                repo = %self.repo_key,
-                host,
-                port,
-                why,
-                suppressed,
-                "egress refused"
-            );
-        }
+            "egress refused".to_owned()
+        };
+        tracing::warn!(
+            task = %self.task_id,
+            attempt = self.attempt,
+            repo = %self.repo_key,
+            host,
+            port,
+            why,
+            suppressed,
+            "{what}"
+        );
     }
 
     fn warn_end(&self, host: &str, port: u16, suppressed: u64) {
