@@ -161,15 +161,7 @@ pub(crate) fn lock_for_claim(conn: &mut AnyConnection) -> Result<(), DbError> {
     if any_repository.is_none() && instance_budget(conn)?.is_none() {
         return Ok(());
     }
-    if let AnyConnection::Postgresql(pg) = conn {
-        instance_budget::table
-            .find(1)
-            .select(instance_budget::id)
-            .for_update()
-            .first::<i32>(pg)
-            .optional()?;
-    }
-    Ok(())
+    lock_budget_row(conn)
 }
 
 /// What a claim of a task may do under the budgets.
@@ -236,6 +228,186 @@ pub(crate) fn allowance(
         left = Some(l.min(cap.saturating_sub(spent).max(0)));
     }
     Ok(left.map_or(Allowance::Unlimited, Allowance::Reserve))
+}
+
+/// How a claimed run holds its budgets' money ([`crate::runner::claim_next_holding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// The run holds its whole allowance from the claim until it ends: the only safe choice
+    /// when nothing meters the run as it goes (an unsandboxed agent reports its cost only at
+    /// its end).
+    WholeRun,
+    /// The run holds what its model calls may cost, call by call: zero at the claim, each
+    /// call's reservation added before it is sent ([`hold_call`]) and replaced by its cost
+    /// when it is recorded ([`crate::metering::record_call`]). Runs under one budget then
+    /// run side by side.
+    PerCall,
+}
+
+/// What the monthly budgets said about one model call ([`hold_call`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallHold {
+    /// No monthly budget applies to the run's task: nothing was held.
+    Unbudgeted,
+    /// The call fits: its reservation is now part of the run's hold.
+    Held,
+    /// The call does not fit what is left of this budget: nothing was held.
+    Refused(Shortfall),
+    /// The attempt is not a run in progress any more (recorded, recovered or cancelled):
+    /// nothing was held.
+    NotRunning,
+}
+
+/// A budget a call did not fit, as it stood when the call was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shortfall {
+    /// Which budget.
+    pub scope: BudgetScope,
+    /// The monthly budget.
+    pub budget: Usd,
+    /// Spent this month by the runs that finished.
+    pub spent: Usd,
+    /// Held by the runs in progress under this budget (this one included): their metered
+    /// calls so far and the reservations of their calls in flight.
+    pub held: Usd,
+}
+
+impl Shortfall {
+    /// What is left of the budget for new calls (never below zero).
+    pub fn left(&self) -> Usd {
+        Usd::from_nanos(
+            self.budget
+                .to_nanos()
+                .saturating_sub(self.spent.to_nanos())
+                .saturating_sub(self.held.to_nanos())
+                .max(0),
+        )
+        .unwrap_or(Usd::ZERO)
+    }
+}
+
+/// Holds `amount` (a model call's largest cost) for attempt `attempt` of `task` against the
+/// monthly budgets of its repository and of the instance, if it fits what each has left:
+/// the budget minus what the month's finished runs spent minus what the runs in progress
+/// hold, this one's hold included. The hold is the task's `budget_reserve_nanos`, so it
+/// counts wherever reserves count (claims, `GET /api/budget`) and ends with the run.
+///
+/// One decision at a time across replicas: on PostgreSQL the budget row is locked first,
+/// as a claim locks it ([`lock_for_claim`]); SQLite's immediate transaction serialises the
+/// writers of its one process. A run claimed before any budget applied holds nothing yet;
+/// its first held call starts its hold at the metered cost of its calls so far.
+///
+/// Reads only, without a write transaction, when no monthly budget applies.
+pub fn hold_call(
+    conn: &mut AnyConnection,
+    task: Uuid,
+    attempt: i32,
+    amount: Usd,
+    now: OffsetDateTime,
+) -> Result<CallHold, DbError> {
+    if !any_budget_for(conn, task)? {
+        return Ok(CallHold::Unbudgeted);
+    }
+    write_tx(conn, |conn| {
+        lock_budget_row(conn)?;
+        let row: Option<(Option<String>, String, i32, Option<i64>)> = tasks::table
+            .find(task.to_string())
+            .select((
+                tasks::repo_id,
+                tasks::state,
+                tasks::attempt,
+                tasks::budget_reserve_nanos,
+            ))
+            .first(conn)
+            .optional()?;
+        let Some((repo, state, current, hold)) = row else {
+            return Ok(CallHold::NotRunning);
+        };
+        let in_progress =
+            state == TaskState::Provisioning.as_str() || state == TaskState::Running.as_str();
+        if !in_progress || current != attempt {
+            return Ok(CallHold::NotRunning);
+        }
+        let repo = repo.as_deref().map(convert::uuid).transpose()?;
+        let repo_budget = match repo {
+            Some(repo) => repositories::table
+                .find(repo.to_string())
+                .select(repositories::monthly_budget_nanos)
+                .first::<Option<i64>>(conn)
+                .optional()?
+                .flatten(),
+            None => None,
+        };
+        let instance = instance_budget(conn)?.map(Usd::to_nanos);
+        if repo_budget.is_none() && instance.is_none() {
+            return Ok(CallHold::Unbudgeted);
+        }
+        // A hold not started yet (claimed while no budget applied) starts at what the run
+        // has spent so far; it is not among the reserves summed below.
+        let (hold, unlisted) = match hold {
+            Some(hold) => (hold, 0),
+            None => {
+                let spent = crate::metering::run_totals(conn, task, attempt)?
+                    .cost_usd
+                    .map_or(0, Usd::to_nanos);
+                (spent, spent)
+            }
+        };
+        let amount = amount.to_nanos();
+        let budgets = [
+            (BudgetScope::Repository, repo_budget.zip(repo)),
+            (BudgetScope::Instance, instance.map(|b| (b, Uuid::nil()))),
+        ];
+        for (scope, budget) in budgets {
+            let Some((budget, repo)) = budget else {
+                continue;
+            };
+            let of = (scope == BudgetScope::Repository).then_some(repo);
+            let spent = spent_nanos(conn, of, now)?;
+            let held = reserved_nanos(conn, of)?.saturating_add(unlisted);
+            let left = budget.saturating_sub(spent).saturating_sub(held);
+            if amount > left {
+                return Ok(CallHold::Refused(Shortfall {
+                    scope,
+                    budget: usd(budget)?,
+                    spent: usd(spent)?,
+                    held: usd(held)?,
+                }));
+            }
+        }
+        diesel::update(tasks::table.find(task.to_string()))
+            .set(tasks::budget_reserve_nanos.eq(Some(hold.saturating_add(amount))))
+            .execute(conn)?;
+        Ok(CallHold::Held)
+    })
+}
+
+/// Whether a monthly budget may apply to `task`: the instance's, or its repository's.
+fn any_budget_for(conn: &mut AnyConnection, task: Uuid) -> Result<bool, DbError> {
+    if instance_budget(conn)?.is_some() {
+        return Ok(true);
+    }
+    let budget: Option<Option<i64>> = tasks::table
+        .inner_join(repositories::table)
+        .filter(tasks::id.eq(task.to_string()))
+        .select(repositories::monthly_budget_nanos)
+        .first(conn)
+        .optional()?;
+    Ok(budget.flatten().is_some())
+}
+
+/// On PostgreSQL, locks the budget row for the rest of the transaction (see
+/// [`lock_for_claim`]).
+fn lock_budget_row(conn: &mut AnyConnection) -> Result<(), DbError> {
+    if let AnyConnection::Postgresql(pg) = conn {
+        instance_budget::table
+            .find(1)
+            .select(instance_budget::id)
+            .for_update()
+            .first::<i32>(pg)
+            .optional()?;
+    }
+    Ok(())
 }
 
 /// Marks the queued tasks `scope` keeps from running as blocked: those of `repo` for a

@@ -6,14 +6,14 @@
 //! (the process that ran it, or the replica that recovered its task after a crash) reads the
 //! same rows, so no call is lost or counted twice.
 
-use agentry_domain::{Tokens, Usd};
+use agentry_domain::{TaskState, Tokens, Usd};
 use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::convert::{self, from_db, to_db};
 use crate::fetch::Fetch;
-use crate::schema::{egress_blocked, model_calls};
+use crate::schema::{egress_blocked, model_calls, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
 /// The most calls [`task_calls`] returns.
@@ -93,6 +93,38 @@ impl TryFrom<CallRow> for ModelCall {
             duration_ms: r.duration_ms,
         })
     }
+}
+
+/// Records one finished model call of a run that holds its budgets per call
+/// ([`crate::budgets::Holding::PerCall`]), and in the same transaction replaces what the call
+/// held ([`crate::budgets::hold_call`]; zero if it held nothing) by its cost in the run's
+/// hold, while the attempt is in progress and holds anything. The hold is then the run's
+/// metered spend plus its calls in flight.
+pub fn record_held_call(
+    conn: &mut AnyConnection,
+    call: &ModelCall,
+    held: Usd,
+) -> Result<(), DbError> {
+    write_tx(conn, |conn| {
+        record_call(conn, call)?;
+        let cost = call.cost_usd.map_or(0, Usd::to_nanos);
+        let delta = cost.saturating_sub(held.to_nanos());
+        if delta != 0 {
+            diesel::update(
+                tasks::table
+                    .filter(tasks::id.eq(call.task_id.to_string()))
+                    .filter(tasks::attempt.eq(call.attempt))
+                    .filter(tasks::state.eq_any([
+                        TaskState::Provisioning.as_str(),
+                        TaskState::Running.as_str(),
+                    ]))
+                    .filter(tasks::budget_reserve_nanos.is_not_null()),
+            )
+            .set(tasks::budget_reserve_nanos.eq(tasks::budget_reserve_nanos + Some(delta)))
+            .execute(conn)?;
+        }
+        Ok(())
+    })
 }
 
 /// Records one finished model call.

@@ -43,6 +43,21 @@ pub fn claim_next(
     now: OffsetDateTime,
     lease: Duration,
 ) -> Result<Option<Task>, DbError> {
+    claim_next_holding(conn, owner, now, lease, budgets::Holding::WholeRun)
+}
+
+/// [`claim_next`], the run holding its budgets' money as `holding` says: its whole allowance
+/// from the claim on ([`budgets::Holding::WholeRun`], a run no gateway meters), or only what
+/// its model calls may cost, call by call ([`budgets::Holding::PerCall`], a metered run:
+/// its hold starts at zero and [`budgets::hold_call`] adds each call). Either way a task
+/// whose budgets have nothing left is not claimed.
+pub fn claim_next_holding(
+    conn: &mut AnyConnection,
+    owner: &str,
+    now: OffsetDateTime,
+    lease: Duration,
+    holding: budgets::Holding,
+) -> Result<Option<Task>, DbError> {
     let at = to_db(now);
     let until = to_db(now + lease);
     write_tx(conn, |conn| {
@@ -59,7 +74,10 @@ pub fn claim_next(
             let before = task_store::get_task(conn, convert::uuid(&id)?)?;
             let reserve = match budgets::allowance(conn, &before, now)? {
                 budgets::Allowance::Unlimited => None,
-                budgets::Allowance::Reserve(nanos) => Some(nanos.max(0)),
+                budgets::Allowance::Reserve(nanos) => Some(match holding {
+                    budgets::Holding::WholeRun => nanos.max(0),
+                    budgets::Holding::PerCall => 0,
+                }),
                 budgets::Allowance::Exhausted(scope) => {
                     budgets::block(conn, scope, before.repo_id, now)?;
                     if scope == BudgetScope::Instance {

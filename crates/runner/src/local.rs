@@ -632,14 +632,20 @@ impl LocalRunner {
                 "the agent ran longer than the limit of {} and was stopped",
                 human(job.wall_time)
             )),
-            Ended::Stopped => {
-                Verdict::Failed(budget_stop_message(cost_so_far, job.agent.max_budget_usd))
-            }
+            Ended::Stopped => Verdict::Failed(budget_stop_message(
+                cost_so_far,
+                job.agent.max_budget_usd,
+                meter.as_ref().and_then(|m| m.reason()),
+            )),
             // The gateway refused a call for the budget and the agent ended by itself before
             // it was stopped: the run ended at its allowance all the same.
             Ended::Exited { .. } if meter.as_ref().is_some_and(|m| m.is_exhausted()) => {
                 report.outcome = AgentOutcome::MaxBudget;
-                Verdict::Failed(budget_stop_message(cost_so_far, job.agent.max_budget_usd))
+                Verdict::Failed(budget_stop_message(
+                    cost_so_far,
+                    job.agent.max_budget_usd,
+                    meter.as_ref().and_then(|m| m.reason()),
+                ))
             }
             Ended::Exited { code, signal } => {
                 match agent_failure(&report, *code, *signal, &outcome.stderr_tail) {
@@ -845,8 +851,17 @@ fn note_dropped(text: String, dropped: u64) -> String {
 }
 
 /// The failure of a run agentry stopped when its priced usage (`cost`, as of the stop)
-/// reached its `allowance`.
-fn budget_stop_message(cost: Option<Usd>, allowance: Option<Usd>) -> String {
+/// reached its `allowance`, or when the gateway refused a call for the `reason` it gave
+/// (which budget the call did not fit).
+fn budget_stop_message(
+    cost: Option<Usd>,
+    allowance: Option<Usd>,
+    reason: Option<String>,
+) -> String {
+    if let Some(reason) = reason {
+        let spent = cost.map_or_else(String::new, |c| format!(" after its calls cost {c} USD"));
+        return format!("budget reached: {reason}; the agent was stopped{spent}");
+    }
     let figures = match (cost, allowance) {
         (Some(cost), Some(allowance)) => {
             format!(" (its priced usage reached {cost} USD; this run's limit was {allowance} USD)")

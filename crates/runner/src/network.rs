@@ -149,6 +149,8 @@ pub struct RunInfo {
 pub struct RunMeter {
     ledger: Mutex<Ledger>,
     exhausted: AtomicBool,
+    /// Why the gateway refused a call for a budget, when it said.
+    reason: Mutex<Option<String>>,
 }
 
 /// The money of a run's calls, changed only under [`RunMeter`]'s lock.
@@ -191,6 +193,12 @@ impl RunMeter {
         ledger.calls += 1;
     }
 
+    /// Gives back `amount` reserved for a call that was then not sent.
+    pub fn release(&self, amount: Usd) {
+        let mut ledger = self.ledger();
+        ledger.reserved = ledger.reserved.saturating_sub(amount);
+    }
+
     /// Adds one finished call that reserved nothing, and what it cost.
     pub fn add(&self, cost: Usd) {
         self.settle(Usd::ZERO, cost);
@@ -214,6 +222,23 @@ impl RunMeter {
     /// Marks the run as having spent its allowance: the runner stops it.
     pub fn exhaust(&self) {
         self.exhausted.store(true, Ordering::SeqCst);
+    }
+
+    /// Marks the run exhausted because of `reason`: which budget a call did not fit, in a
+    /// sentence that completes "budget reached: " (the first reason given is kept).
+    pub fn exhaust_because(&self, reason: String) {
+        let mut kept = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.get_or_insert(reason);
+        drop(kept);
+        self.exhaust();
+    }
+
+    /// Why the run is exhausted, when the gateway said.
+    pub fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Whether the gateway refused a call of this run for its budget.

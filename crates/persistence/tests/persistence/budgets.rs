@@ -165,3 +165,135 @@ agentry_persistence::backend_tests! {
         assert_eq!(budgets::repository_month(&mut conn, repo.id, february).unwrap().spent, usd("0"));
     }
 }
+
+/// Runs that hold their budgets per call (metered runs).
+mod per_call {
+    use super::*;
+
+    /// A metered call of `task`'s attempt 1 that cost `cost`.
+    fn metered_call(task: Uuid, cost: &str) -> agentry_persistence::metering::ModelCall {
+        agentry_persistence::metering::ModelCall {
+            id: Uuid::now_v7(),
+            task_id: task,
+            attempt: 1,
+            provider: "anthropic".into(),
+            model: Some("claude-sonnet-5".into()),
+            status: 200,
+            outcome: "completed".into(),
+            tokens: agentry_domain::Tokens::from_uncached(10, 0, 0, 20),
+            reasoning_tokens: 0,
+            cost_usd: Some(usd(cost)),
+            started_at: at(30),
+            duration_ms: 100,
+        }
+    }
+
+    fn claim_per_call(conn: &mut AnyConnection, owner: &str) -> Option<agentry_domain::Task> {
+        runner::claim_next_holding(conn, owner, at(10), LEASE, budgets::Holding::PerCall).unwrap()
+    }
+
+    fn hold(conn: &mut AnyConnection, task: Uuid, amount: &str) -> budgets::CallHold {
+        budgets::hold_call(conn, task, 1, usd(amount), at(30)).unwrap()
+    }
+
+    agentry_persistence::backend_tests! {
+        // Runs that hold per call share a $1 budget without a per-task cap: all three are
+        // claimed at once, each holding nothing; each call holds its largest cost while it is in
+        // flight, a call that does not fit what is left is refused (naming the budget, with its
+        // figures), and a recorded call's hold becomes its cost, which frees the rest.
+        fn runs_share_a_budget_and_each_call_holds_what_it_may_cost(db) {
+            let repo = repo(db);
+            let other = connect(db, "acme", "other");
+            let ids: Vec<Uuid> = (0..3).map(|i| create(db, &repo, at(i)).id).collect();
+            let free = create(db, &other, at(4));
+            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "1"}));
+            let mut conn = db.conn().unwrap();
+            for id in &ids {
+                let t = claim_per_call(&mut conn, "me").unwrap();
+                assert_eq!(t.id, *id);
+                assert_eq!(reserve(&mut conn, t.id).as_deref(), Some("0"));
+            }
+            assert_eq!(claim_per_call(&mut conn, "me").unwrap().id, free.id);
+            assert_eq!(reserve(&mut conn, free.id), None);
+
+            assert_eq!(hold(&mut conn, ids[0], "0.4"), budgets::CallHold::Held);
+            assert_eq!(hold(&mut conn, ids[1], "0.4"), budgets::CallHold::Held);
+            let budgets::CallHold::Refused(short) = hold(&mut conn, ids[2], "0.4") else {
+                panic!("a call over what is left must be refused");
+            };
+            assert_eq!(
+                (short.scope, short.budget, short.spent, short.held, short.left()),
+                (BudgetScope::Repository, usd("1"), usd("0"), usd("0.8"), usd("0.2"))
+            );
+            assert_eq!(reserve(&mut conn, ids[2]).as_deref(), Some("0"));
+            assert_eq!(hold(&mut conn, ids[2], "0.2"), budgets::CallHold::Held);
+            // The first call ends having cost $0.10: the run holds its cost, $0.30 comes back.
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(ids[0], "0.1"), usd("0.4")).unwrap();
+            assert_eq!(reserve(&mut conn, ids[0]).as_deref(), Some("0.1"));
+            assert_eq!(hold(&mut conn, ids[2], "0.3"), budgets::CallHold::Held);
+            assert!(matches!(hold(&mut conn, ids[1], "0.000000001"), budgets::CallHold::Refused(_)));
+            // A task without a budget holds nothing; a run that ended holds nothing more.
+            assert_eq!(hold(&mut conn, free.id, "1000"), budgets::CallHold::Unbudgeted);
+            settle(&mut conn, ids[0], "0.1", at(40));
+            assert_eq!(hold(&mut conn, ids[0], "0.01"), budgets::CallHold::NotRunning);
+            let month = budgets::repository_month(&mut conn, repo.id, at(41)).unwrap();
+            assert_eq!((month.spent, month.reserved), (usd("0.1"), usd("0.9")));
+            // Everything is spent or held: a queued task is not claimed, and is blocked.
+            let waiting = create(db, &repo, at(42));
+            assert!(claim_per_call(&mut conn, "me").is_none());
+            let t = tasks::get_task(&mut conn, waiting.id).unwrap();
+            assert_eq!(t.blocked_by, Some(BudgetScope::Repository));
+        }
+
+        // A run claimed while no budget applied holds nothing; once the instance's budget is
+        // set, its first call's hold starts at what its recorded calls cost.
+        fn a_hold_started_late_counts_the_runs_calls_so_far(db) {
+            let repo = repo(db);
+            let task = create(db, &repo, at(1));
+            let mut conn = db.conn().unwrap();
+            claim_per_call(&mut conn, "me").unwrap();
+            assert_eq!(reserve(&mut conn, task.id), None);
+            assert_eq!(hold(&mut conn, task.id, "5"), budgets::CallHold::Unbudgeted);
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.3"), usd("0")).unwrap();
+            assert_eq!(reserve(&mut conn, task.id), None);
+            budgets::set_instance_budget(&mut conn, Some(usd("1")), at(20)).unwrap();
+            assert_eq!(hold(&mut conn, task.id, "0.5"), budgets::CallHold::Held);
+            assert_eq!(reserve(&mut conn, task.id).as_deref(), Some("0.8"));
+            let budgets::CallHold::Refused(short) = hold(&mut conn, task.id, "0.3") else {
+                panic!("0.8 held and 0.3 more is over the dollar");
+            };
+            assert_eq!((short.scope, short.held, short.left()), (BudgetScope::Instance, usd("0.8"), usd("0.2")));
+            // A call that held nothing still adds its cost once the hold has started.
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.05"), usd("0")).unwrap();
+            assert_eq!(reserve(&mut conn, task.id).as_deref(), Some("0.85"));
+        }
+
+        // Eight callers race over ten runs that share a $1 instance budget, each call holding
+        // $0.03: the holds never add up to more than the dollar, whoever wins (33 calls, $0.99).
+        fn racing_calls_never_hold_more_than_the_budget(db) {
+            let repo = repo(db);
+            let ids: Vec<Uuid> = (0..10).map(|i| create(db, &repo, at(i)).id).collect();
+            {
+                let mut conn = db.conn().unwrap();
+                budgets::set_instance_budget(&mut conn, Some(usd("1")), T0).unwrap();
+                while claim_per_call(&mut conn, "me").is_some() {}
+            }
+            let db = wide_pool(db, 8);
+            let held = race(&db, 8, |i, conn| {
+                let mut held = 0usize;
+                for k in 0.. {
+                    let task = ids[(i + k * 8) % ids.len()];
+                    match hold(conn, task, "0.03") {
+                        budgets::CallHold::Held => held += 1,
+                        budgets::CallHold::Refused(_) => break,
+                        other => panic!("{other:?}"),
+                    }
+                }
+                held
+            });
+            assert_eq!(held.iter().sum::<usize>(), 33, "{held:?}");
+            let mut conn = db.conn().unwrap();
+            assert_eq!(budgets::reserved_nanos(&mut conn, None).unwrap(), 990_000_000);
+        }
+    }
+}

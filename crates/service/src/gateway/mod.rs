@@ -44,8 +44,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
+use agentry_domain::{AgentType, BudgetScope};
+use agentry_persistence::budgets::{self, CallHold};
 use agentry_persistence::metering::{self, ModelCall};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, Db};
@@ -513,7 +514,7 @@ async fn serve(run: &Arc<RunCtx>, req: Request<Incoming>) -> Result<Response<Bod
     )?;
     let call = match (route, &object) {
         (Route::Metered, Some(object)) => {
-            Some(reserve(run, object, body.len(), started_at, started)?)
+            Some(reserve(run, object, body.len(), started_at, started).await?)
         }
         _ => None,
     };
@@ -590,10 +591,11 @@ async fn read_body(
     }
 }
 
-/// Plans a model call and reserves its largest cost against the run's allowance: a call
-/// that does not fit beside the run's spend and its calls in flight is refused with 429
-/// (recorded as a refused call) and the run is marked exhausted.
-fn reserve(
+/// Plans a model call and reserves its largest cost: in the run's meter against what is
+/// left of the task's cap, then in the database against the monthly budgets, across every
+/// run of every replica ([`budgets::hold_call`]). A call that does not fit is refused with
+/// 429 (recorded as a refused call) and the run is marked exhausted, with the budget named.
+async fn reserve(
     run: &Arc<RunCtx>,
     object: &serde_json::Map<String, Value>,
     body_len: usize,
@@ -602,28 +604,80 @@ fn reserve(
 ) -> Result<CallRecorder, Refusal> {
     let plan = policy::plan(run.provider, object, body_len, &run.shared.prices)?;
     let recorder = CallRecorder::new(run.clone(), plan, started_at, started);
-    match run.meter.reserve(recorder.plan.reservation, run.allowance) {
-        Ok(()) => Ok(recorder.reserved()),
-        Err(ledger) => {
-            run.meter.exhaust();
-            let message = format!(
-                "budget reached: this call may cost up to {} USD, and this agentry run has \
-                 spent {} USD with {} USD reserved by its calls in flight, of its {} USD \
-                 allowance (the least of what is left of maxCostPerTaskUsd and of the monthly \
-                 budgets); the call was not sent",
-                recorder.plan.reservation,
-                ledger.spent,
-                ledger.reserved,
-                run.allowance.unwrap_or(Usd::ZERO),
+    let amount = recorder.plan.reservation;
+    if let Err(ledger) = run.meter.reserve(amount, run.allowance) {
+        let reason = format!(
+            "this task's maxCostPerTaskUsd has {} USD left for this run, which has spent {} USD              with {} USD reserved by its calls in flight, and a call that may cost up to {} USD              was not sent",
+            run.allowance.unwrap_or(Usd::ZERO),
+            ledger.spent,
+            ledger.reserved,
+            amount,
+        );
+        return Err(over_budget(run, recorder, reason));
+    }
+    let held = {
+        let db = run.shared.db.clone();
+        let (task, attempt) = (run.task_id, run.attempt);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = db.conn().map_err(|e| e.to_string())?;
+            budgets::hold_call(&mut conn, task, attempt, amount, agentry_persistence::now())
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|decided| decided)
+    };
+    match held {
+        Ok(CallHold::Held) => Ok(recorder.reserved(amount)),
+        Ok(CallHold::Unbudgeted) => Ok(recorder.reserved(Usd::ZERO)),
+        Ok(CallHold::Refused(shortfall)) => {
+            run.meter.release(amount);
+            let reason = format!(
+                "{} monthly budget of {} USD has {} USD left ({} USD spent this month by                  finished runs, {} USD held by runs in progress), and a call that may cost up                  to {} USD was not sent",
+                match shortfall.scope {
+                    BudgetScope::Repository => "the repository's",
+                    BudgetScope::Instance => "the instance's",
+                },
+                shortfall.budget,
+                shortfall.left(),
+                shortfall.spent,
+                shortfall.held,
+                amount,
             );
-            recorder.refused(StatusCode::TOO_MANY_REQUESTS);
+            Err(over_budget(run, recorder, reason))
+        }
+        Ok(CallHold::NotRunning) => {
+            run.meter.release(amount);
+            recorder.refused(StatusCode::FORBIDDEN);
             Err(refusal(
-                StatusCode::TOO_MANY_REQUESTS,
-                "budget_reached",
-                &message,
+                StatusCode::FORBIDDEN,
+                "run_ended",
+                "this agentry run is over (recorded, cancelled or recovered elsewhere); the \
+                 call was not sent",
+            ))
+        }
+        Err(e) => {
+            // Fail closed: a call whose budgets cannot be checked is not sent.
+            run.meter.release(amount);
+            tracing::warn!(task = %run.task_id, error = %e, "could not check a model call against the budgets");
+            recorder.refused(StatusCode::SERVICE_UNAVAILABLE);
+            Err(refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "budget_unavailable",
+                "agentry could not check this call against the budgets (its database did not \
+                 answer); the call was not sent, try again",
             ))
         }
     }
+}
+
+/// Refuses `recorder`'s call with 429 for `reason` (a budget it did not fit) and marks the
+/// run exhausted: the runner stops it with that reason.
+fn over_budget(run: &Arc<RunCtx>, recorder: CallRecorder, reason: String) -> Refusal {
+    let message = format!("budget reached: {reason}");
+    run.meter.exhaust_because(reason);
+    recorder.refused(StatusCode::TOO_MANY_REQUESTS);
+    refusal(StatusCode::TOO_MANY_REQUESTS, "budget_reached", &message)
 }
 
 /// Sends the request upstream with the real key and streams the answer back, reading a
@@ -865,6 +919,8 @@ struct CallRecorder {
     plan: CallPlan,
     /// What this call holds reserved in the run's meter (zero until it is reserved).
     reserved: Usd,
+    /// What this call holds in the database against the monthly budgets.
+    held: Usd,
     started_at: OffsetDateTime,
     started: Instant,
     status: StatusCode,
@@ -886,6 +942,7 @@ impl CallRecorder {
             run,
             plan,
             reserved: Usd::ZERO,
+            held: Usd::ZERO,
             started_at,
             started,
             status: StatusCode::OK,
@@ -898,9 +955,11 @@ impl CallRecorder {
         }
     }
 
-    /// The call, its reservation made in the run's meter.
-    fn reserved(mut self) -> Self {
+    /// The call, its reservation made in the run's meter and `held` of it in the database
+    /// against the monthly budgets (zero when none applies).
+    fn reserved(mut self, held: Usd) -> Self {
         self.reserved = self.plan.reservation;
+        self.held = held;
         self
     }
 
@@ -1016,12 +1075,13 @@ impl Drop for CallRecorder {
             .meter
             .settle(self.reserved, call.cost_usd.unwrap_or(self.reserved));
         let shared = self.run.shared.clone();
+        let held = self.held;
         let write = move || {
             let written = shared
                 .db
                 .conn()
                 .map_err(|e| e.to_string())
-                .and_then(|mut conn| record(&mut conn, &call));
+                .and_then(|mut conn| record(&mut conn, &call, held));
             if let Err(e) = written {
                 tracing::error!(task = %call.task_id, error = %e, "could not record a metered model call");
             }
@@ -1036,11 +1096,12 @@ impl Drop for CallRecorder {
     }
 }
 
-/// Records `call`, trying again a few times while the database is busy.
-fn record(conn: &mut AnyConnection, call: &ModelCall) -> Result<(), String> {
+/// Records `call` and replaces what it `held` against the budgets by its cost, trying again
+/// a few times while the database is busy.
+fn record(conn: &mut AnyConnection, call: &ModelCall, held: Usd) -> Result<(), String> {
     let mut tries = 0;
     loop {
-        match metering::record_call(conn, call) {
+        match metering::record_held_call(conn, call, held) {
             Ok(()) => return Ok(()),
             Err(agentry_persistence::DbError::Busy(_)) if tries < 5 => {
                 tries += 1;

@@ -3,14 +3,34 @@
 //! runs and its outcome is published (see the [parent module](super)).
 
 use super::*;
+use agentry_persistence::budgets::Holding;
 
 /// Claims the oldest queued task this process may run, with a lease in this runner's name.
 pub(super) async fn claim(service: &Service) -> Result<Option<Task>, ServiceError> {
     let owner = service.parts.runs.owner.clone();
     let lease = lease_of(&service.parts.runs.settings);
+    let holding = holding(service);
     service
-        .db(move |conn| Ok(claims::claim_next(conn, &owner, now(), lease)?))
+        .db(move |conn| {
+            Ok(claims::claim_next_holding(
+                conn,
+                &owner,
+                now(),
+                lease,
+                holding,
+            )?)
+        })
         .await
+}
+
+/// How this process's runs hold their budgets: per call when the gateway meters them
+/// (sandboxed runs), else their whole allowance from the claim (docs/budgets.md).
+pub(super) fn holding(service: &Service) -> Holding {
+    if service.parts.runs.gateway.is_some() {
+        Holding::PerCall
+    } else {
+        Holding::WholeRun
+    }
 }
 
 impl Service {
@@ -53,8 +73,9 @@ pub(super) async fn run_task(service: &Service, task: Task) {
         let settings = service.parts.runs.settings.clone();
         // Local clone URLs only when the code host is a local fake (tests).
         let allow_local = is_loopback_url(service.parts.codehost.api_url());
+        let holding = holding(service);
         service
-            .db(move |conn| prepare(conn, &key, &task, &settings, allow_local))
+            .db(move |conn| prepare(conn, &key, &task, &settings, allow_local, holding))
             .await
     };
     let prepared = match prepared {

@@ -19,6 +19,7 @@ pub(super) fn prepare(
     task: &Task,
     settings: &RunSettings,
     allow_local: bool,
+    holding: agentry_persistence::budgets::Holding,
 ) -> Result<Result<Prepared, String>, ServiceError> {
     let Some(repo_id) = task.repo_id else {
         return Ok(Err("the task's repository is not connected".into()));
@@ -46,12 +47,16 @@ pub(super) fn prepare(
             Usd::from_nanos(left).ok()
         }
     };
-    // The monthly budgets' share, reserved when the task was claimed: the run may spend the
-    // least of the two.
-    let budget = match (
-        budget,
-        agentry_persistence::budgets::reserve_of(conn, task.id)?,
-    ) {
+    // A run holding its whole allowance took the monthly budgets' share when it was claimed:
+    // it may spend the least of the two. A metered run holds the budgets call by call at the
+    // gateway instead, so its own limit is the task's cap alone.
+    let reserve = match holding {
+        agentry_persistence::budgets::Holding::WholeRun => {
+            agentry_persistence::budgets::reserve_of(conn, task.id)?
+        }
+        agentry_persistence::budgets::Holding::PerCall => None,
+    };
+    let budget = match (budget, reserve) {
         (Some(cap), Some(reserve)) => Some(cap.min(reserve)),
         (cap, reserve) => cap.or(reserve),
     };
