@@ -19,20 +19,21 @@ use std::time::Duration;
 /// The test `$test` runs the scenario `$scenario` on [`Replicas`]: reported ignored where
 /// the suite has no PostgreSQL (and doing nothing there if run all the same).
 macro_rules! on_replicas {
-    ($scenario:ident => $test:ident) => {
+    ($scenario:ident => $test:ident $(, $key:literal = $value:literal)*) => {
         #[test]
         #[cfg_attr(
             agentry_pg_skipped,
             ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
         )]
         fn $test() {
-            if let Some(replicas) = crate::Replicas::new() {
+            if let Some(replicas) = crate::Replicas::with(&[$(($key, $value)),*]) {
                 $scenario(&replicas);
             }
         }
     };
 }
 
+mod budgets;
 mod gateway;
 mod real_agents;
 mod webhook;
@@ -795,11 +796,12 @@ impl std::ops::Deref for Replicas {
 }
 
 impl Replicas {
-    /// The replicas' world; `None` (the test does nothing) where the suite has no
-    /// PostgreSQL.
-    fn new() -> Option<Replicas> {
+    /// The replicas' world, `extra` added to every replica's environment; `None` (the test
+    /// does nothing) where the suite has no PostgreSQL.
+    fn with(extra: &[(&str, &str)]) -> Option<Replicas> {
         let db = TestDb::postgres()?;
-        let world = World::new("ghp_ReplicaTestToken0123456789abcdef", &REPLICA_ENV);
+        let env: Vec<(&str, &str)> = REPLICA_ENV.iter().chain(extra).copied().collect();
+        let world = World::new("ghp_ReplicaTestToken0123456789abcdef", &env);
         Some(Replicas { db, world })
     }
 

@@ -93,6 +93,7 @@ pub(crate) fn root(incoming: &Incoming, state: &Shared) -> Reply {
         },
         delay: None,
         seq: None,
+        gather: None,
     }
 }
 
@@ -480,6 +481,7 @@ pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &
             },
             delay: None,
             seq: None,
+            gather: None,
         }
     } else {
         Reply::json(
@@ -498,6 +500,7 @@ pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &
     };
     reply.headers.push(("request-id".into(), request_id));
     reply.delay = delay;
+    reply.gather = directives.gather;
     reply.with_seq(seq)
 }
 

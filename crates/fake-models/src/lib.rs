@@ -120,6 +120,10 @@
 //! * `[model:calls=N]` (1–100): N tool calls before the final answer;
 //! * `[model:hold=SECS]` (as `slow`): every model call of the conversation, the first and
 //!   side calls too, waits SECS before answering (a burst of calls stays in flight together);
+//! * `[model:gather=N]` (Anthropic, 1–1000): the first N model calls that carry it wait
+//!   (at most 60 s) until all N have arrived, then go on together (so a test can show that
+//!   N calls were in flight at once: a caller that sends them one at a time waits the whole
+//!   minute); later calls do not wait;
 //! * `[model:cut]` (Anthropic): a streamed answer breaks off after `message_start` and its
 //!   first block's start (the connection closes without the events that carry the final
 //!   usage); the call is recorded with the usage the whole answer would have had, as a
@@ -500,6 +504,8 @@ pub(crate) struct Reply {
     pub delay: Option<Duration>,
     /// The call to mark answered when the answer goes out.
     pub seq: Option<u64>,
+    /// `[model:gather=N]`: among the first N such calls, wait until all N have arrived.
+    pub gather: Option<u32>,
 }
 
 impl Reply {
@@ -510,6 +516,7 @@ impl Reply {
             body: Body::Json(body),
             delay: None,
             seq: None,
+            gather: None,
         }
     }
 
@@ -574,8 +581,24 @@ fn unknown(incoming: &Incoming, state: &Shared) -> Reply {
     Reply::json(404, body)
 }
 
-/// Sends `reply` (after its delay), marking its call answered.
+/// The longest a `[model:gather=N]` call waits for the others.
+const GATHER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sends `reply` (after its gathering and its delay), marking its call answered.
 async fn send(reply: Reply, state: &Shared) -> HttpResponse {
+    if let Some(n) = reply.gather {
+        let arrival = {
+            let mut s = lock(state);
+            s.gathered += 1;
+            s.gathered
+        };
+        if arrival <= n {
+            let deadline = std::time::Instant::now() + GATHER_TIMEOUT;
+            while lock(state).gathered < n && std::time::Instant::now() < deadline {
+                actix_web::rt::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
     if let Some(delay) = reply.delay {
         actix_web::rt::time::sleep(delay).await;
     }

@@ -793,6 +793,7 @@ pub(crate) fn responses(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: 
                     ),
                     delay: None,
                     seq: None,
+                    gather: None,
                 }
             } else {
                 Reply::json(200, response)

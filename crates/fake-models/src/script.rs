@@ -15,6 +15,9 @@ pub(crate) const REVIEW_QUOTE_CHARS: usize = 4000;
 /// The most tool calls `[model:calls=N]` asks for.
 pub(crate) const MAX_CALLS: u32 = 100;
 
+/// The most calls `[model:gather]` may gather.
+pub(crate) const MAX_GATHER: u32 = 1000;
+
 /// The longest `[model:slow=SECS]` honoured, in seconds.
 pub(crate) const MAX_SLOW_SECS: f64 = 3600.0;
 
@@ -41,6 +44,8 @@ pub(crate) struct Directives {
     pub calls: Option<u32>,
     /// `[model:hold=SECS]`: how long every model call waits before answering.
     pub hold: Option<Duration>,
+    /// `[model:gather=N]`: the first N such calls wait until all N have arrived.
+    pub gather: Option<u32>,
     /// `[model:cut]`: a streamed answer breaks off after its first events (the connection
     /// closes without the events that carry the final usage).
     pub cut: bool,
@@ -111,6 +116,13 @@ impl Directives {
                         } else {
                             out.hold = wait;
                         }
+                    }
+                }
+                "gather" => {
+                    if let Ok(n) = value.parse::<u32>()
+                        && (1..=MAX_GATHER).contains(&n)
+                    {
+                        out.gather = Some(n);
                     }
                 }
                 "calls" => {

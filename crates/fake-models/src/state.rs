@@ -38,6 +38,8 @@ pub(crate) struct State {
     pub websocket: bool,
     /// Every request answered (or being answered), oldest first.
     pub calls: Vec<Call>,
+    /// How many `[model:gather]` calls arrived.
+    pub gathered: u32,
     /// `calls[i].seq == first_seq + i` (what [`State::clear_calls`] forgot before).
     first_seq: u64,
     /// Statuses the next main calls answer instead of their answer.
@@ -58,6 +60,7 @@ impl State {
             key,
             websocket: true,
             calls: Vec::new(),
+            gathered: 0,
             first_seq: 0,
             faults: VecDeque::new(),
             rng: SplitMix64::new(seed),

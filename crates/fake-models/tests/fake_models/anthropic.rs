@@ -483,3 +483,44 @@ fn count_tokens_and_models() {
     let kinds: Vec<CallKind> = fake.calls().iter().map(|c| c.kind).collect();
     assert_eq!(kinds, [CallKind::CountTokens, CallKind::Other]);
 }
+
+/// `[model:gather=3]`: the first three calls wait until all three have arrived, so none is
+/// answered before the last is sent; a fourth goes through at once.
+#[test]
+fn gathered_calls_are_answered_together_once_all_have_arrived() {
+    let fake = FakeModels::start();
+    let request = body(json!([user("Go [model:gather=3]")]), false);
+    let (answered_tx, answered) = std::sync::mpsc::channel();
+    let early: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, request, answered_tx) =
+                (fake.base_url(), request.clone(), answered_tx.clone());
+            std::thread::spawn(move || {
+                let status = client()
+                    .post(format!("{url}/v1/messages"))
+                    .header("x-api-key", DEFAULT_KEY)
+                    .header("anthropic-version", "2023-06-01")
+                    .json(&request)
+                    .send()
+                    .unwrap()
+                    .status();
+                answered_tx.send(Instant::now()).unwrap();
+                status
+            })
+        })
+        .collect();
+    assert!(fake.wait_for(Duration::from_secs(10), |calls| calls.len() == 2));
+    // Two are in flight and stay there while the third is not sent.
+    assert!(answered.recv_timeout(Duration::from_millis(300)).is_err());
+    let third_sent = Instant::now();
+    assert_eq!(post(&fake, &request).status(), 200);
+    for handle in early {
+        assert_eq!(handle.join().unwrap(), 200);
+    }
+    for _ in 0..2 {
+        assert!(answered.recv().unwrap() >= third_sent);
+    }
+    let started = Instant::now();
+    assert_eq!(post(&fake, &request).status(), 200);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
