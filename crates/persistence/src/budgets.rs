@@ -1,12 +1,13 @@
 //! Monthly budgets (docs/contract.md#67-budgets): the instance-wide budget, what was spent
-//! this month, what running tasks have reserved, and which queued tasks no budget can pay
-//! for.
+//! this month, what running tasks hold, and which queued tasks no budget can pay for.
 //!
 //! The month is the UTC calendar month. What a month spent is the cost of the runs that
-//! finished in it; what is reserved is the allowance of every task being provisioned or
-//! run (`tasks.budget_reserve_nanos`), which goes away when the task leaves those states. A
-//! claim takes its allowance from what is left, in the claim's transaction
-//! ([`crate::runner::claim_next`]), so parallel runs never share one remainder.
+//! finished in it; what is held (`tasks.budget_reserve_nanos`, counted while the task is
+//! being provisioned or run, so it goes away when the task leaves those states) is either a
+//! run's whole allowance, taken by its claim ([`Holding::WholeRun`]), or a metered run's
+//! calls: their costs so far and the reservations of those in flight ([`Holding::PerCall`],
+//! [`hold_call`]). Both are decided in one transaction each against what is left, so
+//! parallel runs never share one remainder.
 
 use agentry_domain::{BudgetScope, Task, TaskState, Usd};
 use diesel::prelude::*;

@@ -33,10 +33,11 @@ pub const MAX_LOG_BYTES: usize = 8 * 1024 * 1024;
 /// queued that a budget lets run.
 ///
 /// Under monthly budgets (docs/contract.md#67-budgets) the claim takes the task's allowance
-/// (what is left of its repository's and the instance's month, net of the reserves of runs
-/// in progress) as its reserve, in the same transaction; a task no budget can pay for is
-/// not claimed, and its repository's queued tasks (or every queued task, for the
-/// instance's budget) are marked blocked until money is available again.
+/// (what is left of its repository's and the instance's month, net of what runs in progress
+/// hold) as the run's hold for its whole life, in the same transaction
+/// ([`budgets::Holding::WholeRun`]; see [`claim_next_holding`] for the other way); a task no
+/// budget can pay for is not claimed, and its repository's queued tasks (or every queued
+/// task, for the instance's budget) are marked blocked until money is available again.
 pub fn claim_next(
     conn: &mut AnyConnection,
     owner: &str,

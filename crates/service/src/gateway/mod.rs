@@ -22,10 +22,11 @@
 //!   the repository allows provider tools.
 //! - Model calls (Anthropic `POST /v1/messages`, OpenAI `POST /v1/responses…`) are metered.
 //!   A call to a model without a price is refused (`400`). Before a call is passed on, its
-//!   largest possible cost is reserved in the run's meter: the call goes only if the run's
-//!   spend, its calls in flight and this reservation fit its allowance; otherwise `429` in
-//!   the provider's error shape, and the run is marked exhausted (the runner stops it,
-//!   "budget reached"). The usage the provider returned is read from the answer as it passes
+//!   largest possible cost is reserved in the run's meter, where the call must fit what is
+//!   left of the task's cap beside the run's spend and its calls in flight, and then held in
+//!   the database against the monthly budgets, beside what every run in progress holds
+//!   (`budgets::hold_call`); otherwise `429` in the provider's error shape naming the limit,
+//!   and the run is marked exhausted (the runner stops it, "budget reached"). The usage the provider returned is read from the answer as it passes
 //!   ([`usage`]), priced, and recorded as a [`ModelCall`] as soon as the answer ends (or
 //!   breaks off), so a crash or a kill loses none; a call whose final usage never came is
 //!   recorded at its reservation.
