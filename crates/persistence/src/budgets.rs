@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::convert::{self, to_db};
 use crate::fetch::Fetch;
-use crate::schema::{instance_budget, repositories, tasks};
+use crate::schema::{instance_budget, repositories, run_cost_rollup, tasks};
 use crate::{AnyConnection, DbError, write_tx};
 
 /// Midnight UTC of the first day of `now`'s month.
@@ -311,17 +311,21 @@ pub fn hold_call(
     }
     write_tx(conn, |conn| {
         lock_budget_row(conn)?;
-        let row: Option<(Option<String>, String, i32, Option<i64>)> = tasks::table
-            .find(task.to_string())
+        // Few round trips while the lock is held: the task with its repository's budget,
+        // the instance's budget, the month's spend and what runs hold, each read once.
+        let row: Option<(Option<String>, String, i32, Option<i64>, Option<i64>)> = tasks::table
+            .left_join(repositories::table)
+            .filter(tasks::id.eq(task.to_string()))
             .select((
                 tasks::repo_id,
                 tasks::state,
                 tasks::attempt,
                 tasks::budget_reserve_nanos,
+                repositories::monthly_budget_nanos.nullable(),
             ))
             .first(conn)
             .optional()?;
-        let Some((repo, state, current, hold)) = row else {
+        let Some((repo, state, current, hold, repo_budget)) = row else {
             return Ok(CallHold::NotRunning);
         };
         let in_progress =
@@ -329,22 +333,13 @@ pub fn hold_call(
         if !in_progress || current != attempt {
             return Ok(CallHold::NotRunning);
         }
-        let repo = repo.as_deref().map(convert::uuid).transpose()?;
-        let repo_budget = match repo {
-            Some(repo) => repositories::table
-                .find(repo.to_string())
-                .select(repositories::monthly_budget_nanos)
-                .first::<Option<i64>>(conn)
-                .optional()?
-                .flatten(),
-            None => None,
-        };
+        let repo_budget = repo_budget.filter(|_| repo.is_some());
         let instance = instance_budget(conn)?.map(Usd::to_nanos);
         if repo_budget.is_none() && instance.is_none() {
             return Ok(CallHold::Unbudgeted);
         }
         // A hold not started yet (claimed while no budget applied) starts at what the run
-        // has spent so far; it is not among the reserves summed below.
+        // has spent so far; it is not among the holds summed below.
         let (hold, unlisted) = match hold {
             Some(hold) => (hold, 0),
             None => {
@@ -354,18 +349,40 @@ pub fn hold_call(
                 (spent, spent)
             }
         };
+        let spent = by_repository(
+            run_cost_rollup::table
+                .filter(run_cost_rollup::month.eq(crate::alerts::month_key(now)))
+                .select((run_cost_rollup::repo_id, run_cost_rollup::cost_nanos))
+                .load::<(String, i64)>(conn)?,
+            repo.as_deref(),
+        );
+        let held = by_repository(
+            tasks::table
+                .filter(tasks::state.eq_any([
+                    TaskState::Provisioning.as_str(),
+                    TaskState::Running.as_str(),
+                ]))
+                .filter(tasks::budget_reserve_nanos.is_not_null())
+                .select((
+                    tasks::repo_id,
+                    tasks::budget_reserve_nanos.assume_not_null(),
+                ))
+                .load::<(Option<String>, i64)>(conn)?
+                .into_iter()
+                .map(|(repo, nanos)| (repo.unwrap_or_default(), nanos))
+                .collect(),
+            repo.as_deref(),
+        );
         let amount = amount.to_nanos();
         let budgets = [
-            (BudgetScope::Repository, repo_budget.zip(repo)),
-            (BudgetScope::Instance, instance.map(|b| (b, Uuid::nil()))),
+            (BudgetScope::Repository, repo_budget, spent.repo, held.repo),
+            (BudgetScope::Instance, instance, spent.all, held.all),
         ];
-        for (scope, budget) in budgets {
-            let Some((budget, repo)) = budget else {
+        for (scope, budget, spent, held) in budgets {
+            let Some(budget) = budget else {
                 continue;
             };
-            let of = (scope == BudgetScope::Repository).then_some(repo);
-            let spent = spent_nanos(conn, of, now)?;
-            let held = reserved_nanos(conn, of)?.saturating_add(unlisted);
+            let held = held.saturating_add(unlisted);
             let left = budget.saturating_sub(spent).saturating_sub(held);
             if amount > left {
                 return Ok(CallHold::Refused(Shortfall {
@@ -381,6 +398,25 @@ pub fn hold_call(
             .execute(conn)?;
         Ok(CallHold::Held)
     })
+}
+
+/// Nano-dollars of one repository and of all.
+struct Sums {
+    repo: i64,
+    all: i64,
+}
+
+/// Sums `rows` (repository id, nano-dollars): those of `repo`, and all of them.
+fn by_repository(rows: Vec<(String, i64)>, repo: Option<&str>) -> Sums {
+    rows.into_iter()
+        .fold(Sums { repo: 0, all: 0 }, |sums, (id, nanos)| Sums {
+            repo: if Some(id.as_str()) == repo {
+                sums.repo.saturating_add(nanos)
+            } else {
+                sums.repo
+            },
+            all: sums.all.saturating_add(nanos),
+        })
 }
 
 /// Whether a monthly budget may apply to `task`: the instance's, or its repository's.

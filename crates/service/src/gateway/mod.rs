@@ -608,7 +608,9 @@ async fn reserve(
     let amount = recorder.plan.reservation;
     if let Err(ledger) = run.meter.reserve(amount, run.allowance) {
         let reason = format!(
-            "this task's maxCostPerTaskUsd has {} USD left for this run, which has spent {} USD              with {} USD reserved by its calls in flight, and a call that may cost up to {} USD              was not sent",
+            "this task's maxCostPerTaskUsd has {} USD left for this run, which has spent {} USD \
+             with {} USD reserved by its calls in flight, and a call that may cost up to {} USD \
+             was not sent",
             run.allowance.unwrap_or(Usd::ZERO),
             ledger.spent,
             ledger.reserved,
@@ -634,7 +636,9 @@ async fn reserve(
         Ok(CallHold::Refused(shortfall)) => {
             run.meter.release(amount);
             let reason = format!(
-                "{} monthly budget of {} USD has {} USD left ({} USD spent this month by                  finished runs, {} USD held by runs in progress), and a call that may cost up                  to {} USD was not sent",
+                "{} monthly budget of {} USD has {} USD left ({} USD spent this month by \
+                 finished runs, {} USD held by runs in progress), and a call that may cost up \
+                 to {} USD was not sent",
                 match shortfall.scope {
                     BudgetScope::Repository => "the repository's",
                     BudgetScope::Instance => "the instance's",

@@ -877,3 +877,82 @@ async fn a_run_holds_at_most_its_share_of_connections() {
     }
     assert_eq!(rig.calls(1).await.len(), MAX_CONNECTIONS_PER_RUN);
 }
+
+/// Under a monthly budget a call holds its largest cost in the database before it goes out,
+/// and its cost once it ended; the call that does not fit beside what the run holds is
+/// refused naming the budget and its figures, and the run is marked exhausted with that
+/// reason. A call of a run that is over is refused without reaching the upstream.
+#[tokio::test]
+async fn a_call_over_the_monthly_budget_is_refused_naming_it() {
+    use agentry_persistence::budgets::{self, Holding};
+    // Each call: 1000 input + 500 output tokens of claude-sonnet-5 = $0.007.
+    let rig = Rig::start(Script::message(1000, 500)).await;
+    {
+        let mut conn = rig.db.conn().unwrap();
+        let now = agentry_persistence::now();
+        budgets::set_instance_budget(&mut conn, Some(Usd::parse("0.01").unwrap()), now).unwrap();
+        let lease = time::Duration::seconds(600);
+        let claimed = agentry_persistence::runner::claim_next_holding(
+            &mut conn,
+            "me",
+            now,
+            lease,
+            Holding::PerCall,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(claimed.id, rig.task_id);
+    }
+    let held = || {
+        let mut conn = rig.db.conn().unwrap();
+        budgets::reserve_of(&mut conn, rig.task_id).unwrap()
+    };
+    assert_eq!(held(), Some(Usd::ZERO));
+    let run = rig.open_claude().await;
+    for spent in ["0.007", "0.014"] {
+        let (reader, status, _) = run.message().await;
+        assert_eq!(status, 200);
+        rest(reader).await;
+        assert!(
+            rig.gateway
+                .drain(rig.task_id, 1, Duration::from_secs(10))
+                .await
+        );
+        assert_eq!(held(), Some(Usd::parse(spent).unwrap()));
+    }
+    // $0.014 held (the upstream billed more than the calls reserved), $0.01 budget.
+    let (reader, status, _) = run.message().await;
+    assert_eq!(status, 429);
+    let answer = rest(reader).await;
+    let reason = format!(
+        "the instance's monthly budget of 0.01 USD has 0 USD left (0 USD spent this month by \
+         finished runs, 0.014 USD held by runs in progress), and a call that may cost up to {} \
+         USD was not sent",
+        reservation(MESSAGE.len(), 100)
+    );
+    assert!(
+        answer.contains(&format!("budget reached: {reason}")),
+        "{answer}"
+    );
+    assert!(run.meter.is_exhausted());
+    assert_eq!(run.meter.reason().as_deref(), Some(reason.as_str()));
+    assert_eq!(held(), Some(Usd::parse("0.014").unwrap()));
+    assert_eq!(rig.seen().len(), 2);
+
+    // The task is cancelled: its run is over, and its calls are refused.
+    {
+        let mut conn = rig.db.conn().unwrap();
+        tasks::transition_task(
+            &mut conn,
+            rig.task_id,
+            agentry_domain::Trigger::Cancel,
+            &tasks::TransitionDetails::default(),
+            agentry_persistence::now(),
+        )
+        .unwrap();
+    }
+    let (reader, status, _) = run.message().await;
+    assert_eq!(status, 403);
+    assert!(rest(reader).await.contains("this agentry run is over"));
+    assert_eq!(rig.seen().len(), 2);
+}
