@@ -313,7 +313,7 @@ pub fn hold_call(
         lock_budget_row(conn)?;
         // Few round trips while the lock is held: the task with its repository's budget,
         // the instance's budget, the month's spend and what runs hold, each read once.
-        let row: Option<(Option<String>, String, i32, Option<i64>, Option<i64>)> = tasks::table
+        let row: Option<HoldRow> = tasks::table
             .left_join(repositories::table)
             .filter(tasks::id.eq(task.to_string()))
             .select((
@@ -399,6 +399,10 @@ pub fn hold_call(
         Ok(CallHold::Held)
     })
 }
+
+/// A task as [`hold_call`] reads it: its repository, state, attempt, hold, and its
+/// repository's monthly budget.
+type HoldRow = (Option<String>, String, i32, Option<i64>, Option<i64>);
 
 /// Nano-dollars of one repository and of all.
 struct Sums {
