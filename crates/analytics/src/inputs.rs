@@ -29,6 +29,9 @@ pub struct Totals {
     pub input_tokens: i64,
     /// Output tokens over the costed tasks.
     pub output_tokens: i64,
+    /// The part of `cost` that is imported history ([`TaskFact::imported`]): no budget
+    /// counts it.
+    pub imported_cost: Decimal,
 }
 
 impl Totals {
@@ -46,6 +49,11 @@ impl Totals {
                 succeeded: i64::from(task.succeeded()),
                 input_tokens: task.input_tokens,
                 output_tokens: task.output_tokens,
+                imported_cost: if task.imported {
+                    cost.as_decimal()
+                } else {
+                    Decimal::ZERO
+                },
             },
         }
     }
@@ -78,6 +86,7 @@ saturating_sums!(Totals {
     succeeded,
     input_tokens,
     output_tokens,
+    imported_cost,
 });
 
 impl AddAssign<&Totals> for Totals {
@@ -134,11 +143,14 @@ pub struct TaskFact {
     pub revisions: i32,
     /// What the task's revision runs cost, exactly; part of `cost`.
     pub revision_cost: Usd,
+    /// History brought in by an import (docs/contract.md#39-import): its cost is in the
+    /// report, but no budget counts it.
+    pub imported: bool,
 }
 
 /// The report's view of a stored task: its identity, repository (as the normalised URL
-/// string), kind, state, model, exact cost, tokens, creation time, parent and revisions; the
-/// rest is dropped.
+/// string), kind, state, model, exact cost, tokens, creation time, parent, revisions and
+/// whether it was imported; the rest is dropped.
 impl From<Task> for TaskFact {
     fn from(t: Task) -> TaskFact {
         TaskFact {
@@ -155,6 +167,7 @@ impl From<Task> for TaskFact {
             parent_task_id: t.parent_task_id,
             revisions: t.revisions,
             revision_cost: t.revision_cost_usd,
+            imported: t.imported,
         }
     }
 }

@@ -173,6 +173,9 @@ pub struct Forecast {
     /// Costs of the tasks created in the current UTC month (repository filter applies, `days`
     /// does not).
     pub month_cost_so_far: String,
+    /// The part of `monthCostSoFar` that is imported history (tasks of `agentry import`,
+    /// docs/contract.md#39-import), which no budget counts.
+    pub month_imported_cost_so_far: String,
     /// `monthCostSoFar + (totalCost / days) × daysRemaining`, from the exact quotient, rounded
     /// once.
     pub forecasted_month_total: String,
@@ -572,6 +575,7 @@ fn forecast(period: &Totals, month: &Totals, days: u32, days_remaining: u32) -> 
     Forecast {
         daily_avg_cost: format_decimal(div_round(period.cost, days_d, 4), 4),
         month_cost_so_far: format_decimal(month.cost, 4),
+        month_imported_cost_so_far: format_decimal(month.imported_cost, 4),
         forecasted_month_total: format_decimal(div_round(forecast_numerator, days_d, 4), 4),
         days_remaining,
     }

@@ -53,6 +53,8 @@ struct Group {
     input_tokens: i64,
     #[diesel(sql_type = BigInt)]
     output_tokens: i64,
+    #[diesel(sql_type = BigInt)]
+    imported_cost: i64,
 }
 
 fn midnight(d: time::Date) -> PrimitiveDateTime {
@@ -78,7 +80,8 @@ fn baseline(
              COUNT(*) AS tasks, COUNT(cost_nanos) AS costed, \
              CAST(COALESCE(SUM(cost_nanos), 0) AS BIGINT) AS cost, \
              CAST(COALESCE(SUM(CASE WHEN cost_nanos IS NOT NULL THEN input_tokens ELSE 0 END), 0) AS BIGINT) AS input_tokens, \
-             CAST(COALESCE(SUM(CASE WHEN cost_nanos IS NOT NULL THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS output_tokens \
+             CAST(COALESCE(SUM(CASE WHEN cost_nanos IS NOT NULL THEN output_tokens ELSE 0 END), 0) AS BIGINT) AS output_tokens, \
+             CAST(COALESCE(SUM(CASE WHEN imported THEN cost_nanos ELSE 0 END), 0) AS BIGINT) AS imported_cost \
              FROM tasks WHERE created_at >= {p1} AND created_at < {p2} GROUP BY 1, 2, 3, 4, 5"
         )
     };
@@ -123,6 +126,10 @@ fn baseline(
             },
             input_tokens: g.input_tokens,
             output_tokens: g.output_tokens,
+            imported_cost: rust_decimal::Decimal::from_i128_with_scale(
+                i128::from(g.imported_cost),
+                9,
+            ),
         };
         if window.in_previous(day) {
             inputs.previous.add(&t);

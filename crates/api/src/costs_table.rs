@@ -338,6 +338,7 @@ mod tests {
             parent_task_id: parent.map(Uuid::from_u128),
             revisions: 0,
             revision_cost: Usd::ZERO,
+            imported: false,
         }
     }
 

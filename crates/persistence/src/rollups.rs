@@ -73,9 +73,13 @@ pub struct Sums {
     pub input_tokens: i64,
     /// Output tokens of costed tasks.
     pub output_tokens: i64,
+    /// The part of `cost_nanos` that is imported history (tasks of `agentry import`): no
+    /// budget counts it.
+    pub imported_cost_nanos: i64,
 }
 
-combine_fields!(Sums: tasks, costed, cost_nanos, succeeded, input_tokens, output_tokens);
+combine_fields!(Sums: tasks, costed, cost_nanos, succeeded, input_tokens, output_tokens,
+    imported_cost_nanos);
 
 /// Outcome sums over the units whose head is in a combination (docs/analytics.md): what a
 /// cumulative row holds besides [`Sums`].
@@ -247,26 +251,31 @@ impl Sums {
             task.state,
             task.input_tokens,
             task.output_tokens,
+            task.imported,
         )
     }
 
-    /// The sums of one task with this cost, state and token counts.
+    /// The sums of one task with this cost, state and token counts; `imported` for imported
+    /// history.
     pub(crate) fn from_parts(
         cost: Option<agentry_domain::Usd>,
         state: TaskState,
         input_tokens: i64,
         output_tokens: i64,
+        imported: bool,
     ) -> Sums {
         let costed = cost.is_some();
+        let cost_nanos = cost.map_or(0, |u| u.to_nanos());
         Sums {
             tasks: 1,
             costed: i64::from(costed),
-            cost_nanos: cost.map_or(0, |u| u.to_nanos()),
+            cost_nanos,
             succeeded: i64::from(
                 costed && matches!(state, TaskState::PrOpened | TaskState::Completed),
             ),
             input_tokens: if costed { input_tokens } else { 0 },
             output_tokens: if costed { output_tokens } else { 0 },
+            imported_cost_nanos: if imported { cost_nanos } else { 0 },
         }
     }
 

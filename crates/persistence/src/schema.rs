@@ -311,6 +311,7 @@ diesel::table! {
         failed_cost_nanos -> BigInt,
         merged_revisions -> BigInt,
         revision_cost_nanos -> BigInt,
+        imported_cost_nanos -> BigInt,
     }
 }
 

@@ -226,6 +226,21 @@ pub type CumulativeRow = (String, String, String, String, [i64; 13]);
 /// Every row of the cumulative cost rollup, in key order, for tests that compare what the
 /// rollup holds with what it should.
 pub fn cumulative_rows(conn: &mut crate::AnyConnection) -> Vec<CumulativeRow> {
+    cumulative_rows_with_imported(conn)
+        .into_iter()
+        .map(|(repo, kind, model, day, sums)| {
+            let mut first = [0; 13];
+            first.copy_from_slice(&sums[..13]);
+            (repo, kind, model, day, first)
+        })
+        .collect()
+}
+
+/// [`cumulative_rows`] with a fourteenth figure: the imported cost (the part of the cost
+/// that is imported history).
+pub fn cumulative_rows_with_imported(
+    conn: &mut crate::AnyConnection,
+) -> Vec<(String, String, String, String, [i64; 14])> {
     use crate::schema::cost_cumulative as cc;
     let rows: Vec<crate::rollups::CumRecord> = cc::table
         .order((cc::repo_url, cc::task_type, cc::model, cc::day))
@@ -249,6 +264,7 @@ pub fn cumulative_rows(conn: &mut crate::AnyConnection) -> Vec<CumulativeRow> {
                 o.failed_cost_nanos,
                 o.merged_revisions,
                 o.revision_cost_nanos,
+                s.imported_cost_nanos,
             ];
             (r.repo_url, r.task_type, r.model, r.day, sums)
         })

@@ -43,6 +43,7 @@ fn totals(s: Sums) -> Totals {
         succeeded: s.succeeded,
         input_tokens: s.input_tokens,
         output_tokens: s.output_tokens,
+        imported_cost: usd(s.imported_cost_nanos),
     }
 }
 

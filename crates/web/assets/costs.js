@@ -308,6 +308,31 @@ function nanos(decimal) {
   return BigInt(m[1]) * 1000000000n + BigInt((m[2] ?? '').slice(0, 9).padEnd(9, '0'));
 }
 
+/**
+ * What a budget counts, and, when imported history makes the forecast's month differ from a
+ * budget's, how much of it is imported (`forecast.monthImportedCostSoFar`).
+ * @param {CostReport} r
+ */
+function budgetsCount(r) {
+  const imported = optional(r.forecast, 'monthImportedCostSoFar');
+  return h(
+    'p',
+    { class: 'note budgets-count' },
+    'A budget counts what agentry’s own runs that finished this month (UTC) cost. Imported history is not counted.',
+    typeof imported === 'string' && nanos(imported) > 0n
+      ? h(
+          'span',
+          { class: 'budgets-imported' },
+          ' The forecast’s month so far, ',
+          moneyEl(r.forecast.monthCostSoFar, { total: true }),
+          ', includes ',
+          moneyEl(imported, { total: true }),
+          ' of imported history, which no budget counts.',
+        )
+      : null,
+  );
+}
+
 /** @param {CostReport} r */
 function budgetsRegion(r) {
   const section = region('Budgets', { class: 'panel wide budgets' });
@@ -315,6 +340,7 @@ function budgetsRegion(r) {
     section.append(h('p', { class: 'state' }, 'No monthly budget is set (Settings sets the instance’s; each repository’s settings its own).'));
     return section;
   }
+  section.append(budgetsCount(r));
   const words = { ok: 'under 80 %', warn: '80 % reached', over: '100 % reached: over budget' };
   const icons = { ok: '✓', warn: '⚠', over: '‼' };
   section.append(

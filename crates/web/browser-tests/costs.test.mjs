@@ -360,6 +360,19 @@ test('Outcomes and Budgets from the API; a budget set in Settings shows on the p
     assert.ok(text.includes(`Month to date ${cents(b.monthToDateUsd, { total: true })} of ${cents(b.monthlyBudgetUsd, { total: true })}`), text);
     assert.ok(text.includes('under 80 %'), text);
     assert.equal(await budgets.getByRole('meter').count(), 1);
+    // What a budget counts, and how much of the forecast's month is imported history: the
+    // fixture is all imported, so the budget's month to date is $0.00 whatever the month holds.
+    assert.equal(b.monthToDateUsd, '0.0000');
+    assert.equal(r.forecast.monthImportedCostSoFar, r.forecast.monthCostSoFar);
+    const counts = await budgets.locator('.budgets-count').innerText();
+    const general = 'A budget counts what agentry’s own runs that finished this month (UTC) cost. Imported history is not counted.';
+    if (/^0\.0+$/.test(r.forecast.monthImportedCostSoFar)) {
+      // Only in the first minutes of a month, before any fixture task of it.
+      assert.equal(counts, general);
+    } else {
+      const month = cents(r.forecast.monthCostSoFar, { total: true });
+      assert.equal(counts, `${general} The forecast’s month so far, ${month}, includes ${month} of imported history, which no budget counts.`);
+    }
     assert.deepEqual(await axeViolations(page), []);
     await page.close();
   } finally {
@@ -391,6 +404,8 @@ test('suggestions top three and a disclosure, budgets at 80 % and 100 % in words
     ];
     r.outcomes.revisionCost = '12.3456789';
     r.outcomes.avgRevisionsPerMergedPullRequest = 1.25;
+    r.forecast.monthCostSoFar = '347.4512';
+    r.forecast.monthImportedCostSoFar = '343.7049';
     await route.fulfill({ response, json: r });
   });
   await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
@@ -416,6 +431,12 @@ test('suggestions top three and a disclosure, budgets at 80 % and 100 % in words
   assert.ok(warn.includes('80 % reached') && warn.includes('(80.0%)') && /Runs out on \w+ 27 \(UTC\)/.test(warn), warn);
   assert.ok(over.includes('over budget') && over.includes('(123.5%)'), over);
   assert.equal(await budgets.getByRole('meter').count(), 3);
+  assert.equal(
+    await budgets.locator('.budgets-count').innerText(),
+    'A budget counts what agentry’s own runs that finished this month (UTC) cost. Imported history is not counted. ' +
+      'The forecast’s month so far, $347.45, includes $343.70 of imported history, which no budget counts.',
+  );
+  assert.ok((await region(page, 'Forecast').innerText()).includes('Month so far (UTC): $347.45.'));
 
   const outcomes = await region(page, 'Outcomes').locator('dl').innerText();
   assert.ok(outcomes.includes('Revision cost\n$12.35'), outcomes);
@@ -424,6 +445,30 @@ test('suggestions top three and a disclosure, budgets at 80 % and 100 % in words
   // Every money string on the page, the disclosure open, has at most two decimals.
   assert.doesNotMatch(await page.locator('body').innerText(), OVER_PRECISE);
   await screenshot(page, 'costs-outcomes-budgets');
+  assert.deepEqual(await axeViolations(page), []);
+  await page.close();
+});
+
+test('without imported history this month the Budgets region says only what a budget counts', { timeout: 60000 }, async () => {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  await page.route(costsOf(30), async (route) => {
+    const response = await route.fetch();
+    const r = await response.json();
+    r.budgets = [{ scope: 'instance', repoUrl: null, monthlyBudgetUsd: '300.0000', monthToDateUsd: '12.5000', forecastUsd: '40.0000', exhaustsOn: null }];
+    r.forecast.monthCostSoFar = '12.5000';
+    r.forecast.monthImportedCostSoFar = '0.0000';
+    await route.fulfill({ response, json: r });
+  });
+  await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
+  await page.locator('main[data-ready="days=30&repoUrl="]').waitFor();
+  const budgets = region(page, 'Budgets');
+  assert.equal(
+    await budgets.locator('.budgets-count').innerText(),
+    'A budget counts what agentry’s own runs that finished this month (UTC) cost. Imported history is not counted.',
+  );
+  assert.equal(await budgets.locator('.budgets-imported').count(), 0);
+  assert.doesNotMatch(await budgets.innerText(), /imported history, which/);
+  assert.ok((await budgets.innerText()).includes('Month to date $12.50 of $300.00 (4.2%)'));
   assert.deepEqual(await axeViolations(page), []);
   await page.close();
 });

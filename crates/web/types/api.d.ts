@@ -316,6 +316,11 @@ export interface Forecast {
    */
   monthCostSoFar: string;
   /**
+   * The part of `monthCostSoFar` that is imported history (tasks of `agentry import`,
+   * docs/contract.md#39-import), which no budget counts.
+   */
+  monthImportedCostSoFar: string;
+  /**
    * `monthCostSoFar + (totalCost / days) × daysRemaining`, from the exact quotient, rounded
    * once.
    */

@@ -42,6 +42,7 @@ fn coding(id: u128, repo: &str, cost: Option<&str>, created_at: OffsetDateTime) 
         parent_task_id: None,
         revisions: 0,
         revision_cost: Usd::ZERO,
+        imported: false,
     }
 }
 
@@ -139,7 +140,7 @@ fn task_fact_from_a_stored_task() {
         started_at: None,
         finished_at: None,
         blocked_by: None,
-        imported: false,
+        imported: true,
         revisions: 2,
         revision_attempt: None,
         revision_cost_usd: Usd::parse("0.25").unwrap(),
@@ -161,6 +162,7 @@ fn task_fact_from_a_stored_task() {
             parent_task_id: Some(Uuid::from_u128(8)),
             revisions: 2,
             revision_cost: Usd::parse("0.25").unwrap(),
+            imported: true,
         }
     );
     assert_eq!(fact.day(), date!(2025 - 03 - 05));
@@ -186,6 +188,7 @@ fn empty_input() {
         Forecast {
             daily_avg_cost: "0.0000".into(),
             month_cost_so_far: "0.0000".into(),
+            month_imported_cost_so_far: "0.0000".into(),
             forecasted_month_total: "0.0000".into(),
             days_remaining: 21,
         }
@@ -255,6 +258,7 @@ fn one_task_full_json() {
             "forecast": {
                 // 1.25 / 3 = 0.41666…; 1.25 + 21 × 1.25 / 3 = 10.0
                 "dailyAvgCost": "0.4167", "monthCostSoFar": "1.2500",
+                "monthImportedCostSoFar": "0.0000",
                 "forecastedMonthTotal": "10.0000", "daysRemaining": 21
             },
             "dailyCosts": [
@@ -604,11 +608,12 @@ fn forecast(today: Date, days: u32, tasks: &[(&str, Date)]) -> Forecast {
 }
 
 /// A forecast of `daily_avg_cost`, `month_cost_so_far`, `forecasted_month_total` and
-/// `days_remaining`, in that order.
+/// `days_remaining`, in that order, without imported history.
 fn expected_forecast(daily_avg: &str, so_far: &str, total: &str, days_remaining: u32) -> Forecast {
     Forecast {
         daily_avg_cost: daily_avg.into(),
         month_cost_so_far: so_far.into(),
+        month_imported_cost_so_far: "0.0000".into(),
         forecasted_month_total: total.into(),
         days_remaining,
     }
@@ -1125,7 +1130,19 @@ fn totals() {
             cost: dec("1.5"),
             succeeded: 1,
             input_tokens: 200,
-            output_tokens: 20
+            output_tokens: 20,
+            imported_cost: Decimal::ZERO,
+        }
+    );
+    let imported = TaskFact {
+        imported: true,
+        ..t.clone()
+    };
+    assert_eq!(
+        Totals::of(&imported),
+        Totals {
+            imported_cost: dec("1.5"),
+            ..of
         }
     );
     let mut failed = t.clone();
@@ -1496,4 +1513,40 @@ fn revisions_per_merged_pull_request_round_half_away_from_zero_to_2_decimals() {
         o.by_model[0].figures.avg_revisions_per_merged_pull_request,
         None
     );
+}
+
+#[test]
+fn the_month_says_how_much_of_it_is_imported_history() {
+    let imported = |t: TaskFact| TaskFact {
+        imported: true,
+        ..t
+    };
+    let tasks = [
+        // This month: own runs 1.5 + 0.25 in A, 2 in B; imported 343.7 in A and 0.000049999
+        // in B (one uncosted imported task adds nothing).
+        coding(1, A, Some("1.5"), NOON),
+        coding(2, A, Some("0.25"), noon(date!(2024 - 05 - 01))),
+        coding(3, B, Some("2"), NOON),
+        imported(coding(4, A, Some("343.7"), noon(date!(2024 - 05 - 02)))),
+        imported(coding(5, B, Some("0.000049999"), NOON).review()),
+        imported(coding(6, B, None, NOON)),
+        // Before the month, in the period: imported, not this month's.
+        imported(coding(7, A, Some("100"), noon(date!(2024 - 04 - 30)))),
+    ];
+    let r = run(TODAY, 30, None, &tasks);
+    assert_eq!(r.forecast.month_cost_so_far, "347.4500");
+    assert_eq!(r.forecast.month_imported_cost_so_far, "343.7000");
+    assert_eq!(r.summary.total_cost, "447.4500");
+    let r = run(TODAY, 30, Some(A), &tasks);
+    assert_eq!(r.forecast.month_cost_so_far, "345.4500");
+    assert_eq!(r.forecast.month_imported_cost_so_far, "343.7000");
+    // Rounded once, at 4 decimals, like the month itself: 0.000049999 → 0.0000.
+    let r = run(TODAY, 30, Some(B), &tasks);
+    assert_eq!(r.forecast.month_cost_so_far, "2.0000");
+    assert_eq!(r.forecast.month_imported_cost_so_far, "0.0000");
+    // Without imported history the figure is zero.
+    let own: Vec<TaskFact> = tasks.iter().filter(|t| !t.imported).cloned().collect();
+    let r = run(TODAY, 30, None, &own);
+    assert_eq!(r.forecast.month_cost_so_far, "3.7500");
+    assert_eq!(r.forecast.month_imported_cost_so_far, "0.0000");
 }

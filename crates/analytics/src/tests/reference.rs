@@ -131,6 +131,7 @@ fn generate(seed: u64) -> Case {
             parent_task_id: None,
             revisions: 0,
             revision_cost: Usd::ZERO,
+            imported: rng.chance(15),
         });
     }
     // Review subtasks: most of a coding task (any day, any repository: the data is random),
@@ -307,6 +308,13 @@ fn reference(case: &Case) -> CostReport {
     };
     let prev = cost_between(prev_start, start);
     let month = cost_between(month_start, add_days(today, 1));
+    let month_imported: i128 = case
+        .tasks
+        .iter()
+        .filter(|t| selected(t) && t.imported)
+        .filter(|t| month_start <= utc_day(t) && utc_day(t) <= today)
+        .filter_map(nanos)
+        .sum();
     let n_costed = costed.len() as i128;
     let summary = Summary {
         total_cost: fixed(round_half_away(total, NANOS_PER_4DP), 4),
@@ -329,6 +337,7 @@ fn reference(case: &Case) -> CostReport {
     let forecast = Forecast {
         daily_avg_cost: fixed(round_half_away(total, d128 * NANOS_PER_4DP), 4),
         month_cost_so_far: fixed(round_half_away(month, NANOS_PER_4DP), 4),
+        month_imported_cost_so_far: fixed(round_half_away(month_imported, NANOS_PER_4DP), 4),
         forecasted_month_total: fixed(
             round_half_away(
                 month * d128 + total * i128::from(remaining),

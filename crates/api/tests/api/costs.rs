@@ -1,10 +1,14 @@
-//! `GET /api/analytics/costs`'s parameters and the cost counter `/metrics` exposes. The
-//! report's figures are tested where the service computes them, in `agentry-service`.
+//! `GET /api/analytics/costs`'s parameters, the imported part of its month, and the cost
+//! counter `/metrics` exposes. The report's other figures are tested where the service
+//! computes them, in `agentry-service`.
 
 use crate::common::cost_data::{REPOS, pay, seed, start};
 use crate::common::*;
-use agentry_domain::TaskType;
+use agentry_domain::{AgentType, RepoUrl, TaskState, TaskType, Usd};
+use agentry_persistence::DbError;
+use agentry_persistence::tasks::{self, ImportTask};
 use agentry_persistence::test_support::TestDb;
+use serde_json::json;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -149,3 +153,68 @@ async fn run_cost_counter(db: TestDb) {
 }
 
 on_both_backends!(the_recorded_run_cost_is_a_prometheus_counter => run_cost_counter);
+
+/// An imported record of `repo` created at `at`, costing `cost` (`None`: no cost).
+fn imported(repo: &str, cost: Option<&str>, at: OffsetDateTime) -> ImportTask {
+    ImportTask {
+        id: Uuid::new_v4(),
+        title: "imported".into(),
+        repo_url: RepoUrl::parse(repo).unwrap(),
+        task_type: TaskType::Coding,
+        state: TaskState::Completed,
+        agent_type: AgentType::ClaudeCode,
+        model_used: Some("opus".into()),
+        cost_usd: cost.map(|c| Usd::parse(c).unwrap()),
+        input_tokens: 10,
+        output_tokens: 1,
+        created_at: at,
+        pr_url: None,
+        pr_number: None,
+        issue_number: None,
+    }
+}
+
+async fn month_imported_cost(db: TestDb) {
+    let app = service(&db.db).await;
+    let t = tokens(&db.db);
+    let (status, _) = client(&app, &t.admin)
+        .send("PUT", "/api/budget", &json!({"monthlyBudgetUsd": "300"}))
+        .await;
+    assert_eq!(status, 200);
+    let now = OffsetDateTime::now_utc();
+    let month_start = now
+        .replace_day(1)
+        .unwrap()
+        .replace_time(time::Time::MIDNIGHT);
+    let mut conn = db.db.conn().unwrap();
+    // agentry's own run this month: 1.25, on acme/web.
+    let own = create(&db.db, &new_task(REPOS[0], TaskType::Coding, now)).id;
+    start(&mut conn, own);
+    pay(&mut conn, own, Some("opus"), 1_250_000_000);
+    // Imported history: 343.70 (acme/web) and 0.50 (acme/api) this month, an uncosted record,
+    // and 100 of last month.
+    let records = [
+        imported(REPOS[0], Some("343.70"), now),
+        imported(REPOS[1], Some("0.5"), now),
+        imported(REPOS[1], None, now),
+        imported(REPOS[0], Some("100"), month_start - time::Duration::days(1)),
+    ];
+    tasks::import_tasks::<DbError, _>(&mut conn, records.into_iter().map(Ok)).unwrap();
+
+    let viewer = client(&app, &t.viewer);
+    let (status, r) = viewer.report("days=30").await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["forecast"]["monthCostSoFar"], "345.4500");
+    assert_eq!(r["forecast"]["monthImportedCostSoFar"], "344.2000");
+    // The budget counts the own run only.
+    assert_eq!(r["budgets"][0]["scope"], "instance");
+    assert_eq!(r["budgets"][0]["monthToDateUsd"], "1.2500");
+    let (_, r) = viewer.report(&format!("days=7&repoUrl={}", REPOS[0])).await;
+    assert_eq!(r["forecast"]["monthCostSoFar"], "344.9500");
+    assert_eq!(r["forecast"]["monthImportedCostSoFar"], "343.7000");
+    let (_, r) = viewer.report(&format!("days=7&repoUrl={}", REPOS[2])).await;
+    assert_eq!(r["forecast"]["monthCostSoFar"], "0.0000");
+    assert_eq!(r["forecast"]["monthImportedCostSoFar"], "0.0000");
+}
+
+on_both_backends!(the_report_says_how_much_of_the_month_is_imported => month_imported_cost);

@@ -1228,7 +1228,8 @@ async fn the_cost_report_schema_has_every_member() {
             "dailyAvgCost",
             "daysRemaining",
             "forecastedMonthTotal",
-            "monthCostSoFar"
+            "monthCostSoFar",
+            "monthImportedCostSoFar"
         ]
     );
     assert_eq!(schemas["DailyCost"]["properties"]["cost"]["type"], "number");

@@ -398,7 +398,7 @@ fn import_rows(
                 task_type: t.task_type,
                 model: t.model_used.as_deref(),
                 state: t.state,
-                sums: Sums::from_parts(t.cost_usd, t.state, t.input_tokens, t.output_tokens),
+                sums: Sums::from_parts(t.cost_usd, t.state, t.input_tokens, t.output_tokens, true),
             },
             1,
         )?;

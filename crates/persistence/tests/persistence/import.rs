@@ -151,7 +151,7 @@ fn rollup_rows(db: &Db) -> Vec<String> {
         .order((cd::day, cd::repo_url))
         .load(&mut conn)
         .unwrap();
-    let cumulative = agentry_persistence::test_support::cumulative_rows(&mut conn);
+    let cumulative = agentry_persistence::test_support::cumulative_rows_with_imported(&mut conn);
     daily
         .iter()
         .map(|r| format!("{r:?}"))

@@ -43,7 +43,7 @@ fn snapshot(conn: &mut AnyConnection) -> Snapshot {
         .unwrap();
     // A combination whose tasks all moved elsewhere (a model set by a run) keeps rows of
     // zeros; they read as zero, so the comparison ignores them.
-    let cum = agentry_persistence::test_support::cumulative_rows(conn)
+    let cum = agentry_persistence::test_support::cumulative_rows_with_imported(conn)
         .into_iter()
         .map(|(repo, kind, model, day, sums)| (repo, kind, model, day, sums.to_vec()))
         .filter(|r| r.4.iter().any(|v| *v != 0))
@@ -76,6 +76,9 @@ fn brute_sums(tasks: &[Task], through: Date) -> BTreeMap<(String, String, String
         if costed {
             s.costed += 1;
             s.cost_nanos += t.cost_usd.unwrap().to_nanos();
+            if t.imported {
+                s.imported_cost_nanos += t.cost_usd.unwrap().to_nanos();
+            }
             s.succeeded += i64::from(matches!(
                 t.state,
                 TaskState::PrOpened | TaskState::Completed
@@ -403,7 +406,47 @@ fn workload(db: &Db, seed: u64) -> usize {
         "cumulative differs: {only_incremental:?} vs {only_rebuilt:?}"
     );
     assert!(incremental.0 == rebuilt.0, "daily differs");
+
+    // The migration that added the imported cost computes it from the tasks alone: undone
+    // and applied again on these tables, it finds what the writes kept.
+    let imported_costs = |rows: &[(String, String, String, String, Vec<i64>)]| -> Vec<i64> {
+        rows.iter().map(|r| r.4[13]).collect()
+    };
+    assert!(
+        imported_costs(&incremental.1).iter().any(|c| *c > 0),
+        "the workload imported costed history"
+    );
+    redo_imported_cost_migration(&mut conn);
+    let backfilled = snapshot(&mut conn);
+    assert_eq!(backfilled.1.len(), incremental.1.len());
+    assert_eq!(
+        imported_costs(&backfilled.1),
+        imported_costs(&incremental.1),
+        "backfilled imported cost"
+    );
+    assert!(
+        backfilled == incremental,
+        "the backfill changed another column"
+    );
     costed_revision_runs
+}
+
+/// Undoes the migration that added `cost_cumulative.imported_cost_nanos` and applies it
+/// again (its backfill then computes the column from the tasks).
+fn redo_imported_cost_migration(conn: &mut AnyConnection) {
+    use agentry_persistence::connection::MIGRATIONS;
+    use diesel::migration::MigrationSource;
+    use diesel_migrations::MigrationHarness as _;
+
+    let all =
+        MigrationSource::<<AnyConnection as diesel::Connection>::Backend>::migrations(&MIGRATIONS)
+            .unwrap();
+    let migration = all
+        .iter()
+        .find(|m| m.name().to_string().ends_with("_imported_cost"))
+        .expect("the migration is embedded");
+    conn.revert_migration(migration.as_ref()).unwrap();
+    conn.run_migration(migration.as_ref()).unwrap();
 }
 
 backend_tests! {

@@ -1,0 +1,1 @@
+ALTER TABLE cost_cumulative DROP COLUMN imported_cost_nanos;
