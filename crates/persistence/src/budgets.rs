@@ -294,7 +294,7 @@ impl Shortfall {
 /// counts wherever reserves count (claims, `GET /api/budget`) and ends with the run.
 ///
 /// One decision at a time across replicas: on PostgreSQL the budget row is locked first,
-/// as a claim locks it ([`lock_for_claim`]); SQLite's immediate transaction serialises the
+/// as a claim locks it; SQLite's immediate transaction serialises the
 /// writers of its one process. A run claimed before any budget applied holds nothing yet;
 /// its first held call starts its hold at the metered cost of its calls so far.
 ///

@@ -89,9 +89,12 @@ export interface BudgetDto {
   month: string;
   /** Spent by the runs that finished this month, exact decimal USD. */
   monthToDateUsd: string;
-  /** Held for the runs in progress (each run's allowance), exact decimal USD. */
+  /**
+   * Held by the runs in progress, exact decimal USD: a sandboxed run's metered calls so far
+   * and its calls in flight (each at its largest cost); an unsandboxed run's whole allowance.
+   */
   reservedUsd: string;
-  /** What is left this month after the spend and the reserves; null without a budget. */
+  /** What is left this month after the spend and what runs hold; null without a budget. */
   remainingUsd?: string | null;
   /** The month's spend at the current daily average (4 decimals); null without a budget. */
   forecastUsd?: string | null;

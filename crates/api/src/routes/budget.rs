@@ -26,10 +26,11 @@ pub struct BudgetDto {
     /// Spent by the runs that finished this month, exact decimal USD.
     #[schema(example = "123.456")]
     pub month_to_date_usd: String,
-    /// Held for the runs in progress (each run's allowance), exact decimal USD.
+    /// Held by the runs in progress, exact decimal USD: a sandboxed run's metered calls so far
+    /// and its calls in flight (each at its largest cost); an unsandboxed run's whole allowance.
     #[schema(example = "2.5")]
     pub reserved_usd: String,
-    /// What is left this month after the spend and the reserves; null without a budget.
+    /// What is left this month after the spend and what runs hold; null without a budget.
     #[schema(example = "374.044")]
     pub remaining_usd: Option<String>,
     /// The month's spend at the current daily average (4 decimals); null without a budget.
