@@ -15,11 +15,11 @@
 #        unit's SystemCallFilter=, RestrictAddressFamilies= and RestrictNamespaces=;
 #     b. the same trial runs in a mount namespace set up as the unit's settings set up the
 #        service's (ProtectSystem=strict: a read-only root moved over /, ProtectHome=,
-#        PrivateTmp=, PrivateDevices=, ProtectProc=invisible, ProtectHostname=), as a
-#        non-root user with no_new_privs and no capabilities (NoNewPrivileges=,
-#        CapabilityBoundingSet=); and it must fail once /proc/sys is read-only, which is
-#        what ProtectKernelTunables= would do (the reason the unit leaves it out), so the
-#        check can fail.
+#        PrivateTmp=, PrivateDevices=, PrivateIPC=, ProtectProc=invisible,
+#        ProtectHostname=), as a non-root user with no_new_privs and no capabilities
+#        (NoNewPrivileges=, CapabilityBoundingSet=); and it must fail once /proc/sys is
+#        read-only, which is what ProtectKernelTunables= would do (the reason the unit
+#        leaves it out), so the check can fail.
 #
 # Needs root (for 3 and 4); installs what it lacks from Debian's archive (systemd,
 # bubblewrap, strace). Exits non-zero on any failure. Usage: scripts/check-unit.sh
@@ -145,7 +145,8 @@ step "the sandbox inside the unit's mount namespace, as an unprivileged user"
 # entered with chroot (ProtectSystem=strict; a bind mount left under the old root would
 # look like a chroot to the kernel, which then refuses user namespaces).
 for want in ProtectSystem=strict ProtectHome=yes PrivateTmp=yes PrivateDevices=yes \
-    ProtectProc=invisible ProtectHostname=yes NoNewPrivileges=yes CapabilityBoundingSet=; do
+    PrivateIPC=yes ProtectProc=invisible ProtectHostname=yes NoNewPrivileges=yes \
+    CapabilityBoundingSet=; do
     grep -qxF "$want" "$unit" || fail "$unit no longer has $want: update this check"
 done
 for absent in ProtectKernelTunables ProtectKernelLogs ProcSubset PrivateUsers; do
