@@ -1,28 +1,27 @@
 #!/usr/bin/env bash
-# Checks the systemd unit of deploy/systemd (docs/deploy.md#systemd), on a machine where
-# systemd need not be running, and prints the figures:
+# Checks the systemd unit of deploy/systemd (docs/deploy.md#systemd) and prints its figures,
+# on a machine where systemd is not PID 1 (CI's):
 #
 #  1. `systemd-analyze verify` prints nothing for the unit (it exits 0 on unknown keys, so
-#     its output is what counts); ExecStart points at a link in a temporary directory,
-#     since /usr/local/bin/agentry is not installed here;
+#     its output is what counts); ExecStart points at a link to the binary in a temporary
+#     directory, since /usr/local/bin/agentry is not installed here;
 #  2. `systemd-analyze security --offline=yes`: the overall exposure, at most 4.5;
 #  3. agentry.sysusers creates the user `agentry` (into a temporary root);
-#  4. the agents' sandbox still works under the unit's restrictions. systemd is not PID 1
-#     here, so the unit itself is not started; instead
-#     a. bubblewrap runs the runner's own trial sandbox (crates/runner/src/sandbox.rs,
-#        `probe`) under strace, as a user without capabilities and with no_new_privs, and
-#        every system call, socket family and namespace it uses must be allowed by the
-#        unit's SystemCallFilter=, RestrictAddressFamilies= and RestrictNamespaces=;
-#     b. the same trial runs in a mount namespace set up as the unit's settings set up the
-#        service's (ProtectSystem=strict: a read-only root moved over /, ProtectHome=,
-#        PrivateTmp=, PrivateDevices=, PrivateIPC=, ProtectProc=invisible,
-#        ProtectHostname=), as a non-root user with no_new_privs and no capabilities
-#        (NoNewPrivileges=, CapabilityBoundingSet=); and it must fail once /proc/sys is
-#        read-only, which is what ProtectKernelTunables= would do (the reason the unit
-#        leaves it out), so the check can fail.
+#  4. bubblewrap runs the runner's own trial sandbox (crates/runner/src/sandbox.rs, `probe`)
+#     under strace, as a user without capabilities and with no_new_privs, and every system
+#     call, socket family and namespace it uses must be allowed by the unit's
+#     SystemCallFilter=, RestrictAddressFamilies= and RestrictNamespaces=;
+#  5. the unit itself under systemd: the host's systemd boots in a container
+#     (systemd-nspawn) and starts the unit as it is; agentry serves /readyz as the user
+#     agentry, writes its database in /var/lib/agentry, stops cleanly on SIGTERM, and
+#     `agentry doctor` under the same unit finds that bubblewrap works with every feature,
+#     while under the unit with ProtectKernelTunables=yes added it does not (so the check
+#     can fail).
 #
-# Needs root (for 3 and 4); installs what it lacks from Debian's archive (systemd,
-# bubblewrap, strace). Exits non-zero on any failure. Usage: scripts/check-unit.sh
+# Needs root, and the agentry binary: AGENTRY_BIN, else target/release/agentry (or under
+# CARGO_TARGET_DIR), else the debug build. Installs what it lacks from Debian's archive
+# (systemd, systemd-container, bubblewrap, strace, curl). Exits non-zero on any failure.
+# Usage: [AGENTRY_BIN=PATH] scripts/check-unit.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unit=deploy/systemd/agentry.service
@@ -32,26 +31,36 @@ start=$(date +%s.%N)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 step() { echo "== $*"; }
 
-[ "$(id -u)" = 0 ] || fail "run as root: the sandbox checks switch users and mount"
+[ "$(id -u)" = 0 ] || fail "run as root: the checks switch users, mount and boot a container"
+bin=${AGENTRY_BIN:-}
+if [ -z "$bin" ]; then
+    for candidate in target/release/agentry "${CARGO_TARGET_DIR:-target}/release/agentry" \
+        target/debug/agentry "${CARGO_TARGET_DIR:-target}/debug/agentry"; do
+        [ -x "$candidate" ] && bin=$candidate && break
+    done
+fi
+if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+    fail "no agentry binary: build one (cargo build --release) or set AGENTRY_BIN"
+fi
 missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v strace >/dev/null || missing+=(strace)
+command -v curl >/dev/null || missing+=(curl)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 systemd-analyze --version | head -1
 bwrap --version
+"$bin" --version
 
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 
 step "systemd-analyze verify $unit"
-# The same unit, with ExecStart at a link to an existing program: a link to the agentry
-# binary when one is built, else to `true` (verify checks only that it can be executed).
-target=${AGENTRY_BIN:-target/release/agentry}
-[ -x "$target" ] || target=/usr/bin/true
-ln -s "$(realpath "$target")" "$tmp/agentry"
+# The same unit, with ExecStart at a link to the binary.
+ln -s "$(realpath "$bin")" "$tmp/agentry"
 grep -q '^ExecStart=/usr/local/bin/agentry serve$' "$unit" ||
     fail "$unit: ExecStart is not /usr/local/bin/agentry serve"
 sed "s|^ExecStart=/usr/local/bin/agentry |ExecStart=$tmp/agentry |" "$unit" >"$tmp/agentry.service"
@@ -59,7 +68,7 @@ if ! verify=$(systemd-analyze verify "$tmp/agentry.service" 2>&1) || [ -n "$veri
     echo "${verify//$tmp\//(temporary directory)/}" >&2
     fail "systemd-analyze verify printed the above"
 fi
-echo "no output (ExecStart linked to $target)"
+echo "no output (ExecStart linked to $bin)"
 
 step "systemd-analyze security --offline=yes $unit"
 security=$(systemd-analyze security --offline=yes "$unit" 2>&1) || true
@@ -139,51 +148,134 @@ for ns in $namespaces; do
 done
 echo "namespaces, all allowed: $(tr '\n' ' ' <<<"$namespaces")"
 
-step "the sandbox inside the unit's mount namespace, as an unprivileged user"
-# Each of the unit's settings below is checked to be there, then set up as systemd sets it
-# up: the host's root bound recursively to a new directory, made read-only, moved over / and
-# entered with chroot (ProtectSystem=strict; a bind mount left under the old root would
-# look like a chroot to the kernel, which then refuses user namespaces).
-for want in ProtectSystem=strict ProtectHome=yes PrivateTmp=yes PrivateDevices=yes \
-    PrivateIPC=yes ProtectProc=invisible ProtectHostname=yes NoNewPrivileges=yes \
-    CapabilityBoundingSet=; do
-    grep -qxF "$want" "$unit" || fail "$unit no longer has $want: update this check"
+step "the unit under systemd as PID 1 (systemd-nspawn), with $bin"
+# The host's own systemd boots in a container whose /usr is the host's (with the agentry
+# binary added at /usr/local/bin) and whose /etc holds only the unit, the sysusers file and
+# the units of this check: agentry-doctor.service, the unit itself running `agentry doctor`
+# (whose sandbox check is the runner's probe of bubblewrap, logged with the features that
+# work); two variants of it with a setting added that the unit leaves out, which must show
+# (so this check can fail): SystemCallFilter=~@mount, under which bubblewrap fails, and
+# ProtectKernelTunables=yes, under which it loses --disable-userns; and agentry-check.service,
+# the unit booted into, which waits for agentry.service's /readyz, records what it finds in
+# /out, stops agentry and exits the container.
+#
+# The container shares the host's kernel settings: bubblewrap needs a /proc/sys it can write
+# (above), so the container's is left writable (SYSTEMD_NSPAWN_API_VFS_WRITABLE; nspawn
+# refuses that with a user namespace of its own). So that nothing of the host changes, the
+# container has its own network, the units that write kernel settings or drive devices
+# (sysctl, udev, binfmt, modules) are masked, and its cgroups are removed afterwards. Its
+# systemd raises fs.file-max to the most the kernel takes when it is lower, as it does on
+# every systemd host.
+r=$tmp/container
+mkdir -p "$r"/{usr,etc/systemd/system,etc/sysusers.d,var,tmp,run,proc,sys,dev,root,home} \
+    "$tmp/usr-agentry/local/bin" "$tmp/out"
+for l in bin sbin lib lib64; do [ -e "/$l" ] && ln -s "usr/$l" "$r/$l"; done
+ln -s ../usr/lib/os-release "$r/etc/os-release"
+printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
+printf 'root:x:0:\n' >"$r/etc/group"
+cp /etc/nsswitch.conf "$r/etc/"
+: >"$r/etc/machine-id"
+cp "$sysusers" "$r/etc/sysusers.d/agentry.conf"
+units=$r/etc/systemd/system
+cp "$unit" "$units/"
+touch "$tmp/usr-agentry/local/bin/agentry" # the mount point of the binary
+for masked in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
+    systemd-udev-trigger.service systemd-udev-settle.service systemd-sysctl.service \
+    systemd-binfmt.service proc-sys-fs-binfmt_misc.automount systemd-modules-load.service \
+    kmod-static-nodes.service systemd-random-seed.service sys-kernel-config.mount \
+    sys-kernel-debug.mount sys-kernel-tracing.mount sys-fs-fuse-connections.mount \
+    dev-hugepages.mount; do
+    ln -s /dev/null "$units/$masked"
 done
-for absent in ProtectKernelTunables ProtectKernelLogs ProcSubset PrivateUsers; do
-    ! grep -qE "^$absent=" "$unit" || fail "$unit sets $absent=, which the sandbox cannot run under"
-done
-mkdir -p "$tmp/newroot"
-unit_mounts() {
-    cat <<EOF
-set -e
-mount --make-rprivate /
-mount --rbind / "$tmp/newroot"
-cd "$tmp/newroot"
-mount -o remount,bind,ro .
-for d in home root run/user; do [ -d "\$d" ] && mount -t tmpfs -o mode=000,ro tmpfs "\$d"; done
-mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs tmp
-mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs var/tmp
-mount -t tmpfs -o mode=755,nosuid,noexec tmpfs dev
-for n in null zero full random urandom tty; do touch "dev/\$n"; mount --bind "/dev/\$n" "dev/\$n"; done
-mkdir dev/pts dev/shm; ln -s pts/ptmx dev/ptmx
-mount -t devpts -o newinstance,ptmxmode=0666 devpts dev/pts
-mount -t proc -o hidepid=invisible,nosuid,nodev,noexec proc proc
-$1
-mount --move . /
-EOF
+doctor_unit() {
+    sed -e 's|^ExecStart=/usr/local/bin/agentry serve$|ExecStart=/usr/local/bin/agentry doctor\nEnvironment=RUST_LOG=info|' \
+        -e 's|^Type=exec$|Type=oneshot|' -e '/^Restart/d' "$unit"
 }
-run_in_unit() {
-    unshare --mount --uts --ipc --propagation private bash -c "$(unit_mounts "$1")
-        exec chroot . \"\$@\"" bash "${as_service[@]}" "${probe[@]}"
+doctor_unit >"$units/agentry-doctor.service"
+# A variant: the setting added at the end of [Service], where it overrides the unit's own.
+doctor_unit | sed '/^\[Install\]/i SystemCallFilter=~@mount' >"$units/agentry-doctor-mount.service"
+doctor_unit | sed '/^\[Install\]/i ProtectKernelTunables=yes' >"$units/agentry-doctor-tunables.service"
+cat >"$units/agentry-check.service" <<'UNIT'
+[Unit]
+Wants=agentry.service agentry-doctor.service agentry-doctor-mount.service agentry-doctor-tunables.service
+After=agentry.service agentry-doctor.service agentry-doctor-mount.service agentry-doctor-tunables.service
+SuccessAction=exit
+FailureAction=exit
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c '\
+  for i in $(seq 150); do curl -fsS http://127.0.0.1:8080/readyz >/out/readyz 2>&1 && break; sleep 0.2; done; \
+  pid=$(systemctl show -p MainPID --value agentry.service); \
+  stat -c "%%U" /proc/$pid >/out/user; \
+  stat -c "%%n %%U %%a" /var/lib/agentry /var/lib/agentry/agentry.db >/out/data; \
+  systemctl stop agentry.service; \
+  systemctl show -p Result -p ExecMainStatus agentry.service >/out/stopped; \
+  for u in agentry agentry-doctor agentry-doctor-mount agentry-doctor-tunables; do journalctl -o cat -u $u.service >/out/$u.log; done'
+UNIT
+# nspawn makes `payload` and `supervisor` under this process's cgroup, in the unified
+# hierarchy and (on a hybrid host) in systemd's named one; empty ones left by an earlier run
+# make it fail, and they go again after the run.
+nspawn_cgroups() {
+    local v1 v2
+    v2=$(sed -n 's/^0:://p' /proc/self/cgroup)
+    v1=$(sed -n 's/^[0-9]*:name=systemd://p' /proc/self/cgroup)
+    for dir in "/sys/fs/cgroup/unified${v2%/}" "/sys/fs/cgroup${v2%/}" "/sys/fs/cgroup/systemd${v1%/}"; do
+        for sub in payload supervisor; do
+            [ -n "$v2$v1" ] && [ -d "$dir/$sub" ] &&
+                find "$dir/$sub" -depth -type d -exec rmdir {} + 2>/dev/null
+        done
+    done
+    return 0
 }
-if ! out=$(run_in_unit "" 2>&1); then
-    fail "the trial sandbox fails in the unit's mount namespace: $out"
+nspawn_cgroups
+machine=agentry-check-$$
+booted=0
+# shellcheck disable=SC2016 # expanded by the inner bash, from its arguments
+unshare --mount --propagation private bash -c '
+    mount -t overlay overlay -o "lowerdir=$1:/usr" "$2/usr"
+    SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 exec timeout 180 systemd-nspawn --quiet --register=no \
+        --keep-unit --private-network --machine="$3" -D "$2" --bind="$4:/out" \
+        --bind-ro="$5:/usr/local/bin/agentry" -b systemd.unit=agentry-check.service' \
+    bash "$tmp/usr-agentry" "$r" "$machine" "$tmp/out" "$(realpath "$bin")" \
+    >"$tmp/boot.log" 2>&1 || booted=$?
+# What nspawn leaves: its cgroups (empty once the container is gone) and its directory in
+# /run.
+nspawn_cgroups
+rm -rf "/run/systemd/nspawn/propagate/$machine" "/run/systemd/nspawn/locks/"*"$machine"* 2>/dev/null || true
+rmdir /run/systemd/nspawn/propagate /run/systemd/nspawn/locks /run/systemd/nspawn 2>/dev/null || true
+show() { echo "-- $1"; sed 's/^/   /' "$tmp/out/$1" 2>/dev/null || echo "   (missing)"; }
+if [ "$(cat "$tmp/out/readyz" 2>/dev/null)" != '{"status":"ready"}' ]; then
+    tail -40 "$tmp/boot.log" >&2
+    show agentry.log >&2
+    fail "agentry.service did not answer /readyz under systemd (nspawn exit status $booted)"
 fi
-echo "the runner's trial sandbox works (user, mount, PID, network, IPC, UTS namespaces)"
-if out=$(run_in_unit "mount --bind proc/sys proc/sys; mount -o remount,bind,ro proc/sys" 2>&1); then
-    fail "the trial sandbox also works with /proc/sys read-only: this check cannot fail"
+echo "agentry.service: /readyz answered $(cat "$tmp/out/readyz"), running as $(cat "$tmp/out/user")"
+[ "$(cat "$tmp/out/user")" = agentry ] || fail "agentry.service does not run as agentry"
+show data
+grep -qx '/var/lib/agentry agentry 700' "$tmp/out/data" || fail "the data directory is not agentry's, 0700"
+grep -qx '/var/lib/agentry/agentry.db agentry 600' "$tmp/out/data" || fail "no database written, or not 0600"
+show stopped
+if ! grep -qx 'Result=success' "$tmp/out/stopped" || ! grep -qx 'ExecMainStatus=0' "$tmp/out/stopped"; then
+    fail "agentry.service did not stop cleanly on SIGTERM"
 fi
-echo "with /proc/sys read-only (ProtectKernelTunables=yes) it fails, as expected: $out"
+grep -E '^(ok|warn|FAIL) +sandbox ' "$tmp/out/agentry-doctor.log" | sed 's/^/agentry doctor under the unit: /'
+grep -qE '^ok +sandbox ' "$tmp/out/agentry-doctor.log" || {
+    show agentry-doctor.log >&2
+    fail "bubblewrap does not work under the unit"
+}
+grep -q 'agents run in a bubblewrap sandbox.*tmpfs_size=true.*disable_userns=true' \
+    "$tmp/out/agentry-doctor.log" ||
+    fail "bubblewrap works under the unit, but without all its features: $(grep -i warn "$tmp/out/agentry-doctor.log")"
+echo "(with every feature: --disable-userns, a sized /tmp, a network namespace)"
+sandbox_line() { grep -E '^(ok|warn|FAIL) +sandbox ' "$tmp/out/$1" | cut -c1-220; }
+echo "with SystemCallFilter=~@mount added: $(sandbox_line agentry-doctor-mount.log)"
+grep -qE '^FAIL +sandbox .*bwrap' "$tmp/out/agentry-doctor-mount.log" ||
+    fail "bubblewrap also works with SystemCallFilter=~@mount: this check cannot fail"
+echo "with ProtectKernelTunables=yes added: $(sandbox_line agentry-doctor-tunables.log), $(
+    grep -o 'disable_userns=[a-z]*' "$tmp/out/agentry-doctor-tunables.log")"
+grep -q 'agents run in a bubblewrap sandbox.*disable_userns=false' \
+    "$tmp/out/agentry-doctor-tunables.log" ||
+    fail "--disable-userns also works with ProtectKernelTunables=yes: this check cannot fail"
 
 step "ok ($(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }') s)"
 echo "figure: unit exposure $exposure (systemd-analyze security --offline=yes, at most $max_exposure)"
