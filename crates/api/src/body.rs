@@ -51,7 +51,8 @@ pub fn require_content_type(req: &HttpRequest, expected: &str) -> Result<(), Api
     }
 }
 
-/// Parses JSON text into `T`; a failure names the member path (`issueNumber: invalid type…`).
+/// Parses JSON text, which must be an object, into `T`; a failure names the member path
+/// (`issueNumber: invalid type…`).
 ///
 /// A number with a zero fraction that fits an `i64` (`6067.0`, `1e3`) is taken as that
 /// integer: JSON does not tell `1.0` from `1`, and JSON Schema counts both as integers, so
@@ -59,6 +60,11 @@ pub fn require_content_type(req: &HttpRequest, expected: &str) -> Result<(), Api
 pub fn parse_json<T: DeserializeOwned>(text: &[u8]) -> Result<T, ApiError> {
     let mut value: serde_json::Value = serde_json::from_slice(text)
         .map_err(|e| ApiError::invalid_request(format!("the body is not valid JSON: {e}")))?;
+    // Every body of the API is an object; serde would also read a struct from an array of
+    // its members in order (`[null]` for `{"monthlyBudgetUsd": null}`), which no client means.
+    if !value.is_object() {
+        return Err(ApiError::invalid_request("the body must be a JSON object"));
+    }
     integral_numbers_as_integers(&mut value);
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();

@@ -711,7 +711,22 @@ async fn bad_json_bodies_are_refused_and_nothing_is_written() {
             b"[]".to_vec(),
             400,
             "invalid_request",
-            "expected shape",
+            "must be a JSON object",
+        ),
+        // serde alone would read the struct from its members in order.
+        (
+            json,
+            br#"["x","viewer"]"#.to_vec(),
+            400,
+            "invalid_request",
+            "must be a JSON object",
+        ),
+        (
+            json,
+            b"null".to_vec(),
+            400,
+            "invalid_request",
+            "must be a JSON object",
         ),
         (
             json,
@@ -794,6 +809,18 @@ async fn bad_json_bodies_are_refused_and_nothing_is_written() {
         3,
         "no token was created"
     );
+    // The budget's body in array form (found by the API fuzzer): refused, nothing set.
+    let put = TestRequest::put()
+        .uri("/api/budget")
+        .insert_header(("Authorization", format!("Bearer {}", t.admin)))
+        .insert_header(("Content-Type", "application/json"))
+        .set_payload(r#"["5"]"#)
+        .to_request();
+    let (got, reply) = call(&app, put).await;
+    assert_eq!(got, 400);
+    assert!(envelope(&reply, "invalid_request").contains("must be a JSON object"));
+    let (_, budget) = call(&app, get("/api/budget", &t.admin)).await;
+    assert!(budget["monthlyBudgetUsd"].is_null(), "{budget}");
 }
 
 /// Every route the application registers is in the OpenAPI document, and every operation
