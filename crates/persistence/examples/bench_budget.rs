@@ -26,7 +26,7 @@
 
 use std::time::{Duration, Instant};
 
-use agentry_domain::{RepoUrl, Tokens, Usd};
+use agentry_domain::{RepoUrl, Usd};
 use agentry_persistence::budgets::{self, CallHold, Holding};
 use agentry_persistence::metering::{self, ModelCall};
 use agentry_persistence::repos::{self, NewRepository, Repository};
@@ -127,20 +127,11 @@ fn usd(text: &str) -> Result<Usd, Error> {
 
 /// A finished call of `task` that cost $0.0102.
 fn call_of(task: Uuid) -> Result<ModelCall, Error> {
-    Ok(ModelCall {
-        id: Uuid::now_v7(),
-        task_id: task,
-        attempt: 1,
-        provider: "anthropic".into(),
-        model: Some("claude-sonnet-5".into()),
-        status: 200,
-        outcome: "completed".into(),
-        tokens: Tokens::from_uncached(100, 0, 0, 1000),
-        reasoning_tokens: 0,
-        cost_usd: Some(usd("0.0102")?),
-        started_at: agentry_persistence::now(),
-        duration_ms: 1000,
-    })
+    Ok(agentry_persistence::test_support::model_call(
+        task,
+        1,
+        usd("0.0102")?,
+    ))
 }
 
 /// The timings of one load.

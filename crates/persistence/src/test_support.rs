@@ -196,6 +196,29 @@ pub fn succeeded_run(task_id: Uuid, attempt: i32, at: time::OffsetDateTime) -> c
     }
 }
 
+/// A completed metered call of attempt `attempt` of `task`: 100 input and 1,000 output tokens
+/// of claude-sonnet-5, costing `cost`.
+pub fn model_call(
+    task: Uuid,
+    attempt: i32,
+    cost: agentry_domain::Usd,
+) -> crate::metering::ModelCall {
+    crate::metering::ModelCall {
+        id: Uuid::now_v7(),
+        task_id: task,
+        attempt,
+        provider: "anthropic".into(),
+        model: Some("claude-sonnet-5".into()),
+        status: 200,
+        outcome: "completed".into(),
+        tokens: agentry_domain::Tokens::from_uncached(100, 0, 0, 1000),
+        reasoning_tokens: 0,
+        cost_usd: Some(cost),
+        started_at: crate::now(),
+        duration_ms: 1000,
+    }
+}
+
 /// A new coding task on `repo` for Claude Code, created at `created_at`, titled "A task"
 /// with an empty prompt, no issue and no parent; tests set what they need with struct
 /// update syntax and pass it to [`create_task`](crate::tasks::create_task).

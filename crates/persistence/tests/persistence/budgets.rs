@@ -172,20 +172,7 @@ mod per_call {
 
     /// A metered call of `task`'s attempt 1 that cost `cost`.
     fn metered_call(task: Uuid, cost: &str) -> agentry_persistence::metering::ModelCall {
-        agentry_persistence::metering::ModelCall {
-            id: Uuid::now_v7(),
-            task_id: task,
-            attempt: 1,
-            provider: "anthropic".into(),
-            model: Some("claude-sonnet-5".into()),
-            status: 200,
-            outcome: "completed".into(),
-            tokens: agentry_domain::Tokens::from_uncached(10, 0, 0, 20),
-            reasoning_tokens: 0,
-            cost_usd: Some(usd(cost)),
-            started_at: at(30),
-            duration_ms: 100,
-        }
+        agentry_persistence::test_support::model_call(task, 1, usd(cost))
     }
 
     fn claim_per_call(conn: &mut AnyConnection, owner: &str) -> Option<agentry_domain::Task> {
