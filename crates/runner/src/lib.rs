@@ -41,6 +41,7 @@ pub mod codex_session;
 pub mod job;
 pub mod local;
 pub mod network;
+pub mod pod;
 pub mod prices;
 pub mod process;
 pub mod sandbox;
