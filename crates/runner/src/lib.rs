@@ -39,6 +39,7 @@ pub mod claude;
 pub mod codex;
 pub mod codex_session;
 pub mod job;
+pub mod kube;
 pub mod local;
 pub mod network;
 pub mod pod;

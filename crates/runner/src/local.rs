@@ -56,7 +56,7 @@ const STDERR_IN_MESSAGE: usize = 500;
 
 /// The most of a dead run's output read back by [`Runner::salvage`] (its end): the cost
 /// is in the last event, and Codex's token counts are summed over all of it that is read.
-const SALVAGE_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const SALVAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// What a [`LocalRunner`] needs.
 #[derive(Debug, Clone)]
@@ -435,26 +435,7 @@ impl LocalRunner {
                 ));
             }
         }
-        // A revision's prompt ends with what its pull request changes so far.
-        let prompt = match &job.kind {
-            JobKind::Revision { .. } => {
-                match worktree
-                    .diff_summary(&job.repo.default_branch, MAX_DIFF_SUMMARY_CHARS)
-                    .await
-                {
-                    Ok(stat) if !stat.is_empty() => format!(
-                        "{}\n\n## What the pull request changes so far (`git diff --stat`)\n\n```\n{stat}\n```\n",
-                        job.prompt.trim_end()
-                    ),
-                    Ok(_) => job.prompt.clone(),
-                    Err(e) => {
-                        tracing::warn!(task = %job.task_id, error = %e, "no diff summary for the revision");
-                        job.prompt.clone()
-                    }
-                }
-            }
-            _ => job.prompt.clone(),
-        };
+        let prompt = prompt_for(&job, &worktree).await;
         let command = agent::command(
             &job.agent,
             launch,
@@ -604,19 +585,6 @@ impl LocalRunner {
                 "could not take the worktree back from the agent: {e}"
             ));
         }
-        // The parser read all of stdout as it arrived; only its end is kept for the log.
-        // Stopped because the gateway refused a call for the run's budget, the run spent
-        // what the gateway metered.
-        let cost_so_far = match &meter {
-            Some(meter) if meter.is_exhausted() => Some(meter.spent()),
-            _ => parser.cost_so_far(),
-        };
-        let mut report = parser.finish();
-        if outcome.ended == Ended::Stopped {
-            // Stopped by agentry at its allowance: whatever the output says, that is how the
-            // run ended. Its cost is everything the agent reported before it was gone.
-            report.outcome = AgentOutcome::MaxBudget;
-        }
         let dropped = if outcome.stdout_truncated {
             outcome
                 .stdout_bytes
@@ -625,47 +593,23 @@ impl LocalRunner {
         } else {
             0
         };
-        let mut output = note_dropped(outcome.stdout, dropped);
-        let verdict = match &outcome.ended {
-            Ended::Cancelled => Verdict::Cancelled,
-            Ended::TimedOut => Verdict::TimedOut(format!(
-                "the agent ran longer than the limit of {} and was stopped",
-                human(job.wall_time)
-            )),
-            Ended::Stopped => Verdict::Failed(budget_stop_message(
-                cost_so_far,
-                job.agent.max_budget_usd,
-                meter.as_ref().and_then(|m| m.reason()),
-            )),
-            // The gateway refused a call for the budget and the agent ended by itself before
-            // it was stopped: the run ended at its allowance all the same.
-            Ended::Exited { .. } if meter.as_ref().is_some_and(|m| m.is_exhausted()) => {
-                report.outcome = AgentOutcome::MaxBudget;
-                Verdict::Failed(budget_stop_message(
-                    cost_so_far,
-                    job.agent.max_budget_usd,
-                    meter.as_ref().and_then(|m| m.reason()),
-                ))
-            }
-            Ended::Exited { code, signal } => {
-                match agent_failure(&report, *code, *signal, &outcome.stderr_tail) {
-                    Some(message) => Verdict::Failed(message),
-                    None => publish(&job, &worktree, &report).await,
-                }
-            }
-        };
-        let verdict = match verdict {
-            Verdict::Failed(message) if oom_kills > 0 => Verdict::Failed(format!(
+        let memory = (oom_kills > 0).then(|| {
+            format!(
                 "the sandbox ran out of memory (AGENTRY_AGENT_TOTAL_MEMORY_BYTES, {} bytes) \
-                 and the kernel stopped the agent: {message}",
+                 and the kernel stopped the agent",
                 self.config.sandbox.limits().total_memory_bytes
-            )),
-            other => other,
+            )
+        });
+        let end = AgentEnd {
+            ended: outcome.ended.clone(),
+            stdout: outcome.stdout,
+            stdout_dropped: dropped,
+            stderr_tail: outcome.stderr_tail,
+            killed: memory,
+            unpublishable: None,
         };
-        if !outcome.stderr_tail.trim().is_empty() && !matches!(verdict, Verdict::Pushed { .. }) {
-            output.push_str("\n--- agent stderr (end) ---\n");
-            output.push_str(&outcome.stderr_tail);
-        }
+        let (verdict, report, output) =
+            conclude(&job, end, parser, meter.as_ref(), &worktree).await;
         remove_worktree(worktree).await;
         Execution {
             verdict,
@@ -754,41 +698,49 @@ impl Runner for LocalRunner {
     }
 
     fn discard(&self, task_id: Uuid, attempt: i32) {
-        let dir = self.run_dir(task_id, attempt);
-        if let Err(e) = std::fs::remove_dir_all(&dir)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(dir = %dir.display(), error = %e, "could not remove a run directory");
-        }
-        // The task's directory, once it holds no run any more.
-        if let Some(parent) = dir.parent() {
-            let _ = std::fs::remove_dir(parent);
-        }
+        discard_run_dir(&self.run_dir(task_id, attempt));
     }
 
     fn leftovers(&self) -> Vec<(Uuid, i32)> {
-        let entries = |dir: &Path| {
-            std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_owned()))
-                .collect::<Vec<_>>()
+        run_dirs(&self.config.root)
+    }
+}
+
+/// Removes a recorded run's directory, and its task's once it holds no run any more.
+pub(crate) fn discard_run_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not remove a run directory");
+    }
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// The runs (task, attempt) that have a directory under `root`'s `runs`.
+pub(crate) fn run_dirs(root: &Path) -> Vec<(Uuid, i32)> {
+    let entries = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_owned()))
+            .collect::<Vec<_>>()
+    };
+    let runs = root.join("runs");
+    let mut found = Vec::new();
+    for task in entries(&runs) {
+        let Ok(task_id) = task.parse::<Uuid>() else {
+            continue;
         };
-        let runs = self.config.root.join("runs");
-        let mut found = Vec::new();
-        for task in entries(&runs) {
-            let Ok(task_id) = task.parse::<Uuid>() else {
-                continue;
-            };
-            for attempt in entries(&runs.join(&task)) {
-                if let Ok(attempt) = attempt.parse::<i32>() {
-                    found.push((task_id, attempt));
-                }
+        for attempt in entries(&runs.join(&task)) {
+            if let Ok(attempt) = attempt.parse::<i32>() {
+                found.push((task_id, attempt));
             }
         }
-        found.sort_unstable();
-        found
     }
+    found.sort_unstable();
+    found
 }
 
 /// The last `max` bytes of an agent log, across its rotated part ([`process::rotated_log_path`])
@@ -797,7 +749,7 @@ impl Runner for LocalRunner {
 ///
 /// While the agent still writes, a rotation between opening the two files may leave a gap in
 /// the middle of the text; the order is always right (the rotated part is opened first).
-fn read_tail(path: &Path, max: usize) -> std::io::Result<(String, u64)> {
+pub(crate) fn read_tail(path: &Path, max: usize) -> std::io::Result<(String, u64)> {
     use std::io::{ErrorKind, Read, Seek, SeekFrom};
     let open = |path: &Path| match std::fs::File::open(path) {
         Ok(file) => Ok(Some(file)),
@@ -841,13 +793,118 @@ fn read_tail(path: &Path, max: usize) -> std::io::Result<(String, u64)> {
 /// line saying so. `text` is already as long as the service stores (see
 /// [`process::STDOUT_MEMORY_CAP`]): with this line it is longer, so the stored log drops
 /// the head (this line first) and is marked as truncated, as an output that was cut should.
-fn note_dropped(text: String, dropped: u64) -> String {
+pub(crate) fn note_dropped(text: String, dropped: u64) -> String {
     if dropped == 0 {
         return text;
     }
     let mut noted = format!("[… the first {dropped} bytes of the agent's output are not kept …]\n");
     noted.push_str(&text);
     noted
+}
+
+/// The instructions `job`'s agent gets: the job's prompt, and for a revision what its pull
+/// request changes so far (`git diff --stat` of `worktree` against the default branch).
+pub(crate) async fn prompt_for(job: &Job, worktree: &Worktree) -> String {
+    let JobKind::Revision { .. } = &job.kind else {
+        return job.prompt.clone();
+    };
+    match worktree
+        .diff_summary(&job.repo.default_branch, MAX_DIFF_SUMMARY_CHARS)
+        .await
+    {
+        Ok(stat) if !stat.is_empty() => format!(
+            "{}\n\n## What the pull request changes so far (`git diff --stat`)\n\n```\n{stat}\n```\n",
+            job.prompt.trim_end()
+        ),
+        Ok(_) => job.prompt.clone(),
+        Err(e) => {
+            tracing::warn!(task = %job.task_id, error = %e, "no diff summary for the revision");
+            job.prompt.clone()
+        }
+    }
+}
+
+/// How an agent ended, wherever it ran: what [`conclude`] turns into a verdict.
+#[derive(Debug)]
+pub(crate) struct AgentEnd {
+    /// How its process ended.
+    pub ended: Ended,
+    /// The end of its stdout that is kept.
+    pub stdout: String,
+    /// How many bytes of stdout before [`AgentEnd::stdout`] are not kept.
+    pub stdout_dropped: u64,
+    /// The end of its stderr.
+    pub stderr_tail: String,
+    /// Set when something outside the agent killed it (the kernel for memory, the
+    /// cluster): a sentence saying what, which starts the failure's message.
+    pub killed: Option<String>,
+    /// Set when its changes cannot be published even if it succeeded: why.
+    pub unpublishable: Option<String>,
+}
+
+/// The verdict, report and output of `job`'s agent that ended as `end`, with `parser` having
+/// read all its stdout and `meter` the run's meter when the gateway metered it: the agent's
+/// stop at its allowance or budget, its failure, or its success published from `worktree`
+/// (committed and pushed, or its review taken).
+pub(crate) async fn conclude(
+    job: &Job,
+    end: AgentEnd,
+    parser: agent::OutputParser,
+    meter: Option<&Arc<RunMeter>>,
+    worktree: &Worktree,
+) -> (Verdict, RunReport, String) {
+    // Stopped because the gateway refused a call for the run's budget, the run spent what
+    // the gateway metered.
+    let cost_so_far = match meter {
+        Some(meter) if meter.is_exhausted() => Some(meter.spent()),
+        _ => parser.cost_so_far(),
+    };
+    let mut report = parser.finish();
+    if end.ended == Ended::Stopped {
+        // Stopped by agentry at its allowance: whatever the output says, that is how the
+        // run ended. Its cost is everything the agent reported before it was gone.
+        report.outcome = AgentOutcome::MaxBudget;
+    }
+    let mut output = note_dropped(end.stdout, end.stdout_dropped);
+    let budget_stop = || {
+        budget_stop_message(
+            cost_so_far,
+            job.agent.max_budget_usd,
+            meter.and_then(|m| m.reason()),
+        )
+    };
+    let verdict = match &end.ended {
+        Ended::Cancelled => Verdict::Cancelled,
+        Ended::TimedOut => Verdict::TimedOut(format!(
+            "the agent ran longer than the limit of {} and was stopped",
+            human(job.wall_time)
+        )),
+        Ended::Stopped => Verdict::Failed(budget_stop()),
+        // The gateway refused a call for the budget and the agent ended by itself before
+        // it was stopped: the run ended at its allowance all the same.
+        Ended::Exited { .. } if meter.is_some_and(|m| m.is_exhausted()) => {
+            report.outcome = AgentOutcome::MaxBudget;
+            Verdict::Failed(budget_stop())
+        }
+        Ended::Exited { code, signal } => {
+            match agent_failure(&report, *code, *signal, &end.stderr_tail) {
+                Some(message) => Verdict::Failed(message),
+                None => match end.unpublishable {
+                    Some(why) => Verdict::Failed(why),
+                    None => publish(job, worktree, &report).await,
+                },
+            }
+        }
+    };
+    let verdict = match (verdict, end.killed) {
+        (Verdict::Failed(message), Some(memory)) => Verdict::Failed(format!("{memory}: {message}")),
+        (other, _) => other,
+    };
+    if !end.stderr_tail.trim().is_empty() && !matches!(verdict, Verdict::Pushed { .. }) {
+        output.push_str("\n--- agent stderr (end) ---\n");
+        output.push_str(&end.stderr_tail);
+    }
+    (verdict, report, output)
 }
 
 /// The failure of a run agentry stopped when its priced usage (`cost`, as of the stop)
@@ -943,7 +1000,7 @@ async fn publish(job: &Job, worktree: &Worktree, report: &RunReport) -> Verdict 
     }
 }
 
-async fn remove_worktree(worktree: Worktree) {
+pub(crate) async fn remove_worktree(worktree: Worktree) {
     let path = worktree.path().to_owned();
     if let Err(e) = worktree.remove().await {
         tracing::warn!(worktree = %path.display(), error = %e, "could not remove a worktree");
@@ -951,7 +1008,7 @@ async fn remove_worktree(worktree: Worktree) {
 }
 
 /// An empty directory at `path` (removing what a previous attempt left there).
-async fn fresh_dir(path: &Path) -> std::io::Result<()> {
+pub(crate) async fn fresh_dir(path: &Path) -> std::io::Result<()> {
     match tokio::fs::remove_dir_all(path).await {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -985,7 +1042,7 @@ fn stop_orphan(run_dir: &Path) {
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -998,7 +1055,7 @@ fn human(d: Duration) -> String {
     }
 }
 
-fn now() -> time::OffsetDateTime {
+pub(crate) fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
 

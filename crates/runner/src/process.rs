@@ -617,7 +617,7 @@ async fn requested(request: &mut oneshot::Receiver<()>) {
 }
 
 /// A log file capped at [`LOG_FILE_CAP`] bytes, rotated to [`rotated_log_path`] when full.
-struct LogFile {
+pub(crate) struct LogFile {
     path: PathBuf,
     file: File,
     /// Bytes in the current file.
@@ -628,7 +628,7 @@ struct LogFile {
 impl LogFile {
     /// Creates (or truncates) the log at `path` and removes the rotated log a previous run
     /// may have left.
-    async fn create(path: &Path) -> Result<LogFile, ProcessError> {
+    pub(crate) async fn create(path: &Path) -> Result<LogFile, ProcessError> {
         let log_error = |path: &Path, source| ProcessError::Log {
             path: path.to_owned(),
             source,
@@ -650,7 +650,7 @@ impl LogFile {
 
     /// Writes `chunk`, rotating the file whenever it is full, and flushes it, so a live
     /// reader sees it and a crash leaves it on disk.
-    async fn append(&mut self, mut chunk: &[u8]) -> io::Result<()> {
+    pub(crate) async fn append(&mut self, mut chunk: &[u8]) -> io::Result<()> {
         while !chunk.is_empty() {
             if self.written >= self.cap {
                 self.rotate().await?;

@@ -687,6 +687,29 @@ impl Worktree {
         Ok(stat)
     }
 
+    /// Applies `patch` (a `git diff --binary` of the agent's changes made elsewhere, such as
+    /// in a Kubernetes pod) to the worktree's files, with git's own checks: no path outside
+    /// the worktree, none under `.git`, nothing written through a symbolic link. The index is
+    /// left alone; [`Worktree::commit_all`] then commits the result as it does the changes of
+    /// a local agent, with the same checks.
+    pub async fn apply_patch(&self, patch: &Path) -> Result<(), GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let work_tree = format!("--work-tree={}", path_str(&self.path)?);
+        let args = [
+            git_dir.as_str(),
+            work_tree.as_str(),
+            "apply",
+            "--binary",
+            "--whitespace=nowarn",
+            "--",
+            path_str(patch)?,
+        ];
+        self.git
+            .run(&self.path, &args, &[], LOCAL_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
     /// Commits the whole worktree as one commit on top of the base commit, as
     /// `agentry <agentry@localhost>`, with `message` and an `Agentry-Task: <task id>`
     /// trailer. Commits the agent made itself are folded into it. `None` when the tree is

@@ -9,6 +9,8 @@ use agentry_runner::SandboxMode;
 
 use crate::runs::RunSettings;
 
+pub mod kube;
+
 /// The service's configuration. Its `Debug` never shows a secret: the master key, the
 /// webhook secret and the model keys are redacted, and so is a password in the database URL.
 #[derive(Clone, PartialEq, Eq)]
@@ -73,6 +75,8 @@ pub struct Config {
     /// `AGENTRY_REVISION_QUIET_SECS`: how long after the latest feedback a revision round
     /// starts, so a burst of comments is one round (0 to 3600, default 5).
     pub revision_quiet: Duration,
+    /// `AGENTRY_RUNNER` and the Kubernetes runner's settings ([`kube::RunnerKind`]).
+    pub runner: kube::RunnerKind,
 }
 
 impl std::fmt::Debug for Config {
@@ -98,6 +102,7 @@ impl std::fmt::Debug for Config {
             .field("openai_upstream", &self.openai_upstream)
             .field("anthropic_key", &self.anthropic_key)
             .field("openai_key", &self.openai_key)
+            .field("runner", &self.runner)
             .finish()
     }
 }
@@ -393,6 +398,7 @@ impl Config {
                 handle.to_owned()
             }
         };
+        let runner = kube::RunnerKind::from_lookup(&get)?;
         let revision_quiet = Duration::from_secs(whole_number(
             "AGENTRY_REVISION_QUIET_SECS",
             get("AGENTRY_REVISION_QUIET_SECS"),
@@ -431,6 +437,7 @@ impl Config {
             openai_key,
             mention,
             revision_quiet,
+            runner,
         })
     }
 }

@@ -15,6 +15,7 @@
 //! `agentry migrate` and `/readyz` do; opening an SQLite database may create its `-wal` and
 //! `-shm` files beside it.
 
+use crate::config::kube::{KubeSettings, RunnerKind};
 use agentry_runner::user::AgentUser;
 use std::ffi::OsStr;
 use std::fmt;
@@ -207,10 +208,19 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
         check_cli(AgentType::Codex, &config.codex_bin, env, &agents),
         check_codehost(config, &key, &stored.token),
     );
-    let mut checks = vec![git, sandbox, claude, codex];
+    let kube = match &config.runner {
+        RunnerKind::Kubernetes(settings) => Some(settings),
+        RunnerKind::Local => None,
+    };
+    // With the Kubernetes runner the agents, their CLIs and their sandbox are the pods'.
+    let mut checks = match kube {
+        Some(settings) => vec![git, check_kubernetes(settings).await],
+        None => vec![git, sandbox, claude, codex],
+    };
     for agent in [AgentType::ClaudeCode, AgentType::Codex] {
         if agents.required(agent) {
             checks.push(match config.runs.sandbox {
+                _ if kube.is_some() => check_gateway_key(agent, config, &stored.secrets),
                 SandboxMode::Auto => check_gateway_key(agent, config, &stored.secrets),
                 SandboxMode::Off => check_credentials(agent, env),
             });
@@ -242,6 +252,32 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
         stored.repos.as_deref().unwrap_or_default(),
     ));
     Report { checks }
+}
+
+/// What the Kubernetes runner needs of its cluster ([`agentry_runner::kube::check_cluster`]):
+/// the API, the namespace of `settings` and the permissions there.
+async fn check_kubernetes(settings: &KubeSettings) -> Check {
+    const NAME: &str = "kubernetes";
+    let problems = agentry_runner::kube::check_cluster(&settings.namespace).await;
+    if problems.is_empty() {
+        Check::ok(
+            NAME,
+            format!(
+                "the API answers and agentry may run Jobs in the namespace {} (image {})",
+                settings.namespace, settings.image
+            ),
+        )
+    } else {
+        Check::fail(
+            NAME,
+            problems.join("; "),
+            Some(
+                "install the chart with runner.kind=kubernetes (it grants the Role), or check \
+                 KUBECONFIG and AGENTRY_KUBE_NAMESPACE"
+                    .to_owned(),
+            ),
+        )
+    }
 }
 
 /// The name of `agent` in a report: `claude-code` or `codex`.

@@ -244,6 +244,71 @@ impl Runs {
         }
     }
 
+    /// The orchestrator over a [`KubeRunner`](agentry_runner::kube::KubeRunner): every run a
+    /// Kubernetes Job with `settings`, its agent `claude_bin` or `codex_bin` in the agent
+    /// image, reaching `network` (the model gateway and egress proxy, which meter every run)
+    /// through this replica's pod endpoint; git and the run logs under `root`, the git steps
+    /// that read the agent's changes sandboxed as after a local run (with `forwarder`).
+    ///
+    /// # Errors
+    ///
+    /// A sentence when the pod endpoint cannot listen.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kube(
+        root: std::path::PathBuf,
+        settings: &crate::config::kube::KubeSettings,
+        claude_bin: std::path::PathBuf,
+        codex_bin: std::path::PathBuf,
+        prices: PriceTable,
+        agent_env: &[String],
+        run_settings: RunSettings,
+        network: AgentNetwork,
+        forwarder: Vec<String>,
+    ) -> Result<Self, String> {
+        let owner = format!("agentry-{}", Uuid::new_v4());
+        let gateway = network.gateway().clone();
+        let root_for_git = root.clone();
+        let runner = agentry_runner::kube::KubeRunner::new(agentry_runner::kube::KubeConfig {
+            root,
+            namespace: settings.namespace.clone(),
+            image: settings.image.clone(),
+            pod_command: settings.pod_command.clone(),
+            listen: settings.listen,
+            endpoint: settings.endpoint.clone(),
+            cpu: settings.cpu.clone(),
+            memory: settings.memory.clone(),
+            work_size: settings.work_size.clone(),
+            tmp_size: "1Gi".to_owned(),
+            start_timeout: settings.start_timeout,
+            allow_api_reach: settings.allow_api_reach,
+            instance: settings.instance.clone(),
+            replica: owner.clone(),
+            claude_bin,
+            codex_bin,
+            prices,
+            env: agentry_runner::agent::ServiceEnv::read(agent_env, |name| {
+                std::env::var(name).ok()
+            }),
+            stop_grace: STOP_GRACE,
+            network: Arc::new(network),
+            // The git steps after the agent run in the service's sandbox, as after a local run.
+            git_sandbox: Some(agentry_runner::workspace::GitSandbox {
+                sandbox: agentry_runner::Sandbox::new(run_settings.sandbox)
+                    .with_limits(run_settings.agent_limits)
+                    .with_extra_ro(run_settings.sandbox_extra_ro.clone())
+                    .with_seccomp(run_settings.sandbox_seccomp)
+                    .with_agent_user(run_settings.agent_user.clone()),
+                data_dir: root_for_git,
+                forwarder: Some(forwarder),
+            }),
+        })?;
+        Ok(Runs {
+            gateway: Some(gateway),
+            owner,
+            ..Runs::new(Arc::new(runner), run_settings)
+        })
+    }
+
     /// An orchestrator that runs nothing (`max_concurrent` 0), for processes and tests that
     /// serve the API only; the runner under `root` can still read logs and salvage runs.
     pub fn disabled(root: std::path::PathBuf) -> Self {

@@ -14,6 +14,7 @@ use crate::Service;
 use crate::agent_network::AgentNetwork;
 use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
+use crate::config::kube::RunnerKind;
 use crate::gateway::{Gateway, GatewayConfig};
 use crate::runs::{self, Runs, SandboxNetwork};
 
@@ -122,29 +123,52 @@ pub(crate) fn price_table(config: &Config) -> Result<PriceTable, StartError> {
 /// inside each sandbox is this very executable (`agentry sandbox-net`).
 pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, StartError> {
     let prices = price_table(config)?;
+    let agent_network = || -> Result<AgentNetwork, StartError> {
+        let gateway = Gateway::new(
+            GatewayConfig {
+                anthropic_upstream: config.anthropic_upstream.clone(),
+                openai_upstream: config.openai_upstream.clone(),
+                anthropic_key: config.anthropic_key.clone(),
+                openai_key: config.openai_key.clone(),
+                body_timeout: crate::gateway::BODY_TIMEOUT,
+            },
+            prices.clone(),
+            db.clone(),
+            master_key.clone(),
+        )
+        .map_err(|e| io_error("cannot start the model gateway", e))?;
+        Ok(AgentNetwork::new(
+            gateway,
+            db.clone(),
+            config.egress_allow.clone(),
+        ))
+    };
+    let exe = || {
+        std::env::current_exe()
+            .map(|exe| exe.to_string_lossy().into_owned())
+            .map_err(|e| io_error("cannot find agentry's own executable", e))
+    };
+    if let RunnerKind::Kubernetes(settings) = &config.runner {
+        // The pod is the sandbox; its only network is the gateway and the egress proxy.
+        return Runs::kube(
+            config.data_dir.clone(),
+            settings,
+            config.claude_bin.clone(),
+            config.codex_bin.clone(),
+            prices.clone(),
+            &config.agent_env,
+            config.runs.clone(),
+            agent_network()?,
+            vec![exe()?, "sandbox-net".to_owned()],
+        )
+        .map_err(|e| io_error("cannot start the Kubernetes runner", e));
+    }
     let network = match config.runs.sandbox {
         agentry_runner::SandboxMode::Off => None,
-        agentry_runner::SandboxMode::Auto => {
-            let exe = std::env::current_exe()
-                .map_err(|e| io_error("cannot find agentry's own executable", e))?;
-            let gateway = Gateway::new(
-                GatewayConfig {
-                    anthropic_upstream: config.anthropic_upstream.clone(),
-                    openai_upstream: config.openai_upstream.clone(),
-                    anthropic_key: config.anthropic_key.clone(),
-                    openai_key: config.openai_key.clone(),
-                    body_timeout: crate::gateway::BODY_TIMEOUT,
-                },
-                prices.clone(),
-                db.clone(),
-                master_key.clone(),
-            )
-            .map_err(|e| io_error("cannot start the model gateway", e))?;
-            Some(SandboxNetwork {
-                network: AgentNetwork::new(gateway, db.clone(), config.egress_allow.clone()),
-                forwarder: vec![exe.to_string_lossy().into_owned(), "sandbox-net".to_owned()],
-            })
-        }
+        agentry_runner::SandboxMode::Auto => Some(SandboxNetwork {
+            network: agent_network()?,
+            forwarder: vec![exe()?, "sandbox-net".to_owned()],
+        }),
     };
     Ok(Runs::local(
         config.data_dir.clone(),

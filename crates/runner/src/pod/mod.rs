@@ -279,6 +279,8 @@ pub struct Launch {
     /// The agent's whole environment (it includes the run's key as its API key); nothing
     /// of pod-run's is inherited.
     pub env: Vec<(String, String)>,
+    /// What the agent reads on its stdin (its instructions), which is then closed.
+    pub stdin: String,
     /// Where the files go and the agent runs (an absolute path, e.g. `/work/repo`).
     pub workdir: String,
     /// The agent's `HOME` (an absolute path, e.g. `/work/home`), created if missing.

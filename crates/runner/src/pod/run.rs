@@ -513,7 +513,7 @@ async fn run_agent(
     let command = AgentCommand {
         program: PathBuf::from(program),
         args: args.to_vec(),
-        stdin: String::new(),
+        stdin: launch.stdin.clone(),
         cwd: PathBuf::from(&launch.workdir),
         env: launch.env.clone(),
         stop: StopTarget::Group,

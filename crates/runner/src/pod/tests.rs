@@ -264,6 +264,7 @@ fn launch_into(workdir: &Path) -> Launch {
     Launch {
         argv: vec!["sh".into(), "-c".into(), "true".into()],
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        stdin: String::new(),
         workdir: workdir.display().to_string(),
         home: "/work/home".into(),
         patch: true,

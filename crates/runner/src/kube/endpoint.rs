@@ -1,0 +1,172 @@
+//! The pod endpoint: the TCP port of a replica that its agents' pods dial
+//! (`AGENTRY_KUBE_LISTEN`, reached as `AGENTRY_KUBE_ENDPOINT`).
+//!
+//! Every connection opens with a hello naming a channel and the run's key
+//! ([`crate::pod::read_hello`]); the key picks the run among those this replica has in
+//! progress ([`Endpoint::register`]), and nothing is served for any other:
+//!
+//! - `gateway`, `proxy`: the connection is joined to the run's model gateway or egress proxy
+//!   socket, the same ones a local sandbox reaches ([`crate::network`]);
+//! - `launch`: the run's launch (its command line and environment) and its prepared files,
+//!   once;
+//! - `control`: the run's control connection (the agent's output and result come in, the stop
+//!   goes out), once; the runner takes it over.
+//!
+//! `launch` and `control` are taken by `pod-run` before the agent starts, so an agent that
+//! dials the endpoint itself with its key cannot take them; the gateway and the proxy it may
+//! reach either way.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::sync::oneshot;
+
+use crate::local::lock;
+use crate::network::{GATEWAY_SOCKET, PROXY_SOCKET};
+use crate::pod::{self, Channel, Launch};
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the endpoint waits before accepting again after an accept failed.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// The runs a replica serves to pods.
+#[derive(Debug, Default)]
+pub struct Endpoint {
+    runs: Mutex<HashMap<[u8; 32], Arc<Registered>>>,
+}
+
+#[derive(Debug)]
+struct Registered {
+    /// The run's network directory, holding its gateway and proxy sockets.
+    net_dir: PathBuf,
+    /// The launch and the directory of its files, until `pod-run` takes them.
+    launch: Mutex<Option<(Launch, PathBuf)>>,
+    /// Where the control connection goes, until it came.
+    control: Mutex<Option<oneshot::Sender<TcpStream>>>,
+}
+
+/// A run served to its pod as long as this value lives.
+#[derive(Debug)]
+pub struct Registration {
+    endpoint: Arc<Endpoint>,
+    id: [u8; 32],
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.endpoint.runs).remove(&self.id);
+    }
+}
+
+fn key_id(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+impl Endpoint {
+    /// Serves the run of `key` until the returned registration is dropped: its network in
+    /// `net_dir`, its `launch` with the files of `files`; the receiver gets its control
+    /// connection.
+    pub fn register(
+        self: &Arc<Self>,
+        key: &str,
+        net_dir: PathBuf,
+        launch: Launch,
+        files: PathBuf,
+    ) -> (Registration, oneshot::Receiver<TcpStream>) {
+        let (control, receiver) = oneshot::channel();
+        let id = key_id(key);
+        let registered = Registered {
+            net_dir,
+            launch: Mutex::new(Some((launch, files))),
+            control: Mutex::new(Some(control)),
+        };
+        lock(&self.runs).insert(id, Arc::new(registered));
+        let registration = Registration {
+            endpoint: Arc::clone(self),
+            id,
+        };
+        (registration, receiver)
+    }
+
+    /// Accepts pods' connections on `listener` for as long as the process runs.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let endpoint = Arc::clone(&self);
+                    tokio::spawn(async move {
+                        if let Err(e) = endpoint.handle(stream).await {
+                            tracing::debug!(%peer, error = %e, "a pod connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the pod endpoint could not accept a connection");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn handle(&self, mut stream: TcpStream) -> std::io::Result<()> {
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, pod::read_hello(&mut stream)).await {
+            Ok(Ok(hello)) => hello,
+            Ok(Err(e)) => {
+                let _ = pod::answer(&mut stream, Err(&e.to_string())).await;
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = pod::answer(&mut stream, Err("no hello in time")).await;
+                return Ok(());
+            }
+        };
+        let run = lock(&self.runs).get(&key_id(&hello.key)).cloned();
+        let Some(run) = run else {
+            return pod::answer(&mut stream, Err("no run in progress here has this key")).await;
+        };
+        match hello.channel {
+            Channel::Gateway | Channel::Proxy => {
+                let socket = run.net_dir.join(match hello.channel {
+                    Channel::Gateway => GATEWAY_SOCKET,
+                    _ => PROXY_SOCKET,
+                });
+                let mut upstream = match UnixStream::connect(&socket).await {
+                    Ok(upstream) => upstream,
+                    Err(e) => {
+                        let why = format!("the run's network is closed: {e}");
+                        return pod::answer(&mut stream, Err(&why)).await;
+                    }
+                };
+                pod::answer(&mut stream, Ok(())).await?;
+                tokio::io::copy_bidirectional(&mut stream, &mut upstream)
+                    .await
+                    .map(drop)
+            }
+            Channel::Launch => {
+                let taken = lock(&run.launch).take();
+                let Some((launch, files)) = taken else {
+                    return pod::answer(&mut stream, Err("the run's launch was already taken"))
+                        .await;
+                };
+                pod::answer(&mut stream, Ok(())).await?;
+                pod::send_launch(stream, &launch, &files).await
+            }
+            Channel::Control => {
+                let taken = lock(&run.control).take();
+                let Some(control) = taken else {
+                    return pod::answer(&mut stream, Err("the run already has its control")).await;
+                };
+                pod::answer(&mut stream, Ok(())).await?;
+                // The runner gave up on the run if it is not listening any more.
+                let _ = control.send(stream);
+                Ok(())
+            }
+        }
+    }
+}

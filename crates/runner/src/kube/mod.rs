@@ -1,0 +1,1039 @@
+//! [`KubeRunner`]: executes jobs as Kubernetes Jobs (`AGENTRY_RUNNER=kubernetes`,
+//! docs/kubernetes.md), through kube-rs.
+//!
+//! What stays in the service is what a local run does there too: the run's network (its
+//! model gateway and egress proxy sockets, its key and its meter, [`crate::network`]), git (the
+//! mirror, the worktree, the commit and the push, [`crate::workspace`]) and the run directory
+//! with the live log. What moves to the cluster is the agent: one Job per run
+//! ([`spec::job`]) whose pod runs `agentry pod-run` ([`crate::pod`]) in the agent image. The
+//! pod dials this replica's pod endpoint ([`endpoint`]) with the run's key (from a Secret the
+//! Job owns) for the run's launch and files, for its model gateway and egress proxy, and for
+//! the control connection that carries the agent's output and result in and the stop out.
+//! The agent's changes come back as a patch, applied to the service's worktree and committed
+//! there with the same checks as a local agent's.
+//!
+//! No code-host token and no model key is in the Job, the Secret or the launch: the launch's
+//! environment is the one a local sandboxed agent gets ([`network::agent_environment`]).
+
+pub mod endpoint;
+pub mod spec;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentry_domain::AgentType;
+use futures_util::StreamExt;
+use k8s_openapi::api::batch::v1::Job as KubeJob;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use tokio::net::TcpStream;
+use tokio::sync::{OnceCell, watch};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::agent::{self, AgentSpec, Launch, ServiceEnv};
+use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salvaged, Verdict};
+use crate::local::{self, AgentEnd};
+use crate::network::{self, RunInfo, RunMeter};
+use crate::pod::{self, FromPod, PodEnded, PodResult, ToPod};
+use crate::process::{self, Ended};
+use crate::workspace::{Checkout, GitSandbox, Workspaces, Worktree};
+use crate::{PriceTable, RunReport};
+
+use endpoint::Endpoint;
+use spec::RunObjects;
+
+/// The most bytes of patch a pod may send back.
+const MAX_PATCH_BYTES: usize = 256 * 1024 * 1024;
+
+/// How long a pod gets, after agentry asked it to stop, to send what its agent spent, beyond
+/// the two steps of the stop ladder.
+const STOP_SLACK: Duration = Duration::from_secs(15);
+
+/// How long agentry waits for a pod whose control connection closed to show why.
+const DEATH_WAIT: Duration = Duration::from_secs(20);
+
+/// What a [`KubeRunner`] needs.
+#[derive(Debug, Clone)]
+pub struct KubeConfig {
+    /// The data directory: workspaces and run directories, as for a local runner.
+    pub root: PathBuf,
+    /// The namespace of the Jobs (`AGENTRY_KUBE_NAMESPACE`).
+    pub namespace: String,
+    /// The agent image (`AGENTRY_AGENT_IMAGE`).
+    pub image: String,
+    /// The pod's command, when the image's entry point is not to be used
+    /// (`AGENTRY_KUBE_POD_COMMAND`).
+    pub pod_command: Option<Vec<String>>,
+    /// Where this replica listens for pods (`AGENTRY_KUBE_LISTEN`).
+    pub listen: SocketAddr,
+    /// The address pods dial (`AGENTRY_KUBE_ENDPOINT`): host:port, or a host alone for the
+    /// port the endpoint listens on.
+    pub endpoint: String,
+    /// Each agent pod's CPU (requests = limits; `AGENTRY_KUBE_AGENT_CPU`).
+    pub cpu: Option<String>,
+    /// Each agent pod's memory (requests = limits; `AGENTRY_KUBE_AGENT_MEMORY`).
+    pub memory: Option<String>,
+    /// The size limit of the pod's work volume (`AGENTRY_KUBE_WORK_SIZE`).
+    pub work_size: String,
+    /// The size limit of the pod's `/tmp`.
+    pub tmp_size: String,
+    /// How long a pod may take to start (`AGENTRY_KUBE_START_TIMEOUT`).
+    pub start_timeout: Duration,
+    /// Run agents even when their pod reaches the Kubernetes API
+    /// (`AGENTRY_KUBE_ALLOW_API_REACH`).
+    pub allow_api_reach: bool,
+    /// The installation's name, a label of every agent pod (`AGENTRY_KUBE_INSTANCE`).
+    pub instance: String,
+    /// This replica's name, a label of the Jobs it starts.
+    pub replica: String,
+    /// The Claude Code executable in the agent image.
+    pub claude_bin: PathBuf,
+    /// The Codex executable in the agent image.
+    pub codex_bin: PathBuf,
+    /// Prices for agents that report tokens only.
+    pub prices: PriceTable,
+    /// What of the service's environment reaches agents; only `AGENTRY_AGENT_ENV`'s
+    /// variables do here, never the service's `PATH` or credentials.
+    pub env: ServiceEnv,
+    /// Each step of the stop ladder.
+    pub stop_grace: Duration,
+    /// The runs' network: the model gateway and egress proxy.
+    pub network: Arc<dyn network::Network>,
+    /// The sandbox of the git steps that read what the agent changed (its patch applied), as
+    /// a local runner's; `None`: they run unsandboxed.
+    pub git_sandbox: Option<GitSandbox>,
+}
+
+impl KubeConfig {
+    #[cfg(test)]
+    fn for_tests() -> KubeConfig {
+        #[derive(Debug)]
+        struct NoNetwork;
+        impl network::Network for NoNetwork {
+            fn open<'a>(&'a self, _: &'a RunInfo, _: &'a Path) -> network::OpenFuture<'a> {
+                Box::pin(async { Err("no network in this test".to_owned()) })
+            }
+        }
+        KubeConfig {
+            root: PathBuf::from("/nonexistent"),
+            namespace: "agents".to_owned(),
+            image: "agentry-agent:test".to_owned(),
+            pod_command: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            endpoint: "10.0.0.1:4812".to_owned(),
+            cpu: Some("1".to_owned()),
+            memory: Some("1Gi".to_owned()),
+            work_size: "10Gi".to_owned(),
+            tmp_size: "1Gi".to_owned(),
+            start_timeout: Duration::from_secs(300),
+            allow_api_reach: false,
+            instance: "agentry".to_owned(),
+            replica: "agentry-r1".to_owned(),
+            claude_bin: "claude".into(),
+            codex_bin: "codex".into(),
+            prices: PriceTable::builtin(),
+            env: ServiceEnv::default(),
+            stop_grace: Duration::from_secs(5),
+            network: Arc::new(NoNetwork),
+            git_sandbox: None,
+        }
+    }
+}
+
+/// Runs jobs as Kubernetes Jobs (see the module docs).
+pub struct KubeRunner {
+    config: KubeConfig,
+    workspaces: Workspaces,
+    endpoint: Arc<Endpoint>,
+    /// The bound listener, until the endpoint serves it (in the first run's runtime).
+    listener: std::sync::Mutex<Option<std::net::TcpListener>>,
+    client: OnceCell<kube::Client>,
+}
+
+impl std::fmt::Debug for KubeRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeRunner")
+            .field("namespace", &self.config.namespace)
+            .field("image", &self.config.image)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeRunner {
+    /// A runner with `config`, its pod endpoint bound (served from the first run on).
+    ///
+    /// # Errors
+    ///
+    /// A sentence when the endpoint's address cannot be bound.
+    pub fn new(mut config: KubeConfig) -> Result<KubeRunner, String> {
+        let listener = std::net::TcpListener::bind(config.listen)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| {
+                format!(
+                    "cannot listen for agent pods on {} (AGENTRY_KUBE_LISTEN): {e}",
+                    config.listen
+                )
+            })?;
+        if !config.endpoint.contains(':') {
+            let port = listener
+                .local_addr()
+                .map_err(|e| format!("cannot read the pod endpoint's address: {e}"))?
+                .port();
+            config.endpoint = format!("{}:{port}", config.endpoint);
+        }
+        let mut workspaces = Workspaces::new(config.root.join("workspaces"));
+        if let Some(git_sandbox) = config.git_sandbox.clone() {
+            workspaces = workspaces.with_git_sandbox(git_sandbox);
+        }
+        Ok(KubeRunner {
+            config,
+            workspaces,
+            endpoint: Arc::new(Endpoint::default()),
+            listener: std::sync::Mutex::new(Some(listener)),
+            client: OnceCell::new(),
+        })
+    }
+
+    /// The address the pod endpoint listens on.
+    pub fn listen_address(&self) -> Option<SocketAddr> {
+        local::lock(&self.listener)
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    /// The Kubernetes client: from `KUBECONFIG` (or `~/.kube/config`) or the pod's service
+    /// account, made once.
+    ///
+    /// # Errors
+    ///
+    /// A sentence when no configuration is found or it is not valid.
+    pub async fn client(&self) -> Result<kube::Client, String> {
+        self.client
+            .get_or_try_init(|| async {
+                kube::Client::try_default().await.map_err(|e| {
+                    format!(
+                        "no Kubernetes API configuration (KUBECONFIG, or the pod's service \
+                         account): {e}"
+                    )
+                })
+            })
+            .await
+            .cloned()
+    }
+
+    /// Starts serving the pod endpoint, once.
+    fn serve_endpoint(&self) -> Result<(), String> {
+        let Some(listener) = local::lock(&self.listener).take() else {
+            return Ok(());
+        };
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| format!("cannot serve the pod endpoint: {e}"))?;
+        tokio::spawn(Arc::clone(&self.endpoint).serve(listener));
+        Ok(())
+    }
+
+    /// The directory of one run (its live log), as for a local runner.
+    pub fn run_dir(&self, task_id: Uuid, attempt: i32) -> PathBuf {
+        self.config
+            .root
+            .join("runs")
+            .join(task_id.to_string())
+            .join(attempt.to_string())
+    }
+
+    fn program(&self, agent_type: AgentType) -> &Path {
+        match agent_type {
+            AgentType::ClaudeCode => &self.config.claude_bin,
+            AgentType::Codex => &self.config.codex_bin,
+        }
+    }
+
+    /// The Jobs, Secrets and Pods of the runs' namespace.
+    fn apis(&self, client: &kube::Client) -> (Api<KubeJob>, Api<Secret>, Api<Pod>) {
+        let ns = &self.config.namespace;
+        (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        )
+    }
+
+    async fn run(&self, job: Job, control: Control) -> Execution {
+        let started_at = local::now();
+        let agent_type = job.agent.agent_type;
+        let fail = |message: String, metered: bool| Execution {
+            verdict: Verdict::Failed(message),
+            agent_type,
+            report: None,
+            ended: None,
+            output: String::new(),
+            sandboxed: true,
+            metered,
+            started_at,
+            finished_at: local::now(),
+        };
+        if let Err(message) = agent::budget_enforceable(&job.agent, &self.config.prices) {
+            return fail(message, false);
+        }
+        let client = match self.client().await {
+            Ok(client) => client,
+            Err(message) => return fail(message, false),
+        };
+        if let Err(message) = self.serve_endpoint() {
+            return fail(message, false);
+        }
+        let run_dir = self.run_dir(job.task_id, job.attempt);
+        let net_dir = run_dir.join("net");
+        if let Err(e) = local::fresh_dir(&net_dir).await {
+            return fail(
+                format!(
+                    "could not create the run directory {}: {e}",
+                    net_dir.display()
+                ),
+                false,
+            );
+        }
+        let info = RunInfo {
+            task_id: job.task_id,
+            attempt: job.attempt,
+            repo_key: job.repo.key.clone(),
+            agent: job.agent.clone(),
+        };
+        let network = match self.config.network.open(&info, &net_dir).await {
+            Ok(network) => network,
+            Err(message) => {
+                return fail(
+                    format!("could not open the agent's network: {message}"),
+                    false,
+                );
+            }
+        };
+        let checkout = match &job.kind {
+            JobKind::Coding { .. } => Checkout::NewBranch,
+            JobKind::Review { branch } => Checkout::Detached(branch),
+            JobKind::Revision { branch, .. } => Checkout::Branch(branch),
+        };
+        let worktree = match self
+            .workspaces
+            .prepare(&job.repo, job.task_id, checkout, &job.auth)
+            .await
+        {
+            Ok(worktree) => worktree,
+            Err(e) => return fail(format!("could not prepare the workspace: {e}"), true),
+        };
+        let execution = self
+            .run_in_pod(&job, control, &client, &network, &net_dir, &worktree)
+            .await;
+        drop(network);
+        local::remove_worktree(worktree).await;
+        let (verdict, report, ended, output) = match execution {
+            Ok(done) => done,
+            Err(message) => return fail(message, true),
+        };
+        Execution {
+            verdict,
+            agent_type,
+            report,
+            ended,
+            output,
+            sandboxed: true,
+            metered: true,
+            started_at,
+            finished_at: local::now(),
+        }
+    }
+
+    /// Runs `job`'s agent in its pod and concludes: the verdict, the report, how the agent
+    /// ended and its output, or a sentence when it could not run.
+    async fn run_in_pod(
+        &self,
+        job: &Job,
+        mut control: Control,
+        client: &kube::Client,
+        network: &network::RunNetwork,
+        net_dir: &Path,
+        worktree: &Worktree,
+    ) -> Result<(Verdict, Option<RunReport>, Option<Ended>, String), String> {
+        let launch = self.launch(job, worktree, &network.key).await;
+        let (registration, control_rx) = self.endpoint.register(
+            &network.key,
+            net_dir.to_owned(),
+            launch,
+            worktree.path().to_owned(),
+        );
+        if *control.cancel.borrow() {
+            return Ok((Verdict::Cancelled, None, None, String::new()));
+        }
+        let objects = RunObjects {
+            task: job.task_id,
+            attempt: job.attempt,
+            replica: &self.config.replica,
+            wall_time: job.wall_time,
+            stop_grace: self.config.stop_grace,
+        };
+        let (jobs, secrets, pods) = self.apis(client);
+        let name = spec::job_name(job.task_id, job.attempt);
+        let created = self.create(&jobs, &secrets, &objects, &network.key).await;
+        let result = match created {
+            Ok(()) => {
+                let pod_state = PodState::follow(pods, &name);
+                let ran = self
+                    .attend(job, &mut control, control_rx, &pod_state, network)
+                    .await;
+                pod_state.stop();
+                ran
+            }
+            Err(message) => Err(message),
+        };
+        drop(registration);
+        delete_job(&jobs, &name).await;
+        let (end, parser) = result?;
+        let mut end = end;
+        let published = matches!(end.end.ended, Ended::Exited { code: Some(0), .. })
+            && !matches!(job.kind, JobKind::Review { .. });
+        if published && let Some(patch) = end.patch.take() {
+            end.end.unpublishable = self.apply(worktree, &patch).await.err();
+        }
+        let ended = end.end.ended.clone();
+        let (verdict, report, output) =
+            local::conclude(job, end.end, parser, Some(&network.meter), worktree).await;
+        Ok((verdict, Some(report), Some(ended), output))
+    }
+
+    /// The launch of `job`'s agent in its pod: the command line and environment a local
+    /// sandboxed agent would get, with the pod's paths.
+    async fn launch(&self, job: &Job, worktree: &Worktree, key: &str) -> pod::Launch {
+        let agent_type = job.agent.agent_type;
+        let launch = Launch {
+            sandboxed: true,
+            review: matches!(job.kind, JobKind::Review { .. }),
+        };
+        let service_env = ServiceEnv {
+            path: None,
+            credentials: Vec::new(),
+            passed: self.config.env.passed.clone(),
+        };
+        let env = agent::environment(agent_type, launch, Path::new(spec::POD_HOME), &service_env);
+        let env = network::agent_environment(agent_type, env, key);
+        let prompt = local::prompt_for(job, worktree).await;
+        let command = agent::command(
+            &job.agent,
+            launch,
+            self.program(agent_type),
+            &prompt,
+            Path::new(spec::POD_WORKTREE),
+            env,
+        );
+        let mut argv = vec![command.program.to_string_lossy().into_owned()];
+        argv.extend(command.args);
+        pod::Launch {
+            argv,
+            env: command.env,
+            stdin: command.stdin,
+            workdir: spec::POD_WORKTREE.to_owned(),
+            home: spec::POD_HOME.to_owned(),
+            patch: !launch.review,
+            stop_grace_ms: u64::try_from(self.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
+            allow_api_reach: self.config.allow_api_reach,
+        }
+    }
+
+    /// Creates the run's Job, then its Secret owned by the Job.
+    async fn create(
+        &self,
+        jobs: &Api<KubeJob>,
+        secrets: &Api<Secret>,
+        objects: &RunObjects<'_>,
+        key: &str,
+    ) -> Result<(), String> {
+        let job = spec::job(&self.config, objects)?;
+        let created = jobs
+            .create(&PostParams::default(), &job)
+            .await
+            .map_err(|e| format!("could not create the agent's Job: {e}"))?;
+        let uid = created.metadata.uid.unwrap_or_default();
+        let secret = spec::secret(&self.config, objects, &uid, key)?;
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .map_err(|e| format!("could not create the run's Secret: {e}"))?;
+        Ok(())
+    }
+
+    /// Waits for the pod to connect, then follows the run to its end: its output into the
+    /// live log and the parser, the stop on cancel, time limit or budget, the result.
+    async fn attend(
+        &self,
+        job: &Job,
+        control: &mut Control,
+        control_rx: tokio::sync::oneshot::Receiver<TcpStream>,
+        pod_state: &PodState,
+        network: &network::RunNetwork,
+    ) -> Result<(PodEnd, agent::OutputParser), String> {
+        let mut cancel = control.cancel.clone();
+        let mut pods = pod_state.receiver();
+        let start_deadline = Instant::now() + self.config.start_timeout;
+        let mut control_rx = control_rx;
+        let stream = loop {
+            tokio::select! {
+                stream = &mut control_rx => match stream {
+                    Ok(stream) => break stream,
+                    Err(_) => return Err("the pod endpoint stopped".to_owned()),
+                },
+                () = cancelled(&mut cancel) => {
+                    return Ok((PodEnd::before_start(Ended::Cancelled), self.parser(job)));
+                }
+                () = tokio::time::sleep_until(start_deadline) => {
+                    let last = pods.borrow().as_ref().and_then(start_problem);
+                    return Err(match last {
+                        Some(why) => format!(
+                            "the agent's pod did not start within {} s \
+                             (AGENTRY_KUBE_START_TIMEOUT): {why}",
+                            self.config.start_timeout.as_secs()
+                        ),
+                        None => format!(
+                            "the agent's pod did not start within {} s \
+                             (AGENTRY_KUBE_START_TIMEOUT)",
+                            self.config.start_timeout.as_secs()
+                        ),
+                    });
+                }
+                changed = pods.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    let ended = pods.borrow().as_ref().and_then(|pod| pod_ended(pod, &self.config));
+                    if let Some(why) = ended {
+                        return Err(format!("the agent's pod ended before its agent started: {why}"));
+                    }
+                }
+            }
+        };
+        if let Some(started) = control.started.take() {
+            let _ = started.send(());
+        }
+        self.follow(job, stream, &mut cancel, pod_state, &network.meter)
+            .await
+    }
+
+    fn parser(&self, job: &Job) -> agent::OutputParser {
+        agent::OutputParser::new(&job.agent, &self.config.prices)
+    }
+
+    /// Follows a connected run to its end.
+    async fn follow(
+        &self,
+        job: &Job,
+        stream: TcpStream,
+        cancel: &mut watch::Receiver<bool>,
+        pod_state: &PodState,
+        meter: &Arc<RunMeter>,
+    ) -> Result<(PodEnd, agent::OutputParser), String> {
+        let (mut from_pod, mut to_pod) = stream.into_split();
+        let log_path = self.run_dir(job.task_id, job.attempt).join("output.log");
+        let mut log = process::LogFile::create(&log_path)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut out = Output::default();
+        let mut parser = self.parser(job);
+        let deadline = Instant::now() + job.wall_time;
+        let mut polls = tokio::time::interval(process::POLL_INTERVAL);
+        let mut stopping: Option<(Ended, Instant)> = None;
+        let mut patch: Vec<u8> = Vec::new();
+        let mut patch_too_big = false;
+        let result = loop {
+            let stop_now = tokio::select! {
+                frame = pod::read_from_pod(&mut from_pod) => match frame {
+                    Ok(Some(FromPod::Stdout(chunk))) => {
+                        parser.feed(&chunk);
+                        if let Err(e) = log.append(&chunk).await {
+                            tracing::warn!(task = %job.task_id, error = %e, "cannot write the live log");
+                        }
+                        out.push(&chunk);
+                        None
+                    }
+                    Ok(Some(FromPod::Patch(chunk))) => {
+                        if patch.len() + chunk.len() > MAX_PATCH_BYTES {
+                            patch_too_big = true;
+                        } else {
+                            patch.extend_from_slice(&chunk);
+                        }
+                        None
+                    }
+                    Ok(Some(FromPod::Result(result))) => break Some(result),
+                    Ok(None) | Err(_) => break None,
+                },
+                () = cancelled(cancel), if stopping.is_none() => Some(Ended::Cancelled),
+                () = tokio::time::sleep_until(deadline), if stopping.is_none() => Some(Ended::TimedOut),
+                _ = polls.tick() => None,
+                () = sleep_until_opt(stopping.as_ref().map(|(_, at)| *at)) => break None,
+            };
+            let wanted = stop_now.or_else(|| {
+                (stopping.is_none() && (parser.allowance_reached() || meter.is_exhausted()))
+                    .then_some(Ended::Stopped)
+            });
+            if let Some(why) = wanted
+                && stopping.is_none()
+            {
+                // A pod that cannot be told is stopped by deleting its Job below.
+                let _ = pod::write_to_pod(&mut to_pod, &ToPod::Stop).await;
+                let give = self.config.stop_grace * 2 + STOP_SLACK;
+                stopping = Some((why, Instant::now() + give));
+            }
+        };
+        let (stdout, dropped) = out.finish();
+        let mut end = AgentEnd {
+            ended: Ended::Exited {
+                code: None,
+                signal: None,
+            },
+            stdout,
+            stdout_dropped: dropped,
+            stderr_tail: String::new(),
+            killed: None,
+            unpublishable: patch_too_big
+                .then(|| format!("the agent's changes are larger than {MAX_PATCH_BYTES} bytes")),
+        };
+        match result {
+            Some(PodResult {
+                ended,
+                stderr_tail,
+                failure,
+            }) => {
+                end.stderr_tail = stderr_tail;
+                if let Some(failure) = failure {
+                    return Err(failure);
+                }
+                end.ended = match (stopping, ended) {
+                    (Some((why, _)), _) => why,
+                    (None, PodEnded::Exited { code, signal }) => Ended::Exited { code, signal },
+                    (None, PodEnded::Stopped) => {
+                        end.killed = Some(
+                            "the agent's pod was stopped by the cluster (deleted, evicted or \
+                             past its deadline)"
+                                .to_owned(),
+                        );
+                        Ended::Exited {
+                            code: None,
+                            signal: Some(libc::SIGTERM),
+                        }
+                    }
+                    (None, PodEnded::NotStarted) => {
+                        return Err("the agent's pod did not start its agent".to_owned());
+                    }
+                };
+            }
+            None => {
+                // The pod died, or did not answer its stop: what the cluster says of it.
+                let why = pod_state.why_ended(&self.config, DEATH_WAIT).await;
+                end.ended = match stopping {
+                    Some((why, _)) => why,
+                    None => Ended::Exited {
+                        code: None,
+                        signal: Some(libc::SIGKILL),
+                    },
+                };
+                if matches!(end.ended, Ended::Exited { .. }) {
+                    end.killed = Some(why.unwrap_or_else(|| {
+                        "the agent's pod ended without a result (its connection to agentry \
+                         closed)"
+                            .to_owned()
+                    }));
+                }
+            }
+        }
+        let patch = (!patch.is_empty() && !patch_too_big).then_some(patch);
+        Ok((PodEnd { end, patch }, parser))
+    }
+
+    /// Applies the agent's `patch` to `worktree`.
+    async fn apply(&self, worktree: &Worktree, patch: &[u8]) -> Result<(), String> {
+        let dir = worktree
+            .path()
+            .parent()
+            .map_or_else(|| self.config.root.clone(), Path::to_path_buf);
+        let file = dir.join(format!(
+            ".{}.patch",
+            worktree
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ));
+        let written = crate::user::private_file(&file)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, patch))
+            .map_err(|e| e.to_string());
+        let applied = match written {
+            Ok(()) => worktree
+                .apply_patch(&file)
+                .await
+                .map_err(|e| format!("could not apply the agent's changes: {e}")),
+            Err(e) => Err(format!("could not keep the agent's changes: {e}")),
+        };
+        let _ = tokio::fs::remove_file(&file).await;
+        applied
+    }
+}
+
+/// Checks what a Kubernetes runner needs of its cluster, with the client of `KUBECONFIG` (or
+/// the pod's service account): the API answers, the `namespace` exists and every
+/// permission the runner uses is granted there. One sentence per problem; none when all is
+/// well.
+pub async fn check_cluster(namespace: &str) -> Vec<String> {
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(e) => {
+            return vec![format!(
+                "no Kubernetes API configuration (KUBECONFIG, or the pod's service account): {e}"
+            )];
+        }
+    };
+    if let Err(e) = client.apiserver_version().await {
+        return vec![format!("the Kubernetes API does not answer: {e}")];
+    }
+    let mut problems = Vec::new();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    match namespaces.get_opt(namespace).await {
+        Ok(Some(_)) => {}
+        Ok(None) => problems.push(format!(
+            "the namespace {namespace} (AGENTRY_KUBE_NAMESPACE) does not exist"
+        )),
+        // Reading namespaces is not a permission the runner needs.
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        Err(e) => problems.push(format!("cannot look up the namespace {namespace}: {e}")),
+    }
+    for (group, resource, verbs) in NEEDED {
+        for verb in *verbs {
+            match can_i(&client, namespace, group, resource, verb).await {
+                Ok(true) => {}
+                Ok(false) => problems.push(format!(
+                    "agentry may not {verb} {resource} in the namespace {namespace} (the \
+                     chart's Role grants it)"
+                )),
+                Err(e) => {
+                    problems.push(format!("cannot check the permissions: {e}"));
+                    return problems;
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// The permissions the runner uses in its namespace: the chart's Role grants exactly these.
+const NEEDED: &[(&str, &str, &[&str])] = &[
+    (
+        "batch",
+        "jobs",
+        &["create", "get", "list", "watch", "delete"],
+    ),
+    ("", "pods", &["get", "list", "watch"]),
+    ("", "pods/log", &["get"]),
+    ("", "secrets", &["create", "get", "delete"]),
+];
+
+/// Whether this client may `verb` `resource` (with a subresource after `/`) of `group` in
+/// `namespace`, by a SelfSubjectAccessReview.
+async fn can_i(
+    client: &kube::Client,
+    namespace: &str,
+    group: &str,
+    resource: &str,
+    verb: &str,
+) -> Result<bool, kube::Error> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_owned())),
+        None => (resource, None),
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                subresource,
+                verb: Some(verb.to_owned()),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let answer = api.create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// How a pod's run ended, and its patch.
+struct PodEnd {
+    end: AgentEnd,
+    patch: Option<Vec<u8>>,
+}
+
+impl PodEnd {
+    fn before_start(ended: Ended) -> PodEnd {
+        PodEnd {
+            end: AgentEnd {
+                ended,
+                stdout: String::new(),
+                stdout_dropped: 0,
+                stderr_tail: String::new(),
+                killed: None,
+                unpublishable: None,
+            },
+            patch: None,
+        }
+    }
+}
+
+/// The end of the agent's stdout kept in memory, as a local run keeps it.
+#[derive(Default)]
+struct Output {
+    kept: Vec<u8>,
+    total: u64,
+}
+
+impl Output {
+    fn push(&mut self, chunk: &[u8]) {
+        let keep = process::STDOUT_MEMORY_CAP;
+        self.total = self.total.saturating_add(chunk.len() as u64);
+        self.kept.extend_from_slice(chunk);
+        if self.kept.len() > keep + keep / 4 {
+            let excess = self.kept.len() - keep;
+            self.kept.drain(..excess);
+        }
+    }
+
+    fn finish(mut self) -> (String, u64) {
+        let keep = process::STDOUT_MEMORY_CAP;
+        if self.kept.len() > keep {
+            let excess = self.kept.len() - keep;
+            self.kept.drain(..excess);
+        }
+        let dropped = self.total.saturating_sub(self.kept.len() as u64);
+        let bytes = if dropped > 0 {
+            process::skip_partial_char(self.kept)
+        } else {
+            self.kept
+        };
+        (process::lossy(bytes), dropped)
+    }
+}
+
+/// The latest state of a run's pod, kept by a watch of the Job's pods.
+struct PodState {
+    state: watch::Receiver<Option<Pod>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodState {
+    /// Watches the pods of the Job `job_name` (by the Job controller's label).
+    fn follow(pods: Api<Pod>, job_name: &str) -> PodState {
+        let (tx, state) = watch::channel(None);
+        let config =
+            watcher::Config::default().labels(&format!("{}={job_name}", spec::JOB_NAME_LABEL));
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(pods, config));
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                        let _ = tx.send(Some(pod));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "watching an agent pod failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+        PodState { state, task }
+    }
+
+    fn receiver(&self) -> watch::Receiver<Option<Pod>> {
+        self.state.clone()
+    }
+
+    /// Why the pod ended, waiting up to `wait` for the cluster to say.
+    async fn why_ended(&self, config: &KubeConfig, wait: Duration) -> Option<String> {
+        let mut state = self.state.clone();
+        let found = tokio::time::timeout(wait, async {
+            loop {
+                if let Some(why) = state
+                    .borrow()
+                    .as_ref()
+                    .and_then(|pod| pod_ended(pod, config))
+                {
+                    return why;
+                }
+                if state.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await;
+        found.ok()
+    }
+
+    fn stop(self) {
+        self.task.abort();
+    }
+}
+
+/// Why `pod` cannot start yet, as its status says (an image that cannot be pulled, a
+/// configuration error, no node to run it), if it says.
+fn start_problem(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    for container in status.container_statuses.iter().flatten() {
+        if let Some(waiting) = container.state.as_ref().and_then(|s| s.waiting.as_ref())
+            && let Some(reason) = &waiting.reason
+            && reason != "ContainerCreating"
+        {
+            return Some(match &waiting.message {
+                Some(message) => format!("{reason}: {message}"),
+                None => reason.clone(),
+            });
+        }
+    }
+    status.conditions.iter().flatten().find_map(|c| {
+        (c.type_ == "PodScheduled" && c.status == "False").then(|| {
+            format!(
+                "it cannot be scheduled ({}): {}",
+                c.reason.as_deref().unwrap_or("Unschedulable"),
+                c.message.as_deref().unwrap_or("no node fits it")
+            )
+        })
+    })
+}
+
+/// Why `pod` ended, if it did: killed for memory, evicted, or its container's end.
+fn pod_ended(pod: &Pod, config: &KubeConfig) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if status.reason.as_deref() == Some("Evicted") {
+        return Some(format!(
+            "the agent's pod was evicted: {}",
+            status.message.as_deref().unwrap_or("no message")
+        ));
+    }
+    for container in status.container_statuses.iter().flatten() {
+        if let Some(done) = container.state.as_ref().and_then(|s| s.terminated.as_ref()) {
+            return Some(match done.reason.as_deref() {
+                Some("OOMKilled") => format!(
+                    "the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, {}) and the \
+                     kernel stopped the agent",
+                    config.memory.as_deref().unwrap_or("no limit set")
+                ),
+                reason => format!(
+                    "the agent's pod ended ({}, exit code {})",
+                    reason.unwrap_or("no reason given"),
+                    done.exit_code
+                ),
+            });
+        }
+    }
+    match status.phase.as_deref() {
+        Some("Failed") => Some(format!(
+            "the agent's pod failed: {}",
+            status
+                .message
+                .as_deref()
+                .or(status.reason.as_deref())
+                .unwrap_or("no reason given")
+        )),
+        _ => None,
+    }
+}
+
+/// Deletes a run's Job with its pods and Secret (in the background: `kubectl` sees them go).
+async fn delete_job(jobs: &Api<KubeJob>, name: &str) {
+    match jobs.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => tracing::warn!(job = name, error = %e, "could not delete an agent's Job"),
+    }
+}
+
+/// Resolves once `cancel` is `true`; never if its sender is dropped first.
+async fn cancelled(cancel: &mut watch::Receiver<bool>) {
+    if cancel.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Runner for KubeRunner {
+    fn execute(&self, job: Job, control: Control) -> ExecutionFuture<'_> {
+        Box::pin(self.run(job, control))
+    }
+
+    fn live_output(&self, task_id: Uuid, attempt: i32) -> Option<String> {
+        let path = self.run_dir(task_id, attempt).join("output.log");
+        let (text, dropped) = local::read_tail(&path, process::STDOUT_MEMORY_CAP).ok()?;
+        Some(local::note_dropped(text, dropped))
+    }
+
+    /// Deletes the run's Job (its pod and Secret go with it) and returns what its live log
+    /// here shows, if this replica has it. The run's metered calls are in the database
+    /// whichever replica reads them.
+    fn salvage(&self, task_id: Uuid, attempt: i32, agent: &AgentSpec) -> Option<Salvaged> {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.client.get().cloned();
+            let namespace = self.config.namespace.clone();
+            runtime.spawn(async move {
+                let client = match client {
+                    Some(client) => client,
+                    None => match kube::Client::try_default().await {
+                        Ok(client) => client,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot delete a dead run's Job");
+                            return;
+                        }
+                    },
+                };
+                let jobs: Api<KubeJob> = Api::namespaced(client, &namespace);
+                let selector = spec::run_selector(task_id, attempt);
+                match jobs.list(&ListParams::default().labels(&selector)).await {
+                    Ok(list) => {
+                        for job in list {
+                            if let Some(name) = job.metadata.name {
+                                tracing::info!(job = %name, "deleting the Job of a run whose replica stopped");
+                                delete_job(&jobs, &name).await;
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot list a dead run's Jobs"),
+                }
+            });
+        }
+        let dir = self.run_dir(task_id, attempt);
+        let (output, _) = local::read_tail(&dir.join("output.log"), local::SALVAGE_BYTES).ok()?;
+        let mut parser = agent::OutputParser::new(agent, &self.config.prices);
+        parser.feed(output.as_bytes());
+        Some(Salvaged {
+            report: parser.finish(),
+            output,
+        })
+    }
+
+    fn discard(&self, task_id: Uuid, attempt: i32) {
+        local::discard_run_dir(&self.run_dir(task_id, attempt));
+    }
+
+    fn leftovers(&self) -> Vec<(Uuid, i32)> {
+        local::run_dirs(&self.config.root)
+    }
+}
