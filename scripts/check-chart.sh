@@ -16,11 +16,26 @@
 #     values that break values.schema.json, …);
 # and prints the objects each values file renders. Exits non-zero on any failure.
 #
+#   scripts/check-chart.sh                    the checks above
+#   scripts/check-chart.sh --render-role OUT  writes the Role and RoleBinding the chart
+#       renders for the Kubernetes runner (ci/kubernetes-runner.yaml, release `agentry` in
+#       the namespace `agentry`, its Jobs in the namespace `agents`) to OUT as YAML, for the
+#       tests whose fake Kubernetes API enforces exactly the chart's Role; checks nothing.
+#
 # Needs python3 (3.11 or later, with venv). Helm's library (PyPI `helm-python-sdk`, which
 # bundles Helm's Go SDK; no helm binary) and `kubernetes-validate` (the Kubernetes JSON
 # schemas) are installed at the pinned versions below into a virtual environment under
 # $HOME/.cache/agentry-chart (AGENTRY_CHART_CACHE), once per machine.
 set -euo pipefail
+render_role=
+if [ $# -gt 0 ]; then
+    if [ $# -ne 2 ] || [ "$1" != --render-role ] || [ -z "$2" ]; then
+        echo "usage: scripts/check-chart.sh [--render-role OUT]" >&2
+        exit 2
+    fi
+    # OUT as given, relative to where the script was started.
+    render_role=$(realpath -m -- "$2")
+fi
 cd "$(dirname "$0")/.."
 start=$(date +%s%N)
 
@@ -59,7 +74,7 @@ if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml' 2>/de
     trap - EXIT
 fi
 
-export CHECK_CHART_START="$start"
+export CHECK_CHART_START="$start" CHECK_CHART_RENDER_ROLE="$render_role"
 exec "$venv/bin/python" - <<'PY'
 """The chart's checks; see the top of scripts/check-chart.sh."""
 
@@ -225,6 +240,27 @@ def one(objects, kind):
     found = [o for o in objects if o["kind"] == kind]
     return found[0] if len(found) == 1 else None
 
+
+# --- --render-role OUT: the Kubernetes runner's Role and RoleBinding, nothing checked ---------
+
+if os.environ.get("CHECK_CHART_RENDER_ROLE"):
+    out = os.environ["CHECK_CHART_RENDER_ROLE"]
+    values = values_of(open(f"{CHART}/ci/kubernetes-runner.yaml").read())
+    values["runner"]["kubernetes"]["namespace"] = "agents"
+    objects = [o for o in render(values) if o["kind"] in ("Role", "RoleBinding")]
+    if sorted(o["kind"] for o in objects) != ["Role", "RoleBinding"]:
+        sys.exit(f"check-chart: the Kubernetes runner's values rendered {[o['kind'] for o in objects]}, "
+                 "not one Role and one RoleBinding")
+    header = (f"# The Role and RoleBinding of {CHART} for the Kubernetes runner ({CHART}/ci/kubernetes-runner.yaml),\n"
+              f"# release {RELEASE} in the namespace {NAMESPACE}, Jobs in the namespace agents.\n"
+              "# Written by scripts/check-chart.sh --render-role; do not edit.\n")
+    text = header + "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
+    tmp = f"{out}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
+    print(f"check-chart: wrote the Role and RoleBinding ({len(objects[0]['rules'])} rules, namespace agents) to {out}")
+    sys.exit(0)
 
 # --- 1. versions -------------------------------------------------------------------------------
 
