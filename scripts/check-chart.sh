@@ -16,11 +16,26 @@
 #     values that break values.schema.json, …);
 # and prints the objects each values file renders. Exits non-zero on any failure.
 #
+#   scripts/check-chart.sh                    the checks above
+#   scripts/check-chart.sh --render-role OUT  writes the Role and RoleBinding the chart
+#       renders for the Kubernetes runner (ci/kubernetes-runner.yaml, release `agentry` in
+#       the namespace `agentry`, its Jobs in the namespace `agents`) to OUT as YAML, for the
+#       tests whose fake Kubernetes API enforces exactly the chart's Role; checks nothing.
+#
 # Needs python3 (3.11 or later, with venv). Helm's library (PyPI `helm-python-sdk`, which
 # bundles Helm's Go SDK; no helm binary) and `kubernetes-validate` (the Kubernetes JSON
 # schemas) are installed at the pinned versions below into a virtual environment under
 # $HOME/.cache/agentry-chart (AGENTRY_CHART_CACHE), once per machine.
 set -euo pipefail
+render_role=
+if [ $# -gt 0 ]; then
+    if [ $# -ne 2 ] || [ "$1" != --render-role ] || [ -z "$2" ]; then
+        echo "usage: scripts/check-chart.sh [--render-role OUT]" >&2
+        exit 2
+    fi
+    # OUT as given, relative to where the script was started.
+    render_role=$(realpath -m -- "$2")
+fi
 cd "$(dirname "$0")/.."
 start=$(date +%s%N)
 
@@ -59,7 +74,7 @@ if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml' 2>/de
     trap - EXIT
 fi
 
-export CHECK_CHART_START="$start"
+export CHECK_CHART_START="$start" CHECK_CHART_RENDER_ROLE="$render_role"
 exec "$venv/bin/python" - <<'PY'
 """The chart's checks; see the top of scripts/check-chart.sh."""
 
@@ -226,6 +241,27 @@ def one(objects, kind):
     return found[0] if len(found) == 1 else None
 
 
+# --- --render-role OUT: the Kubernetes runner's Role and RoleBinding, nothing checked ---------
+
+if os.environ.get("CHECK_CHART_RENDER_ROLE"):
+    out = os.environ["CHECK_CHART_RENDER_ROLE"]
+    values = values_of(open(f"{CHART}/ci/kubernetes-runner.yaml").read())
+    values["runner"]["kubernetes"]["namespace"] = "agents"
+    objects = [o for o in render(values) if o["kind"] in ("Role", "RoleBinding")]
+    if sorted(o["kind"] for o in objects) != ["Role", "RoleBinding"]:
+        sys.exit(f"check-chart: the Kubernetes runner's values rendered {[o['kind'] for o in objects]}, "
+                 "not one Role and one RoleBinding")
+    header = (f"# The Role and RoleBinding of {CHART} for the Kubernetes runner ({CHART}/ci/kubernetes-runner.yaml),\n"
+              f"# release {RELEASE} in the namespace {NAMESPACE}, Jobs in the namespace agents.\n"
+              "# Written by scripts/check-chart.sh --render-role; do not edit.\n")
+    text = header + "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
+    tmp = f"{out}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
+    print(f"check-chart: wrote the Role and RoleBinding ({len(objects[0]['rules'])} rules, namespace agents) to {out}")
+    sys.exit(0)
+
 # --- 1. versions -------------------------------------------------------------------------------
 
 with open("Cargo.toml", "rb") as f:
@@ -348,21 +384,83 @@ if pg:
     check(ing is not None and ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["port"]["number"] == 8080,
           "postgres-3-replicas: the Ingress reaches the Service's port")
 
+AGENT_LABELS = {"app.kubernetes.io/name": "agentry-agent", "app.kubernetes.io/managed-by": "agentry",
+                "app.kubernetes.io/instance": RELEASE}
+AGENTRY_LABELS = {"app.kubernetes.io/name": "agentry", "app.kubernetes.io/instance": RELEASE}
+ROLE_RULES = [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch", "delete"]},
+              {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+              {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+              {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "delete"]}]
+
+
+def policies(objects):
+    """{name suffix: NetworkPolicy} of the rendered objects."""
+    return {o["metadata"]["name"].removeprefix(RELEASE + "-"): o for o in objects if o["kind"] == "NetworkPolicy"}
+
+
 kr = rendered.get("kubernetes-runner.yaml", [])
 if kr:
     sts, role, binding = one(kr, "StatefulSet"), one(kr, "Role"), one(kr, "RoleBinding")
     env = env_of(sts)
+    c = sts["spec"]["template"]["spec"]["containers"][0]
     check(env.get("AGENTRY_RUNNER") == "kubernetes" and env.get("AGENTRY_KUBE_NAMESPACE") == "agentry-jobs"
           and sts["spec"]["template"]["spec"]["automountServiceAccountToken"] is True,
           "kubernetes-runner: AGENTRY_RUNNER and AGENTRY_KUBE_NAMESPACE set, the service account's token mounted")
-    want = [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch", "delete"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
-    check(role is not None and role["metadata"]["namespace"] == "agentry-jobs" and role["rules"] == want
+    want_env = {
+        "AGENTRY_AGENT_IMAGE": f"registry.example.com/agentry-agent:{crate_version}",
+        "AGENTRY_KUBE_INSTANCE": RELEASE,
+        "AGENTRY_KUBE_LISTEN": "0.0.0.0:4812",
+        "AGENTRY_KUBE_ENDPOINT": "$(AGENTRY_POD_IP):4812",
+        "AGENTRY_KUBE_AGENT_CPU": "1500m",
+        "AGENTRY_KUBE_AGENT_MEMORY": "3Gi",
+        "AGENTRY_KUBE_WORK_SIZE": "5Gi",
+        "AGENTRY_KUBE_START_TIMEOUT": "600",
+    }
+    got_env = {k: env.get(k) for k in want_env}
+    names = [e["name"] for e in c["env"]]
+    pod_ip = next((e for e in c["env"] if e["name"] == "AGENTRY_POD_IP"), {})
+    check(got_env == want_env and "AGENTRY_KUBE_ALLOW_API_REACH" not in env
+          and pod_ip.get("valueFrom") == {"fieldRef": {"fieldPath": "status.podIP"}}
+          and names.index("AGENTRY_POD_IP") < names.index("AGENTRY_KUBE_ENDPOINT"),
+          "kubernetes-runner: the agent image (tag: the appVersion), the pod endpoint on the pod's IP "
+          "(AGENTRY_POD_IP from the downward API, defined before it), the agents' resources, work size, "
+          "start timeout; no AGENTRY_KUBE_ALLOW_API_REACH",
+          f"{got_env}, order {names}")
+    check(c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                         {"name": "pods", "containerPort": 4812, "protocol": "TCP"}],
+          "kubernetes-runner: container ports http 8080 and pods 4812", str(c["ports"]))
+    check(role is not None and role["metadata"]["namespace"] == "agentry-jobs" and role["rules"] == ROLE_RULES
+          and one(kr, "ClusterRole") is None and one(kr, "ClusterRoleBinding") is None
           and binding is not None and binding["metadata"]["namespace"] == "agentry-jobs"
-          and binding["roleRef"]["name"] == role["metadata"]["name"]
+          and binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
           and binding["subjects"] == [{"kind": "ServiceAccount", "name": sts["spec"]["template"]["spec"]["serviceAccountName"], "namespace": NAMESPACE}],
-          "kubernetes-runner: a Role on jobs, pods and pods/log in the Jobs' namespace, bound to the service account")
+          "kubernetes-runner: a Role (no ClusterRole) on exactly jobs, pods, pods/log and secrets in the Jobs' "
+          "namespace, bound to the service account")
+    nps = policies(kr)
+    agents, endpoint = nps.get("agents"), nps.get("pod-endpoint")
+    check(agents is not None and agents["metadata"]["namespace"] == "agentry-jobs"
+          and agents["spec"] == {
+              "podSelector": {"matchLabels": AGENT_LABELS},
+              "policyTypes": ["Ingress", "Egress"],
+              "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                                  "podSelector": {"matchLabels": AGENTRY_LABELS}}],
+                          "ports": [{"protocol": "TCP", "port": 4812}]}]},
+          "kubernetes-runner: the agent pods' NetworkPolicy in the Jobs' namespace: no ingress, egress only to "
+          "the release's agentry pods on TCP 4812 (no DNS)", json.dumps(agents and agents["spec"]))
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    check(all(pod_labels.get(k) == v for k, v in AGENTRY_LABELS.items())
+          and env.get("AGENTRY_KUBE_INSTANCE") == AGENT_LABELS["app.kubernetes.io/instance"],
+          "kubernetes-runner: the policy's peers are the labels the agentry pods carry and the instance the runner "
+          "gives its agent pods")
+    check(endpoint is not None and endpoint["metadata"]["namespace"] == NAMESPACE
+          and endpoint["spec"] == {
+              "podSelector": {"matchLabels": AGENTRY_LABELS},
+              "policyTypes": ["Ingress"],
+              "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agentry-jobs"}},
+                                     "podSelector": {"matchLabels": AGENT_LABELS}}],
+                           "ports": [{"protocol": "TCP", "port": "pods"}]}]},
+          "kubernetes-runner (podEndpointPolicy): the agentry pods let in only the release's agent pods, on "
+          "the port named pods", json.dumps(endpoint and endpoint["spec"]))
 
 # --- variants beyond the three files: rendered, validated and profile-checked like them --------
 
@@ -378,12 +476,28 @@ variants = [
     ("securityContext: {runAsUser: null, runAsGroup: null, fsGroup: null}\nconfig: null\n",
      "ids left to the platform (runAsUser null): none set, still runAsNonRoot",
      lambda objs: pod_spec(objs)["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}),
-    ("serviceAccount: {create: false, name: agentry-sa}\nrunner: {kind: kubernetes}\nimage: {tag: 9.9.9}\n",
-     "an existing service account bound in the release's namespace; image.tag wins",
+    ("serviceAccount: {create: false, name: agentry-sa}\nimage: {tag: 9.9.9}\n"
+     "runner: {kind: kubernetes, kubernetes: {agentImage: {repository: agent, tag: '2.0'}}}\n",
+     "Kubernetes runner with defaults: an existing service account bound in the release's namespace, the "
+     "agents' policy there too, no pod-endpoint policy; image.tag and agentImage.tag win",
      lambda objs: one(objs, "ServiceAccount") is None
      and one(objs, "RoleBinding")["subjects"][0]["name"] == "agentry-sa"
      and one(objs, "Role")["metadata"]["namespace"] == NAMESPACE
-     and pod_spec(objs)["containers"][0]["image"] == "agentry:9.9.9"),
+     and list(policies(objs)) == ["agents"] and policies(objs)["agents"]["metadata"]["namespace"] == NAMESPACE
+     and pod_spec(objs)["containers"][0]["image"] == "agentry:9.9.9"
+     and {k: env_of(one(objs, "StatefulSet")).get(k) for k in
+          ("AGENTRY_AGENT_IMAGE", "AGENTRY_KUBE_AGENT_CPU", "AGENTRY_KUBE_AGENT_MEMORY", "AGENTRY_KUBE_WORK_SIZE",
+           "AGENTRY_KUBE_START_TIMEOUT", "AGENTRY_KUBE_ALLOW_API_REACH")}
+     == {"AGENTRY_AGENT_IMAGE": "agent:2.0", "AGENTRY_KUBE_AGENT_CPU": "2", "AGENTRY_KUBE_AGENT_MEMORY": "4Gi",
+         "AGENTRY_KUBE_WORK_SIZE": "10Gi", "AGENTRY_KUBE_START_TIMEOUT": "300", "AGENTRY_KUBE_ALLOW_API_REACH": None}),
+    ("runner: {kind: kubernetes, kubernetes: {agentImage: {repository: r.example/agent, tag: x, digest: "
+     "'sha256:" + "ab" * 32 + "'}, allowApiReach: true}}\nmasterKey: {existingSecret: mk}\n",
+     "the agent image by digest; allowApiReach sets AGENTRY_KUBE_ALLOW_API_REACH=1",
+     lambda objs: env_of(one(objs, "StatefulSet")).get("AGENTRY_AGENT_IMAGE") == "r.example/agent@sha256:" + "ab" * 32
+     and env_of(one(objs, "StatefulSet")).get("AGENTRY_KUBE_ALLOW_API_REACH") == "1"),
+    ("{}\n", "the local runner: no pod endpoint, no NetworkPolicy, no AGENTRY_KUBE_* variable",
+     lambda objs: not policies(objs) and len(pod_spec(objs)["containers"][0]["ports"]) == 1
+     and not [k for k in env_of(one(objs, "StatefulSet")) if k.startswith("AGENTRY_KUBE") or k == "AGENTRY_AGENT_IMAGE"]),
 ]
 for text, what, predicate in variants:
     try:
@@ -418,6 +532,14 @@ refusals = [
      ["config.AGENTRY_BIND: the chart sets AGENTRY_BIND itself"]),
     ("config:\n  AGENTRY_MAX_CONCURRENT_RUNS: 4\n", "HelmValuesError", ["/config/AGENTRY_MAX_CONCURRENT_RUNS", "want string"]),
     ("replicas: 2\n", "HelmValuesError", ["additional properties 'replicas' not allowed"]),
+    ("runner:\n  kind: kubernetes\n", "HelmRenderError",
+     ["runner.kind is kubernetes but runner.kubernetes.agentImage.repository is empty"]),
+    ("config:\n  AGENTRY_KUBE_ENDPOINT: 10.0.0.1:4812\n", "HelmRenderError",
+     ["config.AGENTRY_KUBE_ENDPOINT: the chart sets AGENTRY_KUBE_ENDPOINT itself"]),
+    ("runner:\n  kind: kubernetes\n  kubernetes:\n    agentImage:\n      repository: a\n      digest: latest\n",
+     "HelmValuesError", ["/runner/kubernetes/agentImage/digest"]),
+    ("runner:\n  kind: kubernetes\n  kubernetes:\n    agentResources:\n      cpu: lots\n",
+     "HelmValuesError", ["/runner/kubernetes/agentResources/cpu"]),
 ]
 for text, error, phrases in refusals:
     shown = json.dumps(values_of(text))

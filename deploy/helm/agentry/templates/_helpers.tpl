@@ -55,6 +55,35 @@ app.kubernetes.io/part-of: agentry
 {{- end }}
 
 {{/*
+The agent image of the Kubernetes runner: repository@digest when a digest is given, else
+repository:tag (tag default: the chart's appVersion).
+*/}}
+{{- define "agentry.agentImage" -}}
+{{- with .Values.runner.kubernetes.agentImage }}
+{{- if .digest }}
+{{- printf "%s@%s" .repository .digest }}
+{{- else }}
+{{- printf "%s:%s" .repository (.tag | default $.Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The port of the pod endpoint the agent pods dial (AGENTRY_KUBE_LISTEN). */}}
+{{- define "agentry.podEndpointPort" -}}
+4812
+{{- end }}
+
+{{/*
+The labels of this release's agent pods, as the Kubernetes runner sets them
+(AGENTRY_KUBE_INSTANCE is the release name).
+*/}}
+{{- define "agentry.agentSelectorLabels" -}}
+app.kubernetes.io/name: agentry-agent
+app.kubernetes.io/managed-by: agentry
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
 Combinations the schema cannot refuse on its own, each refused with the reason. Included by
 statefulset.yaml: a failure there fails the whole render, so nothing is applied.
 */}}
@@ -66,11 +95,14 @@ statefulset.yaml: a failure there fails the whole render, so nothing is applied.
 {{- if and $sqlite (not .Values.persistence.enabled) }}
 {{- fail "persistence.enabled is false with the embedded SQLite database (database.existingSecret is empty): the database would live in an emptyDir and every task, cost and stored secret would be lost with the pod; keep persistence.enabled, or use PostgreSQL." }}
 {{- end }}
-{{- $own := dict "AGENTRY_DATA_DIR" "to /var/lib/agentry, the data volume" "AGENTRY_BIND" "to 0.0.0.0:8080, the port the probes and the Service use" "AGENTRY_DATABASE_URL" "from database.existingSecret" "AGENTRY_MASTER_KEY" "from masterKey.existingSecret" "AGENTRY_RUNNER" "from runner.kind" "AGENTRY_KUBE_NAMESPACE" "from runner.kubernetes.namespace" }}
+{{- $own := dict "AGENTRY_DATA_DIR" "to /var/lib/agentry, the data volume" "AGENTRY_BIND" "to 0.0.0.0:8080, the port the probes and the Service use" "AGENTRY_DATABASE_URL" "from database.existingSecret" "AGENTRY_MASTER_KEY" "from masterKey.existingSecret" "AGENTRY_RUNNER" "from runner.kind" "AGENTRY_KUBE_NAMESPACE" "from runner.kubernetes.namespace" "AGENTRY_AGENT_IMAGE" "from runner.kubernetes.agentImage" "AGENTRY_KUBE_LISTEN" "to 0.0.0.0:4812, the port the agent pods' NetworkPolicy opens" "AGENTRY_KUBE_ENDPOINT" "to the pod's IP and port 4812" "AGENTRY_KUBE_INSTANCE" "to the release name, which the agent pods' NetworkPolicy selects" "AGENTRY_KUBE_AGENT_CPU" "from runner.kubernetes.agentResources.cpu" "AGENTRY_KUBE_AGENT_MEMORY" "from runner.kubernetes.agentResources.memory" "AGENTRY_KUBE_WORK_SIZE" "from runner.kubernetes.workSize" "AGENTRY_KUBE_START_TIMEOUT" "from runner.kubernetes.startTimeoutSeconds" "AGENTRY_KUBE_ALLOW_API_REACH" "from runner.kubernetes.allowApiReach" "AGENTRY_POD_IP" "from the pod's status.podIP" }}
 {{- range $name, $from := $own }}
 {{- if hasKey ($.Values.config | default dict) $name }}
 {{- fail (printf "config.%s: the chart sets %s itself (%s); remove it from config." $name $name $from) }}
 {{- end }}
+{{- end }}
+{{- if and (eq .Values.runner.kind "kubernetes") (not .Values.runner.kubernetes.agentImage.repository) }}
+{{- fail "runner.kind is kubernetes but runner.kubernetes.agentImage.repository is empty: each agent run is a pod of the agent image (deploy/Dockerfile.agent, built by `scripts/build-image.sh --agent`), so push it to a registry the cluster pulls from and name it there, e.g. registry.example.com/agentry-agent." }}
 {{- end }}
 {{- if and (not $sqlite) (not .Values.masterKey.existingSecret) }}
 {{- fail "database.existingSecret is set (PostgreSQL) but masterKey.existingSecret is empty: every replica must use the same master key, and without one each would generate its own and could not read the secrets the others stored; create a Secret whose key `key` holds base64 of 32 random bytes and name it in masterKey.existingSecret." }}
