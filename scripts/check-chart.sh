@@ -243,8 +243,7 @@ def one(objects, kind):
 
 # --- --render-role OUT: the Kubernetes runner's Role and RoleBinding, nothing checked ---------
 
-if os.environ.get("CHECK_CHART_RENDER_ROLE"):
-    out = os.environ["CHECK_CHART_RENDER_ROLE"]
+def role_text():
     values = values_of(open(f"{CHART}/ci/kubernetes-runner.yaml").read())
     values["runner"]["kubernetes"]["namespace"] = "agents"
     objects = [o for o in render(values) if o["kind"] in ("Role", "RoleBinding")]
@@ -254,13 +253,25 @@ if os.environ.get("CHECK_CHART_RENDER_ROLE"):
     header = (f"# The Role and RoleBinding of {CHART} for the Kubernetes runner ({CHART}/ci/kubernetes-runner.yaml),\n"
               f"# release {RELEASE} in the namespace {NAMESPACE}, Jobs in the namespace agents.\n"
               "# Written by scripts/check-chart.sh --render-role; do not edit.\n")
-    text = header + "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
+    return header + "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects), objects
+
+
+if os.environ.get("CHECK_CHART_RENDER_ROLE"):
+    out = os.environ["CHECK_CHART_RENDER_ROLE"]
+    text, objects = role_text()
     tmp = f"{out}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, out)
     print(f"check-chart: wrote the Role and RoleBinding ({len(objects[0]['rules'])} rules, namespace agents) to {out}")
     sys.exit(0)
+
+# --- 0. the Role the Kubernetes runner's tests enforce is the chart's --------------------------
+
+ROLE_FIXTURE = "tests/fixtures/kube-role.yaml"
+check(os.path.exists(ROLE_FIXTURE) and open(ROLE_FIXTURE).read() == role_text()[0],
+      f"{ROLE_FIXTURE} (the Role fake-kube enforces in the runner's tests) is the chart's",
+      f"it differs: scripts/check-chart.sh --render-role {ROLE_FIXTURE}")
 
 # --- 1. versions -------------------------------------------------------------------------------
 
