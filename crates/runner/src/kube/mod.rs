@@ -506,9 +506,14 @@ impl KubeRunner {
                     if changed.is_err() {
                         std::future::pending::<()>().await;
                     }
-                    let ended = pods.borrow().as_ref().and_then(|pod| pod_ended(pod, &self.config));
-                    if let Some(why) = ended {
-                        return Err(format!("the agent's pod ended before its agent started: {why}"));
+                    let ended = pods.borrow().as_ref().and_then(|pod| {
+                        Some((pod_ended(pod, &self.config)?, pod.metadata.name.clone()?))
+                    });
+                    if let Some((why, name)) = ended {
+                        let said = pod_state.log_tail(&name).await;
+                        return Err(format!(
+                            "the agent's pod ended before its agent started: {why}{said}"
+                        ));
                     }
                 }
             }
@@ -533,7 +538,20 @@ impl KubeRunner {
         pod_state: &PodState,
         meter: &Arc<RunMeter>,
     ) -> Result<(PodEnd, agent::OutputParser), String> {
-        let (mut from_pod, mut to_pod) = stream.into_split();
+        let (from_pod, mut to_pod) = stream.into_split();
+        // Frames are read by a task of their own: a read cut off by another branch of the
+        // select below would lose the half of a frame it had.
+        let (frames_tx, mut frames) = tokio::sync::mpsc::channel(16);
+        let reader = tokio::spawn(async move {
+            let mut from_pod = from_pod;
+            loop {
+                let frame = pod::read_from_pod(&mut from_pod).await;
+                let end = !matches!(frame, Ok(Some(FromPod::Stdout(_) | FromPod::Patch(_))));
+                if frames_tx.send(frame).await.is_err() || end {
+                    break;
+                }
+            }
+        });
         let log_path = self.run_dir(job.task_id, job.attempt).join("output.log");
         let mut log = process::LogFile::create(&log_path)
             .await
@@ -547,7 +565,7 @@ impl KubeRunner {
         let mut patch_too_big = false;
         let result = loop {
             let stop_now = tokio::select! {
-                frame = pod::read_from_pod(&mut from_pod) => match frame {
+                frame = frames.recv() => match frame.unwrap_or(Ok(None)) {
                     Ok(Some(FromPod::Stdout(chunk))) => {
                         parser.feed(&chunk);
                         if let Err(e) = log.append(&chunk).await {
@@ -585,6 +603,7 @@ impl KubeRunner {
                 stopping = Some((why, Instant::now() + give));
             }
         };
+        reader.abort();
         let (stdout, dropped) = out.finish();
         let mut end = AgentEnd {
             ended: Ended::Exited {
@@ -829,6 +848,7 @@ impl Output {
 
 /// The latest state of a run's pod, kept by a watch of the Job's pods.
 struct PodState {
+    pods: Api<Pod>,
     state: watch::Receiver<Option<Pod>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -839,8 +859,9 @@ impl PodState {
         let (tx, state) = watch::channel(None);
         let config =
             watcher::Config::default().labels(&format!("{}={job_name}", spec::JOB_NAME_LABEL));
+        let watched = pods.clone();
         let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher(pods, config));
+            let mut events = std::pin::pin!(watcher(watched, config));
             while let Some(event) = events.next().await {
                 match event {
                     Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
@@ -854,7 +875,22 @@ impl PodState {
                 }
             }
         });
-        PodState { state, task }
+        PodState { pods, state, task }
+    }
+
+    /// `; it said: <the last lines of its log>`, or nothing when it said nothing or the
+    /// log cannot be read.
+    async fn log_tail(&self, pod: &str) -> String {
+        let params = kube::api::LogParams {
+            tail_lines: Some(5),
+            ..kube::api::LogParams::default()
+        };
+        match self.pods.logs(pod, &params).await {
+            Ok(text) if !text.trim().is_empty() => {
+                format!("; it said: {}", text.trim().replace('\n', " / "))
+            }
+            _ => String::new(),
+        }
     }
 
     fn receiver(&self) -> watch::Receiver<Option<Pod>> {

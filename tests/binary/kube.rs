@@ -1,0 +1,423 @@
+//! The Kubernetes runner through `agentry serve` (docs/kubernetes.md), against fake-kube (a
+//! Kubernetes API whose kubelet runs pods under bubblewrap on this machine's own root, each in
+//! its own network namespace that reaches the host's loopback at 10.0.2.2), the fake GitHub
+//! and the fake model API. The chart's rendered Role (tests/fixtures/kube-role.yaml) is
+//! enforced, so a permission the runner uses and the chart does not grant fails here.
+//!
+//! The pods run as uid 10001, who cannot read the build's target directory: the agentry
+//! binary and the fake agents are copied once into a directory of /var/tmp it can read.
+//!
+//! These tests need bubblewrap and slirp4netns (CI installs both and sets
+//! `AGENTRY_TEST_REQUIRE_KUBE=1`); elsewhere they say why and pass.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use agentry_fake_kube::{FakeKube, Options, Rbac};
+use agentry_testkit::wait::eventually;
+use base64::Engine;
+use serde_json::Value;
+
+use super::{BIN, Replicas, Server, World, connect_repo, create_task, error_of, get, task_when};
+
+/// The namespace of the runs' Jobs.
+const NAMESPACE: &str = "agents";
+
+/// Whether pods can run here (bubblewrap and slirp4netns); says why not when they cannot.
+fn pods_run_here() -> bool {
+    let missing: Vec<&str> = ["bwrap", "slirp4netns"]
+        .into_iter()
+        .filter(|tool| {
+            std::process::Command::new(tool)
+                .arg("--version")
+                .output()
+                .map_or(true, |out| !out.status.success())
+        })
+        .collect();
+    let works = missing.is_empty() && super::sandboxed();
+    if !works {
+        assert!(
+            std::env::var("AGENTRY_TEST_REQUIRE_KUBE").as_deref() != Ok("1"),
+            "AGENTRY_TEST_REQUIRE_KUBE=1 but fake-kube's pods cannot run here (missing: \
+             {missing:?}, or bubblewrap does not work)"
+        );
+        eprintln!(
+            "note: fake-kube's pods cannot run here (missing: {missing:?}, or bubblewrap does \
+             not work); the Kubernetes runner's end-to-end tests do nothing"
+        );
+    }
+    works
+}
+
+/// A directory uid 10001 can read, holding copies of the agentry binary and the fake agents
+/// (made once per test process; a file already there of the same size and time is kept).
+fn pod_programs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = PathBuf::from("/var/tmp/agentry-kube-tests");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let agents = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/runner/tests/fake-agents");
+        for (from, name) in [
+            (PathBuf::from(BIN), "agentry"),
+            (agents.join("claude"), "claude"),
+            (agents.join("codex"), "codex"),
+        ] {
+            let to = dir.join(name);
+            let same = |a: &Path, b: &Path| {
+                let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) else {
+                    return false;
+                };
+                a.len() == b.len() && a.modified().ok() <= b.modified().ok()
+            };
+            if !same(&from, &to) {
+                let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+                std::fs::copy(&from, &tmp).unwrap();
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+                std::fs::rename(&tmp, &to).unwrap();
+            }
+        }
+        dir
+    })
+}
+
+/// fake-kube with the `host` image (this machine's root), the namespace [`NAMESPACE`] and
+/// the chart's Role enforced.
+fn cluster() -> FakeKube {
+    let role = Rbac::from_yaml(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-role.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let options = Options {
+        role: Some(role),
+        ..Options::default().image("host", "/").namespace(NAMESPACE)
+    };
+    FakeKube::start(options).unwrap()
+}
+
+/// The environment of `agentry serve` with the Kubernetes runner on `kube`, plus `extra`.
+fn kube_env(kube: &FakeKube, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let programs = pod_programs();
+    let mut env: Vec<(String, String)> = [
+        ("KUBECONFIG", kube.kubeconfig().display().to_string()),
+        ("AGENTRY_RUNNER", "kubernetes".to_owned()),
+        ("AGENTRY_KUBE_NAMESPACE", NAMESPACE.to_owned()),
+        ("AGENTRY_AGENT_IMAGE", "host".to_owned()),
+        ("AGENTRY_KUBE_LISTEN", "127.0.0.1:0".to_owned()),
+        // The pods reach the host's loopback there (slirp4netns).
+        ("AGENTRY_KUBE_ENDPOINT", "10.0.2.2".to_owned()),
+        (
+            "AGENTRY_KUBE_POD_COMMAND",
+            format!("{} pod-run", programs.join("agentry").display()),
+        ),
+        (
+            "AGENTRY_CLAUDE_BIN",
+            programs.join("claude").display().to_string(),
+        ),
+        ("AGENTRY_KUBE_AGENT_CPU", "1".to_owned()),
+        ("AGENTRY_KUBE_AGENT_MEMORY", "1Gi".to_owned()),
+        ("AGENTRY_KUBE_START_TIMEOUT", "60".to_owned()),
+        // fake-kube enforces no NetworkPolicy: its pods reach its API (one test checks that
+        // pod-run then refuses to run).
+        ("AGENTRY_KUBE_ALLOW_API_REACH", "1".to_owned()),
+        ("AGENTRY_POLL_INTERVAL_SECS", "3600".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    env
+}
+
+/// The world of one test: fake GitHub, fake model API, fake-kube, and `serve`'s environment
+/// with the Kubernetes runner.
+struct KubeWorld {
+    kube: FakeKube,
+    world: World,
+}
+
+impl KubeWorld {
+    fn new(gh: &str, extra: &[(&str, &str)]) -> KubeWorld {
+        let kube = cluster();
+        let env = kube_env(&kube, extra);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let world = World::new(gh, &env);
+        KubeWorld { kube, world }
+    }
+
+    /// The objects of `resource` left in the runs' namespace.
+    fn left(&self, resource: &str) -> Vec<Value> {
+        self.kube.objects(resource, NAMESPACE)
+    }
+
+    /// Waits until no Job, pod or Secret of any run is left.
+    fn all_gone(&self) {
+        eventually(Duration::from_secs(60), "the runs' Jobs, pods and Secrets to go", || {
+            let left: Vec<Value> = ["jobs", "pods", "secrets"]
+                .iter()
+                .flat_map(|r| self.left(r))
+                .collect();
+            if left.is_empty() { Ok(()) } else { Err(left) }
+        });
+    }
+}
+
+/// Waits up to three minutes for task `id` to end; returns it.
+fn ended(server: &Server, id: &str, admin: &str) -> Value {
+    task_when(
+        &server.base,
+        id,
+        admin,
+        (Duration::from_secs(180), "the task to end"),
+        |t| matches!(t["state"].as_str(), Some("pr_opened" | "failed" | "cancelled")),
+    )
+}
+
+/// The run's output as the API serves it.
+fn output_of(base: &str, id: &str, admin: &str) -> String {
+    reqwest::blocking::Client::new()
+        .get(format!("{base}/api/tasks/{id}/log"))
+        .bearer_auth(admin)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap()
+}
+
+fn b64(text: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// An issue becomes a pull request through a Job: the agent ran in its pod (as uid 10001,
+/// reaching the gateway through pod-run), its change came back as a patch that the service
+/// committed and pushed, the run costs exactly what the fake model API saw, neither the
+/// code-host token nor the model key is anywhere the agent can read, and nothing of the run
+/// is left in the cluster.
+fn an_issue_becomes_a_pull_request(world: &KubeWorld, server: &mut Server, gh: &str) {
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, gh);
+    let prompt = format!(
+        "Kube run [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:scan={},{}]",
+        b64(gh),
+        b64(&world.world.models.key())
+    );
+    let id = create_task(&server.base, &admin, &repo, "Kube run", &prompt);
+    let task = ended(server, &id, &admin);
+    let log = server.stderr.so_far();
+    assert_eq!(task["state"], "pr_opened", "{task:#}\n{log}");
+    // Two calls of 1,000 input and 100 output tokens of claude-sonnet-5: 2 × $0.003.
+    let run = &task["runs"][0];
+    assert_eq!(run["modelCalls"], 2, "{run}");
+    assert_eq!(run["costUsd"], "0.006", "{run}");
+    assert_eq!(run["sandboxed"], true, "{run}");
+    assert_eq!(world.world.models.calls().len(), 2);
+    let output = output_of(&server.base, &id, &admin);
+    assert!(output.contains("FAKE model-call 200"), "{output}");
+    assert!(output.contains("FAKE scan 1 absent"), "{output}");
+    assert!(output.contains("FAKE scan 2 absent"), "{output}");
+    // The commit the service built, on the pushed branch of the source repository.
+    let branch = format!("agentry/{id}");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&world.world.source)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(git(&["log", "-1", "--format=%an", &branch]), "agentry");
+    let changes = git(&["show", &format!("{branch}:AGENT_CHANGES.md")]);
+    assert!(changes.contains("Kube run"), "{changes}");
+    world.all_gone();
+}
+
+#[test]
+fn an_issue_becomes_a_pull_request_through_a_job_on_sqlite() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeRunnerToken0123456789abcdefgh";
+    let world = KubeWorld::new(GH, &[]);
+    let mut server = world.world.serve(false);
+    an_issue_becomes_a_pull_request(&world, &mut server, GH);
+}
+
+#[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+fn an_issue_becomes_a_pull_request_through_a_job_on_postgresql() {
+    if !pods_run_here() {
+        return;
+    }
+    let kube = cluster();
+    let env = kube_env(&kube, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let Some(replicas) = Replicas::with(&env) else {
+        return;
+    };
+    let gh = replicas.gh.clone();
+    let mut server = replicas.start("a");
+    let Replicas { world, db: _db } = replicas;
+    let world = KubeWorld { kube, world };
+    an_issue_becomes_a_pull_request(&world, &mut server, &gh);
+}
+
+/// Cancelled mid-run: the agent gets SIGINT first (the fake Claude Code then reports what
+/// it spent, as the real one does), the task is cancelled with the metered cost, and the
+/// Job is gone.
+#[test]
+fn a_cancelled_run_stops_its_pod_with_sigint_first() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeCancelToken0123456789abcdefgh";
+    let world = KubeWorld::new(GH, &[]);
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let prompt = "Cancel me [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:sleep=120]";
+    let id = create_task(&server.base, &admin, &repo, "Cancel me", prompt);
+    eventually(Duration::from_secs(120), "the agent's model call", || {
+        if world.world.models.calls().is_empty() {
+            Err(server.stderr.so_far())
+        } else {
+            Ok(())
+        }
+    });
+    let cancel = reqwest::blocking::Client::new()
+        .post(format!("{}/api/tasks/{id}/cancel", server.base))
+        .bearer_auth(&admin)
+        .send()
+        .unwrap();
+    assert_eq!(cancel.status(), 200);
+    let task = eventually(Duration::from_secs(120), "the cancelled run on record", || {
+        let (_, task) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
+        if task["state"] == "cancelled" && task["runs"].as_array().is_some_and(|r| !r.is_empty())
+        {
+            Ok(task)
+        } else {
+            Err(task)
+        }
+    });
+    let run = &task["runs"][0];
+    assert_eq!(run["costUsd"], "0.003", "{task:#}");
+    let output = output_of(&server.base, &id, &admin);
+    assert!(
+        output.contains("Request interrupted by user"),
+        "the agent did not get SIGINT first:\n{output}\n{}",
+        server.stderr.so_far()
+    );
+    world.all_gone();
+}
+
+/// Past its time limit the run is stopped and fails naming the limit; nothing is left.
+#[test]
+fn a_run_past_its_time_limit_is_stopped() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeTimeLimitToken0123456789abcdef";
+    let world = KubeWorld::new(GH, &[("AGENTRY_RUN_TIME_LIMIT_SECS", "8")]);
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let id = create_task(&server.base, &admin, &repo, "Slow", "Slow [fake:sleep=120]");
+    let task = ended(&server, &id, &admin);
+    assert_eq!(task["state"], "failed", "{task:#}\n{}", server.stderr.so_far());
+    assert!(
+        error_of(&task).contains("longer than the limit of 8 s"),
+        "{task:#}"
+    );
+    world.all_gone();
+}
+
+/// A run whose calls pass its task's cap is stopped at the gateway's refusal, and fails
+/// saying so with what it spent.
+#[test]
+fn a_run_over_its_budget_is_stopped() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeBudgetToken0123456789abcdefgh";
+    let world = KubeWorld::new(GH, &[]);
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let repo_id = repo["id"].as_str().unwrap();
+    super::patch_settings(
+        &server.base,
+        &admin,
+        repo_id,
+        &serde_json::json!({ "maxCostPerTaskUsd": "0.02" }),
+    );
+    let prompt = "Spend [fake:model-calls=10] [model:usage=1000,1000,0,0]";
+    let id = create_task(&server.base, &admin, &repo, "Spend", prompt);
+    let task = ended(&server, &id, &admin);
+    assert_eq!(task["state"], "failed", "{task:#}\n{}", server.stderr.so_far());
+    assert!(error_of(&task).starts_with("budget reached"), "{task:#}");
+    let cost: rust_decimal::Decimal = task["costUsd"].as_str().unwrap().parse().unwrap();
+    assert!(cost <= "0.02".parse().unwrap(), "{task:#}");
+    world.all_gone();
+}
+
+/// An agent image the cluster cannot pull: the run fails within the start timeout naming
+/// the reason, without cost, and nothing is left.
+#[test]
+fn an_image_that_cannot_be_pulled_fails_within_the_start_timeout() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeImageToken0123456789abcdefghi";
+    let world = KubeWorld::new(
+        GH,
+        &[
+            ("AGENTRY_AGENT_IMAGE", "registry.invalid/agentry-agent:none"),
+            ("AGENTRY_KUBE_START_TIMEOUT", "6"),
+        ],
+    );
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let id = create_task(&server.base, &admin, &repo, "Pull", "Pull");
+    let task = ended(&server, &id, &admin);
+    assert_eq!(task["state"], "failed", "{task:#}");
+    let error = error_of(&task);
+    assert!(
+        error.starts_with("the agent's pod did not start within 6 s (AGENTRY_KUBE_START_TIMEOUT)")
+            && (error.contains("ErrImagePull") || error.contains("ImagePullBackOff")),
+        "{task:#}"
+    );
+    assert!(world.world.models.calls().is_empty());
+    world.all_gone();
+}
+
+/// Where the pod can reach the Kubernetes API (no NetworkPolicy enforced, as on fake-kube),
+/// pod-run refuses to run the agent unless the operator allowed it.
+#[test]
+fn a_pod_that_reaches_the_kubernetes_api_refuses_to_run() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeReachToken0123456789abcdefghi";
+    let world = KubeWorld::new(GH, &[("AGENTRY_KUBE_ALLOW_API_REACH", "0")]);
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let id = create_task(&server.base, &admin, &repo, "Reach", "Reach [fake:model-calls=1]");
+    let task = ended(&server, &id, &admin);
+    assert_eq!(task["state"], "failed", "{task:#}");
+    assert!(
+        error_of(&task).contains("the NetworkPolicy for agent pods is not enforced"),
+        "{task:#}"
+    );
+    assert!(world.world.models.calls().is_empty());
+    world.all_gone();
+}
