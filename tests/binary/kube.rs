@@ -150,21 +150,21 @@ impl KubeWorld {
         KubeWorld { kube, world }
     }
 
-    /// The objects of `resource` left in the runs' namespace.
-    fn left(&self, resource: &str) -> Vec<Value> {
-        self.kube.objects(resource, NAMESPACE)
-    }
-
     /// Waits until no Job, pod or Secret of any run is left.
     fn all_gone(&self) {
-        eventually(Duration::from_secs(60), "the runs' Jobs, pods and Secrets to go", || {
-            let left: Vec<Value> = ["jobs", "pods", "secrets"]
-                .iter()
-                .flat_map(|r| self.left(r))
-                .collect();
-            if left.is_empty() { Ok(()) } else { Err(left) }
-        });
+        all_gone(&self.kube);
     }
+}
+
+/// Waits until no Job, pod or Secret of any run is left in `kube`.
+fn all_gone(kube: &FakeKube) {
+    eventually(Duration::from_secs(60), "the runs' Jobs, pods and Secrets to go", || {
+        let left: Vec<Value> = ["jobs", "pods", "secrets"]
+            .iter()
+            .flat_map(|r| kube.objects(r, NAMESPACE))
+            .collect();
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    });
 }
 
 /// Waits up to three minutes for task `id` to end; returns it.
@@ -198,13 +198,13 @@ fn b64(text: &str) -> String {
 /// committed and pushed, the run costs exactly what the fake model API saw, neither the
 /// code-host token nor the model key is anywhere the agent can read, and nothing of the run
 /// is left in the cluster.
-fn an_issue_becomes_a_pull_request(world: &KubeWorld, server: &mut Server, gh: &str) {
+fn an_issue_becomes_a_pull_request(kube: &FakeKube, world: &World, server: &mut Server, gh: &str) {
     let admin = server.read_token();
     let repo = connect_repo(&server.base, &admin, gh);
     let prompt = format!(
         "Kube run [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:scan={},{}]",
         b64(gh),
-        b64(&world.world.models.key())
+        b64(&world.models.key())
     );
     let id = create_task(&server.base, &admin, &repo, "Kube run", &prompt);
     let task = ended(server, &id, &admin);
@@ -215,7 +215,7 @@ fn an_issue_becomes_a_pull_request(world: &KubeWorld, server: &mut Server, gh: &
     assert_eq!(run["modelCalls"], 2, "{run}");
     assert_eq!(run["costUsd"], "0.006", "{run}");
     assert_eq!(run["sandboxed"], true, "{run}");
-    assert_eq!(world.world.models.calls().len(), 2);
+    assert_eq!(world.models.calls().len(), 2);
     let output = output_of(&server.base, &id, &admin);
     assert!(output.contains("FAKE model-call 200"), "{output}");
     assert!(output.contains("FAKE scan 1 absent"), "{output}");
@@ -225,7 +225,7 @@ fn an_issue_becomes_a_pull_request(world: &KubeWorld, server: &mut Server, gh: &
     let git = |args: &[&str]| {
         let out = std::process::Command::new("git")
             .arg("-C")
-            .arg(&world.world.source)
+            .arg(&world.source)
             .args(args)
             .output()
             .unwrap();
@@ -234,7 +234,7 @@ fn an_issue_becomes_a_pull_request(world: &KubeWorld, server: &mut Server, gh: &
     assert_eq!(git(&["log", "-1", "--format=%an", &branch]), "agentry");
     let changes = git(&["show", &format!("{branch}:AGENT_CHANGES.md")]);
     assert!(changes.contains("Kube run"), "{changes}");
-    world.all_gone();
+    all_gone(kube);
 }
 
 #[test]
@@ -245,7 +245,7 @@ fn an_issue_becomes_a_pull_request_through_a_job_on_sqlite() {
     const GH: &str = "ghp_KubeRunnerToken0123456789abcdefgh";
     let world = KubeWorld::new(GH, &[]);
     let mut server = world.world.serve(false);
-    an_issue_becomes_a_pull_request(&world, &mut server, GH);
+    an_issue_becomes_a_pull_request(&world.kube, &world.world, &mut server, GH);
 }
 
 #[test]
@@ -263,11 +263,8 @@ fn an_issue_becomes_a_pull_request_through_a_job_on_postgresql() {
     let Some(replicas) = Replicas::with(&env) else {
         return;
     };
-    let gh = replicas.gh.clone();
     let mut server = replicas.start("a");
-    let Replicas { world, db: _db } = replicas;
-    let world = KubeWorld { kube, world };
-    an_issue_becomes_a_pull_request(&world, &mut server, &gh);
+    an_issue_becomes_a_pull_request(&kube, &replicas, &mut server, &replicas.gh);
 }
 
 /// Cancelled mid-run: the agent gets SIGINT first (the fake Claude Code then reports what
@@ -419,5 +416,99 @@ fn a_pod_that_reaches_the_kubernetes_api_refuses_to_run() {
         "{task:#}"
     );
     assert!(world.world.models.calls().is_empty());
+    world.all_gone();
+}
+
+/// Two replicas on one PostgreSQL, one fake-kube: replica A is killed (`kill -9`) while its
+/// agent's second model call is in flight. Its agent can spend no more (A's gateway and
+/// endpoint are gone, and pod-run stops it when its control connection closes); once A's
+/// lease expires, B deletes A's Job, records the run `lost` with its one metered call, and
+/// runs the task again to its pull request.
+fn a_killed_replica_leaves_nothing_running(replicas: &Replicas, kube: &FakeKube) {
+    let (mut a, admin, id) = replicas.start_first(
+        "a",
+        "Orphan",
+        "Orphan [fake:model-calls=3] [model:usage=1000,100,0,0] [model:hold=3]",
+    );
+    let models = &replicas.models;
+    assert!(
+        models.wait_for(Duration::from_secs(120), |calls| calls.len() >= 2),
+        "the agent's second call never arrived:\n{}",
+        a.stderr.so_far()
+    );
+    a.signal("KILL");
+    let a_log = a.stderr.so_far();
+    drop(a);
+    let b = replicas.start("b");
+    let task = task_when(
+        &b.base,
+        &id,
+        &admin,
+        (Duration::from_secs(180), "the task to end on B"),
+        |t| matches!(t["state"].as_str(), Some("pr_opened" | "failed")),
+    );
+    let log = format!("{a_log}\n{}", b.stderr.so_far());
+    assert_eq!(task["state"], "pr_opened", "{task:#}\n{log}");
+    let runs = task["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{task:#}");
+    assert_eq!(runs[0]["outcome"], "lost", "{task:#}");
+    // The first call was metered; the second was cut with A.
+    assert_eq!(runs[0]["costUsd"], "0.003", "{task:#}");
+    assert_eq!(runs[1]["costUsd"], "0.009", "{task:#}");
+    // Nothing more from the orphaned pod: two calls of attempt 1 (the second cut), three
+    // of attempt 2.
+    assert_eq!(models.calls().len(), 5, "{:#?}", models.calls());
+    all_gone(kube);
+}
+
+#[test]
+#[cfg_attr(
+    agentry_pg_skipped,
+    ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+)]
+fn a_killed_replica_s_job_is_deleted_and_its_run_recorded_lost() {
+    if !pods_run_here() {
+        return;
+    }
+    let kube = cluster();
+    let env = kube_env(&kube, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let Some(replicas) = Replicas::with(&env) else {
+        return;
+    };
+    a_killed_replica_leaves_nothing_running(&replicas, &kube);
+}
+
+/// A pod past its memory limit is killed by the kernel: the run fails saying so, with the
+/// cost of its metered call, and nothing is left.
+#[test]
+fn a_pod_out_of_memory_fails_with_its_metered_cost() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeMemoryToken0123456789abcdefgh";
+    let world = KubeWorld::new(GH, &[("AGENTRY_KUBE_AGENT_MEMORY", "96Mi")]);
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let prompt = "Hog [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:eat-memory=400]";
+    let id = create_task(&server.base, &admin, &repo, "Hog", prompt);
+    let task = ended(&server, &id, &admin);
+    let output = output_of(&server.base, &id, &admin);
+    if output.contains("FAKE ate") {
+        // No memory limit could be made here (fake-kube says so in its pod's log).
+        assert!(
+            std::env::var("AGENTRY_TEST_REQUIRE_KUBE").as_deref() != Ok("1"),
+            "AGENTRY_TEST_REQUIRE_KUBE=1 but fake-kube could not limit the pod's memory"
+        );
+        eprintln!("note: fake-kube could not limit the pod's memory here; nothing to check");
+        return;
+    }
+    assert_eq!(task["state"], "failed", "{task:#}\n{}", server.stderr.so_far());
+    assert!(
+        error_of(&task).starts_with("the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, 96Mi)"),
+        "{task:#}"
+    );
+    assert_eq!(task["runs"][0]["costUsd"], "0.003", "{task:#}");
     world.all_gone();
 }
