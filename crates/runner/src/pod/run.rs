@@ -12,7 +12,9 @@
 //! it on its own stdout, the pod log), the patch against the base commit, and the result.
 //!
 //! It prints nothing on stdout but the agent's stdout; its own messages are lines on stderr
-//! starting with `agentry pod-run:`.
+//! starting with `agentry pod-run:`. The agent's log files ([`run_process_with`] keeps
+//! them) go to a directory of its own under `$TMPDIR` (`/tmp` by default), which must be
+//! writable.
 
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
@@ -293,7 +295,7 @@ async fn run(
             stderr_tail: String::new(),
             failure: None,
         },
-        Ok(base) => match run_agent(launch, cancel, control).await? {
+        Ok(base) => match run_agent(launch, stopper, cancel, control).await? {
             Err(failure) => not_started(failure),
             Ok((ended, stderr_tail)) => {
                 let mut result = PodResult {
@@ -497,9 +499,11 @@ type AgentEnd = Result<(PodEnded, String), String>;
 
 /// Step 7: runs the agent, its stdout sent on `control` as it comes (the sink passes the
 /// chunks through a channel; they are written here while the agent runs). Returns once
-/// every stdout frame was written; the error is the control connection's.
+/// every stdout frame was written; the error is the control connection's (the agent is
+/// stopped as soon as a write fails).
 async fn run_agent(
     launch: &Launch,
+    stopper: &Stopper,
     cancel: watch::Receiver<bool>,
     control: &mut OwnedWriteHalf,
 ) -> io::Result<AgentEnd> {
@@ -537,6 +541,9 @@ async fn run_agent(
             outcome = &mut agent => break outcome,
             Some(frame) = frames_rx.recv(), if write_error.is_none() => {
                 if let Err(e) = write_from_pod(control, &frame).await {
+                    // The replica cannot be told anything any more: the run must not go on.
+                    stopper.replica_gone.store(true, Ordering::SeqCst);
+                    stopper.stop();
                     write_error = Some(e);
                 }
             }

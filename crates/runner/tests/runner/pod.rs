@@ -576,6 +576,30 @@ async fn a_reachable_kubernetes_api_fails_the_run_unless_allowed() {
     assert_eq!(sent.result.expect("no result").failure, None);
 }
 
+/// An agent program that cannot be started: the result says so, nothing was started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_start_is_a_failure_sentence() {
+    let dirs = new_dirs();
+    let ports = free_ports();
+    let mut launch = launch_of(&dirs, "true", ports.0);
+    launch.argv = vec!["/nonexistent/agent".into(), "-p".into()];
+    let mut replica = Replica::start(launch, dirs.files.clone()).await;
+    let child = pod_run(&dirs, &replica.endpoint, ports, &[]);
+    let mut sent = Sent::default();
+    read_to_end(replica.control().await, &mut sent).await;
+    let (code, _, stderr) = finish(child).await;
+    assert_eq!(code, Some(0), "the result was delivered; stderr: {stderr}");
+    let result = sent.result.expect("no result");
+    assert_eq!(result.ended, PodEnded::NotStarted);
+    let failure = result.failure.expect("no failure");
+    assert!(
+        failure.contains("cannot start agent program \"/nonexistent/agent\""),
+        "{failure}"
+    );
+    assert!(stderr.contains(&failure), "{stderr}");
+    assert_eq!(sent.patch_frames, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_its_environment_pod_run_exits_125_with_a_line() {
     let output = tokio::process::Command::new(POD_RUN)
