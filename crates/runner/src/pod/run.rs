@@ -108,6 +108,9 @@ struct Stopper {
     cancel: Arc<watch::Sender<bool>>,
     /// Whether the control connection ended or failed before the result was sent.
     replica_gone: Arc<AtomicBool>,
+    /// Whether the result is being sent: from then on the replica closing the connection
+    /// is the normal end (it may read the result and close before the write returns).
+    finishing: Arc<AtomicBool>,
 }
 
 impl Stopper {
@@ -125,6 +128,7 @@ async fn pod_run() -> i32 {
     let stopper = Stopper {
         cancel: Arc::new(cancel),
         replica_gone: Arc::new(AtomicBool::new(false)),
+        finishing: Arc::new(AtomicBool::new(false)),
     };
     // PID 1 of a container gets no default action for SIGTERM: it is handled here, from the
     // start, and turned into the stop ladder.
@@ -257,8 +261,8 @@ async fn fetch_launch(settings: &Settings) -> Result<Launch, String> {
 }
 
 /// Reads the replica's frames: `Stop` stops the agent; the end of the connection, an error
-/// or a frame that is not one stops it too and marks the replica gone. Returns at the end
-/// of the connection.
+/// or a frame that is not one stops it too and, unless the result is being sent, marks
+/// the replica gone. Returns at the end of the connection.
 async fn read_control(mut control: OwnedReadHalf, stopper: Stopper) {
     loop {
         match read_to_pod(&mut control).await {
@@ -270,7 +274,9 @@ async fn read_control(mut control: OwnedReadHalf, stopper: Stopper) {
             }
         }
     }
-    stopper.replica_gone.store(true, Ordering::SeqCst);
+    if !stopper.finishing.load(Ordering::SeqCst) {
+        stopper.replica_gone.store(true, Ordering::SeqCst);
+    }
     stopper.stop();
 }
 
@@ -315,6 +321,7 @@ async fn run(
     if let Some(failure) = &result.failure {
         eprintln!("{PREFIX} {failure}");
     }
+    stopper.finishing.store(true, Ordering::SeqCst);
     write_from_pod(control, &FromPod::Result(result)).await?;
     control.shutdown().await
 }
