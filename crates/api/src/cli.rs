@@ -68,6 +68,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
         args: Vec<std::ffi::OsString>,
     },
+    /// The main program of an agent's pod on Kubernetes: fetch the run from the replica at
+    /// `AGENTRY_POD_ENDPOINT` with the key `AGENTRY_POD_KEY`, run the agent, send back its
+    /// output, patch and result (see `agentry_runner::pod`). Reads no configuration and no
+    /// database; prints nothing on stdout but the agent's stdout.
+    #[command(hide = true)]
+    PodRun,
 }
 
 #[derive(Subcommand)]
@@ -121,6 +127,10 @@ pub fn main() -> ExitCode {
         Command::Doctor => return doctor(),
         Command::SandboxNet { args } => {
             let code = agentry_runner::network::forwarder_main(args);
+            return ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
+        }
+        Command::PodRun => {
+            let code = agentry_runner::pod::pod_run_main();
             return ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
         }
         _ => {}
@@ -250,7 +260,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 print!("{}", crate::costs_table::render(&report, repo.as_ref()));
             }
         }
-        Command::Openapi | Command::Doctor | Command::SandboxNet { .. } => {}
+        Command::Openapi | Command::Doctor | Command::SandboxNet { .. } | Command::PodRun => {}
     }
     Ok(())
 }
@@ -331,6 +341,14 @@ mod tests {
         let back: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(back["title"], title);
         assert_eq!(back["n"], serde_json::json!([1, 2]));
+    }
+
+    /// `pod-run` takes no arguments: everything comes from its environment and the replica.
+    #[test]
+    fn pod_run_takes_no_arguments() {
+        let cli = Cli::try_parse_from(["agentry", "pod-run"]).unwrap();
+        assert!(matches!(cli.command, Command::PodRun));
+        assert!(Cli::try_parse_from(["agentry", "pod-run", "--endpoint", "x"]).is_err());
     }
 
     /// `sandbox-net` takes everything after it as the forwarder's arguments, `--` and

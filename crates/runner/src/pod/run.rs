@@ -12,7 +12,9 @@
 //! it on its own stdout, the pod log), the patch against the base commit, and the result.
 //!
 //! It prints nothing on stdout but the agent's stdout; its own messages are lines on stderr
-//! starting with `agentry pod-run:`.
+//! starting with `agentry pod-run:`. The agent's log files ([`run_process_with`] keeps
+//! them) go to a directory of its own under `$TMPDIR` (`/tmp` by default), which must be
+//! writable.
 
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
@@ -106,6 +108,9 @@ struct Stopper {
     cancel: Arc<watch::Sender<bool>>,
     /// Whether the control connection ended or failed before the result was sent.
     replica_gone: Arc<AtomicBool>,
+    /// Whether the result is being sent: from then on the replica closing the connection
+    /// is the normal end (it may read the result and close before the write returns).
+    finishing: Arc<AtomicBool>,
 }
 
 impl Stopper {
@@ -123,6 +128,7 @@ async fn pod_run() -> i32 {
     let stopper = Stopper {
         cancel: Arc::new(cancel),
         replica_gone: Arc::new(AtomicBool::new(false)),
+        finishing: Arc::new(AtomicBool::new(false)),
     };
     // PID 1 of a container gets no default action for SIGTERM: it is handled here, from the
     // start, and turned into the stop ladder.
@@ -255,8 +261,8 @@ async fn fetch_launch(settings: &Settings) -> Result<Launch, String> {
 }
 
 /// Reads the replica's frames: `Stop` stops the agent; the end of the connection, an error
-/// or a frame that is not one stops it too and marks the replica gone. Returns at the end
-/// of the connection.
+/// or a frame that is not one stops it too and, unless the result is being sent, marks
+/// the replica gone. Returns at the end of the connection.
 async fn read_control(mut control: OwnedReadHalf, stopper: Stopper) {
     loop {
         match read_to_pod(&mut control).await {
@@ -268,7 +274,9 @@ async fn read_control(mut control: OwnedReadHalf, stopper: Stopper) {
             }
         }
     }
-    stopper.replica_gone.store(true, Ordering::SeqCst);
+    if !stopper.finishing.load(Ordering::SeqCst) {
+        stopper.replica_gone.store(true, Ordering::SeqCst);
+    }
     stopper.stop();
 }
 
@@ -293,7 +301,7 @@ async fn run(
             stderr_tail: String::new(),
             failure: None,
         },
-        Ok(base) => match run_agent(launch, cancel, control).await? {
+        Ok(base) => match run_agent(launch, stopper, cancel, control).await? {
             Err(failure) => not_started(failure),
             Ok((ended, stderr_tail)) => {
                 let mut result = PodResult {
@@ -313,6 +321,7 @@ async fn run(
     if let Some(failure) = &result.failure {
         eprintln!("{PREFIX} {failure}");
     }
+    stopper.finishing.store(true, Ordering::SeqCst);
     write_from_pod(control, &FromPod::Result(result)).await?;
     control.shutdown().await
 }
@@ -497,9 +506,11 @@ type AgentEnd = Result<(PodEnded, String), String>;
 
 /// Step 7: runs the agent, its stdout sent on `control` as it comes (the sink passes the
 /// chunks through a channel; they are written here while the agent runs). Returns once
-/// every stdout frame was written; the error is the control connection's.
+/// every stdout frame was written; the error is the control connection's (the agent is
+/// stopped as soon as a write fails).
 async fn run_agent(
     launch: &Launch,
+    stopper: &Stopper,
     cancel: watch::Receiver<bool>,
     control: &mut OwnedWriteHalf,
 ) -> io::Result<AgentEnd> {
@@ -537,6 +548,9 @@ async fn run_agent(
             outcome = &mut agent => break outcome,
             Some(frame) = frames_rx.recv(), if write_error.is_none() => {
                 if let Err(e) = write_from_pod(control, &frame).await {
+                    // The replica cannot be told anything any more: the run must not go on.
+                    stopper.replica_gone.store(true, Ordering::SeqCst);
+                    stopper.stop();
                     write_error = Some(e);
                 }
             }

@@ -13,6 +13,7 @@ mod git_safety;
 mod limits;
 mod network;
 mod parsers;
+mod pod;
 mod process;
 mod sandbox;
 mod seccomp;
