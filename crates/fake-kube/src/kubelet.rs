@@ -1354,10 +1354,7 @@ pub async fn log_response(
                 let complete = fresh.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
                 if complete > 0 {
                     let text = String::from_utf8_lossy(&fresh[..complete]).into_owned();
-                    let out: String = text
-                        .split_inclusive('\n')
-                        .filter_map(&render)
-                        .collect();
+                    let out: String = text.split_inclusive('\n').filter_map(&render).collect();
                     return Some((Ok(Bytes::from(out)), (None, offset + complete, false)));
                 }
                 if done {
