@@ -825,3 +825,135 @@ fn the_role_decides_what_the_kubeconfig_user_may_do() {
         });
     }
 }
+
+// ---- kube-rs ----
+
+mod kube_rs {
+    use super::*;
+    use futures_util::{AsyncBufReadExt as _, StreamExt as _, TryStreamExt as _};
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    use kube::api::{Api, DeleteParams, LogParams, PostParams};
+    use kube::runtime::wait::{await_condition, conditions};
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    async fn client(fake: &FakeKube) -> kube::Client {
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(fake.kubeconfig()).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("config");
+        assert_eq!(config.default_namespace, NS);
+        kube::Client::try_from(config).expect("client")
+    }
+
+    fn typed<T: serde::de::DeserializeOwned>(value: Value) -> T {
+        serde_json::from_value(value).expect("typed")
+    }
+
+    fn is_failed() -> impl kube::runtime::wait::Condition<Job> {
+        |job: Option<&Job>| {
+            job.and_then(|j| j.status.as_ref())
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Failed" && c.status == "True"))
+        }
+    }
+
+    #[test]
+    fn kube_rs_runs_a_job_owning_its_secret_and_collects_both() {
+        if !bwrap_and_slirp() {
+            return;
+        }
+        let fake = fake();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let client = client(&fake).await;
+            let jobs: Api<Job> = Api::default_namespaced(client.clone());
+            let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+            let pods: Api<Pod> = Api::default_namespaced(client.clone());
+
+            // The pod watch starts before the job: it must see the job's pod appear.
+            let watched_pods = pods.clone();
+            let watched = tokio::spawn(async move {
+                let mut stream = watcher(watched_pods, watcher::Config::default().labels("job-name=run-1"))
+                    .applied_objects()
+                    .boxed();
+                while let Some(pod) = stream.try_next().await.expect("watch") {
+                    if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+                        return pod;
+                    }
+                }
+                panic!("the watch ended");
+            });
+
+            let mut job = job_json("run-1", "echo key=$KEY; for i in 1 2 3; do echo line$i; sleep 0.3; done");
+            job["spec"]["template"]["spec"]["containers"][0]["env"] =
+                json!([{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "run-1-key", "key": "key"}}}]);
+            let job = jobs.create(&PostParams::default(), &typed(job)).await.expect("job created");
+            let uid = job.metadata.uid.clone().expect("uid");
+            let secret = json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "run-1-key", "ownerReferences": [{
+                    "apiVersion": "batch/v1", "kind": "Job", "name": "run-1", "uid": uid,
+                }]},
+                "stringData": {"key": "k-123"},
+            });
+            secrets.create(&PostParams::default(), &typed(secret)).await.expect("secret created");
+
+            let pod = tokio::time::timeout(WAIT, watched).await.expect("in time").expect("a running pod");
+            let pod_name = pod.metadata.name.clone().expect("name");
+            assert!(pod_name.starts_with("run-1-"), "{pod_name}");
+
+            let params = LogParams { follow: true, ..LogParams::default() };
+            let lines: Vec<String> = tokio::time::timeout(WAIT, async {
+                pods.log_stream(&pod_name, &params).await.expect("log stream").lines().try_collect().await
+            })
+            .await
+            .expect("the log ends with the container")
+            .expect("lines");
+            assert_eq!(lines, ["key=k-123", "line1", "line2", "line3"]);
+
+            let done = tokio::time::timeout(WAIT, await_condition(jobs.clone(), "run-1", conditions::is_job_completed()))
+                .await
+                .expect("in time")
+                .expect("condition");
+            assert_eq!(done.and_then(|j| j.status).and_then(|s| s.succeeded), Some(1));
+
+            jobs.delete("run-1", &DeleteParams::background()).await.expect("deleted");
+            let fake = &fake;
+            tokio::task::block_in_place(|| {
+                eventually(WAIT, "the secret and the pod collected", || {
+                    fake.object("jobs", NS, "run-1").is_none()
+                        && fake.object("secrets", NS, "run-1-key").is_none()
+                        && fake.objects("pods", NS).is_empty()
+                })
+            });
+
+            // A failing job: FailureTarget, then Failed once its pod has ended.
+            jobs.create(&PostParams::default(), &typed(job_json("run-2", "exit 2"))).await.expect("job created");
+            let failed = tokio::time::timeout(WAIT, await_condition(jobs.clone(), "run-2", is_failed()))
+                .await
+                .expect("in time")
+                .expect("condition")
+                .expect("a job");
+            let conditions = failed.status.and_then(|s| s.conditions).unwrap_or_default();
+            let kinds: Vec<&str> = conditions.iter().map(|c| c.type_.as_str()).collect();
+            assert_eq!(kinds, ["FailureTarget", "Failed"]);
+            assert_eq!(conditions[1].reason.as_deref(), Some("BackoffLimitExceeded"));
+
+            // The default DeleteParams orphan the pod, as the real API does for a Job.
+            jobs.delete("run-2", &DeleteParams::default()).await.expect("deleted");
+            let left = pods.list(&Default::default()).await.expect("list");
+            assert_eq!(left.items.len(), 1, "the orphaned pod stays");
+            assert!(left.items[0].metadata.owner_references.as_ref().is_none_or(Vec::is_empty));
+        });
+        drop(runtime);
+    }
+}
