@@ -163,7 +163,11 @@ fn all_gone(kube: &FakeKube) {
             .iter()
             .flat_map(|r| kube.objects(r, NAMESPACE))
             .collect();
-        if left.is_empty() { Ok(()) } else { Err(left) }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(Value::Array(left))
+        }
     });
 }
 
@@ -425,7 +429,7 @@ fn a_pod_that_reaches_the_kubernetes_api_refuses_to_run() {
 /// lease expires, B deletes A's Job, records the run `lost` with its one metered call, and
 /// runs the task again to its pull request.
 fn a_killed_replica_leaves_nothing_running(replicas: &Replicas, kube: &FakeKube) {
-    let (mut a, admin, id) = replicas.start_first(
+    let (a, admin, id) = replicas.start_first(
         "a",
         "Orphan",
         "Orphan [fake:model-calls=3] [model:usage=1000,100,0,0] [model:hold=3]",

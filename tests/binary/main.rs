@@ -35,7 +35,7 @@ macro_rules! on_replicas {
 
 mod budgets;
 mod gateway;
-// mod kube;
+mod kube;
 mod real_agents;
 mod webhook;
 

@@ -193,6 +193,7 @@ fn launch_of(dirs: &Dirs, script: &str, gateway_port: u16) -> Launch {
             ("ANTHROPIC_API_KEY".into(), KEY.into()),
             ("GATEWAY_PORT".into(), gateway_port.to_string()),
         ],
+        stdin: String::new(),
         workdir: dirs.workdir.display().to_string(),
         home: dirs.home.display().to_string(),
         patch: true,
