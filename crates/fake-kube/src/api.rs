@@ -393,13 +393,18 @@ fn list(shared: &Shared, t: &Target, query: &Query) -> Answer {
     ))
 }
 
-fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
+fn parse_body(body: &[u8], content_type: &str, kind: &str) -> Result<Value, ApiError> {
     if content_type.contains("protobuf") {
+        if crate::proto::readable(kind) {
+            return crate::proto::decode(body, kind).map_err(|e| {
+                ApiError::bad_request(format!("the protobuf body cannot be read: {e}"))
+            });
+        }
         return Err(ApiError::other(
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (fake-kube does not read {content_type})"
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (fake-kube reads protobuf for namespaces, secrets, config maps and access reviews only, not {kind})"
             ),
         ));
     }
@@ -667,7 +672,7 @@ pub fn create_object(
     }
     if r.namespaced {
         match object["metadata"]["namespace"].as_str() {
-            Some(n) if n != ns => {
+            Some(n) if !n.is_empty() && n != ns => {
                 return Err(ApiError::bad_request(
                     "the namespace of the provided object does not match the namespace sent on the request",
                 ));
@@ -756,7 +761,7 @@ fn create(shared: &Shared, t: &Target, query: &Query, body: &[u8], content_type:
             "the server does not allow this method on the requested resource",
         ));
     }
-    let object = parse_body(body, content_type)?;
+    let object = parse_body(body, content_type, t.resource.kind)?;
     if t.resource.name == "selfsubjectaccessreviews" {
         return Ok((201, access_review(shared, object)?, None));
     }
@@ -946,7 +951,7 @@ fn patch(shared: &Shared, t: &Target, query: &Query, body: &[u8], content_type: 
 
 fn update(shared: &Shared, t: &Target, query: &Query, body: &[u8], content_type: &str) -> Answer {
     let dry = dry_run(query)?;
-    let new = parse_body(body, content_type)?;
+    let new = parse_body(body, content_type, t.resource.kind)?;
     let mut store = shared.lock();
     let old = store
         .get(t.resource.name, &t.namespace, &t.name)

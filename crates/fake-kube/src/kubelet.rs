@@ -897,7 +897,11 @@ fn read_child_pid(fd: OwnedFd) -> Result<i32, String> {
     let mut text = String::new();
     let mut buf = [0u8; 512];
     loop {
-        if let Some(start) = text.find("\"child-pid\":") {
+        // The whole document: as an unprivileged user bwrap writes the namespaces after
+        // it has mapped the user namespace, which slirp4netns must join set up.
+        if let Some(start) = text.find("\"child-pid\":")
+            && text.contains('}')
+        {
             let rest = text[start + 12..].trim_start();
             let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
             if !digits.is_empty() && rest.len() > digits.len() {
@@ -954,6 +958,9 @@ async fn launch(pod: &PodRef, config: &Config) -> Result<Running, String> {
         "--".into(),
     ]);
     args.extend(config.argv.iter().cloned());
+    // The log exists (empty) from the start: a running container's log can be read.
+    std::fs::File::create(&config.log)
+        .map_err(|e| format!("cannot create {}: {e}", config.log.display()))?;
     let (info_r, info_w) = pipe()?;
     let (block_r, block_w) = pipe()?;
     let mut command = tokio::process::Command::new("bwrap");
@@ -1038,7 +1045,6 @@ async fn finish_launch(
     block_w: OwnedFd,
     output: Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<Running, String> {
-    let non_root = config.uid != 0;
     let cgroup = match config.memory {
         Some(bytes) => match Cgroup::create(&pod.uid, bytes) {
             Ok(group) => match group.attach(&[bwrap_pid, u32::try_from(pid).unwrap_or(0)]) {
@@ -1062,16 +1068,26 @@ async fn finish_launch(
         None => None,
     };
     let (ready_r, ready_w) = pipe()?;
+    let slirp_log_path = pod.dir().join("slirp4netns.log");
+    let slirp_log = std::fs::File::create(&slirp_log_path)
+        .map_err(|e| format!("cannot create {}: {e}", slirp_log_path.display()))?;
     let mut slirp = tokio::process::Command::new("slirp4netns");
     slirp.args(["--configure", "--mtu=65520", "--ready-fd", "3"]);
-    if non_root {
-        slirp.arg(format!("--userns-path=/proc/{pid}/ns/user"));
-    }
+    // The network namespace by its path: by pid, slirp4netns would join the pid's user
+    // namespace, which for a non-root pod is bwrap's nested one (no power over the netns).
     slirp
-        .args([pid.to_string(), "tap0".to_owned()])
+        .args([
+            "--netns-type=path".to_owned(),
+            format!("/proc/{pid}/ns/net"),
+            "tap0".to_owned(),
+        ])
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stdout(
+            slirp_log
+                .try_clone()
+                .map_err(|e| format!("cannot open the network log: {e}"))?,
+        )
+        .stderr(slirp_log)
         .kill_on_drop(true)
         .fd_mappings(vec![FdMapping {
             parent_fd: ready_w,
@@ -1091,7 +1107,11 @@ async fn finish_launch(
         Ok(Ok(Ok(true))) => {}
         _ => {
             let _ = child.kill().await;
-            return Err("slirp4netns did not set up the pod's network".to_owned());
+            let said = std::fs::read_to_string(&slirp_log_path).unwrap_or_default();
+            return Err(format!(
+                "slirp4netns did not set up the pod's network: {}",
+                said.trim()
+            ));
         }
     }
     let mut block = std::fs::File::from(block_w);

@@ -13,6 +13,7 @@
 mod api;
 mod controller;
 mod kubelet;
+mod proto;
 pub mod rbac;
 pub mod store;
 
