@@ -130,7 +130,11 @@ fn kube_env(kube: &FakeKube, extra: &[(&str, &str)]) -> Vec<(String, String)> {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     env
 }
 
@@ -158,17 +162,21 @@ impl KubeWorld {
 
 /// Waits until no Job, pod or Secret of any run is left in `kube`.
 fn all_gone(kube: &FakeKube) {
-    eventually(Duration::from_secs(60), "the runs' Jobs, pods and Secrets to go", || {
-        let left: Vec<Value> = ["jobs", "pods", "secrets"]
-            .iter()
-            .flat_map(|r| kube.objects(r, NAMESPACE))
-            .collect();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(Value::Array(left))
-        }
-    });
+    eventually(
+        Duration::from_secs(60),
+        "the runs' Jobs, pods and Secrets to go",
+        || {
+            let left: Vec<Value> = ["jobs", "pods", "secrets"]
+                .iter()
+                .flat_map(|r| kube.objects(r, NAMESPACE))
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(Value::Array(left))
+            }
+        },
+    );
 }
 
 /// Waits up to three minutes for task `id` to end; returns it.
@@ -178,7 +186,12 @@ fn ended(server: &Server, id: &str, admin: &str) -> Value {
         id,
         admin,
         (Duration::from_secs(180), "the task to end"),
-        |t| matches!(t["state"].as_str(), Some("pr_opened" | "failed" | "cancelled")),
+        |t| {
+            matches!(
+                t["state"].as_str(),
+                Some("pr_opened" | "failed" | "cancelled")
+            )
+        },
     )
 }
 
@@ -225,7 +238,7 @@ fn an_issue_becomes_a_pull_request(kube: &FakeKube, world: &World, server: &mut 
     assert!(output.contains("FAKE scan 1 absent"), "{output}");
     assert!(output.contains("FAKE scan 2 absent"), "{output}");
     // The commit the service built, on the pushed branch of the source repository.
-    let branch = format!("agentry/{id}");
+    let branch = agentry_runner::workspace::branch_name(id.parse().expect("the task id is a UUID"));
     let git = |args: &[&str]| {
         let out = std::process::Command::new("git")
             .arg("-C")
@@ -299,15 +312,20 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
         .send()
         .unwrap();
     assert_eq!(cancel.status(), 200);
-    let task = eventually(Duration::from_secs(120), "the cancelled run on record", || {
-        let (_, task) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
-        if task["state"] == "cancelled" && task["runs"].as_array().is_some_and(|r| !r.is_empty())
-        {
-            Ok(task)
-        } else {
-            Err(task)
-        }
-    });
+    let task = eventually(
+        Duration::from_secs(120),
+        "the cancelled run on record",
+        || {
+            let (_, task) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
+            if task["state"] == "cancelled"
+                && task["runs"].as_array().is_some_and(|r| !r.is_empty())
+            {
+                Ok(task)
+            } else {
+                Err(task)
+            }
+        },
+    );
     let run = &task["runs"][0];
     assert_eq!(run["costUsd"], "0.003", "{task:#}");
     let output = output_of(&server.base, &id, &admin);
@@ -332,7 +350,12 @@ fn a_run_past_its_time_limit_is_stopped() {
     let repo = connect_repo(&server.base, &admin, GH);
     let id = create_task(&server.base, &admin, &repo, "Slow", "Slow [fake:sleep=120]");
     let task = ended(&server, &id, &admin);
-    assert_eq!(task["state"], "failed", "{task:#}\n{}", server.stderr.so_far());
+    assert_eq!(
+        task["state"],
+        "failed",
+        "{task:#}\n{}",
+        server.stderr.so_far()
+    );
     assert!(
         error_of(&task).contains("longer than the limit of 8 s"),
         "{task:#}"
@@ -362,7 +385,12 @@ fn a_run_over_its_budget_is_stopped() {
     let prompt = "Spend [fake:model-calls=10] [model:usage=1000,1000,0,0]";
     let id = create_task(&server.base, &admin, &repo, "Spend", prompt);
     let task = ended(&server, &id, &admin);
-    assert_eq!(task["state"], "failed", "{task:#}\n{}", server.stderr.so_far());
+    assert_eq!(
+        task["state"],
+        "failed",
+        "{task:#}\n{}",
+        server.stderr.so_far()
+    );
     assert!(error_of(&task).starts_with("budget reached"), "{task:#}");
     let cost: rust_decimal::Decimal = task["costUsd"].as_str().unwrap().parse().unwrap();
     assert!(cost <= "0.02".parse().unwrap(), "{task:#}");
@@ -412,7 +440,13 @@ fn a_pod_that_reaches_the_kubernetes_api_refuses_to_run() {
     let mut server = world.world.serve(false);
     let admin = server.read_token();
     let repo = connect_repo(&server.base, &admin, GH);
-    let id = create_task(&server.base, &admin, &repo, "Reach", "Reach [fake:model-calls=1]");
+    let id = create_task(
+        &server.base,
+        &admin,
+        &repo,
+        "Reach",
+        "Reach [fake:model-calls=1]",
+    );
     let task = ended(&server, &id, &admin);
     assert_eq!(task["state"], "failed", "{task:#}");
     assert!(
@@ -508,9 +542,15 @@ fn a_pod_out_of_memory_fails_with_its_metered_cost() {
         eprintln!("note: fake-kube could not limit the pod's memory here; nothing to check");
         return;
     }
-    assert_eq!(task["state"], "failed", "{task:#}\n{}", server.stderr.so_far());
+    assert_eq!(
+        task["state"],
+        "failed",
+        "{task:#}\n{}",
+        server.stderr.so_far()
+    );
     assert!(
-        error_of(&task).starts_with("the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, 96Mi)"),
+        error_of(&task)
+            .starts_with("the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, 96Mi)"),
         "{task:#}"
     );
     assert_eq!(task["runs"][0]["costUsd"], "0.003", "{task:#}");

@@ -151,20 +151,7 @@ impl RunCgroup {
 
     /// How many times the kernel's OOM killer ended a process of the group.
     pub fn oom_kills(&self) -> u64 {
-        let (file, key) = if self.v2 {
-            (self.dirs[0].join("memory.events"), "oom_kill")
-        } else {
-            (self.dirs[0].join("memory.oom_control"), "oom_kill")
-        };
-        std::fs::read_to_string(file)
-            .ok()
-            .and_then(|text| {
-                text.lines().find_map(|line| {
-                    let (name, value) = line.split_once(' ')?;
-                    (name == key).then(|| value.trim().parse().ok())?
-                })
-            })
-            .unwrap_or(0)
+        oom_kills_in(&self.dirs[0], self.v2).unwrap_or(0)
     }
 
     /// The group's directories.
@@ -187,6 +174,40 @@ impl Drop for RunCgroup {
             }
         }
     }
+}
+
+/// The OOM kills counted in the memory cgroup directory `dir` (`memory.events` on cgroup v2,
+/// `memory.oom_control` on v1), if it says.
+fn oom_kills_in(dir: &Path, v2: bool) -> Option<u64> {
+    let file = dir.join(if v2 {
+        "memory.events"
+    } else {
+        "memory.oom_control"
+    });
+    std::fs::read_to_string(file).ok().and_then(|text| {
+        text.lines().find_map(|line| {
+            let (name, value) = line.split_once(' ')?;
+            (name == "oom_kill").then(|| value.trim().parse().ok())?
+        })
+    })
+}
+
+/// How many times the kernel's OOM killer ended a process of this process's own memory
+/// cgroup (a container's, read from `/proc/self/cgroup`), if it can be read: what
+/// `agentry pod-run` reads around its agent.
+pub fn own_oom_kills() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    groups.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.is_empty() {
+            oom_kills_in(&under(Path::new("/sys/fs/cgroup"), path), true)
+        } else if controllers.split(',').any(|c| c == "memory") {
+            oom_kills_in(&under(Path::new("/sys/fs/cgroup/memory"), path), false)
+        } else {
+            None
+        }
+    })
 }
 
 /// `root` joined with the absolute cgroup path `path`.

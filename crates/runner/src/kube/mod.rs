@@ -622,8 +622,12 @@ impl KubeRunner {
                 ended,
                 stderr_tail,
                 failure,
+                oom_kills,
             }) => {
                 end.stderr_tail = stderr_tail;
+                if oom_kills > 0 {
+                    end.killed = Some(self.out_of_memory());
+                }
                 if let Some(failure) = failure {
                     return Err(failure);
                 }
@@ -667,6 +671,10 @@ impl KubeRunner {
         }
         let patch = (!patch.is_empty() && !patch_too_big).then_some(patch);
         Ok((PodEnd { end, patch }, parser))
+    }
+
+    fn out_of_memory(&self) -> String {
+        out_of_memory(&self.config)
     }
 
     /// Applies the agent's `patch` to `worktree`.
@@ -961,11 +969,7 @@ fn pod_ended(pod: &Pod, config: &KubeConfig) -> Option<String> {
     for container in status.container_statuses.iter().flatten() {
         if let Some(done) = container.state.as_ref().and_then(|s| s.terminated.as_ref()) {
             return Some(match done.reason.as_deref() {
-                Some("OOMKilled") => format!(
-                    "the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, {}) and the \
-                     kernel stopped the agent",
-                    config.memory.as_deref().unwrap_or("no limit set")
-                ),
+                Some("OOMKilled") => out_of_memory(config),
                 reason => format!(
                     "the agent's pod ended ({}, exit code {})",
                     reason.unwrap_or("no reason given"),
@@ -985,6 +989,15 @@ fn pod_ended(pod: &Pod, config: &KubeConfig) -> Option<String> {
         )),
         _ => None,
     }
+}
+
+/// The failure of a pod whose agent the kernel stopped for memory.
+fn out_of_memory(config: &KubeConfig) -> String {
+    format!(
+        "the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, {}) and the kernel \
+         stopped the agent",
+        config.memory.as_deref().unwrap_or("no limit set")
+    )
 }
 
 /// Deletes a run's Job with its pods and Secret (in the background: `kubectl` sees them go).

@@ -324,6 +324,10 @@ pub struct PodResult {
     /// [`PodEnded::NotStarted`], or how the agent ended when the failure came after it,
     /// and the patch frames, if any, are not to be used).
     pub failure: Option<String>,
+    /// How many of the pod's processes the kernel's OOM killer ended while the agent ran
+    /// (read from the container's memory cgroup; 0 where it cannot be read).
+    #[serde(default)]
+    pub oom_kills: u64,
 }
 
 /// How the agent of a pod run ended.

@@ -293,6 +293,7 @@ async fn run(
         ended: PodEnded::NotStarted,
         stderr_tail: String::new(),
         failure: Some(failure),
+        oom_kills: 0,
     };
     let result = match prepare(settings, launch).await {
         Err(failure) => not_started(failure),
@@ -300,23 +301,32 @@ async fn run(
             ended: PodEnded::Stopped,
             stderr_tail: String::new(),
             failure: None,
+            oom_kills: 0,
         },
-        Ok(base) => match run_agent(launch, stopper, cancel, control).await? {
-            Err(failure) => not_started(failure),
-            Ok((ended, stderr_tail)) => {
-                let mut result = PodResult {
-                    ended,
-                    stderr_tail,
-                    failure: None,
-                };
-                if let (Some(base), PodEnded::Exited { .. }) = (&base, &result.ended)
-                    && let Err(failure) = send_patch(launch, base, control).await?
-                {
-                    result.failure = Some(failure);
+        Ok(base) => {
+            let oom_before = crate::cgroup::own_oom_kills();
+            match run_agent(launch, stopper, cancel, control).await? {
+                Err(failure) => not_started(failure),
+                Ok((ended, stderr_tail)) => {
+                    let oom_kills = match (oom_before, crate::cgroup::own_oom_kills()) {
+                        (Some(before), Some(after)) => after.saturating_sub(before),
+                        _ => 0,
+                    };
+                    let mut result = PodResult {
+                        ended,
+                        stderr_tail,
+                        failure: None,
+                        oom_kills,
+                    };
+                    if let (Some(base), PodEnded::Exited { .. }) = (&base, &result.ended)
+                        && let Err(failure) = send_patch(launch, base, control).await?
+                    {
+                        result.failure = Some(failure);
+                    }
+                    result
                 }
-                result
             }
-        },
+        }
     };
     if let Some(failure) = &result.failure {
         eprintln!("{PREFIX} {failure}");

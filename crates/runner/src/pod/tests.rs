@@ -149,16 +149,19 @@ async fn frames_round_trip() {
             },
             stderr_tail: "warn\n".to_owned(),
             failure: None,
+            oom_kills: 2,
         }),
         FromPod::Result(PodResult {
             ended: PodEnded::NotStarted,
             stderr_tail: String::new(),
             failure: Some("git init failed".to_owned()),
+            oom_kills: 0,
         }),
         FromPod::Result(PodResult {
             ended: PodEnded::Stopped,
             stderr_tail: String::new(),
             failure: None,
+            oom_kills: 0,
         }),
     ];
     let mut wire = Vec::new();
