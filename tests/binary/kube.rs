@@ -556,3 +556,65 @@ fn a_pod_out_of_memory_fails_with_its_metered_cost() {
     assert_eq!(task["runs"][0]["costUsd"], "0.003", "{task:#}");
     world.all_gone();
 }
+
+/// `agentry doctor` with the Kubernetes runner checks the cluster in place of the local
+/// sandbox and CLIs: the API, the namespace and every permission the runner uses, each
+/// asked of fake-kube (which enforces the chart's Role) with a SelfSubjectAccessReview.
+#[test]
+fn doctor_checks_the_cluster_the_namespace_and_the_permissions() {
+    if !pods_run_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let doctor = |kube: &FakeKube, extra: &[(&str, &str)]| -> String {
+        let env = kube_env(kube, extra);
+        let out = super::run(
+            super::agentry(&data, None)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .arg("doctor"),
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let kube = cluster();
+    let report = doctor(&kube, &[]);
+    let line = super::doctor_line(&report, "kubernetes");
+    assert!(
+        line.starts_with("ok ") && line.contains("may run Jobs in the namespace agents"),
+        "{report}"
+    );
+    // The local sandbox and CLIs are not this runner's business.
+    assert!(!report.lines().any(|l| l.split_whitespace().nth(1) == Some("sandbox")), "{report}");
+
+    // A namespace that does not exist, where the Role grants nothing.
+    let report = doctor(&kube, &[("AGENTRY_KUBE_NAMESPACE", "elsewhere")]);
+    let line = super::doctor_line(&report, "kubernetes");
+    assert!(line.starts_with("FAIL "), "{report}");
+    assert!(
+        line.contains("may not create jobs in the namespace elsewhere"),
+        "{line}"
+    );
+
+    // A Role without Secrets: the runner could not give a pod its key.
+    let role = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-role.yaml"),
+    )
+    .unwrap();
+    let cut = role.replace("  - secrets\n", "  - configmaps\n");
+    assert_ne!(cut, role);
+    let narrow = FakeKube::start(Options {
+        role: Some(Rbac::from_yaml(&cut).unwrap()),
+        ..Options::default().image("host", "/").namespace(NAMESPACE)
+    })
+    .unwrap();
+    let report = doctor(&narrow, &[]);
+    let line = super::doctor_line(&report, "kubernetes");
+    assert!(line.starts_with("FAIL "), "{report}");
+    for verb in ["create", "get", "delete"] {
+        assert!(
+            line.contains(&format!("may not {verb} secrets in the namespace agents")),
+            "{line}"
+        );
+    }
+    assert!(!line.contains("jobs"), "{line}");
+}
