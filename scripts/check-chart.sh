@@ -401,7 +401,7 @@ AGENTRY_LABELS = {"app.kubernetes.io/name": "agentry", "app.kubernetes.io/instan
 ROLE_RULES = [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch", "delete"]},
               {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
               {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-              {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "delete"]}]
+              {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "patch", "delete"]}]
 
 
 def policies(objects):

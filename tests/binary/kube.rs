@@ -584,7 +584,12 @@ fn doctor_checks_the_cluster_the_namespace_and_the_permissions() {
         "{report}"
     );
     // The local sandbox and CLIs are not this runner's business.
-    assert!(!report.lines().any(|l| l.split_whitespace().nth(1) == Some("sandbox")), "{report}");
+    assert!(
+        !report
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some("sandbox")),
+        "{report}"
+    );
 
     // A namespace that does not exist, where the Role grants nothing.
     let report = doctor(&kube, &[("AGENTRY_KUBE_NAMESPACE", "elsewhere")]);
@@ -617,4 +622,113 @@ fn doctor_checks_the_cluster_the_namespace_and_the_permissions() {
         );
     }
     assert!(!line.contains("jobs"), "{line}");
+}
+
+/// The median of `values` (sorted in place).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn seconds_between(from: &Value, to: &Value) -> f64 {
+    let at = |v: &Value| {
+        time::OffsetDateTime::parse(
+            v.as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+    };
+    (at(to) - at(from)).as_seconds_f64()
+}
+
+/// Figures for docs/benchmarks.md, not a check (run by hand:
+/// `cargo test --release --test binary kube::figures -- --ignored --nocapture`):
+/// - one task at a time, five times, with the Kubernetes runner on fake-kube and with the
+///   local runner: assign → the agent's first model call (its pod started and reached the
+///   gateway) → the pull request opened, medians;
+/// - twenty tasks at once on one replica with twenty run slots: the Jobs it created per
+///   second (from the first Job seen to the twentieth).
+#[test]
+#[ignore = "figures, run by hand"]
+fn figures_of_the_kubernetes_runner() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeFiguresToken0123456789abcdefg";
+    const ROUNDS: usize = 5;
+    let prompt = "Figure [fake:model-calls=1] [model:usage=1000,100,0,0]";
+    let timings = |world: &World, server: &mut Server| -> (f64, f64, f64) {
+        let admin = server.read_token();
+        let repo = connect_repo(&server.base, &admin, GH);
+        let (mut to_call, mut to_pr, mut total) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let id = create_task(
+                &server.base,
+                &admin,
+                &repo,
+                &format!("Figure {round}"),
+                prompt,
+            );
+            let task = ended(server, &id, &admin);
+            assert_eq!(task["state"], "pr_opened", "{task:#}");
+            let call = world.models.calls().last().unwrap().received_at;
+            let created = time::OffsetDateTime::parse(
+                task["createdAt"].as_str().unwrap(),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .unwrap();
+            let call = time::OffsetDateTime::from(call);
+            to_call.push((call - created).as_seconds_f64());
+            total.push(seconds_between(&task["createdAt"], &task["updatedAt"]));
+            to_pr.push(total.last().unwrap() - to_call.last().unwrap());
+        }
+        (median(&mut to_call), median(&mut to_pr), median(&mut total))
+    };
+    let kube_world = KubeWorld::new(GH, &[]);
+    let mut server = kube_world.world.serve(false);
+    let (k_call, k_pr, k_total) = timings(&kube_world.world, &mut server);
+    drop(server);
+    let local = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let mut server = local.serve(false);
+    let (l_call, l_pr, l_total) = timings(&local, &mut server);
+    drop(server);
+    eprintln!(
+        "FIGURES one run at a time, medians of {ROUNDS} (s): kubernetes assign→first call \
+         {k_call:.3}, →pull request {k_pr:.3}, total {k_total:.3}; local {l_call:.3}, \
+         {l_pr:.3}, {l_total:.3}; per-run overhead {:.3}",
+        k_total - l_total
+    );
+
+    // Twenty at once: the pace at which one replica creates Jobs.
+    const AT_ONCE: usize = 20;
+    let world = KubeWorld::new(GH, &[("AGENTRY_MAX_CONCURRENT_RUNS", "20")]);
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let ids: Vec<String> = (0..AT_ONCE)
+        .map(|i| create_task(&server.base, &admin, &repo, &format!("Many {i}"), "Many"))
+        .collect();
+    let mut seen: std::collections::BTreeMap<String, std::time::Instant> = Default::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while seen.len() < AT_ONCE && std::time::Instant::now() < deadline {
+        for job in world.kube.objects("jobs", NAMESPACE) {
+            let name = job["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            seen.entry(name).or_insert_with(std::time::Instant::now);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(seen.len(), AT_ONCE, "not every Job appeared");
+    let first = seen.values().min().unwrap();
+    let last = seen.values().max().unwrap();
+    let span = last.duration_since(*first).as_secs_f64();
+    for id in &ids {
+        ended(&server, id, &admin);
+    }
+    eprintln!(
+        "FIGURES {AT_ONCE} tasks at once: Jobs created in {span:.3} s, {:.1} Jobs/s",
+        (AT_ONCE - 1) as f64 / span
+    );
 }

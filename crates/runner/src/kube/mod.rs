@@ -27,7 +27,7 @@ use agentry_domain::AgentType;
 use futures_util::StreamExt;
 use k8s_openapi::api::batch::v1::Job as KubeJob;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use tokio::net::TcpStream;
 use tokio::sync::{OnceCell, watch};
@@ -442,7 +442,9 @@ impl KubeRunner {
         }
     }
 
-    /// Creates the run's Job, then its Secret owned by the Job.
+    /// Creates the run's Secret, then its Job, then makes the Job the Secret's owner (so the
+    /// cluster deletes the Secret with the Job). In this order the pod never starts before
+    /// its key exists (a kubelet that finds no Secret retries only after a back-off).
     async fn create(
         &self,
         jobs: &Api<KubeJob>,
@@ -450,17 +452,26 @@ impl KubeRunner {
         objects: &RunObjects<'_>,
         key: &str,
     ) -> Result<(), String> {
-        let job = spec::job(&self.config, objects)?;
-        let created = jobs
-            .create(&PostParams::default(), &job)
-            .await
-            .map_err(|e| format!("could not create the agent's Job: {e}"))?;
-        let uid = created.metadata.uid.unwrap_or_default();
-        let secret = spec::secret(&self.config, objects, &uid, key)?;
+        let name = spec::job_name(objects.task, objects.attempt);
+        let secret = spec::secret(&self.config, objects, key)?;
         secrets
             .create(&PostParams::default(), &secret)
             .await
             .map_err(|e| format!("could not create the run's Secret: {e}"))?;
+        let job = spec::job(&self.config, objects)?;
+        let created = match jobs.create(&PostParams::default(), &job).await {
+            Ok(created) => created,
+            Err(e) => {
+                delete_secret(secrets, &name).await;
+                return Err(format!("could not create the agent's Job: {e}"));
+            }
+        };
+        let uid = created.metadata.uid.unwrap_or_default();
+        let owned = spec::owned_by_job(&name, &uid);
+        secrets
+            .patch(&name, &PatchParams::default(), &Patch::Merge(owned))
+            .await
+            .map_err(|e| format!("could not make the Job the owner of the run's Secret: {e}"))?;
         Ok(())
     }
 
@@ -760,7 +771,7 @@ const NEEDED: &[(&str, &str, &[&str])] = &[
     ),
     ("", "pods", &["get", "list", "watch"]),
     ("", "pods/log", &["get"]),
-    ("", "secrets", &["create", "get", "delete"]),
+    ("", "secrets", &["create", "get", "patch", "delete"]),
 ];
 
 /// Whether this client may `verb` `resource` (with a subresource after `/`) of `group` in
@@ -1009,6 +1020,16 @@ async fn delete_job(jobs: &Api<KubeJob>, name: &str) {
     }
 }
 
+/// Deletes a run's Secret (when its Job could not be made, or its replica died before the
+/// Job owned it).
+async fn delete_secret(secrets: &Api<Secret>, name: &str) {
+    match secrets.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => tracing::warn!(secret = name, error = %e, "could not delete a run's Secret"),
+    }
+}
+
 /// Resolves once `cancel` is `true`; never if its sender is dropped first.
 async fn cancelled(cancel: &mut watch::Receiver<bool>) {
     if cancel.wait_for(|c| *c).await.is_err() {
@@ -1053,7 +1074,10 @@ impl Runner for KubeRunner {
                         }
                     },
                 };
-                let jobs: Api<KubeJob> = Api::namespaced(client, &namespace);
+                let jobs: Api<KubeJob> = Api::namespaced(client.clone(), &namespace);
+                let secrets: Api<Secret> = Api::namespaced(client, &namespace);
+                // The Secret goes with its Job, unless the replica died before the Job owned it.
+                delete_secret(&secrets, &spec::job_name(task_id, attempt)).await;
                 let selector = spec::run_selector(task_id, attempt);
                 match jobs.list(&ListParams::default().labels(&selector)).await {
                     Ok(list) => {

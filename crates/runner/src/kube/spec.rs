@@ -172,31 +172,31 @@ pub fn job(config: &KubeConfig, run: &RunObjects<'_>) -> Result<KubeJob, String>
     serde_json::from_value(value).map_err(|e| format!("the agent's Job is not valid: {e}"))
 }
 
-/// The run's Secret: its run key, owned by its Job (`uid`) so that the cluster deletes it
-/// with the Job.
-pub fn secret(
-    config: &KubeConfig,
-    run: &RunObjects<'_>,
-    job_uid: &str,
-    key: &str,
-) -> Result<Secret, String> {
+/// The run's Secret: its run key, labelled as its Job; [`owned_by_job`] then makes the Job
+/// its owner, so that the cluster deletes it with the Job.
+pub fn secret(config: &KubeConfig, run: &RunObjects<'_>, key: &str) -> Result<Secret, String> {
     let name = job_name(run.task, run.attempt);
-    let owner = OwnerReference {
-        api_version: "batch/v1".to_owned(),
-        kind: "Job".to_owned(),
-        name: name.clone(),
-        uid: job_uid.to_owned(),
-        controller: Some(false),
-        block_owner_deletion: None,
-    };
     let value = json!({
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "labels": labels(config, run), "ownerReferences": [owner]},
+        "metadata": {"name": name, "labels": labels(config, run)},
         "type": "Opaque",
         "stringData": {SECRET_KEY: key},
     });
     serde_json::from_value(value).map_err(|e| format!("the run's Secret is not valid: {e}"))
+}
+
+/// The merge patch that makes the Job `name` (of `uid`) the owner of its Secret.
+pub fn owned_by_job(name: &str, uid: &str) -> serde_json::Value {
+    let owner = OwnerReference {
+        api_version: "batch/v1".to_owned(),
+        kind: "Job".to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        controller: Some(false),
+        block_owner_deletion: None,
+    };
+    json!({"metadata": {"ownerReferences": [owner]}})
 }
 
 #[cfg(test)]
@@ -236,9 +236,11 @@ mod tests {
             container["env"][1]["valueFrom"]["secretKeyRef"]["name"],
             job_name(task, 2)
         );
-        let secret = secret(&config, &run, "uid-1", "the-run-key").unwrap();
+        let secret = secret(&config, &run, "the-run-key").unwrap();
         let secret = serde_json::to_value(&secret).unwrap();
-        assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+        assert_eq!(secret["stringData"][SECRET_KEY], "the-run-key");
+        let owned = owned_by_job(&job_name(task, 2), "uid-1");
+        assert_eq!(owned["metadata"]["ownerReferences"][0]["uid"], "uid-1");
         assert!(!text.to_string().contains("the-run-key"));
     }
 }
