@@ -284,7 +284,7 @@ fn an_issue_becomes_a_pull_request_through_a_job_on_postgresql() {
     an_issue_becomes_a_pull_request(&kube, &replicas, &mut server, &replicas.gh);
 }
 
-/// Cancelled mid-run: the agent gets SIGINT first (the fake Claude Code then reports what
+/// Cancelled mid-run (its live log showing its output until then): the agent gets SIGINT first (the fake Claude Code then reports what
 /// it spent, as the real one does), the task is cancelled with the metered cost, and the
 /// Job is gone.
 #[test]
@@ -306,6 +306,19 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
             Ok(())
         }
     });
+    // The live log, while the agent runs in its pod.
+    eventually(
+        Duration::from_secs(60),
+        "the live log to show the call",
+        || {
+            let live = output_of(&server.base, &id, &admin);
+            if live.contains("FAKE model-call 200") {
+                Ok(())
+            } else {
+                Err(live)
+            }
+        },
+    );
     let cancel = reqwest::blocking::Client::new()
         .post(format!("{}/api/tasks/{id}/cancel", server.base))
         .bearer_auth(&admin)
@@ -731,4 +744,64 @@ fn figures_of_the_kubernetes_runner() {
         "FIGURES {AT_ONCE} tasks at once: Jobs created in {span:.3} s, {:.1} Jobs/s",
         (AT_ONCE - 1) as f64 / span
     );
+}
+
+/// A pod deleted by someone else mid-run (`kubectl delete pod`): the kubelet's SIGTERM to
+/// pod-run starts the stop ladder, the agent reports what it spent, and the run fails saying
+/// the cluster stopped it, with its metered cost.
+#[test]
+fn a_pod_deleted_mid_run_fails_its_run_naming_the_cluster() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubeDeletedToken0123456789abcdefg";
+    // The kubeconfig's user is the only one fake-kube knows: without the chart's Role here,
+    // the test may delete the pod as that user (the runner's own calls are the same as in
+    // every other test, which enforce the Role).
+    let kube = FakeKube::start(Options::default().image("host", "/").namespace(NAMESPACE)).unwrap();
+    let env = kube_env(&kube, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let world = KubeWorld {
+        world: World::new(GH, &env),
+        kube,
+    };
+    let mut server = world.world.serve(false);
+    let admin = server.read_token();
+    let repo = connect_repo(&server.base, &admin, GH);
+    let prompt = "Evict me [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:sleep=120]";
+    let id = create_task(&server.base, &admin, &repo, "Evict me", prompt);
+    eventually(Duration::from_secs(120), "the agent's model call", || {
+        if world.world.models.calls().is_empty() {
+            Err(server.stderr.so_far())
+        } else {
+            Ok(())
+        }
+    });
+    let pods = world.kube.objects("pods", NAMESPACE);
+    assert_eq!(pods.len(), 1, "{pods:#?}");
+    let name = pods[0]["metadata"]["name"].as_str().unwrap();
+    let deleted = reqwest::blocking::Client::new()
+        .delete(format!(
+            "{}/api/v1/namespaces/{NAMESPACE}/pods/{name}",
+            world.kube.base_url()
+        ))
+        .bearer_auth(world.kube.token())
+        .send()
+        .unwrap();
+    assert!(deleted.status().is_success(), "{:?}", deleted.text());
+    let task = ended(&server, &id, &admin);
+    assert_eq!(
+        task["state"],
+        "failed",
+        "{task:#}\n{}",
+        server.stderr.so_far()
+    );
+    assert!(
+        error_of(&task).starts_with("the agent's pod was stopped by the cluster"),
+        "{task:#}"
+    );
+    assert_eq!(task["runs"][0]["costUsd"], "0.003", "{task:#}");
+    let output = output_of(&server.base, &id, &admin);
+    assert!(output.contains("Request interrupted by user"), "{output}");
+    world.all_gone();
 }
