@@ -12,6 +12,10 @@
 #
 #   scripts/check-agent-image.sh
 #
+# With AGENTRY_AGENT_ROOTFS_OUT=DIR the unpacked root file system is kept there (replaced),
+# for the test that runs the real Claude Code of the image on fake-kube
+# (tests/binary/real_agents.rs, AGENTRY_TEST_AGENT_ROOTFS).
+#
 # Needs root. Installs what is missing (buildah, umoci, debootstrap, bubblewrap, npm) with
 # apt-get. The binary: AGENTRY_BIN when set; otherwise the release binary is built here
 # (`cargo build --release --locked --bin agentry`, CARGO_TARGET_DIR default
@@ -174,17 +178,16 @@ EOF
 )
 code=0
 in_image "${entry[@]}" > "$tmp/entry.out" 2> "$tmp/entry.err" || code=$?
-if in_image agentry --help 2>/dev/null | grep -qE '^ +pod-run( |$)'; then
-    [ "$code" = 125 ] || { cat "$tmp/entry.err" >&2; fail "the entry point exited $code, not 125"; }
-    grep -q '^agentry pod-run: ' "$tmp/entry.err" \
-        || { cat "$tmp/entry.err" >&2; fail "the entry point's stderr has no line starting 'agentry pod-run: '"; }
-    echo "ok    ${entry[*]}: exit 125, $(grep -m1 '^agentry pod-run: ' "$tmp/entry.err")"
-else
-    # A binary from before `agentry pod-run`: the entry point must still reach it through tini.
-    grep -q "unrecognized subcommand 'pod-run'" "$tmp/entry.err" \
-        || { cat "$tmp/entry.err" >&2; fail "the entry point did not run agentry (exit $code)"; }
-    echo "NOTE  this agentry binary has no pod-run subcommand yet: the entry point runs it through tini" \
-        "(exit $code, clap's 'unrecognized subcommand'); exit 125 and 'agentry pod-run: ...' are checked once it has"
+[ "$code" = 125 ] || { cat "$tmp/entry.err" >&2; fail "the entry point exited $code, not 125"; }
+grep -q '^agentry pod-run: ' "$tmp/entry.err" \
+    || { cat "$tmp/entry.err" >&2; fail "the entry point's stderr has no line starting 'agentry pod-run: '"; }
+echo "ok    ${entry[*]}: exit 125, $(grep -m1 '^agentry pod-run: ' "$tmp/entry.err")"
+
+if [ -n "${AGENTRY_AGENT_ROOTFS_OUT:-}" ]; then
+    step "keep the root file system: $AGENTRY_AGENT_ROOTFS_OUT"
+    rm -rf "$AGENTRY_AGENT_ROOTFS_OUT"
+    mkdir -p "$(dirname "$AGENTRY_AGENT_ROOTFS_OUT")"
+    mv "$rootfs" "$AGENTRY_AGENT_ROOTFS_OUT"
 fi
 
 step "done"

@@ -86,6 +86,11 @@ fn pod_programs() -> &'static Path {
 /// fake-kube with the `host` image (this machine's root), the namespace [`NAMESPACE`] and
 /// the chart's Role enforced.
 fn cluster() -> FakeKube {
+    cluster_with_image("host", Path::new("/"))
+}
+
+/// [`cluster`] with the image `name` of the root file system `rootfs`.
+pub(super) fn cluster_with_image(name: &str, rootfs: &Path) -> FakeKube {
     let role = Rbac::from_yaml(
         &std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-role.yaml"),
@@ -95,13 +100,13 @@ fn cluster() -> FakeKube {
     .unwrap();
     let options = Options {
         role: Some(role),
-        ..Options::default().image("host", "/").namespace(NAMESPACE)
+        ..Options::default().image(name, rootfs).namespace(NAMESPACE)
     };
     FakeKube::start(options).unwrap()
 }
 
 /// The environment of `agentry serve` with the Kubernetes runner on `kube`, plus `extra`.
-fn kube_env(kube: &FakeKube, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+pub(super) fn kube_env(kube: &FakeKube, extra: &[(&str, &str)]) -> Vec<(String, String)> {
     let programs = pod_programs();
     let mut env: Vec<(String, String)> = [
         ("KUBECONFIG", kube.kubeconfig().display().to_string()),
@@ -152,6 +157,26 @@ impl KubeWorld {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let world = World::new(gh, &env);
         KubeWorld { kube, world }
+    }
+
+    /// `serve` on SQLite with the code-host token `gh`: the server, its admin token and
+    /// `acme/web` connected.
+    fn serve(&self, gh: &str) -> (Server, String, Value) {
+        let mut server = self.world.serve(false);
+        let admin = server.read_token();
+        let repo = connect_repo(&server.base, &admin, gh);
+        (server, admin, repo)
+    }
+
+    /// Waits until the fake model API saw the agent's first call.
+    fn first_call(&self, server: &Server) {
+        eventually(Duration::from_secs(120), "the agent's model call", || {
+            if self.world.models.calls().is_empty() {
+                Err(server.stderr.so_far())
+            } else {
+                Ok(())
+            }
+        });
     }
 
     /// Waits until no Job, pod or Secret of any run is left.
@@ -294,18 +319,10 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
     }
     const GH: &str = "ghp_KubeCancelToken0123456789abcdefgh";
     let world = KubeWorld::new(GH, &[]);
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let prompt = "Cancel me [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:sleep=120]";
     let id = create_task(&server.base, &admin, &repo, "Cancel me", prompt);
-    eventually(Duration::from_secs(120), "the agent's model call", || {
-        if world.world.models.calls().is_empty() {
-            Err(server.stderr.so_far())
-        } else {
-            Ok(())
-        }
-    });
+    world.first_call(&server);
     // The live log, while the agent runs in its pod.
     eventually(
         Duration::from_secs(60),
@@ -358,9 +375,7 @@ fn a_run_past_its_time_limit_is_stopped() {
     }
     const GH: &str = "ghp_KubeTimeLimitToken0123456789abcdef";
     let world = KubeWorld::new(GH, &[("AGENTRY_RUN_TIME_LIMIT_SECS", "8")]);
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let id = create_task(&server.base, &admin, &repo, "Slow", "Slow [fake:sleep=120]");
     let task = ended(&server, &id, &admin);
     assert_eq!(
@@ -385,9 +400,7 @@ fn a_run_over_its_budget_is_stopped() {
     }
     const GH: &str = "ghp_KubeBudgetToken0123456789abcdefgh";
     let world = KubeWorld::new(GH, &[]);
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let repo_id = repo["id"].as_str().unwrap();
     super::patch_settings(
         &server.base,
@@ -425,9 +438,7 @@ fn an_image_that_cannot_be_pulled_fails_within_the_start_timeout() {
             ("AGENTRY_KUBE_START_TIMEOUT", "6"),
         ],
     );
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let id = create_task(&server.base, &admin, &repo, "Pull", "Pull");
     let task = ended(&server, &id, &admin);
     assert_eq!(task["state"], "failed", "{task:#}");
@@ -450,9 +461,7 @@ fn a_pod_that_reaches_the_kubernetes_api_refuses_to_run() {
     }
     const GH: &str = "ghp_KubeReachToken0123456789abcdefghi";
     let world = KubeWorld::new(GH, &[("AGENTRY_KUBE_ALLOW_API_REACH", "0")]);
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let id = create_task(
         &server.base,
         &admin,
@@ -539,9 +548,7 @@ fn a_pod_out_of_memory_fails_with_its_metered_cost() {
     }
     const GH: &str = "ghp_KubeMemoryToken0123456789abcdefgh";
     let world = KubeWorld::new(GH, &[("AGENTRY_KUBE_AGENT_MEMORY", "96Mi")]);
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let prompt = "Hog [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:eat-memory=400]";
     let id = create_task(&server.base, &admin, &repo, "Hog", prompt);
     let task = ended(&server, &id, &admin);
@@ -715,9 +722,7 @@ fn figures_of_the_kubernetes_runner() {
     // Twenty at once: the pace at which one replica creates Jobs.
     const AT_ONCE: usize = 20;
     let world = KubeWorld::new(GH, &[("AGENTRY_MAX_CONCURRENT_RUNS", "20")]);
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let ids: Vec<String> = (0..AT_ONCE)
         .map(|i| create_task(&server.base, &admin, &repo, &format!("Many {i}"), "Many"))
         .collect();
@@ -765,18 +770,10 @@ fn a_pod_deleted_mid_run_fails_its_run_naming_the_cluster() {
         world: World::new(GH, &env),
         kube,
     };
-    let mut server = world.world.serve(false);
-    let admin = server.read_token();
-    let repo = connect_repo(&server.base, &admin, GH);
+    let (server, admin, repo) = world.serve(GH);
     let prompt = "Evict me [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:sleep=120]";
     let id = create_task(&server.base, &admin, &repo, "Evict me", prompt);
-    eventually(Duration::from_secs(120), "the agent's model call", || {
-        if world.world.models.calls().is_empty() {
-            Err(server.stderr.so_far())
-        } else {
-            Ok(())
-        }
-    });
+    world.first_call(&server);
     let pods = world.kube.objects("pods", NAMESPACE);
     assert_eq!(pods.len(), 1, "{pods:#?}");
     let name = pods[0]["metadata"]["name"].as_str().unwrap();

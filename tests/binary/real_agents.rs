@@ -406,7 +406,13 @@ fn review_of(rig: &Rig, parent: &str) -> Value {
 /// the assignment to `pr_opened`.
 fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
     let cli = real_cli(agent)?;
-    let rig = Rig::start(agent, &cli, &[]);
+    Some(issue_to_reviewed_pull_request_with(agent, &cli, &[]))
+}
+
+/// [`issue_to_reviewed_pull_request`] with the CLI `cli` and `extra` in `serve`'s
+/// environment.
+fn issue_to_reviewed_pull_request_with(agent: AgentType, cli: &Path, extra: &[(&str, &str)]) -> f64 {
+    let rig = Rig::start(agent, cli, extra);
     let started = Instant::now();
     let from = rig.models.calls().len();
     let id = rig.assign("Add agent notes", "Write the notes file.");
@@ -476,7 +482,44 @@ fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
     assert!(money(&review["costUsd"]) > Decimal::ZERO, "{review:#}");
     // Only the fakes' key was used, and it always worked.
     assert!(rig.models.calls().iter().all(|c| c.key_ok));
-    Some(took)
+    took
+}
+
+/// The real Claude Code of the agent image (deploy/Dockerfile.agent) in a Job on fake-kube:
+/// the image's root file system unpacked (`AGENTRY_TEST_AGENT_ROOTFS`; `.ci/run` sets it after
+/// building the image), its entry point (tini, then `agentry pod-run`) and its `claude`, the
+/// same issue → reviewed pull request as above, every dollar metered.
+#[test]
+fn claude_code_in_the_agent_image_takes_an_issue_to_a_reviewed_pull_request_on_kubernetes() {
+    let Some(rootfs) = std::env::var_os("AGENTRY_TEST_AGENT_ROOTFS").filter(|v| !v.is_empty())
+    else {
+        assert!(
+            std::env::var("AGENTRY_TEST_REQUIRE_AGENT_IMAGE").as_deref() != Ok("1"),
+            "AGENTRY_TEST_REQUIRE_AGENT_IMAGE=1 but AGENTRY_TEST_AGENT_ROOTFS is not set"
+        );
+        eprintln!("note: AGENTRY_TEST_AGENT_ROOTFS is not set; the agent image's test does nothing");
+        return;
+    };
+    let kube = super::kube::cluster_with_image("agentry-agent", Path::new(&rootfs));
+    let mut env = super::kube::kube_env(
+        &kube,
+        &[
+            ("AGENTRY_AGENT_IMAGE", "agentry-agent"),
+            (
+                "AGENTRY_KUBE_POD_COMMAND",
+                "/usr/bin/tini -- /usr/local/bin/agentry pod-run",
+            ),
+            ("AGENTRY_KUBE_AGENT_MEMORY", "2Gi"),
+        ],
+    );
+    env.retain(|(name, _)| name != "AGENTRY_CLAUDE_BIN");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let took = issue_to_reviewed_pull_request_with(
+        AgentType::ClaudeCode,
+        Path::new("/usr/local/bin/claude"),
+        &env,
+    );
+    eprintln!("figure: claude-code in the agent image on fake-kube, assign to pull request {took:.2} s");
 }
 
 #[test]

@@ -232,11 +232,7 @@ impl LocalRunner {
 
     /// The directory of one run.
     pub fn run_dir(&self, task_id: Uuid, attempt: i32) -> PathBuf {
-        self.config
-            .root
-            .join("runs")
-            .join(task_id.to_string())
-            .join(attempt.to_string())
+        run_dir_under(&self.config.root, task_id, attempt)
     }
 
     fn program(&self, agent_type: AgentType) -> &Path {
@@ -704,6 +700,13 @@ impl Runner for LocalRunner {
     fn leftovers(&self) -> Vec<(Uuid, i32)> {
         run_dirs(&self.config.root)
     }
+}
+
+/// The directory of one run under the data directory `root`: `runs/<task>/<attempt>`.
+pub(crate) fn run_dir_under(root: &Path, task_id: Uuid, attempt: i32) -> PathBuf {
+    root.join("runs")
+        .join(task_id.to_string())
+        .join(attempt.to_string())
 }
 
 /// Removes a recorded run's directory, and its task's once it holds no run any more.

@@ -238,11 +238,7 @@ impl KubeRunner {
 
     /// The directory of one run (its live log), as for a local runner.
     pub fn run_dir(&self, task_id: Uuid, attempt: i32) -> PathBuf {
-        self.config
-            .root
-            .join("runs")
-            .join(task_id.to_string())
-            .join(attempt.to_string())
+        local::run_dir_under(&self.config.root, task_id, attempt)
     }
 
     fn program(&self, agent_type: AgentType) -> &Path {
