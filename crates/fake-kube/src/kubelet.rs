@@ -275,6 +275,14 @@ async fn run_pod_inner(pod: &PodRef) {
             });
         }
         Err(message) => {
+            // What bwrap said on its way out (its stderr went to the log).
+            let said = std::fs::read_to_string(&config.log).unwrap_or_default();
+            let said: Vec<&str> = said.lines().map(|l| split_line(l).1).collect();
+            let message = if said.is_empty() {
+                message
+            } else {
+                format!("{message}: {}", said.join(" "))
+            };
             append_log(
                 &config.log,
                 &format!("fake-kube: cannot start the container: {message}\n"),
@@ -840,6 +848,9 @@ fn filesystem_args(config: &Config) -> Result<Vec<String>, String> {
         let flag = if read_only { "--ro-bind" } else { "--bind" };
         args.extend([flag.into(), source.to_string_lossy().into_owned(), at]);
     }
+    // The root (bwrap's tmpfs holding the mount points) is read-only too: a container
+    // writes to its volumes only (readOnlyRootFilesystem false gets no writable overlay).
+    args.extend(["--remount-ro".into(), "/".into()]);
     Ok(args)
 }
 

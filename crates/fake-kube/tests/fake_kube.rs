@@ -171,7 +171,13 @@ fn kubectl_gets_creates_waits_logs_and_deletes_a_job() {
             "--timeout=60s",
         ],
     );
-    assert!(ok, "{out}");
+    assert!(
+        ok,
+        "{out}\njob: {:?}\npods: {:?}\nrequests: {:?}",
+        fake.object("jobs", NS, "hello"),
+        fake.objects("pods", NS),
+        fake.requests()
+    );
     assert!(out.contains("condition met"), "{out}");
     let (ok, out) = run_kubectl(&fake, &["logs", "job/hello"]);
     assert!(ok, "{out}");
@@ -437,6 +443,9 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
     let script = format!(
         "echo uid=$(id -u); echo secret=$SECRET; echo me=$ME/$MY_NS/$APP/$NODE/$IP; echo host=$(hostname); \
          test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo token=yes; \
+         (touch /made 2>/dev/null && echo root=rw || echo root=ro); \
+         (touch /tmp/made 2>/dev/null && echo tmp=rw || echo tmp=ro); \
+         (touch /work/made && echo work=rw); cd /work && echo cwd=$(pwd); \
          echo net=$(curl -s --max-time 20 http://10.0.2.2:{port}/); \
          echo api=$(curl -s --max-time 20 -o /dev/null -w '%{{http_code}}' http://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/version)"
     );
@@ -451,6 +460,8 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
         {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]);
+    pod["spec"]["volumes"] = json!([{"name": "work", "emptyDir": {}}]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "work", "mountPath": "/work"}]);
     let (code, body) = call(&fake, "POST", &pods_path(), Some(pod));
     assert_eq!(code, 201, "{body}");
     wait_phase(&fake, "env", "Succeeded");
@@ -824,6 +835,27 @@ fn the_role_decides_what_the_kubeconfig_user_may_do() {
                 .and_then(|j| condition(&j, "Complete"))
         });
     }
+}
+
+#[test]
+fn dropping_the_fake_kills_its_containers() {
+    if !bwrap_and_slirp() {
+        return;
+    }
+    let fake = fake();
+    let marker = format!("FAKE_KUBE_DROP_{}", std::process::id());
+    let mut pod = pod_json("forever", "echo up; while :; do sleep 0.1; done");
+    pod["spec"]["containers"][0]["env"] = json!([{"name": marker, "value": "1"}]);
+    assert_eq!(call(&fake, "POST", &pods_path(), Some(pod)).0, 201);
+    eventually(WAIT, "the pod up", || {
+        phase(&fake, "forever").as_deref() == Some("Running")
+            && log_of(&fake, "forever").contains("up")
+    });
+    assert!(!agentry_testkit::process::processes_with_env(&format!("{marker}=1")).is_empty());
+    drop(fake);
+    eventually(WAIT, "no process of the pod left", || {
+        agentry_testkit::process::processes_with_env(&format!("{marker}=1")).is_empty()
+    });
 }
 
 // ---- kube-rs ----
