@@ -796,7 +796,7 @@ fn filesystem_args(config: &Config) -> Result<Vec<String>, String> {
         args.extend(["--dir".into(), "/tmp".into()]);
     }
     // A mount point missing from a read-only directory of the image: a tmpfs over its
-    // nearest existing parent below the root (hiding that directory's content), and the
+    // nearest existing parent below the root (holding that directory's entries), and the
     // mount made at the path with the image's symlinks resolved (bwrap does not follow
     // them when it makes mount points).
     let mut tmpfs: Vec<String> = Vec::new();
@@ -839,8 +839,40 @@ fn filesystem_args(config: &Config) -> Result<Vec<String>, String> {
             *read_only,
         ));
     }
-    for at in tmpfs {
-        args.extend(["--tmpfs".into(), at]);
+    // The tmpfs keeps the directory's content: each entry bound (or linked) into it.
+    for at in &tmpfs {
+        args.extend(["--tmpfs".into(), at.clone()]);
+        let dir = root.join(at.trim_start_matches('/'));
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for path in entries {
+            let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let inside = format!("{at}/{name}");
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    if let Ok(target) = std::fs::read_link(&path) {
+                        args.extend([
+                            "--symlink".into(),
+                            target.to_string_lossy().into_owned(),
+                            inside,
+                        ]);
+                    }
+                }
+                Ok(meta) if meta.is_dir() || meta.is_file() => {
+                    args.extend([
+                        "--ro-bind".into(),
+                        path.to_string_lossy().into_owned(),
+                        inside,
+                    ]);
+                }
+                _ => {}
+            }
+        }
     }
     let mut mounts = resolved_mounts;
     mounts.sort_by_key(|(_, at, _)| at.matches('/').count());
@@ -851,6 +883,9 @@ fn filesystem_args(config: &Config) -> Result<Vec<String>, String> {
     // The root (bwrap's tmpfs holding the mount points) is read-only too: a container
     // writes to its volumes only (readOnlyRootFilesystem false gets no writable overlay).
     args.extend(["--remount-ro".into(), "/".into()]);
+    for at in tmpfs {
+        args.extend(["--remount-ro".into(), at]);
+    }
     Ok(args)
 }
 

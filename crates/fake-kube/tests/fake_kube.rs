@@ -446,6 +446,8 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
          (touch /made 2>/dev/null && echo root=rw || echo root=ro); \
          (touch /tmp/made 2>/dev/null && echo tmp=rw || echo tmp=ro); \
          (touch /work/made && echo work=rw); cd /work && echo cwd=$(pwd); \
+         echo file=$(cat /etc/agent-key/k) $(stat -c %a /etc/agent-key/k); test -s /etc/passwd && echo etc=kept; \
+         (touch /etc/agent-key/x 2>/dev/null && echo key=rw || echo key=ro); \
          echo net=$(curl -s --max-time 20 http://10.0.2.2:{port}/); \
          echo api=$(curl -s --max-time 20 -o /dev/null -w '%{{http_code}}' http://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/version)"
     );
@@ -460,8 +462,15 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
         {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]);
-    pod["spec"]["volumes"] = json!([{"name": "work", "emptyDir": {}}]);
-    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "work", "mountPath": "/work"}]);
+    pod["spec"]["volumes"] = json!([
+        {"name": "work", "emptyDir": {}},
+        {"name": "key", "secret": {"secretName": "key", "defaultMode": 0o440}},
+    ]);
+    pod["spec"]["securityContext"]["fsGroup"] = json!(10001);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "work", "mountPath": "/work"},
+        {"name": "key", "mountPath": "/etc/agent-key", "readOnly": true},
+    ]);
     let (code, body) = call(&fake, "POST", &pods_path(), Some(pod));
     assert_eq!(code, 201, "{body}");
     wait_phase(&fake, "env", "Succeeded");
@@ -601,6 +610,26 @@ fn jobs_path() -> String {
     format!("/apis/batch/v1/namespaces/{NS}/jobs")
 }
 
+/// Waits for a Job's `Complete` condition; says what the Job and its pods look like if not.
+fn wait_complete(fake: &FakeKube, name: &str) {
+    eventually(WAIT, format!("job {name} complete"), || {
+        let job = fake.object("jobs", NS, name);
+        if job
+            .as_ref()
+            .and_then(|j| condition(j, "Complete"))
+            .is_some()
+        {
+            return Ok(());
+        }
+        let pods: Vec<String> = fake
+            .objects("pods", NS)
+            .iter()
+            .map(|p| p["status"].to_string())
+            .collect();
+        Err(format!("{job:?}; pods: {pods:?}"))
+    });
+}
+
 fn condition(job: &Value, kind: &str) -> Option<Value> {
     job["status"]["conditions"]
         .as_array()?
@@ -634,10 +663,7 @@ fn a_job_past_its_deadline_fails_and_a_finished_one_goes_after_its_ttl() {
     let mut job = job_json("brief", "echo done");
     job["spec"]["ttlSecondsAfterFinished"] = json!(1);
     assert_eq!(call(&fake, "POST", &jobs_path(), Some(job)).0, 201);
-    eventually(WAIT, "the brief job complete", || {
-        fake.object("jobs", NS, "brief")
-            .and_then(|j| condition(&j, "Complete"))
-    });
+    wait_complete(&fake, "brief");
     eventually(WAIT, "the brief job and its pod gone", || {
         fake.object("jobs", NS, "brief").is_none()
             && !fake
@@ -830,10 +856,7 @@ fn the_role_decides_what_the_kubeconfig_user_may_do() {
             Some(job_json("allowed", "echo ok")),
         );
         assert_eq!(code, 201, "{body}");
-        eventually(WAIT, "the allowed job complete", || {
-            fake.object("jobs", NS, "allowed")
-                .and_then(|j| condition(&j, "Complete"))
-        });
+        wait_complete(&fake, "allowed");
     }
 }
 
@@ -847,9 +870,9 @@ fn dropping_the_fake_kills_its_containers() {
     let mut pod = pod_json("forever", "echo up; while :; do sleep 0.1; done");
     pod["spec"]["containers"][0]["env"] = json!([{"name": marker, "value": "1"}]);
     assert_eq!(call(&fake, "POST", &pods_path(), Some(pod)).0, 201);
+    wait_phase(&fake, "forever", "Running");
     eventually(WAIT, "the pod up", || {
-        phase(&fake, "forever").as_deref() == Some("Running")
-            && log_of(&fake, "forever").contains("up")
+        log_of(&fake, "forever").contains("up")
     });
     assert!(!agentry_testkit::process::processes_with_env(&format!("{marker}=1")).is_empty());
     drop(fake);
@@ -918,7 +941,9 @@ mod kube_rs {
                     .applied_objects()
                     .boxed();
                 while let Some(pod) = stream.try_next().await.expect("watch") {
-                    if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+                    // Running, or already done if the watch listed late on a busy machine.
+                    let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                    if phase == "Running" || phase == "Succeeded" {
                         return pod;
                     }
                 }
