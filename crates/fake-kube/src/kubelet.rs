@@ -221,8 +221,13 @@ async fn run_pod_inner(pod: &PodRef) {
         return;
     }
     let started = now_rfc3339();
-    match launch(pod, &config).await {
-        Ok(mut running) => {
+    let mut attempts = 0;
+    let launched = loop {
+        let mut running = match launch(pod, &config).await {
+            Ok(running) => running,
+            Err(e) => break Err(e),
+        };
+        if attempts == 0 {
             pod.set_status(|s| {
                 s["phase"] = json!("Running");
                 s["podIP"] = json!(POD_IP);
@@ -241,7 +246,20 @@ async fn run_pod_inner(pod: &PodRef) {
                     "state": {"running": {"startedAt": started}},
                 }]);
             });
-            let code = running.wait(pod).await;
+        }
+        let code = running.wait(pod).await;
+        // Should bwrap's loopback set-up still meet slirp4netns's configuration and fail
+        // ("loopback: Failed RTM_NEWADDR") before the command ran, the start is retried.
+        if code == 1 && attempts < 5 && pod.deletion().is_none() && loopback_race(&config.log) {
+            attempts += 1;
+            drop(running);
+            let _ = std::fs::write(&config.log, "");
+            continue;
+        }
+        break Ok((running, code));
+    };
+    match launched {
+        Ok((running, code)) => {
             let oom = running.cgroup.as_ref().is_some_and(|c| c.oom_kills() > 0);
             drop(running);
             let reason = if oom {
@@ -298,6 +316,13 @@ async fn run_pod_inner(pod: &PodRef) {
             });
         }
     }
+}
+
+/// Whether the log holds only bwrap's failure to set up the loopback interface.
+fn loopback_race(log: &Path) -> bool {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().map(|l| split_line(l).1).collect();
+    !lines.is_empty() && lines.iter().all(|l| l.starts_with("bwrap: loopback:"))
 }
 
 /// A container ready to start.
@@ -1091,6 +1116,16 @@ async fn finish_launch(
     block_w: OwnedFd,
     output: Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<Running, String> {
+    // bwrap brings the sandbox's loopback up (over netlink) before it blocks; slirp4netns
+    // configuring tap0 at the same time makes that request fail now and then. Wait for
+    // 127.0.0.1 to be there first.
+    let fib = format!("/proc/{pid}/net/fib_trie");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&fib).is_ok_and(|t| t.contains("127.0.0.1"))
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let cgroup = match config.memory {
         Some(bytes) => match Cgroup::create(&pod.uid, bytes) {
             Ok(group) => match group.attach(&[bwrap_pid, u32::try_from(pid).unwrap_or(0)]) {
