@@ -487,6 +487,27 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
         assert!(log.lines().any(|l| l == want), "{want:?} not in:\n{log}");
     }
     server.join().expect("the listener thread");
+    // The log's parameters: timestamps, tailLines, sinceTime, container.
+    let path = |query: &str| format!("{}/env/log?{query}", pods_path());
+    let (code, body) = call(&fake, "GET", &path("timestamps=true&tailLines=2"), None);
+    assert_eq!(code, 200);
+    let text = body.as_str().expect("text").to_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[1].ends_with(" api=200"), "{text}");
+    let stamp = lines[0].split(' ').next().expect("a timestamp");
+    assert!(
+        time::OffsetDateTime::parse(stamp, &time::format_description::well_known::Rfc3339).is_ok(),
+        "{stamp}"
+    );
+    let (code, body) = call(&fake, "GET", &path("sinceTime=2999-01-01T00:00:00Z"), None);
+    assert_eq!((code, body.as_str()), (200, Some("")));
+    let (code, body) = call(&fake, "GET", &path("container=other"), None);
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (400, Some("BadRequest")),
+        "{body}"
+    );
     let status = fake.object("pods", NS, "env").expect("pod")["status"].clone();
     assert_eq!(
         status["containerStatuses"][0]["state"]["terminated"]["reason"], "Completed",
