@@ -221,8 +221,13 @@ async fn run_pod_inner(pod: &PodRef) {
         return;
     }
     let started = now_rfc3339();
-    match launch(pod, &config).await {
-        Ok(mut running) => {
+    let mut attempts = 0;
+    let launched = loop {
+        let mut running = match launch(pod, &config).await {
+            Ok(running) => running,
+            Err(e) => break Err(e),
+        };
+        if attempts == 0 {
             pod.set_status(|s| {
                 s["phase"] = json!("Running");
                 s["podIP"] = json!(POD_IP);
@@ -241,7 +246,20 @@ async fn run_pod_inner(pod: &PodRef) {
                     "state": {"running": {"startedAt": started}},
                 }]);
             });
-            let code = running.wait(pod).await;
+        }
+        let code = running.wait(pod).await;
+        // Should bwrap's loopback set-up still meet slirp4netns's configuration and fail
+        // ("loopback: Failed RTM_NEWADDR") before the command ran, the start is retried.
+        if code == 1 && attempts < 5 && pod.deletion().is_none() && loopback_race(&config.log) {
+            attempts += 1;
+            drop(running);
+            let _ = std::fs::write(&config.log, "");
+            continue;
+        }
+        break Ok((running, code));
+    };
+    match launched {
+        Ok((running, code)) => {
             let oom = running.cgroup.as_ref().is_some_and(|c| c.oom_kills() > 0);
             drop(running);
             let reason = if oom {
@@ -275,6 +293,14 @@ async fn run_pod_inner(pod: &PodRef) {
             });
         }
         Err(message) => {
+            // What bwrap said on its way out (its stderr went to the log).
+            let said = std::fs::read_to_string(&config.log).unwrap_or_default();
+            let said: Vec<&str> = said.lines().map(|l| split_line(l).1).collect();
+            let message = if said.is_empty() {
+                message
+            } else {
+                format!("{message}: {}", said.join(" "))
+            };
             append_log(
                 &config.log,
                 &format!("fake-kube: cannot start the container: {message}\n"),
@@ -290,6 +316,13 @@ async fn run_pod_inner(pod: &PodRef) {
             });
         }
     }
+}
+
+/// Whether the log holds only bwrap's failure to set up the loopback interface.
+fn loopback_race(log: &Path) -> bool {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().map(|l| split_line(l).1).collect();
+    !lines.is_empty() && lines.iter().all(|l| l.starts_with("bwrap: loopback:"))
 }
 
 /// A container ready to start.
@@ -788,7 +821,7 @@ fn filesystem_args(config: &Config) -> Result<Vec<String>, String> {
         args.extend(["--dir".into(), "/tmp".into()]);
     }
     // A mount point missing from a read-only directory of the image: a tmpfs over its
-    // nearest existing parent below the root (hiding that directory's content), and the
+    // nearest existing parent below the root (holding that directory's entries), and the
     // mount made at the path with the image's symlinks resolved (bwrap does not follow
     // them when it makes mount points).
     let mut tmpfs: Vec<String> = Vec::new();
@@ -831,14 +864,52 @@ fn filesystem_args(config: &Config) -> Result<Vec<String>, String> {
             *read_only,
         ));
     }
-    for at in tmpfs {
-        args.extend(["--tmpfs".into(), at]);
+    // The tmpfs keeps the directory's content: each entry bound (or linked) into it.
+    for at in &tmpfs {
+        args.extend(["--tmpfs".into(), at.clone()]);
+        let dir = root.join(at.trim_start_matches('/'));
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for path in entries {
+            let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let inside = format!("{at}/{name}");
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    if let Ok(target) = std::fs::read_link(&path) {
+                        args.extend([
+                            "--symlink".into(),
+                            target.to_string_lossy().into_owned(),
+                            inside,
+                        ]);
+                    }
+                }
+                Ok(meta) if meta.is_dir() || meta.is_file() => {
+                    args.extend([
+                        "--ro-bind".into(),
+                        path.to_string_lossy().into_owned(),
+                        inside,
+                    ]);
+                }
+                _ => {}
+            }
+        }
     }
     let mut mounts = resolved_mounts;
     mounts.sort_by_key(|(_, at, _)| at.matches('/').count());
     for (source, at, read_only) in mounts {
         let flag = if read_only { "--ro-bind" } else { "--bind" };
         args.extend([flag.into(), source.to_string_lossy().into_owned(), at]);
+    }
+    // The root (bwrap's tmpfs holding the mount points) is read-only too: a container
+    // writes to its volumes only (readOnlyRootFilesystem false gets no writable overlay).
+    args.extend(["--remount-ro".into(), "/".into()]);
+    for at in tmpfs {
+        args.extend(["--remount-ro".into(), at]);
     }
     Ok(args)
 }
@@ -1045,6 +1116,16 @@ async fn finish_launch(
     block_w: OwnedFd,
     output: Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<Running, String> {
+    // bwrap brings the sandbox's loopback up (over netlink) before it blocks; slirp4netns
+    // configuring tap0 at the same time makes that request fail now and then. Wait for
+    // 127.0.0.1 to be there first.
+    let fib = format!("/proc/{pid}/net/fib_trie");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&fib).is_ok_and(|t| t.contains("127.0.0.1"))
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let cgroup = match config.memory {
         Some(bytes) => match Cgroup::create(&pod.uid, bytes) {
             Ok(group) => match group.attach(&[bwrap_pid, u32::try_from(pid).unwrap_or(0)]) {

@@ -171,7 +171,13 @@ fn kubectl_gets_creates_waits_logs_and_deletes_a_job() {
             "--timeout=60s",
         ],
     );
-    assert!(ok, "{out}");
+    assert!(
+        ok,
+        "{out}\njob: {:?}\npods: {:?}\nrequests: {:?}",
+        fake.object("jobs", NS, "hello"),
+        fake.objects("pods", NS),
+        fake.requests()
+    );
     assert!(out.contains("condition met"), "{out}");
     let (ok, out) = run_kubectl(&fake, &["logs", "job/hello"]);
     assert!(ok, "{out}");
@@ -437,6 +443,11 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
     let script = format!(
         "echo uid=$(id -u); echo secret=$SECRET; echo me=$ME/$MY_NS/$APP/$NODE/$IP; echo host=$(hostname); \
          test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo token=yes; \
+         (touch /made 2>/dev/null && echo root=rw || echo root=ro); \
+         (touch /tmp/made 2>/dev/null && echo tmp=rw || echo tmp=ro); \
+         (touch /work/made && echo work=rw); cd /work && echo cwd=$(pwd); \
+         echo file=$(cat /etc/agent-key/k) $(stat -c %a /etc/agent-key/k); test -s /etc/passwd && echo etc=kept; \
+         (touch /etc/agent-key/x 2>/dev/null && echo key=rw || echo key=ro); \
          echo net=$(curl -s --max-time 20 http://10.0.2.2:{port}/); \
          echo api=$(curl -s --max-time 20 -o /dev/null -w '%{{http_code}}' http://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/version)"
     );
@@ -450,6 +461,15 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
         {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
         {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]);
+    pod["spec"]["volumes"] = json!([
+        {"name": "work", "emptyDir": {}},
+        {"name": "key", "secret": {"secretName": "key", "defaultMode": 0o440}},
+    ]);
+    pod["spec"]["securityContext"]["fsGroup"] = json!(10001);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "work", "mountPath": "/work"},
+        {"name": "key", "mountPath": "/etc/agent-key", "readOnly": true},
     ]);
     let (code, body) = call(&fake, "POST", &pods_path(), Some(pod));
     assert_eq!(code, 201, "{body}");
@@ -467,6 +487,27 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
         assert!(log.lines().any(|l| l == want), "{want:?} not in:\n{log}");
     }
     server.join().expect("the listener thread");
+    // The log's parameters: timestamps, tailLines, sinceTime, container.
+    let path = |query: &str| format!("{}/env/log?{query}", pods_path());
+    let (code, body) = call(&fake, "GET", &path("timestamps=true&tailLines=2"), None);
+    assert_eq!(code, 200);
+    let text = body.as_str().expect("text").to_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[1].ends_with(" api=200"), "{text}");
+    let stamp = lines[0].split(' ').next().expect("a timestamp");
+    assert!(
+        time::OffsetDateTime::parse(stamp, &time::format_description::well_known::Rfc3339).is_ok(),
+        "{stamp}"
+    );
+    let (code, body) = call(&fake, "GET", &path("sinceTime=2999-01-01T00:00:00Z"), None);
+    assert_eq!((code, body.as_str()), (200, Some("")));
+    let (code, body) = call(&fake, "GET", &path("container=other"), None);
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (400, Some("BadRequest")),
+        "{body}"
+    );
     let status = fake.object("pods", NS, "env").expect("pod")["status"].clone();
     assert_eq!(
         status["containerStatuses"][0]["state"]["terminated"]["reason"], "Completed",
@@ -590,6 +631,26 @@ fn jobs_path() -> String {
     format!("/apis/batch/v1/namespaces/{NS}/jobs")
 }
 
+/// Waits for a Job's `Complete` condition; says what the Job and its pods look like if not.
+fn wait_complete(fake: &FakeKube, name: &str) {
+    eventually(WAIT, format!("job {name} complete"), || {
+        let job = fake.object("jobs", NS, name);
+        if job
+            .as_ref()
+            .and_then(|j| condition(j, "Complete"))
+            .is_some()
+        {
+            return Ok(());
+        }
+        let pods: Vec<String> = fake
+            .objects("pods", NS)
+            .iter()
+            .map(|p| p["status"].to_string())
+            .collect();
+        Err(format!("{job:?}; pods: {pods:?}"))
+    });
+}
+
 fn condition(job: &Value, kind: &str) -> Option<Value> {
     job["status"]["conditions"]
         .as_array()?
@@ -623,10 +684,7 @@ fn a_job_past_its_deadline_fails_and_a_finished_one_goes_after_its_ttl() {
     let mut job = job_json("brief", "echo done");
     job["spec"]["ttlSecondsAfterFinished"] = json!(1);
     assert_eq!(call(&fake, "POST", &jobs_path(), Some(job)).0, 201);
-    eventually(WAIT, "the brief job complete", || {
-        fake.object("jobs", NS, "brief")
-            .and_then(|j| condition(&j, "Complete"))
-    });
+    wait_complete(&fake, "brief");
     eventually(WAIT, "the brief job and its pod gone", || {
         fake.object("jobs", NS, "brief").is_none()
             && !fake
@@ -819,11 +877,29 @@ fn the_role_decides_what_the_kubeconfig_user_may_do() {
             Some(job_json("allowed", "echo ok")),
         );
         assert_eq!(code, 201, "{body}");
-        eventually(WAIT, "the allowed job complete", || {
-            fake.object("jobs", NS, "allowed")
-                .and_then(|j| condition(&j, "Complete"))
-        });
+        wait_complete(&fake, "allowed");
     }
+}
+
+#[test]
+fn dropping_the_fake_kills_its_containers() {
+    if !bwrap_and_slirp() {
+        return;
+    }
+    let fake = fake();
+    let marker = format!("FAKE_KUBE_DROP_{}", std::process::id());
+    let mut pod = pod_json("forever", "echo up; while :; do sleep 0.1; done");
+    pod["spec"]["containers"][0]["env"] = json!([{"name": marker, "value": "1"}]);
+    assert_eq!(call(&fake, "POST", &pods_path(), Some(pod)).0, 201);
+    wait_phase(&fake, "forever", "Running");
+    eventually(WAIT, "the pod up", || {
+        log_of(&fake, "forever").contains("up")
+    });
+    assert!(!agentry_testkit::process::processes_with_env(&format!("{marker}=1")).is_empty());
+    drop(fake);
+    eventually(WAIT, "no process of the pod left", || {
+        agentry_testkit::process::processes_with_env(&format!("{marker}=1")).is_empty()
+    });
 }
 
 // ---- kube-rs ----
@@ -886,7 +962,9 @@ mod kube_rs {
                     .applied_objects()
                     .boxed();
                 while let Some(pod) = stream.try_next().await.expect("watch") {
-                    if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+                    // Running, or already done if the watch listed late on a busy machine.
+                    let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                    if phase == "Running" || phase == "Succeeded" {
                         return pod;
                     }
                 }
