@@ -244,7 +244,8 @@ fn an_issue_becomes_a_pull_request(kube: &FakeKube, world: &World, server: &mut 
     let admin = server.read_token();
     let repo = connect_repo(&server.base, &admin, gh);
     let prompt = format!(
-        "Kube run [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:scan={},{}]",
+        "Kube run [fake:model-calls=2] [model:usage=1000,100,0,0] [fake:git-heads] \
+         [fake:scan={},{}]",
         b64(gh),
         b64(&world.models.key())
     );
@@ -262,8 +263,6 @@ fn an_issue_becomes_a_pull_request(kube: &FakeKube, world: &World, server: &mut 
     assert!(output.contains("FAKE model-call 200"), "{output}");
     assert!(output.contains("FAKE scan 1 absent"), "{output}");
     assert!(output.contains("FAKE scan 2 absent"), "{output}");
-    // The commit the service built, on the pushed branch of the source repository.
-    let branch = agentry_runner::workspace::branch_name(id.parse().expect("the task id is a UUID"));
     let git = |args: &[&str]| {
         let out = std::process::Command::new("git")
             .arg("-C")
@@ -273,6 +272,16 @@ fn an_issue_becomes_a_pull_request(kube: &FakeKube, world: &World, server: &mut 
             .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
+    // The pod's repository had the history: HEAD at the default branch's commit, which is
+    // also its origin/main.
+    let main = git(&["rev-parse", "main"]);
+    assert!(output.contains(&format!("FAKE head {main}")), "{output}");
+    assert!(
+        output.contains(&format!("FAKE origin-main {main}")),
+        "{output}"
+    );
+    // The commit the service built, on the pushed branch of the source repository.
+    let branch = agentry_runner::workspace::branch_name(id.parse().expect("the task id is a UUID"));
     assert_eq!(git(&["log", "-1", "--format=%an", &branch]), "agentry");
     let changes = git(&["show", &format!("{branch}:AGENT_CHANGES.md")]);
     assert!(changes.contains("Kube run"), "{changes}");

@@ -411,7 +411,11 @@ fn issue_to_reviewed_pull_request(agent: AgentType) -> Option<f64> {
 
 /// [`issue_to_reviewed_pull_request`] with the CLI `cli` and `extra` in `serve`'s
 /// environment.
-fn issue_to_reviewed_pull_request_with(agent: AgentType, cli: &Path, extra: &[(&str, &str)]) -> f64 {
+fn issue_to_reviewed_pull_request_with(
+    agent: AgentType,
+    cli: &Path,
+    extra: &[(&str, &str)],
+) -> f64 {
     let rig = Rig::start(agent, cli, extra);
     let started = Instant::now();
     let from = rig.models.calls().len();
@@ -497,7 +501,9 @@ fn claude_code_in_the_agent_image_takes_an_issue_to_a_reviewed_pull_request_on_k
             std::env::var("AGENTRY_TEST_REQUIRE_AGENT_IMAGE").as_deref() != Ok("1"),
             "AGENTRY_TEST_REQUIRE_AGENT_IMAGE=1 but AGENTRY_TEST_AGENT_ROOTFS is not set"
         );
-        eprintln!("note: AGENTRY_TEST_AGENT_ROOTFS is not set; the agent image's test does nothing");
+        eprintln!(
+            "note: AGENTRY_TEST_AGENT_ROOTFS is not set; the agent image's test does nothing"
+        );
         return;
     };
     let kube = super::kube::cluster_with_image("agentry-agent", Path::new(&rootfs));
@@ -519,7 +525,9 @@ fn claude_code_in_the_agent_image_takes_an_issue_to_a_reviewed_pull_request_on_k
         Path::new("/usr/local/bin/claude"),
         &env,
     );
-    eprintln!("figure: claude-code in the agent image on fake-kube, assign to pull request {took:.2} s");
+    eprintln!(
+        "figure: claude-code in the agent image on fake-kube, assign to pull request {took:.2} s"
+    );
 }
 
 #[test]

@@ -687,6 +687,30 @@ impl Worktree {
         Ok(stat)
     }
 
+    /// Writes to `out` a git bundle of the mirror's `refs/remotes/origin/<branch>` for each
+    /// of `branches` (the default branch, and the pull request's): the history a repository
+    /// elsewhere (a Kubernetes pod) needs for this worktree's base commit and `git diff
+    /// origin/<base>...HEAD`.
+    pub async fn history_bundle(&self, out: &Path, branches: &[&str]) -> Result<(), GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let refs: Vec<String> = branches
+            .iter()
+            .map(|b| format!("refs/remotes/origin/{b}"))
+            .collect();
+        let mut args = vec![
+            git_dir.as_str(),
+            "bundle",
+            "create",
+            "--quiet",
+            path_str(out)?,
+        ];
+        args.extend(refs.iter().map(String::as_str));
+        self.git
+            .run(&self.mirror, &args, &[], LOCAL_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
     /// Applies `patch` (a `git diff --binary` of the agent's changes made elsewhere, such as
     /// in a Kubernetes pod) to the worktree's files, with git's own checks: no path outside
     /// the worktree, none under `.git`, nothing written through a symbolic link. The index is

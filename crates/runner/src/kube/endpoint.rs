@@ -10,9 +10,10 @@
 //! - `launch`: the run's launch (its command line and environment) and its prepared files,
 //!   once;
 //! - `control`: the run's control connection (the agent's output and result come in, the stop
-//!   goes out), once; the runner takes it over.
+//!   goes out), once; the runner takes it over;
+//! - `history`: a git bundle of the history of the run's commit, once.
 //!
-//! `launch` and `control` are taken by `pod-run` before the agent starts, so an agent that
+//! `launch`, `history` and `control` are taken by `pod-run` before the agent starts, so an agent that
 //! dials the endpoint itself with its key cannot take them; the gateway and the proxy it may
 //! reach either way.
 
@@ -49,6 +50,8 @@ struct Registered {
     launch: Mutex<Option<(Launch, PathBuf)>>,
     /// Where the control connection goes, until it came.
     control: Mutex<Option<oneshot::Sender<TcpStream>>>,
+    /// The bundle of the run's history, until `pod-run` took it.
+    history: Mutex<Option<PathBuf>>,
 }
 
 /// A run served to its pod as long as this value lives.
@@ -64,20 +67,40 @@ impl Drop for Registration {
     }
 }
 
+/// Connects to the Unix socket at `path`. A socket address holds at most 108 bytes of path,
+/// so a longer one (a deep data directory) is reached through `/proc/self/fd/N/`, N being its
+/// directory opened for the call (as the gateway binds it).
+async fn connect_unix(path: &std::path::Path) -> std::io::Result<UnixStream> {
+    use std::os::fd::AsRawFd;
+    const MAX_SOCKET_PATH: usize = 100;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return UnixStream::connect(path).await;
+    };
+    if path.as_os_str().len() <= MAX_SOCKET_PATH {
+        return UnixStream::connect(path).await;
+    }
+    let dir = std::fs::File::open(dir)?;
+    let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+    let stream = UnixStream::connect(&short).await;
+    drop(dir);
+    stream
+}
+
 fn key_id(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
 impl Endpoint {
     /// Serves the run of `key` until the returned registration is dropped: its network in
-    /// `net_dir`, its `launch` with the files of `files`; the receiver gets its control
-    /// connection.
+    /// `net_dir`, its `launch` with the files of `files`, the bundle `history` of its
+    /// commit; the receiver gets its control connection.
     pub fn register(
         self: &Arc<Self>,
         key: &str,
         net_dir: PathBuf,
         launch: Launch,
         files: PathBuf,
+        history: Option<PathBuf>,
     ) -> (Registration, oneshot::Receiver<TcpStream>) {
         let (control, receiver) = oneshot::channel();
         let id = key_id(key);
@@ -85,6 +108,7 @@ impl Endpoint {
             net_dir,
             launch: Mutex::new(Some((launch, files))),
             control: Mutex::new(Some(control)),
+            history: Mutex::new(history),
         };
         lock(&self.runs).insert(id, Arc::new(registered));
         let registration = Registration {
@@ -136,7 +160,7 @@ impl Endpoint {
                     Channel::Gateway => GATEWAY_SOCKET,
                     _ => PROXY_SOCKET,
                 });
-                let mut upstream = match UnixStream::connect(&socket).await {
+                let mut upstream = match connect_unix(&socket).await {
                     Ok(upstream) => upstream,
                     Err(e) => {
                         let why = format!("the run's network is closed: {e}");
@@ -156,6 +180,16 @@ impl Endpoint {
                 };
                 pod::answer(&mut stream, Ok(())).await?;
                 pod::send_launch(stream, &launch, &files).await
+            }
+            Channel::History => {
+                let taken = lock(&run.history).take();
+                let Some(bundle) = taken else {
+                    return pod::answer(&mut stream, Err("the run has no history to send")).await;
+                };
+                let mut file = tokio::fs::File::open(&bundle).await?;
+                pod::answer(&mut stream, Ok(())).await?;
+                tokio::io::copy(&mut file, &mut stream).await?;
+                tokio::io::AsyncWriteExt::shutdown(&mut stream).await
             }
             Channel::Control => {
                 let taken = lock(&run.control).take();

@@ -354,12 +354,15 @@ impl KubeRunner {
         net_dir: &Path,
         worktree: &Worktree,
     ) -> Result<(Verdict, Option<RunReport>, Option<Ended>, String), String> {
-        let launch = self.launch(job, worktree, &network.key).await;
+        let mut launch = self.launch(job, worktree, &network.key).await;
+        let history = self.history(job, worktree, net_dir).await;
+        launch.history = history.as_ref().map(|_| worktree.base_commit().to_owned());
         let (registration, control_rx) = self.endpoint.register(
             &network.key,
             net_dir.to_owned(),
             launch,
             worktree.path().to_owned(),
+            history,
         );
         if *control.cancel.borrow() {
             return Ok((Verdict::Cancelled, None, None, String::new()));
@@ -435,6 +438,29 @@ impl KubeRunner {
             patch: !launch.review,
             stop_grace_ms: u64::try_from(self.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
             allow_api_reach: self.config.allow_api_reach,
+            history: None,
+        }
+    }
+
+    /// A git bundle (beside the run's network directory) of the history the pod needs: the
+    /// default branch, and the pull request's branch for a review or a revision. `None`
+    /// (with a warning) when it cannot be made: the pod then gets a repository of one
+    /// commit.
+    async fn history(&self, job: &Job, worktree: &Worktree, net_dir: &Path) -> Option<PathBuf> {
+        let out = net_dir.with_file_name("history.bundle");
+        let mut branches = vec![job.repo.default_branch.as_str()];
+        match &job.kind {
+            JobKind::Review { branch } | JobKind::Revision { branch, .. } => {
+                branches.push(branch.as_str());
+            }
+            JobKind::Coding { .. } => {}
+        }
+        match worktree.history_bundle(&out, &branches).await {
+            Ok(()) => Some(out),
+            Err(e) => {
+                tracing::warn!(task = %job.task_id, error = %e, "the agent's pod gets no history");
+                None
+            }
         }
     }
 

@@ -67,24 +67,29 @@ pub enum Channel {
     /// The run's control connection: stdout, patch and result to the replica, stop to the
     /// pod.
     Control,
+    /// The history of the run's commit ([`Launch::history`]): a git bundle, raw until the
+    /// replica closes.
+    History,
 }
 
 impl Channel {
     /// Every channel.
-    const ALL: [Channel; 4] = [
+    const ALL: [Channel; 5] = [
         Channel::Gateway,
         Channel::Proxy,
         Channel::Launch,
         Channel::Control,
+        Channel::History,
     ];
 
-    /// The channel's word in a hello (`gateway`, `proxy`, `launch`, `control`).
+    /// The channel's word in a hello (`gateway`, `proxy`, `launch`, `control`, `history`).
     pub fn as_str(self) -> &'static str {
         match self {
             Channel::Gateway => "gateway",
             Channel::Proxy => "proxy",
             Channel::Launch => "launch",
             Channel::Control => "control",
+            Channel::History => "history",
         }
     }
 }
@@ -291,6 +296,14 @@ pub struct Launch {
     pub stop_grace_ms: u64,
     /// Skip the check that the Kubernetes API is out of the pod's reach.
     pub allow_api_reach: bool,
+    /// The commit the files are (the worktree's base), when the replica sends its history on
+    /// the [`Channel::History`] connection: a git bundle of the default branch (and of the
+    /// pull request's branch for a review or a revision) as `refs/remotes/origin/*`. The
+    /// pod's repository is then that history, its `HEAD` this commit (detached), so that
+    /// `git diff origin/<base>...HEAD` and `git log` work as in a local worktree. `None`: a
+    /// repository of one commit of the files.
+    #[serde(default)]
+    pub history: Option<String>,
 }
 
 /// A frame from the pod to the replica, on the control connection.

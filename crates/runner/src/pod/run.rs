@@ -346,7 +346,7 @@ async fn prepare(settings: &Settings, launch: &Launch) -> Result<Option<String>,
         .await
         .map_err(|e| format!("cannot create the agent's HOME {}: {e}", launch.home))?;
     let base = if launch.patch {
-        Some(base_commit(launch).await?)
+        Some(base_commit(settings, launch).await?)
     } else {
         None
     };
@@ -453,8 +453,29 @@ async fn git_output(launch: &Launch, args: &[&str]) -> Result<String, String> {
 
 /// Step 5: makes the work directory a standalone repository with one commit of its files;
 /// returns the commit's hash.
-async fn base_commit(launch: &Launch) -> Result<String, String> {
+async fn base_commit(settings: &Settings, launch: &Launch) -> Result<String, String> {
     git_output(launch, &["init", "-q"]).await?;
+    if let Some(commit) = &launch.history {
+        // The replica's history: its branches as `origin/*`, HEAD at the files' commit.
+        let bundle = receive_history(settings).await?;
+        let bundle_arg = bundle.to_string_lossy().into_owned();
+        let fetched = git_output(
+            launch,
+            &[
+                "fetch",
+                "--quiet",
+                "--no-write-fetch-head",
+                &bundle_arg,
+                "+refs/remotes/origin/*:refs/remotes/origin/*",
+            ],
+        )
+        .await;
+        let _ = tokio::fs::remove_file(&bundle).await;
+        fetched?;
+        git_output(launch, &["update-ref", "--no-deref", "HEAD", commit]).await?;
+        git_output(launch, &["read-tree", commit]).await?;
+        return git_output(launch, &["rev-parse", "--verify", "HEAD^{commit}"]).await;
+    }
     git_output(launch, &["add", "-A"]).await?;
     git_output(
         launch,
@@ -462,6 +483,19 @@ async fn base_commit(launch: &Launch) -> Result<String, String> {
     )
     .await?;
     git_output(launch, &["rev-parse", "--verify", "HEAD^{commit}"]).await
+}
+
+/// Fetches the run's history bundle from the replica into a file of the pod's `/tmp`.
+async fn receive_history(settings: &Settings) -> Result<PathBuf, String> {
+    let mut stream = connect(&settings.endpoint, Channel::History, &settings.key).await?;
+    let path = std::env::temp_dir().join(format!("agentry-history-{}.bundle", std::process::id()));
+    let mut file = tokio::fs::File::create(&path)
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    tokio::io::copy(&mut stream, &mut file)
+        .await
+        .map_err(|e| format!("cannot receive the run's history: {e}"))?;
+    Ok(path)
 }
 
 /// Accepts the agent's connections on `listener` for the rest of the run, each carried to

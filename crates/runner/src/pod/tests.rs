@@ -273,6 +273,7 @@ fn launch_into(workdir: &Path) -> Launch {
         patch: true,
         stop_grace_ms: 500,
         allow_api_reach: false,
+        history: None,
     }
 }
 

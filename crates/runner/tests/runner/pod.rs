@@ -104,6 +104,8 @@ async fn serve(
     match hello.channel {
         Channel::Launch => send_launch(stream, &launch, &files).await.unwrap(),
         Channel::Control => controls.send(stream).unwrap(),
+        // This test replica sends no history (its launches have none).
+        Channel::History => {}
         Channel::Gateway | Channel::Proxy => {
             let mut upstream = TcpStream::connect(backend).await.unwrap();
             let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
@@ -199,6 +201,7 @@ fn launch_of(dirs: &Dirs, script: &str, gateway_port: u16) -> Launch {
         patch: true,
         stop_grace_ms: 2000,
         allow_api_reach: false,
+        history: None,
     }
 }
 
