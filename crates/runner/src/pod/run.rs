@@ -345,8 +345,10 @@ async fn prepare(settings: &Settings, launch: &Launch) -> Result<Option<String>,
     tokio::fs::create_dir_all(&launch.home)
         .await
         .map_err(|e| format!("cannot create the agent's HOME {}: {e}", launch.home))?;
-    let base = if launch.patch {
-        Some(base_commit(settings, launch).await?)
+    // A review gets the repository too (with the history: it reads the change with git),
+    // but returns no patch.
+    let base = if launch.patch || launch.history.is_some() {
+        Some(base_commit(settings, launch).await?).filter(|_| launch.patch)
     } else {
         None
     };
