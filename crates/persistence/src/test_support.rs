@@ -72,13 +72,6 @@ impl TestDb {
             cleanup: Cleanup::Postgres { server_url, name },
         })
     }
-
-    /// The backends to run a test on: SQLite always, PostgreSQL when configured.
-    pub fn all() -> Vec<TestDb> {
-        let mut dbs = vec![TestDb::sqlite()];
-        dbs.extend(TestDb::postgres());
-        dbs
-    }
 }
 
 impl Drop for TestDb {

@@ -284,125 +284,125 @@ async fn settings_allow_provider_tools_is_off_until_an_admin_turns_it_on() {
     }
 }
 
-#[actix_web::test]
-async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment() {
-    for db in TestDb::all() {
-        let (env, repo) = Env::connected(db);
-        let number = env.fake.add_issue(
-            "acme",
-            "web",
-            "Fix the login redirect",
-            Some("It loops."),
-            &[],
-        );
-        let app = service_with(env.state.clone()).await;
+async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment(db: TestDb) {
+    let (env, repo) = Env::connected(db);
+    let number = env.fake.add_issue(
+        "acme",
+        "web",
+        "Fix the login redirect",
+        Some("It loops."),
+        &[],
+    );
+    let app = service_with(env.state.clone()).await;
 
-        let (member, body) = (client(&app, &env.t.member), assign_body(repo, number));
-        let answers = futures_util::future::join_all((0..50).map(|_| member.assign(&body))).await;
-        let created: Vec<&Value> = answers
+    let (member, body) = (client(&app, &env.t.member), assign_body(repo, number));
+    let answers = futures_util::future::join_all((0..50).map(|_| member.assign(&body))).await;
+    let created: Vec<&Value> = answers
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(created.len(), 1, "{answers:?}");
+    assert!(
+        answers
             .iter()
-            .filter(|(s, _)| *s == 201)
-            .map(|(_, b)| b)
-            .collect();
-        assert_eq!(created.len(), 1, "{answers:?}");
-        assert!(
-            answers
-                .iter()
-                .all(|(s, b)| (*s == 200 && b["created"] == false) || *s == 201),
-            "{answers:?}"
-        );
-        let task_id = created[0]["task"]["id"].clone();
-        assert!(answers.iter().all(|(_, b)| b["task"]["id"] == task_id));
-        assert_eq!(created[0]["task"]["state"], "queued");
-        assert_eq!(created[0]["task"]["issueNumber"], number);
-        assert_eq!(created[0]["task"]["prompt"], "It loops.");
-        // The issue was not in the synced view yet: its repository was synced to find it.
-        assert_eq!(env.written()[2..], [1, 2, 1, 1]);
+            .all(|(s, b)| (*s == 200 && b["created"] == false) || *s == 201),
+        "{answers:?}"
+    );
+    let task_id = created[0]["task"]["id"].clone();
+    assert!(answers.iter().all(|(_, b)| b["task"]["id"] == task_id));
+    assert_eq!(created[0]["task"]["state"], "queued");
+    assert_eq!(created[0]["task"]["issueNumber"], number);
+    assert_eq!(created[0]["task"]["prompt"], "It loops.");
+    // The issue was not in the synced view yet: its repository was synced to find it.
+    assert_eq!(env.written()[2..], [1, 2, 1, 1]);
 
-        // Nothing reaches the code host before the outbox runs; then exactly once each.
-        assert_eq!(env.fake.count("POST", COMMENTS), 0);
-        assert_eq!(env.deliver(0).await, 2);
-        let issue = env.fake.issue("acme", "web", number).unwrap();
-        assert_eq!(issue.labels, [("agentry".to_owned(), "6f42c1".to_owned())]);
-        assert_eq!(
-            env.fake.labels("acme", "web"),
-            [("agentry".to_owned(), "6f42c1".to_owned())]
-        );
-        let comments = env.comments_of(number);
-        assert_eq!(comments.len(), 1);
-        assert!(comments[0].contains(task_id.as_str().unwrap()));
-        assert_eq!(env.fake.count("POST", ISSUE_LABELS), 1);
-        assert_eq!(env.fake.count("POST", COMMENTS), 1);
+    // Nothing reaches the code host before the outbox runs; then exactly once each.
+    assert_eq!(env.fake.count("POST", COMMENTS), 0);
+    assert_eq!(env.deliver(0).await, 2);
+    let issue = env.fake.issue("acme", "web", number).unwrap();
+    assert_eq!(issue.labels, [("agentry".to_owned(), "6f42c1".to_owned())]);
+    assert_eq!(
+        env.fake.labels("acme", "web"),
+        [("agentry".to_owned(), "6f42c1".to_owned())]
+    );
+    let comments = env.comments_of(number);
+    assert_eq!(comments.len(), 1);
+    assert!(comments[0].contains(task_id.as_str().unwrap()));
+    assert_eq!(env.fake.count("POST", ISSUE_LABELS), 1);
+    assert_eq!(env.fake.count("POST", COMMENTS), 1);
 
-        // Re-assignment: 200, nothing created, nothing posted.
-        let (status, body) = client(&app, &env.t.member)
-            .assign(&assign_body(repo, number))
-            .await;
-        assert_eq!(
-            (status, &body["created"], &body["task"]["id"]),
-            (200, &json!(false), &task_id)
-        );
-        assert_eq!(env.deliver(3600).await, 0);
-        assert_eq!(env.fake.count("POST", COMMENTS), 1);
-        assert_eq!(env.written()[2..], [1, 2, 1, 1]);
-    }
+    // Re-assignment: 200, nothing created, nothing posted.
+    let (status, body) = client(&app, &env.t.member)
+        .assign(&assign_body(repo, number))
+        .await;
+    assert_eq!(
+        (status, &body["created"], &body["task"]["id"]),
+        (200, &json!(false), &task_id)
+    );
+    assert_eq!(env.deliver(3600).await, 0);
+    assert_eq!(env.fake.count("POST", COMMENTS), 1);
+    assert_eq!(env.written()[2..], [1, 2, 1, 1]);
 }
 
-#[actix_web::test]
-async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task() {
-    for db in TestDb::all() {
-        let (env, repo) = Env::connected(db);
-        let plain = env
-            .fake
-            .add_issue("acme", "web", "Not for agents", None, &["bug"]);
-        let labelled = env
-            .fake
-            .add_issue("acme", "web", "Add dark mode", Some("Please."), &[]);
-        let app = service_with(env.state.clone()).await;
-        let sync = || bare("POST", "/api/issues/sync", &env.t.member);
+crate::common::on_both_backends!(fifty_concurrent_assignments_make_one_task_one_label_one_comment);
 
-        let (status, view) = call(&app, sync()).await;
-        assert_eq!(status, 200, "{view}");
-        assert_eq!(view["issues"].as_array().unwrap().len(), 2);
-        assert_eq!(env.count("tasks"), 0);
+async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task(db: TestDb) {
+    let (env, repo) = Env::connected(db);
+    let plain = env
+        .fake
+        .add_issue("acme", "web", "Not for agents", None, &["bug"]);
+    let labelled = env
+        .fake
+        .add_issue("acme", "web", "Add dark mode", Some("Please."), &[]);
+    let app = service_with(env.state.clone()).await;
+    let sync = || bare("POST", "/api/issues/sync", &env.t.member);
 
-        env.fake.add_label("acme", "web", labelled, "agentry");
-        let (_, view) = call(&app, sync()).await;
-        assert_eq!(env.count("tasks"), 1);
-        let linked: Vec<&Value> = elements_of(&view, "issues")
-            .iter()
-            .filter(|i| !i["task"].is_null())
-            .collect();
-        assert_eq!(linked.len(), 1);
-        assert_eq!(linked[0]["number"], labelled);
-        assert_eq!(linked[0]["task"]["state"], "queued");
-        // Issues without a task come first.
-        assert_eq!(view["issues"][0]["number"], plain);
-        assert!(view["syncedAt"][repo.to_string()].is_string());
-        assert_eq!(view["errors"], json!([]));
+    let (status, view) = call(&app, sync()).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["issues"].as_array().unwrap().len(), 2);
+    assert_eq!(env.count("tasks"), 0);
 
-        // Syncing again (changed or not) makes no second task; the comment is posted once.
-        call(&app, sync()).await;
-        env.fake.add_issue("acme", "web", "Another", None, &[]);
-        call(&app, sync()).await;
-        assert_eq!(env.count("tasks"), 1);
-        assert_eq!(env.deliver(0).await, 2);
-        assert_eq!(env.comments_of(labelled).len(), 1);
+    env.fake.add_label("acme", "web", labelled, "agentry");
+    let (_, view) = call(&app, sync()).await;
+    assert_eq!(env.count("tasks"), 1);
+    let linked: Vec<&Value> = elements_of(&view, "issues")
+        .iter()
+        .filter(|i| !i["task"].is_null())
+        .collect();
+    assert_eq!(linked.len(), 1);
+    assert_eq!(linked[0]["number"], labelled);
+    assert_eq!(linked[0]["task"]["state"], "queued");
+    // Issues without a task come first.
+    assert_eq!(view["issues"][0]["number"], plain);
+    assert!(view["syncedAt"][repo.to_string()].is_string());
+    assert_eq!(view["errors"], json!([]));
 
-        // An issue closed on the code host leaves the view.
-        env.fake.close_issue("acme", "web", plain);
-        let (_, view) = call(&app, get("/api/issues", &env.t.viewer)).await;
-        assert_eq!(
-            view["issues"].as_array().unwrap().len(),
-            3,
-            "the view reads the synced copy"
-        );
-        let (_, view) = call(&app, sync()).await;
-        let numbers = numbers_of(&view);
-        assert!(!numbers.contains(&plain), "{view}");
-        assert_eq!(numbers.len(), 2);
-    }
+    // Syncing again (changed or not) makes no second task; the comment is posted once.
+    call(&app, sync()).await;
+    env.fake.add_issue("acme", "web", "Another", None, &[]);
+    call(&app, sync()).await;
+    assert_eq!(env.count("tasks"), 1);
+    assert_eq!(env.deliver(0).await, 2);
+    assert_eq!(env.comments_of(labelled).len(), 1);
+
+    // An issue closed on the code host leaves the view.
+    env.fake.close_issue("acme", "web", plain);
+    let (_, view) = call(&app, get("/api/issues", &env.t.viewer)).await;
+    assert_eq!(
+        view["issues"].as_array().unwrap().len(),
+        3,
+        "the view reads the synced copy"
+    );
+    let (_, view) = call(&app, sync()).await;
+    let numbers = numbers_of(&view);
+    assert!(!numbers.contains(&plain), "{view}");
+    assert_eq!(numbers.len(), 2);
 }
+
+crate::common::on_both_backends!(
+    labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
+);
 
 #[actix_web::test]
 async fn one_repository_failing_does_not_stop_the_others() {
@@ -446,50 +446,51 @@ fn numbers_of(view: &Value) -> Vec<u64> {
         .collect()
 }
 
-#[actix_web::test]
-async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync() {
-    for db in TestDb::all() {
-        let (env, repo) = Env::connected(db);
-        // GitHub's timestamps have whole seconds and it does not order one second's updates:
-        // the fake puts them by number, so an update does not move an issue to the front.
-        env.fake.freeze_clock();
-        env.fake.order_same_second_by_number(true);
-        for n in 1..=11 {
-            env.fake
-                .add_issue("acme", "web", &format!("Old {n}"), None, &[]);
-        }
-        env.fake.advance_clock(std::time::Duration::from_secs(60));
-        // 100 issues of one second fill the first page (newest first): #111 … #12.
-        for n in 12..=111 {
-            env.fake
-                .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
-        }
-        let app = service_with(env.state.clone()).await;
-        let sync = || bare("POST", "/api/issues/sync?limit=200", &env.t.member);
-        let (status, view) = call(&app, sync()).await;
-        assert_eq!(status, 200, "{view}");
-        assert_eq!(numbers_of(&view).len(), 111);
-
-        // In that same second, on page 2: #5 gets the service's label, #3 is closed. The
-        // first page of the open-issue list is unchanged.
-        env.fake.add_label("acme", "web", 5, "agentry");
-        env.fake.close_issue("acme", "web", 3);
-        let (status, view) = call(&app, sync()).await;
-        assert_eq!(status, 200, "{view}");
-        let numbers = numbers_of(&view);
-        assert_eq!(numbers.len(), 110, "the closed issue left the view");
-        assert!(!numbers.contains(&3));
-        let five = elements_of(&view, "issues")
-            .iter()
-            .find(|i| i["number"] == 5)
-            .unwrap();
-        assert_eq!(five["labels"][0]["name"], "agentry", "{five}");
-        assert_eq!(five["task"]["state"], "queued", "{five}");
-        assert_eq!(env.count("tasks"), 1);
-        assert_eq!(view["errors"], json!([]));
-        assert!(view["syncedAt"][repo.to_string()].is_string());
+async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync(db: TestDb) {
+    let (env, repo) = Env::connected(db);
+    // GitHub's timestamps have whole seconds and it does not order one second's updates:
+    // the fake puts them by number, so an update does not move an issue to the front.
+    env.fake.freeze_clock();
+    env.fake.order_same_second_by_number(true);
+    for n in 1..=11 {
+        env.fake
+            .add_issue("acme", "web", &format!("Old {n}"), None, &[]);
     }
+    env.fake.advance_clock(std::time::Duration::from_secs(60));
+    // 100 issues of one second fill the first page (newest first): #111 … #12.
+    for n in 12..=111 {
+        env.fake
+            .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
+    }
+    let app = service_with(env.state.clone()).await;
+    let sync = || bare("POST", "/api/issues/sync?limit=200", &env.t.member);
+    let (status, view) = call(&app, sync()).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(numbers_of(&view).len(), 111);
+
+    // In that same second, on page 2: #5 gets the service's label, #3 is closed. The
+    // first page of the open-issue list is unchanged.
+    env.fake.add_label("acme", "web", 5, "agentry");
+    env.fake.close_issue("acme", "web", 3);
+    let (status, view) = call(&app, sync()).await;
+    assert_eq!(status, 200, "{view}");
+    let numbers = numbers_of(&view);
+    assert_eq!(numbers.len(), 110, "the closed issue left the view");
+    assert!(!numbers.contains(&3));
+    let five = elements_of(&view, "issues")
+        .iter()
+        .find(|i| i["number"] == 5)
+        .unwrap();
+    assert_eq!(five["labels"][0]["name"], "agentry", "{five}");
+    assert_eq!(five["task"]["state"], "queued", "{five}");
+    assert_eq!(env.count("tasks"), 1);
+    assert_eq!(view["errors"], json!([]));
+    assert!(view["syncedAt"][repo.to_string()].is_string());
 }
+
+crate::common::on_both_backends!(
+    changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync
+);
 
 #[actix_web::test]
 async fn the_issues_view_is_paginated_in_its_order_and_refuses_bad_bounds() {
@@ -559,60 +560,59 @@ async fn the_issues_view_is_paginated_in_its_order_and_refuses_bad_bounds() {
     envelope(&body, "invalid_parameter");
 }
 
-#[actix_web::test]
-async fn only_known_open_issues_are_assigned() {
-    for db in TestDb::all() {
-        let (env, repo) = Env::connected(db);
-        let issue = env.fake.add_issue("acme", "web", "Real", None, &[]);
-        let pull = env
-            .fake
-            .add_pull("acme", "web", "A pull", "feature", "main");
-        let closed = env.fake.add_issue("acme", "web", "Done", None, &[]);
-        env.fake.close_issue("acme", "web", closed);
-        let app = service_with(env.state.clone()).await;
-        let (status, _) = call(&app, bare("POST", "/api/issues/sync", &env.t.member)).await;
-        assert_eq!(status, 200);
-        env.fake.reset_counts();
+async fn only_known_open_issues_are_assigned(db: TestDb) {
+    let (env, repo) = Env::connected(db);
+    let issue = env.fake.add_issue("acme", "web", "Real", None, &[]);
+    let pull = env
+        .fake
+        .add_pull("acme", "web", "A pull", "feature", "main");
+    let closed = env.fake.add_issue("acme", "web", "Done", None, &[]);
+    env.fake.close_issue("acme", "web", closed);
+    let app = service_with(env.state.clone()).await;
+    let (status, _) = call(&app, bare("POST", "/api/issues/sync", &env.t.member)).await;
+    assert_eq!(status, 200);
+    env.fake.reset_counts();
 
-        // A pull request's number, a closed issue, a number that does not exist: 404, and
-        // nothing created, labelled or commented on.
-        for number in [pull, closed, 999] {
-            let (status, body) = client(&app, &env.t.member)
-                .assign(&assign_body(repo, number))
-                .await;
-            assert_eq!(status, 404, "#{number}: {body}");
-            let message = envelope(&body, "not_found");
-            assert!(message.contains(&format!("#{number}")), "{message}");
-        }
-        assert_eq!(env.count("tasks"), 0);
-        assert_eq!(env.count("outbox"), 0);
-        assert_eq!(env.count("issue_links"), 0);
-        assert_eq!(env.deliver(3600).await, 0);
-        let writes: Vec<_> = env
-            .fake
-            .requests()
-            .into_iter()
-            .filter(|r| r.method != "GET")
-            .collect();
-        assert!(writes.is_empty(), "{writes:?}");
-
-        // An issue opened on the code host after the last sync: looked up, then assigned.
-        let fresh = env.fake.add_issue("acme", "web", "New", None, &[]);
+    // A pull request's number, a closed issue, a number that does not exist: 404, and
+    // nothing created, labelled or commented on.
+    for number in [pull, closed, 999] {
         let (status, body) = client(&app, &env.t.member)
-            .assign(&assign_body(repo, fresh))
+            .assign(&assign_body(repo, number))
             .await;
-        assert_eq!(status, 201, "{body}");
-        assert_eq!(body["task"]["issueNumber"], fresh);
-        // A known one is assigned without asking the code host.
-        env.fake.reset_counts();
-        let (status, _) = client(&app, &env.t.member)
-            .assign(&assign_body(repo, issue))
-            .await;
-        assert_eq!(status, 201);
-        assert_eq!(env.fake.requests().len(), 0);
-        assert_eq!(env.count("tasks"), 2);
+        assert_eq!(status, 404, "#{number}: {body}");
+        let message = envelope(&body, "not_found");
+        assert!(message.contains(&format!("#{number}")), "{message}");
     }
+    assert_eq!(env.count("tasks"), 0);
+    assert_eq!(env.count("outbox"), 0);
+    assert_eq!(env.count("issue_links"), 0);
+    assert_eq!(env.deliver(3600).await, 0);
+    let writes: Vec<_> = env
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method != "GET")
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+
+    // An issue opened on the code host after the last sync: looked up, then assigned.
+    let fresh = env.fake.add_issue("acme", "web", "New", None, &[]);
+    let (status, body) = client(&app, &env.t.member)
+        .assign(&assign_body(repo, fresh))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["task"]["issueNumber"], fresh);
+    // A known one is assigned without asking the code host.
+    env.fake.reset_counts();
+    let (status, _) = client(&app, &env.t.member)
+        .assign(&assign_body(repo, issue))
+        .await;
+    assert_eq!(status, 201);
+    assert_eq!(env.fake.requests().len(), 0);
+    assert_eq!(env.count("tasks"), 2);
 }
+
+crate::common::on_both_backends!(only_known_open_issues_are_assigned);
 
 #[actix_web::test]
 async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_nothing() {

@@ -69,145 +69,140 @@ impl Env {
     }
 }
 
-#[actix_web::test]
-async fn the_webhook_verifies_then_acts_once_per_delivery() {
-    for db in TestDb::all() {
-        let env = Env::new(db);
-        env.store_token();
-        env.fake.add_repo("Codertocat", "Hello-World", "main");
-        let repo = env.repo(env.connect("codertocat", "hello-world"));
-        // The fixtures are about pull request #2 of Codertocat/Hello-World.
-        let merged = env.task_with_pull(&repo, 7, 2);
+async fn the_webhook_verifies_then_acts_once_per_delivery(db: TestDb) {
+    let env = Env::new(db);
+    env.store_token();
+    env.fake.add_repo("Codertocat", "Hello-World", "main");
+    let repo = env.repo(env.connect("codertocat", "hello-world"));
+    // The fixtures are about pull request #2 of Codertocat/Hello-World.
+    let merged = env.task_with_pull(&repo, 7, 2);
 
-        // Without a secret the endpoint is disabled.
-        let app = service_with(env.state.clone()).await;
-        let (status, body) = call(
-            &app,
-            delivery("ping", "d-0", &fixture("ping"), Some(SECRET)),
-        )
-        .await;
-        assert_eq!(status, 404);
-        envelope(&body, "webhook_disabled");
+    // Without a secret the endpoint is disabled.
+    let app = service_with(env.state.clone()).await;
+    let (status, body) = call(
+        &app,
+        delivery("ping", "d-0", &fixture("ping"), Some(SECRET)),
+    )
+    .await;
+    assert_eq!(status, 404);
+    envelope(&body, "webhook_disabled");
 
-        let env = env.with_webhook();
-        let app = service_with(env.state.clone()).await;
-        let before = env.count("webhook_deliveries");
-        assert_eq!(before, 0);
-        // Refused before anything is parsed or recorded.
-        let body = merged_fixture();
-        let mut altered = body.clone();
-        let at = altered.len() / 2;
-        altered[at] = b' ';
-        for (name, req) in [
-            ("no signature", delivery("pull_request", "d-1", &body, None)),
-            (
-                "another secret",
-                delivery("pull_request", "d-1", &body, Some("other-secret")),
-            ),
-            ("altered after signing", {
-                let mut r = TestRequest::post()
-                    .uri("/api/webhooks/codehost")
-                    .insert_header(("X-GitHub-Event", "pull_request"))
-                    .insert_header(("X-GitHub-Delivery", "d-1"))
-                    .insert_header(("X-Hub-Signature-256", sign(SECRET.as_bytes(), &body)));
-                r = r.set_payload(altered.clone());
-                r.to_request()
-            }),
-            ("empty body, signature of another", {
-                TestRequest::post()
-                    .uri("/api/webhooks/codehost")
-                    .insert_header(("X-GitHub-Event", "pull_request"))
-                    .insert_header(("X-GitHub-Delivery", "d-1"))
-                    .insert_header(("X-Hub-Signature-256", sign(SECRET.as_bytes(), &body)))
-                    .to_request()
-            }),
-        ] {
-            let (status, reply) = call(&app, req).await;
-            assert_eq!(status, 401, "{name}: {reply}");
-            envelope(&reply, "unauthenticated");
-        }
-        // A correctly signed empty body is not a payload.
-        let (status, reply) = call(&app, delivery("pull_request", "d-1", b"", Some(SECRET))).await;
-        assert_eq!(status, 400, "{reply}");
-        envelope(&reply, "invalid_request");
-        assert_eq!(env.count("webhook_deliveries"), 0);
-        assert_eq!(env.task(merged.id).state, TaskState::PrOpened);
-
-        let (status, reply) = call(
-            &app,
-            delivery("ping", "d-2", &fixture("ping"), Some(SECRET)),
-        )
-        .await;
-        assert_eq!((status, reply), (200, json!({ "ok": true })));
-
-        // The merge moves the task at once and queues the issue's closing, once.
-        let (status, reply) =
-            call(&app, delivery("pull_request", "d-3", &body, Some(SECRET))).await;
-        assert_eq!((status, reply), (200, json!({ "ok": true })));
-        assert_eq!(env.task(merged.id).state, TaskState::Completed);
-        assert_eq!(
-            env.events(merged.id).last().unwrap().2,
-            "pull request merged (seen by a webhook)"
-        );
-        assert_eq!(env.close_effects(merged.id), 1);
-        // A redelivery of the same id: acknowledged, nothing done again.
-        let (status, reply) =
-            call(&app, delivery("pull_request", "d-3", &body, Some(SECRET))).await;
-        assert_eq!(
-            (status, reply),
-            (200, json!({ "ok": true, "duplicate": true }))
-        );
-        // Another delivery of the same merge: nothing to do any more.
-        let (status, reply) =
-            call(&app, delivery("pull_request", "d-4", &body, Some(SECRET))).await;
-        assert_eq!(
-            (status, reply),
-            (200, json!({ "ok": true, "ignored": true }))
-        );
-        assert_eq!(
-            env.events(merged.id).len(),
-            5,
-            "created, claimed, started, pr_opened, completed"
-        );
-        assert_eq!(env.close_effects(merged.id), 1);
-
-        // A close without merge fails its task.
-        let closed_task = env.task_with_pull(&repo, 8, 3);
-        let closed = String::from_utf8(fixture("pull_request.closed"))
-            .unwrap()
-            .replace("\"number\": 2,", "\"number\": 3,");
-        let (status, _) = call(
-            &app,
-            delivery("pull_request", "d-5", closed.as_bytes(), Some(SECRET)),
-        )
-        .await;
-        assert_eq!(status, 200);
-        let closed_task = env.task(closed_task.id);
-        assert_eq!(closed_task.state, TaskState::Failed);
-        assert!(closed_task.error_message.unwrap().contains("#3"));
-        assert_eq!(env.close_effects(closed_task.id), 0);
-
-        // Everything else is acknowledged and ignored.
-        for (event, name) in [
-            ("issues", "issues.opened"),
-            ("issues", "issues.labeled"),
-            ("pull_request", "pull_request.opened"),
-            ("pull_request", "pull_request.reopened"),
-            ("pull_request", "pull_request.labeled"),
-            ("deployment", "ping"),
-        ] {
-            let id = format!("d-{name}-{event}");
-            let (status, reply) =
-                call(&app, delivery(event, &id, &fixture(name), Some(SECRET))).await;
-            assert_eq!(
-                (status, &reply),
-                (200, &json!({ "ok": true, "ignored": true })),
-                "{name}"
-            );
-        }
-        assert_eq!(env.count("webhook_deliveries"), 10);
+    let env = env.with_webhook();
+    let app = service_with(env.state.clone()).await;
+    let before = env.count("webhook_deliveries");
+    assert_eq!(before, 0);
+    // Refused before anything is parsed or recorded.
+    let body = merged_fixture();
+    let mut altered = body.clone();
+    let at = altered.len() / 2;
+    altered[at] = b' ';
+    for (name, req) in [
+        ("no signature", delivery("pull_request", "d-1", &body, None)),
+        (
+            "another secret",
+            delivery("pull_request", "d-1", &body, Some("other-secret")),
+        ),
+        ("altered after signing", {
+            let mut r = TestRequest::post()
+                .uri("/api/webhooks/codehost")
+                .insert_header(("X-GitHub-Event", "pull_request"))
+                .insert_header(("X-GitHub-Delivery", "d-1"))
+                .insert_header(("X-Hub-Signature-256", sign(SECRET.as_bytes(), &body)));
+            r = r.set_payload(altered.clone());
+            r.to_request()
+        }),
+        ("empty body, signature of another", {
+            TestRequest::post()
+                .uri("/api/webhooks/codehost")
+                .insert_header(("X-GitHub-Event", "pull_request"))
+                .insert_header(("X-GitHub-Delivery", "d-1"))
+                .insert_header(("X-Hub-Signature-256", sign(SECRET.as_bytes(), &body)))
+                .to_request()
+        }),
+    ] {
+        let (status, reply) = call(&app, req).await;
+        assert_eq!(status, 401, "{name}: {reply}");
+        envelope(&reply, "unauthenticated");
     }
+    // A correctly signed empty body is not a payload.
+    let (status, reply) = call(&app, delivery("pull_request", "d-1", b"", Some(SECRET))).await;
+    assert_eq!(status, 400, "{reply}");
+    envelope(&reply, "invalid_request");
+    assert_eq!(env.count("webhook_deliveries"), 0);
+    assert_eq!(env.task(merged.id).state, TaskState::PrOpened);
+
+    let (status, reply) = call(
+        &app,
+        delivery("ping", "d-2", &fixture("ping"), Some(SECRET)),
+    )
+    .await;
+    assert_eq!((status, reply), (200, json!({ "ok": true })));
+
+    // The merge moves the task at once and queues the issue's closing, once.
+    let (status, reply) = call(&app, delivery("pull_request", "d-3", &body, Some(SECRET))).await;
+    assert_eq!((status, reply), (200, json!({ "ok": true })));
+    assert_eq!(env.task(merged.id).state, TaskState::Completed);
+    assert_eq!(
+        env.events(merged.id).last().unwrap().2,
+        "pull request merged (seen by a webhook)"
+    );
+    assert_eq!(env.close_effects(merged.id), 1);
+    // A redelivery of the same id: acknowledged, nothing done again.
+    let (status, reply) = call(&app, delivery("pull_request", "d-3", &body, Some(SECRET))).await;
+    assert_eq!(
+        (status, reply),
+        (200, json!({ "ok": true, "duplicate": true }))
+    );
+    // Another delivery of the same merge: nothing to do any more.
+    let (status, reply) = call(&app, delivery("pull_request", "d-4", &body, Some(SECRET))).await;
+    assert_eq!(
+        (status, reply),
+        (200, json!({ "ok": true, "ignored": true }))
+    );
+    assert_eq!(
+        env.events(merged.id).len(),
+        5,
+        "created, claimed, started, pr_opened, completed"
+    );
+    assert_eq!(env.close_effects(merged.id), 1);
+
+    // A close without merge fails its task.
+    let closed_task = env.task_with_pull(&repo, 8, 3);
+    let closed = String::from_utf8(fixture("pull_request.closed"))
+        .unwrap()
+        .replace("\"number\": 2,", "\"number\": 3,");
+    let (status, _) = call(
+        &app,
+        delivery("pull_request", "d-5", closed.as_bytes(), Some(SECRET)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let closed_task = env.task(closed_task.id);
+    assert_eq!(closed_task.state, TaskState::Failed);
+    assert!(closed_task.error_message.unwrap().contains("#3"));
+    assert_eq!(env.close_effects(closed_task.id), 0);
+
+    // Everything else is acknowledged and ignored.
+    for (event, name) in [
+        ("issues", "issues.opened"),
+        ("issues", "issues.labeled"),
+        ("pull_request", "pull_request.opened"),
+        ("pull_request", "pull_request.reopened"),
+        ("pull_request", "pull_request.labeled"),
+        ("deployment", "ping"),
+    ] {
+        let id = format!("d-{name}-{event}");
+        let (status, reply) = call(&app, delivery(event, &id, &fixture(name), Some(SECRET))).await;
+        assert_eq!(
+            (status, &reply),
+            (200, &json!({ "ok": true, "ignored": true })),
+            "{name}"
+        );
+    }
+    assert_eq!(env.count("webhook_deliveries"), 10);
 }
+
+crate::common::on_both_backends!(the_webhook_verifies_then_acts_once_per_delivery);
 
 #[actix_web::test]
 async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
@@ -241,63 +236,62 @@ async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
     assert!(view[0].task.is_some());
 }
 
-#[actix_web::test]
-async fn poller_and_webhook_racing_on_one_merge_apply_it_once() {
-    for db in TestDb::all() {
-        let env = Env::new(db).with_webhook();
-        env.store_token();
-        env.fake.add_repo("Codertocat", "Hello-World", "main");
-        let repo = env.repo(env.connect("codertocat", "hello-world"));
-        let issue = env
+async fn poller_and_webhook_racing_on_one_merge_apply_it_once(db: TestDb) {
+    let env = Env::new(db).with_webhook();
+    env.store_token();
+    env.fake.add_repo("Codertocat", "Hello-World", "main");
+    let repo = env.repo(env.connect("codertocat", "hello-world"));
+    let issue = env
+        .fake
+        .add_issue("Codertocat", "Hello-World", "Typo", None, &[]);
+    // Make the fake's pull request #2 exist and merged, like the webhook says.
+    let mut pr = 0;
+    while pr < 2 {
+        pr = env
             .fake
-            .add_issue("Codertocat", "Hello-World", "Typo", None, &[]);
-        // Make the fake's pull request #2 exist and merged, like the webhook says.
-        let mut pr = 0;
-        while pr < 2 {
-            pr = env
-                .fake
-                .add_pull("Codertocat", "Hello-World", "Fix", "agentry/x", "main");
-        }
-        assert_eq!(pr, 2);
-        let task = env.task_with_pull(&repo, issue, 2);
-        env.state.service.poll_pull_requests().await.unwrap();
-        env.fake.advance_clock(Duration::from_secs(60));
-        env.fake.merge_pull("Codertocat", "Hello-World", 2);
-
-        let app = service_with(env.state.clone()).await;
-        let body = merged_fixture();
-        let (polled, (status, _)) = futures_util::join!(
-            env.state.service.poll_pull_requests(),
-            call(
-                &app,
-                delivery("pull_request", "race-1", &body, Some(SECRET))
-            )
-        );
-        assert_eq!(status, 200);
-        // Whichever came first applied it (the poller may even find nothing left to poll).
-        let applied: usize = polled.unwrap().iter().map(|(_, o)| o.applied).sum();
-        assert!(applied <= 1);
-        let events = env.events(task.id);
-        assert_eq!(
-            events
-                .iter()
-                .filter(|e| e.1 == TaskState::Completed)
-                .count(),
-            1,
-            "{events:?}"
-        );
-        assert_eq!(env.close_effects(task.id), 1);
-        env.deliver(0).await;
-        assert_eq!(
-            env.fake
-                .issue("Codertocat", "Hello-World", issue)
-                .unwrap()
-                .state,
-            "closed"
-        );
-        assert_eq!(env.fake.count("PATCH", "/repos/{o}/{r}/issues/{n}"), 1);
+            .add_pull("Codertocat", "Hello-World", "Fix", "agentry/x", "main");
     }
+    assert_eq!(pr, 2);
+    let task = env.task_with_pull(&repo, issue, 2);
+    env.state.service.poll_pull_requests().await.unwrap();
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake.merge_pull("Codertocat", "Hello-World", 2);
+
+    let app = service_with(env.state.clone()).await;
+    let body = merged_fixture();
+    let (polled, (status, _)) = futures_util::join!(
+        env.state.service.poll_pull_requests(),
+        call(
+            &app,
+            delivery("pull_request", "race-1", &body, Some(SECRET))
+        )
+    );
+    assert_eq!(status, 200);
+    // Whichever came first applied it (the poller may even find nothing left to poll).
+    let applied: usize = polled.unwrap().iter().map(|(_, o)| o.applied).sum();
+    assert!(applied <= 1);
+    let events = env.events(task.id);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.1 == TaskState::Completed)
+            .count(),
+        1,
+        "{events:?}"
+    );
+    assert_eq!(env.close_effects(task.id), 1);
+    env.deliver(0).await;
+    assert_eq!(
+        env.fake
+            .issue("Codertocat", "Hello-World", issue)
+            .unwrap()
+            .state,
+        "closed"
+    );
+    assert_eq!(env.fake.count("PATCH", "/repos/{o}/{r}/issues/{n}"), 1);
 }
+
+crate::common::on_both_backends!(poller_and_webhook_racing_on_one_merge_apply_it_once);
 
 #[actix_web::test]
 async fn bodies_over_25_mib_are_refused() {

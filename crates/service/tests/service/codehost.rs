@@ -88,58 +88,57 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     assert_eq!(env.comments_of(number).len(), 1);
 }
 
-#[tokio::test]
-async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment() {
-    for db in TestDb::all() {
-        let (env, repo_id) = HostEnv::connected(db);
-        let number = env.fake.add_issue("acme", "web", "Crash me", None, &[]);
-        let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
-        let (task, created) = codehost::assign(
+async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment(db: TestDb) {
+    let (env, repo_id) = HostEnv::connected(db);
+    let number = env.fake.add_issue("acme", "web", "Crash me", None, &[]);
+    let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
+    let (task, created) = codehost::assign(
+        &mut env.db().conn().unwrap(),
+        &repo,
+        i64::try_from(number).unwrap(),
+        "Crash me",
+        "",
+        agentry_domain::AgentType::ClaudeCode,
+        agentry_persistence::now(),
+    )
+    .unwrap();
+    assert!(created);
+
+    // A worker claims the effects and posts the comment, then dies before marking it.
+    let claimed = outbox::QUEUE
+        .claim_due(
             &mut env.db().conn().unwrap(),
-            &repo,
-            i64::try_from(number).unwrap(),
-            "Crash me",
-            "",
-            agentry_domain::AgentType::ClaudeCode,
             agentry_persistence::now(),
+            time::Duration::minutes(2),
+            10,
         )
         .unwrap();
-        assert!(created);
+    let comment = claimed
+        .iter()
+        .find(|e| e.kind() == EffectKind::Comment)
+        .unwrap();
+    let github = env.service.github().await.unwrap();
+    codehost::deliver(&github, &repo, comment).await.unwrap();
+    assert_eq!(env.comments_of(number).len(), 1);
+    drop(github);
 
-        // A worker claims the effects and posts the comment, then dies before marking it.
-        let claimed = outbox::QUEUE
-            .claim_due(
-                &mut env.db().conn().unwrap(),
-                agentry_persistence::now(),
-                time::Duration::minutes(2),
-                10,
-            )
-            .unwrap();
-        let comment = claimed
-            .iter()
-            .find(|e| e.kind() == EffectKind::Comment)
-            .unwrap();
-        let github = env.service.github().await.unwrap();
-        codehost::deliver(&github, &repo, comment).await.unwrap();
-        assert_eq!(env.comments_of(number).len(), 1);
-        drop(github);
-
-        // A new process on the same database: nothing is due while the lease runs…
-        let restarted = env.restarted();
-        let at = agentry_persistence::now();
-        assert_eq!(restarted.deliver_due_effects(at).await.unwrap(), 0);
-        // …then both effects are delivered, and the comment is recognised by its marker.
-        let later = at + time::Duration::minutes(3);
-        assert_eq!(restarted.deliver_due_effects(later).await.unwrap(), 2);
-        assert_eq!(env.comments_of(number).len(), 1);
-        assert_eq!(env.fake.count("POST", COMMENTS), 1);
-        let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task.id).unwrap();
-        assert!(
-            effects.iter().all(|e| e.delivered_at.is_some()),
-            "{effects:?}"
-        );
-    }
+    // A new process on the same database: nothing is due while the lease runs…
+    let restarted = env.restarted();
+    let at = agentry_persistence::now();
+    assert_eq!(restarted.deliver_due_effects(at).await.unwrap(), 0);
+    // …then both effects are delivered, and the comment is recognised by its marker.
+    let later = at + time::Duration::minutes(3);
+    assert_eq!(restarted.deliver_due_effects(later).await.unwrap(), 2);
+    assert_eq!(env.comments_of(number).len(), 1);
+    assert_eq!(env.fake.count("POST", COMMENTS), 1);
+    let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task.id).unwrap();
+    assert!(
+        effects.iter().all(|e| e.delivered_at.is_some()),
+        "{effects:?}"
+    );
 }
+
+on_both_backends!(a_restart_between_posting_and_marking_delivered_posts_no_second_comment);
 
 #[tokio::test]
 async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304() {
@@ -180,48 +179,47 @@ async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304(
     );
 }
 
-#[tokio::test]
-async fn a_restart_syncs_incrementally_from_the_stored_watermark() {
-    for db in TestDb::all() {
-        let env = HostEnv::new(db);
-        env.store_token_and_connect();
-        env.fake.freeze_clock();
-        for n in 1..=150 {
-            env.fake
-                .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
-            env.fake.advance_clock(std::time::Duration::from_secs(1));
-        }
-        env.service.sync_issues(None).await.unwrap();
-        assert_eq!(env.count("synced_issues"), 150);
-
-        // A new process on the same database; meanwhile #1 (page 2 of the open issues)
-        // closes and #2 gets a label.
-        let restarted = env.restarted();
-        env.fake.close_issue("acme", "web", 1);
-        env.fake.add_label("acme", "web", 2, "bug");
-        env.fake.reset_counts();
-        let outcomes = restarted.sync_issues(None).await.unwrap();
-        assert!(
-            outcomes.iter().all(|(_, o)| o.error.is_none()),
-            "{outcomes:?}"
-        );
-        // One request: the changes since the stored watermark, not the 2 pages of all issues.
-        let reads = list_reads(&env.fake);
-        assert_eq!(reads.len(), 1, "{reads:?}");
-        assert!(reads[0].query.contains("since="), "{reads:?}");
-        assert!(reads[0].query.contains("state=all"), "{reads:?}");
-        assert_eq!(env.count("synced_issues"), 149);
-        let view = restarted
-            .issues_view(None, 200, None)
-            .await
-            .unwrap()
-            .page
-            .issues;
-        let two = view.iter().find(|i| i.issue.number == 2).unwrap();
-        assert_eq!(two.issue.labels[0].name, "bug");
-        assert!(!view.iter().any(|i| i.issue.number == 1));
+async fn a_restart_syncs_incrementally_from_the_stored_watermark(db: TestDb) {
+    let env = HostEnv::new(db);
+    env.store_token_and_connect();
+    env.fake.freeze_clock();
+    for n in 1..=150 {
+        env.fake
+            .add_issue("acme", "web", &format!("Issue {n}"), None, &[]);
+        env.fake.advance_clock(std::time::Duration::from_secs(1));
     }
+    env.service.sync_issues(None).await.unwrap();
+    assert_eq!(env.count("synced_issues"), 150);
+
+    // A new process on the same database; meanwhile #1 (page 2 of the open issues)
+    // closes and #2 gets a label.
+    let restarted = env.restarted();
+    env.fake.close_issue("acme", "web", 1);
+    env.fake.add_label("acme", "web", 2, "bug");
+    env.fake.reset_counts();
+    let outcomes = restarted.sync_issues(None).await.unwrap();
+    assert!(
+        outcomes.iter().all(|(_, o)| o.error.is_none()),
+        "{outcomes:?}"
+    );
+    // One request: the changes since the stored watermark, not the 2 pages of all issues.
+    let reads = list_reads(&env.fake);
+    assert_eq!(reads.len(), 1, "{reads:?}");
+    assert!(reads[0].query.contains("since="), "{reads:?}");
+    assert!(reads[0].query.contains("state=all"), "{reads:?}");
+    assert_eq!(env.count("synced_issues"), 149);
+    let view = restarted
+        .issues_view(None, 200, None)
+        .await
+        .unwrap()
+        .page
+        .issues;
+    let two = view.iter().find(|i| i.issue.number == 2).unwrap();
+    assert_eq!(two.issue.labels[0].name, "bug");
+    assert!(!view.iter().any(|i| i.issue.number == 1));
 }
+
+on_both_backends!(a_restart_syncs_incrementally_from_the_stored_watermark);
 
 #[tokio::test]
 async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {

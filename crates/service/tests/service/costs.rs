@@ -460,23 +460,20 @@ async fn revision_outcomes(db: TestDb) {
     assert_eq!(outcome_columns(&db.db), maintained);
 }
 
-#[tokio::test]
-async fn the_report_from_rollups_equals_the_report_from_every_task() {
-    for db in TestDb::all() {
-        equivalence(db).await;
-    }
+async fn the_report_from_rollups_equals_the_report_from_every_task(db: TestDb) {
+    equivalence(db).await;
 }
 
-#[tokio::test]
-async fn a_kept_report_is_served_until_a_write_feeds_it() {
-    for db in TestDb::all() {
-        kept_report(db).await;
-    }
+on_both_backends!(the_report_from_rollups_equals_the_report_from_every_task);
+
+async fn a_kept_report_is_served_until_a_write_feeds_it(db: TestDb) {
+    kept_report(db).await;
 }
 
-#[tokio::test]
-async fn revision_cost_and_rounds_per_merged_pull_request() {
-    for db in TestDb::all() {
-        revision_outcomes(db).await;
-    }
+on_both_backends!(a_kept_report_is_served_until_a_write_feeds_it);
+
+async fn revision_cost_and_rounds_per_merged_pull_request(db: TestDb) {
+    revision_outcomes(db).await;
 }
+
+on_both_backends!(revision_cost_and_rounds_per_merged_pull_request);

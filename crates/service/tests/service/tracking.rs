@@ -15,72 +15,71 @@ use crate::rig::HostEnv;
 
 const PULLS: &str = "/repos/{o}/{r}/pulls";
 
-#[tokio::test]
-async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once() {
-    for db in TestDb::all() {
-        let env = HostEnv::new(db);
-        let repo = env.repo(env.store_token_and_connect());
-        let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
-        let issue_b = env.fake.add_issue("acme", "web", "B", None, &[]);
-        let pr_a = env
-            .fake
-            .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
-        let pr_b = env
-            .fake
-            .add_pull("acme", "web", "Fix B", "agentry/task-b", "main");
-        let a = env.task_with_pull(&repo, issue_a, pr_a);
-        let b = env.task_with_pull(&repo, issue_b, pr_b);
+async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once(db: TestDb) {
+    let env = HostEnv::new(db);
+    let repo = env.repo(env.store_token_and_connect());
+    let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
+    let issue_b = env.fake.add_issue("acme", "web", "B", None, &[]);
+    let pr_a = env
+        .fake
+        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
+    let pr_b = env
+        .fake
+        .add_pull("acme", "web", "Fix B", "agentry/task-b", "main");
+    let a = env.task_with_pull(&repo, issue_a, pr_a);
+    let b = env.task_with_pull(&repo, issue_b, pr_b);
 
-        // Open pull requests: nothing happens; then an unchanged poll is one 304.
-        let first = env.service.poll_pull_requests().await.unwrap();
-        assert_eq!(first[0].1.applied, 0);
-        env.fake.reset_counts();
-        let again = env.service.poll_pull_requests().await.unwrap();
-        assert!(again[0].1.unchanged);
-        assert_eq!(env.fake.requests().len(), 1);
-        assert_eq!(env.fake.count_status(304), 1);
+    // Open pull requests: nothing happens; then an unchanged poll is one 304.
+    let first = env.service.poll_pull_requests().await.unwrap();
+    assert_eq!(first[0].1.applied, 0);
+    env.fake.reset_counts();
+    let again = env.service.poll_pull_requests().await.unwrap();
+    assert!(again[0].1.unchanged);
+    assert_eq!(env.fake.requests().len(), 1);
+    assert_eq!(env.fake.count_status(304), 1);
 
-        env.fake.advance_clock(Duration::from_secs(60));
-        env.fake.merge_pull("acme", "web", pr_a);
-        env.fake.close_pull("acme", "web", pr_b);
-        let polled = env.service.poll_pull_requests().await.unwrap();
-        assert_eq!(polled[0].1.applied, 2, "{polled:?}");
-        let (a, b) = (env.task(a.id), env.task(b.id));
-        assert_eq!(
-            (a.state, b.state),
-            (TaskState::Completed, TaskState::Failed)
-        );
-        assert!(a.finished_at.is_some());
-        assert!(
-            b.error_message
-                .unwrap()
-                .contains("closed without being merged")
-        );
-        assert_eq!(
-            env.events(a.id).last().unwrap().2,
-            "pull request merged (seen by the poller)"
-        );
-        assert_eq!((env.close_effects(a.id), env.close_effects(b.id)), (1, 0));
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake.merge_pull("acme", "web", pr_a);
+    env.fake.close_pull("acme", "web", pr_b);
+    let polled = env.service.poll_pull_requests().await.unwrap();
+    assert_eq!(polled[0].1.applied, 2, "{polled:?}");
+    let (a, b) = (env.task(a.id), env.task(b.id));
+    assert_eq!(
+        (a.state, b.state),
+        (TaskState::Completed, TaskState::Failed)
+    );
+    assert!(a.finished_at.is_some());
+    assert!(
+        b.error_message
+            .unwrap()
+            .contains("closed without being merged")
+    );
+    assert_eq!(
+        env.events(a.id).last().unwrap().2,
+        "pull request merged (seen by the poller)"
+    );
+    assert_eq!((env.close_effects(a.id), env.close_effects(b.id)), (1, 0));
 
-        // The outbox closes the merged task's issue, once; the other stays open.
-        env.deliver(0).await;
-        assert_eq!(
-            env.fake.issue("acme", "web", issue_a).unwrap().state,
-            "closed"
-        );
-        assert_eq!(
-            env.fake.issue("acme", "web", issue_b).unwrap().state,
-            "open"
-        );
-        assert_eq!(env.fake.count("PATCH", "/repos/{o}/{r}/issues/{n}"), 1);
+    // The outbox closes the merged task's issue, once; the other stays open.
+    env.deliver(0).await;
+    assert_eq!(
+        env.fake.issue("acme", "web", issue_a).unwrap().state,
+        "closed"
+    );
+    assert_eq!(
+        env.fake.issue("acme", "web", issue_b).unwrap().state,
+        "open"
+    );
+    assert_eq!(env.fake.count("PATCH", "/repos/{o}/{r}/issues/{n}"), 1);
 
-        // No task is left in pr_opened: the repository is no longer polled.
-        env.fake.reset_counts();
-        let idle = env.service.poll_pull_requests().await.unwrap();
-        assert!(idle.is_empty());
-        assert_eq!(env.fake.requests().len(), 0);
-    }
+    // No task is left in pr_opened: the repository is no longer polled.
+    env.fake.reset_counts();
+    let idle = env.service.poll_pull_requests().await.unwrap();
+    assert!(idle.is_empty());
+    assert_eq!(env.fake.requests().len(), 0);
 }
+
+on_both_backends!(the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once);
 
 /// A repository's first poll starts a day before its oldest waiting task, not at the
 /// beginning of its pull-request history: 250 older closed pull requests cost no extra page.
@@ -138,105 +137,102 @@ async fn a_failed_poll_does_not_move_the_watermark_and_the_merge_is_seen_later()
     assert_eq!(env.task(task.id).state, TaskState::Completed);
 }
 
-#[tokio::test]
-async fn delivery_ids_older_than_a_week_are_forgotten() {
+async fn delivery_ids_older_than_a_week_are_forgotten(db: TestDb) {
     use agentry_persistence::webhooks::{find_delivery, record_delivery};
     use agentry_service::tracking::DELIVERY_RETENTION;
-    for db in TestDb::all() {
-        let env = HostEnv::new(db);
-        let now = agentry_persistence::now();
-        {
-            let mut conn = env.db().conn().unwrap();
-            for (id, age) in [
-                ("old", DELIVERY_RETENTION + time::Duration::hours(1)),
-                ("recent", time::Duration::days(3)),
-                ("new", time::Duration::ZERO),
-            ] {
-                assert!(record_delivery(&mut conn, id, "ping", None, now - age).unwrap());
-            }
-        }
-        assert_eq!(env.service.forget_old_deliveries(now).await.unwrap(), 1);
+    let env = HostEnv::new(db);
+    let now = agentry_persistence::now();
+    {
         let mut conn = env.db().conn().unwrap();
-        assert!(find_delivery(&mut conn, "old").unwrap().is_none());
-        assert!(find_delivery(&mut conn, "recent").unwrap().is_some());
-        assert!(find_delivery(&mut conn, "new").unwrap().is_some());
+        for (id, age) in [
+            ("old", DELIVERY_RETENTION + time::Duration::hours(1)),
+            ("recent", time::Duration::days(3)),
+            ("new", time::Duration::ZERO),
+        ] {
+            assert!(record_delivery(&mut conn, id, "ping", None, now - age).unwrap());
+        }
     }
+    assert_eq!(env.service.forget_old_deliveries(now).await.unwrap(), 1);
+    let mut conn = env.db().conn().unwrap();
+    assert!(find_delivery(&mut conn, "old").unwrap().is_none());
+    assert!(find_delivery(&mut conn, "recent").unwrap().is_some());
+    assert!(find_delivery(&mut conn, "new").unwrap().is_some());
 }
+
+on_both_backends!(delivery_ids_older_than_a_week_are_forgotten);
 
 /// With 100 open agentry pull requests and no new comment, a poll cycle is one request for
 /// the repository (a 304), whatever the revisions; a new mention on one of them costs that
 /// pull request's reviews, comments and review comments, and its author's permission.
-#[tokio::test]
-async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on() {
-    for db in TestDb::all() {
-        let env = HostEnv::new(db);
-        let repo = env.repo(env.store_token_and_connect());
-        let mut pulls = Vec::new();
-        for i in 0..100 {
-            let issue = env
-                .fake
-                .add_issue("acme", "web", &format!("Issue {i}"), None, &[]);
-            let pr = env
-                .fake
-                .add_pull("acme", "web", "Fix", &format!("agentry/task-{i}"), "main");
-            env.task_with_pull(&repo, issue, pr);
-            pulls.push(pr);
-        }
-        // The first poll reads every pull request's feedback once. Then one more change a
-        // minute later moves the watermark to a second of its own (the 100 were made within
-        // a second or two, and a poll reads again what was updated in the watermark's second).
-        env.service.poll_pull_requests().await.unwrap();
-        env.fake.advance_clock(Duration::from_secs(60));
-        env.fake
-            .add_comment("acme", "web", pulls[0], "bob", "Looks good.");
-        env.service.poll_pull_requests().await.unwrap();
-        env.fake.reset_counts();
-        for _ in 0..3 {
-            let again = env.service.poll_pull_requests().await.unwrap();
-            assert!(again[0].1.unchanged, "{again:?}");
-        }
-        assert_eq!(env.fake.requests().len(), 3, "{:?}", env.fake.requests());
-
-        env.fake.set_permission("acme", "web", "alice", "write");
-        env.fake.advance_clock(Duration::from_secs(60));
-        env.fake
-            .add_comment("acme", "web", pulls[42], "alice", "@agentry add a test");
-        env.fake.reset_counts();
-        let polled = env.service.poll_pull_requests().await.unwrap();
-        assert!(polled[0].1.error.is_none(), "{polled:?}");
-        let sent: Vec<String> = env
+async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on(db: TestDb) {
+    let env = HostEnv::new(db);
+    let repo = env.repo(env.store_token_and_connect());
+    let mut pulls = Vec::new();
+    for i in 0..100 {
+        let issue = env
             .fake
-            .requests()
-            .iter()
-            .map(|r| format!("{} {}", r.method, r.route.as_deref().unwrap_or(&r.path)))
-            .collect();
-        // The list; the reviews, comments and review comments of the two pull requests
-        // updated since the watermark (that one, and the one updated in the watermark's own
-        // second, which the rule `updated_at >= watermark` reads again); agentry's own login
-        // (asked once per process) and alice's permission.
-        let per_pull = env
+            .add_issue("acme", "web", &format!("Issue {i}"), None, &[]);
+        let pr = env
             .fake
-            .count("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews");
-        assert_eq!(per_pull, 2, "{sent:?}");
-        assert_eq!(sent.len(), 1 + 3 * 2 + 2, "{sent:?}");
-        assert_eq!(env.fake.count("GET", "/user"), 1, "{sent:?}");
-        assert_eq!(env.fake.count("GET", PULLS), 1, "{sent:?}");
-        let task = tasks::find_task(&mut env.db().conn().unwrap(), {
-            agentry_persistence::pulls::task_of_pull(
-                &mut env.db().conn().unwrap(),
-                repo.id,
-                i64::try_from(pulls[42]).unwrap(),
-            )
-            .unwrap()
-            .unwrap()
-            .id
-        })
-        .unwrap()
-        .unwrap();
-        let feedback =
-            agentry_persistence::revisions::of_task(&mut env.db().conn().unwrap(), task.id)
-                .unwrap();
-        assert_eq!(feedback.len(), 1);
-        assert_eq!(feedback[0].author, "alice");
+            .add_pull("acme", "web", "Fix", &format!("agentry/task-{i}"), "main");
+        env.task_with_pull(&repo, issue, pr);
+        pulls.push(pr);
     }
+    // The first poll reads every pull request's feedback once. Then one more change a
+    // minute later moves the watermark to a second of its own (the 100 were made within
+    // a second or two, and a poll reads again what was updated in the watermark's second).
+    env.service.poll_pull_requests().await.unwrap();
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake
+        .add_comment("acme", "web", pulls[0], "bob", "Looks good.");
+    env.service.poll_pull_requests().await.unwrap();
+    env.fake.reset_counts();
+    for _ in 0..3 {
+        let again = env.service.poll_pull_requests().await.unwrap();
+        assert!(again[0].1.unchanged, "{again:?}");
+    }
+    assert_eq!(env.fake.requests().len(), 3, "{:?}", env.fake.requests());
+
+    env.fake.set_permission("acme", "web", "alice", "write");
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake
+        .add_comment("acme", "web", pulls[42], "alice", "@agentry add a test");
+    env.fake.reset_counts();
+    let polled = env.service.poll_pull_requests().await.unwrap();
+    assert!(polled[0].1.error.is_none(), "{polled:?}");
+    let sent: Vec<String> = env
+        .fake
+        .requests()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.route.as_deref().unwrap_or(&r.path)))
+        .collect();
+    // The list; the reviews, comments and review comments of the two pull requests
+    // updated since the watermark (that one, and the one updated in the watermark's own
+    // second, which the rule `updated_at >= watermark` reads again); agentry's own login
+    // (asked once per process) and alice's permission.
+    let per_pull = env
+        .fake
+        .count("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews");
+    assert_eq!(per_pull, 2, "{sent:?}");
+    assert_eq!(sent.len(), 1 + 3 * 2 + 2, "{sent:?}");
+    assert_eq!(env.fake.count("GET", "/user"), 1, "{sent:?}");
+    assert_eq!(env.fake.count("GET", PULLS), 1, "{sent:?}");
+    let task = tasks::find_task(&mut env.db().conn().unwrap(), {
+        agentry_persistence::pulls::task_of_pull(
+            &mut env.db().conn().unwrap(),
+            repo.id,
+            i64::try_from(pulls[42]).unwrap(),
+        )
+        .unwrap()
+        .unwrap()
+        .id
+    })
+    .unwrap()
+    .unwrap();
+    let feedback =
+        agentry_persistence::revisions::of_task(&mut env.db().conn().unwrap(), task.id).unwrap();
+    assert_eq!(feedback.len(), 1);
+    assert_eq!(feedback[0].author, "alice");
 }
+
+on_both_backends!(a_quiet_poll_costs_one_request_per_repository_with_revisions_on);
