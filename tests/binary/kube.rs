@@ -185,6 +185,16 @@ impl KubeWorld {
     }
 }
 
+/// fake-kube ([`cluster`]) and replicas of `serve` on one PostgreSQL running their agents
+/// there; `None` where the suite has no PostgreSQL.
+fn kube_replicas() -> Option<(FakeKube, Replicas)> {
+    let kube = cluster();
+    let env = kube_env(&kube, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let replicas = Replicas::with(&env)?;
+    Some((kube, replicas))
+}
+
 /// Waits until no Job, pod or Secret of any run is left in `kube`.
 fn all_gone(kube: &FakeKube) {
     eventually(
@@ -308,10 +318,7 @@ fn an_issue_becomes_a_pull_request_through_a_job_on_postgresql() {
     if !pods_run_here() {
         return;
     }
-    let kube = cluster();
-    let env = kube_env(&kube, &[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let Some(replicas) = Replicas::with(&env) else {
+    let Some((kube, replicas)) = kube_replicas() else {
         return;
     };
     let mut server = replicas.start("a");
@@ -539,10 +546,7 @@ fn a_killed_replica_s_job_is_deleted_and_its_run_recorded_lost() {
     if !pods_run_here() {
         return;
     }
-    let kube = cluster();
-    let env = kube_env(&kube, &[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let Some(replicas) = Replicas::with(&env) else {
+    let Some((kube, replicas)) = kube_replicas() else {
         return;
     };
     a_killed_replica_leaves_nothing_running(&replicas, &kube);
