@@ -124,6 +124,14 @@ fn lookup(name: &str) -> Result<UserIds, String> {
 /// with more is refused anyway by the nested-repository walk's own bound).
 const MAX_ENTRIES: u64 = 2_000_000;
 
+/// The effective user id of this process, read from `/proc/self/status` (`None` where
+/// there is no such file).
+pub fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// Gives `root` and everything below it to `uid`:`gid`, without following a symbolic link
 /// (`lchown`), so a link the agent made cannot hand a file elsewhere to anyone.
 ///

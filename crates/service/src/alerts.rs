@@ -21,58 +21,10 @@ use agentry_persistence::alerts::{self, BudgetAlert};
 use agentry_persistence::delivery::Backoff;
 use uuid::Uuid;
 
+use crate::config::WebhookUrl;
 use crate::delivery::{self, Worker};
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
-
-/// The outbound webhook's URL. Its `Debug` and `Display` show only the scheme and host: the
-/// path of a chat webhook (Slack's `/services/…`) is itself the credential.
-#[derive(Clone, PartialEq, Eq)]
-pub struct WebhookUrl(url::Url);
-
-impl WebhookUrl {
-    /// Parses and checks a webhook URL: `https`, or plain `http` only to this machine
-    /// (`localhost`, 127.0.0.0/8, `::1`); no user name or password in it.
-    pub fn parse(text: &str) -> Result<WebhookUrl, String> {
-        let url = url::Url::parse(text.trim()).map_err(|e| format!("not a URL: {e}"))?;
-        if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
-            return Err("not an http(s) URL such as https://hooks.slack.com/services/…".into());
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err("a user name or password in the URL is not accepted".into());
-        }
-        if url.scheme() == "http" && !crate::config::is_loopback(&url) {
-            return Err(
-                "plain http would send budget figures unencrypted; use https (http is allowed \
-                 only for 127.0.0.0/8, ::1 and localhost)"
-                    .into(),
-            );
-        }
-        Ok(WebhookUrl(url))
-    }
-
-    /// The full URL (it may carry a credential in its path: never log it).
-    pub fn expose(&self) -> &url::Url {
-        &self.0
-    }
-}
-
-impl fmt::Debug for WebhookUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "WebhookUrl({self})")
-    }
-}
-
-impl fmt::Display for WebhookUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}://{}/…",
-            self.0.scheme(),
-            self.0.host_str().unwrap_or("")
-        )
-    }
-}
 
 /// Delivery timings of the alert webhook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,7 +46,7 @@ pub struct Config {
     pub prices_file: Option<PathBuf>,
     /// `AGENTRY_ALERT_WEBHOOK_URL`: where budget alerts are POSTed (https, or http only to
     /// loopback); `None` records them without sending. Shown without its path in `Debug`.
-    pub alert_webhook_url: Option<crate::alerts::WebhookUrl>,
+    pub alert_webhook_url: Option<WebhookUrl>,
     /// `AGENTRY_AGENT_ENV`: the names of the service's environment variables passed to
     /// every agent (proxies, CA bundles, base URLs…), besides `PATH`, the run's `HOME` and
     /// the agent's own credentials. Empty by default.
@@ -217,229 +217,263 @@ impl Config {
         Config::from_lookup(|name| std::env::var(name).ok())
     }
 
-    /// Reads configuration through `lookup` (the environment, or a map in tests).
+    /// Reads configuration through `lookup` (the environment, or a map in tests), one
+    /// concern after the other: where data lives, the code host, the agents and their runs,
+    /// the model gateway and the egress proxy, the alerts and the revisions, the runner.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        // Blank values count as unset, for every variable.
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        // Every path is made absolute here, once: git and the agents run in other working
-        // directories, where a relative path would name something else.
-        let data_dir = absolute(
-            "AGENTRY_DATA_DIR",
-            PathBuf::from(get("AGENTRY_DATA_DIR").unwrap_or_else(|| "./agentry-data".into())),
-        )?;
-        let database_url = match get("AGENTRY_DATABASE_URL") {
-            None => format!("sqlite://{}", data_dir.join("agentry.db").display()),
-            Some(url) => absolute_sqlite_url(url)?,
-        };
-        agentry_persistence::DatabaseUrl::parse(&database_url).map_err(|e| ConfigError {
-            name: "AGENTRY_DATABASE_URL",
-            message: e.to_string(),
-        })?;
-        let codehost_api_url =
-            get("AGENTRY_CODEHOST_API_URL").unwrap_or_else(|| "https://api.github.com".into());
-        let parsed = url::Url::parse(&codehost_api_url).map_err(|e| ConfigError {
-            name: "AGENTRY_CODEHOST_API_URL",
-            message: format!("{codehost_api_url:?}: {e}"),
-        })?;
-        if !matches!(parsed.scheme(), "http" | "https")
-            || parsed.query().is_some()
-            || parsed.host_str().is_none()
-        {
-            return Err(ConfigError {
-                name: "AGENTRY_CODEHOST_API_URL",
-                message: format!(
-                    "{codehost_api_url:?} is not an http(s) base URL such as https://api.github.com"
-                ),
-            });
-        }
-        // The code-host token travels in every request: plain http only to this machine.
-        if parsed.scheme() == "http" && !is_loopback(&parsed) {
-            return Err(ConfigError {
-                name: "AGENTRY_CODEHOST_API_URL",
-                message: format!(
-                    "{codehost_api_url:?} uses plain http, which would send the code-host token \
-                     unencrypted; use https (http is allowed only for 127.0.0.0/8, ::1 and \
-                     localhost)"
-                ),
-            });
-        }
-        let codehost_api_url = codehost_api_url.trim_end_matches('/').to_owned();
-        let master_key = get("AGENTRY_MASTER_KEY").map(SecretValue::new);
-        let issue_sync_interval = interval(&get, "AGENTRY_ISSUE_SYNC_INTERVAL_SECS", 60)?;
-        let poll_interval = interval(&get, "AGENTRY_POLL_INTERVAL_SECS", 30)?;
-        let webhook_secret = get("CODEHOST_WEBHOOK_SECRET").map(SecretValue::new);
-        if let Some(secret) = &webhook_secret
-            && secret.expose().len() < MIN_WEBHOOK_SECRET_BYTES
-        {
-            return Err(ConfigError {
-                name: "CODEHOST_WEBHOOK_SECRET",
-                message: format!(
-                    "too short ({} bytes): use at least {MIN_WEBHOOK_SECRET_BYTES} random bytes, \
-                     e.g. the output of `openssl rand -hex 32`",
-                    secret.expose().len()
-                ),
-            });
-        }
-        // The run settings' defaults are those of `RunSettings`, declared once there.
-        let defaults = RunSettings::default();
-        let max_concurrent = whole_number(
+        let (data_dir, database_url) = storage(&get)?;
+        let gateway = GatewaySettings::from_lookup(&get)?;
+        Ok(Config {
+            codehost_api_url: codehost_api_url(&get)?,
+            master_key: get("AGENTRY_MASTER_KEY").map(SecretValue::new),
+            issue_sync_interval: interval(&get, "AGENTRY_ISSUE_SYNC_INTERVAL_SECS", 60)?,
+            poll_interval: interval(&get, "AGENTRY_POLL_INTERVAL_SECS", 30)?,
+            webhook_secret: webhook_secret(&get)?,
+            runs: run_settings(&get, &data_dir)?,
+            claude_bin: program(
+                "AGENTRY_CLAUDE_BIN",
+                get("AGENTRY_CLAUDE_BIN").unwrap_or_else(|| "claude".into()),
+            )?,
+            codex_bin: program(
+                "AGENTRY_CODEX_BIN",
+                get("AGENTRY_CODEX_BIN").unwrap_or_else(|| "codex".into()),
+            )?,
+            prices_file: get("AGENTRY_PRICES_FILE")
+                .map(|p| absolute("AGENTRY_PRICES_FILE", PathBuf::from(p)))
+                .transpose()?,
+            alert_webhook_url: get("AGENTRY_ALERT_WEBHOOK_URL")
+                .map(|text| {
+                    WebhookUrl::parse(&text).map_err(ConfigError::of("AGENTRY_ALERT_WEBHOOK_URL"))
+                })
+                .transpose()?,
+            agent_env: list(
+                "AGENTRY_AGENT_ENV",
+                get("AGENTRY_AGENT_ENV"),
+                agent_env_names,
+            )?,
+            egress_allow: list(
+                "AGENTRY_EGRESS_ALLOW",
+                get("AGENTRY_EGRESS_ALLOW"),
+                egress_patterns,
+            )?,
+            anthropic_upstream: gateway.anthropic_upstream,
+            openai_upstream: gateway.openai_upstream,
+            anthropic_key: gateway.anthropic_key,
+            openai_key: gateway.openai_key,
+            mention: mention(get("AGENTRY_MENTION"))?,
+            revision_quiet: Duration::from_secs(whole_number(
+                "AGENTRY_REVISION_QUIET_SECS",
+                get("AGENTRY_REVISION_QUIET_SECS"),
+                5,
+                0..=3600,
+                "whole seconds",
+            )?),
+            runner: kube::RunnerKind::from_lookup(&get)?,
+            data_dir,
+            database_url,
+        })
+    }
+}
+
+/// The data directory (`AGENTRY_DATA_DIR`) and the database URL (`AGENTRY_DATABASE_URL`,
+/// by default an SQLite file in it), both absolute: git and the agents run in other working
+/// directories, where a relative path would name something else.
+fn storage(get: &impl Fn(&str) -> Option<String>) -> Result<(PathBuf, String), ConfigError> {
+    let data_dir = absolute(
+        "AGENTRY_DATA_DIR",
+        PathBuf::from(get("AGENTRY_DATA_DIR").unwrap_or_else(|| "./agentry-data".into())),
+    )?;
+    let database_url = match get("AGENTRY_DATABASE_URL") {
+        None => format!("sqlite://{}", data_dir.join("agentry.db").display()),
+        Some(url) => absolute_sqlite_url(url)?,
+    };
+    agentry_persistence::DatabaseUrl::parse(&database_url).map_err(|e| ConfigError {
+        name: "AGENTRY_DATABASE_URL",
+        message: e.to_string(),
+    })?;
+    Ok((data_dir, database_url))
+}
+
+/// `AGENTRY_CODEHOST_API_URL` without its trailing `/`: an http(s) base URL, plain http only
+/// to this machine (the code-host token travels in every request).
+fn codehost_api_url(get: &impl Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    const NAME: &str = "AGENTRY_CODEHOST_API_URL";
+    let text = get(NAME).unwrap_or_else(|| "https://api.github.com".into());
+    let parsed = url::Url::parse(&text).map_err(|e| ConfigError {
+        name: NAME,
+        message: format!("{text:?}: {e}"),
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https")
+        || parsed.query().is_some()
+        || parsed.host_str().is_none()
+    {
+        return Err(ConfigError {
+            name: NAME,
+            message: format!("{text:?} is not an http(s) base URL such as https://api.github.com"),
+        });
+    }
+    if parsed.scheme() == "http" && !is_loopback(&parsed) {
+        return Err(ConfigError {
+            name: NAME,
+            message: format!(
+                "{text:?} uses plain http, which would send the code-host token unencrypted; \
+                 use https (http is allowed only for 127.0.0.0/8, ::1 and localhost)"
+            ),
+        });
+    }
+    Ok(text.trim_end_matches('/').to_owned())
+}
+
+/// `CODEHOST_WEBHOOK_SECRET`, at least [`MIN_WEBHOOK_SECRET_BYTES`] long when set.
+fn webhook_secret(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<SecretValue>, ConfigError> {
+    let secret = get("CODEHOST_WEBHOOK_SECRET").map(SecretValue::new);
+    if let Some(secret) = &secret
+        && secret.expose().len() < MIN_WEBHOOK_SECRET_BYTES
+    {
+        return Err(ConfigError {
+            name: "CODEHOST_WEBHOOK_SECRET",
+            message: format!(
+                "too short ({} bytes): use at least {MIN_WEBHOOK_SECRET_BYTES} random bytes, \
+                 e.g. the output of `openssl rand -hex 32`",
+                secret.expose().len()
+            ),
+        });
+    }
+    Ok(secret)
+}
+
+/// The orchestrator's settings ([`Config::runs`]); what no variable sets keeps
+/// [`RunSettings::default`]'s value, declared once there.
+fn run_settings(
+    get: &impl Fn(&str) -> Option<String>,
+    data_dir: &std::path::Path,
+) -> Result<RunSettings, ConfigError> {
+    let defaults = RunSettings::default();
+    let lease = interval(get, "AGENTRY_RUN_LEASE_SECS", defaults.lease.as_secs())?;
+    if lease < Duration::from_secs(3) {
+        return Err(ConfigError {
+            name: "AGENTRY_RUN_LEASE_SECS",
+            message: "at least 3 seconds (the lease is renewed every third of it)".into(),
+        });
+    }
+    let sandbox = match get("AGENTRY_AGENT_SANDBOX") {
+        None => defaults.sandbox,
+        Some(text) => text
+            .trim()
+            .parse()
+            .map_err(|e| ConfigError::of("AGENTRY_AGENT_SANDBOX")(format!("{e}")))?,
+    };
+    Ok(RunSettings {
+        max_concurrent: whole_number(
             "AGENTRY_MAX_CONCURRENT_RUNS",
             get("AGENTRY_MAX_CONCURRENT_RUNS"),
             defaults.max_concurrent,
             0..=64,
             "a whole number",
-        )?;
-        // Blank values count as unset, like every other variable here.
-        let claude_bin = program(
-            "AGENTRY_CLAUDE_BIN",
-            get("AGENTRY_CLAUDE_BIN").unwrap_or_else(|| "claude".into()),
-        )?;
-        let codex_bin = program(
-            "AGENTRY_CODEX_BIN",
-            get("AGENTRY_CODEX_BIN").unwrap_or_else(|| "codex".into()),
-        )?;
-        let prices_file = get("AGENTRY_PRICES_FILE")
-            .map(|p| absolute("AGENTRY_PRICES_FILE", PathBuf::from(p)))
-            .transpose()?;
-        let wall_time = interval(
-            &get,
+        )?,
+        lease,
+        wall_time: interval(
+            get,
             "AGENTRY_RUN_TIME_LIMIT_SECS",
             defaults.wall_time.as_secs(),
-        )?;
-        let lease = interval(&get, "AGENTRY_RUN_LEASE_SECS", defaults.lease.as_secs())?;
-        if lease < Duration::from_secs(3) {
-            return Err(ConfigError {
-                name: "AGENTRY_RUN_LEASE_SECS",
-                message: "at least 3 seconds (the lease is renewed every third of it)".into(),
-            });
-        }
-        let sandbox = match get("AGENTRY_AGENT_SANDBOX") {
-            None => defaults.sandbox,
-            Some(text) => text.trim().parse().map_err(|e| ConfigError {
-                name: "AGENTRY_AGENT_SANDBOX",
-                message: format!("{e}"),
-            })?,
-        };
-        let allow_root = choice(
-            "AGENTRY_ALLOW_ROOT",
-            get("AGENTRY_ALLOW_ROOT").as_deref().map(str::trim),
-            &[("0", false), ("1", true)],
-            ": expected \"1\" (a service run as root runs its agents as root) or \"0\" (the \
-             default: they run as AGENTRY_AGENT_USER)",
-        )?;
-        let agent_user = agentry_runner::user::AgentUser::resolve(
-            crate::doctor::effective_uid().unwrap_or(u32::MAX),
-            get("AGENTRY_AGENT_USER").as_deref().map(str::trim),
-            allow_root,
-            sandbox == SandboxMode::Auto,
-        )
-        .map_err(ConfigError::of("AGENTRY_AGENT_USER"))?;
-        let agent_limits = agentry_runner::AgentLimits::from_lookup(get)
-            .map_err(|(name, message)| ConfigError { name, message })?;
-        let sandbox_extra_ro = list(
-            "AGENTRY_SANDBOX_EXTRA_RO",
-            get("AGENTRY_SANDBOX_EXTRA_RO"),
-            |text| sandbox_extra_ro(text, &data_dir),
-        )?;
-        let sandbox_seccomp = choice(
+        )?,
+        sandbox,
+        agent_limits: agentry_runner::AgentLimits::from_lookup(get)
+            .map_err(|(name, message)| ConfigError { name, message })?,
+        sandbox_seccomp: choice(
             "AGENTRY_SANDBOX_SECCOMP",
             get("AGENTRY_SANDBOX_SECCOMP").as_deref().map(str::trim),
             &[("on", true), ("off", false)],
             ": expected \"on\" (sandboxed agents get the seccomp filter, the default) or \
              \"off\"",
-        )?;
-        let alert_webhook_url = get("AGENTRY_ALERT_WEBHOOK_URL")
-            .map(|text| {
-                crate::alerts::WebhookUrl::parse(&text)
-                    .map_err(ConfigError::of("AGENTRY_ALERT_WEBHOOK_URL"))
-            })
-            .transpose()?;
-        let agent_env = list(
-            "AGENTRY_AGENT_ENV",
-            get("AGENTRY_AGENT_ENV"),
-            agent_env_names,
-        )?;
-        let anthropic_upstream = upstream(
-            "AGENTRY_ANTHROPIC_UPSTREAM",
-            get("AGENTRY_ANTHROPIC_UPSTREAM"),
-            crate::gateway::DEFAULT_ANTHROPIC_UPSTREAM,
-        )?;
-        let openai_upstream = upstream(
-            "AGENTRY_OPENAI_UPSTREAM",
-            get("AGENTRY_OPENAI_UPSTREAM"),
-            crate::gateway::DEFAULT_OPENAI_UPSTREAM,
-        )?;
-        let anthropic_key = get("ANTHROPIC_API_KEY").map(SecretValue::new);
-        let openai_key = get("OPENAI_API_KEY")
-            .or_else(|| get("CODEX_API_KEY"))
-            .map(SecretValue::new);
-        let egress_allow = list(
-            "AGENTRY_EGRESS_ALLOW",
-            get("AGENTRY_EGRESS_ALLOW"),
-            egress_patterns,
-        )?;
-        let mention = match get("AGENTRY_MENTION") {
-            None => DEFAULT_MENTION.to_owned(),
-            Some(text) => {
-                let handle = text.trim();
-                let name = handle.strip_prefix('@').unwrap_or_default();
-                if name.is_empty()
-                    || name.len() > 39
-                    || !name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                {
-                    return Err(ConfigError {
-                        name: "AGENTRY_MENTION",
-                        message: format!(
-                            "{text:?}; expected @ and a code-host login (letters, digits, - and _)"
-                        ),
-                    });
-                }
-                handle.to_owned()
-            }
-        };
-        let runner = kube::RunnerKind::from_lookup(&get)?;
-        let revision_quiet = Duration::from_secs(whole_number(
-            "AGENTRY_REVISION_QUIET_SECS",
-            get("AGENTRY_REVISION_QUIET_SECS"),
-            5,
-            0..=3600,
-            "whole seconds",
-        )?);
-        Ok(Config {
-            data_dir,
-            database_url,
-            codehost_api_url,
-            master_key,
-            issue_sync_interval,
-            poll_interval,
-            webhook_secret,
-            runs: RunSettings {
-                max_concurrent,
-                lease,
-                wall_time,
-                sandbox,
-                agent_limits,
-                sandbox_seccomp,
-                sandbox_extra_ro,
-                agent_user,
-                ..defaults
-            },
-            claude_bin,
-            codex_bin,
-            prices_file,
-            alert_webhook_url,
-            agent_env,
-            egress_allow,
-            anthropic_upstream,
-            openai_upstream,
-            anthropic_key,
-            openai_key,
-            mention,
-            revision_quiet,
-            runner,
+        )?,
+        sandbox_extra_ro: list(
+            "AGENTRY_SANDBOX_EXTRA_RO",
+            get("AGENTRY_SANDBOX_EXTRA_RO"),
+            |text| sandbox_extra_ro(text, data_dir),
+        )?,
+        agent_user: agent_user(get, sandbox)?,
+        ..defaults
+    })
+}
+
+/// The agents' user (`AGENTRY_AGENT_USER`, `AGENTRY_ALLOW_ROOT`) for this process's user.
+fn agent_user(
+    get: &impl Fn(&str) -> Option<String>,
+    sandbox: SandboxMode,
+) -> Result<agentry_runner::user::AgentUser, ConfigError> {
+    let allow_root = choice(
+        "AGENTRY_ALLOW_ROOT",
+        get("AGENTRY_ALLOW_ROOT").as_deref().map(str::trim),
+        &[("0", false), ("1", true)],
+        ": expected \"1\" (a service run as root runs its agents as root) or \"0\" (the \
+         default: they run as AGENTRY_AGENT_USER)",
+    )?;
+    agentry_runner::user::AgentUser::resolve(
+        agentry_runner::user::effective_uid().unwrap_or(u32::MAX),
+        get("AGENTRY_AGENT_USER").as_deref().map(str::trim),
+        allow_root,
+        sandbox == SandboxMode::Auto,
+    )
+    .map_err(ConfigError::of("AGENTRY_AGENT_USER"))
+}
+
+/// The model gateway's upstreams and the service's own model keys.
+struct GatewaySettings {
+    anthropic_upstream: url::Url,
+    openai_upstream: url::Url,
+    anthropic_key: Option<SecretValue>,
+    openai_key: Option<SecretValue>,
+}
+
+impl GatewaySettings {
+    /// `AGENTRY_ANTHROPIC_UPSTREAM`, `AGENTRY_OPENAI_UPSTREAM`, `ANTHROPIC_API_KEY` and
+    /// `OPENAI_API_KEY` (else `CODEX_API_KEY`).
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Ok(GatewaySettings {
+            anthropic_upstream: upstream(
+                "AGENTRY_ANTHROPIC_UPSTREAM",
+                get("AGENTRY_ANTHROPIC_UPSTREAM"),
+                crate::gateway::DEFAULT_ANTHROPIC_UPSTREAM,
+            )?,
+            openai_upstream: upstream(
+                "AGENTRY_OPENAI_UPSTREAM",
+                get("AGENTRY_OPENAI_UPSTREAM"),
+                crate::gateway::DEFAULT_OPENAI_UPSTREAM,
+            )?,
+            anthropic_key: get("ANTHROPIC_API_KEY").map(SecretValue::new),
+            openai_key: get("OPENAI_API_KEY")
+                .or_else(|| get("CODEX_API_KEY"))
+                .map(SecretValue::new),
         })
     }
+}
+
+/// `AGENTRY_MENTION`: `@` and a code-host login (default [`DEFAULT_MENTION`]).
+fn mention(value: Option<String>) -> Result<String, ConfigError> {
+    let Some(text) = value else {
+        return Ok(DEFAULT_MENTION.to_owned());
+    };
+    let handle = text.trim();
+    let name = handle.strip_prefix('@').unwrap_or_default();
+    if name.is_empty()
+        || name.len() > 39
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ConfigError {
+            name: "AGENTRY_MENTION",
+            message: format!(
+                "{text:?}; expected @ and a code-host login (letters, digits, - and _)"
+            ),
+        });
+    }
+    Ok(handle.to_owned())
 }
 
 /// The mention handle unless `AGENTRY_MENTION` names another.
@@ -625,6 +659,55 @@ pub(crate) fn is_loopback(url: &url::Url) -> bool {
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
         Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
         None => false,
+    }
+}
+
+/// The budget alerts' outbound webhook (`AGENTRY_ALERT_WEBHOOK_URL`). Its `Debug` and `Display` show only the scheme and host: the
+/// path of a chat webhook (Slack's `/services/…`) is itself the credential.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookUrl(url::Url);
+
+impl WebhookUrl {
+    /// Parses and checks a webhook URL: `https`, or plain `http` only to this machine
+    /// (`localhost`, 127.0.0.0/8, `::1`); no user name or password in it.
+    pub fn parse(text: &str) -> Result<WebhookUrl, String> {
+        let url = url::Url::parse(text.trim()).map_err(|e| format!("not a URL: {e}"))?;
+        if url.host_str().is_none() || !matches!(url.scheme(), "http" | "https") {
+            return Err("not an http(s) URL such as https://hooks.slack.com/services/…".into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("a user name or password in the URL is not accepted".into());
+        }
+        if url.scheme() == "http" && !is_loopback(&url) {
+            return Err(
+                "plain http would send budget figures unencrypted; use https (http is allowed \
+                 only for 127.0.0.0/8, ::1 and localhost)"
+                    .into(),
+            );
+        }
+        Ok(WebhookUrl(url))
+    }
+
+    /// The full URL (it may carry a credential in its path: never log it).
+    pub fn expose(&self) -> &url::Url {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for WebhookUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WebhookUrl({self})")
+    }
+}
+
+impl std::fmt::Display for WebhookUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}://{}/…",
+            self.0.scheme(),
+            self.0.host_str().unwrap_or("")
+        )
     }
 }
 
@@ -978,7 +1061,7 @@ mod tests {
     fn the_agents_user_follows_the_services() {
         use agentry_runner::user::AgentUser;
         let user = |vars: &[(&str, &str)]| cfg(vars).map(|c| c.runs.agent_user);
-        if crate::doctor::effective_uid() == Some(0) {
+        if agentry_runner::user::effective_uid() == Some(0) {
             let nobody = user(&[]).unwrap();
             assert_eq!(nobody.ids().map(|u| u.uid), Some(65534));
             assert_eq!(user(&[("AGENTRY_AGENT_USER", "65534")]).unwrap(), nobody);

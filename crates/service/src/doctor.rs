@@ -16,7 +16,7 @@
 //! `-shm` files beside it.
 
 use crate::config::kube::{KubeSettings, RunnerKind};
-use agentry_runner::user::AgentUser;
+use agentry_runner::user::{AgentUser, effective_uid};
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -641,14 +641,6 @@ fn check_codex_home(data_dir: &Path, temp: &Path) -> Option<Check> {
             Some("set AGENTRY_DATA_DIR to a directory outside it".into()),
         )
     })
-}
-
-/// The effective user id of this process, read from `/proc/self/status` (`None` where
-/// there is no such file).
-pub fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// A service run as root: its agents run as another user (ok), as root because

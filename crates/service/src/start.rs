@@ -224,7 +224,7 @@ impl Service {
     /// outbox, the budget alerts (a check, then their webhook), the pull-request poller and
     /// the pruning of webhook delivery ids.
     pub async fn start_background(&self, config: &Config) -> Background {
-        if config.runs.max_concurrent > 0 && crate::doctor::effective_uid() == Some(0) {
+        if config.runs.max_concurrent > 0 && agentry_runner::user::effective_uid() == Some(0) {
             use agentry_runner::user::AgentUser;
             match &config.runs.agent_user {
                 AgentUser::Switch(user) => tracing::info!(

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::{EventInsert, TaskInsert};
 use crate::convert::{self, to_db};
+use crate::error::Rollback;
 use crate::rollups::{self, Contribution, Deltas, Sums};
 use crate::schema::{task_events, tasks};
 use crate::{AnyConnection, DbError, write_tx};
@@ -86,34 +87,13 @@ where
     I::IntoIter: Send,
     E: From<DbError> + Send,
 {
-    // The transaction fails either because a record was bad (`Refused`) or because a write
-    // failed.
-    use crate::error::Rollback;
-    // A bulk insert into tables keyed by random UUIDs touches index pages all over the
-    // file; SQLite's default 2 MB page cache turns that into a storm of reads. Give this
-    // connection a large cache for the import (memory is only taken as pages are used).
-    // Foreign keys are not checked while it writes: every row it writes refers to a
-    // repository read in the same transaction or to the task row written just before.
     let sqlite = matches!(conn, AnyConnection::Sqlite(_));
     if sqlite {
-        diesel::sql_query(format!("PRAGMA cache_size = -{IMPORT_CACHE_KIB}"))
-            .execute(conn)
-            .map_err(DbError::from)?;
-        diesel::sql_query("PRAGMA foreign_keys = OFF")
-            .execute(conn)
-            .map_err(DbError::from)?;
+        sqlite_import_settings(conn, true)?;
     }
     let began = std::time::Instant::now();
     let result = write_tx(conn, |conn| {
-        let repos: std::collections::HashMap<String, String> = crate::schema::repositories::table
-            .filter(crate::schema::repositories::disconnected_at.is_null())
-            .select((
-                crate::schema::repositories::url,
-                crate::schema::repositories::id,
-            ))
-            .load::<(String, String)>(conn)?
-            .into_iter()
-            .collect();
+        let repos = connected_repositories(conn)?;
         // `BEGIN IMMEDIATE` holds SQLite's write lock, so the tables stay empty until commit.
         let deferred = match conn {
             AnyConnection::Sqlite(c) => match import_tables_are_empty(c)? {
@@ -124,86 +104,8 @@ where
         };
         let started = std::time::Instant::now();
         let (outcome, deltas) = match &deferred {
-            Some(_) => {
-                // Lent to the second thread, and taken back if it cannot be started.
-                let records = std::sync::Mutex::new(Some(records.into_iter()));
-                let (written, prepared) = std::thread::scope(|scope| {
-                    let (sender, receiver) = std::sync::mpsc::sync_channel(2);
-                    let repos = &repos;
-                    let lent = &records;
-                    let preparer = std::thread::Builder::new()
-                        .name("import-rows".into())
-                        .spawn_scoped(scope, move || {
-                            let records = lent.lock().ok().and_then(|mut r| r.take());
-                            prepare_new_rows(records.into_iter().flatten(), repos, |rows| {
-                                sender.send(rows).is_ok()
-                            })
-                        });
-                    match preparer {
-                        Ok(preparer) => {
-                            let mut written = 0;
-                            let mut failed = None;
-                            for rows in receiver {
-                                match insert_rows(conn, &rows) {
-                                    Ok(n) => written += n,
-                                    Err(e) => {
-                                        // Dropping the receiver stops the preparer.
-                                        failed = Some(e);
-                                        break;
-                                    }
-                                }
-                            }
-                            let prepared = preparer
-                                .join()
-                                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                            match failed {
-                                Some(e) => Err(Rollback::Db(e)),
-                                None => Ok((written, prepared)),
-                            }
-                        }
-                        // No second thread to be had: prepare here, between the writes.
-                        Err(_) => {
-                            let mut written = 0;
-                            let mut failed = None;
-                            let records = records.lock().ok().and_then(|mut r| r.take());
-                            let prepared =
-                                prepare_new_rows(records.into_iter().flatten(), repos, |rows| {
-                                    match insert_rows(conn, &rows) {
-                                        Ok(n) => written += n,
-                                        Err(e) => failed = Some(e),
-                                    }
-                                    failed.is_none()
-                                });
-                            match failed {
-                                Some(e) => Err(Rollback::Db(e)),
-                                None => Ok((written, prepared)),
-                            }
-                        }
-                    }
-                })?;
-                let (skipped, deltas) = prepared.map_err(|e| match e {
-                    Prepared::Record(e) => Rollback::Refused(e),
-                    Prepared::Db(e) => Rollback::Db(e),
-                })?;
-                let outcome = ImportOutcome {
-                    imported: written as u64,
-                    skipped,
-                };
-                (outcome, deltas)
-            }
-            None => {
-                let mut outcome = ImportOutcome::default();
-                let mut deltas = Deltas::default();
-                let mut batch = Vec::with_capacity(IMPORT_BATCH);
-                for record in records {
-                    batch.push(record.map_err(Rollback::Refused)?);
-                    if batch.len() == IMPORT_BATCH {
-                        import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
-                    }
-                }
-                import_batch(conn, &repos, &mut batch, &mut outcome, &mut deltas)?;
-                (outcome, deltas)
-            }
+            Some(_) => import_into_empty_tables(conn, records, &repos)?,
+            None => import_in_batches(conn, records, &repos)?,
         };
         tracing::debug!(
             imported = outcome.imported,
@@ -211,19 +113,7 @@ where
             "import: rows written"
         );
         if let Some(definitions) = deferred {
-            // Let SQLite's sorter use helper threads for the index builds (the parsing
-            // thread is done by now, so the cores are free).
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-            diesel::sql_query(format!("PRAGMA threads = {threads}")).execute(conn)?;
-            for sql in definitions {
-                let at = std::time::Instant::now();
-                diesel::sql_query(&sql).execute(conn)?;
-                tracing::debug!(
-                    index = %sql,
-                    elapsed_ms = at.elapsed().as_millis() as u64,
-                    "import: index built"
-                );
-            }
+            build_indexes(conn, &definitions)?;
         }
         let at = std::time::Instant::now();
         rollups::apply(conn, deltas)?;
@@ -238,23 +128,162 @@ where
         "import: transaction ended"
     );
     if sqlite {
-        diesel::sql_query(format!(
-            "PRAGMA cache_size = -{}",
-            crate::connection::SQLITE_CACHE_KIB
-        ))
-        .execute(conn)
-        .map_err(DbError::from)?;
-        diesel::sql_query("PRAGMA threads = 0")
-            .execute(conn)
-            .map_err(DbError::from)?;
-        diesel::sql_query("PRAGMA foreign_keys = ON")
-            .execute(conn)
-            .map_err(DbError::from)?;
+        sqlite_import_settings(conn, false)?;
     }
     result.map_err(|f| match f {
         Rollback::Refused(e) => e,
         Rollback::Db(e) => E::from(e),
     })
+}
+
+/// What an import's steps give back: how many rows, and their share of the rollups.
+type Imported<E> = Result<(ImportOutcome, Deltas), Rollback<E>>;
+
+/// Turns SQLite's import settings on (`true`) or back to the service's (`false`).
+///
+/// A bulk insert into tables keyed by random UUIDs touches index pages all over the file;
+/// SQLite's default 2 MB page cache turns that into a storm of reads, so the connection gets
+/// a large cache for the import (memory is only taken as pages are used). Foreign keys are
+/// not checked while it writes: every row it writes refers to a repository read in the same
+/// transaction or to the task row written just before.
+fn sqlite_import_settings(conn: &mut AnyConnection, import: bool) -> Result<(), DbError> {
+    let statements = if import {
+        vec![
+            format!("PRAGMA cache_size = -{IMPORT_CACHE_KIB}"),
+            "PRAGMA foreign_keys = OFF".to_owned(),
+        ]
+    } else {
+        vec![
+            format!(
+                "PRAGMA cache_size = -{}",
+                crate::connection::SQLITE_CACHE_KIB
+            ),
+            "PRAGMA threads = 0".to_owned(),
+            "PRAGMA foreign_keys = ON".to_owned(),
+        ]
+    };
+    for sql in statements {
+        diesel::sql_query(sql).execute(conn)?;
+    }
+    Ok(())
+}
+
+/// The connected repositories' ids by normalised URL.
+fn connected_repositories(
+    conn: &mut AnyConnection,
+) -> Result<std::collections::HashMap<String, String>, DbError> {
+    use crate::schema::repositories;
+    Ok(repositories::table
+        .filter(repositories::disconnected_at.is_null())
+        .select((repositories::url, repositories::id))
+        .load::<(String, String)>(conn)?
+        .into_iter()
+        .collect())
+}
+
+/// Imports into tables that held no row: the records become rows and rollup deltas on a
+/// second thread (or here, between the writes, when no thread can be started) while this
+/// one writes them.
+fn import_into_empty_tables<E, I>(
+    conn: &mut AnyConnection,
+    records: I,
+    repos: &std::collections::HashMap<String, String>,
+) -> Imported<E>
+where
+    I: IntoIterator<Item = Result<ImportTask, E>>,
+    I::IntoIter: Send,
+    E: Send,
+{
+    // Lent to the second thread, and taken back if it cannot be started.
+    let records = std::sync::Mutex::new(Some(records.into_iter()));
+    let take = || records.lock().ok().and_then(|mut r| r.take());
+    let (written, prepared) = std::thread::scope(|scope| {
+        let (sender, receiver) = std::sync::mpsc::sync_channel(2);
+        let preparer = std::thread::Builder::new()
+            .name("import-rows".into())
+            .spawn_scoped(scope, || {
+                prepare_new_rows(take().into_iter().flatten(), repos, move |rows| {
+                    sender.send(rows).is_ok()
+                })
+            });
+        let mut written = 0;
+        let mut failed = None;
+        let prepared = match preparer {
+            Ok(preparer) => {
+                for rows in receiver {
+                    match insert_rows(conn, &rows) {
+                        Ok(n) => written += n,
+                        Err(e) => {
+                            // Dropping the receiver stops the preparer.
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+                preparer
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            }
+            // No second thread to be had: prepare here, between the writes.
+            Err(_) => prepare_new_rows(take().into_iter().flatten(), repos, |rows| {
+                match insert_rows(conn, &rows) {
+                    Ok(n) => written += n,
+                    Err(e) => failed = Some(e),
+                }
+                failed.is_none()
+            }),
+        };
+        match failed {
+            Some(e) => Err(Rollback::Db(e)),
+            None => Ok((written, prepared)),
+        }
+    })?;
+    let (skipped, deltas) = prepared.map_err(|e| match e {
+        Prepared::Record(e) => Rollback::Refused(e),
+        Prepared::Db(e) => Rollback::Db(e),
+    })?;
+    let outcome = ImportOutcome {
+        imported: written as u64,
+        skipped,
+    };
+    Ok((outcome, deltas))
+}
+
+/// Imports batch by batch into tables that may hold rows already (whose ids are skipped).
+fn import_in_batches<E>(
+    conn: &mut AnyConnection,
+    records: impl IntoIterator<Item = Result<ImportTask, E>>,
+    repos: &std::collections::HashMap<String, String>,
+) -> Imported<E> {
+    let mut outcome = ImportOutcome::default();
+    let mut deltas = Deltas::default();
+    let mut batch = Vec::with_capacity(IMPORT_BATCH);
+    for record in records {
+        batch.push(record.map_err(Rollback::Refused)?);
+        if batch.len() == IMPORT_BATCH {
+            import_batch(conn, repos, &mut batch, &mut outcome, &mut deltas)?;
+        }
+    }
+    import_batch(conn, repos, &mut batch, &mut outcome, &mut deltas)?;
+    Ok((outcome, deltas))
+}
+
+/// Creates the secondary indexes dropped for an import again, from their definitions.
+fn build_indexes(conn: &mut AnyConnection, definitions: &[String]) -> Result<(), DbError> {
+    // Let SQLite's sorter use helper threads for the index builds (the parsing thread is
+    // done by now, so the cores are free).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    diesel::sql_query(format!("PRAGMA threads = {threads}")).execute(conn)?;
+    for sql in definitions {
+        let at = std::time::Instant::now();
+        diesel::sql_query(sql).execute(conn)?;
+        tracing::debug!(
+            index = %sql,
+            elapsed_ms = at.elapsed().as_millis() as u64,
+            "import: index built"
+        );
+    }
+    Ok(())
 }
 
 /// Whether the tables an import writes hold no row at all.
