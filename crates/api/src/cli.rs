@@ -147,7 +147,7 @@ pub fn main() -> ExitCode {
 /// `agentry doctor`: the report on stdout; exit 1 when a check failed (a configuration
 /// that cannot be read is one).
 fn doctor() -> ExitCode {
-    use agentry_service::doctor::{self, Report};
+    use agentry_doctor::{self as doctor, Report};
     let report = match Config::from_env() {
         Ok(config) => {
             // The report says everything; logs (stderr) only when RUST_LOG asks for them.

@@ -31,7 +31,6 @@ pub mod codehost;
 pub mod config;
 pub mod costs;
 mod delivery;
-pub mod doctor;
 pub mod egress;
 pub mod error;
 pub mod gateway;

@@ -91,7 +91,7 @@ pub fn code_host(config: &Config) -> CodeHost {
 }
 
 /// The code-host client settings of `config`: its base URL and agentry's user agent.
-pub(crate) fn client_config(config: &Config) -> ClientConfig {
+pub fn client_config(config: &Config) -> ClientConfig {
     ClientConfig {
         api_url: config.codehost_api_url.clone(),
         user_agent: format!("agentry/{}", env!("CARGO_PKG_VERSION")),
@@ -100,7 +100,7 @@ pub(crate) fn client_config(config: &Config) -> ClientConfig {
 }
 
 /// The price table of `config`: the built-in one, with `AGENTRY_PRICES_FILE` merged over it.
-pub(crate) fn price_table(config: &Config) -> Result<PriceTable, StartError> {
+pub fn price_table(config: &Config) -> Result<PriceTable, StartError> {
     let mut prices = PriceTable::builtin();
     if let Some(path) = &config.prices_file {
         let text = std::fs::read_to_string(path).map_err(|e| {

@@ -23,6 +23,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "agentry-web",
             "agentry-service",
+            "agentry-doctor",
             "agentry-persistence",
             "agentry-analytics",
             "agentry-runner",
@@ -31,6 +32,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("agentry-web", &[]),
+    (
+        "agentry-doctor",
+        &[
+            "agentry-service",
+            "agentry-persistence",
+            "agentry-runner",
+            "agentry-codehost",
+            "agentry-domain",
+        ],
+    ),
     (
         "agentry-service",
         &[

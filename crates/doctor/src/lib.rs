@@ -1,5 +1,7 @@
 //! `agentry doctor`: what an agent run needs, checked one thing at a time, each answer with
-//! its fix (docs/contract.md#1-running-it).
+//! its fix (docs/contract.md#1-running-it). A command beside the service, not part of it: it
+//! reads the service's configuration and asks the runner, the database and the code host,
+//! and the service never calls it.
 //!
 //! [`diagnose`] reads the same [`Config`] as `agentry serve` and checks git, the agents'
 //! sandbox, each agent CLI (found and of a supported version), the credentials of the
@@ -15,8 +17,8 @@
 //! `agentry migrate` and `/readyz` do; opening an SQLite database may create its `-wal` and
 //! `-shm` files beside it.
 
-use crate::config::kube::{KubeSettings, RunnerKind};
 use agentry_runner::user::{AgentUser, effective_uid};
+use agentry_service::config::kube::{KubeSettings, RunnerKind};
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -34,9 +36,9 @@ use agentry_runner::sandbox::search_path;
 use agentry_runner::version::{self, CliProblem};
 use agentry_runner::{PriceTable, Sandbox, SandboxMode};
 
-use crate::ServiceError;
-use crate::codehost::{CodeHost, TOKEN_SECRET, Timing};
-use crate::config::{Config, ConfigError};
+use agentry_service::ServiceError;
+use agentry_service::codehost::{CodeHost, TOKEN_SECRET, Timing};
+use agentry_service::config::{Config, ConfigError};
 
 /// How long `git --version` may take.
 const GIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -247,7 +249,7 @@ pub async fn diagnose_with(config: &Config, env: &ServiceEnv) -> Report {
     checks.push(stored.database);
     checks.push(codehost);
     checks.push(check_prices(
-        crate::start::price_table(config).map_err(|e| e.to_string()),
+        agentry_service::start::price_table(config).map_err(|e| e.to_string()),
         config.prices_file.as_deref(),
         stored.repos.as_deref().unwrap_or_default(),
     ));
@@ -562,12 +564,12 @@ fn check_gateway_key(agent: AgentType, config: &Config, stored: &[String]) -> Ch
     let (name, secret, from_env) = match agent {
         AgentType::ClaudeCode => (
             "claude-code-key",
-            crate::gateway::ANTHROPIC_KEY,
+            agentry_service::gateway::ANTHROPIC_KEY,
             config.anthropic_key.is_some(),
         ),
         AgentType::Codex => (
             "codex-key",
-            crate::gateway::OPENAI_KEY,
+            agentry_service::gateway::OPENAI_KEY,
             config.openai_key.is_some(),
         ),
     };
@@ -930,7 +932,7 @@ async fn check_codehost(
         backoff_base: Duration::from_millis(200),
         backoff_max: Duration::from_secs(1),
         max_rate_limit_wait: Duration::ZERO,
-        ..crate::start::client_config(config)
+        ..agentry_service::start::client_config(config)
     };
     let codehost = CodeHost::new(client, Timing::default());
     let api = &config.codehost_api_url;
