@@ -3,8 +3,9 @@
 //! - `check-arch`: the rules of docs/architecture.md that a build does not enforce by itself,
 //!   read from `cargo metadata`: which workspace crate may depend on which (dependencies
 //!   point down only), that the test-only crates are never a normal dependency of a product
-//!   crate, and that `agentry-service` and everything under it have no actix. Prints each
-//!   broken rule and exits 1.
+//!   crate, that `agentry-service` and everything under it have no actix, and that the
+//!   compiler is the workspace's `rust-version` (`toolchain.rs`). Prints each broken rule
+//!   and exits 1.
 //! - `libs`: the library crates CI checks alone (`cargo check -p`), one per line: every
 //!   member with a library target except the test-only ones (those used by other members
 //!   only as dev-dependencies, or only by test-only ones).
@@ -13,6 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, ExitCode};
 
 use serde_json::Value;
+
+mod toolchain;
 
 /// Each product crate and the workspace crates it may depend on (normal dependencies),
 /// as the map in docs/architecture.md draws them.
@@ -190,10 +193,11 @@ fn check_arch() -> Result<(), String> {
         }
     }
     broken.extend(actix_below(&meta, NO_HTTP_SERVER_BELOW));
+    broken.extend(toolchain::check(&meta));
     if broken.is_empty() {
         println!(
             "check-arch: {} crates, every dependency as docs/architecture.md draws it; no actix \
-             under {NO_HTTP_SERVER_BELOW}",
+             under {NO_HTTP_SERVER_BELOW}; the compiler is the workspace's rust-version",
             members.len()
         );
         Ok(())
