@@ -6,12 +6,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use agentry_domain::Role;
-use agentry_persistence::tokens;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::auth::{generate_token, hash_token};
 use crate::config::Config;
-use crate::server::{StartError, open_database};
+use agentry_service::Service;
+
+use crate::server::StartError;
 
 #[derive(Parser)]
 #[command(
@@ -113,9 +114,7 @@ enum CliError {
     #[error(transparent)]
     Start(#[from] StartError),
     #[error(transparent)]
-    Db(#[from] agentry_persistence::DbError),
-    #[error(transparent)]
-    Import(#[from] agentry_service::import::ImportError),
+    Service(#[from] agentry_service::ServiceError),
     #[error("{0}")]
     Other(String),
 }
@@ -195,12 +194,20 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
     let config = Config::from_env()?;
     crate::logging::init(config.log_format);
+    if let Command::Serve = cli.command {
+        actix_web::rt::System::new().block_on(crate::server::serve(config))?;
+        return Ok(());
+    }
+    // The other commands are use cases of a service that runs nothing in the background.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Other(format!("cannot start the runtime: {e}")))?;
+    let open = || Service::open_for_command(&config.service);
     match cli.command {
-        Command::Serve => actix_web::rt::System::new().block_on(crate::server::serve(config))?,
         Command::Migrate => {
-            let db = open_database(&config.service)?;
-            let pending = agentry_persistence::meta::pending_migrations(&mut *db.conn()?)?;
-            println!("database is up to date ({} pending)", pending.len());
+            let pending = runtime.block_on(open()?.pending_migrations())?;
+            println!("database is up to date ({pending} pending)");
         }
         Command::Token {
             command: TokenCommand::Create { role, name },
@@ -209,15 +216,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
             if name.is_empty() || name.chars().count() > 100 {
                 return Err(CliError::Other("--name must be 1 to 100 characters".into()));
             }
-            let db = open_database(&config.service)?;
+            let service = open()?;
             let token = generate_token().map_err(|e| CliError::Other(e.to_string()))?;
-            let record = tokens::create_token(
-                &mut *db.conn()?,
-                name,
+            let record = runtime.block_on(service.create_token(
+                name.to_owned(),
                 role.into(),
-                &hash_token(&token),
-                agentry_persistence::now(),
-            )?;
+                hash_token(&token),
+            ))?;
             eprintln!(
                 "created {} token {:?} ({}); it is shown only once:",
                 record.role, record.name, record.id
@@ -228,8 +233,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let started = Instant::now();
             let body = std::fs::read(&file)
                 .map_err(|e| CliError::Other(format!("cannot read {}: {e}", file.display())))?;
-            let db = open_database(&config.service)?;
-            let outcome = agentry_service::import::import(&mut *db.conn()?, &body)?;
+            let outcome = runtime.block_on(open()?.import(body))?;
             eprintln!(
                 "imported {} and skipped {} records from {} in {:.1} s",
                 outcome.imported,
@@ -249,9 +253,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 .map_err(|e| CliError::Other(format!("--repo: {e}")))?;
             let window = agentry_service::costs::window_ending_now(days)
                 .map_err(|e| CliError::Other(e.to_string()))?;
-            let db = open_database(&config.service)?;
-            let report =
-                agentry_service::costs::cost_report(&mut *db.conn()?, window, repo.as_ref())?;
+            let report = runtime.block_on(open()?.cost_report(window, repo.clone()))?;
             if json {
                 let text =
                     json_for_terminal(&report).map_err(|e| CliError::Other(e.to_string()))?;
@@ -260,7 +262,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 print!("{}", crate::costs_table::render(&report, repo.as_ref()));
             }
         }
-        Command::Openapi | Command::Doctor | Command::SandboxNet { .. } | Command::PodRun => {}
+        Command::Serve
+        | Command::Openapi
+        | Command::Doctor
+        | Command::SandboxNet { .. }
+        | Command::PodRun => {}
     }
     Ok(())
 }

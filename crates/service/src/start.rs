@@ -219,6 +219,28 @@ impl Service {
         ))
     }
 
+    /// The service of `config` for one command of the command line (`agentry migrate`,
+    /// `token create`, `import`, `costs`): its database (created and migrated), master key
+    /// and code-host settings, with runs disabled. Nothing runs in the background, no agent
+    /// can start, and no socket is opened.
+    pub fn open_for_command(config: &Config) -> Result<Service, StartError> {
+        let db = open_database(config)?;
+        let master_key = master_key(config)?;
+        Ok(Service::new(
+            db,
+            master_key,
+            code_host(config),
+            Runs::disabled(config.data_dir.clone()),
+        ))
+    }
+
+    /// How many of the database's migrations are not applied ([`Service::open`] and
+    /// [`Service::open_for_command`] apply them all).
+    pub async fn pending_migrations(&self) -> Result<usize, crate::ServiceError> {
+        self.db(|conn| Ok(agentry_persistence::meta::pending_migrations(conn)?.len()))
+            .await
+    }
+
     /// Recovers the tasks a stopped process left leased, then starts the background loops on
     /// the current tokio runtime: agent runs and lease recovery, the periodic issue sync, the
     /// outbox, the budget alerts (a check, then their webhook), the pull-request poller and
