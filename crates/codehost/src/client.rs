@@ -36,8 +36,10 @@
 //!   path (`/api/v3` on GitHub Enterprise Server).
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LINK, USER_AGENT};
@@ -176,10 +178,6 @@ impl fmt::Debug for GitHub {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// A final answer (2xx, 304 or a 4xx that is not a rate limit).
 #[derive(Debug)]
 struct Reply {
@@ -280,7 +278,7 @@ impl GitHub {
     /// The last rate-limit state GitHub reported: `(X-RateLimit-Remaining, X-RateLimit-Reset
     /// as unix seconds)`, or `None` before any answer carried them.
     pub fn rate_limit(&self) -> Option<(u64, u64)> {
-        lock(&self.inner.rate).map(|w| (w.remaining, w.reset_epoch))
+        self.inner.rate.lock().map(|w| (w.remaining, w.reset_epoch))
     }
 
     // ----- the API -----

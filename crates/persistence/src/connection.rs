@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Weak};
+
+use parking_lot::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::connection::{
@@ -190,7 +192,7 @@ impl WriteQueue {
     /// The queue of the file `file` (a canonical path), shared by every connection of this
     /// process to it; dropped with the last of them.
     fn of_file(file: PathBuf) -> Arc<WriteQueue> {
-        let mut queues = WRITE_QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut queues = WRITE_QUEUES.lock();
         if let Some(queue) = queues.get(&file).and_then(Weak::upgrade) {
             return queue;
         }
@@ -203,7 +205,7 @@ impl WriteQueue {
     /// Waits (blocking) up to `wait` for this writer's turn; `None` when it did not come.
     fn take_turn(self: &Arc<Self>, wait: Duration) -> Option<WriteTurn> {
         let deadline = Instant::now() + wait;
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock();
         if !state.held && state.waiting.is_empty() {
             state.held = true;
             return Some(WriteTurn(self.clone()));
@@ -228,11 +230,7 @@ impl WriteQueue {
                 }
                 return None;
             }
-            state = self
-                .turn
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            self.turn.wait_for(&mut state, left);
         }
     }
 }
@@ -242,11 +240,7 @@ struct WriteTurn(Arc<WriteQueue>);
 
 impl Drop for WriteTurn {
     fn drop(&mut self) {
-        self.0
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .held = false;
+        self.0.state.lock().held = false;
         self.0.turn.notify_all();
     }
 }

@@ -255,7 +255,7 @@ impl GitHub {
                         );
                         tokio::time::sleep(wait).await;
                         // The wait covered the window the answer announced.
-                        *lock(&self.inner.rate) = None;
+                        *self.inner.rate.lock() = None;
                         continue;
                     } else {
                         return Ok(Reply {
@@ -362,7 +362,7 @@ impl GitHub {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| CodeHostError::Config("the client needs a tokio runtime".into()))?
             .id();
-        let mut transports = lock(&self.inner.transports);
+        let mut transports = self.inner.transports.lock();
         if let Some((_, octocrab)) = transports.iter().find(|(id, _)| *id == runtime) {
             return Ok(octocrab.clone());
         }
@@ -392,7 +392,7 @@ impl GitHub {
             header_u64(headers, "x-ratelimit-remaining"),
             header_u64(headers, "x-ratelimit-reset"),
         ) {
-            *lock(&self.inner.rate) = Some(RateWindow {
+            *self.inner.rate.lock() = Some(RateWindow {
                 remaining,
                 reset_epoch,
             });
@@ -406,7 +406,7 @@ impl GitHub {
         method: &Method,
         target: &str,
     ) -> Result<(), CodeHostError> {
-        let window = *lock(&self.inner.rate);
+        let window = *self.inner.rate.lock();
         let Some(window) = window.filter(|w| w.remaining == 0) else {
             return Ok(());
         };
@@ -424,7 +424,7 @@ impl GitHub {
             "code host rate limit used up: waiting for the reset"
         );
         tokio::time::sleep(wait).await;
-        let mut rate = lock(&self.inner.rate);
+        let mut rate = self.inner.rate.lock();
         if *rate == Some(window) {
             *rate = None;
         }
