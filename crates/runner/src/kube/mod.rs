@@ -37,10 +37,10 @@ use uuid::Uuid;
 use crate::agent::{self, AgentSpec, Launch, ServiceEnv};
 use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salvaged, Verdict};
 use crate::local::{self, AgentEnd};
-use crate::network::{self, RunInfo, RunMeter};
+use crate::network::{self, RunMeter};
 use crate::pod::{self, FromPod, PodEnded, PodResult, ToPod};
 use crate::process::{self, Ended};
-use crate::workspace::{Checkout, GitSandbox, Workspaces, Worktree};
+use crate::workspace::{GitSandbox, Workspaces, Worktree};
 use crate::{PriceTable, RunReport};
 
 use endpoint::Endpoint;
@@ -114,7 +114,7 @@ impl KubeConfig {
         #[derive(Debug)]
         struct NoNetwork;
         impl network::Network for NoNetwork {
-            fn open<'a>(&'a self, _: &'a RunInfo, _: &'a Path) -> network::OpenFuture<'a> {
+            fn open<'a>(&'a self, _: &'a network::RunInfo, _: &'a Path) -> network::OpenFuture<'a> {
                 Box::pin(async { Err("no network in this test".to_owned()) })
             }
         }
@@ -258,88 +258,54 @@ impl KubeRunner {
         )
     }
 
+    /// Runs `job` to its end, in the local runner's steps where they are the same: check
+    /// that its allowance can be enforced and the cluster reached, open the run's network in
+    /// its run directory, materialise the worktree ([`local::materialise_worktree`]), run
+    /// the agent in its pod and conclude ([`KubeRunner::run_in_pod`]).
     async fn run(&self, job: Job, control: Control) -> Execution {
-        let started_at = local::now();
-        let agent_type = job.agent.agent_type;
-        let fail = |message: String, metered: bool| Execution {
-            verdict: Verdict::Failed(message),
-            agent_type,
-            report: None,
-            ended: None,
-            output: String::new(),
-            sandboxed: true,
-            metered,
-            started_at,
-            finished_at: local::now(),
-        };
+        let mut start = local::RunStart::new(job.agent.agent_type, true, local::now());
         if let Err(message) = agent::budget_enforceable(&job.agent, &self.config.prices) {
-            return fail(message, false);
+            return start.failed(message);
         }
         let client = match self.client().await {
             Ok(client) => client,
-            Err(message) => return fail(message, false),
+            Err(message) => return start.failed(message),
         };
         if let Err(message) = self.serve_endpoint() {
-            return fail(message, false);
+            return start.failed(message);
         }
         let run_dir = self.run_dir(job.task_id, job.attempt);
         let net_dir = run_dir.join("net");
         if let Err(e) = local::fresh_dir(&net_dir).await {
-            return fail(
-                format!(
-                    "could not create the run directory {}: {e}",
-                    net_dir.display()
-                ),
-                false,
-            );
+            return start.failed(format!(
+                "could not create the run directory {}: {e}",
+                net_dir.display()
+            ));
         }
-        let info = RunInfo {
-            task_id: job.task_id,
-            attempt: job.attempt,
-            repo_key: job.repo.key.clone(),
-            agent: job.agent.clone(),
-        };
-        let network = match self.config.network.open(&info, &net_dir).await {
-            Ok(network) => network,
-            Err(message) => {
-                return fail(
-                    format!("could not open the agent's network: {message}"),
-                    false,
-                );
-            }
-        };
-        let checkout = match &job.kind {
-            JobKind::Coding { .. } => Checkout::NewBranch,
-            JobKind::Review { branch } => Checkout::Detached(branch),
-            JobKind::Revision { branch, .. } => Checkout::Branch(branch),
-        };
-        let worktree = match self
-            .workspaces
-            .prepare(&job.repo, job.task_id, checkout, &job.auth)
+        let network = match self
+            .config
+            .network
+            .open(&local::run_info(&job), &net_dir)
             .await
         {
+            Ok(network) => network,
+            Err(message) => {
+                return start.failed(format!("could not open the agent's network: {message}"));
+            }
+        };
+        start.metered = true;
+        let worktree = match local::materialise_worktree(&self.workspaces, &job).await {
             Ok(worktree) => worktree,
-            Err(e) => return fail(format!("could not prepare the workspace: {e}"), true),
+            Err(message) => return start.failed(message),
         };
         let execution = self
             .run_in_pod(&job, control, &client, &network, &net_dir, &worktree)
             .await;
         drop(network);
         local::remove_worktree(worktree).await;
-        let (verdict, report, ended, output) = match execution {
-            Ok(done) => done,
-            Err(message) => return fail(message, true),
-        };
-        Execution {
-            verdict,
-            agent_type,
-            report,
-            ended,
-            output,
-            sandboxed: true,
-            metered: true,
-            started_at,
-            finished_at: local::now(),
+        match execution {
+            Ok((verdict, report, ended, output)) => start.finished(verdict, report, ended, output),
+            Err(message) => start.failed(message),
         }
     }
 
