@@ -263,6 +263,27 @@ mod tests {
         text
     }
 
+    /// A task's mirror (a bare repository with `mirror_dirs` in it), worktree and index
+    /// directory (with `index_sub` in it) under the data directory `root`.
+    fn jail_tree(
+        root: &Path,
+        mirror_dirs: [&str; 2],
+        index_sub: Option<&str>,
+    ) -> (PathBuf, PathBuf, PathBuf) {
+        let mirror = root.join("workspaces/mirrors/repo.git");
+        let worktree = root.join("workspaces/worktrees/task");
+        let index_dir = root.join("workspaces/indexes/task");
+        let made = mirror_dirs.iter().map(|dir| mirror.join(dir)).chain([
+            worktree.clone(),
+            index_sub.map_or_else(|| index_dir.clone(), |sub| index_dir.join(sub)),
+        ]);
+        for dir in made {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
+        (mirror, worktree, index_dir)
+    }
+
     #[tokio::test]
     async fn git_after_the_agent_sees_no_secret_no_network_and_writes_only_its_index_directory() {
         if !agentry_testkit::sandbox::sandboxed(works_here()) {
@@ -271,18 +292,7 @@ mod tests {
         let data = tempfile::TempDir::new().unwrap();
         let root = data.path();
         std::fs::write(root.join("master.key"), "the master key").unwrap();
-        let mirror = root.join("workspaces/mirrors/repo.git");
-        let worktree = root.join("workspaces/worktrees/task");
-        let index_dir = root.join("workspaces/indexes/task");
-        for dir in [
-            mirror.join("objects"),
-            mirror.join("worktrees/other"),
-            worktree.clone(),
-            index_dir.clone(),
-        ] {
-            std::fs::create_dir_all(dir).unwrap();
-        }
-        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
+        let (mirror, worktree, index_dir) = jail_tree(root, ["objects", "worktrees/other"], None);
         std::fs::write(mirror.join("worktrees/other/index"), "other").unwrap();
         std::fs::write(worktree.join("file.txt"), "agent's file").unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -397,19 +407,9 @@ mod tests {
         let tmp = tempfile::TempDir::new().unwrap();
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let root = tmp.path().join("agentry");
-        let mirror = root.join("workspaces/mirrors/repo.git");
-        let worktree = root.join("workspaces/worktrees/task");
-        let index_dir = root.join("workspaces/indexes/task");
-        for dir in [
-            mirror.join("objects/ab"),
-            mirror.join("worktrees/task"),
-            worktree.clone(),
-            index_dir.join("objects"),
-        ] {
-            std::fs::create_dir_all(dir).unwrap();
-        }
+        let (mirror, worktree, index_dir) =
+            jail_tree(&root, ["objects/ab", "worktrees/task"], Some("objects"));
         std::fs::write(root.join("agentry.db"), "the database").unwrap();
-        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
         std::fs::write(worktree.join("private.txt"), "the agent's private file").unwrap();
         std::fs::set_permissions(
             worktree.join("private.txt"),
