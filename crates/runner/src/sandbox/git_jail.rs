@@ -263,6 +263,27 @@ mod tests {
         text
     }
 
+    /// A git jail of `sandbox` (probed) over `layout`, with the default limits and the
+    /// seccomp filter, started by `forwarder` when one is given.
+    async fn jail_in(
+        sandbox: &Sandbox,
+        forwarder: Option<&[String]>,
+        layout: GitJailLayout<'_>,
+    ) -> GitJail {
+        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
+        GitJail::new(
+            &bwrap,
+            features,
+            AgentLimits::default(),
+            &[],
+            forwarder,
+            crate::sandbox::seccomp::program().ok(),
+            "/usr/local/bin:/usr/bin:/bin",
+            layout,
+        )
+        .unwrap()
+    }
+
     /// A task's mirror (a bare repository with `mirror_dirs` in it), worktree and index
     /// directory (with `index_sub` in it) under the data directory `root`.
     fn jail_tree(
@@ -300,15 +321,9 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
 
         let sandbox = Sandbox::new(SandboxMode::Auto);
-        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
-        let jail = GitJail::new(
-            &bwrap,
-            features,
-            AgentLimits::default(),
-            &[],
+        let jail = jail_in(
+            &sandbox,
             None,
-            crate::sandbox::seccomp::program().ok(),
-            "/usr/local/bin:/usr/bin:/bin",
             GitJailLayout {
                 root,
                 mirror: &mirror,
@@ -317,7 +332,7 @@ mod tests {
                 user: None,
             },
         )
-        .unwrap();
+        .await;
         let key = root.join("master.key");
         let script = format!(
             "cat {key} 2>/dev/null && echo READ-KEY; \
@@ -433,15 +448,9 @@ mod tests {
             .collect();
 
         let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user.clone());
-        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
-        let jail = GitJail::new(
-            &bwrap,
-            features,
-            AgentLimits::default(),
-            &[],
+        let jail = jail_in(
+            &sandbox,
             Some(&forwarder),
-            crate::sandbox::seccomp::program().ok(),
-            "/usr/local/bin:/usr/bin:/bin",
             GitJailLayout {
                 root: &root,
                 mirror: &mirror,
@@ -450,7 +459,7 @@ mod tests {
                 user: Some(&nobody),
             },
         )
-        .unwrap();
+        .await;
         let script = format!(
             "echo uid-$(id -u); cat {worktree}/private.txt; echo; \
              cat {db} 2>/dev/null && echo READ-DB; \
