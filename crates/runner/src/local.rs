@@ -767,10 +767,13 @@ impl LocalRunner {
 /// sandboxed and metered, and when the run started. Both runners end their runs through it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RunStart {
+    /// The agent of the run.
     pub agent_type: AgentType,
+    /// Whether the agent runs (or would have run) in the sandbox ([`Execution::sandboxed`]).
     pub sandboxed: bool,
     /// Whether the run's network was opened (see [`Execution::metered`]).
     pub metered: bool,
+    /// When the run started.
     pub started_at: time::OffsetDateTime,
 }
 
