@@ -299,46 +299,99 @@ impl LocalRunner {
         result
     }
 
+    /// Runs `job` to its end, step by step: check that its agent can be launched
+    /// ([`LocalRunner::check_launch`]), prepare the run directory
+    /// ([`LocalRunner::prepare_run_dir`]), start the run's network
+    /// ([`LocalRunner::start_network`]), materialise the worktree ([`materialise_worktree`]),
+    /// run the agent ([`LocalRunner::launch_agent`]), then collect how it ended
+    /// ([`LocalRunner::agent_end`]) and conclude ([`conclude`]). Whatever fails on the way
+    /// fails the run with a sentence saying what, and the worktree is removed.
     async fn run(&self, job: Job, mut control: Control) -> Execution {
         let started_at = now();
-        let agent_type = job.agent.agent_type;
         // Checked before anything is prepared: without its sandbox, no agent starts.
         let launcher = self.config.sandbox.probed().await;
         let sandboxed = matches!(launcher, Ok(Some(_)));
-        let fail = |message: String| Execution {
-            verdict: Verdict::Failed(message),
-            agent_type,
-            report: None,
-            ended: None,
-            output: String::new(),
-            sandboxed,
-            metered: false,
-            started_at,
-            finished_at: now(),
+        let mut start = RunStart::new(job.agent.agent_type, sandboxed, started_at);
+        let bwrap = match self.check_launch(&job, launcher).await {
+            Ok(bwrap) => bwrap,
+            Err(message) => return start.failed(message),
         };
-        let (bwrap, features) = match launcher {
-            Ok(Some((bwrap, features))) => (Some(bwrap), features),
-            Ok(None) => (None, sandbox::BwrapFeatures::default()),
-            Err(message) => return fail(message),
+        let paths = match self.prepare_run_dir(&job).await {
+            Ok(paths) => paths,
+            Err(message) => return start.failed(message),
         };
-        // Without a supported CLI the agent could not run (or would misread its options).
-        if let Err(problem) = self.check_cli(agent_type).await {
-            return fail(problem.to_string());
-        }
-        // An agent of another user must reach its program, the forwarder and its paths.
-        if let Some(ids) = self.config.sandbox.agent_user().ids()
-            && let Err(message) = self.reachable_by(ids, agent_type)
+        // A sandboxed run's network, open until its agent has ended.
+        let network = match self
+            .start_network(&job, bwrap.is_some(), &paths.run_dir)
+            .await
         {
-            return fail(message);
+            Ok(network) => network,
+            Err(message) => return start.failed(message),
+        };
+        start.metered = network.is_some();
+        let worktree = match materialise_worktree(&self.workspaces, &job).await {
+            Ok(worktree) => worktree,
+            Err(message) => return start.failed(message),
+        };
+        if *control.cancel.borrow() {
+            remove_worktree(worktree).await;
+            return start.cancelled();
+        }
+        let ran = self
+            .launch_agent(
+                &job,
+                &mut control,
+                bwrap.as_ref(),
+                &paths,
+                &worktree,
+                network,
+            )
+            .await;
+        let ran = match ran {
+            Ok(ran) => ran,
+            Err(message) => {
+                remove_worktree(worktree).await;
+                return start.failed(message);
+            }
+        };
+        let ended = ran.outcome.ended.clone();
+        let end = self.agent_end(ran.outcome, ran.oom_kills);
+        let (verdict, report, output) =
+            conclude(&job, end, ran.parser, ran.meter.as_ref(), &worktree).await;
+        remove_worktree(worktree).await;
+        start.finished(verdict, Some(report), Some(ended), output)
+    }
+
+    /// The sandbox `job`'s agent runs in, once the checks that must pass before anything is
+    /// prepared have: the sandbox could be probed (`launcher`), the agent CLI is there and
+    /// supported, an agent of another user reaches its program, the forwarder and its
+    /// paths, and the run's allowance can be enforced. `None`: the agent runs unsandboxed.
+    async fn check_launch(
+        &self,
+        job: &Job,
+        launcher: Result<Option<(PathBuf, sandbox::BwrapFeatures)>, String>,
+    ) -> Result<Option<Bwrap>, String> {
+        let agent_type = job.agent.agent_type;
+        let bwrap = launcher?.map(|(program, features)| Bwrap { program, features });
+        // Without a supported CLI the agent could not run (or would misread its options).
+        self.check_cli(agent_type)
+            .await
+            .map_err(|problem| problem.to_string())?;
+        // An agent of another user must reach its program, the forwarder and its paths.
+        if let Some(ids) = self.config.sandbox.agent_user().ids() {
+            self.reachable_by(ids, agent_type)?;
         }
         // A run whose allowance cannot be enforced does not start.
-        if let Err(message) = agent::budget_enforceable(&job.agent, &self.config.prices) {
-            return fail(message);
-        }
+        agent::budget_enforceable(&job.agent, &self.config.prices)?;
+        Ok(bwrap)
+    }
+
+    /// Makes `job`'s run directory afresh, with the agent's `HOME` in it. The run's
+    /// directory is a passage for the agents' user (to its HOME and network), its HOME the
+    /// agent's alone; the log and the pid file beside them are the service's.
+    async fn prepare_run_dir(&self, job: &Job) -> Result<RunPaths, String> {
         let run_dir = self.run_dir(job.task_id, job.attempt);
         let home = run_dir.join("home");
-        // The run's directory is a passage for the agents' user (to its HOME and network),
-        // its HOME the agent's alone; the log and the pid file beside them are the service's.
         let made = match fresh_dir(&home).await {
             Ok(()) => {
                 let (root, run_dir, home) =
@@ -351,188 +404,285 @@ impl LocalRunner {
             }
             Err(e) => Err(e.to_string()),
         };
-        if let Err(e) = made {
-            return fail(format!(
+        match made {
+            Ok(()) => Ok(RunPaths { run_dir, home }),
+            Err(e) => Err(format!(
                 "could not create the run directory {}: {e}",
                 home.display()
-            ));
+            )),
         }
-        // A sandboxed run's network, open until its agent has ended.
-        let network = match (&bwrap, &self.config.network) {
-            (Some(_), Some(config)) => match self.open_network(&job, &run_dir, config).await {
-                Ok(opened) => Some(opened),
-                Err(message) => {
-                    return fail(format!("could not open the agent's network: {message}"));
-                }
+    }
+
+    /// Opens the network of a `sandboxed` run when one is configured (see the module docs);
+    /// `None` for a run without one.
+    async fn start_network(
+        &self,
+        job: &Job,
+        sandboxed: bool,
+        run_dir: &Path,
+    ) -> Result<Option<OpenNetwork>, String> {
+        match (sandboxed, &self.config.network) {
+            (true, Some(config)) => match self.open_network(job, run_dir, config).await {
+                Ok(opened) => Ok(Some(opened)),
+                Err(message) => Err(format!("could not open the agent's network: {message}")),
             },
-            _ => None,
-        };
-        let metered = network.is_some();
-        let fail = |message: String| Execution {
-            metered,
-            ..fail(message)
-        };
-        let checkout = match &job.kind {
-            JobKind::Coding { .. } => Checkout::NewBranch,
-            JobKind::Review { branch } => Checkout::Detached(branch),
-            JobKind::Revision { branch, .. } => Checkout::Branch(branch),
-        };
-        let prepared = self
-            .workspaces
-            .prepare(&job.repo, job.task_id, checkout, &job.auth)
-            .await;
-        let worktree = match prepared {
-            Ok(w) => w,
-            Err(e) => return fail(format!("could not prepare the workspace: {e}")),
-        };
-        if *control.cancel.borrow() {
-            remove_worktree(worktree).await;
-            return Execution {
-                verdict: Verdict::Cancelled,
-                ..fail(String::new())
-            };
+            _ => Ok(None),
         }
+    }
+
+    /// Runs `job`'s agent in `worktree` to its end: gives the run's files to the agent's
+    /// user ([`LocalRunner::give_to_agent_user`]), builds its command
+    /// ([`LocalRunner::agent_command`]) and its sandbox ([`LocalRunner::build_sandbox`],
+    /// [`LocalRunner::hold_for_cgroup`]), spawns it and streams and meters its output
+    /// ([`LocalRunner::spawn_agent`], which applies the stop ladder), closes its `network`
+    /// and takes the worktree back from the agent's user.
+    async fn launch_agent(
+        &self,
+        job: &Job,
+        control: &mut Control,
+        bwrap: Option<&Bwrap>,
+        paths: &RunPaths,
+        worktree: &Worktree,
+        network: Option<OpenNetwork>,
+    ) -> Result<AgentRun, String> {
         let launch = Launch {
             sandboxed: bwrap.is_some(),
             review: matches!(job.kind, JobKind::Review { .. }),
         };
-        let mut env = agent::environment(agent_type, launch, &home, &self.config.env);
-        if let Some((opened, _)) = &network {
-            env = network::agent_environment(agent_type, env, &opened.key);
-        }
-        // An agent of another user (the service runs as root) gets its worktree, its git
-        // metadata, its HOME and its network directory.
+        let net_dir = network.as_ref().map(|(_, dir)| dir.as_path());
         let user = self.config.sandbox.agent_user().ids().cloned();
         if let Some(ids) = &user {
-            let given = async {
-                if bwrap.is_none() {
-                    return Err("agents run as another user only in the sandbox".to_owned());
-                }
-                worktree
-                    .give_to(ids.uid, ids.gid)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut dirs = vec![home.clone()];
-                dirs.extend(network.as_ref().map(|(_, dir)| dir.clone()));
-                let (uid, gid) = (ids.uid, ids.gid);
-                tokio::task::spawn_blocking(move || {
-                    dirs.iter()
-                        .try_for_each(|dir| crate::user::chown_tree(dir, uid, gid))
-                })
-                .await
-                .map_err(|e| e.to_string())?
-            }
-            .await;
-            if let Err(e) = given {
-                remove_worktree(worktree).await;
-                return fail(format!(
-                    "could not give the run's files to the agent's user {}: {e}",
-                    ids.name
-                ));
-            }
+            self.give_to_agent_user(ids, bwrap.is_some(), worktree, &paths.home, net_dir)
+                .await?;
         }
-        let prompt = prompt_for(&job, &worktree).await;
-        let command = agent::command(
+        let key = network.as_ref().map(|(opened, _)| opened.key.as_str());
+        let command = self
+            .agent_command(job, launch, &paths.home, key, worktree)
+            .await;
+        let mut command = match bwrap {
+            None => command,
+            Some(bwrap) => {
+                let files = SandboxFiles {
+                    paths,
+                    worktree,
+                    net_dir,
+                    user: user.as_ref(),
+                };
+                self.build_sandbox(job, bwrap, launch, command, &files)?
+            }
+        };
+        let (cgroup, unblock) = self.hold_for_cgroup(job, bwrap.is_some(), &mut command)?;
+        let meter = network
+            .as_ref()
+            .map(|(opened, _)| Arc::clone(&opened.meter));
+        let sink = RunSink {
+            parser: agent::OutputParser::new(&job.agent, &self.config.prices)
+                .with_codex_home(&paths.home, &self.config.prices),
+            meter: meter.clone(),
+        };
+        let hold = CgroupHold {
+            group: cgroup.clone(),
+            unblock,
+        };
+        let outcome = self
+            .spawn_agent(job, command, control, &paths.run_dir, sink, hold)
+            .await;
+        let oom_kills = cgroup.as_ref().map_or(0, |group| group.oom_kills());
+        if let Some(group) = cgroup {
+            // Removing the group may wait a moment for the kernel to let go of it.
+            tokio::task::spawn_blocking(move || drop(group));
+        }
+        // The agent has ended: its network closes.
+        drop(network);
+        let (outcome, RunSink { parser, .. }) =
+            outcome.map_err(|e| format!("could not start the agent: {e}"))?;
+        // What the agent's user wrote is the service's again before anything reads it.
+        if user.is_some()
+            && let Err(e) = worktree.take_back().await
+        {
+            return Err(format!(
+                "could not take the worktree back from the agent: {e}"
+            ));
+        }
+        Ok(AgentRun {
+            outcome,
+            parser,
+            meter,
+            oom_kills,
+        })
+    }
+
+    /// Gives an agent of another user `ids` (the service runs as root) its worktree, its
+    /// git metadata, its `home` and its network directory `net_dir`; only a `sandboxed`
+    /// agent runs as another user.
+    async fn give_to_agent_user(
+        &self,
+        ids: &UserIds,
+        sandboxed: bool,
+        worktree: &Worktree,
+        home: &Path,
+        net_dir: Option<&Path>,
+    ) -> Result<(), String> {
+        let given = async {
+            if !sandboxed {
+                return Err("agents run as another user only in the sandbox".to_owned());
+            }
+            worktree
+                .give_to(ids.uid, ids.gid)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut dirs = vec![home.to_owned()];
+            dirs.extend(net_dir.map(Path::to_owned));
+            let (uid, gid) = (ids.uid, ids.gid);
+            tokio::task::spawn_blocking(move || {
+                dirs.iter()
+                    .try_for_each(|dir| crate::user::chown_tree(dir, uid, gid))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        }
+        .await;
+        given.map_err(|e| {
+            format!(
+                "could not give the run's files to the agent's user {}: {e}",
+                ids.name
+            )
+        })
+    }
+
+    /// The command of `job`'s agent as it would run outside any sandbox: its environment
+    /// (with the run's network `key` instead of the service's credentials when it has one)
+    /// and its prompt ([`prompt_for`]).
+    async fn agent_command(
+        &self,
+        job: &Job,
+        launch: Launch,
+        home: &Path,
+        key: Option<&str>,
+        worktree: &Worktree,
+    ) -> process::AgentCommand {
+        let agent_type = job.agent.agent_type;
+        let mut env = agent::environment(agent_type, launch, home, &self.config.env);
+        if let Some(key) = key {
+            env = network::agent_environment(agent_type, env, key);
+        }
+        let prompt = prompt_for(job, worktree).await;
+        agent::command(
             &job.agent,
             launch,
             self.program(agent_type),
             &prompt,
             worktree.path(),
             env,
-        );
-        // The sandbox's seccomp filter, unless turned off or unknown on this architecture
-        // (the run goes on without it, which the log says).
-        let seccomp = match (&bwrap, self.config.sandbox.seccomp()) {
-            (Some(_), true) => match sandbox::seccomp::program() {
+        )
+    }
+
+    /// `command` wrapped in `bwrap`'s sandbox ([`sandbox::wrap`]) over the run's `files`,
+    /// with the seccomp filter unless it is turned off or unknown on this architecture (the
+    /// run goes on without it, which the log says).
+    fn build_sandbox(
+        &self,
+        job: &Job,
+        bwrap: &Bwrap,
+        launch: Launch,
+        command: process::AgentCommand,
+        files: &SandboxFiles<'_>,
+    ) -> Result<process::AgentCommand, String> {
+        let seccomp = if self.config.sandbox.seccomp() {
+            match sandbox::seccomp::program() {
                 Ok(program) => Some(program),
                 Err(why) => {
                     tracing::warn!(task = %job.task_id, "the agent runs without a seccomp filter: {why}");
                     None
                 }
-            },
-            _ => None,
-        };
-        let command = match &bwrap {
-            None => command,
-            Some(bwrap) => {
-                // Files named by the variables passed to agents (a CA bundle…).
-                let readable: Vec<PathBuf> = self
-                    .config
-                    .env
-                    .passed
-                    .iter()
-                    .map(|(_, value)| PathBuf::from(value))
-                    .filter(|path| path.is_absolute())
-                    .collect();
-                let layout = sandbox::Layout {
-                    root: &self.config.root,
-                    worktree: worktree.path(),
-                    home: &home,
-                    mirror: &self
-                        .config
-                        .root
-                        .join("workspaces")
-                        .join("mirrors")
-                        .join(format!("{}.git", job.repo.key)),
-                    review: launch.review,
-                    readable: &readable,
-                    extra_ro: self.config.sandbox.extra_ro(),
-                    network: network.as_ref().map(|(_, dir)| sandbox::NetLayout { dir }),
-                    forwarder: self.forwarder(),
-                    limits: self.config.sandbox.limits(),
-                    features,
-                    seccomp: seccomp.as_deref(),
-                    user: user.as_ref(),
-                };
-                match sandbox::wrap(bwrap, command, layout) {
-                    Ok(command) => command,
-                    Err(e) => {
-                        remove_worktree(worktree).await;
-                        return fail(format!("could not set up the agent's sandbox: {e}"));
-                    }
-                }
             }
+        } else {
+            None
         };
+        // Files named by the variables passed to agents (a CA bundle…).
+        let readable: Vec<PathBuf> = self
+            .config
+            .env
+            .passed
+            .iter()
+            .map(|(_, value)| PathBuf::from(value))
+            .filter(|path| path.is_absolute())
+            .collect();
+        let layout = sandbox::Layout {
+            root: &self.config.root,
+            worktree: files.worktree.path(),
+            home: &files.paths.home,
+            mirror: &self
+                .config
+                .root
+                .join("workspaces")
+                .join("mirrors")
+                .join(format!("{}.git", job.repo.key)),
+            review: launch.review,
+            readable: &readable,
+            extra_ro: self.config.sandbox.extra_ro(),
+            network: files.net_dir.map(|dir| sandbox::NetLayout { dir }),
+            forwarder: self.forwarder(),
+            limits: self.config.sandbox.limits(),
+            features: bwrap.features,
+            seccomp: seccomp.as_deref(),
+            user: files.user,
+        };
+        sandbox::wrap(&bwrap.program, command, layout)
+            .map_err(|e| format!("could not set up the agent's sandbox: {e}"))
+    }
+
+    /// A `sandboxed` run's control group, where one can be made, and the pipe that releases
+    /// its first process: `bwrap` holds it (`--block-fd`, added to `command`) until both
+    /// are in the group.
+    fn hold_for_cgroup(
+        &self,
+        job: &Job,
+        sandboxed: bool,
+        command: &mut process::AgentCommand,
+    ) -> Result<(Option<Arc<RunCgroup>>, Option<std::io::PipeWriter>), String> {
+        let cgroup = if sandboxed {
+            self.run_cgroup(job)
+        } else {
+            None
+        };
+        if cgroup.is_none() {
+            return Ok((None, None));
+        }
+        match std::io::pipe() {
+            Ok((reader, writer)) => {
+                let passed = process::PassedFd(Arc::new(reader.into()));
+                command
+                    .args
+                    .splice(0..0, ["--block-fd".to_owned(), passed.number().to_string()]);
+                command.pass_fds.push(passed);
+                Ok((cgroup, Some(writer)))
+            }
+            Err(e) => Err(format!("could not hold the sandbox for its cgroup: {e}")),
+        }
+    }
+
+    /// Spawns the agent's `command`, streams its output to the run's log and to `sink`
+    /// (which meters it and may stop it) and waits for its end under `job`'s wall time and
+    /// `control`'s cancel ([`process::run_process_with`], which applies the stop ladder).
+    /// Once it is spawned, its pid is recorded in `agent.pid`, it is moved into its
+    /// cgroup (`hold`) and `control` is told it started.
+    async fn spawn_agent(
+        &self,
+        job: &Job,
+        command: process::AgentCommand,
+        control: &mut Control,
+        run_dir: &Path,
+        sink: RunSink,
+        hold: CgroupHold,
+    ) -> Result<(process::ProcessOutcome, RunSink), process::ProcessError> {
         let limits = Limits {
             wall_time: job.wall_time,
             stop_grace: self.config.stop_grace,
         };
-        // A sandbox's control group, where one can be made: `bwrap` holds the sandbox's
-        // first process (`--block-fd`) until both are in it.
-        let mut command = command;
-        let cgroup = match &bwrap {
-            Some(_) => self.run_cgroup(&job),
-            None => None,
-        };
-        let unblock = match &cgroup {
-            None => None,
-            Some(_) => match std::io::pipe() {
-                Ok((reader, writer)) => {
-                    let passed = process::PassedFd(Arc::new(reader.into()));
-                    command
-                        .args
-                        .splice(0..0, ["--block-fd".to_owned(), passed.number().to_string()]);
-                    command.pass_fds.push(passed);
-                    Some(writer)
-                }
-                Err(e) => {
-                    remove_worktree(worktree).await;
-                    return fail(format!("could not hold the sandbox for its cgroup: {e}"));
-                }
-            },
-        };
-        let attach = cgroup.clone();
         let pid_file = run_dir.join("agent.pid");
         let started = control.started.take();
-        let meter = network
-            .as_ref()
-            .map(|(opened, _)| Arc::clone(&opened.meter));
-        let sink = RunSink {
-            parser: agent::OutputParser::new(&job.agent, &self.config.prices)
-                .with_codex_home(&home, &self.config.prices),
-            meter: meter.clone(),
-        };
-        let outcome = process::run_process_with(
+        process::run_process_with(
             command,
             &run_dir.join("output.log"),
             limits,
@@ -543,7 +693,11 @@ impl LocalRunner {
                 let _ = user::private_file(&pid_file).and_then(|mut file| {
                     std::io::Write::write_all(&mut file, pid.to_string().as_bytes())
                 });
-                if let (Some(group), Some(mut writer)) = (attach, unblock) {
+                if let CgroupHold {
+                    group: Some(group),
+                    unblock: Some(mut writer),
+                } = hold
+                {
                     tokio::task::spawn_blocking(move || {
                         if let Err(e) = group.attach_tree(pid) {
                             tracing::warn!("the sandbox runs outside its cgroup: {e}");
@@ -557,30 +711,12 @@ impl LocalRunner {
                 }
             },
         )
-        .await;
-        let oom_kills = cgroup.as_ref().map_or(0, |group| group.oom_kills());
-        if let Some(group) = cgroup {
-            // Removing the group may wait a moment for the kernel to let go of it.
-            tokio::task::spawn_blocking(move || drop(group));
-        }
-        // The agent has ended: its network closes.
-        drop(network);
-        let (outcome, RunSink { parser, .. }) = match outcome {
-            Ok(o) => o,
-            Err(e) => {
-                remove_worktree(worktree).await;
-                return fail(format!("could not start the agent: {e}"));
-            }
-        };
-        // What the agent's user wrote is the service's again before anything reads it.
-        if user.is_some()
-            && let Err(e) = worktree.take_back().await
-        {
-            remove_worktree(worktree).await;
-            return fail(format!(
-                "could not take the worktree back from the agent: {e}"
-            ));
-        }
+        .await
+    }
+
+    /// How the agent ended as [`conclude`] reads it: its process's `outcome`, and the
+    /// kernel's stop for memory when its cgroup saw `oom_kills`.
+    fn agent_end(&self, outcome: process::ProcessOutcome, oom_kills: u64) -> AgentEnd {
         let dropped = if outcome.stdout_truncated {
             outcome
                 .stdout_bytes
@@ -596,27 +732,13 @@ impl LocalRunner {
                 self.config.sandbox.limits().total_memory_bytes
             )
         });
-        let end = AgentEnd {
-            ended: outcome.ended.clone(),
+        AgentEnd {
+            ended: outcome.ended,
             stdout: outcome.stdout,
             stdout_dropped: dropped,
             stderr_tail: outcome.stderr_tail,
             killed: memory,
             unpublishable: None,
-        };
-        let (verdict, report, output) =
-            conclude(&job, end, parser, meter.as_ref(), &worktree).await;
-        remove_worktree(worktree).await;
-        Execution {
-            verdict,
-            agent_type,
-            report: Some(report),
-            ended: Some(outcome.ended),
-            output,
-            sandboxed,
-            metered,
-            started_at,
-            finished_at: now(),
         }
     }
 
@@ -636,14 +758,134 @@ impl LocalRunner {
         tokio::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .await
             .map_err(|e| format!("cannot restrict {}: {e}", dir.display()))?;
-        let run = RunInfo {
-            task_id: job.task_id,
-            attempt: job.attempt,
-            repo_key: job.repo.key.clone(),
-            agent: job.agent.clone(),
-        };
-        let opened = config.provider.open(&run, &dir).await?;
+        let opened = config.provider.open(&run_info(job), &dir).await?;
         Ok((opened, dir))
+    }
+}
+
+/// What every ending of a run says besides its verdict: the agent, whether it was
+/// sandboxed and metered, and when the run started. Both runners end their runs through it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunStart {
+    /// The agent of the run.
+    pub agent_type: AgentType,
+    /// Whether the agent runs (or would have run) in the sandbox ([`Execution::sandboxed`]).
+    pub sandboxed: bool,
+    /// Whether the run's network was opened (see [`Execution::metered`]).
+    pub metered: bool,
+    /// When the run started.
+    pub started_at: time::OffsetDateTime,
+}
+
+impl RunStart {
+    /// A run of `agent_type`'s agent that started at `started_at`, not yet metered.
+    pub(crate) fn new(
+        agent_type: AgentType,
+        sandboxed: bool,
+        started_at: time::OffsetDateTime,
+    ) -> Self {
+        RunStart {
+            agent_type,
+            sandboxed,
+            metered: false,
+            started_at,
+        }
+    }
+
+    /// The run failed before its agent ended, for `message`.
+    pub(crate) fn failed(&self, message: String) -> Execution {
+        self.finished(Verdict::Failed(message), None, None, String::new())
+    }
+
+    /// The run was cancelled before its agent started.
+    fn cancelled(&self) -> Execution {
+        self.finished(Verdict::Cancelled, None, None, String::new())
+    }
+
+    /// The run ended now with `verdict`.
+    pub(crate) fn finished(
+        &self,
+        verdict: Verdict,
+        report: Option<RunReport>,
+        ended: Option<Ended>,
+        output: String,
+    ) -> Execution {
+        Execution {
+            verdict,
+            agent_type: self.agent_type,
+            report,
+            ended,
+            output,
+            sandboxed: self.sandboxed,
+            metered: self.metered,
+            started_at: self.started_at,
+            finished_at: now(),
+        }
+    }
+}
+
+/// The sandbox of a run: `bwrap` and what it supports.
+struct Bwrap {
+    program: PathBuf,
+    features: sandbox::BwrapFeatures,
+}
+
+/// A run's directory and the agent's `HOME` in it.
+struct RunPaths {
+    run_dir: PathBuf,
+    home: PathBuf,
+}
+
+/// A run's open network and its directory of sockets.
+type OpenNetwork = (network::RunNetwork, PathBuf);
+
+/// What of a run the sandbox is built over ([`LocalRunner::build_sandbox`]).
+struct SandboxFiles<'a> {
+    paths: &'a RunPaths,
+    worktree: &'a Worktree,
+    net_dir: Option<&'a Path>,
+    user: Option<&'a UserIds>,
+}
+
+/// A run's control group and the pipe that releases the sandbox once it is in it.
+struct CgroupHold {
+    group: Option<Arc<RunCgroup>>,
+    unblock: Option<std::io::PipeWriter>,
+}
+
+/// What [`LocalRunner::launch_agent`] hands to the conclusion: how the agent's process
+/// ended, the parser that read its output, the run's meter and the cgroup's OOM kills.
+struct AgentRun {
+    outcome: process::ProcessOutcome,
+    parser: agent::OutputParser,
+    meter: Option<Arc<RunMeter>>,
+    oom_kills: u64,
+}
+
+/// `job`'s worktree, checked out as its kind needs (a new branch for coding, the branch
+/// for a revision, detached at the branch for a review); both runners prepare it so.
+pub(crate) async fn materialise_worktree(
+    workspaces: &Workspaces,
+    job: &Job,
+) -> Result<Worktree, String> {
+    let checkout = match &job.kind {
+        JobKind::Coding { .. } => Checkout::NewBranch,
+        JobKind::Review { branch } => Checkout::Detached(branch),
+        JobKind::Revision { branch, .. } => Checkout::Branch(branch),
+    };
+    workspaces
+        .prepare(&job.repo, job.task_id, checkout, &job.auth)
+        .await
+        .map_err(|e| format!("could not prepare the workspace: {e}"))
+}
+
+/// What the network of `job`'s run is opened for.
+pub(crate) fn run_info(job: &Job) -> RunInfo {
+    RunInfo {
+        task_id: job.task_id,
+        attempt: job.attempt,
+        repo_key: job.repo.key.clone(),
+        agent: job.agent.clone(),
     }
 }
 

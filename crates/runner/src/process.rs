@@ -404,6 +404,84 @@ pub async fn run_process_with<S: OutputSink>(
     sink: S,
     on_start: impl FnOnce(u32) + Send,
 ) -> Result<(ProcessOutcome, S), ProcessError> {
+    let (stdout_log, stderr_log) = open_logs(log_path).await?;
+    let AgentCommand {
+        program,
+        args,
+        stdin,
+        cwd,
+        env,
+        stop: stop_target,
+        pass_fds,
+        user,
+    } = cmd;
+    let spawn_error = |source: io::Error| ProcessError::Spawn {
+        program: program.display().to_string(),
+        cwd: cwd.display().to_string(),
+        source,
+    };
+    let mut command = Command::new(&program);
+    command
+        .args(&args)
+        .current_dir(&cwd)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let Spawned {
+        mut child,
+        pid,
+        group,
+        stdout_pipe,
+    } = spawn(command, &pass_fds, user.as_ref(), &spawn_error)?;
+    tracing::debug!(pid, program = %program.display(), "agent process started");
+    let streams = start_streams(
+        &mut child,
+        pid,
+        stdin,
+        stdout_pipe,
+        stdout_log,
+        stderr_log,
+        sink,
+    );
+    on_start(pid);
+    let Streams {
+        stdin_task,
+        stdout,
+        stderr,
+        mut stop_requested,
+    } = streams;
+
+    let stop = wait_for_end(
+        &mut child,
+        limits.wall_time,
+        &mut cancel,
+        &mut stop_requested,
+    )
+    .await;
+    let ended = apply_stop_ladder(
+        stop,
+        &mut child,
+        &group,
+        stop_target,
+        limits.stop_grace,
+        pid,
+    )
+    .await?;
+    // The leader is gone: kill whatever else is left in its group.
+    group.finish();
+    let collected = collect_outcome(ended, pid, stdin_task, stdout, stderr).await;
+    // Kept until the end: a passed descriptor's original is closed with the command.
+    drop(pass_fds);
+    collected
+}
+
+/// Creates the directory of `log_path` and the run's two logs: stdout's at `log_path`,
+/// stderr's at [`stderr_log_path`] (first step of [`run_process_with`]).
+async fn open_logs(log_path: &Path) -> Result<(LogFile, LogFile), ProcessError> {
     let stderr_path = stderr_log_path(log_path);
     if let Some(parent) = log_path.parent().filter(|p| !p.as_os_str().is_empty()) {
         tokio::fs::create_dir_all(parent)
@@ -415,38 +493,40 @@ pub async fn run_process_with<S: OutputSink>(
     }
     let stdout_log = LogFile::create(log_path).await?;
     let stderr_log = LogFile::create(&stderr_path).await?;
+    Ok((stdout_log, stderr_log))
+}
 
-    let mut command = Command::new(&cmd.program);
-    command
-        .args(&cmd.args)
-        .current_dir(&cmd.cwd)
-        .env_clear()
-        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let spawn_error = |source: io::Error| ProcessError::Spawn {
-        program: cmd.program.display().to_string(),
-        cwd: cmd.cwd.display().to_string(),
-        source,
-    };
-    if !cmd.pass_fds.is_empty() {
+/// A spawned agent process: the child, its id, its process group and its stdout.
+struct Spawned {
+    child: tokio::process::Child,
+    pid: u32,
+    group: ProcessGroup,
+    stdout_pipe: tokio::process::ChildStdout,
+}
+
+/// Spawns `command` with `pass_fds` inherited by it alone and as `user` when one is given
+/// (second step of [`run_process_with`]); `spawn_error` words a failure.
+fn spawn(
+    mut command: Command,
+    pass_fds: &[PassedFd],
+    user: Option<&UserIds>,
+    spawn_error: &dyn Fn(io::Error) -> ProcessError,
+) -> Result<Spawned, ProcessError> {
+    if !pass_fds.is_empty() {
         // Duplicates (close-on-exec) put at the originals' numbers in the child only, where
         // they are inheritable: the originals are open here, so nothing else of the child
         // has those numbers.
         command
-            .fd_mappings(PassedFd::mappings(&cmd.pass_fds).map_err(spawn_error)?)
+            .fd_mappings(PassedFd::mappings(pass_fds).map_err(spawn_error)?)
             .map_err(|e| spawn_error(io::Error::other(e)))?;
     }
-    if let Some(user) = &cmd.user {
+    if let Some(user) = user {
         // As root, std drops the supplementary groups when it switches the user id.
         command.uid(user.uid).gid(user.gid);
     }
     let mut child = command.spawn().map_err(spawn_error)?;
     // The child has its copy of a passed descriptor: the duplicate is closed here with
-    // the command (the original when `cmd` goes).
+    // the command (the original when the caller's `pass_fds` go).
     drop(command);
     let Some(pid) = child.id() else {
         return Err(spawn_error(io::Error::other(
@@ -466,10 +546,34 @@ pub async fn run_process_with<S: OutputSink>(
             "the process has no stdout pipe",
         )));
     };
-    tracing::debug!(pid, program = %cmd.program.display(), "agent process started");
+    Ok(Spawned {
+        child,
+        pid,
+        group,
+        stdout_pipe,
+    })
+}
 
+/// The tasks feeding and reading a running process, and the sink's request to stop it.
+struct Streams<S> {
+    stdin_task: Option<JoinHandle<()>>,
+    stdout: Reader<S>,
+    stderr: Option<Reader<()>>,
+    stop_requested: oneshot::Receiver<()>,
+}
+
+/// Starts writing `prompt` to the child's stdin and reading its stdout (into `stdout_log`
+/// and `sink`) and stderr (into `stderr_log`) (third step of [`run_process_with`]).
+fn start_streams<S: OutputSink>(
+    child: &mut tokio::process::Child,
+    pid: u32,
+    prompt: String,
+    stdout_pipe: tokio::process::ChildStdout,
+    stdout_log: LogFile,
+    stderr_log: LogFile,
+    sink: S,
+) -> Streams<S> {
     let stdin_task = child.stdin.take().map(|mut stdin| {
-        let prompt = cmd.stdin;
         tokio::spawn(async move {
             if let Err(e) = stdin.write_all(prompt.as_bytes()).await {
                 // The process may exit without reading its input.
@@ -478,7 +582,7 @@ pub async fn run_process_with<S: OutputSink>(
             drop(stdin);
         })
     });
-    let (stop_request, mut stop_requested) = oneshot::channel();
+    let (stop_request, stop_requested) = oneshot::channel();
     let stdout = Reader::spawn(
         stdout_pipe,
         stdout_log,
@@ -490,61 +594,86 @@ pub async fn run_process_with<S: OutputSink>(
         .stderr
         .take()
         .map(|err| Reader::spawn(err, stderr_log, STDERR_TAIL_BYTES, (), None));
+    Streams {
+        stdin_task,
+        stdout,
+        stderr,
+        stop_requested,
+    }
+}
 
-    on_start(pid);
-
-    let deadline = Instant::now() + limits.wall_time;
-    let stop = tokio::select! {
+/// Waits for whatever ends the run first: the process's exit, the `wall_time`, `cancel`
+/// or the sink's request (fourth step of [`run_process_with`]).
+async fn wait_for_end(
+    child: &mut tokio::process::Child,
+    wall_time: Duration,
+    cancel: &mut watch::Receiver<bool>,
+    stop_requested: &mut oneshot::Receiver<()>,
+) -> Stop {
+    let deadline = Instant::now() + wall_time;
+    tokio::select! {
         status = child.wait() => Stop::Exited(status),
         () = tokio::time::sleep_until(deadline) => Stop::TimedOut,
-        () = cancelled(&mut cancel) => Stop::Cancelled,
-        () = requested(&mut stop_requested) => Stop::Requested,
-    };
+        () = cancelled(cancel) => Stop::Cancelled,
+        () = requested(stop_requested) => Stop::Requested,
+    }
+}
 
+/// How the run ended after `stop`: an exit as it is, otherwise the stop ladder applied to
+/// the agent (`SIGINT`, then `SIGTERM` after `stop_grace`, then `SIGKILL` to the group after
+/// another `stop_grace`) and the process reaped (fifth step of [`run_process_with`]).
+async fn apply_stop_ladder(
+    stop: Stop,
+    child: &mut tokio::process::Child,
+    group: &ProcessGroup,
+    target: StopTarget,
+    stop_grace: Duration,
+    pid: u32,
+) -> Result<Ended, ProcessError> {
     let ended = match stop {
         Stop::Exited(status) => {
             let status = status.map_err(|source| ProcessError::Wait { pid, source })?;
-            Ended::Exited {
+            return Ok(Ended::Exited {
                 code: status.code(),
                 signal: status.signal(),
-            }
+            });
         }
-        Stop::TimedOut | Stop::Cancelled | Stop::Requested => {
-            let ended = match stop {
-                Stop::TimedOut => Ended::TimedOut,
-                Stop::Requested => Ended::Stopped,
-                _ => Ended::Cancelled,
-            };
-            tracing::debug!(pid, ?ended, "stopping the agent");
-            let mut exited = false;
-            for signal in [Signal::SIGINT, Signal::SIGTERM] {
-                if !group.signal_agent(cmd.stop, signal) {
-                    // Nothing to ask (a sandbox stopped before its agent started).
-                    break;
-                }
-                if let Ok(status) = tokio::time::timeout(limits.stop_grace, child.wait()).await {
-                    status.map_err(|source| ProcessError::Wait { pid, source })?;
-                    exited = true;
-                    break;
-                }
-                tracing::debug!(pid, "the agent survived {signal}");
-            }
-            if !exited {
-                group.signal(Signal::SIGKILL);
-                child
-                    .wait()
-                    .await
-                    .map_err(|source| ProcessError::Wait { pid, source })?;
-            }
-            ended
-        }
+        Stop::TimedOut => Ended::TimedOut,
+        Stop::Requested => Ended::Stopped,
+        Stop::Cancelled => Ended::Cancelled,
     };
-    // The leader is gone: kill whatever else is left in its group.
-    group.finish();
+    tracing::debug!(pid, ?ended, "stopping the agent");
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        if !group.signal_agent(target, signal) {
+            // Nothing to ask (a sandbox stopped before its agent started).
+            break;
+        }
+        if let Ok(status) = tokio::time::timeout(stop_grace, child.wait()).await {
+            status.map_err(|source| ProcessError::Wait { pid, source })?;
+            return Ok(ended);
+        }
+        tracing::debug!(pid, "the agent survived {signal}");
+    }
+    group.signal(Signal::SIGKILL);
+    child
+        .wait()
+        .await
+        .map_err(|source| ProcessError::Wait { pid, source })?;
+    Ok(ended)
+}
 
+/// Reads what is left of the process's output for at most [`DRAIN_TIMEOUT`] and makes the
+/// run's [`ProcessOutcome`] of it, with the sink (last step of [`run_process_with`]).
+async fn collect_outcome<S: OutputSink>(
+    ended: Ended,
+    pid: u32,
+    stdin_task: Option<JoinHandle<()>>,
+    stdout: Reader<S>,
+    stderr: Option<Reader<()>>,
+) -> Result<(ProcessOutcome, S), ProcessError> {
     let drain_deadline = Instant::now() + DRAIN_TIMEOUT;
     let stdout = stdout.finish(drain_deadline).await;
-    let stderr_capture = match stderr {
+    let stderr = match stderr {
         Some(reader) => reader
             .finish(drain_deadline)
             .await
@@ -562,7 +691,6 @@ pub async fn run_process_with<S: OutputSink>(
         pid,
         source: io::Error::other(message),
     })?;
-    let stderr = stderr_capture;
 
     let stdout_truncated = stdout.total > stdout.kept.len() as u64;
     let stderr_cut = stderr.total > stderr.kept.len() as u64;

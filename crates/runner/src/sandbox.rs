@@ -1411,6 +1411,17 @@ mod tests {
         net: PathBuf,
     }
 
+    /// `bwrap` (the test fails without it), a temporary directory (removed when dropped)
+    /// and its canonical path.
+    fn bwrap_and_base() -> (PathBuf, tempfile::TempDir, PathBuf) {
+        let Ok(bwrap) = find_bwrap() else {
+            panic!("these tests need bubblewrap (bwrap) installed");
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        (bwrap, dir, base)
+    }
+
     /// The arguments of `bwrap` wrapping `cmd` (which must succeed), joined with spaces.
     /// Runs `wrapped` with only its own environment; its standard output, once it succeeded.
     fn run_wrapped(wrapped: &AgentCommand) -> String {
@@ -1502,11 +1513,7 @@ mod tests {
     /// writes only to its worktree and its own `HOME`.
     #[test]
     fn the_sandbox_hides_the_service_home_but_not_the_agent_program() {
-        let Ok(bwrap) = find_bwrap() else {
-            panic!("these tests need bubblewrap (bwrap) installed");
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let (bwrap, _dir, base) = bwrap_and_base();
         let service_home = base.join("service-home");
         let bin = service_home.join(".local/bin");
         std::fs::create_dir_all(&bin).unwrap();
@@ -1591,11 +1598,7 @@ mod tests {
     /// packages beside it, the files beside its link and beside the forwarder are absent.
     #[test]
     fn only_the_programs_files_and_their_npm_package_come_along() {
-        let Ok(bwrap) = find_bwrap() else {
-            panic!("these tests need bubblewrap (bwrap) installed");
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let (bwrap, _dir, base) = bwrap_and_base();
         let prefix = base.join("agents");
         let modules = prefix.join("lib/node_modules");
         let package = modules.join("@acme/cli");

@@ -37,10 +37,10 @@ use uuid::Uuid;
 use crate::agent::{self, AgentSpec, Launch, ServiceEnv};
 use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salvaged, Verdict};
 use crate::local::{self, AgentEnd};
-use crate::network::{self, RunInfo, RunMeter};
+use crate::network::{self, RunMeter};
 use crate::pod::{self, FromPod, PodEnded, PodResult, ToPod};
 use crate::process::{self, Ended};
-use crate::workspace::{Checkout, GitSandbox, Workspaces, Worktree};
+use crate::workspace::{GitSandbox, Workspaces, Worktree};
 use crate::{PriceTable, RunReport};
 
 use endpoint::Endpoint;
@@ -114,7 +114,7 @@ impl KubeConfig {
         #[derive(Debug)]
         struct NoNetwork;
         impl network::Network for NoNetwork {
-            fn open<'a>(&'a self, _: &'a RunInfo, _: &'a Path) -> network::OpenFuture<'a> {
+            fn open<'a>(&'a self, _: &'a network::RunInfo, _: &'a Path) -> network::OpenFuture<'a> {
                 Box::pin(async { Err("no network in this test".to_owned()) })
             }
         }
@@ -258,88 +258,54 @@ impl KubeRunner {
         )
     }
 
+    /// Runs `job` to its end, in the local runner's steps where they are the same: check
+    /// that its allowance can be enforced and the cluster reached, open the run's network in
+    /// its run directory, materialise the worktree ([`local::materialise_worktree`]), run
+    /// the agent in its pod and conclude ([`KubeRunner::run_in_pod`]).
     async fn run(&self, job: Job, control: Control) -> Execution {
-        let started_at = local::now();
-        let agent_type = job.agent.agent_type;
-        let fail = |message: String, metered: bool| Execution {
-            verdict: Verdict::Failed(message),
-            agent_type,
-            report: None,
-            ended: None,
-            output: String::new(),
-            sandboxed: true,
-            metered,
-            started_at,
-            finished_at: local::now(),
-        };
+        let mut start = local::RunStart::new(job.agent.agent_type, true, local::now());
         if let Err(message) = agent::budget_enforceable(&job.agent, &self.config.prices) {
-            return fail(message, false);
+            return start.failed(message);
         }
         let client = match self.client().await {
             Ok(client) => client,
-            Err(message) => return fail(message, false),
+            Err(message) => return start.failed(message),
         };
         if let Err(message) = self.serve_endpoint() {
-            return fail(message, false);
+            return start.failed(message);
         }
         let run_dir = self.run_dir(job.task_id, job.attempt);
         let net_dir = run_dir.join("net");
         if let Err(e) = local::fresh_dir(&net_dir).await {
-            return fail(
-                format!(
-                    "could not create the run directory {}: {e}",
-                    net_dir.display()
-                ),
-                false,
-            );
+            return start.failed(format!(
+                "could not create the run directory {}: {e}",
+                net_dir.display()
+            ));
         }
-        let info = RunInfo {
-            task_id: job.task_id,
-            attempt: job.attempt,
-            repo_key: job.repo.key.clone(),
-            agent: job.agent.clone(),
-        };
-        let network = match self.config.network.open(&info, &net_dir).await {
-            Ok(network) => network,
-            Err(message) => {
-                return fail(
-                    format!("could not open the agent's network: {message}"),
-                    false,
-                );
-            }
-        };
-        let checkout = match &job.kind {
-            JobKind::Coding { .. } => Checkout::NewBranch,
-            JobKind::Review { branch } => Checkout::Detached(branch),
-            JobKind::Revision { branch, .. } => Checkout::Branch(branch),
-        };
-        let worktree = match self
-            .workspaces
-            .prepare(&job.repo, job.task_id, checkout, &job.auth)
+        let network = match self
+            .config
+            .network
+            .open(&local::run_info(&job), &net_dir)
             .await
         {
+            Ok(network) => network,
+            Err(message) => {
+                return start.failed(format!("could not open the agent's network: {message}"));
+            }
+        };
+        start.metered = true;
+        let worktree = match local::materialise_worktree(&self.workspaces, &job).await {
             Ok(worktree) => worktree,
-            Err(e) => return fail(format!("could not prepare the workspace: {e}"), true),
+            Err(message) => return start.failed(message),
         };
         let execution = self
             .run_in_pod(&job, control, &client, &network, &net_dir, &worktree)
             .await;
         drop(network);
         local::remove_worktree(worktree).await;
-        let (verdict, report, ended, output) = match execution {
-            Ok(done) => done,
-            Err(message) => return fail(message, true),
-        };
-        Execution {
-            verdict,
-            agent_type,
-            report,
-            ended,
-            output,
-            sandboxed: true,
-            metered: true,
-            started_at,
-            finished_at: local::now(),
+        match execution {
+            Ok((verdict, report, ended, output)) => start.finished(verdict, report, ended, output),
+            Err(message) => start.failed(message),
         }
     }
 
@@ -562,7 +528,9 @@ impl KubeRunner {
         agent::OutputParser::new(&job.agent, &self.config.prices)
     }
 
-    /// Follows a connected run to its end.
+    /// Follows a connected run to its end: its frames read ([`read_frames`]), its output
+    /// streamed and metered until it ends or is stopped ([`KubeRunner::stream_pod`]), and
+    /// how it ended made of its result ([`KubeRunner::pod_end`]).
     async fn follow(
         &self,
         job: &Job,
@@ -572,25 +540,34 @@ impl KubeRunner {
         meter: &Arc<RunMeter>,
     ) -> Result<(PodEnd, agent::OutputParser), String> {
         let (from_pod, mut to_pod) = stream.into_split();
-        // Frames are read by a task of their own: a read cut off by another branch of the
-        // select below would lose the half of a frame it had.
-        let (frames_tx, mut frames) = tokio::sync::mpsc::channel(16);
-        let reader = tokio::spawn(async move {
-            let mut from_pod = from_pod;
-            loop {
-                let frame = pod::read_from_pod(&mut from_pod).await;
-                let end = !matches!(frame, Ok(Some(FromPod::Stdout(_) | FromPod::Patch(_))));
-                if frames_tx.send(frame).await.is_err() || end {
-                    break;
-                }
-            }
-        });
+        let (reader, mut frames) = read_frames(from_pod);
+        let mut parser = self.parser(job);
+        let streamed = self
+            .stream_pod(job, &mut frames, &mut to_pod, &mut parser, cancel, meter)
+            .await;
+        reader.abort();
+        let end = self.pod_end(streamed?, pod_state).await?;
+        Ok((end, parser))
+    }
+
+    /// Streams the pod's output to the run's live log and `parser` and collects its patch
+    /// until its result comes or the connection ends; asks the pod to stop at the wall
+    /// time, on `cancel`, or once the run's allowance or budget is reached (`meter`), and
+    /// gives up on it after the stop's grace.
+    async fn stream_pod(
+        &self,
+        job: &Job,
+        frames: &mut tokio::sync::mpsc::Receiver<std::io::Result<Option<FromPod>>>,
+        to_pod: &mut tokio::net::tcp::OwnedWriteHalf,
+        parser: &mut agent::OutputParser,
+        cancel: &mut watch::Receiver<bool>,
+        meter: &Arc<RunMeter>,
+    ) -> Result<Streamed, String> {
         let log_path = self.run_dir(job.task_id, job.attempt).join("output.log");
         let mut log = process::LogFile::create(&log_path)
             .await
             .map_err(|e| e.to_string())?;
         let mut out = Output::default();
-        let mut parser = self.parser(job);
         let deadline = Instant::now() + job.wall_time;
         let mut polls = tokio::time::interval(process::POLL_INTERVAL);
         let mut stopping: Option<(Ended, Instant)> = None;
@@ -631,12 +608,31 @@ impl KubeRunner {
                 && stopping.is_none()
             {
                 // A pod that cannot be told is stopped by deleting its Job below.
-                let _ = pod::write_to_pod(&mut to_pod, &ToPod::Stop).await;
+                let _ = pod::write_to_pod(to_pod, &ToPod::Stop).await;
                 let give = self.config.stop_grace * 2 + STOP_SLACK;
                 stopping = Some((why, Instant::now() + give));
             }
         };
-        reader.abort();
+        Ok(Streamed {
+            result,
+            stopping,
+            out,
+            patch,
+            patch_too_big,
+        })
+    }
+
+    /// How the pod's agent ended, as [`local::conclude`] reads it, from what
+    /// [`KubeRunner::stream_pod`] collected, or what the cluster says of a pod that ended
+    /// without a result (`pod_state`); a failure the pod reported fails the run.
+    async fn pod_end(&self, streamed: Streamed, pod_state: &PodState) -> Result<PodEnd, String> {
+        let Streamed {
+            result,
+            stopping,
+            out,
+            patch,
+            patch_too_big,
+        } = streamed;
         let (stdout, dropped) = out.finish();
         let mut end = AgentEnd {
             ended: Ended::Exited {
@@ -703,7 +699,7 @@ impl KubeRunner {
             }
         }
         let patch = (!patch.is_empty() && !patch_too_big).then_some(patch);
-        Ok((PodEnd { end, patch }, parser))
+        Ok(PodEnd { end, patch })
     }
 
     fn out_of_memory(&self) -> String {
@@ -1031,6 +1027,41 @@ fn out_of_memory(config: &KubeConfig) -> String {
          stopped the agent",
         config.memory.as_deref().unwrap_or("no limit set")
     )
+}
+
+/// What [`KubeRunner::stream_pod`] collected of a run: the pod's result (`None`: the
+/// connection ended without one), the stop asked for and until when it was waited for,
+/// the output and the patch (and whether it grew past [`MAX_PATCH_BYTES`]).
+struct Streamed {
+    result: Option<PodResult>,
+    stopping: Option<(Ended, Instant)>,
+    out: Output,
+    patch: Vec<u8>,
+    patch_too_big: bool,
+}
+
+/// Starts reading the pod's frames from `from_pod` into a channel, until its result or the
+/// end of the connection.
+fn read_frames(
+    from_pod: tokio::net::tcp::OwnedReadHalf,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::Receiver<std::io::Result<Option<FromPod>>>,
+) {
+    // Frames are read by a task of their own: a read cut off by another branch of the
+    // select in `stream_pod` would lose the half of a frame it had.
+    let (frames_tx, frames) = tokio::sync::mpsc::channel(16);
+    let reader = tokio::spawn(async move {
+        let mut from_pod = from_pod;
+        loop {
+            let frame = pod::read_from_pod(&mut from_pod).await;
+            let end = !matches!(frame, Ok(Some(FromPod::Stdout(_) | FromPod::Patch(_))));
+            if frames_tx.send(frame).await.is_err() || end {
+                break;
+            }
+        }
+    });
+    (reader, frames)
 }
 
 /// Deletes a run's Job with its pods and Secret (in the background: `kubectl` sees them go).

@@ -253,17 +253,25 @@ pub fn forwarder_main(args: Vec<OsString>) -> i32 {
         eprintln!("{PREFIX} {message}");
         return EXIT_FAILED;
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("{PREFIX} cannot start the async runtime: {e}");
-            return EXIT_FAILED;
-        }
+    let Some(runtime) = start_runtime(tokio::runtime::Builder::new_current_thread(), PREFIX) else {
+        return EXIT_FAILED;
     };
     runtime.block_on(forward(args))
+}
+
+/// The async runtime `builder` makes (with all its drivers) for a program of the sandbox or
+/// the pod; `None`, with a line on stderr starting with `prefix`, when it cannot be started.
+pub(crate) fn start_runtime(
+    mut builder: tokio::runtime::Builder,
+    prefix: &str,
+) -> Option<tokio::runtime::Runtime> {
+    match builder.enable_all().build() {
+        Ok(runtime) => Some(runtime),
+        Err(e) => {
+            eprintln!("{prefix} cannot start the async runtime: {e}");
+            None
+        }
+    }
 }
 
 /// The forwarder, once its arguments are read.

@@ -34,7 +34,7 @@ use super::{
     Channel, FromPod, Launch, PodEnded, PodResult, ToPod, connect, read_to_pod, receive_launch,
     write_from_pod,
 };
-use crate::network::{GATEWAY_PORT, PROXY_PORT};
+use crate::network::{GATEWAY_PORT, PROXY_PORT, forwarder};
 use crate::process::{
     AgentCommand, Ended, Limits, OutputSink, STDERR_TAIL_BYTES, StopTarget, run_process_with,
 };
@@ -85,16 +85,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// the process's exit code: 0 once the result was delivered (whatever the agent did),
 /// [`EXIT_FAILED`] (with a line on stderr) otherwise.
 pub fn pod_run_main() -> i32 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("{PREFIX} cannot start the async runtime: {e}");
-            return EXIT_FAILED;
-        }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2);
+    let Some(runtime) = forwarder::start_runtime(builder, PREFIX) else {
+        return EXIT_FAILED;
     };
     let code = runtime.block_on(pod_run());
     // Forwarded connections may still be open: they end with the process.

@@ -263,6 +263,48 @@ mod tests {
         text
     }
 
+    /// A git jail of `sandbox` (probed) over `layout`, with the default limits and the
+    /// seccomp filter, started by `forwarder` when one is given.
+    async fn jail_in(
+        sandbox: &Sandbox,
+        forwarder: Option<&[String]>,
+        layout: GitJailLayout<'_>,
+    ) -> GitJail {
+        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
+        GitJail::new(
+            &bwrap,
+            features,
+            AgentLimits::default(),
+            &[],
+            forwarder,
+            crate::sandbox::seccomp::program().ok(),
+            "/usr/local/bin:/usr/bin:/bin",
+            layout,
+        )
+        .unwrap()
+    }
+
+    /// A task's mirror (a bare repository with `mirror_dirs` in it), worktree and index
+    /// directory (with `index_sub` in it) under the data directory `root`.
+    fn jail_tree(
+        root: &Path,
+        mirror_dirs: [&str; 2],
+        index_sub: Option<&str>,
+    ) -> (PathBuf, PathBuf, PathBuf) {
+        let mirror = root.join("workspaces/mirrors/repo.git");
+        let worktree = root.join("workspaces/worktrees/task");
+        let index_dir = root.join("workspaces/indexes/task");
+        let made = mirror_dirs.iter().map(|dir| mirror.join(dir)).chain([
+            worktree.clone(),
+            index_sub.map_or_else(|| index_dir.clone(), |sub| index_dir.join(sub)),
+        ]);
+        for dir in made {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
+        (mirror, worktree, index_dir)
+    }
+
     #[tokio::test]
     async fn git_after_the_agent_sees_no_secret_no_network_and_writes_only_its_index_directory() {
         if !agentry_testkit::sandbox::sandboxed(works_here()) {
@@ -271,18 +313,7 @@ mod tests {
         let data = tempfile::TempDir::new().unwrap();
         let root = data.path();
         std::fs::write(root.join("master.key"), "the master key").unwrap();
-        let mirror = root.join("workspaces/mirrors/repo.git");
-        let worktree = root.join("workspaces/worktrees/task");
-        let index_dir = root.join("workspaces/indexes/task");
-        for dir in [
-            mirror.join("objects"),
-            mirror.join("worktrees/other"),
-            worktree.clone(),
-            index_dir.clone(),
-        ] {
-            std::fs::create_dir_all(dir).unwrap();
-        }
-        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
+        let (mirror, worktree, index_dir) = jail_tree(root, ["objects", "worktrees/other"], None);
         std::fs::write(mirror.join("worktrees/other/index"), "other").unwrap();
         std::fs::write(worktree.join("file.txt"), "agent's file").unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -290,15 +321,9 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
 
         let sandbox = Sandbox::new(SandboxMode::Auto);
-        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
-        let jail = GitJail::new(
-            &bwrap,
-            features,
-            AgentLimits::default(),
-            &[],
+        let jail = jail_in(
+            &sandbox,
             None,
-            crate::sandbox::seccomp::program().ok(),
-            "/usr/local/bin:/usr/bin:/bin",
             GitJailLayout {
                 root,
                 mirror: &mirror,
@@ -307,7 +332,7 @@ mod tests {
                 user: None,
             },
         )
-        .unwrap();
+        .await;
         let key = root.join("master.key");
         let script = format!(
             "cat {key} 2>/dev/null && echo READ-KEY; \
@@ -397,19 +422,9 @@ mod tests {
         let tmp = tempfile::TempDir::new().unwrap();
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let root = tmp.path().join("agentry");
-        let mirror = root.join("workspaces/mirrors/repo.git");
-        let worktree = root.join("workspaces/worktrees/task");
-        let index_dir = root.join("workspaces/indexes/task");
-        for dir in [
-            mirror.join("objects/ab"),
-            mirror.join("worktrees/task"),
-            worktree.clone(),
-            index_dir.join("objects"),
-        ] {
-            std::fs::create_dir_all(dir).unwrap();
-        }
+        let (mirror, worktree, index_dir) =
+            jail_tree(&root, ["objects/ab", "worktrees/task"], Some("objects"));
         std::fs::write(root.join("agentry.db"), "the database").unwrap();
-        std::fs::write(mirror.join("config"), "[core]\n\tbare = true\n").unwrap();
         std::fs::write(worktree.join("private.txt"), "the agent's private file").unwrap();
         std::fs::set_permissions(
             worktree.join("private.txt"),
@@ -433,15 +448,9 @@ mod tests {
             .collect();
 
         let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user.clone());
-        let (bwrap, features) = sandbox.probed().await.unwrap().unwrap();
-        let jail = GitJail::new(
-            &bwrap,
-            features,
-            AgentLimits::default(),
-            &[],
+        let jail = jail_in(
+            &sandbox,
             Some(&forwarder),
-            crate::sandbox::seccomp::program().ok(),
-            "/usr/local/bin:/usr/bin:/bin",
             GitJailLayout {
                 root: &root,
                 mirror: &mirror,
@@ -450,7 +459,7 @@ mod tests {
                 user: Some(&nobody),
             },
         )
-        .unwrap();
+        .await;
         let script = format!(
             "echo uid-$(id -u); cat {worktree}/private.txt; echo; \
              cat {db} 2>/dev/null && echo READ-DB; \
