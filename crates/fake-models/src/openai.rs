@@ -604,14 +604,7 @@ fn answer_of(
         CallKind::Prewarm => (Usage::default(), Vec::new()),
         CallKind::Main => {
             let usage = directives
-                .usage
-                .map_or(OPENAI_MAIN_USAGE, |u| Usage {
-                    input_tokens: u.input,
-                    output_tokens: u.output,
-                    cache_read_tokens: u.cache_read,
-                    cache_write_tokens: u.cache_write,
-                    reasoning_tokens: u.reasoning,
-                })
+                .main_usage(OPENAI_MAIN_USAGE)
                 .capped(v.get("max_output_tokens").and_then(Value::as_u64));
             let mode = Mode::of(&conversation.prompt, directives);
             let step = script::step(
