@@ -584,7 +584,7 @@ impl Soak<'_> {
                         "repoId": self.repo_id,
                         "title": format!("Soak issue {}", item.issue),
                     });
-                    match assign(&self.api, &body, replica) {
+                    match assign(self.api, &body, replica) {
                         Ok(()) => tally_of(&self.tally).assigned_api += 1,
                         Err(e) => tally_of(&self.tally)
                             .problems
@@ -627,7 +627,7 @@ impl Soak<'_> {
         let mut next = Instant::now() + pause(chaos_rng);
         while !self.all_over.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(100));
-            for i in 0..cluster.len() {
+            for i in 0..self.cluster.len() {
                 if !self.cluster.alive(i) && !self.all_over.load(Ordering::SeqCst) {
                     self.crashes
                         .lock()
@@ -754,8 +754,8 @@ impl Soak<'_> {
             &format!("chaos over after {kills} kills; faults off; waiting for quiescence"),
         );
         let world = check::World {
-            fake: &self.fake,
-            api: &self.api,
+            fake: self.fake,
+            api: self.api,
             repo: (OWNER, NAME),
             issues: issues.to_vec(),
         };

@@ -99,6 +99,42 @@ impl SplitMix64 {
     }
 }
 
+/// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
+/// reported ignored, where the suite has no server), as `$name::sqlite` and
+/// `$name::postgres`, each under the given test attribute (`#[tokio::test]`,
+/// `#[actix_web::test]`); `on_both_backends!(#[tokio::test] test_name => function)` names
+/// the pair `test_name` instead.
+///
+/// The calling crate depends on `agentry-persistence` (with its `test_support`) and sets the
+/// `agentry_pg_skipped` cfg when the suite has no PostgreSQL server.
+#[macro_export]
+macro_rules! on_both_backends {
+    (#[$runtime:meta] $name:ident) => {
+        $crate::on_both_backends!(#[$runtime] $name => $name);
+    };
+    (#[$runtime:meta] $test:ident => $name:ident) => {
+        mod $test {
+            use agentry_persistence::test_support::TestDb;
+
+            #[$runtime]
+            async fn sqlite() {
+                super::$name(TestDb::sqlite()).await;
+            }
+
+            #[$runtime]
+            #[cfg_attr(
+                agentry_pg_skipped,
+                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+            )]
+            async fn postgres() {
+                if let Some(db) = TestDb::postgres() {
+                    super::$name(db).await;
+                }
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::SplitMix64;
@@ -141,40 +177,4 @@ mod tests {
         assert!(!a.chance(0));
         assert!(a.chance(100));
     }
-}
-
-/// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
-/// reported ignored, where the suite has no server), as `$name::sqlite` and
-/// `$name::postgres`, each under the given test attribute (`#[tokio::test]`,
-/// `#[actix_web::test]`); `on_both_backends!(#[tokio::test] test_name => function)` names
-/// the pair `test_name` instead.
-///
-/// The calling crate depends on `agentry-persistence` (with its `test_support`) and sets the
-/// `agentry_pg_skipped` cfg when the suite has no PostgreSQL server.
-#[macro_export]
-macro_rules! on_both_backends {
-    (#[$runtime:meta] $name:ident) => {
-        $crate::on_both_backends!(#[$runtime] $name => $name);
-    };
-    (#[$runtime:meta] $test:ident => $name:ident) => {
-        mod $test {
-            use agentry_persistence::test_support::TestDb;
-
-            #[$runtime]
-            async fn sqlite() {
-                super::$name(TestDb::sqlite()).await;
-            }
-
-            #[$runtime]
-            #[cfg_attr(
-                agentry_pg_skipped,
-                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-            )]
-            async fn postgres() {
-                if let Some(db) = TestDb::postgres() {
-                    super::$name(db).await;
-                }
-            }
-        }
-    };
 }
