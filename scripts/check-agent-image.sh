@@ -27,31 +27,16 @@
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-start=$(date +%s)
-step() { echo "== check-agent-image: $* ($(( $(date +%s) - start ))s)"; }
-fail() { echo "check-agent-image: FAILED: $*" >&2; exit 1; }
+CHECK_NAME=check-agent-image
+# shellcheck source=scripts/lib/image-check.sh
+. scripts/lib/image-check.sh
 
-[ "$(id -u)" = 0 ] || fail "needs root (buildah, umoci, and running the image as uid 10001)"
+require_root
 
-step "tools"
-missing=()
-for tool in buildah:buildah umoci:umoci debootstrap:debootstrap bwrap:bubblewrap \
-    setpriv:util-linux python3:python3 npm:npm; do
-    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+install_missing buildah:buildah umoci:umoci debootstrap:debootstrap bwrap:bubblewrap \
+    setpriv:util-linux python3:python3 npm:npm
 
-if [ -n "${AGENTRY_BIN:-}" ]; then
-    step "binary: AGENTRY_BIN=$AGENTRY_BIN"
-else
-    step "binary: cargo build --release"
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/agentry-target}"
-    cargo build --release --locked --bin agentry
-    export AGENTRY_BIN="$CARGO_TARGET_DIR/release/agentry"
-fi
+release_binary
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/agentry-check-agent-image.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -69,7 +54,7 @@ umoci unpack --image "$tmp/oci:agentry-agent" "$tmp/bundle" >/dev/null
 rootfs="$tmp/bundle/rootfs"
 
 step "configuration"
-version=$(python3 -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"])')
+version=$(workspace_version)
 # The supported versions, from the one place that names them.
 claude_version=$(grep -o 'npm install -g @anthropic-ai/claude-code@[0-9.]*' crates/runner/src/version.rs | sed 's/.*@//')
 codex_version=$(grep -o 'npm install -g @openai/codex@[0-9.]*' crates/runner/src/version.rs | sed 's/.*@//')
@@ -77,25 +62,16 @@ if [ -z "$claude_version" ] || [ -z "$codex_version" ]; then
     fail "no CLI versions in crates/runner/src/version.rs"
 fi
 python3 - "$tmp/oci" "$version" > "$tmp/image.env" <<'EOF'
-import json, os, shlex, sys
+import json, shlex, sys
+
+from oci_image import Expectations, load
 
 layout, version = sys.argv[1], sys.argv[2]
-def blob(digest):
-    algo, hexd = digest.split(":", 1)
-    with open(os.path.join(layout, "blobs", algo, hexd), "rb") as f:
-        return json.load(f)
-index = json.load(open(os.path.join(layout, "index.json")))
-refs = [m for m in index["manifests"]
-        if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "agentry-agent"]
-if len(refs) != 1:
-    sys.exit(f"the layout has {len(refs)} manifests tagged agentry-agent, not 1")
-manifest = blob(refs[0]["digest"])
-c = blob(manifest["config"]["digest"]).get("config", {})
+manifest, config = load(layout, "agentry-agent")
+c = config.get("config", {})
 labels = c.get("Labels") or {}
-errors = []
-def want(what, got, expected):
-    if got != expected:
-        errors.append(f"{what} is {got!r}, not {expected!r}")
+image = Expectations()
+want = image.want
 want("the user", c.get("User"), "10001:10001")
 want("the working directory", c.get("WorkingDir"), "/work")
 want("the entry point", c.get("Entrypoint"), ["/usr/bin/tini", "--", "/usr/local/bin/agentry", "pod-run"])
@@ -104,8 +80,7 @@ want("the volumes", sorted(c.get("Volumes") or {}), [])
 want("the title label", labels.get("org.opencontainers.image.title"), "agentry-agent")
 want("the version label", labels.get("org.opencontainers.image.version"), version)
 want("the licenses label", labels.get("org.opencontainers.image.licenses"), "MIT OR Apache-2.0")
-if errors:
-    sys.exit("\n".join(errors))
+image.exit_if_any()
 print(f"compressed_bytes={sum(l['size'] for l in manifest['layers'])}")
 print(f"image_env={shlex.quote(json.dumps(c.get('Env', [])))}")
 EOF

@@ -20,34 +20,17 @@
 # image's size unpacked and compressed, time to healthy. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-start=$(date +%s)
-step() { echo "== check-image: $* ($(( $(date +%s) - start ))s)"; }
-fail() { echo "check-image: FAILED: $*" >&2; exit 1; }
+CHECK_NAME=check-image
+# shellcheck source=scripts/lib/image-check.sh
+. scripts/lib/image-check.sh
 
-[ "$(id -u)" = 0 ] || fail "needs root (buildah, umoci, and running the image as uid 10001)"
+require_root
 
-step "tools"
-missing=()
-for tool in buildah:buildah umoci:umoci debootstrap:debootstrap bwrap:bubblewrap curl:curl \
-    setpriv:util-linux nsenter:util-linux python3:python3; do
-    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+install_missing buildah:buildah umoci:umoci debootstrap:debootstrap bwrap:bubblewrap curl:curl \
+    setpriv:util-linux nsenter:util-linux python3:python3
 buildah --version; umoci --version; bwrap --version
 
-if [ -n "${AGENTRY_BIN:-}" ]; then
-    step "binary: AGENTRY_BIN=$AGENTRY_BIN"
-else
-    step "binary: cargo build --release"
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/agentry-target}"
-    t0=$(date +%s)
-    cargo build --release --locked --bin agentry
-    echo "release build: $(( $(date +%s) - t0 )) s"
-    export AGENTRY_BIN="$CARGO_TARGET_DIR/release/agentry"
-fi
+release_binary
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/agentry-check-image.XXXXXX")
 server=
@@ -74,30 +57,20 @@ unpack_secs=$(( $(date +%s) - t0 ))
 rootfs="$tmp/bundle/rootfs"
 
 step "configuration"
-version=$(python3 -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"])')
+version=$(workspace_version)
 # The image's configuration, read from the layout's own blobs, and the figures of its size.
 python3 - "$tmp/oci" "$version" > "$tmp/image.env" <<'EOF'
-import json, os, shlex, sys
+import json, shlex, sys
+
+from oci_image import Expectations, load
 
 layout, version = sys.argv[1], sys.argv[2]
-def blob(digest):
-    algo, hexd = digest.split(":", 1)
-    with open(os.path.join(layout, "blobs", algo, hexd), "rb") as f:
-        return json.load(f)
-index = json.load(open(os.path.join(layout, "index.json")))
-refs = [m for m in index["manifests"]
-        if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "agentry"]
-errors = []
-if len(refs) != 1:
-    sys.exit(f"the layout has {len(refs)} manifests tagged agentry, not 1")
-manifest = blob(refs[0]["digest"])
-config = blob(manifest["config"]["digest"])
+manifest, config = load(layout, "agentry")
 c = config.get("config", {})
 env = dict(e.split("=", 1) for e in c.get("Env", []))
 labels = c.get("Labels") or {}
-def want(what, got, expected):
-    if got != expected:
-        errors.append(f"{what} is {got!r}, not {expected!r}")
+image = Expectations()
+want = image.want
 want("the user", c.get("User"), "10001:10001")
 want("the version label", labels.get("org.opencontainers.image.version"), version)
 want("the volumes", sorted(c.get("Volumes") or {}), ["/var/lib/agentry"])
@@ -111,9 +84,8 @@ want("the command", (c.get("Entrypoint") or []) + (c.get("Cmd") or []),
 health = c.get("Healthcheck") or {}
 test = health.get("Test") or []
 if test[:1] != ["CMD"] or len(test) < 2:
-    errors.append(f"the image has no HEALTHCHECK command (Healthcheck: {health!r})")
-if errors:
-    sys.exit("\n".join(errors))
+    image.errors.append(f"the image has no HEALTHCHECK command (Healthcheck: {health!r})")
+image.exit_if_any()
 layers = sum(l["size"] for l in manifest["layers"])
 print(f"compressed_bytes={layers}")
 print(f"health_cmd={shlex.quote(json.dumps(test[1:]))}")

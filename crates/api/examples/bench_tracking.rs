@@ -222,41 +222,7 @@ fn poll_cost(
     let mut conn = db.conn()?;
     bench::store_codehost_token(&mut conn, &key, TOKEN)?;
     let setup = Instant::now();
-    let mut by_repo: Vec<(String, Vec<u64>)> = Vec::with_capacity(repos);
-    let name_of = |r: usize| format!("repo{r:05}");
-    for r in 0..repos {
-        fake.add_repo("acme", &name_of(r), "main");
-        for h in 0..history {
-            let old = fake.add_pull("acme", &name_of(r), "Old", &format!("old-{h}"), "main");
-            fake.close_pull("acme", &name_of(r), old);
-        }
-    }
-    if history > 0 {
-        // The history is a day older than agentry's pull requests, as it would be.
-        fake.advance_clock(Duration::from_secs(86_400));
-    }
-    for r in 0..repos {
-        let name = name_of(r);
-        let repo = connect(&mut conn, "acme", &name)?;
-        let here = pulls / repos + usize::from(r < pulls % repos);
-        // One transaction per repository (each task's own is a savepoint of it): the same
-        // rows as one by one, written faster.
-        let numbers = write_tx(&mut conn, |conn| -> Result<Vec<u64>, DbError> {
-            let mut numbers = Vec::with_capacity(here);
-            for p in 0..here {
-                let issue = fake.add_issue("acme", &name, &format!("Issue {p}"), None, &[]);
-                let pr = fake.add_pull("acme", &name, "Fix", &format!("agentry/task-{p}"), "main");
-                let (issue, pr_number) = match (i64::try_from(issue), i64::try_from(pr)) {
-                    (Ok(i), Ok(n)) => (i, n),
-                    _ => return Err(DbError::Corrupt("issue number out of range".into())),
-                };
-                task_with_pull(conn, &repo, issue, pr_number)?;
-                numbers.push(pr);
-            }
-            Ok(numbers)
-        })?;
-        by_repo.push((name, numbers));
-    }
+    let by_repo = seed_pulls(&mut conn, &fake, repos, pulls, history)?;
     drop(conn);
     println!(
         "poll of {repos} repositories with {pulls} open agent pull requests \
@@ -301,8 +267,88 @@ fn poll_cost(
     };
     cycle("first poll (no watermark yet)")?;
     let unchanged = cycle("nothing changed")?;
-    // Where the time of an unchanged cycle goes: the database reads, then the same
-    // conditional requests sent by the client alone, as many at once as the poller sends.
+    unchanged_cycle_breakdown(db, &fake, &rt, &state, unchanged)?;
+    fake.advance_clock(Duration::from_secs(60));
+    let step = (repos / 10).max(1);
+    let mut merged = 0;
+    for (name, numbers) in by_repo.iter().step_by(step) {
+        if let Some(pr) = numbers.first()
+            && merged < 10
+        {
+            fake.merge_pull("acme", name, *pr);
+            merged += 1;
+        }
+    }
+    cycle(&format!("{merged} merged (in {merged} repositories)"))?;
+    cycle("nothing changed again")?;
+    let completed = count_in(&mut *db.conn()?, TaskState::Completed)?;
+    if completed != merged {
+        return Err(format!("{completed} tasks completed, expected {merged}").into());
+    }
+    if !rtt.is_zero() {
+        // The naive way would take `pulls` × rtt one by one: not worth waiting for.
+        return Ok(());
+    }
+    naive_baseline(&fake, &rt, &by_repo, pulls)
+}
+
+/// The code host's repositories with `history` closed pull requests each, then `pulls` open
+/// agent pull requests spread evenly, each with its task in the database; gives each
+/// repository's name and open pull request numbers.
+fn seed_pulls(
+    conn: &mut AnyConnection,
+    fake: &FakeGitHub,
+    repos: usize,
+    pulls: usize,
+    history: usize,
+) -> Result<Vec<(String, Vec<u64>)>, Error> {
+    let mut by_repo: Vec<(String, Vec<u64>)> = Vec::with_capacity(repos);
+    let name_of = |r: usize| format!("repo{r:05}");
+    for r in 0..repos {
+        fake.add_repo("acme", &name_of(r), "main");
+        for h in 0..history {
+            let old = fake.add_pull("acme", &name_of(r), "Old", &format!("old-{h}"), "main");
+            fake.close_pull("acme", &name_of(r), old);
+        }
+    }
+    if history > 0 {
+        // The history is a day older than agentry's pull requests, as it would be.
+        fake.advance_clock(Duration::from_secs(86_400));
+    }
+    for r in 0..repos {
+        let name = name_of(r);
+        let repo = connect(conn, "acme", &name)?;
+        let here = pulls / repos + usize::from(r < pulls % repos);
+        // One transaction per repository (each task's own is a savepoint of it): the same
+        // rows as one by one, written faster.
+        let numbers = write_tx(conn, |conn| -> Result<Vec<u64>, DbError> {
+            let mut numbers = Vec::with_capacity(here);
+            for p in 0..here {
+                let issue = fake.add_issue("acme", &name, &format!("Issue {p}"), None, &[]);
+                let pr = fake.add_pull("acme", &name, "Fix", &format!("agentry/task-{p}"), "main");
+                let (issue, pr_number) = match (i64::try_from(issue), i64::try_from(pr)) {
+                    (Ok(i), Ok(n)) => (i, n),
+                    _ => return Err(DbError::Corrupt("issue number out of range".into())),
+                };
+                task_with_pull(conn, &repo, issue, pr_number)?;
+                numbers.push(pr);
+            }
+            Ok(numbers)
+        })?;
+        by_repo.push((name, numbers));
+    }
+    Ok(by_repo)
+}
+
+/// Where the time of an unchanged cycle goes: the database reads, then the same conditional
+/// requests sent by the client alone, as many at once as the poller sends.
+fn unchanged_cycle_breakdown(
+    db: &Db,
+    fake: &FakeGitHub,
+    rt: &tokio::runtime::Runtime,
+    state: &web::Data<AppState>,
+    unchanged: Duration,
+) -> Result<(), Error> {
     let t = Instant::now();
     let to_poll = pulls::repos_to_poll(&mut *db.conn()?)?;
     let db_read = t.elapsed();
@@ -337,27 +383,16 @@ fn poll_cost(
         ms(http),
         ms(unchanged),
     );
-    fake.advance_clock(Duration::from_secs(60));
-    let step = (repos / 10).max(1);
-    let mut merged = 0;
-    for (name, numbers) in by_repo.iter().step_by(step) {
-        if let Some(pr) = numbers.first()
-            && merged < 10
-        {
-            fake.merge_pull("acme", name, *pr);
-            merged += 1;
-        }
-    }
-    cycle(&format!("{merged} merged (in {merged} repositories)"))?;
-    cycle("nothing changed again")?;
-    let completed = count_in(&mut *db.conn()?, TaskState::Completed)?;
-    if completed != merged {
-        return Err(format!("{completed} tasks completed, expected {merged}").into());
-    }
-    if !rtt.is_zero() {
-        // The naive way would take `pulls` × rtt one by one: not worth waiting for.
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// The naive way: one request per open pull request, from a full rate-limit window.
+fn naive_baseline(
+    fake: &FakeGitHub,
+    rt: &tokio::runtime::Runtime,
+    by_repo: &[(String, Vec<u64>)],
+    pulls: usize,
+) -> Result<(), Error> {
     // The naive way: one request per open pull request, from a full rate-limit window.
     let github = GitHub::new(
         &ClientConfig {
@@ -371,7 +406,7 @@ fn poll_cost(
     let t = Instant::now();
     let answered = rt.block_on(async {
         let mut answered = 0usize;
-        for (name, numbers) in &by_repo {
+        for (name, numbers) in by_repo {
             for pr in numbers {
                 match github.pull("acme", name, *pr).await {
                     Ok(_) => answered += 1,

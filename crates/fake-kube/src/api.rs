@@ -372,25 +372,36 @@ fn selectors(query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> 
     Ok((labels, fields))
 }
 
-fn list(shared: &Shared, t: &Target, query: &Query) -> Answer {
-    let (labels, fields) = selectors(query)?;
-    let store = shared.lock();
+/// The target's objects (in its namespace, or all) that both selectors match.
+fn selected(
+    store: &Store,
+    t: &Target,
+    labels: &LabelSelector,
+    fields: &FieldSelector,
+) -> Vec<Value> {
     let ns = (!t.namespace.is_empty()).then_some(t.namespace.as_str());
-    let items: Vec<Value> = store
+    store
         .list(t.resource.name, ns)
         .into_iter()
         .filter(|o| labels.matches(o) && fields.matches(o))
-        .collect();
-    Ok((
-        200,
-        json!({
-            "kind": format!("{}List", t.resource.kind),
-            "apiVersion": store::api_version(t.resource),
-            "metadata": {"resourceVersion": store.rv.to_string()},
-            "items": items,
-        }),
-        None,
-    ))
+        .collect()
+}
+
+/// A list of the target's kind (`PodList`, ...) at the store's current version.
+fn list_json(store: &Store, t: &Target, items: Vec<Value>) -> Value {
+    json!({
+        "kind": format!("{}List", t.resource.kind),
+        "apiVersion": store::api_version(t.resource),
+        "metadata": {"resourceVersion": store.rv.to_string()},
+        "items": items,
+    })
+}
+
+fn list(shared: &Shared, t: &Target, query: &Query) -> Answer {
+    let (labels, fields) = selectors(query)?;
+    let store = shared.lock();
+    let items = selected(&store, t, &labels, &fields);
+    Ok((200, list_json(&store, t, items), None))
 }
 
 fn parse_body(body: &[u8], content_type: &str, kind: &str) -> Result<Value, ApiError> {
@@ -1052,12 +1063,7 @@ fn delete_collection(shared: &Shared, t: &Target, query: &Query, body: &[u8]) ->
     let (labels, fields) = selectors(query)?;
     let (policy, grace, dry) = delete_options(query, body)?;
     let mut store = shared.lock();
-    let ns = (!t.namespace.is_empty()).then_some(t.namespace.as_str());
-    let items: Vec<Value> = store
-        .list(t.resource.name, ns)
-        .into_iter()
-        .filter(|o| labels.matches(o) && fields.matches(o))
-        .collect();
+    let items = selected(&store, t, &labels, &fields);
     if !dry {
         for item in &items {
             let name = item["metadata"]["name"].as_str().unwrap_or_default();
@@ -1065,16 +1071,7 @@ fn delete_collection(shared: &Shared, t: &Target, query: &Query, body: &[u8]) ->
             controller::delete(&mut store, t.resource, ns, name, policy.as_deref(), grace)?;
         }
     }
-    Ok((
-        200,
-        json!({
-            "kind": format!("{}List", t.resource.kind),
-            "apiVersion": store::api_version(t.resource),
-            "metadata": {"resourceVersion": store.rv.to_string()},
-            "items": items,
-        }),
-        None,
-    ))
+    Ok((200, list_json(&store, t, items), None))
 }
 
 /// A watch: the events after the asked version (or the current objects as `ADDED` first),

@@ -259,8 +259,9 @@ fn has_condition(job: &Value, kind: &str) -> Option<Value> {
         .cloned()
 }
 
+/// One pass of the Job controller: each finished Job expired after its TTL, each other Job
+/// reconciled with its pods.
 fn reconcile_jobs(store: &mut Store, counted: &mut HashSet<String>) {
-    let jobs = res("jobs");
     let now = time::OffsetDateTime::now_utc();
     for job in store.list("jobs", None) {
         let ns = job["metadata"]["namespace"]
@@ -271,149 +272,205 @@ fn reconcile_jobs(store: &mut Store, counted: &mut HashSet<String>) {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        let job_uid = uid(&job);
         let finished = has_condition(&job, "Complete").or_else(|| has_condition(&job, "Failed"));
         if let Some(done) = finished {
-            if let (Some(ttl), Some(at)) = (
-                job["spec"]["ttlSecondsAfterFinished"].as_i64(),
-                done["lastTransitionTime"].as_str().and_then(parse_time),
-            ) && now >= at + time::Duration::seconds(ttl)
-                && job["metadata"]["deletionTimestamp"].is_null()
-            {
-                let _ = delete(store, jobs, &ns, &name, Some("Background"), None);
-            }
+            expire_finished_job(store, &job, &done, &ns, &name, now);
             continue;
         }
-        let pods: Vec<Value> = store
-            .list("pods", Some(&ns))
-            .into_iter()
-            .filter(|p| {
-                p["metadata"]["labels"]["batch.kubernetes.io/controller-uid"].as_str()
-                    == Some(job_uid.as_str())
+        reconcile_active_job(store, counted, &job, &ns, &name, now);
+    }
+}
+
+/// A finished Job past its `ttlSecondsAfterFinished` is deleted (in the background, as the
+/// TTL controller does).
+fn expire_finished_job(
+    store: &mut Store,
+    job: &Value,
+    done: &Value,
+    ns: &str,
+    name: &str,
+    now: time::OffsetDateTime,
+) {
+    if let (Some(ttl), Some(at)) = (
+        job["spec"]["ttlSecondsAfterFinished"].as_i64(),
+        done["lastTransitionTime"].as_str().and_then(parse_time),
+    ) && now >= at + time::Duration::seconds(ttl)
+        && job["metadata"]["deletionTimestamp"].is_null()
+    {
+        let _ = delete(store, res("jobs"), ns, name, Some("Background"), None);
+    }
+}
+
+/// One pass of the Job controller over an unfinished Job: its pods counted, the success or
+/// failure target decided, running pods stopped once a target is met, the final condition
+/// written when they have ended, or a new pod started when none runs.
+fn reconcile_active_job(
+    store: &mut Store,
+    counted: &mut HashSet<String>,
+    job: &Value,
+    ns: &str,
+    name: &str,
+    now: time::OffsetDateTime,
+) {
+    let job_uid = uid(job);
+    let pods: Vec<Value> = store
+        .list("pods", Some(ns))
+        .into_iter()
+        .filter(|p| {
+            p["metadata"]["labels"]["batch.kubernetes.io/controller-uid"].as_str()
+                == Some(job_uid.as_str())
+        })
+        .collect();
+    let mut status = job["status"].clone();
+    if !status.is_object() {
+        status = json!({});
+    }
+    count_ended_pods(&mut status, &pods, counted);
+    let running: Vec<&Value> = pods
+        .iter()
+        .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
+        .collect();
+    let terminating = running
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_string())
+        .count();
+    let active = running.len() - terminating;
+    let ready = running
+        .iter()
+        .filter(|p| {
+            p["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
             })
-            .collect();
-        let mut status = job["status"].clone();
-        if !status.is_object() {
-            status = json!({});
+        })
+        .count();
+    let mut conditions: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
+    add_target_condition(&mut conditions, job, &status, now);
+    let target = conditions
+        .iter()
+        .find(|c| c["type"] == "FailureTarget" || c["type"] == "SuccessCriteriaMet")
+        .cloned();
+    if let Some(target) = &target {
+        finish_job(store, ns, &running, target, &mut conditions, &mut status);
+    } else if running.is_empty() && job["metadata"]["deletionTimestamp"].is_null() {
+        if status["startTime"].is_null() {
+            status["startTime"] = json!(now_rfc3339());
         }
-        for pod in &pods {
-            let phase = pod["status"]["phase"].as_str().unwrap_or_default();
-            let pod_uid = uid(pod);
-            if matches!(phase, "Succeeded" | "Failed") && counted.insert(pod_uid) {
-                let field = if phase == "Succeeded" {
-                    "succeeded"
-                } else {
-                    "failed"
-                };
-                status[field] = json!(status[field].as_i64().unwrap_or(0) + 1);
-            }
+        create_pod(store, job, ns, name, &job_uid);
+    }
+    status["active"] = json!(if target.is_some() { 0 } else { active });
+    status["ready"] = json!(ready);
+    status["terminating"] = json!(terminating);
+    if !conditions.is_empty() {
+        status["conditions"] = json!(conditions);
+    }
+    for field in ["succeeded", "failed"] {
+        if status[field].is_null() {
+            status[field] = json!(0);
         }
-        let running: Vec<&Value> = pods
-            .iter()
-            .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
-            .collect();
-        let terminating = running
-            .iter()
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_string())
-            .count();
-        let active = running.len() - terminating;
-        let ready = running
-            .iter()
-            .filter(|p| {
-                p["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            })
-            .count();
-        let mut conditions: Vec<Value> =
-            status["conditions"].as_array().cloned().unwrap_or_default();
-        let has = |conditions: &[Value], kind: &str| conditions.iter().any(|c| c["type"] == kind);
-        let deadline_passed = match (
-            job["spec"]["activeDeadlineSeconds"].as_i64(),
-            status["startTime"].as_str().and_then(parse_time),
-        ) {
-            (Some(limit), Some(start)) => now >= start + time::Duration::seconds(limit),
-            _ => false,
-        };
-        if !has(&conditions, "FailureTarget") && !has(&conditions, "SuccessCriteriaMet") {
-            if status["succeeded"].as_i64().unwrap_or(0) >= 1 {
-                conditions.push(condition(
-                    "SuccessCriteriaMet",
-                    "CompletionsReached",
-                    "Reached expected number of succeeded pods",
-                ));
-            } else if status["failed"].as_i64().unwrap_or(0)
-                > job["spec"]["backoffLimit"].as_i64().unwrap_or(6)
-            {
-                conditions.push(condition(
-                    "FailureTarget",
-                    "BackoffLimitExceeded",
-                    "Job has reached the specified backoff limit",
-                ));
-            } else if deadline_passed {
-                conditions.push(condition(
-                    "FailureTarget",
-                    "DeadlineExceeded",
-                    "Job was active longer than specified deadline",
-                ));
-            }
+    }
+    if status != job["status"] {
+        store.modify(res("jobs"), ns, name, |j| j["status"] = status);
+    }
+}
+
+/// Each pod that has ended since the last pass adds one to the Job's `succeeded` or `failed`.
+fn count_ended_pods(status: &mut Value, pods: &[Value], counted: &mut HashSet<String>) {
+    for pod in pods {
+        let phase = pod["status"]["phase"].as_str().unwrap_or_default();
+        let pod_uid = uid(pod);
+        if matches!(phase, "Succeeded" | "Failed") && counted.insert(pod_uid) {
+            let field = if phase == "Succeeded" {
+                "succeeded"
+            } else {
+                "failed"
+            };
+            status[field] = json!(status[field].as_i64().unwrap_or(0) + 1);
         }
-        let target = conditions
-            .iter()
-            .find(|c| c["type"] == "FailureTarget" || c["type"] == "SuccessCriteriaMet")
-            .cloned();
-        if let Some(target) = &target {
-            // Pods still running are stopped; the final condition waits for them to end.
-            for pod in &running {
-                if pod["metadata"]["deletionTimestamp"].is_null() {
-                    let pod_name = pod["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
-                    let _ = delete(store, res("pods"), &ns, &pod_name, Some("Background"), None);
-                }
-            }
-            if running.is_empty() {
-                let success = target["type"] == "SuccessCriteriaMet";
-                let (kind, reason, message) = if success {
-                    (
-                        "Complete",
-                        "CompletionsReached",
-                        "Reached expected number of succeeded pods",
-                    )
-                } else {
-                    (
-                        "Failed",
-                        target["reason"].as_str().unwrap_or("BackoffLimitExceeded"),
-                        target["message"].as_str().unwrap_or_default(),
-                    )
-                };
-                conditions.push(condition(kind, reason, message));
-                if success {
-                    status["completionTime"] = json!(now_rfc3339());
-                }
-            }
-        } else if running.is_empty() && job["metadata"]["deletionTimestamp"].is_null() {
-            if status["startTime"].is_null() {
-                status["startTime"] = json!(now_rfc3339());
-            }
-            create_pod(store, &job, &ns, &name, &job_uid);
+    }
+}
+
+/// The Job's target condition, once: `SuccessCriteriaMet` after a succeeded pod,
+/// `FailureTarget` past the backoff limit or the active deadline.
+fn add_target_condition(
+    conditions: &mut Vec<Value>,
+    job: &Value,
+    status: &Value,
+    now: time::OffsetDateTime,
+) {
+    let has = |conditions: &[Value], kind: &str| conditions.iter().any(|c| c["type"] == kind);
+    if has(conditions, "FailureTarget") || has(conditions, "SuccessCriteriaMet") {
+        return;
+    }
+    let deadline_passed = match (
+        job["spec"]["activeDeadlineSeconds"].as_i64(),
+        status["startTime"].as_str().and_then(parse_time),
+    ) {
+        (Some(limit), Some(start)) => now >= start + time::Duration::seconds(limit),
+        _ => false,
+    };
+    if status["succeeded"].as_i64().unwrap_or(0) >= 1 {
+        conditions.push(condition(
+            "SuccessCriteriaMet",
+            "CompletionsReached",
+            "Reached expected number of succeeded pods",
+        ));
+    } else if status["failed"].as_i64().unwrap_or(0)
+        > job["spec"]["backoffLimit"].as_i64().unwrap_or(6)
+    {
+        conditions.push(condition(
+            "FailureTarget",
+            "BackoffLimitExceeded",
+            "Job has reached the specified backoff limit",
+        ));
+    } else if deadline_passed {
+        conditions.push(condition(
+            "FailureTarget",
+            "DeadlineExceeded",
+            "Job was active longer than specified deadline",
+        ));
+    }
+}
+
+/// A Job whose target is met: pods still running are stopped, and once none runs the final
+/// `Complete` or `Failed` condition is written.
+fn finish_job(
+    store: &mut Store,
+    ns: &str,
+    running: &[&Value],
+    target: &Value,
+    conditions: &mut Vec<Value>,
+    status: &mut Value,
+) {
+    for pod in running {
+        if pod["metadata"]["deletionTimestamp"].is_null() {
+            let pod_name = pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let _ = delete(store, res("pods"), ns, &pod_name, Some("Background"), None);
         }
-        status["active"] = json!(if target.is_some() { 0 } else { active });
-        status["ready"] = json!(ready);
-        status["terminating"] = json!(terminating);
-        if !conditions.is_empty() {
-            status["conditions"] = json!(conditions);
-        }
-        for field in ["succeeded", "failed"] {
-            if status[field].is_null() {
-                status[field] = json!(0);
-            }
-        }
-        if status != job["status"] {
-            store.modify(jobs, &ns, &name, |j| j["status"] = status);
-        }
+    }
+    if !running.is_empty() {
+        return;
+    }
+    let success = target["type"] == "SuccessCriteriaMet";
+    let (kind, reason, message) = if success {
+        (
+            "Complete",
+            "CompletionsReached",
+            "Reached expected number of succeeded pods",
+        )
+    } else {
+        (
+            "Failed",
+            target["reason"].as_str().unwrap_or("BackoffLimitExceeded"),
+            target["message"].as_str().unwrap_or_default(),
+        )
+    };
+    conditions.push(condition(kind, reason, message));
+    if success {
+        status["completionTime"] = json!(now_rfc3339());
     }
 }
 

@@ -428,6 +428,8 @@ fn field_ref(pod: &Value, path: &str) -> Result<String, String> {
     }
 }
 
+/// The pod's one container made into what the sandbox runs: its command, user, environment,
+/// volumes and mounts, memory limit and log file; a refusal says why the pod cannot start.
 fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusal> {
     let spec = &object["spec"];
     let containers = spec["containers"].as_array().cloned().unwrap_or_default();
@@ -441,6 +443,40 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
         ));
     }
     let c = &containers[0];
+    let argv = container_command(c)?;
+    let (uid, gid) = container_user(pod, spec, c)?;
+    let mut env = service_env(pod, spec);
+    add_env_from(pod, c, &mut env)?;
+    add_env_vars(pod, object, c, &mut env)?;
+    let dir = pod.dir();
+    make_dir(&dir)?;
+    let volumes = pod_volumes(pod, spec, &dir, uid, gid)?;
+    let mut mounts = volume_mounts(c, &volumes)?;
+    mount_service_account(pod, spec, &dir, &mut mounts)?;
+    let memory = memory_limit(c)?;
+    let log = dir.join(format!("{}.log", c["name"].as_str().unwrap_or("container")));
+    Ok(Config {
+        argv,
+        env,
+        uid,
+        gid,
+        workdir: c["workingDir"].as_str().map(str::to_owned),
+        rootfs: rootfs.to_path_buf(),
+        mounts,
+        memory,
+        log,
+        hostname: pod.name.clone(),
+    })
+}
+
+/// Creates a directory of the pod's, or refuses the pod.
+fn make_dir(path: &Path) -> Result<(), Refusal> {
+    std::fs::create_dir_all(path)
+        .map_err(|e| config_error(format!("cannot create {}: {e}", path.display())))
+}
+
+/// The container's `command` followed by its `args` (an explicit command is required).
+fn container_command(c: &Value) -> Result<Vec<String>, Refusal> {
     let mut argv: Vec<String> = c["command"]
         .as_array()
         .into_iter()
@@ -457,6 +493,12 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
             .flatten()
             .filter_map(|v| v.as_str().map(str::to_owned)),
     );
+    Ok(argv)
+}
+
+/// The user and group the container runs as (its own security context over the pod's),
+/// refused when `runAsNonRoot` asks for a user other than root and none is given.
+fn container_user(pod: &PodRef, spec: &Value, c: &Value) -> Result<(u32, u32), Refusal> {
     let security = |field: &str| {
         let v = &c["securityContext"][field];
         if v.is_null() {
@@ -481,6 +523,12 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
             c["name"].as_str().unwrap_or_default()
         )));
     }
+    Ok((uid, gid))
+}
+
+/// The environment every container gets: `PATH`, `HOSTNAME` and the `kubernetes` service's
+/// variables (its links too unless `enableServiceLinks` is false).
+fn service_env(pod: &PodRef, spec: &Value) -> BTreeMap<String, String> {
     let port = pod.shared.addr.port();
     let mut env = BTreeMap::new();
     env.insert(
@@ -514,6 +562,15 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
             HOST_FROM_POD.to_owned(),
         );
     }
+    env
+}
+
+/// The container's `envFrom`: every key of the named Secrets and ConfigMaps, prefixed.
+fn add_env_from(
+    pod: &PodRef,
+    c: &Value,
+    env: &mut BTreeMap<String, String>,
+) -> Result<(), Refusal> {
     for source in c["envFrom"].as_array().into_iter().flatten() {
         let prefix = source["prefix"].as_str().unwrap_or_default();
         let optional = |r: &Value| r["optional"] == json!(true);
@@ -550,6 +607,16 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
             );
         }
     }
+    Ok(())
+}
+
+/// The container's `env`: literal values, Secret and ConfigMap keys, and field references.
+fn add_env_vars(
+    pod: &PodRef,
+    object: &Value,
+    c: &Value,
+    env: &mut BTreeMap<String, String>,
+) -> Result<(), Refusal> {
     for var in c["env"].as_array().into_iter().flatten() {
         let name = var["name"].as_str().unwrap_or_default().to_owned();
         let from = &var["valueFrom"];
@@ -592,12 +659,18 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
         };
         env.insert(name, value);
     }
-    let dir = pod.dir();
-    let mkdir = |path: &Path| {
-        std::fs::create_dir_all(path)
-            .map_err(|e| config_error(format!("cannot create {}: {e}", path.display())))
-    };
-    mkdir(&dir)?;
+    Ok(())
+}
+
+/// The pod's volumes under its directory: emptyDirs owned by the container's user (or the
+/// pod's `fsGroup`), Secrets and ConfigMaps written out as files; by name.
+fn pod_volumes(
+    pod: &PodRef,
+    spec: &Value,
+    dir: &Path,
+    uid: u32,
+    gid: u32,
+) -> Result<BTreeMap<String, PathBuf>, Refusal> {
     let fs_group = spec["securityContext"]["fsGroup"]
         .as_u64()
         .and_then(|g| u32::try_from(g).ok());
@@ -606,7 +679,7 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
         let name = volume["name"].as_str().unwrap_or_default().to_owned();
         let path = dir.join("volumes").join(&name);
         if volume["emptyDir"].is_object() {
-            mkdir(&path)?;
+            make_dir(&path)?;
             let group = fs_group.unwrap_or(gid);
             let mode = if fs_group.is_some() { 0o2775 } else { 0o755 };
             nix::unistd::chown(
@@ -638,7 +711,7 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
                     format!("MountVolume.SetUp failed for volume \"{name}\" : {e}"),
                 )
             })?;
-            mkdir(&path)?;
+            make_dir(&path)?;
             let default_mode = source["defaultMode"]
                 .as_u64()
                 .and_then(|m| u32::try_from(m).ok())
@@ -675,7 +748,7 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
                 })?;
                 let target = path.join(&file);
                 if let Some(parent) = target.parent() {
-                    mkdir(parent)?;
+                    make_dir(parent)?;
                 }
                 std::fs::write(&target, bytes)
                     .map_err(|e| config_error(format!("cannot write {}: {e}", target.display())))?;
@@ -694,6 +767,14 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
         }
         volumes.insert(name, path);
     }
+    Ok(volumes)
+}
+
+/// The container's `volumeMounts`: (the volume's directory, where it is mounted, read-only).
+fn volume_mounts(
+    c: &Value,
+    volumes: &BTreeMap<String, PathBuf>,
+) -> Result<Vec<(PathBuf, String, bool)>, Refusal> {
     let mut mounts = Vec::new();
     for mount in c["volumeMounts"].as_array().into_iter().flatten() {
         let name = mount["name"].as_str().unwrap_or_default();
@@ -712,10 +793,21 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
             mount["readOnly"] == json!(true),
         ));
     }
+    Ok(mounts)
+}
+
+/// The service account's token, namespace and CA mounted at their usual place, unless the pod
+/// opts out or mounts something there itself.
+fn mount_service_account(
+    pod: &PodRef,
+    spec: &Value,
+    dir: &Path,
+    mounts: &mut Vec<(PathBuf, String, bool)>,
+) -> Result<(), Refusal> {
     let automount = spec["automountServiceAccountToken"] != json!(false);
     if automount && !mounts.iter().any(|(_, at, _)| at == TOKEN_DIR) {
         let sa = dir.join("serviceaccount");
-        mkdir(&sa)?;
+        make_dir(&sa)?;
         for (file, content) in [
             ("token", pod.shared.token.as_str()),
             ("namespace", pod.ns.as_str()),
@@ -728,7 +820,12 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
         }
         mounts.push((sa, TOKEN_DIR.to_owned(), true));
     }
-    let memory = c["resources"]["limits"]["memory"]
+    Ok(())
+}
+
+/// The container's memory limit in bytes, if it has one.
+fn memory_limit(c: &Value) -> Result<Option<u64>, Refusal> {
+    c["resources"]["limits"]["memory"]
         .as_str()
         .map(|m| {
             quantity_bytes(m).ok_or_else(|| {
@@ -737,20 +834,7 @@ fn prepare(pod: &PodRef, object: &Value, rootfs: &Path) -> Result<Config, Refusa
                 ))
             })
         })
-        .transpose()?;
-    let log = dir.join(format!("{}.log", c["name"].as_str().unwrap_or("container")));
-    Ok(Config {
-        argv,
-        env,
-        uid,
-        gid,
-        workdir: c["workingDir"].as_str().map(str::to_owned),
-        rootfs: rootfs.to_path_buf(),
-        mounts,
-        memory,
-        log,
-        hostname: pod.name.clone(),
-    })
+        .transpose()
 }
 
 fn append_log(path: &Path, text: &str) {

@@ -199,6 +199,37 @@ fn kubectl_gets_creates_waits_logs_and_deletes_a_job() {
     );
 }
 
+/// Asserts an API answer's status code and its Status `reason`.
+fn assert_status_reason(code: u16, body: &Value, status: u16, reason: &str) {
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (status, Some(reason)),
+        "{body}"
+    );
+}
+
+/// How many of the test namespace's Secrets a list with this query finds (the list must
+/// answer 200).
+fn count_secrets(fake: &FakeKube, query: &str) -> usize {
+    let (code, body) = call(
+        fake,
+        "GET",
+        &format!("/api/v1/namespaces/{NS}/secrets?{query}"),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    body["items"].as_array().map_or(0, Vec::len)
+}
+
+/// An object's `metadata.resourceVersion`, as the number it is.
+fn resource_version(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .parse()
+        .expect("number")
+}
+
 // ---- the API ----
 
 #[test]
@@ -211,11 +242,7 @@ fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
         "/api/v1/namespaces/nowhere/secrets",
         Some(secret("a")),
     );
-    assert_eq!(
-        (code, body["reason"].as_str()),
-        (404, Some("NotFound")),
-        "{body}"
-    );
+    assert_status_reason(code, &body, 404, "NotFound");
     assert_eq!(body["message"], "namespaces \"nowhere\" not found");
     let (code, body) = call(
         &fake,
@@ -223,11 +250,7 @@ fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
         &format!("/api/v1/namespaces/{NS}/secrets"),
         Some(secret("Bad_Name")),
     );
-    assert_eq!(
-        (code, body["reason"].as_str()),
-        (422, Some("Invalid")),
-        "{body}"
-    );
+    assert_status_reason(code, &body, 422, "Invalid");
     let (code, body) = call(
         &fake,
         "POST",
@@ -244,22 +267,14 @@ fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
     );
     assert_eq!(code, 201, "{body}");
     assert_eq!(body["data"]["k"], "dg==");
-    let rv_a: u64 = body["metadata"]["resourceVersion"]
-        .as_str()
-        .expect("rv")
-        .parse()
-        .expect("number");
+    let rv_a: u64 = resource_version(&body);
     let (code, body) = call(
         &fake,
         "POST",
         &format!("/api/v1/namespaces/{NS}/secrets"),
         Some(secret("a")),
     );
-    assert_eq!(
-        (code, body["reason"].as_str()),
-        (409, Some("AlreadyExists")),
-        "{body}"
-    );
+    assert_status_reason(code, &body, 409, "AlreadyExists");
     let (code, body) = call(
         &fake,
         "POST",
@@ -272,53 +287,18 @@ fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
         generated.starts_with("gen-") && generated.len() == 9,
         "{generated}"
     );
-    let rv_gen: u64 = body["metadata"]["resourceVersion"]
-        .as_str()
-        .expect("rv")
-        .parse()
-        .expect("number");
+    let rv_gen: u64 = resource_version(&body);
     assert!(rv_gen > rv_a);
-    let (code, body) = call(
-        &fake,
-        "GET",
-        &format!("/api/v1/namespaces/{NS}/secrets?labelSelector=tier%20in%20(a,b)"),
-        None,
-    );
-    assert_eq!(code, 200);
-    assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
-    let (code, body) = call(
-        &fake,
-        "GET",
-        &format!("/api/v1/namespaces/{NS}/secrets?labelSelector=!tier"),
-        None,
-    );
-    assert_eq!(
-        (code, body["items"].as_array().map(Vec::len)),
-        (200, Some(1)),
-        "{body}"
-    );
-    let (code, body) = call(
-        &fake,
-        "GET",
-        &format!("/api/v1/namespaces/{NS}/secrets?fieldSelector=metadata.name%3Da"),
-        None,
-    );
-    assert_eq!(
-        (code, body["items"].as_array().map(Vec::len)),
-        (200, Some(1)),
-        "{body}"
-    );
+    assert_eq!(count_secrets(&fake, "labelSelector=tier%20in%20(a,b)"), 1);
+    assert_eq!(count_secrets(&fake, "labelSelector=!tier"), 1);
+    assert_eq!(count_secrets(&fake, "fieldSelector=metadata.name%3Da"), 1);
     let (code, body) = call(
         &fake,
         "GET",
         &format!("/api/v1/namespaces/{NS}/secrets?labelSelector=a%20in%20b"),
         None,
     );
-    assert_eq!(
-        (code, body["reason"].as_str()),
-        (400, Some("BadRequest")),
-        "{body}"
-    );
+    assert_status_reason(code, &body, 400, "BadRequest");
     let (code, body) = call(
         &fake,
         "PATCH",
@@ -338,11 +318,7 @@ fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
             json!({"metadata": {"name": "wide"}, "spec": {"parallelism": 2, "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "host", "command": ["true"]}]}}}}),
         ),
     );
-    assert_eq!(
-        (code, body["reason"].as_str()),
-        (422, Some("Invalid")),
-        "{body}"
-    );
+    assert_status_reason(code, &body, 422, "Invalid");
     let (code, body) = call(&fake, "GET", "/api/v1/namespaces/agents/pods/none", None);
     assert_eq!(
         (code, body["message"].as_str()),
@@ -503,11 +479,7 @@ fn a_pod_gets_secrets_the_downward_api_its_user_and_a_network_to_the_host() {
     let (code, body) = call(&fake, "GET", &path("sinceTime=2999-01-01T00:00:00Z"), None);
     assert_eq!((code, body.as_str()), (200, Some("")));
     let (code, body) = call(&fake, "GET", &path("container=other"), None);
-    assert_eq!(
-        (code, body["reason"].as_str()),
-        (400, Some("BadRequest")),
-        "{body}"
-    );
+    assert_status_reason(code, &body, 400, "BadRequest");
     let status = fake.object("pods", NS, "env").expect("pod")["status"].clone();
     assert_eq!(
         status["containerStatuses"][0]["state"]["terminated"]["reason"], "Completed",
@@ -825,11 +797,7 @@ fn the_role_decides_what_the_kubeconfig_user_may_do() {
         &format!("/api/v1/namespaces/{NS}/secrets"),
         Some(json!({"metadata": {"name": "key"}})),
     );
-    assert_eq!(
-        (code, body["reason"].as_str()),
-        (403, Some("Forbidden")),
-        "{body}"
-    );
+    assert_status_reason(code, &body, 403, "Forbidden");
     assert_eq!(
         body["message"],
         "secrets is forbidden: User \"system:serviceaccount:agents:agentry\" cannot create resource \"secrets\" in API group \"\" in the namespace \"agents\""

@@ -434,16 +434,12 @@ pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &
             vec![Block::Text(side_answer(&v, &tag))],
         )
     } else {
-        let usage = directives
-            .usage
-            .map_or(ANTHROPIC_MAIN_USAGE, |u| Usage {
-                input_tokens: u.input,
-                output_tokens: u.output,
-                cache_read_tokens: u.cache_read,
-                cache_write_tokens: u.cache_write,
-                reasoning_tokens: 0,
-            })
-            .capped(v.get("max_tokens").and_then(Value::as_u64));
+        // Anthropic reports no reasoning tokens of their own.
+        let usage = Usage {
+            reasoning_tokens: 0,
+            ..directives.main_usage(ANTHROPIC_MAIN_USAGE)
+        }
+        .capped(v.get("max_tokens").and_then(Value::as_u64));
         let mode = Mode::of(&conversation.prompt, &directives);
         let step = script::step(
             &mode,

@@ -554,6 +554,85 @@ fn events_of(
     (events, done)
 }
 
+/// The request's `input` as a list of items (a string is one user message); `None` when it
+/// is neither a string nor an array.
+fn input_of(v: &Value) -> Option<Vec<Value>> {
+    match v.get("input") {
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(Value::String(text)) => Some(vec![
+            json!({"type": "message", "role": "user", "content": text}),
+        ]),
+        Some(Value::Array(items)) => Some(items.clone()),
+        Some(_) => None,
+    }
+}
+
+/// What the input's items tell about the conversation: the tool results it returns (counted,
+/// the last one kept) and the run tag an earlier assistant message carries.
+fn read_input(conversation: &mut Conversation, input: &[Value]) {
+    for item in input {
+        match item.get("type").and_then(Value::as_str) {
+            Some("function_call_output" | "custom_tool_call_output") => {
+                conversation.tool_results += 1;
+                conversation.last_result = Some(output_text(item));
+            }
+            Some("message") | None
+                if conversation.tag.is_empty()
+                    && item.get("role").and_then(Value::as_str) == Some("assistant") =>
+            {
+                if let Some(tag) =
+                    script::find_tag(&content_text(item.get("content").unwrap_or(&Value::Null)))
+                {
+                    conversation.tag = tag;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The answer to a call of this kind, with its usage: nothing to a prewarm, the script's next
+/// step to a main call, a text (or a schema's example) to a side call.
+fn answer_of(
+    s: &mut State,
+    kind: CallKind,
+    v: &Value,
+    directives: &Directives,
+    conversation: &Conversation,
+) -> (Usage, Vec<Item>) {
+    match kind {
+        CallKind::Prewarm => (Usage::default(), Vec::new()),
+        CallKind::Main => {
+            let usage = directives
+                .main_usage(OPENAI_MAIN_USAGE)
+                .capped(v.get("max_output_tokens").and_then(Value::as_u64));
+            let mode = Mode::of(&conversation.prompt, directives);
+            let step = script::step(
+                &mode,
+                &conversation.tag,
+                conversation.tool_results,
+                conversation.last_result.as_deref(),
+            );
+            (usage, main_items(s, &conversation.tools, step))
+        }
+        _ => {
+            let text = match v
+                .get("text")
+                .and_then(|t| t.get("format"))
+                .and_then(|f| f.get("schema"))
+            {
+                Some(schema) => script::example_of(schema, "value").to_string(),
+                None => format!(
+                    "fake-models side answer (fake-models run {})",
+                    conversation.tag
+                ),
+            };
+            let id = s.new_id("msg_", 32);
+            (OPENAI_SIDE_USAGE, vec![Item::Message { id, text }])
+        }
+    }
+}
+
 /// A model request (an HTTP body, or a WebSocket `response.create` without its `type`).
 fn model_call(
     s: &mut State,
@@ -590,21 +669,14 @@ fn model_call(
             Some("missing_required_parameter"),
         );
     };
-    let input: Vec<Value> = match v.get("input") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(text)) => {
-            vec![json!({"type": "message", "role": "user", "content": text})]
-        }
-        Some(Value::Array(items)) => items.clone(),
-        Some(_) => {
-            return error_outcome(
-                s,
-                call,
-                400,
-                "Invalid type for 'input': expected a string or an array.",
-                Some("invalid_type"),
-            );
-        }
+    let Some(input) = input_of(&v) else {
+        return error_outcome(
+            s,
+            call,
+            400,
+            "Invalid type for 'input': expected a string or an array.",
+            Some("invalid_type"),
+        );
     };
     let previous = v
         .get("previous_response_id")
@@ -631,25 +703,7 @@ fn model_call(
         // first call that continues it.
         conversation.prompt = prompt_of(&input);
     }
-    for item in &input {
-        match item.get("type").and_then(Value::as_str) {
-            Some("function_call_output" | "custom_tool_call_output") => {
-                conversation.tool_results += 1;
-                conversation.last_result = Some(output_text(item));
-            }
-            Some("message") | None
-                if conversation.tag.is_empty()
-                    && item.get("role").and_then(Value::as_str) == Some("assistant") =>
-            {
-                if let Some(tag) =
-                    script::find_tag(&content_text(item.get("content").unwrap_or(&Value::Null)))
-                {
-                    conversation.tag = tag;
-                }
-            }
-            _ => {}
-        }
-    }
+    read_input(&mut conversation, &input);
     merge_tools(&mut conversation.tools, offered_tools(&v, &input));
     let session = v
         .get("prompt_cache_key")
@@ -691,44 +745,7 @@ fn model_call(
     {
         return error_outcome(s, call, code, FAULT_MESSAGE, None);
     }
-    let (usage, items) = match call.kind {
-        CallKind::Prewarm => (Usage::default(), Vec::new()),
-        CallKind::Main => {
-            let usage = directives
-                .usage
-                .map_or(OPENAI_MAIN_USAGE, |u| Usage {
-                    input_tokens: u.input,
-                    output_tokens: u.output,
-                    cache_read_tokens: u.cache_read,
-                    cache_write_tokens: u.cache_write,
-                    reasoning_tokens: u.reasoning,
-                })
-                .capped(v.get("max_output_tokens").and_then(Value::as_u64));
-            let mode = Mode::of(&conversation.prompt, &directives);
-            let step = script::step(
-                &mode,
-                &conversation.tag,
-                conversation.tool_results,
-                conversation.last_result.as_deref(),
-            );
-            (usage, main_items(s, &conversation.tools, step))
-        }
-        _ => {
-            let text = match v
-                .get("text")
-                .and_then(|t| t.get("format"))
-                .and_then(|f| f.get("schema"))
-            {
-                Some(schema) => script::example_of(schema, "value").to_string(),
-                None => format!(
-                    "fake-models side answer (fake-models run {})",
-                    conversation.tag
-                ),
-            };
-            let id = s.new_id("msg_", 32);
-            (OPENAI_SIDE_USAGE, vec![Item::Message { id, text }])
-        }
-    };
+    let (usage, items) = answer_of(s, call.kind, &v, &directives, &conversation);
     let delay = directives.delay(call.kind == CallKind::Main && conversation.tool_results >= 1);
     call.usage = Some(usage);
     let id = s.new_id("resp_", 32);

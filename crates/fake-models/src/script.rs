@@ -52,6 +52,17 @@ pub(crate) struct Directives {
 }
 
 impl Directives {
+    /// The usage of a main call: `[model:usage=…]`'s if given, else `default`.
+    pub(crate) fn main_usage(&self, default: crate::Usage) -> crate::Usage {
+        self.usage.map_or(default, |u| crate::Usage {
+            input_tokens: u.input,
+            output_tokens: u.output,
+            cache_read_tokens: u.cache_read,
+            cache_write_tokens: u.cache_write,
+            reasoning_tokens: u.reasoning,
+        })
+    }
+
     /// How long a call waits before its answer: `[model:hold]`, or `[model:slow]` for a
     /// main call after the first (`later_main`), whichever is longer.
     pub(crate) fn delay(&self, later_main: bool) -> Option<Duration> {

@@ -248,7 +248,6 @@ pub fn verify(
     kills: &[Kill],
 ) -> Result<Findings, String> {
     let mut f = Findings::default();
-    let (owner, name) = world.repo;
     let by_id: BTreeMap<&str, &TaskRow> = snap.tasks.iter().map(|t| (t.id.as_str(), t)).collect();
     let coding: Vec<&TaskRow> = snap
         .tasks
@@ -260,12 +259,64 @@ pub fn verify(
         .iter()
         .filter(|t| t.task_type == "review")
         .collect();
+    let per_issue = check_one_task_per_issue(world, &coding, &mut f);
+    let died_thrice = check_states(snap, &mut f);
+    let pulls = check_pull_requests(snap, &coding, &mut f);
+    check_issues(world, &per_issue, &pulls.merged_issues, &mut f);
+    check_reviews(world, &by_id, &reviews, &coding, &pulls.by_branch, &mut f);
+    let runs = runs_matching_task_costs(world, snap, &mut f)?;
+    let (recorded_runs, costless_runs) = check_runs_against_ledger(&runs, ledger, &mut f);
+    let (excused, ledger_lines) = check_ledger_against_runs(ledger, &runs, kills, &mut f);
+    let (total, costed) = check_cost_report(world, snap, &mut f)?;
+    let merged_pulls = pulls.merged;
+    let states = |kind: &str| {
+        let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in snap.tasks.iter().filter(|t| t.task_type == kind) {
+            *by.entry(t.state.as_str()).or_default() += 1;
+        }
+        by.iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    f.figures.push((
+        "tasks".into(),
+        format!(
+            "{} ({} coding: {}; {} review: {})",
+            snap.tasks.len(),
+            coding.len(),
+            states("coding"),
+            reviews.len(),
+            states("review")
+        ),
+    ));
+    f.figures.push((
+        "pull requests".into(),
+        format!("{} opened, {merged_pulls} merged", snap.pulls.len()),
+    ));
+    f.figures.push((
+        "agent runs".into(),
+        format!(
+            "{ledger_lines} agents reported a cost; {recorded_runs} runs recorded ({costless_runs} without a cost: stopped before their result); {excused} reported costs excused (the replica died before the result reached it); {died_thrice} tasks failed after 3 killed attempts"
+        ),
+    ));
+    f.figures.push((
+        "recorded cost".into(),
+        format!("${total} over {} costed tasks", costed),
+    ));
+    Ok(f)
+}
 
-    // One coding task per issue, none without one.
+/// One coding task per issue, none without one; gives the coding tasks by issue.
+fn check_one_task_per_issue<'a>(
+    world: &World<'_>,
+    coding: &[&'a TaskRow],
+    f: &mut Findings,
+) -> BTreeMap<u64, Vec<&'a TaskRow>> {
     let mut per_issue: BTreeMap<u64, Vec<&TaskRow>> = BTreeMap::new();
-    for t in &coding {
+    for t in coding {
         match t.issue {
-            Some(n) => per_issue.entry(n).or_default().push(t),
+            Some(n) => per_issue.entry(n).or_default().push(*t),
             None => f.other.push(format!("coding task {} has no issue", t.id)),
         }
     }
@@ -277,7 +328,12 @@ pub fn verify(
         }
     }
 
-    // States.
+    per_issue
+}
+
+/// No task left in a running state, none failed or cancelled but those the contract fails
+/// after three killed attempts; gives how many of those there are.
+fn check_states(snap: &Snapshot, f: &mut Findings) -> usize {
     let mut died_thrice = 0;
     for t in &snap.tasks {
         match t.state.as_str() {
@@ -306,8 +362,22 @@ pub fn verify(
         }
     }
 
-    // Pull requests: one per coding task that opened one, on its branch, in the state the
-    // task says.
+    died_thrice
+}
+
+/// The pull requests on the code host, by branch, and what was merged.
+struct Pulls<'a> {
+    /// Each branch's pull requests.
+    by_branch: BTreeMap<&'a str, Vec<&'a PullState>>,
+    /// The issues whose pull request was merged.
+    merged_issues: BTreeSet<u64>,
+    /// How many pull requests were merged.
+    merged: usize,
+}
+
+/// Pull requests: one per coding task that opened one, on its branch, in the state the task
+/// says.
+fn check_pull_requests<'a>(snap: &'a Snapshot, coding: &[&TaskRow], f: &mut Findings) -> Pulls<'a> {
     let mut pulls_by_branch: BTreeMap<&str, Vec<&PullState>> = BTreeMap::new();
     for p in &snap.pulls {
         pulls_by_branch.entry(p.head.as_str()).or_default().push(p);
@@ -332,7 +402,7 @@ pub fn verify(
     }
     let mut merged_issues = BTreeSet::new();
     let mut merged_pulls = 0;
-    for t in &coding {
+    for t in coding {
         let pulls = pulls_by_branch
             .get(branch_of(&t.id).as_str())
             .cloned()
@@ -379,9 +449,23 @@ pub fn verify(
         }
     }
 
-    // One label and one comment per issue; merged issues closed exactly once.
+    Pulls {
+        by_branch: pulls_by_branch,
+        merged_issues,
+        merged: merged_pulls,
+    }
+}
+
+/// One label and one comment per issue; merged issues closed exactly once.
+fn check_issues(
+    world: &World<'_>,
+    per_issue: &BTreeMap<u64, Vec<&TaskRow>>,
+    merged_issues: &BTreeSet<u64>,
+    f: &mut Findings,
+) {
+    let (owner, name) = world.repo;
     let requests = world.fake.requests();
-    for (n, ts) in &per_issue {
+    for (n, ts) in per_issue {
         let Some(issue) = world.fake.issue(owner, name, *n) else {
             f.other.push(format!("issue #{n} is not on the code host"));
             continue;
@@ -435,18 +519,28 @@ pub fn verify(
             )),
         }
     }
+}
 
-    // One review task per coding task that opened its pull request, and one review on it.
+/// One review task per coding task that opened its pull request, and one review on it.
+fn check_reviews(
+    world: &World<'_>,
+    by_id: &BTreeMap<&str, &TaskRow>,
+    reviews: &[&TaskRow],
+    coding: &[&TaskRow],
+    pulls_by_branch: &BTreeMap<&str, Vec<&PullState>>,
+    f: &mut Findings,
+) {
+    let (owner, name) = world.repo;
     let mut review_tasks: BTreeMap<&str, Vec<&TaskRow>> = BTreeMap::new();
-    for r in &reviews {
+    for r in reviews {
         match r.parent.as_deref() {
-            Some(p) if by_id.contains_key(p) => review_tasks.entry(p).or_default().push(r),
+            Some(p) if by_id.contains_key(p) => review_tasks.entry(p).or_default().push(*r),
             _ => f
                 .other
                 .push(format!("review task {} has no coding task", r.id)),
         }
     }
-    for t in &coding {
+    for t in coding {
         let Some(pull) = pulls_by_branch
             .get(branch_of(&t.id).as_str())
             .and_then(|p| p.first())
@@ -492,8 +586,15 @@ pub fn verify(
             ));
         }
     }
+}
 
-    // Costs: runs against the ledger.
+/// Each task's runs through the API, their costs summing to the task's; gives the runs by
+/// (task, attempt).
+fn runs_matching_task_costs(
+    world: &World<'_>,
+    snap: &Snapshot,
+    f: &mut Findings,
+) -> Result<BTreeMap<(String, i64), Vec<RunRow>>, String> {
     let mut runs: BTreeMap<(String, i64), Vec<RunRow>> = BTreeMap::new();
     for (i, t) in snap.tasks.iter().enumerate() {
         let path = format!("/api/tasks/{}", t.id);
@@ -519,9 +620,19 @@ pub fn verify(
             ));
         }
     }
+    Ok(runs)
+}
+
+/// Costs: each recorded run once, at the cost the agent reported; gives (runs recorded,
+/// those without a cost).
+fn check_runs_against_ledger(
+    runs: &BTreeMap<(String, i64), Vec<RunRow>>,
+    ledger: &BTreeMap<(String, i64), Vec<Entry>>,
+    f: &mut Findings,
+) -> (usize, usize) {
     let mut recorded_runs = 0;
     let mut costless_runs = 0;
-    for ((task, attempt), rs) in &runs {
+    for ((task, attempt), rs) in runs {
         recorded_runs += rs.len();
         costless_runs += rs.iter().filter(|r| r.cost.is_none()).count();
         if rs.len() > 1 {
@@ -545,6 +656,17 @@ pub fn verify(
             }
         }
     }
+    (recorded_runs, costless_runs)
+}
+
+/// Each agent run once, and its cost recorded unless the replica running it was killed before
+/// the result reached it; gives (costs excused, agent runs).
+fn check_ledger_against_runs(
+    ledger: &BTreeMap<(String, i64), Vec<Entry>>,
+    runs: &BTreeMap<(String, i64), Vec<RunRow>>,
+    kills: &[Kill],
+    f: &mut Findings,
+) -> (usize, usize) {
     let mut excused = 0;
     let mut ledger_lines = 0;
     for ((task, attempt), entries) in ledger {
@@ -591,8 +713,16 @@ pub fn verify(
         }
     }
 
-    // The cost report against a recomputation from the task list (2 days: a run may cross
-    // midnight UTC).
+    (excused, ledger_lines)
+}
+
+/// The cost report against a recomputation from the task list (2 days: a run may cross
+/// midnight UTC); gives (the total cost, how many tasks have a cost).
+fn check_cost_report(
+    world: &World<'_>,
+    snap: &Snapshot,
+    f: &mut Findings,
+) -> Result<(Decimal, usize), String> {
     let a = world
         .api
         .call("GET", "/api/analytics/costs?days=2", None, 0, On5xx::Retry)?;
@@ -647,42 +777,7 @@ pub fn verify(
         expect(&format!("costByType {kind}"), got, want);
     }
 
-    let states = |kind: &str| {
-        let mut by: BTreeMap<&str, usize> = BTreeMap::new();
-        for t in snap.tasks.iter().filter(|t| t.task_type == kind) {
-            *by.entry(t.state.as_str()).or_default() += 1;
-        }
-        by.iter()
-            .map(|(s, n)| format!("{n} {s}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    f.figures.push((
-        "tasks".into(),
-        format!(
-            "{} ({} coding: {}; {} review: {})",
-            snap.tasks.len(),
-            coding.len(),
-            states("coding"),
-            reviews.len(),
-            states("review")
-        ),
-    ));
-    f.figures.push((
-        "pull requests".into(),
-        format!("{} opened, {merged_pulls} merged", snap.pulls.len()),
-    ));
-    f.figures.push((
-        "agent runs".into(),
-        format!(
-            "{ledger_lines} agents reported a cost; {recorded_runs} runs recorded ({costless_runs} without a cost: stopped before their result); {excused} reported costs excused (the replica died before the result reached it); {died_thrice} tasks failed after 3 killed attempts"
-        ),
-    ));
-    f.figures.push((
-        "recorded cost".into(),
-        format!("${total} over {} costed tasks", costed.len()),
-    ));
-    Ok(f)
+    Ok((total, costed.len()))
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod faults;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -105,13 +106,88 @@ struct Tally {
     problems: Vec<String>,
 }
 
+/// The soak from start to verdict: the fake agent, the code host and the replicas set up,
+/// the repository connected, the hand-overs planned, the chaos run until quiescence, then the
+/// checks and the summary.
 fn run(p: &Params) -> Result<bool, String> {
     let start = Instant::now();
     let mut rng = SplitMix64::new(p.seed);
     std::fs::create_dir_all(&p.work).map_err(|e| format!("{}: {e}", p.work.display()))?;
     let work = std::path::absolute(&p.work).map_err(|e| format!("{}: {e}", p.work.display()))?;
+    let (ledger, agent_path) = write_fake_agent(p, &work)?;
+    let (fake, issues) = start_code_host(p, &work)?;
+    let (cluster, api, webhook_secret) =
+        start_replicas(p, start, &work, &fake, &agent_path, &mut rng)?;
+    let repo_id = connect_repository(&api)?;
+    let plan = plan_hand_overs(p, &mut rng, &issues);
+    faults::inject(&fake, p.fault_rate, rng.next_u64());
+    say(
+        start,
+        &format!(
+            "chaos for {:.0} s: {} issues, {:.0} % faults, a kill every {}-{} s (seed {})",
+            p.chaos.as_secs_f64(),
+            p.issues,
+            p.fault_rate * 100.0,
+            p.kill_every.0,
+            p.kill_every.1,
+            p.seed
+        ),
+    );
+    let soak = Soak {
+        p,
+        start,
+        fake: &fake,
+        cluster: &cluster,
+        api: &api,
+        repo_id: &repo_id,
+        webhook_secret: webhook_secret.as_bytes(),
+        repository: json!({
+            "name": NAME,
+            "full_name": format!("{OWNER}/{NAME}"),
+            "owner": {"login": OWNER},
+            "html_url": format!("https://github.com/{OWNER}/{NAME}"),
+        }),
+        chaos_start: Instant::now(),
+        chaos_over: AtomicBool::new(false),
+        all_over: AtomicBool::new(false),
+        plan_done: AtomicBool::new(false),
+        deliveries: AtomicUsize::new(0),
+        tally: Mutex::new(Tally::default()),
+        crashes: Mutex::new(Vec::new()),
+    };
+    let mut chaos_rng = SplitMix64::new(rng.next_u64());
+    let mut merge_rng = SplitMix64::new(rng.next_u64());
+    let (quiet, to_quiet) = soak.run_chaos(&plan, &issues, &mut chaos_rng, &mut merge_rng)?;
+    if quiet {
+        say(
+            start,
+            &format!("quiet after {:.1} s; checking", to_quiet.as_secs_f64()),
+        );
+    }
+    let world = check::World {
+        fake: &fake,
+        api: &api,
+        repo: (OWNER, NAME),
+        issues,
+    };
+    let outcome = Outcome {
+        quiet,
+        to_quiet,
+        tally: soak
+            .tally
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        crashes: soak
+            .crashes
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    };
+    check_and_report(p, start, &world, &cluster, &ledger, outcome)
+}
 
-    // The fake agent and its ledger.
+/// Writes the fake agent (an executable `claude`) and its empty ledger into the work
+/// directory; gives (the ledger, the agent).
+fn write_fake_agent(p: &Params, work: &Path) -> Result<(PathBuf, PathBuf), String> {
     let ledger = work.join("ledger");
     std::fs::write(&ledger, "").map_err(|e| format!("{}: {e}", ledger.display()))?;
     let agent_path = work.join("claude");
@@ -123,8 +199,13 @@ fn run(p: &Params) -> Result<bool, String> {
             .map_err(|e| format!("{}: {e}", agent_path.display()))?;
     }
 
-    // The code host: one repository whose clone URL is a real local repository.
-    let source = agentry_testkit::git::source_repo(&work);
+    Ok((ledger, agent_path))
+}
+
+/// The code host: one repository whose clone URL is a real local repository, and the soak's
+/// issues in it (their numbers).
+fn start_code_host(p: &Params, work: &Path) -> Result<(FakeGitHub, Vec<u64>), String> {
+    let source = agentry_testkit::git::source_repo(work);
     let fake = FakeGitHub::try_start().map_err(|e| format!("fake GitHub: {e}"))?;
     fake.add_token(CODEHOST_TOKEN, "soak-bot");
     fake.add_repo(OWNER, NAME, "main");
@@ -142,9 +223,22 @@ fn run(p: &Params) -> Result<bool, String> {
         issues.push(n);
     }
 
-    // Two replicas on one database, one master key, one webhook secret.
-    let master_key = STANDARD.encode(random_bytes(&mut rng, 32));
-    let webhook_secret = hex::encode(random_bytes(&mut rng, 32));
+    Ok((fake, issues))
+}
+
+/// Two replicas on one database, one master key, one webhook secret: replica a started
+/// first (it writes the admin token), then b; gives the cluster, its API and the webhook
+/// secret once both answer.
+fn start_replicas(
+    p: &Params,
+    start: Instant,
+    work: &Path,
+    fake: &FakeGitHub,
+    agent_path: &Path,
+    rng: &mut SplitMix64,
+) -> Result<(Cluster, Api, String), String> {
+    let master_key = STANDARD.encode(random_bytes(rng, 32));
+    let webhook_secret = hex::encode(random_bytes(rng, 32));
     let mut env: Vec<(String, String)> = vec![
         ("AGENTRY_DATABASE_URL".into(), p.database_url.clone()),
         ("AGENTRY_CODEHOST_API_URL".into(), fake.base_url()),
@@ -176,7 +270,7 @@ fn run(p: &Params) -> Result<bool, String> {
             env.push((var.into(), v));
         }
     }
-    let cluster = Cluster::new(&p.agentry, &work, &["a", "b"], env)?;
+    let cluster = Cluster::new(&p.agentry, work, &["a", "b"], env)?;
     cluster.start(0)?;
     let token_file = cluster.data_dir(0).join("admin-token");
     let token = wait_for(Duration::from_secs(60), || {
@@ -216,8 +310,12 @@ fn run(p: &Params) -> Result<bool, String> {
             work.display()
         ),
     );
+    Ok((cluster, api, webhook_secret))
+}
 
-    // The code-host token, the repository, its settings.
+/// The code-host token, the repository and its settings, through the API; gives the
+/// repository's id.
+fn connect_repository(api: &Api) -> Result<String, String> {
     let expect = |what: &str, a: cluster::Answer, ok: &[u16]| -> Result<Value, String> {
         if ok.contains(&a.status) {
             Ok(a.body)
@@ -263,9 +361,13 @@ fn run(p: &Params) -> Result<bool, String> {
         &[200],
     )?;
 
-    // The plan: half the issues through the API (alternating replicas), half by label (half
-    // of those also announced by webhook), at random times in the first 60 % of the chaos.
-    let mut order = issues.clone();
+    Ok(repo_id)
+}
+
+/// The plan: half the issues through the API (alternating replicas), half by label (half
+/// of those also announced by webhook), at random times in the first 60 % of the chaos.
+fn plan_hand_overs(p: &Params, rng: &mut SplitMix64, issues: &[u64]) -> Vec<Planned> {
+    let mut order = issues.to_vec();
     rng.shuffle(&mut order);
     let window_ms = (p.chaos.as_millis() as u64 * 6 / 10).max(1);
     let mut plan: Vec<Planned> = order
@@ -288,289 +390,49 @@ fn run(p: &Params) -> Result<bool, String> {
         .collect();
     plan.sort_by_key(|x| x.at);
 
-    faults::inject(&fake, p.fault_rate, rng.next_u64());
-    say(
-        start,
-        &format!(
-            "chaos for {:.0} s: {} issues, {:.0} % faults, a kill every {}-{} s (seed {})",
-            p.chaos.as_secs_f64(),
-            p.issues,
-            p.fault_rate * 100.0,
-            p.kill_every.0,
-            p.kill_every.1,
-            p.seed
-        ),
-    );
+    plan
+}
 
-    let chaos_over = AtomicBool::new(false);
-    let all_over = AtomicBool::new(false);
-    let plan_done = AtomicBool::new(false);
-    let deliveries = AtomicUsize::new(0);
-    let tally = Mutex::new(Tally::default());
-    let crashes: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut chaos_rng = SplitMix64::new(rng.next_u64());
-    let mut merge_rng = SplitMix64::new(rng.next_u64());
-    let chaos_start = Instant::now();
-    let secret = webhook_secret.as_bytes();
-    let send_webhook = |event: &str, body: &Value, replica: usize| -> Result<u16, String> {
-        let body = serde_json::to_vec(body).map_err(|e| e.to_string())?;
-        let n = deliveries.fetch_add(1, Ordering::SeqCst);
-        let id = format!("soak-{}-{n}", p.seed);
-        api.webhook(event, &id, &body, &sign(secret, &body)?, replica)
-    };
-    let repository = json!({
-        "name": NAME,
-        "full_name": format!("{OWNER}/{NAME}"),
-        "owner": {"login": OWNER},
-        "html_url": format!("https://github.com/{OWNER}/{NAME}"),
-    });
+/// What the chaos leaves for the checks.
+struct Outcome {
+    /// Whether everything settled before the quiescence deadline.
+    quiet: bool,
+    /// How long settling took.
+    to_quiet: Duration,
+    /// What the threads reported.
+    tally: Tally,
+    /// Replicas that exited by themselves.
+    crashes: Vec<String>,
+}
 
-    let outcome: Result<(bool, Duration), String> = std::thread::scope(|s| {
-        // The hand-overs, in plan order.
-        s.spawn(|| {
-            for item in &plan {
-                let due = chaos_start + item.at;
-                while Instant::now() < due {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                match item.via {
-                    Via::Api(replica) => {
-                        let body = json!({
-                            "issueNumber": item.issue,
-                            "repoId": repo_id,
-                            "title": format!("Soak issue {}", item.issue),
-                        });
-                        match assign(&api, &body, replica) {
-                            Ok(()) => tally_of(&tally).assigned_api += 1,
-                            Err(e) => tally_of(&tally)
-                                .problems
-                                .push(format!("issue #{}: {e}", item.issue)),
-                        }
-                    }
-                    Via::Label(webhook) => {
-                        fake.add_label(OWNER, NAME, item.issue, "agentry");
-                        tally_of(&tally).labelled += 1;
-                        if let Some(replica) = webhook {
-                            let payload = json!({
-                                "action": "labeled",
-                                "issue": {"number": item.issue},
-                                "label": {"name": "agentry"},
-                                "repository": repository,
-                            });
-                            match send_webhook("issues", &payload, replica) {
-                                Ok(200) => tally_of(&tally).label_webhooks += 1,
-                                Ok(status) => tally_of(&tally).problems.push(format!(
-                                    "issue #{}: the labeled webhook answered {status}",
-                                    item.issue
-                                )),
-                                Err(e) => tally_of(&tally).problems.push(e),
-                            }
-                        }
-                    }
-                }
-            }
-            plan_done.store(true, Ordering::SeqCst);
-        });
-
-        // The chaos: kill -9 a random replica now and then, restart it at once; a replica
-        // that exits by itself is a crash (reported) and is restarted too.
-        s.spawn(|| {
-            let pause = |rng: &mut SplitMix64| {
-                Duration::from_secs(rng.range(p.kill_every.0 as i64, p.kill_every.1 as i64) as u64)
-            };
-            let mut next = Instant::now() + pause(&mut chaos_rng);
-            while !all_over.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(100));
-                for i in 0..cluster.len() {
-                    if !cluster.alive(i) && !all_over.load(Ordering::SeqCst) {
-                        crashes
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(format!(
-                                "replica {} exited by itself at {:.1} s (see {}.log)",
-                                cluster.name(i),
-                                start.elapsed().as_secs_f64(),
-                                cluster.name(i)
-                            ));
-                        if let Err(e) = cluster.start(i) {
-                            say(
-                                start,
-                                &format!("could not restart {}: {e}", cluster.name(i)),
-                            );
-                        }
-                    }
-                }
-                if chaos_over.load(Ordering::SeqCst) || Instant::now() < next {
-                    continue;
-                }
-                let i = chaos_rng.below(cluster.len() as u64) as usize;
-                match cluster.kill_and_restart(i) {
-                    Ok(()) => say(
-                        start,
-                        &format!(
-                            "kill -9 replica {} (kill {}), restarted",
-                            cluster.name(i),
-                            cluster.kills().len()
-                        ),
-                    ),
-                    Err(e) => say(start, &format!("kill/restart {}: {e}", cluster.name(i))),
-                }
-                next = Instant::now() + pause(&mut chaos_rng);
-            }
-        });
-
-        // The merges: a pull request is merged a few seconds after its review appears (or
-        // 45 s after it opened); half are announced by a webhook to a random replica.
-        s.spawn(|| {
-            let mut seen: HashMap<u64, Instant> = HashMap::new();
-            let mut due: BTreeMap<u64, (Instant, Option<usize>)> = BTreeMap::new();
-            while !all_over.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(250));
-                for pull in fake.pulls(OWNER, NAME) {
-                    if pull.state != "open" || due.contains_key(&pull.number) {
-                        continue;
-                    }
-                    let first = *seen.entry(pull.number).or_insert_with(Instant::now);
-                    let reviewed = fake
-                        .reviews(OWNER, NAME, pull.number)
-                        .iter()
-                        .any(|b| b.contains("<!-- agentry:review:"));
-                    if reviewed || first.elapsed() > Duration::from_secs(45) {
-                        let delay = Duration::from_millis(merge_rng.below(5000));
-                        let webhook = merge_rng
-                            .chance(50)
-                            .then(|| merge_rng.below(cluster.len() as u64) as usize);
-                        due.insert(pull.number, (Instant::now() + delay, webhook));
-                    }
-                }
-                let now = Instant::now();
-                let ready: Vec<(u64, Option<usize>)> = due
-                    .iter()
-                    .filter(|(_, (at, _))| *at <= now)
-                    .map(|(n, (_, w))| (*n, *w))
-                    .collect();
-                for (number, webhook) in ready {
-                    due.insert(number, (now + Duration::from_secs(365 * 86_400), None));
-                    let Some(pull) = fake
-                        .pulls(OWNER, NAME)
-                        .into_iter()
-                        .find(|x| x.number == number)
-                    else {
-                        continue;
-                    };
-                    if pull.state != "open" {
-                        continue;
-                    }
-                    fake.merge_pull(OWNER, NAME, number);
-                    tally_of(&tally).merged += 1;
-                    if let Some(replica) = webhook {
-                        let payload = json!({
-                            "action": "closed",
-                            "number": number,
-                            "pull_request": {
-                                "number": number,
-                                "state": "closed",
-                                "merged": true,
-                                "html_url": format!("https://github.com/{OWNER}/{NAME}/pull/{number}"),
-                                "head": {"ref": pull.head},
-                                "base": {"ref": pull.base},
-                            },
-                            "repository": repository,
-                        });
-                        match send_webhook("pull_request", &payload, replica) {
-                            Ok(200) => tally_of(&tally).merge_webhooks += 1,
-                            Ok(status) => tally_of(&tally).problems.push(format!(
-                                "pull request #{number}: the merge webhook answered {status}"
-                            )),
-                            Err(e) => tally_of(&tally).problems.push(e),
-                        }
-                    }
-                }
-            }
-        });
-
-        // The end: chaos over once its time is up and every issue was handed over.
-        while chaos_start.elapsed() < p.chaos || !plan_done.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        chaos_over.store(true, Ordering::SeqCst);
-        fake.clear_faults();
-        let kills = cluster.kills().len();
-        say(
-            start,
-            &format!("chaos over after {kills} kills; faults off; waiting for quiescence"),
-        );
-        let world = check::World {
-            fake: &fake,
-            api: &api,
-            repo: (OWNER, NAME),
-            issues: issues.clone(),
-        };
-        let quiet_start = Instant::now();
-        let deadline = quiet_start + p.quiesce;
-        let mut last_report = Instant::now();
-        let result = loop {
-            let snap = match world.snapshot() {
-                Ok(snap) => snap,
-                Err(e) => break Err(e),
-            };
-            let pending = world.pending(&snap);
-            if pending.is_empty() {
-                break Ok((true, quiet_start.elapsed()));
-            }
-            if Instant::now() >= deadline {
-                say(
-                    start,
-                    &format!(
-                        "not quiet after {:.0} s: {}",
-                        p.quiesce.as_secs_f64(),
-                        pending.join("; ")
-                    ),
-                );
-                break Ok((false, quiet_start.elapsed()));
-            }
-            if last_report.elapsed() > Duration::from_secs(15) {
-                say(start, &format!("waiting: {}", pending.join("; ")));
-                last_report = Instant::now();
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        };
-        all_over.store(true, Ordering::SeqCst);
-        result
-    });
-    let (quiet, to_quiet) = outcome?;
-    if quiet {
-        say(
-            start,
-            &format!("quiet after {:.1} s; checking", to_quiet.as_secs_f64()),
-        );
-    }
-
-    // The checks.
-    let world = check::World {
-        fake: &fake,
-        api: &api,
-        repo: (OWNER, NAME),
-        issues,
-    };
+/// The checks once quiet (nothing lost, doubled or stuck; every cost adds up), every
+/// violation printed, and the summary; gives whether the soak passed.
+fn check_and_report(
+    p: &Params,
+    start: Instant,
+    world: &check::World<'_>,
+    cluster: &Cluster,
+    ledger: &Path,
+    outcome: Outcome,
+) -> Result<bool, String> {
+    let Outcome {
+        quiet,
+        to_quiet,
+        tally,
+        crashes,
+    } = outcome;
+    let fake = world.fake;
     let snap = world.snapshot()?;
     let ledger_text =
-        std::fs::read_to_string(&ledger).map_err(|e| format!("{}: {e}", ledger.display()))?;
+        std::fs::read_to_string(ledger).map_err(|e| format!("{}: {e}", ledger.display()))?;
     let entries = agent::read_ledger(&ledger_text)?;
     let kills = cluster.kills();
-    let mut findings = check::verify(&world, &snap, &entries, &kills)?;
+    let mut findings = check::verify(world, &snap, &entries, &kills)?;
     let requests = fake.requests();
     cluster.stop_all();
 
-    let tally = tally
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     findings.other.extend(tally.problems.iter().cloned());
-    findings.other.extend(
-        crashes
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+    findings.other.extend(crashes);
     let fault_counts = faults::count(&requests);
     let injected: usize = fault_counts.values().sum();
     let mut per_replica: BTreeMap<&str, usize> = BTreeMap::new();
@@ -649,6 +511,284 @@ fn run(p: &Params) -> Result<bool, String> {
         if ok { "PASS" } else { "FAIL" }
     );
     Ok(ok)
+}
+
+/// The soak under way: what its threads share.
+struct Soak<'a> {
+    p: &'a Params,
+    /// When the soak started (for the progress lines).
+    start: Instant,
+    fake: &'a FakeGitHub,
+    cluster: &'a Cluster,
+    api: &'a Api,
+    repo_id: &'a str,
+    webhook_secret: &'a [u8],
+    /// The repository as webhooks carry it.
+    repository: Value,
+    /// When the chaos started (the plan's times count from it).
+    chaos_start: Instant,
+    chaos_over: AtomicBool,
+    all_over: AtomicBool,
+    plan_done: AtomicBool,
+    /// Webhook deliveries sent (their ids).
+    deliveries: AtomicUsize,
+    tally: Mutex<Tally>,
+    crashes: Mutex<Vec<String>>,
+}
+
+impl Soak<'_> {
+    /// The chaos: the hand-overs, the kills and the merges on threads of their own, until
+    /// everything settles or the quiescence deadline passes; gives (quiet, time to quiet).
+    fn run_chaos(
+        &self,
+        plan: &[Planned],
+        issues: &[u64],
+        chaos_rng: &mut SplitMix64,
+        merge_rng: &mut SplitMix64,
+    ) -> Result<(bool, Duration), String> {
+        std::thread::scope(|s| {
+            s.spawn(|| self.hand_over(plan));
+            s.spawn(|| self.kill_replicas(chaos_rng));
+            s.spawn(|| self.merge_pulls(merge_rng));
+            let result = self.wait_for_quiescence(issues);
+            self.all_over.store(true, Ordering::SeqCst);
+            result
+        })
+    }
+
+    /// Sends a signed webhook to a replica; gives its status.
+    fn send_webhook(&self, event: &str, body: &Value, replica: usize) -> Result<u16, String> {
+        let body = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+        let n = self.deliveries.fetch_add(1, Ordering::SeqCst);
+        let id = format!("soak-{}-{n}", self.p.seed);
+        self.api.webhook(
+            event,
+            &id,
+            &body,
+            &sign(self.webhook_secret, &body)?,
+            replica,
+        )
+    }
+
+    /// The hand-overs, in plan order.
+    fn hand_over(&self, plan: &[Planned]) {
+        for item in plan {
+            let due = self.chaos_start + item.at;
+            while Instant::now() < due {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            match item.via {
+                Via::Api(replica) => {
+                    let body = json!({
+                        "issueNumber": item.issue,
+                        "repoId": self.repo_id,
+                        "title": format!("Soak issue {}", item.issue),
+                    });
+                    match assign(self.api, &body, replica) {
+                        Ok(()) => tally_of(&self.tally).assigned_api += 1,
+                        Err(e) => tally_of(&self.tally)
+                            .problems
+                            .push(format!("issue #{}: {e}", item.issue)),
+                    }
+                }
+                Via::Label(webhook) => {
+                    self.fake.add_label(OWNER, NAME, item.issue, "agentry");
+                    tally_of(&self.tally).labelled += 1;
+                    if let Some(replica) = webhook {
+                        let payload = json!({
+                            "action": "labeled",
+                            "issue": {"number": item.issue},
+                            "label": {"name": "agentry"},
+                            "self.repository": self.repository,
+                        });
+                        match self.send_webhook("issues", &payload, replica) {
+                            Ok(200) => tally_of(&self.tally).label_webhooks += 1,
+                            Ok(status) => tally_of(&self.tally).problems.push(format!(
+                                "issue #{}: the labeled webhook answered {status}",
+                                item.issue
+                            )),
+                            Err(e) => tally_of(&self.tally).problems.push(e),
+                        }
+                    }
+                }
+            }
+        }
+        self.plan_done.store(true, Ordering::SeqCst);
+    }
+
+    /// The kills: kill -9 a random replica now and then, restart it at once; a replica that
+    /// exits by itself is a crash (reported) and is restarted too.
+    fn kill_replicas(&self, chaos_rng: &mut SplitMix64) {
+        let pause = |rng: &mut SplitMix64| {
+            Duration::from_secs(
+                rng.range(self.p.kill_every.0 as i64, self.p.kill_every.1 as i64) as u64,
+            )
+        };
+        let mut next = Instant::now() + pause(chaos_rng);
+        while !self.all_over.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(100));
+            for i in 0..self.cluster.len() {
+                if !self.cluster.alive(i) && !self.all_over.load(Ordering::SeqCst) {
+                    self.crashes
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(format!(
+                            "replica {} exited by itself at {:.1} s (see {}.log)",
+                            self.cluster.name(i),
+                            self.start.elapsed().as_secs_f64(),
+                            self.cluster.name(i)
+                        ));
+                    if let Err(e) = self.cluster.start(i) {
+                        say(
+                            self.start,
+                            &format!("could not restart {}: {e}", self.cluster.name(i)),
+                        );
+                    }
+                }
+            }
+            if self.chaos_over.load(Ordering::SeqCst) || Instant::now() < next {
+                continue;
+            }
+            let i = chaos_rng.below(self.cluster.len() as u64) as usize;
+            match self.cluster.kill_and_restart(i) {
+                Ok(()) => say(
+                    self.start,
+                    &format!(
+                        "kill -9 replica {} (kill {}), restarted",
+                        self.cluster.name(i),
+                        self.cluster.kills().len()
+                    ),
+                ),
+                Err(e) => say(
+                    self.start,
+                    &format!("kill/restart {}: {e}", self.cluster.name(i)),
+                ),
+            }
+            next = Instant::now() + pause(chaos_rng);
+        }
+    }
+
+    /// The merges: a pull request is merged a few seconds after its review appears (or 45 s
+    /// after it opened); half are announced by a webhook to a random replica.
+    fn merge_pulls(&self, merge_rng: &mut SplitMix64) {
+        let mut seen: HashMap<u64, Instant> = HashMap::new();
+        let mut due: BTreeMap<u64, (Instant, Option<usize>)> = BTreeMap::new();
+        while !self.all_over.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(250));
+            for pull in self.fake.pulls(OWNER, NAME) {
+                if pull.state != "open" || due.contains_key(&pull.number) {
+                    continue;
+                }
+                let first = *seen.entry(pull.number).or_insert_with(Instant::now);
+                let reviewed = self
+                    .fake
+                    .reviews(OWNER, NAME, pull.number)
+                    .iter()
+                    .any(|b| b.contains("<!-- agentry:review:"));
+                if reviewed || first.elapsed() > Duration::from_secs(45) {
+                    let delay = Duration::from_millis(merge_rng.below(5000));
+                    let webhook = merge_rng
+                        .chance(50)
+                        .then(|| merge_rng.below(self.cluster.len() as u64) as usize);
+                    due.insert(pull.number, (Instant::now() + delay, webhook));
+                }
+            }
+            let now = Instant::now();
+            let ready: Vec<(u64, Option<usize>)> = due
+                .iter()
+                .filter(|(_, (at, _))| *at <= now)
+                .map(|(n, (_, w))| (*n, *w))
+                .collect();
+            for (number, webhook) in ready {
+                due.insert(number, (now + Duration::from_secs(365 * 86_400), None));
+                let Some(pull) = self
+                    .fake
+                    .pulls(OWNER, NAME)
+                    .into_iter()
+                    .find(|x| x.number == number)
+                else {
+                    continue;
+                };
+                if pull.state != "open" {
+                    continue;
+                }
+                self.fake.merge_pull(OWNER, NAME, number);
+                tally_of(&self.tally).merged += 1;
+                if let Some(replica) = webhook {
+                    let payload = json!({
+                        "action": "closed",
+                        "number": number,
+                        "pull_request": {
+                            "number": number,
+                            "state": "closed",
+                            "merged": true,
+                            "html_url": format!("https://github.com/{OWNER}/{NAME}/pull/{number}"),
+                            "head": {"ref": pull.head},
+                            "base": {"ref": pull.base},
+                        },
+                        "self.repository": self.repository,
+                    });
+                    match self.send_webhook("pull_request", &payload, replica) {
+                        Ok(200) => tally_of(&self.tally).merge_webhooks += 1,
+                        Ok(status) => tally_of(&self.tally).problems.push(format!(
+                            "pull request #{number}: the merge webhook answered {status}"
+                        )),
+                        Err(e) => tally_of(&self.tally).problems.push(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The end: chaos over once its time is up and every issue was handed over, the faults
+    /// off, then a wait until nothing is pending or the quiescence deadline passes.
+    fn wait_for_quiescence(&self, issues: &[u64]) -> Result<(bool, Duration), String> {
+        while self.chaos_start.elapsed() < self.p.chaos || !self.plan_done.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        self.chaos_over.store(true, Ordering::SeqCst);
+        self.fake.clear_faults();
+        let kills = self.cluster.kills().len();
+        say(
+            self.start,
+            &format!("chaos over after {kills} kills; faults off; waiting for quiescence"),
+        );
+        let world = check::World {
+            fake: self.fake,
+            api: self.api,
+            repo: (OWNER, NAME),
+            issues: issues.to_vec(),
+        };
+        let quiet_start = Instant::now();
+        let deadline = quiet_start + self.p.quiesce;
+        let mut last_report = Instant::now();
+        loop {
+            let snap = match world.snapshot() {
+                Ok(snap) => snap,
+                Err(e) => break Err(e),
+            };
+            let pending = world.pending(&snap);
+            if pending.is_empty() {
+                break Ok((true, quiet_start.elapsed()));
+            }
+            if Instant::now() >= deadline {
+                say(
+                    self.start,
+                    &format!(
+                        "not quiet after {:.0} s: {}",
+                        self.p.quiesce.as_secs_f64(),
+                        pending.join("; ")
+                    ),
+                );
+                break Ok((false, quiet_start.elapsed()));
+            }
+            if last_report.elapsed() > Duration::from_secs(15) {
+                say(self.start, &format!("waiting: {}", pending.join("; ")));
+                last_report = Instant::now();
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
 }
 
 fn tally_of(t: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {

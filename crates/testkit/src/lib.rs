@@ -19,7 +19,9 @@
 //! * [`process::processes_with_env`]: the live processes a run's agent left, found by their
 //!   environment;
 //! * [`served::Served`]: an HTTP fake (the fake GitHub, the fake model APIs) served on a
-//!   thread of its own.
+//!   thread of its own;
+//! * [`on_both_backends!`]: an async test over a database, run once on SQLite and once on
+//!   PostgreSQL (reported ignored where the suite has no server).
 //!
 //! Beside the library, `rigs/` holds the test rigs of the crates that drive the service
 //! (`agentry-service`'s and `agentry-api`'s test binaries take them in as modules): this
@@ -95,6 +97,42 @@ impl SplitMix64 {
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+}
+
+/// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
+/// reported ignored, where the suite has no server), as `$name::sqlite` and
+/// `$name::postgres`, each under the given test attribute (`#[tokio::test]`,
+/// `#[actix_web::test]`); `on_both_backends!(#[tokio::test] test_name => function)` names
+/// the pair `test_name` instead.
+///
+/// The calling crate depends on `agentry-persistence` (with its `test_support`) and sets the
+/// `agentry_pg_skipped` cfg when the suite has no PostgreSQL server.
+#[macro_export]
+macro_rules! on_both_backends {
+    (#[$runtime:meta] $name:ident) => {
+        $crate::on_both_backends!(#[$runtime] $name => $name);
+    };
+    (#[$runtime:meta] $test:ident => $name:ident) => {
+        mod $test {
+            use agentry_persistence::test_support::TestDb;
+
+            #[$runtime]
+            async fn sqlite() {
+                super::$name(TestDb::sqlite()).await;
+            }
+
+            #[$runtime]
+            #[cfg_attr(
+                agentry_pg_skipped,
+                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
+            )]
+            async fn postgres() {
+                if let Some(db) = TestDb::postgres() {
+                    super::$name(db).await;
+                }
+            }
+        }
+    };
 }
 
 #[cfg(test)]

@@ -266,6 +266,127 @@ fn chart_rows<T>(
         .collect()
 }
 
+/// Anomalies: each costed task at least three times its repository's leave-one-out average
+/// (the repository's other costed tasks), highest ratio first, at most 20.
+fn reference_anomalies(
+    costed: &[(&TaskFact, i128)],
+    by_repo: &BTreeMap<String, Sum>,
+) -> Vec<Anomaly> {
+    let mut flagged: Vec<(&TaskFact, i128, i128, i128)> = Vec::new(); // (task, c, n − 1, S − c)
+    for (t, c) in costed {
+        let repo = by_repo[&t.repo_url];
+        if repo.n < 3 {
+            continue;
+        }
+        let others = repo.cost - c;
+        let k = repo.n - 1;
+        if others > 0 && *c * k >= 3 * others {
+            flagged.push((t, *c, k, others));
+        }
+    }
+    flagged.sort_by(|a, b| {
+        // ratio = c·k / others
+        (b.1 * b.2 * a.3)
+            .cmp(&(a.1 * a.2 * b.3))
+            .then(b.1.cmp(&a.1))
+            .then(a.0.id.cmp(&b.0.id))
+    });
+    flagged
+        .iter()
+        .take(20)
+        .map(|(t, c, k, others)| Anomaly {
+            task: costed_task(t),
+            repo_avg_cost: usd(*others) / Decimal::from(*k as i64),
+            cost_ratio: usd(c * k) / usd(*others),
+        })
+        .collect()
+}
+
+/// Model suggestions: for each repository's coding model used at least 3 times, the cheapest
+/// model as successful elsewhere (at least 5 uses), largest savings first, at most 10.
+fn reference_suggestions(
+    case: &Case,
+    costed: &[(&TaskFact, i128)],
+    in_period: impl Fn(&TaskFact) -> bool,
+) -> Vec<ModelSuggestion> {
+    let coding_model = |t: &TaskFact| {
+        (t.task_type == TaskType::Coding)
+            .then(|| t.model_used.clone())
+            .flatten()
+    };
+    let mut current: BTreeMap<(String, String), Sum> = BTreeMap::new();
+    for (t, c) in costed {
+        if let Some(model) = coding_model(t) {
+            current
+                .entry((t.repo_url.clone(), model))
+                .or_default()
+                .push(t, *c);
+        }
+    }
+    let mut everywhere: BTreeMap<String, Sum> = BTreeMap::new();
+    for t in case.tasks.iter().filter(|t| in_period(t)) {
+        if let (Some(model), Some(c)) = (coding_model(t), nanos(t)) {
+            everywhere.entry(model).or_default().push(t, c);
+        }
+    }
+    let mut rows: Vec<(ModelSuggestion, i128, i128)> = Vec::new(); // (row, savings num, den)
+    for ((repo, model), s) in &current {
+        if s.n < 3 {
+            continue;
+        }
+        let mut options: Vec<(&String, &Sum)> = everywhere
+            .iter()
+            .filter(|(m, a)| {
+                *m != model && a.n >= 5 && a.ok * s.n >= s.ok * a.n && a.cost * s.n < s.cost * a.n
+            })
+            .collect();
+        options.sort_by(|(ma, a), (mb, b)| (a.cost * b.n).cmp(&(b.cost * a.n)).then(ma.cmp(mb)));
+        let Some((best, a)) = options.first() else {
+            continue;
+        };
+        // n × (cost/n − cost_a/m) = (cost·m − n·cost_a) / m
+        let num = s.cost * a.n - s.n * a.cost;
+        rows.push((
+            ModelSuggestion {
+                repo_url: repo.clone(),
+                current_model: model.clone(),
+                task_count: s.n as i64,
+                avg_cost: usd(s.cost) / Decimal::from(s.n as i64),
+                cheaper_model_avg_cost: usd(a.cost) / Decimal::from(a.n as i64),
+                suggested_model: (*best).clone(),
+                estimated_savings: usd(num) / Decimal::from(a.n as i64),
+            },
+            num,
+            a.n,
+        ));
+    }
+    rows.sort_by(|(ra, na, da), (rb, nb, db)| {
+        (nb * da)
+            .cmp(&(na * db))
+            .then(ra.repo_url.cmp(&rb.repo_url))
+            .then(ra.current_model.cmp(&rb.current_model))
+    });
+    rows.into_iter().take(10).map(|(r, _, _)| r).collect()
+}
+
+/// Top tasks: the 10 costliest, newest first among equals.
+fn reference_top_tasks(costed: &[(&TaskFact, i128)]) -> Vec<TopTask> {
+    let mut top = costed.to_vec();
+    top.sort_by(|(ta, ca), (tb, cb)| {
+        cb.cmp(ca)
+            .then(tb.created_at.cmp(&ta.created_at))
+            .then(ta.id.cmp(&tb.id))
+    });
+    top.iter()
+        .take(10)
+        .map(|(t, _)| TopTask {
+            task: costed_task(t),
+            input_tokens: t.input_tokens,
+            output_tokens: t.output_tokens,
+        })
+        .collect()
+}
+
 fn reference(case: &Case) -> CostReport {
     let today = case.today;
     let days = i64::from(case.days);
@@ -392,111 +513,13 @@ fn reference(case: &Case) -> CostReport {
     });
 
     // Anomalies: leave-one-out average of the repository's other costed tasks.
-    let mut flagged: Vec<(&TaskFact, i128, i128, i128)> = Vec::new(); // (task, c, n − 1, S − c)
-    for (t, c) in &costed {
-        let repo = by_repo[&t.repo_url];
-        if repo.n < 3 {
-            continue;
-        }
-        let others = repo.cost - c;
-        let k = repo.n - 1;
-        if others > 0 && *c * k >= 3 * others {
-            flagged.push((t, *c, k, others));
-        }
-    }
-    flagged.sort_by(|a, b| {
-        // ratio = c·k / others
-        (b.1 * b.2 * a.3)
-            .cmp(&(a.1 * a.2 * b.3))
-            .then(b.1.cmp(&a.1))
-            .then(a.0.id.cmp(&b.0.id))
-    });
-    let anomalies = flagged
-        .iter()
-        .take(20)
-        .map(|(t, c, k, others)| Anomaly {
-            task: costed_task(t),
-            repo_avg_cost: usd(*others) / Decimal::from(*k as i64),
-            cost_ratio: usd(c * k) / usd(*others),
-        })
-        .collect();
+    let anomalies = reference_anomalies(&costed, &by_repo);
 
     // Model suggestions.
-    let coding_model = |t: &TaskFact| {
-        (t.task_type == TaskType::Coding)
-            .then(|| t.model_used.clone())
-            .flatten()
-    };
-    let mut current: BTreeMap<(String, String), Sum> = BTreeMap::new();
-    for (t, c) in &costed {
-        if let Some(model) = coding_model(t) {
-            current
-                .entry((t.repo_url.clone(), model))
-                .or_default()
-                .push(t, *c);
-        }
-    }
-    let mut everywhere: BTreeMap<String, Sum> = BTreeMap::new();
-    for t in case.tasks.iter().filter(|t| in_period(t)) {
-        if let (Some(model), Some(c)) = (coding_model(t), nanos(t)) {
-            everywhere.entry(model).or_default().push(t, c);
-        }
-    }
-    let mut rows: Vec<(ModelSuggestion, i128, i128)> = Vec::new(); // (row, savings num, den)
-    for ((repo, model), s) in &current {
-        if s.n < 3 {
-            continue;
-        }
-        let mut options: Vec<(&String, &Sum)> = everywhere
-            .iter()
-            .filter(|(m, a)| {
-                *m != model && a.n >= 5 && a.ok * s.n >= s.ok * a.n && a.cost * s.n < s.cost * a.n
-            })
-            .collect();
-        options.sort_by(|(ma, a), (mb, b)| (a.cost * b.n).cmp(&(b.cost * a.n)).then(ma.cmp(mb)));
-        let Some((best, a)) = options.first() else {
-            continue;
-        };
-        // n × (cost/n − cost_a/m) = (cost·m − n·cost_a) / m
-        let num = s.cost * a.n - s.n * a.cost;
-        rows.push((
-            ModelSuggestion {
-                repo_url: repo.clone(),
-                current_model: model.clone(),
-                task_count: s.n as i64,
-                avg_cost: usd(s.cost) / Decimal::from(s.n as i64),
-                cheaper_model_avg_cost: usd(a.cost) / Decimal::from(a.n as i64),
-                suggested_model: (*best).clone(),
-                estimated_savings: usd(num) / Decimal::from(a.n as i64),
-            },
-            num,
-            a.n,
-        ));
-    }
-    rows.sort_by(|(ra, na, da), (rb, nb, db)| {
-        (nb * da)
-            .cmp(&(na * db))
-            .then(ra.repo_url.cmp(&rb.repo_url))
-            .then(ra.current_model.cmp(&rb.current_model))
-    });
-    let model_suggestions = rows.into_iter().take(10).map(|(r, _, _)| r).collect();
+    let model_suggestions = reference_suggestions(case, &costed, in_period);
 
     // Top tasks.
-    let mut top = costed.clone();
-    top.sort_by(|(ta, ca), (tb, cb)| {
-        cb.cmp(ca)
-            .then(tb.created_at.cmp(&ta.created_at))
-            .then(ta.id.cmp(&tb.id))
-    });
-    let top_tasks = top
-        .iter()
-        .take(10)
-        .map(|(t, _)| TopTask {
-            task: costed_task(t),
-            input_tokens: t.input_tokens,
-            output_tokens: t.output_tokens,
-        })
-        .collect();
+    let top_tasks = reference_top_tasks(&costed);
 
     let outcomes = reference_outcomes(case, total);
 

@@ -346,7 +346,10 @@ async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(db: T
     assert_eq!(receiver.delivered().len(), 3);
 }
 
-on_both_backends!(alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart
+);
 
 /// A repository's budget reached by spend recorded elsewhere: the end of the next run here
 /// records the alert (without a webhook, `unsent`). The gauge shows each budget's use, and

@@ -345,7 +345,10 @@ async fn fifty_concurrent_assignments_make_one_task_one_label_one_comment(db: Te
     assert_eq!(env.written()[2..], [1, 2, 1, 1]);
 }
 
-crate::common::on_both_backends!(fifty_concurrent_assignments_make_one_task_one_label_one_comment);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    fifty_concurrent_assignments_make_one_task_one_label_one_comment
+);
 
 async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task(db: TestDb) {
     let (env, repo) = Env::connected(db);
@@ -400,7 +403,8 @@ async fn labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
     assert_eq!(numbers.len(), 2);
 }
 
-crate::common::on_both_backends!(
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
     labelling_an_issue_on_the_code_host_then_syncing_makes_exactly_one_task
 );
 
@@ -488,7 +492,8 @@ async fn changes_on_the_second_page_within_one_second_reach_the_view_at_the_next
     assert!(view["syncedAt"][repo.to_string()].is_string());
 }
 
-crate::common::on_both_backends!(
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
     changes_on_the_second_page_within_one_second_reach_the_view_at_the_next_sync
 );
 
@@ -612,7 +617,10 @@ async fn only_known_open_issues_are_assigned(db: TestDb) {
     assert_eq!(env.count("tasks"), 2);
 }
 
-crate::common::on_both_backends!(only_known_open_issues_are_assigned);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    only_known_open_issues_are_assigned
+);
 
 #[actix_web::test]
 async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_nothing() {

@@ -152,7 +152,7 @@ async fn run_cost_counter(db: TestDb) {
     assert_eq!(now_series, kept);
 }
 
-on_both_backends!(the_recorded_run_cost_is_a_prometheus_counter => run_cost_counter);
+agentry_testkit::on_both_backends!(#[actix_web::test] the_recorded_run_cost_is_a_prometheus_counter => run_cost_counter);
 
 /// An imported record of `repo` created at `at`, costing `cost` (`None`: no cost).
 fn imported(repo: &str, cost: Option<&str>, at: OffsetDateTime) -> ImportTask {
@@ -217,4 +217,4 @@ async fn month_imported_cost(db: TestDb) {
     assert_eq!(r["forecast"]["monthImportedCostSoFar"], "0.0000");
 }
 
-on_both_backends!(the_report_says_how_much_of_the_month_is_imported => month_imported_cost);
+agentry_testkit::on_both_backends!(#[actix_web::test] the_report_says_how_much_of_the_month_is_imported => month_imported_cost);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::env::json_req;
-use crate::common::{PATIENCE, TestApp, call, client, on_both_backends};
+use crate::common::{PATIENCE, TestApp, call, client};
 use crate::runs::{NAME, OWNER, Rig, state_of, wait_for, wait_for_state};
 use actix_http::Request;
 use actix_web::test::TestRequest;
@@ -294,7 +294,10 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     assert_eq!(done["costUsd"], "0.246912");
 }
 
-on_both_backends!(changes_requested_revises_the_same_pull_request);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    changes_requested_revises_the_same_pull_request
+);
 
 /// Mentions from readers, strangers and agentry's own account start nothing and get no
 /// answer; a writer's mention on a line of the diff starts a revision, seen by the poll,
@@ -373,7 +376,10 @@ async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     );
 }
 
-on_both_backends!(only_a_writers_mention_starts_a_revision);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    only_a_writers_mention_starts_a_revision
+);
 
 /// The same delivery twice, another delivery of the same review, and the poll seeing it
 /// too: one piece of feedback, one revision. A burst of three mentions within the quiet
@@ -438,7 +444,10 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
     assert_eq!(task["revisions"], 1);
 }
 
-on_both_backends!(each_feedback_counts_once_and_a_burst_is_one_round);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    each_feedback_counts_once_and_a_burst_is_one_round
+);
 
 /// `maxRevisions` reached: one comment says so, nothing runs, and further feedback adds no
 /// comment. A round whose agent changes nothing says so once and leaves the pull request.
@@ -505,7 +514,10 @@ async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     assert_eq!(feedback_of(&task!(app, rig, id)).len(), 3);
 }
 
-on_both_backends!(the_revision_limit_and_a_round_without_change);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    the_revision_limit_and_a_round_without_change
+);
 
 /// With `reviseOnAgentReview`, the review agent's findings start a round like a reviewer's;
 /// the review after that round is past `maxRevisions` 1, so it starts nothing more.
@@ -540,4 +552,7 @@ async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) 
     assert_eq!(task["revisions"], 1);
 }
 
-on_both_backends!(the_review_agents_findings_revise_when_the_repository_asks);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    the_review_agents_findings_revise_when_the_repository_asks
+);

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::env::{Env, bare, json_req};
 use crate::common::{
-    PATIENCE, PULLS, REVIEWS, TestApp, call, client, code_host_with, get, on_both_backends,
-    test_timing, transitions,
+    PATIENCE, PULLS, REVIEWS, TestApp, call, client, code_host_with, get, test_timing, transitions,
 };
 use actix_web::web;
 use agentry_api::state::AppState;
@@ -308,7 +307,10 @@ async fn issue_to_merged_pull_request(db: TestDb) {
     assert!(left.is_empty(), "{left:?}");
 }
 
-on_both_backends!(issue_to_merged_pull_request);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    issue_to_merged_pull_request
+);
 
 /// An issue titled "fixes #7 and Closes acme/web#8": the commit message and the pull
 /// request's title carry the title with its closing keywords broken, so merging closes no
@@ -1060,7 +1062,10 @@ async fn a_monthly_budget_stops_spending_at_its_line(db: TestDb) {
     assert_eq!(args[budget + 1], "1", "{args:?}");
 }
 
-on_both_backends!(a_monthly_budget_stops_spending_at_its_line);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    a_monthly_budget_stops_spending_at_its_line
+);
 
 /// A Codex repository with a $0.02 monthly budget: Codex has no budget option, so agentry
 /// prices each model call Codex records in its session file and stops the run after the
@@ -1122,4 +1127,7 @@ async fn a_codex_run_is_stopped_at_its_allowance(db: TestDb) {
     );
 }
 
-on_both_backends!(a_codex_run_is_stopped_at_its_allowance);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    a_codex_run_is_stopped_at_its_allowance
+);

@@ -202,7 +202,10 @@ async fn the_webhook_verifies_then_acts_once_per_delivery(db: TestDb) {
     assert_eq!(env.count("webhook_deliveries"), 10);
 }
 
-crate::common::on_both_backends!(the_webhook_verifies_then_acts_once_per_delivery);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    the_webhook_verifies_then_acts_once_per_delivery
+);
 
 #[actix_web::test]
 async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
@@ -291,7 +294,10 @@ async fn poller_and_webhook_racing_on_one_merge_apply_it_once(db: TestDb) {
     assert_eq!(env.fake.count("PATCH", "/repos/{o}/{r}/issues/{n}"), 1);
 }
 
-crate::common::on_both_backends!(poller_and_webhook_racing_on_one_merge_apply_it_once);
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    poller_and_webhook_racing_on_one_merge_apply_it_once
+);
 
 #[actix_web::test]
 async fn bodies_over_25_mib_are_refused() {

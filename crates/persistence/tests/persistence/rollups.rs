@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::common::*;
 use agentry_domain::{AgentType, RepoUrl, Task, TaskState, TaskType, Tokens, Trigger, Usd};
+use agentry_persistence::repos::Repository;
 use agentry_persistence::rollups::{self, Sums};
 use agentry_persistence::tasks::{
     self, ImportTask, Run, RunOutcome, TaskCursor, TaskFilter, TransitionDetails,
@@ -187,205 +188,13 @@ fn workload(db: &Db, seed: u64) -> usize {
         connect(db, "o", "r"),
     ];
     let mut conn = db.conn().unwrap();
-    let mut created: Vec<Uuid> = Vec::new();
-    for step in 0..200 {
-        match rng.below(13) {
-            0..=3 => {
-                let repo = &repos[rng.below(3) as usize];
-                // Days out of order, including days before and after earlier ones.
-                let mut new = new_task(repo, T0 + Duration::hours(rng.below(24 * 12) as i64));
-                if rng.below(3) == 0 {
-                    new.task_type = TaskType::Review;
-                }
-                created.push(tasks::create_task(&mut conn, &new, "test").unwrap().id);
-            }
-            4..=5 if !created.is_empty() => {
-                let id = created[rng.below(created.len() as u64) as usize];
-                let task = tasks::get_task(&mut conn, id).unwrap();
-                let run = run_of(&task, &mut rng);
-                write_tx::<_, DbError, _>(&mut conn, |c| tasks::record_run(c, &run)).unwrap();
-            }
-            6..=8 if !created.is_empty() => {
-                let id = created[rng.below(created.len() as u64) as usize];
-                let trigger = Trigger::ALL[rng.below(Trigger::ALL.len() as u64) as usize];
-                let details = pull_request(1);
-                // Refused transitions are part of the workload: they must change nothing.
-                let _ = tasks::transition_task(&mut conn, id, trigger, &details, at(step));
-            }
-            // A task (most often a coding task) one step further along, revision rounds
-            // included, and often a run of its attempt (a revision run within a round).
-            // A task (most often a coding task) a few steps further along, revision rounds
-            // included, with runs of its attempts (revision runs within a round).
-            10..=12 if !created.is_empty() => {
-                let id = created[rng.below(created.len() as u64) as usize];
-                for _ in 0..rng.range(1, 6) {
-                    let task = tasks::get_task(&mut conn, id).unwrap();
-                    if let Some(trigger) = next_step(&task, &mut rng) {
-                        let details = pull_request(2);
-                        let _ = tasks::transition_task(&mut conn, id, trigger, &details, at(step));
-                    }
-                    if rng.below(2) == 0 {
-                        let task = tasks::get_task(&mut conn, id).unwrap();
-                        let run = run_of(&task, &mut rng);
-                        write_tx::<_, DbError, _>(&mut conn, |c| tasks::record_run(c, &run))
-                            .unwrap();
-                    }
-                }
-            }
-            _ => {
-                let records: Vec<Result<ImportTask, DbError>> = (0..rng.below(30))
-                    .map(|i| {
-                        Ok(ImportTask {
-                            id: Uuid::new_v4(),
-                            title: format!("imported {i}"),
-                            repo_url: RepoUrl::parse(
-                                ["https://github.com/acme/web", "https://github.com/x/y"]
-                                    [(i % 2) as usize],
-                            )
-                            .unwrap(),
-                            task_type: if i % 3 == 0 {
-                                TaskType::Review
-                            } else {
-                                TaskType::Coding
-                            },
-                            state: TaskState::ALL[(i % 7) as usize],
-                            agent_type: AgentType::Codex,
-                            model_used: [None, Some("gpt-5".to_owned())][(i % 2) as usize].clone(),
-                            cost_usd: if i % 4 == 0 {
-                                None
-                            } else {
-                                Some(Usd::from_nanos(i as i64 * 1_234_567).unwrap())
-                            },
-                            input_tokens: i as i64,
-                            output_tokens: 2 * i as i64,
-                            created_at: T0 - Duration::days(5) + Duration::hours(7 * i as i64),
-                            pr_url: None,
-                            pr_number: None,
-                            issue_number: None,
-                        })
-                    })
-                    .collect();
-                tasks::import_tasks(&mut conn, records).unwrap();
-            }
-        }
-    }
-
+    apply_random_writes(&mut conn, &repos, &mut rng);
     let tasks = all_tasks(&mut conn);
     let incremental = snapshot(&mut conn);
-
-    // Each task's revision cost is the cost of its runs recorded as revision runs.
-    let runs: Vec<(String, String, Option<i64>)> = {
-        use agentry_persistence::schema::task_runs as r;
-        r::table
-            .select((r::task_id, r::run_trigger, r::cost_nanos))
-            .load(&mut conn)
-            .unwrap()
-    };
-    let mut revision_runs: BTreeMap<String, i64> = BTreeMap::new();
-    let mut costed_revision_runs = 0;
-    for (task_id, trigger, cost) in &runs {
-        if trigger == "revision" {
-            *revision_runs.entry(task_id.clone()).or_default() += cost.unwrap_or(0);
-            costed_revision_runs += usize::from(cost.is_some_and(|c| c > 0));
-        }
-    }
-    for t in &tasks {
-        assert_eq!(
-            t.revision_cost_usd.to_nanos(),
-            revision_runs.get(&t.id.to_string()).copied().unwrap_or(0),
-            "revision cost of {}",
-            t.id
-        );
-        assert!(t.revision_cost_usd <= t.cost_usd.unwrap_or(Usd::ZERO));
-    }
-    // The outcome sums at the latest day hold every unit's revision figures.
-    let latest_day = rollups::latest_day(&mut conn).unwrap().unwrap();
-    let mut read: BTreeMap<(String, String, String), (i64, i64)> = BTreeMap::new();
-    for (_, combo, _, o) in rollups::cumulative_with_outcomes_at(&mut conn, &[latest_day]).unwrap()
-    {
-        if (o.merged_revisions, o.revision_cost_nanos) != (0, 0) {
-            read.insert(combo, (o.merged_revisions, o.revision_cost_nanos));
-        }
-    }
-    assert_eq!(read, brute_revisions(&tasks), "revision outcome sums");
-
-    // Dense: every combination has a row for every day from its first through the latest.
+    let costed_revision_runs = check_revision_costs(&mut conn, &tasks);
     let latest = rollups::latest_day(&mut conn).unwrap().unwrap();
-    let mut per_combo: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
-    for (repo, tt, model, day, _) in &incremental.1 {
-        per_combo
-            .entry((repo.clone(), tt.clone(), model.clone()))
-            .or_default()
-            .push(day.clone());
-    }
-    for (combo, days) in &per_combo {
-        assert_eq!(
-            days.last().unwrap(),
-            &latest.to_string(),
-            "{combo:?} does not reach the latest day"
-        );
-        for pair in days.windows(2) {
-            let a: Date = Date::parse(
-                &pair[0],
-                time::macros::format_description!("[year]-[month]-[day]"),
-            )
-            .unwrap();
-            let b: Date = Date::parse(
-                &pair[1],
-                time::macros::format_description!("[year]-[month]-[day]"),
-            )
-            .unwrap();
-            assert_eq!(a.next_day(), Some(b), "{combo:?} has a gap");
-        }
-    }
-
-    // Window sums equal brute force at every day (before, inside and after the data).
-    let first = tasks
-        .iter()
-        .map(|t| rollups::utc_day(t.created_at))
-        .min()
-        .unwrap();
-    let mut day = first - Duration::days(2);
-    while day <= latest + Duration::days(2) {
-        let mut read: BTreeMap<(String, String, String), Sums> = BTreeMap::new();
-        for (_, combo, sums) in rollups::cumulative_at(&mut conn, &[day]).unwrap() {
-            if sums.tasks > 0 {
-                read.insert(combo, sums);
-            }
-        }
-        assert_eq!(read, brute_sums(&tasks, day), "cumulative sums at {day}");
-        day = day.next_day().unwrap();
-    }
-    let daily = rollups::daily_between(
-        &mut conn,
-        first,
-        latest,
-        Some("https://github.com/acme/web"),
-    )
-    .unwrap();
-    for (day, s) in daily {
-        let on_day: Vec<&Task> = tasks
-            .iter()
-            .filter(|t| {
-                rollups::utc_day(t.created_at) == day
-                    && t.repo_url.as_str() == "https://github.com/acme/web"
-            })
-            .collect();
-        assert_eq!(s.tasks, on_day.len() as i64);
-        assert_eq!(
-            s.costed,
-            on_day.iter().filter(|t| t.cost_usd.is_some()).count() as i64
-        );
-        assert_eq!(
-            s.cost_nanos,
-            on_day
-                .iter()
-                .filter_map(|t| t.cost_usd)
-                .map(Usd::to_nanos)
-                .sum::<i64>()
-        );
-    }
-
+    check_dense(&incremental, latest);
+    check_window_sums(&mut conn, &tasks, latest);
     // The incremental tables equal a rebuild from the task table.
     write_tx::<_, DbError, _>(&mut conn, rollups::rebuild).unwrap();
     let rebuilt = snapshot(&mut conn);
@@ -429,6 +238,211 @@ fn workload(db: &Db, seed: u64) -> usize {
         "the backfill changed another column"
     );
     costed_revision_runs
+}
+
+/// 200 random writes: tasks created (days out of order), runs recorded, transitions tried
+/// (refused ones included), tasks taken a few steps further with runs, history imported.
+fn apply_random_writes(conn: &mut AnyConnection, repos: &[Repository], rng: &mut SplitMix64) {
+    let mut created: Vec<Uuid> = Vec::new();
+    for step in 0..200 {
+        match rng.below(13) {
+            0..=3 => {
+                let repo = &repos[rng.below(3) as usize];
+                // Days out of order, including days before and after earlier ones.
+                let mut new = new_task(repo, T0 + Duration::hours(rng.below(24 * 12) as i64));
+                if rng.below(3) == 0 {
+                    new.task_type = TaskType::Review;
+                }
+                created.push(tasks::create_task(conn, &new, "test").unwrap().id);
+            }
+            4..=5 if !created.is_empty() => {
+                let id = created[rng.below(created.len() as u64) as usize];
+                let task = tasks::get_task(conn, id).unwrap();
+                let run = run_of(&task, rng);
+                write_tx::<_, DbError, _>(conn, |c| tasks::record_run(c, &run)).unwrap();
+            }
+            6..=8 if !created.is_empty() => {
+                let id = created[rng.below(created.len() as u64) as usize];
+                let trigger = Trigger::ALL[rng.below(Trigger::ALL.len() as u64) as usize];
+                let details = pull_request(1);
+                // Refused transitions are part of the workload: they must change nothing.
+                let _ = tasks::transition_task(conn, id, trigger, &details, at(step));
+            }
+            // A task (most often a coding task) a few steps further along, revision rounds
+            // included, with runs of its attempts (revision runs within a round).
+            10..=12 if !created.is_empty() => {
+                let id = created[rng.below(created.len() as u64) as usize];
+                for _ in 0..rng.range(1, 6) {
+                    let task = tasks::get_task(conn, id).unwrap();
+                    if let Some(trigger) = next_step(&task, rng) {
+                        let details = pull_request(2);
+                        let _ = tasks::transition_task(conn, id, trigger, &details, at(step));
+                    }
+                    if rng.below(2) == 0 {
+                        let task = tasks::get_task(conn, id).unwrap();
+                        let run = run_of(&task, rng);
+                        write_tx::<_, DbError, _>(conn, |c| tasks::record_run(c, &run)).unwrap();
+                    }
+                }
+            }
+            _ => {
+                let records = import_batch(rng);
+                tasks::import_tasks(conn, records).unwrap();
+            }
+        }
+    }
+}
+
+/// A random batch of imported history (up to 29 tasks, some costed, some reviews).
+fn import_batch(rng: &mut SplitMix64) -> Vec<Result<ImportTask, DbError>> {
+    (0..rng.below(30))
+        .map(|i| {
+            Ok(ImportTask {
+                id: Uuid::new_v4(),
+                title: format!("imported {i}"),
+                repo_url: RepoUrl::parse(
+                    ["https://github.com/acme/web", "https://github.com/x/y"][(i % 2) as usize],
+                )
+                .unwrap(),
+                task_type: if i % 3 == 0 {
+                    TaskType::Review
+                } else {
+                    TaskType::Coding
+                },
+                state: TaskState::ALL[(i % 7) as usize],
+                agent_type: AgentType::Codex,
+                model_used: [None, Some("gpt-5".to_owned())][(i % 2) as usize].clone(),
+                cost_usd: if i % 4 == 0 {
+                    None
+                } else {
+                    Some(Usd::from_nanos(i as i64 * 1_234_567).unwrap())
+                },
+                input_tokens: i as i64,
+                output_tokens: 2 * i as i64,
+                created_at: T0 - Duration::days(5) + Duration::hours(7 * i as i64),
+                pr_url: None,
+                pr_number: None,
+                issue_number: None,
+            })
+        })
+        .collect()
+}
+
+/// Each task's revision cost is the cost of its runs recorded as revision runs, and the
+/// outcome sums at the latest day hold every unit's revision figures; gives how many revision
+/// runs have a cost.
+fn check_revision_costs(conn: &mut AnyConnection, tasks: &[Task]) -> usize {
+    // Each task's revision cost is the cost of its runs recorded as revision runs.
+    let runs: Vec<(String, String, Option<i64>)> = {
+        use agentry_persistence::schema::task_runs as r;
+        r::table
+            .select((r::task_id, r::run_trigger, r::cost_nanos))
+            .load(conn)
+            .unwrap()
+    };
+    let mut revision_runs: BTreeMap<String, i64> = BTreeMap::new();
+    let mut costed_revision_runs = 0;
+    for (task_id, trigger, cost) in &runs {
+        if trigger == "revision" {
+            *revision_runs.entry(task_id.clone()).or_default() += cost.unwrap_or(0);
+            costed_revision_runs += usize::from(cost.is_some_and(|c| c > 0));
+        }
+    }
+    for t in tasks {
+        assert_eq!(
+            t.revision_cost_usd.to_nanos(),
+            revision_runs.get(&t.id.to_string()).copied().unwrap_or(0),
+            "revision cost of {}",
+            t.id
+        );
+        assert!(t.revision_cost_usd <= t.cost_usd.unwrap_or(Usd::ZERO));
+    }
+    // The outcome sums at the latest day hold every unit's revision figures.
+    let latest_day = rollups::latest_day(conn).unwrap().unwrap();
+    let mut read: BTreeMap<(String, String, String), (i64, i64)> = BTreeMap::new();
+    for (_, combo, _, o) in rollups::cumulative_with_outcomes_at(conn, &[latest_day]).unwrap() {
+        if (o.merged_revisions, o.revision_cost_nanos) != (0, 0) {
+            read.insert(combo, (o.merged_revisions, o.revision_cost_nanos));
+        }
+    }
+    assert_eq!(read, brute_revisions(tasks), "revision outcome sums");
+    costed_revision_runs
+}
+
+/// Dense: every combination has a row for every day from its first through the latest.
+fn check_dense(incremental: &Snapshot, latest: Date) {
+    let mut per_combo: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+    for (repo, tt, model, day, _) in &incremental.1 {
+        per_combo
+            .entry((repo.clone(), tt.clone(), model.clone()))
+            .or_default()
+            .push(day.clone());
+    }
+    for (combo, days) in &per_combo {
+        assert_eq!(
+            days.last().unwrap(),
+            &latest.to_string(),
+            "{combo:?} does not reach the latest day"
+        );
+        for pair in days.windows(2) {
+            let a: Date = Date::parse(
+                &pair[0],
+                time::macros::format_description!("[year]-[month]-[day]"),
+            )
+            .unwrap();
+            let b: Date = Date::parse(
+                &pair[1],
+                time::macros::format_description!("[year]-[month]-[day]"),
+            )
+            .unwrap();
+            assert_eq!(a.next_day(), Some(b), "{combo:?} has a gap");
+        }
+    }
+}
+
+/// Window sums equal brute force at every day (before, inside and after the data), and the
+/// daily sums of one repository equal its tasks'.
+fn check_window_sums(conn: &mut AnyConnection, tasks: &[Task], latest: Date) {
+    let first = tasks
+        .iter()
+        .map(|t| rollups::utc_day(t.created_at))
+        .min()
+        .unwrap();
+    let mut day = first - Duration::days(2);
+    while day <= latest + Duration::days(2) {
+        let mut read: BTreeMap<(String, String, String), Sums> = BTreeMap::new();
+        for (_, combo, sums) in rollups::cumulative_at(conn, &[day]).unwrap() {
+            if sums.tasks > 0 {
+                read.insert(combo, sums);
+            }
+        }
+        assert_eq!(read, brute_sums(tasks, day), "cumulative sums at {day}");
+        day = day.next_day().unwrap();
+    }
+    let daily =
+        rollups::daily_between(conn, first, latest, Some("https://github.com/acme/web")).unwrap();
+    for (day, s) in daily {
+        let on_day: Vec<&Task> = tasks
+            .iter()
+            .filter(|t| {
+                rollups::utc_day(t.created_at) == day
+                    && t.repo_url.as_str() == "https://github.com/acme/web"
+            })
+            .collect();
+        assert_eq!(s.tasks, on_day.len() as i64);
+        assert_eq!(
+            s.costed,
+            on_day.iter().filter(|t| t.cost_usd.is_some()).count() as i64
+        );
+        assert_eq!(
+            s.cost_nanos,
+            on_day
+                .iter()
+                .filter_map(|t| t.cost_usd)
+                .map(Usd::to_nanos)
+                .sum::<i64>()
+        );
+    }
 }
 
 /// Undoes the migration that added `cost_cumulative.imported_cost_nanos` and applies it

@@ -138,7 +138,10 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
     );
 }
 
-on_both_backends!(a_restart_between_posting_and_marking_delivered_posts_no_second_comment);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    a_restart_between_posting_and_marking_delivered_posts_no_second_comment
+);
 
 #[tokio::test]
 async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304() {
@@ -219,7 +222,10 @@ async fn a_restart_syncs_incrementally_from_the_stored_watermark(db: TestDb) {
     assert!(!view.iter().any(|i| i.issue.number == 1));
 }
 
-on_both_backends!(a_restart_syncs_incrementally_from_the_stored_watermark);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    a_restart_syncs_incrementally_from_the_stored_watermark
+);
 
 #[tokio::test]
 async fn the_rare_full_read_removes_issues_gone_from_the_code_host() {

@@ -464,16 +464,25 @@ async fn the_report_from_rollups_equals_the_report_from_every_task(db: TestDb) {
     equivalence(db).await;
 }
 
-on_both_backends!(the_report_from_rollups_equals_the_report_from_every_task);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    the_report_from_rollups_equals_the_report_from_every_task
+);
 
 async fn a_kept_report_is_served_until_a_write_feeds_it(db: TestDb) {
     kept_report(db).await;
 }
 
-on_both_backends!(a_kept_report_is_served_until_a_write_feeds_it);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    a_kept_report_is_served_until_a_write_feeds_it
+);
 
 async fn revision_cost_and_rounds_per_merged_pull_request(db: TestDb) {
     revision_outcomes(db).await;
 }
 
-on_both_backends!(revision_cost_and_rounds_per_merged_pull_request);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    revision_cost_and_rounds_per_merged_pull_request
+);

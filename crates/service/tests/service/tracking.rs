@@ -79,7 +79,10 @@ async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issu
     assert_eq!(env.fake.requests().len(), 0);
 }
 
-on_both_backends!(the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once
+);
 
 /// A repository's first poll starts a day before its oldest waiting task, not at the
 /// beginning of its pull-request history: 250 older closed pull requests cost no extra page.
@@ -159,7 +162,10 @@ async fn delivery_ids_older_than_a_week_are_forgotten(db: TestDb) {
     assert!(find_delivery(&mut conn, "new").unwrap().is_some());
 }
 
-on_both_backends!(delivery_ids_older_than_a_week_are_forgotten);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    delivery_ids_older_than_a_week_are_forgotten
+);
 
 /// With 100 open agentry pull requests and no new comment, a poll cycle is one request for
 /// the repository (a 304), whatever the revisions; a new mention on one of them costs that
@@ -235,4 +241,7 @@ async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on(db: Tes
     assert_eq!(feedback[0].author, "alice");
 }
 
-on_both_backends!(a_quiet_poll_costs_one_request_per_repository_with_revisions_on);
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    a_quiet_poll_costs_one_request_per_repository_with_revisions_on
+);

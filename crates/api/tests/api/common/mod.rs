@@ -31,38 +31,6 @@ use agentry_service::codehost::CodeHost;
 use agentry_testkit::json::elements_of;
 use serde_json::Value;
 
-/// Runs the async test `$name(db)` once on SQLite and once on PostgreSQL (skipped, and
-/// reported ignored, where the suite has no server), as `$name::sqlite` and
-/// `$name::postgres`; `on_both_backends!(test_name => function)` names the pair
-/// `test_name` instead.
-macro_rules! on_both_backends {
-    ($name:ident) => {
-        $crate::common::on_both_backends!($name => $name);
-    };
-    ($test:ident => $name:ident) => {
-        mod $test {
-            use agentry_persistence::test_support::TestDb;
-
-            #[actix_web::test]
-            async fn sqlite() {
-                super::$name(TestDb::sqlite()).await;
-            }
-
-            #[actix_web::test]
-            #[cfg_attr(
-                agentry_pg_skipped,
-                ignore = "PostgreSQL variant: AGENTRY_TEST_PG_URL is not set"
-            )]
-            async fn postgres() {
-                if let Some(db) = TestDb::postgres() {
-                    super::$name(db).await;
-                }
-            }
-        }
-    };
-}
-pub(crate) use on_both_backends;
-
 pub struct Tokens {
     pub admin: String,
     pub member: String,
