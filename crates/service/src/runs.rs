@@ -256,7 +256,7 @@ impl Runs {
     #[allow(clippy::too_many_arguments)]
     pub fn kube(
         root: std::path::PathBuf,
-        settings: &crate::config::kube::KubeSettings,
+        settings: &agentry_runner::kube::KubeSettings,
         claude_bin: std::path::PathBuf,
         codex_bin: std::path::PathBuf,
         prices: PriceTable,
@@ -270,18 +270,8 @@ impl Runs {
         let root_for_git = root.clone();
         let runner = agentry_runner::kube::KubeRunner::new(agentry_runner::kube::KubeConfig {
             root,
-            namespace: settings.namespace.clone(),
-            image: settings.image.clone(),
-            pod_command: settings.pod_command.clone(),
-            listen: settings.listen,
-            endpoint: settings.endpoint.clone(),
-            cpu: settings.cpu.clone(),
-            memory: settings.memory.clone(),
-            work_size: settings.work_size.clone(),
+            settings: settings.clone(),
             tmp_size: "1Gi".to_owned(),
-            start_timeout: settings.start_timeout,
-            allow_api_reach: settings.allow_api_reach,
-            instance: settings.instance.clone(),
             replica: owner.clone(),
             claude_bin,
             codex_bin,

@@ -56,38 +56,48 @@ const STOP_SLACK: Duration = Duration::from_secs(15);
 /// How long agentry waits for a pod whose control connection closed to show why.
 const DEATH_WAIT: Duration = Duration::from_secs(20);
 
-/// What a [`KubeRunner`] needs.
+/// The Kubernetes runner's settings as the operator gives them (the service reads them from
+/// its environment; docs/kubernetes.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// `AGENTRY_KUBE_NAMESPACE`: the Jobs' namespace (default `default`).
+    pub namespace: String,
+    /// `AGENTRY_AGENT_IMAGE`: the agent image (required).
+    pub image: String,
+    /// `AGENTRY_KUBE_POD_COMMAND`: the pod's command, words separated by blanks, instead of the
+    /// image's entry point.
+    pub pod_command: Option<Vec<String>>,
+    /// `AGENTRY_KUBE_LISTEN`: where this replica listens for its agents' pods (default
+    /// `0.0.0.0:4812`).
+    pub listen: SocketAddr,
+    /// `AGENTRY_KUBE_ENDPOINT`: the host:port pods dial to reach this replica, or a host alone
+    /// for the port of `AGENTRY_KUBE_LISTEN` (required; the chart sets the pod's IP).
+    pub endpoint: String,
+    /// `AGENTRY_KUBE_AGENT_CPU`: each agent pod's CPU, requests = limits (default `2`).
+    pub cpu: Option<String>,
+    /// `AGENTRY_KUBE_AGENT_MEMORY`: each agent pod's memory, requests = limits (default `4Gi`).
+    pub memory: Option<String>,
+    /// `AGENTRY_KUBE_WORK_SIZE`: the size limit of a pod's work volume (default `10Gi`).
+    pub work_size: String,
+    /// `AGENTRY_KUBE_START_TIMEOUT`: seconds a pod may take to start (default 300).
+    pub start_timeout: Duration,
+    /// `AGENTRY_KUBE_ALLOW_API_REACH`: `1` runs agents whose pods reach the Kubernetes API
+    /// (NetworkPolicy not enforced); default `0`.
+    pub allow_api_reach: bool,
+    /// `AGENTRY_KUBE_INSTANCE`: the installation's name on its agent pods (default
+    /// `agentry`).
+    pub instance: String,
+}
+
+/// What a [`KubeRunner`] needs: its [`KubeSettings`] and what the service adds.
 #[derive(Debug, Clone)]
 pub struct KubeConfig {
     /// The data directory: workspaces and run directories, as for a local runner.
     pub root: PathBuf,
-    /// The namespace of the Jobs (`AGENTRY_KUBE_NAMESPACE`).
-    pub namespace: String,
-    /// The agent image (`AGENTRY_AGENT_IMAGE`).
-    pub image: String,
-    /// The pod's command, when the image's entry point is not to be used
-    /// (`AGENTRY_KUBE_POD_COMMAND`).
-    pub pod_command: Option<Vec<String>>,
-    /// Where this replica listens for pods (`AGENTRY_KUBE_LISTEN`).
-    pub listen: SocketAddr,
-    /// The address pods dial (`AGENTRY_KUBE_ENDPOINT`): host:port, or a host alone for the
-    /// port the endpoint listens on.
-    pub endpoint: String,
-    /// Each agent pod's CPU (requests = limits; `AGENTRY_KUBE_AGENT_CPU`).
-    pub cpu: Option<String>,
-    /// Each agent pod's memory (requests = limits; `AGENTRY_KUBE_AGENT_MEMORY`).
-    pub memory: Option<String>,
-    /// The size limit of the pod's work volume (`AGENTRY_KUBE_WORK_SIZE`).
-    pub work_size: String,
+    /// What the operator configured (`AGENTRY_KUBE_*`, `AGENTRY_AGENT_IMAGE`).
+    pub settings: KubeSettings,
     /// The size limit of the pod's `/tmp`.
     pub tmp_size: String,
-    /// How long a pod may take to start (`AGENTRY_KUBE_START_TIMEOUT`).
-    pub start_timeout: Duration,
-    /// Run agents even when their pod reaches the Kubernetes API
-    /// (`AGENTRY_KUBE_ALLOW_API_REACH`).
-    pub allow_api_reach: bool,
-    /// The installation's name, a label of every agent pod (`AGENTRY_KUBE_INSTANCE`).
-    pub instance: String,
     /// This replica's name, a label of the Jobs it starts.
     pub replica: String,
     /// The Claude Code executable in the agent image.
@@ -120,18 +130,20 @@ impl KubeConfig {
         }
         KubeConfig {
             root: PathBuf::from("/nonexistent"),
-            namespace: "agents".to_owned(),
-            image: "agentry-agent:test".to_owned(),
-            pod_command: None,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            endpoint: "10.0.0.1:4812".to_owned(),
-            cpu: Some("1".to_owned()),
-            memory: Some("1Gi".to_owned()),
-            work_size: "10Gi".to_owned(),
+            settings: KubeSettings {
+                namespace: "agents".to_owned(),
+                image: "agentry-agent:test".to_owned(),
+                pod_command: None,
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                endpoint: "10.0.0.1:4812".to_owned(),
+                cpu: Some("1".to_owned()),
+                memory: Some("1Gi".to_owned()),
+                work_size: "10Gi".to_owned(),
+                start_timeout: Duration::from_secs(300),
+                allow_api_reach: false,
+                instance: "agentry".to_owned(),
+            },
             tmp_size: "1Gi".to_owned(),
-            start_timeout: Duration::from_secs(300),
-            allow_api_reach: false,
-            instance: "agentry".to_owned(),
             replica: "agentry-r1".to_owned(),
             claude_bin: "claude".into(),
             codex_bin: "codex".into(),
@@ -157,8 +169,8 @@ pub struct KubeRunner {
 impl std::fmt::Debug for KubeRunner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeRunner")
-            .field("namespace", &self.config.namespace)
-            .field("image", &self.config.image)
+            .field("namespace", &self.config.settings.namespace)
+            .field("image", &self.config.settings.image)
             .finish_non_exhaustive()
     }
 }
@@ -170,20 +182,20 @@ impl KubeRunner {
     ///
     /// A sentence when the endpoint's address cannot be bound.
     pub fn new(mut config: KubeConfig) -> Result<KubeRunner, String> {
-        let listener = std::net::TcpListener::bind(config.listen)
+        let listener = std::net::TcpListener::bind(config.settings.listen)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|e| {
                 format!(
                     "cannot listen for agent pods on {} (AGENTRY_KUBE_LISTEN): {e}",
-                    config.listen
+                    config.settings.listen
                 )
             })?;
-        if !config.endpoint.contains(':') {
+        if !config.settings.endpoint.contains(':') {
             let port = listener
                 .local_addr()
                 .map_err(|e| format!("cannot read the pod endpoint's address: {e}"))?
                 .port();
-            config.endpoint = format!("{}:{port}", config.endpoint);
+            config.settings.endpoint = format!("{}:{port}", config.settings.endpoint);
         }
         let mut workspaces = Workspaces::new(config.root.join("workspaces"));
         if let Some(git_sandbox) = config.git_sandbox.clone() {
@@ -250,7 +262,7 @@ impl KubeRunner {
 
     /// The Jobs, Secrets and Pods of the runs' namespace.
     fn apis(&self, client: &kube::Client) -> (Api<KubeJob>, Api<Secret>, Api<Pod>) {
-        let ns = &self.config.namespace;
+        let ns = &self.config.settings.namespace;
         (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
@@ -403,7 +415,7 @@ impl KubeRunner {
             home: spec::POD_HOME.to_owned(),
             patch: !launch.review,
             stop_grace_ms: u64::try_from(self.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
-            allow_api_reach: self.config.allow_api_reach,
+            allow_api_reach: self.config.settings.allow_api_reach,
             history: None,
         }
     }
@@ -475,7 +487,7 @@ impl KubeRunner {
     ) -> Result<(PodEnd, agent::OutputParser), String> {
         let mut cancel = control.cancel.clone();
         let mut pods = pod_state.receiver();
-        let start_deadline = Instant::now() + self.config.start_timeout;
+        let start_deadline = Instant::now() + self.config.settings.start_timeout;
         let mut control_rx = control_rx;
         let stream = loop {
             tokio::select! {
@@ -492,12 +504,12 @@ impl KubeRunner {
                         Some(why) => format!(
                             "the agent's pod did not start within {} s \
                              (AGENTRY_KUBE_START_TIMEOUT): {why}",
-                            self.config.start_timeout.as_secs()
+                            self.config.settings.start_timeout.as_secs()
                         ),
                         None => format!(
                             "the agent's pod did not start within {} s \
                              (AGENTRY_KUBE_START_TIMEOUT)",
-                            self.config.start_timeout.as_secs()
+                            self.config.settings.start_timeout.as_secs()
                         ),
                     });
                 }
@@ -1025,7 +1037,7 @@ fn out_of_memory(config: &KubeConfig) -> String {
     format!(
         "the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, {}) and the kernel \
          stopped the agent",
-        config.memory.as_deref().unwrap_or("no limit set")
+        config.settings.memory.as_deref().unwrap_or("no limit set")
     )
 }
 
@@ -1115,7 +1127,7 @@ impl Runner for KubeRunner {
     fn salvage(&self, task_id: Uuid, attempt: i32, agent: &AgentSpec) -> Option<Salvaged> {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let client = self.client.get().cloned();
-            let namespace = self.config.namespace.clone();
+            let namespace = self.config.settings.namespace.clone();
             runtime.spawn(async move {
                 let client = match client {
                     Some(client) => client,

@@ -74,7 +74,7 @@ fn labels(config: &KubeConfig, run: &RunObjects<'_>) -> BTreeMap<String, String>
     [
         (NAME_LABEL, AGENT_NAME.to_owned()),
         ("app.kubernetes.io/managed-by", "agentry".to_owned()),
-        (INSTANCE_LABEL, config.instance.clone()),
+        (INSTANCE_LABEL, config.settings.instance.clone()),
         (TASK_LABEL, run.task.to_string()),
         (ATTEMPT_LABEL, run.attempt.to_string()),
         (REPLICA_LABEL, run.replica.to_owned()),
@@ -107,16 +107,19 @@ pub fn job(config: &KubeConfig, run: &RunObjects<'_>) -> Result<KubeJob, String>
         .saturating_add(grace)
         .saturating_add(60);
     let mut resources = serde_json::Map::new();
-    for (name, value) in [("cpu", &config.cpu), ("memory", &config.memory)] {
+    for (name, value) in [
+        ("cpu", &config.settings.cpu),
+        ("memory", &config.settings.memory),
+    ] {
         if let Some(value) = value {
             resources.insert(name.to_owned(), json!(value));
         }
     }
     let mut container = json!({
         "name": "agent",
-        "image": config.image,
+        "image": config.settings.image,
         "env": [
-            {"name": "AGENTRY_POD_ENDPOINT", "value": config.endpoint},
+            {"name": "AGENTRY_POD_ENDPOINT", "value": config.settings.endpoint},
             {"name": "AGENTRY_POD_KEY", "valueFrom": {"secretKeyRef": {"name": name, "key": SECRET_KEY}}},
         ],
         "resources": {"requests": resources, "limits": resources},
@@ -135,7 +138,7 @@ pub fn job(config: &KubeConfig, run: &RunObjects<'_>) -> Result<KubeJob, String>
         ],
         "workingDir": WORK_DIR,
     });
-    if let Some(command) = &config.pod_command {
+    if let Some(command) = &config.settings.pod_command {
         container["command"] = json!(command);
     }
     let value = json!({
@@ -162,7 +165,7 @@ pub fn job(config: &KubeConfig, run: &RunObjects<'_>) -> Result<KubeJob, String>
                     },
                     "containers": [container],
                     "volumes": [
-                        {"name": "work", "emptyDir": {"sizeLimit": config.work_size}},
+                        {"name": "work", "emptyDir": {"sizeLimit": config.settings.work_size}},
                         {"name": "tmp", "emptyDir": {"sizeLimit": config.tmp_size}},
                     ],
                 },

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub use agentry_runner::kube::KubeSettings;
+
 use super::{ConfigError, choice, whole_number};
 
 /// Which runner executes agent runs (`AGENTRY_RUNNER`).
@@ -12,38 +14,6 @@ pub enum RunnerKind {
     Local,
     /// Kubernetes Jobs.
     Kubernetes(Box<KubeSettings>),
-}
-
-/// What the Kubernetes runner is given.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubeSettings {
-    /// `AGENTRY_KUBE_NAMESPACE`: the Jobs' namespace (default `default`).
-    pub namespace: String,
-    /// `AGENTRY_AGENT_IMAGE`: the agent image (required).
-    pub image: String,
-    /// `AGENTRY_KUBE_POD_COMMAND`: the pod's command, words separated by blanks, instead of the
-    /// image's entry point.
-    pub pod_command: Option<Vec<String>>,
-    /// `AGENTRY_KUBE_LISTEN`: where this replica listens for its agents' pods (default
-    /// `0.0.0.0:4812`).
-    pub listen: SocketAddr,
-    /// `AGENTRY_KUBE_ENDPOINT`: the host:port pods dial to reach this replica, or a host alone
-    /// for the port of `AGENTRY_KUBE_LISTEN` (required; the chart sets the pod's IP).
-    pub endpoint: String,
-    /// `AGENTRY_KUBE_AGENT_CPU`: each agent pod's CPU, requests = limits (default `2`).
-    pub cpu: Option<String>,
-    /// `AGENTRY_KUBE_AGENT_MEMORY`: each agent pod's memory, requests = limits (default `4Gi`).
-    pub memory: Option<String>,
-    /// `AGENTRY_KUBE_WORK_SIZE`: the size limit of a pod's work volume (default `10Gi`).
-    pub work_size: String,
-    /// `AGENTRY_KUBE_START_TIMEOUT`: seconds a pod may take to start (default 300).
-    pub start_timeout: Duration,
-    /// `AGENTRY_KUBE_ALLOW_API_REACH`: `1` runs agents whose pods reach the Kubernetes API
-    /// (NetworkPolicy not enforced); default `0`.
-    pub allow_api_reach: bool,
-    /// `AGENTRY_KUBE_INSTANCE`: the installation's name on its agent pods (default
-    /// `agentry`).
-    pub instance: String,
 }
 
 /// A Kubernetes quantity as the API takes it (`2`, `500m`, `4Gi`, `1.5`): digits, at most one
