@@ -97,7 +97,7 @@ pub struct LocalRunner {
     config: LocalConfig,
     workspaces: Workspaces,
     /// The last check of each agent CLI, kept while its executable is unchanged.
-    checked: std::sync::Mutex<Vec<CliCheck>>,
+    checked: parking_lot::Mutex<Vec<CliCheck>>,
     /// Whether the log already said that no cgroup can be made here.
     cgroup_refused: std::sync::atomic::AtomicBool,
 }
@@ -163,7 +163,7 @@ impl LocalRunner {
         LocalRunner {
             config,
             workspaces,
-            checked: std::sync::Mutex::new(Vec::new()),
+            checked: parking_lot::Mutex::new(Vec::new()),
             cgroup_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -272,7 +272,9 @@ impl LocalRunner {
                 let meta = std::fs::metadata(&path).ok()?;
                 Some((path, meta.len(), meta.modified().ok()?))
             });
-        let cached = lock(&self.checked)
+        let cached = self
+            .checked
+            .lock()
             .iter()
             .find(|c| c.agent_type == agent_type && c.stamp == stamp && stamp.is_some())
             .map(|c| c.result.clone());
@@ -289,7 +291,7 @@ impl LocalRunner {
             ),
             Err(problem) => tracing::error!(agent = %agent_type, "{problem}"),
         }
-        let mut checked = lock(&self.checked);
+        let mut checked = self.checked.lock();
         checked.retain(|c| c.agent_type != agent_type);
         checked.push(CliCheck {
             agent_type,
@@ -1285,10 +1287,6 @@ fn stop_orphan(run_dir: &Path) {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
-}
-
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn human(d: Duration) -> String {

@@ -21,8 +21,10 @@ use std::fmt;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+
+use parking_lot::Mutex;
 
 use agentry_domain::money::Usd;
 use uuid::Uuid;
@@ -165,8 +167,8 @@ pub struct Ledger {
 }
 
 impl RunMeter {
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    fn ledger(&self) -> parking_lot::MutexGuard<'_, Ledger> {
+        self.ledger.lock()
     }
 
     /// Reserves `amount` for one call if the run's spend, its reservations in flight and
@@ -227,7 +229,7 @@ impl RunMeter {
     /// Marks the run exhausted because of `reason`: which budget a call did not fit, in a
     /// sentence that completes "budget reached: " (the first reason given is kept).
     pub fn exhaust_because(&self, reason: String) {
-        let mut kept = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self.reason.lock();
         kept.get_or_insert(reason);
         drop(kept);
         self.exhaust();
@@ -235,10 +237,7 @@ impl RunMeter {
 
     /// Why the run is exhausted, when the gateway said.
     pub fn reason(&self) -> Option<String> {
-        self.reason
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.reason.lock().clone()
     }
 
     /// Whether the gateway refused a call of this run for its budget.

@@ -83,7 +83,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use base64::Engine;
@@ -436,10 +438,7 @@ impl Workspaces {
     }
 
     fn lock_of(&self, mirror: &Path) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut locks = self.locks.lock();
         locks.entry(mirror.to_owned()).or_default().clone()
     }
 
@@ -821,10 +820,7 @@ impl Worktree {
         .await;
         let _ = remove_path(&self.index_dir).await;
         let commit = result?;
-        *self
-            .committed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = commit.clone();
+        *self.committed.lock() = commit.clone();
         Ok(commit)
     }
 
@@ -984,7 +980,6 @@ impl Worktree {
         let commit = self
             .committed
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
             .ok_or_else(|| GitError::Io("there is no commit to push".into()))?;
         self.check_untampered().await?;

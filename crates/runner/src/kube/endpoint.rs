@@ -19,14 +19,15 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::oneshot;
 
-use crate::local::lock;
 use crate::network::{GATEWAY_SOCKET, PROXY_SOCKET};
 use crate::pod::{self, Channel, Launch};
 
@@ -63,7 +64,7 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        lock(&self.endpoint.runs).remove(&self.id);
+        self.endpoint.runs.lock().remove(&self.id);
     }
 }
 
@@ -110,7 +111,7 @@ impl Endpoint {
             control: Mutex::new(Some(control)),
             history: Mutex::new(history),
         };
-        lock(&self.runs).insert(id, Arc::new(registered));
+        self.runs.lock().insert(id, Arc::new(registered));
         let registration = Registration {
             endpoint: Arc::clone(self),
             id,
@@ -150,7 +151,7 @@ impl Endpoint {
                 return Ok(());
             }
         };
-        let run = lock(&self.runs).get(&key_id(&hello.key)).cloned();
+        let run = self.runs.lock().get(&key_id(&hello.key)).cloned();
         let Some(run) = run else {
             return pod::answer(&mut stream, Err("no run in progress here has this key")).await;
         };
@@ -173,7 +174,7 @@ impl Endpoint {
                     .map(drop)
             }
             Channel::Launch => {
-                let taken = lock(&run.launch).take();
+                let taken = run.launch.lock().take();
                 let Some((launch, files)) = taken else {
                     return pod::answer(&mut stream, Err("the run's launch was already taken"))
                         .await;
@@ -182,7 +183,7 @@ impl Endpoint {
                 pod::send_launch(stream, &launch, &files).await
             }
             Channel::History => {
-                let taken = lock(&run.history).take();
+                let taken = run.history.lock().take();
                 let Some(bundle) = taken else {
                     return pod::answer(&mut stream, Err("the run has no history to send")).await;
                 };
@@ -192,7 +193,7 @@ impl Endpoint {
                 tokio::io::AsyncWriteExt::shutdown(&mut stream).await
             }
             Channel::Control => {
-                let taken = lock(&run.control).take();
+                let taken = run.control.lock().take();
                 let Some(control) = taken else {
                     return pod::answer(&mut stream, Err("the run already has its control")).await;
                 };

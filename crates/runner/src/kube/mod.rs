@@ -162,7 +162,7 @@ pub struct KubeRunner {
     workspaces: Workspaces,
     endpoint: Arc<Endpoint>,
     /// The bound listener, until the endpoint serves it (in the first run's runtime).
-    listener: std::sync::Mutex<Option<std::net::TcpListener>>,
+    listener: parking_lot::Mutex<Option<std::net::TcpListener>>,
     client: OnceCell<kube::Client>,
 }
 
@@ -205,14 +205,15 @@ impl KubeRunner {
             config,
             workspaces,
             endpoint: Arc::new(Endpoint::default()),
-            listener: std::sync::Mutex::new(Some(listener)),
+            listener: parking_lot::Mutex::new(Some(listener)),
             client: OnceCell::new(),
         })
     }
 
     /// The address the pod endpoint listens on.
     pub fn listen_address(&self) -> Option<SocketAddr> {
-        local::lock(&self.listener)
+        self.listener
+            .lock()
             .as_ref()
             .and_then(|l| l.local_addr().ok())
     }
@@ -239,7 +240,7 @@ impl KubeRunner {
 
     /// Starts serving the pod endpoint, once.
     fn serve_endpoint(&self) -> Result<(), String> {
-        let Some(listener) = local::lock(&self.listener).take() else {
+        let Some(listener) = self.listener.lock().take() else {
             return Ok(());
         };
         let listener = tokio::net::TcpListener::from_std(listener)
