@@ -23,9 +23,8 @@
 //! * [`on_both_backends!`]: an async test over a database, run once on SQLite and once on
 //!   PostgreSQL (reported ignored where the suite has no server).
 //!
-//! Beside the library, `rigs/` holds the test rigs of the crates that drive the service
-//! (`agentry-service`'s and `agentry-api`'s test binaries take them in as modules): this
-//! crate cannot depend on the service, since the fake GitHub depends on this crate.
+//! The rigs of the crates that drive the service are `agentry-test-rigs`: this crate cannot
+//! depend on the service, since the fake GitHub depends on this crate.
 
 pub mod dirs;
 pub mod git;

@@ -68,6 +68,17 @@ const TEST_ONLY: &[(&str, &[&str])] = &[
     ("agentry-fake-github", &["agentry-testkit"]),
     ("agentry-fake-models", &["agentry-testkit"]),
     ("agentry-fake-kube", &[]),
+    (
+        "agentry-test-rigs",
+        &[
+            "agentry-testkit",
+            "agentry-fake-github",
+            "agentry-service",
+            "agentry-persistence",
+            "agentry-codehost",
+            "agentry-domain",
+        ],
+    ),
     ("agentry-soak", &["agentry-fake-github", "agentry-testkit"]),
     ("xtask", &[]),
 ];

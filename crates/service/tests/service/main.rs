@@ -9,12 +9,10 @@
 
 mod codehost;
 mod common;
-#[path = "../../../testkit/rigs/cost_data.rs"]
-mod cost_data;
 mod costs;
 mod db_permits;
 mod gateway;
-#[path = "../../../testkit/rigs/service.rs"]
-mod rig;
 mod tracking;
 mod use_cases;
+
+use agentry_test_rigs::{cost_data, rig};

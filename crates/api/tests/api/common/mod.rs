@@ -2,11 +2,9 @@
 //! of each role.
 #![allow(dead_code)]
 
-#[path = "../../../../testkit/rigs/cost_data.rs"]
-pub mod cost_data;
 pub mod env;
-#[path = "../../../../testkit/rigs/service.rs"]
-pub mod rig;
+
+pub use agentry_test_rigs::{cost_data, rig};
 
 /// The fake GitHub's route of a repository's pull requests, as its fault injection and
 /// request counts name it.

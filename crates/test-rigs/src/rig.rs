@@ -2,10 +2,7 @@
 //! integration pointed at the fake GitHub on 127.0.0.1 with test timings, and no runner.
 //!
 //! One rig for the two test binaries that drive the service: `agentry-service`'s (the use
-//! cases called directly) and `agentry-api`'s (the same use cases behind HTTP), each taking
-//! this file in as a module with `#[path]`. It is not part of the `agentry-testkit` library,
-//! which the fake GitHub depends on and so cannot depend on the service itself.
-#![allow(dead_code)]
+//! cases called directly) and `agentry-api`'s (the same use cases behind HTTP).
 
 use std::time::Duration;
 
@@ -185,6 +182,7 @@ impl HostEnv {
         (env, repo)
     }
 
+    /// The environment's database.
     pub fn db(&self) -> &Db {
         &self.db.db
     }
@@ -283,6 +281,7 @@ impl HostEnv {
             .task_id
     }
 
+    /// The stored repository `id`.
     pub fn repo(&self, id: Uuid) -> Repository {
         repos::get_repository(&mut self.db().conn().unwrap(), id).unwrap()
     }
@@ -320,6 +319,7 @@ impl HostEnv {
         .unwrap()
     }
 
+    /// The stored task `id`.
     pub fn task(&self, id: Uuid) -> Task {
         tasks::get_task(&mut self.db().conn().unwrap(), id).unwrap()
     }

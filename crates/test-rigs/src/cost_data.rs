@@ -2,10 +2,8 @@
 //! imported and live tasks, and the write paths a test uses to move a task and record what a
 //! run cost.
 //!
-//! Shared by the test binaries of `agentry-service` (the report) and `agentry-api` (the
-//! `/metrics` counters), each taking this file in as a module with `#[path]`, beside
-//! `service.rs` as its sibling module `rig`.
-#![allow(dead_code)]
+//! Used by the test binaries of `agentry-service` (the report) and `agentry-api` (the
+//! `/metrics` counters).
 
 use agentry_domain::{AgentType, RepoUrl, TaskState, TaskType, Trigger, Usd};
 use agentry_persistence::tasks::{self, ImportTask, Run, TransitionDetails};
@@ -14,7 +12,7 @@ use agentry_testkit::SplitMix64;
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
 
-use super::rig::{create, new_task, opening_pull};
+use crate::rig::{create, new_task, opening_pull};
 
 /// The repositories of the data.
 pub const REPOS: [&str; 4] = [
