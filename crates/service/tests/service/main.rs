@@ -40,7 +40,6 @@ mod common;
 mod cost_data;
 mod costs;
 mod db_permits;
-mod gateway;
 #[path = "../../../testkit/rigs/service.rs"]
 mod rig;
 mod tracking;
