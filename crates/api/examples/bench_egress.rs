@@ -33,11 +33,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use agentry_agent_network::egress::{self, EgressEvents, EgressPolicy};
+use agentry_agent_network::network::RunRefusals;
 use agentry_domain::{EgressPattern, RepoUrl};
 use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::{Db, metering, tasks};
-use agentry_service::agent_network::RunRefusals;
-use agentry_service::egress::{self, EgressEvents, EgressPolicy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use uuid::Uuid;

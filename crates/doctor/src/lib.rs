@@ -564,12 +564,12 @@ fn check_gateway_key(agent: AgentType, config: &Config, stored: &[String]) -> Ch
     let (name, secret, from_env) = match agent {
         AgentType::ClaudeCode => (
             "claude-code-key",
-            agentry_service::gateway::ANTHROPIC_KEY,
+            agentry_agent_network::gateway::ANTHROPIC_KEY,
             config.anthropic_key.is_some(),
         ),
         AgentType::Codex => (
             "codex-key",
-            agentry_service::gateway::OPENAI_KEY,
+            agentry_agent_network::gateway::OPENAI_KEY,
             config.openai_key.is_some(),
         ),
     };

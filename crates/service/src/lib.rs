@@ -23,7 +23,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod agent_network;
 pub mod alerts;
 pub mod budgets;
 pub mod closing_refs;
@@ -31,9 +30,7 @@ pub mod codehost;
 pub mod config;
 pub mod costs;
 mod delivery;
-pub mod egress;
 pub mod error;
-pub mod gateway;
 pub mod import;
 pub mod repos;
 pub mod revisions;
@@ -47,6 +44,10 @@ pub mod views;
 mod wake;
 
 use std::sync::Arc;
+
+/// The model gateway's defaults the configuration and `agentry doctor` name (its upstreams,
+/// its key variables), as `crate::gateway`.
+use agentry_agent_network::gateway;
 
 use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, Db};

@@ -41,6 +41,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agentry_agent_network::AgentNetwork;
+use agentry_agent_network::gateway::Gateway;
 use agentry_codehost::CodeHostError;
 use agentry_domain::money::Usd;
 use agentry_domain::{PullRequestRef, Task, TaskState, TaskType, Trigger};
@@ -58,9 +60,7 @@ use time::OffsetDateTime;
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use uuid::Uuid;
 
-use crate::agent_network::AgentNetwork;
 use crate::codehost::TOKEN_SECRET;
-use crate::gateway::Gateway;
 use crate::wake::Loops;
 
 mod claim;

@@ -10,12 +10,13 @@ use agentry_persistence::{Backend, Db};
 use agentry_runner::PriceTable;
 use tokio::task::JoinHandle;
 
+use agentry_agent_network::AgentNetwork;
+use agentry_agent_network::gateway::{self, GatewayConfig};
+
 use crate::Service;
-use crate::agent_network::AgentNetwork;
 use crate::codehost::{self, CodeHost, Timing};
 use crate::config::Config;
 use crate::config::kube::RunnerKind;
-use crate::gateway::{Gateway, GatewayConfig};
 use crate::runs::{self, Runs, SandboxNetwork};
 
 /// How often webhook delivery ids older than their retention are forgotten.
@@ -124,24 +125,20 @@ pub fn price_table(config: &Config) -> Result<PriceTable, StartError> {
 pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, StartError> {
     let prices = price_table(config)?;
     let agent_network = || -> Result<AgentNetwork, StartError> {
-        let gateway = Gateway::new(
+        AgentNetwork::start(
             GatewayConfig {
                 anthropic_upstream: config.anthropic_upstream.clone(),
                 openai_upstream: config.openai_upstream.clone(),
                 anthropic_key: config.anthropic_key.clone(),
                 openai_key: config.openai_key.clone(),
-                body_timeout: crate::gateway::BODY_TIMEOUT,
+                body_timeout: gateway::BODY_TIMEOUT,
             },
+            config.egress_allow.clone(),
             prices.clone(),
             db.clone(),
             master_key.clone(),
         )
-        .map_err(|e| io_error("cannot start the model gateway", e))?;
-        Ok(AgentNetwork::new(
-            gateway,
-            db.clone(),
-            config.egress_allow.clone(),
-        ))
+        .map_err(|e| io_error("cannot start the model gateway", e))
     };
     let exe = || {
         std::env::current_exe()

@@ -3,9 +3,9 @@
 //! - `check-arch`: the rules of docs/architecture.md that a build does not enforce by itself,
 //!   read from `cargo metadata`: which workspace crate may depend on which (dependencies
 //!   point down only), that the test-only crates are never a normal dependency of a product
-//!   crate, that `agentry-service` and everything under it have no actix, and that the
-//!   compiler is the workspace's `rust-version` (`toolchain.rs`). Prints each broken rule
-//!   and exits 1.
+//!   crate, that `agentry-service` and everything under it (the agent network's servers
+//!   are hyper, checked on their own too) have no actix, and that the compiler is the
+//!   workspace's `rust-version` (`toolchain.rs`). Prints each broken rule and exits 1.
 //! - `libs`: the library crates CI checks alone (`cargo check -p`), one per line: every
 //!   member with a library target except the test-only ones (those used by other members
 //!   only as dev-dependencies, or only by test-only ones).
@@ -39,6 +39,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "agentry-doctor",
         &[
             "agentry-service",
+            "agentry-agent-network",
             "agentry-persistence",
             "agentry-runner",
             "agentry-codehost",
@@ -49,11 +50,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "agentry-service",
         &[
             "agentry-persistence",
+            "agentry-agent-network",
             "agentry-analytics",
             "agentry-runner",
             "agentry-codehost",
             "agentry-domain",
         ],
+    ),
+    (
+        "agentry-agent-network",
+        &["agentry-persistence", "agentry-runner", "agentry-domain"],
     ),
     ("agentry-persistence", &["agentry-domain"]),
     ("agentry-analytics", &["agentry-domain"]),
@@ -83,8 +89,10 @@ const TEST_ONLY: &[(&str, &[&str])] = &[
     ("xtask", &[]),
 ];
 
-/// The crate below which no actix may be found, however deep.
-const NO_HTTP_SERVER_BELOW: &str = "agentry-service";
+/// The crates below which no actix may be found, however deep: the service, and the agent
+/// network's own servers (hyper), checked on their own so that the rule holds whoever
+/// depends on them.
+const NO_HTTP_SERVER_BELOW: &[&str] = &["agentry-service", "agentry-agent-network"];
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1).unwrap_or_default();
@@ -203,13 +211,16 @@ fn check_arch() -> Result<(), String> {
             }
         }
     }
-    broken.extend(actix_below(&meta, NO_HTTP_SERVER_BELOW));
+    for root in NO_HTTP_SERVER_BELOW {
+        broken.extend(actix_below(&meta, root));
+    }
     broken.extend(toolchain::check(&meta));
     if broken.is_empty() {
         println!(
             "check-arch: {} crates, every dependency as docs/architecture.md draws it; no actix \
-             under {NO_HTTP_SERVER_BELOW}; the compiler is the workspace's rust-version",
-            members.len()
+             under {}; the compiler is the workspace's rust-version",
+            members.len(),
+            NO_HTTP_SERVER_BELOW.join(" or ")
         );
         Ok(())
     } else {

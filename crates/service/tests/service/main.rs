@@ -11,7 +11,6 @@ mod codehost;
 mod common;
 mod costs;
 mod db_permits;
-mod gateway;
 mod tracking;
 mod use_cases;
 

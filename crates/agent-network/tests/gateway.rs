@@ -2,11 +2,17 @@
 //! streaming through chunk by chunk, metering into a real SQLite file, the per-call budget,
 //! and the errors it passes on or gives itself. The upstream is a scripted HTTP/1.1 server
 //! on 127.0.0.1 written here, so each test controls exactly when each byte goes out.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is the test failing; clippy.toml's allow-*-in-tests covers #[test] functions, not their helpers"
+)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agentry_agent_network::gateway::{Gateway, GatewayConfig, RunGate};
 use agentry_domain::{AgentType, RepoUrl, Usd};
 use agentry_persistence::metering;
 use agentry_persistence::repos::{self, NewRepository};
@@ -15,7 +21,6 @@ use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::TestDb;
 use agentry_runner::AgentSpec;
 use agentry_runner::network::{RunInfo, RunMeter};
-use agentry_service::gateway::{Gateway, GatewayConfig, RunGate};
 use agentry_testkit::http;
 use agentry_testkit::wait::eventually_async;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -853,7 +858,7 @@ async fn codex_calls_are_metered_from_the_responses_stream_and_refused_in_openai
 
 #[tokio::test]
 async fn a_run_holds_at_most_its_share_of_connections() {
-    use agentry_service::gateway::MAX_CONNECTIONS_PER_RUN;
+    use agentry_agent_network::gateway::MAX_CONNECTIONS_PER_RUN;
     let go = Arc::new(Notify::new());
     let rig = Rig::start(Script::message_stream(&go)).await;
     let run = rig.open_claude().await;

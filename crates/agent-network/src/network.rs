@@ -1,7 +1,8 @@
 //! The network of sandboxed agents, as the service serves it (docs/security.md#network): for
 //! each run, the model gateway ([`crate::gateway`]) and the egress proxy
 //! ([`crate::egress`]) on the run's own Unix sockets, which the runner binds into the
-//! sandbox ([`agentry_runner::network`]).
+//! sandbox ([`agentry_runner::network`]). [`AgentNetwork`] implements the runner's
+//! [`Network`] seam.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use agentry_domain::egress::EgressPattern;
 use agentry_persistence::metering::BlockedTally;
+use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::{Db, metering, repos};
+use agentry_runner::PriceTable;
 use agentry_runner::network::{
     GATEWAY_SOCKET, Network, OpenFuture, PROXY_SOCKET, RunInfo, RunNetwork,
 };
@@ -18,7 +21,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::egress::{self, EgressEvents, EgressPolicy};
-use crate::gateway::{Gateway, SocketServer};
+use crate::gateway::{Gateway, GatewayConfig, SocketServer};
 
 /// Serves the gateway and the egress proxy of every sandboxed run.
 #[derive(Debug, Clone)]
@@ -38,6 +41,22 @@ impl AgentNetwork {
             db,
             instance_allow,
         }
+    }
+
+    /// Starts the network of a service process: the model gateway of `gateway`, pricing
+    /// calls with `prices`, metering them and holding their budgets in `db` and reading the
+    /// stored provider keys with `master_key`; and the egress proxy with the instance's
+    /// allow-list `instance_allow` (`AGENTRY_EGRESS_ALLOW`). Fails when the gateway's
+    /// upstream client cannot be built.
+    pub fn start(
+        gateway: GatewayConfig,
+        instance_allow: Vec<EgressPattern>,
+        prices: PriceTable,
+        db: Db,
+        master_key: MasterKey,
+    ) -> Result<AgentNetwork, String> {
+        let gateway = Gateway::new(gateway, prices, db.clone(), master_key)?;
+        Ok(AgentNetwork::new(gateway, db, instance_allow))
     }
 
     /// The model gateway.
@@ -305,6 +324,8 @@ impl Refusals {
         }
     }
 
+    /// Logs a refusal of `host:port` (its first ones, or one of the run's destinations
+    /// beyond the first [`metering::MAX_BLOCKED_TARGETS`] when `other`).
     fn warn(&self, host: &str, port: u16, why: &str, suppressed: u64, other: bool) {
         let what = if other {
             format!(
@@ -315,6 +336,23 @@ impl Refusals {
         } else {
             "egress refused".to_owned()
         };
+        self.log(host, port, Some(why), suppressed, &what);
+    }
+
+    /// Logs, when the run's network closes, that `host:port` was refused `suppressed` times
+    /// more than logged.
+    fn warn_end(&self, host: &str, port: u16, suppressed: u64) {
+        self.log(
+            host,
+            port,
+            None,
+            suppressed,
+            "egress refused more times than logged until the run's network closed",
+        );
+    }
+
+    /// One warning about the run's refusals of `host:port`, naming the run.
+    fn log(&self, host: &str, port: u16, why: Option<&str>, suppressed: u64, what: &str) {
         tracing::warn!(
             task = %self.task_id,
             attempt = self.attempt,
@@ -324,18 +362,6 @@ impl Refusals {
             why,
             suppressed,
             "{what}"
-        );
-    }
-
-    fn warn_end(&self, host: &str, port: u16, suppressed: u64) {
-        tracing::warn!(
-            task = %self.task_id,
-            attempt = self.attempt,
-            repo = %self.repo_key,
-            host,
-            port,
-            suppressed,
-            "egress refused more times than logged until the run's network closed"
         );
     }
 }

@@ -911,6 +911,15 @@ mod tests {
         (host.to_owned(), port, "not in egressAllow".to_owned())
     }
 
+    /// The event of `host` refused on `port` only (the host is allowed on another port).
+    fn other_port_event(host: &str, port: u16) -> (String, u16, String) {
+        (
+            host.to_owned(),
+            port,
+            format!("port {port} not in egressAllow"),
+        )
+    }
+
     fn status(answer: &str) -> &str {
         answer.lines().next().unwrap_or_default()
     }
@@ -1188,22 +1197,15 @@ mod tests {
             ),
         ];
         proxy.expect(403, cases).await;
-        let on_port = |host: &str, port: u16| {
-            (
-                host.to_owned(),
-                port,
-                format!("port {port} not in egressAllow"),
-            )
-        };
         assert_eq!(
             proxy.events.events(),
             [
                 unlisted_event("localhost", port),
                 unlisted_event("files.pythonhosted.org", 80),
                 unlisted_event("example.com", 443),
-                on_port("pypi.org", 8080),
-                on_port("a.example.com", 80),
-                on_port("a.example.org", 443),
+                other_port_event("pypi.org", 8080),
+                other_port_event("a.example.com", 80),
+                other_port_event("a.example.org", 443),
             ]
         );
         assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
@@ -1296,20 +1298,13 @@ mod tests {
             let parts = ["wildcards never cover an IP address"];
             proxy.expect(403, &[(request.as_bytes(), &parts)]).await;
         }
-        let on_443_only = |host: &str, port: u16| {
-            (
-                host.to_owned(),
-                port,
-                format!("port {port} not in egressAllow"),
-            )
-        };
         assert_eq!(
             proxy.events.events(),
             [
-                on_443_only("169.254.169.254", 80),
-                on_443_only("169.254.169.254", 80),
-                on_443_only("127.0.0.1", port),
-                on_443_only("127.0.0.1", port),
+                other_port_event("169.254.169.254", 80),
+                other_port_event("169.254.169.254", 80),
+                other_port_event("127.0.0.1", port),
+                other_port_event("127.0.0.1", port),
                 unlisted_event("127.0.0.3", 443),
                 unlisted_event("::1", 8080),
             ]

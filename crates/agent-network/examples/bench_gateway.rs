@@ -27,7 +27,7 @@
 //! Prints a table and, last, one JSON line with the figures.
 //!
 //! ```text
-//! cargo run --release -p agentry-service --example bench_gateway -- \
+//! cargo run --release -p agentry-agent-network --example bench_gateway -- \
 //!     [--calls 1000] [--concurrency 200] [--block 50] [--request-kb 0]
 //! ```
 
@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use agentry_agent_network::gateway::{Gateway, GatewayConfig, MAX_CONNECTIONS_PER_RUN, RunGate};
 use agentry_domain::{AgentType, RepoUrl, Usd};
 use agentry_persistence::metering;
 use agentry_persistence::repos::{self, NewRepository};
@@ -44,7 +45,6 @@ use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::TestDb;
 use agentry_runner::network::RunInfo;
 use agentry_runner::{AgentSpec, PriceTable};
-use agentry_service::gateway::{Gateway, GatewayConfig, MAX_CONNECTIONS_PER_RUN};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -552,12 +552,9 @@ fn child_baseline(a: &Args) -> Result<u64, Error> {
         .ok_or_else(|| format!("unexpected memory baseline output: {line}").into())
 }
 
-async fn bench(a: &Args) -> Result<(), Error> {
-    let events = answer_events();
-    let expected: usize = events.iter().map(String::len).sum();
-    let writes = Arc::new(answer_writes(&events));
-    let chunks = writes.len();
-    let upstream = start_upstream(writes).await?;
+/// The gateway under test, over a fresh database with one task, calling `upstream`; and
+/// the first run of that task.
+async fn start_gateway(upstream: &Upstream) -> Result<(Gateway, TestDb, RunInfo), Error> {
     let (test_db, task_id) = database()?;
     let base = url::Url::parse(&format!("http://{}", upstream.addr))?;
     let gateway = Gateway::new(
@@ -566,14 +563,12 @@ async fn bench(a: &Args) -> Result<(), Error> {
             openai_upstream: base.join("/v1")?,
             anthropic_key: Some(SecretValue::new(REAL_KEY)),
             openai_key: None,
-            body_timeout: agentry_service::gateway::BODY_TIMEOUT,
+            body_timeout: agentry_agent_network::gateway::BODY_TIMEOUT,
         },
         PriceTable::builtin(),
         test_db.db.clone(),
         MasterKey::generate()?,
     )?;
-    let dir = tempfile::tempdir()?;
-    let socket = dir.path().join("gateway.sock");
     let run = RunInfo {
         task_id,
         attempt: 1,
@@ -586,42 +581,74 @@ async fn bench(a: &Args) -> Result<(), Error> {
             max_budget_usd: Some(Usd::parse("1000000")?),
         },
     };
-    let (key, _meter, gate) = gateway.open_run(&run, &socket, false).await?;
-    let body = request_body(a.request_kb);
+    Ok((gateway, test_db, run))
+}
 
-    // 1. Added latency.
+/// The latency figures: total and first byte, straight to the upstream and through the
+/// gateway.
+struct Latency {
+    direct_total: Stats,
+    direct_ttfb: Stats,
+    gateway_total: Stats,
+    gateway_ttfb: Stats,
+}
+
+/// Phase 1, the added latency: after the warm-up, `a.calls` streamed calls each way, one at
+/// a time, in alternating blocks of `a.block`.
+async fn added_latency(
+    a: &Args,
+    upstream: &Upstream,
+    socket: &Path,
+    key: &str,
+    body: &Bytes,
+    expected: usize,
+) -> Result<Latency, Error> {
     let mut direct = Client::tcp(upstream.addr, REAL_KEY).await?;
-    let mut through = Client::unix(&socket, &key).await?;
+    let mut through = Client::unix(socket, key).await?;
     for _ in 0..WARMUP {
-        direct.call(&body, expected, false, None).await?;
-        through.call(&body, expected, false, None).await?;
+        direct.call(body, expected, false, None).await?;
+        through.call(body, expected, false, None).await?;
     }
     let mut direct_times = Vec::with_capacity(a.calls);
     let mut gateway_times = Vec::with_capacity(a.calls);
     while direct_times.len() < a.calls || gateway_times.len() < a.calls {
         for _ in 0..a.block.min(a.calls - direct_times.len()) {
-            direct_times.push(direct.call(&body, expected, false, None).await?);
+            direct_times.push(direct.call(body, expected, false, None).await?);
         }
         for _ in 0..a.block.min(a.calls - gateway_times.len()) {
-            gateway_times.push(through.call(&body, expected, false, None).await?);
+            gateway_times.push(through.call(body, expected, false, None).await?);
         }
     }
-    drop((direct, through));
     let stats = |times: &[Timing], f: fn(&Timing) -> Duration| {
         Stats::of(&times.iter().map(f).collect::<Vec<_>>())
     };
-    let direct_total = stats(&direct_times, |t| t.total);
-    let direct_ttfb = stats(&direct_times, |t| t.ttfb);
-    let gateway_total = stats(&gateway_times, |t| t.total);
-    let gateway_ttfb = stats(&gateway_times, |t| t.ttfb);
+    Ok(Latency {
+        direct_total: stats(&direct_times, |t| t.total),
+        direct_ttfb: stats(&direct_times, |t| t.ttfb),
+        gateway_total: stats(&gateway_times, |t| t.total),
+        gateway_ttfb: stats(&gateway_times, |t| t.ttfb),
+    })
+}
 
-    // 2. Memory per concurrent streamed call. One run holds at most
-    // MAX_CONNECTIONS_PER_RUN connections to its gateway: the held calls are spread over as
-    // many runs (attempts 2, 3, …) as they need, opened before the first measurement.
+/// The runs the held calls go through: their sockets, keys, gates and attempts.
+type HeldRuns = Vec<(std::path::PathBuf, String, RunGate, i32)>;
+
+/// Phase 2, the memory per concurrent streamed call: `a.concurrency` held calls through the
+/// gateway, spread over as many runs (attempts 2, 3, …) as [`MAX_CONNECTIONS_PER_RUN`]
+/// needs, opened before the first measurement; returns the RSS growth (KiB) and the runs.
+async fn held_through_gateway(
+    a: &Args,
+    gateway: &Gateway,
+    run: &RunInfo,
+    dir: &Path,
+    upstream: &Upstream,
+    body: &Bytes,
+    expected: usize,
+) -> Result<(u64, HeldRuns), Error> {
     let held_runs = a.concurrency.div_ceil(MAX_CONNECTIONS_PER_RUN);
     let mut held = Vec::with_capacity(held_runs);
     for i in 0..held_runs {
-        let socket = dir.path().join(format!("held-{i}.sock"));
+        let socket = dir.join(format!("held-{i}.sock"));
         let attempt = i32::try_from(i + 2)?;
         let (key, _meter, gate) = gateway
             .open_run(
@@ -641,23 +668,31 @@ async fn bench(a: &Args) -> Result<(), Error> {
             .collect(),
     );
     let next = Arc::new(AtomicUsize::new(0));
-    let gateway_delta = held_calls(
+    let delta = held_calls(
         a.concurrency,
         move || {
             let i = next.fetch_add(1, Ordering::Relaxed) % targets.len();
             let (socket, key) = targets[i].clone();
             async move { Client::unix(&socket, &key).await }
         },
-        &body,
+        body,
         expected,
-        &upstream,
+        upstream,
     )
     .await?;
-    let baseline_delta = child_baseline(a)?;
+    Ok((delta, held))
+}
 
-    // 3. Every metered call recorded.
-    let metered = WARMUP + a.calls + a.concurrency;
-    for attempt in std::iter::once(1).chain(held.iter().map(|h| h.3)) {
+/// Phase 3: every one of the `metered` calls of `attempts` recorded, completed; returns how
+/// many rows there are.
+async fn check_recorded(
+    gateway: &Gateway,
+    test_db: &TestDb,
+    task_id: Uuid,
+    attempts: impl Iterator<Item = i32>,
+    metered: usize,
+) -> Result<usize, Error> {
+    for attempt in attempts {
         if !gateway
             .drain(task_id, attempt, Duration::from_secs(60))
             .await
@@ -675,13 +710,32 @@ async fn bench(a: &Args) -> Result<(), Error> {
         )
         .into());
     }
-    let upstream_requests = upstream.requests.load(Ordering::Relaxed);
-    drop(gate);
-    drop(held);
+    Ok(recorded.len())
+}
 
-    // 4. The report.
+/// Everything the report prints.
+struct Figures {
+    expected: usize,
+    chunks: usize,
+    request_bytes: usize,
+    latency: Latency,
+    gateway_delta: u64,
+    baseline_delta: u64,
+    metered: usize,
+    recorded: usize,
+    upstream_requests: usize,
+}
+
+/// Phase 4, the report: a table and sentences, then the same as one JSON line.
+fn report(a: &Args, f: &Figures) {
+    let Latency {
+        direct_total,
+        direct_ttfb,
+        gateway_total,
+        gateway_ttfb,
+    } = f.latency;
     let per_call = |kib: u64| kib as f64 / a.concurrency as f64;
-    let gateway_share = per_call(gateway_delta) - per_call(baseline_delta);
+    let gateway_share = per_call(f.gateway_delta) - per_call(f.baseline_delta);
     let added_p50 = gateway_total.p50 - direct_total.p50;
     let added_p99 = gateway_total.p99 - direct_total.p99;
     let added_ttfb_p50 = gateway_ttfb.p50 - direct_ttfb.p50;
@@ -692,8 +746,8 @@ async fn bench(a: &Args) -> Result<(), Error> {
         a.calls, a.block
     );
     println!(
-        "answer: {expected} bytes of SSE in {chunks} chunks; request body: {} bytes",
-        body.len()
+        "answer: {} bytes of SSE in {} chunks; request body: {} bytes",
+        f.expected, f.chunks, f.request_bytes
     );
     println!();
     println!(
@@ -724,14 +778,14 @@ async fn bench(a: &Args) -> Result<(), Error> {
          straight to the upstream in a fresh process: {:.1} KiB per call; the gateway's share: \
          {gateway_share:.1} KiB per call",
         a.concurrency,
-        gateway_delta as f64 / 1024.0,
-        per_call(gateway_delta),
-        per_call(baseline_delta)
+        f.gateway_delta as f64 / 1024.0,
+        per_call(f.gateway_delta),
+        per_call(f.baseline_delta)
     );
     println!(
-        "checks: all {} held calls completed; {metered} metered calls recorded, all completed; \
-         the upstream saw {upstream_requests} requests, each with the real key",
-        a.concurrency
+        "checks: all {} held calls completed; {} metered calls recorded, all completed; \
+         the upstream saw {} requests, each with the real key",
+        a.concurrency, f.metered, f.upstream_requests
     );
     println!(
         "database: each call is recorded once the upstream's answer has ended \
@@ -742,9 +796,9 @@ async fn bench(a: &Args) -> Result<(), Error> {
         "calls": a.calls,
         "block": a.block,
         "concurrency": a.concurrency,
-        "request_bytes": body.len(),
-        "answer_bytes": expected,
-        "answer_chunks": chunks,
+        "request_bytes": f.request_bytes,
+        "answer_bytes": f.expected,
+        "answer_chunks": f.chunks,
         "direct_total_ms": direct_total.json(),
         "gateway_total_ms": gateway_total.json(),
         "direct_ttfb_ms": direct_ttfb.json(),
@@ -754,14 +808,52 @@ async fn bench(a: &Args) -> Result<(), Error> {
         "added_ttfb_p50_ms": (added_ttfb_p50 * 1000.0).round() / 1000.0,
         "added_ttfb_p99_ms": (added_ttfb_p99 * 1000.0).round() / 1000.0,
         "target_added_p99_met": added_p99 < 2.0,
-        "rss_delta_kib": gateway_delta,
-        "rss_per_call_kib": (per_call(gateway_delta) * 10.0).round() / 10.0,
-        "direct_rss_per_call_kib": (per_call(baseline_delta) * 10.0).round() / 10.0,
+        "rss_delta_kib": f.gateway_delta,
+        "rss_per_call_kib": (per_call(f.gateway_delta) * 10.0).round() / 10.0,
+        "direct_rss_per_call_kib": (per_call(f.baseline_delta) * 10.0).round() / 10.0,
         "gateway_rss_per_call_kib": (gateway_share * 10.0).round() / 10.0,
         "held_completed": a.concurrency,
-        "metered_recorded": recorded.len(),
+        "metered_recorded": f.recorded,
     });
     println!("{json}");
+}
+
+/// The benchmark: the upstream and the gateway, then the four phases in order.
+async fn bench(a: &Args) -> Result<(), Error> {
+    let events = answer_events();
+    let expected: usize = events.iter().map(String::len).sum();
+    let writes = Arc::new(answer_writes(&events));
+    let chunks = writes.len();
+    let upstream = start_upstream(writes).await?;
+    let (gateway, test_db, run) = start_gateway(&upstream).await?;
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("gateway.sock");
+    let (key, _meter, gate) = gateway.open_run(&run, &socket, false).await?;
+    let body = request_body(a.request_kb);
+    let latency = added_latency(a, &upstream, &socket, &key, &body, expected).await?;
+    let (gateway_delta, held) =
+        held_through_gateway(a, &gateway, &run, dir.path(), &upstream, &body, expected).await?;
+    let baseline_delta = child_baseline(a)?;
+    let metered = WARMUP + a.calls + a.concurrency;
+    let attempts = std::iter::once(1).chain(held.iter().map(|h| h.3));
+    let recorded = check_recorded(&gateway, &test_db, run.task_id, attempts, metered).await?;
+    let upstream_requests = upstream.requests.load(Ordering::Relaxed);
+    drop(gate);
+    drop(held);
+    report(
+        a,
+        &Figures {
+            expected,
+            chunks,
+            request_bytes: body.len(),
+            latency,
+            gateway_delta,
+            baseline_delta,
+            metered,
+            recorded,
+            upstream_requests,
+        },
+    );
     Ok(())
 }
 
