@@ -5,8 +5,10 @@
 //! [`Network`] seam.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agentry_domain::egress::EgressPattern;
@@ -256,7 +258,7 @@ impl Refusals {
     }
 
     fn tally(&self) -> MutexGuard<'_, Tally> {
-        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+        self.tally.lock()
     }
 
     /// Writes what was counted since the last write, in one transaction, on a blocking
@@ -279,7 +281,7 @@ impl Refusals {
 
     /// Writes `tallies`; on failure counts them again, for the next write.
     fn write(&self, tallies: Vec<BlockedTally>) {
-        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writing = self.writing.lock();
         self.writes.fetch_add(1, Ordering::Relaxed);
         let written = self
             .db
@@ -469,7 +471,7 @@ mod tests {
 
     impl std::io::Write for Captured {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            self.0.lock().extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -487,7 +489,7 @@ mod tests {
     impl Captured {
         /// The warning lines about refused connections.
         fn refusals(&self) -> Vec<String> {
-            String::from_utf8_lossy(&self.0.lock().unwrap())
+            String::from_utf8_lossy(&self.0.lock())
                 .lines()
                 .filter(|l| l.contains("WARN") && l.contains("egress refused"))
                 .map(str::to_owned)

@@ -127,16 +127,16 @@ struct Shared {
     db: Db,
     master_key: MasterKey,
     /// Metered calls not yet written, per run (task, attempt).
-    inflight: std::sync::Mutex<std::collections::HashMap<(Uuid, i32), usize>>,
+    inflight: parking_lot::Mutex<std::collections::HashMap<(Uuid, i32), usize>>,
     /// Notified whenever a metered call has been written.
     written: tokio::sync::Notify,
 }
 
 impl Shared {
-    fn inflight(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(Uuid, i32), usize>> {
-        self.inflight
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn inflight(
+        &self,
+    ) -> parking_lot::MutexGuard<'_, std::collections::HashMap<(Uuid, i32), usize>> {
+        self.inflight.lock()
     }
 
     fn call_started(&self, run: (Uuid, i32)) {
@@ -195,7 +195,7 @@ impl Gateway {
                 prices,
                 db,
                 master_key,
-                inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
+                inflight: parking_lot::Mutex::new(std::collections::HashMap::new()),
                 written: tokio::sync::Notify::new(),
             }),
         })
