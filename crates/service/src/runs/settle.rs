@@ -81,6 +81,39 @@ pub(super) async fn settle(
     execution: Execution,
     cancel: watch::Receiver<bool>,
 ) -> Result<(), ServiceError> {
+    let Some(cost) = record(service, task, prepared, &execution).await? else {
+        return Ok(());
+    };
+    // The reserve went back with the recording: blocked tasks may run now.
+    money_freed(service).await;
+    let mut patience = Patience::new(&service.parts.runs.settings, cancel);
+    let Some(settlement) = publish(service, task, prepared, &execution, cost, &mut patience).await
+    else {
+        return Ok(());
+    };
+    let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
+    let settlement = with_revision_reply(settlement, task, revision);
+    let moved = make_transition(service, task, prepared, settlement).await?;
+    if moved
+        && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
+        && prepared.repo.settings.revise_on_agent_review
+    {
+        service
+            .agent_review_feedback(&prepared.repo, task.id, parent, text)
+            .await;
+    }
+    Ok(())
+}
+
+/// Records the run and its cost, once its metered calls are written. `None` when the run is
+/// not this attempt's to settle any more (recovered elsewhere, or already recorded by a
+/// recoverer); else the cost recorded.
+async fn record(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: &Execution,
+) -> Result<Option<Option<Usd>>, ServiceError> {
     let outcome = match &execution.verdict {
         Verdict::Pushed { .. } | Verdict::Reviewed { .. } | Verdict::NoChanges => {
             RunOutcome::Succeeded
@@ -89,12 +122,10 @@ pub(super) async fn settle(
         Verdict::Cancelled => RunOutcome::Cancelled,
         Verdict::TimedOut(_) => RunOutcome::TimedOut,
     };
-    let run = run_record(task, &prepared.job, &execution, outcome);
+    let run = run_record(task, &prepared.job, execution, outcome);
     log_warnings(task, execution.report.as_ref());
     let log = RunLog::of(&execution.output);
-    let id = task.id;
-    let attempt = task.attempt;
-    let metered = execution.metered;
+    let (id, attempt, metered) = (task.id, task.attempt, execution.metered);
     if metered
         && let Some(gateway) = &service.parts.runs.gateway
         && !gateway.drain(id, attempt, DRAIN_WAIT).await
@@ -105,21 +136,31 @@ pub(super) async fn settle(
         .db(move |conn| record_run(conn, run, metered, &log))
         .await?;
     match recorded {
-        RunRecorded::Current => {}
+        RunRecorded::Current => Ok(Some(cost)),
         RunRecorded::Late => {
             tracing::warn!(task = %id, attempt, "the task was recovered elsewhere during the run; its cost is recorded, its outcome not published");
-            return Ok(());
+            Ok(None)
         }
         RunRecorded::AlreadyRecorded => {
             tracing::info!(task = %id, attempt, "the run was already recorded by a recoverer; nothing is published");
-            return Ok(());
+            Ok(None)
         }
     }
-    // The reserve went back with the recording: blocked tasks may run now.
-    money_freed(service).await;
-    let mut patience = Patience::new(&service.parts.runs.settings, cancel);
+}
+
+/// Publishes what the run produced (the pull request, a revision's push, the review) and
+/// says what the task becomes; `None` when the task was stopped while publishing.
+async fn publish(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: &Execution,
+    cost: Option<Usd>,
+    patience: &mut Patience,
+) -> Option<Settlement> {
     let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
-    let settlement = match &execution.verdict {
+    let report = execution.report.as_ref();
+    Some(match &execution.verdict {
         Verdict::Pushed { .. } if revision => {
             let pull_request = PullRequestRef {
                 url: task.pr_url.clone().unwrap_or_default(),
@@ -129,54 +170,58 @@ pub(super) async fn settle(
             published(prepared, task, pull_request, reason)
         }
         Verdict::Pushed { branch, .. } => {
-            match open_pull_request(service, prepared, task, branch, cost, &mut patience).await {
+            match open_pull_request(service, prepared, task, branch, cost, patience).await {
                 Published::Done(pull_request) => {
                     let reason = format!("pull request #{} opened", pull_request.number);
                     published(prepared, task, pull_request, reason)
                 }
                 Published::Refused(message) => fail_with(message),
-                Published::Stopped => return Ok(()),
+                Published::Stopped => return None,
             }
         }
         Verdict::Reviewed { text } => {
-            match post_review(service, prepared, task, text, cost, &mut patience).await {
-                Published::Done(pull_request) => Settlement {
-                    trigger: Some((
-                        Trigger::ReviewPosted,
-                        TransitionDetails {
-                            reason: Some(format!(
-                                "review posted on pull request #{}",
-                                pull_request.number
-                            )),
-                            error_message: None,
-                            pull_request: Some(pull_request),
-                        },
-                    )),
-                    review: None,
-                    reply: None,
-                },
+            match post_review(service, prepared, task, text, cost, patience).await {
+                Published::Done(pull_request) => review_posted(pull_request),
                 Published::Refused(message) => fail_with(message),
-                Published::Stopped => return Ok(()),
+                Published::Stopped => return None,
             }
         }
         // A metered run's cost is known from its calls: no note about the agent's own figure.
         Verdict::NoChanges if execution.metered => fail_with("the agent made no changes".into()),
-        Verdict::NoChanges => fail_with(with_cost_note(
-            "the agent made no changes".into(),
-            execution.report.as_ref(),
-        )),
+        Verdict::NoChanges => fail_with(with_cost_note("the agent made no changes".into(), report)),
         Verdict::Failed(m) | Verdict::TimedOut(m) if execution.metered => fail_with(m.clone()),
-        Verdict::Failed(m) | Verdict::TimedOut(m) => {
-            fail_with(with_cost_note(m.clone(), execution.report.as_ref()))
-        }
+        Verdict::Failed(m) | Verdict::TimedOut(m) => fail_with(with_cost_note(m.clone(), report)),
         Verdict::Cancelled => Settlement {
             trigger: None,
             review: None,
             reply: None,
         },
-    };
-    // A revision that pushed nothing leaves the pull request as it was: say so there.
-    let settlement = match (&settlement.trigger, revision) {
+    })
+}
+
+/// The review task's settlement once its review is on the pull request.
+fn review_posted(pull_request: PullRequestRef) -> Settlement {
+    Settlement {
+        trigger: Some((
+            Trigger::ReviewPosted,
+            TransitionDetails {
+                reason: Some(format!(
+                    "review posted on pull request #{}",
+                    pull_request.number
+                )),
+                error_message: None,
+                pull_request: Some(pull_request),
+            },
+        )),
+        review: None,
+        reply: None,
+    }
+}
+
+/// A revision that pushed nothing leaves the pull request as it was: the settlement also
+/// says so there.
+fn with_revision_reply(settlement: Settlement, task: &Task, revision: bool) -> Settlement {
+    match (&settlement.trigger, revision) {
         (Some((Trigger::Fail, details)), true) => {
             let why = details.reason.clone().unwrap_or_default();
             Settlement {
@@ -185,12 +230,22 @@ pub(super) async fn settle(
             }
         }
         _ => settlement,
-    };
-    let reply = settlement.reply.clone();
-    let repo_id = prepared.repo.id;
+    }
+}
+
+/// Makes the settlement's state change, with the review task and the reply it brings, in one
+/// transaction, unless the attempt was recovered elsewhere or the task cancelled meanwhile
+/// (then `false`: the run is recorded all the same).
+async fn make_transition(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    settlement: Settlement,
+) -> Result<bool, ServiceError> {
+    let (id, attempt, repo_id) = (task.id, task.attempt, prepared.repo.id);
     let queued_review = settlement.review.is_some();
-    let settlement_replied = settlement.reply.is_some();
-    let moved = service
+    let replied = settlement.reply.is_some();
+    service
         .commit(
             move |conn| {
                 Ok(write_tx::<_, DbError, _>(conn, |conn| {
@@ -199,44 +254,33 @@ pub(super) async fn settle(
                         // Recovered by someone else meanwhile: that attempt is theirs now.
                         return Ok(false);
                     }
-                    if let Some((trigger, details)) = &settlement.trigger {
-                        match tasks::transition_task(conn, id, *trigger, details, now()) {
-                            Ok(_) => {
-                                if let Some(review) = &settlement.review {
-                                    tasks::create_task(conn, review, "review launched")?;
-                                }
-                                if let Some(action) = &reply {
-                                    let effect = NewEffect {
-                                        task_id: None,
-                                        repo_id,
-                                        action: action.clone(),
-                                    };
-                                    outbox::enqueue(conn, &effect, now())?;
-                                }
+                    let Some((trigger, details)) = &settlement.trigger else {
+                        return Ok(true);
+                    };
+                    match tasks::transition_task(conn, id, *trigger, details, now()) {
+                        Ok(_) => {
+                            if let Some(review) = &settlement.review {
+                                tasks::create_task(conn, review, "review launched")?;
                             }
-                            // Cancelled meanwhile: the run is recorded all the same.
-                            Err(DbError::InvalidTransition(_)) => return Ok(false),
-                            Err(e) => return Err(e),
+                            if let Some(action) = &settlement.reply {
+                                let effect = NewEffect {
+                                    task_id: None,
+                                    repo_id,
+                                    action: action.clone(),
+                                };
+                                outbox::enqueue(conn, &effect, now())?;
+                            }
+                            Ok(true)
                         }
+                        // Cancelled meanwhile: the run is recorded all the same.
+                        Err(DbError::InvalidTransition(_)) => Ok(false),
+                        Err(e) => Err(e),
                     }
-                    Ok(true)
                 })?)
             },
-            |moved| {
-                (Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(settlement_replied))
-                    .when(*moved)
-            },
+            |moved| (Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(replied)).when(*moved),
         )
-        .await?;
-    if moved
-        && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
-        && prepared.repo.settings.revise_on_agent_review
-    {
-        service
-            .agent_review_feedback(&prepared.repo, task.id, parent, text)
-            .await;
-    }
-    Ok(())
+        .await
 }
 
 /// The reply on a pull request whose revision round pushed nothing: why.
