@@ -310,6 +310,8 @@ impl Runs {
             &[],
             RunSettings {
                 max_concurrent: 0,
+                // Nothing runs, so nothing is sandboxed (and nothing warns about sandboxes).
+                sandbox: agentry_runner::SandboxMode::Off,
                 ..RunSettings::default()
             },
             None,
