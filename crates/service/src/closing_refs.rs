@@ -72,7 +72,7 @@ fn reference_at(s: &str) -> Option<usize> {
 
 /// `text` with every closing keyword that is followed by an issue reference broken (see the
 /// module's documentation); everything else unchanged.
-pub fn neutralise(text: &str) -> String {
+pub(crate) fn neutralise(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     let mut i = 0;
     let mut prev: Option<char> = None;

@@ -173,7 +173,7 @@ pub fn choice<T: Copy>(
 /// A variable that is a whole number in `range` (blanks around it ignored): `default` when
 /// unset (`value` is `None`), else the number, or an error naming `name` that says
 /// "expected `unit` from START to END".
-pub fn whole_number<T>(
+pub(crate) fn whole_number<T>(
     name: &'static str,
     value: Option<String>,
     default: T,
@@ -477,7 +477,7 @@ fn mention(value: Option<String>) -> Result<String, ConfigError> {
 }
 
 /// The mention handle unless `AGENTRY_MENTION` names another.
-pub const DEFAULT_MENTION: &str = "@agentry";
+pub(crate) const DEFAULT_MENTION: &str = "@agentry";
 
 /// A model API upstream: an absolute `https` URL (or `http` to a loopback host, for a
 /// local relay or a test fake), without credentials, query or fragment.
@@ -650,7 +650,7 @@ fn absolute_sqlite_url(url: String) -> Result<String, ConfigError> {
 }
 
 /// The shortest accepted `CODEHOST_WEBHOOK_SECRET`, in bytes.
-pub const MIN_WEBHOOK_SECRET_BYTES: usize = 16;
+pub(crate) const MIN_WEBHOOK_SECRET_BYTES: usize = 16;
 
 /// Whether `url`'s host is this machine: `localhost`, 127.0.0.0/8 or `::1`.
 pub(crate) fn is_loopback(url: &url::Url) -> bool {

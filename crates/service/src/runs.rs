@@ -76,7 +76,6 @@ use costing::{
     apply_metering, log_warnings, record_run, run_from_report, run_record, with_cost_note,
 };
 use prepare::{Prepared, prepare};
-pub use publish::review_marker;
 use publish::{Patience, Published, open_pull_request, post_review};
 pub use recovery::recovery_loop;
 use settle::{settle, settle_without_run};

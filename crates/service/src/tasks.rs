@@ -19,7 +19,7 @@ pub const MAX_TITLE_CHARS: usize = 500;
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 
 /// A task title as given: trimmed, non-blank, at most [`MAX_TITLE_CHARS`].
-pub fn task_title(raw: &str) -> Result<String, ServiceError> {
+pub(crate) fn task_title(raw: &str) -> Result<String, ServiceError> {
     let title = raw.trim();
     if title.is_empty() {
         return Err(ServiceError::invalid("title", "must not be blank"));
@@ -34,7 +34,7 @@ pub fn task_title(raw: &str) -> Result<String, ServiceError> {
 }
 
 /// A repository a task may be created for: connected ([`ServiceError::NotFound`] otherwise).
-pub fn connected_repository(
+pub(crate) fn connected_repository(
     conn: &mut AnyConnection,
     id: Uuid,
 ) -> Result<Repository, ServiceError> {

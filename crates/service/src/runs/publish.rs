@@ -161,7 +161,7 @@ fn pull_request_ref(number: u64, url: String) -> Published {
 }
 
 /// The marker a posted review ends with.
-pub fn review_marker(task_id: Uuid) -> String {
+fn review_marker(task_id: Uuid) -> String {
     format!("<!-- agentry:review:{task_id} -->")
 }
 
