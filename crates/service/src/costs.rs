@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use agentry_analytics::{
     CostReport, OutcomeTotals, ReportInputs, TaskFact, Totals, Window, anomaly_threshold_nanos,
@@ -349,12 +351,7 @@ impl crate::Service {
             if let Some(parts) = owner.upgrade() {
                 parts.reports_computed.fetch_add(1, Ordering::Relaxed);
             }
-            MEMO.lock().unwrap_or_else(PoisonError::into_inner).put(
-                owner,
-                key,
-                stamp,
-                report.clone(),
-            );
+            MEMO.lock().put(owner, key, stamp, report.clone());
             Ok(report)
         })
         .await
@@ -377,9 +374,6 @@ fn kept_report(
     key: &MemoKey,
 ) -> Result<Result<CostReport, ReportStamp>, DbError> {
     let stamp = rollups::report_stamp(conn)?;
-    let kept = MEMO
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(owner, key, &stamp);
+    let kept = MEMO.lock().get(owner, key, &stamp);
     Ok(kept.ok_or(stamp))
 }
