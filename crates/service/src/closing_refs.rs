@@ -1,6 +1,6 @@
 //! GitHub closing keywords in text derived from an issue's title (the commit message and
 //! the pull request's title): `fixes #7` there would close issue 7 when the pull request
-//! is merged, although the task belongs to another issue. [`neutralise`] breaks every
+//! is merged, although the task belongs to another issue. `neutralise` breaks every
 //! closing keyword followed by an issue reference, so only the body's `Closes #N` (the
 //! task's own issue) closes anything.
 //!
@@ -17,7 +17,7 @@ const KEYWORDS: [&str; 9] = [
     "resolves", "resolved", "resolve", "closes", "closed", "close", "fixes", "fixed", "fix",
 ];
 
-/// ZERO WIDTH SPACE, the character [`neutralise`] inserts.
+/// ZERO WIDTH SPACE, the character `neutralise` inserts.
 pub const BREAK: char = '\u{200b}';
 
 fn is_word(c: char) -> bool {
@@ -124,7 +124,7 @@ pub(crate) fn neutralise(text: &str) -> String {
 }
 
 /// The issue references that a closing keyword in `text` would close, as GitHub reads them
-/// (the references [`neutralise`] breaks). For tests and checks.
+/// (the references `neutralise` breaks). For tests and checks.
 pub fn closing_references(text: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut prev: Option<char> = None;

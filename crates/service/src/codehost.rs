@@ -1,5 +1,5 @@
 //! The service side of the code-host integration (docs/contract.md#33-secrets–#37-assign, #51-token–#54-effects-of-assignment): the one
-//! client built from the stored token (a secret, [`crate::secrets`]), assignment of an issue
+//! client built from the stored token (a secret, `secrets.rs`), assignment of an issue
 //! (the task and its outbox effects in one transaction), issue sync, and delivery of the
 //! outbox.
 //!
