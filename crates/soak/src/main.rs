@@ -599,7 +599,7 @@ impl Soak<'_> {
                             "action": "labeled",
                             "issue": {"number": item.issue},
                             "label": {"name": "agentry"},
-                            "self.repository": self.repository,
+                            "repository": self.repository,
                         });
                         match self.send_webhook("issues", &payload, replica) {
                             Ok(200) => tally_of(&self.tally).label_webhooks += 1,
@@ -726,7 +726,7 @@ impl Soak<'_> {
                             "head": {"ref": pull.head},
                             "base": {"ref": pull.base},
                         },
-                        "self.repository": self.repository,
+                        "repository": self.repository,
                     });
                     match self.send_webhook("pull_request", &payload, replica) {
                         Ok(200) => tally_of(&self.tally).merge_webhooks += 1,
