@@ -25,6 +25,7 @@
 
 pub mod agent_network;
 pub mod alerts;
+pub mod background;
 pub mod budgets;
 pub mod closing_refs;
 pub mod codehost;
@@ -52,8 +53,9 @@ use std::sync::Arc;
 use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, Db};
 
+pub use background::{Background, BackgroundLoop};
 pub use error::ServiceError;
-pub use start::{Background, StartError};
+pub use start::StartError;
 
 use crate::alerts::Alerts;
 use crate::codehost::CodeHost;

@@ -2,13 +2,13 @@
 //! [`Runner`], keeps its lease alive, and settles the outcome: the pull request opened (or
 //! the review posted) and the run recorded with the state change in one transaction.
 //!
-//! - [`runner_loop`] fills up to `AGENTRY_MAX_CONCURRENT_RUNS` slots with claimed tasks,
+//! - [`runner_step`] (the runner loop of [`crate::background`]) fills up to `AGENTRY_MAX_CONCURRENT_RUNS` slots with claimed tasks,
 //!   oldest queued first; it is woken when tasks are queued and looks again every few
 //!   seconds for tasks queued by other replicas.
 //! - While a run goes on, its lease is renewed every third of the lease. A renewal that
 //!   fails (the task was cancelled, possibly on another replica, or recovered by someone
 //!   else) stops the agent: its process group is killed.
-//! - [`recovery_loop`] recovers tasks whose lease expired: the dead runner's output is
+//! - [`recovery_step`] (the recovery loop) recovers tasks whose lease expired: the dead runner's output is
 //!   salvaged if reachable (its cost is recorded as a `lost` run) and the task goes back to
 //!   `queued` with the attempt + 1, or `failed` after the third attempt. On SQLite (one
 //!   process by design) every lease found at start belongs to a dead process and is
@@ -59,6 +59,7 @@ use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use uuid::Uuid;
 
 use crate::agent_network::AgentNetwork;
+use crate::background::{Pass, StepResult};
 use crate::codehost::TOKEN_SECRET;
 use crate::gateway::Gateway;
 use crate::wake::Loops;
@@ -78,7 +79,7 @@ use costing::{
 use prepare::{Prepared, prepare};
 pub use publish::review_marker;
 use publish::{Patience, Published, open_pull_request, post_review};
-pub use recovery::recovery_loop;
+pub(crate) use recovery::{recovery_every, recovery_step};
 use settle::{settle, settle_without_run};
 
 /// How long a stopped agent has at each step of the stop ladder: after SIGINT (when Claude
@@ -160,7 +161,7 @@ pub struct Runs {
     settings: RunSettings,
     /// This process's lease owner id.
     owner: String,
-    wake: Notify,
+    pub(crate) wake: Notify,
     slots: Arc<Semaphore>,
     /// Cancel switches of the runs in progress here.
     active: Mutex<HashMap<Uuid, watch::Sender<bool>>>,
@@ -397,41 +398,30 @@ fn lease_of(settings: &RunSettings) -> time::Duration {
     time::Duration::try_from(settings.lease).unwrap_or(time::Duration::MINUTE)
 }
 
-/// The runner loop (see the module docs). Returns at once when runs are disabled.
-pub async fn runner_loop(service: Service) {
+/// The runner loop's step (see the module docs): takes a free slot and claims a task into
+/// it. Stops when runs are disabled or the service stops.
+pub(crate) async fn runner_step(service: &Service) -> StepResult {
     let runs = &service.parts.runs;
     if runs.settings.max_concurrent == 0 {
-        return;
+        return Ok(Pass::Stop);
     }
-    loop {
-        let Ok(slot) = runs.slots.clone().acquire_owned().await else {
-            return;
-        };
-        if runs.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        match claim(&service).await {
-            Ok(Some(task)) => {
-                let service = service.clone();
-                tokio::spawn(async move {
-                    run_task(&service, task).await;
-                    money_freed(&service).await;
-                    drop(slot);
-                    service.wake(Loops::RUNNER);
-                });
-                continue;
-            }
-            Ok(None) => drop(slot),
-            Err(e) => {
-                drop(slot);
-                tracing::warn!(error = %e, "could not claim a task");
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(runs.settings.idle) => {}
-            () = runs.wake.notified() => {}
-        }
+    let Ok(slot) = runs.slots.clone().acquire_owned().await else {
+        return Ok(Pass::Stop);
+    };
+    if runs.stopping.load(Ordering::SeqCst) {
+        return Ok(Pass::Stop);
     }
+    let Some(task) = claim(service).await? else {
+        return Ok(Pass::Idle);
+    };
+    let service = service.clone();
+    tokio::spawn(async move {
+        run_task(&service, task).await;
+        money_freed(&service).await;
+        drop(slot);
+        service.wake(Loops::RUNNER);
+    });
+    Ok(Pass::Again)
 }
 
 /// Whether `state` is one a run could still leave (for the log endpoint's live view).

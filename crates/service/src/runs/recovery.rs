@@ -243,13 +243,13 @@ pub(super) async fn record_leftovers(service: &Service) -> Result<usize, Service
     Ok(recorded)
 }
 
-/// The recovery loop: every half lease, recovers the tasks whose lease expired.
-pub async fn recovery_loop(service: Service) {
-    let every = (service.parts.runs.settings.lease / 2).max(Duration::from_secs(1));
-    loop {
-        tokio::time::sleep(every).await;
-        if let Err(e) = service.recover_expired(now()).await {
-            tracing::warn!(error = %e, "lease recovery skipped");
-        }
-    }
+/// How often the recovery loop looks: every half lease, at least every second.
+pub(crate) fn recovery_every(settings: &RunSettings) -> Duration {
+    (settings.lease / 2).max(Duration::from_secs(1))
+}
+
+/// The recovery loop's step: recovers the tasks whose lease expired.
+pub(crate) async fn recovery_step(service: &Service) -> StepResult {
+    service.recover_expired(now()).await?;
+    Ok(Pass::Idle)
 }
