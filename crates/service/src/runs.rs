@@ -76,7 +76,7 @@ use claim::{claim, money_freed, run_task};
 use costing::{
     apply_metering, log_warnings, record_run, run_from_report, run_record, with_cost_note,
 };
-use prepare::{Prepared, prepare};
+use prepare::{Prepared, Refusal, prepare};
 pub use publish::review_marker;
 use publish::{Patience, Published, open_pull_request, post_review};
 pub(crate) use recovery::{recovery_every, recovery_step};

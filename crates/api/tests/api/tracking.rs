@@ -14,7 +14,7 @@ use agentry_domain::TaskState;
 use agentry_persistence::repos::{self};
 use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
-use agentry_service::{BackgroundLoop, tracking};
+use agentry_service::BackgroundLoop;
 use agentry_testkit::wait::eventually_async;
 use serde_json::json;
 

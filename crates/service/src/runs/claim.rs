@@ -75,18 +75,14 @@ pub(super) async fn run_task(service: &Service, task: Task) {
         let allow_local = is_loopback_url(service.parts.codehost.api_url());
         let holding = holding(service);
         service
-            .db(move |conn| prepare(conn, &key, &task, &settings, allow_local, holding))
+            .db(move |conn| Ok(prepare(conn, &key, &task, &settings, allow_local, holding)))
             .await
+            .unwrap_or_else(|e| Err(Refusal::from(e)))
     };
     let prepared = match prepared {
-        Ok(Ok(p)) => p,
-        Ok(Err(refusal)) => {
-            settle_without_run(service, &task, &refusal).await;
-            return;
-        }
-        Err(e) => {
-            // The database is unreachable: leave the lease to expire; recovery requeues.
-            tracing::error!(task = %id, error = %e, "could not prepare a run");
+        Ok(p) => p,
+        Err(refusal) => {
+            refusal.record(service, &task).await;
             return;
         }
     };

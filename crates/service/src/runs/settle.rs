@@ -68,7 +68,9 @@ fn fail_with(message: String) -> Settlement {
     }
 }
 
-/// Records the run, publishes what it produced, then makes the state change.
+/// Records the run, publishes what it produced, then makes the state change, in these
+/// named steps: [`record`], [`publish`], [`with_revision_reply`], [`apply`] and
+/// [`pass_review_on`].
 ///
 /// The run (its cost) is recorded first, as soon as the agent's result is known, so that no
 /// cost depends on this process surviving the publishing or on which replica recovers the
@@ -81,20 +83,54 @@ pub(super) async fn settle(
     execution: Execution,
     cancel: watch::Receiver<bool>,
 ) -> Result<(), ServiceError> {
-    let outcome = match &execution.verdict {
+    let Some(cost) = record(service, task, prepared, &execution).await? else {
+        return Ok(());
+    };
+    // The reserve went back with the recording: blocked tasks may run now.
+    money_freed(service).await;
+    let mut patience = Patience::new(&service.parts.runs.settings, cancel);
+    let Some(settlement) = publish(service, task, prepared, &execution, cost, &mut patience).await
+    else {
+        return Ok(());
+    };
+    let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
+    let settlement = with_revision_reply(settlement, task, revision);
+    if apply(service, task, prepared, settlement).await? {
+        pass_review_on(service, task, prepared, &execution).await;
+    }
+    Ok(())
+}
+
+/// The run's outcome as recorded, from the agent's verdict.
+fn outcome_of(verdict: &Verdict) -> RunOutcome {
+    match verdict {
         Verdict::Pushed { .. } | Verdict::Reviewed { .. } | Verdict::NoChanges => {
             RunOutcome::Succeeded
         }
         Verdict::Failed(_) => RunOutcome::Failed,
         Verdict::Cancelled => RunOutcome::Cancelled,
         Verdict::TimedOut(_) => RunOutcome::TimedOut,
-    };
-    let run = run_record(task, &prepared.job, &execution, outcome);
+    }
+}
+
+/// Step 1: records the run and its cost (after the gateway wrote its metered calls).
+/// Returns the cost, or `None` when the run is not this process's to publish (the task was
+/// recovered elsewhere during the run, or a recoverer recorded it already).
+async fn record(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: &Execution,
+) -> Result<Option<Option<Usd>>, ServiceError> {
+    let run = run_record(
+        task,
+        &prepared.job,
+        execution,
+        outcome_of(&execution.verdict),
+    );
     log_warnings(task, execution.report.as_ref());
     let log = RunLog::of(&execution.output);
-    let id = task.id;
-    let attempt = task.attempt;
-    let metered = execution.metered;
+    let (id, attempt, metered) = (task.id, task.attempt, execution.metered);
     if metered
         && let Some(gateway) = &service.parts.runs.gateway
         && !gateway.drain(id, attempt, DRAIN_WAIT).await
@@ -105,19 +141,29 @@ pub(super) async fn settle(
         .db(move |conn| record_run(conn, run, metered, &log))
         .await?;
     match recorded {
-        RunRecorded::Current => {}
+        RunRecorded::Current => Ok(Some(cost)),
         RunRecorded::Late => {
             tracing::warn!(task = %id, attempt, "the task was recovered elsewhere during the run; its cost is recorded, its outcome not published");
-            return Ok(());
+            Ok(None)
         }
         RunRecorded::AlreadyRecorded => {
             tracing::info!(task = %id, attempt, "the run was already recorded by a recoverer; nothing is published");
-            return Ok(());
+            Ok(None)
         }
     }
-    // The reserve went back with the recording: blocked tasks may run now.
-    money_freed(service).await;
-    let mut patience = Patience::new(&service.parts.runs.settings, cancel);
+}
+
+/// Step 2: publishes what the run produced (opens the pull request, posts the review) and
+/// says what the settling transaction does; `None` when the run was stopped while
+/// publishing (the task stays as it is, for recovery).
+async fn publish(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: &Execution,
+    cost: Option<Usd>,
+    patience: &mut Patience,
+) -> Option<Settlement> {
     let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
     let settlement = match &execution.verdict {
         Verdict::Pushed { .. } if revision => {
@@ -129,34 +175,20 @@ pub(super) async fn settle(
             published(prepared, task, pull_request, reason)
         }
         Verdict::Pushed { branch, .. } => {
-            match open_pull_request(service, prepared, task, branch, cost, &mut patience).await {
+            match open_pull_request(service, prepared, task, branch, cost, patience).await {
                 Published::Done(pull_request) => {
                     let reason = format!("pull request #{} opened", pull_request.number);
                     published(prepared, task, pull_request, reason)
                 }
                 Published::Refused(message) => fail_with(message),
-                Published::Stopped => return Ok(()),
+                Published::Stopped => return None,
             }
         }
         Verdict::Reviewed { text } => {
-            match post_review(service, prepared, task, text, cost, &mut patience).await {
-                Published::Done(pull_request) => Settlement {
-                    trigger: Some((
-                        Trigger::ReviewPosted,
-                        TransitionDetails {
-                            reason: Some(format!(
-                                "review posted on pull request #{}",
-                                pull_request.number
-                            )),
-                            error_message: None,
-                            pull_request: Some(pull_request),
-                        },
-                    )),
-                    review: None,
-                    reply: None,
-                },
+            match post_review(service, prepared, task, text, cost, patience).await {
+                Published::Done(pull_request) => review_posted(pull_request),
                 Published::Refused(message) => fail_with(message),
-                Published::Stopped => return Ok(()),
+                Published::Stopped => return None,
             }
         }
         // A metered run's cost is known from its calls: no note about the agent's own figure.
@@ -175,8 +207,32 @@ pub(super) async fn settle(
             reply: None,
         },
     };
-    // A revision that pushed nothing leaves the pull request as it was: say so there.
-    let settlement = match (&settlement.trigger, revision) {
+    Some(settlement)
+}
+
+/// The review task's review is on the pull request: `review_posted`.
+fn review_posted(pull_request: PullRequestRef) -> Settlement {
+    Settlement {
+        trigger: Some((
+            Trigger::ReviewPosted,
+            TransitionDetails {
+                reason: Some(format!(
+                    "review posted on pull request #{}",
+                    pull_request.number
+                )),
+                error_message: None,
+                pull_request: Some(pull_request),
+            },
+        )),
+        review: None,
+        reply: None,
+    }
+}
+
+/// Step 3: a revision that pushed nothing leaves the pull request as it was: the
+/// settlement also says so there.
+fn with_revision_reply(settlement: Settlement, task: &Task, revision: bool) -> Settlement {
+    match (&settlement.trigger, revision) {
         (Some((Trigger::Fail, details)), true) => {
             let why = details.reason.clone().unwrap_or_default();
             Settlement {
@@ -185,12 +241,22 @@ pub(super) async fn settle(
             }
         }
         _ => settlement,
-    };
-    let reply = settlement.reply.clone();
-    let repo_id = prepared.repo.id;
+    }
+}
+
+/// Step 4: the settling transaction: the state change, the review task and the reply, if
+/// the attempt is still this run's and the task can still move; wakes the runner (a review
+/// queued) and the outbox (a reply). Returns whether the task moved.
+async fn apply(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    settlement: Settlement,
+) -> Result<bool, ServiceError> {
+    let (id, attempt, repo_id) = (task.id, task.attempt, prepared.repo.id);
     let queued_review = settlement.review.is_some();
-    let settlement_replied = settlement.reply.is_some();
-    let moved = service
+    let replied = settlement.reply.is_some();
+    service
         .commit(
             move |conn| {
                 Ok(write_tx::<_, DbError, _>(conn, |conn| {
@@ -199,44 +265,49 @@ pub(super) async fn settle(
                         // Recovered by someone else meanwhile: that attempt is theirs now.
                         return Ok(false);
                     }
-                    if let Some((trigger, details)) = &settlement.trigger {
-                        match tasks::transition_task(conn, id, *trigger, details, now()) {
-                            Ok(_) => {
-                                if let Some(review) = &settlement.review {
-                                    tasks::create_task(conn, review, "review launched")?;
-                                }
-                                if let Some(action) = &reply {
-                                    let effect = NewEffect {
-                                        task_id: None,
-                                        repo_id,
-                                        action: action.clone(),
-                                    };
-                                    outbox::enqueue(conn, &effect, now())?;
-                                }
-                            }
-                            // Cancelled meanwhile: the run is recorded all the same.
-                            Err(DbError::InvalidTransition(_)) => return Ok(false),
-                            Err(e) => return Err(e),
-                        }
+                    let Some((trigger, details)) = &settlement.trigger else {
+                        return Ok(true);
+                    };
+                    match tasks::transition_task(conn, id, *trigger, details, now()) {
+                        Ok(_) => {}
+                        // Cancelled meanwhile: the run is recorded all the same.
+                        Err(DbError::InvalidTransition(_)) => return Ok(false),
+                        Err(e) => return Err(e),
+                    }
+                    if let Some(review) = &settlement.review {
+                        tasks::create_task(conn, review, "review launched")?;
+                    }
+                    if let Some(action) = &settlement.reply {
+                        let effect = NewEffect {
+                            task_id: None,
+                            repo_id,
+                            action: action.clone(),
+                        };
+                        outbox::enqueue(conn, &effect, now())?;
                     }
                     Ok(true)
                 })?)
             },
-            |moved| {
-                (Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(settlement_replied))
-                    .when(*moved)
-            },
+            |moved| (Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(replied)).when(*moved),
         )
-        .await?;
-    if moved
-        && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
+        .await
+}
+
+/// Step 5: a review posted on a pull request that revises on agent reviews becomes
+/// feedback for the coding task's next round.
+async fn pass_review_on(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: &Execution,
+) {
+    if let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
         && prepared.repo.settings.revise_on_agent_review
     {
         service
             .agent_review_feedback(&prepared.repo, task.id, parent, text)
             .await;
     }
-    Ok(())
 }
 
 /// The reply on a pull request whose revision round pushed nothing: why.
