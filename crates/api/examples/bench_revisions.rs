@@ -27,8 +27,8 @@ use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::tasks;
 use agentry_runner::{AgentLimits, PriceTable, SandboxMode};
 use agentry_service::codehost::{CodeHost, Timing};
-use agentry_service::revisions::{self, RevisionSettings};
-use agentry_service::runs::{self, RunSettings, Runs};
+use agentry_service::revisions::RevisionSettings;
+use agentry_service::runs::{RunSettings, Runs};
 use agentry_service::tasks::NewCodingTask;
 use agentry_service::{BackgroundLoop, Service};
 
