@@ -26,11 +26,11 @@ use agentry_persistence::repos::{self, NewRepository};
 use agentry_persistence::secrets::MasterKey;
 use agentry_persistence::tasks;
 use agentry_runner::{AgentLimits, PriceTable, SandboxMode};
-use agentry_service::Service;
 use agentry_service::codehost::{CodeHost, Timing};
-use agentry_service::revisions::{self, RevisionSettings};
-use agentry_service::runs::{self, RunSettings, Runs};
+use agentry_service::revisions::RevisionSettings;
+use agentry_service::runs::{RunSettings, Runs};
 use agentry_service::tasks::NewCodingTask;
+use agentry_service::{BackgroundLoop, Service};
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -154,8 +154,10 @@ async fn main() -> Result<(), Error> {
             None,
         ),
     );
-    actix_web::rt::spawn(runs::runner_loop(service.clone()));
-    actix_web::rt::spawn(revisions::revision_loop(service.clone()));
+    let _loops = agentry_service::Background::start(
+        &service,
+        vec![BackgroundLoop::runner(), BackgroundLoop::revisions()],
+    );
 
     // The pull requests.
     let mut ids = Vec::new();

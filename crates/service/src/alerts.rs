@@ -8,7 +8,7 @@
 //! storage's unique key makes each alert one row however many replicas check at once.
 //!
 //! Delivery goes through the alert rows as an outbox, with the service's one leased delivery
-//! worker (the code-host outbox's too): [`alert_loop`] claims due alerts with a lease, POSTs
+//! worker (the code-host outbox's too): [`alert_step`] claims due alerts with a lease, POSTs
 //! each (its id also in the `Idempotency-Key` header), marks it delivered on a 2xx answer,
 //! and otherwise retries with capped exponential backoff. A receiver sees an alert once,
 //! unless it took one and the answer was lost (then the same id comes again).
@@ -21,6 +21,7 @@ use agentry_persistence::alerts::{self, BudgetAlert};
 use agentry_persistence::delivery::Backoff;
 use uuid::Uuid;
 
+use crate::background::{Pass, StepResult};
 use crate::config::WebhookUrl;
 use crate::delivery::{self, Worker};
 use crate::wake::Loops;
@@ -60,7 +61,7 @@ pub struct Alerts {
     webhook: Option<(WebhookUrl, reqwest::Client)>,
     timing: AlertTiming,
     /// The alerts' delivery worker.
-    delivery: Worker<BudgetAlert>,
+    pub(crate) delivery: Worker<BudgetAlert>,
 }
 
 impl fmt::Debug for Alerts {
@@ -119,11 +120,6 @@ impl Alerts {
     /// Whether a webhook is configured.
     pub fn webhook_configured(&self) -> bool {
         self.webhook.is_some()
-    }
-
-    /// Wakes the delivery loop (an alert was recorded).
-    pub fn wake(&self) {
-        self.delivery.wake();
     }
 }
 
@@ -265,18 +261,19 @@ impl Service {
     }
 }
 
-/// The alert loop: checks the budgets once at start, then delivers due alerts and sleeps
-/// until the next is due, it is woken (an alert was recorded), or the idle time passes.
-/// Without a webhook it only does the check.
-pub async fn alert_loop(service: Service) {
-    service.check_budget_alerts_logged().await;
-    if !service.parts.alerts.webhook_configured() {
-        return;
+/// The alert loop's step: the `first` checks the budgets (and without a webhook the loop
+/// ends there); each then delivers the due alerts and says when the next is due.
+pub(crate) async fn alert_step(service: &Service, first: bool) -> StepResult {
+    if first {
+        service.check_budget_alerts_logged().await;
     }
-    delivery::run(&service, &service.parts.alerts.delivery, || {
+    if !service.parts.alerts.webhook_configured() {
+        return Ok(Pass::Stop);
+    }
+    delivery::step(service, &service.parts.alerts.delivery, || {
         service.deliver_due_alerts(now())
     })
-    .await;
+    .await
 }
 
 #[cfg(test)]

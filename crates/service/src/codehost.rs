@@ -8,7 +8,7 @@
 //! delivered by the service's one leased delivery worker (the same as the budget alerts');
 //! this module gives it the send step, [`deliver`].
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue, ReactionTarget};
@@ -24,6 +24,7 @@ use futures_util::StreamExt;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::background::{Pass, StepResult};
 use crate::delivery::{self, Worker};
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
@@ -82,7 +83,7 @@ pub struct CodeHost {
     /// The client of the stored token, rebuilt when the token changes.
     cached: Mutex<Option<(SecretValue, GitHub)>>,
     /// The outbox's delivery worker.
-    outbox: Worker<Effect>,
+    pub(crate) outbox: Worker<Effect>,
     /// One issue sync at a time in this process.
     sync_lock: tokio::sync::Mutex<()>,
     /// `CODEHOST_WEBHOOK_SECRET`; the webhook is disabled without it.
@@ -155,7 +156,7 @@ impl CodeHost {
     /// stored token's client is [`Service::github`]; a token being checked before it is
     /// stored comes here directly.
     pub fn client(&self, token: &SecretValue) -> Result<GitHub, ServiceError> {
-        let mut cached = lock(&self.cached);
+        let mut cached = self.cached.lock();
         if let Some((known, client)) = cached.as_ref()
             && known == token
         {
@@ -178,11 +179,6 @@ impl CodeHost {
         token: &SecretValue,
     ) -> Result<agentry_codehost::User, ServiceError> {
         Ok(self.client(token)?.current_user().await?)
-    }
-
-    /// Tells the outbox worker that new effects are waiting.
-    pub fn wake_outbox(&self) {
-        self.outbox.wake();
     }
 }
 
@@ -701,21 +697,13 @@ async fn read_changes(
     Ok(false)
 }
 
-/// The periodic issue sync: every `interval`, while the process runs. Without a stored token
-/// it waits for one.
-pub async fn issue_sync_loop(service: Service, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        match service.sync_issues(None).await {
-            Ok(outcomes) => {
-                let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
-                tracing::debug!(repositories = outcomes.len(), failed, "issue sync done");
-            }
-            Err(e) => tracing::debug!(error = %e, "issue sync skipped"),
-        }
-    }
+/// The issue-sync loop's step: syncs the issues of every repository. Without a stored token
+/// it fails (quietly) until there is one.
+pub(crate) async fn issue_sync_step(service: &Service) -> StepResult {
+    let outcomes = service.sync_issues(None).await?;
+    let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
+    tracing::debug!(repositories = outcomes.len(), failed, "issue sync done");
+    Ok(Pass::Idle)
 }
 
 /// Carries out one effect on the code host. Each kind is safe to repeat: adding a label the
@@ -789,19 +777,13 @@ pub async fn deliver(
     }
 }
 
-/// The outbox worker: rounds of [`Service::deliver_due_effects`], sleeping in between until the next effect
-/// is due or [`CodeHost::wake_outbox`] wakes it.
-pub async fn outbox_loop(service: Service) {
-    delivery::run(&service, &service.parts.codehost.outbox, || {
+/// The outbox loop's step: a round of [`Service::deliver_due_effects`], then when the next
+/// effect is due.
+pub(crate) async fn outbox_step(service: &Service) -> StepResult {
+    delivery::step(service, &service.parts.codehost.outbox, || {
         service.deliver_due_effects(now())
     })
-    .await;
-}
-
-/// Locks a mutex; a poisoned one (a panicked holder) is still usable: the data it guards
-/// (a cache, timestamps) is valid at every point.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    .await
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 //!
 //! A round ([`deliver_due`]) claims the due entries under a lease, hands each to the
 //! queue's own send step, and marks it delivered, or failed with the retry time of the
-//! [`Backoff`]. The loop ([`run`]) does rounds and sleeps in between until the next entry is
-//! due, it is woken (an entry was written), or the idle time passes. Entries of a worker
+//! [`Backoff`]. The loop (a [`crate::background`] loop of [`step`]s on [`schedule`]) does rounds and
+//! waits in between until the next entry is due, it is woken (an entry was written), or the
+//! idle time passes. Entries of a worker
 //! that dies are claimed again, by any replica, when their lease runs out; so an entry may
 //! be sent more than once, and each send step is safe to repeat.
 
@@ -15,6 +16,8 @@ use std::time::Duration;
 use agentry_persistence::delivery::{Backoff, Entry, Queue};
 use time::OffsetDateTime;
 
+use crate::background::{Pass, Schedule, StepResult};
+use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// How many due entries one round claims.
@@ -36,7 +39,7 @@ pub(crate) struct Worker<T: 'static> {
     /// The longest sleep when nothing is due.
     idle: Duration,
     /// Wakes the loop (an entry was written).
-    wake: tokio::sync::Notify,
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 impl<T> std::fmt::Debug for Worker<T> {
@@ -68,11 +71,6 @@ impl<T: Entry + Send + 'static> Worker<T> {
             idle,
             wake: tokio::sync::Notify::new(),
         }
-    }
-
-    /// Wakes the loop: entries were written.
-    pub(crate) fn wake(&self) {
-        self.wake.notify_one();
     }
 }
 
@@ -121,32 +119,31 @@ where
     Ok(delivered)
 }
 
-/// The loop: runs `round` (a [`deliver_due`] with the queue's send step), then sleeps until
-/// the next entry is due, the worker is woken, or its idle time passes; forever.
-pub(crate) async fn run<T, R, F>(service: &Service, worker: &Worker<T>, mut round: R)
+/// The schedule of `worker`'s loop, woken by `wake`: every idle time at most, at least
+/// [`MIN_SLEEP`] between two rounds; a failed round is retried after [`MIN_SLEEP`],
+/// doubling up to the idle time.
+pub(crate) fn schedule<T>(worker: &Worker<T>, wake: Loops) -> Schedule {
+    Schedule::woken(wake, worker.idle)
+        .at_least(MIN_SLEEP)
+        .backing_off(Backoff {
+            base: MIN_SLEEP,
+            max: worker.idle,
+        })
+        .quiet()
+}
+
+/// A step of the loop: runs `round` (a [`deliver_due`] with the queue's send step), then
+/// says when the next entry is due.
+pub(crate) async fn step<T, R, F>(service: &Service, worker: &Worker<T>, round: R) -> StepResult
 where
     T: Entry + Send + 'static,
-    R: FnMut() -> F,
+    R: FnOnce() -> F,
     F: Future<Output = Result<usize, ServiceError>>,
 {
+    round().await?;
     let queue = worker.queue;
-    loop {
-        if let Err(e) = round().await {
-            tracing::debug!(what = worker.what, error = %e, "delivery round skipped");
-        }
-        let next = service
-            .db(move |conn| Ok(queue.next_due(conn)?))
-            .await
-            .ok()
-            .flatten();
-        let sleep = next.map_or(worker.idle, |due| {
-            Duration::try_from(due - now())
-                .unwrap_or(Duration::ZERO)
-                .min(worker.idle)
-        });
-        tokio::select! {
-            () = tokio::time::sleep(sleep.max(MIN_SLEEP)) => {}
-            () = worker.wake.notified() => {}
-        }
-    }
+    let next = service.db(move |conn| Ok(queue.next_due(conn)?)).await?;
+    Ok(next.map_or(Pass::Idle, |due| {
+        Pass::DueIn(Duration::try_from(due - now()).unwrap_or(Duration::ZERO))
+    }))
 }

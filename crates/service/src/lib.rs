@@ -24,6 +24,7 @@
 //! ```
 
 pub mod alerts;
+pub mod background;
 pub mod budgets;
 pub mod closing_refs;
 pub mod codehost;
@@ -52,8 +53,9 @@ use agentry_agent_network::gateway;
 use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, Db};
 
+pub use background::{Background, BackgroundLoop};
 pub use error::ServiceError;
-pub use start::{Background, StartError};
+pub use start::StartError;
 
 use crate::alerts::Alerts;
 use crate::codehost::CodeHost;

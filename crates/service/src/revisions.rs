@@ -5,17 +5,18 @@
 //! pull-request poll ([`collect_feedback`]); both end in [`Service::consider`], which keeps what asks
 //! for changes from someone who may write to the repository, once per code-host id
 //! ([`revisions::insert`]). A round starts when the quiet period after the latest feedback
-//! has passed ([`Service::start_due_rounds`], driven by [`revision_loop`]): the task goes `pr_opened →
+//! has passed ([`Service::start_due_rounds`], driven by [`revision_step`]): the task goes `pr_opened →
 //! queued` and the runner treats it as any queued task, with a revision's job
 //! (`runs/prepare.rs`).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use agentry_codehost::webhook::WebhookEvent;
 use agentry_codehost::{GitHub, Permission};
 use agentry_domain::{RepoUrl, Task, TaskState, TaskType, Trigger};
+use agentry_persistence::delivery::Backoff;
 use agentry_persistence::outbox::{self, Action, NewEffect};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::revisions::{
@@ -26,6 +27,7 @@ use agentry_persistence::{AnyConnection, DbError, pulls, write_tx};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::background::{Pass, Schedule, StepResult};
 use crate::config::DEFAULT_MENTION;
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
@@ -67,7 +69,7 @@ pub struct Revisions {
     permissions: Mutex<HashMap<(String, String), (Permission, Instant)>>,
     /// The login of the stored token's user, once asked (with the token's client identity).
     own_login: Mutex<Option<String>>,
-    wake: tokio::sync::Notify,
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 impl Revisions {
@@ -84,19 +86,10 @@ impl Revisions {
         &self.settings
     }
 
-    /// Wakes the revision loop (feedback was recorded).
-    pub fn wake(&self) {
-        self.wake.notify_one();
-    }
-
     /// Forgets agentry's own login (the stored token changed).
     pub fn forget_login(&self) {
-        *lock(&self.own_login) = None;
+        *self.own_login.lock() = None;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A comment or review that may ask for changes, as the webhook or the poll saw it.
@@ -221,11 +214,11 @@ fn revisable_task(
 impl Service {
     /// The login of the stored token's user (asked once, then kept).
     async fn own_login(&self, github: &GitHub) -> Result<String, ServiceError> {
-        if let Some(login) = lock(&self.parts.codehost.revisions().own_login).clone() {
+        if let Some(login) = self.parts.codehost.revisions().own_login.lock().clone() {
             return Ok(login);
         }
         let login = github.current_user().await?.login;
-        *lock(&self.parts.codehost.revisions().own_login) = Some(login.clone());
+        *self.parts.codehost.revisions().own_login.lock() = Some(login.clone());
         Ok(login)
     }
 
@@ -238,7 +231,7 @@ impl Service {
     ) -> Result<Permission, ServiceError> {
         let key = (repo.as_str().to_owned(), login.to_ascii_lowercase());
         let cache = &self.parts.codehost.revisions().permissions;
-        if let Some((permission, at)) = lock(cache).get(&key)
+        if let Some((permission, at)) = cache.lock().get(&key)
             && at.elapsed() < PERMISSION_TTL
         {
             return Ok(*permission);
@@ -246,7 +239,7 @@ impl Service {
         let permission = github
             .collaborator_permission(repo.owner(), repo.name(), login)
             .await?;
-        let mut cache = lock(cache);
+        let mut cache = cache.lock();
         cache.retain(|_, (_, at)| at.elapsed() < PERMISSION_TTL);
         cache.insert(key, (permission, Instant::now()));
         Ok(permission)
@@ -742,38 +735,29 @@ fn start_round(
     })
 }
 
-/// Starts due rounds as their quiet periods end: sleeps until the earliest due time (at
-/// most `LOOP_TICK`, since feedback recorded by another replica wakes nobody here) or a
-/// wake-up.
-pub async fn revision_loop(service: Service) {
-    loop {
-        if let Err(e) = service.start_due_rounds(now()).await {
-            tracing::debug!(error = %e, "revision rounds skipped");
-        }
-        let next = service
-            .db(|conn| Ok(revisions::next_due(conn)?))
-            .await
-            .ok()
-            .flatten();
-        let wait = match next {
-            Some(at) => {
-                let left = at - now();
-                Duration::try_from(left)
-                    .unwrap_or(Duration::ZERO)
-                    .min(LOOP_TICK)
-            }
-            None => LOOP_TICK,
-        };
-        if wait.is_zero() {
-            // Due now, yet not started (a failing database): do not spin.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = service.parts.codehost.revisions().wake.notified() => {}
-        }
-    }
+/// The revision loop's schedule: woken when feedback is recorded, else every `LOOP_TICK`
+/// (feedback recorded by another replica wakes nobody here); at least 100 ms between two
+/// steps, so rounds that stay due (a failing database) do not spin, and failures retried
+/// after 100 ms, doubling up to `LOOP_TICK`.
+pub(crate) fn schedule() -> Schedule {
+    let min_wait = Duration::from_millis(100);
+    Schedule::woken(Loops::REVISIONS, LOOP_TICK)
+        .at_least(min_wait)
+        .backing_off(Backoff {
+            base: min_wait,
+            max: LOOP_TICK,
+        })
+        .quiet()
+}
+
+/// The revision loop's step: starts the rounds whose quiet period has ended, then says when
+/// the next one is due.
+pub(crate) async fn revision_step(service: &Service) -> StepResult {
+    service.start_due_rounds(now()).await?;
+    let next = service.db(|conn| Ok(revisions::next_due(conn)?)).await?;
+    Ok(next.map_or(Pass::Idle, |at| {
+        Pass::DueIn(Duration::try_from(at - now()).unwrap_or(Duration::ZERO))
+    }))
 }
 
 /// Collects the feedback of the open pull requests `numbers` of `repo` that changed since

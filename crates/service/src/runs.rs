@@ -2,13 +2,13 @@
 //! [`Runner`], keeps its lease alive, and settles the outcome: the pull request opened (or
 //! the review posted) and the run recorded with the state change in one transaction.
 //!
-//! - [`runner_loop`] fills up to `AGENTRY_MAX_CONCURRENT_RUNS` slots with claimed tasks,
+//! - [`runner_step`] (the runner loop of [`crate::background`]) fills up to `AGENTRY_MAX_CONCURRENT_RUNS` slots with claimed tasks,
 //!   oldest queued first; it is woken when tasks are queued and looks again every few
 //!   seconds for tasks queued by other replicas.
 //! - While a run goes on, its lease is renewed every third of the lease. A renewal that
 //!   fails (the task was cancelled, possibly on another replica, or recovered by someone
 //!   else) stops the agent: its process group is killed.
-//! - [`recovery_loop`] recovers tasks whose lease expired: the dead runner's output is
+//! - [`recovery_step`] (the recovery loop) recovers tasks whose lease expired: the dead runner's output is
 //!   salvaged if reachable (its cost is recorded as a `lost` run) and the task goes back to
 //!   `queued` with the attempt + 1, or `failed` after the third attempt. On SQLite (one
 //!   process by design) every lease found at start belongs to a dead process and is
@@ -37,8 +37,10 @@
 //! transition) and `recovery` (the tasks of runners that died).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use agentry_agent_network::AgentNetwork;
@@ -60,6 +62,7 @@ use time::OffsetDateTime;
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use uuid::Uuid;
 
+use crate::background::{Pass, StepResult};
 use crate::codehost::TOKEN_SECRET;
 use crate::wake::Loops;
 
@@ -75,9 +78,9 @@ use claim::{claim, money_freed, run_task};
 use costing::{
     apply_metering, log_warnings, record_run, run_from_report, run_record, with_cost_note,
 };
-use prepare::{Prepared, prepare};
+use prepare::{Prepared, Refusal, prepare};
 use publish::{Patience, Published, open_pull_request, post_review};
-pub use recovery::recovery_loop;
+pub(crate) use recovery::{recovery_every, recovery_step};
 use settle::{settle, settle_without_run};
 
 /// How long a stopped agent has at each step of the stop ladder: after SIGINT (when Claude
@@ -159,7 +162,7 @@ pub struct Runs {
     settings: RunSettings,
     /// This process's lease owner id.
     owner: String,
-    wake: Notify,
+    pub(crate) wake: Notify,
     slots: Arc<Semaphore>,
     /// Cancel switches of the runs in progress here.
     active: Mutex<HashMap<Uuid, watch::Sender<bool>>>,
@@ -327,22 +330,17 @@ impl Runs {
         self.runner.as_ref()
     }
 
-    /// Tells the runner loop that tasks were queued.
-    pub fn wake(&self) {
-        self.wake.notify_one();
-    }
-
     /// Stops the agent of `task_id` if it runs in this process (after the task was moved to
     /// `cancelled`). Other replicas notice at their next lease renewal.
     pub fn stop_local(&self, task_id: Uuid) {
-        if let Some(cancel) = lock(&self.active).get(&task_id) {
+        if let Some(cancel) = self.active.lock().get(&task_id) {
             let _ = cancel.send(true);
         }
     }
 
     /// How many runs are in progress in this process.
     pub fn active(&self) -> usize {
-        lock(&self.active).len()
+        self.active.lock().len()
     }
 
     /// Stops every agent of this process without settling its task: the tasks stay leased
@@ -350,7 +348,7 @@ impl Runs {
     /// `wait` for the runs to end.
     pub async fn shut_down(&self, wait: Duration) {
         self.stopping.store(true, Ordering::SeqCst);
-        for cancel in lock(&self.active).values() {
+        for cancel in self.active.lock().values() {
             let _ = cancel.send(true);
         }
         let deadline = tokio::time::Instant::now() + wait;
@@ -358,10 +356,6 @@ impl Runs {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn now() -> OffsetDateTime {
@@ -388,41 +382,30 @@ fn lease_of(settings: &RunSettings) -> time::Duration {
     time::Duration::try_from(settings.lease).unwrap_or(time::Duration::MINUTE)
 }
 
-/// The runner loop (see the module docs). Returns at once when runs are disabled.
-pub async fn runner_loop(service: Service) {
+/// The runner loop's step (see the module docs): takes a free slot and claims a task into
+/// it. Stops when runs are disabled or the service stops.
+pub(crate) async fn runner_step(service: &Service) -> StepResult {
     let runs = &service.parts.runs;
     if runs.settings.max_concurrent == 0 {
-        return;
+        return Ok(Pass::Stop);
     }
-    loop {
-        let Ok(slot) = runs.slots.clone().acquire_owned().await else {
-            return;
-        };
-        if runs.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        match claim(&service).await {
-            Ok(Some(task)) => {
-                let service = service.clone();
-                tokio::spawn(async move {
-                    run_task(&service, task).await;
-                    money_freed(&service).await;
-                    drop(slot);
-                    service.wake(Loops::RUNNER);
-                });
-                continue;
-            }
-            Ok(None) => drop(slot),
-            Err(e) => {
-                drop(slot);
-                tracing::warn!(error = %e, "could not claim a task");
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(runs.settings.idle) => {}
-            () = runs.wake.notified() => {}
-        }
+    let Ok(slot) = runs.slots.clone().acquire_owned().await else {
+        return Ok(Pass::Stop);
+    };
+    if runs.stopping.load(Ordering::SeqCst) {
+        return Ok(Pass::Stop);
     }
+    let Some(task) = claim(service).await? else {
+        return Ok(Pass::Idle);
+    };
+    let service = service.clone();
+    tokio::spawn(async move {
+        run_task(&service, task).await;
+        money_freed(&service).await;
+        drop(slot);
+        service.wake(Loops::RUNNER);
+    });
+    Ok(Pass::Again)
 }
 
 /// Whether `state` is one a run could still leave (for the log endpoint's live view).

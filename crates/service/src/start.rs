@@ -8,19 +8,16 @@ use agentry_codehost::ClientConfig;
 use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::{Backend, Db};
 use agentry_runner::PriceTable;
-use tokio::task::JoinHandle;
 
 use agentry_agent_network::AgentNetwork;
 use agentry_agent_network::gateway::{self, GatewayConfig};
 
 use crate::Service;
-use crate::codehost::{self, CodeHost, Timing};
+use crate::background::{Background, BackgroundLoop};
+use crate::codehost::{CodeHost, Timing};
 use crate::config::Config;
 use crate::config::kube::RunnerKind;
-use crate::runs::{self, Runs, SandboxNetwork};
-
-/// How often webhook delivery ids older than their retention are forgotten.
-pub const DELIVERY_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+use crate::runs::{Runs, SandboxNetwork};
 
 /// How long running agents get to stop when the service shuts down.
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
@@ -178,20 +175,6 @@ pub fn runs(config: &Config, db: &Db, master_key: &MasterKey) -> Result<Runs, St
     ))
 }
 
-/// The background loops of a started service; [`Service::shut_down`] stops them.
-#[derive(Debug)]
-pub struct Background {
-    loops: Vec<JoinHandle<()>>,
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        for handle in &self.loops {
-            handle.abort();
-        }
-    }
-}
-
 impl Service {
     /// The service of `config`: its database (created and migrated), code-host integration
     /// and orchestrator. Nothing runs in the background yet.
@@ -239,9 +222,10 @@ impl Service {
     }
 
     /// Recovers the tasks a stopped process left leased, then starts the background loops on
-    /// the current tokio runtime: agent runs and lease recovery, the periodic issue sync, the
-    /// outbox, the budget alerts (a check, then their webhook), the pull-request poller and
-    /// the pruning of webhook delivery ids.
+    /// the current tokio runtime: the list [`BackgroundLoop::all`] (agent runs and lease
+    /// recovery, revision rounds, the periodic issue sync, the outbox, the budget alerts (a
+    /// check, then their webhook), the pruning of webhook delivery ids and the pull-request
+    /// poller).
     pub async fn start_background(&self, config: &Config) -> Background {
         if config.runs.max_concurrent > 0 && agentry_runner::user::effective_uid() == Some(0) {
             use agentry_runner::user::AgentUser;
@@ -260,28 +244,7 @@ impl Service {
             }
         }
         self.recover_at_start(self.parts.db.backend()).await;
-        Background {
-            loops: vec![
-                tokio::spawn(runs::runner_loop(self.clone())),
-                tokio::spawn(runs::recovery_loop(self.clone())),
-                tokio::spawn(crate::revisions::revision_loop(self.clone())),
-                tokio::spawn(codehost::issue_sync_loop(
-                    self.clone(),
-                    config.issue_sync_interval,
-                )),
-                tokio::spawn(codehost::outbox_loop(self.clone())),
-                tokio::spawn(crate::alerts::alert_loop(self.clone())),
-                tokio::spawn(crate::tracking::delivery_pruning_loop(
-                    self.clone(),
-                    DELIVERY_PRUNE_EVERY,
-                )),
-                tokio::spawn(crate::tracking::poll_loop(
-                    self.clone(),
-                    config.poll_interval,
-                    config.database_url.clone(),
-                )),
-            ],
-        }
+        Background::start(self, BackgroundLoop::all(config))
     }
 
     /// Stops the service: running agents are stopped (their tasks stay leased and are

@@ -5,7 +5,7 @@
 //! of the linked issue in the same transaction: when the poller and a webhook see the same
 //! merge, exactly one applies it and the issue is closed once.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use agentry_codehost::webhook::WebhookEvent;
 use agentry_codehost::{Conditional, GitHub, PullRequest};
@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::background::{Pass, StepResult};
 use crate::codehost::SERVICE_LABEL;
 use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
@@ -244,45 +245,53 @@ impl Service {
     }
 }
 
-/// The poller: every `interval`, if this process holds the poller role (on PostgreSQL an
-/// advisory lock, so of several replicas one polls; on SQLite always), polls once.
-pub async fn poll_loop(service: Service, interval: Duration, database_url: String) {
-    let lock = match LeaderLock::new(&database_url, POLLER_LOCK_KEY) {
-        Ok(lock) => std::sync::Arc::new(std::sync::Mutex::new(lock)),
-        Err(e) => {
-            tracing::error!(error = %e, "the pull-request poller cannot start");
-            return;
+/// The pull-request poller's role: on PostgreSQL an advisory lock, so of several replicas
+/// one polls; on SQLite always held.
+#[derive(Clone)]
+pub(crate) struct Poller {
+    /// The lock, or why it cannot be had (then the poller does not start).
+    lock: Result<Arc<Mutex<LeaderLock>>, String>,
+}
+
+impl Poller {
+    /// The poller of the database at `database_url`.
+    pub(crate) fn new(database_url: &str) -> Poller {
+        Poller {
+            lock: LeaderLock::new(database_url, POLLER_LOCK_KEY)
+                .map(|lock| Arc::new(Mutex::new(lock)))
+                .map_err(|e| e.to_string()),
         }
-    };
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let held = {
-            let lock = lock.clone();
-            tokio::task::spawn_blocking(move || {
-                lock.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .try_hold()
-            })
-            .await
+    }
+
+    /// The poller loop's step: if this process holds the poller role, polls once.
+    pub(crate) async fn step(&self, service: &Service) -> StepResult {
+        let lock = match &self.lock {
+            Ok(lock) => lock.clone(),
+            Err(e) => {
+                tracing::error!(error = %e, "the pull-request poller cannot start");
+                return Ok(Pass::Stop);
+            }
         };
-        match held {
-            Ok(Ok(true)) => match service.poll_pull_requests().await {
-                Ok(outcomes) => {
-                    let applied: usize = outcomes.iter().map(|(_, o)| o.applied).sum();
-                    tracing::debug!(
-                        repositories = outcomes.len(),
-                        applied,
-                        "pull-request poll done"
-                    );
-                }
-                Err(e) => tracing::debug!(error = %e, "pull-request poll skipped"),
-            },
-            Ok(Ok(false)) => tracing::debug!("another replica polls pull requests"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot take the poller role"),
-            Err(e) => tracing::error!(error = %e, "the poller's lock task failed"),
+        let held = tokio::task::spawn_blocking(move || {
+            lock.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .try_hold()
+        })
+        .await
+        .map_err(|e| format!("the poller's lock task failed: {e}"))?
+        .map_err(|e| format!("cannot take the poller role: {e}"))?;
+        if !held {
+            tracing::debug!("another replica polls pull requests");
+            return Ok(Pass::Idle);
         }
+        let outcomes = service.poll_pull_requests().await?;
+        let applied: usize = outcomes.iter().map(|(_, o)| o.applied).sum();
+        tracing::debug!(
+            repositories = outcomes.len(),
+            applied,
+            "pull-request poll done"
+        );
+        Ok(Pass::Idle)
     }
 }
 
@@ -429,20 +438,16 @@ impl Service {
 /// days only, so an older id can never arrive again.
 pub const DELIVERY_RETENTION: time::Duration = time::Duration::days(7);
 
-/// Forgets old delivery ids now and then every `every`, so the de-duplication table stays
-/// as small as GitHub's redelivery window. A failure is logged and tried again next time.
-pub async fn delivery_pruning_loop(service: Service, every: std::time::Duration) {
-    loop {
-        match service
-            .forget_old_deliveries(agentry_persistence::now())
-            .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(forgotten = n, "forgot old webhook delivery ids"),
-            Err(e) => tracing::warn!(error = %e, "could not forget old webhook delivery ids"),
-        }
-        tokio::time::sleep(every).await;
+/// The delivery-pruning loop's step: forgets old delivery ids, so the de-duplication table
+/// stays as small as GitHub's redelivery window. A failure is tried again next time.
+pub(crate) async fn delivery_pruning_step(service: &Service) -> StepResult {
+    let forgotten = service
+        .forget_old_deliveries(agentry_persistence::now())
+        .await?;
+    if forgotten > 0 {
+        tracing::info!(forgotten, "forgot old webhook delivery ids");
     }
+    Ok(Pass::Idle)
 }
 
 #[cfg(test)]

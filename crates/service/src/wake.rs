@@ -7,6 +7,7 @@
 //! transactions that wakes once at its end.
 
 use agentry_persistence::AnyConnection;
+use tokio::sync::Notify;
 
 use crate::{Service, ServiceError};
 
@@ -52,17 +53,21 @@ impl Service {
     /// Wakes `loops` after changes that have committed: the end of a pass of several
     /// transactions (each use case of one transaction uses [`Service::commit`]).
     pub(crate) fn wake(&self, loops: Loops) {
-        if loops.contains(Loops::RUNNER) {
-            self.parts.runs.wake();
+        for one in loops.iter() {
+            if let Some(wakeup) = self.wakeup(one) {
+                wakeup.notify_one();
+            }
         }
-        if loops.contains(Loops::OUTBOX) {
-            self.parts.codehost.wake_outbox();
-        }
-        if loops.contains(Loops::REVISIONS) {
-            self.parts.codehost.revisions().wake();
-        }
-        if loops.contains(Loops::ALERTS) {
-            self.parts.alerts.wake();
+    }
+
+    /// The wake-up of the one loop `one` (none for [`Loops::NONE`] or several).
+    pub(crate) fn wakeup(&self, one: Loops) -> Option<&Notify> {
+        match one {
+            Loops::RUNNER => Some(&self.parts.runs.wake),
+            Loops::OUTBOX => Some(&self.parts.codehost.outbox.wake),
+            Loops::REVISIONS => Some(&self.parts.codehost.revisions().wake),
+            Loops::ALERTS => Some(&self.parts.alerts.delivery.wake),
+            _ => None,
         }
     }
 }

@@ -236,7 +236,7 @@ async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(db: T
     spend(&db.db, &web, "0.85");
     let state = state_with_alerts(&db.db, Some(&receiver.url));
     let app = service_with(state.clone()).await;
-    let worker = actix_web::rt::spawn(agentry_service::alerts::alert_loop(state.service.clone()));
+    let worker = agentry_service::BackgroundLoop::alerts().start(&state.service);
     let (status, body) = call(
         &app,
         json_req(
@@ -328,7 +328,7 @@ async fn alerts_reach_a_failing_webhook_once_and_not_again_after_a_restart(db: T
     assert_eq!(recorded.len(), 1);
     assert_eq!(recorded[0].threshold, 100);
     assert!(check().await.is_empty());
-    let worker = actix_web::rt::spawn(agentry_service::alerts::alert_loop(state.service.clone()));
+    let worker = agentry_service::BackgroundLoop::alerts().start(&state.service);
     receiver.wait_for_deliveries(3).await;
     wait_until_all_delivered(&state).await;
     worker.abort();

@@ -15,6 +15,7 @@ use agentry_codehost::webhook::sign;
 use agentry_fake_github::payloads;
 use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
+use agentry_service::BackgroundLoop;
 use agentry_service::revisions::{self, RevisionSettings};
 use agentry_testkit::git::git;
 use agentry_testkit::json::{elements_of, strings_of};
@@ -425,7 +426,7 @@ async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
     })
     .await;
     // The loop starts the round once the quiet period has passed.
-    actix_web::rt::spawn(revisions::revision_loop(rig.state.service.clone()));
+    let _revisions = BackgroundLoop::revisions().start(&rig.state.service);
     let task = wait_for_revision(&app, &rig.env.t.viewer, &id, "the revision").await;
     assert_eq!(task["revisions"], 1, "{task:#}");
     let rounds: Vec<&Value> = feedback_of(&task)

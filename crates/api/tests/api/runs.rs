@@ -166,9 +166,7 @@ macro_rules! app {
             .await;
         assert_eq!(status, 201, "{repo}");
         $rig.repo_id = repo["id"].as_str().unwrap().to_owned();
-        actix_web::rt::spawn(agentry_service::runs::runner_loop(
-            $rig.state.service.clone(),
-        ));
+        agentry_service::BackgroundLoop::runner().start(&$rig.state.service);
         app
     }};
 }

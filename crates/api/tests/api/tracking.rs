@@ -14,7 +14,7 @@ use agentry_domain::TaskState;
 use agentry_persistence::repos::{self};
 use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
-use agentry_service::tracking;
+use agentry_service::BackgroundLoop;
 use agentry_testkit::wait::eventually_async;
 use serde_json::json;
 
@@ -346,11 +346,7 @@ async fn of_two_pollers_on_one_postgresql_only_one_polls() {
     let loops: Vec<_> = replicas
         .iter()
         .map(|state| {
-            actix_web::rt::spawn(tracking::poll_loop(
-                state.service.clone(),
-                every,
-                env.db.url.clone(),
-            ))
+            BackgroundLoop::pull_request_poll(every, env.db.url.clone()).start(&state.service)
         })
         .collect();
     // Until the leader polled 5 times (its 5th cycle, ~0.5 s; a slow machine gets 30 s).

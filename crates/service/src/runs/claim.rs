@@ -75,23 +75,19 @@ pub(super) async fn run_task(service: &Service, task: Task) {
         let allow_local = is_loopback_url(service.parts.codehost.api_url());
         let holding = holding(service);
         service
-            .db(move |conn| prepare(conn, &key, &task, &settings, allow_local, holding))
+            .db(move |conn| Ok(prepare(conn, &key, &task, &settings, allow_local, holding)))
             .await
+            .unwrap_or_else(|e| Err(Refusal::from(e)))
     };
     let prepared = match prepared {
-        Ok(Ok(p)) => p,
-        Ok(Err(refusal)) => {
-            settle_without_run(service, &task, &refusal).await;
-            return;
-        }
-        Err(e) => {
-            // The database is unreachable: leave the lease to expire; recovery requeues.
-            tracing::error!(task = %id, error = %e, "could not prepare a run");
+        Ok(p) => p,
+        Err(refusal) => {
+            refusal.record(service, &task).await;
             return;
         }
     };
     let (cancel, cancelled) = watch::channel(false);
-    lock(&service.parts.runs.active).insert(id, cancel.clone());
+    service.parts.runs.active.lock().insert(id, cancel.clone());
     let (started, on_start) = oneshot::channel();
     let renewer = tokio::spawn(renew_lease(service.clone(), id, cancel.clone()));
     let running = {
@@ -129,14 +125,14 @@ pub(super) async fn run_task(service: &Service, task: Task) {
         // Shutting down: the task stays leased and is recovered after the restart, with
         // the cost its output shows.
         renewer.abort();
-        lock(&service.parts.runs.active).remove(&id);
+        service.parts.runs.active.lock().remove(&id);
         return;
     }
     // The lease is still renewed while the outcome is published (which may wait out a
     // failing code host); a refused renewal (cancelled, or recovered elsewhere) stops that.
     let settled = settle(service, &task, &prepared, execution, cancel.subscribe()).await;
     renewer.abort();
-    lock(&service.parts.runs.active).remove(&id);
+    service.parts.runs.active.lock().remove(&id);
     match settled {
         Ok(()) => {
             if !service.parts.runs.settings.keep_run_dirs {

@@ -12,7 +12,53 @@ pub(super) struct Prepared {
     pub(super) token: secrets::SecretValue,
 }
 
-/// Reads what the job needs; `Err` is why the task cannot run at all.
+/// Why a claimed task's run does not start, and what is recorded for it.
+#[derive(Debug)]
+pub(super) enum Refusal {
+    /// The task cannot run (no repository, no token, its cost limit spent, ...): it fails
+    /// with this reason as its reason and error; no run is recorded.
+    Fails(String),
+    /// The database could not be read: nothing is recorded; the task's lease expires and
+    /// recovery requeues it.
+    Unreadable(ServiceError),
+}
+
+impl Refusal {
+    /// The task fails with `reason`.
+    fn fails(reason: impl Into<String>) -> Refusal {
+        Refusal::Fails(reason.into())
+    }
+
+    /// Records what the refusal says for `task` (see the variants).
+    pub(super) async fn record(self, service: &Service, task: &Task) {
+        match self {
+            Refusal::Fails(reason) => settle_without_run(service, task, &reason).await,
+            Refusal::Unreadable(e) => {
+                tracing::error!(task = %task.id, error = %e, "could not prepare a run");
+            }
+        }
+    }
+}
+
+impl From<ServiceError> for Refusal {
+    fn from(e: ServiceError) -> Self {
+        Refusal::Unreadable(e)
+    }
+}
+
+impl From<DbError> for Refusal {
+    fn from(e: DbError) -> Self {
+        Refusal::Unreadable(e.into())
+    }
+}
+
+/// The agent's part of a job: its kind, the agent, its instructions, and a review task's
+/// coding task.
+type JobParts = (JobKind, AgentSpec, String, Option<Task>);
+
+/// Reads what the job needs, in named steps: the repository and the token
+/// ([`runnable_repository`]), the cost the run may spend ([`budget_of`]), and the agent's
+/// part of the job ([`job_parts`]).
 pub(super) fn prepare(
     conn: &mut AnyConnection,
     key: &secrets::MasterKey,
@@ -20,27 +66,74 @@ pub(super) fn prepare(
     settings: &RunSettings,
     allow_local: bool,
     holding: agentry_persistence::budgets::Holding,
-) -> Result<Result<Prepared, String>, ServiceError> {
+) -> Result<Prepared, Refusal> {
+    let (repo, token) = runnable_repository(conn, key, task)?;
+    let budget = budget_of(conn, task, &repo, holding)?;
+    let (kind, agent, prompt, parent) = job_parts(conn, task, &repo, budget)?;
+    let job = Job {
+        task_id: task.id,
+        attempt: task.attempt,
+        kind,
+        repo: RepoSpec {
+            key: repo.id.to_string(),
+            clone_url: repo.clone_url.clone(),
+            default_branch: repo.default_branch.clone(),
+            host: repo.url.host().to_owned(),
+            allow_local,
+        },
+        agent,
+        prompt,
+        auth: GitAuth::token(token.expose()),
+        wall_time: settings.wall_time,
+    };
+    Ok(Prepared {
+        job,
+        repo,
+        parent,
+        token,
+    })
+}
+
+/// Step 1: the task's repository, connected, and the stored code-host token.
+fn runnable_repository(
+    conn: &mut AnyConnection,
+    key: &secrets::MasterKey,
+    task: &Task,
+) -> Result<(Repository, secrets::SecretValue), Refusal> {
     let Some(repo_id) = task.repo_id else {
-        return Ok(Err("the task's repository is not connected".into()));
+        return Err(Refusal::fails("the task's repository is not connected"));
     };
     let repo = repos::get_repository(conn, repo_id)?;
     if repo.disconnected_at.is_some() {
-        return Ok(Err(format!("the repository {} was disconnected", repo.url)));
+        return Err(Refusal::Fails(format!(
+            "the repository {} was disconnected",
+            repo.url
+        )));
     }
     let Some(token) = secrets::get(conn, key, TOKEN_SECRET).map_err(ServiceError::from)? else {
-        return Ok(Err(format!(
+        return Err(Refusal::Fails(format!(
             "no code-host token is stored (PUT /api/secrets/{TOKEN_SECRET})"
         )));
     };
-    let s = &repo.settings;
-    let budget = match s.max_cost_per_task_usd {
+    Ok((repo, token))
+}
+
+/// Step 2: the most the run may spend: what is left of the task's cost limit and, for a
+/// run holding its whole allowance, its reserve of the monthly budgets; refused when the
+/// task's limit is spent.
+fn budget_of(
+    conn: &mut AnyConnection,
+    task: &Task,
+    repo: &Repository,
+    holding: agentry_persistence::budgets::Holding,
+) -> Result<Option<Usd>, Refusal> {
+    let budget = match repo.settings.max_cost_per_task_usd {
         None => None,
         Some(cap) => {
             let spent = task.cost_usd.map_or(0, Usd::to_nanos);
             let left = cap.to_nanos().saturating_sub(spent);
             if left <= 0 {
-                return Ok(Err(format!(
+                return Err(Refusal::Fails(format!(
                     "the task has spent its cost limit of {cap} USD (maxCostPerTaskUsd)"
                 )));
             }
@@ -56,14 +149,26 @@ pub(super) fn prepare(
         }
         agentry_persistence::budgets::Holding::PerCall => None,
     };
-    let budget = match (budget, reserve) {
+    Ok(match (budget, reserve) {
         (Some(cap), Some(reserve)) => Some(cap.min(reserve)),
         (cap, reserve) => cap.or(reserve),
-    };
-    let (kind, agent, prompt, parent) = match task.task_type {
+    })
+}
+
+/// Step 3: the agent's part of the job for the task's kind (coding, revision, review).
+fn job_parts(
+    conn: &mut AnyConnection,
+    task: &Task,
+    repo: &Repository,
+    budget: Option<Usd>,
+) -> Result<JobParts, Refusal> {
+    let s = &repo.settings;
+    Ok(match task.task_type {
         TaskType::Coding if task.revision().is_some() => {
             let Some(number) = task.pr_number else {
-                return Ok(Err("a revision of a task without a pull request".into()));
+                return Err(Refusal::fails(
+                    "a revision of a task without a pull request",
+                ));
             };
             let feedback = crate::revisions::round_feedback(conn, task)?;
             (
@@ -82,7 +187,7 @@ pub(super) fn prepare(
                     max_turns: s.max_turns_coding,
                     max_budget_usd: budget,
                 },
-                revision_prompt(&repo, task, number, &feedback),
+                revision_prompt(repo, task, number, &feedback),
                 None,
             )
         }
@@ -106,11 +211,11 @@ pub(super) fn prepare(
         ),
         TaskType::Review => {
             let Some(parent_id) = task.parent_task_id else {
-                return Ok(Err("a review task without its coding task".into()));
+                return Err(Refusal::fails("a review task without its coding task"));
             };
             let parent = tasks::get_task(conn, parent_id)?;
             let Some(number) = parent.pr_number else {
-                return Ok(Err("the reviewed task has no pull request".into()));
+                return Err(Refusal::fails("the reviewed task has no pull request"));
             };
             (
                 JobKind::Review {
@@ -122,33 +227,11 @@ pub(super) fn prepare(
                     max_turns: Some(s.max_turns_review),
                     max_budget_usd: budget,
                 },
-                review_prompt(&repo, &parent, number),
+                review_prompt(repo, &parent, number),
                 Some(parent),
             )
         }
-    };
-    let job = Job {
-        task_id: task.id,
-        attempt: task.attempt,
-        kind,
-        repo: RepoSpec {
-            key: repo.id.to_string(),
-            clone_url: repo.clone_url.clone(),
-            default_branch: repo.default_branch.clone(),
-            host: repo.url.host().to_owned(),
-            allow_local,
-        },
-        agent,
-        prompt,
-        auth: GitAuth::token(token.expose()),
-        wall_time: settings.wall_time,
-    };
-    Ok(Ok(Prepared {
-        job,
-        repo,
-        parent,
-        token,
-    }))
+    })
 }
 
 /// The coding agent's instructions: the task's title, then its prompt (the issue body).

@@ -27,7 +27,7 @@ impl Service {
         let mut recovered = 0;
         for lease in expired {
             let task = lease.task.clone();
-            if lock(&self.parts.runs.active).contains_key(&task.id)
+            if self.parts.runs.active.lock().contains_key(&task.id)
                 && lease.owner == self.parts.runs.owner
             {
                 // Ours and still running (a renewal is late): leave it.
@@ -197,7 +197,7 @@ pub(super) fn with_metered_calls(
 pub(super) async fn record_leftovers(service: &Service) -> Result<usize, ServiceError> {
     let mut recorded = 0;
     for (task_id, attempt) in service.parts.runs.runner.leftovers() {
-        if lock(&service.parts.runs.active).contains_key(&task_id) {
+        if service.parts.runs.active.lock().contains_key(&task_id) {
             continue;
         }
         let found = service
@@ -243,13 +243,13 @@ pub(super) async fn record_leftovers(service: &Service) -> Result<usize, Service
     Ok(recorded)
 }
 
-/// The recovery loop: every half lease, recovers the tasks whose lease expired.
-pub async fn recovery_loop(service: Service) {
-    let every = (service.parts.runs.settings.lease / 2).max(Duration::from_secs(1));
-    loop {
-        tokio::time::sleep(every).await;
-        if let Err(e) = service.recover_expired(now()).await {
-            tracing::warn!(error = %e, "lease recovery skipped");
-        }
-    }
+/// How often the recovery loop looks: every half lease, at least every second.
+pub(crate) fn recovery_every(settings: &RunSettings) -> Duration {
+    (settings.lease / 2).max(Duration::from_secs(1))
+}
+
+/// The recovery loop's step: recovers the tasks whose lease expired.
+pub(crate) async fn recovery_step(service: &Service) -> StepResult {
+    service.recover_expired(now()).await?;
+    Ok(Pass::Idle)
 }

@@ -68,7 +68,9 @@ fn fail_with(message: String) -> Settlement {
     }
 }
 
-/// Records the run, publishes what it produced, then makes the state change.
+/// Records the run, publishes what it produced, then makes the state change, in these
+/// named steps: [`record`], [`publish`], [`with_revision_reply`], [`apply`] and
+/// [`pass_review_on`].
 ///
 /// The run (its cost) is recorded first, as soon as the agent's result is known, so that no
 /// cost depends on this process surviving the publishing or on which replica recovers the
@@ -93,36 +95,39 @@ pub(super) async fn settle(
     };
     let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
     let settlement = with_revision_reply(settlement, task, revision);
-    let moved = make_transition(service, task, prepared, settlement).await?;
-    if moved
-        && let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
-        && prepared.repo.settings.revise_on_agent_review
-    {
-        service
-            .agent_review_feedback(&prepared.repo, task.id, parent, text)
-            .await;
+    if apply(service, task, prepared, settlement).await? {
+        pass_review_on(service, task, prepared, &execution).await;
     }
     Ok(())
 }
 
-/// Records the run and its cost, once its metered calls are written. `None` when the run is
-/// not this attempt's to settle any more (recovered elsewhere, or already recorded by a
-/// recoverer); else the cost recorded.
-async fn record(
-    service: &Service,
-    task: &Task,
-    prepared: &Prepared,
-    execution: &Execution,
-) -> Result<Option<Option<Usd>>, ServiceError> {
-    let outcome = match &execution.verdict {
+/// The run's outcome as recorded, from the agent's verdict.
+fn outcome_of(verdict: &Verdict) -> RunOutcome {
+    match verdict {
         Verdict::Pushed { .. } | Verdict::Reviewed { .. } | Verdict::NoChanges => {
             RunOutcome::Succeeded
         }
         Verdict::Failed(_) => RunOutcome::Failed,
         Verdict::Cancelled => RunOutcome::Cancelled,
         Verdict::TimedOut(_) => RunOutcome::TimedOut,
-    };
-    let run = run_record(task, &prepared.job, execution, outcome);
+    }
+}
+
+/// Step 1: records the run and its cost (after the gateway wrote its metered calls).
+/// Returns the cost, or `None` when the run is not this process's to publish (the task was
+/// recovered elsewhere during the run, or a recoverer recorded it already).
+async fn record(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: &Execution,
+) -> Result<Option<Option<Usd>>, ServiceError> {
+    let run = run_record(
+        task,
+        &prepared.job,
+        execution,
+        outcome_of(&execution.verdict),
+    );
     log_warnings(task, execution.report.as_ref());
     let log = RunLog::of(&execution.output);
     let (id, attempt, metered) = (task.id, task.attempt, execution.metered);
@@ -148,8 +153,9 @@ async fn record(
     }
 }
 
-/// Publishes what the run produced (the pull request, a revision's push, the review) and
-/// says what the task becomes; `None` when the task was stopped while publishing.
+/// Step 2: publishes what the run produced (opens the pull request, posts the review) and
+/// says what the settling transaction does; `None` when the run was stopped while
+/// publishing (the task stays as it is, for recovery).
 async fn publish(
     service: &Service,
     task: &Task,
@@ -159,8 +165,7 @@ async fn publish(
     patience: &mut Patience,
 ) -> Option<Settlement> {
     let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
-    let report = execution.report.as_ref();
-    Some(match &execution.verdict {
+    let settlement = match &execution.verdict {
         Verdict::Pushed { .. } if revision => {
             let pull_request = PullRequestRef {
                 url: task.pr_url.clone().unwrap_or_default(),
@@ -188,18 +193,24 @@ async fn publish(
         }
         // A metered run's cost is known from its calls: no note about the agent's own figure.
         Verdict::NoChanges if execution.metered => fail_with("the agent made no changes".into()),
-        Verdict::NoChanges => fail_with(with_cost_note("the agent made no changes".into(), report)),
+        Verdict::NoChanges => fail_with(with_cost_note(
+            "the agent made no changes".into(),
+            execution.report.as_ref(),
+        )),
         Verdict::Failed(m) | Verdict::TimedOut(m) if execution.metered => fail_with(m.clone()),
-        Verdict::Failed(m) | Verdict::TimedOut(m) => fail_with(with_cost_note(m.clone(), report)),
+        Verdict::Failed(m) | Verdict::TimedOut(m) => {
+            fail_with(with_cost_note(m.clone(), execution.report.as_ref()))
+        }
         Verdict::Cancelled => Settlement {
             trigger: None,
             review: None,
             reply: None,
         },
-    })
+    };
+    Some(settlement)
 }
 
-/// The review task's settlement once its review is on the pull request.
+/// The review task's review is on the pull request: `review_posted`.
 fn review_posted(pull_request: PullRequestRef) -> Settlement {
     Settlement {
         trigger: Some((
@@ -218,8 +229,8 @@ fn review_posted(pull_request: PullRequestRef) -> Settlement {
     }
 }
 
-/// A revision that pushed nothing leaves the pull request as it was: the settlement also
-/// says so there.
+/// Step 3: a revision that pushed nothing leaves the pull request as it was: the
+/// settlement also says so there.
 fn with_revision_reply(settlement: Settlement, task: &Task, revision: bool) -> Settlement {
     match (&settlement.trigger, revision) {
         (Some((Trigger::Fail, details)), true) => {
@@ -233,10 +244,10 @@ fn with_revision_reply(settlement: Settlement, task: &Task, revision: bool) -> S
     }
 }
 
-/// Makes the settlement's state change, with the review task and the reply it brings, in one
-/// transaction, unless the attempt was recovered elsewhere or the task cancelled meanwhile
-/// (then `false`: the run is recorded all the same).
-async fn make_transition(
+/// Step 4: the settling transaction: the state change, the review task and the reply, if
+/// the attempt is still this run's and the task can still move; wakes the runner (a review
+/// queued) and the outbox (a reply). Returns whether the task moved.
+async fn apply(
     service: &Service,
     task: &Task,
     prepared: &Prepared,
@@ -258,29 +269,45 @@ async fn make_transition(
                         return Ok(true);
                     };
                     match tasks::transition_task(conn, id, *trigger, details, now()) {
-                        Ok(_) => {
-                            if let Some(review) = &settlement.review {
-                                tasks::create_task(conn, review, "review launched")?;
-                            }
-                            if let Some(action) = &settlement.reply {
-                                let effect = NewEffect {
-                                    task_id: None,
-                                    repo_id,
-                                    action: action.clone(),
-                                };
-                                outbox::enqueue(conn, &effect, now())?;
-                            }
-                            Ok(true)
-                        }
+                        Ok(_) => {}
                         // Cancelled meanwhile: the run is recorded all the same.
-                        Err(DbError::InvalidTransition(_)) => Ok(false),
-                        Err(e) => Err(e),
+                        Err(DbError::InvalidTransition(_)) => return Ok(false),
+                        Err(e) => return Err(e),
                     }
+                    if let Some(review) = &settlement.review {
+                        tasks::create_task(conn, review, "review launched")?;
+                    }
+                    if let Some(action) = &settlement.reply {
+                        let effect = NewEffect {
+                            task_id: None,
+                            repo_id,
+                            action: action.clone(),
+                        };
+                        outbox::enqueue(conn, &effect, now())?;
+                    }
+                    Ok(true)
                 })?)
             },
             |moved| (Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(replied)).when(*moved),
         )
         .await
+}
+
+/// Step 5: a review posted on a pull request that revises on agent reviews becomes
+/// feedback for the coding task's next round.
+async fn pass_review_on(
+    service: &Service,
+    task: &Task,
+    prepared: &Prepared,
+    execution: &Execution,
+) {
+    if let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
+        && prepared.repo.settings.revise_on_agent_review
+    {
+        service
+            .agent_review_feedback(&prepared.repo, task.id, parent, text)
+            .await;
+    }
 }
 
 /// The reply on a pull request whose revision round pushed nothing: why.
