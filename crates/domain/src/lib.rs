@@ -20,6 +20,8 @@
 //!   the code host means for the task that opened it.
 //! - [`settings`]: [`RepoSettings`], per-repository settings with bounds and
 //!   JSON merge-patch style updates.
+//! - [`backoff`]: [`backoff::Backoff`], the service's one retry schedule (a capped
+//!   doubling).
 //! - [`egress`]: [`EgressPattern`] and [`EgressAllow`], the hosts a sandboxed agent may
 //!   reach through the egress proxy.
 //! - [`tokens`]: [`Tokens`], the input, cache-read, cache-write and output token counts
@@ -72,6 +74,7 @@ macro_rules! text_form {
     };
 }
 
+pub mod backoff;
 pub mod egress;
 pub mod error;
 pub mod money;

@@ -13,7 +13,7 @@
 //!   again when the lease runs out, and another worker (or replica) claims them then.
 //! * The worker then reports [`Queue::mark_delivered`] (final, idempotent) or
 //!   [`Queue::mark_failed`], which counts the attempt and sets the retry time, normally
-//!   [`Backoff::retry_at`].
+//!   [`agentry_domain::backoff::Backoff::retry_at`].
 //! * [`Queue::next_due`] tells a worker how long it may sleep.
 //!
 //! Every write runs in [`write_tx`]: on its own it is one transaction, and inside a caller's
@@ -22,7 +22,6 @@
 //! The queries are written once for every queue as SQL over the queue's table name and
 //! conditions (static text, never input); values go in as bind parameters.
 
-use std::time::Duration as StdDuration;
 
 use diesel::sql_types::{BigInt, Text, Timestamp};
 use diesel::{QueryResult, QueryableByName};
@@ -297,33 +296,6 @@ impl<T: Entry> Queue<T> {
         } else {
             Ok(())
         }
-    }
-}
-
-/// The retry schedule of failed deliveries: the delay before the next attempt starts at
-/// `base` and doubles with each failed attempt, up to `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// The delay after the first failure.
-    pub base: StdDuration,
-    /// The longest delay.
-    pub max: StdDuration,
-}
-
-impl Backoff {
-    /// The delay before attempt `attempts + 1`, after `attempts` failed ones before the one
-    /// that just failed: `base × 2^attempts`, at most `max` (a negative count counts as 0).
-    pub fn delay(&self, attempts: i32) -> StdDuration {
-        let exponent = u32::try_from(attempts.clamp(0, 20)).unwrap_or(20);
-        self.base
-            .saturating_mul(2u32.saturating_pow(exponent))
-            .min(self.max)
-    }
-
-    /// When to retry an entry that had failed `attempts` times before the attempt that just
-    /// failed at `now`.
-    pub fn retry_at(&self, attempts: i32, now: OffsetDateTime) -> OffsetDateTime {
-        now + self.delay(attempts)
     }
 }
 

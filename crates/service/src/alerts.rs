@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use agentry_domain::BudgetScope;
 use agentry_persistence::alerts::{self, BudgetAlert};
-use agentry_persistence::delivery::Backoff;
+use agentry_domain::backoff::Backoff;
 use uuid::Uuid;
 
 use crate::background::{Pass, StepResult};

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use agentry_persistence::delivery::Backoff;
+use agentry_domain::backoff::Backoff;
 use tokio::task::JoinHandle;
 
 use crate::Service;

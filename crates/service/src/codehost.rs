@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue, ReactionTarget};
 use agentry_domain::{AgentType, RepoUrl, Task, TaskType};
-use agentry_persistence::delivery::Backoff;
+use agentry_domain::backoff::Backoff;
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
 use agentry_persistence::repos::{self, NewRepository, Repository};

@@ -13,7 +13,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use agentry_persistence::delivery::{Backoff, Entry, Queue};
+use agentry_domain::backoff::Backoff;
+use agentry_persistence::delivery::{Entry, Queue};
 use time::OffsetDateTime;
 
 use crate::background::{Pass, Schedule, StepResult};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use agentry_codehost::webhook::WebhookEvent;
 use agentry_codehost::{GitHub, Permission};
 use agentry_domain::{RepoUrl, Task, TaskState, TaskType, Trigger};
-use agentry_persistence::delivery::Backoff;
+use agentry_domain::backoff::Backoff;
 use agentry_persistence::outbox::{self, Action, NewEffect};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::revisions::{

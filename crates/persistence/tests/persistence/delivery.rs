@@ -7,7 +7,8 @@ use std::time::Duration as StdDuration;
 
 use crate::alerts::{set_budget, spend};
 use crate::common::*;
-use agentry_persistence::delivery::{Backoff, Entry, Queue};
+use agentry_domain::backoff::Backoff;
+use agentry_persistence::delivery::{Entry, Queue};
 use agentry_persistence::outbox::{self, Action, NewEffect};
 use agentry_persistence::{AnyConnection, Db, DbError, alerts, write_tx};
 use time::{Duration, OffsetDateTime};
@@ -123,18 +124,6 @@ fn marks_in_transaction<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
     ] {
         assert!(matches!(unknown, Err(DbError::NotFound)));
     }
-}
-
-#[test]
-fn the_backoff_doubles_up_to_its_cap() {
-    let backoff = Backoff {
-        base: StdDuration::from_secs(5),
-        max: StdDuration::from_secs(600),
-    };
-    let delays: Vec<u64> = (0..9).map(|a| backoff.delay(a).as_secs()).collect();
-    assert_eq!(delays, [5, 10, 20, 40, 80, 160, 320, 600, 600]);
-    assert_eq!(backoff.delay(-3), backoff.base);
-    assert_eq!(backoff.delay(i32::MAX), backoff.max);
 }
 
 /// Each behaviour, once for each queue: the outbox's (on an effect) and the alerts' (on an

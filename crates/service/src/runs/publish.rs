@@ -2,6 +2,8 @@
 //! found opened by an earlier try) and the review posted (or found by its marker), with
 //! a doubling wait through failures whose outcome is unknown.
 
+use agentry_domain::backoff::Backoff;
+
 use super::*;
 
 /// How publishing ended.
@@ -29,7 +31,7 @@ const MAX_PUBLISH_BACKOFF: Duration = Duration::from_secs(30);
 /// short when the run is stopped.
 pub(super) struct Patience {
     started: tokio::time::Instant,
-    delay: Duration,
+    backoff: Backoff,
     limit: Duration,
     cancel: watch::Receiver<bool>,
     tries: u32,
@@ -39,7 +41,10 @@ impl Patience {
     pub(super) fn new(settings: &RunSettings, cancel: watch::Receiver<bool>) -> Self {
         Patience {
             started: tokio::time::Instant::now(),
-            delay: settings.publish_backoff,
+            backoff: Backoff {
+                base: settings.publish_backoff,
+                max: MAX_PUBLISH_BACKOFF,
+            },
             limit: settings.publish_patience,
             cancel,
             tries: 1,
@@ -62,7 +67,10 @@ impl Patience {
             return Some(Published::Stopped);
         }
         let elapsed = self.started.elapsed();
-        if elapsed + self.delay > self.limit {
+        let delay = self
+            .backoff
+            .delay(i32::try_from(self.tries - 1).unwrap_or(i32::MAX));
+        if elapsed + delay > self.limit {
             return Some(Published::Refused(format!(
                 "{why} (still failing after {} tries in {} s)",
                 self.tries,
@@ -71,17 +79,16 @@ impl Patience {
         }
         tracing::warn!(
             task = %task.id, attempt = task.attempt, tries = self.tries,
-            retry_in_ms = self.delay.as_millis() as u64, error = why,
+            retry_in_ms = delay.as_millis() as u64, error = why,
             "publishing failed with an unknown outcome; trying again"
         );
         tokio::select! {
-            () = tokio::time::sleep(self.delay) => {}
+            () = tokio::time::sleep(delay) => {}
             _ = self.cancel.changed() => {}
         }
         if self.stopped(service) {
             return Some(Published::Stopped);
         }
-        self.delay = (self.delay * 2).min(MAX_PUBLISH_BACKOFF);
         self.tries += 1;
         None
     }
