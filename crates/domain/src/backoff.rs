@@ -24,9 +24,7 @@ impl Backoff {
     /// The delay before the next try after `before` failures that preceded the one that just
     /// failed: `base × 2^before`, at most `max` (a negative count counts as 0).
     pub fn delay(&self, before: i32) -> Duration {
-        let exponent = u32::try_from(before.max(0))
-            .unwrap_or(0)
-            .min(MAX_EXPONENT);
+        let exponent = u32::try_from(before.max(0)).unwrap_or(0).min(MAX_EXPONENT);
         self.base
             .saturating_mul(2u32.saturating_pow(exponent))
             .min(self.max)

@@ -22,7 +22,6 @@
 //! The queries are written once for every queue as SQL over the queue's table name and
 //! conditions (static text, never input); values go in as bind parameters.
 
-
 use diesel::sql_types::{BigInt, Text, Timestamp};
 use diesel::{QueryResult, QueryableByName};
 use time::{Duration, OffsetDateTime, PrimitiveDateTime};

@@ -8,7 +8,7 @@
 //! storage's unique key makes each alert one row however many replicas check at once.
 //!
 //! Delivery goes through the alert rows as an outbox, with the service's one leased delivery
-//! worker (the code-host outbox's too): [`alert_step`] claims due alerts with a lease, POSTs
+//! worker (the code-host outbox's too): `alert_step` claims due alerts with a lease, POSTs
 //! each (its id also in the `Idempotency-Key` header), marks it delivered on a 2xx answer,
 //! and otherwise retries with capped exponential backoff. A receiver sees an alert once,
 //! unless it took one and the answer was lost (then the same id comes again).
@@ -17,8 +17,8 @@ use std::fmt;
 use std::time::Duration;
 
 use agentry_domain::BudgetScope;
-use agentry_persistence::alerts::{self, BudgetAlert};
 use agentry_domain::backoff::Backoff;
+use agentry_persistence::alerts::{self, BudgetAlert};
 use uuid::Uuid;
 
 use crate::background::{Pass, StepResult};
@@ -118,7 +118,7 @@ impl Alerts {
     }
 
     /// Whether a webhook is configured.
-    pub fn webhook_configured(&self) -> bool {
+    pub(crate) fn webhook_configured(&self) -> bool {
         self.webhook.is_some()
     }
 }

@@ -1,10 +1,10 @@
 //! The background-work runtime: every loop of the service is a [`BackgroundLoop`] (a name, a
-//! [`Schedule`] and a step function), listed once in [`BackgroundLoop::all`] and run by one
-//! driver ([`drive`]).
+//! `Schedule` and a step function), listed once in [`BackgroundLoop::all`] and run by one
+//! driver (`drive`).
 //!
-//! The driver runs a loop's step, then waits as the step's [`Pass`] and the schedule say: at
+//! The driver runs a loop's step, then waits as the step's `Pass` and the schedule say: at
 //! once again, until something is due, or the schedule's period; a wake-up from
-//! [`crate::wake`] ends any wait early. A failing step is logged with the loop's name and
+//! `crate::wake` ends any wait early. A failing step is logged with the loop's name and
 //! retried after the schedule's [`Backoff`] (exponential with a cap), the wait growing with
 //! each failure in a row. [`crate::Service::start_background`] starts the list and
 //! [`crate::Service::shut_down`] stops it.
@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::wake::Loops;
 
 /// How often webhook delivery ids older than their retention are forgotten.
-pub const DELIVERY_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+pub(crate) const DELIVERY_PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Why a step failed; logged by the driver with the loop's name.
 pub(crate) type StepError = Box<dyn std::error::Error + Send + Sync>;
@@ -224,7 +224,7 @@ impl BackgroundLoop {
 
     /// The periodic issue sync, every `interval` ([`crate::codehost`]). Without a stored
     /// token it fails quietly until there is one.
-    pub fn issue_sync(interval: Duration) -> BackgroundLoop {
+    pub(crate) fn issue_sync(interval: Duration) -> BackgroundLoop {
         BackgroundLoop::new(
             "issue sync",
             move |_| Schedule::every(interval).quiet(),
@@ -256,7 +256,7 @@ impl BackgroundLoop {
     }
 
     /// Forgets old webhook delivery ids every `every` ([`crate::tracking`]).
-    pub fn delivery_pruning(every: Duration) -> BackgroundLoop {
+    pub(crate) fn delivery_pruning(every: Duration) -> BackgroundLoop {
         BackgroundLoop::new(
             "delivery pruning",
             move |_| Schedule::every(every),

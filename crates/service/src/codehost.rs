@@ -3,7 +3,7 @@
 //! (the task and its outbox effects in one transaction), issue sync, and delivery of the
 //! outbox.
 //!
-//! Decisions live in plain functions ([`assign`], [`comment_body`]); the async functions
+//! Decisions live in plain functions ([`assign`], `comment_body`); the async functions
 //! around them read, call the code host through [`GitHub`], and write. The outbox is
 //! delivered by the service's one leased delivery worker (the same as the budget alerts');
 //! this module gives it the send step, [`deliver`].
@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use std::time::Duration;
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue, ReactionTarget};
-use agentry_domain::{AgentType, RepoUrl, Task, TaskType};
 use agentry_domain::backoff::Backoff;
+use agentry_domain::{AgentType, RepoUrl, Task, TaskType};
 use agentry_persistence::issues::{self, FullRead, IssueLabel, IssueSyncCursor, SyncedIssue};
 use agentry_persistence::outbox::{self, Action, Effect, NewEffect};
 use agentry_persistence::repos::{self, NewRepository, Repository};
@@ -32,9 +32,9 @@ use crate::{Service, ServiceError, now};
 pub use crate::secrets::TOKEN_SECRET;
 
 /// The service's label on the code host.
-pub const SERVICE_LABEL: &str = "agentry";
+pub(crate) const SERVICE_LABEL: &str = "agentry";
 /// The colour the service's label is created with (purple).
-pub const SERVICE_LABEL_COLOR: &str = "6f42c1";
+pub(crate) const SERVICE_LABEL_COLOR: &str = "6f42c1";
 /// Repositories synced at once.
 const SYNC_CONCURRENCY: usize = 4;
 /// How far before the watermark an incremental issue read starts. GitHub's `since` is
@@ -193,7 +193,7 @@ impl Service {
 /// The web host whose repositories the code-host API at `api_url` serves, when it can be
 /// told: `github.com` for `api.github.com`, `HOST` for GitHub Enterprise's
 /// `https://HOST/api/v3`. Any other base (a proxy, a local fake) serves any host.
-pub fn web_host_of(api_url: &str) -> Option<String> {
+pub(crate) fn web_host_of(api_url: &str) -> Option<String> {
     let url = url::Url::parse(api_url).ok()?;
     let host = url.host_str()?.to_ascii_lowercase();
     if host == "api.github.com" {
@@ -338,15 +338,15 @@ impl Service {
 
 /// The one comment agentry writes on an assigned issue. The HTML comment is the marker by
 /// which a retried delivery recognises a comment already posted for this task.
-pub fn comment_body(task_id: Uuid) -> String {
+pub(crate) fn comment_body(task_id: Uuid) -> String {
     format!(
         "agentry is working on this issue (task `{task_id}`). A pull request will follow.\n\n{}",
         comment_marker(task_id)
     )
 }
 
-/// The marker [`comment_body`] ends with.
-pub fn comment_marker(task_id: Uuid) -> String {
+/// The marker `comment_body` ends with.
+pub(crate) fn comment_marker(task_id: Uuid) -> String {
     format!("<!-- agentry:task:{task_id} -->")
 }
 

@@ -2,10 +2,10 @@
 //! sends its coding agent back to the same pull request.
 //!
 //! Feedback arrives through the signed webhook ([`Service::feedback_event`]) or the
-//! pull-request poll ([`collect_feedback`]); both end in [`Service::consider`], which keeps what asks
+//! pull-request poll (`collect_feedback`); both end in `Service::consider`, which keeps what asks
 //! for changes from someone who may write to the repository, once per code-host id
 //! ([`revisions::insert`]). A round starts when the quiet period after the latest feedback
-//! has passed ([`Service::start_due_rounds`], driven by [`revision_step`]): the task goes `pr_opened →
+//! has passed ([`Service::start_due_rounds`], driven by `revision_step`): the task goes `pr_opened →
 //! queued` and the runner treats it as any queued task, with a revision's job
 //! (`runs/prepare.rs`).
 
@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use agentry_codehost::webhook::WebhookEvent;
 use agentry_codehost::{GitHub, Permission};
-use agentry_domain::{RepoUrl, Task, TaskState, TaskType, Trigger};
 use agentry_domain::backoff::Backoff;
+use agentry_domain::{RepoUrl, Task, TaskState, TaskType, Trigger};
 use agentry_persistence::outbox::{self, Action, NewEffect};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::revisions::{
@@ -33,9 +33,9 @@ use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// How long a collaborator's permission, as the code host answered, is trusted.
-pub const PERMISSION_TTL: Duration = Duration::from_secs(60);
+pub(crate) const PERMISSION_TTL: Duration = Duration::from_secs(60);
 /// The reaction that acknowledges a comment.
-pub const ACK_REACTION: &str = "eyes";
+pub(crate) const ACK_REACTION: &str = "eyes";
 /// The most due tasks one pass of [`Service::start_due_rounds`] starts.
 const ROUNDS_PER_PASS: i64 = 32;
 /// The longest the revision loop sleeps without looking (feedback recorded by another
@@ -87,7 +87,7 @@ impl Revisions {
     }
 
     /// Forgets agentry's own login (the stored token changed).
-    pub fn forget_login(&self) {
+    pub(crate) fn forget_login(&self) {
         *self.own_login.lock() = None;
     }
 }
@@ -157,7 +157,7 @@ fn is_agentrys(body: &str) -> bool {
 
 /// Whether `candidate` asks for changes: a review with "changes requested", or a comment
 /// that mentions `handle`.
-pub fn asks_for_changes(candidate: &Candidate, handle: &str) -> bool {
+pub(crate) fn asks_for_changes(candidate: &Candidate, handle: &str) -> bool {
     match candidate.source {
         FeedbackSource::Review => candidate
             .review_state
@@ -358,7 +358,7 @@ impl Service {
     /// (asks for changes, not agentry's own, a pull request agentry opened and still open,
     /// revisions on, not seen before), then the author's permission, asked of the code host
     /// (cached for [`PERMISSION_TTL`]). Ignored candidates are logged, never answered.
-    pub async fn consider(
+    pub(crate) async fn consider(
         &self,
         github: &GitHub,
         repo: &Repository,
@@ -472,7 +472,7 @@ impl Service {
 
     /// Records the findings of agentry's own review agent as feedback on the coding task's pull
     /// request, when the repository asks for that (`reviseOnAgentReview`).
-    pub async fn agent_review_feedback(
+    pub(crate) async fn agent_review_feedback(
         &self,
         repo: &Repository,
         review_task: Uuid,
@@ -513,17 +513,17 @@ impl Service {
 }
 
 /// The marker of the one comment saying a task's revision limit is reached.
-pub fn limit_marker(task_id: Uuid) -> String {
+pub(crate) fn limit_marker(task_id: Uuid) -> String {
     format!("<!-- agentry:revision-limit:{task_id} -->")
 }
 
 /// The marker of the reply that acknowledges a round.
-pub fn round_marker(task_id: Uuid, attempt: i32) -> String {
+pub(crate) fn round_marker(task_id: Uuid, attempt: i32) -> String {
     format!("<!-- agentry:revision:{task_id}:{attempt} -->")
 }
 
 /// The marker of the reply on a round that changed nothing or failed.
-pub fn round_end_marker(task_id: Uuid, attempt: i32) -> String {
+pub(crate) fn round_end_marker(task_id: Uuid, attempt: i32) -> String {
     format!("<!-- agentry:revision-end:{task_id}:{attempt} -->")
 }
 
@@ -762,9 +762,9 @@ pub(crate) async fn revision_step(service: &Service) -> StepResult {
 
 /// Collects the feedback of the open pull requests `numbers` of `repo` that changed since
 /// `since` (the poll's watermark): each one's reviews, comments and review comments, as
-/// candidates for [`Service::consider`]. Comments are asked for `since` a minute before the
+/// candidates for `Service::consider`. Comments are asked for `since` a minute before the
 /// watermark (clocks differ); what was seen before is then found recorded.
-pub async fn collect_feedback(
+pub(crate) async fn collect_feedback(
     github: &GitHub,
     repo: &Repository,
     numbers: &[u64],
@@ -825,7 +825,10 @@ pub async fn collect_feedback(
 }
 
 /// The feedback a revision round took, for its prompt.
-pub fn round_feedback(conn: &mut AnyConnection, task: &Task) -> Result<Vec<Feedback>, DbError> {
+pub(crate) fn round_feedback(
+    conn: &mut AnyConnection,
+    task: &Task,
+) -> Result<Vec<Feedback>, DbError> {
     match task.revision() {
         Some(round) => revisions::of_round(conn, task.id, round.first_attempt),
         None => Ok(Vec::new()),

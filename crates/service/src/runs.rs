@@ -2,13 +2,13 @@
 //! [`Runner`], keeps its lease alive, and settles the outcome: the pull request opened (or
 //! the review posted) and the run recorded with the state change in one transaction.
 //!
-//! - [`runner_step`] (the runner loop of [`crate::background`]) fills up to `AGENTRY_MAX_CONCURRENT_RUNS` slots with claimed tasks,
+//! - `runner_step` (the runner loop of [`crate::background`]) fills up to `AGENTRY_MAX_CONCURRENT_RUNS` slots with claimed tasks,
 //!   oldest queued first; it is woken when tasks are queued and looks again every few
 //!   seconds for tasks queued by other replicas.
 //! - While a run goes on, its lease is renewed every third of the lease. A renewal that
 //!   fails (the task was cancelled, possibly on another replica, or recovered by someone
 //!   else) stops the agent: its process group is killed.
-//! - [`recovery_step`] (the recovery loop) recovers tasks whose lease expired: the dead runner's output is
+//! - `recovery_step` (the recovery loop) recovers tasks whose lease expired: the dead runner's output is
 //!   salvaged if reachable (its cost is recorded as a `lost` run) and the task goes back to
 //!   `queued` with the attempt + 1, or `failed` after the third attempt. On SQLite (one
 //!   process by design) every lease found at start belongs to a dead process and is
@@ -332,7 +332,7 @@ impl Runs {
 
     /// Stops the agent of `task_id` if it runs in this process (after the task was moved to
     /// `cancelled`). Other replicas notice at their next lease renewal.
-    pub fn stop_local(&self, task_id: Uuid) {
+    pub(crate) fn stop_local(&self, task_id: Uuid) {
         if let Some(cancel) = self.active.lock().get(&task_id) {
             let _ = cancel.send(true);
         }
@@ -409,6 +409,6 @@ pub(crate) async fn runner_step(service: &Service) -> StepResult {
 }
 
 /// Whether `state` is one a run could still leave (for the log endpoint's live view).
-pub fn is_running(state: TaskState) -> bool {
+pub(crate) fn is_running(state: TaskState) -> bool {
     matches!(state, TaskState::Provisioning | TaskState::Running)
 }

@@ -20,7 +20,7 @@ use crate::config::kube::RunnerKind;
 use crate::runs::{Runs, SandboxNetwork};
 
 /// How long running agents get to stop when the service shuts down.
-pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
+pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +39,7 @@ pub fn io_error(context: &str, e: impl std::fmt::Display) -> StartError {
 }
 
 /// Creates the data directory (mode 0700: it holds the database and secrets).
-pub fn ensure_data_dir(dir: &Path) -> Result<(), StartError> {
+pub(crate) fn ensure_data_dir(dir: &Path) -> Result<(), StartError> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]

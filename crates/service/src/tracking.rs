@@ -24,7 +24,7 @@ use crate::wake::Loops;
 use crate::{Service, ServiceError, now};
 
 /// The advisory-lock key of the poller role ("agentry" and 2; the migration lock is 1).
-pub const POLLER_LOCK_KEY: i64 = 0x6167_656e_7472_7902;
+pub(crate) const POLLER_LOCK_KEY: i64 = 0x6167_656e_7472_7902;
 /// Repositories polled at once (one request each in flight).
 pub const POLL_CONCURRENCY: usize = 4;
 
@@ -39,7 +39,7 @@ fn reason(trigger: Trigger, source: &str) -> String {
 /// Applies what `pr_state` means to the task of pull request `number` in `repo`, if that
 /// task is waiting on it. Returns whether this call moved the task. Runs inside `conn`'s
 /// transaction when called from one.
-pub fn apply_pull_state(
+pub(crate) fn apply_pull_state(
     conn: &mut AnyConnection,
     repo: &Repository,
     number: u64,
@@ -309,7 +309,7 @@ pub enum WebhookOutcome {
 /// Records the delivery and acts on `event`, in one transaction: a redelivery of the same
 /// id changes nothing, and a pull request's fate is stored before the answer. A labelled
 /// issue returns the repository to sync (done after answering, never waited on).
-pub fn handle_webhook(
+pub(crate) fn handle_webhook(
     conn: &mut AnyConnection,
     delivery_id: &str,
     event_name: &str,
@@ -382,7 +382,7 @@ async fn sync_after_webhook(service: Service, repo_id: Uuid) {
 }
 
 impl Service {
-    /// Acts on a webhook event whose signature the caller verified ([`handle_webhook`]), then
+    /// Acts on a webhook event whose signature the caller verified (`handle_webhook`), then
     /// wakes what it concerns: the outbox after a pull request's fate was stored, and a sync
     /// of the repository (in the background, never waited on) after an issue was labelled.
     pub async fn webhook_event(

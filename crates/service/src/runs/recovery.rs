@@ -60,7 +60,7 @@ impl Service {
     /// At start, before the runner loop claims anything: on SQLite (one process per database)
     /// every lease found belongs to a dead process and is recovered at once; on PostgreSQL only
     /// expired ones (other replicas may be running).
-    pub async fn recover_at_start(&self, backend: Backend) {
+    pub(crate) async fn recover_at_start(&self, backend: Backend) {
         let before = match backend {
             Backend::Sqlite => now() + time::Duration::days(36_500),
             Backend::Postgres => now(),
