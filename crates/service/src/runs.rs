@@ -156,6 +156,18 @@ impl Default for RunSettings {
     }
 }
 
+impl RunSettings {
+    /// The sandbox these settings describe: its mode, the agents' limits, the extra
+    /// read-only paths, seccomp and the agents' user.
+    fn sandbox(&self) -> agentry_runner::Sandbox {
+        agentry_runner::Sandbox::new(self.sandbox)
+            .with_limits(self.agent_limits)
+            .with_extra_ro(self.sandbox_extra_ro.clone())
+            .with_seccomp(self.sandbox_seccomp)
+            .with_agent_user(self.agent_user.clone())
+    }
+}
+
 /// The orchestrator's state (one per process, in [`Service`]).
 pub struct Runs {
     runner: Arc<dyn Runner>,
@@ -226,15 +238,9 @@ impl Runs {
             claude_bin,
             codex_bin,
             prices,
-            env: agentry_runner::agent::ServiceEnv::read(agent_env, |name| {
-                std::env::var(name).ok()
-            }),
+            env: service_env(agent_env),
             stop_grace: STOP_GRACE,
-            sandbox: agentry_runner::Sandbox::new(settings.sandbox)
-                .with_limits(settings.agent_limits)
-                .with_extra_ro(settings.sandbox_extra_ro.clone())
-                .with_seccomp(settings.sandbox_seccomp)
-                .with_agent_user(settings.agent_user.clone()),
+            sandbox: settings.sandbox(),
             network: network.map(|n| agentry_runner::local::NetworkConfig {
                 provider: Arc::new(n.network),
                 forwarder: n.forwarder,
@@ -278,18 +284,12 @@ impl Runs {
             claude_bin,
             codex_bin,
             prices,
-            env: agentry_runner::agent::ServiceEnv::read(agent_env, |name| {
-                std::env::var(name).ok()
-            }),
+            env: service_env(agent_env),
             stop_grace: STOP_GRACE,
             network: Arc::new(network),
             // The git steps after the agent run in the service's sandbox, as after a local run.
             git_sandbox: Some(agentry_runner::workspace::GitSandbox {
-                sandbox: agentry_runner::Sandbox::new(run_settings.sandbox)
-                    .with_limits(run_settings.agent_limits)
-                    .with_extra_ro(run_settings.sandbox_extra_ro.clone())
-                    .with_seccomp(run_settings.sandbox_seccomp)
-                    .with_agent_user(run_settings.agent_user.clone()),
+                sandbox: run_settings.sandbox(),
                 data_dir: root_for_git,
                 forwarder: Some(forwarder),
             }),
@@ -356,6 +356,12 @@ impl Runs {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// What of this process's environment the agents get: the variables named in `agent_env`
+/// (`AGENTRY_AGENT_ENV`) besides the runner's own.
+fn service_env(agent_env: &[String]) -> agentry_runner::agent::ServiceEnv {
+    agentry_runner::agent::ServiceEnv::read(agent_env, |name| std::env::var(name).ok())
 }
 
 fn now() -> OffsetDateTime {
