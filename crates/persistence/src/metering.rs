@@ -349,11 +349,11 @@ fn write_tallies(
     for tally in tallies {
         total = total.checked_add(tally.count).ok_or_else(overflow)?;
         let is_other = tally.host == OTHER_HOST;
-        if !is_other && add_to_row(conn, task, attempt, &tally.host, tally.port, tally)? {
+        if !is_other && add_to_row(conn, task, attempt, tally)? {
             continue;
         }
         if !is_other && listed < MAX_BLOCKED_TARGETS {
-            insert_row(conn, task, attempt, &tally.host, tally.port, tally)?;
+            insert_row(conn, task, attempt, tally)?;
             listed += 1;
             continue;
         }
@@ -374,27 +374,25 @@ fn write_tallies(
             first_at,
             last_at,
         };
-        if !add_to_row(conn, task, attempt, OTHER_HOST, OTHER_PORT, &tally)? {
-            insert_row(conn, task, attempt, OTHER_HOST, OTHER_PORT, &tally)?;
+        if !add_to_row(conn, task, attempt, &tally)? {
+            insert_row(conn, task, attempt, &tally)?;
         }
     }
     crate::scrape::add_blocked(conn, task, total)
 }
 
-/// Adds `tally` to the run's row of `host:port`; whether there was one.
+/// Adds `tally` to the run's row of its `host:port`; whether there was one.
 fn add_to_row(
     conn: &mut AnyConnection,
     task: &str,
     attempt: i32,
-    host: &str,
-    port: u16,
     tally: &BlockedTally,
 ) -> Result<bool, DbError> {
     let key = egress_blocked::table
         .filter(egress_blocked::task_id.eq(task))
         .filter(egress_blocked::attempt.eq(attempt))
-        .filter(egress_blocked::host.eq(host))
-        .filter(egress_blocked::port.eq(i32::from(port)));
+        .filter(egress_blocked::host.eq(&tally.host))
+        .filter(egress_blocked::port.eq(i32::from(tally.port)));
     let updated = diesel::update(key)
         .set((
             egress_blocked::count.eq(egress_blocked::count + tally.count),
@@ -410,21 +408,19 @@ fn add_to_row(
     Ok(updated > 0)
 }
 
-/// The run's new row of `host:port` with `tally`.
+/// The run's new row of `tally`'s `host:port`.
 fn insert_row(
     conn: &mut AnyConnection,
     task: &str,
     attempt: i32,
-    host: &str,
-    port: u16,
     tally: &BlockedTally,
 ) -> Result<(), DbError> {
     diesel::insert_into(egress_blocked::table)
         .values((
             egress_blocked::task_id.eq(task),
             egress_blocked::attempt.eq(attempt),
-            egress_blocked::host.eq(host),
-            egress_blocked::port.eq(i32::from(port)),
+            egress_blocked::host.eq(&tally.host),
+            egress_blocked::port.eq(i32::from(tally.port)),
             egress_blocked::count.eq(tally.count),
             egress_blocked::first_at.eq(to_db(tally.first_at)),
             egress_blocked::last_at.eq(to_db(tally.last_at)),
