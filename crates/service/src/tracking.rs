@@ -5,7 +5,9 @@
 //! of the linked issue in the same transaction: when the poller and a webhook see the same
 //! merge, exactly one applies it and the issue is closed once.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use agentry_codehost::webhook::WebhookEvent;
 use agentry_codehost::{Conditional, GitHub, PullRequest};
@@ -272,14 +274,10 @@ impl Poller {
                 return Ok(Pass::Stop);
             }
         };
-        let held = tokio::task::spawn_blocking(move || {
-            lock.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .try_hold()
-        })
-        .await
-        .map_err(|e| format!("the poller's lock task failed: {e}"))?
-        .map_err(|e| format!("cannot take the poller role: {e}"))?;
+        let held = tokio::task::spawn_blocking(move || lock.lock().try_hold())
+            .await
+            .map_err(|e| format!("the poller's lock task failed: {e}"))?
+            .map_err(|e| format!("cannot take the poller role: {e}"))?;
         if !held {
             tracing::debug!("another replica polls pull requests");
             return Ok(Pass::Idle);

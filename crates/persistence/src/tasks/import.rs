@@ -195,8 +195,8 @@ where
     E: Send,
 {
     // Lent to the second thread, and taken back if it cannot be started.
-    let records = std::sync::Mutex::new(Some(records.into_iter()));
-    let take = || records.lock().ok().and_then(|mut r| r.take());
+    let records = parking_lot::Mutex::new(Some(records.into_iter()));
+    let take = || records.lock().take();
     let (written, prepared) = std::thread::scope(|scope| {
         let (sender, receiver) = std::sync::mpsc::sync_channel(2);
         let preparer = std::thread::Builder::new()
