@@ -33,6 +33,12 @@ fn sandboxed() -> bool {
     on
 }
 
+/// The world of the code-host token `gh` with no pull-request poll, where the sandbox works;
+/// `None` (the test does nothing, having said why) where it does not.
+fn world_here(gh: &str) -> Option<World> {
+    sandboxed().then(|| World::new(gh, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]))
+}
+
 /// An HTTP server on 127.0.0.1 that answers `ok` to every request; counts connections.
 fn counting_server() -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -100,17 +106,18 @@ fn text_of(base: &str, path: &str, token: &str) -> String {
 /// listed in egressBlocked and the metric.
 #[test]
 fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed() {
-    if !sandboxed() {
-        return;
-    }
     const GH: &str = "ghp_GatewayTestToken0123456789abcdef";
-    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let Some(world) = world_here(GH) else {
+        return;
+    };
     let (github, models) = (&world.fake, &world.models);
     let (allowed, allowed_hits) = counting_server();
     let (refused, refused_hits) = counting_server();
     let (api, upstream, key) = (github.base_url(), models.base_url(), models.key());
-    let mut server = world.serve(false);
-    let admin = server.read_token();
+    // The repository's egressAllow must be set before the task runs (the runner takes it at
+    // once). A member without a port allows 443 only: the test server's port is listed.
+    let egress = json!({ "egressAllow": [format!("localhost:{allowed}")] });
+    let (server, admin, repo) = world.serve_with_settings(&egress);
     let base = server.base.clone();
     let api_port = port_of(&base);
     let gh_port = port_of(&api);
@@ -131,12 +138,6 @@ fn a_sandboxed_agent_is_billed_by_the_gateway_and_reaches_only_what_is_allowed()
          tunnel:http://localhost:{allowed}/ok,http://127.0.0.1:{refused}/no]",
         probes.join(",")
     );
-    // The repository's egressAllow must be set before the task runs: connect, set, then
-    // create the task (the runner takes it at once).
-    let repo = connect_repo(&base, &admin, GH);
-    // A member without a port allows 443 only: the test server's port is listed.
-    let egress = json!({ "egressAllow": [format!("localhost:{allowed}")] });
-    patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &egress);
     let id = create_task(&base, &admin, &repo, "Meter me", &prompt);
     let last = ends_as(&server, &id, &admin, "pr_opened");
 
@@ -307,19 +308,15 @@ fn assert_answered(log: &str, expected: &[(&str, u16)]) {
 /// out), and the run stops at "budget reached".
 #[test]
 fn a_hostile_agent_cannot_spend_past_its_cap_or_reach_out_through_the_provider() {
-    if !sandboxed() {
-        return;
-    }
     const GH: &str = "ghp_HostileAgentToken0123456789abcdef";
     const BURST: usize = 8;
-    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let Some(world) = world_here(GH) else {
+        return;
+    };
     let models = &world.models;
-    let mut server = world.serve(false);
-    let admin = server.read_token();
-    let base = server.base.clone();
-    let repo = connect_repo(&base, &admin, GH);
     let cap = json!({ "maxCostPerTaskUsd": "5" });
-    patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &cap);
+    let (server, admin, repo) = world.serve_with_settings(&cap);
+    let base = server.base.clone();
     let prompt = format!("Attack [fake:attack={BURST}] [fake:cost=0.01]");
     let id = create_task(&base, &admin, &repo, "Attack", &prompt);
     let last = ends_as(&server, &id, &admin, "failed");
@@ -420,18 +417,14 @@ fn a_hostile_agent_cannot_spend_past_its_cap_or_reach_out_through_the_provider()
 /// MCP servers, the provider's web fetch and its beta value go out; every other rule holds.
 #[test]
 fn provider_tools_pass_only_for_a_repository_that_allows_them() {
-    if !sandboxed() {
-        return;
-    }
     const GH: &str = "ghp_ProviderToolsToken0123456789abcdef";
-    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
+    let Some(world) = world_here(GH) else {
+        return;
+    };
     let models = &world.models;
-    let mut server = world.serve(false);
-    let admin = server.read_token();
-    let base = server.base.clone();
-    let repo = connect_repo(&base, &admin, GH);
     let allow = json!({ "allowProviderTools": true, "maxCostPerTaskUsd": "5" });
-    patch_settings(&base, &admin, repo["id"].as_str().unwrap(), &allow);
+    let (server, admin, repo) = world.serve_with_settings(&allow);
+    let base = server.base.clone();
     // One costly call fits the cap: the run goes on to its pull request.
     let id = create_task(&base, &admin, &repo, "Tools", "Tools [fake:attack=1]");
     ends_as(&server, &id, &admin, "pr_opened");
@@ -464,16 +457,13 @@ fn provider_tools_pass_only_for_a_repository_that_allows_them() {
 /// and the task detail stays small.
 #[test]
 fn an_agent_flooding_the_egress_proxy_is_counted_exactly_and_logged_sparingly() {
-    if !sandboxed() {
-        return;
-    }
     const GH: &str = "ghp_EgressFloodToken0123456789abcdef";
     const FLOOD: usize = 2000;
-    let world = World::new(GH, &[("AGENTRY_POLL_INTERVAL_SECS", "3600")]);
-    let mut server = world.serve(false);
-    let admin = server.read_token();
+    let Some(world) = world_here(GH) else {
+        return;
+    };
+    let (server, admin, repo) = world.serve_connected();
     let base = server.base.clone();
-    let repo = connect_repo(&base, &admin, GH);
     let prompt = format!("Flood [fake:egress-flood={FLOOD}]");
     let id = create_task(&base, &admin, &repo, "Flood", &prompt);
     let last = ends_as(&server, &id, &admin, "pr_opened");

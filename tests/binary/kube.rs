@@ -151,6 +151,13 @@ struct KubeWorld {
 }
 
 impl KubeWorld {
+    /// [`KubeWorld::new`] where pods can run here; `None` (the test does nothing, having said
+    /// why) where they cannot.
+    fn here(gh: &str, extra: &[(&str, &str)]) -> Option<KubeWorld> {
+        pods_run_here().then(|| KubeWorld::new(gh, extra))
+    }
+
+    /// The world of the code-host token `gh`, `extra` added to `serve`'s environment.
     fn new(gh: &str, extra: &[(&str, &str)]) -> KubeWorld {
         let kube = cluster();
         let env = kube_env(&kube, extra);
@@ -159,13 +166,9 @@ impl KubeWorld {
         KubeWorld { kube, world }
     }
 
-    /// `serve` on SQLite with the code-host token `gh`: the server, its admin token and
-    /// `acme/web` connected.
-    fn serve(&self, gh: &str) -> (Server, String, Value) {
-        let mut server = self.world.serve(false);
-        let admin = server.read_token();
-        let repo = connect_repo(&server.base, &admin, gh);
-        (server, admin, repo)
+    /// `serve` on SQLite with `acme/web` connected ([`World::serve_connected`]).
+    fn serve(&self) -> Served {
+        Served::from(self.world.serve_connected())
     }
 
     /// Waits until the fake model API saw the agent's first call.
@@ -182,6 +185,55 @@ impl KubeWorld {
     /// Waits until no Job, pod or Secret of any run is left.
     fn all_gone(&self) {
         all_gone(&self.kube);
+    }
+}
+
+/// `serve` on a [`KubeWorld`]: the server, its admin token and `acme/web`.
+struct Served {
+    server: Server,
+    admin: String,
+    repo: Value,
+}
+
+impl From<(Server, String, Value)> for Served {
+    fn from((server, admin, repo): (Server, String, Value)) -> Served {
+        Served {
+            server,
+            admin,
+            repo,
+        }
+    }
+}
+
+impl Served {
+    /// Creates the task `title` with `prompt` in `acme/web`; returns its id.
+    fn create(&self, title: &str, prompt: &str) -> String {
+        create_task(&self.server.base, &self.admin, &self.repo, title, prompt)
+    }
+
+    /// Creates the task `title` with `prompt` and waits until it ended ([`ended`]), which
+    /// must be failed (the service's log is shown otherwise); returns the task.
+    fn run_failing(&self, title: &str, prompt: &str) -> Value {
+        let id = self.create(title, prompt);
+        self.failed(&id)
+    }
+
+    /// Waits until task `id` ended ([`ended`]) and asserts it failed, showing the service's
+    /// log otherwise; returns the task.
+    fn failed(&self, id: &str) -> Value {
+        let task = ended(&self.server, id, &self.admin);
+        assert_eq!(
+            task["state"],
+            "failed",
+            "{task:#}\n{}",
+            self.server.stderr.so_far()
+        );
+        task
+    }
+
+    /// Task `id`'s output as the API serves it.
+    fn output(&self, id: &str) -> String {
+        output_of(&self.server.base, id, &self.admin)
     }
 }
 
@@ -300,11 +352,10 @@ fn an_issue_becomes_a_pull_request(kube: &FakeKube, world: &World, server: &mut 
 
 #[test]
 fn an_issue_becomes_a_pull_request_through_a_job_on_sqlite() {
-    if !pods_run_here() {
-        return;
-    }
     const GH: &str = "ghp_KubeRunnerToken0123456789abcdefgh";
-    let world = KubeWorld::new(GH, &[]);
+    let Some(world) = KubeWorld::here(GH, &[]) else {
+        return;
+    };
     let mut server = world.world.serve(false);
     an_issue_becomes_a_pull_request(&world.kube, &world.world, &mut server, GH);
 }
@@ -330,21 +381,21 @@ fn an_issue_becomes_a_pull_request_through_a_job_on_postgresql() {
 /// Job is gone.
 #[test]
 fn a_cancelled_run_stops_its_pod_with_sigint_first() {
-    if !pods_run_here() {
-        return;
-    }
     const GH: &str = "ghp_KubeCancelToken0123456789abcdefgh";
-    let world = KubeWorld::new(GH, &[]);
-    let (server, admin, repo) = world.serve(GH);
+    let Some(world) = KubeWorld::here(GH, &[]) else {
+        return;
+    };
+    let served = world.serve();
+    let (server, admin) = (&served.server, &served.admin);
     let prompt = "Cancel me [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:sleep=120]";
-    let id = create_task(&server.base, &admin, &repo, "Cancel me", prompt);
-    world.first_call(&server);
+    let id = served.create("Cancel me", prompt);
+    world.first_call(server);
     // The live log, while the agent runs in its pod.
     eventually(
         Duration::from_secs(60),
         "the live log to show the call",
         || {
-            let live = output_of(&server.base, &id, &admin);
+            let live = served.output(&id);
             if live.contains("FAKE model-call 200") {
                 Ok(())
             } else {
@@ -354,7 +405,7 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
     );
     let cancel = reqwest::blocking::Client::new()
         .post(format!("{}/api/tasks/{id}/cancel", server.base))
-        .bearer_auth(&admin)
+        .bearer_auth(admin)
         .send()
         .unwrap();
     assert_eq!(cancel.status(), 200);
@@ -362,7 +413,7 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
         Duration::from_secs(120),
         "the cancelled run on record",
         || {
-            let (_, task) = get(&server.base, &format!("/api/tasks/{id}"), &admin);
+            let (_, task) = get(&server.base, &format!("/api/tasks/{id}"), admin);
             if task["state"] == "cancelled"
                 && task["runs"].as_array().is_some_and(|r| !r.is_empty())
             {
@@ -374,7 +425,7 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
     );
     let run = &task["runs"][0];
     assert_eq!(run["costUsd"], "0.003", "{task:#}");
-    let output = output_of(&server.base, &id, &admin);
+    let output = served.output(&id);
     assert!(
         output.contains("Request interrupted by user"),
         "the agent did not get SIGINT first:\n{output}\n{}",
@@ -386,20 +437,12 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
 /// Past its time limit the run is stopped and fails naming the limit; nothing is left.
 #[test]
 fn a_run_past_its_time_limit_is_stopped() {
-    if !pods_run_here() {
-        return;
-    }
     const GH: &str = "ghp_KubeTimeLimitToken0123456789abcdef";
-    let world = KubeWorld::new(GH, &[("AGENTRY_RUN_TIME_LIMIT_SECS", "8")]);
-    let (server, admin, repo) = world.serve(GH);
-    let id = create_task(&server.base, &admin, &repo, "Slow", "Slow [fake:sleep=120]");
-    let task = ended(&server, &id, &admin);
-    assert_eq!(
-        task["state"],
-        "failed",
-        "{task:#}\n{}",
-        server.stderr.so_far()
-    );
+    let Some(world) = KubeWorld::here(GH, &[("AGENTRY_RUN_TIME_LIMIT_SECS", "8")]) else {
+        return;
+    };
+    let served = world.serve();
+    let task = served.run_failing("Slow", "Slow [fake:sleep=120]");
     assert!(
         error_of(&task).contains("longer than the limit of 8 s"),
         "{task:#}"
@@ -411,28 +454,14 @@ fn a_run_past_its_time_limit_is_stopped() {
 /// saying so with what it spent.
 #[test]
 fn a_run_over_its_budget_is_stopped() {
-    if !pods_run_here() {
-        return;
-    }
     const GH: &str = "ghp_KubeBudgetToken0123456789abcdefgh";
-    let world = KubeWorld::new(GH, &[]);
-    let (server, admin, repo) = world.serve(GH);
-    let repo_id = repo["id"].as_str().unwrap();
-    super::patch_settings(
-        &server.base,
-        &admin,
-        repo_id,
-        &serde_json::json!({ "maxCostPerTaskUsd": "0.02" }),
-    );
+    let Some(world) = KubeWorld::here(GH, &[]) else {
+        return;
+    };
+    let cap = serde_json::json!({ "maxCostPerTaskUsd": "0.02" });
+    let served = Served::from(world.world.serve_with_settings(&cap));
     let prompt = "Spend [fake:model-calls=10] [model:usage=1000,1000,0,0]";
-    let id = create_task(&server.base, &admin, &repo, "Spend", prompt);
-    let task = ended(&server, &id, &admin);
-    assert_eq!(
-        task["state"],
-        "failed",
-        "{task:#}\n{}",
-        server.stderr.so_far()
-    );
+    let task = served.run_failing("Spend", prompt);
     assert!(error_of(&task).starts_with("budget reached"), "{task:#}");
     let cost: rust_decimal::Decimal = task["costUsd"].as_str().unwrap().parse().unwrap();
     assert!(cost <= "0.02".parse().unwrap(), "{task:#}");
@@ -443,21 +472,16 @@ fn a_run_over_its_budget_is_stopped() {
 /// the reason, without cost, and nothing is left.
 #[test]
 fn an_image_that_cannot_be_pulled_fails_within_the_start_timeout() {
-    if !pods_run_here() {
-        return;
-    }
     const GH: &str = "ghp_KubeImageToken0123456789abcdefghi";
-    let world = KubeWorld::new(
-        GH,
-        &[
-            ("AGENTRY_AGENT_IMAGE", "registry.invalid/agentry-agent:none"),
-            ("AGENTRY_KUBE_START_TIMEOUT", "6"),
-        ],
-    );
-    let (server, admin, repo) = world.serve(GH);
-    let id = create_task(&server.base, &admin, &repo, "Pull", "Pull");
-    let task = ended(&server, &id, &admin);
-    assert_eq!(task["state"], "failed", "{task:#}");
+    let unpullable = [
+        ("AGENTRY_AGENT_IMAGE", "registry.invalid/agentry-agent:none"),
+        ("AGENTRY_KUBE_START_TIMEOUT", "6"),
+    ];
+    let Some(world) = KubeWorld::here(GH, &unpullable) else {
+        return;
+    };
+    let served = world.serve();
+    let task = served.run_failing("Pull", "Pull");
     let error = error_of(&task);
     assert!(
         error.starts_with("the agent's pod did not start within 6 s (AGENTRY_KUBE_START_TIMEOUT)")
@@ -472,21 +496,12 @@ fn an_image_that_cannot_be_pulled_fails_within_the_start_timeout() {
 /// pod-run refuses to run the agent unless the operator allowed it.
 #[test]
 fn a_pod_that_reaches_the_kubernetes_api_refuses_to_run() {
-    if !pods_run_here() {
-        return;
-    }
     const GH: &str = "ghp_KubeReachToken0123456789abcdefghi";
-    let world = KubeWorld::new(GH, &[("AGENTRY_KUBE_ALLOW_API_REACH", "0")]);
-    let (server, admin, repo) = world.serve(GH);
-    let id = create_task(
-        &server.base,
-        &admin,
-        &repo,
-        "Reach",
-        "Reach [fake:model-calls=1]",
-    );
-    let task = ended(&server, &id, &admin);
-    assert_eq!(task["state"], "failed", "{task:#}");
+    let Some(world) = KubeWorld::here(GH, &[("AGENTRY_KUBE_ALLOW_API_REACH", "0")]) else {
+        return;
+    };
+    let served = world.serve();
+    let task = served.run_failing("Reach", "Reach [fake:model-calls=1]");
     assert!(
         error_of(&task).contains("the NetworkPolicy for agent pods is not enforced"),
         "{task:#}"
@@ -556,17 +571,15 @@ fn a_killed_replica_s_job_is_deleted_and_its_run_recorded_lost() {
 /// cost of its metered call, and nothing is left.
 #[test]
 fn a_pod_out_of_memory_fails_with_its_metered_cost() {
-    if !pods_run_here() {
-        return;
-    }
     const GH: &str = "ghp_KubeMemoryToken0123456789abcdefgh";
-    let world = KubeWorld::new(GH, &[("AGENTRY_KUBE_AGENT_MEMORY", "96Mi")]);
-    let (server, admin, repo) = world.serve(GH);
+    let Some(world) = KubeWorld::here(GH, &[("AGENTRY_KUBE_AGENT_MEMORY", "96Mi")]) else {
+        return;
+    };
+    let served = world.serve();
     let prompt = "Hog [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:eat-memory=400]";
-    let id = create_task(&server.base, &admin, &repo, "Hog", prompt);
-    let task = ended(&server, &id, &admin);
-    let output = output_of(&server.base, &id, &admin);
-    if output.contains("FAKE ate") {
+    let id = served.create("Hog", prompt);
+    ended(&served.server, &id, &served.admin);
+    if served.output(&id).contains("FAKE ate") {
         // No memory limit could be made here (fake-kube says so in its pod's log).
         assert!(
             std::env::var("AGENTRY_TEST_REQUIRE_KUBE").as_deref() != Ok("1"),
@@ -575,12 +588,7 @@ fn a_pod_out_of_memory_fails_with_its_metered_cost() {
         eprintln!("note: fake-kube could not limit the pod's memory here; nothing to check");
         return;
     }
-    assert_eq!(
-        task["state"],
-        "failed",
-        "{task:#}\n{}",
-        server.stderr.so_far()
-    );
+    let task = served.failed(&id);
     assert!(
         error_of(&task)
             .starts_with("the agent's pod ran out of memory (AGENTRY_KUBE_AGENT_MEMORY, 96Mi)"),
@@ -735,9 +743,9 @@ fn figures_of_the_kubernetes_runner() {
     // Twenty at once: the pace at which one replica creates Jobs.
     const AT_ONCE: usize = 20;
     let world = KubeWorld::new(GH, &[("AGENTRY_MAX_CONCURRENT_RUNS", "20")]);
-    let (server, admin, repo) = world.serve(GH);
+    let served = world.serve();
     let ids: Vec<String> = (0..AT_ONCE)
-        .map(|i| create_task(&server.base, &admin, &repo, &format!("Many {i}"), "Many"))
+        .map(|i| served.create(&format!("Many {i}"), "Many"))
         .collect();
     let mut seen: std::collections::BTreeMap<String, std::time::Instant> = Default::default();
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
@@ -756,7 +764,7 @@ fn figures_of_the_kubernetes_runner() {
     let last = seen.values().max().unwrap();
     let span = last.duration_since(*first).as_secs_f64();
     for id in &ids {
-        ended(&server, id, &admin);
+        ended(&served.server, id, &served.admin);
     }
     eprintln!(
         "FIGURES {AT_ONCE} tasks at once: Jobs created in {span:.3} s, {:.1} Jobs/s",
@@ -783,10 +791,10 @@ fn a_pod_deleted_mid_run_fails_its_run_naming_the_cluster() {
         world: World::new(GH, &env),
         kube,
     };
-    let (server, admin, repo) = world.serve(GH);
+    let served = world.serve();
     let prompt = "Evict me [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:sleep=120]";
-    let id = create_task(&server.base, &admin, &repo, "Evict me", prompt);
-    world.first_call(&server);
+    let id = served.create("Evict me", prompt);
+    world.first_call(&served.server);
     let pods = world.kube.objects("pods", NAMESPACE);
     assert_eq!(pods.len(), 1, "{pods:#?}");
     let name = pods[0]["metadata"]["name"].as_str().unwrap();
@@ -799,19 +807,13 @@ fn a_pod_deleted_mid_run_fails_its_run_naming_the_cluster() {
         .send()
         .unwrap();
     assert!(deleted.status().is_success(), "{:?}", deleted.text());
-    let task = ended(&server, &id, &admin);
-    assert_eq!(
-        task["state"],
-        "failed",
-        "{task:#}\n{}",
-        server.stderr.so_far()
-    );
+    let task = served.failed(&id);
     assert!(
         error_of(&task).starts_with("the agent's pod was stopped by the cluster"),
         "{task:#}"
     );
     assert_eq!(task["runs"][0]["costUsd"], "0.003", "{task:#}");
-    let output = output_of(&server.base, &id, &admin);
+    let output = served.output(&id);
     assert!(output.contains("Request interrupted by user"), "{output}");
     world.all_gone();
 }

@@ -768,6 +768,22 @@ impl World {
     fn serve(&self, json_logs: bool) -> Server {
         Server::start_with(&self.data_dir(), None, json_logs, &self.env)
     }
+
+    /// Starts a single `serve` on SQLite (plain logs) and, as its admin, connects `acme/web`
+    /// with the world's code-host token: the server, its admin token and the repository.
+    fn serve_connected(&self) -> (Server, String, Value) {
+        let mut server = self.serve(false);
+        let admin = server.read_token();
+        let repo = connect_repo(&server.base, &admin, &self.gh);
+        (server, admin, repo)
+    }
+
+    /// [`World::serve_connected`], then `settings` applied to `acme/web` before any task.
+    fn serve_with_settings(&self, settings: &Value) -> (Server, String, Value) {
+        let (server, admin, repo) = self.serve_connected();
+        patch_settings(&server.base, &admin, repo["id"].as_str().unwrap(), settings);
+        (server, admin, repo)
+    }
 }
 
 /// What replicas of `serve` on one PostgreSQL add to their environment: no pull-request

@@ -86,21 +86,17 @@ fn args() -> Result<Args, Error> {
         request_kb: 0,
         memory_baseline: false,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--memory-baseline" {
-            a.memory_baseline = true;
-            continue;
-        }
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    agentry_testkit::flags::flags_and_switches(&["--memory-baseline"], |flag, value| {
+        match flag {
+            "--memory-baseline" => a.memory_baseline = true,
             "--calls" => a.calls = value.parse()?,
             "--concurrency" => a.concurrency = value.parse()?,
             "--block" => a.block = value.parse()?,
             "--request-kb" => a.request_kb = value.parse()?,
-            _ => return Err(format!("unknown option {flag}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     if a.calls == 0 || a.concurrency == 0 || a.block == 0 {
         return Err("--calls, --concurrency and --block must be positive".into());
     }

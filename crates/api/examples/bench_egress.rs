@@ -35,8 +35,7 @@ use std::time::{Duration, Instant};
 
 use agentry_agent_network::egress::{self, EgressEvents, EgressPolicy};
 use agentry_agent_network::network::RunRefusals;
-use agentry_domain::{EgressPattern, RepoUrl};
-use agentry_persistence::repos::{self, NewRepository};
+use agentry_domain::EgressPattern;
 use agentry_persistence::{Db, metering, tasks};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -111,16 +110,7 @@ impl EgressEvents for PerRefusal {
 fn seed(db: &Db, n: u64) -> Result<Vec<Uuid>, Error> {
     let mut conn = db.conn()?;
     let now = agentry_persistence::now();
-    let (repo, _) = repos::connect_repository(
-        &mut conn,
-        &NewRepository {
-            url: RepoUrl::parse("https://github.com/bench/egress")?,
-            default_branch: "main".into(),
-            clone_url: "https://github.com/bench/egress.git".into(),
-            codehost_id: None,
-        },
-        now,
-    )?;
+    let repo = bench::connect_repo(&mut conn, "bench", "egress", now)?;
     let mut ids = Vec::new();
     for i in 0..n {
         let task = tasks::NewTask {

@@ -20,8 +20,8 @@
 
 use std::time::Instant;
 
-use agentry_domain::{RepoUrl, Usd};
-use agentry_persistence::repos::{self, NewRepository};
+use agentry_domain::Usd;
+use agentry_persistence::repos;
 use agentry_persistence::{AnyConnection, Db};
 use agentry_testkit::sql::statements_starting_with;
 use diesel::prelude::*;
@@ -74,16 +74,7 @@ fn seed(db: &Db, runs: u64, now: OffsetDateTime) -> Result<(), Error> {
     let mut conn = db.conn()?;
     let mut ids = Vec::new();
     for k in 0..REPOS {
-        let (repo, _) = repos::connect_repository(
-            &mut conn,
-            &NewRepository {
-                url: RepoUrl::parse(&format!("https://github.com/bench/repo-{k}"))?,
-                default_branch: "main".into(),
-                clone_url: format!("https://github.com/bench/repo-{k}.git"),
-                codehost_id: None,
-            },
-            now,
-        )?;
+        let repo = bench::connect_repo(&mut conn, "bench", &format!("repo-{k}"), now)?;
         if k >= CONNECTED {
             repos::disconnect_repository(&mut conn, repo.id, now)?;
         }

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use actix_web::web;
 use agentry_api::state::AppState;
 use agentry_codehost::{ClientConfig, Conditional, GitHub};
-use agentry_domain::{AgentType, RepoUrl, TaskState};
+use agentry_domain::{AgentType, TaskState};
 use agentry_fake_github::FakeGitHub;
-use agentry_persistence::repos::{self, NewRepository, Repository};
+use agentry_persistence::repos::Repository;
 use agentry_persistence::secrets::{MasterKey, SecretValue};
 use agentry_persistence::tasks::{self, TaskFilter};
 use agentry_persistence::{AnyConnection, Db, DbError, pulls, write_tx};
@@ -97,14 +97,9 @@ fn state(db: &Db, api_url: &str, key: MasterKey) -> Result<web::Data<AppState>, 
     bench::state(db, key, codehost)
 }
 
+/// Connects `https://github.com/{owner}/{name}` now ([`bench::connect_repo`]).
 fn connect(conn: &mut AnyConnection, owner: &str, name: &str) -> Result<Repository, Error> {
-    let new = NewRepository {
-        url: RepoUrl::parse(&format!("https://github.com/{owner}/{name}"))?,
-        default_branch: "main".into(),
-        clone_url: format!("https://github.com/{owner}/{name}.git"),
-        codehost_id: None,
-    };
-    Ok(repos::connect_repository(conn, &new, agentry_persistence::now())?.0)
+    bench::connect_repo(conn, owner, name, agentry_persistence::now())
 }
 
 /// An assigned issue whose (imagined) run opened pull request `pr`.

@@ -29,6 +29,16 @@ fn owned_by(object: &Value, owner: &str) -> bool {
         .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(owner)))
 }
 
+/// The resource, namespace and name of every object in `store` owned by the uid `owner`.
+fn dependents(store: &Store, owner: &str) -> Vec<store::Key> {
+    store
+        .objects
+        .iter()
+        .filter(|(_, o)| owned_by(o, owner))
+        .map(|((r, n, name), _)| (*r, n.clone(), name.clone()))
+        .collect()
+}
+
 /// Fills in what the API server adds to a new Job: its selector and its pods' labels.
 pub fn default_job(job: &mut Value) {
     // The uid is given at insert; the labels use a uid chosen here and kept as the uid.
@@ -117,12 +127,7 @@ pub fn delete(
     if object["metadata"]["deletionTimestamp"].is_string() {
         return Ok((200, object, warning));
     }
-    let dependents: Vec<(&'static str, String, String)> = store
-        .objects
-        .iter()
-        .filter(|(_, o)| owned_by(o, &owner))
-        .map(|((r, n, name), _)| (*r, n.clone(), name.clone()))
-        .collect();
+    let dependents = dependents(store, &owner);
     match policy {
         "Orphan" => {
             for (dr, dns, dname) in &dependents {
@@ -214,13 +219,7 @@ fn collect_garbage(store: &mut Store) {
             .as_array()
             .is_some_and(|f| f.iter().any(|x| x == "foregroundDeletion"));
         if foreground {
-            let owner = uid(o);
-            let remaining: Vec<(&'static str, String, String)> = store
-                .objects
-                .iter()
-                .filter(|(_, d)| owned_by(d, &owner))
-                .map(|((r, n, name), _)| (*r, n.clone(), name.clone()))
-                .collect();
+            let remaining = dependents(store, &uid(o));
             finished_owners.push(((*r, ns.clone(), name.clone()), remaining));
         }
     }

@@ -573,33 +573,16 @@ fn add_env_from(
 ) -> Result<(), Refusal> {
     for source in c["envFrom"].as_array().into_iter().flatten() {
         let prefix = source["prefix"].as_str().unwrap_or_default();
-        let optional = |r: &Value| r["optional"] == json!(true);
-        let data = if source["secretRef"].is_object() {
-            secret_data(
-                pod,
-                source["secretRef"]["name"].as_str().unwrap_or_default(),
-            )
-            .or_else(|e| {
-                if optional(&source["secretRef"]) {
-                    Ok(BTreeMap::new())
-                } else {
-                    Err(e)
-                }
-            })
+        let (reference, read): (&Value, fn(&PodRef, &str) -> _) = if source["secretRef"].is_object()
+        {
+            (&source["secretRef"], secret_data)
         } else {
-            config_map_data(
-                pod,
-                source["configMapRef"]["name"].as_str().unwrap_or_default(),
-            )
-            .or_else(|e| {
-                if optional(&source["configMapRef"]) {
-                    Ok(BTreeMap::new())
-                } else {
-                    Err(e)
-                }
-            })
-        }
-        .map_err(config_error)?;
+            (&source["configMapRef"], config_map_data)
+        };
+        let data = match read(pod, reference["name"].as_str().unwrap_or_default()) {
+            Err(_) if reference["optional"] == json!(true) => BTreeMap::new(),
+            read => read.map_err(config_error)?,
+        };
         for (k, v) in data {
             env.insert(
                 format!("{prefix}{k}"),

@@ -236,51 +236,27 @@ fn resource_version(object: &Value) -> u64 {
 fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
     let fake = fake();
     let secret = |name: &str| json!({"metadata": {"name": name, "labels": {"tier": name}}, "stringData": {"k": "v"}});
-    let (code, body) = call(
-        &fake,
-        "POST",
-        "/api/v1/namespaces/nowhere/secrets",
-        Some(secret("a")),
-    );
+    let secrets = format!("/api/v1/namespaces/{NS}/secrets");
+    // Creates `body` at `path`: the status and the answer.
+    let post = |path: &str, body: Value| call(&fake, "POST", path, Some(body));
+    let (code, body) = post("/api/v1/namespaces/nowhere/secrets", secret("a"));
     assert_status_reason(code, &body, 404, "NotFound");
     assert_eq!(body["message"], "namespaces \"nowhere\" not found");
-    let (code, body) = call(
-        &fake,
-        "POST",
-        &format!("/api/v1/namespaces/{NS}/secrets"),
-        Some(secret("Bad_Name")),
-    );
+    let (code, body) = post(&secrets, secret("Bad_Name"));
     assert_status_reason(code, &body, 422, "Invalid");
-    let (code, body) = call(
-        &fake,
-        "POST",
+    let (code, body) = post(
         &format!("/api/v1/namespaces/{NS}/secrets?dryRun=All"),
-        Some(secret("dry")),
+        secret("dry"),
     );
     assert_eq!(code, 201, "{body}");
     assert!(fake.object("secrets", NS, "dry").is_none());
-    let (code, body) = call(
-        &fake,
-        "POST",
-        &format!("/api/v1/namespaces/{NS}/secrets"),
-        Some(secret("a")),
-    );
+    let (code, body) = post(&secrets, secret("a"));
     assert_eq!(code, 201, "{body}");
     assert_eq!(body["data"]["k"], "dg==");
     let rv_a: u64 = resource_version(&body);
-    let (code, body) = call(
-        &fake,
-        "POST",
-        &format!("/api/v1/namespaces/{NS}/secrets"),
-        Some(secret("a")),
-    );
+    let (code, body) = post(&secrets, secret("a"));
     assert_status_reason(code, &body, 409, "AlreadyExists");
-    let (code, body) = call(
-        &fake,
-        "POST",
-        &format!("/api/v1/namespaces/{NS}/secrets"),
-        Some(json!({"metadata": {"generateName": "gen-"}})),
-    );
+    let (code, body) = post(&secrets, json!({"metadata": {"generateName": "gen-"}}));
     assert_eq!(code, 201, "{body}");
     let generated = body["metadata"]["name"].as_str().expect("name");
     assert!(
@@ -310,13 +286,9 @@ fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
         body["metadata"]["labels"],
         json!({"tier": "a", "extra": "yes"})
     );
-    let (code, body) = call(
-        &fake,
-        "POST",
+    let (code, body) = post(
         &format!("/apis/batch/v1/namespaces/{NS}/jobs"),
-        Some(
-            json!({"metadata": {"name": "wide"}, "spec": {"parallelism": 2, "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "host", "command": ["true"]}]}}}}),
-        ),
+        json!({"metadata": {"name": "wide"}, "spec": {"parallelism": 2, "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "host", "command": ["true"]}]}}}}),
     );
     assert_status_reason(code, &body, 422, "Invalid");
     let (code, body) = call(&fake, "GET", "/api/v1/namespaces/agents/pods/none", None);

@@ -51,17 +51,16 @@ fn args() -> Result<Args, Error> {
         claims: 2_000,
         pg: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    agentry_testkit::flags::flag_values(|flag, value| {
+        match flag {
             "--runs" => args.runs = value.parse()?,
             "--calls" => args.calls = value.parse()?,
             "--claims" => args.claims = value.parse()?,
             "--pg" => args.pg = Some(value),
-            _ => return Err(format!("unknown flag {flag}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     if args.runs == 0 || args.calls == 0 || args.claims == 0 {
         return Err("--runs, --calls and --claims must be positive".into());
     }

@@ -7,6 +7,7 @@
 //! * [`git`]: the real `git` with no user or system configuration, and a bare source
 //!   repository with a README committed on `main` ([`git::seeded_bare`],
 //!   [`git::source_repo`]) for runs against a local clone URL;
+//! * [`flags::flag_values`]: a benchmark's command line of `--flag value` pairs;
 //! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
 //!   until it holds or a deadline passes (tests never sleep a fixed time);
 //! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI;
@@ -27,6 +28,7 @@
 //! depend on the service, since the fake GitHub depends on this crate.
 
 pub mod dirs;
+pub mod flags;
 pub mod git;
 pub mod http;
 pub mod json;

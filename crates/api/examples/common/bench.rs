@@ -1,6 +1,6 @@
 //! What the HTTP benchmarks share: their command line (`--sizes`, `--requests`, `--pg`), a
-//! fresh database per measurement, a viewer token, the real application served on
-//! 127.0.0.1, timed requests and the figures printed.
+//! fresh database per measurement, a connected repository, a viewer token, the real application
+//! served on 127.0.0.1, timed requests and the figures printed.
 //!
 //! Included by the `bench_*` examples as a `#[path]` module; benchmark support, not part
 //! of the library.
@@ -17,6 +17,7 @@ use agentry_domain::Role;
 use agentry_persistence::Db;
 use agentry_persistence::secrets::MasterKey;
 use agentry_service::codehost::{CodeHost, Timing};
+pub use agentry_testkit::flags::flag_values;
 use diesel::prelude::*;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -47,17 +48,21 @@ pub fn size_args(sizes: &[u64]) -> Result<SizeArgs, Error> {
     Ok(a)
 }
 
-/// Reads the command line as `--flag value` pairs, each given to `set`, which answers
-/// whether it takes that flag: an unknown flag, or one without a value, is an error.
-pub fn flag_values(mut set: impl FnMut(&str, String) -> Result<bool, Error>) -> Result<(), Error> {
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        if !set(&flag, value)? {
-            return Err(format!("unknown flag {flag}").into());
-        }
-    }
-    Ok(())
+/// Connects `https://github.com/{owner}/{name}` (default branch `main`, no code-host id)
+/// at `now`.
+pub fn connect_repo(
+    conn: &mut agentry_persistence::AnyConnection,
+    owner: &str,
+    name: &str,
+    now: time::OffsetDateTime,
+) -> Result<agentry_persistence::repos::Repository, Error> {
+    let new = agentry_persistence::repos::NewRepository {
+        url: agentry_domain::RepoUrl::parse(&format!("https://github.com/{owner}/{name}"))?,
+        default_branch: "main".into(),
+        clone_url: format!("https://github.com/{owner}/{name}.git"),
+        codehost_id: None,
+    };
+    Ok(agentry_persistence::repos::connect_repository(conn, &new, now)?.0)
 }
 
 /// Calls `measure(backend, url, size, requests)` on a fresh database for each size, on

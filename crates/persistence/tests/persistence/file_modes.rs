@@ -27,8 +27,7 @@ fn write_something(db: &Db, id: &str) {
 fn a_new_database_and_its_wal_and_shm_are_0600() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("agentry.db");
-    let db = Db::connect(&format!("sqlite://{}", path.display()), 2).unwrap();
-    db.migrate().unwrap();
+    let db = migrated_sqlite_file(&path);
     write_something(&db, "d-1");
     for suffix in ["", "-wal", "-shm"] {
         let file = dir.path().join(format!("agentry.db{suffix}"));

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::common::migrated_sqlite_file;
 use agentry_persistence::{Backend, DatabaseUrl, Db, DbError, meta};
 
 agentry_persistence::backend_tests! {
@@ -125,8 +126,7 @@ fn new_sqlite_files_get_the_service_page_size_and_old_ones_keep_theirs() {
 
     let dir = tempfile::tempdir().unwrap();
     let fresh = dir.path().join("fresh.db");
-    let db = Db::connect(&format!("sqlite://{}", fresh.display()), 2).unwrap();
-    db.migrate().unwrap();
+    let db = migrated_sqlite_file(&fresh);
     drop(db);
     assert_eq!(
         header_page_size(&fresh),

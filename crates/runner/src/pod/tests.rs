@@ -205,55 +205,44 @@ async fn bad_frames_are_refused() {
     }
     let over = ((MAX_FRAME_BYTES + 1) as u32).to_be_bytes();
     let oversize = [&[b'O'][..], &over].concat();
+    use io::ErrorKind::{InvalidData, UnexpectedEof};
     let cases = [
         (
             from_pod(&oversize).await,
-            io::ErrorKind::InvalidData,
+            InvalidData,
             "more than the limit",
         ),
-        (
-            from_pod(b"O\0\0").await,
-            io::ErrorKind::UnexpectedEof,
-            "middle of a frame",
-        ),
+        (from_pod(b"O\0\0").await, UnexpectedEof, "middle of a frame"),
         (
             from_pod(b"O\0\0\0\x05abc").await,
-            io::ErrorKind::UnexpectedEof,
+            UnexpectedEof,
             "middle of a frame",
         ),
         (
             from_pod(b"X\0\0\0\0").await,
-            io::ErrorKind::InvalidData,
+            InvalidData,
             "unknown frame kind 0x58",
         ),
         (
             from_pod(b"S\0\0\0\0").await,
-            io::ErrorKind::InvalidData,
+            InvalidData,
             "unknown frame kind",
         ),
         (
             from_pod(b"R\0\0\0\x02{}").await,
-            io::ErrorKind::InvalidData,
+            InvalidData,
             "not a pod result",
         ),
-        (
-            to_pod(b"S\0\0\0\x01x").await,
-            io::ErrorKind::InvalidData,
-            "has a payload",
-        ),
+        (to_pod(b"S\0\0\0\x01x").await, InvalidData, "has a payload"),
         (
             to_pod(b"O\0\0\0\0").await,
-            io::ErrorKind::InvalidData,
+            InvalidData,
             "unknown frame kind",
         ),
-        (
-            to_pod(b"S\0").await,
-            io::ErrorKind::UnexpectedEof,
-            "middle of a frame",
-        ),
+        (to_pod(b"S\0").await, UnexpectedEof, "middle of a frame"),
         (
             to_pod(&[&[b'S'][..], &over].concat()).await,
-            io::ErrorKind::InvalidData,
+            InvalidData,
             "limit",
         ),
     ];
@@ -393,6 +382,30 @@ fn end_marker(tar: &mut Vec<u8>) {
     tar.extend_from_slice(&[0u8; 1024]);
 }
 
+/// One entry of a raw tar stream ([`raw_entry`]): its path, kind, link target and data.
+type RawEntry<'a> = (&'a str, tar::EntryType, &'a str, &'a [u8]);
+
+/// A regular file at `path` holding `x`.
+fn regular(path: &str) -> RawEntry<'_> {
+    (path, tar::EntryType::Regular, "", b"x")
+}
+
+/// The raw tar entries of `entries`, without the end marker.
+fn raw_entries(entries: &[RawEntry]) -> Vec<u8> {
+    let mut tar = Vec::new();
+    for &(path, kind, link, data) in entries {
+        raw_entry(&mut tar, path, kind, link, data);
+    }
+    tar
+}
+
+/// A whole raw tar stream: the entries of `entries`, then the end marker.
+fn raw_archive(entries: &[RawEntry]) -> Vec<u8> {
+    let mut tar = raw_entries(entries);
+    end_marker(&mut tar);
+    tar
+}
+
 #[tokio::test]
 async fn crafted_archives_write_nothing_outside() {
     use tar::EntryType;
@@ -400,75 +413,52 @@ async fn crafted_archives_write_nothing_outside() {
     let outside = tmp.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     let outside_text = outside.display().to_string();
+    let absolute = format!("{outside_text}/absolute");
+    let secret = format!("{outside_text}/secret");
+    let link_out = |name| (name, EntryType::Symlink, outside_text.as_str(), &b""[..]);
 
     let cases: Vec<(Vec<u8>, &str)> = vec![
-        {
-            let mut tar = Vec::new();
-            raw_entry(&mut tar, "../outside/dotdot", EntryType::Regular, "", b"x");
-            end_marker(&mut tar);
-            (tar, "its path has `..`")
-        },
-        {
-            let mut tar = Vec::new();
-            raw_entry(
-                &mut tar,
-                "a/../../outside/dotdot",
-                EntryType::Regular,
-                "",
-                b"x",
-            );
-            end_marker(&mut tar);
-            (tar, "its path has `..`")
-        },
-        {
-            let mut tar = Vec::new();
-            let absolute = format!("{outside_text}/absolute");
-            raw_entry(&mut tar, &absolute, EntryType::Regular, "", b"x");
-            end_marker(&mut tar);
-            (tar, "its path is absolute")
-        },
-        {
-            // A symlink pointing out, then a file written through it.
-            let mut tar = Vec::new();
-            raw_entry(&mut tar, "link", EntryType::Symlink, &outside_text, b"");
-            raw_entry(&mut tar, "link/through", EntryType::Regular, "", b"x");
-            end_marker(&mut tar);
-            (tar, "cannot unpack \"link/through\"")
-        },
-        {
-            // A symlink pointing out, then a directory and a file under it.
-            let mut tar = Vec::new();
-            raw_entry(&mut tar, "link2", EntryType::Symlink, &outside_text, b"");
-            raw_entry(&mut tar, "link2/sub/file", EntryType::Regular, "", b"x");
-            end_marker(&mut tar);
-            (tar, "cannot unpack \"link2/sub/file\"")
-        },
-        {
-            let mut tar = Vec::new();
-            let target = format!("{outside_text}/secret");
-            raw_entry(&mut tar, "hard", EntryType::Link, &target, b"");
-            end_marker(&mut tar);
-            (tar, "only files, directories and symlinks")
-        },
-        {
-            let mut tar = Vec::new();
-            raw_entry(&mut tar, "fifo", EntryType::Fifo, "", b"");
-            end_marker(&mut tar);
-            (tar, "only files, directories and symlinks")
-        },
-        {
-            // Cut at an entry's boundary, without the end marker.
-            let mut tar = Vec::new();
-            raw_entry(&mut tar, "fine", EntryType::Regular, "", b"x");
-            (tar, "ended before its end marker")
-        },
-        {
-            // Cut inside an entry.
-            let mut tar = Vec::new();
-            raw_entry(&mut tar, "cut", EntryType::Regular, "", &[1u8; 2000]);
-            tar.truncate(1000);
-            (tar, "cannot")
-        },
+        (
+            raw_archive(&[regular("../outside/dotdot")]),
+            "its path has `..`",
+        ),
+        (
+            raw_archive(&[regular("a/../../outside/dotdot")]),
+            "its path has `..`",
+        ),
+        (raw_archive(&[regular(&absolute)]), "its path is absolute"),
+        // A symlink pointing out, then a file written through it.
+        (
+            raw_archive(&[link_out("link"), regular("link/through")]),
+            "cannot unpack \"link/through\"",
+        ),
+        // A symlink pointing out, then a directory and a file under it.
+        (
+            raw_archive(&[link_out("link2"), regular("link2/sub/file")]),
+            "cannot unpack \"link2/sub/file\"",
+        ),
+        (
+            raw_archive(&[("hard", EntryType::Link, &secret, b"")]),
+            "only files, directories and symlinks",
+        ),
+        (
+            raw_archive(&[("fifo", EntryType::Fifo, "", b"")]),
+            "only files, directories and symlinks",
+        ),
+        // Cut at an entry's boundary, without the end marker.
+        (
+            raw_entries(&[regular("fine")]),
+            "ended before its end marker",
+        ),
+        // Cut inside an entry.
+        (
+            {
+                let mut tar = raw_entries(&[("cut", EntryType::Regular, "", &[1u8; 2000])]);
+                tar.truncate(1000);
+                tar
+            },
+            "cannot",
+        ),
     ];
     for (i, (tar, why)) in cases.into_iter().enumerate() {
         let workdir = tmp.path().join(format!("repo{i}"));
@@ -482,16 +472,11 @@ async fn crafted_archives_write_nothing_outside() {
 
     // A symlink pointing out is made as a symlink, and a later file of its name replaces
     // the link instead of writing through it.
-    let mut tar = Vec::new();
-    raw_entry(
-        &mut tar,
-        "link",
-        EntryType::Symlink,
-        &format!("{outside_text}/target"),
-        b"",
-    );
-    raw_entry(&mut tar, "link", EntryType::Regular, "", b"mine");
-    end_marker(&mut tar);
+    let target = format!("{outside_text}/target");
+    let tar = raw_archive(&[
+        ("link", EntryType::Symlink, &target, b""),
+        ("link", EntryType::Regular, "", b"mine"),
+    ]);
     let workdir = tmp.path().join("replace");
     receive_raw(&launch_into(&workdir), tar, u64::MAX)
         .await
@@ -503,8 +488,7 @@ async fn crafted_archives_write_nothing_outside() {
 #[tokio::test]
 async fn a_launch_with_relative_directories_is_refused() {
     let mut launch = launch_into(Path::new("repo"));
-    let mut tar = Vec::new();
-    end_marker(&mut tar);
+    let tar = raw_archive(&[]);
     let err = receive_raw(&launch, tar.clone(), 10).await.unwrap_err();
     assert!(
         err.contains("workdir \"repo\" is not an absolute path"),

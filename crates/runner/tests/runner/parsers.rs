@@ -37,6 +37,27 @@ struct Figures<'a> {
     warnings: usize,
 }
 
+impl<'a> Figures<'a> {
+    /// The figures of a run that counted nothing: `outcome` with no cost, no tokens and no
+    /// final text, only the `model` and `turns` seen and `warnings`.
+    fn nothing_counted(
+        outcome: AgentOutcome,
+        model: &'a str,
+        turns: Option<i32>,
+        warnings: usize,
+    ) -> Figures<'a> {
+        Figures {
+            outcome,
+            cost: None,
+            model: Some(model),
+            tokens: (0, 0, 0, 0),
+            turns,
+            final_text: None,
+            warnings,
+        }
+    }
+}
+
 /// Checks `report` against `expected`, showing the whole report when they differ.
 #[track_caller]
 fn assert_figures(report: &RunReport, expected: Figures<'_>) {
@@ -156,20 +177,17 @@ fn claude_truncated_is_unparseable_without_cost() {
     let r = parse_claude(&fixture("claude_truncated.jsonl"));
     assert_figures(
         &r,
-        Figures {
-            outcome: AgentOutcome::Unparseable(
+        // The init event's model is still reported.
+        Figures::nothing_counted(
+            AgentOutcome::Unparseable(
                 "the output ended without a result event (cut off?); Claude Code reports cost \
                  and tokens only in that event, so none are known"
                     .into(),
             ),
-            cost: None,
-            // The init event's model is still reported.
-            model: Some("claude-haiku-4-5-20251001"),
-            tokens: (0, 0, 0, 0),
-            turns: None,
-            final_text: None,
-            warnings: 1,
-        },
+            "claude-haiku-4-5-20251001",
+            None,
+            1,
+        ),
     );
     assert_skipped_line(&r, 3);
 }
@@ -299,17 +317,14 @@ fn codex_truncated_is_unparseable() {
     let r = codex_fixture("codex_truncated.jsonl", "gpt-5");
     assert_figures(
         &r,
-        Figures {
-            outcome: AgentOutcome::Unparseable(
+        Figures::nothing_counted(
+            AgentOutcome::Unparseable(
                 "the output has no turn.completed event (cut off?); no token usage is known".into(),
             ),
-            cost: None,
-            model: Some("gpt-5"),
-            tokens: (0, 0, 0, 0),
-            turns: Some(0),
-            final_text: None,
-            warnings: 2,
-        },
+            "gpt-5",
+            Some(0),
+            2,
+        ),
     );
     assert_skipped_line(&r, 4);
 }
@@ -561,18 +576,15 @@ fn codex_real_api_error() {
     let r = codex_fixture("codex_real_api_error.jsonl", "gpt-5");
     assert_figures(
         &r,
-        Figures {
-            outcome: AgentOutcome::ApiError {
+        Figures::nothing_counted(
+            AgentOutcome::ApiError {
                 status: Some(400),
                 message: "fake-models refuses this request (API-ERROR)".into(),
             },
-            cost: None,
-            model: Some("gpt-5"),
-            tokens: (0, 0, 0, 0),
-            turns: Some(0),
-            final_text: None,
-            warnings: 1,
-        },
+            "gpt-5",
+            Some(0),
+            1,
+        ),
     );
     assert_eq!(
         r.outcome.describe(),

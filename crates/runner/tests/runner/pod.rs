@@ -290,6 +290,42 @@ async fn finish(child: tokio::process::Child) -> (Option<i32>, String, String) {
     )
 }
 
+/// A whole run through pod-run: what the pod sent on its control connection, pod-run's exit
+/// code, stdout and stderr, and the replica it ran against.
+struct Ended {
+    sent: Sent,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    replica: Replica,
+}
+
+/// Runs `script` ([`launch_of`], then `shape`d) through pod-run with `extra` variables, on
+/// two free ports, to its end: reads the control connection to its end and waits for pod-run
+/// to exit.
+async fn run_to_end(
+    dirs: &Dirs,
+    script: &str,
+    shape: impl FnOnce(&mut Launch),
+    extra: &[(&str, &str)],
+) -> Ended {
+    let ports = free_ports();
+    let mut launch = launch_of(dirs, script, ports.0);
+    shape(&mut launch);
+    let mut replica = Replica::start(launch, dirs.files.clone()).await;
+    let child = pod_run(dirs, &replica.endpoint, ports, extra);
+    let mut sent = Sent::default();
+    read_to_end(replica.control().await, &mut sent).await;
+    let (code, stdout, stderr) = finish(child).await;
+    Ended {
+        sent,
+        code,
+        stdout,
+        stderr,
+        replica,
+    }
+}
+
 /// The agent of the full run: prints, asks the gateway through the pod's loopback with
 /// bash's `/dev/tcp`, changes a file, creates a text and a binary file, deletes one.
 const AGENT: &str = r#"
@@ -310,15 +346,13 @@ echo "a warning" >&2
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_streams_stdout_reaches_the_gateway_and_returns_a_patch() {
     let dirs = new_dirs();
-    let ports = free_ports();
-    let launch = launch_of(&dirs, AGENT, ports.0);
-    let mut replica = Replica::start(launch, dirs.files.clone()).await;
-    let child = pod_run(&dirs, &replica.endpoint, ports, &[]);
-
-    let control = replica.control().await;
-    let mut sent = Sent::default();
-    read_to_end(control, &mut sent).await;
-    let (code, stdout, stderr) = finish(child).await;
+    let Ended {
+        sent,
+        code,
+        stdout,
+        stderr,
+        replica,
+    } = run_to_end(&dirs, AGENT, |_| {}, &[]).await;
     assert_eq!(code, Some(0), "stderr: {stderr}");
 
     let agent_stdout = sent.stdout();
@@ -521,14 +555,14 @@ async fn a_reachable_kubernetes_api_fails_the_run_unless_allowed() {
     let script = "echo 'agent: ran'; touch ran";
 
     let dirs = new_dirs();
-    let ports = free_ports();
-    let mut replica = Replica::start(launch_of(&dirs, script, ports.0), dirs.files.clone()).await;
-    let child = pod_run(&dirs, &replica.endpoint, ports, &kube);
-    let mut sent = Sent::default();
-    read_to_end(replica.control().await, &mut sent).await;
-    let (code, stdout, stderr) = finish(child).await;
-    assert_eq!(code, Some(0), "the result was delivered; stderr: {stderr}");
-    let result = sent.result.expect("no result");
+    let refused = run_to_end(&dirs, script, |_| {}, &kube).await;
+    let stderr = &refused.stderr;
+    assert_eq!(
+        refused.code,
+        Some(0),
+        "the result was delivered; stderr: {stderr}"
+    );
+    let result = refused.sent.result.expect("no result");
     assert_eq!(result.ended, PodEnded::NotStarted);
     let failure = result.failure.expect("no failure");
     assert!(
@@ -543,18 +577,14 @@ async fn a_reachable_kubernetes_api_fails_the_run_unless_allowed() {
         "{failure}"
     );
     assert!(!dirs.workdir.join("ran").exists());
-    assert_eq!(stdout, "");
-    assert_eq!(sent.patch_frames, 0);
+    assert_eq!(refused.stdout, "");
+    assert_eq!(refused.sent.patch_frames, 0);
 
     let dirs = new_dirs();
-    let ports = free_ports();
-    let mut launch = launch_of(&dirs, script, ports.0);
-    launch.allow_api_reach = true;
-    let mut replica = Replica::start(launch, dirs.files.clone()).await;
-    let child = pod_run(&dirs, &replica.endpoint, ports, &kube);
-    let mut sent = Sent::default();
-    read_to_end(replica.control().await, &mut sent).await;
-    let (code, _, stderr) = finish(child).await;
+    let allowed = |launch: &mut Launch| launch.allow_api_reach = true;
+    let Ended {
+        sent, code, stderr, ..
+    } = run_to_end(&dirs, script, allowed, &kube).await;
     assert_eq!(code, Some(0), "stderr: {stderr}");
     let result = sent.result.expect("no result");
     assert_eq!(result.failure, None);
@@ -571,27 +601,20 @@ async fn a_reachable_kubernetes_api_fails_the_run_unless_allowed() {
     // A port where nothing listens is fine.
     drop(api);
     let dirs = new_dirs();
-    let ports = free_ports();
-    let mut replica = Replica::start(launch_of(&dirs, script, ports.0), dirs.files.clone()).await;
-    let child = pod_run(&dirs, &replica.endpoint, ports, &kube);
-    let mut sent = Sent::default();
-    read_to_end(replica.control().await, &mut sent).await;
-    finish(child).await;
-    assert_eq!(sent.result.expect("no result").failure, None);
+    let ended = run_to_end(&dirs, script, |_| {}, &kube).await;
+    assert_eq!(ended.sent.result.expect("no result").failure, None);
 }
 
 /// An agent program that cannot be started: the result says so, nothing was started.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_cannot_start_is_a_failure_sentence() {
     let dirs = new_dirs();
-    let ports = free_ports();
-    let mut launch = launch_of(&dirs, "true", ports.0);
-    launch.argv = vec!["/nonexistent/agent".into(), "-p".into()];
-    let mut replica = Replica::start(launch, dirs.files.clone()).await;
-    let child = pod_run(&dirs, &replica.endpoint, ports, &[]);
-    let mut sent = Sent::default();
-    read_to_end(replica.control().await, &mut sent).await;
-    let (code, _, stderr) = finish(child).await;
+    let missing = |launch: &mut Launch| {
+        launch.argv = vec!["/nonexistent/agent".into(), "-p".into()];
+    };
+    let Ended {
+        sent, code, stderr, ..
+    } = run_to_end(&dirs, "true", missing, &[]).await;
     assert_eq!(code, Some(0), "the result was delivered; stderr: {stderr}");
     let result = sent.result.expect("no result");
     assert_eq!(result.ended, PodEnded::NotStarted);

@@ -13,6 +13,13 @@ use time::{Duration, OffsetDateTime, macros::datetime};
 /// A fixed instant with a non-zero microsecond part, so that precision loss would show.
 pub const T0: OffsetDateTime = datetime!(2026-01-15 10:20:30.123456 UTC);
 
+/// The SQLite database in the file `path` (made if missing), migrated.
+pub fn migrated_sqlite_file(path: &std::path::Path) -> Db {
+    let db = Db::connect(&format!("sqlite://{}", path.display()), 2).unwrap();
+    db.migrate().unwrap();
+    db
+}
+
 /// `T0` plus `secs` seconds.
 pub fn at(secs: i64) -> OffsetDateTime {
     T0 + Duration::seconds(secs)
