@@ -20,7 +20,9 @@ pub mod store;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 pub use rbac::Rbac;
@@ -88,11 +90,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Locks the store; a poisoned lock is still usable.
+    /// Locks the store.
     pub fn lock(&self) -> MutexGuard<'_, Store> {
-        self.store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.store.lock()
     }
 }
 

@@ -6,9 +6,9 @@ use std::fs::OpenOptions;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use serde_json::Value;
 
 /// Unix time in milliseconds (the fake agent's `date +%s%3N` clock).
@@ -74,10 +74,6 @@ pub struct Cluster {
     kills: Mutex<Vec<Kill>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// A free port on 127.0.0.1 (bound, then released for the replica to take).
 fn free_port() -> Result<u16, String> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
@@ -116,32 +112,32 @@ impl Cluster {
 
     /// How many replicas there are.
     pub fn len(&self) -> usize {
-        lock(&self.replicas).len()
+        self.replicas.lock().len()
     }
 
     /// The data directory of replica `i`.
     pub fn data_dir(&self, i: usize) -> PathBuf {
-        self.work.join(&lock(&self.replicas)[i].name)
+        self.work.join(&self.replicas.lock()[i].name)
     }
 
     /// The name of replica `i`.
     pub fn name(&self, i: usize) -> String {
-        lock(&self.replicas)[i].name.clone()
+        self.replicas.lock()[i].name.clone()
     }
 
     /// The base URL of replica `i`.
     pub fn url(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", lock(&self.replicas)[i].port)
+        format!("http://127.0.0.1:{}", self.replicas.lock()[i].port)
     }
 
     /// The kills so far.
     pub fn kills(&self) -> Vec<Kill> {
-        lock(&self.kills).clone()
+        self.kills.lock().clone()
     }
 
     /// Starts replica `i` (its output appended to `work/<name>.log`).
     pub fn start(&self, i: usize) -> Result<(), String> {
-        let mut replicas = lock(&self.replicas);
+        let mut replicas = self.replicas.lock();
         let r = &mut replicas[i];
         let dir = self.work.join(&r.name);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -173,14 +169,14 @@ impl Cluster {
     /// SIGKILLs replica `i` and starts it again at once on the same data directory and port.
     pub fn kill_and_restart(&self, i: usize) -> Result<(), String> {
         {
-            let mut replicas = lock(&self.replicas);
+            let mut replicas = self.replicas.lock();
             let r = &mut replicas[i];
             if let Some(mut child) = r.child.take() {
                 let _ = child.kill();
                 let _ = child.wait();
             }
             let at_ms = now_ms();
-            lock(&self.kills).push(Kill {
+            self.kills.lock().push(Kill {
                 replica: r.name.clone(),
                 at_ms,
                 results_on_disk: results_on_disk(&self.work.join(&r.name)),
@@ -191,7 +187,7 @@ impl Cluster {
 
     /// Whether replica `i`'s process still runs (it may have exited on its own).
     pub fn alive(&self, i: usize) -> bool {
-        let mut replicas = lock(&self.replicas);
+        let mut replicas = self.replicas.lock();
         match replicas[i].child.as_mut() {
             Some(child) => matches!(child.try_wait(), Ok(None)),
             None => false,
@@ -200,7 +196,7 @@ impl Cluster {
 
     /// Stops every replica: SIGTERM (through `kill`), up to 30 s, then SIGKILL.
     pub fn stop_all(&self) {
-        let mut replicas = lock(&self.replicas);
+        let mut replicas = self.replicas.lock();
         for r in replicas.iter_mut() {
             if let Some(child) = r.child.as_ref() {
                 let _ = Command::new("kill")
@@ -229,7 +225,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for r in lock(&self.replicas).iter_mut() {
+        for r in self.replicas.lock().iter_mut() {
             if let Some(mut child) = r.child.take() {
                 let _ = child.kill();
                 let _ = child.wait();

@@ -19,8 +19,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use agentry_fake_github::FakeGitHub;
@@ -173,14 +174,8 @@ fn run(p: &Params) -> Result<bool, String> {
     let outcome = Outcome {
         quiet,
         to_quiet,
-        tally: soak
-            .tally
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-        crashes: soak
-            .crashes
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        tally: soak.tally.into_inner(),
+        crashes: soak.crashes.into_inner(),
     };
     check_and_report(p, start, &world, &cluster, &ledger, outcome)
 }
@@ -585,15 +580,17 @@ impl Soak<'_> {
                         "title": format!("Soak issue {}", item.issue),
                     });
                     match assign(self.api, &body, replica) {
-                        Ok(()) => tally_of(&self.tally).assigned_api += 1,
-                        Err(e) => tally_of(&self.tally)
+                        Ok(()) => self.tally.lock().assigned_api += 1,
+                        Err(e) => self
+                            .tally
+                            .lock()
                             .problems
                             .push(format!("issue #{}: {e}", item.issue)),
                     }
                 }
                 Via::Label(webhook) => {
                     self.fake.add_label(OWNER, NAME, item.issue, "agentry");
-                    tally_of(&self.tally).labelled += 1;
+                    self.tally.lock().labelled += 1;
                     if let Some(replica) = webhook {
                         let payload = json!({
                             "action": "labeled",
@@ -602,12 +599,12 @@ impl Soak<'_> {
                             "repository": self.repository,
                         });
                         match self.send_webhook("issues", &payload, replica) {
-                            Ok(200) => tally_of(&self.tally).label_webhooks += 1,
-                            Ok(status) => tally_of(&self.tally).problems.push(format!(
+                            Ok(200) => self.tally.lock().label_webhooks += 1,
+                            Ok(status) => self.tally.lock().problems.push(format!(
                                 "issue #{}: the labeled webhook answered {status}",
                                 item.issue
                             )),
-                            Err(e) => tally_of(&self.tally).problems.push(e),
+                            Err(e) => self.tally.lock().problems.push(e),
                         }
                     }
                 }
@@ -629,15 +626,12 @@ impl Soak<'_> {
             std::thread::sleep(Duration::from_millis(100));
             for i in 0..self.cluster.len() {
                 if !self.cluster.alive(i) && !self.all_over.load(Ordering::SeqCst) {
-                    self.crashes
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(format!(
-                            "replica {} exited by itself at {:.1} s (see {}.log)",
-                            self.cluster.name(i),
-                            self.start.elapsed().as_secs_f64(),
-                            self.cluster.name(i)
-                        ));
+                    self.crashes.lock().push(format!(
+                        "replica {} exited by itself at {:.1} s (see {}.log)",
+                        self.cluster.name(i),
+                        self.start.elapsed().as_secs_f64(),
+                        self.cluster.name(i)
+                    ));
                     if let Err(e) = self.cluster.start(i) {
                         say(
                             self.start,
@@ -713,7 +707,7 @@ impl Soak<'_> {
                     continue;
                 }
                 self.fake.merge_pull(OWNER, NAME, number);
-                tally_of(&self.tally).merged += 1;
+                self.tally.lock().merged += 1;
                 if let Some(replica) = webhook {
                     let payload = json!({
                         "action": "closed",
@@ -729,11 +723,11 @@ impl Soak<'_> {
                         "repository": self.repository,
                     });
                     match self.send_webhook("pull_request", &payload, replica) {
-                        Ok(200) => tally_of(&self.tally).merge_webhooks += 1,
-                        Ok(status) => tally_of(&self.tally).problems.push(format!(
+                        Ok(200) => self.tally.lock().merge_webhooks += 1,
+                        Ok(status) => self.tally.lock().problems.push(format!(
                             "pull request #{number}: the merge webhook answered {status}"
                         )),
-                        Err(e) => tally_of(&self.tally).problems.push(e),
+                        Err(e) => self.tally.lock().problems.push(e),
                     }
                 }
             }
@@ -789,10 +783,6 @@ impl Soak<'_> {
             std::thread::sleep(Duration::from_secs(1));
         }
     }
-}
-
-fn tally_of(t: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
-    t.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Assigns an issue through the API: retried (on either replica) while the code host or a
