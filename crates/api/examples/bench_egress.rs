@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use agentry_agent_network::egress::{self, EgressEvents, EgressPolicy};
 use agentry_agent_network::network::RunRefusals;
 use agentry_domain::EgressPattern;
-use agentry_persistence::{Db, metering, tasks};
+use agentry_persistence::{Db, metering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use uuid::Uuid;
@@ -111,18 +111,10 @@ fn seed(db: &Db, n: u64) -> Result<Vec<Uuid>, Error> {
     let mut conn = db.conn()?;
     let now = agentry_persistence::now();
     let repo = bench::connect_repo(&mut conn, "bench", "egress", now)?;
-    let mut ids = Vec::new();
-    for i in 0..n {
-        let task = tasks::NewTask {
-            id: Uuid::now_v7(),
-            title: format!("Task {i}"),
-            prompt: "Do it".into(),
-            ..agentry_persistence::test_support::coding_task(&repo, now)
-        };
-        tasks::create_task(&mut conn, &task, "created")?;
-        ids.push(task.id);
-    }
-    Ok(ids)
+    let n = usize::try_from(n)?;
+    Ok(agentry_persistence::test_support::create_coding_tasks(
+        &mut conn, &repo, n, now,
+    )?)
 }
 
 /// `CONNECT host:port` through the proxy at `socket`; whether it answered 403.

@@ -30,7 +30,7 @@ use agentry_domain::{RepoUrl, Usd};
 use agentry_persistence::budgets::{self, CallHold, Holding};
 use agentry_persistence::metering::{self, ModelCall};
 use agentry_persistence::repos::{self, NewRepository, Repository};
-use agentry_persistence::{Db, runner, tasks};
+use agentry_persistence::{Db, runner};
 use diesel::{Connection, RunQueryDsl};
 use uuid::Uuid;
 
@@ -106,17 +106,7 @@ fn seed(db: &Db, n: usize) -> Result<(Repository, Vec<Uuid>), Error> {
     repos::patch_settings(&mut conn, repo.id, now, |s| s.apply_patch(&patch))?
         .map_err(|e| format!("{e:?}"))?;
     budgets::set_instance_budget(&mut conn, Some(usd("1000000")?), now)?;
-    let mut ids = Vec::with_capacity(n);
-    for i in 0..n {
-        let task = tasks::NewTask {
-            id: Uuid::now_v7(),
-            title: format!("Task {i}"),
-            prompt: "Do it".into(),
-            ..agentry_persistence::test_support::coding_task(&repo, now)
-        };
-        tasks::create_task(&mut conn, &task, "created")?;
-        ids.push(task.id);
-    }
+    let ids = agentry_persistence::test_support::create_coding_tasks(&mut conn, &repo, n, now)?;
     Ok((repo, ids))
 }
 

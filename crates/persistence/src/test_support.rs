@@ -233,6 +233,28 @@ pub fn coding_task(
     }
 }
 
+/// Creates `n` queued coding tasks on `repo` ("Task 0", "Task 1", …, prompt "Do it"), in
+/// the order of their time-ordered ids; returns the ids.
+pub fn create_coding_tasks(
+    conn: &mut crate::AnyConnection,
+    repo: &crate::repos::Repository,
+    n: usize,
+    created_at: time::OffsetDateTime,
+) -> Result<Vec<Uuid>, crate::DbError> {
+    (0..n)
+        .map(|i| {
+            let task = crate::tasks::NewTask {
+                id: Uuid::now_v7(),
+                title: format!("Task {i}"),
+                prompt: "Do it".into(),
+                ..coding_task(repo, created_at)
+            };
+            crate::tasks::create_task(conn, &task, "created")?;
+            Ok(task.id)
+        })
+        .collect()
+}
+
 /// A row of the cumulative cost rollup: repository URL, task type, model, day, and its
 /// thirteen sums in column order (tasks, costed, cost, succeeded, input tokens, output
 /// tokens, then the outcome columns: merged, costed, cost, merged cost, failed cost, merged
