@@ -4,6 +4,11 @@
 use serde::Deserialize;
 use time::OffsetDateTime;
 
+use crate::wire::{
+    branch_or_main, branch_ref, ghost, login, login_or_ghost, main_branch, or_empty, utc,
+    utc_option,
+};
+
 /// The answer to a conditional request (`If-None-Match`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Conditional<T> {
@@ -60,20 +65,17 @@ pub struct RepoInfo {
     /// Numeric repository id.
     pub id: u64,
     /// Login of the owner.
-    #[serde(deserialize_with = "crate::wire::login")]
+    #[serde(deserialize_with = "login")]
     pub owner: String,
     /// Repository name.
     pub name: String,
     /// `owner/name`.
     pub full_name: String,
     /// The default branch, e.g. `main`.
-    #[serde(
-        default = "crate::wire::main_branch",
-        deserialize_with = "crate::wire::branch_or_main"
-    )]
+    #[serde(default = "main_branch", deserialize_with = "branch_or_main")]
     pub default_branch: String,
     /// The HTTPS clone URL.
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub clone_url: String,
     /// The web page of the repository.
     pub html_url: String,
@@ -100,30 +102,27 @@ pub struct Issue {
     /// Title.
     pub title: String,
     /// Markdown body (`""` when GitHub has none).
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Web page of the issue.
     pub html_url: String,
     /// `open` or `closed`.
     pub state: String,
     /// Login of the author (`ghost` for a deleted account).
-    #[serde(
-        rename = "user",
-        default = "crate::wire::ghost",
-        deserialize_with = "crate::wire::login_or_ghost"
-    )]
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// Labels, in GitHub's order.
     #[serde(default)]
     pub labels: Vec<Label>,
     /// Creation time (UTC).
-    #[serde(deserialize_with = "crate::wire::utc")]
+    #[serde(deserialize_with = "utc")]
     pub created_at: OffsetDateTime,
     /// Last update time (UTC).
-    #[serde(deserialize_with = "crate::wire::utc")]
+    #[serde(deserialize_with = "utc")]
     pub updated_at: OffsetDateTime,
     /// When it was closed (UTC), if it is.
-    #[serde(default, deserialize_with = "crate::wire::utc_option")]
+    #[serde(default, deserialize_with = "utc_option")]
     pub closed_at: Option<OffsetDateTime>,
 }
 
@@ -154,21 +153,18 @@ pub struct Comment {
     /// Comment id.
     pub id: u64,
     /// Markdown body.
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Login of the author (`ghost` for a deleted account).
-    #[serde(
-        rename = "user",
-        default = "crate::wire::ghost",
-        deserialize_with = "crate::wire::login_or_ghost"
-    )]
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// Creation time (UTC).
-    #[serde(deserialize_with = "crate::wire::utc")]
+    #[serde(deserialize_with = "utc")]
     pub created_at: OffsetDateTime,
     /// Web page of the comment, e.g. `https://github.com/o/r/issues/7#issuecomment-1`
     /// (`/pull/7#…` on a pull request); `""` when GitHub gave none.
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub html_url: String,
 }
 
@@ -178,24 +174,21 @@ pub struct Review {
     /// Review id.
     pub id: u64,
     /// Login of the reviewer (`ghost` for a deleted account).
-    #[serde(
-        rename = "user",
-        default = "crate::wire::ghost",
-        deserialize_with = "crate::wire::login_or_ghost"
-    )]
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// The state as the REST API writes it, upper case: `CHANGES_REQUESTED`, `COMMENTED`,
     /// `APPROVED`, `DISMISSED` or `PENDING`.
     pub state: String,
     /// Markdown body (`""` when GitHub has none).
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Web page of the review (`…/pull/{number}#pullrequestreview-{id}`); `""` when GitHub
     /// gave none.
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub html_url: String,
     /// When it was submitted (UTC); `None` for a pending review.
-    #[serde(default, deserialize_with = "crate::wire::utc_option")]
+    #[serde(default, deserialize_with = "utc_option")]
     pub submitted_at: Option<OffsetDateTime>,
 }
 
@@ -206,17 +199,14 @@ pub struct ReviewComment {
     /// Comment id.
     pub id: u64,
     /// Login of the author (`ghost` for a deleted account).
-    #[serde(
-        rename = "user",
-        default = "crate::wire::ghost",
-        deserialize_with = "crate::wire::login_or_ghost"
-    )]
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// Markdown body.
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// The file it is on, relative to the repository root.
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub path: String,
     /// The line of the file it is on (`line`, or `original_line` when the line is no longer
     /// in the diff); `None` for a comment on the whole file.
@@ -224,10 +214,10 @@ pub struct ReviewComment {
     pub line: Option<u64>,
     /// Web page of the comment (`…/pull/{number}#discussion_r{id}`); `""` when GitHub gave
     /// none.
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub html_url: String,
     /// Creation time (UTC).
-    #[serde(deserialize_with = "crate::wire::utc")]
+    #[serde(deserialize_with = "utc")]
     pub created_at: OffsetDateTime,
     /// The review it belongs to (`pull_request_review_id`).
     #[serde(default, rename = "pull_request_review_id")]
@@ -292,25 +282,25 @@ pub struct PullRequest {
     /// Title.
     pub title: String,
     /// Markdown body (`""` when GitHub has none).
-    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Web page of the pull request.
     pub html_url: String,
     /// `open` or `closed` (a merged pull request is `closed` with `merged_at` set).
     pub state: String,
     /// When it was merged (UTC), if it was.
-    #[serde(default, deserialize_with = "crate::wire::utc_option")]
+    #[serde(default, deserialize_with = "utc_option")]
     pub merged_at: Option<OffsetDateTime>,
     /// When it was closed (UTC), merged or not.
-    #[serde(default, deserialize_with = "crate::wire::utc_option")]
+    #[serde(default, deserialize_with = "utc_option")]
     pub closed_at: Option<OffsetDateTime>,
     /// Last update time (UTC).
-    #[serde(deserialize_with = "crate::wire::utc")]
+    #[serde(deserialize_with = "utc")]
     pub updated_at: OffsetDateTime,
     /// Head branch name (`ref`, without an `owner:` prefix).
-    #[serde(rename = "head", deserialize_with = "crate::wire::branch_ref")]
+    #[serde(rename = "head", deserialize_with = "branch_ref")]
     pub head_ref: String,
     /// Base branch name.
-    #[serde(rename = "base", deserialize_with = "crate::wire::branch_ref")]
+    #[serde(rename = "base", deserialize_with = "branch_ref")]
     pub base_ref: String,
 }
