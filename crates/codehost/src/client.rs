@@ -60,10 +60,7 @@ use crate::types::{
     Comment, Conditional, Issue, IssueChanges, Permission, PullRequest, ReactionTarget, RepoInfo,
     Review, ReviewComment, User,
 };
-use crate::wire::{
-    CommentJson, ErrorJson, IssueJson, PermissionJson, PullJson, RepoJson, ReviewCommentJson,
-    ReviewJson, UserJson,
-};
+use crate::wire::{ErrorJson, IssueItem, PermissionJson, ReviewCommentItem};
 
 mod transport;
 
@@ -285,14 +282,12 @@ impl GitHub {
 
     /// The token's user (`GET /user`); also the cheapest check that a token works.
     pub async fn current_user(&self) -> Result<User, CodeHostError> {
-        let user: UserJson = self.get_json("/user".to_owned()).await?;
-        Ok(user.into())
+        self.get_json("/user".to_owned()).await
     }
 
     /// A repository (`GET /repos/{owner}/{repo}`).
     pub async fn repository(&self, owner: &str, name: &str) -> Result<RepoInfo, CodeHostError> {
-        let repo: RepoJson = self.get_json(repo_path(owner, name, "")).await?;
-        Ok(repo.into())
+        self.get_json(repo_path(owner, name, "")).await
     }
 
     /// The open issues, every page (`per_page=100`, `state=open`, `sort=updated`,
@@ -315,13 +310,13 @@ impl GitHub {
             repo_path(owner, name, "/issues")
         );
         let pages = self
-            .get_pages::<IssueJson>(first, etag, |_: &[IssueJson]| true)
+            .get_pages::<IssueItem>(first, etag, |_: &[IssueItem]| true)
             .await?;
         Ok(pages.map(|items| {
             let mut seen = std::collections::HashSet::new();
             items
                 .into_iter()
-                .filter(|i| !i.is_pull_request() && seen.insert(i.number))
+                .filter(|i| !i.is_pull_request() && seen.insert(i.issue.number))
                 .map(Issue::from)
                 .collect()
         }))
@@ -353,12 +348,15 @@ impl GitHub {
             since_param(since)
         );
         let pages = self
-            .get_counted_pages::<IssueJson>(first, etag, |_: &[IssueJson]| true)
+            .get_counted_pages::<IssueItem>(first, etag, |_: &[IssueItem]| true)
             .await?;
         Ok(pages.map(|(items, pages)| {
-            let newest = items.iter().map(|i| i.updated_at).max();
+            let newest = items.iter().map(|i| i.issue.updated_at).max();
             let tied = newest.map_or(0, |newest| {
-                items.iter().filter(|i| i.updated_at == newest).count()
+                items
+                    .iter()
+                    .filter(|i| i.issue.updated_at == newest)
+                    .count()
             });
             let etag_covers_all = tied < PER_PAGE as usize;
             // One copy per number, the latest (pages can shift while they are read).
@@ -390,10 +388,8 @@ impl GitHub {
         name: &str,
         number: u64,
     ) -> Result<Issue, CodeHostError> {
-        let issue: IssueJson = self
-            .get_json(repo_path(owner, name, &format!("/issues/{number}")))
-            .await?;
-        Ok(issue.into())
+        self.get_json(repo_path(owner, name, &format!("/issues/{number}")))
+            .await
     }
 
     /// Closes an issue (`PATCH …/issues/{number}` `{"state":"closed"}`); closing a closed
@@ -483,8 +479,7 @@ impl GitHub {
         since: Option<OffsetDateTime>,
     ) -> Result<Vec<Comment>, CodeHostError> {
         let path = format!("/issues/{number}/comments");
-        self.list_all::<CommentJson, _>(owner, name, &path, since)
-            .await
+        self.list_all::<Comment, _>(owner, name, &path, since).await
     }
 
     /// Posts a comment on an issue or pull request. Unlike other calls it is **not sent
@@ -500,7 +495,7 @@ impl GitHub {
         body: &str,
     ) -> Result<Comment, CodeHostError> {
         let path = repo_path(owner, name, &format!("/issues/{number}/comments"));
-        self.post_once_as::<CommentJson, _>(&path, &json!({"body": body}))
+        self.post_once_as::<Comment, _>(&path, &json!({"body": body}))
             .await
     }
 
@@ -522,11 +517,10 @@ impl GitHub {
             "{}?state=all&sort=updated&direction=desc&per_page={PER_PAGE}",
             repo_path(owner, name, "/pulls")
         );
-        let more = |page: &[PullJson]| {
+        let more = |page: &[PullRequest]| {
             since.is_none_or(|since| page.last().is_some_and(|p| p.updated_at >= since))
         };
-        let pages = self.get_pages::<PullJson>(first, etag, more).await?;
-        Ok(pages.map(|pulls| pulls.into_iter().map(PullRequest::from).collect()))
+        self.get_pages(first, etag, more).await
     }
 
     /// One pull request (`GET /repos/{owner}/{repo}/pulls/{number}`).
@@ -536,10 +530,8 @@ impl GitHub {
         name: &str,
         number: u64,
     ) -> Result<PullRequest, CodeHostError> {
-        let pull: PullJson = self
-            .get_json(repo_path(owner, name, &format!("/pulls/{number}")))
-            .await?;
-        Ok(pull.into())
+        self.get_json(repo_path(owner, name, &format!("/pulls/{number}")))
+            .await
     }
 
     /// Opens a pull request `head` → `base` (`head` is a branch of this repository, or
@@ -559,7 +551,7 @@ impl GitHub {
     ) -> Result<PullRequest, CodeHostError> {
         let path = repo_path(owner, name, "/pulls");
         let body = json!({"title": title, "head": head, "base": base, "body": body});
-        self.post_once_as::<PullJson, _>(&path, &body).await
+        self.post_once_as::<PullRequest, _>(&path, &body).await
     }
 
     /// The open pull request whose head is `branch` of this repository, if any (one page of
@@ -576,8 +568,8 @@ impl GitHub {
             repo_path(owner, name, "/pulls"),
             encode_segment(&format!("{owner}:{branch}"))
         );
-        let pulls: Vec<PullJson> = self.get_json(path).await?;
-        Ok(pulls.into_iter().next().map(PullRequest::from))
+        let pulls: Vec<PullRequest> = self.get_json(path).await?;
+        Ok(pulls.into_iter().next())
     }
 
     /// Posts a review with the event `COMMENT` and this body on a pull request. Like
@@ -619,8 +611,7 @@ impl GitHub {
         number: u64,
     ) -> Result<Vec<Review>, CodeHostError> {
         let path = format!("/pulls/{number}/reviews");
-        self.list_all::<ReviewJson, _>(owner, name, &path, None)
-            .await
+        self.list_all::<Review, _>(owner, name, &path, None).await
     }
 
     /// The review comments of a pull request (the comments on lines of its diff), in
@@ -635,7 +626,7 @@ impl GitHub {
         since: Option<OffsetDateTime>,
     ) -> Result<Vec<ReviewComment>, CodeHostError> {
         let path = format!("/pulls/{number}/comments");
-        self.list_all::<ReviewCommentJson, _>(owner, name, &path, since)
+        self.list_all::<ReviewCommentItem, _>(owner, name, &path, since)
             .await
     }
 

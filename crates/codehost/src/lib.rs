@@ -10,8 +10,9 @@
 //!   are conditional (`If-None-Match`), and a 304 is [`Conditional::NotModified`]; lists
 //!   follow every `Link: rel="next"` page. See [`client`] for the details.
 //! * The values it returns ([`Issue`], [`PullRequest`], …) are small owned structs with
-//!   `time` timestamps in UTC; GitHub's JSON is read into private serde structs with only the
-//!   members used, so octocrab's models (and chrono) never cross this crate's boundary.
+//!   `time` timestamps in UTC; serde reads GitHub's JSON straight into them (only the members
+//!   used; the helpers for nulls, users and times are private), so octocrab's models (and
+//!   chrono) never cross this crate's boundary.
 //! * Failures are one [`CodeHostError`]; [`CodeHostError::is_transient`] says whether trying
 //!   again later may help. No message ever contains the token.
 //! * [`webhook`] (docs/contract.md#56-webhook) checks a delivery's `X-Hub-Signature-256` in constant time

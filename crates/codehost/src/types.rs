@@ -1,7 +1,13 @@
 //! The values the client returns: small, owned, `time`-based views of GitHub's objects with
 //! only the members agentry uses.
 
+use serde::Deserialize;
 use time::OffsetDateTime;
+
+use crate::wire::{
+    branch_or_main, branch_ref, ghost, login, login_or_ghost, main_branch, or_empty, utc,
+    utc_option,
+};
 
 /// The answer to a conditional request (`If-None-Match`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +51,7 @@ impl<T> Conditional<T> {
 }
 
 /// The authenticated user (`GET /user`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct User {
     /// Login name.
     pub login: String,
@@ -54,28 +60,33 @@ pub struct User {
 }
 
 /// A repository (`GET /repos/{owner}/{repo}`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct RepoInfo {
     /// Numeric repository id.
     pub id: u64,
     /// Login of the owner.
+    #[serde(deserialize_with = "login")]
     pub owner: String,
     /// Repository name.
     pub name: String,
     /// `owner/name`.
     pub full_name: String,
     /// The default branch, e.g. `main`.
+    #[serde(default = "main_branch", deserialize_with = "branch_or_main")]
     pub default_branch: String,
     /// The HTTPS clone URL.
+    #[serde(default, deserialize_with = "or_empty")]
     pub clone_url: String,
     /// The web page of the repository.
     pub html_url: String,
     /// Whether the repository is private.
+    #[serde(default)]
     pub private: bool,
 }
 
 /// A label on an issue.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "crate::wire::LabelJson")]
 pub struct Label {
     /// Label name.
     pub name: String,
@@ -84,27 +95,34 @@ pub struct Label {
 }
 
 /// An issue (never a pull request).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Issue {
     /// Issue number.
     pub number: u64,
     /// Title.
     pub title: String,
     /// Markdown body (`""` when GitHub has none).
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Web page of the issue.
     pub html_url: String,
     /// `open` or `closed`.
     pub state: String,
     /// Login of the author (`ghost` for a deleted account).
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// Labels, in GitHub's order.
+    #[serde(default)]
     pub labels: Vec<Label>,
     /// Creation time (UTC).
+    #[serde(deserialize_with = "utc")]
     pub created_at: OffsetDateTime,
     /// Last update time (UTC).
+    #[serde(deserialize_with = "utc")]
     pub updated_at: OffsetDateTime,
     /// When it was closed (UTC), if it is.
+    #[serde(default, deserialize_with = "utc_option")]
     pub closed_at: Option<OffsetDateTime>,
 }
 
@@ -130,61 +148,79 @@ pub struct IssueChanges {
 }
 
 /// A comment on an issue or pull request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Comment {
     /// Comment id.
     pub id: u64,
     /// Markdown body.
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Login of the author (`ghost` for a deleted account).
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// Creation time (UTC).
+    #[serde(deserialize_with = "utc")]
     pub created_at: OffsetDateTime,
     /// Web page of the comment, e.g. `https://github.com/o/r/issues/7#issuecomment-1`
     /// (`/pull/7#…` on a pull request); `""` when GitHub gave none.
+    #[serde(default, deserialize_with = "or_empty")]
     pub html_url: String,
 }
 
 /// A review of a pull request (`GET /repos/{owner}/{repo}/pulls/{number}/reviews`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Review {
     /// Review id.
     pub id: u64,
     /// Login of the reviewer (`ghost` for a deleted account).
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// The state as the REST API writes it, upper case: `CHANGES_REQUESTED`, `COMMENTED`,
     /// `APPROVED`, `DISMISSED` or `PENDING`.
     pub state: String,
     /// Markdown body (`""` when GitHub has none).
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Web page of the review (`…/pull/{number}#pullrequestreview-{id}`); `""` when GitHub
     /// gave none.
+    #[serde(default, deserialize_with = "or_empty")]
     pub html_url: String,
     /// When it was submitted (UTC); `None` for a pending review.
+    #[serde(default, deserialize_with = "utc_option")]
     pub submitted_at: Option<OffsetDateTime>,
 }
 
 /// A review comment: a comment on a line of a pull request's diff
 /// (`GET /repos/{owner}/{repo}/pulls/{number}/comments`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct ReviewComment {
     /// Comment id.
     pub id: u64,
     /// Login of the author (`ghost` for a deleted account).
+    #[serde(rename = "user")]
+    #[serde(default = "ghost", deserialize_with = "login_or_ghost")]
     pub author: String,
     /// Markdown body.
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// The file it is on, relative to the repository root.
+    #[serde(default, deserialize_with = "or_empty")]
     pub path: String,
     /// The line of the file it is on (`line`, or `original_line` when the line is no longer
     /// in the diff); `None` for a comment on the whole file.
+    #[serde(default)]
     pub line: Option<u64>,
     /// Web page of the comment (`…/pull/{number}#discussion_r{id}`); `""` when GitHub gave
     /// none.
+    #[serde(default, deserialize_with = "or_empty")]
     pub html_url: String,
     /// Creation time (UTC).
+    #[serde(deserialize_with = "utc")]
     pub created_at: OffsetDateTime,
     /// The review it belongs to (`pull_request_review_id`).
+    #[serde(default, rename = "pull_request_review_id")]
     pub review_id: Option<u64>,
 }
 
@@ -239,26 +275,32 @@ pub enum ReactionTarget {
 }
 
 /// A pull request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct PullRequest {
     /// Number (shared with issues).
     pub number: u64,
     /// Title.
     pub title: String,
     /// Markdown body (`""` when GitHub has none).
+    #[serde(default, deserialize_with = "or_empty")]
     pub body: String,
     /// Web page of the pull request.
     pub html_url: String,
     /// `open` or `closed` (a merged pull request is `closed` with `merged_at` set).
     pub state: String,
     /// When it was merged (UTC), if it was.
+    #[serde(default, deserialize_with = "utc_option")]
     pub merged_at: Option<OffsetDateTime>,
     /// When it was closed (UTC), merged or not.
+    #[serde(default, deserialize_with = "utc_option")]
     pub closed_at: Option<OffsetDateTime>,
     /// Last update time (UTC).
+    #[serde(deserialize_with = "utc")]
     pub updated_at: OffsetDateTime,
     /// Head branch name (`ref`, without an `owner:` prefix).
+    #[serde(rename = "head", deserialize_with = "branch_ref")]
     pub head_ref: String,
     /// Base branch name.
+    #[serde(rename = "base", deserialize_with = "branch_ref")]
     pub base_ref: String,
 }

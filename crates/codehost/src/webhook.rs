@@ -291,9 +291,9 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
                 repo: p.repository.into(),
                 number: p.pull_request.number,
                 review_id: review.id,
-                author: review.user.login,
+                author: review.author,
                 state: review.state.to_ascii_uppercase(),
-                body: review.body.unwrap_or_default(),
+                body: review.body,
                 html_url: review.html_url,
             })
         }
@@ -304,8 +304,8 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
                 issue_number: p.issue.number,
                 is_pull_request: p.issue.pull_request.is_some(),
                 comment_id: p.comment.id,
-                author: p.comment.user.login,
-                body: p.comment.body.unwrap_or_default(),
+                author: p.comment.author,
+                body: p.comment.body,
                 html_url: p.comment.html_url,
             })
         }
@@ -316,8 +316,8 @@ pub fn parse_event(event: &str, body: &[u8]) -> Result<WebhookEvent, WebhookPars
                 repo: p.repository.into(),
                 number: p.pull_request.number,
                 comment_id: c.id,
-                author: c.user.login,
-                body: c.body.unwrap_or_default(),
+                author: c.author,
+                body: c.body,
                 path: c.path,
                 line: c.line.or(c.original_line),
                 html_url: c.html_url,
@@ -431,8 +431,8 @@ struct PingJson {
 
 #[derive(Deserialize)]
 struct RepoJson {
-    #[serde(deserialize_with = "object")]
-    owner: LoginJson,
+    #[serde(deserialize_with = "login")]
+    owner: String,
     name: String,
     html_url: String,
 }
@@ -440,16 +440,22 @@ struct RepoJson {
 impl From<RepoJson> for RepoRef {
     fn from(r: RepoJson) -> Self {
         RepoRef {
-            owner: r.owner.login,
+            owner: r.owner,
             name: r.name,
             html_url: r.html_url,
         }
     }
 }
 
-#[derive(Deserialize)]
-struct LoginJson {
-    login: String,
+/// `#[serde(deserialize_with = "login")]`: a user, which must be a JSON object, read as its
+/// `login`.
+fn login<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    /// A user object; only the login is read.
+    #[derive(Deserialize)]
+    struct LoginJson {
+        login: String,
+    }
+    object(deserializer).map(|user: LoginJson| user.login)
 }
 
 #[derive(Deserialize)]
@@ -511,11 +517,11 @@ struct ReviewSubmittedJson {
 #[derive(Deserialize)]
 struct ReviewJson {
     id: u64,
-    #[serde(deserialize_with = "object")]
-    user: LoginJson,
+    #[serde(rename = "user", deserialize_with = "login")]
+    author: String,
     state: String,
-    #[serde(default)]
-    body: Option<String>,
+    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    body: String,
     html_url: String,
 }
 
@@ -540,10 +546,10 @@ struct CommentedIssueJson {
 #[derive(Deserialize)]
 struct CommentJson {
     id: u64,
-    #[serde(deserialize_with = "object")]
-    user: LoginJson,
-    #[serde(default)]
-    body: Option<String>,
+    #[serde(rename = "user", deserialize_with = "login")]
+    author: String,
+    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    body: String,
     html_url: String,
 }
 
@@ -560,10 +566,10 @@ struct ReviewCommentCreatedJson {
 #[derive(Deserialize)]
 struct ReviewCommentJson {
     id: u64,
-    #[serde(deserialize_with = "object")]
-    user: LoginJson,
-    #[serde(default)]
-    body: Option<String>,
+    #[serde(rename = "user", deserialize_with = "login")]
+    author: String,
+    #[serde(default, deserialize_with = "crate::wire::or_empty")]
+    body: String,
     path: String,
     #[serde(default)]
     line: Option<u64>,

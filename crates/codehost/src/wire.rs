@@ -1,76 +1,81 @@
-//! GitHub's JSON, read into small serde structs with only the members the client uses (so a
-//! missing optional member or a new one never breaks parsing), then turned into the public
-//! types of [`crate::types`]. Times are RFC 3339, read with `time` and moved to UTC.
+//! GitHub's JSON, read with serde straight into the public types of [`crate::types`] (their
+//! `#[serde(...)]` attributes name the helpers here), with only the members the client uses,
+//! so a missing optional member or a new one never breaks parsing. Times are RFC 3339, read
+//! with `time` and moved to UTC; a `null` text is `""`, a missing or `null` user `ghost`.
+//!
+//! A wire struct is kept only where the mapping is more than a rename: [`IssueItem`] (an
+//! item of the issues list may be a pull request), [`ReviewCommentItem`] (`line` falls back
+//! to `original_line`), [`LabelJson`] (a label may be a bare name), [`PermissionJson`] (a
+//! role name or the legacy summary) and [`ErrorJson`].
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use time::{OffsetDateTime, UtcOffset};
 
-use crate::types::{
-    Comment, Issue, Label, Permission, PullRequest, RepoInfo, Review, ReviewComment, User,
-};
+use crate::types::{Issue, Label, Permission, ReviewComment};
 
 /// GitHub shows a deleted account as this user.
 const GHOST: &str = "ghost";
 
-fn utc(t: OffsetDateTime) -> OffsetDateTime {
-    t.to_offset(UtcOffset::UTC)
-}
-
 /// A user reference (`simple-user`); only the login is used.
 #[derive(Debug, Deserialize)]
-pub(crate) struct UserRef {
-    pub login: String,
+struct UserRef {
+    login: String,
 }
 
-fn login_of(user: Option<UserRef>) -> String {
-    user.map_or_else(|| GHOST.to_owned(), |u| u.login)
+/// `#[serde(deserialize_with)]`: an RFC 3339 time, moved to UTC.
+pub(crate) fn utc<'de, D: Deserializer<'de>>(d: D) -> Result<OffsetDateTime, D::Error> {
+    time::serde::rfc3339::deserialize(d).map(|t| t.to_offset(UtcOffset::UTC))
 }
 
-/// `GET /user`.
-#[derive(Debug, Deserialize)]
-pub(crate) struct UserJson {
-    pub login: String,
-    pub id: u64,
+/// `#[serde(default, deserialize_with)]`: an RFC 3339 time or `null`, moved to UTC.
+pub(crate) fn utc_option<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<OffsetDateTime>, D::Error> {
+    time::serde::rfc3339::option::deserialize(d).map(|t| t.map(|t| t.to_offset(UtcOffset::UTC)))
 }
 
-impl From<UserJson> for User {
-    fn from(u: UserJson) -> Self {
-        User {
-            login: u.login,
-            id: u.id,
-        }
+/// `#[serde(default, deserialize_with)]`: a text, `""` when `null`.
+pub(crate) fn or_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Option::<String>::deserialize(d).map(Option::unwrap_or_default)
+}
+
+/// `#[serde(deserialize_with)]`: a user object, read as its login.
+pub(crate) fn login<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    UserRef::deserialize(d).map(|u| u.login)
+}
+
+/// `#[serde(default = "ghost", deserialize_with)]`: a user object as its login, `ghost` (a
+/// deleted account) when `null`.
+pub(crate) fn login_or_ghost<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Option::<UserRef>::deserialize(d).map(|u| u.map_or_else(ghost, |u| u.login))
+}
+
+/// The login of a missing user: `ghost`.
+pub(crate) fn ghost() -> String {
+    GHOST.to_owned()
+}
+
+/// `#[serde(default = "main_branch", deserialize_with)]`: a default branch, `main` when
+/// `null`.
+pub(crate) fn branch_or_main<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Option::<String>::deserialize(d).map(|b| b.unwrap_or_else(main_branch))
+}
+
+/// The default branch of a repository that names none: `main`.
+pub(crate) fn main_branch() -> String {
+    "main".to_owned()
+}
+
+/// `#[serde(deserialize_with)]`: the `head` or `base` of a pull request, read as its `ref`
+/// (the branch name).
+pub(crate) fn branch_ref<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    /// The `head` or `base` object.
+    #[derive(Deserialize)]
+    struct BranchJson {
+        #[serde(rename = "ref")]
+        ref_name: String,
     }
-}
-
-/// `GET /repos/{owner}/{repo}`.
-#[derive(Debug, Deserialize)]
-pub(crate) struct RepoJson {
-    pub id: u64,
-    pub owner: UserRef,
-    pub name: String,
-    pub full_name: String,
-    #[serde(default)]
-    pub default_branch: Option<String>,
-    #[serde(default)]
-    pub clone_url: Option<String>,
-    pub html_url: String,
-    #[serde(default)]
-    pub private: bool,
-}
-
-impl From<RepoJson> for RepoInfo {
-    fn from(r: RepoJson) -> Self {
-        RepoInfo {
-            id: r.id,
-            owner: r.owner.login,
-            name: r.name,
-            full_name: r.full_name,
-            default_branch: r.default_branch.unwrap_or_else(|| "main".to_owned()),
-            clone_url: r.clone_url.unwrap_or_default(),
-            html_url: r.html_url,
-            private: r.private,
-        }
-    }
+    BranchJson::deserialize(d).map(|b| b.ref_name)
 }
 
 /// A label: an object, or (allowed by GitHub's schema for issues) a bare name.
@@ -100,149 +105,45 @@ impl From<LabelJson> for Label {
     }
 }
 
-/// An item of `GET /repos/{owner}/{repo}/issues` or `GET …/issues/{n}`.
+/// An item of `GET /repos/{owner}/{repo}/issues`: an issue, or a pull request (GitHub lists
+/// both there).
 #[derive(Debug, Deserialize)]
-pub(crate) struct IssueJson {
-    pub number: u64,
-    pub title: String,
-    #[serde(default)]
-    pub body: Option<String>,
-    pub html_url: String,
-    pub state: String,
-    #[serde(default)]
-    pub user: Option<UserRef>,
-    #[serde(default)]
-    pub labels: Vec<LabelJson>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
-    pub updated_at: OffsetDateTime,
-    #[serde(default, with = "time::serde::rfc3339::option")]
-    pub closed_at: Option<OffsetDateTime>,
+pub(crate) struct IssueItem {
+    #[serde(flatten)]
+    pub issue: Issue,
     /// Present (an object) when the item is a pull request.
     #[serde(default)]
-    pub pull_request: Option<serde::de::IgnoredAny>,
+    pull_request: Option<serde::de::IgnoredAny>,
 }
 
-impl IssueJson {
+impl IssueItem {
     /// Whether this item of the issues list is a pull request.
     pub fn is_pull_request(&self) -> bool {
         self.pull_request.is_some()
     }
 }
 
-impl From<IssueJson> for Issue {
-    fn from(i: IssueJson) -> Self {
-        Issue {
-            number: i.number,
-            title: i.title,
-            body: i.body.unwrap_or_default(),
-            html_url: i.html_url,
-            state: i.state,
-            author: login_of(i.user),
-            labels: i.labels.into_iter().map(Label::from).collect(),
-            created_at: utc(i.created_at),
-            updated_at: utc(i.updated_at),
-            closed_at: i.closed_at.map(utc),
-        }
+impl From<IssueItem> for Issue {
+    fn from(item: IssueItem) -> Self {
+        item.issue
     }
 }
 
-/// An issue comment.
+/// A review comment (`pull-request-review-comment`) with the `original_line` its `line`
+/// falls back to when the line is no longer in the diff.
 #[derive(Debug, Deserialize)]
-pub(crate) struct CommentJson {
-    pub id: u64,
+pub(crate) struct ReviewCommentItem {
+    #[serde(flatten)]
+    comment: ReviewComment,
     #[serde(default)]
-    pub body: Option<String>,
-    #[serde(default)]
-    pub user: Option<UserRef>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    #[serde(default)]
-    pub html_url: Option<String>,
+    original_line: Option<u64>,
 }
 
-impl From<CommentJson> for Comment {
-    fn from(c: CommentJson) -> Self {
-        Comment {
-            id: c.id,
-            body: c.body.unwrap_or_default(),
-            author: login_of(c.user),
-            created_at: utc(c.created_at),
-            html_url: c.html_url.unwrap_or_default(),
-        }
-    }
-}
-
-/// The `head` or `base` of a pull request.
-#[derive(Debug, Deserialize)]
-pub(crate) struct BranchJson {
-    #[serde(rename = "ref")]
-    pub ref_name: String,
-}
-
-/// A review of a pull request (`pull-request-review`).
-#[derive(Debug, Deserialize)]
-pub(crate) struct ReviewJson {
-    pub id: u64,
-    #[serde(default)]
-    pub user: Option<UserRef>,
-    pub state: String,
-    #[serde(default)]
-    pub body: Option<String>,
-    #[serde(default)]
-    pub html_url: Option<String>,
-    /// Absent for a pending review.
-    #[serde(default, with = "time::serde::rfc3339::option")]
-    pub submitted_at: Option<OffsetDateTime>,
-}
-
-impl From<ReviewJson> for Review {
-    fn from(r: ReviewJson) -> Self {
-        Review {
-            id: r.id,
-            author: login_of(r.user),
-            state: r.state,
-            body: r.body.unwrap_or_default(),
-            html_url: r.html_url.unwrap_or_default(),
-            submitted_at: r.submitted_at.map(utc),
-        }
-    }
-}
-
-/// A review comment (`pull-request-review-comment`).
-#[derive(Debug, Deserialize)]
-pub(crate) struct ReviewCommentJson {
-    pub id: u64,
-    #[serde(default)]
-    pub user: Option<UserRef>,
-    #[serde(default)]
-    pub body: Option<String>,
-    #[serde(default)]
-    pub path: Option<String>,
-    #[serde(default)]
-    pub line: Option<u64>,
-    #[serde(default)]
-    pub original_line: Option<u64>,
-    #[serde(default)]
-    pub html_url: Option<String>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    #[serde(default)]
-    pub pull_request_review_id: Option<u64>,
-}
-
-impl From<ReviewCommentJson> for ReviewComment {
-    fn from(c: ReviewCommentJson) -> Self {
+impl From<ReviewCommentItem> for ReviewComment {
+    fn from(item: ReviewCommentItem) -> Self {
         ReviewComment {
-            id: c.id,
-            author: login_of(c.user),
-            body: c.body.unwrap_or_default(),
-            path: c.path.unwrap_or_default(),
-            line: c.line.or(c.original_line),
-            html_url: c.html_url.unwrap_or_default(),
-            created_at: utc(c.created_at),
-            review_id: c.pull_request_review_id,
+            line: item.comment.line.or(item.original_line),
+            ..item.comment
         }
     }
 }
@@ -278,42 +179,6 @@ impl PermissionJson {
             .as_deref()
             .and_then(known)
             .or_else(|| self.permission.as_deref().and_then(known))
-    }
-}
-
-/// A pull request, list (`pull-request-simple`) or full shape.
-#[derive(Debug, Deserialize)]
-pub(crate) struct PullJson {
-    pub number: u64,
-    pub title: String,
-    #[serde(default)]
-    pub body: Option<String>,
-    pub html_url: String,
-    pub state: String,
-    #[serde(default, with = "time::serde::rfc3339::option")]
-    pub merged_at: Option<OffsetDateTime>,
-    #[serde(default, with = "time::serde::rfc3339::option")]
-    pub closed_at: Option<OffsetDateTime>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub updated_at: OffsetDateTime,
-    pub head: BranchJson,
-    pub base: BranchJson,
-}
-
-impl From<PullJson> for PullRequest {
-    fn from(p: PullJson) -> Self {
-        PullRequest {
-            number: p.number,
-            title: p.title,
-            body: p.body.unwrap_or_default(),
-            html_url: p.html_url,
-            state: p.state,
-            merged_at: p.merged_at.map(utc),
-            closed_at: p.closed_at.map(utc),
-            updated_at: utc(p.updated_at),
-            head_ref: p.head.ref_name,
-            base_ref: p.base.ref_name,
-        }
     }
 }
 
@@ -390,13 +255,14 @@ impl ErrorJson {
 mod tests {
 
     use super::*;
+    use crate::types::Review;
 
     #[test]
     fn an_issue_with_nulls_and_missing_members_parses() {
         let json = r#"{"number": 7, "title": "t", "body": null, "html_url": "h", "state": "open",
             "user": null, "labels": ["bug", {"name": "agentry", "color": "6f42c1"}],
             "created_at": "2024-01-02T03:04:05Z", "updated_at": "2024-01-02T04:04:05+01:00"}"#;
-        let issue: IssueJson = serde_json::from_str(json).unwrap();
+        let issue: IssueItem = serde_json::from_str(json).unwrap();
         assert!(!issue.is_pull_request());
         let issue = Issue::from(issue);
         assert_eq!(issue.body, "");
@@ -409,12 +275,54 @@ mod tests {
     }
 
     #[test]
+    fn pull_requests_and_repositories_parse_into_the_public_types() {
+        let item: IssueItem = serde_json::from_str(
+            r#"{"number": 8, "title": "p", "html_url": "h", "state": "open",
+                "user": {"login": "u"}, "created_at": "2024-01-02T03:04:05Z",
+                "updated_at": "2024-01-02T03:04:05Z", "pull_request": {"url": "x"}}"#,
+        )
+        .unwrap();
+        assert!(item.is_pull_request());
+        assert_eq!(item.issue.author, "u");
+        let pull: crate::types::PullRequest = serde_json::from_str(
+            r#"{"number": 8, "title": "p", "body": null, "html_url": "h", "state": "closed",
+                "merged_at": "2024-01-02T04:04:05+01:00", "closed_at": null,
+                "updated_at": "2024-01-02T03:04:05Z",
+                "head": {"ref": "agentry/x", "sha": "1"}, "base": {"ref": "main"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (pull.head_ref.as_str(), pull.base_ref.as_str()),
+            ("agentry/x", "main")
+        );
+        assert_eq!(pull.merged_at, Some(pull.updated_at));
+        assert_eq!(
+            pull.merged_at.map(OffsetDateTime::offset),
+            Some(UtcOffset::UTC)
+        );
+        assert_eq!((pull.body.as_str(), pull.closed_at), ("", None));
+        let repo: crate::types::RepoInfo = serde_json::from_str(
+            r#"{"id": 1, "owner": {"login": "o"}, "name": "r", "full_name": "o/r",
+                "default_branch": null, "html_url": "h"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                repo.owner.as_str(),
+                repo.default_branch.as_str(),
+                repo.clone_url.as_str()
+            ),
+            ("o", "main", "")
+        );
+        assert!(!repo.private);
+    }
+
+    #[test]
     fn reviews_and_review_comments_with_nulls_parse() {
-        let review: ReviewJson = serde_json::from_str(
+        let review: Review = serde_json::from_str(
             r#"{"id": 3, "user": null, "state": "PENDING", "body": null, "html_url": "h"}"#,
         )
         .unwrap();
-        let review = Review::from(review);
         assert_eq!(
             (
                 review.author.as_str(),
@@ -423,7 +331,7 @@ mod tests {
             ),
             ("ghost", "", None)
         );
-        let comment: ReviewCommentJson = serde_json::from_str(
+        let comment: ReviewCommentItem = serde_json::from_str(
             r#"{"id": 4, "user": {"login": "u"}, "body": "b", "path": "src/a.rs", "line": null,
                 "original_line": 12, "created_at": "2024-01-02T03:04:05Z",
                 "pull_request_review_id": 3}"#,

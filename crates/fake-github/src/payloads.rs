@@ -9,7 +9,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::model::{Repo, State, repo_key};
+use super::model::{Item, Pull, Repo, State, repo_key};
 use super::{FakeGitHub, no_pull};
 
 /// The `repository` of a webhook payload: the repository without the members only the
@@ -59,17 +59,16 @@ pub fn pull_request_review_submitted(
     review_id: u64,
 ) -> Value {
     let state = fake.state();
-    let (repo, item, pull) = pull_in(&state, owner, name, number);
-    let on = format!("{owner}/{name}#{number}");
-    let review = by_id(&pull.reviews, review_id, |r| r.id, "review", &on);
-    let mut review_json = state.review_json(repo, item, review);
+    let (at, pull) = pull_in(&state, owner, name, number);
+    let review = at.by_id(&pull.reviews, review_id, |r| r.id, "review");
+    let mut review_json = state.review_json(at.repo, at.item, review);
     if let Value::Object(map) = &mut review_json {
         map.insert("state".to_owned(), json!(review.state.to_ascii_lowercase()));
     }
-    let pull_json = state.pull_json(repo, item, pull, false);
+    let pull_json = state.pull_json(at.repo, at.item, pull, false);
     payload(
         &state,
-        repo,
+        at.repo,
         "submitted",
         [("review", review_json), ("pull_request", pull_json)],
         &review.user,
@@ -91,14 +90,13 @@ pub fn issue_comment_created(
     comment_id: u64,
 ) -> Value {
     let state = fake.state();
-    let on = format!("{owner}/{name}#{number}");
-    let (repo, item) = item_in(&state, owner, name, number);
-    let comment = by_id(&item.comments, comment_id, |c| c.id, "comment", &on);
+    let at = item_in(&state, owner, name, number);
+    let comment = at.by_id(&at.item.comments, comment_id, |c| c.id, "comment");
     let subject = [
-        ("issue", state.issue_json(repo, item, false)),
-        ("comment", state.comment_json(repo, item, comment)),
+        ("issue", state.issue_json(at.repo, at.item, false)),
+        ("comment", state.comment_json(at.repo, at.item, comment)),
     ];
-    payload(&state, repo, "created", subject, &comment.user)
+    payload(&state, at.repo, "created", subject, &comment.user)
 }
 
 /// `X-GitHub-Event: pull_request_review_comment`, action `created`, for review comment
@@ -116,66 +114,81 @@ pub fn pull_request_review_comment_created(
     comment_id: u64,
 ) -> Value {
     let state = fake.state();
-    let (repo, item, pull) = pull_in(&state, owner, name, number);
-    let on = format!("{owner}/{name}#{number}");
-    let comment = by_id(
+    let (at, pull) = pull_in(&state, owner, name, number);
+    let comment = at.by_id(
         &pull.review_comments,
         comment_id,
         |c| c.id,
         "review comment",
-        &on,
     );
     let subject = [
-        ("comment", state.review_comment_json(repo, item, comment)),
-        ("pull_request", state.pull_json(repo, item, pull, false)),
+        (
+            "comment",
+            state.review_comment_json(at.repo, at.item, comment),
+        ),
+        (
+            "pull_request",
+            state.pull_json(at.repo, at.item, pull, false),
+        ),
     ];
-    payload(&state, repo, "created", subject, &comment.user)
+    payload(&state, at.repo, "created", subject, &comment.user)
 }
 
-/// The repository and the item of issue or pull request `number`.
+/// Issue or pull request `number` of a repository, as the fake holds it.
+struct Subject<'s> {
+    repo: &'s Repo,
+    item: &'s Item,
+    /// `owner/name#number`, for the panic of [`Subject::by_id`].
+    on: String,
+}
+
+impl<'s> Subject<'s> {
+    /// The one of `items` (issue or pull request's comments, reviews, review comments)
+    /// whose id (as `id_of` reads it) is `id`.
+    ///
+    /// # Panics
+    /// If there is none: "no `what` `id` on `owner/name#number`".
+    #[track_caller]
+    fn by_id<T>(&self, items: &'s [T], id: u64, id_of: impl Fn(&T) -> u64, what: &str) -> &'s T {
+        items
+            .iter()
+            .find(|x| id_of(x) == id)
+            .unwrap_or_else(|| panic!("fake GitHub: no {what} {id} on {}", self.on))
+    }
+}
+
+/// Issue or pull request `number` of `owner/name`.
 ///
 /// # Panics
 /// If there is none.
 #[track_caller]
-fn item_in<'s>(
-    state: &'s State,
-    owner: &str,
-    name: &str,
-    number: u64,
-) -> (&'s Repo, &'s super::model::Item) {
-    state
+fn item_in<'s>(state: &'s State, owner: &str, name: &str, number: u64) -> Subject<'s> {
+    let found = state
         .repos
         .get(&repo_key(owner, name))
-        .and_then(|repo| Some((repo, repo.items.get(&number)?)))
-        .unwrap_or_else(|| panic!("fake GitHub: no issue {owner}/{name}#{number}"))
+        .and_then(|repo| Some((repo, repo.items.get(&number)?)));
+    let Some((repo, item)) = found else {
+        panic!("fake GitHub: no issue {owner}/{name}#{number}")
+    };
+    Subject {
+        repo,
+        item,
+        on: format!("{owner}/{name}#{number}"),
+    }
 }
 
-/// The repository, item and pull-request side of pull request `number`.
+/// Pull request `number` of `owner/name`, and its pull-request side.
 ///
 /// # Panics
 /// If there is none.
 #[track_caller]
-fn pull_in<'s>(
-    state: &'s State,
-    owner: &str,
-    name: &str,
-    number: u64,
-) -> (&'s Repo, &'s super::model::Item, &'s super::model::Pull) {
-    let found = state.repos.get(&repo_key(owner, name)).and_then(|repo| {
-        let item = repo.items.get(&number)?;
-        Some((repo, item, item.pull.as_ref()?))
-    });
-    found.unwrap_or_else(|| no_pull(owner, name, number))
-}
-
-/// The one of `items` whose id (as `id_of` reads it) is `id`.
-///
-/// # Panics
-/// If there is none: "no `what` `id` on `on`".
-#[track_caller]
-fn by_id<'a, T>(items: &'a [T], id: u64, id_of: impl Fn(&T) -> u64, what: &str, on: &str) -> &'a T {
-    items
-        .iter()
-        .find(|x| id_of(x) == id)
-        .unwrap_or_else(|| panic!("fake GitHub: no {what} {id} on {on}"))
+fn pull_in<'s>(state: &'s State, owner: &str, name: &str, number: u64) -> (Subject<'s>, &'s Pull) {
+    let pull = state
+        .repos
+        .get(&repo_key(owner, name))
+        .and_then(|repo| repo.items.get(&number)?.pull.as_ref());
+    let Some(pull) = pull else {
+        no_pull(owner, name, number)
+    };
+    (item_in(state, owner, name, number), pull)
 }
