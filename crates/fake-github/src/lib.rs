@@ -40,7 +40,7 @@ mod model;
 pub mod payloads;
 mod util;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
@@ -50,6 +50,7 @@ use agentry_testkit::served::Served;
 use agentry_testkit::SplitMix64;
 use handler::{Incoming, MAX_BODY_BYTES, Outcome};
 use model::{FaultMode, FaultRule, State, Token, repo_key};
+use parking_lot::{Mutex, MutexGuard};
 
 /// A failure the fake answers instead of handling a request, or instead of its answer (see
 /// [`FakeGitHub::fail_next`]).
@@ -176,13 +177,6 @@ pub struct FakeGitHub {
     served: Served,
 }
 
-/// Locks the state; a poisoned lock (a panicking test thread) is still usable.
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 async fn handle(
     req: HttpRequest,
     payload: web::Payload,
@@ -208,7 +202,7 @@ async fn handle(
         body,
     };
     let outcome = {
-        let mut guard = lock(&state);
+        let mut guard = state.lock();
         handler::process(&mut guard, &incoming)
     };
     to_response(outcome).await
@@ -260,7 +254,7 @@ impl FakeGitHub {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
+        self.state.lock()
     }
 
     /// Runs `change` on the repository `owner/name`.
