@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use serde_json::{Value, json};
 
 use crate::script::{self, Directives, Mode, NOTES_FILE, Step, ToolAction};
-use crate::state::{State, lock};
+use crate::state::State;
 use crate::{
     ANTHROPIC_MAIN_USAGE, ANTHROPIC_SIDE_USAGE, Body, Call, CallKind, Incoming, Provider, Reply,
     Shared, Transport, Usage, parse_body,
@@ -82,7 +82,7 @@ fn error_reply(s: &mut State, mut call: Call, status: u16, message: &str, no_ret
 pub(crate) fn root(incoming: &Incoming, state: &Shared) -> Reply {
     let mut call = incoming.call(Provider::Anthropic, Transport::Json, CallKind::Other);
     call.answered_at = Some(SystemTime::now());
-    lock(state).record(call);
+    state.lock().record(call);
     Reply {
         status: 200,
         headers: Vec::new(),
@@ -99,7 +99,7 @@ pub(crate) fn root(incoming: &Incoming, state: &Shared) -> Reply {
 
 /// `GET /v1/models` with Anthropic headers.
 pub(crate) fn models(incoming: &Incoming, state: &Shared) -> Reply {
-    let mut s = lock(state);
+    let mut s = state.lock();
     let mut call = incoming.call(Provider::Anthropic, Transport::Json, CallKind::Other);
     call.key_ok = authorized(incoming, &s.key);
     if !call.key_ok {
@@ -138,7 +138,7 @@ pub(crate) fn count_tokens(
     body: Result<Vec<u8>, u16>,
     state: &Shared,
 ) -> Reply {
-    let mut s = lock(state);
+    let mut s = state.lock();
     let mut call = incoming.call(Provider::Anthropic, Transport::Json, CallKind::CountTokens);
     call.key_ok = authorized(incoming, &s.key);
     let len = body.as_ref().map(Vec::len).unwrap_or(0);
@@ -370,7 +370,7 @@ fn usage_json(usage: &Usage, output_tokens: u64) -> Value {
 
 /// `POST /v1/messages`.
 pub(crate) fn messages(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &Shared) -> Reply {
-    let mut s = lock(state);
+    let mut s = state.lock();
     let mut call = incoming.call(Provider::Anthropic, Transport::Json, CallKind::Main);
     call.key_ok = authorized(incoming, &s.key);
     let parsed = parse_body(body, not_json);

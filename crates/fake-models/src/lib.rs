@@ -187,7 +187,7 @@ mod openai;
 mod script;
 mod state;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use actix_web::http::StatusCode;
@@ -195,7 +195,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use agentry_testkit::served::Served;
 use serde::Serialize;
 
-use state::{State, lock};
+use parking_lot::{Mutex, MutexGuard};
+use state::State;
 
 /// The key [`FakeModels::start`] accepts.
 pub const DEFAULT_KEY: &str = "test-key";
@@ -577,7 +578,7 @@ fn unknown(incoming: &Incoming, state: &Shared) -> Reply {
     let mut call = incoming.call(provider, Transport::Json, CallKind::Other);
     call.status = 404;
     call.answered_at = Some(SystemTime::now());
-    lock(state).record(call);
+    state.lock().record(call);
     Reply::json(404, body)
 }
 
@@ -588,13 +589,13 @@ const GATHER_TIMEOUT: Duration = Duration::from_secs(60);
 async fn send(reply: Reply, state: &Shared) -> HttpResponse {
     if let Some(n) = reply.gather {
         let arrival = {
-            let mut s = lock(state);
+            let mut s = state.lock();
             s.gathered += 1;
             s.gathered
         };
         if arrival <= n {
             let deadline = std::time::Instant::now() + GATHER_TIMEOUT;
-            while lock(state).gathered < n && std::time::Instant::now() < deadline {
+            while state.lock().gathered < n && std::time::Instant::now() < deadline {
                 actix_web::rt::time::sleep(Duration::from_millis(10)).await;
             }
         }
@@ -603,7 +604,7 @@ async fn send(reply: Reply, state: &Shared) -> HttpResponse {
         actix_web::rt::time::sleep(delay).await;
     }
     if let Some(seq) = reply.seq {
-        lock(state).answered(seq);
+        state.lock().answered(seq);
     }
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut builder = HttpResponse::build(status);
@@ -707,7 +708,7 @@ impl FakeModels {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
+        self.state.lock()
     }
 
     /// The only API key accepted.

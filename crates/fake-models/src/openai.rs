@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::anthropic::{API_ERROR_MESSAGE, FAULT_MESSAGE, pieces};
 use crate::script::{self, Directives, Mode, NOTES_FILE, Step, ToolAction};
-use crate::state::{Conversation, State, lock, unix_now};
+use crate::state::{Conversation, State, unix_now};
 use crate::{
     Body, Call, CallKind, Incoming, MAX_BODY_BYTES, OPENAI_MAIN_USAGE, OPENAI_SIDE_USAGE, Provider,
     Reply, Shared, Transport, Usage, parse_body, parse_object,
@@ -63,7 +63,7 @@ fn bad_key_message(incoming: &Incoming) -> String {
 
 /// `GET /v1/models`.
 pub(crate) fn models(incoming: &Incoming, state: &Shared) -> Reply {
-    let mut s = lock(state);
+    let mut s = state.lock();
     let mut call = incoming.call(Provider::OpenAi, Transport::Json, CallKind::Other);
     call.key_ok = authorized(incoming, &s.key);
     call.answered_at = Some(SystemTime::now());
@@ -768,7 +768,7 @@ fn not_json(e: &serde_json::Error) -> String {
 
 /// `POST /v1/responses`.
 pub(crate) fn responses(incoming: &Incoming, body: Result<Vec<u8>, u16>, state: &Shared) -> Reply {
-    let mut s = lock(state);
+    let mut s = state.lock();
     let key_ok = authorized(incoming, &s.key);
     let parsed = parse_body(body, not_json);
     let streaming = parsed
@@ -835,13 +835,13 @@ pub(crate) fn websocket(
     let mut call = incoming.call(Provider::OpenAi, Transport::WebSocket, CallKind::Other);
     call.answered_at = Some(SystemTime::now());
     let (key_ok, enabled) = {
-        let s = lock(&state);
+        let s = state.lock();
         (authorized(&incoming, &s.key), s.websocket)
     };
     call.key_ok = key_ok;
     if !enabled {
         call.status = 426;
-        lock(&state).record(call);
+        state.lock().record(call);
         return HttpResponse::build(actix_web::http::StatusCode::UPGRADE_REQUIRED)
             .content_type("application/json")
             .body(
@@ -855,7 +855,7 @@ pub(crate) fn websocket(
     }
     if !key_ok {
         call.status = 401;
-        lock(&state).record(call);
+        state.lock().record(call);
         return HttpResponse::Unauthorized()
             .content_type("application/json")
             .body(
@@ -865,14 +865,14 @@ pub(crate) fn websocket(
     match actix_ws::handle(req, payload) {
         Ok((response, session, stream)) => {
             call.status = 101;
-            lock(&state).record(call);
+            state.lock().record(call);
             actix_web::rt::spawn(serve_websocket(session, stream, incoming, state));
             response
         }
         Err(e) => {
             let response = e.error_response();
             call.status = response.status().as_u16();
-            lock(&state).record(call);
+            state.lock().record(call);
             response
         }
     }
@@ -898,14 +898,14 @@ async fn serve_websocket(
                     ..incoming.clone()
                 };
                 let (frames, delay, seq) = {
-                    let mut s = lock(&state);
+                    let mut s = state.lock();
                     websocket_frame(&mut s, &frame, text.as_bytes())
                 };
                 if let Some(delay) = delay {
                     actix_web::rt::time::sleep(delay).await;
                 }
                 if let Some(seq) = seq {
-                    lock(&state).answered(seq);
+                    state.lock().answered(seq);
                 }
                 for f in frames {
                     if session.text(f).await.is_err() {

@@ -2,7 +2,6 @@
 //! conversations that chained OpenAI responses continue.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use agentry_testkit::SplitMix64;
@@ -129,13 +128,6 @@ impl State {
         self.responses.insert(id.to_owned(), conversation);
         self.response_order.push_back(id.to_owned());
     }
-}
-
-/// Locks the state; a poisoned lock (a panicking test thread) is still usable.
-pub(crate) fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Seconds since the Unix epoch, now.
