@@ -667,6 +667,13 @@ mod tests {
         EgressPolicy::new(patterns.iter().map(|p| pattern(p)))
     }
 
+    /// A proxy whose policy lists `origin`'s address literally, and that address
+    /// (`127.0.0.1:PORT`).
+    fn proxy_listing(origin: &Origin) -> (Proxy, String) {
+        let listed = format!("127.0.0.1:{}", origin.port());
+        (Proxy::start(policy(&[&listed])), listed)
+    }
+
     /// A policy resolving names from `hosts` only.
     fn policy_with_hosts(patterns: &[&str], hosts: &[(&str, &[IpAddr])]) -> EgressPolicy {
         EgressPolicy {
@@ -1074,9 +1081,7 @@ mod tests {
     #[tokio::test]
     async fn connect_tunnels_to_a_literally_listed_address() {
         let origin = Origin::start().await;
-        let listed = format!("127.0.0.1:{}", origin.port());
-        let proxy = Proxy::start(policy(&[&listed]));
-        let authority = format!("127.0.0.1:{}", origin.port());
+        let (proxy, authority) = proxy_listing(&origin);
         let answer = proxy.get_from_origin(&authority).await;
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
         let requests = origin.requests();
@@ -1093,9 +1098,7 @@ mod tests {
     #[tokio::test]
     async fn bytes_sent_with_the_connect_head_are_passed_on() {
         let origin = Origin::start().await;
-        let listed = format!("127.0.0.1:{}", origin.port());
-        let proxy = Proxy::start(policy(&[&listed]));
-        let authority = format!("127.0.0.1:{}", origin.port());
+        let (proxy, authority) = proxy_listing(&origin);
         let answer = proxy
             .exchange(
                 format!(
@@ -1114,8 +1117,7 @@ mod tests {
     #[tokio::test]
     async fn plain_http_is_forwarded_in_origin_form_without_proxy_fields() {
         let origin = Origin::start().await;
-        let listed = format!("127.0.0.1:{}", origin.port());
-        let proxy = Proxy::start(policy(&[&listed]));
+        let (proxy, _) = proxy_listing(&origin);
         let port = origin.port();
         let request = format!(
             "POST http://127.0.0.1:{port}/upload?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
