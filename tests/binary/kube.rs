@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use agentry_fake_kube::{FakeKube, Options, Rbac};
+use agentry_testkit::stats::quantile;
 use agentry_testkit::wait::eventually;
 use base64::Engine;
 use serde_json::Value;
@@ -665,10 +666,9 @@ fn doctor_checks_the_cluster_the_namespace_and_the_permissions() {
     assert!(!line.contains("jobs"), "{line}");
 }
 
-/// The median of `values` (sorted in place).
+/// The median of `values` ([`quantile`]; sorted in place).
 fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    quantile(values, 0.5).unwrap_or(f64::NAN)
 }
 
 fn seconds_between(from: &Value, to: &Value) -> f64 {

@@ -45,7 +45,9 @@ use agentry_persistence::tasks::{self, NewTask};
 use agentry_persistence::test_support::TestDb;
 use agentry_runner::network::RunInfo;
 use agentry_runner::{AgentSpec, PriceTable};
+use agentry_testkit::stats::quantile;
 use bytes::Bytes;
+use clap::builder::RangedU64ValueParser;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -69,38 +71,24 @@ const HOLD: &str = "x-bench-hold";
 /// Warm-up calls each way before the measured ones.
 const WARMUP: usize = 100;
 
+/// The command line.
+#[derive(clap::Parser)]
 struct Args {
+    /// Streamed calls measured each way.
+    #[arg(long, default_value_t = 1000, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     calls: usize,
+    /// Calls held open at once for the memory figure.
+    #[arg(long, default_value_t = 200, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     concurrency: usize,
+    /// Calls per measured block.
+    #[arg(long, default_value_t = 50, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     block: usize,
+    /// KiB of padding in each request body.
+    #[arg(long, default_value_t = 0)]
     request_kb: usize,
     /// Internal: only measure direct held calls' memory (in a fresh process) and print it.
+    #[arg(long, hide = true)]
     memory_baseline: bool,
-}
-
-fn args() -> Result<Args, Error> {
-    let mut a = Args {
-        calls: 1000,
-        concurrency: 200,
-        block: 50,
-        request_kb: 0,
-        memory_baseline: false,
-    };
-    agentry_testkit::flags::flags_and_switches(&["--memory-baseline"], |flag, value| {
-        match flag {
-            "--memory-baseline" => a.memory_baseline = true,
-            "--calls" => a.calls = value.parse()?,
-            "--concurrency" => a.concurrency = value.parse()?,
-            "--block" => a.block = value.parse()?,
-            "--request-kb" => a.request_kb = value.parse()?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    if a.calls == 0 || a.concurrency == 0 || a.block == 0 {
-        return Err("--calls, --concurrency and --block must be positive".into());
-    }
-    Ok(a)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -395,11 +383,7 @@ struct Stats {
 impl Stats {
     fn of(values: &[Duration]) -> Stats {
         let mut ms: Vec<f64> = values.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        ms.sort_by(f64::total_cmp);
-        let rank = |p: f64| {
-            let i = ((p * ms.len() as f64).ceil() as usize).clamp(1, ms.len().max(1)) - 1;
-            ms.get(i).copied().unwrap_or(f64::NAN)
-        };
+        let mut rank = |q: f64| quantile(&mut ms, q).unwrap_or(f64::NAN);
         Stats {
             p50: rank(0.50),
             p90: rank(0.90),
@@ -854,7 +838,7 @@ async fn bench(a: &Args) -> Result<(), Error> {
 }
 
 fn main() -> Result<(), Error> {
-    let a = args()?;
+    let a = <Args as clap::Parser>::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

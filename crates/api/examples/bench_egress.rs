@@ -53,10 +53,19 @@ const FLOODERS: u64 = 8;
 const SETTLE: Duration = Duration::from_secs(60);
 
 /// The command line.
+#[derive(clap::Parser)]
 struct Args {
+    /// Connects the flooding agent makes.
+    #[arg(long, default_value_t = 20_000)]
     connects: u64,
+    /// Timed reads per measurement.
+    #[arg(long, default_value_t = 300)]
     requests: usize,
+    /// Tasks in the database.
+    #[arg(long, default_value_t = 200)]
     tasks: u64,
+    /// A PostgreSQL server's URL: measure there too.
+    #[arg(long)]
     pg: Option<String>,
 }
 
@@ -318,22 +327,7 @@ fn measure(args: &Args, backend: &str, url: &str) -> Result<(), Error> {
 }
 
 fn main() -> Result<(), Error> {
-    let mut args = Args {
-        connects: 20_000,
-        requests: 300,
-        tasks: 200,
-        pg: None,
-    };
-    bench::flag_values(|flag, value| {
-        match flag {
-            "--connects" => args.connects = value.parse()?,
-            "--requests" => args.requests = value.parse()?,
-            "--tasks" => args.tasks = value.parse()?,
-            "--pg" => args.pg = Some(value),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
+    let args = <Args as clap::Parser>::parse();
     let sizes = bench::SizeArgs {
         sizes: vec![args.tasks],
         requests: args.requests,

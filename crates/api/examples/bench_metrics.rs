@@ -213,7 +213,7 @@ fn measure(backend: &str, url: &str, size: u64, requests: usize) -> Result<(), E
 }
 
 fn main() -> Result<(), Error> {
-    let args = bench::size_args(&[100_000, 1_000_000])?;
+    let args = bench::size_args(&[100_000, 1_000_000]);
     println!(
         "GET /metrics over HTTP with a viewer token ({} scrapes each)",
         args.requests

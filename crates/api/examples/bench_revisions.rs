@@ -35,7 +35,7 @@ use agentry_service::{BackgroundLoop, Service};
 #[path = "common/bench.rs"]
 mod bench;
 
-use bench::{Error, ms};
+use bench::{Error, ms, percentile};
 
 const TOKEN: &str = "ghp_benchmarkRevisionsToken0123456789";
 
@@ -43,12 +43,18 @@ fn fake_agent(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../runner/tests/fake-agents/{name}"))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
+/// The command line.
+#[derive(clap::Parser)]
+struct Args {
+    /// Revisions measured.
+    #[arg(long, default_value_t = 30)]
+    tasks: usize,
+    /// The agents' sandbox (`off` or `auto`).
+    #[arg(long, default_value = "off")]
+    sandbox: SandboxMode,
+    /// A PostgreSQL server's URL, instead of a SQLite file.
+    #[arg(long)]
+    pg: Option<String>,
 }
 
 async fn wait_until(
@@ -77,18 +83,11 @@ async fn wait_until(
 
 #[actix_web::main]
 async fn main() -> Result<(), Error> {
-    let mut count = 30usize;
-    let mut sandbox = SandboxMode::Off;
-    let mut pg = None;
-    bench::flag_values(|flag, value| {
-        match flag {
-            "--tasks" => count = value.parse()?,
-            "--sandbox" => sandbox = value.parse().map_err(|e| format!("--sandbox: {e}"))?,
-            "--pg" => pg = Some(value),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
+    let Args {
+        tasks: count,
+        sandbox,
+        pg,
+    } = clap::Parser::parse();
     let dir = tempfile::tempdir()?;
     let fake = FakeGitHub::start();
     fake.add_token(TOKEN, "agentry-bot");
@@ -227,7 +226,6 @@ async fn main() -> Result<(), Error> {
         })
         .await?;
     }
-    samples.sort();
     println!(
         "webhook (changes requested) -> revision agent start, {} revisions, quiet period 0, sandbox {:?}, {}:",
         samples.len(),
@@ -236,9 +234,9 @@ async fn main() -> Result<(), Error> {
     );
     println!(
         "  p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
-        ms(percentile(&samples, 50.0)),
-        ms(percentile(&samples, 90.0)),
-        ms(percentile(&samples, 99.0)),
+        ms(percentile(&mut samples, 50)),
+        ms(percentile(&mut samples, 90)),
+        ms(percentile(&mut samples, 99)),
         ms(samples.last().copied().unwrap_or_default()),
     );
     Ok(())

@@ -45,51 +45,39 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 #[path = "common/bench.rs"]
 mod bench;
 
-use bench::{Error, ms};
+use bench::{Error, ms, percentile};
 
 const TOKEN: &str = "ghp_benchmarkTokenValue0123456789";
 const SECRET: &str = "whsec-benchmark-secret";
 
+/// The command line.
+#[derive(clap::Parser)]
 struct Args {
+    /// Repositories with open agent pull requests.
+    #[arg(long, default_value_t = 50, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     repos: usize,
+    /// Open agent pull requests over all repositories.
+    #[arg(long, default_value_t = 1000)]
     pulls: usize,
+    /// Older closed pull requests per repository.
+    #[arg(long, default_value_t = 0)]
     history: usize,
+    /// Milliseconds added to every code-host request.
+    #[arg(long = "rtt-ms", value_name = "MS", default_value = "0", value_parser = millis)]
     rtt: Duration,
+    /// Webhook deliveries sent (0: the poll part only).
+    #[arg(long, default_value_t = 2000)]
     deliveries: usize,
+    /// Deliveries per second.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,
+    /// A PostgreSQL server's URL: measure there too.
+    #[arg(long)]
     pg: Option<String>,
 }
 
-fn args() -> Result<Args, Error> {
-    let mut a = Args {
-        repos: 50,
-        pulls: 1000,
-        history: 0,
-        rtt: Duration::ZERO,
-        deliveries: 2000,
-        rate: 200,
-        pg: None,
-    };
-    bench::flag_values(|flag, value| {
-        match flag {
-            "--repos" => a.repos = value.parse()?,
-            "--pulls" => a.pulls = value.parse()?,
-            "--history" => a.history = value.parse()?,
-            "--rtt-ms" => a.rtt = Duration::from_millis(value.parse()?),
-            "--deliveries" => a.deliveries = value.parse()?,
-            "--rate" => a.rate = value.parse()?,
-            "--pg" => a.pg = Some(value),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    if a.repos == 0 {
-        return Err("--repos must be at least 1".into());
-    }
-    if a.rate == 0 {
-        return Err("--rate must be at least 1".into());
-    }
-    Ok(a)
+fn millis(text: &str) -> Result<Duration, std::num::ParseIntError> {
+    text.parse().map(Duration::from_millis)
 }
 
 fn state(db: &Db, api_url: &str, key: MasterKey) -> Result<web::Data<AppState>, Error> {
@@ -511,23 +499,19 @@ fn webhook_latency(db: &Db, deliveries: usize, rate: u32) -> Result<(), Error> {
     if completed != deliveries {
         return Err(format!("{completed} of {deliveries} tasks completed").into());
     }
-    latencies.sort();
-    let at = |q: f64| {
-        let i = ((latencies.len() as f64) * q).ceil() as usize;
-        latencies[i.saturating_sub(1).min(latencies.len() - 1)]
-    };
+    let mut at = |p: usize| percentile(&mut latencies, p);
     println!(
         "  {deliveries} deliveries at {rate}/s (sent over {:.1} s): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {completed} tasks completed",
         wall.as_secs_f64(),
-        at(0.50).as_secs_f64() * 1e3,
-        at(0.99).as_secs_f64() * 1e3,
-        at(1.0).as_secs_f64() * 1e3,
+        ms(at(50)),
+        ms(at(99)),
+        ms(at(100)),
     );
     Ok(())
 }
 
 fn main() -> Result<(), Error> {
-    let args = args()?;
+    let args = <Args as clap::Parser>::parse();
     let dir = tempfile::tempdir()?;
     let sqlite = |name: &str| -> Result<Db, Error> {
         let db = Db::connect(&format!("sqlite://{}", dir.path().join(name).display()), 8)?;

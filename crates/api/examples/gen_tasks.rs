@@ -69,15 +69,26 @@ impl<W: Write> Write for WithIds<W> {
     }
 }
 
+/// The command line.
+#[derive(clap::Parser)]
+struct Args {
+    /// Records to write.
+    #[arg(default_value_t = 1_000_000)]
+    count: u64,
+    /// Days the records' creation times spread over, ending now.
+    #[arg(default_value_t = 90, value_parser = clap::value_parser!(i64).range(1..))]
+    days: i64,
+    /// Give every record a random (but deterministic) UUIDv4 `id`.
+    #[arg(long)]
+    random_ids: bool,
+}
+
 fn main() -> std::io::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let random_ids = args.iter().any(|a| a == "--random-ids");
-    let mut positional = args.iter().filter(|a| !a.starts_with("--"));
-    let count: u64 = positional
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1_000_000);
-    let days: i64 = positional.next().and_then(|a| a.parse().ok()).unwrap_or(90);
+    let Args {
+        count,
+        days,
+        random_ids,
+    } = clap::Parser::parse();
     let now = time::OffsetDateTime::now_utc();
     let out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     if random_ids {

@@ -24,13 +24,18 @@ const NAME: &str = "load";
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// The command line.
+#[derive(clap::Parser)]
+struct Args {
+    /// A scratch directory (the source repository).
+    dir: PathBuf,
+    /// Open issues to create.
+    #[arg(default_value_t = 5000)]
+    issues: u64,
+}
+
 fn main() -> Result<(), Error> {
-    let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().ok_or("usage: seed_issues DIR [ISSUES]")?);
-    let issues: u64 = match args.next() {
-        Some(n) => n.parse().map_err(|e| format!("ISSUES: {e}"))?,
-        None => 5000,
-    };
+    let Args { dir, issues } = clap::Parser::parse();
     std::fs::create_dir_all(&dir)?;
     let source = agentry_testkit::git::source_repo(&dir);
     let clone_url = source

@@ -31,40 +31,28 @@ use agentry_persistence::budgets::{self, CallHold, Holding};
 use agentry_persistence::metering::{self, ModelCall};
 use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::{Db, runner};
+use agentry_testkit::stats::quantile;
+use clap::builder::RangedU64ValueParser;
 use diesel::{Connection, RunQueryDsl};
 use uuid::Uuid;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The command line.
+#[derive(clap::Parser)]
 struct Args {
+    /// Runs in flight, each with its own task.
+    #[arg(long, default_value_t = 50, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     runs: usize,
+    /// Model calls decided and recorded.
+    #[arg(long, default_value_t = 4_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     calls: usize,
+    /// Claims timed.
+    #[arg(long, default_value_t = 2_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     claims: usize,
+    /// A PostgreSQL server's URL: measure there too.
+    #[arg(long)]
     pg: Option<String>,
-}
-
-fn args() -> Result<Args, Error> {
-    let mut args = Args {
-        runs: 50,
-        calls: 4_000,
-        claims: 2_000,
-        pg: None,
-    };
-    agentry_testkit::flags::flag_values(|flag, value| {
-        match flag {
-            "--runs" => args.runs = value.parse()?,
-            "--calls" => args.calls = value.parse()?,
-            "--claims" => args.claims = value.parse()?,
-            "--pg" => args.pg = Some(value),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    if args.runs == 0 || args.calls == 0 || args.claims == 0 {
-        return Err("--runs, --calls and --claims must be positive".into());
-    }
-    Ok(args)
 }
 
 /// A fresh, migrated database named after `label`: a file in `dir`, or a new database on
@@ -166,14 +154,11 @@ fn calls(db: &Db, tasks: &[Uuid], calls: usize) -> Result<Timings, Error> {
 }
 
 fn line(what: &str, v: &mut [Duration]) {
-    let p = |v: &mut [Duration], q: usize| {
-        v.sort();
-        v[(v.len() * q / 100).min(v.len() - 1)].as_secs_f64() * 1_000.0
-    };
+    let p = |v: &mut [Duration], q: f64| quantile(v, q).unwrap_or_default().as_secs_f64() * 1_000.0;
     println!(
         "  {what:<34} p50 {:>7.3} ms   p99 {:>7.3} ms   ({} calls)",
-        p(v, 50),
-        p(v, 99),
+        p(v, 0.50),
+        p(v, 0.99),
         v.len()
     );
 }
@@ -261,7 +246,7 @@ fn backend(args: &Args, pg: Option<&str>, dir: &std::path::Path) -> Result<(), E
 }
 
 fn main() -> Result<(), Error> {
-    let args = args()?;
+    let args = <Args as clap::Parser>::parse();
     let dir = tempfile::tempdir()?;
     backend(&args, None, dir.path())?;
     if let Some(pg) = args.pg.clone() {

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use agentry_runner::workspace::{Checkout, GitAuth, GitSandbox, RepoSpec, Workspaces};
 use agentry_runner::{Sandbox, SandboxMode};
+use agentry_testkit::stats::quantile;
+use clap::builder::RangedU64ValueParser;
 use uuid::Uuid;
 
 fn git(args: &[&str], cwd: &Path) {
@@ -30,17 +32,15 @@ fn git(args: &[&str], cwd: &Path) {
     assert!(status.success(), "git {args:?}");
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
-}
-
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
+/// The command line.
+#[derive(clap::Parser)]
+struct Args {
+    /// Files in the repository (a tenth of them changed each round).
+    #[arg(long, default_value_t = 2000, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    files: usize,
+    /// Timed rounds of each way.
+    #[arg(long, default_value_t = 15, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    rounds: usize,
 }
 
 async fn rounds(ws: &Workspaces, spec: &RepoSpec, files: usize, rounds: usize) -> Duration {
@@ -63,13 +63,15 @@ async fn rounds(ws: &Workspaces, spec: &RepoSpec, files: usize, rounds: usize) -
         assert!(commit.is_some());
         worktree.remove().await.unwrap();
     }
-    median(times)
+    quantile(&mut times, 0.5).unwrap_or_default()
 }
 
 #[tokio::main]
 async fn main() {
-    let files = arg("--files", 2000);
-    let count = arg("--rounds", 15);
+    let Args {
+        files,
+        rounds: count,
+    } = clap::Parser::parse();
     let dir = tempfile::TempDir::new().unwrap();
     let source = dir.path().join("source");
     std::fs::create_dir_all(source.join("src")).unwrap();

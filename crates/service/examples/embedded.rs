@@ -14,30 +14,35 @@
 use agentry_service::Service;
 use agentry_service::config::Config;
 
+/// What to do.
+#[derive(clap::Parser)]
+enum Command {
+    /// Print the cost report of the last DAYS days, as the API's JSON.
+    Costs {
+        /// Days ending today.
+        #[arg(default_value_t = 30)]
+        days: u32,
+    },
+    /// Run the product's background work until Ctrl-C.
+    Run,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command: Command = clap::Parser::parse();
     let config = Config::from_env()?;
     let service = Service::open(&config)?;
-    match args.first().map(String::as_str) {
-        Some("costs") => {
-            let days = match args.get(1) {
-                Some(days) => days.parse()?,
-                None => 30,
-            };
+    match command {
+        Command::Costs { days } => {
             let window = agentry_service::costs::window_ending_now(days)?;
             let report = service.cost_report(window, None).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        Some("run") => {
+        Command::Run => {
             let background = service.start_background(&config).await;
             eprintln!("agentry's background work is running; Ctrl-C stops it");
             tokio::signal::ctrl_c().await?;
             service.shut_down(background).await;
-        }
-        _ => {
-            eprintln!("usage: embedded costs [DAYS] | embedded run");
-            std::process::exit(2);
         }
     }
     Ok(())

@@ -1,8 +1,6 @@
 //! The command line: every parameter has the full run's default.
 
-use std::ops::RangeInclusive;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 /// What one soak run does.
@@ -34,101 +32,112 @@ pub struct Params {
     pub quiesce: Duration,
 }
 
-const USAGE: &str = "usage: soak --agentry PATH --database-url URL --work DIR [--issues N] \
-[--minutes M] [--fault-rate F] [--kill-every LO-HI] [--seed N] [--agent-secs LO-HI] \
-[--runs-per-replica N] [--lease-secs N] [--quiesce-minutes M]";
+/// The command line, as clap reads it; [`Params::parse`] turns it into [`Params`].
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "soak",
+    about = "Two agentry replicas on one PostgreSQL through kill -9 and a failing code host",
+    // scripts/soak-replicas.sh passes its defaults first: a later option wins.
+    args_override_self = true
+)]
+struct Cli {
+    /// The `agentry` binary the replicas run.
+    #[arg(long, value_name = "PATH")]
+    agentry: PathBuf,
+    /// The PostgreSQL database both replicas share.
+    #[arg(long, value_name = "URL")]
+    database_url: String,
+    /// A scratch directory.
+    #[arg(long, value_name = "DIR")]
+    work: PathBuf,
+    /// Issues opened on the fake code host.
+    #[arg(long, default_value_t = 200,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=100_000))]
+    issues: usize,
+    /// How long the chaos lasts, in minutes.
+    #[arg(long, value_name = "M", default_value = "10", value_parser = minutes)]
+    minutes: Duration,
+    /// Share of code-host requests answered with a fault while the chaos lasts.
+    #[arg(long, value_name = "F", default_value_t = 0.3, value_parser = fault_rate)]
+    fault_rate: f64,
+    /// Seconds between two kills, `LO-HI` with LO at least 1.
+    #[arg(long, value_name = "LO-HI", default_value = "20-40", value_parser = kill_range)]
+    kill_every: (u64, u64),
+    /// Drives every random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The fake agent's duration in seconds, `LO-HI`.
+    #[arg(long, value_name = "LO-HI", default_value = "1-8", value_parser = range)]
+    agent_secs: (u64, u64),
+    /// `AGENTRY_MAX_CONCURRENT_RUNS` of each replica.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
+    runs_per_replica: u32,
+    /// `AGENTRY_RUN_LEASE_SECS` of each replica.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(3..=600))]
+    lease_secs: u64,
+    /// How long the end waits for quiescence, in minutes.
+    #[arg(long, value_name = "M", default_value = "5", value_parser = minutes)]
+    quiesce_minutes: Duration,
+}
 
 impl Params {
     /// Reads `args` (without the program name).
-    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Params, String> {
-        let mut agentry = None;
-        let mut database_url = None;
-        let mut work = None;
-        let mut p = Params {
-            agentry: PathBuf::new(),
-            database_url: String::new(),
-            work: PathBuf::new(),
-            issues: 200,
-            chaos: Duration::from_secs(600),
-            fault_rate: 0.3,
-            kill_every: (20, 40),
-            seed: 1,
-            agent_ms: (1000, 8000),
-            runs_per_replica: 3,
-            lease_secs: 10,
-            quiesce: Duration::from_secs(300),
-        };
-        let mut args = args.into_iter();
-        while let Some(flag) = args.next() {
-            if flag == "--help" || flag == "-h" {
-                return Err(USAGE.to_owned());
-            }
-            let value = args
-                .next()
-                .ok_or_else(|| format!("{flag}: a value is missing\n{USAGE}"))?;
-            let bad = |what: &str| format!("{flag} {value:?}: expected {what}\n{USAGE}");
-            match flag.as_str() {
-                "--agentry" => agentry = Some(PathBuf::from(&value)),
-                "--database-url" => database_url = Some(value.clone()),
-                "--work" => work = Some(PathBuf::from(&value)),
-                "--issues" => {
-                    p.issues = within(&value, 2..=100_000)
-                        .ok_or_else(|| bad("a whole number from 2 to 100000"))?;
-                }
-                "--minutes" => p.chaos = minutes(&value).ok_or_else(|| bad("minutes > 0"))?,
-                "--quiesce-minutes" => {
-                    p.quiesce = minutes(&value).ok_or_else(|| bad("minutes > 0"))?;
-                }
-                "--fault-rate" => {
-                    p.fault_rate =
-                        within(&value, 0.0..=0.9).ok_or_else(|| bad("a fraction from 0 to 0.9"))?;
-                }
-                "--kill-every" => {
-                    p.kill_every = range(&value)
-                        .filter(|(lo, _)| *lo >= 1)
-                        .ok_or_else(|| bad("seconds LO-HI, LO >= 1"))?;
-                }
-                "--agent-secs" => {
-                    let (lo, hi) = range(&value).ok_or_else(|| bad("seconds LO-HI"))?;
-                    p.agent_ms = (lo * 1000, hi * 1000);
-                }
-                "--seed" => p.seed = value.parse().map_err(|_| bad("a whole number"))?,
-                "--runs-per-replica" => {
-                    p.runs_per_replica = within(&value, 1..=16).ok_or_else(|| bad("1 to 16"))?;
-                }
-                "--lease-secs" => {
-                    p.lease_secs = within(&value, 3..=600).ok_or_else(|| bad("3 to 600"))?;
-                }
-                _ => return Err(format!("unknown option {flag}\n{USAGE}")),
-            }
-        }
-        p.agentry = agentry.ok_or_else(|| format!("--agentry is required\n{USAGE}"))?;
-        p.database_url =
-            database_url.ok_or_else(|| format!("--database-url is required\n{USAGE}"))?;
-        p.work = work.ok_or_else(|| format!("--work is required\n{USAGE}"))?;
-        Ok(p)
+    ///
+    /// # Errors
+    ///
+    /// clap's error, naming the flag (`--help` is one too: [`clap::Error::exit`] prints it).
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Params, clap::Error> {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from(std::iter::once("soak".to_owned()).chain(args))?;
+        Ok(Params {
+            agentry: cli.agentry,
+            database_url: cli.database_url,
+            work: cli.work,
+            issues: cli.issues,
+            chaos: cli.minutes,
+            fault_rate: cli.fault_rate,
+            kill_every: cli.kill_every,
+            seed: cli.seed,
+            agent_ms: (cli.agent_secs.0 * 1000, cli.agent_secs.1 * 1000),
+            runs_per_replica: cli.runs_per_replica,
+            lease_secs: cli.lease_secs,
+            quiesce: cli.quiesce_minutes,
+        })
     }
 }
 
-/// `text` parsed, if it lies in `range`.
-fn within<T: FromStr + PartialOrd>(text: &str, range: RangeInclusive<T>) -> Option<T> {
-    text.parse().ok().filter(|n| range.contains(n))
+fn minutes(text: &str) -> Result<Duration, String> {
+    let m: f64 = text.parse().map_err(|_| "expected minutes".to_owned())?;
+    if m > 0.0 && m <= 24.0 * 60.0 {
+        Ok(Duration::from_secs_f64(m * 60.0))
+    } else {
+        Err("expected minutes > 0, at most a day".to_owned())
+    }
 }
 
-fn minutes(text: &str) -> Option<Duration> {
-    let m: f64 = text.parse().ok()?;
-    (m > 0.0 && m <= 24.0 * 60.0).then(|| Duration::from_secs_f64(m * 60.0))
+fn fault_rate(text: &str) -> Result<f64, String> {
+    text.parse()
+        .ok()
+        .filter(|f| (0.0..=0.9).contains(f))
+        .ok_or_else(|| "expected a fraction from 0 to 0.9".to_owned())
 }
 
-fn range(text: &str) -> Option<(u64, u64)> {
-    let (lo, hi) = match text.split_once('-') {
-        Some((lo, hi)) => (lo.trim().parse().ok()?, hi.trim().parse().ok()?),
-        None => {
-            let n = text.trim().parse().ok()?;
-            (n, n)
-        }
+/// Seconds `LO-HI` (or one number for both), HI at most an hour.
+fn range(text: &str) -> Result<(u64, u64), String> {
+    let parsed = match text.split_once('-') {
+        Some((lo, hi)) => lo.trim().parse().ok().zip(hi.trim().parse().ok()),
+        None => text.trim().parse().ok().map(|n| (n, n)),
     };
-    (lo <= hi && hi <= 3600).then_some((lo, hi))
+    parsed
+        .filter(|(lo, hi)| lo <= hi && *hi <= 3600)
+        .ok_or_else(|| "expected seconds LO-HI, LO <= HI <= 3600".to_owned())
+}
+
+fn kill_range(text: &str) -> Result<(u64, u64), String> {
+    range(text)
+        .ok()
+        .filter(|(lo, _)| *lo >= 1)
+        .ok_or_else(|| "expected seconds LO-HI, 1 <= LO <= HI <= 3600".to_owned())
 }
 
 #[cfg(test)]
@@ -136,7 +145,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Params, String> {
-        Params::parse(args.iter().map(|s| (*s).to_owned()))
+        Params::parse(args.iter().map(|s| (*s).to_owned())).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -178,5 +187,8 @@ mod tests {
             assert!(parse(&args).unwrap_err().contains(bad[0]), "{bad:?}");
         }
         assert!(parse(&["--issues", "3"]).unwrap_err().contains("--agentry"));
+        let mut twice = base.to_vec();
+        twice.extend(["--issues", "50", "--issues", "60"]);
+        assert_eq!(parse(&twice).unwrap().issues, 60, "a later option wins");
     }
 }

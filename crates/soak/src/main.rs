@@ -42,10 +42,7 @@ const CODEHOST_TOKEN: &str = "ghp_soak0000000000000000000000000000000000";
 fn main() -> ExitCode {
     let params = match Params::parse(std::env::args().skip(1)) {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => e.exit(),
     };
     match run(&params) {
         Ok(true) => ExitCode::SUCCESS,

@@ -7,9 +7,10 @@
 //! * [`git`]: the real `git` with no user or system configuration, and a bare source
 //!   repository with a README committed on `main` ([`git::seeded_bare`],
 //!   [`git::source_repo`]) for runs against a local clone URL;
-//! * [`flags::flag_values`]: a benchmark's command line of `--flag value` pairs;
 //! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
 //!   until it holds or a deadline passes (tests never sleep a fixed time);
+//! * [`stats::quantile`]: the one definition of a percentile (nearest rank) behind the
+//!   figures the benchmarks print;
 //! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI;
 //! * [`http::head`] and [`http::content_length`]: an HTTP head written, and the body length
 //!   one announces;
@@ -28,7 +29,6 @@
 //! depend on the service, since the fake GitHub depends on this crate.
 
 pub mod dirs;
-pub mod flags;
 pub mod git;
 pub mod http;
 pub mod json;
@@ -36,6 +36,7 @@ pub mod process;
 pub mod sandbox;
 pub mod served;
 pub mod sql;
+pub mod stats;
 pub mod wait;
 
 /// SplitMix64 (Steele, Lea and Flood): a tiny, fast and deterministic generator.

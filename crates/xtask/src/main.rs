@@ -94,12 +94,20 @@ const TEST_ONLY: &[(&str, &[&str])] = &[
 /// depends on them.
 const NO_HTTP_SERVER_BELOW: &[&str] = &["agentry-service", "agentry-agent-network"];
 
+/// `cargo xtask <task>`.
+#[derive(clap::Parser)]
+#[command(bin_name = "cargo xtask")]
+enum Task {
+    /// Check the rules of docs/architecture.md that a build does not enforce.
+    CheckArch,
+    /// Print the library crates CI checks alone, one per line.
+    Libs,
+}
+
 fn main() -> ExitCode {
-    let task = std::env::args().nth(1).unwrap_or_default();
-    let result = match task.as_str() {
-        "check-arch" => check_arch(),
-        "libs" => libs(),
-        _ => Err("usage: cargo xtask check-arch | cargo xtask libs".to_owned()),
+    let result = match clap::Parser::parse() {
+        Task::CheckArch => check_arch(),
+        Task::Libs => libs(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,4 @@
-//! What the HTTP benchmarks share: their command line (`--sizes`, `--requests`, `--pg`), a
+//! What the HTTP benchmarks share: their command line (`--sizes`, `--requests`, `--pg`, by clap), a
 //! fresh database per measurement, a connected repository, a viewer token, the real application
 //! served on 127.0.0.1, timed requests and the figures printed.
 //!
@@ -17,35 +17,33 @@ use agentry_domain::Role;
 use agentry_persistence::Db;
 use agentry_persistence::secrets::MasterKey;
 use agentry_service::codehost::{CodeHost, Timing};
-pub use agentry_testkit::flags::flag_values;
+use agentry_testkit::stats::quantile;
 use diesel::prelude::*;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The command line of a benchmark over database sizes.
+#[derive(clap::Parser)]
 pub struct SizeArgs {
+    /// Database sizes, comma-separated (default: the benchmark's own).
+    #[arg(long, value_delimiter = ',')]
     pub sizes: Vec<u64>,
+    /// Timed requests per size.
+    #[arg(long, default_value_t = 50)]
     pub requests: usize,
+    /// A PostgreSQL server's URL: measure there too.
+    #[arg(long)]
     pub pg: Option<String>,
 }
 
-/// `--sizes a,b,c` (default `sizes`), `--requests n` (default 50) and `--pg URL`.
-pub fn size_args(sizes: &[u64]) -> Result<SizeArgs, Error> {
-    let mut a = SizeArgs {
-        sizes: sizes.to_vec(),
-        requests: 50,
-        pg: None,
-    };
-    flag_values(|flag, value| {
-        match flag {
-            "--sizes" => a.sizes = value.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            "--requests" => a.requests = value.parse()?,
-            "--pg" => a.pg = Some(value),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    Ok(a)
+/// `--sizes a,b,c` (default `sizes`), `--requests n` (default 50) and `--pg URL`; exits
+/// with clap's message on a bad command line.
+pub fn size_args(sizes: &[u64]) -> SizeArgs {
+    let mut a = <SizeArgs as clap::Parser>::parse();
+    if a.sizes.is_empty() {
+        a.sizes = sizes.to_vec();
+    }
+    a
 }
 
 /// Connects `https://github.com/{owner}/{name}` (default branch `main`, no code-host id)
@@ -114,10 +112,10 @@ fn fresh(
     }
 }
 
-/// The `p`th percentile of `v` (sorts it).
+/// The `p`th percentile of `v` ([`quantile`]: nearest rank; sorts it), zero when `v` is
+/// empty.
 pub fn percentile(v: &mut [Duration], p: usize) -> Duration {
-    v.sort();
-    v[(v.len() * p / 100).min(v.len() - 1)]
+    quantile(v, p as f64 / 100.0).unwrap_or_default()
 }
 
 /// `d` in milliseconds.
