@@ -16,7 +16,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentry_codehost::webhook::parse_event;
 use agentry_domain::{RepoUrl, TaskState};
@@ -64,21 +64,15 @@ async fn wait_until(
     mut done: impl FnMut(&agentry_domain::Task) -> bool,
     id: uuid::Uuid,
 ) -> Result<agentry_domain::Task, Error> {
-    let deadline = Instant::now() + within;
-    loop {
-        let task = service
-            .db(move |conn| Ok(tasks::get_task(conn, id)?))
-            .await?;
-        if done(&task) {
-            return Ok(task);
+    agentry_testkit::wait::poll_async(within, Duration::from_millis(2), async || {
+        match service.db(move |conn| Ok(tasks::get_task(conn, id)?)).await {
+            Ok(task) if done(&task) => Ok(task),
+            Ok(task) => Err(format!("task {id} is {}", task.state)),
+            Err(e) => Err(format!("task {id} could not be read: {e}")),
         }
-        if Instant::now() > deadline {
-            return Err(
-                format!("timed out waiting for {what}: task {id} is {}", task.state).into(),
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    })
+    .await
+    .map_err(|seen| format!("timed out waiting for {what}: {seen}").into())
 }
 
 #[actix_web::main]

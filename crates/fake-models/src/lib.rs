@@ -188,7 +188,7 @@ mod script;
 mod state;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -788,16 +788,10 @@ impl FakeModels {
     /// Polls every 10 ms, until `timeout`, for `done` to hold of the recorded calls; says
     /// whether it did.
     pub fn wait_for(&self, timeout: Duration, done: impl Fn(&[Call]) -> bool) -> bool {
-        let deadline = Instant::now().checked_add(timeout);
-        loop {
-            if done(&self.state().calls) {
-                return true;
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        agentry_testkit::wait::poll(timeout, Duration::from_millis(10), || {
+            done(&self.state().calls)
+        })
+        .is_ok()
     }
 
     /// Answers the next `n` main calls (of either provider, on any transport) with HTTP

@@ -360,17 +360,14 @@ impl Api {
 
     /// Waits until replica `i` answers `GET /readyz` with 200, or `within` passes.
     pub fn wait_ready(&self, i: usize, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            let url = format!("{}/readyz", self.urls[i]);
-            if let Ok(resp) = self.http.get(&url).send()
-                && resp.status().is_success()
-            {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        false
+        let url = format!("{}/readyz", self.urls[i]);
+        agentry_testkit::wait::poll(within, Duration::from_millis(100), || {
+            self.http
+                .get(&url)
+                .send()
+                .is_ok_and(|resp| resp.status().is_success())
+        })
+        .is_ok()
     }
 }
 

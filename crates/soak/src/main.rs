@@ -804,17 +804,8 @@ fn assign(api: &Api, body: &Value, replica: usize) -> Result<(), String> {
 }
 
 /// Polls `probe` every 100 ms until it gives a value or `within` passes.
-fn wait_for<T>(within: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = probe() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for<T>(within: Duration, probe: impl FnMut() -> Option<T>) -> Option<T> {
+    agentry_testkit::wait::poll(within, Duration::from_millis(100), probe).ok()
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 //!   repository with a README committed on `main` ([`git::seeded_bare`],
 //!   [`git::source_repo`]) for runs against a local clone URL;
 //! * [`wait`]: [`wait::eventually`] and [`wait::eventually_async`], which poll a condition
-//!   until it holds or a deadline passes (tests never sleep a fixed time);
+//!   until it holds or a deadline passes (tests never sleep a fixed time), on
+//!   [`wait::poll`], the one polling loop, which the soak, the fakes and the benchmarks use
+//!   where a timeout is an answer rather than a failure;
 //! * [`stats::quantile`]: the one definition of a percentile (nearest rank) behind the
 //!   figures the benchmarks print;
 //! * [`sandbox::sandboxed`]: whether a suite runs its agents in the sandbox, required in CI;

@@ -42,40 +42,47 @@ impl<T, E: Display> Outcome for Result<T, E> {
     }
 }
 
-/// One wait: what is awaited, since when and for how long.
-struct Deadline<W> {
-    what: W,
-    start: Instant,
+/// Polls `probe` (on this thread, every `every`) until it reports done and returns its
+/// value, or, once `within` has passed, `Err` with the last thing it saw (empty when it said
+/// nothing). The probe is always polled at least once. For waits that must not panic: the
+/// soak, the fakes' own waits, the benchmarks; tests use [`eventually`].
+pub fn poll<O: Outcome>(
     within: Duration,
+    every: Duration,
+    mut probe: impl FnMut() -> O,
+) -> Result<O::Value, String> {
+    let start = Instant::now();
+    loop {
+        match probe().settle() {
+            Ok(value) => return Ok(value),
+            Err(seen) if start.elapsed() >= within => return Err(seen),
+            Err(_) => std::thread::sleep(every),
+        }
+    }
 }
 
-impl<W: Display> Deadline<W> {
-    /// A wait for `what` of at most `within`, from now.
-    fn start(what: W, within: Duration) -> Self {
-        let start = Instant::now();
-        Deadline {
-            what,
-            start,
-            within,
+/// [`poll`] for an async probe, on the current (tokio) runtime's timer without blocking it.
+pub async fn poll_async<O: Outcome>(
+    within: Duration,
+    every: Duration,
+    mut probe: impl AsyncFnMut() -> O,
+) -> Result<O::Value, String> {
+    let start = Instant::now();
+    loop {
+        match probe().await.settle() {
+            Ok(value) => return Ok(value),
+            Err(seen) if start.elapsed() >= within => return Err(seen),
+            Err(_) => tokio::time::sleep(every).await,
         }
     }
+}
 
-    /// The value of a done `outcome`; `None` while not done and in time; a panic naming
-    /// what was awaited and the last thing seen once the time is up.
-    fn check<O: Outcome>(&self, outcome: O) -> Option<O::Value> {
-        let seen = match outcome.settle() {
-            Ok(value) => return Some(value),
-            Err(seen) => seen,
-        };
-        let (within, what) = (self.within, &self.what);
-        if self.start.elapsed() >= within {
-            if seen.is_empty() {
-                panic!("timed out after {within:?} waiting for {what}");
-            }
-            panic!("timed out after {within:?} waiting for {what}; last seen: {seen}");
-        }
-        None
+/// The panic of a wait for `what` that timed out after `within`, having last seen `seen`.
+fn timed_out(within: Duration, what: impl Display, seen: &str) -> ! {
+    if seen.is_empty() {
+        panic!("timed out after {within:?} waiting for {what}");
     }
+    panic!("timed out after {within:?} waiting for {what}; last seen: {seen}");
 }
 
 /// Polls `probe` (on this thread, every 20 ms) until it reports done, and returns its
@@ -83,15 +90,9 @@ impl<W: Display> Deadline<W> {
 pub fn eventually<O: Outcome>(
     within: Duration,
     what: impl Display,
-    mut probe: impl FnMut() -> O,
+    probe: impl FnMut() -> O,
 ) -> O::Value {
-    let deadline = Deadline::start(what, within);
-    loop {
-        if let Some(value) = deadline.check(probe()) {
-            return value;
-        }
-        std::thread::sleep(EVERY);
-    }
+    poll(within, EVERY, probe).unwrap_or_else(|seen| timed_out(within, what, &seen))
 }
 
 /// [`eventually`] for an async probe: polls it every 20 ms on the current (tokio)
@@ -99,14 +100,11 @@ pub fn eventually<O: Outcome>(
 pub async fn eventually_async<O: Outcome>(
     within: Duration,
     what: impl Display,
-    mut probe: impl AsyncFnMut() -> O,
+    probe: impl AsyncFnMut() -> O,
 ) -> O::Value {
-    let deadline = Deadline::start(what, within);
-    loop {
-        if let Some(value) = deadline.check(probe().await) {
-            return value;
-        }
-        tokio::time::sleep(EVERY).await;
+    match poll_async(within, EVERY, probe).await {
+        Ok(value) => value,
+        Err(seen) => timed_out(within, what, &seen),
     }
 }
 
@@ -136,6 +134,22 @@ mod tests {
     #[should_panic(expected = "timed out after 50ms waiting for a false")]
     fn a_bool_probe_fails_with_what_only() {
         eventually(Duration::from_millis(50), "a false", || false);
+    }
+
+    #[test]
+    fn poll_gives_the_last_thing_seen_instead_of_panicking() {
+        let mut calls = 0;
+        let seen = poll(Duration::from_millis(30), Duration::from_millis(5), || {
+            calls += 1;
+            Err::<(), _>(format!("call {calls}"))
+        });
+        assert_eq!(seen, Err(format!("call {calls}")));
+        assert!(calls >= 2, "polled until the deadline: {calls}");
+        assert_eq!(
+            poll(Duration::ZERO, EVERY, || true),
+            Ok(()),
+            "polled once at least"
+        );
     }
 
     #[tokio::test]
