@@ -533,12 +533,7 @@ fn main() -> Result<(), Error> {
     webhook_latency(&sqlite("webhook.db")?, args.deliveries, args.rate)?;
     if let Some(pg) = &args.pg {
         let name = format!("agentry_bench_{}", std::process::id());
-        {
-            use diesel::prelude::*;
-            let mut admin = diesel::PgConnection::establish(pg)?;
-            diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin)?;
-        }
-        let url = agentry_persistence::test_support::database_url(pg, &name);
+        let url = agentry_persistence::test_support::fresh_database(pg, &name)?;
         let db = Db::connect(&url, 16)?;
         db.migrate()?;
         print!("  postgres  ");

@@ -33,7 +33,6 @@ use agentry_persistence::repos::{self, NewRepository, Repository};
 use agentry_persistence::{Db, runner};
 use agentry_testkit::stats::quantile;
 use clap::builder::RangedU64ValueParser;
-use diesel::{Connection, RunQueryDsl};
 use uuid::Uuid;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -60,14 +59,10 @@ struct Args {
 fn fresh(pg: Option<&str>, label: &str, dir: &std::path::Path) -> Result<Db, Error> {
     let url = match pg {
         None => format!("sqlite://{}", dir.join(format!("{label}.db")).display()),
-        Some(server) => {
-            let name = format!("agentry_bench_{label}");
-            let mut admin = diesel::PgConnection::establish(server)?;
-            diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .execute(&mut admin)?;
-            diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin)?;
-            agentry_persistence::test_support::database_url(server, &name)
-        }
+        Some(server) => agentry_persistence::test_support::fresh_database(
+            server,
+            &format!("agentry_bench_{label}"),
+        )?,
     };
     let db = Db::connect(&url, 16)?;
     db.migrate()?;

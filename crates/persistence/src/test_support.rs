@@ -8,7 +8,7 @@
 use diesel::prelude::*;
 use uuid::Uuid;
 
-use crate::{Backend, Db};
+use crate::{Backend, Db, DbError};
 
 /// Names the server the PostgreSQL variants of the tests run on.
 pub const PG_URL_VAR: &str = "AGENTRY_TEST_PG_URL";
@@ -57,12 +57,8 @@ impl TestDb {
             }
         };
         let name = format!("agentry_test_{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::establish(&server_url)
-            .unwrap_or_else(|e| panic!("cannot reach the test PostgreSQL server: {e}"));
-        diesel::sql_query(format!("CREATE DATABASE {name}"))
-            .execute(&mut admin)
-            .expect("create test database");
-        let url = database_url(&server_url, &name);
+        let url = fresh_database(&server_url, &name)
+            .unwrap_or_else(|e| panic!("cannot create a test database on {server_url}: {e}"));
         let db = Db::connect(&url, 8).expect("connect to the test database");
         db.migrate().expect("migrate PostgreSQL");
         assert_eq!(db.backend(), Backend::Postgres);
@@ -76,14 +72,33 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Cleanup::Postgres { server_url, name } = &self.cleanup {
-            // Connections of the pool may still be open; FORCE ends them (PostgreSQL 13+).
-            if let Ok(mut admin) = PgConnection::establish(server_url) {
-                let _ = diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .execute(&mut admin);
-            }
+        if let Cleanup::Postgres { server_url, name } = &self.cleanup
+            && let Ok(mut admin) = PgConnection::establish(server_url)
+        {
+            let _ = drop_database(&mut admin, name);
         }
     }
+}
+
+/// A new, empty database `name` (a plain identifier) on the PostgreSQL server at
+/// `server_url`, dropped first if it exists (its connections ended); its URL. For tests and
+/// the benchmarks' `--pg`.
+///
+/// # Errors
+///
+/// The server cannot be reached or refuses the statements.
+pub fn fresh_database(server_url: &str, name: &str) -> Result<String, DbError> {
+    let mut admin =
+        PgConnection::establish(server_url).map_err(|e| DbError::Connect(e.to_string()))?;
+    drop_database(&mut admin, name)?;
+    diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin)?;
+    Ok(database_url(server_url, name))
+}
+
+/// Drops `name` if it exists; connections of a pool may still be open, and FORCE ends them
+/// (PostgreSQL 13+).
+fn drop_database(admin: &mut PgConnection, name: &str) -> Result<usize, diesel::result::Error> {
+    diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(admin)
 }
 
 fn pg_required() -> bool {

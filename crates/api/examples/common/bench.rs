@@ -18,7 +18,6 @@ use agentry_persistence::Db;
 use agentry_persistence::secrets::MasterKey;
 use agentry_service::codehost::{CodeHost, Timing};
 use agentry_testkit::stats::quantile;
-use diesel::prelude::*;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -101,13 +100,9 @@ fn fresh(
         _ => {
             let server = pg.ok_or("no PostgreSQL URL")?;
             let name = format!("agentry_{}_{size}", label.replace('-', "_"));
-            let mut admin = diesel::PgConnection::establish(server)?;
-            diesel::sql_query(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .execute(&mut admin)?;
-            diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut admin)?;
-            Ok(agentry_persistence::test_support::database_url(
+            Ok(agentry_persistence::test_support::fresh_database(
                 server, &name,
-            ))
+            )?)
         }
     }
 }
