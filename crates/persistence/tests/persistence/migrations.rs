@@ -147,6 +147,49 @@ fn new_sqlite_files_get_the_service_page_size_and_old_ones_keep_theirs() {
     assert_eq!(header_page_size(&old), 4096);
 }
 
+// The write-ahead log is copied back into the database at about the same size whatever the
+// file's page size: the checkpoint runs inside the commit that crosses the threshold, while
+// that writer holds the write turn, so its size is the tail latency of every write. With
+// SQLite's default of 1,000 pages, 16 KiB pages would let the log grow to 16 MiB.
+#[test]
+fn the_wal_is_checkpointed_at_the_same_size_whatever_the_page_size() {
+    use agentry_persistence::connection::SQLITE_WAL_CHECKPOINT_BYTES;
+    use diesel::Connection as _;
+    use diesel::connection::SimpleConnection as _;
+
+    for created_with in [None, Some(4096)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal.db");
+        if let Some(page_size) = created_with {
+            let mut conn = diesel::SqliteConnection::establish(path.to_str().unwrap()).unwrap();
+            conn.batch_execute(&format!(
+                "PRAGMA page_size = {page_size}; PRAGMA journal_mode = WAL;"
+            ))
+            .unwrap();
+        }
+        let db = Db::connect(&format!("sqlite://{}", path.display()), 2).unwrap();
+        let mut conn = db.conn().unwrap();
+        conn.batch_execute("CREATE TABLE blobs (b BLOB)").unwrap();
+        // 24 MiB in 64 KiB commits.
+        for _ in 0..384 {
+            conn.batch_execute("INSERT INTO blobs VALUES (randomblob(65536))")
+                .unwrap();
+        }
+        let wal = std::fs::metadata(dir.path().join("wal.db-wal"))
+            .unwrap()
+            .len();
+        let limit = u64::try_from(SQLITE_WAL_CHECKPOINT_BYTES).unwrap() + 512 * 1024;
+        assert!(
+            wal <= limit,
+            "created with page size {created_with:?}: the WAL grew to {wal} bytes, past {limit}"
+        );
+        assert!(
+            wal >= 1024 * 1024,
+            "the test wrote through the WAL: {wal} bytes"
+        );
+    }
+}
+
 #[test]
 fn database_url_accepts_sqlite_and_postgres_schemes() {
     assert_eq!(
