@@ -49,7 +49,7 @@ pub const SQLITE_WAL_CHECKPOINT_BYTES: i64 = 4 * 1024 * 1024;
 
 /// Sets the connection's `wal_autocheckpoint` to about `bytes` of log, in pages of the
 /// database's own page size (an existing file keeps the size it was created with).
-pub(crate) fn set_wal_checkpoint(conn: &mut SqliteConnection, bytes: i64) -> QueryResult<()> {
+fn set_wal_checkpoint(conn: &mut SqliteConnection, bytes: i64) -> QueryResult<()> {
     #[derive(QueryableByName)]
     struct PageSize {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
