@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use agentry_codehost::ClientConfig;
 use agentry_domain::AgentType;
+use agentry_domain::quote::{excerpt, one_line};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::secrets::{self, MasterKey, SecretValue};
 use agentry_persistence::{AnyConnection, DatabaseUrl};
@@ -1044,20 +1045,7 @@ fn unpriced_models(table: &PriceTable, repos: &[Repository]) -> Vec<(String, Vec
 
 /// `text` trimmed and cut to [`QUOTED_CHARS`] characters.
 fn quote(text: &str) -> String {
-    let text = text.trim();
-    if text.chars().count() <= QUOTED_CHARS {
-        text.to_owned()
-    } else {
-        let cut: String = text.chars().take(QUOTED_CHARS).collect();
-        format!("{cut}…")
-    }
-}
-
-/// `text` with line breaks and other control characters as spaces.
-fn one_line(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    excerpt(text.trim(), QUOTED_CHARS)
 }
 
 #[cfg(test)]

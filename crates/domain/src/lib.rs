@@ -28,6 +28,8 @@
 //!   of a run or a model call.
 //! - [`error`]: [`FieldError`], a validation error naming the offending JSON
 //!   member.
+//! - [`quote`]: how every crate quotes text from outside in its messages (cut, with `…`,
+//!   on one line).
 //!
 //! The crate performs no I/O at all, and money never passes through
 //! floating point.
@@ -79,6 +81,7 @@ pub mod egress;
 pub mod error;
 pub mod money;
 pub mod pull_request;
+pub mod quote;
 pub mod repo_url;
 pub mod role;
 pub mod settings;

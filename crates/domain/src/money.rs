@@ -59,11 +59,7 @@ impl MoneyError {
     /// An [`MoneyError::Invalid`] quoting at most [`MAX_QUOTED_CHARS`]
     /// characters of `text`.
     fn invalid(text: &str) -> Self {
-        let mut quoted: String = text.chars().take(MAX_QUOTED_CHARS).collect();
-        if quoted.len() < text.len() {
-            quoted.push('…');
-        }
-        MoneyError::Invalid(quoted)
+        MoneyError::Invalid(crate::quote::excerpt(text, MAX_QUOTED_CHARS))
     }
 }
 

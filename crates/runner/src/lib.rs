@@ -177,11 +177,7 @@ const MAX_QUOTED_CHARS: usize = 200;
 
 /// At most [`MAX_QUOTED_CHARS`] characters of `text`, with `…` if cut.
 fn excerpt(text: &str) -> String {
-    let mut out: String = text.chars().take(MAX_QUOTED_CHARS).collect();
-    if out.len() < text.len() {
-        out.push('…');
-    }
-    out
+    agentry_domain::quote::excerpt(text, MAX_QUOTED_CHARS)
 }
 
 /// The most warnings kept in a report; further ones are counted in a last warning.

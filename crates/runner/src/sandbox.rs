@@ -761,7 +761,7 @@ async fn trial(bwrap: &Path, user: Option<&UserIds>, args: &[&str]) -> Result<()
     if status.success() {
         return Ok(());
     }
-    let stderr: String = stderr.trim().chars().take(PROBE_STDERR_CHARS).collect();
+    let stderr = agentry_domain::quote::excerpt(stderr.trim(), PROBE_STDERR_CHARS);
     Err(format!(
         "a trial run of {} failed ({status}){}",
         bwrap.display(),

@@ -210,7 +210,7 @@ pub async fn check(
     };
     let output = version_output(&path, env).await.map_err(broken)?;
     let version = Version::find(&output).ok_or_else(|| {
-        let quoted: String = output.trim().chars().take(QUOTED_OUTPUT_CHARS).collect();
+        let quoted = agentry_domain::quote::excerpt(output.trim(), QUOTED_OUTPUT_CHARS);
         broken(format!("it printed {quoted:?}"))
     })?;
     if !supported.contains(version) {

@@ -1472,10 +1472,7 @@ impl Git {
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let stderr = stderr.trim();
-            let mut shortened: String = stderr.chars().take(MAX_STDERR_CHARS).collect();
-            if shortened.len() < stderr.len() {
-                shortened.push('…');
-            }
+            let mut shortened = agentry_domain::quote::excerpt(stderr, MAX_STDERR_CHARS);
             if shortened.is_empty() {
                 shortened = format!("exit status {}", output.status);
             }

@@ -73,7 +73,7 @@ mod publish;
 mod recovery;
 mod settle;
 
-use crate::{Service, ServiceError};
+use crate::{Service, ServiceError, now};
 use claim::{claim, money_freed, run_task};
 use costing::{
     apply_metering, log_warnings, record_run, run_from_report, run_record, with_cost_note,
@@ -362,10 +362,6 @@ impl Runs {
 /// (`AGENTRY_AGENT_ENV`) besides the runner's own.
 fn service_env(agent_env: &[String]) -> agentry_runner::agent::ServiceEnv {
     agentry_runner::agent::ServiceEnv::read(agent_env, |name| std::env::var(name).ok())
-}
-
-fn now() -> OffsetDateTime {
-    agentry_persistence::now()
 }
 
 /// Moves task `id` by `trigger` in a transaction of its own (a step of the run that

@@ -7,6 +7,7 @@
 //! tool it does not know to run on the agent's side, or a cost it cannot bound is refused.
 
 use agentry_domain::money::Usd;
+use agentry_domain::quote::excerpt;
 use agentry_runner::PriceTable;
 use agentry_runner::prices::ModelPrice;
 use hyper::header::HeaderMap;
@@ -420,15 +421,6 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
         }
         Ok(Value::Object(out))
     }
-}
-
-/// At most `max` characters of `text`, with `…` when cut.
-pub fn excerpt(text: &str, max: usize) -> String {
-    let mut out: String = text.chars().take(max).collect();
-    if out.len() < text.len() {
-        out.push('…');
-    }
-    out
 }
 
 #[cfg(test)]

@@ -238,7 +238,7 @@ impl UsageReader {
             .and_then(Value::as_str)
             .or_else(|| error.as_str())
             .unwrap_or("error");
-        self.error = Some(message.chars().take(500).collect());
+        self.error = Some(agentry_domain::quote::excerpt(message, 500));
     }
 
     /// Anthropic counts are cumulative per message (`message_delta` repeats or raises

@@ -197,11 +197,7 @@ pub async fn read_hello<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Hello> {
 
 /// At most 40 characters of `text`, for an error message.
 fn excerpt(text: &str) -> String {
-    let mut out: String = text.chars().take(40).collect();
-    if out.len() < text.len() {
-        out.push('…');
-    }
-    out
+    agentry_domain::quote::excerpt(text, 40)
 }
 
 /// Replica: answers a hello: `OK\n`, or `ERR <sentence>\n` (line breaks and other control
