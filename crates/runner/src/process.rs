@@ -731,7 +731,7 @@ enum Stop {
 }
 
 /// Resolves once `cancel` is `true`; never if its sender is dropped first.
-async fn cancelled(cancel: &mut watch::Receiver<bool>) {
+pub(crate) async fn cancelled(cancel: &mut watch::Receiver<bool>) {
     if cancel.wait_for(|c| *c).await.is_err() {
         std::future::pending::<()>().await;
     }

@@ -39,7 +39,7 @@ use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salv
 use crate::local::{self, AgentEnd};
 use crate::network::{self, RunMeter};
 use crate::pod::{self, FromPod, PodEnded, PodResult, ToPod};
-use crate::process::{self, Ended};
+use crate::process::{self, Ended, cancelled};
 use crate::workspace::{GitSandbox, Workspaces, Worktree};
 use crate::{PriceTable, RunReport};
 
@@ -1093,13 +1093,6 @@ async fn delete_secret(secrets: &Api<Secret>, name: &str) {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => {}
         Err(e) => tracing::warn!(secret = name, error = %e, "could not delete a run's Secret"),
-    }
-}
-
-/// Resolves once `cancel` is `true`; never if its sender is dropped first.
-async fn cancelled(cancel: &mut watch::Receiver<bool>) {
-    if cancel.wait_for(|c| *c).await.is_err() {
-        std::future::pending::<()>().await;
     }
 }
 

@@ -36,7 +36,8 @@ use super::{
 };
 use crate::network::{GATEWAY_PORT, PROXY_PORT, forwarder};
 use crate::process::{
-    AgentCommand, Ended, Limits, OutputSink, STDERR_TAIL_BYTES, StopTarget, run_process_with,
+    AgentCommand, Ended, Limits, OutputSink, STDERR_TAIL_BYTES, StopTarget, cancelled,
+    run_process_with,
 };
 
 /// The replica's pod endpoint, `host:port`.
@@ -154,7 +155,7 @@ async fn pod_run() -> i32 {
     let mut stop_wait = cancel_rx.clone();
     let launch = tokio::select! {
         launch = fetch_launch(&settings) => launch,
-        () = until_stopped(&mut stop_wait) => Err(
+        () = cancelled(&mut stop_wait) => Err(
             "stopped by a signal before the launch was received".to_owned()
         ),
     };
@@ -192,13 +193,6 @@ async fn pod_run() -> i32 {
     // nothing sent is lost to a reset.
     let _ = tokio::time::timeout(CLOSE_WAIT, reader).await;
     0
-}
-
-/// Resolves once a stop was asked for.
-async fn until_stopped(cancel: &mut watch::Receiver<bool>) {
-    if cancel.wait_for(|c| *c).await.is_err() {
-        std::future::pending::<()>().await;
-    }
 }
 
 /// pod-run's environment.
