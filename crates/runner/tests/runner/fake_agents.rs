@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{EXITED_0, PATH, assert_warned, fake};
+use crate::support::{EXITED_0, PATH, assert_warned, fake, fixture};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, Launch, OutputParser, arguments};
@@ -31,13 +31,6 @@ const CODEX_MODEL: &str = "gpt-5-codex";
 /// How long a fake may take to answer a signal (the real Claude Code takes about 0.1 s); far
 /// shorter than the waits the tests interrupt.
 const SIGNAL_DEADLINE: Duration = Duration::from_secs(10);
-
-fn fixture(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 /// The command line agentry gives Claude Code (unsandboxed: `--permission-mode
 /// acceptEdits`), with a turn limit of 30 and a budget of 2.5 USD.

@@ -1,7 +1,7 @@
 //! The parsers over recorded samples of each CLI's output, the price table, and
 //! never-panic properties.
 
-use crate::support::assert_warned;
+use crate::support::{assert_warned, fixture};
 use agentry_domain::AgentType;
 use agentry_domain::money::Usd;
 use agentry_runner::agent::{AgentSpec, MAX_LINE_BYTES, OutputParser};
@@ -9,11 +9,6 @@ use agentry_runner::{
     AgentOutcome, PriceError, PriceTable, RunReport, Tokens, parse_claude, parse_codex,
 };
 use proptest::prelude::*;
-
-fn fixture(name: &str) -> String {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 fn usd(text: &str) -> Usd {
     Usd::parse(text).unwrap()

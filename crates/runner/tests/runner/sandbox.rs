@@ -15,6 +15,7 @@ use agentry_runner::{
     AgentSpec, Control, Execution, Job, JobKind, LocalConfig, LocalRunner, PriceTable, Runner,
     Sandbox, SandboxMode, Verdict,
 };
+pub(crate) use agentry_testkit::process::processes_with_env;
 use agentry_testkit::wait::eventually_async;
 use tempfile::TempDir;
 use tokio::sync::{oneshot, watch};
@@ -254,27 +255,6 @@ pub(crate) fn failure(execution: &Execution) -> &str {
             execution.output
         ),
     }
-}
-
-/// The processes of this machine whose environment holds `var` (e.g. `HOME=…`).
-pub(crate) fn processes_with_env(var: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|b| *b == 0).any(|v| v == var.as_bytes()) {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 fn cmdline(pid: i32) -> String {

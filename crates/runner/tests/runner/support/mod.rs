@@ -18,6 +18,14 @@ pub const EXITED_0: Ended = Ended::Exited {
 /// The `PATH` the agents get in these tests.
 pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
+/// The text of `tests/fixtures/NAME` (what the real CLIs printed, kept as fixtures).
+pub fn fixture(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A fake agent executable from `tests/fake-agents`.
 pub fn fake(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
