@@ -1270,7 +1270,7 @@ pub(crate) async fn fresh_dir(path: &Path) -> std::io::Result<()> {
 /// `bwrap`, which has the agent's environment: killing its group ends the whole sandbox.
 fn stop_orphan(run_dir: &Path) {
     // Read at most a few bytes: an unsandboxed agent could have made the file huge.
-    let Some(text) = read_small(&run_dir.join("agent.pid"), 64) else {
+    let Some(text) = read_small_text(&run_dir.join("agent.pid"), 64) else {
         return;
     };
     let Ok(pid) = text.trim().parse::<i32>() else {
@@ -1302,21 +1302,10 @@ pub(crate) fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
 
-/// The text of the regular file at `path` if it holds at most `max` bytes (read without
-/// following a symbolic link at `path`, and never more than `max + 1` bytes); else `None`.
-pub(crate) fn read_small(path: &Path, max: u64) -> Option<String> {
-    use std::io::Read;
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    if !meta.file_type().is_file() || meta.len() > max {
-        return None;
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(max + 1)
-        .read_to_string(&mut text)
-        .ok()?;
-    (text.len() as u64 <= max).then_some(text)
+/// The text of the regular file at `path` if it holds at most `max` bytes
+/// ([`crate::workspace::read_small`]) and is UTF-8; else `None`.
+pub(crate) fn read_small_text(path: &Path, max: u64) -> Option<String> {
+    String::from_utf8(crate::workspace::read_small(path, max)?).ok()
 }
 
 #[cfg(test)]

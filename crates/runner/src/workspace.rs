@@ -566,7 +566,7 @@ impl Workspaces {
         git.run(&self.root, &add, &[], LOCAL_TIMEOUT).await?;
         // Every run's git metadata lies there: passed through to the run's own, not listed.
         crate::user::passage(&mirror, &mirror.join("worktrees")).map_err(GitError::Io)?;
-        let dot_git = read_small(&path.join(".git"), MAX_DOT_GIT_BYTES)
+        let dot_git = read_small_async(&path.join(".git"), MAX_DOT_GIT_BYTES)
             .await
             .ok_or_else(|| {
                 GitError::Io("cannot read the worktree's .git (a small regular file)".into())
@@ -1105,11 +1105,11 @@ impl Worktree {
             return Err(GitError::Tampered("the worktree directory".into()));
         }
         let dot_git = self.path.join(".git");
-        if read_small(&dot_git, MAX_DOT_GIT_BYTES).await.as_ref() != Some(&self.dot_git) {
+        if read_small_async(&dot_git, MAX_DOT_GIT_BYTES).await.as_ref() != Some(&self.dot_git) {
             return Err(GitError::Tampered("the worktree's .git".into()));
         }
         let config = self.mirror.join("config");
-        if read_small(&config, MIRROR_CONFIG.len() as u64)
+        if read_small_async(&config, MIRROR_CONFIG.len() as u64)
             .await
             .as_deref()
             != Some(MIRROR_CONFIG.as_bytes())
@@ -1213,7 +1213,7 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
 /// Writes the mirror's fixed configuration (atomically, and only when it differs).
 async fn write_mirror_config(mirror: &Path) -> Result<(), GitError> {
     let config = mirror.join("config");
-    if read_small(&config, MIRROR_CONFIG.len() as u64)
+    if read_small_async(&config, MIRROR_CONFIG.len() as u64)
         .await
         .as_deref()
         == Some(MIRROR_CONFIG.as_bytes())
@@ -1250,27 +1250,36 @@ fn worktree_meta(mirror: &Path, dot_git: &[u8]) -> Result<PathBuf, GitError> {
 }
 
 /// The content of the regular file `path` (not a symbolic link) when it is at most `max`
-/// bytes long; `None` when it is absent, not a regular file, longer, or unreadable. Never
-/// reads more than `max + 1` bytes, whatever the file grows to after its size was checked.
-async fn read_small(path: &Path, max: u64) -> Option<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let meta = tokio::fs::symlink_metadata(path).await.ok()?;
+/// bytes long; `None` when it is absent, not a regular file, longer, or unreadable. Safe on a
+/// path an agent could have replaced: it never follows a symbolic link (not even one swapped
+/// in after the check), never blocks on a FIFO, and never reads more than `max + 1` bytes,
+/// whatever the file grows to after its size was checked.
+pub(crate) fn read_small(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta = std::fs::symlink_metadata(path).ok()?;
     if !meta.is_file() || meta.len() > max {
         return None;
     }
-    let file = tokio::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
-        // Never follow a symbolic link swapped in after the check, never block on a FIFO.
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(path)
-        .await
         .ok()?;
-    if !file.metadata().await.ok()?.is_file() {
+    if !file.metadata().ok()?.is_file() {
         return None;
     }
     let mut content = Vec::new();
-    file.take(max + 1).read_to_end(&mut content).await.ok()?;
+    file.take(max + 1).read_to_end(&mut content).ok()?;
     (content.len() as u64 <= max).then_some(content)
+}
+
+/// [`read_small`] on a blocking thread.
+async fn read_small_async(path: &Path, max: u64) -> Option<Vec<u8>> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || read_small(&path, max))
+        .await
+        .ok()?
 }
 
 /// Whether git, or a file system it may be checked out on (case-insensitive, NTFS, HFS+),
@@ -1808,13 +1817,18 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let file = dir.path().join("f");
         std::fs::write(&file, "gitdir: x\n").unwrap();
-        assert_eq!(read_small(&file, 64).await.unwrap(), b"gitdir: x\n");
-        assert_eq!(read_small(&file, 4).await, None);
+        assert_eq!(read_small_async(&file, 64).await.unwrap(), b"gitdir: x\n");
+        assert_eq!(read_small(&file, 10).unwrap(), b"gitdir: x\n");
+        assert_eq!(read_small(&file, 4), None);
         let link = dir.path().join("l");
         std::os::unix::fs::symlink(&file, &link).unwrap();
-        assert_eq!(read_small(&link, 64).await, None);
-        assert_eq!(read_small(dir.path(), 64).await, None);
-        assert_eq!(read_small(&dir.path().join("missing"), 64).await, None);
+        assert_eq!(read_small(&link, 64), None);
+        assert_eq!(read_small(dir.path(), 64), None);
+        assert_eq!(read_small(&dir.path().join("missing"), 64), None);
+        // A FIFO is not a regular file: refused without blocking on it.
+        let fifo = dir.path().join("p");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(read_small_async(&fifo, 64).await, None);
     }
 
     #[test]
