@@ -238,7 +238,9 @@ fn rollout_files(dir: &Path) -> Vec<PathBuf> {
 /// last line is kept for the next read. An over-long line is skipped.
 fn read_new_lines(path: &Path, state: &mut FileState) -> Vec<Vec<u8>> {
     let mut bytes = Vec::new();
-    let read = std::fs::File::open(path).and_then(|mut file| {
+    // Opened without following a link or blocking on a FIFO: the agent writes this
+    // directory and could swap the file it listed for either (this runs on the runtime).
+    let read = crate::files::open_regular(path).and_then(|mut file| {
         let len = file.metadata()?.len();
         if len < state.offset {
             // Truncated or replaced: start over.
@@ -284,6 +286,35 @@ mod tests {
         format!(
             r#"{{"timestamp":"t","type":"token_usage_record","payload":{{"response_id":"{id}","usage":{{"input_tokens":{input},"cached_input_tokens":{cached},"cache_write_input_tokens":{written},"output_tokens":{output},"reasoning_output_tokens":7,"total_tokens":1}}}}}}"#
         )
+    }
+
+    /// A session file the agent swapped, after it was listed, for a FIFO (whose plain open
+    /// would block the runtime thread for ever) or for a link to a file of the service's:
+    /// neither is read.
+    #[test]
+    fn a_swapped_session_file_is_never_followed_nor_waited_on() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/11/25");
+        std::fs::create_dir_all(&dir).unwrap();
+        let outside = home.path().join("service-file");
+        std::fs::write(&outside, format!("{}\n", record("resp_x", 10, 0, 0, 1))).unwrap();
+        let link = dir.join("rollout-link.jsonl");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        let fifo = dir.join("rollout-fifo.jsonl");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut state = FileState::default();
+            let from_fifo = read_new_lines(&fifo, &mut state);
+            let from_link = read_new_lines(&link, &mut state);
+            let _ = done.send((from_fifo, from_link, state.offset));
+        });
+        let (from_fifo, from_link, offset) = finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("reading a FIFO blocked");
+        assert!(from_fifo.is_empty() && from_link.is_empty());
+        assert_eq!(offset, 0);
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub mod cgroup;
 pub mod claude;
 pub mod codex;
 pub mod codex_session;
+mod files;
 pub mod job;
 pub mod kube;
 pub mod local;

@@ -1270,7 +1270,7 @@ pub(crate) async fn fresh_dir(path: &Path) -> std::io::Result<()> {
 /// `bwrap`, which has the agent's environment: killing its group ends the whole sandbox.
 fn stop_orphan(run_dir: &Path) {
     // Read at most a few bytes: an unsandboxed agent could have made the file huge.
-    let Some(text) = read_small_text(&run_dir.join("agent.pid"), 64) else {
+    let Some(text) = crate::files::read_small_text(&run_dir.join("agent.pid"), 64) else {
         return;
     };
     let Ok(pid) = text.trim().parse::<i32>() else {
@@ -1300,12 +1300,6 @@ fn human(d: Duration) -> String {
 
 pub(crate) fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
-}
-
-/// The text of the regular file at `path` if it holds at most `max` bytes
-/// ([`crate::workspace::read_small`]) and is UTF-8; else `None`.
-pub(crate) fn read_small_text(path: &Path, max: u64) -> Option<String> {
-    String::from_utf8(crate::workspace::read_small(path, max)?).ok()
 }
 
 #[cfg(test)]

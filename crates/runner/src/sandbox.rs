@@ -1357,7 +1357,7 @@ fn interpreter(program: &Path, env: &[(String, String)]) -> Option<PathBuf> {
 fn git_dirs(worktree: &Path, mirror: &Path) -> Option<(PathBuf, PathBuf)> {
     let mirror = std::fs::canonicalize(mirror).ok()?;
     // What `git worktree add` wrote is a short line; anything longer is not read.
-    let dotgit = crate::local::read_small_text(&worktree.join(".git"), 4096)?;
+    let dotgit = crate::files::read_small_text(&worktree.join(".git"), 4096)?;
     let gitdir = dotgit.trim().strip_prefix("gitdir:")?.trim();
     let gitdir = std::fs::canonicalize(worktree.join(gitdir)).ok()?;
     let entries = mirror.join("worktrees");

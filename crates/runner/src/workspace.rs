@@ -1249,35 +1249,10 @@ fn worktree_meta(mirror: &Path, dot_git: &[u8]) -> Result<PathBuf, GitError> {
     }
 }
 
-/// The content of the regular file `path` (not a symbolic link) when it is at most `max`
-/// bytes long; `None` when it is absent, not a regular file, longer, or unreadable. Safe on a
-/// path an agent could have replaced: it never follows a symbolic link (not even one swapped
-/// in after the check), never blocks on a FIFO, and never reads more than `max + 1` bytes,
-/// whatever the file grows to after its size was checked.
-pub(crate) fn read_small(path: &Path, max: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    if !meta.is_file() || meta.len() > max {
-        return None;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut content = Vec::new();
-    file.take(max + 1).read_to_end(&mut content).ok()?;
-    (content.len() as u64 <= max).then_some(content)
-}
-
-/// [`read_small`] on a blocking thread.
+/// [`crate::files::read_small`] on a blocking thread.
 async fn read_small_async(path: &Path, max: u64) -> Option<Vec<u8>> {
     let path = path.to_owned();
-    tokio::task::spawn_blocking(move || read_small(&path, max))
+    tokio::task::spawn_blocking(move || crate::files::read_small(&path, max))
         .await
         .ok()?
 }
@@ -1818,17 +1793,7 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, "gitdir: x\n").unwrap();
         assert_eq!(read_small_async(&file, 64).await.unwrap(), b"gitdir: x\n");
-        assert_eq!(read_small(&file, 10).unwrap(), b"gitdir: x\n");
-        assert_eq!(read_small(&file, 4), None);
-        let link = dir.path().join("l");
-        std::os::unix::fs::symlink(&file, &link).unwrap();
-        assert_eq!(read_small(&link, 64), None);
-        assert_eq!(read_small(dir.path(), 64), None);
-        assert_eq!(read_small(&dir.path().join("missing"), 64), None);
-        // A FIFO is not a regular file: refused without blocking on it.
-        let fifo = dir.path().join("p");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
-        assert_eq!(read_small_async(&fifo, 64).await, None);
+        assert_eq!(read_small_async(&file, 4).await, None);
     }
 
     #[test]
