@@ -1123,8 +1123,8 @@ impl Worktree {
 }
 
 /// Copies the object files under `from` (`xx/<38 hex>` loose objects, `pack/pack-<hex>.pack`
-/// and `.idx`) that `to` does not have into `to`, as new files of this process (0444), never
-/// following a symbolic link; anything else under `from` is ignored.
+/// and `.idx`) that `to` does not have into `to`, as new files of this process (0444), reading
+/// regular files only ([`crate::files::open_regular`]); anything else under `from` is ignored.
 fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let hex =
@@ -1149,10 +1149,7 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), String> {
         if std::fs::symlink_metadata(target).is_ok() {
             return Ok(());
         }
-        let mut input = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(source)
+        let mut input = crate::files::open_regular(source)
             .map_err(|e| format!("cannot read {}: {e}", source.display()))?;
         let mut partial = target.as_os_str().to_owned();
         partial.push(".agentry-tmp");
