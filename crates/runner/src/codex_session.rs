@@ -29,11 +29,21 @@ use serde::Deserialize;
 
 use crate::prices::{PriceTable, Tokens};
 
-/// The most bytes read from one session file per poll (the rest is read at the next one).
+/// The most bytes read from the session files in one poll, all files together (the rest is
+/// read at the next one). A poll runs on the async runtime, once a second.
 const MAX_READ_PER_POLL: u64 = 4 * 1024 * 1024;
 
-/// The longest session line kept whole; a longer one (a huge tool output) is skipped.
-const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// The longest session line kept whole; a longer one (a huge tool output) is skipped. The
+/// lines read here (`token_usage_record`, `turn_context`) are a few KiB at most.
+const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// The most session files read (the first, in name order: Codex names them by their start
+/// time). One `codex exec` writes one; the bound keeps an agent that writes thousands from
+/// making each poll, and the partial lines kept between polls, as large.
+const MAX_SESSION_FILES: usize = 16;
+
+/// The most directory entries one poll looks at while it lists the session files.
+const MAX_LISTED_ENTRIES: usize = 4096;
 
 /// The usage of the model calls a Codex run's session files show.
 #[derive(Debug)]
@@ -85,9 +95,14 @@ impl SessionMeter {
     /// Reads what was appended to the session files since the last poll. Files that cannot
     /// be read are tried again at the next poll; nothing here fails.
     pub fn poll(&mut self) {
-        for path in rollout_files(&self.dir) {
+        let mut budget = MAX_READ_PER_POLL;
+        for path in rollout_files(&self.dir).into_iter().take(MAX_SESSION_FILES) {
+            if budget == 0 {
+                break;
+            }
             let state = self.files.entry(path.clone()).or_default();
-            let lines = read_new_lines(&path, state);
+            let (lines, read) = read_new_lines(&path, state, budget);
+            budget = budget.saturating_sub(read);
             for line in lines {
                 self.line(&path, &line);
             }
@@ -205,15 +220,21 @@ fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error
     Ok(value.as_i64().filter(|n| *n >= 0))
 }
 
-/// The `rollout-*.jsonl` files under `dir` (`YYYY/MM/DD/`), sorted.
+/// The `rollout-*.jsonl` files under `dir` (`YYYY/MM/DD/`), sorted; of the first
+/// [`MAX_LISTED_ENTRIES`] entries looked at.
 fn rollout_files(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), 0)];
+    let mut listed = 0;
     while let Some((dir, depth)) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
+            listed += 1;
+            if listed > MAX_LISTED_ENTRIES {
+                break;
+            }
             let path = entry.path();
             let Ok(kind) = entry.file_type() else {
                 continue;
@@ -234,9 +255,10 @@ fn rollout_files(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// The whole lines appended to `path` since `state.offset`; the start of an unfinished
-/// last line is kept for the next read. An over-long line is skipped.
-fn read_new_lines(path: &Path, state: &mut FileState) -> Vec<Vec<u8>> {
+/// The whole lines appended to `path` since `state.offset`, reading at most `max` bytes, and
+/// how many bytes were read; the start of an unfinished last line is kept for the next read.
+/// An over-long line is skipped.
+fn read_new_lines(path: &Path, state: &mut FileState, max: u64) -> (Vec<Vec<u8>>, u64) {
     let mut bytes = Vec::new();
     // Opened without following a link or blocking on a FIFO: the agent writes this
     // directory and could swap the file it listed for either (this runs on the runtime).
@@ -247,10 +269,10 @@ fn read_new_lines(path: &Path, state: &mut FileState) -> Vec<Vec<u8>> {
             *state = FileState::default();
         }
         file.seek(SeekFrom::Start(state.offset))?;
-        file.take(MAX_READ_PER_POLL).read_to_end(&mut bytes)
+        file.take(max).read_to_end(&mut bytes)
     });
     let Ok(n) = read else {
-        return Vec::new();
+        return (Vec::new(), 0);
     };
     state.offset += n as u64;
     let mut lines = Vec::new();
@@ -274,7 +296,7 @@ fn read_new_lines(path: &Path, state: &mut FileState) -> Vec<Vec<u8>> {
             state.partial.extend_from_slice(rest);
         }
     }
-    lines
+    (lines, n as u64)
 }
 
 #[cfg(test)]
@@ -306,8 +328,8 @@ mod tests {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut state = FileState::default();
-            let from_fifo = read_new_lines(&fifo, &mut state);
-            let from_link = read_new_lines(&link, &mut state);
+            let (from_fifo, _) = read_new_lines(&fifo, &mut state, MAX_READ_PER_POLL);
+            let (from_link, _) = read_new_lines(&link, &mut state, MAX_READ_PER_POLL);
             let _ = done.send((from_fifo, from_link, state.offset));
         });
         let (from_fifo, from_link, offset) = finished
@@ -366,6 +388,57 @@ mod tests {
         );
         // + 270·2 + 200·0.1 + 30·2.5 + 60·10 = 1235 µ$.
         assert_eq!(meter.cost(), Some(Usd::parse("0.006335").unwrap()));
+    }
+
+    /// An agent that writes many session files, or long lines that never end, costs each
+    /// poll a bounded read and the meter a bounded memory: the first files in name order
+    /// are read, within one read budget per poll, and a line longer than the limit is
+    /// skipped while the lines after it still count.
+    #[test]
+    fn many_files_and_endless_lines_are_read_within_bounds() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/01/02");
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..MAX_SESSION_FILES + 4 {
+            std::fs::write(
+                dir.join(format!("rollout-{i:03}.jsonl")),
+                format!("{}\n", record(&format!("r{i}"), 10, 0, 0, 1)),
+            )
+            .unwrap();
+        }
+        let mut meter = SessionMeter::new(home.path(), "gpt-5.5", &PriceTable::builtin());
+        meter.poll();
+        assert_eq!(meter.calls(), MAX_SESSION_FILES as u64);
+        assert_eq!(meter.files.len(), MAX_SESSION_FILES);
+
+        // One file with a line longer than the limit, then a record: the long line is
+        // skipped, never kept whole, and the record after it counts.
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/01/03");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("rollout-a.jsonl");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let mut meter = SessionMeter::new(home.path(), "gpt-5.5", &PriceTable::builtin());
+        let chunk = vec![b'x'; MAX_LINE_BYTES / 2 + 1];
+        for _ in 0..3 {
+            file.write_all(&chunk).unwrap();
+            meter.poll();
+            let kept = meter.files.values().map(|s| s.partial.len()).sum::<usize>();
+            assert!(kept <= MAX_LINE_BYTES, "{kept} bytes kept");
+        }
+        writeln!(file).unwrap();
+        writeln!(file, "{}", record("after", 10, 0, 0, 1)).unwrap();
+        meter.poll();
+        assert_eq!(meter.calls(), 1);
+
+        // A poll reads at most its budget, whatever the files hold; the rest comes next.
+        let mut state = FileState::default();
+        let big = dir.join("rollout-b.jsonl");
+        std::fs::write(&big, vec![b'\n'; 10_000]).unwrap();
+        let (lines, read) = read_new_lines(&big, &mut state, 4_000);
+        assert_eq!((lines.len(), read), (4_000, 4_000));
+        let (lines, read) = read_new_lines(&big, &mut state, 100_000);
+        assert_eq!((lines.len(), read), (6_000, 6_000));
     }
 
     #[test]
