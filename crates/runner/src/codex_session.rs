@@ -226,14 +226,14 @@ fn rollout_files(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), 0)];
     let mut listed = 0;
-    while let Some((dir, depth)) = stack.pop() {
+    'walk: while let Some((dir, depth)) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
             listed += 1;
             if listed > MAX_LISTED_ENTRIES {
-                break;
+                break 'walk;
             }
             let path = entry.path();
             let Ok(kind) = entry.file_type() else {
