@@ -441,6 +441,19 @@ mod tests {
         assert_eq!((lines.len(), read), (6_000, 6_000));
     }
 
+    /// Listing the session directory looks at a bounded number of entries, however many
+    /// the agent created.
+    #[test]
+    fn the_listing_stops_at_its_entry_limit() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions");
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..=MAX_LISTED_ENTRIES {
+            std::fs::File::create(dir.join(format!("rollout-{i:05}.jsonl"))).unwrap();
+        }
+        assert_eq!(rollout_files(&dir).len(), MAX_LISTED_ENTRIES);
+    }
+
     #[test]
     fn an_unpriced_model_has_no_cost() {
         let home = tempfile::tempdir().unwrap();
