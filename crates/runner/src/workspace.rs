@@ -241,6 +241,10 @@ pub enum GitError {
         /// Its head on the remote.
         commit: String,
     },
+    /// A patch of the agent's changes copies a file, which git would do without checking
+    /// where the copy comes from; nothing was applied.
+    #[error("the agent's patch copies a file ({0}); copies are refused and nothing was applied")]
+    PatchCopies(String),
     /// A git command failed.
     #[error("`git {command}` failed: {stderr}")]
     Command {
@@ -260,6 +264,24 @@ pub enum GitError {
     /// Git could not be started, or a file operation failed.
     #[error("{0}")]
     Io(String),
+}
+
+/// Refuses a patch with a copy in it: a `copy from` or `copy to` line, the only way a patch
+/// sets git's copy flag, under which `git apply` reads the source path unchecked (`copy from
+/// ../../../master.key` reads the service's key, outside the worktree). Every line is looked
+/// at, not only headers: git reads a header line wherever a `diff --git` line precedes it,
+/// and no line of a hunk (` `, `+`, `-`, `\`) or of a binary patch (base 85, no blank)
+/// can start so, so nothing that is not a copy is refused.
+fn refuse_copies(patch: &[u8]) -> Result<(), GitError> {
+    match patch
+        .split(|b| *b == b'\n')
+        .find(|line| line.starts_with(b"copy from ") || line.starts_with(b"copy to "))
+    {
+        Some(line) => Err(GitError::PatchCopies(agentry_domain::quote::one_line(
+            &agentry_domain::quote::excerpt(&String::from_utf8_lossy(line), 120),
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Checks a clone URL reported by the code host before git ever sees it.
@@ -712,25 +734,51 @@ impl Worktree {
 
     /// Applies `patch` (a `git diff --binary` of the agent's changes made elsewhere, such as
     /// in a Kubernetes pod) to the worktree's files, with git's own checks: no path outside
-    /// the worktree, none under `.git`, nothing written through a symbolic link. The index is
-    /// left alone; [`Worktree::commit_all`] then commits the result as it does the changes of
-    /// a local agent, with the same checks.
-    pub async fn apply_patch(&self, patch: &Path) -> Result<(), GitError> {
+    /// the worktree, none under `.git`, nothing written through a symbolic link. A patch that
+    /// copies a file is refused before git sees it: git checks every path a patch writes,
+    /// deletes or renames, but not the source of a copy (`copy from`), which could name any
+    /// file the service can read, outside the worktree too (docs/security.md). The patch is
+    /// kept in a file of the service's alone next to the worktree while git reads it. The
+    /// index is left alone; [`Worktree::commit_all`] then commits the result as it does the
+    /// changes of a local agent, with the same checks.
+    pub async fn apply_patch(&self, patch: Vec<u8>) -> Result<(), GitError> {
+        let name = self.path.file_name().map_or_else(
+            || self.task_id.to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let dir = self.path.parent().unwrap_or(&self.root);
+        let file = dir.join(format!(".{name}.patch"));
+        let kept = file.clone();
+        tokio::task::spawn_blocking(move || {
+            refuse_copies(&patch)?;
+            crate::user::private_file(&kept)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, &patch))
+                .map_err(|e| GitError::Io(format!("cannot keep the patch {}: {e}", kept.display())))
+        })
+        .await
+        .map_err(|e| GitError::Io(format!("the patch check stopped: {e}")))??;
         let git_dir = git_dir_arg(&self.mirror)?;
         let work_tree = format!("--work-tree={}", path_str(&self.path)?);
-        let args = [
-            git_dir.as_str(),
-            work_tree.as_str(),
-            "apply",
-            "--binary",
-            "--whitespace=nowarn",
-            "--",
-            path_str(patch)?,
-        ];
-        self.git
-            .run(&self.path, &args, &[], LOCAL_TIMEOUT)
-            .await
-            .map(drop)
+        let applied = match path_str(&file) {
+            Ok(patch_file) => {
+                let args = [
+                    git_dir.as_str(),
+                    work_tree.as_str(),
+                    "apply",
+                    "--binary",
+                    "--whitespace=nowarn",
+                    "--",
+                    patch_file,
+                ];
+                self.git
+                    .run(&self.path, &args, &[], LOCAL_TIMEOUT)
+                    .await
+                    .map(drop)
+            }
+            Err(e) => Err(e),
+        };
+        let _ = tokio::fs::remove_file(&file).await;
+        applied
     }
 
     /// Commits the whole worktree as one commit on top of the base commit, as

@@ -374,7 +374,7 @@ impl KubeRunner {
         let published = matches!(end.end.ended, Ended::Exited { code: Some(0), .. })
             && !matches!(job.kind, JobKind::Review { .. });
         if published && let Some(patch) = end.patch.take() {
-            end.end.unpublishable = self.apply(worktree, &patch).await.err();
+            end.end.unpublishable = Self::apply(worktree, patch).await.err();
         }
         let ended = end.end.ended.clone();
         let (verdict, report, output) =
@@ -719,32 +719,12 @@ impl KubeRunner {
         out_of_memory(&self.config)
     }
 
-    /// Applies the agent's `patch` to `worktree`.
-    async fn apply(&self, worktree: &Worktree, patch: &[u8]) -> Result<(), String> {
-        let dir = worktree
-            .path()
-            .parent()
-            .map_or_else(|| self.config.root.clone(), Path::to_path_buf);
-        let file = dir.join(format!(
-            ".{}.patch",
-            worktree
-                .path()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ));
-        let written = crate::user::private_file(&file)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, patch))
-            .map_err(|e| e.to_string());
-        let applied = match written {
-            Ok(()) => worktree
-                .apply_patch(&file)
-                .await
-                .map_err(|e| format!("could not apply the agent's changes: {e}")),
-            Err(e) => Err(format!("could not keep the agent's changes: {e}")),
-        };
-        let _ = tokio::fs::remove_file(&file).await;
-        applied
+    /// Applies the agent's `patch` to `worktree` ([`Worktree::apply_patch`]).
+    async fn apply(worktree: &Worktree, patch: Vec<u8>) -> Result<(), String> {
+        worktree
+            .apply_patch(patch)
+            .await
+            .map_err(|e| format!("could not apply the agent's changes: {e}"))
     }
 }
 

@@ -531,3 +531,72 @@ async fn tampered_git_metadata_is_refused_and_planted_programs_never_run() {
     wt.push(&GitAuth::none()).await.unwrap();
     wt.remove().await.unwrap();
 }
+
+/// A patch of an agent's changes made elsewhere (a Kubernetes pod sends one) changes the
+/// worktree and nothing else: git refuses the paths outside it, and a copy, whose source
+/// git does not check, is refused before git reads the patch.
+#[tokio::test]
+async fn a_patch_reads_and_writes_nothing_outside_the_worktree() {
+    let rig = Rig::new();
+    let wt = rig.coding(Uuid::new_v4()).await;
+    // A file of the service's next to the workspaces, as its master key is.
+    let root = wt.path().parent().unwrap().parent().unwrap();
+    assert_eq!(root, rig.root.path());
+    let secret = root.join("master.key");
+    std::fs::write(&secret, "the service's key\n").unwrap();
+    let copies = [
+        "diff --git a/../../master.key b/leak.key\nsimilarity index 100%\n\
+         copy from ../../master.key\ncopy to leak.key\n",
+        &format!(
+            "diff --git a/{0} b/leak.key\nsimilarity index 100%\ncopy from {0}\ncopy to leak.key\n",
+            secret.display()
+        ),
+        // A copy within the worktree is refused too: no honest pod sends one.
+        "diff --git a/README.md b/leak.key\nsimilarity index 100%\n\
+         copy from README.md\ncopy to leak.key\n",
+    ];
+    for patch in copies {
+        match wt.apply_patch(patch.as_bytes().to_vec()).await {
+            Err(GitError::PatchCopies(line)) => assert!(line.starts_with("copy "), "{line}"),
+            other => panic!("{patch}: {other:?}"),
+        }
+        assert!(!wt.path().join("leak.key").exists(), "{patch}");
+    }
+    // What git itself refuses: a rename or a change of a file outside.
+    let outside = [
+        "diff --git a/../../master.key b/leak.key\nsimilarity index 100%\n\
+         rename from ../../master.key\nrename to leak.key\n",
+        "diff --git a/../../master.key b/../../master.key\n--- a/../../master.key\n\
+         +++ b/../../master.key\n@@ -1 +1 @@\n-the service's key\n+replaced\n",
+    ];
+    for patch in outside {
+        let refused = wt.apply_patch(patch.as_bytes().to_vec()).await;
+        assert!(
+            matches!(refused, Err(GitError::Command { .. })),
+            "{patch}: {refused:?}"
+        );
+        assert!(!wt.path().join("leak.key").exists(), "{patch}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "the service's key\n"
+    );
+    // An honest patch, with a rename in it, applies and is committed.
+    let honest = "diff --git a/README.md b/docs.md\nsimilarity index 100%\n\
+                  rename from README.md\nrename to docs.md\n\
+                  diff --git a/fix.txt b/fix.txt\nnew file mode 100644\n--- /dev/null\n\
+                  +++ b/fix.txt\n@@ -0,0 +1 @@\n+fixed\n";
+    wt.apply_patch(honest.as_bytes().to_vec()).await.unwrap();
+    let commit = wt.commit_all("Fix it").await.unwrap().unwrap();
+    let mirror = root.join("mirrors/repo-1.git");
+    assert_eq!(
+        git(&["ls-tree", "--name-only", &commit], &mirror),
+        "docs.md\nfix.txt"
+    );
+    // The patch file is gone.
+    let left: Vec<_> = std::fs::read_dir(wt.path().parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}
