@@ -92,15 +92,21 @@ fn cluster() -> FakeKube {
 
 /// [`cluster`] with the image `name` of the root file system `rootfs`.
 pub(super) fn cluster_with_image(name: &str, rootfs: &Path) -> FakeKube {
-    let role = Rbac::from_yaml(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-role.yaml"),
-        )
-        .unwrap(),
+    cluster_with(name, rootfs, &chart_role())
+}
+
+/// The chart's Role and RoleBinding for the Kubernetes runner, as YAML.
+fn chart_role() -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-role.yaml"),
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A cluster with the image `name` of `rootfs` whose service account has the Role `role`.
+fn cluster_with(name: &str, rootfs: &Path, role: &str) -> FakeKube {
     let options = Options {
-        role: Some(role),
+        role: Some(Rbac::from_yaml(role).unwrap()),
         ..Options::default().image(name, rootfs).namespace(NAMESPACE)
     };
     FakeKube::start(options).unwrap()
@@ -160,7 +166,11 @@ impl KubeWorld {
 
     /// The world of the code-host token `gh`, `extra` added to `serve`'s environment.
     fn new(gh: &str, extra: &[(&str, &str)]) -> KubeWorld {
-        let kube = cluster();
+        KubeWorld::on(cluster(), gh, extra)
+    }
+
+    /// [`KubeWorld::new`] on the cluster `kube`.
+    fn on(kube: FakeKube, gh: &str, extra: &[(&str, &str)]) -> KubeWorld {
         let env = kube_env(&kube, extra);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let world = World::new(gh, &env);
@@ -493,6 +503,28 @@ fn an_image_that_cannot_be_pulled_fails_within_the_start_timeout() {
     world.all_gone();
 }
 
+/// A run whose Job cannot be made the owner of its Secret (here the Role lacks `patch` on
+/// Secrets) fails naming it, and its Secret is deleted with its Job: the cluster would never
+/// collect a Secret without an owner.
+#[test]
+fn a_secret_that_cannot_be_given_its_job_is_deleted() {
+    const GH: &str = "ghp_KubeOwnerToken0123456789abcdefghij";
+    if !pods_run_here() {
+        return;
+    }
+    let role = chart_role();
+    let cut = role.replace("  - patch\n", "");
+    assert_eq!(role.len() - cut.len(), "  - patch\n".len());
+    let world = KubeWorld::on(cluster_with("host", Path::new("/"), &cut), GH, &[]);
+    let served = world.serve();
+    let task = served.run_failing("Owner", "Owner");
+    assert!(
+        error_of(&task).contains("could not make the Job the owner of the run's Secret"),
+        "{task:#}"
+    );
+    world.all_gone();
+}
+
 /// Where the pod can reach the Kubernetes API (no NetworkPolicy enforced, as on fake-kube),
 /// pod-run refuses to run the agent unless the operator allowed it.
 #[test]
@@ -643,17 +675,10 @@ fn doctor_checks_the_cluster_the_namespace_and_the_permissions() {
     );
 
     // A Role without Secrets: the runner could not give a pod its key.
-    let role = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-role.yaml"),
-    )
-    .unwrap();
+    let role = chart_role();
     let cut = role.replace("  - secrets\n", "  - configmaps\n");
     assert_ne!(cut, role);
-    let narrow = FakeKube::start(Options {
-        role: Some(Rbac::from_yaml(&cut).unwrap()),
-        ..Options::default().image("host", "/").namespace(NAMESPACE)
-    })
-    .unwrap();
+    let narrow = cluster_with("host", Path::new("/"), &cut);
     let report = doctor(&narrow, &[]);
     let line = super::doctor_line(&report, "kubernetes");
     assert!(line.starts_with("FAIL "), "{report}");

@@ -469,10 +469,16 @@ impl KubeRunner {
         };
         let uid = created.metadata.uid.unwrap_or_default();
         let owned = spec::owned_by_job(&name, &uid);
-        secrets
+        if let Err(e) = secrets
             .patch(&name, &PatchParams::default(), &Patch::Merge(owned))
             .await
-            .map_err(|e| format!("could not make the Job the owner of the run's Secret: {e}"))?;
+        {
+            // Without its owner the cluster never collects it; the caller deletes the Job.
+            delete_secret(secrets, &name).await;
+            return Err(format!(
+                "could not make the Job the owner of the run's Secret: {e}"
+            ));
+        }
         Ok(())
     }
 
