@@ -103,6 +103,13 @@ const REMOTE_TIMEOUT: Duration = Duration::from_secs(600);
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most characters of git's stderr quoted in an error.
 const MAX_STDERR_CHARS: usize = 2000;
+/// The most bytes of git's stdout kept: what the runner reads (object names, a tree
+/// listing, a diff's stat) is far smaller; more is refused, not buffered.
+const MAX_STDOUT_BYTES: usize = 64 * 1024 * 1024;
+/// The bytes of git's stderr kept: its last ones, where the error is. The rest is read and
+/// dropped, since the agent's files decide how much git prints (a warning per line of a
+/// `.gitattributes`, per file of an `eol` rule…).
+const STDERR_TAIL_BYTES: usize = 64 * 1024;
 /// The whole configuration of every mirror. It names no remote: fetch and push name the
 /// clone URL on their command line.
 const MIRROR_CONFIG: &str =
@@ -1485,12 +1492,25 @@ impl Git {
         for (name, value) in env {
             command.env(name, value);
         }
-        let child = command
+        let mut child = command
             .spawn()
             .map_err(|e| GitError::Io(format!("cannot run git: {e}")))?;
-        let output = match tokio::time::timeout(limit, child.wait_with_output()).await {
-            Ok(Ok(output)) => output,
-            Ok(Err(e)) => return Err(GitError::Io(format!("`git {shown}`: {e}"))),
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(GitError::Io(format!("`git {shown}` has no output pipes")));
+        };
+        let ran = async {
+            tokio::join!(
+                read_head(stdout, MAX_STDOUT_BYTES),
+                read_tail(stderr, STDERR_TAIL_BYTES),
+                child.wait()
+            )
+        };
+        // On a timeout the child is dropped, which kills it (`kill_on_drop`).
+        let (stdout, stderr, status) = match tokio::time::timeout(limit, ran).await {
+            Ok((Ok(stdout), Ok(stderr), Ok(status))) => (stdout, stderr, status),
+            Ok((Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e))) => {
+                return Err(GitError::Io(format!("`git {shown}`: {e}")));
+            }
             Err(_) => {
                 return Err(GitError::Timeout {
                     command: shown,
@@ -1498,20 +1518,67 @@ impl Git {
                 });
             }
         };
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
+        if !status.success() {
+            let stderr = String::from_utf8_lossy(&stderr);
             let stderr = stderr.trim();
             let mut shortened = agentry_domain::quote::excerpt(stderr, MAX_STDERR_CHARS);
             if shortened.is_empty() {
-                shortened = format!("exit status {}", output.status);
+                shortened = format!("exit status {status}");
             }
             return Err(GitError::Command {
                 command: shown,
                 stderr: shortened,
             });
         }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        let Some(stdout) = stdout else {
+            return Err(GitError::Io(format!(
+                "`git {shown}` printed more than {} MiB",
+                MAX_STDOUT_BYTES / (1024 * 1024)
+            )));
+        };
+        Ok(String::from_utf8_lossy(&stdout).into_owned())
     }
+}
+
+/// The first `max` bytes `from` gives, or `None` when it gives more (the rest is read and
+/// dropped, so the writer never blocks on a full pipe).
+async fn read_head(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    max: usize,
+) -> std::io::Result<Option<Vec<u8>>> {
+    use tokio::io::AsyncReadExt;
+    let mut kept = Vec::new();
+    (&mut from).take(max as u64 + 1).read_to_end(&mut kept).await?;
+    if kept.len() <= max {
+        return Ok(Some(kept));
+    }
+    tokio::io::copy(&mut from, &mut tokio::io::sink()).await?;
+    Ok(None)
+}
+
+/// The last `keep` bytes of all `from` gives, holding at most twice `keep` (and a read) in
+/// memory.
+async fn read_tail(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    keep: usize,
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut tail = Vec::with_capacity(keep.min(64 * 1024));
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > 2 * keep {
+            tail.drain(..tail.len() - keep);
+        }
+    }
+    if tail.len() > keep {
+        tail.drain(..tail.len() - keep);
+    }
+    Ok(tail)
 }
 
 fn path_str(path: &Path) -> Result<&str, GitError> {
@@ -1543,6 +1610,20 @@ fn valid_branch(branch: &str) -> Result<&str, GitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// git's stdout is kept whole up to its limit and refused past it; of its stderr, the
+    /// last bytes are kept.
+    #[tokio::test]
+    async fn what_git_prints_is_read_within_bounds() {
+        let text: Vec<u8> = (0..100u8).collect();
+        assert_eq!(read_head(&text[..], 100).await.unwrap(), Some(text.clone()));
+        assert_eq!(read_head(&text[..], 99).await.unwrap(), None);
+        assert_eq!(read_tail(&text[..], 1000).await.unwrap(), text);
+        assert_eq!(read_tail(&text[..], 10).await.unwrap(), &text[90..]);
+        let long = vec![7u8; 100_000];
+        let tail = read_tail(&long[..], 1000).await.unwrap();
+        assert_eq!(tail, vec![7u8; 1000]);
+    }
 
     /// The jail's objects reach the mirror as new read-only files: loose objects and packs
     /// (a pack before its index), never what the mirror has, a link or a stray name.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::sandbox::{self, failure};
-use crate::support::{assert_no_file_holds, git};
+use crate::support::{assert_no_file_holds, git, peak_rss_kib};
 use agentry_runner::workspace::{GitAuth, branch_name};
 use agentry_runner::{Control, Execution, Job, Runner, Sandbox, SandboxMode, Verdict};
 use base64::Engine;
@@ -294,16 +294,6 @@ async fn names_git_takes_for_dot_git_are_refused() {
             &format!("the agent created a nested git repository at deep/{name}"),
         );
     }
-}
-
-/// The peak resident memory of this test process, in KiB.
-fn peak_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 /// The agent replaces the worktree's `.git` with a 3 GiB sparse file: refused as tampering

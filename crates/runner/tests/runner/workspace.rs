@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::support::{assert_no_file_holds, git};
+use crate::support::{assert_no_file_holds, git, peak_rss_kib};
 use agentry_runner::workspace::{
     Checkout, GitAuth, GitError, RepoSpec, Workspaces, Worktree, branch_name,
 };
@@ -599,4 +599,24 @@ async fn a_patch_reads_and_writes_nothing_outside_the_worktree() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left.len(), 1, "{left:?}");
+}
+
+/// An agent's `.gitattributes` makes `git add` print a warning per line: some 600 MB of
+/// stderr here. The runner keeps only the tail of what git prints, so its memory stays
+/// flat, and the commit is made.
+#[tokio::test]
+async fn what_git_prints_is_not_kept_in_memory() {
+    let rig = Rig::new();
+    let wt = rig.coding(Uuid::new_v4()).await;
+    std::fs::write(wt.path().join(".gitattributes"), "!a\n".repeat(6_000_000)).unwrap();
+    let before = peak_rss_kib();
+    let commit = wt.commit_all("Attributes").await.unwrap().unwrap();
+    let grown = peak_rss_kib().saturating_sub(before);
+    eprintln!("600 MB of git warnings: peak RSS grew by {grown} KiB");
+    assert!(grown < 200 * 1024, "the peak RSS grew by {grown} KiB");
+    let mirror = rig.root.path().join("mirrors/repo-1.git");
+    assert_eq!(
+        git(&["ls-tree", "--name-only", &commit], &mirror),
+        ".gitattributes\nREADME.md"
+    );
 }

@@ -74,3 +74,13 @@ pub fn assert_warned(report: &agentry_runner::RunReport, text: &str) {
         report.warnings
     );
 }
+
+/// The peak resident memory of this test process, in KiB.
+pub fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
