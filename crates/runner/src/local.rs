@@ -452,6 +452,18 @@ impl LocalRunner {
             review: matches!(job.kind, JobKind::Review { .. }),
         };
         let net_dir = network.as_ref().map(|(_, dir)| dir.as_path());
+        // A sandboxed coding agent writes git metadata in a copy of its own, outside the
+        // mirror (Worktree::agent_git_dir).
+        let agent_git = if bwrap.is_some() && !launch.review {
+            Some(
+                worktree
+                    .agent_git_dir()
+                    .await
+                    .map_err(|e| format!("could not prepare the agent's git metadata: {e}"))?,
+            )
+        } else {
+            None
+        };
         let user = self.config.sandbox.agent_user().ids().cloned();
         if let Some(ids) = &user {
             self.give_to_agent_user(ids, bwrap.is_some(), worktree, &paths.home, net_dir)
@@ -467,6 +479,7 @@ impl LocalRunner {
                 let files = SandboxFiles {
                     paths,
                     worktree,
+                    agent_git: agent_git.as_deref(),
                     net_dir,
                     user: user.as_ref(),
                 };
@@ -496,6 +509,11 @@ impl LocalRunner {
         }
         // The agent has ended: its network closes.
         drop(network);
+        if agent_git.is_some()
+            && let Err(e) = worktree.drop_agent_git_dir().await
+        {
+            tracing::warn!(task = %job.task_id, error = %e, "the agent's git metadata stays");
+        }
         let (outcome, RunSink { parser, .. }) =
             outcome.map_err(|e| format!("could not start the agent: {e}"))?;
         // What the agent's user wrote is the service's again before anything reads it.
@@ -621,6 +639,7 @@ impl LocalRunner {
                 .join("mirrors")
                 .join(format!("{}.git", job.repo.key)),
             review: launch.review,
+            agent_git: files.agent_git,
             readable: &readable,
             extra_ro: self.config.sandbox.extra_ro(),
             network: files.net_dir.map(|dir| sandbox::NetLayout { dir }),
@@ -845,6 +864,8 @@ type OpenNetwork = (network::RunNetwork, PathBuf);
 struct SandboxFiles<'a> {
     paths: &'a RunPaths,
     worktree: &'a Worktree,
+    /// A coding run's copy of the worktree's git metadata ([`Worktree::agent_git_dir`]).
+    agent_git: Option<&'a Path>,
     net_dir: Option<&'a Path>,
     user: Option<&'a UserIds>,
 }

@@ -20,11 +20,13 @@
 //!   else of the data directory: not the master key, the database, the admin token, other
 //!   runs' logs or worktrees, nor its own `output.log`;
 //! - for `git` to work in the worktree: the repository's bare mirror read-only, with its
-//!   `worktrees/` directory hidden except the run's own entry, which is writable for a
-//!   coding run (so `git status`, `git diff` and `git add` work; `git commit` does not, since
-//!   it writes objects and refs into the shared mirror: the runner commits the agent's
-//!   changes afterwards) and read-only for a review run (`git diff <base>...HEAD`, `git log`
-//!   and `git status` work; nothing of git changes);
+//!   `worktrees/` directory hidden except the run's own entry. A coding run sees there a
+//!   writable copy of that entry, made for it outside the mirror
+//!   ([`crate::workspace::Worktree::agent_git_dir`]; so `git status` and `git diff` work;
+//!   `git add` and `git commit` do not, since they write objects into the shared mirror:
+//!   the runner commits the agent's changes afterwards), never the entry itself,
+//!   which every git command on the mirror reads; a review run sees the entry read-only
+//!   (`git diff <base>...HEAD`, `git log` and `git status` work; nothing of git changes);
 //! - its own process, IPC, UTS and (where possible) cgroup namespaces with a fresh `/proc`,
 //!   so no other process of the machine (the service, a concurrent `git push` holding the
 //!   code-host token) is visible;
@@ -782,12 +784,15 @@ pub(crate) struct Layout<'a> {
     pub worktree: &'a Path,
     /// The run's `HOME` (writable).
     pub home: &'a Path,
-    /// The repository's bare mirror (read-only; the worktree's own entry writable, unless
-    /// `review`).
+    /// The repository's bare mirror (read-only, the worktree's own entry included).
     pub mirror: &'a Path,
     /// A review run: the worktree's git metadata is read-only too (`git diff`, `git log`
     /// and `git status` work; nothing of git can be changed).
     pub review: bool,
+    /// For a coding run, the copy of the worktree's git metadata the agent may write in
+    /// ([`crate::workspace::Worktree::agent_git_dir`]), shown at the metadata's own path
+    /// instead of it; without one (a review) the metadata is shown read-only.
+    pub agent_git: Option<&'a Path>,
     /// Files the agent is given by name (the values of `AGENTRY_AGENT_ENV` variables that
     /// are absolute paths of existing files, such as a CA bundle): those outside the
     /// system's allow-list are bound read-only. Never anything of the data directory.
@@ -911,8 +916,10 @@ pub(crate) fn wrap(
             let entries = mirror.join("worktrees");
             push_bind(&mut args, "--ro-bind", &mirror)?;
             args.extend(["--tmpfs".to_owned(), utf8(&entries)?]);
-            let option = if layout.review { "--ro-bind" } else { "--bind" };
-            push_bind(&mut args, option, &gitdir)?;
+            match layout.agent_git.filter(|_| !layout.review) {
+                Some(copy) => args.extend(["--bind".to_owned(), utf8(copy)?, utf8(&gitdir)?]),
+                None => push_bind(&mut args, "--ro-bind", &gitdir)?,
+            }
             hidden_git.push(entries);
         }
         None => tracing::warn!(
@@ -1484,6 +1491,7 @@ mod tests {
                 home: &self.home,
                 mirror: &self.mirror,
                 review: false,
+                agent_git: None,
                 readable: &[],
                 extra_ro: &[],
                 network: None,

@@ -122,6 +122,9 @@ const MAX_WORKTREE_ENTRIES: u64 = 2_000_000;
 /// The deepest directory level of a worktree walked before the run is refused (one open
 /// directory handle per level).
 const MAX_WORKTREE_DEPTH: usize = 256;
+/// The directory (in the workspace root) of the copies of worktrees' git metadata that
+/// sandboxed agents write in ([`Worktree::agent_git_dir`]).
+const AGENT_GIT_DIR: &str = "agent-git";
 /// The gitlink mode of a tree entry (a submodule's commit).
 const GITLINK_MODE: &str = "160000";
 /// The trailer that marks a commit as made by a task.
@@ -506,7 +509,7 @@ impl Workspaces {
             let parent = root.parent().unwrap_or(Path::new("/"));
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-            for dir in ["mirrors", "worktrees", "indexes"] {
+            for dir in ["mirrors", "worktrees", "indexes", AGENT_GIT_DIR] {
                 crate::user::passage(parent, &root.join(dir))?;
             }
             std::fs::create_dir_all(&home)
@@ -535,6 +538,12 @@ impl Workspaces {
         }
         // Whatever an earlier agent may have written there is replaced.
         write_mirror_config(&mirror).await?;
+        // What a crashed earlier attempt of this task left behind, before git lists the
+        // mirror's worktrees.
+        remove_path(&path).await?;
+        remove_path(&index_dir).await?;
+        remove_path(&mirror.join("worktrees").join(task_id.to_string())).await?;
+        remove_path(&agent_git_path(&self.root, task_id)).await?;
         let url = repo.clone_url.as_str();
         git.run(
             &self.root,
@@ -551,10 +560,6 @@ impl Workspaces {
             REMOTE_TIMEOUT,
         )
         .await?;
-        // What a crashed earlier attempt of this task left behind.
-        remove_path(&path).await?;
-        remove_path(&index_dir).await?;
-        remove_path(&mirror.join("worktrees").join(task_id.to_string())).await?;
         let git_dir = git_dir_arg(&mirror)?;
         git.run(
             &self.root,
@@ -639,14 +644,55 @@ impl Worktree {
         &self.base_commit
     }
 
-    /// Gives the worktree and its git metadata entry to the user `uid`:`gid` the agent runs
-    /// as (see [`crate::user`]), so it can write there and git trusts the repository.
+    /// Gives the worktree and its git metadata entry (and the agent's copy of it, if made:
+    /// [`Worktree::agent_git_dir`]) to the user `uid`:`gid` the agent runs as (see
+    /// [`crate::user`]), so it can write there and git trusts the repository.
     ///
     /// # Errors
     ///
     /// An entry that cannot be changed.
     pub async fn give_to(&self, uid: u32, gid: u32) -> Result<(), GitError> {
         self.chown(uid, gid).await
+    }
+
+    /// A fresh copy of the worktree's git metadata (`HEAD`, `index`, `commondir`…) for a
+    /// sandboxed coding agent to write in, outside the mirror (`agent-git/<task>`): the
+    /// sandbox shows it at the metadata's own path, so git works in the worktree as before,
+    /// while the mirror's `worktrees/` keeps what `git worktree add` wrote. Every git
+    /// command on the mirror, this task's and those of concurrent tasks on the repository,
+    /// reads the entries there (`gitdir`, `HEAD`): an agent that could replace them with a
+    /// FIFO or a link to `/dev/zero` made those commands wait for good or fill memory.
+    /// Nothing reads the copy after the agent; [`Worktree::drop_agent_git_dir`] removes it.
+    ///
+    /// # Errors
+    ///
+    /// The copy cannot be made.
+    pub async fn agent_git_dir(&self) -> Result<PathBuf, GitError> {
+        let to = self.agent_git_path();
+        remove_path(&to).await?;
+        let (root, from, copy) = (self.root.clone(), self.meta.clone(), to.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::user::passage(&root, &root.join(AGENT_GIT_DIR))?;
+            copy_tree(&from, &copy)
+        })
+        .await
+        .map_err(|e| GitError::Io(format!("the copy of the git metadata failed: {e}")))?
+        .map_err(GitError::Io)?;
+        Ok(to)
+    }
+
+    /// Removes the agent's copy of the worktree's git metadata, if any, once the agent has
+    /// ended (it is never read).
+    ///
+    /// # Errors
+    ///
+    /// It cannot be removed.
+    pub async fn drop_agent_git_dir(&self) -> Result<(), GitError> {
+        remove_path(&self.agent_git_path()).await
+    }
+
+    fn agent_git_path(&self) -> PathBuf {
+        agent_git_path(&self.root, self.task_id)
     }
 
     /// Takes the worktree and its metadata entry back for the service's own user once the
@@ -685,10 +731,11 @@ impl Worktree {
     }
 
     async fn chown(&self, uid: u32, gid: u32) -> Result<(), GitError> {
-        let paths = [self.path.clone(), self.meta.clone()];
+        let paths = [self.path.clone(), self.meta.clone(), self.agent_git_path()];
         tokio::task::spawn_blocking(move || {
             paths
                 .iter()
+                .filter(|path| path.symlink_metadata().is_ok())
                 .try_for_each(|path| crate::user::chown_tree(path, uid, gid))
         })
         .await
@@ -1109,6 +1156,7 @@ impl Worktree {
         remove_path(&self.path).await?;
         remove_path(&self.meta).await?;
         remove_path(&self.index_dir).await?;
+        remove_path(&self.agent_git_path()).await?;
         self.mirror_git(&["worktree", "prune"]).await?;
         if let Some(branch) = &self.branch {
             let exists = self.mirror_git(&["branch", "--list", branch]).await?;
@@ -1402,6 +1450,34 @@ async fn remove_path(path: &Path) -> Result<(), GitError> {
     }
 }
 
+/// Where the copy of task `task_id`'s worktree metadata for its agent lies.
+fn agent_git_path(root: &Path, task_id: Uuid) -> PathBuf {
+    root.join(AGENT_GIT_DIR).join(task_id.to_string())
+}
+
+/// Copies the directory `from` (git metadata agentry made: directories and regular files)
+/// to `to`, which must not exist; anything else in it (a link) is left out.
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::create_dir(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
+    let entries =
+        std::fs::read_dir(from).map_err(|e| format!("cannot list {}: {e}", from.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot list {}: {e}", from.display()))?;
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        // `DirEntry::file_type` does not follow symbolic links.
+        let kind = entry
+            .file_type()
+            .map_err(|e| format!("cannot read {}: {e}", source.display()))?;
+        if kind.is_dir() {
+            copy_tree(&source, &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(&source, &target)
+                .map_err(|e| format!("cannot copy {}: {e}", source.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs git with a clean environment.
 #[derive(Debug, Clone)]
 struct Git {
@@ -1548,7 +1624,10 @@ async fn read_head(
 ) -> std::io::Result<Option<Vec<u8>>> {
     use tokio::io::AsyncReadExt;
     let mut kept = Vec::new();
-    (&mut from).take(max as u64 + 1).read_to_end(&mut kept).await?;
+    (&mut from)
+        .take(max as u64 + 1)
+        .read_to_end(&mut kept)
+        .await?;
     if kept.len() <= max {
         return Ok(Some(kept));
     }

@@ -685,6 +685,77 @@ printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"res
     assert_eq!(read("refs"), "refused\n");
 }
 
+/// A sandboxed coding agent writes git metadata (`git status` works) but never the mirror's
+/// entry of its worktree, which git lists for every command on the repository: the agent
+/// replaces what it sees there with a FIFO, and `git worktree list` on the mirror (what
+/// another task's fetch or `worktree add` does) still answers at once, reading the entry as
+/// `git worktree add` wrote it. The agent's copy is gone after the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coding_agent_cannot_jam_the_mirrors_worktree_entry() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let rig = Rig::new();
+    let task = Uuid::new_v4();
+    let agent = rig.root.parent().unwrap().join("jammer");
+    write_program(
+        &agent,
+        r#"#!/bin/sh
+if [ "${1:-}" = --version ]; then echo "2.1.197 (Claude Code)"; exit 0; fi
+cat >/dev/null
+echo fixed >fix.txt
+meta=$(git rev-parse --absolute-git-dir)
+git status --short >"$HOME/status" 2>&1 && touch "$meta/probe" && echo ok >>"$HOME/status"
+git add -A >"$HOME/add" 2>&1
+rm -f "$meta/gitdir" && mkfifo "$meta/gitdir" && echo jammed >"$HOME/jammed"
+i=0
+while [ ! -e "$HOME/release" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"Done.","total_cost_usd":0.01,"modelUsage":{}}
+'
+"#,
+    );
+    let runner = Arc::new(LocalRunner::new(LocalConfig {
+        claude_bin: agent,
+        ..rig.config(Sandbox::new(SandboxMode::Auto))
+    }));
+    let started = start(&runner, rig.job(task, "Fix it"));
+    let home = rig.home(task);
+    eventually_async(Duration::from_secs(60), "the agent's FIFO", async || {
+        home.join("jammed").exists()
+    })
+    .await;
+    let mirror = rig.root.join("workspaces/mirrors/repo-1.git");
+    let listed = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new("git")
+            .arg(format!("--git-dir={}", mirror.display()))
+            .args(["worktree", "list", "--porcelain"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("git on the mirror waits on the agent's FIFO")
+    .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let worktree = rig.root.join("workspaces/worktrees").join(task.to_string());
+    assert!(
+        listed.contains(&format!("worktree {}\n", worktree.display())),
+        "{listed}"
+    );
+    std::fs::write(home.join("release"), "").unwrap();
+    let execution = started.handle.await.unwrap();
+    drop(started.cancel);
+    assert_pushed(&execution);
+    assert_eq!(
+        std::fs::read_to_string(home.join("status")).unwrap(),
+        "?? fix.txt\nok\n",
+        "the agent's git status and a file of its git metadata"
+    );
+    let copies = rig.root.join("workspaces/agent-git");
+    assert_eq!(std::fs::read_dir(&copies).unwrap().count(), 0);
+    assert_eq!(rig.remote_branch(task).len(), 40);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn salvaging_a_dead_services_run_ends_its_whole_sandbox() {
     let Some(Sleeper {
