@@ -1,8 +1,9 @@
 //! How agentry quotes text that comes from outside (an agent's output, a command's
 //! stderr, a value a request sent, a provider's error) in its own messages: cut to a
 //! number of characters, with `…` where it was cut, and on one line where the message is
-//! a line. Every crate quotes through these two functions, so a quoted value never grows a
-//! message past its limit and a reader can always tell that it was cut.
+//! a line. Every crate quotes through these functions, so a quoted value never grows a
+//! message past its limit and a reader can always tell that it was cut. [`tail`] keeps the
+//! end of a text instead (where a log or a stderr says what went wrong).
 
 /// At most `max_chars` characters of `text`, followed by `…` when it was cut.
 ///
@@ -35,6 +36,23 @@ pub fn one_line(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
+}
+
+/// The last `max_bytes` bytes of `text` or fewer, starting at a character boundary: the
+/// end of a log or of a stderr, where the error is.
+///
+/// ```
+/// use agentry_domain::quote::tail;
+/// assert_eq!(tail("error: bad ref", 7), "bad ref");
+/// assert_eq!(tail("short", 10), "short");
+/// assert_eq!(tail("aü", 1), ""); // `ü` is two bytes
+/// ```
+pub fn tail(text: &str, max_bytes: usize) -> &str {
+    let mut start = text.len().saturating_sub(max_bytes);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
 }
 
 #[cfg(test)]

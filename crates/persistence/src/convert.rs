@@ -19,6 +19,21 @@ fn truncate(t: OffsetDateTime) -> OffsetDateTime {
     t.replace_nanosecond(micros * 1_000).unwrap_or(t)
 }
 
+/// `text` as a text column can hold it on both backends: without NUL characters, which
+/// PostgreSQL refuses (an agent's output, quoted in an error, may have them).
+pub(crate) fn text(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "").into()
+    } else {
+        text.into()
+    }
+}
+
+/// [`text`] of an optional owned value.
+pub(crate) fn opt_text(value: Option<&str>) -> Option<String> {
+    value.map(|v| text(v).into_owned())
+}
+
 pub(crate) fn to_db(t: OffsetDateTime) -> PrimitiveDateTime {
     let t = truncate(t.to_offset(UtcOffset::UTC));
     PrimitiveDateTime::new(t.date(), t.time())

@@ -379,23 +379,15 @@ impl RunLog {
     /// The log of `output`: NUL characters removed (PostgreSQL text cannot hold them), and
     /// cut to its last [`MAX_LOG_BYTES`] bytes at a character boundary.
     pub fn of(output: &str) -> RunLog {
-        let clean: std::borrow::Cow<'_, str> = if output.contains('\0') {
-            output.replace('\0', "").into()
-        } else {
-            output.into()
-        };
+        let clean = crate::convert::text(output);
         if clean.len() <= MAX_LOG_BYTES {
             return RunLog {
                 content: clean.into_owned(),
                 truncated: false,
             };
         }
-        let mut start = clean.len() - MAX_LOG_BYTES;
-        while !clean.is_char_boundary(start) {
-            start += 1;
-        }
         RunLog {
-            content: clean[start..].to_owned(),
+            content: agentry_domain::quote::tail(&clean, MAX_LOG_BYTES).to_owned(),
             truncated: true,
         }
     }

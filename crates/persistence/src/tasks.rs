@@ -353,6 +353,13 @@ pub fn transition_task(
                 )));
             }
         }
+        let error_message = convert::text(
+            details
+                .error_message
+                .as_deref()
+                .unwrap_or("the task failed"),
+        );
+        let reason = convert::text(details.reason.as_deref().unwrap_or(trigger.as_str()));
         for _ in 0..8 {
             let current = get_task(conn, id)?;
             let t = transition_in(
@@ -381,12 +388,7 @@ pub fn transition_task(
                     _ => None,
                 },
                 error_message: match t.to {
-                    TaskState::Failed => Some(Some(
-                        details
-                            .error_message
-                            .as_deref()
-                            .unwrap_or("the task failed"),
-                    )),
+                    TaskState::Failed => Some(Some(error_message.as_ref())),
                     TaskState::Queued => Some(None),
                     _ => None,
                 },
@@ -417,9 +419,8 @@ pub fn transition_task(
             if updated == 0 {
                 continue;
             }
-            let reason = details.reason.as_deref().unwrap_or(trigger.as_str());
             diesel::insert_into(task_events::table)
-                .values(EventInsert::new(id, Some(t.from), t.to, reason, now))
+                .values(EventInsert::new(id, Some(t.from), t.to, &reason, now))
                 .execute(conn)?;
             revision_feedback_follows(conn, id, t, now)?;
             let after = get_task(conn, id)?;
@@ -732,6 +733,9 @@ pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
 }
 
 fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
+    // The model is what the agent reported: kept (in the run, the task and the rollups) as
+    // a text column can hold it.
+    let model = convert::opt_text(run.model.as_deref());
     let overflow = || DbError::Conflict("token count overflow".into());
     let cache_read = non_negative("cache read tokens", run.tokens.cache_read)?;
     let cache_write = non_negative("cache write tokens", run.tokens.cache_write)?;
@@ -766,7 +770,7 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             task_id: run.task_id.to_string(),
             attempt: run.attempt,
             agent_type: run.agent_type.as_str().to_owned(),
-            model: run.model.clone(),
+            model: model.clone(),
             cost_nanos: run.cost_usd.map(Usd::to_nanos),
             input_tokens: uncached,
             cache_read_tokens: cache_read,
@@ -775,7 +779,7 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             turns: run.turns,
             outcome: run.outcome.as_str().to_owned(),
             exit_code: run.exit_code,
-            error_message: run.error_message.clone(),
+            error_message: convert::opt_text(run.error_message.as_deref()),
             started_at: to_db(run.started_at),
             finished_at: opt_to_db(run.finished_at),
             sandboxed: run.sandboxed,
@@ -794,14 +798,14 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             .ok_or_else(|| DbError::Conflict("task cost overflow".into()))?,
         _ => task.revision_cost_usd,
     };
-    let model = run.model.clone().or_else(|| task.model_used.clone());
+    let task_model = model.clone().or_else(|| task.model_used.clone());
     diesel::update(tasks::table.find(run.task_id.to_string()))
         .set((
             tasks::cost_nanos.eq(cost.map(Usd::to_nanos)),
             tasks::revision_cost_nanos.eq(revision_cost.to_nanos()),
             tasks::input_tokens.eq(input_total),
             tasks::output_tokens.eq(output_total),
-            tasks::model_used.eq(model),
+            tasks::model_used.eq(task_model),
             tasks::updated_at.eq(to_db(run.finished_at.unwrap_or(run.started_at))),
         ))
         .execute(conn)?;
@@ -814,7 +818,7 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
         crate::scrape::add_run_cost(
             conn,
             &task,
-            run.model.as_deref(),
+            model.as_deref(),
             cost.to_nanos(),
             run.finished_at,
         )?;

@@ -101,6 +101,37 @@ agentry_persistence::backend_tests! {
         assert_eq!((run_id, stored.content.as_str()), (run.id, "output"));
     }
 
+    // An agent's text may hold NUL characters, which PostgreSQL's text cannot: a run's error
+    // and model, and the failed task's error and event reason, are stored without them on
+    // both backends, rather than the write failing (and the run being recorded lost and
+    // started again).
+    fn text_with_nul_characters_is_stored_without_them(db) {
+        let (task, mut conn) = a_task(db);
+        let claim = tasks::transition_task(
+            &mut conn, task.id, Trigger::Claim, &TransitionDetails::default(), at(1),
+        );
+        claim.unwrap();
+        let run = Run {
+            model: Some("son\0net".into()),
+            error_message: Some("the agent failed; stderr: a\0b".into()),
+            ..run(&task, 2, Some("0.1"))
+        };
+        record(&mut conn, &run).unwrap();
+        let details = TransitionDetails {
+            reason: Some("failed: a\0b".into()),
+            error_message: Some("failed: a\0b".into()),
+            pull_request: None,
+        };
+        let (failed, _) =
+            tasks::transition_task(&mut conn, task.id, Trigger::Fail, &details, at(3)).unwrap();
+        assert_eq!(failed.error_message.as_deref(), Some("failed: ab"));
+        let stored = &tasks::task_runs(&mut conn, task.id).unwrap()[0];
+        assert_eq!(stored.error_message.as_deref(), Some("the agent failed; stderr: ab"));
+        assert_eq!(stored.model.as_deref(), Some("sonnet"));
+        let events = tasks::task_events(&mut conn, task.id).unwrap();
+        assert_eq!(events.last().unwrap().reason, "failed: ab");
+    }
+
     // Whether a run was sandboxed is kept as recorded: yes, no, or not known.
     fn the_sandbox_flag_round_trips(db) {
         let (task, mut conn) = a_task(db);
