@@ -39,12 +39,16 @@ use crate::job::{Control, Execution, ExecutionFuture, Job, JobKind, Runner, Salv
 use crate::local::{self, AgentEnd};
 use crate::network::{self, RunMeter};
 use crate::pod::{self, FromPod, PodEnded, PodResult, ToPod};
-use crate::process::{self, Ended, cancelled};
+use crate::process::{self, Ended, STDERR_TAIL_BYTES, cancelled};
 use crate::workspace::{GitSandbox, Workspaces, Worktree};
 use crate::{PriceTable, RunReport};
 
 use endpoint::Endpoint;
 use spec::RunObjects;
+
+/// The most characters kept of the sentence a pod sends when pod-run failed (pod-run's own
+/// are a line or two).
+const MAX_FAILURE_CHARS: usize = 2000;
 
 /// The most bytes of patch a pod may send back.
 const MAX_PATCH_BYTES: usize = 256 * 1024 * 1024;
@@ -672,12 +676,14 @@ impl KubeRunner {
                 failure,
                 oom_kills,
             }) => {
-                end.stderr_tail = stderr_tail;
+                // The pod is the agent's: what it sends is held to what pod-run sends.
+                end.stderr_tail =
+                    agentry_domain::quote::tail(&stderr_tail, STDERR_TAIL_BYTES).to_owned();
                 if oom_kills > 0 {
                     end.killed = Some(self.out_of_memory());
                 }
                 if let Some(failure) = failure {
-                    return Err(failure);
+                    return Err(agentry_domain::quote::excerpt(&failure, MAX_FAILURE_CHARS));
                 }
                 end.ended = match (stopping, ended) {
                     (Some((why, _)), _) => why,
