@@ -18,6 +18,7 @@
 //! reach either way.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -37,10 +38,41 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the endpoint waits before accepting again after an accept failed.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
+/// The most connections from one address (a pod) that have not said hello yet; more are
+/// closed as they come. A pod-run opens a few at once (launch, history, control, then the
+/// agent's gateway and proxy connections one by one).
+const MAX_PENDING_PER_PEER: usize = 16;
+
+/// The most connections, from every address, that have not said hello yet. Each holds a
+/// file descriptor for up to [`HELLO_TIMEOUT`]: without a bound, an agent that dials the
+/// endpoint without end would use up the descriptors of the whole replica (its API
+/// included).
+const MAX_PENDING: usize = 1024;
+
 /// The runs a replica serves to pods.
 #[derive(Debug, Default)]
 pub struct Endpoint {
     runs: Mutex<HashMap<[u8; 32], Arc<Registered>>>,
+    /// The connections waiting for their hello, by peer address.
+    pending: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection counted among those waiting for their hello, until dropped.
+struct Pending<'a> {
+    endpoint: &'a Endpoint,
+    peer: IpAddr,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.endpoint.pending.lock();
+        if let Some(n) = pending.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                pending.remove(&self.peer);
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -124,9 +156,18 @@ impl Endpoint {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
+                    if !self.admit(peer.ip()) {
+                        tracing::debug!(%peer, "too many pod connections waiting for their hello; closing one");
+                        drop(stream);
+                        continue;
+                    }
                     let endpoint = Arc::clone(&self);
                     tokio::spawn(async move {
-                        if let Err(e) = endpoint.handle(stream).await {
+                        let pending = Pending {
+                            endpoint: &endpoint,
+                            peer: peer.ip(),
+                        };
+                        if let Err(e) = endpoint.handle(stream, pending).await {
                             tracing::debug!(%peer, error = %e, "a pod connection ended with an error");
                         }
                     });
@@ -139,7 +180,20 @@ impl Endpoint {
         }
     }
 
-    async fn handle(&self, mut stream: TcpStream) -> std::io::Result<()> {
+    /// Counts a new connection from `peer` among those waiting for their hello, unless
+    /// that peer or all have their most ([`MAX_PENDING_PER_PEER`], [`MAX_PENDING`]).
+    fn admit(&self, peer: IpAddr) -> bool {
+        let mut pending = self.pending.lock();
+        let total: usize = pending.values().sum();
+        let own = pending.entry(peer).or_insert(0);
+        if *own >= MAX_PENDING_PER_PEER || total >= MAX_PENDING {
+            return false;
+        }
+        *own += 1;
+        true
+    }
+
+    async fn handle(&self, mut stream: TcpStream, pending: Pending<'_>) -> std::io::Result<()> {
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, pod::read_hello(&mut stream)).await {
             Ok(Ok(hello)) => hello,
             Ok(Err(e)) => {
@@ -151,6 +205,7 @@ impl Endpoint {
                 return Ok(());
             }
         };
+        drop(pending);
         let run = self.runs.lock().get(&key_id(&hello.key)).cloned();
         let Some(run) = run else {
             return pod::answer(&mut stream, Err("no run in progress here has this key")).await;
@@ -203,5 +258,65 @@ impl Endpoint {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Whether the endpoint closed `stream` (it reads the end at once) rather than waiting
+    /// for its hello.
+    async fn closed(stream: &mut TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_millis(300), stream.read(&mut byte)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// Connections that say nothing are held at most 16 from one address: the 17th is
+    /// closed at once; once one of the 16 said its hello, another is taken again.
+    #[tokio::test]
+    async fn silent_connections_from_one_pod_are_bounded() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let endpoint = Arc::new(Endpoint::default());
+        tokio::spawn(Arc::clone(&endpoint).serve(listener));
+        let mut silent = Vec::new();
+        for _ in 0..MAX_PENDING_PER_PEER {
+            silent.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // The endpoint counts them as it accepts them, in order.
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        assert!(
+            closed(&mut extra).await,
+            "the 17th silent connection was kept"
+        );
+        for stream in &mut silent[1..] {
+            assert!(
+                !closed(stream).await,
+                "a silent connection within the bound was closed"
+            );
+        }
+        // A hello (here for no run) ends one's wait; then a new connection is kept.
+        let first = &mut silent[0];
+        first
+            .write_all(format!("{} gateway nokey\n", pod::PROTOCOL).as_bytes())
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        first.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("ERR no run in progress"), "{answer}");
+        let mut next = TcpStream::connect(addr).await.unwrap();
+        assert!(
+            !closed(&mut next).await,
+            "a connection within the bound was closed"
+        );
+        assert_eq!(
+            endpoint.pending.lock().values().sum::<usize>(),
+            MAX_PENDING_PER_PEER
+        );
     }
 }
