@@ -151,7 +151,8 @@ const ANTHROPIC_CLIENT_TOOLS: &[&str] =
 
 /// OpenAI tool types the agent runs itself. Every other type (`web_search`,
 /// `web_search_preview`, `file_search`, `mcp`, `code_interpreter`, `image_generation`, …)
-/// runs on the provider's side.
+/// runs on the provider's side, and so does a `shell` tool with a hosted `environment`
+/// ([`shell_runs_on_client`]).
 const OPENAI_CLIENT_TOOLS: &[&str] = &[
     "function",
     "custom",
@@ -239,8 +240,26 @@ pub fn outbound_features(
         if !runs_on_client {
             return refuse(format!("the provider-side tool {}", excerpt(kind, 60)));
         }
+        if provider == Provider::OpenAi && kind == "shell" && !shell_runs_on_client(tool) {
+            return refuse(
+                "a shell tool whose environment is not \"local\" (it runs commands in a \
+                 container on the provider's servers, with the network access the request \
+                 chooses)"
+                    .to_owned(),
+            );
+        }
     }
     Ok(())
+}
+
+/// Whether an OpenAI `shell` tool runs its commands on the agent's side: it names no
+/// `environment`, or a `local` one. Any other environment (`container_auto`, a container
+/// reference, a type not known yet) runs them on OpenAI's servers.
+fn shell_runs_on_client(tool: &Value) -> bool {
+    match tool.get("environment") {
+        None | Some(Value::Null) => true,
+        Some(environment) => environment.get("type").and_then(Value::as_str) == Some("local"),
+    }
 }
 
 /// Adds the tools of a `tools` array to `out`, with those nested in namespaces.
@@ -609,6 +628,8 @@ mod tests {
             {"type": "function", "name": "shell"},
             {"type": "custom", "name": "apply_patch"},
             {"type": "local_shell"},
+            {"type": "shell"},
+            {"type": "shell", "environment": {"type": "local"}},
         ], "input": [{"type": "additional_tools", "tools": [
             {"type": "namespace", "name": "functions", "tools": [
                 {"type": "custom", "name": "exec"}, {"type": "function", "name": "wait"}
@@ -655,6 +676,31 @@ mod tests {
                 OpenAi,
                 json!({"input": [{"type": "additional_tools", "tools": [
                     {"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}
+                ]}]}),
+            ),
+            // A shell that runs in a container on OpenAI's servers, wherever it is offered.
+            (
+                OpenAi,
+                json!({"tools": [{"type": "shell", "environment": {
+                    "type": "container_auto", "network_policy": {"type": "allowlist"}
+                }}]}),
+            ),
+            (
+                OpenAi,
+                json!({"tools": [{"type": "shell", "environment": {
+                    "type": "container_reference", "container_id": "cntr_1"
+                }}]}),
+            ),
+            (
+                OpenAi,
+                json!({"tools": [{"type": "shell", "environment": "container_auto"}]}),
+            ),
+            (
+                OpenAi,
+                json!({"input": [{"type": "additional_tools", "tools": [
+                    {"type": "namespace", "name": "n", "tools": [
+                        {"type": "shell", "environment": {"type": "container_auto"}}
+                    ]}
                 ]}]}),
             ),
         ] {
