@@ -532,6 +532,14 @@ async fn bad_requests_get_clear_errors_in_the_providers_shape_and_reach_nothing(
             400,
             "allowProviderTools",
         ),
+        // Content the provider would fetch itself, here inside a tool result.
+        (
+            "POST",
+            "/v1/messages",
+            br#"{"model":"claude-sonnet-5","max_tokens":10,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":{"type":"url","url":"https://x.example/?d=secret"}}]}]}]}"#,
+            400,
+            "fetch a URL",
+        ),
     ] {
         let (reader, status, _) = send(socket, method, path, &auth, body).await;
         assert_eq!(status, want, "{method} {path}");

@@ -18,8 +18,9 @@
 //!   `426`, on which Codex falls back to HTTP streaming at once.
 //! - A `POST` body must be a JSON object (else `400`), at most [`MAX_BODY_BYTES`] (else
 //!   `413`), arriving within [`BODY_TIMEOUT`] (else `408`); what goes upstream is the object
-//!   as the gateway read it. MCP servers and provider-side tools are refused (`400`) unless
-//!   the repository allows provider tools.
+//!   as the gateway read it. MCP servers, provider-side tools and content the provider would
+//!   fetch from a URL or read from its file storage are refused (`400`) unless the repository
+//!   allows provider tools.
 //! - Model calls (Anthropic `POST /v1/messages`, OpenAI `POST /v1/responses…`) are metered.
 //!   A call to a model without a price is refused (`400`). Before a call is passed on, its
 //!   largest possible cost is reserved in the run's meter, where the call must fit what is

@@ -17,7 +17,8 @@ use serde_json::{Map, Value};
 use super::usage::Provider;
 
 /// The input tokens a call is taken to use when the provider adds stored input the gateway
-/// cannot see (OpenAI's `previous_response_id`, `conversation` or stored `prompt`): at least
+/// cannot see (OpenAI's `previous_response_id`, `conversation`, stored `prompt` or an
+/// `item_reference` input item): at least
 /// the largest context window of the models priced, so a reservation is never short.
 pub const STORED_INPUT_TOKENS: u64 = 2_000_000;
 
@@ -249,7 +250,93 @@ pub fn outbound_features(
             );
         }
     }
+    if let Some(what) = find_object(body, &mut |object| fetched_content(provider, object)) {
+        return Err(Refusal::bad(
+            "provider_tools_not_allowed",
+            format!(
+                "the agentry model gateway refuses {what}: it makes the model provider fetch \
+                 a URL or read stored content for the agent, past agentry's egress proxy, and \
+                 adds input the call's reserved cost cannot count. Send the content itself \
+                 (base64 or a data: URL). A repository admin can allow provider tools with the \
+                 repository setting allowProviderTools"
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// What `object` is, when it is a content block that makes the provider fetch a URL or read
+/// a stored file: an Anthropic `image` or `document` whose `source` is not data carried in
+/// the request (`url`, `file`, any type but `base64`, `text` and `content`), an Anthropic
+/// `container_upload`; an OpenAI `input_image` naming a `file_id` or an `image_url` that is
+/// not a `data:` URL, an OpenAI `input_file` naming a `file_url` or a `file_id`.
+fn fetched_content(provider: Provider, object: &Map<String, Value>) -> Option<String> {
+    let kind = object.get("type").and_then(Value::as_str)?;
+    let named = |field: &str| object.get(field).is_some_and(|v| !v.is_null());
+    match (provider, kind) {
+        (Provider::Anthropic, "image" | "document") => {
+            let source = object.get("source").filter(|s| !s.is_null())?;
+            match source.get("type").and_then(Value::as_str) {
+                Some("base64" | "text" | "content") => None,
+                Some(other) => Some(format!(
+                    "an {kind} block whose source is of type {:?}",
+                    excerpt(other, 40)
+                )),
+                None => Some(format!("an {kind} block whose source has no type")),
+            }
+        }
+        (Provider::Anthropic, "container_upload") => {
+            Some("a container_upload block (a stored file)".to_owned())
+        }
+        (Provider::OpenAi, "input_image") => {
+            if named("file_id") {
+                return Some("an input_image naming a stored file (file_id)".to_owned());
+            }
+            match object.get("image_url") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(url))
+                    if url
+                        .get(..5)
+                        .is_some_and(|s| s.eq_ignore_ascii_case("data:")) =>
+                {
+                    None
+                }
+                Some(_) => Some("an input_image whose image_url is not a data: URL".to_owned()),
+            }
+        }
+        (Provider::OpenAi, "input_file") if named("file_url") => {
+            Some("an input_file naming a file_url".to_owned())
+        }
+        (Provider::OpenAi, "input_file") if named("file_id") => {
+            Some("an input_file naming a stored file (file_id)".to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// The first `Some` that `visit` returns for an object within `object`: `object` itself,
+/// then each member's value, depth first. The depth is bounded by the recursion limit of
+/// serde_json (128 nested arrays and objects), which every parsed body is within.
+fn find_object<T, F>(object: &Map<String, Value>, visit: &mut F) -> Option<T>
+where
+    F: FnMut(&Map<String, Value>) -> Option<T>,
+{
+    if let Some(found) = visit(object) {
+        return Some(found);
+    }
+    object.values().find_map(|value| find_in(value, visit))
+}
+
+/// [`find_object`] over the objects within `value`.
+fn find_in<T, F>(value: &Value, visit: &mut F) -> Option<T>
+where
+    F: FnMut(&Map<String, Value>) -> Option<T>,
+{
+    match value {
+        Value::Object(object) => find_object(object, visit),
+        Value::Array(items) => items.iter().find_map(|item| find_in(item, visit)),
+        _ => None,
+    }
 }
 
 /// Whether an OpenAI `shell` tool runs its commands on the agent's side: it names no
@@ -292,7 +379,8 @@ pub struct CallPlan {
 /// Plans the model call whose JSON body is `body` (`body_len` bytes): its model must be
 /// priced, and its largest cost is every byte of the body an input token (a token is never
 /// shorter than a byte of the text it stands for), or [`STORED_INPUT_TOKENS`] more when the
-/// provider adds stored input, plus its output limit (`max_tokens`, `max_output_tokens`,
+/// provider adds stored input (`previous_response_id`, `conversation`, `prompt`, an
+/// `item_reference` item), plus its output limit (`max_tokens`, `max_output_tokens`,
 /// else the model's) at the output price.
 pub fn plan(
     provider: Provider,
@@ -337,7 +425,8 @@ pub fn plan(
     };
     let stored_input = ["previous_response_id", "conversation", "prompt"]
         .iter()
-        .any(|field| body.get(*field).is_some_and(|v| !v.is_null()));
+        .any(|field| body.get(*field).is_some_and(|v| !v.is_null()))
+        || (provider == Provider::OpenAi && find_object(body, &mut item_reference).is_some());
     let input = u64::try_from(body_len)
         .unwrap_or(u64::MAX)
         .saturating_add(if stored_input { STORED_INPUT_TOKENS } else { 0 });
@@ -353,6 +442,12 @@ pub fn plan(
         reservation,
         unknown_usage: body.get("background").and_then(Value::as_bool) == Some(true),
     })
+}
+
+/// `Some` for an OpenAI `item_reference` input item, which the provider replaces by a
+/// stored item the gateway cannot see.
+fn item_reference(object: &Map<String, Value>) -> Option<()> {
+    (object.get("type").and_then(Value::as_str) == Some("item_reference")).then_some(())
 }
 
 /// `body` as a JSON object, refusing a member named twice in any object (the gateway
@@ -569,6 +664,125 @@ mod tests {
         // (2,000,000 + 100) × $2.5 + 10 × $10 per million.
         assert_eq!(stored.reservation, Usd::parse("5.00035").unwrap());
         assert!(stored.unknown_usage);
+    }
+
+    #[test]
+    fn content_the_provider_would_fetch_or_read_from_storage_is_refused_unless_allowed() {
+        use Provider::{Anthropic, OpenAi};
+        let none = HeaderMap::new();
+        let check = |provider, body: Value, allowed| {
+            outbound_features(provider, &none, Some(&object(body)), allowed).map_err(|r| r.message)
+        };
+        let image = |source: Value| json!({"type": "image", "source": source});
+        let url = json!({"type": "url", "url": "https://x.example/?secret=worktree"});
+        let file = json!({"type": "file", "file_id": "file_1"});
+        // Content carried in the request passes, wherever it is.
+        let data = image(json!({"type": "base64", "media_type": "image/png", "data": "AA=="}));
+        let pdf = json!({"type": "document", "source": {"type": "text", "data": "t"}});
+        let plain = json!({
+            "system": [{"type": "text", "text": "s"}],
+            "messages": [{"role": "user", "content": [data, pdf, {"type": "tool_result",
+                "tool_use_id": "t", "content": [image(json!({"type": "base64", "data": ""}))]}]}],
+        });
+        assert_eq!(check(Anthropic, plain, false), Ok(()));
+        let inline = json!({"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,AA=="},
+            {"type": "input_image", "image_url": "DATA:image/png;base64,AA=="},
+            {"type": "input_file", "filename": "a.pdf", "file_data": "data:application/pdf;base64,AA=="},
+            {"type": "input_text", "text": "https://x.example"},
+        ]}]});
+        assert_eq!(check(OpenAi, inline, false), Ok(()));
+        // Content the provider fetches or reads from storage, at any depth.
+        for (provider, body) in [
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [image(url.clone())]}]}),
+            ),
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [image(file.clone())]}]}),
+            ),
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [
+                    {"type": "document", "source": url.clone()}
+                ]}]}),
+            ),
+            (
+                Anthropic,
+                json!({"system": [{"type": "document", "source": file.clone()}]}),
+            ),
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_result",
+                    "tool_use_id": "t", "content": [image(url.clone())]}]}]}),
+            ),
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [image(json!("https://x"))]}]}),
+            ),
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [
+                    {"type": "container_upload", "file_id": "file_1"}
+                ]}]}),
+            ),
+            (
+                OpenAi,
+                json!({"input": [{"role": "user", "content": [
+                    {"type": "input_image", "image_url": "https://x.example/a.png"}
+                ]}]}),
+            ),
+            (
+                OpenAi,
+                json!({"input": [{"role": "user", "content": [
+                    {"type": "input_image", "file_id": "file_1"}
+                ]}]}),
+            ),
+            (
+                OpenAi,
+                json!({"input": [{"type": "function_call_output", "call_id": "c", "output": [
+                    {"type": "input_file", "file_url": "https://x.example/a.pdf"}
+                ]}]}),
+            ),
+            (
+                OpenAi,
+                json!({"input": [{"role": "user", "content": [
+                    {"type": "input_file", "file_id": "file_1"}
+                ]}]}),
+            ),
+            (
+                OpenAi,
+                json!({"instructions": "i", "input": [{"role": "user", "content": [
+                    {"type": "input_image", "image_url": {"url": "https://x"}}
+                ]}]}),
+            ),
+        ] {
+            let refused = check(provider, body.clone(), false).unwrap_err();
+            assert!(
+                refused.contains("allowProviderTools") && refused.contains("fetch a URL"),
+                "{body}: {refused}"
+            );
+            assert_eq!(check(provider, body, true), Ok(()));
+        }
+    }
+
+    #[test]
+    fn an_item_reference_reserves_stored_input() {
+        let prices = PriceTable::builtin();
+        let body = object(json!({
+            "model": "gpt-6.1-sol", "max_output_tokens": 10,
+            "input": [{"type": "item_reference", "id": "msg_1"}],
+        }));
+        let referenced = plan(Provider::OpenAi, &body, 100, &prices).unwrap();
+        // (2,000,000 + 100) × $2.5 + 10 × $10 per million.
+        assert_eq!(referenced.reservation, Usd::parse("5.00035").unwrap());
+        let body = object(json!({
+            "model": "gpt-6.1-sol", "max_output_tokens": 10,
+            "input": [{"type": "message", "role": "user", "content": "hi"}],
+        }));
+        let plain = plan(Provider::OpenAi, &body, 100, &prices).unwrap();
+        assert_eq!(plain.reservation, Usd::parse("0.00035").unwrap());
     }
 
     #[test]
