@@ -969,3 +969,43 @@ async fn a_call_over_the_monthly_budget_is_refused_naming_it() {
     assert!(rest(reader).await.contains("this agentry run is over"));
     assert_eq!(rig.seen().len(), 2);
 }
+
+#[tokio::test]
+async fn one_hour_cache_writes_are_billed_at_their_price_and_unpriced_rates_refused() {
+    // The upstream bills 2,000 one-hour and 1,000 five-minute cache writes.
+    let answer = r#"{"model":"claude-sonnet-5","usage":{"input_tokens":10,"cache_creation_input_tokens":3000,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000},"output_tokens":100}}"#;
+    let rig = Rig::start(Script::Json(200, answer.into())).await;
+    let run = rig.open_claude().await;
+    let auth = [("x-api-key", run.key.as_str())];
+    let cached = br#"{"model":"claude-sonnet-5","max_tokens":100,"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":"hi"}]}"#;
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &auth, cached).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+    let calls = rig.calls(1).await;
+    // 10 × $2 + 1,000 × $2.5 + 2,000 × $4 + 100 × $10 per million.
+    assert_eq!(calls[0].cost_usd, Some(Usd::parse("0.01152").unwrap()));
+    assert_eq!(calls[0].tokens.cache_write, 3000);
+
+    // Rates the price table does not hold never reach the upstream.
+    let fast = br#"{"model":"claude-sonnet-5","max_tokens":10,"speed":"fast","messages":[]}"#;
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &auth, fast).await;
+    assert_eq!(status, 400);
+    assert!(rest(reader).await.contains("speed \\\"fast\\\""));
+    let long = [
+        ("x-api-key", run.key.as_str()),
+        (
+            "anthropic-beta",
+            "claude-code-20250219,context-1m-2025-08-07",
+        ),
+    ];
+    let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &long, MESSAGE).await;
+    assert_eq!(status, 400);
+    assert!(rest(reader).await.contains("context-1m-2025-08-07"));
+    let codex = rig.open(2, AgentType::Codex, None).await;
+    let priority = br#"{"model":"gpt-6.1-sol","service_tier":"priority","input":[]}"#;
+    let (reader, status, _) = codex.post_with_bearer("/v1/responses", priority).await;
+    assert_eq!(status, 400);
+    let text = rest(reader).await;
+    assert!(text.contains("tier_not_priced"), "{text}");
+    assert_eq!(rig.seen().len(), 1);
+}

@@ -64,24 +64,48 @@ impl ModelPrice {
     /// The cache parts are clamped so that they never exceed the input (cache reads
     /// first). Returns `None` if a count is negative or the amount overflows.
     pub fn cost(&self, tokens: Tokens) -> Option<Usd> {
+        self.cost_with_one_hour_writes(tokens, 0)
+    }
+
+    /// The exact cost of `tokens` of which `one_hour_writes` cache writes went to Anthropic's
+    /// 1-hour prompt cache, at [`ModelPrice::one_hour_cache_write`]; the other cache writes
+    /// at [`ModelPrice::cache_write`], the rest as [`ModelPrice::cost`] says. The 1-hour
+    /// writes are clamped to the cache writes. `None` if a count is negative or the amount
+    /// overflows.
+    pub fn cost_with_one_hour_writes(&self, tokens: Tokens, one_hour_writes: i64) -> Option<Usd> {
         let Tokens {
             input,
             cache_read,
             cache_write,
             output,
         } = tokens;
-        if input < 0 || cache_read < 0 || cache_write < 0 || output < 0 {
+        if input < 0 || cache_read < 0 || cache_write < 0 || output < 0 || one_hour_writes < 0 {
             return None;
         }
         let read = cache_read.min(input);
         let write = cache_write.min(input - read);
+        let one_hour = one_hour_writes.min(write);
         let uncached = input - read - write;
-        let total = Decimal::from(uncached)
+        let mut total = Decimal::from(uncached)
             .checked_mul(self.input)?
             .checked_add(Decimal::from(read).checked_mul(self.cached_input)?)?
-            .checked_add(Decimal::from(write).checked_mul(self.cache_write.unwrap_or(self.input))?)?
+            .checked_add(
+                Decimal::from(write - one_hour)
+                    .checked_mul(self.cache_write.unwrap_or(self.input))?,
+            )?
             .checked_add(Decimal::from(output).checked_mul(self.output)?)?;
+        if one_hour > 0 {
+            total = total
+                .checked_add(Decimal::from(one_hour).checked_mul(self.one_hour_cache_write()?)?)?;
+        }
         to_usd(total, RoundingStrategy::MidpointAwayFromZero)
+    }
+
+    /// Per million input tokens written to Anthropic's 1-hour prompt cache (`cache_control`
+    /// with `"ttl": "1h"`): twice the input price, as Anthropic lists it for every model (the
+    /// 5-minute write, [`ModelPrice::cache_write`], is 1.25× input). `None` on overflow.
+    pub fn one_hour_cache_write(&self) -> Option<Decimal> {
+        self.input.checked_mul(Decimal::TWO)
     }
 
     /// The most a call with at most `input` input tokens and `output` output tokens can

@@ -22,7 +22,8 @@
 //!   fetch from a URL or read from its file storage are refused (`400`) unless the repository
 //!   allows provider tools.
 //! - Model calls (Anthropic `POST /v1/messages`, OpenAI `POST /v1/responses…`) are metered.
-//!   A call to a model without a price is refused (`400`). Before a call is passed on, its
+//!   A call to a model without a price, or at a rate the price table does not hold (OpenAI
+//!   `priority` tier, Anthropic fast mode and long-context betas), is refused (`400`). Before a call is passed on, its
 //!   largest possible cost is reserved in the run's meter, where the call must fit what is
 //!   left of the task's cap beside the run's spend and its calls in flight, and then held in
 //!   the database against the monthly budgets, beside what every run in progress holds
@@ -514,6 +515,9 @@ async fn serve(run: &Arc<RunCtx>, req: Request<Incoming>) -> Result<Response<Bod
         object.as_ref(),
         run.allow_provider_tools,
     )?;
+    if let (Route::Metered, Some(object)) = (route, &object) {
+        policy::pricing_options(provider, &parts.headers, object)?;
+    }
     let call = match (route, &object) {
         (Route::Metered, Some(object)) => {
             Some(reserve(run, object, body.len(), started_at, started).await?)
@@ -1036,7 +1040,7 @@ impl CallRecorder {
             .get(&model)
             .copied()
             .unwrap_or(self.plan.price);
-        let priced = price.cost(usage.tokens());
+        let priced = usage.cost(&price);
         // The usage is known when its final event came, or when the provider answered an
         // error to its end (an error is not billed). Otherwise (a broken-off answer, one
         // too large to read, a background request) the call cost at least its reservation.

@@ -362,6 +362,85 @@ fn collect_tools<'a>(tools: Option<&'a Value>, out: &mut Vec<&'a Value>) {
     }
 }
 
+/// OpenAI `service_tier` values billed at the standard prices (or less: `flex`); any other
+/// (`priority`, a tier not known yet) is refused ([`pricing_options`]).
+const OPENAI_PRICED_TIERS: &[&str] = &["auto", "default", "flex"];
+
+/// `anthropic-beta` values that bill a call above the standard prices: fast mode and the
+/// 1M-token context window's long-context premium.
+const ANTHROPIC_UNPRICED_BETAS: &[&str] = &["fast-mode-", "context-1m-"];
+
+/// Refuses a model call that asks for a rate the price table does not hold: it lists the
+/// standard tier only. OpenAI: a `service_tier` other than `auto`, `default` or `flex`.
+/// Anthropic: a `speed` other than `standard`, an `anthropic-beta` value starting with
+/// `fast-mode-` or `context-1m-`, a `cache_control` whose `ttl` is neither `5m` nor `1h`
+/// (both are priced; [`plan`] reserves a `1h` write at its price).
+pub fn pricing_options(
+    provider: Provider,
+    headers: &HeaderMap,
+    body: &Map<String, Value>,
+) -> Result<(), Refusal> {
+    let refuse = |what: String| {
+        Err(Refusal::bad(
+            "tier_not_priced",
+            format!(
+                "{what}: agentry prices model calls at the provider's standard rates only, so \
+                 a call billed at another rate cannot be metered and was not sent. Send it \
+                 without that option"
+            ),
+        ))
+    };
+    let text = |field: &str| match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(value)) => Ok(Some(value.as_str())),
+        Some(_) => Err(Refusal::bad(
+            "invalid_request_error",
+            format!("{field}: must be a string"),
+        )),
+    };
+    match provider {
+        Provider::OpenAi => {
+            if let Some(tier) = text("service_tier")?
+                && !OPENAI_PRICED_TIERS.contains(&tier)
+            {
+                return refuse(format!("service_tier {:?}", excerpt(tier, 40)));
+            }
+        }
+        Provider::Anthropic => {
+            if let Some(speed) = text("speed")?
+                && speed != "standard"
+            {
+                return refuse(format!("speed {:?}", excerpt(speed, 40)));
+            }
+            for value in headers.get_all("anthropic-beta") {
+                let text = String::from_utf8_lossy(value.as_bytes());
+                for beta in text.split(',').map(str::trim) {
+                    if ANTHROPIC_UNPRICED_BETAS.iter().any(|p| beta.starts_with(p)) {
+                        return refuse(format!("the anthropic-beta value {}", excerpt(beta, 60)));
+                    }
+                }
+            }
+            if let Some(ttl) = find_object(body, &mut |object| {
+                let ttl = object.get("cache_control")?.get("ttl")?;
+                match ttl.as_str() {
+                    None if ttl.is_null() => None,
+                    Some("5m" | "1h") => None,
+                    _ => Some(ttl.to_string()),
+                }
+            }) {
+                return refuse(format!("a cache_control ttl of {}", excerpt(&ttl, 40)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `Some` for an Anthropic `cache_control` asking for the 1-hour cache (`"ttl": "1h"`).
+fn one_hour_cache(object: &Map<String, Value>) -> Option<()> {
+    let ttl = object.get("cache_control")?.get("ttl")?;
+    (ttl.as_str() == Some("1h")).then_some(())
+}
+
 /// A model call the gateway will pass on, as planned from its body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallPlan {
@@ -380,7 +459,8 @@ pub struct CallPlan {
 /// priced, and its largest cost is every byte of the body an input token (a token is never
 /// shorter than a byte of the text it stands for), or [`STORED_INPUT_TOKENS`] more when the
 /// provider adds stored input (`previous_response_id`, `conversation`, `prompt`, an
-/// `item_reference` item), plus its output limit (`max_tokens`, `max_output_tokens`,
+/// `item_reference` item), at the dearest input price (a 1-hour cache write when a
+/// `cache_control` asks for one), plus its output limit (`max_tokens`, `max_output_tokens`,
 /// else the model's) at the output price.
 pub fn plan(
     provider: Provider,
@@ -430,12 +510,24 @@ pub fn plan(
     let input = u64::try_from(body_len)
         .unwrap_or(u64::MAX)
         .saturating_add(if stored_input { STORED_INPUT_TOKENS } else { 0 });
-    let reservation = price.max_cost(input, output).ok_or_else(|| {
+    let beyond = || {
         Refusal::bad(
             "invalid_request_error",
             format!("{limit_field}: the call's largest cost is beyond what agentry can reserve"),
         )
-    })?;
+    };
+    // A 1-hour cache write (twice the input price) is the dearest input of such a call.
+    let reserved_at =
+        if provider == Provider::Anthropic && find_object(body, &mut one_hour_cache).is_some() {
+            let one_hour = price.one_hour_cache_write().ok_or_else(beyond)?;
+            ModelPrice {
+                cache_write: Some(one_hour.max(price.cache_write.unwrap_or(price.input))),
+                ..price
+            }
+        } else {
+            price
+        };
+    let reservation = reserved_at.max_cost(input, output).ok_or_else(beyond)?;
     Ok(CallPlan {
         model,
         price,
@@ -783,6 +875,105 @@ mod tests {
         }));
         let plain = plan(Provider::OpenAi, &body, 100, &prices).unwrap();
         assert_eq!(plain.reservation, Usd::parse("0.00035").unwrap());
+    }
+
+    #[test]
+    fn a_rate_the_price_table_does_not_hold_is_refused() {
+        use Provider::{Anthropic, OpenAi};
+        let none = HeaderMap::new();
+        let check = |provider, headers: &HeaderMap, body: Value| {
+            pricing_options(provider, headers, &object(body)).map_err(|r| (r.code, r.message))
+        };
+        for (provider, body) in [
+            (OpenAi, json!({"model": "gpt-6.1-sol"})),
+            (OpenAi, json!({"service_tier": null})),
+            (OpenAi, json!({"service_tier": "auto"})),
+            (OpenAi, json!({"service_tier": "default"})),
+            (OpenAi, json!({"service_tier": "flex"})),
+            (Anthropic, json!({"speed": "standard"})),
+            (Anthropic, json!({"speed": null})),
+            (
+                Anthropic,
+                json!({"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+                       "messages": [{"role": "user", "content": [{"type": "text", "text": "t",
+                       "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}],
+                       "tools": [{"name": "Bash", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]}),
+            ),
+        ] {
+            assert_eq!(check(provider, &none, body.clone()), Ok(()), "{body}");
+        }
+        for (provider, body, named) in [
+            (
+                OpenAi,
+                json!({"service_tier": "priority"}),
+                "service_tier \"priority\"",
+            ),
+            (
+                OpenAi,
+                json!({"service_tier": "scale"}),
+                "service_tier \"scale\"",
+            ),
+            (Anthropic, json!({"speed": "fast"}), "speed \"fast\""),
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "t",
+                       "cache_control": {"type": "ephemeral", "ttl": "24h"}}]}]}),
+                "ttl of \"24h\"",
+            ),
+            (
+                Anthropic,
+                json!({"cache_control": {"type": "ephemeral", "ttl": 3600}}),
+                "ttl of 3600",
+            ),
+        ] {
+            let (code, message) = check(provider, &none, body.clone()).unwrap_err();
+            assert_eq!(code, "tier_not_priced", "{body}");
+            assert!(
+                message.contains(named) && message.contains("standard rates"),
+                "{message}"
+            );
+        }
+        assert_eq!(
+            check(OpenAi, &none, json!({"service_tier": 1})).map_err(|e| e.0),
+            Err("invalid_request_error")
+        );
+        // The betas of fast mode and of the long-context premium, among Claude Code's own.
+        let mut betas = HeaderMap::new();
+        betas.insert(
+            "anthropic-beta",
+            HeaderValue::from_static("claude-code-20250219,interleaved-thinking-2025-05-14"),
+        );
+        assert_eq!(check(Anthropic, &betas, json!({})), Ok(()));
+        for beta in ["context-1m-2025-08-07", "fast-mode-2026-02-01"] {
+            let mut more = betas.clone();
+            more.append(
+                "anthropic-beta",
+                HeaderValue::from_str(&format!("oauth-2025-04-20, {beta}")).unwrap(),
+            );
+            let (code, message) = check(Anthropic, &more, json!({})).unwrap_err();
+            assert_eq!(code, "tier_not_priced");
+            assert!(message.contains(beta), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_one_hour_cache_write_is_reserved_at_twice_the_input_price() {
+        let prices = PriceTable::builtin();
+        let body = object(
+            json!({"model": "claude-sonnet-5", "max_tokens": 1000, "system": [
+                {"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+            ]}),
+        );
+        let one_hour = plan(Provider::Anthropic, &body, 400, &prices).unwrap();
+        // 400 × $4 (2 × $2 input) + 1,000 × $10 per million = $0.0116.
+        assert_eq!(one_hour.reservation, Usd::parse("0.0116").unwrap());
+        let body = object(
+            json!({"model": "claude-sonnet-5", "max_tokens": 1000, "system": [
+                {"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "5m"}}
+            ]}),
+        );
+        let five = plan(Provider::Anthropic, &body, 400, &prices).unwrap();
+        assert_eq!(five.reservation, Usd::parse("0.011").unwrap());
     }
 
     #[test]

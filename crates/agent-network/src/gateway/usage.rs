@@ -8,7 +8,9 @@
 //! most one unfinished line of [`MAX_LINE_BYTES`] (a longer line is skipped), or for a
 //! non-streamed answer at most [`MAX_JSON_BYTES`] of the body.
 
+use agentry_domain::money::Usd;
 use agentry_runner::Tokens;
+use agentry_runner::prices::ModelPrice;
 use serde_json::Value;
 
 /// The longest event line read.
@@ -45,6 +47,9 @@ pub struct Usage {
     pub cache_read: i64,
     /// Input tokens written to the prompt cache.
     pub cache_write: i64,
+    /// The part of `cache_write` written to Anthropic's 1-hour cache (`cache_creation`'s
+    /// `ephemeral_1h_input_tokens`), which costs twice the input price.
+    pub cache_write_one_hour: i64,
     /// Output tokens (reasoning included).
     pub output: i64,
     /// The part of the output spent on reasoning.
@@ -55,6 +60,12 @@ impl Usage {
     /// The tokens as the price table applies to them (all input together).
     pub fn tokens(&self) -> Tokens {
         Tokens::from_uncached(self.input, self.cache_read, self.cache_write, self.output)
+    }
+
+    /// What these tokens cost at `price`, the 1-hour cache writes at their own price
+    /// ([`ModelPrice::cost_with_one_hour_writes`]); `None` on a negative count or overflow.
+    pub fn cost(&self, price: &ModelPrice) -> Option<Usd> {
+        price.cost_with_one_hour_writes(self.tokens(), self.cache_write_one_hour)
     }
 
     /// Whether any token was used.
@@ -260,6 +271,14 @@ impl UsageReader {
                 if let Some(n) = count(usage.get("output_tokens")) {
                     u.output = u.output.max(n);
                 }
+                // The writes split by cache lifetime (a 1-hour write costs 2× input, a
+                // 5-minute one 1.25×); their sum is `cache_creation_input_tokens`.
+                if let Some(creation) = usage.get("cache_creation").filter(|c| c.is_object()) {
+                    let five = count(creation.get("ephemeral_5m_input_tokens")).unwrap_or(0);
+                    let hour = count(creation.get("ephemeral_1h_input_tokens")).unwrap_or(0);
+                    u.cache_write_one_hour = u.cache_write_one_hour.max(hour);
+                    u.cache_write = u.cache_write.max(five.saturating_add(hour));
+                }
             }
             Provider::OpenAi => {
                 let details = usage.get("input_tokens_details");
@@ -272,6 +291,7 @@ impl UsageReader {
                     input: all_input - cache_read - cache_write,
                     cache_read,
                     cache_write,
+                    cache_write_one_hour: 0,
                     output: count(usage.get("output_tokens")).unwrap_or(0),
                     reasoning: count(
                         usage
@@ -324,6 +344,7 @@ data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"model\"
                     input: 12,
                     cache_read: 4000,
                     cache_write: 300,
+                    cache_write_one_hour: 0,
                     output: 77,
                     reasoning: 0
                 },
@@ -345,12 +366,44 @@ data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"model\"
                     input: 2000,
                     cache_read: 3000,
                     cache_write: 0,
+                    cache_write_one_hour: 0,
                     output: 200,
                     reasoning: 50
                 }
             );
             assert_eq!(reader.model(), Some("gpt-6.1-sol"));
             assert!(reader.finished());
+        }
+    }
+
+    #[test]
+    fn one_hour_cache_writes_are_read_apart_and_cost_twice_the_input_price() {
+        let stream = "event: message_start\n\
+data: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-sonnet-5\",\"usage\":{\"input_tokens\":10,\"cache_creation_input_tokens\":3000,\"cache_read_input_tokens\":0,\"cache_creation\":{\"ephemeral_5m_input_tokens\":1000,\"ephemeral_1h_input_tokens\":2000},\"output_tokens\":1}}}\n\n\
+event: message_delta\n\
+data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":100}}\n\n";
+        let json = br#"{"model":"claude-sonnet-5","usage":{"input_tokens":10,"cache_creation_input_tokens":3000,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000},"output_tokens":100}}"#;
+        let mut whole = UsageReader::new(Provider::Anthropic, false);
+        whole.feed(json);
+        whole.finish();
+        let price = agentry_runner::PriceTable::builtin()
+            .get("claude-sonnet-5")
+            .copied()
+            .unwrap();
+        for reader in [read_in_chunks(Provider::Anthropic, stream, 7), whole] {
+            let usage = reader.usage();
+            assert_eq!(
+                (usage.cache_write, usage.cache_write_one_hour),
+                (3000, 2000)
+            );
+            // claude-sonnet-5: $2 input, $2.5 a 5-minute write, $4 a 1-hour write, $10 output
+            // per million: 10 × 2 + 1,000 × 2.5 + 2,000 × 4 + 100 × 10 = $0.01152.
+            assert_eq!(usage.cost(&price), Some(Usd::parse("0.01152").unwrap()));
+            // Not all at the 5-minute price (10 × 2 + 3,000 × 2.5 + 100 × 10: $0.00852).
+            assert_eq!(
+                price.cost(usage.tokens()),
+                Some(Usd::parse("0.00852").unwrap())
+            );
         }
     }
 
