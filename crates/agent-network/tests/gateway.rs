@@ -1009,3 +1009,41 @@ async fn one_hour_cache_writes_are_billed_at_their_price_and_unpriced_rates_refu
     assert!(text.contains("tier_not_priced"), "{text}");
     assert_eq!(rig.seen().len(), 1);
 }
+
+#[tokio::test]
+async fn a_body_of_too_many_json_values_is_refused_before_it_is_parsed() {
+    let rig = Rig::start(Script::message(10, 1)).await;
+    let run = rig.open_claude().await;
+    let auth = [("x-api-key", run.key.as_str())];
+    let start = r#"{"model":"claude-sonnet-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}],"metadata":{"pad":["#;
+    // 1,100,000 zeros (2.2 MB): over the limit of 1,048,576 values.
+    let mut zeros = start.as_bytes().to_vec();
+    zeros.extend_from_slice("0,".repeat(1_100_000).as_bytes());
+    zeros.extend_from_slice(b"0]}}");
+    // 70,000 empty objects, each counting as 16 values.
+    let mut objects = start.as_bytes().to_vec();
+    objects.extend_from_slice("{},".repeat(70_000).as_bytes());
+    objects.extend_from_slice(b"{}]}}");
+    for body in [zeros, objects] {
+        let (reader, status, _) = send(&run.socket, "POST", "/v1/messages", &auth, &body).await;
+        assert_eq!(status, 413);
+        let text = rest(reader).await;
+        assert!(
+            text.contains("more than 1048576 JSON values") && text.contains("request_too_large"),
+            "{text}"
+        );
+    }
+    assert!(rig.seen().is_empty());
+    // A large real body (an 8 MiB image, checked on a blocking thread) passes whole.
+    let image = "A".repeat(8 * 1024 * 1024);
+    let body = format!(
+        r#"{{"model":"claude-sonnet-5","max_tokens":10,"messages":[{{"role":"user","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{image}"}}}},{{"type":"text","text":"what is it?"}}]}}]}}"#
+    );
+    let (reader, status, _) =
+        send(&run.socket, "POST", "/v1/messages", &auth, body.as_bytes()).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+    let seen = rig.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, body.as_bytes());
+}

@@ -16,8 +16,9 @@
 //!   segments answers `400`, any other `404`. `GET` and `HEAD /` (Claude Code's
 //!   connectivity check) answer `200` here. OpenAI's WebSocket transport is refused with
 //!   `426`, on which Codex falls back to HTTP streaming at once.
-//! - A `POST` body must be a JSON object (else `400`), at most [`MAX_BODY_BYTES`] (else
-//!   `413`), arriving within [`BODY_TIMEOUT`] (else `408`); what goes upstream is the object
+//! - A `POST` body must be a JSON object (else `400`), at most [`MAX_BODY_BYTES`] and at most
+//!   [`policy::MAX_JSON_VALUES`] values (else `413`; counted before it is parsed, so its
+//!   parse is bounded, and the parse is dropped before the call is forwarded), arriving within [`BODY_TIMEOUT`] (else `408`); what goes upstream is the object
 //!   as the gateway read it. MCP servers, provider-side tools and content the provider would
 //!   fetch from a URL or read from its file storage are refused (`400`) unless the repository
 //!   allows provider tools.
@@ -63,7 +64,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use tokio::net::UnixListener;
@@ -504,27 +505,56 @@ async fn serve(run: &Arc<RunCtx>, req: Request<Incoming>) -> Result<Response<Bod
     let started_at = agentry_persistence::now();
     let (parts, body) = req.into_parts();
     let body = read_body(&parts.headers, body, run.shared.config.body_timeout).await?;
-    let object = if parts.method == Method::POST {
-        Some(policy::json_object(&body)?)
+    let plan = if parts.method == Method::POST {
+        inspect(run, route, &parts.headers, &body).await?
     } else {
+        policy::outbound_features(provider, &parts.headers, None, run.allow_provider_tools)?;
         None
     };
-    policy::outbound_features(
-        provider,
-        &parts.headers,
-        object.as_ref(),
-        run.allow_provider_tools,
-    )?;
-    if let (Route::Metered, Some(object)) = (route, &object) {
-        policy::pricing_options(provider, &parts.headers, object)?;
-    }
-    let call = match (route, &object) {
-        (Route::Metered, Some(object)) => {
-            Some(reserve(run, object, body.len(), started_at, started).await?)
-        }
-        _ => None,
+    let call = match plan {
+        Some(plan) => Some(reserve(run, plan, started_at, started).await?),
+        None => None,
     };
     Ok(forward(run, parts, body, upstream_key, call).await)
+}
+
+/// Bodies at least this long are parsed and checked on a blocking thread: a few MiB of JSON
+/// take milliseconds to parse (and to free), which would stall the runtime's other
+/// connections meanwhile.
+const BLOCKING_INSPECT_BYTES: usize = 256 * 1024;
+
+/// Checks a `POST` body and plans its call ([`policy::inspect`]): the parsed body lives only
+/// while it is checked, never while the call is reserved and forwarded.
+async fn inspect(
+    run: &Arc<RunCtx>,
+    route: Route,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Option<CallPlan>, Refusal> {
+    let check = move |run: &RunCtx, headers: &HeaderMap, body: &[u8]| {
+        policy::inspect(
+            run.provider,
+            route,
+            headers,
+            body,
+            run.allow_provider_tools,
+            &run.shared.prices,
+        )
+    };
+    if body.len() < BLOCKING_INSPECT_BYTES {
+        return check(run, headers, body);
+    }
+    let (owned_run, headers, body) = (run.clone(), headers.clone(), body.clone());
+    tokio::task::spawn_blocking(move || check(&owned_run, &headers, &body))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(task = %run.task_id, error = %e, "the check of a request body failed");
+            Err(refusal(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "api_error",
+                "the agentry model gateway could not check the request body; it was not sent",
+            ))
+        })
 }
 
 /// A refusal of the gateway's own.
@@ -597,18 +627,16 @@ async fn read_body(
     }
 }
 
-/// Plans a model call and reserves its largest cost: in the run's meter against what is
+/// Reserves the largest cost of a planned model call: in the run's meter against what is
 /// left of the task's cap, then in the database against the monthly budgets, across every
 /// run of every replica ([`budgets::hold_call`]). A call that does not fit is refused with
 /// 429 (recorded as a refused call) and the run is marked exhausted, with the budget named.
 async fn reserve(
     run: &Arc<RunCtx>,
-    object: &serde_json::Map<String, Value>,
-    body_len: usize,
+    plan: CallPlan,
     started_at: OffsetDateTime,
     started: Instant,
 ) -> Result<CallRecorder, Refusal> {
-    let plan = policy::plan(run.provider, object, body_len, &run.shared.prices)?;
     let recorder = CallRecorder::new(run.clone(), plan, started_at, started);
     let amount = recorder.plan.reservation;
     if let Err(ledger) = run.meter.reserve(amount, run.allowance) {

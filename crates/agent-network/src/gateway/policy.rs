@@ -22,6 +22,17 @@ use super::usage::Provider;
 /// the largest context window of the models priced, so a reservation is never short.
 pub const STORED_INPUT_TOKENS: u64 = 2_000_000;
 
+/// The most JSON values a request body may hold, an object counting as [`OBJECT_WEIGHT`]
+/// values (a long real conversation holds tens of thousands). The parsed body takes about
+/// 32 bytes a value and a few hundred bytes a non-empty object, so a 32 MiB body of tiny
+/// values (`[0,0,0,…]`, ~16 million of them) would take over 512 MiB; within this limit it
+/// takes a few tens of MiB at most. Counted by [`json_values_within`] before parsing.
+pub const MAX_JSON_VALUES: usize = 1_048_576;
+
+/// What one object counts for in [`MAX_JSON_VALUES`]: the map of a parsed object (a B-tree
+/// node of 11 members, about 640 bytes) takes about as much memory as 16 other values.
+pub const OBJECT_WEIGHT: usize = 16;
+
 /// What a request path is, for a provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -542,6 +553,75 @@ fn item_reference(object: &Map<String, Value>) -> Option<()> {
     (object.get("type").and_then(Value::as_str) == Some("item_reference")).then_some(())
 }
 
+/// What the gateway passes on of a `POST` body to `route` of `provider`, read once: the body
+/// holds at most [`MAX_JSON_VALUES`] ([`json_values_within`], else 413) and is a JSON object
+/// ([`json_object`]); its outbound features pass ([`outbound_features`]); for a model call,
+/// its rate is priced ([`pricing_options`]) and its plan made ([`plan`]). The parsed body is
+/// dropped on return: only the plan outlives it, while the call is reserved and forwarded.
+pub fn inspect(
+    provider: Provider,
+    route: Route,
+    headers: &HeaderMap,
+    body: &[u8],
+    allow_provider_tools: bool,
+    prices: &PriceTable,
+) -> Result<Option<CallPlan>, Refusal> {
+    if !json_values_within(body, MAX_JSON_VALUES) {
+        return Err(Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!(
+                "the request body holds more than {MAX_JSON_VALUES} JSON values (an object \
+                 counting as {OBJECT_WEIGHT}), the agentry model gateway's limit; it was not \
+                 sent"
+            ),
+        ));
+    }
+    let object = json_object(body)?;
+    outbound_features(provider, headers, Some(&object), allow_provider_tools)?;
+    match route {
+        Route::Metered => {
+            pricing_options(provider, headers, &object)?;
+            plan(provider, &object, body.len(), prices).map(Some)
+        }
+        Route::Free => Ok(None),
+    }
+}
+
+/// Whether `body` holds at most `limit` JSON values, counted in one pass over its bytes
+/// outside strings, before anything is parsed: the first value, then one for each `[` and
+/// `,` and [`OBJECT_WEIGHT`] for each `{` (an empty array or object is counted as if it held
+/// a value; what is not JSON is counted the same way and refused by the parser after).
+pub fn json_values_within(body: &[u8], limit: usize) -> bool {
+    let mut count: usize = 1;
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        count = match byte {
+            b'"' => {
+                in_string = true;
+                continue;
+            }
+            b'[' | b',' => count.saturating_add(1),
+            b'{' => count.saturating_add(OBJECT_WEIGHT),
+            _ => continue,
+        };
+        if count > limit {
+            return false;
+        }
+    }
+    count <= limit
+}
+
 /// `body` as a JSON object, refusing a member named twice in any object (the gateway
 /// checks what the provider will read, and two parsers may keep different copies of a
 /// duplicated member).
@@ -729,6 +809,25 @@ mod tests {
             "{}",
             twice.message
         );
+    }
+
+    #[test]
+    fn json_values_are_counted_outside_strings_before_parsing() {
+        assert!(json_values_within(b"[0,0,0]", 4));
+        assert!(!json_values_within(b"[0,0,0]", 3));
+        // An object counts as 16, its members one each after the first.
+        assert!(json_values_within(br#"{"a":1,"b":[2]}"#, 19));
+        assert!(!json_values_within(br#"{"a":1,"b":[2]}"#, 18));
+        // Brackets, braces and commas inside strings, escaped quotes included, count nothing.
+        assert!(json_values_within(br#"{"text":"[{,}] \" [[[,,,{{{"}"#, 17));
+        assert!(json_values_within(br#""\\""#, 1));
+        assert!(!json_values_within(br#"["\\",0]"#, 2));
+        let many = format!("[{}0]", "0,".repeat(MAX_JSON_VALUES));
+        assert!(!json_values_within(many.as_bytes(), MAX_JSON_VALUES));
+        let objects = format!("[{}{{}}]", "{},".repeat(MAX_JSON_VALUES / OBJECT_WEIGHT));
+        assert!(!json_values_within(objects.as_bytes(), MAX_JSON_VALUES));
+        let text = format!(r#"{{"data":"{}"}}"#, "A,[{".repeat(1_000_000));
+        assert!(json_values_within(text.as_bytes(), MAX_JSON_VALUES));
     }
 
     #[test]
