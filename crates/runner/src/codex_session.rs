@@ -19,14 +19,23 @@
 //! crashed run still has a cost. Like the stdout stream, the files are written by the agent's
 //! own process: they are its word, as every agent-reported cost is until model calls are
 //! metered outside the agent.
+//!
+//! The agent also controls how much it writes there, so the meter's memory is bounded
+//! whatever it writes: a digest of each response id (at most [`MAX_SEEN_RESPONSES`]), the
+//! state of the files listed at the last poll only, at most [`MAX_PARTIAL_BYTES`] of
+//! unfinished lines all files together, and at most [`MAX_UNPRICED_MODELS`] unpriced model
+//! names, each an excerpt.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use agentry_domain::money::Usd;
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
+use crate::agent::Count;
+use crate::excerpt;
 use crate::prices::{PriceTable, Tokens};
 
 /// The most bytes read from the session files in one poll, all files together (the rest is
@@ -45,6 +54,29 @@ const MAX_SESSION_FILES: usize = 16;
 /// The most directory entries one poll looks at while it lists the session files.
 const MAX_LISTED_ENTRIES: usize = 4096;
 
+/// The most response ids remembered, to count each response once (as 16-byte digests, so
+/// about 2 MiB with their order). Codex records one response per model call, and a model
+/// call takes seconds: a real run, even one of many hours, records a few thousand, far
+/// below this. Beyond it the oldest id is forgotten, so a response recorded again after
+/// this many newer ones counts twice: that can only raise the run's figure (stopping a
+/// capped run earlier), never lower it, and an agent could raise it anyway by writing
+/// larger usage. Refusing to count past the cap instead would let an agent that floods
+/// the file with ids stop its own metering. (A sandboxed run is billed from the model
+/// gateway's metering, not from these files.)
+const MAX_SEEN_RESPONSES: usize = 65_536;
+
+/// The most bytes of unfinished lines kept between polls, all files together: two
+/// over-long lines. The lines read here are a few KiB; a line that would take more is
+/// skipped like an over-long one.
+const MAX_PARTIAL_BYTES: usize = 2 * MAX_LINE_BYTES;
+
+/// The most names of unpriced models remembered (each an excerpt) for the report's
+/// sentence; a run uses one or two models.
+const MAX_UNPRICED_MODELS: usize = 8;
+
+/// A response id as kept: the first 16 bytes of its SHA-256, whatever the id's length.
+type IdDigest = [u8; 16];
+
 /// The usage of the model calls a Codex run's session files show.
 #[derive(Debug)]
 pub struct SessionMeter {
@@ -52,8 +84,12 @@ pub struct SessionMeter {
     dir: PathBuf,
     launched_model: String,
     prices: PriceTable,
+    /// The state of each file listed at the last poll (and of those only).
     files: BTreeMap<PathBuf, FileState>,
-    seen: HashSet<String>,
+    /// The digests of the response ids counted, the latest [`MAX_SEEN_RESPONSES`].
+    seen: HashSet<IdDigest>,
+    /// The same digests, oldest first.
+    seen_order: VecDeque<IdDigest>,
     calls: u64,
     tokens: Tokens,
     /// The priced cost of the calls; `None` once a call's model has no price or a count
@@ -85,6 +121,7 @@ impl SessionMeter {
             prices: prices.clone(),
             files: BTreeMap::new(),
             seen: HashSet::new(),
+            seen_order: VecDeque::new(),
             calls: 0,
             tokens: Tokens::default(),
             cost: Some(Usd::ZERO),
@@ -95,13 +132,25 @@ impl SessionMeter {
     /// Reads what was appended to the session files since the last poll. Files that cannot
     /// be read are tried again at the next poll; nothing here fails.
     pub fn poll(&mut self) {
+        let mut listed = rollout_files(&self.dir);
+        listed.truncate(MAX_SESSION_FILES);
+        // A file no longer listed (renamed, deleted, or pushed out by others) is forgotten;
+        // if it comes back it is read from its start, its responses still counted once.
+        self.files.retain(|path, _| listed.contains(path));
         let mut budget = MAX_READ_PER_POLL;
-        for path in rollout_files(&self.dir).into_iter().take(MAX_SESSION_FILES) {
+        for path in listed {
             if budget == 0 {
                 break;
             }
+            let others = self
+                .files
+                .iter()
+                .filter(|(p, _)| **p != path)
+                .map(|(_, s)| s.partial.len())
+                .sum::<usize>();
+            let room = MAX_PARTIAL_BYTES.saturating_sub(others).min(MAX_LINE_BYTES);
             let state = self.files.entry(path.clone()).or_default();
-            let (lines, read) = read_new_lines(&path, state, budget);
+            let (lines, read) = read_new_lines(&path, state, budget, room);
             budget = budget.saturating_sub(read);
             for line in lines {
                 self.line(&path, &line);
@@ -155,7 +204,7 @@ impl SessionMeter {
             return;
         };
         if let Some(id) = record.payload.response_id
-            && !self.seen.insert(id)
+            && !self.first_sight(&id)
         {
             return;
         }
@@ -173,13 +222,36 @@ impl SessionMeter {
             .and_then(|s| s.model.clone())
             .unwrap_or_else(|| self.launched_model.clone());
         let priced = self.prices.get(&model).and_then(|price| price.cost(call));
-        if priced.is_none() && !self.unpriced.contains(&model) {
-            self.unpriced.push(model);
+        if priced.is_none() && self.unpriced.len() < MAX_UNPRICED_MODELS {
+            let name = excerpt(&model);
+            if !self.unpriced.contains(&name) {
+                self.unpriced.push(name);
+            }
         }
         self.cost = match (self.cost, priced) {
             (Some(total), Some(call)) => total.checked_add(call),
             _ => None,
         };
+    }
+}
+
+impl SessionMeter {
+    /// Whether the response `id` is seen for the first time (of the latest
+    /// [`MAX_SEEN_RESPONSES`]); remembers it.
+    fn first_sight(&mut self, id: &str) -> bool {
+        let digest: [u8; 32] = Sha256::digest(id.as_bytes()).into();
+        let mut kept = IdDigest::default();
+        kept.copy_from_slice(&digest[..size_of::<IdDigest>()]);
+        if !self.seen.insert(kept) {
+            return false;
+        }
+        self.seen_order.push_back(kept);
+        if self.seen_order.len() > MAX_SEEN_RESPONSES
+            && let Some(oldest) = self.seen_order.pop_front()
+        {
+            self.seen.remove(&oldest);
+        }
+        true
     }
 }
 
@@ -214,10 +286,9 @@ struct Usage {
     output_tokens: Option<i64>,
 }
 
-/// A non-negative integer, else `None`.
+/// A non-negative integer, else `None`; any other value is skipped without being kept.
 fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
-    let value = serde_json::Value::deserialize(d)?;
-    Ok(value.as_i64().filter(|n| *n >= 0))
+    Ok(Count::deserialize(d)?.0)
 }
 
 /// The `rollout-*.jsonl` files under `dir` (`YYYY/MM/DD/`), sorted; of the first
@@ -256,9 +327,14 @@ fn rollout_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The whole lines appended to `path` since `state.offset`, reading at most `max` bytes, and
-/// how many bytes were read; the start of an unfinished last line is kept for the next read.
-/// An over-long line is skipped.
-fn read_new_lines(path: &Path, state: &mut FileState, max: u64) -> (Vec<Vec<u8>>, u64) {
+/// how many bytes were read; the start of an unfinished last line is kept for the next read
+/// if it fits in `room` bytes, else that line is skipped (as an over-long one is).
+fn read_new_lines(
+    path: &Path,
+    state: &mut FileState,
+    max: u64,
+    room: usize,
+) -> (Vec<Vec<u8>>, u64) {
     let mut bytes = Vec::new();
     // Opened without following a link or blocking on a FIFO: the agent writes this
     // directory and could swap the file it listed for either (this runs on the runtime).
@@ -289,7 +365,7 @@ fn read_new_lines(path: &Path, state: &mut FileState, max: u64) -> (Vec<Vec<u8>>
         rest = after;
     }
     if !state.skipping {
-        if state.partial.len() + rest.len() > MAX_LINE_BYTES {
+        if state.partial.len() + rest.len() > room {
             state.partial = Vec::new();
             state.skipping = true;
         } else {
@@ -328,8 +404,10 @@ mod tests {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut state = FileState::default();
-            let (from_fifo, _) = read_new_lines(&fifo, &mut state, MAX_READ_PER_POLL);
-            let (from_link, _) = read_new_lines(&link, &mut state, MAX_READ_PER_POLL);
+            let (from_fifo, _) =
+                read_new_lines(&fifo, &mut state, MAX_READ_PER_POLL, MAX_LINE_BYTES);
+            let (from_link, _) =
+                read_new_lines(&link, &mut state, MAX_READ_PER_POLL, MAX_LINE_BYTES);
             let _ = done.send((from_fifo, from_link, state.offset));
         });
         let (from_fifo, from_link, offset) = finished
@@ -435,10 +513,91 @@ mod tests {
         let mut state = FileState::default();
         let big = dir.join("rollout-b.jsonl");
         std::fs::write(&big, vec![b'\n'; 10_000]).unwrap();
-        let (lines, read) = read_new_lines(&big, &mut state, 4_000);
+        let (lines, read) = read_new_lines(&big, &mut state, 4_000, MAX_LINE_BYTES);
         assert_eq!((lines.len(), read), (4_000, 4_000));
-        let (lines, read) = read_new_lines(&big, &mut state, 100_000);
+        let (lines, read) = read_new_lines(&big, &mut state, 100_000, MAX_LINE_BYTES);
         assert_eq!((lines.len(), read), (6_000, 6_000));
+    }
+
+    /// An agent that writes endless distinct response ids, keeps renaming its session files
+    /// or leaves a long unfinished line in each costs the meter a bounded memory: the ids
+    /// kept are capped (the oldest forgotten), only the files listed now keep a state, and
+    /// the unfinished lines kept between polls are bounded all files together.
+    #[test]
+    fn ids_renamed_files_and_unfinished_lines_are_kept_within_bounds() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/01/04");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut meter = SessionMeter::new(home.path(), "gpt-5.5", &PriceTable::builtin());
+
+        // Distinct ids beyond the cap: each call counts, the ids kept stay capped.
+        let extra = 10;
+        let mut text = String::new();
+        for i in 0..MAX_SEEN_RESPONSES + extra {
+            text.push_str(&record(&format!("resp_{i}"), 1, 0, 0, 1));
+            text.push('\n');
+        }
+        std::fs::write(dir.join("rollout-a.jsonl"), &text).unwrap();
+        for _ in 0..text.len() / MAX_READ_PER_POLL as usize + 1 {
+            meter.poll();
+        }
+        assert_eq!(meter.calls(), (MAX_SEEN_RESPONSES + extra) as u64);
+        assert!(
+            meter.seen.len() <= MAX_SEEN_RESPONSES,
+            "{} ids kept",
+            meter.seen.len()
+        );
+        assert!(meter.seen_order.len() <= MAX_SEEN_RESPONSES);
+        // The oldest ids were forgotten: recorded again, the first counts again (the figure
+        // can only rise); a recent one still counts once.
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("rollout-a.jsonl"))
+            .unwrap();
+        writeln!(file, "{}", record("resp_0", 1, 0, 0, 1)).unwrap();
+        let latest = format!("resp_{}", MAX_SEEN_RESPONSES + extra - 1);
+        writeln!(file, "{}", record(&latest, 1, 0, 0, 1)).unwrap();
+        meter.poll();
+        assert_eq!(meter.calls(), (MAX_SEEN_RESPONSES + extra + 1) as u64);
+        std::fs::remove_file(dir.join("rollout-a.jsonl")).unwrap();
+
+        // Files renamed at every poll: only the files listed now keep a state.
+        let path = dir.join("rollout-b.jsonl");
+        std::fs::write(&path, "{").unwrap();
+        for i in 0..3 * MAX_SESSION_FILES {
+            meter.poll();
+            let renamed = dir.join(format!("rollout-b{i:03}.jsonl"));
+            std::fs::rename(
+                dir.join(if i == 0 {
+                    "rollout-b.jsonl".to_owned()
+                } else {
+                    format!("rollout-b{:03}.jsonl", i - 1)
+                }),
+                &renamed,
+            )
+            .unwrap();
+        }
+        meter.poll();
+        assert_eq!(meter.files.len(), 1);
+
+        // An unfinished line of almost the line limit in each of the files read: the bytes
+        // kept between polls stay within the bound of all files together.
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/01/05");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut meter = SessionMeter::new(home.path(), "gpt-5.5", &PriceTable::builtin());
+        for i in 0..MAX_SESSION_FILES {
+            std::fs::write(
+                dir.join(format!("rollout-{i:03}.jsonl")),
+                vec![b'x'; MAX_LINE_BYTES - 1],
+            )
+            .unwrap();
+        }
+        for _ in 0..MAX_SESSION_FILES {
+            meter.poll();
+        }
+        let kept = meter.files.values().map(|s| s.partial.len()).sum::<usize>();
+        assert!(kept <= MAX_PARTIAL_BYTES, "{kept} bytes kept");
     }
 
     /// Listing the session directory looks at a bounded number of entries, however many
@@ -452,6 +611,30 @@ mod tests {
             std::fs::File::create(dir.join(format!("rollout-{i:05}.jsonl"))).unwrap();
         }
         assert_eq!(rollout_files(&dir).len(), MAX_LISTED_ENTRIES);
+    }
+
+    /// A session that names many unpriced models, each a long name, leaves the meter a few
+    /// short names to report.
+    #[test]
+    fn unpriced_models_are_remembered_few_and_short() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join(".codex/sessions/2026/01/02");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut text = String::new();
+        for i in 0..3 * MAX_UNPRICED_MODELS {
+            let model = format!("{i}-{}", "m".repeat(10_000));
+            text.push_str(&format!(
+                "{{\"type\":\"turn_context\",\"payload\":{{\"model\":\"{model}\"}}}}\n{}\n",
+                record(&format!("r{i}"), 10, 0, 0, 1)
+            ));
+        }
+        std::fs::write(dir.join("rollout-a.jsonl"), text).unwrap();
+        let mut meter = SessionMeter::new(home.path(), "gpt-5.5", &PriceTable::builtin());
+        meter.poll();
+        assert_eq!(meter.calls(), 3 * MAX_UNPRICED_MODELS as u64);
+        assert_eq!(meter.cost(), None);
+        assert_eq!(meter.unpriced().len(), MAX_UNPRICED_MODELS);
+        assert!(meter.unpriced().iter().all(|m| m.chars().count() <= 201));
     }
 
     #[test]
