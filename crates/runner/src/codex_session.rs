@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use agentry_domain::money::Usd;
 use serde::Deserialize;
@@ -36,6 +37,7 @@ use sha2::{Digest, Sha256};
 
 use crate::agent::Count;
 use crate::excerpt;
+use crate::files::{EntryKind, OpenDir};
 use crate::prices::{PriceTable, Tokens};
 
 /// The most bytes read from the session files in one poll, all files together (the rest is
@@ -53,6 +55,10 @@ const MAX_SESSION_FILES: usize = 16;
 
 /// The most directory entries one poll looks at while it lists the session files.
 const MAX_LISTED_ENTRIES: usize = 4096;
+
+/// Where Codex writes its session files, relative to the run's `HOME` (`$CODEX_HOME` is
+/// `~/.codex`).
+const SESSIONS: &str = ".codex/sessions";
 
 /// The most response ids remembered, to count each response once (as 16-byte digests, so
 /// about 2 MiB with their order). Codex records one response per model call, and a model
@@ -80,8 +86,8 @@ type IdDigest = [u8; 16];
 /// The usage of the model calls a Codex run's session files show.
 #[derive(Debug)]
 pub struct SessionMeter {
-    /// `$CODEX_HOME/sessions`.
-    dir: PathBuf,
+    /// The run's `HOME`, below which nothing is followed through a symbolic link.
+    home: PathBuf,
     launched_model: String,
     prices: PriceTable,
     /// The state of each file listed at the last poll (and of those only).
@@ -116,7 +122,7 @@ impl SessionMeter {
     /// `prices`.
     pub fn new(home: &Path, model: &str, prices: &PriceTable) -> Self {
         SessionMeter {
-            dir: home.join(".codex").join("sessions"),
+            home: home.to_path_buf(),
             launched_model: model.to_owned(),
             prices: prices.clone(),
             files: BTreeMap::new(),
@@ -132,7 +138,7 @@ impl SessionMeter {
     /// Reads what was appended to the session files since the last poll. Files that cannot
     /// be read are tried again at the next poll; nothing here fails.
     pub fn poll(&mut self) {
-        let mut listed = rollout_files(&self.dir);
+        let mut listed = rollout_files(&self.home);
         listed.truncate(MAX_SESSION_FILES);
         // A file no longer listed (renamed, deleted, or pushed out by others) is forgotten;
         // if it comes back it is read from its start, its responses still counted once.
@@ -150,7 +156,7 @@ impl SessionMeter {
                 .sum::<usize>();
             let room = MAX_PARTIAL_BYTES.saturating_sub(others).min(MAX_LINE_BYTES);
             let state = self.files.entry(path.clone()).or_default();
-            let (lines, read) = read_new_lines(&path, state, budget, room);
+            let (lines, read) = read_new_lines(&self.home, &path, state, budget, room);
             budget = budget.saturating_sub(read);
             for line in lines {
                 self.line(&path, &line);
@@ -291,54 +297,82 @@ fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error
     Ok(Count::deserialize(d)?.0)
 }
 
-/// The `rollout-*.jsonl` files under `dir` (`YYYY/MM/DD/`), sorted; of the first
-/// [`MAX_LISTED_ENTRIES`] entries looked at.
-fn rollout_files(dir: &Path) -> Vec<PathBuf> {
+/// The `rollout-*.jsonl` files under `home`'s [`SESSIONS`] (`YYYY/MM/DD/`), as paths
+/// relative to `home`, sorted; of the first [`MAX_LISTED_ENTRIES`] entries looked at.
+///
+/// The agent owns every directory on the way, and could swap one for a symbolic link to
+/// another run's session files: each directory is opened in the one above it without
+/// following a link (`.codex`, `sessions` and the date directories alike), and a link
+/// listed is neither descended into nor read. The files are opened the same way
+/// ([`read_new_lines`]), so a directory swapped for a link after this listing is refused
+/// then.
+fn rollout_files(home: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), 0)];
+    let Ok(root) = OpenDir::open(home, Path::new(SESSIONS)) else {
+        return found;
+    };
+    // Directories still to list, each with the opened directory it is in. Depth first, so
+    // the directories held open are the ancestors of the one listed, never more than its
+    // depth (a directory with thousands of subdirectories does not open them all at once).
+    let mut stack: Vec<(Rc<OpenDir>, PathBuf, usize)> = Vec::new();
+    let mut next = Some((root, PathBuf::from(SESSIONS), 0));
     let mut listed = 0;
-    'walk: while let Some((dir, depth)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
+    loop {
+        let (mut dir, path, depth) = match next.take() {
+            Some(opened) => opened,
+            None => {
+                let Some((parent, path, depth)) = stack.pop() else {
+                    break;
+                };
+                let name = path.file_name().unwrap_or_default();
+                let Ok(dir) = parent.subdir(name) else {
+                    continue;
+                };
+                (dir, path, depth)
+            }
         };
-        for entry in entries.flatten() {
-            listed += 1;
-            if listed > MAX_LISTED_ENTRIES {
-                break 'walk;
+        let entries = dir.entries(MAX_LISTED_ENTRIES - listed);
+        listed += entries.len();
+        let dir = Rc::new(dir);
+        for (name, kind) in entries {
+            match kind {
+                EntryKind::Dir if depth < 3 => {
+                    stack.push((Rc::clone(&dir), path.join(name), depth + 1));
+                }
+                EntryKind::File
+                    if name
+                        .to_str()
+                        .is_some_and(|n| n.starts_with("rollout-") && n.ends_with(".jsonl")) =>
+                {
+                    found.push(path.join(name));
+                }
+                _ => {}
             }
-            let path = entry.path();
-            let Ok(kind) = entry.file_type() else {
-                continue;
-            };
-            if kind.is_dir() && depth < 3 {
-                stack.push((path, depth + 1));
-            } else if kind.is_file()
-                && path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("rollout-") && n.ends_with(".jsonl"))
-            {
-                found.push(path);
-            }
+        }
+        if listed >= MAX_LISTED_ENTRIES {
+            break;
         }
     }
     found.sort();
     found
 }
 
-/// The whole lines appended to `path` since `state.offset`, reading at most `max` bytes, and
+/// The whole lines appended to the file `relative` below `root` since `state.offset`,
+/// reading at most `max` bytes, and
 /// how many bytes were read; the start of an unfinished last line is kept for the next read
 /// if it fits in `room` bytes, else that line is skipped (as an over-long one is).
 fn read_new_lines(
-    path: &Path,
+    root: &Path,
+    relative: &Path,
     state: &mut FileState,
     max: u64,
     room: usize,
 ) -> (Vec<Vec<u8>>, u64) {
     let mut bytes = Vec::new();
-    // Opened without following a link or blocking on a FIFO: the agent writes this
-    // directory and could swap the file it listed for either (this runs on the runtime).
-    let read = crate::files::open_regular(path).and_then(|mut file| {
+    // Opened without following a link at any level below `root` or blocking on a FIFO: the
+    // agent writes these directories and could swap what was listed for either (this runs
+    // on the runtime).
+    let read = crate::files::open_regular_beneath(root, relative).and_then(|mut file| {
         let len = file.metadata()?.len();
         if len < state.offset {
             // Truncated or replaced: start over.
@@ -404,10 +438,20 @@ mod tests {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut state = FileState::default();
-            let (from_fifo, _) =
-                read_new_lines(&fifo, &mut state, MAX_READ_PER_POLL, MAX_LINE_BYTES);
-            let (from_link, _) =
-                read_new_lines(&link, &mut state, MAX_READ_PER_POLL, MAX_LINE_BYTES);
+            let (from_fifo, _) = read_new_lines(
+                &dir,
+                Path::new("rollout-fifo.jsonl"),
+                &mut state,
+                MAX_READ_PER_POLL,
+                MAX_LINE_BYTES,
+            );
+            let (from_link, _) = read_new_lines(
+                &dir,
+                Path::new("rollout-link.jsonl"),
+                &mut state,
+                MAX_READ_PER_POLL,
+                MAX_LINE_BYTES,
+            );
             let _ = done.send((from_fifo, from_link, state.offset));
         });
         let (from_fifo, from_link, offset) = finished
@@ -513,9 +557,21 @@ mod tests {
         let mut state = FileState::default();
         let big = dir.join("rollout-b.jsonl");
         std::fs::write(&big, vec![b'\n'; 10_000]).unwrap();
-        let (lines, read) = read_new_lines(&big, &mut state, 4_000, MAX_LINE_BYTES);
+        let (lines, read) = read_new_lines(
+            &dir,
+            Path::new("rollout-b.jsonl"),
+            &mut state,
+            4_000,
+            MAX_LINE_BYTES,
+        );
         assert_eq!((lines.len(), read), (4_000, 4_000));
-        let (lines, read) = read_new_lines(&big, &mut state, 100_000, MAX_LINE_BYTES);
+        let (lines, read) = read_new_lines(
+            &dir,
+            Path::new("rollout-b.jsonl"),
+            &mut state,
+            100_000,
+            MAX_LINE_BYTES,
+        );
         assert_eq!((lines.len(), read), (6_000, 6_000));
     }
 
@@ -600,6 +656,58 @@ mod tests {
         assert!(kept <= MAX_PARTIAL_BYTES, "{kept} bytes kept");
     }
 
+    /// An agent that replaces `~/.codex`, `~/.codex/sessions` or a date directory with a
+    /// symbolic link to session files outside its `HOME` (another run's) gets none of them
+    /// read: no directory below the run's `HOME` is followed through a link.
+    #[test]
+    fn session_directories_replaced_by_links_are_not_followed() {
+        let outside = tempfile::tempdir().unwrap();
+        let other = outside.path().join("other-run/.codex/sessions");
+        std::fs::create_dir_all(other.join("2026/01/02")).unwrap();
+        std::fs::write(
+            other.join("2026/01/02/rollout-a.jsonl"),
+            format!("{}\n", record("theirs", 10, 0, 0, 1)),
+        )
+        .unwrap();
+        let count = |home: &Path| {
+            let mut meter = SessionMeter::new(home, "gpt-5.5", &PriceTable::builtin());
+            meter.poll();
+            meter.calls()
+        };
+
+        // The honest layout is read (the same files, reached without a link).
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(home.path().join(".codex")).unwrap();
+        std::fs::rename(&other, home.path().join(".codex/sessions")).unwrap();
+        assert_eq!(count(home.path()), 1);
+        std::fs::rename(home.path().join(".codex/sessions"), &other).unwrap();
+
+        // `~/.codex` a link.
+        let home = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join("other-run/.codex"),
+            home.path().join(".codex"),
+        )
+        .unwrap();
+        assert_eq!(count(home.path()), 0);
+
+        // `~/.codex/sessions` a link.
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir(home.path().join(".codex")).unwrap();
+        std::os::unix::fs::symlink(&other, home.path().join(".codex/sessions")).unwrap();
+        assert_eq!(count(home.path()), 0);
+
+        // A date directory a link.
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(home.path().join(".codex/sessions/2026/01")).unwrap();
+        std::os::unix::fs::symlink(
+            other.join("2026/01/02"),
+            home.path().join(".codex/sessions/2026/01/02"),
+        )
+        .unwrap();
+        assert_eq!(count(home.path()), 0);
+    }
+
     /// Listing the session directory looks at a bounded number of entries, however many
     /// the agent created.
     #[test]
@@ -610,7 +718,7 @@ mod tests {
         for i in 0..=MAX_LISTED_ENTRIES {
             std::fs::File::create(dir.join(format!("rollout-{i:05}.jsonl"))).unwrap();
         }
-        assert_eq!(rollout_files(&dir).len(), MAX_LISTED_ENTRIES);
+        assert_eq!(rollout_files(home.path()).len(), MAX_LISTED_ENTRIES);
     }
 
     /// A session that names many unpriced models, each a long name, leaves the meter a few
