@@ -706,9 +706,11 @@ pub(crate) struct Count(pub(crate) Option<i64>);
 #[derive(Debug)]
 pub(crate) struct Object<F>(pub(crate) Option<F>);
 
-/// A JSON value: the items if it is an array, else `None`; any JSON is accepted.
-#[derive(Debug)]
-pub(crate) struct List<T>(pub(crate) Option<Vec<T>>);
+/// A JSON value as an HTTP status: `Some` for an integer in `0..=65535`, else `None` (what
+/// `Value::as_u64` then `u16::try_from` gives); any JSON is accepted, an array or object
+/// skipped without being kept.
+#[derive(Debug, Default)]
+pub(crate) struct Status(pub(crate) Option<u16>);
 
 /// A JSON value that is a string, an object (its fields `F`), or something else.
 #[derive(Debug)]
@@ -728,7 +730,7 @@ pub(crate) struct Message(pub(crate) LooseStr);
 fields!(Message { "message" => 0: value });
 
 /// A map key, borrowed from the line when it has no escapes.
-struct Key<'de>(Cow<'de, str>);
+pub(crate) struct Key<'de>(pub(crate) Cow<'de, str>);
 
 /// Reads the rest of a JSON object into the fields `F`.
 fn read_fields<'de, F: Fields, A: MapAccess<'de>>(mut map: A) -> Result<F, A::Error> {
@@ -887,19 +889,16 @@ any_json! {
 }
 
 any_json! {
-    impl<T: Deserialize<'de>> for List<T>, V<T>(PhantomData<T>) {
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List<T>, A::Error> {
-            let mut items = Vec::new();
-            while let Some(item) = seq.next_element()? {
-                items.push(item);
-            }
-            Ok(List(Some(items)))
+    impl<> for Status, V {
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Status, E> {
+            Ok(Status(u16::try_from(v).ok()))
         }
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List<T>, A::Error> {
-            skip_map(map)?;
-            Ok(List(None))
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Status, E> {
+            Ok(Status(u16::try_from(v).ok()))
         }
-        scalars!(List(None));
+        other_scalars!(Status(None));
+        strings!(Status(None));
+        containers!(Status(None));
     }
 }
 

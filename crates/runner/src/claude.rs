@@ -15,17 +15,36 @@
 //! off before it reports no cost at all.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use agentry_domain::money::Usd;
 use serde::Deserialize;
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::agent::{List, LooseStr, Message, OutputParser, StrOr, fields, read_object};
-use crate::{AgentOutcome, RunReport, Tokens, Warnings, excerpt, token_count};
+use crate::agent::{
+    Count, Key, LooseStr, Message, OutputParser, Status, StrOr, fields, read_object,
+};
+use crate::{AgentOutcome, RunReport, Tokens, Warnings, excerpt};
+
+/// The most texts of a result event's `errors` kept (the rest is skipped, not read): they
+/// are quoted as one excerpt of 200 characters, and Claude Code reports one or two.
+const MAX_ERRORS: usize = 20;
+
+/// The most models of a result event's `modelUsage` read (the rest is skipped, not read,
+/// and said in a warning): a run uses one to three (the main model, a small one for side
+/// requests).
+const MAX_MODEL_USAGES: usize = 64;
+
+/// The longest JSON text of a figure that is re-read whole to be quoted in a warning; a
+/// longer one is quoted from its text.
+const MAX_QUOTED_JSON: usize = 1024;
 
 /// The fields of the final `result` event that agentry reads. Money fields stay raw JSON
 /// text so they are parsed exactly by [`Usd::from_json_number`]; so do the counts, read at
-/// the end from that last event only.
+/// the end from that last event only. What is kept is bounded whatever the line holds:
+/// at most [`MAX_ERRORS`] error texts and [`MAX_MODEL_USAGES`] models, the rest skipped
+/// without being kept.
 #[derive(Debug, Deserialize)]
 pub(crate) struct ResultEvent {
     subtype: Option<String>,
@@ -37,8 +56,101 @@ pub(crate) struct ResultEvent {
     result: Option<LooseStr>,
     total_cost_usd: Option<Box<RawValue>>,
     #[serde(rename = "modelUsage")]
-    model_usage: Option<BTreeMap<String, ModelUsage>>,
-    errors: Option<List<StrOr<Message>>>,
+    model_usage: Option<ModelUsages>,
+    errors: Option<ErrorTexts>,
+}
+
+/// `modelUsage`: the entries of its first [`MAX_MODEL_USAGES`] model names (of a name
+/// repeated, the last entry), and how many entries were skipped.
+#[derive(Debug, Default)]
+struct ModelUsages {
+    entries: BTreeMap<String, ModelUsage>,
+    skipped: usize,
+}
+
+impl<'de> Deserialize<'de> for ModelUsages {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ModelUsages;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of model usages")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ModelUsages, A::Error> {
+                let mut usages = ModelUsages::default();
+                while let Some(Key(model)) = map.next_key::<Key<'de>>()? {
+                    if usages.entries.len() < MAX_MODEL_USAGES
+                        || usages.entries.contains_key(model.as_ref())
+                    {
+                        let usage = map.next_value::<ModelUsage>()?;
+                        usages.entries.insert(model.into_owned(), usage);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                        usages.skipped += 1;
+                    }
+                }
+                Ok(usages)
+            }
+        }
+        deserializer.deserialize_map(V)
+    }
+}
+
+/// The non-blank texts of `errors` (each a string, or an object's `message` string), the
+/// first [`MAX_ERRORS`]; anything else in it, and the rest, is skipped without being kept.
+/// Any JSON is accepted: a value that is not an array has none.
+#[derive(Debug, Default)]
+struct ErrorTexts(Vec<String>);
+
+impl<'de> Deserialize<'de> for ErrorTexts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ErrorTexts;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ErrorTexts, A::Error> {
+                let mut texts = Vec::new();
+                while texts.len() < MAX_ERRORS {
+                    let Some(item) = seq.next_element::<StrOr<Message>>()? else {
+                        return Ok(ErrorTexts(texts));
+                    };
+                    let text = match item {
+                        StrOr::Str(text) => Some(text),
+                        StrOr::Object(message) => message.0.0,
+                        StrOr::Other => None,
+                    };
+                    texts.extend(text.filter(|t| !t.trim().is_empty()));
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(ErrorTexts(texts))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ErrorTexts, A::Error> {
+                IgnoredAny.visit_map(map)?;
+                Ok(ErrorTexts::default())
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<ErrorTexts, E> {
+                Ok(ErrorTexts::default())
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<ErrorTexts, E> {
+                Ok(ErrorTexts::default())
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<ErrorTexts, E> {
+                Ok(ErrorTexts::default())
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<ErrorTexts, E> {
+                Ok(ErrorTexts::default())
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<ErrorTexts, E> {
+                Ok(ErrorTexts::default())
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<ErrorTexts, E> {
+                Ok(ErrorTexts::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 /// One model's entry of `modelUsage`.
@@ -194,18 +306,18 @@ impl ClaudeReader {
 
         // Tokens and the costliest model.
         let mut costliest: Option<(&str, Usd)> = None;
-        for (model, usage) in event.model_usage.iter().flatten() {
+        for (model, usage) in event.model_usage.iter().flat_map(|u| &u.entries) {
             let mut count = |field: &str, raw: Option<&Box<RawValue>>| -> i64 {
-                let value = raw.map(|raw| json_value(raw));
-                let value = value.as_ref();
-                match (value, token_count(value)) {
-                    (_, Some(n)) => n,
-                    (None, None) => 0,
-                    (Some(v), None) => {
+                let Some(raw) = raw else {
+                    return 0;
+                };
+                match token_count(raw) {
+                    Some(n) => n,
+                    None => {
                         warnings.push(format!(
                             "modelUsage {:?}: {field} {} is not a token count, counted as 0",
                             excerpt(model),
-                            excerpt(&v.to_string())
+                            quoted(raw)
                         ));
                         0
                     }
@@ -240,24 +352,25 @@ impl ClaudeReader {
                 }
             }
         }
-        if event.model_usage.is_none() {
-            warnings.push("the result event has no modelUsage; token counts are unknown".into());
+        match &event.model_usage {
+            None => {
+                warnings.push("the result event has no modelUsage; token counts are unknown".into())
+            }
+            Some(usages) if usages.skipped > 0 => warnings.push(format!(
+                "modelUsage names {} more models than the {MAX_MODEL_USAGES} read; their \
+                 tokens are not counted",
+                usages.skipped
+            )),
+            Some(_) => {}
         }
         report.model = costliest.map(|(m, _)| m.to_owned()).or(init_model);
 
-        report.turns = match event.num_turns.as_deref().map(json_value) {
+        report.turns = match event.num_turns.as_deref() {
             None => None,
-            Some(v) => match v
-                .as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .filter(|n| *n >= 0)
-            {
+            Some(raw) => match token_count(raw).and_then(|n| i32::try_from(n).ok()) {
                 Some(n) => Some(n),
                 None => {
-                    warnings.push(format!(
-                        "num_turns {} is not a turn count",
-                        excerpt(&v.to_string())
-                    ));
+                    warnings.push(format!("num_turns {} is not a turn count", quoted(raw)));
                     None
                 }
             },
@@ -271,15 +384,29 @@ impl ClaudeReader {
     }
 }
 
-/// A status code, or `None` for `null`, a missing value or anything that is not one.
+/// A status code, or `None` for `null`, a missing value or anything that is not one (an
+/// array or object is skipped, not kept).
 fn status_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
-    let value = serde_json::Value::deserialize(d)?;
-    Ok(value.as_u64().and_then(|s| u16::try_from(s).ok()))
+    Ok(Status::deserialize(d)?.0)
 }
 
-/// The JSON value of `raw` text (already checked to be JSON when its line was read).
-fn json_value(raw: &RawValue) -> serde_json::Value {
-    serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null)
+/// The non-negative integer `raw` is, else `None` (read without building a JSON value).
+fn token_count(raw: &RawValue) -> Option<i64> {
+    serde_json::from_str::<Count>(raw.get())
+        .ok()
+        .and_then(|c| c.0)
+}
+
+/// `raw` as a warning quotes it: its JSON value as serde_json prints it when the text is
+/// short, else an excerpt of the text (a long value is not re-read whole).
+fn quoted(raw: &RawValue) -> String {
+    let text = raw.get();
+    if text.len() <= MAX_QUOTED_JSON
+        && let Ok(value) = serde_json::from_str::<serde_json::Value>(text)
+    {
+        return excerpt(&value.to_string());
+    }
+    excerpt(text)
 }
 
 /// The outcome of a `result` event. A model API error is reported as `subtype: success`
@@ -316,20 +443,105 @@ fn outcome(event: &ResultEvent, final_text: Option<&str>) -> AgentOutcome {
 }
 
 /// The `errors` array of a result event as one sentence, if it has any text.
-fn error_detail(errors: Option<&List<StrOr<Message>>>) -> Option<String> {
-    let items = errors?.0.as_ref()?;
-    let texts: Vec<&str> = items
-        .iter()
-        .filter_map(|e| match e {
-            StrOr::Str(s) => Some(s.as_str()),
-            StrOr::Object(message) => message.0.0.as_deref(),
-            StrOr::Other => None,
-        })
-        .filter(|s| !s.trim().is_empty())
-        .collect();
+fn error_detail(errors: Option<&ErrorTexts>) -> Option<String> {
+    let texts = &errors?.0;
     if texts.is_empty() {
         None
     } else {
         Some(excerpt(&texts.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A result event near the line limit made of tiny errors or model entries keeps a few
+    /// of them, not millions.
+    #[test]
+    fn a_result_event_keeps_few_errors_and_model_entries() {
+        let n = 200_000;
+        let mut line =
+            String::from(r#"{"type":"result","subtype":"error_during_execution","errors":["#);
+        line.push_str(&"1,".repeat(n));
+        line.push_str(r#""the real error"],"modelUsage":{"#);
+        for i in 0..n {
+            line.push_str(&format!(r#""a{i:06}":{{"inputTokens":1}},"#));
+        }
+        line.push_str(r#""z":{"inputTokens":1}},"api_error_status":["#);
+        line.push_str(&"1,".repeat(n));
+        line.push_str("1]}");
+        let event = serde_json::from_str::<ResultEvent>(&line).unwrap();
+        let errors = event.errors.as_ref().unwrap().0.len();
+        let models = event.model_usage.as_ref().unwrap().entries.len();
+        assert!(errors <= 20, "{errors} errors kept");
+        assert!(models <= 64, "{models} model entries kept");
+        // The error text after the numbers is kept; the status array is no status.
+        assert_eq!(event.errors.as_ref().unwrap().0, ["the real error"]);
+        assert_eq!(event.api_error_status, None);
+
+        // The report: the tokens of the models read, a warning for the rest, the error.
+        let report = parse_claude(&line);
+        assert_eq!(report.tokens.input, MAX_MODEL_USAGES as i64);
+        assert!(
+            report.warnings.iter().any(|w| w.contains(&format!(
+                "modelUsage names {} more models than the {MAX_MODEL_USAGES} read",
+                n + 1 - MAX_MODEL_USAGES
+            ))),
+            "{:?}",
+            report.warnings
+        );
+        assert_eq!(
+            report.outcome,
+            AgentOutcome::Error("error_during_execution: the real error".into())
+        );
+    }
+
+    /// What is kept of `errors`, `modelUsage` and `api_error_status` reads as before for
+    /// ordinary events: texts in order, blank and non-text items left out, a model repeated
+    /// read from its last entry, a status only for an integer that fits.
+    #[test]
+    fn result_fields_read_as_before() {
+        let event = |fields: &str| {
+            serde_json::from_str::<ResultEvent>(&format!(r#"{{"type":"result",{fields}}}"#))
+        };
+        let errors = |fields: &str| event(fields).unwrap().errors.map(|e| e.0);
+        assert_eq!(
+            errors(r#""errors":["a",{"message":"b"}," ",1,null,{"message":2},[],{"x":1},"c"]"#),
+            Some(vec!["a".to_owned(), "b".to_owned(), "c".to_owned()])
+        );
+        assert_eq!(errors(r#""errors":{"a":"b"}"#), Some(vec![]));
+        assert_eq!(errors(r#""errors":"text""#), Some(vec![]));
+        assert_eq!(errors(r#""errors":null"#), None);
+        let many = format!(r#""errors":[{}"last"]"#, r#""e","#.repeat(2 * MAX_ERRORS));
+        assert_eq!(errors(&many).unwrap().len(), MAX_ERRORS);
+
+        let usage = event(r#""modelUsage":{"b":{"inputTokens":1},"a":{},"b":{"inputTokens":2}}"#)
+            .unwrap()
+            .model_usage
+            .unwrap();
+        assert_eq!(usage.entries.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            usage.entries["b"].input_tokens.as_ref().map(|r| r.get()),
+            Some("2")
+        );
+        assert_eq!(usage.skipped, 0);
+        assert!(event(r#""modelUsage":5"#).is_err());
+        assert!(event(r#""modelUsage":{"a":5}"#).is_err());
+        assert!(event(r#""modelUsage":null"#).unwrap().model_usage.is_none());
+
+        let status = |value: &str| {
+            event(&format!(r#""api_error_status":{value}"#))
+                .unwrap()
+                .api_error_status
+        };
+        assert_eq!(status("400"), Some(400));
+        assert_eq!(status("null"), None);
+        assert_eq!(status("-1"), None);
+        assert_eq!(status("70000"), None);
+        assert_eq!(status("400.0"), None);
+        assert_eq!(status(r#""400""#), None);
+        assert_eq!(status(r#"{"a":[400]}"#), None);
+        assert_eq!(event(r#""subtype":"x""#).unwrap().api_error_status, None);
     }
 }

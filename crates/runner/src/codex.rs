@@ -213,9 +213,7 @@ impl CodexReader {
                     .unwrap_or("turn failed without a message");
                 // Over the WebSocket Codex names the status in the body it prints; over
                 // HTTP (through agentry's gateway) it prints the provider's body alone.
-                let provider_body = message.trim_start().starts_with('{')
-                    && serde_json::from_str::<serde_json::Value>(message.trim())
-                        .is_ok_and(|v| v.get("error").is_some_and(serde_json::Value::is_object));
+                let provider_body = crate::is_provider_body(message);
                 self.pending_error = Some(match crate::provider_message(message) {
                     (Some(status), message) => AgentOutcome::ApiError {
                         status: Some(status),

@@ -152,26 +152,60 @@ impl AgentOutcome {
 /// `message`) of a JSON error body, where the text is or ends with one
 /// (`{"type":"error","status":400,"error":{"message":"…"}}`), else the text; and the status
 /// such a body names.
+///
+/// The body is read into the few fields above (the rest skipped, not kept), so a huge
+/// body costs no more memory than its text.
 fn provider_message(text: &str) -> (Option<u16>, String) {
     let text = text.trim();
     let json = text
         .find('{')
-        .and_then(|start| serde_json::from_str::<serde_json::Value>(&text[start..]).ok());
-    let Some(body) = json else {
+        .and_then(|start| serde_json::from_str::<agent::Object<ErrorBody>>(&text[start..]).ok());
+    let Some(agent::Object(Some(body))) = json else {
         return (None, excerpt(text));
     };
-    let status = body
-        .get("status")
-        .and_then(serde_json::Value::as_u64)
-        .and_then(|s| u16::try_from(s).ok());
-    let message = body
-        .get("error")
-        .and_then(|e| e.get("message"))
-        .or_else(|| body.get("message"))
-        .and_then(serde_json::Value::as_str)
-        .map_or_else(|| excerpt(text), excerpt);
-    (status, message)
+    // The `message` of an `error` object if it has one (whatever its value), else the
+    // body's own `message`; either counts only if it is a string.
+    let message = match body.error {
+        Some(ErrorObject {
+            message: Some(message),
+        }) => message,
+        _ => body.message.unwrap_or_default(),
+    };
+    let message = message.0.map_or_else(|| excerpt(text), |m| excerpt(&m));
+    (body.status.0, message)
 }
+
+/// Whether `text` is a provider's error body: a JSON object whose `error` is an object.
+fn is_provider_body(text: &str) -> bool {
+    let text = text.trim();
+    text.starts_with('{')
+        && serde_json::from_str::<agent::Object<ErrorBody>>(text)
+            .is_ok_and(|body| body.0.is_some_and(|b| b.error.is_some()))
+}
+
+/// The fields of a provider's JSON error body that are read.
+#[derive(Debug, Default)]
+struct ErrorBody {
+    status: agent::Status,
+    /// `error`, if it is an object.
+    error: Option<ErrorObject>,
+    /// `message`, if present (whatever its value).
+    message: Option<agent::LooseStr>,
+}
+
+agent::fields!(ErrorBody {
+    "status" => status: value,
+    "error" => error: object,
+    "message" => message: present,
+});
+
+/// The `message` of a body's `error` object, if present (whatever its value).
+#[derive(Debug, Default)]
+struct ErrorObject {
+    message: Option<agent::LooseStr>,
+}
+
+agent::fields!(ErrorObject { "message" => message: present });
 
 /// The longest excerpt of agent text quoted in a warning or message.
 const MAX_QUOTED_CHARS: usize = 200;
@@ -211,10 +245,68 @@ impl Warnings {
     }
 }
 
-/// A JSON integer as a non-negative token count, or `None` (absent, negative, fractional,
-/// too large, not a number).
-fn token_count(value: Option<&serde_json::Value>) -> Option<i64> {
-    value
-        .and_then(serde_json::Value::as_i64)
-        .filter(|n| *n >= 0)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`provider_message`] as it was, through a `serde_json::Value`.
+    fn by_value(text: &str) -> (Option<u16>, String) {
+        let text = text.trim();
+        let json = text
+            .find('{')
+            .and_then(|start| serde_json::from_str::<serde_json::Value>(&text[start..]).ok());
+        let Some(body) = json else {
+            return (None, excerpt(text));
+        };
+        let status = body
+            .get("status")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok());
+        let message = body
+            .get("error")
+            .and_then(|e| e.get("message"))
+            .or_else(|| body.get("message"))
+            .and_then(serde_json::Value::as_str)
+            .map_or_else(|| excerpt(text), excerpt);
+        (status, message)
+    }
+
+    /// An error body is read into a few fields, as a `serde_json::Value` read it before,
+    /// and a huge one gives the same answer without being built whole.
+    #[test]
+    fn provider_messages_read_as_through_a_json_value() {
+        let huge = format!(
+            r#"{{"status":429,"padding":[{}1],"error":{{"message":"slow down"}}}}"#,
+            "1,".repeat(500_000)
+        );
+        let texts = [
+            "",
+            "plain text",
+            r#"{"type":"error","status":400,"error":{"message":"bad request"}}"#,
+            r#"API Error: 400 {"error":{"message":"nested","type":"x"}}"#,
+            r#"{"message":"top"}"#,
+            r#"{"error":"a string","message":"top"}"#,
+            r#"{"error":{"message":5},"message":"top"}"#,
+            r#"{"error":{"code":1},"message":"top"}"#,
+            r#"{"error":[{"message":"no"}],"message":"top"}"#,
+            r#"{"status":"400","message":"m"}"#,
+            r#"{"status":-1,"message":"m"}"#,
+            r#"{"status":70000,"message":"m"}"#,
+            r#"{"status":400.0,"message":"m"}"#,
+            r#"{"status":400,"status":401,"error":{"message":"a"},"error":3,"message":"b"}"#,
+            r#"{"error":{"message":"a","message":"b"}}"#,
+            r#"{"message":"x"} trailing"#,
+            r#"{"message":"x""#,
+            r#"text {not json"#,
+            &huge,
+        ];
+        for text in texts {
+            assert_eq!(provider_message(text), by_value(text), "{}", excerpt(text));
+            let before = text.trim().starts_with('{')
+                && serde_json::from_str::<serde_json::Value>(text.trim())
+                    .is_ok_and(|v| v.get("error").is_some_and(serde_json::Value::is_object));
+            assert_eq!(is_provider_body(text), before, "{}", excerpt(text));
+        }
+        assert_eq!(provider_message(&huge), (Some(429), "slow down".to_owned()));
+    }
 }
