@@ -21,10 +21,9 @@
 //! metered outside the agent.
 //!
 //! The agent also controls how much it writes there, so the meter's memory is bounded
-//! whatever it writes: a digest of each response id (at most [`MAX_SEEN_RESPONSES`]), the
-//! state of the files listed at the last poll only, at most [`MAX_PARTIAL_BYTES`] of
-//! unfinished lines all files together, and at most [`MAX_UNPRICED_MODELS`] unpriced model
-//! names, each an excerpt.
+//! whatever it writes: a digest of each response id (at most 65,536), the state of the
+//! files listed at the last poll only, at most 2 MiB of unfinished lines all files
+//! together, and at most 8 unpriced model names, each an excerpt.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{Read, Seek, SeekFrom};
