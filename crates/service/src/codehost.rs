@@ -327,7 +327,15 @@ impl Service {
                     .db(move |conn| Ok(repos::get_repository(conn, repo_id)?))
                     .await
                     .map_err(|e| e.to_string())?;
-                deliver(github, &repo, &effect)
+                // Only a post looks for agentry's own earlier one (the login is asked once).
+                let own = match &effect.action {
+                    Action::Comment { .. } | Action::Reply { .. } => service
+                        .own_account(github)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                    _ => String::new(),
+                };
+                deliver(github, &repo, &effect, &own)
                     .await
                     .map_err(|e| e.to_string())
             },
@@ -706,15 +714,22 @@ pub(crate) async fn issue_sync_step(service: &Service) -> StepResult {
     Ok(Pass::Idle)
 }
 
-/// Carries out one effect on the code host. Each kind is safe to repeat: adding a label the
-/// issue has changes nothing, a comment or reply whose marker is already on the issue is not
-/// posted again, an issue already closed is left alone, and a reaction already there is
-/// answered 200.
+/// Carries out one effect on the code host, as the user `own_login` (the token's). Each kind
+/// is safe to repeat: adding a label the issue has changes nothing, a comment or reply whose
+/// marker is already on the issue in a comment of `own_login`'s is not posted again (a
+/// marker in anybody else's comment counts for nothing: anyone may write one), an issue
+/// already closed is left alone, and a reaction already there is answered 200.
 pub async fn deliver(
     github: &GitHub,
     repo: &Repository,
     effect: &Effect,
+    own_login: &str,
 ) -> Result<(), CodeHostError> {
+    let posted_by_us = |comments: &[agentry_codehost::Comment], marker: &str| {
+        comments
+            .iter()
+            .any(|c| c.author.eq_ignore_ascii_case(own_login) && c.body.contains(marker))
+    };
     let (owner, name) = (repo.url.owner(), repo.url.name());
     let number = u64::try_from(effect.action.issue_number()).map_err(|_| {
         CodeHostError::InvalidResponse("the effect's issue number is negative".into())
@@ -734,7 +749,7 @@ pub async fn deliver(
             })?;
             let marker = comment_marker(task_id);
             let posted = github.issue_comments(owner, name, number).await?;
-            if posted.iter().any(|c| c.body.contains(&marker)) {
+            if posted_by_us(&posted, &marker) {
                 return Ok(());
             }
             github
@@ -750,7 +765,7 @@ pub async fn deliver(
         }
         Action::Reply { body, marker, .. } => {
             let posted = github.issue_comments(owner, name, number).await?;
-            if posted.iter().any(|c| c.body.contains(marker.as_str())) {
+            if posted_by_us(&posted, marker) {
                 return Ok(());
             }
             github

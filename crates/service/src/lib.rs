@@ -33,6 +33,7 @@ pub mod costs;
 mod delivery;
 mod error;
 pub mod import;
+mod posted_text;
 mod repos;
 pub mod revisions;
 pub mod runs;

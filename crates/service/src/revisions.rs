@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use agentry_codehost::webhook::WebhookEvent;
-use agentry_codehost::{GitHub, Permission};
+use agentry_codehost::{CodeHostError, GitHub, Permission};
 use agentry_domain::backoff::Backoff;
 use agentry_domain::{RepoUrl, Task, TaskState, TaskType, Trigger};
 use agentry_persistence::outbox::{self, Action, NewEffect};
@@ -214,6 +214,12 @@ fn revisable_task(
 impl Service {
     /// The login of the stored token's user (asked once, then kept).
     async fn own_login(&self, github: &GitHub) -> Result<String, ServiceError> {
+        Ok(self.own_account(github).await?)
+    }
+
+    /// [`Service::own_login`] with the code host's own error (for a caller that retries on
+    /// an uncertain one).
+    pub(crate) async fn own_account(&self, github: &GitHub) -> Result<String, CodeHostError> {
         if let Some(login) = self.parts.codehost.revisions().own_login.lock().clone() {
             return Ok(login);
         }
@@ -635,19 +641,26 @@ async fn record(
         .await
 }
 
-/// The reason of the task event that starts a round.
-fn round_reason(feedback: &[Feedback]) -> String {
-    let mut authors: Vec<&str> = Vec::new();
+/// Who gave `feedback`, each once, as a reply names them: `@login`, and agentry's own
+/// review agent by name (its feedback is stored with the author `agentry`, a login that
+/// belongs to somebody else on the code host, who must not be pinged).
+fn feedback_authors(feedback: &[Feedback]) -> Vec<String> {
+    let mut authors: Vec<String> = Vec::new();
     for f in feedback {
-        if !authors.contains(&f.author.as_str()) {
-            authors.push(&f.author);
+        let who = match f.source {
+            FeedbackSource::AgentReview => "agentry's review".to_owned(),
+            _ => format!("@{}", f.author),
+        };
+        if !authors.contains(&who) {
+            authors.push(who);
         }
     }
-    let who = authors
-        .iter()
-        .map(|a| format!("@{a}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    authors
+}
+
+/// The reason of the task event that starts a round.
+fn round_reason(feedback: &[Feedback]) -> String {
+    let who = feedback_authors(feedback).join(", ");
     let link = feedback.first().map(|f| f.url.as_str()).unwrap_or_default();
     match feedback.len() {
         1 => format!("revision requested by {who} ({link})"),
@@ -657,13 +670,7 @@ fn round_reason(feedback: &[Feedback]) -> String {
 
 fn round_reply(task: &Task, attempt: i32, round: i32, max: i32, feedback: &[Feedback]) -> Action {
     let marker = round_marker(task.id, attempt);
-    let mut authors: Vec<String> = Vec::new();
-    for f in feedback {
-        let a = format!("@{}", f.author);
-        if !authors.contains(&a) {
-            authors.push(a);
-        }
-    }
+    let authors = feedback_authors(feedback);
     Action::Reply {
         issue_number: task.pr_number.unwrap_or_default(),
         body: format!(
@@ -917,5 +924,16 @@ mod tests {
             round_reason(&[f("alice", "u1"), f("bob", "u2"), f("alice", "u3")]),
             "revision requested by @alice, @bob: 3 comments (u1)"
         );
+        // agentry's own review agent is named, not pinged as the login `agentry`.
+        let review = Feedback {
+            source: FeedbackSource::AgentReview,
+            ..f("agentry", "u4")
+        };
+        assert_eq!(
+            round_reason(&[review.clone(), f("alice", "u5")]),
+            "revision requested by agentry's review, @alice: 2 comments (u4)"
+        );
+        // The round's reply names them the same way.
+        assert_eq!(feedback_authors(&[review]), ["agentry's review"]);
     }
 }

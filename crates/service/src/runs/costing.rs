@@ -158,9 +158,12 @@ pub(super) fn with_cost_note(message: String, report: Option<&RunReport>) -> Str
 }
 
 /// Logs what the output parser could not make sense of (an unpriced model, lines that are
-/// not JSON, a missing result), so an operator sees why a run's cost is null.
+/// not JSON, a missing result), so an operator sees why a run's cost is null. A warning
+/// may quote the agent's output, so it is logged on one line: a line break in it would
+/// let the agent write log lines of its own in the plain log format.
 pub(super) fn log_warnings(task: &Task, report: Option<&RunReport>) {
     for warning in report.map(|r| r.warnings.as_slice()).unwrap_or_default() {
+        let warning = agentry_domain::quote::one_line(warning);
         tracing::warn!(task = %task.id, attempt = task.attempt, %warning, "agent output");
     }
 }

@@ -200,17 +200,29 @@ pub(super) async fn post_review(
         return Published::Refused("invalid pull request number".to_owned());
     };
     let marker = review_marker(task.id);
+    // The agent's words ping nobody and forge no marker (crate::posted_text).
     let body = format!(
-        "{text}\n\n---\nReview by agentry (task `{}`, cost {}).\n{marker}",
+        "{}\n\n---\nReview by agentry (task `{}`, cost {}).\n{marker}",
+        crate::posted_text::quiet(text),
         task.id,
         cost_text(cost)
     );
     loop {
-        let failure = match github.review_bodies(owner, name, unsigned).await {
-            Ok(posted) if posted.iter().any(|b| b.contains(&marker)) => {
+        // Only a review of agentry's own account counts as posted: anyone may write the
+        // marker in a review of theirs.
+        let posted = match service.own_account(&github).await {
+            Ok(own) => github.reviews(owner, name, unsigned).await.map(|reviews| {
+                reviews
+                    .iter()
+                    .any(|r| r.author.eq_ignore_ascii_case(&own) && r.body.contains(&marker))
+            }),
+            Err(e) => Err(e),
+        };
+        let failure = match posted {
+            Ok(true) => {
                 return Published::Done(PullRequestRef { url, number });
             }
-            Ok(_) => match github.create_review(owner, name, unsigned, &body).await {
+            Ok(false) => match github.create_review(owner, name, unsigned, &body).await {
                 Ok(_) => return Published::Done(PullRequestRef { url, number }),
                 Err(e) => e,
             },

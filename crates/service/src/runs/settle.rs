@@ -13,7 +13,11 @@ pub(super) async fn settle_without_run(service: &Service, task: &Task, message: 
     };
     let failed = transition(service, id, Trigger::Fail, details).await;
     match failed {
-        Ok(_) => tracing::warn!(task = %id, reason = message, "task failed before its agent ran"),
+        Ok(_) => tracing::warn!(
+            task = %id,
+            reason = agentry_domain::quote::one_line(message),
+            "task failed before its agent ran"
+        ),
         Err(e) => tracing::info!(task = %id, error = %e, "could not fail a task"),
     }
 }
@@ -317,7 +321,12 @@ fn revision_end_reply(task: &Task, why: &str) -> Action {
         "The agent made no change in this revision round, so the pull request is as it was."
             .to_owned()
     } else {
-        format!("The revision round ended without a change to the pull request: {why}")
+        // `why` may quote the agent (its stderr, a path it chose): it pings nobody and
+        // forges no marker (crate::posted_text).
+        format!(
+            "The revision round ended without a change to the pull request: {}",
+            crate::posted_text::quiet(why)
+        )
     };
     Action::Reply {
         issue_number: task.pr_number.unwrap_or_default(),

@@ -118,7 +118,10 @@ async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment
         .find(|e| e.kind() == EffectKind::Comment)
         .unwrap();
     let github = env.service.github().await.unwrap();
-    codehost::deliver(&github, &repo, comment).await.unwrap();
+    let own = github.current_user().await.unwrap().login;
+    codehost::deliver(&github, &repo, comment, &own)
+        .await
+        .unwrap();
     assert_eq!(env.comments_of(number).len(), 1);
     drop(github);
 
@@ -142,6 +145,38 @@ agentry_testkit::on_both_backends!(
     #[tokio::test]
     a_restart_between_posting_and_marking_delivered_posts_no_second_comment
 );
+
+/// A comment of somebody else's that holds agentry's marker (anyone can write it: the task
+/// id is on the issue) does not pass for agentry's: its comment is posted all the same.
+#[tokio::test]
+async fn a_marker_in_somebody_elses_comment_does_not_stop_agentrys() {
+    let (env, repo_id) = HostEnv::connected(TestDb::sqlite());
+    let number = env.fake.add_issue("acme", "web", "Forge me", None, &[]);
+    let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
+    let (task, _) = codehost::assign(
+        &mut env.db().conn().unwrap(),
+        &repo,
+        i64::try_from(number).unwrap(),
+        "Forge me",
+        "",
+        agentry_domain::AgentType::ClaudeCode,
+        agentry_persistence::now(),
+    )
+    .unwrap();
+    let forged = format!("nothing to see <!-- agentry:task:{} -->", task.id);
+    env.fake
+        .add_comment("acme", "web", number, "mallory", &forged);
+    assert_eq!(
+        env.service
+            .deliver_due_effects(agentry_persistence::now())
+            .await
+            .unwrap(),
+        2
+    );
+    let comments = env.comments_of(number);
+    assert_eq!(comments.len(), 2, "{comments:?}");
+    assert_eq!(env.fake.count("POST", COMMENTS), 1);
+}
 
 #[tokio::test]
 async fn an_unchanged_sync_of_twenty_repositories_costs_twenty_requests_all_304() {
