@@ -545,6 +545,12 @@ refusals = [
     ("replicas: 2\n", "HelmValuesError", ["additional properties 'replicas' not allowed"]),
     ("runner:\n  kind: kubernetes\n", "HelmRenderError",
      ["runner.kind is kubernetes but runner.kubernetes.agentImage.repository is empty"]),
+    ("runner:\n  kind: kubernetes\n  kubernetes:\n    agentImage:\n      repository: a\n"
+     "serviceAccount:\n  create: false\n", "HelmRenderError",
+     ["agentry would run as the namespace's default service account"]),
+    ("runner:\n  kind: kubernetes\n  kubernetes:\n    agentImage:\n      repository: a\n"
+     "serviceAccount:\n  name: default\n", "HelmRenderError",
+     ["agentry would run as the namespace's default service account"]),
     ("config:\n  AGENTRY_KUBE_ENDPOINT: 10.0.0.1:4812\n", "HelmRenderError",
      ["config.AGENTRY_KUBE_ENDPOINT: the chart sets AGENTRY_KUBE_ENDPOINT itself"]),
     ("runner:\n  kind: kubernetes\n  kubernetes:\n    agentImage:\n      repository: a\n      digest: latest\n",

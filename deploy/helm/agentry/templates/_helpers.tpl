@@ -104,6 +104,9 @@ statefulset.yaml: a failure there fails the whole render, so nothing is applied.
 {{- if and (eq .Values.runner.kind "kubernetes") (not .Values.runner.kubernetes.agentImage.repository) }}
 {{- fail "runner.kind is kubernetes but runner.kubernetes.agentImage.repository is empty: each agent run is a pod of the agent image (deploy/Dockerfile.agent, built by `scripts/build-image.sh --agent`), so push it to a registry the cluster pulls from and name it there, e.g. registry.example.com/agentry-agent." }}
 {{- end }}
+{{- if and (eq .Values.runner.kind "kubernetes") (eq (include "agentry.serviceAccountName" .) "default") }}
+{{- fail "runner.kind is kubernetes, and agentry would run as the namespace's default service account (serviceAccount.create is false and serviceAccount.name names none, or names default): the runner's Role (create Jobs, read and delete Secrets, read pods and their logs) would then be granted to every pod of the namespace that runs as default. Keep serviceAccount.create, or name a service account of agentry's own in serviceAccount.name." }}
+{{- end }}
 {{- if and (not $sqlite) (not .Values.masterKey.existingSecret) }}
 {{- fail "database.existingSecret is set (PostgreSQL) but masterKey.existingSecret is empty: every replica must use the same master key, and without one each would generate its own and could not read the secrets the others stored; create a Secret whose key `key` holds base64 of 32 random bytes and name it in masterKey.existingSecret." }}
 {{- end }}
