@@ -241,9 +241,12 @@ impl Refusal {
 /// 192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24 (documentation), 224.0.0.0/4 (multicast),
 /// 255.255.255.255 (broadcast); IPv6 `::` (unspecified), `::1` (loopback), fe80::/10
 /// (link-local), fec0::/10 (site-local), fc00::/7 (unique local), ff00::/8 (multicast),
-/// 2001:db8::/32 and 3fff::/20 (documentation), 100::/64 (discard); and an IPv4 address of
-/// these kinds embedded in IPv6: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
-/// (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`).
+/// 2001:db8::/32 and 3fff::/20 (documentation), 100::/64 (discard), 64:ff9b:1::/48
+/// (local-use NAT64: a translator of the site's own, into its own IPv4 network); and an
+/// IPv4 address of these kinds embedded in IPv6: IPv4-mapped (`::ffff:a.b.c.d`),
+/// IPv4-translated (`::ffff:0:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64
+/// (`64:ff9b::a.b.c.d`), 6to4 (`2002:AABB:CCDD::`) and Teredo (`2001::/32`: its server's
+/// address, and its client's, stored inverted in the last 32 bits).
 pub fn special_use(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => special_use_v4(v4),
@@ -287,10 +290,17 @@ fn special_use_v6(ip: Ipv6Addr) -> Option<&'static str> {
     match s {
         // IPv4-mapped ::ffff:a.b.c.d and IPv4-compatible ::a.b.c.d.
         [0, 0, 0, 0, 0, 0xffff | 0, hi, lo] => embedded(hi, lo),
+        // IPv4-translated ::ffff:0:a.b.c.d.
+        [0, 0, 0, 0, 0xffff, 0, hi, lo] => embedded(hi, lo),
         // NAT64's well-known prefix 64:ff9b::/96.
         [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => embedded(hi, lo),
+        [0x64, 0xff9b, 1, ..] => Some("local-use NAT64"),
         // 6to4 2002:AABB:CCDD::/48.
         [0x2002, hi, lo, ..] => embedded(hi, lo),
+        // Teredo 2001::/32: the server's IPv4 address, then the client's, inverted, last.
+        [0x2001, 0, server_hi, server_lo, _, _, client_hi, client_lo] => {
+            embedded(server_hi, server_lo).or_else(|| embedded(!client_hi, !client_lo))
+        }
         _ if s[0] & 0xffc0 == 0xfe80 => Some("link-local"),
         _ if s[0] & 0xffc0 == 0xfec0 => Some("site-local"),
         _ if s[0] & 0xfe00 == 0xfc00 => Some("unique local"),
@@ -972,6 +982,12 @@ mod tests {
             ("::192.168.0.1", Some("private")),
             ("64:ff9b::7f00:1", Some("loopback")),
             ("2002:a00:1::1", Some("private")),
+            ("::ffff:0:7f00:1", Some("loopback")),
+            ("::ffff:0:a9fe:a9fe", Some("link-local")),
+            ("64:ff9b:1::808:808", Some("local-use NAT64")),
+            // Teredo: a private server, and a client 10.0.0.1 (inverted: f5ff:fffe).
+            ("2001:0:a00:1::1", Some("private")),
+            ("2001:0:808:808:0:0:f5ff:fffe", Some("private")),
             // Public.
             ("8.8.8.8", None),
             ("1.1.1.1", None),
@@ -986,6 +1002,8 @@ mod tests {
             ("::ffff:8.8.8.8", None),
             ("64:ff9b::808:808", None),
             ("2002:808:808::1", None),
+            ("::ffff:0:808:808", None),
+            ("2001:0:808:808:0:0:f7f7:f7f7", None),
             ("fe00::1", None),
         ] {
             assert_eq!(special_use(ip(text)), kind, "{text}");
