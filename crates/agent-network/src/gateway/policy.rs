@@ -279,8 +279,9 @@ pub fn outbound_features(
 /// What `object` is, when it is a content block that makes the provider fetch a URL or read
 /// a stored file: an Anthropic `image` or `document` whose `source` is not data carried in
 /// the request (`url`, `file`, any type but `base64`, `text` and `content`), an Anthropic
-/// `container_upload`; an OpenAI `input_image` naming a `file_id` or an `image_url` that is
-/// not a `data:` URL, an OpenAI `input_file` naming a `file_url` or a `file_id`.
+/// `container_upload`; an OpenAI `input_image` (or a computer tool's `computer_screenshot`
+/// output) naming a `file_id` or an `image_url` that is not a `data:` URL, an OpenAI
+/// `input_file` naming a `file_url` or a `file_id`.
 fn fetched_content(provider: Provider, object: &Map<String, Value>) -> Option<String> {
     let kind = object.get("type").and_then(Value::as_str)?;
     let named = |field: &str| object.get(field).is_some_and(|v| !v.is_null());
@@ -299,9 +300,9 @@ fn fetched_content(provider: Provider, object: &Map<String, Value>) -> Option<St
         (Provider::Anthropic, "container_upload") => {
             Some("a container_upload block (a stored file)".to_owned())
         }
-        (Provider::OpenAi, "input_image") => {
+        (Provider::OpenAi, "input_image" | "computer_screenshot") => {
             if named("file_id") {
-                return Some("an input_image naming a stored file (file_id)".to_owned());
+                return Some(format!("an {kind} naming a stored file (file_id)"));
             }
             match object.get("image_url") {
                 None | Some(Value::Null) => None,
@@ -312,7 +313,7 @@ fn fetched_content(provider: Provider, object: &Map<String, Value>) -> Option<St
                 {
                     None
                 }
-                Some(_) => Some("an input_image whose image_url is not a data: URL".to_owned()),
+                Some(_) => Some(format!("an {kind} whose image_url is not a data: URL")),
             }
         }
         (Provider::OpenAi, "input_file") if named("file_url") => {
@@ -881,7 +882,8 @@ mod tests {
             {"type": "input_image", "image_url": "DATA:image/png;base64,AA=="},
             {"type": "input_file", "filename": "a.pdf", "file_data": "data:application/pdf;base64,AA=="},
             {"type": "input_text", "text": "https://x.example"},
-        ]}]});
+        ]}, {"type": "computer_call_output", "call_id": "c", "output":
+            {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA=="}}]});
         assert_eq!(check(OpenAi, inline, false), Ok(()));
         // Content the provider fetches or reads from storage, at any depth.
         for (provider, body) in [
@@ -947,6 +949,17 @@ mod tests {
                 json!({"instructions": "i", "input": [{"role": "user", "content": [
                     {"type": "input_image", "image_url": {"url": "https://x"}}
                 ]}]}),
+            ),
+            // A computer tool's screenshot, by URL or stored file.
+            (
+                OpenAi,
+                json!({"input": [{"type": "computer_call_output", "call_id": "c",
+                    "output": {"type": "computer_screenshot", "image_url": "https://x/s.png"}}]}),
+            ),
+            (
+                OpenAi,
+                json!({"input": [{"type": "computer_call_output", "call_id": "c",
+                    "output": {"type": "computer_screenshot", "file_id": "file_1"}}]}),
             ),
         ] {
             let refused = check(provider, body.clone(), false).unwrap_err();
