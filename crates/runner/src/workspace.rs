@@ -103,9 +103,11 @@ const REMOTE_TIMEOUT: Duration = Duration::from_secs(600);
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most characters of git's stderr quoted in an error.
 const MAX_STDERR_CHARS: usize = 2000;
-/// The most bytes of git's stdout kept: what the runner reads (object names, a tree
-/// listing, a diff's stat) is far smaller; more is refused, not buffered.
-const MAX_STDOUT_BYTES: usize = 64 * 1024 * 1024;
+/// The most bytes of git's stdout kept; more is refused, not buffered. The longest the
+/// runner reads is the base commit's whole tree listing (`ls-tree -r`, for its gitlinks):
+/// some 100 bytes an entry, so about 200 MB for the largest worktree it accepts
+/// ([`MAX_WORKTREE_ENTRIES`]).
+const MAX_STDOUT_BYTES: usize = 512 * 1024 * 1024;
 /// The bytes of git's stderr kept: its last ones, where the error is. The rest is read and
 /// dropped, since the agent's files decide how much git prints (a warning per line of a
 /// `.gitattributes`, per file of an `eol` rule…).
@@ -796,43 +798,38 @@ impl Worktree {
     /// index is left alone; [`Worktree::commit_all`] then commits the result as it does the
     /// changes of a local agent, with the same checks.
     pub async fn apply_patch(&self, patch: Vec<u8>) -> Result<(), GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let work_tree = format!("--work-tree={}", path_str(&self.path)?);
         let name = self.path.file_name().map_or_else(
             || self.task_id.to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
         let dir = self.path.parent().unwrap_or(&self.root);
         let file = dir.join(format!(".{name}.patch"));
-        let kept = file.clone();
+        let patch_file = path_str(&file)?.to_owned();
+        // Removed on every way out, an error or a cancel included.
+        let _kept = RemovedOnDrop(file.clone());
         tokio::task::spawn_blocking(move || {
             refuse_copies(&patch)?;
-            crate::user::private_file(&kept)
+            crate::user::private_file(&file)
                 .and_then(|mut f| std::io::Write::write_all(&mut f, &patch))
-                .map_err(|e| GitError::Io(format!("cannot keep the patch {}: {e}", kept.display())))
+                .map_err(|e| GitError::Io(format!("cannot keep the patch {}: {e}", file.display())))
         })
         .await
         .map_err(|e| GitError::Io(format!("the patch check stopped: {e}")))??;
-        let git_dir = git_dir_arg(&self.mirror)?;
-        let work_tree = format!("--work-tree={}", path_str(&self.path)?);
-        let applied = match path_str(&file) {
-            Ok(patch_file) => {
-                let args = [
-                    git_dir.as_str(),
-                    work_tree.as_str(),
-                    "apply",
-                    "--binary",
-                    "--whitespace=nowarn",
-                    "--",
-                    patch_file,
-                ];
-                self.git
-                    .run(&self.path, &args, &[], LOCAL_TIMEOUT)
-                    .await
-                    .map(drop)
-            }
-            Err(e) => Err(e),
-        };
-        let _ = tokio::fs::remove_file(&file).await;
-        applied
+        let args = [
+            git_dir.as_str(),
+            work_tree.as_str(),
+            "apply",
+            "--binary",
+            "--whitespace=nowarn",
+            "--",
+            patch_file.as_str(),
+        ];
+        self.git
+            .run(&self.path, &args, &[], LOCAL_TIMEOUT)
+            .await
+            .map(drop)
     }
 
     /// Commits the whole worktree as one commit on top of the base commit, as
@@ -1447,6 +1444,15 @@ async fn remove_path(path: &Path) -> Result<(), GitError> {
             path.display()
         ))),
         _ => Ok(()),
+    }
+}
+
+/// A file of the service's removed when this is dropped (absent is fine).
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
