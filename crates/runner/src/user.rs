@@ -409,7 +409,9 @@ fn close_workspaces(workspaces: &Path) -> Result<(), String> {
     for (path, kind) in entries(workspaces)? {
         let name = path.file_name().and_then(|n| n.to_str());
         match name {
-            Some("worktrees" | "indexes") if kind.is_dir() => set_mode(&path, PASSAGE_MODE)?,
+            Some("worktrees" | "indexes" | "agent-git") if kind.is_dir() => {
+                set_mode(&path, PASSAGE_MODE)?;
+            }
             Some("mirrors") if kind.is_dir() => {
                 set_mode(&path, PASSAGE_MODE)?;
                 for (mirror, kind) in entries(&path)? {

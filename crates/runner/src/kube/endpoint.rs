@@ -185,11 +185,12 @@ impl Endpoint {
     fn admit(&self, peer: IpAddr) -> bool {
         let mut pending = self.pending.lock();
         let total: usize = pending.values().sum();
-        let own = pending.entry(peer).or_insert(0);
-        if *own >= MAX_PENDING_PER_PEER || total >= MAX_PENDING {
+        let own = pending.get(&peer).copied().unwrap_or(0);
+        if own >= MAX_PENDING_PER_PEER || total >= MAX_PENDING {
             return false;
         }
-        *own += 1;
+        // Counted only when admitted: a refused peer leaves no entry.
+        *pending.entry(peer).or_insert(0) += 1;
         true
     }
 
@@ -274,6 +275,25 @@ mod tests {
             tokio::time::timeout(Duration::from_millis(300), stream.read(&mut byte)).await,
             Ok(Ok(0) | Err(_))
         )
+    }
+
+    /// A peer refused because all are full leaves nothing counted; one admitted is counted
+    /// until its guard is dropped.
+    #[test]
+    fn only_admitted_connections_are_counted() {
+        let endpoint = Endpoint::default();
+        let (full, other): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        endpoint.pending.lock().insert(full, MAX_PENDING);
+        assert!(!endpoint.admit(other));
+        assert!(!endpoint.pending.lock().contains_key(&other));
+        endpoint.pending.lock().insert(full, MAX_PENDING - 1);
+        assert!(endpoint.admit(other));
+        assert!(!endpoint.admit([10, 0, 0, 3].into()));
+        drop(Pending {
+            endpoint: &endpoint,
+            peer: other,
+        });
+        assert!(!endpoint.pending.lock().contains_key(&other));
     }
 
     /// Connections that say nothing are held at most 16 from one address: the 17th is
