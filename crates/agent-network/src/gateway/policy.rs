@@ -595,21 +595,25 @@ pub fn inspect(
 /// a value; what is not JSON is counted the same way and refused by the parser after).
 pub fn json_values_within(body: &[u8], limit: usize) -> bool {
     let mut count: usize = 1;
-    let (mut in_string, mut escaped) = (false, false);
-    for &byte in body {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if byte == b'\\' {
-                escaped = true;
-            } else if byte == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
+    let mut at = 0;
+    while let Some(&byte) = body.get(at) {
+        at += 1;
         count = match byte {
             b'"' => {
-                in_string = true;
+                // Inside a string: on to its closing quote, past escaped characters (most of
+                // a large body is a string, such as an image's base 64, skipped at memchr's
+                // speed).
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &body[at.min(body.len())..]) {
+                        Some(found) if body[at + found] == b'\\' => at += found + 2,
+                        Some(found) => {
+                            at += found + 1;
+                            break;
+                        }
+                        // Never closed: the parser refuses it.
+                        None => return count <= limit,
+                    }
+                }
                 continue;
             }
             b'[' | b',' => count.saturating_add(1),
