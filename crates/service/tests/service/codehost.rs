@@ -24,6 +24,30 @@ fn assignment(repo: Uuid, number: u64) -> Assignment {
     }
 }
 
+/// Issue `title`, opened on `acme/web` and assigned straight through the use case (its
+/// label and comment effects queued, none delivered): its number, the repository and the
+/// task.
+fn assigned_issue(
+    env: &HostEnv,
+    repo_id: Uuid,
+    title: &str,
+) -> (u64, repos::Repository, agentry_domain::Task) {
+    let number = env.fake.add_issue("acme", "web", title, None, &[]);
+    let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
+    let (task, created) = codehost::assign(
+        &mut env.db().conn().unwrap(),
+        &repo,
+        i64::try_from(number).unwrap(),
+        title,
+        "",
+        agentry_domain::AgentType::ClaudeCode,
+        agentry_persistence::now(),
+    )
+    .unwrap();
+    assert!(created);
+    (number, repo, task)
+}
+
 /// GETs of the issue list since the last `reset_counts`.
 fn list_reads(fake: &FakeGitHub) -> Vec<agentry_fake_github::RequestRecord> {
     fake.requests()
@@ -90,19 +114,7 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
 
 async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment(db: TestDb) {
     let (env, repo_id) = HostEnv::connected(db);
-    let number = env.fake.add_issue("acme", "web", "Crash me", None, &[]);
-    let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
-    let (task, created) = codehost::assign(
-        &mut env.db().conn().unwrap(),
-        &repo,
-        i64::try_from(number).unwrap(),
-        "Crash me",
-        "",
-        agentry_domain::AgentType::ClaudeCode,
-        agentry_persistence::now(),
-    )
-    .unwrap();
-    assert!(created);
+    let (number, repo, task) = assigned_issue(&env, repo_id, "Crash me");
 
     // A worker claims the effects and posts the comment, then dies before marking it.
     let claimed = outbox::QUEUE
@@ -151,18 +163,7 @@ agentry_testkit::on_both_backends!(
 #[tokio::test]
 async fn a_marker_in_somebody_elses_comment_does_not_stop_agentrys() {
     let (env, repo_id) = HostEnv::connected(TestDb::sqlite());
-    let number = env.fake.add_issue("acme", "web", "Forge me", None, &[]);
-    let repo = repos::get_repository(&mut env.db().conn().unwrap(), repo_id).unwrap();
-    let (task, _) = codehost::assign(
-        &mut env.db().conn().unwrap(),
-        &repo,
-        i64::try_from(number).unwrap(),
-        "Forge me",
-        "",
-        agentry_domain::AgentType::ClaudeCode,
-        agentry_persistence::now(),
-    )
-    .unwrap();
+    let (number, _, task) = assigned_issue(&env, repo_id, "Forge me");
     let forged = format!("nothing to see <!-- agentry:task:{} -->", task.id);
     env.fake
         .add_comment("acme", "web", number, "mallory", &forged);
