@@ -575,7 +575,7 @@ impl GitHub {
     /// Posts a review with the event `COMMENT` and this body on a pull request. Like
     /// [`create_comment`](Self::create_comment) it is **not sent again after a 5xx, a
     /// timeout or a broken connection**: the caller looks for its review first
-    /// ([`review_bodies`](Self::review_bodies)) and decides.
+    /// ([`reviews`](Self::reviews), by its author and a marker) and decides.
     pub async fn create_review(
         &self,
         owner: &str,
@@ -587,18 +587,6 @@ impl GitHub {
         self.post_once(&path, &json!({"body": body, "event": "COMMENT"}))
             .await?;
         Ok(())
-    }
-
-    /// The bodies of every review of a pull request, oldest first, every page (the bodies of
-    /// [`reviews`](Self::reviews), `""` for a review without one).
-    pub async fn review_bodies(
-        &self,
-        owner: &str,
-        name: &str,
-        number: u64,
-    ) -> Result<Vec<String>, CodeHostError> {
-        let reviews = self.reviews(owner, name, number).await?;
-        Ok(reviews.into_iter().map(|r| r.body).collect())
     }
 
     /// Every review of a pull request, oldest first, every page
