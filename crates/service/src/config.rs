@@ -1088,6 +1088,19 @@ mod tests {
         }
     }
 
+    /// `AGENTRY_SANDBOX_EXTRA_RO` with `bad` after a good path, under data dir
+    /// `/var/lib/agentry`: the error, which must name the variable.
+    #[track_caller]
+    fn extra_ro_refused(bad: &str) -> ConfigError {
+        let err = cfg(&[
+            ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
+            ("AGENTRY_SANDBOX_EXTRA_RO", &format!("/opt/toolchain:{bad}")),
+        ])
+        .unwrap_err();
+        assert_eq!(err.name, "AGENTRY_SANDBOX_EXTRA_RO", "{bad}");
+        err
+    }
+
     #[test]
     fn sandbox_extra_ro_is_absolute_and_never_the_data_dir() {
         assert!(cfg(&[]).unwrap().runs.sandbox_extra_ro.is_empty());
@@ -1107,12 +1120,7 @@ mod tests {
             "/",
             "/var/lib/agentry/runs",
         ] {
-            let err = cfg(&[
-                ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
-                ("AGENTRY_SANDBOX_EXTRA_RO", &format!("/opt/toolchain:{bad}")),
-            ])
-            .unwrap_err();
-            assert_eq!(err.name, "AGENTRY_SANDBOX_EXTRA_RO", "{bad}");
+            extra_ro_refused(bad);
         }
         // What the sandbox replaces with its own: refused with the path and why. A path in
         // /tmp, /var/tmp or /run is accepted (agents see it over their own directory).
@@ -1133,12 +1141,7 @@ mod tests {
                 "where the sandbox mounts the run's network sockets",
             ),
         ] {
-            let err = cfg(&[
-                ("AGENTRY_DATA_DIR", "/var/lib/agentry"),
-                ("AGENTRY_SANDBOX_EXTRA_RO", &format!("/opt/toolchain:{bad}")),
-            ])
-            .unwrap_err();
-            assert_eq!(err.name, "AGENTRY_SANDBOX_EXTRA_RO", "{bad}");
+            let err = extra_ro_refused(bad);
             assert!(
                 err.message.contains(why) && err.message.contains("agents could never see it"),
                 "{bad}: {}",
