@@ -79,14 +79,14 @@ impl Config {
             .transpose()?
             .unwrap_or_default();
         let log_format = choice(
+            &get,
             "AGENTRY_LOG_FORMAT",
-            get("AGENTRY_LOG_FORMAT").as_deref(),
             &[("pretty", LogFormat::Pretty), ("json", LogFormat::Json)],
             "; expected pretty or json",
         )?;
         let metrics_public = choice(
+            &get,
             "AGENTRY_METRICS_PUBLIC",
-            get("AGENTRY_METRICS_PUBLIC").as_deref().map(str::trim),
             &[("0", false), ("1", true)],
             " is neither 1 nor 0",
         )?;
@@ -129,6 +129,8 @@ mod tests {
     fn bad_http_values_are_named() {
         refused("AGENTRY_BIND", "nope");
         refused("AGENTRY_LOG_FORMAT", "xml");
+        let c = cfg(&[("AGENTRY_LOG_FORMAT", " json ")]).unwrap();
+        assert_eq!(c.log_format, LogFormat::Json);
         refused("AGENTRY_CORS_ORIGINS", "https://a.example/path");
         let c = cfg(&[(
             "AGENTRY_CORS_ORIGINS",

@@ -150,16 +150,20 @@ pub fn pairs<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 
     }
 }
 
-/// A variable that takes one of a few words: the value paired with the word given in
-/// `choices`, that of the first word (the default) when unset (`value` is `None`), or an
+/// A variable that takes one of a few words (blanks around it ignored): the value paired
+/// with the word given in `choices`, that of the first word (the default) when unset, or an
 /// error naming `name` with the word given (quoted) followed by `refusal`.
 pub fn choice<T: Copy>(
+    get: &impl Fn(&str) -> Option<String>,
     name: &'static str,
-    value: Option<&str>,
     choices: &[(&str, T)],
     refusal: &str,
 ) -> Result<T, ConfigError> {
-    let word = value.unwrap_or_else(|| choices.first().map_or("", |(w, _)| w));
+    let given = get(name);
+    let word = given
+        .as_deref()
+        .map(str::trim)
+        .unwrap_or_else(|| choices.first().map_or("", |(w, _)| w));
     choices
         .iter()
         .find(|(w, _)| *w == word)
@@ -385,8 +389,8 @@ fn run_settings(
         agent_limits: agentry_runner::AgentLimits::from_lookup(get)
             .map_err(|(name, message)| ConfigError { name, message })?,
         sandbox_seccomp: choice(
+            get,
             "AGENTRY_SANDBOX_SECCOMP",
-            get("AGENTRY_SANDBOX_SECCOMP").as_deref().map(str::trim),
             &[("on", true), ("off", false)],
             ": expected \"on\" (sandboxed agents get the seccomp filter, the default) or \
              \"off\"",
@@ -407,8 +411,8 @@ fn agent_user(
     sandbox: SandboxMode,
 ) -> Result<agentry_runner::user::AgentUser, ConfigError> {
     let allow_root = choice(
+        get,
         "AGENTRY_ALLOW_ROOT",
-        get("AGENTRY_ALLOW_ROOT").as_deref().map(str::trim),
         &[("0", false), ("1", true)],
         ": expected \"1\" (a service run as root runs its agents as root) or \"0\" (the \
          default: they run as AGENTRY_AGENT_USER)",

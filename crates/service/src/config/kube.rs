@@ -51,8 +51,8 @@ impl RunnerKind {
     /// The first variable that is wrong, and why.
     pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<RunnerKind, ConfigError> {
         let kube = choice(
+            get,
             "AGENTRY_RUNNER",
-            get("AGENTRY_RUNNER").as_deref(),
             &[("local", false), ("kubernetes", true)],
             "; expected local or kubernetes",
         )?;
@@ -112,8 +112,8 @@ impl RunnerKind {
             "whole seconds",
         )?);
         let allow_api_reach = choice(
+            get,
             "AGENTRY_KUBE_ALLOW_API_REACH",
-            get("AGENTRY_KUBE_ALLOW_API_REACH").as_deref(),
             &[("0", false), ("1", true)],
             "; expected 0 or 1",
         )?;
@@ -166,6 +166,14 @@ mod tests {
         assert_eq!(settings.memory.as_deref(), Some("4Gi"));
         assert_eq!(settings.start_timeout, Duration::from_secs(300));
         assert!(!settings.allow_api_reach);
+        // Blanks around a word are ignored, as for every variable.
+        let mut spaced = base.to_vec();
+        spaced[0].1 = " kubernetes\n";
+        spaced.push(("AGENTRY_KUBE_ALLOW_API_REACH", "1 "));
+        let RunnerKind::Kubernetes(settings) = read(&spaced).unwrap() else {
+            panic!("expected kubernetes");
+        };
+        assert!(settings.allow_api_reach);
         for (name, value) in [
             ("AGENTRY_KUBE_ENDPOINT", "10.1.2.3:http"),
             ("AGENTRY_KUBE_LISTEN", "anywhere"),
