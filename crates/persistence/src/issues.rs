@@ -16,7 +16,7 @@ use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
-use crate::convert::{self, from_db, opt_from_db, to_db};
+use crate::convert::{self, from_db, opt_from_db, text, to_db};
 use crate::error::touched;
 use crate::fetch::Fetch;
 use crate::schema::{issue_links, repositories, synced_issues, tasks};
@@ -89,14 +89,15 @@ impl TryFrom<IssueRow> for SyncedIssue {
 }
 
 impl IssueRow {
-    /// The row that stores `issue`.
+    /// The row that stores `issue` (its text without NUL characters: the code host passes on
+    /// whatever its users wrote).
     fn of(issue: &SyncedIssue) -> Result<IssueRow, DbError> {
         Ok(IssueRow {
             number: issue.number,
-            title: issue.title.clone(),
-            body: issue.body.clone(),
-            html_url: issue.html_url.clone(),
-            author: issue.author.clone(),
+            title: text(&issue.title).into_owned(),
+            body: text(&issue.body).into_owned(),
+            html_url: text(&issue.html_url).into_owned(),
+            author: text(&issue.author).into_owned(),
             labels: encode_labels(&issue.labels)?,
             created_at: to_db(issue.created_at),
             updated_at: to_db(issue.updated_at),

@@ -12,7 +12,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::connection::insert_once;
-use crate::convert::{self, from_db, to_db};
+use crate::convert::{self, from_db, opt_text, text, to_db};
 use crate::error::touched;
 use crate::fetch::Fetch;
 use crate::schema::{revision_feedback, task_runs, tasks};
@@ -186,11 +186,11 @@ pub fn insert(
                 revision_feedback::external_id.eq(&new.external_id),
                 revision_feedback::task_id.eq(new.task_id.to_string()),
                 revision_feedback::pr_number.eq(new.pr_number),
-                revision_feedback::author.eq(&new.author),
-                revision_feedback::body.eq(&new.body),
-                revision_feedback::path.eq(&new.path),
+                revision_feedback::author.eq(text(&new.author)),
+                revision_feedback::body.eq(text(&new.body)),
+                revision_feedback::path.eq(opt_text(new.path.as_deref())),
                 revision_feedback::line.eq(new.line),
-                revision_feedback::url.eq(&new.url),
+                revision_feedback::url.eq(text(&new.url)),
                 revision_feedback::received_at.eq(to_db(now)),
                 revision_feedback::round_attempt.eq(None::<i32>),
                 revision_feedback::outcome.eq(outcome.as_str()),

@@ -10,7 +10,7 @@ use diesel::prelude::*;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
-use crate::convert::{self, from_db, opt_from_db, opt_to_db, to_db};
+use crate::convert::{self, from_db, opt_from_db, opt_to_db, text, to_db};
 use crate::fetch::Fetch;
 use crate::rollups::{self, Deltas};
 use crate::schema::{issue_links, task_events, task_runs, tasks};
@@ -180,8 +180,8 @@ fn insert_new(conn: &mut AnyConnection, new: &NewTask, reason: &str) -> Result<(
     diesel::insert_into(tasks::table)
         .values(TaskInsert {
             id: new.id.to_string(),
-            title: new.title.clone(),
-            prompt: new.prompt.clone(),
+            title: text(&new.title).into_owned(),
+            prompt: text(&new.prompt).into_owned(),
             repo_id: new.repo_id.map(|id| id.to_string()),
             repo_url: new.repo_url.to_string(),
             task_type: new.task_type.as_str(),

@@ -84,6 +84,17 @@ fn parse_line(text: &str) -> Result<ImportTask, String> {
             format!("{path}: {inner}")
         }
     })?;
+    for (name, text) in [
+        ("title", Some(&line.title)),
+        ("modelUsed", line.model_used.as_ref()),
+        ("prUrl", line.pr_url.as_ref()),
+    ] {
+        if text.is_some_and(|t| t.contains('\0')) {
+            return Err(format!(
+                "{name}: must not contain the NUL character (U+0000)"
+            ));
+        }
+    }
     let title = line.title.trim();
     if title.is_empty() || title.chars().count() > MAX_TITLE_CHARS {
         return Err(format!("title: must be 1 to {MAX_TITLE_CHARS} characters"));
@@ -300,6 +311,21 @@ mod tests {
             ),
             (&GOOD.replace("\"title\"", "\"titel\""), "titel"),
             (&GOOD.replace("Fix it", "  "), "title"),
+            (
+                &GOOD.replace("Fix it", "Fix\\u0000it"),
+                "title: must not contain the NUL",
+            ),
+            (
+                &GOOD.replace(
+                    "\"issueNumber\":3",
+                    "\"issueNumber\":3,\"modelUsed\":\"m\\u0000\"",
+                ),
+                "modelUsed: must not contain the NUL",
+            ),
+            (
+                &GOOD.replace("pull/7", "pull/7\\u0000"),
+                "prUrl: must not contain the NUL",
+            ),
         ];
         for (line, field) in cases {
             let e = parse_line(line).unwrap_err();

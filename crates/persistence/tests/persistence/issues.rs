@@ -146,6 +146,27 @@ agentry_persistence::backend_tests! {
         assert_eq!(stored(db, repo.id), vec![issue]);
     }
 
+    // A NUL character, which PostgreSQL's text cannot hold and anyone may put in an issue
+    // on a public repository, is left out of the stored text instead of failing the sync of
+    // the whole repository.
+    fn issue_text_is_stored_without_nul_characters(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        let issue = SyncedIssue {
+            title: "a\0b".into(),
+            body: "\0body\0".into(),
+            author: "us\0er".into(),
+            html_url: "https://github.com/o/r/issues/1\0".into(),
+            ..synced_issue(1, 10, &["agentry"])
+        };
+        issues::replace_open_issues(&mut conn, repo.id, &[issue], None, at(1)).unwrap();
+        let [stored] = &stored(db, repo.id)[..] else { panic!("one issue") };
+        assert_eq!(
+            (&*stored.title, &*stored.body, &*stored.author, &*stored.html_url),
+            ("ab", "body", "user", "https://github.com/o/r/issues/1")
+        );
+    }
+
     // A 304 only moves the sync time (and clears an error); a failure only records its
     // message. Neither touches the copy or the ETag.
     fn unchanged_and_failure_leave_the_copy_intact(db) {

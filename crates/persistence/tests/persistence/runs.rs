@@ -132,6 +132,33 @@ agentry_persistence::backend_tests! {
         assert_eq!(events.last().unwrap().reason, "failed: ab");
     }
 
+    // Review feedback is anybody's text with write access: a NUL in it is left out rather
+    // than failing the poll of the whole repository on PostgreSQL.
+    fn feedback_text_is_stored_without_nul_characters(db) {
+        use agentry_persistence::revisions::{self, FeedbackOutcome, FeedbackSource, NewFeedback};
+        let (task, mut conn) = a_task(db);
+        let new = NewFeedback {
+            repo_id: task.repo_id.unwrap(),
+            source: FeedbackSource::ReviewComment,
+            external_id: "7".into(),
+            task_id: task.id,
+            pr_number: 3,
+            author: "rev\0iewer".into(),
+            body: "please\0 fix".into(),
+            path: Some("src/\0lib.rs".into()),
+            line: Some(4),
+            url: "https://github.com/o/r/pull/3#discussion_r7\0".into(),
+        };
+        assert!(revisions::insert(&mut conn, &new, FeedbackOutcome::Waiting, at(1)).unwrap());
+        let [stored] = &revisions::of_task(&mut conn, task.id).unwrap()[..] else {
+            panic!("one feedback")
+        };
+        assert_eq!(
+            (&*stored.author, &*stored.body, stored.path.as_deref(), &*stored.url),
+            ("reviewer", "please fix", Some("src/lib.rs"), "https://github.com/o/r/pull/3#discussion_r7")
+        );
+    }
+
     // Whether a run was sandboxed is kept as recorded: yes, no, or not known.
     fn the_sandbox_flag_round_trips(db) {
         let (task, mut conn) = a_task(db);
