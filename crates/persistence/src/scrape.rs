@@ -1,7 +1,8 @@
 //! What `/metrics` reads at each scrape (docs/contract.md#311-metrics), from small rollup
 //! tables kept in the writing transactions, never from the run ledger or the task table:
 //!
-//! - `run_cost_rollup`: the recorded cost of agent runs per month the run finished in,
+//! - `run_cost_rollup`: the recorded cost of agent runs per month the run finished in (a
+//!   lost run, whose end is not known, in the month it started),
 //!   repository, task type and run model, added to by [`crate::tasks::record_run`];
 //! - `egress_blocked_repo`: the connections the egress proxy refused, per repository URL,
 //!   added to by [`crate::metering::record_blocked_batch`].
@@ -40,16 +41,17 @@ fn month_key(t: OffsetDateTime) -> String {
 }
 
 /// Adds a recorded run's cost to `run_cost_rollup`, in the caller's transaction. `task` is
-/// the run's task (its repository and type), `model` the run's model.
+/// the run's task (its repository and type), `model` the run's model, `month_of` the time
+/// whose month the cost counts in ([`crate::tasks::Run::spend_time`]).
 pub(crate) fn add_run_cost(
     conn: &mut AnyConnection,
     task: &Task,
     model: Option<&str>,
     cost_nanos: i64,
-    finished_at: Option<OffsetDateTime>,
+    month_of: OffsetDateTime,
 ) -> Result<(), DbError> {
     let row = (
-        rcr::month.eq(finished_at.map(month_key).unwrap_or_default()),
+        rcr::month.eq(month_key(month_of)),
         rcr::repo_id.eq(task.repo_id.map(|id| id.to_string()).unwrap_or_default()),
         rcr::repo_url.eq(task.repo_url.as_str().to_owned()),
         rcr::task_type.eq(task.task_type.as_str().to_owned()),

@@ -659,6 +659,12 @@ impl Run {
             reported_cost_usd: None,
         }
     }
+
+    /// The time whose UTC month the run's cost is spent in (docs/contract.md#67-budgets):
+    /// its end, or for a run whose end is not known (a lost run) its start.
+    pub fn spend_time(&self) -> OffsetDateTime {
+        self.finished_at.unwrap_or(self.started_at)
+    }
 }
 
 #[derive(Queryable, Selectable, Insertable)]
@@ -820,7 +826,7 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             &task,
             model.as_deref(),
             cost.to_nanos(),
-            run.finished_at,
+            run.spend_time(),
         )?;
     }
     Ok(())

@@ -255,6 +255,42 @@ mod per_call {
             assert_eq!(reserve(&mut conn, task.id).as_deref(), Some("0.85"));
         }
 
+        // A run whose replica died is recorded `lost`, without an end time, when its lease has
+        // expired: its metered cost is spent in the month it started, not in no month at all
+        // (before, the hold went and the money was neither held nor spent).
+        fn a_lost_runs_cost_is_spent_in_the_month_it_started(db) {
+            let repo = repo(db);
+            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "10"}));
+            let task = create(db, &repo, at(1));
+            let mut conn = db.conn().unwrap();
+            let claimed = claim_per_call(&mut conn, "me").unwrap();
+            assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::Held);
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("1")).unwrap();
+            let expired = at(10) + LEASE + Duration::seconds(1);
+            let [lease] = &runner::expired_leases(&mut conn, expired, 10).unwrap()[..] else {
+                panic!("one expired lease");
+            };
+            // As the recovering replica records it: the metered totals, no end time.
+            let totals = agentry_persistence::metering::run_totals(&mut conn, task.id, 1).unwrap();
+            let run = Run {
+                cost_usd: totals.cost_usd,
+                model_calls: Some(totals.calls),
+                tokens: totals.tokens,
+                sandboxed: Some(true),
+                ..Run::new(task.id, 1, task.agent_type, RunOutcome::Lost, claimed.started_at.unwrap())
+            };
+            assert_eq!(run.finished_at, None);
+            let log = runner::RunLog::of("");
+            runner::recover_expired(&mut conn, lease, expired, Some((&run, Some(&log))), expired)
+                .unwrap()
+                .unwrap();
+            assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().cost_usd, Some(usd("0.5")));
+            let month = budgets::repository_month(&mut conn, repo.id, expired).unwrap();
+            assert_eq!((month.spent, month.reserved), (usd("0.5"), usd("0")));
+            let instance = budgets::instance_month(&mut conn, expired).unwrap();
+            assert_eq!(instance.spent, usd("0.5"));
+        }
+
         // Eight callers race over ten runs that share a $1 instance budget, each call holding
         // $0.03: the holds never add up to more than the dollar, whoever wins (33 calls, $0.99).
         fn racing_calls_never_hold_more_than_the_budget(db) {

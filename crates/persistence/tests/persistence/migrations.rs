@@ -19,6 +19,37 @@ agentry_persistence::backend_tests! {
         db.ping().unwrap();
     }
 
+    // Lost runs recorded before migration 000026 had their cost summed under month '', which
+    // no budget reads; the migration rebuilds the rollup with them in the month they started
+    // (and its down migration puts them back under '').
+    fn the_lost_run_month_migration_moves_their_cost_into_a_month(db) {
+        use agentry_persistence::connection::MIGRATIONS;
+        use agentry_persistence::tasks::{self, Run, RunOutcome};
+        use agentry_persistence::{budgets, runner};
+        use diesel_migrations::MigrationHarness as _;
+
+        let repo = crate::common::repo(db);
+        let task = crate::common::create(db, &repo, crate::common::at(1));
+        let mut conn = db.conn().unwrap();
+        let started = crate::common::at(5);
+        runner::claim_next(&mut conn, "me", started, time::Duration::seconds(60)).unwrap().unwrap();
+        let lost = Run {
+            cost_usd: Some(crate::common::usd("0.7")),
+            ..Run::new(task.id, 1, task.agent_type, RunOutcome::Lost, started)
+        };
+        tasks::record_run(&mut conn, &lost).unwrap();
+        let spent = |conn: &mut agentry_persistence::AnyConnection| {
+            budgets::repository_month(conn, repo.id, started).unwrap().spent
+        };
+        assert_eq!(spent(&mut conn), crate::common::usd("0.7"));
+        let reverted = conn.revert_last_migration(MIGRATIONS).unwrap();
+        assert_eq!(reverted.to_string(), "20261129000026");
+        assert_eq!(spent(&mut conn), crate::common::usd("0"));
+        drop(conn);
+        assert_eq!(db.migrate().unwrap().len(), 1);
+        assert_eq!(spent(&mut db.conn().unwrap()), crate::common::usd("0.7"));
+    }
+
     // Replicas starting together migrate one at a time (PostgreSQL advisory lock): several
     // concurrent `migrate` calls on an up-to-date database all succeed and apply nothing.
     fn concurrent_migrate_calls_are_harmless(db) {
