@@ -4,10 +4,11 @@
 //! The month is the UTC calendar month. What a month spent is the cost of the runs that
 //! finished in it (a lost run, whose end is not known, in the month it started); what is
 //! held (`tasks.budget_reserve_nanos`, counted while the task is being provisioned or run,
-//! so it goes away when the task leaves those states) is either a run's whole allowance, taken by its claim ([`Holding::WholeRun`]), or a metered run's
-//! calls: their costs so far and the reservations of those in flight ([`Holding::PerCall`],
-//! [`hold_call`]). Both are decided in one transaction each against what is left, so
-//! parallel runs never share one remainder.
+//! so it goes away when the task leaves those states) is either a run's whole allowance,
+//! taken by its claim ([`Holding::WholeRun`]), or a metered run's calls: their costs so far
+//! and the reservations of those in flight ([`Holding::PerCall`], [`hold_call`]). Both are
+//! decided in one transaction each against what is left, so parallel runs never share one
+//! remainder.
 
 use agentry_domain::{BudgetScope, Task, TaskState, Usd};
 use diesel::prelude::*;

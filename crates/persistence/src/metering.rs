@@ -188,43 +188,75 @@ pub struct RunTotals {
     pub tokens: Tokens,
 }
 
-/// The totals of the metered calls of one run (summed here, exactly, over the rows).
+/// How many calls [`run_totals`] reads at once.
+const TOTALS_PAGE: i64 = 10_000;
+
+/// The totals of the metered calls of one run: every call, however many (read a page at a
+/// time, in the order of the run's index), summed here exactly.
 pub fn run_totals(
     conn: &mut AnyConnection,
     task_id: Uuid,
     attempt: i32,
 ) -> Result<RunTotals, DbError> {
-    let calls = task_calls(conn, task_id, Some(attempt))?;
     let mut totals = RunTotals {
         cost_usd: Some(Usd::ZERO),
         ..RunTotals::default()
     };
-    let overflow = || DbError::Conflict("metered total overflow".into());
-    for call in calls {
-        totals.calls += 1;
-        totals.tokens = totals
-            .tokens
-            .checked_add(call.tokens)
-            .ok_or_else(overflow)?;
-        let used = call.tokens.input + call.tokens.output > 0;
-        match call.cost_usd {
-            Some(cost) => {
-                totals.cost_usd = match totals.cost_usd {
-                    Some(sum) => Some(sum.checked_add(cost).ok_or_else(overflow)?),
-                    None => None,
-                }
-            }
-            None if used => {
-                totals.cost_usd = None;
-                let model = call.model.unwrap_or_else(|| "(unknown)".to_owned());
-                if !totals.unpriced.contains(&model) {
-                    totals.unpriced.push(model);
-                }
-            }
-            None => {}
+    let mut after: Option<(PrimitiveDateTime, String)> = None;
+    loop {
+        let mut page = model_calls::table
+            .filter(model_calls::task_id.eq(task_id.to_string()))
+            .filter(model_calls::attempt.eq(attempt))
+            .into_boxed();
+        if let Some((at, id)) = after.take() {
+            page = page.filter(
+                model_calls::started_at
+                    .gt(at)
+                    .or(model_calls::started_at.eq(at).and(model_calls::id.gt(id))),
+            );
+        }
+        let rows: Vec<CallRow> = page
+            .order((model_calls::started_at.asc(), model_calls::id.asc()))
+            .limit(TOTALS_PAGE)
+            .select(CallRow::as_select())
+            .load(conn)?;
+        let full = rows.len() as i64 == TOTALS_PAGE;
+        after = rows.last().map(|r| (r.started_at, r.id.clone()));
+        for row in rows {
+            add_to_totals(&mut totals, ModelCall::try_from(row)?)?;
+        }
+        if !full {
+            return Ok(totals);
         }
     }
-    Ok(totals)
+}
+
+/// Adds one call to a run's totals.
+fn add_to_totals(totals: &mut RunTotals, call: ModelCall) -> Result<(), DbError> {
+    let overflow = || DbError::Conflict("metered total overflow".into());
+    totals.calls += 1;
+    totals.tokens = totals
+        .tokens
+        .checked_add(call.tokens)
+        .ok_or_else(overflow)?;
+    let used = call.tokens.input + call.tokens.output > 0;
+    match call.cost_usd {
+        Some(cost) => {
+            totals.cost_usd = match totals.cost_usd {
+                Some(sum) => Some(sum.checked_add(cost).ok_or_else(overflow)?),
+                None => None,
+            }
+        }
+        None if used => {
+            totals.cost_usd = None;
+            let model = call.model.unwrap_or_else(|| "(unknown)".to_owned());
+            if !totals.unpriced.contains(&model) {
+                totals.unpriced.push(model);
+            }
+        }
+        None => {}
+    }
+    Ok(())
 }
 
 /// The most destinations listed per run in `egress_blocked`; refusals to any further

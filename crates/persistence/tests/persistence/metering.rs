@@ -46,6 +46,24 @@ agentry_persistence::backend_tests! {
         assert_eq!(metering::run_totals(&mut conn, task.id, 3).unwrap().calls, 0);
     }
 
+    // Every call counts, however many a run makes: its totals are read a page at a time
+    // (before, only the first 10,000 calls were summed, and a run's calls past them were
+    // free). Calls that started at the same time straddle the pages' ends.
+    fn a_runs_totals_count_every_call(db) {
+        let (task, mut conn) = a_task(db);
+        agentry_persistence::write_tx::<_, agentry_persistence::DbError, _>(&mut conn, |conn| {
+            for i in 0..20_005i64 {
+                let cost = if i >= 20_000 { "1" } else { "0.001" };
+                metering::record_call(conn, &call(task.id, 1, i / 7, "claude-sonnet-5", Some(cost)))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let totals = metering::run_totals(&mut conn, task.id, 1).unwrap();
+        assert_eq!((totals.calls, totals.cost_usd), (20_005, Some(usd("25"))));
+        assert_eq!(totals.tokens, Tokens::from_uncached(200_050, 2_000_500, 100_025, 400_100));
+    }
+
     // One unpriced call that used tokens makes the run's cost unknown, naming the model.
     fn an_unpriced_call_makes_the_cost_unknown(db) {
         let (task, mut conn) = a_task(db);
