@@ -205,20 +205,18 @@ pub(crate) fn allowance(
     if repo_budget.is_none() && instance.is_none() {
         return Ok(Allowance::Unlimited);
     }
+    let repo_id = repo.map(|r| r.to_string());
+    let Usage { spent, held } = month_usage(conn, repo_id.as_deref(), now)?;
     let mut left: Option<i64> = None;
-    if let (Some(budget), Some(repo)) = (repo_budget, repo) {
-        let rest = budget
-            .saturating_sub(spent_nanos(conn, Some(repo), now)?)
-            .saturating_sub(reserved_nanos(conn, Some(repo))?);
+    if let (Some(budget), Some(_)) = (repo_budget, repo) {
+        let rest = budget.saturating_sub(spent.repo).saturating_sub(held.repo);
         if rest <= 0 {
             return Ok(Allowance::Exhausted(BudgetScope::Repository));
         }
         left = Some(rest);
     }
     if let Some(budget) = instance {
-        let rest = budget
-            .saturating_sub(spent_nanos(conn, None, now)?)
-            .saturating_sub(reserved_nanos(conn, None)?);
+        let rest = budget.saturating_sub(spent.all).saturating_sub(held.all);
         if rest <= 0 {
             return Ok(Allowance::Exhausted(BudgetScope::Instance));
         }
@@ -312,6 +310,12 @@ pub fn hold_call(
     }
     write_tx(conn, |conn| {
         lock_budget_row(conn)?;
+        // Then the task's row (one order with claims: the budget row first), so that the hold
+        // read below is the last one: on PostgreSQL the run's recorded calls
+        // ([`crate::metering::record_held_call`]) and its recording
+        // ([`crate::runner::record_finished_run`]) change it under that row's lock, and wait
+        // for this decision or are seen by it, never overwritten by it.
+        lock_task_row(conn, task)?;
         // Few round trips while the lock is held: the task with its repository's budget,
         // the instance's budget, the month's spend and what runs hold, each read once.
         let row: Option<HoldRow> = tasks::table
@@ -343,6 +347,11 @@ pub fn hold_call(
         // has spent so far; it is not among the holds summed below.
         let (hold, unlisted) = match hold {
             Some(hold) => (hold, 0),
+            // The run is recorded (its hold cleared, its cost spent) while the task is still
+            // running (publishing): a call that raced the recording holds nothing.
+            None if crate::runner::attempt_recorded(conn, task, attempt)? => {
+                return Ok(CallHold::NotRunning);
+            }
             None => {
                 let spent = crate::metering::run_totals(conn, task, attempt)?
                     .cost_usd
@@ -350,30 +359,7 @@ pub fn hold_call(
                 (spent, spent)
             }
         };
-        let spent = by_repository(
-            run_cost_rollup::table
-                .filter(run_cost_rollup::month.eq(crate::alerts::month_key(now)))
-                .select((run_cost_rollup::repo_id, run_cost_rollup::cost_nanos))
-                .load::<(String, i64)>(conn)?,
-            repo.as_deref(),
-        );
-        let held = by_repository(
-            tasks::table
-                .filter(tasks::state.eq_any([
-                    TaskState::Provisioning.as_str(),
-                    TaskState::Running.as_str(),
-                ]))
-                .filter(tasks::budget_reserve_nanos.is_not_null())
-                .select((
-                    tasks::repo_id,
-                    tasks::budget_reserve_nanos.assume_not_null(),
-                ))
-                .load::<(Option<String>, i64)>(conn)?
-                .into_iter()
-                .map(|(repo, nanos)| (repo.unwrap_or_default(), nanos))
-                .collect(),
-            repo.as_deref(),
-        );
+        let Usage { spent, held } = month_usage(conn, repo.as_deref(), now)?;
         let amount = amount.to_nanos();
         let budgets = [
             (BudgetScope::Repository, repo_budget, spent.repo, held.repo),
@@ -404,6 +390,60 @@ pub fn hold_call(
 /// A task as [`hold_call`] reads it: its repository, state, attempt, hold, and its
 /// repository's monthly budget.
 type HoldRow = (Option<String>, String, i32, Option<i64>, Option<i64>);
+
+/// What a month has spent and what the runs in progress hold.
+struct Usage {
+    /// Spent by the runs recorded in the month ([`crate::tasks::Run::spend_time`]).
+    spent: Sums,
+    /// Held by the tasks being provisioned or run.
+    held: Sums,
+}
+
+/// What `now`'s month has spent and what runs in progress hold, of repository `repo` (by
+/// id) and of all, read in **one** statement. On PostgreSQL (read committed: a snapshot per
+/// statement) two reads could straddle a run's recording, which moves its cost from the
+/// held to the spent in one transaction, and miss it in both.
+fn month_usage(
+    conn: &mut AnyConnection,
+    repo: Option<&str>,
+    now: OffsetDateTime,
+) -> Result<Usage, DbError> {
+    use diesel::dsl::sql;
+    use diesel::sql_types::Bool;
+    let spent = run_cost_rollup::table
+        .filter(run_cost_rollup::month.eq(crate::alerts::month_key(now)))
+        .select((
+            run_cost_rollup::repo_id.nullable(),
+            run_cost_rollup::cost_nanos,
+            sql::<Bool>("FALSE"),
+        ));
+    let held = tasks::table
+        .filter(tasks::state.eq_any([
+            TaskState::Provisioning.as_str(),
+            TaskState::Running.as_str(),
+        ]))
+        .filter(tasks::budget_reserve_nanos.is_not_null())
+        .select((
+            tasks::repo_id,
+            tasks::budget_reserve_nanos.assume_not_null(),
+            sql::<Bool>("TRUE"),
+        ));
+    let rows: Vec<(Option<String>, i64, bool)> =
+        crate::connection::native_load(conn, spent.union_all(held))?;
+    let (held, spent): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(_, _, held)| *held);
+    let sums = |rows: Vec<(Option<String>, i64, bool)>| {
+        by_repository(
+            rows.into_iter()
+                .map(|(id, nanos, _)| (id.unwrap_or_default(), nanos))
+                .collect(),
+            repo,
+        )
+    };
+    Ok(Usage {
+        spent: sums(spent),
+        held: sums(held),
+    })
+}
 
 /// Nano-dollars of one repository and of all.
 struct Sums {
@@ -438,6 +478,20 @@ fn any_budget_for(conn: &mut AnyConnection, task: Uuid) -> Result<bool, DbError>
     Ok(budget.flatten().is_some())
 }
 
+/// On PostgreSQL, locks the row of `task` for the rest of the transaction (SQLite's
+/// immediate transactions are serialised already).
+fn lock_task_row(conn: &mut AnyConnection, task: Uuid) -> Result<(), DbError> {
+    if let AnyConnection::Postgresql(pg) = conn {
+        tasks::table
+            .find(task.to_string())
+            .select(tasks::id)
+            .for_update()
+            .first::<String>(pg)
+            .optional()?;
+    }
+    Ok(())
+}
+
 /// On PostgreSQL, locks the budget row for the rest of the transaction (see
 /// [`lock_for_claim`]).
 fn lock_budget_row(conn: &mut AnyConnection) -> Result<(), DbError> {
@@ -453,15 +507,17 @@ fn lock_budget_row(conn: &mut AnyConnection) -> Result<(), DbError> {
 }
 
 /// Marks the queued tasks `scope` keeps from running as blocked: those of `repo` for a
-/// repository's budget, every queued task for the instance's.
+/// repository's budget, every queued task for the instance's; never imported ones.
 pub(crate) fn block(
     conn: &mut AnyConnection,
     scope: BudgetScope,
     repo: Option<Uuid>,
     now: OffsetDateTime,
 ) -> Result<usize, DbError> {
+    // Imported history is never claimed, so no budget keeps it from running.
     let mut query = diesel::update(tasks::table)
         .filter(tasks::state.eq(TaskState::Queued.as_str()))
+        .filter(tasks::imported.eq(false))
         .into_boxed();
     if scope == BudgetScope::Repository {
         let Some(repo) = repo else { return Ok(0) };

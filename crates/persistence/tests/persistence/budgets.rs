@@ -7,7 +7,7 @@ use agentry_persistence::budgets::{self, MonthToDate};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::runner;
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
-use agentry_persistence::{AnyConnection, Db};
+use agentry_persistence::{AnyConnection, Db, DbError};
 use time::Duration;
 use uuid::Uuid;
 
@@ -50,6 +50,37 @@ fn reserve(conn: &mut AnyConnection, task: Uuid) -> Option<String> {
 }
 
 agentry_persistence::backend_tests! {
+    // Imported history is never claimed: a spent budget blocks the queued tasks it keeps
+    // from running, never an imported `queued` record.
+    fn a_spent_budget_never_blocks_imported_tasks(db) {
+        let repo = repo(db);
+        let waiting = create(db, &repo, at(1));
+        let mut conn = db.conn().unwrap();
+        let record = agentry_persistence::tasks::ImportTask {
+            id: Uuid::new_v4(),
+            title: "history".into(),
+            repo_url: repo.url.clone(),
+            task_type: agentry_domain::TaskType::Coding,
+            state: TaskState::Queued,
+            agent_type: agentry_domain::AgentType::ClaudeCode,
+            model_used: None,
+            cost_usd: None,
+            input_tokens: 0,
+            output_tokens: 0,
+            created_at: at(0),
+            pr_url: None,
+            pr_number: None,
+            issue_number: None,
+        };
+        let imported = record.id;
+        tasks::import_tasks::<DbError, _>(&mut conn, [Ok(record)]).unwrap();
+        budgets::set_instance_budget(&mut conn, Some(usd("0")), at(2)).unwrap();
+        assert!(runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().is_none());
+        let blocked = |conn: &mut AnyConnection, id| tasks::get_task(conn, id).unwrap().blocked_by;
+        assert_eq!(blocked(&mut conn, waiting.id), Some(BudgetScope::Instance));
+        assert_eq!(blocked(&mut conn, imported), None);
+    }
+
     // A $1 repository budget: the first claim reserves the whole dollar, so the second finds
     // nothing left and blocks the repository's queued tasks; when the first run ends having
     // spent $0.40, the others are candidates again and the next claim reserves the $0.60
@@ -289,6 +320,28 @@ mod per_call {
             assert_eq!((month.spent, month.reserved), (usd("0.5"), usd("0")));
             let instance = budgets::instance_month(&mut conn, expired).unwrap();
             assert_eq!(instance.spent, usd("0.5"));
+        }
+
+        // A call that races its run's recording (the run's gateway closed, the task still
+        // running while its pull request is published) holds nothing: before, the cleared
+        // hold read as "not started" and came back as the run's cost plus the call, counted
+        // a second time beside the spend.
+        fn a_call_after_its_run_is_recorded_holds_nothing(db) {
+            let repo = repo(db);
+            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "10"}));
+            let task = create(db, &repo, at(1));
+            let mut conn = db.conn().unwrap();
+            claim_per_call(&mut conn, "me").unwrap();
+            tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
+            assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::Held);
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("1")).unwrap();
+            let run = sonnet_run(task.id, 1, "0.5", at(20));
+            runner::record_finished_run(&mut conn, &run, &runner::RunLog::of(""), at(20)).unwrap();
+            assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().state, TaskState::Running);
+            assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::NotRunning);
+            assert_eq!(reserve(&mut conn, task.id), None);
+            let month = budgets::repository_month(&mut conn, repo.id, at(31)).unwrap();
+            assert_eq!((month.spent, month.reserved), (usd("0.5"), usd("0")));
         }
 
         // Eight callers race over ten runs that share a $1 instance budget, each call holding
