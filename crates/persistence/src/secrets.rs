@@ -221,21 +221,30 @@ pub fn put(
 ) -> Result<SecretInfo, SecretError> {
     let sealed = key.seal(name, value)?;
     write_tx(conn, |conn| {
-        let updated = diesel::update(secrets::table.find(name))
-            .set((
-                secrets::ciphertext.eq(&sealed),
-                secrets::updated_at.eq(to_db(now)),
-            ))
-            .execute(conn)?;
-        if updated == 0 {
-            diesel::insert_into(secrets::table)
-                .values((
-                    secrets::name.eq(name),
+        let update = |conn: &mut AnyConnection| {
+            diesel::update(secrets::table.find(name))
+                .set((
                     secrets::ciphertext.eq(&sealed),
-                    secrets::created_at.eq(to_db(now)),
                     secrets::updated_at.eq(to_db(now)),
                 ))
-                .execute(conn)?;
+                .execute(conn)
+        };
+        if update(conn)? == 0 {
+            let inserted = crate::connection::insert_once(conn, |conn| {
+                diesel::insert_into(secrets::table)
+                    .values((
+                        secrets::name.eq(name),
+                        secrets::ciphertext.eq(&sealed),
+                        secrets::created_at.eq(to_db(now)),
+                        secrets::updated_at.eq(to_db(now)),
+                    ))
+                    .execute(conn)
+            })?;
+            // Another replica stored the same new name at the same moment: this value,
+            // written last, replaces it (as a later `put` would).
+            if !inserted {
+                update(conn)?;
+            }
         }
         info(conn, name)?.ok_or(SecretError::Db(DbError::NotFound))
     })

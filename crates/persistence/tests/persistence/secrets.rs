@@ -107,6 +107,22 @@ fn the_key_file_is_generated_once_private_and_reused() {
 }
 
 backend_tests! {
+    // Replicas storing the same new secret at once: each store succeeds (before, all but one
+    // met the name's unique key: a 500), and the secret holds one of their values.
+    fn racing_stores_of_a_new_secret_all_succeed(db) {
+        let db = wide_pool(db, 8);
+        for round in 0..10 {
+            let name = format!("RACED_{round}");
+            let stored = race(&db, 8, |i, conn| {
+                secrets::put(conn, &key(), &name, &SecretValue::new(format!("value-{i}")), T0).is_ok()
+            });
+            assert_eq!(stored, [true; 8], "{name}");
+            let mut conn = db.conn().unwrap();
+            let value = secrets::get(&mut conn, &key(), &name).unwrap().unwrap();
+            assert!(value.expose().starts_with("value-"));
+        }
+    }
+
     fn secrets_round_trip_encrypted_at_rest(db) {
         let k = key();
         let mut conn = db.conn().unwrap();
