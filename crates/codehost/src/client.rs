@@ -156,6 +156,8 @@ struct Inner {
     sent: AtomicU64,
     /// The last `X-RateLimit-Remaining` and `X-RateLimit-Reset` seen.
     rate: Mutex<Option<RateWindow>>,
+    /// The token's user's login, once asked ([`GitHub::own_login`]).
+    login: Mutex<Option<String>>,
     jitter: Jitter,
 }
 
@@ -256,6 +258,7 @@ impl GitHub {
                 transports: Mutex::new(Vec::new()),
                 sent: AtomicU64::new(0),
                 rate: Mutex::new(None),
+                login: Mutex::new(None),
                 jitter: Jitter::new(),
             }),
         })
@@ -283,6 +286,17 @@ impl GitHub {
     /// The token's user (`GET /user`); also the cheapest check that a token works.
     pub async fn current_user(&self) -> Result<User, CodeHostError> {
         self.get_json("/user".to_owned()).await
+    }
+
+    /// The login of the token's user: [`GitHub::current_user`]'s, asked once per client (a
+    /// client has one token for its life, so the answer cannot change under it).
+    pub async fn own_login(&self) -> Result<String, CodeHostError> {
+        if let Some(login) = self.inner.login.lock().clone() {
+            return Ok(login);
+        }
+        let login = self.current_user().await?.login;
+        *self.inner.login.lock() = Some(login.clone());
+        Ok(login)
     }
 
     /// A repository (`GET /repos/{owner}/{repo}`).

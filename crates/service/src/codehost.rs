@@ -164,8 +164,6 @@ impl CodeHost {
         }
         let client =
             GitHub::new(&self.client_config, token.expose()).map_err(ServiceError::from)?;
-        // Another token may be another user.
-        self.revisions.forget_login();
         *cached = Some((token.clone(), client.clone()));
         Ok(client)
     }
@@ -329,10 +327,9 @@ impl Service {
                     .map_err(|e| e.to_string())?;
                 // Only a post looks for agentry's own earlier one (the login is asked once).
                 let own = match &effect.action {
-                    Action::Comment { .. } | Action::Reply { .. } => service
-                        .own_account(github)
-                        .await
-                        .map_err(|e| e.to_string())?,
+                    Action::Comment { .. } | Action::Reply { .. } => {
+                        github.own_login().await.map_err(|e| e.to_string())?
+                    }
                     _ => String::new(),
                 };
                 deliver(github, &repo, &effect, &own)

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use agentry_codehost::webhook::WebhookEvent;
-use agentry_codehost::{CodeHostError, GitHub, Permission};
+use agentry_codehost::{GitHub, Permission};
 use agentry_domain::backoff::Backoff;
 use agentry_domain::{RepoUrl, Task, TaskState, TaskType, Trigger};
 use agentry_persistence::outbox::{self, Action, NewEffect};
@@ -60,15 +60,13 @@ impl Default for RevisionSettings {
     }
 }
 
-/// The revision part of the code-host integration: settings, the permission cache, agentry's
-/// own login, and the revision loop's wake-up.
+/// The revision part of the code-host integration: settings, the permission cache and the
+/// revision loop's wake-up.
 #[derive(Debug, Default)]
 pub struct Revisions {
     settings: RevisionSettings,
     /// (repository URL, login) → permission, when asked.
     permissions: Mutex<HashMap<(String, String), (Permission, Instant)>>,
-    /// The login of the stored token's user, once asked (with the token's client identity).
-    own_login: Mutex<Option<String>>,
     pub(crate) wake: tokio::sync::Notify,
 }
 
@@ -84,11 +82,6 @@ impl Revisions {
     /// The settings.
     pub fn settings(&self) -> &RevisionSettings {
         &self.settings
-    }
-
-    /// Forgets agentry's own login (the stored token changed).
-    pub(crate) fn forget_login(&self) {
-        *self.own_login.lock() = None;
     }
 }
 
@@ -212,22 +205,6 @@ fn revisable_task(
 }
 
 impl Service {
-    /// The login of the stored token's user (asked once, then kept).
-    async fn own_login(&self, github: &GitHub) -> Result<String, ServiceError> {
-        Ok(self.own_account(github).await?)
-    }
-
-    /// [`Service::own_login`] with the code host's own error (for a caller that retries on
-    /// an uncertain one).
-    pub(crate) async fn own_account(&self, github: &GitHub) -> Result<String, CodeHostError> {
-        if let Some(login) = self.parts.codehost.revisions().own_login.lock().clone() {
-            return Ok(login);
-        }
-        let login = github.current_user().await?.login;
-        *self.parts.codehost.revisions().own_login.lock() = Some(login.clone());
-        Ok(login)
-    }
-
     /// `login`'s permission on `repo`, from the cache while it is fresh.
     async fn permission(
         &self,
@@ -388,7 +365,7 @@ impl Service {
             return ignored("agentry's own text".into());
         }
         if candidate.source != FeedbackSource::AgentReview {
-            let own = self.own_login(github).await?;
+            let own = github.own_login().await?;
             if candidate.author.eq_ignore_ascii_case(&own) {
                 return ignored("written by agentry's own account".into());
             }

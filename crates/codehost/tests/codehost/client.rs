@@ -112,6 +112,26 @@ async fn current_user_and_repository() {
     assert_eq!(gh.requests_sent(), 3);
 }
 
+/// A client's own login is asked once and kept with the client (and its clones); another
+/// token's client asks for its own user, whatever the first one kept.
+#[tokio::test]
+async fn own_login_is_asked_once_per_client() {
+    let fake = fake();
+    fake.add_token("ghp_second_token_0123456789abcdefghij", "second-bot");
+    let gh = client(&fake);
+    assert_eq!(gh.own_login().await.unwrap(), "agentry-bot");
+    assert_eq!(gh.clone().own_login().await.unwrap(), "agentry-bot");
+    assert_eq!(fake.count("GET", "/user"), 1);
+    let other = GitHub::new(
+        &config(&fake.base_url()),
+        "ghp_second_token_0123456789abcdefghij",
+    )
+    .unwrap();
+    assert_eq!(other.own_login().await.unwrap(), "second-bot");
+    assert_eq!(gh.own_login().await.unwrap(), "agentry-bot");
+    assert_eq!(fake.count("GET", "/user"), 2);
+}
+
 #[tokio::test]
 async fn unknown_token_unknown_repo_and_no_access() {
     let fake = fake();

@@ -210,7 +210,7 @@ pub(super) async fn post_review(
     loop {
         // Only a review of agentry's own account counts as posted: anyone may write the
         // marker in a review of theirs.
-        let posted = match service.own_account(&github).await {
+        let posted = match github.own_login().await {
             Ok(own) => github.reviews(owner, name, unsigned).await.map(|reviews| {
                 reviews
                     .iter()
