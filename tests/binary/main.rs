@@ -369,6 +369,33 @@ fn first_start_prints_an_admin_token_once_and_serves_until_sigterm() {
     assert_eq!(out, "", "no second admin token");
 }
 
+/// A first admin token whose file cannot be written is still shown, and works: it is stored
+/// before its file is written, and a later start issues none (before, the start failed
+/// without showing it, and the installation had a token nobody could ever use).
+#[test]
+fn a_first_admin_token_whose_file_cannot_be_written_is_still_shown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // A directory where the file goes: writing it fails.
+    std::fs::create_dir(dir.join("admin-token")).unwrap();
+    let mut server = Server::start(dir, None, true);
+    let token = server.read_token();
+    assert!(
+        server.stdout[0].contains("admin API token (shown once)"),
+        "{:?}",
+        server.stdout
+    );
+    assert_eq!(get(&server.base, "/api/tasks", &token).0, 200);
+    server.signal("TERM");
+    let (status, stderr) = server.wait(Duration::from_secs(10));
+    assert!(status.success(), "exit {status:?}: {stderr}");
+    assert!(
+        stderr.contains("could not save the first admin token"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(&token), "the token must never be logged");
+}
+
 #[test]
 fn token_create_gives_a_working_token_of_that_role() {
     let dir = tempfile::tempdir().unwrap();

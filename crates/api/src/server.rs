@@ -50,16 +50,31 @@ pub async fn bootstrap_admin_token(
         .await
         .map_err(|e| io("cannot issue the first admin token", e))?;
     if let Some(created) = created {
-        write_private(&path, &format!("{token}\n"))
-            .map_err(|e| io(&format!("cannot write {}", path.display()), e))?;
-        println!(
-            "agentry: first start: created an admin API token (shown once; also saved to {} \
-             until its first use):",
-            path.display()
-        );
+        // The token is stored: it is shown whatever happens to its file, or nobody could
+        // ever use it (a later start finds a token and issues none).
+        let saved = write_private(&path, &format!("{token}\n"));
+        match &saved {
+            Ok(()) => println!(
+                "agentry: first start: created an admin API token (shown once; also saved to \
+                 {} until its first use):",
+                path.display()
+            ),
+            Err(_) => println!("agentry: first start: created an admin API token (shown once):"),
+        }
         println!("{token}");
         let _ = std::io::stdout().flush();
-        return Ok(Some(FirstTokenFile::new(created.id, path)));
+        return match saved {
+            Ok(()) => Ok(Some(FirstTokenFile::new(created.id, path))),
+            Err(e) => {
+                tracing::warn!(
+                    file = %path.display(),
+                    error = %e,
+                    "could not save the first admin token to its file; it is printed above only"
+                );
+                let _ = std::fs::remove_file(&path);
+                Ok(None)
+            }
+        };
     }
     let Ok(left) = std::fs::read_to_string(&path) else {
         return Ok(None);
