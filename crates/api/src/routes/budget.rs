@@ -64,12 +64,17 @@ impl From<BudgetView> for BudgetDto {
             forecast_usd: v.forecast.map(|f| f.forecast_usd),
             exhausts_on,
             monthly_budget_usd: f.budget.map(|b| b.to_string()),
-            month: format!("{:04}-{:02}", v.month.year(), u8::from(v.month.month())),
+            month: year_month(v.month),
             month_to_date_usd: f.spent.to_string(),
             reserved_usd: f.reserved.to_string(),
             remaining_usd: remaining,
         }
     }
+}
+
+/// The month of `day` as `YYYY-MM`.
+fn year_month(day: time::Date) -> String {
+    format!("{:04}-{:02}", day.year(), u8::from(day.month()))
 }
 
 /// A new instance-wide budget.
@@ -166,7 +171,7 @@ impl From<agentry_persistence::alerts::BudgetAlert> for BudgetAlertDto {
             id: a.id,
             scope: a.scope.as_str().to_owned(),
             repo_url: a.repo_url.map(|u| u.to_string()),
-            month: format!("{:04}-{:02}", a.month.year(), u8::from(a.month.month())),
+            month: year_month(a.month),
             threshold: a.threshold,
             spent_usd: a.spent.to_string(),
             monthly_budget_usd: a.budget.to_string(),
