@@ -810,12 +810,7 @@ fn a_pod_deleted_mid_run_fails_its_run_naming_the_cluster() {
     // the test may delete the pod as that user (the runner's own calls are the same as in
     // every other test, which enforce the Role).
     let kube = FakeKube::start(Options::default().image("host", "/").namespace(NAMESPACE)).unwrap();
-    let env = kube_env(&kube, &[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let world = KubeWorld {
-        world: World::new(GH, &env),
-        kube,
-    };
+    let world = KubeWorld::on(kube, GH, &[]);
     let served = world.serve();
     let prompt = "Evict me [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:sleep=120]";
     let id = served.create("Evict me", prompt);
