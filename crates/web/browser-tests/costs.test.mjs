@@ -42,6 +42,24 @@ async function report(days, repoUrl) {
 }
 
 /**
+ * Opens /costs (30 days) in a new page, signed in as the viewer, with the API's report
+ * changed by `edit` on its way to the page; returns the page once it shows the report.
+ * @param {(r: any) => void} edit
+ */
+async function costsPageWith(edit) {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  await page.route(costsOf(30), async (route) => {
+    const response = await route.fetch();
+    const r = await response.json();
+    edit(r);
+    await route.fulfill({ response, json: r });
+  });
+  await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
+  await page.locator('main[data-ready="days=30&repoUrl="]').waitFor();
+  return page;
+}
+
+/**
  * Waits for the page to show the report of these filters, then checks every card, chart,
  * notice and the table against the API's answer.
  * @param {import('playwright-core').Page} page
@@ -381,13 +399,10 @@ test('Outcomes and Budgets from the API; a budget set in Settings shows on the p
 });
 
 test('suggestions top three and a disclosure, budgets at 80 % and 100 % in words, revision figures when sent', { timeout: 60000 }, async () => {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
   const month = new Date().toISOString().slice(0, 7);
   // The report as the API gives it, with five suggestions (the first the page once printed
   // with 16 decimals), three budgets (under 80 %, at 80 %, over) and the revision figures.
-  await page.route(costsOf(30), async (route) => {
-    const response = await route.fetch();
-    const r = await response.json();
+  const page = await costsPageWith((r) => {
     r.modelSuggestions = [0, 1, 2, 3, 4].map((i) => ({
       repoUrl: `https://github.com/acme/repo-${i}`,
       currentModel: 'claude-opus-4-1',
@@ -406,10 +421,7 @@ test('suggestions top three and a disclosure, budgets at 80 % and 100 % in words
     r.outcomes.avgRevisionsPerMergedPullRequest = 1.25;
     r.forecast.monthCostSoFar = '347.4512';
     r.forecast.monthImportedCostSoFar = '343.7049';
-    await route.fulfill({ response, json: r });
   });
-  await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
-  await page.locator('main[data-ready="days=30&repoUrl="]').waitFor();
   const suggestions = region(page, 'Model suggestions');
   const rows = suggestions.locator('tbody tr');
   assert.equal(await rows.count(), 5);
@@ -450,17 +462,11 @@ test('suggestions top three and a disclosure, budgets at 80 % and 100 % in words
 });
 
 test('without imported history this month the Budgets region says only what a budget counts', { timeout: 60000 }, async () => {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  await page.route(costsOf(30), async (route) => {
-    const response = await route.fetch();
-    const r = await response.json();
+  const page = await costsPageWith((r) => {
     r.budgets = [{ scope: 'instance', repoUrl: null, monthlyBudgetUsd: '300.0000', monthToDateUsd: '12.5000', forecastUsd: '40.0000', exhaustsOn: null }];
     r.forecast.monthCostSoFar = '12.5000';
     r.forecast.monthImportedCostSoFar = '0.0000';
-    await route.fulfill({ response, json: r });
   });
-  await signIn(page, `${stack.base}/costs`, stack.tokens.viewer);
-  await page.locator('main[data-ready="days=30&repoUrl="]').waitFor();
   const budgets = region(page, 'Budgets');
   assert.equal(
     await budgets.locator('.budgets-count').innerText(),
