@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use crate::common;
-use crate::common::env::json_req;
 use crate::common::{PATIENCE, TestApp, call, client};
 use crate::runs::{NAME, OWNER, Rig, state_of, wait_for, wait_for_state};
 use actix_http::Request;
@@ -138,23 +137,6 @@ macro_rules! open_pull {
         let t = $rig.env.t.viewer.clone();
         let task = wait_for_state(&$app, &t, &id, "pr_opened").await;
         (id, task["prNumber"].as_u64().unwrap())
-    }};
-}
-
-/// Sets repository settings through the API.
-macro_rules! settings {
-    ($app:expr, $rig:expr, $patch:expr) => {{
-        let (status, body) = call(
-            &$app,
-            json_req(
-                "PATCH",
-                &format!("/api/repos/{}/settings", $rig.repo_id),
-                &$rig.env.t.admin,
-                &$patch,
-            ),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
     }};
 }
 
@@ -305,8 +287,7 @@ agentry_testkit::on_both_backends!(
 /// with a reaction on that comment only.
 async fn only_a_writers_mention_starts_a_revision(db: TestDb) {
     let mut rig = rig(db, Duration::ZERO);
-    let app = app!(rig);
-    settings!(app, rig, json!({"autoReview": false}));
+    let app = app!(rig, json!({"autoReview": false}));
     let (id, number) = open_pull!(app, rig, "Add the cache");
     let fake = &rig.env.fake;
     fake.set_permission(OWNER, NAME, "bob", "read");
@@ -387,8 +368,7 @@ agentry_testkit::on_both_backends!(
 /// period is one round that holds all three.
 async fn each_feedback_counts_once_and_a_burst_is_one_round(db: TestDb) {
     let mut rig = rig(db, Duration::from_secs(2));
-    let app = app!(rig);
-    settings!(app, rig, json!({"autoReview": false}));
+    let app = app!(rig, json!({"autoReview": false}));
     let (id, number) = open_pull!(app, rig, "Tidy the module");
     let fake = &rig.env.fake;
     fake.set_permission(OWNER, NAME, "alice", "admin");
@@ -454,8 +434,7 @@ agentry_testkit::on_both_backends!(
 /// comment. A round whose agent changes nothing says so once and leaves the pull request.
 async fn the_revision_limit_and_a_round_without_change(db: TestDb) {
     let mut rig = rig(db, Duration::ZERO);
-    let app = app!(rig);
-    settings!(app, rig, json!({"autoReview": false, "maxRevisions": 1}));
+    let app = app!(rig, json!({"autoReview": false, "maxRevisions": 1}));
     let (id, number) = open_pull!(app, rig, "Speed it up");
     let fake = &rig.env.fake;
     fake.set_permission(OWNER, NAME, "alice", "write");
@@ -524,12 +503,7 @@ agentry_testkit::on_both_backends!(
 /// the review after that round is past `maxRevisions` 1, so it starts nothing more.
 async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) {
     let mut rig = rig(db, Duration::ZERO);
-    let app = app!(rig);
-    settings!(
-        app,
-        rig,
-        json!({"reviseOnAgentReview": true, "maxRevisions": 1})
-    );
+    let app = app!(rig, json!({"reviseOnAgentReview": true, "maxRevisions": 1}));
     let (id, _number) = open_pull!(app, rig, "Handle errors");
     eventually_async(PATIENCE, "the agent review's feedback", async || {
         feedback_of(&task!(app, rig, id)).len() == 1
