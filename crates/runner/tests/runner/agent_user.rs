@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use crate::limits::{agent, reported, runner};
+use crate::limits::{agent, reported};
 use crate::sandbox::{Rig, assert_verdict, failure, run, sandbox_works_here};
 use crate::support::git;
 use agentry_runner::user::AgentUser;
@@ -35,7 +35,7 @@ if git status --porcelain >/dev/null 2>&1; then echo "git-status ok"; else echo 
     let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(user.clone());
     let task = Uuid::new_v4();
     let execution = run(
-        &runner(&rig, sandbox, &program),
+        &rig.agent_runner(sandbox, &program),
         rig.job(task, "Work as nobody"),
     )
     .await;
@@ -113,7 +113,7 @@ async fn an_unusable_agent_user_refuses_the_agent_with_its_reason() {
     let refused = AgentUser::resolve(0, Some("no-such-user-here"), false, true).unwrap();
     let sandbox = Sandbox::new(SandboxMode::Auto).with_agent_user(refused);
     let execution = run(
-        &runner(&rig, sandbox, &program),
+        &rig.agent_runner(sandbox, &program),
         rig.job(Uuid::new_v4(), "Never runs"),
     )
     .await;

@@ -7,16 +7,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use agentry_runner::user::AgentUser;
-use agentry_runner::{
-    AgentLimits, Execution, LocalConfig, LocalRunner, Sandbox, SandboxMode, Verdict,
-};
+use agentry_runner::{AgentLimits, Execution, Sandbox, SandboxMode, Verdict};
 use uuid::Uuid;
 
 use crate::sandbox::{Rig, run, sandbox_works_here};
-use crate::support::write_program;
 
 /// The forwarder built with this crate.
 pub(crate) const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
@@ -33,12 +29,9 @@ const TAIL: &str = "printf '%s\\n' '{\"type\":\"result\",\"subtype\":\"success\"
 /// Writes the agent script `body` (between [`HEAD`] and [`TAIL`]) next to the rig's data
 /// directory, readable and executable by everyone.
 pub(crate) fn agent(rig: &Rig, name: &str, body: &str) -> PathBuf {
-    let path = rig.root.parent().unwrap().join(name);
-    write_program(&path, &format!("{HEAD}{body}{TAIL}"));
-    path
+    rig.program(name, &format!("{HEAD}{body}{TAIL}"))
 }
 
-/// A runner of `rig` with `sandbox`, its agent (posing as Claude Code) `program`.
 /// Runs `program` as the agent in `sandbox` (with the forwarder) on a job of `prompt`;
 /// asserts that it ran sandboxed and changed nothing (a probe reports, it does not edit).
 pub(crate) async fn probe_run(
@@ -49,7 +42,7 @@ pub(crate) async fn probe_run(
 ) -> Execution {
     let sandbox = sandbox.with_forwarder(vec![FORWARDER.to_owned()]);
     let execution = run(
-        &runner(rig, sandbox, program),
+        &rig.agent_runner(sandbox, program),
         rig.job(Uuid::new_v4(), prompt),
     )
     .await;
@@ -61,13 +54,6 @@ pub(crate) async fn probe_run(
     );
     assert!(execution.sandboxed);
     execution
-}
-
-pub(crate) fn runner(rig: &Rig, sandbox: Sandbox, program: &Path) -> Arc<LocalRunner> {
-    Arc::new(LocalRunner::new(LocalConfig {
-        claude_bin: program.to_owned(),
-        ..rig.config(sandbox)
-    }))
 }
 
 /// The value of the line `key VALUE` of the agent's output.
@@ -198,7 +184,7 @@ echo "started $started"
     .unwrap();
     assert_eq!(ready, "ready\n");
     let execution = run(
-        &runner(&rig, sandbox, &program),
+        &rig.agent_runner(sandbox, &program),
         rig.job(Uuid::new_v4(), "Fork away"),
     )
     .await;
@@ -252,7 +238,7 @@ echo "started $started"
             max_processes: 64,
             ..AgentLimits::default()
         });
-        let runner = runner(&rig, sandbox, &program);
+        let runner = rig.agent_runner(sandbox, &program);
         let job = rig.job(Uuid::new_v4(), "Use memory");
         async move { run(&runner, job).await }
     };

@@ -33,7 +33,6 @@ use crate::sandbox::{
     Rig, assert_pushed, assert_stopped_agent_reported, assert_verdict, failure, processes_with_env,
     run, sandbox_works_here, start, wait_for_init, wait_for_no_process_with,
 };
-use crate::support::write_program;
 
 /// The forwarder built with this crate.
 const FORWARDER: &str = env!("CARGO_BIN_EXE_agentry-sandbox-net");
@@ -263,9 +262,8 @@ pub(crate) fn assert_only_gateway_and_proxy(rig: &Rig, task: Uuid) {
 /// the host's server on `host_port`, the routes and the interfaces. Then it succeeds
 /// without changing anything.
 pub(crate) fn network_checker(rig: &Rig, host_port: u16) -> PathBuf {
-    let path = rig.root.parent().unwrap().join("netcheck");
-    write_program(
-        &path,
+    rig.program(
+        "netcheck",
         &format!(
             r#"#!/bin/bash
 if [ "${{1:-}}" = --version ]; then echo "2.1.197 (Claude Code)"; exit 0; fi
@@ -287,8 +285,7 @@ printf 'interfaces %s\n' "$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' |
 printf '{{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"checked","total_cost_usd":0.01,"modelUsage":{{}}}}\n'
 "#
         ),
-    );
-    path
+    )
 }
 
 /// Inside the sandbox only the gateway and the proxy answer (through the forwarder, on the
@@ -323,10 +320,7 @@ async fn inside_the_sandbox_only_the_gateway_and_the_proxy_are_reachable() {
     );
 
     // The control: sandboxed without a network, the host's server answers.
-    let shared = Arc::new(LocalRunner::new(LocalConfig {
-        claude_bin: checker,
-        ..rig.config(Sandbox::new(SandboxMode::Auto))
-    }));
+    let shared = rig.agent_runner(Sandbox::new(SandboxMode::Auto), &checker);
     let task = Uuid::new_v4();
     let execution = run(&shared, rig.job(task, "Check the network")).await;
     assert_verdict(&execution, Verdict::NoChanges);

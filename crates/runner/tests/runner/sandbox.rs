@@ -3,7 +3,7 @@
 //! that its own work still happens, that nothing it started outlives a cancel or a
 //! recovery, and that without a working `bwrap` no agent starts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +90,22 @@ impl Rig {
 
     pub(crate) fn runner(&self, sandbox: Sandbox) -> Arc<LocalRunner> {
         Arc::new(LocalRunner::new(self.config(sandbox)))
+    }
+
+    /// A runner with `sandbox`, its agent (posing as Claude Code) `program`.
+    pub(crate) fn agent_runner(&self, sandbox: Sandbox, program: &Path) -> Arc<LocalRunner> {
+        Arc::new(LocalRunner::new(LocalConfig {
+            claude_bin: program.to_owned(),
+            ..self.config(sandbox)
+        }))
+    }
+
+    /// Writes the program `text` as `name` next to the data directory, readable and
+    /// executable by everyone.
+    pub(crate) fn program(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir().join(name);
+        write_program(&path, text);
+        path
     }
 
     pub(crate) fn job(&self, task_id: Uuid, prompt: &str) -> Job {
@@ -638,9 +654,8 @@ async fn a_sandboxed_review_agent_reads_the_change_and_writes_no_git_metadata() 
     git(&["commit", "-q", "-m", "change"], &work);
     git(&["push", "-q", "origin", &branch], &work);
     // A review agent that runs the commands and tries to write its git metadata.
-    let agent = rig.root.parent().unwrap().join("reviewer");
-    write_program(
-        &agent,
+    let agent = rig.program(
+        "reviewer",
         r#"#!/bin/sh
 if [ "${1:-}" = --version ]; then echo "2.1.197 (Claude Code)"; exit 0; fi
 cat >/dev/null
@@ -654,10 +669,7 @@ printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"res
 '
 "#,
     );
-    let runner = Arc::new(LocalRunner::new(LocalConfig {
-        claude_bin: agent,
-        ..rig.config(Sandbox::new(SandboxMode::Auto))
-    }));
+    let runner = rig.agent_runner(Sandbox::new(SandboxMode::Auto), &agent);
     let job = Job {
         kind: JobKind::Review {
             branch: branch.clone(),
@@ -697,9 +709,8 @@ async fn a_coding_agent_cannot_jam_the_mirrors_worktree_entry() {
     }
     let rig = Rig::new();
     let task = Uuid::new_v4();
-    let agent = rig.root.parent().unwrap().join("jammer");
-    write_program(
-        &agent,
+    let agent = rig.program(
+        "jammer",
         r#"#!/bin/sh
 if [ "${1:-}" = --version ]; then echo "2.1.197 (Claude Code)"; exit 0; fi
 cat >/dev/null
@@ -714,10 +725,7 @@ printf '{"type":"result","subtype":"success","is_error":false,"num_turns":1,"res
 '
 "#,
     );
-    let runner = Arc::new(LocalRunner::new(LocalConfig {
-        claude_bin: agent,
-        ..rig.config(Sandbox::new(SandboxMode::Auto))
-    }));
+    let runner = rig.agent_runner(Sandbox::new(SandboxMode::Auto), &agent);
     let started = start(&runner, rig.job(task, "Fix it"));
     let home = rig.home(task);
     eventually_async(Duration::from_secs(60), "the agent's FIFO", async || {
