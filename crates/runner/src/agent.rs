@@ -26,7 +26,6 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use agentry_domain::AgentType;
@@ -759,49 +758,54 @@ fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
 /// `visit_…(type)` listed, its argument ignored.
 macro_rules! visits {
     ($value:expr; unit $(, $method:ident($ty:ty))*) => {
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        fn visit_unit<E: ::serde::de::Error>(self) -> Result<Self::Value, E> {
             Ok($value)
         }
-        visits!($value; $($method($ty)),*);
+        $crate::agent::visits!($value; $($method($ty)),*);
     };
     ($value:expr; $($method:ident($ty:ty)),*) => {
         $(
-            fn $method<E: de::Error>(self, _: $ty) -> Result<Self::Value, E> {
+            fn $method<E: ::serde::de::Error>(self, _: $ty) -> Result<Self::Value, E> {
                 Ok($value)
             }
         )*
     };
 }
+pub(crate) use visits;
 
 /// Visitor methods giving `$value` for every JSON scalar but strings.
 macro_rules! other_scalars {
     ($value:expr) => {
-        visits!($value; unit, visit_bool(bool), visit_f64(f64));
+        $crate::agent::visits!($value; unit, visit_bool(bool), visit_f64(f64));
     };
 }
+pub(crate) use other_scalars;
 
 /// Visitor methods giving `$value` for integers.
 macro_rules! integers {
     ($value:expr) => {
-        visits!($value; visit_i64(i64), visit_u64(u64));
+        $crate::agent::visits!($value; visit_i64(i64), visit_u64(u64));
     };
 }
+pub(crate) use integers;
 
 /// Visitor methods giving `$value` for strings.
 macro_rules! strings {
     ($value:expr) => {
-        visits!($value; visit_str(&str));
+        $crate::agent::visits!($value; visit_str(&str));
     };
 }
+pub(crate) use strings;
 
 /// Visitor methods giving `$value` for every JSON scalar.
 macro_rules! scalars {
     ($value:expr) => {
-        other_scalars!($value);
-        integers!($value);
-        strings!($value);
+        $crate::agent::other_scalars!($value);
+        $crate::agent::integers!($value);
+        $crate::agent::strings!($value);
     };
 }
+pub(crate) use scalars;
 
 /// Visitor methods skipping arrays and objects, giving `$value`.
 macro_rules! containers {
@@ -824,21 +828,24 @@ macro_rules! any_json {
     (impl<$($param:ident: $bound:path)?> for $ty:ty, V $(<$p:ident>(PhantomData<$q:ident>))? {
         $($methods:tt)*
     }) => {
-        impl<'de, $($param: $bound)?> Deserialize<'de> for $ty {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                struct V $(<$p>(PhantomData<$q>))?;
-                impl<'de, $($param: $bound)?> Visitor<'de> for V $(<$p>)? {
+        impl<'de, $($param: $bound)?> ::serde::Deserialize<'de> for $ty {
+            fn deserialize<D: ::serde::Deserializer<'de>>(
+                deserializer: D,
+            ) -> Result<Self, D::Error> {
+                struct V $(<$p>(::std::marker::PhantomData<$q>))?;
+                impl<'de, $($param: $bound)?> ::serde::de::Visitor<'de> for V $(<$p>)? {
                     type Value = $ty;
-                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    fn expecting(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                         f.write_str("any JSON value")
                     }
                     $($methods)*
                 }
-                deserializer.deserialize_any(V $((PhantomData::<$p>))?)
+                deserializer.deserialize_any(V $((::std::marker::PhantomData::<$p>))?)
             }
         }
     };
 }
+pub(crate) use any_json;
 
 any_json! {
     impl<> for Skip, V {

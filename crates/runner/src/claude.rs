@@ -23,7 +23,8 @@ use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::agent::{
-    Count, Key, LooseStr, Message, OutputParser, Status, StrOr, fields, read_object,
+    Count, Key, LooseStr, Message, OutputParser, Status, StrOr, any_json, fields, read_object,
+    scalars,
 };
 use crate::{AgentOutcome, RunReport, Tokens, Warnings, excerpt};
 
@@ -102,54 +103,29 @@ impl<'de> Deserialize<'de> for ModelUsages {
 #[derive(Debug, Default)]
 struct ErrorTexts(Vec<String>);
 
-impl<'de> Deserialize<'de> for ErrorTexts {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ErrorTexts;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
+any_json! {
+    impl<> for ErrorTexts, V {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ErrorTexts, A::Error> {
+            let mut texts = Vec::new();
+            while texts.len() < MAX_ERRORS {
+                let Some(item) = seq.next_element::<StrOr<Message>>()? else {
+                    return Ok(ErrorTexts(texts));
+                };
+                let text = match item {
+                    StrOr::Str(text) => Some(text),
+                    StrOr::Object(message) => message.0.0,
+                    StrOr::Other => None,
+                };
+                texts.extend(text.filter(|t| !t.trim().is_empty()));
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ErrorTexts, A::Error> {
-                let mut texts = Vec::new();
-                while texts.len() < MAX_ERRORS {
-                    let Some(item) = seq.next_element::<StrOr<Message>>()? else {
-                        return Ok(ErrorTexts(texts));
-                    };
-                    let text = match item {
-                        StrOr::Str(text) => Some(text),
-                        StrOr::Object(message) => message.0.0,
-                        StrOr::Other => None,
-                    };
-                    texts.extend(text.filter(|t| !t.trim().is_empty()));
-                }
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(ErrorTexts(texts))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ErrorTexts, A::Error> {
-                IgnoredAny.visit_map(map)?;
-                Ok(ErrorTexts::default())
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<ErrorTexts, E> {
-                Ok(ErrorTexts::default())
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<ErrorTexts, E> {
-                Ok(ErrorTexts::default())
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<ErrorTexts, E> {
-                Ok(ErrorTexts::default())
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<ErrorTexts, E> {
-                Ok(ErrorTexts::default())
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<ErrorTexts, E> {
-                Ok(ErrorTexts::default())
-            }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<ErrorTexts, E> {
-                Ok(ErrorTexts::default())
-            }
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(ErrorTexts(texts))
         }
-        deserializer.deserialize_any(V)
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ErrorTexts, A::Error> {
+            IgnoredAny.visit_map(map)?;
+            Ok(ErrorTexts::default())
+        }
+        scalars!(ErrorTexts::default());
     }
 }
 
