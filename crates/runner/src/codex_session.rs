@@ -437,20 +437,18 @@ mod tests {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut state = FileState::default();
-            let (from_fifo, _) = read_new_lines(
-                &dir,
-                Path::new("rollout-fifo.jsonl"),
-                &mut state,
-                MAX_READ_PER_POLL,
-                MAX_LINE_BYTES,
-            );
-            let (from_link, _) = read_new_lines(
-                &dir,
-                Path::new("rollout-link.jsonl"),
-                &mut state,
-                MAX_READ_PER_POLL,
-                MAX_LINE_BYTES,
-            );
+            let mut read = |name: &str| {
+                let (lines, _) = read_new_lines(
+                    &dir,
+                    Path::new(name),
+                    &mut state,
+                    MAX_READ_PER_POLL,
+                    MAX_LINE_BYTES,
+                );
+                lines
+            };
+            let from_fifo = read("rollout-fifo.jsonl");
+            let from_link = read("rollout-link.jsonl");
             let _ = done.send((from_fifo, from_link, state.offset));
         });
         let (from_fifo, from_link, offset) = finished
@@ -556,22 +554,18 @@ mod tests {
         let mut state = FileState::default();
         let big = dir.join("rollout-b.jsonl");
         std::fs::write(&big, vec![b'\n'; 10_000]).unwrap();
-        let (lines, read) = read_new_lines(
-            &dir,
-            Path::new("rollout-b.jsonl"),
-            &mut state,
-            4_000,
-            MAX_LINE_BYTES,
-        );
-        assert_eq!((lines.len(), read), (4_000, 4_000));
-        let (lines, read) = read_new_lines(
-            &dir,
-            Path::new("rollout-b.jsonl"),
-            &mut state,
-            100_000,
-            MAX_LINE_BYTES,
-        );
-        assert_eq!((lines.len(), read), (6_000, 6_000));
+        let mut read = |budget| {
+            let (lines, read) = read_new_lines(
+                &dir,
+                Path::new("rollout-b.jsonl"),
+                &mut state,
+                budget,
+                MAX_LINE_BYTES,
+            );
+            (lines.len(), read)
+        };
+        assert_eq!(read(4_000), (4_000, 4_000));
+        assert_eq!(read(100_000), (6_000, 6_000));
     }
 
     /// An agent that writes endless distinct response ids, keeps renaming its session files
