@@ -103,7 +103,6 @@ impl TryFrom<AlertRow> for BudgetAlert {
     type Error = DbError;
 
     fn try_from(r: AlertRow) -> Result<BudgetAlert, DbError> {
-        let usd = |n: i64| convert::usd(Some(n)).map(|u| u.unwrap_or(Usd::ZERO));
         Ok(BudgetAlert {
             id: convert::uuid(&r.id)?,
             scope: convert::parse("budget scope", &r.scope)?,
@@ -115,8 +114,8 @@ impl TryFrom<AlertRow> for BudgetAlert {
                 .transpose()?,
             month: parse_month(&r.month)?,
             threshold: r.threshold,
-            spent: usd(r.spent_nanos)?,
-            budget: usd(r.budget_nanos)?,
+            spent: convert::usd_of(r.spent_nanos)?,
+            budget: convert::usd_of(r.budget_nanos)?,
             created_at: from_db(r.created_at),
             delivery: r.delivery.parse()?,
             attempts: r.attempts,

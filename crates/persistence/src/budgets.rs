@@ -144,7 +144,7 @@ pub fn repository_month(
 }
 
 fn usd(nanos: i64) -> Result<Usd, DbError> {
-    Ok(convert::usd(Some(nanos.max(0)))?.unwrap_or(Usd::ZERO))
+    convert::usd_of(nanos.max(0))
 }
 
 /// On PostgreSQL, when any monthly budget is set, takes the budget row's lock for the rest of

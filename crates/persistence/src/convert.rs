@@ -65,7 +65,10 @@ pub(crate) fn parse<T: FromStr>(what: &str, s: &str) -> Result<T, DbError> {
 }
 
 pub(crate) fn usd(nanos: Option<i64>) -> Result<Option<Usd>, DbError> {
-    nanos
-        .map(|n| Usd::from_nanos(n).map_err(|e| DbError::Corrupt(format!("cost {n}: {e}"))))
-        .transpose()
+    nanos.map(usd_of).transpose()
+}
+
+/// The amount of a column of nano-dollars that is never null.
+pub(crate) fn usd_of(nanos: i64) -> Result<Usd, DbError> {
+    Usd::from_nanos(nanos).map_err(|e| DbError::Corrupt(format!("cost {nanos}: {e}")))
 }
