@@ -52,10 +52,21 @@ fn figures(conn: &mut AnyConnection, repos: &[Uuid], now: OffsetDateTime) -> Fig
     (scrape::run_cost_totals(conn).unwrap(), spent, blocked)
 }
 
-/// Runs the `INSERT` statements of the migration that created the rollups (its backfill).
+/// Runs the backfills of the migrations that fill the rollups from the ledgers: the
+/// `INSERT` statements of the one that created them, then the rebuild of `run_cost_rollup`
+/// that puts lost runs in the month they started (000026).
 fn backfill(conn: &mut AnyConnection) {
-    let sql = include_str!("../../../../migrations/2026-11-26-000003_metrics_rollups/up.sql");
-    for statement in agentry_testkit::sql::statements_starting_with(sql, "INSERT") {
+    let created = include_str!("../../../../migrations/2026-11-26-000003_metrics_rollups/up.sql");
+    let rebuilt = include_str!("../../../../migrations/2026-11-29-000026_lost_run_month/up.sql");
+    let statements = agentry_testkit::sql::statements_starting_with(created, "INSERT")
+        .into_iter()
+        .chain(agentry_testkit::sql::statements_starting_with(
+            rebuilt, "DELETE",
+        ))
+        .chain(agentry_testkit::sql::statements_starting_with(
+            rebuilt, "INSERT",
+        ));
+    for statement in statements {
         diesel::sql_query(statement).execute(conn).unwrap();
     }
 }
@@ -71,7 +82,7 @@ fn two_repositories(db: &Db, other: &str) -> ([Repository; 2], [Task; 2]) {
 agentry_persistence::backend_tests! {
     // Each recorded run adds its cost to its month, repository, type and model; the totals
     // equal the ledger's, the month's spend equals the budgets' own figure, and the
-    // migration's backfill computes the same rows from the ledgers.
+    // migrations' backfills compute the same rows from the ledgers.
     fn the_rollups_equal_the_ledgers_and_the_backfill(db) {
         let ([web, api], [a, b]) = two_repositories(db, "api");
         let mut conn = db.conn().unwrap();
@@ -106,7 +117,8 @@ agentry_persistence::backend_tests! {
             .map(|r| budgets::spent_nanos(&mut conn, r, now).unwrap())
             .collect();
         assert_eq!(spent, expected_spent);
-        assert_eq!(spent, [12_345_978_901_235, 300_000_001, 12_345_678_901_234]);
+        // The lost run (no end time, $1) counts in the month it started.
+        assert_eq!(spent, [12_346_978_901_235, 1_300_000_001, 12_345_678_901_234]);
         assert_eq!(blocked, [("https://github.com/o/api".to_owned(), 1), ("https://github.com/o/r".to_owned(), 3)]);
 
         // The migration's backfill, from the ledgers, gives the same rows.
