@@ -173,18 +173,22 @@ fn oldest_queued(conn: &mut AnyConnection, now: OffsetDateTime) -> Result<Option
     Ok(id)
 }
 
-/// Pushes the lease of a task `owner` holds to `until`. Returns `false` when the lease is no
-/// longer this owner's: the task left `provisioning`/`running` (it was cancelled, or its
-/// lease expired and another runner recovered it). The runner must then stop its run.
+/// Pushes the lease `owner` holds on attempt `attempt` of a task to `until`. Returns `false`
+/// when the lease is no longer this run's: the task left `provisioning`/`running` (it was
+/// cancelled, or its lease expired and another runner recovered it), or it is at another
+/// attempt (cancelled, retried and claimed again, perhaps by the same owner: one process
+/// claims under one name). The runner must then stop its run.
 pub fn renew_lease(
     conn: &mut AnyConnection,
     id: Uuid,
+    attempt: i32,
     owner: &str,
     until: OffsetDateTime,
 ) -> Result<bool, DbError> {
     let updated = diesel::update(
         tasks::table
             .filter(tasks::id.eq(id.to_string()))
+            .filter(tasks::attempt.eq(attempt))
             .filter(tasks::lease_owner.eq(owner))
             .filter(tasks::state.eq_any([
                 TaskState::Provisioning.as_str(),
@@ -307,6 +311,10 @@ pub enum RunRecorded {
     /// Recorded, but the task was recovered meanwhile and its current attempt is another:
     /// the cost counts (it was spent), the outcome is not published.
     Late,
+    /// Recorded, and its attempt is the task's current one, but the task left
+    /// `provisioning`/`running` meanwhile (it was cancelled while the agent's work was being
+    /// committed or pushed): the cost counts, nothing is published.
+    Stopped,
     /// Nothing written: a run of that attempt is already on record (a recoverer salvaged
     /// it from the same output), or the task is gone.
     AlreadyRecorded,
@@ -342,12 +350,18 @@ pub fn record_finished_run(
         .set(tasks::budget_reserve_nanos.eq(None::<i64>))
         .execute(conn)?
             > 0;
+        let state: String = tasks::table
+            .find(run.task_id.to_string())
+            .select(tasks::state)
+            .first(conn)?;
+        let in_progress =
+            state == TaskState::Provisioning.as_str() || state == TaskState::Running.as_str();
         task_store::record_run(conn, run)?;
         save_run_log(conn, run.id, run.task_id, log, now)?;
-        Ok(if current {
-            RunRecorded::Current
-        } else {
-            RunRecorded::Late
+        Ok(match (current, in_progress) {
+            (true, true) => RunRecorded::Current,
+            (true, false) => RunRecorded::Stopped,
+            (false, _) => RunRecorded::Late,
         })
     })
 }

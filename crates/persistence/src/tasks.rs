@@ -338,6 +338,33 @@ pub fn transition_task(
     details: &TransitionDetails,
     now: OffsetDateTime,
 ) -> Result<(Task, Transition), DbError> {
+    transition(conn, id, None, trigger, details, now)?
+        .ok_or_else(|| DbError::Conflict(format!("task {id}: no attempt was asked for")))
+}
+
+/// [`transition_task`] for one attempt of the task: `None`, and nothing changes, when the
+/// task is at another attempt by the time the transition is decided (a run's own
+/// transitions: its task may have been cancelled, retried and claimed again meanwhile, and
+/// the new attempt is not the old run's to move).
+pub fn transition_task_at(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    attempt: i32,
+    trigger: Trigger,
+    details: &TransitionDetails,
+    now: OffsetDateTime,
+) -> Result<Option<(Task, Transition)>, DbError> {
+    transition(conn, id, Some(attempt), trigger, details, now)
+}
+
+fn transition(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    attempt: Option<i32>,
+    trigger: Trigger,
+    details: &TransitionDetails,
+    now: OffsetDateTime,
+) -> Result<Option<(Task, Transition)>, DbError> {
     write_tx(conn, |conn| {
         // On PostgreSQL (READ COMMITTED) another transaction may commit between the read and
         // the conditional update; then the update matches no row and we decide again on the
@@ -362,6 +389,9 @@ pub fn transition_task(
         let reason = convert::text(details.reason.as_deref().unwrap_or(trigger.as_str()));
         for _ in 0..8 {
             let current = get_task(conn, id)?;
+            if attempt.is_some_and(|a| a != current.attempt) {
+                return Ok(None);
+            }
             let t = transition_in(
                 current.state,
                 trigger,
@@ -425,7 +455,7 @@ pub fn transition_task(
             revision_feedback_follows(conn, id, t, now)?;
             let after = get_task(conn, id)?;
             rollups::apply(conn, Deltas::change(Some(&current), Some(&after))?)?;
-            return Ok((after, t));
+            return Ok(Some((after, t)));
         }
         Err(DbError::Conflict(format!(
             "task {id} kept changing; try again"

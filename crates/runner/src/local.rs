@@ -358,8 +358,15 @@ impl LocalRunner {
         };
         let ended = ran.outcome.ended.clone();
         let end = self.agent_end(ran.outcome, ran.oom_kills);
-        let (verdict, report, output) =
-            conclude(&job, end, ran.parser, ran.meter.as_ref(), &worktree).await;
+        let (verdict, report, output) = conclude(
+            &job,
+            end,
+            ran.parser,
+            ran.meter.as_ref(),
+            &worktree,
+            &control.cancel,
+        )
+        .await;
         remove_worktree(worktree).await;
         start.finished(verdict, Some(report), Some(ended), output)
     }
@@ -1120,6 +1127,7 @@ pub(crate) async fn conclude(
     parser: agent::OutputParser,
     meter: Option<&Arc<RunMeter>>,
     worktree: &Worktree,
+    cancel: &tokio::sync::watch::Receiver<bool>,
 ) -> (Verdict, RunReport, String) {
     // Stopped because the gateway refused a call for the run's budget, the run spent what
     // the gateway metered.
@@ -1159,6 +1167,9 @@ pub(crate) async fn conclude(
                 Some(message) => Verdict::Failed(message),
                 None => match end.unpublishable {
                     Some(why) => Verdict::Failed(why),
+                    // Cancelled after the agent ended by itself: its work is not committed
+                    // nor pushed (a revision round leaves the pull request as it was).
+                    None if *cancel.borrow() => Verdict::Cancelled,
                     None => publish(job, worktree, &report).await,
                 },
             }

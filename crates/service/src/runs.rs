@@ -178,6 +178,8 @@ pub struct Runs {
     slots: Arc<Semaphore>,
     /// Cancel switches of the runs in progress here.
     active: Mutex<HashMap<Uuid, watch::Sender<bool>>>,
+    /// One run of a task at a time in this process.
+    turns: TaskTurns,
     stopping: AtomicBool,
     /// The model gateway of sandboxed runs, when agents run sandboxed.
     gateway: Option<Gateway>,
@@ -212,6 +214,7 @@ impl Runs {
             owner: format!("agentry-{}", Uuid::new_v4()),
             wake: Notify::new(),
             active: Mutex::new(HashMap::new()),
+            turns: TaskTurns::default(),
             stopping: AtomicBool::new(false),
             gateway: None,
         }
@@ -364,24 +367,73 @@ fn service_env(agent_env: &[String]) -> agentry_runner::agent::ServiceEnv {
     agentry_runner::agent::ServiceEnv::read(agent_env, |name| std::env::var(name).ok())
 }
 
-/// Moves task `id` by `trigger` in a transaction of its own (a step of the run that
-/// nothing else is written with).
+/// Moves attempt `attempt` of task `id` by `trigger` in a transaction of its own (a step of
+/// the run that nothing else is written with): `false`, and nothing changes, when the task
+/// is at another attempt by then (cancelled, retried and claimed again meanwhile).
 async fn transition(
     service: &Service,
-    id: Uuid,
+    (id, attempt): (Uuid, i32),
     trigger: Trigger,
     details: TransitionDetails,
-) -> Result<(), ServiceError> {
+) -> Result<bool, ServiceError> {
     service
         .db(move |conn| {
-            tasks::transition_task(conn, id, trigger, &details, now())?;
-            Ok(())
+            let moved = tasks::transition_task_at(conn, id, attempt, trigger, &details, now())?;
+            Ok(moved.is_some())
         })
         .await
 }
 
 fn lease_of(settings: &RunSettings) -> time::Duration {
     time::Duration::try_from(settings.lease).unwrap_or(time::Duration::MINUTE)
+}
+
+/// The runs of this process, one at a time per task ([`TaskTurns::turn`]).
+#[derive(Debug, Default)]
+struct TaskTurns(Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>);
+
+impl TaskTurns {
+    /// Waits until no other run of task `id` goes on in this process, and keeps it so
+    /// until the returned turn is dropped. A cancelled attempt still stopping (or recording)
+    /// here when its task is retried and claimed again by this process shares the task's
+    /// worktree, branch and cancel switch with the new attempt: the new one waits for it to
+    /// end. (Across replicas each has its own workspaces, and a lost lease stops the old.)
+    async fn turn(&self, id: Uuid) -> Turn<'_> {
+        let lock = self.0.lock().entry(id).or_default().clone();
+        Turn {
+            turns: self,
+            id,
+            guard: Some(lock.lock_owned().await),
+        }
+    }
+
+    /// How many tasks have a run here, or one waiting.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+}
+
+/// A run's turn on its task ([`TaskTurns::turn`]); the task's entry goes when no other run
+/// waits for it.
+struct Turn<'a> {
+    turns: &'a TaskTurns,
+    id: Uuid,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut turns = self.turns.0.lock();
+        // Under the map's lock every waiter holds a clone: one count left is the map's own.
+        if turns
+            .get(&self.id)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            turns.remove(&self.id);
+        }
+    }
 }
 
 /// The runner loop's step (see the module docs): takes a free slot and claims a task into
@@ -413,4 +465,30 @@ pub(crate) async fn runner_step(service: &Service) -> StepResult {
 /// Whether `state` is one a run could still leave (for the log endpoint's live view).
 pub(crate) fn is_running(state: TaskState) -> bool {
     matches!(state, TaskState::Provisioning | TaskState::Running)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two runs of one task take turns, runs of other tasks do not wait, and the task's
+    /// entry goes with its last run.
+    #[tokio::test]
+    async fn runs_of_one_task_take_turns() {
+        let turns = TaskTurns::default();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let first = turns.turn(a).await;
+        let other = turns.turn(b).await;
+        let mut second = Box::pin(turns.turn(a));
+        assert!(
+            futures_util::poll!(second.as_mut()).is_pending(),
+            "the second run of a task waits for the first"
+        );
+        drop(first);
+        let second = second.await;
+        assert_eq!(turns.len(), 2);
+        drop(other);
+        drop(second);
+        assert_eq!(turns.len(), 0);
+    }
 }

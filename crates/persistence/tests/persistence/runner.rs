@@ -84,12 +84,27 @@ agentry_persistence::backend_tests! {
         runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().unwrap();
         // The lease stays through provisioning → running.
         tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
-        assert!(runner::renew_lease(&mut conn, task.id, "me", at(200)).unwrap());
-        assert!(!runner::renew_lease(&mut conn, task.id, "other", at(200)).unwrap());
+        assert!(runner::renew_lease(&mut conn, task.id, 1, "me", at(200)).unwrap());
+        assert!(!runner::renew_lease(&mut conn, task.id, 1, "other", at(200)).unwrap());
         // Not expired at 150 any more: the renewal moved it to 200.
         assert!(runner::expired_leases(&mut conn, at(150), 10).unwrap().is_empty());
         tasks::transition_task(&mut conn, task.id, Trigger::Cancel, &TransitionDetails::default(), at(20)).unwrap();
-        assert!(!runner::renew_lease(&mut conn, task.id, "me", at(300)).unwrap());
+        assert!(!runner::renew_lease(&mut conn, task.id, 1, "me", at(300)).unwrap());
+        // Retried and claimed again by the same owner (one process claims under one name):
+        // the cancelled attempt's renewal is still refused, its agent stopped; the new one's
+        // is not. The old run's own transitions leave the new attempt alone.
+        tasks::transition_task(&mut conn, task.id, Trigger::Retry, &TransitionDetails::default(), at(21)).unwrap();
+        let again = runner::claim_next(&mut conn, "me", at(22), LEASE).unwrap().unwrap();
+        assert_eq!((again.id, again.attempt), (task.id, 2));
+        assert!(!runner::renew_lease(&mut conn, task.id, 1, "me", at(300)).unwrap());
+        assert!(runner::renew_lease(&mut conn, task.id, 2, "me", at(300)).unwrap());
+        let stale = tasks::transition_task_at(&mut conn, task.id, 1, Trigger::AgentStarted, &TransitionDetails::default(), at(23));
+        assert!(stale.unwrap().is_none());
+        assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().state, TaskState::Provisioning);
+        let (moved, _) = tasks::transition_task_at(&mut conn, task.id, 2, Trigger::AgentStarted, &TransitionDetails::default(), at(24))
+            .unwrap()
+            .unwrap();
+        assert_eq!(moved.state, TaskState::Running);
     }
 
     // An expired lease is recovered once: the lost run (with the cost its output showed) and
@@ -118,7 +133,26 @@ agentry_persistence::backend_tests! {
         assert_eq!(stored, log);
         assert!(runner::recover_expired(&mut conn, &expired[0], at(71), None, at(73)).unwrap().is_none());
         // The old owner can no longer renew.
-        assert!(!runner::renew_lease(&mut conn, task.id, "dead", at(500)).unwrap());
+        assert!(!runner::renew_lease(&mut conn, task.id, 1, "dead", at(500)).unwrap());
+    }
+
+    // A run that ends after its task was cancelled (the cancel came while its work was being
+    // committed or pushed) is recorded, its cost counted, but it is not the runner's to
+    // publish: `Stopped`, not `Current`.
+    fn a_run_recorded_after_its_task_was_cancelled_publishes_nothing(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        let claimed = runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().unwrap();
+        tasks::transition_task(&mut conn, task.id, Trigger::Cancel, &TransitionDetails::default(), at(20)).unwrap();
+        let run = Run { finished_at: Some(at(21)), ..lost_run(&claimed, Some("0.4")) };
+        let run = Run { outcome: RunOutcome::Succeeded, ..run };
+        assert_eq!(
+            runner::record_finished_run(&mut conn, &run, &RunLog::of("done"), at(21)).unwrap(),
+            RunRecorded::Stopped
+        );
+        let after = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!((after.state, after.cost_usd.unwrap().to_string()), (TaskState::Cancelled, "0.4".to_owned()));
     }
 
     // A finished run is recorded at once, before publishing (its reserve released), and
@@ -168,7 +202,8 @@ agentry_persistence::backend_tests! {
         let now = tasks::get_task(&mut conn, task.id).unwrap();
         assert_eq!((now.state, now.attempt), (TaskState::Provisioning, 2));
         assert_eq!(now.cost_usd.unwrap().to_string(), "0.75");
-        assert!(runner::renew_lease(&mut conn, task.id, "other", at(100)).unwrap());
+        assert!(runner::renew_lease(&mut conn, task.id, 2, "other", at(100)).unwrap());
+        assert!(!runner::renew_lease(&mut conn, task.id, 1, "other", at(100)).unwrap());
     }
 
     // After the third attempt dies the task fails with a message instead of looping.

@@ -59,7 +59,6 @@ fn backfill(conn: &mut AnyConnection) {
     let created = include_str!("../../../../migrations/2026-11-26-000003_metrics_rollups/up.sql");
     let rebuilt = include_str!("../../../../migrations/2026-11-29-000026_lost_run_month/up.sql");
     let statements = agentry_testkit::sql::statements_starting_with(created, "INSERT")
-        .into_iter()
         .chain(agentry_testkit::sql::statements_starting_with(
             rebuilt, "DELETE",
         ))

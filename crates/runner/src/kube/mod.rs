@@ -381,8 +381,15 @@ impl KubeRunner {
             end.end.unpublishable = Self::apply(worktree, patch).await.err();
         }
         let ended = end.end.ended.clone();
-        let (verdict, report, output) =
-            local::conclude(job, end.end, parser, Some(&network.meter), worktree).await;
+        let (verdict, report, output) = local::conclude(
+            job,
+            end.end,
+            parser,
+            Some(&network.meter),
+            worktree,
+            &control.cancel,
+        )
+        .await;
         Ok((verdict, Some(report), Some(ended), output))
     }
 

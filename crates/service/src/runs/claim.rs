@@ -87,9 +87,15 @@ pub(super) async fn run_task(service: &Service, task: Task) {
         }
     };
     let (cancel, cancelled) = watch::channel(false);
+    let renewer = tokio::spawn(renew_lease(service.clone(), id, attempt, cancel.clone()));
+    // The lease is renewed while an earlier attempt of the task still ends here.
+    let _turn = service.parts.runs.turns.turn(id).await;
     service.parts.runs.active.lock().insert(id, cancel.clone());
+    // A shutdown that began while this run was being claimed or prepared did not see it.
+    if service.parts.runs.stopping.load(Ordering::SeqCst) {
+        let _ = cancel.send(true);
+    }
     let (started, on_start) = oneshot::channel();
-    let renewer = tokio::spawn(renew_lease(service.clone(), id, cancel.clone()));
     let running = {
         let service = service.clone();
         let cancel = cancel.clone();
@@ -99,14 +105,21 @@ pub(super) async fn run_task(service: &Service, task: Task) {
             }
             let moved = transition(
                 &service,
-                id,
+                (id, attempt),
                 Trigger::AgentStarted,
                 TransitionDetails::default(),
             )
             .await;
-            if let Err(e) = moved {
-                tracing::info!(task = %id, error = %e, "the task left provisioning; stopping the agent");
-                let _ = cancel.send(true);
+            match moved {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::info!(task = %id, attempt, "the task is at another attempt; stopping the agent");
+                    let _ = cancel.send(true);
+                }
+                Err(e) => {
+                    tracing::info!(task = %id, error = %e, "the task left provisioning; stopping the agent");
+                    let _ = cancel.send(true);
+                }
             }
         })
     };
@@ -145,15 +158,24 @@ pub(super) async fn run_task(service: &Service, task: Task) {
     }
 }
 
-/// Renews the lease every third of its length; a refused renewal stops the agent.
-async fn renew_lease(service: Service, id: Uuid, cancel: watch::Sender<bool>) {
+/// Renews the lease of attempt `attempt` every third of its length; a refused renewal stops
+/// the agent.
+async fn renew_lease(service: Service, id: Uuid, attempt: i32, cancel: watch::Sender<bool>) {
     let every = service.parts.runs.settings.lease / 3;
     let lease = lease_of(&service.parts.runs.settings);
     loop {
         tokio::time::sleep(every).await;
         let owner = service.parts.runs.owner.clone();
         let renewed = service
-            .db(move |conn| Ok(claims::renew_lease(conn, id, &owner, now() + lease)?))
+            .db(move |conn| {
+                Ok(claims::renew_lease(
+                    conn,
+                    id,
+                    attempt,
+                    &owner,
+                    now() + lease,
+                )?)
+            })
             .await;
         match renewed {
             Ok(true) => {}

@@ -133,6 +133,10 @@ pub(super) async fn open_pull_request(
         cost_text(cost)
     ));
     loop {
+        // Cancelled (or the service stopping) since the run was recorded: nothing is opened.
+        if patience.stopped(service) {
+            return Published::Stopped;
+        }
         let created = github
             .create_pull(owner, name, &title, branch, &repo.default_branch, &body)
             .await;
@@ -208,6 +212,9 @@ pub(super) async fn post_review(
         cost_text(cost)
     );
     loop {
+        if patience.stopped(service) {
+            return Published::Stopped;
+        }
         // Only a review of agentry's own account counts as posted: anyone may write the
         // marker in a review of theirs.
         let posted = match github.own_login().await {

@@ -11,13 +11,14 @@ pub(super) async fn settle_without_run(service: &Service, task: &Task, message: 
         error_message: Some(message.to_owned()),
         pull_request: None,
     };
-    let failed = transition(service, id, Trigger::Fail, details).await;
+    let failed = transition(service, (id, task.attempt), Trigger::Fail, details).await;
     match failed {
-        Ok(_) => tracing::warn!(
+        Ok(true) => tracing::warn!(
             task = %id,
             reason = agentry_domain::quote::one_line(message),
             "task failed before its agent ran"
         ),
+        Ok(false) => tracing::info!(task = %id, "the task is at another attempt; not failed"),
         Err(e) => tracing::info!(task = %id, error = %e, "could not fail a task"),
     }
 }
@@ -154,6 +155,11 @@ async fn record(
             tracing::info!(task = %id, attempt, "the run was already recorded by a recoverer; nothing is published");
             Ok(None)
         }
+        RunRecorded::Stopped => {
+            tracing::info!(task = %id, attempt, "the task was cancelled as its run ended; its cost is recorded, nothing is published");
+            money_freed(service).await;
+            Ok(None)
+        }
     }
 }
 
@@ -272,8 +278,11 @@ async fn apply(
                     let Some((trigger, details)) = &settlement.trigger else {
                         return Ok(true);
                     };
-                    match tasks::transition_task(conn, id, *trigger, details, now()) {
-                        Ok(_) => {}
+                    // The attempt is checked again in the transition itself: on PostgreSQL
+                    // another replica may recover the task between the read above and it.
+                    match tasks::transition_task_at(conn, id, attempt, *trigger, details, now()) {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return Ok(false),
                         // Cancelled meanwhile: the run is recorded all the same.
                         Err(DbError::InvalidTransition(_)) => return Ok(false),
                         Err(e) => return Err(e),
