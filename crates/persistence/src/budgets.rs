@@ -338,7 +338,10 @@ pub fn hold_call(
         // ([`crate::metering::record_held_call`]) and its recording
         // ([`crate::runner::record_finished_run`]) change it under that row's lock, and wait
         // for this decision or are seen by it, never overwritten by it.
-        lock_task_row(conn, task)?;
+        match crate::revisions::lock_task(conn, task) {
+            Err(DbError::NotFound) => return Ok(CallHold::NotRunning),
+            locked => locked?,
+        }
         // Few round trips while the lock is held: the task with its repository's budget,
         // the instance's budget, the month's spend and what runs hold, each read once.
         let row: Option<HoldRow> = tasks::table
@@ -496,20 +499,6 @@ fn any_budget_for(conn: &mut AnyConnection, task: Uuid) -> Result<bool, DbError>
         .first(conn)
         .optional()?;
     Ok(budget.flatten().is_some())
-}
-
-/// On PostgreSQL, locks the row of `task` for the rest of the transaction (SQLite's
-/// immediate transactions are serialised already).
-fn lock_task_row(conn: &mut AnyConnection, task: Uuid) -> Result<(), DbError> {
-    if let AnyConnection::Postgresql(pg) = conn {
-        tasks::table
-            .find(task.to_string())
-            .select(tasks::id)
-            .for_update()
-            .first::<String>(pg)
-            .optional()?;
-    }
-    Ok(())
 }
 
 /// On PostgreSQL, locks the budget row for the rest of the transaction (see

@@ -387,6 +387,12 @@ fn transition(
                 .unwrap_or("the task failed"),
         );
         let reason = convert::text(details.reason.as_deref().unwrap_or(trigger.as_str()));
+        // The row is locked before it is read: the state and attempt the update compares
+        // are not all that may change under us. A run recorded meanwhile (its own
+        // transaction, which locks the row too) changes the cost, and the rollups below add
+        // the difference between the task read and the task written: read unlocked on
+        // PostgreSQL, that run's cost was counted twice.
+        crate::revisions::lock_task(conn, id)?;
         for _ in 0..8 {
             let current = get_task(conn, id)?;
             if attempt.is_some_and(|a| a != current.attempt) {

@@ -95,6 +95,46 @@ fn assert_events_replay_to_state(conn: &mut AnyConnection, task: &Task, triggers
 }
 
 agentry_persistence::backend_tests! {
+    // A run recorded while a transition of its task is being decided (a cancel as the agent
+    // ends, a merge during a revision round) is counted once in the cost rollups: the
+    // transition locks the row before reading it (before, on PostgreSQL, it read the task
+    // before the run's cost, wrote after it, and the rollups added that cost a second time).
+    fn a_transition_racing_a_recorded_run_counts_its_cost_once(db) {
+        let db = wide_pool(db, 4);
+        let repo = repo(&db);
+        let task = create(&db, &repo, agentry_persistence::now());
+        let run = sonnet_run(task.id, 1, "1.5", agentry_persistence::now());
+        let (recording, recorded) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let db = &db;
+            let recorder = s.spawn(move || {
+                let mut conn = db.conn().unwrap();
+                agentry_persistence::write_tx::<_, DbError, _>(&mut conn, |conn| {
+                    tasks::record_run(conn, &run)?;
+                    recording.send(()).unwrap();
+                    // The transaction stays open while the cancel below is decided; with the
+                    // row lock the cancel waits for it whatever the time.
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    Ok(())
+                })
+                .unwrap();
+            });
+            let mut conn = db.conn().unwrap();
+            if matches!(&*conn, AnyConnection::Postgresql(_)) {
+                recorded.recv().unwrap();
+            }
+            apply(&mut conn, task.id, Trigger::Cancel, agentry_persistence::now());
+            recorder.join().unwrap();
+        });
+        use agentry_persistence::schema::{cost_daily, tasks as task_rows};
+        use diesel::prelude::*;
+        let mut conn = db.conn().unwrap();
+        let daily: Vec<i64> = cost_daily::table.select(cost_daily::cost_nanos).load(&mut *conn).unwrap();
+        let costs: Vec<Option<i64>> = task_rows::table.select(task_rows::cost_nanos).load(&mut *conn).unwrap();
+        assert_eq!(daily.iter().sum::<i64>(), 1_500_000_000);
+        assert_eq!(costs.iter().flatten().sum::<i64>(), 1_500_000_000);
+    }
+
     // queued → provisioning → running → pr_opened → completed, with the pull request, the
     // start and finish times and one event per step (reason = trigger name by default).
     fn happy_path_records_every_step(db) {
