@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use agentry_analytics::{ReportInputs, Totals, Window, report};
 use agentry_domain::{TaskState, TaskType};
-use agentry_persistence::tasks::costliest_in_window;
+use agentry_persistence::tasks::{CostWindow, costliest_in_window};
 use agentry_persistence::{AnyConnection, Db};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text, Timestamp};
@@ -188,7 +188,13 @@ fn baseline(
     inputs.coding_by_model_all_repos = by_model_all.into_iter().collect();
     let start = window.start().with_time(Time::MIDNIGHT).assume_utc();
     let end = to.with_time(Time::MIDNIGHT).assume_utc();
-    inputs.top_candidates = costliest_in_window(conn, start, end, None, 0, Some(10))?
+    let window = CostWindow {
+        from: start,
+        to: end,
+        repo_url: None,
+        costed: inputs.by_repo.iter().map(|(_, t)| t.costed).sum(),
+    };
+    inputs.top_candidates = costliest_in_window(conn, window, 0, Some(10))?
         .into_iter()
         .map(agentry_analytics::TaskFact::from)
         .collect();
@@ -199,7 +205,13 @@ fn baseline(
         else {
             continue;
         };
-        let found = costliest_in_window(conn, start, end, Some(repo_url), min, None)?;
+        let window = CostWindow {
+            from: start,
+            to: end,
+            repo_url: Some(repo_url),
+            costed: t.costed,
+        };
+        let found = costliest_in_window(conn, window, min, None)?;
         inputs
             .anomaly_candidates
             .extend(found.into_iter().map(agentry_analytics::TaskFact::from));

@@ -7,6 +7,7 @@ use agentry_domain::{
     Usd, transition_in,
 };
 use diesel::prelude::*;
+use std::collections::HashMap;
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
@@ -965,28 +966,50 @@ pub fn list_tasks(
     Ok(TaskPage { tasks, next })
 }
 
-/// Costed tasks created in `[from, to)` costing at least `min_cost_nanos`, costliest first
-/// (cost desc, then creation desc, then id), at most `limit` when given: the report's top
-/// tasks and anomaly candidates.
+/// At most this many costed tasks in a period, [`costliest_in_window`] reads the period's
+/// tasks through the creation-time index (and sorts them) rather than the cost index.
+pub const SPARSE_PERIOD_TASKS: i64 = 20_000;
+
+/// Where [`costliest_in_window`] looks: tasks created in `[from, to)`, of one repository
+/// (by URL) or of all, with `costed` costed tasks in that period and repository, as the
+/// cost rollups count them (a count that is off only changes how fast the search is).
+#[derive(Debug, Clone, Copy)]
+pub struct CostWindow<'a> {
+    /// The first instant of the period.
+    pub from: OffsetDateTime,
+    /// The instant after it.
+    pub to: OffsetDateTime,
+    /// One repository's URL, or `None` for all.
+    pub repo_url: Option<&'a str>,
+    /// How many costed tasks the period has there.
+    pub costed: i64,
+}
+
+/// Costed tasks of `window` costing at least `min_cost_nanos`, costliest first (cost desc,
+/// then creation desc, then id), at most `limit` when given: the report's top tasks and
+/// anomaly candidates.
 ///
-/// The period is deliberately not part of the SQL: with it, planners choose the creation-time
-/// index and sort every task of the period (hundreds of milliseconds at a million tasks).
-/// Instead the cost index (in exactly this order) is read top-down in growing chunks and the
-/// period is applied here, so a call reads about `limit × (history / period)` index entries.
+/// Two ways, chosen by how many costed tasks the period has. A period with none reads
+/// nothing. A sparse one ([`SPARSE_PERIOD_TASKS`] or fewer) is read through the
+/// creation-time index and sorted. In a dense one, the planners' choice with the period in
+/// the SQL (the creation-time index, then a sort of every task of the period) takes
+/// hundreds of milliseconds at a million tasks; instead the cost index (in exactly this
+/// order) is read top-down in growing chunks, ids and creation times only, the period
+/// applied here, so a call reads about `limit × (history / period)` index entries; then the
+/// tasks found are read whole.
 pub fn costliest_in_window(
     conn: &mut AnyConnection,
-    from: OffsetDateTime,
-    to: OffsetDateTime,
-    repo_url: Option<&str>,
+    window: CostWindow<'_>,
     min_cost_nanos: i64,
     limit: Option<usize>,
 ) -> Result<Vec<Task>, DbError> {
-    let mut chunk: i64 = limit.map_or(i64::MAX, |l| (l as i64).saturating_mul(8).max(64));
-    loop {
+    if window.costed <= 0 || limit == Some(0) {
+        return Ok(Vec::new());
+    }
+    let costliest = |repo_url: Option<&str>| {
         let mut q = tasks::table
             .filter(tasks::cost_nanos.is_not_null())
             .filter(tasks::cost_nanos.ge(min_cost_nanos))
-            .select(TaskRow::as_select())
             .order((
                 tasks::cost_nanos.desc(),
                 tasks::created_at.desc(),
@@ -996,24 +1019,62 @@ pub fn costliest_in_window(
         if let Some(repo) = repo_url {
             q = q.filter(tasks::repo_url.eq(repo.to_owned()));
         }
+        q
+    };
+    if window.costed <= SPARSE_PERIOD_TASKS {
+        let mut q = costliest(window.repo_url)
+            .filter(tasks::created_at.ge(to_db(window.from)))
+            .filter(tasks::created_at.lt(to_db(window.to)))
+            .select(TaskRow::as_select());
+        if let Some(l) = limit {
+            q = q.limit(i64::try_from(l).unwrap_or(i64::MAX));
+        }
+        return q
+            .load::<TaskRow>(conn)?
+            .into_iter()
+            .map(Task::try_from)
+            .collect();
+    }
+    let mut chunk: i64 = limit.map_or(i64::MAX, |l| (l as i64).saturating_mul(8).max(64));
+    loop {
+        let mut q = costliest(window.repo_url).select((tasks::id, tasks::created_at));
         if chunk < i64::MAX {
             q = q.limit(chunk);
         }
-        let rows: Vec<TaskRow> = q.load(conn)?;
+        let rows: Vec<(String, PrimitiveDateTime)> = q.load(conn)?;
         let exhausted = (rows.len() as i64) < chunk;
-        let mut found = Vec::new();
-        for row in rows {
-            let task = Task::try_from(row)?;
-            if task.created_at >= from && task.created_at < to {
-                found.push(task);
-            }
-        }
+        let mut found: Vec<String> = rows
+            .into_iter()
+            .filter(|(_, created)| {
+                let created = from_db(*created);
+                created >= window.from && created < window.to
+            })
+            .map(|(id, _)| id)
+            .collect();
         if exhausted || limit.is_some_and(|l| found.len() >= l) {
             if let Some(l) = limit {
                 found.truncate(l);
             }
-            return Ok(found);
+            return tasks_in_order(conn, &found);
         }
         chunk = chunk.saturating_mul(8);
     }
+}
+
+/// The tasks of `ids`, whole, in that order.
+fn tasks_in_order(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<Task>, DbError> {
+    let mut by_id: HashMap<String, Task> = HashMap::with_capacity(ids.len());
+    // Bound parameters stay far under SQLite's and PostgreSQL's limits.
+    for chunk in ids.chunks(5_000) {
+        let rows: Vec<TaskRow> = tasks::table
+            .filter(tasks::id.eq_any(chunk))
+            .select(TaskRow::as_select())
+            .load(conn)?;
+        for row in rows {
+            by_id.insert(row.id.clone(), Task::try_from(row)?);
+        }
+    }
+    ids.iter()
+        .map(|id| by_id.remove(id).ok_or(DbError::NotFound))
+        .collect()
 }

@@ -29,7 +29,7 @@ use agentry_analytics::{
 };
 use agentry_domain::{RepoUrl, TaskType};
 use agentry_persistence::rollups::{self, Combo, OutcomeSums, ReportStamp, Sums};
-use agentry_persistence::tasks::costliest_in_window;
+use agentry_persistence::tasks::{CostWindow, costliest_in_window};
 use agentry_persistence::{AnyConnection, DbError};
 use rust_decimal::Decimal;
 use time::{Date, OffsetDateTime, Time};
@@ -166,11 +166,23 @@ pub fn load_inputs(
     let mut anomaly_candidates = Vec::new();
     for (repo_url, sums) in &by_repo {
         if let Some(threshold) = anomaly_threshold_nanos(sums.costed, sums.cost_nanos) {
-            let found = costliest_in_window(conn, from, to, Some(repo_url), threshold, None)?;
+            let period = CostWindow {
+                from,
+                to,
+                repo_url: Some(repo_url),
+                costed: sums.costed,
+            };
+            let found = costliest_in_window(conn, period, threshold, None)?;
             anomaly_candidates.extend(found.into_iter().map(TaskFact::from));
         }
     }
-    let top_candidates = costliest_in_window(conn, from, to, repo, 0, Some(TOP))?
+    let period = CostWindow {
+        from,
+        to,
+        repo_url: repo,
+        costed: by_repo.values().map(|s| s.costed).sum(),
+    };
+    let top_candidates = costliest_in_window(conn, period, 0, Some(TOP))?
         .into_iter()
         .map(TaskFact::from)
         .collect();

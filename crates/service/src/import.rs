@@ -9,6 +9,12 @@ use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, UtcOffset};
 use uuid::Uuid;
 
+/// The earliest `createdAt` accepted.
+pub const IMPORT_EARLIEST: OffsetDateTime = time::macros::datetime!(2000-01-01 00:00 UTC);
+
+/// How far past now a `createdAt` may be (clocks of other systems differ).
+pub const IMPORT_FUTURE_ALLOWANCE: time::Duration = time::Duration::DAY;
+
 /// Longest title accepted.
 const MAX_TITLE_CHARS: usize = 1_000;
 /// Longest model name accepted.
@@ -118,6 +124,16 @@ fn parse_line(text: &str) -> Result<ImportTask, String> {
         OffsetDateTime::parse(&line.created_at, &Rfc3339),
     )?
     .to_offset(UtcOffset::UTC);
+    // The cost rollups keep a row per day from the first task's day to the last one's: a
+    // date centuries away (a typo for the year) would make them years long, and every later
+    // write rewrite them.
+    let latest = OffsetDateTime::now_utc() + IMPORT_FUTURE_ALLOWANCE;
+    if created_at < IMPORT_EARLIEST || created_at > latest {
+        return Err(format!(
+            "createdAt: must be from {} to a day from now",
+            IMPORT_EARLIEST.date()
+        ));
+    }
     let (pr_url, pr_number) = match line.pr_url {
         None => (None, None),
         Some(u) => {
@@ -325,6 +341,14 @@ mod tests {
             (
                 &GOOD.replace("pull/7", "pull/7\\u0000"),
                 "prUrl: must not contain the NUL",
+            ),
+            (
+                &GOOD.replace("2026-11-01T10:00:00Z", "2126-11-01T10:00:00Z"),
+                "createdAt: must be from 2000-01-01 to a day from now",
+            ),
+            (
+                &GOOD.replace("2026-11-01T10:00:00Z", "1999-12-31T23:59:59Z"),
+                "createdAt: must be from 2000-01-01",
             ),
         ];
         for (line, field) in cases {

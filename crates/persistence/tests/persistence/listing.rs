@@ -301,3 +301,52 @@ agentry_persistence::backend_tests! {
         assert_listed_in_order(db, &all, &[1, 2, 3]);
     }
 }
+
+/// The costliest tasks of a period (the cost report's top tasks and anomaly candidates).
+mod costliest {
+    use super::*;
+    use agentry_persistence::tasks::{CostWindow, SPARSE_PERIOD_TASKS, costliest_in_window};
+
+    agentry_persistence::backend_tests! {
+        // A sparse period is read through the creation-time index, a dense one through the
+        // cost index: both give the same tasks in the same order (cost, then creation, then
+        // id, descending), limited, filtered by repository and minimum cost; an empty period
+        // reads nothing.
+        fn both_ways_find_the_same_tasks_in_the_same_order(db) {
+            let (a, b) = (repo(db), connect(db, "o", "b"));
+            let mut conn = db.conn().unwrap();
+            for i in 0..30_i64 {
+                let repo = if i % 3 == 0 { &b } else { &a };
+                // Days 0–5 of T0, five tasks a day; costs repeat, so ties are ordered.
+                let task = create(db, repo, T0 + time::Duration::days(i / 5));
+                let cost = ["0.5", "2", "0.5", "1", "3"][(i % 5) as usize];
+                tasks::record_run(&mut conn, &sonnet_run(task.id, 1, cost, at(1))).unwrap();
+            }
+            let from = T0.replace_time(time::Time::MIDNIGHT) + time::Duration::days(1);
+            let to = from + time::Duration::days(3);
+            for repo_url in [None, Some(a.url.as_str()), Some(b.url.as_str())] {
+                for (min, limit) in [(0, Some(10)), (0, None), (1_000_000_000, None), (0, Some(1))] {
+                    let mut find = |costed| {
+                        let window = CostWindow { from, to, repo_url, costed };
+                        costliest_in_window(&mut conn, window, min, limit).unwrap()
+                    };
+                    let sparse = find(15);
+                    let dense = find(SPARSE_PERIOD_TASKS + 1);
+                    let ids = |found: &[Task]| found.iter().map(|t| t.id).collect::<Vec<_>>();
+                    assert_eq!(ids(&sparse), ids(&dense), "{repo_url:?} {min} {limit:?}");
+                    assert!(!sparse.is_empty());
+                    assert!(sparse.iter().all(|t| t.created_at >= from && t.created_at < to));
+                    assert!(sparse.iter().all(|t| t.cost_usd.unwrap().to_nanos() >= min));
+                    assert!(limit.is_none_or(|l| sparse.len() <= l));
+                    let order: Vec<_> = sparse
+                        .iter()
+                        .map(|t| (std::cmp::Reverse(t.cost_usd), std::cmp::Reverse(t.created_at), t.id.to_string()))
+                        .collect();
+                    assert!(order.is_sorted(), "{repo_url:?} {min} {limit:?}");
+                }
+            }
+            let empty = CostWindow { from, to, repo_url: None, costed: 0 };
+            assert!(costliest_in_window(&mut conn, empty, 0, Some(10)).unwrap().is_empty());
+        }
+    }
+}
