@@ -81,7 +81,7 @@ use costing::{
 use prepare::{Prepared, Refusal, prepare};
 use publish::{Patience, Published, open_pull_request, post_review};
 pub(crate) use recovery::{recovery_every, recovery_step};
-use settle::{settle, settle_without_run};
+use settle::{record, settle, settle_without_run};
 
 /// How long a stopped agent has at each step of the stop ladder: after SIGINT (when Claude
 /// Code prints what it spent) before SIGTERM, and after SIGTERM before SIGKILL. Two of them

@@ -136,8 +136,14 @@ pub(super) async fn run_task(service: &Service, task: Task) {
     let _ = running.await;
     if service.parts.runs.stopping.load(Ordering::SeqCst) {
         // Shutting down: the task stays leased and is recovered after the restart, with
-        // the cost its output shows.
+        // the cost its output shows. A task cancelled before has no lease any more, so no
+        // replica would ever recover it: its run is recorded now (the database only).
         renewer.abort();
+        if was_cancelled(service, id, attempt).await
+            && let Err(e) = record(service, &task, &prepared, &execution).await
+        {
+            tracing::error!(task = %id, error = %e, "could not record a cancelled run at shutdown");
+        }
         service.parts.runs.active.lock().remove(&id);
         return;
     }
@@ -156,6 +162,12 @@ pub(super) async fn run_task(service: &Service, task: Task) {
             tracing::error!(task = %id, error = %e, "could not record a run; it is recovered when its lease expires");
         }
     }
+}
+
+/// Whether attempt `attempt` of task `id` is the task's and was cancelled.
+async fn was_cancelled(service: &Service, id: Uuid, attempt: i32) -> bool {
+    let task = service.db(move |conn| Ok(tasks::get_task(conn, id)?)).await;
+    task.is_ok_and(|t| t.state == TaskState::Cancelled && t.attempt == attempt)
 }
 
 /// Renews the lease of attempt `attempt` every third of its length; a refused renewal stops

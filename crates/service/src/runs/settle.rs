@@ -121,7 +121,7 @@ fn outcome_of(verdict: &Verdict) -> RunOutcome {
 /// Step 1: records the run and its cost (after the gateway wrote its metered calls).
 /// Returns the cost, or `None` when the run is not this process's to publish (the task was
 /// recovered elsewhere during the run, or a recoverer recorded it already).
-async fn record(
+pub(super) async fn record(
     service: &Service,
     task: &Task,
     prepared: &Prepared,
