@@ -221,7 +221,10 @@ pub fn cost_report(
     window: Window,
     repo: Option<&RepoUrl>,
 ) -> Result<CostReport, DbError> {
-    Ok(report(&load_inputs(conn, window, repo)?))
+    // One snapshot for every read: a write committed between two of them would give a
+    // report that disagrees with itself (a total that is not the sum of its breakdown).
+    let inputs = agentry_persistence::read_tx(conn, |conn| load_inputs(conn, window, repo))?;
+    Ok(report(&inputs))
 }
 
 /// How many computed reports are kept (over every service of the process); the least
