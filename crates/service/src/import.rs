@@ -10,10 +10,10 @@ use time::{OffsetDateTime, UtcOffset};
 use uuid::Uuid;
 
 /// The earliest `createdAt` accepted.
-pub const IMPORT_EARLIEST: OffsetDateTime = time::macros::datetime!(2000-01-01 00:00 UTC);
+pub(crate) const IMPORT_EARLIEST: OffsetDateTime = time::macros::datetime!(2000-01-01 00:00 UTC);
 
 /// How far past now a `createdAt` may be (clocks of other systems differ).
-pub const IMPORT_FUTURE_ALLOWANCE: time::Duration = time::Duration::DAY;
+pub(crate) const IMPORT_FUTURE_ALLOWANCE: time::Duration = time::Duration::DAY;
 
 /// Longest title accepted.
 const MAX_TITLE_CHARS: usize = 1_000;
