@@ -4,11 +4,11 @@
 //! The month is the UTC calendar month. What a month spent is the cost of the runs that
 //! finished in it (a lost run, whose end is not known, in the month it started); what is
 //! held (`tasks.budget_reserve_nanos`, counted while the task is being provisioned or run,
-//! and for a cancelled task until its run is recorded, [`CANCELLED_HOLD`]) is either a
-//! run's whole allowance, taken by its claim ([`Holding::WholeRun`]), or a metered run's
-//! calls: their costs so far and the reservations of those in flight
-//! ([`Holding::PerCall`], [`hold_call`]). Both are decided in one transaction each against
-//! what is left, so parallel runs never share one remainder.
+//! so it goes away when the task leaves those states) is either a run's whole allowance,
+//! taken by its claim ([`Holding::WholeRun`]), or a metered run's calls: their costs so far
+//! and the reservations of those in flight ([`Holding::PerCall`], [`hold_call`]). Both are
+//! decided in one transaction each against what is left, so parallel runs never share one
+//! remainder.
 
 use agentry_domain::{BudgetScope, Task, TaskState, Usd};
 use diesel::prelude::*;
@@ -82,37 +82,14 @@ pub fn spent_nanos(
     crate::scrape::month_spent_nanos(conn, repo, now)
 }
 
-/// How long a cancelled task's hold still counts after the cancel, at most: until its run
-/// is recorded (which clears the hold and spends its cost), so that what the run spent
-/// before it was stopped is neither freed nor spent meanwhile. The runner notices a cancel
-/// at its next lease renewal (a third of `AGENTRY_RUN_LEASE_SECS`) and records the run
-/// after stopping the agent; a run whose replica died in between is recorded at that
-/// replica's restart, and its hold stops counting after this time whatever happens.
-pub const CANCELLED_HOLD: time::Duration = time::Duration::minutes(15);
-
-/// The tasks whose hold (`budget_reserve_nanos`, when not null) counts at `now`: those being
-/// provisioned or run, and those cancelled within [`CANCELLED_HOLD`].
-#[diesel::dsl::auto_type]
-fn holding(since: time::PrimitiveDateTime) -> _ {
-    let in_progress: [&'static str; 2] = [
-        TaskState::Provisioning.as_str(),
-        TaskState::Running.as_str(),
-    ];
-    let cancelled: &'static str = TaskState::Cancelled.as_str();
-    tasks::state
-        .eq_any(in_progress)
-        .or(tasks::state.eq(cancelled).and(tasks::finished_at.gt(since)))
-}
-
-/// Nano-dollars held at `now` by the tasks being provisioned or run (and those cancelled
-/// moments ago, [`CANCELLED_HOLD`]), of one repository or of every task.
-pub fn reserved_nanos(
-    conn: &mut AnyConnection,
-    repo: Option<Uuid>,
-    now: OffsetDateTime,
-) -> Result<i64, DbError> {
+/// Nano-dollars reserved by the tasks being provisioned or run, of one repository or of
+/// every task.
+pub fn reserved_nanos(conn: &mut AnyConnection, repo: Option<Uuid>) -> Result<i64, DbError> {
     let mut query = tasks::table
-        .filter(holding(to_db(now - CANCELLED_HOLD)))
+        .filter(tasks::state.eq_any([
+            TaskState::Provisioning.as_str(),
+            TaskState::Running.as_str(),
+        ]))
         .filter(tasks::budget_reserve_nanos.is_not_null())
         .select(tasks::budget_reserve_nanos)
         .into_boxed();
@@ -145,7 +122,7 @@ pub fn instance_month(
     Ok(MonthToDate {
         budget: instance_budget(conn)?,
         spent: usd(spent_nanos(conn, None, now)?)?,
-        reserved: usd(reserved_nanos(conn, None, now)?)?,
+        reserved: usd(reserved_nanos(conn, None)?)?,
     })
 }
 
@@ -162,7 +139,7 @@ pub fn repository_month(
     Ok(MonthToDate {
         budget: convert::usd(budget)?,
         spent: usd(spent_nanos(conn, Some(repo), now)?)?,
-        reserved: usd(reserved_nanos(conn, Some(repo), now)?)?,
+        reserved: usd(reserved_nanos(conn, Some(repo))?)?,
     })
 }
 
@@ -421,7 +398,7 @@ type HoldRow = (Option<String>, String, i32, Option<i64>, Option<i64>);
 struct Usage {
     /// Spent by the runs recorded in the month ([`crate::tasks::Run::spend_time`]).
     spent: Sums,
-    /// Held by the tasks being provisioned or run (and those cancelled moments ago).
+    /// Held by the tasks being provisioned or run.
     held: Sums,
 }
 
@@ -444,7 +421,10 @@ fn month_usage(
             sql::<Bool>("FALSE"),
         ));
     let held = tasks::table
-        .filter(holding(to_db(now - CANCELLED_HOLD)))
+        .filter(tasks::state.eq_any([
+            TaskState::Provisioning.as_str(),
+            TaskState::Running.as_str(),
+        ]))
         .filter(tasks::budget_reserve_nanos.is_not_null())
         .select((
             tasks::repo_id,

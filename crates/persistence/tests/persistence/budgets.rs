@@ -171,7 +171,7 @@ agentry_persistence::backend_tests! {
         assert_eq!(reserves.len(), 3, "{reserves:?}");
         assert_eq!(reserves.iter().sum::<i64>(), 1_000_000_000);
         let mut conn = db.conn().unwrap();
-        assert_eq!(budgets::reserved_nanos(&mut conn, Some(repo.id), at(100)).unwrap(), 1_000_000_000);
+        assert_eq!(budgets::reserved_nanos(&mut conn, Some(repo.id)).unwrap(), 1_000_000_000);
     }
 
     // What January spent does not count in February: a task blocked in January is a
@@ -344,41 +344,6 @@ mod per_call {
             assert_eq!((month.spent, month.reserved), (usd("0.5"), usd("0")));
         }
 
-        // A cancelled run's hold still counts until its run is recorded (the runner notices
-        // the cancel at its next lease renewal): what it spent before it was stopped is not
-        // freed for other runs meanwhile (before, it was neither held nor spent, and another
-        // run's call was admitted against it). A run never recorded stops holding after a
-        // while.
-        fn a_cancelled_runs_hold_counts_until_its_run_is_recorded(db) {
-            let repo = repo(db);
-            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "1"}));
-            let a = create(db, &repo, at(1)).id;
-            let b = create(db, &repo, at(2)).id;
-            let mut conn = db.conn().unwrap();
-            assert_eq!(claim_per_call(&mut conn, "me").unwrap().id, a);
-            assert_eq!(claim_per_call(&mut conn, "me").unwrap().id, b);
-            assert_eq!(hold(&mut conn, a, "0.9"), budgets::CallHold::Held);
-            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(a, "0.9"), usd("0.9")).unwrap();
-            assert!(matches!(hold(&mut conn, b, "0.9"), budgets::CallHold::Refused(_)));
-            tasks::transition_task(&mut conn, a, Trigger::Cancel, &TransitionDetails::default(), at(22)).unwrap();
-            let budgets::CallHold::Refused(short) = hold(&mut conn, b, "0.9") else {
-                panic!("the cancelled run's $0.90 still counts");
-            };
-            assert_eq!(short.held, usd("0.9"));
-            assert_eq!(hold(&mut conn, a, "0.01"), budgets::CallHold::NotRunning);
-            assert_eq!(budgets::repository_month(&mut conn, repo.id, at(40)).unwrap().reserved, usd("0.9"));
-            // Long after the cancel, a run nobody recorded holds nothing any more.
-            let later = at(22) + Duration::minutes(16);
-            assert_eq!(budgets::repository_month(&mut conn, repo.id, later).unwrap().reserved, usd("0"));
-            // Recorded: its cost is spent, its hold gone.
-            let run = Run { outcome: RunOutcome::Cancelled, ..sonnet_run(a, 1, "0.9", at(35)) };
-            runner::record_finished_run(&mut conn, &run, &runner::RunLog::of(""), at(35)).unwrap();
-            let month = budgets::repository_month(&mut conn, repo.id, at(40)).unwrap();
-            assert_eq!((month.spent, month.reserved), (usd("0.9"), usd("0")));
-            assert!(matches!(hold(&mut conn, b, "0.2"), budgets::CallHold::Refused(_)));
-            assert_eq!(hold(&mut conn, b, "0.1"), budgets::CallHold::Held);
-        }
-
         // Eight callers race over ten runs that share a $1 instance budget, each call holding
         // $0.03: the holds never add up to more than the dollar, whoever wins (33 calls, $0.99).
         fn racing_calls_never_hold_more_than_the_budget(db) {
@@ -404,7 +369,7 @@ mod per_call {
             });
             assert_eq!(held.iter().sum::<usize>(), 33, "{held:?}");
             let mut conn = db.conn().unwrap();
-            assert_eq!(budgets::reserved_nanos(&mut conn, None, at(100)).unwrap(), 990_000_000);
+            assert_eq!(budgets::reserved_nanos(&mut conn, None).unwrap(), 990_000_000);
         }
     }
 }
