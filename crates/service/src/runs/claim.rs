@@ -91,8 +91,9 @@ pub(super) async fn run_task(service: &Service, task: Task) {
     // The lease is renewed while an earlier attempt of the task still ends here.
     let _turn = service.parts.runs.turns.turn(id).await;
     service.parts.runs.active.lock().insert(id, cancel.clone());
-    // A shutdown that began while this run was being claimed or prepared did not see it.
-    if service.parts.runs.stopping.load(Ordering::SeqCst) {
+    // A shutdown that began while this run was being claimed or prepared did not see it,
+    // nor did a cancel sent while it waited for its turn (it went to the earlier attempt).
+    if service.parts.runs.stopping.load(Ordering::SeqCst) || !is_ours(service, id, attempt).await {
         let _ = cancel.send(true);
     }
     let (started, on_start) = oneshot::channel();
@@ -136,10 +137,11 @@ pub(super) async fn run_task(service: &Service, task: Task) {
     let _ = running.await;
     if service.parts.runs.stopping.load(Ordering::SeqCst) {
         // Shutting down: the task stays leased and is recovered after the restart, with
-        // the cost its output shows. A task cancelled before has no lease any more, so no
-        // replica would ever recover it: its run is recorded now (the database only).
+        // the cost its output shows. A task that left the run meanwhile (cancelled, or a
+        // revision round cancelled, merged or closed) has no lease any more, so no replica
+        // would ever recover it: its run is recorded now (the database only).
         renewer.abort();
-        if was_cancelled(service, id, attempt).await
+        if !is_ours(service, id, attempt).await
             && let Err(e) = record(service, &task, &prepared, &execution).await
         {
             tracing::error!(task = %id, error = %e, "could not record a cancelled run at shutdown");
@@ -164,10 +166,14 @@ pub(super) async fn run_task(service: &Service, task: Task) {
     }
 }
 
-/// Whether attempt `attempt` of task `id` is the task's and was cancelled.
-async fn was_cancelled(service: &Service, id: Uuid, attempt: i32) -> bool {
+/// Whether the task is still at attempt `attempt` and being provisioned or run, or the
+/// database could not tell (then the lease decides, at the next renewal).
+async fn is_ours(service: &Service, id: Uuid, attempt: i32) -> bool {
     let task = service.db(move |conn| Ok(tasks::get_task(conn, id)?)).await;
-    task.is_ok_and(|t| t.state == TaskState::Cancelled && t.attempt == attempt)
+    match task {
+        Ok(t) => t.attempt == attempt && is_running(t.state),
+        Err(_) => true,
+    }
 }
 
 /// Renews the lease of attempt `attempt` every third of its length; a refused renewal stops
