@@ -54,9 +54,6 @@ pub fn require_content_type(req: &HttpRequest, expected: &str) -> Result<(), Api
 /// Parses JSON text, which must be an object, into `T`; a failure names the member path
 /// (`issueNumber: invalid type…`).
 ///
-/// No text may hold a NUL character (`\u0000`): nothing the API takes means one, and
-/// PostgreSQL cannot store it, so it is refused up front with the member's path.
-///
 /// A number with a zero fraction that fits an `i64` (`6067.0`, `1e3`) is taken as that
 /// integer: JSON does not tell `1.0` from `1`, and JSON Schema counts both as integers, so
 /// a client (or a generator working from the OpenAPI document) may send either.
@@ -67,12 +64,6 @@ pub fn parse_json<T: DeserializeOwned>(text: &[u8]) -> Result<T, ApiError> {
     // its members in order (`[null]` for `{"monthlyBudgetUsd": null}`), which no client means.
     if !value.is_object() {
         return Err(ApiError::invalid_request("the body must be a JSON object"));
-    }
-    if let Some(path) = nul_character_at(&value, "") {
-        return Err(ApiError::invalid_parameter(
-            &path,
-            "must not contain the NUL character (U+0000)",
-        ));
     }
     integral_numbers_as_integers(&mut value);
     serde_path_to_error::deserialize(value).map_err(|e| {
@@ -86,39 +77,6 @@ pub fn parse_json<T: DeserializeOwned>(text: &[u8]) -> Result<T, ApiError> {
             ApiError::invalid_parameter(&path, inner)
         }
     })
-}
-
-/// The path (`title`, `egressAllow[2]`; `.` for the body itself) of the first member name
-/// or string below `value` that holds a NUL character.
-fn nul_character_at(value: &serde_json::Value, path: &str) -> Option<String> {
-    match value {
-        serde_json::Value::String(s) if s.contains('\0') => Some(or_root(path)),
-        serde_json::Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .find_map(|(i, item)| nul_character_at(item, &format!("{path}[{i}]"))),
-        serde_json::Value::Object(members) => members.iter().find_map(|(name, member)| {
-            if name.contains('\0') {
-                Some(or_root(path))
-            } else {
-                let below = if path.is_empty() {
-                    name.clone()
-                } else {
-                    format!("{path}.{name}")
-                };
-                nul_character_at(member, &below)
-            }
-        }),
-        _ => None,
-    }
-}
-
-fn or_root(path: &str) -> String {
-    if path.is_empty() {
-        ".".into()
-    } else {
-        path.into()
-    }
 }
 
 /// Replaces every float with a zero fraction within the `i64` range by that integer.
@@ -158,53 +116,5 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             let bytes = read_limited(payload, JSON_LIMIT).await?;
             parse_json(&bytes).map(JsonBody)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, serde::Deserialize)]
-    #[allow(dead_code, reason = "only parsed")]
-    struct Body {
-        title: String,
-        #[serde(default)]
-        tags: Vec<String>,
-        #[serde(default)]
-        extra: Option<serde_json::Value>,
-    }
-
-    fn refusal(text: &str) -> String {
-        let e = parse_json::<Body>(text.as_bytes()).unwrap_err();
-        assert_eq!(
-            actix_web::ResponseError::status_code(&e),
-            actix_web::http::StatusCode::BAD_REQUEST,
-            "{text}"
-        );
-        e.to_string()
-    }
-
-    #[test]
-    fn a_nul_character_anywhere_is_refused_with_its_path() {
-        for (text, path) in [
-            (r#"{"title": "a\u0000b"}"#, "title"),
-            (r#"{"title": "a", "tags": ["x", "\u0000"]}"#, "tags[1]"),
-            (
-                r#"{"title": "a", "extra": {"k": [{"v": "\u0000"}]}}"#,
-                "extra.k[0].v",
-            ),
-            (r#"{"title": "a", "extra": {"k\u0000": 1}}"#, "extra"),
-            (r#"{"title\u0000": "a"}"#, "."),
-        ] {
-            let message = refusal(text);
-            assert!(
-                message.contains(&format!("{path}: must not contain the NUL character")),
-                "{text}: {message}"
-            );
-        }
-        // An escaped backslash before `u0000` is text, not a NUL.
-        let body: Body = parse_json(br#"{"title": "a\\u0000b"}"#).unwrap();
-        assert_eq!(body.title, "a\\u0000b");
     }
 }

@@ -41,9 +41,11 @@ pub fn create_token(
     token_hash: &str,
     now: OffsetDateTime,
 ) -> Result<ApiToken, DbError> {
+    // Stored as PostgreSQL can hold it (no NUL), and answered as stored.
+    let name = crate::convert::text(name);
     let token = ApiToken {
         id: Uuid::new_v4(),
-        name: name.to_owned(),
+        name: name.clone().into_owned(),
         role,
         created_at: now,
     };
@@ -51,7 +53,7 @@ pub fn create_token(
         diesel::insert_into(api_tokens::table)
             .values((
                 api_tokens::id.eq(token.id.to_string()),
-                api_tokens::name.eq(name),
+                api_tokens::name.eq(name.as_ref()),
                 api_tokens::role.eq(role.as_str()),
                 api_tokens::token_hash.eq(token_hash),
                 api_tokens::created_at.eq(to_db(now)),

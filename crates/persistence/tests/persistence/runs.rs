@@ -159,6 +159,27 @@ agentry_persistence::backend_tests! {
         );
     }
 
+    // A task's title and prompt and a token's name, as given to the API, are stored without
+    // NUL characters too (before, PostgreSQL refused them and the API answered 500).
+    fn task_and_token_text_is_stored_without_nul_characters(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        let new = agentry_persistence::tasks::NewTask {
+            title: "ti\0tle".into(),
+            prompt: "\0do it\0".into(),
+            ..new_task(&repo, at(1))
+        };
+        let task = tasks::create_task(&mut conn, &new, "created").unwrap();
+        assert_eq!((task.title.as_str(), task.prompt.as_str()), ("title", "do it"));
+        let token = agentry_persistence::tokens::create_token(
+            &mut conn, "na\0me", agentry_domain::Role::Member, "hash-of-a-token", at(2),
+        )
+        .unwrap();
+        assert_eq!(token.name, "name");
+        let listed = agentry_persistence::tokens::list_active(&mut conn).unwrap();
+        assert_eq!(listed.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["name"]);
+    }
+
     // Whether a run was sandboxed is kept as recorded: yes, no, or not known.
     fn the_sandbox_flag_round_trips(db) {
         let (task, mut conn) = a_task(db);
