@@ -18,9 +18,11 @@ pub const MAX_TITLE_CHARS: usize = 500;
 /// The longest task prompt accepted (bytes).
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 
-/// A task title as given: trimmed, non-blank, at most [`MAX_TITLE_CHARS`].
+/// A task title as given: trimmed, non-blank, at most [`MAX_TITLE_CHARS`] (NUL characters,
+/// which are not stored, do not count).
 pub(crate) fn task_title(raw: &str) -> Result<String, ServiceError> {
-    let title = raw.trim();
+    let stored = raw.replace('\0', "");
+    let title = stored.trim();
     if title.is_empty() {
         return Err(ServiceError::invalid("title", "must not be blank"));
     }
@@ -268,5 +270,24 @@ impl Service {
             }),
             (None, None) => None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_title_is_trimmed_and_its_nul_characters_do_not_count() {
+        assert_eq!(task_title("  a\0b ").unwrap(), "ab");
+        for blank in ["", "  ", "\0", " \0 \0"] {
+            assert!(
+                matches!(task_title(blank), Err(ServiceError::Invalid { ref field, .. }) if field == "title"),
+                "{blank:?}"
+            );
+        }
+        let long = "x".repeat(MAX_TITLE_CHARS);
+        assert!(task_title(&format!("{long}\0")).is_ok());
+        assert!(task_title(&format!("{long}x")).is_err());
     }
 }

@@ -86,7 +86,8 @@ pub async fn create_token(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let JsonBody(CreateToken { name, role }) = body;
-    let name = name.trim().to_owned();
+    // NUL characters are not stored (docs/contract.md#32-errors): a name of them is blank.
+    let name = name.replace('\0', "").trim().to_owned();
     if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
         return Err(ApiError::invalid_parameter(
             "name",
