@@ -7,6 +7,23 @@ use agentry_persistence::{AnyConnection, DbError};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+/// How many lock requests wait in this PostgreSQL database.
+fn lock_waiters(conn: &mut AnyConnection) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Waiting {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    use diesel::RunQueryDsl as _;
+    diesel::sql_query(
+        "SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted AND pid IN \
+         (SELECT pid FROM pg_stat_activity WHERE datname = current_database())",
+    )
+    .get_result::<Waiting>(conn)
+    .unwrap()
+    .n
+}
+
 /// Applies `trigger` with no details.
 fn apply(conn: &mut AnyConnection, id: Uuid, trigger: Trigger, now: OffsetDateTime) -> Task {
     apply_with(conn, id, trigger, &TransitionDetails::default(), now)
@@ -112,9 +129,16 @@ agentry_persistence::backend_tests! {
                 agentry_persistence::write_tx::<_, DbError, _>(&mut conn, |conn| {
                     tasks::record_run(conn, &run)?;
                     recording.send(()).unwrap();
-                    // The transaction stays open while the cancel below is decided; with the
-                    // row lock the cancel waits for it whatever the time.
-                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    // On PostgreSQL the transaction stays open until the cancel below waits
+                    // for the task's row (which it does before reading the task, or, before
+                    // the fix, after): so the cancel is decided while the run is recorded.
+                    if matches!(conn, AnyConnection::Postgresql(_)) {
+                        agentry_testkit::wait::eventually(
+                            std::time::Duration::from_secs(20),
+                            "the cancel to wait for the task's row",
+                            || lock_waiters(conn) > 0,
+                        );
+                    }
                     Ok(())
                 })
                 .unwrap();
