@@ -171,9 +171,29 @@ struct Rig {
     task_id: Uuid,
 }
 
+/// Claims the next queued task, which must be `task`, holding its budgets per call.
+fn claim(conn: &mut agentry_persistence::AnyConnection, task: Uuid) {
+    let claimed = agentry_persistence::runner::claim_next_holding(
+        conn,
+        "me",
+        agentry_persistence::now(),
+        time::Duration::seconds(600),
+        agentry_persistence::budgets::Holding::PerCall,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(claimed.id, task);
+}
+
 impl Rig {
-    /// The gateway in front of an upstream that follows `script`.
+    /// The gateway in front of an upstream that follows `script`, its task's first attempt
+    /// claimed (a gateway sends only the calls of a run in progress).
     async fn start(script: Script) -> Rig {
+        Rig::start_budgeted(script, None).await
+    }
+
+    /// As [`Rig::start`], with the instance's monthly budget set to `budget` before the claim.
+    async fn start_budgeted(script: Script, budget: Option<&str>) -> Rig {
         let up = upstream(script).await;
         let test_db = TestDb::sqlite();
         let db = test_db.db.clone();
@@ -201,6 +221,12 @@ impl Rig {
             "created",
         )
         .unwrap();
+        if let Some(budget) = budget {
+            let budget = Usd::parse(budget).unwrap();
+            agentry_persistence::budgets::set_instance_budget(&mut conn, Some(budget), now)
+                .unwrap();
+        }
+        claim(&mut conn, task_id);
         let url = url::Url::parse(&up.url).unwrap();
         let gateway = Gateway::new(
             GatewayConfig {
@@ -223,6 +249,25 @@ impl Rig {
             dir: tempfile::tempdir().unwrap(),
             task_id,
         }
+    }
+
+    /// Ends the task's current attempt (failed) and claims the next one, as a retry does.
+    fn next_attempt(&self) {
+        let mut conn = self.db.conn().unwrap();
+        for trigger in [
+            agentry_domain::Trigger::Fail,
+            agentry_domain::Trigger::Retry,
+        ] {
+            tasks::transition_task(
+                &mut conn,
+                self.task_id,
+                trigger,
+                &tasks::TransitionDetails::default(),
+                agentry_persistence::now(),
+            )
+            .unwrap();
+        }
+        claim(&mut conn, self.task_id);
     }
 
     /// The requests the upstream received.
@@ -429,10 +474,15 @@ async fn streaming_passes_through_chunk_by_chunk_and_the_call_is_metered_with_th
 async fn a_run_key_works_only_for_its_own_run_and_only_while_it_lasts() {
     let rig = Rig::start(Script::message(10, 1)).await;
     let run1 = rig.open_claude().await;
-    let run2 = rig.open(2, AgentType::ClaudeCode, None).await;
-    assert_ne!(run1.key, run2.key);
     let (_, status, _) = run1.message().await;
     assert_eq!(status, 200);
+    // The attempt fails and is retried: its agent, were it still alive, sends nothing more.
+    rig.next_attempt();
+    let run2 = rig.open(2, AgentType::ClaudeCode, None).await;
+    assert_ne!(run1.key, run2.key);
+    let (reader, status, _) = run1.message().await;
+    assert_eq!(status, 403);
+    assert!(rest(reader).await.contains("this agentry run is over"));
     // Another run's key, no key, the upstream's own key: refused, in Anthropic's shape.
     for headers in [
         vec![("x-api-key", run1.key.as_str())],
@@ -897,25 +947,9 @@ async fn a_run_holds_at_most_its_share_of_connections() {
 /// reason. A call of a run that is over is refused without reaching the upstream.
 #[tokio::test]
 async fn a_call_over_the_monthly_budget_is_refused_naming_it() {
-    use agentry_persistence::budgets::{self, Holding};
+    use agentry_persistence::budgets;
     // Each call: 1000 input + 500 output tokens of claude-sonnet-5 = $0.007.
-    let rig = Rig::start(Script::message(1000, 500)).await;
-    {
-        let mut conn = rig.db.conn().unwrap();
-        let now = agentry_persistence::now();
-        budgets::set_instance_budget(&mut conn, Some(Usd::parse("0.01").unwrap()), now).unwrap();
-        let lease = time::Duration::seconds(600);
-        let claimed = agentry_persistence::runner::claim_next_holding(
-            &mut conn,
-            "me",
-            now,
-            lease,
-            Holding::PerCall,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(claimed.id, rig.task_id);
-    }
+    let rig = Rig::start_budgeted(Script::message(1000, 500), Some("0.01")).await;
     let held = || {
         let mut conn = rig.db.conn().unwrap();
         budgets::reserve_of(&mut conn, rig.task_id).unwrap()

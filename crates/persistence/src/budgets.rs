@@ -306,7 +306,14 @@ pub fn hold_call(
     now: OffsetDateTime,
 ) -> Result<CallHold, DbError> {
     if !any_budget_for(conn, task)? {
-        return Ok(CallHold::Unbudgeted);
+        // Nothing to hold, but a run that is over sends nothing either: a cancelled run's
+        // agent, or one that lives on after its task was recovered elsewhere, spends for
+        // no one.
+        return Ok(if still_running(conn, task, attempt)? {
+            CallHold::Unbudgeted
+        } else {
+            CallHold::NotRunning
+        });
     }
     write_tx(conn, |conn| {
         lock_budget_row(conn)?;
@@ -388,6 +395,22 @@ pub fn hold_call(
             .execute(conn)?;
         Ok(CallHold::Held)
     })
+}
+
+/// Whether attempt `attempt` of `task` is the task's current one, in progress and not on
+/// record: the one run whose model calls may still be sent.
+fn still_running(conn: &mut AnyConnection, task: Uuid, attempt: i32) -> Result<bool, DbError> {
+    let row: Option<(String, i32)> = tasks::table
+        .find(task.to_string())
+        .select((tasks::state, tasks::attempt))
+        .first(conn)
+        .optional()?;
+    let Some((state, current)) = row else {
+        return Ok(false);
+    };
+    let in_progress =
+        state == TaskState::Provisioning.as_str() || state == TaskState::Running.as_str();
+    Ok(in_progress && current == attempt && !crate::runner::attempt_recorded(conn, task, attempt)?)
 }
 
 /// A task as [`hold_call`] reads it: its repository, state, attempt, hold, and its

@@ -4,7 +4,8 @@
 //!
 //! A run's metered cost is the sum of its calls ([`run_totals`]): whoever records the run
 //! (the process that ran it, or the replica that recovered its task after a crash) reads the
-//! same rows, so no call is lost or counted twice.
+//! same rows, under the task's lock, and a call written after the run is on record is added
+//! to it ([`record_held_call`]), so no call is lost or counted twice.
 
 use agentry_domain::{TaskState, Tokens, Usd};
 use diesel::prelude::*;
@@ -100,13 +101,24 @@ impl TryFrom<CallRow> for ModelCall {
 /// held ([`crate::budgets::hold_call`]; zero if it held nothing) by its cost in the run's
 /// hold, while the attempt is in progress and holds anything. The hold is then the run's
 /// metered spend plus its calls in flight.
+///
+/// A call of a run already on record (still being written when the run's recorder stopped
+/// waiting for its calls, or made by an agent that lived on after its run was recovered as
+/// `lost`) is added to that run, its task's totals and the month's spend instead, so that no
+/// metered call goes uncounted. The task's row is locked first: a recorder reads a run's
+/// calls under the same lock, so each call is either among those it reads or finds the run
+/// on record.
 pub fn record_held_call(
     conn: &mut AnyConnection,
     call: &ModelCall,
     held: Usd,
 ) -> Result<(), DbError> {
     write_tx(conn, |conn| {
+        crate::revisions::lock_task(conn, call.task_id)?;
         record_call(conn, call)?;
+        if crate::tasks::add_late_call(conn, call)? {
+            return Ok(());
+        }
         let cost = call.cost_usd.map_or(0, Usd::to_nanos);
         let delta = cost.saturating_sub(held.to_nanos());
         if delta != 0 {

@@ -779,34 +779,19 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
     // The model is what the agent reported: kept (in the run, the task and the rollups) as
     // a text column can hold it.
     let model = convert::opt_text(run.model.as_deref());
-    let overflow = || DbError::Conflict("token count overflow".into());
     let cache_read = non_negative("cache read tokens", run.tokens.cache_read)?;
     let cache_write = non_negative("cache write tokens", run.tokens.cache_write)?;
     let uncached = non_negative("input tokens", run.tokens.uncached())?;
-    let input = uncached
+    let output = non_negative("output tokens", run.tokens.output)?;
+    uncached
         .checked_add(cache_read)
         .and_then(|n| n.checked_add(cache_write))
-        .ok_or_else(overflow)?;
-    let output = non_negative("output tokens", run.tokens.output)?;
+        .ok_or_else(|| DbError::Conflict("token count overflow".into()))?;
     // Lock the task's row before reading its totals: on PostgreSQL (READ COMMITTED) two runs
     // recorded at once would otherwise both add to the same old total and one would be lost.
     crate::revisions::lock_task(conn, run.task_id)?;
     let task = get_task(conn, run.task_id)?;
     let trigger = crate::revisions::trigger_of(conn, &task, run.attempt)?;
-    // Summed here with overflow checks (SQLite would silently turn an overflowing sum into
-    // a float).
-    let input_total = task.input_tokens.checked_add(input).ok_or_else(overflow)?;
-    let output_total = task
-        .output_tokens
-        .checked_add(output)
-        .ok_or_else(overflow)?;
-    let cost = match (task.cost_usd, run.cost_usd) {
-        (Some(a), Some(b)) => Some(
-            a.checked_add(b)
-                .ok_or_else(|| DbError::Conflict("task cost overflow".into()))?,
-        ),
-        (a, b) => a.or(b),
-    };
     diesel::insert_into(task_runs::table)
         .values(RunRow {
             id: run.id.to_string(),
@@ -833,40 +818,165 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             trigger_author: trigger.author,
         })
         .execute(conn)?;
+    add_spend(
+        conn,
+        &task,
+        Spend {
+            cost: run.cost_usd,
+            tokens: Tokens::from_uncached(uncached, cache_read, cache_write, output),
+            model: model.as_deref(),
+            revision: trigger.kind == crate::revisions::RunTriggerKind::Revision,
+            at: run.finished_at.unwrap_or(run.started_at),
+            month_of: run.spend_time(),
+        },
+    )
+}
+
+/// What a recorded run, or a metered call added to one, adds to its task.
+struct Spend<'a> {
+    /// Its cost; `None` adds nothing (the task's cost sums the runs' known costs).
+    cost: Option<Usd>,
+    /// Its tokens, none negative.
+    tokens: Tokens,
+    /// The run's model, as stored.
+    model: Option<&'a str>,
+    /// Whether the run is one of a revision round (its cost is also the task's
+    /// `revision_cost_usd`).
+    revision: bool,
+    /// The task's new `updated_at`.
+    at: OffsetDateTime,
+    /// The time whose month the cost counts in ([`Run::spend_time`]).
+    month_of: OffsetDateTime,
+}
+
+/// Adds `spend` to the totals of `task` (as read under its lock), and to the cost rollups and
+/// `run_cost_rollup`, in the caller's transaction. Summed here with overflow checks: SQLite
+/// would silently turn an overflowing sum into a float.
+fn add_spend(conn: &mut AnyConnection, task: &Task, spend: Spend<'_>) -> Result<(), DbError> {
+    let overflow = || DbError::Conflict("token count overflow".into());
+    let cost_overflow = || DbError::Conflict("task cost overflow".into());
+    let input_total = task
+        .input_tokens
+        .checked_add(spend.tokens.input)
+        .ok_or_else(overflow)?;
+    let output_total = task
+        .output_tokens
+        .checked_add(spend.tokens.output)
+        .ok_or_else(overflow)?;
+    let cost = match (task.cost_usd, spend.cost) {
+        (Some(a), Some(b)) => Some(a.checked_add(b).ok_or_else(cost_overflow)?),
+        (a, b) => a.or(b),
+    };
     // A revision run's cost is also kept apart (docs/analytics.md: `revisionCost`).
-    let revision_cost = match (trigger.kind, run.cost_usd) {
-        (crate::revisions::RunTriggerKind::Revision, Some(c)) => task
+    let revision_cost = match (spend.revision, spend.cost) {
+        (true, Some(c)) => task
             .revision_cost_usd
             .checked_add(c)
-            .ok_or_else(|| DbError::Conflict("task cost overflow".into()))?,
+            .ok_or_else(cost_overflow)?,
         _ => task.revision_cost_usd,
     };
-    let task_model = model.clone().or_else(|| task.model_used.clone());
-    diesel::update(tasks::table.find(run.task_id.to_string()))
+    let task_model = spend
+        .model
+        .map(str::to_owned)
+        .or_else(|| task.model_used.clone());
+    diesel::update(tasks::table.find(task.id.to_string()))
         .set((
             tasks::cost_nanos.eq(cost.map(Usd::to_nanos)),
             tasks::revision_cost_nanos.eq(revision_cost.to_nanos()),
             tasks::input_tokens.eq(input_total),
             tasks::output_tokens.eq(output_total),
             tasks::model_used.eq(task_model),
-            tasks::updated_at.eq(to_db(run.finished_at.unwrap_or(run.started_at))),
+            tasks::updated_at.eq(to_db(spend.at)),
         ))
         .execute(conn)?;
-    let after = get_task(conn, run.task_id)?;
-    rollups::apply(conn, Deltas::change(Some(&task), Some(&after))?)?;
+    let after = get_task(conn, task.id)?;
+    rollups::apply(conn, Deltas::change(Some(task), Some(&after))?)?;
     // After the cost rollups: a run with a cost changed them, so on PostgreSQL this
     // transaction holds their lock before it takes the scrape rollup's row (one order for
     // every writer of both).
-    if let Some(cost) = run.cost_usd {
-        crate::scrape::add_run_cost(
-            conn,
-            &task,
-            model.as_deref(),
-            cost.to_nanos(),
-            run.spend_time(),
-        )?;
+    if let Some(cost) = spend.cost {
+        crate::scrape::add_run_cost(conn, task, spend.model, cost.to_nanos(), spend.month_of)?;
     }
     Ok(())
+}
+
+/// Adds a metered model call written after its run was recorded to that run, its task's
+/// totals and the rollups, in the caller's transaction, which holds the task's lock
+/// ([`crate::revisions::lock_task`]). Such a call was still being written when the run's
+/// recorder stopped waiting for its calls, or was made by an agent still alive after its
+/// run was recovered as `lost`. Returns whether a run of the call's attempt is on record;
+/// when none is, nothing is changed (the attempt's recorder reads the call with the others).
+///
+/// Its cost adds to the run's when both are known. A run whose cost is unknown stays unknown
+/// (its task's cost sums known costs only); a call whose model has no price adds its tokens
+/// and a note to the run, never a guess.
+pub(crate) fn add_late_call(
+    conn: &mut AnyConnection,
+    call: &crate::metering::ModelCall,
+) -> Result<bool, DbError> {
+    let row: Option<RunRow> = task_runs::table
+        .filter(task_runs::task_id.eq(call.task_id.to_string()))
+        .filter(task_runs::attempt.eq(call.attempt))
+        .select(RunRow::as_select())
+        .first(conn)
+        .optional()?;
+    let Some(row) = row else {
+        return Ok(false);
+    };
+    let revision = row.run_trigger == crate::revisions::RunTriggerKind::Revision.as_str();
+    let run = Run::try_from(row)?;
+    let tokens = Tokens::from_uncached(
+        call.tokens.uncached().max(0),
+        call.tokens.cache_read.max(0),
+        call.tokens.cache_write.max(0),
+        call.tokens.output.max(0),
+    );
+    let used = tokens.input + tokens.output > 0;
+    let overflow = || DbError::Conflict("metered total overflow".into());
+    let (cost, added, note) = match (run.cost_usd, call.cost_usd) {
+        (Some(a), Some(b)) => (Some(a.checked_add(b).ok_or_else(overflow)?), Some(b), None),
+        (Some(a), None) if used => (
+            Some(a),
+            None,
+            Some(format!(
+                "a model call written after the run was recorded used model {}, which has \
+                 no price: its cost is not included",
+                call.model.as_deref().unwrap_or("(unknown)")
+            )),
+        ),
+        (cost, _) => (cost, None, None),
+    };
+    let run_tokens = run.tokens.checked_add(tokens).ok_or_else(overflow)?;
+    let message = match (run.error_message.clone(), note) {
+        (Some(m), Some(n)) => Some(format!("{m}; {n}")),
+        (m, n) => m.or(n),
+    };
+    diesel::update(task_runs::table.find(run.id.to_string()))
+        .set((
+            task_runs::cost_nanos.eq(cost.map(Usd::to_nanos)),
+            task_runs::input_tokens.eq(run_tokens.uncached()),
+            task_runs::cache_read_tokens.eq(run_tokens.cache_read),
+            task_runs::cache_write_tokens.eq(run_tokens.cache_write),
+            task_runs::output_tokens.eq(run_tokens.output),
+            task_runs::model_calls.eq(Some(run.model_calls.unwrap_or(0).saturating_add(1))),
+            task_runs::error_message.eq(convert::opt_text(message.as_deref())),
+        ))
+        .execute(conn)?;
+    let task = get_task(conn, call.task_id)?;
+    let ended = call.started_at + time::Duration::milliseconds(call.duration_ms.max(0));
+    add_spend(
+        conn,
+        &task,
+        Spend {
+            cost: added,
+            tokens,
+            model: run.model.as_deref(),
+            revision,
+            at: ended.max(task.updated_at),
+            month_of: run.spend_time(),
+        },
+    )?;
+    Ok(true)
 }
 
 /// The runs of a task, oldest first.

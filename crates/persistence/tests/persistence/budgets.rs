@@ -206,6 +206,23 @@ mod per_call {
         agentry_persistence::test_support::model_call(task, 1, usd(cost))
     }
 
+    /// The run of `attempt` of `task` as its recorder writes it: the cost, tokens and count
+    /// of its metered calls so far, finished at `finished`.
+    fn metered_run(
+        conn: &mut AnyConnection,
+        task: Uuid,
+        attempt: i32,
+        finished: time::OffsetDateTime,
+    ) -> Run {
+        let totals = agentry_persistence::metering::run_totals(conn, task, attempt).unwrap();
+        Run {
+            cost_usd: totals.cost_usd,
+            model_calls: Some(totals.calls),
+            tokens: totals.tokens,
+            ..sonnet_run(task, attempt, "0", finished)
+        }
+    }
+
     fn claim_per_call(conn: &mut AnyConnection, owner: &str) -> Option<agentry_domain::Task> {
         runner::claim_next_holding(conn, owner, at(10), LEASE, budgets::Holding::PerCall).unwrap()
     }
@@ -342,6 +359,129 @@ mod per_call {
             assert_eq!(reserve(&mut conn, task.id), None);
             let month = budgets::repository_month(&mut conn, repo.id, at(31)).unwrap();
             assert_eq!((month.spent, month.reserved), (usd("0.5"), usd("0")));
+        }
+
+        // A metered call written after its run is on record (still being written when the
+        // recorder stopped waiting for the run's calls) is added to that run, its task and
+        // the month's spend: before, it was in the ledger and counted nowhere.
+        fn a_call_written_after_its_run_is_recorded_is_added_to_it(db) {
+            let repo = repo(db);
+            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "10"}));
+            let task = create(db, &repo, at(1));
+            let mut conn = db.conn().unwrap();
+            claim_per_call(&mut conn, "me").unwrap();
+            tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
+            let run = metered_run(&mut conn, task.id, 1, at(20));
+            runner::record_finished_run(&mut conn, &run, &runner::RunLog::of(""), at(20)).unwrap();
+            let late = metered_call(task.id, "0.25");
+            agentry_persistence::metering::record_held_call(&mut conn, &late, usd("0.3")).unwrap();
+            let [run] = &tasks::task_runs(&mut conn, task.id).unwrap()[..] else {
+                panic!("one run");
+            };
+            assert_eq!((run.cost_usd, run.model_calls), (Some(usd("0.75")), Some(2)));
+            assert_eq!(run.tokens, late.tokens.checked_add(late.tokens).unwrap());
+            let after = tasks::get_task(&mut conn, task.id).unwrap();
+            assert_eq!((after.cost_usd, after.input_tokens, after.output_tokens), (Some(usd("0.75")), 200, 2000));
+            let month = budgets::repository_month(&mut conn, repo.id, at(31)).unwrap();
+            assert_eq!((month.spent, month.reserved), (usd("0.75"), usd("0")));
+            assert_eq!(budgets::instance_month(&mut conn, at(31)).unwrap().spent, usd("0.75"));
+        }
+
+        // An agent that lives on after its run was recovered as `lost` (its replica stopped
+        // renewing, but did not die) is refused further calls, even with no budget set; a
+        // call it had in flight is added to the lost run, in the month the run started.
+        fn an_agent_alive_after_its_run_was_lost_sends_nothing_more_and_its_last_call_counts(db) {
+            let repo = repo(db);
+            let task = create(db, &repo, at(1));
+            let mut conn = db.conn().unwrap();
+            let claimed = claim_per_call(&mut conn, "me").unwrap();
+            assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::Unbudgeted);
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
+            let expired = at(10) + LEASE + Duration::seconds(1);
+            let [lease] = &runner::expired_leases(&mut conn, expired, 10).unwrap()[..] else {
+                panic!("one expired lease");
+            };
+            let run = Run {
+                sandboxed: Some(true),
+                finished_at: None,
+                outcome: RunOutcome::Lost,
+                started_at: claimed.started_at.unwrap(),
+                ..metered_run(&mut conn, task.id, 1, expired)
+            };
+            runner::recover_expired(&mut conn, lease, expired, Some((&run, None)), expired).unwrap().unwrap();
+            assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::NotRunning);
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.2"), usd("0")).unwrap();
+            let [lost] = &tasks::task_runs(&mut conn, task.id).unwrap()[..] else {
+                panic!("one run");
+            };
+            assert_eq!((lost.outcome, lost.cost_usd, lost.model_calls), (RunOutcome::Lost, Some(usd("0.7")), Some(2)));
+            assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().cost_usd, Some(usd("0.7")));
+            // Spent in the month the lost run started.
+            assert_eq!(budgets::instance_month(&mut conn, expired).unwrap().spent, usd("0.7"));
+            let next_month = expired + Duration::days(40);
+            assert_eq!(budgets::instance_month(&mut conn, next_month).unwrap().spent, usd("0"));
+        }
+
+        // With no budget set nothing is held, but a run that is over sends no call: a
+        // cancelled run's agent spends for no one.
+        fn a_cancelled_run_sends_no_call_even_without_a_budget(db) {
+            let repo = repo(db);
+            let task = create(db, &repo, at(1));
+            let mut conn = db.conn().unwrap();
+            claim_per_call(&mut conn, "me").unwrap();
+            assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::Unbudgeted);
+            tasks::transition_task(&mut conn, task.id, Trigger::Cancel, &TransitionDetails::default(), at(20)).unwrap();
+            assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::NotRunning);
+            assert_eq!(hold(&mut conn, Uuid::new_v4(), "1"), budgets::CallHold::NotRunning);
+        }
+
+        // A call written while its run is being recorded: the recorder has locked the task and
+        // read the run's calls; the call waits for that lock (on SQLite, for the writer's
+        // turn), then finds the run on record and adds itself to it. Before, on PostgreSQL,
+        // it was written beside the recording and read by neither.
+        fn a_call_racing_its_runs_recording_is_counted_once(db) {
+            let repo = repo(db);
+            let task = create(db, &repo, at(1));
+            {
+                let mut conn = db.conn().unwrap();
+                claim_per_call(&mut conn, "me").unwrap();
+                tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
+                agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
+            }
+            let db = wide_pool(db, 2);
+            std::thread::scope(|s| {
+                let (read, calls_read) = std::sync::mpsc::channel();
+                let db = &db;
+                let recorder = s.spawn(move || {
+                    let mut conn = db.conn().unwrap();
+                    agentry_persistence::write_tx::<_, DbError, _>(&mut conn, |conn| {
+                        agentry_persistence::revisions::lock_task(conn, task.id)?;
+                        let run = metered_run(conn, task.id, 1, at(20));
+                        read.send(()).unwrap();
+                        if matches!(conn, AnyConnection::Postgresql(_)) {
+                            agentry_testkit::wait::eventually(
+                                std::time::Duration::from_secs(20),
+                                "the call to wait for the task's row",
+                                || lock_waiters(conn) > 0,
+                            );
+                        }
+                        runner::record_finished_run(conn, &run, &runner::RunLog::of(""), at(20))?;
+                        Ok(())
+                    })
+                    .unwrap();
+                });
+                calls_read.recv().unwrap();
+                let mut conn = db.conn().unwrap();
+                agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.25"), usd("0")).unwrap();
+                recorder.join().unwrap();
+            });
+            let mut conn = db.conn().unwrap();
+            let [run] = &tasks::task_runs(&mut conn, task.id).unwrap()[..] else {
+                panic!("one run");
+            };
+            assert_eq!((run.cost_usd, run.model_calls), (Some(usd("0.75")), Some(2)));
+            assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().cost_usd, Some(usd("0.75")));
         }
 
         // Eight callers race over ten runs that share a $1 instance budget, each call holding

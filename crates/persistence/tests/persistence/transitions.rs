@@ -7,23 +7,6 @@ use agentry_persistence::{AnyConnection, DbError};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-/// How many lock requests wait in this PostgreSQL database.
-fn lock_waiters(conn: &mut AnyConnection) -> i64 {
-    #[derive(diesel::QueryableByName)]
-    struct Waiting {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    use diesel::RunQueryDsl as _;
-    diesel::sql_query(
-        "SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted AND pid IN \
-         (SELECT pid FROM pg_stat_activity WHERE datname = current_database())",
-    )
-    .get_result::<Waiting>(conn)
-    .unwrap()
-    .n
-}
-
 /// Applies `trigger` with no details.
 fn apply(conn: &mut AnyConnection, id: Uuid, trigger: Trigger, now: OffsetDateTime) -> Task {
     apply_with(conn, id, trigger, &TransitionDetails::default(), now)

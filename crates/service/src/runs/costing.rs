@@ -120,25 +120,36 @@ pub(super) fn apply_metering(run: &mut Run, totals: &metering::RunTotals) -> Opt
 /// Records `run` (see [`claims::record_finished_run`]); a metered run's cost is first made
 /// that of its metered calls, and a `cost_mismatch` event noted when the agent's own figure
 /// differs. Returns how it was recorded and the cost recorded.
+///
+/// One transaction, which locks the task's row before it reads the calls: a call written
+/// meanwhile is either read here or, waiting for the lock, finds the run on record and adds
+/// itself to it ([`metering::record_held_call`]).
 pub(super) fn record_run(
     conn: &mut AnyConnection,
     mut run: Run,
     metered: bool,
     log: &RunLog,
 ) -> Result<(RunRecorded, Option<Usd>), ServiceError> {
-    let mismatch = if metered {
-        let totals = metering::run_totals(conn, run.task_id, run.attempt)?;
-        apply_metering(&mut run, &totals)
-    } else {
-        None
-    };
-    let recorded = claims::record_finished_run(conn, &run, log, now())?;
-    if let Some(text) = mismatch
-        && recorded != RunRecorded::AlreadyRecorded
-    {
-        tracing::warn!(task = %run.task_id, attempt = run.attempt, "{text}");
-        tasks::record_note(conn, run.task_id, EventKind::CostMismatch, &text, now())?;
-    }
+    let recorded = write_tx(conn, |conn| {
+        match agentry_persistence::revisions::lock_task(conn, run.task_id) {
+            Err(DbError::NotFound) => return Ok(RunRecorded::AlreadyRecorded),
+            locked => locked?,
+        }
+        let mismatch = if metered {
+            let totals = metering::run_totals(conn, run.task_id, run.attempt)?;
+            apply_metering(&mut run, &totals)
+        } else {
+            None
+        };
+        let recorded = claims::record_finished_run(conn, &run, log, now())?;
+        if let Some(text) = mismatch
+            && recorded != RunRecorded::AlreadyRecorded
+        {
+            tracing::warn!(task = %run.task_id, attempt = run.attempt, "{text}");
+            tasks::record_note(conn, run.task_id, EventKind::CostMismatch, &text, now())?;
+        }
+        Ok::<_, DbError>(recorded)
+    })?;
     Ok((recorded, run.cost_usd))
 }
 

@@ -36,9 +36,14 @@ impl Service {
             let lost = lost_run(self, &lease).await?;
             let done = self
                 .db(move |conn| {
-                    let lost = with_metered_calls(conn, &lease, lost)?;
-                    let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
-                    Ok(claims::recover_expired(conn, &lease, before, lost, now())?)
+                    Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                        if !lock_for_recording(conn, lease.task.id)? {
+                            return Ok(None);
+                        }
+                        let lost = with_metered_calls(conn, &lease, lost)?;
+                        let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
+                        claims::recover_expired(conn, &lease, before, lost, now())
+                    })?)
                 })
                 .await?;
             if let Some((after, t)) = done {
@@ -145,6 +150,17 @@ pub(super) async fn lost_run(
     Ok(Some((run, RunLog::of(&output))))
 }
 
+/// Locks the task's row for the rest of the caller's transaction, before its run's metered
+/// calls are read: a call written meanwhile then waits, and finds the run on record
+/// ([`metering::record_held_call`]). `false` when the task is gone.
+fn lock_for_recording(conn: &mut AnyConnection, task: Uuid) -> Result<bool, DbError> {
+    match agentry_persistence::revisions::lock_task(conn, task) {
+        Ok(()) => Ok(true),
+        Err(DbError::NotFound) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The run of an expired lease as it is recorded: what the dead runner's output showed
 /// (`lost`, if reachable from here), with the cost and tokens of its metered model calls
 /// when the gateway metered any. Those are in the database whichever replica ran the
@@ -154,7 +170,7 @@ pub(super) fn with_metered_calls(
     conn: &mut AnyConnection,
     lease: &ExpiredLease,
     lost: Option<(Run, RunLog)>,
-) -> Result<Option<(Run, RunLog)>, ServiceError> {
+) -> Result<Option<(Run, RunLog)>, DbError> {
     let task = &lease.task;
     let totals = metering::run_totals(conn, task.id, task.attempt)?;
     if totals.calls == 0 {
@@ -224,9 +240,16 @@ pub(super) async fn record_leftovers(service: &Service) -> Result<usize, Service
         };
         let lost = lost_run(service, &lease).await?;
         let written = service
-            .db(move |conn| match with_metered_calls(conn, &lease, lost)? {
-                Some((run, log)) => Ok(claims::record_finished_run(conn, &run, &log, now())?),
-                None => Ok(RunRecorded::AlreadyRecorded),
+            .db(move |conn| {
+                Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                    if !lock_for_recording(conn, lease.task.id)? {
+                        return Ok(RunRecorded::AlreadyRecorded);
+                    }
+                    match with_metered_calls(conn, &lease, lost)? {
+                        Some((run, log)) => claims::record_finished_run(conn, &run, &log, now()),
+                        None => Ok(RunRecorded::AlreadyRecorded),
+                    }
+                })?)
             })
             .await?;
         if written != RunRecorded::AlreadyRecorded {

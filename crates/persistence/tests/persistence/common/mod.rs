@@ -234,3 +234,19 @@ pub fn open_pull(db: &Db, task: &agentry_domain::Task, pr_number: i64) -> agentr
     )
     .unwrap()
 }
+
+/// How many lock requests wait in this PostgreSQL database.
+pub fn lock_waiters(conn: &mut AnyConnection) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Waiting {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(
+        "SELECT COUNT(*) AS n FROM pg_locks WHERE NOT granted AND pid IN \
+         (SELECT pid FROM pg_stat_activity WHERE datname = current_database())",
+    )
+    .get_result::<Waiting>(conn)
+    .unwrap()
+    .n
+}
