@@ -172,11 +172,20 @@ pub trait Runner: Send + Sync {
     }
 
     /// What a run of `agent` whose service died left behind: stops its leftover processes
-    /// and returns its output and what it shows (cost, tokens), if this runner can reach
-    /// them, so the run's cost is not lost.
+    /// on this machine and returns its output and what it shows (cost, tokens), if this
+    /// runner can reach them, so the run's cost is not lost. It stops nothing another
+    /// process may still own (a Kubernetes Job): that is [`Runner::reap`]'s, once the run's
+    /// lease is taken.
     fn salvage(&self, task_id: Uuid, attempt: i32, agent: &AgentSpec) -> Option<Salvaged> {
         let _ = (task_id, attempt, agent);
         None
+    }
+
+    /// Stops what is left of a run whose lease this process has just taken from a process
+    /// that stopped renewing it (the recovery's compare-and-set won): the run is nobody's any
+    /// more. Never called while the run's owner may still renew its lease.
+    fn reap(&self, task_id: Uuid, attempt: i32) {
+        let _ = (task_id, attempt);
     }
 
     /// Forgets a run once the service recorded it (its output is in the database).

@@ -1114,10 +1114,8 @@ impl Runner for KubeRunner {
         Some(local::note_dropped(text, dropped))
     }
 
-    /// Deletes the run's Job (its pod and Secret go with it) and returns what its live log
-    /// here shows, if this replica has it. The run's metered calls are in the database
-    /// whichever replica reads them.
-    fn salvage(&self, task_id: Uuid, attempt: i32, agent: &AgentSpec) -> Option<Salvaged> {
+    /// Deletes the run's Job (its pod and Secret go with it).
+    fn reap(&self, task_id: Uuid, attempt: i32) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let client = self.client.get().cloned();
             let namespace = self.config.settings.namespace.clone();
@@ -1150,6 +1148,12 @@ impl Runner for KubeRunner {
                 }
             });
         }
+    }
+
+    /// What the run's live log here shows, if this replica has it. The run's metered calls
+    /// are in the database whichever replica reads them. Its Job is left alone: its replica
+    /// may only be late renewing the lease ([`Runner::reap`] deletes it).
+    fn salvage(&self, task_id: Uuid, attempt: i32, agent: &AgentSpec) -> Option<Salvaged> {
         let dir = self.run_dir(task_id, attempt);
         let (output, _) = local::read_tail(&dir.join("output.log"), local::SALVAGE_BYTES).ok()?;
         let mut parser = agent::OutputParser::new(agent, &self.config.prices);

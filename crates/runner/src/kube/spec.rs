@@ -101,9 +101,14 @@ pub fn job(config: &KubeConfig, run: &RunObjects<'_>) -> Result<KubeJob, String>
         .as_secs()
         .saturating_mul(3)
         .saturating_add(10);
-    let deadline = run
-        .wall_time
+    // Counted by the cluster from the Job's start, while agentry's time limit starts when the
+    // pod connects: the pod's start (scheduling, image pull, the workspace's transfer, up to
+    // the start timeout) comes first, so agentry's limit always ends the run before this.
+    let deadline = config
+        .settings
+        .start_timeout
         .as_secs()
+        .saturating_add(run.wall_time.as_secs())
         .saturating_add(grace)
         .saturating_add(60);
     let mut resources = serde_json::Map::new();
@@ -221,7 +226,9 @@ mod tests {
         let text = serde_json::to_value(&job).unwrap();
         let spec = &text["spec"];
         assert_eq!(spec["backoffLimit"], 0);
-        assert_eq!(spec["activeDeadlineSeconds"], 600 + 25 + 60);
+        // Past the start timeout, the time limit and the stop ladder: agentry stops it first.
+        let start = config.settings.start_timeout.as_secs();
+        assert_eq!(spec["activeDeadlineSeconds"], start + 600 + 25 + 60);
         let pod = &spec["template"]["spec"];
         assert_eq!(pod["automountServiceAccountToken"], false);
         assert_eq!(pod["enableServiceLinks"], false);

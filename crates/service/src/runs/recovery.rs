@@ -51,6 +51,9 @@ impl Service {
                     task = %after.id, from = t.from.as_str(), to = t.to.as_str(), attempt = after.attempt,
                     "recovered a task whose runner died"
                 );
+                // The lease is ours now: what is left of the run may go (not before: its
+                // owner may only have been late renewing, and would have kept it).
+                self.parts.runs.runner.reap(task.id, task.attempt);
                 self.parts.runs.runner.discard(task.id, task.attempt);
                 recovered += 1;
             }
@@ -256,6 +259,8 @@ pub(super) async fn record_leftovers(service: &Service) -> Result<usize, Service
             tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");
             recorded += 1;
         }
+        // This process's own leftover: the process that ran it is gone.
+        service.parts.runs.runner.reap(task_id, attempt);
         if !service.parts.runs.settings.keep_run_dirs {
             service.parts.runs.runner.discard(task_id, attempt);
         }

@@ -11,6 +11,7 @@ mod codehost;
 mod common;
 mod costs;
 mod db_permits;
+mod recovery;
 mod tracking;
 mod use_cases;
 
