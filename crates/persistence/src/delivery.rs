@@ -11,9 +11,11 @@
 //!   just read, so of two workers claiming at once only one gets a given row, and a row is
 //!   not due again before its lease ends. A worker that dies leaves its rows to become due
 //!   again when the lease runs out, and another worker (or replica) claims them then.
-//! * The worker then reports [`Queue::mark_delivered`] (final, idempotent) or
-//!   [`Queue::mark_failed`], which counts the attempt and sets the retry time, normally
-//!   [`agentry_domain::backoff::Backoff::retry_at`].
+//! * The worker renews each entry's lease ([`Queue::renew`], a compare-and-set on the lease
+//!   it holds) just before sending it, and skips an entry whose lease it lost; it then
+//!   reports [`Queue::mark_delivered`] (final, idempotent) or [`Queue::mark_failed`], which
+//!   counts the attempt and sets the retry time, normally
+//!   [`agentry_domain::backoff::Backoff::retry_at`], only while the lease is still its own.
 //! * [`Queue::next_due`] tells a worker how long it may sleep.
 //!
 //! Every write runs in [`write_tx`]: on its own it is one transaction, and inside a caller's
@@ -37,6 +39,8 @@ pub trait Entry {
     fn id(&self) -> Uuid;
     /// Failed delivery attempts so far.
     fn attempts(&self) -> i32;
+    /// Its `next_attempt_at` as read: for a claimed entry, the end of its worker's lease.
+    fn next_attempt_at(&self) -> OffsetDateTime;
 }
 
 /// A table used as a leased delivery queue of entries `T` (see the [module](self)).
@@ -109,6 +113,10 @@ macro_rules! queue {
 
             fn attempts(&self) -> i32 {
                 self.attempts
+            }
+
+            fn next_attempt_at(&self) -> ::time::OffsetDateTime {
+                self.next_attempt_at
             }
         }
     };
@@ -209,6 +217,38 @@ impl<T: Entry> Queue<T> {
         })
     }
 
+    /// Renews the lease of a claimed entry, leased until `held` (its claim's or its last
+    /// renewal's end), to `now + lease`, if it is still that worker's: pending, and leased
+    /// until `held` (a compare-and-set, like the claim's). Returns the new end, or `None`
+    /// when the lease was lost (it ran out and another worker claimed the entry, or the
+    /// entry was delivered). A worker renews each entry just before sending it, so a batch
+    /// sent one by one never outlives its leases.
+    pub fn renew(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+        held: OffsetDateTime,
+        now: OffsetDateTime,
+        lease: Duration,
+    ) -> Result<Option<OffsetDateTime>, DbError> {
+        let until = now + lease.max(Duration::microseconds(1));
+        let update = format!(
+            "UPDATE {} SET next_attempt_at = #1 WHERE id = #2 AND {} AND next_attempt_at = #3",
+            self.table, self.pending
+        );
+        let id = id.to_string();
+        let updated = write_tx(conn, |conn| {
+            native_execute(
+                conn,
+                sql(conn, &update)
+                    .bind::<Timestamp, _>(to_db(until))
+                    .bind::<Text, _>(&id)
+                    .bind::<Timestamp, _>(to_db(held)),
+            )
+        })?;
+        Ok((updated == 1).then_some(until))
+    }
+
     /// Records that an entry was delivered at `now`. Idempotent: a delivered entry keeps its
     /// first delivery time (a worker whose lease ran out may report after another did).
     /// [`DbError::NotFound`] for an unknown id.
@@ -233,20 +273,22 @@ impl<T: Entry> Queue<T> {
         })
     }
 
-    /// Records a failed delivery attempt: `attempts + 1`, `last_error = error`,
-    /// `next_attempt_at = retry_at`. Does nothing to an entry no longer pending (delivered
-    /// by another worker after this one's lease ran out). [`DbError::NotFound`] for an
-    /// unknown id.
+    /// Records a failed delivery attempt of an entry leased until `held`: `attempts + 1`,
+    /// `last_error = error`, `next_attempt_at = retry_at`. Does nothing to an entry no longer
+    /// pending (delivered by another worker after this one's lease ran out), nor to one whose
+    /// lease is no longer `held` (another worker claimed it since: its lease stands).
+    /// [`DbError::NotFound`] for an unknown id.
     pub fn mark_failed(
         &self,
         conn: &mut AnyConnection,
         id: Uuid,
+        held: OffsetDateTime,
         error: &str,
         retry_at: OffsetDateTime,
     ) -> Result<(), DbError> {
         let update = format!(
             "UPDATE {} SET attempts = attempts + 1, last_error = #1, next_attempt_at = #2 \
-             WHERE id = #3 AND {}",
+             WHERE id = #3 AND {} AND next_attempt_at = #4",
             self.table, self.pending
         );
         let id = id.to_string();
@@ -256,7 +298,8 @@ impl<T: Entry> Queue<T> {
                 sql(conn, &update)
                     .bind::<Text, _>(error)
                     .bind::<Timestamp, _>(to_db(retry_at))
-                    .bind::<Text, _>(&id),
+                    .bind::<Text, _>(&id)
+                    .bind::<Timestamp, _>(to_db(held)),
             )
         })
     }

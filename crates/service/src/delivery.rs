@@ -94,9 +94,27 @@ where
         .db(move |conn| Ok(queue.claim_due(conn, at, lease, BATCH)?))
         .await?;
     let mut delivered = 0;
+    let limit = send_limit(lease);
     for entry in claimed {
-        let (id, attempts) = (entry.id(), entry.attempts());
-        match send(entry).await {
+        let (id, attempts, claimed_until) = (entry.id(), entry.attempts(), entry.next_attempt_at());
+        // The batch is sent one entry after the other: each entry's lease starts again just
+        // before it is sent, and its send ends well within it, so no other worker (or
+        // replica) claims an entry while this one may still be sending it.
+        let renewed = service
+            .db(move |conn| Ok(queue.renew(conn, id, claimed_until, now(), lease)?))
+            .await?;
+        let Some(held) = renewed else {
+            tracing::info!(what = worker.what, id = %id, "lease lost before sending; left to the worker that holds it");
+            continue;
+        };
+        let sent = match tokio::time::timeout(limit, send(entry)).await {
+            Ok(sent) => sent,
+            Err(_) => Err(format!(
+                "not done within {} s, three quarters of the worker's lease",
+                limit.as_secs()
+            )),
+        };
+        match sent {
             Ok(()) => {
                 service
                     .db(move |conn| Ok(queue.mark_delivered(conn, id, now())?))
@@ -112,12 +130,20 @@ where
                 );
                 let retry_at = now() + delay;
                 service
-                    .db(move |conn| Ok(queue.mark_failed(conn, id, &message, retry_at)?))
+                    .db(move |conn| Ok(queue.mark_failed(conn, id, held, &message, retry_at)?))
                     .await?;
             }
         }
     }
     Ok(delivered)
+}
+
+/// How long one send may take under `lease`: three quarters of it (at least a millisecond),
+/// so that a send ends (done, failed, or given up) while its entry is still leased to it.
+fn send_limit(lease: time::Duration) -> Duration {
+    Duration::try_from(lease * 3 / 4)
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_millis(1))
 }
 
 /// The schedule of `worker`'s loop, woken by `wake`: every idle time at most, at least

@@ -192,14 +192,14 @@ agentry_persistence::backend_tests! {
         assert_eq!(claimed[0].id, alert.id);
         assert_eq!(claimed[0].next_attempt_at, at(62));
         assert!(alerts::QUEUE.claim_due(&mut conn, at(3), lease, 10).unwrap().is_empty(), "leased");
-        alerts::QUEUE.mark_failed(&mut conn, alert.id, "HTTP 500", at(10)).unwrap();
+        alerts::QUEUE.mark_failed(&mut conn, alert.id, at(62), "HTTP 500", at(10)).unwrap();
         let failed = alerts::get(&mut conn, alert.id).unwrap();
         assert_eq!((failed.attempts, failed.last_error.as_deref()), (1, Some("HTTP 500")));
         assert!(alerts::QUEUE.claim_due(&mut conn, at(9), lease, 10).unwrap().is_empty(), "not yet due");
         assert_eq!(alerts::QUEUE.claim_due(&mut conn, at(10), lease, 10).unwrap().len(), 1);
         alerts::QUEUE.mark_delivered(&mut conn, alert.id, at(11)).unwrap();
         alerts::QUEUE.mark_delivered(&mut conn, alert.id, at(12)).unwrap();
-        alerts::QUEUE.mark_failed(&mut conn, alert.id, "late", at(13)).unwrap();
+        alerts::QUEUE.mark_failed(&mut conn, alert.id, at(70), "late", at(13)).unwrap();
         let delivered = alerts::get(&mut conn, alert.id).unwrap();
         assert_eq!(delivered.delivery, Delivery::Delivered);
         assert_eq!(delivered.delivered_at, Some(at(11)));

@@ -50,12 +50,16 @@ fn claim<T: Entry>(queue: &Queue<T>, conn: &mut AnyConnection, now: OffsetDateTi
     queue.claim_due(conn, now, LEASE, 10).unwrap()
 }
 
-/// Worker A claims an entry and dies; worker B (another connection: another replica)
-/// finds it leased until the lease ends, then claims it. A's late reports change nothing
-/// once B delivered it.
+/// Worker A claims an entry and stalls; worker B (another connection: another replica)
+/// finds it leased until the lease ends, then claims it. A can no longer renew the lease
+/// (so it does not send), and its late reports change nothing: neither B's lease nor, once
+/// B delivered it, the delivery.
 fn lease_expiry<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
     let (mut a, mut b) = (db.conn().unwrap(), db.conn().unwrap());
-    assert_eq!(ids(&claim(queue, &mut a, at(1))), [id]);
+    let claimed = claim(queue, &mut a, at(1));
+    assert_eq!(ids(&claimed), [id]);
+    let held = claimed[0].next_attempt_at();
+    assert_eq!(held, at(61));
     assert_eq!(queue.next_due(&mut b).unwrap(), Some(at(61)));
     assert!(claim(queue, &mut b, at(60)).is_empty(), "leased");
     let reclaimed = claim(queue, &mut b, at(61));
@@ -66,9 +70,28 @@ fn lease_expiry<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
         "a lost lease is no failed attempt"
     );
     assert!(claim(queue, &mut a, at(62)).is_empty(), "B's lease");
-    queue.mark_delivered(&mut b, id, at(63)).unwrap();
-    queue.mark_failed(&mut a, id, "late", at(64)).unwrap();
-    queue.mark_delivered(&mut a, id, at(65)).unwrap();
+    assert_eq!(
+        queue.renew(&mut a, id, held, at(62), LEASE).unwrap(),
+        None,
+        "A's lease is lost"
+    );
+    queue.mark_failed(&mut a, id, held, "late", at(63)).unwrap();
+    assert_eq!(
+        queue.next_due(&mut b).unwrap(),
+        Some(at(121)),
+        "B's lease stands"
+    );
+    let renewed = queue.renew(&mut b, id, at(121), at(64), LEASE).unwrap();
+    assert_eq!(renewed, Some(at(124)));
+    assert!(claim(queue, &mut a, at(122)).is_empty(), "renewed");
+    queue.mark_delivered(&mut b, id, at(65)).unwrap();
+    queue.mark_failed(&mut a, id, held, "late", at(66)).unwrap();
+    queue.mark_delivered(&mut a, id, at(67)).unwrap();
+    assert_eq!(
+        queue.renew(&mut b, id, at(124), at(68), LEASE).unwrap(),
+        None,
+        "delivered"
+    );
     assert_eq!(queue.next_due(&mut a).unwrap(), None);
     assert!(claim(queue, &mut a, at(10_000)).is_empty());
 }
@@ -86,8 +109,9 @@ fn retry_backoff<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
         assert_eq!((ids(&claimed), claimed[0].attempts()), (vec![id], failed));
         let retry_at = backoff.retry_at(claimed[0].attempts(), now);
         assert_eq!(retry_at, now + Duration::seconds(delay));
+        let held = claimed[0].next_attempt_at();
         queue
-            .mark_failed(&mut conn, id, "HTTP 502", retry_at)
+            .mark_failed(&mut conn, id, held, "HTTP 502", retry_at)
             .unwrap();
         assert_eq!(queue.next_due(&mut conn).unwrap(), Some(retry_at));
         let early = retry_at - Duration::microseconds(1);
@@ -104,7 +128,7 @@ fn marks_in_transaction<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
     let mut conn = db.conn().unwrap();
     assert_eq!(ids(&claim(queue, &mut conn, at(1))), [id]);
     let rolled_back = write_tx::<(), DbError, _>(&mut conn, |conn| {
-        queue.mark_failed(conn, id, "HTTP 500", at(5))?;
+        queue.mark_failed(conn, id, at(61), "HTTP 500", at(5))?;
         queue.mark_delivered(conn, id, at(6))?;
         Err(DbError::Conflict("the caller gives up".into()))
     });
@@ -120,7 +144,7 @@ fn marks_in_transaction<T: Entry>(db: &Db, queue: &Queue<T>, id: Uuid) {
     assert_eq!(queue.next_due(&mut conn).unwrap(), None);
     for unknown in [
         queue.mark_delivered(&mut conn, Uuid::new_v4(), at(1)),
-        queue.mark_failed(&mut conn, Uuid::new_v4(), "x", at(1)),
+        queue.mark_failed(&mut conn, Uuid::new_v4(), at(1), "x", at(1)),
     ] {
         assert!(matches!(unknown, Err(DbError::NotFound)));
     }

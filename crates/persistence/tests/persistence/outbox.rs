@@ -311,7 +311,7 @@ agentry_persistence::backend_tests! {
         let id = claimed[0].id;
         assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(72)));
 
-        outbox::QUEUE.mark_failed(&mut conn, id, "502 Bad Gateway", at(30)).unwrap();
+        outbox::QUEUE.mark_failed(&mut conn, id, at(72), "502 Bad Gateway", at(30)).unwrap();
         let e = &outbox::effects_of_task(&mut conn, task.id).unwrap()[0];
         assert_eq!((e.attempts, e.last_error.as_deref()), (1, Some("502 Bad Gateway")));
         assert_eq!(e.next_attempt_at, at(30));
@@ -320,7 +320,7 @@ agentry_persistence::backend_tests! {
         assert_eq!(outbox::QUEUE.claim_due(&mut conn, at(29), Duration::seconds(60), 10).unwrap(), vec![]);
         let retried = outbox::QUEUE.claim_due(&mut conn, at(30), Duration::seconds(60), 10).unwrap();
         assert_eq!((ids(&retried), retried[0].attempts), (vec![id], 1));
-        outbox::QUEUE.mark_failed(&mut conn, id, "timed out", at(40)).unwrap();
+        outbox::QUEUE.mark_failed(&mut conn, id, at(90), "timed out", at(40)).unwrap();
         let e = &outbox::effects_of_task(&mut conn, task.id).unwrap()[0];
         assert_eq!((e.attempts, e.last_error.as_deref()), (2, Some("timed out")));
 
@@ -332,19 +332,19 @@ agentry_persistence::backend_tests! {
         assert_eq!(outbox::QUEUE.claim_due(&mut conn, at(10_000), Duration::seconds(60), 10).unwrap(), vec![]);
         // Idempotent: the first delivery time stays; a late failure report changes nothing.
         outbox::QUEUE.mark_delivered(&mut conn, id, at(50)).unwrap();
-        outbox::QUEUE.mark_failed(&mut conn, id, "late", at(60)).unwrap();
+        outbox::QUEUE.mark_failed(&mut conn, id, at(90), "late", at(60)).unwrap();
         assert_eq!(outbox::effects_of_task(&mut conn, task.id).unwrap(), vec![e]);
 
         // next_due is the earliest pending one, even if it is already past.
         enqueue_at(db, &repo, at(500));
         let early = enqueue_at(db, &repo, at(400));
         assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(400)));
-        outbox::QUEUE.mark_failed(&mut conn, early, "x", at(900)).unwrap();
+        outbox::QUEUE.mark_failed(&mut conn, early, at(400), "x", at(900)).unwrap();
         assert_eq!(outbox::QUEUE.next_due(&mut conn).unwrap(), Some(at(500)));
 
         let unknown = Uuid::new_v4();
         assert!(matches!(outbox::QUEUE.mark_delivered(&mut conn, unknown, at(1)), Err(DbError::NotFound)));
-        assert!(matches!(outbox::QUEUE.mark_failed(&mut conn, unknown, "x", at(1)), Err(DbError::NotFound)));
+        assert!(matches!(outbox::QUEUE.mark_failed(&mut conn, unknown, at(1), "x", at(1)), Err(DbError::NotFound)));
     }
 
     // Workers claiming at the same moment (threads here, replicas in production) never get

@@ -112,6 +112,45 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     assert_eq!(env.comments_of(number).len(), 1);
 }
 
+// A send that hangs is given up within the worker's lease (three quarters of it) and retried
+// later: before, it could outlast the lease, and another replica claimed the effect while
+// this one was still sending it (two identical comments).
+#[tokio::test]
+async fn a_hanging_send_is_given_up_before_its_lease_runs_out() {
+    let (env, repo) = HostEnv::connected(TestDb::sqlite());
+    let number = env.fake.add_issue("acme", "web", "Slow", None, &[]);
+    env.service
+        .assign_issue(assignment(repo, number))
+        .await
+        .unwrap();
+    let timing = codehost::Timing {
+        lease: std::time::Duration::from_secs(2),
+        ..test_timing()
+    };
+    let short = env.restarted_with(timing);
+    env.fake.fail_next(
+        Some(("GET", COMMENTS)),
+        1,
+        Fault::Timeout(std::time::Duration::from_secs(30)),
+    );
+    let at = agentry_persistence::now();
+    let delivered = short.deliver_due_effects(at).await.unwrap();
+    assert_eq!(delivered, 1, "the label goes, the comment hangs");
+    let task_id = Uuid::parse_str(&env.fake_task_id()).unwrap();
+    let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task_id).unwrap();
+    let comment = effects
+        .iter()
+        .find(|e| e.kind() == EffectKind::Comment)
+        .unwrap();
+    assert_eq!(comment.attempts, 1);
+    let error = comment.last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("not done within 1 s"), "{error}");
+    assert!(env.comments_of(number).is_empty());
+    // Retried later, it is posted once.
+    assert_eq!(env.deliver(3600).await, 1);
+    assert_eq!(env.comments_of(number).len(), 1);
+}
+
 async fn a_restart_between_posting_and_marking_delivered_posts_no_second_comment(db: TestDb) {
     let (env, repo_id) = HostEnv::connected(db);
     let (number, repo, task) = assigned_issue(&env, repo_id, "Crash me");
