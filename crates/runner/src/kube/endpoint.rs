@@ -156,6 +156,9 @@ impl Endpoint {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
+                    if let Err(e) = pod::detect_dead_peer(&stream) {
+                        tracing::warn!(%peer, error = %e, "cannot set keepalive on a pod connection");
+                    }
                     if !self.admit(peer.ip()) {
                         tracing::debug!(%peer, "too many pod connections waiting for their hello; closing one");
                         drop(stream);

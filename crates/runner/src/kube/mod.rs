@@ -572,8 +572,17 @@ impl KubeRunner {
         let (from_pod, mut to_pod) = stream.into_split();
         let (reader, mut frames) = read_frames(from_pod);
         let mut parser = self.parser(job);
+        let mut pod = pod_state.receiver();
         let streamed = self
-            .stream_pod(job, &mut frames, &mut to_pod, &mut parser, cancel, meter)
+            .stream_pod(
+                job,
+                &mut frames,
+                &mut to_pod,
+                &mut parser,
+                cancel,
+                meter,
+                &mut pod,
+            )
             .await;
         reader.abort();
         let end = self.pod_end(streamed?, pod_state).await?;
@@ -583,7 +592,13 @@ impl KubeRunner {
     /// Streams the pod's output to the run's live log and `parser` and collects its patch
     /// until its result comes or the connection ends; asks the pod to stop at the wall
     /// time, on `cancel`, or once the run's allowance or budget is reached (`meter`), and
-    /// gives up on it after the stop's grace.
+    /// gives up on it after the stop's grace. Once the cluster says the pod is gone or over
+    /// (`pod`, [`pod_gone`]) it waits at most [`DEATH_WAIT`] more for the connection's last
+    /// frames: a pod on a lost node never closes its connection.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the run's channels, each used once"
+    )]
     async fn stream_pod(
         &self,
         job: &Job,
@@ -592,6 +607,7 @@ impl KubeRunner {
         parser: &mut agent::OutputParser,
         cancel: &mut watch::Receiver<bool>,
         meter: &Arc<RunMeter>,
+        pod: &mut watch::Receiver<Option<Pod>>,
     ) -> Result<Streamed, String> {
         let log_path = self.run_dir(job.task_id, job.attempt).join("output.log");
         let mut log = process::LogFile::create(&log_path)
@@ -603,6 +619,7 @@ impl KubeRunner {
         let mut stopping: Option<(Ended, Instant)> = None;
         let mut patch: Vec<u8> = Vec::new();
         let mut patch_too_big = false;
+        let mut gone: Option<Instant> = None;
         let result = loop {
             let stop_now = tokio::select! {
                 frame = frames.recv() => match frame.unwrap_or(Ok(None)) {
@@ -629,7 +646,17 @@ impl KubeRunner {
                 () = tokio::time::sleep_until(deadline), if stopping.is_none() => Some(Ended::TimedOut),
                 _ = polls.tick() => None,
                 () = sleep_until_opt(stopping.as_ref().map(|(_, at)| *at)) => break None,
+                () = sleep_until_opt(gone), if stopping.is_none() => break None,
             };
+            if gone.is_none()
+                && pod
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|p| pod_gone(p, &self.config))
+            {
+                tracing::info!(task = %job.task_id, "the cluster says the agent's pod is over; waiting for its last frames");
+                gone = Some(Instant::now() + DEATH_WAIT);
+            }
             let wanted = stop_now.or_else(|| {
                 (stopping.is_none() && (parser.allowance_reached() || meter.is_exhausted()))
                     .then_some(Ended::Stopped)
@@ -916,6 +943,17 @@ impl PodState {
                     Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
                         let _ = tx.send(Some(pod));
                     }
+                    // Gone from the API (deleted at once, or its node's pods removed): kept
+                    // as a pod being deleted, so the run stops waiting for it.
+                    Ok(watcher::Event::Delete(mut pod)) => {
+                        if pod.metadata.deletion_timestamp.is_none() {
+                            pod.metadata.deletion_timestamp =
+                                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                                    k8s_openapi::jiff::Timestamp::now(),
+                                ));
+                        }
+                        let _ = tx.send(Some(pod));
+                    }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(error = %e, "watching an agent pod failed; retrying");
@@ -996,6 +1034,15 @@ fn start_problem(pod: &Pod) -> Option<String> {
             )
         })
     })
+}
+
+/// Whether the cluster says `pod` is over: being deleted (by an operator, a drain, or the
+/// node controller for a lost node), in a final phase, or its container ended.
+fn pod_gone(pod: &Pod, config: &KubeConfig) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_some()
+        || matches!(phase, Some("Succeeded" | "Failed"))
+        || pod_ended(pod, config).is_some()
 }
 
 /// Why `pod` ended, if it did: killed for memory, evicted, or its container's end.
@@ -1170,5 +1217,37 @@ impl Runner for KubeRunner {
 
     fn leftovers(&self) -> Vec<(Uuid, i32)> {
         local::run_dirs(&self.config.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(phase: &str, deleting: bool) -> Pod {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "agentry-x-1-abcde"},
+            "status": {"phase": phase},
+        }))
+        .unwrap();
+        if deleting {
+            pod.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ));
+        }
+        pod
+    }
+
+    /// A run stops waiting for a pod the cluster says is over: being deleted (a lost node's
+    /// pods are, by the node controller), or in a final phase; a running pod is waited for.
+    #[test]
+    fn a_pod_being_deleted_or_in_a_final_phase_is_gone() {
+        let config = KubeConfig::for_tests();
+        assert!(!pod_gone(&pod("Running", false), &config));
+        assert!(!pod_gone(&pod("Pending", false), &config));
+        assert!(pod_gone(&pod("Running", true), &config));
+        assert!(pod_gone(&pod("Failed", false), &config));
+        assert!(pod_gone(&pod("Succeeded", false), &config));
     }
 }

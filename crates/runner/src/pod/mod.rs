@@ -226,6 +226,37 @@ pub async fn answer<W: AsyncWrite + Unpin>(w: &mut W, verdict: Result<(), &str>)
     w.flush().await
 }
 
+/// How long a pod connection may be idle before TCP probes its peer.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+
+/// The time between two probes of an idle pod connection.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How many probes go unanswered before the connection is given up.
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+/// How long sent bytes may stay unacknowledged before the connection is given up.
+pub const USER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Both ends: makes a pod connection fail, instead of waiting for ever, when its peer is gone
+/// without closing it (its node lost power or its network): TCP probes an idle connection
+/// ([`KEEPALIVE_IDLE`], then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times), and
+/// gives up on bytes unacknowledged for [`USER_TIMEOUT`]; a read or write then fails, and
+/// the run ends as its pod's death does, about a minute later instead of at its time limit.
+///
+/// # Errors
+///
+/// The socket options could not be set.
+pub fn detect_dead_peer(stream: &TcpStream) -> io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket.set_tcp_keepalive(&keepalive)?;
+    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))
+}
+
 /// Pod: connects to the replica at `endpoint` (`host:port`), says hello for `channel` with
 /// `key` and reads the answer (within [`CONNECT_TIMEOUT`]). After `Ok` the stream carries
 /// the channel's bytes; nothing of them was consumed.
@@ -240,6 +271,9 @@ pub async fn connect(endpoint: &str, channel: Channel, key: &str) -> Result<TcpS
             .map_err(|e| format!("cannot connect to the replica at {endpoint}: {e}"))?;
         // Frames are small and should go at once (stdout as the agent prints it).
         let _ = stream.set_nodelay(true);
+        if let Err(e) = detect_dead_peer(&stream) {
+            tracing::warn!(error = %e, "cannot set keepalive on the connection to the replica");
+        }
         let hello = format!("{PROTOCOL} {channel} {key}\n");
         stream
             .write_all(hello.as_bytes())

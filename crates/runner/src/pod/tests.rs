@@ -506,3 +506,29 @@ async fn a_launch_with_relative_directories_is_refused() {
     let err = receive_launch(&b""[..], 10).await.unwrap_err();
     assert!(err.contains("closed the launch connection"), "{err}");
 }
+
+/// A pod connection whose peer vanishes without a FIN (a lost node) must fail within about
+/// a minute, not wait for ever: both ends probe an idle connection and give up on bytes
+/// left unacknowledged. `connect` (the pod's end) sets both on the stream it returns.
+#[tokio::test]
+async fn both_ends_of_a_pod_connection_notice_a_vanished_peer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = listener.local_addr().unwrap().to_string();
+    let replica = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        detect_dead_peer(&stream).unwrap();
+        read_hello(&mut stream).await.unwrap();
+        answer(&mut stream, Ok(())).await.unwrap();
+        stream
+    });
+    let pod = connect(&endpoint, Channel::Control, "k").await.unwrap();
+    let replica = replica.await.unwrap();
+    for stream in [&pod, &replica] {
+        let socket = socket2::SockRef::from(stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(socket.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        assert_eq!(socket.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
+    }
+}
