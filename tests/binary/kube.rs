@@ -445,6 +445,30 @@ fn a_cancelled_run_stops_its_pod_with_sigint_first() {
     world.all_gone();
 }
 
+/// The agent ran and spent, but its pod could not collect its changes (an empty repository
+/// of the agent's own makes `git add` fail): the run fails with that failure and keeps the
+/// agent's output and its metered cost (before, both were dropped with the failure).
+#[test]
+fn a_pod_that_cannot_collect_the_changes_keeps_the_agents_output() {
+    const GH: &str = "ghp_KubeCollectToken0123456789abcdefgh";
+    let Some(world) = KubeWorld::here(GH, &[]) else {
+        return;
+    };
+    let served = world.serve();
+    let prompt = "Collect [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:empty-repo=sub]";
+    let task = served.run_failing("Collect", prompt);
+    assert!(
+        error_of(&task).contains("does not have a commit checked out"),
+        "{task:#}"
+    );
+    let run = &task["runs"][0];
+    assert_eq!(run["costUsd"], "0.003", "{task:#}");
+    let id = task["id"].as_str().unwrap();
+    let output = served.output(id);
+    assert!(output.contains("FAKE model-call 200"), "{output}");
+    world.all_gone();
+}
+
 /// Past its time limit the run is stopped and fails naming the limit; nothing is left.
 #[test]
 fn a_run_past_its_time_limit_is_stopped() {

@@ -377,7 +377,10 @@ impl KubeRunner {
         let mut end = end;
         let published = matches!(end.end.ended, Ended::Exited { code: Some(0), .. })
             && !matches!(job.kind, JobKind::Review { .. });
-        if published && let Some(patch) = end.patch.take() {
+        if published
+            && end.end.unpublishable.is_none()
+            && let Some(patch) = end.patch.take()
+        {
             end.end.unpublishable = Self::apply(worktree, patch).await.err();
         }
         let ended = end.end.ended.clone();
@@ -691,6 +694,7 @@ impl KubeRunner {
             patch_too_big,
         } = streamed;
         let (stdout, dropped) = out.finish();
+        let mut patch_unusable = false;
         let mut end = AgentEnd {
             ended: Ended::Exited {
                 code: None,
@@ -717,7 +721,15 @@ impl KubeRunner {
                     end.killed = Some(self.out_of_memory());
                 }
                 if let Some(failure) = failure {
-                    return Err(agentry_domain::quote::excerpt(&failure, MAX_FAILURE_CHARS));
+                    let failure = agentry_domain::quote::excerpt(&failure, MAX_FAILURE_CHARS);
+                    if ended == PodEnded::NotStarted {
+                        return Err(failure);
+                    }
+                    // pod-run failed after its agent ran (collecting the agent's changes):
+                    // the run keeps the agent's output and report, and fails with that
+                    // failure instead of publishing; the patch frames are not used.
+                    end.unpublishable = Some(failure);
+                    patch_unusable = true;
                 }
                 end.ended = match (stopping, ended) {
                     (Some((why, _)), _) => why,
@@ -757,7 +769,7 @@ impl KubeRunner {
                 }
             }
         }
-        let patch = (!patch.is_empty() && !patch_too_big).then_some(patch);
+        let patch = (!patch.is_empty() && !patch_too_big && !patch_unusable).then_some(patch);
         Ok(PodEnd { end, patch })
     }
 
