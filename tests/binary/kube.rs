@@ -527,6 +527,55 @@ fn an_image_that_cannot_be_pulled_fails_within_the_start_timeout() {
     world.all_gone();
 }
 
+/// A pod deleted while it cannot start (its image cannot be pulled) fails its run at once,
+/// not at the start timeout: the Job never makes another pod.
+#[test]
+fn a_pod_deleted_before_its_agent_starts_fails_at_once() {
+    if !pods_run_here() {
+        return;
+    }
+    const GH: &str = "ghp_KubePendingToken0123456789abcdefg";
+    let kube = FakeKube::start(Options::default().image("host", "/").namespace(NAMESPACE)).unwrap();
+    let unpullable = [
+        ("AGENTRY_AGENT_IMAGE", "registry.invalid/agentry-agent:none"),
+        ("AGENTRY_KUBE_START_TIMEOUT", "600"),
+    ];
+    let world = KubeWorld::on(kube, GH, &unpullable);
+    let served = world.serve();
+    let id = served.create("Pending", "Pending");
+    // The pod, once the runner watches it (so its deletion reaches the runner as an event).
+    let name = eventually(Duration::from_secs(60), "the run's pod, watched", || {
+        let watched = world
+            .kube
+            .requests()
+            .iter()
+            .any(|r| r.uri.contains("/pods?") && r.uri.contains("watch=true"));
+        if !watched {
+            return Err("no watch of the pods yet".to_owned());
+        }
+        let pods = world.kube.objects("pods", NAMESPACE);
+        match pods.first().and_then(|p| p["metadata"]["name"].as_str()) {
+            Some(name) => Ok(name.to_owned()),
+            None => Err(format!("{pods:?}")),
+        }
+    });
+    let deleted = reqwest::blocking::Client::new()
+        .delete(format!(
+            "{}/api/v1/namespaces/{NAMESPACE}/pods/{name}",
+            world.kube.base_url()
+        ))
+        .bearer_auth(world.kube.token())
+        .send()
+        .unwrap();
+    assert!(deleted.status().is_success(), "{:?}", deleted.text());
+    let task = served.failed(&id);
+    assert!(
+        error_of(&task).contains("the agent's pod was deleted before its agent started"),
+        "{task:#}"
+    );
+    world.all_gone();
+}
+
 /// A run whose Job cannot be made the owner of its Secret (here the Role lacks `patch` on
 /// Secrets) fails naming it, and its Secret is deleted with its Job: the cluster would never
 /// collect a Secret without an owner.

@@ -190,12 +190,12 @@ pub fn rfc3339(at: time::OffsetDateTime) -> String {
 /// Runs the garbage collector and the Job controller until the runtime stops.
 pub async fn run(shared: Arc<Shared>) {
     let mut receiver = shared.lock().changed.subscribe();
-    let mut counted: HashSet<String> = HashSet::new();
+    let mut pods = JobPods::default();
     loop {
         {
             let mut store = shared.lock();
             collect_garbage(&mut store);
-            reconcile_jobs(&mut store, &mut counted);
+            reconcile_jobs(&mut store, &mut pods);
         }
         let _ = tokio::time::timeout(Duration::from_millis(250), receiver.changed()).await;
     }
@@ -258,11 +258,23 @@ fn has_condition(job: &Value, kind: &str) -> Option<Value> {
         .cloned()
 }
 
+/// What the Job controller remembers of the Jobs' pods between passes.
+#[derive(Default)]
+struct JobPods {
+    /// The pods counted in their Job's `succeeded` or `failed`, by uid.
+    counted: HashSet<String>,
+    /// Every pod seen of each Job (by the Job's uid), by uid.
+    seen: std::collections::HashMap<String, HashSet<String>>,
+}
+
 /// One pass of the Job controller: each finished Job expired after its TTL, each other Job
 /// reconciled with its pods.
-fn reconcile_jobs(store: &mut Store, counted: &mut HashSet<String>) {
+fn reconcile_jobs(store: &mut Store, pods: &mut JobPods) {
     let now = time::OffsetDateTime::now_utc();
-    for job in store.list("jobs", None) {
+    let jobs = store.list("jobs", None);
+    let live: HashSet<String> = jobs.iter().map(uid).collect();
+    pods.seen.retain(|job, _| live.contains(job));
+    for job in jobs {
         let ns = job["metadata"]["namespace"]
             .as_str()
             .unwrap_or_default()
@@ -276,7 +288,7 @@ fn reconcile_jobs(store: &mut Store, counted: &mut HashSet<String>) {
             expire_finished_job(store, &job, &done, &ns, &name, now);
             continue;
         }
-        reconcile_active_job(store, counted, &job, &ns, &name, now);
+        reconcile_active_job(store, pods, &job, &ns, &name, now);
     }
 }
 
@@ -305,7 +317,7 @@ fn expire_finished_job(
 /// written when they have ended, or a new pod started when none runs.
 fn reconcile_active_job(
     store: &mut Store,
-    counted: &mut HashSet<String>,
+    tracked: &mut JobPods,
     job: &Value,
     ns: &str,
     name: &str,
@@ -324,7 +336,8 @@ fn reconcile_active_job(
     if !status.is_object() {
         status = json!({});
     }
-    count_ended_pods(&mut status, &pods, counted);
+    count_ended_pods(&mut status, &pods, &mut tracked.counted);
+    count_deleted_pods(&mut status, &pods, tracked, &job_uid);
     let running: Vec<&Value> = pods
         .iter()
         .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
@@ -370,6 +383,20 @@ fn reconcile_active_job(
     }
     if status != job["status"] {
         store.modify(res("jobs"), ns, name, |j| j["status"] = status);
+    }
+}
+
+/// Each pod of the Job gone from the API before it ended adds one to the Job's `failed`, as
+/// the real Job controller counts it (its tracking finalizer keeps the pod until it has): so
+/// a Job that never retries (`backoffLimit: 0`) makes no other pod for a deleted one.
+fn count_deleted_pods(status: &mut Value, pods: &[Value], tracked: &mut JobPods, job_uid: &str) {
+    let seen = tracked.seen.entry(job_uid.to_owned()).or_default();
+    let present: HashSet<String> = pods.iter().map(uid).collect();
+    seen.extend(present.iter().cloned());
+    for gone in seen.iter().filter(|u| !present.contains(*u)) {
+        if tracked.counted.insert(gone.clone()) {
+            status["failed"] = json!(status["failed"].as_i64().unwrap_or(0) + 1);
+        }
     }
 }
 

@@ -547,6 +547,11 @@ impl KubeRunner {
                             "the agent's pod ended before its agent started: {why}{said}"
                         ));
                     }
+                    // Deleted while pending (by an operator, a preemption): the Job, which
+                    // never retries, makes no other, so waiting for the start is vain.
+                    if pods.borrow().as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_some()) {
+                        return Err("the agent's pod was deleted before its agent started".to_owned());
+                    }
                 }
             }
         };
@@ -596,8 +601,8 @@ impl KubeRunner {
     /// until its result comes or the connection ends; asks the pod to stop at the wall
     /// time, on `cancel`, or once the run's allowance or budget is reached (`meter`), and
     /// gives up on it after the stop's grace. Once the cluster says the pod is gone or over
-    /// (`pod`, [`pod_gone`]) it waits at most [`DEATH_WAIT`] more for the connection's last
-    /// frames: a pod on a lost node never closes its connection.
+    /// (`pod`, [`pod_gone`]) it waits for the connection's last frames at most as long as for
+    /// a stop: a pod on a lost node never closes its connection.
     #[allow(
         clippy::too_many_arguments,
         reason = "the run's channels, each used once"
@@ -658,7 +663,8 @@ impl KubeRunner {
                     .is_some_and(|p| pod_gone(p, &self.config))
             {
                 tracing::info!(task = %job.task_id, "the cluster says the agent's pod is over; waiting for its last frames");
-                gone = Some(Instant::now() + DEATH_WAIT);
+                // As long as a stop it asked for: the pod's own stop ladder may be running.
+                gone = Some(Instant::now() + self.config.stop_grace * 2 + STOP_SLACK);
             }
             let wanted = stop_now.or_else(|| {
                 (stopping.is_none() && (parser.allowance_reached() || meter.is_exhausted()))
