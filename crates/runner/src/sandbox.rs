@@ -571,12 +571,21 @@ impl Sandbox {
                                  agents' /tmp is not limited by AGENTRY_AGENT_TMP_BYTES"
                             );
                         }
-                        if !features.disable_userns {
+                        if !features.disable_userns && self.seccomp && seccomp::supported() {
                             tracing::warn!(
                                 "this bwrap cannot give the sandbox a user namespace of its \
-                                 own with --disable-userns (bubblewrap 0.8): agents may create \
-                                 nested user namespaces, and AGENTRY_AGENT_MAX_PROCESSES counts \
-                                 every process of the service's user"
+                                 own with --disable-userns (bubblewrap 0.8): only the seccomp \
+                                 filter refuses agents nested namespaces, and \
+                                 AGENTRY_AGENT_MAX_PROCESSES counts every process of the \
+                                 service's user"
+                            );
+                        } else if !features.disable_userns {
+                            tracing::warn!(
+                                "this bwrap cannot give the sandbox a user namespace of its \
+                                 own with --disable-userns (bubblewrap 0.8) and agents have no \
+                                 seccomp filter: agents may create nested user namespaces, and \
+                                 AGENTRY_AGENT_MAX_PROCESSES counts every process of the \
+                                 service's user"
                             );
                         }
                     }

@@ -2,18 +2,18 @@
 //! coding agent never needs, refused inside every sandbox.
 //!
 //! The filter allows every call but those listed below, which fail with `EPERM` (never a
-//! kill: a tool that probes one gets an error it can handle). It is compiled to classic BPF
-//! by `seccompiler` and handed to `bwrap --seccomp FD`, which installs it on the sandbox's
-//! first process right before it starts it, after `no_new_privs`; every process of the
-//! sandbox inherits it and none can remove it. `AGENTRY_SANDBOX_SECCOMP=off` runs agents
-//! without it.
+//! kill: a tool that probes one gets an error it can handle), and `clone3`, which fails
+//! with `ENOSYS`. It is compiled to classic BPF by `seccompiler` and handed to `bwrap
+//! --seccomp FD`, which installs it on the sandbox's first process right before it starts
+//! it, after `no_new_privs`; every process of the sandbox inherits it and none can remove
+//! it. `AGENTRY_SANDBOX_SECCOMP=off` runs agents without it.
 //!
 //! Refused, and why:
 //!
 //! | Calls | Why |
 //! |---|---|
 //! | `mount`, `umount2`, `pivot_root`, `chroot`, `move_mount`, `open_tree`, `fsopen`, `fsconfig`, `fsmount`, `fspick`, `mount_setattr` | The sandbox's view of the files is fixed by `bwrap`; no tool changes mounts or its root. |
-//! | `unshare`, `setns` | New or other namespaces: `bwrap` already refuses new user namespaces (`--disable-userns`), and without capabilities the others fail too; refused outright. |
+//! | `unshare`, `setns`; `clone` with any namespace flag ([`CLONE_NAMESPACE_FLAGS`]); `clone3` (with `ENOSYS`) | New or other namespaces. A new user namespace comes with every capability inside it (netlink's routing, traffic control, netfilter: kernel attack surface). `bwrap --disable-userns` refuses them only from bubblewrap 0.8 on (older ones leave it out), so the filter refuses them itself: `clone` when its flags ask for a new namespace; `clone3`, whose flags are in memory the filter cannot read, always, with `ENOSYS`, so that glibc falls back to `clone` for threads and `posix_spawn` (as Docker's default profile does). |
 //! | `swapon`, `swapoff`, `reboot`, `kexec_load`, `kexec_file_load`, `init_module`, `finit_module`, `delete_module`, `acct`, `quotactl`, `quotactl_fd`, `vhangup` | Administration of the machine. |
 //! | `settimeofday`, `clock_settime`, `clock_adjtime`, `adjtimex` | Setting the clock (reading it, `clock_gettime`, is not affected; `adjtimex` is refused even to only query the clock's discipline). |
 //! | `syslog`, `lookup_dcookie` | The kernel's log and internals (`dmesg` fails). |
@@ -43,13 +43,12 @@
 //!   the sandbox's own processes, of the same user, without capabilities.
 //! - `personality`: `setarch -R`, `gdb` and the sanitizers turn address randomisation off
 //!   with it.
-//! - `clone` and `clone3` (every thread and process): namespace flags are left to the
-//!   missing capabilities and `--disable-userns` (the flags of `clone3` are in memory a
-//!   filter cannot read).
+//! - `clone` without namespace flags (every thread and process: `fork`, `vfork`,
+//!   `pthread_create` and `posix_spawn` after their `clone3` failed).
 //!
-//! On x86_64 the x32 numbers of the refused calls are refused too, and a call of another
-//! architecture's ABI (a 32-bit i386 program) kills the process: the filter checks the
-//! architecture first, as every seccomp filter must. The filter exists for x86_64 and
+//! On x86_64 the x32 numbers of the refused calls (and of `clone` and `clone3`) are refused
+//! too, and a call of another architecture's ABI (a 32-bit i386 program) kills the process:
+//! the filter checks the architecture first, as every seccomp filter must. The filter exists for x86_64 and
 //! aarch64; elsewhere agents run without it ([`program`] says so, and the runner logs it).
 
 use std::collections::BTreeMap;
@@ -109,6 +108,35 @@ const REFUSED: &[(&str, i64)] = &[
     ("io_uring_enter", libc::SYS_io_uring_enter),
     ("io_uring_register", libc::SYS_io_uring_register),
 ];
+
+/// The flags of `clone` that ask for a new namespace; a `clone` with any of them fails with
+/// `EPERM`. (`CLONE_NEWTIME` is not one: `clone` reads its bit as part of the child's exit
+/// signal, and only `unshare` and `clone3` take it.)
+pub const CLONE_NAMESPACE_FLAGS: &[(&str, i32)] = &[
+    ("CLONE_NEWNS", libc::CLONE_NEWNS),
+    ("CLONE_NEWCGROUP", libc::CLONE_NEWCGROUP),
+    ("CLONE_NEWUTS", libc::CLONE_NEWUTS),
+    ("CLONE_NEWIPC", libc::CLONE_NEWIPC),
+    ("CLONE_NEWUSER", libc::CLONE_NEWUSER),
+    ("CLONE_NEWPID", libc::CLONE_NEWPID),
+    ("CLONE_NEWNET", libc::CLONE_NEWNET),
+];
+
+/// `clone`'s number here, refused for some flags ([`CLONE_NAMESPACE_FLAGS`]).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const CLONE: Option<i64> = Some(libc::SYS_clone);
+
+/// No `clone` rule where there is no filter.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const CLONE: Option<i64> = None;
+
+/// `clone3`'s number here, which fails with `ENOSYS`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const CLONE3: Option<i64> = Some(libc::SYS_clone3);
+
+/// No `clone3` rule where there is no filter.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const CLONE3: Option<i64> = None;
 
 /// The socket families an agent may create sockets of (`socket`, `socketpair`); every other
 /// fails with `EPERM`. `AF_NETLINK` only with the protocol `NETLINK_ROUTE` (for `socket`).
@@ -227,6 +255,73 @@ fn family_rules(netlink: bool) -> Result<Vec<SeccompRule>, String> {
     Ok(rules)
 }
 
+/// The rules of `clone`: one per flag of [`CLONE_NAMESPACE_FLAGS`], matching when the flags
+/// (the first argument; every namespace flag lies in its low 32 bits) hold it.
+fn clone_rules() -> Result<Vec<SeccompRule>, String> {
+    use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition};
+    CLONE_NAMESPACE_FLAGS
+        .iter()
+        .map(|(_, flag)| {
+            let flag = u64::from(flag.cast_unsigned());
+            SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(flag),
+                flag,
+            )
+            .and_then(|condition| SeccompRule::new(vec![condition]))
+            .map_err(|e| format!("the sandbox's seccomp filter: {e}"))
+        })
+        .collect()
+}
+
+/// `rules` compiled for `arch` by `seccompiler`: a call that matches gets `action`, every
+/// other is allowed.
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    action: SeccompAction,
+    arch: TargetArch,
+) -> Result<BpfProgram, String> {
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, arch)
+        .map_err(|e| format!("the sandbox's seccomp filter: {e}"))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| format!("the sandbox's seccomp filter: {e}"))
+}
+
+/// One program of `first` then `second` (each compiled by [`compile`]): where `first` would
+/// allow a call (`RET ALLOW`), it jumps to the start of `second` instead, which decides.
+/// A filter takes one action per program, and `bwrap --seccomp` installs one program;
+/// this is how `clone3` gets `ENOSYS` while the rest gets `EPERM`.
+fn chain(mut first: BpfProgram, second: BpfProgram) -> Result<BpfProgram, String> {
+    let ret_allow = u16::try_from(libc::BPF_RET | libc::BPF_K)
+        .map_err(|e| format!("the sandbox's seccomp filter: {e}"))?;
+    let jump = u16::try_from(libc::BPF_JMP | libc::BPF_JA)
+        .map_err(|e| format!("the sandbox's seccomp filter: {e}"))?;
+    let len = first.len();
+    for (at, op) in first.iter_mut().enumerate() {
+        if op.code == ret_allow && op.k == libc::SECCOMP_RET_ALLOW {
+            // `JA k` goes on at the instruction `k` after the next one: `second`'s first.
+            let k = u32::try_from(len - at - 1)
+                .map_err(|e| format!("the sandbox's seccomp filter: {e}"))?;
+            *op = seccompiler::sock_filter {
+                code: jump,
+                jt: 0,
+                jf: 0,
+                k,
+            };
+        }
+    }
+    first.extend(second);
+    if first.len() > 4096 {
+        return Err(format!(
+            "the sandbox's seccomp filter has {} instructions, over the kernel's 4096",
+            first.len()
+        ));
+    }
+    Ok(first)
+}
+
 /// The filter for this architecture as `bwrap --seccomp` reads it: the raw array of
 /// `struct sock_filter` (8 bytes each, in the machine's byte order).
 ///
@@ -252,16 +347,25 @@ pub fn program() -> Result<Vec<u8>, String> {
             rules.insert(nr, family_rules(*netlink)?);
         }
     }
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM.unsigned_abs()),
-        arch,
-    )
-    .map_err(|e| format!("the sandbox's seccomp filter: {e}"))?;
-    let program: BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("the sandbox's seccomp filter: {e}"))?;
+    for nr in with_x32(CLONE.into_iter().collect(), &[]) {
+        rules.insert(nr, clone_rules()?);
+    }
+    let enosys: BTreeMap<i64, Vec<SeccompRule>> = with_x32(CLONE3.into_iter().collect(), &[])
+        .into_iter()
+        .map(|nr| (nr, Vec::new()))
+        .collect();
+    let program = chain(
+        compile(
+            enosys,
+            SeccompAction::Errno(libc::ENOSYS.unsigned_abs()),
+            arch,
+        )?,
+        compile(
+            rules,
+            SeccompAction::Errno(libc::EPERM.unsigned_abs()),
+            arch,
+        )?,
+    )?;
     let mut bytes = Vec::with_capacity(program.len() * 8);
     for op in &program {
         bytes.extend_from_slice(&op.code.to_ne_bytes());
@@ -303,5 +407,119 @@ mod tests {
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), numbers.len());
+    }
+
+    /// What the kernel would decide for the call `nr` with `args` of the architecture
+    /// `arch` (`None`: this one), running the program as classic BPF over a `struct
+    /// seccomp_data` (only the instructions `seccompiler` and [`chain`] emit).
+    fn decide(program: &[u8], arch: Option<u32>, nr: i64, args: [u64; 6]) -> u32 {
+        let ops: Vec<(u16, u8, u8, u32)> = program
+            .chunks_exact(8)
+            .map(|op| {
+                (
+                    u16::from_ne_bytes([op[0], op[1]]),
+                    op[2],
+                    op[3],
+                    u32::from_ne_bytes([op[4], op[5], op[6], op[7]]),
+                )
+            })
+            .collect();
+        // The architecture the program checks first (`JEQ arch`), unless another is given.
+        let arch = arch.unwrap_or(ops[1].3);
+        let mut data = Vec::new();
+        data.extend_from_slice(&i32::try_from(nr).unwrap().to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        for arg in args {
+            data.extend_from_slice(&arg.to_ne_bytes());
+        }
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let (code, jt, jf, k) = ops[pc];
+            let k_usize = usize::try_from(k).unwrap();
+            let jump = |taken: bool| usize::from(if taken { jt } else { jf });
+            pc += 1;
+            match u32::from(code) {
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                    a = u32::from_ne_bytes(data[k_usize..k_usize + 4].try_into().unwrap());
+                }
+                c if c == libc::BPF_ALU | libc::BPF_AND | libc::BPF_K => a &= k,
+                c if c == libc::BPF_JMP | libc::BPF_JA => pc += k_usize,
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => pc += jump(a == k),
+                c if c == libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K => pc += jump(a >= k),
+                c if c == libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K => pc += jump(a > k),
+                c if c == libc::BPF_RET | libc::BPF_K => return k,
+                other => panic!("instruction {other:#x} at {}", pc - 1),
+            }
+        }
+    }
+
+    /// `clone` asking for any new namespace gets `EPERM`, `clone3` `ENOSYS` (whatever its
+    /// arguments), and the `clone`s of `fork`, `vfork` and threads pass, as do calls the
+    /// filter does not name; the first program's allowed calls go on to the second.
+    #[test]
+    fn clone_with_namespace_flags_and_clone3_are_refused() {
+        let program = program().unwrap();
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM.cast_unsigned();
+        let enosys = libc::SECCOMP_RET_ERRNO | libc::ENOSYS.cast_unsigned();
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let flags = |f: i32| u64::from(f.cast_unsigned());
+        let clone = |f: u64| decide(&program, None, libc::SYS_clone, [f, 0, 0, 0, 0, 0]);
+        let sigchld = flags(libc::SIGCHLD);
+        assert_eq!(
+            clone(flags(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) | sigchld),
+            eperm
+        );
+        for (name, flag) in CLONE_NAMESPACE_FLAGS {
+            assert_eq!(clone(flags(*flag) | sigchld), eperm, "{name}");
+        }
+        let thread = libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD
+            | libc::CLONE_SYSVSEM
+            | libc::CLONE_SETTLS
+            | libc::CLONE_PARENT_SETTID
+            | libc::CLONE_CHILD_CLEARTID;
+        for ordinary in [
+            sigchld,
+            flags(libc::CLONE_VM | libc::CLONE_VFORK) | sigchld,
+            flags(thread),
+            flags(libc::CLONE_CHILD_SETTID | libc::CLONE_CHILD_CLEARTID) | sigchld,
+            // CLONE_NEWTIME's bit is an exit signal's to clone.
+            flags(libc::CLONE_NEWTIME),
+        ] {
+            assert_eq!(clone(ordinary), allow, "{ordinary:#x}");
+        }
+        for args in [[0; 6], [flags(libc::CLONE_NEWUSER), 0, 0, 0, 0, 0]] {
+            assert_eq!(decide(&program, None, libc::SYS_clone3, args), enosys);
+        }
+        assert_eq!(decide(&program, None, libc::SYS_getpid, [0; 6]), allow);
+        assert_eq!(decide(&program, None, libc::SYS_unshare, [0; 6]), eperm);
+        assert_eq!(decide(&program, None, libc::SYS_mount, [0; 6]), eperm);
+        let vsock = u64::from(libc::AF_VSOCK.cast_unsigned());
+        let inet = u64::from(libc::AF_INET.cast_unsigned());
+        assert_eq!(
+            decide(&program, None, libc::SYS_socket, [vsock, 1, 0, 0, 0, 0]),
+            eperm
+        );
+        assert_eq!(
+            decide(&program, None, libc::SYS_socket, [inet, 1, 0, 0, 0, 0]),
+            allow
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            let newuser = flags(libc::CLONE_NEWUSER) | sigchld;
+            let x32 = |nr: i64, f: u64| decide(&program, None, nr | X32_BIT, [f, 0, 0, 0, 0, 0]);
+            assert_eq!(x32(libc::SYS_clone, newuser), eperm);
+            assert_eq!(x32(libc::SYS_clone, sigchld), allow);
+            assert_eq!(x32(libc::SYS_clone3, 0), enosys);
+        }
+        // Another architecture's call kills the process.
+        assert_eq!(
+            decide(&program, Some(0x4000_0003), libc::SYS_getpid, [0; 6]),
+            libc::SECCOMP_RET_KILL_PROCESS
+        );
     }
 }

@@ -8,6 +8,7 @@ use agentry_runner::{Execution, Sandbox, SandboxMode};
 
 use crate::limits::{agent, probe_run, reported};
 use crate::sandbox::{Rig, sandbox_works_here};
+use crate::support::write_program;
 
 /// The probes: `unshare` of util-linux (a new user namespace), then refused and allowed
 /// calls made straight from Python (their numbers for this architecture from libc), then
@@ -42,6 +43,40 @@ call("getpid", {getpid})
 # io_uring, which would create sockets past the filter (params: 120 bytes of zeros).
 params = ctypes.create_string_buffer(120)
 call("io_uring_setup", {io_uring_setup}, ctypes.c_uint(4), params)
+import os, shutil, subprocess, threading
+def forked(name, pid, errno):
+    # A child of a raw clone (fork-like: no stack given) leaves at once.
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+    print("call", name, "ok" if pid != -1 else "errno=%d" % errno)
+# clone(CLONE_NEWUSER | CLONE_NEWNET | SIGCHLD): a user namespace with a network namespace
+# in it, where the child would hold every capability.
+ctypes.set_errno(0)
+pid = libc.syscall(ctypes.c_long({clone}), ctypes.c_ulong(0x10000000 | 0x40000000 | 17),
+                   ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+forked("clone-newuser", pid, ctypes.get_errno())
+# clone3 of a plain child (struct clone_args, 88 bytes: exit_signal SIGCHLD at offset 32).
+args = ctypes.create_string_buffer(88)
+ctypes.c_uint64.from_buffer(args, 32).value = 17
+ctypes.set_errno(0)
+pid = libc.syscall(ctypes.c_long({clone3}), args, ctypes.c_size_t(88))
+forked("clone3", pid, ctypes.get_errno())
+# Ordinary process creation: fork, a thread (glibc tries clone3, then clone), a
+# subprocess and posix_spawn (clone3, then clone, in glibc).
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+got = []
+thread = threading.Thread(target=lambda: got.append(6 * 7))
+thread.start()
+thread.join()
+print("thread", got[0] if got else "none")
+print("subprocess", subprocess.run(["sh", "-c", "echo spawned"], capture_output=True, text=True).stdout.strip())
+pid = os.posix_spawn(shutil.which("sh"), ["sh", "-c", "exit 3"], os.environ)
+print("posix_spawn", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 # Socket families: (name, family, type, protocol).
 for name, family, kind, proto in [
     ("vsock", 40, 1, 0),
@@ -95,18 +130,30 @@ fi
         personality = libc::SYS_personality,
         getpid = libc::SYS_getpid,
         io_uring_setup = libc::SYS_io_uring_setup,
+        clone = libc::SYS_clone,
+        clone3 = libc::SYS_clone3,
     )
 }
 
 /// Runs the probes in a sandbox with the filter on or off.
 async fn probe(rig: &Rig, filter: bool) -> Execution {
+    probe_in(rig, Sandbox::new(SandboxMode::Auto), filter).await
+}
+
+/// Runs the probes in `sandbox` with the filter on or off.
+async fn probe_in(rig: &Rig, sandbox: Sandbox, filter: bool) -> Execution {
     let program = agent(
         rig,
         if filter { "filtered" } else { "unfiltered" },
         &script(),
     );
-    let sandbox = Sandbox::new(SandboxMode::Auto).with_seccomp(filter);
-    probe_run(rig, sandbox, &program, "Probe the system calls").await
+    probe_run(
+        rig,
+        sandbox.with_seccomp(filter),
+        &program,
+        "Probe the system calls",
+    )
+    .await
 }
 
 /// The refused calls fail with `EPERM` (`unshare` says "Operation not permitted"), and so
@@ -140,6 +187,15 @@ async fn the_filter_refuses_the_listed_calls_and_nothing_ordinary() {
         assert_eq!(out("call personality"), "ok");
         assert_eq!(out("call getpid"), "ok");
         assert_eq!(out("call io_uring_setup"), "errno=1");
+        // A clone asking for new namespaces fails with EPERM (bwrap's --disable-userns
+        // alone makes it ENOSPC); clone3 with ENOSYS, so that glibc falls back to clone,
+        // and every ordinary way of starting a process or a thread works.
+        assert_eq!(out("call clone-newuser"), "errno=1");
+        assert_eq!(out("call clone3"), "errno=38");
+        assert_eq!(out("fork"), "7");
+        assert_eq!(out("thread"), "42");
+        assert_eq!(out("subprocess"), "spawned");
+        assert_eq!(out("posix_spawn"), "3");
         // The refused families fail with EPERM, the kept ones work.
         for refused in ["vsock", "alg", "packet", "netlink-audit"] {
             assert_eq!(out(&format!("socket {refused}")), "errno=1", "{refused}");
@@ -183,5 +239,70 @@ async fn the_filter_refuses_the_listed_calls_and_nothing_ordinary() {
             works("call io_uring_setup");
         }
         works("socket netlink-route");
+        works("call clone3");
+        // Not EPERM: refused by --disable-userns (ENOSPC), if at all.
+        assert_ne!(
+            reported(&off, "call clone-newuser"),
+            "errno=1",
+            "{}",
+            off.output
+        );
+    }
+}
+
+/// Where `bwrap` cannot disable nested user namespaces (bubblewrap before 0.8, posed by a
+/// wrapper whose `--help` does not offer `--disable-userns`), the filter alone refuses a
+/// `clone` into a new user and network namespace, while processes and threads still
+/// start. Without the filter the same `clone` works there: what the filter closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_disable_userns_the_filter_still_refuses_new_namespaces() {
+    if !sandbox_works_here() {
+        return;
+    }
+    let real = std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("bwrap"))
+                .find(|bwrap| bwrap.is_file())
+        })
+        .unwrap_or_else(|| agentry_runner::sandbox::DEFAULT_BWRAP.into());
+    let rig = Rig::new();
+    let old_bwrap = rig.dir().join("bwrap-0.7");
+    write_program(
+        &old_bwrap,
+        &format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = --help ]; then\n\
+             \t'{real}' --help 2>&1 | grep -v -e --disable-userns -e --assert-userns-disabled\n\
+             \texit 0\n\
+             fi\n\
+             exec '{real}' \"$@\"\n",
+            real = real.display()
+        ),
+    );
+    let features = Sandbox::with_bwrap(&old_bwrap)
+        .features()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!features.disable_userns, "{features:?}");
+    let on = probe_in(&rig, Sandbox::with_bwrap(&old_bwrap), true).await;
+    if on.output.contains("python absent") {
+        return;
+    }
+    let out = |key: &str| reported(&on, key).to_owned();
+    assert_eq!(out("call clone-newuser"), "errno=1", "{}", on.output);
+    assert_eq!(out("call clone3"), "errno=38");
+    assert_eq!(out("fork"), "7");
+    assert_eq!(out("thread"), "42");
+    assert_eq!(out("subprocess"), "spawned");
+    assert_eq!(out("posix_spawn"), "3");
+    assert_eq!(out("child"), "42");
+
+    let off = probe_in(&rig, Sandbox::with_bwrap(&old_bwrap), false).await;
+    let unfiltered = reported(&off, "call clone-newuser");
+    if unfiltered != "ok" {
+        // This kernel refuses the service's user new user namespaces by itself.
+        eprintln!("without the filter, clone into new namespaces: {unfiltered}");
     }
 }
