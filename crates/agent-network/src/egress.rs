@@ -19,13 +19,16 @@
 //!
 //! The decision: the host must be allowed on the port asked for ([`EgressAllow::check`]: a
 //! pattern allows the port it names, else 443 only, so a plain `http://` request to port 80
-//! needs `host:80`). An IP address is
-//! allowed only when listed itself. A name is resolved once; when any of its addresses is
-//! not public ([`special_use`]: loopback, private, link-local, CGNAT…), the name is refused
-//! unless it is listed itself (not only covered by a wildcard). The proxy connects to the
-//! addresses it checked, never resolving again. A refusal answers `403` with a plain-text
-//! body saying why and how to allow the host, and is reported to [`EgressEvents::blocked`];
-//! a host that cannot be resolved or reached answers `502`.
+//! needs `host:80`). An IP address is allowed only when listed itself. A name is resolved
+//! once, and each of its addresses must be one a name may lead to: a public one; a
+//! loopback, private, unique-local or shared (CGNAT) one only when the name is listed
+//! itself (not only covered by a wildcard: the operator chose it, as for `localhost:8080`
+//! or an internal registry); any other special one ([`special_use`]: link-local, where
+//! clouds serve instance metadata, the known metadata addresses outside it, multicast…)
+//! never, unless that address is listed itself on the port. The proxy connects to the
+//! addresses it checked, never resolving again. A refusal answers `403` with a plain-text body saying
+//! why and how to allow the host, and is reported to [`EgressEvents::blocked`]; a host that
+//! cannot be resolved or reached answers `502`.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -129,24 +132,39 @@ impl EgressPolicy {
             .resolve(host, port)
             .await
             .map_err(Refusal::Unreachable)?;
-        if matched == EgressMatch::Wildcard
-            && let Some((addr, kind)) = addrs
-                .iter()
-                .find_map(|a| special_use(a.ip()).map(|kind| (a.ip(), kind)))
-        {
-            let member = allow_member(host, port);
-            return Err(Refusal::Blocked {
-                why: format!("resolves to {addr} ({kind}), allowed only through a wildcard"),
+        let refused = addrs.iter().find_map(|a| {
+            address_refusal(&self.allow, matched, a.ip(), port).map(|kind| (a.ip(), kind))
+        });
+        let Some((addr, kind)) = refused else {
+            return Ok(addrs);
+        };
+        let never = "A link-local address (where clouds serve instance metadata) or another \
+                     special-use one is reached through no name: only by listing the address \
+                     itself.";
+        Err(match matched {
+            EgressMatch::Wildcard => {
+                let member = allow_member(host, port);
+                Refusal::Blocked {
+                    why: format!("resolves to {addr} ({kind}), allowed only through a wildcard"),
+                    body: format!(
+                        "agentry's egress proxy refused {host}:{port}: {host} resolves to \
+                         {addr}, a {kind} address, and only a wildcard of egressAllow covers \
+                         it. A host that resolves to a loopback or private address must be \
+                         listed by its own name: to allow it, add \"{member}\" to the \
+                         repository's egressAllow setting, or to AGENTRY_EGRESS_ALLOW for every \
+                         repository. {never}\n"
+                    ),
+                }
+            }
+            EgressMatch::Literal => Refusal::Blocked {
+                why: format!("resolves to {addr} ({kind}), which no name may lead to"),
                 body: format!(
-                    "agentry's egress proxy refused {host}:{port}: {host} resolves to {addr}, a \
-                     {kind} address, and only a wildcard of egressAllow covers it. A host that \
-                     resolves to a private address must be listed by its own name: to allow \
-                     it, add \"{member}\" to the repository's egressAllow setting, or to \
-                     AGENTRY_EGRESS_ALLOW for every repository.\n"
+                    "agentry's egress proxy refused {host}:{port}: {host} resolves to {addr}, \
+                     a {kind} address, which no name of egressAllow may lead to (a name listed \
+                     itself may resolve to loopback and private addresses). {never}\n"
                 ),
-            });
-        }
-        Ok(addrs)
+            },
+        })
     }
 
     /// The addresses of `name` on `port`, each once, in the resolver's order.
@@ -232,15 +250,45 @@ impl Refusal {
     }
 }
 
+/// The kinds of [`special_use`] addresses a name listed itself in egressAllow may resolve
+/// to: the operator's own networks (`localhost:8080`, an internal registry at `10.x`, a
+/// host of a VPN in the shared range).
+const OWN_NETWORK_KINDS: &[&str] = &["loopback", "private", "unique local", "shared (CGNAT)"];
+
+/// Why `ip`, an address of a name allowed on `port` by `matched`, may not be connected to
+/// (its [`special_use`] kind), or `None` when it may: when it is public, when `allow`
+/// lists the address itself on `port`, or when the name is listed itself
+/// ([`EgressMatch::Literal`]) and the address is loopback, private, unique-local or shared
+/// (CGNAT). Link-local addresses (where clouds serve instance metadata), the known metadata
+/// addresses outside them and every other special-use address are never reached through a
+/// name.
+fn address_refusal(
+    allow: &EgressAllow,
+    matched: EgressMatch,
+    ip: IpAddr,
+    port: u16,
+) -> Option<&'static str> {
+    let kind = special_use(ip)?;
+    if allow.check(&ip.to_canonical().to_string(), port) == Some(EgressMatch::Literal) {
+        return None;
+    }
+    if matched == EgressMatch::Literal && OWN_NETWORK_KINDS.contains(&kind) {
+        return None;
+    }
+    Some(kind)
+}
+
 /// What an address is when it is not a public unicast address, e.g. `"loopback"`, or
 /// `None` for a public one.
 ///
 /// Not public: IPv4 0.0.0.0/8 (unspecified), 127.0.0.0/8 (loopback), 10.0.0.0/8,
-/// 172.16.0.0/12, 192.168.0.0/16 (private), 169.254.0.0/16 (link-local), 100.64.0.0/10
+/// 172.16.0.0/12, 192.168.0.0/16 (private), 169.254.0.0/16 (link-local, where clouds serve
+/// instance metadata), 100.100.100.200 (cloud metadata: Alibaba Cloud's), 100.64.0.0/10
 /// (shared, CGNAT), 192.0.0.0/24 and 240.0.0.0/4 (reserved), 198.18.0.0/15 (benchmarking),
 /// 192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24 (documentation), 224.0.0.0/4 (multicast),
 /// 255.255.255.255 (broadcast); IPv6 `::` (unspecified), `::1` (loopback), fe80::/10
-/// (link-local), fec0::/10 (site-local), fc00::/7 (unique local), ff00::/8 (multicast),
+/// (link-local), fd00:ec2::254 and fd20:ce::254 (cloud metadata: AWS's and Google Cloud's
+/// over IPv6), fec0::/10 (site-local), fc00::/7 (unique local), ff00::/8 (multicast),
 /// 2001:db8::/32 and 3fff::/20 (documentation), 100::/64 (discard), 64:ff9b:1::/48
 /// (local-use NAT64: a translator of the site's own, into its own IPv4 network); and an
 /// IPv4 address of these kinds embedded in IPv6: IPv4-mapped (`::ffff:a.b.c.d`),
@@ -262,6 +310,7 @@ fn special_use_v4(ip: Ipv4Addr) -> Option<&'static str> {
         (127, _, _) => "loopback",
         (10, _, _) | (172, 16..=31, _) | (192, 168, _) => "private",
         (169, 254, _) => "link-local",
+        _ if ip == Ipv4Addr::new(100, 100, 100, 200) => "cloud metadata",
         (100, 64..=127, _) => "shared (CGNAT)",
         (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => "documentation",
         (198, 18..=19, _) => "benchmarking",
@@ -280,6 +329,14 @@ fn special_use_v6(ip: Ipv6Addr) -> Option<&'static str> {
     }
     if ip.is_loopback() {
         return Some("loopback");
+    }
+    if [
+        Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254),
+        Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254),
+    ]
+    .contains(&ip)
+    {
+        return Some("cloud metadata");
     }
     let s = ip.segments();
     let embedded = |hi: u16, lo: u16| {
@@ -634,6 +691,12 @@ fn request_head(head: &Head, target: &Target, path: &str) -> Vec<u8> {
 async fn connect(addrs: &[SocketAddr]) -> Result<TcpStream, String> {
     let mut last = String::from("no address");
     for addr in addrs {
+        // Tests reach loopback only, whatever a policy under test lets through.
+        #[cfg(test)]
+        if !addr.ip().to_canonical().is_loopback() {
+            last = format!("{addr}: tests connect to loopback only");
+            continue;
+        }
         match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
             Ok(Ok(stream)) => return Ok(stream),
             Ok(Err(e)) => last = format!("{addr}: {e}"),
@@ -953,6 +1016,8 @@ mod tests {
             ("172.31.255.255", Some("private")),
             ("192.168.1.1", Some("private")),
             ("169.254.169.254", Some("link-local")),
+            ("100.100.100.200", Some("cloud metadata")),
+            ("100.100.100.201", Some("shared (CGNAT)")),
             ("100.64.0.1", Some("shared (CGNAT)")),
             ("100.127.255.255", Some("shared (CGNAT)")),
             ("192.0.2.1", Some("documentation")),
@@ -971,6 +1036,10 @@ mod tests {
             ("fec0::1", Some("site-local")),
             ("fc00::1", Some("unique local")),
             ("fd12:3456::1", Some("unique local")),
+            ("fd00:ec2::254", Some("cloud metadata")),
+            ("fd20:ce::254", Some("cloud metadata")),
+            ("fd00:ec2::253", Some("unique local")),
+            ("::ffff:100.100.100.200", Some("cloud metadata")),
             ("ff02::1", Some("multicast")),
             ("2001:db8::1", Some("documentation")),
             ("3fff::1", Some("documentation")),
@@ -1290,6 +1359,139 @@ mod tests {
             policy.decide("unknown.example.com", None, 443).await,
             Err(Refusal::Unreachable(_))
         ));
+    }
+
+    /// A name listed itself whose DNS answers a link-local address (cloud metadata) is
+    /// refused before any connection, as a wildcard's name would be.
+    #[tokio::test]
+    async fn a_listed_name_resolving_to_cloud_metadata_is_refused() {
+        let origin = Origin::start().await;
+        let metadata = [ip("169.254.169.254")];
+        let hosts: &[(&str, &[IpAddr])] = &[("registry.example.test", &metadata)];
+        let proxy = Proxy::start(policy_with_hosts(
+            &["registry.example.test", "registry.example.test:80"],
+            hosts,
+        ));
+        let cases: &[(&[u8], &[&str])] = &[
+            (
+                b"CONNECT registry.example.test:443 HTTP/1.1\r\n\r\n",
+                &[
+                    "refused registry.example.test:443",
+                    "only by listing the address itself",
+                ],
+            ),
+            (
+                b"GET http://registry.example.test/latest/meta-data/ HTTP/1.1\r\n\r\n",
+                &["refused registry.example.test:80"],
+            ),
+        ];
+        proxy.expect(403, cases).await;
+        let events = proxy.events.events();
+        assert_eq!(events.len(), 2, "{events:?}");
+        for (event, port) in events.iter().zip([443, 80]) {
+            assert_eq!((event.0.as_str(), event.1), ("registry.example.test", port));
+            assert!(
+                event.2.contains("169.254.169.254 (link-local)"),
+                "{events:?}"
+            );
+        }
+        assert_eq!(origin.accepted.load(Ordering::SeqCst), 0);
+    }
+
+    /// The decision of `policy` on `name`: allowed, or refused with its reason.
+    async fn verdict(policy: &EgressPolicy, name: &str, port: u16) -> Result<(), String> {
+        match policy.decide(name, None, port).await {
+            Ok(_) => Ok(()),
+            Err(Refusal::Blocked { why, .. }) => Err(why),
+            Err(other) => panic!("{name}: {other:?}"),
+        }
+    }
+
+    /// The decision alone: a name listed itself may lead to loopback, private,
+    /// unique-local and shared addresses, never to link-local, cloud metadata or other
+    /// special-use ones (any of its addresses being one refuses it), unless that address
+    /// is listed itself on the port; a wildcard's name to public addresses only, or to one
+    /// listed itself.
+    #[tokio::test]
+    async fn a_name_leads_to_a_special_address_only_as_the_operator_chose() {
+        let names: &[(&str, &str)] = &[
+            ("loopback", "127.0.0.1"),
+            ("loopback6", "::1"),
+            ("private", "10.1.2.3"),
+            ("private172", "172.20.0.5"),
+            ("ula", "fd12:3456::1"),
+            ("cgnat", "100.101.102.103"),
+            ("metadata", "169.254.169.254"),
+            ("metadata-mapped", "::ffff:169.254.169.254"),
+            ("link-local6", "fe80::1"),
+            ("aws6", "fd00:ec2::254"),
+            ("gcp6", "fd20:ce::254"),
+            ("alibaba", "100.100.100.200"),
+            ("unspecified", "0.0.0.0"),
+            ("multicast", "239.1.2.3"),
+            ("documentation", "192.0.2.10"),
+        ];
+        let ips: Vec<(String, [IpAddr; 1])> = names
+            .iter()
+            .map(|(name, addr)| (format!("{name}.corp.test"), [ip(addr)]))
+            .collect();
+        let mixed = [ip("8.8.8.8"), ip("169.254.169.254")];
+        let mut hosts: Vec<(&str, &[IpAddr])> = ips
+            .iter()
+            .map(|(name, addrs)| (name.as_str(), &addrs[..]))
+            .collect();
+        hosts.push(("mixed.corp.test", &mixed));
+        let mut listed: Vec<&str> = ips.iter().map(|(name, _)| name.as_str()).collect();
+        listed.extend(["mixed.corp.test", "*.wild.test", "169.254.169.254:8443"]);
+        let policy = policy_with_hosts(&listed, &hosts);
+        for name in [
+            "loopback",
+            "loopback6",
+            "private",
+            "private172",
+            "ula",
+            "cgnat",
+        ] {
+            let host = format!("{name}.corp.test");
+            assert_eq!(verdict(&policy, &host, 443).await, Ok(()), "{name}");
+        }
+        for (name, kind) in [
+            ("metadata", "link-local"),
+            ("metadata-mapped", "link-local"),
+            ("link-local6", "link-local"),
+            ("aws6", "cloud metadata"),
+            ("gcp6", "cloud metadata"),
+            ("alibaba", "cloud metadata"),
+            ("unspecified", "unspecified"),
+            ("multicast", "multicast"),
+            ("documentation", "documentation"),
+            ("mixed", "link-local"),
+        ] {
+            let why = verdict(&policy, &format!("{name}.corp.test"), 443)
+                .await
+                .unwrap_err();
+            assert!(
+                why.contains(&format!("({kind}), which no name may lead to")),
+                "{name}: {why}"
+            );
+        }
+        // The address listed itself on the port: the name may lead there too.
+        let listed_too =
+            policy_with_hosts(&["metadata.corp.test:8443", "169.254.169.254:8443"], &hosts);
+        assert_eq!(
+            verdict(&listed_too, "metadata.corp.test", 8443).await,
+            Ok(())
+        );
+
+        // Through a wildcard: public addresses only, or one listed itself on the port.
+        let wild_hosts: &[(&str, &[IpAddr])] = &[
+            ("private.wild.test", &[ip("10.0.0.1")]),
+            ("loopback.wild.test", &[ip("127.0.0.1")]),
+        ];
+        let wild = policy_with_hosts(&["*.wild.test", "127.0.0.1"], wild_hosts);
+        let why = verdict(&wild, "private.wild.test", 443).await.unwrap_err();
+        assert!(why.contains("allowed only through a wildcard"), "{why}");
+        assert_eq!(verdict(&wild, "loopback.wild.test", 443).await, Ok(()));
     }
 
     /// An address not listed itself is refused before any connection, whatever it is.
