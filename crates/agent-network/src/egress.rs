@@ -28,7 +28,10 @@
 //! never, unless that address is listed itself on the port. The proxy connects to the
 //! addresses it checked, never resolving again. A refusal answers `403` with a plain-text body saying
 //! why and how to allow the host, and is reported to [`EgressEvents::blocked`]; a host that
-//! cannot be resolved or reached answers `502`.
+//! cannot be resolved or reached answers `502`. The answers never tell the agent what a
+//! name resolves to (under a wildcard that would make the proxy an oracle of internal
+//! DNS): only that it resolves to a non-public address, or that it could not be reached;
+//! the address goes to [`EgressEvents::blocked`]'s reason and the service's log.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -138,6 +141,8 @@ impl EgressPolicy {
         let Some((addr, kind)) = refused else {
             return Ok(addrs);
         };
+        // The reason (the log, the record) names the address; the body names neither the
+        // address nor its kind, which would tell the agent what internal names resolve to.
         let never = "A link-local address (where clouds serve instance metadata) or another \
                      special-use one is reached through no name: only by listing the address \
                      itself.";
@@ -147,20 +152,20 @@ impl EgressPolicy {
                 Refusal::Blocked {
                     why: format!("resolves to {addr} ({kind}), allowed only through a wildcard"),
                     body: format!(
-                        "agentry's egress proxy refused {host}:{port}: {host} resolves to \
-                         {addr}, a {kind} address, and only a wildcard of egressAllow covers \
-                         it. A host that resolves to a loopback or private address must be \
-                         listed by its own name: to allow it, add \"{member}\" to the \
-                         repository's egressAllow setting, or to AGENTRY_EGRESS_ALLOW for every \
-                         repository. {never}\n"
+                        "agentry's egress proxy refused {host}:{port}: {host} resolves to a \
+                         non-public address, and only a wildcard of egressAllow covers it. A \
+                         host that resolves to a loopback or private address must be listed by \
+                         its own name: to allow it, add \"{member}\" to the repository's \
+                         egressAllow setting, or to AGENTRY_EGRESS_ALLOW for every repository. \
+                         {never}\n"
                     ),
                 }
             }
             EgressMatch::Literal => Refusal::Blocked {
                 why: format!("resolves to {addr} ({kind}), which no name may lead to"),
                 body: format!(
-                    "agentry's egress proxy refused {host}:{port}: {host} resolves to {addr}, \
-                     a {kind} address, which no name of egressAllow may lead to (a name listed \
+                    "agentry's egress proxy refused {host}:{port}: {host} resolves to a \
+                     non-public address that no name of egressAllow may lead to (a name listed \
                      itself may resolve to loopback and private addresses). {never}\n"
                 ),
             },
@@ -618,7 +623,16 @@ async fn serve_connection(
     };
     let mut upstream = match connect(&addrs).await {
         Ok(upstream) => upstream,
-        Err(why) => {
+        Err(failed) => {
+            // Each address and its error for the log; the agent gets the last error alone.
+            let tried: Vec<String> = failed.iter().map(|(a, e)| format!("{a}: {e}")).collect();
+            tracing::debug!(
+                host = %target.host,
+                port = target.port,
+                tried = %tried.join("; "),
+                "egress upstream unreachable"
+            );
+            let why = failed.last().map_or("no address", |(_, e)| e.as_str());
             let body = format!("cannot connect to {}:{}: {why}\n", target.host, target.port);
             return answer(&mut client, 502, "Bad Gateway", &body).await;
         }
@@ -687,23 +701,24 @@ fn request_head(head: &Head, target: &Target, path: &str) -> Vec<u8> {
     out
 }
 
-/// A connection to the first of `addrs` that answers.
-async fn connect(addrs: &[SocketAddr]) -> Result<TcpStream, String> {
-    let mut last = String::from("no address");
+/// A connection to the first of `addrs` that answers; else each address tried, with why it
+/// failed (the error alone, without the address).
+async fn connect(addrs: &[SocketAddr]) -> Result<TcpStream, Vec<(SocketAddr, String)>> {
+    let mut failed = Vec::new();
     for addr in addrs {
         // Tests reach loopback only, whatever a policy under test lets through.
         #[cfg(test)]
         if !addr.ip().to_canonical().is_loopback() {
-            last = format!("{addr}: tests connect to loopback only");
+            failed.push((*addr, "tests connect to loopback only".to_owned()));
             continue;
         }
         match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
             Ok(Ok(stream)) => return Ok(stream),
-            Ok(Err(e)) => last = format!("{addr}: {e}"),
-            Err(_) => last = format!("{addr}: no answer within 10 seconds"),
+            Ok(Err(e)) => failed.push((*addr, e.to_string())),
+            Err(_) => failed.push((*addr, "no answer within 10 seconds".to_owned())),
         }
     }
-    Err(last)
+    Err(failed)
 }
 
 /// Writes a plain-text answer and closes the connection.
@@ -1312,12 +1327,18 @@ mod tests {
         let authority = format!("api.example.test:{}", origin.port());
         let connect = format!("CONNECT {authority} HTTP/1.1\r\n\r\n");
         let parts = [
-            "resolves to 127.0.0.1, a loopback address",
+            "api.example.test resolves to a non-public address",
             &format!("add \"api.example.test:{}\"", origin.port()),
         ];
         proxy.expect(403, &[(connect.as_bytes(), &parts)]).await;
+        // The agent is not told what the name resolves to, nor what kind of address it is.
+        let answer = proxy.exchange(connect.as_bytes()).await;
+        assert!(
+            !answer.contains("127.0.0.1") && !answer.contains("a loopback address"),
+            "{answer}"
+        );
         let events = proxy.events.events();
-        assert_eq!(events.len(), 1);
+        assert_eq!(events.len(), 2);
         assert_eq!(
             (events[0].0.as_str(), events[0].1),
             ("api.example.test", origin.port())
@@ -1387,6 +1408,15 @@ mod tests {
         ];
         proxy.expect(403, cases).await;
         let events = proxy.events.events();
+        let answer = proxy
+            .exchange(b"CONNECT registry.example.test:443 HTTP/1.1\r\n\r\n")
+            .await;
+        assert!(
+            answer.contains("resolves to a non-public address")
+                && !answer.contains("169.254")
+                && !answer.contains("link-local ("),
+            "{answer}"
+        );
         assert_eq!(events.len(), 2, "{events:?}");
         for (event, port) in events.iter().zip([443, 80]) {
             assert_eq!((event.0.as_str(), event.1), ("registry.example.test", port));
@@ -1578,18 +1608,29 @@ mod tests {
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = closed.local_addr().unwrap().port();
         drop(closed);
-        let hosts: &[(&str, &[IpAddr])] = &[];
+        let loopback = [ip("127.0.0.1")];
+        let hosts: &[(&str, &[IpAddr])] = &[("closed.example.test", &loopback)];
         let listed = format!("127.0.0.1:{port}");
-        let proxy = Proxy::start(policy_with_hosts(&[&listed, "gone.example.com"], hosts));
+        let listed_name = format!("closed.example.test:{port}");
+        let proxy = Proxy::start(policy_with_hosts(
+            &[&listed, &listed_name, "gone.example.com"],
+            hosts,
+        ));
         let closed_port = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+        let closed_name = format!("CONNECT closed.example.test:{port} HTTP/1.1\r\n\r\n");
+        let cannot_connect = format!("cannot connect to closed.example.test:{port}: ");
         let cases: &[(&[u8], &[&str])] = &[
             (closed_port.as_bytes(), &[]),
+            (closed_name.as_bytes(), &[&cannot_connect]),
             (
                 b"CONNECT gone.example.com:443 HTTP/1.1\r\n\r\n",
                 &["cannot resolve gone.example.com"],
             ),
         ];
         proxy.expect(502, cases).await;
+        // The name's address is not told.
+        let answer = proxy.exchange(closed_name.as_bytes()).await;
+        assert!(!answer.contains("127.0.0.1"), "{answer}");
         assert!(proxy.events.events().is_empty());
     }
 
