@@ -17,6 +17,8 @@
 //! - Anything else (an origin-form request, `https://` without `CONNECT`, bad syntax, a
 //!   `CONNECT` without a port) answers `400`.
 //!
+//! A tunnel (either kind) that passes no byte either way for [`IDLE_TIMEOUT`] is closed.
+//!
 //! The decision: the host must be allowed on the port asked for ([`EgressAllow::check`]: a
 //! pattern allows the port it names, else 443 only, so a plain `http://` request to port 80
 //! needs `host:80`). An IP address is allowed only when listed itself. A name is resolved
@@ -35,12 +37,14 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agentry_domain::egress::allow_member;
 use agentry_domain::{EgressAllow, EgressMatch, EgressPattern};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::timeout;
@@ -63,6 +67,13 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most connections served at once on one socket; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 256;
 
+/// How long a tunnel (a `CONNECT`, or a plain HTTP request passed on) may pass no byte
+/// either way before the proxy closes it: 10 minutes. A quiet server working on an answer
+/// (a large `git fetch` being packed, a slow build service) usually sends within that, and
+/// clients reopen idle kept-alive connections; a tunnel an agent abandoned no longer holds
+/// two of the service's file descriptors until the run ends.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
 /// The most header fields of a request head.
 const MAX_HEADERS: usize = 128;
 
@@ -79,6 +90,8 @@ pub trait EgressEvents: Send + Sync {
 #[derive(Clone)]
 pub struct EgressPolicy {
     allow: EgressAllow,
+    /// How long a tunnel may pass nothing ([`IDLE_TIMEOUT`]; shorter in tests).
+    idle_timeout: Duration,
     /// Test-only: names resolved from this table instead of the system's resolver.
     #[cfg(test)]
     hosts: Option<std::collections::HashMap<String, Vec<IpAddr>>>,
@@ -103,6 +116,7 @@ impl EgressPolicy {
     pub fn from_allow(allow: EgressAllow) -> EgressPolicy {
         EgressPolicy {
             allow,
+            idle_timeout: IDLE_TIMEOUT,
             #[cfg(test)]
             hosts: None,
         }
@@ -654,8 +668,121 @@ async fn serve_connection(
     if sent.is_err() {
         return;
     }
-    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        tracing::debug!(host = %target.host, port = target.port, error = %e, "an egress tunnel ended with an error");
+    let activity = Activity::new();
+    let mut client = Watched::new(&mut client, &activity);
+    let mut upstream = Watched::new(&mut upstream, &activity);
+    tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+            if let Err(e) = copied {
+                tracing::debug!(
+                    host = %target.host,
+                    port = target.port,
+                    error = %e,
+                    "an egress tunnel ended with an error"
+                );
+            }
+        }
+        () = activity.idle_for(policy.idle_timeout) => {
+            tracing::debug!(
+                host = %target.host,
+                port = target.port,
+                idle_secs = policy.idle_timeout.as_secs(),
+                "closed an idle egress tunnel"
+            );
+        }
+    }
+}
+
+/// When a tunnel last passed a byte, either way.
+struct Activity {
+    start: tokio::time::Instant,
+    /// Milliseconds from `start` to the last byte read from either side.
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Activity {
+    /// Activity as of now.
+    fn new() -> Activity {
+        Activity {
+            start: tokio::time::Instant::now(),
+            last: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes passed now.
+    fn touch(&self) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Returns once nothing has passed for `limit`.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            let last = self.last.load(std::sync::atomic::Ordering::Relaxed);
+            let deadline = self.start + Duration::from_millis(last) + limit;
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+/// One side of a tunnel, whose reads count as the tunnel's [`Activity`] (every byte
+/// written was read from the other side first).
+struct Watched<'a, S> {
+    stream: &'a mut S,
+    activity: &'a Activity,
+}
+
+impl<'a, S> Watched<'a, S> {
+    fn new(stream: &'a mut S, activity: &'a Activity) -> Self {
+        Watched { stream, activity }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<'_, S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut *self.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.touch();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<'_, S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
     }
 }
 
@@ -1632,6 +1759,54 @@ mod tests {
         let answer = proxy.exchange(closed_name.as_bytes()).await;
         assert!(!answer.contains("127.0.0.1"), "{answer}");
         assert!(proxy.events.events().is_empty());
+    }
+
+    /// A tunnel that passes nothing either way for the idle timeout is closed, on both
+    /// sides; every byte passed puts that off.
+    #[tokio::test]
+    async fn an_idle_tunnel_is_closed() {
+        let idle = Duration::from_secs(2);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let listed = format!("127.0.0.1:{port}");
+        let proxy = Proxy::start(EgressPolicy {
+            idle_timeout: idle,
+            ..policy(&[&listed])
+        });
+        let mut client = tunnel(&proxy.socket, &listed).await;
+        let (mut upstream, _) = timeout(DEADLINE, listener.accept()).await.unwrap().unwrap();
+        let ping_pong = async |client: &mut UnixStream, upstream: &mut TcpStream| {
+            let mut got = [0u8; 4];
+            client.write_all(b"ping").await.unwrap();
+            timeout(DEADLINE, upstream.read_exact(&mut got))
+                .await
+                .unwrap()
+                .unwrap();
+            upstream.write_all(b"pong").await.unwrap();
+            timeout(DEADLINE, client.read_exact(&mut got))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(&got, b"pong");
+        };
+        let opened = tokio::time::Instant::now();
+        ping_pong(&mut client, &mut upstream).await;
+        // Half the idle time later (pacing, not a wait for anything), bytes pass again.
+        tokio::time::sleep(idle / 2).await;
+        let last = tokio::time::Instant::now();
+        ping_pong(&mut client, &mut upstream).await;
+
+        // Closed: the agent's side and the upstream's end, no sooner than the idle timeout
+        // after the last byte (to the millisecond the proxy counts in).
+        assert!(rest_of(&mut client).await.is_empty());
+        let closed = tokio::time::Instant::now();
+        assert!(rest_of(&mut upstream).await.is_empty());
+        assert!(
+            closed - last + Duration::from_millis(2) >= idle,
+            "closed {:?} after the last byte",
+            closed - last
+        );
+        assert!(closed - opened >= idle + idle / 2 - Duration::from_millis(2));
     }
 
     /// Aborting the server closes the tunnels it holds open.
