@@ -172,7 +172,11 @@ fn running_as_root() -> bool {
 }
 
 fn agentry(data_dir: &Path, database_url: Option<&str>) -> Command {
-    let mut cmd = Command::new(BIN);
+    agentry_env(Command::new(BIN), data_dir, database_url)
+}
+
+/// `cmd`, which runs the agentry binary, with the environment [`agentry`] gives it.
+fn agentry_env(mut cmd: Command, data_dir: &Path, database_url: Option<&str>) -> Command {
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("AGENTRY_DATA_DIR", data_dir)
@@ -367,6 +371,46 @@ fn first_start_prints_an_admin_token_once_and_serves_until_sigterm() {
     BufReader::new(stdout).read_to_string(&mut out).unwrap();
     assert!(status.success());
     assert_eq!(out, "", "no second admin token");
+}
+
+/// The soft and hard limits of open files of the process `pid`, from its `/proc` entry.
+fn open_files_limits(pid: &str) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("{limits}"));
+    let mut values = line["Max open files".len()..].split_whitespace();
+    (
+        values.next().unwrap().to_owned(),
+        values.next().unwrap().to_owned(),
+    )
+}
+
+/// Started with a soft limit of 256 open files (a container's soft limit is often 1024,
+/// under a far higher hard one), `agentry serve` raises it to the hard limit and logs it.
+#[test]
+fn serve_raises_its_soft_limit_of_open_files_to_the_hard_limit() {
+    let (_, hard) = open_files_limits("self");
+    if hard != "unlimited" && hard.parse::<u64>().unwrap() <= 256 {
+        eprintln!("the hard limit of open files here is {hard}: nothing to raise");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut sh = Command::new("sh");
+    sh.args(["-c", "ulimit -S -n 256 && exec \"$0\" serve", BIN]);
+    let mut cmd = agentry_env(sh, tmp.path(), None);
+    cmd.stdout(Stdio::piped());
+    let server = Server::serve(&mut cmd);
+    let pid = server.child.id().to_string();
+    assert_eq!(open_files_limits(&pid), (hard.clone(), hard.clone()));
+    let log = server.kill();
+    assert!(
+        log.contains("open files: raised the soft limit to the hard limit")
+            && log.contains("was=256")
+            && log.contains(&format!("limit={hard}")),
+        "{log}"
+    );
 }
 
 /// A first admin token whose file cannot be written is still shown, and works: it is stored

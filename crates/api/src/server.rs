@@ -94,9 +94,40 @@ pub async fn bootstrap_admin_token(
     }
 }
 
+/// Raises this process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit and
+/// logs the limit it runs with. Every connection (API clients, the webhook, each run's
+/// gateway and egress proxy, two descriptors per tunnel) takes a descriptor, and
+/// containers often start with a soft limit of 1024 under a far higher hard one; the soft
+/// limit is the process's own to raise, up to the hard one. A limit that cannot be read or
+/// raised is logged, and the service starts with the limit it has.
+pub fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Err(e) => tracing::warn!(error = %e, "cannot read the limit of open files"),
+        Ok((soft, hard)) if soft >= hard => {
+            tracing::info!(limit = soft, "open files: the soft limit is the hard limit");
+        }
+        Ok((soft, hard)) => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(
+                limit = hard,
+                was = soft,
+                "open files: raised the soft limit to the hard limit"
+            ),
+            Err(e) => tracing::warn!(
+                soft,
+                hard,
+                error = %e,
+                "open files: cannot raise the soft limit to the hard limit; it stays at {soft}"
+            ),
+        },
+    }
+}
+
 /// Runs the service until SIGTERM or SIGINT, then stops accepting connections and lets
-/// in-flight requests finish (up to 30 s).
+/// in-flight requests finish (up to 30 s). First raises the limit of open files
+/// ([`raise_open_files_limit`]).
 pub async fn serve(config: Config) -> Result<(), StartError> {
+    raise_open_files_limit();
     let service = Service::open(&config.service)?;
     let first_token_file = bootstrap_admin_token(&service, &config.service.data_dir)
         .await?
