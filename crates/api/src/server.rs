@@ -94,7 +94,14 @@ pub async fn bootstrap_admin_token(
     }
 }
 
-/// Raises this process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit and
+/// The most [`raise_open_files_limit`] raises the soft limit of open files to: far more
+/// than the service uses (each run's proxy holds at most 512), and not the "infinity" some
+/// hard limits are, which the agents and git inherit (some tools loop over every possible
+/// descriptor).
+pub const MAX_OPEN_FILES: u64 = 65_536;
+
+/// Raises this process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit (at
+/// most [`MAX_OPEN_FILES`]) and
 /// logs the limit it runs with. Every connection (API clients, the webhook, each run's
 /// gateway and egress proxy, two descriptors per tunnel) takes a descriptor, and
 /// containers often start with a soft limit of 1024 under a far higher hard one; the soft
@@ -104,22 +111,24 @@ pub fn raise_open_files_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Err(e) => tracing::warn!(error = %e, "cannot read the limit of open files"),
-        Ok((soft, hard)) if soft >= hard => {
-            tracing::info!(limit = soft, "open files: the soft limit is the hard limit");
+        Ok((soft, hard)) if soft >= hard.min(MAX_OPEN_FILES) => {
+            tracing::info!(limit = soft, "open files: the soft limit is high enough");
         }
-        Ok((soft, hard)) => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::info!(
-                limit = hard,
-                was = soft,
-                "open files: raised the soft limit to the hard limit"
-            ),
-            Err(e) => tracing::warn!(
-                soft,
-                hard,
-                error = %e,
-                "open files: cannot raise the soft limit to the hard limit; it stays at {soft}"
-            ),
-        },
+        Ok((soft, hard)) => {
+            match setrlimit(Resource::RLIMIT_NOFILE, hard.min(MAX_OPEN_FILES), hard) {
+                Ok(()) => tracing::info!(
+                    limit = hard.min(MAX_OPEN_FILES),
+                    was = soft,
+                    "open files: raised the soft limit towards the hard limit"
+                ),
+                Err(e) => tracing::warn!(
+                    soft,
+                    hard,
+                    error = %e,
+                    "open files: cannot raise the soft limit to the hard limit; it stays at {soft}"
+                ),
+            }
+        }
     }
 }
 
