@@ -781,6 +781,18 @@ mod tests {
             ),
             Some(SECONDARY_RATE_LIMIT_WAIT)
         );
+        // A reset no clock can hold (a garbled header) is the longest wait, not a panic.
+        assert_eq!(
+            rate_limit_wait(
+                forbidden,
+                &headers(&[
+                    ("x-ratelimit-remaining", "0"),
+                    ("x-ratelimit-reset", &u64::MAX.to_string()),
+                ]),
+                ""
+            ),
+            Some(Duration::MAX)
+        );
         // A reset in the past still waits a little.
         assert_eq!(
             rate_limit_wait(

@@ -121,11 +121,13 @@ pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration
 }
 
 /// The time from `now` until the unix time `epoch_secs` (`X-RateLimit-Reset`); zero if it
-/// has passed.
+/// has passed. A time past what the clock can hold (a code host's or a proxy's garbage) is
+/// the longest wait, [`Duration::MAX`]: the caller gives up instead of waiting for it.
 pub(crate) fn until_epoch(epoch_secs: u64, now: SystemTime) -> Duration {
-    (UNIX_EPOCH + Duration::from_secs(epoch_secs))
-        .duration_since(now)
-        .unwrap_or(Duration::ZERO)
+    match UNIX_EPOCH.checked_add(Duration::from_secs(epoch_secs)) {
+        Some(at) => at.duration_since(now).unwrap_or(Duration::ZERO),
+        None => Duration::MAX,
+    }
 }
 
 /// Every ASCII byte but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`); bytes
@@ -249,6 +251,13 @@ mod tests {
         assert_eq!(until_epoch(1_010, now), Duration::from_millis(9_500));
         assert_eq!(until_epoch(1_000, now), Duration::ZERO);
         assert_eq!(until_epoch(0, now), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_reset_past_what_the_clock_holds_is_the_longest_wait() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        assert_eq!(until_epoch(u64::MAX, now), Duration::MAX);
+        assert_eq!(until_epoch(u64::MAX, SystemTime::now()), Duration::MAX);
     }
 
     #[test]
