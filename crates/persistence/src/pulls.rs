@@ -49,12 +49,14 @@ pub struct PullPollState {
 const FIRST_POLL_MARGIN: time::Duration = time::Duration::DAY;
 
 /// For each repository with tasks in `pr_opened`, the oldest such task's creation.
+/// Imported history is not waiting on anything (docs/contract.md#39-import).
 fn oldest_waiting(
     conn: &mut AnyConnection,
     repo: Option<Uuid>,
 ) -> Result<std::collections::HashMap<Uuid, OffsetDateTime>, DbError> {
     let mut query = tasks::table
         .filter(tasks::state.eq(TaskState::PrOpened.as_str()))
+        .filter(tasks::imported.eq(false))
         .filter(tasks::repo_id.is_not_null())
         .group_by(tasks::repo_id)
         .select((tasks::repo_id, diesel::dsl::min(tasks::created_at)))
@@ -83,7 +85,8 @@ fn first_since(
 }
 
 /// Connected repositories with at least one task in `pr_opened`, by URL, with their poll
-/// state. Disconnected repositories are never polled, whatever their tasks.
+/// state. Disconnected repositories are never polled, whatever their tasks, and imported
+/// history in `pr_opened` is not tracked (docs/contract.md#39-import).
 pub fn repos_to_poll(
     conn: &mut AnyConnection,
 ) -> Result<Vec<(Repository, PullPollState)>, DbError> {
@@ -92,7 +95,8 @@ pub fn repos_to_poll(
         .filter(exists(
             tasks::table
                 .filter(tasks::repo_id.eq(repositories::id.nullable()))
-                .filter(tasks::state.eq(TaskState::PrOpened.as_str())),
+                .filter(tasks::state.eq(TaskState::PrOpened.as_str()))
+                .filter(tasks::imported.eq(false)),
         ))
         .select((
             repositories::id,
@@ -167,9 +171,10 @@ pub fn record_pull_poll(
 }
 
 /// The coding task that opened pull request `pr_number` in the repository (`tasks.pr_number`,
-/// served by the partial index `tasks_pull_request`), if any. Should several coding tasks
-/// carry the number (imported history, a retried task), the one in `pr_opened` wins, then the
-/// newest.
+/// served by the partial index `tasks_pull_request`), if any. Imported tasks are never the
+/// answer: they are history from another system, which agentry neither tracks nor revises
+/// (docs/contract.md#39-import), whatever their state and number. Should several coding
+/// tasks carry the number (a retried task), the one in `pr_opened` wins, then the newest.
 pub fn task_of_pull(
     conn: &mut AnyConnection,
     repo_id: Uuid,
@@ -179,6 +184,7 @@ pub fn task_of_pull(
         .filter(tasks::repo_id.eq(repo_id.to_string()))
         .filter(tasks::pr_number.eq(pr_number))
         .filter(tasks::task_type.eq(TaskType::Coding.as_str()))
+        .filter(tasks::imported.eq(false))
         .order((tasks::created_at.desc(), tasks::id.desc()))
         .select((tasks::id, tasks::state))
         .load(conn)?;

@@ -134,19 +134,12 @@ fn parse_line(text: &str) -> Result<ImportTask, String> {
             IMPORT_EARLIEST.date()
         ));
     }
+    let repo_url = field("repoUrl", RepoUrl::parse(&line.repo_url))?;
     let (pr_url, pr_number) = match line.pr_url {
         None => (None, None),
         Some(u) => {
-            let parsed = field("prUrl", url::Url::parse(&u))?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                return Err("prUrl: must be an http(s) URL".into());
-            }
-            let number = parsed
-                .path_segments()
-                .and_then(|mut s| s.next_back())
-                .and_then(|last| last.parse::<i64>().ok())
-                .filter(|n| *n > 0 && parsed.path().contains("/pull/"));
-            (Some(u), number)
+            let number = pull_number_of(&u, &repo_url)?;
+            (Some(u), Some(number))
         }
     };
     if line.issue_number.is_some_and(|n| n < 1) {
@@ -158,7 +151,7 @@ fn parse_line(text: &str) -> Result<ImportTask, String> {
             None => Uuid::new_v4(),
         },
         title: title.to_owned(),
-        repo_url: field("repoUrl", RepoUrl::parse(&line.repo_url))?,
+        repo_url,
         task_type: field("taskType", line.task_type.parse::<TaskType>())?,
         state: field("state", line.state.parse::<TaskState>())?,
         agent_type: match line.agent_type {
@@ -177,6 +170,43 @@ fn parse_line(text: &str) -> Result<ImportTask, String> {
         pr_number,
         issue_number: line.issue_number,
     })
+}
+
+/// The number of pull request `url` of `repo`: `url` must be `<repo>/pull/<N>` (N at least
+/// 1, a trailing `/` allowed; the repository written in any form [`RepoUrl`] accepts over
+/// http(s), without credentials, query or fragment). A task keeps the number of its pull
+/// request, and a pull request of another repository would be taken for the number's
+/// namesake in the task's own.
+fn pull_number_of(url: &str, repo: &RepoUrl) -> Result<i64, String> {
+    let parsed = field("prUrl", url::Url::parse(url))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err("prUrl: must be an http(s) URL".into());
+    }
+    let refused = || format!("prUrl: must be a pull request of repoUrl ({repo}/pull/N)");
+    if !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+    {
+        return Err(refused());
+    }
+    let path = parsed.path();
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let Some((repo_path, number)) = path.rsplit_once("/pull/") else {
+        return Err(refused());
+    };
+    let number = Some(number)
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.parse::<i64>().ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(refused)?;
+    let host = parsed.host_str().unwrap_or_default();
+    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let scheme = parsed.scheme();
+    match RepoUrl::parse(&format!("{scheme}://{host}{port}{repo_path}")) {
+        Ok(of) if of == *repo => Ok(number),
+        _ => Err(refused()),
+    }
 }
 
 /// The records of a JSON Lines body with their 1-based line numbers. Blank lines are not
@@ -361,6 +391,50 @@ mod tests {
                 .starts_with("not valid JSON")
         );
         assert!(parse_line("[1,2]").is_err());
+    }
+
+    // An imported task keeps the number of its pull request, so the pull request must be
+    // one of the task's repository: another repository's number 7 is not this one's.
+    #[test]
+    fn the_pull_request_must_be_one_of_the_repository() {
+        for (pr_url, number) in [
+            ("https://github.com/org/repo/pull/7", 7),
+            ("https://github.com/Org/Repo/pull/7/", 7),
+            ("http://github.com/org/repo.git/pull/12", 12),
+        ] {
+            let line = GOOD.replace("https://github.com/org/repo/pull/7", pr_url);
+            let t = parse_line(&line).unwrap_or_else(|e| panic!("{pr_url}: {e}"));
+            assert_eq!(t.pr_number, Some(number), "{pr_url}");
+            assert_eq!(t.pr_url.as_deref(), Some(pr_url));
+        }
+        let refused =
+            "prUrl: must be a pull request of repoUrl (https://github.com/org/repo/pull/N)";
+        for pr_url in [
+            "https://github.com/other/repo/pull/7",
+            "https://github.com/org/other/pull/7",
+            "https://ghe.example.com/org/repo/pull/7",
+            "https://github.com/org/repo/issues/7",
+            "https://github.com/org/repo/pull/0",
+            "https://github.com/org/repo/pull/+7",
+            "https://github.com/org/repo/pull/7/files",
+            "https://github.com/org/repo/pull/7?tab=files",
+            "https://github.com/org/repo/pull/7#issuecomment-1",
+            "https://token@github.com/org/repo/pull/7",
+            "https://github.com/org/repo/pull/99999999999999999999",
+            "https://github.com/pull/7",
+            "https://github.com/org/repo",
+        ] {
+            let line = GOOD.replace("https://github.com/org/repo/pull/7", pr_url);
+            assert_eq!(parse_line(&line).unwrap_err(), refused, "{pr_url}");
+        }
+        let line = GOOD.replace(
+            "https://github.com/org/repo/pull/7",
+            "ftp://github.com/org/repo/pull/7",
+        );
+        assert_eq!(
+            parse_line(&line).unwrap_err(),
+            "prUrl: must be an http(s) URL"
+        );
     }
 
     #[test]

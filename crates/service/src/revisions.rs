@@ -670,6 +670,13 @@ fn start_round(
     write_tx(conn, |conn| {
         revisions::lock_task(conn, task_id)?;
         let task = tasks::get_task(conn, task_id)?;
+        if task.imported {
+            // History is never revised (feedback recorded for it before imported tasks were
+            // left out of tracking): what waits is dropped.
+            revisions::settle_waiting(conn, task_id, FeedbackOutcome::Dropped, None)?;
+            revisions::set_due(conn, task_id, None)?;
+            return Ok(None);
+        }
         if task.state != TaskState::PrOpened {
             // Busy with a round (made due again when it ends) or over (its waiting feedback
             // was dropped): nothing waits here.

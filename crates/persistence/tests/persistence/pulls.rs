@@ -144,7 +144,8 @@ agentry_persistence::backend_tests! {
     }
 
     // The coding task of (repository, number); not another repository's, not a review task
-    // carrying the same number, and the waiting task before an older one with that number.
+    // carrying the same number, never imported history (not even a newer one waiting in
+    // pr_opened), and the waiting task before an older one with that number.
     fn task_of_pull_finds_the_coding_task(db) {
         let repo = repo(db);
         let other = connect(db, "o", "other");
@@ -177,12 +178,59 @@ agentry_persistence::backend_tests! {
         };
         let review = imported(TaskType::Review, TaskState::PrOpened, 10);
         let finished = imported(TaskType::Coding, TaskState::Completed, 20);
-        tasks::import_tasks::<DbError, _>(&mut conn, [Ok(review.clone()), Ok(finished.clone())]).unwrap();
+        let waiting_history = imported(TaskType::Coding, TaskState::PrOpened, 30);
+        tasks::import_tasks::<DbError, _>(
+            &mut conn,
+            [Ok(review.clone()), Ok(finished.clone()), Ok(waiting_history.clone())],
+        )
+        .unwrap();
         assert_eq!(tasks::get_task(&mut conn, review.id).unwrap().repo_id, Some(repo.id));
+        assert_eq!(tasks::get_task(&mut conn, waiting_history.id).unwrap().repo_id, Some(repo.id));
         assert_eq!(pulls::task_of_pull(&mut conn, repo.id, 17).unwrap(), Some(task.clone()));
-        // Once the waiting task is done too, the newest coding task is the answer.
+        // Once the waiting task is done too, it is still the answer: imported history never is.
         complete(db, &task);
-        assert_eq!(pulls::task_of_pull(&mut conn, repo.id, 17).unwrap().unwrap().id, finished.id);
+        assert_eq!(pulls::task_of_pull(&mut conn, repo.id, 17).unwrap().unwrap().id, task.id);
+        // A repository whose only task with the number is history has none.
+        let only_history = ImportTask {
+            id: Uuid::new_v4(),
+            repo_url: RepoUrl::parse("https://github.com/o/other").unwrap(),
+            ..waiting_history
+        };
+        tasks::import_tasks::<DbError, _>(&mut conn, [Ok(only_history)]).unwrap();
+        assert_eq!(pulls::task_of_pull(&mut conn, other.id, 17).unwrap(), None);
+    }
+
+    // Imported history in pr_opened is waiting on nothing: its repository is not polled for
+    // it, and a first poll starts from the live tasks only.
+    fn imported_history_is_not_polled(db) {
+        let repo = repo(db);
+        let mut conn = db.conn().unwrap();
+        let history = ImportTask {
+            id: Uuid::new_v4(),
+            title: "history".into(),
+            repo_url: RepoUrl::parse("https://github.com/o/r").unwrap(),
+            task_type: TaskType::Coding,
+            state: TaskState::PrOpened,
+            agent_type: AgentType::ClaudeCode,
+            model_used: None,
+            cost_usd: None,
+            input_tokens: 0,
+            output_tokens: 0,
+            created_at: T0 - time::Duration::days(10),
+            pr_url: Some("https://github.com/o/r/pull/5".into()),
+            pr_number: Some(5),
+            issue_number: Some(3),
+        };
+        tasks::import_tasks::<DbError, _>(&mut conn, [Ok(history)]).unwrap();
+        assert!(polled(db).is_empty());
+
+        // A live task waits too: the repository is polled, from a day before the live task.
+        waiting(db, &repo, None, 6);
+        let first = PullPollState { first_since: Some(T0 - time::Duration::DAY), ..PullPollState::default() };
+        let listed = pulls::repos_to_poll(&mut conn).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].0.id, &listed[0].1), (repo.id, &first));
+        assert_eq!(pulls::pull_poll_state(&mut conn, repo.id).unwrap(), first);
     }
 
     // A merge: completed with its event, and exactly one close_issue effect for the issue,

@@ -6,10 +6,15 @@
 
 use std::time::Duration;
 
+use agentry_codehost::webhook::{RepoRef, WebhookEvent};
 use agentry_domain::TaskState;
 use agentry_fake_github::Fault;
-use agentry_persistence::tasks;
+use agentry_persistence::revisions::{self, FeedbackOutcome, FeedbackSource, NewFeedback};
 use agentry_persistence::test_support::TestDb;
+use agentry_persistence::{pulls, tasks};
+use agentry_service::revisions::Considered;
+use agentry_service::tracking::WebhookOutcome;
+use uuid::Uuid;
 
 use crate::rig::HostEnv;
 
@@ -244,4 +249,136 @@ async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on(db: Tes
 agentry_testkit::on_both_backends!(
     #[tokio::test]
     a_quiet_poll_costs_one_request_per_repository_with_revisions_on
+);
+
+/// A merge of pull request `number` of `acme/web` as a webhook delivers it.
+fn merged(number: u64) -> WebhookEvent {
+    WebhookEvent::PullRequestClosed {
+        repo: acme_web(),
+        number,
+        merged: true,
+        merged_at: Some(agentry_persistence::now()),
+        html_url: format!("https://github.com/acme/web/pull/{number}"),
+        head_ref: "some-branch".into(),
+    }
+}
+
+/// `acme/web` as a webhook names it.
+fn acme_web() -> RepoRef {
+    RepoRef {
+        owner: "acme".into(),
+        name: "web".into(),
+        html_url: "https://github.com/acme/web".into(),
+    }
+}
+
+/// Imported history is not tracked (docs/contract.md#39-import): its repository is not
+/// polled for it, a merge of the number an imported task in `pr_opened` carries moves
+/// nothing and closes no issue, a writer's mention on that pull request starts nothing, and
+/// feedback recorded for it before starts no round. A live task with the same number is the
+/// one the merge completes.
+async fn imported_history_is_not_tracked_or_revised(db: TestDb) {
+    let env = HostEnv::new(db);
+    let repo = env.repo(env.store_token_and_connect());
+    let id = Uuid::new_v4();
+    let created = (agentry_persistence::now() - time::Duration::days(3))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let line = format!(
+        r#"{{"id":"{id}","title":"Old fix","repoUrl":"https://github.com/acme/web","taskType":"coding","state":"pr_opened","costUsd":"1.5","inputTokens":1,"outputTokens":1,"createdAt":"{created}","prUrl":"https://github.com/acme/web/pull/7","issueNumber":3}}"#
+    );
+    let outcome = env.service.import(line.into_bytes()).await.unwrap();
+    assert_eq!(outcome.imported, 1);
+    let before = env.task(id);
+    assert!(before.imported);
+    assert_eq!(
+        (
+            before.state,
+            before.repo_id,
+            before.pr_number,
+            before.issue_number
+        ),
+        (TaskState::PrOpened, Some(repo.id), Some(7), Some(3))
+    );
+
+    // Nothing to poll: the only task in pr_opened is history.
+    env.fake.reset_counts();
+    assert!(env.service.poll_pull_requests().await.unwrap().is_empty());
+    assert_eq!(env.fake.requests().len(), 0);
+
+    // A merge of #7: the delivery is recorded and ignored; the task keeps its state and no
+    // effect (closing issue #3) is queued.
+    let outcome = env
+        .service
+        .webhook_event("d-1".into(), "pull_request".into(), merged(7))
+        .await
+        .unwrap();
+    assert_eq!(outcome, WebhookOutcome::Ignored);
+    assert_eq!(env.task(id), before);
+    assert_eq!(env.count("outbox"), 0);
+
+    // A writer's mention on #7 is not for agentry.
+    env.fake.set_permission("acme", "web", "alice", "write");
+    let mention = WebhookEvent::IssueCommentCreated {
+        repo: acme_web(),
+        issue_number: 7,
+        is_pull_request: true,
+        comment_id: 41,
+        author: "alice".into(),
+        body: "@agentry please fix the tests".into(),
+        html_url: "https://github.com/acme/web/pull/7#issuecomment-41".into(),
+    };
+    let considered = env.service.feedback_event(&mention).await.unwrap().unwrap();
+    assert!(
+        matches!(&considered, Considered::Ignored(why) if why.contains("not opened by agentry")),
+        "{considered:?}"
+    );
+    assert_eq!(env.count("revision_feedback"), 0);
+
+    // Feedback recorded for it before imported tasks were left out starts no round, and is
+    // dropped.
+    {
+        let mut conn = env.db().conn().unwrap();
+        let new = NewFeedback {
+            repo_id: repo.id,
+            source: FeedbackSource::IssueComment,
+            external_id: "40".into(),
+            task_id: id,
+            pr_number: 7,
+            author: "alice".into(),
+            body: "@agentry fix".into(),
+            path: None,
+            line: None,
+            url: "https://github.com/acme/web/pull/7#issuecomment-40".into(),
+        };
+        let at = agentry_persistence::now();
+        assert!(revisions::insert(&mut conn, &new, FeedbackOutcome::Waiting, at).unwrap());
+        revisions::set_due(&mut conn, id, Some(at)).unwrap();
+    }
+    let later = agentry_persistence::now() + time::Duration::seconds(1);
+    assert_eq!(env.service.start_due_rounds(later).await.unwrap(), 0);
+    assert_eq!(env.task(id), before);
+    let feedback = revisions::of_task(&mut env.db().conn().unwrap(), id).unwrap();
+    assert_eq!(feedback[0].outcome, FeedbackOutcome::Dropped);
+    assert_eq!(env.count("outbox"), 0);
+
+    // A live task whose pull request is #7 too: the merge completes it, and only it.
+    let live = env.task_with_pull(&repo, 5, 7);
+    let found = pulls::task_of_pull(&mut env.db().conn().unwrap(), repo.id, 7).unwrap();
+    assert_eq!(found.map(|t| t.id), Some(live.id));
+    let outcome = env
+        .service
+        .webhook_event("d-2".into(), "pull_request".into(), merged(7))
+        .await
+        .unwrap();
+    assert_eq!(outcome, WebhookOutcome::Handled);
+    assert_eq!(env.task(live.id).state, TaskState::Completed);
+    assert_eq!(env.close_effects(live.id), 1);
+    assert_eq!(env.task(id), before);
+    assert_eq!(env.close_effects(id), 0);
+}
+
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    imported_history_is_not_tracked_or_revised
 );
