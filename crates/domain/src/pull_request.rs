@@ -1,7 +1,7 @@
 //! What a pull request's state on the code host means for the task that opened it
 //! (docs/contract.md#55-pull-request-tracking, #56-webhook): the one decision the poller and the webhook share.
 
-use crate::task::{TaskState, Trigger};
+use crate::task::{Revision, TaskState, Trigger};
 
 /// A pull request as a task records it: its web URL and its number in the repository.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,12 +37,25 @@ impl PullRequestState {
     }
 }
 
-/// The trigger to apply to a task in `task_state` whose pull request is in `pr`: merged →
-/// [`Trigger::PullRequestMerged`], closed → [`Trigger::PullRequestClosed`], for a task in
-/// `pr_opened` only; `None` (nothing to do) for an open pull request or a task in any other
-/// state (already completed by the other of poller and webhook, cancelled, …).
-pub fn pull_request_trigger(task_state: TaskState, pr: PullRequestState) -> Option<Trigger> {
-    if task_state != TaskState::PrOpened {
+/// The trigger to apply to a task in `task_state`, in the revision round `revision` if any
+/// ([`Task::revision`](crate::Task::revision)), whose pull request is in `pr`: merged →
+/// [`Trigger::PullRequestMerged`], closed → [`Trigger::PullRequestClosed`], for a task
+/// waiting on its pull request: in `pr_opened`, or queued, provisioning or running in a
+/// revision round (the round is over: its agent is to be stopped, and nothing is pushed to a
+/// pull request that is merged or closed). `None` (nothing to do) for an open pull request
+/// or a task in any other state (already completed by the other of poller and webhook,
+/// cancelled, running its first attempt, …).
+pub fn pull_request_trigger(
+    task_state: TaskState,
+    revision: Option<Revision>,
+    pr: PullRequestState,
+) -> Option<Trigger> {
+    let in_round = revision.is_some()
+        && matches!(
+            task_state,
+            TaskState::Queued | TaskState::Provisioning | TaskState::Running
+        );
+    if task_state != TaskState::PrOpened && !in_round {
         return None;
     }
     match pr {
@@ -55,7 +68,7 @@ pub fn pull_request_trigger(task_state: TaskState, pr: PullRequestState) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::{TaskType, transition};
+    use crate::task::{TaskType, transition_in};
 
     #[test]
     fn the_code_host_state_reads_merged_first() {
@@ -77,27 +90,38 @@ mod tests {
         }
     }
 
+    /// A task waits on its pull request in `pr_opened`, and in a revision round (queued,
+    /// provisioning or running): a merge or a close then ends the round
+    /// (docs/contract.md#22-states-and-transitions).
     #[test]
     fn only_a_task_waiting_on_its_pull_request_moves() {
         use PullRequestState::*;
+        use TaskState as S;
+        let round = Some(Revision { first_attempt: 2 });
         for state in TaskState::ALL {
-            for pr in [Open, Merged, Closed] {
-                let got = pull_request_trigger(state, pr);
-                let want = match (state, pr) {
-                    (TaskState::PrOpened, Merged) => Some(Trigger::PullRequestMerged),
-                    (TaskState::PrOpened, Closed) => Some(Trigger::PullRequestClosed),
-                    _ => None,
-                };
-                assert_eq!(got, want, "{state:?} {pr:?}");
-                // Whatever it decides, the state machine accepts.
-                if let Some(trigger) = got {
-                    let t = transition(state, trigger, TaskType::Coding, 1).unwrap();
-                    let to = if pr == Merged {
-                        TaskState::Completed
-                    } else {
-                        TaskState::Failed
+            for revision in [None, round] {
+                for pr in [Open, Merged, Closed] {
+                    let got = pull_request_trigger(state, revision, pr);
+                    let waiting = state == S::PrOpened
+                        || (revision.is_some()
+                            && matches!(state, S::Queued | S::Provisioning | S::Running));
+                    let want = match (waiting, pr) {
+                        (true, Merged) => Some(Trigger::PullRequestMerged),
+                        (true, Closed) => Some(Trigger::PullRequestClosed),
+                        _ => None,
                     };
-                    assert_eq!(t.to, to);
+                    assert_eq!(got, want, "{state:?} {revision:?} {pr:?}");
+                    // Whatever it decides, the state machine accepts.
+                    if let Some(trigger) = got {
+                        let t =
+                            transition_in(state, trigger, TaskType::Coding, 2, revision).unwrap();
+                        let to = if pr == Merged {
+                            TaskState::Completed
+                        } else {
+                            TaskState::Failed
+                        };
+                        assert_eq!(t.to, to, "{state:?} {revision:?} {pr:?}");
+                    }
                 }
             }
         }

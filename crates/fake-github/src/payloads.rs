@@ -75,6 +75,36 @@ pub fn pull_request_review_submitted(
     )
 }
 
+/// `X-GitHub-Event: pull_request`, action `closed`, for pull request `number` after it was
+/// merged ([`FakeGitHub::merge_pull`]) or closed ([`FakeGitHub::close_pull`]): `number`,
+/// `pull_request` (the single-pull shape, with `merged`), `repository` and `sender` (who
+/// merged or closed it).
+///
+/// # Panics
+/// If the pull request does not exist or is open.
+#[track_caller]
+pub fn pull_request_closed(fake: &FakeGitHub, owner: &str, name: &str, number: u64) -> Value {
+    let state = fake.state();
+    let (at, pull) = pull_in(&state, owner, name, number);
+    assert!(
+        !at.item.open,
+        "fake GitHub: pull request {owner}/{name}#{number} is open (merge or close it first)"
+    );
+    let sender = pull
+        .merged_by
+        .clone()
+        .or_else(|| at.item.closed_by.clone())
+        .unwrap_or_else(|| at.repo.owner.clone());
+    let subject = [
+        ("number", json!(number)),
+        (
+            "pull_request",
+            state.pull_json(at.repo, at.item, pull, true),
+        ),
+    ];
+    payload(&state, at.repo, "closed", subject, &sender)
+}
+
 /// `X-GitHub-Event: issue_comment`, action `created`, for comment `comment_id` of issue or
 /// pull request `number`: `issue` (with its `pull_request` member when it is one),
 /// `comment`, `repository` and `sender` (the author).

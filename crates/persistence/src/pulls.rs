@@ -37,7 +37,8 @@ pub struct PullPollState {
     /// `None` before the first successful poll.
     pub watermark: Option<OffsetDateTime>,
     /// Before the first successful poll (no watermark): where that poll starts, a day
-    /// before the oldest task of the repository waiting in `pr_opened` was created. An
+    /// before the oldest task of the repository waiting on its pull request (in
+    /// `pr_opened`, or in a revision round) was created. An
     /// agent's pull request is newer than its task, so nothing of ours is older; without
     /// it a first poll would read the repository's whole pull-request history. `None` once
     /// there is a watermark.
@@ -48,45 +49,62 @@ pub struct PullPollState {
 /// host and this database).
 const FIRST_POLL_MARGIN: time::Duration = time::Duration::DAY;
 
-/// For each repository with tasks in `pr_opened`, the oldest such task's creation.
-/// Imported history is not waiting on anything (docs/contract.md#39-import).
-fn oldest_waiting(
-    conn: &mut AnyConnection,
-    repo: Option<Uuid>,
-) -> Result<std::collections::HashMap<Uuid, OffsetDateTime>, DbError> {
-    let mut query = tasks::table
-        .filter(tasks::state.eq(TaskState::PrOpened.as_str()))
-        .filter(tasks::imported.eq(false))
-        .filter(tasks::repo_id.is_not_null())
-        .group_by(tasks::repo_id)
-        .select((tasks::repo_id, diesel::dsl::min(tasks::created_at)))
-        .into_boxed();
-    if let Some(repo) = repo {
-        query = query.filter(tasks::repo_id.eq(repo.to_string()));
-    }
-    let rows: Vec<(Option<String>, Option<PrimitiveDateTime>)> = query.load(conn)?;
-    let mut oldest = std::collections::HashMap::with_capacity(rows.len());
-    for (repo, at) in rows {
-        if let (Some(repo), Some(at)) = (repo, opt_from_db(at)) {
-            oldest.insert(convert::uuid(&repo)?, at);
-        }
-    }
-    Ok(oldest)
+/// The tasks that wait on their pull request: coding or review tasks in `pr_opened`, and
+/// coding tasks in a revision round (queued, provisioning or running from the round's first
+/// attempt on, as [`agentry_domain::Revision::of`] says), whose merge or close the poller is
+/// to see. Imported history waits on nothing (docs/contract.md#39-import). Every such task
+/// carries its pull request's number, which lets a lookup by repository use the partial
+/// index `tasks_pull_request`.
+macro_rules! waiting_on_pull {
+    () => {
+        tasks::imported
+            .eq(false)
+            .and(tasks::pr_number.is_not_null())
+            .and(
+                tasks::state
+                    .eq(TaskState::PrOpened.as_str())
+                    .or(tasks::state
+                        .eq_any(ROUND_STATES)
+                        .and(tasks::revision_attempt.is_not_null())
+                        .and(tasks::attempt.ge(tasks::revision_attempt.assume_not_null()))),
+            )
+    };
 }
 
+/// The states of a task in a revision round.
+const ROUND_STATES: [&str; 3] = [
+    TaskState::Queued.as_str(),
+    TaskState::Provisioning.as_str(),
+    TaskState::Running.as_str(),
+];
+
+/// The creation of the repository's oldest task waiting on its pull request, if any.
+fn oldest_waiting(conn: &mut AnyConnection, repo: Uuid) -> Result<Option<OffsetDateTime>, DbError> {
+    let at: Option<PrimitiveDateTime> = tasks::table
+        .filter(tasks::repo_id.eq(repo.to_string()))
+        .filter(waiting_on_pull!())
+        .select(diesel::dsl::min(tasks::created_at))
+        .first(conn)?;
+    Ok(opt_from_db(at))
+}
+
+/// Where a repository's first poll starts: nowhere once it has a watermark, else a day
+/// before its oldest waiting task.
 fn first_since(
+    conn: &mut AnyConnection,
+    repo: Uuid,
     watermark: Option<OffsetDateTime>,
-    oldest: Option<&OffsetDateTime>,
-) -> Option<OffsetDateTime> {
-    match watermark {
+) -> Result<Option<OffsetDateTime>, DbError> {
+    Ok(match watermark {
         Some(_) => None,
-        None => oldest.map(|at| *at - FIRST_POLL_MARGIN),
-    }
+        None => oldest_waiting(conn, repo)?.map(|at| at - FIRST_POLL_MARGIN),
+    })
 }
 
-/// Connected repositories with at least one task in `pr_opened`, by URL, with their poll
-/// state. Disconnected repositories are never polled, whatever their tasks, and imported
-/// history in `pr_opened` is not tracked (docs/contract.md#39-import).
+/// Connected repositories with at least one task waiting on its pull request (in
+/// `pr_opened`, or in a revision round), by URL, with their poll state. Disconnected
+/// repositories are never polled, whatever their tasks, and imported history is not
+/// tracked (docs/contract.md#39-import).
 pub fn repos_to_poll(
     conn: &mut AnyConnection,
 ) -> Result<Vec<(Repository, PullPollState)>, DbError> {
@@ -95,8 +113,7 @@ pub fn repos_to_poll(
         .filter(exists(
             tasks::table
                 .filter(tasks::repo_id.eq(repositories::id.nullable()))
-                .filter(tasks::state.eq(TaskState::PrOpened.as_str()))
-                .filter(tasks::imported.eq(false)),
+                .filter(waiting_on_pull!()),
         ))
         .select((
             repositories::id,
@@ -107,17 +124,18 @@ pub fn repos_to_poll(
     if waiting.is_empty() {
         return Ok(Vec::new());
     }
-    let oldest = oldest_waiting(conn, None)?;
     let mut states = std::collections::HashMap::with_capacity(waiting.len());
     for (id, etag, watermark) in waiting {
         let id = convert::uuid(&id)?;
         let watermark = opt_from_db(watermark);
+        // Only a repository never polled looks its oldest waiting task up.
+        let first_since = first_since(conn, id, watermark)?;
         states.insert(
             id,
             PullPollState {
                 etag,
                 watermark,
-                first_since: first_since(watermark, oldest.get(&id)),
+                first_since,
             },
         );
     }
@@ -137,14 +155,10 @@ pub fn pull_poll_state(conn: &mut AnyConnection, repo_id: Uuid) -> Result<PullPo
         .select((repositories::pulls_etag, repositories::pulls_watermark))
         .existing::<(Option<String>, Option<PrimitiveDateTime>)>(conn)?;
     let watermark = opt_from_db(watermark);
-    let oldest = match watermark {
-        Some(_) => None,
-        None => oldest_waiting(conn, Some(repo_id))?.remove(&repo_id),
-    };
     Ok(PullPollState {
         etag,
         watermark,
-        first_since: first_since(watermark, oldest.as_ref()),
+        first_since: first_since(conn, repo_id, watermark)?,
     })
 }
 
@@ -208,9 +222,11 @@ pub fn task_of_pull(
 /// - for a merge of a task with an issue number and a repository, the outbox effect
 ///   [`Action::CloseIssue`] of its issue is enqueued.
 ///
-/// Returns `Ok(Some(task after))` when this call applied it, and `Ok(None)` when the task is
-/// not in `pr_opened` (typically another actor, the poller or a webhook on this or another
-/// replica, applied it first); nothing is written then. [`DbError::NotFound`] for an unknown
+/// The task is to be waiting on its pull request: in `pr_opened`, or in a revision round,
+/// which the merge or close ends (its agent is the caller's to stop once this is
+/// committed). Returns `Ok(Some(task after))` when this call applied it, and `Ok(None)` when
+/// the task waits no more (typically another actor, the poller or a webhook on this or
+/// another replica, applied it first); nothing is written then. [`DbError::NotFound`] for an unknown
 /// task; [`DbError::Conflict`] for any other trigger.
 pub fn apply_pull_outcome(
     conn: &mut AnyConnection,

@@ -3,7 +3,10 @@
 //! Both ask one pure question, [`pull_request_trigger`], and apply the answer with
 //! [`pulls::apply_pull_outcome`], a compare-and-set transition that also enqueues the closing
 //! of the linked issue in the same transaction: when the poller and a webhook see the same
-//! merge, exactly one applies it and the issue is closed once.
+//! merge, exactly one applies it and the issue is closed once. A merge or close during a
+//! revision round ends the round: once the transition is committed, the round's agent is
+//! stopped as a cancel stops one (here at once, on another replica at its next lease
+//! renewal).
 
 use std::sync::Arc;
 
@@ -39,8 +42,10 @@ fn reason(trigger: Trigger, source: &str) -> String {
 }
 
 /// Applies what `pr_state` means to the task of pull request `number` in `repo`, if that
-/// task is waiting on it. Returns whether this call moved the task. Runs inside `conn`'s
-/// transaction when called from one.
+/// task is waiting on it (in `pr_opened`, or in a revision round). Returns the task this call
+/// moved: once the caller's transaction is committed, the agent of a round it ended is
+/// stopped with [`Service::stop_moved`]. Runs inside `conn`'s transaction when called from
+/// one.
 pub(crate) fn apply_pull_state(
     conn: &mut AnyConnection,
     repo: &Repository,
@@ -48,15 +53,15 @@ pub(crate) fn apply_pull_state(
     pr_state: PullRequestState,
     source: &str,
     now: OffsetDateTime,
-) -> Result<bool, DbError> {
+) -> Result<Option<Uuid>, DbError> {
     let Ok(number) = i64::try_from(number) else {
-        return Ok(false);
+        return Ok(None);
     };
     let Some(task) = pulls::task_of_pull(conn, repo.id, number)? else {
-        return Ok(false);
+        return Ok(None);
     };
-    let Some(trigger) = pull_request_trigger(task.state, pr_state) else {
-        return Ok(false);
+    let Some(trigger) = pull_request_trigger(task.state, task.revision(), pr_state) else {
+        return Ok(None);
     };
     let error = (trigger == Trigger::PullRequestClosed)
         .then(|| format!("pull request #{number} was closed without being merged"));
@@ -68,7 +73,20 @@ pub(crate) fn apply_pull_state(
         error.as_deref(),
         now,
     )?;
-    Ok(applied.is_some())
+    Ok(applied.map(|task| task.id))
+}
+
+impl Service {
+    /// Stops the agents of `moved` (tasks a pull request's merge or close just moved, in a
+    /// committed transaction) that run in this process: a revision round's agent, whose
+    /// round is over, as [`Service::cancel_task`] stops a cancelled task's. Other replicas
+    /// stop theirs when the lease renewal is refused. A task no agent runs here is left
+    /// alone.
+    pub(crate) fn stop_moved(&self, moved: &[Uuid]) {
+        for &task in moved {
+            self.parts.runs.stop_local(task);
+        }
+    }
 }
 
 /// What one repository's poll did.
@@ -128,25 +146,31 @@ async fn poll_repository(
     let stored = service
         .db(move |conn| {
             let watermark = next_watermark(&prs, since);
-            let mut applied = 0;
+            let mut moved = Vec::new();
             for pr in prs
                 .iter()
                 .filter(|p| since.is_none_or(|w| p.updated_at >= w))
             {
                 let pr_state = PullRequestState::from_codehost(&pr.state, pr.merged_at.is_some());
-                if pr_state != PullRequestState::Open
-                    && apply_pull_state(conn, &repo, pr.number, pr_state, "the poller", now())?
+                if pr_state == PullRequestState::Open {
+                    continue;
+                }
+                if let Some(task) =
+                    apply_pull_state(conn, &repo, pr.number, pr_state, "the poller", now())?
                 {
-                    applied += 1;
+                    moved.push(task);
                 }
             }
             // Only now, after every outcome is stored, does the watermark move.
             pulls::record_pull_poll(conn, repo.id, etag.as_deref(), watermark)?;
-            Ok(applied)
+            Ok(moved)
         })
         .await;
     match stored {
-        Ok(n) => outcome.applied = n,
+        Ok(moved) => {
+            service.stop_moved(&moved);
+            outcome.applied = moved.len();
+        }
         Err(e) => {
             tracing::error!(repo = %url, error = %e, "cannot store a pull-request poll");
             outcome.error = Some(e.to_string());
@@ -304,16 +328,29 @@ pub enum WebhookOutcome {
     Ignored,
 }
 
+/// What follows a webhook delivery once its transaction is committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Then {
+    /// Nothing.
+    Nothing,
+    /// A sync of this repository's issues (one was labelled), after the answer.
+    Sync(Uuid),
+    /// Stopping the agent of this task, which the delivery moved (a merge or close during a
+    /// revision round), if one runs it here.
+    Stop(Uuid),
+}
+
 /// Records the delivery and acts on `event`, in one transaction: a redelivery of the same
-/// id changes nothing, and a pull request's fate is stored before the answer. A labelled
-/// issue returns the repository to sync (done after answering, never waited on).
+/// id changes nothing, and a pull request's fate is stored before the answer. Returns what
+/// follows the commit: a labelled issue's repository to sync (done after answering, never
+/// waited on), or the task a pull request's fate moved, whose agent is to be stopped.
 pub(crate) fn handle_webhook(
     conn: &mut AnyConnection,
     delivery_id: &str,
     event_name: &str,
     event: &WebhookEvent,
     now: OffsetDateTime,
-) -> Result<(WebhookOutcome, Option<Uuid>), DbError> {
+) -> Result<(WebhookOutcome, Then), DbError> {
     write_tx(conn, |conn| {
         let action = match event {
             WebhookEvent::Ping { .. } => None,
@@ -321,7 +358,7 @@ pub(crate) fn handle_webhook(
             other => other.action(),
         };
         if !webhooks::record_delivery(conn, delivery_id, event_name, action, now)? {
-            return Ok((WebhookOutcome::Duplicate, None));
+            return Ok((WebhookOutcome::Duplicate, Then::Nothing));
         }
         let connected = |conn: &mut AnyConnection, html_url: &str| -> Result<_, DbError> {
             let Ok(url) = RepoUrl::parse(html_url) else {
@@ -330,11 +367,11 @@ pub(crate) fn handle_webhook(
             Ok(repos::find_by_url(conn, &url)?.filter(|r| r.disconnected_at.is_none()))
         };
         match event {
-            WebhookEvent::Ping { .. } => Ok((WebhookOutcome::Handled, None)),
+            WebhookEvent::Ping { .. } => Ok((WebhookOutcome::Handled, Then::Nothing)),
             WebhookEvent::IssueLabeled { repo, label, .. } if label == SERVICE_LABEL => {
                 match connected(conn, &repo.html_url)? {
-                    Some(r) => Ok((WebhookOutcome::Handled, Some(r.id))),
-                    None => Ok((WebhookOutcome::Ignored, None)),
+                    Some(r) => Ok((WebhookOutcome::Handled, Then::Sync(r.id))),
+                    None => Ok((WebhookOutcome::Ignored, Then::Nothing)),
                 }
             }
             WebhookEvent::PullRequestClosed {
@@ -344,13 +381,12 @@ pub(crate) fn handle_webhook(
                 ..
             } => {
                 let Some(r) = connected(conn, &repo.html_url)? else {
-                    return Ok((WebhookOutcome::Ignored, None));
+                    return Ok((WebhookOutcome::Ignored, Then::Nothing));
                 };
                 let pr_state = PullRequestState::from_codehost("closed", *merged);
-                if apply_pull_state(conn, &r, *number, pr_state, "a webhook", now)? {
-                    Ok((WebhookOutcome::Handled, None))
-                } else {
-                    Ok((WebhookOutcome::Ignored, None))
+                match apply_pull_state(conn, &r, *number, pr_state, "a webhook", now)? {
+                    Some(task) => Ok((WebhookOutcome::Handled, Then::Stop(task))),
+                    None => Ok((WebhookOutcome::Ignored, Then::Nothing)),
                 }
             }
             // Review feedback: what it asks for needs the code host (the author's
@@ -360,12 +396,12 @@ pub(crate) fn handle_webhook(
             | WebhookEvent::IssueCommentCreated { repo, .. }
             | WebhookEvent::ReviewCommentCreated { repo, .. } => {
                 match connected(conn, &repo.html_url)? {
-                    Some(_) => Ok((WebhookOutcome::Handled, None)),
-                    None => Ok((WebhookOutcome::Ignored, None)),
+                    Some(_) => Ok((WebhookOutcome::Handled, Then::Nothing)),
+                    None => Ok((WebhookOutcome::Ignored, Then::Nothing)),
                 }
             }
             WebhookEvent::IssueLabeled { .. } | WebhookEvent::Other { .. } => {
-                Ok((WebhookOutcome::Ignored, None))
+                Ok((WebhookOutcome::Ignored, Then::Nothing))
             }
         }
     })
@@ -381,8 +417,9 @@ async fn sync_after_webhook(service: Service, repo_id: Uuid) {
 
 impl Service {
     /// Acts on a webhook event whose signature the caller verified (`handle_webhook`), then
-    /// wakes what it concerns: the outbox after a pull request's fate was stored, and a sync
-    /// of the repository (in the background, never waited on) after an issue was labelled.
+    /// wakes what it concerns: the outbox after a pull request's fate was stored (and the
+    /// agent of a revision round it ended is stopped), and a sync of the repository (in the
+    /// background, never waited on) after an issue was labelled.
     pub async fn webhook_event(
         &self,
         delivery_id: String,
@@ -398,7 +435,7 @@ impl Service {
         .then(|| event.clone());
         // Feedback is decided (and wakes what it concerns) after this answer.
         let decided_later = feedback.is_some();
-        let (outcome, sync) = self
+        let (outcome, then) = self
             .commit(
                 move |conn| {
                     Ok(handle_webhook(
@@ -425,8 +462,12 @@ impl Service {
             });
             return Ok(outcome);
         }
-        if let Some(repo_id) = sync {
-            tokio::spawn(sync_after_webhook(self.clone(), repo_id));
+        match then {
+            Then::Sync(repo_id) => {
+                tokio::spawn(sync_after_webhook(self.clone(), repo_id));
+            }
+            Then::Stop(task) => self.stop_moved(&[task]),
+            Then::Nothing => {}
         }
         Ok(outcome)
     }

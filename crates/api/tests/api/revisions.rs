@@ -18,6 +18,7 @@ use agentry_service::BackgroundLoop;
 use agentry_service::revisions::{self, RevisionSettings};
 use agentry_testkit::git::git;
 use agentry_testkit::json::{elements_of, strings_of};
+use agentry_testkit::process::processes_with_env;
 use agentry_testkit::wait::eventually_async;
 use serde_json::{Value, json};
 
@@ -530,4 +531,108 @@ async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) 
 agentry_testkit::on_both_backends!(
     #[actix_web::test]
     the_review_agents_findings_revise_when_the_repository_asks
+);
+
+/// A merge seen while a revision round's agent runs ends the round at once
+/// (docs/contract.md#22-states-and-transitions, #57-revisions): the webhook completes the
+/// task before its answer, the agent is stopped as a cancel stops one (its run recorded as
+/// cancelled, its processes gone), nothing is pushed to the merged pull request, and the
+/// issue is closed. The lease is long and the agent would sleep for minutes, so only that
+/// stop ends it within the test's patience.
+async fn a_merge_during_a_running_round_stops_its_agent(db: TestDb) {
+    let mut rig = Rig::build(
+        db,
+        |settings| {
+            settings.lease = Duration::from_secs(600);
+            settings.wall_time = Duration::from_secs(600);
+        },
+        |codehost| {
+            codehost
+                .with_webhook_secret(Some(SecretValue::new(SECRET)))
+                .with_revisions(RevisionSettings {
+                    mention: "@agentry".into(),
+                    quiet: Duration::ZERO,
+                })
+        },
+    );
+    let app = app!(rig, json!({"autoReview": false}));
+    let (id, number) = open_pull!(app, rig, "Fix the parser");
+    let t = rig.env.t.viewer.clone();
+    let issue = task!(app, rig, id)["issueNumber"].as_u64().unwrap();
+    let head_before = git(&["rev-parse", &branch_of(&id)], &rig.source);
+
+    rig.env.fake.set_permission(OWNER, NAME, "alice", "write");
+    let review = rig.env.fake.add_review(
+        OWNER,
+        NAME,
+        number,
+        "alice",
+        "CHANGES_REQUESTED",
+        "Take your time. [fake:sleep=300]",
+    );
+    let payload =
+        payloads::pull_request_review_submitted(&rig.env.fake, OWNER, NAME, number, review);
+    let (status, body) = call(&app, delivery("pull_request_review", "d-1", &payload)).await;
+    assert!(status == 200 || status == 202, "{status} {body}");
+    eventually_async(PATIENCE, "the feedback recorded", async || {
+        feedback_of(&task!(app, rig, id)).len() == 1
+    })
+    .await;
+    assert_eq!(start_rounds(&rig).await, 1);
+    wait_for(&app, &t, &id, "the round's agent running", |t| {
+        state_of(t) == "running" && t["attempt"] == 2
+    })
+    .await;
+    let home = rig.run_dir(&id, 2).join("home");
+    eventually_async(PATIENCE, "the agent's child", async || {
+        home.join("child.pid").exists()
+    })
+    .await;
+    let home_var = format!("HOME={}", home.display());
+    let running = processes_with_env(&home_var);
+    assert!(running.len() >= 2, "agent and child: {running:?}");
+
+    // The pull request is merged on the code host, which says so.
+    rig.env.fake.merge_pull(OWNER, NAME, number);
+    let merged = payloads::pull_request_closed(&rig.env.fake, OWNER, NAME, number);
+    let (status, body) = call(&app, delivery("pull_request", "d-2", &merged)).await;
+    assert_eq!((status, body), (200, json!({"ok": true})));
+    let task = task!(app, rig, id);
+    assert_eq!(state_of(&task), "completed", "{task:#}");
+    let reasons = strings_of(&task, "events", "reason");
+    assert!(
+        reasons.contains(&"pull request merged (seen by a webhook)"),
+        "{reasons:?}"
+    );
+
+    // The agent is stopped: its run is recorded as cancelled and its processes are gone.
+    let task = wait_for(&app, &t, &id, "the round's run recorded", |t| {
+        runs_of(t).len() == 2
+    })
+    .await;
+    assert_eq!(runs_of(&task)[1]["outcome"], "cancelled", "{task:#}");
+    assert_eq!(runs_of(&task)[1]["trigger"], "revision");
+    assert_eq!(state_of(&task), "completed");
+    eventually_async(PATIENCE, "the agent's processes gone", async || {
+        let left = processes_with_env(&home_var);
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("still running: {left:?}"))
+        }
+    })
+    .await;
+    // Nothing pushed to the merged pull request, and its issue is closed.
+    let head_after = git(&["rev-parse", &branch_of(&id)], &rig.source);
+    assert_eq!(head_after, head_before, "nothing pushed");
+    deliver_now(&rig).await;
+    assert_eq!(
+        rig.env.fake.issue(OWNER, NAME, issue).unwrap().state,
+        "closed"
+    );
+}
+
+agentry_testkit::on_both_backends!(
+    #[actix_web::test]
+    a_merge_during_a_running_round_stops_its_agent
 );

@@ -8,7 +8,7 @@ use agentry_persistence::outbox::{self, Action};
 use agentry_persistence::pulls::{self, CLOSED_WITHOUT_MERGE, PullPollState};
 use agentry_persistence::repos::{self, Repository};
 use agentry_persistence::tasks::{self, ImportTask, TransitionDetails};
-use agentry_persistence::{AnyConnection, Db, DbError, webhooks, write_tx};
+use agentry_persistence::{AnyConnection, Db, DbError, runner, webhooks, write_tx};
 use uuid::Uuid;
 
 /// The ids of the repositories `repos_to_poll` lists, in its order.
@@ -97,6 +97,56 @@ agentry_persistence::backend_tests! {
         // Reconnecting the disconnected repository brings it back.
         repos::connect_repository(&mut conn, &new_repo("o", "gone"), at(11)).unwrap();
         assert_eq!(polled(db), vec![gone.id, zeta.id]);
+    }
+
+    // A task in a revision round waits on its pull request as one in pr_opened does: its
+    // repository is polled (a merge or close ends the round), a never-polled one from a day
+    // before it, whether the round is queued or its agent runs; a merge ends the round and
+    // closes the issue. A task retried after its pull request closed is in no round.
+    fn a_revision_round_waits_on_its_pull_request(db) {
+        let repo = repo(db);
+        let other = connect(db, "o", "other");
+        let task = waiting(db, &repo, Some(7), 17);
+        let mut conn = db.conn().unwrap();
+        let revise = |conn: &mut AnyConnection, task: &Task| {
+            tasks::transition_task(conn, task.id, Trigger::RevisionRequested, &TransitionDetails::default(), at(5))
+                .unwrap()
+                .0
+        };
+        let round = revise(&mut conn, &task);
+        assert_eq!((round.state, round.revision().is_some()), (TaskState::Queued, true));
+        let first = PullPollState { first_since: Some(T0 - time::Duration::DAY), ..PullPollState::default() };
+        let listed = pulls::repos_to_poll(&mut conn).unwrap();
+        assert_eq!(listed.iter().map(|(r, s)| (r.id, s.clone())).collect::<Vec<_>>(), vec![(repo.id, first.clone())]);
+        assert_eq!(pulls::pull_poll_state(&mut conn, repo.id).unwrap(), first);
+        // Claimed, its agent started: still waiting.
+        let claimed = runner::claim_next(&mut conn, "runner-1", at(6), time::Duration::minutes(5)).unwrap().unwrap();
+        assert_eq!(claimed.id, task.id);
+        tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(6)).unwrap();
+        assert_eq!(polled(db), vec![repo.id]);
+        assert_eq!(pulls::task_of_pull(&mut conn, repo.id, 17).unwrap().map(|t| t.state), Some(TaskState::Running));
+        // The merge ends the round: completed, its issue closed; nothing waits any more.
+        let after = merge(&mut conn, &round, 10).unwrap().unwrap();
+        assert_eq!(after.state, TaskState::Completed);
+        let closes: Vec<Action> = outbox::effects_of_task(&mut conn, task.id)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.action)
+            .filter(|a| matches!(a, Action::CloseIssue { .. }))
+            .collect();
+        assert_eq!(closes, vec![Action::CloseIssue { issue_number: 7 }]);
+        assert!(polled(db).is_empty());
+
+        // Closed without merge, then retried: queued again, but in no round.
+        let closed = waiting(db, &other, None, 3);
+        pulls::apply_pull_outcome(&mut conn, closed.id, Trigger::PullRequestClosed, "closed", None, at(11))
+            .unwrap()
+            .unwrap();
+        let retried = tasks::transition_task(&mut conn, closed.id, Trigger::Retry, &TransitionDetails::default(), at(12))
+            .unwrap()
+            .0;
+        assert_eq!((retried.state, retried.revision()), (TaskState::Queued, None));
+        assert!(polled(db).is_empty());
     }
 
     // The poll state is stored as given (microseconds kept), read back by repos_to_poll and

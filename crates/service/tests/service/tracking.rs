@@ -382,3 +382,106 @@ agentry_testkit::on_both_backends!(
     #[tokio::test]
     imported_history_is_not_tracked_or_revised
 );
+
+/// Starts a revision round on the task of pull request `pr` as review feedback does: a
+/// writer's mention, then the revision scheduler once the quiet period is over.
+async fn start_round(env: &HostEnv, pr: u64, comment_id: u64) {
+    env.fake.set_permission("acme", "web", "alice", "write");
+    let mention = WebhookEvent::IssueCommentCreated {
+        repo: acme_web(),
+        issue_number: pr,
+        is_pull_request: true,
+        comment_id,
+        author: "alice".into(),
+        body: "@agentry please add a test".into(),
+        html_url: format!("https://github.com/acme/web/pull/{pr}#issuecomment-{comment_id}"),
+    };
+    let considered = env.service.feedback_event(&mention).await.unwrap().unwrap();
+    assert!(
+        matches!(considered, Considered::Waiting(_)),
+        "{considered:?}"
+    );
+    let later = agentry_persistence::now() + time::Duration::minutes(1);
+    assert_eq!(env.service.start_due_rounds(later).await.unwrap(), 1);
+}
+
+/// A merge or a close seen while a revision round is queued ends the round
+/// (docs/contract.md#22-states-and-transitions, #57-revisions): a webhook's merge completes
+/// the task and closes its issue, the poll sees a close (the repository is polled for a task
+/// in a round alone) and fails the other, and no runner claims either afterwards.
+async fn a_merge_or_close_during_a_queued_round_ends_it(db: TestDb) {
+    let env = HostEnv::new(db);
+    let repo = env.repo(env.store_token_and_connect());
+    let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
+    let issue_b = env.fake.add_issue("acme", "web", "B", None, &[]);
+    let pr_a = env
+        .fake
+        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
+    let pr_b = env
+        .fake
+        .add_pull("acme", "web", "Fix B", "agentry/task-b", "main");
+    let a = env.task_with_pull(&repo, issue_a, pr_a);
+    let b = env.task_with_pull(&repo, issue_b, pr_b);
+    env.service.poll_pull_requests().await.unwrap();
+    start_round(&env, pr_a, 101).await;
+    start_round(&env, pr_b, 102).await;
+    for id in [a.id, b.id] {
+        let task = env.task(id);
+        assert_eq!((task.state, task.revisions), (TaskState::Queued, 1));
+        assert!(task.revision().is_some());
+    }
+
+    // The webhook's merge of A: handled, the task completed, its issue to be closed.
+    let outcome = env
+        .service
+        .webhook_event("d-1".into(), "pull_request".into(), merged(pr_a))
+        .await
+        .unwrap();
+    assert_eq!(outcome, WebhookOutcome::Handled);
+    let done = env.task(a.id);
+    assert_eq!(done.state, TaskState::Completed);
+    // (The round's event is stamped with the scheduler's time, a minute ahead.)
+    assert!(
+        env.events(a.id).contains(&(
+            Some(TaskState::Queued),
+            TaskState::Completed,
+            "pull request merged (seen by a webhook)".to_owned()
+        )),
+        "{:?}",
+        env.events(a.id)
+    );
+    assert_eq!(env.close_effects(a.id), 1);
+
+    // B's pull request is closed; the poll sees it though no task is in pr_opened.
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake.close_pull("acme", "web", pr_b);
+    let polled = env.service.poll_pull_requests().await.unwrap();
+    assert_eq!(polled.len(), 1, "{polled:?}");
+    assert_eq!(polled[0].1.applied, 1, "{polled:?}");
+    let failed = env.task(b.id);
+    assert_eq!(failed.state, TaskState::Failed);
+    assert!(
+        failed
+            .error_message
+            .as_deref()
+            .is_some_and(|m| m.contains("closed without being merged")),
+        "{failed:?}"
+    );
+    assert_eq!(env.close_effects(b.id), 0);
+
+    // Neither round runs.
+    let mut conn = env.db().conn().unwrap();
+    let claimed = agentry_persistence::runner::claim_next(
+        &mut conn,
+        "runner-1",
+        agentry_persistence::now(),
+        time::Duration::minutes(5),
+    )
+    .unwrap();
+    assert_eq!(claimed, None);
+}
+
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    a_merge_or_close_during_a_queued_round_ends_it
+);
