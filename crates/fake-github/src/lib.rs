@@ -993,6 +993,15 @@ impl FakeGitHub {
         let secs = i64::try_from(by.as_secs()).unwrap_or(i64::MAX / 2);
         s.clock_offset_secs = s.clock_offset_secs.saturating_add(secs);
     }
+
+    /// Moves the fake's clock back by `by`: the next change carries an `updated_at` older
+    /// than changes already listed. That is what a reader of GitHub's lists sees when a
+    /// change shows there a moment after the time it carries, later than a newer change.
+    pub fn rewind_clock(&self, by: Duration) {
+        let mut s = self.state();
+        let secs = i64::try_from(by.as_secs()).unwrap_or(i64::MAX / 2);
+        s.clock_offset_secs = s.clock_offset_secs.saturating_sub(secs);
+    }
 }
 
 #[track_caller]

@@ -752,9 +752,10 @@ pub(crate) async fn revision_step(service: &Service) -> StepResult {
 }
 
 /// Collects the feedback of the open pull requests `numbers` of `repo` that changed since
-/// `since` (the poll's watermark): each one's reviews, comments and review comments, as
-/// candidates for `Service::consider`. Comments are asked for `since` a minute before the
-/// watermark (clocks differ); what was seen before is then found recorded.
+/// `since` (where the poll reads from, a little before its watermark): each one's reviews,
+/// comments and review comments, as candidates for `Service::consider`. Comments are asked
+/// for a minute before `since` (clocks differ); what was seen before is then found
+/// recorded.
 pub(crate) async fn collect_feedback(
     github: &GitHub,
     repo: &Repository,

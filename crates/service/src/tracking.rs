@@ -105,6 +105,23 @@ fn next_watermark(prs: &[PullRequest], old: Option<OffsetDateTime>) -> Option<Of
     prs.iter().map(|p| p.updated_at).chain(old).max()
 }
 
+/// How far before its watermark a poll reads again. GitHub's times have whole seconds, and a
+/// change may show in the list a moment after a newer one was read, carrying an
+/// `updated_at` older than the watermark that newer one set; read from the watermark only,
+/// it would be passed over for good. Reading a few seconds again costs nothing: the request
+/// is the same (its ETag still gives 304s), an outcome applied again changes nothing (a
+/// compare-and-set on a task that waits no more) and feedback seen again is found recorded
+/// under its code-host id. The issue sync keeps the same overlap.
+const POLL_OVERLAP: time::Duration = time::Duration::seconds(5);
+
+/// Where a poll in state `poll` reads from: [`POLL_OVERLAP`] before its watermark, or where
+/// a first poll starts; `None` reads everything.
+fn read_from(poll: &PullPollState) -> Option<OffsetDateTime> {
+    poll.watermark
+        .map(|w| w - POLL_OVERLAP)
+        .or(poll.first_since)
+}
+
 async fn poll_repository(
     service: &Service,
     github: &GitHub,
@@ -113,14 +130,16 @@ async fn poll_repository(
 ) -> RepoPollOutcome {
     let mut outcome = RepoPollOutcome::default();
     // A first poll starts shortly before the oldest waiting task, not at the beginning of
-    // the repository's history.
+    // the repository's history; a later one a little before its watermark (the overlap),
+    // both for the pages it reads and for the pull requests it considers.
     let since = poll.watermark.or(poll.first_since);
+    let from = read_from(&poll);
     let answer = github
         .pulls_updated_since(
             repo.url.owner(),
             repo.url.name(),
             poll.etag.as_deref(),
-            since,
+            from,
         )
         .await;
     let (prs, etag) = match answer {
@@ -137,7 +156,7 @@ async fn poll_repository(
     };
     // Review feedback on the open pull requests that changed, before the watermark moves:
     // a failure leaves it where it was, and the next poll asks again.
-    if let Err(e) = poll_feedback(service, github, &repo, &prs, since).await {
+    if let Err(e) = poll_feedback(service, github, &repo, &prs, from).await {
         tracing::warn!(repo = %repo.url, error = %e, "review feedback poll failed; will retry");
         outcome.error = Some(e.to_string());
         return outcome;
@@ -149,7 +168,7 @@ async fn poll_repository(
             let mut moved = Vec::new();
             for pr in prs
                 .iter()
-                .filter(|p| since.is_none_or(|w| p.updated_at >= w))
+                .filter(|p| from.is_none_or(|w| p.updated_at >= w))
             {
                 let pr_state = PullRequestState::from_codehost(&pr.state, pr.merged_at.is_some());
                 if pr_state == PullRequestState::Open {
@@ -180,7 +199,7 @@ async fn poll_repository(
 }
 
 /// Considers the reviews and comments of the open pull requests in `prs` updated since
-/// `since` whose coding task may be revised.
+/// `since` (where the poll reads from) whose coding task may be revised.
 async fn poll_feedback(
     service: &Service,
     github: &GitHub,
@@ -234,8 +253,10 @@ async fn poll_feedback(
 }
 
 impl Service {
-    /// One poll of every repository with tasks in `pr_opened`: one conditional request each,
-    /// more pages only while they hold pull requests updated since the last successful poll.
+    /// One poll of every repository with tasks waiting on their pull request (in `pr_opened`
+    /// or in a revision round): one conditional request each, more pages only while they
+    /// hold pull requests updated since a few seconds before the last successful poll's
+    /// watermark.
     /// A failure leaves that repository's watermark where it was. 412 without a token.
     pub async fn poll_pull_requests(&self) -> Result<Vec<(Uuid, RepoPollOutcome)>, ServiceError> {
         let github = self.github().await?;
@@ -516,6 +537,19 @@ mod tests {
         assert_eq!(next_watermark(&[], t(50)), t(50));
         assert_eq!(next_watermark(&[pr(1, 10), pr(2, 70)], t(50)), t(70));
         assert_eq!(next_watermark(&[pr(1, 10)], t(50)), t(50));
+    }
+
+    #[test]
+    fn a_poll_reads_from_a_little_before_its_watermark() {
+        let t = |s| OffsetDateTime::from_unix_timestamp(s).ok();
+        let state = |watermark, first_since| PullPollState {
+            etag: None,
+            watermark,
+            first_since,
+        };
+        assert_eq!(read_from(&state(None, None)), None);
+        assert_eq!(read_from(&state(None, t(1_000))), t(1_000));
+        assert_eq!(read_from(&state(t(1_000), None)), t(995));
     }
 
     #[test]

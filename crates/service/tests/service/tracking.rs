@@ -191,7 +191,8 @@ async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on(db: Tes
     }
     // The first poll reads every pull request's feedback once. Then one more change a
     // minute later moves the watermark to a second of its own (the 100 were made within
-    // a second or two, and a poll reads again what was updated in the watermark's second).
+    // a second or two, and a poll reads again what was updated in the 5 s before its
+    // watermark).
     env.service.poll_pull_requests().await.unwrap();
     env.fake.advance_clock(Duration::from_secs(60));
     env.fake
@@ -218,8 +219,8 @@ async fn a_quiet_poll_costs_one_request_per_repository_with_revisions_on(db: Tes
         .map(|r| format!("{} {}", r.method, r.route.as_deref().unwrap_or(&r.path)))
         .collect();
     // The list; the reviews, comments and review comments of the two pull requests
-    // updated since the watermark (that one, and the one updated in the watermark's own
-    // second, which the rule `updated_at >= watermark` reads again); agentry's own login
+    // updated since 5 s before the watermark (that one, and the one that set the
+    // watermark, a minute earlier, which the overlap reads again); agentry's own login
     // (asked once per process) and alice's permission.
     let per_pull = env
         .fake
@@ -484,4 +485,83 @@ async fn a_merge_or_close_during_a_queued_round_ends_it(db: TestDb) {
 agentry_testkit::on_both_backends!(
     #[tokio::test]
     a_merge_or_close_during_a_queued_round_ends_it
+);
+
+/// A change that shows in the pull-request list only after a newer one was polled is still
+/// seen: a poll reads again from a few seconds before its watermark
+/// (docs/contract.md#55-pull-request-tracking). What is read again changes nothing more: the
+/// merge is applied once and its issue closed once, and a mention is kept and acknowledged
+/// once.
+async fn a_change_listed_after_a_newer_one_is_still_seen(db: TestDb) {
+    let env = HostEnv::new(db);
+    let repo = env.repo(env.store_token_and_connect());
+    env.fake.freeze_clock();
+    let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
+    let issue_c = env.fake.add_issue("acme", "web", "C", None, &[]);
+    let pr_a = env
+        .fake
+        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
+    let pr_b = env
+        .fake
+        .add_pull("acme", "web", "A human's change", "feature/b", "main");
+    let pr_c = env
+        .fake
+        .add_pull("acme", "web", "Fix C", "agentry/task-c", "main");
+    let a = env.task_with_pull(&repo, issue_a, pr_a);
+    let c = env.task_with_pull(&repo, issue_c, pr_c);
+    env.service.poll_pull_requests().await.unwrap();
+
+    // A comment on B a minute later: the watermark moves to it.
+    env.fake.advance_clock(Duration::from_secs(60));
+    env.fake
+        .add_comment("acme", "web", pr_b, "bob", "Looks good.");
+    env.service.poll_pull_requests().await.unwrap();
+    // A was merged two seconds before that comment, but the list shows it only now.
+    env.fake.rewind_clock(Duration::from_secs(2));
+    env.fake.merge_pull("acme", "web", pr_a);
+    let polled = env.service.poll_pull_requests().await.unwrap();
+    assert_eq!(polled[0].1.applied, 1, "{polled:?}");
+    assert_eq!(env.task(a.id).state, TaskState::Completed);
+    assert_eq!(env.close_effects(a.id), 1);
+
+    // A writer's mention on C, then another change a second later: both polls read A's
+    // merge and the mention again, and nothing is done twice.
+    env.fake.set_permission("acme", "web", "alice", "write");
+    let effects = env.count("outbox");
+    env.fake.advance_clock(Duration::from_secs(3));
+    env.fake
+        .add_comment("acme", "web", pr_c, "alice", "@agentry add a test");
+    let polled = env.service.poll_pull_requests().await.unwrap();
+    assert_eq!(polled[0].1.applied, 0, "{polled:?}");
+    env.fake.advance_clock(Duration::from_secs(1));
+    env.fake
+        .add_comment("acme", "web", pr_b, "bob", "Still good.");
+    env.fake.reset_counts();
+    let polled = env.service.poll_pull_requests().await.unwrap();
+    assert_eq!(polled[0].1.applied, 0, "{polled:?}");
+    assert_eq!(
+        env.fake
+            .count("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews"),
+        1,
+        "C's feedback read again: {:?}",
+        env.fake.requests()
+    );
+    assert_eq!(env.close_effects(a.id), 1);
+    let merges = env
+        .events(a.id)
+        .into_iter()
+        .filter(|(_, to, _)| *to == TaskState::Completed)
+        .count();
+    assert_eq!(merges, 1);
+    let feedback = revisions::of_task(&mut env.db().conn().unwrap(), c.id).unwrap();
+    assert_eq!(feedback.len(), 1, "{feedback:?}");
+    assert_eq!(feedback[0].author, "alice");
+    // One effect more: the reaction on alice's comment.
+    assert_eq!(env.count("outbox"), effects + 1);
+    assert_eq!(env.task(c.id).state, TaskState::PrOpened);
+}
+
+agentry_testkit::on_both_backends!(
+    #[tokio::test]
+    a_change_listed_after_a_newer_one_is_still_seen
 );
