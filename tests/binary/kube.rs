@@ -258,6 +258,19 @@ fn kube_replicas() -> Option<(FakeKube, Replicas)> {
     Some((kube, replicas))
 }
 
+/// Deletes the pod `name` through fake-kube's API, as an operator would.
+fn delete_pod(kube: &FakeKube, name: &str) {
+    let deleted = reqwest::blocking::Client::new()
+        .delete(format!(
+            "{}/api/v1/namespaces/{NAMESPACE}/pods/{name}",
+            kube.base_url()
+        ))
+        .bearer_auth(kube.token())
+        .send()
+        .unwrap();
+    assert!(deleted.status().is_success(), "{:?}", deleted.text());
+}
+
 /// Waits until no Job, pod or Secret of any run is left in `kube`.
 fn all_gone(kube: &FakeKube) {
     eventually(
@@ -559,15 +572,7 @@ fn a_pod_deleted_before_its_agent_starts_fails_at_once() {
             None => Err(format!("{pods:?}")),
         }
     });
-    let deleted = reqwest::blocking::Client::new()
-        .delete(format!(
-            "{}/api/v1/namespaces/{NAMESPACE}/pods/{name}",
-            world.kube.base_url()
-        ))
-        .bearer_auth(world.kube.token())
-        .send()
-        .unwrap();
-    assert!(deleted.status().is_success(), "{:?}", deleted.text());
+    delete_pod(&world.kube, &name);
     let task = served.failed(&id);
     assert!(
         error_of(&task).contains("the agent's pod was deleted before its agent started"),
@@ -891,15 +896,7 @@ fn a_pod_deleted_mid_run_fails_its_run_naming_the_cluster() {
     let pods = world.kube.objects("pods", NAMESPACE);
     assert_eq!(pods.len(), 1, "{pods:#?}");
     let name = pods[0]["metadata"]["name"].as_str().unwrap();
-    let deleted = reqwest::blocking::Client::new()
-        .delete(format!(
-            "{}/api/v1/namespaces/{NAMESPACE}/pods/{name}",
-            world.kube.base_url()
-        ))
-        .bearer_auth(world.kube.token())
-        .send()
-        .unwrap();
-    assert!(deleted.status().is_success(), "{:?}", deleted.text());
+    delete_pod(&world.kube, name);
     let task = served.failed(&id);
     assert!(
         error_of(&task).starts_with("the agent's pod was stopped by the cluster"),

@@ -154,6 +154,29 @@ macro_rules! task {
     }};
 }
 
+/// A writer (alice) asks for changes on pull request `$number` of task `$id` with `$body`,
+/// through the review webhook (delivery `d-1`); once the feedback is recorded, its round is
+/// started. Evaluates to the webhook's payload.
+macro_rules! request_changes {
+    ($app:expr, $rig:expr, $id:expr, $number:expr, $body:expr) => {{
+        $rig.env.fake.set_permission(OWNER, NAME, "alice", "write");
+        let review =
+            $rig.env
+                .fake
+                .add_review(OWNER, NAME, $number, "alice", "CHANGES_REQUESTED", $body);
+        let payload =
+            payloads::pull_request_review_submitted(&$rig.env.fake, OWNER, NAME, $number, review);
+        let (status, body) = call(&$app, delivery("pull_request_review", "d-1", &payload)).await;
+        assert!(status == 200 || status == 202, "{status} {body}");
+        eventually_async(PATIENCE, "the feedback recorded", async || {
+            feedback_of(&task!($app, $rig, $id)).len() == 1
+        })
+        .await;
+        assert_eq!(start_rounds(&$rig).await, 1);
+        payload
+    }};
+}
+
 fn branch_of(id: &str) -> String {
     format!("agentry/task-{}", id.replace('-', ""))
 }
@@ -178,24 +201,13 @@ async fn changes_requested_revises_the_same_pull_request(db: TestDb) {
     .await;
     let head_before = git(&["rev-parse", &branch_of(&id)], &rig.source);
 
-    rig.env.fake.set_permission(OWNER, NAME, "alice", "write");
-    let review = rig.env.fake.add_review(
-        OWNER,
-        NAME,
+    let payload = request_changes!(
+        app,
+        rig,
+        id,
         number,
-        "alice",
-        "CHANGES_REQUESTED",
-        "Please handle an empty input as well.",
+        "Please handle an empty input as well."
     );
-    let payload =
-        payloads::pull_request_review_submitted(&rig.env.fake, OWNER, NAME, number, review);
-    let (status, body) = call(&app, delivery("pull_request_review", "d-1", &payload)).await;
-    assert!(status == 200 || status == 202, "{status} {body}");
-    eventually_async(PATIENCE, "the feedback recorded", async || {
-        feedback_of(&task!(app, rig, id)).len() == 1
-    })
-    .await;
-    assert_eq!(start_rounds(&rig).await, 1);
     let task = wait_for_revision(&app, &t, &id, "the revision pushed").await;
 
     // The task: one revision, two runs, the cost of both.
@@ -561,24 +573,7 @@ async fn a_merge_during_a_running_round_stops_its_agent(db: TestDb) {
     let issue = task!(app, rig, id)["issueNumber"].as_u64().unwrap();
     let head_before = git(&["rev-parse", &branch_of(&id)], &rig.source);
 
-    rig.env.fake.set_permission(OWNER, NAME, "alice", "write");
-    let review = rig.env.fake.add_review(
-        OWNER,
-        NAME,
-        number,
-        "alice",
-        "CHANGES_REQUESTED",
-        "Take your time. [fake:sleep=300]",
-    );
-    let payload =
-        payloads::pull_request_review_submitted(&rig.env.fake, OWNER, NAME, number, review);
-    let (status, body) = call(&app, delivery("pull_request_review", "d-1", &payload)).await;
-    assert!(status == 200 || status == 202, "{status} {body}");
-    eventually_async(PATIENCE, "the feedback recorded", async || {
-        feedback_of(&task!(app, rig, id)).len() == 1
-    })
-    .await;
-    assert_eq!(start_rounds(&rig).await, 1);
+    request_changes!(app, rig, id, number, "Take your time. [fake:sleep=300]");
     wait_for(&app, &t, &id, "the round's agent running", |t| {
         state_of(t) == "running" && t["attempt"] == 2
     })

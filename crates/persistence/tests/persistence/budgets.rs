@@ -223,6 +223,31 @@ mod per_call {
         }
     }
 
+    /// The lease of `claimed` (claimed at 10 s) expires and a recoverer takes it, recording
+    /// the run `lost` as a recovering replica does: the metered totals, no end time. Returns
+    /// when it recovered it.
+    fn recover_lost(
+        conn: &mut AnyConnection,
+        claimed: &agentry_domain::Task,
+    ) -> time::OffsetDateTime {
+        let expired = at(10) + LEASE + Duration::seconds(1);
+        let [lease] = &runner::expired_leases(conn, expired, 10).unwrap()[..] else {
+            panic!("one expired lease");
+        };
+        let run = Run {
+            sandboxed: Some(true),
+            finished_at: None,
+            outcome: RunOutcome::Lost,
+            started_at: claimed.started_at.unwrap(),
+            ..metered_run(conn, claimed.id, claimed.attempt, expired)
+        };
+        let log = runner::RunLog::of("");
+        runner::recover_expired(conn, lease, expired, Some((&run, Some(&log))), expired)
+            .unwrap()
+            .unwrap();
+        expired
+    }
+
     fn claim_per_call(conn: &mut AnyConnection, owner: &str) -> Option<agentry_domain::Task> {
         runner::claim_next_holding(conn, owner, at(10), LEASE, budgets::Holding::PerCall).unwrap()
     }
@@ -314,24 +339,7 @@ mod per_call {
             let claimed = claim_per_call(&mut conn, "me").unwrap();
             assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::Held);
             agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("1")).unwrap();
-            let expired = at(10) + LEASE + Duration::seconds(1);
-            let [lease] = &runner::expired_leases(&mut conn, expired, 10).unwrap()[..] else {
-                panic!("one expired lease");
-            };
-            // As the recovering replica records it: the metered totals, no end time.
-            let totals = agentry_persistence::metering::run_totals(&mut conn, task.id, 1).unwrap();
-            let run = Run {
-                cost_usd: totals.cost_usd,
-                model_calls: Some(totals.calls),
-                tokens: totals.tokens,
-                sandboxed: Some(true),
-                ..Run::new(task.id, 1, task.agent_type, RunOutcome::Lost, claimed.started_at.unwrap())
-            };
-            assert_eq!(run.finished_at, None);
-            let log = runner::RunLog::of("");
-            runner::recover_expired(&mut conn, lease, expired, Some((&run, Some(&log))), expired)
-                .unwrap()
-                .unwrap();
+            let expired = recover_lost(&mut conn, &claimed);
             assert_eq!(tasks::get_task(&mut conn, task.id).unwrap().cost_usd, Some(usd("0.5")));
             let month = budgets::repository_month(&mut conn, repo.id, expired).unwrap();
             assert_eq!((month.spent, month.reserved), (usd("0.5"), usd("0")));
@@ -398,18 +406,7 @@ mod per_call {
             let claimed = claim_per_call(&mut conn, "me").unwrap();
             assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::Unbudgeted);
             agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
-            let expired = at(10) + LEASE + Duration::seconds(1);
-            let [lease] = &runner::expired_leases(&mut conn, expired, 10).unwrap()[..] else {
-                panic!("one expired lease");
-            };
-            let run = Run {
-                sandboxed: Some(true),
-                finished_at: None,
-                outcome: RunOutcome::Lost,
-                started_at: claimed.started_at.unwrap(),
-                ..metered_run(&mut conn, task.id, 1, expired)
-            };
-            runner::recover_expired(&mut conn, lease, expired, Some((&run, None)), expired).unwrap().unwrap();
+            let expired = recover_lost(&mut conn, &claimed);
             assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::NotRunning);
             agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.2"), usd("0")).unwrap();
             let [lost] = &tasks::task_runs(&mut conn, task.id).unwrap()[..] else {

@@ -20,19 +20,25 @@ use crate::rig::HostEnv;
 
 const PULLS: &str = "/repos/{o}/{r}/pulls";
 
-async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once(db: TestDb) {
+/// `acme/web` connected, with issues A and B, each the issue of a task that opened a pull
+/// request (`Fix A`, `Fix B`): the environment and (task, issue, pull request) of each.
+fn two_pulls(db: TestDb) -> (HostEnv, [(agentry_domain::Task, u64, u64); 2]) {
     let env = HostEnv::new(db);
     let repo = env.repo(env.store_token_and_connect());
-    let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
-    let issue_b = env.fake.add_issue("acme", "web", "B", None, &[]);
-    let pr_a = env
-        .fake
-        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
-    let pr_b = env
-        .fake
-        .add_pull("acme", "web", "Fix B", "agentry/task-b", "main");
-    let a = env.task_with_pull(&repo, issue_a, pr_a);
-    let b = env.task_with_pull(&repo, issue_b, pr_b);
+    let made = ["A", "B"].map(|name| {
+        let issue = env.fake.add_issue("acme", "web", name, None, &[]);
+        let branch = format!("agentry/task-{}", name.to_lowercase());
+        let pr = env
+            .fake
+            .add_pull("acme", "web", &format!("Fix {name}"), &branch, "main");
+        (issue, pr)
+    });
+    let tasks = made.map(|(issue, pr)| (env.task_with_pull(&repo, issue, pr), issue, pr));
+    (env, tasks)
+}
+
+async fn the_poller_completes_merged_tasks_fails_closed_ones_and_closes_the_issue_once(db: TestDb) {
+    let (env, [(a, issue_a, pr_a), (b, issue_b, pr_b)]) = two_pulls(db);
 
     // Open pull requests: nothing happens; then an unchanged poll is one 304.
     let first = env.service.poll_pull_requests().await.unwrap();
@@ -411,18 +417,7 @@ async fn start_round(env: &HostEnv, pr: u64, comment_id: u64) {
 /// the task and closes its issue, the poll sees a close (the repository is polled for a task
 /// in a round alone) and fails the other, and no runner claims either afterwards.
 async fn a_merge_or_close_during_a_queued_round_ends_it(db: TestDb) {
-    let env = HostEnv::new(db);
-    let repo = env.repo(env.store_token_and_connect());
-    let issue_a = env.fake.add_issue("acme", "web", "A", None, &[]);
-    let issue_b = env.fake.add_issue("acme", "web", "B", None, &[]);
-    let pr_a = env
-        .fake
-        .add_pull("acme", "web", "Fix A", "agentry/task-a", "main");
-    let pr_b = env
-        .fake
-        .add_pull("acme", "web", "Fix B", "agentry/task-b", "main");
-    let a = env.task_with_pull(&repo, issue_a, pr_a);
-    let b = env.task_with_pull(&repo, issue_b, pr_b);
+    let (env, [(a, _, pr_a), (b, _, pr_b)]) = two_pulls(db);
     env.service.poll_pull_requests().await.unwrap();
     start_round(&env, pr_a, 101).await;
     start_round(&env, pr_b, 102).await;
