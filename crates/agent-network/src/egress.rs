@@ -1761,6 +1761,23 @@ mod tests {
         assert!(proxy.events.events().is_empty());
     }
 
+    /// "ping" from the agent's side of a tunnel reaches the upstream, and "pong" comes back.
+    async fn ping_pong(client: &mut UnixStream, upstream: &mut TcpStream) {
+        let mut got = [0u8; 4];
+        client.write_all(b"ping").await.unwrap();
+        timeout(DEADLINE, upstream.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, b"ping");
+        upstream.write_all(b"pong").await.unwrap();
+        timeout(DEADLINE, client.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, b"pong");
+    }
+
     /// A tunnel that passes nothing either way for the idle timeout is closed, on both
     /// sides; every byte passed puts that off.
     #[tokio::test]
@@ -1775,20 +1792,6 @@ mod tests {
         });
         let mut client = tunnel(&proxy.socket, &listed).await;
         let (mut upstream, _) = timeout(DEADLINE, listener.accept()).await.unwrap().unwrap();
-        let ping_pong = async |client: &mut UnixStream, upstream: &mut TcpStream| {
-            let mut got = [0u8; 4];
-            client.write_all(b"ping").await.unwrap();
-            timeout(DEADLINE, upstream.read_exact(&mut got))
-                .await
-                .unwrap()
-                .unwrap();
-            upstream.write_all(b"pong").await.unwrap();
-            timeout(DEADLINE, client.read_exact(&mut got))
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(&got, b"pong");
-        };
         let opened = tokio::time::Instant::now();
         ping_pong(&mut client, &mut upstream).await;
         // Half the idle time later (pacing, not a wait for anything), bytes pass again.
@@ -1818,19 +1821,7 @@ mod tests {
         let proxy = Proxy::start(policy(&[&listed]));
         let mut client = tunnel(&proxy.socket, &format!("127.0.0.1:{port}")).await;
         let (mut upstream, _) = timeout(DEADLINE, listener.accept()).await.unwrap().unwrap();
-        client.write_all(b"ping").await.unwrap();
-        let mut got = [0u8; 4];
-        timeout(DEADLINE, upstream.read_exact(&mut got))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&got, b"ping");
-        upstream.write_all(b"pong").await.unwrap();
-        timeout(DEADLINE, client.read_exact(&mut got))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&got, b"pong");
+        ping_pong(&mut client, &mut upstream).await;
 
         proxy.task.abort();
         assert!(rest_of(&mut client).await.is_empty());

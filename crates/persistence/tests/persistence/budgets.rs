@@ -248,6 +248,34 @@ mod per_call {
         expired
     }
 
+    /// A task on the default repository (with a monthly `budget`, if any), claimed holding
+    /// per call at 10 s and running at 11 s; the repository, the task and a connection.
+    fn running(
+        db: &Db,
+        budget: Option<&str>,
+    ) -> (
+        Repository,
+        agentry_domain::Task,
+        agentry_persistence::PooledConnection,
+    ) {
+        let repo = repo(db);
+        if let Some(budget) = budget {
+            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": budget}));
+        }
+        let task = create(db, &repo, at(1));
+        let mut conn = db.conn().unwrap();
+        claim_per_call(&mut conn, "me").unwrap();
+        tasks::transition_task(
+            &mut conn,
+            task.id,
+            Trigger::AgentStarted,
+            &TransitionDetails::default(),
+            at(11),
+        )
+        .unwrap();
+        (repo, task, conn)
+    }
+
     fn claim_per_call(conn: &mut AnyConnection, owner: &str) -> Option<agentry_domain::Task> {
         runner::claim_next_holding(conn, owner, at(10), LEASE, budgets::Holding::PerCall).unwrap()
     }
@@ -352,12 +380,7 @@ mod per_call {
         // hold read as "not started" and came back as the run's cost plus the call, counted
         // a second time beside the spend.
         fn a_call_after_its_run_is_recorded_holds_nothing(db) {
-            let repo = repo(db);
-            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "10"}));
-            let task = create(db, &repo, at(1));
-            let mut conn = db.conn().unwrap();
-            claim_per_call(&mut conn, "me").unwrap();
-            tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
+            let (repo, task, mut conn) = running(db, Some("10"));
             assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::Held);
             agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("1")).unwrap();
             let run = sonnet_run(task.id, 1, "0.5", at(20));
@@ -373,12 +396,7 @@ mod per_call {
         // recorder stopped waiting for the run's calls) is added to that run, its task and
         // the month's spend: before, it was in the ledger and counted nowhere.
         fn a_call_written_after_its_run_is_recorded_is_added_to_it(db) {
-            let repo = repo(db);
-            set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "10"}));
-            let task = create(db, &repo, at(1));
-            let mut conn = db.conn().unwrap();
-            claim_per_call(&mut conn, "me").unwrap();
-            tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
+            let (repo, task, mut conn) = running(db, Some("10"));
             agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
             let run = metered_run(&mut conn, task.id, 1, at(20));
             runner::record_finished_run(&mut conn, &run, &runner::RunLog::of(""), at(20)).unwrap();
@@ -438,14 +456,9 @@ mod per_call {
         // turn), then finds the run on record and adds itself to it. Before, on PostgreSQL,
         // it was written beside the recording and read by neither.
         fn a_call_racing_its_runs_recording_is_counted_once(db) {
-            let repo = repo(db);
-            let task = create(db, &repo, at(1));
-            {
-                let mut conn = db.conn().unwrap();
-                claim_per_call(&mut conn, "me").unwrap();
-                tasks::transition_task(&mut conn, task.id, Trigger::AgentStarted, &TransitionDetails::default(), at(11)).unwrap();
-                agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
-            }
+            let (_, task, mut conn) = running(db, None);
+            agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
+            drop(conn);
             let db = wide_pool(db, 2);
             std::thread::scope(|s| {
                 let (read, calls_read) = std::sync::mpsc::channel();
