@@ -278,21 +278,29 @@ pub enum GitError {
     Io(String),
 }
 
-/// Refuses a patch with a copy in it: a `copy from` or `copy to` line, the only way a patch
+/// Refuses the patch in `file` if it has a copy in it: a `copy from` or `copy to` line, the only way a patch
 /// sets git's copy flag, under which `git apply` reads the source path unchecked (`copy from
 /// ../../../master.key` reads the service's key, outside the worktree). Every line is looked
 /// at, not only headers: git reads a header line wherever a `diff --git` line precedes it,
 /// and no line of a hunk (` `, `+`, `-`, `\`) or of a binary patch (base 85, no blank)
 /// can start so, so nothing that is not a copy is refused.
-fn refuse_copies(patch: &[u8]) -> Result<(), GitError> {
-    match patch
-        .split(|b| *b == b'\n')
-        .find(|line| line.starts_with(b"copy from ") || line.starts_with(b"copy to "))
-    {
-        Some(line) => Err(GitError::PatchCopies(agentry_domain::quote::one_line(
-            &agentry_domain::quote::excerpt(&String::from_utf8_lossy(line), 120),
-        ))),
-        None => Ok(()),
+fn refuse_copies_in(file: &Path) -> Result<(), GitError> {
+    use std::io::BufRead;
+    let io =
+        |e: std::io::Error| GitError::Io(format!("cannot read the patch {}: {e}", file.display()));
+    let mut reader = std::io::BufReader::new(std::fs::File::open(file).map_err(io)?);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line).map_err(io)? == 0 {
+            return Ok(());
+        }
+        if line.starts_with(b"copy from ") || line.starts_with(b"copy to ") {
+            let line = line.strip_suffix(b"\n").unwrap_or(&line);
+            return Err(GitError::PatchCopies(agentry_domain::quote::one_line(
+                &agentry_domain::quote::excerpt(&String::from_utf8_lossy(line), 120),
+            )));
+        }
     }
 }
 
@@ -798,25 +806,37 @@ impl Worktree {
     /// index is left alone; [`Worktree::commit_all`] then commits the result as it does the
     /// changes of a local agent, with the same checks.
     pub async fn apply_patch(&self, patch: Vec<u8>) -> Result<(), GitError> {
-        let git_dir = git_dir_arg(&self.mirror)?;
-        let work_tree = format!("--work-tree={}", path_str(&self.path)?);
         let name = self.path.file_name().map_or_else(
             || self.task_id.to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
         let dir = self.path.parent().unwrap_or(&self.root);
         let file = dir.join(format!(".{name}.patch"));
-        let patch_file = path_str(&file)?.to_owned();
         // Removed on every way out, an error or a cancel included.
         let _kept = RemovedOnDrop(file.clone());
+        let written = file.clone();
         tokio::task::spawn_blocking(move || {
-            refuse_copies(&patch)?;
-            crate::user::private_file(&file)
+            crate::user::private_file(&written)
                 .and_then(|mut f| std::io::Write::write_all(&mut f, &patch))
-                .map_err(|e| GitError::Io(format!("cannot keep the patch {}: {e}", file.display())))
+                .map_err(|e| {
+                    GitError::Io(format!("cannot keep the patch {}: {e}", written.display()))
+                })
         })
         .await
         .map_err(|e| GitError::Io(format!("the patch check stopped: {e}")))??;
+        self.apply_patch_file(&file).await
+    }
+
+    /// [`Worktree::apply_patch`] of the patch in `file`, a file of the service's alone (never
+    /// one the agent can write), read as it is applied rather than held in memory.
+    pub async fn apply_patch_file(&self, file: &Path) -> Result<(), GitError> {
+        let git_dir = git_dir_arg(&self.mirror)?;
+        let work_tree = format!("--work-tree={}", path_str(&self.path)?);
+        let patch_file = path_str(file)?.to_owned();
+        let checked = file.to_owned();
+        tokio::task::spawn_blocking(move || refuse_copies_in(&checked))
+            .await
+            .map_err(|e| GitError::Io(format!("the patch check stopped: {e}")))??;
         let args = [
             git_dir.as_str(),
             work_tree.as_str(),

@@ -625,8 +625,8 @@ impl KubeRunner {
         let deadline = Instant::now() + job.wall_time;
         let mut polls = tokio::time::interval(process::POLL_INTERVAL);
         let mut stopping: Option<(Ended, Instant)> = None;
-        let mut patch: Vec<u8> = Vec::new();
-        let mut patch_too_big = false;
+        let patch_path = self.run_dir(job.task_id, job.attempt).join("agent.patch");
+        let mut patch = PatchFile::new(patch_path, MAX_PATCH_BYTES);
         let mut gone: Option<Instant> = None;
         let result = loop {
             let stop_now = tokio::select! {
@@ -640,11 +640,7 @@ impl KubeRunner {
                         None
                     }
                     Ok(Some(FromPod::Patch(chunk))) => {
-                        if patch.len() + chunk.len() > MAX_PATCH_BYTES {
-                            patch_too_big = true;
-                        } else {
-                            patch.extend_from_slice(&chunk);
-                        }
+                        patch.push(&chunk).await;
                         None
                     }
                     Ok(Some(FromPod::Result(result))) => break Some(result),
@@ -684,7 +680,6 @@ impl KubeRunner {
             stopping,
             out,
             patch,
-            patch_too_big,
         })
     }
 
@@ -697,7 +692,6 @@ impl KubeRunner {
             stopping,
             out,
             patch,
-            patch_too_big,
         } = streamed;
         let (stdout, dropped) = out.finish();
         let mut patch_unusable = false;
@@ -710,8 +704,7 @@ impl KubeRunner {
             stdout_dropped: dropped,
             stderr_tail: String::new(),
             killed: None,
-            unpublishable: patch_too_big
-                .then(|| format!("the agent's changes are larger than {MAX_PATCH_BYTES} bytes")),
+            unpublishable: None,
         };
         match result {
             Some(PodResult {
@@ -775,7 +768,13 @@ impl KubeRunner {
                 }
             }
         }
-        let patch = (!patch.is_empty() && !patch_too_big && !patch_unusable).then_some(patch);
+        let patch = match patch.finish().await {
+            Ok(patch) => patch.filter(|_| !patch_unusable),
+            Err(problem) => {
+                end.unpublishable.get_or_insert(problem);
+                None
+            }
+        };
         Ok(PodEnd { end, patch })
     }
 
@@ -784,9 +783,9 @@ impl KubeRunner {
     }
 
     /// Applies the agent's `patch` to `worktree` ([`Worktree::apply_patch`]).
-    async fn apply(worktree: &Worktree, patch: Vec<u8>) -> Result<(), String> {
+    async fn apply(worktree: &Worktree, patch: PathBuf) -> Result<(), String> {
         worktree
-            .apply_patch(patch)
+            .apply_patch_file(&patch)
             .await
             .map_err(|e| format!("could not apply the agent's changes: {e}"))
     }
@@ -887,7 +886,8 @@ async fn can_i(
 /// How a pod's run ended, and its patch.
 struct PodEnd {
     end: AgentEnd,
-    patch: Option<Vec<u8>>,
+    /// The file the agent's patch was written to, if it sent one that can be used.
+    patch: Option<PathBuf>,
 }
 
 impl PodEnd {
@@ -1108,13 +1108,87 @@ fn out_of_memory(config: &KubeConfig) -> String {
 
 /// What [`KubeRunner::stream_pod`] collected of a run: the pod's result (`None`: the
 /// connection ended without one), the stop asked for and until when it was waited for,
-/// the output and the patch (and whether it grew past [`MAX_PATCH_BYTES`]).
+/// the output and the patch.
 struct Streamed {
     result: Option<PodResult>,
     stopping: Option<(Ended, Instant)>,
     out: Output,
-    patch: Vec<u8>,
-    patch_too_big: bool,
+    patch: PatchFile,
+}
+
+/// The agent's patch as its frames arrive, written to a private file of the run's directory
+/// as it comes (never held in memory: an agent's changes may weigh hundreds of megabytes),
+/// at most `max` bytes ([`MAX_PATCH_BYTES`]).
+struct PatchFile {
+    path: PathBuf,
+    max: usize,
+    file: Option<tokio::fs::File>,
+    len: usize,
+    /// Why the patch cannot be used (too large, or not written), once it cannot.
+    problem: Option<String>,
+}
+
+impl PatchFile {
+    fn new(path: PathBuf, max: usize) -> PatchFile {
+        PatchFile {
+            path,
+            max,
+            file: None,
+            len: 0,
+            problem: None,
+        }
+    }
+
+    /// Appends `chunk`, unless the patch can no longer be used.
+    async fn push(&mut self, chunk: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        if self.problem.is_some() {
+            return;
+        }
+        if self.len + chunk.len() > self.max {
+            self.problem = Some(format!(
+                "the agent's changes are larger than {} bytes",
+                self.max
+            ));
+            self.file = None;
+            return;
+        }
+        let written = match &mut self.file {
+            Some(file) => file.write_all(chunk).await,
+            None => match crate::user::private_file(&self.path) {
+                Ok(file) => {
+                    let mut file = tokio::fs::File::from_std(file);
+                    let written = file.write_all(chunk).await;
+                    self.file = Some(file);
+                    written
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match written {
+            Ok(()) => self.len += chunk.len(),
+            Err(e) => {
+                self.problem = Some(format!("could not keep the agent's changes: {e}"));
+                self.file = None;
+            }
+        }
+    }
+
+    /// The patch's file, written whole and flushed, if the agent sent one (`Ok(None)`: it
+    /// sent none); why it cannot be used otherwise.
+    async fn finish(mut self) -> Result<Option<PathBuf>, String> {
+        use tokio::io::AsyncWriteExt;
+        if let Some(problem) = self.problem {
+            return Err(problem);
+        }
+        match self.file.take() {
+            Some(mut file) => match file.flush().await {
+                Ok(()) => Ok(Some(self.path)),
+                Err(e) => Err(format!("could not keep the agent's changes: {e}")),
+            },
+            None => Ok(None),
+        }
+    }
 }
 
 /// Starts reading the pod's frames from `from_pod` into a channel, until its result or the
@@ -1255,6 +1329,32 @@ mod tests {
                 ));
         }
         pod
+    }
+
+    /// The agent's patch goes to a private file as its frames come, never whole into
+    /// memory; past its limit it cannot be used, and says why.
+    #[tokio::test]
+    async fn the_patch_is_written_to_a_private_file_as_it_comes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.patch");
+        let mut patch = PatchFile::new(path.clone(), 10);
+        patch.push(b"diff ").await;
+        patch.push(b"--git").await;
+        assert_eq!(patch.finish().await.unwrap(), Some(path.clone()));
+        assert_eq!(std::fs::read(&path).unwrap(), b"diff --git");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        let mut big = PatchFile::new(dir.path().join("big.patch"), 10);
+        big.push(b"0123456").await;
+        big.push(b"789ab").await;
+        big.push(b"c").await;
+        let refused = big.finish().await.unwrap_err();
+        assert_eq!(refused, "the agent's changes are larger than 10 bytes");
+
+        let none = PatchFile::new(dir.path().join("none.patch"), 10);
+        assert_eq!(none.finish().await.unwrap(), None);
     }
 
     /// A run stops waiting for a pod the cluster says is over: being deleted (a lost node's
