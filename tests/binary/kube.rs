@@ -470,10 +470,8 @@ fn a_pod_that_cannot_collect_the_changes_keeps_the_agents_output() {
     let served = world.serve();
     let prompt = "Collect [fake:model-calls=1] [model:usage=1000,100,0,0] [fake:empty-repo=sub]";
     let task = served.run_failing("Collect", prompt);
-    assert!(
-        error_of(&task).contains("does not have a commit checked out"),
-        "{task:#}"
-    );
+    // pod-run's own sentence; what git says after it depends on git's version.
+    assert!(error_of(&task).contains("git add -A failed"), "{task:#}");
     let run = &task["runs"][0];
     assert_eq!(run["costUsd"], "0.003", "{task:#}");
     let id = task["id"].as_str().unwrap();

@@ -23,7 +23,8 @@
 //! pattern allows the port it names, else 443 only, so a plain `http://` request to port 80
 //! needs `host:80`). An IP address is allowed only when listed itself. A name is resolved
 //! once, and each of its addresses must be one a name may lead to: a public one; a
-//! loopback, private, unique-local or shared (CGNAT) one only when the name is listed
+//! loopback, private, unique-local, shared (CGNAT), local-use NAT64 or benchmarking one only
+//! when the name is listed
 //! itself (not only covered by a wildcard: the operator chose it, as for `localhost:8080`
 //! or an internal registry); any other special one ([`special_use`]: link-local, where
 //! clouds serve instance metadata, the known metadata addresses outside it, multicast…)
@@ -272,13 +273,22 @@ impl Refusal {
 /// The kinds of [`special_use`] addresses a name listed itself in egressAllow may resolve
 /// to: the operator's own networks (`localhost:8080`, an internal registry at `10.x`, a
 /// host of a VPN in the shared range).
-const OWN_NETWORK_KINDS: &[&str] = &["loopback", "private", "unique local", "shared (CGNAT)"];
+const OWN_NETWORK_KINDS: &[&str] = &[
+    "loopback",
+    "private",
+    "unique local",
+    "shared (CGNAT)",
+    // A site's own NAT64 (DNS64 on 64:ff9b:1::/48 gives every IPv4-only host such an
+    // address) and the fake-IP resolvers' range: what a listed name resolves to there.
+    "local-use NAT64",
+    "benchmarking",
+];
 
 /// Why `ip`, an address of a name allowed on `port` by `matched`, may not be connected to
 /// (its [`special_use`] kind), or `None` when it may: when it is public, when `allow`
 /// lists the address itself on `port`, or when the name is listed itself
-/// ([`EgressMatch::Literal`]) and the address is loopback, private, unique-local or shared
-/// (CGNAT). Link-local addresses (where clouds serve instance metadata), the known metadata
+/// ([`EgressMatch::Literal`]) and the address is loopback, private, unique-local, shared
+/// (CGNAT), a site's own NAT64 or benchmarking (fake-IP resolvers). Link-local addresses (where clouds serve instance metadata), the known metadata
 /// addresses outside them and every other special-use address are never reached through a
 /// name.
 fn address_refusal(
@@ -1565,7 +1575,7 @@ mod tests {
     }
 
     /// The decision alone: a name listed itself may lead to loopback, private,
-    /// unique-local and shared addresses, never to link-local, cloud metadata or other
+    /// unique-local, shared, a site's own NAT64 and fake-IP (benchmarking) addresses, never to link-local, cloud metadata or other
     /// special-use ones (any of its addresses being one refuses it), unless that address
     /// is listed itself on the port; a wildcard's name to public addresses only, or to one
     /// listed itself.
@@ -1578,6 +1588,8 @@ mod tests {
             ("private172", "172.20.0.5"),
             ("ula", "fd12:3456::1"),
             ("cgnat", "100.101.102.103"),
+            ("dns64", "64:ff9b:1::808:808"),
+            ("fake-ip", "198.18.0.7"),
             ("metadata", "169.254.169.254"),
             ("metadata-mapped", "::ffff:169.254.169.254"),
             ("link-local6", "fe80::1"),
@@ -1608,6 +1620,8 @@ mod tests {
             "private172",
             "ula",
             "cgnat",
+            "dns64",
+            "fake-ip",
         ] {
             let host = format!("{name}.corp.test");
             assert_eq!(verdict(&policy, &host, 443).await, Ok(()), "{name}");

@@ -20,6 +20,9 @@ use crate::{AnyConnection, DbError, write_tx};
 /// The most calls [`task_calls`] returns.
 pub const MAX_CALLS_LISTED: i64 = 10_000;
 
+/// The [`ModelCall::outcome`] of a call the gateway refused: never sent, it costs nothing.
+pub const REFUSED: &str = "refused";
+
 /// One model call of a run, as the gateway metered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelCall {
@@ -116,7 +119,8 @@ pub fn record_held_call(
     write_tx(conn, |conn| {
         crate::revisions::lock_task(conn, call.task_id)?;
         record_call(conn, call)?;
-        if crate::tasks::add_late_call(conn, call)? {
+        // A call the gateway refused was never sent: it has nothing to add to a run.
+        if call.outcome != REFUSED && crate::tasks::add_late_call(conn, call)? {
             return Ok(());
         }
         let cost = call.cost_usd.map_or(0, Usd::to_nanos);

@@ -94,12 +94,12 @@ where
         .db(move |conn| Ok(queue.claim_due(conn, at, lease, BATCH)?))
         .await?;
     let mut delivered = 0;
-    let limit = send_limit(lease);
     for entry in claimed {
         let (id, attempts, claimed_until) = (entry.id(), entry.attempts(), entry.next_attempt_at());
         // The batch is sent one entry after the other: each entry's lease starts again just
-        // before it is sent, and its send ends well within it, so no other worker (or
-        // replica) claims an entry while this one may still be sending it.
+        // before it is sent, and is renewed while it is being sent (a send may wait out the
+        // code host's rate limit), so no other worker (or replica) claims an entry while this
+        // one may still be sending it.
         let renewed = service
             .db(move |conn| Ok(queue.renew(conn, id, claimed_until, now(), lease)?))
             .await?;
@@ -107,12 +107,9 @@ where
             tracing::info!(what = worker.what, id = %id, "lease lost before sending; left to the worker that holds it");
             continue;
         };
-        let sent = match tokio::time::timeout(limit, send(entry)).await {
-            Ok(sent) => sent,
-            Err(_) => Err(format!(
-                "not done within {} s, three quarters of the worker's lease",
-                limit.as_secs()
-            )),
+        let Some((sent, held)) = send_leased(service, worker, id, held, send(entry)).await? else {
+            tracing::warn!(what = worker.what, id = %id, "lease lost while sending; the send is given up, left to the worker that holds it");
+            continue;
         };
         match sent {
             Ok(()) => {
@@ -138,12 +135,43 @@ where
     Ok(delivered)
 }
 
-/// How long one send may take under `lease`: three quarters of it (at least a millisecond),
-/// so that a send ends (done, failed, or given up) while its entry is still leased to it.
-fn send_limit(lease: time::Duration) -> Duration {
-    Duration::try_from(lease * 3 / 4)
+/// Runs `send`, the send of entry `id` leased until `held`, renewing the lease every third of
+/// it while the send lasts. Returns how the send ended and the lease's end then, or `None`
+/// when a renewal found the lease lost (its end passed while the database did not answer, and
+/// another worker claimed the entry): the send is then dropped, given up, and the entry left
+/// to that worker.
+async fn send_leased<T, F>(
+    service: &Service,
+    worker: &Worker<T>,
+    id: uuid::Uuid,
+    mut held: OffsetDateTime,
+    send: F,
+) -> Result<Option<(Result<(), String>, OffsetDateTime)>, ServiceError>
+where
+    T: Entry + Send + 'static,
+    F: Future<Output = Result<(), String>>,
+{
+    let (queue, lease) = (worker.queue, worker.lease);
+    let every = Duration::try_from(lease / 3)
         .unwrap_or(Duration::ZERO)
-        .max(Duration::from_millis(1))
+        .max(Duration::from_millis(1));
+    let mut renewals = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut send = std::pin::pin!(send);
+    loop {
+        tokio::select! {
+            sent = &mut send => return Ok(Some((sent, held))),
+            _ = renewals.tick() => {
+                let at = held;
+                let renewed = service
+                    .db(move |conn| Ok(queue.renew(conn, id, at, now(), lease)?))
+                    .await?;
+                match renewed {
+                    Some(until) => held = until,
+                    None => return Ok(None),
+                }
+            }
+        }
+    }
 }
 
 /// The schedule of `worker`'s loop, woken by `wake`: every idle time at most, at least

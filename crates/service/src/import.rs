@@ -139,7 +139,7 @@ fn parse_line(text: &str) -> Result<ImportTask, String> {
         None => (None, None),
         Some(u) => {
             let number = pull_number_of(&u, &repo_url)?;
-            (Some(u), Some(number))
+            (Some(u), number)
         }
     };
     if line.issue_number.is_some_and(|n| n < 1) {
@@ -172,41 +172,48 @@ fn parse_line(text: &str) -> Result<ImportTask, String> {
     })
 }
 
-/// The number of pull request `url` of `repo`: `url` must be `<repo>/pull/<N>` (N at least
+/// The number of pull request `url` of `repo`, when `url` is `<repo>/pull/<N>` (N at least
 /// 1, a trailing `/` allowed; the repository written in any form [`RepoUrl`] accepts over
-/// http(s), without credentials, query or fragment). A task keeps the number of its pull
-/// request, and a pull request of another repository would be taken for the number's
-/// namesake in the task's own.
-fn pull_number_of(url: &str, repo: &RepoUrl) -> Result<i64, String> {
+/// http(s), without credentials, query or fragment); `None` for any other http(s) URL (another
+/// repository's pull request, a merge request elsewhere, a page of it), which is kept as the
+/// task's `prUrl` without a number: another repository's #7 must not pass for this one's.
+///
+/// # Errors
+///
+/// `url` is not an http(s) URL.
+fn pull_number_of(url: &str, repo: &RepoUrl) -> Result<Option<i64>, String> {
     let parsed = field("prUrl", url::Url::parse(url))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err("prUrl: must be an http(s) URL".into());
     }
-    let refused = || format!("prUrl: must be a pull request of repoUrl ({repo}/pull/N)");
     if !parsed.username().is_empty()
         || parsed.password().is_some()
         || parsed.query().is_some()
         || parsed.fragment().is_some()
     {
-        return Err(refused());
+        return Ok(None);
     }
     let path = parsed.path();
     let path = path.strip_suffix('/').unwrap_or(path);
     let Some((repo_path, number)) = path.rsplit_once("/pull/") else {
-        return Err(refused());
+        return Ok(None);
     };
-    let number = Some(number)
+    let Some(number) = Some(number)
         .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|n| n.parse::<i64>().ok())
         .filter(|n| *n > 0)
-        .ok_or_else(refused)?;
+    else {
+        return Ok(None);
+    };
     let host = parsed.host_str().unwrap_or_default();
     let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
     let scheme = parsed.scheme();
-    match RepoUrl::parse(&format!("{scheme}://{host}{port}{repo_path}")) {
-        Ok(of) if of == *repo => Ok(number),
-        _ => Err(refused()),
-    }
+    Ok(
+        match RepoUrl::parse(&format!("{scheme}://{host}{port}{repo_path}")) {
+            Ok(of) if of == *repo => Some(number),
+            _ => None,
+        },
+    )
 }
 
 /// The records of a JSON Lines body with their 1-based line numbers. Blank lines are not
@@ -393,10 +400,10 @@ mod tests {
         assert!(parse_line("[1,2]").is_err());
     }
 
-    // An imported task keeps the number of its pull request, so the pull request must be
+    // An imported task keeps the number of its pull request only when the pull request is
     // one of the task's repository: another repository's number 7 is not this one's.
     #[test]
-    fn the_pull_request_must_be_one_of_the_repository() {
+    fn only_a_pull_request_of_the_repository_gives_a_number() {
         for (pr_url, number) in [
             ("https://github.com/org/repo/pull/7", 7),
             ("https://github.com/Org/Repo/pull/7/", 7),
@@ -407,8 +414,7 @@ mod tests {
             assert_eq!(t.pr_number, Some(number), "{pr_url}");
             assert_eq!(t.pr_url.as_deref(), Some(pr_url));
         }
-        let refused =
-            "prUrl: must be a pull request of repoUrl (https://github.com/org/repo/pull/N)";
+        // Any other http(s) URL is kept, without a number.
         for pr_url in [
             "https://github.com/other/repo/pull/7",
             "https://github.com/org/other/pull/7",
@@ -425,7 +431,9 @@ mod tests {
             "https://github.com/org/repo",
         ] {
             let line = GOOD.replace("https://github.com/org/repo/pull/7", pr_url);
-            assert_eq!(parse_line(&line).unwrap_err(), refused, "{pr_url}");
+            let t = parse_line(&line).unwrap_or_else(|e| panic!("{pr_url}: {e}"));
+            assert_eq!(t.pr_number, None, "{pr_url}");
+            assert_eq!(t.pr_url.as_deref(), Some(pr_url));
         }
         let line = GOOD.replace(
             "https://github.com/org/repo/pull/7",

@@ -1004,7 +1004,7 @@ impl CallRecorder {
     /// The gateway answered `status` itself; nothing was sent.
     fn refused(mut self, status: StatusCode) {
         self.status = status;
-        self.outcome = "refused";
+        self.outcome = metering::REFUSED;
     }
 
     /// The call failed before an answer came: `sent` if the request may have reached the

@@ -426,6 +426,15 @@ mod per_call {
             agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.5"), usd("0")).unwrap();
             let expired = recover_lost(&mut conn, &claimed);
             assert_eq!(hold(&mut conn, task.id, "1"), budgets::CallHold::NotRunning);
+            // The refusal is written as a call, but adds nothing to the run: it was not sent.
+            let refused = agentry_persistence::metering::ModelCall {
+                outcome: agentry_persistence::metering::REFUSED.into(),
+                status: 403,
+                tokens: agentry_domain::Tokens::default(),
+                cost_usd: None,
+                ..metered_call(task.id, "0")
+            };
+            agentry_persistence::metering::record_held_call(&mut conn, &refused, usd("0")).unwrap();
             agentry_persistence::metering::record_held_call(&mut conn, &metered_call(task.id, "0.2"), usd("0")).unwrap();
             let [lost] = &tasks::task_runs(&mut conn, task.id).unwrap()[..] else {
                 panic!("one run");

@@ -235,14 +235,12 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// How many probes go unanswered before the connection is given up.
 pub const KEEPALIVE_PROBES: u32 = 3;
 
-/// How long sent bytes may stay unacknowledged before the connection is given up.
-pub const USER_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Both ends: makes a pod connection fail, instead of waiting for ever, when its peer is gone
 /// without closing it (its node lost power or its network): TCP probes an idle connection
-/// ([`KEEPALIVE_IDLE`], then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times), and
-/// gives up on bytes unacknowledged for [`USER_TIMEOUT`]; a read or write then fails, and
-/// the run ends as its pod's death does, about a minute later instead of at its time limit.
+/// ([`KEEPALIVE_IDLE`], then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times); a
+/// read then fails, and the run ends as its pod's death does, about a minute later instead
+/// of at its time limit. (No user timeout: it would also end a live connection whose reader
+/// paused, a model stream the agent reads slowly.)
 ///
 /// # Errors
 ///
@@ -253,8 +251,7 @@ pub fn detect_dead_peer(stream: &TcpStream) -> io::Result<()> {
         .with_time(KEEPALIVE_IDLE)
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_PROBES);
-    socket.set_tcp_keepalive(&keepalive)?;
-    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))
+    socket.set_tcp_keepalive(&keepalive)
 }
 
 /// Pod: connects to the replica at `endpoint` (`host:port`), says hello for `channel` with

@@ -112,11 +112,13 @@ async fn a_failing_code_host_delays_the_effects_but_posts_one_comment() {
     assert_eq!(env.comments_of(number).len(), 1);
 }
 
-// A send that hangs is given up within the worker's lease (three quarters of it) and retried
-// later: before, it could outlast the lease, and another replica claimed the effect while
-// this one was still sending it (two identical comments).
+// A send that lasts longer than the worker's lease (the code host hangs, the client waits
+// and retries) keeps its effect from every other worker: its lease is renewed while it is
+// sent. Before, another replica claimed the effect once the lease ran out, while this one was
+// still sending it (two identical comments when both listed the comments before either
+// posted).
 #[tokio::test]
-async fn a_hanging_send_is_given_up_before_its_lease_runs_out() {
+async fn a_send_longer_than_its_lease_keeps_its_effect_from_other_workers() {
     let (env, repo) = HostEnv::connected(TestDb::sqlite());
     let number = env.fake.add_issue("acme", "web", "Slow", None, &[]);
     env.service
@@ -124,30 +126,38 @@ async fn a_hanging_send_is_given_up_before_its_lease_runs_out() {
         .await
         .unwrap();
     let timing = codehost::Timing {
-        lease: std::time::Duration::from_secs(2),
+        lease: std::time::Duration::from_secs(1),
         ..test_timing()
     };
-    let short = env.restarted_with(timing);
+    let (a, b) = (env.restarted_with(timing), env.restarted_with(timing));
     env.fake.fail_next(
         Some(("GET", COMMENTS)),
         1,
-        Fault::Timeout(std::time::Duration::from_secs(30)),
+        Fault::Timeout(std::time::Duration::from_secs(4)),
     );
-    let at = agentry_persistence::now();
-    let delivered = short.deliver_due_effects(at).await.unwrap();
-    assert_eq!(delivered, 1, "the label goes, the comment hangs");
-    let task_id = Uuid::parse_str(&env.fake_task_id()).unwrap();
-    let effects = outbox::effects_of_task(&mut env.db().conn().unwrap(), task_id).unwrap();
-    let comment = effects
-        .iter()
-        .find(|e| e.kind() == EffectKind::Comment)
-        .unwrap();
-    assert_eq!(comment.attempts, 1);
-    let error = comment.last_error.as_deref().unwrap_or_default();
-    assert!(error.contains("not done within 1 s"), "{error}");
-    assert!(env.comments_of(number).is_empty());
-    // Retried later, it is posted once.
-    assert_eq!(env.deliver(3600).await, 1);
+    let sending =
+        tokio::spawn(async move { a.deliver_due_effects(agentry_persistence::now()).await });
+    // A has claimed both effects and delivered the label; it now sends the comment.
+    agentry_testkit::wait::eventually_async(PATIENCE, "the label added", async || {
+        env.fake.issue("acme", "web", number).unwrap().labels.len() == 1
+    })
+    .await;
+    // While A sends (past its first lease), B finds nothing to claim, again and again.
+    let mut rounds = 0;
+    while !sending.is_finished() {
+        let taken = b
+            .deliver_due_effects(agentry_persistence::now())
+            .await
+            .unwrap();
+        assert_eq!(taken, 0, "another worker took an effect being sent");
+        rounds += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        rounds > 10,
+        "the send was not longer than the lease ({rounds} rounds)"
+    );
+    assert_eq!(sending.await.unwrap().unwrap(), 2);
     assert_eq!(env.comments_of(number).len(), 1);
 }
 
