@@ -59,6 +59,12 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long resolving a host name may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The most lookups of the system's resolver at once, across every run's proxy.
+const MAX_LOOKUPS: usize = 32;
+
+/// The permits of [`MAX_LOOKUPS`].
+static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_LOOKUPS);
+
 /// How long connecting to one address of the host may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -196,9 +202,18 @@ impl EgressPolicy {
                 .map(|ips| ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect())
                 .ok_or_else(|| format!("cannot resolve {name}: unknown host"));
         }
-        let found = timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, port)))
+        // The system's resolver blocks a thread of the runtime's blocking pool, which the
+        // model gateway's budget holds and records use too, until it answers (a timeout here
+        // does not stop it): at most MAX_LOOKUPS of them at once, across every run, each
+        // holding its permit until its thread is free again.
+        let target = (name.to_owned(), port);
+        let lookup = bounded_blocking(&LOOKUPS, move || {
+            std::net::ToSocketAddrs::to_socket_addrs(&target).map(Iterator::collect::<Vec<_>>)
+        });
+        let found = timeout(RESOLVE_TIMEOUT, lookup)
             .await
             .map_err(|_| format!("cannot resolve {name}: no answer within 5 seconds"))?
+            .map_err(|e| format!("cannot resolve {name}: {e}"))?
             .map_err(|e| format!("cannot resolve {name}: {e}"))?;
         let mut addrs: Vec<SocketAddr> = Vec::new();
         for addr in found {
@@ -211,6 +226,22 @@ impl EgressPolicy {
         }
         Ok(addrs)
     }
+}
+
+/// Runs `work` on the blocking pool once `permits` has a permit for it, which its thread
+/// holds until `work` returns: dropping the returned future (a timeout) frees no permit
+/// while the thread is still busy, so at most `permits`' count of threads ever run such work.
+async fn bounded_blocking<T: Send + 'static>(
+    permits: &'static tokio::sync::Semaphore,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let permit = permits.acquire().await.map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|e| e.to_string())
 }
 
 /// Why a request is not passed on.
@@ -1773,6 +1804,48 @@ mod tests {
         let answer = proxy.exchange(closed_name.as_bytes()).await;
         assert!(!answer.contains("127.0.0.1"), "{answer}");
         assert!(proxy.events.events().is_empty());
+    }
+
+    /// Lookups that hang keep their threads, but never more than the permits: a timed-out
+    /// lookup still holds its permit until its thread is free, so the blocking pool the
+    /// gateway's budget holds use is never filled by one run's DNS.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hanging_lookups_never_hold_more_threads_than_the_permits() {
+        static PERMITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+        static RUNNING: AtomicUsize = AtomicUsize::new(0);
+        static MOST: AtomicUsize = AtomicUsize::new(0);
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = std::sync::Arc::new(Mutex::new(released));
+        let mut lookups = Vec::new();
+        for _ in 0..6 {
+            let released = released.clone();
+            let lookup = bounded_blocking(&PERMITS, move || {
+                let now = RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+                MOST.fetch_max(now, Ordering::SeqCst);
+                let _ = released.lock().unwrap().recv();
+                RUNNING.fetch_sub(1, Ordering::SeqCst);
+            });
+            // Each caller gives up at once, as a resolve that times out does.
+            lookups.push(timeout(Duration::from_millis(50), lookup));
+        }
+        for lookup in lookups {
+            assert!(lookup.await.is_err(), "a hanging lookup finished");
+        }
+        // The two that got a permit run on, holding it, though their callers gave up.
+        agentry_testkit::wait::eventually_async(DEADLINE, "two lookups hanging", async || {
+            RUNNING.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        assert_eq!(PERMITS.available_permits(), 0);
+        // Once they answer, their permits come back.
+        for _ in 0..6 {
+            let _ = release.send(());
+        }
+        agentry_testkit::wait::eventually_async(DEADLINE, "the permits back", async || {
+            PERMITS.available_permits() == 2
+        })
+        .await;
+        assert_eq!(MOST.load(Ordering::SeqCst), 2);
     }
 
     /// "ping" from the agent's side of a tunnel reaches the upstream, and "pong" comes back.
