@@ -151,6 +151,8 @@ async fn a_send_longer_than_its_lease_keeps_its_effect_from_other_workers() {
             .unwrap();
         assert_eq!(taken, 0, "another worker took an effect being sent");
         rounds += 1;
+        assert!(rounds < 600, "A's send did not end within a minute");
+        // The pace of B's rounds while polling for A's end, not a wait for anything.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(
