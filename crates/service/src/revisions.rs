@@ -176,6 +176,18 @@ pub enum Considered {
     Ignored(String),
 }
 
+impl Considered {
+    /// The loops recording it wakes: the scheduler for a round due, the outbox for what
+    /// it says on the pull request.
+    pub(crate) fn wakes(&self) -> Loops {
+        match self {
+            Considered::Waiting(_) => Loops::REVISIONS | Loops::OUTBOX,
+            Considered::OverLimit => Loops::OUTBOX,
+            Considered::Duplicate | Considered::Ignored(_) => Loops::NONE,
+        }
+    }
+}
+
 /// The task a revision of pull request `number` would run for: the coding task that opened
 /// it, while its pull request is open as far as agentry knows (`pr_opened`, or a round under
 /// way).
@@ -452,47 +464,6 @@ impl Service {
         }
         Ok(started)
     }
-
-    /// Records the findings of agentry's own review agent as feedback on the coding task's pull
-    /// request, when the repository asks for that (`reviseOnAgentReview`).
-    pub(crate) async fn agent_review_feedback(
-        &self,
-        repo: &Repository,
-        review_task: Uuid,
-        coding_task: &Task,
-        text: &str,
-    ) {
-        let (Some(number), Some(url)) = (coding_task.pr_number, coding_task.pr_url.clone()) else {
-            return;
-        };
-        let Ok(number) = u64::try_from(number) else {
-            return;
-        };
-        let candidate = Candidate {
-            source: FeedbackSource::AgentReview,
-            external_id: review_task.to_string(),
-            pr_number: number,
-            author: "agentry".to_owned(),
-            body: text.to_owned(),
-            path: None,
-            line: None,
-            url,
-            review_state: None,
-        };
-        let github = match self.github().await {
-            Ok(github) => github,
-            Err(e) => {
-                tracing::warn!(task = %coding_task.id, error = %e, "the agent review's feedback is not recorded");
-                return;
-            }
-        };
-        if let Err(e) = self
-            .consider(&github, repo, candidate, "the review agent")
-            .await
-        {
-            tracing::warn!(task = %coding_task.id, error = %e, "the agent review's feedback is not recorded");
-        }
-    }
 }
 
 /// The marker of the one comment saying a task's revision limit is reached.
@@ -533,18 +504,7 @@ async fn record(
     candidate: &Candidate,
     quiet: Duration,
 ) -> Result<Considered, ServiceError> {
-    let new = NewFeedback {
-        repo_id: repo.id,
-        source: candidate.source,
-        external_id: candidate.external_id.clone(),
-        task_id: task.id,
-        pr_number: task.pr_number.unwrap_or_default(),
-        author: candidate.author.clone(),
-        body: candidate.body.clone(),
-        path: candidate.path.clone(),
-        line: candidate.line.and_then(|l| i64::try_from(l).ok()),
-        url: candidate.url.clone(),
-    };
+    let new = new_feedback(repo, task, candidate);
     let react = match candidate.source {
         FeedbackSource::IssueComment | FeedbackSource::ReviewComment => candidate
             .external_id
@@ -559,63 +519,136 @@ async fn record(
         FeedbackSource::Review | FeedbackSource::AgentReview => None,
     };
     let max = repo.settings.max_revisions;
-    let (repo_id, task_id) = (repo.id, task.id);
-    let quiet = time::Duration::try_from(quiet).unwrap_or(time::Duration::ZERO);
     service
         .commit(
             move |conn| {
                 Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                    revisions::lock_task(conn, task_id)?;
-                    let task = tasks::get_task(conn, task_id)?;
-                    if task.state != TaskState::PrOpened && task.revision().is_none() {
-                        return Ok(Considered::Ignored(
-                            "the pull request is no longer open".into(),
-                        ));
-                    }
-                    let at = now();
-                    let over = task.revisions >= max;
-                    let outcome = if over {
-                        FeedbackOutcome::OverLimit
-                    } else {
-                        FeedbackOutcome::Waiting
-                    };
-                    if !revisions::insert(conn, &new, outcome, at)? {
-                        return Ok(Considered::Duplicate);
-                    }
-                    if over {
-                        if revisions::count(conn, task_id, FeedbackOutcome::OverLimit)? == 1 {
-                            let effect = NewEffect {
-                                task_id: None,
-                                repo_id,
-                                action: limit_notice(&task, max),
-                            };
-                            outbox::enqueue(conn, &effect, at)?;
-                        }
-                        return Ok(Considered::OverLimit);
-                    }
-                    let due = at + quiet;
-                    revisions::set_due(conn, task_id, Some(due))?;
-                    if let Some(action) = react {
-                        outbox::enqueue(
-                            conn,
-                            &NewEffect {
-                                task_id: None,
-                                repo_id,
-                                action,
-                            },
-                            at,
-                        )?;
-                    }
-                    Ok(Considered::Waiting(due))
+                    record_in(conn, &new, react, max, quiet)
                 })?)
             },
-            |considered| match considered {
-                Considered::Waiting(_) => Loops::REVISIONS | Loops::OUTBOX,
-                Considered::OverLimit => Loops::OUTBOX,
-                Considered::Duplicate | Considered::Ignored(_) => Loops::NONE,
-            },
+            Considered::wakes,
         )
         .await
+}
+
+/// The feedback row `candidate` makes for `task`'s pull request.
+fn new_feedback(repo: &Repository, task: &Task, candidate: &Candidate) -> NewFeedback {
+    NewFeedback {
+        repo_id: repo.id,
+        source: candidate.source,
+        external_id: candidate.external_id.clone(),
+        task_id: task.id,
+        pr_number: task.pr_number.unwrap_or_default(),
+        author: candidate.author.clone(),
+        body: candidate.body.clone(),
+        path: candidate.path.clone(),
+        line: candidate.line.and_then(|l| i64::try_from(l).ok()),
+        url: candidate.url.clone(),
+    }
+}
+
+/// [`record`]'s writes, inside the caller's transaction: the feedback row, then its
+/// acknowledgement (`react`) and the round's due time, or past `max` rounds the one comment
+/// saying so.
+fn record_in(
+    conn: &mut AnyConnection,
+    new: &NewFeedback,
+    react: Option<Action>,
+    max: i32,
+    quiet: Duration,
+) -> Result<Considered, DbError> {
+    let (repo_id, task_id) = (new.repo_id, new.task_id);
+    revisions::lock_task(conn, task_id)?;
+    let task = tasks::get_task(conn, task_id)?;
+    if task.state != TaskState::PrOpened && task.revision().is_none() {
+        return Ok(Considered::Ignored(
+            "the pull request is no longer open".into(),
+        ));
+    }
+    let at = now();
+    let over = task.revisions >= max;
+    let outcome = if over {
+        FeedbackOutcome::OverLimit
+    } else {
+        FeedbackOutcome::Waiting
+    };
+    if !revisions::insert(conn, new, outcome, at)? {
+        return Ok(Considered::Duplicate);
+    }
+    if over {
+        if revisions::count(conn, task_id, FeedbackOutcome::OverLimit)? == 1 {
+            let effect = NewEffect {
+                task_id: None,
+                repo_id,
+                action: limit_notice(&task, max),
+            };
+            outbox::enqueue(conn, &effect, at)?;
+        }
+        return Ok(Considered::OverLimit);
+    }
+    let quiet = time::Duration::try_from(quiet).unwrap_or(time::Duration::ZERO);
+    let due = at + quiet;
+    revisions::set_due(conn, task_id, Some(due))?;
+    if let Some(action) = react {
+        let effect = NewEffect {
+            task_id: None,
+            repo_id,
+            action,
+        };
+        outbox::enqueue(conn, &effect, at)?;
+    }
+    Ok(Considered::Waiting(due))
+}
+
+/// Records the findings of agentry's own review agent (review task `review_task`, on the
+/// pull request of `coding_task`) as feedback for the coding task's next round, inside the
+/// transaction that records the review as posted, so that a crash between the two cannot
+/// lose it. The caller checks the repository asks for that (`reviseOnAgentReview`) and holds
+/// the coding task's lock ([`revisions::lock_task`]) from the start of its transaction.
+pub(crate) fn agent_review_in(
+    conn: &mut AnyConnection,
+    repo: &Repository,
+    review_task: Uuid,
+    coding_task: Uuid,
+    text: &str,
+    quiet: Duration,
+) -> Result<Considered, DbError> {
+    if repo.settings.max_revisions == 0 {
+        return Ok(Considered::Ignored(
+            "revisions are off for the repository (maxRevisions 0)".into(),
+        ));
+    }
+    let external_id = review_task.to_string();
+    if revisions::is_recorded(conn, repo.id, FeedbackSource::AgentReview, &external_id)? {
+        return Ok(Considered::Duplicate);
+    }
+    let task = tasks::get_task(conn, coding_task)?;
+    let (Some(number), Some(url)) = (task.pr_number, task.pr_url.clone()) else {
+        return Ok(Considered::Ignored(
+            "the coding task has no pull request".into(),
+        ));
+    };
+    let Ok(number) = u64::try_from(number) else {
+        return Ok(Considered::Ignored("no such pull request".into()));
+    };
+    let task = match revisable_task(conn, repo, number)? {
+        Ok(task) if task.id == coding_task => task,
+        Ok(_) => return Ok(Considered::Ignored("another task's pull request".into())),
+        Err(why) => return Ok(Considered::Ignored(why)),
+    };
+    let candidate = Candidate {
+        source: FeedbackSource::AgentReview,
+        external_id,
+        pr_number: number,
+        author: "agentry".to_owned(),
+        body: text.to_owned(),
+        path: None,
+        line: None,
+        url,
+        review_state: None,
+    };
+    let new = new_feedback(repo, &task, &candidate);
+    record_in(conn, &new, None, repo.settings.max_revisions, quiet)
 }
 
 /// Who gave `feedback`, each once, as a reply names them: `@login`, and agentry's own

@@ -518,11 +518,17 @@ async fn the_review_agents_findings_revise_when_the_repository_asks(db: TestDb) 
     let mut rig = rig(db, Duration::ZERO);
     let app = app!(rig, json!({"reviseOnAgentReview": true, "maxRevisions": 1}));
     let (id, _number) = open_pull!(app, rig, "Handle errors");
-    eventually_async(PATIENCE, "the agent review's feedback", async || {
-        feedback_of(&task!(app, rig, id)).len() == 1
+    // The findings are recorded in the transaction that completes the review task: once it
+    // reads `completed`, they are there (no wait for them on their own).
+    eventually_async(PATIENCE, "the review task completed", async || {
+        task!(app, rig, id)["reviews"]
+            .as_array()
+            .and_then(|r| r.first())
+            .is_some_and(|r| r["state"] == "completed")
     })
     .await;
     let task = task!(app, rig, id);
+    assert_eq!(feedback_of(&task).len(), 1, "{task:#}");
     assert_eq!(task["feedback"][0]["source"], "agent_review", "{task:#}");
     assert_eq!(task["feedback"][0]["author"], "agentry");
     assert_eq!(start_rounds(&rig).await, 1);

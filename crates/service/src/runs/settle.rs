@@ -2,6 +2,8 @@
 //! task's state change in one transaction (see the [parent module](super)).
 
 use super::*;
+use crate::revisions::Considered;
+use agentry_persistence::revisions;
 
 /// Fails a task that could not run at all (no agent ran, so no run is recorded).
 pub(super) async fn settle_without_run(service: &Service, task: &Task, message: &str) {
@@ -29,6 +31,15 @@ struct Settlement {
     review: Option<NewTask>,
     /// What agentry says on the pull request (a revision that changed nothing or failed).
     reply: Option<Action>,
+    /// The review agent's findings, recorded as the coding task's feedback
+    /// (`reviseOnAgentReview`).
+    feedback: Option<AgentFeedback>,
+}
+
+/// A posted review that becomes feedback for the coding task's next revision round.
+struct AgentFeedback {
+    coding_task: Uuid,
+    text: String,
 }
 
 /// The coding task's work is on its pull request (opened, or a revision pushed to it):
@@ -54,6 +65,7 @@ fn published(
             .auto_review
             .then(|| review_task(task, &prepared.repo)),
         reply: None,
+        feedback: None,
     }
 }
 
@@ -70,12 +82,12 @@ fn fail_with(message: String) -> Settlement {
         )),
         review: None,
         reply: None,
+        feedback: None,
     }
 }
 
 /// Records the run, publishes what it produced, then makes the state change, in these
-/// named steps: [`record`], [`publish`], [`with_revision_reply`], [`apply`] and
-/// [`pass_review_on`].
+/// named steps: [`record`], [`publish`], [`with_revision_reply`] and [`apply`].
 ///
 /// The run (its cost) is recorded first, as soon as the agent's result is known, so that no
 /// cost depends on this process surviving the publishing or on which replica recovers the
@@ -100,9 +112,7 @@ pub(super) async fn settle(
     };
     let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
     let settlement = with_revision_reply(settlement, task, revision);
-    if apply(service, task, prepared, settlement).await? {
-        pass_review_on(service, task, prepared, &execution).await;
-    }
+    apply(service, task, prepared, settlement).await?;
     Ok(())
 }
 
@@ -196,7 +206,7 @@ async fn publish(
         }
         Verdict::Reviewed { text } => {
             match post_review(service, prepared, task, text, cost, patience).await {
-                Published::Done(pull_request) => review_posted(pull_request),
+                Published::Done(pull_request) => review_posted(prepared, pull_request, text),
                 Published::Refused(message) => fail_with(message),
                 Published::Stopped => return None,
             }
@@ -215,13 +225,23 @@ async fn publish(
             trigger: None,
             review: None,
             reply: None,
+            feedback: None,
         },
     };
     Some(settlement)
 }
 
-/// The review task's review is on the pull request: `review_posted`.
-fn review_posted(pull_request: PullRequestRef) -> Settlement {
+/// The review task's review is on the pull request: `review_posted`, and its text the coding
+/// task's feedback when the repository revises on agent reviews.
+fn review_posted(prepared: &Prepared, pull_request: PullRequestRef, text: &str) -> Settlement {
+    let feedback = prepared
+        .parent
+        .as_ref()
+        .filter(|_| prepared.repo.settings.revise_on_agent_review)
+        .map(|parent| AgentFeedback {
+            coding_task: parent.id,
+            text: text.to_owned(),
+        });
     Settlement {
         trigger: Some((
             Trigger::ReviewPosted,
@@ -236,6 +256,7 @@ fn review_posted(pull_request: PullRequestRef) -> Settlement {
         )),
         review: None,
         reply: None,
+        feedback,
     }
 }
 
@@ -254,73 +275,123 @@ fn with_revision_reply(settlement: Settlement, task: &Task, revision: bool) -> S
     }
 }
 
-/// Step 4: the settling transaction: the state change, the review task and the reply, if
-/// the attempt is still this run's and the task can still move; wakes the runner (a review
-/// queued) and the outbox (a reply). Returns whether the task moved.
+/// Step 4: the settling transaction: the state change, the review task, the reply and the
+/// review agent's feedback, if the attempt is still this run's and the task can still move;
+/// wakes the runner (a review queued), the outbox (a reply) and the revision scheduler
+/// (feedback recorded).
 async fn apply(
     service: &Service,
     task: &Task,
     prepared: &Prepared,
     settlement: Settlement,
-) -> Result<bool, ServiceError> {
-    let (id, attempt, repo_id) = (task.id, task.attempt, prepared.repo.id);
+) -> Result<(), ServiceError> {
+    let (id, attempt, repo) = (task.id, task.attempt, prepared.repo.clone());
     let queued_review = settlement.review.is_some();
     let replied = settlement.reply.is_some();
-    service
+    let quiet = service.parts.codehost.revisions().settings().quiet;
+    let applied = service
         .commit(
             move |conn| {
                 Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                    let current = tasks::get_task(conn, id)?;
-                    if current.attempt != attempt {
-                        // Recovered by someone else meanwhile: that attempt is theirs now.
-                        return Ok(false);
-                    }
-                    let Some((trigger, details)) = &settlement.trigger else {
-                        return Ok(true);
-                    };
-                    // The attempt is checked again in the transition itself: on PostgreSQL
-                    // another replica may recover the task between the read above and it.
-                    match tasks::transition_task_at(conn, id, attempt, *trigger, details, now()) {
-                        Ok(Some(_)) => {}
-                        Ok(None) => return Ok(false),
-                        // Cancelled meanwhile: the run is recorded all the same.
-                        Err(DbError::InvalidTransition(_)) => return Ok(false),
-                        Err(e) => return Err(e),
-                    }
-                    if let Some(review) = &settlement.review {
-                        tasks::create_task(conn, review, "review launched")?;
-                    }
-                    if let Some(action) = &settlement.reply {
-                        let effect = NewEffect {
-                            task_id: None,
-                            repo_id,
-                            action: action.clone(),
-                        };
-                        outbox::enqueue(conn, &effect, now())?;
-                    }
-                    Ok(true)
+                    apply_in(conn, (id, attempt), &repo, &settlement, quiet)
                 })?)
             },
-            |moved| (Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(replied)).when(*moved),
+            |applied| {
+                let moved = Loops::RUNNER.when(queued_review) | Loops::OUTBOX.when(replied);
+                let feedback = applied
+                    .feedback
+                    .as_ref()
+                    .map_or(Loops::NONE, Considered::wakes);
+                moved.when(applied.moved) | feedback
+            },
         )
-        .await
+        .await?;
+    match applied.feedback {
+        Some(Considered::Waiting(due)) => {
+            tracing::info!(task = %id, due = %due, "the review agent's findings are recorded as revision feedback");
+        }
+        Some(Considered::OverLimit) => {
+            tracing::info!(task = %id, "the review agent's findings are past maxRevisions: no revision");
+        }
+        Some(Considered::Ignored(why)) => {
+            tracing::info!(task = %id, why = %why, "the review agent's findings are not revision feedback");
+        }
+        Some(Considered::Duplicate) | None => {}
+    }
+    Ok(())
 }
 
-/// Step 5: a review posted on a pull request that revises on agent reviews becomes
-/// feedback for the coding task's next round.
-async fn pass_review_on(
-    service: &Service,
-    task: &Task,
-    prepared: &Prepared,
-    execution: &Execution,
-) {
-    if let (Verdict::Reviewed { text }, Some(parent)) = (&execution.verdict, &prepared.parent)
-        && prepared.repo.settings.revise_on_agent_review
-    {
-        service
-            .agent_review_feedback(&prepared.repo, task.id, parent, text)
-            .await;
+/// What the settling transaction did.
+struct Applied {
+    /// The task moved.
+    moved: bool,
+    /// What became of the review agent's findings, when they were to become feedback.
+    feedback: Option<Considered>,
+}
+
+/// [`apply`]'s transaction.
+fn apply_in(
+    conn: &mut AnyConnection,
+    (id, attempt): (Uuid, i32),
+    repo: &Repository,
+    settlement: &Settlement,
+    quiet: std::time::Duration,
+) -> Result<Applied, DbError> {
+    let unmoved = Applied {
+        moved: false,
+        feedback: None,
+    };
+    if let Some(feedback) = &settlement.feedback {
+        // The coding task's lock before the review task's row, in the order every other
+        // writer of both takes them.
+        revisions::lock_task(conn, feedback.coding_task)?;
     }
+    let current = tasks::get_task(conn, id)?;
+    if current.attempt != attempt {
+        // Recovered by someone else meanwhile: that attempt is theirs now.
+        return Ok(unmoved);
+    }
+    let Some((trigger, details)) = &settlement.trigger else {
+        return Ok(Applied {
+            moved: true,
+            feedback: None,
+        });
+    };
+    // The attempt is checked again in the transition itself: on PostgreSQL another replica
+    // may recover the task between the read above and it.
+    match tasks::transition_task_at(conn, id, attempt, *trigger, details, now()) {
+        Ok(Some(_)) => {}
+        Ok(None) => return Ok(unmoved),
+        // Cancelled meanwhile: the run is recorded all the same.
+        Err(DbError::InvalidTransition(_)) => return Ok(unmoved),
+        Err(e) => return Err(e),
+    }
+    if let Some(review) = &settlement.review {
+        tasks::create_task(conn, review, "review launched")?;
+    }
+    if let Some(action) = &settlement.reply {
+        let effect = NewEffect {
+            task_id: None,
+            repo_id: repo.id,
+            action: action.clone(),
+        };
+        outbox::enqueue(conn, &effect, now())?;
+    }
+    let feedback = match &settlement.feedback {
+        Some(f) => Some(crate::revisions::agent_review_in(
+            conn,
+            repo,
+            id,
+            f.coding_task,
+            &f.text,
+            quiet,
+        )?),
+        None => None,
+    };
+    Ok(Applied {
+        moved: true,
+        feedback,
+    })
 }
 
 /// The reply on a pull request whose revision round pushed nothing: why.
