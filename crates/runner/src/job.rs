@@ -152,6 +152,10 @@ pub struct Salvaged {
     pub output: String,
     /// What it reported.
     pub report: RunReport,
+    /// Whether the run's network was opened (its run directory has its `net` directory,
+    /// made by the runner before the agent started): its model calls went through the
+    /// gateway, so its cost is that of its metered calls, never the figure it printed.
+    pub metered: bool,
 }
 
 /// A boxed future of an [`Execution`].

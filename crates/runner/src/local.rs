@@ -962,6 +962,7 @@ impl Runner for LocalRunner {
         Some(Salvaged {
             report: parser.finish(),
             output,
+            metered: dir.join("net").is_dir(),
         })
     }
 
@@ -1415,7 +1416,12 @@ mod tests {
         std::fs::write(dir.join("output.log"), format!("{tail}\n")).unwrap();
 
         let spec = agent::AgentSpec::unlimited(AgentType::ClaudeCode, "m");
-        let Salvaged { output, report } = runner.salvage(task, attempt, &spec).unwrap();
+        let Salvaged {
+            output,
+            report,
+            metered,
+        } = runner.salvage(task, attempt, &spec).unwrap();
+        assert!(!metered, "a run without a network is not metered");
         assert!(output.ends_with(&format!("{result}\n")), "{output}");
         assert_eq!(
             report.outcome,
@@ -1461,8 +1467,13 @@ mod tests {
 "#,
         )
         .unwrap();
+        // The run had its network (the runner made its `net` directory): it was metered.
+        std::fs::create_dir(dir.join("net")).unwrap();
         let spec = agent::AgentSpec::unlimited(AgentType::Codex, "gpt-5.5");
-        let Salvaged { report, .. } = runner.salvage(task, attempt, &spec).unwrap();
+        let Salvaged {
+            report, metered, ..
+        } = runner.salvage(task, attempt, &spec).unwrap();
+        assert!(metered);
         // 2000·5 + 1000·0.5 + 100·30 = 13 500 µ$.
         assert_eq!(report.cost_usd.unwrap().to_string(), "0.0135");
         assert_eq!((report.tokens.input, report.tokens.output), (3000, 100));

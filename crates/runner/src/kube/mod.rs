@@ -1300,6 +1300,8 @@ impl Runner for KubeRunner {
         Some(Salvaged {
             report: parser.finish(),
             output,
+            // Every pod's agent reaches models through the gateway only: no network, no pod.
+            metered: true,
         })
     }
 

@@ -25,6 +25,7 @@ impl Service {
             .db(move |conn| Ok(claims::expired_leases(conn, before, 100)?))
             .await?;
         let mut recovered = 0;
+        let mut failed = None;
         for lease in expired {
             let task = lease.task.clone();
             if self.parts.runs.active.lock().contains_key(&task.id)
@@ -33,36 +34,26 @@ impl Service {
                 // Ours and still running (a renewal is late): leave it.
                 continue;
             }
-            let lost = lost_run(self, &lease).await?;
-            let done = self
-                .db(move |conn| {
-                    Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                        if !lock_for_recording(conn, lease.task.id)? {
-                            return Ok(None);
-                        }
-                        let lost = with_metered_calls(conn, &lease, lost)?;
-                        let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
-                        claims::recover_expired(conn, &lease, before, lost, now())
-                    })?)
-                })
-                .await?;
-            if let Some((after, t)) = done {
-                tracing::warn!(
-                    task = %after.id, from = t.from.as_str(), to = t.to.as_str(), attempt = after.attempt,
-                    "recovered a task whose runner died"
-                );
-                // The lease is ours now: what is left of the run may go (not before: its
-                // owner may only have been late renewing, and would have kept it).
-                self.parts.runs.runner.reap(task.id, task.attempt);
-                self.parts.runs.runner.discard(task.id, task.attempt);
-                recovered += 1;
+            // One lease that cannot be recovered (its salvaged figures refused, the database
+            // failing on its row) must not hold up the others behind it: it is tried again
+            // on the next pass, and the error is returned once all were tried.
+            match recover_lease(self, lease, before).await {
+                Ok(true) => recovered += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(task = %task.id, attempt = task.attempt, error = %e, "could not recover a task whose runner died");
+                    failed = Some(e);
+                }
             }
         }
         if recovered > 0 {
             money_freed(self).await;
             self.wake(Loops::RUNNER);
         }
-        Ok(recovered)
+        match failed {
+            Some(e) if recovered == 0 => Err(e),
+            _ => Ok(recovered),
+        }
     }
 
     /// At start, before the runner loop claims anything: on SQLite (one process per database)
@@ -88,12 +79,58 @@ impl Service {
     }
 }
 
+/// Recovers one expired lease: records what its run left and requeues or fails its task;
+/// `true` when this call recovered it (`false`: someone else did, or the task is gone).
+async fn recover_lease(
+    service: &Service,
+    lease: ExpiredLease,
+    before: OffsetDateTime,
+) -> Result<bool, ServiceError> {
+    let task = lease.task.clone();
+    let lost = lost_run(service, &lease).await?;
+    let done = service
+        .db(move |conn| {
+            Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                if !lock_for_recording(conn, lease.task.id)? {
+                    return Ok(None);
+                }
+                let lost = with_metered_calls(conn, &lease, lost)?;
+                let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
+                claims::recover_expired(conn, &lease, before, lost, now())
+            })?)
+        })
+        .await?;
+    let Some((after, t)) = done else {
+        return Ok(false);
+    };
+    tracing::warn!(
+        task = %after.id, from = t.from.as_str(), to = t.to.as_str(), attempt = after.attempt,
+        "recovered a task whose runner died"
+    );
+    // The lease is ours now: what is left of the run may go (not before: its owner may only
+    // have been late renewing, and would have kept it).
+    service.parts.runs.runner.reap(task.id, task.attempt);
+    service.parts.runs.runner.discard(task.id, task.attempt);
+    Ok(true)
+}
+
+/// What a dead runner's run left, as it is recorded.
+pub(super) struct Lost {
+    /// The ledger row, from what the agent printed.
+    run: Run,
+    /// The end of its output.
+    log: RunLog,
+    /// Whether its calls went through the gateway ([`Salvaged::metered`]): its cost is then
+    /// that of its metered calls, none or many, never the figure the agent printed.
+    metered: bool,
+}
+
 /// The ledger row of a dead runner's run, from what it left (its output, and what the
 /// agent recorded elsewhere, such as Codex's session files), if the runner can reach it.
 pub(super) async fn lost_run(
     service: &Service,
     lease: &ExpiredLease,
-) -> Result<Option<(Run, RunLog)>, ServiceError> {
+) -> Result<Option<Lost>, ServiceError> {
     let task = lease.task.clone();
     let repo = match task.repo_id {
         Some(id) => Some(
@@ -114,12 +151,15 @@ pub(super) async fn lost_run(
         max_turns: None,
         max_budget_usd: None,
     };
-    let Some(Salvaged { output, report }) =
-        service
-            .parts
-            .runs
-            .runner
-            .salvage(task.id, task.attempt, &spec)
+    let Some(Salvaged {
+        output,
+        report,
+        metered,
+    }) = service
+        .parts
+        .runs
+        .runner
+        .salvage(task.id, task.attempt, &spec)
     else {
         return Ok(None);
     };
@@ -150,7 +190,11 @@ pub(super) async fn lost_run(
     run.finished_at = None;
     // Which sandbox the dead process ran it in is not known here.
     run.sandboxed = None;
-    Ok(Some((run, RunLog::of(&output))))
+    Ok(Some(Lost {
+        run,
+        log: RunLog::of(&output),
+        metered,
+    }))
 }
 
 /// Locks the task's row for the rest of the caller's transaction, before its run's metered
@@ -166,21 +210,23 @@ fn lock_for_recording(conn: &mut AnyConnection, task: Uuid) -> Result<bool, DbEr
 
 /// The run of an expired lease as it is recorded: what the dead runner's output showed
 /// (`lost`, if reachable from here), with the cost and tokens of its metered model calls
-/// when the gateway metered any. Those are in the database whichever replica ran the
-/// agent, so a run recovered elsewhere keeps every metered call even when its output is
-/// out of reach.
+/// when the gateway metered any, or when the run was metered at all (then an agent that
+/// made no call costs nothing, whatever it printed). The calls are in the database
+/// whichever replica ran the agent, so a run recovered elsewhere keeps every metered call
+/// even when its output is out of reach.
 pub(super) fn with_metered_calls(
     conn: &mut AnyConnection,
     lease: &ExpiredLease,
-    lost: Option<(Run, RunLog)>,
+    lost: Option<Lost>,
 ) -> Result<Option<(Run, RunLog)>, DbError> {
     let task = &lease.task;
     let totals = metering::run_totals(conn, task.id, task.attempt)?;
-    if totals.calls == 0 {
-        return Ok(lost);
+    let metered = lost.as_ref().is_some_and(|l| l.metered);
+    if totals.calls == 0 && !metered {
+        return Ok(lost.map(|l| (l.run, l.log)));
     }
     let reachable = lost.is_some();
-    let (mut run, log) = lost.unwrap_or_else(|| {
+    let (mut run, log) = lost.map(|l| (l.run, l.log)).unwrap_or_else(|| {
         let run = Run {
             // Only sandboxed runs go through the gateway.
             sandboxed: Some(true),
@@ -215,60 +261,83 @@ pub(super) fn with_metered_calls(
 /// would be lost. Returns how many runs were recorded.
 pub(super) async fn record_leftovers(service: &Service) -> Result<usize, ServiceError> {
     let mut recorded = 0;
+    let mut failed = None;
     for (task_id, attempt) in service.parts.runs.runner.leftovers() {
         if service.parts.runs.active.lock().contains_key(&task_id) {
             continue;
         }
-        let found = service
-            .db(move |conn| {
-                let task = match tasks::get_task(conn, task_id) {
-                    Ok(task) => task,
-                    Err(DbError::NotFound) => return Ok(None),
-                    Err(e) => return Err(e.into()),
-                };
-                let on_record = claims::attempt_recorded(conn, task_id, attempt)?;
-                Ok(Some((task, on_record)))
-            })
-            .await?;
-        let Some((task, false)) = found else {
-            if !service.parts.runs.settings.keep_run_dirs {
-                service.parts.runs.runner.discard(task_id, attempt);
+        // As in recovery, one leftover that cannot be recorded does not hold up the others.
+        match record_leftover(service, task_id, attempt).await {
+            Ok(true) => recorded += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(task = %task_id, attempt, error = %e, "could not record a run a stopped process left");
+                failed = Some(e);
             }
-            continue;
-        };
-        let lease = ExpiredLease {
-            expired_at: task.started_at.unwrap_or_else(now),
-            owner: String::new(),
-            task: Task { attempt, ..task },
-        };
-        let lost = lost_run(service, &lease).await?;
-        let written = service
-            .db(move |conn| {
-                Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                    if !lock_for_recording(conn, lease.task.id)? {
-                        return Ok(RunRecorded::AlreadyRecorded);
-                    }
-                    match with_metered_calls(conn, &lease, lost)? {
-                        Some((run, log)) => claims::record_finished_run(conn, &run, &log, now()),
-                        None => Ok(RunRecorded::AlreadyRecorded),
-                    }
-                })?)
-            })
-            .await?;
-        if written != RunRecorded::AlreadyRecorded {
-            tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");
-            recorded += 1;
-        }
-        // This process's own leftover: the process that ran it is gone.
-        service.parts.runs.runner.reap(task_id, attempt);
-        if !service.parts.runs.settings.keep_run_dirs {
-            service.parts.runs.runner.discard(task_id, attempt);
         }
     }
     if recorded > 0 {
         money_freed(service).await;
     }
-    Ok(recorded)
+    match failed {
+        Some(e) if recorded == 0 => Err(e),
+        _ => Ok(recorded),
+    }
+}
+
+/// Records one run this process's runner still holds, when its attempt has none on record
+/// ([`record_leftovers`]); `true` when it recorded one.
+async fn record_leftover(
+    service: &Service,
+    task_id: Uuid,
+    attempt: i32,
+) -> Result<bool, ServiceError> {
+    let found = service
+        .db(move |conn| {
+            let task = match tasks::get_task(conn, task_id) {
+                Ok(task) => task,
+                Err(DbError::NotFound) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            let on_record = claims::attempt_recorded(conn, task_id, attempt)?;
+            Ok(Some((task, on_record)))
+        })
+        .await?;
+    let Some((task, false)) = found else {
+        if !service.parts.runs.settings.keep_run_dirs {
+            service.parts.runs.runner.discard(task_id, attempt);
+        }
+        return Ok(false);
+    };
+    let lease = ExpiredLease {
+        expired_at: task.started_at.unwrap_or_else(now),
+        owner: String::new(),
+        task: Task { attempt, ..task },
+    };
+    let lost = lost_run(service, &lease).await?;
+    let written = service
+        .db(move |conn| {
+            Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                if !lock_for_recording(conn, lease.task.id)? {
+                    return Ok(RunRecorded::AlreadyRecorded);
+                }
+                match with_metered_calls(conn, &lease, lost)? {
+                    Some((run, log)) => claims::record_finished_run(conn, &run, &log, now()),
+                    None => Ok(RunRecorded::AlreadyRecorded),
+                }
+            })?)
+        })
+        .await?;
+    let fresh = written != RunRecorded::AlreadyRecorded;
+    if fresh {
+        tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");
+    }
+    // This process's own leftover: the process that ran it is gone.
+    service.parts.runs.runner.reap(task_id, attempt);
+    if !service.parts.runs.settings.keep_run_dirs {
+        service.parts.runs.runner.discard(task_id, attempt);
+    }
+    Ok(fresh)
 }
 
 /// How often the recovery loop looks: every half lease, at least every second.

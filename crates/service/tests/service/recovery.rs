@@ -1,6 +1,7 @@
 //! Recovering a task whose runner stopped renewing its lease: what is left of the run is
 //! stopped only once the lease is taken.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -95,4 +96,159 @@ async fn a_run_whose_owner_was_only_late_renewing_is_not_stopped() {
     assert_eq!(recovered.unwrap(), 1);
     assert_eq!(*runner.reaped.lock().unwrap(), [(task.id, 1)]);
     assert_eq!(state(), (TaskState::Queued, 2));
+}
+
+/// A runner that runs nothing and whose dead runs left what `left` holds, by task and
+/// attempt (nothing for the others).
+#[derive(Default)]
+struct DeadRuns {
+    left: Mutex<HashMap<(Uuid, i32), Salvaged>>,
+}
+
+impl Runner for DeadRuns {
+    fn execute(&self, _job: Job, _control: Control) -> ExecutionFuture<'_> {
+        unreachable!("no run starts in this test")
+    }
+
+    fn salvage(&self, task_id: Uuid, attempt: i32, _agent: &AgentSpec) -> Option<Salvaged> {
+        self.left.lock().unwrap().get(&(task_id, attempt)).cloned()
+    }
+}
+
+/// What a Claude Code run that printed `tokens` input tokens and cost `cost` left.
+fn left_by_claude(cost: &str, input_tokens: i64, metered: bool) -> Salvaged {
+    let line = format!(
+        r#"{{"type":"result","subtype":"success","num_turns":1,"result":"Done.","total_cost_usd":{cost}}}"#
+    );
+    let mut report = agentry_runner::parse_claude(&line);
+    report.tokens = agentry_runner::Tokens {
+        input: input_tokens,
+        output: 1,
+        ..Default::default()
+    };
+    Salvaged {
+        output: format!("{line}\n"),
+        report,
+        metered,
+    }
+}
+
+fn service_over(db: &agentry_persistence::Db, runner: Arc<DeadRuns>) -> Service {
+    Service::new(
+        db.clone(),
+        MasterKey::generate().unwrap(),
+        rig::no_code_host(),
+        Runs::new(runner, RunSettings::default()),
+    )
+}
+
+fn claim(db: &agentry_persistence::Db, at: time::OffsetDateTime) -> agentry_domain::Task {
+    claim_for(db, at, Duration::seconds(60))
+}
+
+fn claim_for(
+    db: &agentry_persistence::Db,
+    at: time::OffsetDateTime,
+    lease: Duration,
+) -> agentry_domain::Task {
+    let mut conn = db.conn().unwrap();
+    claims::claim_next(&mut conn, "agentry-dead-replica", at, lease)
+        .unwrap()
+        .unwrap()
+}
+
+fn state_of(db: &agentry_persistence::Db, id: Uuid) -> (TaskState, i32) {
+    let t = agentry_persistence::tasks::get_task(&mut db.conn().unwrap(), id).unwrap();
+    (t.state, t.attempt)
+}
+
+// One lease whose leftovers cannot be recorded (here its tokens overflow the task's) is
+// reported and tried again later; the leases behind it are recovered all the same. Before,
+// the first error ended the pass, and being oldest that lease came first in every pass: no
+// dead run was recovered any more.
+#[tokio::test]
+async fn one_lease_that_cannot_be_recovered_does_not_hold_up_the_others() {
+    let test_db = TestDb::sqlite();
+    let db = test_db.db.clone();
+    let start = agentry_persistence::now();
+    let a = rig::create(
+        &db,
+        &rig::new_task("https://github.com/acme/web", TaskType::Coding, start),
+    );
+    let b = rig::new_task(
+        "https://github.com/acme/web",
+        TaskType::Coding,
+        start + Duration::seconds(1),
+    );
+    let b = rig::create(&db, &b);
+    let runner = Arc::new(DeadRuns::default());
+    let service = service_over(&db, runner.clone());
+    // A's first attempt dies having used 10 input tokens.
+    assert_eq!(claim(&db, start).id, a.id);
+    runner
+        .left
+        .lock()
+        .unwrap()
+        .insert((a.id, 1), left_by_claude("0.01", 10, false));
+    let recovered = service.recover_expired(start + Duration::minutes(2)).await;
+    assert_eq!(recovered.unwrap(), 1);
+    assert_eq!(state_of(&db, a.id), (TaskState::Queued, 2));
+    // Its second attempt dies printing a count the task's total cannot hold; B dies too, its
+    // lease expiring after A's (the oldest expiry is recovered first).
+    let later = start + Duration::minutes(3);
+    assert_eq!(claim_for(&db, later, Duration::minutes(1)).id, a.id);
+    assert_eq!(claim_for(&db, later, Duration::minutes(5)).id, b.id);
+    runner
+        .left
+        .lock()
+        .unwrap()
+        .insert((a.id, 2), left_by_claude("0.01", i64::MAX - 5, false));
+    let recovered = service.recover_expired(start + Duration::minutes(10)).await;
+    assert_eq!(recovered.unwrap(), 1, "B is recovered behind A");
+    assert_eq!(state_of(&db, b.id), (TaskState::Queued, 2));
+    assert_eq!(state_of(&db, a.id), (TaskState::Provisioning, 2));
+    // A pass where nothing could be recovered says why.
+    let again = service.recover_expired(start + Duration::minutes(10)).await;
+    assert!(again.is_err(), "{again:?}");
+}
+
+// A dead run whose calls went through the gateway costs what the gateway metered: with no
+// call metered, nothing, whatever the agent printed (it runs inside the sandbox and may print
+// anything). Before, the printed figure was recorded as spent when no call was on record.
+#[tokio::test]
+async fn a_metered_dead_run_without_calls_costs_nothing_whatever_it_printed() {
+    let test_db = TestDb::sqlite();
+    let db = test_db.db.clone();
+    let start = agentry_persistence::now();
+    let task = rig::create(
+        &db,
+        &rig::new_task("https://github.com/acme/web", TaskType::Coding, start),
+    );
+    let runner = Arc::new(DeadRuns::default());
+    let service = service_over(&db, runner.clone());
+    assert_eq!(claim(&db, start).id, task.id);
+    runner
+        .left
+        .lock()
+        .unwrap()
+        .insert((task.id, 1), left_by_claude("9223372036", 1_000, true));
+    let recovered = service.recover_expired(start + Duration::minutes(2)).await;
+    assert_eq!(recovered.unwrap(), 1);
+    let mut conn = db.conn().unwrap();
+    let runs = agentry_persistence::tasks::task_runs(&mut conn, task.id).unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    assert_eq!(
+        run.cost_usd.map(|c| c.to_string()),
+        Some("0".to_owned()),
+        "{run:?}"
+    );
+    assert_eq!(run.model_calls, Some(0));
+    assert_eq!(run.tokens.input, 0);
+    assert_eq!(
+        run.reported_cost_usd.map(|c| c.to_string()),
+        Some("9223372036".to_owned())
+    );
+    let after = agentry_persistence::tasks::get_task(&mut conn, task.id).unwrap();
+    assert_eq!(after.cost_usd.map(|c| c.to_string()), Some("0".to_owned()));
 }
