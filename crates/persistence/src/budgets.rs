@@ -549,8 +549,14 @@ pub(crate) fn block(
 /// The blocked tasks are found through the partial index `tasks_blocked` (a query on
 /// `blocked_at IS NOT NULL` alone, which both planners match to it), so the cost follows
 /// the number of blocked tasks, not the length of the queue.
+///
+/// On PostgreSQL it takes the budget row's lock first, as claims do ([`lock_for_claim`]): a
+/// claim deciding to block when the money came back then finishes first, and its blocks are
+/// seen here and lifted (read beside it, they were not yet there, and stayed until the month
+/// turned); the task rows are then locked in one order by every writer of blocks.
 pub fn unblock(conn: &mut AnyConnection, repo: Option<Uuid>) -> Result<usize, DbError> {
     write_tx(conn, |conn| {
+        lock_budget_row(conn)?;
         let blocked: Vec<(String, String, Option<String>)> = tasks::table
             .filter(tasks::blocked_at.is_not_null())
             .select((tasks::id, tasks::state, tasks::repo_id))

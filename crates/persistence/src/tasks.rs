@@ -324,6 +324,8 @@ struct TransitionChanges<'a> {
     lease_expires_at: Option<Option<PrimitiveDateTime>>,
     revisions: Option<i32>,
     revision_attempt: Option<Option<i32>>,
+    blocked_by: Option<Option<&'static str>>,
+    blocked_at: Option<Option<PrimitiveDateTime>>,
 }
 
 /// Applies `trigger` to a task as a compare-and-set on its current state and attempt, and
@@ -412,6 +414,7 @@ fn transition(
             let leaving_work =
                 matches!(current.state, TaskState::Provisioning | TaskState::Running)
                     && !matches!(t.to, TaskState::Provisioning | TaskState::Running);
+            let queue_moved = (t.from == TaskState::Queued) != (t.to == TaskState::Queued);
             let changes = TransitionChanges {
                 state: t.to.as_str(),
                 attempt: t.attempt,
@@ -444,6 +447,11 @@ fn transition(
                     Trigger::Retry => Some(None),
                     _ => None,
                 },
+                // A budget's block is a queued task's: it goes when the task leaves the
+                // queue (cancelled) and is never carried into a new stay (a retry, a round),
+                // where the next claim decides afresh.
+                blocked_by: queue_moved.then_some(None),
+                blocked_at: queue_moved.then_some(None),
             };
             let updated = diesel::update(
                 tasks::table

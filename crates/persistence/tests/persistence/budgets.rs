@@ -174,6 +174,98 @@ agentry_persistence::backend_tests! {
         assert_eq!(budgets::reserved_nanos(&mut conn, Some(repo.id)).unwrap(), 1_000_000_000);
     }
 
+    // A budget's block belongs to a stay in the queue: a cancelled task loses it, and its
+    // retry is claimed as soon as there is money (here the budget is removed). Before, the
+    // mark survived the cancel, the budget's removal skipped the cancelled task, and the
+    // retried task waited behind a block nothing would lift before the month turned.
+    fn a_block_goes_with_the_stay_in_the_queue(db) {
+        let repo = repo(db);
+        let waiting = create(db, &repo, at(1));
+        set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "0"}));
+        let mut conn = db.conn().unwrap();
+        assert!(runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().is_none());
+        let t = tasks::get_task(&mut conn, waiting.id).unwrap();
+        assert_eq!(t.blocked_by, Some(BudgetScope::Repository));
+        let none = TransitionDetails::default();
+        tasks::transition_task(&mut conn, waiting.id, Trigger::Cancel, &none, at(11)).unwrap();
+        let t = tasks::get_task(&mut conn, waiting.id).unwrap();
+        assert_eq!((t.state, t.blocked_by), (TaskState::Cancelled, None));
+        drop(conn);
+        set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": null}));
+        let mut conn = db.conn().unwrap();
+        tasks::transition_task(&mut conn, waiting.id, Trigger::Retry, &none, at(12)).unwrap();
+        let t = runner::claim_next(&mut conn, "me", at(13), LEASE).unwrap();
+        assert_eq!(t.map(|t| t.id), Some(waiting.id));
+    }
+
+    // Money freed while a claim is deciding to block: the unblock waits for that claim's
+    // decision (the budget row's lock) and lifts the blocks it made. Before, on PostgreSQL,
+    // the unblock ran beside the claim, found nothing blocked yet, and the claim's blocks
+    // then stayed until the month turned. (SQLite's transactions run one at a time.)
+    fn an_unblock_waits_for_the_claim_deciding_to_block(db) {
+        if !matches!(*db.conn().unwrap(), AnyConnection::Postgresql(_)) {
+            return;
+        }
+        let repo = repo(db);
+        let spender = create(db, &repo, at(1));
+        let next = create(db, &repo, at(2));
+        let held = create(db, &repo, at(3));
+        set_settings(db, &repo, serde_json::json!({"monthlyBudgetUsd": "1"}));
+        let mut conn = db.conn().unwrap();
+        let claimed = runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().unwrap();
+        assert_eq!(claimed.id, spender.id);
+        drop(conn);
+        let db = wide_pool(db, 4);
+        let unblocked = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let db = &db;
+            let (locked, holding) = std::sync::mpsc::channel();
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            // Holds one queued task's row, so that the claim's blocking waits on it.
+            let holder = s.spawn(move || {
+                let mut conn = db.conn().unwrap();
+                agentry_persistence::write_tx::<_, DbError, _>(&mut conn, |conn| {
+                    agentry_persistence::revisions::lock_task(conn, held.id)?;
+                    locked.send(()).unwrap();
+                    released.recv().unwrap();
+                    Ok(())
+                })
+                .unwrap();
+            });
+            holding.recv().unwrap();
+            let claimer = s.spawn(move || {
+                let mut conn = db.conn().unwrap();
+                runner::claim_next(&mut conn, "other", at(11), LEASE).unwrap()
+            });
+            let mut conn = db.conn().unwrap();
+            agentry_testkit::wait::eventually(
+                std::time::Duration::from_secs(20),
+                "the claim to wait for the held task's row",
+                || lock_waiters(&mut conn) > 0,
+            );
+            // The spender's run ends under its reserve: $0.60 is free again.
+            settle(&mut conn, spender.id, "0.4", at(12));
+            let unblocked = &unblocked;
+            let unblocker = s.spawn(move || {
+                let mut conn = db.conn().unwrap();
+                budgets::unblock(&mut conn, Some(repo.id)).unwrap();
+                unblocked.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            agentry_testkit::wait::eventually(
+                std::time::Duration::from_secs(20),
+                "the unblock to end or to wait for the claim",
+                || unblocked.load(std::sync::atomic::Ordering::SeqCst) || lock_waiters(&mut conn) > 1,
+            );
+            release.send(()).unwrap();
+            holder.join().unwrap();
+            assert!(claimer.join().unwrap().is_none());
+            unblocker.join().unwrap();
+        });
+        let mut conn = db.conn().unwrap();
+        let t = runner::claim_next(&mut conn, "me", at(13), LEASE).unwrap();
+        assert_eq!(t.map(|t| t.id), Some(next.id), "the freed money runs the next task");
+    }
+
     // What January spent does not count in February: a task blocked in January is a
     // candidate again when the month turns, with the whole budget to reserve.
     fn the_month_turning_unblocks(db) {
