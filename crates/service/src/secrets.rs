@@ -9,22 +9,37 @@ use crate::{Service, ServiceError, now};
 /// The secret holding the code-host token.
 pub const TOKEN_SECRET: &str = "CODEHOST_TOKEN";
 
+/// The secrets sent as HTTP header values (the code-host token, the model providers' keys):
+/// stored only when every character is visible ASCII.
+const HEADER_SECRETS: [&str; 3] = [
+    TOKEN_SECRET,
+    agentry_agent_network::gateway::ANTHROPIC_KEY,
+    agentry_agent_network::gateway::OPENAI_KEY,
+];
+
 impl Service {
-    /// Stores (or replaces) a secret, encrypted. The code-host token is checked with the
-    /// code host first and refused ([`ServiceError::CodeHostRejected`]) if it does not
-    /// work; nothing is stored then.
+    /// Stores (or replaces) a secret, encrypted. A secret sent as a header value (the
+    /// code-host token, a model key) must be visible ASCII; the code-host token is checked
+    /// with the code host first and refused ([`ServiceError::CodeHostRejected`]) if it does
+    /// not work; nothing is stored then.
     pub async fn store_secret(
         &self,
         name: String,
         value: SecretValue,
     ) -> Result<SecretInfo, ServiceError> {
+        if HEADER_SECRETS.contains(&name.as_str())
+            && !value.expose().bytes().all(|b| b.is_ascii_graphic())
+        {
+            // Sent as an HTTP header value: anything else fails every request that uses it.
+            return Err(ServiceError::invalid(
+                "value",
+                format!(
+                    "{name} is sent in an HTTP header: visible ASCII characters only, with no \
+                     space, line break or other control character"
+                ),
+            ));
+        }
         if name == TOKEN_SECRET {
-            if value.expose().trim() != value.expose() {
-                return Err(ServiceError::invalid(
-                    "value",
-                    "a token must not start or end with white space",
-                ));
-            }
             let user = self.parts.codehost.check_token(&value).await?;
             tracing::info!(login = %user.login, "code-host token accepted");
         }

@@ -679,6 +679,44 @@ async fn bad_input_on_every_code_host_endpoint_is_a_4xx_envelope_and_writes_noth
             json!({ "value": "x".repeat(20_000) }),
             BAD_PARAMETER,
         ),
+        // A secret sent as a header value is visible ASCII, nothing else (before, an inner
+        // space or a control character in the token answered 500, and a model key with a
+        // trailing line break was stored and failed every model call).
+        (
+            "PUT",
+            "/api/secrets/CODEHOST_TOKEN".into(),
+            a,
+            json!({ "value": "ghp_abc def" }),
+            BAD_PARAMETER,
+        ),
+        (
+            "PUT",
+            "/api/secrets/CODEHOST_TOKEN".into(),
+            a,
+            json!({ "value": "ghp_\u{0}x" }),
+            BAD_PARAMETER,
+        ),
+        (
+            "PUT",
+            "/api/secrets/CODEHOST_TOKEN".into(),
+            a,
+            json!({ "value": "ghp_\u{e4}" }),
+            BAD_PARAMETER,
+        ),
+        (
+            "PUT",
+            "/api/secrets/ANTHROPIC_API_KEY".into(),
+            a,
+            json!({ "value": "sk-ant-key\n" }),
+            BAD_PARAMETER,
+        ),
+        (
+            "PUT",
+            "/api/secrets/OPENAI_API_KEY".into(),
+            a,
+            json!({ "value": "sk-key\twith-tab" }),
+            BAD_PARAMETER,
+        ),
         ("GET", "/api/secrets".into(), m, NO_BODY, FORBIDDEN),
         (
             "DELETE",
