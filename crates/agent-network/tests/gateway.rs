@@ -35,6 +35,8 @@ const REAL_KEY: &str = "sk-real-upstream-key";
 enum Script {
     /// Answers `status` with a JSON `body`.
     Json(u16, String),
+    /// Answers 200 with a JSON `body` and these header lines (each ending in CRLF) besides.
+    JsonWithHeaders { headers: String, body: String },
     /// Streams `first`, waits for `go`, then streams `rest` and ends the chunked body.
     Stream {
         first: String,
@@ -106,6 +108,13 @@ async fn upstream(script: Script) -> Upstream {
                         Script::Json(status, body) => {
                             let text = format!(
                                 "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            out.write_all(text.as_bytes()).await.unwrap();
+                        }
+                        Script::JsonWithHeaders { headers, body } => {
+                            let text = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n{body}",
                                 body.len()
                             );
                             out.write_all(text.as_bytes()).await.unwrap();
@@ -1080,4 +1089,130 @@ async fn a_body_of_too_many_json_values_is_refused_before_it_is_parsed() {
     let seen = rig.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].body, body.as_bytes());
+}
+
+/// The header names of an HTTP head, in lower case, without its first line.
+fn header_names(head: &str) -> Vec<String> {
+    head.lines()
+        .skip(1)
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, _)| name.trim().to_ascii_lowercase())
+        .collect()
+}
+
+/// The agent chooses nothing of what the operator's key pays for: headers selecting an
+/// OpenAI organization or project, or any the gateway does not list, never reach the
+/// upstream, while those the CLIs' protocol needs do.
+#[tokio::test]
+async fn only_the_listed_request_headers_reach_the_upstream() {
+    let rig = Rig::start(Script::message(10, 1)).await;
+    let hostile = [
+        ("OpenAI-Organization", "org-OTHER"),
+        ("OpenAI-Project", "proj_OTHER"),
+        ("X-Evil", "1"),
+    ];
+    let claude = rig.open_claude().await;
+    let mut sent = vec![
+        ("x-api-key", claude.key.as_str()),
+        ("content-type", "application/json"),
+        ("anthropic-version", "2023-06-01"),
+        ("anthropic-beta", "claude-code-20250219"),
+        ("x-stainless-retry-count", "0"),
+        ("x-claude-code-session-id", "session-1"),
+    ];
+    sent.extend_from_slice(&hostile);
+    let (reader, status, _) = send(&claude.socket, "POST", "/v1/messages", &sent, MESSAGE).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+
+    rig.next_attempt();
+    let codex = rig.open(2, AgentType::Codex, None).await;
+    let bearer = format!("Bearer {}", codex.key);
+    let mut sent = vec![
+        ("authorization", bearer.as_str()),
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream"),
+        ("session_id", "session-2"),
+        ("originator", "codex_exec"),
+    ];
+    sent.extend_from_slice(&hostile);
+    let body = br#"{"model":"gpt-6.1-sol","input":[]}"#;
+    let (reader, status, _) = send(&codex.socket, "POST", "/v1/responses", &sent, body).await;
+    assert_eq!(status, 200);
+    rest(reader).await;
+
+    let seen = rig.seen();
+    assert_eq!(seen.len(), 2);
+    let (anthropic, openai) = (header_names(&seen[0].head), header_names(&seen[1].head));
+    for names in [&anthropic, &openai] {
+        for dropped in ["openai-organization", "openai-project", "x-evil"] {
+            assert!(!names.iter().any(|n| n == dropped), "{dropped}: {names:?}");
+        }
+    }
+    for needed in [
+        "x-api-key",
+        "content-type",
+        "anthropic-version",
+        "anthropic-beta",
+        "x-stainless-retry-count",
+        "x-claude-code-session-id",
+    ] {
+        assert!(
+            anthropic.iter().any(|n| n == needed),
+            "{needed}: {anthropic:?}"
+        );
+    }
+    for needed in [
+        "authorization",
+        "content-type",
+        "accept",
+        "session_id",
+        "originator",
+    ] {
+        assert!(openai.iter().any(|n| n == needed), "{needed}: {openai:?}");
+    }
+    let head = seen[0].head.to_ascii_lowercase();
+    assert!(
+        head.contains("x-claude-code-session-id: session-1"),
+        "{head}"
+    );
+    assert!(head.contains(&format!("x-api-key: {REAL_KEY}")), "{head}");
+}
+
+/// The organization and project the operator's key belongs to, which the upstream names in
+/// its answer, do not reach the agent; the answer's other headers do.
+#[tokio::test]
+async fn the_upstreams_organization_and_project_do_not_reach_the_agent() {
+    let rig = Rig::start(Script::JsonWithHeaders {
+        headers: "openai-organization: org-operator\r\nopenai-project: proj_operator\r\n\
+                  anthropic-organization-id: 4f9c\r\nx-request-id: req_1\r\n\
+                  x-ratelimit-remaining-requests: 99\r\n"
+            .into(),
+        body: r#"{"model":"gpt-6.1-sol","usage":{"input_tokens":10,"output_tokens":1}}"#.into(),
+    })
+    .await;
+    let run = rig.open(1, AgentType::Codex, None).await;
+    let body = br#"{"model":"gpt-6.1-sol","input":[]}"#;
+    let (reader, status, head) = run.post_with_bearer("/v1/responses", body).await;
+    assert_eq!(status, 200, "{head}");
+    rest(reader).await;
+    let names = header_names(&head);
+    for withheld in [
+        "openai-organization",
+        "openai-project",
+        "anthropic-organization-id",
+    ] {
+        assert!(!names.iter().any(|n| n == withheld), "{withheld}: {head}");
+    }
+    assert!(
+        !head.contains("org-operator") && !head.contains("proj_operator"),
+        "{head}"
+    );
+    for passed in [
+        "content-type",
+        "x-request-id",
+        "x-ratelimit-remaining-requests",
+    ] {
+        assert!(names.iter().any(|n| n == passed), "{passed}: {head}");
+    }
 }

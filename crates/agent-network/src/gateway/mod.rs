@@ -16,6 +16,11 @@
 //!   segments answers `400`, any other `404`. `GET` and `HEAD /` (Claude Code's
 //!   connectivity check) answer `200` here. OpenAI's WebSocket transport is refused with
 //!   `426`, on which Codex falls back to HTTP streaming at once.
+//! - Only the request headers the CLIs need pass upstream, by name and per provider
+//!   ([`headers::FORWARDED_REQUEST_HEADERS`]); any other (the agent's key, an
+//!   `OpenAI-Organization` or `OpenAI-Project` choosing what the real key bills, a header
+//!   the list does not know) is dropped. The answer's headers come back but those naming the
+//!   operator's account ([`headers::WITHHELD_RESPONSE_HEADERS`]).
 //! - A `POST` body must be a JSON object (else `400`), at most [`MAX_BODY_BYTES`] and at most
 //!   [`policy::MAX_JSON_VALUES`] values (else `413`; counted before it is parsed, so its
 //!   parse is bounded, and the parse is dropped before the call is forwarded), arriving within [`BODY_TIMEOUT`] (else `408`); what goes upstream is the object
@@ -39,6 +44,7 @@
 //! When the run ends its [`RunGate`] is dropped: the socket closes, its file is removed, and
 //! the key is refused on any connection still open.
 
+pub mod headers;
 pub mod policy;
 pub mod usage;
 
@@ -718,7 +724,8 @@ fn over_budget(run: &Arc<RunCtx>, recorder: CallRecorder, reason: String) -> Ref
     refusal(StatusCode::TOO_MANY_REQUESTS, "budget_reached", &message)
 }
 
-/// Sends the request upstream with the real key and streams the answer back, reading a
+/// Sends the request upstream with its listed headers and the real key, and streams the
+/// answer back without the headers naming the operator's account ([`headers`]), reading a
 /// model call's usage as it passes.
 async fn forward(
     run: &Arc<RunCtx>,
@@ -734,7 +741,7 @@ async fn forward(
         .map_or_else(|| parts.uri.path(), |pq| pq.as_str())
         .to_owned();
     let url = upstream_url(&run.shared.config, provider, &path_and_query);
-    let mut headers = forwarded_headers(&parts.headers);
+    let mut headers = headers::forwarded_request(provider, &parts.headers);
     let auth = match provider {
         Provider::Anthropic => ("x-api-key", upstream_key.expose().to_owned()),
         Provider::OpenAi => ("authorization", format!("Bearer {}", upstream_key.expose())),
@@ -799,7 +806,7 @@ async fn forward(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if let Some(headers) = response.headers_mut() {
         for (name, value) in upstream.headers() {
-            if !hop_by_hop(name) {
+            if headers::answered(name) {
                 headers.append(name.clone(), value.clone());
             }
         }
@@ -863,40 +870,6 @@ fn authorized(run: &RunCtx, headers: &HeaderMap) -> bool {
         let digest: [u8; 32] = Sha256::digest(key.trim().as_bytes()).into();
         digest == run.key_digest
     })
-}
-
-/// The request headers passed upstream: all but the hop-by-hop ones, the host, the length,
-/// the agent's key and the encodings it accepts (the gateway reads the answer, so it asks
-/// for it uncompressed).
-fn forwarded_headers(incoming: &HeaderMap) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(incoming.len());
-    for (name, value) in incoming {
-        let drop = hop_by_hop(name)
-            || name == header::HOST
-            || name == header::CONTENT_LENGTH
-            || name == header::AUTHORIZATION
-            || name == header::ACCEPT_ENCODING
-            || name.as_str() == "x-api-key";
-        if !drop {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    headers
-}
-
-fn hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
@@ -1171,21 +1144,5 @@ mod tests {
             upstream_url(&config, Provider::OpenAi, "/v1/responses"),
             "https://api.openai.com/v1/responses"
         );
-    }
-
-    #[test]
-    fn the_agents_key_and_encodings_never_go_upstream() {
-        let mut incoming = HeaderMap::new();
-        incoming.insert("x-api-key", HeaderValue::from_static("agentry-run-abc"));
-        incoming.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer agentry-run-abc"),
-        );
-        incoming.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
-        incoming.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
-        incoming.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
-        let out = forwarded_headers(&incoming);
-        assert_eq!(out.len(), 1);
-        assert_eq!(out.get("anthropic-version").unwrap(), "2023-06-01");
     }
 }
