@@ -785,8 +785,8 @@ pub fn record_run(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
 
 fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
     // The model is what the agent reported: kept (in the run, the task and the rollups) as
-    // a text column can hold it.
-    let model = convert::opt_text(run.model.as_deref());
+    // a text column can hold it; a blank one is no model (the report's "unknown").
+    let model = convert::opt_text(run.model.as_deref().filter(|m| !m.trim().is_empty()));
     let cache_read = non_negative("cache read tokens", run.tokens.cache_read)?;
     let cache_write = non_negative("cache write tokens", run.tokens.cache_write)?;
     let uncached = non_negative("input tokens", run.tokens.uncached())?;
@@ -833,6 +833,7 @@ fn record_run_in(conn: &mut AnyConnection, run: &Run) -> Result<(), DbError> {
             cost: run.cost_usd,
             tokens: Tokens::from_uncached(uncached, cache_read, cache_write, output),
             model: model.as_deref(),
+            attempt: run.attempt,
             revision: trigger.kind == crate::revisions::RunTriggerKind::Revision,
             at: run.finished_at.unwrap_or(run.started_at),
             month_of: run.spend_time(),
@@ -848,6 +849,9 @@ struct Spend<'a> {
     tokens: Tokens,
     /// The run's model, as stored.
     model: Option<&'a str>,
+    /// The run's attempt: only a run of the task's current attempt (or the first model
+    /// known) sets the task's `model_used`.
+    attempt: i32,
     /// Whether the run is one of a revision round (its cost is also the task's
     /// `revision_cost_usd`).
     revision: bool,
@@ -883,10 +887,14 @@ fn add_spend(conn: &mut AnyConnection, task: &Task, spend: Spend<'_>) -> Result<
             .ok_or_else(cost_overflow)?,
         _ => task.revision_cost_usd,
     };
-    let task_model = spend
-        .model
-        .map(str::to_owned)
-        .or_else(|| task.model_used.clone());
+    // A run of an earlier attempt recorded late (a replica that was only late, a leftover
+    // recorded at start, a late metered call) does not take the task back to its model.
+    let task_model = match spend.model {
+        Some(model) if spend.attempt >= task.attempt || task.model_used.is_none() => {
+            Some(model.to_owned())
+        }
+        _ => task.model_used.clone(),
+    };
     diesel::update(tasks::table.find(task.id.to_string()))
         .set((
             tasks::cost_nanos.eq(cost.map(Usd::to_nanos)),
@@ -979,6 +987,7 @@ pub(crate) fn add_late_call(
             cost: added,
             tokens,
             model: run.model.as_deref(),
+            attempt: run.attempt,
             revision,
             at: ended.max(task.updated_at),
             month_of: run.spend_time(),

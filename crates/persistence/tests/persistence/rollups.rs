@@ -56,6 +56,18 @@ fn snapshot(conn: &mut AnyConnection) -> Snapshot {
     (daily, cum)
 }
 
+/// Asserts the incrementally kept rollups equal a rebuild from the task table (which then
+/// replaces them: the same rows).
+pub(crate) fn assert_rollups_rebuild_the_same(conn: &mut AnyConnection) {
+    let incremental = snapshot(conn);
+    write_tx::<_, DbError, _>(conn, rollups::rebuild).unwrap();
+    assert_eq!(
+        snapshot(conn),
+        incremental,
+        "the rollups differ from a rebuild"
+    );
+}
+
 /// The rollup combination a task counts in: its repository, type and model (`""` for none).
 fn combo(t: &Task) -> rollups::Combo {
     (

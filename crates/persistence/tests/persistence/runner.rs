@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use crate::common::*;
+use crate::rollups::assert_rollups_rebuild_the_same;
 use agentry_domain::{TaskState, Tokens, Trigger};
 use agentry_persistence::runner::{self, MAX_LOG_BYTES, RunLog, RunRecorded};
 use agentry_persistence::tasks::{self, Run, RunOutcome, TransitionDetails};
@@ -204,6 +205,44 @@ agentry_persistence::backend_tests! {
         assert_eq!(now.cost_usd.unwrap().to_string(), "0.75");
         assert!(runner::renew_lease(&mut conn, task.id, 2, "other", at(100)).unwrap());
         assert!(!runner::renew_lease(&mut conn, task.id, 1, "other", at(100)).unwrap());
+    }
+
+    // A late run of an earlier attempt adds its cost but leaves the task's model that of its
+    // current attempt (before, whichever run was written last set it, moving the task's whole
+    // cost and outcome to the old model in the report); a blank model is no model.
+    fn a_late_run_does_not_take_the_task_back_to_its_model(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        let first = runner::claim_next(&mut conn, "slow", at(10), LEASE).unwrap().unwrap();
+        let expired = runner::expired_leases(&mut conn, at(71), 10).unwrap();
+        runner::recover_expired(&mut conn, &expired[0], at(71), None, at(72)).unwrap().unwrap();
+        let second = runner::claim_next(&mut conn, "other", at(80), LEASE).unwrap().unwrap();
+        let mut current = lost_run(&second, Some("1"));
+        current.model = Some("model-b".into());
+        current.outcome = RunOutcome::Succeeded;
+        runner::record_finished_run(&mut conn, &current, &RunLog::of(""), at(90)).unwrap();
+        let mut late = lost_run(&first, Some("2"));
+        late.model = Some("model-a".into());
+        late.outcome = RunOutcome::Succeeded;
+        assert_eq!(runner::record_finished_run(&mut conn, &late, &RunLog::of(""), at(95)).unwrap(), RunRecorded::Late);
+        let now = tasks::get_task(&mut conn, task.id).unwrap();
+        assert_eq!(now.model_used.as_deref(), Some("model-b"));
+        assert_eq!(now.cost_usd.unwrap().to_string(), "3");
+        assert_rollups_rebuild_the_same(&mut conn);
+
+        // A run that reports a blank model records none.
+        let other = create(db, &repo, at(100));
+        let claimed = runner::claim_next(&mut conn, "me", at(110), LEASE).unwrap().unwrap();
+        assert_eq!(claimed.id, other.id);
+        let mut blank = lost_run(&claimed, Some("0.5"));
+        blank.model = Some("  ".into());
+        blank.outcome = RunOutcome::Succeeded;
+        runner::record_finished_run(&mut conn, &blank, &RunLog::of(""), at(120)).unwrap();
+        assert_eq!(tasks::get_task(&mut conn, other.id).unwrap().model_used, None);
+        let runs = tasks::task_runs(&mut conn, other.id).unwrap();
+        assert_eq!(runs[0].model, None);
+        assert_rollups_rebuild_the_same(&mut conn);
     }
 
     // After the third attempt dies the task fails with a message instead of looping.
