@@ -179,9 +179,15 @@ impl DatabaseUrl {
                 }
                 Ok(AnyConnection::Sqlite(conn))
             }
-            DatabaseUrl::Postgres(url) => diesel::PgConnection::establish(url)
-                .map(AnyConnection::Postgresql)
-                .map_err(|e| DbError::Connect(e.to_string())),
+            DatabaseUrl::Postgres(url) => {
+                let mut conn = diesel::PgConnection::establish(url)
+                    .map_err(|e| DbError::Connect(e.to_string()))?;
+                // Dates are cast to text in SQL (a day's or a month's key, in the rollups and
+                // their migrations): ISO whatever the server's or the database's DateStyle.
+                conn.batch_execute("SET DateStyle = 'ISO, YMD'")
+                    .map_err(|e| DbError::Connect(e.to_string()))?;
+                Ok(AnyConnection::Postgresql(conn))
+            }
         }
     }
 }

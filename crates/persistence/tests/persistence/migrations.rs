@@ -6,6 +6,41 @@ use crate::common::migrated_sqlite_file;
 use agentry_persistence::{Backend, DatabaseUrl, Db, DbError, meta};
 
 agentry_persistence::backend_tests! {
+    // Days and months are cast to text in SQL (the rollups' keys, in their migrations too):
+    // a PostgreSQL database whose DateStyle is not ISO still gets ISO text on every
+    // connection. Before, a `SQL, DMY` database gave '23/11/2026', and the migrations that
+    // rebuild rollups matched no day and wrote months no budget reads.
+    fn dates_are_iso_text_whatever_the_databases_date_style(db) {
+        use diesel::RunQueryDsl as _;
+        #[derive(diesel::QueryableByName)]
+        struct Text {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            t: String,
+        }
+        let mut conn = db.conn().unwrap();
+        let agentry_persistence::AnyConnection::Postgresql(pg) = &mut *conn else {
+            return;
+        };
+        diesel::sql_query(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET DateStyle = ''SQL, DMY''', \
+             current_database()); END $$",
+        )
+        .execute(pg)
+        .unwrap();
+        drop(conn);
+        let fresh = crate::common::wide_pool(db, 1);
+        let mut conn = fresh.conn().unwrap();
+        let agentry_persistence::AnyConnection::Postgresql(pg) = &mut *conn else {
+            unreachable!("the same database");
+        };
+        let row: Text = diesel::sql_query(
+            "SELECT CAST(CAST('2026-11-23 10:00:00' AS TIMESTAMP) AS TEXT) AS t",
+        )
+        .get_result(pg)
+        .unwrap();
+        assert_eq!(row.t, "2026-11-23 10:00:00");
+    }
+
     // The test database is already migrated: migrating again applies nothing, and the
     // database reports no pending migration.
     fn migrate_twice_applies_nothing(db) {
