@@ -384,6 +384,45 @@ async fn transition(
         .await
 }
 
+/// The waits before a database step of a run is tried again after the database was busy or
+/// unreachable ([`ServiceError::Unavailable`]: nothing was written): from half a second,
+/// doubling, [`DB_TRIES`] tries in all (about 7.5 s of waits besides the tries' own).
+const DB_RETRY: agentry_domain::backoff::Backoff = agentry_domain::backoff::Backoff {
+    base: Duration::from_millis(500),
+    max: Duration::from_secs(8),
+};
+
+/// How many times a database step of a run is tried ([`DB_RETRY`]).
+const DB_TRIES: i32 = 5;
+
+/// Runs `step`, a database step of task `task`'s run that writes nothing when it fails, again
+/// while it fails because the database is busy or unreachable, at most [`DB_TRIES`] times:
+/// a moment's contention (an import holding SQLite's write lock, a PostgreSQL failover)
+/// must not stop a running agent, nor leave a finished run to recovery, which would run
+/// the agent again.
+async fn retrying<T, F, Fut>(task: Uuid, what: &str, mut step: F) -> Result<T, ServiceError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ServiceError>>,
+{
+    let mut failed = 0;
+    loop {
+        match step().await {
+            Err(ServiceError::Unavailable(why)) if failed + 1 < DB_TRIES => {
+                let delay = DB_RETRY.delay(failed);
+                tracing::warn!(
+                    task = %task, step = what, error = %why,
+                    retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    "the database is unavailable; trying the run's step again"
+                );
+                tokio::time::sleep(delay).await;
+                failed += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 fn lease_of(settings: &RunSettings) -> time::Duration {
     time::Duration::try_from(settings.lease).unwrap_or(time::Duration::MINUTE)
 }

@@ -104,12 +104,14 @@ pub(super) async fn run_task(service: &Service, task: Task) {
             if on_start.await.is_err() {
                 return;
             }
-            let moved = transition(
-                &service,
-                (id, attempt),
-                Trigger::AgentStarted,
-                TransitionDetails::default(),
-            )
+            let moved = retrying(id, "the agent's start", || {
+                transition(
+                    &service,
+                    (id, attempt),
+                    Trigger::AgentStarted,
+                    TransitionDetails::default(),
+                )
+            })
             .await;
             match moved {
                 Ok(true) => {}

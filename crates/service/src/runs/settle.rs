@@ -26,6 +26,7 @@ pub(super) async fn settle_without_run(service: &Service, task: &Task, message: 
 }
 
 /// What the settling transaction does besides recording the run.
+#[derive(Clone)]
 struct Settlement {
     trigger: Option<(Trigger, TransitionDetails)>,
     review: Option<NewTask>,
@@ -37,6 +38,7 @@ struct Settlement {
 }
 
 /// A posted review that becomes feedback for the coding task's next revision round.
+#[derive(Clone)]
 struct AgentFeedback {
     coding_task: Uuid,
     text: String,
@@ -100,7 +102,11 @@ pub(super) async fn settle(
     execution: Execution,
     cancel: watch::Receiver<bool>,
 ) -> Result<(), ServiceError> {
-    let Some(cost) = record(service, task, prepared, &execution).await? else {
+    let recorded = retrying(task.id, "the run's record", || {
+        record(service, task, prepared, &execution)
+    })
+    .await?;
+    let Some(cost) = recorded else {
         return Ok(());
     };
     // The reserve went back with the recording: blocked tasks may run now.
@@ -112,8 +118,10 @@ pub(super) async fn settle(
     };
     let revision = matches!(prepared.job.kind, JobKind::Revision { .. });
     let settlement = with_revision_reply(settlement, task, revision);
-    apply(service, task, prepared, settlement).await?;
-    Ok(())
+    retrying(task.id, "the task's state change", || {
+        apply(service, task, prepared, &settlement)
+    })
+    .await
 }
 
 /// The run's outcome as recorded, from the agent's verdict.
@@ -283,9 +291,10 @@ async fn apply(
     service: &Service,
     task: &Task,
     prepared: &Prepared,
-    settlement: Settlement,
+    settlement: &Settlement,
 ) -> Result<(), ServiceError> {
     let (id, attempt, repo) = (task.id, task.attempt, prepared.repo.clone());
+    let settlement = settlement.clone();
     let queued_review = settlement.review.is_some();
     let replied = settlement.reply.is_some();
     let quiet = service.parts.codehost.revisions().settings().quiet;

@@ -1,5 +1,5 @@
-//! Recovering a task whose runner stopped renewing its lease: what is left of the run is
-//! stopped only once the lease is taken.
+//! Recovering a task whose runner stopped renewing its lease (what is left of the run is
+//! stopped only once the lease is taken), and a run going on through a busy database.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -251,4 +251,129 @@ async fn a_metered_dead_run_without_calls_costs_nothing_whatever_it_printed() {
     );
     let after = agentry_persistence::tasks::get_task(&mut conn, task.id).unwrap();
     assert_eq!(after.cost_usd.map(|c| c.to_string()), Some("0".to_owned()));
+}
+
+/// A runner whose agent starts while another writer holds SQLite's write lock for
+/// `held` (an import, another process), then ends with no change once its task is running
+/// or it is told to stop; it says whether it was told to stop.
+struct BusyAtStart {
+    file: std::path::PathBuf,
+    db: agentry_persistence::Db,
+    held: std::time::Duration,
+    stopped: AtomicBool,
+}
+
+impl Runner for BusyAtStart {
+    fn execute(&self, job: Job, mut control: Control) -> ExecutionFuture<'_> {
+        Box::pin(async move {
+            use diesel::Connection as _;
+            use diesel::connection::SimpleConnection as _;
+            let started_at = agentry_persistence::now();
+            let mut other =
+                diesel::SqliteConnection::establish(self.file.to_str().unwrap()).unwrap();
+            other.batch_execute("BEGIN IMMEDIATE").unwrap();
+            control.started.take().unwrap().send(()).unwrap();
+            // The other writer's transaction lasts `held`: the contention itself.
+            tokio::time::sleep(self.held).await;
+            other.batch_execute("COMMIT").unwrap();
+            let db = self.db.clone();
+            let cancel = control.cancel.clone();
+            let stopped = tokio::task::spawn_blocking(move || {
+                agentry_testkit::wait::eventually(
+                    std::time::Duration::from_secs(30),
+                    "the task running or the agent stopped",
+                    || {
+                        *cancel.borrow()
+                            || agentry_persistence::tasks::get_task(
+                                &mut db.conn().unwrap(),
+                                job.task_id,
+                            )
+                            .unwrap()
+                            .state
+                                == TaskState::Running
+                    },
+                );
+                *cancel.borrow()
+            })
+            .await
+            .unwrap();
+            self.stopped.store(stopped, Ordering::SeqCst);
+            agentry_runner::Execution {
+                verdict: if stopped {
+                    agentry_runner::Verdict::Cancelled
+                } else {
+                    agentry_runner::Verdict::NoChanges
+                },
+                agent_type: job.agent.agent_type,
+                report: None,
+                ended: None,
+                output: String::new(),
+                sandboxed: false,
+                metered: false,
+                started_at,
+                finished_at: agentry_persistence::now(),
+            }
+        })
+    }
+}
+
+// The database busy for a moment as the agent starts (SQLite's write lock held by another
+// writer past the busy timeout): the task's move to running is tried again, and the run goes
+// on. Before, the first failure stopped the agent, and the task waited in provisioning for
+// its lease to expire and its agent to run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_database_as_the_agent_starts_does_not_stop_it() {
+    let test_db = TestDb::sqlite();
+    let file = test_db.url.strip_prefix("sqlite://").unwrap().into();
+    let db = agentry_persistence::Db::connect_with(
+        &test_db.url,
+        8,
+        std::time::Duration::from_millis(200),
+    )
+    .unwrap();
+    let key = MasterKey::generate().unwrap();
+    agentry_persistence::secrets::put(
+        &mut db.conn().unwrap(),
+        &key,
+        "CODEHOST_TOKEN",
+        &agentry_persistence::secrets::SecretValue::new("ghp_token"),
+        agentry_persistence::now(),
+    )
+    .unwrap();
+    let repo = rig::connect_url(&db, "https://github.com/acme/web");
+    let new = agentry_persistence::tasks::NewTask {
+        repo_id: Some(repo),
+        ..rig::new_task(
+            "https://github.com/acme/web",
+            TaskType::Coding,
+            agentry_persistence::now(),
+        )
+    };
+    let task = rig::create(&db, &new);
+    let runner = Arc::new(BusyAtStart {
+        file,
+        db: db.clone(),
+        held: std::time::Duration::from_millis(1500),
+        stopped: AtomicBool::new(false),
+    });
+    let service = Service::new(
+        db.clone(),
+        key,
+        rig::no_code_host(),
+        Runs::new(runner.clone(), RunSettings::default()),
+    );
+    assert_eq!(service.run_next().await.unwrap(), Some(task.id));
+    assert!(
+        !runner.stopped.load(Ordering::SeqCst),
+        "the agent was stopped"
+    );
+    let after = agentry_persistence::tasks::get_task(&mut db.conn().unwrap(), task.id).unwrap();
+    assert_eq!(after.state, TaskState::Failed, "{after:?}");
+    assert!(
+        after
+            .error_message
+            .as_deref()
+            .is_some_and(|m| m.contains("no changes")),
+        "{after:?}"
+    );
 }
