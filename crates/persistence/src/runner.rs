@@ -203,7 +203,8 @@ pub fn renew_lease(
 /// A task whose runner's lease ran out.
 #[derive(Debug, Clone)]
 pub struct ExpiredLease {
-    /// The task, still in `provisioning` or `running`.
+    /// The task: still in `provisioning` or `running` ([`expired_leases`]), or moved away
+    /// from its runner ([`abandoned_leases`]).
     pub task: Task,
     /// Who held the lease.
     pub owner: String,
@@ -228,6 +229,37 @@ pub fn expired_leases(
         .select((tasks::id, tasks::lease_owner, tasks::lease_expires_at))
         .limit(limit)
         .load(conn)?;
+    leases(conn, rows)
+}
+
+/// The tasks no longer in progress whose lease expired before `before`, oldest expiry first,
+/// at most `limit`: a user cancelled the task, or its pull request was merged or closed
+/// during a revision round, while its runner held the lease. A live runner records its
+/// run when it stops; a dead one never does: [`release_abandoned`] then records what its
+/// attempt cost.
+pub fn abandoned_leases(
+    conn: &mut AnyConnection,
+    before: OffsetDateTime,
+    limit: i64,
+) -> Result<Vec<ExpiredLease>, DbError> {
+    let rows: Vec<(String, Option<String>, Option<PrimitiveDateTime>)> = tasks::table
+        .filter(tasks::lease_expires_at.lt(to_db(before)))
+        .filter(tasks::state.ne_all([
+            TaskState::Provisioning.as_str(),
+            TaskState::Running.as_str(),
+        ]))
+        .order((tasks::lease_expires_at.asc(), tasks::id.asc()))
+        .select((tasks::id, tasks::lease_owner, tasks::lease_expires_at))
+        .limit(limit)
+        .load(conn)?;
+    leases(conn, rows)
+}
+
+/// The expired leases of `rows` (id, owner, expiry), their tasks read.
+fn leases(
+    conn: &mut AnyConnection,
+    rows: Vec<(String, Option<String>, Option<PrimitiveDateTime>)>,
+) -> Result<Vec<ExpiredLease>, DbError> {
     rows.into_iter()
         .filter_map(|(id, owner, expires)| Some((id, owner?, expires?)))
         .map(|(id, owner, expires)| {
@@ -238,6 +270,45 @@ pub fn expired_leases(
             })
         })
         .collect()
+}
+
+/// Releases the expired lease of a task no longer in progress ([`abandoned_leases`]), in one
+/// transaction: records `lost_run` (what the attempt cost, from its metered calls or its
+/// runner's output) unless a run of the attempt is on record, and clears the lease. No
+/// state changes. `false` when the lease is no longer expired or no longer `owner`'s.
+pub fn release_abandoned(
+    conn: &mut AnyConnection,
+    abandoned: &ExpiredLease,
+    before: OffsetDateTime,
+    lost_run: Option<(&Run, Option<&RunLog>)>,
+    now: OffsetDateTime,
+) -> Result<bool, DbError> {
+    write_tx(conn, |conn| {
+        let taken = diesel::update(
+            tasks::table
+                .filter(tasks::id.eq(abandoned.task.id.to_string()))
+                .filter(tasks::lease_owner.eq(&abandoned.owner))
+                .filter(tasks::lease_expires_at.lt(to_db(before)))
+                .filter(tasks::attempt.eq(abandoned.task.attempt)),
+        )
+        .set((
+            tasks::lease_owner.eq(None::<String>),
+            tasks::lease_expires_at.eq(None::<PrimitiveDateTime>),
+        ))
+        .execute(conn)?;
+        if taken == 0 {
+            return Ok(false);
+        }
+        if let Some((run, log)) = lost_run
+            && !attempt_recorded(conn, run.task_id, run.attempt)?
+        {
+            task_store::record_run(conn, run)?;
+            if let Some(log) = log {
+                save_run_log(conn, run.id, run.task_id, log, now)?;
+            }
+        }
+        Ok(true)
+    })
 }
 
 /// Recovers a task whose lease (held by `owner`) expired before `before`, in one

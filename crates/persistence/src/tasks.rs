@@ -414,6 +414,17 @@ fn transition(
             let leaving_work =
                 matches!(current.state, TaskState::Provisioning | TaskState::Running)
                     && !matches!(t.to, TaskState::Provisioning | TaskState::Running);
+            // Moved away from its runner by someone else (a user's cancel, the pull request
+            // merged or closed during a round), the attempt's run is still to be recorded by
+            // that runner: its lease stays until it expires, so that a dead runner's run is
+            // recorded by recovery all the same (`runner::abandoned_leases`).
+            // Back in the queue (a retry), any such lease goes: the next claim's is the task's.
+            let clears_lease = (leaving_work
+                && !matches!(
+                    trigger,
+                    Trigger::Cancel | Trigger::PullRequestMerged | Trigger::PullRequestClosed
+                ))
+                || t.to == TaskState::Queued;
             let queue_moved = (t.from == TaskState::Queued) != (t.to == TaskState::Queued);
             let changes = TransitionChanges {
                 state: t.to.as_str(),
@@ -437,8 +448,8 @@ fn transition(
                     .as_ref()
                     .map(|pr| Some(pr.url.as_str())),
                 pr_number: details.pull_request.as_ref().map(|pr| Some(pr.number)),
-                lease_owner: leaving_work.then_some(None),
-                lease_expires_at: leaving_work.then_some(None),
+                lease_owner: clears_lease.then_some(None),
+                lease_expires_at: clears_lease.then_some(None),
                 // A revision round starts with its attempt; a retry starts the task afresh.
                 revisions: (trigger == Trigger::RevisionRequested)
                     .then(|| current.revisions.saturating_add(1)),

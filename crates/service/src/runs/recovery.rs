@@ -46,8 +46,11 @@ impl Service {
                 }
             }
         }
-        if recovered > 0 {
+        let released = release_abandoned(self, before).await;
+        if recovered > 0 || released > 0 {
             money_freed(self).await;
+        }
+        if recovered > 0 {
             self.wake(Loops::RUNNER);
         }
         match failed {
@@ -112,6 +115,66 @@ async fn recover_lease(
     service.parts.runs.runner.reap(task.id, task.attempt);
     service.parts.runs.runner.discard(task.id, task.attempt);
     Ok(true)
+}
+
+/// Releases the expired leases of tasks moved away from their runners (cancelled, or their
+/// pull request merged or closed during a round) before `before`, recording what each
+/// attempt cost when no run of it is on record: a live runner records its own run as it
+/// stops, a dead one never would. Returns how many leases were released; errors are logged
+/// and the lease tried again on the next pass.
+async fn release_abandoned(service: &Service, before: OffsetDateTime) -> usize {
+    let abandoned = service
+        .db(move |conn| Ok(claims::abandoned_leases(conn, before, 100)?))
+        .await;
+    let abandoned = match abandoned {
+        Ok(abandoned) => abandoned,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list the leases of cancelled runs");
+            return 0;
+        }
+    };
+    let mut released = 0;
+    for lease in abandoned {
+        let task = lease.task.clone();
+        if service.parts.runs.active.lock().contains_key(&task.id)
+            && lease.owner == service.parts.runs.owner
+        {
+            // Ours, still stopping: it records its own run.
+            continue;
+        }
+        let lost = match lost_run(service, &lease).await {
+            Ok(lost) => lost,
+            Err(e) => {
+                tracing::warn!(task = %task.id, error = %e, "could not read what a cancelled run left");
+                continue;
+            }
+        };
+        let done = service
+            .db(move |conn| {
+                Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                    if !lock_for_recording(conn, lease.task.id)? {
+                        return Ok(false);
+                    }
+                    let lost = with_metered_calls(conn, &lease, lost)?;
+                    let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
+                    claims::release_abandoned(conn, &lease, before, lost, now())
+                })?)
+            })
+            .await;
+        match done {
+            Ok(true) => {
+                tracing::info!(task = %task.id, attempt = task.attempt, "released the lease of a run that was moved away from its runner");
+                service.parts.runs.runner.reap(task.id, task.attempt);
+                service.parts.runs.runner.discard(task.id, task.attempt);
+                released += 1;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(task = %task.id, error = %e, "could not release the lease of a cancelled run");
+            }
+        }
+    }
+    released
 }
 
 /// What a dead runner's run left, as it is recorded.

@@ -377,3 +377,86 @@ async fn a_busy_database_as_the_agent_starts_does_not_stop_it() {
         "{after:?}"
     );
 }
+
+// A task cancelled while its runner was dead: its attempt's metered calls still count, once
+// the lease it kept expires. Before, the cancel dropped the lease, recovery never looked at
+// the task again, and what the dead run had spent was in no run, task or month.
+#[tokio::test]
+async fn a_cancelled_run_whose_runner_died_still_costs_its_calls() {
+    let test_db = TestDb::sqlite();
+    let db = test_db.db.clone();
+    let start = agentry_persistence::now();
+    let task = rig::create(
+        &db,
+        &rig::new_task("https://github.com/acme/web", TaskType::Coding, start),
+    );
+    let runner = Arc::new(DeadRuns::default());
+    let service = service_over(&db, runner.clone());
+    assert_eq!(claim(&db, start).id, task.id);
+    {
+        let mut conn = db.conn().unwrap();
+        let call = agentry_persistence::test_support::model_call(
+            task.id,
+            1,
+            agentry_domain::Usd::parse("0.30").unwrap(),
+        );
+        agentry_persistence::metering::record_held_call(
+            &mut conn,
+            &call,
+            agentry_domain::Usd::ZERO,
+        )
+        .unwrap();
+        let none = agentry_persistence::tasks::TransitionDetails::default();
+        agentry_persistence::tasks::transition_task(
+            &mut conn,
+            task.id,
+            agentry_domain::Trigger::Cancel,
+            &none,
+            start + Duration::seconds(5),
+        )
+        .unwrap();
+    }
+    // Before the lease expires its runner may still record the run itself: nothing is done.
+    assert_eq!(
+        service
+            .recover_expired(start + Duration::seconds(30))
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(
+        agentry_persistence::tasks::task_runs(&mut db.conn().unwrap(), task.id)
+            .unwrap()
+            .is_empty()
+    );
+    service
+        .recover_expired(start + Duration::minutes(2))
+        .await
+        .unwrap();
+    let mut conn = db.conn().unwrap();
+    let runs = agentry_persistence::tasks::task_runs(&mut conn, task.id).unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(
+        runs[0].cost_usd.map(|c| c.to_string()),
+        Some("0.3".to_owned())
+    );
+    assert_eq!(runs[0].model_calls, Some(1));
+    let after = agentry_persistence::tasks::get_task(&mut conn, task.id).unwrap();
+    assert_eq!(after.state, TaskState::Cancelled);
+    assert_eq!(
+        after.cost_usd.map(|c| c.to_string()),
+        Some("0.3".to_owned())
+    );
+    // Released once: a later pass finds nothing.
+    drop(conn);
+    service
+        .recover_expired(start + Duration::minutes(3))
+        .await
+        .unwrap();
+    assert_eq!(
+        agentry_persistence::tasks::task_runs(&mut db.conn().unwrap(), task.id)
+            .unwrap()
+            .len(),
+        1
+    );
+}
