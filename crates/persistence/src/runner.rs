@@ -299,14 +299,7 @@ pub fn release_abandoned(
         if taken == 0 {
             return Ok(false);
         }
-        if let Some((run, log)) = lost_run
-            && !attempt_recorded(conn, run.task_id, run.attempt)?
-        {
-            task_store::record_run(conn, run)?;
-            if let Some(log) = log {
-                save_run_log(conn, run.id, run.task_id, log, now)?;
-            }
-        }
+        record_lost(conn, lost_run, now)?;
         Ok(true)
     })
 }
@@ -344,14 +337,7 @@ pub fn recover_expired(
         }
         // The dead runner may have recorded its run before it died (a run is recorded as
         // soon as its agent ends, before publishing): one run per attempt.
-        if let Some((run, log)) = lost_run
-            && !attempt_recorded(conn, run.task_id, run.attempt)?
-        {
-            task_store::record_run(conn, run)?;
-            if let Some(log) = log {
-                save_run_log(conn, run.id, run.task_id, log, now)?;
-            }
-        }
+        record_lost(conn, lost_run, now)?;
         let attempt = expired.task.attempt;
         let details = TransitionDetails {
             reason: Some(format!(
@@ -371,6 +357,24 @@ pub fn recover_expired(
         )?;
         Ok(Some((task, t)))
     })
+}
+
+/// Records `lost_run` (a dead runner's run and its log, if any) unless a run of its attempt
+/// is on record: one run per attempt (the runner may have recorded it before it died).
+fn record_lost(
+    conn: &mut AnyConnection,
+    lost_run: Option<(&Run, Option<&RunLog>)>,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    if let Some((run, log)) = lost_run
+        && !attempt_recorded(conn, run.task_id, run.attempt)?
+    {
+        task_store::record_run(conn, run)?;
+        if let Some(log) = log {
+            save_run_log(conn, run.id, run.task_id, log, now)?;
+        }
+    }
+    Ok(())
 }
 
 /// What [`record_finished_run`] did.

@@ -29,6 +29,25 @@ fn lost_run(task: &agentry_domain::Task, cost: Option<&str>) -> Run {
     }
 }
 
+/// The only queued task claimed by "slow" at 10 s, recovered once its lease expired (no run
+/// salvaged), then claimed again by "other" at 80 s: the task at its first and second
+/// attempts.
+fn recovered_and_claimed_again(
+    conn: &mut agentry_persistence::AnyConnection,
+) -> (agentry_domain::Task, agentry_domain::Task) {
+    let first = runner::claim_next(conn, "slow", at(10), LEASE)
+        .unwrap()
+        .unwrap();
+    let expired = runner::expired_leases(conn, at(71), 10).unwrap();
+    runner::recover_expired(conn, &expired[0], at(71), None, at(72))
+        .unwrap()
+        .unwrap();
+    let second = runner::claim_next(conn, "other", at(80), LEASE)
+        .unwrap()
+        .unwrap();
+    (first, second)
+}
+
 agentry_persistence::backend_tests! {
     // Oldest queued first; the claim moves it to provisioning with the lease, a `claim`
     // event and startedAt; nothing queued → None.
@@ -193,10 +212,7 @@ agentry_persistence::backend_tests! {
         let repo = repo(db);
         let task = create(db, &repo, at(0));
         let mut conn = db.conn().unwrap();
-        let first = runner::claim_next(&mut conn, "slow", at(10), LEASE).unwrap().unwrap();
-        let expired = runner::expired_leases(&mut conn, at(71), 10).unwrap();
-        runner::recover_expired(&mut conn, &expired[0], at(71), None, at(72)).unwrap().unwrap();
-        runner::claim_next(&mut conn, "other", at(80), LEASE).unwrap().unwrap();
+        let (first, _) = recovered_and_claimed_again(&mut conn);
         let mut late = lost_run(&first, Some("0.75"));
         late.outcome = RunOutcome::Succeeded;
         assert_eq!(runner::record_finished_run(&mut conn, &late, &RunLog::of("late"), at(90)).unwrap(), RunRecorded::Late);
@@ -214,10 +230,7 @@ agentry_persistence::backend_tests! {
         let repo = repo(db);
         let task = create(db, &repo, at(0));
         let mut conn = db.conn().unwrap();
-        let first = runner::claim_next(&mut conn, "slow", at(10), LEASE).unwrap().unwrap();
-        let expired = runner::expired_leases(&mut conn, at(71), 10).unwrap();
-        runner::recover_expired(&mut conn, &expired[0], at(71), None, at(72)).unwrap().unwrap();
-        let second = runner::claim_next(&mut conn, "other", at(80), LEASE).unwrap().unwrap();
+        let (first, second) = recovered_and_claimed_again(&mut conn);
         let mut current = lost_run(&second, Some("1"));
         current.model = Some("model-b".into());
         current.outcome = RunOutcome::Succeeded;

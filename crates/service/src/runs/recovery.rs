@@ -90,20 +90,11 @@ async fn recover_lease(
     before: OffsetDateTime,
 ) -> Result<bool, ServiceError> {
     let task = lease.task.clone();
-    let lost = lost_run(service, &lease).await?;
-    let done = service
-        .db(move |conn| {
-            Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                if !lock_for_recording(conn, lease.task.id)? {
-                    return Ok(None);
-                }
-                let lost = with_metered_calls(conn, &lease, lost)?;
-                let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
-                claims::recover_expired(conn, &lease, before, lost, now())
-            })?)
-        })
-        .await?;
-    let Some((after, t)) = done else {
+    let done = with_lost_run(service, lease, move |conn, lease, lost| {
+        claims::recover_expired(conn, lease, before, lost, now())
+    })
+    .await?;
+    let Some(Some((after, t))) = done else {
         return Ok(false);
     };
     tracing::warn!(
@@ -142,39 +133,57 @@ async fn release_abandoned(service: &Service, before: OffsetDateTime) -> usize {
             // Ours, still stopping: it records its own run.
             continue;
         }
-        let lost = match lost_run(service, &lease).await {
-            Ok(lost) => lost,
-            Err(e) => {
-                tracing::warn!(task = %task.id, error = %e, "could not read what a cancelled run left");
-                continue;
-            }
-        };
-        let done = service
-            .db(move |conn| {
-                Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                    if !lock_for_recording(conn, lease.task.id)? {
-                        return Ok(false);
-                    }
-                    let lost = with_metered_calls(conn, &lease, lost)?;
-                    let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
-                    claims::release_abandoned(conn, &lease, before, lost, now())
-                })?)
-            })
-            .await;
+        let done = with_lost_run(service, lease, move |conn, lease, lost| {
+            claims::release_abandoned(conn, lease, before, lost, now())
+        })
+        .await;
         match done {
-            Ok(true) => {
+            Ok(Some(true)) => {
                 tracing::info!(task = %task.id, attempt = task.attempt, "released the lease of a run that was moved away from its runner");
                 service.parts.runs.runner.reap(task.id, task.attempt);
                 service.parts.runs.runner.discard(task.id, task.attempt);
                 released += 1;
             }
-            Ok(false) => {}
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(task = %task.id, error = %e, "could not release the lease of a cancelled run");
             }
         }
     }
     released
+}
+
+/// Reads what the run of `lease` left ([`lost_run`]), then in one transaction, the task
+/// locked before its metered calls are read ([`lock_for_recording`]), gives `apply` that run
+/// as it is recorded ([`with_metered_calls`]); `None` when the task is gone.
+async fn with_lost_run<T, F>(
+    service: &Service,
+    lease: ExpiredLease,
+    apply: F,
+) -> Result<Option<T>, ServiceError>
+where
+    T: Send + 'static,
+    F: FnOnce(
+            &mut AnyConnection,
+            &ExpiredLease,
+            Option<(&Run, Option<&RunLog>)>,
+        ) -> Result<T, DbError>
+        + Send
+        + 'static,
+{
+    let lost = lost_run(service, &lease).await?;
+    service
+        .db(move |conn| {
+            Ok(write_tx::<_, DbError, _>(conn, |conn| {
+                if !lock_for_recording(conn, lease.task.id)? {
+                    return Ok(None);
+                }
+                let lost = with_metered_calls(conn, &lease, lost)?;
+                let lost = lost.as_ref().map(|(run, log)| (run, Some(log)));
+                apply(conn, &lease, lost).map(Some)
+            })?)
+        })
+        .await
 }
 
 /// What a dead runner's run left, as it is recorded.
@@ -377,21 +386,12 @@ async fn record_leftover(
         owner: String::new(),
         task: Task { attempt, ..task },
     };
-    let lost = lost_run(service, &lease).await?;
-    let written = service
-        .db(move |conn| {
-            Ok(write_tx::<_, DbError, _>(conn, |conn| {
-                if !lock_for_recording(conn, lease.task.id)? {
-                    return Ok(RunRecorded::AlreadyRecorded);
-                }
-                match with_metered_calls(conn, &lease, lost)? {
-                    Some((run, log)) => claims::record_finished_run(conn, &run, &log, now()),
-                    None => Ok(RunRecorded::AlreadyRecorded),
-                }
-            })?)
-        })
-        .await?;
-    let fresh = written != RunRecorded::AlreadyRecorded;
+    let written = with_lost_run(service, lease, |conn, _, lost| match lost {
+        Some((run, Some(log))) => claims::record_finished_run(conn, run, log, now()),
+        _ => Ok(RunRecorded::AlreadyRecorded),
+    })
+    .await?;
+    let fresh = written.is_some_and(|w| w != RunRecorded::AlreadyRecorded);
     if fresh {
         tracing::warn!(task = %task_id, attempt, "recorded the cost of a run a stopped process left");
     }

@@ -162,6 +162,38 @@ fn state_of(db: &agentry_persistence::Db, id: Uuid) -> (TaskState, i32) {
     (t.state, t.attempt)
 }
 
+/// A task claimed by a replica that then died, and a service over [`DeadRuns`] to recover it.
+struct DeadClaim {
+    /// Kept for its files: the database goes with it.
+    _test_db: TestDb,
+    db: agentry_persistence::Db,
+    start: time::OffsetDateTime,
+    task: agentry_domain::Task,
+    runner: Arc<DeadRuns>,
+    service: Service,
+}
+
+fn dead_claim() -> DeadClaim {
+    let test_db = TestDb::sqlite();
+    let db = test_db.db.clone();
+    let start = agentry_persistence::now();
+    let task = rig::create(
+        &db,
+        &rig::new_task("https://github.com/acme/web", TaskType::Coding, start),
+    );
+    let runner = Arc::new(DeadRuns::default());
+    let service = service_over(&db, runner.clone());
+    assert_eq!(claim(&db, start).id, task.id);
+    DeadClaim {
+        _test_db: test_db,
+        db,
+        start,
+        task,
+        runner,
+        service,
+    }
+}
+
 // One lease whose leftovers cannot be recorded (here its tokens overflow the task's) is
 // reported and tried again later; the leases behind it are recovered all the same. Before,
 // the first error ended the pass, and being oldest that lease came first in every pass: no
@@ -217,25 +249,19 @@ async fn one_lease_that_cannot_be_recovered_does_not_hold_up_the_others() {
 // anything). Before, the printed figure was recorded as spent when no call was on record.
 #[tokio::test]
 async fn a_metered_dead_run_without_calls_costs_nothing_whatever_it_printed() {
-    let test_db = TestDb::sqlite();
-    let db = test_db.db.clone();
-    let start = agentry_persistence::now();
-    let task = rig::create(
-        &db,
-        &rig::new_task("https://github.com/acme/web", TaskType::Coding, start),
-    );
-    let runner = Arc::new(DeadRuns::default());
-    let service = service_over(&db, runner.clone());
-    assert_eq!(claim(&db, start).id, task.id);
-    runner
+    let c = dead_claim();
+    c.runner
         .left
         .lock()
         .unwrap()
-        .insert((task.id, 1), left_by_claude("9223372036", 1_000, true));
-    let recovered = service.recover_expired(start + Duration::minutes(2)).await;
+        .insert((c.task.id, 1), left_by_claude("9223372036", 1_000, true));
+    let recovered = c
+        .service
+        .recover_expired(c.start + Duration::minutes(2))
+        .await;
     assert_eq!(recovered.unwrap(), 1);
-    let mut conn = db.conn().unwrap();
-    let runs = agentry_persistence::tasks::task_runs(&mut conn, task.id).unwrap();
+    let mut conn = c.db.conn().unwrap();
+    let runs = agentry_persistence::tasks::task_runs(&mut conn, c.task.id).unwrap();
     assert_eq!(runs.len(), 1, "{runs:?}");
     let run = &runs[0];
     assert_eq!(
@@ -249,7 +275,7 @@ async fn a_metered_dead_run_without_calls_costs_nothing_whatever_it_printed() {
         run.reported_cost_usd.map(|c| c.to_string()),
         Some("9223372036".to_owned())
     );
-    let after = agentry_persistence::tasks::get_task(&mut conn, task.id).unwrap();
+    let after = agentry_persistence::tasks::get_task(&mut conn, c.task.id).unwrap();
     assert_eq!(after.cost_usd.map(|c| c.to_string()), Some("0".to_owned()));
 }
 
@@ -383,20 +409,11 @@ async fn a_busy_database_as_the_agent_starts_does_not_stop_it() {
 // the task again, and what the dead run had spent was in no run, task or month.
 #[tokio::test]
 async fn a_cancelled_run_whose_runner_died_still_costs_its_calls() {
-    let test_db = TestDb::sqlite();
-    let db = test_db.db.clone();
-    let start = agentry_persistence::now();
-    let task = rig::create(
-        &db,
-        &rig::new_task("https://github.com/acme/web", TaskType::Coding, start),
-    );
-    let runner = Arc::new(DeadRuns::default());
-    let service = service_over(&db, runner.clone());
-    assert_eq!(claim(&db, start).id, task.id);
+    let c = dead_claim();
     {
-        let mut conn = db.conn().unwrap();
+        let mut conn = c.db.conn().unwrap();
         let call = agentry_persistence::test_support::model_call(
-            task.id,
+            c.task.id,
             1,
             agentry_domain::Usd::parse("0.30").unwrap(),
         );
@@ -409,39 +426,39 @@ async fn a_cancelled_run_whose_runner_died_still_costs_its_calls() {
         let none = agentry_persistence::tasks::TransitionDetails::default();
         agentry_persistence::tasks::transition_task(
             &mut conn,
-            task.id,
+            c.task.id,
             agentry_domain::Trigger::Cancel,
             &none,
-            start + Duration::seconds(5),
+            c.start + Duration::seconds(5),
         )
         .unwrap();
     }
-    // Before the lease expires its runner may still record the run itself: nothing is done.
+    // Before the lease expires its c.runner may still record the run itself: nothing is done.
     assert_eq!(
-        service
-            .recover_expired(start + Duration::seconds(30))
+        c.service
+            .recover_expired(c.start + Duration::seconds(30))
             .await
             .unwrap(),
         0
     );
     assert!(
-        agentry_persistence::tasks::task_runs(&mut db.conn().unwrap(), task.id)
+        agentry_persistence::tasks::task_runs(&mut c.db.conn().unwrap(), c.task.id)
             .unwrap()
             .is_empty()
     );
-    service
-        .recover_expired(start + Duration::minutes(2))
+    c.service
+        .recover_expired(c.start + Duration::minutes(2))
         .await
         .unwrap();
-    let mut conn = db.conn().unwrap();
-    let runs = agentry_persistence::tasks::task_runs(&mut conn, task.id).unwrap();
+    let mut conn = c.db.conn().unwrap();
+    let runs = agentry_persistence::tasks::task_runs(&mut conn, c.task.id).unwrap();
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(
         runs[0].cost_usd.map(|c| c.to_string()),
         Some("0.3".to_owned())
     );
     assert_eq!(runs[0].model_calls, Some(1));
-    let after = agentry_persistence::tasks::get_task(&mut conn, task.id).unwrap();
+    let after = agentry_persistence::tasks::get_task(&mut conn, c.task.id).unwrap();
     assert_eq!(after.state, TaskState::Cancelled);
     assert_eq!(
         after.cost_usd.map(|c| c.to_string()),
@@ -449,12 +466,12 @@ async fn a_cancelled_run_whose_runner_died_still_costs_its_calls() {
     );
     // Released once: a later pass finds nothing.
     drop(conn);
-    service
-        .recover_expired(start + Duration::minutes(3))
+    c.service
+        .recover_expired(c.start + Duration::minutes(3))
         .await
         .unwrap();
     assert_eq!(
-        agentry_persistence::tasks::task_runs(&mut db.conn().unwrap(), task.id)
+        agentry_persistence::tasks::task_runs(&mut c.db.conn().unwrap(), c.task.id)
             .unwrap()
             .len(),
         1
