@@ -219,17 +219,7 @@ pub fn expired_leases(
     before: OffsetDateTime,
     limit: i64,
 ) -> Result<Vec<ExpiredLease>, DbError> {
-    let rows: Vec<(String, Option<String>, Option<PrimitiveDateTime>)> = tasks::table
-        .filter(tasks::state.eq_any([
-            TaskState::Provisioning.as_str(),
-            TaskState::Running.as_str(),
-        ]))
-        .filter(tasks::lease_expires_at.lt(to_db(before)))
-        .order((tasks::lease_expires_at.asc(), tasks::id.asc()))
-        .select((tasks::id, tasks::lease_owner, tasks::lease_expires_at))
-        .limit(limit)
-        .load(conn)?;
-    leases(conn, rows)
+    leases_expired_before(conn, before, limit, true)
 }
 
 /// The tasks no longer in progress whose lease expired before `before`, oldest expiry first,
@@ -242,24 +232,34 @@ pub fn abandoned_leases(
     before: OffsetDateTime,
     limit: i64,
 ) -> Result<Vec<ExpiredLease>, DbError> {
-    let rows: Vec<(String, Option<String>, Option<PrimitiveDateTime>)> = tasks::table
+    leases_expired_before(conn, before, limit, false)
+}
+
+/// The leases expired before `before` of the tasks in progress (`provisioning`/`running`)
+/// or of the others, oldest expiry first, at most `limit`, their tasks read.
+fn leases_expired_before(
+    conn: &mut AnyConnection,
+    before: OffsetDateTime,
+    limit: i64,
+    in_progress: bool,
+) -> Result<Vec<ExpiredLease>, DbError> {
+    let working = [
+        TaskState::Provisioning.as_str(),
+        TaskState::Running.as_str(),
+    ];
+    let query = tasks::table
         .filter(tasks::lease_expires_at.lt(to_db(before)))
-        .filter(tasks::state.ne_all([
-            TaskState::Provisioning.as_str(),
-            TaskState::Running.as_str(),
-        ]))
+        .into_boxed();
+    let query = if in_progress {
+        query.filter(tasks::state.eq_any(working))
+    } else {
+        query.filter(tasks::state.ne_all(working))
+    };
+    let rows: Vec<(String, Option<String>, Option<PrimitiveDateTime>)> = query
         .order((tasks::lease_expires_at.asc(), tasks::id.asc()))
         .select((tasks::id, tasks::lease_owner, tasks::lease_expires_at))
         .limit(limit)
         .load(conn)?;
-    leases(conn, rows)
-}
-
-/// The expired leases of `rows` (id, owner, expiry), their tasks read.
-fn leases(
-    conn: &mut AnyConnection,
-    rows: Vec<(String, Option<String>, Option<PrimitiveDateTime>)>,
-) -> Result<Vec<ExpiredLease>, DbError> {
     rows.into_iter()
         .filter_map(|(id, owner, expires)| Some((id, owner?, expires?)))
         .map(|(id, owner, expires)| {
