@@ -12,12 +12,13 @@ use serde_json::{Value, json};
 
 use crate::Shared;
 use crate::controller;
+use crate::fault::{self, Fault};
 use crate::rbac::Attributes;
 use crate::store::{self, ApiError, FieldSelector, LabelSelector, Resource, Store};
 
 type Query = HashMap<String, String>;
 
-fn json_response(code: u16, body: &Value) -> HttpResponse {
+pub(crate) fn json_response(code: u16, body: &Value) -> HttpResponse {
     HttpResponse::build(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
         .content_type("application/json")
         .body(body.to_string())
@@ -192,14 +193,32 @@ fn verb(method: &str, target: &Target, query: &Query) -> &'static str {
     }
 }
 
-/// Answers every request.
+/// Answers every request, or fails it as a fault of [`crate::FakeKube::fail_next`] says.
 pub async fn handle(req: HttpRequest, body: Bytes, shared: web::Data<Arc<Shared>>) -> HttpResponse {
     let shared = shared.get_ref().clone();
-    let response = answer(&req, &body, &shared).await;
+    let resource = match parse_target(req.path()) {
+        Ok(Some(target)) if target.subresource.is_empty() => Some(target.resource.name.to_owned()),
+        Ok(Some(target)) => Some(format!("{}/{}", target.resource.name, target.subresource)),
+        Ok(None) | Err(_) => None,
+    };
+    let fault = shared
+        .faults
+        .lock()
+        .take(req.method().as_str(), resource.as_deref());
+    let response = match fault {
+        None => answer(&req, &body, &shared).await,
+        Some(failed @ Fault::Status(_)) => fault::response(failed),
+        Some(lost @ Fault::AnswerLost(_)) => {
+            // It takes effect; its answer does not arrive.
+            drop(answer(&req, &body, &shared).await);
+            fault::response(lost)
+        }
+    };
     shared.lock().requests.push(store::RequestRecord {
         method: req.method().as_str().to_owned(),
         uri: req.uri().to_string(),
         status: response.status().as_u16(),
+        faulted: fault.is_some(),
     });
     response
 }

@@ -9,9 +9,11 @@
 //!
 //! [`FakeKube::start`] runs it in-process (a server thread and a small runtime for the
 //! controllers); dropping the handle stops it and kills every container it started.
+//! [`FakeKube::fail_next`] makes requests fail as an API server's sometimes do.
 
 mod api;
 mod controller;
+mod fault;
 mod kubelet;
 mod proto;
 pub mod rbac;
@@ -25,6 +27,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+pub use fault::Fault;
 pub use rbac::Rbac;
 pub use store::RequestRecord;
 use store::Store;
@@ -82,6 +85,8 @@ impl Options {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub store: Mutex<Store>,
+    /// The faults still to happen ([`FakeKube::fail_next`]).
+    pub faults: Mutex<fault::Faults>,
     pub images: BTreeMap<String, PathBuf>,
     pub role: Option<Rbac>,
     pub state_dir: PathBuf,
@@ -174,6 +179,7 @@ impl FakeKube {
         std::fs::write(&kubeconfig, kubeconfig_text(addr, &token, &namespace))?;
         let shared = Arc::new(Shared {
             store: Mutex::new(store),
+            faults: Mutex::new(fault::Faults::default()),
             images: options.images.clone(),
             role: options.role.clone(),
             state_dir,
@@ -255,6 +261,15 @@ impl FakeKube {
     /// Every request answered so far.
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.shared.lock().requests.clone()
+    }
+
+    /// Answers the next `n` requests matching `route` with `fault` (see [`Fault`]).
+    /// `route` is `(method, resource)`: the method in any case, the resource as URLs and
+    /// Roles name it (`secrets`, `jobs`, `pods/log`); `None` is any request. Faults come
+    /// before authentication and RBAC; rules apply in the order they were added. Each
+    /// faulted request is recorded with the status it answered and `faulted`.
+    pub fn fail_next(&self, route: Option<(&str, &str)>, n: usize, fault: Fault) {
+        self.shared.faults.lock().add(route, n, fault);
     }
 
     /// The stored object, if any (`resource` as in URLs: `pods`, `jobs`, `secrets`, …).

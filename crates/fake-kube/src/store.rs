@@ -217,6 +217,8 @@ pub struct RequestRecord {
     pub uri: String,
     /// The status code answered (for a watch, that of its head).
     pub status: u16,
+    /// Whether it failed by a fault of [`crate::FakeKube::fail_next`].
+    pub faulted: bool,
 }
 
 /// All objects and the event window.

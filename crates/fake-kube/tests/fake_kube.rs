@@ -7,7 +7,7 @@ use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentry_fake_kube::{FakeKube, Options, Rbac};
+use agentry_fake_kube::{FakeKube, Fault, Options, Rbac};
 use agentry_testkit::wait::eventually;
 use serde_json::{Value, json};
 
@@ -304,6 +304,49 @@ fn the_api_validates_names_namespaces_dry_runs_and_selectors() {
         .map(|r| (r.status().as_u16(), ()))
         .expect("send");
     assert_eq!(code, 401);
+}
+
+/// `fail_next`: the next requests of a method on a resource fail as asked, rule after rule,
+/// each recorded as faulted; a lost answer's request takes effect, a failed one does not;
+/// other requests are answered as ever.
+#[test]
+fn injected_faults_fail_the_next_matching_requests() {
+    let fake = fake();
+    let secrets = format!("/api/v1/namespaces/{NS}/secrets");
+    let key = format!("{secrets}/key");
+    let secret = json!({"metadata": {"name": "key"}, "stringData": {"k": "v"}});
+    fake.fail_next(Some(("POST", "secrets")), 1, Fault::AnswerLost(504));
+    fake.fail_next(Some(("delete", "secrets")), 2, Fault::Status(503));
+    let (code, body) = call(&fake, "POST", &secrets, Some(secret.clone()));
+    assert_status_reason(code, &body, 504, "Timeout");
+    assert!(fake.object("secrets", NS, "key").is_some());
+    let (code, body) = call(&fake, "POST", &secrets, Some(secret));
+    assert_status_reason(code, &body, 409, "AlreadyExists");
+    for _ in 0..2 {
+        let (code, body) = call(&fake, "DELETE", &key, None);
+        assert_status_reason(code, &body, 503, "ServiceUnavailable");
+        assert!(fake.object("secrets", NS, "key").is_some());
+    }
+    let (code, body) = call(&fake, "GET", &key, None);
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = call(&fake, "DELETE", &key, None);
+    assert_eq!(code, 200, "{body}");
+    assert!(fake.object("secrets", NS, "key").is_none());
+    let seen: Vec<(String, u16, bool)> = fake
+        .requests()
+        .into_iter()
+        .map(|r| (r.method, r.status, r.faulted))
+        .collect();
+    let want = [
+        ("POST", 504, true),
+        ("POST", 409, false),
+        ("DELETE", 503, true),
+        ("DELETE", 503, true),
+        ("GET", 200, false),
+        ("DELETE", 200, false),
+    ]
+    .map(|(m, s, f)| (m.to_owned(), s, f));
+    assert_eq!(seen, want);
 }
 
 #[test]
