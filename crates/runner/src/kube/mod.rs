@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentry_domain::AgentType;
+use agentry_domain::backoff::Backoff;
 use futures_util::StreamExt;
 use k8s_openapi::api::batch::v1::Job as KubeJob;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -59,6 +60,21 @@ const STOP_SLACK: Duration = Duration::from_secs(15);
 
 /// How long agentry waits for a pod whose control connection closed to show why.
 const DEATH_WAIT: Duration = Duration::from_secs(20);
+
+/// The waits between the tries of a request that cleans up after a run (a deletion, the
+/// listing of a dead run's Jobs) and failed in a way that may pass ([`transient`]): 0.25 s,
+/// 0.5 s, 1 s, 2 s.
+const RETRY_BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(250),
+    max: Duration::from_secs(2),
+};
+
+/// The most tries of one such request.
+const RETRY_TRIES: i32 = 5;
+
+/// The longest one such request takes, its tries and waits together: a run is recorded after
+/// its Job's deletion. (kube-rs itself retries a 429, 503 or 504 answer, for minutes.)
+const RETRY_WITHIN: Duration = Duration::from_secs(15);
 
 /// The Kubernetes runner's settings as the operator gives them (the service reads them from
 /// its environment; docs/kubernetes.md).
@@ -469,10 +485,15 @@ impl KubeRunner {
     ) -> Result<(), String> {
         let name = spec::job_name(objects.task, objects.attempt);
         let secret = spec::secret(&self.config, objects, key)?;
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .map_err(|e| format!("could not create the run's Secret: {e}"))?;
+        if let Err(e) = secrets.create(&PostParams::default(), &secret).await {
+            // Unless it was refused, the server may have made it (its answer lost, or a 409
+            // to kube-rs's retry of such a request): no Job owns it, so nothing else would
+            // ever delete it.
+            if !refused(&e) {
+                delete_secret(secrets, &name).await;
+            }
+            return Err(format!("could not create the run's Secret: {e}"));
+        }
         let job = spec::job(&self.config, objects)?;
         let created = match jobs.create(&PostParams::default(), &job).await {
             Ok(created) => created,
@@ -1215,23 +1236,86 @@ fn read_frames(
     (reader, frames)
 }
 
-/// Deletes a run's Job with its pods and Secret (in the background: `kubectl` sees them go).
+/// Deletes a run's Job with its pods and Secret (in the background: `kubectl` sees them go),
+/// trying again after a failure that may pass ([`delete_retrying`]).
 async fn delete_job(jobs: &Api<KubeJob>, name: &str) {
-    match jobs.delete(name, &DeleteParams::background()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(e) => tracing::warn!(job = name, error = %e, "could not delete an agent's Job"),
+    if let Err(e) = delete_retrying(jobs, name, &DeleteParams::background()).await {
+        tracing::warn!(job = name, error = %e, "could not delete an agent's Job");
     }
 }
 
-/// Deletes a run's Secret (when its Job could not be made, or its replica died before the
-/// Job owned it).
+/// Deletes a run's Secret (when it or its Job could not be made, or its replica died before
+/// the Job owned it), trying again after a failure that may pass ([`delete_retrying`]).
 async fn delete_secret(secrets: &Api<Secret>, name: &str) {
-    match secrets.delete(name, &DeleteParams::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(e) => tracing::warn!(secret = name, error = %e, "could not delete a run's Secret"),
+    if let Err(e) = delete_retrying(secrets, name, &DeleteParams::default()).await {
+        tracing::warn!(secret = name, error = %e, "could not delete a run's Secret");
     }
+}
+
+/// Deletes the object `name` of `api` ([`retrying`]): done once deleted or not found (404).
+async fn delete_retrying<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<(), String>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    retrying(|| async {
+        match api.delete(name, params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    })
+    .await
+}
+
+/// Makes the request of `request`, and again after a failure that may pass ([`transient`])
+/// and [`RETRY_BACKOFF`]'s wait: at most [`RETRY_TRIES`] tries, all within [`RETRY_WITHIN`].
+/// Its answer, or its last failure.
+async fn retrying<T, F, Fut>(mut request: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + RETRY_WITHIN;
+    let mut failures = 0;
+    loop {
+        let failure = match tokio::time::timeout_at(deadline, request()).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(e)) if !transient(&e) => return Err(e.to_string()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => {
+                return Err(format!("no answer within {} s", RETRY_WITHIN.as_secs()));
+            }
+        };
+        let wait = RETRY_BACKOFF.delay(failures);
+        failures += 1;
+        if failures >= RETRY_TRIES || Instant::now() + wait >= deadline {
+            return Err(format!("{failure} (tried {failures} times)"));
+        }
+        tracing::debug!(error = %failure, "a request to the Kubernetes API failed; trying again");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Whether the API server refused a request: an answer of a 4xx other than 409 and 429. It
+/// was not applied, and would be refused again.
+fn refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if refusal(status.code))
+}
+
+/// Whether a failed request may succeed when tried again: no answer (the connection failed
+/// or timed out), or an answer of a 5xx, a 409 (a conflict with another write) or a 429
+/// (throttled).
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(status) => !refusal(status.code),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether `code` says the API server refused a request ([`refused`]).
+fn refusal(code: u16) -> bool {
+    (400..500).contains(&code) && !matches!(code, 409 | 429)
 }
 
 /// Sleeps until `at`, or forever without one.
@@ -1273,8 +1357,8 @@ impl Runner for KubeRunner {
                 let secrets: Api<Secret> = Api::namespaced(client, &namespace);
                 // The Secret goes with its Job, unless the replica died before the Job owned it.
                 delete_secret(&secrets, &spec::job_name(task_id, attempt)).await;
-                let selector = spec::run_selector(task_id, attempt);
-                match jobs.list(&ListParams::default().labels(&selector)).await {
+                let selector = ListParams::default().labels(&spec::run_selector(task_id, attempt));
+                match retrying(|| jobs.list(&selector)).await {
                     Ok(list) => {
                         for job in list {
                             if let Some(name) = job.metadata.name {
@@ -1317,6 +1401,161 @@ impl Runner for KubeRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentry_fake_kube::{FakeKube, Fault, Options};
+    use agentry_testkit::wait::eventually_async;
+
+    /// The longest a test waits for the fake to show something.
+    const WITHIN: Duration = Duration::from_secs(30);
+
+    /// fake-kube with the runner's namespace and no image: a Job's pod never runs.
+    fn cluster() -> FakeKube {
+        let namespace = KubeConfig::for_tests().settings.namespace;
+        FakeKube::start(Options::default().namespace(&namespace)).unwrap()
+    }
+
+    /// The runtime of a test (the fake, which stops with a runtime of its own, is dropped out
+    /// of it).
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A runner, and the Jobs and Secrets of its namespace on `kube` through a client made as
+    /// the runner's own is (kube-rs's retries of 429, 503 and 504 answers included).
+    async fn runner_on(kube: &FakeKube) -> (KubeRunner, Api<KubeJob>, Api<Secret>) {
+        let kubeconfig = kube::config::Kubeconfig::read_from(kube.kubeconfig()).unwrap();
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let runner = KubeRunner::new(KubeConfig::for_tests()).unwrap();
+        let (jobs, secrets, _) = runner.apis(&client);
+        (runner, jobs, secrets)
+    }
+
+    /// The objects of `task`'s first attempt.
+    fn objects(task: Uuid) -> RunObjects<'static> {
+        RunObjects {
+            task,
+            attempt: 1,
+            replica: "agentry-r1",
+            wall_time: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(5),
+        }
+    }
+
+    /// Waits until no object of `resources` is left in the runner's namespace on `kube`.
+    async fn none_left(kube: &FakeKube, resources: &[&str]) {
+        let namespace = KubeConfig::for_tests().settings.namespace;
+        eventually_async(WITHIN, format!("no {resources:?} left"), async || {
+            let left: Vec<String> = resources
+                .iter()
+                .flat_map(|r| {
+                    let objects = kube.objects(r, &namespace);
+                    objects
+                        .into_iter()
+                        .map(move |o| format!("{r}/{}", o["metadata"]["name"]))
+                })
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.join(", "))
+            }
+        })
+        .await;
+    }
+
+    /// The status code of each request of `method` on `kube` whose path has `part`, and
+    /// whether it was an injected fault.
+    fn answers(kube: &FakeKube, method: &str, part: &str) -> Vec<(u16, bool)> {
+        kube.requests()
+            .into_iter()
+            .filter(|r| r.method == method && r.uri.contains(part))
+            .map(|r| (r.status, r.faulted))
+            .collect()
+    }
+
+    /// The Secret's create is applied but its answer lost (504; kube-rs's retry then gets
+    /// 409): the run fails naming it, and once its Job is deleted as every run's is, no
+    /// Secret of it is left, though no Job ever owned it.
+    #[test]
+    fn a_secret_whose_create_lost_its_answer_is_deleted() {
+        let kube = cluster();
+        kube.fail_next(Some(("POST", "secrets")), 1, Fault::AnswerLost(504));
+        runtime().block_on(async {
+            let (runner, jobs, secrets) = runner_on(&kube).await;
+            let task = Uuid::new_v4();
+            let error = runner
+                .create(&jobs, &secrets, &objects(task), "agr_key")
+                .await
+                .unwrap_err();
+            assert!(
+                error.starts_with("could not create the run's Secret"),
+                "{error}"
+            );
+            delete_job(&jobs, &spec::job_name(task, 1)).await;
+            none_left(&kube, &["secrets", "jobs"]).await;
+        });
+        let posts = answers(&kube, "POST", "/secrets");
+        assert_eq!(posts.first(), Some(&(504, true)), "{posts:?}");
+    }
+
+    /// A Job whose first two deletions fail (a 500, which kube-rs does not retry, or a 503,
+    /// which it does) is deleted in the end, its pod and Secret with it.
+    #[test]
+    fn a_job_whose_first_deletions_fail_is_deleted() {
+        for code in [500, 503] {
+            let kube = cluster();
+            runtime().block_on(async {
+                let (runner, jobs, secrets) = runner_on(&kube).await;
+                let task = Uuid::new_v4();
+                runner
+                    .create(&jobs, &secrets, &objects(task), "agr_key")
+                    .await
+                    .unwrap();
+                kube.fail_next(Some(("DELETE", "jobs")), 2, Fault::Status(code));
+                delete_job(&jobs, &spec::job_name(task, 1)).await;
+                none_left(&kube, &["jobs", "pods", "secrets"]).await;
+            });
+            let deletes = answers(&kube, "DELETE", "/jobs/");
+            assert_eq!(deletes, [(code, true), (code, true), (200, false)]);
+        }
+    }
+
+    /// A request the API server refused (a 4xx other than 404, 409 and 429) is not tried
+    /// again: a Secret's create refused leaves no Secret to delete; a Job's deletion refused
+    /// is tried once.
+    #[test]
+    fn a_refused_request_is_not_tried_again() {
+        let kube = cluster();
+        kube.fail_next(Some(("POST", "secrets")), 1, Fault::Status(403));
+        runtime().block_on(async {
+            let (runner, jobs, secrets) = runner_on(&kube).await;
+            let refused = Uuid::new_v4();
+            let error = runner
+                .create(&jobs, &secrets, &objects(refused), "agr_key")
+                .await
+                .unwrap_err();
+            assert!(error.contains("Forbidden"), "{error}");
+            assert_eq!(answers(&kube, "DELETE", "/secrets/"), []);
+
+            let task = Uuid::new_v4();
+            runner
+                .create(&jobs, &secrets, &objects(task), "agr_key")
+                .await
+                .unwrap();
+            kube.fail_next(Some(("DELETE", "jobs")), 1, Fault::Status(403));
+            let name = spec::job_name(task, 1);
+            delete_job(&jobs, &name).await;
+            assert_eq!(answers(&kube, "DELETE", "/jobs/"), [(403, true)]);
+            let namespace = &runner.config.settings.namespace;
+            assert!(kube.object("jobs", namespace, &name).is_some());
+        });
+    }
 
     fn pod(phase: &str, deleting: bool) -> Pod {
         let mut pod: Pod = serde_json::from_value(serde_json::json!({
