@@ -790,10 +790,18 @@ async fn runs_are_limited_to_the_concurrency_setting() {
             let now = states().await;
             assert!(working(&now) <= max_concurrent, "{now:?}");
             if now.iter().all(|s| s == "pr_opened") {
-                Ok(())
-            } else {
-                Err(format!("{now:?}"))
+                return Ok(());
             }
+            // Why a task failed, for the message when the wait times out.
+            let (_, list) = call(&app, get("/api/tasks?limit=10", &t)).await;
+            let errors: Vec<&Value> = list["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|task| &task["errorMessage"])
+                .filter(|e| !e.is_null())
+                .collect();
+            Err(format!("{now:?} {errors:?}"))
         },
     )
     .await;
