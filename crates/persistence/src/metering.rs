@@ -204,6 +204,30 @@ pub struct RunTotals {
     pub tokens: Tokens,
 }
 
+impl RunTotals {
+    /// Makes `run`'s cost, tokens and call count those of its metered calls, keeping what
+    /// the agent printed as `reported_cost_usd`; a cost unknown for want of a price gets a
+    /// note in its error message. Returns the printed cost.
+    pub fn meter(&self, run: &mut crate::tasks::Run) -> Option<Usd> {
+        let reported = run.cost_usd;
+        run.reported_cost_usd = reported;
+        run.model_calls = Some(self.calls);
+        run.cost_usd = self.cost_usd;
+        run.tokens = self.tokens;
+        if self.cost_usd.is_none() {
+            let why = format!(
+                "its cost is unknown: model {} has no price (add it to AGENTRY_PRICES_FILE)",
+                self.unpriced.join(", ")
+            );
+            run.error_message = Some(match run.error_message.take() {
+                Some(message) => format!("{message}; {why}"),
+                None => why,
+            });
+        }
+        reported
+    }
+}
+
 /// How many calls [`run_totals`] reads at once.
 const TOTALS_PAGE: i64 = 10_000;
 

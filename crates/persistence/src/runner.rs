@@ -4,8 +4,12 @@
 //!
 //! A lease is the pair (`lease_owner`, `lease_expires_at`) on the task row. The owner is an
 //! id the claiming process chose for itself; the expiry is pushed forward by
-//! [`renew_lease`]. Every transition out of `provisioning`/`running` clears it
-//! ([`crate::tasks::transition_task`]).
+//! [`renew_lease`]. A transition out of `provisioning`/`running` made by the runner, or by
+//! recovery, clears it ([`crate::tasks::transition_task`]); one made by someone else (a
+//! cancel, the pull request merged or closed during a revision round) keeps it for the
+//! attempt's run: its live runner renews it with [`renew_stopped_lease`] until it records
+//! the run ([`record_finished_run`] then clears it), and once a dead runner's lease expired
+//! recovery records what the attempt cost ([`release_abandoned`]).
 //!
 //! Claiming is safe among several replicas: on PostgreSQL the candidate row is read with
 //! `FOR UPDATE SKIP LOCKED` (a competitor skips it instead of waiting), and the update is a
@@ -21,7 +25,7 @@ use crate::budgets;
 use crate::convert::{self, from_db, to_db};
 use crate::rollups::{self, Deltas};
 use crate::schema::{run_logs, task_events, task_runs, tasks};
-use crate::tasks::{self as task_store, Run, TransitionDetails};
+use crate::tasks::{self as task_store, Run, RunOutcome, TransitionDetails};
 use crate::{AnyConnection, DbError, write_tx};
 
 /// The most bytes of agent output stored per run; beyond it the head is dropped (the end,
@@ -198,6 +202,82 @@ pub fn renew_lease(
     .set(tasks::lease_expires_at.eq(to_db(until)))
     .execute(conn)?;
     Ok(updated == 1)
+}
+
+/// Renews the lease its runner keeps on attempt `attempt` of a task moved away from it (a
+/// cancel; the pull request merged or closed during a round) while that attempt has no run
+/// on record: the runner is stopping the agent and recording its run, and is alive. `false`
+/// when the lease is not `owner`'s any more, the run is recorded, or the task is in progress
+/// (then [`renew_lease`] is the one).
+pub fn renew_stopped_lease(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    attempt: i32,
+    owner: &str,
+    until: OffsetDateTime,
+) -> Result<bool, DbError> {
+    write_tx(conn, |conn| {
+        if attempt_recorded(conn, id, attempt)? {
+            return Ok(false);
+        }
+        let updated = diesel::update(
+            tasks::table
+                .filter(tasks::id.eq(id.to_string()))
+                .filter(tasks::attempt.eq(attempt))
+                .filter(tasks::lease_owner.eq(owner))
+                .filter(tasks::state.ne_all([
+                    TaskState::Provisioning.as_str(),
+                    TaskState::Running.as_str(),
+                ])),
+        )
+        .set(tasks::lease_expires_at.eq(to_db(until)))
+        .execute(conn)?;
+        Ok(updated == 1)
+    })
+}
+
+/// Before a task whose attempt was moved away from its runner (its lease kept: see the
+/// module docs) is queued again (a retry, the next revision round): when no run of that
+/// attempt is on record yet, records one from the attempt's metered calls, if it made any,
+/// as `lost`. The new attempt's claim replaces the lease, so recovery could not do it any
+/// more; a live runner's own record then finds the attempt on record. Call it with the task
+/// locked, in the transition's transaction.
+pub(crate) fn record_stopped_attempt(
+    conn: &mut AnyConnection,
+    id: Uuid,
+    now: OffsetDateTime,
+) -> Result<(), DbError> {
+    let task = task_store::get_task(conn, id)?;
+    let owner: Option<String> = tasks::table
+        .find(id.to_string())
+        .select(tasks::lease_owner)
+        .first(conn)?;
+    let in_progress = matches!(task.state, TaskState::Provisioning | TaskState::Running);
+    if owner.is_none() || in_progress || attempt_recorded(conn, id, task.attempt)? {
+        return Ok(());
+    }
+    let totals = crate::metering::run_totals(conn, id, task.attempt)?;
+    if totals.calls == 0 {
+        return Ok(());
+    }
+    let mut run = Run {
+        // Only sandboxed runs go through the gateway.
+        sandboxed: Some(true),
+        error_message: Some(
+            "the run was stopped, and its runner had not recorded it when the task was queued \
+             again; its cost is that of its metered model calls"
+                .to_owned(),
+        ),
+        ..Run::new(
+            id,
+            task.attempt,
+            task.agent_type,
+            RunOutcome::Lost,
+            task.started_at.unwrap_or(now),
+        )
+    };
+    totals.meter(&mut run);
+    task_store::record_run(conn, &run)
 }
 
 /// A task whose runner's lease ran out.
@@ -433,6 +513,15 @@ pub fn record_finished_run(
             state == TaskState::Provisioning.as_str() || state == TaskState::Running.as_str();
         task_store::record_run(conn, run)?;
         save_run_log(conn, run.id, run.task_id, log, now)?;
+        if current && !in_progress {
+            // The lease kept for this run while it was being stopped has served.
+            diesel::update(tasks::table.find(run.task_id.to_string()))
+                .set((
+                    tasks::lease_owner.eq(None::<String>),
+                    tasks::lease_expires_at.eq(None::<PrimitiveDateTime>),
+                ))
+                .execute(conn)?;
+        }
         Ok(match (current, in_progress) {
             (true, true) => RunRecorded::Current,
             (true, false) => RunRecorded::Stopped,

@@ -396,6 +396,10 @@ fn transition(
         // the difference between the task read and the task written: read unlocked on
         // PostgreSQL, that run's cost was counted twice.
         crate::revisions::lock_task(conn, id)?;
+        if matches!(trigger, Trigger::Retry | Trigger::RevisionRequested) {
+            // Before the task and its rollups are read below: this may record a run.
+            crate::runner::record_stopped_attempt(conn, id, now)?;
+        }
         for _ in 0..8 {
             let current = get_task(conn, id)?;
             if attempt.is_some_and(|a| a != current.attempt) {

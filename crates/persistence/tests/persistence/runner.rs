@@ -258,6 +258,29 @@ agentry_persistence::backend_tests! {
         assert_rollups_rebuild_the_same(&mut conn);
     }
 
+    // A cancel keeps the attempt's lease for its run: the live runner renews it while it
+    // stops the agent (so recovery does not take it for dead), and recording the run
+    // releases it. Before, the lease went with the cancel and could not be renewed, and a
+    // runner slower to stop than the lease was taken for a dead one.
+    fn a_cancelled_runs_lease_is_kept_until_its_run_is_recorded(db) {
+        let repo = repo(db);
+        let task = create(db, &repo, at(0));
+        let mut conn = db.conn().unwrap();
+        let claimed = runner::claim_next(&mut conn, "me", at(10), LEASE).unwrap().unwrap();
+        tasks::transition_task(&mut conn, task.id, Trigger::Cancel, &TransitionDetails::default(), at(20)).unwrap();
+        assert!(!runner::renew_lease(&mut conn, task.id, 1, "me", at(100)).unwrap());
+        assert!(!runner::renew_stopped_lease(&mut conn, task.id, 1, "other", at(100)).unwrap());
+        assert!(runner::renew_stopped_lease(&mut conn, task.id, 1, "me", at(100)).unwrap());
+        // Renewed: not abandoned at 71 s, as the first lease would have been.
+        assert!(runner::abandoned_leases(&mut conn, at(71), 10).unwrap().is_empty());
+        assert_eq!(runner::abandoned_leases(&mut conn, at(101), 10).unwrap().len(), 1);
+        let mut run = lost_run(&claimed, Some("0.5"));
+        run.outcome = RunOutcome::Cancelled;
+        assert_eq!(runner::record_finished_run(&mut conn, &run, &RunLog::of(""), at(90)).unwrap(), RunRecorded::Stopped);
+        assert!(runner::abandoned_leases(&mut conn, at(1000), 10).unwrap().is_empty());
+        assert!(!runner::renew_stopped_lease(&mut conn, task.id, 1, "me", at(200)).unwrap());
+    }
+
     // After the third attempt dies the task fails with a message instead of looping.
     fn third_lost_attempt_fails_the_task(db) {
         let repo = repo(db);

@@ -140,8 +140,8 @@ pub(super) async fn run_task(service: &Service, task: Task) {
     if service.parts.runs.stopping.load(Ordering::SeqCst) {
         // Shutting down: the task stays leased and is recovered after the restart, with
         // the cost its output shows. A task that left the run meanwhile (cancelled, or a
-        // revision round cancelled, merged or closed) has no lease any more, so no replica
-        // would ever recover it: its run is recorded now (the database only).
+        // revision round cancelled, merged or closed) is not recovered, only its lease
+        // released: its run is recorded now (the database only), with its output.
         renewer.abort();
         if !is_ours(service, id, attempt).await
             && let Err(e) = record(service, &task, &prepared, &execution).await
@@ -183,23 +183,33 @@ async fn is_ours(service: &Service, id: Uuid, attempt: i32) -> bool {
 async fn renew_lease(service: Service, id: Uuid, attempt: i32, cancel: watch::Sender<bool>) {
     let every = service.parts.runs.settings.lease / 3;
     let lease = lease_of(&service.parts.runs.settings);
+    let mut stopping = false;
     loop {
         tokio::time::sleep(every).await;
         let owner = service.parts.runs.owner.clone();
+        // Moved away from this runner (cancelled; its pull request merged or closed during a
+        // round), the attempt's lease is still renewed until its run is recorded: recovery
+        // must not take a live runner for a dead one.
         let renewed = service
             .db(move |conn| {
-                Ok(claims::renew_lease(
-                    conn,
-                    id,
-                    attempt,
-                    &owner,
-                    now() + lease,
-                )?)
+                let until = now() + lease;
+                if claims::renew_lease(conn, id, attempt, &owner, until)? {
+                    return Ok(Some(true));
+                }
+                let kept = claims::renew_stopped_lease(conn, id, attempt, &owner, until)?;
+                Ok(kept.then_some(false))
             })
             .await;
         match renewed {
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(Some(true)) => {}
+            Ok(Some(false)) => {
+                if !stopping {
+                    tracing::info!(task = %id, "the task was moved away from its run; stopping the agent");
+                    let _ = cancel.send(true);
+                    stopping = true;
+                }
+            }
+            Ok(None) => {
                 tracing::info!(task = %id, "the task is no longer this runner's (cancelled or recovered); stopping the agent");
                 let _ = cancel.send(true);
                 return;

@@ -87,21 +87,7 @@ fn mismatch_tolerance(a: Usd, b: Usd) -> rust_decimal::Decimal {
 /// (`totals`), what the agent printed is kept as `reported_cost_usd`. Returns the text of a
 /// `cost_mismatch` event when the two differ beyond rounding.
 pub(super) fn apply_metering(run: &mut Run, totals: &metering::RunTotals) -> Option<String> {
-    let reported = run.cost_usd;
-    run.reported_cost_usd = reported;
-    run.model_calls = Some(totals.calls);
-    run.cost_usd = totals.cost_usd;
-    run.tokens = totals.tokens;
-    if totals.cost_usd.is_none() {
-        let why = format!(
-            "its cost is unknown: model {} has no price (add it to AGENTRY_PRICES_FILE)",
-            totals.unpriced.join(", ")
-        );
-        run.error_message = Some(match run.error_message.take() {
-            Some(message) => format!("{message}; {why}"),
-            None => why,
-        });
-    }
+    let reported = totals.meter(run);
     match (totals.cost_usd, reported) {
         (Some(metered), Some(reported))
             if (metered.as_decimal() - reported.as_decimal()).abs()

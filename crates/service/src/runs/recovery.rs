@@ -90,10 +90,24 @@ async fn recover_lease(
     before: OffsetDateTime,
 ) -> Result<bool, ServiceError> {
     let task = lease.task.clone();
-    let done = with_lost_run(service, lease, move |conn, lease, lost| {
-        claims::recover_expired(conn, lease, before, lost, now())
-    })
-    .await?;
+    let recover = |salvaged| {
+        with_lost_run(
+            service,
+            lease.clone(),
+            salvaged,
+            move |conn, lease, lost| claims::recover_expired(conn, lease, before, lost, now()),
+        )
+    };
+    let done = match recover(true).await {
+        // What the dead run's output shows cannot be recorded (a token count past the
+        // task's total, say): recovered all the same, with its metered calls only, rather
+        // than left in progress for ever with its reserve held.
+        Err(ServiceError::Conflict(why)) => {
+            tracing::warn!(task = %task.id, attempt = task.attempt, why = %why, "the figures a dead run's output shows cannot be recorded; recovering it with its metered calls only");
+            recover(false).await?
+        }
+        done => done?,
+    };
     let Some(Some((after, t))) = done else {
         return Ok(false);
     };
@@ -133,7 +147,7 @@ async fn release_abandoned(service: &Service, before: OffsetDateTime) -> usize {
             // Ours, still stopping: it records its own run.
             continue;
         }
-        let done = with_lost_run(service, lease, move |conn, lease, lost| {
+        let done = with_lost_run(service, lease, true, move |conn, lease, lost| {
             claims::release_abandoned(conn, lease, before, lost, now())
         })
         .await;
@@ -141,7 +155,9 @@ async fn release_abandoned(service: &Service, before: OffsetDateTime) -> usize {
             Ok(Some(true)) => {
                 tracing::info!(task = %task.id, attempt = task.attempt, "released the lease of a run that was moved away from its runner");
                 service.parts.runs.runner.reap(task.id, task.attempt);
-                service.parts.runs.runner.discard(task.id, task.attempt);
+                if !service.parts.runs.settings.keep_run_dirs {
+                    service.parts.runs.runner.discard(task.id, task.attempt);
+                }
                 released += 1;
             }
             Ok(_) => {}
@@ -153,12 +169,14 @@ async fn release_abandoned(service: &Service, before: OffsetDateTime) -> usize {
     released
 }
 
-/// Reads what the run of `lease` left ([`lost_run`]), then in one transaction, the task
+/// Reads what the run of `lease` left ([`lost_run`], unless `salvaged` is false), then in one
+/// transaction, the task
 /// locked before its metered calls are read ([`lock_for_recording`]), gives `apply` that run
 /// as it is recorded ([`with_metered_calls`]); `None` when the task is gone.
 async fn with_lost_run<T, F>(
     service: &Service,
     lease: ExpiredLease,
+    salvaged: bool,
     apply: F,
 ) -> Result<Option<T>, ServiceError>
 where
@@ -171,7 +189,11 @@ where
         + Send
         + 'static,
 {
-    let lost = lost_run(service, &lease).await?;
+    let lost = if salvaged {
+        lost_run(service, &lease).await?
+    } else {
+        None
+    };
     service
         .db(move |conn| {
             Ok(write_tx::<_, DbError, _>(conn, |conn| {
@@ -386,7 +408,7 @@ async fn record_leftover(
         owner: String::new(),
         task: Task { attempt, ..task },
     };
-    let written = with_lost_run(service, lease, |conn, _, lost| match lost {
+    let written = with_lost_run(service, lease, true, |conn, _, lost| match lost {
         Some((run, Some(log))) => claims::record_finished_run(conn, run, log, now()),
         _ => Ok(RunRecorded::AlreadyRecorded),
     })

@@ -194,12 +194,12 @@ fn dead_claim() -> DeadClaim {
     }
 }
 
-// One lease whose leftovers cannot be recorded (here its tokens overflow the task's) is
-// reported and tried again later; the leases behind it are recovered all the same. Before,
-// the first error ended the pass, and being oldest that lease came first in every pass: no
-// dead run was recovered any more.
+// A dead run whose leftovers cannot be recorded (here its tokens overflow the task's) is
+// recovered all the same, without those figures, and the leases behind it too. Before, the
+// first error ended the pass, and being oldest that lease came first in every pass: no dead
+// run was recovered any more, and that task stayed in progress with its reserve held.
 #[tokio::test]
-async fn one_lease_that_cannot_be_recovered_does_not_hold_up_the_others() {
+async fn a_dead_run_whose_figures_cannot_be_recorded_is_recovered_without_them() {
     let test_db = TestDb::sqlite();
     let db = test_db.db.clone();
     let start = agentry_persistence::now();
@@ -236,12 +236,14 @@ async fn one_lease_that_cannot_be_recovered_does_not_hold_up_the_others() {
         .unwrap()
         .insert((a.id, 2), left_by_claude("0.01", i64::MAX - 5, false));
     let recovered = service.recover_expired(start + Duration::minutes(10)).await;
-    assert_eq!(recovered.unwrap(), 1, "B is recovered behind A");
+    assert_eq!(recovered.unwrap(), 2, "A, then B behind it");
+    assert_eq!(state_of(&db, a.id), (TaskState::Queued, 3));
     assert_eq!(state_of(&db, b.id), (TaskState::Queued, 2));
-    assert_eq!(state_of(&db, a.id), (TaskState::Provisioning, 2));
-    // A pass where nothing could be recovered says why.
-    let again = service.recover_expired(start + Duration::minutes(10)).await;
-    assert!(again.is_err(), "{again:?}");
+    let mut conn = db.conn().unwrap();
+    let runs = agentry_persistence::tasks::task_runs(&mut conn, a.id).unwrap();
+    assert_eq!(runs.len(), 1, "only the first attempt's figures: {runs:?}");
+    let a = agentry_persistence::tasks::get_task(&mut conn, a.id).unwrap();
+    assert_eq!(a.input_tokens, 10);
 }
 
 // A dead run whose calls went through the gateway costs what the gateway metered: with no
@@ -475,5 +477,39 @@ async fn a_cancelled_run_whose_runner_died_still_costs_its_calls() {
             .unwrap()
             .len(),
         1
+    );
+}
+
+// Retried before the lease its cancel kept expired, a task's stopped attempt is recorded
+// from its metered calls as it is queued again (the new claim replaces that lease, so
+// recovery could not do it later). Before, a dead runner's spend was lost on such a retry.
+#[tokio::test]
+async fn a_run_retried_before_its_lease_expired_still_costs_its_calls() {
+    let c = dead_claim();
+    let none = agentry_persistence::tasks::TransitionDetails::default();
+    let mut conn = c.db.conn().unwrap();
+    let call = agentry_persistence::test_support::model_call(
+        c.task.id,
+        1,
+        agentry_domain::Usd::parse("0.30").unwrap(),
+    );
+    agentry_persistence::metering::record_held_call(&mut conn, &call, agentry_domain::Usd::ZERO)
+        .unwrap();
+    for (trigger, secs) in [
+        (agentry_domain::Trigger::Cancel, 5),
+        (agentry_domain::Trigger::Retry, 6),
+    ] {
+        let at = c.start + Duration::seconds(secs);
+        agentry_persistence::tasks::transition_task(&mut conn, c.task.id, trigger, &none, at)
+            .unwrap();
+    }
+    let runs = agentry_persistence::tasks::task_runs(&mut conn, c.task.id).unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!((runs[0].attempt, runs[0].model_calls), (1, Some(1)));
+    let after = agentry_persistence::tasks::get_task(&mut conn, c.task.id).unwrap();
+    assert_eq!((after.state, after.attempt), (TaskState::Queued, 2));
+    assert_eq!(
+        after.cost_usd.map(|c| c.to_string()),
+        Some("0.3".to_owned())
     );
 }
