@@ -222,13 +222,15 @@ impl BackgroundLoop {
         )
     }
 
-    /// The periodic issue sync, every `interval` ([`crate::codehost`]). Without a stored
-    /// token it fails quietly until there is one.
-    pub(crate) fn issue_sync(interval: Duration) -> BackgroundLoop {
+    /// The issue sync ([`crate::codehost`]): every connected repository every `interval`,
+    /// and in between, woken by labelled-issue webhooks, the repositories they asked for (at
+    /// most one sync running and one more waiting, however many deliveries arrive). Without
+    /// a stored token it fails quietly until there is one.
+    pub fn issue_sync(interval: Duration) -> BackgroundLoop {
         BackgroundLoop::new(
             "issue sync",
-            move |_| Schedule::every(interval).quiet(),
-            |service| async move { crate::codehost::issue_sync_step(&service).await },
+            move |_| Schedule::woken(Loops::ISSUE_SYNC, interval).quiet(),
+            move |service| crate::codehost::issue_sync_step(service, interval),
         )
     }
 

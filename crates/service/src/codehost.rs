@@ -9,6 +9,7 @@
 //! this module gives it the send step, [`deliver`].
 
 use parking_lot::Mutex;
+use std::collections::HashSet;
 use std::time::Duration;
 
 use agentry_codehost::{ClientConfig, CodeHostError, Conditional, GitHub, Issue, ReactionTarget};
@@ -86,10 +87,35 @@ pub struct CodeHost {
     pub(crate) outbox: Worker<Effect>,
     /// One issue sync at a time in this process.
     sync_lock: tokio::sync::Mutex<()>,
+    /// The issue-sync loop's state: the repositories webhooks asked to sync, and its wake-up.
+    pub(crate) issue_sync: IssueSyncLoop,
     /// `CODEHOST_WEBHOOK_SECRET`; the webhook is disabled without it.
     webhook_secret: Option<SecretValue>,
     /// Revisions from review feedback: settings, caches, the loop's wake-up.
     revisions: crate::revisions::Revisions,
+}
+
+/// What the issue-sync loop keeps between its steps: the repositories whose sync a
+/// labelled-issue webhook asked for, when every repository is due again, and the loop's
+/// wake-up. A repository is held once however often it is asked for, and the loop takes
+/// them all before it reads the code host: deliveries that arrive while a sync runs cause
+/// one more sync, not one each, and none of them is passed over.
+#[derive(Debug, Default)]
+pub(crate) struct IssueSyncLoop {
+    /// Wakes the issue-sync loop ([`Loops::ISSUE_SYNC`]).
+    pub(crate) wake: tokio::sync::Notify,
+    /// The repositories asked for since the loop last took them (connected ones only, so
+    /// the set stays as small as the list of repositories).
+    repos: Mutex<HashSet<Uuid>>,
+    /// When every repository is synced next (`None`: at the next step).
+    all_due_at: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl IssueSyncLoop {
+    /// Takes the repositories asked for so far, leaving none.
+    fn take(&self) -> HashSet<Uuid> {
+        std::mem::take(&mut *self.repos.lock())
+    }
 }
 
 impl std::fmt::Debug for CodeHost {
@@ -118,6 +144,7 @@ impl CodeHost {
                 timing.idle,
             ),
             sync_lock: tokio::sync::Mutex::new(()),
+            issue_sync: IssueSyncLoop::default(),
             webhook_secret: None,
             revisions: crate::revisions::Revisions::default(),
         }
@@ -259,6 +286,23 @@ impl Service {
         &self,
         only: Option<Uuid>,
     ) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ServiceError> {
+        self.sync_where(move |id| only.is_none_or(|only| id == only))
+            .await
+    }
+
+    /// Asks for a sync of `repo_id`'s issues soon (an issue of it was labelled): the
+    /// issue-sync loop is woken and syncs it, once for however many requests arrive before
+    /// it starts ([`IssueSyncLoop`]).
+    pub(crate) fn request_sync(&self, repo_id: Uuid) {
+        self.parts.codehost.issue_sync.repos.lock().insert(repo_id);
+        self.wake(Loops::ISSUE_SYNC);
+    }
+
+    /// [`Service::sync_issues`] of the connected repositories whose id `wanted` accepts.
+    async fn sync_where(
+        &self,
+        wanted: impl Fn(Uuid) -> bool,
+    ) -> Result<Vec<(Uuid, RepoSyncOutcome)>, ServiceError> {
         let service = self;
         let github = service.github().await?;
         let _one_at_a_time = service.parts.codehost.sync_lock.lock().await;
@@ -267,7 +311,7 @@ impl Service {
             .await?
             .into_iter()
             .map(|(r, _)| r)
-            .filter(|r| only.is_none_or(|id| r.id == id))
+            .filter(|r| wanted(r.id))
             .collect();
         let outcomes: Vec<(Uuid, RepoSyncOutcome)> = futures_util::stream::iter(repos)
             .map(|repo| {
@@ -702,13 +746,35 @@ async fn read_changes(
     Ok(false)
 }
 
-/// The issue-sync loop's step: syncs the issues of every repository. Without a stored token
-/// it fails (quietly) until there is one.
-pub(crate) async fn issue_sync_step(service: &Service) -> StepResult {
-    let outcomes = service.sync_issues(None).await?;
-    let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
-    tracing::debug!(repositories = outcomes.len(), failed, "issue sync done");
-    Ok(Pass::Idle)
+/// The issue-sync loop's step: syncs the issues of every repository when they are due
+/// (`every` after the last such sync ended), else only of the repositories webhooks asked
+/// for since the last step (none: nothing to do), then waits for the next due time or
+/// request. Without a stored token it fails (quietly) until there is one.
+pub(crate) async fn issue_sync_step(service: Service, every: Duration) -> StepResult {
+    let state = &service.parts.codehost.issue_sync;
+    // Taken before the code host is read: a request from now on wakes another step, whose
+    // sync sees what this one may have missed.
+    let asked = state.take();
+    let all_due_at = *state.all_due_at.lock();
+    let Some(all_due_at) = all_due_at.filter(|at| *at > tokio::time::Instant::now()) else {
+        let outcomes = service.sync_issues(None).await?;
+        *state.all_due_at.lock() = Some(tokio::time::Instant::now() + every);
+        let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
+        tracing::debug!(repositories = outcomes.len(), failed, "issue sync done");
+        return Ok(Pass::Idle);
+    };
+    if !asked.is_empty() {
+        let outcomes = service.sync_where(|id| asked.contains(&id)).await?;
+        let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
+        tracing::debug!(
+            repositories = outcomes.len(),
+            failed,
+            "issue sync asked for by a webhook done"
+        );
+    }
+    Ok(Pass::DueIn(
+        all_due_at.saturating_duration_since(tokio::time::Instant::now()),
+    ))
 }
 
 /// Carries out one effect on the code host, as the user `own_login` (the token's). Each kind

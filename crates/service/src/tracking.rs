@@ -428,19 +428,12 @@ pub(crate) fn handle_webhook(
     })
 }
 
-/// Syncs one repository's issues after a webhook said one was labelled; failures are logged
-/// (the periodic sync catches up).
-async fn sync_after_webhook(service: Service, repo_id: Uuid) {
-    if let Err(e) = service.sync_issues(Some(repo_id)).await {
-        tracing::warn!(repo = %repo_id, error = %e, "issue sync after a webhook failed");
-    }
-}
-
 impl Service {
     /// Acts on a webhook event whose signature the caller verified (`handle_webhook`), then
     /// wakes what it concerns: the outbox after a pull request's fate was stored (and the
-    /// agent of a revision round it ended is stopped), and a sync of the repository (in the
-    /// background, never waited on) after an issue was labelled.
+    /// agent of a revision round it ended is stopped), and the issue-sync loop for a sync of
+    /// the repository after an issue was labelled (never waited on; deliveries that arrive
+    /// while one runs cause one more, not one each).
     pub async fn webhook_event(
         &self,
         delivery_id: String,
@@ -484,9 +477,7 @@ impl Service {
             return Ok(outcome);
         }
         match then {
-            Then::Sync(repo_id) => {
-                tokio::spawn(sync_after_webhook(self.clone(), repo_id));
-            }
+            Then::Sync(repo_id) => self.request_sync(repo_id),
             Then::Stop(task) => self.stop_moved(&[task]),
             Then::Nothing => {}
         }

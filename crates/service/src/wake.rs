@@ -1,10 +1,10 @@
 //! Commit, then wake: the one way a use case tells a background loop that there is work.
 //!
 //! A loop sleeps until its timer or a wake-up; a change it must act on (a queued task, an
-//! outbox effect, feedback waiting for its round, an alert to deliver) wakes it, and only
-//! once the change has committed, so the loop finds it. [`Service::commit`] runs a write
-//! and wakes the loops its result concerns; [`Service::wake`] is for a pass of several
-//! transactions that wakes once at its end.
+//! outbox effect, feedback waiting for its round, an alert to deliver, a repository whose
+//! sync a webhook asked for) wakes it, and only once the change has committed, so the loop
+//! finds it. [`Service::commit`] runs a write and wakes the loops its result concerns;
+//! [`Service::wake`] is for a pass of several transactions that wakes once at its end.
 
 use agentry_persistence::AnyConnection;
 use tokio::sync::Notify;
@@ -23,6 +23,8 @@ bitflags::bitflags! {
         const REVISIONS = 1 << 2;
         /// The budget alerts' delivery: an alert waits to be sent.
         const ALERTS = 1 << 3;
+        /// The issue sync: a webhook asked for a repository's sync (an issue was labelled).
+        const ISSUE_SYNC = 1 << 4;
     }
 }
 
@@ -67,6 +69,7 @@ impl Service {
             Loops::OUTBOX => Some(&self.parts.codehost.outbox.wake),
             Loops::REVISIONS => Some(&self.parts.codehost.revisions().wake),
             Loops::ALERTS => Some(&self.parts.alerts.delivery.wake),
+            Loops::ISSUE_SYNC => Some(&self.parts.codehost.issue_sync.wake),
             _ => None,
         }
     }

@@ -14,7 +14,7 @@ use agentry_domain::TaskState;
 use agentry_persistence::repos::{self};
 use agentry_persistence::secrets::SecretValue;
 use agentry_persistence::test_support::TestDb;
-use agentry_service::BackgroundLoop;
+use agentry_service::{Background, BackgroundLoop};
 use agentry_testkit::wait::eventually_async;
 use serde_json::json;
 
@@ -207,6 +207,32 @@ agentry_testkit::on_both_backends!(
     the_webhook_verifies_then_acts_once_per_delivery
 );
 
+/// The fake GitHub's route of a repository's issue list, which each issue sync reads.
+const ISSUE_LIST: &str = "/repos/{o}/{r}/issues";
+
+/// The fixture's `issues` `labeled` delivery, with the service's label.
+fn labelled_body() -> Vec<u8> {
+    String::from_utf8(fixture("issues.labeled"))
+        .unwrap()
+        .replace("\"name\": \"bug\"", "\"name\": \"agentry\"")
+        .into_bytes()
+}
+
+/// Starts the issue-sync loop with a period of an hour (so within a test only webhooks wake
+/// it again) and waits for its first sync, made at once, to store the fixtures' repository's
+/// one open issue.
+async fn issue_sync_started(env: &Env) -> Background {
+    let started = Background::start(
+        &env.state.service,
+        vec![BackgroundLoop::issue_sync(Duration::from_secs(3600))],
+    );
+    eventually_async(PATIENCE, "the first issue sync", async || {
+        env.count("synced_issues") == 1
+    })
+    .await;
+    started
+}
+
 #[actix_web::test]
 async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
     let env = Env::new(sqlite()).with_webhook();
@@ -216,15 +242,14 @@ async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
     let number = env
         .fake
         .add_issue("Codertocat", "Hello-World", "Spelling", None, &[]);
+    let _sync = issue_sync_started(&env).await;
+    assert_eq!(env.count("tasks"), 0);
     env.fake
         .add_label("Codertocat", "Hello-World", number, "agentry");
-    let body = String::from_utf8(fixture("issues.labeled"))
-        .unwrap()
-        .replace("\"name\": \"bug\"", "\"name\": \"agentry\"");
     let app = service_with(env.state.clone()).await;
     let (status, reply) = call(
         &app,
-        delivery("issues", "l-1", body.as_bytes(), Some(SECRET)),
+        delivery("issues", "l-1", &labelled_body(), Some(SECRET)),
     )
     .await;
     assert_eq!((status, reply), (200, json!({ "ok": true })));
@@ -237,6 +262,47 @@ async fn a_labelled_issue_webhook_syncs_that_repository_at_once() {
         .unwrap();
     assert_eq!(view.len(), 1);
     assert!(view[0].task.is_some());
+}
+
+#[actix_web::test]
+async fn labelled_issue_webhooks_arriving_together_cost_one_sync_not_one_each() {
+    let env = Env::new(sqlite()).with_webhook();
+    env.store_token();
+    env.fake.add_repo("Codertocat", "Hello-World", "main");
+    let repo = env.connect("codertocat", "hello-world");
+    let number = env
+        .fake
+        .add_issue("Codertocat", "Hello-World", "Spelling", None, &[]);
+    let _sync = issue_sync_started(&env).await;
+    env.fake
+        .add_label("Codertocat", "Hello-World", number, "agentry");
+    let reads_before = env.fake.count("GET", ISSUE_LIST);
+    // One genuine signed body, replayed under 50 fresh delivery ids at once: each is a new
+    // delivery, answered 200.
+    let body = labelled_body();
+    let app = service_with(env.state.clone()).await;
+    let replies = futures_util::future::join_all((0..50).map(|i| {
+        let id = format!("replayed-{i}");
+        call(&app, delivery("issues", &id, &body, Some(SECRET)))
+    }))
+    .await;
+    for reply in replies {
+        assert_eq!(reply, (200, json!({ "ok": true })));
+    }
+    // The sync they asked for happens: the labelled issue becomes a task.
+    eventually_async(PATIENCE, "a task after the webhooks", async || {
+        env.count("tasks") > 0
+    })
+    .await;
+    // Syncs take turns: once this one is done, every sync already waiting for its turn has
+    // read the list too. It reads the list once itself.
+    env.state.service.sync_issues(Some(repo)).await.unwrap();
+    let reads = env.fake.count("GET", ISSUE_LIST) - reads_before - 1;
+    assert!(
+        (1..=3).contains(&reads),
+        "{reads} issue-list reads for 50 deliveries of one labelled issue"
+    );
+    assert_eq!(env.count("tasks"), 1);
 }
 
 async fn poller_and_webhook_racing_on_one_merge_apply_it_once(db: TestDb) {
