@@ -550,7 +550,7 @@ pub(crate) fn block(
 /// `blocked_at IS NOT NULL` alone, which both planners match to it), so the cost follows
 /// the number of blocked tasks, not the length of the queue.
 ///
-/// On PostgreSQL it takes the budget row's lock first, as claims do ([`lock_for_claim`]): a
+/// On PostgreSQL it takes the budget row's lock first, as claims do: a
 /// claim deciding to block when the money came back then finishes first, and its blocks are
 /// seen here and lifted (read beside it, they were not yet there, and stayed until the month
 /// turned); the task rows are then locked in one order by every writer of blocks.
