@@ -116,6 +116,11 @@ impl IssueSyncLoop {
     fn take(&self) -> HashSet<Uuid> {
         std::mem::take(&mut *self.repos.lock())
     }
+
+    /// Puts back repositories taken by a step whose sync failed.
+    fn ask_again(&self, repos: HashSet<Uuid>) {
+        self.repos.lock().extend(repos);
+    }
 }
 
 impl std::fmt::Debug for CodeHost {
@@ -757,25 +762,44 @@ pub(crate) async fn issue_sync_step(service: Service, every: Duration) -> StepRe
     let asked = state.take();
     let all_due_at = *state.all_due_at.lock();
     let Some(all_due_at) = all_due_at.filter(|at| *at > tokio::time::Instant::now()) else {
-        let outcomes = service.sync_issues(None).await?;
+        let outcomes = match service.sync_issues(None).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                // Asked for again: the next step, after the loop's backoff, syncs them.
+                state.ask_again(asked);
+                return Err(e.into());
+            }
+        };
         *state.all_due_at.lock() = Some(tokio::time::Instant::now() + every);
         let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
         tracing::debug!(repositories = outcomes.len(), failed, "issue sync done");
         return Ok(Pass::Idle);
     };
+    let until_all = || all_due_at.saturating_duration_since(tokio::time::Instant::now());
     if !asked.is_empty() {
-        let outcomes = service.sync_where(|id| asked.contains(&id)).await?;
-        let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
-        tracing::debug!(
-            repositories = outcomes.len(),
-            failed,
-            "issue sync asked for by a webhook done"
-        );
+        match service.sync_where(|id| asked.contains(&id)).await {
+            Ok(outcomes) => {
+                let failed = outcomes.iter().filter(|(_, o)| o.error.is_some()).count();
+                tracing::debug!(
+                    repositories = outcomes.len(),
+                    failed,
+                    "issue sync asked for by a webhook done"
+                );
+            }
+            Err(e) => {
+                // Not dropped, and the periodic sync not put off: tried again shortly.
+                tracing::warn!(error = %e, "issue sync asked for by a webhook failed; trying again shortly");
+                state.ask_again(asked);
+                return Ok(Pass::DueIn(until_all().min(ASKED_SYNC_RETRY)));
+            }
+        }
     }
-    Ok(Pass::DueIn(
-        all_due_at.saturating_duration_since(tokio::time::Instant::now()),
-    ))
+    Ok(Pass::DueIn(until_all()))
 }
+
+/// How soon a sync a webhook asked for is tried again after it failed (the token missing,
+/// the database busy, the code host down).
+const ASKED_SYNC_RETRY: Duration = Duration::from_secs(5);
 
 /// Carries out one effect on the code host, as the user `own_login` (the token's). Each kind
 /// is safe to repeat: adding a label the issue has changes nothing, a comment or reply whose
