@@ -19,7 +19,7 @@ use Provider::{Anthropic, OpenAi};
 const BOTH: &[Provider] = &[Anthropic, OpenAi];
 
 /// The request headers passed upstream, each for the providers named beside it (names in
-/// lower case; one ending in `*` stands for every name it starts). They are what Claude Code
+/// lower case, matched whole). They are what Claude Code
 /// (Anthropic's TypeScript SDK) and Codex send that shapes the protocol, names the client,
 /// or ties a call to its conversation for the provider's caching and routing. Everything
 /// else is dropped: the agent's key (`x-api-key`, `authorization`, the gateway puts the
@@ -33,7 +33,8 @@ pub const FORWARDED_REQUEST_HEADERS: &[(&[Provider], &str)] = &[
     // The protocol: what the body is, what answer is wanted, the API version and betas.
     (BOTH, "content-type"),
     (BOTH, "accept"),
-    // The beta values are checked first: policy::outbound_features, policy::pricing_options.
+    // The Anthropic beta values are checked first (policy::outbound_features,
+    // policy::pricing_options); the OpenAI ones select the Responses protocol's versions.
     (&[Anthropic], "anthropic-version"),
     (&[Anthropic], "anthropic-beta"),
     (&[OpenAi], "openai-beta"),
@@ -42,7 +43,17 @@ pub const FORWARDED_REQUEST_HEADERS: &[(&[Provider], &str)] = &[
     // The client and its version.
     (BOTH, "user-agent"),
     (&[Anthropic], "x-app"),
-    (&[Anthropic], "x-stainless-*"),
+    // The SDK's own set, by name: any other `x-stainless-` header is dropped like any other.
+    (&[Anthropic], "x-stainless-lang"),
+    (&[Anthropic], "x-stainless-package-version"),
+    (&[Anthropic], "x-stainless-os"),
+    (&[Anthropic], "x-stainless-arch"),
+    (&[Anthropic], "x-stainless-runtime"),
+    (&[Anthropic], "x-stainless-runtime-version"),
+    (&[Anthropic], "x-stainless-retry-count"),
+    (&[Anthropic], "x-stainless-timeout"),
+    (&[Anthropic], "x-stainless-helper-method"),
+    (&[Anthropic], "x-stainless-helper"),
     (&[OpenAi], "originator"),
     (&[OpenAi], "version"),
     // The request and its conversation.
@@ -74,13 +85,9 @@ pub const WITHHELD_RESPONSE_HEADERS: &[&str] = &[
 /// ([`FORWARDED_REQUEST_HEADERS`]).
 pub fn forwarded(provider: Provider, name: &HeaderName) -> bool {
     let name = name.as_str();
-    FORWARDED_REQUEST_HEADERS.iter().any(|(providers, listed)| {
-        providers.contains(&provider)
-            && match listed.strip_suffix('*') {
-                Some(prefix) => name.starts_with(prefix),
-                None => name == *listed,
-            }
-    })
+    FORWARDED_REQUEST_HEADERS
+        .iter()
+        .any(|(providers, listed)| providers.contains(&provider) && name == *listed)
 }
 
 /// The agent's request headers that go upstream for `provider`, each value as it came.
@@ -155,6 +162,8 @@ mod tests {
         ("x-codex-turn-metadata", "{\"workspaces\":{}}"),
         ("idempotency-key", "k"),
         ("x-evil", "1"),
+        // Not one of the SDK's: the prefix alone does not pass.
+        ("x-stainless-anything", "1"),
     ];
 
     #[test]

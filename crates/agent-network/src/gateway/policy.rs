@@ -378,9 +378,11 @@ fn collect_tools<'a>(tools: Option<&'a Value>, out: &mut Vec<&'a Value>) {
 /// (`priority`, a tier not known yet) is refused ([`pricing_options`]).
 const OPENAI_PRICED_TIERS: &[&str] = &["auto", "default", "flex"];
 
-/// `anthropic-beta` values that bill a call above the standard prices: fast mode and the
-/// 1M-token context window's long-context premium.
-const ANTHROPIC_UNPRICED_BETAS: &[&str] = &["fast-mode-", "context-1m-"];
+/// `anthropic-beta` values that bill a call above the standard prices, or for more than its
+/// answer's usage says: fast mode, the 1M-token context window's long-context premium, and
+/// server-side compaction (its summarising pass is billed, but reported only in
+/// `usage.iterations`, which the top-level counts leave out).
+const ANTHROPIC_UNPRICED_BETAS: &[&str] = &["fast-mode-", "context-1m-", "compact-"];
 
 /// Refuses a model call that asks for a rate the price table does not hold: it lists the
 /// standard tier only. OpenAI: a `service_tier` other than `auto`, `default` or `flex`.
@@ -410,6 +412,20 @@ pub fn pricing_options(
             format!("{field}: must be a string"),
         )),
     };
+    // Server-side compaction: a second, summarising pass over the whole context, billed
+    // but not in the usage the gateway meters (Anthropic reports it in `usage.iterations`).
+    // Claude Code compacts with an ordinary call; Codex with `/v1/responses/compact`, which
+    // is metered as one.
+    // Only the request's own settings: the conversation may replay an earlier compaction's
+    // output (`compaction` blocks and items), which costs what any input costs.
+    if let Some(kind) = body.get("context_management").and_then(|settings| {
+        find_in(settings, &mut |object| {
+            let kind = object.get("type")?.as_str()?;
+            kind.starts_with("compact").then(|| kind.to_owned())
+        })
+    }) {
+        return refuse(format!("context_management {:?}", excerpt(&kind, 40)));
+    }
     match provider {
         Provider::OpenAi => {
             if let Some(tier) = text("service_tier")?
@@ -1060,7 +1076,11 @@ mod tests {
             HeaderValue::from_static("claude-code-20250219,interleaved-thinking-2025-05-14"),
         );
         assert_eq!(check(Anthropic, &betas, json!({})), Ok(()));
-        for beta in ["context-1m-2025-08-07", "fast-mode-2026-02-01"] {
+        for beta in [
+            "context-1m-2025-08-07",
+            "fast-mode-2026-02-01",
+            "compact-2026-01-12",
+        ] {
             let mut more = betas.clone();
             more.append(
                 "anthropic-beta",
@@ -1069,6 +1089,40 @@ mod tests {
             let (code, message) = check(Anthropic, &more, json!({})).unwrap_err();
             assert_eq!(code, "tier_not_priced");
             assert!(message.contains(beta), "{message}");
+        }
+        // Server-side compaction, asked for in the body: its summarising pass is billed but
+        // left out of the usage the gateway meters. Context editing that clears old tool
+        // results, and a replayed earlier compaction, are ordinary input.
+        let compaction = [
+            (
+                Anthropic,
+                json!({"context_management": {"edits": [{"type": "compact_20260112",
+                       "trigger": {"type": "input_tokens", "value": 50000}}]}}),
+            ),
+            (
+                OpenAi,
+                json!({"context_management": [{"type": "compaction", "compact_threshold": 1000}]}),
+            ),
+        ];
+        for (provider, body) in compaction {
+            let (code, message) = check(provider, &none, body.clone()).unwrap_err();
+            assert_eq!(code, "tier_not_priced", "{body}");
+            assert!(message.contains("context_management"), "{message}");
+        }
+        let ordinary = [
+            (
+                Anthropic,
+                json!({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+                       "messages": [{"role": "assistant", "content": [
+                           {"type": "compaction", "content": "Summary: ..."}]}]}),
+            ),
+            (
+                OpenAi,
+                json!({"input": [{"type": "compaction", "encrypted_content": "..."}]}),
+            ),
+        ];
+        for (provider, body) in ordinary {
+            assert_eq!(check(provider, &none, body.clone()), Ok(()), "{body}");
         }
     }
 
