@@ -375,9 +375,12 @@ impl KubeRunner {
         };
         let (jobs, secrets, pods) = self.apis(client);
         let name = spec::job_name(job.task_id, job.attempt);
-        let created = self.create(&jobs, &secrets, &objects, &network.key).await;
+        let created = self
+            .create_within_start(&jobs, &secrets, &objects, &network.key, &control)
+            .await;
         let result = match created {
-            Ok(()) => {
+            Ok(false) => Ok((PodEnd::before_start(Ended::Cancelled), self.parser(job))),
+            Ok(true) => {
                 let pod_state = PodState::follow(pods, &name);
                 let ran = self
                     .attend(job, &mut control, control_rx, &pod_state, network)
@@ -515,6 +518,36 @@ impl KubeRunner {
             ));
         }
         Ok(())
+    }
+
+    /// [`KubeRunner::create`], bounded by the pod's start timeout and stopped by a cancel
+    /// (the API server may stall, or keep answering 429 with long waits, and kube-rs's own
+    /// retries then last minutes): `Ok(false)` when cancelled. Cut off midway, its Secret may
+    /// exist without an owner, so it is deleted (the caller deletes the Job in any case).
+    async fn create_within_start(
+        &self,
+        jobs: &Api<KubeJob>,
+        secrets: &Api<Secret>,
+        objects: &RunObjects<'_>,
+        key: &str,
+        control: &Control,
+    ) -> Result<bool, String> {
+        let mut cancel = control.cancel.clone();
+        let limit = self.config.settings.start_timeout;
+        let cut_off = tokio::select! {
+            created = tokio::time::timeout(limit, self.create(jobs, secrets, objects, key)) => {
+                match created {
+                    Ok(created) => return created.map(|()| true),
+                    Err(_) => Err(format!(
+                        "the cluster did not take the agent's Job within the start timeout ({} s)",
+                        limit.as_secs()
+                    )),
+                }
+            }
+            () = cancelled(&mut cancel) => Ok(false),
+        };
+        delete_secret(secrets, &spec::job_name(objects.task, objects.attempt)).await;
+        cut_off
     }
 
     /// Waits for the pod to connect, then follows the run to its end: its output into the
@@ -1524,6 +1557,53 @@ mod tests {
             let deletes = answers(&kube, "DELETE", "/jobs/");
             assert_eq!(deletes, [(code, true), (code, true), (200, false)]);
         }
+    }
+
+    /// A cluster that keeps answering the Job's create with 429 (kube-rs waits and asks
+    /// again, for seconds) holds the run no longer than its start timeout, and a cancel
+    /// meanwhile stops it at once; either way the Secret made first is deleted.
+    #[test]
+    fn a_stalled_create_ends_at_the_start_timeout_or_a_cancel() {
+        let kube = cluster();
+        kube.fail_next(Some(("POST", "jobs")), 1_000, Fault::Status(429));
+        runtime().block_on(async {
+            let (_, jobs, secrets) = runner_on(&kube).await;
+            let mut config = KubeConfig::for_tests();
+            config.settings.start_timeout = Duration::from_millis(300);
+            let runner = KubeRunner::new(config).unwrap();
+            let (_stop, cancel) = tokio::sync::watch::channel(false);
+            let control = Control {
+                cancel,
+                started: None,
+            };
+            let task = Uuid::new_v4();
+            let error = runner
+                .create_within_start(&jobs, &secrets, &objects(task), "agr_key", &control)
+                .await
+                .unwrap_err();
+            assert!(error.contains("within the start timeout"), "{error}");
+            none_left(&kube, &["secrets", "jobs"]).await;
+
+            let runner = KubeRunner::new(KubeConfig::for_tests()).unwrap();
+            let (stop, cancel) = tokio::sync::watch::channel(false);
+            let control = Control {
+                cancel,
+                started: None,
+            };
+            let task = Uuid::new_v4();
+            let objects = objects(task);
+            let create = runner.create_within_start(&jobs, &secrets, &objects, "agr_key", &control);
+            let cancel_once_asked = async {
+                eventually_async(WITHIN, "the Job's create answered 429", async || {
+                    !answers(&kube, "POST", "/jobs").is_empty()
+                })
+                .await;
+                stop.send(true).unwrap();
+            };
+            let (created, ()) = tokio::join!(create, cancel_once_asked);
+            assert_eq!(created, Ok(false));
+            none_left(&kube, &["secrets", "jobs"]).await;
+        });
     }
 
     /// A request the API server refused (a 4xx other than 404, 409 and 429) is not tried
