@@ -375,15 +375,29 @@ impl KubeRunner {
         };
         let (jobs, secrets, pods) = self.apis(client);
         let name = spec::job_name(job.task_id, job.attempt);
+        // One bound on the pod's start, from here: the objects made, then the pod connected.
+        let start_deadline = Instant::now() + self.config.settings.start_timeout;
         let created = self
-            .create_within_start(&jobs, &secrets, &objects, &network.key, &control)
+            .create_within_start(
+                &jobs,
+                &secrets,
+                &objects,
+                &network.key,
+                (start_deadline, &control),
+            )
             .await;
         let result = match created {
             Ok(false) => Ok((PodEnd::before_start(Ended::Cancelled), self.parser(job))),
             Ok(true) => {
                 let pod_state = PodState::follow(pods, &name);
                 let ran = self
-                    .attend(job, &mut control, control_rx, &pod_state, network)
+                    .attend(
+                        job,
+                        (&mut control, start_deadline),
+                        control_rx,
+                        &pod_state,
+                        network,
+                    )
                     .await;
                 pod_state.stop();
                 ran
@@ -477,76 +491,48 @@ impl KubeRunner {
     }
 
     /// Creates the run's Secret, then its Job, then makes the Job the Secret's owner (so the
-    /// cluster deletes the Secret with the Job). In this order the pod never starts before
-    /// its key exists (a kubelet that finds no Secret retries only after a back-off).
-    async fn create(
-        &self,
-        jobs: &Api<KubeJob>,
-        secrets: &Api<Secret>,
-        objects: &RunObjects<'_>,
-        key: &str,
-    ) -> Result<(), String> {
-        let name = spec::job_name(objects.task, objects.attempt);
-        let secret = spec::secret(&self.config, objects, key)?;
-        if let Err(e) = secrets.create(&PostParams::default(), &secret).await {
-            // Unless it was refused, the server may have made it (its answer lost, or a 409
-            // to kube-rs's retry of such a request): no Job owns it, so nothing else would
-            // ever delete it.
-            if !refused(&e) {
-                delete_secret(secrets, &name).await;
-            }
-            return Err(format!("could not create the run's Secret: {e}"));
-        }
-        let job = spec::job(&self.config, objects)?;
-        let created = match jobs.create(&PostParams::default(), &job).await {
-            Ok(created) => created,
-            Err(e) => {
-                delete_secret(secrets, &name).await;
-                return Err(format!("could not create the agent's Job: {e}"));
-            }
-        };
-        let uid = created.metadata.uid.unwrap_or_default();
-        let owned = spec::owned_by_job(&name, &uid);
-        if let Err(e) = secrets
-            .patch(&name, &PatchParams::default(), &Patch::Merge(owned))
-            .await
-        {
-            // Without its owner the cluster never collects it; the caller deletes the Job.
-            delete_secret(secrets, &name).await;
-            return Err(format!(
-                "could not make the Job the owner of the run's Secret: {e}"
-            ));
-        }
-        Ok(())
-    }
-
-    /// [`KubeRunner::create`], bounded by the pod's start timeout and stopped by a cancel
-    /// (the API server may stall, or keep answering 429 with long waits, and kube-rs's own
-    /// retries then last minutes): `Ok(false)` when cancelled. Cut off midway, its Secret may
-    /// exist without an owner, so it is deleted (the caller deletes the Job in any case).
+    /// cluster deletes the Secret with the Job; [`create_objects`]), ended at `deadline` (the
+    /// pod's start) or by a cancel: the API
+    /// server may stall, or keep answering 429 with long waits, and kube-rs's own retries
+    /// then last minutes. `Ok(false)` when cancelled. A start cut off may still land (a
+    /// request already sent): it is left to finish in the background, then its Secret and
+    /// Job are deleted.
     async fn create_within_start(
         &self,
         jobs: &Api<KubeJob>,
         secrets: &Api<Secret>,
         objects: &RunObjects<'_>,
         key: &str,
-        control: &Control,
+        (deadline, control): (Instant, &Control),
     ) -> Result<bool, String> {
+        let secret = spec::secret(&self.config, objects, key)?;
+        let job = spec::job(&self.config, objects)?;
+        let mut creating = tokio::spawn(create_objects(jobs.clone(), secrets.clone(), secret, job));
         let mut cancel = control.cancel.clone();
-        let limit = self.config.settings.start_timeout;
         let cut_off = tokio::select! {
-            created = tokio::time::timeout(limit, self.create(jobs, secrets, objects, key)) => {
-                match created {
-                    Ok(created) => return created.map(|()| true),
-                    Err(_) => Err(format!(
-                        "the cluster did not take the agent's Job within the start timeout ({} s)",
-                        limit.as_secs()
-                    )),
-                }
+            created = &mut creating => {
+                return created.map_err(|e| format!("the agent's start failed: {e}"))?.map(|()| true);
             }
+            () = tokio::time::sleep_until(deadline) => Err(format!(
+                "the cluster did not take the agent's Job within the start timeout ({} s)",
+                self.config.settings.start_timeout.as_secs()
+            )),
             () = cancelled(&mut cancel) => Ok(false),
         };
-        delete_secret(secrets, &spec::job_name(objects.task, objects.attempt)).await;
+        let (jobs, secrets) = (jobs.clone(), secrets.clone());
+        let name = spec::job_name(objects.task, objects.attempt);
+        tokio::spawn(async move {
+            // kube-rs's own retries end (15 of them, each under its timeouts); a request that
+            // never answers is given up at last.
+            if tokio::time::timeout(ABANDONED_START_WAIT, &mut creating)
+                .await
+                .is_err()
+            {
+                creating.abort();
+            }
+            delete_secret(&secrets, &name).await;
+            delete_job(&jobs, &name).await;
+        });
         cut_off
     }
 
@@ -555,14 +541,13 @@ impl KubeRunner {
     async fn attend(
         &self,
         job: &Job,
-        control: &mut Control,
+        (control, start_deadline): (&mut Control, Instant),
         control_rx: tokio::sync::oneshot::Receiver<TcpStream>,
         pod_state: &PodState,
         network: &network::RunNetwork,
     ) -> Result<(PodEnd, agent::OutputParser), String> {
         let mut cancel = control.cancel.clone();
         let mut pods = pod_state.receiver();
-        let start_deadline = Instant::now() + self.config.settings.start_timeout;
         let mut control_rx = control_rx;
         let stream = loop {
             tokio::select! {
@@ -1269,6 +1254,51 @@ fn read_frames(
     (reader, frames)
 }
 
+/// How long a run's start cut off at its start timeout or by a cancel is left to finish
+/// before what it made is deleted ([`KubeRunner::create_within_start`]).
+const ABANDONED_START_WAIT: Duration = Duration::from_secs(600);
+
+/// Creates `secret`, then `job` (both of the run's name), then makes the Job the Secret's
+/// owner: in this order the pod never starts before its key exists (a kubelet that finds no
+/// Secret retries only after a back-off). Deletes the Secret when the start stops short of that
+/// and the server may have made it: no Job owns it, so nothing else would ever delete it.
+async fn create_objects(
+    jobs: Api<KubeJob>,
+    secrets: Api<Secret>,
+    secret: Secret,
+    job: KubeJob,
+) -> Result<(), String> {
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    if let Err(e) = secrets.create(&PostParams::default(), &secret).await {
+        // Unless it was refused, the server may have made it (its answer lost, or a 409 to
+        // kube-rs's retry of such a request).
+        if !refused(&e) {
+            delete_secret(&secrets, &name).await;
+        }
+        return Err(format!("could not create the run's Secret: {e}"));
+    }
+    let created = match jobs.create(&PostParams::default(), &job).await {
+        Ok(created) => created,
+        Err(e) => {
+            delete_secret(&secrets, &name).await;
+            return Err(format!("could not create the agent's Job: {e}"));
+        }
+    };
+    let uid = created.metadata.uid.unwrap_or_default();
+    let owned = spec::owned_by_job(&name, &uid);
+    if let Err(e) = secrets
+        .patch(&name, &PatchParams::default(), &Patch::Merge(owned))
+        .await
+    {
+        // Without its owner the cluster never collects it; the caller deletes the Job.
+        delete_secret(&secrets, &name).await;
+        return Err(format!(
+            "could not make the Job the owner of the run's Secret: {e}"
+        ));
+    }
+    Ok(())
+}
+
 /// Deletes a run's Job with its pods and Secret (in the background: `kubectl` sees them go),
 /// trying again after a failure that may pass ([`delete_retrying`]).
 async fn delete_job(jobs: &Api<KubeJob>, name: &str) {
@@ -1440,6 +1470,21 @@ mod tests {
     /// The longest a test waits for the fake to show something.
     const WITHIN: Duration = Duration::from_secs(30);
 
+    impl KubeRunner {
+        /// The run's objects made as a run's start makes them, without its bound.
+        async fn create(
+            &self,
+            jobs: &Api<KubeJob>,
+            secrets: &Api<Secret>,
+            objects: &RunObjects<'_>,
+            key: &str,
+        ) -> Result<(), String> {
+            let secret = spec::secret(&self.config, objects, key)?;
+            let job = spec::job(&self.config, objects)?;
+            create_objects(jobs.clone(), secrets.clone(), secret, job).await
+        }
+    }
+
     /// fake-kube with the runner's namespace and no image: a Job's pod never runs.
     fn cluster() -> FakeKube {
         let namespace = KubeConfig::for_tests().settings.namespace;
@@ -1561,15 +1606,17 @@ mod tests {
 
     /// A cluster that keeps answering the Job's create with 429 (kube-rs waits and asks
     /// again, for seconds) holds the run no longer than its start timeout, and a cancel
-    /// meanwhile stops it at once; either way the Secret made first is deleted.
+    /// meanwhile stops it at once; either way what the start made is deleted once it ended.
     #[test]
     fn a_stalled_create_ends_at_the_start_timeout_or_a_cancel() {
         let kube = cluster();
-        kube.fail_next(Some(("POST", "jobs")), 1_000, Fault::Status(429));
+        // kube-rs asks again after 5 ms, 10 ms, 20 ms… (about 5 s for ten answers): the
+        // start is cut off meanwhile, and what it made is deleted once it has ended.
+        kube.fail_next(Some(("POST", "jobs")), 10, Fault::Status(429));
         runtime().block_on(async {
             let (_, jobs, secrets) = runner_on(&kube).await;
             let mut config = KubeConfig::for_tests();
-            config.settings.start_timeout = Duration::from_millis(300);
+            config.settings.start_timeout = Duration::from_secs(2);
             let runner = KubeRunner::new(config).unwrap();
             let (_stop, cancel) = tokio::sync::watch::channel(false);
             let control = Control {
@@ -1578,7 +1625,16 @@ mod tests {
             };
             let task = Uuid::new_v4();
             let error = runner
-                .create_within_start(&jobs, &secrets, &objects(task), "agr_key", &control)
+                .create_within_start(
+                    &jobs,
+                    &secrets,
+                    &objects(task),
+                    "agr_key",
+                    (
+                        Instant::now() + runner.config.settings.start_timeout,
+                        &control,
+                    ),
+                )
                 .await
                 .unwrap_err();
             assert!(error.contains("within the start timeout"), "{error}");
@@ -1590,12 +1646,21 @@ mod tests {
                 cancel,
                 started: None,
             };
+            kube.fail_next(Some(("POST", "jobs")), 10, Fault::Status(429));
+            let asked_before = answers(&kube, "POST", "/jobs").len();
             let task = Uuid::new_v4();
             let objects = objects(task);
-            let create = runner.create_within_start(&jobs, &secrets, &objects, "agr_key", &control);
+            let deadline = Instant::now() + runner.config.settings.start_timeout;
+            let create = runner.create_within_start(
+                &jobs,
+                &secrets,
+                &objects,
+                "agr_key",
+                (deadline, &control),
+            );
             let cancel_once_asked = async {
                 eventually_async(WITHIN, "the Job's create answered 429", async || {
-                    !answers(&kube, "POST", "/jobs").is_empty()
+                    answers(&kube, "POST", "/jobs").len() > asked_before
                 })
                 .await;
                 stop.send(true).unwrap();
