@@ -112,6 +112,13 @@ pub(crate) struct IssueSyncLoop {
 }
 
 impl IssueSyncLoop {
+    /// Asks for a sync of `repo_id` and wakes the loop: however often it is asked before the
+    /// loop takes it, it is held once, and the loop has one wake-up waiting.
+    fn ask(&self, repo_id: Uuid) {
+        self.repos.lock().insert(repo_id);
+        self.wake.notify_one();
+    }
+
     /// Takes the repositories asked for so far, leaving none.
     fn take(&self) -> HashSet<Uuid> {
         std::mem::take(&mut *self.repos.lock())
@@ -299,8 +306,7 @@ impl Service {
     /// issue-sync loop is woken and syncs it, once for however many requests arrive before
     /// it starts ([`IssueSyncLoop`]).
     pub(crate) fn request_sync(&self, repo_id: Uuid) {
-        self.parts.codehost.issue_sync.repos.lock().insert(repo_id);
-        self.wake(Loops::ISSUE_SYNC);
+        self.parts.codehost.issue_sync.ask(repo_id);
     }
 
     /// [`Service::sync_issues`] of the connected repositories whose id `wanted` accepts.
@@ -787,8 +793,13 @@ pub(crate) async fn issue_sync_step(service: Service, every: Duration) -> StepRe
                 );
             }
             Err(e) => {
-                // Not dropped, and the periodic sync not put off: tried again shortly.
-                tracing::warn!(error = %e, "issue sync asked for by a webhook failed; trying again shortly");
+                // Not dropped, and the periodic sync not put off: tried again shortly. (Without
+                // a token this goes on quietly until one is stored, as the loop does.)
+                if matches!(e, ServiceError::CodeHostTokenMissing) {
+                    tracing::debug!(error = %e, "issue sync asked for by a webhook waits for a token");
+                } else {
+                    tracing::warn!(error = %e, "issue sync asked for by a webhook could not start; trying again shortly");
+                }
                 state.ask_again(asked);
                 return Ok(Pass::DueIn(until_all().min(ASKED_SYNC_RETRY)));
             }
@@ -797,8 +808,9 @@ pub(crate) async fn issue_sync_step(service: Service, every: Duration) -> StepRe
     Ok(Pass::DueIn(until_all()))
 }
 
-/// How soon a sync a webhook asked for is tried again after it failed (the token missing,
-/// the database busy, the code host down).
+/// How soon a sync a webhook asked for is tried again when it could not start (no token,
+/// the database unavailable). A repository whose own sync failed (the code host down for
+/// it) is left to the next periodic sync, like any other.
 const ASKED_SYNC_RETRY: Duration = Duration::from_secs(5);
 
 /// Carries out one effect on the code host, as the user `own_login` (the token's). Each kind
@@ -912,5 +924,30 @@ mod tests {
         assert!(body.contains(&id.to_string()));
         assert!(body.ends_with(&comment_marker(id)));
         assert_ne!(comment_marker(id), comment_marker(Uuid::new_v4()));
+    }
+
+    // However many deliveries ask for a repository before the loop takes it, it is held
+    // once, and the loop has one wake-up waiting, not one each: one more sync, not fifty.
+    // Put back after a sync that could not start, it is asked for again.
+    #[test]
+    fn requests_before_the_loop_takes_them_are_one_sync() {
+        let state = IssueSyncLoop::default();
+        let (repo, other) = (Uuid::new_v4(), Uuid::new_v4());
+        for _ in 0..50 {
+            state.ask(repo);
+        }
+        state.ask(other);
+        use futures_util::FutureExt as _;
+        assert!(state.wake.notified().now_or_never().is_some());
+        assert!(
+            state.wake.notified().now_or_never().is_none(),
+            "a second wake-up"
+        );
+        let asked = state.take();
+        assert_eq!(asked, HashSet::from([repo, other]));
+        assert!(state.take().is_empty());
+        state.ask_again(asked);
+        state.ask(repo);
+        assert_eq!(state.take(), HashSet::from([repo, other]));
     }
 }

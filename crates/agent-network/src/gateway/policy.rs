@@ -384,10 +384,12 @@ const OPENAI_PRICED_TIERS: &[&str] = &["auto", "default", "flex"];
 /// `usage.iterations`, which the top-level counts leave out).
 const ANTHROPIC_UNPRICED_BETAS: &[&str] = &["fast-mode-", "context-1m-", "compact-"];
 
-/// Refuses a model call that asks for a rate the price table does not hold: it lists the
-/// standard tier only. OpenAI: a `service_tier` other than `auto`, `default` or `flex`.
-/// Anthropic: a `speed` other than `standard`, an `anthropic-beta` value starting with
-/// `fast-mode-` or `context-1m-`, a `cache_control` whose `ttl` is neither `5m` nor `1h`
+/// Refuses a model call that asks for a rate the price table does not hold (it lists the
+/// standard tier only), or for work its answer's usage leaves out. Both providers:
+/// server-side compaction in `context_management` (a `type` starting with `compact`).
+/// OpenAI: a `service_tier` other than `auto`, `default` or `flex`. Anthropic: a `speed`
+/// other than `standard`, an `anthropic-beta` value starting with `fast-mode-`,
+/// `context-1m-` or `compact-`, a `cache_control` whose `ttl` is neither `5m` nor `1h`
 /// (both are priced; [`plan`] reserves a `1h` write at its price).
 pub fn pricing_options(
     provider: Provider,
