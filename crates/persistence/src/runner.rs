@@ -189,19 +189,7 @@ pub fn renew_lease(
     owner: &str,
     until: OffsetDateTime,
 ) -> Result<bool, DbError> {
-    let updated = diesel::update(
-        tasks::table
-            .filter(tasks::id.eq(id.to_string()))
-            .filter(tasks::attempt.eq(attempt))
-            .filter(tasks::lease_owner.eq(owner))
-            .filter(tasks::state.eq_any([
-                TaskState::Provisioning.as_str(),
-                TaskState::Running.as_str(),
-            ])),
-    )
-    .set(tasks::lease_expires_at.eq(to_db(until)))
-    .execute(conn)?;
-    Ok(updated == 1)
+    push_lease(conn, (id, attempt, owner), until, true)
 }
 
 /// Renews the lease its runner keeps on attempt `attempt` of a task moved away from it (a
@@ -220,20 +208,37 @@ pub fn renew_stopped_lease(
         if attempt_recorded(conn, id, attempt)? {
             return Ok(false);
         }
-        let updated = diesel::update(
-            tasks::table
-                .filter(tasks::id.eq(id.to_string()))
-                .filter(tasks::attempt.eq(attempt))
-                .filter(tasks::lease_owner.eq(owner))
-                .filter(tasks::state.ne_all([
-                    TaskState::Provisioning.as_str(),
-                    TaskState::Running.as_str(),
-                ])),
-        )
+        push_lease(conn, (id, attempt, owner), until, false)
+    })
+}
+
+/// Moves the expiry of `owner`'s lease on attempt `attempt` of task `id` to `until`, if the
+/// task is in progress (`provisioning`/`running`) or, with `in_progress` false, if it is
+/// not; whether it did.
+fn push_lease(
+    conn: &mut AnyConnection,
+    (id, attempt, owner): (Uuid, i32, &str),
+    until: OffsetDateTime,
+    in_progress: bool,
+) -> Result<bool, DbError> {
+    let working = [
+        TaskState::Provisioning.as_str(),
+        TaskState::Running.as_str(),
+    ];
+    let query = diesel::update(tasks::table)
+        .filter(tasks::id.eq(id.to_string()))
+        .filter(tasks::attempt.eq(attempt))
+        .filter(tasks::lease_owner.eq(owner))
+        .into_boxed();
+    let query = if in_progress {
+        query.filter(tasks::state.eq_any(working))
+    } else {
+        query.filter(tasks::state.ne_all(working))
+    };
+    let updated = query
         .set(tasks::lease_expires_at.eq(to_db(until)))
         .execute(conn)?;
-        Ok(updated == 1)
-    })
+    Ok(updated == 1)
 }
 
 /// Before a task whose attempt was moved away from its runner (its lease kept: see the
