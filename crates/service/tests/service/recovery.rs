@@ -301,7 +301,10 @@ impl Runner for BusyAtStart {
                 diesel::SqliteConnection::establish(self.file.to_str().unwrap()).unwrap();
             other.batch_execute("BEGIN IMMEDIATE").unwrap();
             control.started.take().unwrap().send(()).unwrap();
-            // The other writer's transaction lasts `held`: the contention itself.
+            // The other writer's transaction lasts `held`: the contention itself, not a wait
+            // for a condition. The first try always meets it (the lock is taken before the
+            // start is signalled), and the service keeps trying for about 8 s, far past it,
+            // however slow the machine.
             tokio::time::sleep(self.held).await;
             other.batch_execute("COMMIT").unwrap();
             let db = self.db.clone();
